@@ -1,0 +1,1 @@
+//! 24-bit packet sequence numbers (being written).

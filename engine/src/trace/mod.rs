@@ -1,0 +1,3 @@
+//! Packet capture.
+
+pub mod pcap;

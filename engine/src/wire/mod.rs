@@ -1,0 +1,1 @@
+//! The IBA transport headers (being written).
