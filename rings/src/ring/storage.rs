@@ -1,0 +1,475 @@
+//! Where a ring's two indices and its slots live: on the heap (one process; the storage
+//! loom and Miri check) or in a [`Segment`] (between processes).
+//!
+//! The ring logic in [`super`] is written once, against the sealed [`Storage`] trait.
+//!
+//! # Shared-memory layout
+//!
+//! A ring occupies [`shm_ring_bytes`](super::shm_ring_bytes) bytes at a 128-byte-aligned
+//! offset in a segment's data area:
+//!
+//! ```text
+//! +0    RingMeta (magic, version, slot size, capacity), then the two attach flags
+//! +128  tail: the producer index (u64), alone on its 128-byte line pair
+//! +256  head: the consumer index (u64), alone on its 128-byte line pair
+//! +384  capacity slots of size_of::<T>() bytes each
+//! ```
+//!
+//! 128 bytes rather than 64 because Intel's adjacent-line prefetcher fetches cache lines in
+//! pairs: two indices 64 bytes apart would still interfere (crossbeam's `CachePadded` makes
+//! the same choice on x86_64).
+
+// Raw access to slots and to atomics placed in an mmap; each unsafe block says why it is
+// sound.
+#![allow(unsafe_code)]
+
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+use crossbeam_utils::CachePadded;
+
+use crate::segment::Segment;
+use crate::sync::{self, Ordering, UnsafeCell};
+
+/// Offset of the producer index from the start of a shared ring.
+pub(super) const TAIL_OFFSET: usize = 128;
+/// Offset of the consumer index from the start of a shared ring.
+pub(super) const HEAD_OFFSET: usize = 256;
+/// Offset of slot 0 from the start of a shared ring.
+pub(super) const SLOTS_OFFSET: usize = 384;
+/// Required alignment of a shared ring's offset in the data area.
+pub(super) const RING_ALIGN: usize = 128;
+/// Offset of the producer's attach flag.
+const PRODUCER_CLAIM_OFFSET: usize = 64;
+/// Offset of the consumer's attach flag.
+const CONSUMER_CLAIM_OFFSET: usize = 68;
+
+/// The first bytes of a shared ring: written by [`init_shm_ring`](super::init_shm_ring),
+/// copied out and validated by every attach.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub(super) struct RingMeta {
+    pub(super) magic: u64,
+    pub(super) version: u32,
+    pub(super) slot_size: u32,
+    pub(super) capacity: u64,
+}
+
+mod sealed {
+    /// The storage operations the ring logic needs. Sealed: only this module implements it.
+    ///
+    /// Indices are free-running `u64`s; a slot is addressed by `index & mask`.
+    #[allow(unreachable_pub)] // the sealed-trait pattern: public, but not nameable outside
+    pub trait RawStorage<T: Copy> {
+        /// Slot count (a power of two), a private copy validated at creation/attach.
+        fn capacity(&self) -> usize;
+        fn load_tail(&self, order: super::Ordering) -> u64;
+        fn store_tail(&self, value: u64, order: super::Ordering);
+        fn load_head(&self, order: super::Ordering) -> u64;
+        fn store_head(&self, value: u64, order: super::Ordering);
+        /// Writes `values` into the slots from index `first` on (wrapping around).
+        ///
+        /// # Safety
+        ///
+        /// The caller is the producer and owns these slots: `values.len()` ≤ free slots
+        /// counted from `first`, i.e. the consumer has released them (Acquire on head).
+        unsafe fn write_slots(&self, first: u64, values: &[T]);
+        /// Copies the slots from index `first` on (wrapping around) into `out`.
+        ///
+        /// # Safety
+        ///
+        /// The caller is the consumer and these slots are published: `out.len()` ≤
+        /// available slots counted from `first` (Acquire on tail).
+        unsafe fn read_slots(&self, first: u64, out: &mut [T]);
+        /// Writes one slot.
+        ///
+        /// # Safety
+        ///
+        /// As [`write_slots`](RawStorage::write_slots) for one slot.
+        unsafe fn write_slot(&self, index: u64, value: T);
+        /// Copies one slot out.
+        ///
+        /// # Safety
+        ///
+        /// As [`read_slots`](RawStorage::read_slots) for one slot.
+        unsafe fn read_slot(&self, index: u64) -> T;
+        /// Hints that the slot at `index` will be read soon. Never faults.
+        fn prefetch(&self, index: u64) {
+            let _ = index;
+        }
+    }
+}
+
+pub(super) use sealed::RawStorage;
+
+/// Where a ring's indices and slots live: [`HeapStorage`] or [`ShmStorage`]. Sealed.
+pub trait Storage<T: Copy>: RawStorage<T> {}
+
+impl<T: Copy, S: RawStorage<T>> Storage<T> for S {}
+
+// ---------------------------------------------------------------------------------------
+// Heap storage
+// ---------------------------------------------------------------------------------------
+
+struct HeapRing<T> {
+    tail: CachePadded<sync::AtomicU64>,
+    head: CachePadded<sync::AtomicU64>,
+    slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
+    mask: usize,
+}
+
+// SAFETY: the slots are only touched under the SPSC protocol: a slot is written by the one
+// producer while the consumer cannot see it (before the Release store of tail) and read by
+// the one consumer while the producer cannot reuse it (before the Release store of head), so
+// shared access from two threads never races; T: Send lets values move between them.
+unsafe impl<T: Send> Sync for HeapRing<T> {}
+
+/// In-process storage: indices and slots in one heap allocation shared by the two ends.
+/// Uses the [`sync`](crate::sync) shim, so it is what loom and Miri check.
+pub struct HeapStorage<T> {
+    ring: Arc<HeapRing<T>>,
+}
+
+impl<T> std::fmt::Debug for HeapStorage<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapStorage")
+            .field("capacity", &self.ring.slots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Copy> HeapStorage<T> {
+    /// Two handles on a new ring of `capacity` slots (already validated: a power of two).
+    pub(super) fn new_pair(capacity: usize) -> (Self, Self) {
+        let slots = (0..capacity)
+            .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+            .collect::<Box<[_]>>();
+        let ring = Arc::new(HeapRing {
+            tail: CachePadded::new(sync::AtomicU64::new(0)),
+            head: CachePadded::new(sync::AtomicU64::new(0)),
+            slots,
+            mask: capacity - 1,
+        });
+        (
+            HeapStorage {
+                ring: Arc::clone(&ring),
+            },
+            HeapStorage { ring },
+        )
+    }
+}
+
+impl<T: Copy> sealed::RawStorage<T> for HeapStorage<T> {
+    #[inline(always)]
+    fn capacity(&self) -> usize {
+        self.ring.mask + 1
+    }
+    #[inline(always)]
+    fn load_tail(&self, order: Ordering) -> u64 {
+        self.ring.tail.load(order)
+    }
+    #[inline(always)]
+    fn store_tail(&self, value: u64, order: Ordering) {
+        self.ring.tail.store(value, order);
+    }
+    #[inline(always)]
+    fn load_head(&self, order: Ordering) -> u64 {
+        self.ring.head.load(order)
+    }
+    #[inline(always)]
+    fn store_head(&self, value: u64, order: Ordering) {
+        self.ring.head.store(value, order);
+    }
+    #[inline(always)]
+    unsafe fn write_slots(&self, first: u64, values: &[T]) {
+        let mask = self.ring.mask;
+        for (i, value) in values.iter().enumerate() {
+            let slot = &self.ring.slots[(first as usize).wrapping_add(i) & mask];
+            // SAFETY: the caller owns this slot (free, released by the consumer), so no one
+            // else accesses it; writing a MaybeUninit<T> through its cell is in bounds.
+            slot.with_mut(|p| unsafe { p.write(MaybeUninit::new(*value)) });
+        }
+    }
+    #[inline(always)]
+    unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
+        let mask = self.ring.mask;
+        for (i, out) in out.iter_mut().enumerate() {
+            let slot = &self.ring.slots[(first as usize).wrapping_add(i) & mask];
+            // SAFETY: the caller guarantees the slot is published, so the producer wrote it
+            // (initialised) before its Release store of tail, which our Acquire load saw, and
+            // will not write it again before we release it.
+            *out = slot.with(|p| unsafe { p.cast::<T>().read() });
+        }
+    }
+    #[inline(always)]
+    unsafe fn write_slot(&self, index: u64, value: T) {
+        let slot = &self.ring.slots[(index as usize) & self.ring.mask];
+        // SAFETY: as in write_slots.
+        slot.with_mut(|p| unsafe { p.write(MaybeUninit::new(value)) });
+    }
+    #[inline(always)]
+    unsafe fn read_slot(&self, index: u64) -> T {
+        let slot = &self.ring.slots[(index as usize) & self.ring.mask];
+        // SAFETY: as in read_slots.
+        slot.with(|p| unsafe { p.cast::<T>().read() })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared-memory storage
+// ---------------------------------------------------------------------------------------
+
+/// Which end of a shared ring a [`ShmStorage`] serves (selects the attach flag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum End {
+    Producer,
+    Consumer,
+}
+
+/// Storage in a [`Segment`]: indices and slots at an offset in its data area.
+///
+/// Holds the segment (an `Arc`) so the mapping outlives every pointer into it. Capacity
+/// and slot size are private copies validated at attach; nothing is re-read from the
+/// shared header afterwards.
+pub struct ShmStorage<T> {
+    segment: Arc<Segment>,
+    base: NonNull<u8>,
+    slots: NonNull<u8>,
+    mask: usize,
+    end: End,
+    _slot: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for ShmStorage<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmStorage")
+            .field("capacity", &(self.mask + 1))
+            .field("end", &self.end)
+            .field("segment", &self.segment)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the raw pointers point into the mapping owned by `segment` (an Arc, Send + Sync),
+// which lives as long as this value; the memory is accessed only through atomics and raw
+// copies, which are valid from any thread.
+unsafe impl<T> Send for ShmStorage<T> {}
+
+impl<T: Pod> ShmStorage<T> {
+    /// Wraps the ring at `offset`. The caller has validated that the whole ring (header and
+    /// `capacity` slots) lies inside the segment's data area, that `offset` is
+    /// [`RING_ALIGN`]-aligned, and that the segment is mapped read-write.
+    pub(super) fn new(segment: Arc<Segment>, offset: usize, capacity: usize, end: End) -> Self {
+        let data = segment.data_ptr();
+        // SAFETY: (caller) offset + SLOTS_OFFSET + capacity * size_of::<T>() <= data_len, so
+        // both pointers are inside the mapping.
+        let base = unsafe { data.add(offset) };
+        // SAFETY: as above.
+        let slots = unsafe { base.add(SLOTS_OFFSET) };
+        ShmStorage {
+            segment,
+            base,
+            slots,
+            mask: capacity - 1,
+            end,
+            _slot: PhantomData,
+        }
+    }
+
+    fn atomic_u64(&self, offset: usize) -> &sync::shm::AtomicU64 {
+        // SAFETY: offset is TAIL_OFFSET or HEAD_OFFSET, inside the validated ring header,
+        // 8-aligned (the ring is 128-aligned in a page-aligned data area); the mapping is
+        // read-write and lives as long as &self. AtomicU64 has no invalid bit patterns, and
+        // atomics are the one sound way to share a word with a concurrent writer.
+        unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .wrapping_add(offset)
+                .cast::<sync::shm::AtomicU64>()
+        }
+    }
+
+    fn claim_flag(&self) -> &sync::shm::AtomicU32 {
+        let offset = match self.end {
+            End::Producer => PRODUCER_CLAIM_OFFSET,
+            End::Consumer => CONSUMER_CLAIM_OFFSET,
+        };
+        // SAFETY: as in atomic_u64: inside the header line, 4-aligned, mapped read-write.
+        unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .wrapping_add(offset)
+                .cast::<sync::shm::AtomicU32>()
+        }
+    }
+
+    /// Marks this end as attached; false if another handle already holds it.
+    pub(super) fn claim(&self) -> bool {
+        // AcqRel: the swap orders against the Release store in `Drop` of a previous holder
+        // (pairs with it), and our later accesses come after it.
+        self.claim_flag().swap(1, Ordering::AcqRel) == 0
+    }
+
+    /// Resets both attach flags (ring initialisation, before the ring is shared).
+    pub(super) fn reset_claims(segment: &Segment, offset: usize) {
+        // SAFETY: the caller (init_shm_ring) validated that the ring header lies inside the
+        // read-write data area at a 128-aligned offset.
+        let base = unsafe { segment.data_ptr().add(offset) };
+        for flag in [PRODUCER_CLAIM_OFFSET, CONSUMER_CLAIM_OFFSET] {
+            // SAFETY: inside the header line, 4-aligned, mapped read-write.
+            let atomic = unsafe {
+                &*base
+                    .as_ptr()
+                    .wrapping_add(flag)
+                    .cast::<sync::shm::AtomicU32>()
+            };
+            atomic.store(0, Ordering::Relaxed);
+        }
+        for index in [TAIL_OFFSET, HEAD_OFFSET] {
+            // SAFETY: inside the header, 8-aligned, mapped read-write.
+            let atomic = unsafe {
+                &*base
+                    .as_ptr()
+                    .wrapping_add(index)
+                    .cast::<sync::shm::AtomicU64>()
+            };
+            atomic.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Pointer to the slot for `index` (masked, so always in bounds).
+    #[inline(always)]
+    fn slot_ptr(&self, index: u64) -> *mut u8 {
+        let slot = (index as usize) & self.mask;
+        // In bounds: slot < capacity, and capacity slots lie inside the mapping (checked at
+        // attach), so this never wraps; wrapping_add just keeps the arithmetic safe code.
+        self.slots.as_ptr().wrapping_add(slot * size_of::<T>())
+    }
+
+    /// Splits `len` slots from `first` into the runs before and after the wrap.
+    #[inline(always)]
+    fn runs(&self, first: u64, len: usize) -> (usize, usize) {
+        let start = (first as usize) & self.mask;
+        let before_wrap = len.min(self.mask + 1 - start);
+        (before_wrap, len - before_wrap)
+    }
+}
+
+impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
+    #[inline(always)]
+    fn capacity(&self) -> usize {
+        self.mask + 1
+    }
+    #[inline(always)]
+    fn load_tail(&self, order: Ordering) -> u64 {
+        self.atomic_u64(TAIL_OFFSET).load(order)
+    }
+    #[inline(always)]
+    fn store_tail(&self, value: u64, order: Ordering) {
+        self.atomic_u64(TAIL_OFFSET).store(value, order);
+    }
+    #[inline(always)]
+    fn load_head(&self, order: Ordering) -> u64 {
+        self.atomic_u64(HEAD_OFFSET).load(order)
+    }
+    #[inline(always)]
+    fn store_head(&self, value: u64, order: Ordering) {
+        self.atomic_u64(HEAD_OFFSET).store(value, order);
+    }
+    #[inline(always)]
+    unsafe fn write_slots(&self, first: u64, values: &[T]) {
+        let (a, b) = self.runs(first, values.len());
+        let src = values.as_ptr().cast::<u8>();
+        // SAFETY: `runs` keeps [start, start+a) and [0, b) inside the slot array (a + b ≤
+        // capacity by the caller's contract); `values` is ordinary memory, not the mapping.
+        // Byte copies need no alignment. A hostile peer writing the same bytes concurrently
+        // can only garble its own data: T is Pod, any bytes are a valid T.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, self.slot_ptr(first), a * size_of::<T>());
+        }
+        // SAFETY: the second run, as above; `src` + a slots is still inside `values`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.wrapping_add(a * size_of::<T>()),
+                self.slots.as_ptr(),
+                b * size_of::<T>(),
+            );
+        }
+    }
+    #[inline(always)]
+    unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
+        let (a, b) = self.runs(first, out.len());
+        let dst = out.as_mut_ptr().cast::<u8>();
+        // SAFETY: as in write_slots, both runs are inside the slot array and `out` is private
+        // memory. This is the copy-out that makes the consumer immune to a peer rewriting a
+        // slot after we looked at it: the caller only ever sees this private copy, and any
+        // bytes form a valid T (Pod).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.slot_ptr(first), dst, a * size_of::<T>());
+        }
+        // SAFETY: the second run, as above; `dst` + a slots is still inside `out`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.slots.as_ptr(),
+                dst.wrapping_add(a * size_of::<T>()),
+                b * size_of::<T>(),
+            );
+        }
+    }
+    #[inline(always)]
+    unsafe fn write_slot(&self, index: u64, value: T) {
+        // SAFETY: the masked slot lies inside the slot array; unaligned write of a Pod value
+        // through a raw pointer, no reference to shared memory is formed.
+        unsafe { self.slot_ptr(index).cast::<T>().write_unaligned(value) };
+    }
+    #[inline(always)]
+    unsafe fn read_slot(&self, index: u64) -> T {
+        // SAFETY: as in read_slots: in bounds, copied out, any bytes are a valid T (Pod).
+        unsafe { self.slot_ptr(index).cast::<T>().read_unaligned() }
+    }
+    #[inline(always)]
+    fn prefetch(&self, index: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let slot = self.slot_ptr(index);
+            let mut line = 0;
+            while line < size_of::<T>() {
+                // SAFETY: prefetch is a hint that never faults; the address is inside the
+                // slot (line < size_of::<T>()).
+                unsafe {
+                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                        slot.wrapping_add(line).cast::<i8>(),
+                    );
+                }
+                line += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = index;
+    }
+}
+
+impl<T> Drop for ShmStorage<T> {
+    fn drop(&mut self) {
+        let offset = match self.end {
+            End::Producer => PRODUCER_CLAIM_OFFSET,
+            End::Consumer => CONSUMER_CLAIM_OFFSET,
+        };
+        // SAFETY: as in claim_flag; the segment is still alive (dropped after this).
+        let flag = unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .wrapping_add(offset)
+                .cast::<sync::shm::AtomicU32>()
+        };
+        // SYNC: Release pairs with the AcqRel swap in `claim` of the next handle on this end:
+        // everything this handle did happens before the next one starts.
+        flag.store(0, Ordering::Release);
+    }
+}

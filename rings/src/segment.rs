@@ -1,0 +1,710 @@
+//! Shared segments: a memfd-backed mapping that can be handed to another process as a
+//! file descriptor, and the mapping of such a descriptor received from a peer.
+//!
+//! # Layout
+//!
+//! ```text
+//! offset 0      header page (4096 bytes): SegmentHeader, then zeroes
+//! offset 4096   data: data_len() bytes, zero-filled at creation, page- and cache-aligned
+//! ```
+//!
+//! The header is written once by the creator and never trusted by an opener: [`Segment::open`]
+//! copies it out of the file with `pread`, checks magic, layout version, kind, header
+//! length and sizes against the file's real length, and keeps private copies of what it
+//! validated. The memfd is sealed (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) right after
+//! it is sized, and `open` refuses a memfd that could still shrink: a peer that could
+//! truncate the file under our mapping could make us fault with `SIGBUS`.
+//!
+//! memfds have no name in any file system, so nothing is ever left behind in `/dev/shm` or
+//! elsewhere: the memory is freed when the last descriptor and mapping go away, including
+//! when a process is killed with `SIGKILL`.
+//!
+//! # Huge pages
+//!
+//! With [`HugePages::Auto`] (the default) a segment is backed by 2 MiB pages
+//! (`MFD_HUGETLB | MFD_HUGE_2MB`) when the kernel has some reserved, and otherwise by
+//! ordinary pages, with one warning per process on standard error that says how to
+//! reserve huge pages. [`Segment::page_size`] says what the segment really got.
+
+// This module maps memory and hands out raw pointers into it; each unsafe block says why
+// it is sound.
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Once;
+
+use bytemuck::{Pod, Zeroable};
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{MemfdFlags, SealFlags};
+
+/// Bytes reserved for the header at the start of every segment; data starts here.
+pub const HEADER_LEN: usize = 4096;
+/// The magic number at offset 0 of every segment ("SHMHCAsg" in little-endian bytes).
+pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"SHMHCAsg");
+/// The header layout version this build writes and understands.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Size of a huge page as used by shmhca (`MFD_HUGE_2MB`).
+pub const HUGE_PAGE_LEN: usize = 2 << 20;
+/// Longest memfd name Linux accepts (249 bytes, without the NUL).
+pub const MAX_NAME_LEN: usize = 249;
+
+const BASE_PAGE_LEN: usize = 4096;
+const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
+
+/// The page size backing a segment: what the kernel really gave, not what was asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PageSize {
+    /// 2 MiB hugetlb pages.
+    Huge2M,
+    /// Ordinary 4 KiB pages.
+    Base4K,
+}
+
+impl PageSize {
+    /// The page size in bytes.
+    pub const fn bytes(self) -> usize {
+        match self {
+            PageSize::Huge2M => HUGE_PAGE_LEN,
+            PageSize::Base4K => BASE_PAGE_LEN,
+        }
+    }
+}
+
+impl fmt::Display for PageSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PageSize::Huge2M => "2 MiB huge pages",
+            PageSize::Base4K => "4 KiB pages",
+        })
+    }
+}
+
+/// Whether a new segment should use huge pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HugePages {
+    /// Use 2 MiB huge pages if the kernel has them; otherwise fall back to ordinary
+    /// pages and print one warning per process saying how to reserve huge pages.
+    #[default]
+    Auto,
+    /// Use 2 MiB huge pages or fail with [`CreateError::HugePagesUnavailable`].
+    Require,
+    /// Use ordinary pages.
+    Never,
+}
+
+/// How a segment is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Readable and writable (`PROT_READ | PROT_WRITE`).
+    ReadWrite,
+    /// Readable only (`PROT_READ`): writes through the mapping are impossible. A peer
+    /// maps my arena like this: it may read my memory, never write it.
+    ReadOnly,
+}
+
+/// The header at offset 0 of every segment, in native byte order (both ends run on the
+/// same machine). Written by the creator; copied out and validated by every opener.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, PartialEq, Eq)]
+struct SegmentHeader {
+    magic: u64,
+    version: u32,
+    kind: u32,
+    header_len: u64,
+    data_len: u64,
+    total_len: u64,
+    page_len: u64,
+}
+
+/// Why a segment could not be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateError {
+    /// A segment must hold at least one byte of data.
+    #[error("segment data length is 0: ask for at least one byte")]
+    ZeroLength,
+    /// The requested length overflows when the header is added and it is rounded up to
+    /// whole pages.
+    #[error("segment data length {data_len} is too large to round up to whole pages")]
+    TooLarge {
+        /// The requested data length.
+        data_len: usize,
+    },
+    /// The memfd name is too long or contains a NUL byte.
+    #[error("memfd name {name:?} is invalid: use at most {MAX_NAME_LEN} bytes and no NUL")]
+    InvalidName {
+        /// The name that was given.
+        name: String,
+    },
+    /// [`HugePages::Require`] was asked but the kernel could not provide huge pages.
+    #[error(
+        "huge pages were required but are unavailable ({source}): reserve some with \
+         `echo 64 > /proc/sys/vm/nr_hugepages` (or `sysctl vm.nr_hugepages=64`), \
+         or create the segment with HugePages::Auto"
+    )]
+    HugePagesUnavailable {
+        /// The error from the huge-page attempt.
+        source: io::Error,
+    },
+    /// `memfd_create` failed.
+    #[error("memfd_create failed ({source}): is this Linux 3.17 or later with memfd support?")]
+    Memfd {
+        /// The system error.
+        source: io::Error,
+    },
+    /// Sizing the memfd with `ftruncate` failed.
+    #[error(
+        "sizing the memfd to {len} bytes failed ({source}): check free memory and RLIMIT_FSIZE"
+    )]
+    Resize {
+        /// The length asked for.
+        len: usize,
+        /// The system error.
+        source: io::Error,
+    },
+    /// Sealing the memfd failed.
+    #[error("sealing the memfd failed ({source}): the kernel must support memfd seals")]
+    Seal {
+        /// The system error.
+        source: io::Error,
+    },
+    /// Mapping the memfd failed.
+    #[error(
+        "mapping {len} bytes of shared memory failed ({source}): check free memory and `ulimit -v`"
+    )]
+    Map {
+        /// The length of the mapping.
+        len: usize,
+        /// The system error.
+        source: io::Error,
+    },
+}
+
+/// Why a received file descriptor could not be opened as a segment. Each variant names
+/// what is wrong; none of them is a panic, and no memory is mapped before the checks pass.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The descriptor does not support seals, so it is not a memfd (a socket, a pipe, a
+    /// file on disk...).
+    #[error(
+        "the descriptor is not a memfd ({source}): pass a descriptor obtained from \
+         Segment::try_clone_fd of a segment made with Segment::builder"
+    )]
+    NotAMemfd {
+        /// The error from `fcntl(F_GET_SEALS)`.
+        source: io::Error,
+    },
+    /// The memfd is not sealed against shrinking: its owner could truncate it under our
+    /// mapping and make us fault.
+    #[error(
+        "the memfd is not sealed against shrinking (seals: {seals:?}): a peer could truncate it \
+         under the mapping; only open segments made by Segment::builder, which seals them"
+    )]
+    NotSealed {
+        /// The seals the memfd has.
+        seals: SealFlags,
+    },
+    /// `fstat` or `fstatfs` on the descriptor failed.
+    #[error("querying the memfd failed ({source})")]
+    Stat {
+        /// The system error.
+        source: io::Error,
+    },
+    /// The memfd is shorter than a segment header.
+    #[error(
+        "the memfd is {len} bytes, shorter than the {HEADER_LEN}-byte segment header: \
+         it is not a segment, or it was created empty"
+    )]
+    TooSmall {
+        /// The memfd's length.
+        len: u64,
+    },
+    /// Reading the header with `pread` failed.
+    #[error("reading the segment header failed ({source})")]
+    ReadHeader {
+        /// The system error.
+        source: io::Error,
+    },
+    /// The first bytes are not a segment header.
+    #[error(
+        "the memfd holds no segment header (magic {found:#018x}, expected {SEGMENT_MAGIC:#018x}): \
+         it is not a shmhca segment"
+    )]
+    NotASegment {
+        /// The magic number found.
+        found: u64,
+    },
+    /// The segment was written by a build with another header layout.
+    #[error(
+        "segment layout version {found}, but this build understands version {expected}: \
+         run the same shmhca version in both processes"
+    )]
+    VersionMismatch {
+        /// The version found in the header.
+        found: u32,
+        /// The version this build understands.
+        expected: u32,
+    },
+    /// The segment is of another kind than the caller expects (e.g. an arena where a link
+    /// was expected).
+    #[error("segment kind {found:#x}, expected {expected:#x}: the peer sent the wrong segment")]
+    WrongKind {
+        /// The kind the caller expects.
+        expected: u32,
+        /// The kind in the header.
+        found: u32,
+    },
+    /// The header length field is not [`HEADER_LEN`].
+    #[error("segment header length {found}, expected {HEADER_LEN}: the header is corrupt")]
+    BadHeaderLen {
+        /// The header length found.
+        found: u64,
+    },
+    /// The header's total length disagrees with the memfd's real length.
+    #[error(
+        "the header says the segment is {header_total} bytes but the memfd is {file_len} bytes: \
+         it was truncated or its header is corrupt"
+    )]
+    SizeMismatch {
+        /// The total length the header claims.
+        header_total: u64,
+        /// The memfd's real length.
+        file_len: u64,
+    },
+    /// The header's data length does not fit in the segment.
+    #[error(
+        "the header says {data_len} data bytes, which do not fit after the {HEADER_LEN}-byte \
+         header in a {total_len}-byte segment: the header is corrupt"
+    )]
+    DataLenTooLarge {
+        /// The data length the header claims.
+        data_len: u64,
+        /// The total length of the segment.
+        total_len: u64,
+    },
+    /// The memfd lives on hugetlbfs with pages of a size shmhca does not use.
+    #[error("the memfd uses {bytes}-byte huge pages; shmhca segments use 2 MiB or 4 KiB pages")]
+    UnsupportedPageSize {
+        /// The page size reported by the file system.
+        bytes: u64,
+    },
+    /// Mapping the memfd failed.
+    #[error("mapping the segment ({len} bytes) failed ({source})")]
+    Map {
+        /// The length of the mapping.
+        len: usize,
+        /// The system error.
+        source: io::Error,
+    },
+}
+
+/// A bounds or permission error from [`Segment::read_at`] / [`Segment::write_at`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// The range does not lie inside the data area.
+    #[error("range {offset}..{offset}+{len} is outside the segment's {data_len} data bytes")]
+    OutOfBounds {
+        /// Start of the range, from the start of the data area.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// The segment's data length.
+        data_len: usize,
+    },
+    /// A write was attempted on a read-only mapping.
+    #[error("the segment is mapped read-only: it cannot be written through this mapping")]
+    ReadOnly,
+}
+
+/// Builder for a new [`Segment`]; see [`Segment::builder`].
+#[derive(Clone, Debug)]
+pub struct SegmentBuilder {
+    kind: u32,
+    data_len: usize,
+    name: String,
+    huge_pages: HugePages,
+}
+
+/// A shared-memory segment: a sealed memfd, mapped, with a validated header page.
+///
+/// The mapping is unmapped and the descriptor closed on drop. `Segment` is `Send + Sync`:
+/// the memory behind [`data_ptr`](Segment::data_ptr) is shared with other processes, so
+/// all access to it goes through raw pointers (never references), atomics, or the copying
+/// helpers [`read_at`](Segment::read_at) / [`write_at`](Segment::write_at).
+pub struct Segment {
+    map: MmapRaw,
+    fd: OwnedFd,
+    kind: u32,
+    page_size: PageSize,
+    access: Access,
+    data_len: usize,
+}
+
+impl fmt::Debug for Segment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Segment")
+            .field("kind", &self.kind)
+            .field("page_size", &self.page_size)
+            .field("access", &self.access)
+            .field("data_len", &self.data_len)
+            .field("addr", &self.map.as_ptr())
+            .finish()
+    }
+}
+
+static FALLBACK_WARNING: Once = Once::new();
+
+impl SegmentBuilder {
+    /// The memfd's name, visible in `/proc/<pid>/fd` as `memfd:<name>` (default `shmhca`).
+    /// It names no file anywhere: nothing is created in `/dev/shm`.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// Whether to use huge pages (default [`HugePages::Auto`]).
+    pub fn huge_pages(mut self, huge_pages: HugePages) -> Self {
+        self.huge_pages = huge_pages;
+        self
+    }
+
+    /// Creates, sizes, seals and maps the memfd, writes the header and returns the segment
+    /// mapped read-write. The data area is zero-filled.
+    ///
+    /// # Errors
+    ///
+    /// [`CreateError`] says which step failed and what to do. With [`HugePages::Auto`] a
+    /// failure to get huge pages is not an error: the segment falls back to ordinary pages.
+    pub fn create(self) -> Result<Segment, CreateError> {
+        if self.data_len == 0 {
+            return Err(CreateError::ZeroLength);
+        }
+        if self.name.len() > MAX_NAME_LEN || self.name.contains('\0') {
+            return Err(CreateError::InvalidName { name: self.name });
+        }
+        match self.huge_pages {
+            HugePages::Never => self.create_with(PageSize::Base4K),
+            HugePages::Require => self.create_with(PageSize::Huge2M).map_err(|e| match e {
+                CreateError::Memfd { source }
+                | CreateError::Resize { source, .. }
+                | CreateError::Seal { source }
+                | CreateError::Map { source, .. } => CreateError::HugePagesUnavailable { source },
+                other => other,
+            }),
+            HugePages::Auto => match self.create_with(PageSize::Huge2M) {
+                Ok(segment) => Ok(segment),
+                Err(CreateError::TooLarge { data_len }) => Err(CreateError::TooLarge { data_len }),
+                Err(huge_error) => {
+                    FALLBACK_WARNING.call_once(|| {
+                        eprintln!(
+                            "shmhca: warning: huge pages are unavailable ({huge_error}); using \
+                             4 KiB pages, which costs TLB misses. Reserve huge pages with \
+                             `echo 64 > /proc/sys/vm/nr_hugepages` (or `sysctl vm.nr_hugepages=64`). \
+                             This warning is printed once per process."
+                        );
+                    });
+                    self.create_with(PageSize::Base4K)
+                }
+            },
+        }
+    }
+
+    fn create_with(&self, page_size: PageSize) -> Result<Segment, CreateError> {
+        let page = page_size.bytes();
+        let total_len = HEADER_LEN
+            .checked_add(self.data_len)
+            .and_then(|n| n.checked_next_multiple_of(page))
+            .filter(|&n| isize::try_from(n).is_ok())
+            .ok_or(CreateError::TooLarge {
+                data_len: self.data_len,
+            })?;
+        let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        if page_size == PageSize::Huge2M {
+            flags |= MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB;
+        }
+        let fd = rustix::fs::memfd_create(self.name.as_str(), flags)
+            .map_err(|e| CreateError::Memfd { source: e.into() })?;
+        rustix::fs::ftruncate(&fd, total_len as u64).map_err(|e| CreateError::Resize {
+            len: total_len,
+            source: e.into(),
+        })?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(|e| CreateError::Seal { source: e.into() })?;
+        // populate(): fault every page in now, so that (a) the hot path never takes a page
+        // fault and (b) a hugetlb shortfall shows up here as an error, not later as SIGBUS.
+        let map = MmapOptions::new()
+            .len(total_len)
+            .populate()
+            .map_raw(&fd)
+            .map_err(|source| CreateError::Map {
+                len: total_len,
+                source,
+            })?;
+        if page_size == PageSize::Base4K && self.data_len >= HUGE_PAGE_LEN {
+            // Transparent huge pages for shmem, where the admin enabled them
+            // (shmem_enabled = advise/within_size/always). Purely a hint: with THP off
+            // the kernel ignores it, so the result does not matter.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        let header = SegmentHeader {
+            magic: SEGMENT_MAGIC,
+            version: LAYOUT_VERSION,
+            kind: self.kind,
+            header_len: HEADER_LEN as u64,
+            data_len: (total_len - HEADER_LEN) as u64,
+            total_len: total_len as u64,
+            page_len: page as u64,
+        };
+        // SAFETY: the mapping is `total_len >= HEADER_LEN` bytes, readable and writable, and
+        // not yet shared with anyone (the fd has not left this function); an unaligned write
+        // of a Pod value into it is sound.
+        unsafe {
+            map.as_mut_ptr()
+                .cast::<SegmentHeader>()
+                .write_unaligned(header)
+        };
+        Ok(Segment {
+            map,
+            fd,
+            kind: self.kind,
+            page_size,
+            access: Access::ReadWrite,
+            data_len: total_len - HEADER_LEN,
+        })
+    }
+}
+
+impl Segment {
+    /// Starts building a segment of at least `data_len` usable bytes (rounded up to whole
+    /// pages), tagged with `kind`, a number the creator chooses so that an opener can check
+    /// it got the segment it expects (link, arena, test, ...).
+    pub fn builder(kind: u32, data_len: usize) -> SegmentBuilder {
+        SegmentBuilder {
+            kind,
+            data_len,
+            name: String::from("shmhca"),
+            huge_pages: HugePages::Auto,
+        }
+    }
+
+    /// Maps a segment received from a peer (or a dup of one's own), after validating it.
+    ///
+    /// Checks, in order, before anything is mapped: the descriptor is a memfd, sealed
+    /// against shrinking; it is at least a header long; the header (copied out with
+    /// `pread`) has the right magic, layout version, kind and header length; the total
+    /// length in the header equals the memfd's real length; the data length fits. The
+    /// validated values are kept privately: later writes to the header by the peer change
+    /// nothing here.
+    ///
+    /// # Errors
+    ///
+    /// One [`OpenError`] variant per failed check, saying what is wrong.
+    pub fn open(fd: OwnedFd, expected_kind: u32, access: Access) -> Result<Segment, OpenError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|e| OpenError::NotAMemfd { source: e.into() })?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(OpenError::NotSealed { seals });
+        }
+        // The memfd cannot shrink from here on, so the length we read stays a lower bound.
+        let stat = rustix::fs::fstat(&fd).map_err(|e| OpenError::Stat { source: e.into() })?;
+        let file_len = u64::try_from(stat.st_size).unwrap_or(0);
+        if file_len < HEADER_LEN as u64 {
+            return Err(OpenError::TooSmall { len: file_len });
+        }
+        let mut raw = [0u8; size_of::<SegmentHeader>()];
+        let mut filled = 0;
+        while filled < raw.len() {
+            match rustix::io::pread(&fd, &mut raw[filled..], filled as u64) {
+                Ok(0) => return Err(OpenError::TooSmall { len: file_len }),
+                Ok(n) => filled += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(OpenError::ReadHeader { source: e.into() }),
+            }
+        }
+        let header: SegmentHeader = bytemuck::pod_read_unaligned(&raw);
+        if header.magic != SEGMENT_MAGIC {
+            return Err(OpenError::NotASegment {
+                found: header.magic,
+            });
+        }
+        if header.version != LAYOUT_VERSION {
+            return Err(OpenError::VersionMismatch {
+                found: header.version,
+                expected: LAYOUT_VERSION,
+            });
+        }
+        if header.kind != expected_kind {
+            return Err(OpenError::WrongKind {
+                expected: expected_kind,
+                found: header.kind,
+            });
+        }
+        if header.header_len != HEADER_LEN as u64 {
+            return Err(OpenError::BadHeaderLen {
+                found: header.header_len,
+            });
+        }
+        if header.total_len != file_len {
+            return Err(OpenError::SizeMismatch {
+                header_total: header.total_len,
+                file_len,
+            });
+        }
+        let total_len = usize::try_from(file_len)
+            .ok()
+            .filter(|&n| isize::try_from(n).is_ok())
+            .ok_or(OpenError::SizeMismatch {
+                header_total: header.total_len,
+                file_len,
+            })?;
+        if header.data_len > file_len - HEADER_LEN as u64 {
+            return Err(OpenError::DataLenTooLarge {
+                data_len: header.data_len,
+                total_len: file_len,
+            });
+        }
+        let data_len = header.data_len as usize;
+        let statfs = rustix::fs::fstatfs(&fd).map_err(|e| OpenError::Stat { source: e.into() })?;
+        let page_size = if statfs.f_type as u64 == HUGETLBFS_MAGIC {
+            match u64::try_from(stat.st_blksize).unwrap_or(0) {
+                b if b == HUGE_PAGE_LEN as u64 => PageSize::Huge2M,
+                bytes => return Err(OpenError::UnsupportedPageSize { bytes }),
+            }
+        } else {
+            PageSize::Base4K
+        };
+        let mut options = MmapOptions::new();
+        options.len(total_len).populate();
+        let map = match access {
+            Access::ReadWrite => options.map_raw(&fd),
+            Access::ReadOnly => options.map_raw_read_only(&fd),
+        }
+        .map_err(|source| OpenError::Map {
+            len: total_len,
+            source,
+        })?;
+        Ok(Segment {
+            map,
+            fd,
+            kind: header.kind,
+            page_size,
+            access,
+            data_len,
+        })
+    }
+
+    /// The segment's memfd, for sending to a peer ([`crate::fdpass::send_with_fds`]).
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A new descriptor for the same memfd (`F_DUPFD_CLOEXEC`), for sending to a peer or for
+    /// mapping the segment again, e.g. read-only.
+    ///
+    /// # Errors
+    ///
+    /// The system error if the process is out of descriptors.
+    pub fn try_clone_fd(&self) -> io::Result<OwnedFd> {
+        Ok(rustix::io::fcntl_dupfd_cloexec(&self.fd, 0)?)
+    }
+
+    /// The kind tag the creator chose (validated against the expected kind on open).
+    pub fn kind(&self) -> u32 {
+        self.kind
+    }
+
+    /// The page size backing the segment, as the kernel really provided it.
+    pub fn page_size(&self) -> PageSize {
+        self.page_size
+    }
+
+    /// How this process mapped the segment.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// Usable bytes after the header page.
+    pub fn data_len(&self) -> usize {
+        self.data_len
+    }
+
+    /// The start of the data area: [`HEADER_LEN`] bytes into the mapping, so page- and
+    /// cache-line-aligned. Valid for `data_len()` bytes for as long as `self` lives.
+    /// Writes through it are only allowed (and only possible) when
+    /// [`access`](Segment::access) is [`Access::ReadWrite`]; on a read-only mapping the
+    /// page protection turns a write into `SIGSEGV`. The memory may be changed at any time
+    /// by a peer: access it only through raw pointers, atomics or copies, never through
+    /// references that assume nobody else writes.
+    pub fn data_ptr(&self) -> NonNull<u8> {
+        // SAFETY: the mapping is HEADER_LEN + data_len bytes long, so HEADER_LEN is in bounds
+        // (or one past the end when data_len is 0, which `create` rules out anyway).
+        let ptr = unsafe { self.map.as_mut_ptr().add(HEADER_LEN) };
+        // `add` of a non-null mapping address stays non-null.
+        NonNull::new(ptr).unwrap_or(NonNull::dangling())
+    }
+
+    /// Copies `buf.len()` bytes starting `offset` bytes into the data area into `buf`.
+    ///
+    /// # Errors
+    ///
+    /// [`AccessError::OutOfBounds`] if the range is not inside the data area.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<(), AccessError> {
+        self.check_range(offset, buf.len())?;
+        // SAFETY: the range was checked to lie inside the mapping, which is readable under
+        // either access, and `buf` is valid for writes of its length; `ptr::copy` tolerates
+        // overlap. The source is only accessed through a raw pointer (a peer may write it
+        // concurrently; the result is then whatever bytes were there, all valid `u8`s).
+        unsafe {
+            std::ptr::copy(
+                self.data_ptr().as_ptr().wrapping_add(offset),
+                buf.as_mut_ptr(),
+                buf.len(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the data area starting `offset` bytes in.
+    ///
+    /// # Errors
+    ///
+    /// [`AccessError::ReadOnly`] on a read-only mapping, [`AccessError::OutOfBounds`] if
+    /// the range is not inside the data area.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), AccessError> {
+        if self.access == Access::ReadOnly {
+            return Err(AccessError::ReadOnly);
+        }
+        self.check_range(offset, data.len())?;
+        // SAFETY: the range lies inside the mapping, which is writable (checked above), and
+        // `data` is valid for reads of its length; `ptr::copy` tolerates overlap.
+        unsafe {
+            std::ptr::copy(
+                data.as_ptr(),
+                self.data_ptr().as_ptr().wrapping_add(offset),
+                data.len(),
+            );
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<(), AccessError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.data_len => Ok(()),
+            _ => Err(AccessError::OutOfBounds {
+                offset,
+                len,
+                data_len: self.data_len,
+            }),
+        }
+    }
+}
+
+impl AsFd for Segment {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
