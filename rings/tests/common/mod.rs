@@ -1,0 +1,57 @@
+//! Helpers shared by the integration tests: running a helper "test" of this same binary in
+//! a child process, and rendezvous over an abstract Unix socket (no file left behind).
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::process::{Child, Command, Stdio};
+
+/// Environment variable that carries the rendezvous name to a child.
+pub const SOCKET_ENV: &str = "SHMHCA_TEST_SOCKET";
+
+/// Starts this test binary in a child process running only the ignored helper test `name`.
+pub fn spawn_helper(name: &str, envs: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn helper process")
+}
+
+/// A unique abstract socket name for this process and `tag`.
+pub fn socket_name(tag: &str) -> String {
+    format!("shmhca-test-{tag}-{}", std::process::id())
+}
+
+/// Listens on the abstract socket `name`.
+pub fn listen(name: &str) -> UnixListener {
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("abstract address");
+    UnixListener::bind_addr(&addr).expect("bind abstract socket")
+}
+
+/// Connects to the abstract socket `name`.
+pub fn connect(name: &str) -> UnixStream {
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("abstract address");
+    UnixStream::connect_addr(&addr).expect("connect abstract socket")
+}
+
+/// Names of the entries of `/dev/shm` (empty if it does not exist).
+pub fn dev_shm_entries() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
