@@ -26,7 +26,6 @@ fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     text.lines().find_map(|l| {
         l.strip_prefix(field)?
-            .trim()
             .split_whitespace()
             .next()?
             .parse()
