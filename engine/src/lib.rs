@@ -1,6 +1,45 @@
-//! shmhca: a software InfiniBand Host Channel Adapter.
+//! shmhca: a software InfiniBand Host Channel Adapter — the Reliable Connected transport
+//! between processes on one machine.
+//!
+//! Each process runs an *engine* (its HCA) that exchanges real IBA transport packets with
+//! peer engines over lock-free rings in shared memory. Applications use a verbs-style API:
+//! a [`Context`], protection domains ([`Pd`]), memory regions ([`Mr`]) carved from a shared
+//! arena, completion queues ([`Cq`]) and reliable-connected queue pairs ([`Qp`]) with Send,
+//! Send with Immediate, RDMA Write (with Immediate), RDMA Read and the two Atomics.
+//!
+//! The protocol follows the IBA RC chapters: [`qp`] (the QP state machine), [`requester`]
+//! (SQ Logic), [`responder`] (RQ Logic), [`completer`], [`credit`] (end-to-end credits),
+//! [`timer`], over the header formats of [`wire`] and the PSN arithmetic of [`psn`]. The
+//! protocol stages are sans-IO: the engine passes packets, work requests and the time in.
 #![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
+pub(crate) mod arena;
+pub mod completer;
+pub(crate) mod context;
+pub mod credit;
+pub(crate) mod dma;
+pub(crate) mod engine;
+mod error;
+pub mod link;
+pub(crate) mod mem;
+pub(crate) mod mr_table;
 pub mod psn;
+pub mod qp;
+pub mod requester;
+pub mod responder;
+pub mod timer;
 pub mod trace;
+pub mod verbs;
 pub mod wire;
+pub(crate) mod wqe;
+
+pub use context::Stats;
+pub use error::{Error, Result};
+pub use link::LinkId;
+pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
+pub use verbs::wr::{
+    Data, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Qp, Sge};
+pub use wire::Qpn;

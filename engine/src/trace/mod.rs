@@ -4,5 +4,8 @@
 //! [`pcap::PcapWriter`] writes the file; [`roce`] builds the Ethernet / IPv4 / UDP framing
 //! and the ICRC around each transport packet.
 
+#![forbid(unsafe_code)]
+
 pub mod pcap;
 pub mod roce;
+pub(crate) mod tap;

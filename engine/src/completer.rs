@@ -1,0 +1,352 @@
+//! The completer: the SQ Logic's handling of responses (spec/01 "SQ Logic Validation of
+//! Each Response", the rxe completer's checks).
+//!
+//! Each response is checked in turn:
+//!
+//! 1. **PSN.** At or before the last acknowledged PSN it is a duplicate (or an unsolicited
+//!    Ack, spec/02): only its credits are kept. At or after nPSN it answers nothing sent:
+//!    dropped.
+//! 2. **Implicit acknowledgement.** A response for PSN p acknowledges every request before
+//!    p, so Sends and RDMA Writes that end before p complete. An RDMA Read or Atomic that
+//!    ends before p cannot be acknowledged that way — its data is missing — so the
+//!    response is taken as an implied Nak and the read is requested again.
+//! 3. **Opcode and sequence.** Acks, RNR Naks and Naks; RDMA Read responses must arrive
+//!    First, Middle…, Last (or Only) with the expected PSN and exactly the expected
+//!    payload; an Atomic Acknowledge must answer an Atomic.
+//! 4. **Execute.** Read response data and the Atomic's original value are written into the
+//!    WQE's scatter list; Naks map to completion statuses; the WQEs done are retired in
+//!    order ([`retire`]), signaled ones with a send completion.
+
+use crate::context::{Env, QpCtx};
+use crate::dma::{self, CopyError, Cursor};
+use crate::link::{PacketSlot, Payload, RxPacket};
+use crate::mem::Mem;
+use crate::psn::Psn;
+use crate::qp::QpState;
+use crate::requester::rewind;
+use crate::timer::{self, RNR_RETRY_FOREVER};
+use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
+use crate::wire::aeth::{AethRepr, NakCode, Syndrome};
+use crate::wire::opcode::{OpClass, Position};
+use crate::wqe::{WqeFlags, WqeOp};
+
+/// Handles one response packet addressed to this QP's SQ Logic.
+pub(crate) fn on_response(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    peer: &Mem,
+    slot: &PacketSlot,
+    pkt: &RxPacket,
+) {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+        env.stats.dropped += 1;
+        return;
+    }
+    let Some(info) = pkt.repr.bth.opcode.info() else {
+        env.stats.dropped += 1;
+        return;
+    };
+    let psn = pkt.repr.bth.psn;
+    let aeth = pkt.repr.aeth;
+    let req = &mut qp.req;
+
+    // 1. PSN window.
+    if psn.diff(req.acked) <= 0 {
+        if let Some(AethRepr {
+            syndrome: Syndrome::Ack { credits },
+            msn,
+        }) = aeth
+        {
+            if info.class == OpClass::Acknowledge {
+                req.update_credits(credits, msn.get());
+                return;
+            }
+        }
+        env.stats.dropped += 1;
+        return;
+    }
+    if psn.diff(req.npsn) >= 0 {
+        env.stats.dropped += 1;
+        return;
+    }
+
+    // 2. Implicit acknowledgement of everything before `psn`.
+    if let Err(missing) = ack_before(qp, psn) {
+        implied_nak(qp, env, missing);
+        return;
+    }
+    let req = &mut qp.req;
+    let Some(seq) = req.find(psn) else {
+        env.stats.dropped += 1;
+        return;
+    };
+    let w = *req.wqe(seq);
+
+    // 3 and 4, by opcode.
+    match info.class {
+        OpClass::Acknowledge => {
+            let Some(aeth) = aeth else {
+                return bad_response(qp, env, seq);
+            };
+            match aeth.syndrome {
+                Syndrome::Ack { credits } => {
+                    if w.w.op.is_rd_atomic() {
+                        // A plain Ack inside a Read's or Atomic's PSNs: its responses were
+                        // lost (spec/04 "Ack Timeout and Missing Packet(s) Retry Counter").
+                        let missing = w.first_psn.add(w.resp_seen);
+                        implied_nak(qp, env, missing);
+                        return;
+                    }
+                    if psn == w.last_psn() {
+                        qp.req.wqe_mut(seq).done = Some(WcStatus::Success);
+                    }
+                    progress(qp, env, psn);
+                    qp.req.update_credits(credits, aeth.msn.get());
+                }
+                Syndrome::RnrNak { timer } => {
+                    env.stats.rnr_naks_received += 1;
+                    progress(qp, env, psn.sub(1));
+                    let req = &mut qp.req;
+                    if req.rnr_left == 0 {
+                        req.wqe_mut(seq).done = Some(WcStatus::RnrRetryExcErr);
+                        qp.enter_error(env);
+                        return;
+                    }
+                    if qp.cfg.rnr_retry != RNR_RETRY_FOREVER {
+                        req.rnr_left -= 1;
+                    }
+                    rewind(req, psn);
+                    req.timer.disarm();
+                    req.rnr_timer.arm(env.now, timer.duration());
+                }
+                Syndrome::Nak(NakCode::PsnSequenceError) => {
+                    progress(qp, env, psn.sub(1));
+                    retry_from(qp, env, psn);
+                }
+                Syndrome::Nak(code) => {
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                        _ => WcStatus::BadRespErr,
+                    };
+                    progress(qp, env, psn.sub(1));
+                    qp.req.wqe_mut(seq).done = Some(status);
+                    qp.enter_error(env);
+                }
+                Syndrome::Reserved(_) => bad_response(qp, env, seq),
+            }
+        }
+        OpClass::RdmaReadResponse => {
+            if w.w.op != WqeOp::Read {
+                return bad_response(qp, env, seq);
+            }
+            let expected = w.first_psn.add(w.resp_seen);
+            if psn != expected {
+                if psn.after(expected) {
+                    implied_nak(qp, env, expected);
+                } else {
+                    env.stats.dropped += 1; // a duplicate response
+                }
+                return;
+            }
+            let pmtu = qp.cfg.path_mtu.bytes();
+            let last = w.resp_seen + 1 == w.span;
+            let position_ok = match info.position {
+                Position::Only => w.span == 1,
+                Position::First => w.resp_seen == 0 && !last,
+                Position::Middle => w.resp_seen > 0 && !last,
+                Position::Last => w.resp_seen > 0 && last,
+            };
+            let offset = w.resp_seen * pmtu;
+            let want = (w.w.len - offset).min(pmtu);
+            if !position_ok || pkt.payload.len() != want {
+                return bad_response(qp, env, seq);
+            }
+            if let Some(a) = aeth {
+                match a.syndrome {
+                    Syndrome::Ack { credits } => qp.req.update_credits(credits, a.msn.get()),
+                    _ => return bad_response(qp, env, seq),
+                }
+            }
+            let Some(mut cursor) = Cursor::at(&w.w.data, env.arena.mem(), u64::from(offset))
+            else {
+                return bad_response(qp, env, seq);
+            };
+            match dma::copy_payload(slot, &pkt.payload, peer, env.arena.mem(), &w.w.data, &mut cursor) {
+                Ok(n) => env.stats.payload_bytes_copied += n,
+                Err(CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination) => {
+                    return bad_response(qp, env, seq);
+                }
+            }
+            let wm = qp.req.wqe_mut(seq);
+            wm.resp_seen += 1;
+            if last {
+                wm.done = Some(WcStatus::Success);
+            }
+            progress(qp, env, psn);
+        }
+        OpClass::AtomicAcknowledge => {
+            let ok_aeth = matches!(aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
+            let Some(orig) = pkt.repr.atomic_ack_eth.map(|a| a.orig) else {
+                return bad_response(qp, env, seq);
+            };
+            if !w.w.op.is_atomic() || psn != w.first_psn || !ok_aeth || pkt.payload != Payload::None {
+                return bad_response(qp, env, seq);
+            }
+            // The original value lands in the scatter buffer in host byte order, as a
+            // 64-bit load of the remote word would have returned it.
+            let bytes = orig.to_ne_bytes();
+            let mut cursor = Cursor::default();
+            let mut written = 0u64;
+            let mem = env.arena.mem();
+            while written < 8 {
+                let Some(e) = w.w.data.entry(mem, cursor.idx) else { break };
+                let n = (u64::from(e.len) - cursor.skip).min(8 - written);
+                if mem
+                    .write(e.off + cursor.skip, &bytes[written as usize..(written + n) as usize])
+                    .is_err()
+                {
+                    break;
+                }
+                written += n;
+                cursor.advance(&w.w.data, mem, n);
+            }
+            if let Some(a) = aeth {
+                if let Syndrome::Ack { credits } = a.syndrome {
+                    qp.req.update_credits(credits, a.msn.get());
+                }
+            }
+            qp.req.wqe_mut(seq).done = Some(WcStatus::Success);
+            progress(qp, env, psn);
+        }
+        // Requests never reach the completer (the engine dispatches by opcode).
+        _ => env.stats.dropped += 1,
+    }
+    retire(qp, env);
+}
+
+/// Completes (successfully) every Send/Write that ends before `psn`; stops with the
+/// first PSN whose response is missing if a Read or Atomic ends before it. The caller
+/// records the acknowledgement itself ([`progress`]).
+fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
+    let req = &mut qp.req;
+    for seq in req.retired..req.started {
+        let w = req.wqe(seq);
+        if w.done.is_some() {
+            continue;
+        }
+        if !w.last_psn().before(psn) {
+            break;
+        }
+        if w.w.op.is_rd_atomic() {
+            return Err(w.first_psn.add(w.resp_seen));
+        }
+        req.wqe_mut(seq).done = Some(WcStatus::Success);
+    }
+    Ok(())
+}
+
+/// Records acknowledgement up to `psn` and restarts the transport timer.
+fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
+    let req = &mut qp.req;
+    if psn.after(req.acked) {
+        req.acked = psn;
+        req.retry_left = qp.cfg.retry_cnt;
+        req.rnr_left = qp.cfg.rnr_retry;
+        req.timer.disarm();
+        if req.outstanding() {
+            if let Some(t) = timer::transport_timeout(qp.cfg.timeout) {
+                req.timer.arm(env.now, t);
+            }
+        }
+    }
+}
+
+/// A response showed that responses from `missing` on were lost: request them again, as a
+/// sequence-error Nak would (it spends the Retry Count).
+fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
+    retry_from(qp, env, missing);
+}
+
+fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
+    let req = &mut qp.req;
+    if req.retry_left == 0 {
+        if let Some(seq) = req.find(psn) {
+            req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);
+        }
+        qp.enter_error(env);
+        return;
+    }
+    req.retry_left -= 1;
+    rewind(req, psn);
+}
+
+/// A malformed or unexpected response: the WQE fails with a bad-response error and the QP
+/// goes to the Error state.
+fn bad_response(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64) {
+    qp.req.wqe_mut(seq).done = Some(WcStatus::BadRespErr);
+    qp.enter_error(env);
+}
+
+/// The completion opcode of a send WQE.
+fn wc_opcode(op: WqeOp) -> WcOpcode {
+    match op {
+        WqeOp::Send | WqeOp::SendImm => WcOpcode::Send,
+        WqeOp::Write | WqeOp::WriteImm => WcOpcode::RdmaWrite,
+        WqeOp::Read => WcOpcode::RdmaRead,
+        WqeOp::CompareSwap => WcOpcode::CompSwap,
+        WqeOp::FetchAdd => WcOpcode::FetchAdd,
+    }
+}
+
+/// Retires finished WQEs in order: signaled ones (and every error) with a send
+/// completion. In the Error state every remaining WQE is retired with a flush error. Stops
+/// when the send CQ is full (the WQEs stay and are retired later).
+pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
+    if qp.state == QpState::Error {
+        crate::requester::fetch(qp);
+    }
+    let error = qp.state == QpState::Error;
+    let mut any = false;
+    loop {
+        let req = &mut qp.req;
+        let seq = req.retired;
+        if seq == req.fetched || (!error && seq == req.started) {
+            break;
+        }
+        let w = *req.wqe(seq);
+        let status = match w.done {
+            Some(s) => s,
+            None if error => WcStatus::WrFlushErr,
+            None => break,
+        };
+        if w.w.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success {
+            let wc = WorkCompletion {
+                wr_id: w.w.wr_id,
+                status,
+                opcode: wc_opcode(w.w.op),
+                byte_len: if w.w.op == WqeOp::Read { w.w.len } else { 0 },
+                imm_data: None,
+                qp_num: qp.qpn,
+                solicited: false,
+            };
+            if !env.cqs.push(qp.send_cq, wc) {
+                break;
+            }
+        }
+        env.release(&w.w.data);
+        qp.req.retire_one(seq);
+        any = true;
+        if error {
+            crate::requester::fetch(qp);
+        }
+    }
+    if any {
+        // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done
+        // with the retired WQEs' slots and buffers before the application reuses them.
+        qp.shared
+            .sq_retired
+            .store(qp.req.retired, std::sync::atomic::Ordering::Release);
+    }
+}

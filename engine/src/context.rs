@@ -1,0 +1,279 @@
+//! The QP context as the engine holds it, and what the protocol stages work with.
+//!
+//! The SQ Logic ([`crate::requester`]), the completer ([`crate::completer`]) and the RQ Logic
+//! ([`crate::responder`]) are functions over a [`QpCtx`] plus an [`Env`] (this engine's
+//! memory, tables, completion queues, the time) and a [`Wire`] (the link the QP talks
+//! over). They never read the clock or touch a thread: the engine calls them, and so do
+//! the scenario tests, which move packets between two contexts by hand.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Instant;
+
+use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
+
+use crate::arena::Arena;
+use crate::completer;
+use crate::link::TxBatch;
+use crate::mem::Mem;
+use crate::mr_table::MrTable;
+use crate::qp::{MAX_SGE, QpCaps, QpConfig, QpState};
+use crate::requester::Requester;
+use crate::responder::Responder;
+use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
+use crate::wire::Qpn;
+use crate::wqe::{DataLoc, RqWqe, SqWqe};
+
+/// What a QP's application handle and the engine share.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    /// Mirror of the QP state, written by the engine (Release), read by `post_*` (Acquire).
+    pub(crate) state: AtomicU8,
+    /// Send WQEs retired (their window slot, gather table row and inline staging row are
+    /// free again). Written by the engine with Release, read by `post_send` with Acquire.
+    pub(crate) sq_retired: AtomicU64,
+    /// Receive WQEs retired.
+    pub(crate) rq_retired: AtomicU64,
+    /// Initiator depth, mirrored for `post_send`'s checks.
+    pub(crate) max_rd_atomic: AtomicU8,
+}
+
+impl QpShared {
+    pub(crate) fn new() -> QpShared {
+        QpShared {
+            state: AtomicU8::new(QpState::Reset as u8),
+            sq_retired: AtomicU64::new(0),
+            rq_retired: AtomicU64::new(0),
+            max_rd_atomic: AtomicU8::new(0),
+        }
+    }
+
+    /// The QP's state as last published by the engine.
+    pub(crate) fn state(&self) -> QpState {
+        // SYNC: Acquire pairs with the Release store in `QpCtx::set_state`.
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+}
+
+/// Counters of an engine (a snapshot is returned by [`crate::Context::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets pushed to links.
+    pub packets_sent: u64,
+    /// Packets taken from links.
+    pub packets_received: u64,
+    /// Payload bytes copied into this process's memory from packets (receive-side "DMA":
+    /// Sends, RDMA Writes, RDMA Read responses).
+    pub payload_bytes_copied: u64,
+    /// Payload bytes copied into packet slots because they were small enough to travel
+    /// inline (sender side).
+    pub inline_bytes_sent: u64,
+    /// Positive Acks sent.
+    pub acks_sent: u64,
+    /// Naks and RNR Naks sent.
+    pub naks_sent: u64,
+    /// Request packets sent again (go-back-N after a Nak, an RNR Nak or a timeout).
+    pub retransmitted: u64,
+    /// Transport timer expiries.
+    pub timeouts: u64,
+    /// RNR Naks received.
+    pub rnr_naks_received: u64,
+    /// Packets dropped: malformed, for an unknown QP, duplicate or out of window.
+    pub dropped: u64,
+}
+
+/// The completion queues of an engine, as producers.
+///
+/// A CQ's number carries a generation tag above its index, so a QP that outlives its CQ
+/// can never complete into a newer CQ that reused the slot.
+#[derive(Default)]
+pub(crate) struct CqTable {
+    cqs: Vec<(u32, Option<Producer<WorkCompletion, HeapStorage<WorkCompletion>>>)>,
+}
+
+const CQ_INDEX_BITS: u32 = 20;
+
+impl CqTable {
+    /// Adds a completion queue; returns its number.
+    pub(crate) fn insert(
+        &mut self,
+        producer: Producer<WorkCompletion, HeapStorage<WorkCompletion>>,
+    ) -> u32 {
+        let i = match self.cqs.iter().position(|(_, p)| p.is_none()) {
+            Some(i) => i,
+            None => {
+                self.cqs.push((0, None));
+                self.cqs.len() - 1
+            }
+        };
+        let (gen_, slot) = &mut self.cqs[i];
+        *gen_ = (*gen_ + 1) & ((1 << (32 - CQ_INDEX_BITS)) - 1);
+        *slot = Some(producer);
+        *gen_ << CQ_INDEX_BITS | i as u32
+    }
+
+    fn get(&mut self, cq: u32) -> Option<&mut Producer<WorkCompletion, HeapStorage<WorkCompletion>>> {
+        let (gen_, slot) = self.cqs.get_mut((cq & ((1 << CQ_INDEX_BITS) - 1)) as usize)?;
+        if *gen_ != cq >> CQ_INDEX_BITS {
+            return None;
+        }
+        slot.as_mut()
+    }
+
+    /// Removes completion queue `cq`.
+    pub(crate) fn remove(&mut self, cq: u32) {
+        if self.get(cq).is_some() {
+            self.cqs[(cq & ((1 << CQ_INDEX_BITS) - 1)) as usize].1 = None;
+        }
+    }
+
+    /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
+    /// completions have nowhere to go).
+    pub(crate) fn has_room(&mut self, cq: u32) -> bool {
+        self.get(cq)
+            .is_none_or(|p| p.free_slots().is_ok_and(|n| n > 0))
+    }
+
+    /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
+    /// the work request and tries again later).
+    pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
+        match self.get(cq) {
+            Some(p) => p.push(wc).is_ok(),
+            None => true,
+        }
+    }
+}
+
+/// This engine's side of things, lent to a protocol stage.
+pub(crate) struct Env<'a> {
+    /// The time of this engine iteration.
+    pub(crate) now: Instant,
+    pub(crate) arena: &'a mut Arena,
+    pub(crate) mrs: &'a mut MrTable,
+    pub(crate) cqs: &'a mut CqTable,
+    pub(crate) stats: &'a mut Stats,
+}
+
+impl Env<'_> {
+    /// Drops the in-flight references a retired WQE held on its memory regions.
+    pub(crate) fn release(&mut self, data: &DataLoc) {
+        let mut mrs = [0u32; MAX_SGE as usize];
+        let mut n = 0;
+        data.for_each_mr(self.arena.mem(), |mr| {
+            if n < mrs.len() {
+                mrs[n] = mr;
+                n += 1;
+            }
+        });
+        for &mr in &mrs[..n] {
+            self.mrs.release(mr, self.arena);
+        }
+    }
+}
+
+/// The link a QP talks over, lent to a protocol stage.
+pub(crate) struct Wire<'a> {
+    /// The peer's arena, read-only.
+    pub(crate) peer: &'a Mem,
+    /// Outgoing packets.
+    pub(crate) tx: &'a mut TxBatch,
+}
+
+/// A QP as the engine holds it: the QP context of spec/04 plus its queues.
+pub(crate) struct QpCtx {
+    pub(crate) qpn: Qpn,
+    /// Index in the engine's QP table.
+    pub(crate) index: u32,
+    /// Protection domain.
+    pub(crate) pd: u32,
+    pub(crate) state: QpState,
+    pub(crate) cfg: QpConfig,
+    pub(crate) caps: QpCaps,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    /// Send WQEs posted by the application.
+    pub(crate) sq: Consumer<SqWqe, HeapStorage<SqWqe>>,
+    /// Receive WQEs posted by the application.
+    pub(crate) rq: Consumer<RqWqe, HeapStorage<RqWqe>>,
+    pub(crate) shared: Arc<QpShared>,
+    /// SQ Logic and completer state.
+    pub(crate) req: Requester,
+    /// RQ Logic state.
+    pub(crate) resp: Responder,
+    /// Receive WQEs taken from the RQ ring and retired (for `QpShared::rq_retired`).
+    pub(crate) rq_retired: u64,
+}
+
+impl QpCtx {
+    /// Changes the state and publishes it to the application.
+    pub(crate) fn set_state(&mut self, state: QpState) {
+        self.state = state;
+        // SYNC: Release pairs with the Acquire load in `QpShared::state`.
+        self.shared.state.store(state as u8, Ordering::Release);
+    }
+
+    /// Moves the QP to the Error state (spec: a fatal error on either side). Work requests
+    /// still queued complete with a flush error as the engine retires them.
+    pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
+        if self.state != QpState::Error {
+            self.set_state(QpState::Error);
+        }
+        completer::retire(self, env);
+        flush_receives(self, env);
+    }
+
+    /// A receive completion of this QP.
+    pub(crate) fn recv_completion(
+        &self,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm_data: Option<u32>,
+        solicited: bool,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm_data,
+            qp_num: self.qpn,
+            solicited,
+        }
+    }
+
+    /// Counts one receive WQE retired and publishes it.
+    pub(crate) fn retire_recv(&mut self, env: &mut Env<'_>, wqe: &RqWqe) {
+        env.release(&wqe.data);
+        self.rq_retired += 1;
+        // SYNC: Release pairs with the Acquire load in `Qp::post_recv`: the engine's writes
+        // into the buffers happen-before the application reuses the slot.
+        self.shared
+            .rq_retired
+            .store(self.rq_retired, Ordering::Release);
+    }
+}
+
+/// Completes every receive WQE of a QP in the Error state with a flush error, as far as the
+/// receive CQ has room.
+pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
+    if qp.state != QpState::Error {
+        return;
+    }
+    // A message half received when the error struck.
+    if let Some(wqe) = qp.resp.take_current_wqe() {
+        let wc = qp.recv_completion(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None, false);
+        if !env.cqs.push(qp.recv_cq, wc) {
+            qp.resp.put_back_current_wqe(wqe);
+            return;
+        }
+        qp.retire_recv(env, &wqe);
+    }
+    while env.cqs.has_room(qp.recv_cq) {
+        let Ok(Some(wqe)) = qp.rq.pop() else { break };
+        let wc = qp.recv_completion(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None, false);
+        env.cqs.push(qp.recv_cq, wc);
+        qp.retire_recv(env, &wqe);
+    }
+}

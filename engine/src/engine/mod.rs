@@ -1,0 +1,421 @@
+//! The engine: this process's HCA. One poll loop, DPDK-style.
+//!
+//! Each [`Engine::poll`] iteration:
+//!
+//! 1. takes the doorbells rung by `post_send`/`post_recv` into the active set;
+//! 2. receives a burst (up to [`RX_BURST`]) from each link and runs the RQ Logic or the
+//!    completer on each packet, by opcode;
+//! 3. for each active QP only: fetches new send WQEs, runs its timers, sends its queued
+//!    responses (coalesced Acks, RDMA Read responses) and runs the SQ Logic;
+//! 4. publishes each link's outgoing burst with one index store.
+//!
+//! Its cost grows with the QPs that have work, not with the QPs that exist: idle QPs are not
+//! in the active set and are never looked at. The same `poll` runs on a dedicated engine
+//! thread (poll mode) or inside the application's own `Cq::poll` (inline mode).
+
+pub(crate) mod cell;
+pub(crate) mod doorbell;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::arena::Arena;
+use crate::completer;
+use crate::context::{CqTable, Env, QpCtx, Stats, Wire, flush_receives};
+use crate::error::{Error, Result};
+use crate::link::{Link, LinkId, PacketSlot, RxPacket};
+use crate::mr_table::MrTable;
+use crate::qp::{QpAttr, QpState, plan_modify};
+use crate::requester;
+use crate::responder;
+use crate::trace::tap::Tap;
+use crate::wire::Qpn;
+use doorbell::{ActiveSet, MAX_QPS};
+
+/// Packets taken from one link per iteration.
+pub(crate) const RX_BURST: usize = 32;
+/// Request packets one QP may send per iteration (fairness between QPs).
+const TX_BUDGET: usize = 32;
+/// Bits of a QPN that index the QP table; the rest is a generation tag.
+const QP_INDEX_BITS: u32 = 12;
+
+/// The engine's state: everything the poll loop touches.
+pub(crate) struct Engine {
+    pub(crate) arena: Arena,
+    pub(crate) mrs: MrTable,
+    pub(crate) cqs: CqTable,
+    qps: Vec<Option<QpCtx>>,
+    qp_gen: Vec<u32>,
+    links: Vec<Option<Link>>,
+    pub(crate) stats: Stats,
+    active: ActiveSet,
+    scratch: Vec<u32>,
+    rx: Box<[PacketSlot]>,
+    /// This engine's identity in captures.
+    pub(crate) id: u32,
+    pub(crate) tap: Option<Arc<Tap>>,
+    next_pd: u32,
+}
+
+impl Engine {
+    pub(crate) fn new(arena: Arena, id: u32) -> Engine {
+        Engine {
+            arena,
+            mrs: MrTable::default(),
+            cqs: CqTable::default(),
+            qps: Vec::new(),
+            qp_gen: Vec::new(),
+            links: Vec::new(),
+            stats: Stats::default(),
+            active: ActiveSet::new(),
+            scratch: Vec::with_capacity(MAX_QPS),
+            rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
+            id,
+            tap: None,
+            next_pd: 1,
+        }
+    }
+
+    /// A new protection domain number.
+    pub(crate) fn alloc_pd(&mut self) -> u32 {
+        let pd = self.next_pd;
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Adds a QP built by `make` from its index and QPN.
+    pub(crate) fn add_qp(&mut self, make: impl FnOnce(u32, Qpn) -> QpCtx) -> Result<(u32, Qpn)> {
+        let index = match self.qps.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if self.qps.len() < MAX_QPS => {
+                self.qps.push(None);
+                self.qp_gen.push(0);
+                self.qps.len() - 1
+            }
+            None => {
+                return Err(Error::LimitReached {
+                    what: "queue pairs in one context",
+                    limit: MAX_QPS as u32,
+                });
+            }
+        };
+        let gen_ = &mut self.qp_gen[index];
+        // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
+        *gen_ = if *gen_ >= (1 << (24 - QP_INDEX_BITS)) - 1 {
+            1
+        } else {
+            *gen_ + 1
+        };
+        let qpn = Qpn::new(*gen_ << QP_INDEX_BITS | index as u32);
+        self.qps[index] = Some(make(index as u32, qpn));
+        Ok((index as u32, qpn))
+    }
+
+    /// Removes a QP: its unfinished work requests are dropped and their memory regions
+    /// released.
+    pub(crate) fn remove_qp(&mut self, index: u32) {
+        let Some(mut qp) = self.qps.get_mut(index as usize).and_then(Option::take) else {
+            return;
+        };
+        self.active.remove(index);
+        let mut env = Env {
+            now: Instant::now(),
+            arena: &mut self.arena,
+            mrs: &mut self.mrs,
+            cqs: &mut self.cqs,
+            stats: &mut self.stats,
+        };
+        discard_queues(&mut qp, &mut env);
+    }
+
+    /// The QP at `index`.
+    pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpCtx> {
+        self.qps.get_mut(index as usize).and_then(Option::as_mut)
+    }
+
+    /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes.
+    pub(crate) fn modify_qp(&mut self, index: u32, attr: &QpAttr) -> Result<()> {
+        let links = &self.links;
+        let qp = self
+            .qps
+            .get_mut(index as usize)
+            .and_then(Option::as_mut)
+            .ok_or(Error::ForeignObject { what: "QP" })?;
+        let (to, cfg) = plan_modify(qp.state, &qp.cfg, attr)?;
+        if let Some(d) = attr.dest {
+            if !links
+                .get(d.link.0 as usize)
+                .is_some_and(|l| l.as_ref().is_some_and(|l| l.down.is_none()))
+            {
+                return Err(Error::invalid(
+                    "dest",
+                    format!("link {} is not a live link of this context", d.link.0),
+                ));
+            }
+        }
+        let from = qp.state;
+        qp.cfg = cfg;
+        let mut env = Env {
+            now: Instant::now(),
+            arena: &mut self.arena,
+            mrs: &mut self.mrs,
+            cqs: &mut self.cqs,
+            stats: &mut self.stats,
+        };
+        match to {
+            QpState::Reset => {
+                discard_queues(qp, &mut env);
+                qp.req.reset();
+                qp.resp.start(cfg.rq_psn);
+                qp.set_state(QpState::Reset);
+            }
+            QpState::Rtr if from == QpState::Init => {
+                qp.resp.start(cfg.rq_psn);
+                qp.set_state(QpState::Rtr);
+            }
+            QpState::Rts if from == QpState::Rtr => {
+                qp.req.start(&cfg);
+                qp.set_state(QpState::Rts);
+            }
+            QpState::Error => qp.enter_error(&mut env),
+            s => qp.set_state(s),
+        }
+        qp.shared
+            .max_rd_atomic
+            .store(cfg.max_rd_atomic, std::sync::atomic::Ordering::Relaxed);
+        self.active.insert(index);
+        Ok(())
+    }
+
+    /// Adds a link; returns its id.
+    pub(crate) fn add_link(&mut self, link: Link) -> LinkId {
+        let i = match self.links.iter().position(Option::is_none) {
+            Some(i) => {
+                self.links[i] = Some(link);
+                i
+            }
+            None => {
+                self.links.push(Some(link));
+                self.links.len() - 1
+            }
+        };
+        LinkId(i as u32)
+    }
+
+    /// The link `id`.
+    pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
+        self.links.get_mut(id.0 as usize).and_then(Option::as_mut)
+    }
+
+    /// Tears a link down: the QPs using it go to the Error state on the next iteration.
+    pub(crate) fn link_down(&mut self, id: LinkId, why: String) {
+        if let Some(l) = self.link_mut(id) {
+            l.down.get_or_insert(why);
+        }
+        for (i, qp) in self.qps.iter().enumerate() {
+            if qp
+                .as_ref()
+                .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == id))
+            {
+                self.active.insert(i as u32);
+            }
+        }
+    }
+
+    /// Removes a link no QP uses any more.
+    pub(crate) fn remove_link(&mut self, id: LinkId) {
+        if let Some(slot) = self.links.get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    /// Marks QP `index` for attention on the next iteration.
+    pub(crate) fn activate(&mut self, index: u32) {
+        self.active.insert(index);
+    }
+
+    /// One iteration of the poll loop; returns the packets received and sent.
+    pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        let now = Instant::now();
+        let Engine {
+            arena,
+            mrs,
+            cqs,
+            qps,
+            links,
+            stats,
+            active,
+            scratch,
+            rx,
+            tap,
+            ..
+        } = self;
+        doorbell.take(|i| active.insert(i));
+        let mut work = 0;
+
+        // 2. Receive.
+        for (l, link) in links.iter_mut().enumerate() {
+            let Some(link) = link.as_mut() else { continue };
+            if link.down.is_some() {
+                continue;
+            }
+            let n = match link.rx.pop_burst(rx) {
+                Ok(n) => n,
+                Err(e) => {
+                    link.down = Some(e.to_string());
+                    for (i, q) in qps.iter().enumerate() {
+                        if q.as_ref().is_some_and(|q| {
+                            q.cfg.dest.is_some_and(|d| d.link == LinkId(l as u32))
+                        }) {
+                            active.insert(i as u32);
+                        }
+                    }
+                    continue;
+                }
+            };
+            work += n;
+            stats.packets_received += n as u64;
+            for slot in &rx[..n] {
+                if let Some(tap) = tap.as_ref().filter(|_| link.rx_tap) {
+                    tap.record(link.endpoints.1, link.endpoints.0, slot, &link.peer);
+                }
+                let Ok(pkt) = RxPacket::parse(slot) else {
+                    stats.dropped += 1;
+                    continue;
+                };
+                let qpn = pkt.repr.bth.dest_qp;
+                let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+                let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
+                    stats.dropped += 1;
+                    continue;
+                };
+                if qp.qpn != qpn || qp.cfg.dest.map(|d| d.link) != Some(LinkId(l as u32)) {
+                    stats.dropped += 1;
+                    continue;
+                }
+                let mut env = Env {
+                    now,
+                    arena,
+                    mrs,
+                    cqs,
+                    stats,
+                };
+                let request = pkt.repr.bth.opcode.info().is_some_and(|i| i.request);
+                if request {
+                    responder::on_request(qp, &mut env, &link.peer, slot, &pkt);
+                } else {
+                    completer::on_response(qp, &mut env, &link.peer, slot, &pkt);
+                }
+                active.insert(index);
+            }
+        }
+
+        // 3. Active QPs.
+        active.snapshot(scratch);
+        for &i in scratch.iter() {
+            let Some(qp) = qps.get_mut(i as usize).and_then(Option::as_mut) else {
+                active.remove(i);
+                continue;
+            };
+            let mut env = Env {
+                now,
+                arena,
+                mrs,
+                cqs,
+                stats,
+            };
+            requester::fetch(qp);
+            let link = qp
+                .cfg
+                .dest
+                .and_then(|d| links.get_mut(d.link.0 as usize))
+                .and_then(Option::as_mut);
+            match link {
+                Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
+                    if qp.req.timer.armed() || qp.req.rnr_timer.armed() {
+                        requester::on_tick(qp, &mut env);
+                    }
+                    let mut wire = Wire {
+                        peer: &link.peer,
+                        tx: &mut link.tx,
+                    };
+                    responder::drain(qp, &mut env, &mut wire);
+                    work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
+                }
+                Some(link) => {
+                    if link.down.is_none() {
+                        link.down = link.tx.broken().map(|e| e.to_string());
+                    }
+                    if qp.state != QpState::Error && qp.state != QpState::Reset {
+                        qp.enter_error(&mut env);
+                    }
+                }
+                None => {}
+            }
+            if qp.state == QpState::Error {
+                flush_receives(qp, &mut env);
+            }
+            completer::retire(qp, &mut env);
+            if !needs_attention(qp) {
+                active.remove(i);
+            }
+        }
+
+        // 4. Publish.
+        for link in links.iter_mut().flatten() {
+            if let Some(tap) = tap {
+                for slot in link.tx.queued() {
+                    tap.record(link.endpoints.0, link.endpoints.1, slot, arena.mem());
+                }
+            }
+            link.tx.flush();
+        }
+        work
+    }
+
+    /// Flushes the capture file, if any.
+    pub(crate) fn flush_trace(&self) {
+        if let Some(t) = &self.tap {
+            t.flush();
+        }
+    }
+}
+
+/// Whether a QP must stay in the active set.
+fn needs_attention(qp: &QpCtx) -> bool {
+    let req = &qp.req;
+    req.has_work()
+        || qp.resp.has_output()
+        || req.timer.armed()
+        || req.rnr_timer.armed()
+        || (req.retired < req.started && req.wqe(req.retired).done.is_some())
+        || (qp.state == QpState::Error && req.fetched > req.retired)
+}
+
+/// Drops every queued work request of a QP without completions (destroy, or Reset),
+/// releasing the memory regions they held, and tells the application its queues are empty.
+fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
+    requester::fetch(qp);
+    loop {
+        let req = &qp.req;
+        if req.retired == req.fetched {
+            requester::fetch(qp);
+            if qp.req.retired == qp.req.fetched {
+                break;
+            }
+        }
+        let seq = qp.req.retired;
+        let data = qp.req.wqe(seq).w.data;
+        env.release(&data);
+        qp.req.retire_one(seq);
+    }
+    qp.shared
+        .sq_retired
+        .store(qp.req.retired, std::sync::atomic::Ordering::Release);
+    if let Some(wqe) = qp.resp.take_current_wqe() {
+        qp.retire_recv(env, &wqe);
+    }
+    while let Ok(Some(wqe)) = qp.rq.pop() {
+        qp.retire_recv(env, &wqe);
+    }
+}

@@ -1,0 +1,159 @@
+//! The errors of the verbs API.
+//!
+//! One enum for the whole user-facing API, with variants precise enough that a caller can
+//! tell what went wrong and what to do about it. Protocol errors seen on the wire never
+//! surface here: they become work-completion statuses ([`crate::WcStatus`]), as on a real HCA.
+
+use crate::qp::QpState;
+
+/// What a verbs call can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A queue has no free slot; nothing was posted.
+    #[error(
+        "the {queue} is full ({depth} work requests outstanding): poll the completion queue to retire some, or create the QP with a deeper queue"
+    )]
+    QueueFull {
+        /// Which queue: "send queue" or "receive queue".
+        queue: &'static str,
+        /// Its depth.
+        depth: u32,
+    },
+    /// The QP's state does not allow this operation.
+    #[error("cannot {operation} while the QP is in the {state:?} state ({hint})")]
+    InvalidState {
+        /// What was attempted.
+        operation: &'static str,
+        /// The QP's state at the time.
+        state: QpState,
+        /// What would make it work.
+        hint: &'static str,
+    },
+    /// A required attribute of a QP state transition is missing.
+    #[error(
+        "modify QP {from:?} -> {to:?}: the required attribute `{attribute}` is missing; the QP stays in {from:?}"
+    )]
+    MissingAttribute {
+        /// The state before.
+        from: QpState,
+        /// The requested state.
+        to: QpState,
+        /// The attribute's name.
+        attribute: &'static str,
+    },
+    /// An attribute or argument has a value outside its range.
+    #[error("invalid {name}: {reason}")]
+    InvalidArgument {
+        /// The attribute or argument.
+        name: &'static str,
+        /// What is wrong with it and what is allowed.
+        reason: String,
+    },
+    /// The state transition is not one the QP state machine allows.
+    #[error("modify QP: there is no transition from {from:?} to {to:?}")]
+    InvalidTransition {
+        /// The state before.
+        from: QpState,
+        /// The requested state.
+        to: QpState,
+    },
+    /// A memory region is in use by posted work requests.
+    #[error(
+        "memory region {key:#x} is in use by {in_flight} posted work request(s): wait for their completions"
+    )]
+    MrBusy {
+        /// The region's L_Key.
+        key: u32,
+        /// How many scatter/gather elements of posted work requests point into it.
+        in_flight: u32,
+    },
+    /// Direct access to remotely writable memory was asked for.
+    #[error(
+        "memory region {key:#x} allows remote write or atomic access, so a peer may change it at any time: use read_at/write_at instead of a slice"
+    )]
+    MrRemoteWritable {
+        /// The region's L_Key.
+        key: u32,
+    },
+    /// A range does not fit inside a memory region.
+    #[error("range {offset}..{offset}+{len} is outside memory region {key:#x} of {mr_len} bytes")]
+    OutOfBounds {
+        /// The region's L_Key.
+        key: u32,
+        /// Start of the range, relative to the region.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The region's length.
+        mr_len: u64,
+    },
+    /// The arena cannot satisfy an allocation.
+    #[error(
+        "the arena has no free block of {requested} bytes ({free} bytes free in all, arena size {arena}): create the Context with a larger arena (ContextBuilder::arena_size)"
+    )]
+    ArenaExhausted {
+        /// Bytes requested.
+        requested: u64,
+        /// Bytes free in all blocks.
+        free: u64,
+        /// Size of the arena.
+        arena: u64,
+    },
+    /// An object of another context was passed.
+    #[error("{what} belongs to another Context")]
+    ForeignObject {
+        /// What was passed.
+        what: &'static str,
+    },
+    /// A fixed table is full.
+    #[error("too many {what} (the limit is {limit})")]
+    LimitReached {
+        /// What kind of object.
+        what: &'static str,
+        /// The limit.
+        limit: u32,
+    },
+    /// A shared-memory segment could not be created or mapped.
+    #[error(transparent)]
+    SegmentCreate(#[from] shmhca_rings::segment::CreateError),
+    /// A segment received from a peer was rejected.
+    #[error(transparent)]
+    SegmentOpen(#[from] shmhca_rings::segment::OpenError),
+    /// A ring inside a segment was rejected.
+    #[error(transparent)]
+    RingOpen(#[from] shmhca_rings::ring::RingOpenError),
+    /// Connection setup failed.
+    #[error("connection setup: {0}")]
+    Connect(String),
+    /// An operating-system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Builds an [`Error::InvalidArgument`].
+    pub(crate) fn invalid(name: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            name,
+            reason: reason.into(),
+        }
+    }
+
+    /// Wraps an I/O error with what was being done.
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// The result type of the verbs API.
+pub type Result<T> = std::result::Result<T, Error>;

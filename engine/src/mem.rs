@@ -1,0 +1,294 @@
+//! Byte access to shared memory: the one module of the engine that touches memory by pointer.
+//!
+//! A [`Mem`] is a view of one mapping (my arena, a peer's arena mapped read-only, or a heap
+//! buffer in tests) together with a handle that keeps the mapping alive. Every access is
+//! bounds-checked against the length recorded when the view was made — a private copy, never
+//! a length read back from shared memory — so an offset from a hostile peer can at worst
+//! fail the check.
+//!
+//! # The memory model: DMA, not references
+//!
+//! The bytes behind a `Mem` are shared with another process (or, in loopback, with another
+//! thread of this one) exactly as host memory is shared with a NIC's DMA engine: the engine
+//! copies payload into an application's buffer while the application may be reading the
+//! buffer next to it. So nothing here hands out a Rust reference to shared bytes except
+//! [`Mem::slice_mut`], whose caller must prove exclusivity; all other access is a raw
+//! `copy` of plain bytes, for which every bit pattern is a valid value. A racing reader can
+//! see a torn *value*, never undefined behaviour of the kind that breaks this process's own
+//! invariants: no byte read here is ever trusted before it has been validated, and no byte
+//! written here is ever read back as anything but bytes.
+
+#![allow(unsafe_code)]
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use shmhca_rings::segment::{Access, Segment};
+
+/// An access fell outside the view, or wrote to a read-only view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OutOfRange;
+
+/// A bounds-checked view of one mapping.
+pub(crate) struct Mem {
+    base: NonNull<u8>,
+    len: usize,
+    writable: bool,
+    /// Keeps the mapping alive as long as the view.
+    _owner: Arc<dyn Any + Send + Sync>,
+}
+
+// SAFETY: `Mem` is a pointer plus a keep-alive handle; the memory it points to is shared
+// memory that every access treats as racy plain bytes (see the module docs), so moving the
+// view to another thread or using it from several threads adds no hazard the accessors do
+// not already handle.
+unsafe impl Send for Mem {}
+// SAFETY: as for `Send`: `&Mem` only offers bounds-checked raw copies and atomics.
+unsafe impl Sync for Mem {}
+
+/// Zero-initialised heap storage for a test or in-process [`Mem`].
+struct HeapBytes(Box<[UnsafeCell<u64>]>);
+// SAFETY: the cells are only ever accessed through `Mem`'s raw copies (see module docs).
+unsafe impl Sync for HeapBytes {}
+// SAFETY: owning a boxed slice of integers; nothing is tied to a thread.
+unsafe impl Send for HeapBytes {}
+
+impl Mem {
+    /// A view of a segment's data area, writable if the segment is mapped read-write.
+    pub(crate) fn from_segment(segment: Arc<Segment>) -> Mem {
+        let base = segment.data_ptr();
+        let len = segment.data_len();
+        let writable = segment.access() == Access::ReadWrite;
+        Mem {
+            base,
+            len,
+            writable,
+            _owner: segment,
+        }
+    }
+
+    /// A zero-filled, 8-byte aligned, writable heap buffer of `len` bytes.
+    pub(crate) fn heap(len: usize) -> Mem {
+        let words = len.div_ceil(8).max(1);
+        let cells: Box<[UnsafeCell<u64>]> = (0..words).map(|_| UnsafeCell::new(0)).collect();
+        let owner = Arc::new(HeapBytes(cells));
+        let base = NonNull::new(owner.0.as_ptr() as *mut u8).expect("a boxed slice is non-null");
+        Mem {
+            base,
+            len,
+            writable: true,
+            _owner: owner,
+        }
+    }
+
+    /// Another view of the same memory (shares the keep-alive handle).
+    pub(crate) fn share(&self) -> Mem {
+        Mem {
+            base: self.base,
+            len: self.len,
+            writable: self.writable,
+            _owner: self._owner.clone(),
+        }
+    }
+
+    /// The view's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether this view may be written.
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The address of byte 0 in this process.
+    pub(crate) fn base_addr(&self) -> u64 {
+        self.base.as_ptr() as u64
+    }
+
+    /// Checks that `off..off+len` lies inside the view; returns `off` as a `usize`.
+    #[inline]
+    pub(crate) fn check(&self, off: u64, len: u64) -> Result<usize, OutOfRange> {
+        let end = off.checked_add(len).ok_or(OutOfRange)?;
+        if end > self.len as u64 {
+            return Err(OutOfRange);
+        }
+        Ok(off as usize)
+    }
+
+    #[inline]
+    fn ptr_at(&self, off: usize) -> *mut u8 {
+        // SAFETY: every caller checked `off..off+len` with `check`, so `off <= self.len` and
+        // the result stays inside (or one past the end of) the mapping.
+        unsafe { self.base.as_ptr().add(off) }
+    }
+
+    /// Copies `dst.len()` bytes starting at `off` out of the view.
+    #[inline]
+    pub(crate) fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), OutOfRange> {
+        let off = self.check(off, dst.len() as u64)?;
+        // SAFETY: the source range is inside the live mapping (checked above, kept alive by
+        // `_owner`); `dst` is a private buffer that cannot overlap shared memory handed out
+        // only through raw copies; bytes have no invalid values.
+        unsafe { std::ptr::copy(self.ptr_at(off), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the view at `off`.
+    #[inline]
+    pub(crate) fn write(&self, off: u64, src: &[u8]) -> Result<(), OutOfRange> {
+        if !self.writable {
+            return Err(OutOfRange);
+        }
+        let off = self.check(off, src.len() as u64)?;
+        // SAFETY: destination inside the live, writable mapping (checked above); `src` is an
+        // ordinary slice; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(src.as_ptr(), self.ptr_at(off), src.len()) };
+        Ok(())
+    }
+
+    /// Sets `len` bytes at `off` to zero.
+    pub(crate) fn zero(&self, off: u64, len: u64) -> Result<(), OutOfRange> {
+        if !self.writable {
+            return Err(OutOfRange);
+        }
+        let off = self.check(off, len)?;
+        // SAFETY: range inside the live, writable mapping (checked above).
+        unsafe { std::ptr::write_bytes(self.ptr_at(off), 0, len as usize) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off` — the engine's "DMA".
+    #[inline]
+    pub(crate) fn copy(
+        src: &Mem,
+        src_off: u64,
+        dst: &Mem,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<(), OutOfRange> {
+        if !dst.writable {
+            return Err(OutOfRange);
+        }
+        let s = src.check(src_off, len)?;
+        let d = dst.check(dst_off, len)?;
+        // SAFETY: both ranges are inside live mappings (checked above), the destination is
+        // writable; `copy` has memmove semantics, so a loopback copy within one arena that
+        // overlaps is still defined.
+        unsafe { std::ptr::copy(src.ptr_at(s), dst.ptr_at(d), len as usize) };
+        Ok(())
+    }
+
+    #[inline]
+    fn atomic_at(&self, off: u64) -> Result<&AtomicU64, OutOfRange> {
+        if !self.writable || off % 8 != 0 || self.base_addr() % 8 != 0 {
+            return Err(OutOfRange);
+        }
+        let off = self.check(off, 8)?;
+        // SAFETY: the 8 bytes are inside the live mapping, 8-byte aligned (checked above) and
+        // writable; memory shared with other processes is exactly what `AtomicU64` is for,
+        // and the reference does not outlive `self`, which keeps the mapping alive.
+        Ok(unsafe { AtomicU64::from_ptr(self.ptr_at(off) as *mut u64) })
+    }
+
+    /// Atomic Fetch and Add on the 64-bit word at `off` (8-byte aligned); returns the
+    /// original value.
+    pub(crate) fn fetch_add_u64(&self, off: u64, add: u64) -> Result<u64, OutOfRange> {
+        Ok(self.atomic_at(off)?.fetch_add(add, Ordering::SeqCst))
+    }
+
+    /// Atomic Compare and Swap on the 64-bit word at `off`; returns the original value.
+    pub(crate) fn compare_swap_u64(
+        &self,
+        off: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, OutOfRange> {
+        let word = self.atomic_at(off)?;
+        Ok(match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(v) | Err(v) => v,
+        })
+    }
+
+    /// Atomically loads the 64-bit word at `off`.
+    pub(crate) fn load_u64(&self, off: u64) -> Result<u64, OutOfRange> {
+        Ok(self.atomic_at(off)?.load(Ordering::SeqCst))
+    }
+
+    /// A mutable slice of `len` bytes at `off`.
+    ///
+    /// # Safety
+    ///
+    /// For the slice's lifetime nothing else may access those bytes: no other slice, no
+    /// engine copy (no posted work request and no remote access may target them). The
+    /// caller proves this; see [`crate::Mr::as_mut_slice`].
+    pub(crate) unsafe fn slice_mut(&self, off: u64, len: u64) -> Result<&mut [u8], OutOfRange> {
+        if !self.writable {
+            return Err(OutOfRange);
+        }
+        let off = self.check(off, len)?;
+        // SAFETY: inside the live, writable mapping (checked above); exclusivity is the
+        // caller's obligation, stated in this function's contract.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr_at(off), len as usize) })
+    }
+}
+
+impl std::fmt::Debug for Mem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mem")
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_enforced() {
+        let m = Mem::heap(64);
+        assert!(m.write(60, &[1, 2, 3, 4]).is_ok());
+        assert_eq!(m.write(61, &[1, 2, 3, 4]), Err(OutOfRange));
+        assert_eq!(m.write(u64::MAX - 1, &[1, 2, 3, 4]), Err(OutOfRange));
+        let mut b = [0u8; 4];
+        m.read(60, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 3, 4]);
+        assert_eq!(m.read(64, &mut [0u8; 1]), Err(OutOfRange));
+        assert!(m.read(64, &mut []).is_ok());
+    }
+
+    #[test]
+    fn copy_between_views_and_within_one() {
+        let a = Mem::heap(32);
+        let b = Mem::heap(32);
+        a.write(0, b"hello, world").unwrap();
+        Mem::copy(&a, 0, &b, 4, 12).unwrap();
+        let mut out = [0u8; 16];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"\0\0\0\0hello, world");
+        // Overlapping copy inside one view behaves as memmove.
+        Mem::copy(&b, 4, &b, 6, 12).unwrap();
+        b.read(0, &mut out).unwrap();
+        assert_eq!(&out[6..18.min(16)], b"hello, wor");
+        assert_eq!(Mem::copy(&a, 30, &b, 0, 4), Err(OutOfRange));
+    }
+
+    #[test]
+    fn atomics_need_alignment_and_return_the_original() {
+        let m = Mem::heap(64);
+        m.write(8, &5u64.to_ne_bytes()).unwrap();
+        assert_eq!(m.fetch_add_u64(8, 3), Ok(5));
+        assert_eq!(m.load_u64(8), Ok(8));
+        assert_eq!(m.compare_swap_u64(8, 7, 100), Ok(8)); // no swap
+        assert_eq!(m.compare_swap_u64(8, 8, 100), Ok(8)); // swapped
+        assert_eq!(m.load_u64(8), Ok(100));
+        assert_eq!(m.fetch_add_u64(4, 1), Err(OutOfRange));
+        assert_eq!(m.fetch_add_u64(64, 1), Err(OutOfRange));
+    }
+}

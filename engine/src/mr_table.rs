@@ -1,0 +1,277 @@
+//! The engine's table of memory regions: keys, access checks, and deferred freeing.
+//!
+//! A key is `index << 8 | tag`: the index of the region's entry and an 8-bit generation tag
+//! that changes every time the entry is reused, so a stale key (of a deregistered region)
+//! is caught rather than resolving to whatever region now holds the entry. The same value
+//! serves as L_Key and R_Key; whether it works remotely depends on the access flags.
+//!
+//! The table belongs to the engine and is only touched under the engine token: lookups on
+//! the packet path, registration and deregistration on the control path. The only field
+//! the application touches directly is the in-flight counter in [`MrShared`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::arena::{Arena, Block};
+use crate::qp::AccessFlags;
+
+/// The part of a region shared with its application handle.
+#[derive(Debug, Default)]
+pub(crate) struct MrShared {
+    /// Scatter/gather elements of posted, not yet retired work requests that point into the
+    /// region. Incremented by `post_*` before the WQE is published, decremented by the
+    /// engine (Release) after its last access; read with Acquire before handing out a slice.
+    pub(crate) in_flight: AtomicU32,
+}
+
+/// One registered region.
+#[derive(Debug)]
+pub(crate) struct MrEntry {
+    pub(crate) key: u32,
+    pub(crate) pd: u32,
+    pub(crate) access: AccessFlags,
+    /// The arena block holding it.
+    pub(crate) block: Block,
+    /// Length the user asked for (≤ block.len).
+    pub(crate) len: u64,
+    /// Its virtual address in this process (what peers put in RETH/AtomicETH).
+    pub(crate) va: u64,
+    pub(crate) shared: Arc<MrShared>,
+    /// Deregistered (its handle dropped) while work requests still pointed into it: the
+    /// key is dead and the memory is freed when `in_flight` reaches zero.
+    pub(crate) zombie: bool,
+}
+
+/// Why a remote access was refused (the responder Naks with Remote Access Error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AccessDenied {
+    UnknownKey,
+    StaleKey,
+    WrongPd,
+    NoRights,
+    OutOfBounds,
+}
+
+/// The table.
+#[derive(Debug, Default)]
+pub(crate) struct MrTable {
+    entries: Vec<Option<MrEntry>>,
+    tags: Vec<u8>,
+    free: Vec<u32>,
+}
+
+/// The most regions one context can hold (24-bit index).
+pub(crate) const MAX_MRS: u32 = 1 << 24;
+
+impl MrTable {
+    /// Registers a region; returns its index and key.
+    pub(crate) fn insert(
+        &mut self,
+        pd: u32,
+        access: AccessFlags,
+        block: Block,
+        len: u64,
+        va: u64,
+        shared: Arc<MrShared>,
+    ) -> Option<(u32, u32)> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(self.entries.len()).ok().filter(|&i| i < MAX_MRS)?;
+                self.entries.push(None);
+                self.tags.push(0);
+                i
+            }
+        };
+        let tag = &mut self.tags[index as usize];
+        // Never 0, so that no key is 0.
+        *tag = if *tag == u8::MAX { 1 } else { *tag + 1 };
+        let key = index << 8 | u32::from(*tag);
+        self.entries[index as usize] = Some(MrEntry {
+            key,
+            pd,
+            access,
+            block,
+            len,
+            va,
+            shared,
+            zombie: false,
+        });
+        Some((index, key))
+    }
+
+    /// The live entry named by `key`.
+    pub(crate) fn by_key(&self, key: u32) -> Result<&MrEntry, AccessDenied> {
+        let e = self
+            .entries
+            .get((key >> 8) as usize)
+            .and_then(Option::as_ref)
+            .ok_or(AccessDenied::UnknownKey)?;
+        if e.key != key || e.zombie {
+            return Err(AccessDenied::StaleKey);
+        }
+        Ok(e)
+    }
+
+    /// Checks a remote access of `len` bytes at `va` with R_Key `rkey` from a QP of
+    /// protection domain `pd`; returns the arena offset of `va`.
+    ///
+    /// A zero-length access is not checked against the key (IBA o9-?: a zero-length RDMA
+    /// operation does not validate its R_Key) and resolves to offset 0.
+    pub(crate) fn check_remote(
+        &self,
+        rkey: u32,
+        pd: u32,
+        need: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Result<u64, AccessDenied> {
+        if len == 0 {
+            return Ok(0);
+        }
+        let e = self.by_key(rkey)?;
+        if e.pd != pd {
+            return Err(AccessDenied::WrongPd);
+        }
+        if !e.access.contains(need) {
+            return Err(AccessDenied::NoRights);
+        }
+        let start = va.checked_sub(e.va).ok_or(AccessDenied::OutOfBounds)?;
+        let end = start.checked_add(len).ok_or(AccessDenied::OutOfBounds)?;
+        if end > e.len {
+            return Err(AccessDenied::OutOfBounds);
+        }
+        Ok(e.block.off + start)
+    }
+
+    /// Drops one in-flight reference of entry `index` (a WQE retired); frees the memory of
+    /// a zombie whose last reference this was.
+    pub(crate) fn release(&mut self, index: u32, arena: &mut Arena) {
+        let Some(slot) = self.entries.get_mut(index as usize) else {
+            return;
+        };
+        let Some(e) = slot.as_ref() else { return };
+        // SYNC: Release pairs with the Acquire load in `Mr::as_mut_slice`/`deregister`: the
+        // engine's last write into the region happens-before the application's next access.
+        let before = e.shared.in_flight.fetch_sub(1, Ordering::Release);
+        debug_assert!(before > 0, "in-flight count underflow on MR {index}");
+        if before == 1 && e.zombie {
+            let block = e.block;
+            *slot = None;
+            self.free.push(index);
+            arena.free(block);
+        }
+    }
+
+    /// Deregisters entry `index` (its handle is gone). Frees the memory now if nothing is in
+    /// flight, else marks it a zombie freed by the last [`MrTable::release`].
+    pub(crate) fn remove(&mut self, index: u32, arena: &mut Arena) {
+        let Some(slot) = self.entries.get_mut(index as usize) else {
+            return;
+        };
+        let Some(e) = slot.as_mut() else { return };
+        // SYNC: Acquire pairs with the Release decrement in `release`.
+        if e.shared.in_flight.load(Ordering::Acquire) == 0 {
+            let block = e.block;
+            *slot = None;
+            self.free.push(index);
+            arena.free(block);
+        } else {
+            e.zombie = true;
+        }
+    }
+
+    /// Number of live and zombie entries.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.iter().filter(|e| e.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shmhca_rings::segment::HugePages;
+
+    fn setup() -> (MrTable, Arena) {
+        (
+            MrTable::default(),
+            Arena::create(1 << 20, HugePages::Never).unwrap(),
+        )
+    }
+
+    fn reg(t: &mut MrTable, a: &mut Arena, access: AccessFlags) -> (u32, u32, Arc<MrShared>) {
+        let block = a.alloc(4096, 64).unwrap();
+        let shared = Arc::new(MrShared::default());
+        let va = 0x7000_0000 + block.off;
+        let (i, k) = t
+            .insert(1, access, block, 4096, va, shared.clone())
+            .unwrap();
+        (i, k, shared)
+    }
+
+    #[test]
+    fn remote_checks_cover_key_pd_rights_and_bounds() {
+        let (mut t, mut a) = setup();
+        let (_, k, _) = reg(&mut t, &mut a, AccessFlags::REMOTE_WRITE);
+        let e = t.by_key(k).unwrap();
+        let (va, off) = (e.va, e.block.off);
+        assert_eq!(
+            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, va + 10, 100),
+            Ok(off + 10)
+        );
+        assert_eq!(
+            t.check_remote(k, 2, AccessFlags::REMOTE_WRITE, va, 1),
+            Err(AccessDenied::WrongPd)
+        );
+        assert_eq!(
+            t.check_remote(k, 1, AccessFlags::REMOTE_READ, va, 1),
+            Err(AccessDenied::NoRights)
+        );
+        assert_eq!(
+            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, va + 4000, 97),
+            Err(AccessDenied::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, va - 1, 1),
+            Err(AccessDenied::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, u64::MAX, 2),
+            Err(AccessDenied::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(k ^ 0x100, 1, AccessFlags::REMOTE_WRITE, va, 1),
+            Err(AccessDenied::UnknownKey)
+        );
+        // Zero-length accesses do not validate the key.
+        assert_eq!(t.check_remote(0xdead, 9, AccessFlags::REMOTE_WRITE, 0, 0), Ok(0));
+    }
+
+    #[test]
+    fn a_stale_key_is_caught_after_the_entry_is_reused() {
+        let (mut t, mut a) = setup();
+        let (i, k, _) = reg(&mut t, &mut a, AccessFlags::REMOTE_READ);
+        t.remove(i, &mut a);
+        let (i2, k2, _) = reg(&mut t, &mut a, AccessFlags::REMOTE_READ);
+        assert_eq!(i, i2, "the entry is reused");
+        assert_ne!(k, k2);
+        assert_eq!(t.by_key(k).unwrap_err(), AccessDenied::StaleKey);
+        assert!(t.by_key(k2).is_ok());
+    }
+
+    #[test]
+    fn memory_in_flight_is_freed_only_after_the_last_release() {
+        let (mut t, mut a) = setup();
+        let free0 = a.free_bytes();
+        let (i, k, shared) = reg(&mut t, &mut a, AccessFlags::LOCAL_WRITE);
+        shared.in_flight.store(2, Ordering::Relaxed);
+        t.remove(i, &mut a);
+        assert_eq!(t.by_key(k).unwrap_err(), AccessDenied::StaleKey);
+        assert!(a.free_bytes() < free0, "still allocated");
+        t.release(i, &mut a);
+        assert!(a.free_bytes() < free0);
+        t.release(i, &mut a);
+        assert_eq!(a.free_bytes(), free0);
+        assert_eq!(t.len(), 0);
+    }
+}

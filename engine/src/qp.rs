@@ -1,0 +1,732 @@
+//! The QP context and its state machine (spec/03, spec/04, IBA chapter 10/12 transitions).
+//!
+//! A QP's state changes only through [`plan_modify`], which takes the current state and
+//! context plus the caller's [`QpAttr`] and returns the new state and context — or an error
+//! naming the missing or out-of-range attribute, in which case nothing changes. It is a pure
+//! function; the engine applies its side effects (resetting the SQ and RQ Logic, flushing
+//! queues on Error).
+
+use crate::error::{Error, Result};
+use crate::link::LinkId;
+use crate::psn::Psn;
+use crate::wire::Qpn;
+
+/// The states of a QP (IBA 10.3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum QpState {
+    /// Just created or reset: nothing can be posted or received.
+    Reset = 0,
+    /// Initialised: receives may be posted; nothing is processed.
+    Init = 1,
+    /// Ready to Receive: inbound requests are processed; posting a send is an error.
+    Rtr = 2,
+    /// Ready to Send: fully operational.
+    Rts = 3,
+    /// Send Queue Drained: sends are accepted but not started.
+    Sqd = 4,
+    /// Send Queue Error: a local send error; the RQ still works.
+    Sqe = 5,
+    /// Error: everything posted completes with a flush error.
+    Error = 6,
+}
+
+impl QpState {
+    /// Decodes the value of a state mirror; anything unknown reads as `Error`.
+    pub(crate) fn from_u8(v: u8) -> QpState {
+        match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            _ => QpState::Error,
+        }
+    }
+
+    /// Whether receives may be posted (Init, RTR, RTS, SQD, SQE; in Error they are flushed).
+    pub fn can_post_recv(self) -> bool {
+        !matches!(self, QpState::Reset)
+    }
+
+    /// Whether the RQ Logic processes inbound requests.
+    pub fn receives(self) -> bool {
+        matches!(self, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+    }
+
+    /// Whether the SQ Logic starts new work requests.
+    pub fn sends(self) -> bool {
+        matches!(self, QpState::Rts)
+    }
+}
+
+/// Path MTU: the largest payload of one packet (spec/04 "Maximum Data Payload Size").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256,
+    /// 512 bytes.
+    Mtu512,
+    /// 1024 bytes.
+    Mtu1024,
+    /// 2048 bytes.
+    Mtu2048,
+    /// 4096 bytes.
+    Mtu4096,
+}
+
+impl Mtu {
+    /// The payload size in bytes.
+    pub fn bytes(self) -> u32 {
+        match self {
+            Mtu::Mtu256 => 256,
+            Mtu::Mtu512 => 512,
+            Mtu::Mtu1024 => 1024,
+            Mtu::Mtu2048 => 2048,
+            Mtu::Mtu4096 => 4096,
+        }
+    }
+
+    /// The MTU of exactly `bytes` bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `bytes` is 256, 512, 1024, 2048 or 4096.
+    pub fn from_bytes(bytes: u32) -> Result<Mtu> {
+        Ok(match bytes {
+            256 => Mtu::Mtu256,
+            512 => Mtu::Mtu512,
+            1024 => Mtu::Mtu1024,
+            2048 => Mtu::Mtu2048,
+            4096 => Mtu::Mtu4096,
+            _ => {
+                return Err(Error::invalid(
+                    "path MTU",
+                    format!("{bytes} bytes; the PMTU is one of 256, 512, 1024, 2048, 4096"),
+                ));
+            }
+        })
+    }
+}
+
+/// Access rights of a memory region or, for the remote ones, enables of a QP (spec/03
+/// "Enable/disable RDMA and Atomic Operations").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AccessFlags(u8);
+
+impl AccessFlags {
+    /// No access beyond local reads.
+    pub const NONE: AccessFlags = AccessFlags(0);
+    /// The engine may write the memory for this process (receive buffers, Read and Atomic
+    /// results).
+    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1);
+    /// Peers may RDMA Write it.
+    pub const REMOTE_WRITE: AccessFlags = AccessFlags(2);
+    /// Peers may RDMA Read it.
+    pub const REMOTE_READ: AccessFlags = AccessFlags(4);
+    /// Peers may run atomics on it.
+    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(8);
+    /// Everything.
+    pub const ALL: AccessFlags = AccessFlags(15);
+
+    /// Whether every flag of `other` is set here.
+    pub fn contains(self, other: AccessFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The raw bits.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// Whether a peer can change memory with these rights.
+    pub fn remote_writable(self) -> bool {
+        self.0 & (Self::REMOTE_WRITE.0 | Self::REMOTE_ATOMIC.0) != 0
+    }
+
+    /// Flags from raw bits, rejecting unknown bits.
+    pub fn from_bits(bits: u8) -> Option<AccessFlags> {
+        (bits & !Self::ALL.0 == 0).then_some(AccessFlags(bits))
+    }
+}
+
+impl std::ops::BitOr for AccessFlags {
+    type Output = AccessFlags;
+    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | rhs.0)
+    }
+}
+
+impl std::ops::BitOrAssign for AccessFlags {
+    fn bitor_assign(&mut self, rhs: AccessFlags) {
+        self.0 |= rhs.0;
+    }
+}
+
+/// The most RDMA Read / Atomic requests one QP may have outstanding in either direction.
+pub const MAX_RD_ATOMIC: u8 = 16;
+/// The deepest send or receive queue.
+pub const MAX_QUEUE_DEPTH: u32 = 16384;
+/// The most scatter/gather elements of one work request.
+pub const MAX_SGE: u32 = 16;
+/// The most inline data of one work request.
+pub const MAX_INLINE_DATA: u32 = 4096;
+/// The largest message (spec/05: zero to 2 GiB).
+pub const MAX_MESSAGE: u64 = 1 << 31;
+
+/// What a QP is created with (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth: how many send work requests may be outstanding.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Most gather elements of one send work request.
+    pub max_send_sge: u32,
+    /// Most scatter elements of one receive work request.
+    pub max_recv_sge: u32,
+    /// Most bytes of inline data of one send work request.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> QpCaps {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        }
+    }
+}
+
+impl QpCaps {
+    /// Checks every capability against the device limits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first capability out of range.
+    pub fn validate(&self) -> Result<()> {
+        let depth = |name, v: u32| {
+            if v == 0 || v > MAX_QUEUE_DEPTH {
+                Err(Error::invalid(
+                    name,
+                    format!("{v}; a queue holds 1 to {MAX_QUEUE_DEPTH} work requests"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        depth("max_send_wr", self.max_send_wr)?;
+        depth("max_recv_wr", self.max_recv_wr)?;
+        let sge = |name, v: u32| {
+            if v == 0 || v > MAX_SGE {
+                Err(Error::invalid(
+                    name,
+                    format!("{v}; a work request has 1 to {MAX_SGE} scatter/gather elements"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        sge("max_send_sge", self.max_send_sge)?;
+        sge("max_recv_sge", self.max_recv_sge)?;
+        if self.max_inline_data > MAX_INLINE_DATA {
+            return Err(Error::invalid(
+                "max_inline_data",
+                format!(
+                    "{}; at most {MAX_INLINE_DATA} bytes can be sent inline",
+                    self.max_inline_data
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where a QP's packets go: the link to the peer engine and the peer's QP number
+/// (the address vector and destination QPN of `ibv_qp_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Destination {
+    /// The link to the engine hosting the remote QP.
+    pub link: LinkId,
+    /// The remote QP's number.
+    pub qpn: Qpn,
+}
+
+/// Attributes of a modify-QP call; `None` leaves an attribute out (the `attr_mask` of
+/// `ibv_modify_qp`). Build with the setters:
+///
+/// ```
+/// use shmhca::{QpAttr, QpState, Mtu};
+/// let rtr = QpAttr::new(QpState::Rtr).path_mtu(Mtu::Mtu1024).rq_psn(201);
+/// assert_eq!(rtr.state, QpState::Rtr);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpAttr {
+    /// The state to move to (required).
+    pub state: QpState,
+    /// Remote access enables (required for Reset → Init).
+    pub access: Option<AccessFlags>,
+    /// Path MTU (required for Init → RTR).
+    pub path_mtu: Option<Mtu>,
+    /// Link and remote QPN (required for Init → RTR).
+    pub dest: Option<Destination>,
+    /// The RQ Logic's first expected PSN: the remote SQ's start PSN (required for Init → RTR).
+    pub rq_psn: Option<u32>,
+    /// Responder resources: RDMA Read/Atomic requests this QP accepts at once (required for
+    /// Init → RTR, 0..=16).
+    pub max_dest_rd_atomic: Option<u8>,
+    /// The RNR Nak timer code this QP's RQ Logic sends (required for Init → RTR, 0..=31).
+    pub min_rnr_timer: Option<u8>,
+    /// Whether the remote RQ Logic reports end-to-end credits (spec/02; optional, default yes).
+    pub remote_credits: Option<bool>,
+    /// The SQ Logic's start PSN (required for RTR → RTS).
+    pub sq_psn: Option<u32>,
+    /// Local Ack Timeout: the transport timer is 4.096 µs × 2^timeout; 0 disables it
+    /// (required for RTR → RTS, 0..=31).
+    pub timeout: Option<u8>,
+    /// Retry Count for timeouts and sequence-error Naks (required for RTR → RTS, 0..=7).
+    pub retry_cnt: Option<u8>,
+    /// RNR Retry Count; 7 retries forever (required for RTR → RTS, 0..=7).
+    pub rnr_retry: Option<u8>,
+    /// Initiator depth: RDMA Read/Atomic requests this QP has outstanding at once; must not
+    /// exceed the remote's responder resources (required for RTR → RTS, 0..=16).
+    pub max_rd_atomic: Option<u8>,
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty),* $(,)?) => {
+        $( $(#[$doc])* pub fn $name(mut self, v: $ty) -> QpAttr { self.$name = Some(v); self } )*
+    };
+}
+
+impl QpAttr {
+    /// Attributes that move the QP to `state` and change nothing else.
+    pub fn new(state: QpState) -> QpAttr {
+        QpAttr {
+            state,
+            access: None,
+            path_mtu: None,
+            dest: None,
+            rq_psn: None,
+            max_dest_rd_atomic: None,
+            min_rnr_timer: None,
+            remote_credits: None,
+            sq_psn: None,
+            timeout: None,
+            retry_cnt: None,
+            rnr_retry: None,
+            max_rd_atomic: None,
+        }
+    }
+
+    setters! {
+        /// Sets the remote access enables.
+        access: AccessFlags,
+        /// Sets the path MTU.
+        path_mtu: Mtu,
+        /// Sets the link and remote QPN.
+        dest: Destination,
+        /// Sets the RQ Logic's expected PSN.
+        rq_psn: u32,
+        /// Sets the responder resources.
+        max_dest_rd_atomic: u8,
+        /// Sets the minimum RNR Nak timer code.
+        min_rnr_timer: u8,
+        /// Sets whether the remote reports credits.
+        remote_credits: bool,
+        /// Sets the SQ start PSN.
+        sq_psn: u32,
+        /// Sets the Local Ack Timeout.
+        timeout: u8,
+        /// Sets the Retry Count.
+        retry_cnt: u8,
+        /// Sets the RNR Retry Count.
+        rnr_retry: u8,
+        /// Sets the initiator depth.
+        max_rd_atomic: u8,
+    }
+
+    /// The names of the attributes that are set, in declaration order.
+    fn present(&self) -> impl Iterator<Item = &'static str> + '_ {
+        [
+            ("access", self.access.is_some()),
+            ("path_mtu", self.path_mtu.is_some()),
+            ("dest", self.dest.is_some()),
+            ("rq_psn", self.rq_psn.is_some()),
+            ("max_dest_rd_atomic", self.max_dest_rd_atomic.is_some()),
+            ("min_rnr_timer", self.min_rnr_timer.is_some()),
+            ("remote_credits", self.remote_credits.is_some()),
+            ("sq_psn", self.sq_psn.is_some()),
+            ("timeout", self.timeout.is_some()),
+            ("retry_cnt", self.retry_cnt.is_some()),
+            ("rnr_retry", self.rnr_retry.is_some()),
+            ("max_rd_atomic", self.max_rd_atomic.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(n, set)| set.then_some(n))
+    }
+}
+
+/// The programmed part of a QP context (spec/04, Figure 3-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Remote access enables.
+    pub access: AccessFlags,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// Where packets go.
+    pub dest: Option<Destination>,
+    /// The RQ Logic's initial ePSN.
+    pub rq_psn: Psn,
+    /// Responder resources.
+    pub max_dest_rd_atomic: u8,
+    /// RNR Nak timer code sent by the RQ Logic.
+    pub min_rnr_timer: u8,
+    /// Whether the remote reports credits.
+    pub remote_credits: bool,
+    /// SQ start PSN.
+    pub sq_psn: Psn,
+    /// Local Ack Timeout.
+    pub timeout: u8,
+    /// Retry Count.
+    pub retry_cnt: u8,
+    /// RNR Retry Count.
+    pub rnr_retry: u8,
+    /// Initiator depth.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for QpConfig {
+    fn default() -> QpConfig {
+        QpConfig {
+            access: AccessFlags::NONE,
+            path_mtu: Mtu::Mtu1024,
+            dest: None,
+            rq_psn: Psn::new(0),
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 0,
+            remote_credits: true,
+            sq_psn: Psn::new(0),
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            max_rd_atomic: 0,
+        }
+    }
+}
+
+/// Which attributes a transition requires and which it allows besides.
+fn rules(from: QpState, to: QpState) -> Option<(&'static [&'static str], &'static [&'static str])> {
+    use QpState::*;
+    const NONE: &[&str] = &[];
+    Some(match (from, to) {
+        (_, Reset) | (_, Error) => (NONE, NONE),
+        (Reset, Init) => (&["access"], NONE),
+        (Init, Init) => (NONE, &["access"]),
+        (Init, Rtr) => (
+            &[
+                "path_mtu",
+                "dest",
+                "rq_psn",
+                "max_dest_rd_atomic",
+                "min_rnr_timer",
+            ],
+            &["access", "remote_credits"],
+        ),
+        (Rtr, Rts) => (
+            &["sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic"],
+            &["access", "min_rnr_timer"],
+        ),
+        (Rts, Rts) | (Sqe, Rts) => (NONE, &["access", "min_rnr_timer"]),
+        (Rts, Sqd) => (NONE, NONE),
+        (Sqd, Rts) => (NONE, &["access", "min_rnr_timer"]),
+        (Sqd, Sqd) => (
+            NONE,
+            &[
+                "access",
+                "min_rnr_timer",
+                "timeout",
+                "retry_cnt",
+                "rnr_retry",
+                "max_rd_atomic",
+                "max_dest_rd_atomic",
+            ],
+        ),
+        _ => return None,
+    })
+}
+
+fn range(name: &'static str, v: u8, max: u8, what: &str) -> Result<()> {
+    if v > max {
+        return Err(Error::invalid(name, format!("{v}; {what} is 0..={max}")));
+    }
+    Ok(())
+}
+
+/// Validates a modify-QP call and computes the QP's new state and context.
+///
+/// # Errors
+/// [`Error::InvalidTransition`] for a transition the state machine does not have,
+/// [`Error::MissingAttribute`] for a missing required attribute, and
+/// [`Error::InvalidArgument`] for an attribute out of range or not allowed in this
+/// transition. On error the caller keeps the old state and context.
+pub fn plan_modify(from: QpState, cur: &QpConfig, attr: &QpAttr) -> Result<(QpState, QpConfig)> {
+    let to = attr.state;
+    let (required, optional) =
+        rules(from, to).ok_or(Error::InvalidTransition { from, to })?;
+    if let Some(missing) = required.iter().find(|r| !attr.present().any(|p| p == **r)) {
+        return Err(Error::MissingAttribute {
+            from,
+            to,
+            attribute: missing,
+        });
+    }
+    if let Some(extra) = attr
+        .present()
+        .find(|p| !required.contains(p) && !optional.contains(p))
+    {
+        return Err(Error::invalid(
+            "modify QP",
+            format!("attribute `{extra}` cannot be set in the {from:?} -> {to:?} transition"),
+        ));
+    }
+    let mut next = *cur;
+    if to == QpState::Reset {
+        next = QpConfig::default();
+    }
+    if let Some(a) = attr.access {
+        next.access = a;
+    }
+    if let Some(m) = attr.path_mtu {
+        next.path_mtu = m;
+    }
+    if let Some(d) = attr.dest {
+        next.dest = Some(d);
+    }
+    if let Some(p) = attr.rq_psn {
+        if p > Psn::MASK {
+            return Err(Error::invalid(
+                "rq_psn",
+                format!("{p:#x}; a PSN is 24 bits (0..=0xffffff)"),
+            ));
+        }
+        next.rq_psn = Psn::new(p);
+    }
+    if let Some(p) = attr.sq_psn {
+        if p > Psn::MASK {
+            return Err(Error::invalid(
+                "sq_psn",
+                format!("{p:#x}; a PSN is 24 bits (0..=0xffffff)"),
+            ));
+        }
+        next.sq_psn = Psn::new(p);
+    }
+    if let Some(v) = attr.max_dest_rd_atomic {
+        range("max_dest_rd_atomic", v, MAX_RD_ATOMIC, "the responder resources")?;
+        next.max_dest_rd_atomic = v;
+    }
+    if let Some(v) = attr.max_rd_atomic {
+        range("max_rd_atomic", v, MAX_RD_ATOMIC, "the initiator depth")?;
+        next.max_rd_atomic = v;
+    }
+    if let Some(v) = attr.min_rnr_timer {
+        range("min_rnr_timer", v, 31, "the RNR Nak timer code")?;
+        next.min_rnr_timer = v;
+    }
+    if let Some(v) = attr.timeout {
+        range("timeout", v, 31, "the Local Ack Timeout")?;
+        next.timeout = v;
+    }
+    if let Some(v) = attr.retry_cnt {
+        range("retry_cnt", v, 7, "the Retry Count")?;
+        next.retry_cnt = v;
+    }
+    if let Some(v) = attr.rnr_retry {
+        range("rnr_retry", v, 7, "the RNR Retry Count")?;
+        next.rnr_retry = v;
+    }
+    if let Some(v) = attr.remote_credits {
+        next.remote_credits = v;
+    }
+    Ok((to, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dest() -> Destination {
+        Destination {
+            link: LinkId(0),
+            qpn: Qpn::new(0x1234),
+        }
+    }
+
+    fn rtr() -> QpAttr {
+        QpAttr::new(QpState::Rtr)
+            .path_mtu(Mtu::Mtu1024)
+            .dest(dest())
+            .rq_psn(201)
+            .max_dest_rd_atomic(4)
+            .min_rnr_timer(12)
+    }
+
+    fn rts() -> QpAttr {
+        QpAttr::new(QpState::Rts)
+            .sq_psn(201)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(4)
+    }
+
+    fn walk(attrs: &[QpAttr]) -> Result<(QpState, QpConfig)> {
+        let mut s = (QpState::Reset, QpConfig::default());
+        for a in attrs {
+            s = plan_modify(s.0, &s.1, a)?;
+        }
+        Ok(s)
+    }
+
+    #[test]
+    fn reset_init_rtr_rts_applies_every_attribute() {
+        let init = QpAttr::new(QpState::Init).access(AccessFlags::REMOTE_WRITE);
+        let (state, cfg) = walk(&[init, rtr(), rts()]).unwrap();
+        assert_eq!(state, QpState::Rts);
+        assert_eq!(cfg.path_mtu, Mtu::Mtu1024);
+        assert_eq!(cfg.rq_psn, Psn::new(201));
+        assert_eq!(cfg.sq_psn, Psn::new(201));
+        assert_eq!(cfg.max_dest_rd_atomic, 4);
+        assert_eq!(cfg.min_rnr_timer, 12);
+        assert_eq!(cfg.timeout, 14);
+        assert_eq!(cfg.access, AccessFlags::REMOTE_WRITE);
+        assert_eq!(cfg.dest, Some(dest()));
+    }
+
+    #[test]
+    fn each_missing_required_attribute_is_named() {
+        let init = QpAttr::new(QpState::Init).access(AccessFlags::NONE);
+        let (s, cfg) = walk(&[init]).unwrap();
+        for name in [
+            "path_mtu",
+            "dest",
+            "rq_psn",
+            "max_dest_rd_atomic",
+            "min_rnr_timer",
+        ] {
+            let mut a = rtr();
+            match name {
+                "path_mtu" => a.path_mtu = None,
+                "dest" => a.dest = None,
+                "rq_psn" => a.rq_psn = None,
+                "max_dest_rd_atomic" => a.max_dest_rd_atomic = None,
+                _ => a.min_rnr_timer = None,
+            }
+            match plan_modify(s, &cfg, &a) {
+                Err(Error::MissingAttribute { attribute, .. }) => assert_eq!(attribute, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let (s, cfg) = plan_modify(s, &cfg, &rtr()).unwrap();
+        for name in ["sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic"] {
+            let mut a = rts();
+            match name {
+                "sq_psn" => a.sq_psn = None,
+                "timeout" => a.timeout = None,
+                "retry_cnt" => a.retry_cnt = None,
+                "rnr_retry" => a.rnr_retry = None,
+                _ => a.max_rd_atomic = None,
+            }
+            let err = plan_modify(s, &cfg, &a).unwrap_err();
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn out_of_range_values_are_rejected() {
+        let (s, cfg) = walk(&[QpAttr::new(QpState::Init).access(AccessFlags::NONE)]).unwrap();
+        let bad = [
+            rtr().rq_psn(0x100_0000),
+            rtr().max_dest_rd_atomic(17),
+            rtr().min_rnr_timer(32),
+        ];
+        for a in bad {
+            assert!(matches!(
+                plan_modify(s, &cfg, &a),
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        let (s, cfg) = plan_modify(s, &cfg, &rtr()).unwrap();
+        for a in [rts().retry_cnt(8), rts().rnr_retry(8), rts().timeout(32)] {
+            assert!(plan_modify(s, &cfg, &a).is_err());
+        }
+        assert!(Mtu::from_bytes(1000).is_err());
+        assert_eq!(Mtu::from_bytes(4096).unwrap().bytes(), 4096);
+    }
+
+    #[test]
+    fn transitions_outside_the_state_machine_fail() {
+        let cfg = QpConfig::default();
+        assert!(matches!(
+            plan_modify(QpState::Reset, &cfg, &rts()),
+            Err(Error::InvalidTransition { .. })
+        ));
+        assert!(matches!(
+            plan_modify(QpState::Init, &cfg, &rts()),
+            Err(Error::InvalidTransition { .. })
+        ));
+        // Any state can go to Error and Reset.
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd] {
+            assert_eq!(
+                plan_modify(s, &cfg, &QpAttr::new(QpState::Error)).unwrap().0,
+                QpState::Error
+            );
+            assert_eq!(
+                plan_modify(s, &cfg, &QpAttr::new(QpState::Reset)).unwrap().0,
+                QpState::Reset
+            );
+        }
+    }
+
+    #[test]
+    fn attributes_not_allowed_in_a_transition_are_rejected() {
+        let err = plan_modify(
+            QpState::Reset,
+            &QpConfig::default(),
+            &QpAttr::new(QpState::Init)
+                .access(AccessFlags::NONE)
+                .sq_psn(5),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("sq_psn"), "{err}");
+    }
+
+    #[test]
+    fn caps_are_checked_against_device_limits() {
+        assert!(QpCaps::default().validate().is_ok());
+        let bad = [
+            QpCaps {
+                max_send_wr: 0,
+                ..QpCaps::default()
+            },
+            QpCaps {
+                max_recv_wr: MAX_QUEUE_DEPTH + 1,
+                ..QpCaps::default()
+            },
+            QpCaps {
+                max_send_sge: 17,
+                ..QpCaps::default()
+            },
+            QpCaps {
+                max_inline_data: MAX_INLINE_DATA + 1,
+                ..QpCaps::default()
+            },
+        ];
+        for c in bad {
+            assert!(c.validate().is_err(), "{c:?}");
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! SQ Logic (the requester): turns send WQEs into request packets (spec/01).
+//!
+//! WQEs are processed strictly in posted order. Each message is segmented by the PMTU into
+//! First/Middle/Last (or Only) packets carrying consecutive PSNs; an RDMA Write's RETH rides
+//! on its first packet, immediate data on its last; an RDMA Read is one request that
+//! advances nPSN by its number of response packets; an Atomic is one request. A WQE stays in
+//! the SQ Logic's window — owned, its buffers pinned — until the completer has seen its last
+//! response, so every request can be sent again (go-back-N) after a Nak, an RNR Nak or a
+//! transport timeout: [`rewind`] moves the transmit point back to any unacknowledged PSN and
+//! the packets are rebuilt from the WQEs, with the same PSNs.
+//!
+//! Before a new WQE starts, three gates apply: the fence (a fenced WQE waits for every
+//! earlier RDMA Read and Atomic to complete), the initiator depth (Reads and Atomics in
+//! flight) and end-to-end credits (spec/02 "SQ Logic's Behavior When No Credits Are
+//! Available": a limited Send sends only its first packet, with AckReq, and waits).
+
+use crate::context::{Env, QpCtx, Wire};
+use crate::credit::CreditState;
+use crate::dma::{self, Cursor};
+use crate::link::PacketSlot;
+use crate::psn::{self, Psn};
+use crate::qp::{QpConfig, QpState};
+use crate::timer::{self, Deadline};
+use crate::verbs::wr::WcStatus;
+use crate::wire::atomic_eth::AtomicEthRepr;
+use crate::wire::bth::BthRepr;
+use crate::wire::immdt::ImmDtRepr;
+use crate::wire::opcode::{OpClass, Opcode, Position};
+use crate::wire::reth::RethRepr;
+use crate::wire::{PacketRepr, Qpn};
+use crate::wqe::{SqWqe, WqeFlags, WqeOp};
+
+/// The P_Key every packet carries (the default partition, full membership).
+pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
+
+/// A send WQE inside the SQ Logic's window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendWqe {
+    pub(crate) w: SqWqe,
+    /// Send Sequence Number (spec/02: the first WQE posted has SSN 1).
+    pub(crate) ssn: u32,
+    /// Messages consuming a receive WQE at the responder, up to and including this one.
+    pub(crate) consumers: u64,
+    /// PSN of its first packet (valid once started).
+    pub(crate) first_psn: Psn,
+    /// PSNs it occupies: its request packets, or for an RDMA Read its response packets.
+    pub(crate) span: u32,
+    /// RDMA Read responses received so far.
+    pub(crate) resp_seen: u32,
+    /// Set when the completer is done with it.
+    pub(crate) done: Option<WcStatus>,
+}
+
+impl SendWqe {
+    const EMPTY: SendWqe = SendWqe {
+        w: SqWqe {
+            wr_id: 0,
+            op: WqeOp::Send,
+            flags: WqeFlags(0),
+            imm: 0,
+            len: 0,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: crate::wqe::DataLoc::Empty,
+        },
+        ssn: 0,
+        consumers: 0,
+        first_psn: Psn::new(0),
+        span: 0,
+        resp_seen: 0,
+        done: None,
+    };
+
+    /// PSN of its last packet (or last expected response).
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.span - 1)
+    }
+
+    /// Whether `p` is one of its PSNs.
+    pub(crate) fn holds(&self, p: Psn) -> bool {
+        let d = p.diff(self.first_psn);
+        d >= 0 && (d as u32) < self.span
+    }
+}
+
+/// SQ Logic and completer state of one QP.
+#[derive(Debug)]
+pub(crate) struct Requester {
+    window: Box<[SendWqe]>,
+    mask: u64,
+    /// WQEs retired (completed and handed to the CQ, or silently retired when unsignaled).
+    pub(crate) retired: u64,
+    /// WQEs that have PSNs: `retired..started` are in flight.
+    pub(crate) started: u64,
+    /// WQEs taken from the SQ ring.
+    pub(crate) fetched: u64,
+    /// The WQE being transmitted (`< started` while retransmitting).
+    tx_seq: u64,
+    /// Its next packet (for an RDMA Read: the first response to ask for).
+    tx_pkt: u32,
+    /// Gather position of that packet; `None` after a rewind (derived from `tx_pkt` when
+    /// the packet is built).
+    tx_cursor: Option<Cursor>,
+    /// nPSN: the PSN of the next new request packet.
+    pub(crate) npsn: Psn,
+    /// The last PSN acknowledged: everything up to it is.
+    pub(crate) acked: Psn,
+    /// RDMA Reads and Atomics started and not retired.
+    pub(crate) rd_atomic: u32,
+    pub(crate) credits: CreditState,
+    /// Consuming messages fetched so far.
+    consumers: u64,
+    /// SSN of the last WQE fetched.
+    ssn: u32,
+    /// A consuming WQE started without credit: nothing after it starts until credit comes.
+    pub(crate) limited: Option<u64>,
+    pub(crate) retry_left: u8,
+    pub(crate) rnr_left: u8,
+    /// Transport timer: armed while requests are unacknowledged.
+    pub(crate) timer: Deadline,
+    /// RNR wait: no transmission until it expires.
+    pub(crate) rnr_timer: Deadline,
+}
+
+impl Requester {
+    /// A requester for a send queue of `depth` WQEs.
+    pub(crate) fn new(depth: u32) -> Requester {
+        let cap = (depth as usize).next_power_of_two();
+        Requester {
+            window: vec![SendWqe::EMPTY; cap].into_boxed_slice(),
+            mask: cap as u64 - 1,
+            retired: 0,
+            started: 0,
+            fetched: 0,
+            tx_seq: 0,
+            tx_pkt: 0,
+            tx_cursor: Some(Cursor::default()),
+            npsn: Psn::new(0),
+            acked: Psn::new(0).sub(1),
+            rd_atomic: 0,
+            credits: CreditState::new(true),
+            consumers: 0,
+            ssn: 0,
+            limited: None,
+            retry_left: 0,
+            rnr_left: 0,
+            timer: Deadline::default(),
+            rnr_timer: Deadline::default(),
+        }
+    }
+
+    /// Programs the SQ Logic on RTR → RTS: start PSN, retry counts, credit mode.
+    pub(crate) fn start(&mut self, cfg: &QpConfig) {
+        self.npsn = cfg.sq_psn;
+        self.acked = cfg.sq_psn.sub(1);
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+        self.credits = CreditState::new(cfg.remote_credits);
+    }
+
+    pub(crate) fn wqe(&self, seq: u64) -> &SendWqe {
+        &self.window[(seq & self.mask) as usize]
+    }
+
+    pub(crate) fn wqe_mut(&mut self, seq: u64) -> &mut SendWqe {
+        &mut self.window[(seq & self.mask) as usize]
+    }
+
+    /// The in-flight WQE holding PSN `p`.
+    pub(crate) fn find(&self, p: Psn) -> Option<u64> {
+        (self.retired..self.started).find(|&s| self.wqe(s).holds(p))
+    }
+
+    /// Whether any request is unacknowledged.
+    pub(crate) fn outstanding(&self) -> bool {
+        self.acked.add(1) != self.npsn
+    }
+
+    /// Whether there is anything to transmit now or later.
+    pub(crate) fn has_work(&self) -> bool {
+        self.tx_seq < self.fetched
+    }
+
+    /// The consuming count of the message whose SSN is `msn`, if still known.
+    pub(crate) fn consumers_at(&self, msn: u32) -> Option<u64> {
+        if self.fetched == 0 {
+            return Some(0);
+        }
+        let back = u64::from(self.ssn.wrapping_sub(msn) & psn::Psn::MASK);
+        let known = self.fetched.min(self.window.len() as u64);
+        if back < known {
+            Some(self.wqe(self.fetched - 1 - back).consumers)
+        } else if back == self.fetched {
+            Some(0) // the MSN before the first message
+        } else {
+            None
+        }
+    }
+
+    /// Applies the credit count and MSN of a positive Ack (spec/02).
+    pub(crate) fn update_credits(&mut self, code: crate::wire::aeth::CreditCode, msn: u32) {
+        if let Some(base) = self.consumers_at(msn) {
+            self.credits.update(code, base);
+        }
+        if let Some(seq) = self.limited {
+            if self.credits.allows(self.wqe(seq).consumers) {
+                self.limited = None;
+            }
+        }
+    }
+
+    /// Bookkeeping after WQE `seq` (the oldest) was retired.
+    pub(crate) fn retire_one(&mut self, seq: u64) {
+        if seq < self.started && self.wqe(seq).w.op.is_rd_atomic() {
+            self.rd_atomic -= 1;
+        }
+        if self.limited == Some(seq) {
+            self.limited = None;
+        }
+        self.retired += 1;
+        if self.tx_seq < self.retired {
+            self.tx_seq = self.retired;
+            self.tx_pkt = 0;
+            self.tx_cursor = Some(Cursor::default());
+        }
+        self.started = self.started.max(self.retired);
+    }
+
+    /// Drops everything (QP reset).
+    pub(crate) fn reset(&mut self) {
+        let depth = self.window.len() as u32;
+        *self = Requester::new(depth);
+    }
+}
+
+/// Takes newly posted WQEs from the SQ ring into the window.
+pub(crate) fn fetch(qp: &mut QpCtx) {
+    let req = &mut qp.req;
+    while req.fetched - req.retired < req.window.len() as u64 {
+        let Ok(Some(w)) = qp.sq.pop() else { break };
+        req.ssn = (req.ssn + 1) & Psn::MASK;
+        if w.op.consumes_rq_wqe() {
+            req.consumers += 1;
+        }
+        let pmtu = qp.cfg.path_mtu.bytes();
+        let span = match w.op {
+            WqeOp::Read => psn::read_response_packets(w.len, pmtu),
+            WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
+            _ => psn::packets_for(u64::from(w.len), pmtu),
+        };
+        let seq = req.fetched;
+        *req.wqe_mut(seq) = SendWqe {
+            w,
+            ssn: req.ssn,
+            consumers: req.consumers,
+            first_psn: Psn::new(0),
+            span,
+            resp_seen: 0,
+            done: None,
+        };
+        req.fetched += 1;
+    }
+}
+
+/// Moves the transmit point back to PSN `p` (go-back-N): the WQE holding it and every one
+/// after it are sent again from that packet on, with their original PSNs.
+pub(crate) fn rewind(req: &mut Requester, p: Psn) {
+    match req.find(p) {
+        Some(seq) => {
+            let w = req.wqe(seq);
+            req.tx_pkt = match w.w.op {
+                WqeOp::CompareSwap | WqeOp::FetchAdd => 0,
+                // Send/Write: the packet index; Read: the first response to ask for again.
+                _ => p.diff(w.first_psn) as u32,
+            };
+            req.tx_seq = seq;
+            req.tx_cursor = None;
+        }
+        None => {
+            // Nothing in flight holds p (it is nPSN): nothing to send again.
+            req.tx_seq = req.started;
+            req.tx_pkt = 0;
+            req.tx_cursor = Some(Cursor::default());
+        }
+    }
+}
+
+/// Sends up to `budget` request packets of a QP; returns how many were queued.
+pub(crate) fn transmit(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>, budget: usize) -> usize {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+        return 0;
+    }
+    let req = &mut qp.req;
+    if req.rnr_timer.armed() {
+        if !req.rnr_timer.expired(env.now) {
+            return 0;
+        }
+        req.rnr_timer.disarm();
+    }
+    let pmtu = qp.cfg.path_mtu.bytes();
+    let mut sent = 0;
+    while sent < budget && req.tx_seq < req.fetched {
+        let seq = req.tx_seq;
+        let retransmit = seq < req.started;
+        if !retransmit {
+            // Gates for a new WQE (spec/02 "Obey the Ordering Rules").
+            let w = req.wqe(seq);
+            if qp.state != QpState::Rts || req.limited.is_some() {
+                break;
+            }
+            if w.w.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0 {
+                break;
+            }
+            if w.w.op.is_rd_atomic() && req.rd_atomic >= u32::from(qp.cfg.max_rd_atomic) {
+                break;
+            }
+        } else if req.limited == Some(seq)
+            && req.tx_pkt >= 1
+            && matches!(req.wqe(seq).w.op, WqeOp::Send | WqeOp::SendImm)
+        {
+            // A limited Send waits after its first packet until credit arrives.
+            break;
+        }
+        if !wire.tx.has_room() {
+            break;
+        }
+        if !retransmit {
+            let npsn = req.npsn;
+            req.wqe_mut(seq).first_psn = npsn;
+            let w = *req.wqe(seq);
+            let credits_ok = !w.w.op.consumes_rq_wqe() || req.credits.allows(w.consumers);
+            req.npsn = npsn.add(w.span);
+            req.started += 1;
+            if w.w.op.is_rd_atomic() {
+                req.rd_atomic += 1;
+            }
+            if !credits_ok {
+                req.limited = Some(seq);
+            }
+        } else {
+            env.stats.retransmitted += 1;
+        }
+        let w = *req.wqe(seq);
+        let k = req.tx_pkt;
+        let cursor = match req.tx_cursor {
+            Some(c) => c,
+            None => Cursor::at(&w.w.data, env.arena.mem(), u64::from(k) * u64::from(pmtu))
+                .unwrap_or_default(),
+        };
+        let limited_first = req.limited == Some(seq) && k == 0;
+        let Some(slot) = wire.tx.next_slot() else { break };
+        let payload = build_request(slot, &w, k, pmtu, qp.cfg.dest.map(|d| d.qpn), limited_first, env, cursor);
+        wire.tx.commit();
+        env.stats.packets_sent += 1;
+        env.stats.inline_bytes_sent += payload.inline;
+        sent += 1;
+        // Advance: a Read or Atomic request covers the rest of its WQE.
+        if w.w.op.is_rd_atomic() || k + 1 >= w.span {
+            req.tx_seq += 1;
+            req.tx_pkt = 0;
+            req.tx_cursor = Some(Cursor::default());
+        } else {
+            let mut next = cursor;
+            next.advance(&w.w.data, env.arena.mem(), u64::from(payload.len));
+            req.tx_pkt = k + 1;
+            req.tx_cursor = Some(next);
+        }
+    }
+    if sent > 0 && !req.timer.armed() {
+        if let Some(t) = timer::transport_timeout(qp.cfg.timeout) {
+            req.timer.arm(env.now, t);
+        }
+    }
+    sent
+}
+
+/// What a built packet carried.
+struct Built {
+    /// Payload bytes.
+    len: u32,
+    /// Of which copied into the slot.
+    inline: u64,
+}
+
+/// Builds request packet `k` of WQE `w` into `slot`.
+#[allow(clippy::too_many_arguments)]
+fn build_request(
+    slot: &mut PacketSlot,
+    w: &SendWqe,
+    k: u32,
+    pmtu: u32,
+    dest: Option<Qpn>,
+    limited_first: bool,
+    env: &Env<'_>,
+    cursor: Cursor,
+) -> Built {
+    let op = w.w.op;
+    let psn = w.first_psn.add(k);
+    let mut bth = BthRepr {
+        opcode: Opcode::RdmaReadRequest,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: dest.unwrap_or(Qpn::new(0)),
+        ack_req: true,
+        psn,
+    };
+    let mut repr;
+    let mut payload_len = 0u32;
+    match op {
+        WqeOp::Read => {
+            let off = u64::from(k) * u64::from(pmtu);
+            repr = PacketRepr::new(bth);
+            repr.reth = Some(RethRepr {
+                va: w.w.remote_addr.wrapping_add(off),
+                rkey: w.w.rkey,
+                dma_len: w.w.len.saturating_sub(off as u32),
+            });
+        }
+        WqeOp::CompareSwap | WqeOp::FetchAdd => {
+            bth.opcode = if op == WqeOp::CompareSwap {
+                Opcode::CompareSwap
+            } else {
+                Opcode::FetchAdd
+            };
+            repr = PacketRepr::new(bth);
+            repr.atomic_eth = Some(AtomicEthRepr {
+                va: w.w.remote_addr,
+                rkey: w.w.rkey,
+                swap_add: if op == WqeOp::CompareSwap { w.w.swap } else { w.w.compare_add },
+                compare: if op == WqeOp::CompareSwap { w.w.compare_add } else { 0 },
+            });
+        }
+        WqeOp::Send | WqeOp::SendImm | WqeOp::Write | WqeOp::WriteImm => {
+            let n = w.span;
+            let position = match (n, k) {
+                (1, _) => Position::Only,
+                (_, 0) => Position::First,
+                (n, k) if k == n - 1 => Position::Last,
+                _ => Position::Middle,
+            };
+            let last = matches!(position, Position::Last | Position::Only);
+            payload_len = if k + 1 < n { pmtu } else { w.w.len - pmtu * (n - 1) };
+            let imm = last && matches!(op, WqeOp::SendImm | WqeOp::WriteImm);
+            let class = if matches!(op, WqeOp::Send | WqeOp::SendImm) {
+                OpClass::Send
+            } else {
+                OpClass::RdmaWrite
+            };
+            bth.opcode = Opcode::find(class, position, imm, false)
+                .expect("every Send/Write position has an opcode");
+            bth.ack_req = last || limited_first;
+            bth.solicited = last && w.w.flags.has(WqeFlags::SOLICITED);
+            bth.pad_count = ((4 - payload_len % 4) % 4) as u8;
+            repr = PacketRepr::new(bth);
+            if class == OpClass::RdmaWrite && matches!(position, Position::First | Position::Only) {
+                repr.reth = Some(RethRepr {
+                    va: w.w.remote_addr,
+                    rkey: w.w.rkey,
+                    dma_len: w.w.len,
+                });
+            }
+            if imm {
+                repr.immdt = Some(ImmDtRepr { imm: w.w.imm });
+            }
+        }
+    }
+    let hdr = repr
+        .emit(&mut slot.data)
+        .expect("the opcode table fixes the headers and they fit a slot");
+    slot.hdr_len = hdr as u8;
+    let inline = dma::describe(slot, env.arena.mem(), &w.w.data, cursor, payload_len)
+        .expect("a posted gather list covers its message");
+    Built {
+        len: payload_len,
+        inline,
+    }
+}
+
+/// Runs the QP's timers: the end of an RNR wait, and the transport timer (spec/01
+/// "On Timeout, Request Packet Is Resent").
+pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
+    let req = &mut qp.req;
+    if req.rnr_timer.expired(env.now) {
+        req.rnr_timer.disarm();
+    }
+    if !req.timer.expired(env.now) {
+        return;
+    }
+    req.timer.disarm();
+    if !req.outstanding() || req.rnr_timer.armed() {
+        return;
+    }
+    env.stats.timeouts += 1;
+    if req.retry_left == 0 {
+        let first = req.acked.add(1);
+        if let Some(seq) = req.find(first) {
+            req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);
+        }
+        qp.enter_error(env);
+        return;
+    }
+    req.retry_left -= 1;
+    let from = req.acked.add(1);
+    rewind(req, from);
+    if let Some(t) = timer::transport_timeout(qp.cfg.timeout) {
+        req.timer.arm(env.now, t);
+    }
+}

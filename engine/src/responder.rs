@@ -1,0 +1,784 @@
+//! RQ Logic (the responder): executes request packets and answers them (spec/01, spec/02).
+//!
+//! Each request runs through the checks of the rxe responder, each with its own Nak:
+//!
+//! 1. **PSN** against ePSN ([`crate::psn::classify`]): the expected PSN is executed; a
+//!    duplicate is answered again without being executed again (an Ack for Sends and
+//!    Writes, the saved result for an Atomic, the data again for a Read); a PSN ahead of
+//!    ePSN means packets were lost and gets one PSN Sequence Error Nak.
+//! 2. **Opcode sequence**: Middle/Last only inside a message of the same kind — else
+//!    Invalid Request.
+//! 3. **Operation enabled** on this QP (remote write/read/atomic enables) — else Invalid
+//!    Request.
+//! 4. **Resources**: a Send or a Write with Immediate needs a receive WQE — else RNR Nak
+//!    with the QP's minimum RNR timer; Reads and Atomics need a responder resource.
+//! 5. **Length**: First/Middle packets carry exactly a PMTU, Last/Only at most one; a Write
+//!    carries exactly its RETH length; a Send fits its receive WQE — else Invalid Request
+//!    (and a local length error on the receive WQE).
+//! 6. **R_Key**: key, protection domain, access rights and bounds from the RETH/AtomicETH
+//!    — else Remote Access Error; a misaligned Atomic is an Invalid Request.
+//! 7. **Execute** (copy the payload, run the Atomic, queue Read responses) and
+//!    **acknowledge**.
+//!
+//! A Nak for an invalid request or an access violation moves the QP to the Error state.
+//!
+//! Responses leave in PSN order through one queue: Acks merge while they wait (one Ack
+//! per burst acknowledges every PSN up to it), RDMA Read responses are generated as the
+//! link has room, and an Ack never overtakes the responses of an earlier Read.
+
+use std::collections::VecDeque;
+
+use crate::context::{Env, QpCtx, Wire};
+use crate::dma::{self, CopyError, Cursor};
+use crate::link::{KIND_NONE, PacketSlot, RxPacket};
+use crate::mem::Mem;
+use crate::psn::{self, Psn, PsnRegion};
+use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
+use crate::requester::DEFAULT_PKEY;
+use crate::verbs::wr::{WcOpcode, WcStatus};
+use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
+use crate::wire::atomic_ack_eth::AtomicAckEthRepr;
+use crate::wire::bth::BthRepr;
+use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
+use crate::wire::{Msn, PacketRepr};
+use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
+
+/// An RDMA Read being answered.
+#[derive(Debug, Clone, Copy)]
+struct ReadJob {
+    /// PSN of the first response (the request's PSN).
+    psn: Psn,
+    va: u64,
+    rkey: u32,
+    len: u32,
+    npkts: u32,
+    next: u32,
+    msn: u32,
+}
+
+/// A response waiting to leave.
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    Ack { psn: Psn, msn: u32 },
+    Nak { psn: Psn, syndrome: Syndrome },
+    Read(ReadJob),
+    Atomic { psn: Psn, orig: u64, msn: u32 },
+}
+
+/// The message being received.
+#[derive(Debug, Clone, Copy)]
+enum Inbound {
+    Idle,
+    Send {
+        wqe: RqWqe,
+        cursor: Cursor,
+        got: u64,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        done: u64,
+        total: u64,
+    },
+}
+
+/// RQ Logic state of one QP.
+#[derive(Debug)]
+pub(crate) struct Responder {
+    /// ePSN.
+    pub(crate) epsn: Psn,
+    /// MSN: the number of the last message completed (24-bit).
+    msn: u32,
+    cur: Inbound,
+    out: VecDeque<Out>,
+    /// Atomics executed: PSN and original value, to answer a duplicate without executing it
+    /// twice. The newest at the back.
+    atomics: VecDeque<(Psn, u64, u32)>,
+    /// A Nak (sequence error or RNR) is outstanding for ePSN: later out-of-order packets are
+    /// dropped silently until ePSN arrives.
+    nak_outstanding: bool,
+    /// The credit count last reported, if any.
+    advertised: Option<u32>,
+    /// Reads and Atomics queued, for the responder-resources limit.
+    rd_atomic_queued: u32,
+}
+
+/// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
+/// them. Its bound is enforced, so it never reallocates.
+const OUT_CAP: usize = 2 * MAX_RD_ATOMIC as usize + 4;
+
+impl Responder {
+    pub(crate) fn new() -> Responder {
+        Responder {
+            epsn: Psn::new(0),
+            msn: 0,
+            cur: Inbound::Idle,
+            out: VecDeque::with_capacity(OUT_CAP),
+            atomics: VecDeque::with_capacity(MAX_RD_ATOMIC as usize),
+            nak_outstanding: false,
+            advertised: None,
+            rd_atomic_queued: 0,
+        }
+    }
+
+    /// Programs the RQ Logic on Init → RTR.
+    pub(crate) fn start(&mut self, epsn: Psn) {
+        *self = Responder::new();
+        self.epsn = epsn;
+    }
+
+    /// Whether responses wait to be sent.
+    pub(crate) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// The receive WQE of a half-received Send (for flushing).
+    pub(crate) fn take_current_wqe(&mut self) -> Option<RqWqe> {
+        match std::mem::replace(&mut self.cur, Inbound::Idle) {
+            Inbound::Send { wqe, .. } => Some(wqe),
+            other => {
+                self.cur = other;
+                None
+            }
+        }
+    }
+
+    /// Undoes [`Responder::take_current_wqe`] (the CQ was full).
+    pub(crate) fn put_back_current_wqe(&mut self, wqe: RqWqe) {
+        self.cur = Inbound::Send {
+            wqe,
+            cursor: Cursor::default(),
+            got: 0,
+        };
+    }
+
+    fn queue(&mut self, o: Out) {
+        if let (Out::Ack { psn, msn }, Some(Out::Ack { psn: p, msn: m })) = (o, self.out.back_mut()) {
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        debug_assert!(self.out.len() < OUT_CAP, "response queue bound");
+        if self.out.len() < OUT_CAP {
+            self.out.push_back(o);
+        }
+    }
+
+    fn next_msn(&mut self) -> u32 {
+        self.msn = (self.msn + 1) & Msn::MASK;
+        self.msn
+    }
+}
+
+/// Handles one request packet addressed to this QP's RQ Logic.
+pub(crate) fn on_request(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    peer: &Mem,
+    slot: &PacketSlot,
+    pkt: &RxPacket,
+) {
+    let Some(info) = pkt.repr.bth.opcode.info() else {
+        env.stats.dropped += 1;
+        return;
+    };
+    if !qp.state.receives() {
+        env.stats.dropped += 1;
+        return;
+    }
+    let psn = pkt.repr.bth.psn;
+    let resp = &mut qp.resp;
+    match psn::classify(psn, resp.epsn) {
+        PsnRegion::Valid => resp.nak_outstanding = false,
+        PsnRegion::Duplicate => return duplicate(qp, env, pkt, info),
+        PsnRegion::Invalid => {
+            if !resp.nak_outstanding {
+                let epsn = resp.epsn;
+                resp.queue(Out::Nak {
+                    psn: epsn,
+                    syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+                });
+                resp.nak_outstanding = true;
+            }
+            env.stats.dropped += 1;
+            return;
+        }
+    }
+
+    // 2. Opcode sequence.
+    let continuing = matches!(info.position, Position::Middle | Position::Last);
+    let seq_ok = match (&resp.cur, info.class) {
+        (Inbound::Send { .. }, OpClass::Send) | (Inbound::Write { .. }, OpClass::RdmaWrite) => {
+            continuing
+        }
+        (Inbound::Idle, _) => !continuing,
+        _ => false,
+    };
+    if !seq_ok || info.invalidate {
+        // Send with Invalidate needs memory windows, which this HCA does not implement.
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    }
+    // 3. Operation enabled on this QP.
+    let need = match info.class {
+        OpClass::RdmaWrite => Some(AccessFlags::REMOTE_WRITE),
+        OpClass::RdmaReadRequest => Some(AccessFlags::REMOTE_READ),
+        OpClass::CompareSwap | OpClass::FetchAdd => Some(AccessFlags::REMOTE_ATOMIC),
+        _ => None,
+    };
+    if need.is_some_and(|n| !qp.cfg.access.contains(n)) {
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    }
+    match info.class {
+        OpClass::Send => send(qp, env, peer, slot, pkt, info),
+        OpClass::RdmaWrite => write(qp, env, peer, slot, pkt, info),
+        OpClass::RdmaReadRequest => read(qp, env, pkt),
+        OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
+        _ => env.stats.dropped += 1,
+    }
+}
+
+/// Whether a packet at `position` may carry `len` payload bytes with this PMTU.
+fn length_ok(position: Position, len: u32, pmtu: u32) -> bool {
+    match position {
+        Position::First | Position::Middle => len == pmtu,
+        Position::Last => (1..=pmtu).contains(&len),
+        Position::Only => len <= pmtu,
+    }
+}
+
+/// Sends an RNR Nak for `psn` (no receive WQE, or no room to complete one).
+fn rnr(qp: &mut QpCtx, psn: Psn) {
+    let timer = RnrTimer::new(qp.cfg.min_rnr_timer);
+    qp.resp.queue(Out::Nak {
+        psn,
+        syndrome: Syndrome::RnrNak { timer },
+    });
+    qp.resp.nak_outstanding = true;
+}
+
+/// Naks `psn` with `code` and moves the QP to the Error state; a receive WQE in use
+/// completes with `local` (spec/02: the error reaches local software too).
+fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
+    qp.resp.queue(Out::Nak {
+        psn,
+        syndrome: Syndrome::Nak(code),
+    });
+    if let Some(wqe) = qp.resp.take_current_wqe() {
+        let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
+        if env.cqs.push(qp.recv_cq, wc) {
+            qp.retire_recv(env, &wqe);
+        } else {
+            qp.resp.put_back_current_wqe(wqe);
+        }
+    }
+    qp.resp.cur = Inbound::Idle;
+    qp.enter_error(env);
+}
+
+fn ack(qp: &mut QpCtx, psn: Psn) {
+    let msn = qp.resp.msn;
+    qp.resp.epsn = psn.add(1);
+    qp.resp.queue(Out::Ack { psn, msn });
+}
+
+fn send(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    peer: &Mem,
+    slot: &PacketSlot,
+    pkt: &RxPacket,
+    info: &OpcodeInfo,
+) {
+    let psn = pkt.repr.bth.psn;
+    let len = pkt.payload.len();
+    if !length_ok(info.position, len, qp.cfg.path_mtu.bytes()) {
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    }
+    let last = matches!(info.position, Position::Last | Position::Only);
+    // Resources first, so an RNR Nak leaves nothing half done.
+    if last && !env.cqs.has_room(qp.recv_cq) {
+        return rnr(qp, psn);
+    }
+    if let Inbound::Idle = qp.resp.cur {
+        match qp.rq.pop() {
+            Ok(Some(wqe)) => {
+                qp.resp.cur = Inbound::Send {
+                    wqe,
+                    cursor: Cursor::default(),
+                    got: 0,
+                }
+            }
+            _ => return rnr(qp, psn),
+        }
+    }
+    let Inbound::Send {
+        wqe,
+        mut cursor,
+        mut got,
+    } = qp.resp.cur
+    else {
+        unreachable!("checked by the opcode sequence");
+    };
+    match dma::copy_payload(slot, &pkt.payload, peer, env.arena.mem(), &wqe.data, &mut cursor) {
+        Ok(n) => {
+            env.stats.payload_bytes_copied += n;
+            got += n;
+        }
+        Err(CopyError::DestinationFull) => {
+            return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocLenErr);
+        }
+        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr),
+    }
+    if last {
+        qp.resp.cur = Inbound::Idle;
+        let imm = pkt.repr.immdt.map(|i| i.imm);
+        let wc = qp.recv_completion(
+            wqe.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            got as u32,
+            imm,
+            pkt.repr.bth.solicited,
+        );
+        let pushed = env.cqs.push(qp.recv_cq, wc);
+        debug_assert!(pushed, "room was checked");
+        qp.retire_recv(env, &wqe);
+        qp.resp.next_msn();
+    } else {
+        qp.resp.cur = Inbound::Send { wqe, cursor, got };
+    }
+    ack(qp, psn);
+}
+
+fn write(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    peer: &Mem,
+    slot: &PacketSlot,
+    pkt: &RxPacket,
+    info: &OpcodeInfo,
+) {
+    let psn = pkt.repr.bth.psn;
+    let len = u64::from(pkt.payload.len());
+    let pmtu = qp.cfg.path_mtu.bytes();
+    let last = matches!(info.position, Position::Last | Position::Only);
+    if let Some(reth) = pkt.repr.reth {
+        qp.resp.cur = Inbound::Write {
+            va: reth.va,
+            rkey: reth.rkey,
+            done: 0,
+            total: u64::from(reth.dma_len),
+        };
+    }
+    let Inbound::Write {
+        va,
+        rkey,
+        done,
+        total,
+    } = qp.resp.cur
+    else {
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    };
+    let left = total - done;
+    let len_ok = length_ok(info.position, len as u32, pmtu)
+        && if last { len == left } else { len < left };
+    if !len_ok {
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    }
+    // The whole message's range is checked on its first packet (spec: the RETH names it),
+    // and each packet's piece again, in case the region went away in between.
+    if info.position == Position::First || info.position == Position::Only {
+        if let Err(_denied) =
+            env.mrs
+                .check_remote(rkey, qp.pd, AccessFlags::REMOTE_WRITE, va, total)
+        {
+            return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr);
+        }
+    }
+    let off = match env.mrs.check_remote(
+        rkey,
+        qp.pd,
+        AccessFlags::REMOTE_WRITE,
+        va.wrapping_add(done),
+        len,
+    ) {
+        Ok(off) => off,
+        Err(_) => return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr),
+    };
+    let imm = pkt.repr.immdt.map(|i| i.imm);
+    // A Write with Immediate consumes a receive WQE on its last packet: check before
+    // writing anything, so an RNR Nak leaves nothing half done.
+    let mut rq_wqe = None;
+    if imm.is_some() {
+        if !env.cqs.has_room(qp.recv_cq) {
+            return rnr(qp, psn);
+        }
+        match qp.rq.pop() {
+            Ok(Some(w)) => rq_wqe = Some(w),
+            _ => return rnr(qp, psn),
+        }
+    }
+    let dst = DataLoc::Single(SgeEntry {
+        off,
+        len: len as u32,
+        mr: NO_MR,
+    });
+    let mut cursor = Cursor::default();
+    match dma::copy_payload(slot, &pkt.payload, peer, env.arena.mem(), &dst, &mut cursor) {
+        Ok(n) => env.stats.payload_bytes_copied += n,
+        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr),
+    }
+    if last {
+        qp.resp.cur = Inbound::Idle;
+        if let Some(w) = rq_wqe {
+            let wc = qp.recv_completion(
+                w.wr_id,
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                total as u32,
+                imm,
+                pkt.repr.bth.solicited,
+            );
+            let pushed = env.cqs.push(qp.recv_cq, wc);
+            debug_assert!(pushed, "room was checked");
+            qp.retire_recv(env, &w);
+        }
+        qp.resp.next_msn();
+    } else {
+        qp.resp.cur = Inbound::Write {
+            va,
+            rkey,
+            done: done + len,
+            total,
+        };
+    }
+    ack(qp, psn);
+}
+
+fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket) {
+    let psn = pkt.repr.bth.psn;
+    let Some(reth) = pkt.repr.reth else {
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    };
+    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+        // More Reads/Atomics than the responder resources the requester was told of.
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    }
+    if env
+        .mrs
+        .check_remote(
+            reth.rkey,
+            qp.pd,
+            AccessFlags::REMOTE_READ,
+            reth.va,
+            u64::from(reth.dma_len),
+        )
+        .is_err()
+    {
+        return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr);
+    }
+    let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
+    let msn = qp.resp.next_msn();
+    qp.resp.rd_atomic_queued += 1;
+    qp.resp.queue(Out::Read(ReadJob {
+        psn,
+        va: reth.va,
+        rkey: reth.rkey,
+        len: reth.dma_len,
+        npkts,
+        next: 0,
+        msn,
+    }));
+    qp.resp.epsn = psn.add(npkts);
+}
+
+fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInfo) {
+    let psn = pkt.repr.bth.psn;
+    let Some(a) = pkt.repr.atomic_eth else {
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    };
+    if a.va % 8 != 0 {
+        // Atomics work on naturally aligned 64-bit words.
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    }
+    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+    }
+    let off = match env
+        .mrs
+        .check_remote(a.rkey, qp.pd, AccessFlags::REMOTE_ATOMIC, a.va, 8)
+    {
+        Ok(off) => off,
+        Err(_) => return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr),
+    };
+    let mem = env.arena.mem();
+    let orig = if info.class == OpClass::CompareSwap {
+        mem.compare_swap_u64(off, a.compare, a.swap_add)
+    } else {
+        mem.fetch_add_u64(off, a.swap_add)
+    };
+    let Ok(orig) = orig else {
+        return fatal(qp, env, psn, NakCode::RemoteOperationalError, WcStatus::LocQpOpErr);
+    };
+    let msn = qp.resp.next_msn();
+    let resp = &mut qp.resp;
+    if resp.atomics.len() == MAX_RD_ATOMIC as usize {
+        resp.atomics.pop_front();
+    }
+    resp.atomics.push_back((psn, orig, msn));
+    resp.rd_atomic_queued += 1;
+    resp.queue(Out::Atomic { psn, orig, msn });
+    resp.epsn = psn.add(1);
+}
+
+/// Answers a duplicate request without executing it again.
+fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInfo) {
+    let resp = &mut qp.resp;
+    match info.class {
+        OpClass::Send | OpClass::RdmaWrite => {
+            let (psn, msn) = (resp.epsn.sub(1), resp.msn);
+            resp.queue(Out::Ack { psn, msn });
+        }
+        OpClass::RdmaReadRequest => {
+            // The requester asks again from some response on: serve that range again.
+            let Some(reth) = pkt.repr.reth else { return };
+            let ok = env
+                .mrs
+                .check_remote(
+                    reth.rkey,
+                    qp.pd,
+                    AccessFlags::REMOTE_READ,
+                    reth.va,
+                    u64::from(reth.dma_len),
+                )
+                .is_ok();
+            if ok && resp.rd_atomic_queued < u32::from(MAX_RD_ATOMIC) {
+                resp.rd_atomic_queued += 1;
+                let msn = resp.msn;
+                resp.queue(Out::Read(ReadJob {
+                    psn: pkt.repr.bth.psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    len: reth.dma_len,
+                    npkts: psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes()),
+                    next: 0,
+                    msn,
+                }));
+            }
+        }
+        OpClass::CompareSwap | OpClass::FetchAdd => {
+            let psn = pkt.repr.bth.psn;
+            if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
+                if resp.rd_atomic_queued < u32::from(MAX_RD_ATOMIC) {
+                    resp.rd_atomic_queued += 1;
+                    resp.queue(Out::Atomic { psn: p, orig, msn });
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Sends queued responses as far as the link has room, then, if credits went up while the
+/// requester may be waiting for them, an unsolicited Ack (spec/02).
+pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
+    let Some(dest) = qp.cfg.dest else { return };
+    let pmtu = qp.cfg.path_mtu.bytes();
+    let error = qp.state == QpState::Error;
+    while let Some(front) = qp.resp.out.front_mut() {
+        match *front {
+            Out::Nak { psn, syndrome } => {
+                if !emit_aeth(wire, env, dest.qpn, Opcode::Acknowledge, psn, syndrome, qp.resp.msn, None) {
+                    return;
+                }
+                env.stats.naks_sent += 1;
+            }
+            _ if error => {}
+            Out::Ack { psn, msn } => {
+                let code = credit_code(qp);
+                if !emit_aeth(wire, env, dest.qpn, Opcode::Acknowledge, psn, Syndrome::Ack { credits: code }, msn, None) {
+                    return;
+                }
+                qp.resp.advertised = code.credits();
+                env.stats.acks_sent += 1;
+            }
+            Out::Atomic { psn, orig, msn } => {
+                let code = credit_code(qp);
+                if !emit_aeth(
+                    wire,
+                    env,
+                    dest.qpn,
+                    Opcode::AtomicAcknowledge,
+                    psn,
+                    Syndrome::Ack { credits: code },
+                    msn,
+                    Some(orig),
+                ) {
+                    return;
+                }
+                qp.resp.rd_atomic_queued -= 1;
+            }
+            Out::Read(ref mut job) => {
+                let mut j = *job;
+                while j.next < j.npkts {
+                    if !wire.tx.has_room() {
+                        if let Some(Out::Read(job)) = qp.resp.out.front_mut() {
+                            *job = j;
+                        }
+                        return;
+                    }
+                    if let Err(nak) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
+                        // The region went away mid-read.
+                        qp.resp.out.pop_front();
+                        qp.resp.rd_atomic_queued -= 1;
+                        qp.resp.out.push_front(nak);
+                        qp.enter_error(env);
+                        break;
+                    }
+                    j.next += 1;
+                }
+                if j.next < j.npkts {
+                    continue;
+                }
+                qp.resp.rd_atomic_queued -= 1;
+            }
+        }
+        qp.resp.out.pop_front();
+    }
+    if error {
+        return;
+    }
+    // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
+    // requester rather than leave it probing.
+    let available = qp.rq.available().unwrap_or(0) as u32;
+    let stale = match qp.resp.advertised {
+        None => true,
+        Some(adv) => adv < available && adv < 4,
+    };
+    if stale && qp.state.receives() {
+        let code = CreditCode::encode(available);
+        let psn = qp.resp.epsn.sub(1);
+        if emit_aeth(wire, env, dest.qpn, Opcode::Acknowledge, psn, Syndrome::Ack { credits: code }, qp.resp.msn, None) {
+            qp.resp.advertised = code.credits();
+            env.stats.acks_sent += 1;
+        }
+    }
+}
+
+/// The credit code for the receive WQEs posted now (Table 17-8, rounded down).
+fn credit_code(qp: &mut QpCtx) -> CreditCode {
+    CreditCode::encode(qp.rq.available().unwrap_or(0) as u32)
+}
+
+/// Emits an Acknowledge or Atomic Acknowledge; false if the link has no room.
+#[allow(clippy::too_many_arguments)]
+fn emit_aeth(
+    wire: &mut Wire<'_>,
+    env: &mut Env<'_>,
+    dest: crate::wire::Qpn,
+    opcode: Opcode,
+    psn: Psn,
+    syndrome: Syndrome,
+    msn: u32,
+    atomic_orig: Option<u64>,
+) -> bool {
+    let Some(slot) = wire.tx.next_slot() else {
+        return false;
+    };
+    let mut repr = PacketRepr::new(bth(opcode, dest, psn));
+    repr.aeth = Some(AethRepr {
+        syndrome,
+        msn: Msn::new(msn),
+    });
+    repr.atomic_ack_eth = atomic_orig.map(|orig| AtomicAckEthRepr { orig });
+    let n = repr
+        .emit(&mut slot.data)
+        .expect("an Acknowledge fits a slot");
+    slot.hdr_len = n as u8;
+    slot.kind = KIND_NONE;
+    wire.tx.commit();
+    env.stats.packets_sent += 1;
+    true
+}
+
+fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
+    BthRepr {
+        opcode,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: dest,
+        ack_req: false,
+        psn,
+    }
+}
+
+/// Emits response packet `job.next` of an RDMA Read (the link has room). Fails with the
+/// Nak to send if the region can no longer be read.
+fn read_response(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_>,
+    dest: crate::wire::Qpn,
+    job: &ReadJob,
+    pmtu: u32,
+) -> Result<(), Out> {
+    let k = job.next;
+    let offset = k * pmtu;
+    let plen = (job.len - offset).min(pmtu);
+    let psn = job.psn.add(k);
+    let off = env
+        .mrs
+        .check_remote(
+            job.rkey,
+            qp.pd,
+            AccessFlags::REMOTE_READ,
+            job.va.wrapping_add(u64::from(offset)),
+            u64::from(plen),
+        )
+        .map_err(|_| Out::Nak {
+            psn,
+            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+        })?;
+    let position = match (job.npkts, k) {
+        (1, _) => Position::Only,
+        (_, 0) => Position::First,
+        (n, k) if k + 1 == n => Position::Last,
+        _ => Position::Middle,
+    };
+    let credits = credit_code(qp);
+    let Some(slot) = wire.tx.next_slot() else {
+        unreachable!("room was checked");
+    };
+    let mut b = bth(
+        Opcode::find(OpClass::RdmaReadResponse, position, false, false)
+            .expect("every read response position has an opcode"),
+        dest,
+        psn,
+    );
+    b.pad_count = ((4 - plen % 4) % 4) as u8;
+    let mut repr = PacketRepr::new(b);
+    if position != Position::Middle {
+        repr.aeth = Some(AethRepr {
+            syndrome: Syndrome::Ack { credits },
+            msn: Msn::new(job.msn),
+        });
+    }
+    let n = repr
+        .emit(&mut slot.data)
+        .expect("a read response header fits a slot");
+    slot.hdr_len = n as u8;
+    let src = DataLoc::Single(SgeEntry {
+        off,
+        len: plen,
+        mr: NO_MR,
+    });
+    let inline = dma::describe(slot, env.arena.mem(), &src, Cursor::default(), plen)
+        .expect("the checked range lies in the arena");
+    wire.tx.commit();
+    env.stats.packets_sent += 1;
+    env.stats.inline_bytes_sent += inline;
+    Ok(())
+}

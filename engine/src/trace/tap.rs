@@ -1,0 +1,121 @@
+//! The engine's packet tap: what is sent and received, into one pcap file per engine.
+//!
+//! Off, a tap costs each link one `Option` test per burst. On, it runs on the engine's
+//! thread and takes a mutex per packet (tracing is for debugging, not for benchmarks).
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot};
+use crate::mem::Mem;
+use crate::trace::pcap::PcapWriter;
+use crate::trace::roce::Endpoint;
+use crate::wqe::SgeEntry;
+
+/// The capture endpoint of engine `id` (see `Engine::id`): 10.x.y.z with the id's low 24
+/// bits, and a locally administered MAC holding the same bits.
+pub(crate) fn endpoint(id: u32) -> Endpoint {
+    let [_, a, b, c] = id.to_be_bytes();
+    Endpoint::new([0x02, 0x5e, 0, a, b, c], Ipv4Addr::new(10, a, b, c))
+}
+
+struct Inner {
+    writer: PcapWriter<BufWriter<File>>,
+    scratch: Vec<u8>,
+    failed: bool,
+}
+
+/// One capture file.
+pub(crate) struct Tap {
+    inner: Mutex<Inner>,
+}
+
+impl Tap {
+    /// Starts a capture in `path` (truncated).
+    pub(crate) fn create(path: &Path) -> std::io::Result<Arc<Tap>> {
+        let writer = PcapWriter::new(BufWriter::new(File::create(path)?))?;
+        Ok(Arc::new(Tap {
+            inner: Mutex::new(Inner {
+                writer,
+                scratch: Vec::with_capacity(4096 + 128),
+                failed: false,
+            }),
+        }))
+    }
+
+    /// Records one packet from `src` to `dst`; `sender_arena` is where payloads sent by
+    /// reference live. A packet whose payload cannot be read is recorded with the bytes
+    /// that could.
+    pub(crate) fn record(&self, src: u32, dst: u32, slot: &PacketSlot, sender_arena: &Mem) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.failed {
+            return;
+        }
+        let Inner {
+            writer, scratch, ..
+        } = &mut *inner;
+        scratch.clear();
+        let hdr = slot.headers();
+        let len = slot.payload_len as usize;
+        match slot.kind {
+            KIND_INLINE => {
+                let end = (hdr.len() + len).min(slot.data.len());
+                scratch.extend_from_slice(&slot.data[hdr.len()..end]);
+            }
+            KIND_DIRECT => {
+                scratch.resize(len.min(1 << 16), 0);
+                let _ = sender_arena.read(slot.payload_off, scratch);
+            }
+            KIND_GATHER => {
+                let skip = slot
+                    .data
+                    .get(hdr.len()..hdr.len() + 4)
+                    .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+                let mut skip = u64::from(skip);
+                for i in 0..u32::from(slot.sge_count) {
+                    if scratch.len() >= len {
+                        break;
+                    }
+                    let Some(e) = SgeEntry::read(sender_arena, slot.payload_off, i) else {
+                        break;
+                    };
+                    let take = (u64::from(e.len).saturating_sub(skip) as usize)
+                        .min(len - scratch.len());
+                    let at = scratch.len();
+                    scratch.resize(at + take, 0);
+                    let _ = sender_arena.read(e.off + skip, &mut scratch[at..]);
+                    skip = 0;
+                }
+            }
+            _ => {}
+        }
+        // The BTH pad count says how many pad bytes follow the payload on the wire.
+        let pad = hdr.get(1).map_or(0, |f| (f >> 4) & 3) as usize;
+        scratch.extend(std::iter::repeat_n(0u8, pad));
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        if writer
+            .write_packet(ts, endpoint(src), endpoint(dst), &[hdr, scratch])
+            .is_err()
+        {
+            inner.failed = true;
+        }
+    }
+
+    /// Flushes the file.
+    pub(crate) fn flush(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = inner.writer.flush();
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}

@@ -1,0 +1,458 @@
+//! The verbs API: device context, protection domains, memory regions, completion queues
+//! and queue pairs, shaped after ibverbs.
+//!
+//! # Ownership: why a posted buffer cannot be freed or mutably borrowed
+//!
+//! Buffers live in memory regions ([`Mr`]) carved from this process's arena. A work request
+//! names its buffers with [`Sge`]s, which borrow their `Mr` only for the duration of the
+//! `post_*` call; posting records each element in the region's *in-flight count*, and the
+//! engine drops it when the work request retires (its completion is generated). So:
+//!
+//! * **no mutable borrow while in flight**: [`Mr::as_mut_slice`] takes `&mut self` and
+//!   refuses ([`Error::MrBusy`]) while the count is non-zero; while the slice lives, the
+//!   borrow checker forbids posting from that region. Regions a peer may write
+//!   (`REMOTE_WRITE`/`REMOTE_ATOMIC`) never hand out a slice at all — a peer could change
+//!   them at any moment — and are read and written with copies ([`Mr::read_at`],
+//!   [`Mr::write_at`]), like host memory a NIC may DMA into at any time.
+//! * **no free while in flight**: [`Mr::deregister`] refuses while the count is non-zero
+//!   and gives the region back; dropping an `Mr` that is in flight revokes its keys at once
+//!   but frees its memory only when the last work request using it retires.
+//!
+//! No `unsafe` is needed anywhere in this API.
+
+pub(crate) mod cq;
+pub(crate) mod mr;
+pub(crate) mod qp;
+pub mod wr;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use shmhca_rings::segment::{Access, HugePages, PageSize, Segment};
+
+use crate::arena::{ARENA_KIND, Arena};
+use crate::context::Stats;
+use crate::engine::Engine;
+use crate::engine::cell::EngineCell;
+use crate::engine::doorbell::Doorbell;
+use crate::error::{Error, Result};
+use crate::link::{self, Link, LinkId, Side};
+use crate::mem::Mem;
+use crate::trace::tap::Tap;
+
+pub use cq::Cq;
+pub use mr::{Mr, Pd, Sge};
+pub use qp::Qp;
+
+/// How the engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineMode {
+    /// Run-to-completion: the engine runs inside the application's own calls
+    /// ([`Cq::poll`], [`Context::progress`], and right after each post). No extra thread;
+    /// the default on machines with fewer than 4 cores.
+    Inline,
+    /// A dedicated engine thread polls without pause, pinned to `cpu` if given.
+    Poll {
+        /// The core to pin the engine thread to.
+        cpu: Option<usize>,
+    },
+}
+
+impl EngineMode {
+    /// Inline with fewer than 4 cores, else poll mode on an unpinned thread.
+    pub fn default_for_this_machine() -> EngineMode {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores < 4 {
+            EngineMode::Inline
+        } else {
+            EngineMode::Poll { cpu: None }
+        }
+    }
+}
+
+/// What a poll-mode engine thread does when there is no work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdlePolicy {
+    /// Keep polling (lowest latency; burns the core).
+    #[default]
+    Spin,
+    /// Poll `spins` empty iterations, then yield the CPU between polls, then sleep for up
+    /// to `max_sleep` at a time (for users who cannot burn a core).
+    Backoff {
+        /// Empty iterations before yielding.
+        spins: u32,
+        /// The longest sleep between two polls.
+        max_sleep: std::time::Duration,
+    },
+}
+
+/// Options of a [`Context`].
+#[derive(Debug, Clone)]
+pub struct ContextBuilder {
+    arena_size: u64,
+    huge_pages: HugePages,
+    mode: EngineMode,
+    idle: IdlePolicy,
+    pcap: Option<PathBuf>,
+    link_slots: usize,
+}
+
+impl Default for ContextBuilder {
+    fn default() -> ContextBuilder {
+        ContextBuilder {
+            arena_size: 64 << 20,
+            huge_pages: HugePages::Auto,
+            mode: EngineMode::default_for_this_machine(),
+            idle: IdlePolicy::Spin,
+            pcap: std::env::var_os("SHMHCA_PCAP").map(PathBuf::from),
+            link_slots: link::DEFAULT_LINK_SLOTS,
+        }
+    }
+}
+
+impl ContextBuilder {
+    /// Bytes of shared memory for memory regions and queue staging (default 64 MiB).
+    pub fn arena_size(mut self, bytes: u64) -> ContextBuilder {
+        self.arena_size = bytes;
+        self
+    }
+
+    /// Whether the arena uses huge pages (default: when available).
+    pub fn huge_pages(mut self, h: HugePages) -> ContextBuilder {
+        self.huge_pages = h;
+        self
+    }
+
+    /// How the engine runs (default: [`EngineMode::default_for_this_machine`]).
+    pub fn mode(mut self, mode: EngineMode) -> ContextBuilder {
+        self.mode = mode;
+        self
+    }
+
+    /// What an idle poll-mode engine does (default: spin).
+    pub fn idle(mut self, idle: IdlePolicy) -> ContextBuilder {
+        self.idle = idle;
+        self
+    }
+
+    /// Writes every packet to a pcap file (default: `$SHMHCA_PCAP` if set).
+    pub fn pcap(mut self, path: impl Into<PathBuf>) -> ContextBuilder {
+        self.pcap = Some(path.into());
+        self
+    }
+
+    /// Packet slots per direction of each link this context creates (a power of two;
+    /// default 1024).
+    pub fn link_slots(mut self, slots: usize) -> ContextBuilder {
+        self.link_slots = slots;
+        self
+    }
+
+    /// Opens the context: creates the arena and starts the engine.
+    ///
+    /// # Errors
+    /// The arena cannot be created (see [`Error::SegmentCreate`]), the pcap file cannot be
+    /// created, or an option is out of range.
+    pub fn build(self) -> Result<Context> {
+        if !self.link_slots.is_power_of_two() {
+            return Err(Error::invalid(
+                "link_slots",
+                format!("{}; use a power of two such as 1024", self.link_slots),
+            ));
+        }
+        let arena = Arena::create(self.arena_size, self.huge_pages)?;
+        let arena_mem = arena.mem().share();
+        let arena_segment = arena.segment().clone();
+        let id = next_engine_id();
+        let mut engine = Engine::new(arena, id);
+        if let Some(path) = &self.pcap {
+            engine.tap = Some(shared_tap(path)?);
+        }
+        let shared = Arc::new(Shared {
+            engine: EngineCell::new(engine),
+            doorbell: Doorbell::new(),
+            arena_mem,
+            arena_segment,
+            id,
+            mode: self.mode,
+            link_slots: self.link_slots,
+            huge_pages: self.huge_pages,
+        });
+        if let EngineMode::Poll { cpu } = self.mode {
+            let s = shared.clone();
+            let idle = self.idle;
+            // Detached: it ends by itself when the last handle of the context is gone.
+            std::thread::Builder::new()
+                .name("shmhca-engine".into())
+                .spawn(move || engine_thread(s, cpu, idle))
+                .map_err(|e| Error::io("spawning the engine thread", e))?;
+        }
+        Ok(Context { shared })
+    }
+}
+
+/// Engine identities: the process id and a per-process counter, so captures of several
+/// engines and processes tell them apart.
+fn next_engine_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) & 0xff;
+    (std::process::id() & 0xffff) << 8 | n
+}
+
+/// Contexts of one process tracing to the same file share one tap.
+fn shared_tap(path: &Path) -> Result<Arc<Tap>> {
+    static TAPS: Mutex<Vec<(PathBuf, std::sync::Weak<Tap>)>> = Mutex::new(Vec::new());
+    let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
+    taps.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(t) = taps.iter().find(|(p, _)| p == path).and_then(|(_, w)| w.upgrade()) {
+        return Ok(t);
+    }
+    let tap = Tap::create(path)
+        .map_err(|e| Error::io(format!("creating the capture file {}", path.display()), e))?;
+    taps.push((path.to_path_buf(), Arc::downgrade(&tap)));
+    Ok(tap)
+}
+
+/// What every handle of a context shares.
+pub(crate) struct Shared {
+    pub(crate) engine: EngineCell<Engine>,
+    pub(crate) doorbell: Doorbell,
+    /// The application's view of the arena.
+    pub(crate) arena_mem: Mem,
+    pub(crate) arena_segment: Arc<Segment>,
+    pub(crate) id: u32,
+    pub(crate) mode: EngineMode,
+    pub(crate) link_slots: usize,
+    pub(crate) huge_pages: HugePages,
+}
+
+impl Shared {
+    /// Runs one engine iteration if nobody else is; returns the work done.
+    #[inline]
+    pub(crate) fn progress(&self) -> usize {
+        self.engine
+            .try_with(|e| e.poll(&self.doorbell))
+            .unwrap_or(0)
+    }
+
+    /// Drives the engine from the application's thread in inline mode.
+    #[inline]
+    pub(crate) fn progress_inline(&self) {
+        if self.mode == EngineMode::Inline {
+            self.progress();
+        }
+    }
+}
+
+fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
+    if let Some(cpu) = cpu {
+        core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+    }
+    let mut idle_iters = 0u32;
+    let mut sleep = std::time::Duration::from_micros(1);
+    let mut n: u32 = 0;
+    loop {
+        n = n.wrapping_add(1);
+        // The thread holds one reference; when it is the last, every handle is gone.
+        if n % 1024 == 0 && Arc::strong_count(&shared) == 1 {
+            break;
+        }
+        if shared.engine.control_waiting() {
+            std::thread::yield_now();
+            continue;
+        }
+        let work = shared.progress();
+        if work > 0 {
+            idle_iters = 0;
+            sleep = std::time::Duration::from_micros(1);
+            continue;
+        }
+        match idle {
+            IdlePolicy::Spin => std::hint::spin_loop(),
+            IdlePolicy::Backoff { spins, max_sleep } => {
+                idle_iters = idle_iters.saturating_add(1);
+                if idle_iters < spins {
+                    std::hint::spin_loop();
+                } else if idle_iters < spins.saturating_add(100) {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(sleep);
+                    sleep = (sleep * 2).min(max_sleep);
+                    n = n.wrapping_add(1023 - n % 1024); // check for shutdown after a sleep
+                }
+            }
+        }
+    }
+}
+
+/// A device context: this process's HCA. Create one with [`Context::builder`] or
+/// [`Context::new`]; every other object comes from it.
+///
+/// ```
+/// use shmhca::{Context, AccessFlags, QpCaps};
+/// let ctx = Context::builder().arena_size(1 << 20).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(16)?;
+/// let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default())?;
+/// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// assert_eq!(mr.len(), 4096);
+/// # let _ = qp;
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+pub struct Context {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Context {
+    /// A context with default options.
+    ///
+    /// # Errors
+    /// See [`ContextBuilder::build`].
+    pub fn new() -> Result<Context> {
+        ContextBuilder::default().build()
+    }
+
+    /// Options for a new context.
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder::default()
+    }
+
+    /// The engine mode.
+    pub fn mode(&self) -> EngineMode {
+        self.shared.mode
+    }
+
+    /// The page size the arena really got.
+    pub fn page_size(&self) -> PageSize {
+        self.shared.arena_segment.page_size()
+    }
+
+    /// Bytes of the arena still free.
+    pub fn arena_free(&self) -> u64 {
+        self.shared.engine.with(|e| e.arena.free_bytes())
+    }
+
+    /// A new protection domain.
+    ///
+    /// # Errors
+    /// None today; the signature leaves room for a limit.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let pdn = self.shared.engine.with(Engine::alloc_pd);
+        Ok(Pd {
+            shared: self.shared.clone(),
+            pdn,
+        })
+    }
+
+    /// A completion queue of `depth` entries (rounded up to a power of two).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a depth of 0 or above 2^20.
+    pub fn create_cq(&self, depth: u32) -> Result<Cq> {
+        Cq::create(&self.shared, depth)
+    }
+
+    /// A reliable-connected QP in `pd`, completing sends on `send_cq` and receives on
+    /// `recv_cq`.
+    ///
+    /// # Errors
+    /// Capabilities out of range ([`QpCaps::validate`]), objects of another context, the
+    /// arena has no room for the QP's staging areas, or the context has 4096 QPs.
+    ///
+    /// [`QpCaps::validate`]: crate::QpCaps::validate
+    pub fn create_qp(&self, pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: crate::QpCaps) -> Result<Qp> {
+        Qp::create(&self.shared, pd, send_cq, recv_cq, caps)
+    }
+
+    /// Runs one engine iteration now (inline mode: the application drives its engine;
+    /// in poll mode this only helps if the engine thread is between iterations). Returns
+    /// the packets moved.
+    pub fn progress(&self) -> usize {
+        self.shared.progress()
+    }
+
+    /// A snapshot of the engine's counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.engine.with(|e| e.stats)
+    }
+
+    /// Starts writing every packet this engine sends and receives to a pcap file
+    /// (Ethernet / IPv4 / UDP 4791 / InfiniBand, as RoCEv2), replacing any capture in
+    /// progress. Contexts of this process tracing to the same path share the file, and
+    /// then packets between them are recorded once, by their sender.
+    ///
+    /// # Errors
+    /// The file cannot be created.
+    pub fn trace_to(&self, path: impl AsRef<Path>) -> Result<()> {
+        let tap = shared_tap(path.as_ref())?;
+        self.shared.engine.with(|e| e.tap = Some(tap));
+        Ok(())
+    }
+
+    /// Stops the capture (flushing the file).
+    pub fn stop_trace(&self) {
+        self.shared.engine.with(|e| {
+            e.flush_trace();
+            e.tap = None;
+        });
+    }
+
+    /// Connects this context's engine with `peer`'s (both in this process) by a new link.
+    /// Returns the link's id in this context and in `peer`, to use in
+    /// [`Destination`](crate::Destination)s. A context may link with itself (loopback).
+    ///
+    /// # Errors
+    /// The link segment cannot be created or mapped.
+    pub fn link_with(&self, peer: &Context) -> Result<(LinkId, LinkId)> {
+        let seg = link::create_link_segment(self.shared.link_slots, self.shared.huge_pages)?;
+        let seg_b = Arc::new(Segment::open(
+            seg.try_clone_fd()
+                .map_err(|e| Error::io("duplicating the link segment fd", e))?,
+            link::LINK_KIND,
+            Access::ReadWrite,
+        )?);
+        let ends_a = link::attach(&seg, Side::Creator)?;
+        let ends_b = link::attach(&seg_b, Side::Opener)?;
+        let peer_arena_for_a = map_peer_arena(&peer.shared.arena_segment)?;
+        let peer_arena_for_b = map_peer_arena(&self.shared.arena_segment)?;
+        let (ida, idb) = (self.shared.id, peer.shared.id);
+        let same_tap = {
+            let ta = self.shared.engine.with(|e| e.tap.clone());
+            let tb = peer.shared.engine.with(|e| e.tap.clone());
+            matches!((ta, tb), (Some(a), Some(b)) if Arc::ptr_eq(&a, &b))
+        };
+        let mut la = Link::new(seg, ends_a, peer_arena_for_a, (ida, idb));
+        let mut lb = Link::new(seg_b, ends_b, peer_arena_for_b, (idb, ida));
+        la.rx_tap = !same_tap;
+        lb.rx_tap = !same_tap;
+        let a = self.shared.engine.with(|e| e.add_link(la));
+        let b = peer.shared.engine.with(|e| e.add_link(lb));
+        Ok((a, b))
+    }
+}
+
+/// Maps a peer's arena read-only, as a connected peer does.
+pub(crate) fn map_peer_arena(segment: &Segment) -> Result<Mem> {
+    let fd = segment
+        .try_clone_fd()
+        .map_err(|e| Error::io("duplicating the arena fd", e))?;
+    let ro = Segment::open(fd, ARENA_KIND, Access::ReadOnly)?;
+    Ok(Mem::from_segment(Arc::new(ro)))
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.shared.engine.with(|e| e.flush_trace());
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("id", &self.shared.id)
+            .field("mode", &self.shared.mode)
+            .finish_non_exhaustive()
+    }
+}

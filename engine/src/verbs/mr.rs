@@ -1,0 +1,310 @@
+//! Protection domains, memory regions and scatter/gather elements.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::error::{Error, Result};
+use crate::mr_table::MrShared;
+use crate::qp::{AccessFlags, MAX_MESSAGE};
+use crate::verbs::Shared;
+use crate::verbs::wr::RemoteAddr;
+
+/// A protection domain: memory regions and QPs of one domain only work together (a
+/// remote access through a QP of another domain is refused).
+pub struct Pd {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) pdn: u32,
+}
+
+impl Pd {
+    /// Allocates and registers a memory region of `len` bytes from the arena, zero-filled,
+    /// cache-line aligned, with the given access rights.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a length of 0 or above 2 GiB,
+    /// [`Error::ArenaExhausted`] when the arena has no room,
+    /// [`Error::LimitReached`] past 2^24 regions.
+    pub fn alloc_mr(&self, len: u64, access: AccessFlags) -> Result<Mr> {
+        if len == 0 || len > MAX_MESSAGE {
+            return Err(Error::invalid(
+                "memory region length",
+                format!("{len}; a region holds 1 byte to 2 GiB"),
+            ));
+        }
+        let shared_mr = Arc::new(MrShared::default());
+        let sm = shared_mr.clone();
+        let pdn = self.pdn;
+        let base = self.shared.arena_mem.base_addr();
+        let (index, key, off) = self.shared.engine.with(|e| {
+            let block = e.arena.alloc(len, 64)?;
+            match e.mrs.insert(pdn, access, block, len, base + block.off, sm) {
+                Some((i, k)) => Ok((i, k, block.off)),
+                None => {
+                    e.arena.free(block);
+                    Err(Error::LimitReached {
+                        what: "memory regions in one context",
+                        limit: crate::mr_table::MAX_MRS,
+                    })
+                }
+            }
+        })?;
+        Ok(Mr {
+            shared: self.shared.clone(),
+            index,
+            key,
+            off,
+            len,
+            access,
+            pdn,
+            inflight: shared_mr,
+        })
+    }
+
+    pub(crate) fn same_context(&self, shared: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(&self.shared, shared)
+    }
+}
+
+impl std::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pd").field("pdn", &self.pdn).finish()
+    }
+}
+
+/// A registered memory region in this process's arena.
+///
+/// Its bytes are shared with the engine (which scatters received data into it) and, by
+/// design, readable by connected peers' engines. See the [module docs](crate::verbs) for
+/// how posting keeps buffers safe.
+pub struct Mr {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) index: u32,
+    key: u32,
+    /// Offset in the arena.
+    pub(crate) off: u64,
+    len: u64,
+    access: AccessFlags,
+    pub(crate) pdn: u32,
+    pub(crate) inflight: Arc<MrShared>,
+}
+
+impl Mr {
+    /// The L_Key, named by local scatter/gather elements.
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+
+    /// The R_Key, which a peer puts in RDMA and Atomic requests (valid remotely only for
+    /// the access rights the region was registered with).
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+
+    /// The region's start address in this process, which peers use as the base of their
+    /// remote addresses.
+    pub fn addr(&self) -> u64 {
+        self.shared.arena_mem.base_addr() + self.off
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the region is empty (never: regions hold at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// Where a peer reaches byte `offset` of this region.
+    pub fn remote(&self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr() + offset,
+            rkey: self.key,
+        }
+    }
+
+    /// Scatter/gather elements of posted work requests still pointing into the region.
+    pub fn in_flight(&self) -> u32 {
+        // SYNC: Acquire pairs with the engine's Release decrement in `MrTable::release`.
+        self.inflight.in_flight.load(Ordering::Acquire)
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::OutOfBounds {
+                key: self.key,
+                offset,
+                len,
+                mr_len: self.len,
+            }),
+        }
+    }
+
+    /// A scatter/gather element: `len` bytes at `offset` of this region.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] if the range is not inside the region.
+    pub fn sge(&self, offset: u64, len: u32) -> Result<Sge<'_>> {
+        self.check(offset, u64::from(len))?;
+        Ok(Sge {
+            mr: self,
+            offset,
+            len,
+        })
+    }
+
+    /// The whole region as one scatter/gather element (regions above 4 GiB − 1 cannot be).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the region is longer than `u32::MAX`.
+    pub fn as_sge(&self) -> Result<Sge<'_>> {
+        let len = u32::try_from(self.len)
+            .map_err(|_| Error::invalid("sge", "a region above 4 GiB needs several elements"))?;
+        self.sge(0, len)
+    }
+
+    /// Copies `buf.len()` bytes at `offset` out of the region.
+    ///
+    /// Always allowed: like a CPU load from memory a NIC may be writing, it can see an
+    /// update in progress (bytes of two values), never anything worse.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`].
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.shared
+            .arena_mem
+            .read(self.off + offset, buf)
+            .map_err(|_| self.oob(offset, buf.len() as u64))
+    }
+
+    /// Copies `data` into the region at `offset`.
+    ///
+    /// Always allowed, like a CPU store to memory a NIC may be reading: a Send posted from
+    /// these bytes and not yet completed may carry either version.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`].
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        self.shared
+            .arena_mem
+            .write(self.off + offset, data)
+            .map_err(|_| self.oob(offset, data.len() as u64))
+    }
+
+    /// Atomically loads the 8-byte aligned word at `offset` (e.g. the target of a peer's
+    /// Atomic), in host byte order.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], or [`Error::InvalidArgument`] if `offset` is not a multiple of 8.
+    pub fn load_u64(&self, offset: u64) -> Result<u64> {
+        self.check(offset, 8)?;
+        if (self.off + offset) % 8 != 0 {
+            return Err(Error::invalid("offset", format!("{offset} is not 8-byte aligned")));
+        }
+        self.shared
+            .arena_mem
+            .load_u64(self.off + offset)
+            .map_err(|_| self.oob(offset, 8))
+    }
+
+    fn oob(&self, offset: u64, len: u64) -> Error {
+        Error::OutOfBounds {
+            key: self.key,
+            offset,
+            len,
+            mr_len: self.len,
+        }
+    }
+
+    /// The region as a mutable slice, for zero-copy access by the application.
+    ///
+    /// # Errors
+    /// [`Error::MrRemoteWritable`] if peers may write it (they could change it while the
+    /// slice lives) and [`Error::MrBusy`] while posted work requests use it.
+    #[allow(unsafe_code)]
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        if self.access.remote_writable() {
+            return Err(Error::MrRemoteWritable { key: self.key });
+        }
+        let in_flight = self.in_flight();
+        if in_flight != 0 {
+            return Err(Error::MrBusy {
+                key: self.key,
+                in_flight,
+            });
+        }
+        let (off, len) = (self.off, self.len);
+        // SAFETY: `slice_mut` needs the bytes to be untouched by anything else while the
+        // slice lives. `&mut self` excludes every other access through this handle and any
+        // post from it for the slice's lifetime; the in-flight count is zero (Acquire: the
+        // engine's last copy into the region happened before), so no posted work request —
+        // hence no engine copy — targets the region; the engine refuses remote writes and
+        // atomics because the region has no such rights; and the arena allocator never
+        // gives two regions overlapping bytes.
+        let slice = unsafe { self.shared.arena_mem.slice_mut(off, len) };
+        slice.map_err(|_| self.oob(0, len))
+    }
+
+    /// Deregisters the region now.
+    ///
+    /// # Errors
+    /// Gives the region back with [`Error::MrBusy`] while posted work requests use it.
+    pub fn deregister(self) -> std::result::Result<(), (Mr, Error)> {
+        let in_flight = self.in_flight();
+        if in_flight != 0 {
+            let key = self.key;
+            return Err((self, Error::MrBusy { key, in_flight }));
+        }
+        drop(self);
+        Ok(())
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let index = self.index;
+        self.shared.engine.with(|e| {
+            let crate::engine::Engine { mrs, arena, .. } = e;
+            mrs.remove(index, arena);
+        });
+    }
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("key", &format_args!("{:#x}", self.key))
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+/// A scatter/gather element: a range of a memory region, checked when made.
+#[derive(Debug, Clone, Copy)]
+pub struct Sge<'a> {
+    pub(crate) mr: &'a Mr,
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
+}
+
+impl Sge<'_> {
+    /// Its length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}

@@ -1,0 +1,566 @@
+//! Queue pairs: posting work requests and changing state.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
+
+use crate::arena::Block;
+use crate::context::{QpCtx, QpShared};
+use crate::error::{Error, Result};
+use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
+use crate::requester::Requester;
+use crate::responder::Responder;
+use crate::verbs::Shared;
+use crate::verbs::cq::Cq;
+use crate::verbs::mr::{Pd, Sge};
+use crate::verbs::wr::{Data, RecvWr, SendFlags, SendOp, SendWr};
+use crate::wire::Qpn;
+use crate::wqe::{DataLoc, NO_MR, RqWqe, SGE_ENTRY_LEN, SgeEntry, SqWqe, WqeFlags, WqeOp};
+
+/// A reliable-connected queue pair.
+///
+/// A `Qp` is the single producer of its send and receive queues: posting takes `&mut self`.
+/// It can move to another thread (`Send`) but not be shared (`!Sync`).
+pub struct Qp {
+    shared: Arc<Shared>,
+    index: u32,
+    qpn: Qpn,
+    pdn: u32,
+    caps: QpCaps,
+    sq: Producer<SqWqe, HeapStorage<SqWqe>>,
+    rq: Producer<RqWqe, HeapStorage<RqWqe>>,
+    qshared: Arc<QpShared>,
+    sq_posted: u64,
+    sq_retired: u64,
+    rq_posted: u64,
+    rq_retired: u64,
+    /// Gather tables of multi-SGE sends (`max_send_wr` rows of `max_send_sge` entries).
+    gather: Option<Block>,
+    /// Inline staging (`max_send_wr` rows of `inline_row` bytes).
+    inline: Option<Block>,
+    inline_row: u64,
+    /// Scatter tables of multi-SGE receives.
+    scatter: Option<Block>,
+}
+
+impl Qp {
+    pub(crate) fn create(
+        shared: &Arc<Shared>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<Qp> {
+        caps.validate()?;
+        if !pd.same_context(shared) {
+            return Err(Error::ForeignObject {
+                what: "the protection domain",
+            });
+        }
+        if !send_cq.same_context(shared) || !recv_cq.same_context(shared) {
+            return Err(Error::ForeignObject {
+                what: "the completion queue",
+            });
+        }
+        let sq_cap = caps.max_send_wr.next_power_of_two() as usize;
+        let rq_cap = caps.max_recv_wr.next_power_of_two() as usize;
+        let (sq, sq_c) = heap_ring(sq_cap).map_err(|e| Error::invalid("max_send_wr", e.to_string()))?;
+        let (rq, rq_c) = heap_ring(rq_cap).map_err(|e| Error::invalid("max_recv_wr", e.to_string()))?;
+        let qshared = Arc::new(QpShared::new());
+        let inline_row = u64::from(caps.max_inline_data).div_ceil(64) * 64;
+        let (pdn, scq, rcq) = (pd.pdn, send_cq.cqn, recv_cq.cqn);
+        let qs = qshared.clone();
+        let (index, qpn, gather, inline, scatter) = shared.engine.with(|e| {
+            let mut blocks: Vec<Block> = Vec::new();
+            let mut area = |bytes: u64| -> Result<Option<Block>> {
+                if bytes == 0 {
+                    return Ok(None);
+                }
+                let b = e.arena.alloc(bytes, 64)?;
+                blocks.push(b);
+                Ok(Some(b))
+            };
+            let send_depth = u64::from(caps.max_send_wr);
+            let made = (|| {
+                let gather = area(if caps.max_send_sge > 1 {
+                    send_depth * u64::from(caps.max_send_sge) * SGE_ENTRY_LEN
+                } else {
+                    0
+                })?;
+                let inline = area(send_depth * inline_row)?;
+                let scatter = area(if caps.max_recv_sge > 1 {
+                    u64::from(caps.max_recv_wr) * u64::from(caps.max_recv_sge) * SGE_ENTRY_LEN
+                } else {
+                    0
+                })?;
+                Ok::<_, Error>((gather, inline, scatter))
+            })();
+            let (gather, inline, scatter) = match made {
+                Ok(a) => a,
+                Err(err) => {
+                    for b in blocks {
+                        e.arena.free(b);
+                    }
+                    return Err(err);
+                }
+            };
+            let added = e.add_qp(|index, qpn| QpCtx {
+                qpn,
+                index,
+                pd: pdn,
+                state: QpState::Reset,
+                cfg: QpConfig::default(),
+                caps,
+                send_cq: scq,
+                recv_cq: rcq,
+                sq: sq_c,
+                rq: rq_c,
+                shared: qs,
+                req: Requester::new(caps.max_send_wr),
+                resp: Responder::new(),
+                rq_retired: 0,
+            });
+            match added {
+                Ok((index, qpn)) => Ok((index, qpn, gather, inline, scatter)),
+                Err(err) => {
+                    for b in blocks {
+                        e.arena.free(b);
+                    }
+                    Err(err)
+                }
+            }
+        })?;
+        Ok(Qp {
+            shared: shared.clone(),
+            index,
+            qpn,
+            pdn,
+            caps,
+            sq,
+            rq,
+            qshared,
+            sq_posted: 0,
+            sq_retired: 0,
+            rq_posted: 0,
+            rq_retired: 0,
+            gather,
+            inline,
+            inline_row,
+            scatter,
+        })
+    }
+
+    /// The QP number (what the peer puts in its destination).
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.qshared.state()
+    }
+
+    /// The capabilities it was created with.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// Changes the QP's state and attributes (`ibv_modify_qp`).
+    ///
+    /// # Errors
+    /// A transition the state machine does not have, a missing required attribute, or an
+    /// attribute out of range (each error names it); the QP is left unchanged. See
+    /// [`plan_modify`](crate::qp::plan_modify).
+    pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        let index = self.index;
+        self.shared.engine.with(|e| e.modify_qp(index, attr))
+    }
+
+    /// The QP's programmed attributes.
+    pub fn config(&self) -> QpConfig {
+        let index = self.index;
+        self.shared
+            .engine
+            .with(|e| e.qp_mut(index).map(|q| q.cfg))
+            .unwrap_or_default()
+    }
+
+    /// Send work requests posted and not yet retired.
+    pub fn sq_outstanding(&mut self) -> u32 {
+        self.refresh_sq();
+        (self.sq_posted - self.sq_retired) as u32
+    }
+
+    fn refresh_sq(&mut self) {
+        // SYNC: Acquire pairs with the Release store of `sq_retired` in `completer::retire`.
+        self.sq_retired = self.qshared.sq_retired.load(Ordering::Acquire);
+    }
+
+    fn refresh_rq(&mut self) {
+        // SYNC: Acquire pairs with the Release store of `rq_retired` in `QpCtx::retire_recv`.
+        self.rq_retired = self.qshared.rq_retired.load(Ordering::Acquire);
+    }
+
+    /// Posts a send work request (`ibv_post_send`).
+    ///
+    /// Sends can be posted in RTS and SQD; in SQE and Error they are accepted and complete
+    /// with a flush error. Inline data is copied before this returns.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] before RTS, [`Error::QueueFull`] when `max_send_wr` requests
+    /// are outstanding, [`Error::InvalidArgument`] for a malformed request (too many
+    /// elements, too much inline data, a misaligned or mis-sized Atomic, a Read or Atomic
+    /// result buffer without `LOCAL_WRITE`, a message above 2 GiB, Reads/Atomics with an
+    /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
+    /// protection domain. Nothing is posted on error.
+    pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_one(wr)?;
+        self.ring_and_kick();
+        Ok(())
+    }
+
+    /// Posts several send work requests, ringing the doorbell once (batched posting).
+    /// Stops at the first that fails; returns how many were posted along with the error.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`], with the number posted before the failing request.
+    pub fn post_send_batch(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+        let mut done = 0;
+        for wr in wrs {
+            if let Err(e) = self.post_send_one(wr) {
+                if done > 0 {
+                    self.ring_and_kick();
+                }
+                return Err((done, e));
+            }
+            done += 1;
+        }
+        if done > 0 {
+            self.ring_and_kick();
+        }
+        Ok(())
+    }
+
+    fn ring_and_kick(&self) {
+        self.shared.doorbell.ring(self.index);
+        self.shared.progress_inline();
+    }
+
+    fn post_send_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        let state = self.qshared.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(Error::InvalidState {
+                operation: "post a send",
+                state,
+                hint: "sends can be posted once the QP is in RTS",
+            });
+        }
+        if self.sq_posted - self.sq_retired >= u64::from(self.caps.max_send_wr) {
+            self.refresh_sq();
+            if self.sq_posted - self.sq_retired >= u64::from(self.caps.max_send_wr) {
+                return Err(Error::QueueFull {
+                    queue: "send queue",
+                    depth: self.caps.max_send_wr,
+                });
+            }
+        }
+        let (op, imm, remote, compare_add, swap) = match wr.op {
+            SendOp::Send => (WqeOp::Send, 0, None, 0, 0),
+            SendOp::SendWithImm(i) => (WqeOp::SendImm, i, None, 0, 0),
+            SendOp::RdmaWrite(r) => (WqeOp::Write, 0, Some(r), 0, 0),
+            SendOp::RdmaWriteWithImm(r, i) => (WqeOp::WriteImm, i, Some(r), 0, 0),
+            SendOp::RdmaRead(r) => (WqeOp::Read, 0, Some(r), 0, 0),
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => (WqeOp::CompareSwap, 0, Some(remote), compare, swap),
+            SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, Some(remote), add, 0),
+        };
+        if op.is_rd_atomic() && self.qshared.max_rd_atomic.load(Ordering::Relaxed) == 0 {
+            return Err(Error::invalid(
+                "operation",
+                "the QP's initiator depth (max_rd_atomic) is 0: set it to at least 1 on RTR -> RTS to post RDMA Reads and Atomics",
+            ));
+        }
+        let inline = matches!(wr.data, Data::Inline(_)) || wr.flags.contains(SendFlags::INLINE);
+        if inline && op.is_rd_atomic() {
+            return Err(Error::invalid(
+                "data",
+                "RDMA Reads and Atomics have a result buffer, not inline data",
+            ));
+        }
+        let row = self.sq_posted % u64::from(self.caps.max_send_wr);
+        let (data, len) = match wr.data {
+            Data::Inline(bytes) => (self.stage_inline(row, bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?, bytes.len() as u64),
+            Data::Sgl(sgl) => {
+                let needs_write = op.is_rd_atomic();
+                let len = self.check_sgl(sgl, self.caps.max_send_sge, needs_write, "gather list")?;
+                if inline {
+                    // Copy the gather list's bytes now; the buffers are free on return.
+                    let mem = &self.shared.arena_mem;
+                    let data = self.stage_inline(row, len as usize, |mut dst, m| {
+                        let mut buf = [0u8; 256];
+                        for s in sgl {
+                            let mut done = 0u64;
+                            while done < u64::from(s.len) {
+                                let n = (u64::from(s.len) - done).min(buf.len() as u64) as usize;
+                                if mem.read(s.mr.off + s.offset + done, &mut buf[..n]).is_err()
+                                    || m.write(dst, &buf[..n]).is_err()
+                                {
+                                    return false;
+                                }
+                                done += n as u64;
+                                dst += n as u64;
+                            }
+                        }
+                        true
+                    })?;
+                    (data, len)
+                } else {
+                    (self.gather_loc(sgl, row)?, len)
+                }
+            }
+        };
+        if len > MAX_MESSAGE {
+            return Err(Error::invalid(
+                "message length",
+                format!("{len} bytes; a message is at most 2 GiB"),
+            ));
+        }
+        if let Some(r) = remote {
+            if op.is_atomic() {
+                if r.addr % 8 != 0 {
+                    return Err(Error::invalid(
+                        "remote address",
+                        format!("{:#x} is not 8-byte aligned: atomics work on aligned 64-bit words", r.addr),
+                    ));
+                }
+                if len != 8 {
+                    return Err(Error::invalid(
+                        "data",
+                        format!("an Atomic returns 8 bytes; its scatter list holds {len}"),
+                    ));
+                }
+            }
+        }
+        // Count the elements in flight before the WQE becomes visible to the engine.
+        if let (Data::Sgl(sgl), false) = (wr.data, inline) {
+            for s in sgl {
+                s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut flags = 0;
+        if wr.flags.contains(SendFlags::SIGNALED) {
+            flags |= WqeFlags::SIGNALED;
+        }
+        if wr.flags.contains(SendFlags::FENCE) {
+            flags |= WqeFlags::FENCE;
+        }
+        if wr.flags.contains(SendFlags::SOLICITED) {
+            flags |= WqeFlags::SOLICITED;
+        }
+        let remote = remote.unwrap_or_default();
+        let wqe = SqWqe {
+            wr_id: wr.wr_id,
+            op,
+            flags: WqeFlags(flags),
+            imm,
+            len: len as u32,
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            compare_add,
+            swap,
+            data,
+        };
+        if self.sq.push(wqe).is_err() {
+            unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
+        }
+        self.sq_posted += 1;
+        Ok(())
+    }
+
+    /// Copies `len` bytes into inline staging row `row` with `fill(offset, mem)`.
+    fn stage_inline(
+        &self,
+        row: u64,
+        len: usize,
+        fill: impl FnOnce(u64, &crate::mem::Mem) -> bool,
+    ) -> Result<DataLoc> {
+        if len > self.caps.max_inline_data as usize {
+            return Err(Error::invalid(
+                "inline data",
+                format!(
+                    "{len} bytes; this QP was created with max_inline_data {}",
+                    self.caps.max_inline_data
+                ),
+            ));
+        }
+        if len == 0 {
+            return Ok(DataLoc::Empty);
+        }
+        let block = self.inline.expect("max_inline_data > 0 allocates staging");
+        let off = block.off + row * self.inline_row;
+        if !fill(off, &self.shared.arena_mem) {
+            return Err(Error::invalid("inline data", "the gather list could not be read"));
+        }
+        Ok(DataLoc::Single(SgeEntry {
+            off,
+            len: len as u32,
+            mr: NO_MR,
+        }))
+    }
+
+    /// Checks a scatter/gather list; returns its total length.
+    fn check_sgl(&self, sgl: &[Sge<'_>], max: u32, needs_write: bool, what: &'static str) -> Result<u64> {
+        if sgl.len() > max as usize {
+            return Err(Error::invalid(
+                what,
+                format!("{} elements; this QP takes at most {max}", sgl.len()),
+            ));
+        }
+        let mut len = 0u64;
+        for s in sgl {
+            if !Arc::ptr_eq(&s.mr.shared, &self.shared) {
+                return Err(Error::ForeignObject {
+                    what: "a memory region in the list",
+                });
+            }
+            if s.mr.pdn != self.pdn {
+                return Err(Error::invalid(
+                    what,
+                    "a memory region of another protection domain",
+                ));
+            }
+            if needs_write && !s.mr.access().contains(AccessFlags::LOCAL_WRITE) {
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "memory region {:#x} lacks LOCAL_WRITE, which the engine needs to write results or received data into it",
+                        s.mr.lkey()
+                    ),
+                ));
+            }
+            len += u64::from(s.len);
+        }
+        Ok(len)
+    }
+
+    /// Where the engine finds a list: inline in the WQE for one element, else a table row.
+    fn gather_loc(&self, sgl: &[Sge<'_>], row: u64) -> Result<DataLoc> {
+        let entry = |s: &Sge<'_>| SgeEntry {
+            off: s.mr.off + s.offset,
+            len: s.len,
+            mr: s.mr.index,
+        };
+        Ok(match sgl {
+            [] => DataLoc::Empty,
+            [s] => DataLoc::Single(entry(s)),
+            many => {
+                let block = self.gather.expect("max_send_sge > 1 allocates a gather table");
+                self.write_table(block, row, self.caps.max_send_sge, many.iter().map(entry))
+            }
+        })
+    }
+
+    fn write_table(
+        &self,
+        block: Block,
+        row: u64,
+        width: u32,
+        entries: impl Iterator<Item = SgeEntry>,
+    ) -> DataLoc {
+        let table = block.off + row * u64::from(width) * SGE_ENTRY_LEN;
+        let mut n = 0;
+        for (i, e) in entries.enumerate() {
+            self.shared
+                .arena_mem
+                .write(table + i as u64 * SGE_ENTRY_LEN, &e.to_bytes())
+                .expect("the table row lies in the QP's block");
+            n += 1;
+        }
+        DataLoc::Table { table, n }
+    }
+
+    /// Posts a receive work request (`ibv_post_recv`). Allowed from Init on; in Error it
+    /// completes with a flush error.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`] in Reset, [`Error::QueueFull`] when `max_recv_wr` receives
+    /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
+    /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
+    pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        let state = self.qshared.state();
+        if !state.can_post_recv() {
+            return Err(Error::InvalidState {
+                operation: "post a receive",
+                state,
+                hint: "receives can be posted once the QP is in Init",
+            });
+        }
+        if self.rq_posted - self.rq_retired >= u64::from(self.caps.max_recv_wr) {
+            self.refresh_rq();
+            if self.rq_posted - self.rq_retired >= u64::from(self.caps.max_recv_wr) {
+                return Err(Error::QueueFull {
+                    queue: "receive queue",
+                    depth: self.caps.max_recv_wr,
+                });
+            }
+        }
+        let len = self.check_sgl(wr.sgl, self.caps.max_recv_sge, true, "scatter list")?;
+        let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
+        let entry = |s: &Sge<'_>| SgeEntry {
+            off: s.mr.off + s.offset,
+            len: s.len,
+            mr: s.mr.index,
+        };
+        let data = match wr.sgl {
+            [] => DataLoc::Empty,
+            [s] => DataLoc::Single(entry(s)),
+            many => {
+                let block = self.scatter.expect("max_recv_sge > 1 allocates a scatter table");
+                self.write_table(block, row, self.caps.max_recv_sge, many.iter().map(entry))
+            }
+        };
+        for s in wr.sgl {
+            s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
+        if self
+            .rq
+            .push(RqWqe {
+                wr_id: wr.wr_id,
+                len,
+                data,
+            })
+            .is_err()
+        {
+            unreachable!("the receive ring holds max_recv_wr WQEs and fewer are outstanding");
+        }
+        self.rq_posted += 1;
+        self.ring_and_kick();
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        let index = self.index;
+        let blocks = [self.gather, self.inline, self.scatter];
+        self.shared.engine.with(|e| {
+            e.remove_qp(index);
+            for b in blocks.into_iter().flatten() {
+                e.arena.free(b);
+            }
+        });
+    }
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}

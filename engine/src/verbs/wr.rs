@@ -1,0 +1,255 @@
+//! Work requests and work completions.
+
+use crate::verbs::mr::Sge;
+use crate::wire::Qpn;
+
+/// A remote memory location: an address in the peer's memory region and its R_Key
+/// (obtained from the peer, e.g. [`crate::Mr::remote`] sent over a Send).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RemoteAddr {
+    /// Virtual address in the remote process (the region's [`crate::Mr::addr`] plus an offset).
+    pub addr: u64,
+    /// The remote region's R_Key.
+    pub rkey: u32,
+}
+
+impl RemoteAddr {
+    /// The location `bytes` further on.
+    pub fn offset(self, bytes: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr.wrapping_add(bytes),
+            rkey: self.rkey,
+        }
+    }
+
+    /// Encodes it in 12 bytes (to send to a peer).
+    pub fn to_bytes(self) -> [u8; 12] {
+        let mut b = [0u8; 12];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    /// Decodes [`RemoteAddr::to_bytes`].
+    pub fn from_bytes(b: [u8; 12]) -> RemoteAddr {
+        RemoteAddr {
+            addr: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            rkey: u32::from_le_bytes(b[8..].try_into().expect("4 bytes")),
+        }
+    }
+}
+
+/// The operation of a send work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// Send: the data lands in the peer's next receive buffer.
+    Send,
+    /// Send with 32 bits of immediate data delivered in the peer's receive completion.
+    SendWithImm(u32),
+    /// RDMA Write into the peer's memory; the peer sees no completion.
+    RdmaWrite(RemoteAddr),
+    /// RDMA Write that also consumes a receive buffer at the peer and delivers the immediate
+    /// data in its completion.
+    RdmaWriteWithImm(RemoteAddr, u32),
+    /// RDMA Read of the peer's memory into this request's scatter list.
+    RdmaRead(RemoteAddr),
+    /// Atomic Compare and Swap on an 8-byte aligned word of the peer; the original value
+    /// lands in this request's 8-byte scatter buffer.
+    CompareSwap {
+        /// The word.
+        remote: RemoteAddr,
+        /// Compared with the word.
+        compare: u64,
+        /// Written if equal.
+        swap: u64,
+    },
+    /// Atomic Fetch and Add on an 8-byte aligned word of the peer; the original value lands
+    /// in this request's 8-byte scatter buffer.
+    FetchAdd {
+        /// The word.
+        remote: RemoteAddr,
+        /// Added to it.
+        add: u64,
+    },
+}
+
+/// Flags of a send work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SendFlags(u8);
+
+impl SendFlags {
+    /// No flags: an unsignaled request (it completes silently unless it fails).
+    pub const NONE: SendFlags = SendFlags(0);
+    /// Generate a work completion when it completes successfully.
+    pub const SIGNALED: SendFlags = SendFlags(1);
+    /// Start only after every earlier RDMA Read and Atomic has completed.
+    pub const FENCE: SendFlags = SendFlags(2);
+    /// Set the Solicited Event bit on the last packet.
+    pub const SOLICITED: SendFlags = SendFlags(4);
+    /// Copy the gather list's bytes at post time: the buffers may be reused as soon as
+    /// `post_send` returns.
+    pub const INLINE: SendFlags = SendFlags(8);
+
+    /// Whether every flag of `other` is set.
+    pub fn contains(self, other: SendFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for SendFlags {
+    type Output = SendFlags;
+    fn bitor(self, rhs: SendFlags) -> SendFlags {
+        SendFlags(self.0 | rhs.0)
+    }
+}
+
+/// What a send work request carries or where its results go.
+#[derive(Debug, Clone, Copy)]
+pub enum Data<'a> {
+    /// A gather list (Send, Write) or scatter list (Read, Atomic result) in registered memory.
+    Sgl(&'a [Sge<'a>]),
+    /// Bytes copied at post time (at most the QP's `max_inline_data`); they need not be in
+    /// registered memory. Only for Send and RDMA Write.
+    Inline(&'a [u8]),
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the work completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// The data.
+    pub data: Data<'a>,
+    /// Flags.
+    pub flags: SendFlags,
+}
+
+impl<'a> SendWr<'a> {
+    /// A signaled work request for `op` over the list `sgl`.
+    pub fn new(wr_id: u64, op: SendOp, sgl: &'a [Sge<'a>]) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            op,
+            data: Data::Sgl(sgl),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+
+    /// A signaled work request for `op` carrying `bytes` inline.
+    pub fn inline(wr_id: u64, op: SendOp, bytes: &'a [u8]) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            op,
+            data: Data::Inline(bytes),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+
+    /// Replaces the flags.
+    pub fn flags(mut self, flags: SendFlags) -> SendWr<'a> {
+        self.flags = flags;
+        self
+    }
+}
+
+/// A receive work request (`ibv_recv_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    /// Returned in the work completion.
+    pub wr_id: u64,
+    /// Where an incoming message is scattered.
+    pub sgl: &'a [Sge<'a>],
+}
+
+impl<'a> RecvWr<'a> {
+    /// A receive work request.
+    pub fn new(wr_id: u64, sgl: &'a [Sge<'a>]) -> RecvWr<'a> {
+        RecvWr { wr_id, sgl }
+    }
+}
+
+/// The status of a work completion (`ibv_wc_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// It worked.
+    Success,
+    /// An incoming message was larger than the receive buffer.
+    LocLenErr,
+    /// An internal inconsistency on this side (e.g. a malformed incoming request).
+    LocQpOpErr,
+    /// The work request was flushed: the QP is in the Error state.
+    WrFlushErr,
+    /// The peer answered with a malformed or unexpected response.
+    BadRespErr,
+    /// The peer rejected the request as invalid (Nak Invalid Request).
+    RemInvReqErr,
+    /// The peer refused access: bad R_Key, bounds, or rights (Nak Remote Access Error).
+    RemAccessErr,
+    /// The peer failed to carry the request out (Nak Remote Operational Error).
+    RemOpErr,
+    /// The transport retry count was exhausted (no response from the peer).
+    RetryExcErr,
+    /// The RNR retry count was exhausted (the peer never had a receive buffer).
+    RnrRetryExcErr,
+}
+
+/// The operation a work completion reports (`ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A Send (with or without immediate).
+    Send,
+    /// An RDMA Write (with or without immediate).
+    RdmaWrite,
+    /// An RDMA Read.
+    RdmaRead,
+    /// An Atomic Compare and Swap.
+    CompSwap,
+    /// An Atomic Fetch and Add.
+    FetchAdd,
+    /// A received Send.
+    Recv,
+    /// A receive consumed by an RDMA Write with Immediate.
+    RecvRdmaWithImm,
+}
+
+/// A work completion (`ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's `wr_id`.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or transferred (RDMA Read).
+    pub byte_len: u32,
+    /// Immediate data, if the message carried some.
+    pub imm_data: Option<u32>,
+    /// The local QP.
+    pub qp_num: Qpn,
+    /// Whether the message had the Solicited Event bit set (receives).
+    pub solicited: bool,
+}
+
+impl Default for WorkCompletion {
+    fn default() -> WorkCompletion {
+        WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: Qpn::new(0),
+            solicited: false,
+        }
+    }
+}
+
+impl WorkCompletion {
+    /// Whether the status is [`WcStatus::Success`].
+    pub fn is_ok(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+}
