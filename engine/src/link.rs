@@ -330,6 +330,9 @@ pub(crate) enum Side {
     Creator,
     /// Opened it: sends on ring 1.
     Opener,
+    /// Both ends in one engine (a context linked with itself): sends and receives on
+    /// ring 0, so a QP can talk to itself or to another QP of the same context.
+    Loopback,
 }
 
 /// Creates a link segment with `slots` packet slots per direction.
@@ -382,6 +385,7 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
     let (tx_off, rx_off) = match side {
         Side::Creator => (off(0)?, off(1)?),
         Side::Opener => (off(1)?, off(0)?),
+        Side::Loopback => (off(0)?, off(0)?),
     };
     Ok(LinkEnds {
         tx: shm_producer(segment.clone(), tx_off)?,
