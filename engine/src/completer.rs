@@ -38,14 +38,24 @@ pub(crate) fn on_response(
     slot: &PacketSlot,
     pkt: &RxPacket,
 ) {
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
-        env.stats.dropped += 1;
-        return;
-    }
     let Some(info) = pkt.repr.bth.opcode.info() else {
         env.stats.dropped += 1;
         return;
     };
+    if qp.state == QpState::Rtr {
+        // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
+        // Credits") before this side reaches RTS: keep them for then.
+        if let (OpClass::Acknowledge, Some(AethRepr { syndrome: Syndrome::Ack { credits }, msn })) =
+            (info.class, pkt.repr.aeth)
+        {
+            qp.req.early_credits = Some((credits, msn.get()));
+            return;
+        }
+    }
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+        env.stats.dropped += 1;
+        return;
+    }
     let psn = pkt.repr.bth.psn;
     let aeth = pkt.repr.aeth;
     let req = &mut qp.req;

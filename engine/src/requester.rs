@@ -122,6 +122,8 @@ pub(crate) struct Requester {
     pub(crate) timer: Deadline,
     /// RNR wait: no transmission until it expires.
     pub(crate) rnr_timer: Deadline,
+    /// Credits announced while the QP was in RTR, applied on RTS.
+    pub(crate) early_credits: Option<(crate::wire::aeth::CreditCode, u32)>,
 }
 
 impl Requester {
@@ -148,6 +150,7 @@ impl Requester {
             rnr_left: 0,
             timer: Deadline::default(),
             rnr_timer: Deadline::default(),
+            early_credits: None,
         }
     }
 
@@ -158,6 +161,9 @@ impl Requester {
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.credits = CreditState::new(cfg.remote_credits);
+        if let Some((code, msn)) = self.early_credits.take() {
+            self.update_credits(code, msn);
+        }
     }
 
     pub(crate) fn wqe(&self, seq: u64) -> &SendWqe {

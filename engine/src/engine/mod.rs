@@ -28,7 +28,7 @@ use crate::mr_table::MrTable;
 use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
 use crate::responder;
-use crate::trace::tap::Tap;
+use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use doorbell::{ActiveSet, MAX_QPS};
 
@@ -53,7 +53,8 @@ pub(crate) struct Engine {
     rx: Box<[PacketSlot]>,
     /// This engine's identity in captures.
     pub(crate) id: u32,
-    pub(crate) tap: Option<Arc<Tap>>,
+    /// Packet capture and observation; `None` when off (one branch per burst).
+    pub(crate) trace: Option<Box<Trace>>,
     next_pd: u32,
 }
 
@@ -71,7 +72,7 @@ impl Engine {
             scratch: Vec::with_capacity(MAX_QPS),
             rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
             id,
-            tap: None,
+            trace: None,
             next_pd: 1,
         }
     }
@@ -247,7 +248,7 @@ impl Engine {
             active,
             scratch,
             rx,
-            tap,
+            trace,
             ..
         } = self;
         doorbell.take(|i| active.insert(i));
@@ -276,8 +277,8 @@ impl Engine {
             work += n;
             stats.packets_received += n as u64;
             for slot in &rx[..n] {
-                if let Some(tap) = tap.as_ref().filter(|_| link.rx_tap) {
-                    tap.record(link.endpoints.1, link.endpoints.0, slot, &link.peer);
+                if let Some(t) = trace.as_deref_mut() {
+                    t.packet(LinkId(l as u32), link.endpoints, false, link.rx_tap, slot, &link.peer);
                 }
                 let Ok(pkt) = RxPacket::parse(slot) else {
                     stats.dropped += 1;
@@ -362,10 +363,11 @@ impl Engine {
         }
 
         // 4. Publish.
-        for link in links.iter_mut().flatten() {
-            if let Some(tap) = tap {
+        for (l, link) in links.iter_mut().enumerate() {
+            let Some(link) = link.as_mut() else { continue };
+            if let Some(t) = trace.as_deref_mut() {
                 for slot in link.tx.queued() {
-                    tap.record(link.endpoints.0, link.endpoints.1, slot, arena.mem());
+                    t.packet(LinkId(l as u32), link.endpoints, true, true, slot, arena.mem());
                 }
             }
             link.tx.flush();
@@ -375,7 +377,7 @@ impl Engine {
 
     /// Flushes the capture file, if any.
     pub(crate) fn flush_trace(&self) {
-        if let Some(t) = &self.tap {
+        if let Some(t) = self.trace.as_ref().and_then(|t| t.pcap.as_ref()) {
             t.flush();
         }
     }

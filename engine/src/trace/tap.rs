@@ -83,8 +83,8 @@ impl Tap {
                     let Some(e) = SgeEntry::read(sender_arena, slot.payload_off, i) else {
                         break;
                     };
-                    let take = (u64::from(e.len).saturating_sub(skip) as usize)
-                        .min(len - scratch.len());
+                    let take =
+                        (u64::from(e.len).saturating_sub(skip) as usize).min(len - scratch.len());
                     let at = scratch.len();
                     scratch.resize(at + take, 0);
                     let _ = sender_arena.read(e.off + skip, &mut scratch[at..]);
@@ -117,5 +117,55 @@ impl Tap {
 impl Drop for Tap {
     fn drop(&mut self) {
         self.flush();
+    }
+}
+
+/// An engine's tracing: a pcap file and/or a packet observer. Boxed behind one `Option`
+/// in the engine so that, off, it costs one branch per burst.
+#[derive(Default)]
+pub(crate) struct Trace {
+    pub(crate) pcap: Option<Arc<Tap>>,
+    pub(crate) observer: Option<Box<dyn FnMut(&super::PacketEvent<'_>) + Send>>,
+}
+
+impl Trace {
+    /// Whether it does nothing (and can be dropped).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pcap.is_none() && self.observer.is_none()
+    }
+
+    /// Records a packet on `link`; `sent` tells the direction. `record_pcap` is false for
+    /// received packets when the sender writes the same capture file.
+    pub(crate) fn packet(
+        &mut self,
+        link: crate::link::LinkId,
+        endpoints: (u32, u32),
+        sent: bool,
+        record_pcap: bool,
+        slot: &PacketSlot,
+        sender_arena: &Mem,
+    ) {
+        if let Some(pcap) = self.pcap.as_ref().filter(|_| record_pcap) {
+            let (src, dst) = if sent {
+                endpoints
+            } else {
+                (endpoints.1, endpoints.0)
+            };
+            pcap.record(src, dst, slot, sender_arena);
+        }
+        if let Some(observer) = self.observer.as_mut() {
+            if let Ok((headers, _)) = crate::wire::PacketRepr::parse(slot.headers()) {
+                observer(&super::PacketEvent {
+                    direction: if sent {
+                        super::Direction::Sent
+                    } else {
+                        super::Direction::Received
+                    },
+                    link,
+                    headers: &headers,
+                    payload_len: slot.payload_len,
+                });
+            }
+        }
     }
 }

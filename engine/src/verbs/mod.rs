@@ -40,7 +40,8 @@ use crate::engine::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::link::{self, Link, LinkId, Side};
 use crate::mem::Mem;
-use crate::trace::tap::Tap;
+use crate::trace::PacketEvent;
+use crate::trace::tap::{Tap, Trace};
 
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge};
@@ -168,7 +169,10 @@ impl ContextBuilder {
         let id = next_engine_id();
         let mut engine = Engine::new(arena, id);
         if let Some(path) = &self.pcap {
-            engine.tap = Some(shared_tap(path)?);
+            engine.trace = Some(Box::new(Trace {
+                pcap: Some(shared_tap(path)?),
+                observer: None,
+            }));
         }
         let shared = Arc::new(Shared {
             engine: EngineCell::new(engine),
@@ -387,7 +391,9 @@ impl Context {
     /// The file cannot be created.
     pub fn trace_to(&self, path: impl AsRef<Path>) -> Result<()> {
         let tap = shared_tap(path.as_ref())?;
-        self.shared.engine.with(|e| e.tap = Some(tap));
+        self.shared
+            .engine
+            .with(|e| e.trace.get_or_insert_with(Default::default).pcap = Some(tap));
         Ok(())
     }
 
@@ -395,7 +401,32 @@ impl Context {
     pub fn stop_trace(&self) {
         self.shared.engine.with(|e| {
             e.flush_trace();
-            e.tap = None;
+            if let Some(t) = e.trace.as_mut() {
+                t.pcap = None;
+            }
+            if e.trace.as_ref().is_some_and(|t| t.is_empty()) {
+                e.trace = None;
+            }
+        });
+    }
+
+    /// Calls `observer` with every packet this engine sends and receives (on the engine's
+    /// thread; keep it short). Replaces any previous observer.
+    pub fn observe_packets(&self, observer: impl FnMut(&PacketEvent<'_>) + Send + 'static) {
+        self.shared.engine.with(|e| {
+            e.trace.get_or_insert_with(Default::default).observer = Some(Box::new(observer));
+        });
+    }
+
+    /// Removes the packet observer.
+    pub fn stop_observing(&self) {
+        self.shared.engine.with(|e| {
+            if let Some(t) = e.trace.as_mut() {
+                t.observer = None;
+            }
+            if e.trace.as_ref().is_some_and(|t| t.is_empty()) {
+                e.trace = None;
+            }
         });
     }
 
@@ -427,8 +458,9 @@ impl Context {
         let peer_arena_for_b = map_peer_arena(&self.shared.arena_segment)?;
         let (ida, idb) = (self.shared.id, peer.shared.id);
         let same_tap = {
-            let ta = self.shared.engine.with(|e| e.tap.clone());
-            let tb = peer.shared.engine.with(|e| e.tap.clone());
+            let pcap = |e: &mut Engine| e.trace.as_ref().and_then(|t| t.pcap.clone());
+            let ta = self.shared.engine.with(pcap);
+            let tb = peer.shared.engine.with(pcap);
             matches!((ta, tb), (Some(a), Some(b)) if Arc::ptr_eq(&a, &b))
         };
         let mut la = Link::new(seg, ends_a, peer_arena_for_a, (ida, idb));
