@@ -36,7 +36,9 @@ fn main() -> Result<(), Error> {
 /// returns the lines to print: one per packet, then one per check.
 fn run(pcap: Option<&std::path::Path>) -> Result<Vec<String>, Error> {
     let builder = || {
-        let b = Context::builder().mode(EngineMode::Inline).arena_size(8 << 20);
+        let b = Context::builder()
+            .mode(EngineMode::Inline)
+            .arena_size(8 << 20);
         match pcap {
             Some(p) => b.pcap(p),
             None => b,
@@ -69,7 +71,8 @@ fn run(pcap: Option<&std::path::Path>) -> Result<Vec<String>, Error> {
     let caps = QpCaps::default();
     let mut qa = requester.create_qp(&pd_a, &cq_a, &cq_a, caps)?;
     let mut qb = responder.create_qp(&pd_b, &cq_b, &cq_b, caps)?;
-    let remote_access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let remote_access =
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
     for (qp, link, remote, sq_psn, rq_psn) in [
         (&mut qa, link_a, qpn_b, 201, 1),
@@ -101,7 +104,9 @@ fn run(pcap: Option<&std::path::Path>) -> Result<Vec<String>, Error> {
     let read3 = 5 * PMTU + 700; // 6 response packets
     let send4 = 200; // Send Only
     let pattern = |len: u64, seed: u8| -> Vec<u8> {
-        (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+            .collect()
     };
 
     let src = pd_a.alloc_mr(send0 + send1 + write2 + send4, AccessFlags::NONE)?;
@@ -124,7 +129,11 @@ fn run(pcap: Option<&std::path::Path>) -> Result<Vec<String>, Error> {
     let s = |off: u64, len: u64| src.sge(off, len as u32);
     qa.post_send(&SendWr::new(0, SendOp::Send, &[s(0, send0)?]))?;
     qa.post_send(&SendWr::new(1, SendOp::Send, &[s(o1, send1)?]))?;
-    qa.post_send(&SendWr::new(2, SendOp::RdmaWrite(target.remote(0)), &[s(o2, write2)?]))?;
+    qa.post_send(&SendWr::new(
+        2,
+        SendOp::RdmaWrite(target.remote(0)),
+        &[s(o2, write2)?],
+    ))?;
     qa.post_send(&SendWr::new(
         3,
         SendOp::RdmaRead(target.remote(write2)),
@@ -161,12 +170,30 @@ fn run(pcap: Option<&std::path::Path>) -> Result<Vec<String>, Error> {
     };
     let checks = [
         ("WQE 0 Send", read(&recv, 0, send0)? == pattern(send0, 1)),
-        ("WQE 1 Send", read(&recv, send0, send1)? == pattern(send1, 2)),
-        ("WQE 2 RDMA Write", read(&target, 0, write2)? == pattern(write2, 3)),
-        ("WQE 3 RDMA Read", read(&read_into, 0, read3)? == pattern(read3, 5)),
-        ("WQE 4 Send", read(&recv, send0 + send1, send4)? == pattern(send4, 4)),
-        ("WQE 5 CmpSwap returned 42", read(&read_into, read3, 8)? == 42u64.to_ne_bytes()),
-        ("WQE 5 CmpSwap swapped in 4242", target.load_u64(write2 + read3)? == 4242),
+        (
+            "WQE 1 Send",
+            read(&recv, send0, send1)? == pattern(send1, 2),
+        ),
+        (
+            "WQE 2 RDMA Write",
+            read(&target, 0, write2)? == pattern(write2, 3),
+        ),
+        (
+            "WQE 3 RDMA Read",
+            read(&read_into, 0, read3)? == pattern(read3, 5),
+        ),
+        (
+            "WQE 4 Send",
+            read(&recv, send0 + send1, send4)? == pattern(send4, 4),
+        ),
+        (
+            "WQE 5 CmpSwap returned 42",
+            read(&read_into, read3, 8)? == 42u64.to_ne_bytes(),
+        ),
+        (
+            "WQE 5 CmpSwap swapped in 4242",
+            target.load_u64(write2 + read3)? == 4242,
+        ),
     ];
     lines.push(String::new());
     for (what, ok) in checks {
@@ -181,12 +208,7 @@ fn run(pcap: Option<&std::path::Path>) -> Result<Vec<String>, Error> {
 }
 
 /// Drives both engines until `n` completions arrive on `cq`.
-fn drive(
-    a: &Context,
-    b: &Context,
-    cq: &mut Cq,
-    n: usize,
-) -> Result<Vec<WorkCompletion>, Error> {
+fn drive(a: &Context, b: &Context, cq: &mut Cq, n: usize) -> Result<Vec<WorkCompletion>, Error> {
     let mut out = vec![WorkCompletion::default(); n];
     let mut got = 0;
     let start = Instant::now();
@@ -214,27 +236,48 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let pcap = dir.join("walkthrough.pcap");
         let lines = run(Some(&pcap)).unwrap();
-        assert!(lines.iter().any(|l| l.contains("RC Compare Swap")), "{lines:?}");
+        assert!(
+            lines.iter().any(|l| l.contains("RC Compare Swap")),
+            "{lines:?}"
+        );
         let out = Command::new("tshark")
             .args(["-r"])
             .arg(&pcap)
             .args(["--disable-heuristic", "rpcrdma_infiniband", "-T", "fields"])
-            .args(["-e", "ip.src", "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.psn"])
+            .args([
+                "-e",
+                "ip.src",
+                "-e",
+                "infiniband.bth.opcode",
+                "-e",
+                "infiniband.bth.psn",
+            ])
             .output()
             .expect("tshark runs (apt-get install -y tshark)");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = String::from_utf8(out.stdout).unwrap();
         let rows: Vec<(String, u8, u32)> = text
             .lines()
             .map(|l| {
                 let f: Vec<&str> = l.split('\t').collect();
-                (f[0].to_string(), f[1].parse().unwrap(), f[2].parse().unwrap())
+                (
+                    f[0].to_string(),
+                    f[1].parse().unwrap(),
+                    f[2].parse().unwrap(),
+                )
             })
             .collect();
         // The requester's address is the one that sends Send First.
         let req_ip = rows.iter().find(|r| r.1 == 0x00).unwrap().0.clone();
-        let requests: Vec<(u8, u32)> =
-            rows.iter().filter(|r| r.0 == req_ip && r.1 != 0x11).map(|r| (r.1, r.2)).collect();
+        let requests: Vec<(u8, u32)> = rows
+            .iter()
+            .filter(|r| r.0 == req_ip && r.1 != 0x11)
+            .map(|r| (r.1, r.2))
+            .collect();
         let mut expect = vec![(0x00, 201)];
         expect.extend((202..=204).map(|p| (0x01, p)));
         expect.push((0x02, 205));
@@ -255,7 +298,15 @@ mod tests {
             .collect();
         assert_eq!(
             responses,
-            [(0x0D, 267), (0x0E, 268), (0x0E, 269), (0x0E, 270), (0x0E, 271), (0x0F, 272), (0x12, 274)]
+            [
+                (0x0D, 267),
+                (0x0E, 268),
+                (0x0E, 269),
+                (0x0E, 270),
+                (0x0E, 271),
+                (0x0F, 272),
+                (0x12, 274)
+            ]
         );
         // Nothing malformed, no warnings.
         let check = Command::new("tshark")
@@ -265,7 +316,11 @@ mod tests {
             .args(["-Y", "_ws.malformed || _ws.expert.severity >= warning"])
             .output()
             .unwrap();
-        assert!(String::from_utf8_lossy(&check.stdout).trim().is_empty(), "{}", String::from_utf8_lossy(&check.stdout));
+        assert!(
+            String::from_utf8_lossy(&check.stdout).trim().is_empty(),
+            "{}",
+            String::from_utf8_lossy(&check.stdout)
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

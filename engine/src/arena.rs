@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use shmhca_rings::segment::{HugePages, PageSize, Segment};
+use shmhca_rings::segment::{HugePages, Segment};
 
 use crate::error::{Error, Result};
 use crate::mem::Mem;
@@ -88,11 +88,6 @@ impl Arena {
     /// The segment, to hand to peers.
     pub(crate) fn segment(&self) -> &Arc<Segment> {
         &self.segment
-    }
-
-    /// The page size the arena really got.
-    pub(crate) fn page_size(&self) -> PageSize {
-        self.segment.page_size()
     }
 
     /// Bytes free in all blocks.
@@ -188,7 +183,9 @@ mod tests {
     fn free_coalesces_so_the_whole_arena_comes_back() {
         let mut a = arena(1 << 20);
         let before = a.free_bytes();
-        let blocks: Vec<_> = (0..50).map(|i| a.alloc(1000 + i * 37, 64).unwrap()).collect();
+        let blocks: Vec<_> = (0..50)
+            .map(|i| a.alloc(1000 + i * 37, 64).unwrap())
+            .collect();
         for (i, b) in blocks.iter().enumerate() {
             if i % 2 == 0 {
                 a.free(*b);

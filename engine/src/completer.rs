@@ -45,8 +45,13 @@ pub(crate) fn on_response(
     if qp.state == QpState::Rtr {
         // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
         // Credits") before this side reaches RTS: keep them for then.
-        if let (OpClass::Acknowledge, Some(AethRepr { syndrome: Syndrome::Ack { credits }, msn })) =
-            (info.class, pkt.repr.aeth)
+        if let (
+            OpClass::Acknowledge,
+            Some(AethRepr {
+                syndrome: Syndrome::Ack { credits },
+                msn,
+            }),
+        ) = (info.class, pkt.repr.aeth)
         {
             qp.req.early_credits = Some((credits, msn.get()));
             return;
@@ -179,13 +184,21 @@ pub(crate) fn on_response(
                     _ => return bad_response(qp, env, seq),
                 }
             }
-            let Some(mut cursor) = Cursor::at(&w.w.data, env.arena.mem(), u64::from(offset))
-            else {
+            let Some(mut cursor) = Cursor::at(&w.w.data, env.arena.mem(), u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
-            match dma::copy_payload(slot, &pkt.payload, peer, env.arena.mem(), &w.w.data, &mut cursor) {
+            match dma::copy_payload(
+                slot,
+                &pkt.payload,
+                peer,
+                env.arena.mem(),
+                &w.w.data,
+                &mut cursor,
+            ) {
                 Ok(n) => env.stats.payload_bytes_copied += n,
-                Err(CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination) => {
+                Err(
+                    CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
+                ) => {
                     return bad_response(qp, env, seq);
                 }
             }
@@ -201,7 +214,8 @@ pub(crate) fn on_response(
             let Some(orig) = pkt.repr.atomic_ack_eth.map(|a| a.orig) else {
                 return bad_response(qp, env, seq);
             };
-            if !w.w.op.is_atomic() || psn != w.first_psn || !ok_aeth || pkt.payload != Payload::None {
+            if !w.w.op.is_atomic() || psn != w.first_psn || !ok_aeth || pkt.payload != Payload::None
+            {
                 return bad_response(qp, env, seq);
             }
             // The original value lands in the scatter buffer in host byte order, as a
@@ -211,10 +225,15 @@ pub(crate) fn on_response(
             let mut written = 0u64;
             let mem = env.arena.mem();
             while written < 8 {
-                let Some(e) = w.w.data.entry(mem, cursor.idx) else { break };
+                let Some(e) = w.w.data.entry(mem, cursor.idx) else {
+                    break;
+                };
                 let n = (u64::from(e.len) - cursor.skip).min(8 - written);
                 if mem
-                    .write(e.off + cursor.skip, &bytes[written as usize..(written + n) as usize])
+                    .write(
+                        e.off + cursor.skip,
+                        &bytes[written as usize..(written + n) as usize],
+                    )
                     .is_err()
                 {
                     break;

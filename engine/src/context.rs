@@ -15,9 +15,8 @@ use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
 use crate::arena::Arena;
 use crate::completer;
 use crate::link::TxBatch;
-use crate::mem::Mem;
 use crate::mr_table::MrTable;
-use crate::qp::{MAX_SGE, QpCaps, QpConfig, QpState};
+use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
@@ -82,23 +81,23 @@ pub struct Stats {
     pub dropped: u64,
 }
 
+/// The engine's end of a completion queue.
+pub(crate) type CqProducer = Producer<WorkCompletion, HeapStorage<WorkCompletion>>;
+
 /// The completion queues of an engine, as producers.
 ///
 /// A CQ's number carries a generation tag above its index, so a QP that outlives its CQ
 /// can never complete into a newer CQ that reused the slot.
 #[derive(Default)]
 pub(crate) struct CqTable {
-    cqs: Vec<(u32, Option<Producer<WorkCompletion, HeapStorage<WorkCompletion>>>)>,
+    cqs: Vec<(u32, Option<CqProducer>)>,
 }
 
 const CQ_INDEX_BITS: u32 = 20;
 
 impl CqTable {
     /// Adds a completion queue; returns its number.
-    pub(crate) fn insert(
-        &mut self,
-        producer: Producer<WorkCompletion, HeapStorage<WorkCompletion>>,
-    ) -> u32 {
+    pub(crate) fn insert(&mut self, producer: CqProducer) -> u32 {
         let i = match self.cqs.iter().position(|(_, p)| p.is_none()) {
             Some(i) => i,
             None => {
@@ -112,8 +111,10 @@ impl CqTable {
         *gen_ << CQ_INDEX_BITS | i as u32
     }
 
-    fn get(&mut self, cq: u32) -> Option<&mut Producer<WorkCompletion, HeapStorage<WorkCompletion>>> {
-        let (gen_, slot) = self.cqs.get_mut((cq & ((1 << CQ_INDEX_BITS) - 1)) as usize)?;
+    fn get(&mut self, cq: u32) -> Option<&mut CqProducer> {
+        let (gen_, slot) = self
+            .cqs
+            .get_mut((cq & ((1 << CQ_INDEX_BITS) - 1)) as usize)?;
         if *gen_ != cq >> CQ_INDEX_BITS {
             return None;
         }
@@ -173,8 +174,6 @@ impl Env<'_> {
 
 /// The link a QP talks over, lent to a protocol stage.
 pub(crate) struct Wire<'a> {
-    /// The peer's arena, read-only.
-    pub(crate) peer: &'a Mem,
     /// Outgoing packets.
     pub(crate) tx: &'a mut TxBatch,
 }
@@ -182,13 +181,10 @@ pub(crate) struct Wire<'a> {
 /// A QP as the engine holds it: the QP context of spec/04 plus its queues.
 pub(crate) struct QpCtx {
     pub(crate) qpn: Qpn,
-    /// Index in the engine's QP table.
-    pub(crate) index: u32,
     /// Protection domain.
     pub(crate) pd: u32,
     pub(crate) state: QpState,
     pub(crate) cfg: QpConfig,
-    pub(crate) caps: QpCaps,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
     /// Send WQEs posted by the application.
@@ -263,7 +259,14 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
     }
     // A message half received when the error struck.
     if let Some(wqe) = qp.resp.take_current_wqe() {
-        let wc = qp.recv_completion(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None, false);
+        let wc = qp.recv_completion(
+            wqe.wr_id,
+            WcStatus::WrFlushErr,
+            WcOpcode::Recv,
+            0,
+            None,
+            false,
+        );
         if !env.cqs.push(qp.recv_cq, wc) {
             qp.resp.put_back_current_wqe(wqe);
             return;
@@ -272,7 +275,14 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
     }
     while env.cqs.has_room(qp.recv_cq) {
         let Ok(Some(wqe)) = qp.rq.pop() else { break };
-        let wc = qp.recv_completion(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None, false);
+        let wc = qp.recv_completion(
+            wqe.wr_id,
+            WcStatus::WrFlushErr,
+            WcOpcode::Recv,
+            0,
+            None,
+            false,
+        );
         env.cqs.push(qp.recv_cq, wc);
         qp.retire_recv(env, &wqe);
     }

@@ -95,9 +95,7 @@ pub(crate) fn copy_payload(
                 .ok_or(CopyError::BadSource)?;
             write_bytes(bytes, local, dst, cursor)
         }
-        Payload::Direct { off, len } => {
-            copy_range(peer, off, u64::from(len), local, dst, cursor)
-        }
+        Payload::Direct { off, len } => copy_range(peer, off, u64::from(len), local, dst, cursor),
         Payload::Gather {
             table,
             count,
@@ -224,8 +222,13 @@ mod tests {
 
     fn table(mem: &Mem, at: u64, entries: &[(u64, u32)]) -> DataLoc {
         for (i, &(off, len)) in entries.iter().enumerate() {
-            let e = SgeEntry { off, len, mr: NO_MR };
-            mem.write(at + i as u64 * SGE_ENTRY_LEN, &e.to_bytes()).unwrap();
+            let e = SgeEntry {
+                off,
+                len,
+                mr: NO_MR,
+            };
+            mem.write(at + i as u64 * SGE_ENTRY_LEN, &e.to_bytes())
+                .unwrap();
         }
         DataLoc::Table {
             table: at,
@@ -262,8 +265,10 @@ mod tests {
         let expect: Vec<u8> = [a, b, c].concat();
 
         // The sender describes the payload in two packets of 150 and 200 bytes.
-        let mut slot = PacketSlot::default();
-        slot.hdr_len = 12;
+        let mut slot = PacketSlot {
+            hdr_len: 12,
+            ..PacketSlot::default()
+        };
         let mut sc = Cursor::default();
         let mut rc = Cursor::default();
         for len in [150u32, 200] {
@@ -299,9 +304,14 @@ mod tests {
         let local = Mem::heap(4096);
         let v = fill(&local, 100, 40, 9);
         let src = table(&local, 0, &[(100, 30), (130, 10)]);
-        let mut slot = PacketSlot::default();
-        slot.hdr_len = 12;
-        assert_eq!(describe(&mut slot, &local, &src, Cursor::default(), 40), Some(40));
+        let mut slot = PacketSlot {
+            hdr_len: 12,
+            ..PacketSlot::default()
+        };
+        assert_eq!(
+            describe(&mut slot, &local, &src, Cursor::default(), 40),
+            Some(40)
+        );
         assert_eq!(slot.kind, KIND_INLINE);
         assert_eq!(&slot.data[12..52], &v[..]);
     }
@@ -343,7 +353,10 @@ mod tests {
         });
         let slot = PacketSlot::default();
         for p in [
-            Payload::Direct { off: 1000, len: 100 },
+            Payload::Direct {
+                off: 1000,
+                len: 100,
+            },
             Payload::Direct {
                 off: u64::MAX - 10,
                 len: 100,
@@ -365,7 +378,9 @@ mod tests {
         }
         // A gather table whose entries point outside the arena.
         let src = table(&peer, 0, &[(900, 200)]);
-        let DataLoc::Table { table: t, .. } = src else { unreachable!() };
+        let DataLoc::Table { table: t, .. } = src else {
+            unreachable!()
+        };
         let mut c = Cursor::default();
         assert_eq!(
             copy_payload(
@@ -385,7 +400,9 @@ mod tests {
         );
         // A gather table shorter than the claimed length.
         let src = table(&peer, 0, &[(100, 10)]);
-        let DataLoc::Table { table: t, .. } = src else { unreachable!() };
+        let DataLoc::Table { table: t, .. } = src else {
+            unreachable!()
+        };
         assert_eq!(
             copy_payload(
                 &slot,

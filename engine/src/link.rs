@@ -113,9 +113,15 @@ impl PacketSlot {
 pub(crate) enum Payload {
     None,
     /// `data[start..start + len]` of the slot.
-    Inline { start: usize, len: usize },
+    Inline {
+        start: usize,
+        len: usize,
+    },
     /// A range of the peer's arena.
-    Direct { off: u64, len: u32 },
+    Direct {
+        off: u64,
+        len: u32,
+    },
     /// Gather entries in the peer's arena.
     Gather {
         table: u64,
@@ -175,11 +181,7 @@ impl RxPacket {
                 claimed: slot.hdr_len,
             });
         }
-        let has_payload = repr
-            .bth
-            .opcode
-            .info()
-            .is_some_and(|i| i.payload);
+        let has_payload = repr.bth.opcode.info().is_some_and(|i| i.payload);
         let len = slot.payload_len;
         let payload = match slot.kind {
             KIND_NONE if len == 0 => Payload::None,
@@ -204,9 +206,7 @@ impl RxPacket {
                     return Err(SlotError::InlineOverrun);
                 }
                 let skip = u32::from_le_bytes(
-                    slot.data[hdr_len..hdr_len + 4]
-                        .try_into()
-                        .expect("4 bytes"),
+                    slot.data[hdr_len..hdr_len + 4].try_into().expect("4 bytes"),
                 );
                 Payload::Gather {
                     table: slot.payload_off,
@@ -410,7 +410,12 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub(crate) fn new(segment: Arc<Segment>, ends: LinkEnds, peer: Mem, endpoints: (u32, u32)) -> Link {
+    pub(crate) fn new(
+        segment: Arc<Segment>,
+        ends: LinkEnds,
+        peer: Mem,
+        endpoints: (u32, u32),
+    ) -> Link {
         Link {
             _segment: segment,
             rx: ends.rx,
@@ -472,7 +477,13 @@ mod tests {
         let mut s = slot_with(Opcode::RdmaWriteOnly, KIND_DIRECT, 4000);
         s.payload_off = 8192;
         let p = RxPacket::parse(&s).unwrap();
-        assert_eq!(p.payload, Payload::Direct { off: 8192, len: 4000 });
+        assert_eq!(
+            p.payload,
+            Payload::Direct {
+                off: 8192,
+                len: 4000
+            }
+        );
         assert_eq!(p.repr.reth.unwrap().dma_len, 4000);
 
         let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 300);
@@ -495,7 +506,10 @@ mod tests {
     fn malformed_slots_are_rejected() {
         let mut s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
         s.hdr_len = 200;
-        assert_eq!(RxPacket::parse(&s).unwrap_err(), SlotError::HeaderLength(200));
+        assert_eq!(
+            RxPacket::parse(&s).unwrap_err(),
+            SlotError::HeaderLength(200)
+        );
         let mut s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
         s.hdr_len = 16; // claims more header than the opcode has
         assert!(matches!(

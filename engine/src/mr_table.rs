@@ -77,7 +77,9 @@ impl MrTable {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i = u32::try_from(self.entries.len()).ok().filter(|&i| i < MAX_MRS)?;
+                let i = u32::try_from(self.entries.len())
+                    .ok()
+                    .filter(|&i| i < MAX_MRS)?;
                 self.entries.push(None);
                 self.tags.push(0);
                 i
@@ -116,7 +118,7 @@ impl MrTable {
     /// Checks a remote access of `len` bytes at `va` with R_Key `rkey` from a QP of
     /// protection domain `pd`; returns the arena offset of `va`.
     ///
-    /// A zero-length access is not checked against the key (IBA o9-?: a zero-length RDMA
+    /// A zero-length access is not checked against the key (as in the IBA, a zero-length RDMA
     /// operation does not validate its R_Key) and resolves to offset 0.
     pub(crate) fn check_remote(
         &self,
@@ -182,6 +184,7 @@ impl MrTable {
     }
 
     /// Number of live and zombie entries.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.iter().filter(|e| e.is_some()).count()
     }
@@ -244,7 +247,10 @@ mod tests {
             Err(AccessDenied::UnknownKey)
         );
         // Zero-length accesses do not validate the key.
-        assert_eq!(t.check_remote(0xdead, 9, AccessFlags::REMOTE_WRITE, 0, 0), Ok(0));
+        assert_eq!(
+            t.check_remote(0xdead, 9, AccessFlags::REMOTE_WRITE, 0, 0),
+            Ok(0)
+        );
     }
 
     #[test]

@@ -52,7 +52,10 @@ impl QpState {
 
     /// Whether the RQ Logic processes inbound requests.
     pub fn receives(self) -> bool {
-        matches!(self, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+        matches!(
+            self,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
     }
 
     /// Whether the SQ Logic starts new work requests.
@@ -437,7 +440,13 @@ fn rules(from: QpState, to: QpState) -> Option<(&'static [&'static str], &'stati
             &["access", "remote_credits"],
         ),
         (Rtr, Rts) => (
-            &["sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic"],
+            &[
+                "sq_psn",
+                "timeout",
+                "retry_cnt",
+                "rnr_retry",
+                "max_rd_atomic",
+            ],
             &["access", "min_rnr_timer"],
         ),
         (Rts, Rts) | (Sqe, Rts) => (NONE, &["access", "min_rnr_timer"]),
@@ -475,8 +484,7 @@ fn range(name: &'static str, v: u8, max: u8, what: &str) -> Result<()> {
 /// transition. On error the caller keeps the old state and context.
 pub fn plan_modify(from: QpState, cur: &QpConfig, attr: &QpAttr) -> Result<(QpState, QpConfig)> {
     let to = attr.state;
-    let (required, optional) =
-        rules(from, to).ok_or(Error::InvalidTransition { from, to })?;
+    let (required, optional) = rules(from, to).ok_or(Error::InvalidTransition { from, to })?;
     if let Some(missing) = required.iter().find(|r| !attr.present().any(|p| p == **r)) {
         return Err(Error::MissingAttribute {
             from,
@@ -525,7 +533,12 @@ pub fn plan_modify(from: QpState, cur: &QpConfig, attr: &QpAttr) -> Result<(QpSt
         next.sq_psn = Psn::new(p);
     }
     if let Some(v) = attr.max_dest_rd_atomic {
-        range("max_dest_rd_atomic", v, MAX_RD_ATOMIC, "the responder resources")?;
+        range(
+            "max_dest_rd_atomic",
+            v,
+            MAX_RD_ATOMIC,
+            "the responder resources",
+        )?;
         next.max_dest_rd_atomic = v;
     }
     if let Some(v) = attr.max_rd_atomic {
@@ -631,7 +644,13 @@ mod tests {
             }
         }
         let (s, cfg) = plan_modify(s, &cfg, &rtr()).unwrap();
-        for name in ["sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic"] {
+        for name in [
+            "sq_psn",
+            "timeout",
+            "retry_cnt",
+            "rnr_retry",
+            "max_rd_atomic",
+        ] {
             let mut a = rts();
             match name {
                 "sq_psn" => a.sq_psn = None,
@@ -681,11 +700,15 @@ mod tests {
         // Any state can go to Error and Reset.
         for s in [QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd] {
             assert_eq!(
-                plan_modify(s, &cfg, &QpAttr::new(QpState::Error)).unwrap().0,
+                plan_modify(s, &cfg, &QpAttr::new(QpState::Error))
+                    .unwrap()
+                    .0,
                 QpState::Error
             );
             assert_eq!(
-                plan_modify(s, &cfg, &QpAttr::new(QpState::Reset)).unwrap().0,
+                plan_modify(s, &cfg, &QpAttr::new(QpState::Reset))
+                    .unwrap()
+                    .0,
                 QpState::Reset
             );
         }

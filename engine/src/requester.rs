@@ -37,8 +37,6 @@ pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SendWqe {
     pub(crate) w: SqWqe,
-    /// Send Sequence Number (spec/02: the first WQE posted has SSN 1).
-    pub(crate) ssn: u32,
     /// Messages consuming a receive WQE at the responder, up to and including this one.
     pub(crate) consumers: u64,
     /// PSN of its first packet (valid once started).
@@ -65,7 +63,6 @@ impl SendWqe {
             swap: 0,
             data: crate::wqe::DataLoc::Empty,
         },
-        ssn: 0,
         consumers: 0,
         first_psn: Psn::new(0),
         span: 0,
@@ -259,7 +256,6 @@ pub(crate) fn fetch(qp: &mut QpCtx) {
         let seq = req.fetched;
         *req.wqe_mut(seq) = SendWqe {
             w,
-            ssn: req.ssn,
             consumers: req.consumers,
             first_psn: Psn::new(0),
             span,
@@ -294,7 +290,12 @@ pub(crate) fn rewind(req: &mut Requester, p: Psn) {
 }
 
 /// Sends up to `budget` request packets of a QP; returns how many were queued.
-pub(crate) fn transmit(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>, budget: usize) -> usize {
+pub(crate) fn transmit(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_>,
+    budget: usize,
+) -> usize {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         return 0;
     }
@@ -356,8 +357,19 @@ pub(crate) fn transmit(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>, b
                 .unwrap_or_default(),
         };
         let limited_first = req.limited == Some(seq) && k == 0;
-        let Some(slot) = wire.tx.next_slot() else { break };
-        let payload = build_request(slot, &w, k, pmtu, qp.cfg.dest.map(|d| d.qpn), limited_first, env, cursor);
+        let Some(slot) = wire.tx.next_slot() else {
+            break;
+        };
+        let payload = build_request(
+            slot,
+            &w,
+            k,
+            pmtu,
+            qp.cfg.dest.map(|d| d.qpn),
+            limited_first,
+            env,
+            cursor,
+        );
         wire.tx.commit();
         env.stats.packets_sent += 1;
         env.stats.inline_bytes_sent += payload.inline;
@@ -437,8 +449,16 @@ fn build_request(
             repr.atomic_eth = Some(AtomicEthRepr {
                 va: w.w.remote_addr,
                 rkey: w.w.rkey,
-                swap_add: if op == WqeOp::CompareSwap { w.w.swap } else { w.w.compare_add },
-                compare: if op == WqeOp::CompareSwap { w.w.compare_add } else { 0 },
+                swap_add: if op == WqeOp::CompareSwap {
+                    w.w.swap
+                } else {
+                    w.w.compare_add
+                },
+                compare: if op == WqeOp::CompareSwap {
+                    w.w.compare_add
+                } else {
+                    0
+                },
             });
         }
         WqeOp::Send | WqeOp::SendImm | WqeOp::Write | WqeOp::WriteImm => {
@@ -450,7 +470,11 @@ fn build_request(
                 _ => Position::Middle,
             };
             let last = matches!(position, Position::Last | Position::Only);
-            payload_len = if k + 1 < n { pmtu } else { w.w.len - pmtu * (n - 1) };
+            payload_len = if k + 1 < n {
+                pmtu
+            } else {
+                w.w.len - pmtu * (n - 1)
+            };
             let imm = last && matches!(op, WqeOp::SendImm | WqeOp::WriteImm);
             let class = if matches!(op, WqeOp::Send | WqeOp::SendImm) {
                 OpClass::Send

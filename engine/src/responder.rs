@@ -153,7 +153,8 @@ impl Responder {
     }
 
     fn queue(&mut self, o: Out) {
-        if let (Out::Ack { psn, msn }, Some(Out::Ack { psn: p, msn: m })) = (o, self.out.back_mut()) {
+        if let (Out::Ack { psn, msn }, Some(Out::Ack { psn: p, msn: m })) = (o, self.out.back_mut())
+        {
             *p = psn;
             *m = msn;
             return;
@@ -319,7 +320,14 @@ fn send(
     else {
         unreachable!("checked by the opcode sequence");
     };
-    match dma::copy_payload(slot, &pkt.payload, peer, env.arena.mem(), &wqe.data, &mut cursor) {
+    match dma::copy_payload(
+        slot,
+        &pkt.payload,
+        peer,
+        env.arena.mem(),
+        &wqe.data,
+        &mut cursor,
+    ) {
         Ok(n) => {
             env.stats.payload_bytes_copied += n;
             got += n;
@@ -380,8 +388,8 @@ fn write(
         return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
     };
     let left = total - done;
-    let len_ok = length_ok(info.position, len as u32, pmtu)
-        && if last { len == left } else { len < left };
+    let len_ok =
+        length_ok(info.position, len as u32, pmtu) && if last { len == left } else { len < left };
     if !len_ok {
         return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
     }
@@ -392,7 +400,13 @@ fn write(
             env.mrs
                 .check_remote(rkey, qp.pd, AccessFlags::REMOTE_WRITE, va, total)
         {
-            return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr);
+            return fatal(
+                qp,
+                env,
+                psn,
+                NakCode::RemoteAccessError,
+                WcStatus::LocQpOpErr,
+            );
         }
     }
     let off = match env.mrs.check_remote(
@@ -403,7 +417,15 @@ fn write(
         len,
     ) {
         Ok(off) => off,
-        Err(_) => return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr),
+        Err(_) => {
+            return fatal(
+                qp,
+                env,
+                psn,
+                NakCode::RemoteAccessError,
+                WcStatus::LocQpOpErr,
+            );
+        }
     };
     let imm = pkt.repr.immdt.map(|i| i.imm);
     // A Write with Immediate consumes a receive WQE on its last packet: check before
@@ -475,7 +497,13 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket) {
         )
         .is_err()
     {
-        return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr);
+        return fatal(
+            qp,
+            env,
+            psn,
+            NakCode::RemoteAccessError,
+            WcStatus::LocQpOpErr,
+        );
     }
     let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
     let msn = qp.resp.next_msn();
@@ -509,7 +537,15 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInfo) 
         .check_remote(a.rkey, qp.pd, AccessFlags::REMOTE_ATOMIC, a.va, 8)
     {
         Ok(off) => off,
-        Err(_) => return fatal(qp, env, psn, NakCode::RemoteAccessError, WcStatus::LocQpOpErr),
+        Err(_) => {
+            return fatal(
+                qp,
+                env,
+                psn,
+                NakCode::RemoteAccessError,
+                WcStatus::LocQpOpErr,
+            );
+        }
     };
     let mem = env.arena.mem();
     let orig = if info.class == OpClass::CompareSwap {
@@ -518,7 +554,13 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInfo) 
         mem.fetch_add_u64(off, a.swap_add)
     };
     let Ok(orig) = orig else {
-        return fatal(qp, env, psn, NakCode::RemoteOperationalError, WcStatus::LocQpOpErr);
+        return fatal(
+            qp,
+            env,
+            psn,
+            NakCode::RemoteOperationalError,
+            WcStatus::LocQpOpErr,
+        );
     };
     let msn = qp.resp.next_msn();
     let resp = &mut qp.resp;
@@ -588,7 +630,16 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     while let Some(front) = qp.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
-                if !emit_aeth(wire, env, dest.qpn, Opcode::Acknowledge, psn, syndrome, qp.resp.msn, None) {
+                if !emit_aeth(
+                    wire,
+                    env,
+                    dest.qpn,
+                    Opcode::Acknowledge,
+                    psn,
+                    syndrome,
+                    qp.resp.msn,
+                    None,
+                ) {
                     return;
                 }
                 env.stats.naks_sent += 1;
@@ -596,7 +647,16 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
             _ if error => {}
             Out::Ack { psn, msn } => {
                 let code = credit_code(qp);
-                if !emit_aeth(wire, env, dest.qpn, Opcode::Acknowledge, psn, Syndrome::Ack { credits: code }, msn, None) {
+                if !emit_aeth(
+                    wire,
+                    env,
+                    dest.qpn,
+                    Opcode::Acknowledge,
+                    psn,
+                    Syndrome::Ack { credits: code },
+                    msn,
+                    None,
+                ) {
                     return;
                 }
                 qp.resp.advertised = code.credits();
@@ -658,7 +718,16 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     if stale && qp.state.receives() {
         let code = CreditCode::encode(available);
         let psn = qp.resp.epsn.sub(1);
-        if emit_aeth(wire, env, dest.qpn, Opcode::Acknowledge, psn, Syndrome::Ack { credits: code }, qp.resp.msn, None) {
+        if emit_aeth(
+            wire,
+            env,
+            dest.qpn,
+            Opcode::Acknowledge,
+            psn,
+            Syndrome::Ack { credits: code },
+            qp.resp.msn,
+            None,
+        ) {
             qp.resp.advertised = code.credits();
             env.stats.acks_sent += 1;
         }

@@ -70,7 +70,10 @@ mod tests {
         assert_eq!(transport_timeout(0), None);
         assert_eq!(transport_timeout(1), Some(Duration::from_nanos(8192)));
         // 4.096 µs × 2^14 = 67.108864 ms
-        assert_eq!(transport_timeout(14), Some(Duration::from_nanos(67_108_864)));
+        assert_eq!(
+            transport_timeout(14),
+            Some(Duration::from_nanos(67_108_864))
+        );
     }
 
     #[test]

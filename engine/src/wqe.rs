@@ -167,8 +167,6 @@ pub(crate) struct SqWqe {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RqWqe {
     pub(crate) wr_id: u64,
-    /// Total bytes of its scatter list.
-    pub(crate) len: u64,
     pub(crate) data: DataLoc,
 }
 
@@ -192,7 +190,8 @@ mod tests {
             },
         ];
         for (i, e) in es.iter().enumerate() {
-            mem.write(64 + i as u64 * SGE_ENTRY_LEN, &e.to_bytes()).unwrap();
+            mem.write(64 + i as u64 * SGE_ENTRY_LEN, &e.to_bytes())
+                .unwrap();
         }
         let loc = DataLoc::Table { table: 64, n: 2 };
         assert_eq!(loc.entry(&mem, 0), Some(es[0]));

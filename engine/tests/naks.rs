@@ -11,7 +11,13 @@ fn setup() -> (Pair, Mr, Mr) {
     let p = pair(&Params::default());
     let src = p.a.pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, &pattern(8192, 1)).unwrap();
-    let target = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE).unwrap();
+    let target =
+        p.b.pd
+            .alloc_mr(
+                4096,
+                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE,
+            )
+            .unwrap();
     target.write_at(0, &[GUARD_BYTE; 4096]).unwrap();
     (p, src, target)
 }
@@ -25,15 +31,27 @@ fn untouched(mr: &Mr) {
 /// Posts `op` from A, expects it to fail with `status`, and both QPs to end in Error with
 /// later work flushed.
 fn expect_nak(p: &mut Pair, src: &Mr, op: SendOp, len: u32, status: WcStatus) {
-    p.a.qp.post_send(&SendWr::new(1, op, &[src.sge(0, len).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(1, op, &[src.sge(0, len).unwrap()]))
+        .unwrap();
     // A second request queued behind it is flushed.
-    p.a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 1).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 1).unwrap()]))
+        .unwrap();
     let wcs = wait_a(p, 2);
     assert_eq!((wcs[0].wr_id, wcs[0].status), (1, status), "{wcs:?}");
-    assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::WrFlushErr), "{wcs:?}");
+    assert_eq!(
+        (wcs[1].wr_id, wcs[1].status),
+        (2, WcStatus::WrFlushErr),
+        "{wcs:?}"
+    );
     assert_eq!(p.a.qp.state(), QpState::Error);
     p.settle();
-    assert_eq!(p.b.qp.state(), QpState::Error, "the responder moves to Error too");
+    assert_eq!(
+        p.b.qp.state(),
+        QpState::Error,
+        "the responder moves to Error too"
+    );
 }
 
 #[test]
@@ -41,7 +59,13 @@ fn bad_rkey_is_a_remote_access_error() {
     let (mut p, src, target) = setup();
     let mut bad = target.remote(0);
     bad.rkey ^= 0x0100; // another index
-    expect_nak(&mut p, &src, SendOp::RdmaWrite(bad), 100, WcStatus::RemAccessErr);
+    expect_nak(
+        &mut p,
+        &src,
+        SendOp::RdmaWrite(bad),
+        100,
+        WcStatus::RemAccessErr,
+    );
     untouched(&target);
 }
 
@@ -54,7 +78,13 @@ fn stale_rkey_of_a_deregistered_region_is_refused() {
     // A new region may reuse the table entry: the tag in the key catches it.
     let reuse = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
     reuse.write_at(0, &[GUARD_BYTE; 4096]).unwrap();
-    expect_nak(&mut p, &src, SendOp::RdmaWrite(stale), 100, WcStatus::RemAccessErr);
+    expect_nak(
+        &mut p,
+        &src,
+        SendOp::RdmaWrite(stale),
+        100,
+        WcStatus::RemAccessErr,
+    );
     untouched(&reuse);
     untouched(&target);
 }
@@ -62,16 +92,32 @@ fn stale_rkey_of_a_deregistered_region_is_refused() {
 #[test]
 fn out_of_bounds_write_and_read_are_remote_access_errors() {
     let (mut p, src, target) = setup();
-    expect_nak(&mut p, &src, SendOp::RdmaWrite(target.remote(4000)), 200, WcStatus::RemAccessErr);
+    expect_nak(
+        &mut p,
+        &src,
+        SendOp::RdmaWrite(target.remote(4000)),
+        200,
+        WcStatus::RemAccessErr,
+    );
     untouched(&target);
     let (mut p, src, target) = setup();
-    expect_nak(&mut p, &src, SendOp::RdmaRead(target.remote(1)), 4096, WcStatus::RemAccessErr);
+    expect_nak(
+        &mut p,
+        &src,
+        SendOp::RdmaRead(target.remote(1)),
+        4096,
+        WcStatus::RemAccessErr,
+    );
     let before = {
         let mut v = vec![0u8; 8192];
         src.read_at(0, &mut v).unwrap();
         v
     };
-    assert_eq!(before, pattern(8192, 1), "the read's local buffer was not written");
+    assert_eq!(
+        before,
+        pattern(8192, 1),
+        "the read's local buffer was not written"
+    );
 }
 
 #[test]
@@ -79,7 +125,13 @@ fn write_without_remote_write_permission_is_refused() {
     let (mut p, src, _) = setup();
     let ro = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_READ).unwrap();
     ro.write_at(0, &[GUARD_BYTE; 4096]).unwrap();
-    expect_nak(&mut p, &src, SendOp::RdmaWrite(ro.remote(0)), 64, WcStatus::RemAccessErr);
+    expect_nak(
+        &mut p,
+        &src,
+        SendOp::RdmaWrite(ro.remote(0)),
+        64,
+        WcStatus::RemAccessErr,
+    );
     untouched(&ro);
 }
 
@@ -89,7 +141,13 @@ fn a_region_of_another_protection_domain_is_refused() {
     let other_pd = p.b.ctx.alloc_pd().unwrap();
     let foreign = other_pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
     foreign.write_at(0, &[GUARD_BYTE; 4096]).unwrap();
-    expect_nak(&mut p, &src, SendOp::RdmaWrite(foreign.remote(0)), 64, WcStatus::RemAccessErr);
+    expect_nak(
+        &mut p,
+        &src,
+        SendOp::RdmaWrite(foreign.remote(0)),
+        64,
+        WcStatus::RemAccessErr,
+    );
     untouched(&foreign);
 }
 
@@ -99,7 +157,10 @@ fn atomic_without_atomic_permission_is_refused() {
     expect_nak(
         &mut p,
         &src,
-        SendOp::FetchAdd { remote: target.remote(8), add: 1 },
+        SendOp::FetchAdd {
+            remote: target.remote(8),
+            add: 1,
+        },
         8,
         WcStatus::RemAccessErr,
     );
@@ -111,37 +172,58 @@ fn receive_buffer_too_small_fails_on_both_sides() {
     let (mut p, src, _) = setup();
     let small = p.b.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     small.write_at(0, &[GUARD_BYTE; 4096]).unwrap();
-    p.b.qp.post_recv(&RecvWr::new(77, &[small.sge(1000, 100).unwrap()])).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(77, &[small.sge(1000, 100).unwrap()]))
+        .unwrap();
     expect_nak(&mut p, &src, SendOp::Send, 3000, WcStatus::RemInvReqErr);
     let rc = wait_b(&mut p, 1)[0];
     assert_eq!((rc.wr_id, rc.status), (77, WcStatus::LocLenErr), "{rc:?}");
     let mut v = vec![0u8; 4096];
     small.read_at(0, &mut v).unwrap();
-    assert!(v[..1000].iter().all(|&b| b == GUARD_BYTE), "written before the buffer");
-    assert!(v[1100..].iter().all(|&b| b == GUARD_BYTE), "written after the buffer");
+    assert!(
+        v[..1000].iter().all(|&b| b == GUARD_BYTE),
+        "written before the buffer"
+    );
+    assert!(
+        v[1100..].iter().all(|&b| b == GUARD_BYTE),
+        "written after the buffer"
+    );
 }
 
 #[test]
 fn misaligned_atomics_are_rejected_at_post_time() {
     let (mut p, src, target) = setup();
-    let err = p
-        .a
-        .qp
-        .post_send(&SendWr::new(
-            1,
-            SendOp::CompareSwap { remote: target.remote(4), compare: 0, swap: 1 },
-            &[src.sge(0, 8).unwrap()],
-        ))
-        .unwrap_err();
+    let err =
+        p.a.qp
+            .post_send(&SendWr::new(
+                1,
+                SendOp::CompareSwap {
+                    remote: target.remote(4),
+                    compare: 0,
+                    swap: 1,
+                },
+                &[src.sge(0, 8).unwrap()],
+            ))
+            .unwrap_err();
     assert!(err.to_string().contains("aligned"), "{err}");
     // And a result buffer that is not 8 bytes.
-    let err = p
-        .a
-        .qp
-        .post_send(&SendWr::new(1, SendOp::FetchAdd { remote: target.remote(8), add: 1 }, &[src.sge(0, 4).unwrap()]))
-        .unwrap_err();
+    let err =
+        p.a.qp
+            .post_send(&SendWr::new(
+                1,
+                SendOp::FetchAdd {
+                    remote: target.remote(8),
+                    add: 1,
+                },
+                &[src.sge(0, 4).unwrap()],
+            ))
+            .unwrap_err();
     assert!(err.to_string().contains("8 bytes"), "{err}");
-    assert_eq!(p.a.qp.state(), QpState::Rts, "a refused post changes nothing");
+    assert_eq!(
+        p.a.qp.state(),
+        QpState::Rts,
+        "a refused post changes nothing"
+    );
 }
 
 #[test]
@@ -149,17 +231,26 @@ fn error_state_flushes_receives_and_later_posts() {
     let (mut p, src, _) = setup();
     let buf = p.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     for i in 0..3 {
-        p.b.qp.post_recv(&RecvWr::new(i, &[buf.sge(0, 64).unwrap()])).unwrap();
+        p.b.qp
+            .post_recv(&RecvWr::new(i, &[buf.sge(0, 64).unwrap()]))
+            .unwrap();
     }
     p.b.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
     let wcs = wait_b(&mut p, 3);
-    assert!(wcs.iter().all(|w| w.status == WcStatus::WrFlushErr), "{wcs:?}");
+    assert!(
+        wcs.iter().all(|w| w.status == WcStatus::WrFlushErr),
+        "{wcs:?}"
+    );
     assert_eq!(buf.in_flight(), 0, "flushed receives release their buffers");
     // Posting in Error is accepted and flushed.
-    p.b.qp.post_recv(&RecvWr::new(9, &[buf.sge(0, 64).unwrap()])).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(9, &[buf.sge(0, 64).unwrap()]))
+        .unwrap();
     assert_eq!(wait_b(&mut p, 1)[0].status, WcStatus::WrFlushErr);
     p.a.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
-    p.a.qp.post_send(&SendWr::new(5, SendOp::Send, &[src.sge(0, 8).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(5, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+        .unwrap();
     let wc = wait_a(&mut p, 1)[0];
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
     assert_eq!(src.in_flight(), 0);

@@ -20,9 +20,15 @@ fn guarded(pd: &Pd, len: usize, access: AccessFlags) -> Mr {
 fn check_guards(mr: &Mr, len: usize) {
     let mut g = vec![0u8; GUARD];
     mr.read_at(0, &mut g).unwrap();
-    assert!(g.iter().all(|&b| b == GUARD_BYTE), "bytes before the buffer were written");
+    assert!(
+        g.iter().all(|&b| b == GUARD_BYTE),
+        "bytes before the buffer were written"
+    );
     mr.read_at((GUARD + len) as u64, &mut g).unwrap();
-    assert!(g.iter().all(|&b| b == GUARD_BYTE), "bytes after the buffer were written");
+    assert!(
+        g.iter().all(|&b| b == GUARD_BYTE),
+        "bytes after the buffer were written"
+    );
 }
 
 fn read(mr: &Mr, off: usize, len: usize) -> Vec<u8> {
@@ -37,21 +43,32 @@ fn send_and_send_with_immediate_at_every_size() {
     for (i, &len) in SIZES.iter().enumerate() {
         for imm in [None, Some(0xdead_0000 + i as u32)] {
             let data = pattern(len, i as u8);
-            let src = p.a.pd.alloc_mr(len.max(1) as u64, AccessFlags::NONE).unwrap();
+            let src =
+                p.a.pd
+                    .alloc_mr(len.max(1) as u64, AccessFlags::NONE)
+                    .unwrap();
             src.write_at(0, &data).unwrap();
             let dst = guarded(&p.b.pd, len, AccessFlags::LOCAL_WRITE);
             let sge = dst.sge(GUARD as u64, len as u32).unwrap();
-            p.b.qp.post_recv(&RecvWr::new(100 + i as u64, &[sge])).unwrap();
+            p.b.qp
+                .post_recv(&RecvWr::new(100 + i as u64, &[sge]))
+                .unwrap();
             let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
             let g = src.sge(0, len as u32).unwrap();
             p.a.qp.post_send(&SendWr::new(i as u64, op, &[g])).unwrap();
             let rc = wait_b(&mut p, 1)[0];
             assert_eq!(rc.status, WcStatus::Success, "len {len}: {rc:?}");
-            assert_eq!((rc.wr_id, rc.byte_len, rc.imm_data), (100 + i as u64, len as u32, imm));
+            assert_eq!(
+                (rc.wr_id, rc.byte_len, rc.imm_data),
+                (100 + i as u64, len as u32, imm)
+            );
             assert_eq!(rc.opcode, WcOpcode::Recv);
             assert_eq!(rc.qp_num, p.b.qp.qpn());
             let sc = wait_a(&mut p, 1)[0];
-            assert_eq!((sc.status, sc.wr_id, sc.opcode), (WcStatus::Success, i as u64, WcOpcode::Send));
+            assert_eq!(
+                (sc.status, sc.wr_id, sc.opcode),
+                (WcStatus::Success, i as u64, WcOpcode::Send)
+            );
             assert_eq!(read(&dst, GUARD, len), data, "len {len}");
             check_guards(&dst, len);
         }
@@ -64,9 +81,16 @@ fn rdma_write_and_write_with_immediate_at_every_size() {
     for (i, &len) in SIZES.iter().enumerate() {
         for imm in [None, Some(0x1234_5678 ^ i as u32)] {
             let data = pattern(len, 3 + i as u8);
-            let src = p.a.pd.alloc_mr(len.max(1) as u64, AccessFlags::NONE).unwrap();
+            let src =
+                p.a.pd
+                    .alloc_mr(len.max(1) as u64, AccessFlags::NONE)
+                    .unwrap();
             src.write_at(0, &data).unwrap();
-            let dst = guarded(&p.b.pd, len, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE);
+            let dst = guarded(
+                &p.b.pd,
+                len,
+                AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE,
+            );
             let remote = dst.remote(GUARD as u64);
             let op = match imm {
                 None => SendOp::RdmaWrite(remote),
@@ -77,17 +101,32 @@ fn rdma_write_and_write_with_immediate_at_every_size() {
                 }
             };
             p.a.qp
-                .post_send(&SendWr::new(i as u64, op, &[src.sge(0, len as u32).unwrap()]))
+                .post_send(&SendWr::new(
+                    i as u64,
+                    op,
+                    &[src.sge(0, len as u32).unwrap()],
+                ))
                 .unwrap();
             let sc = wait_a(&mut p, 1)[0];
-            assert_eq!((sc.status, sc.opcode), (WcStatus::Success, WcOpcode::RdmaWrite), "{sc:?}");
+            assert_eq!(
+                (sc.status, sc.opcode),
+                (WcStatus::Success, WcOpcode::RdmaWrite),
+                "{sc:?}"
+            );
             if let Some(v) = imm {
                 let rc = wait_b(&mut p, 1)[0];
                 assert_eq!(rc.status, WcStatus::Success);
                 assert_eq!(rc.opcode, WcOpcode::RecvRdmaWithImm);
-                assert_eq!((rc.imm_data, rc.byte_len, rc.wr_id), (Some(v), len as u32, 500 + i as u64));
+                assert_eq!(
+                    (rc.imm_data, rc.byte_len, rc.wr_id),
+                    (Some(v), len as u32, 500 + i as u64)
+                );
             } else {
-                assert_eq!(p.b.cq.poll_one(), None, "a plain Write makes no completion at the target");
+                assert_eq!(
+                    p.b.cq.poll_one(),
+                    None,
+                    "a plain Write makes no completion at the target"
+                );
             }
             assert_eq!(read(&dst, GUARD, len), data, "len {len}");
             check_guards(&dst, len);
@@ -100,7 +139,10 @@ fn rdma_read_at_every_size() {
     let mut p = pair(&Params::default());
     for (i, &len) in SIZES.iter().enumerate() {
         let data = pattern(len, 9 + i as u8);
-        let src = p.b.pd.alloc_mr(len.max(1) as u64, AccessFlags::REMOTE_READ).unwrap();
+        let src =
+            p.b.pd
+                .alloc_mr(len.max(1) as u64, AccessFlags::REMOTE_READ)
+                .unwrap();
         src.write_at(0, &data).unwrap();
         let dst = guarded(&p.a.pd, len, AccessFlags::LOCAL_WRITE);
         p.a.qp
@@ -111,7 +153,11 @@ fn rdma_read_at_every_size() {
             ))
             .unwrap();
         let sc = wait_a(&mut p, 1)[0];
-        assert_eq!((sc.status, sc.opcode, sc.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, len as u32), "{sc:?}");
+        assert_eq!(
+            (sc.status, sc.opcode, sc.byte_len),
+            (WcStatus::Success, WcOpcode::RdmaRead, len as u32),
+            "{sc:?}"
+        );
         assert_eq!(read(&dst, GUARD, len), data, "len {len}");
         check_guards(&dst, len);
     }
@@ -125,18 +171,58 @@ fn atomics_run_on_the_target_word_and_return_the_original() {
     let result = guarded(&p.a.pd, 8, AccessFlags::LOCAL_WRITE);
     let res = || result.sge(GUARD as u64, 8).unwrap();
     let ops = [
-        (SendOp::FetchAdd { remote: target.remote(8), add: 5 }, 100, 105),
-        (SendOp::CompareSwap { remote: target.remote(8), compare: 7, swap: 1 }, 105, 105),
-        (SendOp::CompareSwap { remote: target.remote(8), compare: 105, swap: u64::MAX }, 105, u64::MAX),
-        (SendOp::FetchAdd { remote: target.remote(8), add: 2 }, u64::MAX, 1),
+        (
+            SendOp::FetchAdd {
+                remote: target.remote(8),
+                add: 5,
+            },
+            100,
+            105,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote: target.remote(8),
+                compare: 7,
+                swap: 1,
+            },
+            105,
+            105,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote: target.remote(8),
+                compare: 105,
+                swap: u64::MAX,
+            },
+            105,
+            u64::MAX,
+        ),
+        (
+            SendOp::FetchAdd {
+                remote: target.remote(8),
+                add: 2,
+            },
+            u64::MAX,
+            1,
+        ),
     ];
     for (i, (op, orig, after)) in ops.into_iter().enumerate() {
-        p.a.qp.post_send(&SendWr::new(i as u64, op, &[res()])).unwrap();
+        p.a.qp
+            .post_send(&SendWr::new(i as u64, op, &[res()]))
+            .unwrap();
         let sc = wait_a(&mut p, 1)[0];
         assert_eq!(sc.status, WcStatus::Success, "{sc:?}");
-        let expect_op = if matches!(op, SendOp::FetchAdd { .. }) { WcOpcode::FetchAdd } else { WcOpcode::CompSwap };
+        let expect_op = if matches!(op, SendOp::FetchAdd { .. }) {
+            WcOpcode::FetchAdd
+        } else {
+            WcOpcode::CompSwap
+        };
         assert_eq!(sc.opcode, expect_op);
-        assert_eq!(u64::from_ne_bytes(read(&result, GUARD, 8).try_into().unwrap()), orig, "op {i}");
+        assert_eq!(
+            u64::from_ne_bytes(read(&result, GUARD, 8).try_into().unwrap()),
+            orig,
+            "op {i}"
+        );
         assert_eq!(target.load_u64(8).unwrap(), after, "op {i}");
         check_guards(&result, 8);
     }
@@ -144,8 +230,15 @@ fn atomics_run_on_the_target_word_and_return_the_original() {
 
 #[test]
 fn scatter_gather_lists_on_both_sides() {
-    let caps = QpCaps { max_send_sge: 4, max_recv_sge: 4, ..QpCaps::default() };
-    let mut p = pair(&Params { caps, ..Params::default() });
+    let caps = QpCaps {
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        ..QpCaps::default()
+    };
+    let mut p = pair(&Params {
+        caps,
+        ..Params::default()
+    });
     // Gather 3 pieces from 2 regions; scatter into 4 pieces of other sizes.
     let a1 = p.a.pd.alloc_mr(8192, AccessFlags::NONE).unwrap();
     let a2 = p.a.pd.alloc_mr(8192, AccessFlags::NONE).unwrap();
@@ -156,12 +249,20 @@ fn scatter_gather_lists_on_both_sides() {
         mr.write_at(*off, &d).unwrap();
         expect.extend(d);
     }
-    let gather: Vec<Sge> = pieces.iter().map(|(m, o, l)| m.sge(*o, *l).unwrap()).collect();
+    let gather: Vec<Sge> = pieces
+        .iter()
+        .map(|(m, o, l)| m.sge(*o, *l).unwrap())
+        .collect();
     let b1 = p.b.pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
     let scatter_spec = [(0u64, 1000u32), (3000, 17), (4096, 1500), (7000, 1000)];
-    let scatter: Vec<Sge> = scatter_spec.iter().map(|(o, l)| b1.sge(*o, *l).unwrap()).collect();
+    let scatter: Vec<Sge> = scatter_spec
+        .iter()
+        .map(|(o, l)| b1.sge(*o, *l).unwrap())
+        .collect();
     p.b.qp.post_recv(&RecvWr::new(1, &scatter)).unwrap();
-    p.a.qp.post_send(&SendWr::new(2, SendOp::Send, &gather)).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(2, SendOp::Send, &gather))
+        .unwrap();
     let rc = wait_b(&mut p, 1)[0];
     assert_eq!((rc.status, rc.byte_len), (WcStatus::Success, 3201));
     let mut got = vec![];
@@ -175,14 +276,21 @@ fn scatter_gather_lists_on_both_sides() {
     assert_eq!(wait_a(&mut p, 1)[0].status, WcStatus::Success);
 
     // The same list gathered into an RDMA Write, and scattered by an RDMA Read.
-    let w = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap();
-    p.a.qp.post_send(&SendWr::new(3, SendOp::RdmaWrite(w.remote(10)), &gather)).unwrap();
+    let w =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(3, SendOp::RdmaWrite(w.remote(10)), &gather))
+        .unwrap();
     assert_eq!(wait_a(&mut p, 1)[0].status, WcStatus::Success);
     assert_eq!(read(&w, 10, 3201), expect);
     let r1 = p.a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let r2 = p.a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let rs = [r1.sge(1, 1200).unwrap(), r2.sge(0, 2001).unwrap()];
-    p.a.qp.post_send(&SendWr::new(4, SendOp::RdmaRead(w.remote(10)), &rs)).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(4, SendOp::RdmaRead(w.remote(10)), &rs))
+        .unwrap();
     let sc = wait_a(&mut p, 1)[0];
     assert_eq!((sc.status, sc.byte_len), (WcStatus::Success, 3201));
     let mut back = read(&r1, 1, 1200);
@@ -192,14 +300,31 @@ fn scatter_gather_lists_on_both_sides() {
 
 #[test]
 fn inline_data_is_copied_at_post_time() {
-    let caps = QpCaps { max_inline_data: 512, ..QpCaps::default() };
-    let mut p = pair(&Params { caps, ..Params::default() });
-    let dst = p.b.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let caps = QpCaps {
+        max_inline_data: 512,
+        ..QpCaps::default()
+    };
+    let mut p = pair(&Params {
+        caps,
+        ..Params::default()
+    });
+    let dst =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let rbuf = p.b.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b.qp.post_recv(&RecvWr::new(1, &[rbuf.sge(0, 4096).unwrap()])).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(1, &[rbuf.sge(0, 4096).unwrap()]))
+        .unwrap();
     for len in [0usize, 1, 50, 100, 101, 300, 512] {
         let mut bytes = pattern(len, len as u8);
-        p.a.qp.post_send(&SendWr::inline(len as u64, SendOp::RdmaWrite(dst.remote(0)), &bytes)).unwrap();
+        p.a.qp
+            .post_send(&SendWr::inline(
+                len as u64,
+                SendOp::RdmaWrite(dst.remote(0)),
+                &bytes,
+            ))
+            .unwrap();
         bytes.iter_mut().for_each(|b| *b = !*b); // the caller may reuse its buffer at once
         assert_eq!(wait_a(&mut p, 1)[0].status, WcStatus::Success);
         bytes.iter_mut().for_each(|b| *b = !*b);
@@ -216,14 +341,23 @@ fn inline_data_is_copied_at_post_time() {
     assert_eq!(wait_b(&mut p, 1)[0].byte_len, 512);
     assert_eq!(read(&rbuf, 0, 512), pattern(512, 1));
     // Too much inline data is refused at post time.
-    let err = p.a.qp.post_send(&SendWr::inline(0, SendOp::Send, &[0; 513])).unwrap_err();
+    let err =
+        p.a.qp
+            .post_send(&SendWr::inline(0, SendOp::Send, &[0; 513]))
+            .unwrap_err();
     assert!(err.to_string().contains("max_inline_data"), "{err}");
 }
 
 #[test]
 fn unsignaled_requests_complete_silently_but_free_their_slots() {
-    let caps = QpCaps { max_send_wr: 4, ..QpCaps::default() };
-    let mut p = pair(&Params { caps, ..Params::default() });
+    let caps = QpCaps {
+        max_send_wr: 4,
+        ..QpCaps::default()
+    };
+    let mut p = pair(&Params {
+        caps,
+        ..Params::default()
+    });
     let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     for round in 0..10u64 {
@@ -240,25 +374,45 @@ fn unsignaled_requests_complete_silently_but_free_their_slots() {
         p.a.qp.post_send(&wr).unwrap();
         let wc = wait_a(&mut p, 1)[0];
         assert_eq!((wc.wr_id, wc.status), (99, WcStatus::Success));
-        assert_eq!(p.a.cq.poll_one(), None, "unsignaled requests made completions");
+        assert_eq!(
+            p.a.cq.poll_one(),
+            None,
+            "unsignaled requests made completions"
+        );
     }
 }
 
 #[test]
 fn a_full_queue_is_an_error_and_nothing_is_dropped() {
-    let caps = QpCaps { max_send_wr: 8, max_recv_wr: 8, ..QpCaps::default() };
-    let mut p = pair(&Params { caps, ..Params::default() });
+    let caps = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        ..QpCaps::default()
+    };
+    let mut p = pair(&Params {
+        caps,
+        ..Params::default()
+    });
     let buf = p.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     for i in 0..8 {
-        p.b.qp.post_recv(&RecvWr::new(i, &[buf.sge(0, 64).unwrap()])).unwrap();
+        p.b.qp
+            .post_recv(&RecvWr::new(i, &[buf.sge(0, 64).unwrap()]))
+            .unwrap();
     }
-    let err = p.b.qp.post_recv(&RecvWr::new(8, &[buf.sge(0, 64).unwrap()])).unwrap_err();
+    let err =
+        p.b.qp
+            .post_recv(&RecvWr::new(8, &[buf.sge(0, 64).unwrap()]))
+            .unwrap_err();
     assert!(matches!(err, Error::QueueFull { depth: 8, .. }), "{err}");
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     // Post without driving the peer, so nothing can complete.
     let mut posted = 0;
     loop {
-        match p.a.qp.post_send(&SendWr::new(posted, SendOp::Send, &[src.sge(0, 1).unwrap()])) {
+        match p.a.qp.post_send(&SendWr::new(
+            posted,
+            SendOp::Send,
+            &[src.sge(0, 1).unwrap()],
+        )) {
             Ok(()) => posted += 1,
             Err(Error::QueueFull { .. }) => break,
             Err(e) => panic!("{e}"),
@@ -282,7 +436,9 @@ fn the_cq_filling_up_holds_completions_back_without_losing_them() {
     let pdb = cb.alloc_pd().unwrap();
     let mut small_cq = ca.create_cq(2).unwrap();
     let mut cqb = cb.create_cq(64).unwrap();
-    let mut qa = ca.create_qp(&pda, &small_cq, &small_cq, QpCaps::default()).unwrap();
+    let mut qa = ca
+        .create_qp(&pda, &small_cq, &small_cq, QpCaps::default())
+        .unwrap();
     let mut qb = cb.create_qp(&pdb, &cqb, &cqb, QpCaps::default()).unwrap();
     let (na, nb) = (qa.qpn(), qb.qpn());
     connect(&mut qa, la, nb, 1, 2, &params);
@@ -290,7 +446,12 @@ fn the_cq_filling_up_holds_completions_back_without_losing_them() {
     let dst = pdb.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
     let src = pda.alloc_mr(64, AccessFlags::NONE).unwrap();
     for i in 0..20 {
-        qa.post_send(&SendWr::new(i, SendOp::RdmaWrite(dst.remote(0)), &[src.sge(0, 8).unwrap()])).unwrap();
+        qa.post_send(&SendWr::new(
+            i,
+            SendOp::RdmaWrite(dst.remote(0)),
+            &[src.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
     }
     for _ in 0..1000 {
         ca.progress();

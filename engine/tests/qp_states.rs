@@ -16,12 +16,25 @@ fn posting_follows_the_state_machine() {
     let sge = [mr.sge(0, 8).unwrap()];
     assert_eq!(qp.state(), QpState::Reset);
     // Reset: nothing can be posted.
-    assert!(matches!(qp.post_recv(&RecvWr::new(1, &sge)), Err(Error::InvalidState { .. })));
-    assert!(matches!(qp.post_send(&SendWr::new(1, SendOp::Send, &sge)), Err(Error::InvalidState { .. })));
-    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE)).unwrap();
+    assert!(matches!(
+        qp.post_recv(&RecvWr::new(1, &sge)),
+        Err(Error::InvalidState { .. })
+    ));
+    assert!(matches!(
+        qp.post_send(&SendWr::new(1, SendOp::Send, &sge)),
+        Err(Error::InvalidState { .. })
+    ));
+    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+        .unwrap();
     // Init: receives yes, sends no.
     qp.post_recv(&RecvWr::new(1, &sge)).unwrap();
-    assert!(matches!(qp.post_send(&SendWr::new(1, SendOp::Send, &sge)), Err(Error::InvalidState { state: QpState::Init, .. })));
+    assert!(matches!(
+        qp.post_send(&SendWr::new(1, SendOp::Send, &sge)),
+        Err(Error::InvalidState {
+            state: QpState::Init,
+            ..
+        })
+    ));
     let qpn = qp.qpn();
     qp.modify(
         &QpAttr::new(QpState::Rtr)
@@ -33,21 +46,48 @@ fn posting_follows_the_state_machine() {
     )
     .unwrap();
     // RTR: posting a send is an immediate error (spec/03), receives are fine.
-    let err = qp.post_send(&SendWr::new(1, SendOp::Send, &sge)).unwrap_err();
-    assert!(matches!(err, Error::InvalidState { state: QpState::Rtr, .. }), "{err}");
+    let err = qp
+        .post_send(&SendWr::new(1, SendOp::Send, &sge))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidState {
+                state: QpState::Rtr,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("RTS"), "{err}");
     qp.post_recv(&RecvWr::new(2, &sge)).unwrap();
     // A failed transition leaves the QP as it was.
-    let bad = QpAttr::new(QpState::Rts).sq_psn(5).timeout(14).retry_cnt(9).rnr_retry(7).max_rd_atomic(1);
+    let bad = QpAttr::new(QpState::Rts)
+        .sq_psn(5)
+        .timeout(14)
+        .retry_cnt(9)
+        .rnr_retry(7)
+        .max_rd_atomic(1);
     assert!(qp.modify(&bad).is_err());
     assert_eq!(qp.state(), QpState::Rtr);
-    let missing = QpAttr::new(QpState::Rts).sq_psn(5).timeout(14).rnr_retry(7).max_rd_atomic(1);
+    let missing = QpAttr::new(QpState::Rts)
+        .sq_psn(5)
+        .timeout(14)
+        .rnr_retry(7)
+        .max_rd_atomic(1);
     match qp.modify(&missing) {
         Err(Error::MissingAttribute { attribute, .. }) => assert_eq!(attribute, "retry_cnt"),
         other => panic!("{other:?}"),
     }
-    qp.modify(&QpAttr::new(QpState::Rts).sq_psn(5).timeout(14).retry_cnt(7).rnr_retry(7).max_rd_atomic(1))
-        .unwrap();
+    qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(5)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(1),
+    )
+    .unwrap();
     assert_eq!(qp.state(), QpState::Rts);
     // Loopback: the QP talks to itself; the two receives take the two sends.
     mr.write_at(0, b"loopback").unwrap();
@@ -85,14 +125,20 @@ fn capabilities_out_of_range_are_refused_at_creation() {
     let ctx = context(4 << 20);
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
-    let caps = QpCaps { max_send_wr: 0, ..QpCaps::default() };
+    let caps = QpCaps {
+        max_send_wr: 0,
+        ..QpCaps::default()
+    };
     let err = ctx.create_qp(&pd, &cq, &cq, caps).unwrap_err();
     assert!(err.to_string().contains("max_send_wr"), "{err}");
     assert!(ctx.create_cq(0).is_err());
     assert!(pd.alloc_mr(0, AccessFlags::NONE).is_err());
     let other = context(4 << 20);
     let opd = other.alloc_pd().unwrap();
-    assert!(matches!(ctx.create_qp(&opd, &cq, &cq, QpCaps::default()), Err(Error::ForeignObject { .. })));
+    assert!(matches!(
+        ctx.create_qp(&opd, &cq, &cq, QpCaps::default()),
+        Err(Error::ForeignObject { .. })
+    ));
 }
 
 #[test]
@@ -100,9 +146,14 @@ fn a_region_in_use_cannot_be_freed_or_mutably_borrowed() {
     let mut p = pair(&Params::default());
     let mut buf = p.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     assert!(buf.as_mut_slice().is_ok());
-    p.b.qp.post_recv(&RecvWr::new(1, &[buf.sge(0, 64).unwrap()])).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(1, &[buf.sge(0, 64).unwrap()]))
+        .unwrap();
     assert_eq!(buf.in_flight(), 1);
-    assert!(matches!(buf.as_mut_slice(), Err(Error::MrBusy { in_flight: 1, .. })));
+    assert!(matches!(
+        buf.as_mut_slice(),
+        Err(Error::MrBusy { in_flight: 1, .. })
+    ));
     let buf = match buf.deregister() {
         Err((mr, Error::MrBusy { .. })) => mr,
         other => panic!("deregistered while in use: {other:?}"),
@@ -110,31 +161,55 @@ fn a_region_in_use_cannot_be_freed_or_mutably_borrowed() {
     // Complete the receive; then the region is free again.
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     src.write_at(0, b"12345678").unwrap();
-    p.a.qp.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+        .unwrap();
     wait_b(&mut p, 1);
     let mut buf = buf;
     assert_eq!(&buf.as_mut_slice().unwrap()[..8], b"12345678");
     buf.deregister().unwrap();
     // Remote-writable memory never hands out a slice.
     let mut rw = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
-    assert!(matches!(rw.as_mut_slice(), Err(Error::MrRemoteWritable { .. })));
+    assert!(matches!(
+        rw.as_mut_slice(),
+        Err(Error::MrRemoteWritable { .. })
+    ));
 }
 
 #[test]
 fn dropping_a_region_in_flight_defers_its_free_and_kills_its_key() {
     let mut p = pair(&Params::default());
     let free0 = p.b.ctx.arena_free();
-    let buf = p.b.pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let buf =
+        p.b.pd
+            .alloc_mr(
+                1 << 20,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
     let remote = buf.remote(0);
-    p.b.qp.post_recv(&RecvWr::new(1, &[buf.sge(0, 64).unwrap()])).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(1, &[buf.sge(0, 64).unwrap()]))
+        .unwrap();
     drop(buf);
-    assert!(p.b.ctx.arena_free() < free0, "still held by the posted receive");
+    assert!(
+        p.b.ctx.arena_free() < free0,
+        "still held by the posted receive"
+    );
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
-    p.a.qp.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+        .unwrap();
     assert_eq!(wait_b(&mut p, 1)[0].status, WcStatus::Success);
     assert_eq!(p.b.ctx.arena_free(), free0, "freed after the last use");
     // Its R_Key is dead.
-    p.a.qp.post_send(&SendWr::new(2, SendOp::RdmaWrite(remote), &[src.sge(0, 8).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            2,
+            SendOp::RdmaWrite(remote),
+            &[src.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
     let wcs = wait_a(&mut p, 2);
     assert_eq!(wcs[1].status, WcStatus::RemAccessErr, "{wcs:?}");
 }

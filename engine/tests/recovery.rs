@@ -8,18 +8,29 @@ use shmhca::*;
 
 #[test]
 fn a_send_before_the_receive_is_posted_is_retried_after_rnr_naks() {
-    let mut p = pair(&Params { min_rnr_timer: 1, rnr_retry: 7, ..Params::default() });
+    let mut p = pair(&Params {
+        min_rnr_timer: 1,
+        rnr_retry: 7,
+        ..Params::default()
+    });
     let src = p.a.pd.alloc_mr(4096, AccessFlags::NONE).unwrap();
     src.write_at(0, &pattern(3000, 5)).unwrap();
-    p.a.qp.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 3000).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 3000).unwrap()]))
+        .unwrap();
     // Let the first packet be refused a few times.
     let start = Instant::now();
     while p.a.ctx.stats().rnr_naks_received < 3 {
         p.pump();
-        assert!(start.elapsed() < Duration::from_secs(10), "no RNR Nak arrived");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no RNR Nak arrived"
+        );
     }
     let dst = p.b.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b.qp.post_recv(&RecvWr::new(2, &[dst.sge(0, 4096).unwrap()])).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(2, &[dst.sge(0, 4096).unwrap()]))
+        .unwrap();
     let rc = wait_b(&mut p, 1)[0];
     assert_eq!((rc.status, rc.byte_len), (WcStatus::Success, 3000));
     assert_eq!(wait_a(&mut p, 1)[0].status, WcStatus::Success);
@@ -31,32 +42,56 @@ fn a_send_before_the_receive_is_posted_is_retried_after_rnr_naks() {
 
 #[test]
 fn rnr_retry_count_exhausted_fails_the_request() {
-    let mut p = pair(&Params { min_rnr_timer: 1, rnr_retry: 2, ..Params::default() });
+    let mut p = pair(&Params {
+        min_rnr_timer: 1,
+        rnr_retry: 2,
+        ..Params::default()
+    });
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
-    p.a.qp.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+        .unwrap();
     let wc = wait_a(&mut p, 1)[0];
     assert_eq!(wc.status, WcStatus::RnrRetryExcErr, "{wc:?}");
-    assert_eq!(p.a.ctx.stats().rnr_naks_received, 3, "the first try and two retries");
+    assert_eq!(
+        p.a.ctx.stats().rnr_naks_received,
+        3,
+        "the first try and two retries"
+    );
     assert_eq!(p.a.qp.state(), QpState::Error);
 }
 
 #[test]
 fn credits_let_a_stream_of_sends_flow_without_rnr_naks() {
-    let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, ..QpCaps::default() };
-    let mut p = pair(&Params { caps, ..Params::default() });
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        ..QpCaps::default()
+    };
+    let mut p = pair(&Params {
+        caps,
+        ..Params::default()
+    });
     let src = p.a.pd.alloc_mr(4096, AccessFlags::NONE).unwrap();
     let dst = p.b.pd.alloc_mr(64 * 64, AccessFlags::LOCAL_WRITE).unwrap();
     let mut received = 0;
     let mut sent = 0u64;
     // The receiver keeps 16 receives posted; the sender always has more to send.
     for i in 0..16u64 {
-        p.b.qp.post_recv(&RecvWr::new(i, &[dst.sge(i * 64, 64).unwrap()])).unwrap();
+        p.b.qp
+            .post_recv(&RecvWr::new(i, &[dst.sge(i * 64, 64).unwrap()]))
+            .unwrap();
     }
     let mut next_recv = 16u64;
     let start = Instant::now();
     while received < 1000 {
         while sent < 1000 && p.a.qp.sq_outstanding() < 64 {
-            p.a.qp.post_send(&SendWr::new(sent, SendOp::Send, &[src.sge(0, 32).unwrap()]).flags(SendFlags::NONE)).unwrap();
+            p.a.qp
+                .post_send(
+                    &SendWr::new(sent, SendOp::Send, &[src.sge(0, 32).unwrap()])
+                        .flags(SendFlags::NONE),
+                )
+                .unwrap();
             sent += 1;
         }
         p.pump();
@@ -64,23 +99,48 @@ fn credits_let_a_stream_of_sends_flow_without_rnr_naks() {
             assert_eq!(wc.status, WcStatus::Success);
             received += 1;
             let slot = next_recv % 64;
-            p.b.qp.post_recv(&RecvWr::new(next_recv, &[dst.sge(slot * 64, 64).unwrap()])).unwrap();
+            p.b.qp
+                .post_recv(&RecvWr::new(next_recv, &[dst.sge(slot * 64, 64).unwrap()]))
+                .unwrap();
             next_recv += 1;
         }
         while p.a.cq.poll_one().is_some() {}
-        assert!(start.elapsed() < Duration::from_secs(20), "stalled at {received}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "stalled at {received}"
+        );
     }
-    assert_eq!(p.a.ctx.stats().rnr_naks_received, 0, "credits kept the sender within the posted receives");
+    assert_eq!(
+        p.a.ctx.stats().rnr_naks_received,
+        0,
+        "credits kept the sender within the posted receives"
+    );
 }
 
 #[test]
 fn an_unresponsive_peer_times_out_and_retries_then_fails() {
     // Local Ack Timeout 1: Ttr = 8.192 µs. The peer's engine is never driven.
-    let mut p = pair(&Params { timeout: 1, retry: 3, ..Params::default() });
+    let mut p = pair(&Params {
+        timeout: 1,
+        retry: 3,
+        ..Params::default()
+    });
     let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
-    p.a.qp.post_send(&SendWr::new(1, SendOp::RdmaWrite(dst.remote(0)), &[src.sge(0, 8).unwrap()])).unwrap();
-    p.a.qp.post_send(&SendWr::new(2, SendOp::RdmaWrite(dst.remote(8)), &[src.sge(0, 8).unwrap()])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            1,
+            SendOp::RdmaWrite(dst.remote(0)),
+            &[src.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            2,
+            SendOp::RdmaWrite(dst.remote(8)),
+            &[src.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
     let start = Instant::now();
     let mut wcs = vec![];
     while wcs.len() < 2 {
@@ -94,20 +154,43 @@ fn an_unresponsive_peer_times_out_and_retries_then_fails() {
     assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::WrFlushErr));
     let s = p.a.ctx.stats();
     assert_eq!(s.timeouts, 4, "the first expiry and three retries");
-    assert!(s.retransmitted >= 3, "each retry resends from the first unacknowledged request: {s:?}");
+    assert!(
+        s.retransmitted >= 3,
+        "each retry resends from the first unacknowledged request: {s:?}"
+    );
 }
 
 #[test]
 fn a_late_peer_is_recovered_by_retransmission() {
     // The peer wakes up after a few timeouts: the retransmitted requests are executed once,
     // the duplicates re-acknowledged.
-    let mut p = pair(&Params { timeout: 1, retry: 7, ..Params::default() });
-    let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC).unwrap();
+    let mut p = pair(&Params {
+        timeout: 1,
+        retry: 7,
+        ..Params::default()
+    });
+    let dst =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            .unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, b"retried!").unwrap();
-    p.a.qp.post_send(&SendWr::new(1, SendOp::RdmaWrite(dst.remote(0)), &[src.sge(0, 8).unwrap()])).unwrap();
     p.a.qp
-        .post_send(&SendWr::new(2, SendOp::FetchAdd { remote: dst.remote(8), add: 1 }, &[src.sge(8, 8).unwrap()]))
+        .post_send(&SendWr::new(
+            1,
+            SendOp::RdmaWrite(dst.remote(0)),
+            &[src.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            2,
+            SendOp::FetchAdd {
+                remote: dst.remote(8),
+                add: 1,
+            },
+            &[src.sge(8, 8).unwrap()],
+        ))
         .unwrap();
     let start = Instant::now();
     while p.a.ctx.stats().timeouts < 2 {

@@ -10,7 +10,9 @@ fn send_of_8_bytes_arrives() {
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     let dst = p.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, b"shmhca!!").unwrap();
-    p.b.qp.post_recv(&RecvWr::new(7, &[dst.sge(0, 64).unwrap()])).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(7, &[dst.sge(0, 64).unwrap()]))
+        .unwrap();
     p.a.qp
         .post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
         .unwrap();

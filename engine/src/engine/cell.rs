@@ -73,7 +73,7 @@ impl<T> EngineCell<T> {
         let _waiting = Waiting(&self.waiting);
         let mut f = Some(f);
         let mut spins = 0u32;
-        let r = loop {
+        loop {
             if let Some(r) = self.try_with(|v| (f.take().expect("called once"))(v)) {
                 break r;
             }
@@ -83,8 +83,7 @@ impl<T> EngineCell<T> {
             } else {
                 std::thread::yield_now();
             }
-        };
-        r
+        }
     }
 
     /// Whether a control operation is waiting (the engine thread should step aside).

@@ -93,6 +93,7 @@ impl ActiveSet {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.summary == 0
     }

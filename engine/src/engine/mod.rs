@@ -16,7 +16,6 @@
 pub(crate) mod cell;
 pub(crate) mod doorbell;
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arena::Arena;
@@ -51,15 +50,13 @@ pub(crate) struct Engine {
     active: ActiveSet,
     scratch: Vec<u32>,
     rx: Box<[PacketSlot]>,
-    /// This engine's identity in captures.
-    pub(crate) id: u32,
     /// Packet capture and observation; `None` when off (one branch per burst).
     pub(crate) trace: Option<Box<Trace>>,
     next_pd: u32,
 }
 
 impl Engine {
-    pub(crate) fn new(arena: Arena, id: u32) -> Engine {
+    pub(crate) fn new(arena: Arena) -> Engine {
         Engine {
             arena,
             mrs: MrTable::default(),
@@ -71,7 +68,6 @@ impl Engine {
             active: ActiveSet::new(),
             scratch: Vec::with_capacity(MAX_QPS),
             rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
-            id,
             trace: None,
             next_pd: 1,
         }
@@ -85,7 +81,7 @@ impl Engine {
     }
 
     /// Adds a QP built by `make` from its index and QPN.
-    pub(crate) fn add_qp(&mut self, make: impl FnOnce(u32, Qpn) -> QpCtx) -> Result<(u32, Qpn)> {
+    pub(crate) fn add_qp(&mut self, make: impl FnOnce(Qpn) -> QpCtx) -> Result<(u32, Qpn)> {
         let index = match self.qps.iter().position(Option::is_none) {
             Some(i) => i,
             None if self.qps.len() < MAX_QPS => {
@@ -108,7 +104,7 @@ impl Engine {
             *gen_ + 1
         };
         let qpn = Qpn::new(*gen_ << QP_INDEX_BITS | index as u32);
-        self.qps[index] = Some(make(index as u32, qpn));
+        self.qps[index] = Some(make(qpn));
         Ok((index as u32, qpn))
     }
 
@@ -144,10 +140,11 @@ impl Engine {
             .ok_or(Error::ForeignObject { what: "QP" })?;
         let (to, cfg) = plan_modify(qp.state, &qp.cfg, attr)?;
         if let Some(d) = attr.dest {
-            if !links
+            let live = links
                 .get(d.link.0 as usize)
-                .is_some_and(|l| l.as_ref().is_some_and(|l| l.down.is_none()))
-            {
+                .and_then(Option::as_ref)
+                .is_some_and(|l| l.down.is_none());
+            if !live {
                 return Err(Error::invalid(
                     "dest",
                     format!("link {} is not a live link of this context", d.link.0),
@@ -265,9 +262,9 @@ impl Engine {
                 Err(e) => {
                     link.down = Some(e.to_string());
                     for (i, q) in qps.iter().enumerate() {
-                        if q.as_ref().is_some_and(|q| {
-                            q.cfg.dest.is_some_and(|d| d.link == LinkId(l as u32))
-                        }) {
+                        if q.as_ref()
+                            .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == LinkId(l as u32)))
+                        {
                             active.insert(i as u32);
                         }
                     }
@@ -278,7 +275,14 @@ impl Engine {
             stats.packets_received += n as u64;
             for slot in &rx[..n] {
                 if let Some(t) = trace.as_deref_mut() {
-                    t.packet(LinkId(l as u32), link.endpoints, false, link.rx_tap, slot, &link.peer);
+                    t.packet(
+                        LinkId(l as u32),
+                        link.endpoints,
+                        false,
+                        link.rx_tap,
+                        slot,
+                        &link.peer,
+                    );
                 }
                 let Ok(pkt) = RxPacket::parse(slot) else {
                     stats.dropped += 1;
@@ -336,10 +340,7 @@ impl Engine {
                     if qp.req.timer.armed() || qp.req.rnr_timer.armed() {
                         requester::on_tick(qp, &mut env);
                     }
-                    let mut wire = Wire {
-                        peer: &link.peer,
-                        tx: &mut link.tx,
-                    };
+                    let mut wire = Wire { tx: &mut link.tx };
                     responder::drain(qp, &mut env, &mut wire);
                     work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                 }
@@ -367,7 +368,14 @@ impl Engine {
             let Some(link) = link.as_mut() else { continue };
             if let Some(t) = trace.as_deref_mut() {
                 for slot in link.tx.queued() {
-                    t.packet(LinkId(l as u32), link.endpoints, true, true, slot, arena.mem());
+                    t.packet(
+                        LinkId(l as u32),
+                        link.endpoints,
+                        true,
+                        true,
+                        slot,
+                        arena.mem(),
+                    );
                 }
             }
             link.tx.flush();

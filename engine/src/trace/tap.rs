@@ -120,12 +120,15 @@ impl Drop for Tap {
     }
 }
 
+/// A packet observer (see `Context::observe_packets`).
+pub(crate) type Observer = Box<dyn FnMut(&super::PacketEvent<'_>) + Send>;
+
 /// An engine's tracing: a pcap file and/or a packet observer. Boxed behind one `Option`
 /// in the engine so that, off, it costs one branch per burst.
 #[derive(Default)]
 pub(crate) struct Trace {
     pub(crate) pcap: Option<Arc<Tap>>,
-    pub(crate) observer: Option<Box<dyn FnMut(&super::PacketEvent<'_>) + Send>>,
+    pub(crate) observer: Option<Observer>,
 }
 
 impl Trace {

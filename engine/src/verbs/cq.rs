@@ -10,7 +10,7 @@ use crate::verbs::Shared;
 use crate::verbs::wr::WorkCompletion;
 
 /// The deepest completion queue.
-pub const MAX_CQ_DEPTH: u32 = 1 << 20;
+pub(crate) const MAX_CQ_DEPTH: u32 = 1 << 20;
 
 /// A completion queue: work completions of the QPs created with it, oldest first.
 ///
@@ -87,6 +87,8 @@ impl Drop for Cq {
 
 impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cq").field("cqn", &self.cqn).finish_non_exhaustive()
+        f.debug_struct("Cq")
+            .field("cqn", &self.cqn)
+            .finish_non_exhaustive()
     }
 }

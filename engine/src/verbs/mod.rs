@@ -167,7 +167,7 @@ impl ContextBuilder {
         let arena_mem = arena.mem().share();
         let arena_segment = arena.segment().clone();
         let id = next_engine_id();
-        let mut engine = Engine::new(arena, id);
+        let mut engine = Engine::new(arena);
         if let Some(path) = &self.pcap {
             engine.trace = Some(Box::new(Trace {
                 pcap: Some(shared_tap(path)?),
@@ -210,7 +210,11 @@ fn shared_tap(path: &Path) -> Result<Arc<Tap>> {
     static TAPS: Mutex<Vec<(PathBuf, std::sync::Weak<Tap>)>> = Mutex::new(Vec::new());
     let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
     taps.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(t) = taps.iter().find(|(p, _)| p == path).and_then(|(_, w)| w.upgrade()) {
+    if let Some(t) = taps
+        .iter()
+        .find(|(p, _)| p == path)
+        .and_then(|(_, w)| w.upgrade())
+    {
         return Ok(t);
     }
     let tap = Tap::create(path)
@@ -366,7 +370,13 @@ impl Context {
     /// arena has no room for the QP's staging areas, or the context has 4096 QPs.
     ///
     /// [`QpCaps::validate`]: crate::QpCaps::validate
-    pub fn create_qp(&self, pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: crate::QpCaps) -> Result<Qp> {
+    pub fn create_qp(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: crate::QpCaps,
+    ) -> Result<Qp> {
         Qp::create(&self.shared, pd, send_cq, recv_cq, caps)
     }
 

@@ -208,7 +208,10 @@ impl Mr {
     pub fn load_u64(&self, offset: u64) -> Result<u64> {
         self.check(offset, 8)?;
         if (self.off + offset) % 8 != 0 {
-            return Err(Error::invalid("offset", format!("{offset} is not 8-byte aligned")));
+            return Err(Error::invalid(
+                "offset",
+                format!("{offset} is not 8-byte aligned"),
+            ));
         }
         self.shared
             .arena_mem

@@ -65,8 +65,10 @@ impl Qp {
         }
         let sq_cap = caps.max_send_wr.next_power_of_two() as usize;
         let rq_cap = caps.max_recv_wr.next_power_of_two() as usize;
-        let (sq, sq_c) = heap_ring(sq_cap).map_err(|e| Error::invalid("max_send_wr", e.to_string()))?;
-        let (rq, rq_c) = heap_ring(rq_cap).map_err(|e| Error::invalid("max_recv_wr", e.to_string()))?;
+        let (sq, sq_c) =
+            heap_ring(sq_cap).map_err(|e| Error::invalid("max_send_wr", e.to_string()))?;
+        let (rq, rq_c) =
+            heap_ring(rq_cap).map_err(|e| Error::invalid("max_recv_wr", e.to_string()))?;
         let qshared = Arc::new(QpShared::new());
         let inline_row = u64::from(caps.max_inline_data).div_ceil(64) * 64;
         let (pdn, scq, rcq) = (pd.pdn, send_cq.cqn, recv_cq.cqn);
@@ -105,13 +107,11 @@ impl Qp {
                     return Err(err);
                 }
             };
-            let added = e.add_qp(|index, qpn| QpCtx {
+            let added = e.add_qp(|qpn| QpCtx {
                 qpn,
-                index,
                 pd: pdn,
                 state: QpState::Reset,
                 cfg: QpConfig::default(),
-                caps,
                 send_cq: scq,
                 recv_cq: rcq,
                 sq: sq_c,
@@ -225,7 +225,10 @@ impl Qp {
     ///
     /// # Errors
     /// As [`Qp::post_send`], with the number posted before the failing request.
-    pub fn post_send_batch(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+    pub fn post_send_batch(
+        &mut self,
+        wrs: &[SendWr<'_>],
+    ) -> std::result::Result<(), (usize, Error)> {
         let mut done = 0;
         for wr in wrs {
             if let Err(e) = self.post_send_one(wr) {
@@ -293,10 +296,14 @@ impl Qp {
         }
         let row = self.sq_posted % u64::from(self.caps.max_send_wr);
         let (data, len) = match wr.data {
-            Data::Inline(bytes) => (self.stage_inline(row, bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?, bytes.len() as u64),
+            Data::Inline(bytes) => (
+                self.stage_inline(row, bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?,
+                bytes.len() as u64,
+            ),
             Data::Sgl(sgl) => {
                 let needs_write = op.is_rd_atomic();
-                let len = self.check_sgl(sgl, self.caps.max_send_sge, needs_write, "gather list")?;
+                let len =
+                    self.check_sgl(sgl, self.caps.max_send_sge, needs_write, "gather list")?;
                 if inline {
                     // Copy the gather list's bytes now; the buffers are free on return.
                     let mem = &self.shared.arena_mem;
@@ -334,7 +341,10 @@ impl Qp {
                 if r.addr % 8 != 0 {
                     return Err(Error::invalid(
                         "remote address",
-                        format!("{:#x} is not 8-byte aligned: atomics work on aligned 64-bit words", r.addr),
+                        format!(
+                            "{:#x} is not 8-byte aligned: atomics work on aligned 64-bit words",
+                            r.addr
+                        ),
                     ));
                 }
                 if len != 8 {
@@ -403,7 +413,10 @@ impl Qp {
         let block = self.inline.expect("max_inline_data > 0 allocates staging");
         let off = block.off + row * self.inline_row;
         if !fill(off, &self.shared.arena_mem) {
-            return Err(Error::invalid("inline data", "the gather list could not be read"));
+            return Err(Error::invalid(
+                "inline data",
+                "the gather list could not be read",
+            ));
         }
         Ok(DataLoc::Single(SgeEntry {
             off,
@@ -413,7 +426,13 @@ impl Qp {
     }
 
     /// Checks a scatter/gather list; returns its total length.
-    fn check_sgl(&self, sgl: &[Sge<'_>], max: u32, needs_write: bool, what: &'static str) -> Result<u64> {
+    fn check_sgl(
+        &self,
+        sgl: &[Sge<'_>],
+        max: u32,
+        needs_write: bool,
+        what: &'static str,
+    ) -> Result<u64> {
         if sgl.len() > max as usize {
             return Err(Error::invalid(
                 what,
@@ -458,7 +477,9 @@ impl Qp {
             [] => DataLoc::Empty,
             [s] => DataLoc::Single(entry(s)),
             many => {
-                let block = self.gather.expect("max_send_sge > 1 allocates a gather table");
+                let block = self
+                    .gather
+                    .expect("max_send_sge > 1 allocates a gather table");
                 self.write_table(block, row, self.caps.max_send_sge, many.iter().map(entry))
             }
         })
@@ -508,7 +529,7 @@ impl Qp {
                 });
             }
         }
-        let len = self.check_sgl(wr.sgl, self.caps.max_recv_sge, true, "scatter list")?;
+        self.check_sgl(wr.sgl, self.caps.max_recv_sge, true, "scatter list")?;
         let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
         let entry = |s: &Sge<'_>| SgeEntry {
             off: s.mr.off + s.offset,
@@ -519,7 +540,9 @@ impl Qp {
             [] => DataLoc::Empty,
             [s] => DataLoc::Single(entry(s)),
             many => {
-                let block = self.scatter.expect("max_recv_sge > 1 allocates a scatter table");
+                let block = self
+                    .scatter
+                    .expect("max_recv_sge > 1 allocates a scatter table");
                 self.write_table(block, row, self.caps.max_recv_sge, many.iter().map(entry))
             }
         };
@@ -530,7 +553,6 @@ impl Qp {
             .rq
             .push(RqWqe {
                 wr_id: wr.wr_id,
-                len,
                 data,
             })
             .is_err()

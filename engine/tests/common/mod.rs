@@ -42,7 +42,9 @@ impl Default for Params {
             mtu: Mtu::Mtu1024,
             psn_a: 201,
             psn_b: 7000,
-            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
             rd_atomic: 4,
             arena: 16 << 20,
             timeout: 14,
@@ -66,12 +68,26 @@ pub fn end(ctx: Context, link: LinkId, p: &Params) -> End {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4096).unwrap();
     let qp = ctx.create_qp(&pd, &cq, &cq, p.caps).unwrap();
-    End { ctx, pd, cq, qp, link }
+    End {
+        ctx,
+        pd,
+        cq,
+        qp,
+        link,
+    }
 }
 
 /// Brings `qp` to RTS talking to `remote` over `link`.
-pub fn connect(qp: &mut Qp, link: LinkId, remote: shmhca::Qpn, sq_psn: u32, rq_psn: u32, p: &Params) {
-    qp.modify(&QpAttr::new(QpState::Init).access(p.access)).unwrap();
+pub fn connect(
+    qp: &mut Qp,
+    link: LinkId,
+    remote: shmhca::Qpn,
+    sq_psn: u32,
+    rq_psn: u32,
+    p: &Params,
+) {
+    qp.modify(&QpAttr::new(QpState::Init).access(p.access))
+        .unwrap();
     qp.modify(
         &QpAttr::new(QpState::Rtr)
             .path_mtu(p.mtu)
@@ -120,7 +136,10 @@ impl Pair {
             } else {
                 idle = 0;
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "engines never settled");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "engines never settled"
+            );
         }
     }
 }
