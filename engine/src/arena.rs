@@ -24,6 +24,14 @@ pub(crate) const ARENA_KIND: u32 = 0x4152_4e41; // "ARNA"
 /// Bytes at the start of the arena reserved for the engine's shared header.
 pub(crate) const HEADER_LEN: u64 = 4096;
 
+/// Where the engine's wake-up word lives in the arena header: its own cache line. While
+/// the engine thread sleeps it holds 1 and the thread waits on it with a futex; whoever
+/// gives it work (a local post, a peer's packets) wakes it.
+pub(crate) const WAKE_WORD: u64 = 64;
+/// A word saying whether this engine may sleep at all (1) or always polls (0); peers read
+/// it once, at link setup, and skip the wake-up check when it is 0.
+pub(crate) const MAY_SLEEP: u64 = 128;
+
 /// Smallest alignment of any allocation: a cache line, so that no two regions share one.
 pub(crate) const MIN_ALIGN: u64 = 64;
 

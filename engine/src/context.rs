@@ -79,6 +79,8 @@ pub struct Stats {
     pub rnr_naks_received: u64,
     /// Packets dropped: malformed, for an unknown QP, duplicate or out of window.
     pub dropped: u64,
+    /// Times the poll-mode engine thread went to sleep (idle policy `Backoff`).
+    pub sleeps: u64,
 }
 
 /// The engine's end of a completion queue.

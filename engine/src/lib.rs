@@ -15,6 +15,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub(crate) mod arena;
+pub mod cm;
 pub mod completer;
 pub(crate) mod context;
 pub mod credit;
@@ -34,6 +35,7 @@ pub mod verbs;
 pub mod wire;
 pub(crate) mod wqe;
 
+pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;
 pub use error::{Error, Result};
 pub use link::LinkId;

@@ -288,18 +288,22 @@ impl TxBatch {
         &self.buf[..self.len]
     }
 
-    /// Publishes the queued packets (one index store).
-    pub(crate) fn flush(&mut self) {
+    /// Publishes the queued packets (one index store); returns how many.
+    pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {
-            return;
+            return 0;
         }
         match self.producer.push_burst(&self.buf[..self.len]) {
             Ok(n) => {
                 debug_assert_eq!(n, self.len, "room was checked before queueing");
                 self.free = self.free.saturating_sub(n);
                 self.len = 0;
+                n
             }
-            Err(e) => self.broken = Some(e),
+            Err(e) => {
+                self.broken = Some(e);
+                0
+            }
         }
     }
 
@@ -407,15 +411,30 @@ pub(crate) struct Link {
     pub(crate) endpoints: (u32, u32),
     /// Whether received packets are traced (not when the sender traces to the same file).
     pub(crate) rx_tap: bool,
+    /// Whether the peer engine may sleep (then it must be woken after sending to it).
+    peer_may_sleep: bool,
 }
 
 impl Link {
+    /// The peer's wake word, if the peer may sleep.
+    #[inline]
+    pub(crate) fn peer_wake(&self) -> Option<&std::sync::atomic::AtomicU32> {
+        if !self.peer_may_sleep {
+            return None;
+        }
+        self.peer.atomic_u32(crate::arena::WAKE_WORD).ok()
+    }
+
     pub(crate) fn new(
         segment: Arc<Segment>,
         ends: LinkEnds,
         peer: Mem,
         endpoints: (u32, u32),
     ) -> Link {
+        // Read once: the peer decides at creation whether it may ever sleep.
+        let peer_may_sleep = peer
+            .atomic_u32(crate::arena::MAY_SLEEP)
+            .is_ok_and(|w| w.load(std::sync::atomic::Ordering::Relaxed) != 0);
         Link {
             _segment: segment,
             rx: ends.rx,
@@ -424,6 +443,7 @@ impl Link {
             down: None,
             endpoints,
             rx_tap: true,
+            peer_may_sleep,
         }
     }
 }

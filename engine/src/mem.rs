@@ -25,7 +25,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use shmhca_rings::segment::{Access, Segment};
 
@@ -213,6 +213,22 @@ impl Mem {
                 Ok(v) | Err(v) => v,
             },
         )
+    }
+
+    /// The 4-byte aligned word at `off` as an atomic, for loads and futex waits/wakes.
+    ///
+    /// Also given for read-only views (a peer's arena): the engine only loads from and
+    /// futex-wakes such a word, which read-only memory allows; it never stores through it.
+    pub(crate) fn atomic_u32(&self, off: u64) -> Result<&AtomicU32, OutOfRange> {
+        if off % 4 != 0 || self.base_addr() % 4 != 0 {
+            return Err(OutOfRange);
+        }
+        let off = self.check(off, 4)?;
+        // SAFETY: the 4 bytes are inside the live mapping and 4-byte aligned (checked
+        // above); shared memory between processes is what atomics are for; the reference
+        // does not outlive `self`, which keeps the mapping alive; and no caller stores
+        // through it unless the view is writable.
+        Ok(unsafe { AtomicU32::from_ptr(self.ptr_at(off) as *mut u32) })
     }
 
     /// Atomically loads the 64-bit word at `off`.

@@ -93,7 +93,6 @@ impl ActiveSet {
         }
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.summary == 0
     }

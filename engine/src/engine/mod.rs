@@ -15,6 +15,7 @@
 
 pub(crate) mod cell;
 pub(crate) mod doorbell;
+pub(crate) mod wake;
 
 use std::time::Instant;
 
@@ -378,9 +379,18 @@ impl Engine {
                     );
                 }
             }
-            link.tx.flush();
+            if link.tx.flush() > 0 {
+                if let Some(word) = link.peer_wake() {
+                    wake::wake(word);
+                }
+            }
         }
         work
+    }
+
+    /// Whether no QP has work pending (the engine thread may sleep).
+    pub(crate) fn idle(&self) -> bool {
+        self.active.is_empty()
     }
 
     /// Flushes the capture file, if any.
@@ -427,5 +437,21 @@ fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
     }
     while let Ok(Some(wqe)) = qp.rq.pop() {
         qp.retire_recv(env, &wqe);
+    }
+}
+
+// Connection manager hooks (crate::cm).
+impl Engine {
+    /// The peer of the QP numbered `qpn` went away: the QP goes to the Error state, so its
+    /// work requests complete with flush errors. Returns false if there is no such QP (it
+    /// was destroyed; its number is not reused for a while, thanks to the generation tag).
+    pub(crate) fn peer_gone(&mut self, qpn: Qpn) -> bool {
+        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+        let exists = self
+            .qps
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|q| q.qpn == qpn);
+        exists && self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok()
     }
 }

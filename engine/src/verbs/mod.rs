@@ -37,6 +37,7 @@ use crate::context::Stats;
 use crate::engine::Engine;
 use crate::engine::cell::EngineCell;
 use crate::engine::doorbell::Doorbell;
+use crate::engine::wake;
 use crate::error::{Error, Result};
 use crate::link::{self, Link, LinkId, Side};
 use crate::mem::Mem;
@@ -164,6 +165,13 @@ impl ContextBuilder {
             ));
         }
         let arena = Arena::create(self.arena_size, self.huge_pages)?;
+        let may_sleep = matches!(self.mode, EngineMode::Poll { .. })
+            && matches!(self.idle, IdlePolicy::Backoff { .. });
+        // Announce to peers whether they must wake this engine (see `engine::wake`).
+        arena
+            .mem()
+            .write(crate::arena::MAY_SLEEP, &u32::from(may_sleep).to_ne_bytes())
+            .expect("the arena header is writable");
         let arena_mem = arena.mem().share();
         let arena_segment = arena.segment().clone();
         let id = next_engine_id();
@@ -183,6 +191,8 @@ impl ContextBuilder {
             mode: self.mode,
             link_slots: self.link_slots,
             huge_pages: self.huge_pages,
+            may_sleep,
+            cm: crate::cm::CmState::new(),
         });
         if let EngineMode::Poll { cpu } = self.mode {
             let s = shared.clone();
@@ -234,6 +244,10 @@ pub(crate) struct Shared {
     pub(crate) mode: EngineMode,
     pub(crate) link_slots: usize,
     pub(crate) huge_pages: HugePages,
+    /// Whether the engine thread may sleep (poll mode with a backoff policy).
+    pub(crate) may_sleep: bool,
+    /// The connection manager's state: engine identity, links to peers, peer watcher.
+    pub(crate) cm: crate::cm::CmState,
 }
 
 impl Shared {
@@ -252,6 +266,32 @@ impl Shared {
             self.progress();
         }
     }
+
+    /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the
+    /// engine now (inline mode) or wakes its thread if it may be asleep (poll mode).
+    #[inline]
+    pub(crate) fn notify(&self, index: u32) {
+        self.doorbell.ring(index);
+        if self.mode == EngineMode::Inline {
+            self.progress();
+        } else if self.may_sleep {
+            wake::wake(self.wake_word());
+        }
+    }
+
+    /// Wakes a sleeping engine thread after a control operation gave it work.
+    pub(crate) fn kick(&self) {
+        if self.may_sleep {
+            wake::wake(self.wake_word());
+        }
+    }
+
+    /// This engine's wake word (in its arena header).
+    pub(crate) fn wake_word(&self) -> &std::sync::atomic::AtomicU32 {
+        self.arena_mem
+            .atomic_u32(crate::arena::WAKE_WORD)
+            .expect("the arena header holds the wake word")
+    }
 }
 
 fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
@@ -259,7 +299,6 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
         core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
     }
     let mut idle_iters = 0u32;
-    let mut sleep = std::time::Duration::from_micros(1);
     let mut n: u32 = 0;
     loop {
         n = n.wrapping_add(1);
@@ -271,10 +310,8 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
             std::thread::yield_now();
             continue;
         }
-        let work = shared.progress();
-        if work > 0 {
+        if shared.progress() > 0 {
             idle_iters = 0;
-            sleep = std::time::Duration::from_micros(1);
             continue;
         }
         match idle {
@@ -283,13 +320,23 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
                 idle_iters = idle_iters.saturating_add(1);
                 if idle_iters < spins {
                     std::hint::spin_loop();
-                } else if idle_iters < spins.saturating_add(100) {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(sleep);
-                    sleep = (sleep * 2).min(max_sleep);
-                    n = n.wrapping_add(1023 - n % 1024); // check for shutdown after a sleep
+                    continue;
                 }
+                let idle_now = shared.engine.try_with(|e| e.idle()).unwrap_or(false);
+                if !idle_now {
+                    // Work in flight (requests awaiting responses, timers): stay awake.
+                    std::thread::yield_now();
+                    continue;
+                }
+                let word = shared.wake_word();
+                let slept = wake::sleep(word, max_sleep, || {
+                    shared.progress() > 0 || !shared.engine.try_with(|e| e.idle()).unwrap_or(true)
+                });
+                if slept {
+                    shared.engine.with(|e| e.stats.sleeps += 1);
+                }
+                idle_iters = 0;
+                n |= 1023; // look at the reference count after every sleep
             }
         }
     }
@@ -479,6 +526,8 @@ impl Context {
         lb.rx_tap = !same_tap;
         let a = self.shared.engine.with(|e| e.add_link(la));
         let b = peer.shared.engine.with(|e| e.add_link(lb));
+        self.shared.kick();
+        peer.shared.kick();
         Ok((a, b))
     }
 }

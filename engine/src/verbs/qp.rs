@@ -174,7 +174,9 @@ impl Qp {
     /// [`plan_modify`](crate::qp::plan_modify).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         let index = self.index;
-        self.shared.engine.with(|e| e.modify_qp(index, attr))
+        self.shared.engine.with(|e| e.modify_qp(index, attr))?;
+        self.shared.kick();
+        Ok(())
     }
 
     /// The QP's programmed attributes.
@@ -246,8 +248,7 @@ impl Qp {
     }
 
     fn ring_and_kick(&self) {
-        self.shared.doorbell.ring(self.index);
-        self.shared.progress_inline();
+        self.shared.notify(self.index);
     }
 
     fn post_send_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
