@@ -183,39 +183,105 @@ impl<T: Copy> sealed::RawStorage<T> for HeapStorage<T> {
     fn store_head(&self, value: u64, order: Ordering) {
         self.ring.head.store(value, order);
     }
+    // Under loom every slot access goes through its loom cell, so that loom tracks it.
+    #[cfg(shmhca_loom)]
     #[inline(always)]
     unsafe fn write_slots(&self, first: u64, values: &[T]) {
-        let mask = self.ring.mask;
         for (i, value) in values.iter().enumerate() {
-            let slot = &self.ring.slots[(first as usize).wrapping_add(i) & mask];
-            // SAFETY: the caller owns this slot (free, released by the consumer), so no one
-            // else accesses it; writing a MaybeUninit<T> through its cell is in bounds.
-            slot.with_mut(|p| unsafe { p.write(MaybeUninit::new(*value)) });
+            // SAFETY: as in write_slot.
+            unsafe { self.write_slot(first.wrapping_add(i as u64), *value) };
         }
     }
+    #[cfg(shmhca_loom)]
     #[inline(always)]
     unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
-        let mask = self.ring.mask;
         for (i, out) in out.iter_mut().enumerate() {
-            let slot = &self.ring.slots[(first as usize).wrapping_add(i) & mask];
-            // SAFETY: the caller guarantees the slot is published, so the producer wrote it
-            // (initialised) before its Release store of tail, which our Acquire load saw, and
-            // will not write it again before we release it.
-            *out = slot.with(|p| unsafe { p.cast::<T>().read() });
+            // SAFETY: as in read_slot.
+            *out = unsafe { self.read_slot(first.wrapping_add(i as u64)) };
         }
     }
+    #[cfg(shmhca_loom)]
     #[inline(always)]
     unsafe fn write_slot(&self, index: u64, value: T) {
         let slot = &self.ring.slots[(index as usize) & self.ring.mask];
-        // SAFETY: as in write_slots.
+        // SAFETY: the caller owns this slot (free: released by the consumer), so no one else
+        // accesses it; the write is in bounds of the cell.
         slot.with_mut(|p| unsafe { p.write(MaybeUninit::new(value)) });
     }
+    #[cfg(shmhca_loom)]
     #[inline(always)]
     unsafe fn read_slot(&self, index: u64) -> T {
         let slot = &self.ring.slots[(index as usize) & self.ring.mask];
-        // SAFETY: as in read_slots.
+        // SAFETY: the caller guarantees the slot is published: the producer initialised it
+        // before its Release store of tail, which our Acquire load saw, and will not write it
+        // again before we release it.
         slot.with(|p| unsafe { p.cast::<T>().read() })
     }
+
+    // Without loom the slots are one contiguous array of T, copied in at most two runs.
+    #[cfg(not(shmhca_loom))]
+    #[inline(always)]
+    unsafe fn write_slots(&self, first: u64, values: &[T]) {
+        let (a, b) = runs(first, values.len(), self.ring.mask);
+        // SAFETY: the caller owns these slots (free: released by the consumer); `runs` keeps
+        // both runs inside the array (a + b ≤ capacity); `values` is not ring memory.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.slot_ptr(first), a) };
+        // SAFETY: as above, for the run after the wrap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(values.as_ptr().wrapping_add(a), self.slot_ptr(0), b)
+        };
+    }
+    #[cfg(not(shmhca_loom))]
+    #[inline(always)]
+    unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
+        let (a, b) = runs(first, out.len(), self.ring.mask);
+        // SAFETY: the caller guarantees these slots are published (initialised by the
+        // producer before its Release store of tail, which our Acquire load saw) and not
+        // reused before we release them; both runs are inside the array.
+        unsafe { std::ptr::copy_nonoverlapping(self.slot_ptr(first), out.as_mut_ptr(), a) };
+        // SAFETY: as above, for the run after the wrap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.slot_ptr(0), out.as_mut_ptr().wrapping_add(a), b)
+        };
+    }
+    #[cfg(not(shmhca_loom))]
+    #[inline(always)]
+    unsafe fn write_slot(&self, index: u64, value: T) {
+        // SAFETY: as in write_slots, for one slot.
+        unsafe { self.slot_ptr(index).write(value) };
+    }
+    #[cfg(not(shmhca_loom))]
+    #[inline(always)]
+    unsafe fn read_slot(&self, index: u64) -> T {
+        // SAFETY: as in read_slots, for one slot.
+        unsafe { self.slot_ptr(index).read() }
+    }
+}
+
+#[cfg(not(shmhca_loom))]
+impl<T> HeapStorage<T> {
+    /// Pointer to the slot for `index` (masked, so in bounds). The slots are a contiguous
+    /// array with T's layout (`UnsafeCell` and `MaybeUninit` are `repr(transparent)`), and
+    /// writing through a pointer derived from a shared reference to `UnsafeCell` contents
+    /// is allowed.
+    #[inline(always)]
+    fn slot_ptr(&self, index: u64) -> *mut T {
+        let slot = (index as usize) & self.ring.mask;
+        self.ring
+            .slots
+            .as_ptr()
+            .cast::<T>()
+            .cast_mut()
+            .wrapping_add(slot)
+    }
+}
+
+/// Splits `len` slots starting at `first` into the run before the wrap and the run after.
+#[inline(always)]
+fn runs(first: u64, len: usize, mask: usize) -> (usize, usize) {
+    let start = (first as usize) & mask;
+    let before_wrap = len.min(mask + 1 - start);
+    (before_wrap, len - before_wrap)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -350,14 +416,6 @@ impl<T: Pod> ShmStorage<T> {
         // attach), so this never wraps; wrapping_add just keeps the arithmetic safe code.
         self.slots.as_ptr().wrapping_add(slot * size_of::<T>())
     }
-
-    /// Splits `len` slots from `first` into the runs before and after the wrap.
-    #[inline(always)]
-    fn runs(&self, first: u64, len: usize) -> (usize, usize) {
-        let start = (first as usize) & self.mask;
-        let before_wrap = len.min(self.mask + 1 - start);
-        (before_wrap, len - before_wrap)
-    }
 }
 
 impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
@@ -383,7 +441,7 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     unsafe fn write_slots(&self, first: u64, values: &[T]) {
-        let (a, b) = self.runs(first, values.len());
+        let (a, b) = runs(first, values.len(), self.mask);
         let src = values.as_ptr().cast::<u8>();
         // SAFETY: `runs` keeps [start, start+a) and [0, b) inside the slot array (a + b ≤
         // capacity by the caller's contract); `values` is ordinary memory, not the mapping.
@@ -403,7 +461,7 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
-        let (a, b) = self.runs(first, out.len());
+        let (a, b) = runs(first, out.len(), self.mask);
         let dst = out.as_mut_ptr().cast::<u8>();
         // SAFETY: as in write_slots, both runs are inside the slot array and `out` is private
         // memory. This is the copy-out that makes the consumer immune to a peer rewriting a
