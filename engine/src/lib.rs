@@ -45,3 +45,8 @@ pub use verbs::wr::{
 };
 pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Qp, Sge};
 pub use wire::Qpn;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
