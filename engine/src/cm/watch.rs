@@ -24,6 +24,10 @@ use crate::link::LinkId;
 use crate::verbs::Shared;
 use crate::wire::Qpn;
 
+/// Engine iterations run to drain a link before a hang-up is acted on (a full default ring
+/// of 1024 slots takes 32).
+const MAX_DRAIN_POLLS: usize = 256;
+
 /// What a connection and the watcher share.
 #[derive(Debug)]
 pub(crate) struct ConnStatus {
@@ -203,10 +207,23 @@ fn run(w: &Arc<Watcher>, shared: &Weak<Shared>) {
 
 /// The peer of `entry` is gone: error its QP, close the socket, update the link.
 fn peer_gone(shared: &Arc<Shared>, entry: &Watched, why: &str) {
+    // The connection reads as gone before any flushed completion can be seen.
     entry.status.set_gone(why);
+    let was_live = entry.status.live.swap(false, Ordering::AcqRel);
     let _ = entry.stream.shutdown(std::net::Shutdown::Both);
-    shared.engine.with(|e| e.peer_gone(entry.qpn));
-    if entry.status.live.swap(false, Ordering::AcqRel) {
+    shared.engine.with(|e| {
+        // Hear the peer's last words first: what it published on the link before its socket
+        // closed (the Ack of the last message it received, say) is processed before the QP
+        // goes to the Error state. Bounded, in case the peer engine is still sending over
+        // other connections.
+        for _ in 0..MAX_DRAIN_POLLS {
+            if e.poll(&shared.doorbell) == 0 {
+                break;
+            }
+        }
+        e.peer_gone(entry.qpn)
+    });
+    if was_live {
         shared.cm.links.hang_up(&shared.engine, entry.link, why);
     }
 }

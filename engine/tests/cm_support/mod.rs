@@ -130,10 +130,12 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        // Never leave a peer behind when a test fails half-way.
+        // Never leave a peer behind when a test fails half-way; show what it said.
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            let output = self.output();
+            eprintln!("{} (killed by the failing test)\n{output}", self.what);
         }
     }
 }
