@@ -710,115 +710,37 @@ fn to_rts(qp: &mut Qp, params: &ConnectParams, psn: u32, peer: &Offer, depth: u8
     )
 }
 
-fn client_handshake(
-    shared: &Arc<Shared>,
-    chan: &Chan<'_>,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
-    params: &ConnectParams,
-) -> std::result::Result<Established, Fail> {
-    let cred = chan.check_peer(params.peer_policy)?;
-    let hello = match chan.recv("HELLO (is it a shmhca listener?)", 0)? {
-        (Message::Hello(h), _) => h,
-        (m, _) => return Err(chan.unexpected("HELLO", m)),
-    };
-    let aborted = |e: Error| Fail::reject(RejectReason::Aborted, e);
-    let mut qp = Qp::create(shared, pd, send_cq, recv_cq, params.caps).map_err(aborted)?;
-    to_init(&mut qp, params).map_err(aborted)?;
-    let psn = params.psn();
-    let offer = params.offer(qp.qpn(), psn);
-    let cm = &shared.cm;
-    let mut force_new = false;
-    let (rep, link, token) = loop {
-        let plan = cm.links.plan(hello.identity, chan.deadline, force_new);
-        let req = |link_mode, link_token| {
-            Message::Req(Req {
-                identity: cm.identity,
-                trace_id: shared.id,
-                link_mode,
-                link_token,
-                offer,
-                private_data: params.private_data.clone(),
-            })
-        };
-        match plan {
-            Plan::Reuse { id, token, side } => {
-                let held = LinkRef::counted(shared, id);
-                // The connection manager's links are never loopback: this side holds the
-                // creating or the opening end.
-                let mode = if side == Side::Creator {
-                    LinkMode::ReuseClientCreated
-                } else {
-                    LinkMode::ReuseServerCreated
-                };
-                chan.send(&req(mode, token), &[])?;
-                match chan.recv("REP", 0)? {
-                    (Message::Rep(rep), _) => break (rep, held, token),
-                    (Message::Rej(r), _) if r.reason == RejectReason::UnknownLink => {
-                        // The server dropped that link meanwhile: make a new one.
-                        drop(held);
-                        force_new = true;
-                    }
-                    (m, _) => return Err(chan.unexpected("REP", m)),
-                }
-            }
-            Plan::Create => {
-                let made = (|| -> Result<(Arc<Segment>, u64)> {
-                    let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)?;
-                    Ok((seg, random_u64()))
-                })();
-                let (seg, token) = match made {
-                    Ok(m) => m,
-                    Err(e) => {
-                        cm.links.creation_failed(hello.identity);
-                        return Err(aborted(e));
-                    }
-                };
-                let sent = chan.send(
-                    &req(LinkMode::New, token),
-                    &[seg.as_fd(), shared.arena_segment.as_fd()],
-                );
-                let reply = sent.and_then(|()| chan.recv("REP", 1));
-                let (rep, mut fds) = match reply {
-                    Ok((Message::Rep(rep), fds)) => (rep, fds),
-                    Ok((m, _)) => {
-                        cm.links.creation_failed(hello.identity);
-                        return Err(chan.unexpected("REP", m));
-                    }
-                    Err(f) => {
-                        cm.links.creation_failed(hello.identity);
-                        return Err(f);
-                    }
-                };
-                let Some(arena) = fds.pop() else {
-                    cm.links.creation_failed(hello.identity);
-                    return Err(Fail::reject(
-                        RejectReason::ProtocolError,
-                        chan.err("the server's REP for a new link carried no arena descriptor"),
-                    ));
-                };
-                let id = match new_link(shared, seg, Side::Creator, arena, hello.trace_id) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        cm.links.creation_failed(hello.identity);
-                        return Err(aborted(e));
-                    }
-                };
-                cm.links.created(LinkEntry {
-                    id,
-                    peer: hello.identity,
-                    token,
-                    side: Side::Creator,
-                    peer_pid: cred.pid,
-                    refs: 1,
-                    live: 1,
-                    up: true,
-                });
-                break (rep, LinkRef::counted(shared, id), token);
-            }
+/// A link creation in progress ([`Plan::Create`]): ended by [`Creating::finish`], or by
+/// dropping it (on any error).
+struct Creating<'a> {
+    links: &'a Links,
+    peer: u64,
+    done: bool,
+}
+
+impl Creating<'_> {
+    /// Records the link made.
+    fn finish(mut self, entry: LinkEntry) {
+        self.done = true;
+        self.links.created(entry);
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.links.creation_failed(self.peer);
         }
-    };
+    }
+}
+
+/// Checks the server's REP against the REQ; returns the PMTU to use.
+fn check_rep(
+    chan: &Chan<'_>,
+    params: &ConnectParams,
+    rep: &Rep,
+    token: u64,
+) -> std::result::Result<Mtu, Fail> {
     if rep.link_token != token {
         return Err(Fail::reject(
             RejectReason::ProtocolError,
@@ -852,6 +774,111 @@ fn client_handshake(
             )),
         ));
     }
+    Ok(mtu)
+}
+
+fn client_handshake(
+    shared: &Arc<Shared>,
+    chan: &Chan<'_>,
+    pd: &Pd,
+    send_cq: &Cq,
+    recv_cq: &Cq,
+    params: &ConnectParams,
+) -> std::result::Result<Established, Fail> {
+    let cred = chan.check_peer(params.peer_policy)?;
+    let hello = match chan.recv("HELLO (is it a shmhca listener?)", 0)? {
+        (Message::Hello(h), _) => h,
+        (m, _) => return Err(chan.unexpected("HELLO", m)),
+    };
+    let aborted = |e: Error| Fail::reject(RejectReason::Aborted, e);
+    let mut qp = Qp::create(shared, pd, send_cq, recv_cq, params.caps).map_err(aborted)?;
+    to_init(&mut qp, params).map_err(aborted)?;
+    let psn = params.psn();
+    let offer = params.offer(qp.qpn(), psn);
+    let cm = &shared.cm;
+    let mut force_new = false;
+    let (rep, link, mtu) = loop {
+        let plan = cm.links.plan(hello.identity, chan.deadline, force_new);
+        let req = |link_mode, link_token| {
+            Message::Req(Req {
+                identity: cm.identity,
+                trace_id: shared.id,
+                link_mode,
+                link_token,
+                offer,
+                private_data: params.private_data.clone(),
+            })
+        };
+        match plan {
+            Plan::Reuse { id, token, side } => {
+                let held = LinkRef::counted(shared, id);
+                // The connection manager's links are never loopback: this side holds the
+                // creating or the opening end.
+                let mode = if side == Side::Creator {
+                    LinkMode::ReuseClientCreated
+                } else {
+                    LinkMode::ReuseServerCreated
+                };
+                chan.send(&req(mode, token), &[])?;
+                match chan.recv("REP", 0)? {
+                    (Message::Rep(rep), _) => {
+                        let mtu = check_rep(chan, params, &rep, token)?;
+                        break (rep, held, mtu);
+                    }
+                    (Message::Rej(r), _) if r.reason == RejectReason::UnknownLink => {
+                        // The server dropped that link meanwhile: make a new one.
+                        drop(held);
+                        force_new = true;
+                    }
+                    (m, _) => return Err(chan.unexpected("REP", m)),
+                }
+            }
+            Plan::Create => {
+                // Until the link is recorded, dropping this ends the creation.
+                let creating = Creating {
+                    links: &cm.links,
+                    peer: hello.identity,
+                    done: false,
+                };
+                let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)
+                    .map_err(aborted)?;
+                let token = random_u64();
+                chan.send(
+                    &req(LinkMode::New, token),
+                    &[seg.as_fd(), shared.arena_segment.as_fd()],
+                )?;
+                let (rep, mut fds) = match chan.recv("REP", 1)? {
+                    (Message::Rep(rep), fds) => (rep, fds),
+                    (m, _) => return Err(chan.unexpected("REP", m)),
+                };
+                let mtu = check_rep(chan, params, &rep, token)?;
+                let Some(arena) = fds.pop() else {
+                    return Err(Fail::reject(
+                        RejectReason::ProtocolError,
+                        chan.err("the server's REP for a new link carried no arena descriptor"),
+                    ));
+                };
+                let id =
+                    new_link(shared, seg, Side::Creator, arena, hello.trace_id).map_err(|e| {
+                        Fail::reject(
+                            RejectReason::InvalidParameter,
+                            chan.err(format_args!("the server's arena is unusable: {e}")),
+                        )
+                    })?;
+                creating.finish(LinkEntry {
+                    id,
+                    peer: hello.identity,
+                    token,
+                    side: Side::Creator,
+                    peer_pid: cred.pid,
+                    refs: 1,
+                    live: 1,
+                    up: true,
+                });
+                break (rep, LinkRef::counted(shared, id), mtu);
+            }
+        }
+    };
     let depth = params.initiator_depth.min(rep.offer.responder_resources);
     to_rtr(
         &mut qp,
@@ -885,18 +912,14 @@ fn server_handshake(
 ) -> std::result::Result<Established, Fail> {
     let cred = chan.check_peer(policy)?;
     let cm = &shared.cm;
-    chan.send(
+    // A failed send shows up below, as the client's REJ or hang-up when reading its REQ.
+    let _ = chan.send(
         &Message::Hello(Hello {
             identity: cm.identity,
             trace_id: shared.id,
         }),
         &[],
-    )
-    .map_err(|mut f| {
-        // The client went away before a word: a probe, not a failed client.
-        f.closed_before_start = true;
-        f
-    })?;
+    );
     let mut first = true;
     let (req, link, new) = loop {
         let (req, mut fds) = match chan.recv("REQ", 2) {
@@ -1035,7 +1058,11 @@ fn finish(
         Ok(e) => e,
         Err(f) => {
             if let Some(reason) = f.reject {
-                chan.send_reject(reason, f.error.to_string());
+                // The peer adds its own context; tell it just what went wrong.
+                let text = f.error.to_string();
+                let prefix = format!("connection setup: {}: ", chan.path.display());
+                let text = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
+                chan.send_reject(reason, text);
             }
             return Err(f);
         }
@@ -1105,6 +1132,11 @@ fn connect_error(path: &Path, e: &io::Error) -> Error {
     Error::Connect(match e.kind() {
         io::ErrorKind::NotFound => {
             format!("{p}: no such socket ({e}): start the listener first, or check the path")
+        }
+        io::ErrorKind::ConnectionRefused
+            if std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_socket()) =>
+        {
+            format!("{p}: not a socket ({e}): pass the path a shmhca Listener is bound to")
         }
         io::ErrorKind::ConnectionRefused => format!(
             "{p}: nobody listens on this socket ({e}): the listener has exited; start it again"
@@ -1520,5 +1552,218 @@ impl Context {
                 up: e.up,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineMode;
+    use shmhca_rings::segment::HugePages;
+
+    fn ctx() -> Context {
+        Context::builder()
+            .arena_size(4 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(EngineMode::Inline)
+            .build()
+            .unwrap()
+    }
+
+    fn sock(tag: &str) -> PathBuf {
+        let p =
+            std::env::temp_dir().join(format!("shmhca-cm-unit-{tag}-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    fn read_msg(s: &UnixStream, max_fds: usize) -> (Message, Vec<OwnedFd>) {
+        let chan = Chan {
+            stream: s,
+            path: Path::new("raw"),
+            peer: "server",
+            deadline: Instant::now() + Duration::from_secs(30),
+            timeout: Duration::from_secs(30),
+        };
+        chan.recv("a message", max_fds)
+            .map_err(|f| f.error)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_client_that_stops_after_req_leaves_the_server_clean() {
+        let server = ctx();
+        let client = ctx();
+        let path = sock("stop-after-req");
+        let listener = server.listen(&path).unwrap();
+        let (pd, cq) = (server.alloc_pd().unwrap(), server.create_cq(8).unwrap());
+        let free = server.arena_free();
+        let p = path.clone();
+        let raw = std::thread::spawn(move || {
+            // A client that does everything right up to the REQ, then goes quiet.
+            let s = UnixStream::connect(&p).unwrap();
+            let Message::Hello(_) = read_msg(&s, 0).0 else {
+                panic!("no HELLO")
+            };
+            let seg = link::create_link_segment(64, HugePages::Never).unwrap();
+            let offer = ConnectParams::default().offer(Qpn::new(0x1002), 5);
+            let req = Message::Req(Req {
+                identity: 0xabc,
+                trace_id: 3,
+                link_mode: LinkMode::New,
+                link_token: 0x77,
+                offer,
+                private_data: vec![],
+            });
+            send_with_fds(
+                &s,
+                &req.encode(),
+                &[seg.as_fd(), client.shared.arena_segment.as_fd()],
+            )
+            .unwrap();
+            let (rep, fds) = read_msg(&s, 1);
+            assert!(matches!(rep, Message::Rep(_)), "{rep:?}");
+            assert_eq!(fds.len(), 1, "the server's arena travels with the REP");
+            std::thread::sleep(Duration::from_millis(600));
+        });
+        // While the server waits for the RTU, its link and QP exist.
+        let err = listener
+            .accept(
+                &pd,
+                &cq,
+                &cq,
+                &ConnectParams::default().handshake_timeout(Duration::from_millis(300)),
+            )
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("no RTU") && msg.contains("stopped half-way"),
+            "{msg}"
+        );
+        raw.join().unwrap();
+        assert!(server.cm_links().is_empty());
+        assert!(
+            server
+                .shared
+                .engine
+                .with(|e| e.link_mut(LinkId(0)).is_none()),
+            "the link made from the REQ is removed from the engine"
+        );
+        assert_eq!(server.arena_free(), free, "the QP's staging is freed");
+        drop(listener);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn concurrent_connects_to_one_peer_make_one_link() {
+        let server = ctx();
+        let client = Arc::new(ctx());
+        let path = sock("concurrent");
+        let listener = server.listen(&path).unwrap();
+        let (pd, cq) = (server.alloc_pd().unwrap(), server.create_cq(64).unwrap());
+        let threads: Vec<_> = (0..6)
+            .map(|_| {
+                let (c, p) = (client.clone(), path.clone());
+                std::thread::spawn(move || {
+                    let (pd, cq) = (c.alloc_pd().unwrap(), c.create_cq(8).unwrap());
+                    let conn = c
+                        .connect(&p, &pd, &cq, &cq, &ConnectParams::default())
+                        .unwrap();
+                    (conn.link(), conn, pd, cq)
+                })
+            })
+            .collect();
+        let accepted: Vec<_> = (0..6)
+            .map(|_| {
+                listener
+                    .accept(&pd, &cq, &cq, &ConnectParams::default())
+                    .unwrap()
+            })
+            .collect();
+        let made: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(
+            made.iter().all(|m| m.0 == made[0].0),
+            "one link on the client"
+        );
+        assert!(accepted.iter().all(|c| c.link() == accepted[0].link()));
+        assert_eq!(client.cm_links().len(), 1, "{:?}", client.cm_links());
+        assert_eq!(server.cm_links().len(), 1);
+        assert_eq!(server.cm_links()[0].connections, 6);
+        drop(made);
+        drop(accepted);
+        assert!(client.cm_links().is_empty() && server.cm_links().is_empty());
+    }
+
+    #[test]
+    fn a_context_can_connect_to_its_own_listener() {
+        let c = Arc::new(ctx());
+        let path = sock("self");
+        let listener = c.listen(&path).unwrap();
+        let (c2, p) = (c.clone(), path.clone());
+        let t = std::thread::spawn(move || {
+            let (pd, cq) = (c2.alloc_pd().unwrap(), c2.create_cq(8).unwrap());
+            let conn = c2
+                .connect(&p, &pd, &cq, &cq, &ConnectParams::default())
+                .unwrap();
+            (conn, pd, cq)
+        });
+        let (pd, mut cq) = (c.alloc_pd().unwrap(), c.create_cq(8).unwrap());
+        let mut a = listener
+            .accept(&pd, &cq, &cq, &ConnectParams::default())
+            .unwrap();
+        let (mut b, bpd, mut bcq) = t.join().unwrap();
+        assert_eq!(a.peer_engine(), c.engine_identity());
+        assert_ne!(
+            a.link(),
+            b.link(),
+            "each end of the segment is its own link"
+        );
+        // A second connection in the other direction reuses the pair.
+        let (c3, p) = (c.clone(), path.clone());
+        let t = std::thread::spawn(move || {
+            let (pd, cq) = (c3.alloc_pd().unwrap(), c3.create_cq(8).unwrap());
+            let conn = c3
+                .connect(&p, &pd, &cq, &cq, &ConnectParams::default())
+                .unwrap();
+            (conn, pd, cq)
+        });
+        let a2 = listener
+            .accept(&pd, &cq, &cq, &ConnectParams::default())
+            .unwrap();
+        let (b2, _pd2, _cq2) = t.join().unwrap();
+        // Either end may serve either role: the same two links, crossed or not.
+        let mut first = [a.link(), b.link()];
+        let mut second = [a2.link(), b2.link()];
+        first.sort();
+        second.sort();
+        assert_eq!(first, second, "no new link");
+        assert_eq!(c.cm_links().len(), 2);
+        // Traffic over the loop.
+        let src = bpd.alloc_mr(64, AccessFlags::NONE).unwrap();
+        let dst = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        src.write_at(0, b"to myself").unwrap();
+        a.post_recv(&crate::RecvWr::new(1, &[dst.sge(0, 64).unwrap()]))
+            .unwrap();
+        b.post_send(&crate::SendWr::new(
+            2,
+            crate::SendOp::Send,
+            &[src.sge(0, 9).unwrap()],
+        ))
+        .unwrap();
+        let mut wc = [crate::WorkCompletion::default(); 1];
+        let start = Instant::now();
+        while cq.poll(&mut wc) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(30));
+        }
+        assert_eq!(
+            (wc[0].status, wc[0].byte_len),
+            (crate::WcStatus::Success, 9)
+        );
+        while bcq.poll(&mut wc) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(30));
+        }
+        let mut got = [0u8; 9];
+        dst.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"to myself");
     }
 }
