@@ -1,0 +1,270 @@
+//! The bandwidth loops, perftest's way: the client keeps `-t` requests outstanding on each
+//! QP (round-robin over `-q` QPs), posts them in batches of `-l` with one doorbell, asks for
+//! a completion every `-Q` requests (and on each QP's last), and counts completions. The
+//! server of send_bw keeps `-r` receives posted and reposts each one as it completes;
+//! servers of the other tests only drive their engine.
+//!
+//! Inside a loop nothing allocates, locks or makes a system call: the work request batch,
+//! the completion array and the per-QP counters are made before it, and time is read only
+//! at checkpoints (every 1% of the messages, and at least every 2 send windows).
+
+use std::time::Instant;
+
+use shmhca::{Data, Qp, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::perf::error::PerfError;
+use crate::perf::lat::{LIVENESS_EVERY, Progress, check_alive, completion_error};
+use crate::perf::opts::{AtomicType, Options, Verb};
+use crate::perf::setup::Side;
+use crate::perf::stats::BwClock;
+
+/// `wr_id` = QP index in the top 16 bits, the QP's request count (1-based) below.
+const QP_SHIFT: u32 = 48;
+const COUNT_MASK: u64 = (1 << QP_SHIFT) - 1;
+
+/// How often the clock takes a checkpoint for the peak: every 1% of `total`, but not more
+/// often than every two full send windows (completions arrive in bursts).
+pub fn checkpoint_every(total: u64, opts: &Options) -> u64 {
+    (total / 100).max(2 * u64::from(opts.tx_depth) * u64::from(opts.qps))
+}
+
+/// Runs `n` requests on every data QP as the client, `first` requests per QP having been
+/// run before in this size (Compare and Swap counts on from there). With `clock`, times
+/// the run; `prog` shows progress on long runs.
+///
+/// # Errors
+/// A post fails, a completion reports an error, or the peer goes away.
+pub fn client(
+    side: &mut Side,
+    opts: &Options,
+    size: u64,
+    first: u64,
+    n: u64,
+    mut clock: Option<&mut BwClock>,
+    prog: &mut Progress,
+) -> Result<(), PerfError> {
+    let Side { res, qps, peer, .. } = side;
+    let q = qps.len();
+    let cq = &mut res.cq;
+    let buf = &res.buf;
+    let verb = opts.test.verb();
+    let len = size as u32;
+    let (stride, half) = (res.stride, res.half);
+    let inline = size <= u64::from(opts.inline) && matches!(verb, Verb::Send | Verb::Write);
+    let mut payload = vec![0u8; if inline { size as usize } else { 0 }];
+    // Inline sends carry the same bytes as the send buffers (the server checks them).
+    buf.read_at(0, &mut payload)
+        .map_err(PerfError::engine("the send buffer"))?;
+    // Per QP: the gather (Send/Write: the send half) or scatter (Read/Atomic: the receive
+    // half) element.
+    let mut sgls = Vec::with_capacity(q);
+    for i in 0..q as u64 {
+        let sge = match verb {
+            Verb::Send | Verb::Write => buf.sge(i * stride, len),
+            Verb::Read => buf.sge(i * stride + half, len),
+            Verb::Atomic => buf.sge(i * stride + half, 8),
+        }
+        .map_err(PerfError::engine("the data buffer"))?;
+        sgls.push([sge]);
+    }
+    let template = |qi: usize| -> SendWr<'_> {
+        let remote_recv = peer.buf.offset(qi as u64 * stride + half);
+        let remote_send = peer.buf.offset(qi as u64 * stride);
+        let op = match verb {
+            Verb::Send => SendOp::Send,
+            Verb::Write => SendOp::RdmaWrite(remote_recv),
+            Verb::Read => SendOp::RdmaRead(remote_send),
+            Verb::Atomic => match opts.atomic {
+                AtomicType::FetchAndAdd => SendOp::FetchAdd {
+                    remote: remote_recv,
+                    add: 1,
+                },
+                AtomicType::CmpAndSwap => SendOp::CompareSwap {
+                    remote: remote_recv,
+                    compare: 0,
+                    swap: 0,
+                },
+            },
+        };
+        SendWr {
+            wr_id: 0,
+            op,
+            data: if inline {
+                Data::Inline(&payload)
+            } else {
+                Data::Sgl(&sgls[qi])
+            },
+            flags: SendFlags::NONE,
+        }
+    };
+    let templates: Vec<SendWr<'_>> = (0..q).map(template).collect();
+    let batch_max = opts.post_list as usize;
+    let mut wrs: Vec<SendWr<'_>> = vec![templates[0]; batch_max];
+    let mut posted = vec![0u64; q];
+    let mut done = vec![0u64; q];
+    let mut wcs = [WorkCompletion::default(); 64];
+    let depth = u64::from(opts.tx_depth);
+    let sig = u64::from(opts.cq_mod);
+    let total = n * q as u64;
+    let mut completed = 0u64;
+    let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
+    let mut idle = 0u32;
+    if let Some(c) = clock.as_deref_mut() {
+        c.start();
+    }
+    while completed < total {
+        for (qi, qp) in qp_refs.iter_mut().enumerate() {
+            let outstanding = posted[qi] - done[qi];
+            let room = (depth - outstanding).min(n - posted[qi]) as usize;
+            if room == 0 {
+                continue;
+            }
+            let batch = room.min(batch_max);
+            let t = templates[qi];
+            for (j, wr) in wrs[..batch].iter_mut().enumerate() {
+                let c = posted[qi] + j as u64 + 1;
+                *wr = t;
+                wr.wr_id = (qi as u64) << QP_SHIFT | c;
+                if c % sig == 0 || c == n {
+                    wr.flags = SendFlags::SIGNALED;
+                }
+                if let SendOp::CompareSwap { remote, .. } = t.op {
+                    wr.op = SendOp::CompareSwap {
+                        remote,
+                        compare: first + c - 1,
+                        swap: first + c,
+                    };
+                }
+            }
+            match qp.post_send_batch(&wrs[..batch]) {
+                Ok(()) => posted[qi] += batch as u64,
+                Err((k, shmhca::Error::QueueFull { .. })) => posted[qi] += k as u64,
+                Err((_, e)) => return Err(PerfError::engine("posting a batch")(e)),
+            }
+        }
+        let got = cq.poll(&mut wcs);
+        if got == 0 {
+            idle = idle.wrapping_add(1);
+            if idle % LIVENESS_EVERY == 0 {
+                for qp in &qp_refs {
+                    check_alive(qp)?;
+                }
+            }
+            continue;
+        }
+        for wc in &wcs[..got] {
+            if wc.status != WcStatus::Success {
+                return Err(completion_error(verb_what(verb), wc.status));
+            }
+            let qi = (wc.wr_id >> QP_SHIFT) as usize;
+            let c = wc.wr_id & COUNT_MASK;
+            if qi >= q || c <= done[qi] {
+                return Err(PerfError::Check(format!(
+                    "unexpected completion wr_id {:#x}",
+                    wc.wr_id
+                )));
+            }
+            completed += c - done[qi];
+            done[qi] = c;
+        }
+        if let Some(c) = clock.as_deref_mut() {
+            if c.completed(completed).is_some() {
+                let now = Instant::now();
+                if prog.due(now) {
+                    prog.show(now, completed / q as u64);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn verb_what(verb: Verb) -> &'static str {
+    match verb {
+        Verb::Send => "a Send",
+        Verb::Write => "an RDMA Write",
+        Verb::Read => "an RDMA Read",
+        Verb::Atomic => "an Atomic",
+    }
+}
+
+/// Posts `-r` receives on every data QP of a Send test (each covering a whole receive
+/// half, so every size fits).
+///
+/// # Errors
+/// The engine refuses a receive.
+pub fn prepost_receives(side: &mut Side, count: u32) -> Result<(), PerfError> {
+    let Side { res, qps, .. } = side;
+    for (qi, qp) in qps.iter_mut().enumerate() {
+        let sge = [res
+            .buf
+            .sge(qi as u64 * res.stride + res.half, res.half as u32)
+            .map_err(PerfError::engine("the receive buffer"))?];
+        for _ in 0..count {
+            qp.post_recv(&RecvWr::new(qi as u64, &sge))
+                .map_err(PerfError::engine("posting a receive"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The server of send_bw: counts `per_qp` receives on every data QP, reposting each.
+///
+/// # Errors
+/// A receive fails, a message has the wrong length, or the peer goes away.
+pub fn send_server(side: &mut Side, size: u64, per_qp: u64) -> Result<(), PerfError> {
+    let Side { res, qps, .. } = side;
+    let q = qps.len();
+    let cq = &mut res.cq;
+    let mut sgls = Vec::with_capacity(q);
+    for qi in 0..q as u64 {
+        sgls.push([res
+            .buf
+            .sge(qi * res.stride + res.half, res.half as u32)
+            .map_err(PerfError::engine("the receive buffer"))?]);
+    }
+    let mut counts = vec![0u64; q];
+    let total = per_qp * q as u64;
+    let mut received = 0u64;
+    let mut wcs = [WorkCompletion::default(); 64];
+    let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
+    let mut idle = 0u32;
+    while received < total {
+        let got = cq.poll(&mut wcs);
+        if got == 0 {
+            idle = idle.wrapping_add(1);
+            if idle % LIVENESS_EVERY == 0 {
+                for qp in &qp_refs {
+                    check_alive(qp)?;
+                }
+            }
+            continue;
+        }
+        for wc in &wcs[..got] {
+            if wc.status != WcStatus::Success {
+                return Err(completion_error("a Receive", wc.status));
+            }
+            if wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            let qi = wc.wr_id as usize;
+            if qi >= q || u64::from(wc.byte_len) != size {
+                return Err(PerfError::Check(format!(
+                    "receive wr_id {} of {} bytes; expected a QP index below {q} and {size} bytes",
+                    wc.wr_id, wc.byte_len
+                )));
+            }
+            counts[qi] += 1;
+            received += 1;
+            qp_refs[qi]
+                .post_recv(&RecvWr::new(qi as u64, &sgls[qi]))
+                .map_err(PerfError::engine("reposting a receive"))?;
+        }
+    }
+    if let Some((qi, c)) = counts.iter().enumerate().find(|(_, c)| **c != per_qp) {
+        return Err(PerfError::Check(format!(
+            "QP {qi} received {c} messages, expected {per_qp}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! The control channel: a QP of its own between the two sides, carrying small inline Sends
+//! for the barriers around each measurement and the end-of-run status. Everything stays
+//! in-band (no socket traffic during a run), and waiting on it drives this side's engine,
+//! which serves the peer's RDMA Reads, Writes and Atomics meanwhile.
+
+use shmhca::{Cq, Mr, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::perf::error::PerfError;
+use crate::perf::setup::DataQp;
+
+/// Receive slots kept posted.
+pub const SLOTS: u32 = 8;
+/// Bytes of one slot.
+pub const SLOT_LEN: u64 = 64;
+/// Bytes of one message.
+const MSG_LEN: usize = 16;
+/// A barrier message.
+const KIND_BARRIER: u32 = 0xBA44_1E40;
+
+/// One side's end of the control channel.
+pub struct Control {
+    qp: DataQp,
+    cq: Cq,
+    mr: Mr,
+    wcs: [WorkCompletion; 16],
+    /// Messages received and not yet consumed (the peer can be one barrier ahead).
+    inbox: std::collections::VecDeque<(u32, u64)>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control")
+            .field("qp", &self.qp.qpn())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Control {
+    /// Wraps a connected (or about to be connected) QP, its CQ and its slot memory
+    /// (`SLOTS * SLOT_LEN` bytes with local write access).
+    pub fn new(qp: DataQp, cq: Cq, mr: Mr) -> Control {
+        Control {
+            qp,
+            cq,
+            mr,
+            wcs: [WorkCompletion::default(); 16],
+            inbox: std::collections::VecDeque::with_capacity(SLOTS as usize),
+        }
+    }
+
+    /// Posts the receive slots (once, in Init or later).
+    ///
+    /// # Errors
+    /// The engine refuses the receives.
+    pub fn post_slots(&mut self) -> Result<(), PerfError> {
+        for slot in 0..SLOTS {
+            self.post_slot(u64::from(slot))?;
+        }
+        Ok(())
+    }
+
+    fn post_slot(&mut self, slot: u64) -> Result<(), PerfError> {
+        let sge = self
+            .mr
+            .sge(slot * SLOT_LEN, SLOT_LEN as u32)
+            .map_err(PerfError::engine("control receive buffer"))?;
+        self.qp
+            .post_recv(&RecvWr::new(slot, &[sge]))
+            .map_err(PerfError::engine("posting a control receive"))
+    }
+
+    /// The control QP.
+    pub fn qp(&self) -> &DataQp {
+        &self.qp
+    }
+
+    /// The control QP, mutably (to bring it to RTS by hand).
+    pub fn qp_mut(&mut self) -> &mut DataQp {
+        &mut self.qp
+    }
+
+    /// Sends `(tag, value)` to the peer.
+    ///
+    /// # Errors
+    /// The engine refuses the send, or a completion reports an error.
+    pub fn send(&mut self, tag: u32, value: u64) -> Result<(), PerfError> {
+        let mut b = [0u8; MSG_LEN];
+        b[0..4].copy_from_slice(&KIND_BARRIER.to_le_bytes());
+        b[4..8].copy_from_slice(&tag.to_le_bytes());
+        b[8..16].copy_from_slice(&value.to_le_bytes());
+        loop {
+            match self.qp.post_send(&SendWr::inline(0, SendOp::Send, &b)) {
+                Ok(()) => return Ok(()),
+                Err(shmhca::Error::QueueFull { .. }) => {
+                    self.drain()?;
+                }
+                Err(e) => return Err(PerfError::engine("sending a control message")(e)),
+            }
+        }
+    }
+
+    /// Polls the control CQ once (driving the engine in inline mode), queueing received
+    /// messages in the inbox.
+    fn drain(&mut self) -> Result<(), PerfError> {
+        let n = self.cq.poll(&mut self.wcs);
+        for i in 0..n {
+            let wc = self.wcs[i];
+            if wc.status != WcStatus::Success {
+                return Err(if wc.status == WcStatus::WrFlushErr {
+                    PerfError::PeerGone(
+                        "the control QP was flushed (the peer process exited or its connection closed)"
+                            .into(),
+                    )
+                } else {
+                    PerfError::Completion {
+                        what: "a control message",
+                        status: wc.status,
+                    }
+                });
+            }
+            if wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            let mut b = [0u8; MSG_LEN];
+            self.mr
+                .read_at(wc.wr_id * SLOT_LEN, &mut b)
+                .map_err(PerfError::engine("reading a control message"))?;
+            self.post_slot(wc.wr_id)?;
+            let kind = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            if wc.byte_len as usize != MSG_LEN || kind != KIND_BARRIER {
+                return Err(PerfError::NotPerf(format!(
+                    "the peer sent a control message of {} bytes with kind {kind:#x}; it is not shmhca-perf of this version",
+                    wc.byte_len
+                )));
+            }
+            let tag = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            let mut v = [0u8; 8];
+            v.copy_from_slice(&b[8..16]);
+            if self.inbox.len() >= SLOTS as usize {
+                return Err(PerfError::NotPerf(format!(
+                    "the peer sent control message {tag} out of turn"
+                )));
+            }
+            self.inbox.push_back((tag, u64::from_le_bytes(v)));
+        }
+        Ok(())
+    }
+
+    /// A barrier: sends `(tag, value)` and waits for the peer's message with the same tag;
+    /// returns the peer's value. While waiting it drives this side's engine and calls
+    /// `idle` (e.g. to serve a data CQ).
+    ///
+    /// # Errors
+    /// [`PerfError::PeerGone`] when the control QP is flushed or leaves RTS (the peer
+    /// died), [`PerfError::NotPerf`] for a message of another tag or format.
+    pub fn barrier(
+        &mut self,
+        tag: u32,
+        value: u64,
+        idle: impl FnMut() -> Result<(), PerfError>,
+    ) -> Result<u64, PerfError> {
+        self.send(tag, value)?;
+        self.wait(tag, idle)
+    }
+
+    /// Drives the engine until every control send has completed (the peer acknowledged
+    /// it), the QP fails, or `timeout` passes; used for the last message, so that closing
+    /// the connection cannot overtake it. Errors do not matter any more at that point.
+    pub fn settle(&mut self, timeout: std::time::Duration) {
+        let start = std::time::Instant::now();
+        while self.qp.sq_outstanding() > 0 && start.elapsed() < timeout {
+            if self.drain().is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Waits for the peer's message with tag `tag` and returns its value, driving this
+    /// side's engine (and calling `idle`) meanwhile.
+    ///
+    /// # Errors
+    /// As [`Control::barrier`].
+    pub fn wait(
+        &mut self,
+        tag: u32,
+        mut idle: impl FnMut() -> Result<(), PerfError>,
+    ) -> Result<u64, PerfError> {
+        let mut spins = 0u32;
+        loop {
+            if self.inbox.is_empty() {
+                self.drain()?;
+            }
+            if let Some((t, v)) = self.inbox.pop_front() {
+                if t != tag {
+                    return Err(PerfError::NotPerf(format!(
+                        "the peer is at step {t} while this side is at step {tag}; both sides must run the same sizes"
+                    )));
+                }
+                return Ok(v);
+            }
+            idle()?;
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                let state = self.qp.state();
+                if state != QpState::Rts {
+                    return Err(PerfError::PeerGone(format!(
+                        "the control QP is in the {state:?} state"
+                    )));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! What can go wrong in a run, each with what to do about it.
+
+/// The errors of `shmhca-perf`. Every one ends the run with exit code 1 (except
+/// `--help`/`--version`), after the temp dir, the socket and the peer process are cleaned up.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    /// A flag has a bad value or flags do not go together.
+    #[error("{0}")]
+    Usage(String),
+    /// The command line could not be parsed (or `--help`/`--version` was asked for).
+    #[error("{0}")]
+    Clap(clap::Error),
+    /// A verbs call failed.
+    #[error("{what}: {source}")]
+    Engine {
+        /// What was being done.
+        what: String,
+        /// The engine's error.
+        #[source]
+        source: shmhca::Error,
+    },
+    /// The peer runs with other parameters.
+    #[error("the peer runs with other parameters: {0}; run both sides with the same flags")]
+    Mismatch(String),
+    /// The peer is not shmhca-perf.
+    #[error("{0}")]
+    NotPerf(String),
+    /// The peer went away during the run.
+    #[error("the peer went away: {0}")]
+    PeerGone(String),
+    /// A work completion reported an error.
+    #[error("{what} completed with status {status:?}")]
+    Completion {
+        /// Which operation.
+        what: &'static str,
+        /// Its status.
+        status: shmhca::WcStatus,
+    },
+    /// A check of the data moved failed.
+    #[error("data check failed: {0}")]
+    Check(String),
+    /// Starting or talking to the peer process failed.
+    #[error("{0}")]
+    Peer(String),
+    /// An operating-system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl PerfError {
+    /// Wraps a verbs error with what was being done.
+    pub fn engine(what: impl Into<String>) -> impl FnOnce(shmhca::Error) -> PerfError {
+        let what = what.into();
+        move |source| PerfError::Engine { what, source }
+    }
+
+    /// Wraps an I/O error with what was being done.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PerfError {
+        let what = what.into();
+        move |source| PerfError::Io { what, source }
+    }
+}

@@ -1,0 +1,442 @@
+//! The latency loops, perftest's way: Send and RDMA Write as ping-pongs (one-way latency is
+//! half of each round trip), RDMA Read and Atomics as timed round trips.
+//!
+//! Inside a loop nothing allocates, locks or makes a system call: the completion array,
+//! the inline payload, the histogram and the `-H` sample list are made before it, and time
+//! comes from `Instant::now()` (the vDSO clock). One timestamp per iteration: each sample
+//! is the time between two consecutive iterations' ends, which covers the whole exchange
+//! including the repost of the receive buffer, as perftest measures it.
+
+use std::time::Instant;
+
+use shmhca::{
+    Data, Qp, QpState, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::perf::error::PerfError;
+use crate::perf::opts::{AtomicType, Options, TestKind};
+use crate::perf::setup::Side;
+use crate::perf::stats::LatRecorder;
+
+/// Empty polls between two checks that the QP is still connected.
+pub(crate) const LIVENESS_EVERY: u32 = 1 << 16;
+
+/// A progress line on stderr for runs longer than two seconds, at most once a second.
+#[derive(Debug)]
+pub struct Progress {
+    label: String,
+    total: u64,
+    next: Instant,
+    start: Instant,
+    shown: bool,
+    enabled: bool,
+}
+
+impl Progress {
+    /// Progress of `total` iterations labelled `label`; silent unless `enabled`.
+    pub fn new(label: String, total: u64, enabled: bool) -> Progress {
+        let now = Instant::now();
+        Progress {
+            label,
+            total,
+            next: now + std::time::Duration::from_secs(2),
+            start: now,
+            shown: false,
+            enabled,
+        }
+    }
+
+    /// Whether a line is due at `now`.
+    #[inline]
+    pub fn due(&self, now: Instant) -> bool {
+        self.enabled && now >= self.next
+    }
+
+    /// Prints the line for `done` iterations.
+    #[cold]
+    pub fn show(&mut self, now: Instant, done: u64) {
+        let pct = done as f64 * 100.0 / self.total.max(1) as f64;
+        eprintln!(
+            "shmhca-perf: {}: {pct:.0}% ({done} of {} iterations, {:.1} s)",
+            self.label,
+            self.total,
+            (now - self.start).as_secs_f64()
+        );
+        self.shown = true;
+        self.next = now + std::time::Duration::from_secs(1);
+    }
+
+    /// Whether any line was printed.
+    pub fn shown(&self) -> bool {
+        self.shown
+    }
+}
+
+/// Maps a failed completion to an error.
+#[cold]
+pub(crate) fn completion_error(what: &'static str, status: WcStatus) -> PerfError {
+    if status == WcStatus::WrFlushErr {
+        PerfError::PeerGone(format!(
+            "{what} was flushed: the peer process exited or closed its connection"
+        ))
+    } else {
+        PerfError::Completion { what, status }
+    }
+}
+
+#[cold]
+pub(crate) fn check_alive(qp: &Qp) -> Result<(), PerfError> {
+    match qp.state() {
+        QpState::Rts => Ok(()),
+        s => Err(PerfError::PeerGone(format!(
+            "the QP left RTS (now {s:?}): the peer process exited or closed its connection"
+        ))),
+    }
+}
+
+/// Posts `wr`, polling `cq` while the send queue is full.
+#[inline]
+fn post(
+    qp: &mut Qp,
+    cq: &mut shmhca::Cq,
+    wcs: &mut [WorkCompletion],
+    wr: &SendWr<'_>,
+) -> Result<(), PerfError> {
+    loop {
+        match qp.post_send(wr) {
+            Ok(()) => return Ok(()),
+            Err(shmhca::Error::QueueFull { .. }) => {
+                let n = cq.poll(wcs);
+                for wc in &wcs[..n] {
+                    if wc.status != WcStatus::Success {
+                        return Err(completion_error("a send", wc.status));
+                    }
+                }
+            }
+            Err(e) => return Err(PerfError::engine("posting a send")(e)),
+        }
+    }
+}
+
+/// The little-endian iteration marker written into the last `k` bytes of a Write.
+#[inline]
+fn marker(i: u64, k: usize) -> [u8; 8] {
+    let mut m = [0u8; 8];
+    m[..k].copy_from_slice(&(i + 1).to_le_bytes()[..k]);
+    m
+}
+
+/// Runs `n` iterations (numbered from `first`) of a latency test on QP 0 as the client
+/// (the side that starts each exchange and measures), recording into `rec` when given
+/// (warm-up passes `None`).
+///
+/// # Errors
+/// A post fails, a completion reports an error, or the peer goes away.
+pub fn client(
+    side: &mut Side,
+    opts: &Options,
+    size: u64,
+    first: u64,
+    n: u64,
+    mut rec: Option<&mut LatRecorder>,
+    prog: &mut Progress,
+) -> Result<(), PerfError> {
+    let Side { res, qps, peer, .. } = side;
+    let qp: &mut Qp = &mut qps[0];
+    let cq = &mut res.cq;
+    let buf = &res.buf;
+    let len = size as u32;
+    let half = res.half;
+    let inline = size <= u64::from(opts.inline);
+    let mut payload = vec![0u8; if inline { size as usize } else { 0 }];
+    // Inline sends carry the same bytes as the send buffer (the server checks them).
+    buf.read_at(0, &mut payload)
+        .map_err(PerfError::engine("the send buffer"))?;
+    let mut wcs = [WorkCompletion::default(); 16];
+    let send_sge = [buf
+        .sge(0, len)
+        .map_err(PerfError::engine("the send buffer"))?];
+    let recv_sge = [buf
+        .sge(half, len.max(1))
+        .map_err(PerfError::engine("the receive buffer"))?];
+    let full_recv = [buf
+        .sge(half, half as u32)
+        .map_err(PerfError::engine("the receive buffer"))?];
+    let atomic_sge = [buf
+        .sge(half, 8)
+        .map_err(PerfError::engine("the atomic result buffer"))?];
+    let sig = u64::from(opts.cq_mod);
+    let one_way = matches!(opts.test, TestKind::SendLat | TestKind::WriteLat);
+    let remote_recv = peer.buf.offset(half);
+    let remote_send = peer.buf;
+    let k = (size as usize).min(8);
+    let mut seen = [0u8; 8];
+    let mut t_prev = Instant::now();
+    for i in first..first + n {
+        let flags = if (i + 1) % sig == 0 {
+            SendFlags::SIGNALED
+        } else {
+            SendFlags::NONE
+        };
+        match opts.test {
+            TestKind::SendLat => {
+                let data = if inline {
+                    Data::Inline(&payload)
+                } else {
+                    Data::Sgl(&send_sge)
+                };
+                let wr = SendWr {
+                    wr_id: i,
+                    op: SendOp::Send,
+                    data,
+                    flags,
+                };
+                post(qp, cq, &mut wcs, &wr)?;
+                wait_recv(qp, cq, &mut wcs, len)?;
+                qp.post_recv(&RecvWr::new(i, &full_recv))
+                    .map_err(PerfError::engine("reposting a receive"))?;
+            }
+            TestKind::WriteLat => {
+                let m = marker(i, k);
+                let data = if inline {
+                    payload[size as usize - k..].copy_from_slice(&m[..k]);
+                    Data::Inline(&payload)
+                } else {
+                    buf.write_at(size - k as u64, &m[..k])
+                        .map_err(PerfError::engine("writing the marker"))?;
+                    Data::Sgl(&send_sge)
+                };
+                let wr = SendWr {
+                    wr_id: i,
+                    op: SendOp::RdmaWrite(remote_recv),
+                    data,
+                    flags,
+                };
+                post(qp, cq, &mut wcs, &wr)?;
+                let mut spins = 0u32;
+                loop {
+                    let c = cq.poll(&mut wcs);
+                    for wc in &wcs[..c] {
+                        if wc.status != WcStatus::Success {
+                            return Err(completion_error("an RDMA Write", wc.status));
+                        }
+                    }
+                    buf.read_at(half + size - k as u64, &mut seen[..k])
+                        .map_err(PerfError::engine("reading the marker"))?;
+                    if seen[..k] == m[..k] {
+                        break;
+                    }
+                    spins = spins.wrapping_add(1);
+                    if spins % LIVENESS_EVERY == 0 {
+                        check_alive(qp)?;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            TestKind::ReadLat => {
+                let wr = SendWr::new(i, SendOp::RdmaRead(remote_send), &recv_sge);
+                post(qp, cq, &mut wcs, &wr)?;
+                wait_send(qp, cq, &mut wcs, "an RDMA Read")?;
+            }
+            TestKind::AtomicLat => {
+                let op = match opts.atomic {
+                    AtomicType::FetchAndAdd => SendOp::FetchAdd {
+                        remote: remote_recv,
+                        add: 1,
+                    },
+                    AtomicType::CmpAndSwap => SendOp::CompareSwap {
+                        remote: remote_recv,
+                        compare: i,
+                        swap: i + 1,
+                    },
+                };
+                post(qp, cq, &mut wcs, &SendWr::new(i, op, &atomic_sge))?;
+                wait_send(qp, cq, &mut wcs, "an Atomic")?;
+            }
+            _ => unreachable!("latency loops run latency tests only"),
+        }
+        let now = Instant::now();
+        if let Some(r) = rec.as_deref_mut() {
+            let ns = (now - t_prev).as_nanos() as u64;
+            r.record(if one_way { ns / 2 } else { ns });
+        }
+        t_prev = now;
+        if prog.due(now) {
+            prog.show(now, i + 1 - first);
+        }
+    }
+    Ok(())
+}
+
+/// Polls until a receive completes (sends' completions are retired on the way).
+#[inline]
+fn wait_recv(
+    qp: &Qp,
+    cq: &mut shmhca::Cq,
+    wcs: &mut [WorkCompletion],
+    len: u32,
+) -> Result<(), PerfError> {
+    let mut spins = 0u32;
+    loop {
+        let c = cq.poll(wcs);
+        let mut got = false;
+        for wc in &wcs[..c] {
+            if wc.status != WcStatus::Success {
+                return Err(completion_error("a Send or Receive", wc.status));
+            }
+            if wc.opcode == WcOpcode::Recv {
+                if wc.byte_len != len {
+                    return Err(PerfError::Check(format!(
+                        "received {} bytes, expected {len}",
+                        wc.byte_len
+                    )));
+                }
+                got = true;
+            }
+        }
+        if got {
+            return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if spins % LIVENESS_EVERY == 0 {
+            check_alive(qp)?;
+        }
+    }
+}
+
+/// Polls until the (signaled) request completes.
+#[inline]
+fn wait_send(
+    qp: &Qp,
+    cq: &mut shmhca::Cq,
+    wcs: &mut [WorkCompletion],
+    what: &'static str,
+) -> Result<(), PerfError> {
+    let mut spins = 0u32;
+    loop {
+        let c = cq.poll(wcs);
+        for wc in &wcs[..c] {
+            if wc.status != WcStatus::Success {
+                return Err(completion_error(what, wc.status));
+            }
+        }
+        // Every Read and Atomic is signaled and one is outstanding: any completion is it.
+        if c > 0 {
+            return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if spins % LIVENESS_EVERY == 0 {
+            check_alive(qp)?;
+        }
+    }
+}
+
+/// The server's half of Send and Write ping-pongs: waits for the client's message, answers
+/// it. Read and Atomic tests need no server loop (its engine answers while it waits at the
+/// next barrier).
+///
+/// # Errors
+/// A post fails, a completion reports an error, or the peer goes away.
+pub fn server(
+    side: &mut Side,
+    opts: &Options,
+    size: u64,
+    first: u64,
+    n: u64,
+) -> Result<(), PerfError> {
+    let Side { res, qps, peer, .. } = side;
+    let qp: &mut Qp = &mut qps[0];
+    let cq = &mut res.cq;
+    let buf = &res.buf;
+    let len = size as u32;
+    let half = res.half;
+    let inline = size <= u64::from(opts.inline);
+    let mut payload = vec![0u8; if inline { size as usize } else { 0 }];
+    // Inline sends carry the same bytes as the send buffer (the server checks them).
+    buf.read_at(0, &mut payload)
+        .map_err(PerfError::engine("the send buffer"))?;
+    let mut wcs = [WorkCompletion::default(); 16];
+    let send_sge = [buf
+        .sge(0, len)
+        .map_err(PerfError::engine("the send buffer"))?];
+    let full_recv = [buf
+        .sge(half, half as u32)
+        .map_err(PerfError::engine("the receive buffer"))?];
+    let sig = u64::from(opts.cq_mod);
+    let remote_recv = peer.buf.offset(half);
+    let k = (size as usize).min(8);
+    let mut seen = [0u8; 8];
+    for i in first..first + n {
+        let flags = if (i + 1) % sig == 0 {
+            SendFlags::SIGNALED
+        } else {
+            SendFlags::NONE
+        };
+        match opts.test {
+            TestKind::SendLat => {
+                wait_recv(qp, cq, &mut wcs, len)?;
+                qp.post_recv(&RecvWr::new(i, &full_recv))
+                    .map_err(PerfError::engine("reposting a receive"))?;
+                let data = if inline {
+                    Data::Inline(&payload)
+                } else {
+                    Data::Sgl(&send_sge)
+                };
+                post(
+                    qp,
+                    cq,
+                    &mut wcs,
+                    &SendWr {
+                        wr_id: i,
+                        op: SendOp::Send,
+                        data,
+                        flags,
+                    },
+                )?;
+            }
+            TestKind::WriteLat => {
+                let m = marker(i, k);
+                let mut spins = 0u32;
+                loop {
+                    buf.read_at(half + size - k as u64, &mut seen[..k])
+                        .map_err(PerfError::engine("reading the marker"))?;
+                    if seen[..k] == m[..k] {
+                        break;
+                    }
+                    let c = cq.poll(&mut wcs);
+                    for wc in &wcs[..c] {
+                        if wc.status != WcStatus::Success {
+                            return Err(completion_error("an RDMA Write", wc.status));
+                        }
+                    }
+                    spins = spins.wrapping_add(1);
+                    if spins % LIVENESS_EVERY == 0 {
+                        check_alive(qp)?;
+                    }
+                    std::hint::spin_loop();
+                }
+                let data = if inline {
+                    payload[size as usize - k..].copy_from_slice(&m[..k]);
+                    Data::Inline(&payload)
+                } else {
+                    buf.write_at(size - k as u64, &m[..k])
+                        .map_err(PerfError::engine("writing the marker"))?;
+                    Data::Sgl(&send_sge)
+                };
+                post(
+                    qp,
+                    cq,
+                    &mut wcs,
+                    &SendWr {
+                        wr_id: i,
+                        op: SendOp::RdmaWrite(remote_recv),
+                        data,
+                        flags,
+                    },
+                )?;
+            }
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
+}

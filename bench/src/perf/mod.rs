@@ -1,0 +1,29 @@
+//! `shmhca-perf`: perftest's eight RC tests (send/write/read/atomic, latency and bandwidth)
+//! over shmhca, with perftest's flags and table layouts.
+//!
+//! ```text
+//! shmhca-perf send_lat -s 8 -n 100000          # starts its own peer process
+//! shmhca-perf write_bw -s 65536 --json out.json
+//! shmhca-perf read_lat --server /tmp/perf.sock # terminal 1
+//! shmhca-perf read_lat --client /tmp/perf.sock # terminal 2
+//! ```
+//!
+//! The pieces: [`opts`] (command line and its checks), [`params`] (what both sides agree on,
+//! exchanged as connection private data), [`setup`] (contexts, memory, QPs and connections),
+//! [`control`] (the in-band control channel: barriers and end-of-run status), [`lat`] and
+//! [`bw`] (the measurement loops), [`stats`] and [`report`] (perftest's tables, `--json`,
+//! `--hgrm`), [`run`] (roles, the self-spawned peer, clean-up on every path).
+
+pub mod bw;
+pub mod control;
+pub mod error;
+pub mod lat;
+pub mod opts;
+pub mod params;
+pub mod report;
+pub mod run;
+pub mod setup;
+pub mod stats;
+
+pub use error::PerfError;
+pub use run::main;
