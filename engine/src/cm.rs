@@ -174,7 +174,7 @@ impl Drop for CmState {
 /// Whom a side admits, judged by the peer's credentials on the socket (`SO_PEERCRED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PeerPolicy {
-    /// Only processes of this process's user (the default).
+    /// Only processes running as this process's effective user (the default).
     #[default]
     SameUser,
     /// Any user that can open the socket (its file permissions still apply).
@@ -188,7 +188,7 @@ impl PeerPolicy {
     fn admit(self, uid: u32) -> std::result::Result<(), String> {
         let allowed = match self {
             PeerPolicy::AnyUser => return Ok(()),
-            PeerPolicy::SameUser => rustix::process::getuid().as_raw(),
+            PeerPolicy::SameUser => rustix::process::geteuid().as_raw(),
             PeerPolicy::Uid(u) => u,
         };
         if uid == allowed {

@@ -666,7 +666,7 @@ fn a_server_offering_what_the_client_cannot_do_is_rejected() {
 
 #[test]
 fn a_refused_user_is_told_on_both_sides() {
-    let me = rustix::process::getuid().as_raw();
+    let me = rustix::process::geteuid().as_raw();
     let other = me.wrapping_add(4242);
     let dir = SockDir::new("err-uid");
     let path = dir.sock("svc.sock");

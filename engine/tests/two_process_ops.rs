@@ -114,7 +114,7 @@ fn every_operation_between_two_processes() {
         .accept_timeout(DEADLINE, &pd, &cq, &cq, &params)
         .unwrap();
     assert_eq!(conn.peer_pid(), peer.pid());
-    assert_eq!(conn.peer_uid(), rustix::process::getuid().as_raw());
+    assert_eq!(conn.peer_uid(), rustix::process::geteuid().as_raw());
     assert_eq!(conn.state(), QpState::Rts);
     let cfg = conn.config();
     assert_eq!(
