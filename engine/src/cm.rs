@@ -43,10 +43,13 @@
 //!
 //! Each connection keeps its socket open for its life. A watcher thread per context blocks
 //! in `poll(2)` on all of them; when a peer closes its connection or its process dies, the
-//! QP goes to the Error state within milliseconds (its work requests complete with
-//! [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr)), and when it was the link's last
+//! engine first processes what the peer had already put on the link (its last Acks), then
+//! the QP goes to the Error state — within milliseconds — and its work requests complete
+//! with [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr); when it was the link's last
 //! live connection the link is torn down. Dropping a [`Connection`] closes its socket, so
-//! the peer sees the same.
+//! the peer sees the same. Nothing may be sent on the socket after setup: a peer that does
+//! is treated as gone. A link the engine tears down by itself (a peer broke a ring) is never
+//! reused for new connections.
 //!
 //! # Example
 //!
@@ -798,7 +801,9 @@ fn client_handshake(
     let cm = &shared.cm;
     let mut force_new = false;
     let (rep, link, mtu) = loop {
-        let plan = cm.links.plan(hello.identity, chan.deadline, force_new);
+        let plan = cm
+            .links
+            .plan(&shared.engine, hello.identity, chan.deadline, force_new);
         let req = |link_mode, link_token| {
             Message::Req(Req {
                 identity: cm.identity,
@@ -983,7 +988,10 @@ fn server_handshake(
                         fds.len()
                     )));
                 }
-                if let Some(id) = cm.links.reserve(req.identity, req.link_token, side) {
+                if let Some(id) =
+                    cm.links
+                        .reserve(&shared.engine, req.identity, req.link_token, side)
+                {
                     break (req, LinkRef::counted(shared, id), false);
                 }
                 if !first {
@@ -1560,6 +1568,7 @@ mod tests {
     use super::*;
     use crate::EngineMode;
     use shmhca_rings::segment::HugePages;
+    use std::io::Write;
 
     fn ctx() -> Context {
         Context::builder()
@@ -1765,5 +1774,69 @@ mod tests {
         let mut got = [0u8; 9];
         dst.read_at(0, &mut got).unwrap();
         assert_eq!(&got, b"to myself");
+    }
+
+    /// A connected pair of contexts in this process (the accept runs on a thread).
+    fn connected(server: &Arc<Context>, client: &Context, path: &Path) -> (Connection, Connection) {
+        let listener = server.listen(path).unwrap();
+        let s = server.clone();
+        let t = std::thread::spawn(move || {
+            let (pd, cq) = (s.alloc_pd().unwrap(), s.create_cq(8).unwrap());
+            listener
+                .accept(&pd, &cq, &cq, &ConnectParams::default())
+                .unwrap()
+        });
+        let (pd, cq) = (client.alloc_pd().unwrap(), client.create_cq(8).unwrap());
+        let c = client
+            .connect(path, &pd, &cq, &cq, &ConnectParams::default())
+            .unwrap();
+        (t.join().unwrap(), c)
+    }
+
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(start.elapsed() < Duration::from_secs(30), "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn bytes_after_setup_end_the_connection_on_both_sides() {
+        let server = Arc::new(ctx());
+        let client = ctx();
+        let (s, c) = connected(&server, &client, &sock("late-bytes"));
+        (&*c.stream).write_all(b"surprise").unwrap();
+        eventually("the server drops the connection", || !s.is_peer_connected());
+        let why = s.peer_gone_reason().unwrap();
+        assert!(
+            why.contains("sent data on the connection socket after setup"),
+            "{why}"
+        );
+        assert_eq!(s.state(), QpState::Error);
+        eventually("the client sees the server close it", || {
+            !c.is_peer_connected()
+        });
+        assert_eq!(c.state(), QpState::Error);
+    }
+
+    #[test]
+    fn a_link_the_engine_tore_down_is_not_reused() {
+        let server = Arc::new(ctx());
+        let client = ctx();
+        let path = sock("broken-link");
+        let (s1, c1) = connected(&server, &client, &path);
+        // The engine finds the peer broke a ring: the link is down in the engine only.
+        client
+            .shared
+            .engine
+            .with(|e| e.link_down(c1.link(), "a ring index out of range".into()));
+        let (s2, c2) = connected(&server, &client, &path);
+        assert_ne!(c2.link(), c1.link(), "a new link, not the broken one");
+        assert_ne!(s2.link(), s1.link());
+        assert_eq!(c2.state(), QpState::Rts);
+        let links = client.cm_links();
+        assert_eq!(links.len(), 2);
+        assert!(links.iter().any(|l| l.id == c1.link() && !l.up));
     }
 }

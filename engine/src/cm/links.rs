@@ -70,10 +70,17 @@ impl Links {
     /// one (counted at once, so it cannot go away), else a new one. While another thread
     /// of this context creates a link to the same peer, waits for it (until `deadline`,
     /// then creates another rather than fail).
-    pub(crate) fn plan(&self, peer: u64, deadline: Instant, force_new: bool) -> Plan {
+    pub(crate) fn plan(
+        &self,
+        engine: &EngineCell<Engine>,
+        peer: u64,
+        deadline: Instant,
+        force_new: bool,
+    ) -> Plan {
         let mut t = self.lock();
         loop {
             if !force_new {
+                forget_broken(&mut t, engine);
                 if let Some(e) = t.entries.iter_mut().find(|e| e.peer == peer && e.up) {
                     e.refs += 1;
                     e.live += 1;
@@ -123,8 +130,15 @@ impl Links {
 
     /// Counts one more connection on the up link to `peer` with `token` whose segment end
     /// is `side`; `None` if there is no such link (any more).
-    pub(crate) fn reserve(&self, peer: u64, token: u64, side: Side) -> Option<LinkId> {
+    pub(crate) fn reserve(
+        &self,
+        engine: &EngineCell<Engine>,
+        peer: u64,
+        token: u64,
+        side: Side,
+    ) -> Option<LinkId> {
         let mut t = self.lock();
+        forget_broken(&mut t, engine);
         let e = t
             .entries
             .iter_mut()
@@ -176,6 +190,21 @@ impl Links {
     pub(crate) fn snapshot(&self) -> Vec<LinkEntry> {
         self.lock().entries.clone()
     }
+}
+
+/// Marks links the engine tore down by itself (a peer broke a ring) as down, so that no new
+/// connection picks them.
+fn forget_broken(t: &mut Table, engine: &EngineCell<Engine>) {
+    if t.entries.iter().all(|e| !e.up) {
+        return;
+    }
+    engine.with(|en| {
+        for e in t.entries.iter_mut().filter(|e| e.up) {
+            if en.link_mut(e.id).is_none_or(|l| l.down.is_some()) {
+                e.up = false;
+            }
+        }
+    });
 }
 
 /// One connection's hold on its link: released (and the link torn down or removed when it

@@ -4,9 +4,10 @@
 //! context, started with its first connection, blocks in `poll(2)` on all of them plus an
 //! eventfd that wakes it when the set changes. A hang-up (the peer closed the connection,
 //! or its process died and the kernel closed the socket) or any byte arriving after setup
-//! (a protocol error) turns into: the connection's QP goes to the Error state, so its work
-//! requests complete with flush errors, and when it was the last live connection over its
-//! link, the link is torn down.
+//! (a protocol error) turns into: the engine processes what the peer already published on
+//! the link (so the Ack of the last message it received is not lost), then the connection's
+//! QP goes to the Error state, so its work requests complete with flush errors, and when it
+//! was the last live connection over its link, the link is torn down.
 //!
 //! This is control path: system calls are fine here, and never happen in the poll loop.
 
