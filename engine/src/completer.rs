@@ -24,7 +24,7 @@ use crate::mem::Mem;
 use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::requester::rewind;
-use crate::timer::{self, RNR_RETRY_FOREVER};
+use crate::timer::RNR_RETRY_FOREVER;
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::aeth::{AethRepr, NakCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
@@ -132,7 +132,7 @@ pub(crate) fn on_response(
                     }
                     rewind(req, psn);
                     req.timer.disarm();
-                    req.rnr_timer.arm(env.now, timer.duration());
+                    env.arm(&mut req.rnr_timer, timer.duration());
                 }
                 Syndrome::Nak(NakCode::PsnSequenceError) => {
                     progress(qp, env, psn.sub(1));
@@ -285,8 +285,8 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
         req.rnr_left = qp.cfg.rnr_retry;
         req.timer.disarm();
         if req.outstanding() {
-            if let Some(t) = timer::transport_timeout(qp.cfg.timeout) {
-                req.timer.arm(env.now, t);
+            if let Some(t) = env.transport_timeout(qp.cfg.timeout) {
+                env.arm(&mut req.timer, t);
             }
         }
     }
@@ -335,6 +335,11 @@ fn wc_opcode(op: WqeOp) -> WcOpcode {
 pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
     if qp.state == QpState::Error {
         crate::requester::fetch(qp);
+    } else {
+        let req = &qp.req;
+        if req.retired == req.started || req.wqe(req.retired).done.is_none() {
+            return; // the oldest WQE is not done: nothing can retire
+        }
     }
     let error = qp.state == QpState::Error;
     let mut any = false;

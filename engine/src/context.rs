@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::Duration;
 
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
 
@@ -19,6 +19,7 @@ use crate::mr_table::MrTable;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
+use crate::timer::{Deadline, Timestamp};
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::Qpn;
 use crate::wqe::{DataLoc, RqWqe, SqWqe};
@@ -150,7 +151,9 @@ impl CqTable {
 /// This engine's side of things, lent to a protocol stage.
 pub(crate) struct Env<'a> {
     /// The time of this engine iteration.
-    pub(crate) now: Instant,
+    pub(crate) now: Timestamp,
+    /// The resolution of `now`.
+    pub(crate) clock_res: Duration,
     pub(crate) arena: &'a mut Arena,
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) cqs: &'a mut CqTable,
@@ -158,6 +161,16 @@ pub(crate) struct Env<'a> {
 }
 
 impl Env<'_> {
+    /// Arms `d` to expire no sooner than `after` from now.
+    pub(crate) fn arm(&self, d: &mut Deadline, after: Duration) {
+        d.arm(self.now, after, self.clock_res);
+    }
+
+    /// The transport timer period for Local Ack Timeout `t` on this engine's clock.
+    pub(crate) fn transport_timeout(&self, t: u8) -> Option<Duration> {
+        crate::timer::transport_timeout(t, self.clock_res)
+    }
+
     /// Drops the in-flight references a retired WQE held on its memory regions.
     pub(crate) fn release(&mut self, data: &DataLoc) {
         let mut mrs = [0u32; MAX_SGE as usize];

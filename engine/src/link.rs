@@ -273,7 +273,14 @@ impl TxBatch {
             return None;
         }
         let slot = &mut self.buf[self.len];
-        *slot = PacketSlot::zeroed();
+        // Only the metadata needs clearing: the data area is written up to hdr_len plus the
+        // payload, and the receiver reads nothing beyond.
+        slot.hdr_len = 0;
+        slot.kind = KIND_NONE;
+        slot.sge_count = 0;
+        slot.reserved = 0;
+        slot.payload_len = 0;
+        slot.payload_off = 0;
         Some(slot)
     }
 

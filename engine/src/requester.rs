@@ -20,7 +20,7 @@ use crate::dma::{self, Cursor};
 use crate::link::PacketSlot;
 use crate::psn::{self, Psn};
 use crate::qp::{QpConfig, QpState};
-use crate::timer::{self, Deadline};
+use crate::timer::Deadline;
 use crate::verbs::wr::WcStatus;
 use crate::wire::atomic_eth::AtomicEthRepr;
 use crate::wire::bth::BthRepr;
@@ -214,6 +214,20 @@ impl Requester {
         }
     }
 
+    /// Whether the limited WQE `seq` (started without credit) may go on: credit arrived
+    /// for it, or the responder accepted its first packet (a positive Ack of that PSN
+    /// means a receive WQE was found for the message; spec/02 "SQ Logic's Behavior When No
+    /// Credits Are Available") — for a Write with Immediate, which needs the receive WQE at
+    /// its last packet, the whole message.
+    fn limited_resolved(&self, seq: u64) -> bool {
+        let w = self.wqe(seq);
+        let accepted = match w.w.op {
+            WqeOp::Send | WqeOp::SendImm => w.first_psn,
+            _ => w.last_psn(),
+        };
+        self.credits.allows(w.consumers) || !accepted.after(self.acked)
+    }
+
     /// Bookkeeping after WQE `seq` (the oldest) was retired.
     pub(crate) fn retire_one(&mut self, seq: u64) {
         if seq < self.started && self.wqe(seq).w.op.is_rd_atomic() {
@@ -311,6 +325,11 @@ pub(crate) fn transmit(
     while sent < budget && req.tx_seq < req.fetched {
         let seq = req.tx_seq;
         let retransmit = seq < req.started;
+        if let Some(l) = req.limited {
+            if req.limited_resolved(l) {
+                req.limited = None;
+            }
+        }
         if !retransmit {
             // Gates for a new WQE (spec/02 "Obey the Ordering Rules").
             let w = req.wqe(seq);
@@ -387,8 +406,8 @@ pub(crate) fn transmit(
         }
     }
     if sent > 0 && !req.timer.armed() {
-        if let Some(t) = timer::transport_timeout(qp.cfg.timeout) {
-            req.timer.arm(env.now, t);
+        if let Some(t) = env.transport_timeout(qp.cfg.timeout) {
+            env.arm(&mut req.timer, t);
         }
     }
     sent
@@ -537,7 +556,7 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
     req.retry_left -= 1;
     let from = req.acked.add(1);
     rewind(req, from);
-    if let Some(t) = timer::transport_timeout(qp.cfg.timeout) {
-        req.timer.arm(env.now, t);
+    if let Some(t) = env.transport_timeout(qp.cfg.timeout) {
+        env.arm(&mut req.timer, t);
     }
 }

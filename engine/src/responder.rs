@@ -101,6 +101,8 @@ pub(crate) struct Responder {
     advertised: Option<u32>,
     /// Reads and Atomics queued, for the responder-resources limit.
     rd_atomic_queued: u32,
+    /// The Ack at the end of the queue already waited one iteration (see [`drain`]).
+    ack_waited: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
@@ -118,6 +120,7 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
+            ack_waited: false,
         }
     }
 
@@ -623,11 +626,26 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInf
 
 /// Sends queued responses as far as the link has room, then, if credits went up while the
 /// requester may be waiting for them, an unsolicited Ack (spec/02).
-pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
+///
+/// A positive Ack at the end of the queue may wait for one engine iteration, so that it
+/// leaves in the same burst as the next outgoing packets (typically the application's
+/// answer to the message it acknowledges): `piggyback` says whether packets are already
+/// queued on the link this iteration. An Ack never waits twice, so the delay is bounded by
+/// one engine iteration (well within the Target Ack Delay).
+pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>, piggyback: bool) {
     let Some(dest) = qp.cfg.dest else { return };
     let pmtu = qp.cfg.path_mtu.bytes();
     let error = qp.state == QpState::Error;
-    while let Some(front) = qp.resp.out.front_mut() {
+    loop {
+        let only_an_ack =
+            qp.resp.out.len() == 1 && matches!(qp.resp.out.front(), Some(Out::Ack { .. }));
+        if only_an_ack && !piggyback && !qp.resp.ack_waited {
+            qp.resp.ack_waited = true;
+            return;
+        }
+        let Some(front) = qp.resp.out.front_mut() else {
+            break;
+        };
         match *front {
             Out::Nak { psn, syndrome } => {
                 if !emit_aeth(
@@ -660,6 +678,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                     return;
                 }
                 qp.resp.advertised = code.credits();
+                qp.resp.ack_waited = false;
                 env.stats.acks_sent += 1;
             }
             Out::Atomic { psn, orig, msn } => {

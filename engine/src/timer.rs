@@ -4,29 +4,83 @@
 //! Protocol logic never reads the clock: the engine passes `now` in, so scenario tests drive
 //! time by hand.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An RNR Retry Count of 7 means retry forever.
 pub const RNR_RETRY_FOREVER: u8 = 7;
 
-/// The transport timer's period Ttr = 4.096 µs × 2^timeout, or `None` when the Local Ack
-/// Timeout is 0 (timer disabled).
-pub fn transport_timeout(local_ack_timeout: u8) -> Option<Duration> {
+/// A point in time: nanoseconds of the engine's clock.
+///
+/// The engine reads `CLOCK_MONOTONIC_COARSE` (a few nanoseconds through the vDSO, where
+/// a precise clock read costs tens of nanoseconds — too much to pay on every poll
+/// iteration); its resolution is [`clock_resolution`]. Protocol code only compares
+/// timestamps it is given, so tests drive time by hand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(u64);
+
+impl Timestamp {
+    /// The timestamp `ns` nanoseconds after the clock's origin.
+    pub const fn from_nanos(ns: u64) -> Timestamp {
+        Timestamp(ns)
+    }
+
+    /// Nanoseconds since the clock's origin.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// The engine clock now.
+    pub fn now() -> Timestamp {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+        Timestamp(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64)
+    }
+
+    /// `d` later (saturating).
+    pub fn after(self, d: Duration) -> Timestamp {
+        Timestamp(
+            self.0
+                .saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64),
+        )
+    }
+}
+
+/// The resolution of [`Timestamp::now`] (typically one scheduler tick, 1 to 4 ms).
+pub fn clock_resolution() -> Duration {
+    static RES: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *RES.get_or_init(|| {
+        let r = rustix::time::clock_getres(rustix::time::ClockId::MonotonicCoarse);
+        Duration::new(r.tv_sec as u64, r.tv_nsec as u32).max(Duration::from_micros(1))
+    })
+}
+
+/// The transport timer's period Ttr = 4.096 µs × 2^timeout (spec/01), or `None` when the
+/// Local Ack Timeout is 0 (timer disabled).
+///
+/// A timeout must be detected between Ttr and 4·Ttr. With a clock of resolution `res` the
+/// engine arms the timer for Ttr + `res` and sees it expire at most `res` late, so it
+/// needs Ttr ≥ 2·`res`/3; smaller Local Ack Timeouts are raised to the smallest one that
+/// satisfies this ("the CA may use its minimum", spec/01).
+pub fn transport_timeout(local_ack_timeout: u8, res: Duration) -> Option<Duration> {
     if local_ack_timeout == 0 {
         return None;
     }
-    let exp = u32::from(local_ack_timeout.min(31));
-    Some(Duration::from_nanos(4096u64 << exp))
+    let ttr = |t: u32| Duration::from_nanos(4096u64 << t.min(31));
+    let mut t = u32::from(local_ack_timeout.min(31));
+    while t < 31 && ttr(t) * 3 < res * 2 {
+        t += 1;
+    }
+    Some(ttr(t))
 }
 
 /// A one-shot deadline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Deadline(Option<Instant>);
+pub struct Deadline(Option<Timestamp>);
 
 impl Deadline {
-    /// Arms the deadline at `now + after`.
-    pub fn arm(&mut self, now: Instant, after: Duration) {
-        self.0 = Some(now + after);
+    /// Arms the deadline so that it expires no sooner than `after` from now, on a clock of
+    /// resolution `res` (it adds `res`: `now` may be up to `res` behind the true time).
+    pub fn arm(&mut self, now: Timestamp, after: Duration, res: Duration) {
+        self.0 = Some(now.after(after + res));
     }
 
     /// Disarms it.
@@ -40,7 +94,7 @@ impl Deadline {
     }
 
     /// Whether it is armed and has passed at `now`.
-    pub fn expired(&self, now: Instant) -> bool {
+    pub fn expired(&self, now: Timestamp) -> bool {
         self.0.is_some_and(|d| now >= d)
     }
 }
@@ -59,33 +113,51 @@ mod tests {
         assert_eq!(rnr_delay(12), Duration::from_micros(640));
         assert_eq!(rnr_delay(14), Duration::from_micros(1280));
         assert_eq!(rnr_delay(31), Duration::from_micros(491_520));
-        // Monotonic after code 0.
         for c in 1..31u8 {
             assert!(rnr_delay(c) < rnr_delay(c + 1));
         }
     }
 
     #[test]
-    fn transport_timer_formula() {
-        assert_eq!(transport_timeout(0), None);
-        assert_eq!(transport_timeout(1), Some(Duration::from_nanos(8192)));
+    fn transport_timer_formula_and_minimum() {
+        let fine = Duration::from_nanos(1);
+        assert_eq!(transport_timeout(0, fine), None);
+        assert_eq!(transport_timeout(1, fine), Some(Duration::from_nanos(8192)));
         // 4.096 µs × 2^14 = 67.108864 ms
         assert_eq!(
-            transport_timeout(14),
+            transport_timeout(14, fine),
             Some(Duration::from_nanos(67_108_864))
         );
+        // With a 4 ms clock, Ttr must be at least 2.67 ms: timeout 10 (4.19 ms) is the least.
+        let coarse = Duration::from_millis(4);
+        assert_eq!(transport_timeout(1, coarse), transport_timeout(10, fine));
+        assert_eq!(transport_timeout(14, coarse), transport_timeout(14, fine));
+        for t in 1..=31u8 {
+            let ttr = transport_timeout(t, coarse).unwrap();
+            // Armed for Ttr + res, seen at most res late: within [Ttr, 4 Ttr].
+            assert!(ttr + 2 * coarse <= 4 * ttr, "timeout {t}");
+        }
     }
 
     #[test]
-    fn deadlines() {
-        let t0 = Instant::now();
+    fn deadlines_expire_no_sooner_than_asked() {
+        let res = Duration::from_millis(4);
+        let t0 = Timestamp::from_nanos(1_000_000_000);
         let mut d = Deadline::default();
         assert!(!d.expired(t0));
-        d.arm(t0, Duration::from_micros(10));
+        d.arm(t0, Duration::from_millis(10), res);
         assert!(d.armed());
-        assert!(!d.expired(t0 + Duration::from_micros(9)));
-        assert!(d.expired(t0 + Duration::from_micros(10)));
+        assert!(!d.expired(t0.after(Duration::from_millis(13))));
+        assert!(d.expired(t0.after(Duration::from_millis(14))));
         d.disarm();
-        assert!(!d.expired(t0 + Duration::from_secs(1)));
+        assert!(!d.expired(t0.after(Duration::from_secs(1))));
+    }
+
+    #[test]
+    fn the_engine_clock_moves_and_has_a_resolution() {
+        let a = Timestamp::now();
+        std::thread::sleep(clock_resolution() * 3);
+        assert!(Timestamp::now() > a);
+        assert!(clock_resolution() <= Duration::from_millis(100));
     }
 }

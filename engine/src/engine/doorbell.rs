@@ -97,10 +97,40 @@ impl ActiveSet {
         self.summary == 0
     }
 
-    /// The members, smallest first, as of now (a snapshot: the set may change meanwhile).
+    /// Whether `index` is a member.
     #[inline]
-    pub(crate) fn snapshot(&self, out: &mut Vec<u32>) {
-        out.clear();
+    pub(crate) fn contains(&self, index: u32) -> bool {
+        self.words[(index / 64) as usize] & (1 << (index % 64)) != 0
+    }
+
+    /// The summary word: bit `w` is set if word `w` has members.
+    #[inline]
+    pub(crate) fn summary(&self) -> u64 {
+        self.summary
+    }
+
+    /// Word `w` of the set (members `64 w .. 64 w + 63`).
+    #[inline]
+    pub(crate) fn word(&self, w: u32) -> u64 {
+        self.words[w as usize]
+    }
+
+    /// Empties the set.
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        let mut s = self.summary;
+        while s != 0 {
+            let w = s.trailing_zeros();
+            s &= s - 1;
+            self.words[w as usize] = 0;
+        }
+        self.summary = 0;
+    }
+
+    /// The members, smallest first (for tests).
+    #[cfg(test)]
+    pub(crate) fn members(&self) -> Vec<u32> {
+        let mut out = vec![];
         let mut s = self.summary;
         while s != 0 {
             let w = s.trailing_zeros();
@@ -112,6 +142,7 @@ impl ActiveSet {
                 out.push(w * 64 + b);
             }
         }
+        out
     }
 }
 
@@ -166,16 +197,17 @@ mod tests {
     #[test]
     fn active_set_tracks_members() {
         let mut a = ActiveSet::new();
-        let mut v = vec![];
         a.insert(5);
         a.insert(700);
         a.insert(5);
-        a.snapshot(&mut v);
-        assert_eq!(v, [5, 700]);
+        assert_eq!(a.members(), [5, 700]);
+        assert!(a.contains(700) && !a.contains(6));
         a.remove(5);
-        a.snapshot(&mut v);
-        assert_eq!(v, [700]);
+        assert_eq!(a.members(), [700]);
         a.remove(700);
         assert!(a.is_empty());
+        a.insert(4095);
+        a.clear();
+        assert!(a.is_empty() && !a.contains(4095));
     }
 }

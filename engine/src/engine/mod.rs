@@ -17,8 +17,6 @@ pub(crate) mod cell;
 pub(crate) mod doorbell;
 pub(crate) mod wake;
 
-use std::time::Instant;
-
 use crate::arena::Arena;
 use crate::completer;
 use crate::context::{CqTable, Env, QpCtx, Stats, Wire, flush_receives};
@@ -28,6 +26,7 @@ use crate::mr_table::MrTable;
 use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
 use crate::responder;
+use crate::timer::Timestamp;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use doorbell::{ActiveSet, MAX_QPS};
@@ -49,7 +48,8 @@ pub(crate) struct Engine {
     links: Vec<Option<Link>>,
     pub(crate) stats: Stats,
     active: ActiveSet,
-    scratch: Vec<u32>,
+    /// QPs whose doorbell rang this iteration (new send WQEs to fetch).
+    rung: ActiveSet,
     rx: Box<[PacketSlot]>,
     /// Packet capture and observation; `None` when off (one branch per burst).
     pub(crate) trace: Option<Box<Trace>>,
@@ -67,7 +67,7 @@ impl Engine {
             links: Vec::new(),
             stats: Stats::default(),
             active: ActiveSet::new(),
-            scratch: Vec::with_capacity(MAX_QPS),
+            rung: ActiveSet::new(),
             rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
             trace: None,
             next_pd: 1,
@@ -117,7 +117,8 @@ impl Engine {
         };
         self.active.remove(index);
         let mut env = Env {
-            now: Instant::now(),
+            now: Timestamp::now(),
+            clock_res: crate::timer::clock_resolution(),
             arena: &mut self.arena,
             mrs: &mut self.mrs,
             cqs: &mut self.cqs,
@@ -155,7 +156,8 @@ impl Engine {
         let from = qp.state;
         qp.cfg = cfg;
         let mut env = Env {
-            now: Instant::now(),
+            now: Timestamp::now(),
+            clock_res: crate::timer::clock_resolution(),
             arena: &mut self.arena,
             mrs: &mut self.mrs,
             cqs: &mut self.cqs,
@@ -228,14 +230,10 @@ impl Engine {
         }
     }
 
-    /// Marks QP `index` for attention on the next iteration.
-    pub(crate) fn activate(&mut self, index: u32) {
-        self.active.insert(index);
-    }
-
     /// One iteration of the poll loop; returns the packets received and sent.
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        let now = Instant::now();
+        let now = Timestamp::now();
+        let clock_res = crate::timer::clock_resolution();
         let Engine {
             arena,
             mrs,
@@ -244,12 +242,15 @@ impl Engine {
             links,
             stats,
             active,
-            scratch,
+            rung,
             rx,
             trace,
             ..
         } = self;
-        doorbell.take(|i| active.insert(i));
+        doorbell.take(|i| {
+            active.insert(i);
+            rung.insert(i);
+        });
         let mut work = 0;
 
         // 2. Receive.
@@ -301,6 +302,7 @@ impl Engine {
                 }
                 let mut env = Env {
                     now,
+                    clock_res,
                     arena,
                     mrs,
                     cqs,
@@ -316,53 +318,66 @@ impl Engine {
             }
         }
 
-        // 3. Active QPs.
-        active.snapshot(scratch);
-        for &i in scratch.iter() {
-            let Some(qp) = qps.get_mut(i as usize).and_then(Option::as_mut) else {
-                active.remove(i);
-                continue;
-            };
-            let mut env = Env {
-                now,
-                arena,
-                mrs,
-                cqs,
-                stats,
-            };
-            requester::fetch(qp);
-            let link = qp
-                .cfg
-                .dest
-                .and_then(|d| links.get_mut(d.link.0 as usize))
-                .and_then(Option::as_mut);
-            match link {
-                Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
-                    if qp.req.timer.armed() || qp.req.rnr_timer.armed() {
-                        requester::on_tick(qp, &mut env);
-                    }
-                    let mut wire = Wire { tx: &mut link.tx };
-                    responder::drain(qp, &mut env, &mut wire);
-                    work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
+        // 3. Active QPs (a copy of each word is walked, so members can leave meanwhile).
+        let mut summary = active.summary();
+        while summary != 0 {
+            let w = summary.trailing_zeros();
+            summary &= summary - 1;
+            let mut bits = active.word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let Some(qp) = qps.get_mut(i as usize).and_then(Option::as_mut) else {
+                    active.remove(i);
+                    continue;
+                };
+                let mut env = Env {
+                    now,
+                    clock_res,
+                    arena,
+                    mrs,
+                    cqs,
+                    stats,
+                };
+                if rung.contains(i) {
+                    requester::fetch(qp);
                 }
-                Some(link) => {
-                    if link.down.is_none() {
-                        link.down = link.tx.broken().map(|e| e.to_string());
+                let link = qp
+                    .cfg
+                    .dest
+                    .and_then(|d| links.get_mut(d.link.0 as usize))
+                    .and_then(Option::as_mut);
+                match link {
+                    Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
+                        if qp.req.timer.armed() || qp.req.rnr_timer.armed() {
+                            requester::on_tick(qp, &mut env);
+                        }
+                        let mut wire = Wire { tx: &mut link.tx };
+                        // Requests first, so a waiting Ack can leave in the same burst.
+                        work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
+                        let piggyback = !wire.tx.queued().is_empty();
+                        responder::drain(qp, &mut env, &mut wire, piggyback);
                     }
-                    if qp.state != QpState::Error && qp.state != QpState::Reset {
-                        qp.enter_error(&mut env);
+                    Some(link) => {
+                        if link.down.is_none() {
+                            link.down = link.tx.broken().map(|e| e.to_string());
+                        }
+                        if qp.state != QpState::Error && qp.state != QpState::Reset {
+                            qp.enter_error(&mut env);
+                        }
                     }
+                    None => {}
                 }
-                None => {}
-            }
-            if qp.state == QpState::Error {
-                flush_receives(qp, &mut env);
-            }
-            completer::retire(qp, &mut env);
-            if !needs_attention(qp) {
-                active.remove(i);
+                if qp.state == QpState::Error {
+                    flush_receives(qp, &mut env);
+                }
+                completer::retire(qp, &mut env);
+                if !needs_attention(qp) {
+                    active.remove(i);
+                }
             }
         }
+        rung.clear();
 
         // 4. Publish.
         for (l, link) in links.iter_mut().enumerate() {

@@ -561,7 +561,10 @@ impl Qp {
             unreachable!("the receive ring holds max_recv_wr WQEs and fewer are outstanding");
         }
         self.rq_posted += 1;
-        self.ring_and_kick();
+        // No engine run for a receive: nothing is urgent until a message arrives for it.
+        // (A sleeping engine thread is woken, to report the new credits.)
+        self.shared.doorbell.ring(self.index);
+        self.shared.kick();
         Ok(())
     }
 }

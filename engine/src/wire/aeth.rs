@@ -73,11 +73,17 @@ impl CreditCode {
     /// The largest code whose credit count does not exceed `available` receive WQEs (a
     /// responder never advertises more than it has). 32768 or more encode as code 30.
     pub const fn encode(available: u32) -> CreditCode {
-        let mut code = CREDITS.len() - 1;
-        while CREDITS[code] > available {
-            code -= 1;
+        // Binary search for the last entry <= available (CREDITS is sorted, CREDITS[0] = 0).
+        let (mut lo, mut hi) = (0usize, CREDITS.len());
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if CREDITS[mid] <= available {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
         }
-        CreditCode(code as u8)
+        CreditCode(lo as u8)
     }
 }
 

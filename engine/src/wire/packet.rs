@@ -60,31 +60,48 @@ impl PacketRepr {
         let bth = BthRepr::parse(&bth::Packet::new_checked(bytes)?)?;
         let info = opcode_info(bth.opcode)?;
         check_pad(&bth, info)?;
-
-        let mut repr = PacketRepr::new(bth);
-        let mut offset = bth::HEADER_LEN;
-        for header in info.headers.iter() {
-            let rest = bytes.get(offset..).ok_or(Error::Truncated)?;
-            if header == Headers::RETH {
-                repr.reth = Some(RethRepr::parse(&reth::Packet::new_checked(rest)?)?);
-            } else if header == Headers::ATOMIC_ETH {
-                repr.atomic_eth = Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_checked(
-                    rest,
-                )?)?);
-            } else if header == Headers::AETH {
-                repr.aeth = Some(AethRepr::parse(&aeth::Packet::new_checked(rest)?)?);
-            } else if header == Headers::ATOMIC_ACK_ETH {
-                repr.atomic_ack_eth = Some(AtomicAckEthRepr::parse(
-                    &atomic_ack_eth::Packet::new_checked(rest)?,
-                )?);
-            } else if header == Headers::IMMDT {
-                repr.immdt = Some(ImmDtRepr::parse(&immdt::Packet::new_checked(rest)?)?);
-            } else if header == Headers::IETH {
-                repr.ieth = Some(IethRepr::parse(&ieth::Packet::new_checked(rest)?)?);
-            }
-            offset += header.len();
+        // One length check for the whole header stack; each extended header then sits at
+        // a fixed offset, in wire order.
+        let len = info.header_len();
+        if bytes.len() < len {
+            return Err(Error::Truncated);
         }
-        Ok((repr, offset))
+        let h = info.headers;
+        let mut repr = PacketRepr::new(bth);
+        let mut off = bth::HEADER_LEN;
+        let mut take = |n: usize| {
+            let at = off;
+            off += n;
+            &bytes[at..at + n]
+        };
+        if h.contains(Headers::RETH) {
+            let b = take(reth::HEADER_LEN);
+            repr.reth = Some(RethRepr::parse(&reth::Packet::new_unchecked(b))?);
+        }
+        if h.contains(Headers::ATOMIC_ETH) {
+            let b = take(atomic_eth::HEADER_LEN);
+            repr.atomic_eth = Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(b))?);
+        }
+        if h.contains(Headers::AETH) {
+            let b = take(aeth::HEADER_LEN);
+            repr.aeth = Some(AethRepr::parse(&aeth::Packet::new_unchecked(b))?);
+        }
+        if h.contains(Headers::ATOMIC_ACK_ETH) {
+            let b = take(atomic_ack_eth::HEADER_LEN);
+            repr.atomic_ack_eth = Some(AtomicAckEthRepr::parse(
+                &atomic_ack_eth::Packet::new_unchecked(b),
+            )?);
+        }
+        if h.contains(Headers::IMMDT) {
+            let b = take(immdt::HEADER_LEN);
+            repr.immdt = Some(ImmDtRepr::parse(&immdt::Packet::new_unchecked(b))?);
+        }
+        if h.contains(Headers::IETH) {
+            let b = take(ieth::HEADER_LEN);
+            repr.ieth = Some(IethRepr::parse(&ieth::Packet::new_unchecked(b))?);
+        }
+        debug_assert_eq!(off, len, "the opcode table's header length");
+        Ok((repr, len))
     }
 
     /// The extended headers present in this repr.
