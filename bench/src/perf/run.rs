@@ -194,7 +194,10 @@ fn pin(core: Option<usize>) {
 /// A private directory for the socket, removed on every path.
 fn make_temp_dir() -> Result<PathBuf, PerfError> {
     use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::temp_dir();
+    // The socket path inside must stay under the 108 bytes of a Unix socket address.
+    let base = Some(std::env::temp_dir())
+        .filter(|b| b.as_os_str().len() < 60)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
     for attempt in 0..16u32 {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -1,0 +1,570 @@
+//! Runs the `shmhca-perf` binary as a user would: each of the eight tests through its
+//! self-spawned peer, the two-terminal roles, bad input, a peer that dies, Ctrl-C; checks
+//! the tables, `--json`, `--hgrm`, `-H`, `--output`, and that nothing is left behind.
+//!
+//! The runs are serialised (each one keeps two processes busy) and use a private `TMPDIR`,
+//! so "nothing left behind" is checked exactly.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
+
+/// A private temp dir for one test, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Short: socket paths inside must stay under 108 bytes.
+        let p = std::env::temp_dir().join(format!("spt-{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Entries shmhca-perf made in the dir (its temp dirs and sockets).
+    fn leftovers(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("shmhca-perf-") || n.ends_with(".sock"))
+            .collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn command(scratch: &Scratch, args: &[&str]) -> Command {
+    let mut c = Command::new(EXE);
+    c.args(args)
+        .env("TMPDIR", &scratch.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child` with a deadline; kills it (and fails) past it.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn run(scratch: &Scratch, args: &[&str]) -> Output {
+    let child = command(scratch, args).spawn().unwrap();
+    wait(
+        child,
+        Duration::from_secs(120),
+        &format!("shmhca-perf {args:?}"),
+    )
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(out: &Output, args: &[&str]) -> String {
+    assert!(
+        out.status.success(),
+        "shmhca-perf {args:?} failed ({})\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// The data rows after the table head `head_start`.
+fn rows(stdout: &str, head_start: &str) -> Vec<Vec<f64>> {
+    let mut lines = stdout.lines().skip_while(|l| !l.starts_with(head_start));
+    assert!(lines.next().is_some(), "no table head in\n{stdout}");
+    lines
+        .take_while(|l| !l.starts_with("---"))
+        .map(|l| {
+            l.split_whitespace()
+                .map(|f| {
+                    f.parse::<f64>()
+                        .unwrap_or_else(|_| panic!("field {f:?} of {l:?}"))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 0.006 + 1e-6 * b.abs()
+}
+
+const LAT_HEAD: &str = " #bytes #iterations    t_min[usec]";
+const BW_HEAD: &str = " #bytes     #iterations    BW peak[MiB/sec]";
+
+fn check_lat(test: &str, size: u64) {
+    let s = Scratch::new(test);
+    let json = s.path("out.json");
+    let hgrm = s.path("out.hgrm");
+    let size_s = size.to_string();
+    let mut args = vec![test, "-n", "300", "--warmup", "50"];
+    if !test.starts_with("atomic") {
+        args.extend(["-s", &size_s]);
+    }
+    let (j, h) = (json.to_str().unwrap(), hgrm.to_str().unwrap());
+    args.extend(["--json", j, "--hgrm", h]);
+    let out = run(&s, &args);
+    let stdout = ok(&out, &args);
+    assert!(stdout.contains(" Test\n"), "{stdout}");
+    let r = rows(&stdout, LAT_HEAD);
+    assert_eq!(r.len(), 1, "{stdout}");
+    let r = &r[0];
+    assert_eq!(r.len(), 9, "{r:?}");
+    let (bytes, iters, min, max, typ, avg, _stdev, p99, p999) =
+        (r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]);
+    assert_eq!((bytes as u64, iters as u64), (size, 300));
+    assert!(min > 0.0 && min <= typ && typ <= max, "{r:?}");
+    assert!(typ <= p99 && p99 <= p999 && p999 <= max, "{r:?}");
+    assert!(min <= avg && avg <= max, "{r:?}");
+
+    let doc = read_json(&json);
+    assert_eq!(doc["test"], test);
+    assert_eq!(doc["kind"], "latency");
+    assert_eq!(doc["params"]["iterations"], 300);
+    let row = &doc["results"][0];
+    assert_eq!(row["bytes"].as_u64(), Some(size));
+    assert_eq!(row["iterations"].as_u64(), Some(300));
+    for (k, v) in [
+        ("t_min_usec", min),
+        ("t_max_usec", max),
+        ("t_typical_usec", typ),
+        ("t_avg_usec", avg),
+        ("p99_usec", p99),
+        ("p99_9_usec", p999),
+    ] {
+        assert!(
+            close(row[k].as_f64().unwrap(), v),
+            "{k}: json {} table {v}",
+            row[k]
+        );
+    }
+    let one_way = matches!(test, "send_lat" | "write_lat");
+    assert_eq!(doc["params"]["one_way"], one_way);
+    for k in ["before_setup", "after_setup", "end"] {
+        assert!(doc["rss_kib"][k].as_u64().unwrap() > 0, "rss {k}");
+    }
+    assert!(doc["machine"]["cpus"].as_u64().unwrap() >= 1);
+
+    let hg = std::fs::read_to_string(&hgrm).unwrap();
+    assert!(hg.starts_with("       Value     Percentile TotalCount 1/(1-Percentile)"));
+    let last = hg
+        .lines()
+        .rfind(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .unwrap();
+    let cols: Vec<&str> = last.split_whitespace().collect();
+    assert_eq!((cols[1], cols[2]), ("1.000000000000", "300"), "{last}");
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+fn check_bw(test: &str, size: u64, extra: &[&str]) {
+    let s = Scratch::new(test);
+    let json = s.path("out.json");
+    let size_s = size.to_string();
+    let mut args = vec![test, "-n", "2000", "--warmup", "100"];
+    if !test.starts_with("atomic") {
+        args.extend(["-s", &size_s]);
+    }
+    args.extend(["--json", json.to_str().unwrap()]);
+    args.extend(extra);
+    let out = run(&s, &args);
+    let stdout = ok(&out, &args);
+    let r = rows(&stdout, BW_HEAD);
+    assert_eq!(r.len(), 1, "{stdout}");
+    let r = &r[0];
+    assert_eq!(r.len(), 5, "{r:?}");
+    let (bytes, iters, peak, avg, rate) = (r[0], r[1], r[2], r[3], r[4]);
+    assert_eq!((bytes as u64, iters as u64), (size, 2000));
+    assert!(avg > 0.0 && peak >= avg, "{r:?}");
+    // MsgRate and the average bandwidth describe the same run.
+    let from_rate = rate * 1e6 * size as f64 / 1_048_576.0;
+    assert!(
+        (from_rate - avg).abs() <= 0.01 * avg + 0.01,
+        "rate {rate} Mpps x {size} B = {from_rate} MiB/s, table says {avg}"
+    );
+    let doc = read_json(&json);
+    assert_eq!(doc["kind"], "bandwidth");
+    let row = &doc["results"][0];
+    let qps = doc["params"]["qps"].as_u64().unwrap();
+    assert_eq!(row["messages"].as_u64(), Some(2000 * qps));
+    assert!(close(row["bw_average_mib_sec"].as_f64().unwrap(), avg));
+    assert!(close(row["bw_peak_mib_sec"].as_f64().unwrap(), peak));
+    assert!((row["msg_rate_mpps"].as_f64().unwrap() - rate).abs() < 1e-5);
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+#[test]
+fn send_lat() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_lat("send_lat", 8);
+}
+
+#[test]
+fn write_lat() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_lat("write_lat", 8);
+}
+
+#[test]
+fn write_lat_above_inline_and_one_pmtu() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_lat("write_lat", 5000);
+}
+
+#[test]
+fn read_lat() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_lat("read_lat", 8);
+}
+
+#[test]
+fn atomic_lat() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_lat("atomic_lat", 8);
+}
+
+#[test]
+fn send_bw() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_bw("send_bw", 65536, &[]);
+    check_bw("send_bw", 8, &["-q", "2"]);
+}
+
+#[test]
+fn write_bw() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_bw("write_bw", 65536, &["-m", "1024"]);
+}
+
+#[test]
+fn read_bw() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_bw("read_bw", 65536, &["-q", "3"]);
+}
+
+#[test]
+fn atomic_bw() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    check_bw("atomic_bw", 8, &[]);
+    check_bw("atomic_bw", 8, &["-A", "CMP_AND_SWAP", "-q", "2"]);
+}
+
+#[test]
+fn send_lat_in_poll_mode() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("poll");
+    let args = ["send_lat", "-n", "100", "--warmup", "10", "--mode", "poll"];
+    let out = run(&s, &args);
+    let stdout = ok(&out, &args);
+    assert!(stdout.contains(" Engine mode     : poll"), "{stdout}");
+    assert_eq!(rows(&stdout, LAT_HEAD).len(), 1);
+}
+
+#[test]
+fn all_sizes_and_histogram_output() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("all");
+    let args = ["read_lat", "-a", "-n", "5", "--warmup", "0"];
+    let out = run(&s, &args);
+    let stdout = ok(&out, &args);
+    let r = rows(&stdout, LAT_HEAD);
+    let sizes: Vec<u64> = r.iter().map(|row| row[0] as u64).collect();
+    assert_eq!(sizes, (1..=23).map(|e| 1u64 << e).collect::<Vec<_>>());
+
+    let args = ["send_lat", "-n", "20", "--warmup", "5", "-H"];
+    let stdout = ok(&run(&s, &args), &args);
+    let list: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "#, usec")
+        .skip(1)
+        .collect();
+    assert_eq!(list.len(), 20, "{stdout}");
+    for (i, l) in list.iter().enumerate() {
+        let (n, v) = l.split_once(", ").unwrap();
+        assert_eq!(n.parse::<usize>().unwrap(), i + 1);
+        assert!(v.parse::<f64>().unwrap() > 0.0);
+    }
+
+    let args = [
+        "send_lat", "-n", "20", "--warmup", "5", "--output", "latency",
+    ];
+    let stdout = ok(&run(&s, &args), &args);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.trim().parse::<f64>().unwrap() > 0.0);
+
+    let args = [
+        "write_bw",
+        "-n",
+        "200",
+        "--output",
+        "message_rate",
+        "--report_gbits",
+    ];
+    let stdout = ok(&run(&s, &args), &args);
+    assert!(stdout.trim().parse::<f64>().unwrap() > 0.0, "{stdout}");
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+fn fails_with(s: &Scratch, args: &[&str], needle: &str) {
+    let out = run(s, args);
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "shmhca-perf {args:?}: {}\n{err}",
+        out.status
+    );
+    assert!(
+        err.contains(needle),
+        "shmhca-perf {args:?}: expected {needle:?} in\n{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+#[test]
+fn bad_flags_name_the_problem_and_exit_1() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("bad");
+    fails_with(&s, &["send_lat", "-s", "0"], "-s 0");
+    fails_with(&s, &["send_bw", "-s", "2000000000"], "message size");
+    fails_with(&s, &["write_bw", "-m", "1000"], "not a PMTU");
+    fails_with(&s, &["send_bw", "-t", "0"], "-t 0");
+    fails_with(&s, &["send_bw", "-t", "99999"], "queue depth");
+    fails_with(&s, &["ping_lat"], "ping_lat");
+    fails_with(&s, &[], "no test given");
+    fails_with(&s, &["read_lat", "--cpu", "4096"], "does not exist");
+    let missing = s.path("nobody.sock");
+    fails_with(
+        &s,
+        &["send_lat", "--client", missing.to_str().unwrap()],
+        "no such socket",
+    );
+    let plain = s.path("plain.txt");
+    std::fs::write(&plain, "x").unwrap();
+    fails_with(
+        &s,
+        &["send_lat", "--client", plain.to_str().unwrap()],
+        "not a socket",
+    );
+    std::fs::remove_file(&plain).unwrap();
+}
+
+#[test]
+fn a_peer_that_is_not_shmhca_is_refused() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("garbage");
+    let sock = s.path("garbage.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let t = std::thread::spawn(move || {
+        use std::io::Write;
+        if let Ok((mut c, _)) = listener.accept() {
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\n\r\nhello, not shmhca at all........");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    let args = [
+        "send_lat",
+        "--client",
+        sock.to_str().unwrap(),
+        "--connect-timeout",
+        "3",
+    ];
+    let out = run(&s, &args);
+    t.join().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("connecting to the server at"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    std::fs::remove_file(&sock).unwrap();
+}
+
+fn wait_for_socket(p: &Path) {
+    let start = Instant::now();
+    while !p.exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "no socket {p:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn server_and_client_in_two_processes() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("roles");
+    let sock = s.path("perf.sock");
+    let p = sock.to_str().unwrap();
+    let server = command(
+        &s,
+        &["write_lat", "-n", "200", "--warmup", "10", "--server", p],
+    )
+    .spawn()
+    .unwrap();
+    wait_for_socket(&sock);
+    let args = ["write_lat", "-n", "200", "--warmup", "10", "--client", p];
+    let client = run(&s, &args);
+    let stdout = ok(&client, &args);
+    assert_eq!(rows(&stdout, LAT_HEAD).len(), 1);
+    let server = wait(server, Duration::from_secs(30), "the server");
+    let sout = ok(&server, &["--server"]);
+    assert!(sout.contains("RDMA_Write Latency Test"), "{sout}");
+    assert!(sout.contains(" remote address: "), "{sout}");
+    assert!(!sock.exists(), "the server left its socket behind");
+}
+
+#[test]
+fn parameter_mismatch_is_refused_on_both_sides() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("mismatch");
+    let sock = s.path("perf.sock");
+    let p = sock.to_str().unwrap();
+    let server = command(&s, &["send_lat", "-s", "8", "--server", p])
+        .spawn()
+        .unwrap();
+    wait_for_socket(&sock);
+    let out = run(&s, &["send_lat", "-s", "16", "--client", p]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("-s is 16 here but 8 at the peer"), "{err}");
+    let server = wait(server, Duration::from_secs(30), "the server");
+    assert_eq!(server.status.code(), Some(1));
+    let serr = text(&server.stderr);
+    assert!(serr.contains("-s is 8 here but 16 at the peer"), "{serr}");
+    assert!(!sock.exists());
+}
+
+#[test]
+fn a_peer_that_dies_is_reported() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("death");
+    let sock = s.path("perf.sock");
+    let p = sock.to_str().unwrap();
+    let big = ["send_lat", "-n", "100000000", "--warmup", "0"];
+    let mut server = command(&s, &[&big[..], &["--server", p]].concat())
+        .spawn()
+        .unwrap();
+    wait_for_socket(&sock);
+    let client = command(&s, &[&big[..], &["--client", p]].concat())
+        .spawn()
+        .unwrap();
+    // Let the run get going, then kill the server outright.
+    std::thread::sleep(Duration::from_millis(800));
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let out = wait(
+        client,
+        Duration::from_secs(20),
+        "the client after its peer died",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("peer went away"), "{err}");
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[test]
+fn ctrl_c_stops_the_peer_and_removes_the_temp_dir() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("sigint");
+    let child = command(&s, &["send_lat", "-n", "100000000", "--warmup", "0"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait until the run has started (its temp dir and socket exist).
+    let start = Instant::now();
+    let dir = loop {
+        if let Some(d) = std::fs::read_dir(&s.0)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.join("perf.sock").exists())
+        {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = wait(child, Duration::from_secs(10), "shmhca-perf after SIGINT");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("interrupted"));
+    assert!(!dir.exists(), "the temp dir {dir:?} is still there");
+    // The server process is gone too: no process runs with our socket path.
+    let sock = dir.join("perf.sock");
+    std::thread::sleep(Duration::from_millis(200));
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd);
+            assert!(
+                !cmd.contains(sock.to_str().unwrap()),
+                "the server {:?} still runs",
+                e.path()
+            );
+        }
+    }
+}
+
+#[test]
+fn nothing_is_left_in_dev_shm() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let list = || -> Vec<String> {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.contains("shmhca"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = list();
+    let s = Scratch::new("shm");
+    let args = ["write_bw", "-n", "100", "--warmup", "10"];
+    ok(&run(&s, &args), &args);
+    assert_eq!(list(), before);
+    assert!(s.leftovers().is_empty());
+}
