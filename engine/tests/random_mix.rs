@@ -116,7 +116,9 @@ fn run(ops: Vec<Op>, mtu: Mtu, signal_every: usize) -> std::result::Result<(), T
     }
     // What each request must leave: (result offset, expected bytes) and receives.
     let mut expect_results: Vec<(usize, Vec<u8>)> = vec![];
-    let mut expect_recvs: Vec<(u64, usize, Option<u32>, usize, Vec<u8>)> = vec![];
+    // (wr_id, length, immediate, buffer offset, bytes) of each expected receive.
+    type Recv = (u64, usize, Option<u32>, usize, Vec<u8>);
+    let mut expect_recvs: Vec<Recv> = vec![];
     let n = ops.len();
     let mut signaled = vec![];
     let mut reads: Vec<(usize, usize)> = vec![];
