@@ -104,6 +104,8 @@ pub(crate) struct Requester {
     pub(crate) npsn: Psn,
     /// The last PSN acknowledged: everything up to it is.
     pub(crate) acked: Psn,
+    /// The PSN after the highest one ever sent (packets behind it are retransmissions).
+    sent_to: Psn,
     /// RDMA Reads and Atomics started and not retired.
     pub(crate) rd_atomic: u32,
     pub(crate) credits: CreditState,
@@ -138,6 +140,7 @@ impl Requester {
             tx_cursor: Some(Cursor::default()),
             npsn: Psn::new(0),
             acked: Psn::new(0).sub(1),
+            sent_to: Psn::new(0),
             rd_atomic: 0,
             credits: CreditState::new(true),
             consumers: 0,
@@ -155,6 +158,7 @@ impl Requester {
     pub(crate) fn start(&mut self, cfg: &QpConfig) {
         self.npsn = cfg.sq_psn;
         self.acked = cfg.sq_psn.sub(1);
+        self.sent_to = cfg.sq_psn;
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.credits = CreditState::new(cfg.remote_credits);
@@ -324,13 +328,14 @@ pub(crate) fn transmit(
     let mut sent = 0;
     while sent < budget && req.tx_seq < req.fetched {
         let seq = req.tx_seq;
-        let retransmit = seq < req.started;
+        // A WQE not yet started: it gets its PSNs when its first packet goes.
+        let new_wqe = seq == req.started;
         if let Some(l) = req.limited {
             if req.limited_resolved(l) {
                 req.limited = None;
             }
         }
-        if !retransmit {
+        if new_wqe {
             // Gates for a new WQE (spec/02 "Obey the Ordering Rules").
             let w = req.wqe(seq);
             if qp.state != QpState::Rts || req.limited.is_some() {
@@ -352,7 +357,7 @@ pub(crate) fn transmit(
         if !wire.tx.has_room() {
             break;
         }
-        if !retransmit {
+        if new_wqe {
             let npsn = req.npsn;
             req.wqe_mut(seq).first_psn = npsn;
             let w = *req.wqe(seq);
@@ -365,11 +370,16 @@ pub(crate) fn transmit(
             if !credits_ok {
                 req.limited = Some(seq);
             }
-        } else {
-            env.stats.retransmitted += 1;
         }
         let w = *req.wqe(seq);
         let k = req.tx_pkt;
+        // Sent before (go-back-N) if behind the highest PSN ever sent.
+        let psn = w.first_psn.add(k);
+        if psn.before(req.sent_to) {
+            env.stats.retransmitted += 1;
+        } else {
+            req.sent_to = psn.add(if w.w.op.is_rd_atomic() { w.span - k } else { 1 });
+        }
         let cursor = match req.tx_cursor {
             Some(c) => c,
             None => Cursor::at(&w.w.data, env.arena.mem(), u64::from(k) * u64::from(pmtu))

@@ -207,3 +207,50 @@ fn a_late_peer_is_recovered_by_retransmission() {
     src.read_at(8, &mut orig).unwrap();
     assert_eq!(u64::from_ne_bytes(orig), 0);
 }
+
+#[test]
+fn multi_packet_messages_without_loss_retransmit_nothing() {
+    // Found by the connection-manager tests: continuation packets were counted as
+    // retransmissions.
+    let mut p = pair(&Params::default()); // PMTU 1024
+    let src = p.a.pd.alloc_mr(8192, AccessFlags::NONE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(8192, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    let back = p.a.pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(7, &[dst.sge(0, 8192).unwrap()]))
+        .unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            1,
+            SendOp::Send,
+            &[src.sge(0, 3 * 1024).unwrap()],
+        ))
+        .unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            2,
+            SendOp::RdmaRead(dst.remote(0)),
+            &[back.sge(0, 5000).unwrap()],
+        ))
+        .unwrap();
+    assert_eq!(wait_b(&mut p, 1)[0].status, WcStatus::Success);
+    assert!(
+        wait_a(&mut p, 2)
+            .iter()
+            .all(|w| w.status == WcStatus::Success)
+    );
+    let s = p.a.ctx.stats();
+    assert_eq!(
+        s.timeouts + s.rnr_naks_received + p.b.ctx.stats().naks_sent,
+        0
+    );
+    assert_eq!(s.retransmitted, 0, "{s:?}");
+    assert_eq!(
+        s.packets_sent - s.acks_sent,
+        3 + 1,
+        "three Send packets and one Read request: {s:?}"
+    );
+}
