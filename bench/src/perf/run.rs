@@ -724,6 +724,19 @@ impl Output {
         }
         if let Some(path) = &opts.json {
             let info = header_info(opts, side);
+            let st = side.res.ctx.stats();
+            let engine_stats = json!({
+                "packets_sent": st.packets_sent,
+                "packets_received": st.packets_received,
+                "payload_bytes_copied": st.payload_bytes_copied,
+                "inline_bytes_sent": st.inline_bytes_sent,
+                "acks_sent": st.acks_sent,
+                "naks_sent": st.naks_sent,
+                "retransmitted": st.retransmitted,
+                "timeouts": st.timeouts,
+                "rnr_naks_received": st.rnr_naks_received,
+                "dropped": st.dropped,
+            });
             let doc = json!({
                 "tool": "shmhca-perf",
                 "test": opts.test.name(),
@@ -747,6 +760,7 @@ impl Output {
                                "mtu": c.path_mtu.bytes(), "max_rd_atomic": c.max_rd_atomic})
                     }).collect::<Vec<_>>(),
                 },
+                "engine_stats": engine_stats,
                 "machine": report::machine_json(),
                 "versions": report::versions_json(),
                 "rss_kib": {
