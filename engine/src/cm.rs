@@ -1452,7 +1452,13 @@ impl Connection {
     /// Whether the peer is still connected (false once it closed the connection or died;
     /// the QP is then in the Error state).
     pub fn is_peer_connected(&self) -> bool {
-        self.status.live.load(Ordering::Acquire)
+        if self.status.live.load(Ordering::Acquire) {
+            return true;
+        }
+        // The watcher clears the flag while it holds the engine and moves the QP to Error;
+        // taking the engine once waits for it to finish, so the QP's state agrees.
+        self.link.shared.engine.with(|_| ());
+        false
     }
 
     /// Why the peer is gone, once it is.
@@ -1476,6 +1482,13 @@ impl std::ops::DerefMut for Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        // Let Acks the engine holds back for one iteration leave first (in inline mode that
+        // iteration may never come): the peer then sees its last messages acknowledged
+        // before it sees the connection close.
+        let shared = &self.link.shared;
+        for _ in 0..2 {
+            shared.engine.with(|e| e.poll(&shared.doorbell));
+        }
         drop(self.qp.take());
         self.watcher.remove(self.key);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);

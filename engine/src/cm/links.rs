@@ -172,18 +172,32 @@ impl Links {
         }
     }
 
-    /// The peer of one connection on link `id` hung up: when it was the last live one, the
-    /// link is torn down.
-    pub(crate) fn hang_up(&self, engine: &EngineCell<Engine>, id: LinkId, why: &str) {
+    /// The peer of one connection on link `id` hung up. Runs `f` on the engine (it moves the
+    /// connection's QP to the Error state and says whether the connection was still counted
+    /// live); if it was, the live count drops and, when it was the last, the link is torn
+    /// down — all in one engine access with the table locked, so anyone who sees the QP's
+    /// flushed completions then sees the link's new state.
+    pub(crate) fn hang_up(
+        &self,
+        engine: &EngineCell<Engine>,
+        id: LinkId,
+        why: &str,
+        f: impl FnOnce(&mut Engine) -> bool,
+    ) {
         let mut t = self.lock();
-        let Some(e) = t.entries.iter_mut().find(|e| e.id == id) else {
-            return;
-        };
-        e.live = e.live.saturating_sub(1);
-        if e.live == 0 && e.up {
-            e.up = false;
-            engine.with(|en| en.link_down(id, why.to_string()));
-        }
+        engine.with(|en| {
+            if !f(en) {
+                return;
+            }
+            let Some(e) = t.entries.iter_mut().find(|e| e.id == id) else {
+                return;
+            };
+            e.live = e.live.saturating_sub(1);
+            if e.live == 0 && e.up {
+                e.up = false;
+                en.link_down(id, why.to_string());
+            }
+        });
     }
 
     /// A copy of every entry.

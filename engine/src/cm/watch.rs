@@ -208,23 +208,26 @@ fn run(w: &Arc<Watcher>, shared: &Weak<Shared>) {
 
 /// The peer of `entry` is gone: error its QP, close the socket, update the link.
 fn peer_gone(shared: &Arc<Shared>, entry: &Watched, why: &str) {
-    // The connection reads as gone before any flushed completion can be seen.
     entry.status.set_gone(why);
-    let was_live = entry.status.live.swap(false, Ordering::AcqRel);
-    let _ = entry.stream.shutdown(std::net::Shutdown::Both);
-    shared.engine.with(|e| {
-        // Hear the peer's last words first: what it published on the link before its socket
-        // closed (the Ack of the last message it received, say) is processed before the QP
-        // goes to the Error state. Bounded, in case the peer engine is still sending over
-        // other connections.
-        for _ in 0..MAX_DRAIN_POLLS {
-            if e.poll(&shared.doorbell) == 0 {
-                break;
+    shared
+        .cm
+        .links
+        .hang_up(&shared.engine, entry.link, why, |e| {
+            // Hear the peer's last words first: what it published on the link before its socket
+            // closed (the Ack of the last message it received, say) is processed before the QP
+            // goes to the Error state. Bounded, in case the peer engine is still sending over
+            // other connections.
+            for _ in 0..MAX_DRAIN_POLLS {
+                if e.poll(&shared.doorbell) == 0 {
+                    break;
+                }
             }
-        }
-        e.peer_gone(entry.qpn)
-    });
-    if was_live {
-        shared.cm.links.hang_up(&shared.engine, entry.link, why);
-    }
+            // Cleared while holding the engine, before any flushed completion exists: whoever
+            // sees a flush sees the connection gone, and `Connection::is_peer_connected`, by
+            // taking the engine once when it finds the flag clear, sees the QP in Error.
+            let was_live = entry.status.live.swap(false, Ordering::AcqRel);
+            e.peer_gone(entry.qpn);
+            was_live
+        });
+    let _ = entry.stream.shutdown(std::net::Shutdown::Both);
 }
