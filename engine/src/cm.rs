@@ -885,17 +885,25 @@ fn client_handshake(
         }
     };
     let depth = params.initiator_depth.min(rep.offer.responder_resources);
-    to_rtr(
-        &mut qp,
-        params,
-        link.id,
-        &rep.offer,
-        mtu,
-        params.responder_resources,
-    )
-    .map_err(aborted)?;
-    to_rts(&mut qp, params, psn, &rep.offer, depth).map_err(aborted)?;
-    chan.send(&Message::Rtu, &[])?;
+    let ready = (|| {
+        to_rtr(
+            &mut qp,
+            params,
+            link.id,
+            &rep.offer,
+            mtu,
+            params.responder_resources,
+        )
+        .map_err(aborted)?;
+        to_rts(&mut qp, params, psn, &rep.offer, depth).map_err(aborted)?;
+        chan.send(&Message::Rtu, &[])
+    })();
+    if let Err(f) = ready {
+        // The QP goes before its link: no QP may ever point at a removed link.
+        drop(qp);
+        drop(link);
+        return Err(f);
+    }
     Ok(Established {
         qp,
         link,
@@ -949,14 +957,12 @@ fn server_handshake(
         };
         match reuse_side {
             None => {
-                if fds.len() != 2 {
+                let n = fds.len();
+                let Ok([seg_fd, arena]) = <[OwnedFd; 2]>::try_from(std::mem::take(&mut fds)) else {
                     return Err(protocol(format!(
-                        "the client's REQ asks for a new link but carries {} file descriptors instead of 2 (link segment, arena)",
-                        fds.len()
+                        "the client's REQ asks for a new link but carries {n} file descriptors instead of 2 (link segment, arena)"
                     )));
-                }
-                let arena = fds.pop().expect("two descriptors");
-                let seg_fd = fds.pop().expect("two descriptors");
+                };
                 let bad = |e: Error| {
                     Fail::reject(
                         RejectReason::InvalidParameter,
@@ -1014,8 +1020,9 @@ fn server_handshake(
             }
         }
     };
+    // Checked by `Offer::check` above; the error path cannot be taken.
     let mtu = Mtu::from_bytes(u32::from(req.offer.pmtu))
-        .expect("checked by Offer::check")
+        .map_err(|e| Fail::reject(RejectReason::InvalidParameter, e))?
         .min(params.mtu);
     let resp = params.responder_resources.min(req.offer.initiator_depth);
     let depth = params.initiator_depth.min(req.offer.responder_resources);
