@@ -179,9 +179,19 @@ fn check_lat(test: &str, size: u64) {
     }
     let one_way = matches!(test, "send_lat" | "write_lat");
     assert_eq!(doc["params"]["one_way"], one_way);
-    for k in ["before_setup", "after_setup", "end"] {
+    for k in ["before_setup", "after_setup", "measure_start", "end"] {
         assert!(doc["rss_kib"][k].as_u64().unwrap() > 0, "rss {k}");
     }
+    // The measurement itself does not grow the process (everything is allocated and
+    // touched before it starts).
+    let (start, end) = (
+        doc["rss_kib"]["measure_start"].as_u64().unwrap(),
+        doc["rss_kib"]["end"].as_u64().unwrap(),
+    );
+    assert!(
+        end <= start + 512,
+        "RSS grew from {start} to {end} KiB during the run"
+    );
     assert!(doc["machine"]["cpus"].as_u64().unwrap() >= 1);
 
     let hg = std::fs::read_to_string(&hgrm).unwrap();
@@ -507,22 +517,32 @@ fn ctrl_c_stops_the_peer_and_removes_the_temp_dir() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    // Wait until the run has started (its temp dir and socket exist).
-    let start = Instant::now();
-    let dir = loop {
-        if let Some(d) = std::fs::read_dir(&s.0)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.join("perf.sock").exists())
-        {
-            break d;
+    // Wait until the run has started: the table head is printed once both sides are
+    // connected.
+    let mut child = child;
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with(" #bytes") {
+                let _ = tx.send(());
+            }
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the run never started"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the run never started");
+    let dir = std::fs::read_dir(&s.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("shmhca-perf-")
+        })
+        .expect("the run's temp dir");
     std::thread::sleep(Duration::from_millis(300));
     let status = Command::new("kill")
         .args(["-INT", &pid.to_string()])

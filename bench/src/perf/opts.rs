@@ -431,7 +431,7 @@ impl Options {
                 "-q {qps}: the number of QPs must be 1 to {MAX_QPS}"
             )));
         }
-        if lat && qps != 1 {
+        if lat && qps != 1 && !cli.spawned {
             eprintln!(
                 "shmhca-perf: note: -q {qps}: latency tests measure on the first QP only (as perftest)"
             );
@@ -489,7 +489,7 @@ impl Options {
             )));
         }
         let max_size = *sizes.last().unwrap_or(&8);
-        let arena = arena_bytes(max_size, qps);
+        let arena = arena_bytes(max_size, qps, tx_depth, inline);
         if arena > MAX_ARENA {
             return Err(usage(format!(
                 "-s {max_size} with -q {qps} needs {arena} bytes of arena (two buffers per QP), above the {MAX_ARENA} bytes shmhca-perf allocates at most: lower -s or -q"
@@ -593,10 +593,14 @@ impl Options {
 }
 
 /// Bytes of arena one side needs: a send and a receive buffer per QP, each rounded to a
-/// cache line, plus room for the QPs' staging and the control channel.
-pub fn arena_bytes(max_size: u64, qps: u32) -> u64 {
+/// cache line, each QP's inline staging (`tx_depth` rows of `inline` bytes rounded to a
+/// cache line), the control channel, and 2 MiB of slack. Kept tight on purpose: the arena
+/// is resident (the engine maps it populated, and the peer maps it too), so every byte
+/// here shows in both processes' RSS.
+pub fn arena_bytes(max_size: u64, qps: u32, tx_depth: u32, inline: u32) -> u64 {
     let buf = max_size.div_ceil(64) * 64;
-    (2 * buf).saturating_mul(u64::from(qps)) + (8 << 20) + u64::from(qps) * (2 << 20)
+    let staging = u64::from(tx_depth) * u64::from(inline).div_ceil(64) * 64 + 4096;
+    (2 * buf + staging).saturating_mul(u64::from(qps)) + (2 << 20)
 }
 
 fn usage(msg: impl Into<String>) -> PerfError {

@@ -382,6 +382,8 @@ fn fill_pattern(side: &Side, off: u64, len: u64, si: usize) -> Result<(), PerfEr
             .buf
             .write_at(off + done, &chunk[..n as usize])
             .map_err(PerfError::engine("filling the buffer"))?;
+        // Keep answering the peer meanwhile (inline mode).
+        side.res.ctx.progress();
         done += n;
     }
     Ok(())
@@ -404,6 +406,7 @@ fn check_pattern(side: &Side, off: u64, len: u64, si: usize) -> Result<Option<u6
         {
             return Ok(Some(done + j as u64));
         }
+        side.res.ctx.progress();
         done += n;
     }
     Ok(None)
@@ -470,6 +473,7 @@ fn run_sizes(
             if lat {
                 lat::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
                 o.rec.reset();
+                o.note_measure_start();
                 let mut prog =
                     Progress::new(format!("{} {} B", opts.test.name(), size), opts.iters, true);
                 lat::client(
@@ -485,6 +489,7 @@ fn run_sizes(
                 if opts.warmup > 0 {
                     bw::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
                 }
+                o.note_measure_start();
                 let total = opts.iters * qps;
                 let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
                 let mut prog =
@@ -629,6 +634,7 @@ pub struct Output {
     hgrms: Vec<(u64, String)>,
     stdout: std::io::Stdout,
     rss_after_kib: u64,
+    rss_measure_start_kib: Option<u64>,
 }
 
 impl Output {
@@ -642,6 +648,14 @@ impl Output {
             hgrms: Vec::new(),
             stdout: std::io::stdout(),
             rss_after_kib: 0,
+            rss_measure_start_kib: None,
+        }
+    }
+
+    /// Notes the RSS when the first measurement starts (after its warm-up).
+    fn note_measure_start(&mut self) {
+        if self.rss_measure_start_kib.is_none() {
+            self.rss_measure_start_kib = Some(rss_kib());
         }
     }
 
@@ -752,7 +766,7 @@ impl Output {
                     "mode": info.mode,
                     "huge_pages": info.huge_pages,
                     "exchange": info.exchange,
-                    "arena_bytes": crate::perf::opts::arena_bytes(opts.max_size(), opts.qps),
+                    "arena_bytes": crate::perf::opts::arena_bytes(opts.max_size(), opts.qps, opts.tx_depth, opts.inline),
                     "qps": side.qps.iter().map(|q| {
                         let c = q.config();
                         json!({"qpn": q.qpn().get(), "psn": c.sq_psn.get(),
@@ -766,6 +780,7 @@ impl Output {
                 "rss_kib": {
                     "before_setup": side.res.rss_before_kib,
                     "after_setup": self.rss_after_kib,
+                    "measure_start": self.rss_measure_start_kib,
                     "end": rss_end_kib,
                     "setup_delta": self.rss_after_kib.saturating_sub(side.res.rss_before_kib),
                 },

@@ -130,7 +130,12 @@ impl Resources {
             ModeArg::Poll => EngineMode::Poll { cpu: engine_cpu },
         };
         let ctx = Context::builder()
-            .arena_size(arena_bytes(opts.max_size(), opts.qps))
+            .arena_size(arena_bytes(
+                opts.max_size(),
+                opts.qps,
+                opts.tx_depth,
+                opts.inline,
+            ))
             .mode(mode)
             .build()
             .map_err(PerfError::engine("creating the shmhca context"))?;
@@ -274,7 +279,7 @@ fn to_rts(qp: &mut Qp, sq_psn: u32, outs: u8) -> Result<(), PerfError> {
     qp.modify(
         &QpAttr::new(QpState::Rts)
             .sq_psn(sq_psn)
-            .timeout(14)
+            .timeout(18)
             .retry_cnt(7)
             .rnr_retry(7)
             .max_rd_atomic(outs),
@@ -376,6 +381,10 @@ fn cm_params(opts: &Options, caps: QpCaps, private: Vec<u8>) -> Result<ConnectPa
         .mtu(mtu)
         .access(remote_access())
         .min_rnr_timer(1)
+        // ~1 s per try (×8 tries): in inline mode a peer busy outside its polling loop
+        // (checking 8 MiB of data, or descheduled on a loaded machine) acknowledges late;
+        // nothing is ever lost on a link, and peer death is seen on the socket anyway.
+        .local_ack_timeout(18)
         .responder_resources(shmhca::qp::MAX_RD_ATOMIC)
         .initiator_depth(opts.outs)
         .handshake_timeout(std::time::Duration::from_secs(opts.connect_timeout))

@@ -22,11 +22,24 @@ pub struct LatRecorder {
 impl LatRecorder {
     /// A recorder; with `keep_samples`, room for that many raw samples too.
     pub fn new(keep_samples: Option<usize>) -> LatRecorder {
-        let hist = Histogram::new_with_bounds(1, HIST_MAX_NS, 3)
+        let mut hist = Histogram::new_with_bounds(1, HIST_MAX_NS, 3)
             .expect("1 ns .. 1 h with 3 significant digits is a valid histogram");
+        // Touch every page now (reset writes every counter), so that recording never
+        // page-faults inside a measurement.
+        hist.reset();
+        // Written once (not `vec![0; n]`, whose zero pages stay untouched) for the same
+        // reason.
+        #[allow(clippy::slow_vector_initialization)]
+        let samples = keep_samples.map(|n| {
+            let mut v = Vec::with_capacity(n);
+            v.resize(n, 0u64);
+            std::hint::black_box(&mut v);
+            v.clear();
+            v
+        });
         LatRecorder {
             hist,
-            samples: keep_samples.map(Vec::with_capacity),
+            samples,
             n: 0,
             sum: 0,
             sum_sq: 0,
