@@ -117,7 +117,13 @@ fn word(seg: &Segment, offset: usize) -> &AtomicU64 {
     // SAFETY: in bounds and 8-aligned (checked above; the data area is page-aligned), in a
     // read-write mapping that lives as long as the borrow of `seg`; AtomicU64 is valid for
     // any bits and is the way to share a word with the other process.
-    unsafe { &*seg.data_ptr().as_ptr().wrapping_add(offset).cast::<AtomicU64>() }
+    unsafe {
+        &*seg
+            .data_ptr()
+            .as_ptr()
+            .wrapping_add(offset)
+            .cast::<AtomicU64>()
+    }
 }
 
 /// Busy-wait step that checks now and then that the peer process is still alive.

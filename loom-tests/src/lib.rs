@@ -11,7 +11,8 @@
 //! ring ends empty. Under loom the slots are loom `UnsafeCell`s, so a missing
 //! happens-before edge between a slot write and its read shows up as a causality
 //! violation; `tests/ring.rs` proves it by running the scenarios on rings whose orderings
-//! were deliberately weakened ([`shmhca_rings::ring::Mutation`]) and asserting that loom fails.
+//! were deliberately weakened (`shmhca_rings::ring::Mutation`, compiled only under
+//! `--cfg shmhca_loom`) and asserting that loom fails.
 //!
 //! [loom]: https://docs.rs/loom
 #![forbid(unsafe_code)]

@@ -592,6 +592,10 @@ fn validate_shm_ring<T: Pod>(seg: &Segment, offset: usize) -> Result<usize, Ring
 
 /// Attaches the producer end of the shared ring at `offset` in `seg`.
 ///
+/// Each end is claimed with a flag in the ring header, released when the returned
+/// [`Producer`] is dropped; a process that dies holding it leaves the end claimed, so a
+/// ring is not reattached after a crash (a new link gets new rings).
+///
 /// # Errors
 ///
 /// [`RingOpenError`] if the segment is read-only, no valid ring for `T` is there, another
@@ -615,7 +619,8 @@ pub fn shm_producer<T: Pod>(
     Ok(producer)
 }
 
-/// Attaches the consumer end of the shared ring at `offset` in `seg`.
+/// Attaches the consumer end of the shared ring at `offset` in `seg`. Claimed like the
+/// producer end (see [`shm_producer`]).
 ///
 /// # Errors
 ///
