@@ -1168,6 +1168,45 @@ fn connect_error(path: &Path, e: &io::Error) -> Error {
     })
 }
 
+/// Binds and listens on `path`. The socket is made under a temporary name in the same
+/// directory and hard-linked into place once it listens, so the path never exists without
+/// accepting connections (a client that sees it is not refused), and `link(2)` never replaces
+/// a file that appeared meanwhile. Falls back to binding `path` itself where that is not
+/// possible (a temporary name too long for a socket address, a file system without links).
+fn bind_in_place(path: &Path) -> Result<UnixListener> {
+    let p = path.display();
+    // Clients connect by this path, so it must fit a socket address itself.
+    if let Err(e) = std::os::unix::net::SocketAddr::from_pathname(path) {
+        return Err(Error::Connect(format!(
+            "{p}: not usable as a Unix socket path ({e}); it must be shorter than 108 bytes"
+        )));
+    }
+    let tmp = path.with_file_name(format!(".shmhca-{:016x}.sock", random_u64()));
+    if let Ok(listener) = UnixListener::bind(&tmp) {
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => return Ok(listener),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(Error::Connect(format!(
+                    "{p}: another listener bound it just now ({e})"
+                )));
+            }
+            Err(_) => {} // no hard links here: bind the path itself
+        }
+    }
+    UnixListener::bind(path).map_err(|e| {
+        Error::Connect(match e.kind() {
+            io::ErrorKind::NotFound => format!("{p}: the directory does not exist ({e})"),
+            io::ErrorKind::InvalidInput => format!(
+                "{p}: not usable as a Unix socket path ({e}); it must be shorter than 108 bytes"
+            ),
+            io::ErrorKind::AddrInUse => format!("{p}: another listener bound it just now ({e})"),
+            _ => format!("{p}: cannot listen ({e})"),
+        })
+    })
+}
+
 /// A listening socket: [`Listener::accept`] turns each client into a [`Connection`]. The
 /// socket path is removed when the listener is dropped.
 pub struct Listener {
@@ -1212,20 +1251,7 @@ impl Listener {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(format!("examining {p}"), e)),
         }
-        let listener = UnixListener::bind(&path).map_err(|e| {
-            Error::Connect(match e.kind() {
-                io::ErrorKind::NotFound => {
-                    format!("{p}: the directory does not exist ({e})")
-                }
-                io::ErrorKind::InvalidInput => format!(
-                    "{p}: not usable as a Unix socket path ({e}); it must be shorter than 108 bytes"
-                ),
-                io::ErrorKind::AddrInUse => {
-                    format!("{p}: another listener bound it just now ({e})")
-                }
-                _ => format!("{p}: cannot listen ({e})"),
-            })
-        })?;
+        let listener = bind_in_place(&path)?;
         let m = std::fs::symlink_metadata(&path)
             .map_err(|e| Error::io(format!("examining the new socket {p}"), e))?;
         Ok(Listener {
