@@ -1885,4 +1885,68 @@ mod tests {
         assert_eq!(links.len(), 2);
         assert!(links.iter().any(|l| l.id == c1.link() && !l.up));
     }
+
+    #[test]
+    fn poll_mode_engines_connect_exchange_and_see_a_close() {
+        let poll = || {
+            Arc::new(
+                Context::builder()
+                    .arena_size(4 << 20)
+                    .huge_pages(HugePages::Never)
+                    .mode(EngineMode::Poll { cpu: None })
+                    .idle(crate::IdlePolicy::Backoff {
+                        spins: 100,
+                        max_sleep: Duration::from_micros(200),
+                    })
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let (server, client) = (poll(), poll());
+        let path = sock("poll-mode");
+        let listener = server.listen(&path).unwrap();
+        let s2 = server.clone();
+        let t = std::thread::spawn(move || {
+            let (pd, mut cq) = (s2.alloc_pd().unwrap(), s2.create_cq(8).unwrap());
+            let mut conn = listener
+                .accept(&pd, &cq, &cq, &ConnectParams::default())
+                .unwrap();
+            let buf = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            conn.post_recv(&crate::RecvWr::new(1, &[buf.sge(0, 64).unwrap()]))
+                .unwrap();
+            conn.post_recv(&crate::RecvWr::new(2, &[buf.sge(0, 64).unwrap()]))
+                .unwrap();
+            let mut wc = [crate::WorkCompletion::default(); 2];
+            let start = Instant::now();
+            let mut n = 0;
+            // The first receive gets the message; the second is flushed when the client
+            // closes the connection.
+            while n < 2 {
+                n += cq.poll(&mut wc[n..]);
+                assert!(start.elapsed() < Duration::from_secs(30), "{wc:?}");
+            }
+            assert_eq!((wc[0].wr_id, wc[0].status), (1, crate::WcStatus::Success));
+            assert_eq!(
+                (wc[1].wr_id, wc[1].status),
+                (2, crate::WcStatus::WrFlushErr)
+            );
+            assert!(!conn.is_peer_connected());
+            assert_eq!(conn.state(), QpState::Error);
+        });
+        let (pd, mut cq) = (client.alloc_pd().unwrap(), client.create_cq(8).unwrap());
+        let mut conn = client
+            .connect(&path, &pd, &cq, &cq, &ConnectParams::default())
+            .unwrap();
+        conn.post_send(&crate::SendWr::inline(7, crate::SendOp::Send, b"poll mode"))
+            .unwrap();
+        let mut wc = [crate::WorkCompletion::default(); 1];
+        let start = Instant::now();
+        while cq.poll(&mut wc) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(30));
+        }
+        assert_eq!(wc[0].status, crate::WcStatus::Success);
+        drop(conn);
+        t.join().unwrap();
+        assert!(client.cm_links().is_empty());
+    }
 }
