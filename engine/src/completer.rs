@@ -285,7 +285,7 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
         req.rnr_left = qp.cfg.rnr_retry;
         req.timer.disarm();
         if req.outstanding() {
-            if let Some(t) = env.transport_timeout(qp.cfg.timeout) {
+            if let Some(t) = req.ttr {
                 env.arm(&mut req.timer, t);
             }
         }

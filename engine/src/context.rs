@@ -166,11 +166,6 @@ impl Env<'_> {
         d.arm(self.now, after, self.clock_res);
     }
 
-    /// The transport timer period for Local Ack Timeout `t` on this engine's clock.
-    pub(crate) fn transport_timeout(&self, t: u8) -> Option<Duration> {
-        crate::timer::transport_timeout(t, self.clock_res)
-    }
-
     /// Drops the in-flight references a retired WQE held on its memory regions.
     pub(crate) fn release(&mut self, data: &DataLoc) {
         let mut mrs = [0u32; MAX_SGE as usize];

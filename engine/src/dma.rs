@@ -86,6 +86,47 @@ pub(crate) fn copy_payload(
     dst: &DataLoc,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
+    // The common case: a payload that fits in the rest of a single destination range.
+    if let DataLoc::Single(e) = *dst {
+        let n = u64::from(payload.len());
+        if cursor.idx == 0 && cursor.skip + n <= u64::from(e.len) {
+            let at = e.off + cursor.skip;
+            match *payload {
+                Payload::None => return Ok(0),
+                Payload::Inline { start, len } => {
+                    let bytes = slot
+                        .data
+                        .get(start..start + len)
+                        .ok_or(CopyError::BadSource)?;
+                    local
+                        .write(at, bytes)
+                        .map_err(|_| CopyError::BadDestination)?;
+                }
+                Payload::Direct { off, len } => {
+                    peer.check(off, u64::from(len))
+                        .map_err(|_| CopyError::BadSource)?;
+                    Mem::copy(peer, off, local, at, u64::from(len))
+                        .map_err(|_| CopyError::BadDestination)?;
+                }
+                Payload::Gather { .. } => {
+                    return copy_general(slot, payload, peer, local, dst, cursor);
+                }
+            }
+            cursor.skip += n;
+            return Ok(n);
+        }
+    }
+    copy_general(slot, payload, peer, local, dst, cursor)
+}
+
+fn copy_general(
+    slot: &PacketSlot,
+    payload: &Payload,
+    peer: &Mem,
+    local: &Mem,
+    dst: &DataLoc,
+    cursor: &mut Cursor,
+) -> Result<u64, CopyError> {
     match *payload {
         Payload::None => Ok(0),
         Payload::Inline { start, len } => {
@@ -186,7 +227,25 @@ pub(crate) fn describe(
         return Some(0);
     }
     let hdr = slot.hdr_len as usize;
-    if len as usize <= PacketSlot::inline_room(hdr) {
+    let inline = len as usize <= PacketSlot::inline_room(hdr);
+    if let DataLoc::Single(e) = *loc {
+        // One contiguous range (one SGE or inline staging): the common case.
+        if cursor.idx != 0 || cursor.skip + u64::from(len) > u64::from(e.len) {
+            return None;
+        }
+        let off = e.off + cursor.skip;
+        if inline {
+            slot.kind = KIND_INLINE;
+            local
+                .read(off, &mut slot.data[hdr..hdr + len as usize])
+                .ok()?;
+            return Some(u64::from(len));
+        }
+        slot.kind = KIND_DIRECT;
+        slot.payload_off = off;
+        return Some(0);
+    }
+    if inline {
         slot.kind = KIND_INLINE;
         let mut c = cursor;
         let mut at = hdr;

@@ -234,8 +234,8 @@ pub(crate) struct TxBatch {
     broken: Option<LinkBroken>,
 }
 
-/// Packets buffered before one publish.
-pub(crate) const TX_BURST: usize = 32;
+/// Packets one link sends per engine iteration (one publish).
+pub(crate) const TX_BURST: usize = 64;
 
 impl TxBatch {
     fn new(producer: Producer<PacketSlot, ShmStorage<PacketSlot>>) -> TxBatch {
@@ -248,13 +248,12 @@ impl TxBatch {
         }
     }
 
-    /// Whether one more packet can be queued without waiting for the peer.
+    /// Whether one more packet can be queued without waiting for the peer: the burst has
+    /// room (it is published once per engine iteration, see [`Link::publish`]) and so does
+    /// the ring.
     pub(crate) fn has_room(&mut self) -> bool {
-        if self.broken.is_some() {
+        if self.broken.is_some() || self.len == TX_BURST {
             return false;
-        }
-        if self.len == TX_BURST {
-            self.flush();
         }
         if self.len < self.free {
             return true;
@@ -423,6 +422,26 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// Publishes this iteration's outgoing burst with one index store (tracing it first if
+    /// tracing is on), and wakes the peer engine if it may be asleep.
+    pub(crate) fn publish(
+        &mut self,
+        id: LinkId,
+        trace: Option<&mut crate::trace::tap::Trace>,
+        local: &Mem,
+    ) {
+        if let Some(t) = trace {
+            for slot in self.tx.queued() {
+                t.packet(id, self.endpoints, true, true, slot, local);
+            }
+        }
+        if self.tx.flush() > 0 {
+            if let Some(word) = self.peer_wake() {
+                crate::engine::wake::wake(word);
+            }
+        }
+    }
+
     /// The peer's wake word, if the peer may sleep.
     #[inline]
     pub(crate) fn peer_wake(&self) -> Option<&std::sync::atomic::AtomicU32> {

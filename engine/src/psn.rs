@@ -178,6 +178,10 @@ pub const fn read_response_packets(dma_len: u32, pmtu: u32) -> u32 {
     let pmtu = if pmtu == 0 { 1 } else { pmtu };
     if dma_len == 0 {
         1
+    } else if pmtu.is_power_of_two() {
+        // Every PMTU is a power of two: a shift, not a division.
+        let shift = pmtu.trailing_zeros();
+        (dma_len >> shift) + ((dma_len & (pmtu - 1)) != 0) as u32
     } else {
         dma_len.div_ceil(pmtu)
     }
@@ -194,7 +198,12 @@ pub const fn packets_for(len: u64, pmtu: u32) -> u32 {
     if len == 0 {
         return 1;
     }
-    let n = len.div_ceil(pmtu);
+    let n = if pmtu.is_power_of_two() {
+        let shift = pmtu.trailing_zeros();
+        (len >> shift) + ((len & (pmtu - 1)) != 0) as u64
+    } else {
+        len.div_ceil(pmtu)
+    };
     if n > u32::MAX as u64 {
         u32::MAX
     } else {

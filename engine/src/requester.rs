@@ -33,6 +33,11 @@ use crate::wqe::{SqWqe, WqeFlags, WqeOp};
 /// The P_Key every packet carries (the default partition, full membership).
 pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
 
+/// The SQ Logic asks for an Ack (AckReq) on the last packet of a signaled message, of a
+/// credit-limited one, when half its window is unacknowledged, and at least once every
+/// `ACK_EVERY` messages. The RQ Logic coalesces the rest (see [`crate::responder::drain`]).
+pub const ACK_EVERY: u32 = 16;
+
 /// A send WQE inside the SQ Logic's window.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SendWqe {
@@ -115,10 +120,14 @@ pub(crate) struct Requester {
     ssn: u32,
     /// A consuming WQE started without credit: nothing after it starts until credit comes.
     pub(crate) limited: Option<u64>,
+    /// Messages ended without asking for an Ack since the last that did.
+    unrequested: u32,
     pub(crate) retry_left: u8,
     pub(crate) rnr_left: u8,
     /// Transport timer: armed while requests are unacknowledged.
     pub(crate) timer: Deadline,
+    /// Its period on this engine's clock (`None`: disabled), fixed at RTS.
+    pub(crate) ttr: Option<std::time::Duration>,
     /// RNR wait: no transmission until it expires.
     pub(crate) rnr_timer: Deadline,
     /// Credits announced while the QP was in RTR, applied on RTS.
@@ -146,9 +155,11 @@ impl Requester {
             consumers: 0,
             ssn: 0,
             limited: None,
+            unrequested: 0,
             retry_left: 0,
             rnr_left: 0,
             timer: Deadline::default(),
+            ttr: None,
             rnr_timer: Deadline::default(),
             early_credits: None,
         }
@@ -162,6 +173,7 @@ impl Requester {
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.credits = CreditState::new(cfg.remote_credits);
+        self.ttr = crate::timer::transport_timeout(cfg.timeout, crate::timer::clock_resolution());
         if let Some((code, msn)) = self.early_credits.take() {
             self.update_credits(code, msn);
         }
@@ -359,15 +371,15 @@ pub(crate) fn transmit(
         }
         if new_wqe {
             let npsn = req.npsn;
-            req.wqe_mut(seq).first_psn = npsn;
-            let w = *req.wqe(seq);
-            let credits_ok = !w.w.op.consumes_rq_wqe() || req.credits.allows(w.consumers);
-            req.npsn = npsn.add(w.span);
+            let w = req.wqe_mut(seq);
+            w.first_psn = npsn;
+            let (op, span, consumers) = (w.w.op, w.span, w.consumers);
+            req.npsn = npsn.add(span);
             req.started += 1;
-            if w.w.op.is_rd_atomic() {
+            if op.is_rd_atomic() {
                 req.rd_atomic += 1;
             }
-            if !credits_ok {
+            if op.consumes_rq_wqe() && !req.credits.allows(consumers) {
                 req.limited = Some(seq);
             }
         }
@@ -386,6 +398,18 @@ pub(crate) fn transmit(
                 .unwrap_or_default(),
         };
         let limited_first = req.limited == Some(seq) && k == 0;
+        // Ask for an Ack at the end of this message? (see ACK_EVERY)
+        let ends = w.w.op.is_rd_atomic() || k + 1 >= w.span;
+        let ack_req = limited_first
+            || (ends
+                && (w.w.op.is_rd_atomic()
+                    || w.w.flags.has(WqeFlags::SIGNALED)
+                    || req.limited == Some(seq)
+                    || req.unrequested + 1 >= ACK_EVERY
+                    || (req.started - req.retired) * 2 >= req.window.len() as u64));
+        if ends {
+            req.unrequested = if ack_req { 0 } else { req.unrequested + 1 };
+        }
         let Some(slot) = wire.tx.next_slot() else {
             break;
         };
@@ -395,7 +419,7 @@ pub(crate) fn transmit(
             k,
             pmtu,
             qp.cfg.dest.map(|d| d.qpn),
-            limited_first,
+            ack_req,
             env,
             cursor,
         );
@@ -416,7 +440,7 @@ pub(crate) fn transmit(
         }
     }
     if sent > 0 && !req.timer.armed() {
-        if let Some(t) = env.transport_timeout(qp.cfg.timeout) {
+        if let Some(t) = req.ttr {
             env.arm(&mut req.timer, t);
         }
     }
@@ -439,7 +463,7 @@ fn build_request(
     k: u32,
     pmtu: u32,
     dest: Option<Qpn>,
-    limited_first: bool,
+    ack_req: bool,
     env: &Env<'_>,
     cursor: Cursor,
 ) -> Built {
@@ -512,7 +536,7 @@ fn build_request(
             };
             bth.opcode = Opcode::find(class, position, imm, false)
                 .expect("every Send/Write position has an opcode");
-            bth.ack_req = last || limited_first;
+            bth.ack_req = ack_req;
             bth.solicited = last && w.w.flags.has(WqeFlags::SOLICITED);
             bth.pad_count = ((4 - payload_len % 4) % 4) as u8;
             repr = PacketRepr::new(bth);
@@ -566,7 +590,7 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
     req.retry_left -= 1;
     let from = req.acked.add(1);
     rewind(req, from);
-    if let Some(t) = env.transport_timeout(qp.cfg.timeout) {
+    if let Some(t) = req.ttr {
         env.arm(&mut req.timer, t);
     }
 }

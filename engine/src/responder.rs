@@ -103,6 +103,8 @@ pub(crate) struct Responder {
     rd_atomic_queued: u32,
     /// The Ack at the end of the queue already waited one iteration (see [`drain`]).
     ack_waited: bool,
+    /// A request covered by the queued Ack asked for one (AckReq).
+    ack_requested: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
@@ -121,6 +123,7 @@ impl Responder {
             advertised: None,
             rd_atomic_queued: 0,
             ack_waited: false,
+            ack_requested: false,
         }
     }
 
@@ -279,9 +282,11 @@ fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcSt
     qp.enter_error(env);
 }
 
-fn ack(qp: &mut QpCtx, psn: Psn) {
+/// Accepts `psn`: advances ePSN and queues the (coalescing) Ack that covers it.
+fn ack(qp: &mut QpCtx, psn: Psn, ack_req: bool) {
     let msn = qp.resp.msn;
     qp.resp.epsn = psn.add(1);
+    qp.resp.ack_requested |= ack_req;
     qp.resp.queue(Out::Ack { psn, msn });
 }
 
@@ -358,7 +363,7 @@ fn send(
     } else {
         qp.resp.cur = Inbound::Send { wqe, cursor, got };
     }
-    ack(qp, psn);
+    ack(qp, psn, pkt.repr.bth.ack_req);
 }
 
 fn write(
@@ -477,7 +482,7 @@ fn write(
             total,
         };
     }
-    ack(qp, psn);
+    ack(qp, psn, pkt.repr.bth.ack_req);
 }
 
 fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket) {
@@ -627,21 +632,38 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInf
 /// Sends queued responses as far as the link has room, then, if credits went up while the
 /// requester may be waiting for them, an unsolicited Ack (spec/02).
 ///
-/// A positive Ack at the end of the queue may wait for one engine iteration, so that it
-/// leaves in the same burst as the next outgoing packets (typically the application's
-/// answer to the message it acknowledges): `piggyback` says whether packets are already
-/// queued on the link this iteration. An Ack never waits twice, so the delay is bounded by
-/// one engine iteration (well within the Target Ack Delay).
-pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>, piggyback: bool) {
+/// Positive Acks are coalesced (one Ack acknowledges every PSN up to its own):
+///
+/// * an Ack that a request asked for (AckReq) may wait one engine iteration, so that it
+///   leaves in the same burst as the next outgoing packets (typically the application's
+///   answer to the message it acknowledges) — `piggyback` says whether packets are already
+///   queued on the link this iteration; it never waits twice;
+/// * an Ack nobody asked for waits until an iteration in which nothing arrived (`idle`):
+///   the requester asks for Acks as often as it needs them (at least every
+///   [`crate::requester::ACK_EVERY`] messages and on signaled ones), so a busy stream is
+///   acknowledged without an Ack per message, and a quiet one right away.
+///
+/// Acks queued ahead of other responses leave in order with them.
+pub(crate) fn drain(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_>,
+    piggyback: bool,
+    idle: bool,
+) {
     let Some(dest) = qp.cfg.dest else { return };
     let pmtu = qp.cfg.path_mtu.bytes();
     let error = qp.state == QpState::Error;
     loop {
         let only_an_ack =
             qp.resp.out.len() == 1 && matches!(qp.resp.out.front(), Some(Out::Ack { .. }));
-        if only_an_ack && !piggyback && !qp.resp.ack_waited {
-            qp.resp.ack_waited = true;
-            return;
+        if only_an_ack && !error {
+            let resp = &mut qp.resp;
+            let due = idle || (resp.ack_requested && (piggyback || resp.ack_waited));
+            if !due {
+                resp.ack_waited |= resp.ack_requested;
+                return;
+            }
         }
         let Some(front) = qp.resp.out.front_mut() else {
             break;
@@ -679,6 +701,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>, pigg
                 }
                 qp.resp.advertised = code.credits();
                 qp.resp.ack_waited = false;
+                qp.resp.ack_requested = false;
                 env.stats.acks_sent += 1;
             }
             Out::Atomic { psn, orig, msn } => {

@@ -253,6 +253,7 @@ impl Engine {
         });
         let mut work = 0;
 
+        let mut received = 0;
         // 2. Receive.
         for (l, link) in links.iter_mut().enumerate() {
             let Some(link) = link.as_mut() else { continue };
@@ -274,6 +275,7 @@ impl Engine {
                 }
             };
             work += n;
+            received += n;
             stats.packets_received += n as u64;
             for slot in &rx[..n] {
                 if let Some(t) = trace.as_deref_mut() {
@@ -356,7 +358,7 @@ impl Engine {
                         // Requests first, so a waiting Ack can leave in the same burst.
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                         let piggyback = !wire.tx.queued().is_empty();
-                        responder::drain(qp, &mut env, &mut wire, piggyback);
+                        responder::drain(qp, &mut env, &mut wire, piggyback, received == 0);
                     }
                     Some(link) => {
                         if link.down.is_none() {
@@ -381,26 +383,53 @@ impl Engine {
 
         // 4. Publish.
         for (l, link) in links.iter_mut().enumerate() {
-            let Some(link) = link.as_mut() else { continue };
-            if let Some(t) = trace.as_deref_mut() {
-                for slot in link.tx.queued() {
-                    t.packet(
-                        LinkId(l as u32),
-                        link.endpoints,
-                        true,
-                        true,
-                        slot,
-                        arena.mem(),
-                    );
-                }
-            }
-            if link.tx.flush() > 0 {
-                if let Some(word) = link.peer_wake() {
-                    wake::wake(word);
-                }
+            if let Some(link) = link.as_mut() {
+                link.publish(LinkId(l as u32), trace.as_deref_mut(), arena.mem());
             }
         }
         work
+    }
+
+    /// Sends what was just posted on QP `index` right away (inline mode): fetches its new
+    /// WQEs, runs its SQ Logic (with any Ack waiting to ride along) and publishes its link —
+    /// without the rest of a poll iteration, which the next [`Engine::poll`] does.
+    pub(crate) fn send_now(&mut self, index: u32) {
+        let Engine {
+            arena,
+            mrs,
+            cqs,
+            qps,
+            links,
+            stats,
+            active,
+            trace,
+            ..
+        } = self;
+        let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        active.insert(index);
+        let Some(d) = qp.cfg.dest else { return };
+        let Some(link) = links.get_mut(d.link.0 as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if link.down.is_some() {
+            return;
+        }
+        requester::fetch(qp);
+        let mut env = Env {
+            now: Timestamp::now(),
+            clock_res: crate::timer::clock_resolution(),
+            arena,
+            mrs,
+            cqs,
+            stats,
+        };
+        let mut wire = Wire { tx: &mut link.tx };
+        if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
+            responder::drain(qp, &mut env, &mut wire, true, false);
+        }
+        link.publish(d.link, trace.as_deref_mut(), arena.mem());
     }
 
     /// Whether no QP has work pending (the engine thread may sleep).

@@ -273,7 +273,7 @@ impl Shared {
     pub(crate) fn notify(&self, index: u32) {
         self.doorbell.ring(index);
         if self.mode == EngineMode::Inline {
-            self.progress();
+            self.engine.try_with(|e| e.send_now(index));
         } else if self.may_sleep {
             wake::wake(self.wake_word());
         }

@@ -262,15 +262,25 @@ impl Headers {
 
     /// The total length in bytes of the headers in the set (not counting the BTH).
     pub const fn len(self) -> usize {
-        let mut total = 0;
-        let mut i = 0;
-        while i < Self::ORDER.len() {
-            if self.contains(Self::ORDER[i].0) {
-                total += Self::ORDER[i].1;
+        // Every set of the six headers, precomputed: this is on the packet path.
+        const LENS: [u8; 64] = {
+            let mut t = [0u8; 64];
+            let mut set = 0;
+            while set < 64 {
+                let mut total = 0;
+                let mut i = 0;
+                while i < Headers::ORDER.len() {
+                    if set & Headers::ORDER[i].0.0 as usize != 0 {
+                        total += Headers::ORDER[i].1;
+                    }
+                    i += 1;
+                }
+                t[set] = total as u8;
+                set += 1;
             }
-            i += 1;
-        }
-        total
+            t
+        };
+        LENS[(self.0 & 63) as usize] as usize
     }
 
     /// The headers of the set one by one, in wire order.
