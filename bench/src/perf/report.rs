@@ -322,7 +322,8 @@ pub fn machine_json() -> Value {
         "kernel": format!("{} {}", uname.sysname().to_string_lossy(), uname.release().to_string_lossy()),
         "arch": std::env::consts::ARCH,
         "cpu_model": model,
-        "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "cpus": cpuinfo.lines().filter(|l| l.starts_with("processor")).count(),
+        "cpus_this_thread_may_use": std::thread::available_parallelism().map_or(1, |n| n.get()),
         "hugepages_total": read("/proc/sys/vm/nr_hugepages").trim().parse::<u64>().unwrap_or(0),
     })
 }
