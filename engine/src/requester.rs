@@ -244,6 +244,11 @@ impl Requester {
         self.credits.allows(w.consumers) || !accepted.after(self.acked)
     }
 
+    /// Bytes of the window.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.window.len() * size_of::<SendWqe>()
+    }
+
     /// Bookkeeping after WQE `seq` (the oldest) was retired.
     pub(crate) fn retire_one(&mut self, seq: u64) {
         if seq < self.started && self.wqe(seq).w.op.is_rd_atomic() {

@@ -127,6 +127,12 @@ impl Responder {
         }
     }
 
+    /// Bytes of the response queues.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.out.capacity() * size_of::<Out>()
+            + self.atomics.capacity() * size_of::<(Psn, u64, u32)>()
+    }
+
     /// Programs the RQ Logic on Init → RTR.
     pub(crate) fn start(&mut self, epsn: Psn) {
         *self = Responder::new();

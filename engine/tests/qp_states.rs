@@ -213,3 +213,30 @@ fn dropping_a_region_in_flight_defers_its_free_and_kills_its_key() {
     let wcs = wait_a(&mut p, 2);
     assert_eq!(wcs[1].status, WcStatus::RemAccessErr, "{wcs:?}");
 }
+
+#[test]
+fn a_qp_with_128_deep_queues_costs_under_256_kib() {
+    let ctx = context(8 << 20);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    // Generous capabilities, as a latency benchmark would use.
+    let caps = QpCaps {
+        max_send_wr: 128,
+        max_recv_wr: 128,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 256,
+    };
+    let free0 = ctx.arena_free();
+    let qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
+    let bytes = qp.memory_bytes();
+    let arena_used = free0 - ctx.arena_free();
+    assert!(bytes < 256 * 1024, "a QP costs {bytes} bytes");
+    assert!(
+        arena_used as usize <= bytes,
+        "arena staging {arena_used} is part of the count"
+    );
+    eprintln!(
+        "QP footprint with 128-deep queues: {bytes} bytes ({arena_used} of them in the arena)"
+    );
+}

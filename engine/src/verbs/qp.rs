@@ -166,6 +166,29 @@ impl Qp {
         self.caps
     }
 
+    /// Bytes this QP holds besides its memory regions: its send and receive rings, the
+    /// SQ Logic's window of WQEs, the RQ Logic's response queues, and its staging areas in
+    /// the arena (inline data, scatter/gather tables).
+    pub fn memory_bytes(&self) -> usize {
+        let index = self.index;
+        let engine_side = self
+            .shared
+            .engine
+            .with(|e| {
+                e.qp_mut(index)
+                    .map(|q| q.req.memory_bytes() + q.resp.memory_bytes())
+            })
+            .unwrap_or(0);
+        let rings =
+            self.sq.capacity() * size_of::<SqWqe>() + self.rq.capacity() * size_of::<RqWqe>();
+        let arena: u64 = [self.gather, self.inline, self.scatter]
+            .iter()
+            .flatten()
+            .map(|b| b.len)
+            .sum();
+        size_of::<Qp>() + size_of::<QpCtx>() + rings + engine_side + arena as usize
+    }
+
     /// Changes the QP's state and attributes (`ibv_modify_qp`).
     ///
     /// # Errors
