@@ -33,11 +33,6 @@ use crate::wqe::{SqWqe, WqeFlags, WqeOp};
 /// The P_Key every packet carries (the default partition, full membership).
 pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
 
-/// The SQ Logic asks for an Ack (AckReq) on the last packet of a signaled message, of a
-/// credit-limited one, when half its window is unacknowledged, and at least once every
-/// `ACK_EVERY` messages. The RQ Logic coalesces the rest (see [`crate::responder::drain`]).
-pub const ACK_EVERY: u32 = 16;
-
 /// A send WQE inside the SQ Logic's window.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SendWqe {
@@ -120,8 +115,6 @@ pub(crate) struct Requester {
     ssn: u32,
     /// A consuming WQE started without credit: nothing after it starts until credit comes.
     pub(crate) limited: Option<u64>,
-    /// Messages ended without asking for an Ack since the last that did.
-    unrequested: u32,
     pub(crate) retry_left: u8,
     pub(crate) rnr_left: u8,
     /// Transport timer: armed while requests are unacknowledged.
@@ -155,7 +148,6 @@ impl Requester {
             consumers: 0,
             ssn: 0,
             limited: None,
-            unrequested: 0,
             retry_left: 0,
             rnr_left: 0,
             timer: Deadline::default(),
@@ -403,18 +395,8 @@ pub(crate) fn transmit(
                 .unwrap_or_default(),
         };
         let limited_first = req.limited == Some(seq) && k == 0;
-        // Ask for an Ack at the end of this message? (see ACK_EVERY)
-        let ends = w.w.op.is_rd_atomic() || k + 1 >= w.span;
-        let ack_req = limited_first
-            || (ends
-                && (w.w.op.is_rd_atomic()
-                    || w.w.flags.has(WqeFlags::SIGNALED)
-                    || req.limited == Some(seq)
-                    || req.unrequested + 1 >= ACK_EVERY
-                    || (req.started - req.retired) * 2 >= req.window.len() as u64));
-        if ends {
-            req.unrequested = if ack_req { 0 } else { req.unrequested + 1 };
-        }
+        // AckReq on the last packet of each message, and on the first of a limited Send.
+        let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
         let Some(slot) = wire.tx.next_slot() else {
             break;
         };

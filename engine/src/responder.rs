@@ -101,10 +101,6 @@ pub(crate) struct Responder {
     advertised: Option<u32>,
     /// Reads and Atomics queued, for the responder-resources limit.
     rd_atomic_queued: u32,
-    /// The Ack at the end of the queue already waited one iteration (see [`drain`]).
-    ack_waited: bool,
-    /// A request covered by the queued Ack asked for one (AckReq).
-    ack_requested: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
@@ -122,8 +118,6 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
-            ack_waited: false,
-            ack_requested: false,
         }
     }
 
@@ -289,10 +283,9 @@ fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcSt
 }
 
 /// Accepts `psn`: advances ePSN and queues the (coalescing) Ack that covers it.
-fn ack(qp: &mut QpCtx, psn: Psn, ack_req: bool) {
+fn ack(qp: &mut QpCtx, psn: Psn) {
     let msn = qp.resp.msn;
     qp.resp.epsn = psn.add(1);
-    qp.resp.ack_requested |= ack_req;
     qp.resp.queue(Out::Ack { psn, msn });
 }
 
@@ -369,7 +362,7 @@ fn send(
     } else {
         qp.resp.cur = Inbound::Send { wqe, cursor, got };
     }
-    ack(qp, psn, pkt.repr.bth.ack_req);
+    ack(qp, psn);
 }
 
 fn write(
@@ -488,7 +481,7 @@ fn write(
             total,
         };
     }
-    ack(qp, psn, pkt.repr.bth.ack_req);
+    ack(qp, psn);
 }
 
 fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket) {
@@ -638,42 +631,16 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInf
 /// Sends queued responses as far as the link has room, then, if credits went up while the
 /// requester may be waiting for them, an unsolicited Ack (spec/02).
 ///
-/// Positive Acks are coalesced (one Ack acknowledges every PSN up to its own):
-///
-/// * an Ack that a request asked for (AckReq) may wait one engine iteration, so that it
-///   leaves in the same burst as the next outgoing packets (typically the application's
-///   answer to the message it acknowledges) — `piggyback` says whether packets are already
-///   queued on the link this iteration; it never waits twice;
-/// * an Ack nobody asked for waits until an iteration in which nothing arrived (`idle`):
-///   the requester asks for Acks as often as it needs them (at least every
-///   [`crate::requester::ACK_EVERY`] messages and on signaled ones), so a busy stream is
-///   acknowledged without an Ack per message, and a quiet one right away.
-///
-/// Acks queued ahead of other responses leave in order with them.
-pub(crate) fn drain(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    wire: &mut Wire<'_>,
-    piggyback: bool,
-    idle: bool,
-) {
+/// Positive Acks are coalesced: the requests accepted in one engine iteration are
+/// acknowledged by one Ack, sent in that same iteration (DESIGN: one Ack per burst). An Ack
+/// never waits for a later iteration: in inline mode there may be none — the application
+/// that just received its completion may stop polling — and a real HCA acknowledges
+/// whatever the application does.
+pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     let Some(dest) = qp.cfg.dest else { return };
     let pmtu = qp.cfg.path_mtu.bytes();
     let error = qp.state == QpState::Error;
-    loop {
-        let only_an_ack =
-            qp.resp.out.len() == 1 && matches!(qp.resp.out.front(), Some(Out::Ack { .. }));
-        if only_an_ack && !error {
-            let resp = &mut qp.resp;
-            let due = idle || (resp.ack_requested && (piggyback || resp.ack_waited));
-            if !due {
-                resp.ack_waited |= resp.ack_requested;
-                return;
-            }
-        }
-        let Some(front) = qp.resp.out.front_mut() else {
-            break;
-        };
+    while let Some(front) = qp.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
                 if !emit_aeth(
@@ -706,8 +673,6 @@ pub(crate) fn drain(
                     return;
                 }
                 qp.resp.advertised = code.credits();
-                qp.resp.ack_waited = false;
-                qp.resp.ack_requested = false;
                 env.stats.acks_sent += 1;
             }
             Out::Atomic { psn, orig, msn } => {

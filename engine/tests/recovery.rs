@@ -254,3 +254,30 @@ fn multi_packet_messages_without_loss_retransmit_nothing() {
         "three Send packets and one Read request: {s:?}"
     );
 }
+
+#[test]
+fn an_ack_leaves_even_if_the_receiver_stops_polling() {
+    // Found by the connection manager's tests: an Ack held back for a later engine
+    // iteration never left when the receiving application stopped polling (inline mode).
+    let p = pair(&Params::default());
+    let (mut a, mut b) = (p.a, p.b);
+    let src = a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
+    let dst = b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&RecvWr::new(7, &[dst.sge(0, 64).unwrap()]))
+        .unwrap();
+    a.qp.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+        .unwrap();
+    // B's application polls until it has the message, then does something else.
+    let mut wc = [WorkCompletion::default(); 1];
+    loop {
+        a.ctx.progress();
+        if b.cq.poll(&mut wc) == 1 {
+            break;
+        }
+    }
+    assert_eq!(wc[0].status, WcStatus::Success);
+    // Only A's engine runs from now on.
+    let got = a.cq.poll_until(&mut wc, Duration::from_secs(10));
+    assert_eq!(got, 1);
+    assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
+}

@@ -253,7 +253,6 @@ impl Engine {
         });
         let mut work = 0;
 
-        let mut received = 0;
         // 2. Receive.
         for (l, link) in links.iter_mut().enumerate() {
             let Some(link) = link.as_mut() else { continue };
@@ -275,7 +274,6 @@ impl Engine {
                 }
             };
             work += n;
-            received += n;
             stats.packets_received += n as u64;
             for slot in &rx[..n] {
                 if let Some(t) = trace.as_deref_mut() {
@@ -355,10 +353,8 @@ impl Engine {
                             requester::on_tick(qp, &mut env);
                         }
                         let mut wire = Wire { tx: &mut link.tx };
-                        // Requests first, so a waiting Ack can leave in the same burst.
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
-                        let piggyback = !wire.tx.queued().is_empty();
-                        responder::drain(qp, &mut env, &mut wire, piggyback, received == 0);
+                        responder::drain(qp, &mut env, &mut wire);
                     }
                     Some(link) => {
                         if link.down.is_none() {
@@ -427,7 +423,7 @@ impl Engine {
         };
         let mut wire = Wire { tx: &mut link.tx };
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
-            responder::drain(qp, &mut env, &mut wire, true, false);
+            responder::drain(qp, &mut env, &mut wire);
         }
         link.publish(d.link, trace.as_deref_mut(), arena.mem());
     }
