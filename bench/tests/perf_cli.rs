@@ -588,3 +588,94 @@ fn nothing_is_left_in_dev_shm() {
     assert_eq!(list(), before);
     assert!(s.leftovers().is_empty());
 }
+
+#[test]
+fn a_client_that_dies_is_reported_by_the_server() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("cdeath");
+    let sock = s.path("perf.sock");
+    let p = sock.to_str().unwrap();
+    // write_bw: the server only drives its engine and waits for the client's "done".
+    let big = ["write_bw", "-s", "4096", "-n", "100000000", "--warmup", "0"];
+    let server = command(&s, &[&big[..], &["--server", p]].concat())
+        .spawn()
+        .unwrap();
+    wait_for_socket(&sock);
+    let mut client = command(&s, &[&big[..], &["--client", p]].concat())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let out = wait(
+        server,
+        Duration::from_secs(20),
+        "the server after its client died",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("peer went away"), "{err}");
+    assert!(!sock.exists(), "the server left its socket behind");
+}
+
+#[test]
+fn both_sides_in_one_process() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("inproc");
+    for args in [
+        &["write_lat", "-n", "300", "--warmup", "10", "--in-process"][..],
+        &[
+            "send_bw",
+            "-s",
+            "1024",
+            "-n",
+            "3000",
+            "-q",
+            "2",
+            "--in-process",
+        ][..],
+    ] {
+        let stdout = ok(&run(&s, args), args);
+        assert!(stdout.contains("in-process link"), "{stdout}");
+        let head = if args[0].ends_with("lat") {
+            LAT_HEAD
+        } else {
+            BW_HEAD
+        };
+        assert_eq!(rows(&stdout, head).len(), 1, "{stdout}");
+    }
+}
+
+#[test]
+fn progress_goes_to_stderr() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("progress");
+    // Shown from the start (the default is after two seconds).
+    let args = [
+        "send_lat",
+        "-n",
+        "50000",
+        "--warmup",
+        "0",
+        "--output",
+        "latency",
+        "--progress-after",
+        "0",
+    ];
+    let out = run(&s, &args);
+    let stdout = ok(&out, &args);
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "progress must not go to stdout: {stdout}"
+    );
+    let err = text(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("shmhca-perf: send_lat 2 B: "))
+        .unwrap_or_else(|| panic!("no progress line in\n{err}"));
+    assert!(
+        line.contains("% (") && line.contains("of 50000 iterations"),
+        "{line}"
+    );
+}

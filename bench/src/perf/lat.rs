@@ -21,7 +21,8 @@ use crate::perf::stats::LatRecorder;
 /// Empty polls between two checks that the QP is still connected.
 pub(crate) const LIVENESS_EVERY: u32 = 1 << 16;
 
-/// A progress line on stderr for runs longer than two seconds, at most once a second.
+/// A progress line on stderr for runs longer than `--progress-after` seconds (default 2),
+/// at most once a second.
 #[derive(Debug)]
 pub struct Progress {
     label: String,
@@ -33,13 +34,14 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Progress of `total` iterations labelled `label`; silent unless `enabled`.
-    pub fn new(label: String, total: u64, enabled: bool) -> Progress {
+    /// Progress of `total` iterations labelled `label`, shown from `after` seconds on;
+    /// silent unless `enabled`.
+    pub fn new(label: String, total: u64, after: u64, enabled: bool) -> Progress {
         let now = Instant::now();
         Progress {
             label,
             total,
-            next: now + std::time::Duration::from_secs(2),
+            next: now + std::time::Duration::from_secs(after),
             start: now,
             shown: false,
             enabled,

@@ -260,6 +260,9 @@ pub struct Cli {
     /// Cores for the poll-mode engine threads: `C[,D]` (this process's, the peer's).
     #[arg(long = "engine-cpu", value_name = "C[,D]")]
     pub engine_cpu: Option<String>,
+    /// Show progress on stderr once a measurement has run this many seconds (default 2).
+    #[arg(long = "progress-after", value_name = "SECONDS")]
+    pub progress_after: Option<u64>,
     /// Seconds to wait for the peer to connect (default 10).
     #[arg(long = "connect-timeout", value_name = "SECONDS")]
     pub connect_timeout: Option<u64>,
@@ -332,6 +335,8 @@ pub struct Options {
     pub engine_cpus: Vec<usize>,
     /// Seconds to wait for the peer.
     pub connect_timeout: u64,
+    /// Seconds of a measurement before progress is shown.
+    pub progress_after: u64,
     /// Started by a client.
     pub spawned: bool,
 }
@@ -557,7 +562,14 @@ impl Options {
                 "--connect-timeout {connect_timeout}: give 1 to 3600 seconds"
             )));
         }
+        let progress_after = cli.progress_after.unwrap_or(2);
+        if progress_after > 3600 {
+            return Err(usage(format!(
+                "--progress-after {progress_after}: give 0 to 3600 seconds"
+            )));
+        }
         Ok(Options {
+            progress_after,
             test,
             sizes,
             all: cli.all,

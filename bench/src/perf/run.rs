@@ -474,8 +474,12 @@ fn run_sizes(
                 lat::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
                 o.rec.reset();
                 o.note_measure_start();
-                let mut prog =
-                    Progress::new(format!("{} {} B", opts.test.name(), size), opts.iters, true);
+                let mut prog = Progress::new(
+                    format!("{} {} B", opts.test.name(), size),
+                    opts.iters,
+                    opts.progress_after,
+                    true,
+                );
                 lat::client(
                     side,
                     opts,
@@ -492,8 +496,12 @@ fn run_sizes(
                 o.note_measure_start();
                 let total = opts.iters * qps;
                 let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
-                let mut prog =
-                    Progress::new(format!("{} {} B", opts.test.name(), size), opts.iters, true);
+                let mut prog = Progress::new(
+                    format!("{} {} B", opts.test.name(), size),
+                    opts.iters,
+                    opts.progress_after,
+                    true,
+                );
                 bw::client(
                     side,
                     opts,
@@ -642,7 +650,7 @@ impl Output {
         Output {
             rec: LatRecorder::new(opts.histogram.then_some(opts.iters as usize)),
             bw: BwStats::default(),
-            quiet: Progress::new(String::new(), 1, false),
+            quiet: Progress::new(String::new(), 1, 0, false),
             rows: Vec::new(),
             samples: Vec::new(),
             hgrms: Vec::new(),
