@@ -95,6 +95,44 @@ pub enum HugePages {
     Never,
 }
 
+/// The kernel's pool of 2 MiB huge pages, from `/proc/meminfo` (for diagnostics: the
+/// fallback warning and `shmhca doctor`). A field is `None` when the kernel does not
+/// report it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HugePagePool {
+    /// `HugePages_Total`: pages in the pool.
+    pub total: Option<u64>,
+    /// `HugePages_Free`: pages not in use.
+    pub free: Option<u64>,
+    /// `HugePages_Rsvd`: pages promised to mappings but not yet faulted in.
+    pub reserved: Option<u64>,
+    /// `Hugepagesize`, in KiB.
+    pub size_kib: Option<u64>,
+}
+
+impl HugePagePool {
+    /// Reads `/proc/meminfo` (all fields `None` if it cannot be read).
+    pub fn read() -> HugePagePool {
+        HugePagePool::parse(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
+    }
+
+    /// Parses the text of `/proc/meminfo`.
+    pub fn parse(meminfo: &str) -> HugePagePool {
+        let field = |name: &str| {
+            meminfo.lines().find_map(|line| {
+                let rest = line.strip_prefix(name)?.strip_prefix(':')?;
+                rest.split_whitespace().next()?.parse().ok()
+            })
+        };
+        HugePagePool {
+            total: field("HugePages_Total"),
+            free: field("HugePages_Free"),
+            reserved: field("HugePages_Rsvd"),
+            size_kib: field("Hugepagesize"),
+        }
+    }
+}
+
 /// How a segment is mapped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Access {
@@ -400,8 +438,17 @@ impl SegmentBuilder {
                 Err(CreateError::TooLarge { data_len }) => Err(CreateError::TooLarge { data_len }),
                 Err(huge_error) => {
                     FALLBACK_WARNING.call_once(|| {
+                        let pool = HugePagePool::read();
+                        let needed = (HEADER_LEN + self.data_len).div_ceil(HUGE_PAGE_LEN);
+                        let why = match (pool.free, pool.total) {
+                            (Some(0), Some(0)) => "none are reserved".to_owned(),
+                            (Some(free), Some(total)) if (free as usize) < needed => format!(
+                                "{free} of {total} are free and this segment needs {needed}"
+                            ),
+                            _ => huge_error.to_string(),
+                        };
                         eprintln!(
-                            "shmhca: warning: huge pages are unavailable ({huge_error}); using \
+                            "shmhca: warning: huge pages are unavailable ({why}); using \
                              4 KiB pages, which costs TLB misses. Reserve huge pages with \
                              `echo 64 > /proc/sys/vm/nr_hugepages` (or `sysctl vm.nr_hugepages=64`). \
                              This warning is printed once per process."

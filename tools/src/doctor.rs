@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::{Value, json};
-use shmhca_rings::segment::{HEADER_LEN, HUGE_PAGE_LEN, HugePages, PageSize, Segment};
+use shmhca_rings::segment::{
+    HEADER_LEN, HUGE_PAGE_LEN, HugePagePool, HugePages, PageSize, Segment,
+};
 
 /// Cores below which shmhca's engines do not get a core of their own.
 const CORES_FOR_DEDICATED_ENGINES: usize = 4;
@@ -26,10 +28,7 @@ impl Probe {
 /// Huge-page counters from /proc/meminfo and /proc/sys/vm.
 #[derive(Debug, Default)]
 struct HugePageCounts {
-    total: Option<u64>,
-    free: Option<u64>,
-    reserved: Option<u64>,
-    size_kib: Option<u64>,
+    pool: HugePagePool,
     nr_hugepages: Option<u64>,
 }
 
@@ -46,13 +45,6 @@ pub(crate) struct Report {
     advice: Vec<String>,
 }
 
-fn meminfo_field(meminfo: &str, field: &str) -> Option<u64> {
-    meminfo.lines().find_map(|line| {
-        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
 fn read_trimmed(path: impl AsRef<Path>) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
@@ -60,12 +52,8 @@ fn read_trimmed(path: impl AsRef<Path>) -> Option<String> {
 }
 
 fn huge_page_counts() -> HugePageCounts {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     HugePageCounts {
-        total: meminfo_field(&meminfo, "HugePages_Total"),
-        free: meminfo_field(&meminfo, "HugePages_Free"),
-        reserved: meminfo_field(&meminfo, "HugePages_Rsvd"),
-        size_kib: meminfo_field(&meminfo, "Hugepagesize"),
+        pool: HugePagePool::read(),
         nr_hugepages: read_trimmed("/proc/sys/vm/nr_hugepages").and_then(|s| s.parse().ok()),
     }
 }
@@ -192,7 +180,7 @@ pub(crate) fn examine() -> Report {
         advice.push("memfd segments do not work here: shmhca cannot run (needs Linux memfd_create and seals)".into());
     }
     if !memfd_hugetlb.ok {
-        let free = huge.free.unwrap_or(0);
+        let free = huge.pool.free.unwrap_or(0);
         advice.push(format!(
             "no usable huge pages ({free} free): segments will use 4 KiB pages (more TLB misses). Reserve some: {RESERVE_HINT}"
         ));
@@ -246,12 +234,12 @@ impl Report {
     pub(crate) fn text(&self) -> String {
         let yes_no = |p: &Probe| if p.ok { "yes" } else { "no" };
         let mut out = String::new();
-        let h = &self.huge;
+        let (h, p) = (&self.huge, &self.huge.pool);
         let _ = writeln!(out, "shmhca doctor");
-        let _ = writeln!(out, "huge pages total:     {}", opt(h.total));
-        let _ = writeln!(out, "huge pages free:      {}", opt(h.free));
-        let _ = writeln!(out, "huge pages reserved:  {}", opt(h.reserved));
-        let _ = writeln!(out, "huge page size:       {} kB", opt(h.size_kib));
+        let _ = writeln!(out, "huge pages total:     {}", opt(p.total));
+        let _ = writeln!(out, "huge pages free:      {}", opt(p.free));
+        let _ = writeln!(out, "huge pages reserved:  {}", opt(p.reserved));
+        let _ = writeln!(out, "huge page size:       {} kB", opt(p.size_kib));
         let _ = writeln!(out, "vm.nr_hugepages:      {}", opt(h.nr_hugepages));
         let _ = writeln!(out, "reserve huge pages:   {RESERVE_HINT}");
         let _ = writeln!(
@@ -291,13 +279,13 @@ impl Report {
 
     /// The report as JSON.
     pub(crate) fn json(&self) -> Value {
-        let h = &self.huge;
+        let (h, p) = (&self.huge, &self.huge.pool);
         json!({
             "huge_pages": {
-                "total": h.total,
-                "free": h.free,
-                "reserved": h.reserved,
-                "size_kib": h.size_kib,
+                "total": p.total,
+                "free": p.free,
+                "reserved": p.reserved,
+                "size_kib": p.size_kib,
                 "nr_hugepages": h.nr_hugepages,
                 "how_to_reserve": RESERVE_HINT,
             },
@@ -320,17 +308,16 @@ mod tests {
 
     #[test]
     fn parses_meminfo_fields_exactly() {
-        let text =
-            "HugePages_Total:      64\nHugePages_Free:       60\nHugepagesize:       2048 kB\n";
-        assert_eq!(meminfo_field(text, "HugePages_Total"), Some(64));
-        assert_eq!(meminfo_field(text, "HugePages_Free"), Some(60));
-        assert_eq!(meminfo_field(text, "Hugepagesize"), Some(2048));
+        let text = "HugePages:      7\nHugePages_Total:      64\nHugePages_Free:       60\nHugepagesize:       2048 kB\n";
+        let pool = HugePagePool::parse(text);
         assert_eq!(
-            meminfo_field(text, "HugePages"),
-            None,
-            "a prefix is not a field"
+            pool.total,
+            Some(64),
+            "a field is not matched by a prefix of its name"
         );
-        assert_eq!(meminfo_field(text, "HugePages_Rsvd"), None);
+        assert_eq!(pool.free, Some(60));
+        assert_eq!(pool.size_kib, Some(2048));
+        assert_eq!(pool.reserved, None);
     }
 
     #[test]
