@@ -308,38 +308,24 @@ pub fn in_process_pair(
         .map_err(PerfError::engine("linking the two contexts"))?;
     let mtu = Mtu::from_bytes(opts.mtu).map_err(PerfError::engine("the PMTU"))?;
     let caps = data_caps(opts);
-    // Index 0 is the control QP, then the data QPs.
-    let make = |r: &Resources, i: u32| -> Result<Qp, PerfError> {
-        let (c, k) = if i == 0 {
-            (control_caps(), "control")
+    let (cqa, mra) = ra.control_parts()?;
+    let (cqb, mrb) = rb.control_parts()?;
+    // Index 0 is the control QP (on its own CQ), then the data QPs.
+    let make = |r: &Resources, ccq: &Cq, control: bool| -> Result<Qp, PerfError> {
+        let (cq, c, k) = if control {
+            (ccq, control_caps(), "control")
         } else {
-            (caps, "data")
+            (&r.cq, caps, "data")
         };
-        let cq = &r.cq;
         r.ctx
             .create_qp(&r.pd, cq, cq, c)
             .map_err(PerfError::engine(format!("creating the {k} QP")))
     };
-    let (cqa, mra) = ra.control_parts()?;
-    let (cqb, mrb) = rb.control_parts()?;
     let mut qa = Vec::new();
     let mut qb = Vec::new();
     for i in 0..=opts.qps {
-        if i == 0 {
-            qa.push(
-                ra.ctx
-                    .create_qp(&ra.pd, &cqa, &cqa, control_caps())
-                    .map_err(PerfError::engine("creating the control QP"))?,
-            );
-            qb.push(
-                rb.ctx
-                    .create_qp(&rb.pd, &cqb, &cqb, control_caps())
-                    .map_err(PerfError::engine("creating the control QP"))?,
-            );
-        } else {
-            qa.push(make(&ra, i)?);
-            qb.push(make(&rb, i)?);
-        }
+        qa.push(make(&ra, &cqa, i == 0)?);
+        qb.push(make(&rb, &cqb, i == 0)?);
     }
     for (i, (a, b)) in qa.iter_mut().zip(qb.iter_mut()).enumerate() {
         let (pa, pb) = (start_psn(2 * i as u32), start_psn(2 * i as u32 + 1));
