@@ -148,6 +148,28 @@ impl CqTable {
     }
 }
 
+/// The engine state every protocol stage may use; lent to one as an [`Env`].
+pub(crate) struct Resources {
+    pub(crate) arena: Arena,
+    pub(crate) mrs: MrTable,
+    pub(crate) cqs: CqTable,
+    pub(crate) stats: Stats,
+}
+
+impl Resources {
+    /// Lends these to a protocol stage at time `now`.
+    pub(crate) fn env(&mut self, now: Timestamp) -> Env<'_> {
+        Env {
+            now,
+            clock_res: crate::timer::clock_resolution(),
+            arena: &mut self.arena,
+            mrs: &mut self.mrs,
+            cqs: &mut self.cqs,
+            stats: &mut self.stats,
+        }
+    }
+}
+
 /// This engine's side of things, lent to a protocol stage.
 pub(crate) struct Env<'a> {
     /// The time of this engine iteration.

@@ -346,23 +346,36 @@ fn send(
     }
     if last {
         qp.resp.cur = Inbound::Idle;
-        let imm = pkt.repr.immdt.map(|i| i.imm);
-        let wc = qp.recv_completion(
-            wqe.wr_id,
-            WcStatus::Success,
-            WcOpcode::Recv,
-            got as u32,
-            imm,
-            pkt.repr.bth.solicited,
-        );
-        let pushed = env.cqs.push(qp.recv_cq, wc);
-        debug_assert!(pushed, "room was checked");
-        qp.retire_recv(env, &wqe);
+        complete_recv(qp, env, &wqe, WcOpcode::Recv, got as u32, pkt);
         qp.resp.next_msn();
     } else {
         qp.resp.cur = Inbound::Send { wqe, cursor, got };
     }
     ack(qp, psn);
+}
+
+/// Completes receive WQE `wqe` successfully with the message that ended in `pkt` (its
+/// immediate data and Solicited Event bit), and retires it. The caller checked the CQ has
+/// room before touching anything.
+fn complete_recv(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wqe: &RqWqe,
+    opcode: WcOpcode,
+    byte_len: u32,
+    pkt: &RxPacket,
+) {
+    let wc = qp.recv_completion(
+        wqe.wr_id,
+        WcStatus::Success,
+        opcode,
+        byte_len,
+        pkt.repr.immdt.map(|i| i.imm),
+        pkt.repr.bth.solicited,
+    );
+    let pushed = env.cqs.push(qp.recv_cq, wc);
+    debug_assert!(pushed, "room was checked");
+    qp.retire_recv(env, wqe);
 }
 
 fn write(
@@ -460,17 +473,7 @@ fn write(
     if last {
         qp.resp.cur = Inbound::Idle;
         if let Some(w) = rq_wqe {
-            let wc = qp.recv_completion(
-                w.wr_id,
-                WcStatus::Success,
-                WcOpcode::RecvRdmaWithImm,
-                total as u32,
-                imm,
-                pkt.repr.bth.solicited,
-            );
-            let pushed = env.cqs.push(qp.recv_cq, wc);
-            debug_assert!(pushed, "room was checked");
-            qp.retire_recv(env, &w);
+            complete_recv(qp, env, &w, WcOpcode::RecvRdmaWithImm, total as u32, pkt);
         }
         qp.resp.next_msn();
     } else {

@@ -19,7 +19,7 @@ pub(crate) mod wake;
 
 use crate::arena::Arena;
 use crate::completer;
-use crate::context::{CqTable, Env, QpCtx, Stats, Wire, flush_receives};
+use crate::context::{CqTable, Env, QpCtx, Resources, Stats, Wire, flush_receives};
 use crate::error::{Error, Result};
 use crate::link::{Link, LinkId, PacketSlot, RxPacket};
 use crate::mr_table::MrTable;
@@ -40,13 +40,11 @@ const QP_INDEX_BITS: u32 = 12;
 
 /// The engine's state: everything the poll loop touches.
 pub(crate) struct Engine {
-    pub(crate) arena: Arena,
-    pub(crate) mrs: MrTable,
-    pub(crate) cqs: CqTable,
+    /// The arena, memory regions, completion queues and counters.
+    pub(crate) res: Resources,
     qps: Vec<Option<QpCtx>>,
     qp_gen: Vec<u32>,
     links: Vec<Option<Link>>,
-    pub(crate) stats: Stats,
     active: ActiveSet,
     /// QPs whose doorbell rang this iteration (new send WQEs to fetch).
     rung: ActiveSet,
@@ -59,13 +57,15 @@ pub(crate) struct Engine {
 impl Engine {
     pub(crate) fn new(arena: Arena) -> Engine {
         Engine {
-            arena,
-            mrs: MrTable::default(),
-            cqs: CqTable::default(),
+            res: Resources {
+                arena,
+                mrs: MrTable::default(),
+                cqs: CqTable::default(),
+                stats: Stats::default(),
+            },
             qps: Vec::new(),
             qp_gen: Vec::new(),
             links: Vec::new(),
-            stats: Stats::default(),
             active: ActiveSet::new(),
             rung: ActiveSet::new(),
             rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
@@ -116,15 +116,7 @@ impl Engine {
             return;
         };
         self.active.remove(index);
-        let mut env = Env {
-            now: Timestamp::now(),
-            clock_res: crate::timer::clock_resolution(),
-            arena: &mut self.arena,
-            mrs: &mut self.mrs,
-            cqs: &mut self.cqs,
-            stats: &mut self.stats,
-        };
-        discard_queues(&mut qp, &mut env);
+        discard_queues(&mut qp, &mut self.res.env(Timestamp::now()));
     }
 
     /// The QP at `index`.
@@ -155,14 +147,7 @@ impl Engine {
         }
         let from = qp.state;
         qp.cfg = cfg;
-        let mut env = Env {
-            now: Timestamp::now(),
-            clock_res: crate::timer::clock_resolution(),
-            arena: &mut self.arena,
-            mrs: &mut self.mrs,
-            cqs: &mut self.cqs,
-            stats: &mut self.stats,
-        };
+        let mut env = self.res.env(Timestamp::now());
         match to {
             QpState::Reset => {
                 discard_queues(qp, &mut env);
@@ -232,21 +217,17 @@ impl Engine {
 
     /// One iteration of the poll loop; returns the packets received and sent.
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        let now = Timestamp::now();
-        let clock_res = crate::timer::clock_resolution();
         let Engine {
-            arena,
-            mrs,
-            cqs,
+            res,
             qps,
             links,
-            stats,
             active,
             rung,
             rx,
             trace,
             ..
         } = self;
+        let mut env = res.env(Timestamp::now());
         doorbell.take(|i| {
             active.insert(i);
             rung.insert(i);
@@ -274,7 +255,7 @@ impl Engine {
                 }
             };
             work += n;
-            stats.packets_received += n as u64;
+            env.stats.packets_received += n as u64;
             for slot in &rx[..n] {
                 if let Some(t) = trace.as_deref_mut() {
                     t.packet(
@@ -287,27 +268,19 @@ impl Engine {
                     );
                 }
                 let Ok(pkt) = RxPacket::parse(slot) else {
-                    stats.dropped += 1;
+                    env.stats.dropped += 1;
                     continue;
                 };
                 let qpn = pkt.repr.bth.dest_qp;
                 let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
                 let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
-                    stats.dropped += 1;
+                    env.stats.dropped += 1;
                     continue;
                 };
                 if qp.qpn != qpn || qp.cfg.dest.map(|d| d.link) != Some(LinkId(l as u32)) {
-                    stats.dropped += 1;
+                    env.stats.dropped += 1;
                     continue;
                 }
-                let mut env = Env {
-                    now,
-                    clock_res,
-                    arena,
-                    mrs,
-                    cqs,
-                    stats,
-                };
                 let request = pkt.repr.bth.opcode.info().is_some_and(|i| i.request);
                 if request {
                     responder::on_request(qp, &mut env, &link.peer, slot, &pkt);
@@ -330,14 +303,6 @@ impl Engine {
                 let Some(qp) = qps.get_mut(i as usize).and_then(Option::as_mut) else {
                     active.remove(i);
                     continue;
-                };
-                let mut env = Env {
-                    now,
-                    clock_res,
-                    arena,
-                    mrs,
-                    cqs,
-                    stats,
                 };
                 if rung.contains(i) {
                     requester::fetch(qp);
@@ -380,7 +345,7 @@ impl Engine {
         // 4. Publish.
         for (l, link) in links.iter_mut().enumerate() {
             if let Some(link) = link.as_mut() {
-                link.publish(LinkId(l as u32), trace.as_deref_mut(), arena.mem());
+                link.publish(LinkId(l as u32), trace.as_deref_mut(), env.arena.mem());
             }
         }
         work
@@ -391,12 +356,9 @@ impl Engine {
     /// without the rest of a poll iteration, which the next [`Engine::poll`] does.
     pub(crate) fn send_now(&mut self, index: u32) {
         let Engine {
-            arena,
-            mrs,
-            cqs,
+            res,
             qps,
             links,
-            stats,
             active,
             trace,
             ..
@@ -413,19 +375,12 @@ impl Engine {
             return;
         }
         requester::fetch(qp);
-        let mut env = Env {
-            now: Timestamp::now(),
-            clock_res: crate::timer::clock_resolution(),
-            arena,
-            mrs,
-            cqs,
-            stats,
-        };
+        let mut env = res.env(Timestamp::now());
         let mut wire = Wire { tx: &mut link.tx };
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
             responder::drain(qp, &mut env, &mut wire);
         }
-        link.publish(d.link, trace.as_deref_mut(), arena.mem());
+        link.publish(d.link, trace.as_deref_mut(), env.arena.mem());
     }
 
     /// Whether no QP has work pending (the engine thread may sleep).

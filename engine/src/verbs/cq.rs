@@ -32,7 +32,7 @@ impl Cq {
         }
         let (producer, consumer) = heap_ring(depth.next_power_of_two() as usize)
             .map_err(|e| Error::invalid("completion queue depth", e.to_string()))?;
-        let cqn = shared.engine.with(|e| e.cqs.insert(producer));
+        let cqn = shared.engine.with(|e| e.res.cqs.insert(producer));
         Ok(Cq {
             shared: shared.clone(),
             cqn,
@@ -81,7 +81,7 @@ impl Cq {
 impl Drop for Cq {
     fn drop(&mut self) {
         let cqn = self.cqn;
-        self.shared.engine.with(|e| e.cqs.remove(cqn));
+        self.shared.engine.with(|e| e.res.cqs.remove(cqn));
     }
 }
 

@@ -333,7 +333,7 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
                     shared.progress() > 0 || !shared.engine.try_with(|e| e.idle()).unwrap_or(true)
                 });
                 if slept {
-                    shared.engine.with(|e| e.stats.sleeps += 1);
+                    shared.engine.with(|e| e.res.stats.sleeps += 1);
                 }
                 idle_iters = 0;
                 n |= 1023; // look at the reference count after every sleep
@@ -386,7 +386,7 @@ impl Context {
 
     /// Bytes of the arena still free.
     pub fn arena_free(&self) -> u64 {
-        self.shared.engine.with(|e| e.arena.free_bytes())
+        self.shared.engine.with(|e| e.res.arena.free_bytes())
     }
 
     /// A new protection domain.
@@ -436,7 +436,7 @@ impl Context {
 
     /// A snapshot of the engine's counters.
     pub fn stats(&self) -> Stats {
-        self.shared.engine.with(|e| e.stats)
+        self.shared.engine.with(|e| e.res.stats)
     }
 
     /// Starts writing every packet this engine sends and receives to a pcap file

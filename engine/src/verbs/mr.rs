@@ -36,11 +36,15 @@ impl Pd {
         let pdn = self.pdn;
         let base = self.shared.arena_mem.base_addr();
         let (index, key, off) = self.shared.engine.with(|e| {
-            let block = e.arena.alloc(len, 64)?;
-            match e.mrs.insert(pdn, access, block, len, base + block.off, sm) {
+            let block = e.res.arena.alloc(len, 64)?;
+            match e
+                .res
+                .mrs
+                .insert(pdn, access, block, len, base + block.off, sm)
+            {
                 Some((i, k)) => Ok((i, k, block.off)),
                 None => {
-                    e.arena.free(block);
+                    e.res.arena.free(block);
                     Err(Error::LimitReached {
                         what: "memory regions in one context",
                         limit: crate::mr_table::MAX_MRS,
@@ -276,7 +280,7 @@ impl Drop for Mr {
     fn drop(&mut self) {
         let index = self.index;
         self.shared.engine.with(|e| {
-            let crate::engine::Engine { mrs, arena, .. } = e;
+            let crate::context::Resources { mrs, arena, .. } = &mut e.res;
             mrs.remove(index, arena);
         });
     }

@@ -79,7 +79,7 @@ impl Qp {
                 if bytes == 0 {
                     return Ok(None);
                 }
-                let b = e.arena.alloc(bytes, 64)?;
+                let b = e.res.arena.alloc(bytes, 64)?;
                 blocks.push(b);
                 Ok(Some(b))
             };
@@ -102,7 +102,7 @@ impl Qp {
                 Ok(a) => a,
                 Err(err) => {
                     for b in blocks {
-                        e.arena.free(b);
+                        e.res.arena.free(b);
                     }
                     return Err(err);
                 }
@@ -125,7 +125,7 @@ impl Qp {
                 Ok((index, qpn)) => Ok((index, qpn, gather, inline, scatter)),
                 Err(err) => {
                     for b in blocks {
-                        e.arena.free(b);
+                        e.res.arena.free(b);
                     }
                     Err(err)
                 }
@@ -599,7 +599,7 @@ impl Drop for Qp {
         self.shared.engine.with(|e| {
             e.remove_qp(index);
             for b in blocks.into_iter().flatten() {
-                e.arena.free(b);
+                e.res.arena.free(b);
             }
         });
     }
