@@ -193,6 +193,12 @@ fn check_lat(test: &str, size: u64) {
         "RSS grew from {start} to {end} KiB during the run"
     );
     assert!(doc["machine"]["cpus"].as_u64().unwrap() >= 1);
+    // perftest's default queues (128 deep) cost less than 256 KiB per QP besides its MRs.
+    let qp_bytes = doc["engine"]["qps"][0]["memory_bytes"].as_u64().unwrap();
+    assert!(
+        qp_bytes > 0 && qp_bytes < 256 << 10,
+        "{qp_bytes} bytes per QP"
+    );
 
     let hg = std::fs::read_to_string(&hgrm).unwrap();
     assert!(hg.starts_with("       Value     Percentile TotalCount 1/(1-Percentile)"));

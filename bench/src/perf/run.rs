@@ -779,7 +779,8 @@ impl Output {
                         let c = q.config();
                         json!({"qpn": q.qpn().get(), "psn": c.sq_psn.get(),
                                "peer_qpn": c.dest.map_or(0, |d| d.qpn.get()),
-                               "mtu": c.path_mtu.bytes(), "max_rd_atomic": c.max_rd_atomic})
+                               "mtu": c.path_mtu.bytes(), "max_rd_atomic": c.max_rd_atomic,
+                               "memory_bytes": q.memory_bytes()})
                     }).collect::<Vec<_>>(),
                 },
                 "engine_stats": engine_stats,
