@@ -183,7 +183,7 @@ pub enum ModeArg {
 )]
 pub struct Cli {
     /// The test: send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw or atomic_bw.
-    #[arg(value_enum)]
+    #[arg(value_enum, value_name = "TEST")]
     pub test_pos: Option<TestKind>,
     /// The test, perftest-style (same as the positional argument).
     #[arg(long = "test", value_enum)]
