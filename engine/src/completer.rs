@@ -15,7 +15,7 @@
 //!    payload; an Atomic Acknowledge must answer an Atomic.
 //! 4. **Execute.** Read response data and the Atomic's original value are written into the
 //!    WQE's scatter list; Naks map to completion statuses; the WQEs done are retired in
-//!    order ([`retire`]), signaled ones with a send completion.
+//!    order (`retire`), signaled ones with a send completion.
 
 use crate::context::{Env, QpCtx};
 use crate::dma::{self, CopyError, Cursor};

@@ -12,10 +12,10 @@
 //! and, for small payloads, the payload right behind them — so a short packet, slot
 //! metadata included, fits in the first cache line. Larger payloads stay in the sender's
 //! arena and the slot names them (zero-copy): one contiguous range, or a gather table of
-//! [`SgeEntry`](crate::wqe::SgeEntry)s in the sender's arena for payloads that span
+//! scatter/gather entries (`wqe::SgeEntry`) in the sender's arena for payloads that span
 //! several scatter/gather elements.
 //!
-//! Nothing in a received slot is trusted: [`RxPacket::parse`] copies nothing but checks
+//! Nothing in a received slot is trusted: `RxPacket::parse` copies nothing but checks
 //! every length and kind against the slot's bounds and the opcode table, and every offset
 //! into the peer's arena is bounds-checked at copy time against the length of the mapping.
 

@@ -6,7 +6,7 @@
 //! advances nPSN by its number of response packets; an Atomic is one request. A WQE stays in
 //! the SQ Logic's window — owned, its buffers pinned — until the completer has seen its last
 //! response, so every request can be sent again (go-back-N) after a Nak, an RNR Nak or a
-//! transport timeout: [`rewind`] moves the transmit point back to any unacknowledged PSN and
+//! transport timeout: `rewind` moves the transmit point back to any unacknowledged PSN and
 //! the packets are rebuilt from the WQEs, with the same PSNs.
 //!
 //! Before a new WQE starts, three gates apply: the fence (a fenced WQE waits for every

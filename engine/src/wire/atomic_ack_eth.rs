@@ -2,7 +2,7 @@
 //! Figure 17-11): the original remote data an atomic operation read, returned in the
 //! Atomic Acknowledge after the AETH.
 
-use super::{Error, Result, read_u64};
+use super::{Result, read_u64};
 
 mod field {
     use crate::wire::Field;
@@ -13,48 +13,9 @@ mod field {
 /// The length of an AtomicAckETH in bytes.
 pub const HEADER_LEN: usize = 8;
 
-/// A read/write view of an AtomicAckETH at the start of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::header_view!("an AtomicAckETH");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length; accessors panic if it is shorter than
-    /// [`HEADER_LEN`]. Use [`Packet::new_checked`] on anything received.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after checking it holds a whole AtomicAckETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let packet = Packet::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks the buffer holds a whole AtomicAckETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// Original Remote Data (bytes 0-7): the 64-bit value at the target before the atomic
     /// operation.
     pub fn orig(&self) -> u64 {
@@ -81,7 +42,7 @@ impl AtomicAckEthRepr {
     ///
     /// # Errors
     ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
+    /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<AtomicAckEthRepr> {
         packet.check_len()?;
         Ok(AtomicAckEthRepr {
@@ -103,6 +64,7 @@ impl AtomicAckEthRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Error;
 
     static BYTES: [u8; 8] = [0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF];
 

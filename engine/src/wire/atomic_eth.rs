@@ -14,7 +14,7 @@
 //! +---------------------------------------------------------------+
 //! ```
 
-use super::{Error, Result, read_u32, read_u64};
+use super::{Result, read_u32, read_u64};
 
 mod field {
     use crate::wire::Field;
@@ -28,48 +28,9 @@ mod field {
 /// The length of an AtomicETH in bytes.
 pub const HEADER_LEN: usize = 28;
 
-/// A read/write view of an AtomicETH at the start of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::header_view!("an AtomicETH");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length; accessors panic if it is shorter than
-    /// [`HEADER_LEN`]. Use [`Packet::new_checked`] on anything received.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after checking it holds a whole AtomicETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let packet = Packet::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks the buffer holds a whole AtomicETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// Virtual Address (bytes 0-7): the quadword-aligned address of the 64-bit target.
     pub fn va(&self) -> u64 {
         read_u64(&self.buffer.as_ref()[field::VA])
@@ -132,7 +93,7 @@ impl AtomicEthRepr {
     ///
     /// # Errors
     ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
+    /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<AtomicEthRepr> {
         packet.check_len()?;
         Ok(AtomicEthRepr {
@@ -160,6 +121,7 @@ impl AtomicEthRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Error;
 
     static BYTES: [u8; 28] = [
         0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x10, 0x08, // VA

@@ -43,48 +43,9 @@ const PAD_MASK: u8 = 0x03;
 const TVER_MASK: u8 = 0x0F;
 const ACK_REQ_BIT: u8 = 0x80;
 
-/// A read/write view of a BTH at the start of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::header_view!("a BTH");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length; accessors panic if it is shorter than
-    /// [`HEADER_LEN`]. Use [`Packet::new_checked`] on anything received.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after checking it holds a whole BTH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let packet = Packet::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks the buffer holds a whole BTH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// OpCode (byte 0): the operation, and so which headers follow.
     pub fn opcode(&self) -> Opcode {
         Opcode::from(self.buffer.as_ref()[field::OPCODE])

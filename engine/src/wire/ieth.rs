@@ -1,7 +1,7 @@
 //! The Invalidate Extended Transport Header (IETH, 4 bytes): the R_Key a Send with
 //! Invalidate asks the responder to invalidate.
 
-use super::{Error, Result, read_u32};
+use super::{Result, read_u32};
 
 mod field {
     use crate::wire::Field;
@@ -12,48 +12,9 @@ mod field {
 /// The length of an IETH in bytes.
 pub const HEADER_LEN: usize = 4;
 
-/// A read/write view of an IETH at the start of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::header_view!("an IETH");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length; accessors panic if it is shorter than
-    /// [`HEADER_LEN`]. Use [`Packet::new_checked`] on anything received.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after checking it holds a whole IETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let packet = Packet::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks the buffer holds a whole IETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// R_Key (bytes 0-3): the remote key to invalidate.
     pub fn rkey(&self) -> u32 {
         read_u32(&self.buffer.as_ref()[field::RKEY])
@@ -79,7 +40,7 @@ impl IethRepr {
     ///
     /// # Errors
     ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
+    /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<IethRepr> {
         packet.check_len()?;
         Ok(IethRepr {
@@ -101,6 +62,7 @@ impl IethRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Error;
 
     static BYTES: [u8; 4] = [0x00, 0x12, 0x34, 0x80];
 

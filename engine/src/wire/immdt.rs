@@ -1,7 +1,7 @@
 //! Immediate Data (ImmDt, 4 bytes; spec 01 Figure 17-5): the 32 bits an RDMA Write or Send
 //! "with Immediate" hands to the responder's completion, kept exactly as on the wire.
 
-use super::{Error, Result, read_u32};
+use super::{Result, read_u32};
 
 mod field {
     use crate::wire::Field;
@@ -12,48 +12,9 @@ mod field {
 /// The length of an ImmDt in bytes.
 pub const HEADER_LEN: usize = 4;
 
-/// A read/write view of an ImmDt at the start of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::header_view!("an ImmDt");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length; accessors panic if it is shorter than
-    /// [`HEADER_LEN`]. Use [`Packet::new_checked`] on anything received.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after checking it holds a whole ImmDt.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let packet = Packet::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks the buffer holds a whole ImmDt.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// Immediate Data (bytes 0-3), as a big-endian number: the first wire byte is the most
     /// significant.
     pub fn imm(&self) -> u32 {
@@ -80,7 +41,7 @@ impl ImmDtRepr {
     ///
     /// # Errors
     ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
+    /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<ImmDtRepr> {
         packet.check_len()?;
         Ok(ImmDtRepr { imm: packet.imm() })
@@ -100,6 +61,7 @@ impl ImmDtRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Error;
 
     static BYTES: [u8; 4] = [0xCA, 0xFE, 0x00, 0x01];
 

@@ -33,6 +33,59 @@
 
 use core::fmt;
 
+/// Defines a header's zero-copy view, `Packet<T>`, with the constructors and the length
+/// check every header shares (the smoltcp contract: after `new_checked`, no accessor
+/// panics). Each header file adds its own accessors. The file must define `HEADER_LEN`.
+macro_rules! header_view {
+    ($what:literal) => {
+        #[doc = concat!("A read/write view of ", $what, " at the start of a buffer.")]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct Packet<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> Packet<T> {
+            /// Wraps a buffer without checking its length; accessors panic if it is shorter
+            /// than [`HEADER_LEN`]. Use [`Packet::new_checked`] on anything received.
+            pub const fn new_unchecked(buffer: T) -> Packet<T> {
+                Packet { buffer }
+            }
+
+            #[doc = concat!("Wraps a buffer after checking it holds a whole ", $what, ".")]
+            ///
+            /// # Errors
+            ///
+            /// [`Error::Truncated`](crate::wire::Error::Truncated) if the buffer is shorter
+            /// than [`HEADER_LEN`].
+            pub fn new_checked(buffer: T) -> crate::wire::Result<Packet<T>> {
+                let packet = Packet::new_unchecked(buffer);
+                packet.check_len()?;
+                Ok(packet)
+            }
+
+            #[doc = concat!("Checks the buffer holds a whole ", $what, ".")]
+            ///
+            /// # Errors
+            ///
+            /// [`Error::Truncated`](crate::wire::Error::Truncated) if the buffer is shorter
+            /// than [`HEADER_LEN`].
+            pub fn check_len(&self) -> crate::wire::Result<()> {
+                if self.buffer.as_ref().len() < HEADER_LEN {
+                    Err(crate::wire::Error::Truncated)
+                } else {
+                    Ok(())
+                }
+            }
+
+            /// Returns the underlying buffer.
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+use header_view;
+
 pub mod aeth;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;

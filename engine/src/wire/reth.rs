@@ -10,7 +10,7 @@
 //! +-------------------------------+-------------------------------+
 //! ```
 
-use super::{Error, Result, read_u32, read_u64};
+use super::{Result, read_u32, read_u64};
 
 mod field {
     use crate::wire::Field;
@@ -23,48 +23,9 @@ mod field {
 /// The length of a RETH in bytes.
 pub const HEADER_LEN: usize = 16;
 
-/// A read/write view of a RETH at the start of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::header_view!("a RETH");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length; accessors panic if it is shorter than
-    /// [`HEADER_LEN`]. Use [`Packet::new_checked`] on anything received.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after checking it holds a whole RETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let packet = Packet::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks the buffer holds a whole RETH.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// Virtual Address (bytes 0-7): where in the responder's memory region the transfer starts.
     pub fn va(&self) -> u64 {
         read_u64(&self.buffer.as_ref()[field::VA])
@@ -114,7 +75,7 @@ impl RethRepr {
     ///
     /// # Errors
     ///
-    /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`].
+    /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<RethRepr> {
         packet.check_len()?;
         Ok(RethRepr {
@@ -140,6 +101,7 @@ impl RethRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Error;
 
     static BYTES: [u8; 16] = [
         0x00, 0x00, 0x7F, 0x12, 0x34, 0x56, 0x78, 0x9A, // VA
