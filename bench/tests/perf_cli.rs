@@ -685,3 +685,67 @@ fn progress_goes_to_stderr() {
         "{line}"
     );
 }
+
+/// Processes (not zombies) whose command line mentions `needle`.
+fn live_processes_mentioning(needle: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let (Ok(cmd), Ok(stat)) = (
+            std::fs::read(e.path().join("cmdline")),
+            std::fs::read_to_string(e.path().join("stat")),
+        ) else {
+            continue;
+        };
+        let zombie = stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmd).contains(needle) {
+            found.push(e.path());
+        }
+    }
+    found
+}
+
+#[test]
+fn a_killed_client_takes_its_server_and_temp_dir_along() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("sigkill");
+    let mut child = command(&s, &["send_lat", "-n", "100000000", "--warmup", "0"])
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with(" #bytes") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the run never started");
+    let dir = std::fs::read_dir(&s.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("shmhca-perf-")
+        })
+        .expect("the run's temp dir");
+    let sock = dir.join("perf.sock");
+    assert_eq!(live_processes_mentioning(sock.to_str().unwrap()).len(), 1);
+    child.kill().unwrap(); // SIGKILL: no handler runs in the client
+    child.wait().unwrap();
+    let start = Instant::now();
+    while dir.exists() || !live_processes_mentioning(sock.to_str().unwrap()).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "server or {dir:?} still there after the client was killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -138,6 +138,17 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
             out.finish(opts, &client)
         }
         Role::Server(path) => {
+            if opts.spawned {
+                exit_with_parent()?;
+                // The client's private directory holds only this socket: if the client is
+                // killed outright, this process removes it on its way out.
+                if let Some(dir) = path.parent().filter(|d| {
+                    d.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("shmhca-perf-"))
+                }) {
+                    cleanup_list().dirs.push(dir.to_path_buf());
+                }
+            }
             pin(if opts.spawned {
                 core(1)
             } else {
@@ -179,6 +190,20 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
             out.finish(opts, &side)
         }
         Role::SelfSpawn => self_spawn(opts, core(0), engine_core(0)),
+    }
+}
+
+/// A spawned server ends with the client that started it, whatever kills the client: it
+/// gets SIGTERM, which the signal thread turns into a clean-up and an exit.
+fn exit_with_parent() -> Result<(), PerfError> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        .map_err(|e| PerfError::io("asking to end with the parent process")(e.into()))?;
+    // The parent may have died before the request: then this process was re-parented.
+    match rustix::process::getppid() {
+        Some(p) if p.as_raw_nonzero().get() != 1 => Ok(()),
+        _ => Err(PerfError::Peer(
+            "the client that started this server is gone".into(),
+        )),
     }
 }
 
