@@ -283,11 +283,12 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
         req.acked = psn;
         req.retry_left = qp.cfg.retry_cnt;
         req.rnr_left = qp.cfg.rnr_retry;
-        req.timer.disarm();
-        if req.outstanding() {
-            if let Some(t) = req.ttr {
-                env.arm(&mut req.timer, t);
-            }
+        if !req.outstanding() {
+            req.timer.disarm();
+        } else if req.timer.armed() {
+            req.progressed = true;
+        } else if let Some(t) = req.ttr {
+            env.arm(&mut req.timer, t);
         }
     }
 }

@@ -157,10 +157,11 @@ pub(crate) struct Resources {
 }
 
 impl Resources {
-    /// Lends these to a protocol stage at time `now`.
-    pub(crate) fn env(&mut self, now: Timestamp) -> Env<'_> {
+    /// Lends these to a protocol stage. The clock is read on first use (see [`Env::now`]);
+    /// tests pass a time with [`Env::at`].
+    pub(crate) fn env(&mut self) -> Env<'_> {
         Env {
-            now,
+            now: None,
             clock_res: crate::timer::clock_resolution(),
             arena: &mut self.arena,
             mrs: &mut self.mrs,
@@ -172,8 +173,9 @@ impl Resources {
 
 /// This engine's side of things, lent to a protocol stage.
 pub(crate) struct Env<'a> {
-    /// The time of this engine iteration.
-    pub(crate) now: Timestamp,
+    /// The time of this engine iteration, read from the clock when first needed: most
+    /// iterations need no time at all.
+    now: Option<Timestamp>,
     /// The resolution of `now`.
     pub(crate) clock_res: Duration,
     pub(crate) arena: &'a mut Arena,
@@ -184,8 +186,21 @@ pub(crate) struct Env<'a> {
 
 impl Env<'_> {
     /// Arms `d` to expire no sooner than `after` from now.
-    pub(crate) fn arm(&self, d: &mut Deadline, after: Duration) {
-        d.arm(self.now, after, self.clock_res);
+    pub(crate) fn arm(&mut self, d: &mut Deadline, after: Duration) {
+        let now = self.now();
+        d.arm(now, after, self.clock_res);
+    }
+
+    /// The time of this iteration (read from the engine clock once).
+    #[inline]
+    pub(crate) fn now(&mut self) -> Timestamp {
+        *self.now.get_or_insert_with(Timestamp::now)
+    }
+
+    /// Whether `d` has passed.
+    #[inline]
+    pub(crate) fn expired(&mut self, d: &Deadline) -> bool {
+        d.armed() && d.expired(self.now())
     }
 
     /// Drops the in-flight references a retired WQE held on its memory regions.

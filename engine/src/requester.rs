@@ -121,6 +121,9 @@ pub(crate) struct Requester {
     pub(crate) timer: Deadline,
     /// Its period on this engine's clock (`None`: disabled), fixed at RTS.
     pub(crate) ttr: Option<std::time::Duration>,
+    /// A response made progress since the timer was armed (it is re-armed lazily, so the
+    /// packet path never reads the clock).
+    pub(crate) progressed: bool,
     /// RNR wait: no transmission until it expires.
     pub(crate) rnr_timer: Deadline,
     /// Credits announced while the QP was in RTR, applied on RTS.
@@ -152,6 +155,7 @@ impl Requester {
             rnr_left: 0,
             timer: Deadline::default(),
             ttr: None,
+            progressed: false,
             rnr_timer: Deadline::default(),
             early_credits: None,
         }
@@ -328,7 +332,7 @@ pub(crate) fn transmit(
     }
     let req = &mut qp.req;
     if req.rnr_timer.armed() {
-        if !req.rnr_timer.expired(env.now) {
+        if !env.expired(&req.rnr_timer) {
             return 0;
         }
         req.rnr_timer.disarm();
@@ -555,14 +559,24 @@ fn build_request(
 /// "On Timeout, Request Packet Is Resent").
 pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
     let req = &mut qp.req;
-    if req.rnr_timer.expired(env.now) {
+    if env.expired(&req.rnr_timer) {
         req.rnr_timer.disarm();
     }
-    if !req.timer.expired(env.now) {
+    if !env.expired(&req.timer) {
         return;
     }
     req.timer.disarm();
     if !req.outstanding() || req.rnr_timer.armed() {
+        return;
+    }
+    if req.progressed {
+        // Responses arrived since the timer was armed: it only detects the *cessation* of
+        // responses (spec/01), so start a new period. A timeout is then detected between
+        // Ttr and 2 Ttr after the last response, within the spec's [Ttr, 4 Ttr].
+        req.progressed = false;
+        if let Some(t) = req.ttr {
+            env.arm(&mut req.timer, t);
+        }
         return;
     }
     env.stats.timeouts += 1;

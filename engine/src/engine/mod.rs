@@ -26,7 +26,6 @@ use crate::mr_table::MrTable;
 use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
 use crate::responder;
-use crate::timer::Timestamp;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use doorbell::{ActiveSet, MAX_QPS};
@@ -35,6 +34,8 @@ use doorbell::{ActiveSet, MAX_QPS};
 pub(crate) const RX_BURST: usize = 32;
 /// Request packets one QP may send per iteration (fairness between QPs).
 const TX_BUDGET: usize = 32;
+/// Idle iterations between two timer checks.
+const TIMER_EVERY: u32 = 8;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
 
@@ -51,6 +52,8 @@ pub(crate) struct Engine {
     rx: Box<[PacketSlot]>,
     /// Packet capture and observation; `None` when off (one branch per burst).
     pub(crate) trace: Option<Box<Trace>>,
+    /// Idle iterations until the next timer check.
+    timer_countdown: u32,
     next_pd: u32,
 }
 
@@ -70,6 +73,7 @@ impl Engine {
             rung: ActiveSet::new(),
             rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
             trace: None,
+            timer_countdown: TIMER_EVERY,
             next_pd: 1,
         }
     }
@@ -116,7 +120,7 @@ impl Engine {
             return;
         };
         self.active.remove(index);
-        discard_queues(&mut qp, &mut self.res.env(Timestamp::now()));
+        discard_queues(&mut qp, &mut self.res.env());
     }
 
     /// The QP at `index`.
@@ -147,7 +151,7 @@ impl Engine {
         }
         let from = qp.state;
         qp.cfg = cfg;
-        let mut env = self.res.env(Timestamp::now());
+        let mut env = self.res.env();
         match to {
             QpState::Reset => {
                 discard_queues(qp, &mut env);
@@ -225,9 +229,10 @@ impl Engine {
             rung,
             rx,
             trace,
+            timer_countdown,
             ..
         } = self;
-        let mut env = res.env(Timestamp::now());
+        let mut env = res.env();
         doorbell.take(|i| {
             active.insert(i);
             rung.insert(i);
@@ -291,6 +296,17 @@ impl Engine {
             }
         }
 
+        // Timers are checked in iterations that received nothing, one in TIMER_EVERY: while
+        // packets flow there is progress to record and nothing to time out, and a clock read
+        // per spin would cost more than the timers' millisecond scale needs.
+        let check_timers = work == 0 && {
+            *timer_countdown = timer_countdown.saturating_sub(1);
+            *timer_countdown == 0
+        };
+        if check_timers {
+            *timer_countdown = TIMER_EVERY;
+        }
+
         // 3. Active QPs (a copy of each word is walked, so members can leave meanwhile).
         let mut summary = active.summary();
         while summary != 0 {
@@ -314,7 +330,7 @@ impl Engine {
                     .and_then(Option::as_mut);
                 match link {
                     Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
-                        if qp.req.timer.armed() || qp.req.rnr_timer.armed() {
+                        if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
                             requester::on_tick(qp, &mut env);
                         }
                         let mut wire = Wire { tx: &mut link.tx };
@@ -375,7 +391,7 @@ impl Engine {
             return;
         }
         requester::fetch(qp);
-        let mut env = res.env(Timestamp::now());
+        let mut env = res.env();
         let mut wire = Wire { tx: &mut link.tx };
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
             responder::drain(qp, &mut env, &mut wire);
