@@ -185,10 +185,18 @@ pub(crate) struct Env<'a> {
 }
 
 impl Env<'_> {
-    /// Arms `d` to expire no sooner than `after` from now.
+    /// Arms `d` to expire no sooner than `after` from now; the clock is not read here
+    /// (the timer starts at the engine's next timer check, see [`Deadline::arm_later`]).
     pub(crate) fn arm(&mut self, d: &mut Deadline, after: Duration) {
-        let now = self.now();
-        d.arm(now, after, self.clock_res);
+        d.arm_later(after);
+    }
+
+    /// Starts `d` if it was armed to start later.
+    pub(crate) fn start(&mut self, d: &mut Deadline) {
+        if let Deadline::Starting(_) = d {
+            let now = self.now();
+            d.start(now, self.clock_res);
+        }
     }
 
     /// The time of this iteration (read from the engine clock once).
@@ -200,7 +208,7 @@ impl Env<'_> {
     /// Whether `d` has passed.
     #[inline]
     pub(crate) fn expired(&mut self, d: &Deadline) -> bool {
-        d.armed() && d.expired(self.now())
+        matches!(d, Deadline::At(_)) && d.expired(self.now())
     }
 
     /// Drops the in-flight references a retired WQE held on its memory regions.

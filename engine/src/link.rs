@@ -168,6 +168,7 @@ pub(crate) struct RxPacket {
 
 impl RxPacket {
     /// Parses and checks a slot copied out of a ring.
+    #[inline]
     pub(crate) fn parse(slot: &PacketSlot) -> std::result::Result<RxPacket, SlotError> {
         let hdr_len = slot.hdr_len as usize;
         if !(crate::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {

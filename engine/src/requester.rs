@@ -271,30 +271,37 @@ impl Requester {
 
 /// Takes newly posted WQEs from the SQ ring into the window.
 pub(crate) fn fetch(qp: &mut QpCtx) {
-    let req = &mut qp.req;
-    while req.fetched - req.retired < req.window.len() as u64 {
+    while qp.req.fetched - qp.req.retired < qp.req.window.len() as u64 {
         let Ok(Some(w)) = qp.sq.pop() else { break };
-        req.ssn = (req.ssn + 1) & Psn::MASK;
-        if w.op.consumes_rq_wqe() {
-            req.consumers += 1;
-        }
-        let pmtu = qp.cfg.path_mtu.bytes();
-        let span = match w.op {
-            WqeOp::Read => psn::read_response_packets(w.len, pmtu),
-            WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
-            _ => psn::packets_for(u64::from(w.len), pmtu),
-        };
-        let seq = req.fetched;
-        *req.wqe_mut(seq) = SendWqe {
-            w,
-            consumers: req.consumers,
-            first_psn: Psn::new(0),
-            span,
-            resp_seen: 0,
-            done: None,
-        };
-        req.fetched += 1;
+        accept(qp, w);
     }
+}
+
+/// Appends a WQE to the window (from the send ring, or posted directly in inline mode);
+/// the window has room (the application never has more than `max_send_wr` outstanding).
+pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
+    let req = &mut qp.req;
+    debug_assert!(req.fetched - req.retired < req.window.len() as u64);
+    req.ssn = (req.ssn + 1) & Psn::MASK;
+    if w.op.consumes_rq_wqe() {
+        req.consumers += 1;
+    }
+    let pmtu = qp.cfg.path_mtu.bytes();
+    let span = match w.op {
+        WqeOp::Read => psn::read_response_packets(w.len, pmtu),
+        WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
+        _ => psn::packets_for(u64::from(w.len), pmtu),
+    };
+    let seq = req.fetched;
+    *req.wqe_mut(seq) = SendWqe {
+        w,
+        consumers: req.consumers,
+        first_psn: Psn::new(0),
+        span,
+        resp_seen: 0,
+        done: None,
+    };
+    req.fetched += 1;
 }
 
 /// Moves the transmit point back to PSN `p` (go-back-N): the WQE holding it and every one
@@ -559,6 +566,8 @@ fn build_request(
 /// "On Timeout, Request Packet Is Resent").
 pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
     let req = &mut qp.req;
+    env.start(&mut req.timer);
+    env.start(&mut req.rnr_timer);
     if env.expired(&req.rnr_timer) {
         req.rnr_timer.disarm();
     }

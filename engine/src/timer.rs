@@ -73,29 +73,54 @@ pub fn transport_timeout(local_ack_timeout: u8, res: Duration) -> Option<Duratio
 }
 
 /// A one-shot deadline.
+///
+/// Arming needs the time, and the packet path does not read the clock: a deadline can be
+/// armed *to start later* ([`Deadline::arm_later`]), and the engine starts it at its next
+/// look at the clock ([`Deadline::start`]) — so it expires no sooner than asked, measured
+/// from a moment no earlier than the arming.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Deadline(Option<Timestamp>);
+pub enum Deadline {
+    /// Not armed.
+    #[default]
+    Off,
+    /// Armed for this long, from the next time the clock is read.
+    Starting(Duration),
+    /// Expires at this time.
+    At(Timestamp),
+}
 
 impl Deadline {
     /// Arms the deadline so that it expires no sooner than `after` from now, on a clock of
     /// resolution `res` (it adds `res`: `now` may be up to `res` behind the true time).
     pub fn arm(&mut self, now: Timestamp, after: Duration, res: Duration) {
-        self.0 = Some(now.after(after + res));
+        *self = Deadline::At(now.after(after + res));
+    }
+
+    /// Arms the deadline for `after`, counted from its [`start`](Deadline::start).
+    pub fn arm_later(&mut self, after: Duration) {
+        *self = Deadline::Starting(after);
+    }
+
+    /// Starts a deadline armed with [`arm_later`](Deadline::arm_later), at `now`.
+    pub fn start(&mut self, now: Timestamp, res: Duration) {
+        if let Deadline::Starting(after) = *self {
+            self.arm(now, after, res);
+        }
     }
 
     /// Disarms it.
     pub fn disarm(&mut self) {
-        self.0 = None;
+        *self = Deadline::Off;
     }
 
-    /// Whether it is armed.
+    /// Whether it is armed (started or not).
     pub fn armed(&self) -> bool {
-        self.0.is_some()
+        *self != Deadline::Off
     }
 
-    /// Whether it is armed and has passed at `now`.
+    /// Whether it is started and has passed at `now`.
     pub fn expired(&self, now: Timestamp) -> bool {
-        self.0.is_some_and(|d| now >= d)
+        matches!(*self, Deadline::At(d) if now >= d)
     }
 }
 
@@ -151,6 +176,20 @@ mod tests {
         assert!(d.expired(t0.after(Duration::from_millis(14))));
         d.disarm();
         assert!(!d.expired(t0.after(Duration::from_secs(1))));
+        // Armed to start later: it never expires before it is started, and then runs its
+        // full length from the start.
+        d.arm_later(Duration::from_millis(10));
+        assert!(d.armed());
+        assert!(!d.expired(t0.after(Duration::from_secs(100))));
+        let t1 = t0.after(Duration::from_secs(100));
+        d.start(t1, res);
+        assert!(!d.expired(t1.after(Duration::from_millis(13))));
+        assert!(d.expired(t1.after(Duration::from_millis(14))));
+        d.start(t1.after(Duration::from_secs(1)), res);
+        assert!(
+            d.expired(t1.after(Duration::from_millis(14))),
+            "start only starts once"
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::requester;
 use crate::responder;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
+use crate::wqe::SqWqe;
 use doorbell::{ActiveSet, MAX_QPS};
 
 /// Packets taken from one link per iteration.
@@ -368,9 +369,25 @@ impl Engine {
     }
 
     /// Sends what was just posted on QP `index` right away (inline mode): fetches its new
-    /// WQEs, runs its SQ Logic (with any Ack waiting to ride along) and publishes its link —
+    /// WQEs, runs its SQ Logic (and sends any response waiting) and publishes its link —
     /// without the rest of a poll iteration, which the next [`Engine::poll`] does.
     pub(crate) fn send_now(&mut self, index: u32) {
+        self.send_with(index, |_| {});
+    }
+
+    /// Takes a WQE posted directly (inline mode: no trip through the send ring) and sends
+    /// it now, after any WQEs still in the ring so that the posted order holds. Returns
+    /// false if the QP is gone.
+    pub(crate) fn post_direct(&mut self, index: u32, wqe: SqWqe) -> bool {
+        let mut taken = false;
+        self.send_with(index, |qp| {
+            requester::accept(qp, wqe);
+            taken = true;
+        });
+        taken
+    }
+
+    fn send_with(&mut self, index: u32, add: impl FnOnce(&mut QpCtx)) {
         let Engine {
             res,
             qps,
@@ -383,6 +400,8 @@ impl Engine {
             return;
         };
         active.insert(index);
+        requester::fetch(qp);
+        add(qp);
         let Some(d) = qp.cfg.dest else { return };
         let Some(link) = links.get_mut(d.link.0 as usize).and_then(Option::as_mut) else {
             return;
@@ -390,7 +409,6 @@ impl Engine {
         if link.down.is_some() {
             return;
         }
-        requester::fetch(qp);
         let mut env = res.env();
         let mut wire = Wire { tx: &mut link.tx };
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {

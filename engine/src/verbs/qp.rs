@@ -11,10 +11,10 @@ use crate::error::{Error, Result};
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
-use crate::verbs::Shared;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::wr::{Data, RecvWr, SendFlags, SendOp, SendWr};
+use crate::verbs::{EngineMode, Shared};
 use crate::wire::Qpn;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SGE_ENTRY_LEN, SgeEntry, SqWqe, WqeFlags, WqeOp};
 
@@ -240,7 +240,21 @@ impl Qp {
     /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        self.post_send_one(wr)?;
+        let wqe = self.prepare_send(wr)?;
+        self.sq_posted += 1;
+        // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
+        // engine is free; otherwise (poll mode, or the engine busy on another thread) it
+        // goes through the send ring like any other.
+        if self.shared.mode == EngineMode::Inline {
+            let index = self.index;
+            if let Some(taken) = self.shared.engine.try_with(|e| e.post_direct(index, wqe)) {
+                debug_assert!(taken, "a live QP takes its WQEs");
+                return Ok(());
+            }
+        }
+        if self.sq.push(wqe).is_err() {
+            unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
+        }
         self.ring_and_kick();
         Ok(())
     }
@@ -275,6 +289,17 @@ impl Qp {
     }
 
     fn post_send_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        let wqe = self.prepare_send(wr)?;
+        if self.sq.push(wqe).is_err() {
+            unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
+        }
+        self.sq_posted += 1;
+        Ok(())
+    }
+
+    /// Checks a send work request and turns it into a WQE: inline data staged, gather lists
+    /// written, memory regions counted in flight. Nothing is queued yet.
+    fn prepare_send(&mut self, wr: &SendWr<'_>) -> Result<SqWqe> {
         let state = self.qshared.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(Error::InvalidState {
@@ -408,11 +433,7 @@ impl Qp {
             swap,
             data,
         };
-        if self.sq.push(wqe).is_err() {
-            unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
-        }
-        self.sq_posted += 1;
-        Ok(())
+        Ok(wqe)
     }
 
     /// Copies `len` bytes into inline staging row `row` with `fill(offset, mem)`.

@@ -252,6 +252,7 @@ impl AethRepr {
     /// # Errors
     ///
     /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<AethRepr> {
         packet.check_len()?;
         Ok(AethRepr {
@@ -266,6 +267,7 @@ impl AethRepr {
     }
 
     /// Writes the AETH into a buffer of at least [`HEADER_LEN`] bytes.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_syndrome(self.syndrome);
         packet.set_msn(self.msn);

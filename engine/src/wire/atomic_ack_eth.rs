@@ -43,6 +43,7 @@ impl AtomicAckEthRepr {
     /// # Errors
     ///
     /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<AtomicAckEthRepr> {
         packet.check_len()?;
         Ok(AtomicAckEthRepr {
@@ -56,6 +57,7 @@ impl AtomicAckEthRepr {
     }
 
     /// Writes the AtomicAckETH into a buffer of at least [`HEADER_LEN`] bytes.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_orig(self.orig);
     }

@@ -94,6 +94,7 @@ impl AtomicEthRepr {
     /// # Errors
     ///
     /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<AtomicEthRepr> {
         packet.check_len()?;
         Ok(AtomicEthRepr {
@@ -110,6 +111,7 @@ impl AtomicEthRepr {
     }
 
     /// Writes the AtomicETH into a buffer of at least [`HEADER_LEN`] bytes.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_va(self.va);
         packet.set_rkey(self.rkey);

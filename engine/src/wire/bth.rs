@@ -221,6 +221,7 @@ impl BthRepr {
     ///
     /// [`Error::Truncated`] if the buffer is shorter than [`HEADER_LEN`];
     /// [`Error::UnsupportedVersion`] if TVer is not 0.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<BthRepr> {
         packet.check_len()?;
         if packet.tver() != 0 {
@@ -246,6 +247,7 @@ impl BthRepr {
 
     /// Writes the BTH (reserved fields as zero) into a buffer of at least [`HEADER_LEN`]
     /// bytes; panics on a shorter buffer (use `Packet::new_checked`).
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_opcode(self.opcode);
         packet.buffer.as_mut()[field::FLAGS] = 0;

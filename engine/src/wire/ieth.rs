@@ -41,6 +41,7 @@ impl IethRepr {
     /// # Errors
     ///
     /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<IethRepr> {
         packet.check_len()?;
         Ok(IethRepr {
@@ -54,6 +55,7 @@ impl IethRepr {
     }
 
     /// Writes the IETH into a buffer of at least [`HEADER_LEN`] bytes.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_rkey(self.rkey);
     }

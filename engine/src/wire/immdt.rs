@@ -42,6 +42,7 @@ impl ImmDtRepr {
     /// # Errors
     ///
     /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<ImmDtRepr> {
         packet.check_len()?;
         Ok(ImmDtRepr { imm: packet.imm() })
@@ -53,6 +54,7 @@ impl ImmDtRepr {
     }
 
     /// Writes the ImmDt into a buffer of at least [`HEADER_LEN`] bytes.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_imm(self.imm);
     }

@@ -56,6 +56,7 @@ impl PacketRepr {
     /// * [`Error::UnsupportedVersion`] if TVer is not 0;
     /// * [`Error::UnknownOpcode`] for an opcode that is not an implemented RC opcode;
     /// * [`Error::PadWithoutPayload`] for a non-zero pad count on an opcode without payload.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<(PacketRepr, usize)> {
         let bth = BthRepr::parse(&bth::Packet::new_checked(bytes)?)?;
         let info = opcode_info(bth.opcode)?;
@@ -159,6 +160,7 @@ impl PacketRepr {
     /// * [`Error::Truncated`] if `buf` is shorter than `header_len()`.
     ///
     /// Nothing is written when an error is returned.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let info = self.info()?;
         let found = self.headers();

@@ -76,6 +76,7 @@ impl RethRepr {
     /// # Errors
     ///
     /// [`Error::Truncated`](super::Error::Truncated) if the buffer is shorter than [`HEADER_LEN`].
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<RethRepr> {
         packet.check_len()?;
         Ok(RethRepr {
@@ -91,6 +92,7 @@ impl RethRepr {
     }
 
     /// Writes the RETH into a buffer of at least [`HEADER_LEN`] bytes.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_va(self.va);
         packet.set_rkey(self.rkey);

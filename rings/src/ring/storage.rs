@@ -222,6 +222,13 @@ impl<T: Copy> sealed::RawStorage<T> for HeapStorage<T> {
     #[cfg(not(shmhca_loom))]
     #[inline(always)]
     unsafe fn write_slots(&self, first: u64, values: &[T]) {
+        if values.len() <= SMALL_BURST {
+            for (i, v) in values.iter().enumerate() {
+                // SAFETY: as in write_slot; the caller owns every slot of the burst.
+                unsafe { self.write_slot(first.wrapping_add(i as u64), *v) };
+            }
+            return;
+        }
         let (a, b) = runs(first, values.len(), self.ring.mask);
         // SAFETY: the caller owns these slots (free: released by the consumer); `runs` keeps
         // both runs inside the array (a + b ≤ capacity); `values` is not ring memory.
@@ -234,6 +241,13 @@ impl<T: Copy> sealed::RawStorage<T> for HeapStorage<T> {
     #[cfg(not(shmhca_loom))]
     #[inline(always)]
     unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
+        if out.len() <= SMALL_BURST {
+            for (i, o) in out.iter_mut().enumerate() {
+                // SAFETY: as in read_slot; every slot of the burst is published.
+                *o = unsafe { self.read_slot(first.wrapping_add(i as u64)) };
+            }
+            return;
+        }
         let (a, b) = runs(first, out.len(), self.ring.mask);
         // SAFETY: the caller guarantees these slots are published (initialised by the
         // producer before its Release store of tail, which our Acquire load saw) and not
@@ -418,6 +432,9 @@ impl<T: Pod> ShmStorage<T> {
     }
 }
 
+/// Bursts up to this many slots are copied slot by slot (see `write_slots`).
+const SMALL_BURST: usize = 4;
+
 impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     #[inline(always)]
     fn capacity(&self) -> usize {
@@ -441,6 +458,14 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     unsafe fn write_slots(&self, first: u64, values: &[T]) {
+        if values.len() <= SMALL_BURST {
+            // A few slots: fixed-size copies the compiler inlines beat a memcpy call.
+            for (i, v) in values.iter().enumerate() {
+                // SAFETY: as in write_slot; the caller owns every slot of the burst.
+                unsafe { self.write_slot(first.wrapping_add(i as u64), *v) };
+            }
+            return;
+        }
         let (a, b) = runs(first, values.len(), self.mask);
         let src = values.as_ptr().cast::<u8>();
         // SAFETY: `runs` keeps [start, start+a) and [0, b) inside the slot array (a + b ≤
@@ -461,6 +486,13 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
+        if out.len() <= SMALL_BURST {
+            for (i, o) in out.iter_mut().enumerate() {
+                // SAFETY: as in read_slot; every slot of the burst is published.
+                *o = unsafe { self.read_slot(first.wrapping_add(i as u64)) };
+            }
+            return;
+        }
         let (a, b) = runs(first, out.len(), self.mask);
         let dst = out.as_mut_ptr().cast::<u8>();
         // SAFETY: as in write_slots, both runs are inside the slot array and `out` is private
