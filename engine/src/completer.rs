@@ -19,7 +19,7 @@
 
 use crate::context::{Env, QpCtx};
 use crate::dma::{self, CopyError, Cursor};
-use crate::link::{PacketSlot, Payload, RxPacket};
+use crate::link::{Payload, RxPacket};
 use crate::mem::Mem;
 use crate::psn::Psn;
 use crate::qp::QpState;
@@ -31,17 +31,8 @@ use crate::wire::opcode::{OpClass, Position};
 use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
-pub(crate) fn on_response(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    peer: &Mem,
-    slot: &PacketSlot,
-    pkt: &RxPacket,
-) {
-    let Some(info) = pkt.repr.bth.opcode.info() else {
-        env.stats.dropped += 1;
-        return;
-    };
+pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+    let info = pkt.info;
     if qp.state == QpState::Rtr {
         // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
         // Credits") before this side reaches RTS: keep them for then.
@@ -51,7 +42,7 @@ pub(crate) fn on_response(
                 syndrome: Syndrome::Ack { credits },
                 msn,
             }),
-        ) = (info.class, pkt.repr.aeth)
+        ) = (info.class, pkt.aeth())
         {
             qp.req.early_credits = Some((credits, msn.get()));
             return;
@@ -61,8 +52,8 @@ pub(crate) fn on_response(
         env.stats.dropped += 1;
         return;
     }
-    let psn = pkt.repr.bth.psn;
-    let aeth = pkt.repr.aeth;
+    let psn = pkt.bth.psn;
+    let aeth = pkt.aeth();
     let req = &mut qp.req;
 
     // 1. PSN window.
@@ -188,7 +179,7 @@ pub(crate) fn on_response(
                 return bad_response(qp, env, seq);
             };
             match dma::copy_payload(
-                slot,
+                pkt.slot(),
                 &pkt.payload,
                 peer,
                 env.arena.mem(),
@@ -211,7 +202,7 @@ pub(crate) fn on_response(
         }
         OpClass::AtomicAcknowledge => {
             let ok_aeth = matches!(aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
-            let Some(orig) = pkt.repr.atomic_ack_eth.map(|a| a.orig) else {
+            let Some(orig) = pkt.atomic_orig() else {
                 return bad_response(qp, env, seq);
             };
             if !w.w.op.is_atomic() || psn != w.first_psn || !ok_aeth || pkt.payload != Payload::None

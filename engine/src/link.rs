@@ -30,7 +30,11 @@ use shmhca_rings::segment::{HugePages, Segment};
 
 use crate::error::{Error, Result};
 use crate::mem::Mem;
-use crate::wire::PacketRepr;
+use crate::wire::opcode::{Headers, OpcodeInfo};
+use crate::wire::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, Error as WireError, ImmDtRepr, RethRepr,
+    aeth, atomic_ack_eth, atomic_eth, bth, immdt, reth,
+};
 
 /// Identifies a link of an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -159,34 +163,53 @@ pub(crate) enum SlotError {
     EmptyGather,
 }
 
-/// A received packet: the parsed headers and where its payload is.
-#[derive(Debug, Clone)]
-pub(crate) struct RxPacket {
-    pub(crate) repr: PacketRepr,
+/// A received packet: a checked view of a slot copied out of a ring.
+///
+/// [`RxPacket::parse`] reads the BTH, looks the opcode up in the opcode table and checks
+/// that the slot holds exactly the headers the opcode calls for; the extended headers are
+/// then decoded only when asked for (each accessor reads its fixed offset, and cannot fail:
+/// every bit pattern of an extended header is a value).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RxPacket<'a> {
+    slot: &'a PacketSlot,
+    /// The opcode's row of the opcode table.
+    pub(crate) info: &'static OpcodeInfo,
+    pub(crate) bth: BthRepr,
     pub(crate) payload: Payload,
 }
 
-impl RxPacket {
+impl<'a> RxPacket<'a> {
     /// Parses and checks a slot copied out of a ring.
     #[inline]
-    pub(crate) fn parse(slot: &PacketSlot) -> std::result::Result<RxPacket, SlotError> {
+    pub(crate) fn parse(slot: &'a PacketSlot) -> std::result::Result<RxPacket<'a>, SlotError> {
         let hdr_len = slot.hdr_len as usize;
         if !(crate::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
             return Err(SlotError::HeaderLength(slot.hdr_len));
         }
-        let (repr, parsed) =
-            PacketRepr::parse(&slot.data[..hdr_len]).map_err(SlotError::Headers)?;
-        if parsed != hdr_len {
+        let bth = BthRepr::parse(&bth::Packet::new_unchecked(&slot.data[..hdr_len]))
+            .map_err(SlotError::Headers)?;
+        let info = bth
+            .opcode
+            .info()
+            .ok_or(SlotError::Headers(WireError::UnknownOpcode(
+                bth.opcode.code(),
+            )))?;
+        if bth.pad_count != 0 && !info.payload {
+            return Err(SlotError::Headers(WireError::PadWithoutPayload {
+                opcode: bth.opcode,
+                pad_count: bth.pad_count,
+            }));
+        }
+        if info.header_len() != hdr_len {
             return Err(SlotError::HeaderMismatch {
-                parsed,
+                parsed: info.header_len(),
                 claimed: slot.hdr_len,
             });
         }
-        let has_payload = repr.bth.opcode.info().is_some_and(|i| i.payload);
         let len = slot.payload_len;
         let payload = match slot.kind {
             KIND_NONE if len == 0 => Payload::None,
-            KIND_INLINE if has_payload => {
+            KIND_INLINE if info.payload => {
                 if hdr_len + len as usize > SLOT_DATA {
                     return Err(SlotError::InlineOverrun);
                 }
@@ -195,11 +218,11 @@ impl RxPacket {
                     len: len as usize,
                 }
             }
-            KIND_DIRECT if has_payload => Payload::Direct {
+            KIND_DIRECT if info.payload => Payload::Direct {
                 off: slot.payload_off,
                 len,
             },
-            KIND_GATHER if has_payload => {
+            KIND_GATHER if info.payload => {
                 if slot.sge_count == 0 {
                     return Err(SlotError::EmptyGather);
                 }
@@ -218,10 +241,64 @@ impl RxPacket {
             }
             k => return Err(SlotError::PayloadKind(k)),
         };
-        if payload == Payload::None && has_payload && len != 0 {
-            return Err(SlotError::PayloadKind(slot.kind));
+        Ok(RxPacket {
+            slot,
+            info,
+            bth,
+            payload,
+        })
+    }
+
+    /// The slot the packet was copied into.
+    pub(crate) fn slot(&self) -> &'a PacketSlot {
+        self.slot
+    }
+
+    /// The bytes of extended header `h`, if the opcode carries it.
+    #[inline]
+    fn ext(&self, h: Headers) -> Option<&'a [u8]> {
+        let set = self.info.headers;
+        if !set.contains(h) {
+            return None;
         }
-        Ok(RxPacket { repr, payload })
+        // Extended headers follow the BTH in the bit order of `Headers` (wire order).
+        let before = Headers::from_bits_truncate(set.bits() & (h.bits() - 1)).len();
+        let at = bth::HEADER_LEN + before;
+        Some(&self.slot.data[at..at + h.len()])
+    }
+
+    /// The RETH.
+    pub(crate) fn reth(&self) -> Option<RethRepr> {
+        self.ext(Headers::RETH)
+            .and_then(|b| RethRepr::parse(&reth::Packet::new_unchecked(b)).ok())
+    }
+
+    /// The AETH.
+    pub(crate) fn aeth(&self) -> Option<AethRepr> {
+        self.ext(Headers::AETH)
+            .and_then(|b| AethRepr::parse(&aeth::Packet::new_unchecked(b)).ok())
+    }
+
+    /// The AtomicETH.
+    pub(crate) fn atomic_eth(&self) -> Option<AtomicEthRepr> {
+        self.ext(Headers::ATOMIC_ETH)
+            .and_then(|b| AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(b)).ok())
+    }
+
+    /// The original value of an AtomicAckETH.
+    pub(crate) fn atomic_orig(&self) -> Option<u64> {
+        self.ext(Headers::ATOMIC_ACK_ETH).and_then(|b| {
+            AtomicAckEthRepr::parse(&atomic_ack_eth::Packet::new_unchecked(b))
+                .ok()
+                .map(|r| r.orig)
+        })
+    }
+
+    /// The immediate data.
+    pub(crate) fn imm(&self) -> Option<u32> {
+        self.ext(Headers::IMMDT)
+            .and_then(|b| ImmDtRepr::parse(&immdt::Packet::new_unchecked(b)).ok())
+            .map(|r| r.imm)
     }
 }
 
@@ -479,6 +556,7 @@ impl Link {
 mod tests {
     use super::*;
     use crate::psn::Psn;
+    use crate::wire::PacketRepr;
     use crate::wire::bth::BthRepr;
     use crate::wire::opcode::Opcode;
     use crate::wire::{Qpn, reth::RethRepr};
@@ -531,7 +609,9 @@ mod tests {
                 len: 4000
             }
         );
-        assert_eq!(p.repr.reth.unwrap().dma_len, 4000);
+        assert_eq!(p.reth().unwrap().dma_len, 4000);
+        assert_eq!(p.aeth(), None);
+        assert_eq!(p.imm(), None);
 
         let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 300);
         s.payload_off = 64;
@@ -547,6 +627,66 @@ mod tests {
                 len: 300
             }
         );
+    }
+
+    #[test]
+    fn every_opcode_reads_back_every_extended_header() {
+        use crate::wire::opcode::Headers;
+        use crate::wire::{
+            AethRepr, AtomicAckEthRepr, AtomicEthRepr, IethRepr, ImmDtRepr, Msn, aeth::Syndrome,
+        };
+        for op in Opcode::ALL {
+            let info = op.info().unwrap();
+            let h = info.headers;
+            let mut repr =
+                PacketRepr::new(BthRepr::new(op, Qpn::new(0xABCDEF), Psn::new(0xFFFFFF)));
+            if h.contains(Headers::RETH) {
+                repr.reth = Some(RethRepr {
+                    va: 0x1122_3344_5566_7788,
+                    rkey: 0x99AA_BBCC,
+                    dma_len: 77,
+                });
+            }
+            if h.contains(Headers::ATOMIC_ETH) {
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: 8,
+                    rkey: 3,
+                    swap_add: u64::MAX,
+                    compare: 42,
+                });
+            }
+            if h.contains(Headers::AETH) {
+                repr.aeth = Some(AethRepr {
+                    syndrome: Syndrome::from_u8(0x0C),
+                    msn: Msn::new(0x123456),
+                });
+            }
+            if h.contains(Headers::ATOMIC_ACK_ETH) {
+                repr.atomic_ack_eth = Some(AtomicAckEthRepr {
+                    orig: 0xDEAD_BEEF_0BAD_F00D,
+                });
+            }
+            if h.contains(Headers::IMMDT) {
+                repr.immdt = Some(ImmDtRepr { imm: 0x0102_0304 });
+            }
+            if h.contains(Headers::IETH) {
+                repr.ieth = Some(IethRepr { rkey: 5 });
+            }
+            let mut s = PacketSlot::zeroed();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            let p = RxPacket::parse(&s).unwrap_or_else(|e| panic!("{op:?}: {e:?}"));
+            assert_eq!(p.info.opcode, op);
+            assert_eq!(p.bth, repr.bth, "{op:?}");
+            assert_eq!(p.reth(), repr.reth, "{op:?}");
+            assert_eq!(p.atomic_eth(), repr.atomic_eth, "{op:?}");
+            assert_eq!(p.aeth(), repr.aeth, "{op:?}");
+            assert_eq!(
+                p.atomic_orig(),
+                repr.atomic_ack_eth.map(|a| a.orig),
+                "{op:?}"
+            );
+            assert_eq!(p.imm(), repr.immdt.map(|i| i.imm), "{op:?}");
+        }
     }
 
     #[test]

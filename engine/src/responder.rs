@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 
 use crate::context::{Env, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor};
-use crate::link::{KIND_NONE, PacketSlot, RxPacket};
+use crate::link::{KIND_NONE, RxPacket};
 use crate::mem::Mem;
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
@@ -178,22 +178,13 @@ impl Responder {
 }
 
 /// Handles one request packet addressed to this QP's RQ Logic.
-pub(crate) fn on_request(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    peer: &Mem,
-    slot: &PacketSlot,
-    pkt: &RxPacket,
-) {
-    let Some(info) = pkt.repr.bth.opcode.info() else {
-        env.stats.dropped += 1;
-        return;
-    };
+pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+    let info = pkt.info;
     if !qp.state.receives() {
         env.stats.dropped += 1;
         return;
     }
-    let psn = pkt.repr.bth.psn;
+    let psn = pkt.bth.psn;
     let resp = &mut qp.resp;
     match psn::classify(psn, resp.epsn) {
         PsnRegion::Valid => resp.nak_outstanding = false,
@@ -236,8 +227,8 @@ pub(crate) fn on_request(
         return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
     }
     match info.class {
-        OpClass::Send => send(qp, env, peer, slot, pkt, info),
-        OpClass::RdmaWrite => write(qp, env, peer, slot, pkt, info),
+        OpClass::Send => send(qp, env, peer, pkt, info),
+        OpClass::RdmaWrite => write(qp, env, peer, pkt, info),
         OpClass::RdmaReadRequest => read(qp, env, pkt),
         OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
         _ => env.stats.dropped += 1,
@@ -289,15 +280,8 @@ fn ack(qp: &mut QpCtx, psn: Psn) {
     qp.resp.queue(Out::Ack { psn, msn });
 }
 
-fn send(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    peer: &Mem,
-    slot: &PacketSlot,
-    pkt: &RxPacket,
-    info: &OpcodeInfo,
-) {
-    let psn = pkt.repr.bth.psn;
+fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+    let psn = pkt.bth.psn;
     let len = pkt.payload.len();
     if !length_ok(info.position, len, qp.cfg.path_mtu.bytes()) {
         return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
@@ -328,7 +312,7 @@ fn send(
         unreachable!("checked by the opcode sequence");
     };
     match dma::copy_payload(
-        slot,
+        pkt.slot(),
         &pkt.payload,
         peer,
         env.arena.mem(),
@@ -363,34 +347,27 @@ fn complete_recv(
     wqe: &RqWqe,
     opcode: WcOpcode,
     byte_len: u32,
-    pkt: &RxPacket,
+    pkt: &RxPacket<'_>,
 ) {
     let wc = qp.recv_completion(
         wqe.wr_id,
         WcStatus::Success,
         opcode,
         byte_len,
-        pkt.repr.immdt.map(|i| i.imm),
-        pkt.repr.bth.solicited,
+        pkt.imm(),
+        pkt.bth.solicited,
     );
     let pushed = env.cqs.push(qp.recv_cq, wc);
     debug_assert!(pushed, "room was checked");
     qp.retire_recv(env, wqe);
 }
 
-fn write(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    peer: &Mem,
-    slot: &PacketSlot,
-    pkt: &RxPacket,
-    info: &OpcodeInfo,
-) {
-    let psn = pkt.repr.bth.psn;
+fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+    let psn = pkt.bth.psn;
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
     let last = matches!(info.position, Position::Last | Position::Only);
-    if let Some(reth) = pkt.repr.reth {
+    if let Some(reth) = pkt.reth() {
         qp.resp.cur = Inbound::Write {
             va: reth.va,
             rkey: reth.rkey,
@@ -447,7 +424,7 @@ fn write(
             );
         }
     };
-    let imm = pkt.repr.immdt.map(|i| i.imm);
+    let imm = pkt.imm();
     // A Write with Immediate consumes a receive WQE on its last packet: check before
     // writing anything, so an RNR Nak leaves nothing half done.
     let mut rq_wqe = None;
@@ -466,7 +443,14 @@ fn write(
         mr: NO_MR,
     });
     let mut cursor = Cursor::default();
-    match dma::copy_payload(slot, &pkt.payload, peer, env.arena.mem(), &dst, &mut cursor) {
+    match dma::copy_payload(
+        pkt.slot(),
+        &pkt.payload,
+        peer,
+        env.arena.mem(),
+        &dst,
+        &mut cursor,
+    ) {
         Ok(n) => env.stats.payload_bytes_copied += n,
         Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr),
     }
@@ -487,9 +471,9 @@ fn write(
     ack(qp, psn);
 }
 
-fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket) {
-    let psn = pkt.repr.bth.psn;
-    let Some(reth) = pkt.repr.reth else {
+fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    let psn = pkt.bth.psn;
+    let Some(reth) = pkt.reth() else {
         return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
     };
     if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
@@ -530,9 +514,9 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket) {
     qp.resp.epsn = psn.add(npkts);
 }
 
-fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInfo) {
-    let psn = pkt.repr.bth.psn;
-    let Some(a) = pkt.repr.atomic_eth else {
+fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+    let psn = pkt.bth.psn;
+    let Some(a) = pkt.atomic_eth() else {
         return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
     };
     if a.va % 8 != 0 {
@@ -584,7 +568,7 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInfo) 
 }
 
 /// Answers a duplicate request without executing it again.
-fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInfo) {
+fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let resp = &mut qp.resp;
     match info.class {
         OpClass::Send | OpClass::RdmaWrite => {
@@ -593,7 +577,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInf
         }
         OpClass::RdmaReadRequest => {
             // The requester asks again from some response on: serve that range again.
-            let Some(reth) = pkt.repr.reth else { return };
+            let Some(reth) = pkt.reth() else { return };
             let ok = env
                 .mrs
                 .check_remote(
@@ -608,7 +592,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInf
                 resp.rd_atomic_queued += 1;
                 let msn = resp.msn;
                 resp.queue(Out::Read(ReadJob {
-                    psn: pkt.repr.bth.psn,
+                    psn: pkt.bth.psn,
                     va: reth.va,
                     rkey: reth.rkey,
                     len: reth.dma_len,
@@ -619,7 +603,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket, info: &OpcodeInf
             }
         }
         OpClass::CompareSwap | OpClass::FetchAdd => {
-            let psn = pkt.repr.bth.psn;
+            let psn = pkt.bth.psn;
             if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
                 if resp.rd_atomic_queued < u32::from(MAX_RD_ATOMIC) {
                     resp.rd_atomic_queued += 1;

@@ -277,7 +277,7 @@ impl Engine {
                     env.stats.dropped += 1;
                     continue;
                 };
-                let qpn = pkt.repr.bth.dest_qp;
+                let qpn = pkt.bth.dest_qp;
                 let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
                 let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
                     env.stats.dropped += 1;
@@ -287,11 +287,11 @@ impl Engine {
                     env.stats.dropped += 1;
                     continue;
                 }
-                let request = pkt.repr.bth.opcode.info().is_some_and(|i| i.request);
+                let request = pkt.info.request;
                 if request {
-                    responder::on_request(qp, &mut env, &link.peer, slot, &pkt);
+                    responder::on_request(qp, &mut env, &link.peer, &pkt);
                 } else {
-                    completer::on_response(qp, &mut env, &link.peer, slot, &pkt);
+                    completer::on_response(qp, &mut env, &link.peer, &pkt);
                 }
                 active.insert(index);
             }

@@ -255,7 +255,12 @@ impl Headers {
         self.0 == 0
     }
 
-    /// The bits of the set (RETH = bit 0 … IETH = bit 5).
+    /// The set of the given bits (bits of no header dropped).
+    pub const fn from_bits_truncate(bits: u8) -> Headers {
+        Headers(bits & 0b11_1111)
+    }
+
+    /// The bits of the set (RETH = bit 0 … IETH = bit 5: the wire order).
     pub const fn bits(self) -> u8 {
         self.0
     }
