@@ -302,6 +302,105 @@ impl<'a> RxPacket<'a> {
     }
 }
 
+/// Writes a packet's transport headers straight into a slot, in wire order: the BTH
+/// first, then the extended headers the opcode calls for. The SQ and RQ Logic build only
+/// packets the opcode table allows (debug builds check the set on [`finish`]); writing in
+/// place spares building a [`PacketRepr`](crate::wire::PacketRepr) per packet.
+///
+/// [`finish`]: HeaderWriter::finish
+pub(crate) struct HeaderWriter<'a> {
+    slot: &'a mut PacketSlot,
+    at: usize,
+    #[cfg(debug_assertions)]
+    written: Headers,
+    #[cfg(debug_assertions)]
+    opcode: crate::wire::opcode::Opcode,
+}
+
+impl<'a> HeaderWriter<'a> {
+    /// Starts a packet with its BTH.
+    #[inline]
+    pub(crate) fn new(slot: &'a mut PacketSlot, bth: &BthRepr) -> HeaderWriter<'a> {
+        bth.emit(&mut bth::Packet::new_unchecked(
+            &mut slot.data[..bth::HEADER_LEN],
+        ));
+        HeaderWriter {
+            slot,
+            at: bth::HEADER_LEN,
+            #[cfg(debug_assertions)]
+            written: Headers::NONE,
+            #[cfg(debug_assertions)]
+            opcode: bth.opcode,
+        }
+    }
+
+    #[inline]
+    fn next(&mut self, h: Headers) -> &mut [u8] {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(self.written.bits() < h.bits(), "headers out of wire order");
+            self.written = self.written | h;
+        }
+        let at = self.at;
+        self.at += h.len();
+        &mut self.slot.data[at..self.at]
+    }
+
+    /// Appends a RETH.
+    #[inline]
+    pub(crate) fn reth(mut self, r: &RethRepr) -> Self {
+        r.emit(&mut reth::Packet::new_unchecked(self.next(Headers::RETH)));
+        self
+    }
+
+    /// Appends an AtomicETH.
+    #[inline]
+    pub(crate) fn atomic_eth(mut self, r: &AtomicEthRepr) -> Self {
+        r.emit(&mut atomic_eth::Packet::new_unchecked(
+            self.next(Headers::ATOMIC_ETH),
+        ));
+        self
+    }
+
+    /// Appends an AETH.
+    #[inline]
+    pub(crate) fn aeth(mut self, r: &AethRepr) -> Self {
+        r.emit(&mut aeth::Packet::new_unchecked(self.next(Headers::AETH)));
+        self
+    }
+
+    /// Appends an AtomicAckETH.
+    #[inline]
+    pub(crate) fn atomic_ack_eth(mut self, orig: u64) -> Self {
+        AtomicAckEthRepr { orig }.emit(&mut atomic_ack_eth::Packet::new_unchecked(
+            self.next(Headers::ATOMIC_ACK_ETH),
+        ));
+        self
+    }
+
+    /// Appends Immediate Data.
+    #[inline]
+    pub(crate) fn immdt(mut self, imm: u32) -> Self {
+        ImmDtRepr { imm }.emit(&mut immdt::Packet::new_unchecked(self.next(Headers::IMMDT)));
+        self
+    }
+
+    /// Ends the headers: sets the slot's header length and returns the slot, for its
+    /// payload.
+    #[inline]
+    pub(crate) fn finish(self) -> &'a mut PacketSlot {
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(
+            Some(self.written),
+            self.opcode.info().map(|i| i.headers),
+            "{:?} carries other headers",
+            self.opcode
+        );
+        self.slot.hdr_len = self.at as u8;
+        self.slot
+    }
+}
+
 /// Packets buffered for one link's outgoing ring, published once per burst.
 pub(crate) struct TxBatch {
     producer: Producer<PacketSlot, ShmStorage<PacketSlot>>,

@@ -17,17 +17,16 @@
 use crate::context::{Env, QpCtx, Wire};
 use crate::credit::CreditState;
 use crate::dma::{self, Cursor};
-use crate::link::PacketSlot;
+use crate::link::{HeaderWriter, PacketSlot};
 use crate::psn::{self, Psn};
 use crate::qp::{QpConfig, QpState};
 use crate::timer::Deadline;
 use crate::verbs::wr::WcStatus;
+use crate::wire::Qpn;
 use crate::wire::atomic_eth::AtomicEthRepr;
 use crate::wire::bth::BthRepr;
-use crate::wire::immdt::ImmDtRepr;
 use crate::wire::opcode::{OpClass, Opcode, Position};
 use crate::wire::reth::RethRepr;
-use crate::wire::{PacketRepr, Qpn};
 use crate::wqe::{SqWqe, WqeFlags, WqeOp};
 
 /// The P_Key every packet carries (the default partition, full membership).
@@ -478,39 +477,33 @@ fn build_request(
         ack_req: true,
         psn,
     };
-    let mut repr;
     let mut payload_len = 0u32;
-    match op {
+    let slot = match op {
         WqeOp::Read => {
             let off = u64::from(k) * u64::from(pmtu);
-            repr = PacketRepr::new(bth);
-            repr.reth = Some(RethRepr {
-                va: w.w.remote_addr.wrapping_add(off),
-                rkey: w.w.rkey,
-                dma_len: w.w.len.saturating_sub(off as u32),
-            });
+            HeaderWriter::new(slot, &bth)
+                .reth(&RethRepr {
+                    va: w.w.remote_addr.wrapping_add(off),
+                    rkey: w.w.rkey,
+                    dma_len: w.w.len.saturating_sub(off as u32),
+                })
+                .finish()
         }
         WqeOp::CompareSwap | WqeOp::FetchAdd => {
-            bth.opcode = if op == WqeOp::CompareSwap {
+            let cas = op == WqeOp::CompareSwap;
+            bth.opcode = if cas {
                 Opcode::CompareSwap
             } else {
                 Opcode::FetchAdd
             };
-            repr = PacketRepr::new(bth);
-            repr.atomic_eth = Some(AtomicEthRepr {
-                va: w.w.remote_addr,
-                rkey: w.w.rkey,
-                swap_add: if op == WqeOp::CompareSwap {
-                    w.w.swap
-                } else {
-                    w.w.compare_add
-                },
-                compare: if op == WqeOp::CompareSwap {
-                    w.w.compare_add
-                } else {
-                    0
-                },
-            });
+            HeaderWriter::new(slot, &bth)
+                .atomic_eth(&AtomicEthRepr {
+                    va: w.w.remote_addr,
+                    rkey: w.w.rkey,
+                    swap_add: if cas { w.w.swap } else { w.w.compare_add },
+                    compare: if cas { w.w.compare_add } else { 0 },
+                })
+                .finish()
         }
         WqeOp::Send | WqeOp::SendImm | WqeOp::Write | WqeOp::WriteImm => {
             let n = w.span;
@@ -537,23 +530,20 @@ fn build_request(
             bth.ack_req = ack_req;
             bth.solicited = last && w.w.flags.has(WqeFlags::SOLICITED);
             bth.pad_count = ((4 - payload_len % 4) % 4) as u8;
-            repr = PacketRepr::new(bth);
+            let mut h = HeaderWriter::new(slot, &bth);
             if class == OpClass::RdmaWrite && matches!(position, Position::First | Position::Only) {
-                repr.reth = Some(RethRepr {
+                h = h.reth(&RethRepr {
                     va: w.w.remote_addr,
                     rkey: w.w.rkey,
                     dma_len: w.w.len,
                 });
             }
             if imm {
-                repr.immdt = Some(ImmDtRepr { imm: w.w.imm });
+                h = h.immdt(w.w.imm);
             }
+            h.finish()
         }
-    }
-    let hdr = repr
-        .emit(&mut slot.data)
-        .expect("the opcode table fixes the headers and they fit a slot");
-    slot.hdr_len = hdr as u8;
+    };
     let inline = dma::describe(slot, env.arena.mem(), &w.w.data, cursor, payload_len)
         .expect("a posted gather list covers its message");
     Built {

@@ -30,17 +30,16 @@ use std::collections::VecDeque;
 
 use crate::context::{Env, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor};
-use crate::link::{KIND_NONE, RxPacket};
+use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
 use crate::mem::Mem;
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::requester::DEFAULT_PKEY;
 use crate::verbs::wr::{WcOpcode, WcStatus};
+use crate::wire::Msn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
-use crate::wire::atomic_ack_eth::AtomicAckEthRepr;
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
-use crate::wire::{Msn, PacketRepr};
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
 
 /// An RDMA Read being answered.
@@ -754,16 +753,14 @@ fn emit_aeth(
     let Some(slot) = wire.tx.next_slot() else {
         return false;
     };
-    let mut repr = PacketRepr::new(bth(opcode, dest, psn));
-    repr.aeth = Some(AethRepr {
+    let h = HeaderWriter::new(slot, &bth(opcode, dest, psn)).aeth(&AethRepr {
         syndrome,
         msn: Msn::new(msn),
     });
-    repr.atomic_ack_eth = atomic_orig.map(|orig| AtomicAckEthRepr { orig });
-    let n = repr
-        .emit(&mut slot.data)
-        .expect("an Acknowledge fits a slot");
-    slot.hdr_len = n as u8;
+    let slot = match atomic_orig {
+        Some(orig) => h.atomic_ack_eth(orig).finish(),
+        None => h.finish(),
+    };
     slot.kind = KIND_NONE;
     wire.tx.commit();
     env.stats.packets_sent += 1;
@@ -828,17 +825,14 @@ fn read_response(
         psn,
     );
     b.pad_count = ((4 - plen % 4) % 4) as u8;
-    let mut repr = PacketRepr::new(b);
+    let mut h = HeaderWriter::new(slot, &b);
     if position != Position::Middle {
-        repr.aeth = Some(AethRepr {
+        h = h.aeth(&AethRepr {
             syndrome: Syndrome::Ack { credits },
             msn: Msn::new(job.msn),
         });
     }
-    let n = repr
-        .emit(&mut slot.data)
-        .expect("a read response header fits a slot");
-    slot.hdr_len = n as u8;
+    let slot = h.finish();
     let src = DataLoc::Single(SgeEntry {
         off,
         len: plen,

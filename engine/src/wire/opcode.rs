@@ -184,12 +184,35 @@ impl Opcode {
         immediate: bool,
         invalidate: bool,
     ) -> Option<Opcode> {
-        TABLE.iter().find_map(|i| {
-            (i.class == class
-                && i.position == position
-                && i.immediate == immediate
-                && i.invalidate == invalidate)
-                .then_some(i.opcode)
+        use OpClass::*;
+        use Position::*;
+        // A direct match (the SQ and RQ Logic call this per packet); the table test checks
+        // it agrees with the table row by row.
+        Some(match (class, position, immediate, invalidate) {
+            (Send, First, false, false) => Opcode::SendFirst,
+            (Send, Middle, false, false) => Opcode::SendMiddle,
+            (Send, Last, false, false) => Opcode::SendLast,
+            (Send, Last, true, false) => Opcode::SendLastWithImmediate,
+            (Send, Only, false, false) => Opcode::SendOnly,
+            (Send, Only, true, false) => Opcode::SendOnlyWithImmediate,
+            (Send, Last, false, true) => Opcode::SendLastWithInvalidate,
+            (Send, Only, false, true) => Opcode::SendOnlyWithInvalidate,
+            (RdmaWrite, First, false, false) => Opcode::RdmaWriteFirst,
+            (RdmaWrite, Middle, false, false) => Opcode::RdmaWriteMiddle,
+            (RdmaWrite, Last, false, false) => Opcode::RdmaWriteLast,
+            (RdmaWrite, Last, true, false) => Opcode::RdmaWriteLastWithImmediate,
+            (RdmaWrite, Only, false, false) => Opcode::RdmaWriteOnly,
+            (RdmaWrite, Only, true, false) => Opcode::RdmaWriteOnlyWithImmediate,
+            (RdmaReadRequest, Only, false, false) => Opcode::RdmaReadRequest,
+            (RdmaReadResponse, First, false, false) => Opcode::RdmaReadResponseFirst,
+            (RdmaReadResponse, Middle, false, false) => Opcode::RdmaReadResponseMiddle,
+            (RdmaReadResponse, Last, false, false) => Opcode::RdmaReadResponseLast,
+            (RdmaReadResponse, Only, false, false) => Opcode::RdmaReadResponseOnly,
+            (Acknowledge, Only, false, false) => Opcode::Acknowledge,
+            (AtomicAcknowledge, Only, false, false) => Opcode::AtomicAcknowledge,
+            (CompareSwap, Only, false, false) => Opcode::CompareSwap,
+            (FetchAdd, Only, false, false) => Opcode::FetchAdd,
+            _ => return None,
         })
     }
 }
