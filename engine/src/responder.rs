@@ -709,12 +709,14 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     }
     // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
     // requester rather than leave it probing.
-    let available = qp.rq.available().unwrap_or(0) as u32;
     let stale = match qp.resp.advertised {
-        None => true,
-        Some(adv) => adv < available && adv < 4,
+        Some(adv) if adv >= 4 => None,
+        adv => {
+            let available = qp.rq.available().unwrap_or(0) as u32;
+            adv.is_none_or(|a| a < available).then_some(available)
+        }
     };
-    if stale && qp.state.receives() {
+    if let Some(available) = stale.filter(|_| qp.state.receives()) {
         let code = CreditCode::encode(available);
         let psn = qp.resp.epsn.sub(1);
         if emit_aeth(
