@@ -54,15 +54,22 @@ pub enum PerfError {
 }
 
 impl PerfError {
-    /// Wraps a verbs error with what was being done.
+    /// Wraps a verbs error with what was being done. The description becomes a `String`
+    /// only if there is an error: the measurement loops call this on every post, and a
+    /// `&'static str` costs nothing until then.
     pub fn engine(what: impl Into<String>) -> impl FnOnce(shmhca::Error) -> PerfError {
-        let what = what.into();
-        move |source| PerfError::Engine { what, source }
+        move |source| PerfError::Engine {
+            what: what.into(),
+            source,
+        }
     }
 
-    /// Wraps an I/O error with what was being done.
+    /// Wraps an I/O error with what was being done (converted only on error, as
+    /// [`PerfError::engine`]).
     pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PerfError {
-        let what = what.into();
-        move |source| PerfError::Io { what, source }
+        move |source| PerfError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }

@@ -109,6 +109,14 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
         .into_iter()
         .map(|c| c.id)
         .collect();
+    if cores.len() < 2 && opts.cpus.len() < 2 {
+        eprintln!(
+            "shmhca-perf: warning: this process may run on {} CPU(s) only (its affinity \
+             mask): client and server share a core and wait for each other's time slices; \
+             give two cores (taskset, or --cpu)",
+            cores.len()
+        );
+    }
     let core = |i: usize| opts.cpus.get(i).copied().or_else(|| cores.get(i).copied());
     let engine_core = |i: usize| opts.engine_cpus.get(i).copied();
     match &opts.role {
@@ -127,15 +135,29 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
                     }
                 })
                 .map_err(PerfError::io("starting the server thread"))?;
-            pin(core(0));
-            let mut out = Output::new(opts);
-            let r = run_sizes(opts, &mut client, true, Some(&mut out));
+            // The client runs on a thread of its own too, so that pinning it leaves the
+            // caller's affinity as it was (a library caller may run several tests).
+            let client_core = core(0);
+            let o = opts.clone();
+            let c = std::thread::Builder::new()
+                .name("shmhca-perf-client".into())
+                .spawn(move || {
+                    pin(client_core);
+                    let mut out = Output::new(&o);
+                    run_sizes(&o, &mut client, true, Some(&mut out))
+                        .and_then(|()| out.finish(&o, &client))
+                })
+                .map_err(PerfError::io("starting the client thread"))?;
+            let r = c.join();
             let joined = t.join();
-            r?;
+            match r {
+                Ok(r) => r?,
+                Err(_) => return Err(PerfError::Peer("the client thread panicked".into())),
+            }
             if joined.is_err() {
                 return Err(PerfError::Peer("the server thread panicked".into()));
             }
-            out.finish(opts, &client)
+            Ok(())
         }
         Role::Server(path) => {
             if opts.spawned {
