@@ -73,17 +73,17 @@ impl CreditCode {
     /// The largest code whose credit count does not exceed `available` receive WQEs (a
     /// responder never advertises more than it has). 32768 or more encode as code 30.
     pub const fn encode(available: u32) -> CreditCode {
-        // Binary search for the last entry <= available (CREDITS is sorted, CREDITS[0] = 0).
-        let (mut lo, mut hi) = (0usize, CREDITS.len());
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if CREDITS[mid] <= available {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
+        // Table 17-8 counts 0..=4, then alternates 2^k and 1.5 * 2^k: the code of 2^k is
+        // 2k and the code of 1.5 * 2^k is 2k + 1. (Closed form: this runs per Ack.)
+        if available < 4 {
+            return CreditCode(available as u8);
         }
-        CreditCode(lo as u8)
+        if available >= 32768 {
+            return CreditCode(30);
+        }
+        let k = 31 - available.leading_zeros();
+        let half_step = (available >> (k - 1)) & 1;
+        CreditCode((2 * k + half_step) as u8)
     }
 }
 
