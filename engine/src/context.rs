@@ -7,7 +7,7 @@
 //! the scenario tests, which move packets between two contexts by hand.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
@@ -36,6 +36,12 @@ pub(crate) struct QpShared {
     pub(crate) rq_retired: AtomicU64,
     /// Initiator depth, mirrored for `post_send`'s checks.
     pub(crate) max_rd_atomic: AtomicU8,
+    /// Set by the engine while the requester knows of fewer than
+    /// [`CREDIT_WATCH`](crate::responder::CREDIT_WATCH) receive WQEs (or of none yet):
+    /// then `post_recv` rings the doorbell so that the engine can send a credit update.
+    /// Otherwise a receive needs no doorbell at all: the engine finds it when a message
+    /// arrives.
+    pub(crate) rq_watch: AtomicBool,
 }
 
 impl QpShared {
@@ -45,6 +51,7 @@ impl QpShared {
             sq_retired: AtomicU64::new(0),
             rq_retired: AtomicU64::new(0),
             max_rd_atomic: AtomicU8::new(0),
+            rq_watch: AtomicBool::new(true),
         }
     }
 

@@ -27,6 +27,7 @@
 //! link has room, and an Ack never overtakes the responses of an earlier Read.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 
 use crate::context::{Env, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor};
@@ -658,7 +659,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 ) {
                     return;
                 }
-                qp.resp.advertised = code.credits();
+                advertise(qp, code.credits());
                 env.stats.acks_sent += 1;
             }
             Out::Atomic { psn, orig, msn } => {
@@ -710,7 +711,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
     // requester rather than leave it probing.
     let stale = match qp.resp.advertised {
-        Some(adv) if adv >= 4 => None,
+        Some(adv) if adv >= CREDIT_WATCH => None,
         adv => {
             let available = qp.rq.available().unwrap_or(0) as u32;
             adv.is_none_or(|a| a < available).then_some(available)
@@ -729,9 +730,28 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
             qp.resp.msn,
             None,
         ) {
-            qp.resp.advertised = code.credits();
+            advertise(qp, code.credits());
             env.stats.acks_sent += 1;
         }
+    }
+}
+
+/// Below this many credits reported, the responder watches for new receive WQEs and sends
+/// an unsolicited credit update when some arrive.
+pub(crate) const CREDIT_WATCH: u32 = 4;
+
+/// Records the credit count last reported to the requester (`None`: none yet) and tells
+/// `post_recv` whether new receives must ring the doorbell ([`QpShared::rq_watch`]).
+///
+/// [`QpShared::rq_watch`]: crate::context::QpShared::rq_watch
+pub(crate) fn advertise(qp: &mut QpCtx, credits: Option<u32>) {
+    qp.resp.advertised = credits;
+    let watch = credits.is_none_or(|c| c < CREDIT_WATCH);
+    // Stored only on a change, so that the line the application reads stays in its cache.
+    // SYNC: Relaxed: a stale value costs at most one credit update, never progress (a
+    // requester without credit still sends one message at a time, spec/02).
+    if qp.shared.rq_watch.load(Ordering::Relaxed) != watch {
+        qp.shared.rq_watch.store(watch, Ordering::Relaxed);
     }
 }
 

@@ -118,6 +118,72 @@ fn credits_let_a_stream_of_sends_flow_without_rnr_naks() {
 }
 
 #[test]
+fn new_receives_reach_a_requester_that_knows_of_few_and_only_then() {
+    let mut p = pair(&Params::default());
+    let dst = p.b.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let post = |p: &mut Pair, i: u64| {
+        p.b.qp
+            .post_recv(&RecvWr::new(i, &[dst.sge(i * 64, 64).unwrap()]))
+            .unwrap();
+    };
+    // Connected with an empty RQ: the responder's first report says 0 credits.
+    p.settle();
+    let acks = |p: &Pair| p.b.ctx.stats().acks_sent;
+    let at_start = acks(&p);
+    assert_eq!(at_start, 1, "one unsolicited report of 0 credits");
+
+    // Receives posted: the requester, which knows of none, is told without being asked.
+    post(&mut p, 0);
+    p.settle();
+    assert_eq!(
+        acks(&p),
+        at_start + 1,
+        "a credit update for the first receive"
+    );
+    for i in 1..8 {
+        post(&mut p, i);
+        p.settle();
+    }
+    let reported = acks(&p);
+    assert!(
+        reported > at_start + 1,
+        "updates while fewer than 4 were known"
+    );
+
+    // The requester knows of 4 or more: more receives need no update (and no doorbell).
+    for i in 8..16 {
+        post(&mut p, i);
+        p.settle();
+    }
+    assert_eq!(
+        acks(&p),
+        reported,
+        "no update once the requester knows of enough"
+    );
+
+    // And the credits were real: 16 Sends go through without an RNR Nak.
+    let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
+    for i in 0..16u64 {
+        p.a.qp
+            .post_send(&SendWr::new(i, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+            .unwrap();
+    }
+    let (mut received, start) = (0, Instant::now());
+    while received < 16 {
+        p.pump();
+        while let Some(wc) = p.b.cq.poll_one() {
+            assert_eq!(wc.status, WcStatus::Success);
+            received += 1;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "stalled at {received}"
+        );
+    }
+    assert_eq!(p.a.ctx.stats().rnr_naks_received, 0);
+}
+
+#[test]
 fn an_unresponsive_peer_times_out_and_retries_then_fails() {
     // Local Ack Timeout 1: Ttr = 8.192 µs. The peer's engine is never driven.
     let mut p = pair(&Params {

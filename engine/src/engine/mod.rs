@@ -158,10 +158,12 @@ impl Engine {
                 discard_queues(qp, &mut env);
                 qp.req.reset();
                 qp.resp.start(cfg.rq_psn);
+                responder::advertise(qp, None);
                 qp.set_state(QpState::Reset);
             }
             QpState::Rtr if from == QpState::Init => {
                 qp.resp.start(cfg.rq_psn);
+                responder::advertise(qp, None);
                 qp.set_state(QpState::Rtr);
             }
             QpState::Rts if from == QpState::Rtr => {

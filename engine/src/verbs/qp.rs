@@ -606,9 +606,16 @@ impl Qp {
         }
         self.rq_posted += 1;
         // No engine run for a receive: nothing is urgent until a message arrives for it.
-        // (A sleeping engine thread is woken, to report the new credits.)
-        self.shared.doorbell.ring(self.index);
-        self.shared.kick();
+        // The doorbell rings only when the engine has something to do about it: report
+        // credits to a requester that knows of few (see `QpShared::rq_watch`; a sleeping
+        // engine thread is woken for that), or flush it in the Error state (any state but
+        // RTS, to keep the rare ones simple).
+        // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
+        // the flag only decides whether to ring.
+        if state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed) {
+            self.shared.doorbell.ring(self.index);
+            self.shared.kick();
+        }
         Ok(())
     }
 }
