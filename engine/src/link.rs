@@ -814,6 +814,45 @@ mod tests {
         assert_eq!(RxPacket::parse(&s).unwrap_err(), SlotError::EmptyGather);
     }
 
+    proptest::proptest! {
+        /// A slot is whatever the peer wrote: any bytes at all must be rejected or parse
+        /// into a packet whose every accessor works, and agree with the generic parser.
+        /// Half the cases get a real opcode and its header length, to get past the first
+        /// checks.
+        #[test]
+        fn any_slot_is_rejected_or_parses_consistently(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), size_of::<PacketSlot>()),
+            op in 0..Opcode::ALL.len(),
+            fix in proptest::prelude::any::<bool>(),
+            kind in 0u8..5,
+        ) {
+            let mut s: PacketSlot = bytemuck::pod_read_unaligned(&raw);
+            if fix {
+                let opcode = Opcode::ALL[op];
+                s.data[0] = opcode.code();
+                s.data[1] &= 0xF0; // transport header version 0
+                s.hdr_len = opcode.info().unwrap().header_len() as u8;
+                s.kind = kind;
+                s.payload_len %= 128;
+            }
+            if let Ok(p) = RxPacket::parse(&s) {
+                let hdr = s.hdr_len as usize;
+                let (repr, len) = PacketRepr::parse(&s.data[..hdr]).expect("both parsers agree");
+                proptest::prop_assert_eq!(len, hdr);
+                proptest::prop_assert_eq!(p.bth, repr.bth);
+                proptest::prop_assert_eq!(p.reth(), repr.reth);
+                proptest::prop_assert_eq!(p.aeth(), repr.aeth);
+                proptest::prop_assert_eq!(p.atomic_eth(), repr.atomic_eth);
+                proptest::prop_assert_eq!(p.atomic_orig(), repr.atomic_ack_eth.map(|a| a.orig));
+                proptest::prop_assert_eq!(p.imm(), repr.immdt.map(|i| i.imm));
+                if let Payload::Inline { start, len } = p.payload {
+                    proptest::prop_assert!(start + len <= SLOT_DATA);
+                }
+                proptest::prop_assert_eq!(p.payload.len(), s.payload_len);
+            }
+        }
+    }
+
     #[test]
     fn a_link_segment_carries_packets_both_ways() {
         let seg = create_link_segment(8, HugePages::Never).unwrap();
