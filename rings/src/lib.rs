@@ -7,6 +7,8 @@
 //!   operations, one implementation over two storages: the heap (in-process, and for loom
 //!   and Miri) and a segment (between processes). The consumer trusts nothing it reads
 //!   from shared memory: an impossible index is reported as [`ring::LinkBroken`].
+//! * [`doorbell`]: a two-level atomic bitmap through which posting threads tell a poll
+//!   loop which queues have new work.
 //! * [`fdpass`]: sending and receiving file descriptors over a Unix socket (`SCM_RIGHTS`).
 //! * [`sync`]: the atomics shim that swaps in loom under `--cfg shmhca_loom`.
 //!
@@ -14,6 +16,7 @@
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod doorbell;
 pub mod fdpass;
 pub mod ring;
 pub mod segment;

@@ -184,7 +184,7 @@ impl ContextBuilder {
         }
         let shared = Arc::new(Shared {
             engine: EngineCell::new(engine),
-            doorbell: Doorbell::new(),
+            doorbell: Doorbell::new(crate::engine::doorbell::MAX_QPS),
             arena_mem,
             arena_segment,
             id,
