@@ -7,22 +7,30 @@
 //! preemptions, or `LOOM_MAX_PREEMPTIONS` if set), and otherwise as a plain std-thread
 //! stress test repeated [`STRESS_RUNS`] times, so `cargo test --workspace` still runs it.
 //!
-//! Every scenario asserts that each value arrives exactly once and in order, and that the
-//! ring ends empty. Under loom the slots are loom `UnsafeCell`s, so a missing
+//! The ring scenarios assert that each value arrives exactly once and in order, and that
+//! the ring ends empty. Under loom the slots are loom `UnsafeCell`s, so a missing
 //! happens-before edge between a slot write and its read shows up as a causality
 //! violation; `tests/ring.rs` proves it by running the scenarios on rings whose orderings
 //! were deliberately weakened (`shmhca_rings::ring::Mutation`, compiled only under
 //! `--cfg shmhca_loom`) and asserting that loom fails.
 //!
+//!
+//! Beyond the ring: [`doorbell`] runs the engine's real [`Doorbell`] (no ring is lost, and
+//! the work published before a ring is visible to the taker), and [`send_queue_credits`]
+//! models the send queue's credit path, the hand-off through which a staging row is
+//! reused only after the engine is done with it.
+//!
 //! [loom]: https://docs.rs/loom
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+use shmhca_rings::doorbell::Doorbell;
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer, PushError};
+use shmhca_rings::sync::{AtomicU64, Ordering, UnsafeCell};
 
 #[cfg(shmhca_loom)]
-use loom::thread;
+use loom::{sync::Arc, thread};
 #[cfg(not(shmhca_loom))]
-use std::thread;
+use std::{sync::Arc, thread};
 
 /// Preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set; keeps the whole loom run
 /// to a few minutes on a 2-core machine.
@@ -173,4 +181,140 @@ pub fn chunks(make: fn(usize) -> Pair, capacity: usize, count: u32, chunk: usize
 /// The correct ring, for passing to the scenarios.
 pub fn correct_ring(capacity: usize) -> Pair {
     shmhca_rings::ring::heap_ring(capacity).unwrap()
+}
+
+/// Queues of the doorbell models (two words of 64, so rings cross a word boundary).
+const DOORBELL_QUEUES: usize = 128;
+
+/// The correct doorbell, for passing to [`doorbell`].
+pub fn correct_doorbell() -> Doorbell {
+    Doorbell::new(DOORBELL_QUEUES)
+}
+
+/// The engine's doorbell between posting threads and the poll loop. Each poster, for each
+/// queue in its list (every queue in one list only), publishes the queue's work — a
+/// Relaxed store, so that only the doorbell's own ordering can make it visible — then
+/// rings it. The calling thread takes twice while the posters run, and once more after
+/// they are done. Every queue must be reported exactly once, and its work must be
+/// visible when it is reported.
+pub fn doorbell(make: fn() -> Doorbell, posters: &'static [&'static [u32]]) {
+    let bell = Arc::new(make());
+    let work: Arc<Vec<AtomicU64>> =
+        Arc::new((0..DOORBELL_QUEUES).map(|_| AtomicU64::new(0)).collect());
+    let threads: Vec<_> = posters
+        .iter()
+        .map(|&queues| {
+            let (bell, work) = (Arc::clone(&bell), Arc::clone(&work));
+            thread::spawn(move || {
+                for &q in queues {
+                    work[q as usize].store(u64::from(q) + 1, Ordering::Relaxed);
+                    bell.ring(q);
+                }
+            })
+        })
+        .collect();
+    let mut seen = [false; DOORBELL_QUEUES];
+    let mut report = |q: u32| {
+        assert!(!seen[q as usize], "queue {q} reported twice");
+        seen[q as usize] = true;
+        assert_eq!(
+            work[q as usize].load(Ordering::Relaxed),
+            u64::from(q) + 1,
+            "queue {q} was reported but its work is not visible"
+        );
+    };
+    for _ in 0..2 {
+        bell.take(&mut report);
+        thread::yield_now();
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    bell.take(&mut report);
+    let rung: usize = posters.iter().map(|p| p.len()).sum();
+    assert_eq!(seen.iter().filter(|s| **s).count(), rung, "a ring was lost");
+}
+
+/// Staging rows shared by the two threads of [`send_queue_credits`], as the arena rows
+/// `Qp::prepare_send` writes inline data into and the SQ Logic reads packets from.
+struct Rows(Box<[UnsafeCell<u32>]>);
+
+// SAFETY: the credit protocol under test is what keeps a row's write and reads apart;
+// under loom every access is tracked, and one that is not ordered after the other is
+// reported as a causality violation. The plain build runs only the correct protocol.
+#[allow(unsafe_code)]
+unsafe impl Sync for Rows {}
+
+impl Rows {
+    fn new(n: usize) -> Rows {
+        Rows((0..n).map(|_| UnsafeCell::new(0)).collect())
+    }
+
+    fn write(&self, row: usize, value: u32) {
+        // SAFETY: see `impl Sync for Rows`: exclusive by the protocol, checked by loom.
+        #[allow(unsafe_code)]
+        self.0[row].with_mut(|p| unsafe { *p = value });
+    }
+
+    fn read(&self, row: usize) -> u32 {
+        // SAFETY: as in `write`.
+        #[allow(unsafe_code)]
+        self.0[row].with(|p| unsafe { *p })
+    }
+}
+
+/// The send queue's credit path, step for step as the engine does it:
+///
+/// * the application (a spawned thread) posts WQE `seq` only while fewer than `depth`
+///   are outstanding — `posted - retired`, with `retired` loaded with Acquire
+///   (`Qp::refresh_sq`) — then writes its inline data into staging row `seq % depth`
+///   (`Qp::stage_inline`), pushes the WQE on the send ring and rings the doorbell
+///   (`Qp::post_send_batch`);
+/// * the engine (the calling thread), when rung, pops the WQEs (`requester::fetch`), reads
+///   each one's row (`requester::transmit`) and stores the new retired count with
+///   `retire` ordering (`completer::retire`, Release).
+///
+/// With Release, a row is rewritten only after the engine's read of it; the model checks
+/// that each WQE's row still holds its own data.
+pub fn send_queue_credits(retire: Ordering, depth: usize, count: u32) {
+    let (mut sq, mut fetch) = shmhca_rings::ring::heap_ring::<u32>(depth).unwrap();
+    let rows = Arc::new(Rows::new(depth));
+    let retired = Arc::new(AtomicU64::new(0));
+    let bell = Arc::new(Doorbell::new(64));
+    let app = {
+        let (rows, retired, bell) = (Arc::clone(&rows), Arc::clone(&retired), Arc::clone(&bell));
+        thread::spawn(move || {
+            for seq in 0..count {
+                // SYNC (model): Acquire pairs with the engine's `retire` store.
+                while u64::from(seq) - retired.load(Ordering::Acquire) >= depth as u64 {
+                    thread::yield_now();
+                }
+                rows.write(seq as usize % depth, seq + 1);
+                assert!(
+                    sq.push(seq).is_ok(),
+                    "the send ring holds `depth` WQEs and fewer are outstanding"
+                );
+                bell.ring(0);
+            }
+        })
+    };
+    let mut done = 0u64;
+    while done < u64::from(count) {
+        let mut rung = false;
+        bell.take(|_| rung = true);
+        if !rung {
+            thread::yield_now();
+            continue;
+        }
+        while let Some(seq) = fetch.pop().unwrap() {
+            assert_eq!(
+                rows.read(seq as usize % depth),
+                seq + 1,
+                "WQE {seq}'s staging row was overwritten before it was sent"
+            );
+            done += 1;
+            retired.store(done, retire);
+        }
+    }
+    app.join().unwrap();
 }
