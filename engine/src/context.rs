@@ -22,7 +22,7 @@ use crate::responder::Responder;
 use crate::timer::{Deadline, Timestamp};
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::Qpn;
-use crate::wqe::{DataLoc, RqWqe, SqWqe};
+use crate::wqe::{DataLoc, NO_MR, RqWqe, SqWqe};
 
 /// What a QP's application handle and the engine share.
 #[derive(Debug)]
@@ -220,6 +220,18 @@ impl Env<'_> {
 
     /// Drops the in-flight references a retired WQE held on its memory regions.
     pub(crate) fn release(&mut self, data: &DataLoc) {
+        // The common cases without a table to read: nothing, or one range (inline data
+        // staged in the arena has no region: NO_MR).
+        match *data {
+            DataLoc::Empty => return,
+            DataLoc::Single(e) => {
+                if e.mr != NO_MR {
+                    self.mrs.release(e.mr, self.arena);
+                }
+                return;
+            }
+            DataLoc::Table { .. } => {}
+        }
         let mut mrs = [0u32; MAX_SGE as usize];
         let mut n = 0;
         data.for_each_mr(self.arena.mem(), |mr| {
