@@ -676,6 +676,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 ) {
                     return;
                 }
+                advertise(qp, code.credits());
                 qp.resp.rd_atomic_queued -= 1;
             }
             Out::Read(ref mut job) => {

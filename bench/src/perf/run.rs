@@ -148,13 +148,13 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
                         .and_then(|()| out.finish(&o, &client))
                 })
                 .map_err(PerfError::io("starting the client thread"))?;
-            let r = c.join();
-            let joined = t.join();
-            match r {
+            // A client that failed leaves a server waiting for it: report the failure now
+            // rather than join a thread that may never end (it dies with the process).
+            match c.join() {
                 Ok(r) => r?,
                 Err(_) => return Err(PerfError::Peer("the client thread panicked".into())),
             }
-            if joined.is_err() {
+            if t.join().is_err() {
                 return Err(PerfError::Peer("the server thread panicked".into()));
             }
             Ok(())
