@@ -138,6 +138,41 @@ fn raw_server(path: &Path, f: impl FnOnce(UnixStream) + Send + 'static) -> JoinH
     })
 }
 
+/// A client with `params` connects to a raw server served by `f` (at a fresh path under a
+/// directory named `name`); returns the client's error message, once the server is done,
+/// the client has left nothing behind and the directory is empty again.
+fn client_error_against(
+    name: &str,
+    params: &ConnectParams,
+    f: impl FnOnce(UnixStream) + Send + 'static,
+) -> String {
+    let c = side();
+    let dir = SockDir::new(name);
+    let path = dir.sock("svc.sock");
+    let srv = raw_server(&path, f);
+    let e = connect_error(c.connect(&path, params).unwrap_err());
+    srv.join().unwrap();
+    c.assert_clean();
+    std::fs::remove_file(&path).unwrap();
+    dir.assert_empty_and_remove();
+    e
+}
+
+/// The server's half of a handshake up to the client's REQ: sends HELLO, returns the REQ.
+fn hello_then_req(s: &mut UnixStream, identity: u64) -> Req {
+    write_msg(
+        s,
+        &Message::Hello(shmhca::cm::msg::Hello {
+            identity,
+            trace_id: 1,
+        }),
+    );
+    match read_msg(s) {
+        Message::Req(r) => r,
+        m => panic!("expected a REQ, got {m:?}"),
+    }
+}
+
 #[test]
 fn a_wrong_path_names_the_problem() {
     let c = side();
@@ -245,71 +280,40 @@ fn garbage_from_a_client_is_rejected_and_the_listener_stays_usable() {
 
 #[test]
 fn garbage_from_a_server_is_an_error_for_the_client() {
-    let c = side();
-    let dir = SockDir::new("err-garbage-s");
-    let path = dir.sock("svc.sock");
-    let srv = raw_server(&path, |mut s| {
+    let e = client_error_against("err-garbage-s", &short(), |mut s| {
         s.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").unwrap();
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);
     });
-    let e = connect_error(c.connect(&path, &short()).unwrap_err());
     assert!(
         e.contains("not a shmhca connection manager") && e.contains("SSH-2.0-"),
         "{e}"
     );
-    srv.join().unwrap();
-    c.assert_clean();
-    std::fs::remove_file(&path).unwrap();
-    dir.assert_empty_and_remove();
 }
 
 #[test]
 fn a_silent_server_times_out() {
-    let c = side();
-    let dir = SockDir::new("err-silent");
-    let path = dir.sock("svc.sock");
-    let srv = raw_server(&path, |mut s| {
+    let e = client_error_against("err-silent", &short(), |mut s| {
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest); // says nothing until the client gives up
     });
-    let e = connect_error(c.connect(&path, &short()).unwrap_err());
     assert!(
         e.contains("no HELLO") && e.contains("stopped half-way"),
         "{e}"
     );
-    srv.join().unwrap();
-    c.assert_clean();
-    std::fs::remove_file(&path).unwrap();
-    dir.assert_empty_and_remove();
 }
 
 #[test]
 fn a_server_that_stops_after_hello_times_out() {
-    let c = side();
-    let dir = SockDir::new("err-after-hello");
-    let path = dir.sock("svc.sock");
-    let srv = raw_server(&path, |mut s| {
-        write_msg(
-            &mut s,
-            &Message::Hello(shmhca::cm::msg::Hello {
-                identity: 7,
-                trace_id: 1,
-            }),
-        );
-        assert!(matches!(read_msg(&mut s), Message::Req(_)));
+    let e = client_error_against("err-after-hello", &short(), |mut s| {
+        hello_then_req(&mut s, 7);
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest); // never answers
     });
-    let e = connect_error(c.connect(&path, &short()).unwrap_err());
     assert!(
         e.contains("no REP") && e.contains("stopped half-way"),
         "{e}"
     );
-    srv.join().unwrap();
-    c.assert_clean();
-    std::fs::remove_file(&path).unwrap();
-    dir.assert_empty_and_remove();
 }
 
 #[test]
@@ -624,24 +628,11 @@ fn a_server_offering_what_the_client_cannot_do_is_rejected() {
         ),
     ];
     for (o, reason, expect) in cases {
-        let c = side();
-        let dir = SockDir::new("err-rep");
-        let path = dir.sock("svc.sock");
-        let srv = raw_server(&path, move |mut s| {
-            write_msg(
-                &mut s,
-                &Message::Hello(shmhca::cm::msg::Hello {
-                    identity: 42,
-                    trace_id: 1,
-                }),
-            );
-            let token = match read_msg(&mut s) {
-                Message::Req(r) => {
-                    assert_eq!(r.link_mode, LinkMode::New);
-                    r.link_token
-                }
-                m => panic!("{m:?}"),
-            };
+        let params = short().mtu(Mtu::Mtu1024).responder_resources(2);
+        let e = client_error_against("err-rep", &params, move |mut s| {
+            let r = hello_then_req(&mut s, 42);
+            assert_eq!(r.link_mode, LinkMode::New);
+            let token = r.link_token;
             write_msg(
                 &mut s,
                 &Message::Rep(Rep {
@@ -654,13 +645,7 @@ fn a_server_offering_what_the_client_cannot_do_is_rejected() {
             assert_eq!(rej.reason, reason, "{}", rej.text);
             assert!(rej.text.contains(expect), "{}", rej.text);
         });
-        let params = short().mtu(Mtu::Mtu1024).responder_resources(2);
-        let e = connect_error(c.connect(&path, &params).unwrap_err());
         assert!(e.contains(expect), "{expect}: {e}");
-        srv.join().unwrap();
-        c.assert_clean();
-        std::fs::remove_file(&path).unwrap();
-        dir.assert_empty_and_remove();
     }
 }
 
