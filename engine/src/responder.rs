@@ -214,7 +214,7 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &Rx
     };
     if !seq_ok || info.invalidate {
         // Send with Invalidate needs memory windows, which this HCA does not implement.
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     // 3. Operation enabled on this QP.
     let need = match info.class {
@@ -224,7 +224,7 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &Rx
         _ => None,
     };
     if need.is_some_and(|n| !qp.cfg.access.contains(n)) {
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     match info.class {
         OpClass::Send => send(qp, env, peer, pkt, info),
@@ -255,8 +255,14 @@ fn rnr(qp: &mut QpCtx, psn: Psn) {
 }
 
 /// Naks `psn` with `code` and moves the QP to the Error state; a receive WQE in use
-/// completes with `local` (spec/02: the error reaches local software too).
-fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
+/// completes with a local QP operation error (spec/02: the error reaches local software
+/// too).
+fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode) {
+    fatal_with(qp, env, psn, code, WcStatus::LocQpOpErr);
+}
+
+/// As [`fatal`], completing the current receive WQE with `local` instead.
+fn fatal_with(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
     qp.resp.queue(Out::Nak {
         psn,
         syndrome: Syndrome::Nak(code),
@@ -284,7 +290,7 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
     let psn = pkt.bth.psn;
     let len = pkt.payload.len();
     if !length_ok(info.position, len, qp.cfg.path_mtu.bytes()) {
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     let last = matches!(info.position, Position::Last | Position::Only);
     // Resources first, so an RNR Nak leaves nothing half done.
@@ -324,9 +330,9 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
             got += n;
         }
         Err(CopyError::DestinationFull) => {
-            return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocLenErr);
+            return fatal_with(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocLenErr);
         }
-        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr),
+        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest),
     }
     if last {
         qp.resp.cur = Inbound::Idle;
@@ -382,13 +388,13 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
         total,
     } = qp.resp.cur
     else {
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     };
     let left = total - done;
     let len_ok =
         length_ok(info.position, len as u32, pmtu) && if last { len == left } else { len < left };
     if !len_ok {
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     // The whole message's range is checked on its first packet (spec: the RETH names it),
     // and each packet's piece again, in case the region went away in between.
@@ -397,32 +403,17 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
             env.mrs
                 .check_remote(rkey, qp.pd, AccessFlags::REMOTE_WRITE, va, total)
         {
-            return fatal(
-                qp,
-                env,
-                psn,
-                NakCode::RemoteAccessError,
-                WcStatus::LocQpOpErr,
-            );
+            return fatal(qp, env, psn, NakCode::RemoteAccessError);
         }
     }
-    let off = match env.mrs.check_remote(
+    let Ok(off) = env.mrs.check_remote(
         rkey,
         qp.pd,
         AccessFlags::REMOTE_WRITE,
         va.wrapping_add(done),
         len,
-    ) {
-        Ok(off) => off,
-        Err(_) => {
-            return fatal(
-                qp,
-                env,
-                psn,
-                NakCode::RemoteAccessError,
-                WcStatus::LocQpOpErr,
-            );
-        }
+    ) else {
+        return fatal(qp, env, psn, NakCode::RemoteAccessError);
     };
     let imm = pkt.imm();
     // A Write with Immediate consumes a receive WQE on its last packet: check before
@@ -452,7 +443,7 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
         &mut cursor,
     ) {
         Ok(n) => env.stats.payload_bytes_copied += n,
-        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr),
+        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest),
     }
     if last {
         qp.resp.cur = Inbound::Idle;
@@ -474,11 +465,11 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
 fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let psn = pkt.bth.psn;
     let Some(reth) = pkt.reth() else {
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     };
     if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
         // More Reads/Atomics than the responder resources the requester was told of.
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     if env
         .mrs
@@ -491,13 +482,7 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
         )
         .is_err()
     {
-        return fatal(
-            qp,
-            env,
-            psn,
-            NakCode::RemoteAccessError,
-            WcStatus::LocQpOpErr,
-        );
+        return fatal(qp, env, psn, NakCode::RemoteAccessError);
     }
     let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
     let msn = qp.resp.next_msn();
@@ -517,29 +502,20 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
 fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let psn = pkt.bth.psn;
     let Some(a) = pkt.atomic_eth() else {
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     };
     if a.va % 8 != 0 {
         // Atomics work on naturally aligned 64-bit words.
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
-        return fatal(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocQpOpErr);
+        return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
-    let off = match env
+    let Ok(off) = env
         .mrs
         .check_remote(a.rkey, qp.pd, AccessFlags::REMOTE_ATOMIC, a.va, 8)
-    {
-        Ok(off) => off,
-        Err(_) => {
-            return fatal(
-                qp,
-                env,
-                psn,
-                NakCode::RemoteAccessError,
-                WcStatus::LocQpOpErr,
-            );
-        }
+    else {
+        return fatal(qp, env, psn, NakCode::RemoteAccessError);
     };
     let mem = env.arena.mem();
     let orig = if info.class == OpClass::CompareSwap {
@@ -548,13 +524,7 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
         mem.fetch_add_u64(off, a.swap_add)
     };
     let Ok(orig) = orig else {
-        return fatal(
-            qp,
-            env,
-            psn,
-            NakCode::RemoteOperationalError,
-            WcStatus::LocQpOpErr,
-        );
+        return fatal(qp, env, psn, NakCode::RemoteOperationalError);
     };
     let msn = qp.resp.next_msn();
     let resp = &mut qp.resp;

@@ -13,7 +13,7 @@ use std::time::Instant;
 use shmhca::{Data, Qp, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::perf::error::PerfError;
-use crate::perf::lat::{LIVENESS_EVERY, Progress, check_alive, completion_error};
+use crate::perf::lat::{LIVENESS_EVERY, Progress, check_alive, completion_error, inline_payload};
 use crate::perf::opts::{AtomicType, Options, Verb};
 use crate::perf::setup::Side;
 use crate::perf::stats::BwClock;
@@ -51,10 +51,7 @@ pub fn client(
     let len = size as u32;
     let (stride, half) = (res.stride, res.half);
     let inline = size <= u64::from(opts.inline) && matches!(verb, Verb::Send | Verb::Write);
-    let mut payload = vec![0u8; if inline { size as usize } else { 0 }];
-    // Inline sends carry the same bytes as the send buffers (the server checks them).
-    buf.read_at(0, &mut payload)
-        .map_err(PerfError::engine("the send buffer"))?;
+    let payload = inline_payload(buf, size, inline)?;
     // Per QP: the gather (Send/Write: the send half) or scatter (Read/Atomic: the receive
     // half) element.
     let mut sgls = Vec::with_capacity(q);

@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use shmhca::{
-    Data, Qp, QpState, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Data, Mr, Qp, QpState, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::perf::error::PerfError;
@@ -120,6 +120,25 @@ fn post(
     }
 }
 
+/// The bytes inline sends carry: the send buffer's first `size` bytes, which the peer
+/// checks, or nothing when messages are not sent inline. Made before a loop, reused by it.
+pub(crate) fn inline_payload(buf: &Mr, size: u64, inline: bool) -> Result<Vec<u8>, PerfError> {
+    let mut payload = vec![0u8; if inline { size as usize } else { 0 }];
+    buf.read_at(0, &mut payload)
+        .map_err(PerfError::engine("the send buffer"))?;
+    Ok(payload)
+}
+
+/// perftest's CQ moderation: request `i` (0-based) is signaled if it is the `sig`-th.
+#[inline]
+fn signaled_every(sig: u64, i: u64) -> SendFlags {
+    if (i + 1) % sig == 0 {
+        SendFlags::SIGNALED
+    } else {
+        SendFlags::NONE
+    }
+}
+
 /// The little-endian iteration marker written into the last `k` bytes of a Write.
 #[inline]
 fn marker(i: u64, k: usize) -> [u8; 8] {
@@ -150,10 +169,7 @@ pub fn client(
     let len = size as u32;
     let half = res.half;
     let inline = size <= u64::from(opts.inline);
-    let mut payload = vec![0u8; if inline { size as usize } else { 0 }];
-    // Inline sends carry the same bytes as the send buffer (the server checks them).
-    buf.read_at(0, &mut payload)
-        .map_err(PerfError::engine("the send buffer"))?;
+    let mut payload = inline_payload(buf, size, inline)?;
     let mut wcs = [WorkCompletion::default(); 16];
     let send_sge = [buf
         .sge(0, len)
@@ -175,11 +191,7 @@ pub fn client(
     let mut seen = [0u8; 8];
     let mut t_prev = Instant::now();
     for i in first..first + n {
-        let flags = if (i + 1) % sig == 0 {
-            SendFlags::SIGNALED
-        } else {
-            SendFlags::NONE
-        };
+        let flags = signaled_every(sig, i);
         match opts.test {
             TestKind::SendLat => {
                 let data = if inline {
@@ -353,10 +365,7 @@ pub fn server(
     let len = size as u32;
     let half = res.half;
     let inline = size <= u64::from(opts.inline);
-    let mut payload = vec![0u8; if inline { size as usize } else { 0 }];
-    // Inline sends carry the same bytes as the send buffer (the server checks them).
-    buf.read_at(0, &mut payload)
-        .map_err(PerfError::engine("the send buffer"))?;
+    let mut payload = inline_payload(buf, size, inline)?;
     let mut wcs = [WorkCompletion::default(); 16];
     let send_sge = [buf
         .sge(0, len)
@@ -369,11 +378,7 @@ pub fn server(
     let k = (size as usize).min(8);
     let mut seen = [0u8; 8];
     for i in first..first + n {
-        let flags = if (i + 1) % sig == 0 {
-            SendFlags::SIGNALED
-        } else {
-            SendFlags::NONE
-        };
+        let flags = signaled_every(sig, i);
         match opts.test {
             TestKind::SendLat => {
                 wait_recv(qp, cq, &mut wcs, len)?;
