@@ -13,7 +13,7 @@ use std::time::Instant;
 use shmhca::{Data, Qp, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::perf::error::PerfError;
-use crate::perf::lat::{LIVENESS_EVERY, Progress, check_alive, completion_error, inline_payload};
+use crate::perf::lat::{Liveness, Progress, completion_error, inline_payload};
 use crate::perf::opts::{AtomicType, Options, Verb};
 use crate::perf::setup::Side;
 use crate::perf::stats::BwClock;
@@ -105,7 +105,7 @@ pub fn client(
     let total = n * q as u64;
     let mut completed = 0u64;
     let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
-    let mut idle = 0u32;
+    let mut live = Liveness::default();
     if let Some(c) = clock.as_deref_mut() {
         c.start();
     }
@@ -141,12 +141,7 @@ pub fn client(
         }
         let got = cq.poll(&mut wcs);
         if got == 0 {
-            idle = idle.wrapping_add(1);
-            if idle % LIVENESS_EVERY == 0 {
-                for qp in &qp_refs {
-                    check_alive(qp)?;
-                }
-            }
+            live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
         }
         for wc in &wcs[..got] {
@@ -225,16 +220,11 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: u64) -> Result<(), PerfEr
     let mut received = 0u64;
     let mut wcs = [WorkCompletion::default(); 64];
     let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
-    let mut idle = 0u32;
+    let mut live = Liveness::default();
     while received < total {
         let got = cq.poll(&mut wcs);
         if got == 0 {
-            idle = idle.wrapping_add(1);
-            if idle % LIVENESS_EVERY == 0 {
-                for qp in &qp_refs {
-                    check_alive(qp)?;
-                }
-            }
+            live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
         }
         for wc in &wcs[..got] {

@@ -19,7 +19,32 @@ use crate::perf::setup::Side;
 use crate::perf::stats::LatRecorder;
 
 /// Empty polls between two checks that the QP is still connected.
-pub(crate) const LIVENESS_EVERY: u32 = 1 << 16;
+const LIVENESS_EVERY: u32 = 1 << 16;
+
+/// Counts a loop's empty polls and, every [`LIVENESS_EVERY`] of them, checks that its QPs
+/// are still connected (a peer that died leaves them in the Error state).
+#[derive(Debug, Default)]
+pub(crate) struct Liveness(u32);
+
+impl Liveness {
+    /// One more empty poll.
+    ///
+    /// # Errors
+    /// [`PerfError::PeerGone`] if a QP has left RTS.
+    #[inline]
+    pub(crate) fn idle<'q>(
+        &mut self,
+        qps: impl IntoIterator<Item = &'q Qp>,
+    ) -> Result<(), PerfError> {
+        self.0 = self.0.wrapping_add(1);
+        if self.0 % LIVENESS_EVERY == 0 {
+            for qp in qps {
+                check_alive(qp)?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// A progress line on stderr for runs longer than `--progress-after` seconds (default 2),
 /// at most once a second.
@@ -87,7 +112,7 @@ pub(crate) fn completion_error(what: &'static str, status: WcStatus) -> PerfErro
 }
 
 #[cold]
-pub(crate) fn check_alive(qp: &Qp) -> Result<(), PerfError> {
+fn check_alive(qp: &Qp) -> Result<(), PerfError> {
     match qp.state() {
         QpState::Rts => Ok(()),
         s => Err(PerfError::PeerGone(format!(
@@ -227,7 +252,7 @@ pub fn client(
                     flags,
                 };
                 post(qp, cq, &mut wcs, &wr)?;
-                let mut spins = 0u32;
+                let mut live = Liveness::default();
                 loop {
                     let c = cq.poll(&mut wcs);
                     for wc in &wcs[..c] {
@@ -240,10 +265,7 @@ pub fn client(
                     if seen[..k] == m[..k] {
                         break;
                     }
-                    spins = spins.wrapping_add(1);
-                    if spins % LIVENESS_EVERY == 0 {
-                        check_alive(qp)?;
-                    }
+                    live.idle([&*qp])?;
                     std::hint::spin_loop();
                 }
             }
@@ -290,7 +312,7 @@ fn wait_recv(
     wcs: &mut [WorkCompletion],
     len: u32,
 ) -> Result<(), PerfError> {
-    let mut spins = 0u32;
+    let mut live = Liveness::default();
     loop {
         let c = cq.poll(wcs);
         let mut got = false;
@@ -311,10 +333,7 @@ fn wait_recv(
         if got {
             return Ok(());
         }
-        spins = spins.wrapping_add(1);
-        if spins % LIVENESS_EVERY == 0 {
-            check_alive(qp)?;
-        }
+        live.idle([qp])?;
     }
 }
 
@@ -326,7 +345,7 @@ fn wait_send(
     wcs: &mut [WorkCompletion],
     what: &'static str,
 ) -> Result<(), PerfError> {
-    let mut spins = 0u32;
+    let mut live = Liveness::default();
     loop {
         let c = cq.poll(wcs);
         for wc in &wcs[..c] {
@@ -338,10 +357,7 @@ fn wait_send(
         if c > 0 {
             return Ok(());
         }
-        spins = spins.wrapping_add(1);
-        if spins % LIVENESS_EVERY == 0 {
-            check_alive(qp)?;
-        }
+        live.idle([qp])?;
     }
 }
 
@@ -403,7 +419,7 @@ pub fn server(
             }
             TestKind::WriteLat => {
                 let m = marker(i, k);
-                let mut spins = 0u32;
+                let mut live = Liveness::default();
                 loop {
                     buf.read_at(half + size - k as u64, &mut seen[..k])
                         .map_err(PerfError::engine("reading the marker"))?;
@@ -416,10 +432,7 @@ pub fn server(
                             return Err(completion_error("an RDMA Write", wc.status));
                         }
                     }
-                    spins = spins.wrapping_add(1);
-                    if spins % LIVENESS_EVERY == 0 {
-                        check_alive(qp)?;
-                    }
+                    live.idle([&*qp])?;
                     std::hint::spin_loop();
                 }
                 let data = if inline {
