@@ -103,7 +103,7 @@ use std::time::{Duration, Instant};
 use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
 use shmhca_rings::segment::{Access, Segment};
 
-use crate::arena::ARENA_KIND;
+use crate::arena::{ARENA_KIND, ENGINE_PAGE_KIND, ENGINE_PAGE_LEN};
 use crate::error::{Error, Result};
 use crate::link::{self, Link, LinkId, Side};
 use crate::mem::Mem;
@@ -235,7 +235,11 @@ pub struct ConnectParams {
     private_data: Vec<u8>,
     handshake_timeout: Duration,
     peer_policy: PeerPolicy,
+    max_peer_arena: u64,
 }
+
+/// The default largest peer arena a connection maps: 4 GiB.
+pub const DEFAULT_MAX_PEER_ARENA: u64 = 4 << 30;
 
 impl Default for ConnectParams {
     fn default() -> ConnectParams {
@@ -256,11 +260,21 @@ impl Default for ConnectParams {
             private_data: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
             peer_policy: PeerPolicy::SameUser,
+            max_peer_arena: DEFAULT_MAX_PEER_ARENA,
         }
     }
 }
 
 impl ConnectParams {
+    /// The largest arena this side maps of the peer's (default
+    /// [`DEFAULT_MAX_PEER_ARENA`]): a peer that offers a larger one is refused with an error
+    /// naming both sizes. A peer's arena is mapped read-only and never populated: it
+    /// costs address space, not memory.
+    pub fn max_peer_arena(mut self, bytes: u64) -> ConnectParams {
+        self.max_peer_arena = bytes;
+        self
+    }
+
     /// The QP's queue capabilities.
     pub fn caps(mut self, caps: QpCaps) -> ConnectParams {
         self.caps = caps;
@@ -641,23 +655,90 @@ struct PeerCred {
     uid: u32,
 }
 
-/// A link segment and the peer's arena received or made for a new link.
+/// A link segment and the peer's engine page received or made for a new link.
 fn new_link(
     shared: &Arc<Shared>,
     segment: Arc<Segment>,
     side: Side,
-    peer_arena: OwnedFd,
+    peer_page: OwnedFd,
     peer_trace_id: u32,
 ) -> Result<LinkId> {
-    let arena = Segment::open(peer_arena, ARENA_KIND, Access::ReadOnly)?;
+    let page = Segment::open(
+        peer_page,
+        ENGINE_PAGE_KIND,
+        Access::ReadOnly,
+        ENGINE_PAGE_LEN,
+    )?;
     let ends = link::attach(&segment, side)?;
     let l = Link::new(
         segment,
         ends,
-        Mem::from_segment(Arc::new(arena)),
+        Mem::from_segment(Arc::new(page)),
         (shared.id, peer_trace_id),
     );
     Ok(shared.engine.with(|e| e.add_link(l)))
+}
+
+/// Takes the last of the `n` descriptors a REP must carry: the peer's arena.
+fn one_arena(
+    chan: &Chan<'_>,
+    fds: &mut Vec<OwnedFd>,
+    n: usize,
+) -> std::result::Result<OwnedFd, Fail> {
+    match fds.pop() {
+        Some(fd) if fds.len() + 1 == n => Ok(fd),
+        _ => Err(Fail::reject(
+            RejectReason::ProtocolError,
+            chan.err(format_args!(
+                "the server's REP carried {} file descriptors instead of {n}",
+                fds.len()
+            )),
+        )),
+    }
+}
+
+/// A read-only descriptor of the arena of `pd`, to send to a peer.
+fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<OwnedFd> {
+    let pdn = pd.pdn;
+    let seg = shared
+        .engine
+        .with(|e| e.res.pds.get(pdn).map(|a| a.segment().clone()))
+        .ok_or(Error::ForeignObject {
+            what: "the protection domain",
+        })?;
+    seg.share_fd()
+        .map_err(|e| Error::io("sharing the protection domain's arena", e))
+}
+
+/// Records on link `id` that peer QP `qpn` sends from the arena behind `fd`: mapped
+/// read-only (never populated, refused above `max` bytes) unless this link mapped that
+/// arena already.
+fn attach_peer_arena(
+    shared: &Arc<Shared>,
+    id: LinkId,
+    qpn: u32,
+    fd: OwnedFd,
+    max: u64,
+) -> Result<()> {
+    let key =
+        Segment::identity(fd.as_fd()).map_err(|e| Error::io("identifying the peer's arena", e))?;
+    let qpn = Qpn::new(qpn);
+    let known = shared.engine.with(|e| {
+        let link = e.link_mut(id)?;
+        let mem = link.peer_arena(key)?.share();
+        link.add_peer_qp(qpn, key, mem);
+        Some(())
+    });
+    if known.is_some() {
+        return Ok(());
+    }
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    let arena = Segment::open(fd, ARENA_KIND, Access::ReadOnly, max)?;
+    let mem = Mem::from_segment(Arc::new(arena));
+    shared
+        .engine
+        .with(|e| e.link_mut(id).map(|l| l.add_peer_qp(qpn, key, mem)))
+        .ok_or_else(|| Error::Connect("the link went down during connection setup".into()))
 }
 
 /// A finished handshake.
@@ -800,7 +881,8 @@ fn client_handshake(
     let offer = params.offer(qp.qpn(), psn);
     let cm = &shared.cm;
     let mut force_new = false;
-    let (rep, link, mtu) = loop {
+    let own_arena = share_arena(shared, pd).map_err(aborted)?;
+    let (rep, link, mtu, peer_arena) = loop {
         let plan = cm
             .links
             .plan(&shared.engine, hello.identity, chan.deadline, force_new);
@@ -824,11 +906,12 @@ fn client_handshake(
                 } else {
                     LinkMode::ReuseServerCreated
                 };
-                chan.send(&req(mode, token), &[])?;
-                match chan.recv("REP", 0)? {
-                    (Message::Rep(rep), _) => {
+                chan.send(&req(mode, token), &[own_arena.as_fd()])?;
+                match chan.recv("REP", 1)? {
+                    (Message::Rep(rep), mut fds) => {
                         let mtu = check_rep(chan, params, &rep, token)?;
-                        break (rep, held, mtu);
+                        let arena = one_arena(chan, &mut fds, 1)?;
+                        break (rep, held, mtu, arena);
                     }
                     (Message::Rej(r), _) if r.reason == RejectReason::UnknownLink => {
                         // The server dropped that link meanwhile: make a new one.
@@ -848,26 +931,31 @@ fn client_handshake(
                 let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)
                     .map_err(aborted)?;
                 let token = random_u64();
+                let page = shared
+                    .engine_page
+                    .share_fd()
+                    .map_err(|e| aborted(Error::io("sharing the engine page", e)))?;
                 chan.send(
                     &req(LinkMode::New, token),
-                    &[seg.as_fd(), shared.arena_segment.as_fd()],
+                    &[seg.as_fd(), page.as_fd(), own_arena.as_fd()],
                 )?;
-                let (rep, mut fds) = match chan.recv("REP", 1)? {
+                let (rep, mut fds) = match chan.recv("REP", 2)? {
                     (Message::Rep(rep), fds) => (rep, fds),
                     (m, _) => return Err(chan.unexpected("REP", m)),
                 };
                 let mtu = check_rep(chan, params, &rep, token)?;
-                let Some(arena) = fds.pop() else {
+                let arena = one_arena(chan, &mut fds, 2)?;
+                let Some(page) = fds.pop() else {
                     return Err(Fail::reject(
                         RejectReason::ProtocolError,
-                        chan.err("the server's REP for a new link carried no arena descriptor"),
+                        chan.err("the server's REP for a new link carried no engine page"),
                     ));
                 };
                 let id =
-                    new_link(shared, seg, Side::Creator, arena, hello.trace_id).map_err(|e| {
+                    new_link(shared, seg, Side::Creator, page, hello.trace_id).map_err(|e| {
                         Fail::reject(
                             RejectReason::InvalidParameter,
-                            chan.err(format_args!("the server's arena is unusable: {e}")),
+                            chan.err(format_args!("the server's engine page is unusable: {e}")),
                         )
                     })?;
                 creating.finish(LinkEntry {
@@ -880,12 +968,25 @@ fn client_handshake(
                     live: 1,
                     up: true,
                 });
-                break (rep, LinkRef::counted(shared, id), mtu);
+                break (rep, LinkRef::counted(shared, id), mtu, arena);
             }
         }
     };
     let depth = params.initiator_depth.min(rep.offer.responder_resources);
     let ready = (|| {
+        attach_peer_arena(
+            shared,
+            link.id,
+            rep.offer.qpn,
+            peer_arena,
+            params.max_peer_arena,
+        )
+        .map_err(|e| {
+            Fail::reject(
+                RejectReason::InvalidParameter,
+                chan.err(format_args!("the server's arena is unusable: {e}")),
+            )
+        })?;
         to_rtr(
             &mut qp,
             params,
@@ -934,8 +1035,8 @@ fn server_handshake(
         &[],
     );
     let mut first = true;
-    let (req, link, new) = loop {
-        let (req, mut fds) = match chan.recv("REQ", 2) {
+    let (req, link, new, peer_arena) = loop {
+        let (req, mut fds) = match chan.recv("REQ", 3) {
             Ok((Message::Req(r), fds)) => (r, fds),
             Ok((m, _)) => return Err(chan.unexpected("REQ", m)),
             Err(mut f) => {
@@ -958,23 +1059,22 @@ fn server_handshake(
         match reuse_side {
             None => {
                 let n = fds.len();
-                let Ok([seg_fd, arena]) = <[OwnedFd; 2]>::try_from(std::mem::take(&mut fds)) else {
+                let Ok([seg_fd, page, arena]) = <[OwnedFd; 3]>::try_from(std::mem::take(&mut fds))
+                else {
                     return Err(protocol(format!(
-                        "the client's REQ asks for a new link but carries {n} file descriptors instead of 2 (link segment, arena)"
+                        "the client's REQ asks for a new link but carries {n} file descriptors instead of 3 (link segment, engine page, arena)"
                     )));
                 };
                 let bad = |e: Error| {
                     Fail::reject(
                         RejectReason::InvalidParameter,
                         chan.err(format_args!(
-                            "the client's link or arena segment is unusable: {e}"
+                            "the client's link segment or engine page is unusable: {e}"
                         )),
                     )
                 };
-                let seg = Segment::open(seg_fd, link::LINK_KIND, Access::ReadWrite)
-                    .map_err(|e| bad(e.into()))?;
-                let id = new_link(shared, Arc::new(seg), Side::Opener, arena, req.trace_id)
-                    .map_err(bad)?;
+                let seg = link::open_link_segment(seg_fd).map_err(bad)?;
+                let id = new_link(shared, seg, Side::Opener, page, req.trace_id).map_err(bad)?;
                 cm.links.opened(LinkEntry {
                     id,
                     peer: req.identity,
@@ -985,20 +1085,20 @@ fn server_handshake(
                     live: 1,
                     up: true,
                 });
-                break (req, LinkRef::counted(shared, id), true);
+                break (req, LinkRef::counted(shared, id), true, arena);
             }
             Some(side) => {
-                if !fds.is_empty() {
+                let n = fds.len();
+                let Ok([arena]) = <[OwnedFd; 1]>::try_from(std::mem::take(&mut fds)) else {
                     return Err(protocol(format!(
-                        "the client's REQ reuses a link but carries {} file descriptors",
-                        fds.len()
+                        "the client's REQ reuses a link but carries {n} file descriptors instead of 1 (arena)"
                     )));
-                }
+                };
                 if let Some(id) =
                     cm.links
                         .reserve(&shared.engine, req.identity, req.link_token, side)
                 {
-                    break (req, LinkRef::counted(shared, id), false);
+                    break (req, LinkRef::counted(shared, id), false, arena);
                 }
                 if !first {
                     return Err(protocol(
@@ -1030,6 +1130,19 @@ fn server_handshake(
     let mut qp = Qp::create(shared, pd, send_cq, recv_cq, params.caps).map_err(no_resources)?;
     let aborted = |e: Error| Fail::reject(RejectReason::Aborted, e);
     to_init(&mut qp, params).map_err(aborted)?;
+    attach_peer_arena(
+        shared,
+        link.id,
+        req.offer.qpn,
+        peer_arena,
+        params.max_peer_arena,
+    )
+    .map_err(|e| {
+        Fail::reject(
+            RejectReason::InvalidParameter,
+            chan.err(format_args!("the client's arena is unusable: {e}")),
+        )
+    })?;
     to_rtr(&mut qp, params, link.id, &req.offer, mtu, resp).map_err(aborted)?;
     let psn = params.psn();
     let mut offer = params.offer(qp.qpn(), psn);
@@ -1041,10 +1154,15 @@ fn server_handshake(
         offer,
         private_data: params.private_data.clone(),
     });
+    let own_arena = share_arena(shared, pd).map_err(aborted)?;
     if new {
-        chan.send(&rep, &[shared.arena_segment.as_fd()])?;
+        let page = shared
+            .engine_page
+            .share_fd()
+            .map_err(|e| aborted(Error::io("sharing the engine page", e)))?;
+        chan.send(&rep, &[page.as_fd(), own_arena.as_fd()])?;
     } else {
-        chan.send(&rep, &[])?;
+        chan.send(&rep, &[own_arena.as_fd()])?;
     }
     match chan.recv("RTU", 0)? {
         (Message::Rtu, _) => {}
@@ -1673,15 +1791,22 @@ mod tests {
                 offer,
                 private_data: vec![],
             });
+            let client_pd = client.alloc_pd().unwrap();
+            let arena = share_arena(&client.shared, &client_pd).unwrap();
+            let page = client.shared.engine_page.share_fd().unwrap();
             send_with_fds(
                 &s,
                 &req.encode(),
-                &[seg.as_fd(), client.shared.arena_segment.as_fd()],
+                &[seg.as_fd(), page.as_fd(), arena.as_fd()],
             )
             .unwrap();
-            let (rep, fds) = read_msg(&s, 1);
+            let (rep, fds) = read_msg(&s, 2);
             assert!(matches!(rep, Message::Rep(_)), "{rep:?}");
-            assert_eq!(fds.len(), 1, "the server's arena travels with the REP");
+            assert_eq!(
+                fds.len(),
+                2,
+                "the server's engine page and arena travel with the REP"
+            );
             std::thread::sleep(Duration::from_millis(600));
         });
         // While the server waits for the RTU, its link and QP exist.

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
 
-use crate::arena::Arena;
+use crate::arena::PdArenas;
 use crate::completer;
 use crate::link::TxBatch;
+use crate::mem::Mem;
 use crate::mr_table::MrTable;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
@@ -157,7 +158,8 @@ impl CqTable {
 
 /// The engine state every protocol stage may use; lent to one as an [`Env`].
 pub(crate) struct Resources {
-    pub(crate) arena: Arena,
+    /// The protection domains' arenas.
+    pub(crate) pds: PdArenas,
     pub(crate) mrs: MrTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
@@ -170,7 +172,7 @@ impl Resources {
         Env {
             now: None,
             clock_res: crate::timer::clock_resolution(),
-            arena: &mut self.arena,
+            pds: &mut self.pds,
             mrs: &mut self.mrs,
             cqs: &mut self.cqs,
             stats: &mut self.stats,
@@ -185,7 +187,7 @@ pub(crate) struct Env<'a> {
     now: Option<Timestamp>,
     /// The resolution of `now`.
     pub(crate) clock_res: Duration,
-    pub(crate) arena: &'a mut Arena,
+    pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut Stats,
@@ -218,15 +220,16 @@ impl Env<'_> {
         matches!(d, Deadline::At(_)) && d.expired(self.now())
     }
 
-    /// Drops the in-flight references a retired WQE held on its memory regions.
-    pub(crate) fn release(&mut self, data: &DataLoc) {
+    /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
+    /// the QP's private table memory, where a multi-element list is.
+    pub(crate) fn release(&mut self, data: &DataLoc, tables: &Mem) {
         // The common cases without a table to read: nothing, or one range (inline data
         // staged in the arena has no region: NO_MR).
         match *data {
             DataLoc::Empty => return,
             DataLoc::Single(e) => {
                 if e.mr != NO_MR {
-                    self.mrs.release(e.mr, self.arena);
+                    self.mrs.release(e.mr, self.pds);
                 }
                 return;
             }
@@ -234,14 +237,14 @@ impl Env<'_> {
         }
         let mut mrs = [0u32; MAX_SGE as usize];
         let mut n = 0;
-        data.for_each_mr(self.arena.mem(), |mr| {
+        data.for_each_mr(tables, |mr| {
             if n < mrs.len() {
                 mrs[n] = mr;
                 n += 1;
             }
         });
         for &mr in &mrs[..n] {
-            self.mrs.release(mr, self.arena);
+            self.mrs.release(mr, self.pds);
         }
     }
 }
@@ -257,6 +260,14 @@ pub(crate) struct QpCtx {
     pub(crate) qpn: Qpn,
     /// Protection domain.
     pub(crate) pd: u32,
+    /// The protection domain's arena: this QP's gather sources, scatter targets, RDMA
+    /// targets and inline staging.
+    pub(crate) mem: Mem,
+    /// The arena the peer QP sends from (read-only), known from RTR on.
+    pub(crate) peer_mem: Option<Mem>,
+    /// Private memory holding the rows of multi-element scatter/gather lists (written by
+    /// `post_send`/`post_recv`, read by the engine; no peer can map it).
+    pub(crate) tables: Mem,
     pub(crate) state: QpState,
     pub(crate) cfg: QpConfig,
     pub(crate) send_cq: u32,
@@ -315,7 +326,7 @@ impl QpCtx {
 
     /// Counts one receive WQE retired and publishes it.
     pub(crate) fn retire_recv(&mut self, env: &mut Env<'_>, wqe: &RqWqe) {
-        env.release(&wqe.data);
+        env.release(&wqe.data, &self.tables);
         self.rq_retired += 1;
         // SYNC: Release pairs with the Acquire load in `Qp::post_recv`: the engine's writes
         // into the buffers happen-before the application reuses the slot.

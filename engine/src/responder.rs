@@ -30,7 +30,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::context::{Env, QpCtx, Wire};
-use crate::dma::{self, CopyError, Cursor};
+use crate::dma::{self, CopyError, Cursor, Sgl};
+use crate::link::GatherList;
 use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
 use crate::mem::Mem;
 use crate::psn::{self, Psn, PsnRegion};
@@ -318,11 +319,10 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
         unreachable!("checked by the opcode sequence");
     };
     match dma::copy_payload(
-        pkt.slot(),
-        &pkt.payload,
+        pkt,
         peer,
-        env.arena.mem(),
-        &wqe.data,
+        &qp.mem,
+        Sgl::new(&wqe.data, &qp.tables),
         &mut cursor,
     ) {
         Ok(n) => {
@@ -434,14 +434,7 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
         mr: NO_MR,
     });
     let mut cursor = Cursor::default();
-    match dma::copy_payload(
-        pkt.slot(),
-        &pkt.payload,
-        peer,
-        env.arena.mem(),
-        &dst,
-        &mut cursor,
-    ) {
+    match dma::copy_payload(pkt, peer, &qp.mem, Sgl::new(&dst, &qp.tables), &mut cursor) {
         Ok(n) => env.stats.payload_bytes_copied += n,
         Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest),
     }
@@ -517,7 +510,7 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
     else {
         return fatal(qp, env, psn, NakCode::RemoteAccessError);
     };
-    let mem = env.arena.mem();
+    let mem = &qp.mem;
     let orig = if info.class == OpClass::CompareSwap {
         mem.compare_swap_u64(off, a.compare, a.swap_add)
     } else {
@@ -831,8 +824,22 @@ fn read_response(
         len: plen,
         mr: NO_MR,
     });
-    let inline = dma::describe(slot, env.arena.mem(), &src, Cursor::default(), plen)
-        .expect("the checked range lies in the arena");
+    let mut none = GatherList::default();
+    let nak = Out::Nak {
+        psn,
+        syndrome: Syndrome::Nak(NakCode::RemoteOperationalError),
+    };
+    // One range of the checked region: it lies in the arena, so this cannot fail; if it
+    // did, the requester gets a Remote Operational Error, not a panic here.
+    let inline = dma::describe(
+        slot,
+        &qp.mem,
+        Sgl::new(&src, &qp.tables),
+        Cursor::default(),
+        plen,
+        &mut none,
+    )
+    .ok_or(nak)?;
     wire.tx.commit();
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;

@@ -17,11 +17,14 @@ pub(crate) mod cell;
 pub(crate) mod doorbell;
 pub(crate) mod wake;
 
-use crate::arena::Arena;
+use crate::arena::PdArenas;
 use crate::completer;
 use crate::context::{CqTable, Env, QpCtx, Resources, Stats, Wire, flush_receives};
 use crate::error::{Error, Result};
-use crate::link::{Link, LinkId, PacketSlot, RxPacket};
+use crate::link::{
+    Link, LinkId, MAX_CONTINUATION, PacketSlot, RxPacket, TxBatch, continuation_slots,
+};
+use crate::mem::Mem;
 use crate::mr_table::MrTable;
 use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
@@ -55,14 +58,15 @@ pub(crate) struct Engine {
     pub(crate) trace: Option<Box<Trace>>,
     /// Idle iterations until the next timer check.
     timer_countdown: u32,
-    next_pd: u32,
+    /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
+    nomem: Mem,
 }
 
 impl Engine {
-    pub(crate) fn new(arena: Arena) -> Engine {
+    pub(crate) fn new() -> Engine {
         Engine {
             res: Resources {
-                arena,
+                pds: PdArenas::default(),
                 mrs: MrTable::default(),
                 cqs: CqTable::default(),
                 stats: Stats::default(),
@@ -72,18 +76,11 @@ impl Engine {
             links: Vec::new(),
             active: ActiveSet::new(),
             rung: ActiveSet::new(),
-            rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
+            rx: vec![PacketSlot::default(); RX_BURST + MAX_CONTINUATION].into_boxed_slice(),
             trace: None,
             timer_countdown: TIMER_EVERY,
-            next_pd: 1,
+            nomem: Mem::private(0),
         }
-    }
-
-    /// A new protection domain number.
-    pub(crate) fn alloc_pd(&mut self) -> u32 {
-        let pd = self.next_pd;
-        self.next_pd += 1;
-        pd
     }
 
     /// Adds a QP built by `make` from its index and QPN.
@@ -124,6 +121,15 @@ impl Engine {
         discard_queues(&mut qp, &mut self.res.env());
     }
 
+    /// The QP numbered `qpn`.
+    pub(crate) fn qp_by_qpn(&self, qpn: Qpn) -> Option<&QpCtx> {
+        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+        self.qps
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .filter(|q| q.qpn == qpn)
+    }
+
     /// The QP at `index`.
     pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpCtx> {
         self.qps.get_mut(index as usize).and_then(Option::as_mut)
@@ -138,20 +144,35 @@ impl Engine {
             .and_then(Option::as_mut)
             .ok_or(Error::ForeignObject { what: "QP" })?;
         let (to, cfg) = plan_modify(qp.state, &qp.cfg, attr)?;
+        let mut peer_mem = None;
         if let Some(d) = attr.dest {
-            let live = links
+            let link = links
                 .get(d.link.0 as usize)
                 .and_then(Option::as_ref)
-                .is_some_and(|l| l.down.is_none());
-            if !live {
-                return Err(Error::invalid(
+                .filter(|l| l.down.is_none())
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "dest",
+                        format!("link {} is not a live link of this context", d.link.0),
+                    )
+                })?;
+            peer_mem = Some(link.peer_qp_arena(d.qpn).map(Mem::share).ok_or_else(|| {
+                Error::invalid(
                     "dest",
-                    format!("link {} is not a live link of this context", d.link.0),
-                ));
-            }
+                    format!(
+                        "QP {:#x} is not known on link {}: connect through the connection \
+                         manager, or create it in a context linked with Context::link_with",
+                        d.qpn.get(),
+                        d.link.0
+                    ),
+                )
+            })?);
         }
         let from = qp.state;
         qp.cfg = cfg;
+        if peer_mem.is_some() {
+            qp.peer_mem = peer_mem;
+        }
         let mut env = self.res.env();
         match to {
             QpState::Reset => {
@@ -233,6 +254,7 @@ impl Engine {
             rx,
             trace,
             timer_countdown,
+            nomem,
             ..
         } = self;
         let mut env = res.env();
@@ -248,53 +270,73 @@ impl Engine {
             if link.down.is_some() {
                 continue;
             }
-            let n = match link.rx.pop_burst(rx) {
+            let mut n = match link.rx.pop_burst(&mut rx[..RX_BURST]) {
                 Ok(n) => n,
                 Err(e) => {
                     link.down = Some(e.to_string());
-                    for (i, q) in qps.iter().enumerate() {
-                        if q.as_ref()
-                            .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == LinkId(l as u32)))
-                        {
-                            active.insert(i as u32);
-                        }
-                    }
+                    wake_link_qps(qps, active, LinkId(l as u32));
                     continue;
                 }
             };
             work += n;
             env.stats.packets_received += n as u64;
-            for slot in &rx[..n] {
+            let mut next = 0;
+            while next < n {
+                let head = next;
+                let extra = continuation_slots(&rx[head]);
+                next += 1 + extra;
+                if next > n {
+                    // A gather packet's continuation slots were published with it, in one
+                    // burst: take the rest now. A peer that published only part of a
+                    // packet broke the link protocol.
+                    let want = next - n;
+                    match link.rx.pop_burst(&mut rx[n..next]) {
+                        Ok(k) if k == want => n = next,
+                        _ => {
+                            link.down = Some(
+                                "the peer published a gather packet without its continuation \
+                                 slots"
+                                    .into(),
+                            );
+                            wake_link_qps(qps, active, LinkId(l as u32));
+                            break;
+                        }
+                    }
+                }
+                let (slot, cont) = (&rx[head], &rx[head + 1..next]);
+                let qpn = RxPacket::dest_qp(slot);
+                let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+                let qp = qps
+                    .get_mut(index as usize)
+                    .and_then(Option::as_mut)
+                    .filter(|qp| {
+                        qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l as u32))
+                    });
                 if let Some(t) = trace.as_deref_mut() {
+                    let sender = qp.as_ref().and_then(|q| q.peer_mem.as_ref());
                     t.packet(
                         LinkId(l as u32),
                         link.endpoints,
                         false,
                         link.rx_tap,
-                        slot,
-                        &link.peer,
+                        &rx[head..next],
+                        sender.unwrap_or(nomem),
                     );
                 }
-                let Ok(pkt) = RxPacket::parse(slot) else {
+                let (Some(qp), Ok(pkt)) = (qp, RxPacket::parse(slot, cont)) else {
                     env.stats.dropped += 1;
                     continue;
                 };
-                let qpn = pkt.bth.dest_qp;
-                let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-                let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
+                let Some(peer) = qp.peer_mem.take() else {
                     env.stats.dropped += 1;
                     continue;
                 };
-                if qp.qpn != qpn || qp.cfg.dest.map(|d| d.link) != Some(LinkId(l as u32)) {
-                    env.stats.dropped += 1;
-                    continue;
-                }
-                let request = pkt.info.request;
-                if request {
-                    responder::on_request(qp, &mut env, &link.peer, &pkt);
+                if pkt.info.request {
+                    responder::on_request(qp, &mut env, &peer, &pkt);
                 } else {
-                    completer::on_response(qp, &mut env, &link.peer, &pkt);
+                    completer::on_response(qp, &mut env, &peer, &pkt);
                 }
+                qp.peer_mem = Some(peer);
                 active.insert(index);
             }
         }
@@ -336,9 +378,13 @@ impl Engine {
                         if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
                             requester::on_tick(qp, &mut env);
                         }
+                        let before = link.tx.queued().len();
                         let mut wire = Wire { tx: &mut link.tx };
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                         responder::drain(qp, &mut env, &mut wire);
+                        if let (Some(t), Some(d)) = (trace.as_deref_mut(), qp.cfg.dest) {
+                            trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+                        }
                     }
                     Some(link) => {
                         if link.down.is_none() {
@@ -363,8 +409,9 @@ impl Engine {
 
         // 4. Publish.
         for (l, link) in links.iter_mut().enumerate() {
+            let _ = l;
             if let Some(link) = link.as_mut() {
-                link.publish(LinkId(l as u32), trace.as_deref_mut(), env.arena.mem());
+                link.publish();
             }
         }
         work
@@ -412,11 +459,15 @@ impl Engine {
             return;
         }
         let mut env = res.env();
+        let before = link.tx.queued().len();
         let mut wire = Wire { tx: &mut link.tx };
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
             responder::drain(qp, &mut env, &mut wire);
         }
-        link.publish(d.link, trace.as_deref_mut(), env.arena.mem());
+        if let Some(t) = trace.as_deref_mut() {
+            trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+        }
+        link.publish();
     }
 
     /// Whether no QP has work pending (the engine thread may sleep).
@@ -429,6 +480,36 @@ impl Engine {
         if let Some(t) = self.trace.as_ref().and_then(|t| t.pcap.as_ref()) {
             t.flush();
         }
+    }
+}
+
+/// Puts every QP of link `id` in the active set (the link went down: they must see it).
+fn wake_link_qps(qps: &[Option<QpCtx>], active: &mut ActiveSet, id: LinkId) {
+    for (i, q) in qps.iter().enumerate() {
+        if q.as_ref()
+            .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == id))
+        {
+            active.insert(i as u32);
+        }
+    }
+}
+
+/// Traces the packets a QP queued on `tx` from position `from` on; their payloads sent by
+/// reference are in `mem`, the QP's arena.
+fn trace_sent(
+    t: &mut crate::trace::tap::Trace,
+    id: LinkId,
+    endpoints: (u32, u32),
+    tx: &TxBatch,
+    from: usize,
+    mem: &Mem,
+) {
+    let queued = tx.queued();
+    let mut i = from;
+    while i < queued.len() {
+        let end = (i + 1 + continuation_slots(&queued[i])).min(queued.len());
+        t.packet(id, endpoints, true, true, &queued[i..end], mem);
+        i = end;
     }
 }
 
@@ -457,7 +538,7 @@ fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
         }
         let seq = qp.req.retired;
         let data = qp.req.wqe(seq).w.data;
-        env.release(&data);
+        env.release(&data, &qp.tables);
         qp.req.retire_one(seq);
     }
     qp.shared
