@@ -373,22 +373,21 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
     let last = matches!(info.position, Position::Last | Position::Only);
-    if let Some(reth) = pkt.reth() {
-        qp.resp.cur = Inbound::Write {
-            va: reth.va,
-            rkey: reth.rkey,
-            done: 0,
-            total: u64::from(reth.dma_len),
-        };
-    }
-    let Inbound::Write {
-        va,
-        rkey,
-        done,
-        total,
-    } = qp.resp.cur
-    else {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
+    // The Write in progress: a new one named by the RETH, or the one continued. It is
+    // recorded only once the packet is accepted, so that an RNR Nak leaves the responder
+    // idle and the retried packet is taken for what it is.
+    let (va, rkey, done, total) = match (pkt.reth(), qp.resp.cur) {
+        (Some(reth), _) => (reth.va, reth.rkey, 0, u64::from(reth.dma_len)),
+        (
+            None,
+            Inbound::Write {
+                va,
+                rkey,
+                done,
+                total,
+            },
+        ) => (va, rkey, done, total),
+        (None, _) => return fatal(qp, env, psn, NakCode::InvalidRequest),
     };
     let left = total - done;
     let len_ok =
