@@ -21,6 +21,9 @@
 //!    **acknowledge**.
 //!
 //! A Nak for an invalid request or an access violation moves the QP to the Error state.
+//! It is the last packet the QP sends: the responses of the requests accepted before it
+//! (RDMA Read responses, Atomic Acknowledges, Acks) still leave first, in PSN order, as
+//! the rxe responder acknowledges each request before it turns to the next.
 //!
 //! Responses leave in PSN order through one queue: Acks merge while they wait (one Ack
 //! per burst acknowledges every PSN up to it), RDMA Read responses are generated as the
@@ -59,10 +62,26 @@ struct ReadJob {
 /// A response waiting to leave.
 #[derive(Debug, Clone, Copy)]
 enum Out {
-    Ack { psn: Psn, msn: u32 },
-    Nak { psn: Psn, syndrome: Syndrome },
+    Ack {
+        psn: Psn,
+        msn: u32,
+    },
+    Nak {
+        psn: Psn,
+        syndrome: Syndrome,
+    },
+    /// The Nak of a fatal error (the QP went to Error): sent after everything queued
+    /// before it, and nothing after it.
+    Fatal {
+        psn: Psn,
+        code: NakCode,
+    },
     Read(ReadJob),
-    Atomic { psn: Psn, orig: u64, msn: u32 },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
 }
 
 /// The message being received.
@@ -101,6 +120,9 @@ pub(crate) struct Responder {
     advertised: Option<u32>,
     /// Reads and Atomics queued, for the responder-resources limit.
     rd_atomic_queued: u32,
+    /// An [`Out::Fatal`] is queued: in the Error state the responses ahead of it still
+    /// leave (they answer requests accepted before the error).
+    closing: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
@@ -118,6 +140,7 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
+            closing: false,
         }
     }
 
@@ -169,6 +192,12 @@ impl Responder {
         if self.out.len() < OUT_CAP {
             self.out.push_back(o);
         }
+    }
+
+    /// Queues the Nak of a fatal error, the last response of this QP.
+    fn queue_fatal(&mut self, psn: Psn, code: NakCode) {
+        self.queue(Out::Fatal { psn, code });
+        self.closing = true;
     }
 
     fn next_msn(&mut self) -> u32 {
@@ -263,10 +292,7 @@ fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode) {
 
 /// As [`fatal`], completing the current receive WQE with `local` instead.
 fn fatal_with(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
-    qp.resp.queue(Out::Nak {
-        psn,
-        syndrome: Syndrome::Nak(code),
-    });
+    qp.resp.queue_fatal(psn, code);
     if let Some(wqe) = qp.resp.take_current_wqe() {
         let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
         if env.cqs.push(qp.recv_cq, wc) {
@@ -587,6 +613,9 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
 /// Sends queued responses as far as the link has room, then, if credits went up while the
 /// requester may be waiting for them, an unsolicited Ack (spec/02).
 ///
+/// In the Error state only Naks leave, unless a fatal Nak of this responder is queued:
+/// then the responses ahead of it leave too, in order, and the Nak last.
+///
 /// Positive Acks are coalesced: the requests accepted in one engine iteration are
 /// acknowledged by one Ack, sent in that same iteration (DESIGN: one Ack per burst). An Ack
 /// never waits for a later iteration: in inline mode there may be none — the application
@@ -595,7 +624,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
 pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     let Some(dest) = qp.cfg.dest else { return };
     let pmtu = qp.cfg.path_mtu.bytes();
-    let error = qp.state == QpState::Error;
+    let discard = qp.state == QpState::Error && !qp.resp.closing;
     while let Some(front) = qp.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
@@ -613,7 +642,28 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 }
                 env.stats.naks_sent += 1;
             }
-            _ if error => {}
+            Out::Fatal { psn, code } => {
+                if !emit_aeth(
+                    wire,
+                    env,
+                    dest.qpn,
+                    Opcode::Acknowledge,
+                    psn,
+                    Syndrome::Nak(code),
+                    qp.resp.msn,
+                    None,
+                ) {
+                    return;
+                }
+                env.stats.naks_sent += 1;
+                // The last response: whatever is queued behind it answers nothing.
+                let resp = &mut qp.resp;
+                resp.out.clear();
+                resp.rd_atomic_queued = 0;
+                resp.closing = false;
+                return;
+            }
+            _ if discard => {}
             Out::Ack { psn, msn } => {
                 let code = credit_code(qp);
                 if !emit_aeth(
@@ -657,11 +707,16 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                         }
                         return;
                     }
-                    if let Err(nak) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
-                        // The region went away mid-read.
-                        qp.resp.out.pop_front();
-                        qp.resp.rd_atomic_queued -= 1;
-                        qp.resp.out.push_front(nak);
+                    if let Err(psn) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
+                        // The region went away mid-read: the Nak goes next, and last.
+                        let resp = &mut qp.resp;
+                        resp.out.pop_front();
+                        resp.rd_atomic_queued -= 1;
+                        resp.out.push_front(Out::Fatal {
+                            psn,
+                            code: NakCode::RemoteAccessError,
+                        });
+                        resp.closing = true;
                         qp.enter_error(env);
                         break;
                     }
@@ -675,7 +730,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
         }
         qp.resp.out.pop_front();
     }
-    if error {
+    if qp.state == QpState::Error {
         return;
     }
     // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
@@ -774,7 +829,7 @@ fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
 }
 
 /// Emits response packet `job.next` of an RDMA Read (the link has room). Fails with the
-/// Nak to send if the region can no longer be read.
+/// PSN to Nak (Remote Access Error) if the region can no longer be read.
 fn read_response(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
@@ -782,7 +837,7 @@ fn read_response(
     dest: crate::wire::Qpn,
     job: &ReadJob,
     pmtu: u32,
-) -> Result<(), Out> {
+) -> Result<(), Psn> {
     let k = job.next;
     let offset = k * pmtu;
     let plen = (job.len - offset).min(pmtu);
@@ -796,10 +851,7 @@ fn read_response(
             job.va.wrapping_add(u64::from(offset)),
             u64::from(plen),
         )
-        .map_err(|_| Out::Nak {
-            psn,
-            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
-        })?;
+        .map_err(|_| psn)?;
     let position = match (job.npkts, k) {
         (1, _) => Position::Only,
         (_, 0) => Position::First,
