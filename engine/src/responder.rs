@@ -295,9 +295,7 @@ fn fatal_with(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local:
     qp.resp.queue_fatal(psn, code);
     if let Some(wqe) = qp.resp.take_current_wqe() {
         let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
-        if env.cqs.push(qp.recv_cq, wc) {
-            qp.retire_recv(env, &wqe);
-        } else {
+        if !qp.complete_recv(env, &wqe, wc) {
             qp.resp.put_back_current_wqe(wqe);
         }
     }
@@ -370,9 +368,9 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
     ack(qp, psn);
 }
 
-/// Completes receive WQE `wqe` successfully with the message that ended in `pkt` (its
-/// immediate data and Solicited Event bit), and retires it. The caller checked the CQ has
-/// room before touching anything.
+/// Retires receive WQE `wqe` and completes it successfully with the message that ended in
+/// `pkt` (its immediate data and Solicited Event bit). The caller checked the CQ has room
+/// before touching anything.
 fn complete_recv(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
@@ -389,9 +387,8 @@ fn complete_recv(
         pkt.imm(),
         pkt.bth.solicited,
     );
-    let pushed = env.cqs.push(qp.recv_cq, wc);
-    debug_assert!(pushed, "room was checked");
-    qp.retire_recv(env, wqe);
+    let completed = qp.complete_recv(env, wqe, wc);
+    debug_assert!(completed, "room was checked");
 }
 
 fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
