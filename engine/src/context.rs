@@ -140,14 +140,21 @@ impl CqTable {
     }
 
     /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
-    /// completions have nowhere to go).
+    /// completions have nowhere to go). The engine is the CQ's only producer: room found
+    /// here stays until it pushes.
+    ///
+    /// The application's index is reloaded only when the CQ looks full (a reserved chunk
+    /// that is dropped publishes nothing).
     pub(crate) fn has_room(&mut self, cq: u32) -> bool {
-        self.get(cq)
-            .is_none_or(|p| p.free_slots().is_ok_and(|n| n > 0))
+        self.get(cq).is_none_or(|p| p.write_chunk(1).is_ok())
     }
 
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
     /// the work request and tries again later).
+    ///
+    /// A completion tells the application that the work request's resources are free:
+    /// release them (queue slot, regions' in-flight counts) before pushing, after checking
+    /// [`CqTable::has_room`] so that a full CQ leaves the request untouched.
     pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(p) => p.push(wc).is_ok(),
@@ -324,6 +331,25 @@ impl QpCtx {
         }
     }
 
+    /// Completes receive WQE `wqe` with `wc`: retires it (its regions and its queue slot
+    /// are free again), then pushes the completion — so that an application reacting to
+    /// the completion finds the slot free and the regions idle. False, with nothing done,
+    /// if the receive CQ is full.
+    pub(crate) fn complete_recv(
+        &mut self,
+        env: &mut Env<'_>,
+        wqe: &RqWqe,
+        wc: WorkCompletion,
+    ) -> bool {
+        if !env.cqs.has_room(self.recv_cq) {
+            return false;
+        }
+        self.retire_recv(env, wqe);
+        let pushed = env.cqs.push(self.recv_cq, wc);
+        debug_assert!(pushed, "room was checked");
+        true
+    }
+
     /// Counts one receive WQE retired and publishes it.
     pub(crate) fn retire_recv(&mut self, env: &mut Env<'_>, wqe: &RqWqe) {
         env.release(&wqe.data, &self.tables);
@@ -352,11 +378,10 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
             None,
             false,
         );
-        if !env.cqs.push(qp.recv_cq, wc) {
+        if !qp.complete_recv(env, &wqe, wc) {
             qp.resp.put_back_current_wqe(wqe);
             return;
         }
-        qp.retire_recv(env, &wqe);
     }
     while env.cqs.has_room(qp.recv_cq) {
         let Ok(Some(wqe)) = qp.rq.pop() else { break };
@@ -368,7 +393,6 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
             None,
             false,
         );
-        env.cqs.push(qp.recv_cq, wc);
-        qp.retire_recv(env, &wqe);
+        qp.complete_recv(env, &wqe, wc);
     }
 }
