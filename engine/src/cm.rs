@@ -676,7 +676,7 @@ fn new_link(
         Mem::from_segment(Arc::new(page)),
         (shared.id, peer_trace_id),
     );
-    Ok(shared.engine.with(|e| e.add_link(l)))
+    shared.engine.with(|e| e.add_link(l))
 }
 
 /// Takes the last of the `n` descriptors a REP must carry: the peer's arena.

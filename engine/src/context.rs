@@ -20,6 +20,7 @@ use crate::mr_table::MrTable;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
+use crate::slots::SlotTable;
 use crate::timer::{Deadline, Timestamp};
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::Qpn;
@@ -99,62 +100,52 @@ pub(crate) type CqProducer = Producer<WorkCompletion, HeapStorage<WorkCompletion
 ///
 /// A CQ's number carries a generation tag above its index, so a QP that outlives its CQ
 /// can never complete into a newer CQ that reused the slot.
-#[derive(Default)]
 pub(crate) struct CqTable {
-    cqs: Vec<(u32, Option<CqProducer>)>,
+    cqs: SlotTable<CqProducer>,
 }
 
-const CQ_INDEX_BITS: u32 = 20;
+/// Bits of a CQ number that index the table; the rest is the generation.
+const CQ_INDEX_BITS: u32 = 16;
+/// The most completion queues one context can hold.
+pub(crate) const MAX_CQS: u32 = 1 << CQ_INDEX_BITS;
+
+impl Default for CqTable {
+    fn default() -> CqTable {
+        CqTable {
+            cqs: SlotTable::new(MAX_CQS, 32 - CQ_INDEX_BITS),
+        }
+    }
+}
 
 impl CqTable {
-    /// Adds a completion queue; returns its number.
-    pub(crate) fn insert(&mut self, producer: CqProducer) -> u32 {
-        let i = match self.cqs.iter().position(|(_, p)| p.is_none()) {
-            Some(i) => i,
-            None => {
-                self.cqs.push((0, None));
-                self.cqs.len() - 1
-            }
-        };
-        let (gen_, slot) = &mut self.cqs[i];
-        *gen_ = (*gen_ + 1) & ((1 << (32 - CQ_INDEX_BITS)) - 1);
-        *slot = Some(producer);
-        *gen_ << CQ_INDEX_BITS | i as u32
+    /// Adds a completion queue; returns its number, or `None` when the context has
+    /// [`MAX_CQS`].
+    pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<u32> {
+        let (index, generation) = self.cqs.insert_with(|_, _| producer)?;
+        Some(generation << CQ_INDEX_BITS | index)
     }
 
+    #[inline]
     fn get(&mut self, cq: u32) -> Option<&mut CqProducer> {
-        let (gen_, slot) = self
-            .cqs
-            .get_mut((cq & ((1 << CQ_INDEX_BITS) - 1)) as usize)?;
-        if *gen_ != cq >> CQ_INDEX_BITS {
-            return None;
-        }
-        slot.as_mut()
+        self.cqs.get_mut(cq & (MAX_CQS - 1), cq >> CQ_INDEX_BITS)
     }
 
     /// Removes completion queue `cq`.
     pub(crate) fn remove(&mut self, cq: u32) {
         if self.get(cq).is_some() {
-            self.cqs[(cq & ((1 << CQ_INDEX_BITS) - 1)) as usize].1 = None;
+            self.cqs.remove_at(cq & (MAX_CQS - 1));
         }
     }
 
     /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
-    /// completions have nowhere to go). The engine is the CQ's only producer: room found
-    /// here stays until it pushes.
-    ///
-    /// The application's index is reloaded only when the CQ looks full (a reserved chunk
-    /// that is dropped publishes nothing).
+    /// completions have nowhere to go).
     pub(crate) fn has_room(&mut self, cq: u32) -> bool {
-        self.get(cq).is_none_or(|p| p.write_chunk(1).is_ok())
+        self.get(cq)
+            .is_none_or(|p| p.free_slots().is_ok_and(|n| n > 0))
     }
 
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
     /// the work request and tries again later).
-    ///
-    /// A completion tells the application that the work request's resources are free:
-    /// release them (queue slot, regions' in-flight counts) before pushing, after checking
-    /// [`CqTable::has_room`] so that a full CQ leaves the request untouched.
     pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(p) => p.push(wc).is_ok(),

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::arena::{Block, PdArenas};
 use crate::qp::AccessFlags;
+use crate::slots::SlotTable;
 
 /// The part of a region shared with its application handle.
 #[derive(Debug, Default)]
@@ -53,11 +54,17 @@ pub(crate) enum AccessDenied {
 }
 
 /// The table.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct MrTable {
-    entries: Vec<Option<MrEntry>>,
-    tags: Vec<u8>,
-    free: Vec<u32>,
+    entries: SlotTable<MrEntry>,
+}
+
+impl Default for MrTable {
+    fn default() -> MrTable {
+        MrTable {
+            entries: SlotTable::new(MAX_MRS, 8),
+        }
+    }
 }
 
 /// The most regions one context can hold (24-bit index).
@@ -74,41 +81,24 @@ impl MrTable {
         va: u64,
         shared: Arc<MrShared>,
     ) -> Option<(u32, u32)> {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                let i = u32::try_from(self.entries.len())
-                    .ok()
-                    .filter(|&i| i < MAX_MRS)?;
-                self.entries.push(None);
-                self.tags.push(0);
-                i
-            }
-        };
-        let tag = &mut self.tags[index as usize];
-        // Never 0, so that no key is 0.
-        *tag = if *tag == u8::MAX { 1 } else { *tag + 1 };
-        let key = index << 8 | u32::from(*tag);
-        self.entries[index as usize] = Some(MrEntry {
-            key,
-            pd,
-            access,
-            block,
-            len,
-            va,
-            shared,
-            zombie: false,
-        });
-        Some((index, key))
+        // The generation (never 0, so that no key is 0) is the key's low 8 bits.
+        self.entries
+            .insert_with(|index, tag| MrEntry {
+                key: index << 8 | tag,
+                pd,
+                access,
+                block,
+                len,
+                va,
+                shared,
+                zombie: false,
+            })
+            .map(|(index, tag)| (index, index << 8 | tag))
     }
 
     /// The live entry named by `key`.
     pub(crate) fn by_key(&self, key: u32) -> Result<&MrEntry, AccessDenied> {
-        let e = self
-            .entries
-            .get((key >> 8) as usize)
-            .and_then(Option::as_ref)
-            .ok_or(AccessDenied::UnknownKey)?;
+        let e = self.entries.at(key >> 8).ok_or(AccessDenied::UnknownKey)?;
         if e.key != key || e.zombie {
             return Err(AccessDenied::StaleKey);
         }
@@ -151,10 +141,9 @@ impl MrTable {
     /// already at zero) is ignored rather than wrapped around: whatever the caller believes,
     /// a region's count never underflows, so a busy region can never look free.
     pub(crate) fn release(&mut self, index: u32, pds: &mut PdArenas) {
-        let Some(slot) = self.entries.get_mut(index as usize) else {
+        let Some(e) = self.entries.at(index) else {
             return;
         };
-        let Some(e) = slot.as_ref() else { return };
         // Only the engine decrements (under its token), so a count read as non-zero stays
         // non-zero until the decrement below; the application only increments.
         if e.shared.in_flight.load(Ordering::Relaxed) == 0 {
@@ -164,31 +153,29 @@ impl MrTable {
         // engine's last write into the region happens-before the application's next access.
         let before = e.shared.in_flight.fetch_sub(1, Ordering::Release);
         if before == 1 && e.zombie {
-            Self::free_entry(slot, &mut self.free, index, pds);
+            self.free_entry(index, pds);
         }
     }
 
     /// Frees a dead entry's block in its arena, and the arena's hold on it.
-    fn free_entry(slot: &mut Option<MrEntry>, free: &mut Vec<u32>, index: u32, pds: &mut PdArenas) {
-        if let Some(e) = slot.take() {
+    fn free_entry(&mut self, index: u32, pds: &mut PdArenas) {
+        if let Some(e) = self.entries.remove_at(index) {
             if let Some(arena) = pds.get_mut(e.pd) {
                 arena.free(e.block);
             }
             pds.unhold(e.pd);
-            free.push(index);
         }
     }
 
     /// Deregisters entry `index` (its handle is gone). Frees the memory now if nothing is in
     /// flight, else marks it a zombie freed by the last [`MrTable::release`].
     pub(crate) fn remove(&mut self, index: u32, pds: &mut PdArenas) {
-        let Some(slot) = self.entries.get_mut(index as usize) else {
+        let Some(e) = self.entries.at_mut(index) else {
             return;
         };
-        let Some(e) = slot.as_mut() else { return };
         // SYNC: Acquire pairs with the Release decrement in `release`.
         if e.shared.in_flight.load(Ordering::Acquire) == 0 {
-            Self::free_entry(slot, &mut self.free, index, pds);
+            self.free_entry(index, pds);
         } else {
             e.zombie = true;
         }
@@ -197,7 +184,7 @@ impl MrTable {
     /// Number of live and zombie entries.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.entries.iter().filter(|e| e.is_some()).count()
+        self.entries.len()
     }
 }
 

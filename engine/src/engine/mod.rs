@@ -29,6 +29,7 @@ use crate::mr_table::MrTable;
 use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
 use crate::responder;
+use crate::slots::SlotTable;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use crate::wqe::SqWqe;
@@ -42,14 +43,15 @@ const TX_BUDGET: usize = 32;
 const TIMER_EVERY: u32 = 8;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
+/// The most links (peer engines, or `Context::link_with` pairs) one context can have.
+pub(crate) const MAX_LINKS: u32 = 4096;
 
 /// The engine's state: everything the poll loop touches.
 pub(crate) struct Engine {
     /// The arena, memory regions, completion queues and counters.
     pub(crate) res: Resources,
-    qps: Vec<Option<QpCtx>>,
-    qp_gen: Vec<u32>,
-    links: Vec<Option<Link>>,
+    qps: SlotTable<QpCtx>,
+    links: SlotTable<Link>,
     active: ActiveSet,
     /// QPs whose doorbell rang this iteration (new send WQEs to fetch).
     rung: ActiveSet,
@@ -71,9 +73,9 @@ impl Engine {
                 cqs: CqTable::default(),
                 stats: Stats::default(),
             },
-            qps: Vec::new(),
-            qp_gen: Vec::new(),
-            links: Vec::new(),
+            // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
+            qps: SlotTable::new(MAX_QPS as u32, 24 - QP_INDEX_BITS),
+            links: SlotTable::new(MAX_LINKS, 8),
             active: ActiveSet::new(),
             rung: ActiveSet::new(),
             rx: vec![PacketSlot::default(); RX_BURST + MAX_CONTINUATION].into_boxed_slice(),
@@ -85,36 +87,21 @@ impl Engine {
 
     /// Adds a QP built by `make` from its index and QPN.
     pub(crate) fn add_qp(&mut self, make: impl FnOnce(Qpn) -> QpCtx) -> Result<(u32, Qpn)> {
-        let index = match self.qps.iter().position(Option::is_none) {
-            Some(i) => i,
-            None if self.qps.len() < MAX_QPS => {
-                self.qps.push(None);
-                self.qp_gen.push(0);
-                self.qps.len() - 1
-            }
-            None => {
-                return Err(Error::LimitReached {
+        let qpn = |index, generation| Qpn::new(generation << QP_INDEX_BITS | index);
+        let (index, generation) =
+            self.qps
+                .insert_with(|i, g| make(qpn(i, g)))
+                .ok_or(Error::LimitReached {
                     what: "queue pairs in one context",
                     limit: MAX_QPS as u32,
-                });
-            }
-        };
-        let gen_ = &mut self.qp_gen[index];
-        // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
-        *gen_ = if *gen_ >= (1 << (24 - QP_INDEX_BITS)) - 1 {
-            1
-        } else {
-            *gen_ + 1
-        };
-        let qpn = Qpn::new(*gen_ << QP_INDEX_BITS | index as u32);
-        self.qps[index] = Some(make(qpn));
-        Ok((index as u32, qpn))
+                })?;
+        Ok((index, qpn(index, generation)))
     }
 
     /// Removes a QP: its unfinished work requests are dropped and their memory regions
     /// released.
     pub(crate) fn remove_qp(&mut self, index: u32) {
-        let Some(mut qp) = self.qps.get_mut(index as usize).and_then(Option::take) else {
+        let Some(mut qp) = self.qps.remove_at(index) else {
             return;
         };
         self.active.remove(index);
@@ -124,15 +111,12 @@ impl Engine {
     /// The QP numbered `qpn`.
     pub(crate) fn qp_by_qpn(&self, qpn: Qpn) -> Option<&QpCtx> {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-        self.qps
-            .get(index as usize)
-            .and_then(Option::as_ref)
-            .filter(|q| q.qpn == qpn)
+        self.qps.at(index).filter(|q| q.qpn == qpn)
     }
 
     /// The QP at `index`.
     pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpCtx> {
-        self.qps.get_mut(index as usize).and_then(Option::as_mut)
+        self.qps.at_mut(index)
     }
 
     /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes.
@@ -140,15 +124,13 @@ impl Engine {
         let links = &self.links;
         let qp = self
             .qps
-            .get_mut(index as usize)
-            .and_then(Option::as_mut)
+            .at_mut(index)
             .ok_or(Error::ForeignObject { what: "QP" })?;
         let (to, cfg) = plan_modify(qp.state, &qp.cfg, attr)?;
         let mut peer_mem = None;
         if let Some(d) = attr.dest {
             let link = links
-                .get(d.link.0 as usize)
-                .and_then(Option::as_ref)
+                .at(d.link.0)
                 .filter(|l| l.down.is_none())
                 .ok_or_else(|| {
                     Error::invalid(
@@ -202,23 +184,23 @@ impl Engine {
     }
 
     /// Adds a link; returns its id.
-    pub(crate) fn add_link(&mut self, link: Link) -> LinkId {
-        let i = match self.links.iter().position(Option::is_none) {
-            Some(i) => {
-                self.links[i] = Some(link);
-                i
-            }
-            None => {
-                self.links.push(Some(link));
-                self.links.len() - 1
-            }
-        };
-        LinkId(i as u32)
+    ///
+    /// # Errors
+    /// [`Error::LimitReached`] when the context has [`MAX_LINKS`] links.
+    pub(crate) fn add_link(&mut self, link: Link) -> Result<LinkId> {
+        let (i, _) = self
+            .links
+            .insert_with(|_, _| link)
+            .ok_or(Error::LimitReached {
+                what: "links (peer engines) of one context",
+                limit: MAX_LINKS,
+            })?;
+        Ok(LinkId(i))
     }
 
     /// The link `id`.
     pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
-        self.links.get_mut(id.0 as usize).and_then(Option::as_mut)
+        self.links.at_mut(id.0)
     }
 
     /// Tears a link down: the QPs using it go to the Error state on the next iteration.
@@ -226,21 +208,12 @@ impl Engine {
         if let Some(l) = self.link_mut(id) {
             l.down.get_or_insert(why);
         }
-        for (i, qp) in self.qps.iter().enumerate() {
-            if qp
-                .as_ref()
-                .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == id))
-            {
-                self.active.insert(i as u32);
-            }
-        }
+        wake_link_qps(&self.qps, &mut self.active, id);
     }
 
     /// Removes a link no QP uses any more.
     pub(crate) fn remove_link(&mut self, id: LinkId) {
-        if let Some(slot) = self.links.get_mut(id.0 as usize) {
-            *slot = None;
-        }
+        self.links.remove_at(id.0);
     }
 
     /// One iteration of the poll loop; returns the packets received and sent.
@@ -265,8 +238,7 @@ impl Engine {
         let mut work = 0;
 
         // 2. Receive.
-        for (l, link) in links.iter_mut().enumerate() {
-            let Some(link) = link.as_mut() else { continue };
+        for (l, link) in links.iter_mut() {
             if link.down.is_some() {
                 continue;
             }
@@ -274,7 +246,7 @@ impl Engine {
                 Ok(n) => n,
                 Err(e) => {
                     link.down = Some(e.to_string());
-                    wake_link_qps(qps, active, LinkId(l as u32));
+                    wake_link_qps(qps, active, LinkId(l));
                     continue;
                 }
             };
@@ -298,7 +270,7 @@ impl Engine {
                                  slots"
                                     .into(),
                             );
-                            wake_link_qps(qps, active, LinkId(l as u32));
+                            wake_link_qps(qps, active, LinkId(l));
                             break;
                         }
                     }
@@ -307,15 +279,12 @@ impl Engine {
                 let qpn = RxPacket::dest_qp(slot);
                 let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
                 let qp = qps
-                    .get_mut(index as usize)
-                    .and_then(Option::as_mut)
-                    .filter(|qp| {
-                        qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l as u32))
-                    });
+                    .at_mut(index)
+                    .filter(|qp| qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l)));
                 if let Some(t) = trace.as_deref_mut() {
                     let sender = qp.as_ref().and_then(|q| q.peer_mem.as_ref());
                     t.packet(
-                        LinkId(l as u32),
+                        LinkId(l),
                         link.endpoints,
                         false,
                         link.rx_tap,
@@ -361,18 +330,14 @@ impl Engine {
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros();
                 bits &= bits - 1;
-                let Some(qp) = qps.get_mut(i as usize).and_then(Option::as_mut) else {
+                let Some(qp) = qps.at_mut(i) else {
                     active.remove(i);
                     continue;
                 };
                 if rung.contains(i) {
                     requester::fetch(qp);
                 }
-                let link = qp
-                    .cfg
-                    .dest
-                    .and_then(|d| links.get_mut(d.link.0 as usize))
-                    .and_then(Option::as_mut);
+                let link = qp.cfg.dest.and_then(|d| links.at_mut(d.link.0));
                 match link {
                     Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
                         if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
@@ -408,11 +373,8 @@ impl Engine {
         rung.clear();
 
         // 4. Publish.
-        for (l, link) in links.iter_mut().enumerate() {
-            let _ = l;
-            if let Some(link) = link.as_mut() {
-                link.publish();
-            }
+        for (_, link) in links.iter_mut() {
+            link.publish();
         }
         work
     }
@@ -445,14 +407,14 @@ impl Engine {
             trace,
             ..
         } = self;
-        let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
+        let Some(qp) = qps.at_mut(index) else {
             return;
         };
         active.insert(index);
         requester::fetch(qp);
         add(qp);
         let Some(d) = qp.cfg.dest else { return };
-        let Some(link) = links.get_mut(d.link.0 as usize).and_then(Option::as_mut) else {
+        let Some(link) = links.at_mut(d.link.0) else {
             return;
         };
         if link.down.is_some() {
@@ -484,12 +446,10 @@ impl Engine {
 }
 
 /// Puts every QP of link `id` in the active set (the link went down: they must see it).
-fn wake_link_qps(qps: &[Option<QpCtx>], active: &mut ActiveSet, id: LinkId) {
-    for (i, q) in qps.iter().enumerate() {
-        if q.as_ref()
-            .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == id))
-        {
-            active.insert(i as u32);
+fn wake_link_qps(qps: &SlotTable<QpCtx>, active: &mut ActiveSet, id: LinkId) {
+    for (i, q) in qps.iter() {
+        if q.cfg.dest.is_some_and(|d| d.link == id) {
+            active.insert(i);
         }
     }
 }
@@ -559,11 +519,7 @@ impl Engine {
     /// was destroyed; its number is not reused for a while, thanks to the generation tag).
     pub(crate) fn peer_gone(&mut self, qpn: Qpn) -> bool {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-        let exists = self
-            .qps
-            .get(index as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|q| q.qpn == qpn);
+        let exists = self.qp_by_qpn(qpn).is_some();
         exists && self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok()
     }
 }

@@ -556,7 +556,8 @@ impl Context {
     /// [`Destination`](crate::Destination)s. A context may link with itself (loopback).
     ///
     /// # Errors
-    /// The link segment cannot be created or mapped.
+    /// The link segment cannot be created or mapped, or either context has 4,096 links
+    /// ([`Error::LimitReached`]).
     pub fn link_with(&self, peer: &Context) -> Result<(LinkId, LinkId)> {
         let seg = link::create_link_segment(self.shared.link_slots, self.shared.huge_pages)?;
         // Both engines live in this process: each sees the other's engine page and arenas
@@ -573,7 +574,7 @@ impl Context {
             );
             l.rx_tap = false;
             l.local_peer = Some(Arc::downgrade(&self.shared));
-            let id = self.shared.engine.with(|e| e.add_link(l));
+            let id = self.shared.engine.with(|e| e.add_link(l))?;
             return Ok((id, id));
         }
         let seg_b = link::open_link_segment(
@@ -595,8 +596,14 @@ impl Context {
         lb.rx_tap = !same_tap;
         la.local_peer = Some(Arc::downgrade(&peer.shared));
         lb.local_peer = Some(Arc::downgrade(&self.shared));
-        let a = self.shared.engine.with(|e| e.add_link(la));
-        let b = peer.shared.engine.with(|e| e.add_link(lb));
+        let a = self.shared.engine.with(|e| e.add_link(la))?;
+        let b = match peer.shared.engine.with(|e| e.add_link(lb)) {
+            Ok(b) => b,
+            Err(err) => {
+                self.shared.engine.with(|e| e.remove_link(a));
+                return Err(err);
+            }
+        };
         self.shared.kick();
         peer.shared.kick();
         Ok((a, b))
