@@ -3,7 +3,7 @@
 //!
 //! # Ownership: why a posted buffer cannot be freed or mutably borrowed
 //!
-//! Buffers live in memory regions ([`Mr`]) carved from this process's arena. A work request
+//! Buffers live in memory regions ([`Mr`]) carved from their protection domain's arena. A work request
 //! names its buffers with [`Sge`]s, which borrow their `Mr` only for the duration of the
 //! `post_*` call; posting records each element in the region's *in-flight count*, and the
 //! engine drops it when the work request retires (its completion is generated). So:
@@ -19,6 +19,39 @@
 //!   but frees its memory only when the last work request using it retires.
 //!
 //! No `unsafe` is needed anywhere in this API.
+//!
+//! # Security model: what a connected peer can read and write
+//!
+//! A peer is a process that completed the connection handshake (by default, of the same
+//! user: [`PeerPolicy`](crate::PeerPolicy)). Whatever it does afterwards — map what it
+//! received writable, rewrite shared memory, send any bytes — the rule is:
+//!
+//! * **It writes nothing of yours.** Your memory regions are only ever written by your own
+//!   engine, after it checked the R_Key, the protection domain, the access flags and the
+//!   bounds of a remote request. The arena descriptors a peer receives are read-only
+//!   reopens of memfds sealed with `F_SEAL_FUTURE_WRITE`: the kernel refuses a writable
+//!   mapping, an `mprotect` to writable, `write(2)`, hole punching and truncation, however
+//!   the peer obtained the descriptor.
+//! * **It reads exactly the arenas of the protection domains connected to it.** Each
+//!   [`Pd`] has its own arena; a peer receives a domain's arena when one of that domain's
+//!   QPs connects to it, and can then read every region of that domain (zero-copy needs the
+//!   receiver to read the sender's buffers) and the domain's inline staging — nothing of
+//!   other domains, nothing of your heap. Freed regions are zeroed before a peer could read
+//!   them again. To keep peers apart, give each its own protection domain.
+//! * **It sees no engine bookkeeping.** Queues, scatter/gather tables, keys, in-flight
+//!   counts and QP state live in private memory. Besides the arenas a peer shares the link
+//!   segment (the two packet rings, which both sides write) and reads your engine page
+//!   (one word saying whether your engine sleeps).
+//! * **It can hurt only its own connections.** Every index, length, offset, key and opcode
+//!   read from a link is checked before use; a peer that breaks the ring protocol gets its
+//!   link torn down. Sizes are capped before anything is mapped
+//!   ([`ConnectParams::max_peer_arena`](crate::cm::ConnectParams::max_peer_arena)), and a
+//!   peer's segments are never populated, so a peer cannot make you commit memory.
+//!
+//! What this does not cover: the operating system's own boundary. A process of the same
+//! user may `ptrace` you or open `/proc/PID/mem` unless Yama or `prctl(PR_SET_DUMPABLE, 0)`
+//! forbids it; for a boundary against such a process, run peers as another user and admit
+//! them with [`PeerPolicy`](crate::PeerPolicy).
 
 pub(crate) mod cq;
 pub(crate) mod mr;
