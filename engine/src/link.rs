@@ -644,7 +644,7 @@ const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x01");
 pub(crate) const DEFAULT_LINK_SLOTS: usize = 1024;
 /// The most packet slots per direction a link may have (`ContextBuilder::link_slots`); an
 /// opener refuses a larger link segment.
-pub(crate) const MAX_LINK_SLOTS: usize = 1 << 16;
+pub(crate) const MAX_LINK_SLOTS: usize = 1 << 14;
 
 /// The link header at data offset 0: where the two rings are.
 #[repr(C)]
@@ -674,7 +674,7 @@ fn link_segment_len(slots: usize) -> Result<usize> {
 }
 
 /// Maps a link segment a peer created: at most the size of a link of [`MAX_LINK_SLOTS`]
-/// slots, and faulted in (its size is bounded) so the packet path takes no page fault.
+/// slots, not populated (its ring pages are faulted in as packets first use them).
 pub(crate) fn open_link_segment(fd: std::os::fd::OwnedFd) -> Result<Arc<Segment>> {
     let seg = Segment::open(
         fd,
@@ -682,7 +682,6 @@ pub(crate) fn open_link_segment(fd: std::os::fd::OwnedFd) -> Result<Arc<Segment>
         shmhca_rings::segment::Access::ReadWrite,
         link_segment_len(MAX_LINK_SLOTS)?,
     )?;
-    let _ = seg.prefault();
     Ok(Arc::new(seg))
 }
 
@@ -750,6 +749,10 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
     })
 }
 
+/// What tells a peer's arenas apart: the memfd's device and inode numbers (or, for a peer
+/// in this process, its protection domain and engine numbers).
+pub(crate) type ArenaKey = (u64, u64);
+
 /// One link as the engine holds it.
 pub(crate) struct Link {
     /// Keeps the link segment mapped.
@@ -758,8 +761,8 @@ pub(crate) struct Link {
     pub(crate) tx: TxBatch,
     /// The peer's engine page, read-only (its wake-up word).
     peer_page: Mem,
-    /// The peer's arenas mapped for this link (read-only), by the peer's name for them.
-    peer_arenas: Vec<(u64, Mem)>,
+    /// The peer's arenas mapped for this link (read-only), by their identity.
+    peer_arenas: Vec<(ArenaKey, Mem)>,
     /// Which arena each connected peer QP sends payloads from.
     peer_qps: Vec<(Qpn, usize)>,
     /// Set when the link is torn down (peer broke a ring, or hung up).
@@ -796,7 +799,7 @@ impl Link {
     }
 
     /// The peer arena named `key`, if it was mapped for this link already.
-    pub(crate) fn peer_arena(&self, key: u64) -> Option<&Mem> {
+    pub(crate) fn peer_arena(&self, key: ArenaKey) -> Option<&Mem> {
         self.peer_arenas
             .iter()
             .find(|(k, _)| *k == key)
@@ -805,7 +808,7 @@ impl Link {
 
     /// Records that peer QP `qpn` sends from the peer arena `key`, mapped as `mem` (ignored
     /// if that arena is known already).
-    pub(crate) fn add_peer_qp(&mut self, qpn: Qpn, key: u64, mem: Mem) {
+    pub(crate) fn add_peer_qp(&mut self, qpn: Qpn, key: ArenaKey, mem: Mem) {
         let at = match self.peer_arenas.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {

@@ -620,8 +620,7 @@ impl Segment {
     /// nothing here.
     ///
     /// The mapping is not populated: its pages cost nothing until they are touched, so a
-    /// peer's sparse segment commits no memory here. Call [`Segment::prefault`] for one
-    /// whose size the caller bounded and wants faulted in now.
+    /// peer's sparse segment commits no memory here.
     ///
     /// # Errors
     ///
@@ -741,21 +740,6 @@ impl Segment {
         })
     }
 
-    /// Faults every page of the mapping in now (`MADV_POPULATE_READ`/`WRITE`), so that the
-    /// hot path takes no page fault on it. Only for segments whose size the caller bounded:
-    /// this commits the whole segment.
-    ///
-    /// # Errors
-    ///
-    /// The system error (e.g. `EINVAL` before Linux 5.14, or no memory left).
-    pub fn prefault(&self) -> io::Result<()> {
-        let advice = match self.access {
-            Access::ReadWrite => memmap2::Advice::PopulateWrite,
-            Access::ReadOnly => memmap2::Advice::PopulateRead,
-        };
-        self.map.advise(advice)
-    }
-
     /// The segment's memfd. To hand the segment to a peer use [`Segment::share_fd`], which
     /// gives a read-only descriptor for [`Sharing::CreatorWrites`] segments.
     pub fn as_fd(&self) -> BorrowedFd<'_> {
@@ -768,9 +752,9 @@ impl Segment {
     /// # Errors
     ///
     /// The system error of `fstat`.
-    pub fn identity(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    pub fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
         let st = rustix::fs::fstat(fd)?;
-        Ok((st.st_dev as u64).rotate_left(32) ^ st.st_ino as u64)
+        Ok((st.st_dev as u64, st.st_ino as u64))
     }
 
     /// Who may write the segment (for an opened one: what its seals say).

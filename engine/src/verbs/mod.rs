@@ -180,8 +180,8 @@ impl ContextBuilder {
         self
     }
 
-    /// Packet slots per direction of each link this context creates (a power of two;
-    /// default 1024).
+    /// Packet slots per direction of each link this context creates (a power of two up to
+    /// 16,384; default 1024). A peer's link is accepted up to the same size.
     pub fn link_slots(mut self, slots: usize) -> ContextBuilder {
         self.link_slots = slots;
         self
@@ -195,10 +195,14 @@ impl ContextBuilder {
     /// cannot be created, or an option is out of range (an arena size of 0 or above this
     /// machine's memory, link slots not a power of two).
     pub fn build(self) -> Result<Context> {
-        if !self.link_slots.is_power_of_two() {
+        if !self.link_slots.is_power_of_two() || self.link_slots > link::MAX_LINK_SLOTS {
             return Err(Error::invalid(
                 "link_slots",
-                format!("{}; use a power of two such as 1024", self.link_slots),
+                format!(
+                    "{}; use a power of two up to {} such as 1024",
+                    self.link_slots,
+                    link::MAX_LINK_SLOTS
+                ),
             ));
         }
         check_arena_size(self.arena_size)?;
@@ -356,7 +360,7 @@ impl Shared {
         };
         let found = peer.engine.with(|e| {
             e.qp_by_qpn(d.qpn).map(|q| {
-                let key = u64::from(q.pd) << 32 | u64::from(peer.id);
+                let key = (u64::from(q.pd), u64::from(peer.id));
                 (key, q.mem.read_only())
             })
         });
