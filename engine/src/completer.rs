@@ -20,7 +20,6 @@
 use crate::context::{Env, QpCtx};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::{Payload, RxPacket};
-use crate::mem::Mem;
 use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::requester::rewind;
@@ -31,7 +30,7 @@ use crate::wire::opcode::{OpClass, Position};
 use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
-pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let info = pkt.info;
     if qp.state == QpState::Rtr {
         // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
@@ -179,7 +178,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &R
             let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
-            match dma::copy_payload(pkt, peer, &qp.mem, sgl, &mut cursor) {
+            match dma::copy_payload(pkt, &qp.peer_mem, &qp.mem, sgl, &mut cursor) {
                 Ok(n) => env.stats.payload_bytes_copied += n,
                 Err(
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,

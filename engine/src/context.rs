@@ -261,8 +261,9 @@ pub(crate) struct QpCtx {
     /// The protection domain's arena: this QP's gather sources, scatter targets, RDMA
     /// targets and inline staging.
     pub(crate) mem: Mem,
-    /// The arena the peer QP sends from (read-only), known from RTR on.
-    pub(crate) peer_mem: Option<Mem>,
+    /// The arena the peer QP sends from (read-only), known from RTR on; before that an
+    /// empty memory, where every payload reference is out of range.
+    pub(crate) peer_mem: Mem,
     /// Private memory holding the rows of multi-element scatter/gather lists (written by
     /// `post_send`/`post_recv`, read by the engine; no peer can map it).
     pub(crate) tables: Mem,

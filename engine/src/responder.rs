@@ -36,7 +36,6 @@ use crate::context::{Env, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::GatherList;
 use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
-use crate::mem::Mem;
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::requester::DEFAULT_PKEY;
@@ -208,7 +207,7 @@ impl Responder {
 }
 
 /// Handles one request packet addressed to this QP's RQ Logic.
-pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let info = pkt.info;
     if !qp.state.receives() {
         env.stats.dropped += 1;
@@ -257,8 +256,8 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &Rx
         return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     match info.class {
-        OpClass::Send => send(qp, env, peer, pkt, info),
-        OpClass::RdmaWrite => write(qp, env, peer, pkt, info),
+        OpClass::Send => send(qp, env, pkt, info),
+        OpClass::RdmaWrite => write(qp, env, pkt, info),
         OpClass::RdmaReadRequest => read(qp, env, pkt),
         OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
         _ => env.stats.dropped += 1,
@@ -311,7 +310,7 @@ fn ack(qp: &mut QpCtx, psn: Psn) {
     qp.resp.queue(Out::Ack { psn, msn });
 }
 
-fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let psn = pkt.bth.psn;
     let len = pkt.payload.len();
     if !length_ok(info.position, len, qp.cfg.path_mtu.bytes()) {
@@ -344,7 +343,7 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
     };
     match dma::copy_payload(
         pkt,
-        peer,
+        &qp.peer_mem,
         &qp.mem,
         Sgl::new(&wqe.data, &qp.tables),
         &mut cursor,
@@ -391,7 +390,7 @@ fn complete_recv(
     debug_assert!(completed, "room was checked");
 }
 
-fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let psn = pkt.bth.psn;
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
@@ -456,7 +455,13 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
         mr: NO_MR,
     });
     let mut cursor = Cursor::default();
-    match dma::copy_payload(pkt, peer, &qp.mem, Sgl::new(&dst, &qp.tables), &mut cursor) {
+    match dma::copy_payload(
+        pkt,
+        &qp.peer_mem,
+        &qp.mem,
+        Sgl::new(&dst, &qp.tables),
+        &mut cursor,
+    ) {
         Ok(n) => env.stats.payload_bytes_copied += n,
         Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest),
     }

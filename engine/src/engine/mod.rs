@@ -152,8 +152,8 @@ impl Engine {
         }
         let from = qp.state;
         qp.cfg = cfg;
-        if peer_mem.is_some() {
-            qp.peer_mem = peer_mem;
+        if let Some(m) = peer_mem {
+            qp.peer_mem = m;
         }
         let mut env = self.res.env();
         match to {
@@ -282,30 +282,25 @@ impl Engine {
                     .at_mut(index)
                     .filter(|qp| qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l)));
                 if let Some(t) = trace.as_deref_mut() {
-                    let sender = qp.as_ref().and_then(|q| q.peer_mem.as_ref());
+                    let sender = qp.as_ref().map_or(&*nomem, |q| &q.peer_mem);
                     t.packet(
                         LinkId(l),
                         link.endpoints,
                         false,
                         link.rx_tap,
                         &rx[head..next],
-                        sender.unwrap_or(nomem),
+                        sender,
                     );
                 }
                 let (Some(qp), Ok(pkt)) = (qp, RxPacket::parse(slot, cont)) else {
                     env.stats.dropped += 1;
                     continue;
                 };
-                let Some(peer) = qp.peer_mem.take() else {
-                    env.stats.dropped += 1;
-                    continue;
-                };
                 if pkt.info.request {
-                    responder::on_request(qp, &mut env, &peer, &pkt);
+                    responder::on_request(qp, &mut env, &pkt);
                 } else {
-                    completer::on_response(qp, &mut env, &peer, &pkt);
+                    completer::on_response(qp, &mut env, &pkt);
                 }
-                qp.peer_mem = Some(peer);
                 active.insert(index);
             }
         }

@@ -104,7 +104,7 @@ impl Qp {
                 qpn,
                 pd: pdn,
                 mem: ctx_mem,
-                peer_mem: None,
+                peer_mem: Mem::private(0),
                 tables: ctx_tables,
                 state: QpState::Reset,
                 cfg: QpConfig::default(),
