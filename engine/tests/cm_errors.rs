@@ -792,3 +792,122 @@ fn objects_of_another_context_are_refused_and_the_server_is_told() {
     c.assert_clean();
     dir.assert_empty_and_remove();
 }
+
+/// Item 5 of issue 8: a client that sends half a REQ and stalls must not hold an
+/// inline-mode server up. `accept_timeout(2 ms)` keeps its deadline (it says no client
+/// completed yet), and the server's other connection keeps exchanging messages meanwhile:
+/// while the accept call waits, it runs the inline engine.
+#[test]
+fn a_stalled_handshake_costs_the_servers_other_connections_nothing() {
+    const MESSAGES: u64 = 200;
+    let mut s = side();
+    let dir = SockDir::new("err-stall");
+    let path = dir.sock("svc.sock");
+    let l = s.ctx.listen(&path).unwrap();
+    // Long enough that the stalled handshake outlives the test on a slow machine.
+    let server_params = ConnectParams::default().handshake_timeout(Duration::from_secs(30));
+
+    // A well-behaved client that sends numbered messages, each acknowledged.
+    let p = path.clone();
+    let good = std::thread::spawn(move || {
+        let mut c = side();
+        let mut conn = c.connect(&p, &ConnectParams::default()).unwrap();
+        for i in 0..MESSAGES {
+            conn.post_send(&SendWr::inline(i, SendOp::Send, &i.to_le_bytes()))
+                .unwrap();
+            let wc = wait(&mut c.cq, 1);
+            assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
+        }
+        conn
+    });
+    let mut sconn = s.accept(&l, &server_params).unwrap();
+
+    // The stalled client: HELLO read, half a REQ sent, then silence until told to leave.
+    // (The HELLO comes from the server's next accept call: handshakes advance in them.)
+    let (stalled_tx, stalled_rx) = std::sync::mpsc::channel();
+    let (leave_tx, leave_rx) = std::sync::mpsc::channel::<()>();
+    let p = path.clone();
+    let stalled = std::thread::spawn(move || {
+        let mut c = raw_client(&p);
+        let bytes = req(LinkMode::New, offer()).encode();
+        c.write_all(&bytes[..HEADER_LEN + 10]).unwrap();
+        stalled_tx.send(()).unwrap();
+        let _ = leave_rx.recv();
+    });
+
+    // Receives for the good client's messages, re-posted as they complete.
+    let bufs: Vec<_> = (0..32)
+        .map(|_| s.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())
+        .collect();
+    for (i, b) in bufs.iter().enumerate() {
+        sconn
+            .post_recv(&RecvWr::new(i as u64, &[b.sge(0, 64).unwrap()]))
+            .unwrap();
+    }
+    let mut next = 0u64;
+    let mut wc = [WorkCompletion::default(); 16];
+    let mut stalling = false;
+    let start = std::time::Instant::now();
+    while next < MESSAGES || !stalling {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "only {next} messages arrived (stalled client in place: {stalling})"
+        );
+        stalling |= stalled_rx.try_recv().is_ok();
+        let t = std::time::Instant::now();
+        let e = connect_error(
+            l.accept_timeout(
+                Duration::from_millis(2),
+                &s.pd,
+                &s.cq,
+                &s.cq,
+                &server_params,
+            )
+            .unwrap_err(),
+        );
+        assert!(
+            e.contains("no client connected in time"),
+            "a stalled client is no connection and no error yet: {e}"
+        );
+        // Generous: the old code waited for the whole handshake timeout here.
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        let n = s.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            let b = &bufs[w.wr_id as usize];
+            let mut got = [0u8; 8];
+            b.read_at(0, &mut got).unwrap();
+            assert_eq!(u64::from_le_bytes(got), next, "in order, intact");
+            next += 1;
+            sconn
+                .post_recv(&RecvWr::new(w.wr_id, &[b.sge(0, 64).unwrap()]))
+                .unwrap();
+        }
+    }
+    assert_eq!(
+        l.handshakes_in_progress(),
+        1,
+        "the stalled client is still there"
+    );
+    let cconn = good.join().unwrap();
+    assert_eq!(sconn.state(), QpState::Rts);
+    assert_eq!(cconn.state(), QpState::Rts);
+
+    // The stalled client leaves: the next accept call reports it, and the listener serves
+    // the next client.
+    leave_tx.send(()).unwrap();
+    stalled.join().unwrap();
+    let e = connect_error(s.accept(&l, &server_params).unwrap_err());
+    assert!(
+        e.contains("closed the connection while this side waited for REQ"),
+        "{e}"
+    );
+    drop((cconn, sconn, bufs));
+    let c = side();
+    let p = path.clone();
+    let t = std::thread::spawn(move || drop(c.connect(&p, &ConnectParams::default()).unwrap()));
+    drop(s.accept(&l, &ConnectParams::default()).unwrap());
+    t.join().unwrap();
+    drop(l);
+    dir.assert_empty_and_remove();
+}
