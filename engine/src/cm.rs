@@ -108,6 +108,7 @@ pub(crate) mod watch;
 pub use connection::{Connection, LinkInfo, connect};
 pub use listener::Listener;
 pub use params::{ConnectParams, PeerPolicy};
+pub use watch::KEEPALIVE_INTERVAL;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

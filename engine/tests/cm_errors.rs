@@ -438,7 +438,10 @@ fn malformed_messages_are_rejected() {
                 b[8..10].copy_from_slice(&(VERSION + 1).to_le_bytes());
                 b
             },
-            "version 2, this side speaks version 1",
+            Box::leak(
+                format!("version {}, this side speaks version {VERSION}", VERSION + 1)
+                    .into_boxed_str(),
+            ),
             RejectReason::UnsupportedVersion,
         ),
         // A body larger than any message.

@@ -5,9 +5,9 @@ use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::channel::{Chan, Fail, PeerCred};
 use super::handshake::{Established, client_handshake};
@@ -34,22 +34,22 @@ pub(super) fn reject(chan: &Chan<'_>, f: Fail) -> Error {
     f.error
 }
 
-/// Ends a successful handshake: watches the connection for the peer's hang-up.
+/// Ends a successful handshake: watches the connection for the peer's hang-up and silence
+/// (with `params`' silence limit).
 pub(super) fn establish(
     chan: &Chan<'_>,
     stream: &Arc<UnixStream>,
     watcher: Arc<Watcher>,
     est: Established,
+    params: &ConnectParams,
 ) -> Connection {
-    let status = Arc::new(ConnStatus {
-        live: est.link.live.clone(),
-        why: Mutex::new(None),
-    });
+    let status = Arc::new(ConnStatus::new(est.link.live.clone()));
     let key = watcher.add(Watched {
         stream: stream.clone(),
         qpn: est.qp.qpn(),
         link: est.link.id,
         status: status.clone(),
+        silence_limit: params.silence_limit,
     });
     Connection {
         qp: Some(est.qp),
@@ -97,7 +97,7 @@ pub fn connect(
         timeout: params.handshake_timeout,
     };
     match client_handshake(shared, &chan, pd, send_cq, recv_cq, params) {
-        Ok(est) => Ok(establish(&chan, &stream, watcher, est)),
+        Ok(est) => Ok(establish(&chan, &stream, watcher, est, params)),
         Err(f) => Err(reject(&chan, f)),
     }
 }
@@ -218,6 +218,18 @@ impl Connection {
     /// Why the peer is gone, once it is.
     pub fn peer_gone_reason(&self) -> Option<String> {
         self.status.gone_reason()
+    }
+
+    /// How long since the peer was last heard from on the connection socket: since its last
+    /// keepalive, or since setup. A live peer's watcher sends one every
+    /// [`KEEPALIVE_INTERVAL`](super::KEEPALIVE_INTERVAL) whether or not the application
+    /// sends anything, so a value of many intervals means the peer process is stopped,
+    /// hung or starved of CPU, even though its socket is open and
+    /// [`Connection::is_peer_connected`] still says true. A receive-only application checks
+    /// this (or sets [`ConnectParams::peer_silence_limit`]) to notice such a peer. Keeps
+    /// growing once the peer is gone. Costs a lock, no system call.
+    pub fn peer_silent_for(&self) -> Duration {
+        self.status.silent_for()
     }
 }
 

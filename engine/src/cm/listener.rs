@@ -260,9 +260,13 @@ impl Listener {
         let result = self.accept_loop(&mut mine, deadline, pd, send_cq, recv_cq, params);
         self.lock_pending().append(&mut mine);
         Ok(match result? {
-            Some((hs, est)) => {
-                Accepted::Connection(establish(&hs.chan(&self.path), &hs.stream, watcher, est))
-            }
+            Some((hs, est)) => Accepted::Connection(establish(
+                &hs.chan(&self.path),
+                &hs.stream,
+                watcher,
+                est,
+                params,
+            )),
             None => Accepted::NotYet,
         })
     }

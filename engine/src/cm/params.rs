@@ -44,7 +44,7 @@ impl PeerPolicy {
 /// [`QpCaps`], PMTU 4096, remote write, read and atomic access enabled on the QP, Local Ack
 /// Timeout 14 (67 ms), Retry Count 7, RNR Retry Count 7 (forever), minimum RNR timer 12
 /// (0.64 ms), 4 responder resources and initiator depth 4, a random start PSN, no private
-/// data, a 5-second handshake timeout, and peers of the same user only.
+/// data, a 5-second handshake timeout, peers of the same user only, and no silence limit.
 ///
 /// ```
 /// use shmhca::{cm::ConnectParams, Mtu, QpCaps};
@@ -71,6 +71,7 @@ pub struct ConnectParams {
     pub(super) private_data: Vec<u8>,
     pub(super) handshake_timeout: Duration,
     pub(super) peer_policy: PeerPolicy,
+    pub(super) silence_limit: Option<Duration>,
 }
 
 impl Default for ConnectParams {
@@ -92,6 +93,7 @@ impl Default for ConnectParams {
             private_data: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
             peer_policy: PeerPolicy::SameUser,
+            silence_limit: None,
         }
     }
 }
@@ -193,6 +195,23 @@ impl ConnectParams {
         self
     }
 
+    /// Ends the connection when the peer has been silent this long (default `None`: never).
+    ///
+    /// Each side's watcher thread sends a keepalive on the connection socket every
+    /// [`KEEPALIVE_INTERVAL`](super::KEEPALIVE_INTERVAL), whatever the traffic; a peer whose
+    /// process is stopped (SIGSTOP, a debugger) or hung sends none, yet its socket stays
+    /// open. With a limit, such a connection ends as if the peer had hung up: its QP goes
+    /// to the Error state, its work requests complete with flush errors, and
+    /// [`Connection::peer_gone_reason`](super::Connection::peer_gone_reason) says so.
+    /// Without one, [`Connection::peer_silent_for`](super::Connection::peer_silent_for) lets
+    /// the application decide. The limit applies to this side only; it must be at least
+    /// three keepalive intervals, and should be far more on a busy machine (a starved
+    /// peer's watcher is late too).
+    pub fn peer_silence_limit(mut self, limit: Option<Duration>) -> ConnectParams {
+        self.silence_limit = limit;
+        self
+    }
+
     /// Checks every parameter's range.
     ///
     /// # Errors
@@ -232,6 +251,18 @@ impl ConnectParams {
                 format!(
                     "{} bytes; a connection carries at most {MAX_PRIVATE_DATA} bytes of private data",
                     self.private_data.len()
+                ),
+            ));
+        }
+        if let Some(l) = self
+            .silence_limit
+            .filter(|&l| l < super::KEEPALIVE_INTERVAL * 3)
+        {
+            return Err(Error::invalid(
+                "peer_silence_limit",
+                format!(
+                    "{l:?}; a peer sends a keepalive every {:?}, so the limit must be at least three of those, and on a busy machine far more (seconds)",
+                    super::KEEPALIVE_INTERVAL
                 ),
             ));
         }

@@ -258,7 +258,7 @@ fn bytes_after_setup_end_the_connection_on_both_sides() {
     eventually("the server drops the connection", || !s.is_peer_connected());
     let why = s.peer_gone_reason().unwrap();
     assert!(
-        why.contains("sent data on the connection socket after setup"),
+        why.contains("sent data other than keepalives on the connection socket after setup"),
         "{why}"
     );
     assert_eq!(s.state(), QpState::Error);
