@@ -439,8 +439,11 @@ fn malformed_messages_are_rejected() {
                 b
             },
             Box::leak(
-                format!("version {}, this side speaks version {VERSION}", VERSION + 1)
-                    .into_boxed_str(),
+                format!(
+                    "version {}, this side speaks version {VERSION}",
+                    VERSION + 1
+                )
+                .into_boxed_str(),
             ),
             RejectReason::UnsupportedVersion,
         ),
@@ -912,5 +915,133 @@ fn a_stalled_handshake_costs_the_servers_other_connections_nothing() {
     drop(s.accept(&l, &ConnectParams::default()).unwrap());
     t.join().unwrap();
     drop(l);
+    dir.assert_empty_and_remove();
+}
+
+/// The device and inode of the file at `path` (not following a symbolic link).
+fn file_id(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.dev(), m.ino())
+}
+
+/// Item 9 of issue 8 (library side): listening removes only what the listener created.
+/// Nothing that is not a stale socket is replaced, and a listener's drop removes its path
+/// only while it is still its own socket.
+#[test]
+fn listen_removes_only_what_it_created() {
+    let s = side();
+    let dir = SockDir::new("err-owned");
+    let path = dir.sock("svc.sock");
+
+    // A regular file, a directory, a symbolic link (to a live socket, even): refused, and
+    // left exactly as they were.
+    std::fs::write(&path, b"precious").unwrap();
+    let id = file_id(&path);
+    let e = connect_error(s.ctx.listen(&path).unwrap_err());
+    assert!(e.contains("not a socket") && e.contains("refusing"), "{e}");
+    assert_eq!(
+        (file_id(&path), std::fs::read(&path).unwrap()),
+        (id, b"precious".to_vec())
+    );
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert!(s.ctx.listen(&path).is_err());
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_dir());
+    std::fs::remove_dir(&path).unwrap();
+    let target = dir.sock("target.sock");
+    let other = UnixListener::bind(&target).unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    assert!(s.ctx.listen(&path).is_err());
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_symlink());
+    assert!(exists(&target));
+    std::fs::remove_file(&path).unwrap();
+
+    // A live listener that is not shmhca: its socket stays.
+    let id = file_id(&target);
+    let e = connect_error(s.ctx.listen(&target).unwrap_err());
+    assert!(e.contains("live listener"), "{e}");
+    assert_eq!(file_id(&target), id);
+    drop(other);
+    std::fs::remove_file(&target).unwrap();
+
+    // A live shmhca listener: a second listen on its path fails and its socket stays, still
+    // serving clients.
+    let first = s.ctx.listen(&path).unwrap();
+    let id = file_id(&path);
+    let e = connect_error(s.ctx.listen(&path).unwrap_err());
+    assert!(e.contains("live listener"), "{e}");
+    assert_eq!(
+        file_id(&path),
+        id,
+        "the live listener's socket is the same file"
+    );
+    let c = side();
+    let p = path.clone();
+    let client =
+        std::thread::spawn(move || drop(c.connect(&p, &ConnectParams::default()).unwrap()));
+    drop(s.accept(&first, &ConnectParams::default()).unwrap());
+    client.join().unwrap();
+
+    // Dropped, it removes its own socket ...
+    drop(first);
+    assert!(!exists(&path));
+    // ... but not a regular file that replaced it.
+    let l = s.ctx.listen(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, b"someone else's").unwrap();
+    drop(l);
+    assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
+    std::fs::remove_file(&path).unwrap();
+    s.assert_clean();
+    dir.assert_empty_and_remove();
+}
+
+/// A live listener that does not accept, its backlog full: a second listen on its path
+/// must neither hang probing it nor take the path.
+#[test]
+fn listen_does_not_hang_on_a_listener_with_a_full_backlog() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let s = side();
+    let dir = SockDir::new("err-backlog");
+    let path = dir.sock("svc.sock");
+    let addr = SocketAddrUnix::new(&path).unwrap();
+    let server = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+    rustix::net::bind(&server, &addr).unwrap();
+    rustix::net::listen(&server, 0).unwrap();
+    // Fill the backlog: connects that would block.
+    let mut clients = Vec::new();
+    loop {
+        let c = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::NONBLOCK,
+            None,
+        )
+        .unwrap();
+        match rustix::net::connect(&c, &addr) {
+            Ok(()) => clients.push(c),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(clients.len() < 10_000, "the backlog never filled");
+    }
+    let id = file_id(&path);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    let ctx = s.ctx;
+    let t = std::thread::spawn(move || {
+        let r = ctx.listen(&p).map(drop);
+        tx.send(r.map_err(connect_error)).unwrap();
+    });
+    let e = rx
+        .recv_timeout(DEADLINE)
+        .expect("listen() hung probing a listener with a full backlog")
+        .unwrap_err();
+    t.join().unwrap();
+    assert!(e.contains("live listener"), "{e}");
+    assert_eq!(file_id(&path), id);
+    drop((clients, server));
+    std::fs::remove_file(&path).unwrap();
     dir.assert_empty_and_remove();
 }

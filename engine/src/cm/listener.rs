@@ -12,7 +12,7 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -34,7 +34,10 @@ const INLINE_WAIT: Duration = Duration::from_micros(200);
 /// accepting connections (a client that sees it is not refused), and `link(2)` never replaces
 /// a file that appeared meanwhile. Falls back to binding `path` itself where that is not
 /// possible (a temporary name too long for a socket address, a file system without links).
-fn bind_in_place(path: &Path) -> Result<UnixListener> {
+///
+/// Returns the listener and the device and inode of its socket file, taken from the
+/// temporary name before it is linked into place (so it is this listener's file for sure).
+fn bind_in_place(path: &Path) -> Result<(UnixListener, (u64, u64))> {
     let p = path.display();
     // Clients connect by this path, so it must fit a socket address itself.
     if let Err(e) = std::os::unix::net::SocketAddr::from_pathname(path) {
@@ -44,10 +47,11 @@ fn bind_in_place(path: &Path) -> Result<UnixListener> {
     }
     let tmp = path.with_file_name(format!(".shmhca-{:016x}.sock", random_u64()));
     if let Ok(listener) = UnixListener::bind(&tmp) {
-        let linked = std::fs::hard_link(&tmp, path);
+        let ino = std::fs::symlink_metadata(&tmp).map(|m| (m.dev(), m.ino()));
+        let linked = ino.and_then(|ino| std::fs::hard_link(&tmp, path).map(|()| ino));
         let _ = std::fs::remove_file(&tmp);
         match linked {
-            Ok(()) => return Ok(listener),
+            Ok(ino) => return Ok((listener, ino)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 return Err(Error::Connect(format!(
                     "{p}: another listener bound it just now ({e})"
@@ -56,7 +60,7 @@ fn bind_in_place(path: &Path) -> Result<UnixListener> {
             Err(_) => {} // no hard links here: bind the path itself
         }
     }
-    UnixListener::bind(path).map_err(|e| {
+    let listener = UnixListener::bind(path).map_err(|e| {
         Error::Connect(match e.kind() {
             io::ErrorKind::NotFound => format!("{p}: the directory does not exist ({e})"),
             io::ErrorKind::InvalidInput => format!(
@@ -65,7 +69,29 @@ fn bind_in_place(path: &Path) -> Result<UnixListener> {
             io::ErrorKind::AddrInUse => format!("{p}: another listener bound it just now ({e})"),
             _ => format!("{p}: cannot listen ({e})"),
         })
-    })
+    })?;
+    let m = std::fs::symlink_metadata(path)
+        .map_err(|e| Error::io(format!("examining the new socket {p}"), e))?;
+    Ok((listener, (m.dev(), m.ino())))
+}
+
+/// Whether a listener is alive on the socket file at `path`: a non-blocking `connect(2)`
+/// that is refused means nobody listens there (a stale file left by a process that died);
+/// one that succeeds or finds the backlog full (`EAGAIN`) means somebody does. Never
+/// blocks, whatever the listener does.
+fn listener_alive(path: &Path) -> io::Result<bool> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    match rustix::net::connect(&fd, &SocketAddrUnix::new(path)?) {
+        Ok(()) | Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INPROGRESS) => Ok(true),
+        Err(rustix::io::Errno::CONNREFUSED) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A listening socket: [`Listener::accept`] turns each client into a [`Connection`]. The
@@ -94,8 +120,15 @@ enum Accepted {
 }
 
 impl Listener {
-    /// Listens on `path` (same as [`Context::listen`]). A stale socket file left by a
-    /// process that died is replaced; a live listener's is not.
+    /// Listens on `path` (same as [`Context::listen`]).
+    ///
+    /// Removes only what it created. An existing socket file is probed with a non-blocking
+    /// `connect(2)`: refused means stale (its listener died without removing it), and only
+    /// then is it replaced, if it is still the same file; accepted, or a full backlog,
+    /// means a live listener, whose socket is left alone. Anything else at `path` (a regular
+    /// file, a directory, a symbolic link) is never touched. The device and inode of the
+    /// socket this listener creates are recorded, and dropping the listener removes `path`
+    /// only if it still is that socket.
     ///
     /// # Errors
     /// [`Error::Connect`] if a live listener owns `path`, if `path` exists and is not a
@@ -105,14 +138,21 @@ impl Listener {
         let path = path.as_ref().to_path_buf();
         let p = path.display();
         match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_socket() => match UnixStream::connect(&path) {
-                Ok(_) => {
+            Ok(m) if m.file_type().is_socket() => match listener_alive(&path) {
+                Ok(true) => {
                     return Err(Error::Connect(format!(
                         "{p}: a live listener already owns this socket: use another path or stop that process"
                     )));
                 }
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    // Stale: its listener is gone.
+                Ok(false) => {
+                    // Stale: its listener is gone. Remove it only if it is still the file
+                    // probed (not one another listener put there meanwhile).
+                    let now = std::fs::symlink_metadata(&path);
+                    if !now.is_ok_and(|n| (n.dev(), n.ino()) == (m.dev(), m.ino())) {
+                        return Err(Error::Connect(format!(
+                            "{p}: the stale socket was replaced while this side probed it: another process is binding the same path"
+                        )));
+                    }
                     std::fs::remove_file(&path)
                         .map_err(|e| Error::io(format!("removing the stale socket {p}"), e))?;
                 }
@@ -126,18 +166,16 @@ impl Listener {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(format!("examining {p}"), e)),
         }
-        let listener = bind_in_place(&path)?;
+        let (listener, ino) = bind_in_place(&path)?;
         // Accept calls take every pending client without blocking.
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(format!("making the socket {p} non-blocking"), e))?;
-        let m = std::fs::symlink_metadata(&path)
-            .map_err(|e| Error::io(format!("examining the new socket {p}"), e))?;
         Ok(Listener {
             shared: ctx.shared.clone(),
             listener,
             path,
-            ino: (m.dev(), m.ino()),
+            ino,
             policy: PeerPolicy::SameUser,
             pending: Mutex::new(Vec::new()),
         })
