@@ -7,7 +7,7 @@
 //! Retry Count, minimum RNR NAK timer, end-to-end credit support, responder resources and
 //! initiator depth, queue depths and up to 256 bytes of private data — pass the link
 //! segment and the arenas with `SCM_RIGHTS`, and bring both QPs to RTS. Each side gets a
-//! [`Connection`]: the ready [`Qp`] (it derefs to it) plus what the peer sent.
+//! [`Connection`]: the ready [`Qp`](crate::Qp) (it derefs to it) plus what the peer sent.
 //!
 //! ```text
 //!   client                                   server
@@ -27,7 +27,7 @@
 //! side's RNR Retry Count is the one its peer asks for (spec/03: "supplied by the remote
 //! CA's CM"); a side's Local Ack Timeout is raised to cover the peer's Target Ack Delay.
 //! A field out of range, or an offer this side cannot meet, is answered with a REJ whose
-//! reason names it; both sides return [`Error::Connect`] saying what went wrong.
+//! reason names it; both sides return [`Error::Connect`](crate::Error::Connect) saying what went wrong.
 //!
 //! # One link per pair of engines
 //!

@@ -262,14 +262,6 @@ enum Stage {
     Rtu(Box<AwaitingRtu>),
 }
 
-/// What [`ServerHandshake::advance`] got to.
-pub(super) enum Step {
-    /// Waiting for the client to send more.
-    Waiting,
-    /// The connection is set up.
-    Done(Established),
-}
-
 /// A server's handshake with one client. Never blocks: [`ServerHandshake::advance`] takes
 /// what the (non-blocking) socket holds and moves on as far as it allows.
 pub(super) struct ServerHandshake {
@@ -343,7 +335,8 @@ impl ServerHandshake {
         }
     }
 
-    /// Takes what the client has sent and moves on. A REQ is answered with a QP in `pd`
+    /// Takes what the client has sent and moves on: `Some` once the connection is set up,
+    /// `None` while waiting for the client to send more. A REQ is answered with a QP in `pd`
     /// completing on `send_cq` / `recv_cq`, set up with `params` (those of the accept call
     /// that receives the REQ).
     ///
@@ -358,7 +351,7 @@ impl ServerHandshake {
         send_cq: &Cq,
         recv_cq: &Cq,
         params: &ConnectParams,
-    ) -> std::result::Result<Step, Fail> {
+    ) -> std::result::Result<Option<Established>, Fail> {
         loop {
             let what = self.waiting_for();
             let max_fds = if what == "REQ" { 2 } else { 0 };
@@ -374,7 +367,7 @@ impl ServerHandshake {
                 if Instant::now() >= self.deadline {
                     return Err(chan.late(what));
                 }
-                return Ok(Step::Waiting);
+                return Ok(None);
             };
             let stage = std::mem::replace(&mut self.stage, Stage::Req { retried: true });
             match (stage, m) {
@@ -396,7 +389,7 @@ impl ServerHandshake {
                         drop(link);
                         return Err(Fail::reject(RejectReason::Aborted, e));
                     }
-                    return Ok(Step::Done(Established {
+                    return Ok(Some(Established {
                         qp,
                         link,
                         cred: self.cred,

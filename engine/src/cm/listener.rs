@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::channel::{Chan, Fail};
 use super::connection::{Connection, establish, reject};
-use super::handshake::{Established, ServerHandshake, Step};
+use super::handshake::{Established, ServerHandshake};
 use super::params::{ConnectParams, PeerPolicy};
 use super::random_u64;
 use crate::EngineMode;
@@ -110,13 +110,6 @@ pub struct Listener {
     policy: PeerPolicy,
     /// Handshakes in progress that no accept call is advancing right now.
     pending: Mutex<Vec<ServerHandshake>>,
-}
-
-/// How an accept call ended.
-enum Accepted {
-    Connection(Connection),
-    /// The caller's deadline passed first.
-    NotYet,
 }
 
 impl Listener {
@@ -224,9 +217,11 @@ impl Listener {
         recv_cq: &Cq,
         params: &ConnectParams,
     ) -> Result<Connection> {
-        match self.accept_until(None, pd, send_cq, recv_cq, params)? {
-            Accepted::Connection(c) => Ok(c),
-            Accepted::NotYet => unreachable!("an accept without a deadline waits until done"),
+        loop {
+            // Without a deadline the call returns only with a connection or an error.
+            if let Some(c) = self.accept_until(None, pd, send_cq, recv_cq, params)? {
+                return Ok(c);
+            }
         }
     }
 
@@ -270,12 +265,7 @@ impl Listener {
         params: &ConnectParams,
     ) -> Result<Option<Connection>> {
         let deadline = Instant::now() + timeout;
-        Ok(
-            match self.accept_until(Some(deadline), pd, send_cq, recv_cq, params)? {
-                Accepted::Connection(c) => Some(c),
-                Accepted::NotYet => None,
-            },
-        )
+        self.accept_until(Some(deadline), pd, send_cq, recv_cq, params)
     }
 
     fn lock_pending(&self) -> MutexGuard<'_, Vec<ServerHandshake>> {
@@ -289,7 +279,7 @@ impl Listener {
         send_cq: &Cq,
         recv_cq: &Cq,
         params: &ConnectParams,
-    ) -> Result<Accepted> {
+    ) -> Result<Option<Connection>> {
         params.validate()?;
         let watcher = self.shared.cm.watcher(&self.shared)?;
         // This call advances the handshakes it takes; another thread's accept call takes
@@ -297,16 +287,8 @@ impl Listener {
         let mut mine = std::mem::take(&mut *self.lock_pending());
         let result = self.accept_loop(&mut mine, deadline, pd, send_cq, recv_cq, params);
         self.lock_pending().append(&mut mine);
-        Ok(match result? {
-            Some((hs, est)) => Accepted::Connection(establish(
-                &hs.chan(&self.path),
-                &hs.stream,
-                watcher,
-                est,
-                params,
-            )),
-            None => Accepted::NotYet,
-        })
+        Ok(result?
+            .map(|(hs, est)| establish(&hs.chan(&self.path), &hs.stream, watcher, est, params)))
     }
 
     /// Accepts and advances handshakes until one completes (`Some`), one fails (`Err`), or
@@ -340,8 +322,8 @@ impl Listener {
                 ready[i] = false;
                 let step = mine[i].advance(&self.shared, &self.path, pd, send_cq, recv_cq, params);
                 match step {
-                    Ok(Step::Waiting) => i += 1,
-                    Ok(Step::Done(est)) => {
+                    Ok(None) => i += 1,
+                    Ok(Some(est)) => {
                         ready.swap_remove(i);
                         return Ok(Some((mine.swap_remove(i), est)));
                     }

@@ -174,7 +174,7 @@ impl ConnectParams {
 
     /// Up to 256 bytes for the peer's application (e.g. a region's
     /// [`RemoteAddr::to_bytes`](crate::RemoteAddr::to_bytes)); it gets them from
-    /// [`Connection::peer_private_data`].
+    /// [`Connection::peer_private_data`](super::Connection::peer_private_data).
     pub fn private_data(mut self, data: impl Into<Vec<u8>>) -> ConnectParams {
         self.private_data = data.into();
         self
@@ -187,8 +187,8 @@ impl ConnectParams {
         self
     }
 
-    /// Whom [`Context::connect`] accepts as a server (default: the same user). A
-    /// [`Listener`] has its own policy ([`Listener::set_peer_policy`]): the side that
+    /// Whom [`Context::connect`](crate::Context::connect) accepts as a server (default: the same user). A
+    /// [`Listener`](super::Listener) has its own policy ([`Listener::set_peer_policy`](super::Listener::set_peer_policy)): the side that
     /// listens decides whom it admits.
     pub fn peer_policy(mut self, p: PeerPolicy) -> ConnectParams {
         self.peer_policy = p;
