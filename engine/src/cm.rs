@@ -19,7 +19,8 @@
 //!                 ◀───────── REP [arena fd]
 //!   QP → RTR → RTS
 //!   RTU ─────────────────────────────────▶  QP → RTS
-//!        (the socket stays open: its hang-up tells the other side the peer is gone)
+//!        (the socket stays open: its hang-up tells the other side the peer is gone;
+//!         each side's watcher sends a KEEPALIVE on it every KEEPALIVE_INTERVAL)
 //! ```
 //!
 //! Parameters are negotiated as the IBA CM does: the PMTU is the smaller of the two
@@ -27,7 +28,19 @@
 //! side's RNR Retry Count is the one its peer asks for (spec/03: "supplied by the remote
 //! CA's CM"); a side's Local Ack Timeout is raised to cover the peer's Target Ack Delay.
 //! A field out of range, or an offer this side cannot meet, is answered with a REJ whose
-//! reason names it; both sides return [`Error::Connect`](crate::Error::Connect) saying what went wrong.
+//! reason names it; both sides return [`Error::Connect`](crate::Error::Connect) saying
+//! what went wrong. The negotiation is one pure function, the same for both sides.
+//!
+//! # Accepting
+//!
+//! A [`Listener`] never blocks on a client. Each client accepted gets a small state machine
+//! (HELLO sent → REQ received, REP sent → RTU received) in the listener's table of
+//! handshakes in progress; every accept call takes the clients pending on the socket and
+//! advances each handshake whose client has sent something, waiting in `poll(2)` only up to
+//! the caller's deadline ([`Listener::accept_timeout`], [`Listener::try_accept`]). A client
+//! that stalls half-way stays in the table until its handshake timeout and costs the others
+//! nothing; in inline mode the engine keeps running while an accept call waits, so the
+//! context's other connections keep their peers acknowledged.
 //!
 //! # One link per pair of engines
 //!
@@ -47,9 +60,19 @@
 //! the QP goes to the Error state — within milliseconds — and its work requests complete
 //! with [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr); when it was the link's last
 //! live connection the link is torn down. Dropping a [`Connection`] closes its socket, so
-//! the peer sees the same. Nothing may be sent on the socket after setup: a peer that does
-//! is treated as gone. A link the engine tears down by itself (a peer broke a ring) is never
-//! reused for new connections.
+//! the peer sees the same. After setup only KEEPALIVEs may be sent on the socket: a peer that
+//! sends anything else is treated as gone. A link the engine tears down by itself (a peer
+//! broke a ring) is never reused for new connections.
+//!
+//! # Silent peers
+//!
+//! A peer whose process is stopped (SIGSTOP, a debugger) or hung keeps its socket open, so
+//! its hang-up never comes. Each side's watcher sends a KEEPALIVE on every connection socket
+//! every [`KEEPALIVE_INTERVAL`] whatever the traffic, and notes when the peer's last one
+//! arrived: [`Connection::peer_silent_for`] says how long the peer has been quiet (a
+//! receive-only side has no other way to tell a stopped peer from an idle one), and
+//! [`ConnectParams::peer_silence_limit`] ends the connection as if the peer had hung up
+//! once it stays silent that long.
 //!
 //! # Example
 //!
