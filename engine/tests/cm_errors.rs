@@ -1045,3 +1045,86 @@ fn listen_does_not_hang_on_a_listener_with_a_full_backlog() {
     std::fs::remove_file(&path).unwrap();
     dir.assert_empty_and_remove();
 }
+
+/// The client's side of item 5: an inline-mode client waiting in `connect` for a server that
+/// never answers keeps running its engine, so its other connections lose nothing.
+#[test]
+fn a_silent_server_costs_an_inline_clients_other_connections_nothing() {
+    let mut c = side();
+    let dir = SockDir::new("err-silent-other");
+    let good_path = dir.sock("good.sock");
+    let silent_path = dir.sock("silent.sock");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // A well-behaved server that sends numbered messages to the client until told to stop,
+    // each one acknowledged (its thread drives its own inline engine).
+    let a = side();
+    let l = a.ctx.listen(&good_path).unwrap();
+    let st = stop.clone();
+    let good = std::thread::spawn(move || {
+        let mut a = a;
+        let mut conn = a.accept(&l, &ConnectParams::default()).unwrap();
+        let mut sent = 0u64;
+        while !st.load(std::sync::atomic::Ordering::Relaxed) {
+            conn.post_send(&SendWr::inline(sent, SendOp::Send, &sent.to_le_bytes()))
+                .unwrap();
+            let wc = wait(&mut a.cq, 1);
+            assert_eq!((wc[0].wr_id, wc[0].status), (sent, WcStatus::Success));
+            sent += 1;
+        }
+        (sent, conn, l)
+    });
+    let mut conn = c.connect(&good_path, &ConnectParams::default()).unwrap();
+    let bufs: Vec<_> = (0..64)
+        .map(|_| c.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())
+        .collect();
+    for (i, b) in bufs.iter().enumerate() {
+        conn.post_recv(&RecvWr::new(i as u64, &[b.sge(0, 64).unwrap()]))
+            .unwrap();
+    }
+
+    // A server that accepts and never says a word: the client waits its handshake timeout.
+    let silent = raw_server(&silent_path, |mut s| {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    });
+    let params = ConnectParams::default().handshake_timeout(Duration::from_secs(2));
+    let e = connect_error(c.connect(&silent_path, &params).unwrap_err());
+    assert!(e.contains("no HELLO"), "{e}");
+    silent.join().unwrap();
+    std::fs::remove_file(&silent_path).unwrap();
+
+    // Take in (and re-post receives for) everything sent, until the server stops; it
+    // checks each of its sends completed successfully.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut got = 0u64;
+    let mut wc = [WorkCompletion::default(); 16];
+    let start = std::time::Instant::now();
+    while !good.is_finished() {
+        assert!(start.elapsed() < DEADLINE, "the server never finished");
+        let n = c.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            let b = &bufs[w.wr_id as usize];
+            let mut v = [0u8; 8];
+            b.read_at(0, &mut v).unwrap();
+            assert_eq!(u64::from_le_bytes(v), got, "in order, intact");
+            got += 1;
+            conn.post_recv(&RecvWr::new(w.wr_id, &[b.sge(0, 64).unwrap()]))
+                .unwrap();
+        }
+    }
+    let (sent, sconn, l) = good.join().unwrap();
+    assert!(sent > 0);
+    while got < sent {
+        assert!(start.elapsed() < DEADLINE, "{got} of {sent}");
+        let n = c.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            got += 1;
+        }
+    }
+    assert_eq!((conn.state(), sconn.state()), (QpState::Rts, QpState::Rts));
+    drop((conn, sconn, l, bufs));
+    dir.assert_empty_and_remove();
+}

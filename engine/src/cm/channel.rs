@@ -16,6 +16,10 @@ use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
 use super::msg::{HEADER_LEN, Header, Message, MsgError, Rej, RejectReason};
 use super::params::PeerPolicy;
 use crate::error::Error;
+use crate::verbs::Shared;
+
+/// How long a wait for the peer lasts between two runs of an inline-mode engine.
+pub(super) const INLINE_WAIT: Duration = Duration::from_micros(200);
 
 /// What went wrong in a handshake, and what to tell the peer.
 pub(super) struct Fail {
@@ -54,6 +58,9 @@ pub(super) struct Chan<'a> {
     pub(super) peer: &'static str,
     pub(super) deadline: Instant,
     pub(super) timeout: Duration,
+    /// An inline-mode engine to run while [`Chan::recv`] waits (the application's thread is
+    /// here, not polling its CQs, and the context's other connections need their Acks).
+    pub(super) drive: Option<&'a Shared>,
 }
 
 impl Chan<'_> {
@@ -111,9 +118,16 @@ impl Chan<'_> {
         let mut reader = MsgReader::new(true);
         loop {
             let left = self.remaining(what)?;
-            let _ = self.stream.set_read_timeout(Some(left));
+            let wait = match self.drive {
+                Some(_) => left.min(INLINE_WAIT),
+                None => left,
+            };
+            let _ = self.stream.set_read_timeout(Some(wait));
             if let Some(m) = reader.advance(self, what, max_fds)? {
                 return Ok(m);
+            }
+            if let Some(shared) = self.drive {
+                shared.progress();
             }
         }
     }

@@ -95,6 +95,7 @@ pub fn connect(
         peer: "server",
         deadline: Instant::now() + params.handshake_timeout,
         timeout: params.handshake_timeout,
+        drive: (shared.mode == crate::EngineMode::Inline).then_some(&**shared),
     };
     match client_handshake(shared, &chan, pd, send_cq, recv_cq, params) {
         Ok(est) => Ok(establish(&chan, &stream, watcher, est, params)),

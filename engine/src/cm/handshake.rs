@@ -319,6 +319,7 @@ impl ServerHandshake {
             peer: "client",
             deadline: self.deadline,
             timeout: self.timeout,
+            drive: None,
         }
     }
 
@@ -362,6 +363,7 @@ impl ServerHandshake {
                 peer: "client",
                 deadline: self.deadline,
                 timeout: self.timeout,
+                drive: None,
             };
             let Some((m, fds)) = self.reader.advance(&chan, what, max_fds)? else {
                 if Instant::now() >= self.deadline {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::channel::{Chan, Fail};
+use super::channel::{Chan, Fail, INLINE_WAIT};
 use super::connection::{Connection, establish, reject};
 use super::handshake::{Established, ServerHandshake};
 use super::params::{ConnectParams, PeerPolicy};
@@ -25,9 +25,6 @@ use super::random_u64;
 use crate::EngineMode;
 use crate::error::{Error, Result};
 use crate::verbs::{Context, Cq, Pd, Shared};
-
-/// How long an inline-mode accept sleeps between engine iterations while nothing happens.
-const INLINE_WAIT: Duration = Duration::from_micros(200);
 
 /// Binds and listens on `path`. The socket is made under a temporary name in the same
 /// directory and hard-linked into place once it listens, so the path never exists without
@@ -416,6 +413,7 @@ impl Listener {
                         peer: "client",
                         deadline: Instant::now() + params.handshake_timeout,
                         timeout: params.handshake_timeout,
+                        drive: None,
                     };
                     if let Some(e) = failed(&chan, f) {
                         return Err(e);

@@ -41,6 +41,7 @@ fn read_msg(s: &UnixStream, max_fds: usize) -> (Message, Vec<OwnedFd>) {
         peer: "server",
         deadline: Instant::now() + Duration::from_secs(30),
         timeout: Duration::from_secs(30),
+        drive: None,
     };
     chan.recv("a message", max_fds)
         .map_err(|f| f.error)
