@@ -129,7 +129,7 @@ mod segments;
 pub(crate) mod watch;
 
 pub use connection::{Connection, LinkInfo, connect};
-pub use listener::Listener;
+pub use listener::{Listener, MAX_HANDSHAKES};
 pub use params::{ConnectParams, PeerPolicy};
 pub use watch::KEEPALIVE_INTERVAL;
 

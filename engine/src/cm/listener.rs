@@ -26,6 +26,10 @@ use crate::EngineMode;
 use crate::error::{Error, Result};
 use crate::verbs::{Context, Cq, Pd, Shared};
 
+/// The most handshakes one accept call keeps in progress; more clients wait in the kernel's
+/// listen backlog until one finishes or times out.
+pub const MAX_HANDSHAKES: usize = 256;
+
 /// Binds and listens on `path`. The socket is made under a temporary name in the same
 /// directory and hard-linked into place once it listens, so the path never exists without
 /// accepting connections (a client that sees it is not refused), and `link(2)` never replaces
@@ -97,7 +101,9 @@ fn listener_alive(path: &Path) -> io::Result<bool> {
 ///
 /// Handshakes are advanced by the accept calls, never by a thread of their own: a client
 /// that has connected but not finished is served by the next accept call (of any thread).
-/// Dropping the listener abandons the handshakes in progress.
+/// Dropping the listener abandons the handshakes in progress. At most
+/// [`MAX_HANDSHAKES`] are in progress per accept call; further clients wait in the kernel's
+/// listen backlog meanwhile.
 pub struct Listener {
     shared: Arc<Shared>,
     listener: UnixListener,
@@ -186,7 +192,8 @@ impl Listener {
         self.policy = policy;
     }
 
-    /// Clients that connected and whose handshake is not finished yet.
+    /// Clients that connected and whose handshake is not finished yet (not counting those
+    /// an accept call running on another thread is advancing).
     pub fn handshakes_in_progress(&self) -> usize {
         self.lock_pending().len()
     }
@@ -306,7 +313,7 @@ impl Listener {
         let mut ready: Vec<bool> = vec![true; mine.len()];
         let mut listener_ready = true;
         loop {
-            if listener_ready {
+            if listener_ready && mine.len() < MAX_HANDSHAKES {
                 self.take_new_clients(mine, &mut ready, params)?;
             }
             let mut i = 0;
@@ -357,7 +364,16 @@ impl Listener {
                 tv_nsec: i64::from(l.subsec_nanos()),
             });
             let mut fds = Vec::with_capacity(mine.len() + 1);
-            fds.push(PollFd::new(&self.listener, PollFlags::IN));
+            // At the limit, new clients wait in the kernel's backlog until a slot frees.
+            let room = mine.len() < MAX_HANDSHAKES;
+            fds.push(PollFd::new(
+                &self.listener,
+                if room {
+                    PollFlags::IN
+                } else {
+                    PollFlags::empty()
+                },
+            ));
             for hs in mine.iter() {
                 fds.push(PollFd::from_borrowed_fd(
                     hs.stream.as_fd(),
@@ -383,7 +399,7 @@ impl Listener {
         ready: &mut Vec<bool>,
         params: &ConnectParams,
     ) -> Result<()> {
-        loop {
+        while mine.len() < MAX_HANDSHAKES {
             let stream = match self.listener.accept() {
                 Ok((s, _)) => Arc::new(s),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -421,6 +437,7 @@ impl Listener {
                 }
             }
         }
+        Ok(())
     }
 }
 
