@@ -47,7 +47,7 @@ fn a_stopped_client_is_noticed_by_a_receive_only_server() {
     let listener = ctx.listen(&path).unwrap();
     let peer = spawn_peer(STOPPED_CLIENT, "client", path.to_str().unwrap());
     // Generous against a busy machine: ten keepalive intervals at least.
-    let limit = Duration::from_secs(2).max(KEEPALIVE_INTERVAL * 10);
+    let limit = Duration::from_secs(3).max(KEEPALIVE_INTERVAL * 10);
     let params = ConnectParams::default().peer_silence_limit(Some(limit));
     let mut conn = listener
         .accept_timeout(DEADLINE, &pd, &cq, &cq, &params)
