@@ -14,9 +14,9 @@
 //!   connect(path) ───────────────────────▶  accept()        SO_PEERCRED checked both ways
 //!                 ◀─────────────── HELLO    engine identity, protocol version
 //!   QP → Init
-//!   REQ ──────── [link fd, arena fd] ────▶                  (fds only for a new link)
+//!   REQ ─── [link, engine page,] arena ──▶                  (link, page: new link only)
 //!                                           QP → Init → RTR
-//!                 ◀───────── REP [arena fd]
+//!                 ◀─ REP [engine page,] arena
 //!   QP → RTR → RTS
 //!   RTU ─────────────────────────────────▶  QP → RTS
 //!        (the socket stays open: its hang-up tells the other side the peer is gone;
@@ -130,7 +130,7 @@ pub(crate) mod watch;
 
 pub use connection::{Connection, LinkInfo, connect};
 pub use listener::{Listener, MAX_HANDSHAKES};
-pub use params::{ConnectParams, PeerPolicy};
+pub use params::{ConnectParams, DEFAULT_MAX_PEER_ARENA, PeerPolicy};
 pub use watch::KEEPALIVE_INTERVAL;
 
 use std::path::Path;

@@ -505,6 +505,7 @@ fn descriptors_that_are_not_what_the_req_says_are_refused() {
     // The segment kinds (see link.rs and arena.rs).
     const LINK_KIND: u32 = 0x4b4e_494c;
     const ARENA_KIND: u32 = 0x4152_4e41;
+    const PAGE_KIND: u32 = 0x4547_4150;
     let (pipe_r, _pipe_w) = std::io::pipe().unwrap();
     let seg = |kind| {
         Segment::builder(kind, 8192)
@@ -513,36 +514,36 @@ fn descriptors_that_are_not_what_the_req_says_are_refused() {
             .unwrap()
     };
     let (arena, not_a_link) = (seg(ARENA_KIND), seg(LINK_KIND));
+    let page = Segment::builder(PAGE_KIND, 4096)
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .create()
+        .unwrap();
+    let fd = |s: &Segment| s.try_clone_fd().unwrap();
+    let pipe = || pipe_r.as_fd().try_clone_to_owned().unwrap();
     let cases: Vec<(LinkMode, Vec<std::os::fd::OwnedFd>, &str)> = vec![
         (
             LinkMode::New,
             vec![],
-            "carries 0 file descriptors instead of 2",
+            "carries 0 file descriptors instead of 3",
         ),
         (
             LinkMode::ReuseClientCreated,
-            vec![pipe_r.as_fd().try_clone_to_owned().unwrap()],
-            "reuses a link but carries 1 file descriptors",
+            vec![pipe(), pipe()],
+            "reuses a link but carries 2 file descriptors instead of 1",
         ),
         (
             LinkMode::New,
-            vec![
-                pipe_r.as_fd().try_clone_to_owned().unwrap(),
-                arena.try_clone_fd().unwrap(),
-            ],
+            vec![pipe(), fd(&page), fd(&arena)],
             "not a memfd",
         ),
         (
             LinkMode::New,
-            vec![arena.try_clone_fd().unwrap(), arena.try_clone_fd().unwrap()],
+            vec![fd(&arena), fd(&page), fd(&arena)],
             "segment kind",
         ),
         (
             LinkMode::New,
-            vec![
-                not_a_link.try_clone_fd().unwrap(),
-                arena.try_clone_fd().unwrap(),
-            ],
+            vec![fd(&not_a_link), fd(&page), fd(&arena)],
             "not shmhca's",
         ),
     ];
@@ -579,10 +580,27 @@ fn an_unknown_link_token_is_answered_once_then_refused() {
     let l = s.ctx.listen(&path).unwrap();
     let p = path.clone();
     let raw = std::thread::spawn(move || {
+        use shmhca_rings::fdpass::send_with_fds;
+        // A reused link's REQ carries the client's arena.
+        let arena = shmhca_rings::segment::Segment::builder(0x4152_4e41, 8192)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .create()
+            .unwrap();
         let mut c = raw_client(&p);
-        write_msg(&mut c, &req(LinkMode::ReuseClientCreated, offer()));
+        let fds = [arena.as_fd()];
+        send_with_fds(
+            &c,
+            &req(LinkMode::ReuseClientCreated, offer()).encode(),
+            &fds,
+        )
+        .unwrap();
         let first = read_rej(&mut c);
-        write_msg(&mut c, &req(LinkMode::ReuseServerCreated, offer()));
+        send_with_fds(
+            &c,
+            &req(LinkMode::ReuseServerCreated, offer()).encode(),
+            &fds,
+        )
+        .unwrap();
         (first, read_rej(&mut c))
     });
     let e = connect_error(s.accept(&l, &short()).unwrap_err());
@@ -605,7 +623,7 @@ fn a_server_offering_what_the_client_cannot_do_is_rejected() {
                 ..offer()
             },
             RejectReason::ProtocolError,
-            "no arena descriptor",
+            "carried 0 file descriptors instead of 2",
         ),
         (
             Offer {

@@ -20,7 +20,7 @@ use super::links::{LinkEntry, LinkRef, Links, Plan};
 use super::msg::{Hello, LinkMode, Message, Offer, Rej, RejectReason, Rep, Req};
 use super::params::{Agreed, ConnectParams, OfferFrom, PeerPolicy, negotiate};
 use super::random_u64;
-use super::segments::{LinkSegment, new_link};
+use super::segments::{LinkSegment, attach_peer_arena, new_link, share_arena, share_engine_page};
 use crate::error::Error;
 use crate::link::{self, LinkId, Side};
 use crate::qp::{Destination, QpAttr, QpState};
@@ -112,6 +112,24 @@ fn check_rep(
         .map_err(|r| Fail::reject(r.reason, chan.err(r.text)))
 }
 
+/// Takes the last of the `n` descriptors a REP must carry: the server's arena.
+fn one_arena(
+    chan: &Chan<'_>,
+    fds: &mut Vec<OwnedFd>,
+    n: usize,
+) -> std::result::Result<OwnedFd, Fail> {
+    match fds.pop() {
+        Some(fd) if fds.len() + 1 == n => Ok(fd),
+        _ => Err(Fail::reject(
+            RejectReason::ProtocolError,
+            chan.err(format_args!(
+                "the server's REP carried {} file descriptors instead of {n}",
+                fds.len()
+            )),
+        )),
+    }
+}
+
 /// The client's half: from the server's HELLO to the RTU sent.
 pub(super) fn client_handshake(
     shared: &Arc<Shared>,
@@ -133,7 +151,8 @@ pub(super) fn client_handshake(
     let offer = params.offer(qp.qpn(), psn);
     let cm = &shared.cm;
     let mut force_new = false;
-    let (rep, link, agreed) = loop {
+    let own_arena = share_arena(shared, pd).map_err(aborted)?;
+    let (rep, link, agreed, peer_arena) = loop {
         let plan = cm
             .links
             .plan(&shared.engine, hello.identity, chan.deadline, force_new);
@@ -157,11 +176,12 @@ pub(super) fn client_handshake(
                 } else {
                     LinkMode::ReuseServerCreated
                 };
-                chan.send(&req(mode, token), &[])?;
-                match chan.recv("REP", 0)? {
-                    (Message::Rep(rep), _) => {
+                chan.send(&req(mode, token), &[own_arena.as_fd()])?;
+                match chan.recv("REP", 1)? {
+                    (Message::Rep(rep), mut fds) => {
                         let agreed = check_rep(chan, params, &rep, token)?;
-                        break (rep, held, agreed);
+                        let arena = one_arena(chan, &mut fds, 1)?;
+                        break (rep, held, agreed, arena);
                     }
                     (Message::Rej(r), _) if r.reason == RejectReason::UnknownLink => {
                         // The server dropped that link meanwhile: make a new one.
@@ -181,32 +201,34 @@ pub(super) fn client_handshake(
                 let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)
                     .map_err(aborted)?;
                 let token = random_u64();
+                let page = share_engine_page(shared).map_err(aborted)?;
                 chan.send(
                     &req(LinkMode::New, token),
-                    &[seg.as_fd(), shared.arena_segment.as_fd()],
+                    &[seg.as_fd(), page.as_fd(), own_arena.as_fd()],
                 )?;
-                let (rep, mut fds) = match chan.recv("REP", 1)? {
+                let (rep, mut fds) = match chan.recv("REP", 2)? {
                     (Message::Rep(rep), fds) => (rep, fds),
                     (m, _) => return Err(chan.unexpected("REP", m)),
                 };
                 let agreed = check_rep(chan, params, &rep, token)?;
-                let Some(arena) = fds.pop() else {
+                let arena = one_arena(chan, &mut fds, 2)?;
+                let Some(page) = fds.pop() else {
                     return Err(Fail::reject(
                         RejectReason::ProtocolError,
-                        chan.err("the server's REP for a new link carried no arena descriptor"),
+                        chan.err("the server's REP for a new link carried no engine page"),
                     ));
                 };
                 let id = new_link(
                     shared,
                     LinkSegment::Made(seg),
                     Side::Creator,
-                    arena,
+                    page,
                     hello.trace_id,
                 )
                 .map_err(|e| {
                     Fail::reject(
                         RejectReason::InvalidParameter,
-                        chan.err(format_args!("the server's arena is unusable: {e}")),
+                        chan.err(format_args!("the server's engine page is unusable: {e}")),
                     )
                 })?;
                 creating.finish(LinkEntry {
@@ -219,11 +241,24 @@ pub(super) fn client_handshake(
                     live: 1,
                     up: true,
                 });
-                break (rep, LinkRef::counted(shared, id), agreed);
+                break (rep, LinkRef::counted(shared, id), agreed, arena);
             }
         }
     };
     let ready = (|| {
+        attach_peer_arena(
+            shared,
+            link.id,
+            rep.offer.qpn,
+            peer_arena,
+            params.max_peer_arena,
+        )
+        .map_err(|e| {
+            Fail::reject(
+                RejectReason::InvalidParameter,
+                chan.err(format_args!("the server's arena is unusable: {e}")),
+            )
+        })?;
         to_rtr(&mut qp, link.id, &rep.offer, &agreed).map_err(aborted)?;
         to_rts(&mut qp, psn, &agreed).map_err(aborted)?;
         chan.send(&Message::Rtu, &[])
@@ -355,7 +390,9 @@ impl ServerHandshake {
     ) -> std::result::Result<Option<Established>, Fail> {
         loop {
             let what = self.waiting_for();
-            let max_fds = if what == "REQ" { 2 } else { 0 };
+            // A REQ brings the client's arena, and for a new link its link segment and engine
+            // page too.
+            let max_fds = if what == "REQ" { 3 } else { 0 };
             let stream = self.stream.clone();
             let chan = Chan {
                 stream: &stream,
@@ -436,26 +473,27 @@ impl ServerHandshake {
             LinkMode::ReuseClientCreated => Some(Side::Opener),
             LinkMode::ReuseServerCreated => Some(Side::Creator),
         };
-        let (link, new) = match reuse_side {
+        let (link, new, peer_arena) = match reuse_side {
             None => {
                 let n = fds.len();
-                let Ok([seg_fd, arena]) = <[OwnedFd; 2]>::try_from(std::mem::take(&mut fds)) else {
+                let Ok([seg_fd, page, arena]) = <[OwnedFd; 3]>::try_from(std::mem::take(&mut fds))
+                else {
                     return Err(protocol(format!(
-                        "the client's REQ asks for a new link but carries {n} file descriptors instead of 2 (link segment, arena)"
+                        "the client's REQ asks for a new link but carries {n} file descriptors instead of 3 (link segment, engine page, arena)"
                     )));
                 };
                 let id = new_link(
                     shared,
                     LinkSegment::Received(seg_fd),
                     Side::Opener,
-                    arena,
+                    page,
                     req.trace_id,
                 )
                 .map_err(|e| {
                     Fail::reject(
                         RejectReason::InvalidParameter,
                         chan.err(format_args!(
-                            "the client's link or arena segment is unusable: {e}"
+                            "the client's link segment or engine page is unusable: {e}"
                         )),
                     )
                 })?;
@@ -469,15 +507,15 @@ impl ServerHandshake {
                     live: 1,
                     up: true,
                 });
-                (LinkRef::counted(shared, id), true)
+                (LinkRef::counted(shared, id), true, arena)
             }
             Some(side) => {
-                if !fds.is_empty() {
+                let n = fds.len();
+                let Ok([arena]) = <[OwnedFd; 1]>::try_from(std::mem::take(&mut fds)) else {
                     return Err(protocol(format!(
-                        "the client's REQ reuses a link but carries {} file descriptors",
-                        fds.len()
+                        "the client's REQ reuses a link but carries {n} file descriptors instead of 1 (arena)"
                     )));
-                }
+                };
                 let Some(id) = cm
                     .links
                     .reserve(&shared.engine, req.identity, req.link_token, side)
@@ -500,18 +538,34 @@ impl ServerHandshake {
                     )?;
                     return Ok(Stage::Req { retried: true });
                 };
-                (LinkRef::counted(shared, id), false)
+                (LinkRef::counted(shared, id), false, arena)
             }
         };
         let no_resources = |e: Error| Fail::reject(RejectReason::NoResources, e);
         let mut qp = Qp::create(shared, pd, send_cq, recv_cq, params.caps).map_err(no_resources)?;
         let aborted = |e: Error| Fail::reject(RejectReason::Aborted, e);
-        let rtr =
-            to_init(&mut qp, params).and_then(|()| to_rtr(&mut qp, link.id, &req.offer, &agreed));
-        if let Err(e) = rtr {
+        let rtr = (|| {
+            to_init(&mut qp, params).map_err(aborted)?;
+            attach_peer_arena(
+                shared,
+                link.id,
+                req.offer.qpn,
+                peer_arena,
+                params.max_peer_arena,
+            )
+            .map_err(|e| {
+                Fail::reject(
+                    RejectReason::InvalidParameter,
+                    chan.err(format_args!("the client's arena is unusable: {e}")),
+                )
+            })?;
+            to_rtr(&mut qp, link.id, &req.offer, &agreed).map_err(aborted)
+        })();
+        if let Err(f) = rtr {
+            // The QP goes before its link.
             drop(qp);
             drop(link);
-            return Err(aborted(e));
+            return Err(f);
         }
         let psn = params.psn();
         let mut offer = params.offer(qp.qpn(), psn);
@@ -523,10 +577,19 @@ impl ServerHandshake {
             offer,
             private_data: params.private_data.clone(),
         });
-        let sent = if new {
-            chan.send(&rep, &[shared.arena_segment.as_fd()])
-        } else {
-            chan.send(&rep, &[])
+        let fds = share_arena(shared, pd).and_then(|arena| {
+            Ok(if new {
+                vec![share_engine_page(shared)?, arena]
+            } else {
+                vec![arena]
+            })
+        });
+        let sent = match fds {
+            Ok(fds) => {
+                let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+                chan.send(&rep, &fds)
+            }
+            Err(e) => Err(aborted(e)),
         };
         let waiting = AwaitingRtu {
             qp,

@@ -30,10 +30,11 @@
 //!
 //! REQ      0..8   client engine identity   (client -> server)
 //!          8..12  trace id
-//!         12      link mode: 1 a new link, whose segment and the client's arena travel
-//!                 with this message (SCM_RIGHTS); 0 reuse the link named by the token,
-//!                 created by the client; 2 reuse the link named by the token, created by
-//!                 the server
+//!         12      link mode: 1 a new link, whose segment and the client's engine page
+//!                 travel with this message (SCM_RIGHTS); 0 reuse the link named by the
+//!                 token, created by the client; 2 reuse the link named by the token,
+//!                 created by the server. The client QP's arena (read-only) travels
+//!                 with every REQ, last.
 //!         13..16  reserved
 //!         16..24  link token (chosen by the link's creator)
 //!         24..64  offer
@@ -41,8 +42,9 @@
 //!         66..68  reserved
 //!         68..    private data
 //!
-//! REP      0..8   link token (echoed)      (server -> client; the server's arena travels
-//!          8..48  offer                     with it when the REQ brought a new link)
+//! REP      0..8   link token (echoed)      (server -> client; the server QP's arena
+//!          8..48  offer                     travels with it, after the server's engine
+//!                                           page when the REQ brought a new link)
 //!         48..50  private data length (0..=256)
 //!         50..52  reserved
 //!         52..    private data
@@ -385,7 +387,7 @@ pub struct Hello {
 /// How a REQ names its link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkMode {
-    /// A new link: its segment and the client's arena travel with the REQ.
+    /// A new link: its segment and the client's engine page travel with the REQ.
     New,
     /// Reuse the link with this token that the client created (the server holds the
     /// segment's opening end).

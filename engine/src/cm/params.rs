@@ -72,7 +72,11 @@ pub struct ConnectParams {
     pub(super) handshake_timeout: Duration,
     pub(super) peer_policy: PeerPolicy,
     pub(super) silence_limit: Option<Duration>,
+    pub(super) max_peer_arena: u64,
 }
+
+/// The default largest peer arena a connection maps: 4 GiB.
+pub const DEFAULT_MAX_PEER_ARENA: u64 = 4 << 30;
 
 impl Default for ConnectParams {
     fn default() -> ConnectParams {
@@ -94,11 +98,21 @@ impl Default for ConnectParams {
             handshake_timeout: Duration::from_secs(5),
             peer_policy: PeerPolicy::SameUser,
             silence_limit: None,
+            max_peer_arena: DEFAULT_MAX_PEER_ARENA,
         }
     }
 }
 
 impl ConnectParams {
+    /// The largest arena this side maps of the peer's (default
+    /// [`DEFAULT_MAX_PEER_ARENA`]): a peer that offers a larger one is refused with an error
+    /// naming both sizes. A peer's arena is mapped read-only and never populated: it
+    /// costs address space, not memory.
+    pub fn max_peer_arena(mut self, bytes: u64) -> ConnectParams {
+        self.max_peer_arena = bytes;
+        self
+    }
+
     /// The QP's queue capabilities.
     pub fn caps(mut self, caps: QpCaps) -> ConnectParams {
         self.caps = caps;

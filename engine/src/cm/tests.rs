@@ -73,15 +73,22 @@ fn a_client_that_stops_after_req_leaves_the_server_clean() {
             offer,
             private_data: vec![],
         });
+        let client_pd = client.alloc_pd().unwrap();
+        let arena = super::segments::share_arena(&client.shared, &client_pd).unwrap();
+        let page = client.shared.engine_page.share_fd().unwrap();
         send_with_fds(
             &s,
             &req.encode(),
-            &[seg.as_fd(), client.shared.arena_segment.as_fd()],
+            &[seg.as_fd(), page.as_fd(), arena.as_fd()],
         )
         .unwrap();
-        let (rep, fds) = read_msg(&s, 1);
+        let (rep, fds) = read_msg(&s, 2);
         assert!(matches!(rep, Message::Rep(_)), "{rep:?}");
-        assert_eq!(fds.len(), 1, "the server's arena travels with the REP");
+        assert_eq!(
+            fds.len(),
+            2,
+            "the server's engine page and arena travel with the REP"
+        );
         std::thread::sleep(Duration::from_millis(600));
     });
     // While the server waits for the RTU, its link and QP exist.
