@@ -908,6 +908,12 @@ fn a_stalled_handshake_costs_the_servers_other_connections_nothing() {
                 .unwrap();
         }
     }
+    // try_accept says the same without an error: no connection yet.
+    assert!(
+        l.try_accept(Duration::ZERO, &s.pd, &s.cq, &s.cq, &server_params)
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(
         l.handshakes_in_progress(),
         1,

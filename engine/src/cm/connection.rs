@@ -137,8 +137,8 @@ pub struct Connection {
     /// Present until drop.
     qp: Option<Qp>,
     pub(super) stream: Arc<UnixStream>,
-    watcher: Arc<Watcher>,
-    key: u64,
+    pub(super) watcher: Arc<Watcher>,
+    pub(super) key: u64,
     status: Arc<ConnStatus>,
     /// Dropped after the QP (fields drop after `Drop::drop`).
     link: LinkRef,

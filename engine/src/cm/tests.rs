@@ -277,6 +277,42 @@ fn bytes_after_setup_end_the_connection_on_both_sides() {
 }
 
 #[test]
+fn keepalives_split_across_writes_are_heard_and_a_bad_byte_inside_one_is_not() {
+    let server = Arc::new(ctx());
+    let client = ctx();
+    let (s, c) = connected(&server, &client, &sock("split-keepalive"));
+    let ka = Message::Keepalive.encode();
+    // The test sends the client's keepalives itself, in halves: its watcher stops sending.
+    c.watcher.remove(c.key);
+    for _ in 0..3 {
+        (&*c.stream).write_all(&ka[..5]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        (&*c.stream).write_all(&ka[5..]).unwrap();
+    }
+    std::thread::sleep(KEEPALIVE_INTERVAL * 2);
+    assert!(s.is_peer_connected(), "{:?}", s.peer_gone_reason());
+    assert!(s.peer_silent_for() < KEEPALIVE_INTERVAL * 5);
+    // A keepalive with one byte changed (here: another message type) is garbage.
+    let mut bad = ka.clone();
+    bad[10] = 4; // RTU
+    (&*c.stream).write_all(&bad).unwrap();
+    eventually("the server drops the connection", || !s.is_peer_connected());
+    let why = s.peer_gone_reason().unwrap();
+    assert!(why.contains("other than keepalives"), "{why}");
+}
+
+#[test]
+fn silence_limits_shorter_than_three_keepalives_are_refused() {
+    let p = ConnectParams::default().peer_silence_limit(Some(KEEPALIVE_INTERVAL * 2));
+    match p.validate() {
+        Err(crate::Error::InvalidArgument { name, .. }) => assert_eq!(name, "peer_silence_limit"),
+        other => panic!("{other:?}"),
+    }
+    let p = ConnectParams::default().peer_silence_limit(Some(KEEPALIVE_INTERVAL * 3));
+    assert!(p.validate().is_ok());
+}
+
+#[test]
 fn a_link_the_engine_tore_down_is_not_reused() {
     let server = Arc::new(ctx());
     let client = ctx();
