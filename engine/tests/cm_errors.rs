@@ -1152,3 +1152,41 @@ fn a_silent_server_costs_an_inline_clients_other_connections_nothing() {
     drop((conn, sconn, l, bufs));
     dir.assert_empty_and_remove();
 }
+
+/// Clients that connect and say nothing hold at most `MAX_HANDSHAKES` handshakes of an
+/// accept call; the rest wait in the kernel's backlog and are taken as slots free.
+#[test]
+fn handshakes_in_progress_are_capped() {
+    use shmhca::cm::MAX_HANDSHAKES;
+    let s = side();
+    let dir = SockDir::new("err-cap");
+    let path = dir.sock("svc.sock");
+    let l = s.ctx.listen(&path).unwrap();
+    let extra = 40;
+    let mut clients: Vec<_> = (0..MAX_HANDSHAKES + extra)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    let params = ConnectParams::default().handshake_timeout(DEADLINE);
+    let try_accept = || {
+        l.try_accept(Duration::from_millis(200), &s.pd, &s.cq, &s.cq, &params)
+            .unwrap()
+            .map(drop)
+    };
+    assert!(try_accept().is_none());
+    assert_eq!(l.handshakes_in_progress(), MAX_HANDSHAKES);
+    // 100 leave without a word (not an error); the waiting ones take their places.
+    clients.drain(..100);
+    let start = std::time::Instant::now();
+    while l.handshakes_in_progress() != MAX_HANDSHAKES + extra - 100 {
+        assert!(start.elapsed() < DEADLINE, "{}", l.handshakes_in_progress());
+        assert!(try_accept().is_none());
+    }
+    drop(clients);
+    while l.handshakes_in_progress() != 0 {
+        assert!(start.elapsed() < DEADLINE, "{}", l.handshakes_in_progress());
+        assert!(try_accept().is_none());
+    }
+    drop(l);
+    s.assert_clean();
+    dir.assert_empty_and_remove();
+}

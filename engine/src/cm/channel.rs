@@ -242,7 +242,14 @@ impl MsgReader {
                 }
             }
             let room = max_fds.saturating_sub(self.fds.len());
-            match recv_with_fds(chan.stream, &mut self.buf[self.got..], room) {
+            let got = recv_with_fds(chan.stream, &mut self.buf[self.got..], room);
+            // A peer that closed with our message unread resets the connection: the same as
+            // closing it, for what this side learns.
+            let got = match got {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok((0, Vec::new())),
+                other => other,
+            };
+            match got {
                 Ok((0, _)) => {
                     let mut f = Fail::quiet(chan.err(format_args!(
                         "the {} closed the connection while this side waited for {what}",
