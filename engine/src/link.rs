@@ -722,7 +722,21 @@ pub(crate) struct LinkEnds {
 }
 
 /// Attaches this side's ends of the rings in a link segment (created here or received).
+///
+/// A received segment was laid out by the peer, so nothing in it is trusted: each ring
+/// offset must leave the link header alone and hold a valid ring that fits in the segment
+/// (its slot count a power of two the ring layer accepts), and the two rings must be
+/// distinct and must not overlap. The slot counts checked are the private copies the ring
+/// ends keep, so a peer rewriting a ring header afterwards changes nothing.
+///
+/// # Errors
+/// [`Error::Connect`] naming the ring and what is wrong with it.
 pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
+    let bad = |what: String| {
+        Error::Connect(format!(
+            "the link segment is malformed: {what} (the peer is broken, hostile or another shmhca version)"
+        ))
+    };
     let mut raw = [0u8; size_of::<LinkHeader>()];
     segment
         .read_at(0, &mut raw)
@@ -734,19 +748,51 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
             hdr.magic
         )));
     }
+    let data_len = segment.data_len();
     let off = |i: usize| {
-        usize::try_from(hdr.ring_off[i])
-            .map_err(|_| Error::Connect("link ring offset out of range".into()))
+        let o = hdr.ring_off[i];
+        match usize::try_from(o) {
+            Ok(o) if o >= size_of::<LinkHeader>() && o < data_len => Ok(o),
+            _ => Err(bad(format!(
+                "ring {i} is at offset {o:#x}, outside {:#x}..{data_len:#x} (after the link header, inside the segment's {data_len} data bytes)",
+                size_of::<LinkHeader>()
+            ))),
+        }
     };
-    let (tx_off, rx_off) = match side {
-        Side::Creator => (off(0)?, off(1)?),
-        Side::Opener => (off(1)?, off(0)?),
-        Side::Loopback => (off(0)?, off(0)?),
+    let (offs, tx_ring, rx_ring) = match side {
+        Side::Creator => ([off(0)?, off(1)?], 0, 1),
+        Side::Opener => ([off(0)?, off(1)?], 1, 0),
+        Side::Loopback => ([off(0)?, off(0)?], 0, 0),
     };
-    Ok(LinkEnds {
-        tx: shm_producer(segment.clone(), tx_off)?,
-        rx: shm_consumer(segment.clone(), rx_off)?,
-    })
+    if side != Side::Loopback && offs[0] == offs[1] {
+        return Err(bad(format!(
+            "both rings are at the same offset {:#x}; each direction needs its own ring",
+            offs[0]
+        )));
+    }
+    let ring_err = |i: usize, e: shmhca_rings::ring::RingOpenError| {
+        bad(format!("ring {i} at offset {:#x}: {e}", offs[i]))
+    };
+    let tx = shm_producer(segment.clone(), offs[tx_ring]).map_err(|e| ring_err(tx_ring, e))?;
+    let rx = shm_consumer(segment.clone(), offs[rx_ring]).map_err(|e| ring_err(rx_ring, e))?;
+    if side != Side::Loopback {
+        // The extents as the ring ends will use them (their private slot counts).
+        let extent = |i: usize, slots: usize| {
+            let len = shm_ring_bytes::<PacketSlot>(slots)
+                .map_err(|e| bad(format!("ring {i} at offset {:#x}: {e}", offs[i])))?;
+            Ok::<_, Error>((offs[i], offs[i].saturating_add(len)))
+        };
+        let t = extent(tx_ring, tx.capacity())?;
+        let r = extent(rx_ring, rx.capacity())?;
+        if t.0 < r.1 && r.0 < t.1 {
+            let (r0, r1) = if tx_ring == 0 { (t, r) } else { (r, t) };
+            return Err(bad(format!(
+                "ring 0 ({:#x}..{:#x}) and ring 1 ({:#x}..{:#x}) overlap",
+                r0.0, r0.1, r1.0, r1.1
+            )));
+        }
+    }
+    Ok(LinkEnds { tx, rx })
 }
 
 /// What tells a peer's arenas apart: the memfd's device and inode numbers (or, for a peer
@@ -1085,6 +1131,104 @@ mod tests {
                 proptest::prop_assert_eq!(p.payload.len(), s.payload_len);
             }
         }
+    }
+
+    /// A link segment laid out by a (possibly hostile) creator: the rings at `rings`
+    /// (offset, slot count), the header naming `offs`; `data_len` data bytes.
+    fn crafted(data_len: usize, rings: &[(usize, usize)], offs: [u64; 2]) -> Arc<Segment> {
+        let seg = Segment::builder(LINK_KIND, data_len)
+            .huge_pages(HugePages::Never)
+            .create()
+            .unwrap();
+        for &(off, slots) in rings {
+            init_shm_ring::<PacketSlot>(&seg, off, slots).unwrap();
+        }
+        let hdr = LinkHeader {
+            magic: LINK_MAGIC,
+            ring_off: offs,
+        };
+        seg.write_at(0, bytemuck::bytes_of(&hdr)).unwrap();
+        Arc::new(seg)
+    }
+
+    /// The segment as the other side opens it.
+    fn opened(seg: &Segment) -> Arc<Segment> {
+        open_link_segment(seg.try_clone_fd().unwrap()).unwrap()
+    }
+
+    fn refused(seg: &Arc<Segment>, side: Side) -> String {
+        match attach(seg, side) {
+            Ok(_) => panic!("a crafted link segment was accepted ({side:?})"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_link_whose_two_rings_are_one_is_refused() {
+        let seg = crafted(64 << 10, &[(4096, 64)], [4096, 4096]);
+        for side in [Side::Opener, Side::Creator] {
+            let why = refused(&opened(&seg), side);
+            assert!(why.contains("same offset"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_link_whose_rings_overlap_is_refused() {
+        // Ring 0 spans 4096 + 384 + 64 * 128 bytes; ring 1 starts inside it, and the other
+        // way round.
+        let a = crafted(64 << 10, &[(4096, 64), (8192, 8)], [4096, 8192]);
+        let b = crafted(64 << 10, &[(4096, 64), (8192, 8)], [8192, 4096]);
+        for seg in [a, b] {
+            for side in [Side::Opener, Side::Creator] {
+                let why = refused(&opened(&seg), side);
+                assert!(why.contains("overlap"), "{why}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_ring_over_the_link_header_is_refused() {
+        // A ring offset inside the link header is refused before anything is read there.
+        let seg = crafted(64 << 10, &[(4096, 8)], [0, 4096]);
+        let why = refused(&opened(&seg), Side::Opener);
+        assert!(
+            why.contains("link segment") && why.contains("ring 0"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn rings_past_the_end_or_with_huge_slot_counts_are_refused() {
+        let len = 64 << 10;
+        // Offsets past the end, at the end, and so large that adding to them overflows.
+        for off in [len as u64 + 4096, len as u64, u64::MAX - 63, 1 << 63] {
+            let seg = crafted(len, &[(4096, 8)], [4096, off]);
+            let why = refused(&opened(&seg), Side::Opener);
+            assert!(why.contains("ring 1"), "{off:#x}: {why}");
+        }
+        // A slot count that does not fit, is not a power of two, or is absurd.
+        for slots in [1u64 << 20, 1 << 40, 3, 0, u64::MAX] {
+            let seg = crafted(len, &[(4096, 8), (16384, 8)], [4096, 16384]);
+            // The capacity field follows magic (8 bytes), version and slot size (4 each).
+            seg.write_at(16384 + 16, &slots.to_le_bytes()).unwrap();
+            let why = refused(&opened(&seg), Side::Opener);
+            assert!(why.contains("ring 1"), "{slots}: {why}");
+        }
+        // A ring that ends one slot past the end of the segment.
+        let seg = crafted(len, &[(4096, 8), (16384, 8)], [4096, 16384]);
+        let fits = (len - 16384 - 384) / size_of::<PacketSlot>();
+        let over = fits.next_power_of_two() as u64;
+        assert!(16384 + 384 + over as usize * size_of::<PacketSlot>() > len);
+        seg.write_at(16384 + 16, &over.to_le_bytes()).unwrap();
+        let why = refused(&opened(&seg), Side::Opener);
+        assert!(why.contains("ring 1"), "{why}");
+    }
+
+    #[test]
+    fn a_well_formed_crafted_link_attaches() {
+        let seg = crafted(64 << 10, &[(4096, 64), (16384, 8)], [4096, 16384]);
+        let ends = attach(&opened(&seg), Side::Opener).unwrap();
+        assert_eq!((ends.tx.capacity(), ends.rx.capacity()), (8, 64));
     }
 
     #[test]
