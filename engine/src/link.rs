@@ -744,10 +744,34 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
         Side::Opener => (off(1)?, off(0)?),
         Side::Loopback => (off(0)?, off(0)?),
     };
-    Ok(LinkEnds {
+    let ends = LinkEnds {
         tx: shm_producer(segment.clone(), tx_off)?,
         rx: shm_consumer(segment.clone(), rx_off)?,
-    })
+    };
+    if side != Side::Loopback {
+        // The offsets are the creator's claims: two rings that overlap each other or the
+        // link header would let one direction's slots rewrite the other's indices.
+        let span = |off: usize, capacity: usize| {
+            shm_ring_bytes::<PacketSlot>(capacity)
+                .ok()
+                .and_then(|n| off.checked_add(n))
+                .map(|end| (off, end))
+        };
+        let (Some(a), Some(b)) = (
+            span(tx_off, ends.tx.capacity()),
+            span(rx_off, ends.rx.capacity()),
+        ) else {
+            return Err(Error::Connect("link ring size out of range".into()));
+        };
+        let header = size_of::<LinkHeader>();
+        if a.0 < header || b.0 < header || (a.0 < b.1 && b.0 < a.1) {
+            return Err(Error::Connect(format!(
+                "the link segment's rings overlap (bytes {}..{} and {}..{}, header 0..{header}): the peer is not shmhca or is broken",
+                a.0, a.1, b.0, b.1
+            )));
+        }
+    }
+    Ok(ends)
 }
 
 /// One link as the engine holds it.
@@ -1081,6 +1105,35 @@ mod tests {
                 }
                 proptest::prop_assert_eq!(p.payload.len(), s.payload_len);
             }
+        }
+    }
+
+    #[test]
+    fn a_link_segment_whose_rings_overlap_is_refused() {
+        let seg = create_link_segment(8, HugePages::Never).unwrap();
+        let mut hdr = [0u8; size_of::<LinkHeader>()];
+        seg.read_at(0, &mut hdr).unwrap();
+        let mut hdr: LinkHeader = bytemuck::pod_read_unaligned(&hdr);
+        // Ring 1 starts inside ring 0's slots (a ring of 8 slots is 128 + 8 * 128 bytes).
+        let ring = shm_ring_bytes::<PacketSlot>(8).unwrap() as u64;
+        for second in [hdr.ring_off[0], hdr.ring_off[0] + ring - 128] {
+            hdr.ring_off[1] = second;
+            let peer_view = Arc::new(
+                Segment::open(
+                    seg.try_clone_fd().unwrap(),
+                    LINK_KIND,
+                    shmhca_rings::segment::Access::ReadWrite,
+                    usize::MAX,
+                )
+                .unwrap(),
+            );
+            peer_view.write_at(0, bytemuck::bytes_of(&hdr)).unwrap();
+            if second != hdr.ring_off[0] {
+                // A ring header for the opener to find there.
+                init_shm_ring::<PacketSlot>(&peer_view, second as usize, 8).unwrap();
+            }
+            let e = attach(&peer_view, Side::Opener).err().expect("overlap refused");
+            assert!(e.to_string().contains("overlap"), "{e}");
         }
     }
 
