@@ -316,3 +316,23 @@ proptest! {
         prop_assert!(now == rig.guarded_bytes, "a packet wrote the guarded region");
     }
 }
+
+proptest! {
+    /// The payload copy alone, many more cases: any slot and continuation bytes (half of
+    /// them made to parse), any peer arena, any destination split — a refusal or a copy
+    /// that stays inside the destination (`testing::receive_slot` checks every byte).
+    #[test]
+    fn a_received_payload_lands_inside_its_destination_or_nowhere(
+        g in packet(),
+        arena in proptest::collection::vec(any::<u8>(), 0..8192),
+        split in proptest::collection::vec(any::<u16>(), 0..17),
+    ) {
+        let mut v = Vec::new();
+        slots(&g, Qpn::new(7), &mut v);
+        let mut bytes = Vec::new();
+        for s in &v {
+            bytes.extend_from_slice(bytemuck::bytes_of(s));
+        }
+        let _ = crate::testing::receive_slot(&bytes, &arena, &split);
+    }
+}

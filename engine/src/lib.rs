@@ -31,6 +31,8 @@ pub mod psn;
 pub mod qp;
 pub mod requester;
 pub mod responder;
+#[doc(hidden)]
+pub mod testing;
 pub mod timer;
 pub mod trace;
 pub mod verbs;

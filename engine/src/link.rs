@@ -1132,7 +1132,9 @@ mod tests {
                 // A ring header for the opener to find there.
                 init_shm_ring::<PacketSlot>(&peer_view, second as usize, 8).unwrap();
             }
-            let e = attach(&peer_view, Side::Opener).err().expect("overlap refused");
+            let e = attach(&peer_view, Side::Opener)
+                .err()
+                .expect("overlap refused");
             assert!(e.to_string().contains("overlap"), "{e}");
         }
     }
