@@ -42,6 +42,7 @@ use shmhca_rings::segment::Segment;
 /// then checks the client went on, the victim did not panic and no protected byte changed.
 fn under_attack(tag: &str, attack: impl FnOnce(&Victim)) -> Report {
     let _serial = serial();
+    let panics = panics_so_far();
     let victim = Victim::start(tag);
     let good = GoodClient::start(&victim);
     attack(&victim);
@@ -49,6 +50,11 @@ fn under_attack(tag: &str, attack: impl FnOnce(&Victim)) -> Report {
     good.wait_for(30);
     let verified = good.stop();
     let report = victim.stop();
+    assert_eq!(
+        panics_so_far(),
+        panics,
+        "a thread panicked during the attack (see its message above)"
+    );
     assert!(
         report.good_messages >= verified,
         "the victim checked {} messages, the client verified {verified}",
@@ -152,6 +158,24 @@ fn no_descriptor_a_peer_receives_can_be_mapped_or_made_writable() {
         // side of it is written only through the checked rings (the flood tests below).
         drop(fake);
     });
+}
+
+/// The check above can fail: a descriptor handed out the way the old code did (a
+/// duplicate of the owner's read-write memfd, sealed only against resizing) is caught.
+#[test]
+fn the_writability_check_catches_a_descriptor_shared_the_old_way() {
+    // Serial: its deliberate panic must not count against an attack running meanwhile.
+    let _serial = serial();
+    let seg = Segment::builder(ARENA_KIND, 1 << 16)
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .sharing(shmhca_rings::segment::Sharing::ReadWrite)
+        .create()
+        .unwrap();
+    let old_way = seg.try_clone_fd().unwrap();
+    let caught = std::panic::catch_unwind(|| assert_unwritable(&old_way, "an old-style arena"));
+    let msg = caught.expect_err("a writable descriptor must fail the check");
+    let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("writable shared mapping succeeded"), "{msg}");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -63,6 +63,22 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Panics anywhere in this process so far (every thread: the engine also runs in the
+/// connection manager's watcher thread, whose panics nobody would join). Counting starts
+/// at the first call.
+pub fn panics_so_far() -> usize {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            COUNT.fetch_add(1, Ordering::SeqCst);
+            previous(info);
+        }));
+    });
+    COUNT.load(Ordering::SeqCst) as usize
+}
+
 /// A deterministic byte pattern.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
