@@ -36,6 +36,7 @@ use std::time::Duration;
 use hostile_support::*;
 use shmhca::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, PacketSlot};
 use shmhca::wire::{AethRepr, AtomicEthRepr, Msn, Opcode, RethRepr, Syndrome};
+use shmhca::{ConnectParams, Context, EngineMode};
 use shmhca_rings::segment::Segment;
 
 /// Runs `attack` against a victim while a well-behaved client exchanges messages with it;
@@ -420,6 +421,76 @@ fn a_huge_sparse_arena_is_refused_above_the_cap_and_mapped_without_committing_me
         );
         drop(s);
     });
+}
+
+#[test]
+fn a_lying_server_cannot_make_a_client_map_or_commit_what_it_offers() {
+    let _serial = serial();
+    let panics = panics_so_far();
+    let ctx = Context::builder()
+        .arena_size(4 << 20)
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .mode(EngineMode::Inline)
+        .build()
+        .unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let dir = std::env::temp_dir().join(format!("shmhca-hostile-server-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rss = rss_bytes();
+    let dup = |s: &Segment| s.try_clone_fd().unwrap();
+    let page = page_segment();
+    let cases: Vec<(&str, Vec<OwnedFd>, &str)> = vec![
+        (
+            "a 6 GiB sparse arena",
+            vec![dup(&page), dup(&arena_segment(6 << 30))],
+            "arena is unusable: the memfd is 6442455040 bytes, more than",
+        ),
+        (
+            "a 1 MiB engine page",
+            vec![
+                dup(&Segment::builder(PAGE_KIND, 1 << 20)
+                    .huge_pages(shmhca_rings::HugePages::Never)
+                    .populate(false)
+                    .create()
+                    .unwrap()),
+                dup(&arena_segment(1 << 20)),
+            ],
+            "engine page is unusable: the memfd is 1052672 bytes, more than",
+        ),
+        (
+            "an arena where the page belongs",
+            vec![dup(&arena_segment(1 << 20)), dup(&arena_segment(1 << 20))],
+            "segment kind",
+        ),
+        ("one descriptor", vec![dup(&page)], "file descriptors"),
+        (
+            "an arena that could shrink",
+            vec![dup(&page), raw_memfd(1 << 20, false)],
+            "not sealed against shrinking",
+        ),
+    ];
+    for (i, (what, fds, expect)) in cases.into_iter().enumerate() {
+        let path = dir.join(format!("liar-{i}.sock"));
+        let server = lying_server(&path, fds);
+        let params = ConnectParams::default().handshake_timeout(Duration::from_secs(5));
+        let e = ctx
+            .connect(&path, &pd, &cq, &cq, &params)
+            .expect_err(what)
+            .to_string();
+        assert!(e.contains(expect), "{what}: {e}");
+        server.join().expect("the fake server");
+        assert!(ctx.cm_links().is_empty(), "{what}: a link was left behind");
+    }
+    let grew = rss_bytes().saturating_sub(rss);
+    assert!(
+        grew < 256 << 20,
+        "resident memory grew by {} MiB",
+        grew >> 20
+    );
+    assert_eq!(panics_so_far(), panics, "a thread panicked");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A raw memfd of `len` bytes; sealed against shrinking if `sealed`.

@@ -889,3 +889,37 @@ pub fn set_gather_entry(cont: &mut [PacketSlot], i: usize, off: u64, len: u32) {
 pub fn write_raw(s: &mut UnixStream, b: &[u8]) {
     s.write_all(b).expect("writing to the victim");
 }
+
+// ------------------------------------------------------------------------------------
+// A lying server
+// ------------------------------------------------------------------------------------
+
+/// Serves one client at `path` in a thread: HELLO, reads the REQ, answers with a REP
+/// carrying `fds` (honest fields otherwise), then waits for the client to hang up.
+pub fn lying_server(path: &Path, fds: Vec<OwnedFd>) -> JoinHandle<()> {
+    let l = std::os::unix::net::UnixListener::bind(path).expect("binding the fake server");
+    std::thread::spawn(move || {
+        let (s, _) = l.accept().expect("a client");
+        send_msg(
+            &s,
+            &Message::Hello(Hello {
+                identity: 0x0bad_5e4e,
+                trace_id: 9,
+            }),
+            &[],
+        );
+        let req = match recv_msg(&s).expect("the client's REQ") {
+            (Message::Req(r), _) => r,
+            (m, _) => panic!("expected a REQ, got {m:?}"),
+        };
+        let rep = Message::Rep(Rep {
+            link_token: req.link_token,
+            offer: offer(FAKE_QPN),
+            private_data: Vec::new(),
+        });
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        send_msg(&s, &rep, &borrowed);
+        // The client refuses (REJ) or hangs up; either ends this.
+        let _ = recv_msg(&s);
+    })
+}
