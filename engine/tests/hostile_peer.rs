@@ -13,6 +13,9 @@
 //! allocate, commit or map more than the limits agreed in the CM, and cannot disturb the
 //! victim's other connections. At worst it breaks its own link.
 //!
+//! The same holds the other way round: a lying server cannot make a client map or commit
+//! what its REP offers.
+//!
 //! Out of scope, as the security model states: a process of the same user can attach with
 //! `ptrace` or read and write `/proc/PID/mem` of the victim; nothing in user space can stop
 //! that (run peers as another user, or with `PR_SET_DUMPABLE` cleared, for that). Nothing
