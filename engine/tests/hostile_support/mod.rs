@@ -156,10 +156,17 @@ pub struct Victim {
     pub secret: RemoteAddr,
 }
 
+/// Local Ack Timeout of the victim's and the well-behaved client's QPs: 4.096 µs × 2^20,
+/// about 4 s per try. The attacks are not about timers; on two shared cores a thread can
+/// be off the CPU for longer than the default's half-second retry budget, and a
+/// well-behaved connection must not fail for that.
+pub const PATIENT_ACK_TIMEOUT: u8 = 20;
+
 /// The victim's connection parameters.
 pub fn victim_params(private: Vec<u8>) -> ConnectParams {
     ConnectParams::default()
         .handshake_timeout(Duration::from_secs(1))
+        .local_ack_timeout(PATIENT_ACK_TIMEOUT)
         .private_data(private)
         .caps(QpCaps {
             max_send_wr: 64,
@@ -548,6 +555,7 @@ fn run_good_client(path: &Path, stop: &AtomicBool, done: &AtomicU64) -> u64 {
     let pd = ctx.alloc_pd().unwrap();
     let mut cq = ctx.create_cq(64).unwrap();
     let params = ConnectParams::default()
+        .local_ack_timeout(PATIENT_ACK_TIMEOUT)
         .private_data(GOOD.to_vec())
         .caps(QpCaps {
             max_send_wr: 16,
@@ -835,7 +843,8 @@ impl FakePeer {
             self.drain();
             match self.tx.free_slots() {
                 Ok(free) if free >= slots.len() => break,
-                Ok(_) if start.elapsed() > Duration::from_secs(2) => return Some(0),
+                // Generous: a victim that keeps reading frees room in microseconds.
+                Ok(_) if start.elapsed() > Duration::from_secs(20) => return Some(0),
                 Ok(_) => std::thread::sleep(Duration::from_millis(1)),
                 Err(_) => return None,
             }
