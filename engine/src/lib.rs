@@ -22,6 +22,8 @@ pub mod credit;
 pub(crate) mod dma;
 pub(crate) mod engine;
 mod error;
+#[cfg(test)]
+mod hostile_tests;
 pub mod link;
 pub(crate) mod mem;
 pub(crate) mod mr_table;
@@ -30,6 +32,8 @@ pub mod qp;
 pub mod requester;
 pub mod responder;
 pub(crate) mod slots;
+#[doc(hidden)]
+pub mod testing;
 pub mod timer;
 pub mod trace;
 pub mod verbs;

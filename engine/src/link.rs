@@ -1232,6 +1232,37 @@ mod tests {
     }
 
     #[test]
+    fn a_link_segment_whose_rings_overlap_is_refused() {
+        let seg = create_link_segment(8, HugePages::Never).unwrap();
+        let mut hdr = [0u8; size_of::<LinkHeader>()];
+        seg.read_at(0, &mut hdr).unwrap();
+        let mut hdr: LinkHeader = bytemuck::pod_read_unaligned(&hdr);
+        // Ring 1 starts inside ring 0's slots (a ring of 8 slots is 128 + 8 * 128 bytes).
+        let ring = shm_ring_bytes::<PacketSlot>(8).unwrap() as u64;
+        for second in [hdr.ring_off[0], hdr.ring_off[0] + ring - 128] {
+            hdr.ring_off[1] = second;
+            let peer_view = Arc::new(
+                Segment::open(
+                    seg.try_clone_fd().unwrap(),
+                    LINK_KIND,
+                    shmhca_rings::segment::Access::ReadWrite,
+                    usize::MAX,
+                )
+                .unwrap(),
+            );
+            peer_view.write_at(0, bytemuck::bytes_of(&hdr)).unwrap();
+            if second != hdr.ring_off[0] {
+                // A ring header for the opener to find there.
+                init_shm_ring::<PacketSlot>(&peer_view, second as usize, 8).unwrap();
+            }
+            let e = attach(&peer_view, Side::Opener)
+                .err()
+                .expect("overlap refused");
+            assert!(e.to_string().contains("overlap"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_link_segment_carries_packets_both_ways() {
         let seg = create_link_segment(8, HugePages::Never).unwrap();
         let peer_view = Arc::new(

@@ -22,6 +22,10 @@ pub(crate) fn endpoint(id: u32) -> Endpoint {
     Endpoint::new([0x02, 0x5e, 0, a, b, c], Ipv4Addr::new(10, a, b, c))
 }
 
+/// The most payload bytes recorded per packet: a peer names payloads of up to 4 GiB, and
+/// what it claims must not decide what this process allocates.
+const MAX_RECORDED_PAYLOAD: usize = 1 << 16;
+
 struct Inner {
     writer: PcapWriter<BufWriter<File>>,
     scratch: Vec<u8>,
@@ -62,14 +66,14 @@ impl Tap {
         } = &mut *inner;
         scratch.clear();
         let hdr = slot.headers();
-        let len = slot.payload_len as usize;
+        let len = (slot.payload_len as usize).min(MAX_RECORDED_PAYLOAD);
         match slot.kind {
             KIND_INLINE => {
                 let end = (hdr.len() + len).min(slot.data.len());
                 scratch.extend_from_slice(&slot.data[hdr.len()..end]);
             }
             KIND_DIRECT => {
-                scratch.resize(len.min(1 << 16), 0);
+                scratch.resize(len, 0);
                 let _ = sender_arena.read(slot.payload_off, scratch);
             }
             KIND_GATHER => {
@@ -174,5 +178,40 @@ impl Trace {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::{GatherList, KIND_GATHER};
+
+    /// A received gather packet's length and entries are the peer's claims: recording one
+    /// that claims 4 GiB must not allocate 4 GiB (it did: the gather path resized its
+    /// scratch buffer to whatever the entries said).
+    #[test]
+    fn a_peers_claimed_gather_length_does_not_size_the_recording() {
+        let dir = std::env::temp_dir().join(format!("shmhca-tap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("huge-gather.pcap");
+        let tap = Tap::create(&path).unwrap();
+        let mut slots = [PacketSlot::default(); 2];
+        // A SEND Only BTH: opcode 0x04, then zeroes.
+        slots[0].data[0] = 0x04;
+        slots[0].hdr_len = 12;
+        slots[0].kind = KIND_GATHER;
+        slots[0].sge_count = 1;
+        slots[0].payload_len = u32::MAX;
+        let mut list = GatherList::default();
+        assert!(list.push(0, u32::MAX));
+        crate::link::write_gather_for_tests(&list, &mut slots[1..]);
+        tap.record(1, 2, &slots, &Mem::private(4096));
+        let scratch = tap.inner.lock().unwrap().scratch.capacity();
+        assert!(
+            scratch <= 2 * MAX_RECORDED_PAYLOAD,
+            "recording one packet grew the scratch buffer to {scratch} bytes"
+        );
+        drop(tap);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

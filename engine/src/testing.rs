@@ -1,0 +1,103 @@
+//! Entry points for fuzz targets, which live outside the crate. Not part of the API: no
+//! stability, no use outside tests.
+
+use crate::dma::{self, Cursor, Sgl};
+use crate::link::{PacketSlot, RxPacket, continuation_slots};
+use crate::mem::Mem;
+use crate::wqe::{DataLoc, NO_MR, SGE_ENTRY_LEN, SgeEntry};
+
+/// The byte the local buffer is filled with before a copy.
+const CANARY: u8 = 0xA5;
+/// Where the destination ranges start in the local buffer, and the gap between two.
+const DST_START: u64 = 1024;
+const GAP: u64 = 16;
+
+/// Receives one packet the way the RQ Logic and the completer do: `bytes` is what a peer
+/// published (a slot, then its continuation slots; missing bytes read as zero), parsed with
+/// `RxPacket::parse` and every extended-header accessor, then its payload is copied with
+/// `dma::copy_payload` out of a peer arena holding `peer_arena` into a local buffer, over
+/// one destination range (`split` empty) or one per element of `split` (lengths modulo
+/// 1024, at most 16, with gaps between them).
+///
+/// Returns the bytes copied, or `None` if the packet or its payload was refused.
+///
+/// # Panics
+/// Only if the receive path is wrong: a byte of the local buffer outside the destination
+/// ranges changed, or more bytes were reported copied than the ranges hold.
+pub fn receive_slot(bytes: &[u8], peer_arena: &[u8], split: &[u16]) -> Option<u64> {
+    let slot_len = size_of::<PacketSlot>();
+    let slot_at = |i: usize| {
+        let mut raw = vec![0u8; slot_len];
+        let from = bytes.get(i * slot_len..).unwrap_or(&[]);
+        let n = from.len().min(slot_len);
+        raw[..n].copy_from_slice(&from[..n]);
+        bytemuck::pod_read_unaligned::<PacketSlot>(&raw)
+    };
+    let slot = slot_at(0);
+    let cont: Vec<PacketSlot> = (1..=continuation_slots(&slot)).map(slot_at).collect();
+    let pkt = RxPacket::parse(&slot, &cont).ok()?;
+    let _ = (
+        pkt.reth(),
+        pkt.aeth(),
+        pkt.atomic_eth(),
+        pkt.atomic_orig(),
+        pkt.imm(),
+    );
+    for i in 0..crate::link::MAX_GATHER {
+        let _ = pkt.gather_entry(i);
+    }
+
+    let peer = Mem::private(peer_arena.len());
+    peer.write(0, peer_arena).ok()?;
+    let local = Mem::private(64 << 10);
+    local.write(0, &vec![CANARY; local.len()]).ok()?;
+    let tables = Mem::private(4096);
+    let mut ranges = Vec::new();
+    let mut at = DST_START;
+    let loc = if split.is_empty() {
+        ranges.push((at, 16 << 10));
+        DataLoc::Single(SgeEntry {
+            off: at,
+            len: 16 << 10,
+            mr: NO_MR,
+        })
+    } else {
+        for (i, &l) in split.iter().take(16).enumerate() {
+            let e = SgeEntry {
+                off: at,
+                len: u32::from(l % 1024),
+                mr: NO_MR,
+            };
+            tables.write(i as u64 * SGE_ENTRY_LEN, &e.to_bytes()).ok()?;
+            ranges.push((e.off, u64::from(e.len)));
+            at += u64::from(e.len) + GAP;
+        }
+        DataLoc::Table {
+            table: 0,
+            n: ranges.len() as u32,
+        }
+    };
+    let mut cursor = Cursor::default();
+    let r = dma::copy_payload(&pkt, &peer, &local, Sgl::new(&loc, &tables), &mut cursor);
+
+    let mut after = vec![0u8; local.len()];
+    local.read(0, &mut after).ok()?;
+    let mut inside = vec![false; after.len()];
+    for &(off, len) in &ranges {
+        inside[off as usize..(off + len) as usize].fill(true);
+    }
+    for (i, (&b, &dst)) in after.iter().zip(&inside).enumerate() {
+        assert!(
+            dst || b == CANARY,
+            "byte {i} outside the destination was written"
+        );
+    }
+    let room: u64 = ranges.iter().map(|r| r.1).sum();
+    if let Ok(n) = r {
+        assert!(
+            n <= room,
+            "{n} bytes copied into {room} bytes of destination"
+        );
+    }
+    r.ok()
+}
