@@ -467,7 +467,11 @@ fn a_lying_server_cannot_make_a_client_map_or_commit_what_it_offers() {
             vec![dup(&arena_segment(1 << 20)), dup(&arena_segment(1 << 20))],
             "segment kind",
         ),
-        ("one descriptor", vec![dup(&page)], "file descriptors"),
+        (
+            "one descriptor",
+            vec![dup(&page)],
+            "carried 1 file descriptors instead of 2",
+        ),
         (
             "an arena that could shrink",
             vec![dup(&page), raw_memfd(1 << 20, false)],

@@ -118,13 +118,13 @@ fn one_arena(
     fds: &mut Vec<OwnedFd>,
     n: usize,
 ) -> std::result::Result<OwnedFd, Fail> {
+    let got = fds.len();
     match fds.pop() {
-        Some(fd) if fds.len() + 1 == n => Ok(fd),
+        Some(fd) if got == n => Ok(fd),
         _ => Err(Fail::reject(
             RejectReason::ProtocolError,
             chan.err(format_args!(
-                "the server's REP carried {} file descriptors instead of {n}",
-                fds.len()
+                "the server's REP carried {got} file descriptors instead of {n}"
             )),
         )),
     }
