@@ -1,0 +1,206 @@
+//! What the client prints and writes: the header, the table as it fills, `-H`,
+//! `--output`, `--json` and `--hgrm`.
+
+use std::io::Write as _;
+
+use serde_json::{Value, json};
+
+use crate::perf::error::PerfError;
+use crate::perf::lat::Progress;
+use crate::perf::opts::{ModeArg, Options, TestKind};
+use crate::perf::report::{self, HeaderInfo};
+use crate::perf::setup::Side;
+use crate::perf::stats::{BwStats, LatRecorder, LatStats, rss_kib};
+
+/// What a side's header says.
+fn header_info(opts: &Options, side: &Side) -> HeaderInfo {
+    let (local, remote) = side.addr_lines(opts.test, opts.outs);
+    HeaderInfo {
+        mode: match opts.mode {
+            ModeArg::Inline => "inline".into(),
+            ModeArg::Poll => "poll".into(),
+        },
+        huge_pages: side.res.ctx.page_size() == shmhca_rings::PageSize::Huge2M,
+        exchange: side.exchange,
+        local,
+        remote,
+    }
+}
+
+/// The header a side prints.
+pub(crate) fn header_text(opts: &Options, side: &Side) -> String {
+    report::header(opts, &header_info(opts, side))
+}
+
+/// The client's output: the table as it fills, `-H`, `--output`, `--json`, `--hgrm`.
+#[derive(Debug)]
+pub struct Output {
+    pub(crate) rec: LatRecorder,
+    pub(crate) bw: BwStats,
+    pub(crate) quiet: Progress,
+    rows: Vec<Value>,
+    samples: Vec<(u64, Vec<u64>)>,
+    hgrms: Vec<(u64, String)>,
+    stdout: std::io::Stdout,
+    rss_after_kib: u64,
+    rss_measure_start_kib: Option<u64>,
+}
+
+impl Output {
+    pub(crate) fn new(opts: &Options) -> Output {
+        Output {
+            rec: LatRecorder::new(opts.histogram.then_some(opts.iters as usize)),
+            bw: BwStats::default(),
+            quiet: Progress::new(String::new(), 1, 0, false),
+            rows: Vec::new(),
+            samples: Vec::new(),
+            hgrms: Vec::new(),
+            stdout: std::io::stdout(),
+            rss_after_kib: 0,
+            rss_measure_start_kib: None,
+        }
+    }
+
+    /// Notes the RSS when the first measurement starts (after its warm-up).
+    pub(crate) fn note_measure_start(&mut self) {
+        if self.rss_measure_start_kib.is_none() {
+            self.rss_measure_start_kib = Some(rss_kib());
+        }
+    }
+
+    pub(crate) fn start(&mut self, opts: &Options, side: &Side) {
+        self.rss_after_kib = side.rss_after_kib;
+        if opts.output.is_none() {
+            let mut o = self.stdout.lock();
+            let _ = write!(o, "{}", header_text(opts, side));
+            let _ = writeln!(o, "{}", report::table_head(opts));
+            let _ = o.flush();
+        }
+    }
+
+    pub(crate) fn row(&mut self, opts: &Options, size: u64) {
+        let mut o = self.stdout.lock();
+        if opts.test.is_lat() {
+            let s: LatStats = self.rec.stats();
+            match opts.output {
+                Some(_) => {
+                    let _ = writeln!(o, "{}", report::output_lat(&s));
+                }
+                None => {
+                    let _ = writeln!(o, "{}", report::lat_row(size, &s));
+                }
+            }
+            self.rows.push(report::lat_json(size, &s));
+            if opts.histogram {
+                self.samples.push((size, self.rec.samples().to_vec()));
+            }
+            if opts.hgrm.is_some() {
+                self.hgrms.push((size, report::hgrm(self.rec.histogram())));
+            }
+        } else {
+            match opts.output {
+                Some(w) => {
+                    let _ = writeln!(o, "{}", report::output_bw(&self.bw, w, opts.gbits));
+                }
+                None => {
+                    let _ = writeln!(o, "{}", report::bw_row(&self.bw, opts.gbits));
+                }
+            }
+            self.rows.push(report::bw_json(&self.bw));
+        }
+        let _ = o.flush();
+    }
+
+    pub(crate) fn finish(&mut self, opts: &Options, side: &Side) -> Result<(), PerfError> {
+        self.finish_with(opts, side, rss_kib())
+    }
+
+    pub(crate) fn finish_with(
+        &mut self,
+        opts: &Options,
+        side: &Side,
+        rss_end_kib: u64,
+    ) -> Result<(), PerfError> {
+        {
+            let mut o = self.stdout.lock();
+            if opts.output.is_none() {
+                let _ = writeln!(o, "{}", report::RESULT_LINE);
+            }
+            for (size, samples) in &self.samples {
+                if self.samples.len() > 1 {
+                    let _ = writeln!(o, "# {size} bytes");
+                }
+                let _ = write!(o, "{}", report::samples_text(samples));
+            }
+            let _ = o.flush();
+        }
+        if let Some(path) = &opts.hgrm {
+            let mut text = String::new();
+            for (size, h) in &self.hgrms {
+                if self.hgrms.len() > 1 {
+                    text.push_str(&format!("#[Size = {size} bytes]\n"));
+                }
+                text.push_str(h);
+            }
+            std::fs::write(path, text)
+                .map_err(PerfError::io(format!("writing {}", path.display())))?;
+        }
+        if let Some(path) = &opts.json {
+            let info = header_info(opts, side);
+            let st = side.res.ctx.stats();
+            let engine_stats = json!({
+                "packets_sent": st.packets_sent,
+                "packets_received": st.packets_received,
+                "payload_bytes_copied": st.payload_bytes_copied,
+                "inline_bytes_sent": st.inline_bytes_sent,
+                "acks_sent": st.acks_sent,
+                "naks_sent": st.naks_sent,
+                "retransmitted": st.retransmitted,
+                "timeouts": st.timeouts,
+                "rnr_naks_received": st.rnr_naks_received,
+                "dropped": st.dropped,
+            });
+            let doc = json!({
+                "tool": "shmhca-perf",
+                "test": opts.test.name(),
+                "kind": if opts.test.is_lat() { "latency" } else { "bandwidth" },
+                "latency_is": match opts.test {
+                    TestKind::SendLat | TestKind::WriteLat => "one-way (round trip / 2)",
+                    TestKind::ReadLat | TestKind::AtomicLat => "round trip",
+                    _ => "n/a",
+                },
+                "bw_unit": if opts.gbits { "Gb/sec" } else { "MiB/sec" },
+                "params": report::params_json(opts),
+                "engine": {
+                    "mode": info.mode,
+                    "huge_pages": info.huge_pages,
+                    "exchange": info.exchange,
+                    "arena_bytes": crate::perf::opts::arena_bytes(opts.max_size(), opts.qps, opts.tx_depth, opts.inline),
+                    "qps": side.qps.iter().map(|q| {
+                        let c = q.config();
+                        json!({"qpn": q.qpn().get(), "psn": c.sq_psn.get(),
+                               "peer_qpn": c.dest.map_or(0, |d| d.qpn.get()),
+                               "mtu": c.path_mtu.bytes(), "max_rd_atomic": c.max_rd_atomic,
+                               "memory_bytes": q.memory_bytes()})
+                    }).collect::<Vec<_>>(),
+                },
+                "engine_stats": engine_stats,
+                "machine": report::machine_json(),
+                "versions": report::versions_json(),
+                "rss_kib": {
+                    "before_setup": side.res.rss_before_kib,
+                    "after_setup": self.rss_after_kib,
+                    "measure_start": self.rss_measure_start_kib,
+                    "end": rss_end_kib,
+                    "setup_delta": self.rss_after_kib.saturating_sub(side.res.rss_before_kib),
+                },
+                "results": self.rows,
+            });
+            let text = serde_json::to_string_pretty(&doc)
+                .map_err(|e| PerfError::Peer(format!("encoding the JSON report: {e}")))?;
+            std::fs::write(path, text + "\n")
+                .map_err(PerfError::io(format!("writing {}", path.display())))?;
+        }
+        Ok(())
+    }
+}

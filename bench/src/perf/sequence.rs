@@ -1,0 +1,136 @@
+//! The sequence both sides run for every size: start barrier, warm-up, measurement (or
+//! the answers), end barrier carrying the server's verdict, and the goodbye.
+
+use std::time::Duration;
+
+use crate::perf::bw;
+use crate::perf::check::{client_check, fill_pattern, server_check};
+use crate::perf::error::PerfError;
+use crate::perf::lat::{self, Progress};
+use crate::perf::opts::{Options, Verb};
+use crate::perf::output::Output;
+use crate::perf::setup::Side;
+use crate::perf::stats::BwClock;
+
+/// The sequence both sides run: for each size, a start barrier, the warm-up, the
+/// measurement (client) or the answers (server), and an end barrier carrying the server's
+/// check of what arrived.
+pub(crate) fn run_sizes(
+    opts: &Options,
+    side: &mut Side,
+    client: bool,
+    mut out: Option<&mut Output>,
+) -> Result<(), PerfError> {
+    let verb = opts.test.verb();
+    let lat = opts.test.is_lat();
+    if verb == Verb::Send && (lat || !client) {
+        let count = if lat {
+            opts.rx_depth.min(64)
+        } else {
+            opts.rx_depth
+        };
+        bw::prepost_receives(side, count)?;
+    }
+    if let Some(o) = out.as_deref_mut() {
+        o.start(opts, side);
+    }
+    let qps = side.qps.len() as u64;
+    for (si, &size) in opts.sizes.iter().enumerate() {
+        let tag = 2 * si as u32;
+        // Prepare this size's memory before the start barrier: the peer touches nothing
+        // of ours until then.
+        for qi in 0..qps {
+            let base = qi * side.res.stride;
+            let half = side.res.half;
+            let clear = vec![0u8; 8];
+            side.res
+                .buf
+                .write_at(base + half, &clear)
+                .map_err(PerfError::engine("clearing the buffer"))?;
+            if size >= 8 {
+                side.res
+                    .buf
+                    .write_at(base + half + size - 8, &clear)
+                    .map_err(PerfError::engine("clearing the buffer"))?;
+            }
+            if verb != Verb::Atomic && (client || verb == Verb::Read || lat) {
+                fill_pattern(side, base, size, si)?;
+            }
+        }
+        side.ctl.barrier(tag, 0, || Ok(()))?;
+        if client {
+            let o = out.as_deref_mut().expect("the client side has an output");
+            if lat {
+                lat::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
+                o.rec.reset();
+                o.note_measure_start();
+                let mut prog = Progress::new(
+                    format!("{} {} B", opts.test.name(), size),
+                    opts.iters,
+                    opts.progress_after,
+                    true,
+                );
+                lat::client(
+                    side,
+                    opts,
+                    size,
+                    opts.warmup,
+                    opts.iters,
+                    Some(&mut o.rec),
+                    &mut prog,
+                )?;
+            } else {
+                if opts.warmup > 0 {
+                    bw::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
+                }
+                o.note_measure_start();
+                let total = opts.iters * qps;
+                let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
+                let mut prog = Progress::new(
+                    format!("{} {} B", opts.test.name(), size),
+                    opts.iters,
+                    opts.progress_after,
+                    true,
+                );
+                bw::client(
+                    side,
+                    opts,
+                    size,
+                    opts.warmup,
+                    opts.iters,
+                    Some(&mut clock),
+                    &mut prog,
+                )?;
+                o.bw = clock.stats(size, opts.iters, qps as u32);
+            }
+        } else if lat {
+            lat::server(side, opts, size, 0, opts.warmup + opts.iters)?;
+        } else if verb == Verb::Send {
+            bw::send_server(side, size, opts.warmup + opts.iters)?;
+        }
+        // End of the size: the client says it is done; only then does the server look at
+        // what arrived, and it answers with its verdict.
+        if !client {
+            side.ctl.wait(tag + 1, || Ok(()))?;
+            let status = server_check(opts, side, size, si)?;
+            side.ctl.send(tag + 1, status)?;
+        } else {
+            let peer_status = side.ctl.barrier(tag + 1, 0, || Ok(()))?;
+            client_check(opts, side, size, si, peer_status)?;
+            if let Some(o) = out.as_deref_mut() {
+                o.row(opts, size);
+            }
+        }
+    }
+    // Goodbye: the server waits for it, so neither side closes its connections while the
+    // other still expects a message.
+    let fin = 2 * opts.sizes.len() as u32;
+    if client {
+        side.ctl.send(fin, 0)?;
+        side.ctl.settle(Duration::from_secs(2));
+    } else {
+        side.ctl.wait(fin, || Ok(()))?;
+        side.ctl.settle(Duration::from_millis(100));
+    }
+    Ok(())
+}
