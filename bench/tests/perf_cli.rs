@@ -465,6 +465,49 @@ fn server_and_client_in_two_processes() {
     assert!(!sock.exists(), "the server left its socket behind");
 }
 
+/// `--server PATH` removes only the socket it made: a path it refuses (a file that is not
+/// a socket, a live server's socket) is left as it was.
+#[test]
+fn a_refused_server_path_is_left_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("refused");
+    let plain = s.path("precious.txt");
+    std::fs::write(&plain, "not yours").unwrap();
+    let out = run(&s, &["send_lat", "--server", plain.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("panicked"));
+    assert_eq!(
+        std::fs::read_to_string(&plain).ok().as_deref(),
+        Some("not yours"),
+        "shmhca-perf --server deleted a file it refused"
+    );
+
+    // A second server on a live server's socket is refused and leaves it in place: the
+    // first server still gets its client.
+    let sock = s.path("perf.sock");
+    let p = sock.to_str().unwrap();
+    let first = command(&s, &["send_lat", "-n", "100", "--server", p])
+        .spawn()
+        .unwrap();
+    wait_for_socket(&sock);
+    let second = run(&s, &["send_lat", "-n", "100", "--server", p]);
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        text(&second.stderr).contains("live listener"),
+        "{}",
+        text(&second.stderr)
+    );
+    assert!(
+        sock.exists(),
+        "the refused server removed the live server's socket"
+    );
+    let args = ["send_lat", "-n", "100", "--client", p];
+    ok(&run(&s, &args), &args);
+    let first = wait(first, Duration::from_secs(30), "the first server");
+    ok(&first, &["--server"]);
+    assert!(!sock.exists(), "the server left its socket behind");
+}
+
 #[test]
 fn parameter_mismatch_is_refused_on_both_sides() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

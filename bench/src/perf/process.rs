@@ -18,16 +18,17 @@ use crate::perf::stats::rss_kib;
 /// The line a spawned server prints on stdout once it listens.
 pub const READY_LINE: &str = "shmhca-perf server ready";
 
-/// What a signal must clean up: files (sockets), directories, the child process.
+/// What a signal must clean up: the sockets this process created (path, device and
+/// inode), directories, the child process.
 #[derive(Debug, Default)]
 pub(crate) struct CleanupList {
-    pub(crate) files: Vec<PathBuf>,
+    sockets: Vec<(PathBuf, (u64, u64))>,
     pub(crate) dirs: Vec<PathBuf>,
     child: Option<u32>,
 }
 
 static CLEANUP: Mutex<CleanupList> = Mutex::new(CleanupList {
-    files: Vec::new(),
+    sockets: Vec::new(),
     dirs: Vec::new(),
     child: None,
 });
@@ -36,7 +37,25 @@ pub(crate) fn cleanup_list() -> std::sync::MutexGuard<'static, CleanupList> {
     CLEANUP.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Kills the child and removes every registered file and directory.
+/// The device and inode of the file at `path` (not following a symlink).
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Registers the socket a listener of this process has just created at `path`, for
+/// removal if a signal ends the process. Only that file is ever removed: if something
+/// else has replaced it by then, it stays.
+pub(crate) fn register_socket(path: &Path) {
+    if let Some(id) = file_id(path) {
+        cleanup_list().sockets.push((path.to_path_buf(), id));
+    }
+}
+
+/// Kills the child and removes every registered socket (if it is still the one this
+/// process created) and directory.
 pub(crate) fn cleanup_now() {
     let mut c = cleanup_list();
     if let Some(pid) = c.child.take() {
@@ -44,8 +63,10 @@ pub(crate) fn cleanup_now() {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
     }
-    for f in c.files.drain(..) {
-        let _ = std::fs::remove_file(f);
+    for (f, id) in c.sockets.drain(..) {
+        if file_id(&f) == Some(id) {
+            let _ = std::fs::remove_file(f);
+        }
     }
     for d in c.dirs.drain(..) {
         let _ = std::fs::remove_dir_all(d);

@@ -11,7 +11,7 @@ use crate::perf::opts::{Options, Role};
 use crate::perf::output::{Output, header_text};
 use crate::perf::process::{
     READY_LINE, cleanup_list, cleanup_now, exit_with_parent, install_signal_handler, pin,
-    self_spawn,
+    register_socket, self_spawn,
 };
 use crate::perf::sequence::run_sizes;
 use crate::perf::setup::{self, Resources};
@@ -119,11 +119,14 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
                 opts.cpus.first().copied()
             });
             let res = Resources::new(opts, engine_core(usize::from(opts.spawned)))?;
-            cleanup_list().files.push(path.clone());
+            // Only once the listener has created the socket is it this process's to
+            // remove: a path `listen` refuses (a file that is not a socket, a live
+            // server's socket) stays as it was.
             let listener = res
                 .ctx
                 .listen(path)
                 .map_err(PerfError::engine("listening"))?;
+            register_socket(path);
             if opts.spawned {
                 println!("{READY_LINE}");
                 let _ = std::io::stdout().flush();
