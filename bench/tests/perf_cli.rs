@@ -558,6 +558,51 @@ fn a_peer_that_dies_is_reported() {
     let _ = std::fs::remove_file(&sock);
 }
 
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig} failed");
+}
+
+/// A receive-only server whose client is stopped (SIGSTOP) ends with a clear error after
+/// `--idle-timeout` instead of waiting forever (issue 8, item 10).
+#[test]
+fn a_stopped_peer_ends_the_run_after_the_idle_timeout() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for test in ["send_bw", "write_bw"] {
+        let s = Scratch::new("stopped");
+        let sock = s.path("perf.sock");
+        let p = sock.to_str().unwrap();
+        let args = [test, "-s", "64", "-n", "100000000", "--idle-timeout", "2"];
+        let server = command(&s, &[&args[..], &["--server", p]].concat())
+            .spawn()
+            .unwrap();
+        wait_for_socket(&sock);
+        let mut client = command(&s, &[&args[..], &["--client", p]].concat())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        signal(&client, "-STOP");
+        let start = Instant::now();
+        let out = wait(
+            server,
+            Duration::from_secs(30),
+            "the server of a stopped client",
+        );
+        let waited = start.elapsed();
+        signal(&client, "-KILL");
+        client.wait().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{test}");
+        let err = text(&out.stderr);
+        assert!(err.contains("nothing from the peer for"), "{test}: {err}");
+        assert!(err.contains("--idle-timeout"), "{test}: {err}");
+        assert!(waited < Duration::from_secs(15), "{test}: {waited:?}");
+        assert!(!sock.exists(), "{test}: the server left its socket behind");
+    }
+}
+
 #[test]
 fn ctrl_c_stops_the_peer_and_removes_the_temp_dir() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -144,6 +144,7 @@ pub fn client(
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
         }
+        live.busy();
         for wc in &wcs[..got] {
             if wc.status != WcStatus::Success {
                 return Err(completion_error(verb_what(verb), wc.status));
@@ -227,6 +228,7 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: u64) -> Result<(), PerfEr
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
         }
+        live.busy();
         for wc in &wcs[..got] {
             if wc.status != WcStatus::Success {
                 return Err(completion_error("a Receive", wc.status));

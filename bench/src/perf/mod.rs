@@ -21,6 +21,7 @@ pub mod bw;
 pub mod check;
 pub mod control;
 pub mod error;
+pub mod idle;
 pub mod lat;
 pub mod opts;
 pub mod output;

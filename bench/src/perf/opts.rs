@@ -266,6 +266,10 @@ pub struct Cli {
     /// Seconds to wait for the peer to connect (default 10).
     #[arg(long = "connect-timeout", value_name = "SECONDS")]
     pub connect_timeout: Option<u64>,
+    /// End with an error when the peer has sent nothing for this many seconds (it is
+    /// stopped or hung); 0 waits forever. Default 10.
+    #[arg(long = "idle-timeout", value_name = "SECONDS")]
+    pub idle_timeout: Option<u64>,
     /// Internal: this process is the server started by a client (exits with its parent).
     #[arg(long = "spawned", hide = true)]
     pub spawned: bool,
@@ -339,6 +343,8 @@ pub struct Options {
     pub progress_after: u64,
     /// Started by a client.
     pub spawned: bool,
+    /// `--idle-timeout` (`None`: wait forever).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl Options {
@@ -568,7 +574,17 @@ impl Options {
                 "--progress-after {progress_after}: give 0 to 3600 seconds"
             )));
         }
+        let idle_timeout = cli
+            .idle_timeout
+            .unwrap_or(crate::perf::idle::DEFAULT_IDLE_TIMEOUT_SECS);
+        if idle_timeout > 86_400 {
+            return Err(usage(format!(
+                "--idle-timeout {idle_timeout}: give 0 (wait forever) to 86400 seconds"
+            )));
+        }
+        let idle_timeout = (idle_timeout > 0).then(|| std::time::Duration::from_secs(idle_timeout));
         Ok(Options {
+            idle_timeout,
             progress_after,
             test,
             sizes,

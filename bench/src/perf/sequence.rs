@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::perf::bw;
 use crate::perf::check::{client_check, fill_pattern, server_check};
 use crate::perf::error::PerfError;
+use crate::perf::idle::IdleWatch;
 use crate::perf::lat::{self, Progress};
 use crate::perf::opts::{Options, Verb};
 use crate::perf::output::Output;
@@ -21,6 +22,7 @@ pub(crate) fn run_sizes(
     client: bool,
     mut out: Option<&mut Output>,
 ) -> Result<(), PerfError> {
+    crate::perf::idle::set_timeout(opts.idle_timeout);
     let verb = opts.test.verb();
     let lat = opts.test.is_lat();
     if verb == Verb::Send && (lat || !client) {
@@ -57,7 +59,9 @@ pub(crate) fn run_sizes(
                 fill_pattern(side, base, size, si)?;
             }
         }
-        side.ctl.barrier(tag, 0, || Ok(()))?;
+        let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the start of a size");
+        let ctx = &side.res.ctx;
+        side.ctl.barrier(tag, 0, || watch.check(ctx))?;
         if client {
             let o = out.as_deref_mut().expect("the client side has an output");
             if lat {
@@ -111,11 +115,15 @@ pub(crate) fn run_sizes(
         // End of the size: the client says it is done; only then does the server look at
         // what arrived, and it answers with its verdict.
         if !client {
-            side.ctl.wait(tag + 1, || Ok(()))?;
+            let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's measurement");
+            let ctx = &side.res.ctx;
+            side.ctl.wait(tag + 1, || watch.check(ctx))?;
             let status = server_check(opts, side, size, si)?;
             side.ctl.send(tag + 1, status)?;
         } else {
-            let peer_status = side.ctl.barrier(tag + 1, 0, || Ok(()))?;
+            let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the server's check");
+            let ctx = &side.res.ctx;
+            let peer_status = side.ctl.barrier(tag + 1, 0, || watch.check(ctx))?;
             client_check(opts, side, size, si, peer_status)?;
             if let Some(o) = out.as_deref_mut() {
                 o.row(opts, size);
@@ -129,7 +137,9 @@ pub(crate) fn run_sizes(
         side.ctl.send(fin, 0)?;
         side.ctl.settle(Duration::from_secs(2));
     } else {
-        side.ctl.wait(fin, || Ok(()))?;
+        let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's goodbye");
+        let ctx = &side.res.ctx;
+        side.ctl.wait(fin, || watch.check(ctx))?;
         side.ctl.settle(Duration::from_millis(100));
     }
     Ok(())
