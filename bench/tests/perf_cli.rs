@@ -837,3 +837,224 @@ fn a_killed_client_takes_its_server_and_temp_dir_along() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Runs `args` and returns stdout, failing on an error exit.
+fn run_ok(s: &Scratch, args: &[&str]) -> String {
+    ok(&run(s, args), args)
+}
+
+/// The flags of perftest's own example command lines (its README's and man page's), as
+/// written there: each runs, or is refused with an error naming the flag and the reason
+/// (`-b`: not available yet; a core this machine lacks), never with "unexpected argument".
+#[test]
+fn perftest_example_command_lines_run_unchanged() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("examples");
+    // man perftest, example 2.
+    let out = run_ok(&s, &["read_lat", "-s", "32", "-n", "5000"]);
+    assert_eq!(rows(&out, LAT_HEAD)[0][..2], [32.0, 5000.0], "{out}");
+    // README "Command-line Examples".
+    let out = run_ok(&s, &["write_bw", "-d", "mlx5_0"]);
+    assert!(
+        out.contains(" Ignored flags   : -d mlx5_0 (no meaning here)"),
+        "{out}"
+    );
+    assert_eq!(rows(&out, BW_HEAD).len(), 1);
+    let out = run_ok(&s, &["write_bw", "--numa_node=1", "-d", "mlx5_0"]);
+    assert!(out.contains("--numa_node 1"), "{out}");
+    run_ok(&s, &["write_bw", "--disable_numa", "-d", "mlx5_0"]);
+    run_ok(
+        &s,
+        &["write_bw", "-d", "mlx5_0", "--data_validation", "-t", "128"],
+    );
+    run_ok(
+        &s,
+        &[
+            "read_bw",
+            "-d",
+            "mlx5_0",
+            "--data_validation",
+            "-t",
+            "128",
+            "-q",
+            "4",
+        ],
+    );
+    run_ok(
+        &s,
+        &[
+            "write_bw",
+            "-d",
+            "mlx5_0",
+            "--data_validation",
+            "--data_validation_debug",
+            "-t",
+            "128",
+        ],
+    );
+    run_ok(&s, &["write_bw", "--pin_cores=0", "-d", "mlx5_0"]);
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if ncpu <= 8 {
+        fails_with(
+            &s,
+            &["write_bw", "--pin_cores=0-3,8", "-d", "mlx5_0"],
+            "does not exist (this machine has cores",
+        );
+    }
+    // man perftest, example 1, and the README's bidirectional line.
+    fails_with(
+        &s,
+        &["write_bw", "-s", "8388608", "-b", "-D", "5", "-q", "3"],
+        "-b: not available in shmhca-perf",
+    );
+    fails_with(
+        &s,
+        &[
+            "write_bw",
+            "-d",
+            "mlx5_0",
+            "--use_cuda=0",
+            "--data_validation",
+            "-t",
+            "128",
+        ],
+        "--use_cuda: not available",
+    );
+}
+
+/// perftest's defaults: a post list of 1 and no warm-up; -c other than RC, -e, and
+/// --out_json's misspellings get clear errors, not a suggestion of another flag.
+#[test]
+fn perftest_defaults_and_flag_errors() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pflags");
+    let json = s.path("run.json");
+    run_ok(
+        &s,
+        &["send_bw", "-n", "200", "--json", json.to_str().unwrap()],
+    );
+    let doc = read_json(&json);
+    assert_eq!(doc["params"]["post_list"], 1, "{doc}");
+    assert_eq!(doc["params"]["warmup"], 0, "{doc}");
+    run_ok(
+        &s,
+        &[
+            "send_lat",
+            "-n",
+            "200",
+            "--json",
+            s.path("l.json").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(read_json(&s.path("l.json"))["params"]["warmup"], 0);
+    run_ok(&s, &["send_bw", "-c", "RC", "-n", "100"]);
+    fails_with(&s, &["send_bw", "-c", "UD"], "shmhca implements RC only");
+    fails_with(&s, &["send_lat", "-e"], "not available yet");
+    let out = run(&s, &["send_bw", "--out_json"]);
+    // The flag is known now: no "did you mean --outs".
+    assert!(
+        !text(&out.stderr).contains("--outs"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_file(s.path("run.json")).unwrap();
+}
+
+/// --out_json writes perftest's keys; files that exist are never overwritten without
+/// --force.
+#[test]
+fn out_json_has_perftest_keys_and_nothing_is_overwritten() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("ojson");
+    let f = s.path("p.json");
+    let fp = f.to_str().unwrap();
+    run_ok(
+        &s,
+        &["write_bw", "-n", "200", "--out_json", "--out_json_file", fp],
+    );
+    let doc = read_json(&f);
+    for k in [
+        "MsgSize",
+        "n_iterations",
+        "BW_peak",
+        "BW_average",
+        "MsgRate",
+    ] {
+        assert!(doc["results"][k].is_number(), "{k} in {doc}");
+    }
+    assert_eq!(doc["test_info"]["test"], "RDMA_Write_BW_Test");
+    assert_eq!(doc["test_info"]["Connection_type"], "RC");
+    // It exists now: refused, untouched.
+    let before = std::fs::read(&f).unwrap();
+    fails_with(
+        &s,
+        &["write_bw", "-n", "200", "--out_json", "--out_json_file", fp],
+        "does not overwrite",
+    );
+    let hgrm = s.path("x.hgrm");
+    std::fs::write(&hgrm, "mine").unwrap();
+    fails_with(
+        &s,
+        &["send_lat", "-n", "100", "--hgrm", hgrm.to_str().unwrap()],
+        "does not overwrite",
+    );
+    assert_eq!(std::fs::read_to_string(&hgrm).unwrap(), "mine");
+    assert_eq!(std::fs::read(&f).unwrap(), before);
+    run_ok(
+        &s,
+        &[
+            "send_lat",
+            "-n",
+            "100",
+            "--out_json",
+            "--out_json_file",
+            fp,
+            "--force",
+        ],
+    );
+    let doc = read_json(&f);
+    for k in [
+        "t_min",
+        "t_max",
+        "t_typical",
+        "t_avg",
+        "t_stdev",
+        "percentile_99",
+        "percentile_99.9",
+    ] {
+        assert!(doc["results"][k].is_number(), "{k} in {doc}");
+    }
+}
+
+/// -D runs by time (no peak, as perftest) and --run_infinitely prints a line per interval
+/// until interrupted; send_bw's server counts what arrived against the client's count.
+#[test]
+fn duration_and_run_infinitely() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("dur");
+    for test in ["send_bw", "write_bw", "read_bw", "atomic_bw"] {
+        let start = Instant::now();
+        let out = run_ok(&s, &[test, "-D", "2", "-s", "8"]);
+        assert!(start.elapsed() >= Duration::from_secs(2), "{test}");
+        assert!(out.contains("WARNING: BW peak won't be measured"), "{out}");
+        let r = rows(&out, BW_HEAD);
+        assert_eq!(r.len(), 1, "{out}");
+        assert_eq!(r[0][2], 0.0, "no peak in a timed run: {out}");
+        assert!(r[0][1] > 0.0 && r[0][3] > 0.0, "{out}");
+    }
+    fails_with(&s, &["send_lat", "-D", "2"], "by iterations only");
+    fails_with(&s, &["send_bw", "-D", "4", "-f", "2"], "twice the margin");
+    fails_with(&s, &["send_bw", "-D", "2", "-n", "100"], "give one");
+
+    let child = command(&s, &["send_bw", "--run_infinitely", "-D", "1", "-s", "64"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    signal(&child, "-INT");
+    let out = wait(child, Duration::from_secs(20), "--run_infinitely");
+    let stdout = text(&out.stdout);
+    let lines = rows(&stdout, BW_HEAD);
+    assert!(lines.len() >= 2, "{stdout}");
+    assert!(lines.iter().all(|l| l[0] == 64.0 && l[3] > 0.0), "{stdout}");
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}

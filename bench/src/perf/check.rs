@@ -105,23 +105,19 @@ pub(crate) fn server_check(
     Ok(sum)
 }
 
-/// The client's checks: the server's verdict, and for Reads what landed here.
+/// The client's checks: the server's verdict (for Atomics against `ops`, the operations
+/// run on all QPs), and for Reads what landed here.
 pub(crate) fn client_check(
     opts: &Options,
     side: &Side,
     size: u64,
     si: usize,
     peer_status: u64,
+    ops: u64,
 ) -> Result<(), PerfError> {
-    let per_qp = opts.warmup + opts.iters;
     match opts.test.verb() {
         Verb::Atomic => {
-            let qps = if opts.test.is_lat() {
-                1
-            } else {
-                side.qps.len() as u64
-            };
-            let expect = per_qp * qps;
+            let expect = ops;
             if peer_status != expect {
                 return Err(PerfError::Check(format!(
                     "after {expect} {} operations the server's counters add up to {peer_status}",

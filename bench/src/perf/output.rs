@@ -92,7 +92,12 @@ impl Output {
             }
             self.rows.push(report::lat_json(size, &s));
             if opts.histogram {
-                self.samples.push((size, self.rec.samples().to_vec()));
+                let mut v = self.rec.samples().to_vec();
+                // perftest's -H lists the samples sorted; -U in the order measured.
+                if !opts.unsorted {
+                    v.sort_unstable();
+                }
+                self.samples.push((size, v));
             }
             if opts.hgrm.is_some() {
                 self.hgrms.push((size, report::hgrm(self.rec.histogram())));
@@ -142,8 +147,13 @@ impl Output {
                 }
                 text.push_str(h);
             }
-            std::fs::write(path, text)
-                .map_err(PerfError::io(format!("writing {}", path.display())))?;
+            write_new(path, text.as_bytes(), opts.force)?;
+        }
+        if let Some(path) = &opts.out_json {
+            let doc = report::perftest_json(opts, header_info(opts, side).exchange, &self.rows);
+            let text = serde_json::to_string_pretty(&doc)
+                .map_err(|e| PerfError::Peer(format!("encoding the JSON report: {e}")))?;
+            write_new(path, (text + "\n").as_bytes(), opts.force)?;
         }
         if let Some(path) = &opts.json {
             let info = header_info(opts, side);
@@ -198,9 +208,39 @@ impl Output {
             });
             let text = serde_json::to_string_pretty(&doc)
                 .map_err(|e| PerfError::Peer(format!("encoding the JSON report: {e}")))?;
-            std::fs::write(path, text + "\n")
-                .map_err(PerfError::io(format!("writing {}", path.display())))?;
+            write_new(path, (text + "\n").as_bytes(), opts.force)?;
         }
         Ok(())
     }
+}
+
+/// Writes `bytes` to a new file at `path`. shmhca-perf never overwrites a file it did not
+/// create: an existing `path` is an error unless `force` (the user's `--force`).
+///
+/// # Errors
+/// [`PerfError::Usage`] if `path` exists (without `force`), [`PerfError::Io`] if it cannot
+/// be written.
+pub fn write_new(path: &std::path::Path, bytes: &[u8], force: bool) -> Result<(), PerfError> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true);
+    if force {
+        o.create(true).truncate(true);
+    } else {
+        o.create_new(true);
+    }
+    let mut f = o.open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            PerfError::Usage(format!(
+                "{}: the file exists (it appeared during the run); shmhca-perf does not overwrite files: remove it, pick another name, or give --force",
+                path.display()
+            ))
+        } else {
+            PerfError::Io {
+                what: format!("creating {}", path.display()),
+                source: e,
+            }
+        }
+    })?;
+    f.write_all(bytes)
+        .map_err(PerfError::io(format!("writing {}", path.display())))
 }

@@ -46,6 +46,18 @@ pub fn main() -> ExitCode {
 /// # Errors
 /// Whatever stops the run; the caller prints it.
 pub fn run(opts: &Options) -> Result<(), PerfError> {
+    if !opts.pin_cores.is_empty() {
+        let mut set = rustix::thread::CpuSet::new();
+        for &c in &opts.pin_cores {
+            set.set(c);
+        }
+        rustix::thread::sched_setaffinity(None, &set).map_err(|e| {
+            PerfError::Usage(format!(
+                "--pin_cores: this process may not run on cores {:?} ({e})",
+                opts.pin_cores
+            ))
+        })?;
+    }
     let cores: Vec<usize> = core_affinity::get_core_ids()
         .unwrap_or_default()
         .into_iter()

@@ -8,10 +8,10 @@ use crate::perf::check::{client_check, fill_pattern, server_check};
 use crate::perf::error::PerfError;
 use crate::perf::idle::IdleWatch;
 use crate::perf::lat::{self, Progress};
-use crate::perf::opts::{Options, Verb};
+use crate::perf::opts::{Options, Timed, Verb};
 use crate::perf::output::Output;
 use crate::perf::setup::Side;
-use crate::perf::stats::BwClock;
+use crate::perf::stats::{BwClock, TimedClock};
 
 /// The sequence both sides run: for each size, a start barrier, the warm-up, the
 /// measurement (client) or the answers (server), and an end barrier carrying the server's
@@ -39,6 +39,10 @@ pub(crate) fn run_sizes(
     let qps = side.qps.len() as u64;
     for (si, &size) in opts.sizes.iter().enumerate() {
         let tag = 2 * si as u32;
+        // Requests the client ran this size on all QPs, warm-up included (latency tests:
+        // on the first QP), and the messages a send_bw server received.
+        let mut ops = (opts.warmup + opts.iters) * if lat { 1 } else { qps };
+        let mut received = 0u64;
         // Prepare this size's memory before the start barrier: the peer touches nothing
         // of ours until then.
         for qi in 0..qps {
@@ -85,46 +89,80 @@ pub(crate) fn run_sizes(
                 )?;
             } else {
                 if opts.warmup > 0 {
-                    bw::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
+                    let warm = bw::Run::Count {
+                        n: opts.warmup,
+                        clock: None,
+                    };
+                    bw::client(side, opts, size, 0, warm, &mut o.quiet)?;
                 }
                 o.note_measure_start();
-                let total = opts.iters * qps;
-                let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
                 let mut prog = Progress::new(
                     format!("{} {} B", opts.test.name(), size),
                     opts.iters,
                     opts.progress_after,
-                    true,
+                    opts.timed.is_none(),
                 );
-                bw::client(
-                    side,
-                    opts,
-                    size,
-                    opts.warmup,
-                    opts.iters,
-                    Some(&mut clock),
-                    &mut prog,
-                )?;
-                o.bw = clock.stats(size, opts.iters, qps as u32);
+                match opts.timed {
+                    None => {
+                        let total = opts.iters * qps;
+                        let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
+                        let run = bw::Run::Count {
+                            n: opts.iters,
+                            clock: Some(&mut clock),
+                        };
+                        bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
+                        o.bw = clock.stats(size, opts.iters, qps as u32);
+                        if opts.no_peak {
+                            o.bw.peak_bytes_per_sec = 0.0;
+                        }
+                        ops = (opts.warmup + opts.iters) * qps;
+                    }
+                    Some(t) => {
+                        let mut clock = match t {
+                            Timed::Duration { secs, margin } => {
+                                TimedClock::duration(secs, margin, size, qps as u32)
+                            }
+                            Timed::Forever { every } => {
+                                TimedClock::forever(every, size, qps as u32)
+                            }
+                        };
+                        let run = bw::Run::Timed(&mut clock);
+                        let done = bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
+                        o.bw = clock.stats();
+                        ops = opts.warmup * qps + done;
+                    }
+                }
             }
         } else if lat {
             lat::server(side, opts, size, 0, opts.warmup + opts.iters)?;
         } else if verb == Verb::Send {
-            bw::send_server(side, size, opts.warmup + opts.iters)?;
+            let per_qp = opts.timed.is_none().then_some(opts.warmup + opts.iters);
+            if opts.warmup > 0 && per_qp.is_none() {
+                bw::send_server(side, size, Some(opts.warmup))?;
+            }
+            received = bw::send_server(side, size, per_qp)?;
         }
         // End of the size: the client says it is done; only then does the server look at
         // what arrived, and it answers with its verdict.
         if !client {
             let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's measurement");
             let ctx = &side.res.ctx;
-            side.ctl.wait(tag + 1, || watch.check(ctx))?;
+            let client_ops = side.ctl.wait(tag + 1, || watch.check(ctx))?;
+            if verb == Verb::Send && opts.timed.is_some() && !lat {
+                let sent = client_ops.saturating_sub(opts.warmup * qps);
+                if received != sent {
+                    return Err(PerfError::Check(format!(
+                        "received {received} messages; the client completed {sent}"
+                    )));
+                }
+            }
             let status = server_check(opts, side, size, si)?;
             side.ctl.send(tag + 1, status)?;
         } else {
             let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the server's check");
             let ctx = &side.res.ctx;
-            let peer_status = side.ctl.barrier(tag + 1, 0, || watch.check(ctx))?;
-            client_check(opts, side, size, si, peer_status)?;
+            let peer_status = side.ctl.barrier(tag + 1, ops, || watch.check(ctx))?;
+            client_check(opts, side, size, si, peer_status, ops)?;
             if let Some(o) = out.as_deref_mut() {
                 o.row(opts, size);
             }

@@ -214,6 +214,141 @@ impl BwClock {
     }
 }
 
+/// What a [`TimedClock`] says after a batch of completions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tick {
+    /// Keep going.
+    Go,
+    /// `--run_infinitely`: an interval ended; its figures (peak 0, as perftest's).
+    Report(BwStats),
+    /// The run's time is up: stop posting, finish what is outstanding.
+    Stop,
+}
+
+/// The clock of a timed bandwidth run: `-D SECS` measures from `margin` to
+/// `SECS - margin` seconds after the start and stops at `SECS` (perftest's duration mode,
+/// which reports no peak); `--run_infinitely` reports every interval and never stops.
+/// Reads the time once per batch of completions; allocates nothing.
+#[derive(Debug)]
+pub struct TimedClock {
+    size: u64,
+    qps: u32,
+    start: std::time::Instant,
+    /// Measurement window and stop, ns since the start (`u64::MAX`: never).
+    from_ns: u64,
+    to_ns: u64,
+    stop_ns: u64,
+    /// `(completed, ns)` at the window's edges.
+    from: Option<(u64, u64)>,
+    to: Option<(u64, u64)>,
+    /// `--run_infinitely`: the interval, and the last report's `(completed, ns)`.
+    every_ns: Option<u64>,
+    last: (u64, u64),
+}
+
+impl TimedClock {
+    /// `-D secs` with margins `margin`, for `size`-byte messages on `qps` QPs.
+    pub fn duration(secs: u64, margin: u64, size: u64, qps: u32) -> TimedClock {
+        TimedClock::new(
+            size,
+            qps,
+            margin * 1_000_000_000,
+            (secs - margin) * 1_000_000_000,
+            secs * 1_000_000_000,
+            None,
+        )
+    }
+
+    /// `--run_infinitely`, a report every `every` seconds.
+    pub fn forever(every: u64, size: u64, qps: u32) -> TimedClock {
+        TimedClock::new(
+            size,
+            qps,
+            0,
+            u64::MAX,
+            u64::MAX,
+            Some(every * 1_000_000_000),
+        )
+    }
+
+    fn new(
+        size: u64,
+        qps: u32,
+        from_ns: u64,
+        to_ns: u64,
+        stop_ns: u64,
+        every_ns: Option<u64>,
+    ) -> TimedClock {
+        TimedClock {
+            size,
+            qps,
+            start: std::time::Instant::now(),
+            from_ns,
+            to_ns,
+            stop_ns,
+            from: None,
+            to: None,
+            every_ns,
+            last: (0, 0),
+        }
+    }
+
+    /// Starts the clock.
+    pub fn start(&mut self) {
+        self.start = std::time::Instant::now();
+        self.from = None;
+        self.to = None;
+        self.last = (0, 0);
+    }
+
+    /// Notes that `done` messages have completed (in all, since the start).
+    #[inline]
+    pub fn completed(&mut self, done: u64) -> Tick {
+        let ns = self.start.elapsed().as_nanos() as u64;
+        if self.from.is_none() && ns >= self.from_ns {
+            self.from = Some((done, ns));
+        }
+        if self.to.is_none() && ns >= self.to_ns {
+            self.to = Some((done, ns));
+        }
+        if let Some(every) = self.every_ns {
+            if ns - self.last.1 >= every {
+                let st = self.figures(self.last, (done, ns));
+                self.last = (done, ns);
+                return Tick::Report(st);
+            }
+        }
+        if ns >= self.stop_ns {
+            Tick::Stop
+        } else {
+            Tick::Go
+        }
+    }
+
+    fn figures(&self, (m0, t0): (u64, u64), (m1, t1): (u64, u64)) -> BwStats {
+        let messages = m1.saturating_sub(m0);
+        let secs = (t1.saturating_sub(t0)).max(1) as f64 / 1e9;
+        BwStats {
+            size: self.size,
+            iters: messages,
+            qps: self.qps,
+            messages,
+            elapsed_ns: t1.saturating_sub(t0),
+            peak_bytes_per_sec: 0.0,
+            avg_bytes_per_sec: messages as f64 * self.size as f64 / secs,
+            msg_rate_mpps: messages as f64 / secs / 1e6,
+        }
+    }
+
+    /// The figures of the measurement window (peak 0, as perftest's duration mode;
+    /// `#iterations` is the messages completed in the window).
+    pub fn stats(&self) -> BwStats {
+        let from = self.from.unwrap_or((0, 0));
+        let to = self.to.unwrap_or(self.last);
+        self.figures(from, to)
+    }
+}
+
 /// One row of a bandwidth table.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BwStats {
