@@ -56,6 +56,8 @@ pub(crate) struct Engine {
     /// Idle iterations until the next timer check.
     timer_countdown: u32,
     next_pd: u32,
+    /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
+    pub(crate) stats_area: Option<crate::stats_area::StatsArea>,
 }
 
 impl Engine {
@@ -76,7 +78,21 @@ impl Engine {
             trace: None,
             timer_countdown: TIMER_EVERY,
             next_pd: 1,
+            stats_area: None,
         }
+    }
+
+    /// The QPs (for the stats area).
+    pub(crate) fn qps(&self) -> impl Iterator<Item = &QpCtx> {
+        self.qps.iter().flatten()
+    }
+
+    /// The links and their numbers (for the stats area).
+    pub(crate) fn links(&self) -> impl Iterator<Item = (LinkId, &Link)> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.as_ref().map(|l| (LinkId(i as u32), l)))
     }
 
     /// A new protection domain number.
@@ -224,6 +240,10 @@ impl Engine {
 
     /// One iteration of the poll loop; returns the packets received and sent.
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        if let Some(mut area) = self.stats_area.take_if(|a| a.due()) {
+            area.publish(self);
+            self.stats_area = Some(area);
+        }
         let Engine {
             res,
             qps,

@@ -175,7 +175,14 @@ impl ContextBuilder {
         let arena_mem = arena.mem().share();
         let arena_segment = arena.segment().clone();
         let id = next_engine_id();
+        // `shmhca stat` finds peers by the pid in their arena header.
+        let _ = arena.mem().write(
+            crate::stats_area::ARENA_PID,
+            &u64::from(std::process::id()).to_le_bytes(),
+        );
         let mut engine = Engine::new(arena);
+        engine.stats_area =
+            crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));
         if let Some(path) = &self.pcap {
             engine.trace = Some(Box::new(Trace {
                 pcap: Some(shared_tap(path)?),
