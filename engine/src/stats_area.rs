@@ -32,7 +32,7 @@
 //!   40  u64 x 11 counters, in the order of [`COUNTER_NAMES`]
 //!  256  links: MAX_LINKS x 16 bytes: id, up (0/1), peer pid (0 unknown), QPs on it
 //!  768  QPs: MAX_QPS x 32 bytes: qpn, state, link (u32::MAX: none), dest qpn,
-//!       next PSN to send, oldest unacknowledged PSN, expected PSN, reserved
+//!       next PSN to send, last acknowledged PSN, expected PSN, reserved
 //! ```
 //!
 //! The peer pid of a link comes from the peer's arena header ([`ARENA_PID`]), which every
@@ -61,6 +61,8 @@ pub const PUBLISH_EVERY: u32 = 1 << 12;
 pub const MAX_LINKS: usize = 32;
 /// The most QPs listed (a context with more says how many it has in all).
 pub const MAX_QPS: usize = 128;
+/// The most QPs one context can have (a device limit, for `shmhca devinfo`).
+pub const MAX_QPS_PER_CONTEXT: usize = crate::engine::doorbell::MAX_QPS;
 /// Where an engine writes its pid in its arena header (a free spot of the header page).
 pub(crate) const ARENA_PID: u64 = 192;
 
@@ -157,10 +159,11 @@ impl StatsArea {
                 break;
             }
             let at = OFF_LINKS + nl * LINK_LEN;
-            let peer_pid = link
-                .peer
-                .load_u64(ARENA_PID)
-                .map_or(0, |v| (v & 0xffff_ffff) as u32);
+            let mut pid = [0u8; 4];
+            let peer_pid = match link.peer.read(ARENA_PID, &mut pid) {
+                Ok(()) => u32::from_le_bytes(pid),
+                Err(_) => 0,
+            };
             let qps = e
                 .qps()
                 .filter(|q| q.cfg.dest.is_some_and(|d| d.link == id))
@@ -285,7 +288,7 @@ pub struct QpSnapshot {
     pub dest_qpn: u32,
     /// The next PSN it sends.
     pub next_psn: u32,
-    /// The oldest PSN not yet acknowledged.
+    /// The last PSN acknowledged (everything up to it is).
     pub acked_psn: u32,
     /// The PSN its responder expects next.
     pub expected_psn: u32,
