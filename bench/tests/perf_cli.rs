@@ -1058,3 +1058,56 @@ fn duration_and_run_infinitely() {
     assert!(lines.iter().all(|l| l[0] == 64.0 && l[3] > 0.0), "{stdout}");
     assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
 }
+
+/// --svg draws the run (plotters' SVG), -a with --hgrm writes one .hgrm per size, and
+/// neither overwrites a file that exists.
+#[test]
+fn svg_and_one_hgrm_per_size() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("svg");
+    let svg = s.path("lat.svg");
+    let hgrm = s.path("lat.hgrm");
+    run_ok(
+        &s,
+        &[
+            "write_lat",
+            "-a",
+            "-n",
+            "20",
+            "--svg",
+            svg.to_str().unwrap(),
+            "--hgrm",
+            hgrm.to_str().unwrap(),
+        ],
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..100.min(text.len())]);
+    assert!(text.contains("Latency by message size") && text.contains("Latency by percentile"));
+    for e in 1..=23 {
+        let p = s.path(&format!("lat-{}.hgrm", 1u64 << e));
+        let h = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+        assert!(h.contains("Percentile") && h.contains("#[Mean"), "{h}");
+    }
+    assert!(!hgrm.exists(), "with -a the sizes get files of their own");
+    fails_with(
+        &s,
+        &["send_lat", "-n", "20", "--svg", svg.to_str().unwrap()],
+        "does not overwrite",
+    );
+    assert_eq!(std::fs::read_to_string(&svg).unwrap(), text);
+    fails_with(
+        &s,
+        &["send_bw", "--svg", s.path("x.svg").to_str().unwrap()],
+        "add -a",
+    );
+    let bw = s.path("bw.svg");
+    run_ok(
+        &s,
+        &["write_bw", "-a", "-n", "20", "--svg", bw.to_str().unwrap()],
+    );
+    assert!(
+        std::fs::read_to_string(&bw)
+            .unwrap()
+            .contains("Bandwidth by message size")
+    );
+}

@@ -4,6 +4,7 @@
 //! links and QPs. After the child is SIGKILLed, `shmhca stat` must show nothing of it.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -143,11 +144,50 @@ fn stat_shows_a_running_process_and_nothing_after_sigkill() {
     assert!(later > sent, "{later} after {sent}");
 
     child.kill().unwrap(); // SIGKILL
-    // Right after the kill, before and after reaping: nothing of it is listed.
+    // A moment after it died (a zombie: dead, not yet reaped) and after reaping, nothing
+    // of it is listed. Wait for the death itself without reaping (WNOWAIT).
+    let p = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::waitid(
+        rustix::process::WaitId::Pid(p),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+    )
+    .unwrap();
     let gone = stat_json().into_iter().filter(|c| c["pid"] == pid).count();
     child.wait().unwrap();
     let after = stat_json().into_iter().filter(|c| c["pid"] == pid).count();
     assert_eq!((gone, after), (0, 0));
     // And nothing of it is left: no memfd of that pid anywhere (its /proc entry is gone).
     assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+}
+
+/// `shmhca plot` draws .hgrm files on one chart, names a bad file and line, and never
+/// overwrites its output.
+#[test]
+fn plot_draws_hgrm_files_and_refuses_bad_input() {
+    let dir = std::env::temp_dir().join(format!("shmhca-plot-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hgrm = "       Value     Percentile TotalCount 1/(1-Percentile)\n\n       1.000 0.000000000000          1           1.00\n       2.000 0.500000000000         50           2.00\n       9.000 0.990000000000         99         100.00\n      12.000 1.000000000000        100\n";
+    let (a, b) = (dir.join("a.hgrm"), dir.join("b.hgrm"));
+    std::fs::write(&a, hgrm).unwrap();
+    std::fs::write(&b, hgrm.replace("9.000", "7.000")).unwrap();
+    let out = dir.join("ab.svg");
+    let run =
+        |args: &[&std::path::Path]| Command::new(EXE).arg("plot").args(args).output().unwrap();
+    let o = run(&[&a, &b, Path::new("-o"), &out]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("Latency by percentile"));
+    // Exists now: refused, untouched.
+    let o = run(&[&a, Path::new("-o"), &out]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not overwrite"));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), svg);
+    let bad = dir.join("bad.hgrm");
+    std::fs::write(&bad, "Value Percentile\nnot numbers here\n").unwrap();
+    let o = run(&[&bad, Path::new("-o"), &dir.join("x.svg")]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("bad.hgrm") && e.contains("line 2"), "{e}");
+    assert!(!dir.join("x.svg").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
 }

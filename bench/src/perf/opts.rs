@@ -421,9 +421,14 @@ pub struct Cli {
     /// Write every figure, the parameters, the machine and RSS to this JSON file.
     #[arg(long = "json", value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Write HdrHistogram's percentile distribution (.hgrm text) of latency tests to FILE.
+    /// Write HdrHistogram's percentile distribution (.hgrm text) of latency tests to FILE
+    /// (with -a, one file per size: FILE's name with -SIZE before the extension).
     #[arg(long = "hgrm", value_name = "FILE")]
     pub hgrm: Option<PathBuf>,
+    /// Draw the run as an SVG picture: the latency percentile distribution (latency
+    /// tests), and with -a latency or bandwidth against message size.
+    #[arg(long = "svg", value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// Run the server side, listening on this Unix socket path.
     #[arg(long = "server", value_name = "PATH", conflicts_with = "client")]
     pub server: Option<PathBuf>,
@@ -511,6 +516,8 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// `--hgrm`.
     pub hgrm: Option<PathBuf>,
+    /// `--svg`.
+    pub svg: Option<PathBuf>,
     /// The role.
     pub role: Role,
     /// Engine mode.
@@ -863,12 +870,26 @@ impl Options {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("perftest_out.json"))
         });
+        if cli.svg.is_some() && !lat && !cli.all {
+            return Err(usage(format!(
+                "--svg draws latency tests, or bandwidth against message size with -a; {} of one size has nothing to draw (add -a)",
+                test.name()
+            )));
+        }
         if !cli.spawned && !cli.force {
-            for (flag, path) in [
+            let hgrms: Vec<PathBuf> = cli
+                .hgrm
+                .as_ref()
+                .map(|p| hgrm_paths(p, &sizes).into_iter().map(|(_, p)| p).collect())
+                .unwrap_or_default();
+            let outputs = [
                 ("--json", cli.json.as_ref()),
-                ("--hgrm", cli.hgrm.as_ref()),
                 ("--out_json", out_json.as_ref()),
-            ] {
+                ("--svg", cli.svg.as_ref()),
+            ]
+            .into_iter()
+            .chain(hgrms.iter().map(|p| ("--hgrm", Some(p))));
+            for (flag, path) in outputs {
                 if let Some(p) = path.filter(|p| std::fs::symlink_metadata(p).is_ok()) {
                     return Err(usage(format!(
                         "{flag} {}: the file exists; shmhca-perf does not overwrite files: remove it, pick another name, or give --force",
@@ -909,6 +930,7 @@ impl Options {
             output: cli.output,
             json: cli.json,
             hgrm: cli.hgrm,
+            svg: cli.svg,
             role,
             mode,
             cpus,
@@ -933,6 +955,26 @@ pub fn arena_bytes(max_size: u64, qps: u32, tx_depth: u32, inline: u32) -> u64 {
     let buf = max_size.div_ceil(64) * 64;
     let staging = u64::from(tx_depth) * u64::from(inline).div_ceil(64) * 64 + 4096;
     (2 * buf + staging).saturating_mul(u64::from(qps)) + (2 << 20)
+}
+
+/// The `.hgrm` file of each size: `path` itself for one size, else `path` with `-SIZE`
+/// before its extension (`lat.hgrm` gives `lat-2.hgrm`, `lat-4.hgrm`, ...).
+pub fn hgrm_paths(path: &std::path::Path, sizes: &[u64]) -> Vec<(u64, PathBuf)> {
+    if sizes.len() == 1 {
+        return vec![(sizes[0], path.to_path_buf())];
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    sizes
+        .iter()
+        .map(|&size| (size, path.with_file_name(format!("{stem}-{size}{ext}"))))
+        .collect()
 }
 
 /// `-D`, `-f` and `--run_infinitely`, checked as perftest does.

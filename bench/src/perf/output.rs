@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::perf::error::PerfError;
 use crate::perf::lat::Progress;
-use crate::perf::opts::{ModeArg, Options, TestKind};
+use crate::perf::opts::{ModeArg, Options, TestKind, hgrm_paths};
 use crate::perf::report::{self, HeaderInfo};
 use crate::perf::setup::Side;
 use crate::perf::stats::{BwStats, LatRecorder, LatStats, rss_kib};
@@ -90,7 +90,22 @@ impl Output {
                     let _ = writeln!(o, "{}", report::lat_row(size, &s));
                 }
             }
-            self.rows.push(report::lat_json(size, &s));
+            let mut row = report::lat_json(size, &s);
+            // The distribution, for --svg and `shmhca plot` (percentile, µs).
+            row["percentiles"] = Value::Array(
+                self.rec
+                    .histogram()
+                    .iter_quantiles(5)
+                    .filter(|v| v.quantile_iterated_to() < 1.0)
+                    .map(|v| {
+                        json!([
+                            v.quantile_iterated_to(),
+                            v.value_iterated_to() as f64 / 1000.0
+                        ])
+                    })
+                    .collect(),
+            );
+            self.rows.push(row);
             if opts.histogram {
                 let mut v = self.rec.samples().to_vec();
                 // perftest's -H lists the samples sorted; -U in the order measured.
@@ -140,14 +155,28 @@ impl Output {
             let _ = o.flush();
         }
         if let Some(path) = &opts.hgrm {
-            let mut text = String::new();
-            for (size, h) in &self.hgrms {
-                if self.hgrms.len() > 1 {
-                    text.push_str(&format!("#[Size = {size} bytes]\n"));
-                }
-                text.push_str(h);
+            // One file per size.
+            for ((_, path), (_, text)) in hgrm_paths(path, &opts.sizes).iter().zip(&self.hgrms) {
+                write_new(path, text.as_bytes(), opts.force)?;
             }
-            write_new(path, text.as_bytes(), opts.force)?;
+        }
+        if let Some(path) = &opts.svg {
+            let doc = json!({ "results": self.rows });
+            let run =
+                crate::plot::Run::from_json(opts.test.name(), &doc).map_err(PerfError::Peer)?;
+            let title = format!(
+                "shmhca-perf {} ({} mode{})",
+                opts.test.name(),
+                header_info(opts, side).mode,
+                if opts.test.is_lat() && matches!(opts.test, TestKind::SendLat | TestKind::WriteLat)
+                {
+                    ", one-way latency"
+                } else {
+                    ""
+                }
+            );
+            let svg = crate::plot::render(&title, &[run]).map_err(PerfError::Peer)?;
+            write_new(path, svg.as_bytes(), opts.force)?;
         }
         if let Some(path) = &opts.out_json {
             let doc = report::perftest_json(opts, header_info(opts, side).exchange, &self.rows);
