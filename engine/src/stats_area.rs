@@ -35,7 +35,7 @@
 //!       next PSN to send, last acknowledged PSN, expected PSN, reserved
 //! ```
 //!
-//! The peer pid of a link comes from the peer's arena header ([`ARENA_PID`]), which every
+//! The peer pid of a link comes from the peer's arena header (at byte 192), which every
 //! engine writes its pid into when it starts; it is shown, never trusted.
 
 use std::os::fd::OwnedFd;
