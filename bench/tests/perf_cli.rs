@@ -1111,3 +1111,69 @@ fn svg_and_one_hgrm_per_size() {
             .contains("Bandwidth by message size")
     );
 }
+
+/// --hlog writes HdrHistogram's interval log, readable by hdrhistogram's own parser, with
+/// every measured sample in its intervals.
+#[test]
+fn hlog_is_an_interval_log() {
+    use hdrhistogram::serialization::Deserializer;
+    use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("hlog");
+    let f = s.path("run.hlog");
+    run_ok(
+        &s,
+        &["send_lat", "-n", "3000", "--hlog", f.to_str().unwrap()],
+    );
+    let bytes = std::fs::read(&f).unwrap();
+    let mut samples = 0;
+    let mut intervals = 0;
+    for e in IntervalLogIterator::new(&bytes) {
+        if let LogEntry::Interval(h) = e.unwrap() {
+            assert_eq!(h.tag().unwrap().as_str(), "size-2");
+            let raw = base64_decode(h.encoded_histogram());
+            let hist: hdrhistogram::Histogram<u64> =
+                Deserializer::new().deserialize(&mut &raw[..]).unwrap();
+            samples += hist.len();
+            intervals += 1;
+        }
+    }
+    assert!(intervals >= 1);
+    assert_eq!(samples, 3000);
+    fails_with(
+        &s,
+        &["send_lat", "-n", "100", "--hlog", f.to_str().unwrap()],
+        "does not overwrite",
+    );
+    fails_with(
+        &s,
+        &["send_bw", "--hlog", s.path("b.hlog").to_str().unwrap()],
+        "--hlog apply to latency tests",
+    );
+}
+
+/// Standard base64 (the interval log's histogram encoding).
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    let mut out = Vec::new();
+    for chunk in s.trim_end_matches('=').as_bytes().chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= val(c) << (18 - 6 * i);
+        }
+        let n = chunk.len() * 6 / 8;
+        for i in 0..n {
+            out.push((acc >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}

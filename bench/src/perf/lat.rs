@@ -317,6 +317,7 @@ pub fn client(
         if let Some(r) = rec.as_deref_mut() {
             let ns = (now - t_prev).as_nanos() as u64;
             r.record(if one_way { ns / 2 } else { ns });
+            r.tick(now);
         }
         t_prev = now;
         if prog.due(now) {

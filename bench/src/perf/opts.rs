@@ -425,6 +425,10 @@ pub struct Cli {
     /// (with -a, one file per size: FILE's name with -SIZE before the extension).
     #[arg(long = "hgrm", value_name = "FILE")]
     pub hgrm: Option<PathBuf>,
+    /// Write an HdrHistogram interval log (.hlog: one histogram per second of measurement,
+    /// tagged size-N) of latency tests to FILE, for long runs.
+    #[arg(long = "hlog", value_name = "FILE")]
+    pub hlog: Option<PathBuf>,
     /// Draw the run as an SVG picture: the latency percentile distribution (latency
     /// tests), and with -a latency or bandwidth against message size.
     #[arg(long = "svg", value_name = "FILE")]
@@ -518,6 +522,8 @@ pub struct Options {
     pub hgrm: Option<PathBuf>,
     /// `--svg`.
     pub svg: Option<PathBuf>,
+    /// `--hlog`.
+    pub hlog: Option<PathBuf>,
     /// The role.
     pub role: Role,
     /// Engine mode.
@@ -757,9 +763,9 @@ impl Options {
             }
             _ => {}
         }
-        if (cli.histogram || cli.hgrm.is_some()) && !lat {
+        if (cli.histogram || cli.hgrm.is_some() || cli.hlog.is_some()) && !lat {
             return Err(usage(format!(
-                "-H and --hgrm apply to latency tests, not {}",
+                "-H, --hgrm and --hlog apply to latency tests, not {}",
                 test.name()
             )));
         }
@@ -886,6 +892,7 @@ impl Options {
                 ("--json", cli.json.as_ref()),
                 ("--out_json", out_json.as_ref()),
                 ("--svg", cli.svg.as_ref()),
+                ("--hlog", cli.hlog.as_ref()),
             ]
             .into_iter()
             .chain(hgrms.iter().map(|p| ("--hgrm", Some(p))));
@@ -931,6 +938,7 @@ impl Options {
             json: cli.json,
             hgrm: cli.hgrm,
             svg: cli.svg,
+            hlog: cli.hlog,
             role,
             mode,
             cpus,

@@ -44,12 +44,19 @@ pub struct Output {
     stdout: std::io::Stdout,
     rss_after_kib: u64,
     rss_measure_start_kib: Option<u64>,
+    /// When the run started (the interval log's StartTime).
+    hlog_start: std::time::SystemTime,
 }
 
 impl Output {
     pub(crate) fn new(opts: &Options) -> Output {
+        let mut rec = LatRecorder::new(opts.histogram.then_some(opts.iters as usize));
+        if opts.hlog.is_some() {
+            rec.log_intervals(std::time::Duration::from_secs(1));
+        }
         Output {
-            rec: LatRecorder::new(opts.histogram.then_some(opts.iters as usize)),
+            hlog_start: std::time::SystemTime::now(),
+            rec,
             bw: BwStats::default(),
             quiet: Progress::new(String::new(), 1, 0, false),
             rows: Vec::new(),
@@ -160,6 +167,9 @@ impl Output {
                 write_new(path, text.as_bytes(), opts.force)?;
             }
         }
+        if let Some(path) = &opts.hlog {
+            write_new(path, &self.hlog_text(opts)?, opts.force)?;
+        }
         if let Some(path) = &opts.svg {
             let doc = json!({ "results": self.rows });
             let run =
@@ -240,6 +250,39 @@ impl Output {
             write_new(path, (text + "\n").as_bytes(), opts.force)?;
         }
         Ok(())
+    }
+}
+
+impl Output {
+    /// `--hlog`: HdrHistogram's interval log (V2 compressed histograms, values in ns, the
+    /// interval maxima in µs), one interval per second of measurement, tagged `size-N`.
+    fn hlog_text(&self, opts: &Options) -> Result<Vec<u8>, PerfError> {
+        use hdrhistogram::serialization::V2DeflateSerializer;
+        use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
+        let mut buf = Vec::new();
+        let mut ser = V2DeflateSerializer::new();
+        let fail = |e: String| PerfError::Peer(format!("encoding the interval log: {e}"));
+        let mut w = IntervalLogWriterBuilder::new()
+            .add_comment(&format!(
+                "shmhca-perf {} interval log: latencies in ns ({}), one interval per second",
+                opts.test.name(),
+                match opts.test {
+                    TestKind::SendLat | TestKind::WriteLat => "one-way: round trip / 2",
+                    _ => "round trip",
+                }
+            ))
+            .with_start_time(self.hlog_start)
+            .with_base_time(self.hlog_start)
+            .with_max_value_divisor(1000.0)
+            .begin_log_with(&mut buf, &mut ser)
+            .map_err(|e| fail(e.to_string()))?;
+        for (size, start, len, h) in self.rec.intervals() {
+            let tag = format!("size-{size}");
+            w.write_histogram(h, *start, *len, Tag::new(&tag))
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        drop(w);
+        Ok(buf)
     }
 }
 

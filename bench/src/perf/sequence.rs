@@ -71,6 +71,7 @@ pub(crate) fn run_sizes(
             if lat {
                 lat::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
                 o.rec.reset();
+                o.rec.start_intervals(size);
                 o.note_measure_start();
                 let mut prog = Progress::new(
                     format!("{} {} B", opts.test.name(), size),
@@ -87,6 +88,7 @@ pub(crate) fn run_sizes(
                     Some(&mut o.rec),
                     &mut prog,
                 )?;
+                o.rec.end_intervals();
             } else {
                 if opts.warmup > 0 {
                     let warm = bw::Run::Count {

@@ -10,6 +10,7 @@ const HIST_MAX_NS: u64 = 3_600_000_000_000;
 /// optional sample list (`-H`) are sized before the measurement starts.
 #[derive(Debug)]
 pub struct LatRecorder {
+    interval: Option<Box<IntervalLog>>,
     hist: Histogram<u64>,
     samples: Option<Vec<u64>>,
     n: u64,
@@ -17,6 +18,39 @@ pub struct LatRecorder {
     sum_sq: u128,
     min: u64,
     max: u64,
+}
+
+/// One interval of `--hlog`: the message size, its start (since the first measurement)
+/// and length, and the latencies recorded in it (ns).
+pub type Interval = (
+    u64,
+    std::time::Duration,
+    std::time::Duration,
+    Histogram<u64>,
+);
+
+/// `--hlog`'s state: the current interval's histogram and the finished ones.
+#[derive(Debug)]
+struct IntervalLog {
+    hist: Histogram<u64>,
+    every: std::time::Duration,
+    run_start: std::time::Instant,
+    start: std::time::Instant,
+    size: u64,
+    done: Vec<Interval>,
+}
+
+impl IntervalLog {
+    fn close(&mut self, now: std::time::Instant) {
+        self.done.push((
+            self.size,
+            self.start.duration_since(self.run_start),
+            now.duration_since(self.start),
+            self.hist.clone(),
+        ));
+        self.hist.reset();
+        self.start = now;
+    }
 }
 
 impl LatRecorder {
@@ -38,6 +72,7 @@ impl LatRecorder {
             v
         });
         LatRecorder {
+            interval: None,
             hist,
             samples,
             n: 0,
@@ -61,9 +96,61 @@ impl LatRecorder {
         self.max = 0;
     }
 
+    /// Also keeps a histogram per `every` of measurement (`--hlog`).
+    pub fn log_intervals(&mut self, every: std::time::Duration) {
+        let mut hist = self.hist.clone();
+        hist.reset();
+        let now = std::time::Instant::now();
+        self.interval = Some(Box::new(IntervalLog {
+            hist,
+            every,
+            run_start: now,
+            start: now,
+            size: 0,
+            done: Vec::new(),
+        }));
+    }
+
+    /// Starts the interval clock of a new measurement (after its warm-up).
+    pub fn start_intervals(&mut self, size: u64) {
+        if let Some(l) = self.interval.as_mut() {
+            l.hist.reset();
+            l.start = std::time::Instant::now();
+            l.size = size;
+        }
+    }
+
+    /// Closes the current interval if `now` ends it (`--hlog`). The finished interval's
+    /// histogram is copied out: one allocation per interval, only with `--hlog`.
+    #[inline]
+    pub fn tick(&mut self, now: std::time::Instant) {
+        if let Some(l) = self.interval.as_mut() {
+            if now.duration_since(l.start) >= l.every {
+                l.close(now);
+            }
+        }
+    }
+
+    /// Closes the last, partial interval of a measurement.
+    pub fn end_intervals(&mut self) {
+        if let Some(l) = self.interval.as_mut() {
+            if l.hist.len() > 0 {
+                l.close(std::time::Instant::now());
+            }
+        }
+    }
+
+    /// The finished intervals: (size, start since the first measurement, length, histogram).
+    pub fn intervals(&self) -> &[Interval] {
+        self.interval.as_ref().map_or(&[], |l| &l.done)
+    }
+
     /// Records one sample in nanoseconds.
     #[inline]
     pub fn record(&mut self, ns: u64) {
+        if let Some(l) = self.interval.as_mut() {
+            l.hist.saturating_record(ns.max(1));
+        }
         self.hist.saturating_record(ns.max(1));
         if let Some(s) = self.samples.as_mut() {
             if s.len() < s.capacity() {
