@@ -134,7 +134,7 @@ impl LatRecorder {
     /// Closes the last, partial interval of a measurement.
     pub fn end_intervals(&mut self) {
         if let Some(l) = self.interval.as_mut() {
-            if l.hist.len() > 0 {
+            if !l.hist.is_empty() {
                 l.close(std::time::Instant::now());
             }
         }
