@@ -845,7 +845,7 @@ fn run_ok(s: &Scratch, args: &[&str]) -> String {
 
 /// The flags of perftest's own example command lines (its README's and man page's), as
 /// written there: each runs, or is refused with an error naming the flag and the reason
-/// (`-b`: not available yet; a core this machine lacks), never with "unexpected argument".
+/// (GPU memory; a core this machine lacks), never with "unexpected argument".
 #[test]
 fn perftest_example_command_lines_run_unchanged() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -902,11 +902,29 @@ fn perftest_example_command_lines_run_unchanged() {
         );
     }
     // man perftest, example 1, and the README's bidirectional line.
-    fails_with(
+    let out = run_ok(
         &s,
         &["write_bw", "-s", "8388608", "-b", "-D", "5", "-q", "3"],
-        "-b: not available in shmhca-perf",
     );
+    assert!(out.contains("RDMA_Write Bidirectional BW Test"), "{out}");
+    let r = rows(&out, BW_HEAD);
+    assert!(
+        r.len() == 1 && r[0][0] == 8388608.0 && r[0][3] > 0.0,
+        "{out}"
+    );
+    let out = run_ok(
+        &s,
+        &[
+            "write_bw",
+            "-d",
+            "mlx5_0",
+            "--data_validation",
+            "-t",
+            "128",
+            "-b",
+        ],
+    );
+    assert_eq!(rows(&out, BW_HEAD).len(), 1, "{out}");
     fails_with(
         &s,
         &[
@@ -1176,4 +1194,20 @@ fn base64_decode(s: &str) -> Vec<u8> {
         }
     }
     out
+}
+
+/// -b: both sides run the requests and check what the other's brought; the table adds
+/// the two directions; tests without -b say so.
+#[test]
+fn bidirectional_write_and_read() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("bidir");
+    for test in ["write_bw", "read_bw"] {
+        let out = run_ok(&s, &[test, "-b", "-n", "500", "-q", "2", "-s", "4096"]);
+        assert!(out.contains("Bidirectional BW Test"), "{out}");
+        let r = rows(&out, BW_HEAD);
+        assert!(r.len() == 1 && r[0][3] > 0.0, "{out}");
+    }
+    fails_with(&s, &["send_bw", "-b"], "not yet for send_bw");
+    fails_with(&s, &["send_lat", "-b"], "latency tests go both ways");
 }

@@ -99,6 +99,12 @@ pub(crate) fn server_check(
                     return Ok(1 + off);
                 }
             }
+            // -b: the server's own Reads of the client's pattern.
+            Verb::Read if opts.bidirectional => {
+                if let Some(off) = check_pattern(side, at, size, si)? {
+                    return Ok(1 + off);
+                }
+            }
             Verb::Read => {}
         }
     }
@@ -153,4 +159,26 @@ pub(crate) fn client_check(
         }
     }
     Ok(())
+}
+
+/// With `-b`, the client's check of what the server's requests brought into this side's
+/// receive halves (Writes from the server, or Reads of the server's send halves): the
+/// first offset that differs from the size's pattern.
+pub(crate) fn check_own_half(
+    opts: &Options,
+    side: &Side,
+    size: u64,
+    si: usize,
+) -> Result<Option<u64>, PerfError> {
+    if opts.test.verb() == Verb::Read {
+        // A Read test's receive half holds what this side read (checked already).
+        return Ok(None);
+    }
+    for qi in 0..side.qps.len() as u64 {
+        let at = qi * side.res.stride + side.res.half;
+        if let Some(off) = check_pattern(side, at, checked_len(opts, size), si)? {
+            return Ok(Some(off));
+        }
+    }
+    Ok(None)
 }

@@ -349,8 +349,9 @@ pub struct Cli {
     /// (ignored: no locks to skip) no_lock.
     #[arg(long = "no_lock", help_heading = IGNORED)]
     pub no_lock: bool,
-    /// Not available: bidirectional bandwidth.
-    #[arg(short = 'b', long = "bidirectional", help_heading = UNAVAILABLE)]
+    /// Bidirectional bandwidth (write_bw, read_bw): both sides run the requests; the
+    /// figures are the two directions added, as perftest's.
+    #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// Not available: report in CPU cycles.
     #[arg(short = 'C', long = "report-cycles", help_heading = UNAVAILABLE)]
@@ -556,6 +557,8 @@ pub struct Options {
     pub force: bool,
     /// perftest flags given that have no meaning here, as given (for the header).
     pub ignored: Vec<String>,
+    /// `-b`.
+    pub bidirectional: bool,
     /// `--pin_cores`: the cores this process may run on (empty: as started).
     pub pin_cores: Vec<usize>,
 }
@@ -906,7 +909,14 @@ impl Options {
             }
         }
         let pin_cores = parse_core_list(cli.pin_cores.as_deref())?;
+        if cli.bidirectional && !matches!(test, TestKind::WriteBw | TestKind::ReadBw) {
+            return Err(usage(format!(
+                "-b: shmhca-perf runs write_bw and read_bw bidirectionally, not {} (not yet for send_bw and atomic_bw; latency tests go both ways already)",
+                test.name()
+            )));
+        }
         Ok(Options {
+            bidirectional: cli.bidirectional,
             pin_cores,
             timed,
             no_peak: cli.no_peak || timed.is_some(),
@@ -1027,7 +1037,7 @@ fn timed(cli: &Cli, test: TestKind) -> Result<Option<Timed>, PerfError> {
 
 /// perftest's flags for what shmhca-perf does not offer: an error naming the flag and why.
 fn refuse_unavailable(cli: &Cli) -> Result<(), PerfError> {
-    let refusals: [(bool, &str, &str); 19] = [
+    let refusals: [(bool, &str, &str); 18] = [
         (
             cli.use_cuda.is_some(),
             "--use_cuda",
@@ -1037,11 +1047,6 @@ fn refuse_unavailable(cli: &Cli) -> Result<(), PerfError> {
             cli.use_rocm.is_some(),
             "--use_rocm",
             "shmhca moves host memory only",
-        ),
-        (
-            cli.bidirectional,
-            "-b",
-            "bidirectional bandwidth is not available yet; run one direction (leave -b out)",
         ),
         (
             cli.report_cycles,

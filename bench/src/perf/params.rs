@@ -7,7 +7,7 @@
 //! 10      test code        11  atomic type (0 CMP_AND_SWAP, 1 FETCH_AND_ADD)
 //! 12      -a (0/1)         13  outstanding Reads/Atomics (-o)
 //! 14      timed run: 0 by iterations, 1 -D, 2 --run_infinitely
-//! 15      reserved (0)
+//! 15      -b (0/1)
 //! 16..24  size (-s; the largest size with -a)
 //! 24..32  iterations       32..40  warm-up iterations
 //! 40..44  tx depth         44..48  rx depth
@@ -71,6 +71,8 @@ pub struct RunParams {
     pub timed_kind: u8,
     /// `-D` seconds (the interval of `--run_infinitely`), 0 by iterations.
     pub timed_secs: u32,
+    /// `-b`.
+    pub bidirectional: bool,
 }
 
 impl RunParams {
@@ -97,6 +99,7 @@ impl RunParams {
                 Some(Timed::Duration { .. }) => 1,
                 Some(Timed::Forever { .. }) => 2,
             },
+            bidirectional: opts.bidirectional,
             timed_secs: match opts.timed {
                 None => 0,
                 Some(Timed::Duration { secs, .. }) => secs as u32,
@@ -130,6 +133,7 @@ impl RunParams {
         b[72..76].copy_from_slice(&self.buf.rkey.to_le_bytes());
         b[80..88].copy_from_slice(&self.stride.to_le_bytes());
         b[14] = self.timed_kind;
+        b[15] = u8::from(self.bidirectional);
         b[76..80].copy_from_slice(&self.timed_secs.to_le_bytes());
         b
     }
@@ -181,8 +185,8 @@ impl RunParams {
             1 => true,
             x => return Err(not_perf(format!("-a flag byte {x}"))),
         };
-        if b[15] != 0 {
-            return Err(not_perf("reserved bytes are not zero".into()));
+        if b[15] > 1 {
+            return Err(not_perf(format!("-b flag byte {}", b[15])));
         }
         if b[14] > 2 {
             return Err(not_perf(format!("timed-run byte {}", b[14])));
@@ -207,6 +211,7 @@ impl RunParams {
             },
             stride: u64_at(80),
             timed_kind: b[14],
+            bidirectional: b[15] == 1,
             timed_secs: u32_at(76),
         })
     }
@@ -241,6 +246,11 @@ impl RunParams {
             1 => format!("-D {secs}"),
             _ => format!("--run_infinitely (every {secs} s)"),
         };
+        cmp(
+            "-b",
+            self.bidirectional.to_string(),
+            peer.bidirectional.to_string(),
+        );
         cmp(
             "the timed run",
             timed(self.timed_kind, self.timed_secs),
@@ -301,7 +311,7 @@ mod tests {
         b[10] = 200;
         assert!(RunParams::decode(&b, "p").is_err());
         let mut b = sample().encode();
-        b[15] = 1;
+        b[15] = 2;
         assert!(RunParams::decode(&b, "p").is_err());
         let mut b = sample().encode();
         b[14] = 3;

@@ -89,7 +89,11 @@ pub fn header(opts: &Options, info: &HeaderInfo) -> String {
     }
     s.push_str(RESULT_LINE);
     s.push('\n');
-    let kind = if t.is_lat() { "Latency" } else { "BW" };
+    let kind = match (t.is_lat(), opts.bidirectional) {
+        (true, _) => "Latency",
+        (false, true) => "Bidirectional BW",
+        (false, false) => "BW",
+    };
     let _ = writeln!(
         s,
         "                    {} {kind} Test",
@@ -304,6 +308,9 @@ pub fn perftest_json(opts: &Options, exchange: &str, rows: &[Value]) -> Value {
         name.push_str(opts.atomic.name());
         name.push('_');
     }
+    if !lat && opts.bidirectional {
+        name.push_str("Bidirectional_");
+    }
     if !lat && opts.post_list > 1 {
         name.push_str("Post_List_");
     }
@@ -409,6 +416,7 @@ pub fn params_json(opts: &Options) -> Value {
             crate::perf::opts::Timed::Forever { every } => json!({"forever_report_every": every}),
         }),
         "no_peak": opts.no_peak,
+        "bidirectional": opts.bidirectional,
         "qp_timeout": opts.qp_timeout,
         "retry_count": opts.retry_count,
         "ignored_flags": opts.ignored,

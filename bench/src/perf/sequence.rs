@@ -11,7 +11,7 @@ use crate::perf::lat::{self, Progress};
 use crate::perf::opts::{Options, Timed, Verb};
 use crate::perf::output::Output;
 use crate::perf::setup::Side;
-use crate::perf::stats::{BwClock, TimedClock};
+use crate::perf::stats::{BwClock, BwStats, TimedClock};
 
 /// The sequence both sides run: for each size, a start barrier, the warm-up, the
 /// measurement (client) or the answers (server), and an end barrier carrying the server's
@@ -43,6 +43,7 @@ pub(crate) fn run_sizes(
         // on the first QP), and the messages a send_bw server received.
         let mut ops = (opts.warmup + opts.iters) * if lat { 1 } else { qps };
         let mut received = 0u64;
+        let mut server_bw: Option<BwStats> = None;
         // Prepare this size's memory before the start barrier: the peer touches nothing
         // of ours until then.
         for qi in 0..qps {
@@ -59,7 +60,7 @@ pub(crate) fn run_sizes(
                     .write_at(base + half + size - 8, &clear)
                     .map_err(PerfError::engine("clearing the buffer"))?;
             }
-            if verb != Verb::Atomic && (client || verb == Verb::Read || lat) {
+            if verb != Verb::Atomic && (client || verb == Verb::Read || lat || opts.bidirectional) {
                 fill_pattern(side, base, size, si)?;
             }
         }
@@ -90,53 +91,17 @@ pub(crate) fn run_sizes(
                 )?;
                 o.rec.end_intervals();
             } else {
-                if opts.warmup > 0 {
-                    let warm = bw::Run::Count {
-                        n: opts.warmup,
-                        clock: None,
-                    };
-                    bw::client(side, opts, size, 0, warm, &mut o.quiet)?;
-                }
+                let (st, n) = measure_bw(opts, side, size, &mut o.quiet, true)?;
+                o.bw = st;
+                ops = n;
                 o.note_measure_start();
-                let mut prog = Progress::new(
-                    format!("{} {} B", opts.test.name(), size),
-                    opts.iters,
-                    opts.progress_after,
-                    opts.timed.is_none(),
-                );
-                match opts.timed {
-                    None => {
-                        let total = opts.iters * qps;
-                        let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
-                        let run = bw::Run::Count {
-                            n: opts.iters,
-                            clock: Some(&mut clock),
-                        };
-                        bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
-                        o.bw = clock.stats(size, opts.iters, qps as u32);
-                        if opts.no_peak {
-                            o.bw.peak_bytes_per_sec = 0.0;
-                        }
-                        ops = (opts.warmup + opts.iters) * qps;
-                    }
-                    Some(t) => {
-                        let mut clock = match t {
-                            Timed::Duration { secs, margin } => {
-                                TimedClock::duration(secs, margin, size, qps as u32)
-                            }
-                            Timed::Forever { every } => {
-                                TimedClock::forever(every, size, qps as u32)
-                            }
-                        };
-                        let run = bw::Run::Timed(&mut clock);
-                        let done = bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
-                        o.bw = clock.stats();
-                        ops = opts.warmup * qps + done;
-                    }
-                }
             }
         } else if lat {
             lat::server(side, opts, size, 0, opts.warmup + opts.iters)?;
+        } else if opts.bidirectional {
+            // -b: the server runs the same requests towards the client.
+            let mut quiet = Progress::new(String::new(), 1, 0, false);
+            server_bw = Some(measure_bw(opts, side, size, &mut quiet, false)?.0);
         } else if verb == Verb::Send {
             let per_qp = opts.timed.is_none().then_some(opts.warmup + opts.iters);
             if opts.warmup > 0 && per_qp.is_none() {
@@ -160,11 +125,45 @@ pub(crate) fn run_sizes(
             }
             let status = server_check(opts, side, size, si)?;
             side.ctl.send(tag + 1, status)?;
+            if let Some(b) = server_bw {
+                // -b: this side's figures, for the client to add to its own.
+                side.ctl.send(tag + 1, b.avg_bytes_per_sec.to_bits())?;
+                side.ctl.send(tag + 1, b.peak_bytes_per_sec.to_bits())?;
+                side.ctl.send(tag + 1, b.messages)?;
+            }
         } else {
             let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the server's check");
             let ctx = &side.res.ctx;
             let peer_status = side.ctl.barrier(tag + 1, ops, || watch.check(ctx))?;
             client_check(opts, side, size, si, peer_status, ops)?;
+            if opts.bidirectional {
+                let mut peer = [0u64; 3];
+                for v in &mut peer {
+                    let mut watch =
+                        IdleWatch::new(&side.res.ctx, "waiting for the server's figures");
+                    let ctx = &side.res.ctx;
+                    *v = side.ctl.wait(tag + 1, || watch.check(ctx))?;
+                }
+                // What the server's requests brought here must be its pattern too.
+                if let Some(off) = crate::perf::check::check_own_half(opts, side, size, si)? {
+                    return Err(PerfError::Check(format!(
+                        "the server's {} brought different bytes than it holds, first at offset {off} of {size}",
+                        if verb == Verb::Read {
+                            "RDMA Reads (of this side)"
+                        } else {
+                            "RDMA Writes"
+                        }
+                    )));
+                }
+                if let Some(o) = out.as_deref_mut() {
+                    // perftest adds the two sides' figures.
+                    let secs = o.bw.elapsed_ns.max(1) as f64 / 1e9;
+                    o.bw.avg_bytes_per_sec += f64::from_bits(peer[0]);
+                    o.bw.peak_bytes_per_sec += f64::from_bits(peer[1]);
+                    o.bw.messages += peer[2];
+                    o.bw.msg_rate_mpps += peer[2] as f64 / secs / 1e6;
+                }
+            }
             if let Some(o) = out.as_deref_mut() {
                 o.row(opts, size);
             }
@@ -183,4 +182,57 @@ pub(crate) fn run_sizes(
         side.ctl.settle(Duration::from_millis(100));
     }
     Ok(())
+}
+
+/// One side's bandwidth measurement of a size (the client's, and with `-b` the server's
+/// too): the warm-up, then the requests by count or by time. Returns the figures and the
+/// requests run on all QPs, warm-up included.
+fn measure_bw(
+    opts: &Options,
+    side: &mut Side,
+    size: u64,
+    quiet: &mut Progress,
+    show_progress: bool,
+) -> Result<(BwStats, u64), PerfError> {
+    let qps = side.qps.len() as u64;
+    if opts.warmup > 0 {
+        let warm = bw::Run::Count {
+            n: opts.warmup,
+            clock: None,
+        };
+        bw::client(side, opts, size, 0, warm, quiet)?;
+    }
+    let mut prog = Progress::new(
+        format!("{} {} B", opts.test.name(), size),
+        opts.iters,
+        opts.progress_after,
+        show_progress && opts.timed.is_none(),
+    );
+    match opts.timed {
+        None => {
+            let total = opts.iters * qps;
+            let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
+            let run = bw::Run::Count {
+                n: opts.iters,
+                clock: Some(&mut clock),
+            };
+            bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
+            let mut st = clock.stats(size, opts.iters, qps as u32);
+            if opts.no_peak {
+                st.peak_bytes_per_sec = 0.0;
+            }
+            Ok((st, (opts.warmup + opts.iters) * qps))
+        }
+        Some(t) => {
+            let mut clock = match t {
+                Timed::Duration { secs, margin } => {
+                    TimedClock::duration(secs, margin, size, qps as u32)
+                }
+                Timed::Forever { every } => TimedClock::forever(every, size, qps as u32),
+            };
+            let run = bw::Run::Timed(&mut clock);
+            let done = bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
+            Ok((clock.stats(), opts.warmup * qps + done))
+        }
+    }
 }
