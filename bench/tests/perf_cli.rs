@@ -51,7 +51,10 @@ impl Drop for Scratch {
 
 fn command(scratch: &Scratch, args: &[&str]) -> Command {
     let mut c = Command::new(EXE);
+    // In the scratch directory: files a run writes by default (perftest_out.json) land
+    // there, not in the source tree.
     c.args(args)
+        .current_dir(&scratch.0)
         .env("TMPDIR", &scratch.0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
