@@ -51,7 +51,10 @@ impl Drop for Scratch {
 
 fn command(scratch: &Scratch, args: &[&str]) -> Command {
     let mut c = Command::new(EXE);
+    // In the scratch directory: files a run writes by default (perftest_out.json) land
+    // there, not in the source tree.
     c.args(args)
+        .current_dir(&scratch.0)
         .env("TMPDIR", &scratch.0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -465,6 +468,49 @@ fn server_and_client_in_two_processes() {
     assert!(!sock.exists(), "the server left its socket behind");
 }
 
+/// `--server PATH` removes only the socket it made: a path it refuses (a file that is not
+/// a socket, a live server's socket) is left as it was.
+#[test]
+fn a_refused_server_path_is_left_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("refused");
+    let plain = s.path("precious.txt");
+    std::fs::write(&plain, "not yours").unwrap();
+    let out = run(&s, &["send_lat", "--server", plain.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("panicked"));
+    assert_eq!(
+        std::fs::read_to_string(&plain).ok().as_deref(),
+        Some("not yours"),
+        "shmhca-perf --server deleted a file it refused"
+    );
+
+    // A second server on a live server's socket is refused and leaves it in place: the
+    // first server still gets its client.
+    let sock = s.path("perf.sock");
+    let p = sock.to_str().unwrap();
+    let first = command(&s, &["send_lat", "-n", "100", "--server", p])
+        .spawn()
+        .unwrap();
+    wait_for_socket(&sock);
+    let second = run(&s, &["send_lat", "-n", "100", "--server", p]);
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        text(&second.stderr).contains("live listener"),
+        "{}",
+        text(&second.stderr)
+    );
+    assert!(
+        sock.exists(),
+        "the refused server removed the live server's socket"
+    );
+    let args = ["send_lat", "-n", "100", "--client", p];
+    ok(&run(&s, &args), &args);
+    let first = wait(first, Duration::from_secs(30), "the first server");
+    ok(&first, &["--server"]);
+    assert!(!sock.exists(), "the server left its socket behind");
+}
+
 #[test]
 fn parameter_mismatch_is_refused_on_both_sides() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -513,6 +559,51 @@ fn a_peer_that_dies_is_reported() {
     let err = text(&out.stderr);
     assert!(err.contains("peer went away"), "{err}");
     let _ = std::fs::remove_file(&sock);
+}
+
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig} failed");
+}
+
+/// A receive-only server whose client is stopped (SIGSTOP) ends with a clear error after
+/// `--idle-timeout` instead of waiting forever (issue 8, item 10).
+#[test]
+fn a_stopped_peer_ends_the_run_after_the_idle_timeout() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for test in ["send_bw", "write_bw"] {
+        let s = Scratch::new("stopped");
+        let sock = s.path("perf.sock");
+        let p = sock.to_str().unwrap();
+        let args = [test, "-s", "64", "-n", "100000000", "--idle-timeout", "2"];
+        let server = command(&s, &[&args[..], &["--server", p]].concat())
+            .spawn()
+            .unwrap();
+        wait_for_socket(&sock);
+        let mut client = command(&s, &[&args[..], &["--client", p]].concat())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        signal(&client, "-STOP");
+        let start = Instant::now();
+        let out = wait(
+            server,
+            Duration::from_secs(30),
+            "the server of a stopped client",
+        );
+        let waited = start.elapsed();
+        signal(&client, "-KILL");
+        client.wait().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{test}");
+        let err = text(&out.stderr);
+        assert!(err.contains("nothing from the peer for"), "{test}: {err}");
+        assert!(err.contains("--idle-timeout"), "{test}: {err}");
+        assert!(waited < Duration::from_secs(15), "{test}: {waited:?}");
+        assert!(!sock.exists(), "{test}: the server left its socket behind");
+    }
 }
 
 #[test]
@@ -748,4 +839,378 @@ fn a_killed_client_takes_its_server_and_temp_dir_along() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Runs `args` and returns stdout, failing on an error exit.
+fn run_ok(s: &Scratch, args: &[&str]) -> String {
+    ok(&run(s, args), args)
+}
+
+/// The flags of perftest's own example command lines (its README's and man page's), as
+/// written there: each runs, or is refused with an error naming the flag and the reason
+/// (GPU memory; a core this machine lacks), never with "unexpected argument".
+#[test]
+fn perftest_example_command_lines_run_unchanged() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("examples");
+    // man perftest, example 2.
+    let out = run_ok(&s, &["read_lat", "-s", "32", "-n", "5000"]);
+    assert_eq!(rows(&out, LAT_HEAD)[0][..2], [32.0, 5000.0], "{out}");
+    // README "Command-line Examples".
+    let out = run_ok(&s, &["write_bw", "-d", "mlx5_0"]);
+    assert!(
+        out.contains(" Ignored flags   : -d mlx5_0 (no meaning here)"),
+        "{out}"
+    );
+    assert_eq!(rows(&out, BW_HEAD).len(), 1);
+    let out = run_ok(&s, &["write_bw", "--numa_node=1", "-d", "mlx5_0"]);
+    assert!(out.contains("--numa_node 1"), "{out}");
+    run_ok(&s, &["write_bw", "--disable_numa", "-d", "mlx5_0"]);
+    run_ok(
+        &s,
+        &["write_bw", "-d", "mlx5_0", "--data_validation", "-t", "128"],
+    );
+    run_ok(
+        &s,
+        &[
+            "read_bw",
+            "-d",
+            "mlx5_0",
+            "--data_validation",
+            "-t",
+            "128",
+            "-q",
+            "4",
+        ],
+    );
+    run_ok(
+        &s,
+        &[
+            "write_bw",
+            "-d",
+            "mlx5_0",
+            "--data_validation",
+            "--data_validation_debug",
+            "-t",
+            "128",
+        ],
+    );
+    run_ok(&s, &["write_bw", "--pin_cores=0", "-d", "mlx5_0"]);
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if ncpu <= 8 {
+        fails_with(
+            &s,
+            &["write_bw", "--pin_cores=0-3,8", "-d", "mlx5_0"],
+            "does not exist (this machine has cores",
+        );
+    }
+    // man perftest, example 1, and the README's bidirectional line.
+    let out = run_ok(
+        &s,
+        &["write_bw", "-s", "8388608", "-b", "-D", "5", "-q", "3"],
+    );
+    assert!(out.contains("RDMA_Write Bidirectional BW Test"), "{out}");
+    let r = rows(&out, BW_HEAD);
+    assert!(
+        r.len() == 1 && r[0][0] == 8388608.0 && r[0][3] > 0.0,
+        "{out}"
+    );
+    let out = run_ok(
+        &s,
+        &[
+            "write_bw",
+            "-d",
+            "mlx5_0",
+            "--data_validation",
+            "-t",
+            "128",
+            "-b",
+        ],
+    );
+    assert_eq!(rows(&out, BW_HEAD).len(), 1, "{out}");
+    fails_with(
+        &s,
+        &[
+            "write_bw",
+            "-d",
+            "mlx5_0",
+            "--use_cuda=0",
+            "--data_validation",
+            "-t",
+            "128",
+        ],
+        "--use_cuda: not available",
+    );
+}
+
+/// perftest's defaults: a post list of 1 and no warm-up; -c other than RC, -e, and
+/// --out_json's misspellings get clear errors, not a suggestion of another flag.
+#[test]
+fn perftest_defaults_and_flag_errors() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pflags");
+    let json = s.path("run.json");
+    run_ok(
+        &s,
+        &["send_bw", "-n", "200", "--json", json.to_str().unwrap()],
+    );
+    let doc = read_json(&json);
+    assert_eq!(doc["params"]["post_list"], 1, "{doc}");
+    assert_eq!(doc["params"]["warmup"], 0, "{doc}");
+    run_ok(
+        &s,
+        &[
+            "send_lat",
+            "-n",
+            "200",
+            "--json",
+            s.path("l.json").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(read_json(&s.path("l.json"))["params"]["warmup"], 0);
+    run_ok(&s, &["send_bw", "-c", "RC", "-n", "100"]);
+    fails_with(&s, &["send_bw", "-c", "UD"], "shmhca implements RC only");
+    fails_with(&s, &["send_lat", "-e"], "not available yet");
+    let out = run(&s, &["send_bw", "--out_json"]);
+    // The flag is known now: no "did you mean --outs".
+    assert!(
+        !text(&out.stderr).contains("--outs"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_file(s.path("run.json")).unwrap();
+}
+
+/// --out_json writes perftest's keys; files that exist are never overwritten without
+/// --force.
+#[test]
+fn out_json_has_perftest_keys_and_nothing_is_overwritten() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("ojson");
+    let f = s.path("p.json");
+    let fp = f.to_str().unwrap();
+    run_ok(
+        &s,
+        &["write_bw", "-n", "200", "--out_json", "--out_json_file", fp],
+    );
+    let doc = read_json(&f);
+    for k in [
+        "MsgSize",
+        "n_iterations",
+        "BW_peak",
+        "BW_average",
+        "MsgRate",
+    ] {
+        assert!(doc["results"][k].is_number(), "{k} in {doc}");
+    }
+    assert_eq!(doc["test_info"]["test"], "RDMA_Write_BW_Test");
+    assert_eq!(doc["test_info"]["Connection_type"], "RC");
+    // It exists now: refused, untouched.
+    let before = std::fs::read(&f).unwrap();
+    fails_with(
+        &s,
+        &["write_bw", "-n", "200", "--out_json", "--out_json_file", fp],
+        "does not overwrite",
+    );
+    let hgrm = s.path("x.hgrm");
+    std::fs::write(&hgrm, "mine").unwrap();
+    fails_with(
+        &s,
+        &["send_lat", "-n", "100", "--hgrm", hgrm.to_str().unwrap()],
+        "does not overwrite",
+    );
+    assert_eq!(std::fs::read_to_string(&hgrm).unwrap(), "mine");
+    assert_eq!(std::fs::read(&f).unwrap(), before);
+    run_ok(
+        &s,
+        &[
+            "send_lat",
+            "-n",
+            "100",
+            "--out_json",
+            "--out_json_file",
+            fp,
+            "--force",
+        ],
+    );
+    let doc = read_json(&f);
+    for k in [
+        "t_min",
+        "t_max",
+        "t_typical",
+        "t_avg",
+        "t_stdev",
+        "percentile_99",
+        "percentile_99.9",
+    ] {
+        assert!(doc["results"][k].is_number(), "{k} in {doc}");
+    }
+}
+
+/// -D runs by time (no peak, as perftest) and --run_infinitely prints a line per interval
+/// until interrupted; send_bw's server counts what arrived against the client's count.
+#[test]
+fn duration_and_run_infinitely() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("dur");
+    for test in ["send_bw", "write_bw", "read_bw", "atomic_bw"] {
+        let start = Instant::now();
+        let out = run_ok(&s, &[test, "-D", "2", "-s", "8"]);
+        assert!(start.elapsed() >= Duration::from_secs(2), "{test}");
+        assert!(out.contains("WARNING: BW peak won't be measured"), "{out}");
+        let r = rows(&out, BW_HEAD);
+        assert_eq!(r.len(), 1, "{out}");
+        assert_eq!(r[0][2], 0.0, "no peak in a timed run: {out}");
+        assert!(r[0][1] > 0.0 && r[0][3] > 0.0, "{out}");
+    }
+    fails_with(&s, &["send_lat", "-D", "2"], "by iterations only");
+    fails_with(&s, &["send_bw", "-D", "4", "-f", "2"], "twice the margin");
+    fails_with(&s, &["send_bw", "-D", "2", "-n", "100"], "give one");
+
+    let child = command(&s, &["send_bw", "--run_infinitely", "-D", "1", "-s", "64"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    signal(&child, "-INT");
+    let out = wait(child, Duration::from_secs(20), "--run_infinitely");
+    let stdout = text(&out.stdout);
+    let lines = rows(&stdout, BW_HEAD);
+    assert!(lines.len() >= 2, "{stdout}");
+    assert!(lines.iter().all(|l| l[0] == 64.0 && l[3] > 0.0), "{stdout}");
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+/// --svg draws the run (plotters' SVG), -a with --hgrm writes one .hgrm per size, and
+/// neither overwrites a file that exists.
+#[test]
+fn svg_and_one_hgrm_per_size() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("svg");
+    let svg = s.path("lat.svg");
+    let hgrm = s.path("lat.hgrm");
+    run_ok(
+        &s,
+        &[
+            "write_lat",
+            "-a",
+            "-n",
+            "20",
+            "--svg",
+            svg.to_str().unwrap(),
+            "--hgrm",
+            hgrm.to_str().unwrap(),
+        ],
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..100.min(text.len())]);
+    assert!(text.contains("Latency by message size") && text.contains("Latency by percentile"));
+    for e in 1..=23 {
+        let p = s.path(&format!("lat-{}.hgrm", 1u64 << e));
+        let h = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+        assert!(h.contains("Percentile") && h.contains("#[Mean"), "{h}");
+    }
+    assert!(!hgrm.exists(), "with -a the sizes get files of their own");
+    fails_with(
+        &s,
+        &["send_lat", "-n", "20", "--svg", svg.to_str().unwrap()],
+        "does not overwrite",
+    );
+    assert_eq!(std::fs::read_to_string(&svg).unwrap(), text);
+    fails_with(
+        &s,
+        &["send_bw", "--svg", s.path("x.svg").to_str().unwrap()],
+        "add -a",
+    );
+    let bw = s.path("bw.svg");
+    run_ok(
+        &s,
+        &["write_bw", "-a", "-n", "20", "--svg", bw.to_str().unwrap()],
+    );
+    assert!(
+        std::fs::read_to_string(&bw)
+            .unwrap()
+            .contains("Bandwidth by message size")
+    );
+}
+
+/// --hlog writes HdrHistogram's interval log, readable by hdrhistogram's own parser, with
+/// every measured sample in its intervals.
+#[test]
+fn hlog_is_an_interval_log() {
+    use hdrhistogram::serialization::Deserializer;
+    use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("hlog");
+    let f = s.path("run.hlog");
+    run_ok(
+        &s,
+        &["send_lat", "-n", "3000", "--hlog", f.to_str().unwrap()],
+    );
+    let bytes = std::fs::read(&f).unwrap();
+    let mut samples = 0;
+    let mut intervals = 0;
+    for e in IntervalLogIterator::new(&bytes) {
+        if let LogEntry::Interval(h) = e.unwrap() {
+            assert_eq!(h.tag().unwrap().as_str(), "size-2");
+            let raw = base64_decode(h.encoded_histogram());
+            let hist: hdrhistogram::Histogram<u64> =
+                Deserializer::new().deserialize(&mut &raw[..]).unwrap();
+            samples += hist.len();
+            intervals += 1;
+        }
+    }
+    assert!(intervals >= 1);
+    assert_eq!(samples, 3000);
+    fails_with(
+        &s,
+        &["send_lat", "-n", "100", "--hlog", f.to_str().unwrap()],
+        "does not overwrite",
+    );
+    fails_with(
+        &s,
+        &["send_bw", "--hlog", s.path("b.hlog").to_str().unwrap()],
+        "--hlog apply to latency tests",
+    );
+}
+
+/// Standard base64 (the interval log's histogram encoding).
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    let mut out = Vec::new();
+    for chunk in s.trim_end_matches('=').as_bytes().chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= val(c) << (18 - 6 * i);
+        }
+        let n = chunk.len() * 6 / 8;
+        for i in 0..n {
+            out.push((acc >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+/// -b: both sides run the requests and check what the other's brought; the table adds
+/// the two directions; tests without -b say so.
+#[test]
+fn bidirectional_write_and_read() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("bidir");
+    for test in ["write_bw", "read_bw"] {
+        let out = run_ok(&s, &[test, "-b", "-n", "500", "-q", "2", "-s", "4096"]);
+        assert!(out.contains("Bidirectional BW Test"), "{out}");
+        let r = rows(&out, BW_HEAD);
+        assert!(r.len() == 1 && r[0][3] > 0.0, "{out}");
+    }
+    fails_with(&s, &["send_bw", "-b"], "not yet for send_bw");
+    fails_with(&s, &["send_lat", "-b"], "latency tests go both ways");
 }

@@ -14,7 +14,8 @@
 //! are gone before a peer could read them again, and memory never allocated is zero.
 //!
 //! The engine page is a separate one-page segment every peer maps read-only: it holds the
-//! engine's wake-up word (see [`crate::engine::wake`]) and nothing else.
+//! engine's wake-up word (see [`crate::engine::wake`]), whether it may sleep, and its
+//! process id (for `shmhca stat`), nothing else.
 //!
 //! The allocator is a first-fit free list with coalescing. It runs on the control path only
 //! (registering and deregistering memory, creating QPs), never per packet.
@@ -42,6 +43,10 @@ pub(crate) const WAKE_WORD: u64 = 0;
 /// it once, at link setup, and skip the wake-up check when it is 0.
 pub(crate) const MAY_SLEEP: u64 = 64;
 
+/// The engine's process id (a little-endian u64), which `shmhca stat` shows for a link's
+/// peer (it is the peer's claim, shown as such, never trusted).
+pub(crate) const PID_WORD: u64 = 128;
+
 /// Smallest alignment of any allocation: a cache line, so that no two regions share one.
 pub(crate) const MIN_ALIGN: u64 = 64;
 
@@ -53,6 +58,12 @@ pub(crate) fn create_engine_page(may_sleep: bool) -> Result<Arc<Segment>> {
         .sharing(Sharing::CreatorWrites)
         .create()?;
     seg.write_at(MAY_SLEEP as usize, &u32::from(may_sleep).to_ne_bytes())
+        .and_then(|()| {
+            seg.write_at(
+                PID_WORD as usize,
+                &u64::from(std::process::id()).to_le_bytes(),
+            )
+        })
         .map_err(|e| Error::invalid("engine page", e.to_string()))?;
     Ok(Arc::new(seg))
 }

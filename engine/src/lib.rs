@@ -32,6 +32,7 @@ pub mod qp;
 pub mod requester;
 pub mod responder;
 pub(crate) mod slots;
+pub mod stats_area;
 #[doc(hidden)]
 pub mod testing;
 pub mod timer;

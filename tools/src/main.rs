@@ -2,9 +2,16 @@
 //!
 //! * `shmhca doctor [--json]`: what this machine offers shmhca (huge pages, memfd and
 //!   MFD_HUGETLB, transparent huge pages, CPUs and pinning) and the advice that follows.
+//! * `shmhca devinfo [--json]`: the device's limits, page size, huge pages and the arena.
+//! * `shmhca plot FILE.hgrm|FILE.json [...] -o OUT.svg`: latency percentile distributions
+//!   and latency/bandwidth against message size, several runs on one chart.
+//! * `shmhca stat [--json] [--watch SECS]`: every running shmhca context of this user: its
+//!   process, mode, links and peers, QPs with state and PSNs, and counters.
 #![forbid(unsafe_code)]
 
+mod devinfo;
 mod doctor;
+mod stat;
 
 use clap::{Parser, Subcommand};
 
@@ -29,11 +36,91 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the device's limits and what its memory gets here: page size, huge pages, the
+    /// arena of a default context.
+    Devinfo {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draw runs as an SVG chart: HdrHistogram's latency percentile distribution (from
+    /// .hgrm files or shmhca-perf --json), and latency/bandwidth against message size for
+    /// runs over many sizes (-a). Several files: one line each, on the same charts.
+    Plot {
+        /// The runs: .hgrm (HdrHistogram percentile distribution) or .json (shmhca-perf --json).
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<std::path::PathBuf>,
+        /// The SVG to write (refused if it exists, unless --force).
+        #[arg(short = 'o', long = "output", value_name = "OUT.svg")]
+        output: std::path::PathBuf,
+        /// The chart's title.
+        #[arg(long)]
+        title: Option<String>,
+        /// Overwrite OUT.svg if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// List every running shmhca context of this user: PID, mode, links and peers, QPs
+    /// with state and PSNs, counters. Read from the stats area each engine publishes.
+    Stat {
+        /// Print JSON (one array per refresh).
+        #[arg(long)]
+        json: bool,
+        /// Refresh every SECS seconds (like `watch`) until interrupted.
+        #[arg(short = 'w', long = "watch", value_name = "SECS")]
+        watch: Option<f64>,
+    },
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Plot {
+            files,
+            output,
+            title,
+            force,
+        } => {
+            if let Err(e) = plot(&files, &output, title.as_deref(), force) {
+                eprintln!("shmhca plot: error: {e}");
+                return std::process::ExitCode::from(1);
+            }
+        }
+        Command::Devinfo { json } => {
+            let v = devinfo::json();
+            if json {
+                println!("{v:#}");
+            } else {
+                print!("{}", devinfo::text(&v));
+            }
+        }
+        Command::Stat { json, watch } => {
+            if let Some(secs) = watch {
+                if !(0.1..=3600.0).contains(&secs) {
+                    eprintln!("shmhca stat: --watch {secs}: give 0.1 to 3600 seconds");
+                    return std::process::ExitCode::from(2);
+                }
+            }
+            loop {
+                let mut notes = Vec::new();
+                let found = stat::scan(&mut notes);
+                if watch.is_some() && !json {
+                    // Like watch(1): home the cursor and clear the screen.
+                    print!("\x1b[H\x1b[2J");
+                }
+                if json {
+                    println!("{:#}", stat::json(&found));
+                } else {
+                    print!("{}", stat::text(&found));
+                }
+                for n in &notes {
+                    eprintln!("shmhca stat: note: {n}");
+                }
+                let Some(secs) = watch else { break };
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+                std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+            }
+        }
         Command::Doctor { json } => {
             let report = doctor::examine();
             if json {
@@ -43,4 +130,49 @@ fn main() {
             }
         }
     }
+    std::process::ExitCode::SUCCESS
+}
+
+/// `shmhca plot`: reads each file as a run (by its extension), draws them, writes `out`.
+fn plot(
+    files: &[std::path::PathBuf],
+    out: &std::path::Path,
+    title: Option<&str>,
+    force: bool,
+) -> Result<(), String> {
+    use shmhca_bench::plot::Run;
+    if !force && std::fs::symlink_metadata(out).is_ok() {
+        return Err(format!(
+            "{}: the file exists; shmhca plot does not overwrite files: remove it, pick another name, or give --force",
+            out.display()
+        ));
+    }
+    let mut runs = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let label = f.file_stem().map_or_else(
+            || f.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let run = match f.extension().and_then(|e| e.to_str()) {
+            Some("json") => serde_json::from_str(&text)
+                .map_err(|e| format!("not JSON: {e}"))
+                .and_then(|doc| Run::from_json(&label, &doc)),
+            Some("hgrm") => Run::from_hgrm(&label, &text),
+            _ => Err("give .hgrm (HdrHistogram percentile distribution) or .json (shmhca-perf --json) files".into()),
+        }
+        .map_err(|e| format!("{}: {e}", f.display()))?;
+        runs.push(run);
+    }
+    let svg = shmhca_bench::plot::render(title.unwrap_or("shmhca"), &runs)?;
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true);
+    if force {
+        o.create(true).truncate(true);
+    } else {
+        o.create_new(true);
+    }
+    let mut file = o.open(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    std::io::Write::write_all(&mut file, svg.as_bytes())
+        .map_err(|e| format!("{}: {e}", out.display()))
 }

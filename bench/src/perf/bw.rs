@@ -15,12 +15,15 @@ use shmhca::{Data, Qp, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, Wo
 use crate::perf::error::PerfError;
 use crate::perf::lat::{Liveness, Progress, completion_error, inline_payload};
 use crate::perf::opts::{AtomicType, Options, Verb};
+use crate::perf::report;
 use crate::perf::setup::Side;
-use crate::perf::stats::BwClock;
+use crate::perf::stats::{BwClock, Tick, TimedClock};
 
 /// `wr_id` = QP index in the top 16 bits, the QP's request count (1-based) below.
 const QP_SHIFT: u32 = 48;
 const COUNT_MASK: u64 = (1 << QP_SHIFT) - 1;
+/// The `wr_id` of a timed Send run's end marker.
+const END_MARKER: u64 = u64::MAX;
 
 /// How often the clock takes a checkpoint for the peak: every 1% of `total`, but not more
 /// often than every two full send windows (completions arrive in bursts).
@@ -28,9 +31,25 @@ pub fn checkpoint_every(total: u64, opts: &Options) -> u64 {
     (total / 100).max(2 * u64::from(opts.tx_depth) * u64::from(opts.qps))
 }
 
-/// Runs `n` requests on every data QP as the client, `first` requests per QP having been
-/// run before in this size (Compare and Swap counts on from there). With `clock`, times
-/// the run; `prog` shows progress on long runs.
+/// How long a client loop runs.
+#[derive(Debug)]
+pub enum Run<'a> {
+    /// `n` requests per QP, timed by `clock` if given (unmeasured warm-up without).
+    Count {
+        /// Requests per QP.
+        n: u64,
+        /// The clock of a measured run.
+        clock: Option<&'a mut BwClock>,
+    },
+    /// Until the clock says stop (`-D`, `--run_infinitely`). Send tests then post one
+    /// zero-length Send per QP, which tells the server the run is over.
+    Timed(&'a mut TimedClock),
+}
+
+/// Runs requests on every data QP as the client, `first` requests per QP having been
+/// run before in this size (Compare and Swap counts on from there), for as long as `run`
+/// says; `prog` shows progress on long runs. Returns the requests completed per QP... in
+/// all QPs.
 ///
 /// # Errors
 /// A post fails, a completion reports an error, or the peer goes away.
@@ -39,10 +58,13 @@ pub fn client(
     opts: &Options,
     size: u64,
     first: u64,
-    n: u64,
-    mut clock: Option<&mut BwClock>,
+    run: Run<'_>,
     prog: &mut Progress,
-) -> Result<(), PerfError> {
+) -> Result<u64, PerfError> {
+    let (n, mut clock, mut timed) = match run {
+        Run::Count { n, clock } => (n, clock, None),
+        Run::Timed(t) => (COUNT_MASK, None, Some(t)),
+    };
     let Side { res, qps, peer, .. } = side;
     let q = qps.len();
     let cq = &mut res.cq;
@@ -99,20 +121,25 @@ pub fn client(
     let mut wrs: Vec<SendWr<'_>> = vec![templates[0]; batch_max];
     let mut posted = vec![0u64; q];
     let mut done = vec![0u64; q];
+    // Requests to run per QP: `n`, or (timed) cut short once the clock says stop.
+    let mut limit = vec![n; q];
     let mut wcs = [WorkCompletion::default(); 64];
     let depth = u64::from(opts.tx_depth);
     let sig = u64::from(opts.cq_mod);
-    let total = n * q as u64;
+    let mut total = n.saturating_mul(q as u64);
     let mut completed = 0u64;
     let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
     let mut live = Liveness::default();
     if let Some(c) = clock.as_deref_mut() {
         c.start();
     }
+    if let Some(t) = timed.as_deref_mut() {
+        t.start();
+    }
     while completed < total {
         for (qi, qp) in qp_refs.iter_mut().enumerate() {
             let outstanding = posted[qi] - done[qi];
-            let room = (depth - outstanding).min(n - posted[qi]) as usize;
+            let room = (depth - outstanding).min(limit[qi] - posted[qi]) as usize;
             if room == 0 {
                 continue;
             }
@@ -122,7 +149,7 @@ pub fn client(
                 let c = posted[qi] + j as u64 + 1;
                 *wr = t;
                 wr.wr_id = (qi as u64) << QP_SHIFT | c;
-                if c % sig == 0 || c == n {
+                if c % sig == 0 || c == limit[qi] {
                     wr.flags = SendFlags::SIGNALED;
                 }
                 if let SendOp::CompareSwap { remote, .. } = t.op {
@@ -144,6 +171,7 @@ pub fn client(
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
         }
+        live.busy();
         for wc in &wcs[..got] {
             if wc.status != WcStatus::Success {
                 return Err(completion_error(verb_what(verb), wc.status));
@@ -165,6 +193,72 @@ pub fn client(
                 if prog.due(now) {
                     prog.show(now, completed / q as u64);
                 }
+            }
+        }
+        if let Some(t) = timed.as_deref_mut() {
+            match t.completed(completed) {
+                Tick::Go => {}
+                Tick::Report(st) => {
+                    // --run_infinitely's line for the interval just ended (perftest prints
+                    // one every -D seconds too).
+                    println!("{}", report::bw_row(&st, opts.gbits));
+                }
+                Tick::Stop => {
+                    // Stop posting; the last request of each QP must be signaled, so run
+                    // on to the next multiple of -Q (at most -Q - 1 more per QP).
+                    for qi in 0..q {
+                        limit[qi] = posted[qi].next_multiple_of(sig);
+                    }
+                    total = limit.iter().sum();
+                    timed = None;
+                }
+            }
+        }
+    }
+    if verb == Verb::Send && n == COUNT_MASK {
+        end_markers(&mut qp_refs, cq, &mut wcs, &mut live)?;
+    }
+    Ok(completed)
+}
+
+/// Ends a timed Send run: one zero-length Send per QP (after all the data, in order) tells
+/// the server this QP is done; waits for them to complete.
+fn end_markers(
+    qps: &mut [&mut Qp],
+    cq: &mut shmhca::Cq,
+    wcs: &mut [WorkCompletion],
+    live: &mut Liveness,
+) -> Result<(), PerfError> {
+    for qp in qps.iter_mut() {
+        let wr = SendWr {
+            wr_id: END_MARKER,
+            op: SendOp::Send,
+            data: Data::Sgl(&[]),
+            flags: SendFlags::SIGNALED,
+        };
+        loop {
+            match qp.post_send(&wr) {
+                Ok(()) => break,
+                Err(shmhca::Error::QueueFull { .. }) => {
+                    let _ = cq.poll(wcs);
+                }
+                Err(e) => return Err(PerfError::engine("posting the end marker")(e)),
+            }
+        }
+    }
+    let mut ends = 0;
+    while ends < qps.len() {
+        let got = cq.poll(wcs);
+        if got == 0 {
+            live.idle(qps.iter().map(|q| &**q))?;
+            continue;
+        }
+        for wc in &wcs[..got] {
+            if wc.status != WcStatus::Success {
+                return Err(completion_error("the end-of-run Send", wc.status));
+            }
+            if wc.wr_id == END_MARKER {
+                ends += 1;
             }
         }
     }
@@ -200,11 +294,13 @@ pub fn prepost_receives(side: &mut Side, count: u32) -> Result<(), PerfError> {
     Ok(())
 }
 
-/// The server of send_bw: counts `per_qp` receives on every data QP, reposting each.
+/// The server of send_bw: counts `per_qp` receives on every data QP, reposting each; with
+/// `per_qp` `None` (a timed run), counts until every QP has received the client's
+/// zero-length end marker. Returns the messages received (end markers not counted).
 ///
 /// # Errors
 /// A receive fails, a message has the wrong length, or the peer goes away.
-pub fn send_server(side: &mut Side, size: u64, per_qp: u64) -> Result<(), PerfError> {
+pub fn send_server(side: &mut Side, size: u64, per_qp: Option<u64>) -> Result<u64, PerfError> {
     let Side { res, qps, .. } = side;
     let q = qps.len();
     let cq = &mut res.cq;
@@ -216,17 +312,20 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: u64) -> Result<(), PerfEr
             .map_err(PerfError::engine("the receive buffer"))?]);
     }
     let mut counts = vec![0u64; q];
-    let total = per_qp * q as u64;
+    let mut ended = vec![false; q];
+    let mut open = q;
+    let total = per_qp.map_or(u64::MAX, |n| n * q as u64);
     let mut received = 0u64;
     let mut wcs = [WorkCompletion::default(); 64];
     let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
     let mut live = Liveness::default();
-    while received < total {
+    while received < total && open > 0 {
         let got = cq.poll(&mut wcs);
         if got == 0 {
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
         }
+        live.busy();
         for wc in &wcs[..got] {
             if wc.status != WcStatus::Success {
                 return Err(completion_error("a Receive", wc.status));
@@ -235,6 +334,11 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: u64) -> Result<(), PerfEr
                 continue;
             }
             let qi = wc.wr_id as usize;
+            if per_qp.is_none() && qi < q && wc.byte_len == 0 && !ended[qi] {
+                ended[qi] = true;
+                open -= 1;
+                continue;
+            }
             if qi >= q || u64::from(wc.byte_len) != size {
                 return Err(PerfError::Check(format!(
                     "receive wr_id {} of {} bytes; expected a QP index below {q} and {size} bytes",
@@ -248,10 +352,12 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: u64) -> Result<(), PerfEr
                 .map_err(PerfError::engine("reposting a receive"))?;
         }
     }
-    if let Some((qi, c)) = counts.iter().enumerate().find(|(_, c)| **c != per_qp) {
-        return Err(PerfError::Check(format!(
-            "QP {qi} received {c} messages, expected {per_qp}"
-        )));
+    if let Some(per_qp) = per_qp {
+        if let Some((qi, c)) = counts.iter().enumerate().find(|(_, c)| **c != per_qp) {
+            return Err(PerfError::Check(format!(
+                "QP {qi} received {c} messages, expected {per_qp}"
+            )));
+        }
     }
-    Ok(())
+    Ok(received)
 }

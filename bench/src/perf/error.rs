@@ -28,6 +28,9 @@ pub enum PerfError {
     /// The peer went away during the run.
     #[error("the peer went away: {0}")]
     PeerGone(String),
+    /// The peer sent nothing for `--idle-timeout` seconds (stopped or hung).
+    #[error("the peer is silent: {0}")]
+    PeerIdle(String),
     /// A work completion reported an error.
     #[error("{what} completed with status {status:?}")]
     Completion {

@@ -22,27 +22,49 @@ use crate::perf::stats::LatRecorder;
 const LIVENESS_EVERY: u32 = 1 << 16;
 
 /// Counts a loop's empty polls and, every [`LIVENESS_EVERY`] of them, checks that its QPs
-/// are still connected (a peer that died leaves them in the Error state).
+/// are still connected (a peer that died leaves them in the Error state) and that the loop
+/// has not been idle for longer than `--idle-timeout` (a stopped or hung peer).
 #[derive(Debug, Default)]
-pub(crate) struct Liveness(u32);
+pub(crate) struct Liveness {
+    polls: u32,
+    /// When the current idle stretch was first noticed (cleared by [`Liveness::busy`]).
+    since: Option<Instant>,
+}
 
 impl Liveness {
     /// One more empty poll.
     ///
     /// # Errors
-    /// [`PerfError::PeerGone`] if a QP has left RTS.
+    /// [`PerfError::PeerGone`] if a QP has left RTS, [`PerfError::PeerIdle`] once the
+    /// loop has been idle for longer than `--idle-timeout`.
     #[inline]
     pub(crate) fn idle<'q>(
         &mut self,
         qps: impl IntoIterator<Item = &'q Qp>,
     ) -> Result<(), PerfError> {
-        self.0 = self.0.wrapping_add(1);
-        if self.0 % LIVENESS_EVERY == 0 {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % LIVENESS_EVERY == 0 {
             for qp in qps {
                 check_alive(qp)?;
             }
+            if let Some(limit) = crate::perf::idle::timeout() {
+                let now = Instant::now();
+                let since = *self.since.get_or_insert(now);
+                if now - since > limit {
+                    return Err(crate::perf::idle::idle_error(
+                        now - since,
+                        "waiting for its answer",
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The loop made progress: the idle stretch (if any) is over.
+    #[inline]
+    pub(crate) fn busy(&mut self) {
+        self.since = None;
     }
 }
 
@@ -295,6 +317,7 @@ pub fn client(
         if let Some(r) = rec.as_deref_mut() {
             let ns = (now - t_prev).as_nanos() as u64;
             r.record(if one_way { ns / 2 } else { ns });
+            r.tick(now);
         }
         t_prev = now;
         if prog.due(now) {

@@ -12,16 +12,24 @@
 //! exchanged as connection private data), [`setup`] (contexts, memory, QPs and connections),
 //! [`control`] (the in-band control channel: barriers and end-of-run status), [`lat`] and
 //! [`bw`] (the measurement loops), [`stats`] and [`report`] (perftest's tables, `--json`,
-//! `--hgrm`), [`run`] (roles, the self-spawned peer, clean-up on every path).
+//! `--hgrm`), [`check`] (the data pattern and each size's verdicts), [`sequence`] (the
+//! per-size barriers, warm-up and measurement), [`output`] (what the client prints and
+//! writes), [`process`] (the self-spawned peer and clean-up on every path), [`run`] (the
+//! program and its roles).
 
 pub mod bw;
+pub mod check;
 pub mod control;
 pub mod error;
+pub mod idle;
 pub mod lat;
 pub mod opts;
+pub mod output;
 pub mod params;
+pub mod process;
 pub mod report;
 pub mod run;
+pub mod sequence;
 pub mod setup;
 pub mod stats;
 

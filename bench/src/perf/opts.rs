@@ -173,6 +173,12 @@ pub enum ModeArg {
     Poll,
 }
 
+/// The help heading of perftest's flags that have no meaning here.
+const IGNORED: &str =
+    "perftest flags without meaning here (accepted, ignored; the header lists them)";
+/// The help heading of perftest's flags shmhca-perf does not offer (yet).
+const UNAVAILABLE: &str = "perftest flags not available in shmhca-perf (refused with the reason)";
+
 /// The raw command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -216,8 +222,185 @@ pub struct Cli {
     #[arg(short = 'A', long = "atomic_type", value_enum)]
     pub atomic_type: Option<AtomicType>,
     /// Print every latency sample after the table.
-    #[arg(short = 'H', long = "report-histogram")]
+    #[arg(short = 'H', long = "report-histogram", alias = "report-histogrm")]
     pub histogram: bool,
+    /// With -H: print the samples in the order measured (default sorted).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub unsorted: bool,
+    /// Do not compute the peak bandwidth (reported as 0, as perftest).
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
+    /// Bandwidth tests: run each for this many seconds instead of -n iterations.
+    #[arg(short = 'D', long = "duration", value_name = "SECONDS")]
+    pub duration: Option<u64>,
+    /// With -D: measure only after the first and before the last SECONDS (default -D / 4).
+    #[arg(short = 'f', long = "margin", value_name = "SECONDS")]
+    pub margin: Option<u64>,
+    /// Bandwidth tests: run until interrupted, printing a line every -D seconds (default 5).
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
+    /// Bandwidth tests: warm up before measuring (perftest's --perform_warm_up).
+    #[arg(long = "perform_warm_up")]
+    pub perform_warm_up: bool,
+    /// Connection type: RC (shmhca implements RC only).
+    #[arg(short = 'c', long = "connection", value_name = "RC")]
+    pub connection: Option<String>,
+    /// Sleep on completion events instead of polling (not available yet).
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+    /// Completion vector for -e (not available yet).
+    #[arg(short = 'X', long = "vector", value_name = "VECTOR")]
+    pub vector: Option<String>,
+    /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 18).
+    #[arg(short = 'u', long = "qp-timeout", value_name = "N")]
+    pub qp_timeout: Option<u8>,
+    /// Transport retries before a QP fails (0 to 7; default 7).
+    #[arg(long = "retry_count", value_name = "N")]
+    pub retry_count: Option<u8>,
+    /// Write perftest's JSON report (its keys) to --out_json_file (default perftest_out.json).
+    #[arg(long = "out_json")]
+    pub out_json: bool,
+    /// The file of --out_json.
+    #[arg(long = "out_json_file", value_name = "FILE")]
+    pub out_json_file: Option<PathBuf>,
+    /// Overwrite existing output files (--json, --hgrm, --out_json, --svg, --hlog); without it
+    /// shmhca-perf refuses to touch a file that exists.
+    #[arg(long = "force")]
+    pub force: bool,
+    /// Run on these cores only (perftest's --pin_cores, e.g. 0-3,8); the first two serve
+    /// as this process's and the peer's cores unless --cpu says otherwise.
+    #[arg(long = "pin_cores", value_name = "LIST")]
+    pub pin_cores: Option<String>,
+    /// (ignored: no NUMA placement here) perftest's NUMA node.
+    #[arg(long = "numa_node", value_name = "NODE", help_heading = IGNORED)]
+    pub numa_node: Option<String>,
+    /// (ignored: no NUMA placement here) perftest's NUMA switch.
+    #[arg(long = "disable_numa", help_heading = IGNORED)]
+    pub disable_numa: bool,
+    /// (ignored: the data is always validated) validation debugging.
+    #[arg(long = "data_validation_debug", help_heading = IGNORED)]
+    pub data_validation_debug: bool,
+    /// Not available: GPU memory.
+    #[arg(long = "use_cuda", value_name = "GPU", help_heading = UNAVAILABLE)]
+    pub use_cuda: Option<String>,
+    /// Not available: GPU memory.
+    #[arg(long = "use_rocm", value_name = "GPU", help_heading = UNAVAILABLE)]
+    pub use_rocm: Option<String>,
+    /// (ignored: no devices here) perftest's IB device.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV", help_heading = IGNORED)]
+    pub ib_dev: Option<String>,
+    /// (ignored: no ports here) perftest's IB port.
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", help_heading = IGNORED)]
+    pub ib_port: Option<String>,
+    /// (ignored: no GIDs here) perftest's GID index.
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX", help_heading = IGNORED)]
+    pub gid_index: Option<String>,
+    /// (ignored: time comes from the OS clock, not cpufreq) perftest's CPU-frequency check.
+    #[arg(short = 'F', long = "CPU-freq", help_heading = IGNORED)]
+    pub cpu_freq: bool,
+    /// (ignored: shmhca's connection manager always connects the QPs) rdma_cm.
+    #[arg(short = 'R', long = "rdma_cm", help_heading = IGNORED)]
+    pub rdma_cm: bool,
+    /// (ignored: the parameters travel as connection private data) rdma_cm exchange.
+    #[arg(short = 'z', long = "comm_rdma_cm", help_heading = IGNORED)]
+    pub comm_rdma_cm: bool,
+    /// (ignored: the sides meet at a socket path, --server/--client) TCP port.
+    #[arg(short = 'p', long = "port", value_name = "PORT", help_heading = IGNORED)]
+    pub port: Option<String>,
+    /// (ignored: no fabric) service level.
+    #[arg(short = 'S', long = "sl", value_name = "SL", help_heading = IGNORED)]
+    pub sl: Option<String>,
+    /// (ignored: no fabric) type of service.
+    #[arg(short = 'T', long = "tos", value_name = "TOS", help_heading = IGNORED)]
+    pub tos: Option<String>,
+    /// (ignored: no fabric) hop limit.
+    #[arg(short = 'L', long = "hop_limit", value_name = "N", help_heading = IGNORED)]
+    pub hop_limit: Option<String>,
+    /// (ignored: no hardware counters) counters to report.
+    #[arg(short = 'W', long = "report-counters", value_name = "LIST", help_heading = IGNORED)]
+    pub report_counters: Option<String>,
+    /// (ignored: no partitions) P_Key index.
+    #[arg(long = "pkey_index", value_name = "INDEX", help_heading = IGNORED)]
+    pub pkey_index: Option<String>,
+    /// (ignored: no fabric) traffic class.
+    #[arg(long = "tclass", value_name = "N", help_heading = IGNORED)]
+    pub tclass: Option<String>,
+    /// (ignored: no fabric) flow label.
+    #[arg(long = "flow_label", value_name = "N", help_heading = IGNORED)]
+    pub flow_label: Option<String>,
+    /// (ignored: one posting API) the old post_send API.
+    #[arg(long = "use_old_post_send", help_heading = IGNORED)]
+    pub use_old_post_send: bool,
+    /// (ignored: the parameters are always compared) version exchange.
+    #[arg(long = "dont_xchg_versions", help_heading = IGNORED)]
+    pub dont_xchg_versions: bool,
+    /// (ignored: the arena uses huge pages whenever the kernel has them) huge pages.
+    #[arg(long = "use_hugepages", help_heading = IGNORED)]
+    pub use_hugepages: bool,
+    /// (ignored: the data is always validated) data validation.
+    #[arg(long = "data_validation", help_heading = IGNORED)]
+    pub data_validation: bool,
+    /// (ignored: no link layer to force) link type.
+    #[arg(long = "force-link", value_name = "LINK", help_heading = IGNORED)]
+    pub force_link: Option<String>,
+    /// (ignored: no IP here) IPv6.
+    #[arg(long = "ipv6", help_heading = IGNORED)]
+    pub ipv6: bool,
+    /// (ignored: no locks to skip) no_lock.
+    #[arg(long = "no_lock", help_heading = IGNORED)]
+    pub no_lock: bool,
+    /// Bidirectional bandwidth (write_bw, read_bw): both sides run the requests; the
+    /// figures are the two directions added, as perftest's.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// Not available: report in CPU cycles.
+    #[arg(short = 'C', long = "report-cycles", help_heading = UNAVAILABLE)]
+    pub report_cycles: bool,
+    /// Not available: dual port.
+    #[arg(short = 'O', long = "dualport", help_heading = UNAVAILABLE)]
+    pub dualport: bool,
+    /// Not available: multicast (UD only).
+    #[arg(short = 'g', long = "mcg", help_heading = UNAVAILABLE)]
+    pub mcg: bool,
+    /// Not available: multicast group (UD only).
+    #[arg(short = 'M', long = "MGID", value_name = "GID", help_heading = UNAVAILABLE)]
+    pub mgid: Option<String>,
+    /// Not available: shared receive queue.
+    #[arg(long = "use-srq", help_heading = UNAVAILABLE)]
+    pub use_srq: bool,
+    /// Not available: bandwidth limit check.
+    #[arg(short = 'w', long = "limit_bw", value_name = "BW", help_heading = UNAVAILABLE)]
+    pub limit_bw: Option<String>,
+    /// Not available: message-rate limit check.
+    #[arg(short = 'y', long = "limit_msgrate", value_name = "RATE", help_heading = UNAVAILABLE)]
+    pub limit_msgrate: Option<String>,
+    /// Not available: CPU utilisation.
+    #[arg(long = "cpu_util", help_heading = UNAVAILABLE)]
+    pub cpu_util: bool,
+    /// Not available: RDMA Write with Immediate.
+    #[arg(long = "write_with_imm", help_heading = UNAVAILABLE)]
+    pub write_with_imm: bool,
+    /// Not available: on-demand paging.
+    #[arg(long = "odp", help_heading = UNAVAILABLE)]
+    pub odp: bool,
+    /// Not available: one MR per QP.
+    #[arg(long = "mr_per_qp", help_heading = UNAVAILABLE)]
+    pub mr_per_qp: bool,
+    /// Not available: receive post lists.
+    #[arg(long = "recv_post_list", value_name = "N", help_heading = UNAVAILABLE)]
+    pub recv_post_list: Option<String>,
+    /// Not available: a gap between latency iterations.
+    #[arg(long = "latency_gap", value_name = "USEC", help_heading = UNAVAILABLE)]
+    pub latency_gap: Option<String>,
+    /// Not available: payload from a file.
+    #[arg(long = "payload_file_path", value_name = "FILE", help_heading = UNAVAILABLE)]
+    pub payload_file_path: Option<String>,
+    /// Not available: report both sides.
+    #[arg(long = "report-both", help_heading = UNAVAILABLE)]
+    pub report_both: bool,
+    /// Not available: reversed traffic.
+    #[arg(long = "reversed", help_heading = UNAVAILABLE)]
+    pub reversed: bool,
     /// Report bandwidth in Gbit/s instead of MiB/s.
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
@@ -227,21 +410,30 @@ pub struct Cli {
     /// Request a completion every this many sends (perftest's CQ moderation; default 100).
     #[arg(short = 'Q', long = "cq-mod")]
     pub cq_mod: Option<u32>,
-    /// Post this many work requests per doorbell in bandwidth tests (default 32).
+    /// Post this many work requests per doorbell in bandwidth tests (default 1, as perftest).
     #[arg(short = 'l', long = "post_list")]
     pub post_list: Option<u32>,
     /// Outstanding RDMA Reads/Atomics per QP (initiator depth, 1 to 16; default 16).
     #[arg(short = 'o', long = "outs")]
     pub outs: Option<u8>,
-    /// Unmeasured iterations before each measurement (default 2000 for latency, 10 windows for bandwidth).
+    /// Unmeasured iterations before each measurement (default 0, as perftest; --perform_warm_up: 10 send windows).
     #[arg(long = "warmup")]
     pub warmup: Option<u64>,
     /// Write every figure, the parameters, the machine and RSS to this JSON file.
     #[arg(long = "json", value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Write HdrHistogram's percentile distribution (.hgrm text) of latency tests to FILE.
+    /// Write HdrHistogram's percentile distribution (.hgrm text) of latency tests to FILE
+    /// (with -a, one file per size: FILE's name with -SIZE before the extension).
     #[arg(long = "hgrm", value_name = "FILE")]
     pub hgrm: Option<PathBuf>,
+    /// Write an HdrHistogram interval log (.hlog: one histogram per second of measurement,
+    /// tagged size-N) of latency tests to FILE, for long runs.
+    #[arg(long = "hlog", value_name = "FILE")]
+    pub hlog: Option<PathBuf>,
+    /// Draw the run as an SVG picture: the latency percentile distribution (latency
+    /// tests), and with -a latency or bandwidth against message size.
+    #[arg(long = "svg", value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// Run the server side, listening on this Unix socket path.
     #[arg(long = "server", value_name = "PATH", conflicts_with = "client")]
     pub server: Option<PathBuf>,
@@ -266,6 +458,10 @@ pub struct Cli {
     /// Seconds to wait for the peer to connect (default 10).
     #[arg(long = "connect-timeout", value_name = "SECONDS")]
     pub connect_timeout: Option<u64>,
+    /// End with an error when the peer has sent nothing for this many seconds (it is
+    /// stopped or hung); 0 waits forever. Default 10.
+    #[arg(long = "idle-timeout", value_name = "SECONDS")]
+    pub idle_timeout: Option<u64>,
     /// Internal: this process is the server started by a client (exits with its parent).
     #[arg(long = "spawned", hide = true)]
     pub spawned: bool,
@@ -325,6 +521,10 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// `--hgrm`.
     pub hgrm: Option<PathBuf>,
+    /// `--svg`.
+    pub svg: Option<PathBuf>,
+    /// `--hlog`.
+    pub hlog: Option<PathBuf>,
     /// The role.
     pub role: Role,
     /// Engine mode.
@@ -339,6 +539,45 @@ pub struct Options {
     pub progress_after: u64,
     /// Started by a client.
     pub spawned: bool,
+    /// `--idle-timeout` (`None`: wait forever).
+    pub idle_timeout: Option<std::time::Duration>,
+    /// How long each bandwidth measurement runs, if not by iterations.
+    pub timed: Option<Timed>,
+    /// `-N`.
+    pub no_peak: bool,
+    /// `-U`.
+    pub unsorted: bool,
+    /// `-u`: the transport timeout exponent.
+    pub qp_timeout: u8,
+    /// `--retry_count`.
+    pub retry_count: u8,
+    /// `--out_json` (the file).
+    pub out_json: Option<PathBuf>,
+    /// `--force`.
+    pub force: bool,
+    /// perftest flags given that have no meaning here, as given (for the header).
+    pub ignored: Vec<String>,
+    /// `-b`.
+    pub bidirectional: bool,
+    /// `--pin_cores`: the cores this process may run on (empty: as started).
+    pub pin_cores: Vec<usize>,
+}
+
+/// A bandwidth run by time (`-D`, `--run_infinitely`) rather than by iterations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timed {
+    /// `-D SECS`: run for `secs`, measuring between `margin` and `secs - margin`.
+    Duration {
+        /// `-D`.
+        secs: u64,
+        /// `-f` (default `secs / 4`).
+        margin: u64,
+    },
+    /// `--run_infinitely`: until interrupted, a line every `every` seconds.
+    Forever {
+        /// `-D` (default 5).
+        every: u64,
+    },
 }
 
 impl Options {
@@ -361,6 +600,8 @@ impl Options {
     /// # Errors
     /// [`PerfError::Usage`] naming the first bad flag.
     pub fn from_cli(cli: Cli) -> Result<Options, PerfError> {
+        refuse_unavailable(&cli)?;
+        let ignored = ignored_flags(&cli);
         let test = match (cli.test_pos, cli.test) {
             (Some(a), Some(b)) if a != b => {
                 return Err(usage(format!(
@@ -378,6 +619,7 @@ impl Options {
         };
         let verb = test.verb();
         let lat = test.is_lat();
+        let timed = timed(&cli, test)?;
         if verb == Verb::Atomic {
             if let Some(s) = cli.size.filter(|s| *s != 8) {
                 return Err(usage(format!(
@@ -471,7 +713,7 @@ impl Options {
         }
         // As perftest: never wait for more completions than the queue holds.
         let cq_mod = cq_mod.min(tx_depth);
-        let post_list = cli.post_list.unwrap_or(32);
+        let post_list = cli.post_list.unwrap_or(1);
         if post_list == 0 || post_list > MAX_DEPTH {
             return Err(usage(format!(
                 "-l {post_list}: the post list must be 1 to {MAX_DEPTH}"
@@ -485,9 +727,18 @@ impl Options {
                 shmhca::qp::MAX_RD_ATOMIC
             )));
         }
-        let warmup = cli
-            .warmup
-            .unwrap_or(if lat { 2000 } else { 10 * u64::from(tx_depth) });
+        if cli.perform_warm_up && lat {
+            return Err(usage(format!(
+                "--perform_warm_up applies to bandwidth tests, not {} (latency tests measure from the first iteration, as perftest; --warmup N adds unmeasured iterations)",
+                test.name()
+            )));
+        }
+        // As perftest: no warm-up unless asked for (--perform_warm_up: 10 send windows).
+        let warmup = cli.warmup.unwrap_or(if cli.perform_warm_up {
+            10 * u64::from(tx_depth)
+        } else {
+            0
+        });
         if warmup > MAX_ITERS {
             return Err(usage(format!(
                 "--warmup {warmup}: at most {MAX_ITERS} iterations"
@@ -515,9 +766,9 @@ impl Options {
             }
             _ => {}
         }
-        if (cli.histogram || cli.hgrm.is_some()) && !lat {
+        if (cli.histogram || cli.hgrm.is_some() || cli.hlog.is_some()) && !lat {
             return Err(usage(format!(
-                "-H and --hgrm apply to latency tests, not {}",
+                "-H, --hgrm and --hlog apply to latency tests, not {}",
                 test.name()
             )));
         }
@@ -526,6 +777,18 @@ impl Options {
                 "--report_gbits applies to bandwidth tests, not {}",
                 test.name()
             )));
+        }
+        if let Some(c) = cli.connection.as_deref() {
+            if !c.eq_ignore_ascii_case("RC") {
+                return Err(usage(format!(
+                    "-c {c}: shmhca implements RC only; leave -c out or give -c RC"
+                )));
+            }
+        }
+        if cli.events || cli.vector.is_some() {
+            return Err(usage(
+                "-e/-X (sleep on completion events) is not available yet: shmhca has no completion channel; shmhca-perf polls (leave -e out)",
+            ));
         }
         let role = match (cli.server, cli.client, cli.in_process) {
             (Some(p), None, false) => Role::Server(p),
@@ -568,7 +831,102 @@ impl Options {
                 "--progress-after {progress_after}: give 0 to 3600 seconds"
             )));
         }
+        let idle_timeout = cli
+            .idle_timeout
+            .unwrap_or(crate::perf::idle::DEFAULT_IDLE_TIMEOUT_SECS);
+        if idle_timeout > 86_400 {
+            return Err(usage(format!(
+                "--idle-timeout {idle_timeout}: give 0 (wait forever) to 86400 seconds"
+            )));
+        }
+        let idle_timeout = (idle_timeout > 0).then(|| std::time::Duration::from_secs(idle_timeout));
+        if timed.is_some() && cli.iters.is_some() {
+            return Err(usage(
+                "-n and -D/--run_infinitely both given: a run goes by iterations or by time; give one",
+            ));
+        }
+        if timed.is_some() && cli.warmup.is_some() {
+            return Err(usage(
+                "--warmup with -D/--run_infinitely: a timed run has no iteration count; use --perform_warm_up",
+            ));
+        }
+        if cli.unsorted && !cli.histogram {
+            return Err(usage("-U orders -H's samples; give -H too"));
+        }
+        if cli.no_peak && lat {
+            return Err(usage(format!(
+                "-N applies to bandwidth tests, not {}",
+                test.name()
+            )));
+        }
+        let qp_timeout = cli.qp_timeout.unwrap_or(18);
+        if !(1..=31).contains(&qp_timeout) {
+            return Err(usage(format!(
+                "-u {qp_timeout}: the timeout exponent must be 1 to 31 (4.096 us * 2^N)"
+            )));
+        }
+        let retry_count = cli.retry_count.unwrap_or(7);
+        if retry_count > 7 {
+            return Err(usage(format!("--retry_count {retry_count}: give 0 to 7")));
+        }
+        if cli.out_json_file.is_some() && !cli.out_json {
+            return Err(usage(
+                "--out_json_file names --out_json's file; give --out_json too",
+            ));
+        }
+        let out_json = cli.out_json.then(|| {
+            cli.out_json_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("perftest_out.json"))
+        });
+        if cli.svg.is_some() && !lat && !cli.all {
+            return Err(usage(format!(
+                "--svg draws latency tests, or bandwidth against message size with -a; {} of one size has nothing to draw (add -a)",
+                test.name()
+            )));
+        }
+        if !cli.spawned && !cli.force {
+            let hgrms: Vec<PathBuf> = cli
+                .hgrm
+                .as_ref()
+                .map(|p| hgrm_paths(p, &sizes).into_iter().map(|(_, p)| p).collect())
+                .unwrap_or_default();
+            let outputs = [
+                ("--json", cli.json.as_ref()),
+                ("--out_json", out_json.as_ref()),
+                ("--svg", cli.svg.as_ref()),
+                ("--hlog", cli.hlog.as_ref()),
+            ]
+            .into_iter()
+            .chain(hgrms.iter().map(|p| ("--hgrm", Some(p))));
+            for (flag, path) in outputs {
+                if let Some(p) = path.filter(|p| std::fs::symlink_metadata(p).is_ok()) {
+                    return Err(usage(format!(
+                        "{flag} {}: the file exists; shmhca-perf does not overwrite files: remove it, pick another name, or give --force",
+                        p.display()
+                    )));
+                }
+            }
+        }
+        let pin_cores = parse_core_list(cli.pin_cores.as_deref())?;
+        if cli.bidirectional && !matches!(test, TestKind::WriteBw | TestKind::ReadBw) {
+            return Err(usage(format!(
+                "-b: shmhca-perf runs write_bw and read_bw bidirectionally, not {} (not yet for send_bw and atomic_bw; latency tests go both ways already)",
+                test.name()
+            )));
+        }
         Ok(Options {
+            bidirectional: cli.bidirectional,
+            pin_cores,
+            timed,
+            no_peak: cli.no_peak || timed.is_some(),
+            unsorted: cli.unsorted,
+            qp_timeout,
+            retry_count,
+            out_json,
+            force: cli.force,
+            ignored,
+            idle_timeout,
             progress_after,
             test,
             sizes,
@@ -589,6 +947,8 @@ impl Options {
             output: cli.output,
             json: cli.json,
             hgrm: cli.hgrm,
+            svg: cli.svg,
+            hlog: cli.hlog,
             role,
             mode,
             cpus,
@@ -613,6 +973,239 @@ pub fn arena_bytes(max_size: u64, qps: u32, tx_depth: u32, inline: u32) -> u64 {
     let buf = max_size.div_ceil(64) * 64;
     let staging = u64::from(tx_depth) * u64::from(inline).div_ceil(64) * 64 + 4096;
     (2 * buf + staging).saturating_mul(u64::from(qps)) + (2 << 20)
+}
+
+/// The `.hgrm` file of each size: `path` itself for one size, else `path` with `-SIZE`
+/// before its extension (`lat.hgrm` gives `lat-2.hgrm`, `lat-4.hgrm`, ...).
+pub fn hgrm_paths(path: &std::path::Path, sizes: &[u64]) -> Vec<(u64, PathBuf)> {
+    if sizes.len() == 1 {
+        return vec![(sizes[0], path.to_path_buf())];
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    sizes
+        .iter()
+        .map(|&size| (size, path.with_file_name(format!("{stem}-{size}{ext}"))))
+        .collect()
+}
+
+/// `-D`, `-f` and `--run_infinitely`, checked as perftest does.
+fn timed(cli: &Cli, test: TestKind) -> Result<Option<Timed>, PerfError> {
+    if cli.duration.is_none() && !cli.run_infinitely {
+        if cli.margin.is_some() {
+            return Err(usage("-f sets the margins of -D; give -D too"));
+        }
+        return Ok(None);
+    }
+    if test.is_lat() {
+        return Err(usage(format!(
+            "-D/--run_infinitely: shmhca-perf runs {} by iterations only (-n); timed runs are for the bandwidth tests",
+            test.name()
+        )));
+    }
+    if cli.all {
+        return Err(usage(
+            "-a with -D/--run_infinitely: a timed run takes one size (as perftest); give -s",
+        ));
+    }
+    let secs = cli.duration.unwrap_or(5);
+    if secs == 0 || secs > 86_400 {
+        return Err(usage(format!("-D {secs}: give 1 to 86400 seconds")));
+    }
+    if cli.run_infinitely {
+        if cli.margin.is_some() {
+            return Err(usage(
+                "-f with --run_infinitely: every interval is reported whole; leave -f out",
+            ));
+        }
+        return Ok(Some(Timed::Forever { every: secs }));
+    }
+    let margin = cli.margin.unwrap_or(secs / 4);
+    if secs <= 2 * margin {
+        return Err(usage(format!(
+            "-D {secs} -f {margin}: the duration must be longer than twice the margin (the measurement runs between them)"
+        )));
+    }
+    Ok(Some(Timed::Duration { secs, margin }))
+}
+
+/// perftest's flags for what shmhca-perf does not offer: an error naming the flag and why.
+fn refuse_unavailable(cli: &Cli) -> Result<(), PerfError> {
+    let refusals: [(bool, &str, &str); 18] = [
+        (
+            cli.use_cuda.is_some(),
+            "--use_cuda",
+            "shmhca moves host memory only",
+        ),
+        (
+            cli.use_rocm.is_some(),
+            "--use_rocm",
+            "shmhca moves host memory only",
+        ),
+        (
+            cli.report_cycles,
+            "-C",
+            "times are reported in microseconds only (no reliable cycle counter frequency)",
+        ),
+        (cli.dualport, "-O", "a shmhca device has one port"),
+        (
+            cli.mcg,
+            "-g",
+            "multicast needs UD; shmhca implements RC only",
+        ),
+        (
+            cli.mgid.is_some(),
+            "-M",
+            "multicast needs UD; shmhca implements RC only",
+        ),
+        (
+            cli.use_srq,
+            "--use-srq",
+            "shmhca has no shared receive queues yet",
+        ),
+        (
+            cli.limit_bw.is_some(),
+            "-w",
+            "bandwidth limit checks are not available",
+        ),
+        (
+            cli.limit_msgrate.is_some(),
+            "-y",
+            "message-rate limit checks are not available",
+        ),
+        (
+            cli.cpu_util,
+            "--cpu_util",
+            "CPU utilisation is not measured",
+        ),
+        (
+            cli.write_with_imm,
+            "--write_with_imm",
+            "write_lat uses RDMA Write only",
+        ),
+        (
+            cli.odp,
+            "--odp",
+            "shmhca has no on-demand paging; memory is registered up front",
+        ),
+        (
+            cli.mr_per_qp,
+            "--mr_per_qp",
+            "shmhca-perf registers one buffer for all QPs",
+        ),
+        (
+            cli.recv_post_list.is_some(),
+            "--recv_post_list",
+            "receives are posted one at a time",
+        ),
+        (
+            cli.latency_gap.is_some(),
+            "--latency_gap",
+            "latency iterations run back to back",
+        ),
+        (
+            cli.payload_file_path.is_some(),
+            "--payload_file_path",
+            "the payload is shmhca-perf's own checked pattern",
+        ),
+        (cli.report_both, "--report-both", "the client reports"),
+        (cli.reversed, "--reversed", "the client always initiates"),
+    ];
+    match refusals.iter().find(|(given, _, _)| *given) {
+        Some((_, flag, why)) => Err(usage(format!(
+            "{flag}: not available in shmhca-perf: {why}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// perftest's flags that have no meaning here and were given, as given (for the header).
+fn ignored_flags(cli: &Cli) -> Vec<String> {
+    let valued = [
+        ("-d", &cli.ib_dev),
+        ("-i", &cli.ib_port),
+        ("-x", &cli.gid_index),
+        ("-p", &cli.port),
+        ("-S", &cli.sl),
+        ("-T", &cli.tos),
+        ("-L", &cli.hop_limit),
+        ("-W", &cli.report_counters),
+        ("--pkey_index", &cli.pkey_index),
+        ("--tclass", &cli.tclass),
+        ("--flow_label", &cli.flow_label),
+        ("--force-link", &cli.force_link),
+        ("--numa_node", &cli.numa_node),
+    ];
+    let flags = [
+        ("-F", cli.cpu_freq),
+        ("-R", cli.rdma_cm),
+        ("-z", cli.comm_rdma_cm),
+        ("--use_old_post_send", cli.use_old_post_send),
+        ("--dont_xchg_versions", cli.dont_xchg_versions),
+        ("--use_hugepages", cli.use_hugepages),
+        ("--data_validation", cli.data_validation),
+        ("--ipv6", cli.ipv6),
+        ("--no_lock", cli.no_lock),
+        ("--disable_numa", cli.disable_numa),
+        ("--data_validation_debug", cli.data_validation_debug),
+    ];
+    valued
+        .iter()
+        .filter_map(|(f, v)| v.as_ref().map(|v| format!("{f} {v}")))
+        .chain(
+            flags
+                .iter()
+                .filter(|(_, given)| *given)
+                .map(|(f, _)| (*f).to_string()),
+        )
+        .collect()
+}
+
+/// `--pin_cores`: a list of cores and ranges (`0-3,8`), each of which must exist.
+fn parse_core_list(list: Option<&str>) -> Result<Vec<usize>, PerfError> {
+    let Some(list) = list else {
+        return Ok(Vec::new());
+    };
+    let ncpu = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            let last = s.trim().rsplit(['-', ',']).next()?.parse::<usize>().ok()?;
+            Some(last + 1)
+        })
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let bad = |part: &str| {
+        usage(format!(
+            "--pin_cores {list}: `{part}` is not a core or a range; give e.g. --pin_cores 0-3,8"
+        ))
+    };
+    let mut out = Vec::new();
+    for part in list.split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (part, part),
+        };
+        let a: usize = a.trim().parse().map_err(|_| bad(part))?;
+        let b: usize = b.trim().parse().map_err(|_| bad(part))?;
+        if a > b {
+            return Err(bad(part));
+        }
+        if b >= ncpu {
+            return Err(usage(format!(
+                "--pin_cores {list}: core {b} does not exist (this machine has cores 0 to {})",
+                ncpu - 1
+            )));
+        }
+        out.extend(a..=b);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 fn usage(msg: impl Into<String>) -> PerfError {
@@ -712,7 +1305,9 @@ mod tests {
     #[test]
     fn cq_mod_is_capped_by_the_tx_depth() {
         let o = parse(&["send_bw", "-t", "16"]).unwrap();
-        assert_eq!((o.cq_mod, o.post_list), (16, 16));
+        assert_eq!((o.cq_mod, o.post_list), (16, 1));
+        let o = parse(&["send_bw", "-t", "16", "-l", "64"]).unwrap();
+        assert_eq!(o.post_list, 16);
     }
 
     #[test]

@@ -6,14 +6,16 @@
 //!  8..10  version (1)
 //! 10      test code        11  atomic type (0 CMP_AND_SWAP, 1 FETCH_AND_ADD)
 //! 12      -a (0/1)         13  outstanding Reads/Atomics (-o)
-//! 14..16  reserved (0)
+//! 14      timed run: 0 by iterations, 1 -D, 2 --run_infinitely
+//! 15      -b (0/1)
 //! 16..24  size (-s; the largest size with -a)
 //! 24..32  iterations       32..40  warm-up iterations
 //! 40..44  tx depth         44..48  rx depth
 //! 48..52  PMTU             52..56  max inline
 //! 56..60  QPs              60..64  CQ moderation
 //! 64..72  buffer address   72..76  buffer R_Key
-//! 76..80  reserved (0)     80..88  buffer stride (bytes per QP: send + receive halves)
+//! 76..80  -D seconds (0 when by iterations)
+//!                          80..88  buffer stride (bytes per QP: send + receive halves)
 //! ```
 //!
 //! Everything is little-endian. The peer's copy is decoded and checked field by field; a
@@ -23,12 +25,12 @@
 use shmhca::RemoteAddr;
 
 use crate::perf::error::PerfError;
-use crate::perf::opts::{AtomicType, Options, TestKind};
+use crate::perf::opts::{AtomicType, Options, TestKind, Timed};
 
 /// The first eight bytes.
 pub const MAGIC: [u8; 8] = *b"SHMPERF1";
 /// The encoding's version.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Encoded length.
 pub const LEN: usize = 88;
 
@@ -65,6 +67,12 @@ pub struct RunParams {
     pub buf: RemoteAddr,
     /// Bytes per QP in the buffer.
     pub stride: u64,
+    /// `-D` / `--run_infinitely`: 0 by iterations, 1 timed, 2 forever.
+    pub timed_kind: u8,
+    /// `-D` seconds (the interval of `--run_infinitely`), 0 by iterations.
+    pub timed_secs: u32,
+    /// `-b`.
+    pub bidirectional: bool,
 }
 
 impl RunParams {
@@ -86,6 +94,17 @@ impl RunParams {
             cq_mod: opts.cq_mod,
             buf,
             stride,
+            timed_kind: match opts.timed {
+                None => 0,
+                Some(Timed::Duration { .. }) => 1,
+                Some(Timed::Forever { .. }) => 2,
+            },
+            bidirectional: opts.bidirectional,
+            timed_secs: match opts.timed {
+                None => 0,
+                Some(Timed::Duration { secs, .. }) => secs as u32,
+                Some(Timed::Forever { every }) => every as u32,
+            },
         }
     }
 
@@ -113,6 +132,9 @@ impl RunParams {
         b[64..72].copy_from_slice(&self.buf.addr.to_le_bytes());
         b[72..76].copy_from_slice(&self.buf.rkey.to_le_bytes());
         b[80..88].copy_from_slice(&self.stride.to_le_bytes());
+        b[14] = self.timed_kind;
+        b[15] = u8::from(self.bidirectional);
+        b[76..80].copy_from_slice(&self.timed_secs.to_le_bytes());
         b
     }
 
@@ -163,8 +185,11 @@ impl RunParams {
             1 => true,
             x => return Err(not_perf(format!("-a flag byte {x}"))),
         };
-        if b[14..16] != [0, 0] || b[76..80] != [0; 4] {
-            return Err(not_perf("reserved bytes are not zero".into()));
+        if b[15] > 1 {
+            return Err(not_perf(format!("-b flag byte {}", b[15])));
+        }
+        if b[14] > 2 {
+            return Err(not_perf(format!("timed-run byte {}", b[14])));
         }
         Ok(RunParams {
             test,
@@ -185,6 +210,9 @@ impl RunParams {
                 rkey: u32_at(72),
             },
             stride: u64_at(80),
+            timed_kind: b[14],
+            bidirectional: b[15] == 1,
+            timed_secs: u32_at(76),
         })
     }
 
@@ -213,6 +241,21 @@ impl RunParams {
         cmp("-I", self.inline.to_string(), peer.inline.to_string());
         cmp("-q", self.qps.to_string(), peer.qps.to_string());
         cmp("-Q", self.cq_mod.to_string(), peer.cq_mod.to_string());
+        let timed = |k: u8, secs: u32| match k {
+            0 => "off".to_string(),
+            1 => format!("-D {secs}"),
+            _ => format!("--run_infinitely (every {secs} s)"),
+        };
+        cmp(
+            "-b",
+            self.bidirectional.to_string(),
+            peer.bidirectional.to_string(),
+        );
+        cmp(
+            "the timed run",
+            timed(self.timed_kind, self.timed_secs),
+            timed(peer.timed_kind, peer.timed_secs),
+        );
         cmp("-o", self.outs.to_string(), peer.outs.to_string());
         cmp(
             "the buffer stride",
@@ -263,12 +306,15 @@ mod tests {
         let mut b = sample().encode();
         b[8] = 9;
         let e = RunParams::decode(&b, "p").unwrap_err().to_string();
-        assert!(e.contains("version 9") && e.contains("speaks 1"), "{e}");
+        assert!(e.contains("version 9") && e.contains("speaks 2"), "{e}");
         let mut b = sample().encode();
         b[10] = 200;
         assert!(RunParams::decode(&b, "p").is_err());
         let mut b = sample().encode();
-        b[77] = 1;
+        b[15] = 2;
+        assert!(RunParams::decode(&b, "p").is_err());
+        let mut b = sample().encode();
+        b[14] = 3;
         assert!(RunParams::decode(&b, "p").is_err());
     }
 

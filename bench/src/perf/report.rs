@@ -83,9 +83,17 @@ pub fn verb_title(verb: Verb) -> &'static str {
 pub fn header(opts: &Options, info: &HeaderInfo) -> String {
     let t = opts.test;
     let mut s = String::new();
+    if opts.timed.is_some() {
+        // perftest's words: a timed run reports no peak.
+        s.push_str(" WARNING: BW peak won't be measured in this run.\n");
+    }
     s.push_str(RESULT_LINE);
     s.push('\n');
-    let kind = if t.is_lat() { "Latency" } else { "BW" };
+    let kind = match (t.is_lat(), opts.bidirectional) {
+        (true, _) => "Latency",
+        (false, true) => "Bidirectional BW",
+        (false, false) => "BW",
+    };
     let _ = writeln!(
         s,
         "                    {} {kind} Test",
@@ -120,6 +128,13 @@ pub fn header(opts: &Options, info: &HeaderInfo) -> String {
     }
     let _ = writeln!(s, " Engine mode     : {}", info.mode);
     let _ = writeln!(s, " Data ex. method : {}", info.exchange);
+    if !opts.ignored.is_empty() {
+        let _ = writeln!(
+            s,
+            " Ignored flags   : {} (no meaning here)",
+            opts.ignored.join(" ")
+        );
+    }
     s.push_str(RESULT_LINE);
     s.push('\n');
     for (l, r) in info.local.iter().zip(&info.remote) {
@@ -282,6 +297,104 @@ pub fn bw_json(s: &BwStats) -> Value {
     })
 }
 
+/// perftest's `--out_json` document: `test_info` with perftest's keys, `results` with
+/// perftest's keys for the last size (perftest rewrites the file per size), and, for `-a`,
+/// `results_all` with every size's (shmhca-perf's addition).
+pub fn perftest_json(opts: &Options, exchange: &str, rows: &[Value]) -> Value {
+    let t = opts.test;
+    let lat = t.is_lat();
+    let mut name = format!("{}_", verb_title(t.verb()));
+    if t.verb() == Verb::Atomic {
+        name.push_str(opts.atomic.name());
+        name.push('_');
+    }
+    if !lat && opts.bidirectional {
+        name.push_str("Bidirectional_");
+    }
+    if !lat && opts.post_list > 1 {
+        name.push_str("Post_List_");
+    }
+    name.push_str(if lat { "Latency_Test" } else { "BW_Test" });
+    let mut info = serde_json::Map::new();
+    let mut put = |k: &str, v: Value| {
+        info.insert(k.to_string(), v);
+    };
+    put("test", json!(name));
+    put("Dual_port", json!("OFF"));
+    put("Device", json!("shmhca"));
+    put("Number_of_qps", json!(opts.qps));
+    put("Transport_type", json!("IB"));
+    put("Connection_type", json!("RC"));
+    put("Using_SRQ", json!("OFF"));
+    put("PCIe_relax_order", json!("Unsupported"));
+    put("ibv_wr_API", json!("ON"));
+    put("TX_depth", json!(opts.tx_depth));
+    if !lat && opts.post_list > 1 {
+        put("Post_List", json!(opts.post_list));
+    }
+    if !lat {
+        put("CQ_Moderation", json!(opts.cq_mod));
+    }
+    put("Mtu", json!(opts.mtu));
+    put("Link_type", json!("shm"));
+    match t.verb() {
+        Verb::Read | Verb::Atomic => put("Outstand_reads", json!(opts.outs)),
+        Verb::Send | Verb::Write => put("Max_inline_data", json!(opts.inline)),
+    }
+    put("rdma_cm_QPs", json!("OFF"));
+    put("Use_ROCm_memory", json!("OFF"));
+    put("Use_MUSA_memory", json!("OFF"));
+    put("Data_ex_method", json!(exchange));
+    let results: Vec<Value> = rows.iter().map(|r| perftest_result(opts, r)).collect();
+    let mut doc = json!({
+        "test_info": Value::Object(info),
+        "results": results.last().cloned().unwrap_or(Value::Null),
+    });
+    if results.len() > 1 {
+        doc["results_all"] = Value::Array(results);
+    }
+    doc
+}
+
+/// One size's `results` in perftest's keys, from this tool's JSON row.
+fn perftest_result(opts: &Options, r: &Value) -> Value {
+    use crate::perf::opts::OutputOnly;
+    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    if opts.test.is_lat() {
+        if opts.output.is_some() {
+            return json!({ "avg_lat": f("t_avg_usec") });
+        }
+        json!({
+            "MsgSize": r["bytes"],
+            "n_iterations": r["iterations"],
+            "t_min": f("t_min_usec"),
+            "t_max": f("t_max_usec"),
+            "t_typical": f("t_typical_usec"),
+            "t_avg": f("t_avg_usec"),
+            "t_stdev": f("t_stdev_usec"),
+            "percentile_99": f("p99_usec"),
+            "percentile_99.9": f("p99_9_usec"),
+        })
+    } else {
+        let (peak, avg) = if opts.gbits {
+            (f("bw_peak_gbit_sec"), f("bw_average_gbit_sec"))
+        } else {
+            (f("bw_peak_mib_sec"), f("bw_average_mib_sec"))
+        };
+        match opts.output {
+            Some(OutputOnly::Bandwidth) => json!({ "bw_avg": avg }),
+            Some(OutputOnly::MessageRate) => json!({ "msgRate_avg": f("msg_rate_mpps") }),
+            _ => json!({
+                "MsgSize": r["bytes"],
+                "n_iterations": r["iterations"],
+                "BW_peak": peak,
+                "BW_average": avg,
+                "MsgRate": f("msg_rate_mpps"),
+            }),
+        }
+    }
+}
+
 /// The run's parameters as JSON.
 pub fn params_json(opts: &Options) -> Value {
     json!({
@@ -298,6 +411,15 @@ pub fn params_json(opts: &Options) -> Value {
         "atomic_type": opts.atomic.name(),
         "cq_mod": opts.cq_mod,
         "post_list": opts.post_list,
+        "duration": opts.timed.map(|t| match t {
+            crate::perf::opts::Timed::Duration { secs, margin } => json!({"seconds": secs, "margin": margin}),
+            crate::perf::opts::Timed::Forever { every } => json!({"forever_report_every": every}),
+        }),
+        "no_peak": opts.no_peak,
+        "bidirectional": opts.bidirectional,
+        "qp_timeout": opts.qp_timeout,
+        "retry_count": opts.retry_count,
+        "ignored_flags": opts.ignored,
         "outstanding_reads": opts.outs,
         "mode": match opts.mode { crate::perf::opts::ModeArg::Inline => "inline", crate::perf::opts::ModeArg::Poll => "poll" },
         "cpus": opts.cpus,

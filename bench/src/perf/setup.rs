@@ -275,12 +275,12 @@ fn connect_by_hand(
     .map_err(PerfError::engine(what()))
 }
 
-fn to_rts(qp: &mut Qp, sq_psn: u32, outs: u8) -> Result<(), PerfError> {
+fn to_rts(qp: &mut Qp, sq_psn: u32, opts: &Options, outs: u8) -> Result<(), PerfError> {
     qp.modify(
         &QpAttr::new(QpState::Rts)
             .sq_psn(sq_psn)
-            .timeout(18)
-            .retry_cnt(7)
+            .timeout(opts.qp_timeout)
+            .retry_cnt(opts.retry_count)
             .rnr_retry(7)
             .max_rd_atomic(outs),
     )
@@ -332,8 +332,8 @@ pub fn in_process_pair(
         let (na, nb) = (a.qpn(), b.qpn());
         connect_by_hand(a, la, nb, pb, mtu)?;
         connect_by_hand(b, lb, na, pa, mtu)?;
-        to_rts(a, pa, opts.outs)?;
-        to_rts(b, pb, opts.outs)?;
+        to_rts(a, pa, opts, opts.outs)?;
+        to_rts(b, pb, opts, opts.outs)?;
     }
     let pa = ra.params(opts);
     let pb = rb.params(opts);
@@ -370,7 +370,8 @@ fn cm_params(opts: &Options, caps: QpCaps, private: Vec<u8>) -> Result<ConnectPa
         // ~1 s per try (×8 tries): in inline mode a peer busy outside its polling loop
         // (checking 8 MiB of data, or descheduled on a loaded machine) acknowledges late;
         // nothing is ever lost on a link, and peer death is seen on the socket anyway.
-        .local_ack_timeout(18)
+        .local_ack_timeout(opts.qp_timeout)
+        .retry_count(opts.retry_count)
         .responder_resources(shmhca::qp::MAX_RD_ATOMIC)
         .initiator_depth(opts.outs)
         .handshake_timeout(std::time::Duration::from_secs(opts.connect_timeout))
@@ -396,14 +397,39 @@ pub fn cm_server(
     let mine = res.params(opts);
     let (ccq, cmr) = res.control_parts()?;
     let cp = cm_params(opts, control_caps(), mine.encode().to_vec())?;
-    let ctl = match first_timeout {
-        Some(t) => listener.accept_timeout(t, &res.pd, &ccq, &ccq, &cp),
-        None => listener.accept(&res.pd, &ccq, &ccq, &cp),
-    }
-    .map_err(PerfError::engine(format!(
-        "accepting the client on {}",
-        listener.path().display()
-    )))?;
+    // A connection that closes before its handshake (another server probing whether this
+    // socket is live, a port scanner) is not the client: keep listening for the real one.
+    // Anything else (a timeout, a client that is not shmhca-perf) ends the server.
+    let deadline = first_timeout.map(|t| std::time::Instant::now() + t);
+    let mut strays = 0u32;
+    let ctl = loop {
+        let r = match deadline {
+            Some(d) => listener.accept_timeout(
+                d.saturating_duration_since(std::time::Instant::now()),
+                &res.pd,
+                &ccq,
+                &ccq,
+                &cp,
+            ),
+            None => listener.accept(&res.pd, &ccq, &ccq, &cp),
+        };
+        match r {
+            Ok(c) => break c,
+            Err(e) if strays < 100 && is_stray(&e) => {
+                strays += 1;
+                eprintln!(
+                    "shmhca-perf: note: a connection to {} closed before its handshake ({e}); still listening",
+                    listener.path().display()
+                );
+            }
+            Err(e) => {
+                return Err(PerfError::engine(format!(
+                    "accepting the client on {}",
+                    listener.path().display()
+                ))(e));
+            }
+        }
+    };
     let who = format!("the client (pid {})", ctl.peer_pid());
     let peer = RunParams::decode(ctl.peer_private_data(), &who)?;
     mine.check_peer(&peer)?;
@@ -480,4 +506,17 @@ pub fn cm_client(
         exchange: "shmhca::cm",
         rss_after_kib: crate::perf::stats::rss_kib(),
     })
+}
+
+/// Whether an accept failed because the connection closed before sending its REQ (not a
+/// client at all: e.g. another server checking whether the socket is live). The library
+/// reports this as text only, so the text is what is matched.
+fn is_stray(e: &shmhca::Error) -> bool {
+    match e {
+        shmhca::Error::Connect(m) => {
+            m.contains("receiving REQ from the client")
+                || m.contains("closed the connection while this side waited for REQ")
+        }
+        _ => false,
+    }
 }

@@ -10,6 +10,7 @@ const HIST_MAX_NS: u64 = 3_600_000_000_000;
 /// optional sample list (`-H`) are sized before the measurement starts.
 #[derive(Debug)]
 pub struct LatRecorder {
+    interval: Option<Box<IntervalLog>>,
     hist: Histogram<u64>,
     samples: Option<Vec<u64>>,
     n: u64,
@@ -17,6 +18,39 @@ pub struct LatRecorder {
     sum_sq: u128,
     min: u64,
     max: u64,
+}
+
+/// One interval of `--hlog`: the message size, its start (since the first measurement)
+/// and length, and the latencies recorded in it (ns).
+pub type Interval = (
+    u64,
+    std::time::Duration,
+    std::time::Duration,
+    Histogram<u64>,
+);
+
+/// `--hlog`'s state: the current interval's histogram and the finished ones.
+#[derive(Debug)]
+struct IntervalLog {
+    hist: Histogram<u64>,
+    every: std::time::Duration,
+    run_start: std::time::Instant,
+    start: std::time::Instant,
+    size: u64,
+    done: Vec<Interval>,
+}
+
+impl IntervalLog {
+    fn close(&mut self, now: std::time::Instant) {
+        self.done.push((
+            self.size,
+            self.start.duration_since(self.run_start),
+            now.duration_since(self.start),
+            self.hist.clone(),
+        ));
+        self.hist.reset();
+        self.start = now;
+    }
 }
 
 impl LatRecorder {
@@ -38,6 +72,7 @@ impl LatRecorder {
             v
         });
         LatRecorder {
+            interval: None,
             hist,
             samples,
             n: 0,
@@ -61,9 +96,61 @@ impl LatRecorder {
         self.max = 0;
     }
 
+    /// Also keeps a histogram per `every` of measurement (`--hlog`).
+    pub fn log_intervals(&mut self, every: std::time::Duration) {
+        let mut hist = self.hist.clone();
+        hist.reset();
+        let now = std::time::Instant::now();
+        self.interval = Some(Box::new(IntervalLog {
+            hist,
+            every,
+            run_start: now,
+            start: now,
+            size: 0,
+            done: Vec::new(),
+        }));
+    }
+
+    /// Starts the interval clock of a new measurement (after its warm-up).
+    pub fn start_intervals(&mut self, size: u64) {
+        if let Some(l) = self.interval.as_mut() {
+            l.hist.reset();
+            l.start = std::time::Instant::now();
+            l.size = size;
+        }
+    }
+
+    /// Closes the current interval if `now` ends it (`--hlog`). The finished interval's
+    /// histogram is copied out: one allocation per interval, only with `--hlog`.
+    #[inline]
+    pub fn tick(&mut self, now: std::time::Instant) {
+        if let Some(l) = self.interval.as_mut() {
+            if now.duration_since(l.start) >= l.every {
+                l.close(now);
+            }
+        }
+    }
+
+    /// Closes the last, partial interval of a measurement.
+    pub fn end_intervals(&mut self) {
+        if let Some(l) = self.interval.as_mut() {
+            if !l.hist.is_empty() {
+                l.close(std::time::Instant::now());
+            }
+        }
+    }
+
+    /// The finished intervals: (size, start since the first measurement, length, histogram).
+    pub fn intervals(&self) -> &[Interval] {
+        self.interval.as_ref().map_or(&[], |l| &l.done)
+    }
+
     /// Records one sample in nanoseconds.
     #[inline]
     pub fn record(&mut self, ns: u64) {
+        if let Some(l) = self.interval.as_mut() {
+            l.hist.saturating_record(ns.max(1));
+        }
         self.hist.saturating_record(ns.max(1));
         if let Some(s) = self.samples.as_mut() {
             if s.len() < s.capacity() {
@@ -211,6 +298,141 @@ impl BwClock {
             avg_bytes_per_sec: avg,
             msg_rate_mpps: self.total as f64 / secs / 1e6,
         }
+    }
+}
+
+/// What a [`TimedClock`] says after a batch of completions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tick {
+    /// Keep going.
+    Go,
+    /// `--run_infinitely`: an interval ended; its figures (peak 0, as perftest's).
+    Report(BwStats),
+    /// The run's time is up: stop posting, finish what is outstanding.
+    Stop,
+}
+
+/// The clock of a timed bandwidth run: `-D SECS` measures from `margin` to
+/// `SECS - margin` seconds after the start and stops at `SECS` (perftest's duration mode,
+/// which reports no peak); `--run_infinitely` reports every interval and never stops.
+/// Reads the time once per batch of completions; allocates nothing.
+#[derive(Debug)]
+pub struct TimedClock {
+    size: u64,
+    qps: u32,
+    start: std::time::Instant,
+    /// Measurement window and stop, ns since the start (`u64::MAX`: never).
+    from_ns: u64,
+    to_ns: u64,
+    stop_ns: u64,
+    /// `(completed, ns)` at the window's edges.
+    from: Option<(u64, u64)>,
+    to: Option<(u64, u64)>,
+    /// `--run_infinitely`: the interval, and the last report's `(completed, ns)`.
+    every_ns: Option<u64>,
+    last: (u64, u64),
+}
+
+impl TimedClock {
+    /// `-D secs` with margins `margin`, for `size`-byte messages on `qps` QPs.
+    pub fn duration(secs: u64, margin: u64, size: u64, qps: u32) -> TimedClock {
+        TimedClock::new(
+            size,
+            qps,
+            margin * 1_000_000_000,
+            (secs - margin) * 1_000_000_000,
+            secs * 1_000_000_000,
+            None,
+        )
+    }
+
+    /// `--run_infinitely`, a report every `every` seconds.
+    pub fn forever(every: u64, size: u64, qps: u32) -> TimedClock {
+        TimedClock::new(
+            size,
+            qps,
+            0,
+            u64::MAX,
+            u64::MAX,
+            Some(every * 1_000_000_000),
+        )
+    }
+
+    fn new(
+        size: u64,
+        qps: u32,
+        from_ns: u64,
+        to_ns: u64,
+        stop_ns: u64,
+        every_ns: Option<u64>,
+    ) -> TimedClock {
+        TimedClock {
+            size,
+            qps,
+            start: std::time::Instant::now(),
+            from_ns,
+            to_ns,
+            stop_ns,
+            from: None,
+            to: None,
+            every_ns,
+            last: (0, 0),
+        }
+    }
+
+    /// Starts the clock.
+    pub fn start(&mut self) {
+        self.start = std::time::Instant::now();
+        self.from = None;
+        self.to = None;
+        self.last = (0, 0);
+    }
+
+    /// Notes that `done` messages have completed (in all, since the start).
+    #[inline]
+    pub fn completed(&mut self, done: u64) -> Tick {
+        let ns = self.start.elapsed().as_nanos() as u64;
+        if self.from.is_none() && ns >= self.from_ns {
+            self.from = Some((done, ns));
+        }
+        if self.to.is_none() && ns >= self.to_ns {
+            self.to = Some((done, ns));
+        }
+        if let Some(every) = self.every_ns {
+            if ns - self.last.1 >= every {
+                let st = self.figures(self.last, (done, ns));
+                self.last = (done, ns);
+                return Tick::Report(st);
+            }
+        }
+        if ns >= self.stop_ns {
+            Tick::Stop
+        } else {
+            Tick::Go
+        }
+    }
+
+    fn figures(&self, (m0, t0): (u64, u64), (m1, t1): (u64, u64)) -> BwStats {
+        let messages = m1.saturating_sub(m0);
+        let secs = (t1.saturating_sub(t0)).max(1) as f64 / 1e9;
+        BwStats {
+            size: self.size,
+            iters: messages,
+            qps: self.qps,
+            messages,
+            elapsed_ns: t1.saturating_sub(t0),
+            peak_bytes_per_sec: 0.0,
+            avg_bytes_per_sec: messages as f64 * self.size as f64 / secs,
+            msg_rate_mpps: messages as f64 / secs / 1e6,
+        }
+    }
+
+    /// The figures of the measurement window (peak 0, as perftest's duration mode;
+    /// `#iterations` is the messages completed in the window).
+    pub fn stats(&self) -> BwStats {
+        let from = self.from.unwrap_or((0, 0));
+        let to = self.to.unwrap_or(self.last);
+        self.figures(from, to)
     }
 }
 

@@ -62,6 +62,8 @@ pub(crate) struct Engine {
     timer_countdown: u32,
     /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
     nomem: Mem,
+    /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
+    pub(crate) stats_area: Option<crate::stats_area::StatsArea>,
 }
 
 impl Engine {
@@ -82,7 +84,18 @@ impl Engine {
             trace: None,
             timer_countdown: TIMER_EVERY,
             nomem: Mem::private(0),
+            stats_area: None,
         }
+    }
+
+    /// The QPs (for the stats area).
+    pub(crate) fn qps(&self) -> impl Iterator<Item = &QpCtx> {
+        self.qps.iter().map(|(_, q)| q)
+    }
+
+    /// The links and their numbers (for the stats area).
+    pub(crate) fn links(&self) -> impl Iterator<Item = (LinkId, &Link)> {
+        self.links.iter().map(|(i, l)| (LinkId(i), l))
     }
 
     /// Adds a QP built by `make` from its index and QPN.
@@ -218,6 +231,10 @@ impl Engine {
 
     /// One iteration of the poll loop; returns the packets received and sent.
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        if let Some(mut area) = self.stats_area.take_if(|a| a.due()) {
+            area.publish(self);
+            self.stats_area = Some(area);
+        }
         let Engine {
             res,
             qps,

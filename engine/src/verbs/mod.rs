@@ -213,6 +213,8 @@ impl ContextBuilder {
         let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();
         let mut engine = Engine::new();
+        engine.stats_area =
+            crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));
         if let Some(path) = &self.pcap {
             engine.trace = Some(Box::new(Trace {
                 pcap: Some(shared_tap(path)?),

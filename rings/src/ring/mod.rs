@@ -498,7 +498,7 @@ pub fn init_shm_ring<T: Pod>(
     if seg.access() != Access::ReadWrite {
         return Err(RingInitError::SegmentReadOnly);
     }
-    if offset % RING_ALIGN != 0 {
+    if !offset.is_multiple_of(RING_ALIGN) {
         return Err(RingInitError::Misaligned { offset });
     }
     if offset
@@ -543,7 +543,7 @@ fn validate_shm_ring<T: Pod>(seg: &Segment, offset: usize) -> Result<usize, Ring
     if seg.access() != Access::ReadWrite {
         return Err(RingOpenError::SegmentReadOnly);
     }
-    if offset % RING_ALIGN != 0 {
+    if !offset.is_multiple_of(RING_ALIGN) {
         return Err(RingOpenError::Misaligned { offset });
     }
     let data_len = seg.data_len();

@@ -1,0 +1,238 @@
+//! The sequence both sides run for every size: start barrier, warm-up, measurement (or
+//! the answers), end barrier carrying the server's verdict, and the goodbye.
+
+use std::time::Duration;
+
+use crate::perf::bw;
+use crate::perf::check::{client_check, fill_pattern, server_check};
+use crate::perf::error::PerfError;
+use crate::perf::idle::IdleWatch;
+use crate::perf::lat::{self, Progress};
+use crate::perf::opts::{Options, Timed, Verb};
+use crate::perf::output::Output;
+use crate::perf::setup::Side;
+use crate::perf::stats::{BwClock, BwStats, TimedClock};
+
+/// The sequence both sides run: for each size, a start barrier, the warm-up, the
+/// measurement (client) or the answers (server), and an end barrier carrying the server's
+/// check of what arrived.
+pub(crate) fn run_sizes(
+    opts: &Options,
+    side: &mut Side,
+    client: bool,
+    mut out: Option<&mut Output>,
+) -> Result<(), PerfError> {
+    crate::perf::idle::set_timeout(opts.idle_timeout);
+    let verb = opts.test.verb();
+    let lat = opts.test.is_lat();
+    if verb == Verb::Send && (lat || !client) {
+        let count = if lat {
+            opts.rx_depth.min(64)
+        } else {
+            opts.rx_depth
+        };
+        bw::prepost_receives(side, count)?;
+    }
+    if let Some(o) = out.as_deref_mut() {
+        o.start(opts, side);
+    }
+    let qps = side.qps.len() as u64;
+    for (si, &size) in opts.sizes.iter().enumerate() {
+        let tag = 2 * si as u32;
+        // Requests the client ran this size on all QPs, warm-up included (latency tests:
+        // on the first QP), and the messages a send_bw server received.
+        let mut ops = (opts.warmup + opts.iters) * if lat { 1 } else { qps };
+        let mut received = 0u64;
+        let mut server_bw: Option<BwStats> = None;
+        // Prepare this size's memory before the start barrier: the peer touches nothing
+        // of ours until then.
+        for qi in 0..qps {
+            let base = qi * side.res.stride;
+            let half = side.res.half;
+            let clear = vec![0u8; 8];
+            side.res
+                .buf
+                .write_at(base + half, &clear)
+                .map_err(PerfError::engine("clearing the buffer"))?;
+            if size >= 8 {
+                side.res
+                    .buf
+                    .write_at(base + half + size - 8, &clear)
+                    .map_err(PerfError::engine("clearing the buffer"))?;
+            }
+            if verb != Verb::Atomic && (client || verb == Verb::Read || lat || opts.bidirectional) {
+                fill_pattern(side, base, size, si)?;
+            }
+        }
+        let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the start of a size");
+        let ctx = &side.res.ctx;
+        side.ctl.barrier(tag, 0, || watch.check(ctx))?;
+        if client {
+            let o = out.as_deref_mut().expect("the client side has an output");
+            if lat {
+                lat::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
+                o.rec.reset();
+                o.rec.start_intervals(size);
+                o.note_measure_start();
+                let mut prog = Progress::new(
+                    format!("{} {} B", opts.test.name(), size),
+                    opts.iters,
+                    opts.progress_after,
+                    true,
+                );
+                lat::client(
+                    side,
+                    opts,
+                    size,
+                    opts.warmup,
+                    opts.iters,
+                    Some(&mut o.rec),
+                    &mut prog,
+                )?;
+                o.rec.end_intervals();
+            } else {
+                let (st, n) = measure_bw(opts, side, size, &mut o.quiet, true)?;
+                o.bw = st;
+                ops = n;
+                o.note_measure_start();
+            }
+        } else if lat {
+            lat::server(side, opts, size, 0, opts.warmup + opts.iters)?;
+        } else if opts.bidirectional {
+            // -b: the server runs the same requests towards the client.
+            let mut quiet = Progress::new(String::new(), 1, 0, false);
+            server_bw = Some(measure_bw(opts, side, size, &mut quiet, false)?.0);
+        } else if verb == Verb::Send {
+            let per_qp = opts.timed.is_none().then_some(opts.warmup + opts.iters);
+            if opts.warmup > 0 && per_qp.is_none() {
+                bw::send_server(side, size, Some(opts.warmup))?;
+            }
+            received = bw::send_server(side, size, per_qp)?;
+        }
+        // End of the size: the client says it is done; only then does the server look at
+        // what arrived, and it answers with its verdict.
+        if !client {
+            let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's measurement");
+            let ctx = &side.res.ctx;
+            let client_ops = side.ctl.wait(tag + 1, || watch.check(ctx))?;
+            if verb == Verb::Send && opts.timed.is_some() && !lat {
+                let sent = client_ops.saturating_sub(opts.warmup * qps);
+                if received != sent {
+                    return Err(PerfError::Check(format!(
+                        "received {received} messages; the client completed {sent}"
+                    )));
+                }
+            }
+            let status = server_check(opts, side, size, si)?;
+            side.ctl.send(tag + 1, status)?;
+            if let Some(b) = server_bw {
+                // -b: this side's figures, for the client to add to its own.
+                side.ctl.send(tag + 1, b.avg_bytes_per_sec.to_bits())?;
+                side.ctl.send(tag + 1, b.peak_bytes_per_sec.to_bits())?;
+                side.ctl.send(tag + 1, b.messages)?;
+            }
+        } else {
+            let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the server's check");
+            let ctx = &side.res.ctx;
+            let peer_status = side.ctl.barrier(tag + 1, ops, || watch.check(ctx))?;
+            client_check(opts, side, size, si, peer_status, ops)?;
+            if opts.bidirectional {
+                let mut peer = [0u64; 3];
+                for v in &mut peer {
+                    let mut watch =
+                        IdleWatch::new(&side.res.ctx, "waiting for the server's figures");
+                    let ctx = &side.res.ctx;
+                    *v = side.ctl.wait(tag + 1, || watch.check(ctx))?;
+                }
+                // What the server's requests brought here must be its pattern too.
+                if let Some(off) = crate::perf::check::check_own_half(opts, side, size, si)? {
+                    return Err(PerfError::Check(format!(
+                        "the server's {} brought different bytes than it holds, first at offset {off} of {size}",
+                        if verb == Verb::Read {
+                            "RDMA Reads (of this side)"
+                        } else {
+                            "RDMA Writes"
+                        }
+                    )));
+                }
+                if let Some(o) = out.as_deref_mut() {
+                    // perftest adds the two sides' figures.
+                    let secs = o.bw.elapsed_ns.max(1) as f64 / 1e9;
+                    o.bw.avg_bytes_per_sec += f64::from_bits(peer[0]);
+                    o.bw.peak_bytes_per_sec += f64::from_bits(peer[1]);
+                    o.bw.messages += peer[2];
+                    o.bw.msg_rate_mpps += peer[2] as f64 / secs / 1e6;
+                }
+            }
+            if let Some(o) = out.as_deref_mut() {
+                o.row(opts, size);
+            }
+        }
+    }
+    // Goodbye: the server waits for it, so neither side closes its connections while the
+    // other still expects a message.
+    let fin = 2 * opts.sizes.len() as u32;
+    if client {
+        side.ctl.send(fin, 0)?;
+        side.ctl.settle(Duration::from_secs(2));
+    } else {
+        let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's goodbye");
+        let ctx = &side.res.ctx;
+        side.ctl.wait(fin, || watch.check(ctx))?;
+        side.ctl.settle(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// One side's bandwidth measurement of a size (the client's, and with `-b` the server's
+/// too): the warm-up, then the requests by count or by time. Returns the figures and the
+/// requests run on all QPs, warm-up included.
+fn measure_bw(
+    opts: &Options,
+    side: &mut Side,
+    size: u64,
+    quiet: &mut Progress,
+    show_progress: bool,
+) -> Result<(BwStats, u64), PerfError> {
+    let qps = side.qps.len() as u64;
+    if opts.warmup > 0 {
+        let warm = bw::Run::Count {
+            n: opts.warmup,
+            clock: None,
+        };
+        bw::client(side, opts, size, 0, warm, quiet)?;
+    }
+    let mut prog = Progress::new(
+        format!("{} {} B", opts.test.name(), size),
+        opts.iters,
+        opts.progress_after,
+        show_progress && opts.timed.is_none(),
+    );
+    match opts.timed {
+        None => {
+            let total = opts.iters * qps;
+            let mut clock = BwClock::new(total, bw::checkpoint_every(total, opts));
+            let run = bw::Run::Count {
+                n: opts.iters,
+                clock: Some(&mut clock),
+            };
+            bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
+            let mut st = clock.stats(size, opts.iters, qps as u32);
+            if opts.no_peak {
+                st.peak_bytes_per_sec = 0.0;
+            }
+            Ok((st, (opts.warmup + opts.iters) * qps))
+        }
+        Some(t) => {
+            let mut clock = match t {
+                Timed::Duration { secs, margin } => {
+                    TimedClock::duration(secs, margin, size, qps as u32)
+                }
+                Timed::Forever { every } => TimedClock::forever(every, size, qps as u32),
+            };
+            let run = bw::Run::Timed(&mut clock);
+            let done = bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
+            Ok((clock.stats(), opts.warmup * qps + done))
+        }
+    }
+}
