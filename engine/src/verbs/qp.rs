@@ -120,6 +120,7 @@ impl Qp {
                 req: Requester::new(caps.max_send_wr),
                 resp: Responder::new(),
                 rq_retired: 0,
+                rq_flush_pending: false,
             });
             match added {
                 Ok((index, qpn)) => Ok((index, qpn, gather, inline, scatter)),
