@@ -18,9 +18,8 @@
 //!    order (`retire`), signaled ones with a send completion.
 
 use crate::context::{Env, QpCtx};
-use crate::dma::{self, CopyError, Cursor};
+use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::{Payload, RxPacket};
-use crate::mem::Mem;
 use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::requester::rewind;
@@ -31,7 +30,7 @@ use crate::wire::opcode::{OpClass, Position};
 use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
-pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let info = pkt.info;
     if qp.state == QpState::Rtr {
         // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
@@ -175,17 +174,11 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &R
                     _ => return bad_response(qp, env, seq),
                 }
             }
-            let Some(mut cursor) = Cursor::at(&w.w.data, env.arena.mem(), u64::from(offset)) else {
+            let sgl = Sgl::new(&w.w.data, &qp.tables);
+            let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
-            match dma::copy_payload(
-                pkt.slot(),
-                &pkt.payload,
-                peer,
-                env.arena.mem(),
-                &w.w.data,
-                &mut cursor,
-            ) {
+            match dma::copy_payload(pkt, &qp.peer_mem, &qp.mem, sgl, &mut cursor) {
                 Ok(n) => env.stats.payload_bytes_copied += n,
                 Err(
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
@@ -214,9 +207,10 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &R
             let bytes = orig.to_ne_bytes();
             let mut cursor = Cursor::default();
             let mut written = 0u64;
-            let mem = env.arena.mem();
+            let mem = &qp.mem;
+            let sgl = Sgl::new(&w.w.data, &qp.tables);
             while written < 8 {
-                let Some(e) = w.w.data.entry(mem, cursor.idx) else {
+                let Some(e) = w.w.data.entry(&qp.tables, cursor.idx) else {
                     break;
                 };
                 let n = (u64::from(e.len) - cursor.skip).min(8 - written);
@@ -230,7 +224,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &R
                     break;
                 }
                 written += n;
-                cursor.advance(&w.w.data, mem, n);
+                cursor.advance(sgl, n);
             }
             if let Some(a) = aeth {
                 if let Syndrome::Ack { credits } = a.syndrome {
@@ -357,7 +351,7 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
         if signaled && !env.cqs.has_room(qp.send_cq) {
             break;
         }
-        env.release(&w.w.data);
+        env.release(&w.w.data, &qp.tables);
         qp.req.retire_one(seq);
         if signaled {
             publish_retired(qp);

@@ -33,9 +33,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::context::{Env, QpCtx, Wire};
-use crate::dma::{self, CopyError, Cursor};
+use crate::dma::{self, CopyError, Cursor, Sgl};
+use crate::link::GatherList;
 use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
-use crate::mem::Mem;
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::requester::DEFAULT_PKEY;
@@ -216,7 +216,7 @@ impl Responder {
 }
 
 /// Handles one request packet addressed to this QP's RQ Logic.
-pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let info = pkt.info;
     if !qp.state.receives() {
         env.stats.dropped += 1;
@@ -265,8 +265,8 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &Rx
         return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     match info.class {
-        OpClass::Send => send(qp, env, peer, pkt, info),
-        OpClass::RdmaWrite => write(qp, env, peer, pkt, info),
+        OpClass::Send => send(qp, env, pkt, info),
+        OpClass::RdmaWrite => write(qp, env, pkt, info),
         OpClass::RdmaReadRequest => read(qp, env, pkt),
         OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
         _ => env.stats.dropped += 1,
@@ -323,7 +323,7 @@ fn ack(qp: &mut QpCtx, psn: Psn) {
     qp.resp.queue(Out::Ack { psn, msn });
 }
 
-fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let psn = pkt.bth.psn;
     let len = pkt.payload.len();
     if !length_ok(info.position, len, qp.cfg.path_mtu.bytes()) {
@@ -355,11 +355,10 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
         unreachable!("checked by the opcode sequence");
     };
     match dma::copy_payload(
-        pkt.slot(),
-        &pkt.payload,
-        peer,
-        env.arena.mem(),
-        &wqe.data,
+        pkt,
+        &qp.peer_mem,
+        &qp.mem,
+        Sgl::new(&wqe.data, &qp.tables),
         &mut cursor,
     ) {
         Ok(n) => {
@@ -404,7 +403,7 @@ fn complete_recv(
     debug_assert!(completed, "room was checked");
 }
 
-fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let psn = pkt.bth.psn;
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
@@ -470,11 +469,10 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
     });
     let mut cursor = Cursor::default();
     match dma::copy_payload(
-        pkt.slot(),
-        &pkt.payload,
-        peer,
-        env.arena.mem(),
-        &dst,
+        pkt,
+        &qp.peer_mem,
+        &qp.mem,
+        Sgl::new(&dst, &qp.tables),
         &mut cursor,
     ) {
         Ok(n) => env.stats.payload_bytes_copied += n,
@@ -552,7 +550,7 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
     else {
         return fatal(qp, env, psn, NakCode::RemoteAccessError);
     };
-    let mem = env.arena.mem();
+    let mem = &qp.mem;
     let orig = if info.class == OpClass::CompareSwap {
         mem.compare_swap_u64(off, a.compare, a.swap_add)
     } else {
@@ -892,8 +890,18 @@ fn read_response(
         len: plen,
         mr: NO_MR,
     });
-    let inline = dma::describe(slot, env.arena.mem(), &src, Cursor::default(), plen)
-        .expect("the checked range lies in the arena");
+    let mut none = GatherList::default();
+    // One range of the checked region: it lies in the arena, so this cannot fail; if it
+    // did, the requester gets a Nak, not a panic here.
+    let inline = dma::describe(
+        slot,
+        &qp.mem,
+        Sgl::new(&src, &qp.tables),
+        Cursor::default(),
+        plen,
+        &mut none,
+    )
+    .ok_or(psn)?;
     wire.tx.commit();
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;
