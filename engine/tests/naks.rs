@@ -387,3 +387,61 @@ fn a_receive_failed_while_the_receive_cq_is_full_completes_once_there_is_room() 
     assert_eq!(full_cq.poll_one(), None, "completed once");
     assert_eq!(small.in_flight(), 0);
 }
+
+#[test]
+fn a_region_deregistered_mid_read_ends_the_read_with_a_remote_access_error() {
+    // The responder's Nak for the response it can no longer read is the last packet it
+    // sends: the responses before it arrive, nothing after it.
+    let p = Params::default(); // PMTU 1024
+    let small_links = || {
+        Context::builder()
+            .arena_size(p.arena)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .mode(EngineMode::Inline)
+            .link_slots(4)
+            .build()
+            .unwrap()
+    };
+    let (ca, cb) = (small_links(), small_links());
+    let (la, lb) = ca.link_with(&cb).unwrap();
+    let mut a = end(ca, la, &p);
+    let mut b = end(cb, lb, &p);
+    let (na, nb) = (a.qp.qpn(), b.qp.qpn());
+    connect(&mut a.qp, la, nb, p.psn_a, p.psn_b, &p);
+    connect(&mut b.qp, lb, na, p.psn_b, p.psn_a, &p);
+    let target = b.pd.alloc_mr(16 * 1024, AccessFlags::REMOTE_READ).unwrap();
+    let back = a.pd.alloc_mr(16 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&SendWr::new(
+        1,
+        SendOp::RdmaRead(target.remote(0)),
+        &[back.sge(0, 16 * 1024).unwrap()],
+    ))
+    .unwrap();
+    a.qp.post_send(&SendWr::new(
+        2,
+        SendOp::RdmaRead(target.remote(0)),
+        &[back.sge(0, 8).unwrap()],
+    ))
+    .unwrap();
+    // B takes both requests and sends what its four link slots hold of the first read.
+    b.ctx.progress();
+    target.deregister().unwrap();
+    let wcs = poll_n(&a.ctx, &b.ctx, &mut a.cq, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)],
+        "{wcs:?}"
+    );
+    for _ in 0..100 {
+        a.ctx.progress();
+        b.ctx.progress();
+    }
+    assert_eq!(b.qp.state(), QpState::Error);
+    let s = b.ctx.stats();
+    assert_eq!(s.naks_sent, 1, "{s:?}");
+    assert_eq!(
+        s.packets_sent - s.acks_sent - s.naks_sent,
+        4,
+        "the four responses sent before the region went away, none after: {s:?}"
+    );
+}
