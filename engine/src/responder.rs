@@ -717,9 +717,9 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                     }
                     if let Err(psn) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
                         // The region went away mid-read: the Nak goes next, and last.
+                        // (The Nak gives back every responder resource.)
                         let resp = &mut qp.resp;
                         resp.out.pop_front();
-                        resp.rd_atomic_queued -= 1;
                         resp.out.push_front(Out::Fatal {
                             psn,
                             code: NakCode::RemoteAccessError,
