@@ -282,6 +282,9 @@ pub(crate) struct QpCtx {
     pub(crate) resp: Responder,
     /// Receive WQEs taken from the RQ ring and retired (for `QpShared::rq_retired`).
     pub(crate) rq_retired: u64,
+    /// In the Error state: the last flush of the receive WQEs stopped at a full receive CQ
+    /// (the engine keeps the QP active to finish it).
+    pub(crate) rq_flush_pending: bool,
 }
 
 impl QpCtx {
@@ -360,11 +363,13 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
     if qp.state != QpState::Error {
         return;
     }
+    // Until every receive WQE is flushed, the CQ was full.
+    qp.rq_flush_pending = true;
     // A message half received when the error struck.
     if let Some(wqe) = qp.resp.take_current_wqe() {
         let wc = qp.recv_completion(
             wqe.wr_id,
-            WcStatus::WrFlushErr,
+            qp.resp.current_flush_status(),
             WcOpcode::Recv,
             0,
             None,
@@ -375,7 +380,10 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
             return;
         }
     }
-    while env.cqs.has_room(qp.recv_cq) {
+    loop {
+        if !env.cqs.has_room(qp.recv_cq) {
+            return;
+        }
         let Ok(Some(wqe)) = qp.rq.pop() else { break };
         let wc = qp.recv_completion(
             wqe.wr_id,
@@ -387,4 +395,5 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
         );
         qp.complete_recv(env, &wqe, wc);
     }
+    qp.rq_flush_pending = false;
 }

@@ -123,6 +123,9 @@ pub(crate) struct Responder {
     /// An [`Out::Fatal`] is queued: in the Error state the responses ahead of it still
     /// leave (they answer requests accepted before the error).
     closing: bool,
+    /// The status the receive WQE of the current Send completes with when flushed: the
+    /// local error of a fatal error whose completion found the receive CQ full.
+    cur_status: WcStatus,
 }
 
 /// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
@@ -141,6 +144,7 @@ impl Responder {
             advertised: None,
             rd_atomic_queued: 0,
             closing: false,
+            cur_status: WcStatus::WrFlushErr,
         }
     }
 
@@ -170,6 +174,11 @@ impl Responder {
                 None
             }
         }
+    }
+
+    /// The status to flush the receive WQE of [`Responder::take_current_wqe`] with.
+    pub(crate) fn current_flush_status(&self) -> WcStatus {
+        self.cur_status
     }
 
     /// Undoes [`Responder::take_current_wqe`] (the CQ was full).
@@ -290,16 +299,20 @@ fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode) {
     fatal_with(qp, env, psn, code, WcStatus::LocQpOpErr);
 }
 
-/// As [`fatal`], completing the current receive WQE with `local` instead.
+/// As [`fatal`], completing the current receive WQE with `local` instead. If the receive
+/// CQ is full, the WQE stays current and completes with `local` when the Error state
+/// flushes it.
 fn fatal_with(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
     qp.resp.queue_fatal(psn, code);
     if let Some(wqe) = qp.resp.take_current_wqe() {
         let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
         if !qp.complete_recv(env, &wqe, wc) {
             qp.resp.put_back_current_wqe(wqe);
+            qp.resp.cur_status = local;
         }
+    } else {
+        qp.resp.cur = Inbound::Idle;
     }
-    qp.resp.cur = Inbound::Idle;
     qp.enter_error(env);
 }
 
@@ -704,9 +717,9 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                     }
                     if let Err(psn) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
                         // The region went away mid-read: the Nak goes next, and last.
+                        // (The Nak gives back every responder resource.)
                         let resp = &mut qp.resp;
                         resp.out.pop_front();
-                        resp.rd_atomic_queued -= 1;
                         resp.out.push_front(Out::Fatal {
                             psn,
                             code: NakCode::RemoteAccessError,

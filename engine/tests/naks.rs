@@ -52,6 +52,7 @@ fn expect_nak(p: &mut Pair, src: &Mr, op: SendOp, len: u32, status: WcStatus) {
         QpState::Error,
         "the responder moves to Error too"
     );
+    assert_eq!(p.b.ctx.stats().naks_sent, 1, "one Nak, sent once");
 }
 
 #[test]
@@ -283,6 +284,7 @@ fn accepted_then_refused(p: &mut Pair, src: &Mr, first: SendOp, result: Sge<'_>)
     assert_eq!(p.a.qp.state(), QpState::Error);
     p.settle();
     assert_eq!(p.b.qp.state(), QpState::Error);
+    assert_eq!(p.b.ctx.stats().naks_sent, 1, "one Nak, sent once");
 }
 
 #[test]
@@ -332,4 +334,114 @@ fn a_read_before_a_refused_write_completes_with_its_data() {
     let mut got = vec![0u8; 3000];
     back.read_at(0, &mut got).unwrap();
     assert_eq!(got, pattern(4096, 3)[..3000]);
+}
+
+#[test]
+fn a_receive_failed_while_the_receive_cq_is_full_completes_once_there_is_room() {
+    // Found while checking issue 8, item 6: a Send that failed the receive WQE in use while
+    // the receive CQ was full lost that WQE — no completion, its region in flight forever.
+    let p = Params::default();
+    let (ca, cb) = (context(p.arena), context(p.arena));
+    let (la, lb) = ca.link_with(&cb).unwrap();
+    let mut a = end(ca, la, &p);
+    let pdb = cb.alloc_pd().unwrap();
+    let mut full_cq = cb.create_cq(1).unwrap();
+    let mut qb = cb
+        .create_qp(&pdb, &full_cq, &full_cq, QpCaps::default())
+        .unwrap();
+    let (na, nb) = (a.qp.qpn(), qb.qpn());
+    connect(&mut a.qp, la, nb, p.psn_a, p.psn_b, &p);
+    connect(&mut qb, lb, na, p.psn_b, p.psn_a, &p);
+    let src = a.pd.alloc_mr(4096, AccessFlags::NONE).unwrap();
+    let buf = pdb.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    // A first message fills B's CQ, which B does not poll yet.
+    qb.post_recv(&RecvWr::new(1, &[buf.sge(0, 64).unwrap()]))
+        .unwrap();
+    a.qp.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+        .unwrap();
+    assert_eq!(
+        poll_n(&a.ctx, &cb, &mut a.cq, 1)[0].status,
+        WcStatus::Success
+    );
+    // A second one overflows its receive buffer on its first packet.
+    let small = pdb.alloc_mr(100, AccessFlags::LOCAL_WRITE).unwrap();
+    qb.post_recv(&RecvWr::new(2, &[small.sge(0, 100).unwrap()]))
+        .unwrap();
+    a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 3000).unwrap()]))
+        .unwrap();
+    let wc = poll_n(&a.ctx, &cb, &mut a.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RemInvReqErr), "{wc:?}");
+    assert_eq!(qb.state(), QpState::Error);
+    assert_eq!(small.in_flight(), 1, "held until its completion fits");
+    // Room made: the failed receive completes, once, with its local error.
+    let wcs = poll_n(&a.ctx, &cb, &mut full_cq, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::LocLenErr)],
+        "{wcs:?}"
+    );
+    for _ in 0..100 {
+        a.ctx.progress();
+        cb.progress();
+    }
+    assert_eq!(full_cq.poll_one(), None, "completed once");
+    assert_eq!(small.in_flight(), 0);
+}
+
+#[test]
+fn a_region_deregistered_mid_read_ends_the_read_with_a_remote_access_error() {
+    // The responder's Nak for the response it can no longer read is the last packet it
+    // sends: the responses before it arrive, nothing after it.
+    let p = Params::default(); // PMTU 1024
+    let small_links = || {
+        Context::builder()
+            .arena_size(p.arena)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .mode(EngineMode::Inline)
+            .link_slots(4)
+            .build()
+            .unwrap()
+    };
+    let (ca, cb) = (small_links(), small_links());
+    let (la, lb) = ca.link_with(&cb).unwrap();
+    let mut a = end(ca, la, &p);
+    let mut b = end(cb, lb, &p);
+    let (na, nb) = (a.qp.qpn(), b.qp.qpn());
+    connect(&mut a.qp, la, nb, p.psn_a, p.psn_b, &p);
+    connect(&mut b.qp, lb, na, p.psn_b, p.psn_a, &p);
+    let target = b.pd.alloc_mr(16 * 1024, AccessFlags::REMOTE_READ).unwrap();
+    let back = a.pd.alloc_mr(16 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&SendWr::new(
+        1,
+        SendOp::RdmaRead(target.remote(0)),
+        &[back.sge(0, 16 * 1024).unwrap()],
+    ))
+    .unwrap();
+    a.qp.post_send(&SendWr::new(
+        2,
+        SendOp::RdmaRead(target.remote(0)),
+        &[back.sge(0, 8).unwrap()],
+    ))
+    .unwrap();
+    // B takes both requests and sends what its four link slots hold of the first read.
+    b.ctx.progress();
+    target.deregister().unwrap();
+    let wcs = poll_n(&a.ctx, &b.ctx, &mut a.cq, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)],
+        "{wcs:?}"
+    );
+    for _ in 0..100 {
+        a.ctx.progress();
+        b.ctx.progress();
+    }
+    assert_eq!(b.qp.state(), QpState::Error);
+    let s = b.ctx.stats();
+    assert_eq!(s.naks_sent, 1, "{s:?}");
+    assert_eq!(
+        s.packets_sent - s.acks_sent - s.naks_sent,
+        4,
+        "the four responses sent before the region went away, none after: {s:?}"
+    );
 }

@@ -469,3 +469,34 @@ fn the_cq_filling_up_holds_completions_back_without_losing_them() {
     assert_eq!(ids, (0..20).collect::<Vec<_>>());
     assert_eq!(cqb.poll_one(), None);
 }
+
+#[test]
+fn each_atomic_acknowledge_gives_its_responder_resource_back() {
+    // One responder resource: Atomics one after another each find it free again.
+    let mut p = pair(&Params {
+        rd_atomic: 1,
+        ..Params::default()
+    });
+    let word =
+        p.b.pd
+            .alloc_mr(8, AccessFlags::REMOTE_ATOMIC | AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let result = p.a.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..5u64 {
+        p.a.qp
+            .post_send(&SendWr::new(
+                i,
+                SendOp::FetchAdd {
+                    remote: word.remote(0),
+                    add: 1,
+                },
+                &[result.sge(0, 8).unwrap()],
+            ))
+            .unwrap();
+        let wc = wait_a(&mut p, 1)[0];
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success), "{wc:?}");
+        assert_eq!(result.load_u64(0).unwrap(), i);
+    }
+    assert_eq!(word.load_u64(0).unwrap(), 5);
+    assert_eq!(p.b.qp.state(), QpState::Rts);
+}

@@ -494,6 +494,7 @@ fn needs_attention(qp: &QpCtx) -> bool {
         || req.rnr_timer.armed()
         || (req.retired < req.started && req.wqe(req.retired).done.is_some())
         || (qp.state == QpState::Error && req.fetched > req.retired)
+        || qp.rq_flush_pending
 }
 
 /// Drops every queued work request of a QP without completions (destroy, or Reset),
@@ -522,6 +523,7 @@ fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
     while let Ok(Some(wqe)) = qp.rq.pop() {
         qp.retire_recv(env, &wqe);
     }
+    qp.rq_flush_pending = false;
 }
 
 // Connection manager hooks (crate::cm).

@@ -6,7 +6,10 @@
 //! Buffers live in memory regions ([`Mr`]) carved from their protection domain's arena. A work request
 //! names its buffers with [`Sge`]s, which borrow their `Mr` only for the duration of the
 //! `post_*` call; posting records each element in the region's *in-flight count*, and the
-//! engine drops it when the work request retires (its completion is generated). So:
+//! engine drops it when the work request retires — before its completion becomes visible.
+//! Once the application has polled a completion, the work request's queue slot is free and
+//! its regions no longer count it: posting again and [`Mr::deregister`] succeed. Work
+//! requests retire in order, so a completion also frees the unsignaled sends before it. So:
 //!
 //! * **no mutable borrow while in flight**: [`Mr::as_mut_slice`] takes `&mut self` and
 //!   refuses ([`Error::MrBusy`]) while the count is non-zero; while the slice lives, the

@@ -116,6 +116,7 @@ impl Qp {
                 req: Requester::new(caps.max_send_wr),
                 resp: Responder::new(),
                 rq_retired: 0,
+                rq_flush_pending: false,
             });
             match added {
                 Ok((index, qpn)) => {
