@@ -333,7 +333,7 @@ fn child() {
             .unwrap();
     let mut buf = [0u8; 1];
     let (_, mut fds) = recv_with_fds(&stream, &mut buf, 1).unwrap();
-    let seg = Arc::new(Segment::open(fds.remove(0), KIND, Access::ReadWrite).unwrap());
+    let seg = Arc::new(Segment::open(fds.remove(0), KIND, Access::ReadWrite, usize::MAX).unwrap());
     println!("child {}", pin(1));
     let parent = rustix::process::getppid();
     let mut spinner = Spinner {

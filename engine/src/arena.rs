@@ -1,11 +1,20 @@
-//! The arena: this process's shared memory, from which memory regions and per-QP staging
-//! areas are carved.
+//! Arenas: the shared memory that memory regions and per-QP inline staging are carved from,
+//! one per protection domain, and the engine page.
 //!
-//! The arena is one [`Segment`] (memfd, huge pages when available). Connected peers map it
-//! read-only, so every byte a peer needs to read — gather buffers of Sends and RDMA Writes,
-//! RDMA Read sources, inline staging, multi-SGE gather tables — lives here and is named on
-//! the wire by its offset. The first [`HEADER_LEN`] bytes hold the engine's wake-up word
-//! (see [`crate::engine`]); allocations come after.
+//! # What a peer can see
+//!
+//! Each protection domain has its own arena: one [`Segment`] (memfd, huge pages when
+//! available) created with [`Sharing::CreatorWrites`], so that the kernel refuses any
+//! writable mapping of it but this process's own. A peer receives the arena of a protection
+//! domain (as a read-only descriptor) only when one of that domain's QPs connects to it, and
+//! reads it for what zero-copy needs: gather buffers of Sends and RDMA Writes, RDMA Read
+//! sources, inline staging. An arena holds user data only — regions and copies of inline
+//! data — never engine bookkeeping: scatter/gather tables, queues, keys and counts live in
+//! private memory. A block is zeroed when it is freed, so a deregistered region's bytes
+//! are gone before a peer could read them again, and memory never allocated is zero.
+//!
+//! The engine page is a separate one-page segment every peer maps read-only: it holds the
+//! engine's wake-up word (see [`crate::engine::wake`]) and nothing else.
 //!
 //! The allocator is a first-fit free list with coalescing. It runs on the control path only
 //! (registering and deregistering memory, creating QPs), never per packet.
@@ -13,29 +22,42 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use shmhca_rings::segment::{HugePages, Segment};
+use shmhca_rings::segment::{HugePages, Segment, Sharing};
 
 use crate::error::{Error, Result};
 use crate::mem::Mem;
 
 /// The segment kind tag of an arena.
 pub(crate) const ARENA_KIND: u32 = 0x4152_4e41; // "ARNA"
+/// The segment kind tag of an engine page.
+pub(crate) const ENGINE_PAGE_KIND: u32 = 0x4547_4150; // "PAGE"
+/// Bytes of the engine page's data area.
+pub(crate) const ENGINE_PAGE_LEN: usize = 4096;
 
-/// Bytes at the start of the arena reserved for the engine's shared header.
-pub(crate) const HEADER_LEN: u64 = 4096;
-
-/// Where the engine's wake-up word lives in the arena header: its own cache line. While
-/// the engine thread sleeps it holds 1 and the thread waits on it with a futex; whoever
-/// gives it work (a local post, a peer's packets) wakes it.
-pub(crate) const WAKE_WORD: u64 = 64;
+/// Where the engine's wake-up word lives in its engine page: its own cache line. While the
+/// engine thread sleeps it holds 1 and the thread waits on it with a futex; whoever gives it
+/// work (a local post, a peer's packets) wakes it.
+pub(crate) const WAKE_WORD: u64 = 0;
 /// A word saying whether this engine may sleep at all (1) or always polls (0); peers read
 /// it once, at link setup, and skip the wake-up check when it is 0.
-pub(crate) const MAY_SLEEP: u64 = 128;
+pub(crate) const MAY_SLEEP: u64 = 64;
 
 /// Smallest alignment of any allocation: a cache line, so that no two regions share one.
 pub(crate) const MIN_ALIGN: u64 = 64;
 
-/// A block of the arena.
+/// Creates an engine page announcing whether the engine may sleep.
+pub(crate) fn create_engine_page(may_sleep: bool) -> Result<Arc<Segment>> {
+    let seg = Segment::builder(ENGINE_PAGE_KIND, ENGINE_PAGE_LEN)
+        .name("shmhca-engine")
+        .huge_pages(HugePages::Never)
+        .sharing(Sharing::CreatorWrites)
+        .create()?;
+    seg.write_at(MAY_SLEEP as usize, &u32::from(may_sleep).to_ne_bytes())
+        .map_err(|e| Error::invalid("engine page", e.to_string()))?;
+    Ok(Arc::new(seg))
+}
+
+/// A block of an arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Block {
     /// Offset from the start of the arena's data area.
@@ -44,7 +66,7 @@ pub(crate) struct Block {
     pub(crate) len: u64,
 }
 
-/// The arena segment and its allocator.
+/// An arena segment and its allocator.
 pub(crate) struct Arena {
     segment: Arc<Segment>,
     mem: Mem,
@@ -54,31 +76,29 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
-    /// Creates an arena of at least `size` bytes.
+    /// Creates an arena of at least `size` bytes. Its pages are committed as they are first
+    /// allocated (allocation zero-fills, on the control path), not all at once.
     pub(crate) fn create(size: u64, huge: HugePages) -> Result<Arena> {
-        let total = size
-            .checked_add(HEADER_LEN)
-            .ok_or_else(|| Error::invalid("arena size", format!("{size} bytes is too large")))?;
-        let total = usize::try_from(total)
+        let total = usize::try_from(size)
             .map_err(|_| Error::invalid("arena size", format!("{size} bytes is too large")))?;
         let segment = Arc::new(
             Segment::builder(ARENA_KIND, total)
                 .name("shmhca-arena")
                 .huge_pages(huge)
+                .sharing(Sharing::CreatorWrites)
+                .populate(false)
                 .create()?,
         );
         Ok(Arena::over(segment))
     }
 
-    /// An arena over an existing writable segment (used by tests).
-    pub(crate) fn over(segment: Arc<Segment>) -> Arena {
+    /// An arena over an existing writable segment.
+    fn over(segment: Arc<Segment>) -> Arena {
         let mem = Mem::from_segment(segment.clone());
-        let len = mem.len() as u64;
+        let usable = mem.len() as u64 / MIN_ALIGN * MIN_ALIGN;
         let mut free = BTreeMap::new();
-        let start = HEADER_LEN.min(len);
-        let usable = (len - start) / MIN_ALIGN * MIN_ALIGN;
         if usable > 0 {
-            free.insert(start, usable);
+            free.insert(0, usable);
         }
         Arena {
             segment,
@@ -133,14 +153,18 @@ impl Arena {
             self.free.insert(end, off + flen - end);
         }
         self.free_bytes -= len;
+        // Free memory is already zero (see `free`); writing the zeros commits the pages
+        // now, on the control path, so that the packet path never faults on them.
         self.mem
             .zero(start, len)
-            .expect("a free block lies inside the arena");
+            .map_err(|_| Error::invalid("arena block", "outside the arena"))?;
         Ok(Block { off: start, len })
     }
 
-    /// Returns a block to the free list, merging it with its neighbours.
+    /// Zeroes a block and returns it to the free list, merging it with its neighbours.
     pub(crate) fn free(&mut self, block: Block) {
+        // A peer that can read this arena must not read what the block held.
+        let _ = self.mem.zero(block.off, block.len);
         let mut off = block.off;
         let mut len = block.len;
         debug_assert!(!self.free.contains_key(&off), "double free of {block:?}");
@@ -160,6 +184,104 @@ impl Arena {
     }
 }
 
+/// The arenas of a context's protection domains, with the number of objects (the `Pd`
+/// handle, its memory regions — live or waiting to be freed — and its QPs) that keep each
+/// one alive. An arena is unmapped, and its memory given back, when its count reaches zero.
+#[derive(Default)]
+pub(crate) struct PdArenas {
+    slots: Vec<Option<(Arena, u32)>>,
+    free: Vec<u32>,
+}
+
+/// The most protection domains one context can hold.
+pub(crate) const MAX_PDS: u32 = 1 << 16;
+
+impl PdArenas {
+    /// Adds a protection domain with a new arena of `size` bytes, referenced once (by its
+    /// handle); returns its number.
+    pub(crate) fn create(&mut self, size: u64, huge: HugePages) -> Result<u32> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(self.slots.len())
+                    .ok()
+                    .filter(|&i| i < MAX_PDS)
+                    .ok_or(Error::LimitReached {
+                        what: "protection domains in one context",
+                        limit: MAX_PDS,
+                    })?;
+                self.slots.push(None);
+                i
+            }
+        };
+        match Arena::create(size, huge) {
+            Ok(arena) => {
+                self.slots[index as usize] = Some((arena, 1));
+                Ok(index)
+            }
+            Err(e) => {
+                self.free.push(index);
+                Err(e)
+            }
+        }
+    }
+
+    /// The arena of protection domain `pd`.
+    pub(crate) fn get(&self, pd: u32) -> Option<&Arena> {
+        self.slots.get(pd as usize)?.as_ref().map(|(a, _)| a)
+    }
+
+    /// The arena of protection domain `pd`, to allocate or free in.
+    pub(crate) fn get_mut(&mut self, pd: u32) -> Option<&mut Arena> {
+        self.slots.get_mut(pd as usize)?.as_mut().map(|(a, _)| a)
+    }
+
+    /// One more object keeps `pd`'s arena alive.
+    pub(crate) fn hold(&mut self, pd: u32) {
+        if let Some(Some((_, n))) = self.slots.get_mut(pd as usize) {
+            *n += 1;
+        }
+    }
+
+    /// One object fewer keeps `pd`'s arena alive; the last one frees it.
+    pub(crate) fn unhold(&mut self, pd: u32) {
+        let Some(slot) = self.slots.get_mut(pd as usize) else {
+            return;
+        };
+        if let Some((_, n)) = slot.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                *slot = None;
+                self.free.push(pd);
+            }
+        }
+    }
+
+    /// Bytes free in every arena.
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|(a, _)| a.free_bytes())
+            .sum()
+    }
+
+    /// The page size of the first live arena.
+    pub(crate) fn first_page_size(&self) -> Option<shmhca_rings::segment::PageSize> {
+        self.slots
+            .iter()
+            .flatten()
+            .next()
+            .map(|(a, _)| a.segment().page_size())
+    }
+
+    /// Live protection domains.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,7 +298,6 @@ mod tests {
         let z = a.alloc(1, 8).unwrap();
         assert_eq!(x.len, 128);
         assert_eq!(y.off % 4096, 0);
-        assert!(x.off >= HEADER_LEN);
         let overlap = |p: Block, q: Block| p.off < q.off + q.len && q.off < p.off + p.len;
         assert!(!overlap(x, y) && !overlap(y, z) && !overlap(x, z));
         a.mem().write(y.off, &[0xAB; 16]).unwrap();

@@ -18,9 +18,8 @@
 //!    order (`retire`), signaled ones with a send completion.
 
 use crate::context::{Env, QpCtx};
-use crate::dma::{self, CopyError, Cursor};
+use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::{Payload, RxPacket};
-use crate::mem::Mem;
 use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::requester::rewind;
@@ -31,7 +30,7 @@ use crate::wire::opcode::{OpClass, Position};
 use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
-pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let info = pkt.info;
     if qp.state == QpState::Rtr {
         // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
@@ -175,17 +174,11 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &R
                     _ => return bad_response(qp, env, seq),
                 }
             }
-            let Some(mut cursor) = Cursor::at(&w.w.data, env.arena.mem(), u64::from(offset)) else {
+            let sgl = Sgl::new(&w.w.data, &qp.tables);
+            let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
-            match dma::copy_payload(
-                pkt.slot(),
-                &pkt.payload,
-                peer,
-                env.arena.mem(),
-                &w.w.data,
-                &mut cursor,
-            ) {
+            match dma::copy_payload(pkt, &qp.peer_mem, &qp.mem, sgl, &mut cursor) {
                 Ok(n) => env.stats.payload_bytes_copied += n,
                 Err(
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
@@ -214,9 +207,10 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &R
             let bytes = orig.to_ne_bytes();
             let mut cursor = Cursor::default();
             let mut written = 0u64;
-            let mem = env.arena.mem();
+            let mem = &qp.mem;
+            let sgl = Sgl::new(&w.w.data, &qp.tables);
             while written < 8 {
-                let Some(e) = w.w.data.entry(mem, cursor.idx) else {
+                let Some(e) = w.w.data.entry(&qp.tables, cursor.idx) else {
                     break;
                 };
                 let n = (u64::from(e.len) - cursor.skip).min(8 - written);
@@ -230,7 +224,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &R
                     break;
                 }
                 written += n;
-                cursor.advance(&w.w.data, mem, n);
+                cursor.advance(sgl, n);
             }
             if let Some(a) = aeth {
                 if let Syndrome::Ack { credits } = a.syndrome {
@@ -324,6 +318,12 @@ fn wc_opcode(op: WqeOp) -> WcOpcode {
 /// Retires finished WQEs in order: signaled ones (and every error) with a send
 /// completion. In the Error state every remaining WQE is retired with a flush error. Stops
 /// when the send CQ is full (the WQEs stay and are retired later).
+///
+/// Release, then complete: a WQE's regions and its queue slot are given back (and the slot
+/// published in [`QpShared::sq_retired`]) before its completion is pushed, so that an
+/// application reacting to the completion can post again and deregister the regions.
+///
+/// [`QpShared::sq_retired`]: crate::context::QpShared::sq_retired
 pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
     if qp.state == QpState::Error {
         crate::requester::fetch(qp);
@@ -334,7 +334,7 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
         }
     }
     let error = qp.state == QpState::Error;
-    let mut any = false;
+    let mut published = qp.req.retired;
     loop {
         let req = &mut qp.req;
         let seq = req.retired;
@@ -347,7 +347,15 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
             None if error => WcStatus::WrFlushErr,
             None => break,
         };
-        if w.w.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success {
+        let signaled = w.w.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
+        if signaled && !env.cqs.has_room(qp.send_cq) {
+            break;
+        }
+        env.release(&w.w.data, &qp.tables);
+        qp.req.retire_one(seq);
+        if signaled {
+            publish_retired(qp);
+            published = qp.req.retired;
             let wc = WorkCompletion {
                 wr_id: w.w.wr_id,
                 status,
@@ -357,22 +365,25 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
                 qp_num: qp.qpn,
                 solicited: false,
             };
-            if !env.cqs.push(qp.send_cq, wc) {
-                break;
-            }
+            let pushed = env.cqs.push(qp.send_cq, wc);
+            debug_assert!(pushed, "room was checked");
         }
-        env.release(&w.w.data);
-        qp.req.retire_one(seq);
-        any = true;
         if error {
             crate::requester::fetch(qp);
         }
     }
-    if any {
-        // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done
-        // with the retired WQEs' slots and buffers before the application reuses them.
-        qp.shared
-            .sq_retired
-            .store(qp.req.retired, std::sync::atomic::Ordering::Release);
+    if published != qp.req.retired {
+        publish_retired(qp);
     }
+}
+
+/// Publishes the send WQEs retired to the application.
+fn publish_retired(qp: &QpCtx) {
+    // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done with
+    // the retired WQEs' slots and buffers before the application reuses them. It precedes
+    // the completion's push (itself a Release), so an application that saw the completion
+    // sees the slot free.
+    qp.shared
+        .sq_retired
+        .store(qp.req.retired, std::sync::atomic::Ordering::Release);
 }

@@ -12,13 +12,15 @@ use std::time::Duration;
 
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
 
-use crate::arena::Arena;
+use crate::arena::PdArenas;
 use crate::completer;
 use crate::link::TxBatch;
+use crate::mem::Mem;
 use crate::mr_table::MrTable;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
+use crate::slots::SlotTable;
 use crate::timer::{Deadline, Timestamp};
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::Qpn;
@@ -98,43 +100,40 @@ pub(crate) type CqProducer = Producer<WorkCompletion, HeapStorage<WorkCompletion
 ///
 /// A CQ's number carries a generation tag above its index, so a QP that outlives its CQ
 /// can never complete into a newer CQ that reused the slot.
-#[derive(Default)]
 pub(crate) struct CqTable {
-    cqs: Vec<(u32, Option<CqProducer>)>,
+    cqs: SlotTable<CqProducer>,
 }
 
-const CQ_INDEX_BITS: u32 = 20;
+/// Bits of a CQ number that index the table; the rest is the generation.
+const CQ_INDEX_BITS: u32 = 16;
+/// The most completion queues one context can hold.
+pub(crate) const MAX_CQS: u32 = 1 << CQ_INDEX_BITS;
+
+impl Default for CqTable {
+    fn default() -> CqTable {
+        CqTable {
+            cqs: SlotTable::new(MAX_CQS, 32 - CQ_INDEX_BITS),
+        }
+    }
+}
 
 impl CqTable {
-    /// Adds a completion queue; returns its number.
-    pub(crate) fn insert(&mut self, producer: CqProducer) -> u32 {
-        let i = match self.cqs.iter().position(|(_, p)| p.is_none()) {
-            Some(i) => i,
-            None => {
-                self.cqs.push((0, None));
-                self.cqs.len() - 1
-            }
-        };
-        let (gen_, slot) = &mut self.cqs[i];
-        *gen_ = (*gen_ + 1) & ((1 << (32 - CQ_INDEX_BITS)) - 1);
-        *slot = Some(producer);
-        *gen_ << CQ_INDEX_BITS | i as u32
+    /// Adds a completion queue; returns its number, or `None` when the context has
+    /// [`MAX_CQS`].
+    pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<u32> {
+        let (index, generation) = self.cqs.insert_with(|_, _| producer)?;
+        Some(generation << CQ_INDEX_BITS | index)
     }
 
+    #[inline]
     fn get(&mut self, cq: u32) -> Option<&mut CqProducer> {
-        let (gen_, slot) = self
-            .cqs
-            .get_mut((cq & ((1 << CQ_INDEX_BITS) - 1)) as usize)?;
-        if *gen_ != cq >> CQ_INDEX_BITS {
-            return None;
-        }
-        slot.as_mut()
+        self.cqs.get_mut(cq & (MAX_CQS - 1), cq >> CQ_INDEX_BITS)
     }
 
     /// Removes completion queue `cq`.
     pub(crate) fn remove(&mut self, cq: u32) {
         if self.get(cq).is_some() {
-            self.cqs[(cq & ((1 << CQ_INDEX_BITS) - 1)) as usize].1 = None;
+            self.cqs.remove_at(cq & (MAX_CQS - 1));
         }
     }
 
@@ -157,7 +156,8 @@ impl CqTable {
 
 /// The engine state every protocol stage may use; lent to one as an [`Env`].
 pub(crate) struct Resources {
-    pub(crate) arena: Arena,
+    /// The protection domains' arenas.
+    pub(crate) pds: PdArenas,
     pub(crate) mrs: MrTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
@@ -170,7 +170,7 @@ impl Resources {
         Env {
             now: None,
             clock_res: crate::timer::clock_resolution(),
-            arena: &mut self.arena,
+            pds: &mut self.pds,
             mrs: &mut self.mrs,
             cqs: &mut self.cqs,
             stats: &mut self.stats,
@@ -185,7 +185,7 @@ pub(crate) struct Env<'a> {
     now: Option<Timestamp>,
     /// The resolution of `now`.
     pub(crate) clock_res: Duration,
-    pub(crate) arena: &'a mut Arena,
+    pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut Stats,
@@ -218,15 +218,16 @@ impl Env<'_> {
         matches!(d, Deadline::At(_)) && d.expired(self.now())
     }
 
-    /// Drops the in-flight references a retired WQE held on its memory regions.
-    pub(crate) fn release(&mut self, data: &DataLoc) {
+    /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
+    /// the QP's private table memory, where a multi-element list is.
+    pub(crate) fn release(&mut self, data: &DataLoc, tables: &Mem) {
         // The common cases without a table to read: nothing, or one range (inline data
         // staged in the arena has no region: NO_MR).
         match *data {
             DataLoc::Empty => return,
             DataLoc::Single(e) => {
                 if e.mr != NO_MR {
-                    self.mrs.release(e.mr, self.arena);
+                    self.mrs.release(e.mr, self.pds);
                 }
                 return;
             }
@@ -234,14 +235,14 @@ impl Env<'_> {
         }
         let mut mrs = [0u32; MAX_SGE as usize];
         let mut n = 0;
-        data.for_each_mr(self.arena.mem(), |mr| {
+        data.for_each_mr(tables, |mr| {
             if n < mrs.len() {
                 mrs[n] = mr;
                 n += 1;
             }
         });
         for &mr in &mrs[..n] {
-            self.mrs.release(mr, self.arena);
+            self.mrs.release(mr, self.pds);
         }
     }
 }
@@ -257,6 +258,15 @@ pub(crate) struct QpCtx {
     pub(crate) qpn: Qpn,
     /// Protection domain.
     pub(crate) pd: u32,
+    /// The protection domain's arena: this QP's gather sources, scatter targets, RDMA
+    /// targets and inline staging.
+    pub(crate) mem: Mem,
+    /// The arena the peer QP sends from (read-only), known from RTR on; before that an
+    /// empty memory, where every payload reference is out of range.
+    pub(crate) peer_mem: Mem,
+    /// Private memory holding the rows of multi-element scatter/gather lists (written by
+    /// `post_send`/`post_recv`, read by the engine; no peer can map it).
+    pub(crate) tables: Mem,
     pub(crate) state: QpState,
     pub(crate) cfg: QpConfig,
     pub(crate) send_cq: u32,
@@ -313,9 +323,28 @@ impl QpCtx {
         }
     }
 
+    /// Completes receive WQE `wqe` with `wc`: retires it (its regions and its queue slot
+    /// are free again), then pushes the completion — so that an application reacting to
+    /// the completion finds the slot free and the regions idle. False, with nothing done,
+    /// if the receive CQ is full.
+    pub(crate) fn complete_recv(
+        &mut self,
+        env: &mut Env<'_>,
+        wqe: &RqWqe,
+        wc: WorkCompletion,
+    ) -> bool {
+        if !env.cqs.has_room(self.recv_cq) {
+            return false;
+        }
+        self.retire_recv(env, wqe);
+        let pushed = env.cqs.push(self.recv_cq, wc);
+        debug_assert!(pushed, "room was checked");
+        true
+    }
+
     /// Counts one receive WQE retired and publishes it.
     pub(crate) fn retire_recv(&mut self, env: &mut Env<'_>, wqe: &RqWqe) {
-        env.release(&wqe.data);
+        env.release(&wqe.data, &self.tables);
         self.rq_retired += 1;
         // SYNC: Release pairs with the Acquire load in `Qp::post_recv`: the engine's writes
         // into the buffers happen-before the application reuses the slot.
@@ -341,11 +370,10 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
             None,
             false,
         );
-        if !env.cqs.push(qp.recv_cq, wc) {
+        if !qp.complete_recv(env, &wqe, wc) {
             qp.resp.put_back_current_wqe(wqe);
             return;
         }
-        qp.retire_recv(env, &wqe);
     }
     while env.cqs.has_room(qp.recv_cq) {
         let Ok(Some(wqe)) = qp.rq.pop() else { break };
@@ -357,7 +385,6 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
             None,
             false,
         );
-        env.cqs.push(qp.recv_cq, wc);
-        qp.retire_recv(env, &wqe);
+        qp.complete_recv(env, &wqe, wc);
     }
 }

@@ -6,11 +6,37 @@
 //!
 //! Sending: [`Cursor`] also walks a gather list, and [`describe`] turns "the next `len`
 //! bytes" into what a [`PacketSlot`] carries: the bytes themselves when they fit in the
-//! slot, otherwise a reference into this process's arena (one range, or a gather table).
+//! slot, otherwise a reference into this process's arena (one range, or a [`GatherList`]
+//! that travels in continuation slots).
+//!
+//! A list ([`Sgl`]) is a [`DataLoc`] plus the QP's private table memory its multi-element
+//! lists are written in; the offsets in its entries are offsets in the QP's arena.
 
-use crate::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload};
+use crate::link::{
+    GatherList, KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload, RxPacket,
+};
 use crate::mem::Mem;
-use crate::wqe::{DataLoc, SGE_ENTRY_LEN, SgeEntry};
+use crate::wqe::{DataLoc, SgeEntry};
+
+/// A scatter/gather list: where it is, and the private memory its table (if any) is in.
+#[derive(Clone, Copy)]
+pub(crate) struct Sgl<'a> {
+    pub(crate) loc: &'a DataLoc,
+    pub(crate) tables: &'a Mem,
+}
+
+impl<'a> Sgl<'a> {
+    /// The list `loc`, whose table (if any) is in `tables`.
+    pub(crate) fn new(loc: &'a DataLoc, tables: &'a Mem) -> Sgl<'a> {
+        Sgl { loc, tables }
+    }
+
+    /// Entry `i`.
+    #[inline]
+    fn entry(&self, i: u32) -> Option<SgeEntry> {
+        self.loc.entry(self.tables, i)
+    }
+}
 
 /// A position in a scatter/gather list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,18 +52,17 @@ pub(crate) struct Cursor {
 pub(crate) enum CopyError {
     /// The destination list is shorter than the payload: a local length error.
     DestinationFull,
-    /// The peer named memory outside its arena, or a malformed gather table.
+    /// The peer named memory outside its arena, or a malformed gather list.
     BadSource,
     /// A local table or range is unreadable (cannot happen for lists this process wrote).
     BadDestination,
 }
 
 impl Cursor {
-    /// Moves forward `n` bytes through `loc` (entries read from `mem`). Returns false if the
-    /// list ends first.
-    pub(crate) fn advance(&mut self, loc: &DataLoc, mem: &Mem, mut n: u64) -> bool {
+    /// Moves forward `n` bytes through `sgl`. Returns false if the list ends first.
+    pub(crate) fn advance(&mut self, sgl: Sgl<'_>, mut n: u64) -> bool {
         while n > 0 {
-            let Some(e) = loc.entry(mem, self.idx) else {
+            let Some(e) = sgl.entry(self.idx) else {
                 return false;
             };
             let left = u64::from(e.len) - self.skip.min(u64::from(e.len));
@@ -52,17 +77,17 @@ impl Cursor {
         true
     }
 
-    /// The cursor `pos` bytes into `loc`.
-    pub(crate) fn at(loc: &DataLoc, mem: &Mem, pos: u64) -> Option<Cursor> {
+    /// The cursor `pos` bytes into `sgl`.
+    pub(crate) fn at(sgl: Sgl<'_>, pos: u64) -> Option<Cursor> {
         let mut c = Cursor::default();
-        c.advance(loc, mem, pos).then_some(c)
+        c.advance(sgl, pos).then_some(c)
     }
 
     /// The next contiguous piece of at most `max` bytes at the cursor, without moving.
-    fn piece(&self, loc: &DataLoc, mem: &Mem, max: u64) -> Option<(u64, u64)> {
+    fn piece(&self, sgl: Sgl<'_>, max: u64) -> Option<(u64, u64)> {
         let mut c = *self;
         loop {
-            let e = loc.entry(mem, c.idx)?;
+            let e = sgl.entry(c.idx)?;
             let len = u64::from(e.len);
             if c.skip < len {
                 return Some((e.off.checked_add(c.skip)?, (len - c.skip).min(max)));
@@ -73,28 +98,30 @@ impl Cursor {
     }
 }
 
-/// Copies `payload` of the packet in `slot` into the scatter list `dst` of `local`, starting
-/// at `cursor`, which advances. `peer` is the sender's arena.
+/// Copies the payload of `pkt` into the scatter list `dst` (in `local`, this process's
+/// arena), starting at `cursor`, which advances. `peer` is the arena the sender's payload
+/// references point into.
 ///
 /// Returns the bytes copied. On [`CopyError::DestinationFull`] the bytes that fit have been
 /// written — never a byte outside the list.
 pub(crate) fn copy_payload(
-    slot: &PacketSlot,
-    payload: &Payload,
+    pkt: &RxPacket<'_>,
     peer: &Mem,
     local: &Mem,
-    dst: &DataLoc,
+    dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
+    let payload = pkt.payload;
     // The common case: a payload that fits in the rest of a single destination range.
-    if let DataLoc::Single(e) = *dst {
+    if let DataLoc::Single(e) = *dst.loc {
         let n = u64::from(payload.len());
         if cursor.idx == 0 && cursor.skip + n <= u64::from(e.len) {
             let at = e.off + cursor.skip;
-            match *payload {
+            match payload {
                 Payload::None => return Ok(0),
                 Payload::Inline { start, len } => {
-                    let bytes = slot
+                    let bytes = pkt
+                        .slot()
                         .data
                         .get(start..start + len)
                         .ok_or(CopyError::BadSource)?;
@@ -109,59 +136,62 @@ pub(crate) fn copy_payload(
                         .map_err(|_| CopyError::BadDestination)?;
                 }
                 Payload::Gather { .. } => {
-                    return copy_general(slot, payload, peer, local, dst, cursor);
+                    return copy_general(pkt, peer, local, dst, cursor);
                 }
             }
             cursor.skip += n;
             return Ok(n);
         }
     }
-    copy_general(slot, payload, peer, local, dst, cursor)
+    copy_general(pkt, peer, local, dst, cursor)
 }
 
 fn copy_general(
-    slot: &PacketSlot,
-    payload: &Payload,
+    pkt: &RxPacket<'_>,
     peer: &Mem,
     local: &Mem,
-    dst: &DataLoc,
+    dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
-    match *payload {
+    match pkt.payload {
         Payload::None => Ok(0),
         Payload::Inline { start, len } => {
-            let bytes = slot
+            let bytes = pkt
+                .slot()
                 .data
                 .get(start..start + len)
                 .ok_or(CopyError::BadSource)?;
             write_bytes(bytes, local, dst, cursor)
         }
         Payload::Direct { off, len } => copy_range(peer, off, u64::from(len), local, dst, cursor),
-        Payload::Gather {
-            table,
-            count,
-            skip,
-            len,
-        } => {
+        Payload::Gather { count, skip, len } => {
+            // Check the whole list before copying anything, so a bad entry copies nothing.
             let mut left = u64::from(len);
             let mut skip = u64::from(skip);
-            let mut copied = 0;
-            for i in 0..u32::from(count) {
+            let mut pieces = [(0u64, 0u64); crate::link::MAX_GATHER];
+            let mut n = 0;
+            for i in 0..usize::from(count) {
                 if left == 0 {
                     break;
                 }
-                let e = SgeEntry::read(peer, table, i).ok_or(CopyError::BadSource)?;
-                let avail = u64::from(e.len)
+                let (off, elen) = pkt.gather_entry(i).ok_or(CopyError::BadSource)?;
+                let avail = u64::from(elen)
                     .checked_sub(skip)
                     .ok_or(CopyError::BadSource)?;
-                let off = e.off.checked_add(skip).ok_or(CopyError::BadSource)?;
+                let off = off.checked_add(skip).ok_or(CopyError::BadSource)?;
                 skip = 0;
-                let n = avail.min(left);
-                copied += copy_range(peer, off, n, local, dst, cursor)?;
-                left -= n;
+                let take = avail.min(left);
+                peer.check(off, take).map_err(|_| CopyError::BadSource)?;
+                *pieces.get_mut(n).ok_or(CopyError::BadSource)? = (off, take);
+                n += 1;
+                left -= take;
             }
             if left != 0 {
                 return Err(CopyError::BadSource);
+            }
+            let mut copied = 0;
+            for &(off, take) in &pieces[..n] {
+                copied += copy_range(peer, off, take, local, dst, cursor)?;
             }
             Ok(copied)
         }
@@ -171,19 +201,19 @@ fn copy_general(
 fn write_bytes(
     mut bytes: &[u8],
     local: &Mem,
-    dst: &DataLoc,
+    dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
     let total = bytes.len() as u64;
     while !bytes.is_empty() {
         let (off, n) = cursor
-            .piece(dst, local, bytes.len() as u64)
+            .piece(dst, bytes.len() as u64)
             .ok_or(CopyError::DestinationFull)?;
         local
             .write(off, &bytes[..n as usize])
             .map_err(|_| CopyError::BadDestination)?;
         bytes = &bytes[n as usize..];
-        cursor.advance(dst, local, n);
+        cursor.advance(dst, n);
     }
     Ok(total)
 }
@@ -193,42 +223,44 @@ fn copy_range(
     mut off: u64,
     mut len: u64,
     local: &Mem,
-    dst: &DataLoc,
+    dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
     // Check the whole source range first, so a bad offset copies nothing.
     src.check(off, len).map_err(|_| CopyError::BadSource)?;
     let total = len;
     while len > 0 {
-        let (d, n) = cursor
-            .piece(dst, local, len)
-            .ok_or(CopyError::DestinationFull)?;
+        let (d, n) = cursor.piece(dst, len).ok_or(CopyError::DestinationFull)?;
         Mem::copy(src, off, local, d, n).map_err(|_| CopyError::BadDestination)?;
         off += n;
         len -= n;
-        cursor.advance(dst, local, n);
+        cursor.advance(dst, n);
     }
     Ok(total)
 }
 
 /// Fills the payload part of `slot` (whose `hdr_len` is set) with `len` bytes of the list
-/// `loc` at `cursor` in this process's arena `local`: inline when they fit behind the
-/// headers, else by reference. Returns the bytes copied into the slot (0 for references),
-/// or `None` if the list is shorter than `len` (cannot happen for a validated WQE).
+/// `src` at `cursor` in this process's arena `local`: inline when they fit behind the
+/// headers, else by reference — one range in the slot, or several in `gather` (filled
+/// here; the caller queues them with the slot, see `TxBatch::commit_gather`). Returns the
+/// bytes copied into the slot (0 for references), or `None` if the list is shorter than
+/// `len` or unreadable (a local error: the WQE completes with an error).
 pub(crate) fn describe(
     slot: &mut PacketSlot,
     local: &Mem,
-    loc: &DataLoc,
+    src: Sgl<'_>,
     cursor: Cursor,
     len: u32,
+    gather: &mut GatherList,
 ) -> Option<u64> {
+    gather.clear();
     slot.payload_len = len;
     if len == 0 {
         return Some(0);
     }
     let hdr = slot.hdr_len as usize;
     let inline = len as usize <= PacketSlot::inline_room(hdr);
-    if let DataLoc::Single(e) = *loc {
+    if let DataLoc::Single(e) = *src.loc {
         // One contiguous range (one SGE or inline staging): the common case.
         if cursor.idx != 0 || cursor.skip + u64::from(len) > u64::from(e.len) {
             return None;
@@ -251,25 +283,37 @@ pub(crate) fn describe(
         let mut at = hdr;
         let end = hdr + len as usize;
         while at < end {
-            let (off, n) = c.piece(loc, local, (end - at) as u64)?;
+            let (off, n) = c.piece(src, (end - at) as u64)?;
             local.read(off, &mut slot.data[at..at + n as usize]).ok()?;
             at += n as usize;
-            c.advance(loc, local, n);
+            c.advance(src, n);
         }
         return Some(u64::from(len));
     }
-    let (off, n) = cursor.piece(loc, local, u64::from(len))?;
+    let (off, n) = cursor.piece(src, u64::from(len))?;
     if n == u64::from(len) {
         slot.kind = KIND_DIRECT;
         slot.payload_off = off;
         return Some(0);
     }
-    let DataLoc::Table { table, n: entries } = *loc else {
+    // Several ranges: the list from the cursor's entry on, the first one entered `skip`
+    // bytes in, covering at least `len` bytes.
+    if hdr + 4 > slot.data.len() {
         return None;
-    };
+    }
+    let mut left = u64::from(len) + cursor.skip;
+    let mut i = cursor.idx;
+    while left > 0 {
+        let e = src.entry(i)?;
+        if !gather.push(e.off, e.len) {
+            return None;
+        }
+        left = left.saturating_sub(u64::from(e.len));
+        i += 1;
+    }
     slot.kind = KIND_GATHER;
-    slot.payload_off = table + u64::from(cursor.idx) * SGE_ENTRY_LEN;
-    slot.sge_count = u8::try_from(entries - cursor.idx).ok()?;
+    slot.payload_off = 0;
+    slot.sge_count = gather.entries().len() as u8;
     slot.data[hdr..hdr + 4].copy_from_slice(&(cursor.skip as u32).to_le_bytes());
     Some(0)
 }
@@ -277,16 +321,23 @@ pub(crate) fn describe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wqe::NO_MR;
+    use crate::link::{GatherList, continuation_slots};
+    use crate::psn::Psn;
+    use crate::wire::bth::BthRepr;
+    use crate::wire::opcode::Opcode;
+    use crate::wire::{PacketRepr, Qpn};
+    use crate::wqe::{NO_MR, SGE_ENTRY_LEN};
 
-    fn table(mem: &Mem, at: u64, entries: &[(u64, u32)]) -> DataLoc {
+    /// A private table of `entries` at offset `at` of `tables`.
+    fn table(tables: &Mem, at: u64, entries: &[(u64, u32)]) -> DataLoc {
         for (i, &(off, len)) in entries.iter().enumerate() {
             let e = SgeEntry {
                 off,
                 len,
                 mr: NO_MR,
             };
-            mem.write(at + i as u64 * SGE_ENTRY_LEN, &e.to_bytes())
+            tables
+                .write(at + i as u64 * SGE_ENTRY_LEN, &e.to_bytes())
                 .unwrap();
         }
         DataLoc::Table {
@@ -301,84 +352,115 @@ mod tests {
         v
     }
 
+    /// A Send Only slot with a 12-byte BTH.
+    fn send_slot() -> PacketSlot {
+        let mut s = PacketSlot::default();
+        let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, Qpn::new(7), Psn::new(1)));
+        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+        s
+    }
+
+    /// The slots of a packet: the slot, then its continuation slots holding `gather`.
+    fn packet_slots(mut slot: PacketSlot, gather: &GatherList) -> Vec<PacketSlot> {
+        slot.sge_count = gather.entries().len() as u8;
+        let n = continuation_slots(&slot);
+        let mut v = vec![slot];
+        v.extend(std::iter::repeat_n(PacketSlot::default(), n));
+        crate::link::write_gather_for_tests(gather, &mut v[1..]);
+        v
+    }
+
     #[test]
     fn cursor_walks_entries_and_skips_empty_ones() {
-        let mem = Mem::heap(4096);
-        let loc = table(&mem, 0, &[(1000, 10), (2000, 0), (3000, 5)]);
-        let c = Cursor::at(&loc, &mem, 12).unwrap();
-        assert_eq!(c.piece(&loc, &mem, 100), Some((3002, 3)));
-        assert!(Cursor::at(&loc, &mem, 15).is_some());
-        assert!(Cursor::at(&loc, &mem, 16).is_none());
+        let tables = Mem::private(4096);
+        let loc = table(&tables, 0, &[(1000, 10), (2000, 0), (3000, 5)]);
+        let sgl = Sgl::new(&loc, &tables);
+        let c = Cursor::at(sgl, 12).unwrap();
+        assert_eq!(c.piece(sgl, 100), Some((3002, 3)));
+        assert!(Cursor::at(sgl, 15).is_some());
+        assert!(Cursor::at(sgl, 16).is_none());
     }
 
     #[test]
     fn gathered_payload_lands_across_scattered_buffers() {
         // Sender arena: 3 gather pieces; receiver: 2 scatter pieces of other sizes.
-        let peer = Mem::heap(8192);
-        let local = Mem::heap(8192);
+        let peer = Mem::private(8192);
+        let local = Mem::private(8192);
+        let (peer_tables, local_tables) = (Mem::private(1024), Mem::private(1024));
         let a = fill(&peer, 1000, 100, 1);
         let b = fill(&peer, 3000, 50, 2);
         let c = fill(&peer, 5000, 200, 3);
-        let src = table(&peer, 0, &[(1000, 100), (3000, 50), (5000, 200)]);
-        let dst = table(&local, 0, &[(4000, 120), (6000, 230)]);
+        let src = table(&peer_tables, 0, &[(1000, 100), (3000, 50), (5000, 200)]);
+        let dst = table(&local_tables, 0, &[(4000, 120), (6000, 230)]);
+        let (src, dst) = (Sgl::new(&src, &peer_tables), Sgl::new(&dst, &local_tables));
         let expect: Vec<u8> = [a, b, c].concat();
 
         // The sender describes the payload in two packets of 150 and 200 bytes.
-        let mut slot = PacketSlot {
-            hdr_len: 12,
-            ..PacketSlot::default()
-        };
         let mut sc = Cursor::default();
         let mut rc = Cursor::default();
+        let mut kinds = vec![];
         for len in [150u32, 200] {
-            let copied = describe(&mut slot, &peer, &src, sc, len).unwrap();
+            let mut slot = send_slot();
+            let mut gather = GatherList::default();
+            let copied = describe(&mut slot, &peer, src, sc, len, &mut gather).unwrap();
             assert_eq!(copied, 0, "large payloads go by reference");
-            let p = match slot.kind {
-                KIND_DIRECT => Payload::Direct {
-                    off: slot.payload_off,
-                    len,
-                },
-                KIND_GATHER => Payload::Gather {
-                    table: slot.payload_off,
-                    count: slot.sge_count,
-                    skip: u32::from_le_bytes(slot.data[12..16].try_into().unwrap()),
-                    len,
-                },
-                k => panic!("kind {k}"),
-            };
+            kinds.push(slot.kind);
+            let slots = packet_slots(slot, &gather);
+            let pkt = RxPacket::parse(&slots[0], &slots[1..]).unwrap();
             assert_eq!(
-                copy_payload(&slot, &p, &peer, &local, &dst, &mut rc),
+                copy_payload(&pkt, &peer, &local, dst, &mut rc),
                 Ok(u64::from(len))
             );
-            sc.advance(&src, &peer, u64::from(len));
+            sc.advance(src, u64::from(len));
         }
+        assert_eq!(
+            kinds,
+            [KIND_GATHER, KIND_DIRECT],
+            "the first spans two ranges, the second lies in one"
+        );
         let mut got = vec![0u8; 350];
         local.read(4000, &mut got[..120]).unwrap();
         local.read(6000, &mut got[120..]).unwrap();
         assert_eq!(got, expect);
+        // The gather lists travelled in the packets: the sender's private tables were
+        // never read by the receiving side (it had no access to them at all).
     }
 
     #[test]
     fn small_payloads_are_copied_into_the_slot() {
-        let local = Mem::heap(4096);
+        let local = Mem::private(4096);
+        let tables = Mem::private(256);
         let v = fill(&local, 100, 40, 9);
-        let src = table(&local, 0, &[(100, 30), (130, 10)]);
-        let mut slot = PacketSlot {
-            hdr_len: 12,
-            ..PacketSlot::default()
-        };
+        let src = table(&tables, 0, &[(100, 30), (130, 10)]);
+        let mut slot = send_slot();
         assert_eq!(
-            describe(&mut slot, &local, &src, Cursor::default(), 40),
+            describe(
+                &mut slot,
+                &local,
+                Sgl::new(&src, &tables),
+                Cursor::default(),
+                40,
+                &mut GatherList::default()
+            ),
             Some(40)
         );
         assert_eq!(slot.kind, KIND_INLINE);
         assert_eq!(&slot.data[12..52], &v[..]);
     }
 
+    fn direct(off: u64, len: u32) -> PacketSlot {
+        let mut s = send_slot();
+        s.kind = KIND_DIRECT;
+        s.payload_off = off;
+        s.payload_len = len;
+        s
+    }
+
     #[test]
     fn overflow_stops_at_the_end_of_the_receive_buffer() {
-        let peer = Mem::heap(4096);
-        let local = Mem::heap(4096);
+        let peer = Mem::private(4096);
+        let local = Mem::private(4096);
+        let tables = Mem::private(0);
         fill(&peer, 0, 300, 5);
         local.write(600, &[0xEE; 8]).unwrap();
         let dst = DataLoc::Single(SgeEntry {
@@ -387,14 +469,9 @@ mod tests {
             mr: NO_MR,
         });
         let mut c = Cursor::default();
-        let r = copy_payload(
-            &PacketSlot::default(),
-            &Payload::Direct { off: 0, len: 300 },
-            &peer,
-            &local,
-            &dst,
-            &mut c,
-        );
+        let slot = direct(0, 300);
+        let pkt = RxPacket::parse(&slot, &[]).unwrap();
+        let r = copy_payload(&pkt, &peer, &local, Sgl::new(&dst, &tables), &mut c);
         assert_eq!(r, Err(CopyError::DestinationFull));
         let mut after = [0u8; 8];
         local.read(600, &mut after).unwrap();
@@ -403,80 +480,52 @@ mod tests {
 
     #[test]
     fn hostile_sources_are_refused_without_copying() {
-        let peer = Mem::heap(1024);
-        let local = Mem::heap(1024);
+        let peer = Mem::private(1024);
+        let local = Mem::private(1024);
+        let tables = Mem::private(0);
         let dst = DataLoc::Single(SgeEntry {
             off: 0,
             len: 1024,
             mr: NO_MR,
         });
-        let slot = PacketSlot::default();
-        for p in [
-            Payload::Direct {
-                off: 1000,
-                len: 100,
-            },
-            Payload::Direct {
-                off: u64::MAX - 10,
-                len: 100,
-            },
-            Payload::Gather {
-                table: 2000,
-                count: 1,
-                skip: 0,
-                len: 10,
-            },
-        ] {
+        let dst = Sgl::new(&dst, &tables);
+        let check = |slots: &[PacketSlot], what: &str| {
+            let pkt = RxPacket::parse(&slots[0], &slots[1..]).unwrap();
             let mut c = Cursor::default();
             assert_eq!(
-                copy_payload(&slot, &p, &peer, &local, &dst, &mut c),
+                copy_payload(&pkt, &peer, &local, dst, &mut c),
                 Err(CopyError::BadSource),
-                "{p:?}"
+                "{what}"
             );
-            assert_eq!(c, Cursor::default());
-        }
-        // A gather table whose entries point outside the arena.
-        let src = table(&peer, 0, &[(900, 200)]);
-        let DataLoc::Table { table: t, .. } = src else {
-            unreachable!()
+            assert_eq!(c, Cursor::default(), "{what}: nothing copied");
+            let mut untouched = [0u8; 1024];
+            local.read(0, &mut untouched).unwrap();
+            assert!(untouched.iter().all(|&b| b == 0), "{what}: nothing copied");
         };
-        let mut c = Cursor::default();
-        assert_eq!(
-            copy_payload(
-                &slot,
-                &Payload::Gather {
-                    table: t,
-                    count: 1,
-                    skip: 0,
-                    len: 200
-                },
-                &peer,
-                &local,
-                &dst,
-                &mut c
-            ),
-            Err(CopyError::BadSource)
+        check(&[direct(1000, 100)], "range past the end");
+        check(&[direct(u64::MAX - 10, 100)], "range wrapping around");
+        let gather = |entries: &[(u64, u32)], len: u32| {
+            let mut g = GatherList::default();
+            for &(o, l) in entries {
+                g.push(o, l);
+            }
+            let mut s = send_slot();
+            s.kind = KIND_GATHER;
+            s.payload_len = len;
+            packet_slots(s, &g)
+        };
+        check(
+            &gather(&[(900, 200)], 200),
+            "a gather range outside the arena",
         );
-        // A gather table shorter than the claimed length.
-        let src = table(&peer, 0, &[(100, 10)]);
-        let DataLoc::Table { table: t, .. } = src else {
-            unreachable!()
-        };
-        assert_eq!(
-            copy_payload(
-                &slot,
-                &Payload::Gather {
-                    table: t,
-                    count: 1,
-                    skip: 0,
-                    len: 20
-                },
-                &peer,
-                &local,
-                &dst,
-                &mut Cursor::default()
-            ),
-            Err(CopyError::BadSource)
+        check(
+            &gather(&[(0, 100), (900, 200)], 300),
+            "a good range, then one outside: the first is not copied either",
+        );
+        check(&gather(&[(100, 10)], 20), "a list shorter than the length");
+        check(
+            &gather(&[(u64::MAX - 4, 10), (0, 10)], 20),
+            "an offset that wraps",
         );
     }
 }

@@ -29,6 +29,7 @@ pub mod psn;
 pub mod qp;
 pub mod requester;
 pub mod responder;
+pub(crate) mod slots;
 pub mod stats_area;
 pub mod timer;
 pub mod trace;

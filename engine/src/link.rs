@@ -1,8 +1,9 @@
 //! Links: the packet path between two engines.
 //!
 //! A link is a shared segment holding two SPSC rings of [`PacketSlot`]s, one per
-//! direction, plus the peer's arena mapped read-only so payloads sent by reference can be
-//! copied straight out of it. The side that creates the segment sends on ring 0 and
+//! direction. Each side also holds, read-only, the peer's engine page (to wake it) and the
+//! arenas of the peer QPs connected over the link, so payloads sent by reference can be
+//! copied straight out of them. The side that creates the segment sends on ring 0 and
 //! receives on ring 1; the side that opens it does the opposite.
 //!
 //! # The packet slot
@@ -11,13 +12,16 @@
 //! the IBA transport headers exactly as on the wire (BTH and extended headers, big-endian)
 //! and, for small payloads, the payload right behind them — so a short packet, slot
 //! metadata included, fits in the first cache line. Larger payloads stay in the sender's
-//! arena and the slot names them (zero-copy): one contiguous range, or a gather table of
-//! scatter/gather entries (`wqe::SgeEntry`) in the sender's arena for payloads that span
-//! several scatter/gather elements.
+//! arena and the slot names them (zero-copy): one contiguous range, or — for a payload that
+//! spans several scatter/gather elements — a gather list of up to [`MAX_GATHER`] ranges,
+//! carried in one or two *continuation slots* pushed right behind the packet's slot, in the
+//! same burst. A gather list is part of the packet: no table of the sender's lives in
+//! shared memory.
 //!
 //! Nothing in a received slot is trusted: `RxPacket::parse` copies nothing but checks
 //! every length and kind against the slot's bounds and the opcode table, and every offset
-//! into the peer's arena is bounds-checked at copy time against the length of the mapping.
+//! into the peer's arena is bounds-checked at copy time against the length of the mapping
+//! (a private copy, taken when it was mapped).
 
 use std::sync::Arc;
 
@@ -30,6 +34,7 @@ use shmhca_rings::segment::{HugePages, Segment};
 
 use crate::error::{Error, Result};
 use crate::mem::Mem;
+use crate::wire::Qpn;
 use crate::wire::opcode::{Headers, OpcodeInfo};
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, Error as WireError, ImmDtRepr, RethRepr,
@@ -56,10 +61,69 @@ pub const KIND_NONE: u8 = 0;
 pub const KIND_INLINE: u8 = 1;
 /// The payload is one range of the sender's arena: `payload_off`, `payload_len`.
 pub const KIND_DIRECT: u8 = 2;
-/// The payload is described by `sge_count` gather entries in the sender's arena starting
-/// at `payload_off`, skipping the first `skip` bytes (a little-endian u32 stored right
-/// after the headers).
+/// The payload is `sge_count` ranges of the sender's arena, skipping the first `skip`
+/// bytes (a little-endian u32 stored right after the headers); the ranges are in the
+/// [`continuation_slots`] that follow the slot.
 pub const KIND_GATHER: u8 = 3;
+
+/// Most ranges of one gather list (a work request's scatter/gather elements).
+pub const MAX_GATHER: usize = crate::qp::MAX_SGE as usize;
+/// Bytes of one gather entry in a continuation slot: offset (u64 LE), length (u32 LE),
+/// reserved (u32, zero).
+pub const GATHER_ENTRY_LEN: usize = 16;
+/// Gather entries per continuation slot.
+pub const GATHER_PER_SLOT: usize = size_of::<PacketSlot>() / GATHER_ENTRY_LEN;
+/// Most continuation slots behind one packet.
+pub const MAX_CONTINUATION: usize = MAX_GATHER.div_ceil(GATHER_PER_SLOT);
+
+/// How many continuation slots follow `slot` (0 unless it is a gather packet; a count the
+/// peer made up above [`MAX_GATHER`] yields 0, and the receiver rejects the slot).
+pub fn continuation_slots(slot: &PacketSlot) -> usize {
+    let n = slot.sge_count as usize;
+    if slot.kind == KIND_GATHER && n <= MAX_GATHER {
+        n.div_ceil(GATHER_PER_SLOT)
+    } else {
+        0
+    }
+}
+
+/// A gather list being built for a packet (sender side).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GatherList {
+    len: usize,
+    entries: [(u64, u32); MAX_GATHER],
+}
+
+impl Default for GatherList {
+    fn default() -> GatherList {
+        GatherList {
+            len: 0,
+            entries: [(0, 0); MAX_GATHER],
+        }
+    }
+}
+
+impl GatherList {
+    /// Appends a range; false if the list is full.
+    pub(crate) fn push(&mut self, off: u64, len: u32) -> bool {
+        let Some(e) = self.entries.get_mut(self.len) else {
+            return false;
+        };
+        *e = (off, len);
+        self.len += 1;
+        true
+    }
+
+    /// The ranges.
+    pub(crate) fn entries(&self) -> &[(u64, u32)] {
+        &self.entries[..self.len]
+    }
+
+    /// Empties the list.
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+    }
+}
 
 /// One packet on a link. `#[repr(C)]`, 128 bytes, any bit pattern valid.
 #[repr(C)]
@@ -126,9 +190,9 @@ pub(crate) enum Payload {
         off: u64,
         len: u32,
     },
-    /// Gather entries in the peer's arena.
+    /// `count` ranges of the peer's arena, in the packet's continuation slots; the first
+    /// `skip` bytes are not part of the payload.
     Gather {
-        table: u64,
         count: u8,
         skip: u32,
         len: u32,
@@ -159,8 +223,10 @@ pub(crate) enum SlotError {
     PayloadKind(u8),
     /// The inline payload overruns the slot.
     InlineOverrun,
-    /// Gather with no entries.
-    EmptyGather,
+    /// Gather with no entries, or more than [`MAX_GATHER`].
+    GatherCount(u8),
+    /// The continuation slots of a gather packet are missing.
+    MissingContinuation,
 }
 
 /// A received packet: a checked view of a slot copied out of a ring.
@@ -172,6 +238,8 @@ pub(crate) enum SlotError {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RxPacket<'a> {
     slot: &'a PacketSlot,
+    /// The continuation slots (gather entries) that followed it.
+    cont: &'a [PacketSlot],
     /// The opcode's row of the opcode table.
     pub(crate) info: &'static OpcodeInfo,
     pub(crate) bth: BthRepr,
@@ -179,9 +247,13 @@ pub(crate) struct RxPacket<'a> {
 }
 
 impl<'a> RxPacket<'a> {
-    /// Parses and checks a slot copied out of a ring.
+    /// Parses and checks a slot copied out of a ring, with the continuation slots that
+    /// followed it ([`continuation_slots`] of them; pass `&[]` for other packets).
     #[inline]
-    pub(crate) fn parse(slot: &'a PacketSlot) -> std::result::Result<RxPacket<'a>, SlotError> {
+    pub(crate) fn parse(
+        slot: &'a PacketSlot,
+        cont: &'a [PacketSlot],
+    ) -> std::result::Result<RxPacket<'a>, SlotError> {
         let hdr_len = slot.hdr_len as usize;
         if !(crate::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
             return Err(SlotError::HeaderLength(slot.hdr_len));
@@ -223,8 +295,11 @@ impl<'a> RxPacket<'a> {
                 len,
             },
             KIND_GATHER if info.payload => {
-                if slot.sge_count == 0 {
-                    return Err(SlotError::EmptyGather);
+                if slot.sge_count == 0 || slot.sge_count as usize > MAX_GATHER {
+                    return Err(SlotError::GatherCount(slot.sge_count));
+                }
+                if cont.len() < continuation_slots(slot) {
+                    return Err(SlotError::MissingContinuation);
                 }
                 if hdr_len + 4 > SLOT_DATA {
                     return Err(SlotError::InlineOverrun);
@@ -233,7 +308,6 @@ impl<'a> RxPacket<'a> {
                     slot.data[hdr_len..hdr_len + 4].try_into().expect("4 bytes"),
                 );
                 Payload::Gather {
-                    table: slot.payload_off,
                     count: slot.sge_count,
                     skip,
                     len,
@@ -243,15 +317,28 @@ impl<'a> RxPacket<'a> {
         };
         Ok(RxPacket {
             slot,
+            cont,
             info,
             bth,
             payload,
         })
     }
 
+    /// The destination QP named in a slot's BTH, read before the slot is parsed (the
+    /// data area always holds a whole BTH, whatever else the peer wrote).
+    #[inline]
+    pub(crate) fn dest_qp(slot: &PacketSlot) -> Qpn {
+        bth::Packet::new_unchecked(&slot.data[..]).dest_qp()
+    }
+
     /// The slot the packet was copied into.
     pub(crate) fn slot(&self) -> &'a PacketSlot {
         self.slot
+    }
+
+    /// Range `i` of a gather packet's list: (offset in the sender's arena, length).
+    pub(crate) fn gather_entry(&self, i: usize) -> Option<(u64, u32)> {
+        gather_entry(self.cont, i)
     }
 
     /// The bytes of extended header `h`, if the opcode carries it.
@@ -299,6 +386,36 @@ impl<'a> RxPacket<'a> {
         self.ext(Headers::IMMDT)
             .and_then(|b| ImmDtRepr::parse(&immdt::Packet::new_unchecked(b)).ok())
             .map(|r| r.imm)
+    }
+}
+
+/// Range `i` of a gather list stored in continuation slots `cont`.
+pub(crate) fn gather_entry(cont: &[PacketSlot], i: usize) -> Option<(u64, u32)> {
+    let slot = cont.get(i / GATHER_PER_SLOT)?;
+    let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
+    let b = bytemuck::bytes_of(slot).get(at..at + GATHER_ENTRY_LEN)?;
+    let off = u64::from_le_bytes(b[0..8].try_into().ok()?);
+    let len = u32::from_le_bytes(b[8..12].try_into().ok()?);
+    Some((off, len))
+}
+
+/// [`write_gather`] for other modules' tests.
+#[cfg(test)]
+pub(crate) fn write_gather_for_tests(list: &GatherList, cont: &mut [PacketSlot]) {
+    write_gather(list, cont);
+}
+
+/// Writes a gather list into continuation slots.
+fn write_gather(list: &GatherList, cont: &mut [PacketSlot]) {
+    for (i, &(off, len)) in list.entries().iter().enumerate() {
+        let Some(slot) = cont.get_mut(i / GATHER_PER_SLOT) else {
+            return;
+        };
+        let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
+        let b = &mut bytemuck::bytes_of_mut(slot)[at..at + GATHER_ENTRY_LEN];
+        b[0..8].copy_from_slice(&off.to_le_bytes());
+        b[8..12].copy_from_slice(&len.to_le_bytes());
+        b[12..16].fill(0);
     }
 }
 
@@ -418,34 +535,46 @@ impl TxBatch {
     fn new(producer: Producer<PacketSlot, ShmStorage<PacketSlot>>) -> TxBatch {
         TxBatch {
             producer,
-            buf: vec![PacketSlot::zeroed(); TX_BURST].into_boxed_slice(),
+            buf: vec![PacketSlot::zeroed(); TX_BURST + MAX_CONTINUATION].into_boxed_slice(),
             len: 0,
             free: 0,
             broken: None,
         }
     }
 
-    /// Whether one more packet can be queued without waiting for the peer: the burst has
-    /// room (it is published once per engine iteration, see [`Link::publish`]) and so does
-    /// the ring.
+    /// Whether one more single-slot packet can be queued without waiting for the peer: the
+    /// burst has room (it is published once per engine iteration, see [`Link::publish`])
+    /// and so does the ring.
     pub(crate) fn has_room(&mut self) -> bool {
-        if self.broken.is_some() || self.len == TX_BURST {
+        self.has_room_for(0)
+    }
+
+    /// Whether one more packet with up to `extra` continuation slots can be queued.
+    pub(crate) fn has_room_for(&mut self, extra: usize) -> bool {
+        if self.broken.is_some() || self.len >= TX_BURST {
             return false;
         }
-        if self.len < self.free {
+        let need = self.len + 1 + extra.min(MAX_CONTINUATION);
+        if need <= self.free {
             return true;
         }
         match self.producer.free_slots() {
             Ok(f) => self.free = f,
             Err(e) => self.broken = Some(e),
         }
-        self.broken.is_none() && self.len < self.free
+        self.broken.is_none() && need <= self.free
     }
 
     /// The next slot to fill, or `None` if there is no room. Call [`TxBatch::commit`] after
     /// filling it.
     pub(crate) fn next_slot(&mut self) -> Option<&mut PacketSlot> {
-        if !self.has_room() {
+        self.next_slot_for(0)
+    }
+
+    /// The next slot to fill for a packet that may need up to `extra` continuation slots
+    /// (a gather list: [`TxBatch::commit_gather`]), or `None` if there is no room.
+    pub(crate) fn next_slot_for(&mut self, extra: usize) -> Option<&mut PacketSlot> {
+        if !self.has_room_for(extra) {
             return None;
         }
         let slot = &mut self.buf[self.len];
@@ -464,6 +593,18 @@ impl TxBatch {
     pub(crate) fn commit(&mut self) {
         debug_assert!(self.len < TX_BURST);
         self.len += 1;
+    }
+
+    /// Queues the slot last returned by [`TxBatch::next_slot_for`] followed by the
+    /// continuation slots holding `gather` (room for them was checked there).
+    pub(crate) fn commit_gather(&mut self, gather: &GatherList) {
+        debug_assert!(self.len < TX_BURST);
+        let n = gather.entries().len().div_ceil(GATHER_PER_SLOT);
+        debug_assert!(self.len + 1 + n <= self.free.min(self.buf.len()));
+        self.buf[self.len].sge_count = gather.entries().len() as u8;
+        let at = self.len + 1;
+        write_gather(gather, &mut self.buf[at..at + n]);
+        self.len += 1 + n;
     }
 
     /// The packets queued and not yet published.
@@ -501,6 +642,9 @@ pub(crate) const LINK_KIND: u32 = 0x4b4e_494c; // "LINK"
 const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x01");
 /// Packet slots per direction.
 pub(crate) const DEFAULT_LINK_SLOTS: usize = 1024;
+/// The most packet slots per direction a link may have (`ContextBuilder::link_slots`); an
+/// opener refuses a larger link segment.
+pub(crate) const MAX_LINK_SLOTS: usize = 1 << 14;
 
 /// The link header at data offset 0: where the two rings are.
 #[repr(C)]
@@ -522,13 +666,38 @@ pub(crate) enum Side {
     Loopback,
 }
 
+/// Bytes of a link segment's data area with `slots` packet slots per direction.
+fn link_segment_len(slots: usize) -> Result<usize> {
+    let ring = shm_ring_bytes::<PacketSlot>(slots)
+        .map_err(|e| Error::invalid("link slots", e.to_string()))?;
+    Ok(4096 + 2 * ring.div_ceil(4096) * 4096)
+}
+
+/// Maps a link segment a peer created: at most the size of a link of [`MAX_LINK_SLOTS`]
+/// slots, not populated (its ring pages are faulted in as packets first use them).
+pub(crate) fn open_link_segment(fd: std::os::fd::OwnedFd) -> Result<Arc<Segment>> {
+    let seg = Segment::open(
+        fd,
+        LINK_KIND,
+        shmhca_rings::segment::Access::ReadWrite,
+        link_segment_len(MAX_LINK_SLOTS)?,
+    )?;
+    Ok(Arc::new(seg))
+}
+
 /// Creates a link segment with `slots` packet slots per direction.
 pub(crate) fn create_link_segment(slots: usize, huge: HugePages) -> Result<Arc<Segment>> {
+    if slots > MAX_LINK_SLOTS {
+        return Err(Error::invalid(
+            "link slots",
+            format!("{slots}; a link has at most {MAX_LINK_SLOTS} slots per direction"),
+        ));
+    }
     let ring = shm_ring_bytes::<PacketSlot>(slots)
         .map_err(|e| Error::invalid("link slots", e.to_string()))?;
     let stride = ring.div_ceil(4096) * 4096;
     let first = 4096;
-    let seg = Segment::builder(LINK_KIND, first + 2 * stride)
+    let seg = Segment::builder(LINK_KIND, link_segment_len(slots)?)
         .name("shmhca-link")
         .huge_pages(huge)
         .create()?;
@@ -553,7 +722,21 @@ pub(crate) struct LinkEnds {
 }
 
 /// Attaches this side's ends of the rings in a link segment (created here or received).
+///
+/// A received segment was laid out by the peer, so nothing in it is trusted: each ring
+/// offset must leave the link header alone and hold a valid ring that fits in the segment
+/// (its slot count a power of two the ring layer accepts), and the two rings must be
+/// distinct and must not overlap. The slot counts checked are the private copies the ring
+/// ends keep, so a peer rewriting a ring header afterwards changes nothing.
+///
+/// # Errors
+/// [`Error::Connect`] naming the ring and what is wrong with it.
 pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
+    let bad = |what: String| {
+        Error::Connect(format!(
+            "the link segment is malformed: {what} (the peer is broken, hostile or another shmhca version)"
+        ))
+    };
     let mut raw = [0u8; size_of::<LinkHeader>()];
     segment
         .read_at(0, &mut raw)
@@ -565,20 +748,56 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
             hdr.magic
         )));
     }
+    let data_len = segment.data_len();
     let off = |i: usize| {
-        usize::try_from(hdr.ring_off[i])
-            .map_err(|_| Error::Connect("link ring offset out of range".into()))
+        let o = hdr.ring_off[i];
+        match usize::try_from(o) {
+            Ok(o) if o >= size_of::<LinkHeader>() && o < data_len => Ok(o),
+            _ => Err(bad(format!(
+                "ring {i} is at offset {o:#x}, outside {:#x}..{data_len:#x} (after the link header, inside the segment's {data_len} data bytes)",
+                size_of::<LinkHeader>()
+            ))),
+        }
     };
-    let (tx_off, rx_off) = match side {
-        Side::Creator => (off(0)?, off(1)?),
-        Side::Opener => (off(1)?, off(0)?),
-        Side::Loopback => (off(0)?, off(0)?),
+    let (offs, tx_ring, rx_ring) = match side {
+        Side::Creator => ([off(0)?, off(1)?], 0, 1),
+        Side::Opener => ([off(0)?, off(1)?], 1, 0),
+        Side::Loopback => ([off(0)?, off(0)?], 0, 0),
     };
-    Ok(LinkEnds {
-        tx: shm_producer(segment.clone(), tx_off)?,
-        rx: shm_consumer(segment.clone(), rx_off)?,
-    })
+    if side != Side::Loopback && offs[0] == offs[1] {
+        return Err(bad(format!(
+            "both rings are at the same offset {:#x}; each direction needs its own ring",
+            offs[0]
+        )));
+    }
+    let ring_err = |i: usize, e: shmhca_rings::ring::RingOpenError| {
+        bad(format!("ring {i} at offset {:#x}: {e}", offs[i]))
+    };
+    let tx = shm_producer(segment.clone(), offs[tx_ring]).map_err(|e| ring_err(tx_ring, e))?;
+    let rx = shm_consumer(segment.clone(), offs[rx_ring]).map_err(|e| ring_err(rx_ring, e))?;
+    if side != Side::Loopback {
+        // The extents as the ring ends will use them (their private slot counts).
+        let extent = |i: usize, slots: usize| {
+            let len = shm_ring_bytes::<PacketSlot>(slots)
+                .map_err(|e| bad(format!("ring {i} at offset {:#x}: {e}", offs[i])))?;
+            Ok::<_, Error>((offs[i], offs[i].saturating_add(len)))
+        };
+        let t = extent(tx_ring, tx.capacity())?;
+        let r = extent(rx_ring, rx.capacity())?;
+        if t.0 < r.1 && r.0 < t.1 {
+            let (r0, r1) = if tx_ring == 0 { (t, r) } else { (r, t) };
+            return Err(bad(format!(
+                "ring 0 ({:#x}..{:#x}) and ring 1 ({:#x}..{:#x}) overlap",
+                r0.0, r0.1, r1.0, r1.1
+            )));
+        }
+    }
+    Ok(LinkEnds { tx, rx })
 }
+
+/// What tells a peer's arenas apart: the memfd's device and inode numbers (or, for a peer
+/// in this process, its protection domain and engine numbers).
+pub(crate) type ArenaKey = (u64, u64);
 
 /// One link as the engine holds it.
 pub(crate) struct Link {
@@ -586,8 +805,12 @@ pub(crate) struct Link {
     _segment: Arc<Segment>,
     pub(crate) rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
     pub(crate) tx: TxBatch,
-    /// The peer's arena, read-only.
-    pub(crate) peer: Mem,
+    /// The peer's engine page, read-only (its wake-up word).
+    peer_page: Mem,
+    /// The peer's arenas mapped for this link (read-only), by their identity.
+    peer_arenas: Vec<(ArenaKey, Mem)>,
+    /// Which arena each connected peer QP sends payloads from.
+    peer_qps: Vec<(Qpn, usize)>,
     /// Set when the link is torn down (peer broke a ring, or hung up).
     pub(crate) down: Option<String>,
     /// The pcap endpoint numbers of this side and the peer.
@@ -596,22 +819,20 @@ pub(crate) struct Link {
     pub(crate) rx_tap: bool,
     /// Whether the peer engine may sleep (then it must be woken after sending to it).
     peer_may_sleep: bool,
+    /// The peer context, when it lives in this process (`Context::link_with`): where a
+    /// peer QP's arena is looked up when a QP is given its destination.
+    pub(crate) local_peer: Option<std::sync::Weak<crate::verbs::Shared>>,
 }
 
 impl Link {
-    /// Publishes this iteration's outgoing burst with one index store (tracing it first if
-    /// tracing is on), and wakes the peer engine if it may be asleep.
-    pub(crate) fn publish(
-        &mut self,
-        id: LinkId,
-        trace: Option<&mut crate::trace::tap::Trace>,
-        local: &Mem,
-    ) {
-        if let Some(t) = trace {
-            for slot in self.tx.queued() {
-                t.packet(id, self.endpoints, true, true, slot, local);
-            }
-        }
+    /// The peer's engine page, read-only (for the stats area: the peer's pid).
+    pub(crate) fn peer_page(&self) -> &Mem {
+        &self.peer_page
+    }
+
+    /// Publishes this iteration's outgoing burst with one index store, and wakes the peer
+    /// engine if it may be asleep.
+    pub(crate) fn publish(&mut self) {
         if self.tx.flush() > 0 {
             if let Some(word) = self.peer_wake() {
                 crate::engine::wake::wake(word);
@@ -625,24 +846,57 @@ impl Link {
         if !self.peer_may_sleep {
             return None;
         }
-        self.peer.atomic_u32(crate::arena::WAKE_WORD).ok()
+        self.peer_page.atomic_u32(crate::arena::WAKE_WORD).ok()
+    }
+
+    /// The peer arena named `key`, if it was mapped for this link already.
+    pub(crate) fn peer_arena(&self, key: ArenaKey) -> Option<&Mem> {
+        self.peer_arenas
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, m)| m)
+    }
+
+    /// Records that peer QP `qpn` sends from the peer arena `key`, mapped as `mem` (ignored
+    /// if that arena is known already).
+    pub(crate) fn add_peer_qp(&mut self, qpn: Qpn, key: ArenaKey, mem: Mem) {
+        let at = match self.peer_arenas.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                self.peer_arenas.push((key, mem));
+                self.peer_arenas.len() - 1
+            }
+        };
+        match self.peer_qps.iter_mut().find(|(q, _)| *q == qpn) {
+            Some(e) => e.1 = at,
+            None => self.peer_qps.push((qpn, at)),
+        }
+    }
+
+    /// The arena peer QP `qpn` sends from, as recorded by [`Link::add_peer_qp`].
+    pub(crate) fn peer_qp_arena(&self, qpn: Qpn) -> Option<&Mem> {
+        let (_, i) = self.peer_qps.iter().find(|(q, _)| *q == qpn)?;
+        self.peer_arenas.get(*i).map(|(_, m)| m)
     }
 
     pub(crate) fn new(
         segment: Arc<Segment>,
         ends: LinkEnds,
-        peer: Mem,
+        peer_page: Mem,
         endpoints: (u32, u32),
     ) -> Link {
         // Read once: the peer decides at creation whether it may ever sleep.
-        let peer_may_sleep = peer
+        let peer_may_sleep = peer_page
             .atomic_u32(crate::arena::MAY_SLEEP)
             .is_ok_and(|w| w.load(std::sync::atomic::Ordering::Relaxed) != 0);
         Link {
             _segment: segment,
             rx: ends.rx,
             tx: TxBatch::new(ends.tx),
-            peer,
+            peer_page,
+            peer_arenas: Vec::new(),
+            peer_qps: Vec::new(),
+            local_peer: None,
             down: None,
             endpoints,
             rx_tap: true,
@@ -695,12 +949,12 @@ mod tests {
     #[test]
     fn inline_direct_and_gather_payloads_parse() {
         let s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
-        let p = RxPacket::parse(&s).unwrap();
+        let p = RxPacket::parse(&s, &[]).unwrap();
         assert_eq!(p.payload, Payload::Inline { start: 12, len: 8 });
 
         let mut s = slot_with(Opcode::RdmaWriteOnly, KIND_DIRECT, 4000);
         s.payload_off = 8192;
-        let p = RxPacket::parse(&s).unwrap();
+        let p = RxPacket::parse(&s, &[]).unwrap();
         assert_eq!(
             p.payload,
             Payload::Direct {
@@ -713,19 +967,30 @@ mod tests {
         assert_eq!(p.imm(), None);
 
         let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 300);
-        s.payload_off = 64;
         s.sge_count = 3;
         s.data[12..16].copy_from_slice(&17u32.to_le_bytes());
-        let p = RxPacket::parse(&s).unwrap();
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::MissingContinuation,
+            "a gather packet needs its continuation slot"
+        );
+        let mut list = GatherList::default();
+        for (o, l) in [(64u64, 100u32), (4096, 200), (9000, 17)] {
+            assert!(list.push(o, l));
+        }
+        let mut cont = [PacketSlot::zeroed(); 1];
+        write_gather(&list, &mut cont);
+        let p = RxPacket::parse(&s, &cont).unwrap();
         assert_eq!(
             p.payload,
             Payload::Gather {
-                table: 64,
                 count: 3,
                 skip: 17,
                 len: 300
             }
         );
+        assert_eq!(p.gather_entry(1), Some((4096, 200)));
+        assert_eq!(p.gather_entry(2), Some((9000, 17)));
     }
 
     #[test]
@@ -773,7 +1038,7 @@ mod tests {
             }
             let mut s = PacketSlot::zeroed();
             s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-            let p = RxPacket::parse(&s).unwrap_or_else(|e| panic!("{op:?}: {e:?}"));
+            let p = RxPacket::parse(&s, &[]).unwrap_or_else(|e| panic!("{op:?}: {e:?}"));
             assert_eq!(p.info.opcode, op);
             assert_eq!(p.bth, repr.bth, "{op:?}");
             assert_eq!(p.reth(), repr.reth, "{op:?}");
@@ -793,25 +1058,45 @@ mod tests {
         let mut s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
         s.hdr_len = 200;
         assert_eq!(
-            RxPacket::parse(&s).unwrap_err(),
+            RxPacket::parse(&s, &[]).unwrap_err(),
             SlotError::HeaderLength(200)
         );
         let mut s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
         s.hdr_len = 16; // claims more header than the opcode has
         assert!(matches!(
-            RxPacket::parse(&s),
+            RxPacket::parse(&s, &[]),
             Err(SlotError::HeaderMismatch { .. })
         ));
         let s = slot_with(Opcode::SendOnly, KIND_INLINE, 101);
-        assert_eq!(RxPacket::parse(&s).unwrap_err(), SlotError::InlineOverrun);
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::InlineOverrun
+        );
         let s = slot_with(Opcode::SendOnly, 9, 8);
-        assert_eq!(RxPacket::parse(&s).unwrap_err(), SlotError::PayloadKind(9));
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::PayloadKind(9)
+        );
         // An Acknowledge carries no payload.
         let mut ack = slot_with(Opcode::SendOnly, KIND_NONE, 0);
         ack.data[0] = 0x11;
-        assert!(RxPacket::parse(&ack).is_err(), "Acknowledge needs an AETH");
+        assert!(
+            RxPacket::parse(&ack, &[]).is_err(),
+            "Acknowledge needs an AETH"
+        );
         let s = slot_with(Opcode::SendOnly, KIND_GATHER, 8);
-        assert_eq!(RxPacket::parse(&s).unwrap_err(), SlotError::EmptyGather);
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::GatherCount(0)
+        );
+        let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 8);
+        s.sge_count = 200;
+        assert_eq!(continuation_slots(&s), 0, "a made-up count claims no slots");
+        let cont = [PacketSlot::zeroed(); MAX_CONTINUATION];
+        assert_eq!(
+            RxPacket::parse(&s, &cont).unwrap_err(),
+            SlotError::GatherCount(200)
+        );
     }
 
     proptest::proptest! {
@@ -835,7 +1120,7 @@ mod tests {
                 s.kind = kind;
                 s.payload_len %= 128;
             }
-            if let Ok(p) = RxPacket::parse(&s) {
+            if let Ok(p) = RxPacket::parse(&s, &[]) {
                 let hdr = s.hdr_len as usize;
                 let (repr, len) = PacketRepr::parse(&s.data[..hdr]).expect("both parsers agree");
                 proptest::prop_assert_eq!(len, hdr);
@@ -853,6 +1138,104 @@ mod tests {
         }
     }
 
+    /// A link segment laid out by a (possibly hostile) creator: the rings at `rings`
+    /// (offset, slot count), the header naming `offs`; `data_len` data bytes.
+    fn crafted(data_len: usize, rings: &[(usize, usize)], offs: [u64; 2]) -> Arc<Segment> {
+        let seg = Segment::builder(LINK_KIND, data_len)
+            .huge_pages(HugePages::Never)
+            .create()
+            .unwrap();
+        for &(off, slots) in rings {
+            init_shm_ring::<PacketSlot>(&seg, off, slots).unwrap();
+        }
+        let hdr = LinkHeader {
+            magic: LINK_MAGIC,
+            ring_off: offs,
+        };
+        seg.write_at(0, bytemuck::bytes_of(&hdr)).unwrap();
+        Arc::new(seg)
+    }
+
+    /// The segment as the other side opens it.
+    fn opened(seg: &Segment) -> Arc<Segment> {
+        open_link_segment(seg.try_clone_fd().unwrap()).unwrap()
+    }
+
+    fn refused(seg: &Arc<Segment>, side: Side) -> String {
+        match attach(seg, side) {
+            Ok(_) => panic!("a crafted link segment was accepted ({side:?})"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_link_whose_two_rings_are_one_is_refused() {
+        let seg = crafted(64 << 10, &[(4096, 64)], [4096, 4096]);
+        for side in [Side::Opener, Side::Creator] {
+            let why = refused(&opened(&seg), side);
+            assert!(why.contains("same offset"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_link_whose_rings_overlap_is_refused() {
+        // Ring 0 spans 4096 + 384 + 64 * 128 bytes; ring 1 starts inside it, and the other
+        // way round.
+        let a = crafted(64 << 10, &[(4096, 64), (8192, 8)], [4096, 8192]);
+        let b = crafted(64 << 10, &[(4096, 64), (8192, 8)], [8192, 4096]);
+        for seg in [a, b] {
+            for side in [Side::Opener, Side::Creator] {
+                let why = refused(&opened(&seg), side);
+                assert!(why.contains("overlap"), "{why}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_ring_over_the_link_header_is_refused() {
+        // A ring offset inside the link header is refused before anything is read there.
+        let seg = crafted(64 << 10, &[(4096, 8)], [0, 4096]);
+        let why = refused(&opened(&seg), Side::Opener);
+        assert!(
+            why.contains("link segment") && why.contains("ring 0"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn rings_past_the_end_or_with_huge_slot_counts_are_refused() {
+        let len = 64 << 10;
+        // Offsets past the end, at the end, and so large that adding to them overflows.
+        for off in [len as u64 + 4096, len as u64, u64::MAX - 63, 1 << 63] {
+            let seg = crafted(len, &[(4096, 8)], [4096, off]);
+            let why = refused(&opened(&seg), Side::Opener);
+            assert!(why.contains("ring 1"), "{off:#x}: {why}");
+        }
+        // A slot count that does not fit, is not a power of two, or is absurd.
+        for slots in [1u64 << 20, 1 << 40, 3, 0, u64::MAX] {
+            let seg = crafted(len, &[(4096, 8), (16384, 8)], [4096, 16384]);
+            // The capacity field follows magic (8 bytes), version and slot size (4 each).
+            seg.write_at(16384 + 16, &slots.to_le_bytes()).unwrap();
+            let why = refused(&opened(&seg), Side::Opener);
+            assert!(why.contains("ring 1"), "{slots}: {why}");
+        }
+        // A ring that ends one slot past the end of the segment.
+        let seg = crafted(len, &[(4096, 8), (16384, 8)], [4096, 16384]);
+        let fits = (len - 16384 - 384) / size_of::<PacketSlot>();
+        let over = fits.next_power_of_two() as u64;
+        assert!(16384 + 384 + over as usize * size_of::<PacketSlot>() > len);
+        seg.write_at(16384 + 16, &over.to_le_bytes()).unwrap();
+        let why = refused(&opened(&seg), Side::Opener);
+        assert!(why.contains("ring 1"), "{why}");
+    }
+
+    #[test]
+    fn a_well_formed_crafted_link_attaches() {
+        let seg = crafted(64 << 10, &[(4096, 64), (16384, 8)], [4096, 16384]);
+        let ends = attach(&opened(&seg), Side::Opener).unwrap();
+        assert_eq!((ends.tx.capacity(), ends.rx.capacity()), (8, 64));
+    }
+
     #[test]
     fn a_link_segment_carries_packets_both_ways() {
         let seg = create_link_segment(8, HugePages::Never).unwrap();
@@ -861,6 +1244,7 @@ mod tests {
                 seg.try_clone_fd().unwrap(),
                 LINK_KIND,
                 shmhca_rings::segment::Access::ReadWrite,
+                usize::MAX,
             )
             .unwrap(),
         );

@@ -1,7 +1,8 @@
 //! Byte access to shared memory: the one module of the engine that touches memory by pointer.
 //!
-//! A [`Mem`] is a view of one mapping (my arena, a peer's arena mapped read-only, or a heap
-//! buffer in tests) together with a handle that keeps the mapping alive. Every access is
+//! A [`Mem`] is a view of one mapping (my arena, a peer's arena mapped read-only, or private
+//! heap memory: a QP's scatter/gather tables) together with a handle that keeps the mapping
+//! alive. Every access is
 //! bounds-checked against the length recorded when the view was made — a private copy, never
 //! a length read back from shared memory — so an offset from a hostile peer can at worst
 //! fail the check.
@@ -21,7 +22,6 @@
 #![allow(unsafe_code)]
 
 use std::any::Any;
-#[cfg(test)]
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -50,14 +50,11 @@ unsafe impl Send for Mem {}
 // SAFETY: as for `Send`: `&Mem` only offers bounds-checked raw copies and atomics.
 unsafe impl Sync for Mem {}
 
-/// Zero-initialised heap storage for a test [`Mem`].
-#[cfg(test)]
+/// Zero-initialised private heap storage for a [`Mem`].
 struct HeapBytes(Box<[UnsafeCell<u64>]>);
 // SAFETY: the cells are only ever accessed through `Mem`'s raw copies (see module docs).
-#[cfg(test)]
 unsafe impl Sync for HeapBytes {}
 // SAFETY: owning a boxed slice of integers; nothing is tied to a thread.
-#[cfg(test)]
 unsafe impl Send for HeapBytes {}
 
 impl Mem {
@@ -74,9 +71,10 @@ impl Mem {
         }
     }
 
-    /// A zero-filled, 8-byte aligned, writable heap buffer of `len` bytes.
-    #[cfg(test)]
-    pub(crate) fn heap(len: usize) -> Mem {
+    /// A zero-filled, 8-byte aligned, writable buffer of `len` bytes in this process's
+    /// private heap: memory no other process can map. Shared between the application's
+    /// handles and the engine like any `Mem` (racy plain bytes).
+    pub(crate) fn private(len: usize) -> Mem {
         let words = len.div_ceil(8).max(1);
         let cells: Box<[UnsafeCell<u64>]> = (0..words).map(|_| UnsafeCell::new(0)).collect();
         let owner = Arc::new(HeapBytes(cells));
@@ -96,6 +94,16 @@ impl Mem {
             len: self.len,
             writable: self.writable,
             _owner: self._owner.clone(),
+        }
+    }
+
+    /// A read-only view of the same memory: what a peer's engine gets of an arena when both
+    /// run in this process (`Context::link_with`). It refuses writes as a peer's read-only
+    /// mapping would.
+    pub(crate) fn read_only(&self) -> Mem {
+        Mem {
+            writable: false,
+            ..self.share()
         }
     }
 
@@ -273,7 +281,7 @@ mod tests {
 
     #[test]
     fn bounds_are_enforced() {
-        let m = Mem::heap(64);
+        let m = Mem::private(64);
         assert!(m.write(60, &[1, 2, 3, 4]).is_ok());
         assert_eq!(m.write(61, &[1, 2, 3, 4]), Err(OutOfRange));
         assert_eq!(m.write(u64::MAX - 1, &[1, 2, 3, 4]), Err(OutOfRange));
@@ -286,8 +294,8 @@ mod tests {
 
     #[test]
     fn copy_between_views_and_within_one() {
-        let a = Mem::heap(32);
-        let b = Mem::heap(32);
+        let a = Mem::private(32);
+        let b = Mem::private(32);
         a.write(0, b"hello, world").unwrap();
         Mem::copy(&a, 0, &b, 4, 12).unwrap();
         let mut out = [0u8; 16];
@@ -302,7 +310,7 @@ mod tests {
 
     #[test]
     fn atomics_need_alignment_and_return_the_original() {
-        let m = Mem::heap(64);
+        let m = Mem::private(64);
         m.write(8, &5u64.to_ne_bytes()).unwrap();
         assert_eq!(m.fetch_add_u64(8, 3), Ok(5));
         assert_eq!(m.load_u64(8), Ok(8));

@@ -12,8 +12,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::arena::{Arena, Block};
+use crate::arena::{Block, PdArenas};
 use crate::qp::AccessFlags;
+use crate::slots::SlotTable;
 
 /// The part of a region shared with its application handle.
 #[derive(Debug, Default)]
@@ -30,7 +31,7 @@ pub(crate) struct MrEntry {
     pub(crate) key: u32,
     pub(crate) pd: u32,
     pub(crate) access: AccessFlags,
-    /// The arena block holding it.
+    /// The block of its protection domain's arena holding it.
     pub(crate) block: Block,
     /// Length the user asked for (≤ block.len).
     pub(crate) len: u64,
@@ -53,11 +54,17 @@ pub(crate) enum AccessDenied {
 }
 
 /// The table.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct MrTable {
-    entries: Vec<Option<MrEntry>>,
-    tags: Vec<u8>,
-    free: Vec<u32>,
+    entries: SlotTable<MrEntry>,
+}
+
+impl Default for MrTable {
+    fn default() -> MrTable {
+        MrTable {
+            entries: SlotTable::new(MAX_MRS, 8),
+        }
+    }
 }
 
 /// The most regions one context can hold (24-bit index).
@@ -74,41 +81,24 @@ impl MrTable {
         va: u64,
         shared: Arc<MrShared>,
     ) -> Option<(u32, u32)> {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                let i = u32::try_from(self.entries.len())
-                    .ok()
-                    .filter(|&i| i < MAX_MRS)?;
-                self.entries.push(None);
-                self.tags.push(0);
-                i
-            }
-        };
-        let tag = &mut self.tags[index as usize];
-        // Never 0, so that no key is 0.
-        *tag = if *tag == u8::MAX { 1 } else { *tag + 1 };
-        let key = index << 8 | u32::from(*tag);
-        self.entries[index as usize] = Some(MrEntry {
-            key,
-            pd,
-            access,
-            block,
-            len,
-            va,
-            shared,
-            zombie: false,
-        });
-        Some((index, key))
+        // The generation (never 0, so that no key is 0) is the key's low 8 bits.
+        self.entries
+            .insert_with(|index, tag| MrEntry {
+                key: index << 8 | tag,
+                pd,
+                access,
+                block,
+                len,
+                va,
+                shared,
+                zombie: false,
+            })
+            .map(|(index, tag)| (index, index << 8 | tag))
     }
 
     /// The live entry named by `key`.
     pub(crate) fn by_key(&self, key: u32) -> Result<&MrEntry, AccessDenied> {
-        let e = self
-            .entries
-            .get((key >> 8) as usize)
-            .and_then(Option::as_ref)
-            .ok_or(AccessDenied::UnknownKey)?;
+        let e = self.entries.at(key >> 8).ok_or(AccessDenied::UnknownKey)?;
         if e.key != key || e.zombie {
             return Err(AccessDenied::StaleKey);
         }
@@ -147,37 +137,45 @@ impl MrTable {
     }
 
     /// Drops one in-flight reference of entry `index` (a WQE retired); frees the memory of
-    /// a zombie whose last reference this was.
-    pub(crate) fn release(&mut self, index: u32, arena: &mut Arena) {
-        let Some(slot) = self.entries.get_mut(index as usize) else {
+    /// a zombie whose last reference this was. A reference the region does not hold (a count
+    /// already at zero) is ignored rather than wrapped around: whatever the caller believes,
+    /// a region's count never underflows, so a busy region can never look free.
+    pub(crate) fn release(&mut self, index: u32, pds: &mut PdArenas) {
+        let Some(e) = self.entries.at(index) else {
             return;
         };
-        let Some(e) = slot.as_ref() else { return };
+        // Only the engine decrements (under its token), so a count read as non-zero stays
+        // non-zero until the decrement below; the application only increments.
+        if e.shared.in_flight.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         // SYNC: Release pairs with the Acquire load in `Mr::as_mut_slice`/`deregister`: the
         // engine's last write into the region happens-before the application's next access.
         let before = e.shared.in_flight.fetch_sub(1, Ordering::Release);
-        debug_assert!(before > 0, "in-flight count underflow on MR {index}");
         if before == 1 && e.zombie {
-            let block = e.block;
-            *slot = None;
-            self.free.push(index);
-            arena.free(block);
+            self.free_entry(index, pds);
+        }
+    }
+
+    /// Frees a dead entry's block in its arena, and the arena's hold on it.
+    fn free_entry(&mut self, index: u32, pds: &mut PdArenas) {
+        if let Some(e) = self.entries.remove_at(index) {
+            if let Some(arena) = pds.get_mut(e.pd) {
+                arena.free(e.block);
+            }
+            pds.unhold(e.pd);
         }
     }
 
     /// Deregisters entry `index` (its handle is gone). Frees the memory now if nothing is in
     /// flight, else marks it a zombie freed by the last [`MrTable::release`].
-    pub(crate) fn remove(&mut self, index: u32, arena: &mut Arena) {
-        let Some(slot) = self.entries.get_mut(index as usize) else {
+    pub(crate) fn remove(&mut self, index: u32, pds: &mut PdArenas) {
+        let Some(e) = self.entries.at_mut(index) else {
             return;
         };
-        let Some(e) = slot.as_mut() else { return };
         // SYNC: Acquire pairs with the Release decrement in `release`.
         if e.shared.in_flight.load(Ordering::Acquire) == 0 {
-            let block = e.block;
-            *slot = None;
-            self.free.push(index);
-            arena.free(block);
+            self.free_entry(index, pds);
         } else {
             e.zombie = true;
         }
@@ -186,7 +184,7 @@ impl MrTable {
     /// Number of live and zombie entries.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.entries.iter().filter(|e| e.is_some()).count()
+        self.entries.len()
     }
 }
 
@@ -195,19 +193,21 @@ mod tests {
     use super::*;
     use shmhca_rings::segment::HugePages;
 
-    fn setup() -> (MrTable, Arena) {
-        (
-            MrTable::default(),
-            Arena::create(1 << 20, HugePages::Never).unwrap(),
-        )
+    const PD: u32 = 0;
+
+    fn setup() -> (MrTable, PdArenas) {
+        let mut pds = PdArenas::default();
+        assert_eq!(pds.create(1 << 20, HugePages::Never).unwrap(), PD);
+        (MrTable::default(), pds)
     }
 
-    fn reg(t: &mut MrTable, a: &mut Arena, access: AccessFlags) -> (u32, u32, Arc<MrShared>) {
-        let block = a.alloc(4096, 64).unwrap();
+    fn reg(t: &mut MrTable, a: &mut PdArenas, access: AccessFlags) -> (u32, u32, Arc<MrShared>) {
+        let block = a.get_mut(PD).unwrap().alloc(4096, 64).unwrap();
+        a.hold(PD);
         let shared = Arc::new(MrShared::default());
         let va = 0x7000_0000 + block.off;
         let (i, k) = t
-            .insert(1, access, block, 4096, va, shared.clone())
+            .insert(PD, access, block, 4096, va, shared.clone())
             .unwrap();
         (i, k, shared)
     }
@@ -219,31 +219,31 @@ mod tests {
         let e = t.by_key(k).unwrap();
         let (va, off) = (e.va, e.block.off);
         assert_eq!(
-            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, va + 10, 100),
+            t.check_remote(k, PD, AccessFlags::REMOTE_WRITE, va + 10, 100),
             Ok(off + 10)
         );
         assert_eq!(
-            t.check_remote(k, 2, AccessFlags::REMOTE_WRITE, va, 1),
+            t.check_remote(k, PD + 1, AccessFlags::REMOTE_WRITE, va, 1),
             Err(AccessDenied::WrongPd)
         );
         assert_eq!(
-            t.check_remote(k, 1, AccessFlags::REMOTE_READ, va, 1),
+            t.check_remote(k, PD, AccessFlags::REMOTE_READ, va, 1),
             Err(AccessDenied::NoRights)
         );
         assert_eq!(
-            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, va + 4000, 97),
+            t.check_remote(k, PD, AccessFlags::REMOTE_WRITE, va + 4000, 97),
             Err(AccessDenied::OutOfBounds)
         );
         assert_eq!(
-            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, va - 1, 1),
+            t.check_remote(k, PD, AccessFlags::REMOTE_WRITE, va - 1, 1),
             Err(AccessDenied::OutOfBounds)
         );
         assert_eq!(
-            t.check_remote(k, 1, AccessFlags::REMOTE_WRITE, u64::MAX, 2),
+            t.check_remote(k, PD, AccessFlags::REMOTE_WRITE, u64::MAX, 2),
             Err(AccessDenied::OutOfBounds)
         );
         assert_eq!(
-            t.check_remote(k ^ 0x100, 1, AccessFlags::REMOTE_WRITE, va, 1),
+            t.check_remote(k ^ 0x100, PD, AccessFlags::REMOTE_WRITE, va, 1),
             Err(AccessDenied::UnknownKey)
         );
         // Zero-length accesses do not validate the key.
@@ -279,5 +279,50 @@ mod tests {
         t.release(i, &mut a);
         assert_eq!(a.free_bytes(), free0);
         assert_eq!(t.len(), 0);
+    }
+}
+
+#[cfg(test)]
+mod release_tests {
+    use super::*;
+    use shmhca_rings::segment::HugePages;
+
+    #[test]
+    fn a_release_the_region_does_not_hold_never_underflows_its_count() {
+        let mut pds = PdArenas::default();
+        let pd = pds.create(1 << 20, HugePages::Never).unwrap();
+        let block = pds.get_mut(pd).unwrap().alloc(4096, 64).unwrap();
+        pds.hold(pd);
+        let shared = Arc::new(MrShared::default());
+        let mut t = MrTable::default();
+        let (i, _) = t
+            .insert(pd, AccessFlags::LOCAL_WRITE, block, 4096, 0, shared.clone())
+            .unwrap();
+        // Never posted: a release for it (a lie, or a bug) must leave the count at zero,
+        // not wrap it to 4294967295 and make the region look busy forever.
+        t.release(i, &mut pds);
+        t.release(i, &mut pds);
+        assert_eq!(shared.in_flight.load(Ordering::Relaxed), 0);
+        // And with one posted element, two releases drop exactly one.
+        shared.in_flight.store(1, Ordering::Relaxed);
+        t.release(i, &mut pds);
+        t.release(i, &mut pds);
+        assert_eq!(shared.in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_last_region_of_a_domain_gives_its_arena_back() {
+        let mut pds = PdArenas::default();
+        let pd = pds.create(1 << 20, HugePages::Never).unwrap();
+        let mut t = MrTable::default();
+        let block = pds.get_mut(pd).unwrap().alloc(4096, 64).unwrap();
+        pds.hold(pd);
+        let (i, _) = t
+            .insert(pd, AccessFlags::NONE, block, 4096, 0, Arc::default())
+            .unwrap();
+        pds.unhold(pd); // the Pd handle goes; the region keeps the arena
+        assert_eq!(pds.len(), 1);
+        t.remove(i, &mut pds);
+        assert_eq!(pds.len(), 0, "the arena is unmapped with its last region");
     }
 }

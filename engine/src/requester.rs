@@ -16,8 +16,10 @@
 
 use crate::context::{Env, QpCtx, Wire};
 use crate::credit::CreditState;
-use crate::dma::{self, Cursor};
+use crate::dma::{self, Cursor, Sgl};
+use crate::link::{GatherList, MAX_CONTINUATION};
 use crate::link::{HeaderWriter, PacketSlot};
+use crate::mem::Mem;
 use crate::psn::{self, Psn};
 use crate::qp::{QpConfig, QpState};
 use crate::timer::Deadline;
@@ -27,7 +29,7 @@ use crate::wire::atomic_eth::AtomicEthRepr;
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, Position};
 use crate::wire::reth::RethRepr;
-use crate::wqe::{SqWqe, WqeFlags, WqeOp};
+use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
 
 /// The P_Key every packet carries (the default partition, full membership).
 pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
@@ -345,6 +347,7 @@ pub(crate) fn transmit(
     }
     let pmtu = qp.cfg.path_mtu.bytes();
     let mut sent = 0;
+    let mut local_error = false;
     while sent < budget && req.tx_seq < req.fetched {
         let seq = req.tx_seq;
         // A WQE not yet started: it gets its PSNs when its first packet goes.
@@ -373,7 +376,12 @@ pub(crate) fn transmit(
             // A limited Send waits after its first packet until credit arrives.
             break;
         }
-        if !wire.tx.has_room() {
+        // A multi-element list may need continuation slots for its gather list.
+        let extra = match req.wqe(seq).w.data {
+            DataLoc::Table { .. } => MAX_CONTINUATION,
+            _ => 0,
+        };
+        if !wire.tx.has_room_for(extra) {
             break;
         }
         if new_wqe {
@@ -401,26 +409,42 @@ pub(crate) fn transmit(
         }
         let cursor = match req.tx_cursor {
             Some(c) => c,
-            None => Cursor::at(&w.w.data, env.arena.mem(), u64::from(k) * u64::from(pmtu))
-                .unwrap_or_default(),
+            None => Cursor::at(
+                Sgl::new(&w.w.data, &qp.tables),
+                u64::from(k) * u64::from(pmtu),
+            )
+            .unwrap_or_default(),
         };
         let limited_first = req.limited == Some(seq) && k == 0;
         // AckReq on the last packet of each message, and on the first of a limited Send.
         let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
-        let Some(slot) = wire.tx.next_slot() else {
+        let Some(slot) = wire.tx.next_slot_for(extra) else {
             break;
         };
-        let payload = build_request(
+        let mut gather = GatherList::default();
+        let built = build_request(
             slot,
             &w,
             k,
             pmtu,
             qp.cfg.dest.map(|d| d.qpn),
             ack_req,
-            env,
+            (&qp.mem, &qp.tables),
             cursor,
+            &mut gather,
         );
-        wire.tx.commit();
+        let Some(payload) = built else {
+            // The WQE's own list does not cover its message: a local error (it cannot
+            // happen for a list `post_send` checked), never a panic.
+            req.wqe_mut(seq).done = Some(WcStatus::LocQpOpErr);
+            local_error = true;
+            break;
+        };
+        if gather.entries().is_empty() {
+            wire.tx.commit();
+        } else {
+            wire.tx.commit_gather(&gather);
+        }
         env.stats.packets_sent += 1;
         env.stats.inline_bytes_sent += payload.inline;
         sent += 1;
@@ -431,7 +455,7 @@ pub(crate) fn transmit(
             req.tx_cursor = Some(Cursor::default());
         } else {
             let mut next = cursor;
-            next.advance(&w.w.data, env.arena.mem(), u64::from(payload.len));
+            next.advance(Sgl::new(&w.w.data, &qp.tables), u64::from(payload.len));
             req.tx_pkt = k + 1;
             req.tx_cursor = Some(next);
         }
@@ -440,6 +464,9 @@ pub(crate) fn transmit(
         if let Some(t) = req.ttr {
             env.arm(&mut req.timer, t);
         }
+    }
+    if local_error {
+        qp.enter_error(env);
     }
     sent
 }
@@ -452,7 +479,9 @@ struct Built {
     inline: u64,
 }
 
-/// Builds request packet `k` of WQE `w` into `slot`.
+/// Builds request packet `k` of WQE `w` into `slot` (and a gather list into `gather` for a
+/// payload spanning several elements), with the QP's arena and private tables in `mem`.
+/// `None` if the WQE's list does not cover the packet.
 #[allow(clippy::too_many_arguments)]
 fn build_request(
     slot: &mut PacketSlot,
@@ -461,9 +490,10 @@ fn build_request(
     pmtu: u32,
     dest: Option<Qpn>,
     ack_req: bool,
-    env: &Env<'_>,
+    (mem, tables): (&Mem, &Mem),
     cursor: Cursor,
-) -> Built {
+    gather: &mut GatherList,
+) -> Option<Built> {
     let op = w.w.op;
     let psn = w.first_psn.add(k);
     let mut bth = BthRepr {
@@ -544,12 +574,18 @@ fn build_request(
             h.finish()
         }
     };
-    let inline = dma::describe(slot, env.arena.mem(), &w.w.data, cursor, payload_len)
-        .expect("a posted gather list covers its message");
-    Built {
+    let inline = dma::describe(
+        slot,
+        mem,
+        Sgl::new(&w.w.data, tables),
+        cursor,
+        payload_len,
+        gather,
+    )?;
+    Some(Built {
         len: payload_len,
         inline,
-    }
+    })
 }
 
 /// Runs the QP's timers: the end of an RNR wait, and the transport timer (spec/01

@@ -21,6 +21,9 @@
 //!    **acknowledge**.
 //!
 //! A Nak for an invalid request or an access violation moves the QP to the Error state.
+//! It is the last packet the QP sends: the responses of the requests accepted before it
+//! (RDMA Read responses, Atomic Acknowledges, Acks) still leave first, in PSN order, as
+//! the rxe responder acknowledges each request before it turns to the next.
 //!
 //! Responses leave in PSN order through one queue: Acks merge while they wait (one Ack
 //! per burst acknowledges every PSN up to it), RDMA Read responses are generated as the
@@ -30,9 +33,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::context::{Env, QpCtx, Wire};
-use crate::dma::{self, CopyError, Cursor};
+use crate::dma::{self, CopyError, Cursor, Sgl};
+use crate::link::GatherList;
 use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
-use crate::mem::Mem;
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::requester::DEFAULT_PKEY;
@@ -59,10 +62,26 @@ struct ReadJob {
 /// A response waiting to leave.
 #[derive(Debug, Clone, Copy)]
 enum Out {
-    Ack { psn: Psn, msn: u32 },
-    Nak { psn: Psn, syndrome: Syndrome },
+    Ack {
+        psn: Psn,
+        msn: u32,
+    },
+    Nak {
+        psn: Psn,
+        syndrome: Syndrome,
+    },
+    /// The Nak of a fatal error (the QP went to Error): sent after everything queued
+    /// before it, and nothing after it.
+    Fatal {
+        psn: Psn,
+        code: NakCode,
+    },
     Read(ReadJob),
-    Atomic { psn: Psn, orig: u64, msn: u32 },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
 }
 
 /// The message being received.
@@ -101,6 +120,9 @@ pub(crate) struct Responder {
     advertised: Option<u32>,
     /// Reads and Atomics queued, for the responder-resources limit.
     rd_atomic_queued: u32,
+    /// An [`Out::Fatal`] is queued: in the Error state the responses ahead of it still
+    /// leave (they answer requests accepted before the error).
+    closing: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
@@ -118,6 +140,7 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
+            closing: false,
         }
     }
 
@@ -171,6 +194,12 @@ impl Responder {
         }
     }
 
+    /// Queues the Nak of a fatal error, the last response of this QP.
+    fn queue_fatal(&mut self, psn: Psn, code: NakCode) {
+        self.queue(Out::Fatal { psn, code });
+        self.closing = true;
+    }
+
     fn next_msn(&mut self) -> u32 {
         self.msn = (self.msn + 1) & Msn::MASK;
         self.msn
@@ -178,7 +207,7 @@ impl Responder {
 }
 
 /// Handles one request packet addressed to this QP's RQ Logic.
-pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>) {
+pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let info = pkt.info;
     if !qp.state.receives() {
         env.stats.dropped += 1;
@@ -227,8 +256,8 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &Rx
         return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     match info.class {
-        OpClass::Send => send(qp, env, peer, pkt, info),
-        OpClass::RdmaWrite => write(qp, env, peer, pkt, info),
+        OpClass::Send => send(qp, env, pkt, info),
+        OpClass::RdmaWrite => write(qp, env, pkt, info),
         OpClass::RdmaReadRequest => read(qp, env, pkt),
         OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
         _ => env.stats.dropped += 1,
@@ -263,15 +292,10 @@ fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode) {
 
 /// As [`fatal`], completing the current receive WQE with `local` instead.
 fn fatal_with(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
-    qp.resp.queue(Out::Nak {
-        psn,
-        syndrome: Syndrome::Nak(code),
-    });
+    qp.resp.queue_fatal(psn, code);
     if let Some(wqe) = qp.resp.take_current_wqe() {
         let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
-        if env.cqs.push(qp.recv_cq, wc) {
-            qp.retire_recv(env, &wqe);
-        } else {
+        if !qp.complete_recv(env, &wqe, wc) {
             qp.resp.put_back_current_wqe(wqe);
         }
     }
@@ -286,7 +310,7 @@ fn ack(qp: &mut QpCtx, psn: Psn) {
     qp.resp.queue(Out::Ack { psn, msn });
 }
 
-fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let psn = pkt.bth.psn;
     let len = pkt.payload.len();
     if !length_ok(info.position, len, qp.cfg.path_mtu.bytes()) {
@@ -318,11 +342,10 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
         unreachable!("checked by the opcode sequence");
     };
     match dma::copy_payload(
-        pkt.slot(),
-        &pkt.payload,
-        peer,
-        env.arena.mem(),
-        &wqe.data,
+        pkt,
+        &qp.peer_mem,
+        &qp.mem,
+        Sgl::new(&wqe.data, &qp.tables),
         &mut cursor,
     ) {
         Ok(n) => {
@@ -344,9 +367,9 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info:
     ack(qp, psn);
 }
 
-/// Completes receive WQE `wqe` successfully with the message that ended in `pkt` (its
-/// immediate data and Solicited Event bit), and retires it. The caller checked the CQ has
-/// room before touching anything.
+/// Retires receive WQE `wqe` and completes it successfully with the message that ended in
+/// `pkt` (its immediate data and Solicited Event bit). The caller checked the CQ has room
+/// before touching anything.
 fn complete_recv(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
@@ -363,32 +386,30 @@ fn complete_recv(
         pkt.imm(),
         pkt.bth.solicited,
     );
-    let pushed = env.cqs.push(qp.recv_cq, wc);
-    debug_assert!(pushed, "room was checked");
-    qp.retire_recv(env, wqe);
+    let completed = qp.complete_recv(env, wqe, wc);
+    debug_assert!(completed, "room was checked");
 }
 
-fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
     let psn = pkt.bth.psn;
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
     let last = matches!(info.position, Position::Last | Position::Only);
-    if let Some(reth) = pkt.reth() {
-        qp.resp.cur = Inbound::Write {
-            va: reth.va,
-            rkey: reth.rkey,
-            done: 0,
-            total: u64::from(reth.dma_len),
-        };
-    }
-    let Inbound::Write {
-        va,
-        rkey,
-        done,
-        total,
-    } = qp.resp.cur
-    else {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
+    // The Write in progress: a new one named by the RETH, or the one continued. It is
+    // recorded only once the packet is accepted, so that an RNR Nak leaves the responder
+    // idle and the retried packet is taken for what it is.
+    let (va, rkey, done, total) = match (pkt.reth(), qp.resp.cur) {
+        (Some(reth), _) => (reth.va, reth.rkey, 0, u64::from(reth.dma_len)),
+        (
+            None,
+            Inbound::Write {
+                va,
+                rkey,
+                done,
+                total,
+            },
+        ) => (va, rkey, done, total),
+        (None, _) => return fatal(qp, env, psn, NakCode::InvalidRequest),
     };
     let left = total - done;
     let len_ok =
@@ -435,11 +456,10 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, peer: &Mem, pkt: &RxPacket<'_>, info
     });
     let mut cursor = Cursor::default();
     match dma::copy_payload(
-        pkt.slot(),
-        &pkt.payload,
-        peer,
-        env.arena.mem(),
-        &dst,
+        pkt,
+        &qp.peer_mem,
+        &qp.mem,
+        Sgl::new(&dst, &qp.tables),
         &mut cursor,
     ) {
         Ok(n) => env.stats.payload_bytes_copied += n,
@@ -517,7 +537,7 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
     else {
         return fatal(qp, env, psn, NakCode::RemoteAccessError);
     };
-    let mem = env.arena.mem();
+    let mem = &qp.mem;
     let orig = if info.class == OpClass::CompareSwap {
         mem.compare_swap_u64(off, a.compare, a.swap_add)
     } else {
@@ -588,6 +608,9 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
 /// Sends queued responses as far as the link has room, then, if credits went up while the
 /// requester may be waiting for them, an unsolicited Ack (spec/02).
 ///
+/// In the Error state only Naks leave, unless a fatal Nak of this responder is queued:
+/// then the responses ahead of it leave too, in order, and the Nak last.
+///
 /// Positive Acks are coalesced: the requests accepted in one engine iteration are
 /// acknowledged by one Ack, sent in that same iteration (DESIGN: one Ack per burst). An Ack
 /// never waits for a later iteration: in inline mode there may be none — the application
@@ -596,7 +619,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
 pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     let Some(dest) = qp.cfg.dest else { return };
     let pmtu = qp.cfg.path_mtu.bytes();
-    let error = qp.state == QpState::Error;
+    let discard = qp.state == QpState::Error && !qp.resp.closing;
     while let Some(front) = qp.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
@@ -614,7 +637,28 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 }
                 env.stats.naks_sent += 1;
             }
-            _ if error => {}
+            Out::Fatal { psn, code } => {
+                if !emit_aeth(
+                    wire,
+                    env,
+                    dest.qpn,
+                    Opcode::Acknowledge,
+                    psn,
+                    Syndrome::Nak(code),
+                    qp.resp.msn,
+                    None,
+                ) {
+                    return;
+                }
+                env.stats.naks_sent += 1;
+                // The last response: whatever is queued behind it answers nothing.
+                let resp = &mut qp.resp;
+                resp.out.clear();
+                resp.rd_atomic_queued = 0;
+                resp.closing = false;
+                return;
+            }
+            _ if discard => {}
             Out::Ack { psn, msn } => {
                 let code = credit_code(qp);
                 if !emit_aeth(
@@ -658,11 +702,16 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                         }
                         return;
                     }
-                    if let Err(nak) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
-                        // The region went away mid-read.
-                        qp.resp.out.pop_front();
-                        qp.resp.rd_atomic_queued -= 1;
-                        qp.resp.out.push_front(nak);
+                    if let Err(psn) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
+                        // The region went away mid-read: the Nak goes next, and last.
+                        let resp = &mut qp.resp;
+                        resp.out.pop_front();
+                        resp.rd_atomic_queued -= 1;
+                        resp.out.push_front(Out::Fatal {
+                            psn,
+                            code: NakCode::RemoteAccessError,
+                        });
+                        resp.closing = true;
                         qp.enter_error(env);
                         break;
                     }
@@ -676,7 +725,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
         }
         qp.resp.out.pop_front();
     }
-    if error {
+    if qp.state == QpState::Error {
         return;
     }
     // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
@@ -775,7 +824,7 @@ fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
 }
 
 /// Emits response packet `job.next` of an RDMA Read (the link has room). Fails with the
-/// Nak to send if the region can no longer be read.
+/// PSN to Nak (Remote Access Error) if the region can no longer be read.
 fn read_response(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
@@ -783,7 +832,7 @@ fn read_response(
     dest: crate::wire::Qpn,
     job: &ReadJob,
     pmtu: u32,
-) -> Result<(), Out> {
+) -> Result<(), Psn> {
     let k = job.next;
     let offset = k * pmtu;
     let plen = (job.len - offset).min(pmtu);
@@ -797,10 +846,7 @@ fn read_response(
             job.va.wrapping_add(u64::from(offset)),
             u64::from(plen),
         )
-        .map_err(|_| Out::Nak {
-            psn,
-            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
-        })?;
+        .map_err(|_| psn)?;
     let position = match (job.npkts, k) {
         (1, _) => Position::Only,
         (_, 0) => Position::First,
@@ -831,8 +877,18 @@ fn read_response(
         len: plen,
         mr: NO_MR,
     });
-    let inline = dma::describe(slot, env.arena.mem(), &src, Cursor::default(), plen)
-        .expect("the checked range lies in the arena");
+    let mut none = GatherList::default();
+    // One range of the checked region: it lies in the arena, so this cannot fail; if it
+    // did, the requester gets a Nak, not a panic here.
+    let inline = dma::describe(
+        slot,
+        &qp.mem,
+        Sgl::new(&src, &qp.tables),
+        Cursor::default(),
+        plen,
+        &mut none,
+    )
+    .ok_or(psn)?;
     wire.tx.commit();
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;

@@ -35,14 +35,14 @@
 //!       next PSN to send, last acknowledged PSN, expected PSN, reserved
 //! ```
 //!
-//! The peer pid of a link comes from the peer's arena header (at byte 192), which every
+//! The peer pid of a link comes from the peer's engine page (at byte 128), which every
 //! engine writes its pid into when it starts; it is shown, never trusted.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
-use shmhca_rings::segment::{Access, HugePages, OpenError, Segment};
+use shmhca_rings::segment::{Access, HugePages, OpenError, Segment, Sharing};
 
 use crate::context::Stats;
 use crate::engine::Engine;
@@ -63,8 +63,9 @@ pub const MAX_LINKS: usize = 32;
 pub const MAX_QPS: usize = 128;
 /// The most QPs one context can have (a device limit, for `shmhca devinfo`).
 pub const MAX_QPS_PER_CONTEXT: usize = crate::engine::doorbell::MAX_QPS;
-/// Where an engine writes its pid in its arena header (a free spot of the header page).
-pub(crate) const ARENA_PID: u64 = 192;
+/// Where an engine writes its pid in its engine page (a free spot after the wake word and
+/// the may-sleep flag).
+pub(crate) const PAGE_PID: u64 = 128;
 
 /// The counters, in their order in the area (the fields of [`Stats`]).
 pub const COUNTER_NAMES: [&str; 11] = [
@@ -110,6 +111,7 @@ impl StatsArea {
         let segment = Segment::builder(STATS_KIND, DATA_LEN)
             .name(MEMFD_NAME)
             .huge_pages(HugePages::Never)
+            .sharing(Sharing::CreatorWrites)
             .create()
             .ok()?;
         let segment = Arc::new(segment);
@@ -160,7 +162,7 @@ impl StatsArea {
             }
             let at = OFF_LINKS + nl * LINK_LEN;
             let mut pid = [0u8; 4];
-            let peer_pid = match link.peer.read(ARENA_PID, &mut pid) {
+            let peer_pid = match link.peer_page().read(PAGE_PID, &mut pid) {
                 Ok(()) => u32::from_le_bytes(pid),
                 Err(_) => 0,
             };
@@ -315,7 +317,7 @@ pub enum ReadError {
 /// # Errors
 /// [`ReadError`] saying what is wrong.
 pub fn read(fd: OwnedFd) -> Result<Snapshot, ReadError> {
-    let segment = Arc::new(Segment::open(fd, STATS_KIND, Access::ReadOnly)?);
+    let segment = Arc::new(Segment::open(fd, STATS_KIND, Access::ReadOnly, DATA_LEN)?);
     if segment.data_len() < USED {
         return Err(ReadError::Layout(format!(
             "data area of {} bytes, {USED} expected",

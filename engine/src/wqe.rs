@@ -2,16 +2,15 @@
 //!
 //! Posting copies a work request into a small fixed-size WQE and pushes it on the QP's send
 //! or receive ring (in-process SPSC rings: the SQ and RQ of DESIGN.md). Scatter/gather lists
-//! with more than one element are written into a per-QP table in the arena, and inline data
-//! into a per-QP staging area there, both indexed by the WQE's position in its queue; the
-//! WQE holds only where they are. Keeping them in the arena is what lets the peer's engine
-//! read a multi-element gather list or inline data by reference, with no copy on this side.
+//! with more than one element are written into the QP's table memory — private heap memory
+//! of this process, which no peer can map — one row per WQE position in its queue; the WQE
+//! holds only where the row is. Inline data is staged in the QP's arena (it is user data a
+//! peer reads when the message is too large for the packet slot).
 
 use crate::mem::Mem;
 
-/// Bytes of one scatter/gather entry in an arena table: arena offset (u64 LE), length
-/// (u32 LE), memory-region index (u32 LE). Peers read the first two fields of gather
-/// tables and validate them; the third is this process's own bookkeeping.
+/// Bytes of one scatter/gather entry in a QP's private table: arena offset (u64 LE), length
+/// (u32 LE), memory-region index (u32 LE).
 pub(crate) const SGE_ENTRY_LEN: u64 = 16;
 
 /// "No memory region": inline staging areas belong to the QP, not to an MR.
@@ -20,7 +19,7 @@ pub(crate) const NO_MR: u32 = u32::MAX;
 /// One scatter/gather element, resolved to the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct SgeEntry {
-    /// Offset in the arena's data area.
+    /// Offset in the QP's arena.
     pub(crate) off: u64,
     /// Length in bytes.
     pub(crate) len: u32,
@@ -61,7 +60,7 @@ pub(crate) enum DataLoc {
     Empty,
     /// One contiguous range: a single SGE, or inline data in the staging area.
     Single(SgeEntry),
-    /// `n` entries in an arena table at offset `table`.
+    /// `n` entries in the QP's private table memory at offset `table`.
     Table {
         /// Arena offset of entry 0.
         table: u64,
@@ -176,7 +175,7 @@ mod tests {
 
     #[test]
     fn entries_round_trip_through_a_table() {
-        let mem = Mem::heap(256);
+        let mem = Mem::private(256);
         let es = [
             SgeEntry {
                 off: 4096,

@@ -438,7 +438,13 @@ fn malformed_messages_are_rejected() {
                 b[8..10].copy_from_slice(&(VERSION + 1).to_le_bytes());
                 b
             },
-            "version 2, this side speaks version 1",
+            Box::leak(
+                format!(
+                    "version {}, this side speaks version {VERSION}",
+                    VERSION + 1
+                )
+                .into_boxed_str(),
+            ),
             RejectReason::UnsupportedVersion,
         ),
         // A body larger than any message.
@@ -499,6 +505,7 @@ fn descriptors_that_are_not_what_the_req_says_are_refused() {
     // The segment kinds (see link.rs and arena.rs).
     const LINK_KIND: u32 = 0x4b4e_494c;
     const ARENA_KIND: u32 = 0x4152_4e41;
+    const PAGE_KIND: u32 = 0x4547_4150;
     let (pipe_r, _pipe_w) = std::io::pipe().unwrap();
     let seg = |kind| {
         Segment::builder(kind, 8192)
@@ -507,36 +514,36 @@ fn descriptors_that_are_not_what_the_req_says_are_refused() {
             .unwrap()
     };
     let (arena, not_a_link) = (seg(ARENA_KIND), seg(LINK_KIND));
+    let page = Segment::builder(PAGE_KIND, 4096)
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .create()
+        .unwrap();
+    let fd = |s: &Segment| s.try_clone_fd().unwrap();
+    let pipe = || pipe_r.as_fd().try_clone_to_owned().unwrap();
     let cases: Vec<(LinkMode, Vec<std::os::fd::OwnedFd>, &str)> = vec![
         (
             LinkMode::New,
             vec![],
-            "carries 0 file descriptors instead of 2",
+            "carries 0 file descriptors instead of 3",
         ),
         (
             LinkMode::ReuseClientCreated,
-            vec![pipe_r.as_fd().try_clone_to_owned().unwrap()],
-            "reuses a link but carries 1 file descriptors",
+            vec![pipe(), pipe()],
+            "reuses a link but carries 2 file descriptors instead of 1",
         ),
         (
             LinkMode::New,
-            vec![
-                pipe_r.as_fd().try_clone_to_owned().unwrap(),
-                arena.try_clone_fd().unwrap(),
-            ],
+            vec![pipe(), fd(&page), fd(&arena)],
             "not a memfd",
         ),
         (
             LinkMode::New,
-            vec![arena.try_clone_fd().unwrap(), arena.try_clone_fd().unwrap()],
+            vec![fd(&arena), fd(&page), fd(&arena)],
             "segment kind",
         ),
         (
             LinkMode::New,
-            vec![
-                not_a_link.try_clone_fd().unwrap(),
-                arena.try_clone_fd().unwrap(),
-            ],
+            vec![fd(&not_a_link), fd(&page), fd(&arena)],
             "not shmhca's",
         ),
     ];
@@ -573,10 +580,27 @@ fn an_unknown_link_token_is_answered_once_then_refused() {
     let l = s.ctx.listen(&path).unwrap();
     let p = path.clone();
     let raw = std::thread::spawn(move || {
+        use shmhca_rings::fdpass::send_with_fds;
+        // A reused link's REQ carries the client's arena.
+        let arena = shmhca_rings::segment::Segment::builder(0x4152_4e41, 8192)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .create()
+            .unwrap();
         let mut c = raw_client(&p);
-        write_msg(&mut c, &req(LinkMode::ReuseClientCreated, offer()));
+        let fds = [arena.as_fd()];
+        send_with_fds(
+            &c,
+            &req(LinkMode::ReuseClientCreated, offer()).encode(),
+            &fds,
+        )
+        .unwrap();
         let first = read_rej(&mut c);
-        write_msg(&mut c, &req(LinkMode::ReuseServerCreated, offer()));
+        send_with_fds(
+            &c,
+            &req(LinkMode::ReuseServerCreated, offer()).encode(),
+            &fds,
+        )
+        .unwrap();
         (first, read_rej(&mut c))
     });
     let e = connect_error(s.accept(&l, &short()).unwrap_err());
@@ -599,7 +623,7 @@ fn a_server_offering_what_the_client_cannot_do_is_rejected() {
                 ..offer()
             },
             RejectReason::ProtocolError,
-            "no arena descriptor",
+            "carried 0 file descriptors instead of 2",
         ),
         (
             Offer {
@@ -790,5 +814,379 @@ fn objects_of_another_context_are_refused_and_the_server_is_told() {
         "{se}"
     );
     c.assert_clean();
+    dir.assert_empty_and_remove();
+}
+
+/// Item 5 of issue 8: a client that sends half a REQ and stalls must not hold an
+/// inline-mode server up. `accept_timeout(2 ms)` keeps its deadline (it says no client
+/// completed yet), and the server's other connection keeps exchanging messages meanwhile:
+/// while the accept call waits, it runs the inline engine.
+#[test]
+fn a_stalled_handshake_costs_the_servers_other_connections_nothing() {
+    const MESSAGES: u64 = 200;
+    let mut s = side();
+    let dir = SockDir::new("err-stall");
+    let path = dir.sock("svc.sock");
+    let l = s.ctx.listen(&path).unwrap();
+    // Long enough that the stalled handshake outlives the test on a slow machine.
+    let server_params = ConnectParams::default().handshake_timeout(Duration::from_secs(30));
+
+    // A well-behaved client that sends numbered messages, each acknowledged.
+    let p = path.clone();
+    let good = std::thread::spawn(move || {
+        let mut c = side();
+        let mut conn = c.connect(&p, &ConnectParams::default()).unwrap();
+        for i in 0..MESSAGES {
+            conn.post_send(&SendWr::inline(i, SendOp::Send, &i.to_le_bytes()))
+                .unwrap();
+            let wc = wait(&mut c.cq, 1);
+            assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
+        }
+        conn
+    });
+    let mut sconn = s.accept(&l, &server_params).unwrap();
+
+    // The stalled client: HELLO read, half a REQ sent, then silence until told to leave.
+    // (The HELLO comes from the server's next accept call: handshakes advance in them.)
+    let (stalled_tx, stalled_rx) = std::sync::mpsc::channel();
+    let (leave_tx, leave_rx) = std::sync::mpsc::channel::<()>();
+    let p = path.clone();
+    let stalled = std::thread::spawn(move || {
+        let mut c = raw_client(&p);
+        let bytes = req(LinkMode::New, offer()).encode();
+        c.write_all(&bytes[..HEADER_LEN + 10]).unwrap();
+        stalled_tx.send(()).unwrap();
+        let _ = leave_rx.recv();
+    });
+
+    // Receives for the good client's messages, re-posted as they complete.
+    let bufs: Vec<_> = (0..32)
+        .map(|_| s.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())
+        .collect();
+    for (i, b) in bufs.iter().enumerate() {
+        sconn
+            .post_recv(&RecvWr::new(i as u64, &[b.sge(0, 64).unwrap()]))
+            .unwrap();
+    }
+    let mut next = 0u64;
+    let mut wc = [WorkCompletion::default(); 16];
+    let mut stalling = false;
+    let start = std::time::Instant::now();
+    while next < MESSAGES || !stalling {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "only {next} messages arrived (stalled client in place: {stalling})"
+        );
+        stalling |= stalled_rx.try_recv().is_ok();
+        let t = std::time::Instant::now();
+        let e = connect_error(
+            l.accept_timeout(
+                Duration::from_millis(2),
+                &s.pd,
+                &s.cq,
+                &s.cq,
+                &server_params,
+            )
+            .unwrap_err(),
+        );
+        assert!(
+            e.contains("no client connected in time"),
+            "a stalled client is no connection and no error yet: {e}"
+        );
+        // Generous: the old code waited for the whole handshake timeout here.
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        let n = s.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            let b = &bufs[w.wr_id as usize];
+            let mut got = [0u8; 8];
+            b.read_at(0, &mut got).unwrap();
+            assert_eq!(u64::from_le_bytes(got), next, "in order, intact");
+            next += 1;
+            sconn
+                .post_recv(&RecvWr::new(w.wr_id, &[b.sge(0, 64).unwrap()]))
+                .unwrap();
+        }
+    }
+    // try_accept says the same without an error: no connection yet.
+    assert!(
+        l.try_accept(Duration::ZERO, &s.pd, &s.cq, &s.cq, &server_params)
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        l.handshakes_in_progress(),
+        1,
+        "the stalled client is still there"
+    );
+    let cconn = good.join().unwrap();
+    assert_eq!(sconn.state(), QpState::Rts);
+    assert_eq!(cconn.state(), QpState::Rts);
+
+    // The stalled client leaves: the next accept call reports it, and the listener serves
+    // the next client.
+    leave_tx.send(()).unwrap();
+    stalled.join().unwrap();
+    let e = connect_error(s.accept(&l, &server_params).unwrap_err());
+    assert!(
+        e.contains("closed the connection while this side waited for REQ"),
+        "{e}"
+    );
+    drop((cconn, sconn, bufs));
+    let c = side();
+    let p = path.clone();
+    let t = std::thread::spawn(move || drop(c.connect(&p, &ConnectParams::default()).unwrap()));
+    drop(s.accept(&l, &ConnectParams::default()).unwrap());
+    t.join().unwrap();
+    drop(l);
+    dir.assert_empty_and_remove();
+}
+
+/// The device and inode of the file at `path` (not following a symbolic link).
+fn file_id(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.dev(), m.ino())
+}
+
+/// Item 9 of issue 8 (library side): listening removes only what the listener created.
+/// Nothing that is not a stale socket is replaced, and a listener's drop removes its path
+/// only while it is still its own socket.
+#[test]
+fn listen_removes_only_what_it_created() {
+    let s = side();
+    let dir = SockDir::new("err-owned");
+    let path = dir.sock("svc.sock");
+
+    // A regular file, a directory, a symbolic link (to a live socket, even): refused, and
+    // left exactly as they were.
+    std::fs::write(&path, b"precious").unwrap();
+    let id = file_id(&path);
+    let e = connect_error(s.ctx.listen(&path).unwrap_err());
+    assert!(e.contains("not a socket") && e.contains("refusing"), "{e}");
+    assert_eq!(
+        (file_id(&path), std::fs::read(&path).unwrap()),
+        (id, b"precious".to_vec())
+    );
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert!(s.ctx.listen(&path).is_err());
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_dir());
+    std::fs::remove_dir(&path).unwrap();
+    let target = dir.sock("target.sock");
+    let other = UnixListener::bind(&target).unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    assert!(s.ctx.listen(&path).is_err());
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_symlink());
+    assert!(exists(&target));
+    std::fs::remove_file(&path).unwrap();
+
+    // A live listener that is not shmhca: its socket stays.
+    let id = file_id(&target);
+    let e = connect_error(s.ctx.listen(&target).unwrap_err());
+    assert!(e.contains("live listener"), "{e}");
+    assert_eq!(file_id(&target), id);
+    drop(other);
+    std::fs::remove_file(&target).unwrap();
+
+    // A live shmhca listener: a second listen on its path fails and its socket stays, still
+    // serving clients.
+    let first = s.ctx.listen(&path).unwrap();
+    let id = file_id(&path);
+    let e = connect_error(s.ctx.listen(&path).unwrap_err());
+    assert!(e.contains("live listener"), "{e}");
+    assert_eq!(
+        file_id(&path),
+        id,
+        "the live listener's socket is the same file"
+    );
+    let c = side();
+    let p = path.clone();
+    let client =
+        std::thread::spawn(move || drop(c.connect(&p, &ConnectParams::default()).unwrap()));
+    drop(s.accept(&first, &ConnectParams::default()).unwrap());
+    client.join().unwrap();
+
+    // Dropped, it removes its own socket ...
+    drop(first);
+    assert!(!exists(&path));
+    // ... but not a regular file that replaced it.
+    let l = s.ctx.listen(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, b"someone else's").unwrap();
+    drop(l);
+    assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
+    std::fs::remove_file(&path).unwrap();
+    s.assert_clean();
+    dir.assert_empty_and_remove();
+}
+
+/// A live listener that does not accept, its backlog full: a second listen on its path
+/// must neither hang probing it nor take the path.
+#[test]
+fn listen_does_not_hang_on_a_listener_with_a_full_backlog() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let s = side();
+    let dir = SockDir::new("err-backlog");
+    let path = dir.sock("svc.sock");
+    let addr = SocketAddrUnix::new(&path).unwrap();
+    let server = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+    rustix::net::bind(&server, &addr).unwrap();
+    rustix::net::listen(&server, 0).unwrap();
+    // Fill the backlog: connects that would block.
+    let mut clients = Vec::new();
+    loop {
+        let c = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::NONBLOCK,
+            None,
+        )
+        .unwrap();
+        match rustix::net::connect(&c, &addr) {
+            Ok(()) => clients.push(c),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(clients.len() < 10_000, "the backlog never filled");
+    }
+    let id = file_id(&path);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    let ctx = s.ctx;
+    let t = std::thread::spawn(move || {
+        let r = ctx.listen(&p).map(drop);
+        tx.send(r.map_err(connect_error)).unwrap();
+    });
+    let e = rx
+        .recv_timeout(DEADLINE)
+        .expect("listen() hung probing a listener with a full backlog")
+        .unwrap_err();
+    t.join().unwrap();
+    assert!(e.contains("live listener"), "{e}");
+    assert_eq!(file_id(&path), id);
+    drop((clients, server));
+    std::fs::remove_file(&path).unwrap();
+    dir.assert_empty_and_remove();
+}
+
+/// The client's side of item 5: an inline-mode client waiting in `connect` for a server that
+/// never answers keeps running its engine, so its other connections lose nothing.
+#[test]
+fn a_silent_server_costs_an_inline_clients_other_connections_nothing() {
+    let mut c = side();
+    let dir = SockDir::new("err-silent-other");
+    let good_path = dir.sock("good.sock");
+    let silent_path = dir.sock("silent.sock");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // A well-behaved server that sends numbered messages to the client until told to stop,
+    // each one acknowledged (its thread drives its own inline engine).
+    let a = side();
+    let l = a.ctx.listen(&good_path).unwrap();
+    let st = stop.clone();
+    let good = std::thread::spawn(move || {
+        let mut a = a;
+        let mut conn = a.accept(&l, &ConnectParams::default()).unwrap();
+        let mut sent = 0u64;
+        while !st.load(std::sync::atomic::Ordering::Relaxed) {
+            conn.post_send(&SendWr::inline(sent, SendOp::Send, &sent.to_le_bytes()))
+                .unwrap();
+            let wc = wait(&mut a.cq, 1);
+            assert_eq!((wc[0].wr_id, wc[0].status), (sent, WcStatus::Success));
+            sent += 1;
+        }
+        (sent, conn, l)
+    });
+    let mut conn = c.connect(&good_path, &ConnectParams::default()).unwrap();
+    let bufs: Vec<_> = (0..64)
+        .map(|_| c.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())
+        .collect();
+    for (i, b) in bufs.iter().enumerate() {
+        conn.post_recv(&RecvWr::new(i as u64, &[b.sge(0, 64).unwrap()]))
+            .unwrap();
+    }
+
+    // A server that accepts and never says a word: the client waits its handshake timeout.
+    let silent = raw_server(&silent_path, |mut s| {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    });
+    let params = ConnectParams::default().handshake_timeout(Duration::from_secs(2));
+    let e = connect_error(c.connect(&silent_path, &params).unwrap_err());
+    assert!(e.contains("no HELLO"), "{e}");
+    silent.join().unwrap();
+    std::fs::remove_file(&silent_path).unwrap();
+
+    // Take in (and re-post receives for) everything sent, until the server stops; it
+    // checks each of its sends completed successfully.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut got = 0u64;
+    let mut wc = [WorkCompletion::default(); 16];
+    let start = std::time::Instant::now();
+    while !good.is_finished() {
+        assert!(start.elapsed() < DEADLINE, "the server never finished");
+        let n = c.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            let b = &bufs[w.wr_id as usize];
+            let mut v = [0u8; 8];
+            b.read_at(0, &mut v).unwrap();
+            assert_eq!(u64::from_le_bytes(v), got, "in order, intact");
+            got += 1;
+            conn.post_recv(&RecvWr::new(w.wr_id, &[b.sge(0, 64).unwrap()]))
+                .unwrap();
+        }
+    }
+    let (sent, sconn, l) = good.join().unwrap();
+    assert!(sent > 0);
+    while got < sent {
+        assert!(start.elapsed() < DEADLINE, "{got} of {sent}");
+        let n = c.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            got += 1;
+        }
+    }
+    assert_eq!((conn.state(), sconn.state()), (QpState::Rts, QpState::Rts));
+    drop((conn, sconn, l, bufs));
+    dir.assert_empty_and_remove();
+}
+
+/// Clients that connect and say nothing hold at most `MAX_HANDSHAKES` handshakes of an
+/// accept call; the rest wait in the kernel's backlog and are taken as slots free.
+#[test]
+fn handshakes_in_progress_are_capped() {
+    use shmhca::cm::MAX_HANDSHAKES;
+    let s = side();
+    let dir = SockDir::new("err-cap");
+    let path = dir.sock("svc.sock");
+    let l = s.ctx.listen(&path).unwrap();
+    let extra = 40;
+    let mut clients: Vec<_> = (0..MAX_HANDSHAKES + extra)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    let params = ConnectParams::default().handshake_timeout(DEADLINE);
+    let try_accept = || {
+        l.try_accept(Duration::from_millis(200), &s.pd, &s.cq, &s.cq, &params)
+            .unwrap()
+            .map(drop)
+    };
+    assert!(try_accept().is_none());
+    assert_eq!(l.handshakes_in_progress(), MAX_HANDSHAKES);
+    // 100 leave without a word (not an error); the waiting ones take their places.
+    clients.drain(..100);
+    let start = std::time::Instant::now();
+    while l.handshakes_in_progress() != MAX_HANDSHAKES + extra - 100 {
+        assert!(start.elapsed() < DEADLINE, "{}", l.handshakes_in_progress());
+        assert!(try_accept().is_none());
+    }
+    drop(clients);
+    while l.handshakes_in_progress() != 0 {
+        assert!(start.elapsed() < DEADLINE, "{}", l.handshakes_in_progress());
+        assert!(try_accept().is_none());
+    }
+    drop(l);
+    s.assert_clean();
     dir.assert_empty_and_remove();
 }

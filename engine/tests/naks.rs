@@ -255,3 +255,81 @@ fn error_state_flushes_receives_and_later_posts() {
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
     assert_eq!(src.in_flight(), 0);
 }
+
+/// Posts a request that the responder accepts and answers (`first`, with result buffer
+/// `result`) and then a Write with a bad R_Key; both are sent before either is answered.
+/// The accepted request completes with its result, the Write with a remote access error.
+fn accepted_then_refused(p: &mut Pair, src: &Mr, first: SendOp, result: Sge<'_>) {
+    let mut bad =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::REMOTE_WRITE)
+            .unwrap()
+            .remote(0);
+    bad.rkey ^= 0x0100;
+    p.a.qp.post_send(&SendWr::new(1, first, &[result])).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            2,
+            SendOp::RdmaWrite(bad),
+            &[src.sge(0, 16).unwrap()],
+        ))
+        .unwrap();
+    let wcs = wait_a(p, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::RemAccessErr)],
+        "the responses of accepted requests leave before the Nak: {wcs:?}"
+    );
+    assert_eq!(p.a.qp.state(), QpState::Error);
+    p.settle();
+    assert_eq!(p.b.qp.state(), QpState::Error);
+}
+
+#[test]
+fn an_atomic_before_a_refused_write_completes_with_its_result() {
+    // Found by the trust review (issue 8, item 11b): the fatal Nak discarded the Atomic
+    // Acknowledge queued before it, so the executed FetchAdd failed with RetryExcErr.
+    let (mut p, src, _) = setup();
+    let word =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::REMOTE_ATOMIC | AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    word.write_at(8, &40u64.to_ne_bytes()).unwrap();
+    let result = p.a.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    accepted_then_refused(
+        &mut p,
+        &src,
+        SendOp::FetchAdd {
+            remote: word.remote(8),
+            add: 2,
+        },
+        result.sge(0, 8).unwrap(),
+    );
+    assert_eq!(
+        word.load_u64(8).unwrap(),
+        42,
+        "the FetchAdd ran exactly once"
+    );
+    assert_eq!(
+        result.load_u64(0).unwrap(),
+        40,
+        "it returned the original value"
+    );
+}
+
+#[test]
+fn a_read_before_a_refused_write_completes_with_its_data() {
+    // As above for an RDMA Read of several response packets.
+    let (mut p, src, target) = setup();
+    target.write_at(0, &pattern(4096, 3)).unwrap();
+    let back = p.a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    accepted_then_refused(
+        &mut p,
+        &src,
+        SendOp::RdmaRead(target.remote(0)),
+        back.sge(0, 3000).unwrap(),
+    );
+    let mut got = vec![0u8; 3000];
+    back.read_at(0, &mut got).unwrap();
+    assert_eq!(got, pattern(4096, 3)[..3000]);
+}

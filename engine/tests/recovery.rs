@@ -347,3 +347,57 @@ fn an_ack_leaves_even_if_the_receiver_stops_polling() {
     assert_eq!(got, 1);
     assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
 }
+
+#[test]
+fn a_write_with_immediate_refused_for_want_of_a_receive_succeeds_when_retried() {
+    // Found by the trust review (issue 8, item 11a): the responder took the RNR-Nak'd
+    // Write for one in progress, so its retry was Nak'd Invalid Request.
+    let mut p = pair(&Params {
+        min_rnr_timer: 1,
+        rnr_retry: 7,
+        ..Params::default()
+    });
+    let src = p.a.pd.alloc_mr(4096, AccessFlags::NONE).unwrap();
+    src.write_at(0, &pattern(700, 9)).unwrap();
+    let dst = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            1,
+            SendOp::RdmaWriteWithImm(dst.remote(100), 0xfeed),
+            &[src.sge(0, 700).unwrap()],
+        ))
+        .unwrap();
+    // No receive posted: the Write Only with Immediate is refused with an RNR Nak.
+    let start = Instant::now();
+    while p.a.ctx.stats().rnr_naks_received < 1 {
+        p.pump();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no RNR Nak arrived"
+        );
+    }
+    assert_eq!(p.b.qp.state(), QpState::Rts, "an RNR Nak is not an error");
+    let buf = p.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.qp
+        .post_recv(&RecvWr::new(2, &[buf.sge(0, 64).unwrap()]))
+        .unwrap();
+    let rc = wait_b(&mut p, 1)[0];
+    assert_eq!(
+        (rc.wr_id, rc.status, rc.opcode, rc.byte_len, rc.imm_data),
+        (
+            2,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            700,
+            Some(0xfeed)
+        ),
+        "{rc:?}"
+    );
+    let sc = wait_a(&mut p, 1)[0];
+    assert_eq!((sc.wr_id, sc.status), (1, WcStatus::Success), "{sc:?}");
+    let mut got = vec![0u8; 700];
+    dst.read_at(100, &mut got).unwrap();
+    assert_eq!(got, pattern(700, 9));
+    assert_eq!(p.a.qp.state(), QpState::Rts);
+    assert_eq!(p.b.qp.state(), QpState::Rts);
+}

@@ -11,9 +11,26 @@
 //! The header is written once by the creator and never trusted by an opener: [`Segment::open`]
 //! copies it out of the file with `pread`, checks magic, layout version, kind, header
 //! length and sizes against the file's real length, and keeps private copies of what it
-//! validated. The memfd is sealed (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) right after
-//! it is sized, and `open` refuses a memfd that could still shrink: a peer that could
-//! truncate the file under our mapping could make us fault with `SIGBUS`.
+//! validated. The memfd is sealed (`F_SEAL_SHRINK | F_SEAL_GROW`) right after it is sized,
+//! and `open` refuses a memfd that could still shrink: a peer that could truncate the file
+//! under our mapping could make us fault with `SIGBUS`.
+//!
+//! # Who may write: [`Sharing`]
+//!
+//! A segment made with [`Sharing::CreatorWrites`] (an arena: memory only its owner writes)
+//! is sealed with `F_SEAL_FUTURE_WRITE` once the creator has mapped it: from then on the
+//! kernel refuses every new writable mapping, `write(2)` and hole punching, whoever asks and
+//! however they obtained a descriptor (even by reopening `/proc/PID/fd/N`), and a read-only
+//! mapping cannot be `mprotect`ed to writable. [`Segment::share_fd`] hands out a read-only
+//! reopen of the memfd on top of that. A [`Sharing::ReadWrite`] segment (a link's rings,
+//! which both ends write) is sealed with `F_SEAL_SEAL` only.
+//!
+//! # What an opener commits
+//!
+//! [`Segment::open`] takes the largest data length the caller accepts and refuses a bigger
+//! segment before mapping anything, and it never populates the mapping: pages a peer's
+//! segment declares cost this process nothing until they are read. The creator's own
+//! mapping is populated at creation ([`SegmentBuilder::populate`]).
 //!
 //! memfds have no name in any file system, so nothing is ever left behind in `/dev/shm` or
 //! elsewhere: the memory is freed when the last descriptor and mapping go away, including
@@ -32,7 +49,7 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Once;
 
@@ -143,6 +160,19 @@ pub enum Access {
     ReadOnly,
 }
 
+/// Who may write a segment once its descriptor has been handed to another process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Sharing {
+    /// Everyone who maps it may write it (a link segment: both ends write their rings).
+    #[default]
+    ReadWrite,
+    /// Only the creator's own mapping is writable. The kernel enforces it with
+    /// `F_SEAL_FUTURE_WRITE`: no process (the creator included) can make a new writable
+    /// mapping, `write(2)` to it or punch holes in it, and descriptors from
+    /// [`Segment::share_fd`] are read-only reopens. For memory peers read and never write.
+    CreatorWrites,
+}
+
 /// The header at offset 0 of every segment, in native byte order (both ends run on the
 /// same machine). Written by the creator; copied out and validated by every opener.
 #[repr(C)]
@@ -251,6 +281,17 @@ pub enum OpenError {
     Stat {
         /// The system error.
         source: io::Error,
+    },
+    /// The memfd is longer than the caller agreed to map.
+    #[error(
+        "the memfd is {len} bytes, more than the {max_data_len} data bytes (plus header and \
+         page rounding) agreed for it: the peer offered a larger segment than negotiated"
+    )]
+    TooLarge {
+        /// The memfd's length.
+        len: u64,
+        /// The largest data length the caller accepts.
+        max_data_len: usize,
     },
     /// The memfd is shorter than a segment header.
     #[error(
@@ -365,6 +406,8 @@ pub struct SegmentBuilder {
     data_len: usize,
     name: String,
     huge_pages: HugePages,
+    sharing: Sharing,
+    populate: bool,
 }
 
 /// A shared-memory segment: a sealed memfd, mapped, with a validated header page.
@@ -379,6 +422,7 @@ pub struct Segment {
     kind: u32,
     page_size: PageSize,
     access: Access,
+    sharing: Sharing,
     data_len: usize,
 }
 
@@ -407,6 +451,20 @@ impl SegmentBuilder {
     /// Whether to use huge pages (default [`HugePages::Auto`]).
     pub fn huge_pages(mut self, huge_pages: HugePages) -> Self {
         self.huge_pages = huge_pages;
+        self
+    }
+
+    /// Who may write the segment once it is shared (default [`Sharing::ReadWrite`]).
+    pub fn sharing(mut self, sharing: Sharing) -> Self {
+        self.sharing = sharing;
+        self
+    }
+
+    /// Whether to fault every page in at creation (default `true`): the hot path then never
+    /// takes a page fault, and a huge-page shortfall is an error here rather than a
+    /// `SIGBUS` later. Without it, pages are committed as they are first touched.
+    pub fn populate(mut self, populate: bool) -> Self {
+        self.populate = populate;
         self
     }
 
@@ -479,18 +537,27 @@ impl SegmentBuilder {
             len: total_len,
             source: e.into(),
         })?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
-            .map_err(|e| CreateError::Seal { source: e.into() })?;
+        let seal = |seals| {
+            rustix::fs::fcntl_add_seals(&fd, seals)
+                .map_err(|e| CreateError::Seal { source: e.into() })
+        };
+        seal(SealFlags::SHRINK | SealFlags::GROW)?;
         // populate(): fault every page in now, so that (a) the hot path never takes a page
         // fault and (b) a hugetlb shortfall shows up here as an error, not later as SIGBUS.
-        let map = MmapOptions::new()
-            .len(total_len)
-            .populate()
-            .map_raw(&fd)
-            .map_err(|source| CreateError::Map {
-                len: total_len,
-                source,
-            })?;
+        let mut options = MmapOptions::new();
+        options.len(total_len);
+        if self.populate {
+            options.populate();
+        }
+        let map = options.map_raw(&fd).map_err(|source| CreateError::Map {
+            len: total_len,
+            source,
+        })?;
+        // The creator's writable mapping exists; from here on nobody gets another one.
+        seal(match self.sharing {
+            Sharing::ReadWrite => SealFlags::SEAL,
+            Sharing::CreatorWrites => SealFlags::FUTURE_WRITE | SealFlags::SEAL,
+        })?;
         if page_size == PageSize::Base4K && self.data_len >= HUGE_PAGE_LEN {
             // Transparent huge pages for shmem, where the admin enabled them
             // (shmem_enabled = advise/within_size/always). Purely a hint: with THP off
@@ -520,6 +587,7 @@ impl SegmentBuilder {
             kind: self.kind,
             page_size,
             access: Access::ReadWrite,
+            sharing: self.sharing,
             data_len: total_len - HEADER_LEN,
         })
     }
@@ -535,22 +603,34 @@ impl Segment {
             data_len,
             name: String::from("shmhca"),
             huge_pages: HugePages::Auto,
+            sharing: Sharing::ReadWrite,
+            populate: true,
         }
     }
 
     /// Maps a segment received from a peer (or a dup of one's own), after validating it.
     ///
     /// Checks, in order, before anything is mapped: the descriptor is a memfd, sealed
-    /// against shrinking; it is at least a header long; the header (copied out with
+    /// against shrinking; it is at least a header long and at most a header plus
+    /// `max_data_len` (rounded up to a huge page) long — the caller's cap, so that a peer
+    /// cannot make this process map more than it agreed to; the header (copied out with
     /// `pread`) has the right magic, layout version, kind and header length; the total
     /// length in the header equals the memfd's real length; the data length fits. The
     /// validated values are kept privately: later writes to the header by the peer change
     /// nothing here.
     ///
+    /// The mapping is not populated: its pages cost nothing until they are touched, so a
+    /// peer's sparse segment commits no memory here.
+    ///
     /// # Errors
     ///
     /// One [`OpenError`] variant per failed check, saying what is wrong.
-    pub fn open(fd: OwnedFd, expected_kind: u32, access: Access) -> Result<Segment, OpenError> {
+    pub fn open(
+        fd: OwnedFd,
+        expected_kind: u32,
+        access: Access,
+        max_data_len: usize,
+    ) -> Result<Segment, OpenError> {
         let seals = rustix::fs::fcntl_get_seals(&fd)
             .map_err(|e| OpenError::NotAMemfd { source: e.into() })?;
         if !seals.contains(SealFlags::SHRINK) {
@@ -624,8 +704,19 @@ impl Segment {
         } else {
             PageSize::Base4K
         };
+        // The creator rounds header plus data up to whole pages; nothing more is accepted.
+        let cap = (HEADER_LEN as u64)
+            .saturating_add(max_data_len as u64)
+            .checked_next_multiple_of(page_size.bytes() as u64)
+            .unwrap_or(u64::MAX);
+        if file_len > cap {
+            return Err(OpenError::TooLarge {
+                len: file_len,
+                max_data_len,
+            });
+        }
         let mut options = MmapOptions::new();
-        options.len(total_len).populate();
+        options.len(total_len);
         let map = match access {
             Access::ReadWrite => options.map_raw(&fd),
             Access::ReadOnly => options.map_raw_read_only(&fd),
@@ -640,13 +731,60 @@ impl Segment {
             kind: header.kind,
             page_size,
             access,
+            sharing: if seals.contains(SealFlags::FUTURE_WRITE) {
+                Sharing::CreatorWrites
+            } else {
+                Sharing::ReadWrite
+            },
             data_len,
         })
     }
 
-    /// The segment's memfd, for sending to a peer ([`crate::fdpass::send_with_fds`]).
+    /// The segment's memfd. To hand the segment to a peer use [`Segment::share_fd`], which
+    /// gives a read-only descriptor for [`Sharing::CreatorWrites`] segments.
     pub fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// The memfd's identity (device and inode numbers): two descriptors of the same memfd
+    /// have the same identity, so a process can tell a segment it mapped already.
+    ///
+    /// # Errors
+    ///
+    /// The system error of `fstat`.
+    pub fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+        let st = rustix::fs::fstat(fd)?;
+        Ok((st.st_dev as u64, st.st_ino as u64))
+    }
+
+    /// Who may write the segment (for an opened one: what its seals say).
+    pub fn sharing(&self) -> Sharing {
+        self.sharing
+    }
+
+    /// A descriptor to hand to a peer ([`crate::fdpass::send_with_fds`]).
+    ///
+    /// For a [`Sharing::CreatorWrites`] segment it is a read-only reopen of the memfd
+    /// (`/proc/self/fd/N` opened `O_RDONLY`), so the peer cannot even ask for a writable
+    /// mapping; where `/proc` is not mounted it is a duplicate, and the
+    /// `F_SEAL_FUTURE_WRITE` seal alone still refuses every writable mapping. For a
+    /// [`Sharing::ReadWrite`] segment it is a duplicate.
+    ///
+    /// # Errors
+    ///
+    /// The system error if the process is out of descriptors.
+    pub fn share_fd(&self) -> io::Result<OwnedFd> {
+        if self.sharing == Sharing::CreatorWrites {
+            let path = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+            if let Ok(fd) = rustix::fs::open(
+                path.as_str(),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            ) {
+                return Ok(fd);
+            }
+        }
+        self.try_clone_fd()
     }
 
     /// A new descriptor for the same memfd (`F_DUPFD_CLOEXEC`), for sending to a peer or for

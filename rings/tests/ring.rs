@@ -652,7 +652,15 @@ fn attach_errors_say_which() {
 fn read_only_segments_cannot_hold_ring_ends() {
     let seg = segment(8192);
     ring::init_shm_ring::<u64>(&seg, 0, 16).unwrap();
-    let ro = Arc::new(Segment::open(seg.try_clone_fd().unwrap(), KIND, Access::ReadOnly).unwrap());
+    let ro = Arc::new(
+        Segment::open(
+            seg.try_clone_fd().unwrap(),
+            KIND,
+            Access::ReadOnly,
+            usize::MAX,
+        )
+        .unwrap(),
+    );
     assert_eq!(
         ring::shm_producer::<u64>(Arc::clone(&ro), 0).unwrap_err(),
         RingOpenError::SegmentReadOnly

@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use rustix::fs::{MemfdFlags, SealFlags};
 use shmhca_rings::segment::{
     Access, AccessError, CreateError, HEADER_LEN, HUGE_PAGE_LEN, HugePages, LAYOUT_VERSION,
-    OpenError, PageSize, SEGMENT_MAGIC, Segment,
+    OpenError, PageSize, SEGMENT_MAGIC, Segment, Sharing,
 };
 
 const KIND: u32 = 0x7e57;
@@ -120,7 +120,13 @@ fn huge_pages_when_reserved_else_a_clear_error() {
             assert!(all.iter().all(|&b| b == 0), "huge pages are zero-filled");
             seg.write_at(123, b"huge").unwrap();
             // The opener sees hugetlbfs too, and the same bytes.
-            let peer = Segment::open(seg.try_clone_fd().unwrap(), KIND, Access::ReadOnly).unwrap();
+            let peer = Segment::open(
+                seg.try_clone_fd().unwrap(),
+                KIND,
+                Access::ReadOnly,
+                usize::MAX,
+            )
+            .unwrap();
             assert_eq!(peer.page_size(), PageSize::Huge2M);
             let mut four = [0u8; 4];
             peer.read_at(123, &mut four).unwrap();
@@ -165,7 +171,13 @@ fn auto_falls_back_and_reports_what_it_got() {
 fn read_only_peer_reads_what_the_owner_wrote_and_cannot_write() {
     let owner = base(8192);
     owner.write_at(100, b"hello, peer").unwrap();
-    let peer = Segment::open(owner.try_clone_fd().unwrap(), KIND, Access::ReadOnly).unwrap();
+    let peer = Segment::open(
+        owner.try_clone_fd().unwrap(),
+        KIND,
+        Access::ReadOnly,
+        usize::MAX,
+    )
+    .unwrap();
     assert_eq!(peer.access(), Access::ReadOnly);
     assert_eq!(peer.data_len(), owner.data_len());
     assert_eq!(peer.kind(), KIND);
@@ -187,7 +199,13 @@ fn read_only_peer_reads_what_the_owner_wrote_and_cannot_write() {
 #[test]
 fn read_write_reopen_shares_memory() {
     let owner = base(4096);
-    let other = Segment::open(owner.try_clone_fd().unwrap(), KIND, Access::ReadWrite).unwrap();
+    let other = Segment::open(
+        owner.try_clone_fd().unwrap(),
+        KIND,
+        Access::ReadWrite,
+        usize::MAX,
+    )
+    .unwrap();
     other.write_at(4090, b"from the other mapping").unwrap_err(); // past the end
     other.write_at(4000, b"from other").unwrap();
     drop(owner); // the other mapping stays valid on its own
@@ -271,7 +289,7 @@ fn crafted(len: u64, header: Option<Header>, sealing: bool, seal: bool) -> Owned
 }
 
 fn open_err(fd: OwnedFd) -> OpenError {
-    match Segment::open(fd, KIND, Access::ReadWrite) {
+    match Segment::open(fd, KIND, Access::ReadWrite, usize::MAX) {
         Ok(seg) => panic!("crafted descriptor was accepted: {seg:?}"),
         Err(e) => {
             // Every error explains itself.
@@ -288,6 +306,7 @@ fn a_well_crafted_memfd_opens() {
         crafted(8192, Some(Header::valid(8192)), true, true),
         KIND,
         Access::ReadWrite,
+        usize::MAX,
     )
     .expect("a valid crafted segment opens");
     assert_eq!(seg.data_len(), 4096);
@@ -338,7 +357,13 @@ fn wrong_version() {
 #[test]
 fn wrong_kind() {
     let seg = base(4096);
-    let e = Segment::open(seg.try_clone_fd().unwrap(), KIND + 1, Access::ReadOnly).unwrap_err();
+    let e = Segment::open(
+        seg.try_clone_fd().unwrap(),
+        KIND + 1,
+        Access::ReadOnly,
+        usize::MAX,
+    )
+    .unwrap_err();
     assert!(
         matches!(e, OpenError::WrongKind { expected, found } if expected == KIND + 1 && found == KIND),
         "{e}"
@@ -500,4 +525,219 @@ fn no_files_left_behind_even_after_sigkill() {
         })
         .unwrap_or_default();
     assert_eq!(leaked(tmp), Vec::<String>::new());
+}
+
+// ---- What a peer can do with a CreatorWrites segment's descriptor ----
+
+fn creator_writes(data_len: usize, huge: HugePages) -> Segment {
+    Segment::builder(KIND, data_len)
+        .name("shmhca-test-ro")
+        .huge_pages(huge)
+        .sharing(Sharing::CreatorWrites)
+        .create()
+        .expect("create a creator-writes segment")
+}
+
+/// Tries `mmap(PROT_READ|PROT_WRITE, MAP_SHARED)` of the whole file behind `fd`.
+fn map_writable(fd: &OwnedFd, len: usize) -> rustix::io::Result<()> {
+    use rustix::mm::{MapFlags, ProtFlags, mmap, munmap};
+    // SAFETY: a fresh mapping at an address the kernel chooses; it is unmapped right away
+    // and never dereferenced.
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+    }?;
+    // SAFETY: `p` is the mapping just made, of `len` bytes.
+    unsafe { munmap(p, len) }.expect("munmap");
+    Ok(())
+}
+
+/// Maps `fd` read-only and tries to `mprotect` the mapping writable.
+fn upgrade_to_writable(fd: &OwnedFd, len: usize) -> rustix::io::Result<()> {
+    use rustix::mm::{MapFlags, MprotectFlags, ProtFlags, mmap, mprotect, munmap};
+    // SAFETY: a fresh read-only mapping at an address the kernel chooses, never
+    // dereferenced, unmapped below.
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+    }
+    .expect("a read-only mapping is allowed");
+    // SAFETY: `p..p+len` is the mapping just made; changing its protection touches no
+    // Rust object.
+    let r = unsafe { mprotect(p, len, MprotectFlags::READ | MprotectFlags::WRITE) };
+    // SAFETY: as above.
+    unsafe { munmap(p, len) }.expect("munmap");
+    r
+}
+
+fn assert_peer_cannot_write(owner: &Segment) {
+    let len = owner.data_len() + HEADER_LEN;
+    let fd = owner.share_fd().expect("share_fd");
+    assert!(
+        map_writable(&fd, len).is_err(),
+        "a peer mapped the shared descriptor writable"
+    );
+    assert!(
+        upgrade_to_writable(&fd, len).is_err(),
+        "a peer upgraded a read-only mapping to writable"
+    );
+    assert!(
+        rustix::io::pwrite(&fd, b"x", HEADER_LEN as u64).is_err(),
+        "write(2) through the shared descriptor"
+    );
+    // The same user can reopen any descriptor it holds through /proc with more rights;
+    // the seal still refuses every writable use of the memfd.
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    if let Ok(rw) = rustix::fs::open(
+        path.as_str(),
+        rustix::fs::OFlags::RDWR,
+        rustix::fs::Mode::empty(),
+    ) {
+        assert!(
+            map_writable(&rw, len).is_err(),
+            "writable mapping after a /proc reopen"
+        );
+        assert!(
+            upgrade_to_writable(&rw, len).is_err(),
+            "mprotect after a /proc reopen"
+        );
+        assert!(
+            rustix::io::pwrite(&rw, b"x", HEADER_LEN as u64).is_err(),
+            "write(2) after a /proc reopen"
+        );
+        assert!(
+            rustix::fs::fallocate(
+                &rw,
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                HEADER_LEN as u64,
+                4096,
+            )
+            .is_err(),
+            "punching a hole (zeroing the owner's pages) after a /proc reopen"
+        );
+        assert!(
+            rustix::fs::ftruncate(&rw, 0).is_err(),
+            "truncating after a /proc reopen"
+        );
+    }
+    // The opener's API maps it read-only; the owner's own mapping still writes, and the
+    // peer sees it.
+    let peer = Segment::open(fd, KIND, Access::ReadOnly, owner.data_len()).unwrap();
+    assert_eq!(peer.sharing(), Sharing::CreatorWrites);
+    owner.write_at(64, b"owner writes").unwrap();
+    let mut got = [0u8; 12];
+    peer.read_at(64, &mut got).unwrap();
+    assert_eq!(&got, b"owner writes");
+}
+
+#[test]
+fn a_peer_can_never_write_a_creator_writes_segment() {
+    assert_peer_cannot_write(&creator_writes(1 << 20, HugePages::Never));
+}
+
+#[test]
+fn a_peer_can_never_write_a_creator_writes_segment_on_huge_pages() {
+    match Segment::builder(KIND, 100)
+        .huge_pages(HugePages::Require)
+        .sharing(Sharing::CreatorWrites)
+        .create()
+    {
+        Ok(seg) => assert_peer_cannot_write(&seg),
+        Err(CreateError::HugePagesUnavailable { .. }) => {
+            eprintln!("skipped: no huge pages reserved (echo 64 > /proc/sys/vm/nr_hugepages)")
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn the_shared_descriptor_of_a_creator_writes_segment_is_read_only() {
+    let owner = creator_writes(4096, HugePages::Never);
+    let fd = owner.share_fd().unwrap();
+    let flags = rustix::fs::fcntl_getfl(&fd).unwrap();
+    assert_eq!(
+        flags & rustix::fs::OFlags::RWMODE,
+        rustix::fs::OFlags::RDONLY,
+        "share_fd hands out an O_RDONLY reopen"
+    );
+    // A read-write segment (a link's rings) stays writable for the peer.
+    let rw = base(4096);
+    let fd = rw.share_fd().unwrap();
+    map_writable(&fd, 8192).expect("a ReadWrite segment can be mapped writable");
+}
+
+#[test]
+fn open_refuses_a_segment_larger_than_the_caller_accepts() {
+    let seg = base(1 << 20);
+    let e = Segment::open(seg.try_clone_fd().unwrap(), KIND, Access::ReadOnly, 4096).unwrap_err();
+    assert!(matches!(e, OpenError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("negotiated"), "{e}");
+    Segment::open(seg.try_clone_fd().unwrap(), KIND, Access::ReadOnly, 1 << 20)
+        .expect("the agreed size opens");
+}
+
+/// Resident bytes of the mapping that starts at `addr`, from /proc/self/smaps.
+fn rss_of_mapping(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((lo, hi)) = range.split_once('-') {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(kb) = line.strip_prefix("Rss:") {
+                return kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+                    * 1024;
+            }
+        }
+    }
+    panic!("no mapping at {addr:#x}");
+}
+
+#[test]
+fn opening_a_huge_sparse_segment_commits_nothing() {
+    // A peer offers 4 GiB it never touched; opening it must not fault it in (the old
+    // open populated it and the victim was OOM-killed).
+    let sparse = Segment::builder(KIND, 4 << 30)
+        .huge_pages(HugePages::Never)
+        .populate(false)
+        .create()
+        .unwrap();
+    let peer = Segment::open(
+        sparse.try_clone_fd().unwrap(),
+        KIND,
+        Access::ReadOnly,
+        4 << 30,
+    )
+    .unwrap();
+    let addr = peer.data_ptr().as_ptr() as usize;
+    assert!(
+        rss_of_mapping(addr) < 1 << 20,
+        "the opener's mapping is resident: {} bytes",
+        rss_of_mapping(addr)
+    );
 }

@@ -63,7 +63,7 @@ fn helper_consumer_process() {
     let mut buf = [0u8; 1];
     let (n, mut fds) = recv_with_fds(&stream, &mut buf, 1).unwrap();
     assert_eq!((n, fds.len()), (1, 1));
-    let seg = Arc::new(Segment::open(fds.remove(0), KIND, Access::ReadWrite).unwrap());
+    let seg = Arc::new(Segment::open(fds.remove(0), KIND, Access::ReadWrite, usize::MAX).unwrap());
     let mut rx = ring::shm_consumer::<Msg>(Arc::clone(&seg), DATA_RING).unwrap();
     let mut ack = ring::shm_producer::<Report>(Arc::clone(&seg), ack_ring_offset()).unwrap();
     let mut report = Report {

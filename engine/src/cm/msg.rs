@@ -7,7 +7,7 @@
 //! ```text
 //! header   0..8   magic "SHMHCACM"
 //!          8..10  protocol version (this build: VERSION)
-//!         10..12  message type (1 HELLO, 2 REQ, 3 REP, 4 RTU, 5 REJ)
+//!         10..12  message type (1 HELLO, 2 REQ, 3 REP, 4 RTU, 5 REJ, 6 KEEPALIVE)
 //!         12..16  body length in bytes
 //!
 //! HELLO    0..8   engine identity          (server -> client, first message)
@@ -30,10 +30,11 @@
 //!
 //! REQ      0..8   client engine identity   (client -> server)
 //!          8..12  trace id
-//!         12      link mode: 1 a new link, whose segment and the client's arena travel
-//!                 with this message (SCM_RIGHTS); 0 reuse the link named by the token,
-//!                 created by the client; 2 reuse the link named by the token, created by
-//!                 the server
+//!         12      link mode: 1 a new link, whose segment and the client's engine page
+//!                 travel with this message (SCM_RIGHTS); 0 reuse the link named by the
+//!                 token, created by the client; 2 reuse the link named by the token,
+//!                 created by the server. The client QP's arena (read-only) travels
+//!                 with every REQ, last.
 //!         13..16  reserved
 //!         16..24  link token (chosen by the link's creator)
 //!         24..64  offer
@@ -41,8 +42,9 @@
 //!         66..68  reserved
 //!         68..    private data
 //!
-//! REP      0..8   link token (echoed)      (server -> client; the server's arena travels
-//!          8..48  offer                     with it when the REQ brought a new link)
+//! REP      0..8   link token (echoed)      (server -> client; the server QP's arena
+//!          8..48  offer                     travels with it, after the server's engine
+//!                                           page when the REQ brought a new link)
 //!         48..50  private data length (0..=256)
 //!         50..52  reserved
 //!         52..    private data
@@ -52,7 +54,14 @@
 //! REJ      0..2   reason                   (either side, at any step)
 //!          2..4   text length (0..=256)
 //!          4..    text (UTF-8): what was wrong, naming the field
+//!
+//! KEEPALIVE (empty)                        (either side, after setup only: each side's
+//!                                           watcher sends one every KEEPALIVE_INTERVAL)
 //! ```
+//!
+//! After setup (RTU sent or received) a KEEPALIVE is the only message either side may send;
+//! anything else on the socket ends the connection. Version 2 added it (version 1 peers are
+//! refused with [`MsgError::Version`]).
 //!
 //! Decoding checks the structure (magic, version, type, exact lengths, reserved bytes);
 //! [`Offer::check`] then checks every field's range. Neither ever panics on any input.
@@ -65,7 +74,7 @@ use crate::qp::{MAX_RD_ATOMIC, Mtu, QpCaps};
 /// The first eight bytes of every message.
 pub const MAGIC: [u8; 8] = *b"SHMHCACM";
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes of the message header.
 pub const HEADER_LEN: usize = 16;
 /// The largest message body accepted.
@@ -88,6 +97,7 @@ mod ty {
     pub(super) const REP: u16 = 3;
     pub(super) const RTU: u16 = 4;
     pub(super) const REJ: u16 = 5;
+    pub(super) const KEEPALIVE: u16 = 6;
 }
 
 /// Why a message could not be decoded.
@@ -377,7 +387,7 @@ pub struct Hello {
 /// How a REQ names its link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkMode {
-    /// A new link: its segment and the client's arena travel with the REQ.
+    /// A new link: its segment and the client's engine page travel with the REQ.
     New,
     /// Reuse the link with this token that the client created (the server holds the
     /// segment's opening end).
@@ -509,6 +519,8 @@ pub enum Message {
     Rtu,
     /// Either side: rejected.
     Rej(Rej),
+    /// Either side, after setup: "still here" (see the module documentation).
+    Keepalive,
 }
 
 fn le32(b: &[u8], at: usize) -> u32 {
@@ -542,6 +554,7 @@ impl Message {
             Message::Rep(_) => "REP",
             Message::Rtu => "RTU",
             Message::Rej(_) => "REJ",
+            Message::Keepalive => "KEEPALIVE",
         }
     }
 
@@ -582,6 +595,7 @@ impl Message {
                 ty::REP
             }
             Message::Rtu => ty::RTU,
+            Message::Keepalive => ty::KEEPALIVE,
             Message::Rej(r) => {
                 let text = cut(&r.text, MAX_REJECT_TEXT);
                 body.extend_from_slice(&r.reason.code().to_le_bytes());
@@ -696,6 +710,10 @@ impl Message {
                 exact("RTU", 0)?;
                 Ok(Message::Rtu)
             }
+            ty::KEEPALIVE => {
+                exact("KEEPALIVE", 0)?;
+                Ok(Message::Keepalive)
+            }
             ty::REJ => {
                 at_least("REJ", REJ_FIXED)?;
                 let n = u16::from_le_bytes([body[2], body[3]]) as usize;
@@ -779,6 +797,7 @@ mod tests {
                 private_data: vec![],
             }),
             Message::Rtu,
+            Message::Keepalive,
             Message::Rej(Rej {
                 reason: RejectReason::Incompatible,
                 text: "pmtu 1000".into(),
@@ -801,7 +820,12 @@ mod tests {
         })
         .encode();
         assert_eq!(&b[..8], b"SHMHCACM");
-        assert_eq!(&b[8..16], &[1, 0, 2, 0, 73, 0, 0, 0]);
+        assert_eq!(&b[8..16], &[2, 0, 2, 0, 73, 0, 0, 0]);
+        assert_eq!(
+            Message::Keepalive.encode(),
+            b"SHMHCACM\x02\x00\x06\x00\x00\x00\x00\x00",
+            "a KEEPALIVE is a header alone"
+        );
         let body = &b[16..];
         assert_eq!(&body[..8], &0x0102_0304_0506_0708u64.to_le_bytes());
         assert_eq!(body[12], 1);
@@ -826,8 +850,8 @@ mod tests {
         let mut good = Message::Rtu.encode();
         good[8] = 9;
         let e = Header::parse(good[..16].try_into().unwrap()).unwrap_err();
-        assert_eq!(e, MsgError::Version { found: 9, ours: 1 });
-        assert!(e.to_string().contains("version 9") && e.to_string().contains("version 1"));
+        assert_eq!(e, MsgError::Version { found: 9, ours: 2 });
+        assert!(e.to_string().contains("version 9") && e.to_string().contains("version 2"));
         let mut long = Message::Rtu.encode();
         long[12..16].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
         assert!(matches!(

@@ -1,13 +1,24 @@
-//! The peer watcher: how an engine learns, within milliseconds, that a peer went away.
+//! The peer watcher: how an engine learns, within milliseconds, that a peer went away, and
+//! how long a peer has been silent.
 //!
 //! Every connection keeps its Unix socket open for its life. One background thread per
 //! context, started with its first connection, blocks in `poll(2)` on all of them plus an
 //! eventfd that wakes it when the set changes. A hang-up (the peer closed the connection,
 //! or its process died and the kernel closed the socket) or any byte arriving after setup
-//! (a protocol error) turns into: the engine processes what the peer already published on
-//! the link (so the Ack of the last message it received is not lost), then the connection's
-//! QP goes to the Error state, so its work requests complete with flush errors, and when it
-//! was the last live connection over its link, the link is torn down.
+//! other than a KEEPALIVE (a protocol error) turns into: the engine processes what the peer
+//! already published on the link (so the Ack of the last message it received is not lost),
+//! then the connection's QP goes to the Error state, so its work requests complete with
+//! flush errors, and when it was the last live connection over its link, the link is torn
+//! down.
+//!
+//! A peer that stops without closing anything (SIGSTOP, a debugger, a hang) keeps its socket
+//! open. So the thread also sends a KEEPALIVE ([`Message::Keepalive`], 16 bytes) on every
+//! socket every [`KEEPALIVE_INTERVAL`], whatever the traffic, and notes when each peer's
+//! last arrived ([`Connection::peer_silent_for`](super::Connection::peer_silent_for)). A
+//! connection with a silence limit
+//! ([`ConnectParams::peer_silence_limit`](super::ConnectParams::peer_silence_limit)) whose
+//! peer stays silent longer ends as if the peer had hung up. A send that would block (a
+//! stopped peer's socket buffer is full) is skipped: the peer is silent anyway.
 //!
 //! This is control path: system calls are fine here, and never happen in the poll loop.
 
@@ -15,11 +26,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::io::Errno;
-use rustix::net::RecvFlags;
+use rustix::net::{RecvFlags, SendFlags};
 
+use super::msg::{HEADER_LEN, Message};
 use crate::error::{Error, Result};
 use crate::link::LinkId;
 use crate::verbs::Shared;
@@ -29,6 +42,9 @@ use crate::wire::Qpn;
 /// of 1024 slots takes 32).
 const MAX_DRAIN_POLLS: usize = 256;
 
+/// How often each side's watcher sends a KEEPALIVE on every connection socket.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(100);
+
 /// What a connection and the watcher share.
 #[derive(Debug)]
 pub(crate) struct ConnStatus {
@@ -36,9 +52,32 @@ pub(crate) struct ConnStatus {
     pub(crate) live: Arc<AtomicBool>,
     /// Why the peer is gone.
     pub(crate) why: Mutex<Option<String>>,
+    /// When the peer was last heard from (set up, or its last KEEPALIVE).
+    pub(crate) heard: Mutex<Instant>,
 }
 
 impl ConnStatus {
+    /// A connection just set up.
+    pub(crate) fn new(live: Arc<AtomicBool>) -> ConnStatus {
+        ConnStatus {
+            live,
+            why: Mutex::new(None),
+            heard: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// How long since the peer was last heard from.
+    pub(crate) fn silent_for(&self) -> Duration {
+        self.heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+
+    fn heard_now(&self) {
+        *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
     pub(crate) fn gone_reason(&self) -> Option<String> {
         self.why.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -57,6 +96,8 @@ pub(crate) struct Watched {
     pub(crate) qpn: Qpn,
     pub(crate) link: LinkId,
     pub(crate) status: Arc<ConnStatus>,
+    /// The peer is gone once silent this long.
+    pub(crate) silence_limit: Option<Duration>,
 }
 
 struct List {
@@ -133,62 +174,139 @@ impl Watcher {
     }
 }
 
-/// Why a socket with events is finished, or `None` if it is not.
-fn finished(stream: &UnixStream, revents: PollFlags) -> Option<String> {
+/// Takes in what a connection socket with events holds. Only KEEPALIVEs may arrive after
+/// setup; `pos` is how far into one the previous bytes got (they may come split). Returns
+/// why the connection is finished, if it is; records the peer heard from otherwise.
+fn take_in(
+    stream: &UnixStream,
+    revents: PollFlags,
+    keepalive: &[u8; HEADER_LEN],
+    pos: &mut usize,
+    status: &ConnStatus,
+) -> Option<String> {
+    const CLOSED: &str = "the peer closed the connection or its process ended";
     if revents.intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL) {
-        return Some("the peer closed the connection or its process ended".into());
+        return Some(CLOSED.into());
     }
-    let mut b = [0u8; 1];
-    match rustix::net::recv(stream, &mut b[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-        Ok((0, _)) => Some("the peer closed the connection or its process ended".into()),
-        Ok(_) => Some(
-            "the peer sent data on the connection socket after setup (a protocol error); the connection was closed"
-                .into(),
-        ),
-        Err(Errno::AGAIN | Errno::INTR) => None,
-        Err(e) => Some(format!("the connection socket failed: {e}")),
+    // Bounded: a peer flooding keepalives gets a few reads per wake-up, no more.
+    for _ in 0..4 {
+        let mut b = [0u8; 4 * HEADER_LEN];
+        match rustix::net::recv(stream, &mut b[..], RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Some(CLOSED.into()),
+            Ok((n, _)) => {
+                let mut heard = false;
+                for &byte in &b[..n] {
+                    if byte != keepalive[*pos] {
+                        return Some(
+                            "the peer sent data other than keepalives on the connection socket after setup (a protocol error); the connection was closed"
+                                .into(),
+                        );
+                    }
+                    *pos = (*pos + 1) % HEADER_LEN;
+                    heard |= *pos == 0;
+                }
+                if heard {
+                    status.heard_now();
+                }
+                if n < b.len() {
+                    return None;
+                }
+            }
+            Err(Errno::AGAIN | Errno::INTR) => return None,
+            Err(e) => return Some(format!("the connection socket failed: {e}")),
+        }
     }
+    None
+}
+
+/// Sends a KEEPALIVE on `stream`, never blocking. A full socket buffer (a stopped peer) or
+/// a failure (a peer gone, which `poll` reports next) is no error here.
+fn send_keepalive(stream: &UnixStream, keepalive: &[u8; HEADER_LEN]) {
+    let _ = rustix::net::send(stream, keepalive, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
 }
 
 fn run(w: &Arc<Watcher>, shared: &Weak<Shared>) {
+    let keepalive: [u8; HEADER_LEN] = Message::Keepalive
+        .encode()
+        .try_into()
+        .expect("a KEEPALIVE is a header alone");
+    // Per connection (by key): how far into a KEEPALIVE its bytes have got.
+    let mut partial: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut next_send = Instant::now();
     loop {
-        let streams: Vec<(u64, Arc<UnixStream>)> = {
+        #[allow(clippy::type_complexity)]
+        let watched: Vec<(u64, Arc<UnixStream>, Arc<ConnStatus>, Option<Duration>)> = {
             let l = w.lock();
             if l.stop {
                 return;
             }
             l.entries
                 .iter()
-                .map(|(k, e)| (*k, e.stream.clone()))
+                .map(|(k, e)| (*k, e.stream.clone(), e.status.clone(), e.silence_limit))
                 .collect()
         };
-        let mut fds = Vec::with_capacity(streams.len() + 1);
-        fds.push(PollFd::new(&w.wake, PollFlags::IN));
-        for (_, s) in &streams {
-            fds.push(PollFd::from_borrowed_fd(
-                s.as_fd(),
-                PollFlags::IN | PollFlags::RDHUP,
-            ));
-        }
-        match rustix::event::poll(&mut fds, None) {
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(_) => {
-                // Cannot happen with valid descriptors; do not spin if it does.
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                continue;
+        partial.retain(|k, _| watched.iter().any(|(key, ..)| key == k));
+        let now = Instant::now();
+        if now >= next_send {
+            for (_, s, _, _) in &watched {
+                send_keepalive(s, &keepalive);
             }
+            next_send = now + KEEPALIVE_INTERVAL;
         }
-        let woken = !fds[0].revents().is_empty();
-        let gone: Vec<(u64, String)> = streams
+        let mut gone: Vec<(u64, String)> = watched
             .iter()
-            .zip(&fds[1..])
-            .filter(|(_, f)| !f.revents().is_empty())
-            .filter_map(|((k, s), f)| finished(s, f.revents()).map(|why| (*k, why)))
+            .filter_map(|(k, _, status, limit)| {
+                let limit = (*limit)?;
+                let silent = status.silent_for();
+                (silent > limit).then(|| {
+                    (
+                        *k,
+                        format!(
+                            "the peer sent no keepalive for {silent:.1?} (its watcher sends one every {KEEPALIVE_INTERVAL:?}): its process is stopped, hung or starved (ConnectParams::peer_silence_limit is {limit:?})"
+                        ),
+                    )
+                })
+            })
             .collect();
-        drop(fds);
-        if woken {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(&w.wake, &mut b);
+        if gone.is_empty() {
+            let mut fds = Vec::with_capacity(watched.len() + 1);
+            fds.push(PollFd::new(&w.wake, PollFlags::IN));
+            for (_, s, _, _) in &watched {
+                fds.push(PollFd::from_borrowed_fd(
+                    s.as_fd(),
+                    PollFlags::IN | PollFlags::RDHUP,
+                ));
+            }
+            let timeout = (!watched.is_empty()).then(|| {
+                let left = next_send.saturating_duration_since(Instant::now());
+                rustix::time::Timespec {
+                    tv_sec: left.as_secs() as i64,
+                    tv_nsec: i64::from(left.subsec_nanos()),
+                }
+            });
+            match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(_) => {
+                    // Cannot happen with valid descriptors; do not spin if it does.
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+            }
+            let woken = !fds[0].revents().is_empty();
+            gone = watched
+                .iter()
+                .zip(&fds[1..])
+                .filter(|(_, f)| !f.revents().is_empty())
+                .filter_map(|((k, s, status, _), f)| {
+                    let pos = partial.entry(*k).or_insert(0);
+                    take_in(s, f.revents(), &keepalive, pos, status).map(|why| (*k, why))
+                })
+                .collect();
+            drop(fds);
+            if woken {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&w.wake, &mut b);
+            }
         }
         for (key, why) in gone {
             let Some(shared) = shared.upgrade() else {

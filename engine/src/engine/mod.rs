@@ -17,15 +17,19 @@ pub(crate) mod cell;
 pub(crate) mod doorbell;
 pub(crate) mod wake;
 
-use crate::arena::Arena;
+use crate::arena::PdArenas;
 use crate::completer;
 use crate::context::{CqTable, Env, QpCtx, Resources, Stats, Wire, flush_receives};
 use crate::error::{Error, Result};
-use crate::link::{Link, LinkId, PacketSlot, RxPacket};
+use crate::link::{
+    Link, LinkId, MAX_CONTINUATION, PacketSlot, RxPacket, TxBatch, continuation_slots,
+};
+use crate::mem::Mem;
 use crate::mr_table::MrTable;
 use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
 use crate::responder;
+use crate::slots::SlotTable;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use crate::wqe::SqWqe;
@@ -39,14 +43,15 @@ const TX_BUDGET: usize = 32;
 const TIMER_EVERY: u32 = 8;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
+/// The most links (peer engines, or `Context::link_with` pairs) one context can have.
+pub(crate) const MAX_LINKS: u32 = 4096;
 
 /// The engine's state: everything the poll loop touches.
 pub(crate) struct Engine {
     /// The arena, memory regions, completion queues and counters.
     pub(crate) res: Resources,
-    qps: Vec<Option<QpCtx>>,
-    qp_gen: Vec<u32>,
-    links: Vec<Option<Link>>,
+    qps: SlotTable<QpCtx>,
+    links: SlotTable<Link>,
     active: ActiveSet,
     /// QPs whose doorbell rang this iteration (new send WQEs to fetch).
     rung: ActiveSet,
@@ -55,94 +60,76 @@ pub(crate) struct Engine {
     pub(crate) trace: Option<Box<Trace>>,
     /// Idle iterations until the next timer check.
     timer_countdown: u32,
-    next_pd: u32,
+    /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
+    nomem: Mem,
     /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
     pub(crate) stats_area: Option<crate::stats_area::StatsArea>,
 }
 
 impl Engine {
-    pub(crate) fn new(arena: Arena) -> Engine {
+    pub(crate) fn new() -> Engine {
         Engine {
             res: Resources {
-                arena,
+                pds: PdArenas::default(),
                 mrs: MrTable::default(),
                 cqs: CqTable::default(),
                 stats: Stats::default(),
             },
-            qps: Vec::new(),
-            qp_gen: Vec::new(),
-            links: Vec::new(),
+            // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
+            qps: SlotTable::new(MAX_QPS as u32, 24 - QP_INDEX_BITS),
+            links: SlotTable::new(MAX_LINKS, 8),
             active: ActiveSet::new(),
             rung: ActiveSet::new(),
-            rx: vec![PacketSlot::default(); RX_BURST].into_boxed_slice(),
+            rx: vec![PacketSlot::default(); RX_BURST + MAX_CONTINUATION].into_boxed_slice(),
             trace: None,
             timer_countdown: TIMER_EVERY,
-            next_pd: 1,
+            nomem: Mem::private(0),
             stats_area: None,
         }
     }
 
     /// The QPs (for the stats area).
     pub(crate) fn qps(&self) -> impl Iterator<Item = &QpCtx> {
-        self.qps.iter().flatten()
+        self.qps.iter().map(|(_, q)| q)
     }
 
     /// The links and their numbers (for the stats area).
     pub(crate) fn links(&self) -> impl Iterator<Item = (LinkId, &Link)> {
-        self.links
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.as_ref().map(|l| (LinkId(i as u32), l)))
-    }
-
-    /// A new protection domain number.
-    pub(crate) fn alloc_pd(&mut self) -> u32 {
-        let pd = self.next_pd;
-        self.next_pd += 1;
-        pd
+        self.links.iter().map(|(i, l)| (LinkId(i), l))
     }
 
     /// Adds a QP built by `make` from its index and QPN.
     pub(crate) fn add_qp(&mut self, make: impl FnOnce(Qpn) -> QpCtx) -> Result<(u32, Qpn)> {
-        let index = match self.qps.iter().position(Option::is_none) {
-            Some(i) => i,
-            None if self.qps.len() < MAX_QPS => {
-                self.qps.push(None);
-                self.qp_gen.push(0);
-                self.qps.len() - 1
-            }
-            None => {
-                return Err(Error::LimitReached {
+        let qpn = |index, generation| Qpn::new(generation << QP_INDEX_BITS | index);
+        let (index, generation) =
+            self.qps
+                .insert_with(|i, g| make(qpn(i, g)))
+                .ok_or(Error::LimitReached {
                     what: "queue pairs in one context",
                     limit: MAX_QPS as u32,
-                });
-            }
-        };
-        let gen_ = &mut self.qp_gen[index];
-        // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
-        *gen_ = if *gen_ >= (1 << (24 - QP_INDEX_BITS)) - 1 {
-            1
-        } else {
-            *gen_ + 1
-        };
-        let qpn = Qpn::new(*gen_ << QP_INDEX_BITS | index as u32);
-        self.qps[index] = Some(make(qpn));
-        Ok((index as u32, qpn))
+                })?;
+        Ok((index, qpn(index, generation)))
     }
 
     /// Removes a QP: its unfinished work requests are dropped and their memory regions
     /// released.
     pub(crate) fn remove_qp(&mut self, index: u32) {
-        let Some(mut qp) = self.qps.get_mut(index as usize).and_then(Option::take) else {
+        let Some(mut qp) = self.qps.remove_at(index) else {
             return;
         };
         self.active.remove(index);
         discard_queues(&mut qp, &mut self.res.env());
     }
 
+    /// The QP numbered `qpn`.
+    pub(crate) fn qp_by_qpn(&self, qpn: Qpn) -> Option<&QpCtx> {
+        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+        self.qps.at(index).filter(|q| q.qpn == qpn)
+    }
+
     /// The QP at `index`.
     pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpCtx> {
-        self.qps.get_mut(index as usize).and_then(Option::as_mut)
+        self.qps.at_mut(index)
     }
 
     /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes.
@@ -150,24 +137,37 @@ impl Engine {
         let links = &self.links;
         let qp = self
             .qps
-            .get_mut(index as usize)
-            .and_then(Option::as_mut)
+            .at_mut(index)
             .ok_or(Error::ForeignObject { what: "QP" })?;
         let (to, cfg) = plan_modify(qp.state, &qp.cfg, attr)?;
+        let mut peer_mem = None;
         if let Some(d) = attr.dest {
-            let live = links
-                .get(d.link.0 as usize)
-                .and_then(Option::as_ref)
-                .is_some_and(|l| l.down.is_none());
-            if !live {
-                return Err(Error::invalid(
+            let link = links
+                .at(d.link.0)
+                .filter(|l| l.down.is_none())
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "dest",
+                        format!("link {} is not a live link of this context", d.link.0),
+                    )
+                })?;
+            peer_mem = Some(link.peer_qp_arena(d.qpn).map(Mem::share).ok_or_else(|| {
+                Error::invalid(
                     "dest",
-                    format!("link {} is not a live link of this context", d.link.0),
-                ));
-            }
+                    format!(
+                        "QP {:#x} is not known on link {}: connect through the connection \
+                         manager, or create it in a context linked with Context::link_with",
+                        d.qpn.get(),
+                        d.link.0
+                    ),
+                )
+            })?);
         }
         let from = qp.state;
         qp.cfg = cfg;
+        if let Some(m) = peer_mem {
+            qp.peer_mem = m;
+        }
         let mut env = self.res.env();
         match to {
             QpState::Reset => {
@@ -197,23 +197,23 @@ impl Engine {
     }
 
     /// Adds a link; returns its id.
-    pub(crate) fn add_link(&mut self, link: Link) -> LinkId {
-        let i = match self.links.iter().position(Option::is_none) {
-            Some(i) => {
-                self.links[i] = Some(link);
-                i
-            }
-            None => {
-                self.links.push(Some(link));
-                self.links.len() - 1
-            }
-        };
-        LinkId(i as u32)
+    ///
+    /// # Errors
+    /// [`Error::LimitReached`] when the context has [`MAX_LINKS`] links.
+    pub(crate) fn add_link(&mut self, link: Link) -> Result<LinkId> {
+        let (i, _) = self
+            .links
+            .insert_with(|_, _| link)
+            .ok_or(Error::LimitReached {
+                what: "links (peer engines) of one context",
+                limit: MAX_LINKS,
+            })?;
+        Ok(LinkId(i))
     }
 
     /// The link `id`.
     pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
-        self.links.get_mut(id.0 as usize).and_then(Option::as_mut)
+        self.links.at_mut(id.0)
     }
 
     /// Tears a link down: the QPs using it go to the Error state on the next iteration.
@@ -221,21 +221,12 @@ impl Engine {
         if let Some(l) = self.link_mut(id) {
             l.down.get_or_insert(why);
         }
-        for (i, qp) in self.qps.iter().enumerate() {
-            if qp
-                .as_ref()
-                .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == id))
-            {
-                self.active.insert(i as u32);
-            }
-        }
+        wake_link_qps(&self.qps, &mut self.active, id);
     }
 
     /// Removes a link no QP uses any more.
     pub(crate) fn remove_link(&mut self, id: LinkId) {
-        if let Some(slot) = self.links.get_mut(id.0 as usize) {
-            *slot = None;
-        }
+        self.links.remove_at(id.0);
     }
 
     /// One iteration of the poll loop; returns the packets received and sent.
@@ -253,6 +244,7 @@ impl Engine {
             rx,
             trace,
             timer_countdown,
+            nomem,
             ..
         } = self;
         let mut env = res.env();
@@ -263,57 +255,68 @@ impl Engine {
         let mut work = 0;
 
         // 2. Receive.
-        for (l, link) in links.iter_mut().enumerate() {
-            let Some(link) = link.as_mut() else { continue };
+        for (l, link) in links.iter_mut() {
             if link.down.is_some() {
                 continue;
             }
-            let n = match link.rx.pop_burst(rx) {
+            let mut n = match link.rx.pop_burst(&mut rx[..RX_BURST]) {
                 Ok(n) => n,
                 Err(e) => {
                     link.down = Some(e.to_string());
-                    for (i, q) in qps.iter().enumerate() {
-                        if q.as_ref()
-                            .is_some_and(|q| q.cfg.dest.is_some_and(|d| d.link == LinkId(l as u32)))
-                        {
-                            active.insert(i as u32);
-                        }
-                    }
+                    wake_link_qps(qps, active, LinkId(l));
                     continue;
                 }
             };
             work += n;
             env.stats.packets_received += n as u64;
-            for slot in &rx[..n] {
+            let mut next = 0;
+            while next < n {
+                let head = next;
+                let extra = continuation_slots(&rx[head]);
+                next += 1 + extra;
+                if next > n {
+                    // A gather packet's continuation slots were published with it, in one
+                    // burst: take the rest now. A peer that published only part of a
+                    // packet broke the link protocol.
+                    let want = next - n;
+                    match link.rx.pop_burst(&mut rx[n..next]) {
+                        Ok(k) if k == want => n = next,
+                        _ => {
+                            link.down = Some(
+                                "the peer published a gather packet without its continuation \
+                                 slots"
+                                    .into(),
+                            );
+                            wake_link_qps(qps, active, LinkId(l));
+                            break;
+                        }
+                    }
+                }
+                let (slot, cont) = (&rx[head], &rx[head + 1..next]);
+                let qpn = RxPacket::dest_qp(slot);
+                let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+                let qp = qps
+                    .at_mut(index)
+                    .filter(|qp| qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l)));
                 if let Some(t) = trace.as_deref_mut() {
+                    let sender = qp.as_ref().map_or(&*nomem, |q| &q.peer_mem);
                     t.packet(
-                        LinkId(l as u32),
+                        LinkId(l),
                         link.endpoints,
                         false,
                         link.rx_tap,
-                        slot,
-                        &link.peer,
+                        &rx[head..next],
+                        sender,
                     );
                 }
-                let Ok(pkt) = RxPacket::parse(slot) else {
+                let (Some(qp), Ok(pkt)) = (qp, RxPacket::parse(slot, cont)) else {
                     env.stats.dropped += 1;
                     continue;
                 };
-                let qpn = pkt.bth.dest_qp;
-                let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-                let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
-                    env.stats.dropped += 1;
-                    continue;
-                };
-                if qp.qpn != qpn || qp.cfg.dest.map(|d| d.link) != Some(LinkId(l as u32)) {
-                    env.stats.dropped += 1;
-                    continue;
-                }
-                let request = pkt.info.request;
-                if request {
-                    responder::on_request(qp, &mut env, &link.peer, &pkt);
+                if pkt.info.request {
+                    responder::on_request(qp, &mut env, &pkt);
                 } else {
-                    completer::on_response(qp, &mut env, &link.peer, &pkt);
+                    completer::on_response(qp, &mut env, &pkt);
                 }
                 active.insert(index);
             }
@@ -339,26 +342,26 @@ impl Engine {
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros();
                 bits &= bits - 1;
-                let Some(qp) = qps.get_mut(i as usize).and_then(Option::as_mut) else {
+                let Some(qp) = qps.at_mut(i) else {
                     active.remove(i);
                     continue;
                 };
                 if rung.contains(i) {
                     requester::fetch(qp);
                 }
-                let link = qp
-                    .cfg
-                    .dest
-                    .and_then(|d| links.get_mut(d.link.0 as usize))
-                    .and_then(Option::as_mut);
+                let link = qp.cfg.dest.and_then(|d| links.at_mut(d.link.0));
                 match link {
                     Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
                         if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
                             requester::on_tick(qp, &mut env);
                         }
+                        let before = link.tx.queued().len();
                         let mut wire = Wire { tx: &mut link.tx };
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                         responder::drain(qp, &mut env, &mut wire);
+                        if let (Some(t), Some(d)) = (trace.as_deref_mut(), qp.cfg.dest) {
+                            trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+                        }
                     }
                     Some(link) => {
                         if link.down.is_none() {
@@ -382,10 +385,8 @@ impl Engine {
         rung.clear();
 
         // 4. Publish.
-        for (l, link) in links.iter_mut().enumerate() {
-            if let Some(link) = link.as_mut() {
-                link.publish(LinkId(l as u32), trace.as_deref_mut(), env.arena.mem());
-            }
+        for (_, link) in links.iter_mut() {
+            link.publish();
         }
         work
     }
@@ -418,25 +419,29 @@ impl Engine {
             trace,
             ..
         } = self;
-        let Some(qp) = qps.get_mut(index as usize).and_then(Option::as_mut) else {
+        let Some(qp) = qps.at_mut(index) else {
             return;
         };
         active.insert(index);
         requester::fetch(qp);
         add(qp);
         let Some(d) = qp.cfg.dest else { return };
-        let Some(link) = links.get_mut(d.link.0 as usize).and_then(Option::as_mut) else {
+        let Some(link) = links.at_mut(d.link.0) else {
             return;
         };
         if link.down.is_some() {
             return;
         }
         let mut env = res.env();
+        let before = link.tx.queued().len();
         let mut wire = Wire { tx: &mut link.tx };
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
             responder::drain(qp, &mut env, &mut wire);
         }
-        link.publish(d.link, trace.as_deref_mut(), env.arena.mem());
+        if let Some(t) = trace.as_deref_mut() {
+            trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+        }
+        link.publish();
     }
 
     /// Whether no QP has work pending (the engine thread may sleep).
@@ -449,6 +454,34 @@ impl Engine {
         if let Some(t) = self.trace.as_ref().and_then(|t| t.pcap.as_ref()) {
             t.flush();
         }
+    }
+}
+
+/// Puts every QP of link `id` in the active set (the link went down: they must see it).
+fn wake_link_qps(qps: &SlotTable<QpCtx>, active: &mut ActiveSet, id: LinkId) {
+    for (i, q) in qps.iter() {
+        if q.cfg.dest.is_some_and(|d| d.link == id) {
+            active.insert(i);
+        }
+    }
+}
+
+/// Traces the packets a QP queued on `tx` from position `from` on; their payloads sent by
+/// reference are in `mem`, the QP's arena.
+fn trace_sent(
+    t: &mut crate::trace::tap::Trace,
+    id: LinkId,
+    endpoints: (u32, u32),
+    tx: &TxBatch,
+    from: usize,
+    mem: &Mem,
+) {
+    let queued = tx.queued();
+    let mut i = from;
+    while i < queued.len() {
+        let end = (i + 1 + continuation_slots(&queued[i])).min(queued.len());
+        t.packet(id, endpoints, true, true, &queued[i..end], mem);
+        i = end;
     }
 }
 
@@ -477,7 +510,7 @@ fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
         }
         let seq = qp.req.retired;
         let data = qp.req.wqe(seq).w.data;
-        env.release(&data);
+        env.release(&data, &qp.tables);
         qp.req.retire_one(seq);
     }
     qp.shared
@@ -498,11 +531,7 @@ impl Engine {
     /// was destroyed; its number is not reused for a while, thanks to the generation tag).
     pub(crate) fn peer_gone(&mut self, qpn: Qpn) -> bool {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-        let exists = self
-            .qps
-            .get(index as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|q| q.qpn == qpn);
+        let exists = self.qp_by_qpn(qpn).is_some();
         exists && self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok()
     }
 }

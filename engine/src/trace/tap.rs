@@ -10,11 +10,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot};
+use crate::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, gather_entry};
 use crate::mem::Mem;
 use crate::trace::pcap::PcapWriter;
 use crate::trace::roce::Endpoint;
-use crate::wqe::SgeEntry;
 
 /// The capture endpoint of engine `id` (see `Engine::id`): 10.x.y.z with the id's low 24
 /// bits, and a locally administered MAC holding the same bits.
@@ -47,10 +46,13 @@ impl Tap {
         }))
     }
 
-    /// Records one packet from `src` to `dst`; `sender_arena` is where payloads sent by
-    /// reference live. A packet whose payload cannot be read is recorded with the bytes
-    /// that could.
-    pub(crate) fn record(&self, src: u32, dst: u32, slot: &PacketSlot, sender_arena: &Mem) {
+    /// Records one packet from `src` to `dst`: `slots` holds its slot and continuation
+    /// slots; `sender_arena` is where payloads sent by reference live. A packet whose
+    /// payload cannot be read is recorded with the bytes that could.
+    pub(crate) fn record(&self, src: u32, dst: u32, slots: &[PacketSlot], sender_arena: &Mem) {
+        let Some((slot, cont)) = slots.split_first() else {
+            return;
+        };
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner.failed {
             return;
@@ -76,18 +78,18 @@ impl Tap {
                     .get(hdr.len()..hdr.len() + 4)
                     .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
                 let mut skip = u64::from(skip);
-                for i in 0..u32::from(slot.sge_count) {
+                for i in 0..usize::from(slot.sge_count) {
                     if scratch.len() >= len {
                         break;
                     }
-                    let Some(e) = SgeEntry::read(sender_arena, slot.payload_off, i) else {
+                    let Some((off, elen)) = gather_entry(cont, i) else {
                         break;
                     };
                     let take =
-                        (u64::from(e.len).saturating_sub(skip) as usize).min(len - scratch.len());
+                        (u64::from(elen).saturating_sub(skip) as usize).min(len - scratch.len());
                     let at = scratch.len();
                     scratch.resize(at + take, 0);
-                    let _ = sender_arena.read(e.off + skip, &mut scratch[at..]);
+                    let _ = sender_arena.read(off.saturating_add(skip), &mut scratch[at..]);
                     skip = 0;
                 }
             }
@@ -137,7 +139,8 @@ impl Trace {
         self.pcap.is_none() && self.observer.is_none()
     }
 
-    /// Records a packet on `link`; `sent` tells the direction. `record_pcap` is false for
+    /// Records a packet (its slot and continuation slots) on `link`; `sent` tells the
+    /// direction. `record_pcap` is false for
     /// received packets when the sender writes the same capture file.
     pub(crate) fn packet(
         &mut self,
@@ -145,16 +148,17 @@ impl Trace {
         endpoints: (u32, u32),
         sent: bool,
         record_pcap: bool,
-        slot: &PacketSlot,
+        slots: &[PacketSlot],
         sender_arena: &Mem,
     ) {
+        let Some(slot) = slots.first() else { return };
         if let Some(pcap) = self.pcap.as_ref().filter(|_| record_pcap) {
             let (src, dst) = if sent {
                 endpoints
             } else {
                 (endpoints.1, endpoints.0)
             };
-            pcap.record(src, dst, slot, sender_arena);
+            pcap.record(src, dst, slots, sender_arena);
         }
         if let Some(observer) = self.observer.as_mut() {
             if let Ok((headers, _)) = crate::wire::PacketRepr::parse(slot.headers()) {

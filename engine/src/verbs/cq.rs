@@ -32,7 +32,14 @@ impl Cq {
         }
         let (producer, consumer) = heap_ring(depth.next_power_of_two() as usize)
             .map_err(|e| Error::invalid("completion queue depth", e.to_string()))?;
-        let cqn = shared.engine.with(|e| e.res.cqs.insert(producer));
+        let cqn =
+            shared
+                .engine
+                .with(|e| e.res.cqs.insert(producer))
+                .ok_or(Error::LimitReached {
+                    what: "completion queues in one context",
+                    limit: crate::context::MAX_CQS,
+                })?;
         Ok(Cq {
             shared: shared.clone(),
             cqn,

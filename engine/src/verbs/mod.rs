@@ -3,7 +3,7 @@
 //!
 //! # Ownership: why a posted buffer cannot be freed or mutably borrowed
 //!
-//! Buffers live in memory regions ([`Mr`]) carved from this process's arena. A work request
+//! Buffers live in memory regions ([`Mr`]) carved from their protection domain's arena. A work request
 //! names its buffers with [`Sge`]s, which borrow their `Mr` only for the duration of the
 //! `post_*` call; posting records each element in the region's *in-flight count*, and the
 //! engine drops it when the work request retires (its completion is generated). So:
@@ -19,6 +19,39 @@
 //!   but frees its memory only when the last work request using it retires.
 //!
 //! No `unsafe` is needed anywhere in this API.
+//!
+//! # Security model: what a connected peer can read and write
+//!
+//! A peer is a process that completed the connection handshake (by default, of the same
+//! user: [`PeerPolicy`](crate::PeerPolicy)). Whatever it does afterwards — map what it
+//! received writable, rewrite shared memory, send any bytes — the rule is:
+//!
+//! * **It writes nothing of yours.** Your memory regions are only ever written by your own
+//!   engine, after it checked the R_Key, the protection domain, the access flags and the
+//!   bounds of a remote request. The arena descriptors a peer receives are read-only
+//!   reopens of memfds sealed with `F_SEAL_FUTURE_WRITE`: the kernel refuses a writable
+//!   mapping, an `mprotect` to writable, `write(2)`, hole punching and truncation, however
+//!   the peer obtained the descriptor.
+//! * **It reads exactly the arenas of the protection domains connected to it.** Each
+//!   [`Pd`] has its own arena; a peer receives a domain's arena when one of that domain's
+//!   QPs connects to it, and can then read every region of that domain (zero-copy needs the
+//!   receiver to read the sender's buffers) and the domain's inline staging — nothing of
+//!   other domains, nothing of your heap. Freed regions are zeroed before a peer could read
+//!   them again. To keep peers apart, give each its own protection domain.
+//! * **It sees no engine bookkeeping.** Queues, scatter/gather tables, keys, in-flight
+//!   counts and QP state live in private memory. Besides the arenas a peer shares the link
+//!   segment (the two packet rings, which both sides write) and reads your engine page
+//!   (one word saying whether your engine sleeps).
+//! * **It can hurt only its own connections.** Every index, length, offset, key and opcode
+//!   read from a link is checked before use; a peer that breaks the ring protocol gets its
+//!   link torn down. Sizes are capped before anything is mapped
+//!   ([`ConnectParams::max_peer_arena`](crate::cm::ConnectParams::max_peer_arena)), and a
+//!   peer's segments are never populated, so a peer cannot make you commit memory.
+//!
+//! What this does not cover: the operating system's own boundary. A process of the same
+//! user may `ptrace` you or open `/proc/PID/mem` unless Yama or `prctl(PR_SET_DUMPABLE, 0)`
+//! forbids it; for a boundary against such a process, run peers as another user and admit
+//! them with [`PeerPolicy`](crate::PeerPolicy).
 
 pub(crate) mod cq;
 pub(crate) mod mr;
@@ -30,9 +63,8 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use shmhca_rings::segment::{Access, HugePages, PageSize, Segment};
+use shmhca_rings::segment::{HugePages, PageSize, Segment};
 
-use crate::arena::{ARENA_KIND, Arena};
 use crate::context::Stats;
 use crate::engine::Engine;
 use crate::engine::cell::EngineCell;
@@ -115,7 +147,10 @@ impl Default for ContextBuilder {
 }
 
 impl ContextBuilder {
-    /// Bytes of shared memory for memory regions and queue staging (default 64 MiB).
+    /// Bytes of shared memory of each protection domain's arena, for its memory regions and
+    /// its QPs' inline staging (default 64 MiB). An arena's pages are committed as regions
+    /// are allocated in it, not when it is made; [`ContextBuilder::build`] refuses a size of
+    /// 0 or one larger than this machine's memory.
     pub fn arena_size(mut self, bytes: u64) -> ContextBuilder {
         self.arena_size = bytes;
         self
@@ -145,42 +180,44 @@ impl ContextBuilder {
         self
     }
 
-    /// Packet slots per direction of each link this context creates (a power of two;
-    /// default 1024).
+    /// Packet slots per direction of each link this context creates (a power of two up to
+    /// 16,384; default 1024). A peer's link is accepted up to the same size.
     pub fn link_slots(mut self, slots: usize) -> ContextBuilder {
         self.link_slots = slots;
         self
     }
 
-    /// Opens the context: creates the arena and starts the engine.
+    /// Opens the context: creates its engine page and starts the engine. Arenas are made
+    /// per protection domain, by [`Context::alloc_pd`].
     ///
     /// # Errors
-    /// The arena cannot be created (see [`Error::SegmentCreate`]), the pcap file cannot be
-    /// created, or an option is out of range.
+    /// The engine page cannot be created (see [`Error::SegmentCreate`]), the pcap file
+    /// cannot be created, or an option is out of range (an arena size of 0 or above this
+    /// machine's memory, link slots not a power of two).
     pub fn build(self) -> Result<Context> {
-        if !self.link_slots.is_power_of_two() {
+        if !self.link_slots.is_power_of_two() || self.link_slots > link::MAX_LINK_SLOTS {
             return Err(Error::invalid(
                 "link_slots",
-                format!("{}; use a power of two such as 1024", self.link_slots),
+                format!(
+                    "{}; use a power of two up to {} such as 1024",
+                    self.link_slots,
+                    link::MAX_LINK_SLOTS
+                ),
             ));
         }
-        let arena = Arena::create(self.arena_size, self.huge_pages)?;
+        check_arena_size(self.arena_size)?;
         let may_sleep = matches!(self.mode, EngineMode::Poll { .. })
             && matches!(self.idle, IdlePolicy::Backoff { .. });
         // Announce to peers whether they must wake this engine (see `engine::wake`).
-        arena
-            .mem()
-            .write(crate::arena::MAY_SLEEP, &u32::from(may_sleep).to_ne_bytes())
-            .expect("the arena header is writable");
-        let arena_mem = arena.mem().share();
-        let arena_segment = arena.segment().clone();
+        let engine_page = crate::arena::create_engine_page(may_sleep)?;
+        let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();
-        // `shmhca stat` finds peers by the pid in their arena header.
-        let _ = arena.mem().write(
-            crate::stats_area::ARENA_PID,
-            &u64::from(std::process::id()).to_le_bytes(),
+        // `shmhca stat` finds a link's peer process by the pid in its engine page.
+        let _ = engine_page.write_at(
+            crate::stats_area::PAGE_PID as usize,
+            &std::process::id().to_le_bytes(),
         );
-        let mut engine = Engine::new(arena);
+        let mut engine = Engine::new();
         engine.stats_area =
             crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));
         if let Some(path) = &self.pcap {
@@ -192,8 +229,9 @@ impl ContextBuilder {
         let shared = Arc::new(Shared {
             engine: EngineCell::new(engine),
             doorbell: Doorbell::new(crate::engine::doorbell::MAX_QPS),
-            arena_mem,
-            arena_segment,
+            engine_page,
+            engine_page_mem,
+            arena_size: self.arena_size,
             id,
             mode: self.mode,
             link_slots: self.link_slots,
@@ -212,6 +250,28 @@ impl ContextBuilder {
         }
         Ok(Context { shared })
     }
+}
+
+/// Refuses an arena size this machine cannot back.
+fn check_arena_size(bytes: u64) -> Result<()> {
+    if bytes == 0 {
+        return Err(Error::invalid(
+            "arena_size",
+            "0 bytes; an arena must hold at least one memory region (the default is 64 MiB)",
+        ));
+    }
+    let info = rustix::system::sysinfo();
+    let ram = u64::from(info.mem_unit).saturating_mul(info.totalram as u64);
+    if ram > 0 && bytes > ram {
+        return Err(Error::invalid(
+            "arena_size",
+            format!(
+                "{bytes} bytes is more than this machine's {ram} bytes of memory; \
+                 ask for at most what the regions of one protection domain need"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Engine identities: the process id and a per-process counter, so captures of several
@@ -244,9 +304,11 @@ fn shared_tap(path: &Path) -> Result<Arc<Tap>> {
 pub(crate) struct Shared {
     pub(crate) engine: EngineCell<Engine>,
     pub(crate) doorbell: Doorbell,
-    /// The application's view of the arena.
-    pub(crate) arena_mem: Mem,
-    pub(crate) arena_segment: Arc<Segment>,
+    /// The engine page (wake-up word), handed to peers read-only.
+    pub(crate) engine_page: Arc<Segment>,
+    pub(crate) engine_page_mem: Mem,
+    /// Bytes of each protection domain's arena.
+    pub(crate) arena_size: u64,
     pub(crate) id: u32,
     pub(crate) mode: EngineMode,
     pub(crate) link_slots: usize,
@@ -293,11 +355,36 @@ impl Shared {
         }
     }
 
-    /// This engine's wake word (in its arena header).
+    /// For a destination over an in-process link (`Context::link_with`): records on the link
+    /// the arena the peer QP sends from, found in the peer context. The two engine tokens
+    /// are taken one after the other, never together.
+    pub(crate) fn find_local_peer_qp(&self, d: crate::Destination) {
+        let peer = self
+            .engine
+            .with(|e| e.link_mut(d.link).and_then(|l| l.local_peer.clone()));
+        let Some(peer) = peer.and_then(|w| w.upgrade()) else {
+            return;
+        };
+        let found = peer.engine.with(|e| {
+            e.qp_by_qpn(d.qpn).map(|q| {
+                let key = (u64::from(q.pd), u64::from(peer.id));
+                (key, q.mem.read_only())
+            })
+        });
+        if let Some((key, mem)) = found {
+            self.engine.with(|e| {
+                if let Some(l) = e.link_mut(d.link) {
+                    l.add_peer_qp(d.qpn, key, mem);
+                }
+            });
+        }
+    }
+
+    /// This engine's wake word (in its engine page).
     pub(crate) fn wake_word(&self) -> &std::sync::atomic::AtomicU32 {
-        self.arena_mem
+        self.engine_page_mem
             .atomic_u32(crate::arena::WAKE_WORD)
-            .expect("the arena header holds the wake word")
+            .expect("the engine page holds the wake word")
     }
 }
 
@@ -386,25 +473,39 @@ impl Context {
         self.shared.mode
     }
 
-    /// The page size the arena really got.
+    /// The page size this context's arenas really got: that of its first protection
+    /// domain's arena (4 KiB pages while it has none).
     pub fn page_size(&self) -> PageSize {
-        self.shared.arena_segment.page_size()
+        self.shared
+            .engine
+            .with(|e| e.res.pds.first_page_size())
+            .unwrap_or(PageSize::Base4K)
     }
 
-    /// Bytes of the arena still free.
+    /// Bytes still free in all protection domains' arenas.
     pub fn arena_free(&self) -> u64 {
-        self.shared.engine.with(|e| e.res.arena.free_bytes())
+        self.shared.engine.with(|e| e.res.pds.free_bytes())
     }
 
-    /// A new protection domain.
+    /// A new protection domain, with an arena of its own
+    /// ([`ContextBuilder::arena_size`] bytes of shared memory).
     ///
     /// # Errors
-    /// None today; the signature leaves room for a limit.
+    /// The arena cannot be created ([`Error::SegmentCreate`]), or the context has 65,536
+    /// protection domains ([`Error::LimitReached`]).
     pub fn alloc_pd(&self) -> Result<Pd> {
-        let pdn = self.shared.engine.with(Engine::alloc_pd);
+        let (size, huge) = (self.shared.arena_size, self.shared.huge_pages);
+        let (pdn, mem) = self.shared.engine.with(|e| {
+            let pdn = e.res.pds.create(size, huge)?;
+            let mem = e.res.pds.get(pdn).map(|a| a.mem().share());
+            Ok::<_, Error>((pdn, mem))
+        })?;
         Ok(Pd {
             shared: self.shared.clone(),
             pdn,
+            mem: Arc::new(mem.ok_or(Error::ForeignObject {
+                what: "the protection domain",
+            })?),
         })
     }
 
@@ -499,27 +600,33 @@ impl Context {
     /// [`Destination`](crate::Destination)s. A context may link with itself (loopback).
     ///
     /// # Errors
-    /// The link segment cannot be created or mapped.
+    /// The link segment cannot be created or mapped, or either context has 4,096 links
+    /// ([`Error::LimitReached`]).
     pub fn link_with(&self, peer: &Context) -> Result<(LinkId, LinkId)> {
         let seg = link::create_link_segment(self.shared.link_slots, self.shared.huge_pages)?;
+        // Both engines live in this process: each sees the other's engine page and arenas
+        // through read-only views of the mappings it already has (nothing is mapped again);
+        // a QP's peer arena is found when the QP is given its destination.
+        let page = |s: &Arc<Shared>| s.engine_page_mem.read_only();
         if Arc::ptr_eq(&self.shared, &peer.shared) {
             let ends = link::attach(&seg, Side::Loopback)?;
-            let own = map_peer_arena(&self.shared.arena_segment)?;
-            let mut l = Link::new(seg, ends, own, (self.shared.id, self.shared.id));
+            let mut l = Link::new(
+                seg,
+                ends,
+                page(&self.shared),
+                (self.shared.id, self.shared.id),
+            );
             l.rx_tap = false;
-            let id = self.shared.engine.with(|e| e.add_link(l));
+            l.local_peer = Some(Arc::downgrade(&self.shared));
+            let id = self.shared.engine.with(|e| e.add_link(l))?;
             return Ok((id, id));
         }
-        let seg_b = Arc::new(Segment::open(
+        let seg_b = link::open_link_segment(
             seg.try_clone_fd()
                 .map_err(|e| Error::io("duplicating the link segment fd", e))?,
-            link::LINK_KIND,
-            Access::ReadWrite,
-        )?);
+        )?;
         let ends_a = link::attach(&seg, Side::Creator)?;
         let ends_b = link::attach(&seg_b, Side::Opener)?;
-        let peer_arena_for_a = map_peer_arena(&peer.shared.arena_segment)?;
-        let peer_arena_for_b = map_peer_arena(&self.shared.arena_segment)?;
         let (ida, idb) = (self.shared.id, peer.shared.id);
         let same_tap = {
             let pcap = |e: &mut Engine| e.trace.as_ref().and_then(|t| t.pcap.clone());
@@ -527,25 +634,24 @@ impl Context {
             let tb = peer.shared.engine.with(pcap);
             matches!((ta, tb), (Some(a), Some(b)) if Arc::ptr_eq(&a, &b))
         };
-        let mut la = Link::new(seg, ends_a, peer_arena_for_a, (ida, idb));
-        let mut lb = Link::new(seg_b, ends_b, peer_arena_for_b, (idb, ida));
+        let mut la = Link::new(seg, ends_a, page(&peer.shared), (ida, idb));
+        let mut lb = Link::new(seg_b, ends_b, page(&self.shared), (idb, ida));
         la.rx_tap = !same_tap;
         lb.rx_tap = !same_tap;
-        let a = self.shared.engine.with(|e| e.add_link(la));
-        let b = peer.shared.engine.with(|e| e.add_link(lb));
+        la.local_peer = Some(Arc::downgrade(&peer.shared));
+        lb.local_peer = Some(Arc::downgrade(&self.shared));
+        let a = self.shared.engine.with(|e| e.add_link(la))?;
+        let b = match peer.shared.engine.with(|e| e.add_link(lb)) {
+            Ok(b) => b,
+            Err(err) => {
+                self.shared.engine.with(|e| e.remove_link(a));
+                return Err(err);
+            }
+        };
         self.shared.kick();
         peer.shared.kick();
         Ok((a, b))
     }
-}
-
-/// Maps a peer's arena read-only, as a connected peer does.
-pub(crate) fn map_peer_arena(segment: &Segment) -> Result<Mem> {
-    let fd = segment
-        .try_clone_fd()
-        .map_err(|e| Error::io("duplicating the arena fd", e))?;
-    let ro = Segment::open(fd, ARENA_KIND, Access::ReadOnly)?;
-    Ok(Mem::from_segment(Arc::new(ro)))
 }
 
 impl Drop for Context {

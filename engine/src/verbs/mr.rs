@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
+use crate::mem::Mem;
 use crate::mr_table::MrShared;
 use crate::qp::{AccessFlags, MAX_MESSAGE};
 use crate::verbs::Shared;
@@ -11,9 +12,17 @@ use crate::verbs::wr::RemoteAddr;
 
 /// A protection domain: memory regions and QPs of one domain only work together (a
 /// remote access through a QP of another domain is refused).
+///
+/// Each protection domain has its own arena of shared memory (`ContextBuilder::arena_size`
+/// bytes, committed as regions are allocated), from which its regions and its QPs' inline
+/// staging are carved. A peer can read a domain's arena only once a QP of that domain is
+/// connected to it, and can never write it: see the security model in the
+/// [`verbs`](crate::verbs) docs.
 pub struct Pd {
     pub(crate) shared: Arc<Shared>,
     pub(crate) pdn: u32,
+    /// The application's view of the domain's arena (shared with its regions).
+    pub(crate) mem: Arc<Mem>,
 }
 
 impl Pd {
@@ -22,7 +31,7 @@ impl Pd {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a length of 0 or above 2 GiB,
-    /// [`Error::ArenaExhausted`] when the arena has no room,
+    /// [`Error::ArenaExhausted`] when the domain's arena has no room,
     /// [`Error::LimitReached`] past 2^24 regions.
     pub fn alloc_mr(&self, len: u64, access: AccessFlags) -> Result<Mr> {
         if len == 0 || len > MAX_MESSAGE {
@@ -34,17 +43,24 @@ impl Pd {
         let shared_mr = Arc::new(MrShared::default());
         let sm = shared_mr.clone();
         let pdn = self.pdn;
-        let base = self.shared.arena_mem.base_addr();
+        let base = self.mem.base_addr();
         let (index, key, off) = self.shared.engine.with(|e| {
-            let block = e.res.arena.alloc(len, 64)?;
+            let pds = &mut e.res.pds;
+            let arena = pds.get_mut(pdn).ok_or(Error::ForeignObject {
+                what: "the protection domain",
+            })?;
+            let block = arena.alloc(len, 64)?;
             match e
                 .res
                 .mrs
                 .insert(pdn, access, block, len, base + block.off, sm)
             {
-                Some((i, k)) => Ok((i, k, block.off)),
+                Some((i, k)) => {
+                    pds.hold(pdn);
+                    Ok((i, k, block.off))
+                }
                 None => {
-                    e.res.arena.free(block);
+                    arena.free(block);
                     Err(Error::LimitReached {
                         what: "memory regions in one context",
                         limit: crate::mr_table::MAX_MRS,
@@ -54,6 +70,7 @@ impl Pd {
         })?;
         Ok(Mr {
             shared: self.shared.clone(),
+            mem: self.mem.clone(),
             index,
             key,
             off,
@@ -66,6 +83,22 @@ impl Pd {
 
     pub(crate) fn same_context(&self, shared: &Arc<Shared>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
+    }
+
+    /// Bytes still free in the domain's arena.
+    pub fn arena_free(&self) -> u64 {
+        let pdn = self.pdn;
+        self.shared
+            .engine
+            .with(|e| e.res.pds.get(pdn).map_or(0, |a| a.free_bytes()))
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // The arena lives on while regions or QPs of the domain do.
+        let pdn = self.pdn;
+        self.shared.engine.with(|e| e.res.pds.unhold(pdn));
     }
 }
 
@@ -82,6 +115,8 @@ impl std::fmt::Debug for Pd {
 /// how posting keeps buffers safe.
 pub struct Mr {
     pub(crate) shared: Arc<Shared>,
+    /// The application's view of the region's arena (its protection domain's).
+    pub(crate) mem: Arc<Mem>,
     pub(crate) index: u32,
     key: u32,
     /// Offset in the arena.
@@ -107,7 +142,7 @@ impl Mr {
     /// The region's start address in this process, which peers use as the base of their
     /// remote addresses.
     pub fn addr(&self) -> u64 {
-        self.shared.arena_mem.base_addr() + self.off
+        self.mem.base_addr() + self.off
     }
 
     /// Length in bytes.
@@ -183,8 +218,7 @@ impl Mr {
     /// [`Error::OutOfBounds`].
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        self.shared
-            .arena_mem
+        self.mem
             .read(self.off + offset, buf)
             .map_err(|_| self.oob(offset, buf.len() as u64))
     }
@@ -198,8 +232,7 @@ impl Mr {
     /// [`Error::OutOfBounds`].
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check(offset, data.len() as u64)?;
-        self.shared
-            .arena_mem
+        self.mem
             .write(self.off + offset, data)
             .map_err(|_| self.oob(offset, data.len() as u64))
     }
@@ -217,8 +250,7 @@ impl Mr {
                 format!("{offset} is not 8-byte aligned"),
             ));
         }
-        self.shared
-            .arena_mem
+        self.mem
             .load_u64(self.off + offset)
             .map_err(|_| self.oob(offset, 8))
     }
@@ -257,7 +289,7 @@ impl Mr {
         // hence no engine copy — targets the region; the engine refuses remote writes and
         // atomics because the region has no such rights; and the arena allocator never
         // gives two regions overlapping bytes.
-        let slice = unsafe { self.shared.arena_mem.slice_mut(off, len) };
+        let slice = unsafe { self.mem.slice_mut(off, len) };
         slice.map_err(|_| self.oob(0, len))
     }
 
@@ -280,8 +312,8 @@ impl Drop for Mr {
     fn drop(&mut self) {
         let index = self.index;
         self.shared.engine.with(|e| {
-            let crate::context::Resources { mrs, arena, .. } = &mut e.res;
-            mrs.remove(index, arena);
+            let crate::context::Resources { mrs, pds, .. } = &mut e.res;
+            mrs.remove(index, pds);
         });
     }
 }

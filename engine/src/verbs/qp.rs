@@ -8,6 +8,7 @@ use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 use crate::arena::Block;
 use crate::context::{QpCtx, QpShared};
 use crate::error::{Error, Result};
+use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
@@ -35,13 +36,16 @@ pub struct Qp {
     sq_retired: u64,
     rq_posted: u64,
     rq_retired: u64,
-    /// Gather tables of multi-SGE sends (`max_send_wr` rows of `max_send_sge` entries).
-    gather: Option<Block>,
-    /// Inline staging (`max_send_wr` rows of `inline_row` bytes).
+    /// The protection domain's arena (inline staging lives there).
+    mem: Mem,
+    /// Private memory for the rows of multi-element lists: gather rows of sends
+    /// (`max_send_wr` rows of `max_send_sge` entries) from offset 0, then scatter rows of
+    /// receives from `scatter_at`. Shared with the engine's `QpCtx`, never with a peer.
+    tables: Mem,
+    scatter_at: u64,
+    /// Inline staging in the arena (`max_send_wr` rows of `inline_row` bytes).
     inline: Option<Block>,
     inline_row: u64,
-    /// Scatter tables of multi-SGE receives.
-    scatter: Option<Block>,
 }
 
 impl Qp {
@@ -73,43 +77,35 @@ impl Qp {
         let inline_row = u64::from(caps.max_inline_data).div_ceil(64) * 64;
         let (pdn, scq, rcq) = (pd.pdn, send_cq.cqn, recv_cq.cqn);
         let qs = qshared.clone();
-        let (index, qpn, gather, inline, scatter) = shared.engine.with(|e| {
-            let mut blocks: Vec<Block> = Vec::new();
-            let mut area = |bytes: u64| -> Result<Option<Block>> {
-                if bytes == 0 {
-                    return Ok(None);
-                }
-                let b = e.res.arena.alloc(bytes, 64)?;
-                blocks.push(b);
-                Ok(Some(b))
-            };
-            let send_depth = u64::from(caps.max_send_wr);
-            let made = (|| {
-                let gather = area(if caps.max_send_sge > 1 {
-                    send_depth * u64::from(caps.max_send_sge) * SGE_ENTRY_LEN
-                } else {
-                    0
-                })?;
-                let inline = area(send_depth * inline_row)?;
-                let scatter = area(if caps.max_recv_sge > 1 {
-                    u64::from(caps.max_recv_wr) * u64::from(caps.max_recv_sge) * SGE_ENTRY_LEN
-                } else {
-                    0
-                })?;
-                Ok::<_, Error>((gather, inline, scatter))
-            })();
-            let (gather, inline, scatter) = match made {
-                Ok(a) => a,
-                Err(err) => {
-                    for b in blocks {
-                        e.res.arena.free(b);
-                    }
-                    return Err(err);
-                }
+        let gather_bytes = if caps.max_send_sge > 1 {
+            u64::from(caps.max_send_wr) * u64::from(caps.max_send_sge) * SGE_ENTRY_LEN
+        } else {
+            0
+        };
+        let scatter_bytes = if caps.max_recv_sge > 1 {
+            u64::from(caps.max_recv_wr) * u64::from(caps.max_recv_sge) * SGE_ENTRY_LEN
+        } else {
+            0
+        };
+        let tables = Mem::private((gather_bytes + scatter_bytes) as usize);
+        let ctx_tables = tables.share();
+        let mem = pd.mem.share();
+        let ctx_mem = pd.mem.share();
+        let inline_bytes = u64::from(caps.max_send_wr) * inline_row;
+        let (index, qpn, inline) = shared.engine.with(|e| {
+            let arena = e.res.pds.get_mut(pdn).ok_or(Error::ForeignObject {
+                what: "the protection domain",
+            })?;
+            let inline = match inline_bytes {
+                0 => None,
+                n => Some(arena.alloc(n, 64)?),
             };
             let added = e.add_qp(|qpn| QpCtx {
                 qpn,
                 pd: pdn,
+                mem: ctx_mem,
+                peer_mem: Mem::private(0),
+                tables: ctx_tables,
                 state: QpState::Reset,
                 cfg: QpConfig::default(),
                 send_cq: scq,
@@ -122,10 +118,13 @@ impl Qp {
                 rq_retired: 0,
             });
             match added {
-                Ok((index, qpn)) => Ok((index, qpn, gather, inline, scatter)),
+                Ok((index, qpn)) => {
+                    e.res.pds.hold(pdn);
+                    Ok((index, qpn, inline))
+                }
                 Err(err) => {
-                    for b in blocks {
-                        e.res.arena.free(b);
+                    if let (Some(b), Some(arena)) = (inline, e.res.pds.get_mut(pdn)) {
+                        arena.free(b);
                     }
                     Err(err)
                 }
@@ -144,10 +143,11 @@ impl Qp {
             sq_retired: 0,
             rq_posted: 0,
             rq_retired: 0,
-            gather,
+            mem,
+            tables,
+            scatter_at: gather_bytes,
             inline,
             inline_row,
-            scatter,
         })
     }
 
@@ -167,8 +167,8 @@ impl Qp {
     }
 
     /// Bytes this QP holds besides its memory regions: its send and receive rings, the
-    /// SQ Logic's window of WQEs, the RQ Logic's response queues, and its staging areas in
-    /// the arena (inline data, scatter/gather tables).
+    /// SQ Logic's window of WQEs, the RQ Logic's response queues, its private
+    /// scatter/gather tables and its inline staging in the arena.
     pub fn memory_bytes(&self) -> usize {
         let index = self.index;
         let engine_side = self
@@ -181,12 +181,8 @@ impl Qp {
             .unwrap_or(0);
         let rings =
             self.sq.capacity() * size_of::<SqWqe>() + self.rq.capacity() * size_of::<RqWqe>();
-        let arena: u64 = [self.gather, self.inline, self.scatter]
-            .iter()
-            .flatten()
-            .map(|b| b.len)
-            .sum();
-        size_of::<Qp>() + size_of::<QpCtx>() + rings + engine_side + arena as usize
+        let staging = self.inline.map_or(0, |b| b.len) as usize;
+        size_of::<Qp>() + size_of::<QpCtx>() + rings + engine_side + staging + self.tables.len()
     }
 
     /// Changes the QP's state and attributes (`ibv_modify_qp`).
@@ -197,6 +193,9 @@ impl Qp {
     /// [`plan_modify`](crate::qp::plan_modify).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         let index = self.index;
+        if let Some(d) = attr.dest {
+            self.shared.find_local_peer_qp(d);
+        }
         self.shared.engine.with(|e| e.modify_qp(index, attr))?;
         self.shared.kick();
         Ok(())
@@ -355,14 +354,16 @@ impl Qp {
                     self.check_sgl(sgl, self.caps.max_send_sge, needs_write, "gather list")?;
                 if inline {
                     // Copy the gather list's bytes now; the buffers are free on return.
-                    let mem = &self.shared.arena_mem;
                     let data = self.stage_inline(row, len as usize, |mut dst, m| {
                         let mut buf = [0u8; 256];
                         for s in sgl {
                             let mut done = 0u64;
                             while done < u64::from(s.len) {
                                 let n = (u64::from(s.len) - done).min(buf.len() as u64) as usize;
-                                if mem.read(s.mr.off + s.offset + done, &mut buf[..n]).is_err()
+                                if s.mr
+                                    .mem
+                                    .read(s.mr.off + s.offset + done, &mut buf[..n])
+                                    .is_err()
                                     || m.write(dst, &buf[..n]).is_err()
                                 {
                                     return false;
@@ -455,9 +456,14 @@ impl Qp {
         if len == 0 {
             return Ok(DataLoc::Empty);
         }
-        let block = self.inline.expect("max_inline_data > 0 allocates staging");
+        let Some(block) = self.inline else {
+            return Err(Error::invalid(
+                "inline data",
+                "this QP was created with max_inline_data 0",
+            ));
+        };
         let off = block.off + row * self.inline_row;
-        if !fill(off, &self.shared.arena_mem) {
+        if !fill(off, &self.mem) {
             return Err(Error::invalid(
                 "inline data",
                 "the gather list could not be read",
@@ -521,32 +527,27 @@ impl Qp {
         Ok(match sgl {
             [] => DataLoc::Empty,
             [s] => DataLoc::Single(entry(s)),
-            many => {
-                let block = self
-                    .gather
-                    .expect("max_send_sge > 1 allocates a gather table");
-                self.write_table(block, row, self.caps.max_send_sge, many.iter().map(entry))
-            }
+            many => self.write_table(0, row, self.caps.max_send_sge, many.iter().map(entry))?,
         })
     }
 
+    /// Writes a multi-element list into row `row` of the private table at `base`.
     fn write_table(
         &self,
-        block: Block,
+        base: u64,
         row: u64,
         width: u32,
         entries: impl Iterator<Item = SgeEntry>,
-    ) -> DataLoc {
-        let table = block.off + row * u64::from(width) * SGE_ENTRY_LEN;
+    ) -> Result<DataLoc> {
+        let table = base + row * u64::from(width) * SGE_ENTRY_LEN;
         let mut n = 0;
         for (i, e) in entries.enumerate() {
-            self.shared
-                .arena_mem
+            self.tables
                 .write(table + i as u64 * SGE_ENTRY_LEN, &e.to_bytes())
-                .expect("the table row lies in the QP's block");
+                .map_err(|_| Error::invalid("scatter/gather list", "longer than its table row"))?;
             n += 1;
         }
-        DataLoc::Table { table, n }
+        Ok(DataLoc::Table { table, n })
     }
 
     /// Posts a receive work request (`ibv_post_recv`). Allowed from Init on; in Error it
@@ -584,12 +585,12 @@ impl Qp {
         let data = match wr.sgl {
             [] => DataLoc::Empty,
             [s] => DataLoc::Single(entry(s)),
-            many => {
-                let block = self
-                    .scatter
-                    .expect("max_recv_sge > 1 allocates a scatter table");
-                self.write_table(block, row, self.caps.max_recv_sge, many.iter().map(entry))
-            }
+            many => self.write_table(
+                self.scatter_at,
+                row,
+                self.caps.max_recv_sge,
+                many.iter().map(entry),
+            )?,
         };
         for s in wr.sgl {
             s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -622,13 +623,13 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        let index = self.index;
-        let blocks = [self.gather, self.inline, self.scatter];
+        let (index, pdn, inline) = (self.index, self.pdn, self.inline);
         self.shared.engine.with(|e| {
             e.remove_qp(index);
-            for b in blocks.into_iter().flatten() {
-                e.res.arena.free(b);
+            if let (Some(b), Some(arena)) = (inline, e.res.pds.get_mut(pdn)) {
+                arena.free(b);
             }
+            e.res.pds.unhold(pdn);
         });
     }
 }

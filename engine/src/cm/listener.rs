@@ -1,0 +1,469 @@
+//! The server's side: a listening socket ([`Listener`]) and the handshakes in progress on
+//! it.
+//!
+//! Accepting never blocks on a client. Each client accepted gets a [`ServerHandshake`] in
+//! the listener's table; every accept call takes every client the socket has pending,
+//! advances every handshake whose socket has something to read, and waits (in `poll(2)`)
+//! for the next event only up to the caller's deadline. A client that stalls half-way costs
+//! the others nothing: it stays in the table until its own handshake timeout, and the
+//! accept call that finds it expired reports it. In inline mode the engine keeps running
+//! while an accept call waits, so the context's other connections keep making progress.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::channel::{Chan, Fail, INLINE_WAIT};
+use super::connection::{Connection, establish, reject};
+use super::handshake::{Established, ServerHandshake};
+use super::params::{ConnectParams, PeerPolicy};
+use super::random_u64;
+use crate::EngineMode;
+use crate::error::{Error, Result};
+use crate::verbs::{Context, Cq, Pd, Shared};
+
+/// The most handshakes one accept call keeps in progress; more clients wait in the kernel's
+/// listen backlog until one finishes or times out.
+pub const MAX_HANDSHAKES: usize = 256;
+
+/// Binds and listens on `path`. The socket is made under a temporary name in the same
+/// directory and hard-linked into place once it listens, so the path never exists without
+/// accepting connections (a client that sees it is not refused), and `link(2)` never replaces
+/// a file that appeared meanwhile. Falls back to binding `path` itself where that is not
+/// possible (a temporary name too long for a socket address, a file system without links).
+///
+/// Returns the listener and the device and inode of its socket file, taken from the
+/// temporary name before it is linked into place (so it is this listener's file for sure).
+fn bind_in_place(path: &Path) -> Result<(UnixListener, (u64, u64))> {
+    let p = path.display();
+    // Clients connect by this path, so it must fit a socket address itself.
+    if let Err(e) = std::os::unix::net::SocketAddr::from_pathname(path) {
+        return Err(Error::Connect(format!(
+            "{p}: not usable as a Unix socket path ({e}); it must be shorter than 108 bytes"
+        )));
+    }
+    let tmp = path.with_file_name(format!(".shmhca-{:016x}.sock", random_u64()));
+    if let Ok(listener) = UnixListener::bind(&tmp) {
+        let ino = std::fs::symlink_metadata(&tmp).map(|m| (m.dev(), m.ino()));
+        let linked = ino.and_then(|ino| std::fs::hard_link(&tmp, path).map(|()| ino));
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(ino) => return Ok((listener, ino)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(Error::Connect(format!(
+                    "{p}: another listener bound it just now ({e})"
+                )));
+            }
+            Err(_) => {} // no hard links here: bind the path itself
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(|e| {
+        Error::Connect(match e.kind() {
+            io::ErrorKind::NotFound => format!("{p}: the directory does not exist ({e})"),
+            io::ErrorKind::InvalidInput => format!(
+                "{p}: not usable as a Unix socket path ({e}); it must be shorter than 108 bytes"
+            ),
+            io::ErrorKind::AddrInUse => format!("{p}: another listener bound it just now ({e})"),
+            _ => format!("{p}: cannot listen ({e})"),
+        })
+    })?;
+    let m = std::fs::symlink_metadata(path)
+        .map_err(|e| Error::io(format!("examining the new socket {p}"), e))?;
+    Ok((listener, (m.dev(), m.ino())))
+}
+
+/// Whether a listener is alive on the socket file at `path`: a non-blocking `connect(2)`
+/// that is refused means nobody listens there (a stale file left by a process that died);
+/// one that succeeds or finds the backlog full (`EAGAIN`) means somebody does. Never
+/// blocks, whatever the listener does.
+fn listener_alive(path: &Path) -> io::Result<bool> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    match rustix::net::connect(&fd, &SocketAddrUnix::new(path)?) {
+        Ok(()) | Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INPROGRESS) => Ok(true),
+        Err(rustix::io::Errno::CONNREFUSED) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A listening socket: [`Listener::accept`] turns each client into a [`Connection`]. The
+/// socket path is removed when the listener is dropped, if it is still the socket this
+/// listener made.
+///
+/// Handshakes are advanced by the accept calls, never by a thread of their own: a client
+/// that has connected but not finished is served by the next accept call (of any thread).
+/// Dropping the listener abandons the handshakes in progress. At most
+/// [`MAX_HANDSHAKES`] are in progress per accept call; further clients wait in the kernel's
+/// listen backlog meanwhile.
+pub struct Listener {
+    shared: Arc<Shared>,
+    listener: UnixListener,
+    path: PathBuf,
+    /// Device and inode of the socket file this listener created.
+    ino: (u64, u64),
+    policy: PeerPolicy,
+    /// Handshakes in progress that no accept call is advancing right now.
+    pending: Mutex<Vec<ServerHandshake>>,
+}
+
+impl Listener {
+    /// Listens on `path` (same as [`Context::listen`]).
+    ///
+    /// Removes only what it created. An existing socket file is probed with a non-blocking
+    /// `connect(2)`: refused means stale (its listener died without removing it), and only
+    /// then is it replaced, if it is still the same file; accepted, or a full backlog,
+    /// means a live listener, whose socket is left alone. Anything else at `path` (a regular
+    /// file, a directory, a symbolic link) is never touched. The device and inode of the
+    /// socket this listener creates are recorded, and dropping the listener removes `path`
+    /// only if it still is that socket.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] if a live listener owns `path`, if `path` exists and is not a
+    /// socket (it is never removed), if it is too long for a Unix socket (108 bytes) or its
+    /// directory does not exist; [`Error::Io`] for other system errors.
+    pub fn bind(ctx: &Context, path: impl AsRef<Path>) -> Result<Listener> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.display();
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_socket() => match listener_alive(&path) {
+                Ok(true) => {
+                    return Err(Error::Connect(format!(
+                        "{p}: a live listener already owns this socket: use another path or stop that process"
+                    )));
+                }
+                Ok(false) => {
+                    // Stale: its listener is gone. Remove it only if it is still the file
+                    // probed (not one another listener put there meanwhile).
+                    let now = std::fs::symlink_metadata(&path);
+                    if !now.is_ok_and(|n| (n.dev(), n.ino()) == (m.dev(), m.ino())) {
+                        return Err(Error::Connect(format!(
+                            "{p}: the stale socket was replaced while this side probed it: another process is binding the same path"
+                        )));
+                    }
+                    std::fs::remove_file(&path)
+                        .map_err(|e| Error::io(format!("removing the stale socket {p}"), e))?;
+                }
+                Err(e) => return Err(Error::io(format!("probing the existing socket {p}"), e)),
+            },
+            Ok(_) => {
+                return Err(Error::Connect(format!(
+                    "{p} exists and is not a socket: refusing to replace it; choose another path"
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("examining {p}"), e)),
+        }
+        let (listener, ino) = bind_in_place(&path)?;
+        // Accept calls take every pending client without blocking.
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(format!("making the socket {p} non-blocking"), e))?;
+        Ok(Listener {
+            shared: ctx.shared.clone(),
+            listener,
+            path,
+            ino,
+            policy: PeerPolicy::SameUser,
+            pending: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whom [`Listener::accept`] admits (default: the same user).
+    pub fn peer_policy(&self) -> PeerPolicy {
+        self.policy
+    }
+
+    /// Sets whom [`Listener::accept`] admits.
+    pub fn set_peer_policy(&mut self, policy: PeerPolicy) {
+        self.policy = policy;
+    }
+
+    /// Clients that connected and whose handshake is not finished yet (not counting those
+    /// an accept call running on another thread is advancing).
+    pub fn handshakes_in_progress(&self) -> usize {
+        self.lock_pending().len()
+    }
+
+    /// Waits for a client to complete a handshake and returns its connection: its QP (in
+    /// `pd`, completing on `send_cq` / `recv_cq`, set up with `params`) is in RTS. Clients
+    /// that connect and close without a word (such as [`Listener::bind`] probing whether a
+    /// listener is alive) are skipped. Handshakes run side by side: a slow client does not
+    /// delay another. A client's QP is made by the accept call that receives its REQ, with
+    /// that call's `pd`, CQs and `params`; its handshake timeout is that of the call that
+    /// accepted its socket.
+    ///
+    /// In inline mode the engine keeps running while this waits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for parameters out of range; [`Error::Connect`] naming
+    /// the problem when a client is refused, speaks garbage, offers invalid or incompatible
+    /// parameters, or stops half-way (after its handshake timeout): that client is
+    /// dropped, the listener stays usable for the next one. Nothing is left behind on
+    /// error.
+    pub fn accept(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        params: &ConnectParams,
+    ) -> Result<Connection> {
+        loop {
+            // Without a deadline the call returns only with a connection or an error.
+            if let Some(c) = self.accept_until(None, pd, send_cq, recv_cq, params)? {
+                return Ok(c);
+            }
+        }
+    }
+
+    /// [`Listener::accept`], giving up when no handshake has completed within `timeout`:
+    /// it returns by then, however far the clients in progress have got (they stay in the
+    /// listener for the next call).
+    ///
+    /// # Errors
+    /// As [`Listener::accept`], and [`Error::Connect`] saying no client completed in time
+    /// ([`Listener::try_accept`] returns `None` instead).
+    pub fn accept_timeout(
+        &self,
+        timeout: Duration,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        params: &ConnectParams,
+    ) -> Result<Connection> {
+        self.try_accept(timeout, pd, send_cq, recv_cq, params)?
+            .ok_or_else(|| {
+                Error::Connect(format!(
+                    "{}: no client connected in time ({} handshakes in progress)",
+                    self.path.display(),
+                    self.handshakes_in_progress()
+                ))
+            })
+    }
+
+    /// [`Listener::accept`] for at most `timeout`: `Ok(None)` when no handshake completed
+    /// by then (a zero `timeout` only takes what has already arrived). An event loop calls
+    /// this with a short timeout between its other work.
+    ///
+    /// # Errors
+    /// As [`Listener::accept`].
+    pub fn try_accept(
+        &self,
+        timeout: Duration,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        params: &ConnectParams,
+    ) -> Result<Option<Connection>> {
+        let deadline = Instant::now() + timeout;
+        self.accept_until(Some(deadline), pd, send_cq, recv_cq, params)
+    }
+
+    fn lock_pending(&self) -> MutexGuard<'_, Vec<ServerHandshake>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn accept_until(
+        &self,
+        deadline: Option<Instant>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        params: &ConnectParams,
+    ) -> Result<Option<Connection>> {
+        params.validate()?;
+        let watcher = self.shared.cm.watcher(&self.shared)?;
+        // This call advances the handshakes it takes; another thread's accept call takes
+        // the rest (or those that arrive meanwhile). What is left goes back at the end.
+        let mut mine = std::mem::take(&mut *self.lock_pending());
+        let result = self.accept_loop(&mut mine, deadline, pd, send_cq, recv_cq, params);
+        self.lock_pending().append(&mut mine);
+        Ok(result?
+            .map(|(hs, est)| establish(&hs.chan(&self.path), &hs.stream, watcher, est, params)))
+    }
+
+    /// Accepts and advances handshakes until one completes (`Some`), one fails (`Err`), or
+    /// the deadline passes (`None`).
+    fn accept_loop(
+        &self,
+        mine: &mut Vec<ServerHandshake>,
+        deadline: Option<Instant>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        params: &ConnectParams,
+    ) -> Result<Option<(ServerHandshake, Established)>> {
+        use rustix::event::{PollFd, PollFlags};
+        let inline = self.shared.mode == EngineMode::Inline;
+        // Handshakes with something to read (all of them at first: a message may have
+        // arrived while no accept call was running).
+        let mut ready: Vec<bool> = vec![true; mine.len()];
+        let mut listener_ready = true;
+        loop {
+            if listener_ready && mine.len() < MAX_HANDSHAKES {
+                self.take_new_clients(mine, &mut ready, params)?;
+            }
+            let mut i = 0;
+            while i < mine.len() {
+                let expired = Instant::now() >= mine[i].deadline();
+                if !ready[i] && !expired {
+                    i += 1;
+                    continue;
+                }
+                ready[i] = false;
+                let step = mine[i].advance(&self.shared, &self.path, pd, send_cq, recv_cq, params);
+                match step {
+                    Ok(None) => i += 1,
+                    Ok(Some(est)) => {
+                        ready.swap_remove(i);
+                        return Ok(Some((mine.swap_remove(i), est)));
+                    }
+                    Err(f) => {
+                        ready.swap_remove(i);
+                        let hs = mine.swap_remove(i);
+                        if let Some(e) = failed(&hs.chan(&self.path), f) {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            if inline {
+                // The application's thread is here, not polling its CQs: run the engine
+                // for the context's other connections.
+                self.shared.progress();
+            }
+            // Sleep until a socket has something, a handshake expires, the caller's
+            // deadline passes, or (inline mode) it is time to run the engine again.
+            let mut wake = mine.iter().map(ServerHandshake::deadline).min();
+            if let Some(d) = deadline {
+                wake = Some(wake.map_or(d, |w| w.min(d)));
+            }
+            let mut left = wake.map(|w| w.saturating_duration_since(now));
+            if inline {
+                left = Some(left.map_or(INLINE_WAIT, |l| l.min(INLINE_WAIT)));
+            }
+            let ts = left.map(|l| rustix::time::Timespec {
+                tv_sec: l.as_secs() as i64,
+                tv_nsec: i64::from(l.subsec_nanos()),
+            });
+            let mut fds = Vec::with_capacity(mine.len() + 1);
+            // At the limit, new clients wait in the kernel's backlog until a slot frees.
+            let room = mine.len() < MAX_HANDSHAKES;
+            fds.push(PollFd::new(
+                &self.listener,
+                if room {
+                    PollFlags::IN
+                } else {
+                    PollFlags::empty()
+                },
+            ));
+            for hs in mine.iter() {
+                fds.push(PollFd::from_borrowed_fd(
+                    hs.stream.as_fd(),
+                    PollFlags::IN | PollFlags::RDHUP,
+                ));
+            }
+            match rustix::event::poll(&mut fds, ts.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::io("waiting for clients", e.into())),
+            }
+            listener_ready = !fds[0].revents().is_empty();
+            for (r, f) in ready.iter_mut().zip(&fds[1..]) {
+                *r = !f.revents().is_empty();
+            }
+        }
+    }
+
+    /// Accepts every client the socket has pending and starts its handshake. A client
+    /// refused at once is reported like any failed handshake.
+    fn take_new_clients(
+        &self,
+        mine: &mut Vec<ServerHandshake>,
+        ready: &mut Vec<bool>,
+        params: &ConnectParams,
+    ) -> Result<()> {
+        while mine.len() < MAX_HANDSHAKES {
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => Arc::new(s),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("accepting a client on {}", self.path.display()),
+                        e,
+                    ));
+                }
+            };
+            match ServerHandshake::start(
+                &self.shared,
+                stream.clone(),
+                &self.path,
+                self.policy,
+                params.handshake_timeout,
+            ) {
+                Ok(hs) => {
+                    mine.push(hs);
+                    ready.push(true);
+                }
+                Err(f) => {
+                    let chan = Chan {
+                        stream: &stream,
+                        path: &self.path,
+                        peer: "client",
+                        deadline: Instant::now() + params.handshake_timeout,
+                        timeout: params.handshake_timeout,
+                        drive: None,
+                    };
+                    if let Some(e) = failed(&chan, f) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Ends a failed server handshake: sends the REJ it calls for and returns the error; `None`
+/// for a client that closed before sending a byte (a probe, not an error).
+fn failed(chan: &Chan<'_>, f: Fail) -> Option<Error> {
+    (!f.closed_before_start).then(|| reject(chan, f))
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Remove the path only if it is still the socket this listener made.
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if (m.dev(), m.ino()) == self.ino {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("path", &self.path)
+            .field("policy", &self.policy)
+            .field("handshakes", &self.lock_pending().len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,108 @@
+//! Sharing and mapping what the two sides hand each other over the socket: the link
+//! segment (when the peer created it), the peer's engine page, and the arena of each peer
+//! QP's protection domain. All descriptor-to-mapping code of the connection manager is
+//! here: [`new_link`], [`share_arena`], [`share_engine_page`] and [`attach_peer_arena`].
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use shmhca_rings::segment::{Access, Segment};
+
+use crate::arena::{ARENA_KIND, ENGINE_PAGE_KIND, ENGINE_PAGE_LEN};
+use crate::error::{Error, Result};
+use crate::link::{self, Link, LinkId, Side};
+use crate::mem::Mem;
+use crate::verbs::{Pd, Shared};
+use crate::wire::Qpn;
+
+/// The link segment of a new link.
+pub(super) enum LinkSegment {
+    /// Made by this side ([`link::create_link_segment`]).
+    Made(Arc<Segment>),
+    /// Received from the peer, which made it.
+    Received(OwnedFd),
+}
+
+/// Maps a new link's segment and the peer's engine page and adds the link to the engine.
+///
+/// # Errors
+/// The link segment or the engine page cannot be mapped or is malformed (see
+/// [`link::attach`]), or the engine has no room for another link.
+pub(super) fn new_link(
+    shared: &Arc<Shared>,
+    segment: LinkSegment,
+    side: Side,
+    peer_page: OwnedFd,
+    peer_trace_id: u32,
+) -> Result<LinkId> {
+    let segment = match segment {
+        LinkSegment::Made(s) => s,
+        LinkSegment::Received(fd) => link::open_link_segment(fd)?,
+    };
+    let page = Segment::open(
+        peer_page,
+        ENGINE_PAGE_KIND,
+        Access::ReadOnly,
+        ENGINE_PAGE_LEN,
+    )?;
+    let ends = link::attach(&segment, side)?;
+    let l = Link::new(
+        segment,
+        ends,
+        Mem::from_segment(Arc::new(page)),
+        (shared.id, peer_trace_id),
+    );
+    shared.engine.with(|e| e.add_link(l))
+}
+
+/// A read-only descriptor of this engine's page, to send to a peer with a new link.
+pub(super) fn share_engine_page(shared: &Shared) -> Result<OwnedFd> {
+    shared
+        .engine_page
+        .share_fd()
+        .map_err(|e| Error::io("sharing the engine page", e))
+}
+
+/// A read-only descriptor of the arena of `pd`, to send to a peer.
+pub(super) fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<OwnedFd> {
+    let pdn = pd.pdn;
+    let seg = shared
+        .engine
+        .with(|e| e.res.pds.get(pdn).map(|a| a.segment().clone()))
+        .ok_or(Error::ForeignObject {
+            what: "the protection domain",
+        })?;
+    seg.share_fd()
+        .map_err(|e| Error::io("sharing the protection domain's arena", e))
+}
+
+/// Records on link `id` that peer QP `qpn` sends from the arena behind `fd`: mapped
+/// read-only (never populated, refused above `max` bytes) unless this link mapped that
+/// arena already.
+pub(super) fn attach_peer_arena(
+    shared: &Arc<Shared>,
+    id: LinkId,
+    qpn: u32,
+    fd: OwnedFd,
+    max: u64,
+) -> Result<()> {
+    let key =
+        Segment::identity(fd.as_fd()).map_err(|e| Error::io("identifying the peer's arena", e))?;
+    let qpn = Qpn::new(qpn);
+    let known = shared.engine.with(|e| {
+        let link = e.link_mut(id)?;
+        let mem = link.peer_arena(key)?.share();
+        link.add_peer_qp(qpn, key, mem);
+        Some(())
+    });
+    if known.is_some() {
+        return Ok(());
+    }
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    let arena = Segment::open(fd, ARENA_KIND, Access::ReadOnly, max)?;
+    let mem = Mem::from_segment(Arc::new(arena));
+    shared
+        .engine
+        .with(|e| e.link_mut(id).map(|l| l.add_peer_qp(qpn, key, mem)))
+        .ok_or_else(|| Error::Connect("the link went down during connection setup".into()))
+}
