@@ -35,14 +35,14 @@
 //!       next PSN to send, last acknowledged PSN, expected PSN, reserved
 //! ```
 //!
-//! The peer pid of a link comes from the peer's arena header (at byte 192), which every
+//! The peer pid of a link comes from the peer's engine page (at byte 128), which every
 //! engine writes its pid into when it starts; it is shown, never trusted.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
-use shmhca_rings::segment::{Access, HugePages, OpenError, Segment};
+use shmhca_rings::segment::{Access, HugePages, OpenError, Segment, Sharing};
 
 use crate::context::Stats;
 use crate::engine::Engine;
@@ -109,7 +109,7 @@ impl StatsArea {
         let segment = Segment::builder(STATS_KIND, DATA_LEN)
             .name(MEMFD_NAME)
             .huge_pages(HugePages::Never)
-            .sharing(shmhca_rings::segment::Sharing::CreatorWrites)
+            .sharing(Sharing::CreatorWrites)
             .create()
             .ok()?;
         let segment = Arc::new(segment);
