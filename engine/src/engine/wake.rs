@@ -1,13 +1,13 @@
 //! Sleeping and waking an idle poll-mode engine thread.
 //!
-//! An engine whose idle policy lets it sleep publishes a *wake word* in its arena (which
+//! An engine whose idle policy lets it sleep publishes a *wake word* in its engine page (which
 //! peers map read-only) and sleeps on it with a futex. The protocol is Dekker's: the
 //! sleeper stores 1 to the word, then looks for work once more, then waits; a waker
 //! publishes its work (a ring index), then loads the word and wakes the futex if it is 1.
 //! A sequentially consistent fence sits between the store and the load on both sides, so
 //! at least one of them sees the other: either the sleeper finds the work, or the waker
 //! sees the word and wakes it. `FUTEX_WAKE` needs only read access to the word, so a peer
-//! can wake this engine through its read-only mapping of the arena.
+//! can wake this engine through its read-only mapping of the engine page.
 //!
 //! Engines that never sleep (spin policy, or inline mode) publish `MAY_SLEEP = 0`, and their
 //! peers skip the fence entirely: the cost is paid only by those who asked for sleeping.
