@@ -673,7 +673,14 @@ fn stalled_handshakes_cost_the_well_behaved_client_nothing_and_end_at_the_deadli
 #[test]
 fn a_flood_of_random_slots_and_packets_is_dropped_without_harm() {
     under_attack("flood", |victim| {
+        let before = victim.accepted();
         let mut fake = FakePeer::connect(&victim.path);
+        // Flood a connection the victim has accepted: packets that arrive before the
+        // victim read the RTU may put its QP in Error, and then it refuses the connection
+        // (and stops reading the link) rather than keep it.
+        eventually("the victim accepts the fake peer", || {
+            victim.accepted() > before
+        });
         let mut rng = Rng::new(0xf100d);
         let arena_len = fake.arena.data_len() as u64;
         let mut arena = vec![0u8; arena_len as usize];
@@ -771,6 +778,39 @@ fn a_flood_of_random_slots_and_packets_is_dropped_without_harm() {
         assert!(
             fake.answers > 0,
             "the victim answered none of the packets: the flood never reached its QP"
+        );
+    });
+}
+
+#[test]
+fn a_peer_that_breaks_its_qp_before_the_rtu_is_refused_and_harms_nobody_else() {
+    under_attack("before-rtu", |victim| {
+        let refused_before = victim.wait_refused(0).len();
+        let mut fake = FakePeer::connect_before_rtu(&victim.path);
+        // An RDMA Write with a key that names nothing: a Remote Access Error, fatal for the
+        // victim's QP, sent while that QP is still in RTR waiting for our RTU.
+        let mut s = PacketSlot::default();
+        let mut repr = fake.packet(Opcode::RdmaWriteOnly, fake.psn);
+        repr.reth = Some(shmhca::wire::reth::RethRepr {
+            va: 0x1000,
+            rkey: 0xdead_0001,
+            dma_len: 8,
+        });
+        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+        s.kind = shmhca::link::KIND_INLINE;
+        s.payload_len = 8;
+        assert_eq!(fake.send(&[s]), Some(1));
+        // Once the victim answered (its Nak), the RTU comes too late.
+        eventually("the victim's Nak", || {
+            fake.collect_for(Duration::from_millis(10));
+            fake.answers > 0
+        });
+        send_msg(&fake.stream, &shmhca::cm::msg::Message::Rtu, &[]);
+        let refused = victim.wait_refused(refused_before + 1);
+        let why = refused.last().unwrap();
+        assert!(
+            why.contains("first packets were refused before its RTU"),
+            "{why}"
         );
     });
 }

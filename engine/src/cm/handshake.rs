@@ -424,6 +424,17 @@ impl ServerHandshake {
                         req,
                     } = *w;
                     if let Err(e) = to_rts(&mut qp, psn, &agreed) {
+                        // The QP can also have gone to Error before the RTU was read: the
+                        // client's first packets (sent once it was in RTS) broke the
+                        // protocol. Say so rather than name the refused transition.
+                        let e = if qp.state() == QpState::Error {
+                            chan.err(
+                                "the client's first packets were refused before its RTU was \
+                                 read (the QP went to the Error state): the connection is dropped",
+                            )
+                        } else {
+                            e
+                        };
                         drop(qp);
                         drop(link);
                         return Err(Fail::reject(RejectReason::Aborted, e));

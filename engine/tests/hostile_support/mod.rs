@@ -786,6 +786,13 @@ pub const FAKE_QPN: u32 = 0x1002;
 impl FakePeer {
     /// Completes REQ/REP/RTU honestly for a new link.
     pub fn connect(path: &Path) -> FakePeer {
+        let fake = FakePeer::connect_before_rtu(path);
+        send_msg(&fake.stream, &Message::Rtu, &[]);
+        fake
+    }
+
+    /// Completes REQ/REP for a new link; the RTU is the caller's to send (or not).
+    pub fn connect_before_rtu(path: &Path) -> FakePeer {
         let ring_off = honest_ring_offsets(LINK_SLOTS);
         let link = link_segment_at(LINK_SLOTS, ring_off);
         let page = page_segment();
@@ -794,7 +801,6 @@ impl FakePeer {
         let (stream, answer) = request(path, &req, &[link.as_fd(), page.as_fd(), arena.as_fd()]);
         let (rep, received) = answer.unwrap_or_else(|r| panic!("the victim refused: {r:?}"));
         assert_eq!(received.len(), 2, "a new link's REP carries page and arena");
-        send_msg(&stream, &Message::Rtu, &[]);
         let tx = shm_producer(link.clone(), ring_off[0] as usize).unwrap();
         let rx = shm_consumer(link.clone(), ring_off[1] as usize).unwrap();
         FakePeer {
