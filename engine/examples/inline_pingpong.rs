@@ -1,22 +1,27 @@
-//! An 8-byte Send ping-pong between two inline-mode engines driven from one thread: no
-//! cross-core traffic, so under callgrind it counts the instructions of the packet path
-//! itself (see `bench/scripts/instructions.sh`).
+//! A Send ping-pong between two inline-mode engines driven from one thread: no cross-core
+//! traffic, so under callgrind it counts the instructions of the packet path itself (see
+//! `bench/scripts/instructions.sh`). Arguments: round trips (default 100,000) and message
+//! size in bytes (default 8).
 //!
 //! ```sh
-//! cargo run --release -p shmhca --example inline_pingpong -- 100000
+//! cargo run --release -p shmhca --example inline_pingpong -- 100000 8
 //! ```
 
 use shmhca::*;
 
 fn main() -> shmhca::Result<()> {
-    let iters: u64 = std::env::args()
-        .nth(1)
-        .map(|a| a.parse().expect("the argument is a number of round trips"))
-        .unwrap_or(100_000);
+    let arg = |i: usize, default: u64| -> u64 {
+        std::env::args()
+            .nth(i)
+            .map(|a| a.parse().expect("the arguments are numbers"))
+            .unwrap_or(default)
+    };
+    let iters = arg(1, 100_000);
+    let size = arg(2, 8) as u32;
     let ctx = |_| {
         Context::builder()
             .mode(EngineMode::Inline)
-            .arena_size(1 << 20)
+            .arena_size(4 << 20)
             .huge_pages(shmhca_rings::HugePages::Never)
             .build()
     };
@@ -46,15 +51,16 @@ fn main() -> shmhca::Result<()> {
                 .max_rd_atomic(1),
         )?;
     }
+    let len = u64::from(size) * 2;
     let (ma, mb) = (
-        pa.alloc_mr(64, AccessFlags::LOCAL_WRITE)?,
-        pb.alloc_mr(64, AccessFlags::LOCAL_WRITE)?,
+        pa.alloc_mr(len, AccessFlags::LOCAL_WRITE)?,
+        pb.alloc_mr(len, AccessFlags::LOCAL_WRITE)?,
     );
     let mut wc = [WorkCompletion::default(); 4];
     // Each side keeps a few receives posted; each round trip is a Send each way.
     for i in 0..4 {
-        qa.post_recv(&RecvWr::new(i, &[ma.sge(32, 8)?]))?;
-        qb.post_recv(&RecvWr::new(i, &[mb.sge(32, 8)?]))?;
+        qa.post_recv(&RecvWr::new(i, &[ma.sge(u64::from(size), size)?]))?;
+        qb.post_recv(&RecvWr::new(i, &[mb.sge(u64::from(size), size)?]))?;
     }
     // A Send completes only once acknowledged: wait for both completions of each side.
     let mut wait = |cq: &mut Cq, want: usize| {
@@ -70,12 +76,12 @@ fn main() -> shmhca::Result<()> {
         }
     };
     for i in 0..iters {
-        qa.post_send(&SendWr::new(i, SendOp::Send, &[ma.sge(0, 8)?]))?;
+        qa.post_send(&SendWr::new(i, SendOp::Send, &[ma.sge(0, size)?]))?;
         wait(&mut cb, 1); // the ping arrives
-        qb.post_recv(&RecvWr::new(i, &[mb.sge(32, 8)?]))?;
-        qb.post_send(&SendWr::new(i, SendOp::Send, &[mb.sge(0, 8)?]))?;
+        qb.post_recv(&RecvWr::new(i, &[mb.sge(u64::from(size), size)?]))?;
+        qb.post_send(&SendWr::new(i, SendOp::Send, &[mb.sge(0, size)?]))?;
         wait(&mut ca, 2); // the pong arrives, and the ping is acknowledged
-        qa.post_recv(&RecvWr::new(i, &[ma.sge(32, 8)?]))?;
+        qa.post_recv(&RecvWr::new(i, &[ma.sge(u64::from(size), size)?]))?;
         wait(&mut cb, 1); // the pong is acknowledged
     }
     println!("{iters} round trips");

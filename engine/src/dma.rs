@@ -6,14 +6,14 @@
 //!
 //! Sending: [`Cursor`] also walks a gather list, and [`describe`] turns "the next `len`
 //! bytes" into what a [`PacketSlot`] carries: the bytes themselves when they fit in the
-//! slot, otherwise a reference into this process's arena (one range, or a [`GatherList`]
-//! that travels in continuation slots).
+//! slot, otherwise a reference into this process's arena (one range, or a gather list
+//! written into the continuation slots that travel behind the packet).
 //!
 //! A list ([`Sgl`]) is a [`DataLoc`] plus the QP's private table memory its multi-element
 //! lists are written in; the offsets in its entries are offsets in the QP's arena.
 
 use crate::link::{
-    GatherList, KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload, RxPacket,
+    KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload, RxPacket, set_gather_entry,
 };
 use crate::mem::Mem;
 use crate::wqe::{DataLoc, SgeEntry};
@@ -241,19 +241,19 @@ fn copy_range(
 
 /// Fills the payload part of `slot` (whose `hdr_len` is set) with `len` bytes of the list
 /// `src` at `cursor` in this process's arena `local`: inline when they fit behind the
-/// headers, else by reference — one range in the slot, or several in `gather` (filled
-/// here; the caller queues them with the slot, see `TxBatch::commit_gather`). Returns the
-/// bytes copied into the slot (0 for references), or `None` if the list is shorter than
-/// `len` or unreadable (a local error: the WQE completes with an error).
+/// headers, else by reference — one range in the slot, or several in a gather list written
+/// into `cont`, the continuation slots behind it (the slot's `sge_count` says how many;
+/// `TxBatch::commit` queues them with it). Returns the bytes copied into the slot (0 for
+/// references), or `None` if the list is shorter than `len`, unreadable, or longer than
+/// `cont` holds (a local error: the WQE completes with an error).
 pub(crate) fn describe(
     slot: &mut PacketSlot,
+    cont: &mut [PacketSlot],
     local: &Mem,
     src: Sgl<'_>,
     cursor: Cursor,
     len: u32,
-    gather: &mut GatherList,
 ) -> Option<u64> {
-    gather.clear();
     slot.payload_len = len;
     if len == 0 {
         return Some(0);
@@ -302,18 +302,18 @@ pub(crate) fn describe(
         return None;
     }
     let mut left = u64::from(len) + cursor.skip;
-    let mut i = cursor.idx;
+    let mut n = 0;
     while left > 0 {
-        let e = src.entry(i)?;
-        if !gather.push(e.off, e.len) {
+        let e = src.entry(cursor.idx + n as u32)?;
+        if n >= crate::link::MAX_GATHER || !set_gather_entry(cont, n, e.off, e.len) {
             return None;
         }
         left = left.saturating_sub(u64::from(e.len));
-        i += 1;
+        n += 1;
     }
     slot.kind = KIND_GATHER;
     slot.payload_off = 0;
-    slot.sge_count = gather.entries().len() as u8;
+    slot.sge_count = n as u8;
     slot.data[hdr..hdr + 4].copy_from_slice(&(cursor.skip as u32).to_le_bytes());
     Some(0)
 }
@@ -400,12 +400,12 @@ mod tests {
         let mut rc = Cursor::default();
         let mut kinds = vec![];
         for len in [150u32, 200] {
-            let mut slot = send_slot();
-            let mut gather = GatherList::default();
-            let copied = describe(&mut slot, &peer, src, sc, len, &mut gather).unwrap();
+            let mut slots = vec![send_slot(); 1 + crate::link::MAX_CONTINUATION];
+            let (slot, cont) = slots.split_first_mut().unwrap();
+            let copied = describe(slot, cont, &peer, src, sc, len).unwrap();
             assert_eq!(copied, 0, "large payloads go by reference");
             kinds.push(slot.kind);
-            let slots = packet_slots(slot, &gather);
+            slots.truncate(1 + continuation_slots(&slots[0]));
             let pkt = RxPacket::parse(&slots[0], &slots[1..]).unwrap();
             assert_eq!(
                 copy_payload(&pkt, &peer, &local, dst, &mut rc),
@@ -436,11 +436,11 @@ mod tests {
         assert_eq!(
             describe(
                 &mut slot,
+                &mut [],
                 &local,
                 Sgl::new(&src, &tables),
                 Cursor::default(),
                 40,
-                &mut GatherList::default()
             ),
             Some(40)
         );

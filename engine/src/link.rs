@@ -87,13 +87,16 @@ pub fn continuation_slots(slot: &PacketSlot) -> usize {
     }
 }
 
-/// A gather list being built for a packet (sender side).
+/// A gather list, for tests that build gather packets by hand (the engine writes its lists
+/// straight into continuation slots: [`set_gather_entry`]).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GatherList {
     len: usize,
     entries: [(u64, u32); MAX_GATHER],
 }
 
+#[cfg(test)]
 impl Default for GatherList {
     fn default() -> GatherList {
         GatherList {
@@ -103,6 +106,7 @@ impl Default for GatherList {
     }
 }
 
+#[cfg(test)]
 impl GatherList {
     /// Appends a range; false if the list is full.
     pub(crate) fn push(&mut self, off: u64, len: u32) -> bool {
@@ -117,11 +121,6 @@ impl GatherList {
     /// The ranges.
     pub(crate) fn entries(&self) -> &[(u64, u32)] {
         &self.entries[..self.len]
-    }
-
-    /// Empties the list.
-    pub(crate) fn clear(&mut self) {
-        self.len = 0;
     }
 }
 
@@ -406,17 +405,26 @@ pub(crate) fn write_gather_for_tests(list: &GatherList, cont: &mut [PacketSlot])
 }
 
 /// Writes a gather list into continuation slots.
+#[cfg(test)]
 fn write_gather(list: &GatherList, cont: &mut [PacketSlot]) {
     for (i, &(off, len)) in list.entries().iter().enumerate() {
-        let Some(slot) = cont.get_mut(i / GATHER_PER_SLOT) else {
-            return;
-        };
-        let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
-        let b = &mut bytemuck::bytes_of_mut(slot)[at..at + GATHER_ENTRY_LEN];
-        b[0..8].copy_from_slice(&off.to_le_bytes());
-        b[8..12].copy_from_slice(&len.to_le_bytes());
-        b[12..16].fill(0);
+        set_gather_entry(cont, i, off, len);
     }
+}
+
+/// Writes range `i` of a gather list into continuation slots `cont`; false if they have no
+/// room for it.
+#[inline]
+pub(crate) fn set_gather_entry(cont: &mut [PacketSlot], i: usize, off: u64, len: u32) -> bool {
+    let Some(slot) = cont.get_mut(i / GATHER_PER_SLOT) else {
+        return false;
+    };
+    let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
+    let b = &mut bytemuck::bytes_of_mut(slot)[at..at + GATHER_ENTRY_LEN];
+    b[0..8].copy_from_slice(&off.to_le_bytes());
+    b[8..12].copy_from_slice(&len.to_le_bytes());
+    b[12..16].fill(0);
+    true
 }
 
 /// Writes a packet's transport headers straight into a slot, in wire order: the BTH
@@ -572,8 +580,18 @@ impl TxBatch {
     }
 
     /// The next slot to fill for a packet that may need up to `extra` continuation slots
-    /// (a gather list: [`TxBatch::commit_gather`]), or `None` if there is no room.
-    pub(crate) fn next_slot_for(&mut self, extra: usize) -> Option<&mut PacketSlot> {
+    /// (a gather list), and room for those, or `None` if there is no room.
+    pub(crate) fn next_packet(
+        &mut self,
+        extra: usize,
+    ) -> Option<(&mut PacketSlot, &mut [PacketSlot])> {
+        let extra = extra.min(MAX_CONTINUATION);
+        self.next_slot_for(extra)?;
+        let (slot, rest) = self.buf[self.len..].split_first_mut()?;
+        Some((slot, &mut rest[..extra]))
+    }
+
+    fn next_slot_for(&mut self, extra: usize) -> Option<&mut PacketSlot> {
         if !self.has_room_for(extra) {
             return None;
         }
@@ -589,21 +607,12 @@ impl TxBatch {
         Some(slot)
     }
 
-    /// Queues the slot last returned by [`TxBatch::next_slot`].
+    /// Queues the packet last returned by [`TxBatch::next_slot`] or
+    /// [`TxBatch::next_packet`], with the continuation slots its gather list fills.
     pub(crate) fn commit(&mut self) {
         debug_assert!(self.len < TX_BURST);
-        self.len += 1;
-    }
-
-    /// Queues the slot last returned by [`TxBatch::next_slot_for`] followed by the
-    /// continuation slots holding `gather` (room for them was checked there).
-    pub(crate) fn commit_gather(&mut self, gather: &GatherList) {
-        debug_assert!(self.len < TX_BURST);
-        let n = gather.entries().len().div_ceil(GATHER_PER_SLOT);
+        let n = continuation_slots(&self.buf[self.len]);
         debug_assert!(self.len + 1 + n <= self.free.min(self.buf.len()));
-        self.buf[self.len].sge_count = gather.entries().len() as u8;
-        let at = self.len + 1;
-        write_gather(gather, &mut self.buf[at..at + n]);
         self.len += 1 + n;
     }
 

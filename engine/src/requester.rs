@@ -17,7 +17,7 @@
 use crate::context::{Env, QpCtx, Wire};
 use crate::credit::CreditState;
 use crate::dma::{self, Cursor, Sgl};
-use crate::link::{GatherList, MAX_CONTINUATION};
+use crate::link::MAX_CONTINUATION;
 use crate::link::{HeaderWriter, PacketSlot};
 use crate::mem::Mem;
 use crate::psn::{self, Psn};
@@ -418,12 +418,12 @@ pub(crate) fn transmit(
         let limited_first = req.limited == Some(seq) && k == 0;
         // AckReq on the last packet of each message, and on the first of a limited Send.
         let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
-        let Some(slot) = wire.tx.next_slot_for(extra) else {
+        let Some((slot, cont)) = wire.tx.next_packet(extra) else {
             break;
         };
-        let mut gather = GatherList::default();
         let built = build_request(
             slot,
+            cont,
             &w,
             k,
             pmtu,
@@ -431,7 +431,6 @@ pub(crate) fn transmit(
             ack_req,
             (&qp.mem, &qp.tables),
             cursor,
-            &mut gather,
         );
         let Some(payload) = built else {
             // The WQE's own list does not cover its message: a local error (it cannot
@@ -440,11 +439,7 @@ pub(crate) fn transmit(
             local_error = true;
             break;
         };
-        if gather.entries().is_empty() {
-            wire.tx.commit();
-        } else {
-            wire.tx.commit_gather(&gather);
-        }
+        wire.tx.commit();
         env.stats.packets_sent += 1;
         env.stats.inline_bytes_sent += payload.inline;
         sent += 1;
@@ -485,6 +480,7 @@ struct Built {
 #[allow(clippy::too_many_arguments)]
 fn build_request(
     slot: &mut PacketSlot,
+    cont: &mut [PacketSlot],
     w: &SendWqe,
     k: u32,
     pmtu: u32,
@@ -492,7 +488,6 @@ fn build_request(
     ack_req: bool,
     (mem, tables): (&Mem, &Mem),
     cursor: Cursor,
-    gather: &mut GatherList,
 ) -> Option<Built> {
     let op = w.w.op;
     let psn = w.first_psn.add(k);
@@ -576,11 +571,11 @@ fn build_request(
     };
     let inline = dma::describe(
         slot,
+        cont,
         mem,
         Sgl::new(&w.w.data, tables),
         cursor,
         payload_len,
-        gather,
     )?;
     Some(Built {
         len: payload_len,

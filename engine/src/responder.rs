@@ -34,7 +34,6 @@ use std::sync::atomic::Ordering;
 
 use crate::context::{Env, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor, Sgl};
-use crate::link::GatherList;
 use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
@@ -890,16 +889,15 @@ fn read_response(
         len: plen,
         mr: NO_MR,
     });
-    let mut none = GatherList::default();
     // One range of the checked region: it lies in the arena, so this cannot fail; if it
     // did, the requester gets a Nak, not a panic here.
     let inline = dma::describe(
         slot,
+        &mut [],
         &qp.mem,
         Sgl::new(&src, &qp.tables),
         Cursor::default(),
         plen,
-        &mut none,
     )
     .ok_or(psn)?;
     wire.tx.commit();
