@@ -611,7 +611,12 @@ impl TxBatch {
     /// [`TxBatch::next_packet`], with the continuation slots its gather list fills.
     pub(crate) fn commit(&mut self) {
         debug_assert!(self.len < TX_BURST);
-        let n = continuation_slots(&self.buf[self.len]);
+        let slot = &self.buf[self.len];
+        let n = if slot.kind == KIND_GATHER {
+            continuation_slots(slot)
+        } else {
+            0
+        };
         debug_assert!(self.len + 1 + n <= self.free.min(self.buf.len()));
         self.len += 1 + n;
     }

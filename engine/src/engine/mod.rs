@@ -22,7 +22,7 @@ use crate::completer;
 use crate::context::{CqTable, Env, QpCtx, Resources, Stats, Wire, flush_receives};
 use crate::error::{Error, Result};
 use crate::link::{
-    Link, LinkId, MAX_CONTINUATION, PacketSlot, RxPacket, TxBatch, continuation_slots,
+    KIND_GATHER, Link, LinkId, MAX_CONTINUATION, PacketSlot, RxPacket, TxBatch, continuation_slots,
 };
 use crate::mem::Mem;
 use crate::mr_table::MrTable;
@@ -272,44 +272,43 @@ impl Engine {
             let mut next = 0;
             while next < n {
                 let head = next;
-                let extra = continuation_slots(&rx[head]);
-                next += 1 + extra;
-                if next > n {
-                    // A gather packet's continuation slots were published with it, in one
-                    // burst: take the rest now. A peer that published only part of a
-                    // packet broke the link protocol.
-                    let want = next - n;
-                    match link.rx.pop_burst(&mut rx[n..next]) {
-                        Ok(k) if k == want => n = next,
-                        _ => {
-                            link.down = Some(
-                                "the peer published a gather packet without its continuation \
-                                 slots"
-                                    .into(),
-                            );
-                            wake_link_qps(qps, active, LinkId(l));
-                            break;
+                next += 1;
+                if rx[head].kind == KIND_GATHER {
+                    next += continuation_slots(&rx[head]);
+                    if next > n {
+                        // A gather packet's continuation slots were published with it, in
+                        // one burst: take the rest now. A peer that published only part of a
+                        // packet broke the link protocol.
+                        let want = next - n;
+                        match link.rx.pop_burst(&mut rx[n..next]) {
+                            Ok(k) if k == want => n = next,
+                            _ => {
+                                link.down = Some(
+                                    "the peer published a gather packet without its \
+                                     continuation slots"
+                                        .into(),
+                                );
+                                wake_link_qps(qps, active, LinkId(l));
+                                break;
+                            }
                         }
                     }
                 }
-                let (slot, cont) = (&rx[head], &rx[head + 1..next]);
-                let qpn = RxPacket::dest_qp(slot);
+                let slots = &rx[head..next];
+                let pkt = RxPacket::parse(&slots[0], &slots[1..]);
+                let qpn = match &pkt {
+                    Ok(p) => p.bth.dest_qp,
+                    Err(_) => RxPacket::dest_qp(&slots[0]),
+                };
                 let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
                 let qp = qps
                     .at_mut(index)
                     .filter(|qp| qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l)));
                 if let Some(t) = trace.as_deref_mut() {
                     let sender = qp.as_ref().map_or(&*nomem, |q| &q.peer_mem);
-                    t.packet(
-                        LinkId(l),
-                        link.endpoints,
-                        false,
-                        link.rx_tap,
-                        &rx[head..next],
-                        sender,
-                    );
+                    t.packet(LinkId(l), link.endpoints, false, link.rx_tap, slots, sender);
                 }
-                let (Some(qp), Ok(pkt)) = (qp, RxPacket::parse(slot, cont)) else {
+                let (Some(qp), Ok(pkt)) = (qp, pkt) else {
                     env.stats.dropped += 1;
                     continue;
                 };
