@@ -125,10 +125,12 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                     env.arm(&mut req.rnr_timer, timer.duration());
                 }
                 Syndrome::Nak(NakCode::PsnSequenceError) => {
+                    env.stats.naks_received += 1;
                     progress(qp, env, psn.sub(1));
                     retry_from(qp, env, psn);
                 }
                 Syndrome::Nak(code) => {
+                    env.stats.naks_received += 1;
                     let status = match code {
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,
                         NakCode::RemoteAccessError => WcStatus::RemAccessErr,
@@ -365,6 +367,9 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
                 qp_num: qp.qpn,
                 solicited: false,
             };
+            if status == WcStatus::WrFlushErr {
+                env.stats.flushed += 1;
+            }
             let pushed = env.cqs.push(qp.send_cq, wc);
             debug_assert!(pushed, "room was checked");
         }

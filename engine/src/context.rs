@@ -79,8 +79,22 @@ pub struct Stats {
     pub inline_bytes_sent: u64,
     /// Positive Acks sent.
     pub acks_sent: u64,
-    /// Naks and RNR Naks sent.
+    /// Naks and RNR Naks sent (all kinds; the next five fields split them).
     pub naks_sent: u64,
+    /// RNR Naks sent (a Send or Write with Immediate found no receive WQE).
+    pub rnr_naks_sent: u64,
+    /// PSN Sequence Error Naks sent.
+    pub seq_err_naks_sent: u64,
+    /// Invalid Request Naks sent.
+    pub inv_req_naks_sent: u64,
+    /// Remote Access Error Naks sent.
+    pub rem_access_naks_sent: u64,
+    /// Remote Operational Error Naks sent.
+    pub rem_op_naks_sent: u64,
+    /// Naks received (not RNR Naks: see `rnr_naks_received`).
+    pub naks_received: u64,
+    /// Work requests completed with a flush error (their QP was in the Error state).
+    pub flushed: u64,
     /// Request packets sent again (go-back-N after a Nak, an RNR Nak or a timeout).
     pub retransmitted: u64,
     /// Transport timer expiries.
@@ -91,6 +105,22 @@ pub struct Stats {
     pub dropped: u64,
     /// Times the poll-mode engine thread went to sleep (idle policy `Backoff`).
     pub sleeps: u64,
+}
+
+impl Stats {
+    /// Counts a Nak or RNR Nak sent with `syndrome`.
+    pub(crate) fn nak_sent(&mut self, syndrome: crate::wire::aeth::Syndrome) {
+        use crate::wire::aeth::{NakCode, Syndrome};
+        self.naks_sent += 1;
+        match syndrome {
+            Syndrome::RnrNak { .. } => self.rnr_naks_sent += 1,
+            Syndrome::Nak(NakCode::PsnSequenceError) => self.seq_err_naks_sent += 1,
+            Syndrome::Nak(NakCode::InvalidRequest) => self.inv_req_naks_sent += 1,
+            Syndrome::Nak(NakCode::RemoteAccessError) => self.rem_access_naks_sent += 1,
+            Syndrome::Nak(NakCode::RemoteOperationalError) => self.rem_op_naks_sent += 1,
+            _ => {}
+        }
+    }
 }
 
 /// The engine's end of a completion queue.
@@ -340,6 +370,9 @@ impl QpCtx {
             return false;
         }
         self.retire_recv(env, wqe);
+        if wc.status == WcStatus::WrFlushErr {
+            env.stats.flushed += 1;
+        }
         let pushed = env.cqs.push(self.recv_cq, wc);
         debug_assert!(pushed, "room was checked");
         true

@@ -647,7 +647,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 ) {
                     return;
                 }
-                env.stats.naks_sent += 1;
+                env.stats.nak_sent(syndrome);
             }
             Out::Fatal { psn, code } => {
                 if !emit_aeth(
@@ -662,7 +662,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 ) {
                     return;
                 }
-                env.stats.naks_sent += 1;
+                env.stats.nak_sent(Syndrome::Nak(code));
                 // The last response: whatever is queued behind it answers nothing.
                 let resp = &mut qp.resp;
                 resp.out.clear();

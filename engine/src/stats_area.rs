@@ -29,7 +29,7 @@
 //!   16  u32 mode (0 inline, 1 poll)
 //!   20  u32 QPs listed       24  u32 QPs in all      28  u32 links listed
 //!   32  u64 publishes
-//!   40  u64 x 11 counters, in the order of [`COUNTER_NAMES`]
+//!   40  u64 x 18 counters, in the order of [`COUNTER_NAMES`]
 //!  256  links: MAX_LINKS x 16 bytes: id, up (0/1), peer pid (0 unknown), QPs on it
 //!  768  QPs: MAX_QPS x 32 bytes: qpn, state, link (u32::MAX: none), dest qpn,
 //!       next PSN to send, last acknowledged PSN, expected PSN, reserved
@@ -54,7 +54,7 @@ pub const MEMFD_NAME: &str = "shmhca-stats";
 /// The segment kind of a stats area ("STAT").
 pub const STATS_KIND: u32 = 0x5441_5453;
 /// The data layout version.
-pub const LAYOUT: u32 = 1;
+pub const LAYOUT: u32 = 2;
 /// Engine iterations between two publications.
 pub const PUBLISH_EVERY: u32 = 1 << 12;
 /// The most links listed.
@@ -64,7 +64,7 @@ pub const MAX_QPS: usize = 128;
 /// The most QPs one context can have (a device limit, for `shmhca devinfo`).
 pub const MAX_QPS_PER_CONTEXT: usize = crate::engine::doorbell::MAX_QPS;
 /// The counters, in their order in the area (the fields of [`Stats`]).
-pub const COUNTER_NAMES: [&str; 11] = [
+pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "packets_sent",
     "packets_received",
     "payload_bytes_copied",
@@ -76,7 +76,17 @@ pub const COUNTER_NAMES: [&str; 11] = [
     "rnr_naks_received",
     "dropped",
     "sleeps",
+    "rnr_naks_sent",
+    "seq_err_naks_sent",
+    "inv_req_naks_sent",
+    "rem_access_naks_sent",
+    "rem_op_naks_sent",
+    "naks_received",
+    "flushed",
 ];
+
+/// How many counters the area holds.
+pub const COUNTERS: usize = 18;
 
 const OFF_LAYOUT: usize = 4;
 const OFF_COUNTERS: usize = 40;
@@ -203,7 +213,7 @@ impl StatsArea {
     }
 }
 
-fn counters(st: &Stats) -> [u64; 11] {
+fn counters(st: &Stats) -> [u64; COUNTERS] {
     [
         st.packets_sent,
         st.packets_received,
@@ -216,6 +226,13 @@ fn counters(st: &Stats) -> [u64; 11] {
         st.rnr_naks_received,
         st.dropped,
         st.sleeps,
+        st.rnr_naks_sent,
+        st.seq_err_naks_sent,
+        st.inv_req_naks_sent,
+        st.rem_access_naks_sent,
+        st.rem_op_naks_sent,
+        st.naks_received,
+        st.flushed,
     ]
 }
 
@@ -249,7 +266,7 @@ pub struct Snapshot {
     /// Publications so far (0: the engine has not run an iteration yet).
     pub publishes: u64,
     /// The counters, named by [`COUNTER_NAMES`].
-    pub counters: [u64; 11],
+    pub counters: [u64; COUNTERS],
     /// Its links.
     pub links: Vec<LinkSnapshot>,
     /// Its QPs (at most [`MAX_QPS`]).
@@ -351,7 +368,7 @@ fn parse(img: &[u8]) -> Result<Snapshot, ReadError> {
     }
     let nq = (u32_at(img, 20) as usize).min(MAX_QPS);
     let nl = (u32_at(img, 28) as usize).min(MAX_LINKS);
-    let mut counters = [0u64; 11];
+    let mut counters = [0u64; COUNTERS];
     for (i, c) in counters.iter_mut().enumerate() {
         *c = u64_at(img, OFF_COUNTERS + 8 * i);
     }

@@ -52,7 +52,18 @@ fn expect_nak(p: &mut Pair, src: &Mr, op: SendOp, len: u32, status: WcStatus) {
         QpState::Error,
         "the responder moves to Error too"
     );
-    assert_eq!(p.b.ctx.stats().naks_sent, 1, "one Nak, sent once");
+    let b = p.b.ctx.stats();
+    assert_eq!(b.naks_sent, 1, "one Nak, sent once");
+    let of_its_kind = match status {
+        WcStatus::RemAccessErr => b.rem_access_naks_sent,
+        WcStatus::RemInvReqErr => b.inv_req_naks_sent,
+        WcStatus::RemOpErr => b.rem_op_naks_sent,
+        s => panic!("no Nak kind for {s:?}"),
+    };
+    assert_eq!(of_its_kind, 1, "counted by its kind: {b:?}");
+    let a = p.a.ctx.stats();
+    assert_eq!(a.naks_received, 1, "{a:?}");
+    assert_eq!(a.flushed, 1, "the request behind it was flushed: {a:?}");
 }
 
 #[test]
@@ -255,6 +266,8 @@ fn error_state_flushes_receives_and_later_posts() {
     let wc = wait_a(&mut p, 1)[0];
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
     assert_eq!(src.in_flight(), 0);
+    assert_eq!(p.b.ctx.stats().flushed, 4, "three receives, then one more");
+    assert_eq!(p.a.ctx.stats().flushed, 1);
 }
 
 /// Posts a request that the responder accepts and answers (`first`, with result buffer

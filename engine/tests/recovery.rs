@@ -58,6 +58,12 @@ fn rnr_retry_count_exhausted_fails_the_request() {
         3,
         "the first try and two retries"
     );
+    let b = p.b.ctx.stats();
+    assert_eq!(
+        (b.rnr_naks_sent, b.naks_sent),
+        (3, 3),
+        "counted as RNR Naks: {b:?}"
+    );
     assert_eq!(p.a.qp.state(), QpState::Error);
 }
 

@@ -155,8 +155,13 @@ pub(crate) fn text(found: &[Found]) -> String {
         );
         let _ = writeln!(
             s,
-            "  acks {:>10}  naks {:>8}  rnr naks received {:>8}  retransmitted {:>8}  timeouts {:>6}  sleeps {:>8}",
-            c[4], c[5], c[8], c[6], c[7], c[10]
+            "  acks {:>10}  retransmitted {:>8}  timeouts {:>6}  flushed {:>8}  sleeps {:>8}",
+            c[4], c[6], c[7], c[17], c[10]
+        );
+        let _ = writeln!(
+            s,
+            "  naks sent {:>8} (rnr {}, psn seq {}, inv req {}, rem access {}, rem op {})  received {:>8}  rnr received {:>8}",
+            c[5], c[11], c[12], c[13], c[14], c[15], c[16], c[8]
         );
         for l in &n.links {
             let _ = writeln!(
