@@ -635,34 +635,14 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     while let Some(front) = qp.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
-                if !emit_aeth(
-                    wire,
-                    env,
-                    dest.qpn,
-                    Opcode::Acknowledge,
-                    psn,
-                    syndrome,
-                    qp.resp.msn,
-                    None,
-                ) {
+                if !emit_nak(wire, env, dest.qpn, psn, syndrome, qp.resp.msn) {
                     return;
                 }
-                env.stats.nak_sent(syndrome);
             }
             Out::Fatal { psn, code } => {
-                if !emit_aeth(
-                    wire,
-                    env,
-                    dest.qpn,
-                    Opcode::Acknowledge,
-                    psn,
-                    Syndrome::Nak(code),
-                    qp.resp.msn,
-                    None,
-                ) {
+                if !emit_nak(wire, env, dest.qpn, psn, Syndrome::Nak(code), qp.resp.msn) {
                     return;
                 }
-                env.stats.nak_sent(Syndrome::Nak(code));
                 // The last response: whatever is queued behind it answers nothing.
                 let resp = &mut qp.resp;
                 resp.out.clear();
@@ -790,6 +770,32 @@ pub(crate) fn advertise(qp: &mut QpCtx, credits: Option<u32>) {
 /// The credit code for the receive WQEs posted now (Table 17-8, rounded down).
 fn credit_code(qp: &mut QpCtx) -> CreditCode {
     CreditCode::encode(qp.rq.available().unwrap_or(0) as u32)
+}
+
+/// Sends a Nak or RNR Nak (an Acknowledge with `syndrome`) and counts it; false if the link
+/// has no room.
+fn emit_nak(
+    wire: &mut Wire<'_>,
+    env: &mut Env<'_>,
+    dest: crate::wire::Qpn,
+    psn: Psn,
+    syndrome: Syndrome,
+    msn: u32,
+) -> bool {
+    let sent = emit_aeth(
+        wire,
+        env,
+        dest,
+        Opcode::Acknowledge,
+        psn,
+        syndrome,
+        msn,
+        None,
+    );
+    if sent {
+        env.stats.nak_sent(syndrome);
+    }
+    sent
 }
 
 /// Emits an Acknowledge or Atomic Acknowledge; false if the link has no room.
