@@ -24,6 +24,7 @@ use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::requester::rewind;
 use crate::timer::RNR_RETRY_FOREVER;
+use crate::user_mem::Local;
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::aeth::{AethRepr, NakCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
@@ -180,7 +181,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
             let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
-            match dma::copy_payload(pkt, &qp.peer_mem, &qp.mem, sgl, &mut cursor) {
+            match dma::copy_payload(pkt, &qp.peer_mem, &Local::new(&qp.mem, env.mrs), sgl, &mut cursor) {
                 Ok(n) => env.stats.payload_bytes_copied += n,
                 Err(
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
@@ -209,7 +210,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
             let bytes = orig.to_ne_bytes();
             let mut cursor = Cursor::default();
             let mut written = 0u64;
-            let mem = &qp.mem;
+            let mem = Local::new(&qp.mem, env.mrs);
             let sgl = Sgl::new(&w.w.data, &qp.tables);
             while written < 8 {
                 let Some(e) = w.w.data.entry(&qp.tables, cursor.idx) else {

@@ -2,7 +2,7 @@
 //!
 //! Receiving: [`copy_payload`] copies a packet's payload — inline in the slot, or straight
 //! out of the peer's read-only arena — into a [`Cursor`] over a scatter list in this
-//! process's arena. Each payload byte is copied exactly once, as a DMA engine would.
+//! process's arena or in a buffer the application registered (see [`Local`]). Each payload byte is copied exactly once, as a DMA engine would.
 //!
 //! Sending: [`Cursor`] also walks a gather list, and [`describe`] turns "the next `len`
 //! bytes" into what a [`PacketSlot`] carries: the bytes themselves when they fit in the
@@ -16,6 +16,7 @@ use crate::link::{
     KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload, RxPacket, set_gather_entry,
 };
 use crate::mem::Mem;
+use crate::user_mem::Local;
 use crate::wqe::{DataLoc, SgeEntry};
 
 /// A scatter/gather list: where it is, and the private memory its table (if any) is in.
@@ -107,7 +108,7 @@ impl Cursor {
 pub(crate) fn copy_payload(
     pkt: &RxPacket<'_>,
     peer: &Mem,
-    local: &Mem,
+    local: &Local<'_>,
     dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
@@ -132,7 +133,8 @@ pub(crate) fn copy_payload(
                 Payload::Direct { off, len } => {
                     peer.check(off, u64::from(len))
                         .map_err(|_| CopyError::BadSource)?;
-                    Mem::copy(peer, off, local, at, u64::from(len))
+                    local
+                        .copy_from(peer, off, at, u64::from(len))
                         .map_err(|_| CopyError::BadDestination)?;
                 }
                 Payload::Gather { .. } => {
@@ -149,7 +151,7 @@ pub(crate) fn copy_payload(
 fn copy_general(
     pkt: &RxPacket<'_>,
     peer: &Mem,
-    local: &Mem,
+    local: &Local<'_>,
     dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
@@ -200,7 +202,7 @@ fn copy_general(
 
 fn write_bytes(
     mut bytes: &[u8],
-    local: &Mem,
+    local: &Local<'_>,
     dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
@@ -222,7 +224,7 @@ fn copy_range(
     src: &Mem,
     mut off: u64,
     mut len: u64,
-    local: &Mem,
+    local: &Local<'_>,
     dst: Sgl<'_>,
     cursor: &mut Cursor,
 ) -> Result<u64, CopyError> {
@@ -231,7 +233,9 @@ fn copy_range(
     let total = len;
     while len > 0 {
         let (d, n) = cursor.piece(dst, len).ok_or(CopyError::DestinationFull)?;
-        Mem::copy(src, off, local, d, n).map_err(|_| CopyError::BadDestination)?;
+        local
+            .copy_from(src, off, d, n)
+            .map_err(|_| CopyError::BadDestination)?;
         off += n;
         len -= n;
         cursor.advance(dst, n);
@@ -408,7 +412,7 @@ mod tests {
             slots.truncate(1 + continuation_slots(&slots[0]));
             let pkt = RxPacket::parse(&slots[0], &slots[1..]).unwrap();
             assert_eq!(
-                copy_payload(&pkt, &peer, &local, dst, &mut rc),
+                copy_payload(&pkt, &peer, &Local::arena_only(&local), dst, &mut rc),
                 Ok(u64::from(len))
             );
             sc.advance(src, u64::from(len));
@@ -471,7 +475,7 @@ mod tests {
         let mut c = Cursor::default();
         let slot = direct(0, 300);
         let pkt = RxPacket::parse(&slot, &[]).unwrap();
-        let r = copy_payload(&pkt, &peer, &local, Sgl::new(&dst, &tables), &mut c);
+        let r = copy_payload(&pkt, &peer, &Local::arena_only(&local), Sgl::new(&dst, &tables), &mut c);
         assert_eq!(r, Err(CopyError::DestinationFull));
         let mut after = [0u8; 8];
         local.read(600, &mut after).unwrap();
@@ -493,7 +497,7 @@ mod tests {
             let pkt = RxPacket::parse(&slots[0], &slots[1..]).unwrap();
             let mut c = Cursor::default();
             assert_eq!(
-                copy_payload(&pkt, &peer, &local, dst, &mut c),
+                copy_payload(&pkt, &peer, &Local::arena_only(&local), dst, &mut c),
                 Err(CopyError::BadSource),
                 "{what}"
             );

@@ -37,6 +37,7 @@ pub mod stats_area;
 pub mod testing;
 pub mod timer;
 pub mod trace;
+pub(crate) mod user_mem;
 pub mod verbs;
 pub mod wire;
 pub(crate) mod wqe;
@@ -49,7 +50,9 @@ pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
     Data, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Qp, Sge};
+pub use verbs::{
+    Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Memfd, Mr, Pd, Qp, Sge, UserBuffer, UserMr,
+};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

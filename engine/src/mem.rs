@@ -50,6 +50,35 @@ unsafe impl Send for Mem {}
 // SAFETY: as for `Send`: `&Mem` only offers bounds-checked raw copies and atomics.
 unsafe impl Sync for Mem {}
 
+/// Maps `len` bytes of `file` read-write and shared (a memfd registered as a
+/// [`crate::verbs::UserMr`]).
+///
+/// `memmap2` marks this `unsafe` because another writer of the file could change the bytes
+/// under a `&mut [u8]`; the mapping returned here is only reached through `Mem`'s raw
+/// copies of racy bytes (a `Memfd` never hands out a slice), so that cannot break an
+/// aliasing guarantee.
+pub(crate) fn map_file_shared(
+    file: &std::fs::File,
+    len: usize,
+) -> std::io::Result<memmap2::MmapMut> {
+    // SAFETY: see the function docs: no reference to the mapped bytes is ever made from this
+    // mapping, and the `Memfd` owning it keeps the file open while it exists.
+    unsafe { memmap2::MmapOptions::new().len(len).map_mut(file) }
+}
+
+/// A registered application buffer, owned for as long as a [`Mem`] views it.
+pub(crate) struct UserOwner<B>(UnsafeCell<B>);
+// SAFETY: after `Mem::over_user` took its pointer, the buffer is only reached through `Mem`'s
+// raw copies (see the module docs), never through `&B`, until `into_inner` has it back alone.
+unsafe impl<B: Send> Sync for UserOwner<B> {}
+
+impl<B> UserOwner<B> {
+    /// The buffer, once nothing views it any more.
+    pub(crate) fn into_inner(self) -> B {
+        self.0.into_inner()
+    }
+}
+
 /// Zero-initialised private heap storage for a [`Mem`].
 struct HeapBytes(Box<[UnsafeCell<u64>]>);
 // SAFETY: the cells are only ever accessed through `Mem`'s raw copies (see module docs).
@@ -85,6 +114,31 @@ impl Mem {
             writable: true,
             _owner: owner,
         }
+    }
+
+    /// A writable view of a buffer the application registered ([`crate::verbs::UserMr`]):
+    /// ordinary process memory (or a memfd mapped only here) that no peer can map. The
+    /// buffer moves into the returned owner, which the view (and every view shared from it)
+    /// keeps alive; the application gets it back from the owner once every view is gone.
+    pub(crate) fn over_user<B: crate::user_mem::UserBuffer>(buf: B) -> (Mem, Arc<UserOwner<B>>) {
+        let owner = Arc::new(UserOwner(UnsafeCell::new(buf)));
+        // SAFETY: the owner was just created, so this is the only access to the buffer; the
+        // pointer taken here stays valid while the owner lives, because every implementor
+        // of the sealed `UserBuffer` keeps its bytes at a fixed address when moved (a heap
+        // allocation or a mapping) and the owner never touches the buffer again until
+        // `UserOwner::into_inner`, which needs the last reference (no view left).
+        let (ptr, len) = unsafe { (*owner.0.get()).raw_parts() };
+        let base = NonNull::new(ptr).unwrap_or(NonNull::dangling());
+        let keep: Arc<dyn Any + Send + Sync> = owner.clone();
+        (
+            Mem {
+                base,
+                len: if ptr.is_null() { 0 } else { len },
+                writable: true,
+                _owner: keep,
+            },
+            owner,
+        )
     }
 
     /// Another view of the same memory (shares the keep-alive handle).
@@ -192,7 +246,7 @@ impl Mem {
 
     #[inline]
     fn atomic_at(&self, off: u64) -> Result<&AtomicU64, OutOfRange> {
-        if !self.writable || off % 8 != 0 || self.base_addr() % 8 != 0 {
+        if !self.writable || self.base_addr().wrapping_add(off) % 8 != 0 {
             return Err(OutOfRange);
         }
         let off = self.check(off, 8)?;

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::arena::{Block, PdArenas};
+use crate::mem::Mem;
+use crate::user_mem::{split_user_off, user_off};
 use crate::qp::AccessFlags;
 use crate::slots::SlotTable;
 
@@ -41,6 +43,20 @@ pub(crate) struct MrEntry {
     /// Deregistered (its handle dropped) while work requests still pointed into it: the
     /// key is dead and the memory is freed when `in_flight` reaches zero.
     pub(crate) zombie: bool,
+    /// For a registered application buffer: the view of it (`block` is then its shadow in
+    /// the arena, see [`crate::user_mem`]). Dropped with the entry, which lets the
+    /// application have the buffer back.
+    pub(crate) user: Option<Mem>,
+}
+
+impl MrEntry {
+    /// The local offset of byte `start` of the region: in the arena, or in its buffer.
+    fn local_off(&self, start: u64) -> u64 {
+        match self.user {
+            None => self.block.off + start,
+            Some(_) => user_off(self.key >> 8, start),
+        }
+    }
 }
 
 /// Why a remote access was refused (the responder Naks with Remote Access Error).
@@ -92,6 +108,7 @@ impl MrTable {
                 va,
                 shared,
                 zombie: false,
+                user: None,
             })
             .map(|(index, tag)| (index, index << 8 | tag))
     }
@@ -133,7 +150,45 @@ impl MrTable {
         if end > e.len {
             return Err(AccessDenied::OutOfBounds);
         }
-        Ok(e.block.off + start)
+        Ok(e.local_off(start))
+    }
+
+    /// Registers an application buffer viewed by `user`, with its shadow `block`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert_user(
+        &mut self,
+        pd: u32,
+        access: AccessFlags,
+        block: Block,
+        len: u64,
+        va: u64,
+        shared: Arc<MrShared>,
+        user: Mem,
+    ) -> Option<(u32, u32)> {
+        let (index, key) = self.insert(pd, access, block, len, va, shared)?;
+        if let Some(e) = self.entries.at_mut(index) {
+            e.user = Some(user);
+        }
+        Some((index, key))
+    }
+
+    /// The view of the application buffer of region `index` (live or zombie).
+    #[inline]
+    pub(crate) fn user_mem(&self, index: u32) -> Option<&Mem> {
+        self.entries.at(index)?.user.as_ref()
+    }
+
+    /// Where a peer's RDMA Read of `len` bytes at local offset `off` (checked by
+    /// [`MrTable::check_remote`]) can be read from: `off` itself in the arena, or for an
+    /// application buffer its shadow, into which the bytes are copied now.
+    pub(crate) fn stage_read(&self, off: u64, len: u64, arena: &Mem) -> Option<u64> {
+        let Some((index, start)) = split_user_off(off) else {
+            return Some(off);
+        };
+        let e = self.entries.at(index)?;
+        let shadow = e.block.off.checked_add(start)?;
+        Mem::copy(e.user.as_ref()?, start, arena, shadow, len).ok()?;
+        Some(shadow)
     }
 
     /// Drops one in-flight reference of entry `index` (a WQE retired); frees the memory of

@@ -43,6 +43,7 @@ use crate::wire::Msn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
+use crate::user_mem::Local;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
 
 /// An RDMA Read being answered.
@@ -356,7 +357,7 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
     match dma::copy_payload(
         pkt,
         &qp.peer_mem,
-        &qp.mem,
+        &Local::new(&qp.mem, env.mrs),
         Sgl::new(&wqe.data, &qp.tables),
         &mut cursor,
     ) {
@@ -470,7 +471,7 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
     match dma::copy_payload(
         pkt,
         &qp.peer_mem,
-        &qp.mem,
+        &Local::new(&qp.mem, env.mrs),
         Sgl::new(&dst, &qp.tables),
         &mut cursor,
     ) {
@@ -549,7 +550,7 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
     else {
         return fatal(qp, env, psn, NakCode::RemoteAccessError);
     };
-    let mem = &qp.mem;
+    let mem = Local::new(&qp.mem, env.mrs);
     let orig = if info.class == OpClass::CompareSwap {
         mem.compare_swap_u64(off, a.compare, a.swap_add)
     } else {
@@ -865,6 +866,8 @@ fn read_response(
             u64::from(plen),
         )
         .map_err(|_| psn)?;
+    // A registered application buffer is staged in its shadow, which the peer can read.
+    let off = env.mrs.stage_read(off, u64::from(plen), &qp.mem).ok_or(psn)?;
     let position = match (job.npkts, k) {
         (1, _) => Position::Only,
         (_, 0) => Position::First,

@@ -80,7 +80,8 @@ use crate::trace::PacketEvent;
 use crate::trace::tap::{Tap, Trace};
 
 pub use cq::Cq;
-pub use mr::{Mr, Pd, Sge};
+pub use crate::user_mem::{Memfd, UserBuffer};
+pub use mr::{Mr, Pd, Sge, UserMr};
 pub use qp::Qp;
 
 /// How the engine runs.

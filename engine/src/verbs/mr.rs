@@ -4,8 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
-use crate::mem::Mem;
+use crate::mem::{Mem, UserOwner};
 use crate::mr_table::MrShared;
+use crate::user_mem::UserBuffer;
+#[cfg(doc)]
+use crate::user_mem::Memfd;
 use crate::qp::{AccessFlags, MAX_MESSAGE};
 use crate::verbs::Shared;
 use crate::verbs::wr::RemoteAddr;
@@ -78,6 +81,100 @@ impl Pd {
             access,
             pdn,
             inflight: shared_mr,
+            user: None,
+        })
+    }
+
+    /// Registers memory the application already has — a `Vec<u8>`, a `Box<[u8]>`, a
+    /// [`memmap2::MmapMut`] (anonymous or of a file) or a [`Memfd`] (plain or hugetlbfs) —
+    /// taking it for the region's lifetime; [`UserMr::into_inner`] gives it back.
+    ///
+    /// The region works in every operation and as the target of every remote access its
+    /// `access` allows, like one from [`Pd::alloc_mr`]. Peers never map the buffer: received
+    /// data, RDMA Read results, Atomic results and a peer's RDMA Writes and Atomics are
+    /// written into it directly by this process's engine (no extra copy), while what a peer
+    /// must read (the payload of a Send or RDMA Write, a peer's RDMA Read) is first copied
+    /// into the region's *shadow*, a block of the same length in the domain's arena (one
+    /// copy). So registering takes `len` bytes of arena besides the buffer. The costs are
+    /// measured in the README, "Registering your own memory".
+    ///
+    /// # Errors
+    /// Gives the buffer back with [`Error::InvalidArgument`] for an empty buffer or one above
+    /// 2 GiB, [`Error::ArenaExhausted`] when the arena has no room for the shadow, and
+    /// [`Error::LimitReached`] past 2^24 regions.
+    pub fn reg_mr<B: UserBuffer>(
+        &self,
+        buf: B,
+        access: AccessFlags,
+    ) -> std::result::Result<UserMr<B>, (B, Error)> {
+        let len = buf.byte_len() as u64;
+        if len == 0 || len > MAX_MESSAGE {
+            return Err((
+                buf,
+                Error::invalid(
+                    "memory region length",
+                    format!("{len}; a registered buffer holds 1 byte to 2 GiB"),
+                ),
+            ));
+        }
+        let exclusive = buf.exclusive();
+        let (view, owner) = Mem::over_user(buf);
+        let shared_mr = Arc::new(MrShared::default());
+        let sm = shared_mr.clone();
+        let pdn = self.pdn;
+        let va = view.base_addr();
+        let engine_view = view.share();
+        let done = self.shared.engine.with(|e| {
+            let pds = &mut e.res.pds;
+            let arena = pds.get_mut(pdn).ok_or(Error::ForeignObject {
+                what: "the protection domain",
+            })?;
+            let shadow = arena.alloc(len, 64)?;
+            match e
+                .res
+                .mrs
+                .insert_user(pdn, access, shadow, len, va, sm, engine_view)
+            {
+                Some((i, k)) => {
+                    pds.hold(pdn);
+                    Ok((i, k, shadow.off))
+                }
+                None => {
+                    arena.free(shadow);
+                    Err(Error::LimitReached {
+                        what: "memory regions in one context",
+                        limit: crate::mr_table::MAX_MRS,
+                    })
+                }
+            }
+        });
+        let (index, key, off) = match done {
+            Ok(v) => v,
+            Err(err) => {
+                drop(view);
+                return match Arc::try_unwrap(owner) {
+                    Ok(o) => Err((o.into_inner(), err)),
+                    Err(_) => unreachable!("no view of the buffer is left"),
+                };
+            }
+        };
+        Ok(UserMr {
+            mr: Mr {
+                shared: self.shared.clone(),
+                mem: self.mem.clone(),
+                index,
+                key,
+                off,
+                len,
+                access,
+                pdn,
+                inflight: shared_mr,
+                user: Some(UserView {
+                    mem: view,
+                    exclusive,
+                }),
+            },
+            owner,
         })
     }
 
@@ -125,9 +222,44 @@ pub struct Mr {
     access: AccessFlags,
     pub(crate) pdn: u32,
     pub(crate) inflight: Arc<MrShared>,
+    /// A registered application buffer ([`Pd::reg_mr`]); `off` is then its shadow's.
+    user: Option<UserView>,
+}
+
+/// The application's view of a registered buffer.
+struct UserView {
+    mem: Mem,
+    /// Whether only this process can write it (see [`UserBuffer`]).
+    exclusive: bool,
 }
 
 impl Mr {
+    /// The memory and offset of the region's byte 0: its buffer, or its arena block.
+    fn bytes(&self) -> (&Mem, u64) {
+        match &self.user {
+            Some(u) => (&u.mem, 0),
+            None => (&self.mem, self.off),
+        }
+    }
+
+    /// The local offset the engine writes byte `offset` of the region at.
+    pub(crate) fn dst_off(&self, offset: u64) -> u64 {
+        match self.user {
+            Some(_) => crate::user_mem::user_off(self.index, offset),
+            None => self.off + offset,
+        }
+    }
+
+    /// The arena offset a peer reads byte `offset` of the region at, `len` bytes of which
+    /// are copied into the shadow now for a registered buffer.
+    pub(crate) fn src_off(&self, offset: u64, len: u64) -> Result<u64> {
+        if let Some(u) = &self.user {
+            Mem::copy(&u.mem, offset, &self.mem, self.off + offset, len)
+                .map_err(|_| self.oob(offset, len))?;
+        }
+        Ok(self.off + offset)
+    }
+
     /// The L_Key, named by local scatter/gather elements.
     pub fn lkey(&self) -> u32 {
         self.key
@@ -142,7 +274,8 @@ impl Mr {
     /// The region's start address in this process, which peers use as the base of their
     /// remote addresses.
     pub fn addr(&self) -> u64 {
-        self.mem.base_addr() + self.off
+        let (mem, off) = self.bytes();
+        mem.base_addr() + off
     }
 
     /// Length in bytes.
@@ -218,8 +351,8 @@ impl Mr {
     /// [`Error::OutOfBounds`].
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        self.mem
-            .read(self.off + offset, buf)
+        let (mem, off) = self.bytes();
+        mem.read(off + offset, buf)
             .map_err(|_| self.oob(offset, buf.len() as u64))
     }
 
@@ -232,8 +365,8 @@ impl Mr {
     /// [`Error::OutOfBounds`].
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check(offset, data.len() as u64)?;
-        self.mem
-            .write(self.off + offset, data)
+        let (mem, off) = self.bytes();
+        mem.write(off + offset, data)
             .map_err(|_| self.oob(offset, data.len() as u64))
     }
 
@@ -244,14 +377,14 @@ impl Mr {
     /// [`Error::OutOfBounds`], or [`Error::InvalidArgument`] if `offset` is not a multiple of 8.
     pub fn load_u64(&self, offset: u64) -> Result<u64> {
         self.check(offset, 8)?;
-        if (self.off + offset) % 8 != 0 {
+        if (self.addr() + offset) % 8 != 0 {
             return Err(Error::invalid(
                 "offset",
                 format!("{offset} is not 8-byte aligned"),
             ));
         }
-        self.mem
-            .load_u64(self.off + offset)
+        let (mem, off) = self.bytes();
+        mem.load_u64(off + offset)
             .map_err(|_| self.oob(offset, 8))
     }
 
@@ -268,11 +401,22 @@ impl Mr {
     ///
     /// # Errors
     /// [`Error::MrRemoteWritable`] if peers may write it (they could change it while the
-    /// slice lives) and [`Error::MrBusy`] while posted work requests use it.
+    /// slice lives) and [`Error::MrBusy`] while posted work requests use it. For a
+    /// registered buffer ([`Pd::reg_mr`]) also [`Error::InvalidArgument`] if peers may read
+    /// it (this engine copies it to the shadow at any time) or if it is a memfd or a
+    /// memory map (another writer of the file could change it): use `read_at`/`write_at`.
     #[allow(unsafe_code)]
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
         if self.access.remote_writable() {
             return Err(Error::MrRemoteWritable { key: self.key });
+        }
+        if let Some(u) = &self.user {
+            if !u.exclusive || self.access.contains(AccessFlags::REMOTE_READ) {
+                return Err(Error::invalid(
+                    "as_mut_slice",
+                    "this registered buffer may be read by the engine at any time (REMOTE_READ) or written by another holder of its file (a memfd or memory map): use read_at/write_at",
+                ));
+            }
         }
         let in_flight = self.in_flight();
         if in_flight != 0 {
@@ -281,15 +425,18 @@ impl Mr {
                 in_flight,
             });
         }
-        let (off, len) = (self.off, self.len);
+        let len = self.len;
+        let (mem, off) = self.bytes();
         // SAFETY: `slice_mut` needs the bytes to be untouched by anything else while the
         // slice lives. `&mut self` excludes every other access through this handle and any
         // post from it for the slice's lifetime; the in-flight count is zero (Acquire: the
         // engine's last copy into the region happened before), so no posted work request —
         // hence no engine copy — targets the region; the engine refuses remote writes and
         // atomics because the region has no such rights; and the arena allocator never
-        // gives two regions overlapping bytes.
-        let slice = unsafe { self.mem.slice_mut(off, len) };
+        // gives two regions overlapping bytes. A registered buffer is owned by the region
+        // (moved in, never handed out while registered), only this process can write it
+        // (`exclusive`), and no peer's RDMA Read stages it (no REMOTE_READ).
+        let slice = unsafe { mem.slice_mut(off, len) };
         slice.map_err(|_| self.oob(0, len))
     }
 
@@ -325,6 +472,58 @@ impl std::fmt::Debug for Mr {
             .field("len", &self.len)
             .field("access", &self.access)
             .finish()
+    }
+}
+
+/// A memory region over a buffer the application registered with [`Pd::reg_mr`]: a
+/// [`Mr`] (it dereferences to one, for `sge`, `read_at`, keys…) that owns the buffer until
+/// [`UserMr::into_inner`] gives it back.
+///
+/// Dropping it deregisters the region; if posted work requests still use it, the buffer is
+/// freed only after their completions (the engine keeps it alive), never under them.
+pub struct UserMr<B: UserBuffer> {
+    mr: Mr,
+    owner: Arc<UserOwner<B>>,
+}
+
+impl<B: UserBuffer> UserMr<B> {
+    /// Deregisters the region and gives the buffer back.
+    ///
+    /// # Errors
+    /// Gives the region back with [`Error::MrBusy`] while posted work requests use it.
+    pub fn into_inner(self) -> std::result::Result<B, (UserMr<B>, Error)> {
+        let in_flight = self.mr.in_flight();
+        if in_flight != 0 {
+            let key = self.mr.key;
+            return Err((self, Error::MrBusy { key, in_flight }));
+        }
+        let UserMr { mr, owner } = self;
+        // Nothing is in flight and nothing can be posted (the region is ours), so the
+        // engine frees the entry now, dropping its view of the buffer.
+        drop(mr);
+        match Arc::try_unwrap(owner) {
+            Ok(o) => Ok(o.into_inner()),
+            Err(_) => unreachable!("the engine dropped its view of an idle region"),
+        }
+    }
+}
+
+impl<B: UserBuffer> std::ops::Deref for UserMr<B> {
+    type Target = Mr;
+    fn deref(&self) -> &Mr {
+        &self.mr
+    }
+}
+
+impl<B: UserBuffer> std::ops::DerefMut for UserMr<B> {
+    fn deref_mut(&mut self) -> &mut Mr {
+        &mut self.mr
+    }
+}
+
+impl<B: UserBuffer> std::fmt::Debug for UserMr<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("UserMr").field(&self.mr).finish()
     }
 }
 

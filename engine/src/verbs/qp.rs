@@ -361,10 +361,7 @@ impl Qp {
                             let mut done = 0u64;
                             while done < u64::from(s.len) {
                                 let n = (u64::from(s.len) - done).min(buf.len() as u64) as usize;
-                                if s.mr
-                                    .mem
-                                    .read(s.mr.off + s.offset + done, &mut buf[..n])
-                                    .is_err()
+                                if s.mr.read_at(s.offset + done, &mut buf[..n]).is_err()
                                     || m.write(dst, &buf[..n]).is_err()
                                 {
                                     return false;
@@ -377,7 +374,7 @@ impl Qp {
                     })?;
                     (data, len)
                 } else {
-                    (self.gather_loc(sgl, row)?, len)
+                    (self.gather_loc(sgl, row, op.is_rd_atomic())?, len)
                 }
             }
         };
@@ -519,11 +516,26 @@ impl Qp {
     }
 
     /// Where the engine finds a list: inline in the WQE for one element, else a table row.
-    fn gather_loc(&self, sgl: &[Sge<'_>], row: u64) -> Result<DataLoc> {
-        let entry = |s: &Sge<'_>| SgeEntry {
-            off: s.mr.off + s.offset,
-            len: s.len,
-            mr: s.mr.index,
+    /// A gather list's registered buffers are copied into their shadows now; a result
+    /// buffer (`dest`: the scatter list of a Read or Atomic) is written in place.
+    fn gather_loc(&self, sgl: &[Sge<'_>], row: u64, dest: bool) -> Result<DataLoc> {
+        let mut offs = [0u64; crate::qp::MAX_SGE as usize];
+        for (s, o) in sgl.iter().zip(offs.iter_mut()) {
+            *o = if dest {
+                s.mr.dst_off(s.offset)
+            } else {
+                s.mr.src_off(s.offset, u64::from(s.len))?
+            };
+        }
+        let mut i = 0;
+        let mut entry = |s: &Sge<'_>| {
+            let e = SgeEntry {
+                off: offs[i],
+                len: s.len,
+                mr: s.mr.index,
+            };
+            i += 1;
+            e
         };
         Ok(match sgl {
             [] => DataLoc::Empty,
@@ -579,7 +591,7 @@ impl Qp {
         self.check_sgl(wr.sgl, self.caps.max_recv_sge, true, "scatter list")?;
         let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
         let entry = |s: &Sge<'_>| SgeEntry {
-            off: s.mr.off + s.offset,
+            off: s.mr.dst_off(s.offset),
             len: s.len,
             mr: s.mr.index,
         };

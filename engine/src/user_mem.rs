@@ -1,0 +1,275 @@
+//! Memory the application registers itself: a `Vec<u8>`, a `Box<[u8]>`, an anonymous or
+//! file mapping ([`memmap2::MmapMut`]), or a memfd ([`Memfd`], plain or hugetlbfs).
+//!
+//! # Where the bytes go
+//!
+//! Peers read only a protection domain's arena (see [`crate::arena`]); they can never map
+//! process memory, and they never write any of my memory. So a registered buffer is used as
+//! follows (the exact cost of each path is in the README, "Registering your own memory"):
+//!
+//! - **As a destination** (receive buffers, the local buffer of an RDMA Read or an Atomic
+//!   result, the target of a peer's RDMA Write or Atomic) it costs nothing extra: my engine
+//!   copies a packet's payload out of the peer's read-only arena straight into the buffer,
+//!   exactly as it does into an arena region, and executes a peer's Atomic on the buffer's
+//!   word itself.
+//! - **As a source** (the gather list of a Send or RDMA Write, the region a peer's RDMA Read
+//!   reads) its bytes must reach memory a peer can read. Each registered buffer has a
+//!   *shadow*: a block of the same length in the domain's arena, allocated at registration.
+//!   Posting a Send or Write copies the posted range into the shadow (one copy, by the
+//!   posting thread, before the work request is queued), and the packets reference the
+//!   shadow as they would an arena region. A peer's RDMA Read is staged the same way by my
+//!   responder, one response packet at a time. Small messages that go inline in the packet
+//!   are copied once either way.
+//!
+//! Cross-memory attach (`process_vm_readv`, the peer's engine reading my process memory
+//! directly) was rejected: it needs the peer to be allowed to ptrace me, which lets it read
+//! (and write) all of my memory, breaking the security model's "a peer reads only the arenas
+//! I connected to it and never writes my memory".
+//!
+//! # How the engine names a buffer
+//!
+//! The engine addresses local memory by offset in the domain's arena. A registered buffer
+//! gets offsets in a separate range, [`USER_SPACE`] with the region's table index in bits
+//! 32..56 and the offset inside the buffer in the low 32 bits (a region holds at most
+//! 2 GiB). [`Local`] resolves an offset to the arena or to the buffer's view; offsets of
+//! this kind only ever describe destinations (sources are shadow offsets in the arena), so
+//! they never reach a peer.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use crate::error::{Error, Result};
+use crate::mem::{Mem, OutOfRange};
+use crate::mr_table::MrTable;
+
+/// The bit that marks a local offset as one in a registered buffer, not in the arena.
+pub(crate) const USER_SPACE: u64 = 1 << 62;
+const INDEX_MASK: u64 = 0xff_ffff;
+const OFFSET_MASK: u64 = 0xffff_ffff;
+
+/// The local offset of byte `offset` of the registered buffer of region `index`.
+pub(crate) fn user_off(index: u32, offset: u64) -> u64 {
+    USER_SPACE | (u64::from(index) & INDEX_MASK) << 32 | (offset & OFFSET_MASK)
+}
+
+/// Splits an offset in [`USER_SPACE`] into (region index, offset in its buffer).
+pub(crate) fn split_user_off(off: u64) -> Option<(u32, u64)> {
+    (off & USER_SPACE != 0).then_some((((off >> 32) & INDEX_MASK) as u32, off & OFFSET_MASK))
+}
+
+/// The memory a QP's local offsets name: its domain's arena, and the registered buffers of
+/// the region table. What the engine writes received data and Atomic results through.
+#[derive(Clone, Copy)]
+pub(crate) struct Local<'a> {
+    arena: &'a Mem,
+    mrs: Option<&'a MrTable>,
+}
+
+impl<'a> Local<'a> {
+    /// Local memory of a QP whose domain's arena is `arena`.
+    pub(crate) fn new(arena: &'a Mem, mrs: &'a MrTable) -> Local<'a> {
+        Local {
+            arena,
+            mrs: Some(mrs),
+        }
+    }
+
+    /// Only an arena (no registered buffer resolves).
+    pub(crate) fn arena_only(arena: &'a Mem) -> Local<'a> {
+        Local { arena, mrs: None }
+    }
+
+    /// The memory and offset local offset `off` names.
+    #[inline]
+    fn at(&self, off: u64) -> std::result::Result<(&'a Mem, u64), OutOfRange> {
+        match split_user_off(off) {
+            None => Ok((self.arena, off)),
+            Some((index, at)) => {
+                let mem = self.mrs.and_then(|t| t.user_mem(index)).ok_or(OutOfRange)?;
+                Ok((mem, at))
+            }
+        }
+    }
+
+    /// Copies `src` to local offset `off`.
+    #[inline]
+    pub(crate) fn write(&self, off: u64, src: &[u8]) -> std::result::Result<(), OutOfRange> {
+        let (mem, at) = self.at(off)?;
+        mem.write(at, src)
+    }
+
+    /// Copies `len` bytes of `src` at `src_off` to local offset `off`.
+    #[inline]
+    pub(crate) fn copy_from(
+        &self,
+        src: &Mem,
+        src_off: u64,
+        off: u64,
+        len: u64,
+    ) -> std::result::Result<(), OutOfRange> {
+        let (mem, at) = self.at(off)?;
+        Mem::copy(src, src_off, mem, at, len)
+    }
+
+    /// Atomic Fetch and Add on the word at local offset `off`; returns the original value.
+    pub(crate) fn fetch_add_u64(&self, off: u64, add: u64) -> std::result::Result<u64, OutOfRange> {
+        let (mem, at) = self.at(off)?;
+        mem.fetch_add_u64(at, add)
+    }
+
+    /// Atomic Compare and Swap on the word at local offset `off`; returns the original.
+    pub(crate) fn compare_swap_u64(
+        &self,
+        off: u64,
+        compare: u64,
+        swap: u64,
+    ) -> std::result::Result<u64, OutOfRange> {
+        let (mem, at) = self.at(off)?;
+        mem.compare_swap_u64(at, compare, swap)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Memory [`Pd::reg_mr`](crate::Pd::reg_mr) can register: a buffer whose bytes stay at one
+/// address however the value moves (a heap allocation or a mapping). Sealed: implemented
+/// for `Vec<u8>`, `Box<[u8]>`, [`memmap2::MmapMut`] and [`Memfd`].
+pub trait UserBuffer: sealed::Sealed + Send + 'static {
+    /// Its length in bytes.
+    fn byte_len(&self) -> usize;
+    /// Whether only this process can write the bytes (false for a memfd, which another
+    /// holder of the file could map writable): only then may the registered region hand
+    /// out a mutable slice.
+    #[doc(hidden)]
+    fn exclusive(&self) -> bool {
+        true
+    }
+    /// Start and length of the bytes (taken once, at registration).
+    #[doc(hidden)]
+    fn raw_parts(&mut self) -> (*mut u8, usize);
+}
+
+impl sealed::Sealed for Vec<u8> {}
+impl UserBuffer for Vec<u8> {
+    fn byte_len(&self) -> usize {
+        self.len()
+    }
+    fn raw_parts(&mut self) -> (*mut u8, usize) {
+        (self.as_mut_ptr(), self.len())
+    }
+}
+
+impl sealed::Sealed for Box<[u8]> {}
+impl UserBuffer for Box<[u8]> {
+    fn byte_len(&self) -> usize {
+        self.len()
+    }
+    fn raw_parts(&mut self) -> (*mut u8, usize) {
+        (self.as_mut_ptr(), self.len())
+    }
+}
+
+impl sealed::Sealed for memmap2::MmapMut {}
+impl UserBuffer for memmap2::MmapMut {
+    fn byte_len(&self) -> usize {
+        self.len()
+    }
+    fn exclusive(&self) -> bool {
+        // A file mapping may be shared with other writers; `MmapMut::map_mut` is `unsafe`
+        // for that reason, and `map_anon` is not. The region cannot tell them apart.
+        false
+    }
+    fn raw_parts(&mut self) -> (*mut u8, usize) {
+        (self.as_mut_ptr(), self.len())
+    }
+}
+
+/// A memfd (or any shareable file, e.g. one on hugetlbfs) mapped read-write in this
+/// process, to register with [`Pd::reg_mr`](crate::Pd::reg_mr).
+///
+/// The region is private to this process like any registered buffer: peers read it through
+/// the shadow (see the README, "Registering your own memory"). Keep the descriptor with
+/// [`Memfd::as_fd`]; get it back from [`Memfd::into_fd`].
+#[derive(Debug)]
+pub struct Memfd {
+    map: memmap2::MmapMut,
+    fd: OwnedFd,
+}
+
+impl Memfd {
+    /// Maps all of `fd` (its current size) read-write and shared.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the file is empty, cannot be mapped read-write (opened
+    /// read-only, sealed against writes) or is larger than a region holds (2 GiB).
+    pub fn map(fd: OwnedFd) -> Result<Memfd> {
+        let file = std::fs::File::from(fd);
+        let len = file
+            .metadata()
+            .map_err(|e| Error::invalid("memfd", format!("cannot stat it: {e}")))?
+            .len();
+        if len == 0 || len > crate::qp::MAX_MESSAGE {
+            return Err(Error::invalid(
+                "memfd",
+                format!("{len} bytes; set its size (ftruncate) to 1 byte .. 2 GiB before registering it"),
+            ));
+        }
+        let map = crate::mem::map_file_shared(&file, len as usize)
+            .map_err(|e| Error::invalid("memfd", format!("cannot map it read-write: {e}")))?;
+        Ok(Memfd {
+            map,
+            fd: OwnedFd::from(file),
+        })
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether it is empty (never: `map` refuses empty files).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The descriptor, unmapping the file.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+impl AsFd for Memfd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl sealed::Sealed for Memfd {}
+impl UserBuffer for Memfd {
+    fn byte_len(&self) -> usize {
+        self.map.len()
+    }
+    fn exclusive(&self) -> bool {
+        false
+    }
+    fn raw_parts(&mut self) -> (*mut u8, usize) {
+        (self.map.as_mut_ptr(), self.map.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_offsets_round_trip_and_never_look_like_arena_offsets() {
+        let off = user_off(0xab_cdef, 0x7fff_ffff);
+        assert_eq!(split_user_off(off), Some((0xab_cdef, 0x7fff_ffff)));
+        assert_eq!(split_user_off(1 << 40), None);
+        let arena = Mem::private(64);
+        let local = Local::arena_only(&arena);
+        assert_eq!(local.write(user_off(0, 0), &[1]), Err(OutOfRange));
+        local.write(8, &[1]).unwrap();
+    }
+}
