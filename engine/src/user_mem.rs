@@ -135,7 +135,7 @@ mod sealed {
 /// Memory [`Pd::reg_mr`](crate::Pd::reg_mr) can register: a buffer whose bytes stay at one
 /// address however the value moves (a heap allocation or a mapping). Sealed: implemented
 /// for `Vec<u8>`, `Box<[u8]>`, [`memmap2::MmapMut`] and [`Memfd`].
-pub trait UserBuffer: sealed::Sealed + Send + 'static {
+pub trait UserBuffer: sealed::Sealed + Send + std::fmt::Debug + 'static {
     /// Its length in bytes.
     fn byte_len(&self) -> usize;
     /// Whether only this process can write the bytes (false for a memfd, which another
