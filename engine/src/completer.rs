@@ -181,7 +181,13 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
             let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
-            match dma::copy_payload(pkt, &qp.peer_mem, &Local::new(&qp.mem, env.mrs), sgl, &mut cursor) {
+            match dma::copy_payload(
+                pkt,
+                &qp.peer_mem,
+                &Local::new(&qp.mem, env.mrs),
+                sgl,
+                &mut cursor,
+            ) {
                 Ok(n) => env.stats.payload_bytes_copied += n,
                 Err(
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,

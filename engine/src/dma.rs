@@ -475,7 +475,13 @@ mod tests {
         let mut c = Cursor::default();
         let slot = direct(0, 300);
         let pkt = RxPacket::parse(&slot, &[]).unwrap();
-        let r = copy_payload(&pkt, &peer, &Local::arena_only(&local), Sgl::new(&dst, &tables), &mut c);
+        let r = copy_payload(
+            &pkt,
+            &peer,
+            &Local::arena_only(&local),
+            Sgl::new(&dst, &tables),
+            &mut c,
+        );
         assert_eq!(r, Err(CopyError::DestinationFull));
         let mut after = [0u8; 8];
         local.read(600, &mut after).unwrap();

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::arena::{Block, PdArenas};
 use crate::mem::Mem;
-use crate::user_mem::{split_user_off, user_off};
 use crate::qp::AccessFlags;
 use crate::slots::SlotTable;
+use crate::user_mem::{split_user_off, user_off};
 
 /// The part of a region shared with its application handle.
 #[derive(Debug, Default)]

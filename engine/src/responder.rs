@@ -38,12 +38,12 @@ use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::requester::DEFAULT_PKEY;
+use crate::user_mem::Local;
 use crate::verbs::wr::{WcOpcode, WcStatus};
 use crate::wire::Msn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
-use crate::user_mem::Local;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
 
 /// An RDMA Read being answered.
@@ -867,7 +867,10 @@ fn read_response(
         )
         .map_err(|_| psn)?;
     // A registered application buffer is staged in its shadow, which the peer can read.
-    let off = env.mrs.stage_read(off, u64::from(plen), &qp.mem).ok_or(psn)?;
+    let off = env
+        .mrs
+        .stage_read(off, u64::from(plen), &qp.mem)
+        .ok_or(psn)?;
     let position = match (job.npkts, k) {
         (1, _) => Position::Only,
         (_, 0) => Position::First,

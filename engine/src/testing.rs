@@ -78,7 +78,13 @@ pub fn receive_slot(bytes: &[u8], peer_arena: &[u8], split: &[u16]) -> Option<u6
         }
     };
     let mut cursor = Cursor::default();
-    let r = dma::copy_payload(&pkt, &peer, &crate::user_mem::Local::arena_only(&local), Sgl::new(&loc, &tables), &mut cursor);
+    let r = dma::copy_payload(
+        &pkt,
+        &peer,
+        &crate::user_mem::Local::arena_only(&local),
+        Sgl::new(&loc, &tables),
+        &mut cursor,
+    );
 
     let mut after = vec![0u8; local.len()];
     local.read(0, &mut after).ok()?;

@@ -212,7 +212,9 @@ impl Memfd {
         if len == 0 || len > crate::qp::MAX_MESSAGE {
             return Err(Error::invalid(
                 "memfd",
-                format!("{len} bytes; set its size (ftruncate) to 1 byte .. 2 GiB before registering it"),
+                format!(
+                    "{len} bytes; set its size (ftruncate) to 1 byte .. 2 GiB before registering it"
+                ),
             ));
         }
         let map = crate::mem::map_file_shared(&file, len as usize)

@@ -47,7 +47,7 @@ fn every_operation<BA: UserBuffer, BB: UserBuffer>(what: &str, a: BA, b: BB) {
         },
         ..Params::default()
     });
-    let mut ma = p.a.pd.reg_mr(a, AccessFlags::LOCAL_WRITE).unwrap();
+    let ma = p.a.pd.reg_mr(a, AccessFlags::LOCAL_WRITE).unwrap();
     let mb = p.b.pd.reg_mr(b, AccessFlags::ALL).unwrap();
     assert_eq!(ma.len(), mb.len());
     let len_a = ma.len();
@@ -123,7 +123,11 @@ fn every_operation<BA: UserBuffer, BB: UserBuffer>(what: &str, a: BA, b: BB) {
         assert_eq!(sc.byte_len, n32);
         let mut got = vec![0u8; n + 2 * AT as usize];
         ma.read_at(0, &mut got).unwrap();
-        assert_eq!(&got[AT as usize..AT as usize + n], &data[..], "{what} Read {n}");
+        assert_eq!(
+            &got[AT as usize..AT as usize + n],
+            &data[..],
+            "{what} Read {n}"
+        );
         assert!(got[..AT as usize].iter().all(|&b| b == 0xEE));
         assert!(got[AT as usize + n..].iter().all(|&b| b == 0xEE));
     }
@@ -132,7 +136,14 @@ fn every_operation<BA: UserBuffer, BB: UserBuffer>(what: &str, a: BA, b: BB) {
     // buffer as the result.
     mb.write_at(WORD, &40u64.to_ne_bytes()).unwrap();
     let cases = [
-        (SendOp::FetchAdd { remote: mb.remote(WORD), add: 2 }, 40, 42),
+        (
+            SendOp::FetchAdd {
+                remote: mb.remote(WORD),
+                add: 2,
+            },
+            40,
+            42,
+        ),
         (
             SendOp::CompareSwap {
                 remote: mb.remote(WORD),
@@ -225,7 +236,10 @@ fn kinds_mix_with_arena_regions() {
 #[test]
 fn the_buffer_comes_back_with_what_was_received() {
     let mut p = pair(&Params::default());
-    let dst = p.b.pd.reg_mr(vec![0u8; 100], AccessFlags::LOCAL_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .reg_mr(vec![0u8; 100], AccessFlags::LOCAL_WRITE)
+            .unwrap();
     let src = p.a.pd.alloc_mr(100, AccessFlags::NONE).unwrap();
     src.write_at(0, &pattern(100, 9)).unwrap();
     p.b.qp
@@ -245,7 +259,10 @@ fn the_buffer_comes_back_with_what_was_received() {
 #[test]
 fn dropping_a_region_in_flight_keeps_its_buffer_until_the_completion() {
     let mut p = pair(&Params::default());
-    let dst = p.b.pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
     let src = p.a.pd.alloc_mr(4096, AccessFlags::NONE).unwrap();
     src.write_at(0, &pattern(4096, 3)).unwrap();
     p.b.qp
@@ -278,7 +295,9 @@ fn misuse_is_refused_with_clear_errors() {
     let (_, err) = pd.reg_mr(big, AccessFlags::NONE).unwrap_err();
     assert!(err.to_string().contains("2 GiB"), "{err}");
     // More than the arena can shadow.
-    let (_, err) = pd.reg_mr(vec![0u8; 64 << 20], AccessFlags::NONE).unwrap_err();
+    let (_, err) = pd
+        .reg_mr(vec![0u8; 64 << 20], AccessFlags::NONE)
+        .unwrap_err();
     assert!(matches!(err, Error::ArenaExhausted { .. }), "{err}");
     // Memfds that cannot be registered: empty, or sealed against writing.
     let err = Memfd::map(memfd(0, false).unwrap()).unwrap_err();
@@ -291,7 +310,10 @@ fn misuse_is_refused_with_clear_errors() {
     rustix::fs::ftruncate(&fd, 4096).unwrap();
     rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::WRITE).unwrap();
     let err = Memfd::map(fd).unwrap_err();
-    assert!(err.to_string().contains("cannot map it read-write"), "{err}");
+    assert!(
+        err.to_string().contains("cannot map it read-write"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -299,10 +321,10 @@ fn access_rights_are_enforced() {
     let mut p = pair(&Params::default());
     // No LOCAL_WRITE: cannot receive into it, nor be a Read's destination.
     let ro = p.b.pd.reg_mr(vec![1u8; 64], AccessFlags::NONE).unwrap();
-    let err = p.b
-        .qp
-        .post_recv(&RecvWr::new(1, &[ro.as_sge().unwrap()]))
-        .unwrap_err();
+    let err =
+        p.b.qp
+            .post_recv(&RecvWr::new(1, &[ro.as_sge().unwrap()]))
+            .unwrap_err();
     assert!(err.to_string().contains("LOCAL_WRITE"), "{err}");
     // No REMOTE_WRITE: a peer's Write is refused, and the buffer is untouched.
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
@@ -324,21 +346,29 @@ fn access_rights_are_enforced() {
 #[test]
 fn mutable_slices_only_where_nothing_else_can_touch_the_buffer() {
     let p = pair(&Params::default());
-    let mut v = p.a.pd.reg_mr(vec![5u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+    let mut v =
+        p.a.pd
+            .reg_mr(vec![5u8; 64], AccessFlags::LOCAL_WRITE)
+            .unwrap();
     v.as_mut_slice().unwrap()[0] = 6;
     let mut b = [0u8; 1];
     v.read_at(0, &mut b).unwrap();
     assert_eq!(b, [6]);
-    let mut rr = p.a.pd.reg_mr(vec![5u8; 64], AccessFlags::REMOTE_READ).unwrap();
-    assert!(rr.as_mut_slice().is_err(), "the engine may stage it for a peer's Read");
-    let mut m = p
-        .a
-        .pd
-        .reg_mr(
-            Memfd::map(memfd(4096, false).unwrap()).unwrap(),
-            AccessFlags::NONE,
-        )
-        .unwrap();
+    let mut rr =
+        p.a.pd
+            .reg_mr(vec![5u8; 64], AccessFlags::REMOTE_READ)
+            .unwrap();
+    assert!(
+        rr.as_mut_slice().is_err(),
+        "the engine may stage it for a peer's Read"
+    );
+    let mut m =
+        p.a.pd
+            .reg_mr(
+                Memfd::map(memfd(4096, false).unwrap()).unwrap(),
+                AccessFlags::NONE,
+            )
+            .unwrap();
     let err = m.as_mut_slice().unwrap_err();
     assert!(err.to_string().contains("read_at/write_at"), "{err}");
 }

@@ -79,8 +79,8 @@ use crate::mem::Mem;
 use crate::trace::PacketEvent;
 use crate::trace::tap::{Tap, Trace};
 
-pub use cq::Cq;
 pub use crate::user_mem::{Memfd, UserBuffer};
+pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge, UserMr};
 pub use qp::Qp;
 

@@ -6,10 +6,10 @@ use std::sync::atomic::Ordering;
 use crate::error::{Error, Result};
 use crate::mem::{Mem, UserOwner};
 use crate::mr_table::MrShared;
-use crate::user_mem::UserBuffer;
+use crate::qp::{AccessFlags, MAX_MESSAGE};
 #[cfg(doc)]
 use crate::user_mem::Memfd;
-use crate::qp::{AccessFlags, MAX_MESSAGE};
+use crate::user_mem::UserBuffer;
 use crate::verbs::Shared;
 use crate::verbs::wr::RemoteAddr;
 
@@ -169,10 +169,10 @@ impl Pd {
                 access,
                 pdn,
                 inflight: shared_mr,
-                user: Some(UserView {
+                user: Some(Box::new(UserView {
                     mem: view,
                     exclusive,
-                }),
+                })),
             },
             owner,
         })
@@ -223,7 +223,7 @@ pub struct Mr {
     pub(crate) pdn: u32,
     pub(crate) inflight: Arc<MrShared>,
     /// A registered application buffer ([`Pd::reg_mr`]); `off` is then its shadow's.
-    user: Option<UserView>,
+    user: Option<Box<UserView>>,
 }
 
 /// The application's view of a registered buffer.
@@ -384,8 +384,7 @@ impl Mr {
             ));
         }
         let (mem, off) = self.bytes();
-        mem.load_u64(off + offset)
-            .map_err(|_| self.oob(offset, 8))
+        mem.load_u64(off + offset).map_err(|_| self.oob(offset, 8))
     }
 
     fn oob(&self, offset: u64, len: u64) -> Error {
