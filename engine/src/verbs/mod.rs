@@ -51,6 +51,12 @@
 //!   ([`ConnectParams::max_peer_arena`](crate::cm::ConnectParams::max_peer_arena)), and a
 //!   peer's segments are never populated, so a peer cannot make you commit memory.
 //!
+//! Memory you register yourself ([`Pd::reg_mr`]: a `Vec<u8>`, a `Box<[u8]>`, a
+//! `memmap2::MmapMut`, a [`Memfd`]) stays private under the same rule: your engine writes
+//! received data and results into it in place, and copies what a peer must read (a Send or
+//! RDMA Write you post from it, a peer's RDMA Read of it) into the region's shadow, a block
+//! of its domain's arena; the README's "Registering your own memory" gives the costs.
+//!
 //! What this does not cover: the operating system's own boundary. A process of the same
 //! user may `ptrace` you or open `/proc/PID/mem` unless Yama or `prctl(PR_SET_DUMPABLE, 0)`
 //! forbids it; for a boundary against such a process, run peers as another user and admit
