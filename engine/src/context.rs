@@ -199,6 +199,7 @@ impl Resources {
     pub(crate) fn env(&mut self) -> Env<'_> {
         Env {
             now: None,
+            coarse: None,
             clock_res: crate::timer::clock_resolution(),
             pds: &mut self.pds,
             mrs: &mut self.mrs,
@@ -210,9 +211,12 @@ impl Resources {
 
 /// This engine's side of things, lent to a protocol stage.
 pub(crate) struct Env<'a> {
-    /// The time of this engine iteration, read from the clock when first needed: most
-    /// iterations need no time at all.
+    /// The time of this engine iteration, read from the precise clock when first needed:
+    /// most iterations need no time at all (see [`Timestamp`] on what reading it costs).
     now: Option<Timestamp>,
+    /// The coarse time of this iteration, read when first needed: enough to tell that a
+    /// deadline is still far away.
+    coarse: Option<Timestamp>,
     /// The resolution of `now`.
     pub(crate) clock_res: Duration,
     pub(crate) pds: &'a mut PdArenas,
@@ -242,10 +246,18 @@ impl Env<'_> {
         *self.now.get_or_insert_with(Timestamp::now)
     }
 
-    /// Whether `d` has passed.
+    /// Whether `d` has passed. Reads the precise clock only when the coarse clock cannot
+    /// tell that `d` is still ahead (see [`Deadline::expired_by`]).
     #[inline]
     pub(crate) fn expired(&mut self, d: &Deadline) -> bool {
-        matches!(d, Deadline::At(_)) && d.expired(self.now())
+        if !matches!(d, Deadline::At(_)) {
+            return false;
+        }
+        if let Some(now) = self.now {
+            return d.expired(now);
+        }
+        let coarse = *self.coarse.get_or_insert_with(Timestamp::coarse);
+        d.expired_by(coarse, coarse_lag(), || self.now())
     }
 
     /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
@@ -275,6 +287,12 @@ impl Env<'_> {
             self.mrs.release(mr, self.pds);
         }
     }
+}
+
+/// How far the coarse clock may lag behind the precise one: one tick, and one more for a
+/// tick that came late.
+fn coarse_lag() -> Duration {
+    crate::timer::coarse_resolution() * 2
 }
 
 /// The link a QP talks over, lent to a protocol stage.

@@ -540,6 +540,17 @@ impl Context {
         self.shared.progress()
     }
 
+    /// How long until this engine's next timer expires — a QP's transport timer (its
+    /// Local Ack Timeout) or the end of an RNR wait — or `None` when no timer is armed
+    /// (zero: one is due now). An inline-mode application that sleeps between its calls
+    /// should call [`Context::progress`] again within this time, so that retransmissions
+    /// and RNR retries go out when they should. Timers armed by a later engine iteration
+    /// are not counted: ask again after driving the engine.
+    pub fn next_timer(&self) -> Option<std::time::Duration> {
+        let deadline = self.shared.engine.with(|e| e.next_deadline())?;
+        Some(deadline.saturating_duration_since(crate::timer::Timestamp::now()))
+    }
+
     /// A snapshot of the engine's counters.
     pub fn stats(&self) -> Stats {
         self.shared.engine.with(|e| e.res.stats)
