@@ -135,7 +135,7 @@ pub(crate) struct CqTable {
 }
 
 /// Bits of a CQ number that index the table; the rest is the generation.
-const CQ_INDEX_BITS: u32 = 16;
+const CQ_INDEX_BITS: u32 = crate::limits::MAX_CQS.trailing_zeros();
 /// The most completion queues one context can hold.
 pub(crate) const MAX_CQS: u32 = 1 << CQ_INDEX_BITS;
 

@@ -24,6 +24,7 @@ pub(crate) mod engine;
 mod error;
 #[cfg(test)]
 mod hostile_tests;
+pub mod limits;
 pub mod link;
 pub(crate) mod mem;
 pub(crate) mod mr_table;
@@ -44,12 +45,13 @@ pub(crate) mod wqe;
 pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;
 pub use error::{Error, Result};
+pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
     Data, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Qp, Sge};
+pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Qp, QpInfo, Sge};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

@@ -658,7 +658,7 @@ const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x01");
 pub(crate) const DEFAULT_LINK_SLOTS: usize = 1024;
 /// The most packet slots per direction a link may have (`ContextBuilder::link_slots`); an
 /// opener refuses a larger link segment.
-pub(crate) const MAX_LINK_SLOTS: usize = 1 << 14;
+pub(crate) const MAX_LINK_SLOTS: usize = crate::limits::MAX_LINK_SLOTS;
 
 /// The link header at data offset 0: where the two rings are.
 #[repr(C)]

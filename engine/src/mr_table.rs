@@ -68,7 +68,7 @@ impl Default for MrTable {
 }
 
 /// The most regions one context can hold (24-bit index).
-pub(crate) const MAX_MRS: u32 = 1 << 24;
+pub(crate) const MAX_MRS: u32 = crate::limits::MAX_MRS;
 
 impl MrTable {
     /// Registers a region; returns its index and key.

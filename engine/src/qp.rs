@@ -167,15 +167,15 @@ impl std::ops::BitOrAssign for AccessFlags {
 }
 
 /// The most RDMA Read / Atomic requests one QP may have outstanding in either direction.
-pub const MAX_RD_ATOMIC: u8 = 16;
+pub const MAX_RD_ATOMIC: u8 = crate::limits::MAX_RD_ATOMIC;
 /// The deepest send or receive queue.
-pub const MAX_QUEUE_DEPTH: u32 = 16384;
+pub const MAX_QUEUE_DEPTH: u32 = crate::limits::MAX_QUEUE_DEPTH;
 /// The most scatter/gather elements of one work request.
-pub const MAX_SGE: u32 = 16;
+pub const MAX_SGE: u32 = crate::limits::MAX_SGE;
 /// The most inline data of one work request.
-pub const MAX_INLINE_DATA: u32 = 4096;
+pub const MAX_INLINE_DATA: u32 = crate::limits::MAX_INLINE_DATA;
 /// The largest message (spec/05: zero to 2 GiB).
-pub const MAX_MESSAGE: u64 = 1 << 31;
+pub const MAX_MESSAGE: u64 = crate::limits::MAX_MESSAGE;
 
 /// What a QP is created with (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,7 +46,8 @@ const TIMER_EVERY: u32 = 8;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
 /// The most links (peer engines, or `Context::link_with` pairs) one context can have.
-pub(crate) const MAX_LINKS: u32 = 4096;
+pub(crate) const MAX_LINKS: u32 = crate::limits::MAX_LINKS;
+const _: () = assert!(MAX_QPS <= 1 << QP_INDEX_BITS);
 
 /// The engine's state: everything the poll loop touches.
 pub(crate) struct Engine {

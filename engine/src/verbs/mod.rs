@@ -81,7 +81,7 @@ use crate::trace::tap::{Tap, Trace};
 
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge};
-pub use qp::Qp;
+pub use qp::{Qp, QpInfo};
 
 /// How the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -538,6 +538,41 @@ impl Context {
     /// the packets moved.
     pub fn progress(&self) -> usize {
         self.shared.progress()
+    }
+
+    /// The device's limits and this context's configuration (`ibv_query_device`): the
+    /// limits are the ones the code enforces ([`crate::limits`]).
+    ///
+    /// ```
+    /// let ctx = shmhca::Context::builder().arena_size(1 << 20).build()?;
+    /// let dev = ctx.query_device();
+    /// assert_eq!(dev.max_msg_size, 1 << 31);
+    /// assert_eq!(dev.arena_size, 1 << 20);
+    /// # Ok::<(), shmhca::Error>(())
+    /// ```
+    pub fn query_device(&self) -> crate::DeviceAttr {
+        use crate::limits::*;
+        crate::DeviceAttr {
+            max_qp: MAX_QPS,
+            max_qp_wr: MAX_QUEUE_DEPTH,
+            max_sge: MAX_SGE,
+            max_inline_data: MAX_INLINE_DATA,
+            max_cq: MAX_CQS,
+            max_cqe: MAX_CQ_DEPTH,
+            max_pd: MAX_PDS,
+            max_mr: MAX_MRS,
+            max_mr_size: MAX_MESSAGE,
+            max_msg_size: MAX_MESSAGE,
+            max_qp_init_rd_atom: MAX_RD_ATOMIC,
+            max_qp_rd_atom: MAX_RD_ATOMIC,
+            atomic_cap: crate::AtomicCap::Global,
+            max_mtu: crate::Mtu::Mtu4096,
+            page_size: self.page_size(),
+            arena_size: self.shared.arena_size,
+            max_links: MAX_LINKS,
+            link_slots: self.shared.link_slots,
+            max_link_slots: MAX_LINK_SLOTS,
+        }
     }
 
     /// How long until this engine's next timer expires — a QP's transport timer (its

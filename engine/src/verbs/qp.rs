@@ -19,6 +19,31 @@ use crate::verbs::{EngineMode, Shared};
 use crate::wire::Qpn;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SGE_ENTRY_LEN, SgeEntry, SqWqe, WqeFlags, WqeOp};
 
+/// A QP's state and attributes, from [`Qp::query`] (`ibv_query_qp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpInfo {
+    /// The QP number.
+    pub qpn: Qpn,
+    /// The current state.
+    pub state: QpState,
+    /// The programmed attributes: access flags, path MTU, destination, start PSNs, Local
+    /// Ack Timeout, Retry and RNR Retry Counts, minimum RNR timer, initiator depth and
+    /// responder resources, credit mode (as last set by [`Qp::modify`]).
+    pub config: QpConfig,
+    /// The capabilities it was created with.
+    pub caps: QpCaps,
+    /// The PSN of the next new request packet (nPSN): the start PSN plus the request
+    /// packets sent so far, modulo 2^24.
+    pub next_send_psn: u32,
+    /// The PSN the responder expects next (ePSN): the remote's start PSN plus the request
+    /// packets received in order, modulo 2^24.
+    pub expected_psn: u32,
+    /// The transport timer's period Ttr (4.096 µs × 2^timeout), fixed on RTR → RTS;
+    /// `None` before RTS or when the timer is disabled (Local Ack Timeout 0).
+    pub transport_timeout: Option<std::time::Duration>,
+}
+
 /// A reliable-connected queue pair.
 ///
 /// A `Qp` is the single producer of its send and receive queues: posting takes `&mut self`.
@@ -209,6 +234,34 @@ impl Qp {
             .engine
             .with(|e| e.qp_mut(index).map(|q| q.cfg))
             .unwrap_or_default()
+    }
+
+    /// The QP's state and attributes (`ibv_query_qp`): what it was programmed with, what
+    /// it was created with, and where its PSNs stand now.
+    pub fn query(&self) -> QpInfo {
+        let index = self.index;
+        let live = self.shared.engine.with(|e| {
+            e.qp_mut(index).map(|q| {
+                (
+                    q.state,
+                    q.cfg,
+                    q.req.npsn.get(),
+                    q.resp.epsn.get(),
+                    q.req.ttr,
+                )
+            })
+        });
+        let (state, config, next_send_psn, expected_psn, ttr) =
+            live.unwrap_or((self.state(), QpConfig::default(), 0, 0, None));
+        QpInfo {
+            qpn: self.qpn,
+            state,
+            config,
+            caps: self.caps,
+            next_send_psn,
+            expected_psn,
+            transport_timeout: ttr,
+        }
     }
 
     /// Send work requests posted and not yet retired.
