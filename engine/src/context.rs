@@ -16,7 +16,9 @@ use crate::arena::PdArenas;
 use crate::completer;
 use crate::link::TxBatch;
 use crate::mem::Mem;
-use crate::mr_table::MrTable;
+use crate::mr_table::{AccessDenied, MrTable};
+use crate::mw_table::MwTable;
+use crate::qp::AccessFlags;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
@@ -189,6 +191,8 @@ pub(crate) struct Resources {
     /// The protection domains' arenas.
     pub(crate) pds: PdArenas,
     pub(crate) mrs: MrTable,
+    /// Memory windows.
+    pub(crate) mws: MwTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
 }
@@ -202,6 +206,7 @@ impl Resources {
             clock_res: crate::timer::clock_resolution(),
             pds: &mut self.pds,
             mrs: &mut self.mrs,
+            mws: &mut self.mws,
             cqs: &mut self.cqs,
             stats: &mut self.stats,
         }
@@ -217,6 +222,7 @@ pub(crate) struct Env<'a> {
     pub(crate) clock_res: Duration,
     pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
+    pub(crate) mws: &'a mut MwTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut Stats,
 }
@@ -246,6 +252,25 @@ impl Env<'_> {
     #[inline]
     pub(crate) fn expired(&mut self, d: &Deadline) -> bool {
         matches!(d, Deadline::At(_)) && d.expired(self.now())
+    }
+
+    /// Checks a remote access of `len` bytes at `va` with R_Key `rkey`, arriving at QP `qpn`
+    /// of protection domain `pd`: through a memory window if the key is a window's (its
+    /// range, rights, domain and QP decide), else through the region's own key. Returns the
+    /// arena offset of `va`.
+    pub(crate) fn check_remote(
+        &self,
+        rkey: u32,
+        (pd, qpn): (u32, Qpn),
+        need: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Result<u64, AccessDenied> {
+        if len != 0 && crate::mw_table::is_window_key(rkey) {
+            self.mws.check_remote(self.mrs, rkey, pd, qpn, need, va, len)
+        } else {
+            self.mrs.check_remote(rkey, pd, need, va, len)
+        }
     }
 
     /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
@@ -353,6 +378,7 @@ impl QpCtx {
             imm_data,
             qp_num: self.qpn,
             solicited,
+            invalidated_rkey: None,
         }
     }
 

@@ -27,6 +27,7 @@ mod hostile_tests;
 pub mod link;
 pub(crate) mod mem;
 pub(crate) mod mr_table;
+pub(crate) mod mw_table;
 pub mod psn;
 pub mod qp;
 pub mod requester;
@@ -47,9 +48,9 @@ pub use error::{Error, Result};
 pub use link::LinkId;
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
-    Data, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Qp, Sge};
+pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Qp, Sge};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

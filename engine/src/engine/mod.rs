@@ -72,6 +72,7 @@ impl Engine {
             res: Resources {
                 pds: PdArenas::default(),
                 mrs: MrTable::default(),
+                mws: Default::default(),
                 cqs: CqTable::default(),
                 stats: Stats::default(),
             },

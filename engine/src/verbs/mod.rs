@@ -58,6 +58,7 @@
 
 pub(crate) mod cq;
 pub(crate) mod mr;
+pub(crate) mod mw;
 pub(crate) mod qp;
 pub mod wr;
 
@@ -81,6 +82,7 @@ use crate::trace::tap::{Tap, Trace};
 
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge};
+pub use mw::{Mw, MwType};
 pub use qp::Qp;
 
 /// How the engine runs.

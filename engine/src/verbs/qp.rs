@@ -14,7 +14,9 @@ use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
-use crate::verbs::wr::{Data, RecvWr, SendFlags, SendOp, SendWr};
+use crate::mw_table::MwType;
+use crate::verbs::mw::Mw;
+use crate::verbs::wr::{Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr};
 use crate::verbs::{EngineMode, Shared};
 use crate::wire::Qpn;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SGE_ENTRY_LEN, SgeEntry, SqWqe, WqeFlags, WqeOp};
@@ -241,6 +243,58 @@ impl Qp {
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let wqe = self.prepare_send(wr)?;
+        self.post_wqe(wqe);
+        Ok(())
+    }
+
+    /// Binds type 1 memory window `mw` (the Bind Memory Window verb, `ibv_bind_mw`) over
+    /// `bind` and returns its new R_Key (also [`Mw::rkey`] from now on): the previous key
+    /// stops working when the bind executes. The bind is posted on this QP's send queue and
+    /// executed in order with its other work requests; it completes with
+    /// [`WcOpcode::BindMw`](crate::WcOpcode::BindMw) if `flags` has `SIGNALED`, or with
+    /// [`WcStatus::MwBindErr`](crate::WcStatus::MwBindErr) (the QP goes to Error) if the
+    /// region is not live, lacks `MW_BIND`, the window leaves the region or its rights
+    /// exceed the region's. A length of 0 unbinds the window. The window can then be used
+    /// through any QP of its protection domain.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`]; [`Error::InvalidArgument`] for a type 2 window (bind those
+    /// with [`SendOp::BindMw`]) or a window of another protection domain,
+    /// [`Error::ForeignObject`] for a window of another context.
+    pub fn bind_mw(
+        &mut self,
+        mw: &mut Mw,
+        wr_id: u64,
+        bind: MwBind,
+        flags: SendFlags,
+    ) -> Result<u32> {
+        if !Arc::ptr_eq(&mw.shared, &self.shared) {
+            return Err(Error::ForeignObject {
+                what: "the memory window",
+            });
+        }
+        if mw.kind != MwType::One {
+            return Err(Error::invalid(
+                "memory window",
+                "a type 2 window is bound with a SendOp::BindMw work request",
+            ));
+        }
+        if mw.pdn != self.pdn {
+            return Err(Error::invalid(
+                "memory window",
+                "a window of another protection domain than the QP's",
+            ));
+        }
+        let rkey = mw.next_rkey();
+        let wr = SendWr::new(wr_id, SendOp::BindMw { rkey, bind }, &[]).flags(flags);
+        let mut wqe = self.prepare_send(&wr)?;
+        wqe.swap &= !MW_TYPE2_BIT;
+        self.post_wqe(wqe);
+        mw.rkey = rkey;
+        Ok(rkey)
+    }
+
+    fn post_wqe(&mut self, wqe: SqWqe) {
         self.sq_posted += 1;
         // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
         // engine is free; otherwise (poll mode, or the engine busy on another thread) it
@@ -249,14 +303,13 @@ impl Qp {
             let index = self.index;
             if let Some(taken) = self.shared.engine.try_with(|e| e.post_direct(index, wqe)) {
                 debug_assert!(taken, "a live QP takes its WQEs");
-                return Ok(());
+                return;
             }
         }
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
         self.ring_and_kick();
-        Ok(())
     }
 
     /// Posts several send work requests, ringing the doorbell once (batched posting).
@@ -329,7 +382,31 @@ impl Qp {
                 swap,
             } => (WqeOp::CompareSwap, 0, Some(remote), compare, swap),
             SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, Some(remote), add, 0),
+            SendOp::SendWithInv(rkey) => (WqeOp::SendInv, 0, Some(key_only(rkey)), 0, 0),
+            SendOp::BindMw { rkey, bind } => (
+                WqeOp::BindMw,
+                bind.lkey,
+                Some(RemoteAddr {
+                    addr: bind.addr,
+                    rkey,
+                }),
+                bind.len,
+                u64::from(bind.access.bits()) | MW_TYPE2_BIT,
+            ),
+            SendOp::LocalInv(rkey) => (WqeOp::LocalInv, 0, Some(key_only(rkey)), 0, 0),
         };
+        if op.is_local() {
+            let empty = match wr.data {
+                Data::Sgl(sgl) => sgl.is_empty(),
+                Data::Inline(bytes) => bytes.is_empty(),
+            };
+            if !empty {
+                return Err(Error::invalid(
+                    "data",
+                    "memory window binds and Local Invalidates carry no data: pass an empty list",
+                ));
+            }
+        }
         if op.is_rd_atomic() && self.qshared.max_rd_atomic.load(Ordering::Relaxed) == 0 {
             return Err(Error::invalid(
                 "operation",
@@ -620,6 +697,15 @@ impl Qp {
         }
         Ok(())
     }
+}
+
+/// Bit of a bind WQE's `swap` marking a type 2 window's bind (the low 8 bits are rights).
+const MW_TYPE2_BIT: u64 = 0x100;
+
+/// A key alone, for the work requests that carry one (Send with Invalidate, Local
+/// Invalidate).
+fn key_only(rkey: u32) -> RemoteAddr {
+    RemoteAddr { addr: 0, rkey }
 }
 
 impl Drop for Qp {
