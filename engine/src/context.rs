@@ -267,7 +267,8 @@ impl Env<'_> {
         len: u64,
     ) -> Result<u64, AccessDenied> {
         if len != 0 && crate::mw_table::is_window_key(rkey) {
-            self.mws.check_remote(self.mrs, rkey, pd, qpn, need, va, len)
+            self.mws
+                .check_remote(self.mrs, rkey, pd, qpn, need, va, len)
         } else {
             self.mrs.check_remote(rkey, pd, need, va, len)
         }

@@ -390,7 +390,9 @@ impl<'a> RxPacket<'a> {
     /// The R_Key of an IETH (Send with Invalidate).
     pub(crate) fn ieth(&self) -> Option<u32> {
         self.ext(Headers::IETH)
-            .and_then(|b| crate::wire::IethRepr::parse(&crate::wire::ieth::Packet::new_unchecked(b)).ok())
+            .and_then(|b| {
+                crate::wire::IethRepr::parse(&crate::wire::ieth::Packet::new_unchecked(b)).ok()
+            })
             .map(|r| r.rkey)
     }
 }

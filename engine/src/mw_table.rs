@@ -186,7 +186,8 @@ impl MwTable {
         if !mr.access.contains(AccessFlags::MW_BIND) {
             return Err(BindError::NoBindRight);
         }
-        let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        let remote =
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
         if !remote.contains(r.access)
             || (r.access.remote_writable() && !mr.access.contains(AccessFlags::LOCAL_WRITE))
         {

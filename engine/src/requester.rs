@@ -20,8 +20,8 @@ use crate::dma::{self, Cursor, Sgl};
 use crate::link::MAX_CONTINUATION;
 use crate::link::{HeaderWriter, PacketSlot};
 use crate::mem::Mem;
-use crate::psn::{self, Psn};
 use crate::mw_table::{BindRequest, MwType};
+use crate::psn::{self, Psn};
 use crate::qp::{AccessFlags, QpConfig, QpState};
 use crate::timer::Deadline;
 use crate::verbs::wr::WcStatus;
@@ -375,7 +375,10 @@ pub(crate) fn transmit(
             }
         } else if req.limited == Some(seq)
             && req.tx_pkt >= 1
-            && matches!(req.wqe(seq).w.op, WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv)
+            && matches!(
+                req.wqe(seq).w.op,
+                WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv
+            )
         {
             // A limited Send waits after its first packet until credit arrives.
             break;

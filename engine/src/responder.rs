@@ -383,7 +383,14 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
     }
     if last {
         qp.resp.cur = Inbound::Idle;
-        complete_recv(qp, env, &wqe, (WcOpcode::Recv, invalidated), got as u32, pkt);
+        complete_recv(
+            qp,
+            env,
+            &wqe,
+            (WcOpcode::Recv, invalidated),
+            got as u32,
+            pkt,
+        );
         qp.resp.next_msn();
     } else {
         qp.resp.cur = Inbound::Send { wqe, cursor, got };
@@ -451,7 +458,9 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
             return fatal(qp, env, psn, NakCode::RemoteAccessError);
         }
     }
-    let Ok(off) = env.check_remote(rkey, (qp.pd, qp.qpn),
+    let Ok(off) = env.check_remote(
+        rkey,
+        (qp.pd, qp.qpn),
         AccessFlags::REMOTE_WRITE,
         va.wrapping_add(done),
         len,
@@ -490,7 +499,14 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
     if last {
         qp.resp.cur = Inbound::Idle;
         if let Some(w) = rq_wqe {
-            complete_recv(qp, env, &w, (WcOpcode::RecvRdmaWithImm, None), total as u32, pkt);
+            complete_recv(
+                qp,
+                env,
+                &w,
+                (WcOpcode::RecvRdmaWithImm, None),
+                total as u32,
+                pkt,
+            );
         }
         qp.resp.next_msn();
     } else {
@@ -513,7 +529,10 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
         // More Reads/Atomics than the responder resources the requester was told of.
         return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
-    if env.check_remote(reth.rkey, (qp.pd, qp.qpn),
+    if env
+        .check_remote(
+            reth.rkey,
+            (qp.pd, qp.qpn),
             AccessFlags::REMOTE_READ,
             reth.va,
             u64::from(reth.dma_len),
@@ -584,7 +603,10 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
         OpClass::RdmaReadRequest => {
             // The requester asks again from some response on: serve that range again.
             let Some(reth) = pkt.reth() else { return };
-            let ok = env.check_remote(reth.rkey, (qp.pd, qp.qpn),
+            let ok = env
+                .check_remote(
+                    reth.rkey,
+                    (qp.pd, qp.qpn),
                     AccessFlags::REMOTE_READ,
                     reth.va,
                     u64::from(reth.dma_len),
@@ -855,7 +877,10 @@ fn read_response(
     let offset = k * pmtu;
     let plen = (job.len - offset).min(pmtu);
     let psn = job.psn.add(k);
-    let off = env.check_remote(job.rkey, (qp.pd, qp.qpn),
+    let off = env
+        .check_remote(
+            job.rkey,
+            (qp.pd, qp.qpn),
             AccessFlags::REMOTE_READ,
             job.va.wrapping_add(u64::from(offset)),
             u64::from(plen),
