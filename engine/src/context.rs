@@ -18,6 +18,7 @@ use crate::link::TxBatch;
 use crate::mem::Mem;
 use crate::mr_table::{AccessDenied, MrTable};
 use crate::mw_table::MwTable;
+use crate::srq_table::SrqTable;
 use crate::qp::AccessFlags;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
@@ -193,6 +194,8 @@ pub(crate) struct Resources {
     pub(crate) mrs: MrTable,
     /// Memory windows.
     pub(crate) mws: MwTable,
+    /// Shared receive queues.
+    pub(crate) srqs: SrqTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
 }
@@ -207,6 +210,7 @@ impl Resources {
             pds: &mut self.pds,
             mrs: &mut self.mrs,
             mws: &mut self.mws,
+            srqs: &mut self.srqs,
             cqs: &mut self.cqs,
             stats: &mut self.stats,
         }
@@ -223,6 +227,7 @@ pub(crate) struct Env<'a> {
     pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) mws: &'a mut MwTable,
+    pub(crate) srqs: &'a mut SrqTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut Stats,
 }
@@ -271,6 +276,16 @@ impl Env<'_> {
                 .check_remote(self.mrs, rkey, pd, qpn, need, va, len)
         } else {
             self.mrs.check_remote(rkey, pd, need, va, len)
+        }
+    }
+
+    /// Takes the next receive WQE for QP `qp`: from its shared receive queue if it has one,
+    /// else from its own receive queue.
+    #[inline]
+    pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
+        match qp.srq {
+            None => qp.rq.pop().ok().flatten(),
+            Some((srq, scratch)) => self.srqs.take(srq, &qp.tables, scratch),
         }
     }
 
@@ -341,6 +356,10 @@ pub(crate) struct QpCtx {
     /// In the Error state: the last flush of the receive WQEs stopped at a full receive CQ
     /// (the engine keeps the QP active to finish it).
     pub(crate) rq_flush_pending: bool,
+    /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
+    /// empty), and the offset in `tables` of its scratch row for a taken WQE's scatter
+    /// list (see [`crate::srq_table`]).
+    pub(crate) srq: Option<(u32, u64)>,
 }
 
 impl QpCtx {
@@ -408,6 +427,10 @@ impl QpCtx {
     /// Counts one receive WQE retired and publishes it.
     pub(crate) fn retire_recv(&mut self, env: &mut Env<'_>, wqe: &RqWqe) {
         env.release(&wqe.data, &self.tables);
+        if self.srq.is_some() {
+            // Counted by the SRQ when the WQE was taken.
+            return;
+        }
         self.rq_retired += 1;
         // SYNC: Release pairs with the Acquire load in `Qp::post_recv`: the engine's writes
         // into the buffers happen-before the application reuses the slot.

@@ -68,6 +68,14 @@ pub enum Error {
         /// How many scatter/gather elements of posted work requests point into it.
         in_flight: u32,
     },
+    /// A shared receive queue is still used by QPs.
+    #[error(
+        "the shared receive queue is used by {qps} QP(s): destroy them first (or drop the SRQ: it then goes with its last QP)"
+    )]
+    SrqInUse {
+        /// How many QPs use it.
+        qps: u32,
+    },
     /// A memory region still has memory windows bound to it.
     #[error(
         "memory region {key:#x} has {windows} memory window(s) bound to it: unbind or invalidate them (or drop them) first"

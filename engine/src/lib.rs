@@ -33,6 +33,7 @@ pub mod qp;
 pub mod requester;
 pub mod responder;
 pub(crate) mod slots;
+pub(crate) mod srq_table;
 pub mod stats_area;
 #[doc(hidden)]
 pub mod testing;
@@ -50,7 +51,7 @@ pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
     Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Qp, Sge};
+pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Qp, Sge, Srq};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

@@ -333,8 +333,8 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
         return rnr(qp, psn);
     }
     if let Inbound::Idle = qp.resp.cur {
-        match qp.rq.pop() {
-            Ok(Some(wqe)) => {
+        match env.take_recv(qp) {
+            Some(wqe) => {
                 qp.resp.cur = Inbound::Send {
                     wqe,
                     cursor: Cursor::default(),
@@ -475,8 +475,8 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
         if !env.cqs.has_room(qp.recv_cq) {
             return rnr(qp, psn);
         }
-        match qp.rq.pop() {
-            Ok(Some(w)) => rq_wqe = Some(w),
+        match env.take_recv(qp) {
+            Some(w) => rq_wqe = Some(w),
             _ => return rnr(qp, psn),
         }
     }
@@ -739,7 +739,9 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
         }
         qp.resp.out.pop_front();
     }
-    if qp.state == QpState::Error {
+    if qp.state == QpState::Error || qp.srq.is_some() {
+        // A QP on a shared receive queue reports no credits (the invalid code, spec/02
+        // Table 17-8): there is nothing to update.
         return;
     }
     // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
@@ -789,8 +791,14 @@ pub(crate) fn advertise(qp: &mut QpCtx, credits: Option<u32>) {
     }
 }
 
-/// The credit code for the receive WQEs posted now (Table 17-8, rounded down).
+/// The credit code for the receive WQEs posted now (Table 17-8, rounded down). A QP on a
+/// shared receive queue has no receive WQEs of its own to count — the SRQ's are shared
+/// with other QPs — so it reports the invalid code 11111 ("not providing credit
+/// information", spec/02): its requester sends as without credits.
 fn credit_code(qp: &mut QpCtx) -> CreditCode {
+    if qp.srq.is_some() {
+        return CreditCode::NONE;
+    }
     CreditCode::encode(qp.rq.available().unwrap_or(0) as u32)
 }
 

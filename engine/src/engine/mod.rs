@@ -73,6 +73,7 @@ impl Engine {
                 pds: PdArenas::default(),
                 mrs: MrTable::default(),
                 mws: Default::default(),
+                srqs: Default::default(),
                 cqs: CqTable::default(),
                 stats: Stats::default(),
             },

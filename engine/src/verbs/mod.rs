@@ -59,6 +59,7 @@
 pub(crate) mod cq;
 pub(crate) mod mr;
 pub(crate) mod mw;
+pub(crate) mod srq;
 pub(crate) mod qp;
 pub mod wr;
 
@@ -83,6 +84,7 @@ use crate::trace::tap::{Tap, Trace};
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge};
 pub use mw::{Mw, MwType};
+pub use srq::Srq;
 pub use qp::Qp;
 
 /// How the engine runs.
@@ -533,6 +535,24 @@ impl Context {
         caps: crate::QpCaps,
     ) -> Result<Qp> {
         Qp::create(&self.shared, pd, send_cq, recv_cq, caps)
+    }
+
+    /// A reliable-connected QP in `pd` that takes its receives from shared receive queue
+    /// `srq` (`ibv_qp_init_attr.srq`); `caps.max_recv_wr` and `caps.max_recv_sge` are
+    /// ignored (the SRQ's depth and elements apply). See [`Srq`] for credits.
+    ///
+    /// # Errors
+    /// As [`Context::create_qp`]; [`Error::InvalidArgument`] for an SRQ of another
+    /// protection domain.
+    pub fn create_qp_with_srq(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        caps: crate::QpCaps,
+    ) -> Result<Qp> {
+        Qp::create_in(&self.shared, pd, send_cq, recv_cq, Some(srq), caps)
     }
 
     /// Runs one engine iteration now (inline mode: the application drives its engine;

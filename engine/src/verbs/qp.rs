@@ -16,6 +16,7 @@ use crate::responder::Responder;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::mw::Mw;
+use crate::verbs::srq::Srq;
 use crate::verbs::wr::{Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr};
 use crate::verbs::{EngineMode, Shared};
 use crate::wire::Qpn;
@@ -48,6 +49,8 @@ pub struct Qp {
     /// Inline staging in the arena (`max_send_wr` rows of `inline_row` bytes).
     inline: Option<Block>,
     inline_row: u64,
+    /// The shared receive queue it takes its receives from.
+    srq: Option<u32>,
 }
 
 impl Qp {
@@ -58,7 +61,32 @@ impl Qp {
         recv_cq: &Cq,
         caps: QpCaps,
     ) -> Result<Qp> {
+        Qp::create_in(shared, pd, send_cq, recv_cq, None, caps)
+    }
+
+    /// Creates a QP, on shared receive queue `srq` if given.
+    pub(crate) fn create_in(
+        shared: &Arc<Shared>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&Srq>,
+        caps: QpCaps,
+    ) -> Result<Qp> {
         caps.validate()?;
+        if let Some(srq) = srq {
+            if !Arc::ptr_eq(&srq.shared, shared) {
+                return Err(Error::ForeignObject {
+                    what: "the shared receive queue",
+                });
+            }
+            if srq.pdn != pd.pdn {
+                return Err(Error::invalid(
+                    "shared receive queue",
+                    "an SRQ of another protection domain than the QP's: create the SRQ with the QP's domain",
+                ));
+            }
+        }
         if !pd.same_context(shared) {
             return Err(Error::ForeignObject {
                 what: "the protection domain",
@@ -70,7 +98,12 @@ impl Qp {
             });
         }
         let sq_cap = caps.max_send_wr.next_power_of_two() as usize;
-        let rq_cap = caps.max_recv_wr.next_power_of_two() as usize;
+        // A QP on an SRQ has no receive queue of its own (a ring of one, never used).
+        let rq_cap = if srq.is_some() {
+            1
+        } else {
+            caps.max_recv_wr.next_power_of_two() as usize
+        };
         let (sq, sq_c) =
             heap_ring(sq_cap).map_err(|e| Error::invalid("max_send_wr", e.to_string()))?;
         let (rq, rq_c) =
@@ -84,7 +117,10 @@ impl Qp {
         } else {
             0
         };
-        let scatter_bytes = if caps.max_recv_sge > 1 {
+        let scatter_bytes = if let Some(srq) = srq {
+            // One scratch row for the SRQ receive being filled (see `srq_table`).
+            u64::from(srq.max_sge) * SGE_ENTRY_LEN
+        } else if caps.max_recv_sge > 1 {
             u64::from(caps.max_recv_wr) * u64::from(caps.max_recv_sge) * SGE_ENTRY_LEN
         } else {
             0
@@ -94,10 +130,18 @@ impl Qp {
         let mem = pd.mem.share();
         let ctx_mem = pd.mem.share();
         let inline_bytes = u64::from(caps.max_send_wr) * inline_row;
+        let srq_index = srq.map(|s| s.index);
         let (index, qpn, inline) = shared.engine.with(|e| {
             let arena = e.res.pds.get_mut(pdn).ok_or(Error::ForeignObject {
                 what: "the protection domain",
             })?;
+            if let Some(i) = srq_index {
+                if e.res.srqs.get_mut(i).is_none() {
+                    return Err(Error::ForeignObject {
+                        what: "the shared receive queue",
+                    });
+                }
+            }
             let inline = match inline_bytes {
                 0 => None,
                 n => Some(arena.alloc(n, 64)?),
@@ -119,10 +163,14 @@ impl Qp {
                 resp: Responder::new(),
                 rq_retired: 0,
                 rq_flush_pending: false,
+                srq: srq_index.map(|i| (i, gather_bytes)),
             });
             match added {
                 Ok((index, qpn)) => {
                     e.res.pds.hold(pdn);
+                    if let Some(s) = srq_index.and_then(|i| e.res.srqs.get_mut(i)) {
+                        s.qps += 1;
+                    }
                     Ok((index, qpn, inline))
                 }
                 Err(err) => {
@@ -151,6 +199,7 @@ impl Qp {
             scatter_at: gather_bytes,
             inline,
             inline_row,
+            srq: srq_index,
         })
     }
 
@@ -636,6 +685,12 @@ impl Qp {
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
     /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(Error::invalid(
+                "post_recv",
+                "this QP takes its receives from a shared receive queue: post them with Srq::post_recv",
+            ));
+        }
         let state = self.qshared.state();
         if !state.can_post_recv() {
             return Err(Error::InvalidState {
@@ -710,9 +765,13 @@ fn key_only(rkey: u32) -> RemoteAddr {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        let (index, pdn, inline) = (self.index, self.pdn, self.inline);
+        let (index, pdn, inline, srq) = (self.index, self.pdn, self.inline, self.srq);
         self.shared.engine.with(|e| {
             e.remove_qp(index);
+            if let Some(i) = srq {
+                let crate::context::Resources { srqs, mrs, pds, .. } = &mut e.res;
+                srqs.detach(i, mrs, pds);
+            }
             if let (Some(b), Some(arena)) = (inline, e.res.pds.get_mut(pdn)) {
                 arena.free(b);
             }
