@@ -51,7 +51,9 @@ pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
     Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Qp, Sge, Srq};
+pub use verbs::{
+    Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Qp, Sge, Srq,
+};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

@@ -59,8 +59,8 @@
 pub(crate) mod cq;
 pub(crate) mod mr;
 pub(crate) mod mw;
-pub(crate) mod srq;
 pub(crate) mod qp;
+pub(crate) mod srq;
 pub mod wr;
 
 use std::path::{Path, PathBuf};
@@ -84,8 +84,8 @@ use crate::trace::tap::{Tap, Trace};
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge};
 pub use mw::{Mw, MwType};
-pub use srq::Srq;
 pub use qp::Qp;
+pub use srq::Srq;
 
 /// How the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
