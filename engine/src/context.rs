@@ -273,7 +273,7 @@ impl Env<'_> {
     ) -> Result<u64, AccessDenied> {
         if len != 0 && crate::mw_table::is_window_key(rkey) {
             self.mws
-                .check_remote(self.mrs, rkey, pd, qpn, need, va, len)
+                .check_remote(self.mrs, rkey, (pd, qpn), need, va, len)
         } else {
             self.mrs.check_remote(rkey, pd, need, va, len)
         }

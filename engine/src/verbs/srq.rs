@@ -248,6 +248,8 @@ impl Srq {
     ///
     /// # Errors
     /// Gives the SRQ back with [`Error::SrqInUse`] while QPs use it.
+    // The SRQ is given back by value, as `Mr::deregister` gives its region back.
+    #[allow(clippy::result_large_err)]
     pub fn destroy(self) -> std::result::Result<(), (Srq, Error)> {
         let index = self.index;
         let qps = self
