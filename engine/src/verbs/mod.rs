@@ -23,6 +23,13 @@
 //!
 //! No `unsafe` is needed anywhere in this API.
 //!
+//! # Memory windows and shared receive queues
+//!
+//! [`Mw`] (type 1 and type 2 memory windows: Bind MW, Local Invalidate, Send with
+//! Invalidate, and the checks and errors of each) and [`Srq`] (one receive queue feeding
+//! many QPs, its limit event and the credits of its QPs) document how they work and map
+//! to ibverbs.
+//!
 //! # Security model: what a connected peer can read and write
 //!
 //! A peer is a process that completed the connection handshake (by default, of the same

@@ -1,30 +1,5 @@
-//! Memory windows (IBA 10.6.7, `ibv_mw`): further R_Keys over parts of a memory region,
-//! each with its own range and remote rights, bound and invalidated cheaply while the
-//! region stays registered.
-//!
-//! * A **type 1** window is bound with the Bind Memory Window verb ([`Qp::bind_mw`]),
-//!   which returns its new R_Key; it works through every QP of its protection domain and is
-//!   invalidated only by binding it again (a zero-length bind unbinds it) or by
-//!   deallocating it (dropping the [`Mw`]).
-//! * A **type 2** window is bound by a work request ([`SendOp::BindMw`]) to the QP it is
-//!   posted on, with a key whose low 8 bits the consumer chooses ([`Mw::rkey_with_tag`]);
-//!   only that QP's peer can use it. It is invalidated by a Local Invalidate
-//!   ([`SendOp::LocalInv`]), by the peer's Send with Invalidate ([`SendOp::SendWithInv`]),
-//!   or by deallocation; a bound type 2 window cannot be bound again before that.
-//!
-//! Binding needs a region registered with [`AccessFlags::MW_BIND`]; a window with remote
-//! write or atomic rights needs the region's `LOCAL_WRITE`. Remote operations through a
-//! window's key are checked against the window — its range, its rights, its protection
-//! domain and (type 2) its QP — not against the region's own rights; the region must still
-//! be registered. A region cannot be deregistered ([`Mr::deregister`]) while windows are
-//! bound to it; dropping it anyway kills those windows' keys.
-//!
-//! [`Qp::bind_mw`]: crate::Qp::bind_mw
-//! [`SendOp::BindMw`]: crate::SendOp::BindMw
-//! [`SendOp::LocalInv`]: crate::SendOp::LocalInv
-//! [`SendOp::SendWithInv`]: crate::SendOp::SendWithInv
-//! [`AccessFlags::MW_BIND`]: crate::AccessFlags::MW_BIND
-//! [`Mr::deregister`]: crate::Mr::deregister
+//! Memory windows (IBA 10.6.7, `ibv_mw`): further R_Keys over parts of a memory region.
+//! See the docs of [`Mw`] for how they work.
 
 use std::sync::Arc;
 
@@ -38,6 +13,34 @@ pub use crate::mw_table::MwType;
 
 /// A memory window of a protection domain (`ibv_mw`); dropping it deallocates it (its
 /// key stops working at once).
+///
+/// Memory windows (IBA 10.6.7, `ibv_mw`): further R_Keys over parts of a memory region,
+/// each with its own range and remote rights, bound and invalidated cheaply while the
+/// region stays registered.
+///
+/// * A **type 1** window is bound with the Bind Memory Window verb ([`Qp::bind_mw`]),
+///   which returns its new R_Key; it works through every QP of its protection domain and is
+///   invalidated only by binding it again (a zero-length bind unbinds it) or by
+///   deallocating it (dropping the [`Mw`]).
+/// * A **type 2** window is bound by a work request ([`SendOp::BindMw`]) to the QP it is
+///   posted on, with a key whose low 8 bits the consumer chooses ([`Mw::rkey_with_tag`]);
+///   only that QP's peer can use it. It is invalidated by a Local Invalidate
+///   ([`SendOp::LocalInv`]), by the peer's Send with Invalidate ([`SendOp::SendWithInv`]),
+///   or by deallocation; a bound type 2 window cannot be bound again before that.
+///
+/// Binding needs a region registered with [`AccessFlags::MW_BIND`]; a window with remote
+/// write or atomic rights needs the region's `LOCAL_WRITE`. Remote operations through a
+/// window's key are checked against the window — its range, its rights, its protection
+/// domain and (type 2) its QP — not against the region's own rights; the region must still
+/// be registered. A region cannot be deregistered ([`Mr::deregister`]) while windows are
+/// bound to it; dropping it anyway kills those windows' keys.
+///
+/// [`Qp::bind_mw`]: crate::Qp::bind_mw
+/// [`SendOp::BindMw`]: crate::SendOp::BindMw
+/// [`SendOp::LocalInv`]: crate::SendOp::LocalInv
+/// [`SendOp::SendWithInv`]: crate::SendOp::SendWithInv
+/// [`AccessFlags::MW_BIND`]: crate::AccessFlags::MW_BIND
+/// [`Mr::deregister`]: crate::Mr::deregister
 pub struct Mw {
     pub(crate) shared: Arc<Shared>,
     pub(crate) index: u32,

@@ -1,26 +1,5 @@
 //! Shared receive queues (`ibv_srq`): one receive queue feeding many QPs.
-//!
-//! A QP created with [`Context::create_qp_with_srq`](crate::Context::create_qp_with_srq)
-//! takes its receive WQEs from the SRQ (in posting order, whichever of its QPs a message
-//! arrives at) instead of its own receive queue, which it does not have: post receives
-//! with [`Srq::post_recv`]. When the SRQ is empty, an arriving Send (or Write with
-//! Immediate) gets an RNR Nak and is retried by its requester, as with a QP's own queue.
-//!
-//! **Credits.** A QP on an SRQ cannot say how many receive WQEs wait for *its* peer —
-//! they are shared with other QPs — so its Acks carry the invalid credit code 11111
-//! ("not providing credit information", spec/02 Table 17-8). Its peer's SQ Logic then
-//! behaves as without credits (spec/02: one Send at a time past its first packet, until
-//! acknowledged); give the peer QP `remote_credits(false)` when you connect it by hand
-//! ([`QpAttr::remote_credits`](crate::QpAttr::remote_credits)), which lifts that limit
-//! and leaves flow control to RNR Naks.
-//!
-//! **The limit event** (`IBV_EVENT_SRQ_LIMIT_REACHED`). [`Srq::arm_limit`]`(n)` arms it:
-//! when the engine takes a receive from the SRQ and fewer than `n` remain, the event fires
-//! once and disarms itself. It is reported by a flag the application reads with
-//! [`Srq::limit_reached`] (true once per event); arm again to hear of the next one.
-//!
-//! **One consumer.** The application is the SRQ ring's only producer (posting takes
-//! `&mut self`) and the engine, which serves every QP of the context, its only consumer.
+//! See the docs of [`Srq`] for how it works.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -36,7 +15,29 @@ use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::wr::RecvWr;
 use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 
-/// A shared receive queue of a protection domain; see the [module docs](self).
+/// Shared receive queues (`ibv_srq`): one receive queue feeding many QPs.
+///
+/// A QP created with [`Context::create_qp_with_srq`](crate::Context::create_qp_with_srq)
+/// takes its receive WQEs from the SRQ (in posting order, whichever of its QPs a message
+/// arrives at) instead of its own receive queue, which it does not have: post receives
+/// with [`Srq::post_recv`]. When the SRQ is empty, an arriving Send (or Write with
+/// Immediate) gets an RNR Nak and is retried by its requester, as with a QP's own queue.
+///
+/// **Credits.** A QP on an SRQ cannot say how many receive WQEs wait for *its* peer —
+/// they are shared with other QPs — so its Acks carry the invalid credit code 11111
+/// ("not providing credit information", spec/02 Table 17-8). Its peer's SQ Logic then
+/// behaves as without credits (spec/02: one Send at a time past its first packet, until
+/// acknowledged); give the peer QP `remote_credits(false)` when you connect it by hand
+/// ([`QpAttr::remote_credits`](crate::QpAttr::remote_credits)), which lifts that limit
+/// and leaves flow control to RNR Naks.
+///
+/// **The limit event** (`IBV_EVENT_SRQ_LIMIT_REACHED`). [`Srq::arm_limit`]`(n)` arms it:
+/// when the engine takes a receive from the SRQ and fewer than `n` remain, the event fires
+/// once and disarms itself. It is reported by a flag the application reads with
+/// [`Srq::limit_reached`] (true once per event); arm again to hear of the next one.
+///
+/// **One consumer.** The application is the SRQ ring's only producer (posting takes
+/// `&mut self`) and the engine, which serves every QP of the context, its only consumer.
 ///
 /// Dropping it while QPs use it keeps it alive (with its receives) until the last of them
 /// is destroyed; [`Srq::destroy`] refuses instead.
