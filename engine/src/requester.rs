@@ -352,7 +352,8 @@ pub(crate) fn transmit(
     let mut sent = 0;
     let mut local = 0;
     let mut local_error = false;
-    while sent < budget && req.tx_seq < req.fetched {
+    while sent < budget && qp.req.tx_seq < qp.req.fetched {
+        let req = &mut qp.req;
         let seq = req.tx_seq;
         // A WQE not yet started: it gets its PSNs when its first packet goes.
         let new_wqe = seq == req.started;
@@ -384,23 +385,13 @@ pub(crate) fn transmit(
             break;
         }
         if req.wqe(seq).w.op.is_local() {
-            // A memory window operation: executed here, at its turn, once (a go-back-N
-            // rewind passes over it); it takes no PSN and completes in order.
-            req.tx_seq += 1;
-            req.tx_pkt = 0;
-            req.tx_cursor = Some(Cursor::default());
-            if !new_wqe {
-                continue;
-            }
-            let npsn = req.npsn;
-            req.wqe_mut(seq).first_psn = npsn;
-            req.started += 1;
-            let status = execute_local(&req.wqe(seq).w, qp.pd, qp.qpn, env);
-            req.wqe_mut(seq).done = Some(status);
-            local += 1;
-            if status != WcStatus::Success {
-                local_error = true;
-                break;
+            match run_local(qp, env, seq, new_wqe) {
+                Some(true) => local += 1,
+                Some(false) => {
+                    local_error = true;
+                    break;
+                }
+                None => {}
             }
             continue;
         }
@@ -483,6 +474,7 @@ pub(crate) fn transmit(
             req.tx_cursor = Some(next);
         }
     }
+    let req = &mut qp.req;
     if sent > 0 && !req.timer.armed() {
         if let Some(t) = req.ttr {
             env.arm(&mut req.timer, t);
@@ -494,6 +486,27 @@ pub(crate) fn transmit(
         crate::completer::retire(qp, env);
     }
     sent + local
+}
+
+/// Passes over memory window operation `seq` at the transmit point, executing it if it is
+/// new (a go-back-N rewind passes over it again without executing it twice): it takes no
+/// PSN and completes in order. `Some(success)` if executed.
+#[cold]
+#[inline(never)]
+fn run_local(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64, new_wqe: bool) -> Option<bool> {
+    let req = &mut qp.req;
+    req.tx_seq += 1;
+    req.tx_pkt = 0;
+    req.tx_cursor = Some(Cursor::default());
+    if !new_wqe {
+        return None;
+    }
+    let npsn = req.npsn;
+    req.wqe_mut(seq).first_psn = npsn;
+    req.started += 1;
+    let status = execute_local(&req.wqe(seq).w, qp.pd, qp.qpn, env);
+    qp.req.wqe_mut(seq).done = Some(status);
+    Some(status == WcStatus::Success)
 }
 
 /// Executes a memory window operation posted on QP `qpn` of protection domain `pd`.
