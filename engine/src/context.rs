@@ -16,11 +16,14 @@ use crate::arena::PdArenas;
 use crate::completer;
 use crate::link::TxBatch;
 use crate::mem::Mem;
-use crate::mr_table::MrTable;
+use crate::mr_table::{AccessDenied, MrTable};
+use crate::mw_table::MwTable;
+use crate::qp::AccessFlags;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::slots::SlotTable;
+use crate::srq_table::SrqTable;
 use crate::timer::{Deadline, Timestamp};
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::Qpn;
@@ -189,6 +192,10 @@ pub(crate) struct Resources {
     /// The protection domains' arenas.
     pub(crate) pds: PdArenas,
     pub(crate) mrs: MrTable,
+    /// Memory windows.
+    pub(crate) mws: MwTable,
+    /// Shared receive queues.
+    pub(crate) srqs: SrqTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
 }
@@ -203,6 +210,8 @@ impl Resources {
             clock_res: crate::timer::clock_resolution(),
             pds: &mut self.pds,
             mrs: &mut self.mrs,
+            mws: &mut self.mws,
+            srqs: &mut self.srqs,
             cqs: &mut self.cqs,
             stats: &mut self.stats,
         }
@@ -221,6 +230,8 @@ pub(crate) struct Env<'a> {
     pub(crate) clock_res: Duration,
     pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
+    pub(crate) mws: &'a mut MwTable,
+    pub(crate) srqs: &'a mut SrqTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut Stats,
 }
@@ -258,6 +269,36 @@ impl Env<'_> {
         }
         let coarse = *self.coarse.get_or_insert_with(Timestamp::coarse);
         d.expired_by(coarse, coarse_lag(), || self.now())
+    }
+
+    /// Checks a remote access of `len` bytes at `va` with R_Key `rkey`, arriving at QP `qpn`
+    /// of protection domain `pd`: through a memory window if the key is a window's (its
+    /// range, rights, domain and QP decide), else through the region's own key. Returns the
+    /// arena offset of `va`.
+    pub(crate) fn check_remote(
+        &self,
+        rkey: u32,
+        (pd, qpn): (u32, Qpn),
+        need: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Result<u64, AccessDenied> {
+        if len != 0 && crate::mw_table::is_window_key(rkey) {
+            self.mws
+                .check_remote(self.mrs, rkey, (pd, qpn), need, va, len)
+        } else {
+            self.mrs.check_remote(rkey, pd, need, va, len)
+        }
+    }
+
+    /// Takes the next receive WQE for QP `qp`: from its shared receive queue if it has one,
+    /// else from its own receive queue.
+    #[inline]
+    pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
+        match qp.srq {
+            None => qp.rq.pop().ok().flatten(),
+            Some((srq, scratch)) => self.srqs.take(srq, &qp.tables, scratch),
+        }
     }
 
     /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
@@ -333,6 +374,10 @@ pub(crate) struct QpCtx {
     /// In the Error state: the last flush of the receive WQEs stopped at a full receive CQ
     /// (the engine keeps the QP active to finish it).
     pub(crate) rq_flush_pending: bool,
+    /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
+    /// empty), and the offset in `tables` of its scratch row for a taken WQE's scatter
+    /// list (see [`crate::srq_table`]).
+    pub(crate) srq: Option<(u32, u64)>,
 }
 
 impl QpCtx {
@@ -371,6 +416,7 @@ impl QpCtx {
             imm_data,
             qp_num: self.qpn,
             solicited,
+            invalidated_rkey: None,
         }
     }
 
@@ -399,6 +445,10 @@ impl QpCtx {
     /// Counts one receive WQE retired and publishes it.
     pub(crate) fn retire_recv(&mut self, env: &mut Env<'_>, wqe: &RqWqe) {
         env.release(&wqe.data, &self.tables);
+        if self.srq.is_some() {
+            // Counted by the SRQ when the WQE was taken.
+            return;
+        }
         self.rq_retired += 1;
         // SYNC: Release pairs with the Acquire load in `Qp::post_recv`: the engine's writes
         // into the buffers happen-before the application reuses the slot.

@@ -26,8 +26,13 @@ pub const MAX_CQS: u32 = 1 << 16;
 pub const MAX_CQ_DEPTH: u32 = 1 << 20;
 /// The most protection domains one context holds.
 pub const MAX_PDS: u32 = 1 << 16;
-/// The most memory regions one context holds (a 24-bit index).
-pub const MAX_MRS: u32 = 1 << 24;
+/// The most memory regions one context holds (a 23-bit index: R_Keys with the high bit set
+/// name memory windows).
+pub const MAX_MRS: u32 = 1 << 23;
+/// The most memory windows one context holds.
+pub const MAX_MWS: u32 = 1 << 20;
+/// The most shared receive queues one context holds.
+pub const MAX_SRQS: u32 = 1 << 16;
 /// The most links (peer engines, or `Context::link_with` pairs) one context holds.
 pub const MAX_LINKS: u32 = 4096;
 /// The most packet slots per direction of a link (`ContextBuilder::link_slots`).
@@ -71,6 +76,10 @@ pub struct DeviceAttr {
     pub max_pd: u32,
     /// Memory regions one context holds ([`MAX_MRS`]).
     pub max_mr: u32,
+    /// Memory windows one context holds ([`MAX_MWS`]).
+    pub max_mw: u32,
+    /// Shared receive queues one context holds ([`MAX_SRQS`]).
+    pub max_srq: u32,
     /// Bytes of one memory region: as for a message ([`MAX_MESSAGE`]); a region must also
     /// fit in its protection domain's arena (`arena_size`).
     pub max_mr_size: u64,

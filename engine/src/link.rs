@@ -386,6 +386,15 @@ impl<'a> RxPacket<'a> {
             .and_then(|b| ImmDtRepr::parse(&immdt::Packet::new_unchecked(b)).ok())
             .map(|r| r.imm)
     }
+
+    /// The R_Key of an IETH (Send with Invalidate).
+    pub(crate) fn ieth(&self) -> Option<u32> {
+        self.ext(Headers::IETH)
+            .and_then(|b| {
+                crate::wire::IethRepr::parse(&crate::wire::ieth::Packet::new_unchecked(b)).ok()
+            })
+            .map(|r| r.rkey)
+    }
 }
 
 /// Range `i` of a gather list stored in continuation slots `cont`.
@@ -507,6 +516,15 @@ impl<'a> HeaderWriter<'a> {
     #[inline]
     pub(crate) fn immdt(mut self, imm: u32) -> Self {
         ImmDtRepr { imm }.emit(&mut immdt::Packet::new_unchecked(self.next(Headers::IMMDT)));
+        self
+    }
+
+    /// Appends an IETH (the R_Key a Send with Invalidate invalidates).
+    #[inline]
+    pub(crate) fn ieth(mut self, rkey: u32) -> Self {
+        crate::wire::IethRepr { rkey }.emit(&mut crate::wire::ieth::Packet::new_unchecked(
+            self.next(Headers::IETH),
+        ));
         self
     }
 

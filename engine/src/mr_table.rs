@@ -49,6 +49,8 @@ pub(crate) enum AccessDenied {
     UnknownKey,
     StaleKey,
     WrongPd,
+    /// A type 2 memory window used through another QP than the one it is bound to.
+    WrongQp,
     NoRights,
     OutOfBounds,
 }
@@ -67,7 +69,8 @@ impl Default for MrTable {
     }
 }
 
-/// The most regions one context can hold (24-bit index).
+/// The most regions one context can hold (23-bit index: keys with the high bit set are
+/// memory windows', see [`crate::mw_table`]).
 pub(crate) const MAX_MRS: u32 = crate::limits::MAX_MRS;
 
 impl MrTable {

@@ -129,7 +129,10 @@ impl AccessFlags {
     pub const REMOTE_READ: AccessFlags = AccessFlags(4);
     /// Peers may run atomics on it.
     pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(8);
-    /// Everything.
+    /// Memory windows may be bound over the region (`IBV_ACCESS_MW_BIND`); see
+    /// [`crate::Mw`].
+    pub const MW_BIND: AccessFlags = AccessFlags(16);
+    /// Every local and remote data right (not [`AccessFlags::MW_BIND`]).
     pub const ALL: AccessFlags = AccessFlags(15);
 
     /// Whether every flag of `other` is set here.
@@ -149,7 +152,7 @@ impl AccessFlags {
 
     /// Flags from raw bits, rejecting unknown bits.
     pub fn from_bits(bits: u8) -> Option<AccessFlags> {
-        (bits & !Self::ALL.0 == 0).then_some(AccessFlags(bits))
+        (bits & !(Self::ALL.0 | Self::MW_BIND.0) == 0).then_some(AccessFlags(bits))
     }
 }
 

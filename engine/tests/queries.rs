@@ -2,7 +2,7 @@
 //! each is refused, naming it), and `Qp::query` reports a QP's state, attributes and PSNs.
 //!
 //! Limits not exhausted here, because reaching them costs more than a test should (65,536
-//! arenas, 2^24 regions, 4,096 link segments), are enforced from the same constants in
+//! arenas, 2^23 regions, 4,096 link segments), are enforced from the same constants in
 //! `shmhca::limits`.
 
 mod common;

@@ -75,6 +75,8 @@ impl Engine {
             res: Resources {
                 pds: PdArenas::default(),
                 mrs: MrTable::default(),
+                mws: Default::default(),
+                srqs: Default::default(),
                 cqs: CqTable::default(),
                 stats: Stats::default(),
             },

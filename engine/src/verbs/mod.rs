@@ -23,6 +23,13 @@
 //!
 //! No `unsafe` is needed anywhere in this API.
 //!
+//! # Memory windows and shared receive queues
+//!
+//! [`Mw`] (type 1 and type 2 memory windows: Bind MW, Local Invalidate, Send with
+//! Invalidate, and the checks and errors of each) and [`Srq`] (one receive queue feeding
+//! many QPs, its limit event and the credits of its QPs) document how they work and map
+//! to ibverbs.
+//!
 //! # Security model: what a connected peer can read and write
 //!
 //! A peer is a process that completed the connection handshake (by default, of the same
@@ -58,7 +65,9 @@
 
 pub(crate) mod cq;
 pub(crate) mod mr;
+pub(crate) mod mw;
 pub(crate) mod qp;
+pub(crate) mod srq;
 pub mod wr;
 
 use std::path::{Path, PathBuf};
@@ -81,7 +90,9 @@ use crate::trace::tap::{Tap, Trace};
 
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge};
+pub use mw::{Mw, MwType};
 pub use qp::{Qp, QpInfo};
+pub use srq::Srq;
 
 /// How the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -533,6 +544,24 @@ impl Context {
         Qp::create(&self.shared, pd, send_cq, recv_cq, caps)
     }
 
+    /// A reliable-connected QP in `pd` that takes its receives from shared receive queue
+    /// `srq` (`ibv_qp_init_attr.srq`); `caps.max_recv_wr` and `caps.max_recv_sge` are
+    /// ignored (the SRQ's depth and elements apply). See [`Srq`] for credits.
+    ///
+    /// # Errors
+    /// As [`Context::create_qp`]; [`Error::InvalidArgument`] for an SRQ of another
+    /// protection domain.
+    pub fn create_qp_with_srq(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        caps: crate::QpCaps,
+    ) -> Result<Qp> {
+        Qp::create_in(&self.shared, pd, send_cq, recv_cq, Some(srq), caps)
+    }
+
     /// Runs one engine iteration now (inline mode: the application drives its engine;
     /// in poll mode this only helps if the engine thread is between iterations). Returns
     /// the packets moved.
@@ -561,6 +590,8 @@ impl Context {
             max_cqe: MAX_CQ_DEPTH,
             max_pd: MAX_PDS,
             max_mr: MAX_MRS,
+            max_mw: MAX_MWS,
+            max_srq: MAX_SRQS,
             max_mr_size: MAX_MESSAGE,
             max_msg_size: MAX_MESSAGE,
             max_qp_init_rd_atom: MAX_RD_ATOMIC,
