@@ -2,6 +2,9 @@
 //!
 //! * `poll_iteration/{0,1000}_idle_qps`: one empty poll of an engine serving 1 connected QP
 //!   and 0 or 1,000 more idle ones — the poll loop's cost must not grow with idle QPs.
+//! * `poll_iteration/armed_timer`: the same with the busy QP's transport timer armed (a
+//!   request the peer never answers; Local Ack Timeout 31, so it never expires here): what
+//!   an empty poll costs while a timer runs and its deadline is far.
 //! * `send_round_trip/{0,1000}_idle_qps`: an 8-byte Send and its completion at the
 //!   receiver, between two engines driven by this thread, with 0 or 1,000 idle QP pairs
 //!   beside the busy one.
@@ -25,7 +28,7 @@ struct Side {
     qps: Vec<Qp>,
 }
 
-fn connect(qp: &mut Qp, link: LinkId, remote: shmhca::Qpn) {
+fn connect(qp: &mut Qp, link: LinkId, remote: shmhca::Qpn, timeout: u8) {
     qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::REMOTE_WRITE))
         .unwrap();
     qp.modify(
@@ -40,7 +43,7 @@ fn connect(qp: &mut Qp, link: LinkId, remote: shmhca::Qpn) {
     qp.modify(
         &QpAttr::new(QpState::Rts)
             .sq_psn(0)
-            .timeout(14)
+            .timeout(timeout)
             .retry_cnt(7)
             .rnr_retry(7)
             .max_rd_atomic(1),
@@ -50,6 +53,11 @@ fn connect(qp: &mut Qp, link: LinkId, remote: shmhca::Qpn) {
 
 /// Two linked contexts with `1 + idle` connected QP pairs; QP 0 is the busy one.
 fn setup(idle: usize) -> (Side, Side) {
+    setup_with(idle, 14)
+}
+
+/// `setup` with the QPs' Local Ack Timeout.
+fn setup_with(idle: usize, timeout: u8) -> (Side, Side) {
     let mk = || {
         Context::builder()
             .mode(EngineMode::Inline)
@@ -80,8 +88,8 @@ fn setup(idle: usize) -> (Side, Side) {
         let mut qa = a.ctx.create_qp(&a.pd, &a.cq, &a.cq, caps).unwrap();
         let mut qb = b.ctx.create_qp(&b.pd, &b.cq, &b.cq, caps).unwrap();
         let (na, nb) = (qa.qpn(), qb.qpn());
-        connect(&mut qa, a.link, nb);
-        connect(&mut qb, b.link, na);
+        connect(&mut qa, a.link, nb, timeout);
+        connect(&mut qb, b.link, na, timeout);
         a.qps.push(qa);
         b.qps.push(qb);
     }
@@ -100,6 +108,23 @@ fn bench(c: &mut Criterion) {
         poll.bench_function(format!("{idle}_idle_qps"), |bch| {
             bch.iter(|| black_box(a.ctx.progress()))
         });
+    }
+    {
+        let (mut a, b) = setup_with(0, 31);
+        let dst = b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+        let src = a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
+        a.qps[0]
+            .post_send(&SendWr::new(
+                1,
+                SendOp::RdmaWrite(dst.remote(0)),
+                &[src.sge(0, 8).unwrap()],
+            ))
+            .unwrap();
+        // B's engine is never driven again: the Write stays unacknowledged.
+        poll.bench_function("armed_timer", |bch| {
+            bch.iter(|| black_box(a.ctx.progress()))
+        });
+        assert!(a.ctx.next_timer().is_some(), "the timer ran throughout");
     }
     poll.finish();
 

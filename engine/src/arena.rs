@@ -205,7 +205,7 @@ pub(crate) struct PdArenas {
 }
 
 /// The most protection domains one context can hold.
-pub(crate) const MAX_PDS: u32 = 1 << 16;
+pub(crate) const MAX_PDS: u32 = crate::limits::MAX_PDS;
 
 impl PdArenas {
     /// Adds a protection domain with a new arena of `size` bytes, referenced once (by its

@@ -316,7 +316,9 @@ fn bad_response(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64) {
 /// The completion opcode of a send WQE.
 fn wc_opcode(op: WqeOp) -> WcOpcode {
     match op {
-        WqeOp::Send | WqeOp::SendImm => WcOpcode::Send,
+        WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => WcOpcode::Send,
+        WqeOp::BindMw => WcOpcode::BindMw,
+        WqeOp::LocalInv => WcOpcode::LocalInv,
         WqeOp::Write | WqeOp::WriteImm => WcOpcode::RdmaWrite,
         WqeOp::Read => WcOpcode::RdmaRead,
         WqeOp::CompareSwap => WcOpcode::CompSwap,
@@ -373,6 +375,7 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
                 imm_data: None,
                 qp_num: qp.qpn,
                 solicited: false,
+                invalidated_rkey: None,
             };
             if status == WcStatus::WrFlushErr {
                 env.stats.flushed += 1;

@@ -16,11 +16,14 @@ use crate::arena::PdArenas;
 use crate::completer;
 use crate::link::TxBatch;
 use crate::mem::Mem;
-use crate::mr_table::MrTable;
+use crate::mr_table::{AccessDenied, MrTable};
+use crate::mw_table::MwTable;
+use crate::qp::AccessFlags;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::slots::SlotTable;
+use crate::srq_table::SrqTable;
 use crate::timer::{Deadline, Timestamp};
 use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::Qpn;
@@ -135,7 +138,7 @@ pub(crate) struct CqTable {
 }
 
 /// Bits of a CQ number that index the table; the rest is the generation.
-const CQ_INDEX_BITS: u32 = 16;
+const CQ_INDEX_BITS: u32 = crate::limits::MAX_CQS.trailing_zeros();
 /// The most completion queues one context can hold.
 pub(crate) const MAX_CQS: u32 = 1 << CQ_INDEX_BITS;
 
@@ -189,6 +192,10 @@ pub(crate) struct Resources {
     /// The protection domains' arenas.
     pub(crate) pds: PdArenas,
     pub(crate) mrs: MrTable,
+    /// Memory windows.
+    pub(crate) mws: MwTable,
+    /// Shared receive queues.
+    pub(crate) srqs: SrqTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
 }
@@ -199,9 +206,12 @@ impl Resources {
     pub(crate) fn env(&mut self) -> Env<'_> {
         Env {
             now: None,
+            coarse: None,
             clock_res: crate::timer::clock_resolution(),
             pds: &mut self.pds,
             mrs: &mut self.mrs,
+            mws: &mut self.mws,
+            srqs: &mut self.srqs,
             cqs: &mut self.cqs,
             stats: &mut self.stats,
         }
@@ -210,13 +220,18 @@ impl Resources {
 
 /// This engine's side of things, lent to a protocol stage.
 pub(crate) struct Env<'a> {
-    /// The time of this engine iteration, read from the clock when first needed: most
-    /// iterations need no time at all.
+    /// The time of this engine iteration, read from the precise clock when first needed:
+    /// most iterations need no time at all (see [`Timestamp`] on what reading it costs).
     now: Option<Timestamp>,
+    /// The coarse time of this iteration, read when first needed: enough to tell that a
+    /// deadline is still far away.
+    coarse: Option<Timestamp>,
     /// The resolution of `now`.
     pub(crate) clock_res: Duration,
     pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
+    pub(crate) mws: &'a mut MwTable,
+    pub(crate) srqs: &'a mut SrqTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut Stats,
 }
@@ -242,10 +257,48 @@ impl Env<'_> {
         *self.now.get_or_insert_with(Timestamp::now)
     }
 
-    /// Whether `d` has passed.
+    /// Whether `d` has passed. Reads the precise clock only when the coarse clock cannot
+    /// tell that `d` is still ahead (see [`Deadline::expired_by`]).
     #[inline]
     pub(crate) fn expired(&mut self, d: &Deadline) -> bool {
-        matches!(d, Deadline::At(_)) && d.expired(self.now())
+        if !matches!(d, Deadline::At(_)) {
+            return false;
+        }
+        if let Some(now) = self.now {
+            return d.expired(now);
+        }
+        let coarse = *self.coarse.get_or_insert_with(Timestamp::coarse);
+        d.expired_by(coarse, coarse_lag(), || self.now())
+    }
+
+    /// Checks a remote access of `len` bytes at `va` with R_Key `rkey`, arriving at QP `qpn`
+    /// of protection domain `pd`: through a memory window if the key is a window's (its
+    /// range, rights, domain and QP decide), else through the region's own key. Returns the
+    /// arena offset of `va`.
+    pub(crate) fn check_remote(
+        &self,
+        rkey: u32,
+        (pd, qpn): (u32, Qpn),
+        need: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Result<u64, AccessDenied> {
+        if len != 0 && crate::mw_table::is_window_key(rkey) {
+            self.mws
+                .check_remote(self.mrs, rkey, (pd, qpn), need, va, len)
+        } else {
+            self.mrs.check_remote(rkey, pd, need, va, len)
+        }
+    }
+
+    /// Takes the next receive WQE for QP `qp`: from its shared receive queue if it has one,
+    /// else from its own receive queue.
+    #[inline]
+    pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
+        match qp.srq {
+            None => qp.rq.pop().ok().flatten(),
+            Some((srq, scratch)) => self.srqs.take(srq, &qp.tables, scratch),
+        }
     }
 
     /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
@@ -275,6 +328,12 @@ impl Env<'_> {
             self.mrs.release(mr, self.pds);
         }
     }
+}
+
+/// How far the coarse clock may lag behind the precise one: one tick, and one more for a
+/// tick that came late.
+fn coarse_lag() -> Duration {
+    crate::timer::coarse_resolution() * 2
 }
 
 /// The link a QP talks over, lent to a protocol stage.
@@ -315,6 +374,10 @@ pub(crate) struct QpCtx {
     /// In the Error state: the last flush of the receive WQEs stopped at a full receive CQ
     /// (the engine keeps the QP active to finish it).
     pub(crate) rq_flush_pending: bool,
+    /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
+    /// empty), and the offset in `tables` of its scratch row for a taken WQE's scatter
+    /// list (see [`crate::srq_table`]).
+    pub(crate) srq: Option<(u32, u64)>,
 }
 
 impl QpCtx {
@@ -353,6 +416,7 @@ impl QpCtx {
             imm_data,
             qp_num: self.qpn,
             solicited,
+            invalidated_rkey: None,
         }
     }
 
@@ -381,6 +445,10 @@ impl QpCtx {
     /// Counts one receive WQE retired and publishes it.
     pub(crate) fn retire_recv(&mut self, env: &mut Env<'_>, wqe: &RqWqe) {
         env.release(&wqe.data, &self.tables);
+        if self.srq.is_some() {
+            // Counted by the SRQ when the WQE was taken.
+            return;
+        }
         self.rq_retired += 1;
         // SYNC: Release pairs with the Acquire load in `Qp::post_recv`: the engine's writes
         // into the buffers happen-before the application reuses the slot.

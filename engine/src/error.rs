@@ -68,6 +68,24 @@ pub enum Error {
         /// How many scatter/gather elements of posted work requests point into it.
         in_flight: u32,
     },
+    /// A shared receive queue is still used by QPs.
+    #[error(
+        "the shared receive queue is used by {qps} QP(s): destroy them first (or drop the SRQ: it then goes with its last QP)"
+    )]
+    SrqInUse {
+        /// How many QPs use it.
+        qps: u32,
+    },
+    /// A memory region still has memory windows bound to it.
+    #[error(
+        "memory region {key:#x} has {windows} memory window(s) bound to it: unbind or invalidate them (or drop them) first"
+    )]
+    MrHasWindows {
+        /// The region's L_Key.
+        key: u32,
+        /// How many windows are bound to it.
+        windows: u32,
+    },
     /// Direct access to remotely writable memory was asked for.
     #[error(
         "memory region {key:#x} allows remote write or atomic access, so a peer may change it at any time: use read_at/write_at instead of a slice"

@@ -24,14 +24,17 @@ pub(crate) mod engine;
 mod error;
 #[cfg(test)]
 mod hostile_tests;
+pub mod limits;
 pub mod link;
 pub(crate) mod mem;
 pub(crate) mod mr_table;
+pub(crate) mod mw_table;
 pub mod psn;
 pub mod qp;
 pub mod requester;
 pub mod responder;
 pub(crate) mod slots;
+pub(crate) mod srq_table;
 pub mod stats_area;
 #[doc(hidden)]
 pub mod testing;
@@ -45,14 +48,16 @@ pub(crate) mod wqe;
 pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;
 pub use error::{Error, Result};
+pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
-    Data, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use verbs::{
-    Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Memfd, Mr, Pd, Qp, Sge, UserBuffer, UserMr,
+    Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Qp, QpInfo, Sge, Srq,
 };
+pub use verbs::{Memfd, UserBuffer, UserMr};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

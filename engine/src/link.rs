@@ -386,6 +386,15 @@ impl<'a> RxPacket<'a> {
             .and_then(|b| ImmDtRepr::parse(&immdt::Packet::new_unchecked(b)).ok())
             .map(|r| r.imm)
     }
+
+    /// The R_Key of an IETH (Send with Invalidate).
+    pub(crate) fn ieth(&self) -> Option<u32> {
+        self.ext(Headers::IETH)
+            .and_then(|b| {
+                crate::wire::IethRepr::parse(&crate::wire::ieth::Packet::new_unchecked(b)).ok()
+            })
+            .map(|r| r.rkey)
+    }
 }
 
 /// Range `i` of a gather list stored in continuation slots `cont`.
@@ -507,6 +516,15 @@ impl<'a> HeaderWriter<'a> {
     #[inline]
     pub(crate) fn immdt(mut self, imm: u32) -> Self {
         ImmDtRepr { imm }.emit(&mut immdt::Packet::new_unchecked(self.next(Headers::IMMDT)));
+        self
+    }
+
+    /// Appends an IETH (the R_Key a Send with Invalidate invalidates).
+    #[inline]
+    pub(crate) fn ieth(mut self, rkey: u32) -> Self {
+        crate::wire::IethRepr { rkey }.emit(&mut crate::wire::ieth::Packet::new_unchecked(
+            self.next(Headers::IETH),
+        ));
         self
     }
 
@@ -658,7 +676,7 @@ const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x01");
 pub(crate) const DEFAULT_LINK_SLOTS: usize = 1024;
 /// The most packet slots per direction a link may have (`ContextBuilder::link_slots`); an
 /// opener refuses a larger link segment.
-pub(crate) const MAX_LINK_SLOTS: usize = 1 << 14;
+pub(crate) const MAX_LINK_SLOTS: usize = crate::limits::MAX_LINK_SLOTS;
 
 /// The link header at data offset 0: where the two rings are.
 #[repr(C)]

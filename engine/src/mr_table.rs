@@ -51,7 +51,7 @@ pub(crate) struct MrEntry {
 
 impl MrEntry {
     /// The local offset of byte `start` of the region: in the arena, or in its buffer.
-    fn local_off(&self, start: u64) -> u64 {
+    pub(crate) fn local_off(&self, start: u64) -> u64 {
         match self.user {
             None => self.block.off + start,
             Some(_) => user_off(self.key >> 8, start),
@@ -65,6 +65,8 @@ pub(crate) enum AccessDenied {
     UnknownKey,
     StaleKey,
     WrongPd,
+    /// A type 2 memory window used through another QP than the one it is bound to.
+    WrongQp,
     NoRights,
     OutOfBounds,
 }
@@ -83,8 +85,9 @@ impl Default for MrTable {
     }
 }
 
-/// The most regions one context can hold (24-bit index).
-pub(crate) const MAX_MRS: u32 = 1 << 24;
+/// The most regions one context can hold (23-bit index: keys with the high bit set are
+/// memory windows', see [`crate::mw_table`]).
+pub(crate) const MAX_MRS: u32 = crate::limits::MAX_MRS;
 
 impl MrTable {
     /// Registers a region; returns its index and key.

@@ -129,7 +129,10 @@ impl AccessFlags {
     pub const REMOTE_READ: AccessFlags = AccessFlags(4);
     /// Peers may run atomics on it.
     pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(8);
-    /// Everything.
+    /// Memory windows may be bound over the region (`IBV_ACCESS_MW_BIND`); see
+    /// [`crate::Mw`].
+    pub const MW_BIND: AccessFlags = AccessFlags(16);
+    /// Every local and remote data right (not [`AccessFlags::MW_BIND`]).
     pub const ALL: AccessFlags = AccessFlags(15);
 
     /// Whether every flag of `other` is set here.
@@ -149,7 +152,7 @@ impl AccessFlags {
 
     /// Flags from raw bits, rejecting unknown bits.
     pub fn from_bits(bits: u8) -> Option<AccessFlags> {
-        (bits & !Self::ALL.0 == 0).then_some(AccessFlags(bits))
+        (bits & !(Self::ALL.0 | Self::MW_BIND.0) == 0).then_some(AccessFlags(bits))
     }
 }
 
@@ -167,15 +170,15 @@ impl std::ops::BitOrAssign for AccessFlags {
 }
 
 /// The most RDMA Read / Atomic requests one QP may have outstanding in either direction.
-pub const MAX_RD_ATOMIC: u8 = 16;
+pub const MAX_RD_ATOMIC: u8 = crate::limits::MAX_RD_ATOMIC;
 /// The deepest send or receive queue.
-pub const MAX_QUEUE_DEPTH: u32 = 16384;
+pub const MAX_QUEUE_DEPTH: u32 = crate::limits::MAX_QUEUE_DEPTH;
 /// The most scatter/gather elements of one work request.
-pub const MAX_SGE: u32 = 16;
+pub const MAX_SGE: u32 = crate::limits::MAX_SGE;
 /// The most inline data of one work request.
-pub const MAX_INLINE_DATA: u32 = 4096;
+pub const MAX_INLINE_DATA: u32 = crate::limits::MAX_INLINE_DATA;
 /// The largest message (spec/05: zero to 2 GiB).
-pub const MAX_MESSAGE: u64 = 1 << 31;
+pub const MAX_MESSAGE: u64 = crate::limits::MAX_MESSAGE;
 
 /// What a QP is created with (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

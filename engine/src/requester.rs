@@ -20,8 +20,9 @@ use crate::dma::{self, Cursor, Sgl};
 use crate::link::MAX_CONTINUATION;
 use crate::link::{HeaderWriter, PacketSlot};
 use crate::mem::Mem;
+use crate::mw_table::{BindRequest, MwType};
 use crate::psn::{self, Psn};
-use crate::qp::{QpConfig, QpState};
+use crate::qp::{AccessFlags, QpConfig, QpState};
 use crate::timer::Deadline;
 use crate::verbs::wr::WcStatus;
 use crate::wire::Qpn;
@@ -73,7 +74,8 @@ impl SendWqe {
 
     /// PSN of its last packet (or last expected response).
     pub(crate) fn last_psn(&self) -> Psn {
-        self.first_psn.add(self.span - 1)
+        // A local operation (memory windows) has no PSN: span 0.
+        self.first_psn.add(self.span.saturating_sub(1))
     }
 
     /// Whether `p` is one of its PSNs.
@@ -235,7 +237,7 @@ impl Requester {
     fn limited_resolved(&self, seq: u64) -> bool {
         let w = self.wqe(seq);
         let accepted = match w.w.op {
-            WqeOp::Send | WqeOp::SendImm => w.first_psn,
+            WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => w.first_psn,
             _ => w.last_psn(),
         };
         self.credits.allows(w.consumers) || !accepted.after(self.acked)
@@ -289,6 +291,7 @@ pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
     }
     let pmtu = qp.cfg.path_mtu.bytes();
     let span = match w.op {
+        WqeOp::BindMw | WqeOp::LocalInv => 0,
         WqeOp::Read => psn::read_response_packets(w.len, pmtu),
         WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
         _ => psn::packets_for(u64::from(w.len), pmtu),
@@ -347,8 +350,10 @@ pub(crate) fn transmit(
     }
     let pmtu = qp.cfg.path_mtu.bytes();
     let mut sent = 0;
+    let mut local = 0;
     let mut local_error = false;
-    while sent < budget && req.tx_seq < req.fetched {
+    while sent < budget && qp.req.tx_seq < qp.req.fetched {
+        let req = &mut qp.req;
         let seq = req.tx_seq;
         // A WQE not yet started: it gets its PSNs when its first packet goes.
         let new_wqe = seq == req.started;
@@ -371,10 +376,24 @@ pub(crate) fn transmit(
             }
         } else if req.limited == Some(seq)
             && req.tx_pkt >= 1
-            && matches!(req.wqe(seq).w.op, WqeOp::Send | WqeOp::SendImm)
+            && matches!(
+                req.wqe(seq).w.op,
+                WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv
+            )
         {
             // A limited Send waits after its first packet until credit arrives.
             break;
+        }
+        if req.wqe(seq).w.op.is_local() {
+            match run_local(qp, env, seq, new_wqe) {
+                Some(true) => local += 1,
+                Some(false) => {
+                    local_error = true;
+                    break;
+                }
+                None => {}
+            }
+            continue;
         }
         // A multi-element list may need continuation slots for its gather list.
         let extra = match req.wqe(seq).w.data {
@@ -455,6 +474,7 @@ pub(crate) fn transmit(
             req.tx_cursor = Some(next);
         }
     }
+    let req = &mut qp.req;
     if sent > 0 && !req.timer.armed() {
         if let Some(t) = req.ttr {
             env.arm(&mut req.timer, t);
@@ -462,8 +482,64 @@ pub(crate) fn transmit(
     }
     if local_error {
         qp.enter_error(env);
+    } else if local > 0 {
+        crate::completer::retire(qp, env);
     }
-    sent
+    sent + local
+}
+
+/// Passes over memory window operation `seq` at the transmit point, executing it if it is
+/// new (a go-back-N rewind passes over it again without executing it twice): it takes no
+/// PSN and completes in order. `Some(success)` if executed.
+#[cold]
+#[inline(never)]
+fn run_local(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64, new_wqe: bool) -> Option<bool> {
+    let req = &mut qp.req;
+    req.tx_seq += 1;
+    req.tx_pkt = 0;
+    req.tx_cursor = Some(Cursor::default());
+    if !new_wqe {
+        return None;
+    }
+    let npsn = req.npsn;
+    req.wqe_mut(seq).first_psn = npsn;
+    req.started += 1;
+    let status = execute_local(&req.wqe(seq).w, qp.pd, qp.qpn, env);
+    qp.req.wqe_mut(seq).done = Some(status);
+    Some(status == WcStatus::Success)
+}
+
+/// Executes a memory window operation posted on QP `qpn` of protection domain `pd`.
+fn execute_local(w: &SqWqe, pd: u32, qpn: Qpn, env: &mut Env<'_>) -> WcStatus {
+    match w.op {
+        WqeOp::BindMw => {
+            let kind = if w.swap & 0x100 != 0 {
+                MwType::Two
+            } else {
+                MwType::One
+            };
+            let Some(access) = AccessFlags::from_bits(w.swap as u8) else {
+                return WcStatus::MwBindErr;
+            };
+            let r = BindRequest {
+                new_key: w.rkey,
+                kind,
+                mr_key: w.imm,
+                va: w.remote_addr,
+                len: w.compare_add,
+                access,
+            };
+            match env.mws.bind(env.mrs, pd, qpn, &r) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::MwBindErr,
+            }
+        }
+        WqeOp::LocalInv => match env.mws.invalidate(w.rkey, pd, None) {
+            Ok(()) => WcStatus::Success,
+            Err(_) => WcStatus::LocProtErr,
+        },
+        _ => WcStatus::LocQpOpErr,
+    }
 }
 
 /// What a built packet carried.
@@ -530,7 +606,9 @@ fn build_request(
                 })
                 .finish()
         }
-        WqeOp::Send | WqeOp::SendImm | WqeOp::Write | WqeOp::WriteImm => {
+        // Executed by `transmit` without packets.
+        WqeOp::BindMw | WqeOp::LocalInv => return None,
+        WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm => {
             let n = w.span;
             let position = match (n, k) {
                 (1, _) => Position::Only,
@@ -545,12 +623,13 @@ fn build_request(
                 w.w.len - pmtu * (n - 1)
             };
             let imm = last && matches!(op, WqeOp::SendImm | WqeOp::WriteImm);
-            let class = if matches!(op, WqeOp::Send | WqeOp::SendImm) {
+            let inv = last && op == WqeOp::SendInv;
+            let class = if matches!(op, WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv) {
                 OpClass::Send
             } else {
                 OpClass::RdmaWrite
             };
-            bth.opcode = Opcode::find(class, position, imm, false)
+            bth.opcode = Opcode::find(class, position, imm, inv)
                 .expect("every Send/Write position has an opcode");
             bth.ack_req = ack_req;
             bth.solicited = last && w.w.flags.has(WqeFlags::SOLICITED);
@@ -565,6 +644,9 @@ fn build_request(
             }
             if imm {
                 h = h.immdt(w.w.imm);
+            }
+            if inv {
+                h = h.ieth(w.w.rkey);
             }
             h.finish()
         }

@@ -250,8 +250,7 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) 
         (Inbound::Idle, _) => !continuing,
         _ => false,
     };
-    if !seq_ok || info.invalidate {
-        // Send with Invalidate needs memory windows, which this HCA does not implement.
+    if !seq_ok {
         return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     // 3. Operation enabled on this QP.
@@ -335,8 +334,8 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
         return rnr(qp, psn);
     }
     if let Inbound::Idle = qp.resp.cur {
-        match qp.rq.pop() {
-            Ok(Some(wqe)) => {
+        match env.take_recv(qp) {
+            Some(wqe) => {
                 qp.resp.cur = Inbound::Send {
                     wqe,
                     cursor: Cursor::default(),
@@ -354,6 +353,19 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
     else {
         unreachable!("checked by the opcode sequence");
     };
+    // Send with Invalidate: the type 2 window bound to this QP with the IETH's key stops
+    // working before the message completes (a key this QP may not invalidate is an
+    // Invalid Request, and a local protection error on the receive).
+    let mut invalidated = None;
+    if last && info.invalidate {
+        let Some(key) = pkt.ieth() else {
+            return fatal(qp, env, psn, NakCode::InvalidRequest);
+        };
+        if env.mws.invalidate(key, qp.pd, Some(qp.qpn)).is_err() {
+            return fatal_with(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocProtErr);
+        }
+        invalidated = Some(key);
+    }
     match dma::copy_payload(
         pkt,
         &qp.peer_mem,
@@ -372,7 +384,14 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
     }
     if last {
         qp.resp.cur = Inbound::Idle;
-        complete_recv(qp, env, &wqe, WcOpcode::Recv, got as u32, pkt);
+        complete_recv(
+            qp,
+            env,
+            &wqe,
+            (WcOpcode::Recv, invalidated),
+            got as u32,
+            pkt,
+        );
         qp.resp.next_msn();
     } else {
         qp.resp.cur = Inbound::Send { wqe, cursor, got };
@@ -381,17 +400,17 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
 }
 
 /// Retires receive WQE `wqe` and completes it successfully with the message that ended in
-/// `pkt` (its immediate data and Solicited Event bit). The caller checked the CQ has room
-/// before touching anything.
+/// `pkt` (its immediate data and Solicited Event bit) and, for a Send with Invalidate, the
+/// key it invalidated. The caller checked the CQ has room before touching anything.
 fn complete_recv(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
     wqe: &RqWqe,
-    opcode: WcOpcode,
+    (opcode, invalidated): (WcOpcode, Option<u32>),
     byte_len: u32,
     pkt: &RxPacket<'_>,
 ) {
-    let wc = qp.recv_completion(
+    let mut wc = qp.recv_completion(
         wqe.wr_id,
         WcStatus::Success,
         opcode,
@@ -399,6 +418,7 @@ fn complete_recv(
         pkt.imm(),
         pkt.bth.solicited,
     );
+    wc.invalidated_rkey = invalidated;
     let completed = qp.complete_recv(env, wqe, wc);
     debug_assert!(completed, "room was checked");
 }
@@ -434,15 +454,14 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
     // and each packet's piece again, in case the region went away in between.
     if info.position == Position::First || info.position == Position::Only {
         if let Err(_denied) =
-            env.mrs
-                .check_remote(rkey, qp.pd, AccessFlags::REMOTE_WRITE, va, total)
+            env.check_remote(rkey, (qp.pd, qp.qpn), AccessFlags::REMOTE_WRITE, va, total)
         {
             return fatal(qp, env, psn, NakCode::RemoteAccessError);
         }
     }
-    let Ok(off) = env.mrs.check_remote(
+    let Ok(off) = env.check_remote(
         rkey,
-        qp.pd,
+        (qp.pd, qp.qpn),
         AccessFlags::REMOTE_WRITE,
         va.wrapping_add(done),
         len,
@@ -457,8 +476,8 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
         if !env.cqs.has_room(qp.recv_cq) {
             return rnr(qp, psn);
         }
-        match qp.rq.pop() {
-            Ok(Some(w)) => rq_wqe = Some(w),
+        match env.take_recv(qp) {
+            Some(w) => rq_wqe = Some(w),
             _ => return rnr(qp, psn),
         }
     }
@@ -481,7 +500,14 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
     if last {
         qp.resp.cur = Inbound::Idle;
         if let Some(w) = rq_wqe {
-            complete_recv(qp, env, &w, WcOpcode::RecvRdmaWithImm, total as u32, pkt);
+            complete_recv(
+                qp,
+                env,
+                &w,
+                (WcOpcode::RecvRdmaWithImm, None),
+                total as u32,
+                pkt,
+            );
         }
         qp.resp.next_msn();
     } else {
@@ -505,10 +531,9 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
         return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
     if env
-        .mrs
         .check_remote(
             reth.rkey,
-            qp.pd,
+            (qp.pd, qp.qpn),
             AccessFlags::REMOTE_READ,
             reth.va,
             u64::from(reth.dma_len),
@@ -544,9 +569,7 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
     if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
         return fatal(qp, env, psn, NakCode::InvalidRequest);
     }
-    let Ok(off) = env
-        .mrs
-        .check_remote(a.rkey, qp.pd, AccessFlags::REMOTE_ATOMIC, a.va, 8)
+    let Ok(off) = env.check_remote(a.rkey, (qp.pd, qp.qpn), AccessFlags::REMOTE_ATOMIC, a.va, 8)
     else {
         return fatal(qp, env, psn, NakCode::RemoteAccessError);
     };
@@ -582,10 +605,9 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
             // The requester asks again from some response on: serve that range again.
             let Some(reth) = pkt.reth() else { return };
             let ok = env
-                .mrs
                 .check_remote(
                     reth.rkey,
-                    qp.pd,
+                    (qp.pd, qp.qpn),
                     AccessFlags::REMOTE_READ,
                     reth.va,
                     u64::from(reth.dma_len),
@@ -718,7 +740,9 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
         }
         qp.resp.out.pop_front();
     }
-    if qp.state == QpState::Error {
+    if qp.state == QpState::Error || qp.srq.is_some() {
+        // A QP on a shared receive queue reports no credits (the invalid code, spec/02
+        // Table 17-8): there is nothing to update.
         return;
     }
     // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
@@ -768,8 +792,14 @@ pub(crate) fn advertise(qp: &mut QpCtx, credits: Option<u32>) {
     }
 }
 
-/// The credit code for the receive WQEs posted now (Table 17-8, rounded down).
+/// The credit code for the receive WQEs posted now (Table 17-8, rounded down). A QP on a
+/// shared receive queue has no receive WQEs of its own to count — the SRQ's are shared
+/// with other QPs — so it reports the invalid code 11111 ("not providing credit
+/// information", spec/02): its requester sends as without credits.
 fn credit_code(qp: &mut QpCtx) -> CreditCode {
+    if qp.srq.is_some() {
+        return CreditCode::NONE;
+    }
     CreditCode::encode(qp.rq.available().unwrap_or(0) as u32)
 }
 
@@ -857,10 +887,9 @@ fn read_response(
     let plen = (job.len - offset).min(pmtu);
     let psn = job.psn.add(k);
     let off = env
-        .mrs
         .check_remote(
             job.rkey,
-            qp.pd,
+            (qp.pd, qp.qpn),
             AccessFlags::REMOTE_READ,
             job.va.wrapping_add(u64::from(offset)),
             u64::from(plen),

@@ -9,12 +9,22 @@ use std::time::Duration;
 /// An RNR Retry Count of 7 means retry forever.
 pub const RNR_RETRY_FOREVER: u8 = 7;
 
-/// A point in time: nanoseconds of the engine's clock.
+/// A point in time: nanoseconds of the engine's clock, `CLOCK_MONOTONIC`.
 ///
-/// The engine reads `CLOCK_MONOTONIC_COARSE` (a few nanoseconds through the vDSO, where
-/// a precise clock read costs tens of nanoseconds — too much to pay on every poll
-/// iteration); its resolution is [`clock_resolution`]. Protocol code only compares
-/// timestamps it is given, so tests drive time by hand.
+/// # The engine's clock and what it costs
+///
+/// Timers are precise to well under a microsecond of clock error: deadlines are started
+/// and compared with [`Timestamp::now`], which reads `CLOCK_MONOTONIC` (through the vDSO
+/// on Linux with the `tsc`, `kvm-clock` or `arch_sys_counter` clocksources: about 20 ns and
+/// no system call). Most poll iterations read no clock at all: the engine looks at its
+/// timers once every few iterations and only while some QP has one armed, and a check of
+/// a deadline that is still far away reads only the coarse clock ([`Timestamp::coarse`],
+/// about 1 ns; see [`Deadline::expired_by`]). So a timer of value `v` fires between `v`
+/// and `v` plus one engine iteration batch (a microsecond or so) after it was started,
+/// while the engine is driven.
+///
+/// Protocol code never reads the clock itself: it is given the time, so tests drive time
+/// by hand.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(u64);
 
@@ -29,10 +39,16 @@ impl Timestamp {
         self.0
     }
 
-    /// The engine clock now.
+    /// The engine clock now (`CLOCK_MONOTONIC`, precise).
     pub fn now() -> Timestamp {
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
-        Timestamp(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64)
+        read(rustix::time::ClockId::Monotonic)
+    }
+
+    /// The coarse clock now (`CLOCK_MONOTONIC_COARSE`): the same time line as
+    /// [`Timestamp::now`], never ahead of it and behind it by less than
+    /// [`coarse_resolution`] (one scheduler tick). Cheap enough to read on every poll.
+    pub fn coarse() -> Timestamp {
+        read(rustix::time::ClockId::MonotonicCoarse)
     }
 
     /// `d` later (saturating).
@@ -42,15 +58,34 @@ impl Timestamp {
                 .saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64),
         )
     }
+
+    /// How long after `earlier` this is (zero if it is not after it): with
+    /// [`Timestamp::now`], how long to sleep until a deadline.
+    pub fn saturating_duration_since(self, earlier: Timestamp) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
 }
 
-/// The resolution of [`Timestamp::now`] (typically one scheduler tick, 1 to 4 ms).
+fn read(id: rustix::time::ClockId) -> Timestamp {
+    let t = rustix::time::clock_gettime(id);
+    Timestamp(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64)
+}
+
+fn resolution(id: rustix::time::ClockId) -> Duration {
+    let r = rustix::time::clock_getres(id);
+    Duration::new(r.tv_sec as u64, r.tv_nsec as u32).max(Duration::from_nanos(1))
+}
+
+/// The resolution of [`Timestamp::now`] (1 ns on Linux with high-resolution timers).
 pub fn clock_resolution() -> Duration {
     static RES: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *RES.get_or_init(|| {
-        let r = rustix::time::clock_getres(rustix::time::ClockId::MonotonicCoarse);
-        Duration::new(r.tv_sec as u64, r.tv_nsec as u32).max(Duration::from_micros(1))
-    })
+    *RES.get_or_init(|| resolution(rustix::time::ClockId::Monotonic))
+}
+
+/// The resolution of [`Timestamp::coarse`] (one scheduler tick, typically 1 to 4 ms).
+pub fn coarse_resolution() -> Duration {
+    static RES: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *RES.get_or_init(|| resolution(rustix::time::ClockId::MonotonicCoarse))
 }
 
 /// The transport timer's period Ttr = 4.096 µs × 2^timeout (spec/01), or `None` when the
@@ -121,6 +156,34 @@ impl Deadline {
     /// Whether it is started and has passed at `now`.
     pub fn expired(&self, now: Timestamp) -> bool {
         matches!(*self, Deadline::At(d) if now >= d)
+    }
+
+    /// When it expires, if it is started.
+    pub fn at(&self) -> Option<Timestamp> {
+        match *self {
+            Deadline::At(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Whether it is started and has passed, reading the precise clock (`fine`) only when
+    /// the coarse time `coarse` (behind the true time by less than `coarse_lag`) does not
+    /// already tell that the deadline is still ahead. A deadline further away than that —
+    /// most checks of a 67 ms transport timer — costs no precise clock read.
+    pub fn expired_by(
+        &self,
+        coarse: Timestamp,
+        coarse_lag: Duration,
+        fine: impl FnOnce() -> Timestamp,
+    ) -> bool {
+        match *self {
+            Deadline::At(d) => {
+                // The true time is below coarse + coarse_lag: if that is still before d,
+                // the deadline has not passed.
+                coarse.after(coarse_lag) >= d && fine() >= d
+            }
+            _ => false,
+        }
     }
 }
 
@@ -195,8 +258,45 @@ mod tests {
     #[test]
     fn the_engine_clock_moves_and_has_a_resolution() {
         let a = Timestamp::now();
-        std::thread::sleep(clock_resolution() * 3);
+        std::thread::sleep(Duration::from_millis(1));
         assert!(Timestamp::now() > a);
-        assert!(clock_resolution() <= Duration::from_millis(100));
+        assert!(
+            clock_resolution() <= Duration::from_micros(1),
+            "a precise clock"
+        );
+        assert!(coarse_resolution() <= Duration::from_millis(100));
+        // The coarse clock is on the same time line, never ahead, and behind by about a
+        // tick (two allow for a tick that came late on a loaded machine).
+        let fine = Timestamp::now();
+        let coarse = Timestamp::coarse();
+        assert!(coarse <= Timestamp::now());
+        assert!(coarse.after(coarse_resolution() * 2 + Duration::from_millis(50)) >= fine);
+        assert_eq!(
+            fine.after(Duration::from_micros(7))
+                .saturating_duration_since(fine),
+            Duration::from_micros(7)
+        );
+        assert_eq!(a.saturating_duration_since(fine), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_far_deadline_is_checked_without_the_precise_clock() {
+        let lag = Duration::from_millis(4);
+        let t0 = Timestamp::from_nanos(1_000_000_000);
+        let mut d = Deadline::default();
+        d.arm(t0, Duration::from_millis(67), Duration::from_nanos(1));
+        let far = t0.after(Duration::from_millis(10));
+        assert!(!d.expired_by(far, lag, || panic!("read the precise clock")));
+        assert_eq!(d.at(), Some(t0.after(Duration::from_nanos(67_000_001))));
+        // Within a lag of the deadline, the precise clock decides.
+        let near = t0.after(Duration::from_millis(64));
+        assert!(!d.expired_by(near, lag, || t0.after(Duration::from_millis(66))));
+        assert!(d.expired_by(near, lag, || t0.after(Duration::from_millis(68))));
+        // Not started, or off: never expired, no clock read.
+        let mut s = Deadline::default();
+        assert!(!s.expired_by(near, lag, || panic!("off")));
+        s.arm_later(Duration::from_micros(10));
+        assert!(!s.expired_by(near, lag, || panic!("not started")));
+        assert_eq!(s.at(), None);
     }
 }

@@ -110,12 +110,29 @@ pub(crate) enum WqeOp {
     Read,
     CompareSwap,
     FetchAdd,
+    /// Send with Invalidate: `rkey` is the key to invalidate (IETH of the last packet).
+    SendInv,
+    /// Bind a memory window (no packet): `rkey` is the window's new key, `remote_addr` and
+    /// `compare_add` its start and length, `imm` the region's L_Key, `swap` the rights
+    /// (low 8 bits) and the window type (bit 8: type 2).
+    BindMw,
+    /// Local Invalidate (no packet): `rkey` is the key to invalidate.
+    LocalInv,
 }
 
 impl WqeOp {
     /// Whether the message consumes a receive WQE at the responder (spec/02).
     pub(crate) fn consumes_rq_wqe(self) -> bool {
-        matches!(self, WqeOp::Send | WqeOp::SendImm | WqeOp::WriteImm)
+        matches!(
+            self,
+            WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::WriteImm
+        )
+    }
+
+    /// Whether it is executed by this engine alone, without packets (memory window
+    /// operations): it takes no PSN and completes at its turn in the send queue.
+    pub(crate) fn is_local(self) -> bool {
+        matches!(self, WqeOp::BindMw | WqeOp::LocalInv)
     }
 
     /// Whether it is an RDMA Read or an Atomic (bounded by the initiator depth, waited for

@@ -372,3 +372,116 @@ fn mutable_slices_only_where_nothing_else_can_touch_the_buffer() {
     let err = m.as_mut_slice().unwrap_err();
     assert!(err.to_string().contains("read_at/write_at"), "{err}");
 }
+
+#[test]
+fn a_memory_window_over_a_registered_buffer_reaches_the_buffer() {
+    let mut p = pair(&Params::default());
+    let rights = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let mr =
+        p.b.pd
+            .reg_mr(
+                vec![0u8; 8192],
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND | rights,
+            )
+            .unwrap();
+    let mut mw = p.b.pd.alloc_mw(MwType::One).unwrap();
+    let key =
+        p.b.qp
+            .bind_mw(
+                &mut mw,
+                1,
+                mr.mw_bind(1024, 4096, rights),
+                SendFlags::SIGNALED,
+            )
+            .unwrap();
+    assert_eq!(wait_b(&mut p, 1)[0].status, WcStatus::Success);
+    let at = RemoteAddr {
+        addr: mr.addr() + 1024,
+        rkey: key,
+    };
+    let src = p.a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, &pattern(3000, 4)).unwrap();
+    let g = [src.sge(0, 3000).unwrap()];
+    p.a.qp
+        .post_send(&SendWr::new(1, SendOp::RdmaWrite(at), &g))
+        .unwrap();
+    assert_eq!(wait_a(&mut p, 1)[0].status, WcStatus::Success);
+    let mut got = vec![0u8; 3000];
+    mr.read_at(1024, &mut got).unwrap();
+    assert_eq!(
+        got,
+        pattern(3000, 4),
+        "the Write through the window landed in the Vec"
+    );
+    // A Read through the window sees what the application wrote into the buffer.
+    mr.write_at(1024, &pattern(3000, 5)).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(2, SendOp::RdmaRead(at), &g))
+        .unwrap();
+    assert_eq!(wait_a(&mut p, 1)[0].status, WcStatus::Success);
+    let mut got = vec![0u8; 3000];
+    src.read_at(0, &mut got).unwrap();
+    assert_eq!(
+        got,
+        pattern(3000, 5),
+        "the Read through the window read the Vec"
+    );
+}
+
+#[test]
+fn a_shared_receive_queue_receives_into_a_registered_buffer() {
+    let p = Params::default();
+    let b = context(4 << 20);
+    let b_pd = b.alloc_pd().unwrap();
+    let mut b_cq = b.create_cq(64).unwrap();
+    let mut srq = b_pd.create_srq(8, 1).unwrap();
+    let a = context(4 << 20);
+    let (la, lb) = a.link_with(&b).unwrap();
+    let a_pd = a.alloc_pd().unwrap();
+    let mut a_cq = a.create_cq(64).unwrap();
+    let mut qa = a.create_qp(&a_pd, &a_cq, &a_cq, p.caps).unwrap();
+    let mut qb = b
+        .create_qp_with_srq(&b_pd, &b_cq, &b_cq, &srq, p.caps)
+        .unwrap();
+    let (na, nb) = (qa.qpn(), qb.qpn());
+    connect(&mut qb, lb, na, 500, 900, &p);
+    qa.modify(&QpAttr::new(QpState::Init).access(p.access))
+        .unwrap();
+    qa.modify(
+        &QpAttr::new(QpState::Rtr)
+            .path_mtu(p.mtu)
+            .dest(Destination { link: la, qpn: nb })
+            .rq_psn(500)
+            .max_dest_rd_atomic(p.rd_atomic)
+            .min_rnr_timer(1)
+            .remote_credits(false),
+    )
+    .unwrap();
+    qa.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(900)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(p.rd_atomic),
+    )
+    .unwrap();
+    let dst = b_pd
+        .reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    srq.post_recv(&RecvWr::new(5, &[dst.sge(16, 3000).unwrap()]))
+        .unwrap();
+    let src = a_pd.alloc_mr(3000, AccessFlags::NONE).unwrap();
+    src.write_at(0, &pattern(3000, 8)).unwrap();
+    qa.post_send(&SendWr::new(1, SendOp::Send, &[src.as_sge().unwrap()]))
+        .unwrap();
+    let rc = poll_n(&a, &b, &mut b_cq, 1)[0];
+    assert_eq!(
+        (rc.status, rc.wr_id, rc.byte_len),
+        (WcStatus::Success, 5, 3000)
+    );
+    assert_eq!(poll_n(&a, &b, &mut a_cq, 1)[0].status, WcStatus::Success);
+    let mut got = vec![0u8; 3000];
+    dst.read_at(16, &mut got).unwrap();
+    assert_eq!(got, pattern(3000, 8), "received in place through the SRQ");
+}

@@ -9,7 +9,7 @@
 pub(crate) use shmhca_rings::doorbell::Doorbell;
 
 /// The most QPs one engine serves (64 × 64): one doorbell's worth.
-pub(crate) const MAX_QPS: usize = shmhca_rings::doorbell::MAX_QUEUES;
+pub(crate) const MAX_QPS: usize = crate::limits::MAX_QPS as usize;
 
 /// A two-level bit set of QP indices, private to the engine.
 pub(crate) struct ActiveSet {

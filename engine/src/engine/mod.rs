@@ -30,6 +30,7 @@ use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
 use crate::responder;
 use crate::slots::SlotTable;
+use crate::timer::Timestamp;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use crate::wqe::SqWqe;
@@ -39,12 +40,14 @@ use doorbell::{ActiveSet, MAX_QPS};
 pub(crate) const RX_BURST: usize = 32;
 /// Request packets one QP may send per iteration (fairness between QPs).
 const TX_BUDGET: usize = 32;
-/// Idle iterations between two timer checks.
+/// Iterations between two timer checks (a check costs at most one clock read, and only
+/// while some active QP has a timer armed; see [`crate::timer::Timestamp`]).
 const TIMER_EVERY: u32 = 8;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
 /// The most links (peer engines, or `Context::link_with` pairs) one context can have.
-pub(crate) const MAX_LINKS: u32 = 4096;
+pub(crate) const MAX_LINKS: u32 = crate::limits::MAX_LINKS;
+const _: () = assert!(MAX_QPS <= 1 << QP_INDEX_BITS);
 
 /// The engine's state: everything the poll loop touches.
 pub(crate) struct Engine {
@@ -58,7 +61,7 @@ pub(crate) struct Engine {
     rx: Box<[PacketSlot]>,
     /// Packet capture and observation; `None` when off (one branch per burst).
     pub(crate) trace: Option<Box<Trace>>,
-    /// Idle iterations until the next timer check.
+    /// Iterations until the next timer check.
     timer_countdown: u32,
     /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
     nomem: Mem,
@@ -72,6 +75,8 @@ impl Engine {
             res: Resources {
                 pds: PdArenas::default(),
                 mrs: MrTable::default(),
+                mws: Default::default(),
+                srqs: Default::default(),
                 cqs: CqTable::default(),
                 stats: Stats::default(),
             },
@@ -321,13 +326,12 @@ impl Engine {
             }
         }
 
-        // Timers are checked in iterations that received nothing, one in TIMER_EVERY: while
-        // packets flow there is progress to record and nothing to time out, and a clock read
-        // per spin would cost more than the timers' millisecond scale needs.
-        let check_timers = work == 0 && {
-            *timer_countdown = timer_countdown.saturating_sub(1);
-            *timer_countdown == 0
-        };
+        // Timers are checked one iteration in TIMER_EVERY, busy or not (a stream of packets
+        // on one QP must not hold back another QP's RNR wait). An iteration takes well under
+        // a microsecond when idle, so timers fire within a few microseconds of their
+        // deadline; the check reads the clock only if some active QP has a timer armed.
+        *timer_countdown -= 1;
+        let check_timers = *timer_countdown == 0;
         if check_timers {
             *timer_countdown = TIMER_EVERY;
         }
@@ -446,6 +450,45 @@ impl Engine {
     /// Whether no QP has work pending (the engine thread may sleep).
     pub(crate) fn idle(&self) -> bool {
         self.active.is_empty()
+    }
+
+    /// The earliest time at which a timer of this engine expires — the transport timer or
+    /// the RNR wait of any QP — or `None` when no timer is armed.
+    ///
+    /// For whoever lets the engine sleep (the poll-mode engine thread with a backoff
+    /// policy, automatic progress, a completion channel's waiter): sleep no longer than
+    /// until this time, then drive the engine ([`Engine::poll`]), and the timer fires on
+    /// time. `deadline.saturating_duration_since(Timestamp::now())` is the sleep length
+    /// (zero: poll now). A timer armed after this call (by a later poll) is not counted, so
+    /// ask again after every poll that did work.
+    ///
+    /// Timers armed since the engine last looked at its timers start counting now, as
+    /// they would at the next timer check ([`crate::timer::Deadline::arm_later`]). Costs
+    /// one clock read and a walk over the active QPs (a QP with a timer armed is always
+    /// active): call it before sleeping, not on every poll.
+    pub(crate) fn next_deadline(&mut self) -> Option<Timestamp> {
+        let mut env = self.res.env();
+        let mut earliest: Option<Timestamp> = None;
+        let mut summary = self.active.summary();
+        while summary != 0 {
+            let w = summary.trailing_zeros();
+            summary &= summary - 1;
+            let mut bits = self.active.word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let Some(qp) = self.qps.at_mut(i) else {
+                    continue;
+                };
+                for d in [&mut qp.req.timer, &mut qp.req.rnr_timer] {
+                    env.start(d);
+                    if let Some(t) = d.at() {
+                        earliest = Some(earliest.map_or(t, |e| e.min(t)));
+                    }
+                }
+            }
+        }
+        earliest
     }
 
     /// Flushes the capture file, if any.

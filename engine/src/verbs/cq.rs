@@ -10,7 +10,7 @@ use crate::verbs::Shared;
 use crate::verbs::wr::WorkCompletion;
 
 /// The deepest completion queue.
-pub(crate) const MAX_CQ_DEPTH: u32 = 1 << 20;
+pub(crate) const MAX_CQ_DEPTH: u32 = crate::limits::MAX_CQ_DEPTH;
 
 /// A completion queue: work completions of the QPs created with it, oldest first.
 ///

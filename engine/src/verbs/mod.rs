@@ -23,6 +23,13 @@
 //!
 //! No `unsafe` is needed anywhere in this API.
 //!
+//! # Memory windows and shared receive queues
+//!
+//! [`Mw`] (type 1 and type 2 memory windows: Bind MW, Local Invalidate, Send with
+//! Invalidate, and the checks and errors of each) and [`Srq`] (one receive queue feeding
+//! many QPs, its limit event and the credits of its QPs) document how they work and map
+//! to ibverbs.
+//!
 //! # Security model: what a connected peer can read and write
 //!
 //! A peer is a process that completed the connection handshake (by default, of the same
@@ -64,7 +71,9 @@
 
 pub(crate) mod cq;
 pub(crate) mod mr;
+pub(crate) mod mw;
 pub(crate) mod qp;
+pub(crate) mod srq;
 pub mod wr;
 
 use std::path::{Path, PathBuf};
@@ -88,7 +97,9 @@ use crate::trace::tap::{Tap, Trace};
 pub use crate::user_mem::{Memfd, UserBuffer};
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge, UserMr};
-pub use qp::Qp;
+pub use mw::{Mw, MwType};
+pub use qp::{Qp, QpInfo};
+pub use srq::Srq;
 
 /// How the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -540,11 +551,77 @@ impl Context {
         Qp::create(&self.shared, pd, send_cq, recv_cq, caps)
     }
 
+    /// A reliable-connected QP in `pd` that takes its receives from shared receive queue
+    /// `srq` (`ibv_qp_init_attr.srq`); `caps.max_recv_wr` and `caps.max_recv_sge` are
+    /// ignored (the SRQ's depth and elements apply). See [`Srq`] for credits.
+    ///
+    /// # Errors
+    /// As [`Context::create_qp`]; [`Error::InvalidArgument`] for an SRQ of another
+    /// protection domain.
+    pub fn create_qp_with_srq(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        caps: crate::QpCaps,
+    ) -> Result<Qp> {
+        Qp::create_in(&self.shared, pd, send_cq, recv_cq, Some(srq), caps)
+    }
+
     /// Runs one engine iteration now (inline mode: the application drives its engine;
     /// in poll mode this only helps if the engine thread is between iterations). Returns
     /// the packets moved.
     pub fn progress(&self) -> usize {
         self.shared.progress()
+    }
+
+    /// The device's limits and this context's configuration (`ibv_query_device`): the
+    /// limits are the ones the code enforces ([`crate::limits`]).
+    ///
+    /// ```
+    /// let ctx = shmhca::Context::builder().arena_size(1 << 20).build()?;
+    /// let dev = ctx.query_device();
+    /// assert_eq!(dev.max_msg_size, 1 << 31);
+    /// assert_eq!(dev.arena_size, 1 << 20);
+    /// # Ok::<(), shmhca::Error>(())
+    /// ```
+    pub fn query_device(&self) -> crate::DeviceAttr {
+        use crate::limits::*;
+        crate::DeviceAttr {
+            max_qp: MAX_QPS,
+            max_qp_wr: MAX_QUEUE_DEPTH,
+            max_sge: MAX_SGE,
+            max_inline_data: MAX_INLINE_DATA,
+            max_cq: MAX_CQS,
+            max_cqe: MAX_CQ_DEPTH,
+            max_pd: MAX_PDS,
+            max_mr: MAX_MRS,
+            max_mw: MAX_MWS,
+            max_srq: MAX_SRQS,
+            max_mr_size: MAX_MESSAGE,
+            max_msg_size: MAX_MESSAGE,
+            max_qp_init_rd_atom: MAX_RD_ATOMIC,
+            max_qp_rd_atom: MAX_RD_ATOMIC,
+            atomic_cap: crate::AtomicCap::Global,
+            max_mtu: crate::Mtu::Mtu4096,
+            page_size: self.page_size(),
+            arena_size: self.shared.arena_size,
+            max_links: MAX_LINKS,
+            link_slots: self.shared.link_slots,
+            max_link_slots: MAX_LINK_SLOTS,
+        }
+    }
+
+    /// How long until this engine's next timer expires — a QP's transport timer (its
+    /// Local Ack Timeout) or the end of an RNR wait — or `None` when no timer is armed
+    /// (zero: one is due now). An inline-mode application that sleeps between its calls
+    /// should call [`Context::progress`] again within this time, so that retransmissions
+    /// and RNR retries go out when they should. Timers armed by a later engine iteration
+    /// are not counted: ask again after driving the engine.
+    pub fn next_timer(&self) -> Option<std::time::Duration> {
+        let deadline = self.shared.engine.with(|e| e.next_deadline())?;
+        Some(deadline.saturating_duration_since(crate::timer::Timestamp::now()))
     }
 
     /// A snapshot of the engine's counters.

@@ -35,7 +35,7 @@ impl Pd {
     /// # Errors
     /// [`Error::InvalidArgument`] for a length of 0 or above 2 GiB,
     /// [`Error::ArenaExhausted`] when the domain's arena has no room,
-    /// [`Error::LimitReached`] past 2^24 regions.
+    /// [`Error::LimitReached`] past 2^23 regions.
     pub fn alloc_mr(&self, len: u64, access: AccessFlags) -> Result<Mr> {
         if len == 0 || len > MAX_MESSAGE {
             return Err(Error::invalid(
@@ -442,12 +442,18 @@ impl Mr {
     /// Deregisters the region now.
     ///
     /// # Errors
-    /// Gives the region back with [`Error::MrBusy`] while posted work requests use it.
+    /// Gives the region back with [`Error::MrBusy`] while posted work requests use it, and
+    /// with [`Error::MrHasWindows`] while memory windows are bound to it.
     pub fn deregister(self) -> std::result::Result<(), (Mr, Error)> {
         let in_flight = self.in_flight();
         if in_flight != 0 {
             let key = self.key;
             return Err((self, Error::MrBusy { key, in_flight }));
+        }
+        let key = self.key;
+        let windows = self.shared.engine.with(|e| e.res.mws.bound_to_region(key));
+        if windows != 0 {
+            return Err((self, Error::MrHasWindows { key, windows }));
         }
         drop(self);
         Ok(())

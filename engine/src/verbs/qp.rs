@@ -9,15 +9,43 @@ use crate::arena::Block;
 use crate::context::{QpCtx, QpShared};
 use crate::error::{Error, Result};
 use crate::mem::Mem;
+use crate::mw_table::MwType;
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
-use crate::verbs::wr::{Data, RecvWr, SendFlags, SendOp, SendWr};
+use crate::verbs::mw::Mw;
+use crate::verbs::srq::Srq;
+use crate::verbs::wr::{Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr};
 use crate::verbs::{EngineMode, Shared};
 use crate::wire::Qpn;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SGE_ENTRY_LEN, SgeEntry, SqWqe, WqeFlags, WqeOp};
+
+/// A QP's state and attributes, from [`Qp::query`] (`ibv_query_qp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpInfo {
+    /// The QP number.
+    pub qpn: Qpn,
+    /// The current state.
+    pub state: QpState,
+    /// The programmed attributes: access flags, path MTU, destination, start PSNs, Local
+    /// Ack Timeout, Retry and RNR Retry Counts, minimum RNR timer, initiator depth and
+    /// responder resources, credit mode (as last set by [`Qp::modify`]).
+    pub config: QpConfig,
+    /// The capabilities it was created with.
+    pub caps: QpCaps,
+    /// The PSN of the next new request packet (nPSN): the start PSN plus the request
+    /// packets sent so far, modulo 2^24.
+    pub next_send_psn: u32,
+    /// The PSN the responder expects next (ePSN): the remote's start PSN plus the request
+    /// packets received in order, modulo 2^24.
+    pub expected_psn: u32,
+    /// The transport timer's period Ttr (4.096 µs × 2^timeout), fixed on RTR → RTS;
+    /// `None` before RTS or when the timer is disabled (Local Ack Timeout 0).
+    pub transport_timeout: Option<std::time::Duration>,
+}
 
 /// A reliable-connected queue pair.
 ///
@@ -46,6 +74,8 @@ pub struct Qp {
     /// Inline staging in the arena (`max_send_wr` rows of `inline_row` bytes).
     inline: Option<Block>,
     inline_row: u64,
+    /// The shared receive queue it takes its receives from.
+    srq: Option<u32>,
 }
 
 impl Qp {
@@ -56,7 +86,32 @@ impl Qp {
         recv_cq: &Cq,
         caps: QpCaps,
     ) -> Result<Qp> {
+        Qp::create_in(shared, pd, send_cq, recv_cq, None, caps)
+    }
+
+    /// Creates a QP, on shared receive queue `srq` if given.
+    pub(crate) fn create_in(
+        shared: &Arc<Shared>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&Srq>,
+        caps: QpCaps,
+    ) -> Result<Qp> {
         caps.validate()?;
+        if let Some(srq) = srq {
+            if !Arc::ptr_eq(&srq.shared, shared) {
+                return Err(Error::ForeignObject {
+                    what: "the shared receive queue",
+                });
+            }
+            if srq.pdn != pd.pdn {
+                return Err(Error::invalid(
+                    "shared receive queue",
+                    "an SRQ of another protection domain than the QP's: create the SRQ with the QP's domain",
+                ));
+            }
+        }
         if !pd.same_context(shared) {
             return Err(Error::ForeignObject {
                 what: "the protection domain",
@@ -68,7 +123,12 @@ impl Qp {
             });
         }
         let sq_cap = caps.max_send_wr.next_power_of_two() as usize;
-        let rq_cap = caps.max_recv_wr.next_power_of_two() as usize;
+        // A QP on an SRQ has no receive queue of its own (a ring of one, never used).
+        let rq_cap = if srq.is_some() {
+            1
+        } else {
+            caps.max_recv_wr.next_power_of_two() as usize
+        };
         let (sq, sq_c) =
             heap_ring(sq_cap).map_err(|e| Error::invalid("max_send_wr", e.to_string()))?;
         let (rq, rq_c) =
@@ -82,7 +142,10 @@ impl Qp {
         } else {
             0
         };
-        let scatter_bytes = if caps.max_recv_sge > 1 {
+        let scatter_bytes = if let Some(srq) = srq {
+            // One scratch row for the SRQ receive being filled (see `srq_table`).
+            u64::from(srq.max_sge) * SGE_ENTRY_LEN
+        } else if caps.max_recv_sge > 1 {
             u64::from(caps.max_recv_wr) * u64::from(caps.max_recv_sge) * SGE_ENTRY_LEN
         } else {
             0
@@ -92,10 +155,18 @@ impl Qp {
         let mem = pd.mem.share();
         let ctx_mem = pd.mem.share();
         let inline_bytes = u64::from(caps.max_send_wr) * inline_row;
+        let srq_index = srq.map(|s| s.index);
         let (index, qpn, inline) = shared.engine.with(|e| {
             let arena = e.res.pds.get_mut(pdn).ok_or(Error::ForeignObject {
                 what: "the protection domain",
             })?;
+            if let Some(i) = srq_index {
+                if e.res.srqs.get_mut(i).is_none() {
+                    return Err(Error::ForeignObject {
+                        what: "the shared receive queue",
+                    });
+                }
+            }
             let inline = match inline_bytes {
                 0 => None,
                 n => Some(arena.alloc(n, 64)?),
@@ -117,10 +188,14 @@ impl Qp {
                 resp: Responder::new(),
                 rq_retired: 0,
                 rq_flush_pending: false,
+                srq: srq_index.map(|i| (i, gather_bytes)),
             });
             match added {
                 Ok((index, qpn)) => {
                     e.res.pds.hold(pdn);
+                    if let Some(s) = srq_index.and_then(|i| e.res.srqs.get_mut(i)) {
+                        s.qps += 1;
+                    }
                     Ok((index, qpn, inline))
                 }
                 Err(err) => {
@@ -149,6 +224,7 @@ impl Qp {
             scatter_at: gather_bytes,
             inline,
             inline_row,
+            srq: srq_index,
         })
     }
 
@@ -211,6 +287,34 @@ impl Qp {
             .unwrap_or_default()
     }
 
+    /// The QP's state and attributes (`ibv_query_qp`): what it was programmed with, what
+    /// it was created with, and where its PSNs stand now.
+    pub fn query(&self) -> QpInfo {
+        let index = self.index;
+        let live = self.shared.engine.with(|e| {
+            e.qp_mut(index).map(|q| {
+                (
+                    q.state,
+                    q.cfg,
+                    q.req.npsn.get(),
+                    q.resp.epsn.get(),
+                    q.req.ttr,
+                )
+            })
+        });
+        let (state, config, next_send_psn, expected_psn, ttr) =
+            live.unwrap_or((self.state(), QpConfig::default(), 0, 0, None));
+        QpInfo {
+            qpn: self.qpn,
+            state,
+            config,
+            caps: self.caps,
+            next_send_psn,
+            expected_psn,
+            transport_timeout: ttr,
+        }
+    }
+
     /// Send work requests posted and not yet retired.
     pub fn sq_outstanding(&mut self) -> u32 {
         self.refresh_sq();
@@ -241,6 +345,58 @@ impl Qp {
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let wqe = self.prepare_send(wr)?;
+        self.post_wqe(wqe);
+        Ok(())
+    }
+
+    /// Binds type 1 memory window `mw` (the Bind Memory Window verb, `ibv_bind_mw`) over
+    /// `bind` and returns its new R_Key (also [`Mw::rkey`] from now on): the previous key
+    /// stops working when the bind executes. The bind is posted on this QP's send queue and
+    /// executed in order with its other work requests; it completes with
+    /// [`WcOpcode::BindMw`](crate::WcOpcode::BindMw) if `flags` has `SIGNALED`, or with
+    /// [`WcStatus::MwBindErr`](crate::WcStatus::MwBindErr) (the QP goes to Error) if the
+    /// region is not live, lacks `MW_BIND`, the window leaves the region or its rights
+    /// exceed the region's. A length of 0 unbinds the window. The window can then be used
+    /// through any QP of its protection domain.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`]; [`Error::InvalidArgument`] for a type 2 window (bind those
+    /// with [`SendOp::BindMw`]) or a window of another protection domain,
+    /// [`Error::ForeignObject`] for a window of another context.
+    pub fn bind_mw(
+        &mut self,
+        mw: &mut Mw,
+        wr_id: u64,
+        bind: MwBind,
+        flags: SendFlags,
+    ) -> Result<u32> {
+        if !Arc::ptr_eq(&mw.shared, &self.shared) {
+            return Err(Error::ForeignObject {
+                what: "the memory window",
+            });
+        }
+        if mw.kind != MwType::One {
+            return Err(Error::invalid(
+                "memory window",
+                "a type 2 window is bound with a SendOp::BindMw work request",
+            ));
+        }
+        if mw.pdn != self.pdn {
+            return Err(Error::invalid(
+                "memory window",
+                "a window of another protection domain than the QP's",
+            ));
+        }
+        let rkey = mw.next_rkey();
+        let wr = SendWr::new(wr_id, SendOp::BindMw { rkey, bind }, &[]).flags(flags);
+        let mut wqe = self.prepare_send(&wr)?;
+        wqe.swap &= !MW_TYPE2_BIT;
+        self.post_wqe(wqe);
+        mw.rkey = rkey;
+        Ok(rkey)
+    }
+
+    fn post_wqe(&mut self, wqe: SqWqe) {
         self.sq_posted += 1;
         // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
         // engine is free; otherwise (poll mode, or the engine busy on another thread) it
@@ -249,14 +405,13 @@ impl Qp {
             let index = self.index;
             if let Some(taken) = self.shared.engine.try_with(|e| e.post_direct(index, wqe)) {
                 debug_assert!(taken, "a live QP takes its WQEs");
-                return Ok(());
+                return;
             }
         }
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
         self.ring_and_kick();
-        Ok(())
     }
 
     /// Posts several send work requests, ringing the doorbell once (batched posting).
@@ -329,7 +484,31 @@ impl Qp {
                 swap,
             } => (WqeOp::CompareSwap, 0, Some(remote), compare, swap),
             SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, Some(remote), add, 0),
+            SendOp::SendWithInv(rkey) => (WqeOp::SendInv, 0, Some(key_only(rkey)), 0, 0),
+            SendOp::BindMw { rkey, bind } => (
+                WqeOp::BindMw,
+                bind.lkey,
+                Some(RemoteAddr {
+                    addr: bind.addr,
+                    rkey,
+                }),
+                bind.len,
+                u64::from(bind.access.bits()) | MW_TYPE2_BIT,
+            ),
+            SendOp::LocalInv(rkey) => (WqeOp::LocalInv, 0, Some(key_only(rkey)), 0, 0),
         };
+        if op.is_local() {
+            let empty = match wr.data {
+                Data::Sgl(sgl) => sgl.is_empty(),
+                Data::Inline(bytes) => bytes.is_empty(),
+            };
+            if !empty {
+                return Err(Error::invalid(
+                    "data",
+                    "memory window binds and Local Invalidates carry no data: pass an empty list",
+                ));
+            }
+        }
         if op.is_rd_atomic() && self.qshared.max_rd_atomic.load(Ordering::Relaxed) == 0 {
             return Err(Error::invalid(
                 "operation",
@@ -571,6 +750,12 @@ impl Qp {
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
     /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(Error::invalid(
+                "post_recv",
+                "this QP takes its receives from a shared receive queue: post them with Srq::post_recv",
+            ));
+        }
         let state = self.qshared.state();
         if !state.can_post_recv() {
             return Err(Error::InvalidState {
@@ -634,11 +819,24 @@ impl Qp {
     }
 }
 
+/// Bit of a bind WQE's `swap` marking a type 2 window's bind (the low 8 bits are rights).
+const MW_TYPE2_BIT: u64 = 0x100;
+
+/// A key alone, for the work requests that carry one (Send with Invalidate, Local
+/// Invalidate).
+fn key_only(rkey: u32) -> RemoteAddr {
+    RemoteAddr { addr: 0, rkey }
+}
+
 impl Drop for Qp {
     fn drop(&mut self) {
-        let (index, pdn, inline) = (self.index, self.pdn, self.inline);
+        let (index, pdn, inline, srq) = (self.index, self.pdn, self.inline, self.srq);
         self.shared.engine.with(|e| {
             e.remove_qp(index);
+            if let Some(i) = srq {
+                let crate::context::Resources { srqs, mrs, pds, .. } = &mut e.res;
+                srqs.detach(i, mrs, pds);
+            }
             if let (Some(b), Some(arena)) = (inline, e.res.pds.get_mut(pdn)) {
                 arena.free(b);
             }

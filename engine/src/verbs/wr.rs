@@ -71,6 +71,46 @@ pub enum SendOp {
         /// Added to it.
         add: u64,
     },
+    /// Send whose last packet asks the peer to invalidate the type 2 memory window bound
+    /// with this R_Key (which must be bound to the peer QP this request arrives at); the
+    /// peer's receive completion reports the key in
+    /// [`WorkCompletion::invalidated_rkey`]. A key the peer cannot invalidate fails the
+    /// request with [`WcStatus::RemInvReqErr`] and both QPs go to the Error state.
+    SendWithInv(u32),
+    /// Binds a type 2 memory window (`IBV_WR_BIND_MW`) to this QP: from then on `rkey`
+    /// (the window's index with a consumer-chosen tag, [`crate::Mw::rkey_with_tag`]) gives
+    /// this QP's peer the window's rights over its range. Executed in order with the
+    /// QP's other work requests; completes with [`WcOpcode::BindMw`], or with
+    /// [`WcStatus::MwBindErr`] (QP to Error) if the window is not an unbound type 2 window
+    /// of this QP's domain, the region lacks `MW_BIND`, the range leaves the region, or
+    /// the rights exceed what the region allows. No scatter/gather list.
+    BindMw {
+        /// The window's key after the bind (it names the window).
+        rkey: u32,
+        /// Where and with which rights.
+        bind: MwBind,
+    },
+    /// Invalidates the type 2 memory window bound with this R_Key (`IBV_WR_LOCAL_INV`):
+    /// the key stops working for the peer. Completes with [`WcOpcode::LocalInv`], or with
+    /// [`WcStatus::LocProtErr`] (QP to Error) if the key names no bound type 2 window of
+    /// this QP's domain. No scatter/gather list.
+    LocalInv(u32),
+}
+
+/// Where a memory window is bound and with which rights (`ibv_mw_bind_info`); made with
+/// [`crate::Mr::mw_bind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The L_Key of the memory region the window lies in (registered with `MW_BIND`).
+    pub lkey: u32,
+    /// The window's first byte: an address of the region ([`crate::Mr::addr`] + offset).
+    pub addr: u64,
+    /// Its length in bytes (0 unbinds a type 1 window).
+    pub len: u64,
+    /// Its remote rights: any of `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC` (write and
+    /// atomic need the region's `LOCAL_WRITE`). A window's rights are its own: they need
+    /// not be rights of the region's own R_Key.
+    pub access: crate::AccessFlags,
 }
 
 /// Flags of a send work request.
@@ -193,6 +233,12 @@ pub enum WcStatus {
     RetryExcErr,
     /// The RNR retry count was exhausted (the peer never had a receive buffer).
     RnrRetryExcErr,
+    /// A memory window bind failed (`IBV_WC_MW_BIND_ERR`): see [`SendOp::BindMw`].
+    MwBindErr,
+    /// A local protection error (`IBV_WC_LOC_PROT_ERR`): a Local Invalidate of a key that
+    /// names no bound type 2 window of the QP's domain, or (receive side) a Send with
+    /// Invalidate naming a key this QP may not invalidate.
+    LocProtErr,
 }
 
 /// The operation a work completion reports (`ibv_wc_opcode`).
@@ -212,6 +258,10 @@ pub enum WcOpcode {
     Recv,
     /// A receive consumed by an RDMA Write with Immediate.
     RecvRdmaWithImm,
+    /// A memory window bind ([`crate::Qp::bind_mw`] or [`SendOp::BindMw`]).
+    BindMw,
+    /// A Local Invalidate ([`SendOp::LocalInv`]).
+    LocalInv,
 }
 
 /// A work completion (`ibv_wc`).
@@ -231,6 +281,8 @@ pub struct WorkCompletion {
     pub qp_num: Qpn,
     /// Whether the message had the Solicited Event bit set (receives).
     pub solicited: bool,
+    /// The R_Key a received Send with Invalidate invalidated (`IBV_WC_WITH_INV`).
+    pub invalidated_rkey: Option<u32>,
 }
 
 impl Default for WorkCompletion {
@@ -243,6 +295,7 @@ impl Default for WorkCompletion {
             imm_data: None,
             qp_num: Qpn::new(0),
             solicited: false,
+            invalidated_rkey: None,
         }
     }
 }
