@@ -23,6 +23,8 @@
 //! [loom]: https://docs.rs/loom
 #![deny(unsafe_code)]
 
+pub mod engine;
+
 use shmhca_rings::doorbell::Doorbell;
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer, PushError, ShmStorage, Storage};
 use shmhca_rings::sync::{AtomicU64, Ordering, UnsafeCell};
@@ -63,12 +65,35 @@ pub fn check(scenario: impl Fn() + Send + Sync + 'static) {
         if builder.preemption_bound.is_none() {
             builder.preemption_bound = Some(DEFAULT_MAX_PREEMPTIONS);
         }
+        // The engine models take many more steps per execution than the ring models.
+        builder.max_branches = builder.max_branches.max(MAX_BRANCHES);
         builder.check(scenario);
     }
     #[cfg(not(shmhca_loom))]
     for _ in 0..STRESS_RUNS {
         scenario();
     }
+}
+
+/// Branches (scheduling decisions) one execution of a model may take: an engine poll
+/// iteration is a few dozen atomic operations.
+pub const MAX_BRANCHES: usize = 200_000;
+
+/// Runs `model` under loom and asserts that it fails with a message containing `want`.
+#[cfg(shmhca_loom)]
+pub fn assert_loom_catches(what: &str, want: &str, model: impl Fn() + Send + Sync + 'static) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(model)));
+    let payload = result.expect_err(&format!("loom did not catch the bug: {what}"));
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(
+        message.contains(want),
+        "{what}: loom failed, but not with \"{want}\": {message}"
+    );
+    eprintln!("{what}: loom reported: {message}");
 }
 
 fn push_one<S: ModelStorage>(p: &mut Producer<u32, S>, mut value: u32) {
