@@ -53,6 +53,14 @@ unsafe impl Send for Mem {}
 // SAFETY: as for `Send`: `&Mem` only offers bounds-checked raw copies and atomics.
 unsafe impl Sync for Mem {}
 
+// SAFETY: (loom builds only) the loom cells are touched only by the threads of a loom
+// model, which loom runs one at a time, checking every access; they hold no data.
+#[cfg(shmhca_loom)]
+unsafe impl Sync for crate::sync::LoomLines {}
+// SAFETY: as for `Sync`.
+#[cfg(shmhca_loom)]
+unsafe impl Send for crate::sync::LoomLines {}
+
 /// Zero-initialised private heap storage for a [`Mem`].
 struct HeapBytes(Box<[UnsafeCell<u64>]>);
 // SAFETY: the cells are only ever accessed through `Mem`'s raw copies (see module docs).

@@ -43,7 +43,7 @@ use std::{
 
 /// One context, a loopback link and two connected QPs: A sends to B.
 pub struct Loopback {
-    /// The context (moved to the engine thread by [`Loopback::start_engine`]).
+    /// The context (moved to the engine thread by [`EngineThread::start`]).
     pub ctx: Context,
     /// The protection domain of both QPs.
     pub pd: Pd,

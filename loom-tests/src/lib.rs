@@ -53,6 +53,9 @@ pub type ShmPair = (
     Consumer<u32, ShmStorage<u32>>,
 );
 
+/// A maker of the rings a scenario runs on.
+pub type MakeRing<S> = fn(usize) -> (Producer<u32, S>, Consumer<u32, S>);
+
 /// A storage the ring scenarios run on: [`HeapStorage`] or [`ShmStorage`].
 pub trait ModelStorage: Storage<u32> + Send + 'static {}
 impl<S: Storage<u32> + Send + 'static> ModelStorage for S {}
@@ -118,11 +121,7 @@ fn expect(next: &mut u32, got: u32) {
 /// Single push and pop of `count` values through a ring made by `make(capacity)`. With
 /// `count > capacity` the producer finds the ring full and the indices wrap around; the
 /// consumer finds it empty.
-pub fn single<S: ModelStorage>(
-    make: fn(usize) -> (Producer<u32, S>, Consumer<u32, S>),
-    capacity: usize,
-    count: u32,
-) {
+pub fn single<S: ModelStorage>(make: MakeRing<S>, capacity: usize, count: u32) {
     let (mut p, mut c) = make(capacity);
     let producer = thread::spawn(move || {
         for v in 0..count {
@@ -143,7 +142,7 @@ pub fn single<S: ModelStorage>(
 /// Bursts: the producer pushes `bursts` (sizes) with `push_burst`, retrying the rest when
 /// the ring is full; the consumer drains with `pop_burst` into a buffer of `out_len`.
 pub fn bursts<S: ModelStorage>(
-    make: fn(usize) -> (Producer<u32, S>, Consumer<u32, S>),
+    make: MakeRing<S>,
     capacity: usize,
     bursts: &'static [usize],
     out_len: usize,
@@ -183,12 +182,7 @@ pub fn bursts<S: ModelStorage>(
 /// Chunks: the producer fills `write_chunk`s of up to `chunk` slots and commits them; the
 /// consumer reads `read_chunk`s of what is available (up to `chunk`), committing part of
 /// each chunk first and the rest later.
-pub fn chunks<S: ModelStorage>(
-    make: fn(usize) -> (Producer<u32, S>, Consumer<u32, S>),
-    capacity: usize,
-    count: u32,
-    chunk: usize,
-) {
+pub fn chunks<S: ModelStorage>(make: MakeRing<S>, capacity: usize, count: u32, chunk: usize) {
     let (mut p, mut c) = make(capacity);
     let producer = thread::spawn(move || {
         let mut next = 0u32;

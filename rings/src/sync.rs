@@ -86,7 +86,7 @@ pub mod shm {
 ///
 /// A hand-off's ordering is written `weaken(Ordering::Release, "name")` at the one place it
 /// matters. Without loom, [`weaken`] returns the ordering unchanged (it inlines away).
-/// Under loom, a model runs with [`mutation::run`] naming a point, and every `weaken`
+/// Under loom, a model runs with `mutation::run` naming a point, and every `weaken`
 /// with that name returns `Relaxed` instead; `run` also counts how often the point was
 /// reached, so a model can prove it ran the weakened line.
 pub mod mutation {

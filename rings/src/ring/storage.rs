@@ -479,9 +479,10 @@ impl<T: Pod> ShmStorage<T> {
         }
         let cells = base.wrapping_add(loom_cells_offset(SLOTS_OFFSET + capacity * size_of::<T>()));
         for i in 0..capacity {
+            let cell = cells.cast::<SlotCell>().wrapping_add(i);
             // SAFETY: the cell array lies inside the ring (see `loom_extra_bytes`), aligned
             // for the cell type; a loom cell has no drop glue.
-            unsafe { cells.cast::<SlotCell>().add(i).write(SlotCell::new(())) };
+            unsafe { cell.write(SlotCell::new(())) };
         }
     }
 
