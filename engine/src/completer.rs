@@ -398,7 +398,7 @@ fn publish_retired(qp: &QpCtx) {
     // the retired WQEs' slots and buffers before the application reuses them. It precedes
     // the completion's push (itself a Release), so an application that saw the completion
     // sees the slot free.
-    qp.shared
-        .sq_retired
-        .store(qp.req.retired, std::sync::atomic::Ordering::Release);
+    // (Mutation point of the loom models: this store with Relaxed.)
+    let order = crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
+    qp.shared.sq_retired.store(qp.req.retired, order);
 }

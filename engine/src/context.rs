@@ -6,8 +6,8 @@
 //! over). They never read the clock or touch a thread: the engine calls them, and so do
 //! the scenario tests, which move packets between two contexts by hand.
 
+use crate::sync::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer};

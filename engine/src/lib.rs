@@ -13,6 +13,8 @@
 //! protocol stages are sans-IO: the engine passes packets, work requests and the time in.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+// Under loom there is no engine thread and no sleeping: its helpers go unused.
+#![cfg_attr(shmhca_loom, allow(dead_code))]
 
 pub(crate) mod arena;
 pub mod cm;
@@ -36,6 +38,7 @@ pub mod responder;
 pub(crate) mod slots;
 pub(crate) mod srq_table;
 pub mod stats_area;
+pub(crate) mod sync;
 #[doc(hidden)]
 pub mod testing;
 pub mod timer;

@@ -40,6 +40,9 @@ pub(crate) struct Mem {
     writable: bool,
     /// Keeps the mapping alive as long as the view.
     _owner: Arc<dyn Any + Send + Sync>,
+    /// Under loom: the cells every access is announced to (see `crate::sync::LoomLines`).
+    #[cfg(shmhca_loom)]
+    lines: Arc<crate::sync::LoomLines>,
 }
 
 // SAFETY: `Mem` is a pointer plus a keep-alive handle; the memory it points to is shared
@@ -78,6 +81,13 @@ impl<B> UserOwner<B> {
         self.0.into_inner()
     }
 }
+// SAFETY: (loom builds only) the loom cells are touched only by the threads of a loom
+// model, which loom runs one at a time, checking every access; they hold no data.
+#[cfg(shmhca_loom)]
+unsafe impl Sync for crate::sync::LoomLines {}
+// SAFETY: as for `Sync`.
+#[cfg(shmhca_loom)]
+unsafe impl Send for crate::sync::LoomLines {}
 
 /// Zero-initialised private heap storage for a [`Mem`].
 struct HeapBytes(Box<[UnsafeCell<u64>]>);
@@ -97,6 +107,8 @@ impl Mem {
             len,
             writable,
             _owner: segment,
+            #[cfg(shmhca_loom)]
+            lines: Arc::new(crate::sync::LoomLines::new(len)),
         }
     }
 
@@ -113,6 +125,8 @@ impl Mem {
             len,
             writable: true,
             _owner: owner,
+            #[cfg(shmhca_loom)]
+            lines: Arc::new(crate::sync::LoomLines::new(len)),
         }
     }
 
@@ -136,6 +150,8 @@ impl Mem {
                 len: if ptr.is_null() { 0 } else { len },
                 writable: true,
                 _owner: keep,
+                #[cfg(shmhca_loom)]
+                lines: Arc::new(crate::sync::LoomLines::new(len)),
             },
             owner,
         )
@@ -148,6 +164,8 @@ impl Mem {
             len: self.len,
             writable: self.writable,
             _owner: self._owner.clone(),
+            #[cfg(shmhca_loom)]
+            lines: self.lines.clone(),
         }
     }
 
@@ -192,6 +210,8 @@ impl Mem {
     #[inline]
     pub(crate) fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), OutOfRange> {
         let off = self.check(off, dst.len() as u64)?;
+        #[cfg(shmhca_loom)]
+        self.lines.track(off, dst.len(), false);
         // SAFETY: the source range is inside the live mapping (checked above, kept alive by
         // `_owner`); `dst` is a private buffer that cannot overlap shared memory handed out
         // only through raw copies; bytes have no invalid values.
@@ -206,6 +226,8 @@ impl Mem {
             return Err(OutOfRange);
         }
         let off = self.check(off, src.len() as u64)?;
+        #[cfg(shmhca_loom)]
+        self.lines.track(off, src.len(), true);
         // SAFETY: destination inside the live, writable mapping (checked above); `src` is an
         // ordinary slice; `copy` tolerates overlap.
         unsafe { std::ptr::copy(src.as_ptr(), self.ptr_at(off), src.len()) };
@@ -218,6 +240,8 @@ impl Mem {
             return Err(OutOfRange);
         }
         let off = self.check(off, len)?;
+        #[cfg(shmhca_loom)]
+        self.lines.track(off, len as usize, true);
         // SAFETY: range inside the live, writable mapping (checked above).
         unsafe { std::ptr::write_bytes(self.ptr_at(off), 0, len as usize) };
         Ok(())
@@ -237,6 +261,11 @@ impl Mem {
         }
         let s = src.check(src_off, len)?;
         let d = dst.check(dst_off, len)?;
+        #[cfg(shmhca_loom)]
+        {
+            src.lines.track(s, len as usize, false);
+            dst.lines.track(d, len as usize, true);
+        }
         // SAFETY: both ranges are inside live mappings (checked above), the destination is
         // writable; `copy` has memmove semantics, so a loopback copy within one arena that
         // overlaps is still defined.
@@ -313,6 +342,9 @@ impl Mem {
             return Err(OutOfRange);
         }
         let off = self.check(off, len)?;
+        // Under loom, taking the slice counts as a write of all of it.
+        #[cfg(shmhca_loom)]
+        self.lines.track(off, len as usize, true);
         // SAFETY: inside the live, writable mapping (checked above); exclusivity is the
         // caller's obligation, stated in this function's contract.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr_at(off), len as usize) })

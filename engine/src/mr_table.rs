@@ -9,8 +9,8 @@
 //! the packet path, registration and deregistration on the control path. The only field
 //! the application touches directly is the in-flight counter in [`MrShared`].
 
+use crate::sync::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::arena::{Block, PdArenas};
 use crate::mem::Mem;
@@ -209,7 +209,9 @@ impl MrTable {
         }
         // SYNC: Release pairs with the Acquire load in `Mr::as_mut_slice`/`deregister`: the
         // engine's last write into the region happens-before the application's next access.
-        let before = e.shared.in_flight.fetch_sub(1, Ordering::Release);
+        // (Mutation point of the loom models: this decrement with Relaxed.)
+        let order = crate::sync::weaken(Ordering::Release, "MrTable::release");
+        let before = e.shared.in_flight.fetch_sub(1, order);
         if before == 1 && e.zombie {
             self.free_entry(index, pds);
         }

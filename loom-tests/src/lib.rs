@@ -23,8 +23,10 @@
 //! [loom]: https://docs.rs/loom
 #![deny(unsafe_code)]
 
+pub mod engine;
+
 use shmhca_rings::doorbell::Doorbell;
-use shmhca_rings::ring::{Consumer, HeapStorage, Producer, PushError};
+use shmhca_rings::ring::{Consumer, HeapStorage, Producer, PushError, ShmStorage, Storage};
 use shmhca_rings::sync::{AtomicU64, Ordering, UnsafeCell};
 
 #[cfg(shmhca_loom)]
@@ -45,6 +47,19 @@ pub type Pair = (
     Consumer<u32, HeapStorage<u32>>,
 );
 
+/// The producer and consumer of a shared-memory ring of `u32` (`ShmStorage`).
+pub type ShmPair = (
+    Producer<u32, ShmStorage<u32>>,
+    Consumer<u32, ShmStorage<u32>>,
+);
+
+/// A maker of the rings a scenario runs on.
+pub type MakeRing<S> = fn(usize) -> (Producer<u32, S>, Consumer<u32, S>);
+
+/// A storage the ring scenarios run on: [`HeapStorage`] or [`ShmStorage`].
+pub trait ModelStorage: Storage<u32> + Send + 'static {}
+impl<S: Storage<u32> + Send + 'static> ModelStorage for S {}
+
 /// Runs `scenario` under loom (with `--cfg shmhca_loom`) or as a repeated stress test.
 pub fn check(scenario: impl Fn() + Send + Sync + 'static) {
     #[cfg(shmhca_loom)]
@@ -53,6 +68,8 @@ pub fn check(scenario: impl Fn() + Send + Sync + 'static) {
         if builder.preemption_bound.is_none() {
             builder.preemption_bound = Some(DEFAULT_MAX_PREEMPTIONS);
         }
+        // The engine models take many more steps per execution than the ring models.
+        builder.max_branches = builder.max_branches.max(MAX_BRANCHES);
         builder.check(scenario);
     }
     #[cfg(not(shmhca_loom))]
@@ -61,7 +78,28 @@ pub fn check(scenario: impl Fn() + Send + Sync + 'static) {
     }
 }
 
-fn push_one(p: &mut Producer<u32, HeapStorage<u32>>, mut value: u32) {
+/// Branches (scheduling decisions) one execution of a model may take: an engine poll
+/// iteration is a few dozen atomic operations.
+pub const MAX_BRANCHES: usize = 200_000;
+
+/// Runs `model` under loom and asserts that it fails with a message containing `want`.
+#[cfg(shmhca_loom)]
+pub fn assert_loom_catches(what: &str, want: &str, model: impl Fn() + Send + Sync + 'static) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(model)));
+    let payload = result.expect_err(&format!("loom did not catch the bug: {what}"));
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(
+        message.contains(want),
+        "{what}: loom failed, but not with \"{want}\": {message}"
+    );
+    eprintln!("{what}: loom reported: {message}");
+}
+
+fn push_one<S: ModelStorage>(p: &mut Producer<u32, S>, mut value: u32) {
     loop {
         match p.push(value) {
             Ok(()) => return,
@@ -83,7 +121,7 @@ fn expect(next: &mut u32, got: u32) {
 /// Single push and pop of `count` values through a ring made by `make(capacity)`. With
 /// `count > capacity` the producer finds the ring full and the indices wrap around; the
 /// consumer finds it empty.
-pub fn single(make: fn(usize) -> Pair, capacity: usize, count: u32) {
+pub fn single<S: ModelStorage>(make: MakeRing<S>, capacity: usize, count: u32) {
     let (mut p, mut c) = make(capacity);
     let producer = thread::spawn(move || {
         for v in 0..count {
@@ -103,7 +141,12 @@ pub fn single(make: fn(usize) -> Pair, capacity: usize, count: u32) {
 
 /// Bursts: the producer pushes `bursts` (sizes) with `push_burst`, retrying the rest when
 /// the ring is full; the consumer drains with `pop_burst` into a buffer of `out_len`.
-pub fn bursts(make: fn(usize) -> Pair, capacity: usize, bursts: &'static [usize], out_len: usize) {
+pub fn bursts<S: ModelStorage>(
+    make: MakeRing<S>,
+    capacity: usize,
+    bursts: &'static [usize],
+    out_len: usize,
+) {
     let count: u32 = bursts.iter().sum::<usize>() as u32;
     let (mut p, mut c) = make(capacity);
     let producer = thread::spawn(move || {
@@ -139,7 +182,7 @@ pub fn bursts(make: fn(usize) -> Pair, capacity: usize, bursts: &'static [usize]
 /// Chunks: the producer fills `write_chunk`s of up to `chunk` slots and commits them; the
 /// consumer reads `read_chunk`s of what is available (up to `chunk`), committing part of
 /// each chunk first and the rest later.
-pub fn chunks(make: fn(usize) -> Pair, capacity: usize, count: u32, chunk: usize) {
+pub fn chunks<S: ModelStorage>(make: MakeRing<S>, capacity: usize, count: u32, chunk: usize) {
     let (mut p, mut c) = make(capacity);
     let producer = thread::spawn(move || {
         let mut next = 0u32;
@@ -181,6 +224,26 @@ pub fn chunks(make: fn(usize) -> Pair, capacity: usize, count: u32, chunk: usize
 /// The correct ring, for passing to the scenarios.
 pub fn correct_ring(capacity: usize) -> Pair {
     shmhca_rings::ring::heap_ring(capacity).unwrap()
+}
+
+/// A ring in shared memory, as the engine's links use them: a memfd segment, the ring
+/// initialised at offset 0 with `init_shm_ring` and both ends attached with
+/// `shm_producer`/`shm_consumer`. Under loom the segment is the real one; only its two
+/// index words and one tracking cell per slot are loom objects (see `ShmStorage`).
+pub fn shm_ring(capacity: usize) -> ShmPair {
+    use shmhca_rings::ring::{init_shm_ring, shm_consumer, shm_producer, shm_ring_bytes};
+    use shmhca_rings::segment::{HugePages, Segment};
+    let bytes = shm_ring_bytes::<u32>(capacity).unwrap();
+    let seg = std::sync::Arc::new(
+        Segment::builder(0x5348_4d52, bytes)
+            .huge_pages(HugePages::Never)
+            .create()
+            .unwrap(),
+    );
+    init_shm_ring::<u32>(&seg, 0, capacity).unwrap();
+    let p = shm_producer(std::sync::Arc::clone(&seg), 0).unwrap();
+    let c = shm_consumer(seg, 0).unwrap();
+    (p, c)
 }
 
 /// Queues of the doorbell models (two words of 64, so rings cross a word boundary).

@@ -1,6 +1,17 @@
-//! The ring under loom (or, without `--cfg shmhca_loom`, as a std-thread stress test).
+//! The ring under loom (or, without `--cfg shmhca_loom`, as a std-thread stress test), on
+//! both storages: the heap (`HeapStorage`, the engine's SQ, RQ and CQ) and shared memory
+//! (`ShmStorage`, the engine's links: a real memfd segment, with loom atomics and slot
+//! cells placed in it under loom; the index code is the real one).
+//!
+//! Mutations (each test of `mod mutations` asserts that loom catches it):
+//!
+//! * `ProducerPublishRelaxed`, `ProducerAcquireRelaxed`, `ConsumerAcquireRelaxed`,
+//!   `ConsumerPublishRelaxed`: the generic ring code's four index orderings
+//!   (`shmhca_rings::ring::Mutation`, per ring);
+//! * `ShmStorage::store_tail`: the shared-memory storage stores the tail with Relaxed,
+//!   whatever ordering the ring asks for (mutation point, see `shmhca_rings::sync::mutation`).
 
-use shmhca_loom_tests::{bursts, check, chunks, correct_ring, single};
+use shmhca_loom_tests::{bursts, check, chunks, correct_ring, shm_ring, single};
 
 #[test]
 fn single_push_pop_wraps_through_full_and_empty() {
@@ -30,6 +41,21 @@ fn bursts_larger_than_the_ring() {
 #[test]
 fn chunks_with_partial_commits() {
     check(|| chunks(correct_ring, 4, 6, 3));
+}
+
+#[test]
+fn shm_single_push_pop_wraps_through_full_and_empty() {
+    check(|| single(shm_ring, 2, 4));
+}
+
+#[test]
+fn shm_bursts_straddle_the_wrap() {
+    check(|| bursts(shm_ring, 4, &[3, 3], 2));
+}
+
+#[test]
+fn shm_chunks_with_partial_commits() {
+    check(|| chunks(shm_ring, 4, 6, 3));
 }
 
 /// Proof that the models can fail: rings whose orderings are deliberately weakened must
@@ -89,6 +115,14 @@ mod mutations {
         assert_loom_catches("consumer publishes head Relaxed", || {
             single(consumer_publish_relaxed, 1, 2)
         });
+    }
+
+    #[test]
+    fn shm_storage_storing_tail_relaxed_is_caught() {
+        let (_, hits) = shmhca_rings::sync::mutation::run("ShmStorage::store_tail", || {
+            assert_loom_catches("ShmStorage stores tail Relaxed", || single(shm_ring, 2, 2))
+        });
+        assert!(hits > 0, "the mutated store never ran");
     }
 
     #[test]

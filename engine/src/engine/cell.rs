@@ -11,8 +11,8 @@
 
 #![allow(unsafe_code)]
 
+use crate::sync::{AtomicBool, AtomicU32, Ordering};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// A value owned by whoever holds the token.
 pub(crate) struct EngineCell<T> {
@@ -79,9 +79,9 @@ impl<T> EngineCell<T> {
             }
             spins += 1;
             if spins < 64 {
-                std::hint::spin_loop();
+                crate::sync::spin_loop();
             } else {
-                std::thread::yield_now();
+                crate::sync::yield_now();
             }
         }
     }

@@ -255,6 +255,9 @@ impl ContextBuilder {
             may_sleep,
             cm: crate::cm::CmState::new(),
         });
+        // Under loom there is no engine thread: a model drives the engine with
+        // `Context::progress` from a thread of its own.
+        #[cfg(not(shmhca_loom))]
         if let EngineMode::Poll { cpu } = self.mode {
             let s = shared.clone();
             let idle = self.idle;

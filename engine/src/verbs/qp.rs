@@ -1,7 +1,7 @@
 //! Queue pairs: posting work requests and changing state.
 
+use crate::sync::Ordering;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
@@ -323,7 +323,9 @@ impl Qp {
 
     fn refresh_sq(&mut self) {
         // SYNC: Acquire pairs with the Release store of `sq_retired` in `completer::retire`.
-        self.sq_retired = self.qshared.sq_retired.load(Ordering::Acquire);
+        // (Mutation point of the loom models: this load with Relaxed.)
+        let order = crate::sync::weaken(Ordering::Acquire, "Qp::refresh_sq load");
+        self.sq_retired = self.qshared.sq_retired.load(order);
     }
 
     fn refresh_rq(&mut self) {

@@ -464,9 +464,13 @@ pub fn heap_ring<T: Copy + Send>(
 /// [`CapacityError`] if `capacity` is unusable or the size overflows.
 pub fn shm_ring_bytes<T: Pod>(capacity: usize) -> Result<usize, CapacityError> {
     check_capacity(capacity)?;
-    size_of::<T>()
+    let bytes = size_of::<T>()
         .checked_mul(capacity)
-        .and_then(|n| n.checked_add(storage::SLOTS_OFFSET))
+        .and_then(|n| n.checked_add(storage::SLOTS_OFFSET));
+    // Under loom, room for the slots' loom cells after them (see `storage`).
+    #[cfg(shmhca_loom)]
+    let bytes = bytes.map(|n| n + storage::loom_extra_bytes(n, capacity));
+    bytes
         .filter(|&n| isize::try_from(n).is_ok())
         .ok_or(CapacityError::TooLarge { capacity })
 }
@@ -528,6 +532,8 @@ pub fn init_shm_ring<T: Pod>(
             data_len: seg.data_len(),
         });
     }
+    #[cfg(shmhca_loom)]
+    ShmStorage::<T>::loom_init(seg, offset, capacity);
     ShmStorage::<T>::reset_claims(seg, offset);
     Ok(())
 }
@@ -580,6 +586,9 @@ fn validate_shm_ring<T: Pod>(seg: &Segment, offset: usize) -> Result<usize, Ring
             found: meta.capacity,
         })?;
     let needed = (capacity as u64) * (size_of::<T>() as u64) + storage::SLOTS_OFFSET as u64;
+    // Under loom, the slots' loom cells must fit too (see `storage`).
+    #[cfg(shmhca_loom)]
+    let needed = needed + storage::loom_extra_bytes(needed as usize, capacity) as u64;
     if offset as u64 + needed > data_len as u64 {
         return Err(RingOpenError::DoesNotFit {
             needed,

@@ -18,6 +18,15 @@
 //! 128 bytes rather than 64 because Intel's adjacent-line prefetcher fetches cache lines in
 //! pairs: two indices 64 bytes apart would still interfere (crossbeam's `CachePadded` makes
 //! the same choice on x86_64).
+//!
+//! # Under loom
+//!
+//! With `--cfg shmhca_loom` the segment is the same memfd mapping and the index code is
+//! the same (`atomic_u64` at `TAIL_OFFSET`/`HEAD_OFFSET`, `load_*`/`store_*`), but two
+//! things are substituted so that loom can see them: the two index words are loom atomics,
+//! written into the segment at their offsets by `init_shm_ring`, and every slot access is
+//! also announced to a loom cell, one per slot, kept in the segment after the slot array
+//! (`loom_cells_offset`). Slot bytes are still copied exactly as without loom.
 
 // Raw access to slots and to atomics placed in an mmap; each unsafe block says why it is
 // sound.
@@ -435,6 +444,71 @@ impl<T: Pod> ShmStorage<T> {
 /// Bursts up to this many slots are copied slot by slot (see `write_slots`).
 const SMALL_BURST: usize = 4;
 
+/// Under loom: the cell through which the accesses of one slot are tracked.
+#[cfg(shmhca_loom)]
+type SlotCell = UnsafeCell<()>;
+
+/// Under loom: where a shared ring's slot cells start, from the ring's start.
+#[cfg(shmhca_loom)]
+pub(super) fn loom_cells_offset(slots_end: usize) -> usize {
+    slots_end.next_multiple_of(align_of::<SlotCell>())
+}
+
+/// Under loom: bytes a shared ring of `capacity` slots needs after its slot array.
+#[cfg(shmhca_loom)]
+pub(super) fn loom_extra_bytes(slots_end: usize, capacity: usize) -> usize {
+    loom_cells_offset(slots_end) - slots_end + capacity * size_of::<SlotCell>()
+}
+
+#[cfg(shmhca_loom)]
+impl<T: Pod> ShmStorage<T> {
+    /// Places fresh loom objects in a ring being initialised: the two index words, and one
+    /// cell per slot after the slot array. The caller (`init_shm_ring`) checked that
+    /// `shm_ring_bytes` (which counts the cells under loom) fit at `offset`.
+    pub(super) fn loom_init(segment: &Segment, offset: usize, capacity: usize) {
+        // SAFETY: inside the read-write data area, checked by the caller.
+        let base = unsafe { segment.data_ptr().add(offset) }.as_ptr();
+        for index in [TAIL_OFFSET, HEAD_OFFSET] {
+            // SAFETY: 128 bytes at a 128-aligned offset inside the header, nothing else
+            // there; a loom atomic is a small handle with no drop glue.
+            unsafe {
+                base.wrapping_add(index)
+                    .cast::<sync::shm::AtomicU64>()
+                    .write(sync::shm::AtomicU64::new(0))
+            };
+        }
+        let cells = base.wrapping_add(loom_cells_offset(SLOTS_OFFSET + capacity * size_of::<T>()));
+        for i in 0..capacity {
+            let cell = cells.cast::<SlotCell>().wrapping_add(i);
+            // SAFETY: the cell array lies inside the ring (see `loom_extra_bytes`), aligned
+            // for the cell type; a loom cell has no drop glue.
+            unsafe { cell.write(SlotCell::new(())) };
+        }
+    }
+
+    /// Announces to loom an access to the `n` slots from index `first` on.
+    fn loom_track(&self, first: u64, n: usize, write: bool) {
+        let cells = self
+            .base
+            .as_ptr()
+            .wrapping_add(loom_cells_offset(
+                SLOTS_OFFSET + (self.mask + 1) * size_of::<T>(),
+            ))
+            .cast::<SlotCell>();
+        for i in 0..n {
+            let slot = (first.wrapping_add(i as u64) as usize) & self.mask;
+            // SAFETY: slot < capacity; the cells were written by `loom_init` and live as
+            // long as the mapping (held by `self.segment`).
+            let cell = unsafe { &*cells.wrapping_add(slot) };
+            if write {
+                cell.with_mut(|_| ());
+            } else {
+                cell.with(|_| ());
+            }
+        }
+    }
+}
+
 impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     #[inline(always)]
     fn capacity(&self) -> usize {
@@ -446,6 +520,8 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     fn store_tail(&self, value: u64, order: Ordering) {
+        // (Mutation point of the loom models: publishing the tail with Relaxed.)
+        let order = sync::weaken(order, "ShmStorage::store_tail");
         self.atomic_u64(TAIL_OFFSET).store(value, order);
     }
     #[inline(always)]
@@ -458,6 +534,8 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     unsafe fn write_slots(&self, first: u64, values: &[T]) {
+        #[cfg(shmhca_loom)]
+        self.loom_track(first, values.len(), true);
         if values.len() <= SMALL_BURST {
             // A few slots: fixed-size copies the compiler inlines beat a memcpy call.
             for (i, v) in values.iter().enumerate() {
@@ -486,6 +564,8 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     unsafe fn read_slots(&self, first: u64, out: &mut [T]) {
+        #[cfg(shmhca_loom)]
+        self.loom_track(first, out.len(), false);
         if out.len() <= SMALL_BURST {
             for (i, o) in out.iter_mut().enumerate() {
                 // SAFETY: as in read_slot; every slot of the burst is published.
@@ -513,12 +593,16 @@ impl<T: Pod> sealed::RawStorage<T> for ShmStorage<T> {
     }
     #[inline(always)]
     unsafe fn write_slot(&self, index: u64, value: T) {
+        #[cfg(shmhca_loom)]
+        self.loom_track(index, 1, true);
         // SAFETY: the masked slot lies inside the slot array; unaligned write of a Pod value
         // through a raw pointer, no reference to shared memory is formed.
         unsafe { self.slot_ptr(index).cast::<T>().write_unaligned(value) };
     }
     #[inline(always)]
     unsafe fn read_slot(&self, index: u64) -> T {
+        #[cfg(shmhca_loom)]
+        self.loom_track(index, 1, false);
         // SAFETY: as in read_slots: in bounds, copied out, any bytes are a valid T (Pod).
         unsafe { self.slot_ptr(index).cast::<T>().read_unaligned() }
     }
