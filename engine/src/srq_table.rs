@@ -11,7 +11,7 @@
 //! limit event.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use shmhca_rings::ring::{Consumer, HeapStorage};
 

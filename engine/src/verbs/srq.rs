@@ -2,7 +2,7 @@
 //! See the docs of [`Srq`] for how it works.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
