@@ -154,6 +154,18 @@ impl MwTable {
             .count() as u32
     }
 
+    /// Unbinds every window bound into the region of key `mr_key`, whose key dies now (its
+    /// handle was dropped). The window must not outlive the region's key: the 8-bit
+    /// generation of region keys wraps, and a later region given the same key (often at the
+    /// same address) would otherwise be reachable through the window.
+    pub(crate) fn unbind_region(&mut self, mr_key: u32) {
+        for (_, e) in self.entries.iter_mut() {
+            if e.binding.is_some_and(|b| b.mr_key == mr_key) {
+                e.binding = None;
+            }
+        }
+    }
+
     /// Executes a bind posted on QP `qpn` of protection domain `pd`.
     pub(crate) fn bind(
         &mut self,

@@ -462,9 +462,10 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        let index = self.index;
+        let (index, key) = (self.index, self.key);
         self.shared.engine.with(|e| {
-            let crate::context::Resources { mrs, pds, .. } = &mut e.res;
+            let crate::context::Resources { mrs, pds, mws, .. } = &mut e.res;
+            mws.unbind_region(key);
             mrs.remove(index, pds);
         });
     }

@@ -33,7 +33,7 @@ pub use crate::mw_table::MwType;
 /// window's key are checked against the window — its range, its rights, its protection
 /// domain and (type 2) its QP — not against the region's own rights; the region must still
 /// be registered. A region cannot be deregistered ([`Mr::deregister`]) while windows are
-/// bound to it; dropping it anyway kills those windows' keys.
+/// bound to it; dropping it anyway unbinds those windows (their keys stop working).
 ///
 /// [`Qp::bind_mw`]: crate::Qp::bind_mw
 /// [`SendOp::BindMw`]: crate::SendOp::BindMw
