@@ -166,6 +166,17 @@ impl MwTable {
         }
     }
 
+    /// Invalidates every type 2 window bound to QP `qpn`, which is being destroyed: the
+    /// generation in a QPN wraps, and a later QP given the same number (perhaps connected
+    /// to another peer) would otherwise reach memory through the window.
+    pub(crate) fn unbind_qp(&mut self, qpn: Qpn) {
+        for (_, e) in self.entries.iter_mut() {
+            if e.binding.is_some_and(|b| b.qpn == Some(qpn)) {
+                e.binding = None;
+            }
+        }
+    }
+
     /// Executes a bind posted on QP `qpn` of protection domain `pd`.
     pub(crate) fn bind(
         &mut self,

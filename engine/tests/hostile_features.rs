@@ -75,3 +75,83 @@ fn a_window_of_a_dropped_region_never_reaches_a_later_region_with_the_same_key()
     assert_eq!(wc.status, WcStatus::RemAccessErr, "{wc:?}");
     assert_eq!(read_mr(&victim, 0, 64), [0xee; 64], "nothing written");
 }
+
+/// A second connection between the pair's two contexts and domains.
+fn second_connection(p: &Pair) -> (Qp, Qp) {
+    let prm = Params::default();
+    let mut qa =
+        p.a.ctx
+            .create_qp(&p.a.pd, &p.a.cq, &p.a.cq, QpCaps::default())
+            .unwrap();
+    let mut qb =
+        p.b.ctx
+            .create_qp(&p.b.pd, &p.b.cq, &p.b.cq, QpCaps::default())
+            .unwrap();
+    let (na, nb) = (qa.qpn(), qb.qpn());
+    connect(&mut qa, p.a.link, nb, 10, 20, &prm);
+    connect(&mut qb, p.b.link, na, 20, 10, &prm);
+    (qa, qb)
+}
+
+/// Promise: a type 2 window is usable only by the peer of the QP it was bound to.
+///
+/// The QP goes away with the window still bound; a later QP of the same domain gets the
+/// same QP number (the generation in a QPN wraps) and is connected to another peer. That
+/// peer must not reach memory through the window.
+#[test]
+fn a_type_2_window_of_a_destroyed_qp_never_works_through_a_later_qp_with_its_number() {
+    let mut p = pair(&Params::default());
+    let access = AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE;
+    let mr = p.b.pd.alloc_mr(4096, access).unwrap();
+    mr.write_at(0, &[0xee; 64]).unwrap();
+    let mw = p.b.pd.alloc_mw(MwType::Two).unwrap();
+    let key = mw.rkey_with_tag(9);
+    let (qa1, mut qb1) = second_connection(&p);
+    let old_qpn = qb1.qpn();
+    qb1.post_send(&SendWr::new(
+        3,
+        SendOp::BindMw {
+            rkey: key,
+            bind: mr.mw_bind(0, 4096, rights()),
+        },
+        &[],
+    ))
+    .unwrap();
+    assert!(wait_b(&mut p, 1)[0].is_ok());
+    drop(qb1);
+    drop(qa1);
+    // Later QPs of B's domain until one gets the old number.
+    let mut qb2 = None;
+    for _ in 0..5000 {
+        let q =
+            p.b.ctx
+                .create_qp(&p.b.pd, &p.b.cq, &p.b.cq, QpCaps::default())
+                .unwrap();
+        if q.qpn() == old_qpn {
+            qb2 = Some(q);
+            break;
+        }
+    }
+    let mut qb2 = qb2.expect("QP numbers wrap");
+    let prm = Params::default();
+    let mut qa2 =
+        p.a.ctx
+            .create_qp(&p.a.pd, &p.a.cq, &p.a.cq, QpCaps::default())
+            .unwrap();
+    connect(&mut qa2, p.a.link, qb2.qpn(), 10, 20, &prm);
+    connect(&mut qb2, p.b.link, qa2.qpn(), 20, 10, &prm);
+    let buf = a_buf(&p);
+    let sgl = [buf.sge(0, 64).unwrap()];
+    qa2.post_send(&SendWr::new(
+        1,
+        SendOp::RdmaWrite(RemoteAddr {
+            addr: mr.addr(),
+            rkey: key,
+        }),
+        &sgl,
+    ))
+    .unwrap();
+    let wc = wait_a(&mut p, 1)[0];
+    assert_eq!(wc.status, WcStatus::RemAccessErr, "{wc:?}");
+    assert_eq!(read_mr(&mr, 0, 64), [0xee; 64], "nothing written");
+}

@@ -123,6 +123,7 @@ impl Engine {
             return;
         };
         self.active.remove(index);
+        self.res.mws.unbind_qp(qp.qpn);
         discard_queues(&mut qp, &mut self.res.env());
     }
 

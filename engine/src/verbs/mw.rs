@@ -26,7 +26,7 @@ pub use crate::mw_table::MwType;
 ///   posted on, with a key whose low 8 bits the consumer chooses ([`Mw::rkey_with_tag`]);
 ///   only that QP's peer can use it. It is invalidated by a Local Invalidate
 ///   ([`SendOp::LocalInv`]), by the peer's Send with Invalidate ([`SendOp::SendWithInv`]),
-///   or by deallocation; a bound type 2 window cannot be bound again before that.
+///   by deallocation, or by destroying (dropping) its QP; a bound type 2 window cannot be bound again before that.
 ///
 /// Binding needs a region registered with [`AccessFlags::MW_BIND`]; a window with remote
 /// write or atomic rights needs the region's `LOCAL_WRITE`. Remote operations through a
