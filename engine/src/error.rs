@@ -88,7 +88,7 @@ pub enum Error {
     },
     /// Direct access to remotely writable memory was asked for.
     #[error(
-        "memory region {key:#x} allows remote write or atomic access, so a peer may change it at any time: use read_at/write_at instead of a slice"
+        "memory region {key:#x} allows remote write or atomic access (itself, or through a memory window: MW_BIND with LOCAL_WRITE), so a peer may change it at any time: use read_at/write_at instead of a slice"
     )]
     MrRemoteWritable {
         /// The region's L_Key.

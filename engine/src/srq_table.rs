@@ -10,8 +10,8 @@
 //! posted − taken is exactly what the SRQ holds, for `post_recv`'s room check and for the
 //! limit event.
 
-use std::sync::Arc;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use shmhca_rings::ring::{Consumer, HeapStorage};
 

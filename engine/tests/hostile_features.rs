@@ -62,7 +62,12 @@ fn a_window_of_a_dropped_region_never_reaches_a_later_region_with_the_same_key()
     let mut mw = p.b.pd.alloc_mw(MwType::One).unwrap();
     let key =
         p.b.qp
-            .bind_mw(&mut mw, 5, mr.mw_bind(0, 4096, rights()), SendFlags::SIGNALED)
+            .bind_mw(
+                &mut mw,
+                5,
+                mr.mw_bind(0, 4096, rights()),
+                SendFlags::SIGNALED,
+            )
             .unwrap();
     assert!(wait_b(&mut p, 1)[0].is_ok());
     drop(mr);
@@ -71,7 +76,12 @@ fn a_window_of_a_dropped_region_never_reaches_a_later_region_with_the_same_key()
     assert_eq!(victim.addr(), addr, "the same block again");
     victim.write_at(0, &[0xee; 64]).unwrap();
     let buf = a_buf(&p);
-    let wc = run_a(&mut p, SendOp::RdmaWrite(RemoteAddr { addr, rkey: key }), &buf, 64);
+    let wc = run_a(
+        &mut p,
+        SendOp::RdmaWrite(RemoteAddr { addr, rkey: key }),
+        &buf,
+        64,
+    );
     assert_eq!(wc.status, WcStatus::RemAccessErr, "{wc:?}");
     assert_eq!(read_mr(&victim, 0, 64), [0xee; 64], "nothing written");
 }
@@ -154,4 +164,54 @@ fn a_type_2_window_of_a_destroyed_qp_never_works_through_a_later_qp_with_its_num
     let wc = wait_a(&mut p, 1)[0];
     assert_eq!(wc.status, WcStatus::RemAccessErr, "{wc:?}");
     assert_eq!(read_mr(&mr, 0, 64), [0xee; 64], "nothing written");
+}
+
+/// Promise (of the safe API): bytes behind a `&mut [u8]` change only through it.
+///
+/// `Mr::as_mut_slice` refuses regions with remote write rights, but a region registered
+/// with `MW_BIND | LOCAL_WRITE` can get a window with remote write at any time — even
+/// while the slice lives, since binding does not borrow the region. A peer writing through
+/// the window would change the bytes under the slice.
+#[test]
+fn no_mutable_slice_of_a_region_a_window_can_make_remotely_writable() {
+    let mut p = pair(&Params::default());
+    let buf = a_buf(&p);
+    let mut mr =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let bind = mr.mw_bind(0, 4096, AccessFlags::REMOTE_WRITE);
+    let addr = mr.addr();
+    let mut mw = p.b.pd.alloc_mw(MwType::One).unwrap();
+    match mr.as_mut_slice() {
+        Err(e) => assert!(matches!(e, Error::MrRemoteWritable { .. }), "{e}"),
+        Ok(slice) => {
+            slice[..64].fill(1);
+            let key =
+                p.b.qp
+                    .bind_mw(&mut mw, 5, bind, SendFlags::SIGNALED)
+                    .unwrap();
+            assert!(wait_b(&mut p, 1)[0].is_ok());
+            let wc = run_a(
+                &mut p,
+                SendOp::RdmaWrite(RemoteAddr { addr, rkey: key }),
+                &buf,
+                64,
+            );
+            assert!(
+                !wc.is_ok() || slice[..64] == [1; 64],
+                "a peer wrote under a live &mut [u8]"
+            );
+        }
+    }
+    // The same for a registered buffer (which the engine also reads through a window with
+    // remote read, to stage a peer's RDMA Read, while the slice lives).
+    let mut v =
+        p.b.pd
+            .reg_mr(vec![0u8; 4096], AccessFlags::MW_BIND)
+            .unwrap();
+    assert!(
+        v.as_mut_slice().is_err(),
+        "a window can make it remotely readable"
+    );
 }

@@ -400,20 +400,28 @@ impl Mr {
     ///
     /// # Errors
     /// [`Error::MrRemoteWritable`] if peers may write it (they could change it while the
-    /// slice lives) and [`Error::MrBusy`] while posted work requests use it. For a
+    /// slice lives), itself or through a memory window (`MW_BIND` with `LOCAL_WRITE`), and [`Error::MrBusy`] while posted work requests use it. For a
     /// registered buffer ([`Pd::reg_mr`]) also [`Error::InvalidArgument`] if peers may read
-    /// it (this engine copies it to the shadow at any time) or if it is a memfd or a
+    /// it, itself or through a window (`REMOTE_READ` or `MW_BIND`: this engine copies it to the shadow at any time) or if it is a memfd or a
     /// memory map (another writer of the file could change it): use `read_at`/`write_at`.
     #[allow(unsafe_code)]
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
-        if self.access.remote_writable() {
+        // A region that may have windows bound (MW_BIND) gets remote write or atomic rights
+        // through a window whenever one is bound with them — which needs only LOCAL_WRITE,
+        // and can happen while the slice lives (binding does not borrow the region).
+        let via_window = self
+            .access
+            .contains(AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE);
+        if self.access.remote_writable() || via_window {
             return Err(Error::MrRemoteWritable { key: self.key });
         }
         if let Some(u) = &self.user {
-            if !u.exclusive || self.access.contains(AccessFlags::REMOTE_READ) {
+            let remote_read = self.access.contains(AccessFlags::REMOTE_READ)
+                || self.access.contains(AccessFlags::MW_BIND);
+            if !u.exclusive || remote_read {
                 return Err(Error::invalid(
                     "as_mut_slice",
-                    "this registered buffer may be read by the engine at any time (REMOTE_READ) or written by another holder of its file (a memfd or memory map): use read_at/write_at",
+                    "this registered buffer may be read by the engine at any time (REMOTE_READ, or MW_BIND: a window may grant it) or written by another holder of its file (a memfd or memory map): use read_at/write_at",
                 ));
             }
         }
@@ -431,10 +439,12 @@ impl Mr {
         // post from it for the slice's lifetime; the in-flight count is zero (Acquire: the
         // engine's last copy into the region happened before), so no posted work request —
         // hence no engine copy — targets the region; the engine refuses remote writes and
-        // atomics because the region has no such rights; and the arena allocator never
-        // gives two regions overlapping bytes. A registered buffer is owned by the region
+        // atomics because the region has no such rights, itself or through a window (no
+        // MW_BIND with LOCAL_WRITE, checked above); and the arena allocator never gives two
+        // regions overlapping bytes. A registered buffer is owned by the region
         // (moved in, never handed out while registered), only this process can write it
-        // (`exclusive`), and no peer's RDMA Read stages it (no REMOTE_READ).
+        // (`exclusive`), and no peer's RDMA Read stages it (no REMOTE_READ, and no MW_BIND
+        // for a window to grant it).
         let slice = unsafe { mem.slice_mut(off, len) };
         slice.map_err(|_| self.oob(0, len))
     }

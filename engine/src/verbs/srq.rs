@@ -1,8 +1,8 @@
 //! Shared receive queues (`ibv_srq`): one receive queue feeding many QPs.
 //! See the docs of [`Srq`] for how it works.
 
-use std::sync::Arc;
 use crate::sync::Ordering;
+use std::sync::Arc;
 
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
