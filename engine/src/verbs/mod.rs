@@ -14,7 +14,7 @@
 //! * **no mutable borrow while in flight**: [`Mr::as_mut_slice`] takes `&mut self` and
 //!   refuses ([`Error::MrBusy`]) while the count is non-zero; while the slice lives, the
 //!   borrow checker forbids posting from that region. Regions a peer may write
-//!   (`REMOTE_WRITE`/`REMOTE_ATOMIC`) never hand out a slice at all — a peer could change
+//!   (`REMOTE_WRITE`/`REMOTE_ATOMIC`, or through a window: `MW_BIND` with `LOCAL_WRITE`) never hand out a slice at all — a peer could change
 //!   them at any moment — and are read and written with copies ([`Mr::read_at`],
 //!   [`Mr::write_at`]), like host memory a NIC may DMA into at any time.
 //! * **no free while in flight**: [`Mr::deregister`] refuses while the count is non-zero
