@@ -336,3 +336,65 @@ proptest! {
         let _ = crate::testing::receive_slot(&bytes, &arena, &split);
     }
 }
+
+/// A request packet from the peer: `op` at `psn`, with `payload` inline.
+fn request(qpn: Qpn, op: Opcode, psn: u32, payload: &[u8]) -> PacketSlot {
+    let mut s = PacketSlot::default();
+    let repr = crate::wire::PacketRepr::new(crate::wire::BthRepr::new(
+        op,
+        qpn,
+        crate::psn::Psn::new(psn),
+    ));
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    s.kind = link::KIND_INLINE;
+    s.payload_len = payload.len() as u32;
+    let at = s.hdr_len as usize;
+    s.data[at..at + payload.len()].copy_from_slice(payload);
+    s
+}
+
+/// A peer that stops reading its ring and sends the same Send again and again to a QP
+/// without receives: each copy is a new RNR Nak (the PSN is ePSN again), which cannot
+/// leave while the peer's ring is full. The responses waiting must stay bounded (no
+/// panic on the queue's bound, no growth), and the QP must serve the peer again once it
+/// reads its ring and behaves.
+#[test]
+fn repeated_rnr_naks_to_a_peer_that_does_not_read_stay_bounded() {
+    let mut rig = rig();
+    let qpn = rig.qp.qpn();
+    // Use up the four receives.
+    for i in 0..4 {
+        let s = request(qpn, Opcode::SendOnly, RQ_PSN + i, b"x");
+        assert_eq!(rig.tx.push_burst(&[s]).unwrap(), 1);
+        rig.pump();
+    }
+    let s = request(qpn, Opcode::SendOnly, RQ_PSN + 4, b"again");
+    for _ in 0..400 {
+        let burst = [s; 16];
+        let _ = rig.tx.push_burst(&burst).unwrap();
+        rig.ctx.progress();
+    }
+    // The peer reads its ring again; a receive is posted; the Send goes through.
+    rig.pump();
+    rig.qp
+        .post_recv(&RecvWr::new(9, &[rig.open.sge(0, 64).unwrap()]))
+        .unwrap();
+    let mut wc = [WorkCompletion::default(); 16];
+    let mut got = None;
+    for _ in 0..100 {
+        while rig.tx.free_slots().unwrap() == 0 {
+            rig.pump();
+        }
+        rig.tx.push_burst(&[s]).unwrap();
+        rig.ctx.progress();
+        let mut out = [PacketSlot::default(); 64];
+        while let Ok(1..) = rig.rx.pop_burst(&mut out) {}
+        let k = rig.cq.poll(&mut wc);
+        if let Some(c) = wc[..k].iter().find(|c| c.wr_id == 9) {
+            got = Some(*c);
+            break;
+        }
+    }
+    let c = got.expect("the QP serves the peer again");
+    assert!(c.is_ok() && c.byte_len == 5, "{c:?}");
+}

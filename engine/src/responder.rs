@@ -197,6 +197,18 @@ impl Responder {
             *m = msn;
             return;
         }
+        // Acks and Naks (other than the fatal one) are bounded by nothing the requester
+        // promised: a requester that does not read its ring while it repeats a request
+        // that is RNR Nak'd again each time (or alternates it with accepted ones) would
+        // queue them without end. Past the room kept for a Read or Atomic response per
+        // responder resource and a fatal Nak they are dropped, as a lossy link would; the
+        // requester's retransmission recovers (spec/02).
+        let droppable = matches!(o, Out::Ack { .. } | Out::Nak { .. });
+        let reserved =
+            usize::from(MAX_RD_ATOMIC).saturating_sub(self.rd_atomic_queued as usize) + 1;
+        if droppable && self.out.len() + reserved >= OUT_CAP {
+            return;
+        }
         debug_assert!(self.out.len() < OUT_CAP, "response queue bound");
         if self.out.len() < OUT_CAP {
             self.out.push_back(o);
