@@ -215,3 +215,82 @@ fn no_mutable_slice_of_a_region_a_window_can_make_remotely_writable() {
         "a window can make it remotely readable"
     );
 }
+
+/// Promise: a peer reaches a registered buffer only inside the granted range, whatever
+/// addresses, lengths and alignments it names (they become "bit 62" local offsets inside
+/// the engine: none may alias another buffer or index out of the table).
+#[test]
+fn a_peer_reaches_a_registered_buffer_only_inside_the_granted_range() {
+    let mut p = pair(&Params::default());
+    let buf = a_buf(&p);
+    let dst = p.a.pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    // Two registered buffers side by side in B's table; only the first is granted.
+    let granted =
+        p.b.pd
+            .reg_mr(pattern(4096, 1), rights() | AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let other =
+        p.b.pd
+            .reg_mr(pattern(4096, 2), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let (base, key) = (granted.addr(), granted.rkey());
+    let at = |addr: u64| RemoteAddr { addr, rkey: key };
+    let mut bad: Vec<(SendOp, u32)> = vec![
+        (SendOp::RdmaWrite(at(base + 4000)), 100), // straddles the end
+        (SendOp::RdmaRead(at(base + 4000)), 100),
+        (SendOp::RdmaWrite(at(base - 1)), 8), // starts before
+        (SendOp::RdmaRead(at(base.wrapping_add(1 << 62))), 8), // the local-offset bit
+        (SendOp::RdmaRead(at(base | 0xff_ffff << 32)), 8), // a huge table index
+        (SendOp::RdmaWrite(at(u64::MAX - 3)), 8), // wraps around
+        (SendOp::RdmaRead(at(other.addr())), 8), // the neighbour, with the wrong key
+    ];
+    for (remote, len) in [(base + 4092, 8), (base + 4096, 8), (u64::MAX & !7, 8)] {
+        bad.push((
+            SendOp::FetchAdd {
+                remote: at(remote),
+                add: 1,
+            },
+            len,
+        ));
+    }
+    let (granted_before, other_before) = (read_mr(&granted, 0, 4096), read_mr(&other, 0, 4096));
+    for (op, len) in bad {
+        // Each refusal takes B's QP to Error: a fresh connection for each.
+        let (mut qa, _qb) = second_connection(&p);
+        let sgl = [match op {
+            SendOp::RdmaRead(_) => dst.sge(0, len).unwrap(),
+            _ => buf.sge(0, len).unwrap(),
+        }];
+        if qa.post_send(&SendWr::new(1, op, &sgl)).is_err() {
+            // This side's requester refuses it already (a misaligned Atomic); the
+            // responder's own check is in the raw-packet suites.
+            continue;
+        }
+        let wc = wait_a(&mut p, 1)[0];
+        assert!(
+            matches!(wc.status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr),
+            "{op:?}: {wc:?}"
+        );
+        assert_eq!(read_mr(&dst, 0, 8), [0; 8], "{op:?}: nothing read");
+    }
+    assert_eq!(read_mr(&granted, 0, 4096), granted_before);
+    assert_eq!(read_mr(&other, 0, 4096), other_before);
+    // The whole granted range works, to its last byte and its last aligned word.
+    let (mut qa, _qb) = second_connection(&p);
+    let sgl = [dst.sge(0, 4096).unwrap()];
+    qa.post_send(&SendWr::new(2, SendOp::RdmaRead(at(base)), &sgl))
+        .unwrap();
+    assert!(wait_a(&mut p, 1)[0].is_ok());
+    assert_eq!(read_mr(&dst, 0, 4096), granted_before);
+    let sgl = [dst.sge(0, 8).unwrap()];
+    qa.post_send(&SendWr::new(
+        3,
+        SendOp::FetchAdd {
+            remote: at(base + 4088),
+            add: 1,
+        },
+        &sgl,
+    ))
+    .unwrap();
+    assert!(wait_a(&mut p, 1)[0].is_ok());
+}
