@@ -294,3 +294,131 @@ fn a_peer_reaches_a_registered_buffer_only_inside_the_granted_range() {
     .unwrap();
     assert!(wait_a(&mut p, 1)[0].is_ok());
 }
+
+/// Promise: only a window key I bound works, and only inside the window. Keys with the
+/// window bit naming no window, a freed one, a stale tag; accesses straddling the
+/// window's end over a registered buffer; and a Read that ends exactly at the window's end
+/// returns exactly the window's bytes.
+#[test]
+fn window_keys_are_checked_against_the_live_binding_and_its_range() {
+    let mut p = pair(&Params::default());
+    let buf = a_buf(&p);
+    let dst = p.a.pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let reg =
+        p.b.pd
+            .reg_mr(
+                pattern(8192, 5),
+                AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE,
+            )
+            .unwrap();
+    let base = reg.addr();
+    let mut mw = p.b.pd.alloc_mw(MwType::One).unwrap();
+    let old =
+        p.b.qp
+            .bind_mw(
+                &mut mw,
+                5,
+                reg.mw_bind(1000, 2000, rights()),
+                SendFlags::SIGNALED,
+            )
+            .unwrap();
+    assert!(wait_b(&mut p, 1)[0].is_ok());
+    let key =
+        p.b.qp
+            .bind_mw(
+                &mut mw,
+                6,
+                reg.mw_bind(1000, 2000, rights()),
+                SendFlags::SIGNALED,
+            )
+            .unwrap();
+    assert!(wait_b(&mut p, 1)[0].is_ok());
+    let freed = {
+        let mut gone = p.b.pd.alloc_mw(MwType::One).unwrap();
+        let k =
+            p.b.qp
+                .bind_mw(
+                    &mut gone,
+                    7,
+                    reg.mw_bind(0, 8192, rights()),
+                    SendFlags::SIGNALED,
+                )
+                .unwrap();
+        assert!(wait_b(&mut p, 1)[0].is_ok());
+        k
+    };
+    let bad = [
+        (
+            SendOp::RdmaRead(RemoteAddr {
+                addr: base + 1000,
+                rkey: old,
+            }),
+            8,
+        ),
+        (
+            SendOp::RdmaRead(RemoteAddr {
+                addr: base,
+                rkey: freed,
+            }),
+            8,
+        ),
+        (
+            SendOp::RdmaRead(RemoteAddr {
+                addr: base + 1000,
+                rkey: 0xffff_ff01,
+            }),
+            8,
+        ),
+        (
+            SendOp::RdmaRead(RemoteAddr {
+                addr: base + 1000,
+                rkey: key ^ 0x7f00_0000,
+            }),
+            8,
+        ),
+        (
+            SendOp::RdmaRead(RemoteAddr {
+                addr: base + 2900,
+                rkey: key,
+            }),
+            200,
+        ),
+        (
+            SendOp::RdmaWrite(RemoteAddr {
+                addr: base + 999,
+                rkey: key,
+            }),
+            8,
+        ),
+        (
+            SendOp::RdmaWrite(RemoteAddr {
+                addr: base + 2996,
+                rkey: key,
+            }),
+            8,
+        ),
+    ];
+    for (op, len) in bad {
+        let (mut qa, _qb) = second_connection(&p);
+        let sgl = [match op {
+            SendOp::RdmaRead(_) => dst.sge(0, len).unwrap(),
+            _ => buf.sge(0, len).unwrap(),
+        }];
+        qa.post_send(&SendWr::new(1, op, &sgl)).unwrap();
+        let wc = wait_a(&mut p, 1)[0];
+        assert_eq!(wc.status, WcStatus::RemAccessErr, "{op:?}: {wc:?}");
+        assert_eq!(read_mr(&dst, 0, 8), [0; 8], "{op:?}: nothing read");
+    }
+    assert_eq!(read_mr(&reg, 0, 8192), pattern(8192, 5), "nothing written");
+    // Exactly the window: 2000 bytes from offset 1000, three packets.
+    let (mut qa, _qb) = second_connection(&p);
+    let sgl = [dst.sge(0, 2000).unwrap()];
+    let op = SendOp::RdmaRead(RemoteAddr {
+        addr: base + 1000,
+        rkey: key,
+    });
+    qa.post_send(&SendWr::new(2, op, &sgl)).unwrap();
+    assert!(wait_a(&mut p, 1)[0].is_ok());
+    assert_eq!(read_mr(&dst, 0, 2000), pattern(8192, 5)[1000..3000]);
+    assert_eq!(read_mr(&dst, 2000, 8), [0; 8], "nothing past the window");
+}
