@@ -244,7 +244,7 @@ fn a_peer_reaches_a_registered_buffer_only_inside_the_granted_range() {
         (SendOp::RdmaWrite(at(u64::MAX - 3)), 8), // wraps around
         (SendOp::RdmaRead(at(other.addr())), 8), // the neighbour, with the wrong key
     ];
-    for (remote, len) in [(base + 4092, 8), (base + 4096, 8), (u64::MAX & !7, 8)] {
+    for (remote, len) in [(base + 4092, 8), (base + 4096, 8), (!7u64, 8)] {
         bad.push((
             SendOp::FetchAdd {
                 remote: at(remote),
