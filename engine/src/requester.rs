@@ -415,7 +415,12 @@ pub(crate) fn transmit(
             )
             .unwrap_or_default(),
         };
-        let limited_first = req.limited == Some(seq) && k == 0;
+        // A limited Send stops after its first packet and needs it acknowledged; a limited
+        // Write with Immediate sends every packet and needs only its last acknowledged
+        // (spec/02 "SQ Logic's Behavior When No Credits Are Available").
+        let limited_first = req.limited == Some(seq)
+            && k == 0
+            && matches!(w.w.op, WqeOp::Send | WqeOp::SendImm);
         // AckReq on the last packet of each message, and on the first of a limited Send.
         let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
         let Some((slot, cont)) = wire.tx.next_packet(extra) else {

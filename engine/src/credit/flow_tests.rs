@@ -488,3 +488,240 @@ fn the_msn_names_a_message_by_its_send_sequence_number() {
         ]
     );
 }
+
+/// spec/02 "LSN + 1 for Each SQ WQE That Doesn't Need RQ WQE": RDMA Writes, Reads and
+/// Atomics go without credit and do not use any up; credits arriving on a Read response
+/// or an Atomic Acknowledge count like those of an Ack.
+#[test]
+fn messages_that_need_no_receive_extend_the_limit() {
+    let mut r = rig(Opts::default());
+    r.ack(-1, 2, 0);
+    r.run();
+    r.post(K::Send, 300); // message 1, consuming count 1: PSNs 0, 1
+    r.post(K::Write, 300); // 2: 2, 3
+    r.post(K::Read, 4); // 3: 4
+    r.post(K::Send, 300); // 4, count 2: 5, 6
+    r.post(K::FetchAdd, 8); // 5: 7
+    r.post(K::WriteImm, 600); // 6, count 3, limited: 8, 9, 10
+    r.post(K::Send, 300); // 7, count 4: waits
+    assert_eq!(
+        flow(&r.run()),
+        [
+            (SF, 0, false),
+            (SL, 1, true),
+            (WrF, 2, false),
+            (Opcode::RdmaWriteLast, 3, true),
+            (RdReq, 4, true),
+            (SF, 5, false),
+            (SL, 6, true),
+            (Faa, 7, true),
+            (WrF, 8, false),
+            (WrM, 9, false),
+            (WrLImm, 10, true),
+        ],
+        "a limited Write with Immediate sends every packet, AckReq on the last"
+    );
+    // The Read's response says message 3 is done with 2 WQEs posted: LSN 1 + 2 = 3.
+    // That covers the Write with Immediate, no longer limited, and the Send behind it
+    // starts, limited in turn.
+    r.read_response(4, 2, 3);
+    assert_eq!(flow(&r.run()), [(SF, 11, true)]);
+    // The Atomic's: message 5 done, 2 WQEs: LSN 2 + 2 = 4, the Send's count.
+    r.atomic_ack(7, 2, 5);
+    assert_eq!(flow(&r.run()), [(SL, 12, true)]);
+    r.ack(12, 2, 7);
+    r.run();
+    assert_eq!(r.completed(WcStatus::Success), [0, 1, 2, 3, 4, 5, 6]);
+}
+
+/// A limited Write with Immediate needs its receive WQE only at its last packet, so an
+/// Ack of an earlier packet does not lift the limit; an Ack of the last one does.
+#[test]
+fn a_limited_write_with_immediate_waits_for_its_last_packet_to_be_accepted() {
+    let mut r = rig(Opts::default());
+    r.post(K::WriteImm, 600);
+    r.post(K::Send, 4);
+    assert_eq!(
+        flow(&r.run()),
+        [(WrF, 0, false), (WrM, 1, false), (WrLImm, 2, true)]
+    );
+    r.ack(0, 0, 0);
+    assert_eq!(flow(&r.run()), [], "its first packet accepted, not the message");
+    r.ack(2, 0, 1);
+    assert_eq!(flow(&r.run()), [(SO, 3, true)]);
+}
+
+/// spec/02 "Obey the Ordering Rules": requests that need no receive WQE do not overtake a
+/// limited one; and they do not become limited themselves.
+#[test]
+fn nothing_overtakes_a_limited_send_and_writes_reads_atomics_are_never_limited() {
+    let mut r = rig(Opts::default());
+    r.post(K::Send, 300);
+    r.post(K::Write, 4);
+    r.post(K::Read, 4);
+    r.post(K::FetchAdd, 8);
+    assert_eq!(flow(&r.run()), [(SF, 0, true)]);
+    r.ack(0, 0, 0);
+    assert_eq!(
+        flow(&r.run()),
+        [(SL, 1, true), (WrO, 2, true), (RdReq, 3, true), (Faa, 4, true)]
+    );
+
+    // Without credit, Writes, Reads and Atomics go one after another, and a Send after
+    // them is limited.
+    let mut r = rig(Opts::default());
+    r.post(K::Write, 300);
+    r.post(K::Write, 4);
+    r.post(K::Read, 600);
+    r.post(K::FetchAdd, 8);
+    r.post(K::Send, 300);
+    assert_eq!(
+        flow(&r.run()),
+        [
+            (WrF, 0, false),
+            (Opcode::RdmaWriteLast, 1, true),
+            (WrO, 2, true),
+            (RdReq, 3, true),
+            (Faa, 6, true),
+            (SF, 7, true),
+        ]
+    );
+}
+
+/// An Ack of earlier messages without new credit leaves a limited Send limited: the Send
+/// behind them neither finishes nor lets the next one start.
+#[test]
+fn a_limited_send_stays_limited_while_earlier_messages_complete() {
+    let mut r = rig(Opts::default());
+    r.ack(-1, 1, 0);
+    r.run();
+    r.post(K::Send, 300);
+    r.post(K::Send, 300);
+    r.post(K::Send, 4);
+    assert_eq!(
+        flow(&r.run()),
+        [(SF, 0, false), (SL, 1, true), (SF, 2, true)]
+    );
+    r.ack(1, 0, 1); // message 1 done, no WQE left: LSN 1
+    assert_eq!(flow(&r.run()), []);
+    assert_eq!(r.completed(WcStatus::Success), [0]);
+    r.ack(1, 2, 1); // two WQEs posted since: LSN 3
+    assert_eq!(flow(&r.run()), [(SL, 3, true), (SO, 4, true)]);
+}
+
+/// Credits never shrink: an older or smaller report after a larger one takes nothing
+/// back (a grant cannot be revoked, spec/02).
+#[test]
+fn credits_never_shrink() {
+    let mut r = rig(Opts::default());
+    r.ack(-1, 4, 0);
+    r.ack(-1, 0, 0);
+    r.run();
+    for _ in 0..5 {
+        r.post(K::Send, 300);
+    }
+    let sent = flow(&r.run());
+    assert_eq!(sent.len(), 9, "four Sends whole, the fifth limited: {sent:?}");
+    assert_eq!(sent[8], (SF, 8, true));
+    // Message 1 done and no WQE left: LSN 1, below the 4 granted.
+    r.ack(1, 0, 1);
+    assert_eq!(flow(&r.run()), []);
+    // Message 2 done and 3 WQEs: LSN 5.
+    r.ack(3, 3, 2);
+    assert_eq!(flow(&r.run()), [(SL, 9, true)]);
+}
+
+/// spec/02 "No Credit Check on Retry Due to Lost Packet": after a PSN Sequence Error Nak
+/// every message from the Nak'd PSN on is sent again — also a limited Send's first
+/// packet — without waiting for credit; the limited Send's rest still waits.
+#[test]
+fn go_back_n_resends_without_waiting_for_credit() {
+    let mut r = rig(Opts::default());
+    r.ack(-1, 2, 0);
+    r.run();
+    for _ in 0..3 {
+        r.post(K::Send, 300);
+    }
+    let first = flow(&r.run());
+    assert_eq!(first.len(), 5, "{first:?}");
+    r.nak(0, NakCode::PsnSequenceError, 0);
+    assert_eq!(flow(&r.run()), first, "everything again, the same packets");
+    assert_eq!(r.ctx.stats().retransmitted, 5);
+    r.nak(3, NakCode::PsnSequenceError, 1);
+    assert_eq!(flow(&r.run()), first[3..], "from the Nak'd PSN on");
+}
+
+/// The transport timer resends a limited Send's first packet, lost with no credit ever
+/// reported, and only that packet.
+#[test]
+fn a_timeout_resends_a_limited_first_packet_without_credit() {
+    // Local Ack Timeout 1 (8 µs): a timeout within a clock tick or two.
+    let mut r = rig(Opts {
+        timeout: 1,
+        ..Opts::default()
+    });
+    r.post(K::Send, 600);
+    r.post(K::Send, 4);
+    assert_eq!(flow(&r.run()), [(SF, 0, true)]);
+    let start = std::time::Instant::now();
+    let again = loop {
+        let sent = r.run();
+        if !sent.is_empty() {
+            break sent;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "the transport timer never fired"
+        );
+    };
+    assert_eq!(flow(&again), [(SF, 0, true)]);
+    assert!(r.ctx.stats().timeouts >= 1);
+}
+
+/// A remote that reports no credits (CM-negotiated) leaves every message unlimited.
+#[test]
+fn without_credit_reporting_every_message_is_unlimited() {
+    let mut r = rig(Opts {
+        remote_credits: false,
+        ..Opts::default()
+    });
+    r.post(K::Send, 300);
+    r.post(K::SendImm, 300);
+    r.post(K::WriteImm, 4);
+    assert_eq!(
+        flow(&r.run()),
+        [
+            (SF, 0, false),
+            (SL, 1, true),
+            (SF, 2, false),
+            (Opcode::SendLastWithImmediate, 3, true),
+            (Opcode::RdmaWriteOnlyWithImmediate, 4, true),
+        ]
+    );
+}
+
+/// Credits the peer announces while this QP is still in RTR (spec/02 "Providing Initial
+/// Credits") count once it reaches RTS.
+#[test]
+fn initial_credits_announced_before_rts_are_kept() {
+    let mut r = rig(Opts {
+        stop_at_rtr: true,
+        ..Opts::default()
+    });
+    r.ack(-1, 2, 0);
+    r.run();
+    r.to_rts();
+    for _ in 0..3 {
+        r.post(K::SendImm, 300);
+    }
+    assert_eq!(
+        flow(&r.run()),
+        [
+            (SF, 0, false),
+            (Opcode::SendLastWithImmediate, 1, true),
+            (SF, 2, false),
+            (Opcode::SendLastWithImmediate, 3, true),
+            (SF, 4, true),
+        ]
+    );
+}
