@@ -27,8 +27,6 @@ const RQ_PSN: u32 = 0x40;
 /// The PSN of the QP's first request: close to the end of the PSN space, so that the
 /// requests of most tests wrap around it.
 const SQ_PSN: u32 = 0xFF_FFFA;
-/// The path MTU (256 bytes), so that small messages take several packets.
-const PMTU: u32 = 256;
 /// Bytes of the region every request reads from and writes to.
 const REGION: u64 = 64 << 10;
 
@@ -53,11 +51,10 @@ impl Default for Opts {
     }
 }
 
-/// A packet the engine sent: its headers and payload length.
+/// A packet the engine sent (its headers).
 #[derive(Debug, Clone, Copy)]
 struct Sent {
     repr: PacketRepr,
-    len: u32,
 }
 
 impl Sent {
@@ -106,6 +103,8 @@ struct Rig {
     wcs: Vec<WorkCompletion>,
     /// Continuation slots still to skip on the link.
     skip: usize,
+    /// PSN offset (from [`RQ_PSN`]) of the next request the peer sends.
+    peer_psn: u32,
 }
 
 /// The kinds of work request the tests post.
@@ -175,6 +174,7 @@ fn rig(o: Opts) -> Rig {
         responses: Vec::new(),
         wcs: Vec::new(),
         skip: 0,
+        peer_psn: 0,
     };
     if !o.stop_at_rtr {
         r.to_rts();
@@ -253,10 +253,7 @@ impl Rig {
                 }
                 self.skip = continuation_slots(s);
                 let (repr, _) = PacketRepr::parse(&s.data[..usize::from(s.hdr_len)]).unwrap();
-                let sent = Sent {
-                    repr,
-                    len: s.payload_len,
-                };
+                let sent = Sent { repr };
                 if repr.bth.opcode.info().unwrap().request {
                     requests.push(sent);
                 } else {
@@ -336,6 +333,51 @@ impl Rig {
         });
         r.atomic_ack_eth = Some(crate::wire::AtomicAckEthRepr { orig: 41 });
         self.push(&r, &[]);
+    }
+
+    /// Posts `n` receive WQEs of 64 bytes.
+    fn post_recv(&mut self, n: u32) {
+        for _ in 0..n {
+            let id = self.next_wr;
+            self.next_wr += 1;
+            let sge = [self.mr.sge((id % 256) * 64, 64).unwrap()];
+            self.qp.post_recv(&RecvWr::new(id, &sge)).unwrap();
+        }
+    }
+
+    /// Whether posting rang the engine's doorbell (for the QP; rung again so the engine
+    /// still sees it).
+    fn doorbell_rung(&self) -> bool {
+        let mut rung = Vec::new();
+        self.ctx.shared.doorbell.take(|i| rung.push(i));
+        for &i in &rung {
+            self.ctx.shared.doorbell.ring(i);
+        }
+        !rung.is_empty()
+    }
+
+    /// The peer sends a request (AckReq set) with its next PSN; `f` adds the extended
+    /// headers.
+    fn request(&mut self, op: Opcode, f: impl FnOnce(&mut PacketRepr), payload: &[u8]) {
+        let psn = Psn::new(RQ_PSN + self.peer_psn);
+        let mut repr = PacketRepr::new(BthRepr::new(op, self.qp.qpn(), psn));
+        repr.bth.ack_req = true;
+        f(&mut repr);
+        self.push(&repr, payload);
+        self.peer_psn += 1;
+    }
+
+    /// The responses this QP's RQ Logic sent since the last call, as (opcode, PSN offset
+    /// from [`RQ_PSN`], credit count, MSN).
+    fn answers(&mut self) -> Vec<(Opcode, i32, Option<u32>, u32)> {
+        self.run();
+        self.responses
+            .drain(..)
+            .map(|s| {
+                let (credits, msn) = s.credits().expect("a positive response");
+                (s.op(), s.psn(RQ_PSN) as i32, credits, msn)
+            })
+            .collect()
     }
 
     /// Completions with `status`, by work request id.
@@ -724,4 +766,117 @@ fn initial_credits_announced_before_rts_are_kept() {
             (SF, 4, true),
         ]
     );
+}
+
+/// The RQ Logic reports in each positive response the receive WQEs posted (Table 17-8,
+/// rounded down) and the MSN, which counts every message: Sends and Writes with
+/// Immediate use a WQE up, Writes, Reads and Atomics do not.
+#[test]
+fn responses_report_the_receive_wqes_left_and_count_messages() {
+    use crate::wire::{AtomicEthRepr, ImmDtRepr, RethRepr};
+    let mut r = rig(Opts::default());
+    assert_eq!(
+        r.answers(),
+        [(Opcode::Acknowledge, -1, Some(0), 0)],
+        "the initial credits (spec/02): ePSN - 1, MSN 0"
+    );
+    r.post_recv(10);
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, -1, Some(8), 0)]);
+    let target = r.mr.remote(32 << 10);
+    let reth = move |len| RethRepr {
+        va: target.addr,
+        rkey: target.rkey,
+        dma_len: len,
+    };
+    let send = |r: &mut Rig| r.request(SO, |_| {}, b"abcd");
+    let mut got = Vec::new();
+    send(&mut r);
+    got.extend(r.answers());
+    send(&mut r);
+    got.extend(r.answers());
+    r.request(WrO, |p| p.reth = Some(reth(4)), b"wxyz");
+    got.extend(r.answers());
+    r.request(
+        Opcode::RdmaWriteOnlyWithImmediate,
+        |p| {
+            p.reth = Some(reth(4));
+            p.immdt = Some(ImmDtRepr { imm: 5 });
+        },
+        b"wxyz",
+    );
+    got.extend(r.answers());
+    r.request(RdReq, |p| p.reth = Some(reth(4)), &[]);
+    got.extend(r.answers());
+    r.request(
+        Faa,
+        |p| {
+            p.atomic_eth = Some(AtomicEthRepr {
+                va: target.addr + 8,
+                rkey: target.rkey,
+                swap_add: 1,
+                compare: 0,
+            })
+        },
+        &[],
+    );
+    got.extend(r.answers());
+    for _ in 0..4 {
+        send(&mut r);
+        got.extend(r.answers());
+    }
+    use Opcode::{Acknowledge as Ack, AtomicAcknowledge as AAck, RdmaReadResponseOnly as RRO};
+    assert_eq!(
+        got,
+        [
+            (Ack, 0, Some(8), 1),
+            (Ack, 1, Some(8), 2),
+            (Ack, 2, Some(8), 3),
+            (Ack, 3, Some(6), 4),
+            (RRO, 4, Some(6), 5),
+            (AAck, 5, Some(6), 6),
+            (Ack, 6, Some(6), 7),
+            (Ack, 7, Some(4), 8),
+            (Ack, 8, Some(4), 9),
+            (Ack, 9, Some(3), 10),
+        ]
+    );
+    assert_eq!(r.answers(), [], "no update while nothing changes");
+}
+
+/// While the requester knows of fewer than 4 receive WQEs, a new receive rings the
+/// engine's doorbell and the RQ Logic tells the requester in an unsolicited Ack (the
+/// last Ack again, with the new count); once it knows of 4 or more, receives are posted
+/// silently (no doorbell, no Ack).
+#[test]
+fn new_receives_are_announced_only_to_a_requester_that_knows_of_few() {
+    let mut r = rig(Opts::default());
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, -1, Some(0), 0)]);
+    let acks = |r: &Rig| r.ctx.stats().acks_sent;
+    let before = acks(&r);
+    r.post_recv(1);
+    assert!(r.doorbell_rung());
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, -1, Some(1), 0)]);
+    r.post_recv(2);
+    assert!(r.doorbell_rung());
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, -1, Some(3), 0)]);
+    assert_eq!(acks(&r), before + 2);
+    r.post_recv(1);
+    assert!(r.doorbell_rung());
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, -1, Some(4), 0)]);
+    for _ in 0..8 {
+        r.post_recv(1);
+        assert!(!r.doorbell_rung(), "the requester knows of 4 or more");
+    }
+    assert_eq!(r.answers(), []);
+    assert_eq!(acks(&r), before + 3);
+
+    // Sends use WQEs up: 12 posted, 9 Sends leave 3, reported in the Ack of the last.
+    for _ in 0..9 {
+        r.request(SO, |_| {}, b"abcd");
+    }
+    let last = r.answers().pop().unwrap();
+    assert_eq!(last, (Opcode::Acknowledge, 8, Some(3), 9));
+    r.post_recv(1);
+    assert!(r.doorbell_rung());
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, 8, Some(4), 9)]);
 }
