@@ -206,3 +206,65 @@ fn faults_are_reproducible_from_the_seed() {
     assert!(a.dropped + a.duplicated + a.corrupted > 0, "{a:?}");
     assert_eq!(a.dropped, run(11).dropped);
 }
+
+/// Reads `len` bytes from B with B's `drop_nth` Read response packet dropped (counted
+/// from 0); the Read must complete with the right bytes.
+fn read_with_lost_response(mtu: Mtu, len: usize, drop_nth: u32) {
+    let seen = Arc::new(AtomicU32::new(0));
+    let s = seen.clone();
+    let b = builder().fault_rule(move |e: &PacketEvent<'_>| {
+        let op = e.headers.bth.opcode;
+        let is_resp = matches!(
+            op,
+            Opcode::RdmaReadResponseFirst
+                | Opcode::RdmaReadResponseMiddle
+                | Opcode::RdmaReadResponseLast
+                | Opcode::RdmaReadResponseOnly
+        );
+        if is_resp && s.fetch_add(1, Ordering::Relaxed) == drop_nth {
+            FaultAction::Drop
+        } else {
+            FaultAction::Pass
+        }
+    });
+    let p = Params {
+        mtu,
+        ..params()
+    };
+    let mut p = pair_with(builder(), b, &p);
+    let remote = p
+        .b
+        .pd
+        .alloc_mr(len as u64, AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    remote.write_at(0, &pattern(len, 9)).unwrap();
+    let local = p.a.pd.alloc_mr(len as u64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            1,
+            SendOp::RdmaRead(remote.remote(0)),
+            &[local.sge(0, len as u32).unwrap()],
+        ))
+        .unwrap();
+    let wc = wait_a(&mut p, 1)[0];
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?} {:?}", p.a.ctx.stats());
+    let mut got = vec![0u8; len];
+    local.read_at(0, &mut got).unwrap();
+    assert!(got == pattern(len, 9), "read data differs");
+    assert_eq!(p.b.ctx.fault_stats().dropped, 1);
+}
+
+#[test]
+fn a_read_resumes_after_a_lost_middle_response() {
+    read_with_lost_response(Mtu::Mtu256, 14635, 5);
+}
+
+#[test]
+fn a_read_resumes_after_a_lost_first_response() {
+    read_with_lost_response(Mtu::Mtu256, 14635, 0);
+}
+
+#[test]
+fn a_read_resumes_after_a_lost_last_response() {
+    read_with_lost_response(Mtu::Mtu256, 14635, 57);
+}
