@@ -572,6 +572,8 @@ struct RespQp {
     total: u64,
     /// Receives completed (the next receive's wr_id).
     received: u64,
+    /// Messages of the sequence that consume a receive.
+    consumers: u64,
 }
 
 /// The responder end: keeps receives posted and checks what arrives in them.
@@ -601,6 +603,9 @@ impl Responder {
                 next: 0,
                 total: cfg.messages_of(k),
                 received: 0,
+                consumers: (0..cfg.messages_of(k))
+                    .filter(|&i| message(&cfg, k, i).kind.consumes_recv())
+                    .count() as u64,
             };
             for n in 0..RECVS as u64 {
                 post_recv(&mut r, n)?;
@@ -618,7 +623,7 @@ impl Responder {
 
     /// Whether every message that consumes a receive arrived and was checked.
     pub fn done(&self) -> bool {
-        self.qps.iter().all(|q| q.next >= q.total)
+        self.qps.iter().all(|q| q.received >= q.consumers)
     }
 
     /// Checks the receives that completed and posts them again; returns whether anything
