@@ -28,6 +28,26 @@ use shmhca::{
     WcStatus, WorkCompletion,
 };
 
+/// A QP the soak drives: one of this process ([`LocalQp`]) or a CM connection
+/// (`Box<Connection>`).
+pub type QpBox = Box<dyn std::ops::DerefMut<Target = Qp>>;
+
+/// A QP connected by hand (no CM connection), as a [`QpBox`].
+pub struct LocalQp(pub Qp);
+
+impl std::ops::Deref for LocalQp {
+    type Target = Qp;
+    fn deref(&self) -> &Qp {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for LocalQp {
+    fn deref_mut(&mut self) -> &mut Qp {
+        &mut self.0
+    }
+}
+
 /// The largest message.
 pub const MAX_SIZE: u32 = 64 << 10;
 /// Work requests in flight per QP.
@@ -294,7 +314,7 @@ struct InFlight {
 
 /// One QP of the requester.
 struct ReqQp {
-    qp: Qp,
+    qp: QpBox,
     cq: Cq,
     buf: Mr,
     remote: RemoteAddr,
@@ -329,7 +349,7 @@ impl Requester {
     pub fn new(
         cfg: SoakConfig,
         pd: &Pd,
-        qps: Vec<(Qp, Cq, RemoteAddr)>,
+        qps: Vec<(QpBox, Cq, RemoteAddr)>,
     ) -> Result<Requester, String> {
         let mut out = Vec::new();
         for (k, (qp, cq, remote)) in qps.into_iter().enumerate() {
@@ -515,8 +535,15 @@ impl Requester {
                 ));
             }
             if wc.status != WcStatus::Success {
+                // A flush error follows the failure that put the QP in the Error state:
+                // name that one too.
+                let cause: Vec<String> = self.wcs[..n]
+                    .iter()
+                    .filter(|w| !matches!(w.status, WcStatus::Success | WcStatus::WrFlushErr))
+                    .map(|w| format!("wr_id {} {:?} {:?}", w.wr_id, w.opcode, w.status))
+                    .collect();
                 return Err(format!(
-                    "QP {k} message {i} ({:?}, {} bytes): completed with {:?}",
+                    "QP {k} message {i} ({:?}, {} bytes): completed with {:?} (errors in the same batch: {cause:?})",
                     f.msg.kind, f.msg.len, wc.status
                 ));
             }
@@ -564,7 +591,7 @@ impl Requester {
 
 /// One QP of the responder.
 struct RespQp {
-    qp: Qp,
+    qp: QpBox,
     cq: Cq,
     buf: Mr,
     /// The next message of the sequence to look at.
@@ -590,7 +617,7 @@ impl Responder {
     ///
     /// # Errors
     /// The buffers cannot be allocated or the receives posted.
-    pub fn new(cfg: SoakConfig, pd: &Pd, qps: Vec<(Qp, Cq)>) -> Result<Responder, String> {
+    pub fn new(cfg: SoakConfig, pd: &Pd, qps: Vec<(QpBox, Cq)>) -> Result<Responder, String> {
         let mut out = Vec::new();
         for (k, (qp, cq)) in qps.into_iter().enumerate() {
             let buf = pd
@@ -774,13 +801,25 @@ pub fn run_in_process(cfg: &SoakConfig) -> Result<SoakReport, String> {
         let (na, nb) = (qa.qpn(), qb.qpn());
         connect(&mut qa, la, nb, 100 + k as u32, 9000 + k as u32, mtu_of(k)).map_err(e)?;
         connect(&mut qb, lb, na, 9000 + k as u32, 100 + k as u32, mtu_of(k)).map_err(e)?;
-        reqs.push((qa, cqa, region.remote(REGION_PER_QP * k as u64)));
-        resps.push((qb, cqb));
+        reqs.push((
+            Box::new(LocalQp(qa)) as QpBox,
+            cqa,
+            region.remote(REGION_PER_QP * k as u64),
+        ));
+        resps.push((Box::new(LocalQp(qb)) as QpBox, cqb));
     }
     let mut req = Requester::new(*cfg, &pa, reqs)?;
     let mut resp = Responder::new(*cfg, &pb, resps)?;
     let start = Instant::now();
-    drive(&mut req, &mut resp, &[&ca, &cb], Duration::from_secs(30))?;
+    drive(&mut req, &mut resp, &[&ca, &cb], Duration::from_secs(30)).map_err(|e| {
+        format!(
+            "{e}\nrequester: {:?}\n{:?}\nresponder: {:?}\n{:?}",
+            ca.stats(),
+            ca.fault_stats(),
+            cb.stats(),
+            cb.fault_stats()
+        )
+    })?;
     let mut r = req.report();
     r.elapsed = start.elapsed();
     r.faults_req = ca.fault_stats();
@@ -822,4 +861,191 @@ fn connect(
             .rnr_retry(7)
             .max_rd_atomic(16),
     )
+}
+
+/// The access the responder's region grants.
+fn region_access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+}
+
+/// Connection parameters of QP `k` (both ends).
+fn connect_params(k: usize) -> shmhca::ConnectParams {
+    shmhca::ConnectParams::default()
+        .caps(shmhca::QpCaps {
+            max_send_wr: WINDOW as u32 * 2,
+            max_recv_wr: RECVS as u32 * 2,
+            ..shmhca::QpCaps::default()
+        })
+        .mtu(mtu_of(k))
+        .access(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC)
+        .local_ack_timeout(LOCAL_ACK_TIMEOUT)
+        .retry_count(7)
+        .rnr_retry_count(7)
+        .min_rnr_timer(1)
+        .responder_resources(16)
+        .initiator_depth(16)
+}
+
+fn inline_context(faults: FaultConfig) -> Result<Context, String> {
+    Context::builder()
+        .arena_size(64 << 20)
+        .mode(shmhca::EngineMode::Inline)
+        .faults(faults)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// The line the responder process prints once it listens.
+pub const READY: &str = "shmhca-soak responder ready";
+/// The prefix of the line the responder process prints with its counters at the end.
+pub const COUNTERS: &str = "shmhca-soak responder counters";
+
+/// The responder end of a two-process soak: listens at `path`, accepts `cfg.qps`
+/// connections, checks what arrives until every receiving message did, then serves the
+/// requester until it hangs up. Prints [`READY`] when it listens and a [`COUNTERS`] line
+/// at the end.
+///
+/// # Errors
+/// A check failed, or the set-up failed.
+pub fn run_responder_process(cfg: &SoakConfig, path: &std::path::Path) -> Result<(), String> {
+    let e = |e: shmhca::Error| e.to_string();
+    let ctx = inline_context(cfg.faults_of(1))?;
+    let pd = ctx.alloc_pd().map_err(e)?;
+    let listener = ctx.listen(path).map_err(e)?;
+    println!("{READY}");
+    let region = pd
+        .alloc_mr(REGION_PER_QP * cfg.qps as u64, region_access())
+        .map_err(e)?;
+    let mut qps = Vec::new();
+    for k in 0..cfg.qps {
+        let cq = ctx.create_cq(256).map_err(e)?;
+        let params = connect_params(k)
+            .private_data(region.remote(REGION_PER_QP * k as u64).to_bytes().to_vec());
+        let conn = listener
+            .accept_timeout(Duration::from_secs(30), &pd, &cq, &cq, &params)
+            .map_err(e)?;
+        qps.push((Box::new(conn) as QpBox, cq));
+    }
+    let mut resp = Responder::new(*cfg, &pd, qps)?;
+    let mut last = Instant::now();
+    while !resp.done() {
+        ctx.progress();
+        if resp.step()? {
+            last = Instant::now();
+        } else if last.elapsed() > Duration::from_secs(60) {
+            return Err("the responder saw no message for 60 s".into());
+        }
+    }
+    // Keep answering (Acks, Reads, Atomics) until the requester hangs up.
+    let start = Instant::now();
+    // (The hang-up puts the QPs in the Error state; their receives are flushed then.)
+    while resp
+        .qps
+        .iter()
+        .any(|q| q.qp.state() != shmhca::QpState::Error)
+    {
+        ctx.progress();
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err("the requester never hung up".into());
+        }
+    }
+    let (f, s) = (ctx.fault_stats(), ctx.stats());
+    println!(
+        "{COUNTERS} {} {} {} {} {} {} {} {} {} {} {} {}",
+        f.packets,
+        f.dropped,
+        f.duplicated,
+        f.reordered,
+        f.delayed,
+        f.corrupted,
+        f.icrc_dropped,
+        s.retransmitted,
+        s.timeouts,
+        s.naks_sent,
+        s.seq_err_naks_sent,
+        s.dropped
+    );
+    Ok(())
+}
+
+/// Parses a [`COUNTERS`] line into fault and engine counters.
+pub fn parse_counters(line: &str) -> Option<(FaultStats, Stats)> {
+    let rest = line.strip_prefix(COUNTERS)?;
+    let v: Vec<u64> = rest
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [packets, dropped, duplicated, reordered, delayed, corrupted, icrc_dropped, retransmitted, timeouts, naks_sent, seq_err_naks_sent, sdropped] =
+        v[..]
+    else {
+        return None;
+    };
+    let f = FaultStats {
+        packets,
+        dropped,
+        duplicated,
+        reordered,
+        delayed,
+        corrupted,
+        icrc_dropped,
+    };
+    let s = Stats {
+        retransmitted,
+        timeouts,
+        naks_sent,
+        seq_err_naks_sent,
+        dropped: sdropped,
+        ..Stats::default()
+    };
+    Some((f, s))
+}
+
+/// The requester end of a two-process soak: connects `cfg.qps` QPs to the responder at
+/// `path` and runs the sequence.
+///
+/// # Errors
+/// A check failed, the run stalled, or the set-up failed.
+pub fn run_requester_process(
+    cfg: &SoakConfig,
+    path: &std::path::Path,
+) -> Result<SoakReport, String> {
+    let e = |e: shmhca::Error| e.to_string();
+    let ctx = inline_context(cfg.faults_of(0))?;
+    let pd = ctx.alloc_pd().map_err(e)?;
+    let mut qps = Vec::new();
+    for k in 0..cfg.qps {
+        let cq = ctx.create_cq(256).map_err(e)?;
+        let conn = ctx
+            .connect(path, &pd, &cq, &cq, &connect_params(k))
+            .map_err(e)?;
+        let b: [u8; 12] = conn
+            .peer_private_data()
+            .get(..12)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("the responder sent no region address")?;
+        qps.push((Box::new(conn) as QpBox, cq, RemoteAddr::from_bytes(b)));
+    }
+    let mut req = Requester::new(*cfg, &pd, qps)?;
+    let start = Instant::now();
+    let mut last = Instant::now();
+    while !req.done() {
+        ctx.progress();
+        if req.step()? {
+            last = Instant::now();
+        } else if last.elapsed() > Duration::from_secs(30) {
+            return Err(format!(
+                "no progress for 30 s: {} messages done",
+                req.report().messages
+            ));
+        }
+    }
+    let mut r = req.report();
+    r.elapsed = start.elapsed();
+    r.faults_req = ctx.fault_stats();
+    r.stats_req = ctx.stats();
+    Ok(r)
 }

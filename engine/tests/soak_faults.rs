@@ -268,3 +268,79 @@ fn a_read_resumes_after_a_lost_first_response() {
 fn a_read_resumes_after_a_lost_last_response() {
     read_with_lost_response(Mtu::Mtu256, 14635, 57);
 }
+
+/// A Write implicitly acknowledged by a Read response that shows an earlier response lost
+/// (an implied Nak) was completed and retired without the acknowledged PSN moving past it;
+/// when the Read requested again was lost too, every transport timeout then found nothing
+/// to send (the PSN after the last acknowledged one belonged to no WQE left) and the QP
+/// failed with flush errors and no RetryExcErr. Found by the soak.
+#[test]
+fn an_implied_nak_acknowledges_what_precedes_the_missing_response() {
+    let acks = Arc::new(AtomicU32::new(0));
+    let firsts = Arc::new(AtomicU32::new(0));
+    let (a2, f2) = (acks.clone(), firsts.clone());
+    // B loses the Write's Ack and the Read's first response.
+    let b = builder().fault_rule(move |e: &PacketEvent<'_>| match e.headers.bth.opcode {
+        // (The Write has A's first PSN, 201.)
+        Opcode::Acknowledge if e.headers.bth.psn.get() == 201 => {
+            a2.fetch_add(1, Ordering::Relaxed);
+            FaultAction::Drop
+        }
+        Opcode::RdmaReadResponseFirst if f2.fetch_add(1, Ordering::Relaxed) == 0 => {
+            FaultAction::Drop
+        }
+        _ => FaultAction::Pass,
+    });
+    // A loses the Read it sends again.
+    let reads = Arc::new(AtomicU32::new(0));
+    let r2 = reads.clone();
+    let a = builder().fault_rule(move |e: &PacketEvent<'_>| {
+        if e.headers.bth.opcode == Opcode::RdmaReadRequest
+            && r2.fetch_add(1, Ordering::Relaxed) == 1
+        {
+            FaultAction::Drop
+        } else {
+            FaultAction::Pass
+        }
+    });
+    let mut p = pair_with(a, b, &params());
+    let len = 2000usize; // two responses at PMTU 1024
+    let remote = p
+        .b
+        .pd
+        .alloc_mr(len as u64, AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    remote.write_at(0, &pattern(len, 3)).unwrap();
+    let target = p
+        .b
+        .pd
+        .alloc_mr(64, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let local = p.a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    // (A Write needs no credit: a Send would hold the Read back until its Ack came.)
+    p.a.qp
+        .post_send(&SendWr::new(
+            1,
+            SendOp::RdmaWrite(target.remote(0)),
+            &[local.sge(0, 16).unwrap()],
+        ))
+        .unwrap();
+    p.a.qp
+        .post_send(&SendWr::new(
+            2,
+            SendOp::RdmaRead(remote.remote(0)),
+            &[local.sge(1024, len as u32).unwrap()],
+        ))
+        .unwrap();
+    let wcs = wait_a(&mut p, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)],
+        "{:?}",
+        p.a.ctx.stats()
+    );
+    let mut got = vec![0u8; len];
+    local.read_at(1024, &mut got).unwrap();
+    assert!(got == pattern(len, 3));
+    assert!(firsts.load(Ordering::Relaxed) >= 2 && reads.load(Ordering::Relaxed) >= 3);
+}
