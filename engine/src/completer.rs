@@ -287,7 +287,12 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
 /// sequence-error Nak would (it spends the Retry Count) — once: the responses to the first
 /// requests that follow (a long Read's remaining responses, the Acks behind them) show the
 /// same loss and are dropped until `missing` is acknowledged.
+///
+/// Everything before `missing` is acknowledged: the WQEs that end before it were completed
+/// by [`ack_before`], and the acknowledged PSN must cover them, or a later retry would start
+/// from a PSN no WQE holds any more and send nothing.
 fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
+    progress(qp, env, missing.sub(1));
     if qp.req.retrying == Some(missing) {
         env.stats.dropped += 1;
         return;
