@@ -900,6 +900,10 @@ fn inline_context(faults: FaultConfig) -> Result<Context, String> {
 
 /// The line the responder process prints once it listens.
 pub const READY: &str = "shmhca-soak responder ready";
+/// The line the responder process prints once its receives are posted: the requester
+/// starts then (an inline engine busy setting up acknowledges nothing, and the requester's
+/// transport timer would run out).
+pub const GO: &str = "shmhca-soak responder go";
 /// The prefix of the line the responder process prints with its counters at the end.
 pub const COUNTERS: &str = "shmhca-soak responder counters";
 
@@ -930,6 +934,7 @@ pub fn run_responder_process(cfg: &SoakConfig, path: &std::path::Path) -> Result
         qps.push((Box::new(conn) as QpBox, cq));
     }
     let mut resp = Responder::new(*cfg, &pd, qps)?;
+    println!("{GO}");
     let mut last = Instant::now();
     while !resp.done() {
         ctx.progress();
@@ -1012,6 +1017,7 @@ pub fn parse_counters(line: &str) -> Option<(FaultStats, Stats)> {
 pub fn run_requester_process(
     cfg: &SoakConfig,
     path: &std::path::Path,
+    wait_go: impl FnOnce() -> Result<(), String>,
 ) -> Result<SoakReport, String> {
     let e = |e: shmhca::Error| e.to_string();
     let ctx = inline_context(cfg.faults_of(0))?;
@@ -1030,6 +1036,7 @@ pub fn run_requester_process(
         qps.push((Box::new(conn) as QpBox, cq, RemoteAddr::from_bytes(b)));
     }
     let mut req = Requester::new(*cfg, &pd, qps)?;
+    wait_go()?;
     let start = Instant::now();
     let mut last = Instant::now();
     while !req.done() {

@@ -124,7 +124,16 @@ fn two_process(cfg: &SoakConfig) -> Result<soak::SoakReport, String> {
     let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout pipe")?).lines();
     let ready = matches!(lines.next(), Some(Ok(l)) if l == soak::READY);
     let result = if ready {
-        soak::run_requester_process(cfg, &sock)
+        soak::run_requester_process(cfg, &sock, || {
+            for l in lines.by_ref() {
+                match l {
+                    Ok(l) if l == soak::GO => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => return Err(format!("reading the responder's output: {e}")),
+                }
+            }
+            Err("the responder process ended before it was ready".into())
+        })
     } else {
         Err("the responder process did not start".into())
     };
