@@ -344,3 +344,51 @@ fn an_implied_nak_acknowledges_what_precedes_the_missing_response() {
     assert!(got == pattern(len, 3));
     assert!(firsts.load(Ordering::Relaxed) >= 2 && reads.load(Ordering::Relaxed) >= 3);
 }
+
+/// Duplicated Atomic requests are answered from their saved results, and a duplicate must
+/// not take a responder resource a new request needs: the duplicates counted against the
+/// responder resources, so the next new Atomic was refused with an Invalid Request Nak
+/// (RemInvReqErr at the requester). Found by `shmhca-perf atomic_bw --dup`.
+#[test]
+fn duplicated_atomics_do_not_use_up_the_responder_resources() {
+    let a = builder().fault_rule(|e: &PacketEvent<'_>| {
+        if e.headers.bth.opcode == Opcode::FetchAdd {
+            FaultAction::Duplicate
+        } else {
+            FaultAction::Pass
+        }
+    });
+    let mut p = pair_with(a, builder(), &params());
+    let word = p
+        .b
+        .pd
+        .alloc_mr(8, AccessFlags::REMOTE_ATOMIC | AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let res = p.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let n = 4; // the initiator depth of `params()`
+    for i in 0..n {
+        p.a.qp
+            .post_send(&SendWr::new(
+                i,
+                SendOp::FetchAdd {
+                    remote: word.remote(0),
+                    add: 1,
+                },
+                &[res.sge(i * 8, 8).unwrap()],
+            ))
+            .unwrap();
+    }
+    let wcs = wait_a(&mut p, n as usize);
+    for (i, wc) in wcs.iter().enumerate() {
+        assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "{wcs:?}");
+    }
+    let mut v = [0u8; 8];
+    word.read_at(0, &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), n, "each Atomic executed once");
+    for i in 0..n {
+        let mut o = [0u8; 8];
+        res.read_at(i * 8, &mut o).unwrap();
+        assert_eq!(u64::from_ne_bytes(o), i, "original value of Atomic {i}");
+    }
+    assert_eq!(p.a.ctx.fault_stats().duplicated, n);
+}
