@@ -991,8 +991,20 @@ pub fn parse_counters(line: &str) -> Option<(FaultStats, Stats)> {
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let [packets, dropped, duplicated, reordered, delayed, corrupted, icrc_dropped, retransmitted, timeouts, naks_sent, seq_err_naks_sent, sdropped] =
-        v[..]
+    let [
+        packets,
+        dropped,
+        duplicated,
+        reordered,
+        delayed,
+        corrupted,
+        icrc_dropped,
+        retransmitted,
+        timeouts,
+        naks_sent,
+        seq_err_naks_sent,
+        sdropped,
+    ] = v[..]
     else {
         return None;
     };

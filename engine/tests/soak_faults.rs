@@ -227,18 +227,20 @@ fn read_with_lost_response(mtu: Mtu, len: usize, drop_nth: u32) {
             FaultAction::Pass
         }
     });
-    let p = Params {
-        mtu,
-        ..params()
-    };
+    let p = Params { mtu, ..params() };
     let mut p = pair_with(builder(), b, &p);
-    let remote = p
-        .b
-        .pd
-        .alloc_mr(len as u64, AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let remote =
+        p.b.pd
+            .alloc_mr(
+                len as u64,
+                AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE,
+            )
+            .unwrap();
     remote.write_at(0, &pattern(len, 9)).unwrap();
-    let local = p.a.pd.alloc_mr(len as u64, AccessFlags::LOCAL_WRITE).unwrap();
+    let local =
+        p.a.pd
+            .alloc_mr(len as u64, AccessFlags::LOCAL_WRITE)
+            .unwrap();
     p.a.qp
         .post_send(&SendWr::new(
             1,
@@ -305,17 +307,18 @@ fn an_implied_nak_acknowledges_what_precedes_the_missing_response() {
     });
     let mut p = pair_with(a, b, &params());
     let len = 2000usize; // two responses at PMTU 1024
-    let remote = p
-        .b
-        .pd
-        .alloc_mr(len as u64, AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let remote =
+        p.b.pd
+            .alloc_mr(
+                len as u64,
+                AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE,
+            )
+            .unwrap();
     remote.write_at(0, &pattern(len, 3)).unwrap();
-    let target = p
-        .b
-        .pd
-        .alloc_mr(64, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let target =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE)
+            .unwrap();
     let local = p.a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     // (A Write needs no credit: a Send would hold the Read back until its Ack came.)
     p.a.qp
@@ -359,11 +362,10 @@ fn duplicated_atomics_do_not_use_up_the_responder_resources() {
         }
     });
     let mut p = pair_with(a, builder(), &params());
-    let word = p
-        .b
-        .pd
-        .alloc_mr(8, AccessFlags::REMOTE_ATOMIC | AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let word =
+        p.b.pd
+            .alloc_mr(8, AccessFlags::REMOTE_ATOMIC | AccessFlags::LOCAL_WRITE)
+            .unwrap();
     let res = p.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let n = 4; // the initiator depth of `params()`
     for i in 0..n {
@@ -380,7 +382,11 @@ fn duplicated_atomics_do_not_use_up_the_responder_resources() {
     }
     let wcs = wait_a(&mut p, n as usize);
     for (i, wc) in wcs.iter().enumerate() {
-        assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "{wcs:?}");
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (i as u64, WcStatus::Success),
+            "{wcs:?}"
+        );
     }
     let mut v = [0u8; 8];
     word.read_at(0, &mut v).unwrap();

@@ -371,8 +371,8 @@ pub fn send_server(
                 res.buf
                     .read_at(at, &mut scratch)
                     .map_err(PerfError::engine("reading a received message"))?;
-                if let Some(j) =
-                    (0..size).find(|&j| scratch[j as usize] != crate::perf::check::static_byte(si, j))
+                if let Some(j) = (0..size)
+                    .find(|&j| scratch[j as usize] != crate::perf::check::static_byte(si, j))
                 {
                     return Err(PerfError::Check(format!(
                         "{test}: QP {qi}: message {}: byte at offset {j} of {size} is {:#04x}, expected {:#04x}",

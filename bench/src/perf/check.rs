@@ -266,11 +266,7 @@ impl IterCheck {
             .map_err(PerfError::engine("reading the --check payload"))?;
         let si = self.expect_si;
         let want = |j: u64| expect.map_or_else(|| iter_byte(si, i, j), |f| f(j));
-        if let Some((j, b)) = got
-            .iter()
-            .enumerate()
-            .find(|(j, b)| **b != want(*j as u64))
-        {
+        if let Some((j, b)) = got.iter().enumerate().find(|(j, b)| **b != want(*j as u64)) {
             return Err(PerfError::Check(format!(
                 "{}: iteration {i}: {what}: byte at offset {j} of {len} is {b:#04x}, expected {:#04x}",
                 self.test,

@@ -310,7 +310,14 @@ pub fn client(
                     std::hint::spin_loop();
                 }
                 if let Some(c) = chk.as_mut() {
-                    c.verify(buf, half, size - k as u64, i, "the server's RDMA Write", None)?;
+                    c.verify(
+                        buf,
+                        half,
+                        size - k as u64,
+                        i,
+                        "the server's RDMA Write",
+                        None,
+                    )?;
                 }
             }
             TestKind::ReadLat => {
@@ -522,7 +529,14 @@ pub fn server(
                     std::hint::spin_loop();
                 }
                 if let Some(c) = chk.as_mut() {
-                    c.verify(buf, half, size - k as u64, i, "the client's RDMA Write", None)?;
+                    c.verify(
+                        buf,
+                        half,
+                        size - k as u64,
+                        i,
+                        "the client's RDMA Write",
+                        None,
+                    )?;
                     if inline {
                         c.fill(i, &mut payload);
                     } else {

@@ -960,11 +960,9 @@ impl Options {
             corrupt: cli.corrupt.unwrap_or(0.0),
             seed: cli.seed.unwrap_or(1),
         };
-        faults.validate().map_err(|e| {
-            usage(format!(
-                "--drop/--dup/--reorder/--delay/--corrupt: {e}"
-            ))
-        })?;
+        faults
+            .validate()
+            .map_err(|e| usage(format!("--drop/--dup/--reorder/--delay/--corrupt: {e}")))?;
         Ok(Options {
             faults,
             check: cli.check,
