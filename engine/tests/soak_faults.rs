@@ -398,3 +398,64 @@ fn duplicated_atomics_do_not_use_up_the_responder_resources() {
     }
     assert_eq!(p.a.ctx.fault_stats().duplicated, n);
 }
+
+/// The capture shows what the fault stage did: a duplicated packet twice, a corrupted one
+/// with its flipped bit under the ICRC its sender stamped (so the ICRC is wrong), a
+/// dropped one not at all.
+#[test]
+fn the_capture_shows_the_injected_faults() {
+    use shmhca::trace::roce;
+    let dir = std::env::temp_dir().join(format!("shmhca-fault-pcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("faults.pcap");
+    let n = Arc::new(AtomicU32::new(0));
+    let k = n.clone();
+    // A's Sends: the 1st duplicated, the 2nd corrupted, the 3rd dropped, the rest intact.
+    let a = builder()
+        .pcap(&path)
+        .fault_rule(move |e: &PacketEvent<'_>| {
+            if e.headers.bth.opcode != Opcode::SendOnly {
+                return FaultAction::Pass;
+            }
+            match k.fetch_add(1, Ordering::Relaxed) {
+                0 => FaultAction::Duplicate,
+                1 => FaultAction::Corrupt,
+                2 => FaultAction::Drop,
+                _ => FaultAction::Pass,
+            }
+        });
+    let mut p = pair_with(a, builder().pcap(&path), &params());
+    send_stream(&mut p, 4, 40);
+    drop(p);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    // pcap records: 16-byte header, then Ethernet / IPv4 / UDP / BTH … / ICRC.
+    let mut at = 24;
+    let mut sends = Vec::new();
+    while at + 16 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &bytes[at + 16..at + 16 + len];
+        at += 16 + len;
+        let transport = &frame[roce::HEADERS_LEN..len - roce::ICRC_LEN];
+        let ip: &[u8; 20] = frame[14..34].try_into().unwrap();
+        let udp: &[u8; 8] = frame[34..42].try_into().unwrap();
+        let icrc_ok = roce::icrc(ip, udp, &[transport]).to_le_bytes() == frame[len - 4..];
+        let psn = u32::from_be_bytes([0, transport[9], transport[10], transport[11]]);
+        if transport[0] == 0x04 || !icrc_ok {
+            sends.push((psn, icrc_ok));
+        }
+    }
+    // PSNs 201 (twice), 202 (corrupted, then resent), 203 (dropped, then resent), 204.
+    let bad: Vec<u32> = sends.iter().filter(|s| !s.1).map(|s| s.0).collect();
+    assert_eq!(
+        bad.len(),
+        1,
+        "one packet captured with a bad ICRC: {sends:?}"
+    );
+    assert_eq!(
+        sends.iter().filter(|s| s.0 == 201).count(),
+        2,
+        "the duplicate appears twice: {sends:?}"
+    );
+    assert_eq!(&sends[..2], &[(201, true), (201, true)], "{sends:?}");
+}
