@@ -159,9 +159,11 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
             }
             let pmtu = qp.cfg.path_mtu.bytes();
             let last = w.resp_seen + 1 == w.span;
+            // A Read requested again from response `resp_seen` on (its earlier responses
+            // arrived) is answered as a new Read: First (or Only) at that response.
             let position_ok = match info.position {
-                Position::Only => w.span == 1,
-                Position::First => w.resp_seen == 0 && !last,
+                Position::Only => last,
+                Position::First => !last,
                 Position::Middle => w.resp_seen > 0 && !last,
                 Position::Last => w.resp_seen > 0 && last,
             };
@@ -269,6 +271,7 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     if psn.after(req.acked) {
         req.acked = psn;
         req.retry_left = qp.cfg.retry_cnt;
+        req.retrying = None;
         req.rnr_left = qp.cfg.rnr_retry;
         if !req.outstanding() {
             req.timer.disarm();
@@ -281,9 +284,21 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
 }
 
 /// A response showed that responses from `missing` on were lost: request them again, as a
-/// sequence-error Nak would (it spends the Retry Count).
+/// sequence-error Nak would (it spends the Retry Count) — once: the responses to the first
+/// requests that follow (a long Read's remaining responses, the Acks behind them) show the
+/// same loss and are dropped until `missing` is acknowledged.
+///
+/// Everything before `missing` is acknowledged: the WQEs that end before it were completed
+/// by [`ack_before`], and the acknowledged PSN must cover them, or a later retry would start
+/// from a PSN no WQE holds any more and send nothing.
 fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
+    progress(qp, env, missing.sub(1));
+    if qp.req.retrying == Some(missing) {
+        env.stats.dropped += 1;
+        return;
+    }
     retry_from(qp, env, missing);
+    qp.req.retrying = Some(missing);
 }
 
 fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {

@@ -117,6 +117,10 @@ pub(crate) struct Requester {
     /// A consuming WQE started without credit: nothing after it starts until credit comes.
     pub(crate) limited: Option<u64>,
     pub(crate) retry_left: u8,
+    /// A response showed the responses from this PSN on lost and the requests were sent
+    /// again from it: later responses to the first requests are stale, not new losses, until
+    /// this PSN is acknowledged (they must not spend the Retry Count again).
+    pub(crate) retrying: Option<Psn>,
     pub(crate) rnr_left: u8,
     /// Transport timer: armed while requests are unacknowledged.
     pub(crate) timer: Deadline,
@@ -153,6 +157,7 @@ impl Requester {
             ssn: 0,
             limited: None,
             retry_left: 0,
+            retrying: None,
             rnr_left: 0,
             timer: Deadline::default(),
             ttr: None,
