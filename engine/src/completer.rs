@@ -113,7 +113,8 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                     progress(qp, env, psn.sub(1));
                     let req = &mut qp.req;
                     if req.rnr_left == 0 {
-                        req.wqe_mut(seq).done = Some(WcStatus::RnrRetryExcErr);
+                        record_exhausted(qp, Exhausted::Rnr);
+                        qp.req.wqe_mut(seq).done = Some(WcStatus::RnrRetryExcErr);
                         qp.enter_error(env);
                         return;
                     }
@@ -304,6 +305,8 @@ fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
 fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     let req = &mut qp.req;
     if req.retry_left == 0 {
+        record_exhausted(qp, Exhausted::Resent);
+        let req = &mut qp.req;
         if let Some(seq) = req.find(psn) {
             req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);
         }
@@ -312,6 +315,44 @@ fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     }
     req.retry_left -= 1;
     rewind(req, psn);
+}
+
+/// The retry counter that ran out.
+pub(crate) enum Exhausted {
+    /// The Retry Count, spent by transport timeouts (and any resends before them).
+    Timer,
+    /// The Retry Count, spent by resends after PSN Sequence Error Naks or lost responses.
+    Resent,
+    /// The RNR Retry Count.
+    Rnr,
+}
+
+/// Records in words why the QP fails ([`crate::Qp::last_error`]): which counter ran out and
+/// the last PSN the peer acknowledged. Error path only.
+pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
+    let (acked, next) = (qp.req.acked.get(), qp.req.acked.add(1).get());
+    let (retry, rnr) = (qp.cfg.retry_cnt, qp.cfg.rnr_retry);
+    let text = match which {
+        Exhausted::Timer => format!(
+            "transport retry count exhausted (retry_cnt {retry}): the transport timer \
+             expired with no retry left; the peer acknowledged up to PSN {acked} and never \
+             answered PSN {next} (is the peer's engine running?)"
+        ),
+        Exhausted::Resent => format!(
+            "transport retry count exhausted (retry_cnt {retry}): requests sent again after \
+             PSN Sequence Error Naks or lost responses kept failing; the peer acknowledged \
+             up to PSN {acked}, not PSN {next}"
+        ),
+        Exhausted::Rnr => format!(
+            "RNR retry count exhausted (rnr_retry {rnr}): the peer had no receive WQE for \
+             PSN {next} after every retry; the peer acknowledged up to PSN {acked} (post \
+             receives at the peer before sending, or raise rnr_retry)"
+        ),
+    };
+    *qp.shared
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(text);
 }
 
 /// A malformed or unexpected response: the WQE fails with a bad-response error and the QP

@@ -423,9 +423,8 @@ pub(crate) fn transmit(
         // A limited Send stops after its first packet and needs it acknowledged; a limited
         // Write with Immediate sends every packet and needs only its last acknowledged
         // (spec/02 "SQ Logic's Behavior When No Credits Are Available").
-        let limited_first = req.limited == Some(seq)
-            && k == 0
-            && matches!(w.w.op, WqeOp::Send | WqeOp::SendImm);
+        let limited_first =
+            req.limited == Some(seq) && k == 0 && matches!(w.w.op, WqeOp::Send | WqeOp::SendImm);
         // AckReq on the last packet of each message, and on the first of a limited Send.
         let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
         let Some((slot, cont)) = wire.tx.next_packet(extra) else {
@@ -621,6 +620,8 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
     }
     env.stats.timeouts += 1;
     if req.retry_left == 0 {
+        crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
+        let req = &mut qp.req;
         let first = req.acked.add(1);
         if let Some(seq) = req.find(first) {
             req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);

@@ -615,7 +615,12 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
                     u64::from(reth.dma_len),
                 )
                 .is_ok();
-            if ok && resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
+            if !ok {
+                // Checked again like a new Read, and refused like one: the region may
+                // have gone since the original.
+                return fatal(qp, env, pkt.bth.psn, NakCode::RemoteAccessError);
+            }
+            if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
                 resp.dup_queued += 1;
                 let msn = resp.msn;
                 resp.queue(Out::Read(ReadJob {

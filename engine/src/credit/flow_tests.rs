@@ -470,7 +470,10 @@ fn the_limit_is_the_msn_plus_the_credits() {
     assert_eq!(flow(&r.run()), [(SL, 5, true), (SF, 6, true)]);
     // Message 2 done, 3 WQEs: LSN 5 covers the rest.
     r.ack(3, 3, 2);
-    assert_eq!(flow(&r.run()), [(SL, 7, true), (SF, 8, false), (SL, 9, true)]);
+    assert_eq!(
+        flow(&r.run()),
+        [(SL, 7, true), (SF, 8, false), (SL, 9, true)]
+    );
     r.ack(9, 3, 5);
     r.run();
     assert_eq!(r.completed(WcStatus::Success), [0, 1, 2, 3, 4]);
@@ -588,7 +591,11 @@ fn a_limited_write_with_immediate_waits_for_its_last_packet_to_be_accepted() {
         [(WrF, 0, false), (WrM, 1, false), (WrLImm, 2, true)]
     );
     r.ack(0, 0, 0);
-    assert_eq!(flow(&r.run()), [], "its first packet accepted, not the message");
+    assert_eq!(
+        flow(&r.run()),
+        [],
+        "its first packet accepted, not the message"
+    );
     r.ack(2, 0, 1);
     assert_eq!(flow(&r.run()), [(SO, 3, true)]);
 }
@@ -606,7 +613,12 @@ fn nothing_overtakes_a_limited_send_and_writes_reads_atomics_are_never_limited()
     r.ack(0, 0, 0);
     assert_eq!(
         flow(&r.run()),
-        [(SL, 1, true), (WrO, 2, true), (RdReq, 3, true), (Faa, 4, true)]
+        [
+            (SL, 1, true),
+            (WrO, 2, true),
+            (RdReq, 3, true),
+            (Faa, 4, true)
+        ]
     );
 
     // Without credit, Writes, Reads and Atomics go one after another, and a Send after
@@ -663,7 +675,11 @@ fn credits_never_shrink() {
         r.post(K::Send, 300);
     }
     let sent = flow(&r.run());
-    assert_eq!(sent.len(), 9, "four Sends whole, the fifth limited: {sent:?}");
+    assert_eq!(
+        sent.len(),
+        9,
+        "four Sends whole, the fifth limited: {sent:?}"
+    );
     assert_eq!(sent[8], (SF, 8, true));
     // Message 1 done and no WQE left: LSN 1, below the 4 granted.
     r.ack(1, 0, 1);

@@ -180,6 +180,10 @@ impl Engine {
             QpState::Reset => {
                 discard_queues(qp, &mut env);
                 qp.req.reset();
+                *qp.shared
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = None;
                 qp.resp.start(cfg.rq_psn);
                 responder::advertise(qp, None);
                 qp.set_state(QpState::Reset);
