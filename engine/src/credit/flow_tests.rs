@@ -177,13 +177,13 @@ fn rig(o: Opts) -> Rig {
         peer_psn: 0,
     };
     if !o.stop_at_rtr {
-        r.to_rts();
+        r.enter_rts();
     }
     r
 }
 
 impl Rig {
-    fn to_rts(&mut self) {
+    fn enter_rts(&mut self) {
         self.qp
             .modify(
                 &QpAttr::new(QpState::Rts)
@@ -768,7 +768,7 @@ fn initial_credits_announced_before_rts_are_kept() {
     });
     r.ack(-1, 2, 0);
     r.run();
-    r.to_rts();
+    r.enter_rts();
     for _ in 0..3 {
         r.post(K::SendImm, 300);
     }
