@@ -223,7 +223,14 @@ impl Rig {
     fn run(&mut self) -> Vec<Sent> {
         let mut got = Vec::new();
         let mut quiet = 0;
+        let mut rounds = 0;
         while quiet < 8 {
+            rounds += 1;
+            assert!(
+                rounds < 1000,
+                "the engine keeps sending: {:?}",
+                self.responses.last()
+            );
             self.ctx.progress();
             let n = got.len() + self.responses.len();
             self.take_sent(&mut got);
