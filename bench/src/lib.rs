@@ -8,3 +8,4 @@
 
 pub mod perf;
 pub mod plot;
+pub mod soak;

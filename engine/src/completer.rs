@@ -114,7 +114,8 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                     progress(qp, env, psn.sub(1));
                     let req = &mut qp.req;
                     if req.rnr_left == 0 {
-                        req.wqe_mut(seq).done = Some(WcStatus::RnrRetryExcErr);
+                        record_exhausted(qp, Exhausted::Rnr);
+                        qp.req.wqe_mut(seq).done = Some(WcStatus::RnrRetryExcErr);
                         qp.enter_error(env);
                         return;
                     }
@@ -160,9 +161,11 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
             }
             let pmtu = qp.cfg.path_mtu.bytes();
             let last = w.resp_seen + 1 == w.span;
+            // A Read requested again from response `resp_seen` on (its earlier responses
+            // arrived) is answered as a new Read: First (or Only) at that response.
             let position_ok = match info.position {
-                Position::Only => w.span == 1,
-                Position::First => w.resp_seen == 0 && !last,
+                Position::Only => last,
+                Position::First => !last,
                 Position::Middle => w.resp_seen > 0 && !last,
                 Position::Last => w.resp_seen > 0 && last,
             };
@@ -276,6 +279,7 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     if psn.after(req.acked) {
         req.acked = psn;
         req.retry_left = qp.cfg.retry_cnt;
+        req.retrying = None;
         req.rnr_left = qp.cfg.rnr_retry;
         if !req.outstanding() {
             req.timer.disarm();
@@ -288,14 +292,28 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
 }
 
 /// A response showed that responses from `missing` on were lost: request them again, as a
-/// sequence-error Nak would (it spends the Retry Count).
+/// sequence-error Nak would (it spends the Retry Count) — once: the responses to the first
+/// requests that follow (a long Read's remaining responses, the Acks behind them) show the
+/// same loss and are dropped until `missing` is acknowledged.
+///
+/// Everything before `missing` is acknowledged: the WQEs that end before it were completed
+/// by [`ack_before`], and the acknowledged PSN must cover them, or a later retry would start
+/// from a PSN no WQE holds any more and send nothing.
 fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
+    progress(qp, env, missing.sub(1));
+    if qp.req.retrying == Some(missing) {
+        env.stats.dropped += 1;
+        return;
+    }
     retry_from(qp, env, missing);
+    qp.req.retrying = Some(missing);
 }
 
 fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     let req = &mut qp.req;
     if req.retry_left == 0 {
+        record_exhausted(qp, Exhausted::Resent);
+        let req = &mut qp.req;
         if let Some(seq) = req.find(psn) {
             req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);
         }
@@ -304,6 +322,44 @@ fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     }
     req.retry_left -= 1;
     rewind(req, psn);
+}
+
+/// The retry counter that ran out.
+pub(crate) enum Exhausted {
+    /// The Retry Count, spent by transport timeouts (and any resends before them).
+    Timer,
+    /// The Retry Count, spent by resends after PSN Sequence Error Naks or lost responses.
+    Resent,
+    /// The RNR Retry Count.
+    Rnr,
+}
+
+/// Records in words why the QP fails ([`crate::Qp::last_error`]): which counter ran out and
+/// the last PSN the peer acknowledged. Error path only.
+pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
+    let (acked, next) = (qp.req.acked.get(), qp.req.acked.add(1).get());
+    let (retry, rnr) = (qp.cfg.retry_cnt, qp.cfg.rnr_retry);
+    let text = match which {
+        Exhausted::Timer => format!(
+            "transport retry count exhausted (retry_cnt {retry}): the transport timer \
+             expired with no retry left; the peer acknowledged up to PSN {acked} and never \
+             answered PSN {next} (is the peer's engine running?)"
+        ),
+        Exhausted::Resent => format!(
+            "transport retry count exhausted (retry_cnt {retry}): requests sent again after \
+             PSN Sequence Error Naks or lost responses kept failing; the peer acknowledged \
+             up to PSN {acked}, not PSN {next}"
+        ),
+        Exhausted::Rnr => format!(
+            "RNR retry count exhausted (rnr_retry {rnr}): the peer had no receive WQE for \
+             PSN {next} after every retry; the peer acknowledged up to PSN {acked} (post \
+             receives at the peer before sending, or raise rnr_retry)"
+        ),
+    };
+    *qp.shared
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(text);
 }
 
 /// A malformed or unexpected response: the WQE fails with a bad-response error and the QP

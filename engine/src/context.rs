@@ -47,6 +47,10 @@ pub(crate) struct QpShared {
     /// Otherwise a receive needs no doorbell at all: the engine finds it when a message
     /// arrives.
     pub(crate) rq_watch: AtomicBool,
+    /// Why the QP last went to the Error state, in words, when a completion status alone
+    /// does not say it (which retry counter ran out, the last PSN the peer acknowledged).
+    /// Written by the engine on that error only, read by [`crate::Qp::last_error`].
+    pub(crate) last_error: std::sync::Mutex<Option<String>>,
 }
 
 impl QpShared {
@@ -57,6 +61,7 @@ impl QpShared {
             rq_retired: AtomicU64::new(0),
             max_rd_atomic: AtomicU8::new(0),
             rq_watch: AtomicBool::new(true),
+            last_error: std::sync::Mutex::new(None),
         }
     }
 

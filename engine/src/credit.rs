@@ -58,6 +58,9 @@ impl CreditState {
 }
 
 #[cfg(test)]
+mod flow_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -104,5 +107,11 @@ mod tests {
         c.update(CreditCode::NONE, 50);
         assert!(!c.allows(19));
         assert!(CreditState::new(false).allows(u64::MAX));
+    }
+
+    #[test]
+    fn enabled_says_whether_the_remote_reports_credits() {
+        assert!(CreditState::new(true).enabled());
+        assert!(!CreditState::new(false).enabled());
     }
 }

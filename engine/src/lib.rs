@@ -24,6 +24,7 @@ pub mod credit;
 pub(crate) mod dma;
 pub(crate) mod engine;
 mod error;
+pub mod fault;
 #[cfg(test)]
 mod hostile_tests;
 pub mod limits;

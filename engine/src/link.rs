@@ -134,7 +134,8 @@ pub struct PacketSlot {
     pub kind: u8,
     /// Gather entries (kind [`KIND_GATHER`]).
     pub sge_count: u8,
-    /// Reserved, zero.
+    /// Flags: [`ICRC_FLAG`](crate::fault::ICRC_FLAG) (the packet carries an ICRC, set by a
+    /// sender injecting faults); other bits zero.
     pub reserved: u8,
     /// Payload bytes.
     pub payload_len: u32,
@@ -637,6 +638,25 @@ impl TxBatch {
         };
         debug_assert!(self.len + 1 + n <= self.free.min(self.buf.len()));
         self.len += 1 + n;
+    }
+
+    /// Forgets the packets queued from position `len` on (the fault stage re-queues them).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Queues a whole packet (its slot and continuation slots); false if there is no room.
+    pub(crate) fn push_packet(&mut self, slots: &[PacketSlot]) -> bool {
+        let Some((first, rest)) = slots.split_first() else {
+            return true;
+        };
+        let Some((slot, cont)) = self.next_packet(rest.len()) else {
+            return false;
+        };
+        *slot = *first;
+        cont.copy_from_slice(&rest[..cont.len()]);
+        self.commit();
+        true
     }
 
     /// The packets queued and not yet published.

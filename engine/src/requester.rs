@@ -119,6 +119,10 @@ pub(crate) struct Requester {
     /// A consuming WQE started without credit: nothing after it starts until credit comes.
     pub(crate) limited: Option<u64>,
     pub(crate) retry_left: u8,
+    /// A response showed the responses from this PSN on lost and the requests were sent
+    /// again from it: later responses to the first requests are stale, not new losses, until
+    /// this PSN is acknowledged (they must not spend the Retry Count again).
+    pub(crate) retrying: Option<Psn>,
     pub(crate) rnr_left: u8,
     /// Transport timer: armed while requests are unacknowledged.
     pub(crate) timer: Deadline,
@@ -155,6 +159,7 @@ impl Requester {
             ssn: 0,
             limited: None,
             retry_left: 0,
+            retrying: None,
             rnr_left: 0,
             timer: Deadline::default(),
             ttr: None,
@@ -434,7 +439,11 @@ pub(crate) fn transmit(
             )
             .unwrap_or_default(),
         };
-        let limited_first = req.limited == Some(seq) && k == 0;
+        // A limited Send stops after its first packet and needs it acknowledged; a limited
+        // Write with Immediate sends every packet and needs only its last acknowledged
+        // (spec/02 "SQ Logic's Behavior When No Credits Are Available").
+        let limited_first =
+            req.limited == Some(seq) && k == 0 && matches!(w.w.op, WqeOp::Send | WqeOp::SendImm);
         // AckReq on the last packet of each message, and on the first of a limited Send.
         let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
         let Some((slot, cont)) = wire.tx.next_packet(extra) else {
@@ -693,6 +702,8 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
     }
     env.stats.timeouts += 1;
     if req.retry_left == 0 {
+        crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
+        let req = &mut qp.req;
         let first = req.acked.add(1);
         if let Some(seq) = req.find(first) {
             req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);

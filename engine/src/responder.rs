@@ -57,6 +57,8 @@ struct ReadJob {
     npkts: u32,
     next: u32,
     msn: u32,
+    /// It answers a duplicate request (it holds no responder resource).
+    dup: bool,
 }
 
 /// A response waiting to leave.
@@ -81,6 +83,8 @@ enum Out {
         psn: Psn,
         orig: u64,
         msn: u32,
+        /// It answers a duplicate request (it holds no responder resource).
+        dup: bool,
     },
 }
 
@@ -118,8 +122,12 @@ pub(crate) struct Responder {
     nak_outstanding: bool,
     /// The credit count last reported, if any.
     advertised: Option<u32>,
-    /// Reads and Atomics queued, for the responder-resources limit.
+    /// New Reads and Atomics queued, for the responder-resources limit.
     rd_atomic_queued: u32,
+    /// Answers to duplicate Reads and Atomics queued (at most [`MAX_RD_ATOMIC`]): they
+    /// re-send what a new request's resource produced, and must not take the resources the
+    /// requester may use for new requests.
+    dup_queued: u32,
     /// An [`Out::Fatal`] is queued: in the Error state the responses ahead of it still
     /// leave (they answer requests accepted before the error).
     closing: bool,
@@ -128,9 +136,10 @@ pub(crate) struct Responder {
     cur_status: WcStatus,
 }
 
-/// Room for the response queue: every Read/Atomic resource, plus Acks and a Nak between
-/// them. Its bound is enforced, so it never reallocates.
-const OUT_CAP: usize = 2 * MAX_RD_ATOMIC as usize + 4;
+/// Room for the response queue: every Read/Atomic resource and as many answers to
+/// duplicates, plus Acks and a Nak between them. Its bound is enforced, so it never
+/// reallocates.
+const OUT_CAP: usize = 4 * MAX_RD_ATOMIC as usize + 4;
 
 impl Responder {
     pub(crate) fn new() -> Responder {
@@ -143,6 +152,7 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
+            dup_queued: 0,
             closing: false,
             cur_status: WcStatus::WrFlushErr,
         }
@@ -219,6 +229,15 @@ impl Responder {
     fn queue_fatal(&mut self, psn: Psn, code: NakCode) {
         self.queue(Out::Fatal { psn, code });
         self.closing = true;
+    }
+
+    /// A Read's or Atomic's answer left: its resource (or its duplicate's slot) is free.
+    fn release_rd_atomic(&mut self, dup: bool) {
+        if dup {
+            self.dup_queued -= 1;
+        } else {
+            self.rd_atomic_queued -= 1;
+        }
     }
 
     fn next_msn(&mut self) -> u32 {
@@ -565,6 +584,7 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
         npkts,
         next: 0,
         msn,
+        dup: false,
     }));
     qp.resp.epsn = psn.add(npkts);
 }
@@ -601,7 +621,12 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
     }
     resp.atomics.push_back((psn, orig, msn));
     resp.rd_atomic_queued += 1;
-    resp.queue(Out::Atomic { psn, orig, msn });
+    resp.queue(Out::Atomic {
+        psn,
+        orig,
+        msn,
+        dup: false,
+    });
     resp.epsn = psn.add(1);
 }
 
@@ -625,8 +650,13 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
                     u64::from(reth.dma_len),
                 )
                 .is_ok();
-            if ok && resp.rd_atomic_queued < u32::from(MAX_RD_ATOMIC) {
-                resp.rd_atomic_queued += 1;
+            if !ok {
+                // Checked again like a new Read, and refused like one: the region may
+                // have gone since the original.
+                return fatal(qp, env, pkt.bth.psn, NakCode::RemoteAccessError);
+            }
+            if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
+                resp.dup_queued += 1;
                 let msn = resp.msn;
                 resp.queue(Out::Read(ReadJob {
                     psn: pkt.bth.psn,
@@ -636,15 +666,21 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
                     npkts: psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes()),
                     next: 0,
                     msn,
+                    dup: true,
                 }));
             }
         }
         OpClass::CompareSwap | OpClass::FetchAdd => {
             let psn = pkt.bth.psn;
             if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
-                if resp.rd_atomic_queued < u32::from(MAX_RD_ATOMIC) {
-                    resp.rd_atomic_queued += 1;
-                    resp.queue(Out::Atomic { psn: p, orig, msn });
+                if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
+                    resp.dup_queued += 1;
+                    resp.queue(Out::Atomic {
+                        psn: p,
+                        orig,
+                        msn,
+                        dup: true,
+                    });
                 }
             }
         }
@@ -682,6 +718,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 let resp = &mut qp.resp;
                 resp.out.clear();
                 resp.rd_atomic_queued = 0;
+                resp.dup_queued = 0;
                 resp.closing = false;
                 return;
             }
@@ -703,7 +740,12 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 advertise(qp, code.credits());
                 env.stats.acks_sent += 1;
             }
-            Out::Atomic { psn, orig, msn } => {
+            Out::Atomic {
+                psn,
+                orig,
+                msn,
+                dup,
+            } => {
                 let code = credit_code(qp);
                 if !emit_aeth(
                     wire,
@@ -718,7 +760,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                     return;
                 }
                 advertise(qp, code.credits());
-                qp.resp.rd_atomic_queued -= 1;
+                qp.resp.release_rd_atomic(dup);
             }
             Out::Read(ref mut job) => {
                 let mut j = *job;
@@ -747,7 +789,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                 if j.next < j.npkts {
                     continue;
                 }
-                qp.resp.rd_atomic_queued -= 1;
+                qp.resp.release_rd_atomic(j.dup);
             }
         }
         qp.resp.out.pop_front();

@@ -184,6 +184,17 @@ pub fn client(
                     wc.wr_id
                 )));
             }
+            if opts.check {
+                // Exactly the next signaled request of the QP.
+                let want = ((done[qi] / sig + 1) * sig).min(limit[qi]);
+                if c != want {
+                    return Err(PerfError::Check(format!(
+                        "{}: QP {qi}: iteration {}: completion for request {c}, expected request {want} (completions out of order, lost or repeated)",
+                        opts.test.name(),
+                        first + want - 1
+                    )));
+                }
+            }
             completed += c - done[qi];
             done[qi] = c;
         }
@@ -300,7 +311,15 @@ pub fn prepost_receives(side: &mut Side, count: u32) -> Result<(), PerfError> {
 ///
 /// # Errors
 /// A receive fails, a message has the wrong length, or the peer goes away.
-pub fn send_server(side: &mut Side, size: u64, per_qp: Option<u64>) -> Result<u64, PerfError> {
+///
+/// With `check` (`--check`: the test's name and the size index), every byte of every
+/// message received is compared with the size's pattern as its receive completes.
+pub fn send_server(
+    side: &mut Side,
+    size: u64,
+    per_qp: Option<u64>,
+    check: Option<(&str, usize)>,
+) -> Result<u64, PerfError> {
     let Side { res, qps, .. } = side;
     let q = qps.len();
     let cq = &mut res.cq;
@@ -312,6 +331,7 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: Option<u64>) -> Result<u6
             .map_err(PerfError::engine("the receive buffer"))?]);
     }
     let mut counts = vec![0u64; q];
+    let mut scratch = Vec::new();
     let mut ended = vec![false; q];
     let mut open = q;
     let total = per_qp.map_or(u64::MAX, |n| n * q as u64);
@@ -344,6 +364,23 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: Option<u64>) -> Result<u6
                     "receive wr_id {} of {} bytes; expected a QP index below {q} and {size} bytes",
                     wc.wr_id, wc.byte_len
                 )));
+            }
+            if let Some((test, si)) = check {
+                let at = qi as u64 * res.stride + res.half;
+                scratch.resize(size as usize, 0);
+                res.buf
+                    .read_at(at, &mut scratch)
+                    .map_err(PerfError::engine("reading a received message"))?;
+                if let Some(j) = (0..size)
+                    .find(|&j| scratch[j as usize] != crate::perf::check::static_byte(si, j))
+                {
+                    return Err(PerfError::Check(format!(
+                        "{test}: QP {qi}: message {}: byte at offset {j} of {size} is {:#04x}, expected {:#04x}",
+                        counts[qi] + 1,
+                        scratch[j as usize],
+                        crate::perf::check::static_byte(si, j)
+                    )));
+                }
             }
             counts[qi] += 1;
             received += 1;

@@ -13,6 +13,7 @@ use shmhca::{
     Data, Mr, Qp, QpState, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::perf::check::{IterCheck, static_byte};
 use crate::perf::error::PerfError;
 use crate::perf::opts::{AtomicType, Options, TestKind};
 use crate::perf::setup::Side;
@@ -236,11 +237,19 @@ pub fn client(
     let remote_send = peer.buf;
     let k = (size as usize).min(8);
     let mut seen = [0u8; 8];
+    let mut chk = IterCheck::new(opts, size, true);
     let mut t_prev = Instant::now();
     for i in first..first + n {
         let flags = signaled_every(sig, i);
         match opts.test {
             TestKind::SendLat => {
+                if let Some(c) = chk.as_mut() {
+                    if inline {
+                        c.fill(i, &mut payload);
+                    } else {
+                        c.write(buf, 0, size, i)?;
+                    }
+                }
                 let data = if inline {
                     Data::Inline(&payload)
                 } else {
@@ -254,11 +263,21 @@ pub fn client(
                 };
                 post(qp, cq, &mut wcs, &wr)?;
                 wait_recv(qp, cq, &mut wcs, len)?;
+                if let Some(c) = chk.as_mut() {
+                    c.verify(buf, half, size, i, "the server's answer", None)?;
+                }
                 qp.post_recv(&RecvWr::new(i, &full_recv))
                     .map_err(PerfError::engine("reposting a receive"))?;
             }
             TestKind::WriteLat => {
                 let m = marker(i, k);
+                if let Some(c) = chk.as_mut() {
+                    if inline {
+                        c.fill(i, &mut payload);
+                    } else {
+                        c.write(buf, 0, size, i)?;
+                    }
+                }
                 let data = if inline {
                     payload[size as usize - k..].copy_from_slice(&m[..k]);
                     Data::Inline(&payload)
@@ -290,11 +309,37 @@ pub fn client(
                     live.idle([&*qp])?;
                     std::hint::spin_loop();
                 }
+                if let Some(c) = chk.as_mut() {
+                    c.verify(
+                        buf,
+                        half,
+                        size - k as u64,
+                        i,
+                        "the server's RDMA Write",
+                        None,
+                    )?;
+                }
             }
             TestKind::ReadLat => {
+                if let Some(c) = chk.as_mut() {
+                    // A Read that leaves bytes unwritten must not pass on the last one's.
+                    c.clear(buf, half, size)?;
+                }
                 let wr = SendWr::new(i, SendOp::RdmaRead(remote_send), &recv_sge);
                 post(qp, cq, &mut wcs, &wr)?;
-                wait_send(qp, cq, &mut wcs, "an RDMA Read")?;
+                let id = wait_send(qp, cq, &mut wcs, "an RDMA Read")?;
+                if let Some(c) = chk.as_mut() {
+                    c.order(i, id, "the RDMA Read")?;
+                    let si = c.expect_index();
+                    c.verify(
+                        buf,
+                        half,
+                        size,
+                        i,
+                        "RDMA Read data",
+                        Some(&|j| static_byte(si, j)),
+                    )?;
+                }
             }
             TestKind::AtomicLat => {
                 let op = match opts.atomic {
@@ -309,7 +354,22 @@ pub fn client(
                     },
                 };
                 post(qp, cq, &mut wcs, &SendWr::new(i, op, &atomic_sge))?;
-                wait_send(qp, cq, &mut wcs, "an Atomic")?;
+                let id = wait_send(qp, cq, &mut wcs, "an Atomic")?;
+                if let Some(c) = chk.as_mut() {
+                    c.order(i, id, "the Atomic")?;
+                    // The counter starts at 0 each size and moves by one per iteration:
+                    // the original value of iteration i is i.
+                    let want = i + (c.expect_index() - c.size_index()) as u64;
+                    let got = buf
+                        .load_u64(half)
+                        .map_err(PerfError::engine("reading the atomic result"))?;
+                    if got != want {
+                        return Err(PerfError::Check(format!(
+                            "{}: iteration {i}: the Atomic returned {got}, expected {want}",
+                            opts.test.name()
+                        )));
+                    }
+                }
             }
             _ => unreachable!("latency loops run latency tests only"),
         }
@@ -360,14 +420,15 @@ fn wait_recv(
     }
 }
 
-/// Polls until the (signaled) request completes.
+/// Polls until the (signaled) request completes; returns the `wr_id` of the last
+/// completion.
 #[inline]
 fn wait_send(
     qp: &Qp,
     cq: &mut shmhca::Cq,
     wcs: &mut [WorkCompletion],
     what: &'static str,
-) -> Result<(), PerfError> {
+) -> Result<u64, PerfError> {
     let mut live = Liveness::default();
     loop {
         let c = cq.poll(wcs);
@@ -378,7 +439,7 @@ fn wait_send(
         }
         // Every Read and Atomic is signaled and one is outstanding: any completion is it.
         if c > 0 {
-            return Ok(());
+            return Ok(wcs[c - 1].wr_id);
         }
         live.idle([qp])?;
     }
@@ -416,11 +477,20 @@ pub fn server(
     let remote_recv = peer.buf.offset(half);
     let k = (size as usize).min(8);
     let mut seen = [0u8; 8];
+    let mut chk = IterCheck::new(opts, size, false);
     for i in first..first + n {
         let flags = signaled_every(sig, i);
         match opts.test {
             TestKind::SendLat => {
                 wait_recv(qp, cq, &mut wcs, len)?;
+                if let Some(c) = chk.as_mut() {
+                    c.verify(buf, half, size, i, "the client's Send", None)?;
+                    if inline {
+                        c.fill(i, &mut payload);
+                    } else {
+                        c.write(buf, 0, size, i)?;
+                    }
+                }
                 qp.post_recv(&RecvWr::new(i, &full_recv))
                     .map_err(PerfError::engine("reposting a receive"))?;
                 let data = if inline {
@@ -457,6 +527,21 @@ pub fn server(
                     }
                     live.idle([&*qp])?;
                     std::hint::spin_loop();
+                }
+                if let Some(c) = chk.as_mut() {
+                    c.verify(
+                        buf,
+                        half,
+                        size - k as u64,
+                        i,
+                        "the client's RDMA Write",
+                        None,
+                    )?;
+                    if inline {
+                        c.fill(i, &mut payload);
+                    } else {
+                        c.write(buf, 0, size, i)?;
+                    }
                 }
                 let data = if inline {
                     payload[size as usize - k..].copy_from_slice(&m[..k]);

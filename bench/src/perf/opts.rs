@@ -465,6 +465,37 @@ pub struct Cli {
     /// Internal: this process is the server started by a client (exits with its parent).
     #[arg(long = "spawned", hide = true)]
     pub spawned: bool,
+    /// Fault injection: drop this fraction of the packets this process sends (both ends
+    /// take the flags: a self-spawned peer gets them too; with --server/--client each end
+    /// takes its own).
+    #[arg(long = "drop", value_name = "RATE", help_heading = "Faults")]
+    pub drop: Option<f64>,
+    /// Fault injection: duplicate this fraction of the packets sent.
+    #[arg(long = "dup", value_name = "RATE", help_heading = "Faults")]
+    pub dup: Option<f64>,
+    /// Fault injection: swap this fraction of the packets sent with the next one.
+    #[arg(long = "reorder", value_name = "RATE", help_heading = "Faults")]
+    pub reorder: Option<f64>,
+    /// Fault injection: hold this fraction of the packets sent for a few engine iterations.
+    #[arg(long = "delay", value_name = "RATE", help_heading = "Faults")]
+    pub delay: Option<f64>,
+    /// Fault injection: flip a bit in this fraction of the packets sent (the receiver's
+    /// ICRC check drops them).
+    #[arg(long = "corrupt", value_name = "RATE", help_heading = "Faults")]
+    pub corrupt: Option<f64>,
+    /// Seed of the injected faults (default 1).
+    #[arg(long = "seed", value_name = "N", help_heading = "Faults")]
+    pub seed: Option<u64>,
+    /// Check every payload byte of every iteration and the order of every completion
+    /// (latency tests carry a different pattern each iteration; bandwidth tests check
+    /// each completion's order and every byte at the end of each size). Slows the run:
+    /// figures measured with --check are not benchmarks.
+    #[arg(long = "check")]
+    pub check: bool,
+    /// Testing only: the client expects a wrong pattern under --check (shows that a check
+    /// fails).
+    #[arg(long = "check-expect-wrong", hide = true)]
+    pub check_expect_wrong: bool,
 }
 
 /// Which side this process runs.
@@ -561,6 +592,12 @@ pub struct Options {
     pub bidirectional: bool,
     /// `--pin_cores`: the cores this process may run on (empty: as started).
     pub pin_cores: Vec<usize>,
+    /// `--drop`, `--dup`, `--reorder`, `--delay`, `--corrupt`, `--seed`.
+    pub faults: shmhca::fault::FaultConfig,
+    /// `--check`.
+    pub check: bool,
+    /// `--check-expect-wrong` (testing only).
+    pub check_expect_wrong: bool,
 }
 
 /// A bandwidth run by time (`-D`, `--run_infinitely`) rather than by iterations.
@@ -915,7 +952,21 @@ impl Options {
                 test.name()
             )));
         }
+        let faults = shmhca::fault::FaultConfig {
+            drop: cli.drop.unwrap_or(0.0),
+            duplicate: cli.dup.unwrap_or(0.0),
+            reorder: cli.reorder.unwrap_or(0.0),
+            delay: cli.delay.unwrap_or(0.0),
+            corrupt: cli.corrupt.unwrap_or(0.0),
+            seed: cli.seed.unwrap_or(1),
+        };
+        faults
+            .validate()
+            .map_err(|e| usage(format!("--drop/--dup/--reorder/--delay/--corrupt: {e}")))?;
         Ok(Options {
+            faults,
+            check: cli.check,
+            check_expect_wrong: cli.check_expect_wrong,
             bidirectional: cli.bidirectional,
             pin_cores,
             timed,

@@ -152,6 +152,9 @@ impl Output {
             let mut o = self.stdout.lock();
             if opts.output.is_none() {
                 let _ = writeln!(o, "{}", report::RESULT_LINE);
+                if !opts.faults.is_none() {
+                    let _ = writeln!(o, "{}", faults_line(side));
+                }
             }
             for (size, samples) in &self.samples {
                 if self.samples.len() > 1 {
@@ -208,6 +211,7 @@ impl Output {
                 "timeouts": st.timeouts,
                 "rnr_naks_received": st.rnr_naks_received,
                 "dropped": st.dropped,
+                "faults": fault_json(side.res.ctx.fault_stats()),
             });
             let doc = json!({
                 "tool": "shmhca-perf",
@@ -315,4 +319,37 @@ pub fn write_new(path: &std::path::Path, bytes: &[u8], force: bool) -> Result<()
     })?;
     f.write_all(bytes)
         .map_err(PerfError::io(format!("writing {}", path.display())))
+}
+
+/// The report line of a run with injected faults: what this process's fault stage did
+/// and how its engine recovered.
+pub(crate) fn faults_line(side: &Side) -> String {
+    let f = side.res.ctx.fault_stats();
+    let st = side.res.ctx.stats();
+    format!(
+        " faults (this side): {} packets sent, {} dropped, {} duplicated, {} reordered, {} delayed, {} corrupted; {} received packets failed the ICRC check; {} retransmitted, {} timeouts, {} Naks received, {} sequence-error Naks sent",
+        f.packets,
+        f.dropped,
+        f.duplicated,
+        f.reordered,
+        f.delayed,
+        f.corrupted,
+        f.icrc_dropped,
+        st.retransmitted,
+        st.timeouts,
+        st.naks_received,
+        st.seq_err_naks_sent
+    )
+}
+
+fn fault_json(f: shmhca::fault::FaultStats) -> serde_json::Value {
+    json!({
+        "packets": f.packets,
+        "dropped": f.dropped,
+        "duplicated": f.duplicated,
+        "reordered": f.reordered,
+        "delayed": f.delayed,
+        "corrupted": f.corrupted,
+        "icrc_dropped": f.icrc_dropped,
+    })
 }

@@ -39,6 +39,8 @@ pub(crate) fn run_sizes(
     let qps = side.qps.len() as u64;
     for (si, &size) in opts.sizes.iter().enumerate() {
         let tag = 2 * si as u32;
+        // --check: send_bw's server compares every message with the pattern as it arrives.
+        let check = opts.check.then_some((opts.test.name(), si));
         // Requests the client ran this size on all QPs, warm-up included (latency tests:
         // on the first QP), and the messages a send_bw server received.
         let mut ops = (opts.warmup + opts.iters) * if lat { 1 } else { qps };
@@ -105,9 +107,9 @@ pub(crate) fn run_sizes(
         } else if verb == Verb::Send {
             let per_qp = opts.timed.is_none().then_some(opts.warmup + opts.iters);
             if opts.warmup > 0 && per_qp.is_none() {
-                bw::send_server(side, size, Some(opts.warmup))?;
+                bw::send_server(side, size, Some(opts.warmup), check)?;
             }
-            received = bw::send_server(side, size, per_qp)?;
+            received = bw::send_server(side, size, per_qp, check)?;
         }
         // End of the size: the client says it is done; only then does the server look at
         // what arrived, and it answers with its verdict.

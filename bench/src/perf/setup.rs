@@ -137,6 +137,7 @@ impl Resources {
                 opts.inline,
             ))
             .mode(mode)
+            .faults(opts.faults)
             .build()
             .map_err(PerfError::engine("creating the shmhca context"))?;
         let pd = ctx

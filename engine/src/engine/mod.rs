@@ -67,6 +67,11 @@ pub(crate) struct Engine {
     nomem: Mem,
     /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
     pub(crate) stats_area: Option<crate::stats_area::StatsArea>,
+    /// The fault stage (`ContextBuilder::faults`); `None` when off (one branch per QP
+    /// served and one per iteration).
+    pub(crate) faults: Option<Box<crate::fault::Faults>>,
+    /// Received packets dropped because their ICRC did not check.
+    pub(crate) icrc_dropped: u64,
 }
 
 impl Engine {
@@ -90,6 +95,8 @@ impl Engine {
             timer_countdown: TIMER_EVERY,
             nomem: Mem::private(0),
             stats_area: None,
+            faults: None,
+            icrc_dropped: 0,
         }
     }
 
@@ -179,6 +186,10 @@ impl Engine {
             QpState::Reset => {
                 discard_queues(qp, &mut env);
                 qp.req.reset();
+                *qp.shared
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = None;
                 qp.resp.start(cfg.rq_psn);
                 responder::advertise(qp, None);
                 qp.set_state(QpState::Reset);
@@ -251,6 +262,8 @@ impl Engine {
             trace,
             timer_countdown,
             nomem,
+            faults,
+            icrc_dropped,
             ..
         } = self;
         let mut env = res.env();
@@ -314,6 +327,14 @@ impl Engine {
                     let sender = qp.as_ref().map_or(&*nomem, |q| &q.peer_mem);
                     t.packet(LinkId(l), link.endpoints, false, link.rx_tap, slots, sender);
                 }
+                // A packet stamped with an ICRC (its sender injects faults) is checked first
+                // and dropped silently if it fails, as an HCA drops a corrupted packet.
+                if slots[0].reserved & crate::fault::ICRC_FLAG != 0
+                    && !crate::fault::icrc_ok(slots, qp.as_ref().map_or(&*nomem, |q| &q.peer_mem))
+                {
+                    *icrc_dropped += 1;
+                    continue;
+                }
                 let (Some(qp), Ok(pkt)) = (qp, pkt) else {
                     env.stats.dropped += 1;
                     continue;
@@ -363,6 +384,9 @@ impl Engine {
                         let mut wire = Wire { tx: &mut link.tx };
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                         responder::drain(qp, &mut env, &mut wire);
+                        if let (Some(f), Some(d)) = (faults.as_deref_mut(), qp.cfg.dest) {
+                            f.on_sent(d.link, &mut link.tx, before, &qp.mem);
+                        }
                         if let (Some(t), Some(d)) = (trace.as_deref_mut(), qp.cfg.dest) {
                             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
                         }
@@ -388,7 +412,10 @@ impl Engine {
         }
         rung.clear();
 
-        // 4. Publish.
+        // 4. Publish (with the packets the fault stage held that are due now).
+        if let Some(f) = faults.as_deref_mut() {
+            release_held(f, links, trace);
+        }
         for (_, link) in links.iter_mut() {
             link.publish();
         }
@@ -421,6 +448,7 @@ impl Engine {
             links,
             active,
             trace,
+            faults,
             ..
         } = self;
         let Some(qp) = qps.at_mut(index) else {
@@ -442,6 +470,9 @@ impl Engine {
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
             responder::drain(qp, &mut env, &mut wire);
         }
+        if let Some(f) = faults.as_deref_mut() {
+            f.on_sent(d.link, &mut link.tx, before, &qp.mem);
+        }
         if let Some(t) = trace.as_deref_mut() {
             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
         }
@@ -450,7 +481,14 @@ impl Engine {
 
     /// Whether no QP has work pending (the engine thread may sleep).
     pub(crate) fn idle(&self) -> bool {
-        self.active.is_empty()
+        self.active.is_empty() && !self.faults.as_ref().is_some_and(|f| f.holding())
+    }
+
+    /// What the fault stage did, and the packets dropped for a bad ICRC.
+    pub(crate) fn fault_stats(&self) -> crate::fault::FaultStats {
+        let mut s = self.faults.as_ref().map(|f| f.stats).unwrap_or_default();
+        s.icrc_dropped = self.icrc_dropped;
+        s
     }
 
     /// The earliest time at which a timer of this engine expires — the transport timer or
@@ -498,6 +536,31 @@ impl Engine {
             t.flush();
         }
     }
+}
+
+/// Starts a fault-stage iteration: queues the held packets that are due on their links
+/// (traced as sent now, with the arena they came from).
+fn release_held(
+    f: &mut crate::fault::Faults,
+    links: &mut SlotTable<Link>,
+    trace: &mut Option<Box<Trace>>,
+) {
+    f.tick();
+    if !f.holding() {
+        return;
+    }
+    for (l, link) in links.iter_mut() {
+        if link.down.is_some() {
+            continue;
+        }
+        let endpoints = link.endpoints;
+        f.release(LinkId(l), &mut link.tx, |slots, mem| {
+            if let Some(t) = trace.as_deref_mut() {
+                t.packet(LinkId(l), endpoints, true, true, slots, mem);
+            }
+        });
+    }
+    f.forget_stale();
 }
 
 /// Puts every QP of link `id` in the active set (the link went down: they must see it).

@@ -135,6 +135,23 @@ impl<W: Write> PcapWriter<W> {
         dst: Endpoint,
         transport: &[&[u8]],
     ) -> io::Result<()> {
+        self.write_packet_with_icrc_error(ts, src, dst, transport, 0)
+    }
+
+    /// [`write_packet`](Self::write_packet) with a wrong ICRC: the correct one XOR
+    /// `icrc_error` (a packet corrupted on its way, recorded as the receiver sees it).
+    ///
+    /// # Errors
+    ///
+    /// As [`write_packet`](Self::write_packet).
+    pub fn write_packet_with_icrc_error(
+        &mut self,
+        ts: Duration,
+        src: Endpoint,
+        dst: Endpoint,
+        transport: &[&[u8]],
+        icrc_error: u32,
+    ) -> io::Result<()> {
         if self.broken {
             return Err(io::Error::other(
                 "an earlier write failed part-way through a packet record: the capture is \
@@ -158,7 +175,7 @@ impl<W: Write> PcapWriter<W> {
 
         let ip: &[u8; IPV4_HEADER_LEN] = headers[14..34].try_into().expect("fixed layout");
         let udp: &[u8; UDP_HEADER_LEN] = headers[34..HEADERS_LEN].try_into().expect("fixed layout");
-        let icrc = roce::icrc(ip, udp, transport);
+        let icrc = roce::icrc(ip, udp, transport) ^ icrc_error;
 
         // Fits: frame_headers bounds the transport to an IPv4 datagram.
         let frame_len = (HEADERS_LEN + transport_len + ICRC_LEN) as u32;

@@ -105,8 +105,16 @@ impl Tap {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
+        // A packet the fault stage corrupted is recorded with the ICRC its sender stamped.
+        let icrc_error = crate::fault::icrc_error(slots, sender_arena);
         if writer
-            .write_packet(ts, endpoint(src), endpoint(dst), &[hdr, scratch])
+            .write_packet_with_icrc_error(
+                ts,
+                endpoint(src),
+                endpoint(dst),
+                &[hdr, scratch],
+                icrc_error,
+            )
             .is_err()
         {
             inner.failed = true;

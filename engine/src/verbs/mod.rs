@@ -152,6 +152,22 @@ pub struct ContextBuilder {
     idle: IdlePolicy,
     pcap: Option<PathBuf>,
     link_slots: usize,
+    faults: crate::fault::FaultConfig,
+    fault_rule: RuleSlot,
+}
+
+/// A fault rule waiting in a builder (taken by the first `build`).
+#[derive(Clone, Default)]
+struct RuleSlot(Option<Arc<Mutex<Option<crate::fault::FaultRule>>>>);
+
+impl std::fmt::Debug for RuleSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(rule)"
+        } else {
+            "None"
+        })
+    }
 }
 
 impl Default for ContextBuilder {
@@ -163,6 +179,8 @@ impl Default for ContextBuilder {
             idle: IdlePolicy::Spin,
             pcap: std::env::var_os("SHMHCA_PCAP").map(PathBuf::from),
             link_slots: link::DEFAULT_LINK_SLOTS,
+            faults: crate::fault::FaultConfig::default(),
+            fault_rule: RuleSlot::default(),
         }
     }
 }
@@ -208,6 +226,27 @@ impl ContextBuilder {
         self
     }
 
+    /// Injects faults into the packets this context sends (see [`crate::fault`]): drops,
+    /// duplicates, reorders, delays and corruptions at the given per-packet rates, drawn
+    /// from the given seed. Default: none. [`ContextBuilder::build`] checks the rates.
+    pub fn faults(mut self, faults: crate::fault::FaultConfig) -> ContextBuilder {
+        self.faults = faults;
+        self
+    }
+
+    /// Decides the fault of each packet this context sends, for tests that target one
+    /// packet ("drop the second Ack"): `rule` sees the packet's headers; an answer other
+    /// than [`FaultAction::Pass`](crate::fault::FaultAction::Pass) takes precedence over the
+    /// rates of [`ContextBuilder::faults`], and `Pass` leaves the packet to them. The rule
+    /// goes to the first context built from this builder (or its clones).
+    pub fn fault_rule(
+        mut self,
+        rule: impl FnMut(&PacketEvent<'_>) -> crate::fault::FaultAction + Send + 'static,
+    ) -> ContextBuilder {
+        self.fault_rule = RuleSlot(Some(Arc::new(Mutex::new(Some(Box::new(rule))))));
+        self
+    }
+
     /// Opens the context: creates its engine page and starts the engine. Arenas are made
     /// per protection domain, by [`Context::alloc_pd`].
     ///
@@ -227,6 +266,7 @@ impl ContextBuilder {
             ));
         }
         check_arena_size(self.arena_size)?;
+        self.faults.validate()?;
         let may_sleep = matches!(self.mode, EngineMode::Poll { .. })
             && matches!(self.idle, IdlePolicy::Backoff { .. });
         // Announce to peers whether they must wake this engine (see `engine::wake`).
@@ -236,6 +276,14 @@ impl ContextBuilder {
         let mut engine = Engine::new();
         engine.stats_area =
             crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));
+        let rule = self
+            .fault_rule
+            .0
+            .as_ref()
+            .and_then(|r| r.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if !self.faults.is_none() || rule.is_some() {
+            engine.faults = Some(Box::new(crate::fault::Faults::new(self.faults, rule)));
+        }
         if let Some(path) = &self.pcap {
             engine.trace = Some(Box::new(Trace {
                 pcap: Some(shared_tap(path)?),
@@ -630,6 +678,12 @@ impl Context {
     /// A snapshot of the engine's counters.
     pub fn stats(&self) -> Stats {
         self.shared.engine.with(|e| e.res.stats)
+    }
+
+    /// What the fault stage did ([`ContextBuilder::faults`]) and how many received packets
+    /// were dropped for a bad ICRC (all zero without faults).
+    pub fn fault_stats(&self) -> crate::fault::FaultStats {
+        self.shared.engine.with(|e| e.fault_stats())
     }
 
     /// Starts writing every packet this engine sends and receives to a pcap file

@@ -238,6 +238,18 @@ impl Qp {
         self.qshared.state()
     }
 
+    /// Why the QP went to the Error state, in words, when the engine knows more than the
+    /// completion status says: for `RetryExcErr` and `RnrRetryExcErr`, which retry counter
+    /// ran out, after what, and the last PSN the peer acknowledged. `None` if no such error
+    /// happened.
+    pub fn last_error(&self) -> Option<String> {
+        self.qshared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The capabilities it was created with.
     pub fn caps(&self) -> QpCaps {
         self.caps
