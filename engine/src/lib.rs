@@ -49,7 +49,9 @@ pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
     Data, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use verbs::{Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Qp, Sge};
+pub use verbs::{
+    CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Pd, Progress, Qp, Sge,
+};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

@@ -56,6 +56,7 @@
 //! forbids it; for a boundary against such a process, run peers as another user and admit
 //! them with [`PeerPolicy`](crate::PeerPolicy).
 
+pub mod channel;
 pub(crate) mod cq;
 pub(crate) mod mr;
 pub(crate) mod qp;
@@ -79,6 +80,8 @@ use crate::mem::Mem;
 use crate::trace::PacketEvent;
 use crate::trace::tap::{Tap, Trace};
 
+pub use crate::engine::progress::Progress;
+pub use channel::CompChannel;
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge};
 pub use qp::Qp;
@@ -109,7 +112,13 @@ impl EngineMode {
     }
 }
 
-/// What a poll-mode engine thread does when there is no work.
+/// What an idle engine does when there is no work.
+///
+/// In poll mode it is the engine thread's policy. In inline mode `Backoff` lets threads
+/// that wait for completions ([`Cq::wait`], [`CompChannel::get_event`], the progress
+/// helper while a notification is armed) sleep until a peer's packet wakes them; with
+/// `Spin` they poll and yield. `Backoff` costs this engine's peers a fence per burst they
+/// publish to it (to know whether to wake it), in either mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IdlePolicy {
     /// Keep polling (lowest latency; burns the core).
@@ -134,6 +143,7 @@ pub struct ContextBuilder {
     idle: IdlePolicy,
     pcap: Option<PathBuf>,
     link_slots: usize,
+    progress: Progress,
 }
 
 impl Default for ContextBuilder {
@@ -145,6 +155,7 @@ impl Default for ContextBuilder {
             idle: IdlePolicy::Spin,
             pcap: std::env::var_os("SHMHCA_PCAP").map(PathBuf::from),
             link_slots: link::DEFAULT_LINK_SLOTS,
+            progress: Progress::Auto,
         }
     }
 }
@@ -174,6 +185,15 @@ impl ContextBuilder {
     /// What an idle poll-mode engine does (default: spin).
     pub fn idle(mut self, idle: IdlePolicy) -> ContextBuilder {
         self.idle = idle;
+        self
+    }
+
+    /// Who drives an inline engine while the application does not call into shmhca
+    /// (default [`Progress::Auto`]: a sleeping helper thread, so a busy application never
+    /// lets a peer's transport timer expire). Poll mode has its engine thread and ignores
+    /// this.
+    pub fn progress(mut self, progress: Progress) -> ContextBuilder {
+        self.progress = progress;
         self
     }
 
@@ -209,13 +229,13 @@ impl ContextBuilder {
             ));
         }
         check_arena_size(self.arena_size)?;
-        let may_sleep = matches!(self.mode, EngineMode::Poll { .. })
-            && matches!(self.idle, IdlePolicy::Backoff { .. });
+        let may_sleep = matches!(self.idle, IdlePolicy::Backoff { .. });
         // Announce to peers whether they must wake this engine (see `engine::wake`).
         let engine_page = crate::arena::create_engine_page(may_sleep)?;
         let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();
         let mut engine = Engine::new();
+        let notify_armed = engine.res.cqs.armed_mirror();
         engine.stats_area =
             crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));
         if let Some(path) = &self.pcap {
@@ -236,7 +256,14 @@ impl ContextBuilder {
             huge_pages: self.huge_pages,
             may_sleep,
             cm: crate::cm::CmState::new(),
+            progress_mark: Default::default(),
+            blocked: AtomicU32::new(0),
+            notify_armed,
         });
+        if self.mode == EngineMode::Inline && self.progress == Progress::Auto {
+            crate::engine::progress::spawn(&shared)
+                .map_err(|e| Error::io("spawning the progress helper thread", e))?;
+        }
         if let EngineMode::Poll { cpu } = self.mode {
             let s = shared.clone();
             let idle = self.idle;
@@ -315,6 +342,13 @@ pub(crate) struct Shared {
     pub(crate) may_sleep: bool,
     /// The connection manager's state: engine identity, links to peers, peer watcher.
     pub(crate) cm: crate::cm::CmState,
+    /// Counts the engine runs of the application's own calls (written by the token
+    /// holder only: a plain store), read by the progress helper (`engine::progress`).
+    pub(crate) progress_mark: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
+    /// Application threads blocked in a wait that drives the engine itself.
+    pub(crate) blocked: AtomicU32,
+    /// Completion queues armed for a notification (the CQ table's mirror).
+    pub(crate) notify_armed: Arc<AtomicU32>,
 }
 
 impl Shared {
@@ -322,8 +356,22 @@ impl Shared {
     #[inline]
     pub(crate) fn progress(&self) -> usize {
         self.engine
-            .try_with(|e| e.poll(&self.doorbell))
+            .try_with(|e| {
+                // A plain store (only the token holder writes the mark): the progress
+                // helper sees the application is driving the engine.
+                let mark = &self.progress_mark;
+                mark.store(
+                    mark.load(Ordering::Relaxed).wrapping_add(1),
+                    Ordering::Relaxed,
+                );
+                e.poll(&self.doorbell)
+            })
             .unwrap_or(0)
+    }
+
+    /// Whether a completion queue is armed for a notification.
+    pub(crate) fn notify_armed(&self) -> bool {
+        self.notify_armed.load(Ordering::Relaxed) != 0
     }
 
     /// Drives the engine from the application's thread in inline mode.
@@ -340,7 +388,11 @@ impl Shared {
     pub(crate) fn notify(&self, index: u32) {
         self.doorbell.ring(index);
         if self.mode == EngineMode::Inline {
-            self.engine.try_with(|e| e.send_now(index));
+            // Someone else holds the engine (the progress helper, another thread): wake
+            // any thread sleeping on the wake word, so that it takes the doorbell.
+            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
+                wake::wake(self.wake_word());
+            }
         } else if self.may_sleep {
             wake::wake(self.wake_word());
         }
@@ -513,6 +565,32 @@ impl Context {
     /// [`Error::InvalidArgument`] for a depth of 0 or above 2^20.
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
         Cq::create(&self.shared, depth)
+    }
+
+    /// A completion channel: an fd that becomes readable when a completion queue attached
+    /// to it has an event (see [`channel`]).
+    ///
+    /// # Errors
+    /// The eventfd cannot be created.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        CompChannel::create(&self.shared)
+    }
+
+    /// A completion queue of `depth` entries whose events ([`Cq::req_notify`]) go to
+    /// `channel`.
+    ///
+    /// # Errors
+    /// As [`Context::create_cq`]; the channel belongs to another context, or it serves
+    /// [`channel::MAX_CQS_PER_CHANNEL`] queues already.
+    pub fn create_cq_with_channel(&self, depth: u32, channel: &CompChannel) -> Result<Cq> {
+        if !channel.same_context(&self.shared) {
+            return Err(Error::ForeignObject {
+                what: "completion channel",
+            });
+        }
+        let mut cq = Cq::create(&self.shared, depth)?;
+        cq.attach(channel)?;
+        Ok(cq)
     }
 
     /// A reliable-connected QP in `pd`, completing sends on `send_cq` and receives on
