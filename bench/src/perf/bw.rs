@@ -166,7 +166,10 @@ pub fn client(
                 Err((_, e)) => return Err(PerfError::engine("posting a batch")(e)),
             }
         }
-        let got = cq.poll(&mut wcs);
+        let mut got = cq.poll(&mut wcs);
+        if got == 0 {
+            got = crate::perf::lat::sleep_for_completions(&mut res.channel, cq, &mut wcs)?;
+        }
         if got == 0 {
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
@@ -320,7 +323,10 @@ pub fn send_server(side: &mut Side, size: u64, per_qp: Option<u64>) -> Result<u6
     let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
     let mut live = Liveness::default();
     while received < total && open > 0 {
-        let got = cq.poll(&mut wcs);
+        let mut got = cq.poll(&mut wcs);
+        if got == 0 {
+            got = crate::perf::lat::sleep_for_completions(&mut res.channel, cq, &mut wcs)?;
+        }
         if got == 0 {
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;

@@ -32,7 +32,9 @@
 //! Where the `timers` work adds `Engine::next_deadline()`, the tick can also be cut short
 //! to the engine's own next timer deadline (see the note in [`Engine::progress_tick`]).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{Ordering, fence};
+
+use rustix::thread::futex;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -153,8 +155,38 @@ fn helper(weak: Weak<Shared>) {
             // The engine ran: the next look must not take the mark as the application's.
             seen = u64::MAX;
         } else {
-            drop(shared);
-            std::thread::sleep(tick);
+            // Sleep the tick on the helper's own word, so that an arm (which needs this
+            // helper on the wake word) cuts it short: Dekker with `nudge_helper`.
+            let word = &shared.helper_word;
+            word.store(1, Ordering::Relaxed);
+            // SYNC: SeqCst fence pairs with the one in `nudge_helper`: either this sees
+            // the arm, or the arming thread sees the 1 and wakes the futex.
+            fence(Ordering::SeqCst);
+            if !(shared.may_sleep && shared.notify_armed()) {
+                let ts = futex::Timespec {
+                    tv_sec: tick.as_secs() as _,
+                    tv_nsec: tick.subsec_nanos() as _,
+                };
+                // Woken, timed out or interrupted: all mean "look again".
+                let _ = futex::wait(word, futex::Flags::PRIVATE, 1, Some(&ts));
+            }
+            word.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Shared {
+    /// After arming a completion queue: wakes the progress helper if it sleeps its tick,
+    /// so that it sleeps on the wake word instead (and a peer's packet reaches the channel
+    /// within microseconds). Arming paths only; nothing on the packet path.
+    pub(crate) fn nudge_helper(&self) {
+        if !self.may_sleep {
+            return;
+        }
+        // SYNC: SeqCst fence pairs with the one in `helper`.
+        fence(Ordering::SeqCst);
+        if self.helper_word.load(Ordering::Relaxed) != 0 {
+            let _ = futex::wake(&self.helper_word, futex::Flags::PRIVATE, 1);
         }
     }
 }

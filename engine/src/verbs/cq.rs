@@ -104,8 +104,8 @@ impl Cq {
     fn arm(&self, arm: Arm) {
         let cqn = self.cqn;
         self.shared.engine.with(|e| e.res.cqs.arm(cqn, arm));
-        // A sleeping helper may now have to sleep on the wake word instead (inline mode).
-        self.shared.kick();
+        // A helper sleeping its tick must now sleep on the wake word instead (inline mode).
+        self.shared.nudge_helper();
     }
 
     /// Waits until the queue holds a completion or `timeout` passes, without spinning a
