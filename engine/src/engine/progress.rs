@@ -134,7 +134,9 @@ fn helper(weak: Weak<Shared>) {
             return;
         };
         let mark = shared.progress_mark.load(Ordering::Relaxed);
-        let app_idle = mark == seen;
+        // An application thread blocked in a wait drives the engine itself (it wakes on a
+        // peer's packet, and at least every MAX_TICK): it is not idle.
+        let app_idle = mark == seen && shared.blocked.load(Ordering::Relaxed) == 0;
         seen = mark;
         if app_idle && let Some((_, t)) = drive(&shared) {
             tick = t;
@@ -145,11 +147,17 @@ fn helper(weak: Weak<Shared>) {
             && shared.notify_armed()
             && shared.blocked.load(Ordering::Relaxed) == 0;
         if on_word {
+            // An application thread that blocks in a wait drives the engine itself: leave
+            // the engine to it (it may be asleep on the same word, and only it knows what
+            // it waits for).
+            let app_blocked = || shared.blocked.load(Ordering::Relaxed) > 0;
             let word = shared.wake_word();
             super::wake::sleep(word, tick, || {
-                drive(&shared).is_some_and(|(work, _)| work > 0)
+                app_blocked() || drive(&shared).is_some_and(|(work, _)| work > 0)
             });
-            if let Some((_, t)) = drive(&shared) {
+            if !app_blocked()
+                && let Some((_, t)) = drive(&shared)
+            {
                 tick = t;
             }
             // The engine ran: the next look must not take the mark as the application's.
@@ -176,7 +184,8 @@ fn helper(weak: Weak<Shared>) {
 }
 
 impl Shared {
-    /// After arming a completion queue: wakes the progress helper if it sleeps its tick,
+    /// After arming a completion queue whose channel's fd the application holds (it may
+    /// wait on it without calling shmhca): wakes the progress helper if it sleeps its tick,
     /// so that it sleeps on the wake word instead (and a peer's packet reaches the channel
     /// within microseconds). Arming paths only; nothing on the packet path.
     pub(crate) fn nudge_helper(&self) {
@@ -197,7 +206,10 @@ impl Shared {
     /// the wake word until a peer's packet or a post wakes it (with `IdlePolicy::Backoff`),
     /// or yields the CPU (with `Spin`, where nobody would wake it). The caller loops.
     pub(crate) fn idle_wait(&self, left: Option<Duration>, mut ready: impl FnMut() -> bool) {
-        if self.progress() > 0 || ready() {
+        // The token is busy (the progress helper, another thread): its holder may be about
+        // to raise what this thread waits for, and would not wake it: do not sleep.
+        let moved = || self.try_progress().is_none_or(|n| n > 0);
+        if moved() || ready() {
             return;
         }
         if !self.may_sleep {
@@ -206,10 +218,22 @@ impl Shared {
         }
         // Wake up at least every MAX_TICK: this engine's own timers need it to run.
         let max = left.map_or(MAX_TICK, |l| l.min(MAX_TICK));
-        // Counted so that the progress helper does not sleep on the word too (locked
-        // instructions on the way to sleep only).
+        super::wake::sleep(self.wake_word(), max, || moved() || ready());
+    }
+
+    /// Counts this thread as blocked in a wait that drives the engine itself, until the
+    /// guard drops: the progress helper then leaves the engine and the wake word to it.
+    pub(crate) fn block(&self) -> Blocked<'_> {
         self.blocked.fetch_add(1, Ordering::Relaxed);
-        super::wake::sleep(self.wake_word(), max, || self.progress() > 0 || ready());
-        self.blocked.fetch_sub(1, Ordering::Relaxed);
+        Blocked(self)
+    }
+}
+
+/// See [`Shared::block`].
+pub(crate) struct Blocked<'a>(&'a Shared);
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.0.blocked.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -43,7 +43,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -79,6 +79,9 @@ pub(crate) struct Signal {
     cqns: Box<[AtomicU32]>,
     /// Free slots (control path only).
     free: Mutex<Vec<u32>>,
+    /// The application took the fd ([`AsFd`], [`AsRawFd`]): it may wait on it without
+    /// calling shmhca, so arming must get the progress helper ready (inline mode).
+    pub(crate) fd_taken: AtomicBool,
 }
 
 impl Signal {
@@ -175,6 +178,7 @@ impl CompChannel {
             fired: Doorbell::new(MAX_QUEUES),
             cqns: (0..MAX_QUEUES).map(|_| AtomicU32::new(0)).collect(),
             free: Mutex::new((0..MAX_CQS_PER_CHANNEL).rev().collect()),
+            fd_taken: AtomicBool::new(false),
         };
         Ok(CompChannel {
             signal: Arc::new(signal),
@@ -229,6 +233,7 @@ impl CompChannel {
             };
             if self.shared.mode == EngineMode::Inline {
                 let signal = self.signal.clone();
+                let _blocked = self.shared.block();
                 self.shared.idle_wait(left, || readable(&signal.fd));
             } else {
                 wait_readable(&self.signal.fd, left)?;
@@ -308,12 +313,14 @@ fn wait_readable(fd: &OwnedFd, left: Option<Duration>) -> Result<()> {
 
 impl AsFd for CompChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
+        self.signal.fd_taken.store(true, Ordering::Relaxed);
         self.signal.fd.as_fd()
     }
 }
 
 impl AsRawFd for CompChannel {
     fn as_raw_fd(&self) -> RawFd {
+        self.signal.fd_taken.store(true, Ordering::Relaxed);
         self.signal.fd.as_raw_fd()
     }
 }

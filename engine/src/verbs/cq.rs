@@ -104,8 +104,15 @@ impl Cq {
     fn arm(&self, arm: Arm) {
         let cqn = self.cqn;
         self.shared.engine.with(|e| e.res.cqs.arm(cqn, arm));
-        // A helper sleeping its tick must now sleep on the wake word instead (inline mode).
-        self.shared.nudge_helper();
+        // The application may wait on the channel's fd without calling shmhca: a helper
+        // sleeping its tick must now sleep on the wake word instead (inline mode).
+        if self
+            .channel
+            .as_ref()
+            .is_some_and(|(s, _)| s.fd_taken.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            self.shared.nudge_helper();
+        }
     }
 
     /// Waits until the queue holds a completion or `timeout` passes, without spinning a
@@ -138,6 +145,7 @@ impl Cq {
                 _ => return Ok(false),
             };
             if self.shared.mode == EngineMode::Inline {
+                let _blocked = self.shared.block();
                 let consumer = &mut self.consumer;
                 self.shared
                     .idle_wait(Some(left), || consumer.available().is_ok_and(|n| n > 0));

@@ -359,18 +359,22 @@ impl Shared {
     /// Runs one engine iteration if nobody else is; returns the work done.
     #[inline]
     pub(crate) fn progress(&self) -> usize {
-        self.engine
-            .try_with(|e| {
-                // A plain store (only the token holder writes the mark): the progress
-                // helper sees the application is driving the engine.
-                let mark = &self.progress_mark;
-                mark.store(
-                    mark.load(Ordering::Relaxed).wrapping_add(1),
-                    Ordering::Relaxed,
-                );
-                e.poll(&self.doorbell)
-            })
-            .unwrap_or(0)
+        self.try_progress().unwrap_or(0)
+    }
+
+    /// Runs one engine iteration if nobody else is; `None` if someone holds the engine.
+    #[inline]
+    pub(crate) fn try_progress(&self) -> Option<usize> {
+        self.engine.try_with(|e| {
+            // A plain store (only the token holder writes the mark): the progress
+            // helper sees the application is driving the engine.
+            let mark = &self.progress_mark;
+            mark.store(
+                mark.load(Ordering::Relaxed).wrapping_add(1),
+                Ordering::Relaxed,
+            );
+            e.poll(&self.doorbell)
+        })
     }
 
     /// Whether a completion queue is armed for a notification.
