@@ -58,6 +58,17 @@ pub enum Progress {
     Manual,
 }
 
+impl Progress {
+    /// The default: [`Progress::Manual`] if `SHMHCA_PROGRESS` is `manual`, else
+    /// [`Progress::Auto`].
+    pub(crate) fn from_env() -> Progress {
+        match std::env::var_os("SHMHCA_PROGRESS") {
+            Some(v) if v.eq_ignore_ascii_case("manual") => Progress::Manual,
+            _ => Progress::Auto,
+        }
+    }
+}
+
 /// The shortest tick: below it waking would cost more than it saves.
 pub(crate) const MIN_TICK: Duration = Duration::from_micros(100);
 /// The longest tick while the engine has a connected QP.

@@ -155,7 +155,7 @@ impl Default for ContextBuilder {
             idle: IdlePolicy::Spin,
             pcap: std::env::var_os("SHMHCA_PCAP").map(PathBuf::from),
             link_slots: link::DEFAULT_LINK_SLOTS,
-            progress: Progress::Auto,
+            progress: Progress::from_env(),
         }
     }
 }
@@ -190,8 +190,8 @@ impl ContextBuilder {
 
     /// Who drives an inline engine while the application does not call into shmhca
     /// (default [`Progress::Auto`]: a sleeping helper thread, so a busy application never
-    /// lets a peer's transport timer expire). Poll mode has its engine thread and ignores
-    /// this.
+    /// lets a peer's transport timer expire; `SHMHCA_PROGRESS=manual` in the environment
+    /// changes the default). Poll mode has its engine thread and ignores this.
     pub fn progress(mut self, progress: Progress) -> ContextBuilder {
         self.progress = progress;
         self
