@@ -137,12 +137,15 @@ pub fn client(
         t.start();
     }
     while completed < total {
+        // With -e the loop sleeps only when it cannot post: completions come every -Q.
+        let mut could_post = false;
         for (qi, qp) in qp_refs.iter_mut().enumerate() {
             let outstanding = posted[qi] - done[qi];
             let room = (depth - outstanding).min(limit[qi] - posted[qi]) as usize;
             if room == 0 {
                 continue;
             }
+            could_post = true;
             let batch = room.min(batch_max);
             let t = templates[qi];
             for (j, wr) in wrs[..batch].iter_mut().enumerate() {
@@ -167,7 +170,7 @@ pub fn client(
             }
         }
         let mut got = cq.poll(&mut wcs);
-        if got == 0 {
+        if got == 0 && !could_post {
             got = crate::perf::lat::sleep_for_completions(&mut res.channel, cq, &mut wcs)?;
         }
         if got == 0 {
