@@ -176,18 +176,25 @@ fn helper(weak: Weak<Shared>) {
         } else {
             // Sleep the tick on the helper's own word, so that an arm (which needs this
             // helper on the wake word) cuts it short: Dekker with `nudge_helper`.
-            let word = &shared.helper_word;
+            // Only what the sleep needs is kept: a context whose last handle goes away
+            // meanwhile is freed at once.
+            let (word, armed, may_sleep) = (
+                shared.helper_word.clone(),
+                shared.notify_armed.clone(),
+                shared.may_sleep,
+            );
+            drop(shared);
             word.store(1, Ordering::Relaxed);
             // SYNC: SeqCst fence pairs with the one in `nudge_helper`: either this sees
             // the arm, or the arming thread sees the 1 and wakes the futex.
             fence(Ordering::SeqCst);
-            if !(shared.may_sleep && shared.notify_armed()) {
+            if !(may_sleep && armed.load(Ordering::Relaxed) != 0) {
                 let ts = futex::Timespec {
                     tv_sec: tick.as_secs() as _,
                     tv_nsec: tick.subsec_nanos() as _,
                 };
                 // Woken, timed out or interrupted: all mean "look again".
-                let _ = futex::wait(word, futex::Flags::PRIVATE, 1, Some(&ts));
+                let _ = futex::wait(&word, futex::Flags::PRIVATE, 1, Some(&ts));
             }
             word.store(0, Ordering::Relaxed);
         }

@@ -332,3 +332,40 @@ impl std::fmt::Debug for CompChannel {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(solicited: bool, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            solicited,
+            status,
+            ..WorkCompletion::default()
+        }
+    }
+
+    #[test]
+    fn an_arm_fires_once_for_what_it_asked() {
+        let ok = wc(false, WcStatus::Success);
+        let solicited = wc(true, WcStatus::Success);
+        let failed = wc(false, WcStatus::RemAccessErr);
+        let mut n = Notify::default();
+        assert!(!n.on_push(&ok), "not armed");
+        assert!(n.arm(Arm::Next));
+        assert!(n.on_push(&ok) && !n.armed());
+        assert!(!n.on_push(&ok), "one-shot");
+        n.arm(Arm::Solicited);
+        assert!(!n.on_push(&ok) && n.armed(), "unsolicited: no event");
+        assert!(n.on_push(&solicited) && !n.armed());
+        n.arm(Arm::Solicited);
+        assert!(n.on_push(&failed), "errors always notify");
+        // "Next" after "solicited" widens the arm; the reverse does not narrow it.
+        n.arm(Arm::Solicited);
+        assert!(!n.arm(Arm::Next));
+        assert!(n.on_push(&ok));
+        n.arm(Arm::Next);
+        n.arm(Arm::Solicited);
+        assert!(n.on_push(&ok));
+    }
+}

@@ -259,7 +259,7 @@ impl ContextBuilder {
             progress_mark: Default::default(),
             blocked: AtomicU32::new(0),
             notify_armed,
-            helper_word: AtomicU32::new(0),
+            helper_word: Arc::default(),
         });
         if self.mode == EngineMode::Inline && self.progress == Progress::Auto {
             crate::engine::progress::spawn(&shared)
@@ -352,7 +352,7 @@ pub(crate) struct Shared {
     pub(crate) notify_armed: Arc<AtomicU32>,
     /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
     /// `engine::progress`), so that arming a queue can cut the sleep short.
-    pub(crate) helper_word: AtomicU32,
+    pub(crate) helper_word: Arc<AtomicU32>,
 }
 
 impl Shared {
