@@ -970,7 +970,11 @@ fn perftest_defaults_and_flag_errors() {
     assert_eq!(read_json(&s.path("l.json"))["params"]["warmup"], 0);
     run_ok(&s, &["send_bw", "-c", "RC", "-n", "100"]);
     fails_with(&s, &["send_bw", "-c", "UD"], "shmhca implements RC only");
-    fails_with(&s, &["send_lat", "-e"], "not available yet");
+    // -e sleeps on completion events; where there is nothing to sleep on it says so.
+    run_ok(&s, &["send_lat", "-e", "-n", "200"]);
+    run_ok(&s, &["send_bw", "-e", "-n", "2000"]);
+    fails_with(&s, &["write_lat", "-e"], "no event to sleep on");
+    fails_with(&s, &["send_lat", "-X", "1"], "single completion vector");
     let out = run(&s, &["send_bw", "--out_json"]);
     // The flag is known now: no "did you mean --outs".
     assert!(

@@ -139,7 +139,17 @@ pub(crate) type CqProducer = Producer<WorkCompletion, HeapStorage<WorkCompletion
 /// A CQ's number carries a generation tag above its index, so a QP that outlives its CQ
 /// can never complete into a newer CQ that reused the slot.
 pub(crate) struct CqTable {
-    cqs: SlotTable<CqProducer>,
+    cqs: SlotTable<CqSlot>,
+    /// Queues armed for a notification (see `verbs::channel`), mirrored for the progress
+    /// helper in `armed_mirror` (written only by the token holder).
+    armed: u32,
+    armed_mirror: Arc<std::sync::atomic::AtomicU32>,
+}
+
+/// One completion queue: its ring and its notification state (private to the engine).
+struct CqSlot {
+    producer: CqProducer,
+    notify: crate::verbs::channel::Notify,
 }
 
 /// Bits of a CQ number that index the table; the rest is the generation.
@@ -151,6 +161,8 @@ impl Default for CqTable {
     fn default() -> CqTable {
         CqTable {
             cqs: SlotTable::new(MAX_CQS, 32 - CQ_INDEX_BITS),
+            armed: 0,
+            armed_mirror: Arc::default(),
         }
     }
 }
@@ -159,18 +171,24 @@ impl CqTable {
     /// Adds a completion queue; returns its number, or `None` when the context has
     /// [`MAX_CQS`].
     pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<u32> {
-        let (index, generation) = self.cqs.insert_with(|_, _| producer)?;
+        let (index, generation) = self.cqs.insert_with(|_, _| CqSlot {
+            producer,
+            notify: Default::default(),
+        })?;
         Some(generation << CQ_INDEX_BITS | index)
     }
 
     #[inline]
-    fn get(&mut self, cq: u32) -> Option<&mut CqProducer> {
+    fn get(&mut self, cq: u32) -> Option<&mut CqSlot> {
         self.cqs.get_mut(cq & (MAX_CQS - 1), cq >> CQ_INDEX_BITS)
     }
 
     /// Removes completion queue `cq`.
     pub(crate) fn remove(&mut self, cq: u32) {
-        if self.get(cq).is_some() {
+        if let Some(s) = self.get(cq) {
+            if s.notify.armed() {
+                self.set_armed(self.armed - 1);
+            }
             self.cqs.remove_at(cq & (MAX_CQS - 1));
         }
     }
@@ -179,16 +197,51 @@ impl CqTable {
     /// completions have nowhere to go).
     pub(crate) fn has_room(&mut self, cq: u32) -> bool {
         self.get(cq)
-            .is_none_or(|p| p.free_slots().is_ok_and(|n| n > 0))
+            .is_none_or(|s| s.producer.free_slots().is_ok_and(|n| n > 0))
     }
 
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
-    /// the work request and tries again later).
+    /// the work request and tries again later). Raises the queue's event if it is armed
+    /// for this completion.
     pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
         match self.get(cq) {
-            Some(p) => p.push(wc).is_ok(),
+            Some(s) => {
+                let pushed = s.producer.push(wc).is_ok();
+                if pushed && s.notify.on_push(&wc) {
+                    self.set_armed(self.armed - 1);
+                }
+                pushed
+            }
             None => true,
         }
+    }
+
+    /// The notification state of `cq`.
+    pub(crate) fn notify(&mut self, cq: u32) -> Option<&mut crate::verbs::channel::Notify> {
+        self.get(cq).map(|s| &mut s.notify)
+    }
+
+    /// Arms `cq` (see [`crate::verbs::channel::Notify::arm`]); false if there is no such
+    /// queue.
+    pub(crate) fn arm(&mut self, cq: u32, arm: crate::verbs::channel::Arm) -> bool {
+        let Some(s) = self.get(cq) else {
+            return false;
+        };
+        if s.notify.arm(arm) {
+            self.set_armed(self.armed + 1);
+        }
+        true
+    }
+
+    fn set_armed(&mut self, n: u32) {
+        self.armed = n;
+        self.armed_mirror
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The count of armed queues, as the progress helper reads it.
+    pub(crate) fn armed_mirror(&self) -> Arc<std::sync::atomic::AtomicU32> {
+        self.armed_mirror.clone()
     }
 }
 

@@ -59,7 +59,8 @@ pub use verbs::wr::{
     Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use verbs::{
-    Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Qp, QpInfo, Sge, Srq,
+    CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Progress,
+    Qp, QpInfo, Sge, Srq,
 };
 pub use verbs::{Memfd, UserBuffer, UserMr};
 pub use wire::Qpn;

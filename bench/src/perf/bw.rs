@@ -137,12 +137,15 @@ pub fn client(
         t.start();
     }
     while completed < total {
+        // With -e the loop sleeps only when it cannot post: completions come every -Q.
+        let mut could_post = false;
         for (qi, qp) in qp_refs.iter_mut().enumerate() {
             let outstanding = posted[qi] - done[qi];
             let room = (depth - outstanding).min(limit[qi] - posted[qi]) as usize;
             if room == 0 {
                 continue;
             }
+            could_post = true;
             let batch = room.min(batch_max);
             let t = templates[qi];
             for (j, wr) in wrs[..batch].iter_mut().enumerate() {
@@ -166,7 +169,10 @@ pub fn client(
                 Err((_, e)) => return Err(PerfError::engine("posting a batch")(e)),
             }
         }
-        let got = cq.poll(&mut wcs);
+        let mut got = cq.poll(&mut wcs);
+        if got == 0 && !could_post {
+            got = crate::perf::lat::sleep_for_completions(&mut res.channel, cq, &mut wcs)?;
+        }
         if got == 0 {
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;
@@ -340,7 +346,10 @@ pub fn send_server(
     let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
     let mut live = Liveness::default();
     while received < total && open > 0 {
-        let got = cq.poll(&mut wcs);
+        let mut got = cq.poll(&mut wcs);
+        if got == 0 {
+            got = crate::perf::lat::sleep_for_completions(&mut res.channel, cq, &mut wcs)?;
+        }
         if got == 0 {
             live.idle(qp_refs.iter().map(|q| &**q))?;
             continue;

@@ -7,10 +7,11 @@
 //! is the time between two consecutive iterations' ends, which covers the whole exchange
 //! including the repost of the receive buffer, as perftest measures it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use shmhca::{
-    Data, Mr, Qp, QpState, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    CompChannel, Data, Mr, Qp, QpState, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use crate::perf::check::{IterCheck, static_byte};
@@ -213,6 +214,7 @@ pub fn client(
     let Side { res, qps, peer, .. } = side;
     let qp: &mut Qp = &mut qps[0];
     let cq = &mut res.cq;
+    let channel = &mut res.channel;
     let buf = &res.buf;
     let len = size as u32;
     let half = res.half;
@@ -262,7 +264,7 @@ pub fn client(
                     flags,
                 };
                 post(qp, cq, &mut wcs, &wr)?;
-                wait_recv(qp, cq, &mut wcs, len)?;
+                wait_recv(qp, cq, channel, &mut wcs, len)?;
                 if let Some(c) = chk.as_mut() {
                     c.verify(buf, half, size, i, "the server's answer", None)?;
                 }
@@ -327,7 +329,7 @@ pub fn client(
                 }
                 let wr = SendWr::new(i, SendOp::RdmaRead(remote_send), &recv_sge);
                 post(qp, cq, &mut wcs, &wr)?;
-                let id = wait_send(qp, cq, &mut wcs, "an RDMA Read")?;
+                let id = wait_send(qp, cq, channel, &mut wcs, "an RDMA Read")?;
                 if let Some(c) = chk.as_mut() {
                     c.order(i, id, "the RDMA Read")?;
                     let si = c.expect_index();
@@ -354,7 +356,7 @@ pub fn client(
                     },
                 };
                 post(qp, cq, &mut wcs, &SendWr::new(i, op, &atomic_sge))?;
-                let id = wait_send(qp, cq, &mut wcs, "an Atomic")?;
+                let id = wait_send(qp, cq, channel, &mut wcs, "an Atomic")?;
                 if let Some(c) = chk.as_mut() {
                     c.order(i, id, "the Atomic")?;
                     // The counter starts at 0 each size and moves by one per iteration:
@@ -387,17 +389,52 @@ pub fn client(
     Ok(())
 }
 
-/// Polls until a receive completes (sends' completions are retired on the way).
+/// The longest sleep on the completion channel before the loop looks at its QPs' liveness.
+const EVENT_WAIT: Duration = Duration::from_millis(100);
+
+/// With `-e` (`channel` given), after a poll found nothing: arms the CQ, polls once more
+/// (completions that came before the arm raise no event), and if still nothing sleeps until
+/// the CQ's event (or [`EVENT_WAIT`]). Returns the completions the polls found. Without
+/// `-e`: nothing (the caller polls again).
+///
+/// # Errors
+/// The engine refuses the arm or the wait.
+#[inline]
+pub(crate) fn sleep_for_completions(
+    channel: &mut Option<CompChannel>,
+    cq: &mut shmhca::Cq,
+    wcs: &mut [WorkCompletion],
+) -> Result<usize, PerfError> {
+    let Some(ch) = channel else {
+        return Ok(0);
+    };
+    cq.req_notify(false)
+        .map_err(PerfError::engine("arming the completion queue"))?;
+    let c = cq.poll(wcs);
+    if c > 0 {
+        return Ok(c);
+    }
+    ch.get_event(Some(EVENT_WAIT))
+        .map_err(PerfError::engine("waiting on the completion channel"))?;
+    Ok(cq.poll(wcs))
+}
+
+/// Polls until a receive completes (sends' completions are retired on the way); with `-e`
+/// sleeps on the channel instead of polling again.
 #[inline]
 fn wait_recv(
     qp: &Qp,
     cq: &mut shmhca::Cq,
+    channel: &mut Option<CompChannel>,
     wcs: &mut [WorkCompletion],
     len: u32,
 ) -> Result<(), PerfError> {
     let mut live = Liveness::default();
     loop {
-        let c = cq.poll(wcs);
+        let mut c = cq.poll(wcs);
+        if c == 0 {
+            c = sleep_for_completions(channel, cq, wcs)?;
+        }
         let mut got = false;
         for wc in &wcs[..c] {
             if wc.status != WcStatus::Success {
@@ -420,18 +457,22 @@ fn wait_recv(
     }
 }
 
-/// Polls until the (signaled) request completes; returns the `wr_id` of the last
-/// completion.
+/// Polls until the (signaled) request completes, with `-e` sleeping on the channel
+/// instead of polling again; returns the `wr_id` of the last completion.
 #[inline]
 fn wait_send(
     qp: &Qp,
     cq: &mut shmhca::Cq,
+    channel: &mut Option<CompChannel>,
     wcs: &mut [WorkCompletion],
     what: &'static str,
 ) -> Result<u64, PerfError> {
     let mut live = Liveness::default();
     loop {
-        let c = cq.poll(wcs);
+        let mut c = cq.poll(wcs);
+        if c == 0 {
+            c = sleep_for_completions(channel, cq, wcs)?;
+        }
         for wc in &wcs[..c] {
             if wc.status != WcStatus::Success {
                 return Err(completion_error(what, wc.status));
@@ -461,6 +502,7 @@ pub fn server(
     let Side { res, qps, peer, .. } = side;
     let qp: &mut Qp = &mut qps[0];
     let cq = &mut res.cq;
+    let channel = &mut res.channel;
     let buf = &res.buf;
     let len = size as u32;
     let half = res.half;
@@ -482,7 +524,7 @@ pub fn server(
         let flags = signaled_every(sig, i);
         match opts.test {
             TestKind::SendLat => {
-                wait_recv(qp, cq, &mut wcs, len)?;
+                wait_recv(qp, cq, channel, &mut wcs, len)?;
                 if let Some(c) = chk.as_mut() {
                     c.verify(buf, half, size, i, "the client's Send", None)?;
                     if inline {

@@ -245,10 +245,12 @@ pub struct Cli {
     /// Connection type: RC (shmhca implements RC only).
     #[arg(short = 'c', long = "connection", value_name = "RC")]
     pub connection: Option<String>,
-    /// Sleep on completion events instead of polling (not available yet).
+    /// Sleep on completion events instead of polling: the application waits on a completion
+    /// channel and the engine sleeps when idle (latency tests but write_lat, and the
+    /// bandwidth tests).
     #[arg(short = 'e', long = "events")]
     pub events: bool,
-    /// Completion vector for -e (not available yet).
+    /// Completion vector for -e (shmhca has one: not available).
     #[arg(short = 'X', long = "vector", value_name = "VECTOR")]
     pub vector: Option<String>,
     /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 18).
@@ -580,6 +582,8 @@ pub struct Options {
     pub unsorted: bool,
     /// `-u`: the transport timeout exponent.
     pub qp_timeout: u8,
+    /// `-e`: sleep on completion events.
+    pub events: bool,
     /// `--retry_count`.
     pub retry_count: u8,
     /// `--out_json` (the file).
@@ -822,9 +826,14 @@ impl Options {
                 )));
             }
         }
-        if cli.events || cli.vector.is_some() {
+        if cli.vector.is_some() {
             return Err(usage(
-                "-e/-X (sleep on completion events) is not available yet: shmhca has no completion channel; shmhca-perf polls (leave -e out)",
+                "-X: shmhca has a single completion vector; leave -X out (-e works without it)",
+            ));
+        }
+        if cli.events && test == TestKind::WriteLat {
+            return Err(usage(
+                "-e: write_lat completes nothing on the receiving side (it watches memory), so there is no event to sleep on; use -e with send_lat, read_lat, atomic_lat or a bandwidth test",
             ));
         }
         let role = match (cli.server, cli.client, cli.in_process) {
@@ -973,6 +982,7 @@ impl Options {
             no_peak: cli.no_peak || timed.is_some(),
             unsorted: cli.unsorted,
             qp_timeout,
+            events: cli.events,
             retry_count,
             out_json,
             force: cli.force,

@@ -9,8 +9,8 @@ use std::ops::{Deref, DerefMut};
 
 use shmhca::cm::{ConnectParams, Connection, Listener};
 use shmhca::{
-    AccessFlags, Context, Cq, Destination, EngineMode, LinkId, Mr, Mtu, Pd, Qp, QpAttr, QpCaps,
-    QpState,
+    AccessFlags, CompChannel, Context, Cq, Destination, EngineMode, IdlePolicy, LinkId, Mr, Mtu,
+    Pd, Qp, QpAttr, QpCaps, QpState,
 };
 
 use crate::perf::control::{self, Control};
@@ -77,6 +77,8 @@ pub struct Resources {
     pub half: u64,
     /// RSS (KiB) before the context was created.
     pub rss_before_kib: u64,
+    /// With `-e`: the completion channel `cq` reports to.
+    pub channel: Option<CompChannel>,
 }
 
 impl std::fmt::Debug for Resources {
@@ -138,6 +140,17 @@ impl Resources {
             ))
             .mode(mode)
             .faults(opts.faults)
+            // -e: nothing spins. The application sleeps on the completion channel and the
+            // engine (thread, or the waiting application in inline mode) sleeps when idle,
+            // woken by a peer's packet.
+            .idle(if opts.events {
+                IdlePolicy::Backoff {
+                    spins: 1,
+                    max_sleep: std::time::Duration::from_millis(10),
+                }
+            } else {
+                IdlePolicy::Spin
+            })
             .build()
             .map_err(PerfError::engine("creating the shmhca context"))?;
         let pd = ctx
@@ -147,9 +160,19 @@ impl Resources {
         let cq_depth = (opts.qps * (caps.max_send_wr + caps.max_recv_wr) + 64)
             .next_power_of_two()
             .min(1 << 20);
-        let cq = ctx
-            .create_cq(cq_depth)
-            .map_err(PerfError::engine("creating the completion queue"))?;
+        let channel = if opts.events {
+            Some(
+                ctx.create_comp_channel()
+                    .map_err(PerfError::engine("creating the completion channel"))?,
+            )
+        } else {
+            None
+        };
+        let cq = match &channel {
+            Some(ch) => ctx.create_cq_with_channel(cq_depth, ch),
+            None => ctx.create_cq(cq_depth),
+        }
+        .map_err(PerfError::engine("creating the completion queue"))?;
         let half = opts.max_size().div_ceil(64) * 64;
         let stride = 2 * half;
         let buf = pd
@@ -166,6 +189,7 @@ impl Resources {
             stride,
             half,
             rss_before_kib,
+            channel,
         })
     }
 

@@ -15,6 +15,7 @@
 
 pub(crate) mod cell;
 pub(crate) mod doorbell;
+pub(crate) mod progress;
 pub(crate) mod wake;
 
 use crate::arena::PdArenas;
@@ -42,7 +43,7 @@ pub(crate) const RX_BURST: usize = 32;
 const TX_BUDGET: usize = 32;
 /// Iterations between two timer checks (a check costs at most one clock read, and only
 /// while some active QP has a timer armed; see [`crate::timer::Timestamp`]).
-const TIMER_EVERY: u32 = 8;
+pub(crate) const TIMER_EVERY: u32 = 8;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
 /// The most links (peer engines, or `Context::link_with` pairs) one context can have.

@@ -9,6 +9,9 @@
 //! sees the word and wakes it. `FUTEX_WAKE` needs only read access to the word, so a peer
 //! can wake this engine through its read-only mapping of the engine page.
 //!
+//! The word counts its sleepers (the poll-mode engine thread; in inline mode, application
+//! threads blocked in a wait and the progress helper), and a wake-up wakes them all.
+//!
 //! Engines that never sleep (spin policy, or inline mode) publish `MAY_SLEEP = 0`, and their
 //! peers skip the fence entirely: the cost is paid only by those who asked for sleeping.
 
@@ -26,14 +29,15 @@ pub(crate) fn wake(word: &AtomicU32) {
     if word.load(Ordering::Relaxed) != 0 {
         // A failed wake (never expected for a valid address) only costs the sleeper its
         // timeout; there is nothing better to do with the error here.
-        let _ = futex::wake(word, futex::Flags::empty(), 1);
+        let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
     }
 }
 
 /// Sleeps on `word` for at most `max`, unless `has_work` (run after announcing the sleep)
 /// finds work. Returns whether it slept.
 pub(crate) fn sleep(word: &AtomicU32, max: Duration, has_work: impl FnOnce() -> bool) -> bool {
-    word.store(1, Ordering::Relaxed);
+    // Sleepers are counted (not flagged), so that one leaving does not hide another.
+    let sleepers = word.fetch_add(1, Ordering::Relaxed) + 1;
     // SYNC: SeqCst fence pairs with the one in `wake`.
     fence(Ordering::SeqCst);
     let slept = if has_work() {
@@ -43,11 +47,12 @@ pub(crate) fn sleep(word: &AtomicU32, max: Duration, has_work: impl FnOnce() -> 
             tv_sec: max.as_secs() as _,
             tv_nsec: max.subsec_nanos() as _,
         };
-        // Woken, timed out or interrupted: all mean "look for work again".
-        let _ = futex::wait(word, futex::Flags::empty(), 1, Some(&ts));
+        // Woken, timed out, interrupted or the count changed: all mean "look for work
+        // again".
+        let _ = futex::wait(word, futex::Flags::empty(), sleepers, Some(&ts));
         true
     };
-    word.store(0, Ordering::Relaxed);
+    word.fetch_sub(1, Ordering::Relaxed);
     slept
 }
 

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use shmhca_rings::ring::{Consumer, HeapStorage, heap_ring};
 
 use crate::error::{Error, Result};
-use crate::verbs::Shared;
+use crate::verbs::channel::{self, Arm, CompChannel, Signal};
 use crate::verbs::wr::WorkCompletion;
+use crate::verbs::{EngineMode, Shared};
 
 /// The deepest completion queue.
 pub(crate) const MAX_CQ_DEPTH: u32 = crate::limits::MAX_CQ_DEPTH;
@@ -20,6 +21,10 @@ pub struct Cq {
     shared: Arc<Shared>,
     pub(crate) cqn: u32,
     consumer: Consumer<WorkCompletion, HeapStorage<WorkCompletion>>,
+    /// The channel this queue reports to and its slot there.
+    channel: Option<(Arc<Signal>, u32)>,
+    /// A channel of its own, made by the first [`Cq::wait`] in poll mode.
+    own_channel: Option<CompChannel>,
 }
 
 impl Cq {
@@ -44,7 +49,122 @@ impl Cq {
             shared: shared.clone(),
             cqn,
             consumer,
+            channel: None,
+            own_channel: None,
         })
+    }
+
+    /// Makes this queue report its events to `channel` (once, at creation).
+    pub(crate) fn attach(&mut self, channel: &CompChannel) -> Result<()> {
+        let slot = channel.attach(self.cqn)?;
+        let signal = channel.signal.clone();
+        let cqn = self.cqn;
+        self.shared.engine.with(|e| {
+            if let Some(n) = e.res.cqs.notify(cqn) {
+                n.attach(signal.clone(), slot);
+            }
+        });
+        self.channel = Some((signal, slot));
+        Ok(())
+    }
+
+    /// This queue's number: what [`CompChannel::get_event`] returns for it.
+    pub fn number(&self) -> u32 {
+        self.cqn
+    }
+
+    /// Arms the queue (one-shot, like `ibv_req_notify_cq`): the next completion — with
+    /// `solicited_only`, the next receive completion of a message sent with
+    /// [`SendFlags::SOLICITED`](crate::SendFlags), or the next completion in error —
+    /// raises an event on the queue's channel. Completions already in the queue raise none:
+    /// after arming, poll once more before waiting. Re-arm after each event.
+    ///
+    /// Arming takes the engine token (in poll mode it waits for the engine thread to finish
+    /// its iteration), so that no completion pushed after it can miss it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the queue has no channel (create it with
+    /// [`Context::create_cq_with_channel`](crate::Context::create_cq_with_channel)).
+    pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        if self.channel.is_none() {
+            return Err(Error::invalid(
+                "req_notify",
+                "this completion queue has no completion channel: create it with \
+                 Context::create_cq_with_channel, or use Cq::wait",
+            ));
+        }
+        self.arm(if solicited_only {
+            Arm::Solicited
+        } else {
+            Arm::Next
+        });
+        Ok(())
+    }
+
+    fn arm(&self, arm: Arm) {
+        let cqn = self.cqn;
+        self.shared.engine.with(|e| e.res.cqs.arm(cqn, arm));
+        // The application may wait on the channel's fd without calling shmhca: a helper
+        // sleeping its tick must now sleep on the wake word instead (inline mode).
+        if self
+            .channel
+            .as_ref()
+            .is_some_and(|(s, _)| s.fd_taken.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            self.shared.nudge_helper();
+        }
+    }
+
+    /// Waits until the queue holds a completion or `timeout` passes, without spinning a
+    /// core; returns whether completions are ready (take them with [`Cq::poll`]).
+    ///
+    /// In poll mode it sleeps on an event channel of the queue's own (made on first use).
+    /// In inline mode the waiting thread runs the engine itself, and between runs sleeps
+    /// on the engine's wake word with [`IdlePolicy::Backoff`](crate::IdlePolicy), where a
+    /// peer's packet wakes it, or yields with `Spin`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a queue created with a channel (its events belong to
+    /// the channel: wait with [`CompChannel::get_event`]); a failure of the eventfd.
+    pub fn wait(&mut self, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        if self.channel.is_some() && self.own_channel.is_none() {
+            return Err(Error::invalid(
+                "wait",
+                "this completion queue reports to a completion channel: arm it with \
+                 req_notify and wait with CompChannel::get_event",
+            ));
+        }
+        loop {
+            self.shared.progress_inline();
+            if self.consumer.available().is_ok_and(|n| n > 0) {
+                return Ok(true);
+            }
+            let left = match deadline.checked_duration_since(Instant::now()) {
+                Some(l) if !l.is_zero() => l,
+                _ => return Ok(false),
+            };
+            if self.shared.mode == EngineMode::Inline {
+                let _blocked = self.shared.block();
+                let consumer = &mut self.consumer;
+                self.shared
+                    .idle_wait(Some(left), || consumer.available().is_ok_and(|n| n > 0));
+                continue;
+            }
+            if self.own_channel.is_none() {
+                let ch = CompChannel::create(&self.shared)?;
+                self.attach(&ch)?;
+                self.own_channel = Some(ch);
+            }
+            self.arm(Arm::Next);
+            // Completions that arrived before the arm raised no event.
+            if self.consumer.available().is_ok_and(|n| n > 0) {
+                return Ok(true);
+            }
+            if let Some(ch) = self.own_channel.as_mut() {
+                ch.get_event(Some(left))?;
+            }
+        }
     }
 
     /// Moves up to `out.len()` completions into `out`; returns how many. In inline mode it
@@ -89,6 +209,9 @@ impl Drop for Cq {
     fn drop(&mut self) {
         let cqn = self.cqn;
         self.shared.engine.with(|e| e.res.cqs.remove(cqn));
+        if let Some((signal, slot)) = &self.channel {
+            channel::detach(signal, *slot);
+        }
     }
 }
 

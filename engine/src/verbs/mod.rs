@@ -69,6 +69,7 @@
 //! forbids it; for a boundary against such a process, run peers as another user and admit
 //! them with [`PeerPolicy`](crate::PeerPolicy).
 
+pub mod channel;
 pub(crate) mod cq;
 pub(crate) mod mr;
 pub(crate) mod mw;
@@ -95,6 +96,8 @@ use crate::trace::PacketEvent;
 use crate::trace::tap::{Tap, Trace};
 
 pub use crate::user_mem::{Memfd, UserBuffer};
+pub use crate::engine::progress::Progress;
+pub use channel::CompChannel;
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge, UserMr};
 pub use mw::{Mw, MwType};
@@ -127,7 +130,13 @@ impl EngineMode {
     }
 }
 
-/// What a poll-mode engine thread does when there is no work.
+/// What an idle engine does when there is no work.
+///
+/// In poll mode it is the engine thread's policy. In inline mode `Backoff` lets threads
+/// that wait for completions ([`Cq::wait`], [`CompChannel::get_event`], the progress
+/// helper while a notification is armed) sleep until a peer's packet wakes them; with
+/// `Spin` they poll and yield. `Backoff` costs this engine's peers a fence per burst they
+/// publish to it (to know whether to wake it), in either mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IdlePolicy {
     /// Keep polling (lowest latency; burns the core).
@@ -154,6 +163,7 @@ pub struct ContextBuilder {
     link_slots: usize,
     faults: crate::fault::FaultConfig,
     fault_rule: RuleSlot,
+    progress: Progress,
 }
 
 /// A fault rule waiting in a builder (taken by the first `build`).
@@ -181,6 +191,7 @@ impl Default for ContextBuilder {
             link_slots: link::DEFAULT_LINK_SLOTS,
             faults: crate::fault::FaultConfig::default(),
             fault_rule: RuleSlot::default(),
+            progress: Progress::from_env(),
         }
     }
 }
@@ -210,6 +221,15 @@ impl ContextBuilder {
     /// What an idle poll-mode engine does (default: spin).
     pub fn idle(mut self, idle: IdlePolicy) -> ContextBuilder {
         self.idle = idle;
+        self
+    }
+
+    /// Who drives an inline engine while the application does not call into shmhca
+    /// (default [`Progress::Auto`]: a sleeping helper thread, so a busy application never
+    /// lets a peer's transport timer expire; `SHMHCA_PROGRESS=manual` in the environment
+    /// changes the default). Poll mode has its engine thread and ignores this.
+    pub fn progress(mut self, progress: Progress) -> ContextBuilder {
+        self.progress = progress;
         self
     }
 
@@ -267,13 +287,13 @@ impl ContextBuilder {
         }
         check_arena_size(self.arena_size)?;
         self.faults.validate()?;
-        let may_sleep = matches!(self.mode, EngineMode::Poll { .. })
-            && matches!(self.idle, IdlePolicy::Backoff { .. });
+        let may_sleep = matches!(self.idle, IdlePolicy::Backoff { .. });
         // Announce to peers whether they must wake this engine (see `engine::wake`).
         let engine_page = crate::arena::create_engine_page(may_sleep)?;
         let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();
         let mut engine = Engine::new();
+        let notify_armed = engine.res.cqs.armed_mirror();
         engine.stats_area =
             crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));
         let rule = self
@@ -302,9 +322,18 @@ impl ContextBuilder {
             huge_pages: self.huge_pages,
             may_sleep,
             cm: crate::cm::CmState::new(),
+            progress_mark: Default::default(),
+            blocked: AtomicU32::new(0),
+            notify_armed,
+            helper_word: Arc::default(),
         });
-        // Under loom there is no engine thread: a model drives the engine with
+        // Under loom there is no helper or engine thread: a model drives the engine with
         // `Context::progress` from a thread of its own.
+        #[cfg(not(shmhca_loom))]
+        if self.mode == EngineMode::Inline && self.progress == Progress::Auto {
+            crate::engine::progress::spawn(&shared)
+                .map_err(|e| Error::io("spawning the progress helper thread", e))?;
+        }
         #[cfg(not(shmhca_loom))]
         if let EngineMode::Poll { cpu } = self.mode {
             let s = shared.clone();
@@ -384,15 +413,43 @@ pub(crate) struct Shared {
     pub(crate) may_sleep: bool,
     /// The connection manager's state: engine identity, links to peers, peer watcher.
     pub(crate) cm: crate::cm::CmState,
+    /// Counts the engine runs of the application's own calls (written by the token
+    /// holder only: a plain store), read by the progress helper (`engine::progress`).
+    pub(crate) progress_mark: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
+    /// Application threads blocked in a wait that drives the engine itself.
+    pub(crate) blocked: AtomicU32,
+    /// Completion queues armed for a notification (the CQ table's mirror).
+    pub(crate) notify_armed: Arc<AtomicU32>,
+    /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
+    /// `engine::progress`), so that arming a queue can cut the sleep short.
+    pub(crate) helper_word: Arc<AtomicU32>,
 }
 
 impl Shared {
     /// Runs one engine iteration if nobody else is; returns the work done.
     #[inline]
     pub(crate) fn progress(&self) -> usize {
-        self.engine
-            .try_with(|e| e.poll(&self.doorbell))
-            .unwrap_or(0)
+        self.try_progress().unwrap_or(0)
+    }
+
+    /// Runs one engine iteration if nobody else is; `None` if someone holds the engine.
+    #[inline]
+    pub(crate) fn try_progress(&self) -> Option<usize> {
+        self.engine.try_with(|e| {
+            // A plain store (only the token holder writes the mark): the progress
+            // helper sees the application is driving the engine.
+            let mark = &self.progress_mark;
+            mark.store(
+                mark.load(Ordering::Relaxed).wrapping_add(1),
+                Ordering::Relaxed,
+            );
+            e.poll(&self.doorbell)
+        })
+    }
+
+    /// Whether a completion queue is armed for a notification.
+    pub(crate) fn notify_armed(&self) -> bool {
+        self.notify_armed.load(Ordering::Relaxed) != 0
     }
 
     /// Drives the engine from the application's thread in inline mode.
@@ -409,7 +466,11 @@ impl Shared {
     pub(crate) fn notify(&self, index: u32) {
         self.doorbell.ring(index);
         if self.mode == EngineMode::Inline {
-            self.engine.try_with(|e| e.send_now(index));
+            // Someone else holds the engine (the progress helper, another thread): wake
+            // any thread sleeping on the wake word, so that it takes the doorbell.
+            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
+                wake::wake(self.wake_word());
+            }
         } else if self.may_sleep {
             wake::wake(self.wake_word());
         }
@@ -582,6 +643,32 @@ impl Context {
     /// [`Error::InvalidArgument`] for a depth of 0 or above 2^20.
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
         Cq::create(&self.shared, depth)
+    }
+
+    /// A completion channel: an fd that becomes readable when a completion queue attached
+    /// to it has an event (see [`channel`]).
+    ///
+    /// # Errors
+    /// The eventfd cannot be created.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        CompChannel::create(&self.shared)
+    }
+
+    /// A completion queue of `depth` entries whose events ([`Cq::req_notify`]) go to
+    /// `channel`.
+    ///
+    /// # Errors
+    /// As [`Context::create_cq`]; the channel belongs to another context, or it serves
+    /// [`channel::MAX_CQS_PER_CHANNEL`] queues already.
+    pub fn create_cq_with_channel(&self, depth: u32, channel: &CompChannel) -> Result<Cq> {
+        if !channel.same_context(&self.shared) {
+            return Err(Error::ForeignObject {
+                what: "completion channel",
+            });
+        }
+        let mut cq = Cq::create(&self.shared, depth)?;
+        cq.attach(channel)?;
+        Ok(cq)
     }
 
     /// A reliable-connected QP in `pd`, completing sends on `send_cq` and receives on

@@ -55,11 +55,14 @@ impl Default for Params {
     }
 }
 
+/// An inline context driven only by the test (`Progress::Manual`): the tests that use it
+/// pump the engines by hand and some need a peer that does not answer.
 pub fn context(arena: u64) -> Context {
     Context::builder()
         .arena_size(arena)
         .huge_pages(shmhca_rings::HugePages::Never)
         .mode(EngineMode::Inline)
+        .progress(shmhca::Progress::Manual)
         .build()
         .expect("context")
 }
@@ -178,4 +181,39 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
         .collect()
+}
+
+/// Two contexts built from `a` and `b` (arena and huge pages set from `p`), linked, with
+/// one connected QP each; with `channels`, each CQ reports to a completion channel of its
+/// context (returned for A and B).
+pub fn pair_built(
+    a: shmhca::ContextBuilder,
+    b: shmhca::ContextBuilder,
+    p: &Params,
+    channels: bool,
+) -> (Pair, Option<(shmhca::CompChannel, shmhca::CompChannel)>) {
+    let build = |x: shmhca::ContextBuilder| {
+        x.arena_size(p.arena)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .build()
+            .expect("context")
+    };
+    let (ca, cb) = (build(a), build(b));
+    let (la, lb) = ca.link_with(&cb).unwrap();
+    let mut a = end(ca, la, p);
+    let mut b = end(cb, lb, p);
+    let mut chans = None;
+    if channels {
+        let with_channel = |e: &mut End| {
+            let ch = e.ctx.create_comp_channel().unwrap();
+            e.cq = e.ctx.create_cq_with_channel(4096, &ch).unwrap();
+            e.qp = e.ctx.create_qp(&e.pd, &e.cq, &e.cq, p.caps).unwrap();
+            ch
+        };
+        chans = Some((with_channel(&mut a), with_channel(&mut b)));
+    }
+    let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
+    connect(&mut a.qp, la, qb, p.psn_a, p.psn_b, p);
+    connect(&mut b.qp, lb, qa, p.psn_b, p.psn_a, p);
+    (Pair { a, b }, chans)
 }

@@ -1,0 +1,257 @@
+//! Automatic progress: a sleeping helper thread that drives an inline engine the
+//! application has left alone (libfabric's `FI_PROGRESS_AUTO`).
+//!
+//! An RC peer runs a transport timer against this engine: a request it sent must be
+//! acknowledged within its Local Ack Timeout, or it retransmits and in the end fails with
+//! `RetryExcErr` — even though this side received the message. In inline mode the engine
+//! runs only inside the application's calls, so an application that computes for a while
+//! without calling shmhca would let its peers' timers expire. The helper prevents that:
+//!
+//! * The application's own progress calls ([`Shared::progress`]) bump a *progress mark*, a
+//!   counter only the token holder writes (a plain store, no locked instruction; the
+//!   application's fast path is otherwise unchanged).
+//! * The helper wakes every [`tick`](Engine::progress_tick) (a quarter of the shortest
+//!   transport timer of this engine's QPs, between [`MIN_TICK`] and [`MAX_TICK`]). If the
+//!   mark has not moved since its last look, the application has not driven the engine for
+//!   at least one tick: the helper takes the engine token (only then: never while the
+//!   application is active) and runs the engine until it has nothing to do.
+//! * So a packet that arrives while the application computes is answered within two ticks,
+//!   half the shortest transport timer.
+//!
+//! With [`IdlePolicy::Backoff`](crate::IdlePolicy) and a completion notification armed
+//! ([`Cq::req_notify`](crate::Cq::req_notify)) by an application that is not itself
+//! blocked in shmhca (an async runtime waiting on the channel's fd), the helper sleeps on
+//! the engine's wake word instead, so that a peer's packet wakes it at once and the event
+//! reaches the channel within microseconds.
+//!
+//! A poll-mode engine needs no helper: its thread is the progress. With `IdlePolicy::Spin`
+//! it never stops; with `Backoff` it sleeps only when no QP has work in flight, and a
+//! peer's packet wakes it (the peer sees the engine page's may-sleep flag and wakes the
+//! futex), so its sleep never outlasts a peer's timer.
+//!
+//! Where the `timers` work adds `Engine::next_deadline()`, the tick can also be cut short
+//! to the engine's own next timer deadline (see the note in [`Engine::progress_tick`]).
+
+use std::sync::atomic::{Ordering, fence};
+
+use rustix::thread::futex;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::engine::Engine;
+use crate::qp::QpState;
+use crate::verbs::Shared;
+
+/// Who makes progress when the application does not call into shmhca (inline mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// A helper thread drives the engine whenever the application has not for a fraction
+    /// of the shortest transport timer, so a busy application never lets a peer's timer
+    /// expire (the default). It sleeps the rest of the time and takes the engine only while
+    /// the application leaves it alone; the application's own calls cost nothing more.
+    #[default]
+    Auto,
+    /// Only the application's calls drive an inline engine (`Cq::poll`,
+    /// `Context::progress`, the posts). An application that stops calling for longer than
+    /// a peer's Local Ack Timeout makes that peer's requests fail with `RetryExcErr`.
+    /// Deterministic: tests that pump engines by hand use it.
+    Manual,
+}
+
+impl Progress {
+    /// The default: [`Progress::Manual`] if `SHMHCA_PROGRESS` is `manual`, else
+    /// [`Progress::Auto`].
+    pub(crate) fn from_env() -> Progress {
+        match std::env::var_os("SHMHCA_PROGRESS") {
+            Some(v) if v.eq_ignore_ascii_case("manual") => Progress::Manual,
+            _ => Progress::Auto,
+        }
+    }
+}
+
+/// The shortest tick: below it waking would cost more than it saves.
+pub(crate) const MIN_TICK: Duration = Duration::from_micros(100);
+/// The longest tick while the engine has a connected QP.
+pub(crate) const MAX_TICK: Duration = Duration::from_millis(5);
+/// The tick of an engine without connected QPs (nothing can time out; new QPs are seen
+/// within this).
+const IDLE_TICK: Duration = Duration::from_millis(50);
+/// Engine iterations one drive runs at most (enough to reach a timer check after the last
+/// packet: see `TIMER_EVERY`).
+const DRIVE_ITERATIONS: u32 = 64;
+
+impl Engine {
+    /// How often the helper looks at the progress mark: a quarter of the shortest transport
+    /// timer among connected QPs (a packet is answered within two ticks), clamped to
+    /// [`MIN_TICK`]..=[`MAX_TICK`]; [`IDLE_TICK`] when no QP is connected.
+    ///
+    /// This side's own Local Ack Timeout stands for the peer's (connections set up by the
+    /// CM agree on comparable values; the CM raises each side's timeout over the other's
+    /// Target Ack Delay). When `Engine::next_deadline()` exists, take the minimum with the
+    /// time to it as well, so that this engine's own timers fire on time while the
+    /// application computes.
+    pub(crate) fn progress_tick(&self) -> Duration {
+        let mut tick = None::<Duration>;
+        for q in self.qps() {
+            if !matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                continue;
+            }
+            let t = if q.cfg.timeout == 0 {
+                MAX_TICK
+            } else {
+                // Ttr = 4.096 µs × 2^timeout (spec/01), computed here so that this does not
+                // depend on how the timer module rounds it to its clock.
+                Duration::from_nanos(4096u64 << q.cfg.timeout.min(31)) / 4
+            };
+            tick = Some(tick.map_or(t, |m| m.min(t)));
+        }
+        tick.map_or(IDLE_TICK, |t| t.clamp(MIN_TICK, MAX_TICK))
+    }
+}
+
+/// Starts the helper of an inline engine. It holds only a weak reference between ticks and
+/// ends within a tick of the context's last handle going away.
+pub(crate) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new()
+        .name("shmhca-progress".into())
+        .spawn(move || helper(weak))
+        .map(|_| ())
+}
+
+/// Runs the engine until it has no work (bounded). Does not move the progress mark: the
+/// helper's runs must not look like the application's.
+fn drive(shared: &Shared) -> Option<(usize, Duration)> {
+    shared.engine.try_with(|e| {
+        let mut work = 0;
+        let mut quiet = 0;
+        for _ in 0..DRIVE_ITERATIONS {
+            let n = e.poll(&shared.doorbell);
+            work += n;
+            quiet = if n == 0 { quiet + 1 } else { 0 };
+            if quiet > super::TIMER_EVERY && e.idle() {
+                break;
+            }
+        }
+        (work, e.progress_tick())
+    })
+}
+
+fn helper(weak: Weak<Shared>) {
+    let mut seen = u64::MAX;
+    let mut tick = IDLE_TICK;
+    loop {
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        let mark = shared.progress_mark.load(Ordering::Relaxed);
+        // An application thread blocked in a wait drives the engine itself (it wakes on a
+        // peer's packet, and at least every MAX_TICK): it is not idle.
+        let app_idle = mark == seen && shared.blocked.load(Ordering::Relaxed) == 0;
+        seen = mark;
+        if app_idle && let Some((_, t)) = drive(&shared) {
+            tick = t;
+        }
+        // An async application waits for an armed event without calling shmhca: sleep on
+        // the wake word so that a peer's packet wakes this helper at once.
+        let on_word = shared.may_sleep
+            && shared.notify_armed()
+            && shared.blocked.load(Ordering::Relaxed) == 0;
+        if on_word {
+            // An application thread that blocks in a wait drives the engine itself: leave
+            // the engine to it (it may be asleep on the same word, and only it knows what
+            // it waits for).
+            let app_blocked = || shared.blocked.load(Ordering::Relaxed) > 0;
+            let word = shared.wake_word();
+            super::wake::sleep(word, tick, || {
+                app_blocked() || drive(&shared).is_some_and(|(work, _)| work > 0)
+            });
+            if !app_blocked()
+                && let Some((_, t)) = drive(&shared)
+            {
+                tick = t;
+            }
+            // The engine ran: the next look must not take the mark as the application's.
+            seen = u64::MAX;
+        } else {
+            // Sleep the tick on the helper's own word, so that an arm (which needs this
+            // helper on the wake word) cuts it short: Dekker with `nudge_helper`.
+            // Only what the sleep needs is kept: a context whose last handle goes away
+            // meanwhile is freed at once.
+            let (word, armed, may_sleep) = (
+                shared.helper_word.clone(),
+                shared.notify_armed.clone(),
+                shared.may_sleep,
+            );
+            drop(shared);
+            word.store(1, Ordering::Relaxed);
+            // SYNC: SeqCst fence pairs with the one in `nudge_helper`: either this sees
+            // the arm, or the arming thread sees the 1 and wakes the futex.
+            fence(Ordering::SeqCst);
+            if !(may_sleep && armed.load(Ordering::Relaxed) != 0) {
+                let ts = futex::Timespec {
+                    tv_sec: tick.as_secs() as _,
+                    tv_nsec: tick.subsec_nanos() as _,
+                };
+                // Woken, timed out or interrupted: all mean "look again".
+                let _ = futex::wait(&word, futex::Flags::PRIVATE, 1, Some(&ts));
+            }
+            word.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Shared {
+    /// After arming a completion queue whose channel's fd the application holds (it may
+    /// wait on it without calling shmhca): wakes the progress helper if it sleeps its tick,
+    /// so that it sleeps on the wake word instead (and a peer's packet reaches the channel
+    /// within microseconds). Arming paths only; nothing on the packet path.
+    pub(crate) fn nudge_helper(&self) {
+        if !self.may_sleep {
+            return;
+        }
+        // SYNC: SeqCst fence pairs with the one in `helper`.
+        fence(Ordering::SeqCst);
+        if self.helper_word.load(Ordering::Relaxed) != 0 {
+            let _ = futex::wake(&self.helper_word, futex::Flags::PRIVATE, 1);
+        }
+    }
+}
+
+impl Shared {
+    /// Inline mode: one step of a blocking wait (up to `left`), driven by the waiting
+    /// thread itself. Runs the engine; if that did nothing and `ready` is false, sleeps on
+    /// the wake word until a peer's packet or a post wakes it (with `IdlePolicy::Backoff`),
+    /// or yields the CPU (with `Spin`, where nobody would wake it). The caller loops.
+    pub(crate) fn idle_wait(&self, left: Option<Duration>, mut ready: impl FnMut() -> bool) {
+        // The token is busy (the progress helper, another thread): its holder may be about
+        // to raise what this thread waits for, and would not wake it: do not sleep.
+        let moved = || self.try_progress().is_none_or(|n| n > 0);
+        if moved() || ready() {
+            return;
+        }
+        if !self.may_sleep {
+            std::thread::yield_now();
+            return;
+        }
+        // Wake up at least every MAX_TICK: this engine's own timers need it to run.
+        let max = left.map_or(MAX_TICK, |l| l.min(MAX_TICK));
+        super::wake::sleep(self.wake_word(), max, || moved() || ready());
+    }
+
+    /// Counts this thread as blocked in a wait that drives the engine itself, until the
+    /// guard drops: the progress helper then leaves the engine and the wake word to it.
+    pub(crate) fn block(&self) -> Blocked<'_> {
+        self.blocked.fetch_add(1, Ordering::Relaxed);
+        Blocked(self)
+    }
+}
+
+/// See [`Shared::block`].
+pub(crate) struct Blocked<'a>(&'a Shared);
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.0.blocked.fetch_sub(1, Ordering::Relaxed);
+    }
+}

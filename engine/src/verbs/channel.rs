@@ -1,0 +1,371 @@
+//! Completion channels: waiting for completions without spinning.
+//!
+//! A [`CompChannel`] is a file descriptor (an eventfd) that becomes readable when a
+//! completion queue attached to it has an *event*: a completion arrived after the
+//! application armed the queue with [`Cq::req_notify`](crate::Cq::req_notify). It works
+//! with `poll`/`epoll`, mio and tokio's `AsyncFd` (it implements [`AsFd`] and [`AsRawFd`]),
+//! or blocks in [`CompChannel::get_event`].
+//!
+//! # Mapping from ibverbs
+//!
+//! | ibverbs | shmhca |
+//! |---|---|
+//! | `ibv_create_comp_channel` | [`Context::create_comp_channel`](crate::Context::create_comp_channel) |
+//! | `ibv_create_cq(…, channel, …)` | [`Context::create_cq_with_channel`](crate::Context::create_cq_with_channel) |
+//! | `ibv_req_notify_cq(cq, solicited_only)` | [`Cq::req_notify`](crate::Cq::req_notify) |
+//! | `ibv_get_cq_event` (blocking) | [`CompChannel::get_event`] (with a timeout) |
+//! | `ibv_get_cq_event` on a non-blocking fd | [`CompChannel::try_get_event`] |
+//! | `ibv_ack_cq_events` | not needed: an event is consumed when returned, and a [`Cq`](crate::Cq) can be dropped at any time (its pending event is then discarded) |
+//! | `channel->fd` | [`AsFd`] / [`AsRawFd`] (non-blocking, readable while events are pending) |
+//! | the CQ pointer of an event | the CQ's number, [`Cq::number`](crate::Cq::number) |
+//!
+//! The rules are ibverbs': arming is one-shot (re-arm after each event, then poll the CQ
+//! once more before waiting, since completions that arrived before the arm raise no
+//! event); with `solicited_only` the event waits for a receive completion of a message
+//! whose sender set the solicited-event bit ([`SendFlags::SOLICITED`](crate::SendFlags)),
+//! or for a completion in error (errors always notify).
+//!
+//! # Cost
+//!
+//! Nothing while no queue is armed: the engine's completion push checks a flag in its own
+//! private memory. An armed queue costs, once per event, one atomic bit set and one
+//! `write(2)` to the eventfd.
+//!
+//! # Who runs the engine while the application sleeps
+//!
+//! In poll mode the engine thread does. In inline mode [`CompChannel::get_event`] and
+//! [`Cq::wait`](crate::Cq::wait) drive the engine from the waiting thread; with
+//! [`IdlePolicy::Backoff`](crate::IdlePolicy) they sleep on the engine's wake word between
+//! runs (a peer's packet wakes them within microseconds), with `IdlePolicy::Spin` they poll
+//! and yield. An application that waits on the fd itself (an async runtime) relies on the
+//! progress helper ([`Progress::Auto`](crate::Progress)), which with `Backoff` sleeps on
+//! the wake word while a notification is armed.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd};
+use shmhca_rings::doorbell::{Doorbell, MAX_QUEUES};
+
+use crate::error::{Error, Result};
+use crate::verbs::wr::{WcStatus, WorkCompletion};
+use crate::verbs::{EngineMode, Shared};
+
+/// The most completion queues one channel serves.
+pub const MAX_CQS_PER_CHANNEL: u32 = MAX_QUEUES as u32;
+
+/// What a queue is armed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub(crate) enum Arm {
+    /// Not armed: completions raise no event.
+    #[default]
+    Off,
+    /// The next completion raises an event.
+    Next,
+    /// The next solicited receive completion, or the next completion in error.
+    Solicited,
+}
+
+/// The engine's end of a channel: the eventfd and which queues fired.
+pub(crate) struct Signal {
+    fd: OwnedFd,
+    /// Bit `slot` set: the queue attached at `slot` has an event.
+    fired: Doorbell,
+    /// The CQ number attached at each slot (0: none).
+    cqns: Box<[AtomicU32]>,
+    /// Free slots (control path only).
+    free: Mutex<Vec<u32>>,
+    /// The application took the fd ([`AsFd`], [`AsRawFd`]): it may wait on it without
+    /// calling shmhca, so arming must get the progress helper ready (inline mode).
+    pub(crate) fd_taken: AtomicBool,
+}
+
+impl Signal {
+    /// Raises the event of the queue at `slot`: marks it, then makes the fd readable.
+    #[cold]
+    fn raise(&self, slot: u32) {
+        self.fired.ring(slot);
+        // An eventfd write fails only when the counter would overflow (it holds far more
+        // than the events a reader can leave pending); the fd is readable then anyway.
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+}
+
+/// A completion queue's notification state, private to the engine (in its CQ table).
+#[derive(Default)]
+pub(crate) struct Notify {
+    arm: Arm,
+    target: Option<(Arc<Signal>, u32)>,
+}
+
+impl Notify {
+    /// Called for each completion pushed to the queue: raises the event if the queue is
+    /// armed for it. Returns whether it was (then the arm is spent).
+    #[inline(always)]
+    pub(crate) fn on_push(&mut self, wc: &WorkCompletion) -> bool {
+        // A plain load of private memory: the whole cost when nobody armed the queue.
+        if self.arm == Arm::Off {
+            return false;
+        }
+        self.fire(wc)
+    }
+
+    #[cold]
+    fn fire(&mut self, wc: &WorkCompletion) -> bool {
+        let wanted = self.arm == Arm::Next || wc.solicited || wc.status != WcStatus::Success;
+        if !wanted {
+            return false;
+        }
+        self.arm = Arm::Off;
+        if let Some((signal, slot)) = &self.target {
+            signal.raise(*slot);
+        }
+        true
+    }
+
+    /// Arms the queue (one-shot). Returns whether it was off before.
+    pub(crate) fn arm(&mut self, arm: Arm) -> bool {
+        let was_off = self.arm == Arm::Off;
+        // Asking for "next" after "solicited" widens the arm (ibverbs does the same).
+        if self.arm != Arm::Next {
+            self.arm = arm;
+        }
+        was_off
+    }
+
+    /// Whether the queue is armed.
+    pub(crate) fn armed(&self) -> bool {
+        self.arm != Arm::Off
+    }
+
+    /// Attaches the queue to a channel at `slot`.
+    pub(crate) fn attach(&mut self, signal: Arc<Signal>, slot: u32) {
+        self.target = Some((signal, slot));
+    }
+}
+
+/// A completion channel: an fd that is readable while completion queues attached to it have
+/// events. See the [module documentation](self) for the ibverbs mapping.
+///
+/// ```
+/// use std::time::Duration;
+/// use shmhca::Context;
+/// let ctx = Context::builder().arena_size(1 << 20).build()?;
+/// let mut channel = ctx.create_comp_channel()?;
+/// let mut cq = ctx.create_cq_with_channel(16, &channel)?;
+/// cq.req_notify(false)?;
+/// // Nothing completed: no event.
+/// assert_eq!(channel.get_event(Some(Duration::from_millis(1)))?, None);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+pub struct CompChannel {
+    pub(crate) signal: Arc<Signal>,
+    shared: Arc<Shared>,
+    /// Events taken from the fired set, not yet returned.
+    pending: VecDeque<u32>,
+}
+
+impl CompChannel {
+    pub(crate) fn create(shared: &Arc<Shared>) -> Result<CompChannel> {
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| Error::io("creating the completion channel's eventfd", e.into()))?;
+        let signal = Signal {
+            fd,
+            fired: Doorbell::new(MAX_QUEUES),
+            cqns: (0..MAX_QUEUES).map(|_| AtomicU32::new(0)).collect(),
+            free: Mutex::new((0..MAX_CQS_PER_CHANNEL).rev().collect()),
+            fd_taken: AtomicBool::new(false),
+        };
+        Ok(CompChannel {
+            signal: Arc::new(signal),
+            shared: shared.clone(),
+            pending: VecDeque::new(),
+        })
+    }
+
+    pub(crate) fn same_context(&self, shared: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(&self.shared, shared)
+    }
+
+    /// The next event without waiting: the number ([`Cq::number`](crate::Cq::number)) of a
+    /// completion queue that had an event, or `None`. Use it after the fd became readable
+    /// (an async runtime's readiness), until it returns `None`.
+    ///
+    /// In inline mode it first runs the engine once (as [`Cq::poll`](crate::Cq::poll) does).
+    ///
+    /// # Errors
+    /// Reading the eventfd failed (not expected).
+    pub fn try_get_event(&mut self) -> Result<Option<u32>> {
+        if let Some(cq) = self.pending.pop_front() {
+            return Ok(Some(cq));
+        }
+        self.shared.progress_inline();
+        self.collect()?;
+        Ok(self.pending.pop_front())
+    }
+
+    /// Waits for the next event, up to `timeout` (`None`: for ever); returns the number of
+    /// the completion queue that had it, or `None` when the time ran out. Arm the queues
+    /// first ([`Cq::req_notify`](crate::Cq::req_notify)).
+    ///
+    /// In poll mode it sleeps in `poll(2)` on the fd. In inline mode the calling thread runs
+    /// the engine, and between runs sleeps on its wake word (with
+    /// [`IdlePolicy::Backoff`](crate::IdlePolicy)) or yields (with `Spin`).
+    ///
+    /// # Errors
+    /// Reading or polling the eventfd failed (not expected).
+    pub fn get_event(&mut self, timeout: Option<Duration>) -> Result<Option<u32>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(cq) = self.try_get_event()? {
+                return Ok(Some(cq));
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => return Ok(None),
+                },
+                None => None,
+            };
+            if self.shared.mode == EngineMode::Inline {
+                let signal = self.signal.clone();
+                let _blocked = self.shared.block();
+                self.shared.idle_wait(left, || readable(&signal.fd));
+            } else {
+                wait_readable(&self.signal.fd, left)?;
+            }
+        }
+    }
+
+    /// Moves the fired queues into `pending`.
+    fn collect(&mut self) -> Result<()> {
+        let mut buf = [0u8; 8];
+        match rustix::io::read(&self.signal.fd, &mut buf) {
+            Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
+            Err(e) => return Err(Error::io("reading the completion channel", e.into())),
+        }
+        let Signal { fired, cqns, .. } = &*self.signal;
+        let pending = &mut self.pending;
+        fired.take(|slot| {
+            // SYNC: the slot's CQ number was stored before the queue could be armed (both
+            // under the engine token), and the fired bit's Acquire orders this load after.
+            let cq = cqns[slot as usize].load(Ordering::Relaxed);
+            if cq != 0 {
+                pending.push_back(cq);
+            }
+        });
+        Ok(())
+    }
+
+    /// Takes a slot for CQ `cqn` (control path).
+    pub(crate) fn attach(&self, cqn: u32) -> Result<u32> {
+        let slot = self
+            .signal
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .ok_or(Error::LimitReached {
+                what: "completion queues on one completion channel",
+                limit: MAX_CQS_PER_CHANNEL,
+            })?;
+        self.signal.cqns[slot as usize].store(cqn, Ordering::Relaxed);
+        Ok(slot)
+    }
+}
+
+/// Gives a queue's channel slot back (its CQ was destroyed).
+pub(crate) fn detach(signal: &Signal, slot: u32) {
+    signal.cqns[slot as usize].store(0, Ordering::Relaxed);
+    signal
+        .free
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(slot);
+}
+
+/// Whether `fd` is readable now.
+fn readable(fd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+}
+
+/// Sleeps until `fd` is readable or `left` passes.
+fn wait_readable(fd: &OwnedFd, left: Option<Duration>) -> Result<()> {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let ts = left.map(|l| rustix::event::Timespec {
+        tv_sec: l.as_secs() as _,
+        tv_nsec: l.subsec_nanos() as _,
+    });
+    match rustix::event::poll(&mut fds, ts.as_ref()) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(Error::io("waiting on the completion channel", e.into())),
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.signal.fd_taken.store(true, Ordering::Relaxed);
+        self.signal.fd.as_fd()
+    }
+}
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.signal.fd_taken.store(true, Ordering::Relaxed);
+        self.signal.fd.as_raw_fd()
+    }
+}
+
+impl std::fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("fd", &self.signal.fd.as_raw_fd())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(solicited: bool, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            solicited,
+            status,
+            ..WorkCompletion::default()
+        }
+    }
+
+    #[test]
+    fn an_arm_fires_once_for_what_it_asked() {
+        let ok = wc(false, WcStatus::Success);
+        let solicited = wc(true, WcStatus::Success);
+        let failed = wc(false, WcStatus::RemAccessErr);
+        let mut n = Notify::default();
+        assert!(!n.on_push(&ok), "not armed");
+        assert!(n.arm(Arm::Next));
+        assert!(n.on_push(&ok) && !n.armed());
+        assert!(!n.on_push(&ok), "one-shot");
+        n.arm(Arm::Solicited);
+        assert!(!n.on_push(&ok) && n.armed(), "unsolicited: no event");
+        assert!(n.on_push(&solicited) && !n.armed());
+        n.arm(Arm::Solicited);
+        assert!(n.on_push(&failed), "errors always notify");
+        // "Next" after "solicited" widens the arm; the reverse does not narrow it.
+        n.arm(Arm::Solicited);
+        assert!(!n.arm(Arm::Next));
+        assert!(n.on_push(&ok));
+        n.arm(Arm::Next);
+        n.arm(Arm::Solicited);
+        assert!(n.on_push(&ok));
+    }
+}
