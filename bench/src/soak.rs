@@ -88,6 +88,8 @@ pub struct SoakConfig {
     pub max_size: u32,
     /// Faults each end injects (each end gets its own seed derived from this one).
     pub faults: FaultConfig,
+    /// Local Ack Timeout between two processes (see [`TWO_PROCESS_ACK_TIMEOUT`]).
+    pub ack_timeout: u8,
 }
 
 impl Default for SoakConfig {
@@ -98,6 +100,7 @@ impl Default for SoakConfig {
             seed: 1,
             max_size: MAX_SIZE,
             faults: FaultConfig::default(),
+            ack_timeout: TWO_PROCESS_ACK_TIMEOUT,
         }
     }
 }
@@ -833,7 +836,7 @@ pub fn run_in_process(cfg: &SoakConfig) -> Result<SoakReport, String> {
 /// about 4 ms) so a lost tail packet is resent soon, 7 retries, RNR retry forever.
 pub const LOCAL_ACK_TIMEOUT: u8 = 10;
 
-/// The transport timer between two processes: 4.096 µs × 2^14, about 67 ms. On a loaded
+/// The default transport timer between two processes: 4.096 µs × 2^14, about 67 ms. On a loaded
 /// machine an inline engine's process can go unscheduled for tens of milliseconds, and
 /// nothing acknowledges meanwhile: 8 timeouts of 4 ms in a row then end a run with
 /// RetryExcErr although nothing was lost (the automatic progress of issue 9 item 6 is the
@@ -879,7 +882,7 @@ fn region_access() -> AccessFlags {
 }
 
 /// Connection parameters of QP `k` (both ends).
-fn connect_params(k: usize) -> shmhca::ConnectParams {
+fn connect_params(k: usize, ack_timeout: u8) -> shmhca::ConnectParams {
     shmhca::ConnectParams::default()
         .caps(shmhca::QpCaps {
             max_send_wr: WINDOW as u32 * 2,
@@ -888,7 +891,7 @@ fn connect_params(k: usize) -> shmhca::ConnectParams {
         })
         .mtu(mtu_of(k))
         .access(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC)
-        .local_ack_timeout(TWO_PROCESS_ACK_TIMEOUT)
+        .local_ack_timeout(ack_timeout)
         .retry_count(7)
         .rnr_retry_count(7)
         .min_rnr_timer(1)
@@ -933,7 +936,7 @@ pub fn run_responder_process(cfg: &SoakConfig, path: &std::path::Path) -> Result
     let mut qps = Vec::new();
     for k in 0..cfg.qps {
         let cq = ctx.create_cq(256).map_err(e)?;
-        let params = connect_params(k)
+        let params = connect_params(k, cfg.ack_timeout)
             .private_data(region.remote(REGION_PER_QP * k as u64).to_bytes().to_vec());
         let conn = listener
             .accept_timeout(Duration::from_secs(30), &pd, &cq, &cq, &params)
@@ -1045,7 +1048,7 @@ pub fn run_requester_process(
     for k in 0..cfg.qps {
         let cq = ctx.create_cq(256).map_err(e)?;
         let conn = ctx
-            .connect(path, &pd, &cq, &cq, &connect_params(k))
+            .connect(path, &pd, &cq, &cq, &connect_params(k, cfg.ack_timeout))
             .map_err(e)?;
         let b: [u8; 12] = conn
             .peer_private_data()

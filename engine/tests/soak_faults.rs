@@ -110,7 +110,7 @@ fn no_faults_configured_means_no_fault_stage() {
 }
 
 #[test]
-fn a_dropped_request_is_sent_again_after_the_timeout() {
+fn a_dropped_request_is_sent_again() {
     let seen = Arc::new(AtomicU32::new(0));
     let s = seen.clone();
     let a = builder().fault_rule(move |e: &PacketEvent<'_>| {

@@ -51,6 +51,11 @@ struct Args {
     /// Seed of the faults.
     #[arg(long, default_value_t = 7)]
     fault_seed: u64,
+    /// Local Ack Timeout between two processes (4.096 µs × 2^N; a loaded machine that
+    /// leaves a process unscheduled for 8 timeouts in a row fails the run with
+    /// RetryExcErr).
+    #[arg(long, default_value_t = soak::TWO_PROCESS_ACK_TIMEOUT)]
+    ack_timeout: u8,
     /// Both ends in this process (two inline engines driven from one thread).
     #[arg(long)]
     in_process: bool,
@@ -81,6 +86,7 @@ fn main() -> ExitCode {
             corrupt: a.corrupt,
             seed: a.fault_seed,
         },
+        ack_timeout: a.ack_timeout,
     };
     if let Err(e) = cfg.faults.validate() {
         eprintln!("shmhca-soak: {e}");

@@ -385,8 +385,10 @@ impl Engine {
                         let mut wire = Wire { tx: &mut link.tx };
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                         responder::drain(qp, &mut env, &mut wire);
-                        if let (Some(f), Some(d)) = (faults.as_deref_mut(), qp.cfg.dest) {
-                            f.on_sent(d.link, &mut link.tx, before, &qp.mem);
+                        if let Some(f) = faults.as_deref_mut() {
+                            if let Some(d) = qp.cfg.dest {
+                                f.on_sent(d.link, &mut link.tx, before, &qp.mem);
+                            }
                         }
                         if let (Some(t), Some(d)) = (trace.as_deref_mut(), qp.cfg.dest) {
                             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
