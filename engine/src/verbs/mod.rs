@@ -95,8 +95,8 @@ use crate::mem::Mem;
 use crate::trace::PacketEvent;
 use crate::trace::tap::{Tap, Trace};
 
-pub use crate::user_mem::{Memfd, UserBuffer};
 pub use crate::engine::progress::Progress;
+pub use crate::user_mem::{Memfd, UserBuffer};
 pub use channel::CompChannel;
 pub use cq::Cq;
 pub use mr::{Mr, Pd, Sge, UserMr};
