@@ -16,9 +16,9 @@
 //!
 //!
 //! Beyond the ring: [`doorbell`] runs the engine's real [`Doorbell`] (no ring is lost, and
-//! the work published before a ring is visible to the taker), and [`send_queue_credits`]
-//! models the send queue's credit path, the hand-off through which a staging row is
-//! reused only after the engine is done with it.
+//! the work published before a ring is visible to the taker), and [`engine`] runs the
+//! engine's own code (a context, its QPs and regions) for the hand-offs between the
+//! application and the engine: the send queue's credit, in-flight counts, an error flush.
 //!
 //! [loom]: https://docs.rs/loom
 #![deny(unsafe_code)]
@@ -298,86 +298,3 @@ pub fn doorbell(make: fn() -> Doorbell, posters: &'static [&'static [u32]]) {
     assert_eq!(seen.iter().filter(|s| **s).count(), rung, "a ring was lost");
 }
 
-/// Staging rows shared by the two threads of [`send_queue_credits`], as the arena rows
-/// `Qp::prepare_send` writes inline data into and the SQ Logic reads packets from.
-struct Rows(Box<[UnsafeCell<u32>]>);
-
-// SAFETY: the credit protocol under test is what keeps a row's write and reads apart;
-// under loom every access is tracked, and one that is not ordered after the other is
-// reported as a causality violation. The plain build runs only the correct protocol.
-#[allow(unsafe_code)]
-unsafe impl Sync for Rows {}
-
-impl Rows {
-    fn new(n: usize) -> Rows {
-        Rows((0..n).map(|_| UnsafeCell::new(0)).collect())
-    }
-
-    fn write(&self, row: usize, value: u32) {
-        // SAFETY: see `impl Sync for Rows`: exclusive by the protocol, checked by loom.
-        #[allow(unsafe_code)]
-        self.0[row].with_mut(|p| unsafe { *p = value });
-    }
-
-    fn read(&self, row: usize) -> u32 {
-        // SAFETY: as in `write`.
-        #[allow(unsafe_code)]
-        self.0[row].with(|p| unsafe { *p })
-    }
-}
-
-/// The send queue's credit path, step for step as the engine does it:
-///
-/// * the application (a spawned thread) posts WQE `seq` only while fewer than `depth`
-///   are outstanding — `posted - retired`, with `retired` loaded with Acquire
-///   (`Qp::refresh_sq`) — then writes its inline data into staging row `seq % depth`
-///   (`Qp::stage_inline`), pushes the WQE on the send ring and rings the doorbell
-///   (`Qp::post_send_batch`);
-/// * the engine (the calling thread), when rung, pops the WQEs (`requester::fetch`), reads
-///   each one's row (`requester::transmit`) and stores the new retired count with
-///   `retire` ordering (`completer::retire`, Release).
-///
-/// With Release, a row is rewritten only after the engine's read of it; the model checks
-/// that each WQE's row still holds its own data.
-pub fn send_queue_credits(retire: Ordering, depth: usize, count: u32) {
-    let (mut sq, mut fetch) = shmhca_rings::ring::heap_ring::<u32>(depth).unwrap();
-    let rows = Arc::new(Rows::new(depth));
-    let retired = Arc::new(AtomicU64::new(0));
-    let bell = Arc::new(Doorbell::new(64));
-    let app = {
-        let (rows, retired, bell) = (Arc::clone(&rows), Arc::clone(&retired), Arc::clone(&bell));
-        thread::spawn(move || {
-            for seq in 0..count {
-                // SYNC (model): Acquire pairs with the engine's `retire` store.
-                while u64::from(seq) - retired.load(Ordering::Acquire) >= depth as u64 {
-                    thread::yield_now();
-                }
-                rows.write(seq as usize % depth, seq + 1);
-                assert!(
-                    sq.push(seq).is_ok(),
-                    "the send ring holds `depth` WQEs and fewer are outstanding"
-                );
-                bell.ring(0);
-            }
-        })
-    };
-    let mut done = 0u64;
-    while done < u64::from(count) {
-        let mut rung = false;
-        bell.take(|_| rung = true);
-        if !rung {
-            thread::yield_now();
-            continue;
-        }
-        while let Some(seq) = fetch.pop().unwrap() {
-            assert_eq!(
-                rows.read(seq as usize % depth),
-                seq + 1,
-                "WQE {seq}'s staging row was overwritten before it was sent"
-            );
-            done += 1;
-            retired.store(done, retire);
-        }
-    }
-    app.join().unwrap();
-}
