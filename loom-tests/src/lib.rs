@@ -27,7 +27,7 @@ pub mod engine;
 
 use shmhca_rings::doorbell::Doorbell;
 use shmhca_rings::ring::{Consumer, HeapStorage, Producer, PushError, ShmStorage, Storage};
-use shmhca_rings::sync::{AtomicU64, Ordering, UnsafeCell};
+use shmhca_rings::sync::{AtomicU64, Ordering};
 
 #[cfg(shmhca_loom)]
 use loom::{sync::Arc, thread};
