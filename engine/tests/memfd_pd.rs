@@ -25,8 +25,8 @@ fn memfd(len: usize, sealing: bool) -> OwnedFd {
 /// The application's own writable mapping of its memfd.
 fn user_map(fd: &OwnedFd) -> memmap2::MmapMut {
     let file = std::fs::File::from(fd.try_clone().unwrap());
-    // SAFETY (test): the mapping is only written and read by this test, between
-    // operations that do not touch the same bytes.
+    // SAFETY: the mapping is only written and read by this test, between operations that
+    // do not touch the same bytes.
     unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap()
 }
 

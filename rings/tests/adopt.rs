@@ -52,10 +52,11 @@ impl UserMap {
     }
     fn write(&self, off: usize, data: &[u8]) {
         assert!(off + data.len() <= self.len);
-        // SAFETY: in bounds of a writable mapping (checked above).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.p.cast::<u8>().add(off), data.len())
-        }
+        // SAFETY: `off` is in bounds of the mapping (checked above).
+        let dst = unsafe { self.p.cast::<u8>().add(off) };
+        // SAFETY: `dst..dst + data.len()` lies in a writable mapping (checked above) that no
+        // Rust reference covers.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
     }
 }
 
