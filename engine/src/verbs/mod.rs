@@ -653,7 +653,7 @@ impl Context {
     /// The first `len - staging` bytes stay the application's: shmhca never writes them.
     /// Register ranges of them in place with [`Pd::reg_mr_at`] (no copy at all: packets
     /// reference the memfd directly). The last `staging` bytes are shmhca's: it zeroes them
-    /// and carves QP inline staging ([`QpCaps::max_inline_data`] × `max_send_wr`, rounded
+    /// and carves QP inline staging ([`QpCaps::max_inline_data`](crate::QpCaps::max_inline_data) × `max_send_wr`, rounded
     /// to cache lines) and [`Pd::alloc_mr`]/[`Pd::reg_mr`] regions from them. With
     /// `staging` 0 the whole file is the application's, and the domain's QPs must have
     /// `max_inline_data` 0.
