@@ -47,6 +47,10 @@ pub(crate) const MAY_SLEEP: u64 = 64;
 /// peer (it is the peer's claim, shown as such, never trusted).
 pub(crate) const PID_WORD: u64 = 128;
 
+/// The largest memfd [`Arena::adopt`] takes: 1 TiB (a peer maps at most its
+/// `ConnectParams::max_peer_arena` of it).
+pub(crate) const MAX_ADOPTED_LEN: usize = 1 << 40;
+
 /// Smallest alignment of any allocation: a cache line, so that no two regions share one.
 pub(crate) const MIN_ALIGN: u64 = 64;
 
@@ -84,6 +88,9 @@ pub(crate) struct Arena {
     /// Free blocks: offset → length. Adjacent blocks are always merged.
     free: BTreeMap<u64, u64>,
     free_bytes: u64,
+    /// Bytes at the start that belong to the application (an arena over its memfd, see
+    /// [`Arena::adopt`]): never allocated, never zeroed; freeing a block there is a no-op.
+    user_len: u64,
 }
 
 impl Arena {
@@ -100,23 +107,52 @@ impl Arena {
                 .populate(false)
                 .create()?,
         );
-        Ok(Arena::over(segment))
+        Ok(Arena::over(segment, 0))
     }
 
-    /// An arena over an existing writable segment.
-    fn over(segment: Arc<Segment>) -> Arena {
+    /// An arena over the application's memfd `fd` (see [`Segment::adopt`]: sealed, mapped,
+    /// no header). Its first `len - staging` bytes stay the application's: shmhca never
+    /// allocates, zeroes or writes them (regions over them are registered in place with
+    /// [`crate::Pd::reg_mr_at`]); the last `staging` bytes (from the next cache line) are
+    /// the allocator's, for QP inline staging and [`crate::Pd::alloc_mr`].
+    pub(crate) fn adopt(fd: std::os::fd::OwnedFd, staging: u64) -> Result<Arena> {
+        let segment = Segment::adopt(fd, ARENA_KIND, MAX_ADOPTED_LEN)?;
+        let len = segment.data_len() as u64;
+        if staging > len {
+            return Err(Error::invalid(
+                "staging",
+                format!(
+                    "{staging} bytes, more than the memfd's {len}: give shmhca at most the \
+                     whole file (0 keeps all of it yours)"
+                ),
+            ));
+        }
+        Ok(Arena::over(Arc::new(segment), len - staging))
+    }
+
+    /// An arena over an existing writable segment whose first `user_len` bytes are the
+    /// application's.
+    fn over(segment: Arc<Segment>, user_len: u64) -> Arena {
         let mem = Mem::from_segment(segment.clone());
-        let usable = mem.len() as u64 / MIN_ALIGN * MIN_ALIGN;
+        let start = user_len.div_ceil(MIN_ALIGN) * MIN_ALIGN;
+        let end = mem.len() as u64 / MIN_ALIGN * MIN_ALIGN;
+        let usable = end.saturating_sub(start);
         let mut free = BTreeMap::new();
         if usable > 0 {
-            free.insert(0, usable);
+            free.insert(start, usable);
         }
         Arena {
             segment,
             mem,
             free,
             free_bytes: usable,
+            user_len,
         }
+    }
+
+    /// Bytes at the start that are the application's (0 for an arena shmhca created).
+    pub(crate) fn user_len(&self) -> u64 {
+        self.user_len
     }
 
     /// The arena's memory.
@@ -174,6 +210,11 @@ impl Arena {
 
     /// Zeroes a block and returns it to the free list, merging it with its neighbours.
     pub(crate) fn free(&mut self, block: Block) {
+        if block.off < self.user_len {
+            // A region registered in place over the application's bytes: they stay as
+            // they are, and the allocator never owned them.
+            return;
+        }
         // A peer that can read this arena must not read what the block held.
         let _ = self.mem.zero(block.off, block.len);
         let mut off = block.off;
@@ -211,6 +252,16 @@ impl PdArenas {
     /// Adds a protection domain with a new arena of `size` bytes, referenced once (by its
     /// handle); returns its number.
     pub(crate) fn create(&mut self, size: u64, huge: HugePages) -> Result<u32> {
+        self.insert(Arena::create(size, huge))
+    }
+
+    /// Adds a protection domain whose arena is the application's memfd (see
+    /// [`Arena::adopt`]), referenced once; returns its number.
+    pub(crate) fn adopt(&mut self, fd: std::os::fd::OwnedFd, staging: u64) -> Result<u32> {
+        self.insert(Arena::adopt(fd, staging))
+    }
+
+    fn insert(&mut self, arena: Result<Arena>) -> Result<u32> {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -225,7 +276,7 @@ impl PdArenas {
                 i
             }
         };
-        match Arena::create(size, huge) {
+        match arena {
             Ok(arena) => {
                 self.slots[index as usize] = Some((arena, 1));
                 Ok(index)

@@ -138,6 +138,11 @@ pub enum Error {
     /// A segment received from a peer was rejected.
     #[error(transparent)]
     SegmentOpen(#[from] shmhca_rings::segment::OpenError),
+    /// An application's memfd could not become a protection domain's arena
+    /// ([`Context::alloc_pd_over`](crate::Context::alloc_pd_over)); the message says why
+    /// and what to do.
+    #[error("memfd for a protection domain refused: {0}")]
+    MemfdAdopt(#[from] shmhca_rings::segment::AdoptError),
     /// A ring inside a segment was rejected.
     #[error(transparent)]
     RingOpen(#[from] shmhca_rings::ring::RingOpenError),

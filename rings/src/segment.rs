@@ -302,6 +302,9 @@ pub enum OpenError {
         /// The memfd's length.
         len: u64,
     },
+    /// A segment without a header ([`Segment::open_raw`]) is empty.
+    #[error("the memfd is empty: the peer offered a segment with no bytes")]
+    Empty,
     /// Reading the header with `pread` failed.
     #[error("reading the segment header failed ({source})")]
     ReadHeader {
@@ -381,6 +384,100 @@ pub enum OpenError {
     },
 }
 
+/// Why [`Segment::adopt`] refused an application's memfd. Each variant names the problem
+/// and what to do; a refused memfd is left unsealed and unmapped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdoptError {
+    /// The descriptor does not support seals.
+    #[error(
+        "the descriptor does not support seals ({source}): pass a memfd created with \
+         memfd_create(name, MFD_ALLOW_SEALING) (add MFD_HUGETLB for huge pages)"
+    )]
+    NotAMemfd {
+        /// The error from `fcntl(F_GET_SEALS)`.
+        source: io::Error,
+    },
+    /// `F_SEAL_SEAL` is set, so the seals shmhca needs cannot be added.
+    #[error(
+        "the memfd's seals are locked (seals: {seals:?}; F_SEAL_SEAL is set, which is also \
+         what memfd_create does without MFD_ALLOW_SEALING): create it with MFD_ALLOW_SEALING \
+         and do not add F_SEAL_SEAL; shmhca adds F_SEAL_SHRINK | F_SEAL_GROW | \
+         F_SEAL_FUTURE_WRITE itself"
+    )]
+    SealsLocked {
+        /// The seals the memfd has.
+        seals: SealFlags,
+    },
+    /// The memfd is already sealed against writes, so it cannot be mapped writable here.
+    #[error(
+        "the memfd is already sealed against writes (seals: {seals:?}): pass it before \
+         adding F_SEAL_WRITE or F_SEAL_FUTURE_WRITE (shmhca adds F_SEAL_FUTURE_WRITE once \
+         it has mapped it)"
+    )]
+    WriteSealed {
+        /// The seals the memfd has.
+        seals: SealFlags,
+    },
+    /// The descriptor is not open read-write (adding seals and mapping need it).
+    #[error(
+        "the descriptor is not open read-write: pass the descriptor memfd_create returned, \
+         not a read-only reopen"
+    )]
+    NotWritable,
+    /// The memfd has no bytes.
+    #[error("the memfd is empty: set its size with ftruncate before passing it")]
+    Empty,
+    /// The memfd is larger than accepted.
+    #[error("the memfd is {len} bytes, more than the {max_len} accepted")]
+    TooLarge {
+        /// Its length.
+        len: u64,
+        /// The most accepted.
+        max_len: usize,
+    },
+    /// Its size changed while it was being sealed.
+    #[error(
+        "the memfd changed size from {before} to {after} bytes while it was being sealed: \
+         stop resizing it (another holder of the file did) and pass it again"
+    )]
+    Resized {
+        /// The size before sealing.
+        before: u64,
+        /// The size after sealing.
+        after: u64,
+    },
+    /// The memfd lives on hugetlbfs with pages of a size shmhca does not use.
+    #[error(
+        "the memfd uses {bytes}-byte huge pages; shmhca supports 2 MiB (MFD_HUGE_2MB) or \
+         4 KiB pages"
+    )]
+    UnsupportedPageSize {
+        /// The page size reported by the file system.
+        bytes: u64,
+    },
+    /// `fstat`, `fstatfs` or `F_GETFL` failed.
+    #[error("querying the memfd failed ({source})")]
+    Stat {
+        /// The system error.
+        source: io::Error,
+    },
+    /// Mapping it read-write failed.
+    #[error("mapping the memfd read-write ({len} bytes) failed ({source})")]
+    Map {
+        /// The length of the mapping.
+        len: usize,
+        /// The system error.
+        source: io::Error,
+    },
+    /// Adding the seals failed.
+    #[error("sealing the memfd failed ({source})")]
+    Seal {
+        /// The system error.
+        source: io::Error,
+    },
+}
+
 /// A bounds or permission error from [`Segment::read_at`] / [`Segment::write_at`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AccessError {
@@ -423,6 +520,9 @@ pub struct Segment {
     page_size: PageSize,
     access: Access,
     sharing: Sharing,
+    /// Where the data area starts in the mapping: [`HEADER_LEN`], or 0 for a segment
+    /// without a header (an application's memfd: [`Segment::adopt`], [`Segment::open_raw`]).
+    data_off: usize,
     data_len: usize,
 }
 
@@ -588,6 +688,7 @@ impl SegmentBuilder {
             page_size,
             access: Access::ReadWrite,
             sharing: self.sharing,
+            data_off: HEADER_LEN,
             data_len: total_len - HEADER_LEN,
         })
     }
@@ -695,15 +796,7 @@ impl Segment {
             });
         }
         let data_len = header.data_len as usize;
-        let statfs = rustix::fs::fstatfs(&fd).map_err(|e| OpenError::Stat { source: e.into() })?;
-        let page_size = if statfs.f_type as u64 == HUGETLBFS_MAGIC {
-            match u64::try_from(stat.st_blksize).unwrap_or(0) {
-                b if b == HUGE_PAGE_LEN as u64 => PageSize::Huge2M,
-                bytes => return Err(OpenError::UnsupportedPageSize { bytes }),
-            }
-        } else {
-            PageSize::Base4K
-        };
+        let page_size = page_size_of(&fd)?;
         // The creator rounds header plus data up to whole pages; nothing more is accepted.
         let cap = (HEADER_LEN as u64)
             .saturating_add(max_data_len as u64)
@@ -736,8 +829,155 @@ impl Segment {
             } else {
                 Sharing::ReadWrite
             },
+            data_off: HEADER_LEN,
             data_len,
         })
+    }
+
+    /// Takes over a memfd the application created and filled (plain or `MFD_HUGETLB`,
+    /// made with `MFD_ALLOW_SEALING`), as a segment with **no header**: its data area is
+    /// the whole file, from byte 0, and nothing in it is ever written here.
+    ///
+    /// The memfd is mapped read-write (never populated), then sealed with
+    /// `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE` in one call, so that its size is
+    /// fixed for good (a peer's mapping can never fault with `SIGBUS`) and from then on
+    /// nobody can make a new writable mapping of it, `write(2)` it or punch holes in it.
+    /// Writable mappings made before (the application's own) keep working: the application
+    /// writes its data through them. The segment is [`Sharing::CreatorWrites`], so
+    /// [`Segment::share_fd`] hands out an `O_RDONLY` reopen; a peer maps that with
+    /// [`Segment::open_raw`]. `max_len` caps the size accepted.
+    ///
+    /// The seals cannot be removed: the file stays fixed in size and closed to new writable
+    /// mappings after the segment is dropped. A refused memfd is left as it was.
+    ///
+    /// # Errors
+    ///
+    /// One [`AdoptError`] variant per refusal, naming the problem and what to do.
+    pub fn adopt(fd: OwnedFd, kind: u32, max_len: usize) -> Result<Segment, AdoptError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|e| AdoptError::NotAMemfd { source: e.into() })?;
+        if seals.contains(SealFlags::WRITE) || seals.contains(SealFlags::FUTURE_WRITE) {
+            return Err(AdoptError::WriteSealed { seals });
+        }
+        let needed = SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE;
+        if seals.contains(SealFlags::SEAL) {
+            return Err(AdoptError::SealsLocked { seals });
+        }
+        let mode =
+            rustix::fs::fcntl_getfl(&fd).map_err(|e| AdoptError::Stat { source: e.into() })?;
+        if mode & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDWR {
+            return Err(AdoptError::NotWritable);
+        }
+        let len = file_len(&fd).map_err(|source| AdoptError::Stat { source })?;
+        if len == 0 {
+            return Err(AdoptError::Empty);
+        }
+        let map_len = usize::try_from(len)
+            .ok()
+            .filter(|&n| n <= max_len && isize::try_from(n).is_ok())
+            .ok_or(AdoptError::TooLarge { len, max_len })?;
+        let page_size = page_size_of(&fd).map_err(|e| match e {
+            OpenError::UnsupportedPageSize { bytes } => AdoptError::UnsupportedPageSize { bytes },
+            OpenError::Stat { source } => AdoptError::Stat { source },
+            other => AdoptError::Stat {
+                source: io::Error::other(other.to_string()),
+            },
+        })?;
+        let map = MmapOptions::new()
+            .len(map_len)
+            .map_raw(&fd)
+            .map_err(|source| AdoptError::Map {
+                len: map_len,
+                source,
+            })?;
+        rustix::fs::fcntl_add_seals(&fd, needed)
+            .map_err(|e| AdoptError::Seal { source: e.into() })?;
+        // The size was read before the seals: someone holding the file may have changed it
+        // in between. It is fixed now, so one more look settles it.
+        let sealed_len = file_len(&fd).map_err(|source| AdoptError::Stat { source })?;
+        if sealed_len != len {
+            return Err(AdoptError::Resized {
+                before: len,
+                after: sealed_len,
+            });
+        }
+        Ok(Segment {
+            map,
+            fd,
+            kind,
+            page_size,
+            access: Access::ReadWrite,
+            sharing: Sharing::CreatorWrites,
+            data_off: 0,
+            data_len: map_len,
+        })
+    }
+
+    /// Maps a segment without a header received from a peer (one the peer made with
+    /// [`Segment::adopt`]): its data area is the whole file. Like [`Segment::open`], every
+    /// check runs before anything is mapped: the descriptor is a memfd sealed against
+    /// shrinking (so the mapping can never fault with `SIGBUS`, whatever the peer does),
+    /// it is not empty and at most `max_len` bytes long; the mapping is never populated.
+    /// With no header there is no kind to check: the caller tags it `kind`.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::NotAMemfd`], [`OpenError::NotSealed`], [`OpenError::Stat`],
+    /// [`OpenError::Empty`], [`OpenError::TooLarge`], [`OpenError::UnsupportedPageSize`],
+    /// [`OpenError::Map`].
+    pub fn open_raw(
+        fd: OwnedFd,
+        kind: u32,
+        access: Access,
+        max_len: usize,
+    ) -> Result<Segment, OpenError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|e| OpenError::NotAMemfd { source: e.into() })?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(OpenError::NotSealed { seals });
+        }
+        let len = file_len(&fd).map_err(|source| OpenError::Stat { source })?;
+        if len == 0 {
+            return Err(OpenError::Empty);
+        }
+        let map_len = usize::try_from(len)
+            .ok()
+            .filter(|&n| n <= max_len && isize::try_from(n).is_ok())
+            .ok_or(OpenError::TooLarge {
+                len,
+                max_data_len: max_len,
+            })?;
+        let page_size = page_size_of(&fd)?;
+        let mut options = MmapOptions::new();
+        options.len(map_len);
+        let map = match access {
+            Access::ReadWrite => options.map_raw(&fd),
+            Access::ReadOnly => options.map_raw_read_only(&fd),
+        }
+        .map_err(|source| OpenError::Map {
+            len: map_len,
+            source,
+        })?;
+        Ok(Segment {
+            map,
+            fd,
+            kind,
+            page_size,
+            access,
+            sharing: if seals.contains(SealFlags::FUTURE_WRITE) {
+                Sharing::CreatorWrites
+            } else {
+                Sharing::ReadWrite
+            },
+            data_off: 0,
+            data_len: map_len,
+        })
+    }
+
+    /// Whether the segment has a header page (false for [`Segment::adopt`] and
+    /// [`Segment::open_raw`]: the data area is then the whole file).
+    pub fn has_header(&self) -> bool {
+        self.data_off != 0
     }
 
     /// The segment's memfd. To hand the segment to a peer use [`Segment::share_fd`], which
@@ -817,17 +1057,18 @@ impl Segment {
         self.data_len
     }
 
-    /// The start of the data area: [`HEADER_LEN`] bytes into the mapping, so page- and
-    /// cache-line-aligned. Valid for `data_len()` bytes for as long as `self` lives.
+    /// The start of the data area: [`HEADER_LEN`] bytes into the mapping (the mapping's
+    /// start for a segment without a header), so page- and cache-line-aligned. Valid for `data_len()` bytes for as long as `self` lives.
     /// Writes through it are only allowed (and only possible) when
     /// [`access`](Segment::access) is [`Access::ReadWrite`]; on a read-only mapping the
     /// page protection turns a write into `SIGSEGV`. The memory may be changed at any time
     /// by a peer: access it only through raw pointers, atomics or copies, never through
     /// references that assume nobody else writes.
     pub fn data_ptr(&self) -> NonNull<u8> {
-        // SAFETY: the mapping is HEADER_LEN + data_len bytes long, so HEADER_LEN is in bounds
-        // (or one past the end when data_len is 0, which `create` rules out anyway).
-        let ptr = unsafe { self.map.as_mut_ptr().add(HEADER_LEN) };
+        // SAFETY: the mapping is data_off + data_len bytes long (data_off is HEADER_LEN or
+        // 0), so data_off is in bounds (or one past the end when data_len is 0, which every
+        // constructor rules out anyway).
+        let ptr = unsafe { self.map.as_mut_ptr().add(self.data_off) };
         // `add` of a non-null mapping address stays non-null.
         NonNull::new(ptr).unwrap_or(NonNull::dangling())
     }
@@ -885,6 +1126,26 @@ impl Segment {
                 data_len: self.data_len,
             }),
         }
+    }
+}
+
+/// The length of the file behind `fd`.
+fn file_len(fd: &OwnedFd) -> io::Result<u64> {
+    let stat = rustix::fs::fstat(fd)?;
+    Ok(u64::try_from(stat.st_size).unwrap_or(0))
+}
+
+/// The page size of the file behind `fd` (hugetlbfs or not).
+fn page_size_of(fd: &OwnedFd) -> Result<PageSize, OpenError> {
+    let stat = rustix::fs::fstat(fd).map_err(|e| OpenError::Stat { source: e.into() })?;
+    let statfs = rustix::fs::fstatfs(fd).map_err(|e| OpenError::Stat { source: e.into() })?;
+    if statfs.f_type as u64 == HUGETLBFS_MAGIC {
+        match u64::try_from(stat.st_blksize).unwrap_or(0) {
+            b if b == HUGE_PAGE_LEN as u64 => Ok(PageSize::Huge2M),
+            bytes => Err(OpenError::UnsupportedPageSize { bytes }),
+        }
+    } else {
+        Ok(PageSize::Base4K)
     }
 }
 

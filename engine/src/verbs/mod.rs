@@ -637,6 +637,47 @@ impl Context {
         })
     }
 
+    /// A new protection domain whose arena is the application's memfd `memfd`: the
+    /// zero-copy way to send from memory the application fills itself.
+    ///
+    /// `memfd` is a memfd the application created with `MFD_ALLOW_SEALING` (plain, or
+    /// `MFD_HUGETLB | MFD_HUGE_2MB` for huge pages), sized with `ftruncate` and mapped
+    /// read-write (`MAP_SHARED`) by the application *before* this call. shmhca maps it too
+    /// (never populating it) and seals it with `F_SEAL_SHRINK | F_SEAL_GROW |
+    /// F_SEAL_FUTURE_WRITE`: its size is fixed for good, and from now on no new writable
+    /// mapping of it can be made (by anyone, the application included), while the writable
+    /// mappings made before keep working. Peers a QP of this domain connects to receive a
+    /// read-only descriptor of it, as of any arena, and read it for Sends, RDMA Writes and
+    /// RDMA Reads; they can never write it.
+    ///
+    /// The first `len - staging` bytes stay the application's: shmhca never writes them.
+    /// Register ranges of them in place with [`Pd::reg_mr_at`] (no copy at all: packets
+    /// reference the memfd directly). The last `staging` bytes are shmhca's: it zeroes them
+    /// and carves QP inline staging ([`QpCaps::max_inline_data`](crate::QpCaps::max_inline_data) × `max_send_wr`, rounded
+    /// to cache lines) and [`Pd::alloc_mr`]/[`Pd::reg_mr`] regions from them. With
+    /// `staging` 0 the whole file is the application's, and the domain's QPs must have
+    /// `max_inline_data` 0.
+    ///
+    /// # Errors
+    /// [`Error::MemfdAdopt`] naming what is wrong with the memfd and what to do (not a
+    /// memfd, created without `MFD_ALLOW_SEALING`, `F_SEAL_SEAL` or a write seal already
+    /// set, opened read-only, empty, above 1 TiB), [`Error::InvalidArgument`] for a
+    /// `staging` larger than the file, [`Error::LimitReached`] past 65,536 domains.
+    pub fn alloc_pd_over(&self, memfd: std::os::fd::OwnedFd, staging: u64) -> Result<Pd> {
+        let (pdn, mem) = self.shared.engine.with(|e| {
+            let pdn = e.res.pds.adopt(memfd, staging)?;
+            let mem = e.res.pds.get(pdn).map(|a| a.mem().share());
+            Ok::<_, Error>((pdn, mem))
+        })?;
+        Ok(Pd {
+            shared: self.shared.clone(),
+            pdn,
+            mem: Arc::new(mem.ok_or(Error::ForeignObject {
+                what: "the protection domain",
+            })?),
+        })
+    }
+
     /// A completion queue of `depth` entries (rounded up to a power of two).
     ///
     /// # Errors

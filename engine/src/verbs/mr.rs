@@ -82,6 +82,7 @@ impl Pd {
             pdn,
             inflight: shared_mr,
             user: None,
+            in_place: false,
         })
     }
 
@@ -173,8 +174,92 @@ impl Pd {
                     mem: view,
                     exclusive,
                 })),
+                in_place: false,
             },
             owner,
+        })
+    }
+
+    /// Registers bytes `offset..offset + len` of the application's memfd that is this
+    /// domain's arena ([`Context::alloc_pd_over`](crate::Context::alloc_pd_over)) as a
+    /// memory region, in place: no copy at registration or ever after. A Send or RDMA Write
+    /// gathering from it, and a peer's RDMA Read of it, reference the memfd's bytes
+    /// directly; received data, RDMA Write and Atomic targets are written straight into it.
+    /// Deregistering leaves the bytes as they are. Ranges may overlap.
+    ///
+    /// The application keeps writing the bytes through its own mapping. As with a real
+    /// HCA, bytes it changes while a work request that reads them is in flight are sent
+    /// as they are when the engine copies them into a packet (the last packet may carry
+    /// newer bytes than the first); change them only after the work request's completion.
+    /// [`Mr::as_mut_slice`] is refused for such a region (the application's mapping writes
+    /// the same bytes): use its mapping, or [`Mr::read_at`]/[`Mr::write_at`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the domain's arena is not an application's memfd, or
+    /// the range is empty, above 2 GiB or not inside the application's part of it (the
+    /// first `len - staging` bytes); [`Error::LimitReached`] past 2^24 regions.
+    pub fn reg_mr_at(&self, offset: u64, len: u64, access: AccessFlags) -> Result<Mr> {
+        if len == 0 || len > MAX_MESSAGE {
+            return Err(Error::invalid(
+                "memory region length",
+                format!("{len}; a region holds 1 byte to 2 GiB"),
+            ));
+        }
+        let shared_mr = Arc::new(MrShared::default());
+        let sm = shared_mr.clone();
+        let pdn = self.pdn;
+        let base = self.mem.base_addr();
+        let index_key = self.shared.engine.with(|e| {
+            let pds = &mut e.res.pds;
+            let arena = pds.get_mut(pdn).ok_or(Error::ForeignObject {
+                what: "the protection domain",
+            })?;
+            let user_len = arena.user_len();
+            if user_len == 0 {
+                return Err(Error::invalid(
+                    "reg_mr_at",
+                    "this protection domain's arena is shmhca's, not your memfd: create the \
+                     domain with Context::alloc_pd_over(memfd, staging), or use alloc_mr/reg_mr",
+                ));
+            }
+            match offset.checked_add(len) {
+                Some(end) if end <= user_len => {}
+                _ => {
+                    return Err(Error::invalid(
+                        "reg_mr_at",
+                        format!(
+                            "bytes {offset}..{offset}+{len} are not inside the first {user_len} \
+                             bytes of the memfd (its length minus the staging given to \
+                             alloc_pd_over), which are yours"
+                        ),
+                    ));
+                }
+            }
+            let block = crate::arena::Block { off: offset, len };
+            match e.res.mrs.insert(pdn, access, block, len, base + offset, sm) {
+                Some(ik) => {
+                    pds.hold(pdn);
+                    Ok(ik)
+                }
+                None => Err(Error::LimitReached {
+                    what: "memory regions in one context",
+                    limit: crate::mr_table::MAX_MRS,
+                }),
+            }
+        })?;
+        let (index, key) = index_key;
+        Ok(Mr {
+            shared: self.shared.clone(),
+            mem: self.mem.clone(),
+            index,
+            key,
+            off: offset,
+            len,
+            access,
+            pdn,
+            inflight: shared_mr,
+            user: None,
+            in_place: true,
         })
     }
 
@@ -224,6 +309,8 @@ pub struct Mr {
     pub(crate) inflight: Arc<MrShared>,
     /// A registered application buffer ([`Pd::reg_mr`]); `off` is then its shadow's.
     user: Option<Box<UserView>>,
+    /// Registered in place over the application's memfd ([`Pd::reg_mr_at`]).
+    in_place: bool,
 }
 
 /// The application's view of a registered buffer.
@@ -414,6 +501,13 @@ impl Mr {
             .contains(AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE);
         if self.access.remote_writable() || via_window {
             return Err(Error::MrRemoteWritable { key: self.key });
+        }
+        if self.in_place {
+            return Err(Error::invalid(
+                "as_mut_slice",
+                "this region lies in your memfd, which your own mapping writes (and other \
+                 regions may overlap): use your mapping, or read_at/write_at",
+            ));
         }
         if let Some(u) = &self.user {
             let remote_read = self.access.contains(AccessFlags::REMOTE_READ)
