@@ -1,12 +1,12 @@
 //! Registered application memory against arena regions (criterion), between two engines
 //! driven by this thread (inline mode), the same buffer kind on both sides:
 //!
-//! * `send/{arena,vec,memfd}/N`: one N-byte Send from A's buffer into B's, until both
+//! * `send/{arena,vec,memfd,memfd_pd}/N`: one N-byte Send from A's buffer into B's, until both
 //!   completions are polled — a sender's registered buffer is copied into its shadow at
 //!   post time; the receiver's is written in place.
-//! * `write16/{arena,vec,memfd}/N`: 16 RDMA Writes of N bytes in flight, until all 16
+//! * `write16/{arena,vec,memfd,memfd_pd}/N`: 16 RDMA Writes of N bytes in flight, until all 16
 //!   completions — bandwidth of the source path.
-//! * `read16/{arena,vec,memfd}/N`: 16 RDMA Reads of N bytes from B's buffer into A's — B's
+//! * `read16/{arena,vec,memfd,memfd_pd}/N`: 16 RDMA Reads of N bytes from B's buffer into A's — B's
 //!   responder stages a registered buffer in its shadow per response packet.
 //!
 //! `cargo bench -p shmhca-bench --bench user_mem`
@@ -27,6 +27,9 @@ enum Kind {
     Arena,
     Vec,
     Memfd,
+    /// A region in place in a protection domain over the application's memfd
+    /// (`Context::alloc_pd_over`, `Pd::reg_mr_at`): no shadow.
+    MemfdPd,
 }
 
 impl Kind {
@@ -35,6 +38,7 @@ impl Kind {
             Kind::Arena => "arena",
             Kind::Vec => "vec",
             Kind::Memfd => "memfd",
+            Kind::MemfdPd => "memfd_pd",
         }
     }
 }
@@ -56,14 +60,35 @@ impl Deref for Buf {
     }
 }
 
+/// Bytes of a memfd domain kept for shmhca's own use (inline staging).
+const STAGING: u64 = 1 << 20;
+
+fn memfd(len: u64, sealing: bool) -> std::os::fd::OwnedFd {
+    let mut flags = rustix::fs::MemfdFlags::CLOEXEC;
+    if sealing {
+        flags |= rustix::fs::MemfdFlags::ALLOW_SEALING;
+    }
+    let fd = rustix::fs::memfd_create("bench", flags).unwrap();
+    rustix::fs::ftruncate(&fd, len).unwrap();
+    fd
+}
+
+fn pd(ctx: &Context, kind: Kind) -> Pd {
+    match kind {
+        Kind::MemfdPd => ctx
+            .alloc_pd_over(memfd(LEN as u64 + STAGING, true), STAGING)
+            .unwrap(),
+        _ => ctx.alloc_pd().unwrap(),
+    }
+}
+
 fn buf(pd: &Pd, kind: Kind) -> Buf {
     match kind {
+        Kind::MemfdPd => Buf::Arena(pd.reg_mr_at(0, LEN as u64, AccessFlags::ALL).unwrap()),
         Kind::Arena => Buf::Arena(pd.alloc_mr(LEN as u64, AccessFlags::ALL).unwrap()),
         Kind::Vec => Buf::Vec(pd.reg_mr(vec![0u8; LEN], AccessFlags::ALL).unwrap()),
         Kind::Memfd => {
-            let fd = rustix::fs::memfd_create("bench", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-            rustix::fs::ftruncate(&fd, LEN as u64).unwrap();
-            let m = Memfd::map(fd).unwrap();
+            let m = Memfd::map(memfd(LEN as u64, false)).unwrap();
             Buf::Memfd(pd.reg_mr(m, AccessFlags::ALL).unwrap())
         }
     }
@@ -88,7 +113,7 @@ fn setup(kind: Kind) -> (Side, Side) {
     let (ca, cb) = (mk(), mk());
     let (la, lb) = ca.link_with(&cb).unwrap();
     let side = |ctx: Context| {
-        let pd = ctx.alloc_pd().unwrap();
+        let pd = pd(&ctx, kind);
         let cq = ctx.create_cq(256).unwrap();
         let caps = QpCaps {
             max_send_wr: 64,
@@ -146,7 +171,7 @@ fn poll(a: &mut Side, b: &Side, n: usize) {
     }
 }
 
-const KINDS: [Kind; 3] = [Kind::Arena, Kind::Vec, Kind::Memfd];
+const KINDS: [Kind; 4] = [Kind::Arena, Kind::Vec, Kind::Memfd, Kind::MemfdPd];
 
 fn send(c: &mut Criterion) {
     let mut g = c.benchmark_group("send");

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use cm_support::*;
 use shmhca::cm::msg::{
-    HEADER_LEN, Header, LinkMode, MAGIC, Message, Offer, Rej, RejectReason, Rep, Req, VERSION,
+    ArenaLayout, HEADER_LEN, Header, LinkMode, MAGIC, Message, Offer, Rej, RejectReason, Rep, Req,
+    VERSION,
 };
 use shmhca::cm::{ConnectParams, PeerPolicy};
 use shmhca::*;
@@ -123,6 +124,7 @@ fn req(mode: LinkMode, offer: Offer) -> Message {
         identity: 0x1234_5678,
         trace_id: 1,
         link_mode: mode,
+        arena_layout: ArenaLayout::Segment,
         link_token: 99,
         offer,
         private_data: Vec::new(),
@@ -661,6 +663,7 @@ fn a_server_offering_what_the_client_cannot_do_is_rejected() {
                 &mut s,
                 &Message::Rep(Rep {
                     link_token: token,
+                    arena_layout: ArenaLayout::Segment,
                     offer: o,
                     private_data: Vec::new(),
                 }),

@@ -37,6 +37,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use hostile_support::*;
+use shmhca::cm::msg::ArenaLayout;
 use shmhca::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, PacketSlot};
 use shmhca::wire::{AethRepr, AtomicEthRepr, Msn, Opcode, RethRepr, Syndrome};
 use shmhca::{ConnectParams, Context, EngineMode};
@@ -621,8 +622,40 @@ fn lying_segments_and_descriptor_counts_in_a_req_are_refused() {
                 "{what}: the victim's error should say `{expect}`: {e} (REJ: {rej:?})"
             );
         }
+        // The same checks hold for an arena the REQ says is an application's memfd (no
+        // header): it must be sealed against shrinking and fit under the cap.
+        let base = victim.wait_refused(0).len();
+        let memfd_cases: Vec<(&str, OwnedFd, &str)> = vec![
+            (
+                "a memfd arena that could shrink",
+                raw_memfd(1 << 20, false),
+                "not sealed against shrinking",
+            ),
+            ("an empty memfd arena", raw_memfd(0, true), "empty"),
+            ("a page that is no memfd", socket_fd(), "not a memfd"),
+        ];
+        for (k, (what, arena_fd, expect)) in memfd_cases.into_iter().enumerate() {
+            let l = good_link();
+            let fds = [l.as_fd(), page.as_fd(), arena_fd.as_fd()];
+            let mut req = new_link_req(FAKE_QPN + 100 + k as u32);
+            req.arena_layout = ArenaLayout::Memfd;
+            let (_s, answer) = request(&victim.path, &req, &fds);
+            let rej = answer.err().unwrap_or_else(|| panic!("{what}: accepted"));
+            let refused = victim.wait_refused(base + k + 1);
+            let e = &refused[base + k];
+            assert!(
+                e.contains(expect),
+                "{what}: the victim's error should say `{expect}`: {e} (REJ: {rej:?})"
+            );
+        }
         assert_eq!(victim.accepted(), 1, "only the well-behaved client got in");
     });
+}
+
+/// A descriptor that is not a memfd (one end of a socket pair).
+fn socket_fd() -> OwnedFd {
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    a.into()
 }
 
 // ---------------------------------------------------------------------------------------

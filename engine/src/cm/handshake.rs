@@ -151,7 +151,7 @@ pub(super) fn client_handshake(
     let offer = params.offer(qp.qpn(), psn);
     let cm = &shared.cm;
     let mut force_new = false;
-    let own_arena = share_arena(shared, pd).map_err(aborted)?;
+    let (own_arena, own_layout) = share_arena(shared, pd).map_err(aborted)?;
     let (rep, link, agreed, peer_arena) = loop {
         let plan = cm
             .links
@@ -161,6 +161,7 @@ pub(super) fn client_handshake(
                 identity: cm.identity,
                 trace_id: shared.id,
                 link_mode,
+                arena_layout: own_layout,
                 link_token,
                 offer,
                 private_data: params.private_data.clone(),
@@ -251,6 +252,7 @@ pub(super) fn client_handshake(
             link.id,
             rep.offer.qpn,
             peer_arena,
+            rep.arena_layout,
             params.max_peer_arena,
         )
         .map_err(|e| {
@@ -562,6 +564,7 @@ impl ServerHandshake {
                 link.id,
                 req.offer.qpn,
                 peer_arena,
+                req.arena_layout,
                 params.max_peer_arena,
             )
             .map_err(|e| {
@@ -583,20 +586,22 @@ impl ServerHandshake {
         offer.pmtu = agreed.mtu.bytes() as u16;
         offer.responder_resources = agreed.responder_resources;
         offer.initiator_depth = agreed.initiator_depth;
-        let rep = Message::Rep(Rep {
-            link_token: req.link_token,
-            offer,
-            private_data: params.private_data.clone(),
-        });
-        let fds = share_arena(shared, pd).and_then(|arena| {
-            Ok(if new {
+        let fds = share_arena(shared, pd).and_then(|(arena, layout)| {
+            let fds = if new {
                 vec![share_engine_page(shared)?, arena]
             } else {
                 vec![arena]
-            })
+            };
+            Ok((fds, layout))
         });
         let sent = match fds {
-            Ok(fds) => {
+            Ok((fds, arena_layout)) => {
+                let rep = Message::Rep(Rep {
+                    link_token: req.link_token,
+                    arena_layout,
+                    offer,
+                    private_data: params.private_data.clone(),
+                });
                 let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
                 chan.send(&rep, &fds)
             }

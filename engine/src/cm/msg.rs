@@ -35,7 +35,10 @@
 //!                 token, created by the client; 2 reuse the link named by the token,
 //!                 created by the server. The client QP's arena (read-only) travels
 //!                 with every REQ, last.
-//!         13..16  reserved
+//!         13      the client QP's arena layout: 0 a shmhca segment (header page, then
+//!                 data), 1 a protection domain over the application's memfd (data from
+//!                 byte 0, sealed against shrinking; see `Context::alloc_pd_over`)
+//!         14..16  reserved
 //!         16..24  link token (chosen by the link's creator)
 //!         24..64  offer
 //!         64..66  private data length (0..=256)
@@ -46,7 +49,8 @@
 //!          8..48  offer                     travels with it, after the server's engine
 //!                                           page when the REQ brought a new link)
 //!         48..50  private data length (0..=256)
-//!         50..52  reserved
+//!         50      the server QP's arena layout (as REQ byte 13)
+//!         51      reserved
 //!         52..    private data
 //!
 //! RTU      (empty)                         (client -> server: ready to use)
@@ -397,6 +401,41 @@ pub enum LinkMode {
     ReuseServerCreated,
 }
 
+/// How the arena that travels with a REQ or REP is laid out, so that its receiver opens it
+/// the right way: a peer's data offsets count from the start of the arena's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArenaLayout {
+    /// A shmhca segment: a validated header page, then the data.
+    #[default]
+    Segment,
+    /// A protection domain over the application's own memfd
+    /// ([`Context::alloc_pd_over`](crate::Context::alloc_pd_over)): data from byte 0, no
+    /// header; the receiver checks the memfd's seals instead.
+    Memfd,
+}
+
+impl ArenaLayout {
+    fn code(self) -> u8 {
+        match self {
+            ArenaLayout::Segment => 0,
+            ArenaLayout::Memfd => 1,
+        }
+    }
+
+    fn decode(v: u8, what: &'static str) -> std::result::Result<ArenaLayout, MsgError> {
+        match v {
+            0 => Ok(ArenaLayout::Segment),
+            1 => Ok(ArenaLayout::Memfd),
+            v => Err(MsgError::Field {
+                what,
+                field: "arena_layout",
+                value: u64::from(v),
+                allowed: "0 (a shmhca segment) or 1 (a protection domain over a memfd)",
+            }),
+        }
+    }
+}
+
 /// REQ: the client asks for a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Req {
@@ -406,6 +445,8 @@ pub struct Req {
     pub trace_id: u32,
     /// Whether the link is new or reused.
     pub link_mode: LinkMode,
+    /// How the client QP's arena is laid out.
+    pub arena_layout: ArenaLayout,
     /// The link's token.
     pub link_token: u64,
     /// The client's QP parameters.
@@ -419,6 +460,8 @@ pub struct Req {
 pub struct Rep {
     /// The REQ's link token, echoed.
     pub link_token: u64,
+    /// How the server QP's arena is laid out.
+    pub arena_layout: ArenaLayout,
     /// The server's QP parameters (with the negotiated PMTU, responder resources and
     /// initiator depth).
     pub offer: Offer,
@@ -578,7 +621,8 @@ impl Message {
                     LinkMode::New => 1,
                     LinkMode::ReuseServerCreated => 2,
                 });
-                body.extend_from_slice(&[0; 3]);
+                body.push(r.arena_layout.code());
+                body.extend_from_slice(&[0; 2]);
                 body.extend_from_slice(&r.link_token.to_le_bytes());
                 r.offer.encode(&mut body);
                 body.extend_from_slice(&(r.private_data.len() as u16).to_le_bytes());
@@ -590,7 +634,8 @@ impl Message {
                 body.extend_from_slice(&r.link_token.to_le_bytes());
                 r.offer.encode(&mut body);
                 body.extend_from_slice(&(r.private_data.len() as u16).to_le_bytes());
-                body.extend_from_slice(&[0; 2]);
+                body.push(r.arena_layout.code());
+                body.push(0);
                 body.extend_from_slice(&r.private_data);
                 ty::REP
             }
@@ -640,7 +685,9 @@ impl Message {
                 })
             }
         };
-        let private = |what: &'static str, fixed: usize| {
+        // The private data length sits at `fixed - 4`; reserved bytes from `reserved` to
+        // `fixed`.
+        let private = |what: &'static str, fixed: usize, reserved: usize| {
             let n = u16::from_le_bytes([body[fixed - 4], body[fixed - 3]]) as usize;
             if n > MAX_PRIVATE_DATA {
                 return Err(MsgError::Field {
@@ -650,7 +697,7 @@ impl Message {
                     allowed: "private data is at most 256 bytes",
                 });
             }
-            if body[fixed - 2..fixed] != [0, 0] {
+            if body[reserved..fixed].iter().any(|&b| b != 0) {
                 return Err(MsgError::Reserved { what });
             }
             exact(what, fixed + n)?;
@@ -682,15 +729,17 @@ impl Message {
                         });
                     }
                 };
-                if body[13..16] != [0; 3] {
+                let arena_layout = ArenaLayout::decode(body[13], "REQ")?;
+                if body[14..16] != [0; 2] {
                     return Err(MsgError::Reserved { what: "REQ" });
                 }
                 let offer = Offer::decode(&body[24..24 + OFFER_LEN], "REQ")?;
-                let private_data = private("REQ", REQ_FIXED)?;
+                let private_data = private("REQ", REQ_FIXED, REQ_FIXED - 2)?;
                 Ok(Message::Req(Req {
                     identity: le64(body, 0),
                     trace_id: le32(body, 8),
                     link_mode,
+                    arena_layout,
                     link_token: le64(body, 16),
                     offer,
                     private_data,
@@ -699,9 +748,11 @@ impl Message {
             ty::REP => {
                 at_least("REP", REP_FIXED)?;
                 let offer = Offer::decode(&body[8..8 + OFFER_LEN], "REP")?;
-                let private_data = private("REP", REP_FIXED)?;
+                let arena_layout = ArenaLayout::decode(body[REP_FIXED - 2], "REP")?;
+                let private_data = private("REP", REP_FIXED, REP_FIXED - 1)?;
                 Ok(Message::Rep(Rep {
                     link_token: le64(body, 0),
+                    arena_layout,
                     offer,
                     private_data,
                 }))
@@ -779,6 +830,7 @@ mod tests {
                 identity: 42,
                 trace_id: 9,
                 link_mode: LinkMode::New,
+                arena_layout: ArenaLayout::Segment,
                 link_token: 0xfeed,
                 offer: offer(),
                 private_data: vec![1, 2, 3],
@@ -787,12 +839,14 @@ mod tests {
                 identity: 42,
                 trace_id: 9,
                 link_mode: LinkMode::ReuseServerCreated,
+                arena_layout: ArenaLayout::Segment,
                 link_token: 1,
                 offer: offer(),
                 private_data: vec![0xaa; MAX_PRIVATE_DATA],
             }),
             Message::Rep(Rep {
                 link_token: 0xfeed,
+                arena_layout: ArenaLayout::Memfd,
                 offer: offer(),
                 private_data: vec![],
             }),
@@ -814,6 +868,7 @@ mod tests {
             identity: 0x0102_0304_0506_0708,
             trace_id: 0x0a0b_0c0d,
             link_mode: LinkMode::New,
+            arena_layout: ArenaLayout::Segment,
             link_token: 0x1122_3344_5566_7788,
             offer: offer(),
             private_data: vec![0xee; 5],
@@ -875,6 +930,7 @@ mod tests {
             identity: 1,
             trace_id: 1,
             link_mode: LinkMode::ReuseServerCreated,
+            arena_layout: ArenaLayout::Segment,
             link_token: 1,
             offer: offer(),
             private_data: vec![],
@@ -895,6 +951,39 @@ mod tests {
         assert_eq!(
             Message::decode(2, &b),
             Err(MsgError::Reserved { what: "REQ" })
+        );
+        let mut b = body.clone();
+        b[13] = 2;
+        assert!(matches!(
+            Message::decode(2, &b),
+            Err(MsgError::Field {
+                field: "arena_layout",
+                ..
+            })
+        ));
+        let mut rep = Message::Rep(Rep {
+            link_token: 1,
+            arena_layout: ArenaLayout::Memfd,
+            offer: offer(),
+            private_data: vec![],
+        })
+        .encode();
+        let body = rep.split_off(HEADER_LEN);
+        assert_eq!(body[50], 1, "REP byte 50 is the arena layout");
+        let mut b = body.clone();
+        b[50] = 2;
+        assert!(matches!(
+            Message::decode(3, &b),
+            Err(MsgError::Field {
+                field: "arena_layout",
+                ..
+            })
+        ));
+        let mut b = body.clone();
+        b[51] = 1;
+        assert_eq!(
+            Message::decode(3, &b),
+            Err(MsgError::Reserved { what: "REP" })
         );
         let mut b = body.clone();
         b[64..66].copy_from_slice(&257u16.to_le_bytes());

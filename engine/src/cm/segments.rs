@@ -15,6 +15,8 @@ use crate::mem::Mem;
 use crate::verbs::{Pd, Shared};
 use crate::wire::Qpn;
 
+use super::msg::ArenaLayout;
+
 /// The link segment of a new link.
 pub(super) enum LinkSegment {
     /// Made by this side ([`link::create_link_segment`]).
@@ -63,8 +65,8 @@ pub(super) fn share_engine_page(shared: &Shared) -> Result<OwnedFd> {
         .map_err(|e| Error::io("sharing the engine page", e))
 }
 
-/// A read-only descriptor of the arena of `pd`, to send to a peer.
-pub(super) fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<OwnedFd> {
+/// A read-only descriptor of the arena of `pd`, to send to a peer, and how it is laid out.
+pub(super) fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<(OwnedFd, ArenaLayout)> {
     let pdn = pd.pdn;
     let seg = shared
         .engine
@@ -72,8 +74,15 @@ pub(super) fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<OwnedFd> {
         .ok_or(Error::ForeignObject {
             what: "the protection domain",
         })?;
-    seg.share_fd()
-        .map_err(|e| Error::io("sharing the protection domain's arena", e))
+    let layout = if seg.has_header() {
+        ArenaLayout::Segment
+    } else {
+        ArenaLayout::Memfd
+    };
+    let fd = seg
+        .share_fd()
+        .map_err(|e| Error::io("sharing the protection domain's arena", e))?;
+    Ok((fd, layout))
 }
 
 /// Records on link `id` that peer QP `qpn` sends from the arena behind `fd`: mapped
@@ -84,6 +93,7 @@ pub(super) fn attach_peer_arena(
     id: LinkId,
     qpn: u32,
     fd: OwnedFd,
+    layout: ArenaLayout,
     max: u64,
 ) -> Result<()> {
     let key =
@@ -99,7 +109,12 @@ pub(super) fn attach_peer_arena(
         return Ok(());
     }
     let max = usize::try_from(max).unwrap_or(usize::MAX);
-    let arena = Segment::open(fd, ARENA_KIND, Access::ReadOnly, max)?;
+    let arena = match layout {
+        ArenaLayout::Segment => Segment::open(fd, ARENA_KIND, Access::ReadOnly, max)?,
+        // An application's memfd: no header to check; `open_raw` insists on the shrink seal,
+        // so the owner can never pull the pages out from under this mapping.
+        ArenaLayout::Memfd => Segment::open_raw(fd, ARENA_KIND, Access::ReadOnly, max)?,
+    };
     let mem = Mem::from_segment(Arc::new(arena));
     shared
         .engine

@@ -69,12 +69,13 @@ fn a_client_that_stops_after_req_leaves_the_server_clean() {
             identity: 0xabc,
             trace_id: 3,
             link_mode: LinkMode::New,
+            arena_layout: super::msg::ArenaLayout::Segment,
             link_token: 0x77,
             offer,
             private_data: vec![],
         });
         let client_pd = client.alloc_pd().unwrap();
-        let arena = super::segments::share_arena(&client.shared, &client_pd).unwrap();
+        let (arena, _) = super::segments::share_arena(&client.shared, &client_pd).unwrap();
         let page = client.shared.engine_page.share_fd().unwrap();
         send_with_fds(
             &s,

@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use shmhca::cm::msg::{HEADER_LEN, Header, Hello, LinkMode, Message, Offer, Rej, Rep, Req};
+use shmhca::cm::msg::{
+    ArenaLayout, HEADER_LEN, Header, Hello, LinkMode, Message, Offer, Rej, Rep, Req,
+};
 use shmhca::link::PacketSlot;
 use shmhca::wire::{BthRepr, Opcode, PacketRepr, Psn};
 use shmhca::*;
@@ -681,6 +683,7 @@ pub fn new_link_req(qpn: u32) -> Req {
         identity: 0x0bad_0000_0000_0000 | u64::from(qpn),
         trace_id: 7,
         link_mode: LinkMode::New,
+        arena_layout: ArenaLayout::Segment,
         link_token: 0x7001,
         offer: offer(qpn),
         private_data: Vec::new(),
@@ -929,6 +932,7 @@ pub fn lying_server(path: &Path, fds: Vec<OwnedFd>) -> JoinHandle<()> {
         };
         let rep = Message::Rep(Rep {
             link_token: req.link_token,
+            arena_layout: ArenaLayout::Segment,
             offer: offer(FAKE_QPN),
             private_data: Vec::new(),
         });
