@@ -23,6 +23,11 @@
 //!         each side's watcher sends a KEEPALIVE on it every KEEPALIVE_INTERVAL)
 //! ```
 //!
+//! A QP may take its receives from a shared receive queue
+//! ([`Listener::accept_with_srq`], [`Context::connect_with_srq`]; `rdma_create_qp` with
+//! `qp_init_attr.srq`): its offer then says it reports no end-to-end credits, and the
+//! peer's QP sends without waiting for them (spec/02).
+//!
 //! Parameters are negotiated as the IBA CM does: the PMTU is the smaller of the two
 //! offers; a side's initiator depth never exceeds the other's responder resources; each
 //! side's RNR Retry Count is the one its peer asks for (spec/03: "supplied by the remote
