@@ -43,8 +43,11 @@ fn message(kind: u8, conn: u32, seq: u32) -> Vec<u8> {
 }
 
 fn post_slot(srq: &mut Srq, rx: &Mr, slot: u64) {
-    srq.post_recv(&RecvWr::new(slot, &[rx.sge(slot * SLOT, SLOT as u32).unwrap()]))
-        .unwrap();
+    srq.post_recv(&RecvWr::new(
+        slot,
+        &[rx.sge(slot * SLOT, SLOT as u32).unwrap()],
+    ))
+    .unwrap();
 }
 
 fn le32(b: &[u8], at: usize) -> u32 {
@@ -84,7 +87,10 @@ fn one_srq_serves_connections_from_two_processes() {
         let c = listener
             .accept_with_srq(&pd, &cq, &cq, &srq, &ConnectParams::default())
             .unwrap();
-        let (kind, conn) = (c.peer_private_data()[0], u32::from(c.peer_private_data()[1]));
+        let (kind, conn) = (
+            c.peer_private_data()[0],
+            u32::from(c.peer_private_data()[1]),
+        );
         // The server's QP is on the SRQ; whether its peer reports credits depends on the
         // client's kind, which the client's offer told.
         assert_eq!(
@@ -116,7 +122,11 @@ fn one_srq_serves_connections_from_two_processes() {
         rx.read_at(wc.wr_id * SLOT, &mut buf[..len]).unwrap();
         let (kind, conn, seq) = (buf[0], le32(&buf, 4), le32(&buf, 8));
         assert_eq!(le32(&buf, 12) as usize, len, "the length it was sent with");
-        assert!(kind <= ON_SRQ && conn < CONNS && seq < M, "{:?}", &buf[..16]);
+        assert!(
+            kind <= ON_SRQ && conn < CONNS && seq < M,
+            "{:?}",
+            &buf[..16]
+        );
         assert_eq!(
             who[&wc.qp_num],
             (kind, conn),
@@ -181,10 +191,7 @@ fn client(role: &str, path: &str) {
     let pd = ctx.alloc_pd().unwrap();
     let mut cq = ctx.create_cq(1024).unwrap();
     let tx = pd
-        .alloc_mr(
-            u64::from(CONNS * WINDOW) * SLOT,
-            AccessFlags::LOCAL_WRITE,
-        )
+        .alloc_mr(u64::from(CONNS * WINDOW) * SLOT, AccessFlags::LOCAL_WRITE)
         .unwrap();
     let rx = pd
         .alloc_mr(u64::from(CONNS) * 64, AccessFlags::LOCAL_WRITE)
@@ -209,7 +216,10 @@ fn client(role: &str, path: &str) {
     for (i, c) in conns.iter_mut().enumerate() {
         // The server's QP is on an SRQ: the handshake said it reports no credits, and
         // that its receive depth is the SRQ's.
-        assert!(!c.query().config.remote_credits, "the server reports no credits");
+        assert!(
+            !c.query().config.remote_credits,
+            "the server reports no credits"
+        );
         assert_eq!(c.peer_caps().max_recv_wr, DEPTH);
         let sge = [rx.sge(i as u64 * 64, 64).unwrap()];
         match &mut srq {
@@ -249,12 +259,18 @@ fn client(role: &str, path: &str) {
             }
         }
         if n == 0 {
-            assert!(start.elapsed() < DEADLINE, "sent {next:?}, {inflight:?} in flight");
+            assert!(
+                start.elapsed() < DEADLINE,
+                "sent {next:?}, {inflight:?} in flight"
+            );
             std::thread::yield_now();
         }
     }
     assert_eq!(next, [M; CONNS as usize]);
-    assert_eq!(inflight, [0; CONNS as usize], "DONE comes after every Send completed");
+    assert_eq!(
+        inflight, [0; CONNS as usize],
+        "DONE comes after every Send completed"
+    );
 }
 
 /// The SRQ must belong to the connection's context and protection domain: refused before
