@@ -297,3 +297,4 @@ pub fn doorbell(make: fn() -> Doorbell, posters: &'static [&'static [u32]]) {
     let rung: usize = posters.iter().map(|p| p.len()).sum();
     assert_eq!(seen.iter().filter(|s| **s).count(), rung, "a ring was lost");
 }
+
