@@ -23,6 +23,11 @@
 //!         each side's watcher sends a KEEPALIVE on it every KEEPALIVE_INTERVAL)
 //! ```
 //!
+//! A QP may take its receives from a shared receive queue
+//! ([`Listener::accept_with_srq`], [`Context::connect_with_srq`]; `rdma_create_qp` with
+//! `qp_init_attr.srq`): its offer then says it reports no end-to-end credits, and the
+//! peer's QP sends without waiting for them (spec/02).
+//!
 //! Parameters are negotiated as the IBA CM does: the PMTU is the smaller of the two
 //! offers; a side's initiator depth never exceeds the other's responder resources; each
 //! side's RNR Retry Count is the one its peer asks for (spec/03: "supplied by the remote
@@ -128,7 +133,7 @@ mod params;
 mod segments;
 pub(crate) mod watch;
 
-pub use connection::{Connection, LinkInfo, connect};
+pub use connection::{Connection, LinkInfo, connect, connect_with_srq};
 pub use listener::{Listener, MAX_HANDSHAKES};
 pub use params::{ConnectParams, DEFAULT_MAX_PEER_ARENA, PeerPolicy};
 pub use watch::KEEPALIVE_INTERVAL;
@@ -138,7 +143,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
-use crate::verbs::{Context, Cq, Pd, Shared};
+use crate::verbs::{Context, Cq, Pd, Shared, Srq};
 use links::Links;
 use watch::Watcher;
 
@@ -221,6 +226,24 @@ impl Context {
         params: &ConnectParams,
     ) -> Result<Connection> {
         connect(self, path, pd, send_cq, recv_cq, params)
+    }
+
+    /// Connects to the listener at `path` with this side's QP on the shared receive queue
+    /// `srq` (see [`connect_with_srq`] and [`Listener::accept_with_srq`]): the ibverbs
+    /// program's `rdma_create_qp` with `qp_init_attr.srq` set.
+    ///
+    /// # Errors
+    /// See [`connect_with_srq`].
+    pub fn connect_with_srq(
+        &self,
+        path: impl AsRef<Path>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        params: &ConnectParams,
+    ) -> Result<Connection> {
+        connect_with_srq(self, path, pd, send_cq, recv_cq, srq, params)
     }
 
     /// This engine's identity in connection setup: the process id in the high 32 bits, a

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::channel::{Chan, Fail, PeerCred};
-use super::handshake::{Established, client_handshake};
+use super::handshake::{Established, QpSpec, client_handshake};
 use super::links::LinkRef;
 use super::msg::Offer;
 use super::params::ConnectParams;
@@ -18,7 +18,7 @@ use super::watch::{ConnStatus, Watched, Watcher};
 use crate::error::{Error, Result};
 use crate::link::LinkId;
 use crate::qp::QpCaps;
-use crate::verbs::{Context, Cq, Pd, Qp};
+use crate::verbs::{Context, Cq, Pd, Qp, Srq};
 use crate::wire::Qpn;
 
 /// Ends a failed handshake: tells the peer why (when it should be told) and returns the
@@ -84,8 +84,47 @@ pub fn connect(
     recv_cq: &Cq,
     params: &ConnectParams,
 ) -> Result<Connection> {
-    let path = path.as_ref();
+    let spec = QpSpec {
+        pd,
+        send_cq,
+        recv_cq,
+        srq: None,
+    };
+    connect_spec(ctx, path.as_ref(), spec, params)
+}
+
+/// [`connect`] with the QP on the shared receive queue `srq` (in `pd`). Same as
+/// [`Context::connect_with_srq`].
+///
+/// # Errors
+/// As [`connect`], and [`Error::ForeignObject`] / [`Error::InvalidArgument`] for an SRQ of
+/// another context or protection domain (before anything is sent).
+pub fn connect_with_srq(
+    ctx: &Context,
+    path: impl AsRef<Path>,
+    pd: &Pd,
+    send_cq: &Cq,
+    recv_cq: &Cq,
+    srq: &Srq,
+    params: &ConnectParams,
+) -> Result<Connection> {
+    let spec = QpSpec {
+        pd,
+        send_cq,
+        recv_cq,
+        srq: Some(srq),
+    };
+    connect_spec(ctx, path.as_ref(), spec, params)
+}
+
+fn connect_spec(
+    ctx: &Context,
+    path: &Path,
+    spec: QpSpec<'_>,
+    params: &ConnectParams,
+) -> Result<Connection> {
     params.validate()?;
+    spec.check(&ctx.shared)?;
     let shared = &ctx.shared;
     let watcher = shared.cm.watcher(shared)?;
     let stream = Arc::new(UnixStream::connect(path).map_err(|e| connect_error(path, &e))?);
@@ -97,7 +136,7 @@ pub fn connect(
         timeout: params.handshake_timeout,
         drive: (shared.mode == crate::EngineMode::Inline).then_some(&**shared),
     };
-    match client_handshake(shared, &chan, pd, send_cq, recv_cq, params) {
+    match client_handshake(shared, &chan, spec, params) {
         Ok(est) => Ok(establish(&chan, &stream, watcher, est, params)),
         Err(f) => Err(reject(&chan, f)),
     }

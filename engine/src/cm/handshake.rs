@@ -24,7 +24,7 @@ use super::segments::{LinkSegment, attach_peer_arena, new_link, share_arena, sha
 use crate::error::Error;
 use crate::link::{self, LinkId, Side};
 use crate::qp::{Destination, QpAttr, QpState};
-use crate::verbs::{Cq, Pd, Qp, Shared};
+use crate::verbs::{Cq, Pd, Qp, Shared, Srq};
 use crate::wire::Qpn;
 
 /// A finished handshake.
@@ -36,6 +36,67 @@ pub(super) struct Established {
     pub(super) peer_identity: u64,
     pub(super) peer: Offer,
     pub(super) peer_private_data: Vec<u8>,
+}
+
+/// What a handshake makes its QP with: the caller's protection domain and completion
+/// queues, and the shared receive queue it takes its receives from, if any
+/// (`rdma_create_qp`'s `qp_init_attr.srq`).
+#[derive(Clone, Copy)]
+pub(super) struct QpSpec<'a> {
+    pub(super) pd: &'a Pd,
+    pub(super) send_cq: &'a Cq,
+    pub(super) recv_cq: &'a Cq,
+    pub(super) srq: Option<&'a Srq>,
+}
+
+impl QpSpec<'_> {
+    /// Checks that the SRQ can serve a QP of this context and domain, before anything is
+    /// sent (the other objects are checked when the QP is made, as `create_qp` does).
+    ///
+    /// # Errors
+    /// [`Error::ForeignObject`] for an SRQ of another context, [`Error::InvalidArgument`]
+    /// for one of another protection domain than `pd`.
+    pub(super) fn check(&self, shared: &Arc<Shared>) -> crate::Result<()> {
+        let Some(srq) = self.srq else { return Ok(()) };
+        if !Arc::ptr_eq(&srq.shared, shared) {
+            return Err(Error::ForeignObject {
+                what: "the shared receive queue",
+            });
+        }
+        if srq.pdn != self.pd.pdn {
+            return Err(Error::invalid(
+                "shared receive queue",
+                "an SRQ of another protection domain than the connection's: create the SRQ with the same Pd",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes the QP (in Reset).
+    fn create(&self, shared: &Arc<Shared>, params: &ConnectParams) -> crate::Result<Qp> {
+        Qp::create_in(
+            shared,
+            self.pd,
+            self.send_cq,
+            self.recv_cq,
+            self.srq,
+            params.caps,
+        )
+    }
+
+    /// This side's offer for its QP `qpn` starting at `psn`. A QP on an SRQ reports no
+    /// end-to-end credits (its Acks carry the code 11111, spec/02), so the offer says so
+    /// and the peer's SQ Logic does not wait for credits; its receive depth and scatter
+    /// elements are the SRQ's.
+    fn offer(&self, params: &ConnectParams, qpn: Qpn, psn: u32) -> Offer {
+        let mut offer = params.offer(qpn, psn);
+        if let Some(srq) = self.srq {
+            offer.credits = 0;
+            offer.max_recv_wr = srq.depth();
+            offer.max_recv_sge = srq.max_sge;
+        }
+        offer
+    }
 }
 
 /// Brings `qp` from Reset to Init.
@@ -134,9 +195,7 @@ fn one_arena(
 pub(super) fn client_handshake(
     shared: &Arc<Shared>,
     chan: &Chan<'_>,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
+    spec: QpSpec<'_>,
     params: &ConnectParams,
 ) -> std::result::Result<Established, Fail> {
     let cred = chan.check_peer(params.peer_policy)?;
@@ -145,13 +204,13 @@ pub(super) fn client_handshake(
         (m, _) => return Err(chan.unexpected("HELLO", m)),
     };
     let aborted = |e: Error| Fail::reject(RejectReason::Aborted, e);
-    let mut qp = Qp::create(shared, pd, send_cq, recv_cq, params.caps).map_err(aborted)?;
+    let mut qp = spec.create(shared, params).map_err(aborted)?;
     to_init(&mut qp, params).map_err(aborted)?;
     let psn = params.psn();
-    let offer = params.offer(qp.qpn(), psn);
+    let offer = spec.offer(params, qp.qpn(), psn);
     let cm = &shared.cm;
     let mut force_new = false;
-    let (own_arena, own_layout) = share_arena(shared, pd).map_err(aborted)?;
+    let (own_arena, own_layout) = share_arena(shared, spec.pd).map_err(aborted)?;
     let (rep, link, agreed, peer_arena) = loop {
         let plan = cm
             .links
@@ -374,8 +433,8 @@ impl ServerHandshake {
     }
 
     /// Takes what the client has sent and moves on: `Some` once the connection is set up,
-    /// `None` while waiting for the client to send more. A REQ is answered with a QP in `pd`
-    /// completing on `send_cq` / `recv_cq`, set up with `params` (those of the accept call
+    /// `None` while waiting for the client to send more. A REQ is answered with a QP made as `spec`
+    /// says, set up with `params` (those of the accept call
     /// that receives the REQ).
     ///
     /// # Errors
@@ -385,9 +444,7 @@ impl ServerHandshake {
         &mut self,
         shared: &Arc<Shared>,
         path: &Path,
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
+        spec: QpSpec<'_>,
         params: &ConnectParams,
     ) -> std::result::Result<Option<Established>, Fail> {
         loop {
@@ -413,9 +470,7 @@ impl ServerHandshake {
             let stage = std::mem::replace(&mut self.stage, Stage::Req { retried: true });
             match (stage, m) {
                 (Stage::Req { retried }, Message::Req(req)) => {
-                    self.stage = self.on_req(
-                        shared, &chan, pd, send_cq, recv_cq, params, req, fds, retried,
-                    )?;
+                    self.stage = self.on_req(shared, &chan, spec, params, req, fds, retried)?;
                 }
                 (Stage::Rtu(w), Message::Rtu) => {
                     let AwaitingRtu {
@@ -469,9 +524,7 @@ impl ServerHandshake {
         &self,
         shared: &Arc<Shared>,
         chan: &Chan<'_>,
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
+        spec: QpSpec<'_>,
         params: &ConnectParams,
         req: Req,
         mut fds: Vec<OwnedFd>,
@@ -555,7 +608,7 @@ impl ServerHandshake {
             }
         };
         let no_resources = |e: Error| Fail::reject(RejectReason::NoResources, e);
-        let mut qp = Qp::create(shared, pd, send_cq, recv_cq, params.caps).map_err(no_resources)?;
+        let mut qp = spec.create(shared, params).map_err(no_resources)?;
         let aborted = |e: Error| Fail::reject(RejectReason::Aborted, e);
         let rtr = (|| {
             to_init(&mut qp, params).map_err(aborted)?;
@@ -582,11 +635,11 @@ impl ServerHandshake {
             return Err(f);
         }
         let psn = params.psn();
-        let mut offer = params.offer(qp.qpn(), psn);
+        let mut offer = spec.offer(params, qp.qpn(), psn);
         offer.pmtu = agreed.mtu.bytes() as u16;
         offer.responder_resources = agreed.responder_resources;
         offer.initiator_depth = agreed.initiator_depth;
-        let fds = share_arena(shared, pd).and_then(|(arena, layout)| {
+        let fds = share_arena(shared, spec.pd).and_then(|(arena, layout)| {
             let fds = if new {
                 vec![share_engine_page(shared)?, arena]
             } else {

@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use super::channel::{Chan, Fail, INLINE_WAIT};
 use super::connection::{Connection, establish, reject};
-use super::handshake::{Established, ServerHandshake};
+use super::handshake::{Established, QpSpec, ServerHandshake};
 use super::params::{ConnectParams, PeerPolicy};
 use super::random_u64;
 use crate::EngineMode;
 use crate::error::{Error, Result};
-use crate::verbs::{Context, Cq, Pd, Shared};
+use crate::verbs::{Context, Cq, Pd, Shared, Srq};
 
 /// The most handshakes one accept call keeps in progress; more clients wait in the kernel's
 /// listen backlog until one finishes or times out.
@@ -221,9 +221,70 @@ impl Listener {
         recv_cq: &Cq,
         params: &ConnectParams,
     ) -> Result<Connection> {
+        let spec = QpSpec {
+            pd,
+            send_cq,
+            recv_cq,
+            srq: None,
+        };
+        self.accept_spec(spec, params)
+    }
+
+    /// [`Listener::accept`] with the client's QP on the shared receive queue `srq` (of
+    /// `pd`): it takes its receives from the SRQ, which any number of connections (and
+    /// hand-made QPs) may share — `rdma_create_qp` with `qp_init_attr.srq` set. The
+    /// handshake tells the client that this QP reports no end-to-end credits (spec/02; see
+    /// [`Srq`]), so the client's QP sends without waiting for them, relying on RNR Naks
+    /// when the SRQ runs dry; and its receive depth ([`Connection::peer_caps`]) is the
+    /// SRQ's.
+    ///
+    /// # Errors
+    /// As [`Listener::accept`]; [`Error::ForeignObject`] / [`Error::InvalidArgument`] for
+    /// an SRQ of another context or protection domain (before any client is served).
+    pub fn accept_with_srq(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        params: &ConnectParams,
+    ) -> Result<Connection> {
+        let spec = QpSpec {
+            pd,
+            send_cq,
+            recv_cq,
+            srq: Some(srq),
+        };
+        self.accept_spec(spec, params)
+    }
+
+    /// [`Listener::try_accept`] with the client's QP on the shared receive queue `srq` (see
+    /// [`Listener::accept_with_srq`]).
+    ///
+    /// # Errors
+    /// As [`Listener::accept_with_srq`].
+    pub fn try_accept_with_srq(
+        &self,
+        timeout: Duration,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        params: &ConnectParams,
+    ) -> Result<Option<Connection>> {
+        let spec = QpSpec {
+            pd,
+            send_cq,
+            recv_cq,
+            srq: Some(srq),
+        };
+        self.accept_until(Some(Instant::now() + timeout), spec, params)
+    }
+
+    fn accept_spec(&self, spec: QpSpec<'_>, params: &ConnectParams) -> Result<Connection> {
         loop {
             // Without a deadline the call returns only with a connection or an error.
-            if let Some(c) = self.accept_until(None, pd, send_cq, recv_cq, params)? {
+            if let Some(c) = self.accept_until(None, spec, params)? {
                 return Ok(c);
             }
         }
@@ -268,8 +329,13 @@ impl Listener {
         recv_cq: &Cq,
         params: &ConnectParams,
     ) -> Result<Option<Connection>> {
-        let deadline = Instant::now() + timeout;
-        self.accept_until(Some(deadline), pd, send_cq, recv_cq, params)
+        let spec = QpSpec {
+            pd,
+            send_cq,
+            recv_cq,
+            srq: None,
+        };
+        self.accept_until(Some(Instant::now() + timeout), spec, params)
     }
 
     fn lock_pending(&self) -> MutexGuard<'_, Vec<ServerHandshake>> {
@@ -279,17 +345,16 @@ impl Listener {
     fn accept_until(
         &self,
         deadline: Option<Instant>,
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
+        spec: QpSpec<'_>,
         params: &ConnectParams,
     ) -> Result<Option<Connection>> {
         params.validate()?;
+        spec.check(&self.shared)?;
         let watcher = self.shared.cm.watcher(&self.shared)?;
         // This call advances the handshakes it takes; another thread's accept call takes
         // the rest (or those that arrive meanwhile). What is left goes back at the end.
         let mut mine = std::mem::take(&mut *self.lock_pending());
-        let result = self.accept_loop(&mut mine, deadline, pd, send_cq, recv_cq, params);
+        let result = self.accept_loop(&mut mine, deadline, spec, params);
         self.lock_pending().append(&mut mine);
         Ok(result?
             .map(|(hs, est)| establish(&hs.chan(&self.path), &hs.stream, watcher, est, params)))
@@ -301,9 +366,7 @@ impl Listener {
         &self,
         mine: &mut Vec<ServerHandshake>,
         deadline: Option<Instant>,
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
+        spec: QpSpec<'_>,
         params: &ConnectParams,
     ) -> Result<Option<(ServerHandshake, Established)>> {
         use rustix::event::{PollFd, PollFlags};
@@ -324,7 +387,7 @@ impl Listener {
                     continue;
                 }
                 ready[i] = false;
-                let step = mine[i].advance(&self.shared, &self.path, pd, send_cq, recv_cq, params);
+                let step = mine[i].advance(&self.shared, &self.path, spec, params);
                 match step {
                     Ok(None) => i += 1,
                     Ok(Some(est)) => {

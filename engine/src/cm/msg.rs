@@ -22,7 +22,8 @@
 //!         12      Retry Count (0..=7)
 //!         13      RNR Retry Count the peer should use towards the sender (0..=7)
 //!         14      minimum RNR NAK timer code (0..=31)
-//!         15      end-to-end credits reported by the sender's RQ Logic (0 or 1)
+//!         15      end-to-end credits reported by the sender's RQ Logic (0 or 1; 0 for
+//!                 a QP on a shared receive queue, which reports none)
 //!         16      responder resources (0..=16)
 //!         17      initiator depth (0..=16)
 //!         18..20  reserved
@@ -227,7 +228,8 @@ pub struct Offer {
     pub rnr_retry_count: u8,
     /// The RNR NAK timer code the sender's RQ Logic sends.
     pub min_rnr_timer: u8,
-    /// 1 if the sender's RQ Logic reports end-to-end credits (spec/02), else 0.
+    /// 1 if the sender's RQ Logic reports end-to-end credits (spec/02), else 0 (a QP on a
+    /// shared receive queue reports none).
     pub credits: u8,
     /// RDMA Read / Atomic requests the sender accepts at once.
     pub responder_resources: u8,

@@ -29,7 +29,10 @@ use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 /// behaves as without credits (spec/02: one Send at a time past its first packet, until
 /// acknowledged); give the peer QP `remote_credits(false)` when you connect it by hand
 /// ([`QpAttr::remote_credits`](crate::QpAttr::remote_credits)), which lifts that limit
-/// and leaves flow control to RNR Naks.
+/// and leaves flow control to RNR Naks. The connection manager does this by itself
+/// ([`Listener::accept_with_srq`](crate::cm::Listener::accept_with_srq),
+/// [`Context::connect_with_srq`](crate::Context::connect_with_srq)): the handshake tells
+/// the peer.
 ///
 /// **The limit event** (`IBV_EVENT_SRQ_LIMIT_REACHED`). [`Srq::arm_limit`]`(n)` arms it:
 /// when the engine takes a receive from the SRQ and fewer than `n` remain, the event fires
