@@ -1061,13 +1061,8 @@ pub fn run_requester_process(
     wait_go()?;
     let start = Instant::now();
     let mut last = Instant::now();
-    let counters = |e: String| {
-        format!(
-            "{e}\nrequester: {:?}\n{:?}",
-            ctx.stats(),
-            ctx.fault_stats()
-        )
-    };
+    let counters =
+        |e: String| format!("{e}\nrequester: {:?}\n{:?}", ctx.stats(), ctx.fault_stats());
     while !req.done() {
         ctx.progress();
         if req.step().map_err(counters)? {
