@@ -1061,9 +1061,11 @@ pub fn run_requester_process(
     wait_go()?;
     let start = Instant::now();
     let mut last = Instant::now();
+    let counters =
+        |e: String| format!("{e}\nrequester: {:?}\n{:?}", ctx.stats(), ctx.fault_stats());
     while !req.done() {
         ctx.progress();
-        if req.step()? {
+        if req.step().map_err(counters)? {
             last = Instant::now();
         } else if last.elapsed() > Duration::from_secs(30) {
             return Err(format!(
