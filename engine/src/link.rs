@@ -865,6 +865,9 @@ pub(crate) struct Link {
     peer_qps: Vec<(Qpn, usize)>,
     /// Set when the link is torn down (peer broke a ring, or hung up).
     pub(crate) down: Option<String>,
+    /// The last receive burst was full: more packets may be waiting in the ring, among
+    /// them responses that would stop a transport timer (see `requester::on_tick`).
+    pub(crate) rx_backlog: bool,
     /// The pcap endpoint numbers of this side and the peer.
     pub(crate) endpoints: (u32, u32),
     /// Whether received packets are traced (not when the sender traces to the same file).
@@ -952,6 +955,7 @@ impl Link {
             peer_qps: Vec::new(),
             local_peer: None,
             down: None,
+            rx_backlog: false,
             endpoints,
             rx_tap: true,
             peer_may_sleep,

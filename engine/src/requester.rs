@@ -675,13 +675,23 @@ fn build_request(
 }
 
 /// Runs the QP's timers: the end of an RNR wait, and the transport timer (spec/01
-/// "On Timeout, Request Packet Is Resent").
-pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>) {
+/// "On Timeout, Request Packet Is Resent"), unless `responses_waiting` (the QP's link has
+/// unread packets).
+pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool) {
     let req = &mut qp.req;
     env.start(&mut req.timer);
     env.start(&mut req.rnr_timer);
     if env.expired(&req.rnr_timer) {
         req.rnr_timer.disarm();
+    }
+    if responses_waiting {
+        // The link's receive ring still holds packets this engine has not read (its last
+        // burst was full), so the response that would stop the timer may be among them: a
+        // process that was not scheduled for longer than Ttr finds its peer's Acks waiting
+        // behind other traffic. The timer detects responses that stopped *arriving*, so it
+        // is looked at again once the ring is drained (a few iterations; a peer that keeps
+        // the ring full only delays the timeouts of its own link's QPs).
+        return;
     }
     if !env.expired(&req.timer) {
         return;

@@ -5,8 +5,6 @@
 //! it — with the owner reading and writing only through its own mapping.
 mod cm_support;
 
-use std::os::fd::OwnedFd;
-
 use cm_support::*;
 use shmhca::*;
 
@@ -42,7 +40,7 @@ fn a_memfd_domain_serves_another_process_in_place() {
     )
     .unwrap();
     rustix::fs::ftruncate(&fd, USER as u64 + STAGING).unwrap();
-    let file = std::fs::File::from(OwnedFd::try_from(fd.try_clone().unwrap()).unwrap());
+    let file = std::fs::File::from(fd.try_clone().unwrap());
     // SAFETY: this test is the only writer of the mapping, and it reads the bytes the peer
     // wrote only after that Write completed (the peer's QUIT follows it).
     let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap();

@@ -263,3 +263,111 @@ fn next_timer_says_how_long_an_application_may_sleep() {
     let again = p.a.ctx.next_timer().expect("re-armed after the retry");
     assert!(again <= ttr + Duration::from_micros(1));
 }
+
+/// A transport timer does not expire while the Ack that stops it waits, unread, in the
+/// receive ring behind other traffic: after a pause longer than Ttr (a process that was not
+/// scheduled), the engine reads what arrived before it concludes that nothing did.
+#[test]
+fn a_transport_timer_waits_for_the_acks_already_in_the_ring() {
+    use common::{connect, context};
+    use shmhca::QpCaps;
+    const FLOOD: usize = 10;
+    const SENDS: usize = 32;
+    let p = Params {
+        timeout: 8, // Ttr 1.05 ms
+        ..Params::default()
+    };
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        ..QpCaps::default()
+    };
+    let (ca, cb) = (context(p.arena), context(p.arena));
+    let (la, lb) = ca.link_with(&cb).unwrap();
+    let (pda, pdb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let (mut cqa, mut cqb) = (ca.create_cq(4096).unwrap(), cb.create_cq(4096).unwrap());
+    // B's flooding QPs are made first: B's engine serves them before the answering QP, so
+    // their packets fill the ring ahead of its Ack.
+    let mut floods = Vec::new();
+    for _ in 0..FLOOD {
+        let qa = ca.create_qp(&pda, &cqa, &cqa, caps).unwrap();
+        let qb = cb.create_qp(&pdb, &cqb, &cqb, caps).unwrap();
+        floods.push((qa, qb));
+    }
+    let mut a1 = ca.create_qp(&pda, &cqa, &cqa, caps).unwrap();
+    let mut b1 = cb.create_qp(&pdb, &cqb, &cqb, caps).unwrap();
+    let (qa1, qb1) = (a1.qpn(), b1.qpn());
+    connect(&mut a1, la, qb1, 1, 2, &p);
+    connect(&mut b1, lb, qa1, 2, 1, &p);
+    for (qa, qb) in &mut floods {
+        let (na, nb) = (qa.qpn(), qb.qpn());
+        connect(qa, la, nb, 3, 4, &p);
+        connect(qb, lb, na, 4, 3, &p);
+    }
+    let dst_a = pda.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst_b = pdb.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let src_a = pda.alloc_mr(64, AccessFlags::NONE).unwrap();
+    let src_b = pdb.alloc_mr(64, AccessFlags::NONE).unwrap();
+    for (qa, _) in &mut floods {
+        for i in 0..SENDS {
+            qa.post_recv(&RecvWr::new(i as u64, &[dst_a.sge(0, 8).unwrap()]))
+                .unwrap();
+        }
+    }
+    b1.post_recv(&RecvWr::new(0, &[dst_b.sge(0, 8).unwrap()]))
+        .unwrap();
+
+    // A's request leaves, and A's timer checks start its transport timer.
+    a1.post_send(&SendWr::new(1, SendOp::Send, &[src_a.sge(0, 8).unwrap()]))
+        .unwrap();
+    for _ in 0..16 {
+        ca.progress();
+    }
+    // B answers it behind FLOOD × SENDS Sends of its own.
+    for (_, qb) in &mut floods {
+        for i in 0..SENDS {
+            qb.post_send(&SendWr::new(
+                i as u64,
+                SendOp::Send,
+                &[src_b.sge(0, 8).unwrap()],
+            ))
+            .unwrap();
+        }
+    }
+    for _ in 0..(FLOOD * SENDS / 32 + 2) {
+        cb.progress();
+    }
+    // A is "descheduled" for longer than Ttr, then reads its ring, 32 packets at a time.
+    std::thread::sleep(Duration::from_millis(5));
+    let before = ca.stats().timeouts;
+    for _ in 0..FLOOD * SENDS / 32 + 4 {
+        ca.progress();
+    }
+    assert_eq!(
+        ca.stats().timeouts,
+        before,
+        "the transport timer expired although its Ack was waiting in the ring"
+    );
+    // And everything completes.
+    let want_a = 1 + FLOOD * SENDS;
+    let want_b = 1 + FLOOD * SENDS;
+    let (mut got_a, mut got_b) = (0, 0);
+    let start = Instant::now();
+    let mut wcs = [shmhca::WorkCompletion::default(); 64];
+    while got_a < want_a || got_b < want_b {
+        ca.progress();
+        cb.progress();
+        for (cq, got) in [(&mut cqa, &mut got_a), (&mut cqb, &mut got_b)] {
+            let n = cq.poll(&mut wcs);
+            assert!(
+                wcs[..n].iter().all(|w| w.status == WcStatus::Success),
+                "{wcs:?}"
+            );
+            *got += n;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{got_a}/{want_a} {got_b}/{want_b}"
+        );
+    }
+}

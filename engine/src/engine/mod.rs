@@ -287,6 +287,7 @@ impl Engine {
                     continue;
                 }
             };
+            link.rx_backlog = n == RX_BURST;
             work += n;
             env.stats.packets_received += n as u64;
             let mut next = 0;
@@ -379,7 +380,7 @@ impl Engine {
                 match link {
                     Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
                         if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
-                            requester::on_tick(qp, &mut env);
+                            requester::on_tick(qp, &mut env, link.rx_backlog);
                         }
                         let before = link.tx.queued().len();
                         let mut wire = Wire { tx: &mut link.tx };
