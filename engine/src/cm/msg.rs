@@ -970,9 +970,9 @@ mod tests {
             private_data: vec![],
         })
         .encode();
-        let body = rep.split_off(HEADER_LEN);
-        assert_eq!(body[50], 1, "REP byte 50 is the arena layout");
-        let mut b = body.clone();
+        let rep_body = rep.split_off(HEADER_LEN);
+        assert_eq!(rep_body[50], 1, "REP byte 50 is the arena layout");
+        let mut b = rep_body.clone();
         b[50] = 2;
         assert!(matches!(
             Message::decode(3, &b),
@@ -981,7 +981,7 @@ mod tests {
                 ..
             })
         ));
-        let mut b = body.clone();
+        let mut b = rep_body.clone();
         b[51] = 1;
         assert_eq!(
             Message::decode(3, &b),
