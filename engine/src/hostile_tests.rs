@@ -18,7 +18,7 @@ use proptest::prelude::*;
 use shmhca_rings::ring::{Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::HugePages;
 
-use crate::link::{self, Link, PacketSlot, Side, continuation_slots};
+use crate::link::{self, PacketSlot, continuation_slots};
 use crate::mem::Mem;
 use crate::wire::opcode::Opcode;
 use crate::{
@@ -68,15 +68,7 @@ fn rig() -> Rig {
         max_inline_data: 64,
     };
     let mut qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
-    // The link: this test creates the segment, as a peer would, and the engine opens it.
-    let seg = link::create_link_segment(64, HugePages::Never).unwrap();
-    let theirs = link::open_link_segment(seg.try_clone_fd().unwrap()).unwrap();
-    let ends = link::attach(&theirs, Side::Opener).unwrap();
-    let mut l = Link::new(theirs, ends, Mem::private(4096), (1, 2));
-    let peer_arena = Mem::private(PEER_ARENA);
-    l.add_peer_qp(Qpn::new(PEER_QPN), (1, 1), peer_arena.share());
-    let id = ctx.shared.engine.with(|e| e.add_link(l)).unwrap();
-    let mine = link::attach(&seg, Side::Creator).unwrap();
+    let (id, mine, peer_arena) = crate::raw_peer::raw_peer_link(&ctx, 64, PEER_QPN, PEER_ARENA);
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let trace = std::env::temp_dir().join(format!(
         "shmhca-hostile-rx-{}-{}.pcap",

@@ -34,6 +34,8 @@ pub(crate) mod mr_table;
 pub(crate) mod mw_table;
 pub mod psn;
 pub mod qp;
+#[cfg(test)]
+mod raw_peer;
 pub mod requester;
 pub mod responder;
 pub(crate) mod slots;

@@ -10,7 +10,7 @@
 use shmhca_rings::ring::{Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::HugePages;
 
-use crate::link::{self, KIND_INLINE, Link, PacketSlot, Side, continuation_slots};
+use crate::link::{KIND_INLINE, PacketSlot, continuation_slots};
 use crate::mem::Mem;
 use crate::psn::Psn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, Syndrome};
@@ -135,14 +135,7 @@ fn rig(o: Opts) -> Rig {
         max_inline_data: 0,
     };
     let mut qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
-    let seg = link::create_link_segment(256, HugePages::Never).unwrap();
-    let theirs = link::open_link_segment(seg.try_clone_fd().unwrap()).unwrap();
-    let ends = link::attach(&theirs, Side::Opener).unwrap();
-    let mut l = Link::new(theirs, ends, Mem::private(4096), (1, 2));
-    let peer_arena = Mem::private(64 << 10);
-    l.add_peer_qp(Qpn::new(PEER_QPN), (1, 1), peer_arena.share());
-    let id = ctx.shared.engine.with(|e| e.add_link(l)).unwrap();
-    let mine = link::attach(&seg, Side::Creator).unwrap();
+    let (id, mine, peer_arena) = crate::raw_peer::raw_peer_link(&ctx, 256, PEER_QPN, 64 << 10);
 
     qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
         .unwrap();
