@@ -3,10 +3,13 @@
 //! refusal, what a peer can and cannot do with the shared descriptor, and that opening
 //! commits nothing.
 
+mod common;
+
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use common::{map_writable, upgrade_to_writable};
 use rustix::fs::{MemfdFlags, SealFlags};
-use rustix::mm::{MapFlags, MprotectFlags, ProtFlags, mmap, mprotect, munmap};
+use rustix::mm::{MapFlags, ProtFlags, mmap, munmap};
 use shmhca_rings::segment::{
     Access, AdoptError, HUGE_PAGE_LEN, OpenError, PageSize, Segment, Sharing,
 };
@@ -65,43 +68,6 @@ impl Drop for UserMap {
         // SAFETY: the mapping made in `new`.
         unsafe { munmap(self.p, self.len) }.expect("munmap");
     }
-}
-
-fn map_writable(fd: &OwnedFd, len: usize) -> rustix::io::Result<()> {
-    // SAFETY: a fresh mapping, never dereferenced, unmapped right away.
-    let p = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED,
-            fd,
-            0,
-        )
-    }?;
-    // SAFETY: the mapping just made.
-    unsafe { munmap(p, len) }.expect("munmap");
-    Ok(())
-}
-
-fn upgrade_to_writable(fd: &OwnedFd, len: usize) -> rustix::io::Result<()> {
-    // SAFETY: a fresh read-only mapping, never dereferenced, unmapped below.
-    let p = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ,
-            MapFlags::SHARED,
-            fd,
-            0,
-        )
-    }
-    .expect("a read-only mapping is allowed");
-    // SAFETY: changes the protection of the mapping just made; touches no Rust object.
-    let r = unsafe { mprotect(p, len, MprotectFlags::READ | MprotectFlags::WRITE) };
-    // SAFETY: as above.
-    unsafe { munmap(p, len) }.expect("munmap");
-    r
 }
 
 /// Adopts a memfd the user filled through their own mapping, and checks: the bytes are at

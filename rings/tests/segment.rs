@@ -6,6 +6,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 
+use common::{map_writable, upgrade_to_writable};
 use rustix::fs::{MemfdFlags, SealFlags};
 use shmhca_rings::segment::{
     Access, AccessError, CreateError, HEADER_LEN, HUGE_PAGE_LEN, HugePages, LAYOUT_VERSION,
@@ -536,50 +537,6 @@ fn creator_writes(data_len: usize, huge: HugePages) -> Segment {
         .sharing(Sharing::CreatorWrites)
         .create()
         .expect("create a creator-writes segment")
-}
-
-/// Tries `mmap(PROT_READ|PROT_WRITE, MAP_SHARED)` of the whole file behind `fd`.
-fn map_writable(fd: &OwnedFd, len: usize) -> rustix::io::Result<()> {
-    use rustix::mm::{MapFlags, ProtFlags, mmap, munmap};
-    // SAFETY: a fresh mapping at an address the kernel chooses; it is unmapped right away
-    // and never dereferenced.
-    let p = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED,
-            fd,
-            0,
-        )
-    }?;
-    // SAFETY: `p` is the mapping just made, of `len` bytes.
-    unsafe { munmap(p, len) }.expect("munmap");
-    Ok(())
-}
-
-/// Maps `fd` read-only and tries to `mprotect` the mapping writable.
-fn upgrade_to_writable(fd: &OwnedFd, len: usize) -> rustix::io::Result<()> {
-    use rustix::mm::{MapFlags, MprotectFlags, ProtFlags, mmap, mprotect, munmap};
-    // SAFETY: a fresh read-only mapping at an address the kernel chooses, never
-    // dereferenced, unmapped below.
-    let p = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ,
-            MapFlags::SHARED,
-            fd,
-            0,
-        )
-    }
-    .expect("a read-only mapping is allowed");
-    // SAFETY: `p..p+len` is the mapping just made; changing its protection touches no
-    // Rust object.
-    let r = unsafe { mprotect(p, len, MprotectFlags::READ | MprotectFlags::WRITE) };
-    // SAFETY: as above.
-    unsafe { munmap(p, len) }.expect("munmap");
-    r
 }
 
 fn assert_peer_cannot_write(owner: &Segment) {

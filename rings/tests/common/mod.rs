@@ -55,3 +55,47 @@ pub fn dev_shm_entries() -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Tries `mmap(PROT_READ|PROT_WRITE, MAP_SHARED)` of the whole file behind `fd`.
+pub fn map_writable(fd: &std::os::fd::OwnedFd, len: usize) -> rustix::io::Result<()> {
+    use rustix::mm::{MapFlags, ProtFlags, mmap, munmap};
+    // SAFETY: a fresh mapping at an address the kernel chooses; it is unmapped right away
+    // and never dereferenced.
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+    }?;
+    // SAFETY: `p` is the mapping just made, of `len` bytes.
+    unsafe { munmap(p, len) }.expect("munmap");
+    Ok(())
+}
+
+/// Maps `fd` read-only and tries to `mprotect` the mapping writable.
+pub fn upgrade_to_writable(fd: &std::os::fd::OwnedFd, len: usize) -> rustix::io::Result<()> {
+    use rustix::mm::{MapFlags, MprotectFlags, ProtFlags, mmap, mprotect, munmap};
+    // SAFETY: a fresh read-only mapping at an address the kernel chooses, never
+    // dereferenced, unmapped below.
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+    }
+    .expect("a read-only mapping is allowed");
+    // SAFETY: `p..p+len` is the mapping just made; changing its protection touches no
+    // Rust object.
+    let r = unsafe { mprotect(p, len, MprotectFlags::READ | MprotectFlags::WRITE) };
+    // SAFETY: as above.
+    unsafe { munmap(p, len) }.expect("munmap");
+    r
+}
