@@ -7,7 +7,7 @@ mod common;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use common::{map_writable, upgrade_to_writable};
+use common::{map_writable, rss_of_mapping, upgrade_to_writable};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags, mmap, munmap};
 use shmhca_rings::segment::{
@@ -294,34 +294,6 @@ fn open_raw_refuses_what_could_fault_or_is_larger_than_agreed() {
     let e = open_raw_err(fd, 4096);
     assert!(matches!(e, OpenError::TooLarge { len: 8192, .. }), "{e}");
     assert!(e.to_string().contains("negotiated"), "{e}");
-}
-
-/// Resident bytes of the mapping that starts at `addr`, from /proc/self/smaps.
-fn rss_of_mapping(addr: usize) -> u64 {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    for line in smaps.lines() {
-        let first = line.split(' ').next().unwrap_or("");
-        if let Some((lo, hi)) = first.split_once('-') {
-            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-            {
-                inside = (lo..hi).contains(&addr);
-                continue;
-            }
-        }
-        if inside {
-            if let Some(kb) = line.strip_prefix("Rss:") {
-                return kb
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .unwrap()
-                    * 1024;
-            }
-        }
-    }
-    panic!("no mapping at {addr:#x}");
 }
 
 #[test]

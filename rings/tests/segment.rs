@@ -6,7 +6,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 
-use common::{map_writable, upgrade_to_writable};
+use common::{map_writable, rss_of_mapping, upgrade_to_writable};
 use rustix::fs::{MemfdFlags, SealFlags};
 use shmhca_rings::segment::{
     Access, AccessError, CreateError, HEADER_LEN, HUGE_PAGE_LEN, HugePages, LAYOUT_VERSION,
@@ -643,36 +643,6 @@ fn open_refuses_a_segment_larger_than_the_caller_accepts() {
     assert!(e.to_string().contains("negotiated"), "{e}");
     Segment::open(seg.try_clone_fd().unwrap(), KIND, Access::ReadOnly, 1 << 20)
         .expect("the agreed size opens");
-}
-
-/// Resident bytes of the mapping that starts at `addr`, from /proc/self/smaps.
-fn rss_of_mapping(addr: usize) -> u64 {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    for line in smaps.lines() {
-        if let Some((range, _)) = line.split_once(' ') {
-            if let Some((lo, hi)) = range.split_once('-') {
-                if let (Ok(lo), Ok(hi)) =
-                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-                {
-                    inside = (lo..hi).contains(&addr);
-                    continue;
-                }
-            }
-        }
-        if inside {
-            if let Some(kb) = line.strip_prefix("Rss:") {
-                return kb
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .unwrap()
-                    * 1024;
-            }
-        }
-    }
-    panic!("no mapping at {addr:#x}");
 }
 
 #[test]

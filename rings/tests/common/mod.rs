@@ -99,3 +99,33 @@ pub fn upgrade_to_writable(fd: &std::os::fd::OwnedFd, len: usize) -> rustix::io:
     unsafe { munmap(p, len) }.expect("munmap");
     r
 }
+
+/// Resident bytes of the mapping that starts at `addr`, from /proc/self/smaps.
+pub fn rss_of_mapping(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((lo, hi)) = range.split_once('-') {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(kb) = line.strip_prefix("Rss:") {
+                return kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+                    * 1024;
+            }
+        }
+    }
+    panic!("no mapping at {addr:#x}");
+}
