@@ -17,6 +17,7 @@
 //!    WQE's scatter list; Naks map to completion statuses; the WQEs done are retired in
 //!    order (`retire`), signaled ones with a send completion.
 
+use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::context::{Env, QpCtx};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::{Payload, RxPacket};
@@ -25,7 +26,6 @@ use crate::qp::QpState;
 use crate::requester::rewind;
 use crate::timer::RNR_RETRY_FOREVER;
 use crate::user_mem::Local;
-use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::aeth::{AethRepr, NakCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
 use crate::wqe::{WqeFlags, WqeOp};

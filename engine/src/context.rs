@@ -14,6 +14,7 @@ use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
 
 use crate::arena::PdArenas;
 use crate::completer;
+use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::link::TxBatch;
 use crate::mem::Mem;
 use crate::mr_table::{AccessDenied, MrTable};
@@ -25,7 +26,6 @@ use crate::responder::Responder;
 use crate::slots::SlotTable;
 use crate::srq_table::SrqTable;
 use crate::timer::{Deadline, Timestamp};
-use crate::verbs::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::Qpn;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SqWqe};
 

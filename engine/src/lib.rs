@@ -19,6 +19,7 @@
 pub(crate) mod arena;
 pub mod cm;
 pub mod completer;
+pub mod completion;
 pub(crate) mod context;
 pub mod credit;
 pub(crate) mod dma;

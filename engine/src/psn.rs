@@ -9,17 +9,17 @@
 //!   distance ([`Psn::diff`]) from which [`Psn::before`] / [`Psn::after`] follow;
 //! * [`classify`]: the RQ Logic's view of an incoming request PSN against its ePSN
 //!   (spec 01, Figure 17-3): valid, duplicate or invalid;
-//! * [`next_psn`], [`read_response_packets`], [`packets_for`]: the nPSN rules of spec 01
-//!   "Some Definitions" (an RDMA Read request advances nPSN by the number of response
-//!   packets it asks for, any other request packet by one).
+//! * [`read_response_packets`], [`packets_for`]: the packet counts behind the nPSN rules
+//!   of spec 01 "Some Definitions" ([`crate::requester::next_psn`]).
+//!
+//! Leaf vocabulary: this module imports nothing of the crate, so the wire codec, the
+//! protocol core and the verbs layer can all use it.
 //!
 //! All functions are total: none panics, whatever the arguments.
 #![forbid(unsafe_code)]
 
 use core::fmt;
 use core::ops::{Add, Sub};
-
-use crate::wire::opcode::Opcode;
 
 /// A 24-bit Packet Sequence Number (BTH:PSN, spec 01 Figure 17-4).
 ///
@@ -208,26 +208,6 @@ pub const fn packets_for(len: u64, pmtu: u32) -> u32 {
         u32::MAX
     } else {
         n as u32
-    }
-}
-
-/// The nPSN after sending the request packet with PSN `cpsn` and opcode `opcode` (spec 01,
-/// "Some Definitions"): `cpsn + read_response_packets(read_len, pmtu)` for an RDMA Read
-/// request, `cpsn + 1` for any other packet. `read_len` (the RETH DMA length) and `pmtu`
-/// are only looked at for an RDMA Read request.
-///
-/// ```
-/// use shmhca::psn::{next_psn, Psn};
-/// use shmhca::wire::opcode::Opcode;
-/// // spec 01: a Read at PSN 267 that returns 6 responses moves nPSN to 273.
-/// assert_eq!(next_psn(Psn::new(267), Opcode::RdmaReadRequest, 6 * 1024, 1024), Psn::new(273));
-/// assert_eq!(next_psn(Psn::new(273), Opcode::SendOnly, 0, 1024), Psn::new(274));
-/// ```
-#[inline]
-pub fn next_psn(cpsn: Psn, opcode: Opcode, read_len: u32, pmtu: u32) -> Psn {
-    match opcode {
-        Opcode::RdmaReadRequest => cpsn.add(read_response_packets(read_len, pmtu)),
-        _ => cpsn.add(1),
     }
 }
 

@@ -14,6 +14,7 @@
 //! flight) and end-to-end credits (spec/02 "SQ Logic's Behavior When No Credits Are
 //! Available": a limited Send sends only its first packet, with AckReq, and waits).
 
+use crate::completion::WcStatus;
 use crate::context::{Env, QpCtx, Wire};
 use crate::credit::CreditState;
 use crate::dma::{self, Cursor, Sgl};
@@ -24,7 +25,6 @@ use crate::mw_table::{BindRequest, MwType};
 use crate::psn::{self, Psn};
 use crate::qp::{AccessFlags, QpConfig, QpState};
 use crate::timer::Deadline;
-use crate::verbs::wr::WcStatus;
 use crate::wire::Qpn;
 use crate::wire::atomic_eth::AtomicEthRepr;
 use crate::wire::bth::BthRepr;
@@ -726,5 +726,26 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
     rewind(req, from);
     if let Some(t) = req.ttr {
         env.arm(&mut req.timer, t);
+    }
+}
+
+/// The nPSN after sending the request packet with PSN `cpsn` and opcode `opcode` (spec 01,
+/// "Some Definitions"): `cpsn + read_response_packets(read_len, pmtu)` for an RDMA Read
+/// request, `cpsn + 1` for any other packet. `read_len` (the RETH DMA length) and `pmtu`
+/// are only looked at for an RDMA Read request.
+///
+/// ```
+/// use shmhca::psn::Psn;
+/// use shmhca::requester::next_psn;
+/// use shmhca::wire::opcode::Opcode;
+/// // spec 01: a Read at PSN 267 that returns 6 responses moves nPSN to 273.
+/// assert_eq!(next_psn(Psn::new(267), Opcode::RdmaReadRequest, 6 * 1024, 1024), Psn::new(273));
+/// assert_eq!(next_psn(Psn::new(273), Opcode::SendOnly, 0, 1024), Psn::new(274));
+/// ```
+#[inline]
+pub fn next_psn(cpsn: Psn, opcode: Opcode, read_len: u32, pmtu: u32) -> Psn {
+    match opcode {
+        Opcode::RdmaReadRequest => cpsn.add(psn::read_response_packets(read_len, pmtu)),
+        _ => cpsn.add(1),
     }
 }

@@ -32,6 +32,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use crate::completion::{WcOpcode, WcStatus};
 use crate::context::{Env, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
@@ -39,7 +40,6 @@ use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::requester::DEFAULT_PKEY;
 use crate::user_mem::Local;
-use crate::verbs::wr::{WcOpcode, WcStatus};
 use crate::wire::Msn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;

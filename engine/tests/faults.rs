@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use shmhca::fault::FaultAction;
+use shmhca::psn::Psn;
 use shmhca::trace::PacketEvent;
+use shmhca::wire::PacketRepr;
 use shmhca::wire::aeth::Syndrome;
 use shmhca::wire::opcode::Opcode;
-use shmhca::wire::{PacketRepr, Psn};
 use shmhca::*;
 
 /// How long a wait may take before it is a failure: generous, nothing here measures speed.

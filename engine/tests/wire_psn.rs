@@ -2,7 +2,8 @@
 //! the PSN space into valid / duplicate / invalid, and the spec 01 walkthrough numbers.
 
 use proptest::prelude::*;
-use shmhca::psn::{Psn, PsnRegion, classify, next_psn, packets_for, read_response_packets};
+use shmhca::psn::{Psn, PsnRegion, classify, packets_for, read_response_packets};
+use shmhca::requester::next_psn;
 use shmhca::wire::opcode::Opcode;
 
 /// PSNs near the wrap, where bugs live, plus anywhere else.

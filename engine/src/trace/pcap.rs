@@ -8,7 +8,8 @@
 //! ```
 //! use std::time::Duration;
 //! use shmhca::trace::pcap::{Endpoint, PcapWriter};
-//! use shmhca::wire::{BthRepr, PacketRepr, Psn, Qpn, opcode::Opcode};
+//! use shmhca::psn::Psn;
+//! use shmhca::wire::{BthRepr, PacketRepr, Qpn, opcode::Opcode};
 //!
 //! let mut pcap = PcapWriter::new(Vec::new()).unwrap();
 //! let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, Qpn::new(0x11), Psn::new(201)));

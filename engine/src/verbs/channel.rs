@@ -50,8 +50,8 @@ use std::time::{Duration, Instant};
 use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd};
 use shmhca_rings::doorbell::{Doorbell, MAX_QUEUES};
 
+use crate::completion::{WcStatus, WorkCompletion};
 use crate::error::{Error, Result};
-use crate::verbs::wr::{WcStatus, WorkCompletion};
 use crate::verbs::{EngineMode, Shared};
 
 /// The most completion queues one channel serves.

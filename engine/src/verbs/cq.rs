@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use shmhca_rings::ring::{Consumer, HeapStorage, heap_ring};
 
+use crate::completion::WorkCompletion;
 use crate::error::{Error, Result};
 use crate::verbs::channel::{self, Arm, CompChannel, Signal};
-use crate::verbs::wr::WorkCompletion;
 use crate::verbs::{EngineMode, Shared};
 
 /// The deepest completion queue.

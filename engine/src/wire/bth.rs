@@ -12,7 +12,8 @@
 //! ```
 
 use super::opcode::Opcode;
-use super::{Error, Psn, Qpn, Result, read_u24, write_u24};
+use super::{Error, Qpn, Result, read_u24, write_u24};
+use crate::psn::Psn;
 
 mod field {
     use crate::wire::Field;

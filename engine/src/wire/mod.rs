@@ -96,7 +96,6 @@ pub mod opcode;
 pub mod packet;
 pub mod reth;
 
-pub use crate::psn::Psn;
 pub use aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 pub use atomic_ack_eth::AtomicAckEthRepr;
 pub use atomic_eth::AtomicEthRepr;

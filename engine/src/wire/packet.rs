@@ -255,7 +255,8 @@ fn check_pad(bth: &BthRepr, info: &OpcodeInfo) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{CreditCode, Msn, Psn, Qpn, Syndrome};
+    use crate::psn::Psn;
+    use crate::wire::{CreditCode, Msn, Qpn, Syndrome};
 
     /// An Atomic Acknowledge: BTH, AETH (Ack, no credit count, MSN 7), AtomicAckETH.
     static ATOMIC_ACK: [u8; 24] = [

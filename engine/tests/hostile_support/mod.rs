@@ -31,7 +31,8 @@ use shmhca::cm::msg::{
     ArenaLayout, HEADER_LEN, Header, Hello, LinkMode, Message, Offer, Rej, Rep, Req,
 };
 use shmhca::link::PacketSlot;
-use shmhca::wire::{BthRepr, Opcode, PacketRepr, Psn};
+use shmhca::psn::Psn;
+use shmhca::wire::{BthRepr, Opcode, PacketRepr};
 use shmhca::*;
 use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
 use shmhca_rings::ring::{
