@@ -23,7 +23,6 @@ use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::{Payload, RxPacket};
 use crate::psn::Psn;
 use crate::qp::QpState;
-use crate::requester::rewind;
 use crate::timer::RNR_RETRY_FOREVER;
 use crate::user_mem::Local;
 use crate::wire::aeth::{AethRepr, NakCode, Syndrome};
@@ -57,7 +56,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
     let req = &mut qp.req;
 
     // 1. PSN window.
-    if psn.diff(req.acked) <= 0 {
+    if psn.diff(req.window.acked()) <= 0 {
         if let Some(AethRepr {
             syndrome: Syndrome::Ack { credits },
             msn,
@@ -71,7 +70,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
         env.stats.dropped += 1;
         return;
     }
-    if psn.diff(req.npsn) >= 0 {
+    if psn.diff(req.window.npsn()) >= 0 {
         env.stats.dropped += 1;
         return;
     }
@@ -82,7 +81,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
         return;
     }
     let req = &mut qp.req;
-    let Some(seq) = req.find(psn) else {
+    let Some(seq) = req.window.find(psn) else {
         env.stats.dropped += 1;
         return;
     };
@@ -99,12 +98,12 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                     if w.w.op.is_rd_atomic() {
                         // A plain Ack inside a Read's or Atomic's PSNs: its responses were
                         // lost (spec/04 "Ack Timeout and Missing Packet(s) Retry Counter").
-                        let missing = w.first_psn.add(w.resp_seen);
+                        let missing = w.missing_response();
                         implied_nak(qp, env, missing);
                         return;
                     }
                     if psn == w.last_psn() {
-                        qp.req.wqe_mut(seq).done = Some(WcStatus::Success);
+                        qp.req.window.complete(seq, WcStatus::Success);
                     }
                     progress(qp, env, psn);
                     qp.req.update_credits(credits, aeth.msn.get());
@@ -115,14 +114,14 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                     let req = &mut qp.req;
                     if req.rnr_left == 0 {
                         record_exhausted(qp, Exhausted::Rnr);
-                        qp.req.wqe_mut(seq).done = Some(WcStatus::RnrRetryExcErr);
+                        qp.req.window.complete(seq, WcStatus::RnrRetryExcErr);
                         qp.enter_error(env);
                         return;
                     }
                     if qp.cfg.rnr_retry != RNR_RETRY_FOREVER {
                         req.rnr_left -= 1;
                     }
-                    rewind(req, psn);
+                    req.window.rewind(psn);
                     req.timer.disarm();
                     env.arm(&mut req.rnr_timer, timer.duration());
                 }
@@ -140,7 +139,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                         _ => WcStatus::BadRespErr,
                     };
                     progress(qp, env, psn.sub(1));
-                    qp.req.wqe_mut(seq).done = Some(status);
+                    qp.req.window.complete(seq, status);
                     qp.enter_error(env);
                 }
                 Syndrome::Reserved(_) => bad_response(qp, env, seq),
@@ -150,7 +149,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
             if w.w.op != WqeOp::Read {
                 return bad_response(qp, env, seq);
             }
-            let expected = w.first_psn.add(w.resp_seen);
+            let expected = w.missing_response();
             if psn != expected {
                 if psn.after(expected) {
                     implied_nak(qp, env, expected);
@@ -198,10 +197,9 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                     return bad_response(qp, env, seq);
                 }
             }
-            let wm = qp.req.wqe_mut(seq);
-            wm.resp_seen += 1;
+            qp.req.window.response_seen(seq);
             if last {
-                wm.done = Some(WcStatus::Success);
+                qp.req.window.complete(seq, WcStatus::Success);
             }
             progress(qp, env, psn);
         }
@@ -243,7 +241,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
                     qp.req.update_credits(credits, a.msn.get());
                 }
             }
-            qp.req.wqe_mut(seq).done = Some(WcStatus::Success);
+            qp.req.window.complete(seq, WcStatus::Success);
             progress(qp, env, psn);
         }
         // Requests never reach the completer (the engine dispatches by opcode).
@@ -256,9 +254,9 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
 /// first PSN whose response is missing if a Read or Atomic ends before it. The caller
 /// records the acknowledgement itself ([`progress`]).
 fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
-    let req = &mut qp.req;
-    for seq in req.retired..req.started {
-        let w = req.wqe(seq);
+    let win = &mut qp.req.window;
+    for seq in win.retired()..win.started() {
+        let w = win.wqe(seq);
         if w.done.is_some() {
             continue;
         }
@@ -266,9 +264,9 @@ fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
             break;
         }
         if w.w.op.is_rd_atomic() {
-            return Err(w.first_psn.add(w.resp_seen));
+            return Err(w.missing_response());
         }
-        req.wqe_mut(seq).done = Some(WcStatus::Success);
+        win.complete(seq, WcStatus::Success);
     }
     Ok(())
 }
@@ -276,12 +274,11 @@ fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
 /// Records acknowledgement up to `psn` and restarts the transport timer.
 fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     let req = &mut qp.req;
-    if psn.after(req.acked) {
-        req.acked = psn;
+    if req.window.acknowledge(psn) {
         req.retry_left = qp.cfg.retry_cnt;
         req.retrying = None;
         req.rnr_left = qp.cfg.rnr_retry;
-        if !req.outstanding() {
+        if !req.window.outstanding() {
             req.timer.disarm();
         } else if req.timer.armed() {
             req.progressed = true;
@@ -313,15 +310,15 @@ fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
     let req = &mut qp.req;
     if req.retry_left == 0 {
         record_exhausted(qp, Exhausted::Resent);
-        let req = &mut qp.req;
-        if let Some(seq) = req.find(psn) {
-            req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);
+        let win = &mut qp.req.window;
+        if let Some(seq) = win.find(psn) {
+            win.complete(seq, WcStatus::RetryExcErr);
         }
         qp.enter_error(env);
         return;
     }
     req.retry_left -= 1;
-    rewind(req, psn);
+    req.window.rewind(psn);
 }
 
 /// The retry counter that ran out.
@@ -337,7 +334,8 @@ pub(crate) enum Exhausted {
 /// Records in words why the QP fails ([`crate::Qp::last_error`]): which counter ran out and
 /// the last PSN the peer acknowledged. Error path only.
 pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
-    let (acked, next) = (qp.req.acked.get(), qp.req.acked.add(1).get());
+    let acked = qp.req.window.acked();
+    let (acked, next) = (acked.get(), acked.add(1).get());
     let (retry, rnr) = (qp.cfg.retry_cnt, qp.cfg.rnr_retry);
     let text = match which {
         Exhausted::Timer => format!(
@@ -365,7 +363,7 @@ pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
 /// A malformed or unexpected response: the WQE fails with a bad-response error and the QP
 /// goes to the Error state.
 fn bad_response(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64) {
-    qp.req.wqe_mut(seq).done = Some(WcStatus::BadRespErr);
+    qp.req.window.complete(seq, WcStatus::BadRespErr);
     qp.enter_error(env);
 }
 
@@ -395,20 +393,19 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
     if qp.state == QpState::Error {
         crate::requester::fetch(qp);
     } else {
-        let req = &qp.req;
-        if req.retired == req.started || req.wqe(req.retired).done.is_none() {
+        if !qp.req.window.oldest_done() {
             return; // the oldest WQE is not done: nothing can retire
         }
     }
     let error = qp.state == QpState::Error;
-    let mut published = qp.req.retired;
+    let mut published = qp.req.window.retired();
     loop {
-        let req = &mut qp.req;
-        let seq = req.retired;
-        if seq == req.fetched || (!error && seq == req.started) {
+        let win = &qp.req.window;
+        let seq = win.retired();
+        if seq == win.fetched() || (!error && seq == win.started()) {
             break;
         }
-        let w = *req.wqe(seq);
+        let w = *win.wqe(seq);
         let status = match w.done {
             Some(s) => s,
             None if error => WcStatus::WrFlushErr,
@@ -419,10 +416,10 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
             break;
         }
         env.release(&w.w.data, &qp.tables);
-        qp.req.retire_one(seq);
+        qp.req.retire_oldest();
         if signaled {
             publish_retired(qp);
-            published = qp.req.retired;
+            published = qp.req.window.retired();
             let wc = WorkCompletion {
                 wr_id: w.w.wr_id,
                 status,
@@ -443,7 +440,7 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
             crate::requester::fetch(qp);
         }
     }
-    if published != qp.req.retired {
+    if published != qp.req.window.retired() {
         publish_retired(qp);
     }
 }
@@ -456,5 +453,5 @@ fn publish_retired(qp: &QpCtx) {
     // sees the slot free.
     // (Mutation point of the loom models: this store with Relaxed.)
     let order = crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
-    qp.shared.sq_retired.store(qp.req.retired, order);
+    qp.shared.sq_retired.store(qp.req.window.retired(), order);
 }

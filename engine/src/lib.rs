@@ -39,6 +39,7 @@ pub mod qp;
 mod raw_peer;
 pub mod requester;
 pub mod responder;
+pub(crate) mod send_window;
 pub(crate) mod slots;
 pub(crate) mod srq_table;
 pub mod stats_area;

@@ -24,6 +24,7 @@ use crate::mem::Mem;
 use crate::mw_table::{BindRequest, MwType};
 use crate::psn::{self, Psn};
 use crate::qp::{AccessFlags, QpConfig, QpState};
+use crate::send_window::SendWindow;
 use crate::timer::Deadline;
 use crate::wire::Qpn;
 use crate::wire::atomic_eth::AtomicEthRepr;
@@ -35,80 +36,13 @@ use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
 /// The P_Key every packet carries (the default partition, full membership).
 pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
 
-/// A send WQE inside the SQ Logic's window.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SendWqe {
-    pub(crate) w: SqWqe,
-    /// Messages consuming a receive WQE at the responder, up to and including this one.
-    pub(crate) consumers: u64,
-    /// PSN of its first packet (valid once started).
-    pub(crate) first_psn: Psn,
-    /// PSNs it occupies: its request packets, or for an RDMA Read its response packets.
-    pub(crate) span: u32,
-    /// RDMA Read responses received so far.
-    pub(crate) resp_seen: u32,
-    /// Set when the completer is done with it.
-    pub(crate) done: Option<WcStatus>,
-}
-
-impl SendWqe {
-    const EMPTY: SendWqe = SendWqe {
-        w: SqWqe {
-            wr_id: 0,
-            op: WqeOp::Send,
-            flags: WqeFlags(0),
-            imm: 0,
-            len: 0,
-            remote_addr: 0,
-            rkey: 0,
-            compare_add: 0,
-            swap: 0,
-            data: crate::wqe::DataLoc::Empty,
-        },
-        consumers: 0,
-        first_psn: Psn::new(0),
-        span: 0,
-        resp_seen: 0,
-        done: None,
-    };
-
-    /// PSN of its last packet (or last expected response).
-    pub(crate) fn last_psn(&self) -> Psn {
-        // A local operation (memory windows) has no PSN: span 0.
-        self.first_psn.add(self.span.saturating_sub(1))
-    }
-
-    /// Whether `p` is one of its PSNs.
-    pub(crate) fn holds(&self, p: Psn) -> bool {
-        let d = p.diff(self.first_psn);
-        d >= 0 && (d as u32) < self.span
-    }
-}
+pub(crate) use crate::send_window::SendWqe;
 
 /// SQ Logic and completer state of one QP.
 #[derive(Debug)]
 pub(crate) struct Requester {
-    window: Box<[SendWqe]>,
-    mask: u64,
-    /// WQEs retired (completed and handed to the CQ, or silently retired when unsignaled).
-    pub(crate) retired: u64,
-    /// WQEs that have PSNs: `retired..started` are in flight.
-    pub(crate) started: u64,
-    /// WQEs taken from the SQ ring.
-    pub(crate) fetched: u64,
-    /// The WQE being transmitted (`< started` while retransmitting).
-    tx_seq: u64,
-    /// Its next packet (for an RDMA Read: the first response to ask for).
-    tx_pkt: u32,
-    /// Gather position of that packet; `None` after a rewind (derived from `tx_pkt` when
-    /// the packet is built).
-    tx_cursor: Option<Cursor>,
-    /// nPSN: the PSN of the next new request packet.
-    pub(crate) npsn: Psn,
-    /// The last PSN acknowledged: everything up to it is.
-    pub(crate) acked: Psn,
-    /// The PSN after the highest one ever sent (packets behind it are retransmissions).
-    sent_to: Psn,
+    /// The WQEs in flight and the transmit point.
+    pub(crate) window: SendWindow,
     /// RDMA Reads and Atomics started and not retired.
     pub(crate) rd_atomic: u32,
     pub(crate) credits: CreditState,
@@ -140,19 +74,8 @@ pub(crate) struct Requester {
 impl Requester {
     /// A requester for a send queue of `depth` WQEs.
     pub(crate) fn new(depth: u32) -> Requester {
-        let cap = (depth as usize).next_power_of_two();
         Requester {
-            window: vec![SendWqe::EMPTY; cap].into_boxed_slice(),
-            mask: cap as u64 - 1,
-            retired: 0,
-            started: 0,
-            fetched: 0,
-            tx_seq: 0,
-            tx_pkt: 0,
-            tx_cursor: Some(Cursor::default()),
-            npsn: Psn::new(0),
-            acked: Psn::new(0).sub(1),
-            sent_to: Psn::new(0),
+            window: SendWindow::new(depth),
             rd_atomic: 0,
             credits: CreditState::new(true),
             consumers: 0,
@@ -171,9 +94,7 @@ impl Requester {
 
     /// Programs the SQ Logic on RTR → RTS: start PSN, retry counts, credit mode.
     pub(crate) fn start(&mut self, cfg: &QpConfig) {
-        self.npsn = cfg.sq_psn;
-        self.acked = cfg.sq_psn.sub(1);
-        self.sent_to = cfg.sq_psn;
+        self.window.start_at(cfg.sq_psn);
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.credits = CreditState::new(cfg.remote_credits);
@@ -183,39 +104,23 @@ impl Requester {
         }
     }
 
+    /// WQE `seq` of the window.
+    #[inline]
     pub(crate) fn wqe(&self, seq: u64) -> &SendWqe {
-        &self.window[(seq & self.mask) as usize]
-    }
-
-    pub(crate) fn wqe_mut(&mut self, seq: u64) -> &mut SendWqe {
-        &mut self.window[(seq & self.mask) as usize]
-    }
-
-    /// The in-flight WQE holding PSN `p`.
-    pub(crate) fn find(&self, p: Psn) -> Option<u64> {
-        (self.retired..self.started).find(|&s| self.wqe(s).holds(p))
-    }
-
-    /// Whether any request is unacknowledged.
-    pub(crate) fn outstanding(&self) -> bool {
-        self.acked.add(1) != self.npsn
-    }
-
-    /// Whether there is anything to transmit now or later.
-    pub(crate) fn has_work(&self) -> bool {
-        self.tx_seq < self.fetched
+        self.window.wqe(seq)
     }
 
     /// The consuming count of the message whose SSN is `msn`, if still known.
     pub(crate) fn consumers_at(&self, msn: u32) -> Option<u64> {
-        if self.fetched == 0 {
+        let fetched = self.window.fetched();
+        if fetched == 0 {
             return Some(0);
         }
         let back = u64::from(self.ssn.wrapping_sub(msn) & psn::Psn::MASK);
-        let known = self.fetched.min(self.window.len() as u64);
+        let known = fetched.min(self.window.capacity() as u64);
         if back < known {
-            Some(self.wqe(self.fetched - 1 - back).consumers)
-        } else if back == self.fetched {
+            Some(self.wqe(fetched - 1 - back).consumers)
+        } else if back == fetched {
             Some(0) // the MSN before the first message
         } else {
             None
@@ -245,41 +150,39 @@ impl Requester {
             WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => w.first_psn,
             _ => w.last_psn(),
         };
-        self.credits.allows(w.consumers) || !accepted.after(self.acked)
+        self.credits.allows(w.consumers) || !accepted.after(self.window.acked())
     }
 
     /// Bytes of the window.
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.window.len() * size_of::<SendWqe>()
+        self.window.memory_bytes()
     }
 
-    /// Bookkeeping after WQE `seq` (the oldest) was retired.
-    pub(crate) fn retire_one(&mut self, seq: u64) {
-        if seq < self.started && self.wqe(seq).w.op.is_rd_atomic() {
+    /// Retires the oldest WQE (done, or flushed) and does the SQ Logic's bookkeeping;
+    /// returns it.
+    pub(crate) fn retire_oldest(&mut self) -> SendWqe {
+        let seq = self.window.retired();
+        let was_started = seq < self.window.started();
+        let w = self.window.retire_oldest();
+        if was_started && w.w.op.is_rd_atomic() {
             self.rd_atomic -= 1;
         }
         if self.limited == Some(seq) {
             self.limited = None;
         }
-        self.retired += 1;
-        if self.tx_seq < self.retired {
-            self.tx_seq = self.retired;
-            self.tx_pkt = 0;
-            self.tx_cursor = Some(Cursor::default());
-        }
-        self.started = self.started.max(self.retired);
+        w
     }
 
     /// Drops everything (QP reset).
     pub(crate) fn reset(&mut self) {
-        let depth = self.window.len() as u32;
+        let depth = self.window.capacity() as u32;
         *self = Requester::new(depth);
     }
 }
 
 /// Takes newly posted WQEs from the SQ ring into the window.
 pub(crate) fn fetch(qp: &mut QpCtx) {
-    while qp.req.fetched - qp.req.retired < qp.req.window.len() as u64 {
+    while qp.req.window.has_room() {
         let Ok(Some(w)) = qp.sq.pop() else { break };
         accept(qp, w);
     }
@@ -289,7 +192,6 @@ pub(crate) fn fetch(qp: &mut QpCtx) {
 /// the window has room (the application never has more than `max_send_wr` outstanding).
 pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
     let req = &mut qp.req;
-    debug_assert!(req.fetched - req.retired < req.window.len() as u64);
     req.ssn = (req.ssn + 1) & Psn::MASK;
     if w.op.consumes_rq_wqe() {
         req.consumers += 1;
@@ -301,39 +203,14 @@ pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
         WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
         _ => psn::packets_for(u64::from(w.len), pmtu),
     };
-    let seq = req.fetched;
-    *req.wqe_mut(seq) = SendWqe {
+    req.window.push(SendWqe {
         w,
         consumers: req.consumers,
         first_psn: Psn::new(0),
         span,
         resp_seen: 0,
         done: None,
-    };
-    req.fetched += 1;
-}
-
-/// Moves the transmit point back to PSN `p` (go-back-N): the WQE holding it and every one
-/// after it are sent again from that packet on, with their original PSNs.
-pub(crate) fn rewind(req: &mut Requester, p: Psn) {
-    match req.find(p) {
-        Some(seq) => {
-            let w = req.wqe(seq);
-            req.tx_pkt = match w.w.op {
-                WqeOp::CompareSwap | WqeOp::FetchAdd => 0,
-                // Send/Write: the packet index; Read: the first response to ask for again.
-                _ => p.diff(w.first_psn) as u32,
-            };
-            req.tx_seq = seq;
-            req.tx_cursor = None;
-        }
-        None => {
-            // Nothing in flight holds p (it is nPSN): nothing to send again.
-            req.tx_seq = req.started;
-            req.tx_pkt = 0;
-            req.tx_cursor = Some(Cursor::default());
-        }
-    }
+    });
 }
 
 /// Sends up to `budget` request packets of a QP; returns how many were queued.
@@ -357,11 +234,12 @@ pub(crate) fn transmit(
     let mut sent = 0;
     let mut local = 0;
     let mut local_error = false;
-    while sent < budget && qp.req.tx_seq < qp.req.fetched {
+    while sent < budget && qp.req.window.has_work() {
         let req = &mut qp.req;
-        let seq = req.tx_seq;
+        let tx = req.window.tx();
+        let seq = tx.seq;
         // A WQE not yet started: it gets its PSNs when its first packet goes.
-        let new_wqe = seq == req.started;
+        let new_wqe = seq == req.window.started();
         if let Some(l) = req.limited {
             if req.limited_resolved(l) {
                 req.limited = None;
@@ -380,7 +258,7 @@ pub(crate) fn transmit(
                 break;
             }
         } else if req.limited == Some(seq)
-            && req.tx_pkt >= 1
+            && tx.pkt >= 1
             && matches!(
                 req.wqe(seq).w.op,
                 WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv
@@ -409,12 +287,8 @@ pub(crate) fn transmit(
             break;
         }
         if new_wqe {
-            let npsn = req.npsn;
-            let w = req.wqe_mut(seq);
-            w.first_psn = npsn;
-            let (op, span, consumers) = (w.w.op, w.span, w.consumers);
-            req.npsn = npsn.add(span);
-            req.started += 1;
+            let w = req.window.start_next();
+            let (op, consumers) = (w.w.op, w.consumers);
             if op.is_rd_atomic() {
                 req.rd_atomic += 1;
             }
@@ -423,15 +297,11 @@ pub(crate) fn transmit(
             }
         }
         let w = *req.wqe(seq);
-        let k = req.tx_pkt;
-        // Sent before (go-back-N) if behind the highest PSN ever sent.
-        let psn = w.first_psn.add(k);
-        if psn.before(req.sent_to) {
+        let k = tx.pkt;
+        if req.window.note_sent(&w, w.first_psn.add(k)) {
             env.stats.retransmitted += 1;
-        } else {
-            req.sent_to = psn.add(if w.w.op.is_rd_atomic() { w.span - k } else { 1 });
         }
-        let cursor = match req.tx_cursor {
+        let cursor = match tx.cursor {
             Some(c) => c,
             None => Cursor::at(
                 Sgl::new(&w.w.data, &qp.tables),
@@ -463,7 +333,7 @@ pub(crate) fn transmit(
         let Some(payload) = built else {
             // The WQE's own list does not cover its message: a local error (it cannot
             // happen for a list `post_send` checked), never a panic.
-            req.wqe_mut(seq).done = Some(WcStatus::LocQpOpErr);
+            req.window.complete(seq, WcStatus::LocQpOpErr);
             local_error = true;
             break;
         };
@@ -473,14 +343,11 @@ pub(crate) fn transmit(
         sent += 1;
         // Advance: a Read or Atomic request covers the rest of its WQE.
         if w.w.op.is_rd_atomic() || k + 1 >= w.span {
-            req.tx_seq += 1;
-            req.tx_pkt = 0;
-            req.tx_cursor = Some(Cursor::default());
+            req.window.next_wqe();
         } else {
             let mut next = cursor;
             next.advance(Sgl::new(&w.w.data, &qp.tables), u64::from(payload.len));
-            req.tx_pkt = k + 1;
-            req.tx_cursor = Some(next);
+            req.window.next_packet(next);
         }
     }
     let req = &mut qp.req;
@@ -504,17 +371,14 @@ pub(crate) fn transmit(
 #[inline(never)]
 fn run_local(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64, new_wqe: bool) -> Option<bool> {
     let req = &mut qp.req;
-    req.tx_seq += 1;
-    req.tx_pkt = 0;
-    req.tx_cursor = Some(Cursor::default());
     if !new_wqe {
+        req.window.next_wqe();
         return None;
     }
-    let npsn = req.npsn;
-    req.wqe_mut(seq).first_psn = npsn;
-    req.started += 1;
-    let status = execute_local(&req.wqe(seq).w, qp.pd, qp.qpn, env);
-    qp.req.wqe_mut(seq).done = Some(status);
+    let w = req.window.start_next().w;
+    req.window.next_wqe();
+    let status = execute_local(&w, qp.pd, qp.qpn, env);
+    qp.req.window.complete(seq, status);
     Some(status == WcStatus::Success)
 }
 
@@ -697,7 +561,7 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
         return;
     }
     req.timer.disarm();
-    if !req.outstanding() || req.rnr_timer.armed() {
+    if !req.window.outstanding() || req.rnr_timer.armed() {
         return;
     }
     if req.progressed {
@@ -713,17 +577,16 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
     env.stats.timeouts += 1;
     if req.retry_left == 0 {
         crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
-        let req = &mut qp.req;
-        let first = req.acked.add(1);
-        if let Some(seq) = req.find(first) {
-            req.wqe_mut(seq).done = Some(WcStatus::RetryExcErr);
+        let win = &mut qp.req.window;
+        if let Some(seq) = win.find(win.acked().add(1)) {
+            win.complete(seq, WcStatus::RetryExcErr);
         }
         qp.enter_error(env);
         return;
     }
     req.retry_left -= 1;
-    let from = req.acked.add(1);
-    rewind(req, from);
+    let from = req.window.acked().add(1);
+    req.window.rewind(from);
     if let Some(t) = req.ttr {
         env.arm(&mut req.timer, t);
     }

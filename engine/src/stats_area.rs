@@ -191,8 +191,8 @@ impl StatsArea {
             put_u32(img, at + 4, q.state as u32);
             put_u32(img, at + 8, q.cfg.dest.map_or(u32::MAX, |d| d.link.0));
             put_u32(img, at + 12, q.cfg.dest.map_or(0, |d| d.qpn.get()));
-            put_u32(img, at + 16, q.req.npsn.get());
-            put_u32(img, at + 20, q.req.acked.get());
+            put_u32(img, at + 16, q.req.window.npsn().get());
+            put_u32(img, at + 20, q.req.window.acked().get());
             put_u32(img, at + 24, q.resp.epsn.get());
             nq += 1;
         }

@@ -598,12 +598,12 @@ fn trace_sent(
 /// Whether a QP must stay in the active set.
 fn needs_attention(qp: &QpCtx) -> bool {
     let req = &qp.req;
-    req.has_work()
+    req.window.has_work()
         || qp.resp.has_output()
         || req.timer.armed()
         || req.rnr_timer.armed()
-        || (req.retired < req.started && req.wqe(req.retired).done.is_some())
-        || (qp.state == QpState::Error && req.fetched > req.retired)
+        || req.window.oldest_done()
+        || (qp.state == QpState::Error && req.window.fetched() > req.window.retired())
         || qp.rq_flush_pending
 }
 
@@ -612,21 +612,21 @@ fn needs_attention(qp: &QpCtx) -> bool {
 fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
     requester::fetch(qp);
     loop {
-        let req = &qp.req;
-        if req.retired == req.fetched {
+        let win = &qp.req.window;
+        if win.retired() == win.fetched() {
             requester::fetch(qp);
-            if qp.req.retired == qp.req.fetched {
+            let win = &qp.req.window;
+            if win.retired() == win.fetched() {
                 break;
             }
         }
-        let seq = qp.req.retired;
-        let data = qp.req.wqe(seq).w.data;
-        env.release(&data, &qp.tables);
-        qp.req.retire_one(seq);
+        let w = qp.req.retire_oldest();
+        env.release(&w.w.data, &qp.tables);
     }
-    qp.shared
-        .sq_retired
-        .store(qp.req.retired, std::sync::atomic::Ordering::Release);
+    qp.shared.sq_retired.store(
+        qp.req.window.retired(),
+        std::sync::atomic::Ordering::Release,
+    );
     if let Some(wqe) = qp.resp.take_current_wqe() {
         qp.retire_recv(env, &wqe);
     }

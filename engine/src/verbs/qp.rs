@@ -308,7 +308,7 @@ impl Qp {
                 (
                     q.state,
                     q.cfg,
-                    q.req.npsn.get(),
+                    q.req.window.npsn().get(),
                     q.resp.epsn.get(),
                     q.req.ttr,
                 )

@@ -1,0 +1,392 @@
+//! The SQ Logic's send window: the WQEs between the oldest one not yet retired and the
+//! newest one taken from the send queue, their PSNs, and the transmit point.
+//!
+//! The window is owned by the SQ Logic ([`crate::requester::Requester`]). The completer
+//! reads it and asks it for the few changes a response makes — a WQE done, a Read response
+//! seen, the acknowledged PSN moved on, a go-back-N rewind, the oldest WQE retired — through
+//! the methods below; it never writes a field. Four counters order the WQEs:
+//!
+//! ```text
+//!   retired ≤ tx_seq ≤ started ≤ fetched          (sequence numbers of WQEs, never wrap)
+//!   [retired, started)  in flight: they have PSNs, some packets were sent
+//!   [started, fetched)  taken from the send queue, not started
+//!   tx_seq              the WQE whose packet `tx_pkt` goes next (< started while resending)
+//! ```
+//!
+//! and three PSNs: `acked` (everything up to it is acknowledged), `npsn` (the next new
+//! request packet) and `sent_to` (the PSN after the highest one ever sent: a packet behind
+//! it is a retransmission).
+
+use crate::completion::WcStatus;
+use crate::dma::Cursor;
+use crate::psn::Psn;
+use crate::wqe::{SqWqe, WqeFlags, WqeOp};
+
+/// A send WQE inside the window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendWqe {
+    pub(crate) w: SqWqe,
+    /// Messages consuming a receive WQE at the responder, up to and including this one.
+    pub(crate) consumers: u64,
+    /// PSN of its first packet (valid once started).
+    pub(crate) first_psn: Psn,
+    /// PSNs it occupies: its request packets, or for an RDMA Read its response packets.
+    pub(crate) span: u32,
+    /// RDMA Read responses received so far.
+    pub(crate) resp_seen: u32,
+    /// Set when the completer is done with it.
+    pub(crate) done: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub(crate) const EMPTY: SendWqe = SendWqe {
+        w: SqWqe {
+            wr_id: 0,
+            op: WqeOp::Send,
+            flags: WqeFlags(0),
+            imm: 0,
+            len: 0,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: crate::wqe::DataLoc::Empty,
+        },
+        consumers: 0,
+        first_psn: Psn::new(0),
+        span: 0,
+        resp_seen: 0,
+        done: None,
+    };
+
+    /// PSN of its last packet (or last expected response).
+    pub(crate) fn last_psn(&self) -> Psn {
+        // A local operation (memory windows) has no PSN: span 0.
+        self.first_psn.add(self.span.saturating_sub(1))
+    }
+
+    /// Whether `p` is one of its PSNs.
+    pub(crate) fn holds(&self, p: Psn) -> bool {
+        let d = p.diff(self.first_psn);
+        d >= 0 && (d as u32) < self.span
+    }
+
+    /// The PSN of the first Read response still missing (for a Read; for an Atomic, its
+    /// one response).
+    pub(crate) fn missing_response(&self) -> Psn {
+        self.first_psn.add(self.resp_seen)
+    }
+}
+
+/// Where the next packet comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxPoint {
+    /// The WQE.
+    pub(crate) seq: u64,
+    /// Its packet (for an RDMA Read: the first response to ask for).
+    pub(crate) pkt: u32,
+    /// The gather position of that packet; `None` after a rewind (derived from `pkt` when
+    /// the packet is built).
+    pub(crate) cursor: Option<Cursor>,
+}
+
+/// The send window of one QP.
+#[derive(Debug)]
+pub(crate) struct SendWindow {
+    slots: Box<[SendWqe]>,
+    mask: u64,
+    retired: u64,
+    started: u64,
+    fetched: u64,
+    tx: TxPoint,
+    npsn: Psn,
+    acked: Psn,
+    sent_to: Psn,
+}
+
+impl SendWindow {
+    /// A window for a send queue of `depth` WQEs.
+    pub(crate) fn new(depth: u32) -> SendWindow {
+        let cap = (depth as usize).next_power_of_two();
+        SendWindow {
+            slots: vec![SendWqe::EMPTY; cap].into_boxed_slice(),
+            mask: cap as u64 - 1,
+            retired: 0,
+            started: 0,
+            fetched: 0,
+            tx: TxPoint {
+                seq: 0,
+                pkt: 0,
+                cursor: Some(Cursor::default()),
+            },
+            npsn: Psn::new(0),
+            acked: Psn::new(0).sub(1),
+            sent_to: Psn::new(0),
+        }
+    }
+
+    /// Sets the first PSN (RTR → RTS): nothing is acknowledged or sent yet.
+    pub(crate) fn start_at(&mut self, sq_psn: Psn) {
+        self.npsn = sq_psn;
+        self.acked = sq_psn.sub(1);
+        self.sent_to = sq_psn;
+    }
+
+    /// Slots in the window.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes of the window.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.slots.len() * size_of::<SendWqe>()
+    }
+
+    /// WQEs retired.
+    #[inline]
+    pub(crate) fn retired(&self) -> u64 {
+        self.retired
+    }
+
+    /// WQEs started (given PSNs).
+    #[inline]
+    pub(crate) fn started(&self) -> u64 {
+        self.started
+    }
+
+    /// WQEs taken into the window.
+    #[inline]
+    pub(crate) fn fetched(&self) -> u64 {
+        self.fetched
+    }
+
+    /// nPSN: the PSN of the next new request packet.
+    #[inline]
+    pub(crate) fn npsn(&self) -> Psn {
+        self.npsn
+    }
+
+    /// The last PSN acknowledged: everything up to it is.
+    #[inline]
+    pub(crate) fn acked(&self) -> Psn {
+        self.acked
+    }
+
+    /// The transmit point.
+    #[inline]
+    pub(crate) fn tx(&self) -> TxPoint {
+        self.tx
+    }
+
+    /// WQE `seq` (any sequence number maps to a slot; callers stay within the window).
+    #[inline]
+    pub(crate) fn wqe(&self, seq: u64) -> &SendWqe {
+        &self.slots[(seq & self.mask) as usize]
+    }
+
+    #[inline]
+    fn wqe_mut(&mut self, seq: u64) -> &mut SendWqe {
+        &mut self.slots[(seq & self.mask) as usize]
+    }
+
+    /// The in-flight WQE holding PSN `p`.
+    pub(crate) fn find(&self, p: Psn) -> Option<u64> {
+        (self.retired..self.started).find(|&s| self.wqe(s).holds(p))
+    }
+
+    /// Whether any request is unacknowledged.
+    #[inline]
+    pub(crate) fn outstanding(&self) -> bool {
+        self.acked.add(1) != self.npsn
+    }
+
+    /// Whether there is anything to transmit now or later.
+    #[inline]
+    pub(crate) fn has_work(&self) -> bool {
+        self.tx.seq < self.fetched
+    }
+
+    /// Whether another WQE fits.
+    #[inline]
+    pub(crate) fn has_room(&self) -> bool {
+        self.fetched - self.retired < self.slots.len() as u64
+    }
+
+    /// Whether the oldest WQE in flight is done (it can retire).
+    #[inline]
+    pub(crate) fn oldest_done(&self) -> bool {
+        self.retired < self.started && self.wqe(self.retired).done.is_some()
+    }
+
+    /// Appends a WQE taken from the send queue (the caller checked [`SendWindow::has_room`]).
+    pub(crate) fn push(&mut self, w: SendWqe) {
+        debug_assert!(self.has_room());
+        let seq = self.fetched;
+        *self.wqe_mut(seq) = w;
+        self.fetched += 1;
+    }
+
+    /// Starts the WQE at the transmit point (it is `started`): gives it its PSNs; returns
+    /// it.
+    pub(crate) fn start_next(&mut self) -> &SendWqe {
+        debug_assert_eq!(self.tx.seq, self.started);
+        let (seq, npsn) = (self.started, self.npsn);
+        let w = self.wqe_mut(seq);
+        w.first_psn = npsn;
+        let span = w.span;
+        self.npsn = npsn.add(span);
+        self.started += 1;
+        self.wqe(seq)
+    }
+
+    /// Records that packet `psn` of `w` goes out now; true if it was sent before (a
+    /// go-back-N retransmission).
+    pub(crate) fn note_sent(&mut self, w: &SendWqe, psn: Psn) -> bool {
+        if psn.before(self.sent_to) {
+            return true;
+        }
+        let k = psn.diff(w.first_psn) as u32;
+        self.sent_to = psn.add(if w.w.op.is_rd_atomic() { w.span - k } else { 1 });
+        false
+    }
+
+    /// Moves the transmit point to the next packet of its WQE, at gather position `cursor`.
+    pub(crate) fn next_packet(&mut self, cursor: Cursor) {
+        self.tx.pkt += 1;
+        self.tx.cursor = Some(cursor);
+    }
+
+    /// Moves the transmit point to the start of the next WQE.
+    pub(crate) fn next_wqe(&mut self) {
+        self.tx = TxPoint {
+            seq: self.tx.seq + 1,
+            pkt: 0,
+            cursor: Some(Cursor::default()),
+        };
+    }
+
+    /// Marks WQE `seq` done with `status` (the completer, or a local error).
+    pub(crate) fn complete(&mut self, seq: u64, status: WcStatus) {
+        self.wqe_mut(seq).done = Some(status);
+    }
+
+    /// Counts one more Read response of WQE `seq`; returns the new count.
+    pub(crate) fn response_seen(&mut self, seq: u64) -> u32 {
+        let w = self.wqe_mut(seq);
+        w.resp_seen += 1;
+        w.resp_seen
+    }
+
+    /// Records acknowledgement up to `psn`; true if that is progress.
+    pub(crate) fn acknowledge(&mut self, psn: Psn) -> bool {
+        if psn.after(self.acked) {
+            self.acked = psn;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Moves the transmit point back to PSN `p` (go-back-N): the WQE holding it and every
+    /// one after it are sent again from that packet on, with their original PSNs.
+    pub(crate) fn rewind(&mut self, p: Psn) {
+        self.tx = match self.find(p) {
+            Some(seq) => {
+                let w = self.wqe(seq);
+                TxPoint {
+                    seq,
+                    pkt: match w.w.op {
+                        WqeOp::CompareSwap | WqeOp::FetchAdd => 0,
+                        // Send/Write: the packet index; Read: the first response to ask for
+                        // again.
+                        _ => p.diff(w.first_psn) as u32,
+                    },
+                    cursor: None,
+                }
+            }
+            // Nothing in flight holds p (it is nPSN): nothing to send again.
+            None => TxPoint {
+                seq: self.started,
+                pkt: 0,
+                cursor: Some(Cursor::default()),
+            },
+        };
+    }
+
+    /// Retires the oldest WQE (done, or flushed); returns it.
+    pub(crate) fn retire_oldest(&mut self) -> SendWqe {
+        let w = *self.wqe(self.retired);
+        self.retired += 1;
+        if self.tx.seq < self.retired {
+            self.tx = TxPoint {
+                seq: self.retired,
+                pkt: 0,
+                cursor: Some(Cursor::default()),
+            };
+        }
+        self.started = self.started.max(self.retired);
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(span: u32) -> SendWqe {
+        SendWqe {
+            span,
+            ..SendWqe::EMPTY
+        }
+    }
+
+    #[test]
+    fn starting_gives_consecutive_psns_and_rewind_finds_the_holder() {
+        let mut win = SendWindow::new(4);
+        win.start_at(Psn::new(0xFF_FFFE));
+        win.push(send(3));
+        win.push(send(1));
+        assert_eq!(win.start_next().first_psn, Psn::new(0xFF_FFFE));
+        win.next_wqe();
+        assert_eq!(win.start_next().first_psn, Psn::new(1));
+        win.next_wqe();
+        assert_eq!(win.npsn(), Psn::new(2));
+        assert!(win.outstanding() && !win.has_work());
+        win.rewind(Psn::new(0));
+        let tx = win.tx();
+        assert_eq!((tx.seq, tx.pkt), (0, 2));
+        assert!(
+            tx.cursor.is_none(),
+            "a rewind recomputes the gather position"
+        );
+        win.rewind(Psn::new(2)); // nPSN: nothing to resend
+        assert_eq!((win.tx().seq, win.tx().pkt), (2, 0));
+    }
+
+    #[test]
+    fn acknowledging_moves_only_forward_and_retiring_drags_the_transmit_point() {
+        let mut win = SendWindow::new(2);
+        win.start_at(Psn::new(10));
+        win.push(send(2));
+        win.start_next();
+        assert!(!win.acknowledge(Psn::new(9)));
+        assert!(win.acknowledge(Psn::new(11)));
+        assert!(!win.acknowledge(Psn::new(10)));
+        assert!(!win.outstanding());
+        win.complete(0, WcStatus::Success);
+        assert!(win.oldest_done());
+        assert_eq!(win.retire_oldest().done, Some(WcStatus::Success));
+        assert_eq!((win.retired(), win.tx().seq), (1, 1));
+        assert!(win.has_room());
+    }
+
+    #[test]
+    fn a_packet_behind_the_highest_sent_is_a_retransmission() {
+        let mut win = SendWindow::new(2);
+        win.push(send(2));
+        let w = *win.start_next();
+        assert!(!win.note_sent(&w, Psn::new(0)));
+        assert!(!win.note_sent(&w, Psn::new(1)));
+        assert!(win.note_sent(&w, Psn::new(0)));
+    }
+}
