@@ -354,7 +354,7 @@ impl Env<'_> {
     #[inline]
     pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
         match qp.srq {
-            None => qp.rq.pop().ok().flatten(),
+            None => qp.rq.take(),
             Some((srq, scratch)) => self.srqs.take(srq, &qp.tables, scratch),
         }
     }
@@ -400,6 +400,31 @@ pub(crate) struct Wire<'a> {
     pub(crate) tx: &'a mut TxBatch,
 }
 
+/// A queue of work requests the application posts and the engine takes, as the protocol
+/// stages see it: take the next one, count those waiting. (The queue is a ring in this
+/// process's private memory; the stages never see the ring.)
+pub(crate) struct Posted<T>(Consumer<T, HeapStorage<T>>);
+
+impl<T: Copy> Posted<T> {
+    /// The engine's end of a queue.
+    pub(crate) fn new(ring: Consumer<T, HeapStorage<T>>) -> Posted<T> {
+        Posted(ring)
+    }
+
+    /// The next work request, if one was posted.
+    #[inline]
+    pub(crate) fn take(&mut self) -> Option<T> {
+        // A heap ring of this process: no peer can break it.
+        self.0.pop().ok().flatten()
+    }
+
+    /// How many are waiting.
+    #[inline]
+    pub(crate) fn waiting(&mut self) -> u32 {
+        self.0.available().map_or(0, |n| n as u32)
+    }
+}
+
 /// A QP as the engine holds it: the QP context of spec/04 plus its queues.
 pub(crate) struct QpCtx {
     pub(crate) qpn: Qpn,
@@ -419,9 +444,9 @@ pub(crate) struct QpCtx {
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
     /// Send WQEs posted by the application.
-    pub(crate) sq: Consumer<SqWqe, HeapStorage<SqWqe>>,
+    pub(crate) sq: Posted<SqWqe>,
     /// Receive WQEs posted by the application.
-    pub(crate) rq: Consumer<RqWqe, HeapStorage<RqWqe>>,
+    pub(crate) rq: Posted<RqWqe>,
     pub(crate) shared: Arc<QpShared>,
     /// SQ Logic and completer state.
     pub(crate) req: Requester,
@@ -543,7 +568,7 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
         if !env.cqs.has_room(qp.recv_cq) {
             return;
         }
-        let Ok(Some(wqe)) = qp.rq.pop() else { break };
+        let Some(wqe) = qp.rq.take() else { break };
         let wc = qp.recv_completion(
             wqe.wr_id,
             WcStatus::WrFlushErr,

@@ -183,7 +183,7 @@ impl Requester {
 /// Takes newly posted WQEs from the SQ ring into the window.
 pub(crate) fn fetch(qp: &mut QpCtx) {
     while qp.req.window.has_room() {
-        let Ok(Some(w)) = qp.sq.pop() else { break };
+        let Some(w) = qp.sq.take() else { break };
         accept(qp, w);
     }
 }

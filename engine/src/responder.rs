@@ -804,7 +804,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     let stale = match qp.resp.advertised {
         Some(adv) if adv >= CREDIT_WATCH => None,
         adv => {
-            let available = qp.rq.available().unwrap_or(0) as u32;
+            let available = qp.rq.waiting();
             adv.is_none_or(|a| a < available).then_some(available)
         }
     };
@@ -854,7 +854,7 @@ fn credit_code(qp: &mut QpCtx) -> CreditCode {
     if qp.srq.is_some() {
         return CreditCode::NONE;
     }
-    CreditCode::encode(qp.rq.available().unwrap_or(0) as u32)
+    CreditCode::encode(qp.rq.waiting())
 }
 
 /// Sends a Nak or RNR Nak (an Acknowledge with `syndrome`) and counts it; false if the link

@@ -630,7 +630,7 @@ fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
     if let Some(wqe) = qp.resp.take_current_wqe() {
         qp.retire_recv(env, &wqe);
     }
-    while let Ok(Some(wqe)) = qp.rq.pop() {
+    while let Some(wqe) = qp.rq.take() {
         qp.retire_recv(env, &wqe);
     }
     qp.rq_flush_pending = false;
