@@ -28,7 +28,7 @@
 # many rounds it was met. Targets (issue 10): send_lat and write_lat t_typical <= 1.0x UCX
 # am_lat, read_lat and atomic_lat round trip <= 2.0x am_lat, p99 <= 2.0x t_typical, send_bw
 # -s 8 >= 2.0x am_bw -s 8 (post list 1 and 32), 64 KiB bandwidth no lower than the ratios to
-# tag_bw measured before the fast-path work (BW64K_TARGET, default below).
+# tag_bw measured before the fast-path work (BW64K_*_TARGET, defaults below).
 #
 # Needs ucx-utils (apt-get install -y ucx-utils; UCX_PERFTEST names another binary).
 set -euo pipefail
@@ -39,9 +39,13 @@ LAT_N=${LAT_N:-200000}
 BW8_N=${BW8_N:-3000000}
 BW64K_N=${BW64K_N:-50000}
 PINGPONG_ITERS=${PINGPONG_ITERS:-20000}
-# The 64 KiB ratios to tag_bw measured on 2026-11-24 before the fast-path work (the lowest
-# of send/write/read_bw's medians, rounded down), which issue 10 must not lower.
-BW64K_TARGET=${BW64K_TARGET:-2.0}
+# The 64 KiB ratios to UCX tag_bw that issue 10 must not lower: this script measured, on
+# 2026-11-24 before the fast-path work (main at b6dad1a), two runs of ROUNDS=3 with median
+# ratios send 5.42 / 5.51, write 5.24 / 5.17, read 4.94 / 5.00 (one write round at 4.49);
+# the targets are 90% of the lower median, for this host's noise.
+BW64K_SEND_TARGET=${BW64K_SEND_TARGET:-4.9}
+BW64K_WRITE_TARGET=${BW64K_WRITE_TARGET:-4.7}
+BW64K_READ_TARGET=${BW64K_READ_TARGET:-4.4}
 
 UCX_PERFTEST=${UCX_PERFTEST:-ucx_perftest}
 if ! command -v "$UCX_PERFTEST" >/dev/null; then
@@ -208,9 +212,9 @@ read_lat_p99|read_lat|read_lat p99 / t_typical|<=|2.0
 atomic_lat_p99|atomic_lat|atomic_lat p99 / t_typical|<=|2.0
 send_bw_8|ucx_am_bw_8|send_bw -s 8 (-l 1) / UCX am_bw -s 8|>=|2.0
 send_bw_8_l32|ucx_am_bw_8|send_bw -s 8 -l 32 / UCX am_bw -s 8|>=|2.0
-send_bw_64k|ucx_tag_bw_64k|send_bw 64 KiB / UCX tag_bw|>=|$BW64K_TARGET
-write_bw_64k|ucx_tag_bw_64k|write_bw 64 KiB / UCX tag_bw|>=|$BW64K_TARGET
-read_bw_64k|ucx_tag_bw_64k|read_bw 64 KiB / UCX tag_bw|>=|$BW64K_TARGET
+send_bw_64k|ucx_tag_bw_64k|send_bw 64 KiB / UCX tag_bw|>=|$BW64K_SEND_TARGET
+write_bw_64k|ucx_tag_bw_64k|write_bw 64 KiB / UCX tag_bw|>=|$BW64K_WRITE_TARGET
+read_bw_64k|ucx_tag_bw_64k|read_bw 64 KiB / UCX tag_bw|>=|$BW64K_READ_TARGET
 ucx_tag_lat|ucx_am_lat|(reference) UCX tag_lat / am_lat|<=|-"
 
 awk -v rounds="$ROUNDS" -v abs="$ABS" -v targets="$TARGETS" '
