@@ -24,6 +24,12 @@
 # their execution counts, differenced over the two iteration counts like the instructions.
 # The locked instructions behind the count are listed on stderr (LOCKED_DETAIL=0: not).
 #
+# The example runs with SHMHCA_PROGRESS=manual (unless set otherwise): the automatic-progress
+# helper thread wakes by the clock, not per message, so under callgrind its wake-ups (a
+# handful of locked instructions each) grow with the run's wall time and made the counts
+# vary in the second decimal. The per-message path is the same in both modes (the
+# application's progress mark is bumped either way), so manual makes the figures exact.
+#
 # Needs valgrind and objdump (apt-get install -y valgrind binutils).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,6 +53,8 @@ cargo build --release -q -p shmhca --example inline_pingpong
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
+: "${SHMHCA_PROGRESS:=manual}"
+export SHMHCA_PROGRESS
 N1=${N1:-2000}
 N2=${N2:-12000}
 if [ "$N2" -le "$N1" ]; then
@@ -131,13 +139,15 @@ locked_list() {
 }
 
 # Per one-way message, for tags $1.1 (N1 round trips) and $1.2 (N2): writes
-# "instructions locked" to $OUT/result.$1, and lists the locked instructions on stderr.
+# "instructions locked" to $OUT/result.$1, and the locked instructions behind the count to
+# $OUT/detail.$1.
 per_message() {
     local tag=$1 i1 i2
     i1=$(awk '/^summary:/ {print $2}' "$OUT/cg.$tag.1")
     i2=$(awk '/^summary:/ {print $2}' "$OUT/cg.$tag.2")
-    awk -F'\t' -v n="$((2 * (N2 - N1)))" -v i1="$i1" -v i2="$i2" -v tag="$tag" \
-        -v detail="${LOCKED_DETAIL:-1}" '
+    : >"$OUT/detail.$tag"
+    awk -F'\t' -v n="$((2 * (N2 - N1)))" -v i1="$i1" -v i2="$i2" \
+        -v detail="${LOCKED_DETAIL:-1}" -v detail_file="$OUT/detail.$tag" '
         FILENAME == ARGV[1] { what[$1 "\t" $2] = $4 "  in " $3; next }
         FILENAME == ARGV[2] { c1[$1 "\t" $2] = $3; next }
         ($1 "\t" $2) in what { c2[$1 "\t" $2] = $3 }
@@ -149,11 +159,19 @@ per_message() {
                 if (detail != 0 && d != 0) {
                     split(k, p, "\t")
                     obj = p[1]; sub(/.*\//, "", obj)
-                    printf "  %s: %.2f per message: %s (%s 0x%x)\n", tag, d / n, what[k], obj, p[2] > "/dev/stderr"
+                    printf "  %6.2f  %s (%s 0x%x)\n", d / n, what[k], obj, p[2] > detail_file
                 }
             }
             printf "%d %.2f\n", int((i2 - i1) / n), total / n
         }' "$OUT/locked" "$OUT/counts.$tag.1" "$OUT/counts.$tag.2" >"$OUT/result.$tag"
+}
+
+# Lists on stderr the locked instructions behind variant $1's count ($2 names it), most
+# executed first.
+show_detail() {
+    [ -s "$OUT/detail.$1" ] || return 0
+    echo "locked instructions per one-way message, $2 (count, instruction, function, object and address):" >&2
+    sort -rn "$OUT/detail.$1" >&2
 }
 
 # Runs variant $1 (example options $2..) for both iteration counts.
@@ -187,15 +205,16 @@ if [ "$SELF_TEST" = 1 ]; then
     per_message probe
     read -r I0 L0 <"$OUT/result.base"
     read -r I1 L1 <"$OUT/result.probe"
+    LOCKED_DETAIL=0
     echo "self-test: without the probe $I0 instructions, $L0 locked; with it $I1, $L1 locked"
     if ! awk -v a="$L0" -v b="$L1" 'BEGIN {d = b - a; exit !(d > 1.995 && d < 2.005)}'; then
         echo "instructions.sh: self-test FAILED: the probe's 2 locked instructions per message" \
             "(lock xadd/add and xchg) were counted as $(awk -v a="$L0" -v b="$L1" 'BEGIN {printf "%.2f", b - a}')" >&2
         exit 1
     fi
-    if [ "$I1" -le "$I0" ] || [ "$I1" -gt "$((I0 + 40))" ]; then
+    if [ "$I1" -le "$I0" ] || [ "$I1" -gt "$((I0 + 100))" ]; then
         echo "instructions.sh: self-test FAILED: the probe added $((I1 - I0)) instructions" \
-            "per message (expected 1 to 40)" >&2
+            "per message (expected 1 to 100: the probe and the closure that posts with it)" >&2
         exit 1
     fi
     echo "self-test passed: the probe's 2 locked instructions per message were counted"
@@ -209,6 +228,8 @@ per_message sge
 per_message inline
 read -r INSTR LOCKED <"$OUT/result.sge"
 read -r INSTR_INLINE LOCKED_INLINE <"$OUT/result.inline"
+show_detail sge "gather-list Send"
+show_detail inline "inline Send"
 echo "instructions per one-way 8-byte Send (both sides, Ack included): $INSTR"
 echo "locked instructions per one-way 8-byte Send (both sides, Ack included): $LOCKED"
 echo "instructions per one-way 8-byte inline Send (both sides, Ack included): $INSTR_INLINE"
