@@ -129,8 +129,10 @@ locked_list() {
                 split($0, part, "\t")
                 insn = part[2]
                 a = part[1]; gsub(/[ :]/, "", a)
-                # A lock prefix, or xchg with a memory operand (implicitly locked).
-                if (insn ~ /(^|[ \t])lock[ \t]/ || (insn ~ /^(data16 )?xchg/ && insn ~ /\(/)) {
+                # A lock prefix, or xchg with a memory operand (implicitly locked); judged
+                # on the instruction without the symbolic comments objdump adds (<name>, # ...).
+                t = insn; sub(/[ \t]*[#<].*$/, "", t)
+                if (t ~ /(^|[ \t])lock[ \t]/ || (t ~ /^(data16 )?xchg/ && t ~ /\(/)) {
                     gsub(/[ \t]+/, " ", insn)
                     printf "%s\t%.0f\t%s\t%s\n", obj, hex(a), fn, insn
                 }
