@@ -2,7 +2,8 @@
 # Measures shmhca against UCX's shared-memory transports (ucx_perftest) and a bare
 # cache-line ping-pong in paired rounds: each round runs the bare ping-pong, then each
 # shmhca-perf test next to its ucx_perftest counterpart, back to back. This host's speed
-# moves by 2x between minutes, while ratios within a round hold; so the script prints, for
+# moves by 2x between minutes, while ratios within a round hold (as long as the host's
+# topology does: compare runs with similar bare-line figures); so the script prints, for
 # every figure, its absolute median (min-max) over the rounds, and the median (min-max) of
 # its per-round ratio to its UCX counterpart and to the bare line, with the target of
 # issue 10 and whether it is met. The README's performance table comes from here.
@@ -39,13 +40,15 @@ LAT_N=${LAT_N:-200000}
 BW8_N=${BW8_N:-3000000}
 BW64K_N=${BW64K_N:-50000}
 PINGPONG_ITERS=${PINGPONG_ITERS:-20000}
-# The 64 KiB ratios to UCX tag_bw that issue 10 must not lower: this script measured, on
-# 2026-11-24 before the fast-path work (main at b6dad1a), two runs of ROUNDS=3 with median
-# ratios send 5.42 / 5.51, write 5.24 / 5.17, read 4.94 / 5.00 (one write round at 4.49);
-# the targets are 90% of the lower median, for this host's noise.
-BW64K_SEND_TARGET=${BW64K_SEND_TARGET:-4.9}
-BW64K_WRITE_TARGET=${BW64K_WRITE_TARGET:-4.7}
-BW64K_READ_TARGET=${BW64K_READ_TARGET:-4.4}
+# The 64 KiB ratios to UCX tag_bw that issue 10 must not lower. This script measured them on
+# 2026-11-24 before the fast-path work (main at b6dad1a), three runs of ROUNDS=3, medians:
+# send 5.42 / 5.51 / 4.74, write 5.24 / 5.17 / 4.72, read 4.94 / 5.00 / 4.66. The ratios
+# move with the host's state, not only its load: the third run had a bare line of 0.235 us
+# one-way against 0.060 us in the first two (the two vCPUs on other physical cores), and
+# every ratio shifted with it. The targets are 90% of the lowest median.
+BW64K_SEND_TARGET=${BW64K_SEND_TARGET:-4.3}
+BW64K_WRITE_TARGET=${BW64K_WRITE_TARGET:-4.2}
+BW64K_READ_TARGET=${BW64K_READ_TARGET:-4.2}
 
 UCX_PERFTEST=${UCX_PERFTEST:-ucx_perftest}
 if ! command -v "$UCX_PERFTEST" >/dev/null; then
