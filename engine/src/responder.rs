@@ -3,7 +3,7 @@
 //! The receive path is a pipeline of named checks in the order of the rxe responder
 //! (`CHK_PSN → CHK_OP_SEQ → CHK_OP_VALID → CHK_RESOURCE → CHK_LENGTH → CHK_RKEY →
 //! EXECUTE`). Each check is a function that returns `Result<_, RespError>`; the first that
-//! fails refuses the packet, and one table ([`verdict`]) says what each refusal sends back
+//! fails refuses the packet, and one table (`verdict`, in `responder/error.rs`) says what each refusal sends back
 //! (the AETH syndrome), how a receive WQE in use completes, and whether the QP is lost:
 //!
 //! 1. **PSN** against ePSN ([`crate::psn::classify`]): the expected PSN is executed; a
@@ -29,7 +29,7 @@
 //! Acknowledges, Acks) still leave first, in PSN order, as the rxe responder acknowledges
 //! each request before it turns to the next.
 //!
-//! Positive Acks are off the critical path ([`owed`]): an accepted request records the Ack
+//! Positive Acks are off the critical path (`responder/owed.rs`): an accepted request records the Ack
 //! the QP owes, and the engine sends the owed Acks at the end of its iteration, one per QP
 //! for everything accepted. Naks, RNR Naks, Read responses and Atomic Acknowledges go
 //! through a queue and leave in PSN order as the link has room; an Ack never overtakes the
@@ -394,7 +394,7 @@ fn check_state(qp: &QpCtx) -> Result<(), RespError> {
     }
 }
 
-/// 1. PSN against ePSN ([`crate::psn::classify`]).
+/// Check 1, PSN against ePSN ([`crate::psn::classify`]).
 fn check_psn(resp: &mut Responder, psn: Psn) -> Result<Fresh, RespError> {
     match psn::classify(psn, resp.epsn) {
         PsnRegion::Valid => {
@@ -407,7 +407,7 @@ fn check_psn(resp: &mut Responder, psn: Psn) -> Result<Fresh, RespError> {
     }
 }
 
-/// 2. Opcode sequence: Middle and Last continue a message of their kind; First and Only
+/// Check 2, Opcode sequence: Middle and Last continue a message of their kind; First and Only
 /// start one.
 fn check_opcode_sequence(resp: &Responder, info: &OpcodeInfo) -> Result<(), RespError> {
     let continuing = matches!(info.position, Position::Middle | Position::Last);
@@ -425,7 +425,7 @@ fn check_opcode_sequence(resp: &Responder, info: &OpcodeInfo) -> Result<(), Resp
     }
 }
 
-/// 3. Operation enabled: RDMA Write, Read and Atomic need the QP's remote access enables.
+/// Check 3, Operation enabled: RDMA Write, Read and Atomic need the QP's remote access enables.
 fn check_operation_enabled(qp: &QpCtx, info: &OpcodeInfo) -> Result<(), RespError> {
     let need = match info.class {
         OpClass::RdmaWrite => Some(AccessFlags::REMOTE_WRITE),
@@ -440,7 +440,7 @@ fn check_operation_enabled(qp: &QpCtx, info: &OpcodeInfo) -> Result<(), RespErro
     }
 }
 
-/// 4. Resources of a message that completes a receive WQE: room in the receive CQ (on its
+/// Check 4, Resources of a message that completes a receive WQE: room in the receive CQ (on its
 /// last packet) and the receive WQE. A Send takes its WQE on its first packet (it becomes
 /// the message in progress); a Write with Immediate on its last (held until it executes).
 /// Either way nothing is done before it is there, so an RNR Nak leaves nothing half done.
@@ -472,7 +472,7 @@ fn check_receive_resources(
     Ok(())
 }
 
-/// 4. Resources of an RDMA Read or Atomic: a responder resource (the requester was told
+/// Check 4, Resources of an RDMA Read or Atomic: a responder resource (the requester was told
 /// how many it may use).
 fn check_rd_atomic_resources(qp: &QpCtx) -> Result<(), RespError> {
     if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
@@ -482,7 +482,7 @@ fn check_rd_atomic_resources(qp: &QpCtx) -> Result<(), RespError> {
     }
 }
 
-/// 5. Length: whether a packet at `position` may carry `len` payload bytes with this PMTU.
+/// Check 5, Length: whether a packet at `position` may carry `len` payload bytes with this PMTU.
 fn check_packet_length(position: Position, len: u32, pmtu: u32) -> Result<(), RespError> {
     let ok = match position {
         Position::First | Position::Middle => len == pmtu,
@@ -496,7 +496,7 @@ fn check_packet_length(position: Position, len: u32, pmtu: u32) -> Result<(), Re
     }
 }
 
-/// 6. R_Key: `len` bytes at `va` through `rkey`, with access `need`, in this QP's domain;
+/// Check 6, R_Key: `len` bytes at `va` through `rkey`, with access `need`, in this QP's domain;
 /// the offset in the arena.
 fn check_rkey(
     qp: &QpCtx,

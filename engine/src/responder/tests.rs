@@ -388,3 +388,55 @@ fn a_sequence_nak_is_not_delayed() {
         ]
     );
 }
+
+/// A PSN ahead of ePSN gets one PSN Sequence Error Nak; more packets ahead of ePSN while
+/// it is outstanding are dropped without another (and counted as dropped).
+#[test]
+fn one_sequence_nak_per_gap() {
+    let mut r = rig(AccessFlags::ALL);
+    r.post_recv(4);
+    let dropped = r.ctx.stats().dropped;
+    r.request(Opcode::SendOnly, 1, |_| {}, b"abcd");
+    r.request(Opcode::SendOnly, 2, |_| {}, b"abcd");
+    r.step();
+    assert_eq!(
+        r.answers(),
+        [(Opcode::Acknowledge, 0, nak(NakCode::PsnSequenceError))]
+    );
+    assert_eq!(r.ctx.stats().dropped, dropped + 2);
+}
+
+/// Each remote operation needs its own enable: a Read on a QP without remote read, and an
+/// Atomic on a QP without remote atomics, are Invalid Requests.
+#[test]
+fn reads_and_atomics_need_their_enables() {
+    let mut r = rig(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+    let reth = r.reth(0, 4);
+    r.request(Opcode::RdmaReadRequest, 0, |p| p.reth = Some(reth), &[]);
+    r.step();
+    assert_eq!(
+        r.answers(),
+        [(Opcode::Acknowledge, 0, nak(NakCode::InvalidRequest))]
+    );
+
+    let mut r = rig(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ);
+    let t = r.mr.remote(64);
+    r.request(
+        Opcode::CompareSwap,
+        0,
+        |p| {
+            p.atomic_eth = Some(AtomicEthRepr {
+                va: t.addr,
+                rkey: t.rkey,
+                swap_add: 1,
+                compare: 0,
+            })
+        },
+        &[],
+    );
+    r.step();
+    assert_eq!(
+        r.answers(),
+        [(Opcode::Acknowledge, 0, nak(NakCode::InvalidRequest))]
+    );
+}
