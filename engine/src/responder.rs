@@ -3,8 +3,9 @@
 //! The receive path is a pipeline of named checks in the order of the rxe responder
 //! (`CHK_PSN → CHK_OP_SEQ → CHK_OP_VALID → CHK_RESOURCE → CHK_LENGTH → CHK_RKEY →
 //! EXECUTE`). Each check is a function that returns `Result<_, RespError>`; the first that
-//! fails refuses the packet, and one table (`verdict`, in `responder/error.rs`) says what each refusal sends back
-//! (the AETH syndrome), how a receive WQE in use completes, and whether the QP is lost:
+//! fails refuses the packet, and one table (`verdict`, in `responder/error.rs`) says
+//! what each refusal sends back (the AETH syndrome), how a receive WQE in use
+//! completes, and whether the QP is lost:
 //!
 //! 1. **PSN** against ePSN ([`crate::psn::classify`]): the expected PSN is executed; a
 //!    duplicate is answered again without being executed again (an Ack for Sends and
@@ -29,9 +30,9 @@
 //! Acknowledges, Acks) still leave first, in PSN order, as the rxe responder acknowledges
 //! each request before it turns to the next.
 //!
-//! Positive Acks are off the critical path (`responder/owed.rs`): an accepted request records the Ack
-//! the QP owes, and the engine sends the owed Acks at the end of its iteration, one per QP
-//! for everything accepted. Naks, RNR Naks, Read responses and Atomic Acknowledges go
+//! Positive Acks are off the critical path (`responder/owed.rs`): an accepted request
+//! records the Ack the QP owes, and the engine sends the owed Acks at the end of its
+//! iteration, one per QP for everything accepted. Naks, RNR Naks, Read responses and Atomic Acknowledges go
 //! through a queue and leave in PSN order as the link has room; an Ack never overtakes the
 //! responses of an earlier Read.
 
