@@ -32,9 +32,9 @@
 //!
 //! Positive Acks are off the critical path (`responder/owed.rs`): an accepted request
 //! records the Ack the QP owes, and the engine sends the owed Acks at the end of its
-//! iteration, one per QP for everything accepted. Naks, RNR Naks, Read responses and Atomic Acknowledges go
-//! through a queue and leave in PSN order as the link has room; an Ack never overtakes the
-//! responses of an earlier Read.
+//! iteration, one per QP for everything accepted. Naks, RNR Naks, Read responses and
+//! Atomic Acknowledges go through a queue and leave in PSN order as the link has room; an
+//! Ack never overtakes the responses of an earlier Read.
 
 mod error;
 mod owed;
