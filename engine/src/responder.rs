@@ -1,33 +1,48 @@
 //! RQ Logic (the responder): executes request packets and answers them (spec/01, spec/02).
 //!
-//! Each request runs through the checks of the rxe responder, each with its own Nak:
+//! The receive path is a pipeline of named checks in the order of the rxe responder
+//! (`CHK_PSN → CHK_OP_SEQ → CHK_OP_VALID → CHK_RESOURCE → CHK_LENGTH → CHK_RKEY →
+//! EXECUTE`). Each check is a function that returns `Result<_, RespError>`; the first that
+//! fails refuses the packet, and one table (`verdict`, in `responder/error.rs`) says
+//! what each refusal sends back (the AETH syndrome), how a receive WQE in use
+//! completes, and whether the QP is lost:
 //!
 //! 1. **PSN** against ePSN ([`crate::psn::classify`]): the expected PSN is executed; a
 //!    duplicate is answered again without being executed again (an Ack for Sends and
 //!    Writes, the saved result for an Atomic, the data again for a Read); a PSN ahead of
 //!    ePSN means packets were lost and gets one PSN Sequence Error Nak.
-//! 2. **Opcode sequence**: Middle/Last only inside a message of the same kind — else
-//!    Invalid Request.
-//! 3. **Operation enabled** on this QP (remote write/read/atomic enables) — else Invalid
-//!    Request.
-//! 4. **Resources**: a Send or a Write with Immediate needs a receive WQE — else RNR Nak
-//!    with the QP's minimum RNR timer; Reads and Atomics need a responder resource.
+//! 2. **Opcode sequence**: Middle/Last only inside a message of the same kind, First/Only
+//!    only outside one.
+//! 3. **Operation enabled** on this QP (remote write/read/atomic enables).
+//! 4. **Resources**: a Send or a Write with Immediate needs a receive WQE and, to complete
+//!    it, room in the receive CQ — else an RNR Nak with the QP's minimum RNR timer; Reads
+//!    and Atomics need a responder resource.
 //! 5. **Length**: First/Middle packets carry exactly a PMTU, Last/Only at most one; a Write
-//!    carries exactly its RETH length; a Send fits its receive WQE — else Invalid Request
-//!    (and a local length error on the receive WQE).
+//!    carries exactly its RETH length; the extended headers the opcode calls for are there;
+//!    an Atomic's address is 8-byte aligned.
 //! 6. **R_Key**: key, protection domain, access rights and bounds from the RETH/AtomicETH
-//!    — else Remote Access Error; a misaligned Atomic is an Invalid Request.
-//! 7. **Execute** (copy the payload, run the Atomic, queue Read responses) and
-//!    **acknowledge**.
+//!    (and the key a Send with Invalidate names).
+//! 7. **Execute** (copy the payload — a Send longer than its receive WQE is refused here —,
+//!    run the Atomic, queue Read responses) and **acknowledge**.
 //!
-//! A Nak for an invalid request or an access violation moves the QP to the Error state.
-//! It is the last packet the QP sends: the responses of the requests accepted before it
-//! (RDMA Read responses, Atomic Acknowledges, Acks) still leave first, in PSN order, as
-//! the rxe responder acknowledges each request before it turns to the next.
+//! A fatal refusal moves the QP to the Error state. Its Nak is the last packet the QP
+//! sends: the responses of the requests accepted before it (RDMA Read responses, Atomic
+//! Acknowledges, Acks) still leave first, in PSN order, as the rxe responder acknowledges
+//! each request before it turns to the next.
 //!
-//! Responses leave in PSN order through one queue: Acks merge while they wait (one Ack
-//! per burst acknowledges every PSN up to it), RDMA Read responses are generated as the
-//! link has room, and an Ack never overtakes the responses of an earlier Read.
+//! Positive Acks are off the critical path (`responder/owed.rs`): an accepted request
+//! records the Ack the QP owes, and the engine sends the owed Acks at the end of its
+//! iteration, one per QP for everything accepted. Naks, RNR Naks, Read responses and
+//! Atomic Acknowledges go through a queue and leave in PSN order as the link has room; an
+//! Ack never overtakes the responses of an earlier Read.
+
+mod error;
+mod owed;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use error::{RespError, verdict};
+pub(crate) use owed::{OwedAck, OwedAcks};
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -45,6 +60,7 @@ use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
+use error::Reply;
 
 /// An RDMA Read being answered.
 #[derive(Debug, Clone, Copy)]
@@ -134,6 +150,12 @@ pub(crate) struct Responder {
     /// The status the receive WQE of the current Send completes with when flushed: the
     /// local error of a fatal error whose completion found the receive CQ full.
     cur_status: WcStatus,
+    /// The receive WQE a Write with Immediate took in the resources check, until it
+    /// executes (or is refused: then it completes in error).
+    held: Option<RqWqe>,
+    /// The positive Ack owed for the requests accepted (see [`owed`]). Only while
+    /// nothing is queued in `out`: a response queued after it carries it or follows it.
+    owed: Option<OwedAck>,
 }
 
 /// Room for the response queue: every Read/Atomic resource and as many answers to
@@ -155,6 +177,8 @@ impl Responder {
             dup_queued: 0,
             closing: false,
             cur_status: WcStatus::WrFlushErr,
+            held: None,
+            owed: None,
         }
     }
 
@@ -170,13 +194,23 @@ impl Responder {
         self.epsn = epsn;
     }
 
-    /// Whether responses wait to be sent.
+    /// Whether responses wait to be sent (not counting an owed Ack: the engine's
+    /// [`OwedAcks`] lists those).
     pub(crate) fn has_output(&self) -> bool {
         !self.out.is_empty()
     }
 
-    /// The receive WQE of a half-received Send (for flushing).
+    /// The positive Ack owed, if any.
+    pub(crate) fn owed_ack(&self) -> Option<OwedAck> {
+        self.owed
+    }
+
+    /// The receive WQE in use: a half-received Send's, or the one a Write with Immediate
+    /// took (for completing in error, or flushing).
     pub(crate) fn take_current_wqe(&mut self) -> Option<RqWqe> {
+        if let Some(wqe) = self.held.take() {
+            return Some(wqe);
+        }
         match std::mem::replace(&mut self.cur, Inbound::Idle) {
             Inbound::Send { wqe, .. } => Some(wqe),
             other => {
@@ -200,7 +234,47 @@ impl Responder {
         };
     }
 
+    /// Records the positive Ack owed for `psn` (MSN `msn`), replacing the one owed: it
+    /// acknowledges every request before it too. Behind a queued response it is queued
+    /// instead, so that it does not overtake it.
+    fn owe(&mut self, psn: Psn, msn: u32) {
+        if self.out.is_empty() {
+            self.owed = Some(OwedAck { psn, msn });
+        } else {
+            self.queue(Out::Ack { psn, msn });
+        }
+    }
+
+    /// Queues a Nak or RNR Nak for `psn`; later out-of-sequence packets are dropped until
+    /// ePSN arrives.
+    fn queue_nak(&mut self, psn: Psn, syndrome: Syndrome) {
+        self.queue(Out::Nak { psn, syndrome });
+        self.nak_outstanding = true;
+    }
+
+    /// Queues response `o`. A new RDMA Read's or Atomic's response acknowledges every
+    /// request before it (spec/01: it "implicitly Acks all unAck'd requests issued
+    /// before"), with an AETH that reports credits: the owed Ack is dropped. Anything else
+    /// — a Nak, which reports no credits, or the answer to a duplicate, whose PSN is older
+    /// — leaves after the owed Ack, which is queued first.
     fn queue(&mut self, o: Out) {
+        match o {
+            Out::Read(ReadJob { dup: false, .. }) | Out::Atomic { dup: false, .. } => {
+                self.owed = None;
+            }
+            _ => {
+                if let Some(a) = self.owed.take() {
+                    self.push_out(Out::Ack {
+                        psn: a.psn,
+                        msn: a.msn,
+                    });
+                }
+            }
+        }
+        self.push_out(o);
+    }
+
+    fn push_out(&mut self, o: Out) {
         if let (Out::Ack { psn, msn }, Some(Out::Ack { psn: p, msn: m })) = (o, self.out.back_mut())
         {
             *p = psn;
@@ -246,45 +320,114 @@ impl Responder {
     }
 }
 
-/// Handles one request packet addressed to this QP's RQ Logic.
+/// Handles one request packet addressed to this QP's RQ Logic: runs it through the checks
+/// and, if one refuses it, answers as the table ([`verdict`]) says.
 pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
-    let info = pkt.info;
-    if !qp.state.receives() {
-        env.stats.dropped += 1;
-        return;
+    if let Err(e) = receive(qp, env, pkt) {
+        refuse(qp, env, pkt.bth.psn, e);
     }
-    let psn = pkt.bth.psn;
-    let resp = &mut qp.resp;
-    match psn::classify(psn, resp.epsn) {
-        PsnRegion::Valid => resp.nak_outstanding = false,
-        PsnRegion::Duplicate => return duplicate(qp, env, pkt, info),
-        PsnRegion::Invalid => {
-            if !resp.nak_outstanding {
-                let epsn = resp.epsn;
-                resp.queue(Out::Nak {
-                    psn: epsn,
-                    syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
-                });
-                resp.nak_outstanding = true;
-            }
-            env.stats.dropped += 1;
-            return;
+}
+
+/// The receive pipeline: each check in the spec's order; the first that fails refuses
+/// the packet.
+fn receive(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
+    let info = pkt.info;
+    check_state(qp)?;
+    if check_psn(&mut qp.resp, pkt.bth.psn)? == Fresh::Duplicate {
+        return duplicate(qp, env, pkt, info);
+    }
+    check_opcode_sequence(&qp.resp, info)?;
+    check_operation_enabled(qp, info)?;
+    match info.class {
+        OpClass::Send => send(qp, env, pkt, info),
+        OpClass::RdmaWrite => write(qp, env, pkt, info),
+        OpClass::RdmaReadRequest => read(qp, env, pkt),
+        OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
+        _ => Err(RespError::NotReceiving),
+    }
+}
+
+/// Answers a refused request as [`verdict`] says: a Nak (the last packet of the QP if the
+/// error is fatal, a receive WQE in use completing in error), an RNR Nak, or nothing.
+fn refuse(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, e: RespError) {
+    let v = verdict(e);
+    if v.dropped {
+        env.stats.dropped += 1;
+    }
+    match v.reply {
+        Reply::Nothing => {}
+        Reply::Nak(code) if v.fatal => {
+            fatal(
+                qp,
+                env,
+                psn,
+                code,
+                v.recv_status.unwrap_or(WcStatus::LocQpOpErr),
+            );
+        }
+        // A sequence error names the PSN expected: the requester resends from there.
+        Reply::Nak(code) => {
+            let epsn = qp.resp.epsn;
+            qp.resp.queue_nak(epsn, Syndrome::Nak(code));
+        }
+        Reply::RnrNak => {
+            let timer = RnrTimer::new(qp.cfg.min_rnr_timer);
+            qp.resp.queue_nak(psn, Syndrome::RnrNak { timer });
         }
     }
+}
 
-    // 2. Opcode sequence.
+/// Whether a request that passed the PSN check is new or a duplicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fresh {
+    /// PSN = ePSN: executed.
+    New,
+    /// Before ePSN: answered again, not executed again.
+    Duplicate,
+}
+
+/// The QP receives only from RTR on, and not in the Error state.
+fn check_state(qp: &QpCtx) -> Result<(), RespError> {
+    if qp.state.receives() {
+        Ok(())
+    } else {
+        Err(RespError::NotReceiving)
+    }
+}
+
+/// Check 1, PSN against ePSN ([`crate::psn::classify`]).
+fn check_psn(resp: &mut Responder, psn: Psn) -> Result<Fresh, RespError> {
+    match psn::classify(psn, resp.epsn) {
+        PsnRegion::Valid => {
+            resp.nak_outstanding = false;
+            Ok(Fresh::New)
+        }
+        PsnRegion::Duplicate => Ok(Fresh::Duplicate),
+        PsnRegion::Invalid if resp.nak_outstanding => Err(RespError::PsnAheadNakOutstanding),
+        PsnRegion::Invalid => Err(RespError::PsnAhead),
+    }
+}
+
+/// Check 2, Opcode sequence: Middle and Last continue a message of their kind; First and Only
+/// start one.
+fn check_opcode_sequence(resp: &Responder, info: &OpcodeInfo) -> Result<(), RespError> {
     let continuing = matches!(info.position, Position::Middle | Position::Last);
-    let seq_ok = match (&resp.cur, info.class) {
+    let ok = match (&resp.cur, info.class) {
         (Inbound::Send { .. }, OpClass::Send) | (Inbound::Write { .. }, OpClass::RdmaWrite) => {
             continuing
         }
         (Inbound::Idle, _) => !continuing,
         _ => false,
     };
-    if !seq_ok {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
+    if ok {
+        Ok(())
+    } else {
+        Err(RespError::OpcodeOutOfSequence)
     }
-    // 3. Operation enabled on this QP.
+}
+
+/// Check 3, Operation enabled: RDMA Write, Read and Atomic need the QP's remote access enables.
+fn check_operation_enabled(qp: &QpCtx, info: &OpcodeInfo) -> Result<(), RespError> {
     let need = match info.class {
         OpClass::RdmaWrite => Some(AccessFlags::REMOTE_WRITE),
         OpClass::RdmaReadRequest => Some(AccessFlags::REMOTE_READ),
@@ -292,47 +435,87 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) 
         _ => None,
     };
     if need.is_some_and(|n| !qp.cfg.access.contains(n)) {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
-    }
-    match info.class {
-        OpClass::Send => send(qp, env, pkt, info),
-        OpClass::RdmaWrite => write(qp, env, pkt, info),
-        OpClass::RdmaReadRequest => read(qp, env, pkt),
-        OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
-        _ => env.stats.dropped += 1,
+        Err(RespError::OperationNotEnabled)
+    } else {
+        Ok(())
     }
 }
 
-/// Whether a packet at `position` may carry `len` payload bytes with this PMTU.
-fn length_ok(position: Position, len: u32, pmtu: u32) -> bool {
-    match position {
+/// Check 4, Resources of a message that completes a receive WQE: room in the receive CQ (on its
+/// last packet) and the receive WQE. A Send takes its WQE on its first packet (it becomes
+/// the message in progress); a Write with Immediate on its last (held until it executes).
+/// Either way nothing is done before it is there, so an RNR Nak leaves nothing half done.
+fn check_receive_resources(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    last: bool,
+    class: OpClass,
+) -> Result<(), RespError> {
+    if last && !env.cqs.has_room(qp.recv_cq) {
+        return Err(RespError::ReceiveCqFull);
+    }
+    let needed = match class {
+        OpClass::Send => matches!(qp.resp.cur, Inbound::Idle),
+        _ => qp.resp.held.is_none(),
+    };
+    if needed {
+        let wqe = env.take_recv(qp).ok_or(RespError::NoReceiveWqe)?;
+        if class == OpClass::Send {
+            qp.resp.cur = Inbound::Send {
+                wqe,
+                cursor: Cursor::default(),
+                got: 0,
+            };
+        } else {
+            qp.resp.held = Some(wqe);
+        }
+    }
+    Ok(())
+}
+
+/// Check 4, Resources of an RDMA Read or Atomic: a responder resource (the requester was told
+/// how many it may use).
+fn check_rd_atomic_resources(qp: &QpCtx) -> Result<(), RespError> {
+    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+        Err(RespError::TooManyReadAtomic)
+    } else {
+        Ok(())
+    }
+}
+
+/// Check 5, Length: whether a packet at `position` may carry `len` payload bytes with this PMTU.
+fn check_packet_length(position: Position, len: u32, pmtu: u32) -> Result<(), RespError> {
+    let ok = match position {
         Position::First | Position::Middle => len == pmtu,
         Position::Last => (1..=pmtu).contains(&len),
         Position::Only => len <= pmtu,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(RespError::BadLength)
     }
 }
 
-/// Sends an RNR Nak for `psn` (no receive WQE, or no room to complete one).
-fn rnr(qp: &mut QpCtx, psn: Psn) {
-    let timer = RnrTimer::new(qp.cfg.min_rnr_timer);
-    qp.resp.queue(Out::Nak {
-        psn,
-        syndrome: Syndrome::RnrNak { timer },
-    });
-    qp.resp.nak_outstanding = true;
+/// Check 6, R_Key: `len` bytes at `va` through `rkey`, with access `need`, in this QP's domain;
+/// the offset in the arena.
+fn check_rkey(
+    qp: &QpCtx,
+    env: &Env<'_>,
+    rkey: u32,
+    need: AccessFlags,
+    va: u64,
+    len: u64,
+) -> Result<u64, RespError> {
+    env.check_remote(rkey, (qp.pd, qp.qpn), need, va, len)
+        .map_err(|_| RespError::RKeyViolation)
 }
 
 /// Naks `psn` with `code` and moves the QP to the Error state; a receive WQE in use
-/// completes with a local QP operation error (spec/02: the error reaches local software
-/// too).
-fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode) {
-    fatal_with(qp, env, psn, code, WcStatus::LocQpOpErr);
-}
-
-/// As [`fatal`], completing the current receive WQE with `local` instead. If the receive
+/// completes with `local` (spec/02: the error reaches local software too). If the receive
 /// CQ is full, the WQE stays current and completes with `local` when the Error state
 /// flushes it.
-fn fatal_with(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
+fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
     qp.resp.queue_fatal(psn, code);
     if let Some(wqe) = qp.resp.take_current_wqe() {
         let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
@@ -346,57 +529,46 @@ fn fatal_with(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local:
     qp.enter_error(env);
 }
 
-/// Accepts `psn`: advances ePSN and queues the (coalescing) Ack that covers it.
+/// Accepts `psn`: advances ePSN and records the Ack owed for it (one Ack covers every
+/// request accepted before it leaves).
 fn ack(qp: &mut QpCtx, psn: Psn) {
     let msn = qp.resp.msn;
     qp.resp.epsn = psn.add(1);
-    qp.resp.queue(Out::Ack { psn, msn });
+    qp.resp.owe(psn, msn);
 }
 
-fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn send(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    info: &OpcodeInfo,
+) -> Result<(), RespError> {
     let psn = pkt.bth.psn;
-    let len = pkt.payload.len();
-    if !length_ok(info.position, len, qp.cfg.path_mtu.bytes()) {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
-    }
     let last = matches!(info.position, Position::Last | Position::Only);
-    // Resources first, so an RNR Nak leaves nothing half done.
-    if last && !env.cqs.has_room(qp.recv_cq) {
-        return rnr(qp, psn);
+    check_receive_resources(qp, env, last, OpClass::Send)?;
+    check_packet_length(info.position, pkt.payload.len(), qp.cfg.path_mtu.bytes())?;
+    let ieth = match (last && info.invalidate, pkt.ieth()) {
+        (false, _) => None,
+        (true, Some(key)) => Some(key),
+        (true, None) => return Err(RespError::MissingHeader),
+    };
+    // 6. Send with Invalidate: the type 2 window bound to this QP with the IETH's key stops
+    // working before the message completes.
+    if let Some(key) = ieth {
+        env.mws
+            .invalidate(key, qp.pd, Some(qp.qpn))
+            .map_err(|_| RespError::InvalidateRefused)?;
     }
-    if let Inbound::Idle = qp.resp.cur {
-        match env.take_recv(qp) {
-            Some(wqe) => {
-                qp.resp.cur = Inbound::Send {
-                    wqe,
-                    cursor: Cursor::default(),
-                    got: 0,
-                }
-            }
-            _ => return rnr(qp, psn),
-        }
-    }
+    // 7. Execute.
     let Inbound::Send {
         wqe,
         mut cursor,
         mut got,
     } = qp.resp.cur
     else {
-        unreachable!("checked by the opcode sequence");
+        // The resources check made it current.
+        return Err(RespError::OpcodeOutOfSequence);
     };
-    // Send with Invalidate: the type 2 window bound to this QP with the IETH's key stops
-    // working before the message completes (a key this QP may not invalidate is an
-    // Invalid Request, and a local protection error on the receive).
-    let mut invalidated = None;
-    if last && info.invalidate {
-        let Some(key) = pkt.ieth() else {
-            return fatal(qp, env, psn, NakCode::InvalidRequest);
-        };
-        if env.mws.invalidate(key, qp.pd, Some(qp.qpn)).is_err() {
-            return fatal_with(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocProtErr);
-        }
-        invalidated = Some(key);
-    }
     match dma::copy_payload(
         pkt,
         &qp.peer_mem,
@@ -408,26 +580,18 @@ fn send(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo
             env.stats.payload_bytes_copied += n;
             got += n;
         }
-        Err(CopyError::DestinationFull) => {
-            return fatal_with(qp, env, psn, NakCode::InvalidRequest, WcStatus::LocLenErr);
-        }
-        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest),
+        Err(CopyError::DestinationFull) => return Err(RespError::ReceiveTooShort),
+        Err(_) => return Err(RespError::CopyFailed),
     }
     if last {
         qp.resp.cur = Inbound::Idle;
-        complete_recv(
-            qp,
-            env,
-            &wqe,
-            (WcOpcode::Recv, invalidated),
-            got as u32,
-            pkt,
-        );
+        complete_recv(qp, env, &wqe, (WcOpcode::Recv, ieth), got as u32, pkt);
         qp.resp.next_msn();
     } else {
         qp.resp.cur = Inbound::Send { wqe, cursor, got };
     }
     ack(qp, psn);
+    Ok(())
 }
 
 /// Retires receive WQE `wqe` and completes it successfully with the message that ended in
@@ -454,14 +618,23 @@ fn complete_recv(
     debug_assert!(completed, "room was checked");
 }
 
-fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn write(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    info: &OpcodeInfo,
+) -> Result<(), RespError> {
     let psn = pkt.bth.psn;
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
     let last = matches!(info.position, Position::Last | Position::Only);
-    // The Write in progress: a new one named by the RETH, or the one continued. It is
-    // recorded only once the packet is accepted, so that an RNR Nak leaves the responder
-    // idle and the retried packet is taken for what it is.
+    // 4. A Write with Immediate consumes a receive WQE on its last packet.
+    if pkt.imm().is_some() {
+        check_receive_resources(qp, env, last, OpClass::RdmaWrite)?;
+    }
+    // 5. Length. The Write in progress: a new one named by the RETH, or the one continued.
+    // It is recorded only once the packet is accepted, so that an RNR Nak leaves the
+    // responder idle and the retried packet is taken for what it is.
     let (va, rkey, done, total) = match (pkt.reth(), qp.resp.cur) {
         (Some(reth), _) => (reth.va, reth.rkey, 0, u64::from(reth.dma_len)),
         (
@@ -473,45 +646,27 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
                 total,
             },
         ) => (va, rkey, done, total),
-        (None, _) => return fatal(qp, env, psn, NakCode::InvalidRequest),
+        (None, _) => return Err(RespError::MissingHeader),
     };
+    check_packet_length(info.position, len as u32, pmtu)?;
     let left = total - done;
-    let len_ok =
-        length_ok(info.position, len as u32, pmtu) && if last { len == left } else { len < left };
-    if !len_ok {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
+    if !(if last { len == left } else { len < left }) {
+        return Err(RespError::BadLength);
     }
-    // The whole message's range is checked on its first packet (spec: the RETH names it),
-    // and each packet's piece again, in case the region went away in between.
-    if info.position == Position::First || info.position == Position::Only {
-        if let Err(_denied) =
-            env.check_remote(rkey, (qp.pd, qp.qpn), AccessFlags::REMOTE_WRITE, va, total)
-        {
-            return fatal(qp, env, psn, NakCode::RemoteAccessError);
-        }
+    // 6. R_Key. The whole message's range is checked on its first packet (the RETH names
+    // it), and each packet's piece again, in case the region went away in between.
+    if matches!(info.position, Position::First | Position::Only) {
+        check_rkey(qp, env, rkey, AccessFlags::REMOTE_WRITE, va, total)?;
     }
-    let Ok(off) = env.check_remote(
+    let off = check_rkey(
+        qp,
+        env,
         rkey,
-        (qp.pd, qp.qpn),
         AccessFlags::REMOTE_WRITE,
         va.wrapping_add(done),
         len,
-    ) else {
-        return fatal(qp, env, psn, NakCode::RemoteAccessError);
-    };
-    let imm = pkt.imm();
-    // A Write with Immediate consumes a receive WQE on its last packet: check before
-    // writing anything, so an RNR Nak leaves nothing half done.
-    let mut rq_wqe = None;
-    if imm.is_some() {
-        if !env.cqs.has_room(qp.recv_cq) {
-            return rnr(qp, psn);
-        }
-        match env.take_recv(qp) {
-            Some(w) => rq_wqe = Some(w),
-            _ => return rnr(qp, psn),
-        }
-    }
+    )?;
+    // 7. Execute.
     let dst = DataLoc::Single(SgeEntry {
         off,
         len: len as u32,
@@ -526,11 +681,11 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
         &mut cursor,
     ) {
         Ok(n) => env.stats.payload_bytes_copied += n,
-        Err(_) => return fatal(qp, env, psn, NakCode::InvalidRequest),
+        Err(_) => return Err(RespError::CopyFailed),
     }
     if last {
         qp.resp.cur = Inbound::Idle;
-        if let Some(w) = rq_wqe {
+        if let Some(w) = qp.resp.held.take() {
             complete_recv(
                 qp,
                 env,
@@ -550,29 +705,21 @@ fn write(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInf
         };
     }
     ack(qp, psn);
+    Ok(())
 }
 
-fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
     let psn = pkt.bth.psn;
-    let Some(reth) = pkt.reth() else {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
-    };
-    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
-        // More Reads/Atomics than the responder resources the requester was told of.
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
-    }
-    if env
-        .check_remote(
-            reth.rkey,
-            (qp.pd, qp.qpn),
-            AccessFlags::REMOTE_READ,
-            reth.va,
-            u64::from(reth.dma_len),
-        )
-        .is_err()
-    {
-        return fatal(qp, env, psn, NakCode::RemoteAccessError);
-    }
+    check_rd_atomic_resources(qp)?;
+    let reth = pkt.reth().ok_or(RespError::MissingHeader)?;
+    check_rkey(
+        qp,
+        env,
+        reth.rkey,
+        AccessFlags::REMOTE_READ,
+        reth.va,
+        u64::from(reth.dma_len),
+    )?;
     let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
     let msn = qp.resp.next_msn();
     qp.resp.rd_atomic_queued += 1;
@@ -587,33 +734,30 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
         dup: false,
     }));
     qp.resp.epsn = psn.add(npkts);
+    Ok(())
 }
 
-fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
+fn atomic(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    info: &OpcodeInfo,
+) -> Result<(), RespError> {
     let psn = pkt.bth.psn;
-    let Some(a) = pkt.atomic_eth() else {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
-    };
+    check_rd_atomic_resources(qp)?;
+    let a = pkt.atomic_eth().ok_or(RespError::MissingHeader)?;
     if a.va % 8 != 0 {
         // Atomics work on naturally aligned 64-bit words.
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
+        return Err(RespError::MisalignedAtomic);
     }
-    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
-        return fatal(qp, env, psn, NakCode::InvalidRequest);
-    }
-    let Ok(off) = env.check_remote(a.rkey, (qp.pd, qp.qpn), AccessFlags::REMOTE_ATOMIC, a.va, 8)
-    else {
-        return fatal(qp, env, psn, NakCode::RemoteAccessError);
-    };
+    let off = check_rkey(qp, env, a.rkey, AccessFlags::REMOTE_ATOMIC, a.va, 8)?;
     let mem = Local::new(&qp.mem, env.mrs);
     let orig = if info.class == OpClass::CompareSwap {
         mem.compare_swap_u64(off, a.compare, a.swap_add)
     } else {
         mem.fetch_add_u64(off, a.swap_add)
     };
-    let Ok(orig) = orig else {
-        return fatal(qp, env, psn, NakCode::RemoteOperationalError);
-    };
+    let orig = orig.map_err(|_| RespError::AtomicFailed)?;
     let msn = qp.resp.next_msn();
     let resp = &mut qp.resp;
     if resp.atomics.len() == MAX_RD_ATOMIC as usize {
@@ -628,33 +772,39 @@ fn atomic(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeIn
         dup: false,
     });
     resp.epsn = psn.add(1);
+    Ok(())
 }
 
 /// Answers a duplicate request without executing it again.
-fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &OpcodeInfo) {
-    let resp = &mut qp.resp;
+fn duplicate(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    info: &OpcodeInfo,
+) -> Result<(), RespError> {
     match info.class {
         OpClass::Send | OpClass::RdmaWrite => {
+            let resp = &mut qp.resp;
             let (psn, msn) = (resp.epsn.sub(1), resp.msn);
-            resp.queue(Out::Ack { psn, msn });
+            resp.owe(psn, msn);
         }
         OpClass::RdmaReadRequest => {
             // The requester asks again from some response on: serve that range again.
-            let Some(reth) = pkt.reth() else { return };
-            let ok = env
-                .check_remote(
-                    reth.rkey,
-                    (qp.pd, qp.qpn),
-                    AccessFlags::REMOTE_READ,
-                    reth.va,
-                    u64::from(reth.dma_len),
-                )
-                .is_ok();
-            if !ok {
-                // Checked again like a new Read, and refused like one: the region may
-                // have gone since the original.
-                return fatal(qp, env, pkt.bth.psn, NakCode::RemoteAccessError);
-            }
+            let Some(reth) = pkt.reth() else {
+                return Ok(());
+            };
+            // Checked again like a new Read, and refused like one: the region may have gone
+            // since the original.
+            check_rkey(
+                qp,
+                env,
+                reth.rkey,
+                AccessFlags::REMOTE_READ,
+                reth.va,
+                u64::from(reth.dma_len),
+            )?;
+            let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
+            let resp = &mut qp.resp;
             if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
                 resp.dup_queued += 1;
                 let msn = resp.msn;
@@ -663,7 +813,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
                     va: reth.va,
                     rkey: reth.rkey,
                     len: reth.dma_len,
-                    npkts: psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes()),
+                    npkts,
                     next: 0,
                     msn,
                     dup: true,
@@ -672,6 +822,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
         }
         OpClass::CompareSwap | OpClass::FetchAdd => {
             let psn = pkt.bth.psn;
+            let resp = &mut qp.resp;
             if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
                 if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
                     resp.dup_queued += 1;
@@ -686,6 +837,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
         }
         _ => {}
     }
+    Ok(())
 }
 
 /// Sends queued responses as far as the link has room, then, if credits went up while the
@@ -694,11 +846,11 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, info: &Opcod
 /// In the Error state only Naks leave, unless a fatal Nak of this responder is queued:
 /// then the responses ahead of it leave too, in order, and the Nak last.
 ///
-/// Positive Acks are coalesced: the requests accepted in one engine iteration are
-/// acknowledged by one Ack, sent in that same iteration (DESIGN: one Ack per burst). An Ack
-/// never waits for a later iteration: in inline mode there may be none — the application
-/// that just received its completion may stop polling — and a real HCA acknowledges
-/// whatever the application does.
+/// An Ack queued here (behind a Read's responses) leaves in order; an owed Ack leaves
+/// with [`send_owed_ack`] at the end of the iteration. Either way an Ack never waits for a
+/// later iteration unless the link is full: in inline mode there may be none — the
+/// application that just received its completion may stop polling — and a real HCA
+/// acknowledges whatever the application does.
 pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
     let Some(dest) = qp.cfg.dest else { return };
     let pmtu = qp.cfg.path_mtu.bytes();
@@ -778,7 +930,7 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
                         resp.out.pop_front();
                         resp.out.push_front(Out::Fatal {
                             psn,
-                            code: NakCode::RemoteAccessError,
+                            code: fatal_code(RespError::ReadSourceGone),
                         });
                         resp.closing = true;
                         qp.enter_error(env);
@@ -794,9 +946,10 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
         }
         qp.resp.out.pop_front();
     }
-    if qp.state == QpState::Error || qp.srq.is_some() {
+    if qp.state == QpState::Error || qp.srq.is_some() || qp.resp.owed.is_some() {
         // A QP on a shared receive queue reports no credits (the invalid code, spec/02
-        // Table 17-8): there is nothing to update.
+        // Table 17-8): there is nothing to update. An owed Ack reports them when it
+        // leaves, at the end of the iteration.
         return;
     }
     // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
@@ -824,6 +977,44 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
             advertise(qp, code.credits());
             env.stats.acks_sent += 1;
         }
+    }
+}
+
+/// Sends the positive Ack `qp` owes, if any, with the credits of now; false if the link has
+/// no room (it stays owed). In the Error state it is dropped, as queued Acks are.
+///
+/// Called once per iteration for every QP that owes one (the engine's `flush_owed_acks`),
+/// so the Ack leaves after the receive completions of the requests it acknowledges.
+pub(crate) fn send_owed_ack(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) -> bool {
+    let Some(a) = qp.resp.owed else { return true };
+    let Some(dest) = qp.cfg.dest.filter(|_| qp.state != QpState::Error) else {
+        qp.resp.owed = None;
+        return true;
+    };
+    let code = credit_code(qp);
+    if !emit_aeth(
+        wire,
+        env,
+        dest.qpn,
+        Opcode::Acknowledge,
+        a.psn,
+        Syndrome::Ack { credits: code },
+        a.msn,
+        None,
+    ) {
+        return false;
+    }
+    qp.resp.owed = None;
+    advertise(qp, code.credits());
+    env.stats.acks_sent += 1;
+    true
+}
+
+/// The Nak code of a fatal error.
+fn fatal_code(e: RespError) -> NakCode {
+    match verdict(e).reply {
+        Reply::Nak(code) => code,
+        _ => NakCode::InvalidRequest,
     }
 }
 

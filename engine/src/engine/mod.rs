@@ -6,8 +6,10 @@
 //! 2. receives a burst (up to [`RX_BURST`]) from each link and runs the RQ Logic or the
 //!    completer on each packet, by opcode;
 //! 3. for each active QP only: fetches new send WQEs, runs its timers, sends its queued
-//!    responses (coalesced Acks, RDMA Read responses) and runs the SQ Logic;
-//! 4. publishes each link's outgoing burst with one index store.
+//!    responses (Naks, RDMA Read responses, Atomic Acknowledges) and runs the SQ Logic;
+//! 4. sends the positive Acks the QPs owe, one per QP for everything it accepted
+//!    ([`crate::responder::OwedAcks`]);
+//! 5. publishes each link's outgoing burst with one index store.
 //!
 //! Its cost grows with the QPs that have work, not with the QPs that exist: idle QPs are not
 //! in the active set and are never looked at. The same `poll` runs on a dedicated engine
@@ -73,6 +75,8 @@ pub(crate) struct Engine {
     pub(crate) faults: Option<Box<crate::fault::Faults>>,
     /// Received packets dropped because their ICRC did not check.
     pub(crate) icrc_dropped: u64,
+    /// The QPs that owe a positive Ack, by link: sent at the end of the iteration.
+    owed: responder::OwedAcks,
 }
 
 impl Engine {
@@ -98,6 +102,7 @@ impl Engine {
             stats_area: None,
             faults: None,
             icrc_dropped: 0,
+            owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
         }
     }
 
@@ -265,6 +270,7 @@ impl Engine {
             nomem,
             faults,
             icrc_dropped,
+            owed,
             ..
         } = self;
         let mut env = res.env();
@@ -343,6 +349,9 @@ impl Engine {
                 };
                 if pkt.info.request {
                     responder::on_request(qp, &mut env, &pkt);
+                    if qp.resp.owed_ack().is_some() {
+                        owed.push(l, index);
+                    }
                 } else {
                     completer::on_response(qp, &mut env, &pkt);
                 }
@@ -416,7 +425,12 @@ impl Engine {
         }
         rung.clear();
 
-        // 4. Publish (with the packets the fault stage held that are due now).
+        // 4. Owed Acks.
+        if !owed.is_empty() {
+            flush_owed_acks(owed, qps, links, &mut env, faults, trace);
+        }
+
+        // 5. Publish (with the packets the fault stage held that are due now).
         if let Some(f) = faults.as_deref_mut() {
             release_held(f, links, trace);
         }
@@ -473,6 +487,9 @@ impl Engine {
         let mut wire = Wire { tx: &mut link.tx };
         if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
             responder::drain(qp, &mut env, &mut wire);
+            // An Ack still owed (the last iteration found the link full) follows the
+            // request; its entry in the owed list is left to be found empty.
+            responder::send_owed_ack(qp, &mut env, &mut wire);
         }
         if let Some(f) = faults.as_deref_mut() {
             f.on_sent(d.link, &mut link.tx, before, &qp.mem);
@@ -485,7 +502,9 @@ impl Engine {
 
     /// Whether no QP has work pending (the engine thread may sleep).
     pub(crate) fn idle(&self) -> bool {
-        self.active.is_empty() && !self.faults.as_ref().is_some_and(|f| f.holding())
+        self.active.is_empty()
+            && self.owed.is_empty()
+            && !self.faults.as_ref().is_some_and(|f| f.holding())
     }
 
     /// What the fault stage did, and the packets dropped for a bad ICRC.
@@ -565,6 +584,59 @@ fn release_held(
         });
     }
     f.forget_stale();
+}
+
+/// Sends the positive Acks the listed QPs owe (one per QP, covering every request it
+/// accepted), link by link; a QP whose link has no room stays listed for the next
+/// iteration. The one place owed Acks leave, apart from [`Engine::send_now`]'s path.
+fn flush_owed_acks(
+    owed: &mut responder::OwedAcks,
+    qps: &mut SlotTable<QpCtx>,
+    links: &mut SlotTable<Link>,
+    env: &mut Env<'_>,
+    faults: &mut Option<Box<crate::fault::Faults>>,
+    trace: &mut Option<Box<Trace>>,
+) {
+    let mut summary = owed.link_summary();
+    while summary != 0 {
+        let w = summary.trailing_zeros();
+        summary &= summary - 1;
+        let mut bits = owed.link_word(w);
+        while bits != 0 {
+            let l = w * 64 + bits.trailing_zeros();
+            bits &= bits - 1;
+            let mut list = owed.take(l);
+            let mut link = links
+                .at_mut(l)
+                .filter(|k| k.down.is_none() && k.tx.broken().is_none());
+            while let Some(i) = owed.pop(&mut list) {
+                // Entries are hints: the QP may have sent its Ack, gone, or moved.
+                let Some(qp) = qps.at_mut(i) else { continue };
+                let Some(d) = qp.cfg.dest.filter(|_| qp.resp.owed_ack().is_some()) else {
+                    continue;
+                };
+                if d.link.0 != l {
+                    owed.push(d.link.0, i);
+                    continue;
+                }
+                // A link that went down: its QPs learn it in step 3 and go to Error.
+                let Some(link) = link.as_deref_mut() else {
+                    continue;
+                };
+                let before = link.tx.queued().len();
+                if !responder::send_owed_ack(qp, env, &mut Wire { tx: &mut link.tx }) {
+                    owed.push(l, i);
+                    continue;
+                }
+                if let Some(f) = faults.as_deref_mut() {
+                    f.on_sent(d.link, &mut link.tx, before, &qp.mem);
+                }
+                if let Some(t) = trace.as_deref_mut() {
+                    trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+                }
+            }
+        }
+    }
 }
 
 /// Puts every QP of link `id` in the active set (the link went down: they must see it).

@@ -1,0 +1,335 @@
+//! Why the RQ Logic refuses a request, and what each refusal means: one table.
+//!
+//! Every check of the receive pipeline (see [`super`]) fails with a [`RespError`] that
+//! names the check and the fault. [`verdict`] is the only place that says, for each, what
+//! the requester is told (the AETH syndrome of spec/01 Table 17-3 and the Nak codes of
+//! Table 17-4), how a receive WQE in use completes, and whether the QP goes to the Error
+//! state — the rxe responder's `resp_states` error arms, as Rust types.
+
+use crate::verbs::wr::WcStatus;
+use crate::wire::aeth::NakCode;
+
+/// The check of the receive pipeline that failed, in the order the checks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The QP is not in a state that receives (before RTR, Error, Reset).
+    State,
+    /// The PSN against ePSN.
+    Psn,
+    /// The opcode against the message in progress.
+    OpcodeSequence,
+    /// The operation against the QP's remote access enables.
+    OperationEnabled,
+    /// A receive WQE, room in the receive CQ, a responder resource.
+    Resources,
+    /// Payload length and the extended headers the opcode calls for.
+    Length,
+    /// R_Key, protection domain, access rights and bounds.
+    RKey,
+    /// Carrying the request out.
+    Execute,
+}
+
+/// A request the RQ Logic refuses: the check that failed and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RespError {
+    /// The QP does not receive in its current state: the packet is dropped.
+    NotReceiving,
+    /// The PSN is ahead of ePSN: packets were lost (spec/04, "a PSN Sequence Error Nak is
+    /// returned").
+    PsnAhead,
+    /// The PSN is ahead of ePSN while a Nak for ePSN is outstanding: the requester already
+    /// knows and will resend from ePSN, so the packet is dropped without a second Nak.
+    PsnAheadNakOutstanding,
+    /// A Middle or Last packet outside a message of its kind, or a First or Only packet
+    /// inside one.
+    OpcodeOutOfSequence,
+    /// An RDMA Write, Read or Atomic the QP's access flags do not enable.
+    OperationNotEnabled,
+    /// A Send or RDMA Write with Immediate and no receive WQE posted (spec/02: "it results
+    /// in the return of an RNR Nak").
+    NoReceiveWqe,
+    /// A message that completes a receive WQE while the receive CQ has no room: the receive
+    /// is not ready either.
+    ReceiveCqFull,
+    /// More RDMA Reads and Atomics outstanding than the responder resources the requester
+    /// was given.
+    TooManyReadAtomic,
+    /// A First or Middle packet not exactly one PMTU long, a Last packet empty or longer
+    /// than a PMTU, an Only packet longer than a PMTU, or a Write whose packets do not add
+    /// up to its RETH's DMA length.
+    BadLength,
+    /// The RETH, AtomicETH or IETH the opcode calls for is missing.
+    MissingHeader,
+    /// An Atomic on an address that is not a multiple of 8.
+    MisalignedAtomic,
+    /// The R_Key names no region or window of this QP's protection domain that allows the
+    /// access over the whole range.
+    RKeyViolation,
+    /// A Send with Invalidate names a key this QP may not invalidate.
+    InvalidateRefused,
+    /// A Send longer than its receive WQE's scatter list.
+    ReceiveTooShort,
+    /// The payload could not be copied (the peer's payload reference is out of bounds, or
+    /// the destination is unusable).
+    CopyFailed,
+    /// The Atomic could not be carried out on the target word.
+    AtomicFailed,
+    /// An RDMA Read's region went away while its responses were being generated.
+    ReadSourceGone,
+}
+
+/// What the requester is told about a refused request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// Nothing: the packet is dropped.
+    Nothing,
+    /// A Nak with this code (spec/01 Table 17-4).
+    Nak(NakCode),
+    /// An RNR Nak with the QP's minimum RNR timer (spec/01 Table 17-3, syndrome 001TTTTT).
+    RnrNak,
+}
+
+/// What a [`RespError`] means: one row of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// The check that failed.
+    pub(crate) check: Check,
+    /// The AETH syndrome sent back.
+    pub(crate) reply: Reply,
+    /// The status a receive WQE in use (a Send's, or one taken for an RDMA Write with
+    /// Immediate) completes with; `None` for refusals that leave it in place to be used by
+    /// the retried packet.
+    pub(crate) recv_status: Option<WcStatus>,
+    /// Whether the QP goes to the Error state (its Nak is the last packet it sends).
+    pub(crate) fatal: bool,
+    /// Whether the packet is counted as dropped (not answered as a request at all, or
+    /// answered only with a sequence Nak).
+    pub(crate) dropped: bool,
+}
+
+impl RespError {
+    /// Every error, for tests that walk the table.
+    #[cfg(test)]
+    pub(crate) const ALL: [RespError; 17] = [
+        RespError::NotReceiving,
+        RespError::PsnAhead,
+        RespError::PsnAheadNakOutstanding,
+        RespError::OpcodeOutOfSequence,
+        RespError::OperationNotEnabled,
+        RespError::NoReceiveWqe,
+        RespError::ReceiveCqFull,
+        RespError::TooManyReadAtomic,
+        RespError::BadLength,
+        RespError::MissingHeader,
+        RespError::MisalignedAtomic,
+        RespError::RKeyViolation,
+        RespError::InvalidateRefused,
+        RespError::ReceiveTooShort,
+        RespError::CopyFailed,
+        RespError::AtomicFailed,
+        RespError::ReadSourceGone,
+    ];
+}
+
+/// The table: what each refusal sends, how the receive WQE in use completes, whether the
+/// QP is lost.
+///
+/// Sequence errors and "not ready" are recoverable: the requester resends (from ePSN, or
+/// the same packet after the RNR timer) and nothing was done. Every other refusal is a
+/// request the requester should never have sent: Invalid Request, Remote Access Error or
+/// Remote Operational Error, the QP goes to the Error state (the requester's completes the
+/// request in error and goes there too), and a receive WQE in use completes with a local
+/// error so local software learns of it as well.
+pub(crate) const fn verdict(e: RespError) -> Verdict {
+    use Check as C;
+    use NakCode::{InvalidRequest, PsnSequenceError, RemoteAccessError, RemoteOperationalError};
+    use WcStatus::{LocLenErr, LocProtErr, LocQpOpErr};
+    const fn fatal(check: Check, code: NakCode, status: WcStatus) -> Verdict {
+        Verdict {
+            check,
+            reply: Reply::Nak(code),
+            recv_status: Some(status),
+            fatal: true,
+            dropped: false,
+        }
+    }
+    const fn retry(check: Check, reply: Reply, dropped: bool) -> Verdict {
+        Verdict {
+            check,
+            reply,
+            recv_status: None,
+            fatal: false,
+            dropped,
+        }
+    }
+    match e {
+        RespError::NotReceiving => retry(C::State, Reply::Nothing, true),
+        RespError::PsnAhead => retry(C::Psn, Reply::Nak(PsnSequenceError), true),
+        RespError::PsnAheadNakOutstanding => retry(C::Psn, Reply::Nothing, true),
+        RespError::OpcodeOutOfSequence => fatal(C::OpcodeSequence, InvalidRequest, LocQpOpErr),
+        RespError::OperationNotEnabled => fatal(C::OperationEnabled, InvalidRequest, LocQpOpErr),
+        RespError::NoReceiveWqe | RespError::ReceiveCqFull => {
+            retry(C::Resources, Reply::RnrNak, false)
+        }
+        RespError::TooManyReadAtomic => fatal(C::Resources, InvalidRequest, LocQpOpErr),
+        RespError::BadLength | RespError::MissingHeader | RespError::MisalignedAtomic => {
+            fatal(C::Length, InvalidRequest, LocQpOpErr)
+        }
+        RespError::RKeyViolation => fatal(C::RKey, RemoteAccessError, LocQpOpErr),
+        RespError::InvalidateRefused => fatal(C::RKey, InvalidRequest, LocProtErr),
+        RespError::ReceiveTooShort => fatal(C::Execute, InvalidRequest, LocLenErr),
+        RespError::CopyFailed => fatal(C::Execute, InvalidRequest, LocQpOpErr),
+        RespError::AtomicFailed => fatal(C::Execute, RemoteOperationalError, LocQpOpErr),
+        RespError::ReadSourceGone => fatal(C::Execute, RemoteAccessError, LocQpOpErr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(e: RespError) -> (Reply, Option<WcStatus>, bool) {
+        let v = verdict(e);
+        (v.reply, v.recv_status, v.fatal)
+    }
+
+    /// spec/01 ("Request Packet PSN Verification"), spec/04 (a PSN ahead of ePSN means
+    /// lost packets: "a PSN Sequence Error Nak is returned", Table 17-4 code 00000), spec/03
+    /// (the Retry Count covers that Nak: the requester resends, the QP lives on).
+    #[test]
+    fn a_psn_ahead_gets_one_sequence_nak_and_the_qp_lives_on() {
+        assert_eq!(
+            row(RespError::PsnAhead),
+            (Reply::Nak(NakCode::PsnSequenceError), None, false)
+        );
+        assert_eq!(
+            row(RespError::PsnAheadNakOutstanding),
+            (Reply::Nothing, None, false)
+        );
+        assert!(verdict(RespError::PsnAhead).dropped);
+        assert_eq!(row(RespError::NotReceiving), (Reply::Nothing, None, false));
+    }
+
+    /// spec/02: a Send or RDMA Write with Immediate with no receive WQE posted "results in
+    /// the return of an RNR Nak" and a retransmission; spec/03 (RNR Retry Count): the
+    /// responder is "temporarily unable to handle that request" — not an error.
+    #[test]
+    fn no_receive_wqe_is_an_rnr_nak_and_the_receive_stays() {
+        for e in [RespError::NoReceiveWqe, RespError::ReceiveCqFull] {
+            assert_eq!(row(e), (Reply::RnrNak, None, false), "{e:?}");
+            assert!(!verdict(e).dropped);
+        }
+    }
+
+    /// spec/01 Table 17-4: Invalid Request (00001) for requests the responder cannot make
+    /// sense of — out of sequence, not enabled, beyond the responder resources, a bad
+    /// length or missing header; the QP is lost and a receive in use completes with a local
+    /// error (a receive too short for its Send: a local length error).
+    #[test]
+    fn malformed_requests_are_invalid_requests_and_fatal() {
+        for e in [
+            RespError::OpcodeOutOfSequence,
+            RespError::OperationNotEnabled,
+            RespError::TooManyReadAtomic,
+            RespError::BadLength,
+            RespError::MissingHeader,
+            RespError::MisalignedAtomic,
+            RespError::CopyFailed,
+        ] {
+            assert_eq!(
+                row(e),
+                (
+                    Reply::Nak(NakCode::InvalidRequest),
+                    Some(WcStatus::LocQpOpErr),
+                    true
+                ),
+                "{e:?}"
+            );
+        }
+        assert_eq!(
+            row(RespError::ReceiveTooShort),
+            (
+                Reply::Nak(NakCode::InvalidRequest),
+                Some(WcStatus::LocLenErr),
+                true
+            )
+        );
+        assert_eq!(
+            row(RespError::InvalidateRefused),
+            (
+                Reply::Nak(NakCode::InvalidRequest),
+                Some(WcStatus::LocProtErr),
+                true
+            )
+        );
+    }
+
+    /// spec/01 Table 17-4: Remote Access Error (00010) for an R_Key, domain, rights or
+    /// bounds violation (the R_Key "required to gain access to the region or window"),
+    /// also when a Read's region goes while it is answered; Remote Operational Error
+    /// (00011) when the responder fails to carry out a valid Atomic.
+    #[test]
+    fn access_and_operational_errors_are_fatal_with_their_codes() {
+        for e in [RespError::RKeyViolation, RespError::ReadSourceGone] {
+            assert_eq!(
+                row(e),
+                (
+                    Reply::Nak(NakCode::RemoteAccessError),
+                    Some(WcStatus::LocQpOpErr),
+                    true
+                )
+            );
+        }
+        assert_eq!(
+            row(RespError::AtomicFailed),
+            (
+                Reply::Nak(NakCode::RemoteOperationalError),
+                Some(WcStatus::LocQpOpErr),
+                true
+            )
+        );
+    }
+
+    /// The table's invariants: a fatal refusal always answers with a Nak and completes a
+    /// receive in use; a recoverable one never completes it (the retried packet uses it).
+    #[test]
+    fn fatal_refusals_complete_the_receive_and_recoverable_ones_keep_it() {
+        for e in RespError::ALL {
+            let v = verdict(e);
+            assert_eq!(v.fatal, v.recv_status.is_some(), "{e:?}");
+            if v.fatal {
+                assert!(matches!(v.reply, Reply::Nak(c) if c != NakCode::PsnSequenceError));
+                assert!(!v.dropped);
+            }
+        }
+    }
+
+    /// Each error belongs to the check that raises it, in the pipeline's order.
+    #[test]
+    fn each_error_names_its_check() {
+        let checks: Vec<Check> = RespError::ALL.iter().map(|&e| verdict(e).check).collect();
+        assert_eq!(
+            checks,
+            [
+                Check::State,
+                Check::Psn,
+                Check::Psn,
+                Check::OpcodeSequence,
+                Check::OperationEnabled,
+                Check::Resources,
+                Check::Resources,
+                Check::Resources,
+                Check::Length,
+                Check::Length,
+                Check::Length,
+                Check::RKey,
+                Check::RKey,
+                Check::Execute,
+                Check::Execute,
+                Check::Execute,
+                Check::Execute,
+            ]
+        );
+    }
+}

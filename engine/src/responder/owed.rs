@@ -1,0 +1,173 @@
+//! Acks off the critical path: the positive Ack a QP owes, and the engine's per-link lists
+//! of the QPs that owe one.
+//!
+//! A request accepted by the RQ Logic does not send its Ack there and then: the QP records
+//! the Ack it owes ([`OwedAck`], the last PSN accepted and the MSN then; a later request
+//! overwrites it, so one Ack covers every request before it — Ack coalescing, which spec/01
+//! lists among the optimizations its error-free walk-through leaves out) and the engine
+//! lists the QP on its link ([`OwedAcks`]). At the end of the iteration the engine sends
+//! every owed Ack (one function, [`crate::engine`]'s `flush_owed_acks`), after the
+//! iteration's requests and responses: an Ack leaves microseconds after its request, far
+//! inside any transport timer, and after the receive completion it acknowledges.
+//!
+//! Responses that carry an AETH with a credit count (RDMA Read responses, Atomic
+//! Acknowledges) acknowledge every request before them: queuing one drops the owed Ack.
+//! Naks carry no credit count, so the owed Ack leaves right before them.
+
+use crate::engine::doorbell::ActiveSet;
+use crate::psn::Psn;
+
+/// The positive Ack a QP owes its requester.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwedAck {
+    /// The last PSN accepted: the Ack's PSN.
+    pub(crate) psn: Psn,
+    /// The MSN after it.
+    pub(crate) msn: u32,
+}
+
+/// No QP: the end of a list.
+const NONE: u32 = u32::MAX;
+
+/// For each link, the QPs that may owe an Ack on it, as lists threaded through one array
+/// indexed by QP. An entry is a hint, checked when the list is flushed: the QP may have
+/// sent its Ack meanwhile (with a packet that left sooner), or been destroyed and its slot
+/// reused. Each QP is on at most one list, so a list never loops; nothing is allocated
+/// after construction.
+pub(crate) struct OwedAcks {
+    /// QPs on some list.
+    listed: ActiveSet,
+    /// Links whose list is not empty.
+    links: ActiveSet,
+    /// Per link: the first QP of its list, or [`NONE`].
+    head: Box<[u32]>,
+    /// Per QP: the next QP of its list, or [`NONE`].
+    next: Box<[u32]>,
+}
+
+impl OwedAcks {
+    /// Lists for `links` links and `qps` QPs (both at most 4096, an [`ActiveSet`]'s span).
+    pub(crate) fn new(links: usize, qps: usize) -> OwedAcks {
+        OwedAcks {
+            listed: ActiveSet::new(),
+            links: ActiveSet::new(),
+            head: vec![NONE; links].into_boxed_slice(),
+            next: vec![NONE; qps].into_boxed_slice(),
+        }
+    }
+
+    /// Lists QP `qp` on link `link`, unless it is on a list already.
+    #[inline]
+    pub(crate) fn push(&mut self, link: u32, qp: u32) {
+        if self.listed.contains(qp) {
+            return;
+        }
+        self.listed.insert(qp);
+        self.next[qp as usize] = self.head[link as usize];
+        self.head[link as usize] = qp;
+        self.links.insert(link);
+    }
+
+    /// Whether no QP is listed.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+
+    /// The summary word of the links with a list (as [`ActiveSet::summary`]).
+    #[inline]
+    pub(crate) fn link_summary(&self) -> u64 {
+        self.links.summary()
+    }
+
+    /// Word `w` of the set of links with a list (as [`ActiveSet::word`]).
+    #[inline]
+    pub(crate) fn link_word(&self, w: u32) -> u64 {
+        self.links.word(w)
+    }
+
+    /// Takes link `link`'s list: the QPs come out one by one from
+    /// [`OwedAcks::pop`], unlisted (push back those whose Ack could not leave).
+    #[inline]
+    pub(crate) fn take(&mut self, link: u32) -> Taken {
+        let first = std::mem::replace(&mut self.head[link as usize], NONE);
+        self.links.remove(link);
+        Taken(first)
+    }
+
+    /// The next QP of a taken list, unlisted.
+    #[inline]
+    pub(crate) fn pop(&mut self, taken: &mut Taken) -> Option<u32> {
+        let qp = taken.0;
+        if qp == NONE {
+            return None;
+        }
+        taken.0 = std::mem::replace(&mut self.next[qp as usize], NONE);
+        self.listed.remove(qp);
+        Some(qp)
+    }
+}
+
+/// A list taken from [`OwedAcks`] (see [`OwedAcks::take`]).
+pub(crate) struct Taken(u32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(o: &mut OwedAcks, link: u32) -> Vec<u32> {
+        let mut t = o.take(link);
+        let mut out = vec![];
+        while let Some(q) = o.pop(&mut t) {
+            out.push(q);
+        }
+        out
+    }
+
+    #[test]
+    fn each_qp_is_listed_once_on_its_link() {
+        let mut o = OwedAcks::new(4096, 4096);
+        assert!(o.is_empty());
+        o.push(3, 10);
+        o.push(3, 11);
+        o.push(3, 10);
+        o.push(4095, 4095);
+        assert!(!o.is_empty());
+        assert_eq!(drain(&mut o, 3), [11, 10]);
+        assert_eq!(drain(&mut o, 3), [], "taken lists are empty");
+        assert!(!o.is_empty());
+        assert_eq!(drain(&mut o, 4095), [4095]);
+        assert!(o.is_empty());
+    }
+
+    /// A QP taken off a list may go back on one while the rest of the list is walked, and
+    /// the walk still ends with the taken list's last entry.
+    #[test]
+    fn qps_pushed_back_during_a_walk_wait_for_the_next_one() {
+        let mut o = OwedAcks::new(8, 64);
+        for q in [1, 2, 3] {
+            o.push(0, q);
+        }
+        let mut t = o.take(0);
+        let mut seen = vec![];
+        while let Some(q) = o.pop(&mut t) {
+            seen.push(q);
+            o.push(0, q);
+        }
+        assert_eq!(seen, [3, 2, 1]);
+        assert_eq!(drain(&mut o, 0), [1, 2, 3]);
+    }
+
+    /// A QP listed on one link is not listed again on another until its entry is taken
+    /// (a stale entry: the flush finds where the QP's Acks go now).
+    #[test]
+    fn a_listed_qp_stays_on_its_first_list() {
+        let mut o = OwedAcks::new(8, 64);
+        o.push(1, 5);
+        o.push(2, 5);
+        assert_eq!(drain(&mut o, 2), []);
+        assert_eq!(drain(&mut o, 1), [5]);
+        o.push(2, 5);
+        assert_eq!(drain(&mut o, 2), [5]);
+    }
+}
