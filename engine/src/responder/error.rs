@@ -6,7 +6,7 @@
 //! Table 17-4), how a receive WQE in use completes, and whether the QP goes to the Error
 //! state — the rxe responder's `resp_states` error arms, as Rust types.
 
-use crate::verbs::wr::WcStatus;
+use crate::completion::WcStatus;
 use crate::wire::aeth::NakCode;
 
 /// The check of the receive pipeline that failed, in the order the checks run.
