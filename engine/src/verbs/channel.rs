@@ -195,6 +195,10 @@ impl CompChannel {
     /// completion queue that had an event, or `None`. Use it after the fd became readable
     /// (an async runtime's readiness), until it returns `None`.
     ///
+    /// Readiness is a hint, as with any fd: the fd can be readable once with no event behind
+    /// it (an event raised by another thread while this one collected the previous event),
+    /// so a `None` right after readiness means "wait on the fd again".
+    ///
     /// In inline mode it first runs the engine once (as [`Cq::poll`](crate::Cq::poll) does).
     ///
     /// # Errors
