@@ -15,7 +15,7 @@ use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
 use crate::arena::PdArenas;
 use crate::completer;
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
-use crate::link::TxBatch;
+use crate::link::{PacketSlot, TxBatch};
 use crate::mem::Mem;
 use crate::mr_table::{AccessDenied, MrTable};
 use crate::mw_table::MwTable;
@@ -394,10 +394,94 @@ fn coarse_lag() -> Duration {
     crate::timer::coarse_resolution() * 2
 }
 
+/// What the protocol stages need of a link to send packets: room, a packet to fill, and a
+/// way to queue it. The stages are generic over it and know nothing else of links, so a
+/// second kind of link (e.g. RoCEv2 datagrams over UDP carrying the same packets) needs an
+/// implementation of this trait and a receive loop in the engine, and no change to the SQ
+/// Logic, the RQ Logic or the completer. Receiving is the engine's side: it takes packets
+/// from a link and hands each, checked, to [`crate::responder::on_request`] or
+/// [`crate::completer::on_response`].
+///
+/// The shared-memory link implements it with [`TxBatch`]; the scenario tests with a plain
+/// vector ([`VecLink`]).
+pub(crate) trait LinkTx {
+    /// Whether one more packet with up to `extra` continuation slots fits now.
+    fn has_room_for(&mut self, extra: usize) -> bool;
+    /// The next packet to fill (its first slot and `extra` continuation slots), or `None`
+    /// if there is no room. The stage calls [`LinkTx::commit`] once it is filled, or
+    /// drops it (nothing is sent).
+    fn next_packet(&mut self, extra: usize) -> Option<(&mut PacketSlot, &mut [PacketSlot])>;
+    /// Queues the packet last returned by [`LinkTx::next_packet`].
+    fn commit(&mut self);
+
+    /// Whether one more single-slot packet fits now.
+    #[inline]
+    fn has_room(&mut self) -> bool {
+        self.has_room_for(0)
+    }
+
+    /// The next single-slot packet to fill.
+    #[inline]
+    fn next_slot(&mut self) -> Option<&mut PacketSlot> {
+        self.next_packet(0).map(|(s, _)| s)
+    }
+}
+
+impl LinkTx for TxBatch {
+    #[inline]
+    fn has_room_for(&mut self, extra: usize) -> bool {
+        TxBatch::has_room_for(self, extra)
+    }
+
+    #[inline]
+    fn next_packet(&mut self, extra: usize) -> Option<(&mut PacketSlot, &mut [PacketSlot])> {
+        TxBatch::next_packet(self, extra)
+    }
+
+    #[inline]
+    fn commit(&mut self) {
+        TxBatch::commit(self)
+    }
+}
+
+/// A link that collects the packets sent into a vector (scenario tests drive the protocol
+/// stages with it, without rings or engines).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct VecLink {
+    /// The packets queued, each as its slots.
+    pub(crate) sent: Vec<Vec<PacketSlot>>,
+    /// Packets that fit before the link reports no room.
+    pub(crate) room: usize,
+    filling: Vec<PacketSlot>,
+}
+
+#[cfg(test)]
+impl LinkTx for VecLink {
+    fn has_room_for(&mut self, _extra: usize) -> bool {
+        self.sent.len() < self.room
+    }
+
+    fn next_packet(&mut self, extra: usize) -> Option<(&mut PacketSlot, &mut [PacketSlot])> {
+        if !self.has_room_for(extra) {
+            return None;
+        }
+        self.filling = vec![PacketSlot::default(); 1 + extra];
+        self.filling.split_first_mut()
+    }
+
+    fn commit(&mut self) {
+        let mut packet = std::mem::take(&mut self.filling);
+        let extra = crate::link::continuation_slots(&packet[0]);
+        packet.truncate(1 + extra);
+        self.sent.push(packet);
+    }
+}
+
 /// The link a QP talks over, lent to a protocol stage.
-pub(crate) struct Wire<'a> {
+pub(crate) struct Wire<'a, L: LinkTx + ?Sized = TxBatch> {
     /// Outgoing packets.
-    pub(crate) tx: &'a mut TxBatch,
+    pub(crate) tx: &'a mut L,
 }
 
 /// A queue of work requests the application posts and the engine takes, as the protocol
@@ -580,4 +664,98 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
         qp.complete_recv(env, &wqe, wc);
     }
     qp.rq_flush_pending = false;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::RxPacket;
+    use crate::psn::Psn;
+    use crate::wire::opcode::Opcode;
+    use crate::wqe::{DataLoc, WqeFlags, WqeOp};
+    use crate::{AccessFlags, Destination, EngineMode, Mtu, QpAttr, QpCaps, QpState};
+
+    fn wqe(op: WqeOp, len: u32) -> SqWqe {
+        SqWqe {
+            wr_id: 7,
+            op,
+            flags: WqeFlags(WqeFlags::SIGNALED),
+            imm: 0,
+            len,
+            remote_addr: 0x1000,
+            rkey: 0x42,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Empty,
+        }
+    }
+
+    /// The SQ Logic runs against a link that is a plain vector: the protocol stages need
+    /// nothing of rings or engines to produce packets, and stop when the link is full.
+    #[test]
+    fn the_sq_logic_sends_through_any_link() {
+        let ctx = crate::Context::builder()
+            .mode(EngineMode::Inline)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let (link, _ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
+        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+            .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(Mtu::Mtu256)
+                .dest(Destination {
+                    link,
+                    qpn: Qpn::new(9),
+                })
+                .rq_psn(0)
+                .max_dest_rd_atomic(1)
+                .min_rnr_timer(1),
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(100)
+                .timeout(14)
+                .retry_cnt(7)
+                .rnr_retry(7)
+                .max_rd_atomic(1),
+        )
+        .unwrap();
+        let mut vec_link = VecLink {
+            room: 1,
+            ..VecLink::default()
+        };
+        let qpn = qp.qpn();
+        ctx.shared.engine.with(|e| {
+            e.with_stage(qpn, |q, env| {
+                crate::requester::accept(q, wqe(WqeOp::Write, 0));
+                crate::requester::accept(q, wqe(WqeOp::Read, 1000));
+                let mut wire = Wire { tx: &mut vec_link };
+                assert_eq!(crate::requester::transmit(q, env, &mut wire, 16), 1);
+                assert!(q.req.window.has_work(), "the Read waits for room");
+                wire.tx.room = 2;
+                assert_eq!(crate::requester::transmit(q, env, &mut wire, 16), 1);
+                // A Read of 1,000 bytes at PMTU 256 takes 4 response PSNs.
+                assert_eq!(q.req.window.npsn(), Psn::new(105));
+            })
+            .unwrap()
+        });
+        let parsed: Vec<_> = vec_link
+            .sent
+            .iter()
+            .map(|p| RxPacket::parse(&p[0], &p[1..]).unwrap())
+            .collect();
+        assert_eq!(parsed[0].bth.opcode, Opcode::RdmaWriteOnly);
+        assert_eq!(parsed[0].reth().unwrap().rkey, 0x42);
+        assert_eq!(parsed[0].bth.psn, Psn::new(100));
+        assert_eq!(parsed[0].bth.dest_qp, Qpn::new(9));
+        assert_eq!(parsed[1].bth.opcode, Opcode::RdmaReadRequest);
+        assert_eq!(parsed[1].bth.psn, Psn::new(101));
+        assert_eq!(parsed[1].reth().unwrap().dma_len, 1000);
+    }
 }

@@ -569,14 +569,9 @@ impl TxBatch {
         }
     }
 
-    /// Whether one more single-slot packet can be queued without waiting for the peer: the
-    /// burst has room (it is published once per engine iteration, see [`Link::publish`])
-    /// and so does the ring.
-    pub(crate) fn has_room(&mut self) -> bool {
-        self.has_room_for(0)
-    }
-
-    /// Whether one more packet with up to `extra` continuation slots can be queued.
+    /// Whether one more packet with up to `extra` continuation slots can be queued without
+    /// waiting for the peer: the burst has room (it is published once per engine
+    /// iteration, see [`Link::publish`]) and so does the ring.
     pub(crate) fn has_room_for(&mut self, extra: usize) -> bool {
         if self.broken.is_some() || self.len >= TX_BURST {
             return false;
@@ -594,6 +589,7 @@ impl TxBatch {
 
     /// The next slot to fill, or `None` if there is no room. Call [`TxBatch::commit`] after
     /// filling it.
+    #[cfg(test)]
     pub(crate) fn next_slot(&mut self) -> Option<&mut PacketSlot> {
         self.next_slot_for(0)
     }

@@ -15,7 +15,7 @@
 //! Available": a limited Send sends only its first packet, with AckReq, and waits).
 
 use crate::completion::WcStatus;
-use crate::context::{Env, QpCtx, Wire};
+use crate::context::{Env, LinkTx, QpCtx, Wire};
 use crate::credit::CreditState;
 use crate::dma::{self, Cursor, Sgl};
 use crate::link::MAX_CONTINUATION;
@@ -214,10 +214,10 @@ pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
 }
 
 /// Sends up to `budget` request packets of a QP; returns how many were queued.
-pub(crate) fn transmit(
+pub(crate) fn transmit<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_>,
+    wire: &mut Wire<'_, L>,
     budget: usize,
 ) -> usize {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) {

@@ -48,7 +48,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::completion::{WcOpcode, WcStatus};
-use crate::context::{Env, QpCtx, Wire};
+use crate::context::{Env, LinkTx, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
 use crate::psn::{self, Psn, PsnRegion};
@@ -851,7 +851,7 @@ fn duplicate(
 /// later iteration unless the link is full: in inline mode there may be none — the
 /// application that just received its completion may stop polling — and a real HCA
 /// acknowledges whatever the application does.
-pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
+pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_, L>) {
     let Some(dest) = qp.cfg.dest else { return };
     let pmtu = qp.cfg.path_mtu.bytes();
     let discard = qp.state == QpState::Error && !qp.resp.closing;
@@ -985,7 +985,11 @@ pub(crate) fn drain(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) {
 ///
 /// Called once per iteration for every QP that owes one (the engine's `flush_owed_acks`),
 /// so the Ack leaves after the receive completions of the requests it acknowledges.
-pub(crate) fn send_owed_ack(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_>) -> bool {
+pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_, L>,
+) -> bool {
     let Some(a) = qp.resp.owed else { return true };
     let Some(dest) = qp.cfg.dest.filter(|_| qp.state != QpState::Error) else {
         qp.resp.owed = None;
@@ -1050,8 +1054,8 @@ fn credit_code(qp: &mut QpCtx) -> CreditCode {
 
 /// Sends a Nak or RNR Nak (an Acknowledge with `syndrome`) and counts it; false if the link
 /// has no room.
-fn emit_nak(
-    wire: &mut Wire<'_>,
+fn emit_nak<L: LinkTx + ?Sized>(
+    wire: &mut Wire<'_, L>,
     env: &mut Env<'_>,
     dest: crate::wire::Qpn,
     psn: Psn,
@@ -1076,8 +1080,8 @@ fn emit_nak(
 
 /// Emits an Acknowledge or Atomic Acknowledge; false if the link has no room.
 #[allow(clippy::too_many_arguments)]
-fn emit_aeth(
-    wire: &mut Wire<'_>,
+fn emit_aeth<L: LinkTx + ?Sized>(
+    wire: &mut Wire<'_, L>,
     env: &mut Env<'_>,
     dest: crate::wire::Qpn,
     opcode: Opcode,
@@ -1119,10 +1123,10 @@ fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
 
 /// Emits response packet `job.next` of an RDMA Read (the link has room). Fails with the
 /// PSN to Nak (Remote Access Error) if the region can no longer be read.
-fn read_response(
+fn read_response<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_>,
+    wire: &mut Wire<'_, L>,
     dest: crate::wire::Qpn,
     job: &ReadJob,
     pmtu: u32,

@@ -141,6 +141,19 @@ impl Engine {
     }
 
     /// The QP numbered `qpn`.
+    /// Runs `f` on QP `qpn` and this engine's resources, as a protocol stage sees them
+    /// (tests that drive a stage by hand).
+    #[cfg(test)]
+    pub(crate) fn with_stage<R>(
+        &mut self,
+        qpn: Qpn,
+        f: impl FnOnce(&mut QpCtx, &mut crate::context::Env<'_>) -> R,
+    ) -> Option<R> {
+        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+        let qp = self.qps.at_mut(index).filter(|q| q.qpn == qpn)?;
+        Some(f(qp, &mut self.res.env()))
+    }
+
     pub(crate) fn qp_by_qpn(&self, qpn: Qpn) -> Option<&QpCtx> {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         self.qps.at(index).filter(|q| q.qpn == qpn)
