@@ -359,7 +359,7 @@ impl Qp {
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let wqe = self.prepare_send(wr)?;
-        self.post_wqe(wqe);
+        self.post_wqe(wqe, counted_sgl(wr));
         Ok(())
     }
 
@@ -405,22 +405,33 @@ impl Qp {
         let wr = SendWr::new(wr_id, SendOp::BindMw { rkey, bind }, &[]).flags(flags);
         let mut wqe = self.prepare_send(&wr)?;
         wqe.swap &= !MW_TYPE2_BIT;
-        self.post_wqe(wqe);
+        self.post_wqe(wqe, &[]);
         mw.rkey = rkey;
         Ok(rkey)
     }
 
-    fn post_wqe(&mut self, wqe: SqWqe) {
+    /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
+    fn post_wqe(&mut self, wqe: SqWqe, sgl: &[Sge<'_>]) {
         self.sq_posted += 1;
         // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
-        // engine is free; otherwise (poll mode, or the engine busy on another thread) it
-        // goes through the send ring like any other.
+        // engine is free, counting its elements under the token (no locked instruction);
+        // otherwise (poll mode, or the engine busy on another thread) it goes through the
+        // send ring like any other, counted before it is pushed.
         if self.shared.mode == EngineMode::Inline {
             let index = self.index;
-            if let Some(taken) = self.shared.engine.try_with(|e| e.post_direct(index, wqe)) {
+            let direct = self.shared.engine.try_with(|e| {
+                for s in sgl {
+                    s.mr.inflight.post_held(1);
+                }
+                e.post_direct(index, wqe)
+            });
+            if let Some(taken) = direct {
                 debug_assert!(taken, "a live QP takes its WQEs");
                 return;
             }
+        }
+        for s in sgl {
+            s.mr.inflight.post_outside(1);
         }
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
@@ -459,6 +470,9 @@ impl Qp {
 
     fn post_send_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let wqe = self.prepare_send(wr)?;
+        for s in counted_sgl(wr) {
+            s.mr.inflight.post_outside(1);
+        }
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
@@ -467,7 +481,8 @@ impl Qp {
     }
 
     /// Checks a send work request and turns it into a WQE: inline data staged, gather lists
-    /// written, memory regions counted in flight. Nothing is queued yet.
+    /// written. Nothing is queued yet, and nothing counted in flight: the caller counts
+    /// [`counted_sgl`] as it queues the WQE (under the engine token, or outside it).
     fn prepare_send(&mut self, wr: &SendWr<'_>) -> Result<SqWqe> {
         let state = self.qshared.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -594,12 +609,6 @@ impl Qp {
                         format!("an Atomic returns 8 bytes; its scatter list holds {len}"),
                     ));
                 }
-            }
-        }
-        // Count the elements in flight before the WQE becomes visible to the engine.
-        if let (Data::Sgl(sgl), false) = (wr.data, inline) {
-            for s in sgl {
-                s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
             }
         }
         let mut flags = 0;
@@ -804,8 +813,22 @@ impl Qp {
                 many.iter().map(entry),
             )?,
         };
-        for s in wr.sgl {
-            s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
+        // Count the elements before the WQE is published: under the engine token in inline
+        // mode (the owner's fast path: no locked instruction), else with a `fetch_add`.
+        let held = self.shared.mode == EngineMode::Inline
+            && self
+                .shared
+                .engine
+                .try_with(|_| {
+                    for s in wr.sgl {
+                        s.mr.inflight.post_held(1);
+                    }
+                })
+                .is_some();
+        if !held {
+            for s in wr.sgl {
+                s.mr.inflight.post_outside(1);
+            }
         }
         if self
             .rq
@@ -830,6 +853,16 @@ impl Qp {
             self.shared.kick();
         }
         Ok(())
+    }
+}
+
+/// The elements of a send work request that point into registered memory and are counted
+/// in flight until it retires: its gather (or result) list, unless its data is copied at
+/// post time (inline).
+fn counted_sgl<'a>(wr: &SendWr<'a>) -> &'a [Sge<'a>] {
+    match wr.data {
+        Data::Sgl(sgl) if !wr.flags.contains(SendFlags::INLINE) => sgl,
+        _ => &[],
     }
 }
 
