@@ -584,4 +584,44 @@ mod in_flight_tests {
         drain(&ctx, &mut cq, 2);
         assert_eq!(ctx.arena_free(), free_before, "freed by its last retire");
     }
+
+    #[test]
+    fn receives_posted_in_the_error_state_are_flushed_under_and_outside_the_token() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (_a, mut b) = pair(&ctx, &pd, &cq);
+        let dst = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.modify(&QpAttr::new(QpState::Error)).unwrap();
+        for _ in 0..4 {
+            ctx.progress();
+        }
+        let mut wc = [WorkCompletion::default(); 4];
+        let mut flushed = |cq: &mut Cq| {
+            let mut got = vec![];
+            for _ in 0..100 {
+                ctx.progress();
+                let n = cq.poll(&mut wc);
+                got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+            }
+            got
+        };
+        // No doorbell for this one (posted under the token): the engine must still look
+        // at the QP and flush it.
+        b.post_recv(&RecvWr::new(1, &[dst.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(flushed(&mut cq), [(1, WcStatus::WrFlushErr)]);
+        ctx.shared.engine.with(|_| {
+            b.post_recv(&RecvWr::new(2, &[dst.sge(8, 8).unwrap()]))
+                .unwrap();
+        });
+        assert_eq!(flushed(&mut cq), [(2, WcStatus::WrFlushErr)]);
+        assert_eq!(dst.in_flight(), 0);
+    }
 }

@@ -426,6 +426,21 @@ impl Engine {
         work
     }
 
+    /// Puts QP `index` in the active set, so that the next iteration looks at it: what a
+    /// doorbell does, for work queued under the engine token (a receive posted in inline
+    /// mode), without the doorbell's locked instructions.
+    pub(crate) fn wake_qp(&mut self, index: u32) {
+        if self.qps.at(index).is_some() {
+            self.active.insert(index);
+        }
+    }
+
+    /// Whether QP `index` is in the active set (for tests).
+    #[cfg(test)]
+    pub(crate) fn is_active(&self, index: u32) -> bool {
+        self.active.contains(index)
+    }
+
     /// Sends what was just posted on QP `index` right away (inline mode): fetches its new
     /// WQEs, runs its SQ Logic (and sends any response waiting) and publishes its link —
     /// without the rest of a poll iteration, which the next [`Engine::poll`] does.

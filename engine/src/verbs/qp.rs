@@ -53,7 +53,7 @@ pub struct QpInfo {
 /// It can move to another thread (`Send`) but not be shared (`!Sync`).
 pub struct Qp {
     shared: Arc<Shared>,
-    index: u32,
+    pub(crate) index: u32,
     qpn: Qpn,
     pdn: u32,
     caps: QpCaps,
@@ -813,43 +813,55 @@ impl Qp {
                 many.iter().map(entry),
             )?,
         };
-        // Count the elements before the WQE is published: under the engine token in inline
-        // mode (the owner's fast path: no locked instruction), else with a `fetch_add`.
-        let held = self.shared.mode == EngineMode::Inline
-            && self
-                .shared
-                .engine
-                .try_with(|_| {
-                    for s in wr.sgl {
-                        s.mr.inflight.post_held(1);
-                    }
-                })
-                .is_some();
-        if !held {
+        let wqe = RqWqe {
+            wr_id: wr.wr_id,
+            data,
+        };
+        // The doorbell is needed only when the engine has something to do about this
+        // receive: report credits to a requester that knows of few (see
+        // `QpShared::rq_watch`; a sleeping engine thread is woken for that), or flush it in
+        // the Error state (any state but RTS, to keep the rare ones simple). Otherwise
+        // nothing is urgent until a message arrives for it.
+        // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
+        // the flag only decides whether to tell the engine.
+        let watch = state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed);
+        // Inline mode: count the elements, queue the WQE and (if watched) put the QP in the
+        // engine's active set, all under the engine token — the owner's fast path, no locked
+        // instruction and no doorbell. Else (poll mode, or the engine busy on another
+        // thread) count with a `fetch_add`, queue, and ring.
+        let mut wqe = Some(wqe);
+        let (rq, index) = (&mut self.rq, self.index);
+        if self.shared.mode == EngineMode::Inline {
+            // `None` (the token is held elsewhere) leaves the WQE for the path below.
+            let _ = self.shared.engine.try_with(|e| {
+                for s in wr.sgl {
+                    s.mr.inflight.post_held(1);
+                }
+                if rq.push(wqe.take().expect("pushed once")).is_err() {
+                    unreachable!(
+                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                    );
+                }
+                if watch {
+                    e.wake_qp(index);
+                }
+            });
+        }
+        if let Some(wqe) = wqe {
             for s in wr.sgl {
                 s.mr.inflight.post_outside(1);
             }
-        }
-        if self
-            .rq
-            .push(RqWqe {
-                wr_id: wr.wr_id,
-                data,
-            })
-            .is_err()
-        {
-            unreachable!("the receive ring holds max_recv_wr WQEs and fewer are outstanding");
+            if self.rq.push(wqe).is_err() {
+                unreachable!("the receive ring holds max_recv_wr WQEs and fewer are outstanding");
+            }
+            if watch {
+                self.shared.doorbell.ring(self.index);
+            }
         }
         self.rq_posted += 1;
-        // No engine run for a receive: nothing is urgent until a message arrives for it.
-        // The doorbell rings only when the engine has something to do about it: report
-        // credits to a requester that knows of few (see `QpShared::rq_watch`; a sleeping
-        // engine thread is woken for that), or flush it in the Error state (any state but
-        // RTS, to keep the rare ones simple).
-        // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
-        // the flag only decides whether to ring.
-        if state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed) {
-            self.shared.doorbell.ring(self.index);
+        if watch {
+            // A thread sleeping on the wake word (the engine thread, or an inline waiter)
+            // must look at the QP.
             self.shared.kick();
         }
         Ok(())
