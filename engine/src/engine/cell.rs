@@ -58,8 +58,11 @@
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering, weaken};
 use std::cell::UnsafeCell;
 
-/// Uncontended slow-path entries in a row after which a thread becomes the owner.
-pub(crate) const BIAS_AFTER: u32 = if cfg!(shmhca_loom) { 1 } else { 16 };
+/// Uncontended slow-path entries in a row after which a thread becomes the owner. Under
+/// loom the engine's own models never bias the token (their model threads would spin on
+/// stale reads of `busy` in `with` far past loom's branch bound); `tests/token.rs` models
+/// the bias on [`LoomToken`], which biases after one entry.
+pub(crate) const BIAS_AFTER: u32 = if cfg!(shmhca_loom) { u32::MAX } else { 16 };
 /// The most such entries a thread needs, after repeated revocations.
 pub(crate) const BIAS_AFTER_MAX: u32 = 1 << 16;
 /// Fast-path entries after which a revoked bias counts as having paid off.
@@ -89,8 +92,9 @@ struct Policy {
     /// The thread of the last slow-path entry, and how many in a row it made.
     last: u64,
     streak: u32,
-    /// The streak that makes an owner now.
+    /// The streak that makes an owner now, and after a bias that paid off.
     threshold: u32,
+    initial: u32,
     /// Fast-path entries of the current (or last) bias.
     served: u64,
 }
@@ -135,6 +139,11 @@ impl Drop for SlowToken<'_> {
 
 impl<T> EngineCell<T> {
     pub(crate) fn new(value: T) -> EngineCell<T> {
+        EngineCell::biased_after(value, BIAS_AFTER)
+    }
+
+    /// A cell whose owner is the thread that took it `bias_after` times in a row first.
+    fn biased_after(value: T, bias_after: u32) -> EngineCell<T> {
         EngineCell {
             lock: AtomicBool::new(false),
             busy: AtomicBool::new(false),
@@ -145,7 +154,8 @@ impl<T> EngineCell<T> {
             policy: UnsafeCell::new(Policy {
                 last: 0,
                 streak: 0,
-                threshold: BIAS_AFTER,
+                threshold: bias_after,
+                initial: bias_after,
                 served: 0,
             }),
             value: UnsafeCell::new(value),
@@ -230,7 +240,7 @@ impl<T> EngineCell<T> {
         if self.revoked.load(Ordering::Relaxed) {
             self.revoked.store(false, Ordering::Relaxed);
             policy.threshold = if policy.served >= BIAS_PAID_OFF {
-                BIAS_AFTER
+                policy.initial
             } else {
                 policy.threshold.saturating_mul(2).min(BIAS_AFTER_MAX)
             };
@@ -530,4 +540,50 @@ mod tests {
         assert!(r.is_err());
         assert_eq!(cell.try_with(|v| *v), Some(1));
     }
+}
+
+/// The engine token over a counter in a loom cell, for the loom models of
+/// `loom-tests/tests/token.rs` (reached through `shmhca::testing`): every access to the
+/// counter is announced to loom, so two holders overlapping is a causality violation.
+#[cfg(shmhca_loom)]
+pub struct LoomToken(EngineCell<loom::cell::UnsafeCell<u64>>);
+
+#[cfg(shmhca_loom)]
+impl Default for LoomToken {
+    fn default() -> LoomToken {
+        LoomToken(EngineCell::biased_after(loom::cell::UnsafeCell::new(0), 1))
+    }
+}
+
+#[cfg(shmhca_loom)]
+impl LoomToken {
+    /// Adds `n` to the counter if the token is free (`EngineCell::try_with`); whether it was.
+    pub fn try_add(&self, n: u64) -> bool {
+        self.0
+            .try_with(|c| c.with_mut(|p| unsafe_add(p, n)))
+            .is_some()
+    }
+
+    /// Adds `n`, waiting for the token (`EngineCell::with`).
+    pub fn add(&self, n: u64) {
+        self.0.with(|c| c.with_mut(|p| unsafe_add(p, n)));
+    }
+
+    /// The counter (waiting for the token).
+    pub fn get(&self) -> u64 {
+        // SAFETY: the loom cell hands out the pointer for this read only, under the token.
+        self.0.with(|c| c.with(|p| unsafe { *p }))
+    }
+
+    /// Whether the calling model thread is the token's owner (enters on the fast path).
+    pub fn is_owner(&self) -> bool {
+        self.0.is_owner()
+    }
+}
+
+#[cfg(shmhca_loom)]
+fn unsafe_add(p: *mut u64, n: u64) {
+    // SAFETY: the loom cell hands out the pointer for this access only, under the token
+    // (loom reports it if two holders overlap).
+    unsafe { *p += n }
 }
