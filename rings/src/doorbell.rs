@@ -138,6 +138,13 @@ impl Doorbell {
         }
     }
 
+    /// Whether some queue may have been rung since the last [`Doorbell::take`]: one relaxed
+    /// load of the summary word (a ring that is not visible yet is seen by a later call).
+    #[inline]
+    pub fn rung(&self) -> bool {
+        self.summary.load(Ordering::Relaxed) != 0
+    }
+
     /// Calls `f` for every queue rung since the last call (by this or another thread).
     #[inline]
     pub fn take(&self, mut f: impl FnMut(u32)) {
