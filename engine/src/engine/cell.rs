@@ -340,8 +340,9 @@ fn light_barrier() {
 }
 
 /// The revoker's side: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (a SeqCst fence
-/// under loom).
-fn heavy_barrier() {
+/// under loom). Also the engine's, when it stops watching send queues (only ever after
+/// [`barrier_available`] said yes).
+pub(crate) fn heavy_barrier() {
     #[cfg(shmhca_loom)]
     loom::sync::atomic::fence(Ordering::SeqCst);
     #[cfg(not(shmhca_loom))]
@@ -362,7 +363,7 @@ fn heavy_barrier() {
 
 /// Whether this process can use the owner fast path: registers it for
 /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` once (false under Miri, or if the kernel refuses).
-fn barrier_available() -> bool {
+pub(crate) fn barrier_available() -> bool {
     #[cfg(shmhca_loom)]
     return true;
     #[cfg(all(not(shmhca_loom), miri))]
