@@ -180,10 +180,13 @@ impl<T> EngineCell<T> {
                 // revoker's `membarrier` comes after that load (and then sees `busy`), or
                 // before it (and then we would have read 0) — the asymmetric Dekker of the
                 // module docs. Slow-path holders read `busy` before touching the value.
-                // SAFETY: no other `&mut T` or `&mut Policy` exists (see the SYNC above)
-                // and none will until `_token` drops.
-                let (value, policy) = unsafe { (&mut *self.value.get(), &mut *self.policy.get()) };
+                // SAFETY: no other `&mut Policy` exists (see the SYNC above: the policy is
+                // touched by the token's holder only) and none will until `_token` drops.
+                let policy = unsafe { &mut *self.policy.get() };
                 policy.served += 1;
+                // SAFETY: as for the policy: no other `&mut T` exists, and none will until
+                // `_token` drops.
+                let value = unsafe { &mut *self.value.get() };
                 return Some(f(value));
             }
             self.busy.store(false, Ordering::Release);
@@ -378,6 +381,52 @@ pub(crate) fn barrier_available() -> bool {
         })
     }
 }
+/// The engine token over a counter in a loom cell, for the loom models of
+/// `loom-tests/tests/token.rs` (reached through `shmhca::testing`): every access to the
+/// counter is announced to loom, so two holders overlapping is a causality violation.
+#[cfg(shmhca_loom)]
+pub struct LoomToken(EngineCell<loom::cell::UnsafeCell<u64>>);
+
+#[cfg(shmhca_loom)]
+impl Default for LoomToken {
+    fn default() -> LoomToken {
+        LoomToken(EngineCell::biased_after(loom::cell::UnsafeCell::new(0), 1))
+    }
+}
+
+#[cfg(shmhca_loom)]
+impl LoomToken {
+    /// Adds `n` to the counter if the token is free (`EngineCell::try_with`); whether it was.
+    pub fn try_add(&self, n: u64) -> bool {
+        self.0
+            .try_with(|c| c.with_mut(|p| unsafe_add(p, n)))
+            .is_some()
+    }
+
+    /// Adds `n`, waiting for the token (`EngineCell::with`).
+    pub fn add(&self, n: u64) {
+        self.0.with(|c| c.with_mut(|p| unsafe_add(p, n)));
+    }
+
+    /// The counter (waiting for the token).
+    pub fn get(&self) -> u64 {
+        // SAFETY: the loom cell hands out the pointer for this read only, under the token.
+        self.0.with(|c| c.with(|p| unsafe { *p }))
+    }
+
+    /// Whether the calling model thread is the token's owner (enters on the fast path).
+    pub fn is_owner(&self) -> bool {
+        self.0.is_owner()
+    }
+}
+
+#[cfg(shmhca_loom)]
+fn unsafe_add(p: *mut u64, n: u64) {
+    // SAFETY: the loom cell hands out the pointer for this access only, under the token
+    // (loom reports it if two holders overlap).
+    unsafe { *p += n }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,15 +488,15 @@ mod tests {
         cell.try_with(|v| *v += 1).unwrap();
         assert!(cell.is_owner());
         // The owner's entries go the fast path and leave `lock` alone.
-        let served = |c: &EngineCell<u64>| c.try_with(|_| ()).map(|_| ());
-        served(&cell).unwrap();
+        cell.try_with(|_| ()).unwrap();
         assert!(!cell.lock.load(Ordering::Relaxed) && !cell.busy.load(Ordering::Relaxed));
         // No nesting on the fast path either.
         cell.try_with(|_| assert!(cell.try_with(|_| ()).is_none()))
             .unwrap();
         assert_eq!(cell.with(|v| *v), u64::from(BIAS_AFTER));
-        // SAFETY (test): the token is not held.
-        assert_eq!(unsafe { (*cell.policy.get()).served }, 3);
+        // SAFETY: the token is not held (the test's only thread is outside it).
+        let served = unsafe { (*cell.policy.get()).served };
+        assert_eq!(served, 3, "three entries on the fast path");
     }
 
     #[test]
@@ -463,8 +512,9 @@ mod tests {
             .join()
             .unwrap();
         assert!(!cell.is_owner());
-        // SAFETY (test): the token is not held.
-        assert_eq!(unsafe { (*cell.policy.get()).threshold }, 2 * BIAS_AFTER);
+        // SAFETY: the token is not held (the other thread was joined).
+        let threshold = unsafe { (*cell.policy.get()).threshold };
+        assert_eq!(threshold, 2 * BIAS_AFTER);
         // The owner inside: another thread's `try_with` is refused and its `with` waits.
         become_owner(&cell);
         let (entered_tx, entered_rx) = std::sync::mpsc::channel();
@@ -541,50 +591,4 @@ mod tests {
         assert!(r.is_err());
         assert_eq!(cell.try_with(|v| *v), Some(1));
     }
-}
-
-/// The engine token over a counter in a loom cell, for the loom models of
-/// `loom-tests/tests/token.rs` (reached through `shmhca::testing`): every access to the
-/// counter is announced to loom, so two holders overlapping is a causality violation.
-#[cfg(shmhca_loom)]
-pub struct LoomToken(EngineCell<loom::cell::UnsafeCell<u64>>);
-
-#[cfg(shmhca_loom)]
-impl Default for LoomToken {
-    fn default() -> LoomToken {
-        LoomToken(EngineCell::biased_after(loom::cell::UnsafeCell::new(0), 1))
-    }
-}
-
-#[cfg(shmhca_loom)]
-impl LoomToken {
-    /// Adds `n` to the counter if the token is free (`EngineCell::try_with`); whether it was.
-    pub fn try_add(&self, n: u64) -> bool {
-        self.0
-            .try_with(|c| c.with_mut(|p| unsafe_add(p, n)))
-            .is_some()
-    }
-
-    /// Adds `n`, waiting for the token (`EngineCell::with`).
-    pub fn add(&self, n: u64) {
-        self.0.with(|c| c.with_mut(|p| unsafe_add(p, n)));
-    }
-
-    /// The counter (waiting for the token).
-    pub fn get(&self) -> u64 {
-        // SAFETY: the loom cell hands out the pointer for this read only, under the token.
-        self.0.with(|c| c.with(|p| unsafe { *p }))
-    }
-
-    /// Whether the calling model thread is the token's owner (enters on the fast path).
-    pub fn is_owner(&self) -> bool {
-        self.0.is_owner()
-    }
-}
-
-#[cfg(shmhca_loom)]
-fn unsafe_add(p: *mut u64, n: u64) {
-    // SAFETY: the loom cell hands out the pointer for this access only, under the token
-    // (loom reports it if two holders overlap).
-    unsafe { *p += n }
 }
