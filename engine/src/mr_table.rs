@@ -7,7 +7,7 @@
 //!
 //! The table belongs to the engine and is only touched under the engine token: lookups on
 //! the packet path, registration and deregistration on the control path. The only field
-//! the application touches directly is the in-flight counter in [`MrShared`].
+//! the application touches directly is the in-flight count in [`MrShared`].
 
 use crate::sync::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -18,13 +18,61 @@ use crate::qp::AccessFlags;
 use crate::slots::SlotTable;
 use crate::user_mem::{split_user_off, user_off};
 
-/// The part of a region shared with its application handle.
+/// The part of a region shared with its application handle: how many scatter/gather
+/// elements of posted, not yet retired work requests point into it.
+///
+/// Two words, so that neither a post under the engine token nor a retire needs a locked
+/// instruction: the region's count is `held + posted` (wrapping).
+///
+/// * `posted` counts the elements posted *outside* the token (poll mode, or an inline
+///   engine busy on another thread): any thread may post, so it is a `fetch_add`, made
+///   before the WQE is published.
+/// * `held` is written only by the token's holder, with a plain load and store: `+1` per
+///   element posted under the token (inline mode: `Qp::post_send` hands its WQE straight to
+///   the engine, `post_recv` counts under the owner's fast path), `−1` per element retired
+///   (every retire is the engine's). It wraps below zero when elements posted outside are
+///   retired, which the sum undoes.
+///
+/// The application reads `held` (Acquire, pairing with the retire's Release store) and then
+/// `posted`. While it checks a region (`Mr::as_mut_slice` with `&mut Mr`, `deregister` and
+/// `into_inner` by value) no post of it can run — a post borrows the `Mr` — and every post
+/// of it happened before; only retires run concurrently, and they only lower `held`. So the
+/// sum read is the count at the moment `held` was read, or more: never less, and 0 only if
+/// every element was retired then, with the engine's last access ordered before.
 #[derive(Debug, Default)]
 pub(crate) struct MrShared {
-    /// Scatter/gather elements of posted, not yet retired work requests that point into the
-    /// region. Incremented by `post_*` before the WQE is published, decremented by the
-    /// engine (Release) after its last access; read with Acquire before handing out a slice.
-    pub(crate) in_flight: AtomicU32,
+    /// Elements posted outside the engine token (`fetch_add` by the posters).
+    pub(crate) posted: AtomicU32,
+    /// Elements posted under the token minus elements retired (token holder only).
+    pub(crate) held: AtomicU32,
+}
+
+impl MrShared {
+    /// The elements in flight, for the application's checks (see the type's docs).
+    #[inline]
+    pub(crate) fn in_flight(&self) -> u32 {
+        // SYNC: Acquire pairs with the Release store of `held` in `MrTable::release`: the
+        // engine's last access into the region happens-before the application's next one.
+        // Then `posted`: every post of a region being checked happened before the check.
+        let held = self.held.load(Ordering::Acquire);
+        held.wrapping_add(self.posted.load(Ordering::Acquire))
+    }
+
+    /// Counts `n` elements posted outside the engine token (before the WQE is published).
+    #[inline]
+    pub(crate) fn post_outside(&self, n: u32) {
+        // SYNC: Relaxed: the WQE carrying the elements is published after this (a ring's
+        // Release push), and the engine reads the count only after taking the WQE.
+        self.posted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts `n` elements posted by the holder of the engine token (a plain store).
+    #[inline]
+    pub(crate) fn post_held(&self, n: u32) {
+        // SYNC: only token holders write `held`; the token orders them.
+        let h = self.held.load(Ordering::Relaxed);
+        self.held.store(h.wrapping_add(n), Ordering::Relaxed);
+    }
 }
 
 /// One registered region.
@@ -202,17 +250,21 @@ impl MrTable {
         let Some(e) = self.entries.at(index) else {
             return;
         };
-        // Only the engine decrements (under its token), so a count read as non-zero stays
-        // non-zero until the decrement below; the application only increments.
-        if e.shared.in_flight.load(Ordering::Relaxed) == 0 {
+        // Only the token's holder lowers the count, so a count read as non-zero stays
+        // non-zero until the store below; posts only raise it.
+        let shared = &e.shared;
+        let held = shared.held.load(Ordering::Relaxed);
+        let count = held.wrapping_add(shared.posted.load(Ordering::Relaxed));
+        if count == 0 {
             return;
         }
-        // SYNC: Release pairs with the Acquire load in `Mr::as_mut_slice`/`deregister`: the
-        // engine's last write into the region happens-before the application's next access.
-        // (Mutation point of the loom models: this decrement with Relaxed.)
+        // SYNC: Release pairs with the Acquire load in `MrShared::in_flight`: the engine's
+        // last write into the region happens-before the application's next access. A plain
+        // store: `held` has one writer at a time, the token's holder.
+        // (Mutation point of the loom models: this store with Relaxed.)
         let order = crate::sync::weaken(Ordering::Release, "MrTable::release");
-        let before = e.shared.in_flight.fetch_sub(1, order);
-        if before == 1 && e.zombie {
+        shared.held.store(held.wrapping_sub(1), order);
+        if count == 1 && e.zombie {
             self.free_entry(index, pds);
         }
     }
@@ -233,8 +285,8 @@ impl MrTable {
         let Some(e) = self.entries.at_mut(index) else {
             return;
         };
-        // SYNC: Acquire pairs with the Release decrement in `release`.
-        if e.shared.in_flight.load(Ordering::Acquire) == 0 {
+        // SYNC: Acquire (in `in_flight`) pairs with the Release store in `release`.
+        if e.shared.in_flight() == 0 {
             self.free_entry(index, pds);
         } else {
             e.zombie = true;
@@ -330,7 +382,7 @@ mod tests {
         let (mut t, mut a) = setup();
         let free0 = a.free_bytes();
         let (i, k, shared) = reg(&mut t, &mut a, AccessFlags::LOCAL_WRITE);
-        shared.in_flight.store(2, Ordering::Relaxed);
+        shared.posted.store(2, Ordering::Relaxed);
         t.remove(i, &mut a);
         assert_eq!(t.by_key(k).unwrap_err(), AccessDenied::StaleKey);
         assert!(a.free_bytes() < free0, "still allocated");
@@ -362,12 +414,12 @@ mod release_tests {
         // not wrap it to 4294967295 and make the region look busy forever.
         t.release(i, &mut pds);
         t.release(i, &mut pds);
-        assert_eq!(shared.in_flight.load(Ordering::Relaxed), 0);
+        assert_eq!(shared.in_flight(), 0);
         // And with one posted element, two releases drop exactly one.
-        shared.in_flight.store(1, Ordering::Relaxed);
+        shared.posted.store(1, Ordering::Relaxed);
         t.release(i, &mut pds);
         t.release(i, &mut pds);
-        assert_eq!(shared.in_flight.load(Ordering::Relaxed), 0);
+        assert_eq!(shared.in_flight(), 0);
     }
 
     #[test]
@@ -384,5 +436,192 @@ mod release_tests {
         assert_eq!(pds.len(), 1);
         t.remove(i, &mut pds);
         assert_eq!(pds.len(), 0, "the arena is unmapped with its last region");
+    }
+}
+
+/// The two-word count through the verbs: elements posted under the engine token and
+/// outside it (here: while the test's own thread holds the token, as a busy engine
+/// would), retired in any mix.
+#[cfg(all(test, not(shmhca_loom)))]
+mod in_flight_tests {
+    use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
+    use crate::{AccessFlags, Context, Cq, Destination, EngineMode, Error, Mtu, Qp, QpAttr};
+    use crate::{QpCaps, QpState};
+    use shmhca_rings::segment::HugePages;
+
+    fn pair(ctx: &Context, pd: &crate::Pd, cq: &Cq) -> (Qp, Qp) {
+        let (link, _) = ctx.link_with(ctx).unwrap();
+        let mut a = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+        let mut b = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+        let (qa, qb) = (a.qpn(), b.qpn());
+        for (qp, remote) in [(&mut a, qb), (&mut b, qa)] {
+            qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+                .unwrap();
+            qp.modify(
+                &QpAttr::new(QpState::Rtr)
+                    .path_mtu(Mtu::Mtu1024)
+                    .dest(Destination { link, qpn: remote })
+                    .rq_psn(0)
+                    .max_dest_rd_atomic(1)
+                    .min_rnr_timer(1),
+            )
+            .unwrap();
+            qp.modify(
+                &QpAttr::new(QpState::Rts)
+                    .sq_psn(0)
+                    .timeout(14)
+                    .retry_cnt(7)
+                    .rnr_retry(7)
+                    .max_rd_atomic(1),
+            )
+            .unwrap();
+        }
+        (a, b)
+    }
+
+    fn drain(ctx: &Context, cq: &mut Cq, want: usize) {
+        let mut wc = [WorkCompletion::default(); 8];
+        let mut got = 0;
+        for _ in 0..10_000 {
+            ctx.progress();
+            let n = cq.poll(&mut wc);
+            for w in &wc[..n] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            }
+            got += n;
+            if got >= want {
+                return;
+            }
+        }
+        panic!("{got} of {want} completions");
+    }
+
+    #[test]
+    fn counts_posted_under_and_outside_the_token_sum_and_retire_to_zero() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, mut b) = pair(&ctx, &pd, &cq);
+        let mut src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut dst = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        // One receive counted under the token (the owner's path), one outside it (the
+        // token held by this very thread: `try_with` refuses, as for a busy engine).
+        b.post_recv(&RecvWr::new(1, &[dst.sge(0, 8).unwrap()]))
+            .unwrap();
+        ctx.shared.engine.with(|_| {
+            b.post_recv(&RecvWr::new(2, &[dst.sge(8, 8).unwrap()]))
+                .unwrap();
+        });
+        let (held, posted) = (
+            dst.inflight.held.load(std::sync::atomic::Ordering::Relaxed),
+            dst.inflight
+                .posted
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        assert_eq!((held, posted), (1, 1), "one element each way");
+        assert_eq!(dst.in_flight(), 2);
+        assert!(matches!(
+            dst.as_mut_slice(),
+            Err(Error::MrBusy { in_flight: 2, .. })
+        ));
+        // Two sends from the same region: one direct under the token, one through the ring.
+        a.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+            .unwrap();
+        ctx.shared.engine.with(|_| {
+            a.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(8, 8).unwrap()]))
+                .unwrap();
+        });
+        assert_eq!(src.in_flight(), 2);
+        // Both receives and both sends complete: every count comes back to zero, even
+        // though `held` went below zero on the way (elements posted outside, retired by
+        // the engine).
+        drain(&ctx, &mut cq, 4);
+        assert_eq!((src.in_flight(), dst.in_flight()), (0, 0));
+        assert!(dst.as_mut_slice().is_ok() && src.as_mut_slice().is_ok());
+        assert!(dst.deregister().is_ok());
+        assert!(src.deregister().is_ok());
+    }
+
+    #[test]
+    fn a_region_dropped_with_mixed_elements_in_flight_is_freed_by_its_last_retire() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, mut b) = pair(&ctx, &pd, &cq);
+        let src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let free_before = ctx.arena_free();
+        let dst = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv(&RecvWr::new(1, &[dst.sge(0, 8).unwrap()]))
+            .unwrap();
+        ctx.shared.engine.with(|_| {
+            b.post_recv(&RecvWr::new(2, &[dst.sge(8, 8).unwrap()]))
+                .unwrap();
+        });
+        let dst = match dst.deregister() {
+            Err((mr, Error::MrBusy { in_flight: 2, .. })) => mr,
+            other => panic!("a region with two receives posted deregistered: {other:?}"),
+        };
+        drop(dst); // a zombie until its last element retires
+        assert!(ctx.arena_free() < free_before);
+        a.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+            .unwrap();
+        drain(&ctx, &mut cq, 2);
+        assert!(ctx.arena_free() < free_before, "one receive still holds it");
+        a.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+            .unwrap();
+        drain(&ctx, &mut cq, 2);
+        assert_eq!(ctx.arena_free(), free_before, "freed by its last retire");
+    }
+
+    #[test]
+    fn receives_posted_in_the_error_state_are_flushed_under_and_outside_the_token() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (_a, mut b) = pair(&ctx, &pd, &cq);
+        let dst = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.modify(&QpAttr::new(QpState::Error)).unwrap();
+        for _ in 0..4 {
+            ctx.progress();
+        }
+        let mut wc = [WorkCompletion::default(); 4];
+        let mut flushed = |cq: &mut Cq| {
+            let mut got = vec![];
+            for _ in 0..100 {
+                ctx.progress();
+                let n = cq.poll(&mut wc);
+                got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+            }
+            got
+        };
+        // No doorbell for this one (posted under the token): the engine must still look
+        // at the QP and flush it.
+        b.post_recv(&RecvWr::new(1, &[dst.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(flushed(&mut cq), [(1, WcStatus::WrFlushErr)]);
+        ctx.shared.engine.with(|_| {
+            b.post_recv(&RecvWr::new(2, &[dst.sge(8, 8).unwrap()]))
+                .unwrap();
+        });
+        assert_eq!(flushed(&mut cq), [(2, WcStatus::WrFlushErr)]);
+        assert_eq!(dst.in_flight(), 0);
     }
 }

@@ -107,3 +107,7 @@ pub fn receive_slot(bytes: &[u8], peer_arena: &[u8], split: &[u16]) -> Option<u6
     }
     r.ok()
 }
+
+/// The engine token over a loom-checked counter, for `loom-tests/tests/token.rs`.
+#[cfg(shmhca_loom)]
+pub use crate::engine::cell::LoomToken;

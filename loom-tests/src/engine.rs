@@ -264,7 +264,7 @@ pub fn send_queue_credit() {
 
 /// **In-flight counts.** A Send is posted on A and a receive on B before the engine
 /// starts; the application (the calling thread) then waits until B's receive region is
-/// idle (`Mr::in_flight` back to 0, Acquire: `MrTable::release` decrements it with Release
+/// idle (`Mr::in_flight` back to 0, Acquire: `MrTable::release` lowers it with a Release store
 /// after the engine's copy into the region) and reads it — with no other synchronisation
 /// with the engine. Then it checks that the Send completed.
 pub fn in_flight_release() {

@@ -297,3 +297,31 @@ pub fn doorbell(make: fn() -> Doorbell, posters: &'static [&'static [u32]]) {
     let rung: usize = posters.iter().map(|p| p.len()).sum();
     assert_eq!(seen.iter().filter(|s| **s).count(), rung, "a ring was lost");
 }
+
+/// A watched queue ([`Doorbell::watch`]) while the taker stops watching it: the poster
+/// publishes the queue's work (Relaxed) and calls [`Doorbell::ring_unless_watched`]; the
+/// taker unwatches, runs its process-wide barrier (a SeqCst fence here: loom cannot model
+/// `membarrier`) and looks at the work once more. The work must not be lost: the taker's
+/// last look finds it, or the poster rang (and the next take reports it).
+pub fn doorbell_watch(make: fn() -> Doorbell) {
+    let bell = Arc::new(make());
+    let work = Arc::new(AtomicU64::new(0));
+    bell.watch(0);
+    let poster = {
+        let (bell, work) = (Arc::clone(&bell), Arc::clone(&work));
+        thread::spawn(move || {
+            work.store(1, Ordering::Relaxed);
+            bell.ring_unless_watched(0);
+        })
+    };
+    bell.unwatch(0);
+    #[cfg(shmhca_loom)]
+    loom::sync::atomic::fence(Ordering::SeqCst);
+    #[cfg(not(shmhca_loom))]
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let found = work.load(Ordering::Relaxed) == 1;
+    poster.join().unwrap();
+    let mut rung = false;
+    bell.take(|q| rung |= q == 0);
+    assert!(found || rung, "a post to a queue being unwatched was lost");
+}

@@ -8,7 +8,7 @@
 //!   Relaxed — the application rewrites a gather-table row the engine may still be reading
 //!   (caught by `send_queue_credit`);
 //! * `Qp::refresh_sq load`: `Qp::refresh_sq` loads `sq_retired` with Relaxed — same;
-//! * `MrTable::release`: the in-flight decrement is Relaxed — the application reads a
+//! * `MrTable::release`: the in-flight store (`held`) is Relaxed — the application reads a
 //!   receive region that the engine's copy into it is not ordered before (caught by
 //!   `in_flight_release`).
 

@@ -2,7 +2,7 @@
 //! std-thread stress tests). The send queue's credit path is modelled on the engine's own
 //! code in `tests/engine.rs`.
 
-use shmhca_loom_tests::{check, correct_doorbell, doorbell};
+use shmhca_loom_tests::{check, correct_doorbell, doorbell, doorbell_watch};
 
 #[test]
 fn doorbell_rings_in_one_word_and_across_words() {
@@ -14,6 +14,11 @@ fn doorbell_rings_in_one_word_and_across_words() {
 #[test]
 fn doorbell_rings_from_two_posters_in_one_word() {
     check(|| doorbell(correct_doorbell, &[&[3], &[5]]));
+}
+
+#[test]
+fn a_post_to_a_queue_being_unwatched_is_never_lost() {
+    check(|| doorbell_watch(correct_doorbell));
 }
 
 /// Proof that these models can fail too.
@@ -46,6 +51,16 @@ mod mutations {
     }
     fn no_summary() -> Doorbell {
         Doorbell::mutated(128, Mutation::NoSummary)
+    }
+    fn watch_no_fence() -> Doorbell {
+        Doorbell::mutated(128, Mutation::WatchNoFence)
+    }
+
+    #[test]
+    fn a_poster_without_its_watch_fence_is_caught() {
+        assert_loom_catches("ring_unless_watched without its fence", "was lost", || {
+            doorbell_watch(watch_no_fence)
+        });
     }
 
     // Two posters in one word: the second to ring finds the word non-empty and leaves

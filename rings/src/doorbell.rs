@@ -21,6 +21,25 @@
 //!
 //! A queue rung twice before a `take` is reported once; the taker must drain all the work
 //! it finds, not one item per report.
+//!
+//! # Watched queues: no ring at all while the taker polls the queue itself
+//!
+//! A busy queue would cost its poster a locked read-modify-write per post, and the taker
+//! two swaps per take. Instead the taker may *watch* a queue it expects more work on
+//! ([`Doorbell::watch`]): it then looks at the queue itself every iteration, and
+//! [`Doorbell::ring_unless_watched`] skips the ring (one load of the watch word, no locked
+//! instruction). The taker stops watching with the asymmetric Dekker of biased locking:
+//!
+//! * poster: publish the work, a compiler fence, load the watch bit — ring if it is clear;
+//! * taker: [`Doorbell::unwatch`] (a plain store), then a *process-wide* barrier
+//!   (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`: every running thread executes a
+//!   full fence), then one last look at the queue.
+//!
+//! Either the poster's load comes after the barrier and sees the bit clear (it rings), or
+//! its work was published before the barrier and the taker's last look finds it. The
+//! taker alone writes the watch words (plain stores); a taker without such a barrier must
+//! never watch. Under loom the barrier and the poster's fence are SeqCst fences
+//! (`shmhca-loom-tests`, `tests/hand_offs.rs`).
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -41,6 +60,8 @@ pub enum Mutation {
     TakeRelaxed,
     /// `ring` never names the word in the summary.
     NoSummary,
+    /// `ring_unless_watched` leaves out its fence.
+    WatchNoFence,
 }
 
 /// A two-level bitmap of queues with new work: rung by any number of posting threads,
@@ -49,6 +70,8 @@ pub enum Mutation {
 pub struct Doorbell {
     summary: AtomicU64,
     words: Box<[AtomicU64]>,
+    /// Queues the taker looks at itself (written by the taker only).
+    watched: Box<[AtomicU64]>,
     #[cfg(shmhca_loom)]
     mutation: Mutation,
 }
@@ -68,6 +91,9 @@ impl Doorbell {
         Doorbell {
             summary: AtomicU64::new(0),
             words: (0..capacity.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            watched: (0..capacity.div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             #[cfg(shmhca_loom)]
@@ -138,6 +164,51 @@ impl Doorbell {
         }
     }
 
+    /// Tells the taker about new work on queue `index`, unless the taker watches the queue
+    /// (see the module docs): then it finds the work itself, and this costs one load and no
+    /// locked instruction. Call it after the work is published. Returns whether it rang.
+    ///
+    /// # Panics
+    ///
+    /// If `index` is not below [`Doorbell::capacity`].
+    #[inline]
+    pub fn ring_unless_watched(&self, index: u32) -> bool {
+        let (w, b) = ((index / 64) as usize, index % 64);
+        // SYNC: the poster's half of the asymmetric fence: the work published before this
+        // is ordered before the load below by the taker's process-wide barrier in
+        // `unwatch`'s protocol (a compiler fence keeps the compiler from reordering).
+        light_fence(self);
+        if self.watched[w].load(Ordering::Relaxed) & (1 << b) != 0 {
+            return false;
+        }
+        self.ring(index);
+        true
+    }
+
+    /// The taker watches queue `index`: posts to it stop ringing. Taker only.
+    #[inline]
+    pub fn watch(&self, index: u32) {
+        let (w, b) = ((index / 64) as usize, index % 64);
+        let word = &self.watched[w];
+        word.store(word.load(Ordering::Relaxed) | 1 << b, Ordering::Relaxed);
+    }
+
+    /// The taker stops watching queue `index`. Taker only; before it stops looking at the
+    /// queue it must run a process-wide barrier and then look once more (module docs).
+    #[inline]
+    pub fn unwatch(&self, index: u32) {
+        let (w, b) = ((index / 64) as usize, index % 64);
+        let word = &self.watched[w];
+        word.store(word.load(Ordering::Relaxed) & !(1 << b), Ordering::Relaxed);
+    }
+
+    /// Whether some queue may have been rung since the last [`Doorbell::take`]: one relaxed
+    /// load of the summary word (a ring that is not visible yet is seen by a later call).
+    #[inline]
+    pub fn rung(&self) -> bool {
+        self.summary.load(Ordering::Relaxed) != 0
+    }
+
     /// Calls `f` for every queue rung since the last call (by this or another thread).
     #[inline]
     pub fn take(&self, mut f: impl FnMut(u32)) {
@@ -161,6 +232,18 @@ impl Doorbell {
                 f(w * 64 + b);
             }
         }
+    }
+}
+
+/// The poster's half of the watch protocol's fence: a compiler fence (the taker's
+/// process-wide barrier supplies the processor's), a SeqCst fence under loom.
+#[inline(always)]
+fn light_fence(_d: &Doorbell) {
+    #[cfg(not(shmhca_loom))]
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    #[cfg(shmhca_loom)]
+    if _d.mutation != Mutation::WatchNoFence {
+        loom::sync::atomic::fence(Ordering::SeqCst);
     }
 }
 
@@ -223,5 +306,19 @@ mod tests {
         let mut after = 0;
         d.take(|_| after += 1);
         assert_eq!(after, 0);
+    }
+
+    #[test]
+    fn a_watched_queue_is_not_rung_until_unwatched() {
+        let d = Doorbell::new(128);
+        d.watch(70);
+        assert!(!d.ring_unless_watched(70), "watched: no ring");
+        assert!(!d.rung());
+        assert!(d.ring_unless_watched(71), "its neighbour is not watched");
+        d.unwatch(70);
+        assert!(d.ring_unless_watched(70));
+        let mut got = vec![];
+        d.take(|i| got.push(i));
+        assert_eq!(got, [70, 71]);
     }
 }

@@ -345,15 +345,17 @@ impl Rig {
         }
     }
 
-    /// Whether posting rang the engine's doorbell (for the QP; rung again so the engine
-    /// still sees it).
+    /// Whether posting told the engine about the QP: rang its doorbell (rung again so the
+    /// engine still sees it), or, under the engine token (inline mode), put it in the
+    /// engine's active set.
     fn doorbell_rung(&self) -> bool {
         let mut rung = Vec::new();
         self.ctx.shared.doorbell.take(|i| rung.push(i));
         for &i in &rung {
             self.ctx.shared.doorbell.ring(i);
         }
-        !rung.is_empty()
+        let index = self.qp.index;
+        !rung.is_empty() || self.ctx.shared.engine.with(|e| e.is_active(index))
     }
 
     /// The peer sends a request (AckReq set) with its next PSN; `f` adds the extended

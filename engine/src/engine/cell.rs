@@ -8,57 +8,263 @@
 //! Control operations (creating QPs, registering memory, modifying a QP) use
 //! [`EngineCell::with`], which does wait, and asks the engine thread to step aside between
 //! iterations.
+//!
+//! # Two ways in: the owner's fast path and the shared slow path
+//!
+//! Almost always one thread takes the token over and over (the engine thread in poll mode,
+//! the polling application thread in inline mode). A compare-and-swap per entry would cost
+//! it a locked instruction every poll and every post; instead the token is *biased* to
+//! that thread (the classic asymmetric Dekker of biased locking, with the kernel's
+//! `membarrier(2)` as the heavy side):
+//!
+//! * **Owner fast path.** The thread named in `bias` enters with a plain store of `busy =
+//!   true`, a compiler fence and a load of `bias`: still itself, it holds the token; else it
+//!   clears `busy` and takes the slow path. No locked instruction, no fence instruction.
+//! * **Slow path.** Anyone else takes `lock` with a compare-and-swap (as before), then, if
+//!   the token is biased to some thread, *revokes* the bias: stores `bias = 0`, runs
+//!   `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` and then reads `busy`. The barrier makes
+//!   every running thread of the process execute a full fence (a thread not running has
+//!   been through the kernel's full barrier of a context switch), so it stands for the
+//!   fence the owner left out: either the owner's `busy = true` is visible to the revoker
+//!   after it, or the owner's later load of `bias` sees 0 and the owner backs off. A
+//!   revoker that finds `busy` set does not enter (`try_with` returns `None`, `with`
+//!   retries): the owner is inside and will leave. Every slow-path holder reads `busy`
+//!   (Acquire) before it touches the value, so a revoked owner still inside is waited out
+//!   by whoever comes next, and the owner's last release is ordered before them.
+//! * **Who is the owner.** A thread that took the token on the slow path
+//!   [`BIAS_AFTER`]-times in a row with nobody else trying meanwhile becomes the owner; it
+//!   installs itself as it releases the slow path (`bias = me` before `lock = false`), and
+//!   only a thread can install itself. A revocation doubles the streak the next owner needs
+//!   (up to [`BIAS_AFTER_MAX`]), unless the revoked bias had served at least
+//!   [`BIAS_PAID_OFF`] entries (then the cost of a barrier, a few microseconds, was paid
+//!   back many times), which resets it: two threads taking turns settle on the slow path
+//!   instead of trading barriers.
+//! * **Without membarrier** (a kernel that refuses `MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED`,
+//!   registered once per process at the first bias; or Miri) no bias is ever installed:
+//!   every entry is the compare-and-swap, as before.
+//!
+//! The hand-off costs: the owner's fast path, a load of `bias`, a load and two plain stores
+//! of `busy`; a revocation, one `membarrier` system call (an inter-processor interrupt to
+//! the CPUs running this process's threads) — on the control path, or the progress helper
+//! taking over from an idle application.
+//!
+//! loom cannot model `membarrier`: under `--cfg shmhca_loom` both sides use a SeqCst
+//! fence instead (the owner's compiler fence becomes one, and so does the barrier), which
+//! has the same guarantee for this store–load pattern. `loom-tests/tests/token.rs` checks
+//! the slow path, the bias hand-over and revocation that way, with mutations it catches.
 
 #![allow(unsafe_code)]
 
-use crate::sync::{AtomicBool, AtomicU32, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering, weaken};
 use std::cell::UnsafeCell;
+
+/// Uncontended slow-path entries in a row after which a thread becomes the owner. Under
+/// loom the engine's own models never bias the token (their model threads would spin on
+/// stale reads of `busy` in `with` far past loom's branch bound); `tests/token.rs` models
+/// the bias on [`LoomToken`], which biases after one entry.
+pub(crate) const BIAS_AFTER: u32 = if cfg!(shmhca_loom) { u32::MAX } else { 16 };
+/// The most such entries a thread needs, after repeated revocations.
+pub(crate) const BIAS_AFTER_MAX: u32 = 1 << 16;
+/// Fast-path entries after which a revoked bias counts as having paid off.
+pub(crate) const BIAS_PAID_OFF: u64 = 1 << 12;
 
 /// A value owned by whoever holds the token.
 pub(crate) struct EngineCell<T> {
+    /// The slow path's token (compare-and-swap).
+    lock: AtomicBool,
+    /// Set by the owner while it is inside on the fast path (plain stores only).
     busy: AtomicBool,
+    /// The owner's thread number ([`thread_number`]); 0: no owner.
+    bias: AtomicU64,
+    /// A hint for the policy: someone failed to take the token (plain stores only).
+    contended: AtomicBool,
+    /// A hint for the policy: a bias was revoked.
+    revoked: AtomicBool,
     /// Control operations waiting for the token.
     waiting: AtomicU32,
+    /// Who becomes the owner; touched only by the token's holder.
+    policy: UnsafeCell<Policy>,
     value: UnsafeCell<T>,
 }
 
-// SAFETY: the value is only reached through `try_with`/`with`, which hand out `&mut T` to
-// one thread at a time (the token), and `T: Send` lets that thread be any thread.
+/// The bias policy's state (private to the token's holder).
+struct Policy {
+    /// The thread of the last slow-path entry, and how many in a row it made.
+    last: u64,
+    streak: u32,
+    /// The streak that makes an owner now, and after a bias that paid off.
+    threshold: u32,
+    initial: u32,
+    /// Fast-path entries of the current (or last) bias.
+    served: u64,
+}
+
+// SAFETY: the value and the policy are only reached through `try_with`/`with`, which hand
+// them to one thread at a time (the token), and `T: Send` lets that thread be any thread.
 unsafe impl<T: Send> Sync for EngineCell<T> {}
 
-/// Releases the token when dropped, also on unwinding.
-struct Token<'a>(&'a AtomicBool);
+/// Releases the owner's fast path when dropped, also on unwinding.
+struct FastToken<'a>(&'a AtomicBool);
 
-impl Drop for Token<'_> {
+impl Drop for FastToken<'_> {
     fn drop(&mut self) {
+        // SYNC: Release pairs with the Acquire load of `busy` of the next slow-path holder
+        // (in `enter_slow`): everything the owner did to the value happens-before its use.
+        self.0
+            .store(false, weaken(Ordering::Release, "EngineCell busy release"));
+    }
+}
+
+/// Releases the slow path when dropped, also on unwinding (installing the bias first if
+/// the policy says so).
+struct SlowToken<'a> {
+    lock: &'a AtomicBool,
+    bias: &'a AtomicU64,
+    install: u64,
+}
+
+impl Drop for SlowToken<'_> {
+    fn drop(&mut self) {
+        if self.install != 0 {
+            // Only the thread itself installs its bias, while it still holds the lock: its
+            // own later fast-path entries are ordered after this by program order, and
+            // anyone else revokes under the lock it is about to release.
+            self.bias.store(self.install, Ordering::Relaxed);
+        }
         // SYNC: Release pairs with the Acquire of the next successful `compare_exchange`
-        // in `try_with`: everything done to the value happens-before the next holder's use.
-        self.0.store(false, Ordering::Release);
+        // in `enter_slow`: everything done to the value happens-before the next holder's use.
+        self.lock.store(false, Ordering::Release);
     }
 }
 
 impl<T> EngineCell<T> {
     pub(crate) fn new(value: T) -> EngineCell<T> {
+        EngineCell::biased_after(value, BIAS_AFTER)
+    }
+
+    /// A cell whose owner is the thread that took it `bias_after` times in a row first.
+    fn biased_after(value: T, bias_after: u32) -> EngineCell<T> {
         EngineCell {
+            lock: AtomicBool::new(false),
             busy: AtomicBool::new(false),
+            bias: AtomicU64::new(0),
+            contended: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
             waiting: AtomicU32::new(0),
+            policy: UnsafeCell::new(Policy {
+                last: 0,
+                streak: 0,
+                threshold: bias_after,
+                initial: bias_after,
+                served: 0,
+            }),
             value: UnsafeCell::new(value),
         }
     }
 
-    /// Runs `f` on the value if the token is free; `None` if someone else holds it.
+    /// Runs `f` on the value if the token is free; `None` if someone else holds it (or the
+    /// calling thread holds it already: no nesting).
     #[inline]
     pub(crate) fn try_with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        // SYNC: Acquire pairs with the Release store in `Token::drop`.
-        self.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()?;
-        let _token = Token(&self.busy);
-        // SYNC: the token gives this thread exclusive use of the value until `_token` drops.
-        // SAFETY: `busy` went from false to true here, so no other `&mut T` exists (every
-        // path to the value takes the token first), and none will until the token drops.
+        let me = thread_number();
+        if self.bias.load(Ordering::Relaxed) == me {
+            // Only the owner stores `busy = true`: set means it is inside already.
+            if self.busy.load(Ordering::Relaxed) {
+                return None;
+            }
+            self.busy.store(true, Ordering::Relaxed);
+            light_barrier();
+            if self.bias.load(Ordering::Relaxed) == me {
+                let _token = FastToken(&self.busy);
+                // SYNC: `busy` set, then `bias` read as ours after the light barrier: every
+                // revoker's `membarrier` comes after that load (and then sees `busy`), or
+                // before it (and then we would have read 0) — the asymmetric Dekker of the
+                // module docs. Slow-path holders read `busy` before touching the value.
+                // SAFETY: no other `&mut Policy` exists (see the SYNC above: the policy is
+                // touched by the token's holder only) and none will until `_token` drops.
+                let policy = unsafe { &mut *self.policy.get() };
+                policy.served += 1;
+                // SAFETY: as for the policy: no other `&mut T` exists, and none will until
+                // `_token` drops.
+                let value = unsafe { &mut *self.value.get() };
+                return Some(f(value));
+            }
+            self.busy.store(false, Ordering::Release);
+        }
+        let install = self.enter_slow(me)?;
+        let _token = SlowToken {
+            lock: &self.lock,
+            bias: &self.bias,
+            install,
+        };
+        // SYNC: the slow token gives this thread exclusive use of the value until `_token`
+        // drops (see `enter_slow`).
+        // SAFETY: `enter_slow` took `lock` and saw `busy` clear after revoking any bias, so
+        // no other `&mut T` exists, and none will until the token drops.
         let value = unsafe { &mut *self.value.get() };
         Some(f(value))
+    }
+
+    /// The slow path: takes the lock, revokes the bias, waits out nobody. `Some(install)`
+    /// when this thread now holds the token (`install`: its own number if it becomes the
+    /// owner as it leaves, else 0); `None` if the token is held.
+    #[cold]
+    #[inline(never)]
+    fn enter_slow(&self, me: u64) -> Option<u64> {
+        // SYNC: Acquire pairs with the Release store in `SlowToken::drop`.
+        if self
+            .lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.contended.store(true, Ordering::Relaxed);
+            return None;
+        }
+        if self.bias.load(Ordering::Relaxed) != 0 {
+            self.bias.store(0, Ordering::Relaxed);
+            self.revoked.store(true, Ordering::Relaxed);
+            heavy_barrier();
+        }
+        // SYNC: Acquire pairs with the Release store in `FastToken::drop`: the owner's
+        // last run happens-before ours. Read after the barrier (if any bias was revoked
+        // now) or after an earlier holder's barrier (ordered before us by `lock`).
+        if self
+            .busy
+            .load(weaken(Ordering::Acquire, "EngineCell busy acquire"))
+        {
+            self.contended.store(true, Ordering::Relaxed);
+            // SYNC: Release as in `SlowToken::drop` (nothing was touched).
+            self.lock.store(false, Ordering::Release);
+            return None;
+        }
+        // SAFETY: this thread holds the token (lock taken, no owner inside, none can enter
+        // with `bias` 0), and the policy is touched only by the token's holder.
+        let policy = unsafe { &mut *self.policy.get() };
+        if self.revoked.load(Ordering::Relaxed) {
+            self.revoked.store(false, Ordering::Relaxed);
+            policy.threshold = if policy.served >= BIAS_PAID_OFF {
+                policy.initial
+            } else {
+                policy.threshold.saturating_mul(2).min(BIAS_AFTER_MAX)
+            };
+            policy.streak = 0;
+        }
+        if self.contended.load(Ordering::Relaxed) {
+            self.contended.store(false, Ordering::Relaxed);
+            policy.streak = 0;
+        }
+        if policy.last == me {
+            policy.streak = policy.streak.saturating_add(1);
+        } else {
+            policy.last = me;
+            policy.streak = 1;
+        }
+        if policy.streak >= policy.threshold && barrier_available() {
+            policy.streak = 0;
+            policy.served = 0;
+            return Some(me);
+        }
+        Some(0)
     }
 
     /// Runs `f` on the value, waiting for the token (control path only).
@@ -91,6 +297,134 @@ impl<T> EngineCell<T> {
     pub(crate) fn control_waiting(&self) -> bool {
         self.waiting.load(Ordering::Relaxed) != 0
     }
+
+    /// Whether the calling thread is the owner (enters on the fast path).
+    #[cfg(any(test, shmhca_loom))]
+    pub(crate) fn is_owner(&self) -> bool {
+        self.bias.load(Ordering::Relaxed) == thread_number()
+    }
+}
+
+/// This thread's number: unique in the process, never 0, never reused.
+#[inline]
+fn thread_number() -> u64 {
+    #[cfg(not(shmhca_loom))]
+    std::thread_local! {
+        static NUMBER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    #[cfg(shmhca_loom)]
+    loom::thread_local! {
+        static NUMBER: std::cell::Cell<u64> = std::cell::Cell::new(0);
+    }
+    NUMBER.with(|n| {
+        let v = n.get();
+        if v != 0 {
+            return v;
+        }
+        // Once per thread. (A std atomic also under loom: the numbers need no model.)
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        n.set(v);
+        v
+    })
+}
+
+/// The owner's side of the asymmetric fence: a compiler fence (the `membarrier` of a
+/// revoker supplies the processor's), a SeqCst fence under loom.
+#[inline(always)]
+fn light_barrier() {
+    #[cfg(not(shmhca_loom))]
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    // Mutation "EngineCell owner fence": the owner leaves out its side of the fence.
+    #[cfg(shmhca_loom)]
+    if weaken(Ordering::SeqCst, "EngineCell owner fence") == Ordering::SeqCst {
+        loom::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+/// The revoker's side: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (a SeqCst fence
+/// under loom). Also the engine's, when it stops watching send queues (only ever after
+/// [`barrier_available`] said yes).
+pub(crate) fn heavy_barrier() {
+    #[cfg(shmhca_loom)]
+    loom::sync::atomic::fence(Ordering::SeqCst);
+    #[cfg(not(shmhca_loom))]
+    {
+        use rustix::thread::{MembarrierCommand, membarrier};
+        // Only reached with a bias installed, so after the registration succeeded; then the
+        // kernel does not fail the command (membarrier(2): EPERM only when unregistered).
+        // If it ever did, entering would be unsound: stop rather than risk the engine state.
+        if let Err(e) = membarrier(MembarrierCommand::PrivateExpedited) {
+            eprintln!(
+                "shmhca: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after its \
+                 registration succeeded ({e}); cannot revoke the engine token's owner safely"
+            );
+            std::process::abort();
+        }
+    }
+}
+
+/// Whether this process can use the owner fast path: registers it for
+/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` once (false under Miri, or if the kernel refuses).
+pub(crate) fn barrier_available() -> bool {
+    #[cfg(shmhca_loom)]
+    return true;
+    #[cfg(all(not(shmhca_loom), miri))]
+    return false;
+    #[cfg(all(not(shmhca_loom), not(miri)))]
+    {
+        static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *REGISTERED.get_or_init(|| {
+            use rustix::thread::{MembarrierCommand, membarrier};
+            membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
+                && membarrier(MembarrierCommand::PrivateExpedited).is_ok()
+        })
+    }
+}
+/// The engine token over a counter in a loom cell, for the loom models of
+/// `loom-tests/tests/token.rs` (reached through `shmhca::testing`): every access to the
+/// counter is announced to loom, so two holders overlapping is a causality violation.
+#[cfg(shmhca_loom)]
+pub struct LoomToken(EngineCell<loom::cell::UnsafeCell<u64>>);
+
+#[cfg(shmhca_loom)]
+impl Default for LoomToken {
+    fn default() -> LoomToken {
+        LoomToken(EngineCell::biased_after(loom::cell::UnsafeCell::new(0), 1))
+    }
+}
+
+#[cfg(shmhca_loom)]
+impl LoomToken {
+    /// Adds `n` to the counter if the token is free (`EngineCell::try_with`); whether it was.
+    pub fn try_add(&self, n: u64) -> bool {
+        self.0
+            .try_with(|c| c.with_mut(|p| unsafe_add(p, n)))
+            .is_some()
+    }
+
+    /// Adds `n`, waiting for the token (`EngineCell::with`).
+    pub fn add(&self, n: u64) {
+        self.0.with(|c| c.with_mut(|p| unsafe_add(p, n)));
+    }
+
+    /// The counter (waiting for the token).
+    pub fn get(&self) -> u64 {
+        // SAFETY: the loom cell hands out the pointer for this read only, under the token.
+        self.0.with(|c| c.with(|p| unsafe { *p }))
+    }
+
+    /// Whether the calling model thread is the token's owner (enters on the fast path).
+    pub fn is_owner(&self) -> bool {
+        self.0.is_owner()
+    }
+}
+
+#[cfg(shmhca_loom)]
+fn unsafe_add(p: *mut u64, n: u64) {
+    // SAFETY: the loom cell hands out the pointer for this access only, under the token
+    // (loom reports it if two holders overlap).
+    unsafe { *p += n }
 }
 
 #[cfg(test)]
@@ -127,6 +461,125 @@ mod tests {
         let total = cell.with(|v| *v);
         assert_eq!(total, 1 + 40_000 + tried);
         assert!(!cell.control_waiting());
+    }
+
+    /// Takes the token on the slow path until this thread is the owner.
+    fn become_owner(cell: &EngineCell<u64>) {
+        for _ in 0..BIAS_AFTER_MAX {
+            if cell.is_owner() {
+                return;
+            }
+            cell.try_with(|v| *v += 1).unwrap();
+        }
+        panic!("no bias after {BIAS_AFTER_MAX} uncontended entries");
+    }
+
+    #[test]
+    fn a_thread_taking_the_token_alone_becomes_its_owner() {
+        if !barrier_available() {
+            eprintln!("membarrier unavailable: the token stays on its slow path");
+            return;
+        }
+        let cell = EngineCell::new(0u64);
+        for _ in 1..BIAS_AFTER {
+            cell.try_with(|v| *v += 1).unwrap();
+            assert!(!cell.is_owner(), "biased before {BIAS_AFTER} entries");
+        }
+        cell.try_with(|v| *v += 1).unwrap();
+        assert!(cell.is_owner());
+        // The owner's entries go the fast path and leave `lock` alone.
+        cell.try_with(|_| ()).unwrap();
+        assert!(!cell.lock.load(Ordering::Relaxed) && !cell.busy.load(Ordering::Relaxed));
+        // No nesting on the fast path either.
+        cell.try_with(|_| assert!(cell.try_with(|_| ()).is_none()))
+            .unwrap();
+        assert_eq!(cell.with(|v| *v), u64::from(BIAS_AFTER));
+        // SAFETY: the token is not held (the test's only thread is outside it).
+        let served = unsafe { (*cell.policy.get()).served };
+        assert_eq!(served, 3, "three entries on the fast path");
+    }
+
+    #[test]
+    fn another_thread_revokes_the_bias_and_waits_out_an_owner_inside() {
+        if !barrier_available() {
+            return;
+        }
+        let cell = Arc::new(EngineCell::new(0u64));
+        become_owner(&cell);
+        // The owner is outside: another thread gets the token at once, revoking the bias.
+        let c = cell.clone();
+        std::thread::spawn(move || assert_eq!(c.try_with(|v| *v), Some(u64::from(BIAS_AFTER))))
+            .join()
+            .unwrap();
+        assert!(!cell.is_owner());
+        // SAFETY: the token is not held (the other thread was joined).
+        let threshold = unsafe { (*cell.policy.get()).threshold };
+        assert_eq!(threshold, 2 * BIAS_AFTER);
+        // The owner inside: another thread's `try_with` is refused and its `with` waits.
+        become_owner(&cell);
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (leave_tx, leave_rx) = std::sync::mpsc::channel::<()>();
+        let c = cell.clone();
+        let owner = cell.clone();
+        let inside = std::thread::spawn(move || {
+            // This thread is not the owner: make it one, then hold the token.
+            become_owner(&owner);
+            owner
+                .try_with(|v| {
+                    entered_tx.send(()).unwrap();
+                    leave_rx.recv().unwrap();
+                    *v += 1000;
+                })
+                .unwrap();
+        });
+        entered_rx.recv().unwrap();
+        assert!(c.try_with(|_| ()).is_none(), "the owner is inside");
+        let waiter = std::thread::spawn(move || c.with(|v| *v));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!waiter.is_finished(), "`with` waits for the owner to leave");
+        leave_tx.send(()).unwrap();
+        inside.join().unwrap();
+        let seen = waiter.join().unwrap();
+        assert!(
+            seen >= 1000,
+            "the owner's run happens-before the next holder's: {seen}"
+        );
+    }
+
+    #[test]
+    fn an_owner_and_contenders_never_overlap() {
+        // One thread polls with `try_with` (it becomes the owner, is revoked, re-biased)
+        // while others take the token with `with`, as control operations do; non-atomic
+        // read-modify-writes come out exact only if no two holders ever overlapped.
+        let cell = Arc::new(EngineCell::new(0u64));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (c, s) = (cell.clone(), stop.clone());
+        let poller = std::thread::spawn(move || {
+            let mut got = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                if c.try_with(|v| *v += 1).is_some() {
+                    got += 1;
+                }
+            }
+            got
+        });
+        let controls: Vec<_> = (0..2)
+            .map(|_| {
+                let c = cell.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..300 {
+                        c.with(|v| *v += 1);
+                        std::thread::yield_now();
+                    }
+                })
+            })
+            .collect();
+        for t in controls {
+            t.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let polled = poller.join().unwrap();
+        assert_eq!(cell.with(|v| *v), polled + 600);
     }
 
     #[test]

@@ -46,6 +46,11 @@ const TX_BUDGET: usize = 32;
 /// Iterations between two timer checks (a check costs at most one clock read, and only
 /// while some active QP has a timer armed; see [`crate::timer::Timestamp`]).
 pub(crate) const TIMER_EVERY: u32 = 8;
+/// Iterations without a new WQE on any watched send queue after which the engine stops
+/// watching them (see [`Engine::watch_sq`]).
+const WATCH_IDLE: u32 = 4096;
+/// The most send queues watched at once (each costs one load per iteration).
+const MAX_WATCHED: u32 = 64;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
 /// The most links (peer engines, or `Context::link_with` pairs) one context can have.
@@ -77,6 +82,16 @@ pub(crate) struct Engine {
     pub(crate) icrc_dropped: u64,
     /// The QPs that owe a positive Ack, by link: sent at the end of the iteration.
     owed: responder::OwedAcks,
+    /// Whether the engine watches the send queues of QPs it was just rung for (poll mode,
+    /// with `membarrier`): it looks at their send rings itself every iteration and
+    /// `post_send` does not ring (`Doorbell::ring_unless_watched`), until they have been
+    /// idle for [`WATCH_IDLE`] iterations or the engine thread is about to sleep.
+    pub(crate) watch_sq: bool,
+    /// The watched QPs (the doorbell's watch bits, mirrored), how many, and the
+    /// iterations left before they are unwatched.
+    watched: ActiveSet,
+    watched_count: u32,
+    watch_idle: u32,
 }
 
 impl Engine {
@@ -103,6 +118,10 @@ impl Engine {
             faults: None,
             icrc_dropped: 0,
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
+            watch_sq: false,
+            watched: ActiveSet::new(),
+            watched_count: 0,
+            watch_idle: WATCH_IDLE,
         }
     }
 
@@ -271,6 +290,12 @@ impl Engine {
             area.publish(self);
             self.stats_area = Some(area);
         }
+        if self.watched_count > 0 {
+            self.scan_watched(doorbell);
+        }
+        if self.quiet(doorbell) {
+            return 0;
+        }
         let Engine {
             res,
             qps,
@@ -284,12 +309,20 @@ impl Engine {
             faults,
             icrc_dropped,
             owed,
+            watch_sq,
+            watched,
+            watched_count,
             ..
         } = self;
         let mut env = res.env();
         doorbell.take(|i| {
             active.insert(i);
             rung.insert(i);
+            if *watch_sq && *watched_count < MAX_WATCHED && !watched.contains(i) {
+                doorbell.watch(i);
+                watched.insert(i);
+                *watched_count += 1;
+            }
         });
         let mut work = 0;
 
@@ -451,6 +484,113 @@ impl Engine {
             link.publish();
         }
         work
+    }
+
+    /// Puts QP `index` in the active set, so that the next iteration looks at it: what a
+    /// doorbell does, for work queued under the engine token (a receive posted in inline
+    /// mode), without the doorbell's locked instructions.
+    pub(crate) fn wake_qp(&mut self, index: u32) {
+        if self.qps.at(index).is_some() {
+            self.active.insert(index);
+        }
+    }
+
+    /// Whether QP `index` is in the active set (for tests).
+    #[cfg(test)]
+    pub(crate) fn is_active(&self, index: u32) -> bool {
+        self.active.contains(index)
+    }
+
+    /// Looks at the watched send queues: one with new WQEs counts as rung. After
+    /// [`WATCH_IDLE`] iterations in which none had any, stops watching them all.
+    fn scan_watched(&mut self, doorbell: &doorbell::Doorbell) {
+        if self.take_watched_work() {
+            self.watch_idle = WATCH_IDLE;
+            return;
+        }
+        self.watch_idle -= 1;
+        if self.watch_idle == 0 {
+            self.unwatch_all(doorbell);
+        }
+    }
+
+    /// Marks the watched QPs whose send rings hold new WQEs as rung; whether there were any.
+    fn take_watched_work(&mut self) -> bool {
+        let mut found = false;
+        let mut summary = self.watched.summary();
+        while summary != 0 {
+            let w = summary.trailing_zeros();
+            summary &= summary - 1;
+            let mut bits = self.watched.word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                // The QP now at this index, whichever it is (a QP destroyed and another
+                // created in its place inherits the watch: its posts do not ring either).
+                let Some(qp) = self.qps.at_mut(i) else {
+                    continue;
+                };
+                if qp.sq.waiting() > 0 {
+                    self.active.insert(i);
+                    self.rung.insert(i);
+                    found = true;
+                }
+            }
+        }
+        found
+    }
+
+    /// Stops watching every watched send queue: clears the watch bits, runs the
+    /// process-wide barrier (`membarrier`), then looks at the queues once more — a post
+    /// that still saw its bit set published its WQE before the barrier, so this last look
+    /// finds it (the asymmetric Dekker of `shmhca_rings::doorbell`).
+    fn unwatch_all(&mut self, doorbell: &doorbell::Doorbell) {
+        if self.watched_count == 0 {
+            return;
+        }
+        let mut summary = self.watched.summary();
+        while summary != 0 {
+            let w = summary.trailing_zeros();
+            summary &= summary - 1;
+            let mut bits = self.watched.word(w);
+            while bits != 0 {
+                doorbell.unwatch(w * 64 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+        cell::heavy_barrier();
+        self.take_watched_work();
+        self.watched.clear();
+        self.watched_count = 0;
+        self.watch_idle = WATCH_IDLE;
+    }
+
+    /// Before the engine thread sleeps: stops watching send queues (their posts must ring
+    /// and wake it), then says whether the engine is still idle.
+    pub(crate) fn prepare_sleep(&mut self, doorbell: &doorbell::Doorbell) -> bool {
+        if !self.idle() {
+            return false;
+        }
+        self.unwatch_all(doorbell);
+        self.idle()
+    }
+
+    /// Whether an iteration would do nothing, checked at the cost of an empty poll: the
+    /// doorbell's summary word and one load per link (its receive ring's producer index).
+    /// Then no QP is active (so none has a timer armed: skipping the timer countdown changes
+    /// nothing), the fault stage is off, and every live link has nothing received, no
+    /// backlog and nothing queued to publish — exactly the case where the full iteration
+    /// would change no state.
+    #[inline]
+    fn quiet(&mut self, doorbell: &doorbell::Doorbell) -> bool {
+        self.active.is_empty()
+            && self.owed.is_empty()
+            && self.faults.is_none()
+            && !doorbell.rung()
+            && self.links.iter_mut().all(|(_, l)| {
+                l.down.is_some()
+                    || (!l.rx_backlog && l.tx.queued().is_empty() && l.rx.available() == Ok(0))
+            })
     }
 
     /// Sends what was just posted on QP `index` right away (inline mode): fetches its new
@@ -730,5 +870,117 @@ impl Engine {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         let exists = self.qp_by_qpn(qpn).is_some();
         exists && self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok()
+    }
+}
+
+/// The watched send queues (poll mode's doorbell-free posts), driven by hand: an inline
+/// context with `watch_sq` switched on, posting while this thread holds the engine token
+/// so that posts take the ring path (`Shared::notify`), as they do in poll mode.
+#[cfg(all(test, not(shmhca_loom)))]
+mod watch_tests {
+    use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
+    use crate::{AccessFlags, Context, Cq, Destination, EngineMode, Mtu, Pd, Qp, QpAttr};
+    use crate::{QpCaps, QpState};
+    use shmhca_rings::segment::HugePages;
+
+    fn connect(ctx: &Context, pd: &Pd, cq: &Cq) -> (Qp, Qp) {
+        let (link, _) = ctx.link_with(ctx).unwrap();
+        let mut a = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+        let mut b = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+        let (qa, qb) = (a.qpn(), b.qpn());
+        for (qp, remote) in [(&mut a, qb), (&mut b, qa)] {
+            qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+                .unwrap();
+            qp.modify(
+                &QpAttr::new(QpState::Rtr)
+                    .path_mtu(Mtu::Mtu1024)
+                    .dest(Destination { link, qpn: remote })
+                    .rq_psn(0)
+                    .max_dest_rd_atomic(1)
+                    .min_rnr_timer(1),
+            )
+            .unwrap();
+            qp.modify(
+                &QpAttr::new(QpState::Rts)
+                    .sq_psn(0)
+                    .timeout(14)
+                    .retry_cnt(7)
+                    .rnr_retry(7)
+                    .max_rd_atomic(1),
+            )
+            .unwrap();
+        }
+        (a, b)
+    }
+
+    /// Posts one Send from `a` to `b` through the ring path; whether it rang the doorbell.
+    fn send(ctx: &Context, a: &mut Qp, b: &mut Qp, mr: &crate::Mr, id: u64) -> bool {
+        b.post_recv(&RecvWr::new(id, &[mr.sge(8, 8).unwrap()]))
+            .unwrap();
+        ctx.shared.engine.with(|_| {
+            a.post_send(&SendWr::new(id, SendOp::Send, &[mr.sge(0, 8).unwrap()]))
+                .unwrap();
+        });
+        ctx.shared.doorbell.rung()
+    }
+
+    fn completions(ctx: &Context, cq: &mut Cq, want: usize) {
+        let mut wc = [WorkCompletion::default(); 4];
+        let mut got = 0;
+        for _ in 0..1000 {
+            ctx.progress();
+            let n = cq.poll(&mut wc);
+            assert!(wc[..n].iter().all(|w| w.status == WcStatus::Success));
+            got += n;
+            if got == want {
+                return;
+            }
+        }
+        panic!("{got} of {want} completions");
+    }
+
+    #[test]
+    fn posts_to_a_watched_send_queue_ring_nothing_and_still_go_out() {
+        if !super::cell::barrier_available() {
+            return;
+        }
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        ctx.shared.engine.with(|e| e.watch_sq = true);
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, mut b) = connect(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        assert!(send(&ctx, &mut a, &mut b, &mr, 1), "not watched yet: rung");
+        completions(&ctx, &mut cq, 2);
+        // The engine took that ring and now watches the send queue.
+        for id in 2..5 {
+            assert!(!send(&ctx, &mut a, &mut b, &mr, id), "watched: no ring");
+            completions(&ctx, &mut cq, 2);
+        }
+        // A QP destroyed while watched, and another created at its index: its posts are
+        // not rung either, and still go out.
+        let index = a.index;
+        drop(a);
+        let (mut c, mut d) = connect(&ctx, &pd, &cq);
+        let (sender, receiver) = if c.index == index {
+            (&mut c, &mut d)
+        } else {
+            assert_eq!(d.index, index, "the freed index is reused");
+            (&mut d, &mut c)
+        };
+        assert!(!send(&ctx, sender, receiver, &mr, 9));
+        completions(&ctx, &mut cq, 2);
+        // Idle long enough, the engine stops watching: posts ring again.
+        for _ in 0..super::WATCH_IDLE + 8 {
+            ctx.progress();
+        }
+        assert!(send(&ctx, sender, receiver, &mr, 10), "unwatched: rung");
+        completions(&ctx, &mut cq, 2);
     }
 }

@@ -293,6 +293,10 @@ impl ContextBuilder {
         let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();
         let mut engine = Engine::new();
+        // A poll-mode engine thread watches busy send queues, so that posting to them rings
+        // no doorbell (see `Engine::watch_sq`); it needs `membarrier` to stop watching.
+        engine.watch_sq = matches!(self.mode, EngineMode::Poll { .. })
+            && crate::engine::cell::barrier_available();
         let notify_armed = engine.res.cqs.armed_mirror();
         engine.stats_area =
             crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));
@@ -464,14 +468,17 @@ impl Shared {
     /// engine now (inline mode) or wakes its thread if it may be asleep (poll mode).
     #[inline]
     pub(crate) fn notify(&self, index: u32) {
-        self.doorbell.ring(index);
         if self.mode == EngineMode::Inline {
+            // (An inline engine watches no send queue: this rings.)
+            self.doorbell.ring_unless_watched(index);
             // Someone else holds the engine (the progress helper, another thread): wake
             // any thread sleeping on the wake word, so that it takes the doorbell.
             if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
                 wake::wake(self.wake_word());
             }
-        } else if self.may_sleep {
+        } else if self.doorbell.ring_unless_watched(index) && self.may_sleep {
+            // Not rung when the engine thread watches the send queue: it looks at the
+            // queue itself, and is awake (it stops watching before it sleeps).
             wake::wake(self.wake_word());
         }
     }
@@ -544,15 +551,25 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
                     std::hint::spin_loop();
                     continue;
                 }
-                let idle_now = shared.engine.try_with(|e| e.idle()).unwrap_or(false);
+                let idle_now = shared
+                    .engine
+                    .try_with(|e| e.prepare_sleep(&shared.doorbell))
+                    .unwrap_or(false);
                 if !idle_now {
                     // Work in flight (requests awaiting responses, timers): stay awake.
                     std::thread::yield_now();
                     continue;
                 }
                 let word = shared.wake_word();
+                // Work found after announcing the sleep keeps the thread awake; so does a
+                // send queue it started to watch meanwhile (`prepare_sleep` stops watching,
+                // so that posts ring and wake it), and a token held elsewhere.
                 let slept = wake::sleep(word, max_sleep, || {
-                    shared.progress() > 0 || !shared.engine.try_with(|e| e.idle()).unwrap_or(true)
+                    shared.progress() > 0
+                        || !shared
+                            .engine
+                            .try_with(|e| e.prepare_sleep(&shared.doorbell))
+                            .unwrap_or(false)
                 });
                 if slept {
                     shared.engine.with(|e| e.res.stats.sleeps += 1);

@@ -1,7 +1,6 @@
 //! Protection domains, memory regions and scatter/gather elements.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
 use crate::mem::{Mem, UserOwner};
@@ -390,8 +389,9 @@ impl Mr {
 
     /// Scatter/gather elements of posted work requests still pointing into the region.
     pub fn in_flight(&self) -> u32 {
-        // SYNC: Acquire pairs with the engine's Release decrement in `MrTable::release`.
-        self.inflight.in_flight.load(Ordering::Acquire)
+        // SYNC: Acquire (in `MrShared::in_flight`) pairs with the engine's Release store in
+        // `MrTable::release`.
+        self.inflight.in_flight()
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {

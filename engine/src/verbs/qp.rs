@@ -53,7 +53,7 @@ pub struct QpInfo {
 /// It can move to another thread (`Send`) but not be shared (`!Sync`).
 pub struct Qp {
     shared: Arc<Shared>,
-    index: u32,
+    pub(crate) index: u32,
     qpn: Qpn,
     pdn: u32,
     caps: QpCaps,
@@ -359,7 +359,7 @@ impl Qp {
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let wqe = self.prepare_send(wr)?;
-        self.post_wqe(wqe);
+        self.post_wqe(wqe, counted_sgl(wr));
         Ok(())
     }
 
@@ -405,22 +405,33 @@ impl Qp {
         let wr = SendWr::new(wr_id, SendOp::BindMw { rkey, bind }, &[]).flags(flags);
         let mut wqe = self.prepare_send(&wr)?;
         wqe.swap &= !MW_TYPE2_BIT;
-        self.post_wqe(wqe);
+        self.post_wqe(wqe, &[]);
         mw.rkey = rkey;
         Ok(rkey)
     }
 
-    fn post_wqe(&mut self, wqe: SqWqe) {
+    /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
+    fn post_wqe(&mut self, wqe: SqWqe, sgl: &[Sge<'_>]) {
         self.sq_posted += 1;
         // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
-        // engine is free; otherwise (poll mode, or the engine busy on another thread) it
-        // goes through the send ring like any other.
+        // engine is free, counting its elements under the token (no locked instruction);
+        // otherwise (poll mode, or the engine busy on another thread) it goes through the
+        // send ring like any other, counted before it is pushed.
         if self.shared.mode == EngineMode::Inline {
             let index = self.index;
-            if let Some(taken) = self.shared.engine.try_with(|e| e.post_direct(index, wqe)) {
+            let direct = self.shared.engine.try_with(|e| {
+                for s in sgl {
+                    s.mr.inflight.post_held(1);
+                }
+                e.post_direct(index, wqe)
+            });
+            if let Some(taken) = direct {
                 debug_assert!(taken, "a live QP takes its WQEs");
                 return;
             }
+        }
+        for s in sgl {
+            s.mr.inflight.post_outside(1);
         }
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
@@ -459,6 +470,9 @@ impl Qp {
 
     fn post_send_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let wqe = self.prepare_send(wr)?;
+        for s in counted_sgl(wr) {
+            s.mr.inflight.post_outside(1);
+        }
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
@@ -467,7 +481,8 @@ impl Qp {
     }
 
     /// Checks a send work request and turns it into a WQE: inline data staged, gather lists
-    /// written, memory regions counted in flight. Nothing is queued yet.
+    /// written. Nothing is queued yet, and nothing counted in flight: the caller counts
+    /// [`counted_sgl`] as it queues the WQE (under the engine token, or outside it).
     fn prepare_send(&mut self, wr: &SendWr<'_>) -> Result<SqWqe> {
         let state = self.qshared.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -594,12 +609,6 @@ impl Qp {
                         format!("an Atomic returns 8 bytes; its scatter list holds {len}"),
                     ));
                 }
-            }
-        }
-        // Count the elements in flight before the WQE becomes visible to the engine.
-        if let (Data::Sgl(sgl), false) = (wr.data, inline) {
-            for s in sgl {
-                s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
             }
         }
         let mut flags = 0;
@@ -804,32 +813,68 @@ impl Qp {
                 many.iter().map(entry),
             )?,
         };
-        for s in wr.sgl {
-            s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
+        let wqe = RqWqe {
+            wr_id: wr.wr_id,
+            data,
+        };
+        // The doorbell is needed only when the engine has something to do about this
+        // receive: report credits to a requester that knows of few (see
+        // `QpShared::rq_watch`; a sleeping engine thread is woken for that), or flush it in
+        // the Error state (any state but RTS, to keep the rare ones simple). Otherwise
+        // nothing is urgent until a message arrives for it.
+        // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
+        // the flag only decides whether to tell the engine.
+        let watch = state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed);
+        // Inline mode: count the elements, queue the WQE and (if watched) put the QP in the
+        // engine's active set, all under the engine token — the owner's fast path, no locked
+        // instruction and no doorbell. Else (poll mode, or the engine busy on another
+        // thread) count with a `fetch_add`, queue, and ring.
+        let mut wqe = Some(wqe);
+        let (rq, index) = (&mut self.rq, self.index);
+        if self.shared.mode == EngineMode::Inline {
+            // `None` (the token is held elsewhere) leaves the WQE for the path below.
+            let _ = self.shared.engine.try_with(|e| {
+                for s in wr.sgl {
+                    s.mr.inflight.post_held(1);
+                }
+                if rq.push(wqe.take().expect("pushed once")).is_err() {
+                    unreachable!(
+                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                    );
+                }
+                if watch {
+                    e.wake_qp(index);
+                }
+            });
         }
-        if self
-            .rq
-            .push(RqWqe {
-                wr_id: wr.wr_id,
-                data,
-            })
-            .is_err()
-        {
-            unreachable!("the receive ring holds max_recv_wr WQEs and fewer are outstanding");
+        if let Some(wqe) = wqe {
+            for s in wr.sgl {
+                s.mr.inflight.post_outside(1);
+            }
+            if self.rq.push(wqe).is_err() {
+                unreachable!("the receive ring holds max_recv_wr WQEs and fewer are outstanding");
+            }
+            if watch {
+                self.shared.doorbell.ring(self.index);
+            }
         }
         self.rq_posted += 1;
-        // No engine run for a receive: nothing is urgent until a message arrives for it.
-        // The doorbell rings only when the engine has something to do about it: report
-        // credits to a requester that knows of few (see `QpShared::rq_watch`; a sleeping
-        // engine thread is woken for that), or flush it in the Error state (any state but
-        // RTS, to keep the rare ones simple).
-        // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
-        // the flag only decides whether to ring.
-        if state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed) {
-            self.shared.doorbell.ring(self.index);
+        if watch {
+            // A thread sleeping on the wake word (the engine thread, or an inline waiter)
+            // must look at the QP.
             self.shared.kick();
         }
         Ok(())
+    }
+}
+
+/// The elements of a send work request that point into registered memory and are counted
+/// in flight until it retires: its gather (or result) list, unless its data is copied at
+/// post time (inline).
+fn counted_sgl<'a>(wr: &SendWr<'a>) -> &'a [Sge<'a>] {
+    match wr.data {
+        Data::Sgl(sgl) if !wr.flags.contains(SendFlags::INLINE) => sgl,
+        _ => &[],
     }
 }
 

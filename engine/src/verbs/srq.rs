@@ -181,7 +181,7 @@ impl Srq {
             }
         };
         for s in wr.sgl {
-            s.mr.inflight.in_flight.fetch_add(1, Ordering::Relaxed);
+            s.mr.inflight.post_outside(1);
         }
         if self
             .rq
