@@ -2,7 +2,7 @@
 //! response queue's bound, the owed-Ack lists and the receive WQE a request holds. Uses
 //! the rig of `tests.rs` (the real engine, the peer's end of a real link in this test).
 
-use super::tests::{Answer, RQ_PSN, Rig, nak, rig};
+use super::tests::{Answer, Rig, nak, rig};
 use crate::wire::PacketRepr;
 use crate::wire::aeth::NakCode;
 use crate::wire::opcode::Opcode;
