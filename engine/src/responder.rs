@@ -37,6 +37,8 @@
 //! Ack never overtakes the responses of an earlier Read.
 
 mod error;
+#[cfg(test)]
+mod hostile_tests;
 mod owed;
 #[cfg(test)]
 mod tests;
@@ -285,11 +287,14 @@ impl Responder {
         // promised: a requester that does not read its ring while it repeats a request
         // that is RNR Nak'd again each time (or alternates it with accepted ones) would
         // queue them without end. Past the room kept for a Read or Atomic response per
-        // responder resource and a fatal Nak they are dropped, as a lossy link would; the
-        // requester's retransmission recovers (spec/02).
+        // responder resource, per answer to a duplicate Read or Atomic, and a fatal Nak they
+        // are dropped, as a lossy link would; the requester's retransmission recovers
+        // (spec/02). (Both counts are raised before their entry is queued, so the room
+        // kept always covers every entry that cannot be dropped.)
         let droppable = matches!(o, Out::Ack { .. } | Out::Nak { .. });
-        let reserved =
-            usize::from(MAX_RD_ATOMIC).saturating_sub(self.rd_atomic_queued as usize) + 1;
+        let reserved = usize::from(MAX_RD_ATOMIC).saturating_sub(self.rd_atomic_queued as usize)
+            + usize::from(MAX_RD_ATOMIC).saturating_sub(self.dup_queued as usize)
+            + 1;
         if droppable && self.out.len() + reserved >= OUT_CAP {
             return;
         }

@@ -103,6 +103,19 @@ pub mod mutation {
         order
     }
 
+    /// True when a loom model has switched on the behavioural mutation point `name` (a
+    /// step done in the wrong place rather than with a weaker ordering: see
+    /// [`crate::lines`]). Always false without loom (it inlines away).
+    #[inline(always)]
+    pub fn mutated(name: &'static str) -> bool {
+        #[cfg(shmhca_loom)]
+        if active::hit(name) {
+            return true;
+        }
+        let _ = name;
+        false
+    }
+
     /// Runs `f` with the point `name` weakened (on this OS thread, which is where loom
     /// runs every thread of a model); returns `f`'s result and how many times the point was
     /// reached.
@@ -148,4 +161,4 @@ pub mod mutation {
     }
 }
 
-pub use mutation::weaken;
+pub use mutation::{mutated, weaken};

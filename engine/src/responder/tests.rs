@@ -22,25 +22,25 @@ use crate::{
 
 const PEER_QPN: u32 = 0x4004;
 /// The PSN the QP's RQ Logic expects first.
-const RQ_PSN: u32 = 0xFF_FFFE;
+pub(super) const RQ_PSN: u32 = 0xFF_FFFE;
 
-struct Rig {
-    ctx: Context,
+pub(super) struct Rig {
+    pub(super) ctx: Context,
     _pd: Pd,
-    cq: Cq,
-    qp: Qp,
+    pub(super) cq: Cq,
+    pub(super) qp: Qp,
     /// Receive buffers and RDMA target, open to every remote access.
-    mr: Mr,
-    tx: Producer<PacketSlot, ShmStorage<PacketSlot>>,
-    rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
+    pub(super) mr: Mr,
+    pub(super) tx: Producer<PacketSlot, ShmStorage<PacketSlot>>,
+    pub(super) rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
     _peer_arena: Mem,
     skip: usize,
 }
 
 /// A response the engine sent: opcode, PSN offset from [`RQ_PSN`], AETH syndrome.
-type Answer = (Opcode, u32, Option<Syndrome>);
+pub(super) type Answer = (Opcode, u32, Option<Syndrome>);
 
-fn rig(access: AccessFlags) -> Rig {
+pub(super) fn rig(access: AccessFlags) -> Rig {
     let ctx = Context::builder()
         .arena_size(1 << 20)
         .huge_pages(HugePages::Never)
@@ -102,7 +102,7 @@ fn rig(access: AccessFlags) -> Rig {
 
 impl Rig {
     /// Posts `n` receives and lets the engine report the credits (that Ack is dropped).
-    fn post_recv(&mut self, n: u64) {
+    pub(super) fn post_recv(&mut self, n: u64) {
         for i in 0..n {
             let sge = [self.mr.sge(i * 512, 512).unwrap()];
             self.qp.post_recv(&RecvWr::new(i, &sge)).unwrap();
@@ -112,7 +112,13 @@ impl Rig {
     }
 
     /// Publishes a request at PSN offset `psn` from [`RQ_PSN`]; `f` adds headers.
-    fn request(&mut self, op: Opcode, psn: u32, f: impl FnOnce(&mut PacketRepr), payload: &[u8]) {
+    pub(super) fn request(
+        &mut self,
+        op: Opcode,
+        psn: u32,
+        f: impl FnOnce(&mut PacketRepr),
+        payload: &[u8],
+    ) {
         let psn = Psn::new(RQ_PSN).add(psn);
         let mut repr = PacketRepr::new(BthRepr::new(op, self.qp.qpn(), psn));
         f(&mut repr);
@@ -128,12 +134,12 @@ impl Rig {
     }
 
     /// One engine iteration.
-    fn step(&mut self) {
+    pub(super) fn step(&mut self) {
         self.ctx.progress();
     }
 
     /// The responses sent so far, not read before.
-    fn answers(&mut self) -> Vec<Answer> {
+    pub(super) fn answers(&mut self) -> Vec<Answer> {
         let mut out = vec![];
         let mut buf = [PacketSlot::default(); 64];
         loop {
@@ -154,13 +160,13 @@ impl Rig {
         }
     }
 
-    fn completions(&mut self) -> Vec<WorkCompletion> {
+    pub(super) fn completions(&mut self) -> Vec<WorkCompletion> {
         let mut wc = [WorkCompletion::default(); 16];
         let n = self.cq.poll(&mut wc);
         wc[..n].to_vec()
     }
 
-    fn reth(&self, off: u64, len: u32) -> RethRepr {
+    pub(super) fn reth(&self, off: u64, len: u32) -> RethRepr {
         let r = self.mr.remote(off);
         RethRepr {
             va: r.addr,
@@ -170,15 +176,15 @@ impl Rig {
     }
 }
 
-fn nak(code: NakCode) -> Option<Syndrome> {
+pub(super) fn nak(code: NakCode) -> Option<Syndrome> {
     Some(Syndrome::Nak(code))
 }
 
-fn is_rnr(a: &Answer) -> bool {
+pub(super) fn is_rnr(a: &Answer) -> bool {
     matches!(a.2, Some(Syndrome::RnrNak { .. }))
 }
 
-fn is_ack(a: &Answer) -> bool {
+pub(super) fn is_ack(a: &Answer) -> bool {
     a.0 == Opcode::Acknowledge && matches!(a.2, Some(Syndrome::Ack { .. }))
 }
 

@@ -91,7 +91,7 @@ pub enum CapacityError {
     },
 }
 
-fn check_capacity(capacity: usize) -> Result<(), CapacityError> {
+pub(crate) fn check_capacity(capacity: usize) -> Result<(), CapacityError> {
     if capacity == 0 {
         Err(CapacityError::Zero)
     } else if !capacity.is_power_of_two() {
@@ -139,6 +139,47 @@ pub enum Violation {
         /// The producer's own index.
         tail: u64,
     },
+    /// A line ring ([`crate::lines`]): the stamp of the line where the consumer expects the
+    /// next frame is neither the stamp of this lap (a frame) nor of the previous one (not
+    /// yet written).
+    StampOutOfRange {
+        /// The line index the consumer expected a frame at.
+        index: u64,
+        /// The stamp found.
+        found: u32,
+        /// The stamp of this lap.
+        expected: u32,
+    },
+    /// A line ring: a frame's first line gives a line count of 0 or above
+    /// [`MAX_FRAME_LINES`](crate::lines::MAX_FRAME_LINES).
+    BadLineCount {
+        /// The line index of the frame.
+        index: u64,
+        /// The count byte found.
+        count: u8,
+    },
+    /// A line ring: a frame runs past the end of the ring (frames never wrap), or a padding
+    /// frame starts a lap (padding only fills a lap's end).
+    FrameOverrunsRing {
+        /// The line index of the frame.
+        index: u64,
+        /// Its line count (0 for padding at a lap's start).
+        lines: u8,
+        /// The ring's capacity in lines.
+        capacity: u64,
+    },
+    /// A line ring: a continuation line of an accepted frame does not carry this lap's
+    /// stamp and a zero count byte.
+    BadContinuationLine {
+        /// The continuation line's index.
+        index: u64,
+        /// The stamp found.
+        found: u32,
+        /// The count byte found (must be 0).
+        count: u8,
+        /// The stamp of this lap.
+        expected: u32,
+    },
 }
 
 /// The peer broke the ring's invariants: an index it wrote is impossible. The link must be
@@ -149,6 +190,11 @@ pub struct LinkBroken {
 }
 
 impl LinkBroken {
+    /// The error for `violation` (for the other ring kinds of this crate).
+    pub(crate) fn new(violation: Violation) -> Self {
+        LinkBroken { violation }
+    }
+
     /// What exactly was impossible.
     pub fn violation(&self) -> Violation {
         self.violation
@@ -183,6 +229,45 @@ impl fmt::Display for LinkBroken {
             } => write!(
                 f,
                 "consumer index {head} is outside {previous}..={tail} (it went back or passed the producer index)"
+            ),
+            Violation::StampOutOfRange {
+                index,
+                found,
+                expected,
+            } => write!(
+                f,
+                "line {index} carries stamp {found}, but only {expected} (a frame) or {} (not yet written) are possible",
+                expected.wrapping_sub(1)
+            ),
+            Violation::BadLineCount { index, count } => write!(
+                f,
+                "the frame at line {index} says it has {count} lines (must be 1..={})",
+                crate::lines::MAX_FRAME_LINES
+            ),
+            Violation::FrameOverrunsRing {
+                index,
+                lines: 0,
+                capacity,
+            } => write!(
+                f,
+                "a padding frame starts a lap at line {index} (capacity {capacity}): padding only fills a lap's end"
+            ),
+            Violation::FrameOverrunsRing {
+                index,
+                lines,
+                capacity,
+            } => write!(
+                f,
+                "the {lines}-line frame at line {index} runs past the end of a {capacity}-line ring (frames never wrap)"
+            ),
+            Violation::BadContinuationLine {
+                index,
+                found,
+                count,
+                expected,
+            } => write!(
+                f,
+                "continuation line {index} carries stamp {found} and count {count}, expected stamp {expected} and count 0"
             ),
         }?;
         f.write_str("; the peer is buggy or hostile: tear the link down")
@@ -327,6 +412,15 @@ pub enum RingOpenError {
         "no ring at this offset (magic {found:#018x}, expected {RING_MAGIC:#018x}): was init_shm_ring called?"
     )]
     BadMagic {
+        /// The magic found.
+        found: u64,
+    },
+    /// No line ring ([`crate::lines`]) was initialised there.
+    #[error(
+        "no line ring at this offset (magic {found:#018x}, expected {:#018x}): was init_shm_lines called?",
+        crate::lines::LINES_MAGIC
+    )]
+    BadLinesMagic {
         /// The magic found.
         found: u64,
     },
