@@ -480,8 +480,17 @@ impl Engine {
         if let Some(f) = faults.as_deref_mut() {
             release_held(f, links, trace);
         }
-        for (_, link) in links.iter_mut() {
+        for (l, link) in links.iter_mut() {
             link.publish();
+            // A ring the peer broke while this iteration sent on it (its consumer index
+            // went out of range): whichever step saw it first — the owed Acks of step 4
+            // included — the link goes down here and its QPs learn it next iteration.
+            if link.down.is_none() {
+                if let Some(e) = link.tx.broken() {
+                    link.down = Some(e.to_string());
+                    wake_link_qps(qps, active, LinkId(l));
+                }
+            }
         }
         work
     }
