@@ -66,6 +66,13 @@ impl MrShared {
         self.posted.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Takes back `n` elements counted by [`MrShared::post_outside`] whose work requests
+    /// were not posted after all (never published to the engine).
+    #[inline]
+    pub(crate) fn unpost_outside(&self, n: u32) {
+        self.posted.fetch_sub(n, Ordering::Relaxed);
+    }
+
     /// Counts `n` elements posted by the holder of the engine token (a plain store).
     #[inline]
     pub(crate) fn post_held(&self, n: u32) {
@@ -623,5 +630,55 @@ mod in_flight_tests {
         });
         assert_eq!(flushed(&mut cq), [(2, WcStatus::WrFlushErr)]);
         assert_eq!(dst.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_post_list_counts_its_elements_and_takes_back_those_not_posted() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(32).unwrap();
+        let (mut a, mut b) = pair(&ctx, &pd, &cq);
+        let (s1, s2) = (
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        );
+        let dst = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+        for i in 0..3 {
+            b.post_recv(&RecvWr::new(i, &[dst.sge(i * 64, 64).unwrap()]))
+                .unwrap();
+        }
+        let (x, y) = ([s1.sge(0, 4).unwrap()], [s2.sge(0, 4).unwrap()]);
+        // More elements than the QP's max_send_sge (1): refused.
+        let too_many = [s1.sge(8, 4).unwrap(), s2.sge(8, 4).unwrap()];
+        let wrs = [
+            SendWr::new(1, SendOp::Send, &x),
+            SendWr::new(2, SendOp::Send, &y),
+            SendWr::new(3, SendOp::Send, &x),
+            SendWr::new(4, SendOp::Send, &too_many),
+            SendWr::new(5, SendOp::Send, &x),
+        ];
+        // The fourth request is refused: the three before it are posted and counted (s1:
+        // 2 elements, s2: 1), the two from it on are not.
+        let (done, err) = a.post_send_batch(&wrs).unwrap_err();
+        assert_eq!(done, 3);
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        assert_eq!((s1.in_flight(), s2.in_flight()), (2, 1));
+        drain(&ctx, &mut cq, 6);
+        assert_eq!((s1.in_flight(), s2.in_flight(), dst.in_flight()), (0, 0, 0));
+        // A whole list posted: every element counted once.
+        for i in 0..3 {
+            b.post_recv(&RecvWr::new(i, &[dst.sge(i * 64, 64).unwrap()]))
+                .unwrap();
+        }
+        a.post_send_batch(&wrs[..3]).unwrap();
+        assert_eq!((s1.in_flight(), s2.in_flight()), (2, 1));
+        drain(&ctx, &mut cq, 6);
+        assert_eq!((s1.in_flight(), s2.in_flight()), (0, 0));
     }
 }

@@ -351,10 +351,15 @@ pub(crate) fn heavy_barrier() {
     #[cfg(not(shmhca_loom))]
     {
         use rustix::thread::{MembarrierCommand, membarrier};
-        // Only reached with a bias installed, so after the registration succeeded; then the
-        // kernel does not fail the command (membarrier(2): EPERM only when unregistered).
-        // If it ever did, entering would be unsound: stop rather than risk the engine state.
-        if let Err(e) = membarrier(MembarrierCommand::PrivateExpedited) {
+        // Only reached after the registration succeeded; then the kernel does not fail the
+        // command (membarrier(2): EPERM only when unregistered). A child forked from a
+        // registered process is not registered although it inherited the flag that says
+        // so: register again and retry once. If it still failed, going on would be
+        // unsound: stop rather than risk the engine state.
+        let barrier = || membarrier(MembarrierCommand::PrivateExpedited);
+        if let Err(e) = barrier().or_else(|_| {
+            membarrier(MembarrierCommand::RegisterPrivateExpedited).and_then(|()| barrier())
+        }) {
             eprintln!(
                 "shmhca: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after its \
                  registration succeeded ({e}); cannot revoke the engine token's owner safely"

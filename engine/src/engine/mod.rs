@@ -2,7 +2,10 @@
 //!
 //! Each [`Engine::poll`] iteration:
 //!
-//! 1. takes the doorbells rung by `post_send`/`post_recv` into the active set;
+//! 1. takes the doorbells rung by `post_send`/`post_recv` into the active set, and the
+//!    watched send queues that hold new WQEs (poll mode: see [`Engine::watch_sq`]); an
+//!    iteration with nothing rung, nothing active and nothing received returns here, after
+//!    the doorbell's summary word and one load per link;
 //! 2. receives a burst (up to [`RX_BURST`]) from each link and runs the RQ Logic or the
 //!    completer on each packet, by opcode;
 //! 3. for each active QP only: fetches new send WQEs, runs its timers, sends its queued

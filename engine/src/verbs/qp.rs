@@ -1,5 +1,6 @@
 //! Queue pairs: posting work requests and changing state.
 
+use crate::mr_table::MrShared;
 use crate::sync::Ordering;
 use std::sync::Arc;
 
@@ -448,9 +449,13 @@ impl Qp {
         &mut self,
         wrs: &[SendWr<'_>],
     ) -> std::result::Result<(), (usize, Error)> {
+        // The whole list's elements are counted in flight first, one `fetch_add` per region
+        // (not per element); those of the requests not posted are taken back.
+        count_outside(wrs, true);
         let mut done = 0;
         for wr in wrs {
             if let Err(e) = self.post_send_one(wr) {
+                count_outside(&wrs[done..], false);
                 if done > 0 {
                     self.ring_and_kick();
                 }
@@ -469,10 +474,8 @@ impl Qp {
     }
 
     fn post_send_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        // (Its elements were counted in flight by the caller.)
         let wqe = self.prepare_send(wr)?;
-        for s in counted_sgl(wr) {
-            s.mr.inflight.post_outside(1);
-        }
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
@@ -875,6 +878,37 @@ fn counted_sgl<'a>(wr: &SendWr<'a>) -> &'a [Sge<'a>] {
     match wr.data {
         Data::Sgl(sgl) if !wr.flags.contains(SendFlags::INLINE) => sgl,
         _ => &[],
+    }
+}
+
+/// Counts the registered elements of `wrs` in flight outside the engine token (`add`), or
+/// takes them back (requests that were not posted after all), with one read-modify-write
+/// per region: regions are gathered in a small table (a list with more distinct regions
+/// counts the overflow one element at a time).
+fn count_outside(wrs: &[SendWr<'_>], add: bool) {
+    const REGIONS: usize = 8;
+    let mut regions: [(Option<&MrShared>, u32); REGIONS] = [(None, 0); REGIONS];
+    let apply = |r: &MrShared, n: u32| {
+        if add {
+            r.post_outside(n);
+        } else {
+            r.unpost_outside(n);
+        }
+    };
+    for s in wrs.iter().flat_map(|wr| counted_sgl(wr)) {
+        let r: &MrShared = &s.mr.inflight;
+        match regions
+            .iter_mut()
+            .find(|(e, _)| e.is_none_or(|e| std::ptr::eq(e, r)))
+        {
+            Some(slot) => *slot = (Some(r), slot.1 + 1),
+            None => apply(r, 1),
+        }
+    }
+    for (r, n) in regions {
+        if let Some(r) = r {
+            apply(r, n);
+        }
     }
 }
 
