@@ -4,8 +4,8 @@
 //! frame against a 64- and a 128-byte slot (the engine's `PacketSlot`), a 4-line frame
 //! against a 256-byte slot, singly and in bursts of 32 (groups `lines_*`).
 //!
-//! `lines_pingpong_rtt` is the one group with two threads (pinned to two cores when the
-//! machine lets us): a round trip of one packet each way, the line ring (a 1-line frame:
+//! `lines_pingpong_rtt` is the one group with two threads (not pinned: on a shared host a
+//! pinned thread can land on a core another process holds): a round trip of one packet each way, the line ring (a 1-line frame:
 //! the receiver polls the line the packet lands in) against the slot ring (64- and 128-byte
 //! slots: the receiver polls the tail index, then reads the slot), so it measures cache-line
 //! transfers, not only instructions.
@@ -218,16 +218,8 @@ fn lines_burst(c: &mut Criterion) {
     group.finish();
 }
 
-fn pin(index: usize) {
-    if let Some(ids) = core_affinity::get_core_ids() {
-        if ids.len() > index {
-            core_affinity::set_for_current(ids[index]);
-        }
-    }
-}
-
-/// Runs `echo` on a second thread (pinned to core 1, this one to core 0) until `body`
-/// returns; `echo` gets a stop flag to poll while idle.
+/// Runs `echo` on a second thread until `body` returns; `echo` gets a stop flag to poll
+/// while idle.
 fn with_echo<E, B>(echo: E, body: B)
 where
     E: FnOnce(&AtomicBool) + Send + 'static,
@@ -235,11 +227,7 @@ where
 {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
-    let echo = std::thread::spawn(move || {
-        pin(1);
-        echo(&flag)
-    });
-    pin(0);
+    let echo = std::thread::spawn(move || echo(&flag));
     body();
     stop.store(true, Ordering::Relaxed);
     echo.join().unwrap();
