@@ -538,7 +538,7 @@ impl<S: LineStorage> LinesProducer<S> {
     /// [`ReserveError::FrameSize`] for 0 lines or more than
     /// [`max_frame_lines`](Self::max_frame_lines); [`ReserveError::Broken`] if the ring is
     /// broken.
-    #[inline]
+    #[inline(always)]
     pub fn reserve(&mut self, lines: usize) -> Result<Option<Frame<'_, S>>, ReserveError> {
         if let Some(broken) = self.broken {
             return Err(broken.into());
@@ -650,7 +650,7 @@ impl<S: LineStorage> Frame<'_, S> {
 
     /// Publishes the frame: continuation lines' stamps, then the first line's stamp and
     /// count with one Release store.
-    #[inline]
+    #[inline(always)]
     pub fn commit(self) {
         let p = self.producer;
         let stamp = stamp_of(p.tail, p.shift);
@@ -833,7 +833,7 @@ impl<S: LineStorage> LinesConsumer<S> {
     ///
     /// [`LinkBroken`] naming the [`Violation`] if the producer wrote something impossible
     /// (now or earlier); the ring stays broken.
-    #[inline]
+    #[inline(always)]
     pub fn recv(&mut self, out: &mut [Line; MAX_FRAME_LINES]) -> Result<Option<usize>, LinkBroken> {
         let Some(first) = self.next_frame()? else {
             return Ok(None);
@@ -846,24 +846,31 @@ impl<S: LineStorage> LinesConsumer<S> {
         if sync::mutated("Lines::head_before_copy") {
             self.storage.store_head(next, Ordering::Release);
         }
-        // SAFETY: next_frame checked 1 ≤ lines ≤ MAX_FRAME_LINES (so `out` holds them) and
-        // pos + lines ≤ capacity; the frame is published (its stamp seen with Acquire) and
-        // the producer will not write these lines again before we release them.
-        unsafe { self.storage.read_lines(pos, &mut out[..lines]) };
+        if lines == 1 {
+            // Most packets: one fixed-size copy, nothing more to check.
+            // SAFETY: as below, for one line.
+            unsafe { self.storage.read_lines(pos, &mut out[..1]) };
+        } else {
+            // SAFETY: next_frame checked 1 ≤ lines ≤ MAX_FRAME_LINES (so `out` holds them)
+            // and pos + lines ≤ capacity; the frame is published (its stamp seen with
+            // Acquire) and the producer will not write these lines again before we release
+            // them.
+            unsafe { self.storage.read_lines(pos, &mut out[..lines]) };
+            for (i, line) in out[1..lines].iter().enumerate() {
+                let (stamp, count) = (line.stamp(), line.count());
+                if stamp != expected || count != 0 {
+                    return Err(self.fail(Violation::BadContinuationLine {
+                        index: self.head.wrapping_add(i as u64 + 1),
+                        found: stamp,
+                        count,
+                        expected,
+                    }));
+                }
+            }
+        }
         // The copy's first word may differ if the peer rewrote it meanwhile: keep the one
         // we validated.
         out[0].set_word(first);
-        for (i, line) in out[1..lines].iter().enumerate() {
-            let (stamp, count) = (line.stamp(), line.count());
-            if stamp != expected || count != 0 {
-                return Err(self.fail(Violation::BadContinuationLine {
-                    index: self.head.wrapping_add(i as u64 + 1),
-                    found: stamp,
-                    count,
-                    expected,
-                }));
-            }
-        }
         self.head = next;
         if self.head.wrapping_sub(self.published) >= self.publish_every {
             self.publish();

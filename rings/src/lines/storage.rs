@@ -233,9 +233,13 @@ impl sealed::RawLines for HeapLines {
     #[inline(always)]
     unsafe fn read_lines(&self, pos: usize, out: &mut [Line]) {
         let pos = pos & self.ring.mask;
-        // SAFETY: the caller guarantees pos + out.len() ≤ capacity and that the lines are
-        // published and not reused before we release them; `out` is private memory.
-        unsafe { std::ptr::copy_nonoverlapping(self.line_ptr(pos), out.as_mut_ptr(), out.len()) };
+        // The caller guarantees pos + out.len() ≤ capacity and that the lines are published
+        // and not reused before we release them; `out` is private memory.
+        let src = self.line_ptr(pos);
+        for (i, out) in out.iter_mut().enumerate() {
+            // SAFETY: as above, for line pos + i; fixed-size copies inline (see ShmLines).
+            *out = unsafe { src.wrapping_add(i).read() };
+        }
     }
 
     #[cfg(shmhca_loom)]
@@ -416,17 +420,17 @@ impl sealed::RawLines for ShmLines {
     }
     #[inline(always)]
     unsafe fn read_lines(&self, pos: usize, out: &mut [Line]) {
-        // SAFETY: the caller guarantees pos + out.len() ≤ capacity, so the run is inside
-        // the mapping; `out` is private memory. This is the one copy that makes the consumer
+        // The caller guarantees pos + out.len() ≤ capacity, so the run is inside the
+        // mapping; `out` is private memory. This is the one copy that makes the consumer
         // immune to a peer rewriting a line after it was validated: the caller sees only
         // this copy (whose validated first word it restores), and any bytes are a valid Line.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.line_ptr(pos),
-                out.as_mut_ptr().cast::<u8>(),
-                out.len() * LINE_BYTES,
-            )
-        };
+        // Line by line: fixed-size copies the compiler inlines (most frames are one line)
+        // beat a memcpy call.
+        let src = self.line_ptr(pos).cast::<Line>();
+        for (i, out) in out.iter_mut().enumerate() {
+            // SAFETY: as above, line pos + i is inside the run; lines are 64-aligned.
+            *out = unsafe { src.wrapping_add(i).read() };
+        }
     }
     fn park_tail(&self, tail: u64) {
         // SYNC: Release pairs with the Acquire load in parked_tail of the next producer.
