@@ -452,14 +452,7 @@ impl<S: LineStorage> LinesProducer<S> {
 
     /// Validates a head loaded from the consumer and caches it.
     fn accept_head(&mut self, head: u64) -> Result<usize, LinkBroken> {
-        // The consumer may only release lines we produced: head moves forward from
-        // cached_head by at most tail - cached_head.
-        if head.wrapping_sub(self.cached_head) > self.tail.wrapping_sub(self.cached_head) {
-            let broken = LinkBroken::new(Violation::HeadOutOfRange {
-                head,
-                previous: self.cached_head,
-                tail: self.tail,
-            });
+        if let Err(broken) = crate::ring::check_head(head, self.cached_head, self.tail) {
             self.broken = Some(broken);
             return Err(broken);
         }

@@ -91,6 +91,24 @@ pub enum CapacityError {
     },
 }
 
+/// Checks a consumer index loaded from shared memory against the producer's own view: the
+/// consumer may only have released entries that were produced, so head moves forward from
+/// the head seen before (`previous`) by at most `tail - previous` (wrapping arithmetic).
+/// Shared by both kinds of ring.
+#[inline]
+pub(crate) fn check_head(head: u64, previous: u64, tail: u64) -> Result<(), LinkBroken> {
+    if head.wrapping_sub(previous) > tail.wrapping_sub(previous) {
+        return Err(LinkBroken {
+            violation: Violation::HeadOutOfRange {
+                head,
+                previous,
+                tail,
+            },
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn check_capacity(capacity: usize) -> Result<(), CapacityError> {
     if capacity == 0 {
         Err(CapacityError::Zero)
@@ -820,16 +838,7 @@ impl<T: Copy, S: Storage<T>> Producer<T, S> {
 
     /// Validates a head value loaded from the consumer and caches it.
     fn accept_head(&mut self, head: u64) -> Result<usize, LinkBroken> {
-        // The consumer may only have released slots we published: head moves forward from
-        // cached_head by at most tail - cached_head.
-        if head.wrapping_sub(self.cached_head) > self.tail.wrapping_sub(self.cached_head) {
-            let broken = LinkBroken {
-                violation: Violation::HeadOutOfRange {
-                    head,
-                    previous: self.cached_head,
-                    tail: self.tail,
-                },
-            };
+        if let Err(broken) = check_head(head, self.cached_head, self.tail) {
             self.broken = Some(broken);
             return Err(broken);
         }
