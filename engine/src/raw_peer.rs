@@ -1,5 +1,6 @@
-//! Test rig shared by the in-crate suites that play the peer themselves (the hostile-input
-//! proptests and the credit-flow tests): a link whose far end the test drives slot by slot.
+//! Test rigs shared by the in-crate suites: a link whose far end the test drives slot by
+//! slot (the hostile-input proptests, the credit-flow tests), and a pair of QPs joined over
+//! a loopback link (the engine-token and in-flight-count tests).
 
 use crate::link::{self, Link, LinkEnds, Side};
 use crate::mem::Mem;
@@ -26,4 +27,41 @@ pub(crate) fn raw_peer_link(
     let id = ctx.shared.engine.with(|e| e.add_link(l)).unwrap();
     let mine = link::attach(&seg, Side::Creator).unwrap();
     (id, mine, peer_arena)
+}
+
+/// Two QPs of `ctx` joined over a loopback link, in RTS (PMTU 1024, one Read/Atomic each
+/// way, access flags none).
+pub(crate) fn loopback_pair(
+    ctx: &Context,
+    pd: &crate::Pd,
+    cq: &crate::Cq,
+) -> (crate::Qp, crate::Qp) {
+    use crate::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpState};
+    let (link, _) = ctx.link_with(ctx).unwrap();
+    let mut a = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+    let mut b = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+    let (qa, qb) = (a.qpn(), b.qpn());
+    for (qp, remote) in [(&mut a, qb), (&mut b, qa)] {
+        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+            .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(Mtu::Mtu1024)
+                .dest(Destination { link, qpn: remote })
+                .rq_psn(0)
+                .max_dest_rd_atomic(1)
+                .min_rnr_timer(1),
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(0)
+                .timeout(14)
+                .retry_cnt(7)
+                .rnr_retry(7)
+                .max_rd_atomic(1),
+        )
+        .unwrap();
+    }
+    (a, b)
 }

@@ -891,38 +891,11 @@ impl Engine {
 #[cfg(all(test, not(shmhca_loom)))]
 mod watch_tests {
     use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
-    use crate::{AccessFlags, Context, Cq, Destination, EngineMode, Mtu, Pd, Qp, QpAttr};
-    use crate::{QpCaps, QpState};
+    use crate::{AccessFlags, Context, Cq, EngineMode, Qp};
     use shmhca_rings::segment::HugePages;
 
-    fn connect(ctx: &Context, pd: &Pd, cq: &Cq) -> (Qp, Qp) {
-        let (link, _) = ctx.link_with(ctx).unwrap();
-        let mut a = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
-        let mut b = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
-        let (qa, qb) = (a.qpn(), b.qpn());
-        for (qp, remote) in [(&mut a, qb), (&mut b, qa)] {
-            qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
-                .unwrap();
-            qp.modify(
-                &QpAttr::new(QpState::Rtr)
-                    .path_mtu(Mtu::Mtu1024)
-                    .dest(Destination { link, qpn: remote })
-                    .rq_psn(0)
-                    .max_dest_rd_atomic(1)
-                    .min_rnr_timer(1),
-            )
-            .unwrap();
-            qp.modify(
-                &QpAttr::new(QpState::Rts)
-                    .sq_psn(0)
-                    .timeout(14)
-                    .retry_cnt(7)
-                    .rnr_retry(7)
-                    .max_rd_atomic(1),
-            )
-            .unwrap();
-        }
-        (a, b)
+    fn connect(ctx: &Context, pd: &crate::Pd, cq: &Cq) -> (Qp, Qp) {
+        crate::raw_peer::loopback_pair(ctx, pd, cq)
     }
 
     /// Posts one Send from `a` to `b` through the ring path; whether it rang the doorbell.
