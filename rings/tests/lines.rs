@@ -119,6 +119,10 @@ fn one_line_frames_full_and_empty<S: LineStorage>(
     for _round in 0..5 {
         while send(&mut p, next_send, 1) {
             next_send += 1;
+            assert!(
+                next_send - next_recv <= cap,
+                "more frames sent than the ring holds"
+            );
         }
         assert_eq!(
             next_send - next_recv,
@@ -126,6 +130,7 @@ fn one_line_frames_full_and_empty<S: LineStorage>(
             "a ring of 1-line frames fills every line"
         );
         while let Some((out, n)) = recv(&mut c) {
+            assert!(next_recv < next_send, "more frames received than sent");
             check_frame(&out[..], next_recv, n);
             next_recv += 1;
         }
