@@ -59,8 +59,19 @@ fn send<S: LineStorage>(p: &mut LinesProducer<S>, seq: u64, n: usize) -> bool {
     true
 }
 
+/// Receives until the ring is empty (at most a ring's worth); returns how many frames.
+fn drain<S: LineStorage>(c: &mut LinesConsumer<S>) -> usize {
+    let mut n = 0;
+    while recv(c).is_some() {
+        n += 1;
+        assert!(n <= c.capacity(), "more frames than the ring holds");
+    }
+    n
+}
+
 /// Checks that `out[..n]` is frame `seq` of `n` lines, stamps and count included.
 fn check_frame(out: &[Line], seq: u64, n: usize) {
+    assert!((1..=MAX_FRAME_LINES).contains(&n), "frame {seq}: {n} lines");
     assert_eq!(out[0].count() as usize, n, "frame {seq}: count byte");
     for (i, line) in out[..n].iter().enumerate() {
         assert_eq!(
@@ -119,6 +130,10 @@ fn one_line_frames_full_and_empty<S: LineStorage>(
     for _round in 0..5 {
         while send(&mut p, next_send, 1) {
             next_send += 1;
+            assert!(
+                next_send - next_recv <= cap,
+                "more frames sent than the ring holds"
+            );
         }
         assert_eq!(
             next_send - next_recv,
@@ -126,6 +141,7 @@ fn one_line_frames_full_and_empty<S: LineStorage>(
             "a ring of 1-line frames fills every line"
         );
         while let Some((out, n)) = recv(&mut c) {
+            assert!(next_recv < next_send, "more frames received than sent");
             check_frame(&out[..], next_recv, n);
             next_recv += 1;
         }
@@ -224,7 +240,7 @@ fn head_is_published_every_quarter_and_when_empty() {
     assert_eq!(p.free_lines().unwrap(), 4);
     c.flush();
     assert_eq!(p.free_lines().unwrap(), 5, "flush publishes");
-    while recv(&mut c).is_some() {}
+    drain(&mut c);
     assert_eq!(
         p.free_lines().unwrap(),
         16,
@@ -655,7 +671,7 @@ fn producer_reports_an_impossible_head() {
     for seq in 0..8 {
         assert!(send(&mut p, seq, 1));
     }
-    while recv(&mut c).is_some() {}
+    drain(&mut c);
     assert_eq!(p.free_lines().unwrap(), 8);
     seg.write_at(HEAD, &3u64.to_ne_bytes()).unwrap();
     assert!(p.free_lines().is_err());
