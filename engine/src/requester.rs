@@ -28,7 +28,7 @@ use crate::send_window::SendWindow;
 use crate::timer::Deadline;
 use crate::wire::Qpn;
 use crate::wire::atomic_eth::AtomicEthRepr;
-use crate::wire::bth::BthRepr;
+use crate::wire::bth::{self, BthRepr};
 use crate::wire::opcode::{OpClass, Opcode, Position};
 use crate::wire::reth::RethRepr;
 use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
@@ -69,6 +69,11 @@ pub(crate) struct Requester {
     pub(crate) rnr_timer: Deadline,
     /// Credits announced while the QP was in RTR, applied on RTS.
     pub(crate) early_credits: Option<(crate::wire::aeth::CreditCode, u32)>,
+    /// The BTH of its single-packet requests, made on RTR → RTS (`None` before).
+    template: Option<BthTemplate>,
+    /// Posts sent on the template path (tests check that it is taken).
+    #[cfg(test)]
+    pub(crate) fast_posts: u64,
 }
 
 impl Requester {
@@ -89,6 +94,9 @@ impl Requester {
             progressed: false,
             rnr_timer: Deadline::default(),
             early_credits: None,
+            template: None,
+            #[cfg(test)]
+            fast_posts: 0,
         }
     }
 
@@ -99,6 +107,8 @@ impl Requester {
         self.rnr_left = cfg.rnr_retry;
         self.credits = CreditState::new(cfg.remote_credits);
         self.ttr = crate::timer::transport_timeout(cfg.timeout, crate::timer::clock_resolution());
+        // The destination and the path MTU are set on INIT → RTR and never change after.
+        self.template = cfg.dest.map(|d| BthTemplate::new(d.qpn));
         if let Some((code, msn)) = self.early_credits.take() {
             self.update_credits(code, msn);
         }
@@ -211,6 +221,162 @@ pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
         resp_seen: 0,
         done: None,
     });
+}
+
+/// The BTH of a QP's single-packet requests with what stays fixed from RTS on filled in
+/// (P_Key, DestQP; M and TVer zero): the template path patches the opcode, SE, PadCnt,
+/// AckReq and PSN (issue 10, "short paths for the common case").
+#[derive(Debug, Clone, Copy)]
+struct BthTemplate([u8; bth::HEADER_LEN]);
+
+impl BthTemplate {
+    fn new(dest: Qpn) -> BthTemplate {
+        let mut b = [0u8; bth::HEADER_LEN];
+        BthRepr {
+            pkey: DEFAULT_PKEY,
+            ..BthRepr::new(Opcode::SendOnly, dest, Psn::new(0))
+        }
+        .emit(&mut bth::Packet::new_unchecked(&mut b[..]));
+        BthTemplate(b)
+    }
+
+    /// Writes the BTH of a request with AckReq set into `out`.
+    #[inline]
+    fn write(&self, out: &mut [u8], opcode: Opcode, solicited: bool, pad: u8, psn: Psn) {
+        out[..bth::HEADER_LEN].copy_from_slice(&self.0);
+        let mut p = bth::Packet::new_unchecked(out);
+        p.set_opcode(opcode);
+        p.set_solicited(solicited);
+        p.set_pad_count(pad);
+        p.set_ack_req(true);
+        p.set_psn(psn);
+    }
+}
+
+/// Takes a WQE posted directly (inline mode) and sends what the QP can send now, up to
+/// `budget` packets; returns how many were queued (as [`transmit`]). A single-packet Send
+/// or Write whose payload fits the slot, posted on an idle QP, takes the template path
+/// ([`post_fast`]); anything else is queued and sent by [`transmit`].
+pub(crate) fn post<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_, L>,
+    w: SqWqe,
+    budget: usize,
+) -> usize {
+    if post_fast(qp, env, wire, &w) {
+        return 1;
+    }
+    accept(qp, w);
+    transmit(qp, env, wire, budget)
+}
+
+/// The template path: sends `w` as one packet built straight into the link's next slot
+/// from the QP's header template, and records in the window what go-back-N needs to send
+/// it again (the WQE, its PSN) — if the QP is in RTS and idle (nothing queued or being
+/// resent, no RNR wait, no WQE waiting for credit), `w` is a Send or RDMA Write (with or
+/// without immediate data) of one packet whose payload fits the slot, its fence and its
+/// credit let it start, and the link has room. Returns false, having changed nothing,
+/// otherwise: [`transmit`] then applies the same rules the long way, and builds the same
+/// bytes when it resends the packet.
+fn post_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_, L>,
+    w: &SqWqe,
+) -> bool {
+    const BTH: usize = bth::HEADER_LEN;
+    const RETH: usize = crate::wire::reth::HEADER_LEN;
+    const IMM: usize = crate::wire::immdt::HEADER_LEN;
+    // The Only opcode and its headers: RETH (a Write), ImmDt (with immediate data).
+    let (opcode, reth, imm) = match w.op {
+        WqeOp::Send => (Opcode::SendOnly, 0, 0),
+        WqeOp::SendImm => (Opcode::SendOnlyWithImmediate, 0, IMM),
+        WqeOp::Write => (Opcode::RdmaWriteOnly, RETH, 0),
+        WqeOp::WriteImm => (Opcode::RdmaWriteOnlyWithImmediate, RETH, IMM),
+        _ => return false,
+    };
+    let hdr = BTH + reth + imm;
+    // A payload that fits the slot is below the smallest PMTU (256): one packet.
+    const _: () = assert!(crate::link::SLOT_DATA <= 256);
+    let len = w.len as usize;
+    let src = match w.data {
+        DataLoc::Single(e) if len <= PacketSlot::inline_room(hdr) && len <= e.len as usize => e.off,
+        DataLoc::Empty if len == 0 => 0,
+        _ => return false,
+    };
+    let req = &mut qp.req;
+    let Some(template) = req.template else {
+        return false;
+    };
+    if qp.state != QpState::Rts
+        || req.window.has_work()
+        || req.limited.is_some()
+        || req.rnr_timer.armed()
+        || (w.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0)
+    {
+        return false;
+    }
+    let consumes = w.op.consumes_rq_wqe();
+    let consumers = req.consumers + u64::from(consumes);
+    if consumes && !req.credits.allows(consumers) {
+        return false;
+    }
+    let Some((slot, _)) = wire.tx.next_packet(0) else {
+        return false;
+    };
+    if len > 0 && qp.mem.read(src, &mut slot.data[hdr..hdr + len]).is_err() {
+        // Unreadable data: the long way completes the WQE with a local error.
+        return false;
+    }
+    let psn = req.window.npsn();
+    let pad = ((4 - len % 4) % 4) as u8;
+    let solicited = w.flags.has(WqeFlags::SOLICITED);
+    template.write(&mut slot.data, opcode, solicited, pad, psn);
+    if reth > 0 {
+        RethRepr {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            dma_len: w.len,
+        }
+        .emit(&mut crate::wire::reth::Packet::new_unchecked(
+            &mut slot.data[BTH..BTH + RETH],
+        ));
+    }
+    if imm > 0 {
+        crate::wire::ImmDtRepr { imm: w.imm }.emit(&mut crate::wire::immdt::Packet::new_unchecked(
+            &mut slot.data[hdr - IMM..hdr],
+        ));
+    }
+    slot.hdr_len = hdr as u8;
+    slot.payload_len = len as u32;
+    if len > 0 {
+        slot.kind = crate::link::KIND_INLINE;
+    }
+    wire.tx.commit();
+    // The bookkeeping of `accept` and `transmit` for this WQE.
+    req.ssn = (req.ssn + 1) & Psn::MASK;
+    req.consumers = consumers;
+    req.window.push_sent(SendWqe {
+        w: *w,
+        consumers,
+        first_psn: psn,
+        span: 1,
+        resp_seen: 0,
+        done: None,
+    });
+    env.stats.packets_sent += 1;
+    env.stats.inline_bytes_sent += len as u64;
+    if !req.timer.armed() {
+        if let Some(t) = req.ttr {
+            env.arm(&mut req.timer, t);
+        }
+    }
+    #[cfg(test)]
+    {
+        req.fast_posts += 1;
+    }
+    true
 }
 
 /// Sends up to `budget` request packets of a QP; returns how many were queued.
@@ -610,5 +776,313 @@ pub fn next_psn(cpsn: Psn, opcode: Opcode, read_len: u32, pmtu: u32) -> Psn {
     match opcode {
         Opcode::RdmaReadRequest => cpsn.add(psn::read_response_packets(read_len, pmtu)),
         _ => cpsn.add(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::VecLink;
+    use crate::link::RxPacket;
+    use crate::wire::aeth::CreditCode;
+    use crate::wqe::{NO_MR, SgeEntry};
+    use crate::{AccessFlags, Context, Destination, EngineMode, Mtu, QpAttr, QpCaps};
+
+    /// A context whose QPs (`qps` of them, all in RTS at `sq_psn`, sending to QP 9 over a
+    /// link whose far end nobody reads) the tests drive stage by stage, and a region of
+    /// 4 KiB to stage payloads in.
+    struct Rig {
+        ctx: Context,
+        qps: Vec<crate::Qp>,
+        mr: crate::Mr,
+        _pd: crate::Pd,
+        _cq: crate::Cq,
+        _ends: crate::link::LinkEnds,
+    }
+
+    fn rig(qps: usize, sq_psn: u32, credits: bool) -> Rig {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(256).unwrap();
+        let (link, ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
+        let qps = (0..qps)
+            .map(|_| {
+                let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+                qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+                    .unwrap();
+                qp.modify(
+                    &QpAttr::new(QpState::Rtr)
+                        .path_mtu(Mtu::Mtu256)
+                        .dest(Destination {
+                            link,
+                            qpn: Qpn::new(9),
+                        })
+                        .rq_psn(0)
+                        .max_dest_rd_atomic(1)
+                        .min_rnr_timer(1)
+                        .remote_credits(credits),
+                )
+                .unwrap();
+                qp.modify(
+                    &QpAttr::new(QpState::Rts)
+                        .sq_psn(sq_psn)
+                        .timeout(14)
+                        .retry_cnt(7)
+                        .rnr_retry(7)
+                        .max_rd_atomic(1),
+                )
+                .unwrap();
+                qp
+            })
+            .collect();
+        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        Rig {
+            ctx,
+            qps,
+            mr,
+            _pd: pd,
+            _cq: cq,
+            _ends: ends,
+        }
+    }
+
+    impl Rig {
+        /// Runs `f` on QP `i`'s engine side.
+        fn stage<R>(&self, i: usize, f: impl FnOnce(&mut QpCtx, &mut Env<'_>) -> R) -> R {
+            let qpn = self.qps[i].qpn();
+            self.ctx
+                .shared
+                .engine
+                .with(|e| e.with_stage(qpn, f))
+                .expect("the QP is live")
+        }
+    }
+
+    /// Stages `bytes` at `at` in region `mr`; the WQE data that points at them.
+    fn data(mr: &crate::Mr, at: u64, bytes: &[u8]) -> DataLoc {
+        if bytes.is_empty() {
+            return DataLoc::Empty;
+        }
+        mr.write_at(at, bytes).unwrap();
+        DataLoc::Single(SgeEntry {
+            off: mr.src_off(at, bytes.len() as u64).unwrap(),
+            len: bytes.len() as u32,
+            mr: NO_MR,
+        })
+    }
+
+    fn wqe(op: WqeOp, flags: u8, data: DataLoc, len: u32) -> SqWqe {
+        SqWqe {
+            wr_id: 77,
+            op,
+            flags: WqeFlags(flags | WqeFlags::SIGNALED),
+            imm: 0xCAFE_0001,
+            len,
+            remote_addr: 0x1234_5678_9ABC,
+            rkey: 0x4242,
+            compare_add: 0,
+            swap: 0,
+            data,
+        }
+    }
+
+    fn link(room: usize) -> VecLink {
+        let mut l = VecLink::default();
+        l.room = room;
+        l
+    }
+
+    /// The packets `link` carries, parsed: (opcode, PSN, AckReq).
+    fn sent(link: &VecLink) -> Vec<(Opcode, u32, bool)> {
+        link.sent
+            .iter()
+            .map(|p| {
+                let rx = RxPacket::parse(&p[0], &p[1..]).expect("a well-formed packet");
+                (rx.bth.opcode, rx.bth.psn.get(), rx.bth.ack_req)
+            })
+            .collect()
+    }
+
+    /// Acknowledges everything QP `q` sent and retires it.
+    fn ack_all(q: &mut QpCtx) {
+        let last = q.req.window.npsn().sub(1);
+        q.req.window.acknowledge(last);
+        while q.req.window.retired() < q.req.window.started() {
+            let seq = q.req.window.retired();
+            q.req.window.complete(seq, WcStatus::Success);
+            q.req.retire_oldest();
+        }
+    }
+
+    /// Issue 10 "short paths": a single-packet post on an idle QP is built from the
+    /// header template, and its bytes are those the normal path builds for the same WQE —
+    /// the first time (on a twin QP) and again as a go-back-N retransmission.
+    #[test]
+    fn a_template_post_builds_the_bytes_of_the_normal_path() {
+        let r = rig(2, 0xFF_FFFD, false);
+        let mut case = 0u64;
+        for (op, max) in [
+            (WqeOp::Send, 100),
+            (WqeOp::SendImm, 96),
+            (WqeOp::Write, 84),
+            (WqeOp::WriteImm, 80),
+        ] {
+            for len in [0u32, 1, 3, 8, max] {
+                for flags in [0, WqeFlags::SOLICITED] {
+                    case += 1;
+                    let bytes: Vec<u8> = (0..len).map(|i| (i as u8) ^ (case as u8)).collect();
+                    let w = wqe(op, flags, data(&r.mr, case * 128 % 4096, &bytes), len);
+                    let mut fast = link(4);
+                    let psn = r.stage(0, |q, env| {
+                        let before = q.req.fast_posts;
+                        let psn = q.req.window.npsn();
+                        assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, w, 16), 1);
+                        assert_eq!(
+                            q.req.fast_posts,
+                            before + 1,
+                            "{op:?} of {len} bytes takes the template path"
+                        );
+                        // Go-back-N: the same packet again, built the normal way.
+                        q.req.window.rewind(psn);
+                        assert_eq!(transmit(q, env, &mut Wire { tx: &mut fast }, 16), 1);
+                        ack_all(q);
+                        psn
+                    });
+                    let mut normal = link(4);
+                    r.stage(1, |q, env| {
+                        accept(q, w);
+                        assert_eq!(transmit(q, env, &mut Wire { tx: &mut normal }, 16), 1);
+                        ack_all(q);
+                    });
+                    let what = format!("{op:?}, {len} bytes, flags {flags}, PSN {psn:?}");
+                    assert_eq!(fast.sent.len(), 2, "{what}");
+                    let bytes = |p: &Vec<PacketSlot>| bytemuck::bytes_of(&p[0]).to_vec();
+                    assert_eq!(bytes(&fast.sent[0]), bytes(&normal.sent[0]), "{what}");
+                    assert_eq!(bytes(&fast.sent[1]), bytes(&fast.sent[0]), "{what}");
+                    let rx = RxPacket::parse(&fast.sent[0][0], &[]).unwrap();
+                    assert_eq!((rx.bth.psn, rx.bth.ack_req), (psn, true), "{what}");
+                    assert_eq!(rx.payload.len(), len, "{what}");
+                }
+            }
+        }
+        // The PSNs wrapped past 2^24 on the way.
+        r.stage(0, |q, _| assert!(q.req.window.npsn().get() < 0xFF_FFFD));
+        r.stage(0, |q, _| assert_eq!(q.req.fast_posts, case));
+    }
+
+    /// What the template path does not take goes the normal way, in posted order: a post
+    /// behind queued work, without credit (and a Write behind a Send waiting for credit),
+    /// on a full link, during an RNR wait, a fenced post behind a Read, a post outside
+    /// RTS, and WQEs that are not one inline packet.
+    #[test]
+    fn posts_the_template_path_does_not_take_go_the_normal_way_in_order() {
+        let mut r = rig(1, 10, true);
+        let mr = &r.mr;
+        let send = |len: u32| wqe(WqeOp::Send, 0, data(mr, 0, &vec![7; len as usize]), len);
+        let write = wqe(WqeOp::Write, 0, data(mr, 512, &[1; 8]), 8);
+        let mut l = link(64);
+        r.stage(0, |q, env| {
+            // No credit yet: the first Send goes alone, with AckReq, and waits.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 1);
+            assert_eq!(q.req.limited, Some(0));
+            // A Write does not consume credit but must not pass the waiting Send.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, write, 16), 0);
+            assert_eq!(q.req.fast_posts, 0);
+            // Credit comes with the Ack of the first Send; the Write is queued, so the
+            // next Send goes behind it.
+            q.req.window.acknowledge(Psn::new(10));
+            q.req.update_credits(CreditCode::encode(8), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 2);
+            assert_eq!(q.req.fast_posts, 0);
+            // Idle, with credit: the template path.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 1);
+            assert_eq!(q.req.fast_posts, 1);
+            // A Send larger than a slot holds inline, or than one packet: the normal path.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(101), 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(300), 16), 2);
+            assert_eq!(q.req.fast_posts, 1);
+        });
+        use Opcode::*;
+        assert_eq!(
+            sent(&l),
+            [
+                (SendOnly, 10, true),
+                (RdmaWriteOnly, 11, true),
+                (SendOnly, 12, true),
+                (SendOnly, 13, true),
+                (SendOnly, 14, true),
+                (SendFirst, 15, false),
+                (SendLast, 16, true),
+            ]
+        );
+        // A full link: the WQE waits in the window and goes when there is room.
+        let mut full = link(0);
+        r.stage(0, |q, env| {
+            ack_all(q);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, send(8), 16), 0);
+            full.room = 1;
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut full }, 16), 1);
+            assert_eq!(sent(&full), [(SendOnly, 17, true)]);
+            ack_all(q);
+            // An RNR wait: nothing goes until it ends.
+            env.arm(&mut q.req.rnr_timer, std::time::Duration::from_secs(3600));
+            let mut l = link(4);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 0);
+            q.req.rnr_timer.disarm();
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            ack_all(q);
+            // A fenced Send waits for the Read before it.
+            let read = wqe(WqeOp::Read, 0, data(mr, 1024, &[0; 8]), 8);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, read, 16), 1);
+            let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(mr, 0, &[3; 8]), 8);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, fenced, 16), 0);
+            ack_all(q);
+            assert_eq!(q.req.rd_atomic, 0);
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            ack_all(q);
+            assert_eq!(q.req.fast_posts, 1);
+            let psns: Vec<_> = sent(&l).iter().map(|p| (p.0, p.1)).collect();
+            assert_eq!(
+                psns,
+                [(SendOnly, 18), (RdmaReadRequest, 19), (SendOnly, 20)]
+            );
+        });
+        // Outside RTS (SQ drained): accepted, sent once back in RTS.
+        r.qps[0].modify(&QpAttr::new(QpState::Sqd)).unwrap();
+        let mut l = link(4);
+        let w = send(8);
+        r.stage(0, |q, env| {
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, w, 16), 0);
+        });
+        r.qps[0].modify(&QpAttr::new(QpState::Rts)).unwrap();
+        r.stage(0, |q, env| {
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(q.req.fast_posts, 1);
+        });
+        assert_eq!(sent(&l), [(Opcode::SendOnly, 21, true)]);
+    }
+
+    /// A WQE whose data is shorter than its length (which `post_send` never makes) is a
+    /// local error on the template path's watch too, never a packet of stray bytes.
+    #[test]
+    fn a_wqe_whose_data_falls_short_is_a_local_error() {
+        let r = rig(1, 0, false);
+        let short = match data(&r.mr, 0, &[5; 4]) {
+            DataLoc::Single(e) => e,
+            _ => unreachable!(),
+        };
+        let mut l = link(4);
+        r.stage(0, |q, env| {
+            let w = wqe(WqeOp::Send, 0, DataLoc::Single(short), 8);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, w, 16), 0);
+            assert_eq!(q.state, QpState::Error);
+            assert_eq!(q.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
+        });
+        assert!(l.sent.is_empty());
     }
 }

@@ -226,6 +226,31 @@ impl SendWindow {
         self.fetched += 1;
     }
 
+    /// Appends a single-packet WQE, starts it and records its one packet as sent, in one
+    /// step (the template path of an idle send queue: nothing is queued or being resent,
+    /// so the transmit point is at the end of the window and moves past it). Returns its
+    /// PSN. Afterwards the window is as [`SendWindow::push`], [`SendWindow::start_next`],
+    /// [`SendWindow::note_sent`] and [`SendWindow::next_wqe`] leave it.
+    #[inline]
+    pub(crate) fn push_sent(&mut self, mut w: SendWqe) -> Psn {
+        debug_assert!(self.has_room() && !self.has_work() && self.started == self.fetched);
+        debug_assert_eq!(w.span, 1);
+        debug_assert!(!self.npsn.before(self.sent_to), "a new PSN is not a resend");
+        let (seq, psn) = (self.fetched, self.npsn);
+        w.first_psn = psn;
+        *self.wqe_mut(seq) = w;
+        self.fetched = seq + 1;
+        self.started = seq + 1;
+        self.npsn = psn.add(1);
+        self.sent_to = self.npsn;
+        self.tx = TxPoint {
+            seq: seq + 1,
+            pkt: 0,
+            cursor: Some(Cursor::default()),
+        };
+        psn
+    }
+
     /// Starts the WQE at the transmit point (it is `started`): gives it its PSNs; returns
     /// it.
     pub(crate) fn start_next(&mut self) -> &SendWqe {
@@ -378,6 +403,38 @@ mod tests {
         assert_eq!(win.retire_oldest().done, Some(WcStatus::Success));
         assert_eq!((win.retired(), win.tx().seq), (1, 1));
         assert!(win.has_room());
+    }
+
+    /// `push_sent` leaves the window as the four steps of the normal path do.
+    #[test]
+    fn pushing_a_sent_wqe_equals_push_start_send_and_advance() {
+        for start in [0, 0xFF_FFFF] {
+            let (mut a, mut b) = (SendWindow::new(4), SendWindow::new(4));
+            a.start_at(Psn::new(start));
+            b.start_at(Psn::new(start));
+            for _ in 0..6 {
+                let psn = a.push_sent(send(1));
+                b.push(send(1));
+                let w = *b.start_next();
+                assert!(!b.note_sent(&w, w.first_psn));
+                b.next_wqe();
+                assert_eq!(psn, w.first_psn);
+                let state = |x: &SendWindow| {
+                    let tx = x.tx();
+                    (
+                        (x.retired, x.started, x.fetched, x.npsn, x.acked, x.sent_to),
+                        (tx.seq, tx.pkt, tx.cursor),
+                        x.wqe(x.fetched - 1).first_psn,
+                    )
+                };
+                assert_eq!(format!("{:?}", state(&a)), format!("{:?}", state(&b)));
+                for x in [&mut a, &mut b] {
+                    x.acknowledge(psn);
+                    x.complete(x.retired(), WcStatus::Success);
+                    x.retire_oldest();
+                }
+            }
+        }
     }
 
     #[test]

@@ -609,22 +609,20 @@ impl Engine {
     /// WQEs, runs its SQ Logic (and sends any response waiting) and publishes its link —
     /// without the rest of a poll iteration, which the next [`Engine::poll`] does.
     pub(crate) fn send_now(&mut self, index: u32) {
-        self.send_with(index, |_| {});
+        self.send_with(index, None);
     }
 
     /// Takes a WQE posted directly (inline mode: no trip through the send ring) and sends
-    /// it now, after any WQEs still in the ring so that the posted order holds. Returns
-    /// false if the QP is gone.
+    /// it now, after any WQEs still in the ring so that the posted order holds (a
+    /// single-packet post on an idle QP straight into the link's slot: see
+    /// [`requester::post`]). Returns false if the QP is gone.
     pub(crate) fn post_direct(&mut self, index: u32, wqe: SqWqe) -> bool {
-        let mut taken = false;
-        self.send_with(index, |qp| {
-            requester::accept(qp, wqe);
-            taken = true;
-        });
-        taken
+        self.send_with(index, Some(wqe))
     }
 
-    fn send_with(&mut self, index: u32, add: impl FnOnce(&mut QpCtx)) {
+    /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
+    /// any response waiting) and publishes its link; false if the QP is gone.
+    fn send_with(&mut self, index: u32, wqe: Option<SqWqe>) -> bool {
         let Engine {
             res,
             qps,
@@ -635,22 +633,30 @@ impl Engine {
             ..
         } = self;
         let Some(qp) = qps.at_mut(index) else {
-            return;
+            return false;
         };
         active.insert(index);
         requester::fetch(qp);
-        add(qp);
-        let Some(d) = qp.cfg.dest else { return };
-        let Some(link) = links.at_mut(d.link.0) else {
-            return;
+        let link = qp.cfg.dest.and_then(|d| {
+            links
+                .at_mut(d.link.0)
+                .filter(|l| l.down.is_none())
+                .map(|l| (d, l))
+        });
+        let Some((d, link)) = link else {
+            if let Some(w) = wqe {
+                requester::accept(qp, w);
+            }
+            return true;
         };
-        if link.down.is_some() {
-            return;
-        }
         let mut env = res.env();
         let before = link.tx.queued().len();
         let mut wire = Wire { tx: &mut link.tx };
-        if requester::transmit(qp, &mut env, &mut wire, TX_BUDGET) > 0 {
+        let sent = match wqe {
+            Some(w) => requester::post(qp, &mut env, &mut wire, w, TX_BUDGET),
+            None => requester::transmit(qp, &mut env, &mut wire, TX_BUDGET),
+        };
+        if sent > 0 {
             responder::drain(qp, &mut env, &mut wire);
             // An Ack still owed (the last iteration found the link full) follows the
             // request; its entry in the owed list is left to be found empty.
@@ -663,6 +669,7 @@ impl Engine {
             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
         }
         link.publish();
+        true
     }
 
     /// Whether no QP has work pending (the engine thread may sleep).
