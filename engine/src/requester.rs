@@ -380,7 +380,25 @@ fn post_fast<L: LinkTx + ?Sized>(
 }
 
 /// Sends up to `budget` request packets of a QP; returns how many were queued.
+#[inline]
 pub(crate) fn transmit<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_, L>,
+    budget: usize,
+) -> usize {
+    // The engine offers every active QP a turn each iteration, and most have nothing to
+    // send: that answer costs two loads here instead of a call. (An RNR wait that has
+    // ended is cleared by the full path even when nothing waits behind it.)
+    if !qp.req.window.has_work() && !qp.req.rnr_timer.armed() {
+        return 0;
+    }
+    transmit_some(qp, env, wire, budget)
+}
+
+/// [`transmit`] when there is something to send (or an RNR wait to look at).
+#[inline(never)]
+fn transmit_some<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
     wire: &mut Wire<'_, L>,
