@@ -486,20 +486,29 @@ pub(crate) struct Wire<'a, L: LinkTx + ?Sized = TxBatch> {
 
 /// A queue of work requests the application posts and the engine takes, as the protocol
 /// stages see it: take the next one, count those waiting. (The queue is a ring in this
-/// process's private memory; the stages never see the ring.)
-pub(crate) struct Posted<T>(Consumer<T, HeapStorage<T>>);
+/// process's private memory; the stages never see the ring.) Counts what it gave out.
+pub(crate) struct Posted<T>(Consumer<T, HeapStorage<T>>, u64);
 
 impl<T: Copy> Posted<T> {
     /// The engine's end of a queue.
     pub(crate) fn new(ring: Consumer<T, HeapStorage<T>>) -> Posted<T> {
-        Posted(ring)
+        Posted(ring, 0)
     }
 
     /// The next work request, if one was posted.
     #[inline]
     pub(crate) fn take(&mut self) -> Option<T> {
         // A heap ring of this process: no peer can break it.
-        self.0.pop().ok().flatten()
+        let w = self.0.pop().ok().flatten();
+        self.1 += u64::from(w.is_some());
+        w
+    }
+
+    /// How many were taken so far: a poster that knows how many it pushed tells from it
+    /// that the queue is empty without looking at the ring.
+    #[inline]
+    pub(crate) fn taken(&self) -> u64 {
+        self.1
     }
 
     /// How many are waiting.

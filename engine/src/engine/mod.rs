@@ -616,13 +616,15 @@ impl Engine {
     /// it now, after any WQEs still in the ring so that the posted order holds (a
     /// single-packet post on an idle QP straight into the link's slot: see
     /// [`requester::post`]). Returns false if the QP is gone.
-    pub(crate) fn post_direct(&mut self, index: u32, wqe: SqWqe) -> bool {
-        self.send_with(index, Some(wqe))
+    /// `ring_pushed`: how many WQEs the poster has pushed on the QP's send ring so far
+    /// (when the engine has taken as many, the ring is not looked at).
+    pub(crate) fn post_direct(&mut self, index: u32, wqe: SqWqe, ring_pushed: u64) -> bool {
+        self.send_with(index, Some((wqe, ring_pushed)))
     }
 
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
     /// any response waiting) and publishes its link; false if the QP is gone.
-    fn send_with(&mut self, index: u32, wqe: Option<SqWqe>) -> bool {
+    fn send_with(&mut self, index: u32, wqe: Option<(SqWqe, u64)>) -> bool {
         let Engine {
             res,
             qps,
@@ -636,7 +638,10 @@ impl Engine {
             return false;
         };
         active.insert(index);
-        requester::fetch(qp);
+        if !wqe.is_some_and(|(_, pushed)| qp.sq.taken() == pushed) {
+            requester::fetch(qp);
+        }
+        let wqe = wqe.map(|(w, _)| w);
         let link = qp.cfg.dest.and_then(|d| {
             links
                 .at_mut(d.link.0)

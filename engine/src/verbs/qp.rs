@@ -62,6 +62,8 @@ pub struct Qp {
     rq: Producer<RqWqe, HeapStorage<RqWqe>>,
     qshared: Arc<QpShared>,
     sq_posted: u64,
+    /// Send WQEs pushed on the send ring (the others were handed to the engine directly).
+    sq_pushed: u64,
     sq_retired: u64,
     rq_posted: u64,
     rq_retired: u64,
@@ -217,6 +219,7 @@ impl Qp {
             rq,
             qshared,
             sq_posted: 0,
+            sq_pushed: 0,
             sq_retired: 0,
             rq_posted: 0,
             rq_retired: 0,
@@ -419,12 +422,12 @@ impl Qp {
         // otherwise (poll mode, or the engine busy on another thread) it goes through the
         // send ring like any other, counted before it is pushed.
         if self.shared.mode == EngineMode::Inline {
-            let index = self.index;
+            let (index, pushed) = (self.index, self.sq_pushed);
             let direct = self.shared.engine.try_with(|e| {
                 for s in sgl {
                     s.mr.inflight.post_held(1);
                 }
-                e.post_direct(index, wqe)
+                e.post_direct(index, wqe, pushed)
             });
             if let Some(taken) = direct {
                 debug_assert!(taken, "a live QP takes its WQEs");
@@ -437,6 +440,7 @@ impl Qp {
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
+        self.sq_pushed += 1;
         self.ring_and_kick();
     }
 
@@ -480,6 +484,7 @@ impl Qp {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
         self.sq_posted += 1;
+        self.sq_pushed += 1;
         Ok(())
     }
 
@@ -944,5 +949,87 @@ impl std::fmt::Debug for Qp {
             .field("qpn", &self.qpn)
             .field("state", &self.state())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::{KIND_INLINE, RxPacket};
+    use crate::{AccessFlags, Context, Destination, Mtu, QpAttr, SendOp};
+
+    /// Inline mode hands a post to the engine directly, after the WQEs still in the send
+    /// ring (pushed there while another thread held the engine): the engine knows from the
+    /// counts whether it must look at the ring, and posted order holds.
+    #[test]
+    fn a_direct_post_goes_after_the_wqes_in_the_send_ring() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let (link, mut ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
+        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+            .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(Mtu::Mtu256)
+                .dest(Destination {
+                    link,
+                    qpn: Qpn::new(9),
+                })
+                .rq_psn(0)
+                .max_dest_rd_atomic(1)
+                .min_rnr_timer(1)
+                .remote_credits(false),
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(0)
+                .timeout(14)
+                .retry_cnt(7)
+                .rnr_retry(7)
+                .max_rd_atomic(1),
+        )
+        .unwrap();
+        let mut payloads = vec![];
+        let mut receive = |ends: &mut crate::link::LinkEnds| {
+            while let Some(slot) = ends.rx.pop().unwrap() {
+                let rx = RxPacket::parse(&slot, &[]).unwrap();
+                if !rx.info.request {
+                    continue; // (the Ack announcing this QP's receive credits)
+                }
+                assert_eq!(slot.kind, KIND_INLINE);
+                let h = slot.hdr_len as usize;
+                let bytes = slot.data[h..h + slot.payload_len as usize].to_vec();
+                payloads.push((rx.bth.psn.get(), bytes));
+            }
+        };
+        for round in 0..2u8 {
+            // As `post_send_one` queues (the engine was busy elsewhere): two WQEs in the ring.
+            for i in 0..2 {
+                let wqe = qp
+                    .prepare_send(&SendWr::inline(0, SendOp::Send, &[round, i]))
+                    .unwrap();
+                qp.sq.push(wqe).unwrap();
+                qp.sq_posted += 1;
+                qp.sq_pushed += 1;
+            }
+            qp.post_send(&SendWr::inline(0, SendOp::Send, &[round, 2]))
+                .unwrap();
+            // The ring is empty now: this one may go straight out.
+            qp.post_send(&SendWr::inline(0, SendOp::Send, &[round, 3]))
+                .unwrap();
+            receive(&mut ends);
+        }
+        let want: Vec<_> = (0..8u32)
+            .map(|n| (n, vec![(n / 4) as u8, (n % 4) as u8]))
+            .collect();
+        assert_eq!(payloads, want);
     }
 }
