@@ -638,7 +638,7 @@ impl Engine {
             return false;
         };
         active.insert(index);
-        if !wqe.is_some_and(|(_, pushed)| qp.sq.taken() == pushed) {
+        if wqe.is_none_or(|(_, pushed)| qp.sq.taken() != pushed) {
             requester::fetch(qp);
         }
         let wqe = wqe.map(|(w, _)| w);
