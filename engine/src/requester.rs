@@ -357,14 +357,7 @@ fn post_fast<L: LinkTx + ?Sized>(
     // The bookkeeping of `accept` and `transmit` for this WQE.
     req.ssn = (req.ssn + 1) & Psn::MASK;
     req.consumers = consumers;
-    req.window.push_sent(SendWqe {
-        w: *w,
-        consumers,
-        first_psn: psn,
-        span: 1,
-        resp_seen: 0,
-        done: None,
-    });
+    req.window.push_sent(w, consumers);
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += len as u64;
     if !req.timer.armed() {

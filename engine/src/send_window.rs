@@ -226,19 +226,24 @@ impl SendWindow {
         self.fetched += 1;
     }
 
-    /// Appends a single-packet WQE, starts it and records its one packet as sent, in one
-    /// step (the template path of an idle send queue: nothing is queued or being resent,
-    /// so the transmit point is at the end of the window and moves past it). Returns its
-    /// PSN. Afterwards the window is as [`SendWindow::push`], [`SendWindow::start_next`],
-    /// [`SendWindow::note_sent`] and [`SendWindow::next_wqe`] leave it.
-    #[inline]
-    pub(crate) fn push_sent(&mut self, mut w: SendWqe) -> Psn {
+    /// Appends a single-packet WQE `w` (with the count of consuming messages up to it),
+    /// starts it and records its one packet as sent, in one step (the template path of an
+    /// idle send queue: nothing is queued or being resent, so the transmit point is at the
+    /// end of the window and moves past it). Returns its PSN. Afterwards the window is as
+    /// [`SendWindow::push`], [`SendWindow::start_next`], [`SendWindow::note_sent`] and
+    /// [`SendWindow::next_wqe`] leave it.
+    #[inline(always)]
+    pub(crate) fn push_sent(&mut self, w: &SqWqe, consumers: u64) -> Psn {
         debug_assert!(self.has_room() && !self.has_work() && self.started == self.fetched);
-        debug_assert_eq!(w.span, 1);
         debug_assert!(!self.npsn.before(self.sent_to), "a new PSN is not a resend");
         let (seq, psn) = (self.fetched, self.npsn);
-        w.first_psn = psn;
-        *self.wqe_mut(seq) = w;
+        let slot = self.wqe_mut(seq);
+        slot.w = *w;
+        slot.consumers = consumers;
+        slot.first_psn = psn;
+        slot.span = 1;
+        slot.resp_seen = 0;
+        slot.done = None;
         self.fetched = seq + 1;
         self.started = seq + 1;
         self.npsn = psn.add(1);
@@ -413,8 +418,11 @@ mod tests {
             a.start_at(Psn::new(start));
             b.start_at(Psn::new(start));
             for _ in 0..6 {
-                let psn = a.push_sent(send(1));
-                b.push(send(1));
+                let psn = a.push_sent(&send(1).w, 3);
+                b.push(SendWqe {
+                    consumers: 3,
+                    ..send(1)
+                });
                 let w = *b.start_next();
                 assert!(!b.note_sent(&w, w.first_psn));
                 b.next_wqe();
@@ -424,7 +432,7 @@ mod tests {
                     (
                         (x.retired, x.started, x.fetched, x.npsn, x.acked, x.sent_to),
                         (tx.seq, tx.pkt, tx.cursor),
-                        x.wqe(x.fetched - 1).first_psn,
+                        format!("{:?}", x.wqe(x.fetched - 1)),
                     )
                 };
                 assert_eq!(format!("{:?}", state(&a)), format!("{:?}", state(&b)));
