@@ -65,3 +65,14 @@ pub(crate) fn loopback_pair(
     }
     (a, b)
 }
+
+/// A context in inline mode with manual progress (no helper thread touches its engine
+/// between a test's steps) and no huge pages.
+pub(crate) fn inline_context() -> Context {
+    Context::builder()
+        .mode(crate::EngineMode::Inline)
+        .progress(crate::Progress::Manual)
+        .huge_pages(HugePages::Never)
+        .build()
+        .unwrap()
+}

@@ -797,7 +797,7 @@ mod tests {
     use crate::link::RxPacket;
     use crate::wire::aeth::CreditCode;
     use crate::wqe::{NO_MR, SgeEntry};
-    use crate::{AccessFlags, Context, Destination, EngineMode, Mtu, QpAttr, QpCaps};
+    use crate::{AccessFlags, Context, Destination, Mtu, QpAttr, QpCaps};
 
     /// A context whose QPs (`qps` of them, all in RTS at `sq_psn`, sending to QP 9 over a
     /// link whose far end nobody reads) the tests drive stage by stage, and a region of
@@ -812,12 +812,7 @@ mod tests {
     }
 
     fn rig(qps: usize, sq_psn: u32, credits: bool) -> Rig {
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .huge_pages(shmhca_rings::HugePages::Never)
-            .build()
-            .unwrap();
+        let ctx = crate::raw_peer::inline_context();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(256).unwrap();
         let (link, ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
@@ -1082,18 +1077,48 @@ mod tests {
     /// local error on the template path's watch too, never a packet of stray bytes.
     #[test]
     fn a_wqe_whose_data_falls_short_is_a_local_error() {
-        let r = rig(1, 0, false);
-        let short = match data(&r.mr, 0, &[5; 4]) {
+        let r0 = rig(1, 0, false);
+        let short = match data(&r0.mr, 0, &[5; 4]) {
             DataLoc::Single(e) => e,
             _ => unreachable!(),
         };
-        let mut l = link(4);
+        for data in [DataLoc::Single(short), DataLoc::Empty] {
+            let r = rig(1, 0, false);
+            let mut l = link(4);
+            r.stage(0, |q, env| {
+                let w = wqe(WqeOp::Send, 0, data, 8);
+                assert_eq!(post(q, env, &mut Wire { tx: &mut l }, w, 16), 0);
+                assert_eq!(q.state, QpState::Error);
+                assert_eq!(q.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
+            });
+            assert!(l.sent.is_empty(), "{data:?}");
+        }
+    }
+
+    /// A fence waits only for Reads and Atomics: a fenced post with none outstanding, and
+    /// a post without fence behind an outstanding Read, take the template path.
+    #[test]
+    fn a_fence_alone_or_a_read_alone_keeps_the_template_path() {
+        let r = rig(1, 0, false);
+        let mut l = link(8);
         r.stage(0, |q, env| {
-            let w = wqe(WqeOp::Send, 0, DataLoc::Single(short), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, w, 16), 0);
-            assert_eq!(q.state, QpState::Error);
-            assert_eq!(q.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
+            let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(&r.mr, 0, &[1; 8]), 8);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, fenced, 16), 1);
+            let read = wqe(WqeOp::Read, 0, data(&r.mr, 64, &[0; 8]), 8);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, read, 16), 1);
+            assert_eq!(q.req.rd_atomic, 1);
+            let plain = wqe(WqeOp::Send, 0, data(&r.mr, 0, &[2; 8]), 8);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, plain, 16), 1);
+            assert_eq!(q.req.fast_posts, 2);
         });
-        assert!(l.sent.is_empty());
+        use Opcode::*;
+        assert_eq!(
+            sent(&l),
+            [
+                (SendOnly, 0, true),
+                (RdmaReadRequest, 1, true),
+                (SendOnly, 2, true)
+            ]
+        );
     }
 }
