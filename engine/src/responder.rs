@@ -328,8 +328,7 @@ impl Responder {
 }
 
 /// Test hooks of the fast paths (the receive fast path here, the completer's Ack fast
-/// path, the direct completion path of `Cq::poll`): how many packets or completions each
-/// took on this thread, and a switch that turns them all off, so that a test can run the
+/// path): how many packets each took on this thread, and a switch that turns them all off, so that a test can run the
 /// same scenario through the slow paths and compare. The engine of an inline context in
 /// `Progress::Manual` runs only on the test's thread.
 #[cfg(test)]
@@ -343,13 +342,11 @@ pub(crate) mod probe {
         Receive = 0,
         /// The completer's Ack fast path.
         Ack = 1,
-        /// Completions written straight into `Cq::poll`'s array.
-        DirectCq = 2,
     }
 
     thread_local! {
         static OFF: Cell<bool> = const { Cell::new(false) };
-        static TAKEN: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
+        static TAKEN: Cell<[u64; 2]> = const { Cell::new([0; 2]) };
     }
 
     /// Whether the fast paths may be taken on this thread.
