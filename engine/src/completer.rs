@@ -31,6 +31,9 @@ use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
 pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    if ack_fast(qp, env, pkt) {
+        return;
+    }
     let info = pkt.info;
     if qp.state == QpState::Rtr {
         // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
@@ -248,6 +251,67 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
         _ => env.stats.dropped += 1,
     }
     retire(qp, env);
+}
+
+/// The Ack fast path (issue 10): a positive Ack, on an RTS QP, that acknowledges the
+/// oldest WQEs of the window — Sends and RDMA Writes not done yet, the last of them ending
+/// exactly at the Ack's PSN, no RDMA Read or Atomic among them — completes and retires
+/// them in one straight path, with the checks and the effects of the slow path (PSN
+/// window, completions in order, acknowledged PSN and retry counts, credits). Anything
+/// else returns false with nothing changed: an Ack inside a multi-packet message, before
+/// a Read's responses, a duplicate, a Nak, an RNR Nak, a response with data.
+#[inline]
+fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    #[cfg(test)]
+    if !crate::responder::probe::enabled() {
+        return false;
+    }
+    if pkt.info.class != OpClass::Acknowledge || qp.state != QpState::Rts {
+        return false;
+    }
+    let Some(AethRepr {
+        syndrome: Syndrome::Ack { credits },
+        msn,
+    }) = pkt.aeth()
+    else {
+        return false;
+    };
+    let psn = pkt.bth.psn;
+    let win = &qp.req.window;
+    // 1. PSN window: after the last acknowledged PSN, before nPSN.
+    if psn.diff(win.acked()) <= 0 || psn.diff(win.npsn()) >= 0 {
+        return false;
+    }
+    // 2. The WQEs it acknowledges, oldest first.
+    let (first, started) = (win.retired(), win.started());
+    let mut end = first;
+    loop {
+        if end == started {
+            return false;
+        }
+        let w = win.wqe(end);
+        if w.done.is_some() || w.span == 0 || w.w.op.is_rd_atomic() {
+            return false;
+        }
+        end += 1;
+        let last = w.last_psn();
+        if last == psn {
+            break;
+        }
+        if !last.before(psn) {
+            return false; // inside a multi-packet message
+        }
+    }
+    // 3 and 4: done, acknowledged, credits, retired.
+    for seq in first..end {
+        qp.req.window.complete(seq, WcStatus::Success);
+    }
+    progress(qp, env, psn);
+    qp.req.update_credits(credits, msn.get());
+    retire(qp, env);
+    #[cfg(test)]
+    crate::responder::probe::count(crate::responder::probe::Path::Ack);
+    true
 }
 
 /// Completes (successfully) every Send/Write that ends before `psn`; stops with the

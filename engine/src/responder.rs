@@ -38,6 +38,8 @@
 
 mod error;
 #[cfg(test)]
+mod fast_tests;
+#[cfg(test)]
 mod hostile_tests;
 mod owed;
 #[cfg(test)]
@@ -325,12 +327,254 @@ impl Responder {
     }
 }
 
+/// Test hooks of the fast paths (the receive fast path here, the completer's Ack fast
+/// path): how many packets each took on this thread, and a switch that turns them all off, so that a test can run the
+/// same scenario through the slow paths and compare. The engine of an inline context in
+/// `Progress::Manual` runs only on the test's thread.
+#[cfg(test)]
+pub(crate) mod probe {
+    use std::cell::Cell;
+
+    /// A fast path.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) enum Path {
+        /// The receive fast path ([`super::receive_fast`]).
+        Receive = 0,
+        /// The completer's Ack fast path.
+        Ack = 1,
+    }
+
+    thread_local! {
+        static OFF: Cell<bool> = const { Cell::new(false) };
+        static TAKEN: Cell<[u64; 2]> = const { Cell::new([0; 2]) };
+    }
+
+    /// Whether the fast paths may be taken on this thread.
+    pub(crate) fn enabled() -> bool {
+        !OFF.with(Cell::get)
+    }
+
+    /// Turns the fast paths on or off on this thread.
+    pub(crate) fn set_enabled(on: bool) {
+        OFF.with(|c| c.set(!on));
+    }
+
+    /// Counts one use of `path`.
+    pub(crate) fn count(path: Path) {
+        TAKEN.with(|c| {
+            let mut t = c.get();
+            t[path as usize] += 1;
+            c.set(t);
+        });
+    }
+
+    /// How many times `path` was taken on this thread.
+    pub(crate) fn taken(path: Path) -> u64 {
+        TAKEN.with(|c| c.get()[path as usize])
+    }
+}
+
 /// Handles one request packet addressed to this QP's RQ Logic: runs it through the checks
 /// and, if one refuses it, answers as the table ([`verdict`]) says.
 pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    if receive_fast(qp, env, pkt) {
+        return;
+    }
     if let Err(e) = receive(qp, env, pkt) {
         refuse(qp, env, pkt.bth.psn, e);
     }
+}
+
+/// The receive fast path (issue 10): a Send Only or RDMA Write Only (with or without
+/// immediate data) at ePSN, on an RTR or RTS QP with its own receive queue and nothing
+/// pending (no message in progress, no receive WQE held, no Nak outstanding), in one
+/// straight function. It makes exactly the pipeline's checks — operation enabled,
+/// resources, length, R_Key — and delivers as the pipeline does: the same completion, the
+/// same owed Ack, the same statistics.
+///
+/// The checks without side effects come first; if one fails, or a receive WQE or room in
+/// the receive CQ is missing, it returns false with nothing changed and the pipeline takes
+/// the packet from the start (and refuses it in the spec's order). Once it took the
+/// receive WQE nothing but the copy can fail, and a failed copy is refused as the pipeline
+/// refuses it, with the WQE where the pipeline would have put it.
+#[inline]
+fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    #[cfg(test)]
+    if !probe::enabled() {
+        return false;
+    }
+    let info = pkt.info;
+    let resp = &qp.resp;
+    if info.position != Position::Only
+        || pkt.bth.psn != resp.epsn
+        || !matches!(qp.state, QpState::Rts | QpState::Rtr)
+        || !matches!(resp.cur, Inbound::Idle)
+        || resp.held.is_some()
+        || resp.nak_outstanding
+        || qp.srq.is_some()
+    {
+        return false;
+    }
+    let taken = match info.class {
+        OpClass::Send if !info.invalidate => send_only_fast(qp, env, pkt),
+        OpClass::RdmaWrite => write_only_fast(qp, env, pkt),
+        _ => false,
+    };
+    #[cfg(test)]
+    if taken {
+        probe::count(probe::Path::Receive);
+    }
+    taken
+}
+
+/// A Send Only (not with Invalidate) on the fast path; false, with nothing changed, if
+/// the pipeline must take it.
+#[inline]
+fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    let psn = pkt.bth.psn;
+    // 5. Length (before the resources here: it changes nothing, and a failure goes to the
+    // pipeline, which checks the resources first).
+    if pkt.payload.len() > qp.cfg.path_mtu.bytes() {
+        return false;
+    }
+    // 4. Resources: room in the receive CQ, then the receive WQE.
+    if !env.cqs.has_room(qp.recv_cq) {
+        return false;
+    }
+    let Some(wqe) = qp.rq.take() else {
+        return false;
+    };
+    // 7. Execute.
+    let mut cursor = Cursor::default();
+    let n = match dma::copy_payload(
+        pkt,
+        &qp.peer_mem,
+        &Local::new(&qp.mem, env.mrs),
+        Sgl::new(&wqe.data, &qp.tables),
+        &mut cursor,
+    ) {
+        Ok(n) => n,
+        Err(e) => {
+            // The pipeline's state at this point: the WQE is the message in progress.
+            qp.resp.cur = Inbound::Send {
+                wqe,
+                cursor: Cursor::default(),
+                got: 0,
+            };
+            let e = match e {
+                CopyError::DestinationFull => RespError::ReceiveTooShort,
+                _ => RespError::CopyFailed,
+            };
+            refuse(qp, env, psn, e);
+            return true;
+        }
+    };
+    env.stats.payload_bytes_copied += n;
+    deliver_fast(qp, env, &wqe, WcOpcode::Recv, n as u32, pkt);
+    true
+}
+
+/// An RDMA Write Only (with or without immediate data) on the fast path; false, with
+/// nothing changed, if the pipeline must take it.
+#[inline]
+fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    let psn = pkt.bth.psn;
+    // 3. Operation enabled.
+    if !qp.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
+        return false;
+    }
+    // 5. Length: at most a PMTU, exactly the RETH's.
+    let Some(reth) = pkt.reth() else {
+        return false;
+    };
+    let len = pkt.payload.len();
+    if len > qp.cfg.path_mtu.bytes() || len != reth.dma_len {
+        return false;
+    }
+    // 6. R_Key: the message's range is the packet's (the pipeline checks it twice, for the
+    // message and for the packet, with the same arguments).
+    let Ok(off) = env.check_remote(
+        reth.rkey,
+        (qp.pd, qp.qpn),
+        AccessFlags::REMOTE_WRITE,
+        reth.va,
+        u64::from(len),
+    ) else {
+        return false;
+    };
+    // 4. Resources: a Write with Immediate completes a receive WQE.
+    let imm = pkt.imm();
+    let wqe = if imm.is_some() {
+        if !env.cqs.has_room(qp.recv_cq) {
+            return false;
+        }
+        let Some(wqe) = qp.rq.take() else {
+            return false;
+        };
+        Some(wqe)
+    } else {
+        None
+    };
+    // 7. Execute.
+    let dst = DataLoc::Single(SgeEntry {
+        off,
+        len,
+        mr: NO_MR,
+    });
+    let mut cursor = Cursor::default();
+    match dma::copy_payload(
+        pkt,
+        &qp.peer_mem,
+        &Local::new(&qp.mem, env.mrs),
+        Sgl::new(&dst, &qp.tables),
+        &mut cursor,
+    ) {
+        Ok(n) => env.stats.payload_bytes_copied += n,
+        Err(_) => {
+            // The pipeline's state at this point: the receive WQE held.
+            qp.resp.held = wqe;
+            refuse(qp, env, psn, RespError::CopyFailed);
+            return true;
+        }
+    }
+    match wqe {
+        Some(w) => deliver_fast(qp, env, &w, WcOpcode::RecvRdmaWithImm, len, pkt),
+        None => {
+            let msn = qp.resp.next_msn();
+            qp.resp.epsn = psn.add(1);
+            qp.resp.owe(psn, msn);
+        }
+    }
+    true
+}
+
+/// Completes receive WQE `wqe` (taken from the QP's own receive queue, the receive CQ has
+/// room) with the message of `pkt`, and accepts `pkt` as the pipeline does: retired, its
+/// completion pushed, the MSN counted, ePSN advanced, the Ack owed.
+#[inline]
+fn deliver_fast(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wqe: &RqWqe,
+    opcode: WcOpcode,
+    byte_len: u32,
+    pkt: &RxPacket<'_>,
+) {
+    let psn = pkt.bth.psn;
+    let wc = qp.recv_completion(
+        wqe.wr_id,
+        WcStatus::Success,
+        opcode,
+        byte_len,
+        pkt.imm(),
+        pkt.bth.solicited,
+    );
+    qp.retire_recv(env, wqe);
+    let pushed = env.cqs.push(qp.recv_cq, wc);
+    debug_assert!(pushed, "room was checked");
+    let msn = qp.resp.next_msn();
+    qp.resp.epsn = psn.add(1);
+    qp.resp.owe(psn, msn);
 }
 
 /// The receive pipeline: each check in the spec's order; the first that fails refuses

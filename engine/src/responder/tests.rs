@@ -45,6 +45,8 @@ pub(super) fn rig(access: AccessFlags) -> Rig {
         .arena_size(1 << 20)
         .huge_pages(HugePages::Never)
         .mode(EngineMode::Inline)
+        // Only this thread runs the engine (the fast-path tests count on its thread).
+        .progress(crate::Progress::Manual)
         .build()
         .unwrap();
     let pd = ctx.alloc_pd().unwrap();

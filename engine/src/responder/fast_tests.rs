@@ -1,0 +1,475 @@
+//! The fast paths (issue 10, "short paths for the common case") against the slow paths
+//! they shortcut: each scenario runs twice on the rig of [`super::tests`] — once with the
+//! fast paths on, once with them off ([`probe::set_enabled`]) — and must leave the same
+//! answers on the wire (opcode, PSN, AETH with its MSN and credits), the same completions,
+//! the same statistics, the same memory and the same responder and requester state. The
+//! probe's counters show which path each packet took: the common case takes the fast path,
+//! the unusual ones (duplicate, out of sequence, no receive WQE, bad R_Key, QP in error, a
+//! multi-packet message in progress, a Nak, a Read outstanding) go to the slow path.
+
+use super::probe::{self, Path};
+use super::tests::{RQ_PSN, Rig, rig};
+use crate::link::PacketSlot;
+use crate::psn::Psn;
+use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
+use crate::wire::opcode::Opcode;
+use crate::wire::{BthRepr, ImmDtRepr, Msn, PacketRepr};
+use crate::{AccessFlags, QpAttr, QpState, RecvWr, SendOp, SendWr, Stats, WorkCompletion};
+
+/// A packet the engine sent: opcode, PSN (absolute), AETH.
+type Sent = (Opcode, u32, Option<AethRepr>);
+
+/// What a scenario left behind.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    sent: Vec<Sent>,
+    completions: Vec<WorkCompletion>,
+    stats: Stats,
+    state: QpState,
+    /// The responder's state, as `Debug` prints it.
+    resp: String,
+    /// The requester's state: its window's counters and PSNs, credits, retry counts (the
+    /// WQEs themselves hold addresses that differ between two rigs).
+    req: String,
+    memory: Memory,
+}
+
+/// The rig's region, compared in full, printed in short.
+#[derive(PartialEq)]
+struct Memory(Vec<u8>);
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let used: Vec<_> = self.0.iter().enumerate().filter(|b| *b.1 != 0).collect();
+        write!(f, "{} bytes, non-zero at {used:?}", self.0.len())
+    }
+}
+
+/// Runs `scenario` on a fresh rig with the fast paths on or off; returns what it left and
+/// how many times each fast path was taken (receive, Ack).
+fn run(fast: bool, access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, [u64; 2]) {
+    probe::set_enabled(fast);
+    let mut r = rig(access);
+    let before = [probe::taken(Path::Receive), probe::taken(Path::Ack)];
+    scenario(&mut r);
+    r.step();
+    let taken = [
+        probe::taken(Path::Receive) - before[0],
+        probe::taken(Path::Ack) - before[1],
+    ];
+    probe::set_enabled(true);
+    let sent = sent(&mut r);
+    let mut completions = vec![];
+    loop {
+        let got = r.completions();
+        if got.is_empty() {
+            break;
+        }
+        completions.extend(got);
+    }
+    let qpn = r.qp.qpn();
+    let (resp, req) = r.ctx.shared.engine.with(|e| {
+        e.with_stage(qpn, |q, _| {
+            let (w, req) = (&q.req.window, &q.req);
+            let counters = (w.retired(), w.started(), w.fetched(), w.npsn(), w.acked());
+            let rest = (req.rd_atomic, &req.credits, req.limited, req.retrying);
+            let retries = (req.retry_left, req.rnr_left, req.timer.armed());
+            let req = format!("{counters:?} {rest:?} {retries:?}");
+            (format!("{:?}", q.resp), req)
+        })
+        .unwrap()
+    });
+    let mut memory = vec![0; 8192];
+    r.mr.read_at(0, &mut memory).unwrap();
+    let outcome = Outcome {
+        sent,
+        completions,
+        stats: r.ctx.stats(),
+        state: r.qp.state(),
+        resp,
+        req,
+        memory: Memory(memory),
+    };
+    (outcome, taken)
+}
+
+/// Runs `scenario` through the fast paths and through the slow paths, checks that both
+/// leave the same outcome, and returns it with the fast paths' counts.
+fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, [u64; 2]) {
+    let (slow, none) = run(false, access, scenario);
+    assert_eq!(none, [0, 0], "the fast paths are off");
+    let (fast, taken) = run(true, access, scenario);
+    assert_eq!(
+        fast, slow,
+        "the fast paths must leave what the slow paths leave"
+    );
+    (fast, taken)
+}
+
+/// Every packet the engine sent since the last look (single-slot packets: Acks, Naks,
+/// requests without gather lists).
+fn sent(r: &mut Rig) -> Vec<Sent> {
+    let mut out = vec![];
+    let mut buf = [PacketSlot::default(); 64];
+    loop {
+        let n = r.rx.pop_burst(&mut buf).unwrap();
+        if n == 0 {
+            return out;
+        }
+        for s in &buf[..n] {
+            let (repr, _) = PacketRepr::parse(&s.data[..usize::from(s.hdr_len)]).unwrap();
+            out.push((repr.bth.opcode, repr.bth.psn.get(), repr.aeth));
+        }
+    }
+}
+
+/// Publishes request `op` at PSN offset `k` from [`RQ_PSN`] with `len` bytes of payload
+/// from the peer's arena (more than a slot holds inline).
+fn request_direct(r: &mut Rig, op: Opcode, k: u32, len: u32) {
+    let psn = Psn::new(rq(k));
+    let repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), psn));
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    s.kind = crate::link::KIND_DIRECT;
+    s.payload_off = 0;
+    s.payload_len = len;
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+fn imm(v: u32) -> Option<ImmDtRepr> {
+    Some(ImmDtRepr { imm: v })
+}
+
+/// The PSN offset `k` from the responder's first expected PSN, absolute.
+fn rq(k: u32) -> u32 {
+    Psn::new(RQ_PSN).add(k).get()
+}
+
+/// The answer expected for the last request accepted at offset `k` with MSN `msn`.
+fn ack(k: u32, msn: u32, credits: u32) -> Sent {
+    (
+        Opcode::Acknowledge,
+        rq(k),
+        Some(AethRepr {
+            syndrome: Syndrome::Ack {
+                credits: CreditCode::encode(credits),
+            },
+            msn: Msn::new(msn),
+        }),
+    )
+}
+
+// --- The receive fast path ---
+
+/// A Send Only, a Send Only with Immediate, an RDMA Write Only and a Write Only with
+/// Immediate, each at ePSN: all four take the fast path, with the pipeline's completions,
+/// Ack (PSN, MSN, credits), statistics and memory.
+#[test]
+fn sends_and_writes_only_at_epsn_take_the_receive_fast_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(4);
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.request(
+            Opcode::SendOnlyWithImmediate,
+            1,
+            |p| p.immdt = imm(9),
+            b"efgh",
+        );
+        let reth = r.reth(4096, 4);
+        r.request(Opcode::RdmaWriteOnly, 2, |p| p.reth = Some(reth), b"wxyz");
+        let reth = r.reth(6000, 3);
+        r.request(
+            Opcode::RdmaWriteOnlyWithImmediate,
+            3,
+            |p| {
+                p.reth = Some(reth);
+                p.immdt = imm(7);
+            },
+            b"123",
+        );
+        r.step();
+    });
+    assert_eq!(taken[0], 4, "every packet took the fast path");
+    assert_eq!(out.sent, [ack(3, 4, 1)], "one Ack, after the completions");
+    assert_eq!(out.completions.len(), 3);
+    assert_eq!(out.completions[1].imm_data, Some(9));
+    assert_eq!(out.completions[2].byte_len, 3);
+    assert_eq!(&out.memory.0[..4], b"abcd");
+    assert_eq!(&out.memory.0[512..516], b"efgh");
+    assert_eq!(&out.memory.0[4096..4100], b"wxyz");
+    assert_eq!(&out.memory.0[6000..6003], b"123");
+    assert_eq!(out.stats.payload_bytes_copied, 15);
+}
+
+/// A duplicate Send is answered by the pipeline (an Ack again, nothing executed twice).
+#[test]
+fn a_duplicate_goes_to_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(2);
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 1, "only the first copy");
+    assert_eq!(out.completions.len(), 1);
+    assert_eq!(out.sent, [ack(0, 1, 1), ack(0, 1, 1)]);
+}
+
+/// Out of sequence: the packet ahead of ePSN gets its Nak from the pipeline, and the packet
+/// at ePSN that ends the Nak's wait goes through it too; the one after it is fast again.
+#[test]
+fn out_of_sequence_and_the_nak_it_leaves_go_to_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(4);
+        r.request(Opcode::SendOnly, 2, |_| {}, b"late");
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.request(Opcode::SendOnly, 1, |_| {}, b"efgh");
+        r.step();
+    });
+    assert_eq!(
+        taken[0], 1,
+        "only the Send after the one that ended the Nak's wait"
+    );
+    assert_eq!(
+        out.sent[0].2.unwrap().syndrome,
+        Syndrome::Nak(NakCode::PsnSequenceError)
+    );
+    assert_eq!(out.completions.len(), 2);
+}
+
+/// No receive WQE: the pipeline's RNR Nak.
+#[test]
+fn no_receive_wqe_goes_to_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 0);
+    assert!(matches!(
+        out.sent[0].2.unwrap().syndrome,
+        Syndrome::RnrNak { timer } if timer == RnrTimer::new(1)
+    ));
+}
+
+/// A receive CQ without room: the pipeline's RNR Nak (the first 64 Sends filled it).
+#[test]
+fn a_full_receive_cq_goes_to_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(32);
+        for k in 0..32 {
+            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
+        }
+        r.step();
+        r.post_recv(32);
+        for k in 32..65 {
+            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
+        }
+        r.step();
+    });
+    assert_eq!(taken[0], 64, "every Send the CQ had room for");
+    assert!(matches!(
+        out.sent.last().unwrap().2.unwrap().syndrome,
+        Syndrome::RnrNak { .. }
+    ));
+    assert_eq!(out.completions.len(), 64);
+}
+
+/// A bad R_Key, a Write on a QP without remote write, and a Write whose payload is not its
+/// RETH's length: the pipeline's Naks.
+#[test]
+fn refused_writes_go_to_the_pipeline() {
+    let bad_key = |r: &mut Rig| {
+        let mut reth = r.reth(0, 4);
+        reth.rkey ^= 0xFFFF_0000;
+        r.request(Opcode::RdmaWriteOnly, 0, |p| p.reth = Some(reth), b"abcd");
+        r.step();
+    };
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &bad_key);
+    assert_eq!(taken[0], 0);
+    assert_eq!(
+        out.sent[0].2.unwrap().syndrome,
+        Syndrome::Nak(NakCode::RemoteAccessError)
+    );
+    assert_eq!(out.state, QpState::Error);
+    let (_, taken) = same_both_ways(AccessFlags::REMOTE_READ, &|r| {
+        let reth = r.reth(0, 4);
+        r.request(Opcode::RdmaWriteOnly, 0, |p| p.reth = Some(reth), b"abcd");
+    });
+    assert_eq!(taken[0], 0, "remote write not enabled");
+    let (_, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        let reth = r.reth(0, 8);
+        r.request(
+            Opcode::RdmaWriteOnlyWithImmediate,
+            0,
+            |p| {
+                p.reth = Some(reth);
+                p.immdt = imm(1);
+            },
+            b"abcd",
+        );
+    });
+    assert_eq!(taken[0], 0, "payload shorter than the RETH's length");
+}
+
+/// A QP in the Error state receives nothing.
+#[test]
+fn a_qp_in_error_goes_to_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        r.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 0);
+    assert_eq!(out.state, QpState::Error);
+}
+
+/// A multi-packet Send in progress: a Send Only or a Write Only in its middle is out of
+/// sequence (the pipeline's fatal Nak), and its Last packet is no fast-path packet.
+#[test]
+fn a_multi_packet_message_in_progress_goes_to_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        request_direct(r, Opcode::SendFirst, 0, 256);
+        r.request(Opcode::SendOnly, 1, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 0);
+    assert_eq!(
+        out.sent.last().unwrap().2.unwrap().syndrome,
+        Syndrome::Nak(NakCode::InvalidRequest)
+    );
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(2);
+        request_direct(r, Opcode::SendFirst, 0, 256);
+        r.request(Opcode::SendLast, 1, |_| {}, b"abcd");
+        r.request(Opcode::SendOnly, 2, |_| {}, b"efgh");
+        r.step();
+    });
+    assert_eq!(taken[0], 1, "the Send Only after the message");
+    assert_eq!(out.completions[0].byte_len, 260);
+}
+
+/// A Send longer than its receive WQE takes the fast path up to the copy, and fails as the
+/// pipeline fails it: Invalid Request Nak, the WQE completing in error, the QP in Error.
+#[test]
+fn a_send_too_long_for_its_wqe_fails_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let sge = [r.mr.sge(0, 2).unwrap()];
+        r.qp.post_recv(&RecvWr::new(5, &sge)).unwrap();
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 1);
+    assert_eq!(out.state, QpState::Error);
+    assert_eq!(out.completions[0].wr_id, 5);
+    assert_ne!(out.completions[0].status, crate::WcStatus::Success);
+}
+
+// --- The completer's Ack fast path ---
+
+/// Publishes an Acknowledge for PSN `psn` (absolute) with `syndrome` and MSN `msn`.
+fn respond(r: &mut Rig, psn: u32, syndrome: Syndrome, msn: u32) {
+    let mut repr = PacketRepr::new(BthRepr::new(Opcode::Acknowledge, r.qp.qpn(), Psn::new(psn)));
+    repr.aeth = Some(AethRepr {
+        syndrome,
+        msn: Msn::new(msn),
+    });
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+fn credits(n: u32) -> Syndrome {
+    Syndrome::Ack {
+        credits: CreditCode::encode(n),
+    }
+}
+
+/// A work request of the requester scenarios, with its length.
+#[derive(Clone, Copy)]
+enum Op {
+    Send(u32),
+    Write(u32),
+    Read(u32),
+}
+
+/// Gives the requester `n` credits (an unsolicited Ack of the PSN before its first) and
+/// posts `ops`, which the engine sends.
+fn post(r: &mut Rig, n: u32, ops: &[Op]) {
+    respond(r, Psn::new(0).sub(1).get(), credits(n), 0);
+    r.step();
+    for (i, &op) in ops.iter().enumerate() {
+        let (i, at) = (i as u64, 1024 * i as u64);
+        let remote = r.mr.remote(4096 + at);
+        let (op, len) = match op {
+            Op::Send(len) => (SendOp::Send, len),
+            Op::Write(len) => (SendOp::RdmaWrite(remote), len),
+            Op::Read(len) => (SendOp::RdmaRead(remote), len),
+        };
+        let sge = [r.mr.sge(at, len).unwrap()];
+        r.qp.post_send(&SendWr::new(i, op, &sge)).unwrap();
+    }
+    r.step();
+}
+
+/// Acks of the oldest Sends (one Ack covering two, then one covering the third) take the
+/// fast path with the slow path's completions, acknowledged PSN, credits and statistics.
+#[test]
+fn acks_of_the_oldest_sends_take_the_ack_fast_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(r, 8, &[Op::Send(4), Op::Send(4), Op::Write(4)]);
+        respond(r, 1, credits(6), 2);
+        r.step();
+        respond(r, 2, credits(5), 2);
+        r.step();
+    });
+    assert_eq!(taken[1], 2);
+    assert_eq!(out.completions.len(), 3);
+    assert!(
+        out.completions
+            .iter()
+            .all(|c| c.status == crate::WcStatus::Success)
+    );
+    assert_eq!(out.sent.len(), 3, "the three requests");
+}
+
+/// A duplicate Ack, a Nak, an RNR Nak, an Ack inside a two-packet Send and an Ack that
+/// leaves a Read unanswered (an implied Nak) go to the slow path.
+#[test]
+fn unusual_acks_go_to_the_slow_path() {
+    let cases: [&dyn Fn(&mut Rig); 5] = [
+        &|r| {
+            post(r, 8, &[Op::Send(4)]);
+            respond(r, 0, credits(7), 1);
+            r.step();
+            respond(r, 0, credits(7), 1);
+        },
+        &|r| {
+            post(r, 8, &[Op::Send(4)]);
+            respond(r, 0, Syndrome::Nak(NakCode::RemoteAccessError), 0);
+        },
+        &|r| {
+            post(r, 8, &[Op::Send(4)]);
+            let timer = RnrTimer::new(1);
+            respond(r, 0, Syndrome::RnrNak { timer }, 0);
+        },
+        &|r| {
+            post(r, 8, &[Op::Send(300)]);
+            respond(r, 0, credits(7), 0);
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(4), Op::Send(4)]);
+            respond(r, 1, credits(7), 2);
+        },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let (_, taken) = same_both_ways(AccessFlags::ALL, *case);
+        let want = u64::from(i == 0); // the first Ack of the duplicate case is fast
+        assert_eq!(taken[1], want, "case {i}");
+    }
+}
