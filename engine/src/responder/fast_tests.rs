@@ -13,7 +13,7 @@ use crate::link::PacketSlot;
 use crate::psn::Psn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::opcode::Opcode;
-use crate::wire::{BthRepr, ImmDtRepr, Msn, PacketRepr};
+use crate::wire::{BthRepr, IethRepr, ImmDtRepr, Msn, PacketRepr};
 use crate::{AccessFlags, QpAttr, QpState, RecvWr, SendOp, SendWr, Stats, WorkCompletion};
 
 /// A packet the engine sent: opcode, PSN (absolute), AETH.
@@ -126,8 +126,14 @@ fn sent(r: &mut Rig) -> Vec<Sent> {
 /// Publishes request `op` at PSN offset `k` from [`RQ_PSN`] with `len` bytes of payload
 /// from the peer's arena (more than a slot holds inline).
 fn request_direct(r: &mut Rig, op: Opcode, k: u32, len: u32) {
+    request_direct_with(r, op, k, len, |_| {});
+}
+
+/// [`request_direct`], `f` adding headers.
+fn request_direct_with(r: &mut Rig, op: Opcode, k: u32, len: u32, f: impl FnOnce(&mut PacketRepr)) {
     let psn = Psn::new(rq(k));
-    let repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), psn));
+    let mut repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), psn));
+    f(&mut repr);
     let mut s = PacketSlot::default();
     s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
     s.kind = crate::link::KIND_DIRECT;
@@ -321,6 +327,70 @@ fn a_qp_in_error_goes_to_the_pipeline() {
         r.post_recv(1);
         r.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
         r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 0);
+    assert_eq!(out.state, QpState::Error);
+    // A receive posted in the Error state is there when the packet arrives (it is
+    // flushed after the packets of the iteration): still not received.
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
+        r.step();
+        let sge = [r.mr.sge(0, 64).unwrap()];
+        r.qp.post_recv(&RecvWr::new(9, &sge)).unwrap();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 0);
+    assert_eq!(out.completions.len(), 1);
+    assert_eq!(out.completions[0].status, crate::WcStatus::WrFlushErr);
+    assert_eq!(&out.memory.0[..4], &[0; 4]);
+}
+
+/// A Send Only and a Write Only of exactly a PMTU take the fast path; one byte more is
+/// the pipeline's (an Invalid Request Nak).
+#[test]
+fn a_pmtu_is_the_most_a_fast_path_packet_carries() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        request_direct(r, Opcode::SendOnly, 0, 256);
+        let reth = r.reth(4096, 256);
+        request_direct_with(r, Opcode::RdmaWriteOnly, 1, 256, |p| p.reth = Some(reth));
+        r.step();
+    });
+    assert_eq!(taken[0], 2);
+    assert_eq!(out.sent, [ack(1, 2, 0)]);
+    for op in [Opcode::SendOnly, Opcode::RdmaWriteOnly] {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+            r.post_recv(1);
+            let reth = r.reth(4096, 257);
+            request_direct_with(r, op, 0, 257, |p| {
+                if op == Opcode::RdmaWriteOnly {
+                    p.reth = Some(reth);
+                }
+            });
+            r.step();
+        });
+        assert_eq!(taken[0], 0, "{op:?} of 257 bytes");
+        assert_eq!(
+            out.sent[0].2.unwrap().syndrome,
+            Syndrome::Nak(NakCode::InvalidRequest)
+        );
+    }
+}
+
+/// A Send Only with Invalidate goes to the pipeline (it invalidates a key first: here one
+/// that names no window, so the pipeline refuses it).
+#[test]
+fn a_send_with_invalidate_goes_to_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        r.request(
+            Opcode::SendOnlyWithInvalidate,
+            0,
+            |p| p.ieth = Some(IethRepr { rkey: 0x1234_5678 }),
+            b"abcd",
+        );
         r.step();
     });
     assert_eq!(taken[0], 0);
