@@ -682,7 +682,7 @@ mod tests {
     use crate::psn::Psn;
     use crate::wire::opcode::Opcode;
     use crate::wqe::{DataLoc, WqeFlags, WqeOp};
-    use crate::{AccessFlags, Destination, EngineMode, Mtu, QpAttr, QpCaps, QpState};
+    use crate::{EngineMode, QpCaps};
 
     fn wqe(op: WqeOp, len: u32) -> SqWqe {
         SqWqe {
@@ -712,29 +712,7 @@ mod tests {
         let cq = ctx.create_cq(16).unwrap();
         let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
         let (link, _ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-            .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu256)
-                .dest(Destination {
-                    link,
-                    qpn: Qpn::new(9),
-                })
-                .rq_psn(0)
-                .max_dest_rd_atomic(1)
-                .min_rnr_timer(1),
-        )
-        .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(100)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(1),
-        )
-        .unwrap();
+        crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 100, true);
         let mut vec_link = VecLink {
             room: 1,
             ..VecLink::default()

@@ -76,3 +76,40 @@ pub(crate) fn inline_context() -> Context {
         .build()
         .unwrap()
 }
+
+/// Takes `qp` through Init and RTR to RTS towards peer QP `peer` on `link` (MTU 256, every
+/// access flag, receive PSN 0, send PSN `sq_psn`, end-to-end credits as `credits` says):
+/// the set-up the unit tests' raw peers talk to.
+pub(crate) fn connect_to_raw_peer(
+    qp: &mut crate::Qp,
+    link: crate::LinkId,
+    peer: u32,
+    sq_psn: u32,
+    credits: bool,
+) {
+    use crate::{AccessFlags, Destination, Mtu, QpAttr, QpState, Qpn};
+    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    qp.modify(
+        &QpAttr::new(QpState::Rtr)
+            .path_mtu(Mtu::Mtu256)
+            .dest(Destination {
+                link,
+                qpn: Qpn::new(peer),
+            })
+            .rq_psn(0)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(1)
+            .remote_credits(credits),
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(sq_psn)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(1),
+    )
+    .unwrap();
+}

@@ -797,7 +797,7 @@ mod tests {
     use crate::link::RxPacket;
     use crate::wire::aeth::CreditCode;
     use crate::wqe::{NO_MR, SgeEntry};
-    use crate::{AccessFlags, Context, Destination, Mtu, QpAttr, QpCaps};
+    use crate::{AccessFlags, Context, QpAttr, QpCaps};
 
     /// A context whose QPs (`qps` of them, all in RTS at `sq_psn`, sending to QP 9 over a
     /// link whose far end nobody reads) the tests drive stage by stage, and a region of
@@ -819,30 +819,7 @@ mod tests {
         let qps = (0..qps)
             .map(|_| {
                 let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
-                qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-                    .unwrap();
-                qp.modify(
-                    &QpAttr::new(QpState::Rtr)
-                        .path_mtu(Mtu::Mtu256)
-                        .dest(Destination {
-                            link,
-                            qpn: Qpn::new(9),
-                        })
-                        .rq_psn(0)
-                        .max_dest_rd_atomic(1)
-                        .min_rnr_timer(1)
-                        .remote_credits(credits),
-                )
-                .unwrap();
-                qp.modify(
-                    &QpAttr::new(QpState::Rts)
-                        .sq_psn(sq_psn)
-                        .timeout(14)
-                        .retry_cnt(7)
-                        .rnr_retry(7)
-                        .max_rd_atomic(1),
-                )
-                .unwrap();
+                crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, sq_psn, credits);
                 qp
             })
             .collect();

@@ -474,6 +474,33 @@ fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool
     true
 }
 
+/// The execute step of an RDMA Write packet (fast path and pipeline alike): copies its
+/// payload to `len` bytes at arena offset `off`, already checked against the R_Key.
+fn write_payload(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    off: u64,
+    len: u32,
+) -> Result<(), RespError> {
+    let dst = DataLoc::Single(SgeEntry {
+        off,
+        len,
+        mr: NO_MR,
+    });
+    let mut cursor = Cursor::default();
+    let n = dma::copy_payload(
+        pkt,
+        &qp.peer_mem,
+        &Local::new(&qp.mem, env.mrs),
+        Sgl::new(&dst, &qp.tables),
+        &mut cursor,
+    )
+    .map_err(|_| RespError::CopyFailed)?;
+    env.stats.payload_bytes_copied += n;
+    Ok(())
+}
+
 /// An RDMA Write Only (with or without immediate data) on the fast path; false, with
 /// nothing changed, if the pipeline must take it.
 #[inline]
@@ -516,26 +543,11 @@ fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
         None
     };
     // 7. Execute.
-    let dst = DataLoc::Single(SgeEntry {
-        off,
-        len,
-        mr: NO_MR,
-    });
-    let mut cursor = Cursor::default();
-    match dma::copy_payload(
-        pkt,
-        &qp.peer_mem,
-        &Local::new(&qp.mem, env.mrs),
-        Sgl::new(&dst, &qp.tables),
-        &mut cursor,
-    ) {
-        Ok(n) => env.stats.payload_bytes_copied += n,
-        Err(_) => {
-            // The pipeline's state at this point: the receive WQE held.
-            qp.resp.held = wqe;
-            refuse(qp, env, psn, RespError::CopyFailed);
-            return true;
-        }
+    if write_payload(qp, env, pkt, off, len).is_err() {
+        // The pipeline's state at this point: the receive WQE held.
+        qp.resp.held = wqe;
+        refuse(qp, env, psn, RespError::CopyFailed);
+        return true;
     }
     match wqe {
         Some(w) => deliver_fast(qp, env, &w, WcOpcode::RecvRdmaWithImm, len, pkt),
@@ -916,22 +928,7 @@ fn write(
         len,
     )?;
     // 7. Execute.
-    let dst = DataLoc::Single(SgeEntry {
-        off,
-        len: len as u32,
-        mr: NO_MR,
-    });
-    let mut cursor = Cursor::default();
-    match dma::copy_payload(
-        pkt,
-        &qp.peer_mem,
-        &Local::new(&qp.mem, env.mrs),
-        Sgl::new(&dst, &qp.tables),
-        &mut cursor,
-    ) {
-        Ok(n) => env.stats.payload_bytes_copied += n,
-        Err(_) => return Err(RespError::CopyFailed),
-    }
+    write_payload(qp, env, pkt, off, len as u32)?;
     if last {
         qp.resp.cur = Inbound::Idle;
         if let Some(w) = qp.resp.held.take() {

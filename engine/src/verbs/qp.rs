@@ -956,7 +956,7 @@ impl std::fmt::Debug for Qp {
 mod tests {
     use super::*;
     use crate::link::{KIND_INLINE, RxPacket};
-    use crate::{AccessFlags, Context, Destination, Mtu, QpAttr, SendOp};
+    use crate::{Context, SendOp};
 
     /// Inline mode hands a post to the engine directly, after the WQEs still in the send
     /// ring (pushed there while another thread held the engine): the engine knows from the
@@ -973,30 +973,7 @@ mod tests {
         let cq = ctx.create_cq(16).unwrap();
         let (link, mut ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
         let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-            .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu256)
-                .dest(Destination {
-                    link,
-                    qpn: Qpn::new(9),
-                })
-                .rq_psn(0)
-                .max_dest_rd_atomic(1)
-                .min_rnr_timer(1)
-                .remote_credits(false),
-        )
-        .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(1),
-        )
-        .unwrap();
+        crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 0, false);
         let mut payloads = vec![];
         let mut receive = |ends: &mut crate::link::LinkEnds| {
             while let Some(slot) = ends.rx.pop().unwrap() {
