@@ -543,3 +543,231 @@ fn unusual_acks_go_to_the_slow_path() {
         assert_eq!(taken[1], want, "case {i}");
     }
 }
+
+// --- Hostile requests: what a peer may put in a fast-path packet (review of issue 10) ---
+
+/// The Nak syndrome of the first packet sent.
+fn first_syndrome(out: &Outcome) -> Syndrome {
+    out.sent[0].2.unwrap().syndrome
+}
+
+/// An RDMA Write Only whose range leaves the region — one byte past its end, a VA that
+/// wraps around, two bytes before its start — is the pipeline's Remote Access Error, with nothing written.
+#[test]
+fn a_write_out_of_its_region_goes_to_the_pipeline() {
+    let past_end = |r: &mut Rig| {
+        let reth = r.reth((64 << 10) - 3, 4);
+        r.request(Opcode::RdmaWriteOnly, 0, |p| p.reth = Some(reth), b"abcd");
+    };
+    let wraps = |r: &mut Rig| {
+        let mut reth = r.reth(0, 4);
+        reth.va = u64::MAX - 1;
+        r.request(Opcode::RdmaWriteOnly, 0, |p| p.reth = Some(reth), b"abcd");
+    };
+    let before_start = |r: &mut Rig| {
+        // Two bytes before the region, two in it.
+        let mut reth = r.reth(0, 4);
+        reth.va = reth.va.wrapping_sub(2);
+        r.request(Opcode::RdmaWriteOnly, 0, |p| p.reth = Some(reth), b"abcd");
+    };
+    let cases: [&dyn Fn(&mut Rig); 3] = [&past_end, &wraps, &before_start];
+    for (i, case) in cases.iter().enumerate() {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, *case);
+        assert_eq!(taken[0], 0, "case {i}");
+        assert_eq!(
+            first_syndrome(&out),
+            Syndrome::Nak(NakCode::RemoteAccessError),
+            "case {i}"
+        );
+        assert_eq!(out.state, QpState::Error, "case {i}");
+        assert!(out.memory.0.iter().all(|&b| b == 0), "case {i}");
+    }
+}
+
+/// An RDMA Write Only through the R_Key of a region of another protection domain, or of a
+/// region of this one without remote write: refused by the pipeline, nothing written.
+#[test]
+fn a_write_through_a_key_without_the_right_goes_to_the_pipeline() {
+    let other_pd = |r: &mut Rig| {
+        let pd = r.ctx.alloc_pd().unwrap();
+        let mr = pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
+        let dst = mr.remote(0);
+        let reth = crate::wire::RethRepr {
+            va: dst.addr,
+            rkey: dst.rkey,
+            dma_len: 4,
+        };
+        r.request(Opcode::RdmaWriteOnly, 0, |p| p.reth = Some(reth), b"abcd");
+        r.step();
+        let mut got = [9u8; 4];
+        mr.read_at(0, &mut got).unwrap();
+        assert_eq!(got, [0; 4], "another domain's region is untouched");
+    };
+    let read_only = |r: &mut Rig| {
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+        let mr = r.pd.alloc_mr(4096, access).unwrap();
+        let dst = mr.remote(0);
+        let reth = crate::wire::RethRepr {
+            va: dst.addr,
+            rkey: dst.rkey,
+            dma_len: 4,
+        };
+        r.post_recv(1);
+        r.request(
+            Opcode::RdmaWriteOnlyWithImmediate,
+            0,
+            |p| {
+                p.reth = Some(reth);
+                p.immdt = imm(3);
+            },
+            b"abcd",
+        );
+        r.step();
+        let mut got = [9u8; 4];
+        mr.read_at(0, &mut got).unwrap();
+        assert_eq!(got, [0; 4], "a region without remote write is untouched");
+    };
+    let cases: [&dyn Fn(&mut Rig); 2] = [&other_pd, &read_only];
+    for (i, case) in cases.iter().enumerate() {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, *case);
+        assert_eq!(taken[0], 0, "case {i}");
+        assert_eq!(
+            first_syndrome(&out),
+            Syndrome::Nak(NakCode::RemoteAccessError),
+            "case {i}"
+        );
+    }
+}
+
+/// Zero-length messages: a Send Only and a Write Only with Immediate of no bytes (the
+/// latter with an R_Key that names nothing, which a zero-length Write never uses), and a
+/// Write Only whose RETH claims bytes the packet does not carry.
+#[test]
+fn zero_length_messages_are_handled_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(2);
+        r.request(Opcode::SendOnly, 0, |_| {}, b"");
+        let mut reth = r.reth(0, 0);
+        reth.rkey ^= 0x00FF_FF00;
+        r.request(
+            Opcode::RdmaWriteOnlyWithImmediate,
+            1,
+            |p| {
+                p.reth = Some(reth);
+                p.immdt = imm(4);
+            },
+            b"",
+        );
+        r.step();
+    });
+    assert_eq!(taken[0], 2);
+    assert_eq!(out.completions.len(), 2);
+    assert!(out.completions.iter().all(|c| c.byte_len == 0));
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let reth = r.reth(0, 4);
+        r.request(Opcode::RdmaWriteOnly, 0, |p| p.reth = Some(reth), b"");
+        r.step();
+    });
+    assert_eq!(taken[0], 0, "the RETH claims 4 bytes, the packet has none");
+    assert_eq!(first_syndrome(&out), Syndrome::Nak(NakCode::InvalidRequest));
+}
+
+/// A Write Only with Immediate that fails two checks at once — a bad R_Key and no
+/// receive WQE, or a bad R_Key and a full receive CQ — gets the pipeline's first answer
+/// (the RNR Nak of the resources check).
+#[test]
+fn a_write_with_immediate_failing_two_checks_gets_the_first_answer() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let mut reth = r.reth(0, 4);
+        reth.rkey ^= 0xFFFF_0000;
+        r.request(
+            Opcode::RdmaWriteOnlyWithImmediate,
+            0,
+            |p| {
+                p.reth = Some(reth);
+                p.immdt = imm(1);
+            },
+            b"abcd",
+        );
+        r.step();
+    });
+    assert_eq!(taken[0], 0);
+    assert!(matches!(first_syndrome(&out), Syndrome::RnrNak { .. }));
+    assert_eq!(out.state, QpState::Rts);
+}
+
+/// Payload that the peer's arena does not hold (a direct payload past its end): the Send
+/// and the Write with Immediate take the fast path up to the copy and fail as the pipeline
+/// fails them, with their receive WQEs where the pipeline leaves them.
+#[test]
+fn a_payload_outside_the_peers_arena_fails_as_in_the_pipeline() {
+    for op in [Opcode::SendOnly, Opcode::RdmaWriteOnlyWithImmediate] {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+            r.post_recv(1);
+            let psn = Psn::new(rq(0));
+            let mut repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), psn));
+            if op == Opcode::RdmaWriteOnlyWithImmediate {
+                repr.reth = Some(r.reth(4096, 16));
+                repr.immdt = imm(2);
+            }
+            let mut s = PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            s.kind = crate::link::KIND_DIRECT;
+            s.payload_off = u64::MAX - 8;
+            s.payload_len = 16;
+            assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+            r.step();
+        });
+        assert_eq!(taken[0], 1, "{op:?}");
+        assert_eq!(out.state, QpState::Error, "{op:?}");
+        assert_eq!(out.completions.len(), 1, "{op:?}");
+        assert_ne!(out.completions[0].status, crate::WcStatus::Success);
+    }
+}
+
+/// A Send Only and a Write Only behind an RDMA Read whose responses are still queued:
+/// their Ack leaves after the Read's responses, as in the pipeline.
+#[test]
+fn a_send_behind_a_queued_read_is_acked_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        let reth = r.reth(0, 600);
+        r.request(Opcode::RdmaReadRequest, 0, |p| p.reth = Some(reth), b"");
+        r.request(Opcode::SendOnly, 3, |_| {}, b"abcd");
+        let reth = r.reth(4096, 4);
+        r.request(Opcode::RdmaWriteOnly, 4, |p| p.reth = Some(reth), b"wxyz");
+        r.step();
+        r.step();
+    });
+    assert_eq!(taken[0], 2);
+    let last = out.sent.last().unwrap();
+    assert_eq!((last.0, last.1), (Opcode::Acknowledge, rq(4)));
+}
+
+/// A Send Only with the Solicited Event bit and a pad count the payload does not need, to
+/// a QP drained to SQD (which still receives, through the pipeline).
+#[test]
+fn odd_header_bits_and_the_sqd_state_are_handled_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(2);
+        r.request(
+            Opcode::SendOnlyWithImmediate,
+            0,
+            |p| {
+                p.bth.solicited = true;
+                p.bth.pad_count = 3;
+                p.immdt = imm(5);
+            },
+            b"abcd",
+        );
+        r.step();
+        r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+        r.step();
+        r.request(Opcode::SendOnly, 1, |_| {}, b"efgh");
+        r.step();
+    });
+    assert_eq!(taken[0], 1, "the one received in RTS");
+    assert_eq!(out.completions.len(), 2);
+    assert!(out.completions[0].solicited);
+    assert_eq!(out.completions[0].byte_len, 4);
+}

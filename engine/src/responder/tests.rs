@@ -26,7 +26,7 @@ pub(super) const RQ_PSN: u32 = 0xFF_FFFE;
 
 pub(super) struct Rig {
     pub(super) ctx: Context,
-    _pd: Pd,
+    pub(super) pd: Pd,
     pub(super) cq: Cq,
     pub(super) qp: Qp,
     /// Receive buffers and RDMA target, open to every remote access.
@@ -87,7 +87,7 @@ pub(super) fn rig(access: AccessFlags) -> Rig {
     let mr = pd.alloc_mr(64 << 10, AccessFlags::ALL).unwrap();
     let mut r = Rig {
         ctx,
-        _pd: pd,
+        pd,
         cq,
         qp,
         mr,
