@@ -771,3 +771,151 @@ fn odd_header_bits_and_the_sqd_state_are_handled_as_in_the_pipeline() {
     assert!(out.completions[0].solicited);
     assert_eq!(out.completions[0].byte_len, 4);
 }
+
+// --- Hostile Acks (review of issue 10) ---
+
+/// An Ack of nPSN (nothing sent there), one far beyond it, one with a reserved syndrome,
+/// one with the "invalid" credit code, one whose MSN goes back: each as the slow path
+/// takes it (dropped, a bad response, credits kept or not).
+#[test]
+fn acks_beyond_npsn_or_with_odd_fields_are_handled_as_in_the_slow_path() {
+    let cases: [(&dyn Fn(&mut Rig), u64); 5] = [
+        (
+            &|r| {
+                post(r, 8, &[Op::Send(4), Op::Send(4)]);
+                respond(r, 2, credits(7), 2);
+            },
+            0,
+        ),
+        (
+            &|r| {
+                post(r, 8, &[Op::Send(4), Op::Send(4)]);
+                respond(r, 1 << 22, credits(7), 2);
+            },
+            0,
+        ),
+        (
+            &|r| {
+                post(r, 8, &[Op::Send(4), Op::Send(4)]);
+                respond(r, 1, Syndrome::Reserved(0b010_00000), 2);
+            },
+            0,
+        ),
+        (
+            &|r| {
+                post(r, 1, &[Op::Send(4), Op::Send(4), Op::Send(4)]);
+                respond(
+                    r,
+                    0,
+                    Syndrome::Ack {
+                        credits: CreditCode::NONE,
+                    },
+                    1,
+                );
+                r.step();
+            },
+            1,
+        ),
+        (
+            &|r| {
+                post(r, 8, &[Op::Send(4), Op::Send(4)]);
+                respond(r, 0, credits(31), 1);
+                r.step();
+                respond(r, 1, credits(0), 0);
+                r.step();
+            },
+            2,
+        ),
+    ];
+    for (i, (case, want)) in cases.iter().enumerate() {
+        let (_, taken) = same_both_ways(AccessFlags::ALL, *case);
+        assert_eq!(taken[1], *want, "case {i}");
+    }
+}
+
+/// An Ack at the last PSN of a two-packet Send is fast; one at its first packet, or one
+/// at the first packet of a Send partly sent (the link's ring full), is the slow path's.
+#[test]
+fn acks_of_multi_packet_sends_are_handled_as_in_the_slow_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(r, 8, &[Op::Send(4), Op::Send(300)]);
+        respond(r, 1, credits(7), 1);
+        r.step();
+        respond(r, 2, credits(6), 2);
+        r.step();
+    });
+    assert_eq!(taken[1], 1, "only the Ack of the Send's last packet");
+    assert_eq!(out.completions.len(), 2);
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        // 40,000 bytes are 157 packets of 256: more than the link's ring holds.
+        post(r, 8, &[Op::Send(40_000)]);
+        respond(r, 100, credits(7), 0);
+        r.step();
+    });
+    assert_eq!(taken[1], 0);
+    assert!(out.completions.is_empty());
+}
+
+/// Acks while the requester waits: after an RNR Nak (an Ack of a PSN sent before it
+/// rewound), in SQD, and a plain Ack of an RDMA Read's PSN.
+#[test]
+fn acks_while_the_requester_waits_are_handled_as_in_the_slow_path() {
+    let cases: [&dyn Fn(&mut Rig); 3] = [
+        &|r| {
+            post(r, 8, &[Op::Send(4), Op::Send(4)]);
+            let timer = RnrTimer::new(20);
+            respond(r, 0, Syndrome::RnrNak { timer }, 0);
+            r.step();
+            respond(r, 1, credits(7), 2);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Send(4), Op::Send(4)]);
+            r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+            r.step();
+            respond(r, 1, credits(7), 2);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Send(4), Op::Read(4), Op::Send(4)]);
+            respond(r, 1, credits(7), 2);
+            r.step();
+        },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, *case);
+        // The Ack after the RNR Nak acknowledges both Sends: fast, and the resend the
+        // RNR timer would have made has nothing left to send.
+        assert_eq!(taken[1], u64::from(i == 0), "case {i}");
+        if i == 0 {
+            assert_eq!(out.completions.len(), 2);
+        }
+    }
+}
+
+/// An RNR Nak, then an Ack of everything before the RNR timer fires: when it fires, the
+/// requester sends nothing again (both ways) and stays in RTS.
+#[test]
+fn an_ack_after_an_rnr_nak_leaves_nothing_to_resend() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(r, 8, &[Op::Send(4), Op::Send(4)]);
+        let timer = RnrTimer::new(1);
+        respond(r, 0, Syndrome::RnrNak { timer }, 0);
+        r.step();
+        respond(r, 1, credits(7), 2);
+        r.step();
+        std::thread::sleep(timer.duration() * 4 + std::time::Duration::from_millis(5));
+        for _ in 0..4 {
+            r.step();
+        }
+    });
+    assert_eq!(taken[1], 1);
+    assert_eq!(out.state, QpState::Rts);
+    assert_eq!(
+        out.sent.len(),
+        2,
+        "the two Sends, nothing again: {:?}",
+        out.sent
+    );
+    assert_eq!(out.completions.len(), 2);
+}
