@@ -774,12 +774,15 @@ fn odd_header_bits_and_the_sqd_state_are_handled_as_in_the_pipeline() {
 
 // --- Hostile Acks (review of issue 10) ---
 
+/// A scenario run both ways.
+type Scenario = dyn Fn(&mut Rig);
+
 /// An Ack of nPSN (nothing sent there), one far beyond it, one with a reserved syndrome,
 /// one with the "invalid" credit code, one whose MSN goes back: each as the slow path
 /// takes it (dropped, a bad response, credits kept or not).
 #[test]
 fn acks_beyond_npsn_or_with_odd_fields_are_handled_as_in_the_slow_path() {
-    let cases: [(&dyn Fn(&mut Rig), u64); 5] = [
+    let cases: [(&Scenario, u64); 5] = [
         (
             &|r| {
                 post(r, 8, &[Op::Send(4), Op::Send(4)]);
