@@ -8,7 +8,7 @@
 //! multi-packet message in progress, a Nak, a Read outstanding) go to the slow path.
 
 use super::probe::{self, Path};
-use super::tests::{RQ_PSN, Rig, rig};
+use super::tests::{RQ_PSN, Rig, rig_in};
 use crate::link::PacketSlot;
 use crate::psn::Psn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
@@ -48,8 +48,18 @@ impl std::fmt::Debug for Memory {
 /// Runs `scenario` on a fresh rig with the fast paths on or off; returns what it left and
 /// how many times each fast path was taken (receive, Ack).
 fn run(fast: bool, access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, [u64; 2]) {
+    run_in(fast, access, QpState::Rts, scenario)
+}
+
+/// [`run`] on a rig whose QP is in `state` (RTR or RTS) to start with.
+fn run_in(
+    fast: bool,
+    access: AccessFlags,
+    state: QpState,
+    scenario: &dyn Fn(&mut Rig),
+) -> (Outcome, [u64; 2]) {
     probe::set_enabled(fast);
-    let mut r = rig(access);
+    let mut r = rig_in(access, state);
     let before = [probe::taken(Path::Receive), probe::taken(Path::Ack)];
     scenario(&mut r);
     r.step();
@@ -921,4 +931,43 @@ fn an_ack_after_an_rnr_nak_leaves_nothing_to_resend() {
         out.sent
     );
     assert_eq!(out.completions.len(), 2);
+}
+
+/// A QP in RTR receives: a Send Only, a Send Only with Immediate and a Write Only with
+/// Immediate at ePSN take the fast path with the pipeline's completions and Ack; the
+/// Acks its requester receives before RTS (its peer's initial credits) are no fast-path
+/// Acks.
+#[test]
+fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
+    let scenario = |r: &mut Rig| {
+        r.post_recv(3);
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.request(
+            Opcode::SendOnlyWithImmediate,
+            1,
+            |p| p.immdt = imm(8),
+            b"efgh",
+        );
+        let reth = r.reth(4096, 4);
+        r.request(
+            Opcode::RdmaWriteOnlyWithImmediate,
+            2,
+            |p| {
+                p.reth = Some(reth);
+                p.immdt = imm(9);
+            },
+            b"wxyz",
+        );
+        r.step();
+        respond(r, Psn::new(0).sub(1).get(), credits(8), 0);
+        r.step();
+    };
+    let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
+    assert_eq!(none, [0, 0]);
+    let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
+    assert_eq!(fast, slow);
+    assert_eq!(taken, [3, 0]);
+    assert_eq!(fast.state, QpState::Rtr);
+    assert_eq!(fast.completions.len(), 3);
+    assert_eq!(fast.sent, [ack(2, 3, 0)]);
 }

@@ -41,6 +41,11 @@ pub(super) struct Rig {
 pub(super) type Answer = (Opcode, u32, Option<Syndrome>);
 
 pub(super) fn rig(access: AccessFlags) -> Rig {
+    rig_in(access, QpState::Rts)
+}
+
+/// [`rig`] with the QP left in `state`: RTR (it receives, sends nothing) or RTS.
+pub(super) fn rig_in(access: AccessFlags, state: QpState) -> Rig {
     let ctx = Context::builder()
         .arena_size(1 << 20)
         .huge_pages(HugePages::Never)
@@ -75,15 +80,17 @@ pub(super) fn rig(access: AccessFlags) -> Rig {
             .remote_credits(true),
     )
     .unwrap();
-    qp.modify(
-        &QpAttr::new(QpState::Rts)
-            .sq_psn(0)
-            .max_rd_atomic(1)
-            .timeout(0)
-            .retry_cnt(7)
-            .rnr_retry(7),
-    )
-    .unwrap();
+    if state == QpState::Rts {
+        qp.modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(0)
+                .max_rd_atomic(1)
+                .timeout(0)
+                .retry_cnt(7)
+                .rnr_retry(7),
+        )
+        .unwrap();
+    }
     let mr = pd.alloc_mr(64 << 10, AccessFlags::ALL).unwrap();
     let mut r = Rig {
         ctx,
