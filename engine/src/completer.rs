@@ -4,7 +4,8 @@
 //! Each response is checked in turn:
 //!
 //! 1. **PSN.** At or before the last acknowledged PSN it is a duplicate (or an unsolicited
-//!    Ack, spec/02): only its credits are kept. At or after nPSN it answers nothing sent:
+//!    Ack, spec/02): only its credits are kept. At or after the first PSN not sent yet
+//!    (nPSN, or before it the rest of a Send waiting for credit) it answers nothing sent:
 //!    dropped.
 //! 2. **Implicit acknowledgement.** A response for PSN p acknowledges every request before
 //!    p, so Sends and RDMA Writes that end before p complete. An RDMA Read or Atomic that
@@ -73,7 +74,9 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
         env.stats.dropped += 1;
         return;
     }
-    if psn.diff(req.window.npsn()) >= 0 {
+    // Behind nPSN is not enough: a Send waiting for credit after its first packet holds
+    // PSNs up to nPSN that were never sent.
+    if psn.diff(req.window.sent_to()) >= 0 {
         env.stats.dropped += 1;
         return;
     }
@@ -278,8 +281,8 @@ fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     };
     let psn = pkt.bth.psn;
     let win = &qp.req.window;
-    // 1. PSN window: after the last acknowledged PSN, before nPSN.
-    if psn.diff(win.acked()) <= 0 || psn.diff(win.npsn()) >= 0 {
+    // 1. PSN window: after the last acknowledged PSN, before the first PSN not sent.
+    if psn.diff(win.acked()) <= 0 || psn.diff(win.sent_to()) >= 0 {
         return false;
     }
     // 2. The WQEs it acknowledges, oldest first.

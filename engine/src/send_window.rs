@@ -166,6 +166,13 @@ impl SendWindow {
         self.npsn
     }
 
+    /// The PSN after the highest request packet ever sent (for an RDMA Read or Atomic,
+    /// after its last response's PSN): a response at or after it answers nothing sent.
+    #[inline]
+    pub(crate) fn sent_to(&self) -> Psn {
+        self.sent_to
+    }
+
     /// The last PSN acknowledged: everything up to it is.
     #[inline]
     pub(crate) fn acked(&self) -> Psn {

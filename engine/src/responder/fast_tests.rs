@@ -971,3 +971,41 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);
 }
+
+/// A Send waiting for credit after its first packet (spec/02: a limited Send sends one)
+/// holds PSNs before nPSN that were never sent. An Ack of its last PSN answers nothing
+/// sent: dropped both ways (it used to complete both Sends, the second never sent whole);
+/// once credit comes the rest goes and its Ack completes it. An Ack of its first packet
+/// completes only the Send before it.
+#[test]
+fn an_ack_of_a_psn_never_sent_is_dropped_both_ways() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(r, 1, &[Op::Send(4), Op::Send(300)]);
+        respond(r, 2, credits(0), 2);
+        r.step();
+        assert!(r.completions().is_empty(), "PSN 2 was never sent");
+        respond(r, 0, credits(1), 1);
+        r.step();
+        respond(r, 2, credits(0), 2);
+        r.step();
+    });
+    assert_eq!(taken[1], 2, "the two Acks of PSNs sent");
+    assert_eq!(out.stats.dropped, 1);
+    assert_eq!(out.completions.len(), 2);
+    let ops: Vec<_> = out.sent.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::SendOnly, 0),
+            (Opcode::SendFirst, 1),
+            (Opcode::SendLast, 2)
+        ]
+    );
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(r, 1, &[Op::Send(4), Op::Send(300)]);
+        respond(r, 1, credits(0), 1);
+        r.step();
+    });
+    assert_eq!(taken[1], 0);
+    assert_eq!(out.completions.len(), 1);
+}
