@@ -1009,3 +1009,41 @@ fn an_ack_of_a_psn_never_sent_is_dropped_both_ways() {
     assert_eq!(taken[1], 0);
     assert_eq!(out.completions.len(), 1);
 }
+
+/// Acks while the send CQ is full (64 receives filled the shared CQ): the Sends they
+/// complete cannot retire; a second Ack behind a done, unretired Send is the slow path's,
+/// and every completion arrives once the CQ is polled.
+#[test]
+fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(32);
+        for k in 0..32 {
+            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
+        }
+        r.step();
+        r.post_recv(32);
+        for k in 32..64 {
+            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
+        }
+        r.step();
+        post(r, 8, &[Op::Send(4), Op::Send(4), Op::Send(4)]);
+        respond(r, 0, credits(7), 1);
+        r.step();
+        respond(r, 1, credits(6), 2);
+        r.step();
+        let mut n = 0;
+        while n < 64 {
+            n += r.completions().len();
+        }
+        r.step();
+        respond(r, 2, credits(5), 3);
+        r.step();
+    });
+    assert_eq!(taken[0], 64);
+    assert_eq!(taken[1], 2, "the first Ack and the last one");
+    assert_eq!(
+        out.completions.len(),
+        3,
+        "the three Sends, after the receives"
+    );
+}
