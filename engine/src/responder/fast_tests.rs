@@ -133,6 +133,20 @@ fn sent(r: &mut Rig) -> Vec<Sent> {
     }
 }
 
+/// An RDMA Write Only with Immediate at PSN `k` (relative to the rig's start) through
+/// `reth`, carrying immediate `value` and `payload` inline.
+fn write_imm(r: &mut Rig, k: u32, reth: crate::wire::RethRepr, value: u32, payload: &[u8]) {
+    r.request(
+        Opcode::RdmaWriteOnlyWithImmediate,
+        k,
+        |p| {
+            p.reth = Some(reth);
+            p.immdt = imm(value);
+        },
+        payload,
+    );
+}
+
 /// Publishes request `op` at PSN offset `k` from [`RQ_PSN`] with `len` bytes of payload
 /// from the peer's arena (more than a slot holds inline).
 fn request_direct(r: &mut Rig, op: Opcode, k: u32, len: u32) {
@@ -194,15 +208,7 @@ fn sends_and_writes_only_at_epsn_take_the_receive_fast_path() {
         let reth = r.reth(4096, 4);
         r.request(Opcode::RdmaWriteOnly, 2, |p| p.reth = Some(reth), b"wxyz");
         let reth = r.reth(6000, 3);
-        r.request(
-            Opcode::RdmaWriteOnlyWithImmediate,
-            3,
-            |p| {
-                p.reth = Some(reth);
-                p.immdt = imm(7);
-            },
-            b"123",
-        );
+        write_imm(r, 3, reth, 7, b"123");
         r.step();
     });
     assert_eq!(taken[0], 4, "every packet took the fast path");
@@ -317,15 +323,7 @@ fn refused_writes_go_to_the_pipeline() {
     let (_, taken) = same_both_ways(AccessFlags::ALL, &|r| {
         r.post_recv(1);
         let reth = r.reth(0, 8);
-        r.request(
-            Opcode::RdmaWriteOnlyWithImmediate,
-            0,
-            |p| {
-                p.reth = Some(reth);
-                p.immdt = imm(1);
-            },
-            b"abcd",
-        );
+        write_imm(r, 0, reth, 1, b"abcd");
     });
     assert_eq!(taken[0], 0, "payload shorter than the RETH's length");
 }
@@ -623,15 +621,7 @@ fn a_write_through_a_key_without_the_right_goes_to_the_pipeline() {
             dma_len: 4,
         };
         r.post_recv(1);
-        r.request(
-            Opcode::RdmaWriteOnlyWithImmediate,
-            0,
-            |p| {
-                p.reth = Some(reth);
-                p.immdt = imm(3);
-            },
-            b"abcd",
-        );
+        write_imm(r, 0, reth, 3, b"abcd");
         r.step();
         let mut got = [9u8; 4];
         mr.read_at(0, &mut got).unwrap();
@@ -659,15 +649,7 @@ fn zero_length_messages_are_handled_as_in_the_pipeline() {
         r.request(Opcode::SendOnly, 0, |_| {}, b"");
         let mut reth = r.reth(0, 0);
         reth.rkey ^= 0x00FF_FF00;
-        r.request(
-            Opcode::RdmaWriteOnlyWithImmediate,
-            1,
-            |p| {
-                p.reth = Some(reth);
-                p.immdt = imm(4);
-            },
-            b"",
-        );
+        write_imm(r, 1, reth, 4, b"");
         r.step();
     });
     assert_eq!(taken[0], 2);
@@ -690,15 +672,7 @@ fn a_write_with_immediate_failing_two_checks_gets_the_first_answer() {
     let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
         let mut reth = r.reth(0, 4);
         reth.rkey ^= 0xFFFF_0000;
-        r.request(
-            Opcode::RdmaWriteOnlyWithImmediate,
-            0,
-            |p| {
-                p.reth = Some(reth);
-                p.immdt = imm(1);
-            },
-            b"abcd",
-        );
+        write_imm(r, 0, reth, 1, b"abcd");
         r.step();
     });
     assert_eq!(taken[0], 0);
@@ -949,15 +923,7 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
             b"efgh",
         );
         let reth = r.reth(4096, 4);
-        r.request(
-            Opcode::RdmaWriteOnlyWithImmediate,
-            2,
-            |p| {
-                p.reth = Some(reth);
-                p.immdt = imm(9);
-            },
-            b"wxyz",
-        );
+        write_imm(r, 2, reth, 9, b"wxyz");
         r.step();
         respond(r, Psn::new(0).sub(1).get(), credits(8), 0);
         r.step();
