@@ -2,6 +2,8 @@
 //!
 //! * `bare line`: a bare cache-line ping-pong (one word each way, each on its own line);
 //! * `ring NB`: the shmhca ring, one slot each way, for 16-, 64-, 128- and 256-byte slots;
+//! * `lines 64B`: the stamped line ring (`shmhca_rings::lines`), a one-line frame each way:
+//!   no tail index, the receiver learns of the frame and reads it in the same line;
 //! * two references that bracket what any "index line + data line" design can reach:
 //!   `2-line` (the sender writes a 64-byte data line, then a flag on another line; the
 //!   receiver spins on the flag, then reads the data) and `2-line+pf` (the same, with the
@@ -37,6 +39,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use shmhca_rings::Pod;
 use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
+use shmhca_rings::lines::{self, Line, LinesConsumer, LinesProducer, MAX_FRAME_LINES, ShmLines};
 use shmhca_rings::ring::{self, Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::{Access, HugePages, Segment};
 
@@ -54,16 +57,18 @@ enum Variant {
     Ring64,
     Ring128,
     Ring256,
+    Lines64,
     TwoLine,
     TwoLinePrefetch,
 }
 
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 8] = [
     Variant::Bare,
     Variant::Ring16,
     Variant::Ring64,
     Variant::Ring128,
     Variant::Ring256,
+    Variant::Lines64,
     Variant::TwoLine,
     Variant::TwoLinePrefetch,
 ];
@@ -76,6 +81,7 @@ impl Variant {
             Variant::Ring64 => "ring 64B",
             Variant::Ring128 => "ring 128B",
             Variant::Ring256 => "ring 256B",
+            Variant::Lines64 => "lines 64B",
             Variant::TwoLine => "2-line",
             Variant::TwoLinePrefetch => "2-line+pf",
         }
@@ -103,12 +109,14 @@ mod layout {
     pub(crate) const RINGS: usize = 1024;
 }
 
-/// Offset of ring `n` (0..8: slot size index * 2 + direction).
+/// Offset of ring `n` (0..8: slot size index * 2 + direction; 8, 9: the line rings, by
+/// direction; 10: the end).
 fn ring_offset(n: usize) -> usize {
     let per_ring = ring::shm_ring_bytes::<[u64; 32]>(CAPACITY)
         .unwrap()
-        .next_multiple_of(128);
-    layout::RINGS + n * per_ring
+        .max(lines::shm_lines_bytes(CAPACITY).unwrap())
+        .next_multiple_of(lines::LINES_ALIGN.max(128));
+    (layout::RINGS + n * per_ring).next_multiple_of(lines::LINES_ALIGN)
 }
 
 /// An atomic word at `offset` in the segment's data area.
@@ -214,12 +222,13 @@ fn reset_two_line(seg: &Segment) {
 
 type Ends<T> = (Producer<T, ShmStorage<T>>, Consumer<T, ShmStorage<T>>);
 
-/// The four ring pairs of one process.
+/// The four ring pairs and the line ring pair of one process.
 struct Rings {
     r16: Ends<[u64; 2]>,
     r64: Ends<[u64; 8]>,
     r128: Ends<[u64; 16]>,
     r256: Ends<[u64; 32]>,
+    lines: (LinesProducer<ShmLines>, LinesConsumer<ShmLines>),
 }
 
 fn ends<T: Pod>(seg: &Arc<Segment>, size_index: usize, parent: bool) -> Ends<T> {
@@ -237,16 +246,82 @@ impl Rings {
             ring::init_shm_ring::<[u64; 8]>(seg, ring_offset(2 + dir), CAPACITY).unwrap();
             ring::init_shm_ring::<[u64; 16]>(seg, ring_offset(4 + dir), CAPACITY).unwrap();
             ring::init_shm_ring::<[u64; 32]>(seg, ring_offset(6 + dir), CAPACITY).unwrap();
+            lines::init_shm_lines(seg, ring_offset(8 + dir), CAPACITY).unwrap();
         }
     }
 
     fn attach(seg: &Arc<Segment>, parent: bool) -> Self {
+        let (out_ring, in_ring) = if parent { (8, 9) } else { (9, 8) };
         Rings {
             r16: ends(seg, 0, parent),
             r64: ends(seg, 1, parent),
             r128: ends(seg, 2, parent),
             r256: ends(seg, 3, parent),
+            lines: (
+                lines::shm_lines_producer(Arc::clone(seg), ring_offset(out_ring)).unwrap(),
+                lines::shm_lines_consumer(Arc::clone(seg), ring_offset(in_ring)).unwrap(),
+            ),
         }
+    }
+}
+
+/// Sends `line` as a one-line frame (the user bytes 5..64; the ring owns 0..5).
+fn lines_send(tx: &mut LinesProducer<ShmLines>, line: &Line) {
+    let mut frame = tx
+        .reserve(1)
+        .unwrap()
+        .expect("one message in flight: room for it");
+    frame.write_line(0, line).unwrap();
+    frame.commit();
+}
+
+/// Child side of the line-ring run: receive each frame and send it back.
+fn lines_echo<F: FnMut() -> bool>(
+    ends: &mut (LinesProducer<ShmLines>, LinesConsumer<ShmLines>),
+    iters: u64,
+    spinner: &mut Spinner<F>,
+) {
+    let (tx, rx) = ends;
+    let mut buf = [Line::ZERO; MAX_FRAME_LINES];
+    let mut done = 0;
+    while done < iters {
+        match rx.recv(&mut buf).unwrap() {
+            Some(1) => {
+                lines_send(tx, &buf[0]);
+                done += 1;
+            }
+            Some(n) => panic!("a {n}-line frame: the parent sends one line"),
+            None => spinner.spin(),
+        }
+    }
+}
+
+/// Parent side of the line-ring run: send a one-line frame, wait for it to come back.
+fn lines_round_trips<F: FnMut() -> bool>(
+    ends: &mut (LinesProducer<ShmLines>, LinesConsumer<ShmLines>),
+    iters: u64,
+    clock: &mut Clock<'_>,
+    spinner: &mut Spinner<F>,
+) {
+    let (tx, rx) = ends;
+    let mut buf = [Line::ZERO; MAX_FRAME_LINES];
+    clock.start();
+    for i in 1..=iters {
+        let mut line = Line::ZERO;
+        line.0[8..16].copy_from_slice(&i.to_ne_bytes());
+        lines_send(tx, &line);
+        let n = loop {
+            if let Some(n) = rx.recv(&mut buf).unwrap() {
+                break n;
+            }
+            spinner.spin();
+        };
+        clock.lap();
+        assert_eq!(
+            (n, u64::from_ne_bytes(buf[0].0[8..16].try_into().unwrap())),
+            (1, i),
+            "the echo carries the same message back"
+        );
     }
 }
 
@@ -387,6 +462,7 @@ fn child() {
             Variant::Ring64 => echo(&mut rings.r64, iters, &mut spinner),
             Variant::Ring128 => echo(&mut rings.r128, iters, &mut spinner),
             Variant::Ring256 => echo(&mut rings.r256, iters, &mut spinner),
+            Variant::Lines64 => lines_echo(&mut rings.lines, iters, &mut spinner),
         }
     }
 }
@@ -406,7 +482,7 @@ fn parent(smoke: bool) {
     let rounds = env_u64("PINGPONG_ROUNDS", default_rounds);
     let iters = env_u64("PINGPONG_ITERS", default_iters).clamp(1, 0xff_ffff);
     let seg = Arc::new(
-        Segment::builder(KIND, ring_offset(8))
+        Segment::builder(KIND, ring_offset(10))
             .name("shmhca-pingpong")
             .huge_pages(HugePages::Auto)
             .create()
@@ -511,6 +587,9 @@ fn parent(smoke: bool) {
                 }
                 Variant::Ring256 => {
                     ring_round_trips(&mut rings.r256, iters, &mut clock, &mut spinner)
+                }
+                Variant::Lines64 => {
+                    lines_round_trips(&mut rings.lines, iters, &mut clock, &mut spinner)
                 }
             }
         }
