@@ -55,7 +55,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
         env.stats.dropped += 1;
         return;
     }
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let aeth = pkt.aeth();
     let req = &mut qp.req;
 
@@ -279,7 +279,7 @@ fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     else {
         return false;
     };
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let win = &qp.req.window;
     // 1. PSN window: after the last acknowledged PSN, before the first PSN not sent.
     if psn.diff(win.acked()) <= 0 || psn.diff(win.sent_to()) >= 0 {

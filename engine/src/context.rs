@@ -737,12 +737,12 @@ mod tests {
             .iter()
             .map(|p| RxPacket::parse(&p[0], &p[1..]).unwrap())
             .collect();
-        assert_eq!(parsed[0].bth.opcode, Opcode::RdmaWriteOnly);
+        assert_eq!(parsed[0].bth().opcode, Opcode::RdmaWriteOnly);
         assert_eq!(parsed[0].reth().unwrap().rkey, 0x42);
-        assert_eq!(parsed[0].bth.psn, Psn::new(100));
-        assert_eq!(parsed[0].bth.dest_qp, Qpn::new(9));
-        assert_eq!(parsed[1].bth.opcode, Opcode::RdmaReadRequest);
-        assert_eq!(parsed[1].bth.psn, Psn::new(101));
+        assert_eq!(parsed[0].bth().psn, Psn::new(100));
+        assert_eq!(parsed[0].bth().dest_qp, Qpn::new(9));
+        assert_eq!(parsed[1].bth().opcode, Opcode::RdmaReadRequest);
+        assert_eq!(parsed[1].bth().psn, Psn::new(101));
         assert_eq!(parsed[1].reth().unwrap().dma_len, 1000);
     }
 }

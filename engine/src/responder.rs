@@ -381,7 +381,7 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) 
         return;
     }
     if let Err(e) = receive(qp, env, pkt) {
-        refuse(qp, env, pkt.bth.psn, e);
+        refuse(qp, env, pkt.psn(), e);
     }
 }
 
@@ -406,7 +406,7 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let info = pkt.info;
     let resp = &qp.resp;
     if info.position != Position::Only
-        || pkt.bth.psn != resp.epsn
+        || pkt.psn() != resp.epsn
         || !matches!(qp.state, QpState::Rts | QpState::Rtr)
         || !matches!(resp.cur, Inbound::Idle)
         || resp.held.is_some()
@@ -431,7 +431,7 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 /// the pipeline must take it.
 #[inline]
 fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     // 5. Length (before the resources here: it changes nothing, and a failure goes to the
     // pipeline, which checks the resources first).
     if pkt.payload.len() > qp.cfg.path_mtu.bytes() {
@@ -505,7 +505,7 @@ fn write_payload(
 /// nothing changed, if the pipeline must take it.
 #[inline]
 fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     // 3. Operation enabled.
     if !qp.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
         return false;
@@ -572,14 +572,14 @@ fn deliver_fast(
     byte_len: u32,
     pkt: &RxPacket<'_>,
 ) {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let wc = qp.recv_completion(
         wqe.wr_id,
         WcStatus::Success,
         opcode,
         byte_len,
         pkt.imm(),
-        pkt.bth.solicited,
+        pkt.solicited(),
     );
     qp.retire_recv(env, wqe);
     let pushed = env.cqs.push(qp.recv_cq, wc);
@@ -594,7 +594,7 @@ fn deliver_fast(
 fn receive(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
     let info = pkt.info;
     check_state(qp)?;
-    if check_psn(&mut qp.resp, pkt.bth.psn)? == Fresh::Duplicate {
+    if check_psn(&mut qp.resp, pkt.psn())? == Fresh::Duplicate {
         return duplicate(qp, env, pkt, info);
     }
     check_opcode_sequence(&qp.resp, info)?;
@@ -804,7 +804,7 @@ fn send(
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let last = matches!(info.position, Position::Last | Position::Only);
     check_receive_resources(qp, env, last, OpClass::Send)?;
     check_packet_length(info.position, pkt.payload.len(), qp.cfg.path_mtu.bytes())?;
@@ -872,7 +872,7 @@ fn complete_recv(
         opcode,
         byte_len,
         pkt.imm(),
-        pkt.bth.solicited,
+        pkt.solicited(),
     );
     wc.invalidated_rkey = invalidated;
     let completed = qp.complete_recv(env, wqe, wc);
@@ -885,7 +885,7 @@ fn write(
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
     let last = matches!(info.position, Position::Last | Position::Only);
@@ -955,7 +955,7 @@ fn write(
 }
 
 fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     check_rd_atomic_resources(qp)?;
     let reth = pkt.reth().ok_or(RespError::MissingHeader)?;
     check_rkey(
@@ -989,7 +989,7 @@ fn atomic(
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     check_rd_atomic_resources(qp)?;
     let a = pkt.atomic_eth().ok_or(RespError::MissingHeader)?;
     if a.va % 8 != 0 {
@@ -1055,7 +1055,7 @@ fn duplicate(
                 resp.dup_queued += 1;
                 let msn = resp.msn;
                 resp.queue(Out::Read(ReadJob {
-                    psn: pkt.bth.psn,
+                    psn: pkt.psn(),
                     va: reth.va,
                     rkey: reth.rkey,
                     len: reth.dma_len,
@@ -1067,7 +1067,7 @@ fn duplicate(
             }
         }
         OpClass::CompareSwap | OpClass::FetchAdd => {
-            let psn = pkt.bth.psn;
+            let psn = pkt.psn();
             let resp = &mut qp.resp;
             if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
                 if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {

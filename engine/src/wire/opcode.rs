@@ -411,6 +411,20 @@ impl OpcodeInfo {
     }
 }
 
+/// What the opcode byte `code` carries, or `None` for a byte that is not an RC opcode this
+/// HCA implements: [`Opcode::info`] of `Opcode::from(code)`, without building the
+/// [`Opcode`] first (the receive path looks the byte of every packet up here).
+#[inline]
+pub fn info_of_code(code: u8) -> Option<&'static OpcodeInfo> {
+    let index = match code {
+        // 0x00..=0x14 are dense in the table; 0x15 is reserved.
+        0x00..=0x14 => code,
+        0x16 | 0x17 => code - 1,
+        _ => return None,
+    };
+    TABLE.get(usize::from(index))
+}
+
 /// Makes one table row.
 #[allow(clippy::too_many_arguments)]
 const fn row(
@@ -686,6 +700,13 @@ mod tests {
             let known = matches!(b, 0x00..=0x14 | 0x16 | 0x17);
             assert_eq!(op.info().is_some(), known, "opcode {b:#04x}");
             assert_eq!(!matches!(op, Opcode::Unknown(_)), known, "opcode {b:#04x}");
+        }
+    }
+
+    #[test]
+    fn info_of_code_is_info_of_the_opcode_for_every_byte() {
+        for b in 0..=u8::MAX {
+            assert_eq!(info_of_code(b), Opcode::from(b).info(), "opcode {b:#04x}");
         }
     }
 
