@@ -556,8 +556,9 @@ impl<'a> HeaderWriter<'a> {
         self
     }
 
-    /// Appends an AtomicAckETH.
-    #[inline]
+    /// Appends an AtomicAckETH (the responder writes its Atomic Acknowledges from a
+    /// template; tests compare the two).
+    #[cfg(test)]
     pub(crate) fn atomic_ack_eth(mut self, orig: u64) -> Self {
         AtomicAckEthRepr { orig }.emit(&mut atomic_ack_eth::Packet::new_unchecked(
             self.next(Headers::ATOMIC_ACK_ETH),

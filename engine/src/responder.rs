@@ -1339,18 +1339,48 @@ fn emit_aeth<L: LinkTx + ?Sized>(
     let Some(slot) = wire.tx.next_slot() else {
         return false;
     };
-    let h = HeaderWriter::new(slot, &bth(opcode, dest, psn)).aeth(&AethRepr {
-        syndrome,
-        msn: Msn::new(msn),
-    });
-    let slot = match atomic_orig {
-        Some(orig) => h.atomic_ack_eth(orig).finish(),
-        None => h.finish(),
-    };
+    write_ack_headers(slot, opcode, dest, psn, syndrome, msn, atomic_orig);
     slot.kind = KIND_NONE;
     wire.tx.commit();
     env.stats.packets_sent += 1;
     true
+}
+
+/// Writes the headers of an Acknowledge (BTH and AETH) or Atomic Acknowledge (and the
+/// AtomicAckETH of `atomic_orig`) into `slot` and sets its header length: the bytes
+/// [`HeaderWriter`] writes, built in two registers. Every field but the PSN, the MSN, the
+/// destination QP and the syndrome is a constant of an Ack (no SE, MigReq, pad or AckReq,
+/// TVer 0, the default P_Key).
+#[inline]
+fn write_ack_headers(
+    slot: &mut crate::link::PacketSlot,
+    opcode: Opcode,
+    dest: crate::wire::Qpn,
+    psn: Psn,
+    syndrome: Syndrome,
+    msn: u32,
+    atomic_orig: Option<u64>,
+) {
+    debug_assert!(matches!(
+        opcode,
+        Opcode::Acknowledge | Opcode::AtomicAcknowledge
+    ));
+    debug_assert_eq!(opcode == Opcode::AtomicAcknowledge, atomic_orig.is_some());
+    // BTH bytes 0..8: opcode, flags (0), P_Key, reserved (0), destination QP.
+    let head =
+        (u64::from(opcode.code()) << 56) | (u64::from(DEFAULT_PKEY) << 32) | u64::from(dest.get());
+    // BTH bytes 8..12: AckReq and reserved (0), PSN; then the AETH: syndrome, MSN.
+    let tail = (u64::from(psn.get()) << 32)
+        | (u64::from(syndrome.to_u8()) << 24)
+        | u64::from(Msn::new(msn).get());
+    slot.data[..8].copy_from_slice(&head.to_be_bytes());
+    slot.data[8..16].copy_from_slice(&tail.to_be_bytes());
+    let mut len = crate::wire::bth::HEADER_LEN + crate::wire::aeth::HEADER_LEN;
+    if let Some(orig) = atomic_orig {
+        slot.data[len..len + 8].copy_from_slice(&orig.to_be_bytes());
+        len += 8;
+    }
+    slot.hdr_len = len as u8;
 }
 
 fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
@@ -1440,4 +1470,53 @@ fn read_response<L: LinkTx + ?Sized>(
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;
     Ok(())
+}
+
+#[cfg(test)]
+mod ack_header_tests {
+    use bytemuck::Zeroable;
+
+    use super::*;
+    use crate::link::PacketSlot;
+    use crate::wire::Qpn;
+
+    /// The Ack template writes exactly what the generic header writer writes, for the
+    /// edges of every field and every syndrome byte.
+    #[test]
+    fn ack_template_matches_the_header_writer() {
+        for syn in 0..=u8::MAX {
+            for (dest, psn, msn) in [
+                (0, 0, 0),
+                (0xFF_FFFF, 0xFF_FFFF, 0xFF_FFFF),
+                (0x12_3456, 0xAB_CDEF, 0x01_0203),
+                (1, 0x80_0000, 0x7F_FFFF),
+            ] {
+                for orig in [None, Some(0x0102_0304_0506_0708u64), Some(u64::MAX)] {
+                    let opcode = if orig.is_some() {
+                        Opcode::AtomicAcknowledge
+                    } else {
+                        Opcode::Acknowledge
+                    };
+                    let (dest, psn) = (Qpn::new(dest), Psn::new(psn));
+                    let syndrome = Syndrome::from_u8(syn);
+                    let mut want = PacketSlot::zeroed();
+                    let h = HeaderWriter::new(&mut want, &bth(opcode, dest, psn)).aeth(&AethRepr {
+                        syndrome,
+                        msn: Msn::new(msn),
+                    });
+                    match orig {
+                        Some(o) => h.atomic_ack_eth(o).finish(),
+                        None => h.finish(),
+                    };
+                    // Garbage where the headers go: every byte must be written.
+                    let mut got = PacketSlot::zeroed();
+                    got.data.fill(0xA5);
+                    write_ack_headers(&mut got, opcode, dest, psn, syndrome, msn, orig);
+                    let n = want.hdr_len as usize;
+                    assert_eq!(got.hdr_len, want.hdr_len);
+                    assert_eq!(got.data[..n], want.data[..n], "{syndrome:?} {orig:?}");
+                }
+            }
+        }
+    }
 }
