@@ -418,6 +418,17 @@ impl<'a> RxPacket<'a> {
             .and_then(|b| AethRepr::parse(&aeth::Packet::new_unchecked(b)).ok())
     }
 
+    /// The credit code and MSN of a positive Ack (an AETH whose syndrome is `000CCCCC`);
+    /// `None` for any other syndrome or an opcode without an AETH. What [`aeth`] gives for
+    /// a positive Ack, without decoding the other syndromes.
+    ///
+    /// [`aeth`]: RxPacket::aeth
+    #[inline]
+    pub(crate) fn positive_ack(&self) -> Option<(crate::wire::aeth::CreditCode, crate::wire::Msn)> {
+        let p = aeth::Packet::new_unchecked(self.ext(Headers::AETH)?);
+        Some((p.ack_credits()?, p.msn()))
+    }
+
     /// The AtomicETH.
     pub(crate) fn atomic_eth(&self) -> Option<AtomicEthRepr> {
         self.ext(Headers::ATOMIC_ETH)
@@ -1234,6 +1245,13 @@ mod tests {
                 proptest::prop_assert_eq!(p.bth(), repr.bth);
                 proptest::prop_assert_eq!(p.reth(), repr.reth);
                 proptest::prop_assert_eq!(p.aeth(), repr.aeth);
+                let positive = match repr.aeth {
+                    Some(AethRepr { syndrome: crate::wire::aeth::Syndrome::Ack { credits }, msn }) => {
+                        Some((credits, msn))
+                    }
+                    _ => None,
+                };
+                proptest::prop_assert_eq!(p.positive_ack(), positive);
                 proptest::prop_assert_eq!(p.atomic_eth(), repr.atomic_eth);
                 proptest::prop_assert_eq!(p.atomic_orig(), repr.atomic_ack_eth.map(|a| a.orig));
                 proptest::prop_assert_eq!(p.imm(), repr.immdt.map(|i| i.imm));

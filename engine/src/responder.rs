@@ -342,11 +342,14 @@ pub(crate) mod probe {
         Receive = 0,
         /// The completer's Ack fast path.
         Ack = 1,
+        /// The completer's fast path for a duplicate or unsolicited positive Ack (a
+        /// credit update).
+        Credits = 2,
     }
 
     thread_local! {
         static OFF: Cell<bool> = const { Cell::new(false) };
-        static TAKEN: Cell<[u64; 2]> = const { Cell::new([0; 2]) };
+        static TAKEN: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
     }
 
     /// Whether the fast paths may be taken on this thread.
