@@ -361,19 +361,24 @@ impl Env<'_> {
 
     /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
     /// the QP's private table memory, where a multi-element list is.
+    #[inline]
     pub(crate) fn release(&mut self, data: &DataLoc, tables: &Mem) {
-        // The common cases without a table to read: nothing, or one range (inline data
-        // staged in the arena has no region: NO_MR).
+        // The common cases without a table to read, inline in the caller: nothing, or one
+        // range (inline data staged in the arena has no region: NO_MR).
         match *data {
-            DataLoc::Empty => return,
+            DataLoc::Empty => {}
             DataLoc::Single(e) => {
                 if e.mr != NO_MR {
                     self.mrs.release(e.mr, self.pds);
                 }
-                return;
             }
-            DataLoc::Table { .. } => {}
+            DataLoc::Table { .. } => self.release_table(data, tables),
         }
+    }
+
+    /// [`Env::release`] of a multi-element list, whose regions are in the QP's table memory.
+    #[inline(never)]
+    fn release_table(&mut self, data: &DataLoc, tables: &Mem) {
         let mut mrs = [0u32; MAX_SGE as usize];
         let mut n = 0;
         data.for_each_mr(tables, |mr| {
