@@ -402,12 +402,15 @@ pub struct OpcodeInfo {
     pub immediate: bool,
     /// Whether the packet carries an IETH (Send with Invalidate).
     pub invalidate: bool,
+    /// [`OpcodeInfo::header_len`], computed with the table (the receive path compares it
+    /// with every slot's header length).
+    hdr_len: u8,
 }
 
 impl OpcodeInfo {
     /// The length of the BTH plus the extended headers of this opcode.
     pub const fn header_len(&self) -> usize {
-        bth::HEADER_LEN + self.headers.len()
+        self.hdr_len as usize
     }
 }
 
@@ -446,6 +449,7 @@ const fn row(
         request,
         immediate: headers.contains(Headers::IMMDT),
         invalidate: headers.contains(Headers::IETH),
+        hdr_len: (bth::HEADER_LEN + headers.len()) as u8,
     }
 }
 
@@ -715,6 +719,8 @@ mod tests {
         for op in Opcode::ALL {
             let info = op.info().expect("every RC opcode has a row");
             assert_eq!(info.opcode, op);
+            let by_header: usize = info.headers.iter().map(Headers::len).sum();
+            assert_eq!(info.header_len(), bth::HEADER_LEN + by_header, "{op:?}");
         }
         assert_eq!(TABLE.len(), Opcode::ALL.len());
         assert_eq!(Opcode::Unknown(0x15).info(), None);
