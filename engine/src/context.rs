@@ -203,6 +203,7 @@ impl CqTable {
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
     /// the work request and tries again later). Raises the queue's event if it is armed
     /// for this completion.
+    #[inline]
     pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(s) => {
