@@ -566,7 +566,7 @@ fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
 /// Completes receive WQE `wqe` (taken from the QP's own receive queue, the receive CQ has
 /// room) with the message of `pkt`, and accepts `pkt` as the pipeline does: retired, its
 /// completion pushed, the MSN counted, ePSN advanced, the Ack owed.
-#[inline]
+#[inline(always)]
 fn deliver_fast(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
