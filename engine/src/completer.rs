@@ -55,7 +55,7 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
         env.stats.dropped += 1;
         return;
     }
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let aeth = pkt.aeth();
     let req = &mut qp.req;
 
@@ -260,9 +260,11 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
 /// oldest WQEs of the window — Sends and RDMA Writes not done yet, the last of them ending
 /// exactly at the Ack's PSN, no RDMA Read or Atomic among them — completes and retires
 /// them in one straight path, with the checks and the effects of the slow path (PSN
-/// window, completions in order, acknowledged PSN and retry counts, credits). Anything
-/// else returns false with nothing changed: an Ack inside a multi-packet message, before
-/// a Read's responses, a duplicate, a Nak, an RNR Nak, a response with data.
+/// window, completions in order, acknowledged PSN and retry counts, credits). A positive
+/// Ack at or before the last acknowledged PSN (a duplicate, or the responder's unsolicited
+/// credit update) only updates the credits, as the slow path does. Anything else returns
+/// false with nothing changed: an Ack inside a multi-packet message, before a Read's
+/// responses, a Nak, an RNR Nak, a response with data.
 #[inline]
 fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     #[cfg(test)]
@@ -272,17 +274,22 @@ fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     if pkt.info.class != OpClass::Acknowledge || qp.state != QpState::Rts {
         return false;
     }
-    let Some(AethRepr {
-        syndrome: Syndrome::Ack { credits },
-        msn,
-    }) = pkt.aeth()
-    else {
+    let Some((credits, msn)) = pkt.positive_ack() else {
         return false;
     };
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let win = &qp.req.window;
-    // 1. PSN window: after the last acknowledged PSN, before the first PSN not sent.
-    if psn.diff(win.acked()) <= 0 || psn.diff(win.sent_to()) >= 0 {
+    // 1. PSN window. At or before the last acknowledged PSN: a duplicate or unsolicited
+    // Ack (a credit update), of which only the credits count — what the slow path does
+    // with it in RTS.
+    if psn.diff(win.acked()) <= 0 {
+        qp.req.update_credits(credits, msn.get());
+        #[cfg(test)]
+        crate::responder::probe::count(crate::responder::probe::Path::Credits);
+        return true;
+    }
+    // After it, it must be before the first PSN not sent.
+    if psn.diff(win.sent_to()) >= 0 {
         return false;
     }
     // 2. The WQEs it acknowledges, oldest first.

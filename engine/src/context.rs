@@ -203,6 +203,7 @@ impl CqTable {
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
     /// the work request and tries again later). Raises the queue's event if it is armed
     /// for this completion.
+    #[inline]
     pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(s) => {
@@ -361,19 +362,24 @@ impl Env<'_> {
 
     /// Drops the in-flight references a retired WQE held on its memory regions; `tables` is
     /// the QP's private table memory, where a multi-element list is.
+    #[inline]
     pub(crate) fn release(&mut self, data: &DataLoc, tables: &Mem) {
-        // The common cases without a table to read: nothing, or one range (inline data
-        // staged in the arena has no region: NO_MR).
+        // The common cases without a table to read, inline in the caller: nothing, or one
+        // range (inline data staged in the arena has no region: NO_MR).
         match *data {
-            DataLoc::Empty => return,
+            DataLoc::Empty => {}
             DataLoc::Single(e) => {
                 if e.mr != NO_MR {
                     self.mrs.release(e.mr, self.pds);
                 }
-                return;
             }
-            DataLoc::Table { .. } => {}
+            DataLoc::Table { .. } => self.release_table(data, tables),
         }
+    }
+
+    /// [`Env::release`] of a multi-element list, whose regions are in the QP's table memory.
+    #[inline(never)]
+    fn release_table(&mut self, data: &DataLoc, tables: &Mem) {
         let mut mrs = [0u32; MAX_SGE as usize];
         let mut n = 0;
         data.for_each_mr(tables, |mr| {
@@ -737,12 +743,12 @@ mod tests {
             .iter()
             .map(|p| RxPacket::parse(&p[0], &p[1..]).unwrap())
             .collect();
-        assert_eq!(parsed[0].bth.opcode, Opcode::RdmaWriteOnly);
+        assert_eq!(parsed[0].bth().opcode, Opcode::RdmaWriteOnly);
         assert_eq!(parsed[0].reth().unwrap().rkey, 0x42);
-        assert_eq!(parsed[0].bth.psn, Psn::new(100));
-        assert_eq!(parsed[0].bth.dest_qp, Qpn::new(9));
-        assert_eq!(parsed[1].bth.opcode, Opcode::RdmaReadRequest);
-        assert_eq!(parsed[1].bth.psn, Psn::new(101));
+        assert_eq!(parsed[0].bth().psn, Psn::new(100));
+        assert_eq!(parsed[0].bth().dest_qp, Qpn::new(9));
+        assert_eq!(parsed[1].bth().opcode, Opcode::RdmaReadRequest);
+        assert_eq!(parsed[1].bth().psn, Psn::new(101));
         assert_eq!(parsed[1].reth().unwrap().dma_len, 1000);
     }
 }

@@ -105,6 +105,7 @@ impl Cursor {
 ///
 /// Returns the bytes copied. On [`CopyError::DestinationFull`] the bytes that fit have been
 /// written — never a byte outside the list.
+#[inline(always)]
 pub(crate) fn copy_payload(
     pkt: &RxPacket<'_>,
     peer: &Mem,
@@ -148,6 +149,7 @@ pub(crate) fn copy_payload(
     copy_general(pkt, peer, local, dst, cursor)
 }
 
+#[inline(never)]
 fn copy_general(
     pkt: &RxPacket<'_>,
     peer: &Mem,

@@ -35,7 +35,7 @@ use shmhca_rings::segment::{HugePages, Segment};
 use crate::error::{Error, Result};
 use crate::mem::Mem;
 use crate::wire::Qpn;
-use crate::wire::opcode::{Headers, OpcodeInfo};
+use crate::wire::opcode::{self, Headers, OpcodeInfo};
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, Error as WireError, ImmDtRepr, RethRepr,
     aeth, atomic_ack_eth, atomic_eth, bth, immdt, reth,
@@ -231,10 +231,14 @@ pub(crate) enum SlotError {
 
 /// A received packet: a checked view of a slot copied out of a ring.
 ///
-/// [`RxPacket::parse`] reads the BTH, looks the opcode up in the opcode table and checks
-/// that the slot holds exactly the headers the opcode calls for; the extended headers are
-/// then decoded only when asked for (each accessor reads its fixed offset, and cannot fail:
-/// every bit pattern of an extended header is a value).
+/// [`RxPacket::parse`] makes one pass over the slot's first bytes: it checks the BTH's
+/// transport header version, looks the opcode byte up in the opcode table
+/// ([`opcode::info_of_code`]), checks the pad count, that the slot holds exactly the headers
+/// the opcode calls for, and the payload's kind and bounds. Nothing else is decoded then:
+/// the BTH fields and the extended headers are read from the slot when asked for (each
+/// accessor reads its fixed offset, and cannot fail: every bit pattern of those fields is a
+/// value). The slot is the engine's private copy, so what the accessors read is what was
+/// checked.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RxPacket<'a> {
     slot: &'a PacketSlot,
@@ -242,7 +246,6 @@ pub(crate) struct RxPacket<'a> {
     cont: &'a [PacketSlot],
     /// The opcode's row of the opcode table.
     pub(crate) info: &'static OpcodeInfo,
-    pub(crate) bth: BthRepr,
     pub(crate) payload: Payload,
 }
 
@@ -258,18 +261,21 @@ impl<'a> RxPacket<'a> {
         if !(crate::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
             return Err(SlotError::HeaderLength(slot.hdr_len));
         }
-        let bth = BthRepr::parse(&bth::Packet::new_unchecked(&slot.data[..hdr_len]))
-            .map_err(SlotError::Headers)?;
-        let info = bth
-            .opcode
-            .info()
-            .ok_or(SlotError::Headers(WireError::UnknownOpcode(
-                bth.opcode.code(),
-            )))?;
-        if bth.pad_count != 0 && !info.payload {
+        // The checks of `BthRepr::parse`, in its order, on the fields that can be wrong.
+        let view = bth::Packet::new_unchecked(&slot.data[..]);
+        if view.tver() != 0 {
+            return Err(SlotError::Headers(WireError::UnsupportedVersion(
+                view.tver(),
+            )));
+        }
+        let code = slot.data[0];
+        let Some(info) = opcode::info_of_code(code) else {
+            return Err(SlotError::Headers(WireError::UnknownOpcode(code)));
+        };
+        if view.pad_count() != 0 && !info.payload {
             return Err(SlotError::Headers(WireError::PadWithoutPayload {
-                opcode: bth.opcode,
-                pad_count: bth.pad_count,
+                opcode: info.opcode,
+                pad_count: view.pad_count(),
             }));
         }
         if info.header_len() != hdr_len {
@@ -319,9 +325,55 @@ impl<'a> RxPacket<'a> {
             slot,
             cont,
             info,
-            bth,
             payload,
         })
+    }
+
+    /// A view of the packet's BTH.
+    #[inline]
+    fn bth_view(&self) -> bth::Packet<&'a [u8]> {
+        bth::Packet::new_unchecked(&self.slot.data[..bth::HEADER_LEN])
+    }
+
+    /// The BTH, decoded whole (parse checked its version and opcode).
+    #[cfg(test)]
+    pub(crate) fn bth(&self) -> BthRepr {
+        let v = self.bth_view();
+        BthRepr {
+            opcode: self.info.opcode,
+            solicited: v.solicited(),
+            mig_req: v.mig_req(),
+            pad_count: v.pad_count(),
+            tver: v.tver(),
+            pkey: v.pkey(),
+            dest_qp: v.dest_qp(),
+            ack_req: v.ack_req(),
+            psn: v.psn(),
+        }
+    }
+
+    /// The opcode.
+    #[cfg(test)]
+    pub(crate) fn opcode(&self) -> crate::wire::opcode::Opcode {
+        self.info.opcode
+    }
+
+    /// The BTH's PSN.
+    #[inline]
+    pub(crate) fn psn(&self) -> crate::psn::Psn {
+        self.bth_view().psn()
+    }
+
+    /// The BTH's Solicited Event bit.
+    #[inline]
+    pub(crate) fn solicited(&self) -> bool {
+        self.bth_view().solicited()
+    }
+
+    /// The BTH's AckReq bit.
+    #[cfg(test)]
+    pub(crate) fn ack_req(&self) -> bool {
+        self.bth_view().ack_req()
     }
 
     /// The destination QP named in a slot's BTH, read before the slot is parsed (the
@@ -364,6 +416,17 @@ impl<'a> RxPacket<'a> {
     pub(crate) fn aeth(&self) -> Option<AethRepr> {
         self.ext(Headers::AETH)
             .and_then(|b| AethRepr::parse(&aeth::Packet::new_unchecked(b)).ok())
+    }
+
+    /// The credit code and MSN of a positive Ack (an AETH whose syndrome is `000CCCCC`);
+    /// `None` for any other syndrome or an opcode without an AETH. What [`aeth`] gives for
+    /// a positive Ack, without decoding the other syndromes.
+    ///
+    /// [`aeth`]: RxPacket::aeth
+    #[inline]
+    pub(crate) fn positive_ack(&self) -> Option<(crate::wire::aeth::CreditCode, crate::wire::Msn)> {
+        let p = aeth::Packet::new_unchecked(self.ext(Headers::AETH)?);
+        Some((p.ack_credits()?, p.msn()))
     }
 
     /// The AtomicETH.
@@ -504,8 +567,9 @@ impl<'a> HeaderWriter<'a> {
         self
     }
 
-    /// Appends an AtomicAckETH.
-    #[inline]
+    /// Appends an AtomicAckETH (the responder writes its Atomic Acknowledges from a
+    /// template; tests compare the two).
+    #[cfg(test)]
     pub(crate) fn atomic_ack_eth(mut self, orig: u64) -> Self {
         AtomicAckEthRepr { orig }.emit(&mut atomic_ack_eth::Packet::new_unchecked(
             self.next(Headers::ATOMIC_ACK_ETH),
@@ -1094,7 +1158,7 @@ mod tests {
             s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
             let p = RxPacket::parse(&s, &[]).unwrap_or_else(|e| panic!("{op:?}: {e:?}"));
             assert_eq!(p.info.opcode, op);
-            assert_eq!(p.bth, repr.bth, "{op:?}");
+            assert_eq!(p.bth(), repr.bth, "{op:?}");
             assert_eq!(p.reth(), repr.reth, "{op:?}");
             assert_eq!(p.atomic_eth(), repr.atomic_eth, "{op:?}");
             assert_eq!(p.aeth(), repr.aeth, "{op:?}");
@@ -1178,9 +1242,16 @@ mod tests {
                 let hdr = s.hdr_len as usize;
                 let (repr, len) = PacketRepr::parse(&s.data[..hdr]).expect("both parsers agree");
                 proptest::prop_assert_eq!(len, hdr);
-                proptest::prop_assert_eq!(p.bth, repr.bth);
+                proptest::prop_assert_eq!(p.bth(), repr.bth);
                 proptest::prop_assert_eq!(p.reth(), repr.reth);
                 proptest::prop_assert_eq!(p.aeth(), repr.aeth);
+                let positive = match repr.aeth {
+                    Some(AethRepr { syndrome: crate::wire::aeth::Syndrome::Ack { credits }, msn }) => {
+                        Some((credits, msn))
+                    }
+                    _ => None,
+                };
+                proptest::prop_assert_eq!(p.positive_ack(), positive);
                 proptest::prop_assert_eq!(p.atomic_eth(), repr.atomic_eth);
                 proptest::prop_assert_eq!(p.atomic_orig(), repr.atomic_ack_eth.map(|a| a.orig));
                 proptest::prop_assert_eq!(p.imm(), repr.immdt.map(|i| i.imm));

@@ -886,7 +886,7 @@ mod tests {
             .iter()
             .map(|p| {
                 let rx = RxPacket::parse(&p[0], &p[1..]).expect("a well-formed packet");
-                (rx.bth.opcode, rx.bth.psn.get(), rx.bth.ack_req)
+                (rx.opcode(), rx.psn().get(), rx.ack_req())
             })
             .collect()
     }
@@ -948,7 +948,7 @@ mod tests {
                     assert_eq!(bytes(&fast.sent[0]), bytes(&normal.sent[0]), "{what}");
                     assert_eq!(bytes(&fast.sent[1]), bytes(&fast.sent[0]), "{what}");
                     let rx = RxPacket::parse(&fast.sent[0][0], &[]).unwrap();
-                    assert_eq!((rx.bth.psn, rx.bth.ack_req), (psn, true), "{what}");
+                    assert_eq!((rx.psn(), rx.ack_req()), (psn, true), "{what}");
                     assert_eq!(rx.payload.len(), len, "{what}");
                 }
             }

@@ -342,11 +342,14 @@ pub(crate) mod probe {
         Receive = 0,
         /// The completer's Ack fast path.
         Ack = 1,
+        /// The completer's fast path for a duplicate or unsolicited positive Ack (a
+        /// credit update).
+        Credits = 2,
     }
 
     thread_local! {
         static OFF: Cell<bool> = const { Cell::new(false) };
-        static TAKEN: Cell<[u64; 2]> = const { Cell::new([0; 2]) };
+        static TAKEN: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
     }
 
     /// Whether the fast paths may be taken on this thread.
@@ -381,7 +384,7 @@ pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) 
         return;
     }
     if let Err(e) = receive(qp, env, pkt) {
-        refuse(qp, env, pkt.bth.psn, e);
+        refuse(qp, env, pkt.psn(), e);
     }
 }
 
@@ -406,7 +409,7 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let info = pkt.info;
     let resp = &qp.resp;
     if info.position != Position::Only
-        || pkt.bth.psn != resp.epsn
+        || pkt.psn() != resp.epsn
         || !matches!(qp.state, QpState::Rts | QpState::Rtr)
         || !matches!(resp.cur, Inbound::Idle)
         || resp.held.is_some()
@@ -431,7 +434,7 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 /// the pipeline must take it.
 #[inline]
 fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     // 5. Length (before the resources here: it changes nothing, and a failure goes to the
     // pipeline, which checks the resources first).
     if pkt.payload.len() > qp.cfg.path_mtu.bytes() {
@@ -505,7 +508,7 @@ fn write_payload(
 /// nothing changed, if the pipeline must take it.
 #[inline]
 fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     // 3. Operation enabled.
     if !qp.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
         return false;
@@ -563,7 +566,7 @@ fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
 /// Completes receive WQE `wqe` (taken from the QP's own receive queue, the receive CQ has
 /// room) with the message of `pkt`, and accepts `pkt` as the pipeline does: retired, its
 /// completion pushed, the MSN counted, ePSN advanced, the Ack owed.
-#[inline]
+#[inline(always)]
 fn deliver_fast(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
@@ -572,14 +575,14 @@ fn deliver_fast(
     byte_len: u32,
     pkt: &RxPacket<'_>,
 ) {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let wc = qp.recv_completion(
         wqe.wr_id,
         WcStatus::Success,
         opcode,
         byte_len,
         pkt.imm(),
-        pkt.bth.solicited,
+        pkt.solicited(),
     );
     qp.retire_recv(env, wqe);
     let pushed = env.cqs.push(qp.recv_cq, wc);
@@ -594,7 +597,7 @@ fn deliver_fast(
 fn receive(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
     let info = pkt.info;
     check_state(qp)?;
-    if check_psn(&mut qp.resp, pkt.bth.psn)? == Fresh::Duplicate {
+    if check_psn(&mut qp.resp, pkt.psn())? == Fresh::Duplicate {
         return duplicate(qp, env, pkt, info);
     }
     check_opcode_sequence(&qp.resp, info)?;
@@ -804,7 +807,7 @@ fn send(
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let last = matches!(info.position, Position::Last | Position::Only);
     check_receive_resources(qp, env, last, OpClass::Send)?;
     check_packet_length(info.position, pkt.payload.len(), qp.cfg.path_mtu.bytes())?;
@@ -872,7 +875,7 @@ fn complete_recv(
         opcode,
         byte_len,
         pkt.imm(),
-        pkt.bth.solicited,
+        pkt.solicited(),
     );
     wc.invalidated_rkey = invalidated;
     let completed = qp.complete_recv(env, wqe, wc);
@@ -885,7 +888,7 @@ fn write(
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     let len = u64::from(pkt.payload.len());
     let pmtu = qp.cfg.path_mtu.bytes();
     let last = matches!(info.position, Position::Last | Position::Only);
@@ -955,7 +958,7 @@ fn write(
 }
 
 fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     check_rd_atomic_resources(qp)?;
     let reth = pkt.reth().ok_or(RespError::MissingHeader)?;
     check_rkey(
@@ -989,7 +992,7 @@ fn atomic(
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
-    let psn = pkt.bth.psn;
+    let psn = pkt.psn();
     check_rd_atomic_resources(qp)?;
     let a = pkt.atomic_eth().ok_or(RespError::MissingHeader)?;
     if a.va % 8 != 0 {
@@ -1055,7 +1058,7 @@ fn duplicate(
                 resp.dup_queued += 1;
                 let msn = resp.msn;
                 resp.queue(Out::Read(ReadJob {
-                    psn: pkt.bth.psn,
+                    psn: pkt.psn(),
                     va: reth.va,
                     rkey: reth.rkey,
                     len: reth.dma_len,
@@ -1067,7 +1070,7 @@ fn duplicate(
             }
         }
         OpClass::CompareSwap | OpClass::FetchAdd => {
-            let psn = pkt.bth.psn;
+            let psn = pkt.psn();
             let resp = &mut qp.resp;
             if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
                 if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
@@ -1339,18 +1342,48 @@ fn emit_aeth<L: LinkTx + ?Sized>(
     let Some(slot) = wire.tx.next_slot() else {
         return false;
     };
-    let h = HeaderWriter::new(slot, &bth(opcode, dest, psn)).aeth(&AethRepr {
-        syndrome,
-        msn: Msn::new(msn),
-    });
-    let slot = match atomic_orig {
-        Some(orig) => h.atomic_ack_eth(orig).finish(),
-        None => h.finish(),
-    };
+    write_ack_headers(slot, opcode, dest, psn, syndrome, msn, atomic_orig);
     slot.kind = KIND_NONE;
     wire.tx.commit();
     env.stats.packets_sent += 1;
     true
+}
+
+/// Writes the headers of an Acknowledge (BTH and AETH) or Atomic Acknowledge (and the
+/// AtomicAckETH of `atomic_orig`) into `slot` and sets its header length: the bytes
+/// [`HeaderWriter`] writes, built in two registers. Every field but the PSN, the MSN, the
+/// destination QP and the syndrome is a constant of an Ack (no SE, MigReq, pad or AckReq,
+/// TVer 0, the default P_Key).
+#[inline]
+fn write_ack_headers(
+    slot: &mut crate::link::PacketSlot,
+    opcode: Opcode,
+    dest: crate::wire::Qpn,
+    psn: Psn,
+    syndrome: Syndrome,
+    msn: u32,
+    atomic_orig: Option<u64>,
+) {
+    debug_assert!(matches!(
+        opcode,
+        Opcode::Acknowledge | Opcode::AtomicAcknowledge
+    ));
+    debug_assert_eq!(opcode == Opcode::AtomicAcknowledge, atomic_orig.is_some());
+    // BTH bytes 0..8: opcode, flags (0), P_Key, reserved (0), destination QP.
+    let head =
+        (u64::from(opcode.code()) << 56) | (u64::from(DEFAULT_PKEY) << 32) | u64::from(dest.get());
+    // BTH bytes 8..12: AckReq and reserved (0), PSN; then the AETH: syndrome, MSN.
+    let tail = (u64::from(psn.get()) << 32)
+        | (u64::from(syndrome.to_u8()) << 24)
+        | u64::from(Msn::new(msn).get());
+    slot.data[..8].copy_from_slice(&head.to_be_bytes());
+    slot.data[8..16].copy_from_slice(&tail.to_be_bytes());
+    let mut len = crate::wire::bth::HEADER_LEN + crate::wire::aeth::HEADER_LEN;
+    if let Some(orig) = atomic_orig {
+        slot.data[len..len + 8].copy_from_slice(&orig.to_be_bytes());
+        len += 8;
+    }
+    slot.hdr_len = len as u8;
 }
 
 fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
@@ -1440,4 +1473,53 @@ fn read_response<L: LinkTx + ?Sized>(
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;
     Ok(())
+}
+
+#[cfg(test)]
+mod ack_header_tests {
+    use bytemuck::Zeroable;
+
+    use super::*;
+    use crate::link::PacketSlot;
+    use crate::wire::Qpn;
+
+    /// The Ack template writes exactly what the generic header writer writes, for the
+    /// edges of every field and every syndrome byte.
+    #[test]
+    fn ack_template_matches_the_header_writer() {
+        for syn in 0..=u8::MAX {
+            for (dest, psn, msn) in [
+                (0, 0, 0),
+                (0xFF_FFFF, 0xFF_FFFF, 0xFF_FFFF),
+                (0x12_3456, 0xAB_CDEF, 0x01_0203),
+                (1, 0x80_0000, 0x7F_FFFF),
+            ] {
+                for orig in [None, Some(0x0102_0304_0506_0708u64), Some(u64::MAX)] {
+                    let opcode = if orig.is_some() {
+                        Opcode::AtomicAcknowledge
+                    } else {
+                        Opcode::Acknowledge
+                    };
+                    let (dest, psn) = (Qpn::new(dest), Psn::new(psn));
+                    let syndrome = Syndrome::from_u8(syn);
+                    let mut want = PacketSlot::zeroed();
+                    let h = HeaderWriter::new(&mut want, &bth(opcode, dest, psn)).aeth(&AethRepr {
+                        syndrome,
+                        msn: Msn::new(msn),
+                    });
+                    match orig {
+                        Some(o) => h.atomic_ack_eth(o).finish(),
+                        None => h.finish(),
+                    };
+                    // Garbage where the headers go: every byte must be written.
+                    let mut got = PacketSlot::zeroed();
+                    got.data.fill(0xA5);
+                    write_ack_headers(&mut got, opcode, dest, psn, syndrome, msn, orig);
+                    let n = want.hdr_len as usize;
+                    assert_eq!(got.hdr_len, want.hdr_len);
+                    assert_eq!(got.data[..n], want.data[..n], "{syndrome:?} {orig:?}");
+                }
+            }
+        }
+    }
 }

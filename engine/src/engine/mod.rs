@@ -371,11 +371,10 @@ impl Engine {
                     }
                 }
                 let slots = &rx[head..next];
-                let pkt = RxPacket::parse(&slots[0], &slots[1..]);
-                let qpn = match &pkt {
-                    Ok(p) => p.bth.dest_qp,
-                    Err(_) => RxPacket::dest_qp(&slots[0]),
-                };
+                // The QP first (the BTH's place of the destination QP holds three bytes
+                // whatever else the peer wrote); the packet is parsed only for a QP of
+                // this link, after the trace and the ICRC check have seen it.
+                let qpn = RxPacket::dest_qp(&slots[0]);
                 let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
                 let qp = qps
                     .at_mut(index)
@@ -392,7 +391,11 @@ impl Engine {
                     *icrc_dropped += 1;
                     continue;
                 }
-                let (Some(qp), Ok(pkt)) = (qp, pkt) else {
+                let Some(qp) = qp else {
+                    env.stats.dropped += 1;
+                    continue;
+                };
+                let Ok(pkt) = RxPacket::parse(&slots[0], &slots[1..]) else {
                     env.stats.dropped += 1;
                     continue;
                 };

@@ -516,6 +516,36 @@ fn acks_of_the_oldest_sends_take_the_ack_fast_path() {
     assert_eq!(out.sent.len(), 3, "the three requests");
 }
 
+/// Duplicate and unsolicited positive Acks (credit updates: the responder sends one when
+/// its receive queue grows back from nearly empty) take the completer's credit fast path,
+/// which leaves what the slow path leaves: the credits, and nothing else. Among them one
+/// with the "invalid" credit code (no count), and an old one with fewer credits.
+#[test]
+fn credit_updates_take_the_credit_fast_path() {
+    let scenario = |r: &mut Rig| {
+        // One credit: the second Send waits for more.
+        post(r, 1, &[Op::Send(4), Op::Send(4)]);
+        respond(r, 0, credits(0), 1);
+        r.step();
+        respond(r, 0, credits(4), 1);
+        r.step();
+        respond(r, Psn::new(0).sub(1).get(), credits(2), 0);
+        let none = Syndrome::Ack {
+            credits: CreditCode::NONE,
+        };
+        respond(r, 0, none, 1);
+    };
+    let before = probe::taken(Path::Credits);
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+    assert_eq!(
+        probe::taken(Path::Credits) - before,
+        4,
+        "post's first credit Ack, and the three after the Send's Ack"
+    );
+    assert_eq!(taken[1], 1, "the Ack of the first Send");
+    assert_eq!(out.sent.len(), 2, "the second Send went once credit came");
+}
+
 /// A duplicate Ack, a Nak, an RNR Nak, an Ack inside a two-packet Send and an Ack that
 /// leaves a Read unanswered (an implied Nak) go to the slow path.
 #[test]

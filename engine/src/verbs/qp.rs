@@ -984,7 +984,7 @@ mod tests {
                 assert_eq!(slot.kind, KIND_INLINE);
                 let h = slot.hdr_len as usize;
                 let bytes = slot.data[h..h + slot.payload_len as usize].to_vec();
-                payloads.push((rx.bth.psn.get(), bytes));
+                payloads.push((rx.psn().get(), bytes));
             }
         };
         for round in 0..2u8 {

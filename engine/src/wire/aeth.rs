@@ -217,6 +217,19 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Syndrome::from_u8(self.buffer.as_ref()[field::SYNDROME])
     }
 
+    /// The credit code if the syndrome is a positive Ack (`000CCCCC`), else `None`:
+    /// [`syndrome`](Packet::syndrome) without decoding the other classes (the Ack fast
+    /// path reads this).
+    #[inline]
+    pub fn ack_credits(&self) -> Option<CreditCode> {
+        let b = self.buffer.as_ref()[field::SYNDROME];
+        if b >> 5 == 0 {
+            Some(CreditCode::new(b))
+        } else {
+            None
+        }
+    }
+
     /// MSN, Message Sequence Number (bytes 1-3): the SSN of the last message the responder
     /// completed (spec 02).
     pub fn msn(&self) -> Msn {
@@ -278,6 +291,19 @@ impl AethRepr {
 mod tests {
     use super::*;
     use crate::wire::Error;
+
+    #[test]
+    fn ack_credits_is_the_credit_code_of_a_positive_ack_for_every_byte() {
+        for b in 0..=u8::MAX {
+            let bytes = [b, 1, 2, 3];
+            let p = Packet::new_unchecked(&bytes[..]);
+            let want = match p.syndrome() {
+                Syndrome::Ack { credits } => Some(credits),
+                _ => None,
+            };
+            assert_eq!(p.ack_credits(), want, "syndrome {b:#04x}");
+        }
+    }
 
     #[test]
     fn syndrome_classes_bit_exact() {

@@ -402,13 +402,30 @@ pub struct OpcodeInfo {
     pub immediate: bool,
     /// Whether the packet carries an IETH (Send with Invalidate).
     pub invalidate: bool,
+    /// [`OpcodeInfo::header_len`], computed with the table (the receive path compares it
+    /// with every slot's header length).
+    hdr_len: u8,
 }
 
 impl OpcodeInfo {
     /// The length of the BTH plus the extended headers of this opcode.
     pub const fn header_len(&self) -> usize {
-        bth::HEADER_LEN + self.headers.len()
+        self.hdr_len as usize
     }
+}
+
+/// What the opcode byte `code` carries, or `None` for a byte that is not an RC opcode this
+/// HCA implements: [`Opcode::info`] of `Opcode::from(code)`, without building the
+/// [`Opcode`] first (the receive path looks the byte of every packet up here).
+#[inline]
+pub fn info_of_code(code: u8) -> Option<&'static OpcodeInfo> {
+    let index = match code {
+        // 0x00..=0x14 are dense in the table; 0x15 is reserved.
+        0x00..=0x14 => code,
+        0x16 | 0x17 => code - 1,
+        _ => return None,
+    };
+    TABLE.get(usize::from(index))
 }
 
 /// Makes one table row.
@@ -432,6 +449,7 @@ const fn row(
         request,
         immediate: headers.contains(Headers::IMMDT),
         invalidate: headers.contains(Headers::IETH),
+        hdr_len: (bth::HEADER_LEN + headers.len()) as u8,
     }
 }
 
@@ -690,10 +708,19 @@ mod tests {
     }
 
     #[test]
+    fn info_of_code_is_info_of_the_opcode_for_every_byte() {
+        for b in 0..=u8::MAX {
+            assert_eq!(info_of_code(b), Opcode::from(b).info(), "opcode {b:#04x}");
+        }
+    }
+
+    #[test]
     fn table_rows_describe_their_own_opcode() {
         for op in Opcode::ALL {
             let info = op.info().expect("every RC opcode has a row");
             assert_eq!(info.opcode, op);
+            let by_header: usize = info.headers.iter().map(Headers::len).sum();
+            assert_eq!(info.header_len(), bth::HEADER_LEN + by_header, "{op:?}");
         }
         assert_eq!(TABLE.len(), Opcode::ALL.len());
         assert_eq!(Opcode::Unknown(0x15).info(), None);

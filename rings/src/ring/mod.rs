@@ -1227,7 +1227,7 @@ impl<T: Copy, S: Storage<T>> Consumer<T, S> {
     /// # Errors
     ///
     /// [`LinkBroken`] if the ring is broken.
-    #[inline]
+    #[inline(always)]
     pub fn pop_burst(&mut self, out: &mut [T]) -> Result<usize, LinkBroken> {
         let n = out.len().min(self.available_for(out.len())?);
         if n > 0 {
