@@ -424,9 +424,7 @@ impl Qp {
         if self.shared.mode == EngineMode::Inline {
             let (index, pushed) = (self.index, self.sq_pushed);
             let direct = self.shared.engine.try_with(|e| {
-                for s in sgl {
-                    s.mr.inflight.post_held(1);
-                }
+                count_held(sgl);
                 e.post_direct(index, wqe, pushed)
             });
             if let Some(taken) = direct {
@@ -559,10 +557,11 @@ impl Qp {
                 "RDMA Reads and Atomics have a result buffer, not inline data",
             ));
         }
-        let row = self.sq_posted % u64::from(self.caps.max_send_wr);
+        // The row of this request in the inline staging area and the gather table.
+        let row = || self.sq_posted % u64::from(self.caps.max_send_wr);
         let (data, len) = match wr.data {
             Data::Inline(bytes) => (
-                self.stage_inline(row, bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?,
+                self.stage_inline(row(), bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?,
                 bytes.len() as u64,
             ),
             // The common case, one element in registered memory: checked and located in
@@ -577,7 +576,7 @@ impl Qp {
                     self.check_sgl(sgl, self.caps.max_send_sge, needs_write, "gather list")?;
                 if inline {
                     // Copy the gather list's bytes now; the buffers are free on return.
-                    let data = self.stage_inline(row, len as usize, |mut dst, m| {
+                    let data = self.stage_inline(row(), len as usize, |mut dst, m| {
                         let mut buf = [0u8; 256];
                         for s in sgl {
                             let mut done = 0u64;
@@ -596,7 +595,7 @@ impl Qp {
                     })?;
                     (data, len)
                 } else {
-                    (self.gather_loc(sgl, row, op.is_rd_atomic())?, len)
+                    (self.gather_loc(sgl, row(), op.is_rd_atomic())?, len)
                 }
             }
         };
@@ -869,9 +868,7 @@ impl Qp {
         if self.shared.mode == EngineMode::Inline {
             // `None` (the token is held elsewhere) leaves the WQE for the path below.
             let _ = self.shared.engine.try_with(|e| {
-                for s in wr.sgl {
-                    s.mr.inflight.post_held(1);
-                }
+                count_held(wr.sgl);
                 if rq.push(wqe.take().expect("pushed once")).is_err() {
                     unreachable!(
                         "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
@@ -910,6 +907,20 @@ fn counted_sgl<'a>(wr: &SendWr<'a>) -> &'a [Sge<'a>] {
     match wr.data {
         Data::Sgl(sgl) if !wr.flags.contains(SendFlags::INLINE) => sgl,
         _ => &[],
+    }
+}
+
+/// Counts the elements of a list in flight, under the engine token (plain stores).
+#[inline(always)]
+fn count_held(sgl: &[Sge<'_>]) {
+    match sgl {
+        [] => {}
+        [s] => s.mr.inflight.post_held(1),
+        many => {
+            for s in many {
+                s.mr.inflight.post_held(1);
+            }
+        }
     }
 }
 
