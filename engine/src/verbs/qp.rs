@@ -425,7 +425,7 @@ impl Qp {
             let (index, pushed) = (self.index, self.sq_pushed);
             let direct = self.shared.engine.try_with(|e| {
                 count_held(sgl);
-                e.post_direct(index, wqe, pushed)
+                e.post_direct(index, &wqe, pushed)
             });
             if let Some(taken) = direct {
                 debug_assert!(taken, "a live QP takes its WQEs");
