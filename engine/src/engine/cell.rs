@@ -115,6 +115,13 @@ enum Fast<'a> {
     NotOwner,
 }
 
+/// The token as held, on either path: released when it drops (the guards are held for
+/// their `Drop` only).
+enum Token<'a> {
+    Fast { _guard: FastToken<'a> },
+    Slow { _guard: SlowToken<'a> },
+}
+
 /// Releases the owner's fast path when dropped, also on unwinding.
 struct FastToken<'a>(&'a AtomicBool);
 
@@ -178,27 +185,28 @@ impl<T> EngineCell<T> {
     /// calling thread holds it already: no nesting).
     #[inline]
     pub(crate) fn try_with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        // One call of `f` on either path (the token, fast or slow, is held until the
-        // guards drop at the end), so that `f` is inlined here.
-        let (_fast, _slow) = match self.enter_fast() {
-            Fast::Entered(token) => (Some(token), None),
+        // One call of `f` on either path (the token, fast or slow, is held until `_token`
+        // drops at the end), so that `f` is inlined here.
+        let _token = match self.enter_fast() {
+            Fast::Entered(token) => Token::Fast { _guard: token },
             Fast::Inside => return None,
             Fast::NotOwner => {
                 let install = self.enter_slow(thread_number())?;
-                let token = SlowToken {
-                    lock: &self.lock,
-                    bias: &self.bias,
-                    install,
-                };
-                (None, Some(token))
+                Token::Slow {
+                    _guard: SlowToken {
+                        lock: &self.lock,
+                        bias: &self.bias,
+                        install,
+                    },
+                }
             }
         };
         // SYNC: the fast token (see `enter_fast`) or the slow token (see `enter_slow`) gives
-        // this thread exclusive use of the value until the guards drop.
+        // this thread exclusive use of the value until `_token` drops.
         // SAFETY: this thread holds the token: on the fast path it set `busy` and then read
         // `bias` as its own after the light barrier; on the slow path `enter_slow` took
         // `lock` and saw `busy` clear after revoking any bias. So no other `&mut T` exists,
-        // and none will until the guards drop.
+        // and none will until `_token` drops.
         let value = unsafe { &mut *self.value.get() };
         Some(f(value))
     }
