@@ -863,23 +863,25 @@ impl Qp {
         // engine's active set, all under the engine token — the owner's fast path, no locked
         // instruction and no doorbell. Else (poll mode, or the engine busy on another
         // thread) count with a `fetch_add`, queue, and ring.
-        let mut wqe = Some(wqe);
         let (rq, index) = (&mut self.rq, self.index);
-        if self.shared.mode == EngineMode::Inline {
-            // `None` (the token is held elsewhere) leaves the WQE for the path below.
-            let _ = self.shared.engine.try_with(|e| {
-                count_held(wr.sgl);
-                if rq.push(wqe.take().expect("pushed once")).is_err() {
-                    unreachable!(
-                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
-                    );
-                }
-                if watch {
-                    e.wake_qp(index);
-                }
-            });
-        }
-        if let Some(wqe) = wqe {
+        let held = self.shared.mode == EngineMode::Inline
+            && self
+                .shared
+                .engine
+                .try_with(|e| {
+                    count_held(wr.sgl);
+                    if rq.push(wqe).is_err() {
+                        unreachable!(
+                            "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                        );
+                    }
+                    if watch {
+                        e.wake_qp(index);
+                    }
+                })
+                .is_some();
+        if !held {
+            // (The token is held elsewhere, or poll mode: the WQE was not queued above.)
             for s in wr.sgl {
                 s.mr.inflight.post_outside(1);
             }
