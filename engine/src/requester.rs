@@ -261,13 +261,13 @@ pub(crate) fn post<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
     wire: &mut Wire<'_, L>,
-    w: SqWqe,
+    w: &SqWqe,
     budget: usize,
 ) -> usize {
-    if post_fast(qp, env, wire, &w) {
+    if post_fast(qp, env, wire, w) {
         return 1;
     }
-    accept(qp, w);
+    accept(qp, *w);
     transmit(qp, env, wire, budget)
 }
 
@@ -924,7 +924,7 @@ mod tests {
                     let psn = r.stage(0, |q, env| {
                         let before = q.req.fast_posts;
                         let psn = q.req.window.npsn();
-                        assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, w, 16), 1);
+                        assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, &w, 16), 1);
                         assert_eq!(
                             q.req.fast_posts,
                             before + 1,
@@ -971,23 +971,23 @@ mod tests {
         let mut l = link(64);
         r.stage(0, |q, env| {
             // No credit yet: the first Send goes alone, with AckReq, and waits.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 1);
             assert_eq!(q.req.limited, Some(0));
             // A Write does not consume credit but must not pass the waiting Send.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, write, 16), 0);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &write, 16), 0);
             assert_eq!(q.req.fast_posts, 0);
             // Credit comes with the Ack of the first Send; the Write is queued, so the
             // next Send goes behind it.
             q.req.window.acknowledge(Psn::new(10));
             q.req.update_credits(CreditCode::encode(8), 1);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 2);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 2);
             assert_eq!(q.req.fast_posts, 0);
             // Idle, with credit: the template path.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 1);
             assert_eq!(q.req.fast_posts, 1);
             // A Send larger than a slot holds inline, or than one packet: the normal path.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(101), 16), 1);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(300), 16), 2);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(101), 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(300), 16), 2);
             assert_eq!(q.req.fast_posts, 1);
         });
         use Opcode::*;
@@ -1007,7 +1007,7 @@ mod tests {
         let mut full = link(0);
         r.stage(0, |q, env| {
             ack_all(q);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, send(8), 16), 0);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, &send(8), 16), 0);
             full.room = 1;
             assert_eq!(transmit(q, env, &mut Wire { tx: &mut full }, 16), 1);
             assert_eq!(sent(&full), [(SendOnly, 17, true)]);
@@ -1015,15 +1015,15 @@ mod tests {
             // An RNR wait: nothing goes until it ends.
             env.arm(&mut q.req.rnr_timer, std::time::Duration::from_secs(3600));
             let mut l = link(4);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, send(8), 16), 0);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 0);
             q.req.rnr_timer.disarm();
             assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
             ack_all(q);
             // A fenced Send waits for the Read before it.
             let read = wqe(WqeOp::Read, 0, data(mr, 1024, &[0; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, read, 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 1);
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(mr, 0, &[3; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, fenced, 16), 0);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &fenced, 16), 0);
             ack_all(q);
             assert_eq!(q.req.rd_atomic, 0);
             assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
@@ -1040,7 +1040,7 @@ mod tests {
         let mut l = link(4);
         let w = send(8);
         r.stage(0, |q, env| {
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, w, 16), 0);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &w, 16), 0);
         });
         r.qps[0].modify(&QpAttr::new(QpState::Rts)).unwrap();
         r.stage(0, |q, env| {
@@ -1064,7 +1064,7 @@ mod tests {
             let mut l = link(4);
             r.stage(0, |q, env| {
                 let w = wqe(WqeOp::Send, 0, data, 8);
-                assert_eq!(post(q, env, &mut Wire { tx: &mut l }, w, 16), 0);
+                assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &w, 16), 0);
                 assert_eq!(q.state, QpState::Error);
                 assert_eq!(q.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
             });
@@ -1080,12 +1080,12 @@ mod tests {
         let mut l = link(8);
         r.stage(0, |q, env| {
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(&r.mr, 0, &[1; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, fenced, 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &fenced, 16), 1);
             let read = wqe(WqeOp::Read, 0, data(&r.mr, 64, &[0; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, read, 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 1);
             assert_eq!(q.req.rd_atomic, 1);
             let plain = wqe(WqeOp::Send, 0, data(&r.mr, 0, &[2; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, plain, 16), 1);
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &plain, 16), 1);
             assert_eq!(q.req.fast_posts, 2);
         });
         use Opcode::*;

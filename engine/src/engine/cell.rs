@@ -103,6 +103,25 @@ struct Policy {
 // them to one thread at a time (the token), and `T: Send` lets that thread be any thread.
 unsafe impl<T: Send> Sync for EngineCell<T> {}
 
+/// What the owner's fast path found.
+enum Fast<'a> {
+    /// The calling thread is the owner and entered: it holds the token until this drops.
+    Entered(FastToken<'a>),
+    /// The calling thread is the owner and inside already (no nesting): the token is
+    /// held, by itself.
+    Inside,
+    /// The calling thread is not the owner, or its bias was revoked as it entered: the
+    /// slow path decides.
+    NotOwner,
+}
+
+/// The token as held, on either path: released when it drops (the guards are held for
+/// their `Drop` only).
+enum Token<'a> {
+    Fast { _guard: FastToken<'a> },
+    Slow { _guard: SlowToken<'a> },
+}
+
 /// Releases the owner's fast path when dropped, also on unwinding.
 struct FastToken<'a>(&'a AtomicBool);
 
@@ -166,43 +185,59 @@ impl<T> EngineCell<T> {
     /// calling thread holds it already: no nesting).
     #[inline]
     pub(crate) fn try_with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        let me = thread_number();
-        if self.bias.load(Ordering::Relaxed) == me {
-            // Only the owner stores `busy = true`: set means it is inside already.
-            if self.busy.load(Ordering::Relaxed) {
-                return None;
+        // One call of `f` on either path (the token, fast or slow, is held until `_token`
+        // drops at the end), so that `f` is inlined here.
+        let _token = match self.enter_fast() {
+            Fast::Entered(token) => Token::Fast { _guard: token },
+            Fast::Inside => return None,
+            Fast::NotOwner => {
+                let install = self.enter_slow(thread_number())?;
+                Token::Slow {
+                    _guard: SlowToken {
+                        lock: &self.lock,
+                        bias: &self.bias,
+                        install,
+                    },
+                }
             }
-            self.busy.store(true, Ordering::Relaxed);
-            light_barrier();
-            if self.bias.load(Ordering::Relaxed) == me {
-                let _token = FastToken(&self.busy);
-                // SYNC: `busy` set, then `bias` read as ours after the light barrier: every
-                // revoker's `membarrier` comes after that load (and then sees `busy`), or
-                // before it (and then we would have read 0) — the asymmetric Dekker of the
-                // module docs. Slow-path holders read `busy` before touching the value.
-                // SAFETY: no other `&mut Policy` exists (see the SYNC above: the policy is
-                // touched by the token's holder only) and none will until `_token` drops.
-                let policy = unsafe { &mut *self.policy.get() };
-                policy.served += 1;
-                // SAFETY: as for the policy: no other `&mut T` exists, and none will until
-                // `_token` drops.
-                let value = unsafe { &mut *self.value.get() };
-                return Some(f(value));
-            }
-            self.busy.store(false, Ordering::Release);
-        }
-        let install = self.enter_slow(me)?;
-        let _token = SlowToken {
-            lock: &self.lock,
-            bias: &self.bias,
-            install,
         };
-        // SYNC: the slow token gives this thread exclusive use of the value until `_token`
-        // drops (see `enter_slow`).
-        // SAFETY: `enter_slow` took `lock` and saw `busy` clear after revoking any bias, so
-        // no other `&mut T` exists, and none will until the token drops.
+        // SYNC: the fast token (see `enter_fast`) or the slow token (see `enter_slow`) gives
+        // this thread exclusive use of the value until `_token` drops.
+        // SAFETY: this thread holds the token: on the fast path it set `busy` and then read
+        // `bias` as its own after the light barrier; on the slow path `enter_slow` took
+        // `lock` and saw `busy` clear after revoking any bias. So no other `&mut T` exists,
+        // and none will until `_token` drops.
         let value = unsafe { &mut *self.value.get() };
         Some(f(value))
+    }
+
+    /// The owner's fast path (see [`Fast`]).
+    #[inline(always)]
+    fn enter_fast(&self) -> Fast<'_> {
+        let me = thread_number();
+        if self.bias.load(Ordering::Relaxed) != me {
+            return Fast::NotOwner;
+        }
+        // Only the owner stores `busy = true`: set means it is inside already.
+        if self.busy.load(Ordering::Relaxed) {
+            return Fast::Inside;
+        }
+        self.busy.store(true, Ordering::Relaxed);
+        light_barrier();
+        if self.bias.load(Ordering::Relaxed) == me {
+            let token = FastToken(&self.busy);
+            // SYNC: `busy` set, then `bias` read as ours after the light barrier: every
+            // revoker's `membarrier` comes after that load (and then sees `busy`), or
+            // before it (and then we would have read 0) — the asymmetric Dekker of the
+            // module docs. Slow-path holders read `busy` before touching the value.
+            // SAFETY: no other `&mut Policy` exists (see the SYNC above: the policy is
+            // touched by the token's holder only) and none will until `token` drops.
+            let policy = unsafe { &mut *self.policy.get() };
+            policy.served += 1;
+            return Fast::Entered(token);
+        }
+        self.busy.store(false, Ordering::Release);
+        Fast::NotOwner
     }
 
     /// The slow path: takes the lock, revokes the bias, waits out nobody. `Some(install)`
@@ -495,9 +530,12 @@ mod tests {
         // The owner's entries go the fast path and leave `lock` alone.
         cell.try_with(|_| ()).unwrap();
         assert!(!cell.lock.load(Ordering::Relaxed) && !cell.busy.load(Ordering::Relaxed));
-        // No nesting on the fast path either.
+        // No nesting on the fast path either; the nested try is refused by the fast path
+        // itself, without a revocation of the owner's own bias.
         cell.try_with(|_| assert!(cell.try_with(|_| ()).is_none()))
             .unwrap();
+        assert!(cell.is_owner(), "a nested try revoked the owner's bias");
+        assert!(!cell.revoked.load(Ordering::Relaxed));
         assert_eq!(cell.with(|v| *v), u64::from(BIAS_AFTER));
         // SAFETY: the token is not held (the test's only thread is outside it).
         let served = unsafe { (*cell.policy.get()).served };

@@ -621,13 +621,13 @@ impl Engine {
     /// [`requester::post`]). Returns false if the QP is gone.
     /// `ring_pushed`: how many WQEs the poster has pushed on the QP's send ring so far
     /// (when the engine has taken as many, the ring is not looked at).
-    pub(crate) fn post_direct(&mut self, index: u32, wqe: SqWqe, ring_pushed: u64) -> bool {
+    pub(crate) fn post_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         self.send_with(index, Some((wqe, ring_pushed)))
     }
 
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
     /// any response waiting) and publishes its link; false if the QP is gone.
-    fn send_with(&mut self, index: u32, wqe: Option<(SqWqe, u64)>) -> bool {
+    fn send_with(&mut self, index: u32, wqe: Option<(&SqWqe, u64)>) -> bool {
         let Engine {
             res,
             qps,
@@ -653,7 +653,7 @@ impl Engine {
         });
         let Some((d, link)) = link else {
             if let Some(w) = wqe {
-                requester::accept(qp, w);
+                requester::accept(qp, *w);
             }
             return true;
         };

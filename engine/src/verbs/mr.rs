@@ -338,12 +338,19 @@ impl Mr {
 
     /// The arena offset a peer reads byte `offset` of the region at, `len` bytes of which
     /// are copied into the shadow now for a registered buffer.
+    #[inline]
     pub(crate) fn src_off(&self, offset: u64, len: u64) -> Result<u64> {
         if let Some(u) = &self.user {
-            Mem::copy(&u.mem, offset, &self.mem, self.off + offset, len)
-                .map_err(|_| self.oob(offset, len))?;
+            self.fill_shadow(u, offset, len)?;
         }
         Ok(self.off + offset)
+    }
+
+    /// Copies `len` bytes at `offset` of a registered buffer into its shadow.
+    #[inline(never)]
+    fn fill_shadow(&self, u: &UserView, offset: u64, len: u64) -> Result<()> {
+        Mem::copy(&u.mem, offset, &self.mem, self.off + offset, len)
+            .map_err(|_| self.oob(offset, len))
     }
 
     /// The L_Key, named by local scatter/gather elements.

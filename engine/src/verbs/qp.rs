@@ -424,10 +424,8 @@ impl Qp {
         if self.shared.mode == EngineMode::Inline {
             let (index, pushed) = (self.index, self.sq_pushed);
             let direct = self.shared.engine.try_with(|e| {
-                for s in sgl {
-                    s.mr.inflight.post_held(1);
-                }
-                e.post_direct(index, wqe, pushed)
+                count_held(sgl);
+                e.post_direct(index, &wqe, pushed)
             });
             if let Some(taken) = direct {
                 debug_assert!(taken, "a live QP takes its WQEs");
@@ -559,11 +557,18 @@ impl Qp {
                 "RDMA Reads and Atomics have a result buffer, not inline data",
             ));
         }
-        let row = self.sq_posted % u64::from(self.caps.max_send_wr);
+        // The row of this request in the inline staging area and the gather table.
+        let row = || self.sq_posted % u64::from(self.caps.max_send_wr);
         let (data, len) = match wr.data {
             Data::Inline(bytes) => (
-                self.stage_inline(row, bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?,
+                self.stage_inline(row(), bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?,
                 bytes.len() as u64,
+            ),
+            // The common case, one element in registered memory: checked and located in
+            // one pass (as `check_sgl` and `gather_loc` do for a longer list).
+            Data::Sgl([s]) if !inline => (
+                DataLoc::Single(self.locate_one(s, op.is_rd_atomic(), "gather list")?),
+                u64::from(s.len),
             ),
             Data::Sgl(sgl) => {
                 let needs_write = op.is_rd_atomic();
@@ -571,7 +576,7 @@ impl Qp {
                     self.check_sgl(sgl, self.caps.max_send_sge, needs_write, "gather list")?;
                 if inline {
                     // Copy the gather list's bytes now; the buffers are free on return.
-                    let data = self.stage_inline(row, len as usize, |mut dst, m| {
+                    let data = self.stage_inline(row(), len as usize, |mut dst, m| {
                         let mut buf = [0u8; 256];
                         for s in sgl {
                             let mut done = 0u64;
@@ -590,7 +595,7 @@ impl Qp {
                     })?;
                     (data, len)
                 } else {
-                    (self.gather_loc(sgl, row, op.is_rd_atomic())?, len)
+                    (self.gather_loc(sgl, row(), op.is_rd_atomic())?, len)
                 }
             }
         };
@@ -700,29 +705,48 @@ impl Qp {
         }
         let mut len = 0u64;
         for s in sgl {
-            if !Arc::ptr_eq(&s.mr.shared, &self.shared) {
-                return Err(Error::ForeignObject {
-                    what: "a memory region in the list",
-                });
-            }
-            if s.mr.pdn != self.pdn {
-                return Err(Error::invalid(
-                    what,
-                    "a memory region of another protection domain",
-                ));
-            }
-            if needs_write && !s.mr.access().contains(AccessFlags::LOCAL_WRITE) {
-                return Err(Error::invalid(
-                    what,
-                    format!(
-                        "memory region {:#x} lacks LOCAL_WRITE, which the engine needs to write results or received data into it",
-                        s.mr.lkey()
-                    ),
-                ));
-            }
+            self.check_sge(s, needs_write, what)?;
             len += u64::from(s.len);
         }
         Ok(len)
+    }
+
+    /// Checks one element of a list (its bounds were checked when it was made): a region
+    /// of this context and of the QP's protection domain, writable by the engine if
+    /// `needs_write`.
+    #[inline(always)]
+    fn check_sge(&self, s: &Sge<'_>, needs_write: bool, what: &'static str) -> Result<()> {
+        if !Arc::ptr_eq(&s.mr.shared, &self.shared) {
+            return Err(foreign_region());
+        }
+        if s.mr.pdn != self.pdn {
+            return Err(other_pd_region(what));
+        }
+        if needs_write && !s.mr.access().contains(AccessFlags::LOCAL_WRITE) {
+            return Err(not_writable(what, s.mr.lkey()));
+        }
+        Ok(())
+    }
+
+    /// A list of one element (`s`): checked as [`Qp::check_sgl`] does (a one-element list
+    /// never exceeds the element limit, which is at least 1), then located as
+    /// [`Qp::gather_loc`] does: where the engine writes into it (`dest`: a result or
+    /// receive buffer, which needs `LOCAL_WRITE`), or reads from it (a registered
+    /// buffer's bytes copied into its shadow now).
+    #[inline(always)]
+    fn locate_one(&self, s: &Sge<'_>, dest: bool, what: &'static str) -> Result<SgeEntry> {
+        debug_assert!(self.caps.max_send_sge >= 1 && self.caps.max_recv_sge >= 1);
+        self.check_sge(s, dest, what)?;
+        let off = if dest {
+            s.mr.dst_off(s.offset)
+        } else {
+            s.mr.src_off(s.offset, u64::from(s.len))?
+        };
+        Ok(SgeEntry {
+            off,
+            len: s.len,
+            mr: s.mr.index,
+        })
     }
 
     /// Where the engine finds a list: inline in the WQE for one element, else a table row.
@@ -804,8 +828,6 @@ impl Qp {
                 });
             }
         }
-        self.check_sgl(wr.sgl, self.caps.max_recv_sge, true, "scatter list")?;
-        let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
         let entry = |s: &Sge<'_>| SgeEntry {
             off: s.mr.dst_off(s.offset),
             len: s.len,
@@ -813,13 +835,17 @@ impl Qp {
         };
         let data = match wr.sgl {
             [] => DataLoc::Empty,
-            [s] => DataLoc::Single(entry(s)),
-            many => self.write_table(
-                self.scatter_at,
-                row,
-                self.caps.max_recv_sge,
-                many.iter().map(entry),
-            )?,
+            [s] => DataLoc::Single(self.locate_one(s, true, "scatter list")?),
+            many => {
+                self.check_sgl(many, self.caps.max_recv_sge, true, "scatter list")?;
+                let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
+                self.write_table(
+                    self.scatter_at,
+                    row,
+                    self.caps.max_recv_sge,
+                    many.iter().map(entry),
+                )?
+            }
         };
         let wqe = RqWqe {
             wr_id: wr.wr_id,
@@ -837,25 +863,25 @@ impl Qp {
         // engine's active set, all under the engine token — the owner's fast path, no locked
         // instruction and no doorbell. Else (poll mode, or the engine busy on another
         // thread) count with a `fetch_add`, queue, and ring.
-        let mut wqe = Some(wqe);
         let (rq, index) = (&mut self.rq, self.index);
-        if self.shared.mode == EngineMode::Inline {
-            // `None` (the token is held elsewhere) leaves the WQE for the path below.
-            let _ = self.shared.engine.try_with(|e| {
-                for s in wr.sgl {
-                    s.mr.inflight.post_held(1);
-                }
-                if rq.push(wqe.take().expect("pushed once")).is_err() {
-                    unreachable!(
-                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
-                    );
-                }
-                if watch {
-                    e.wake_qp(index);
-                }
-            });
-        }
-        if let Some(wqe) = wqe {
+        let held = self.shared.mode == EngineMode::Inline
+            && self
+                .shared
+                .engine
+                .try_with(|e| {
+                    count_held(wr.sgl);
+                    if rq.push(wqe).is_err() {
+                        unreachable!(
+                            "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                        );
+                    }
+                    if watch {
+                        e.wake_qp(index);
+                    }
+                })
+                .is_some();
+        if !held {
+            // (The token is held elsewhere, or poll mode: the WQE was not queued above.)
             for s in wr.sgl {
                 s.mr.inflight.post_outside(1);
             }
@@ -883,6 +909,20 @@ fn counted_sgl<'a>(wr: &SendWr<'a>) -> &'a [Sge<'a>] {
     match wr.data {
         Data::Sgl(sgl) if !wr.flags.contains(SendFlags::INLINE) => sgl,
         _ => &[],
+    }
+}
+
+/// Counts the elements of a list in flight, under the engine token (plain stores).
+#[inline(always)]
+fn count_held(sgl: &[Sge<'_>]) {
+    match sgl {
+        [] => {}
+        [s] => s.mr.inflight.post_held(1),
+        many => {
+            for s in many {
+                s.mr.inflight.post_held(1);
+            }
+        }
     }
 }
 
@@ -915,6 +955,31 @@ fn count_outside(wrs: &[SendWr<'_>], add: bool) {
             apply(r, n);
         }
     }
+}
+
+/// The error for an element over a region of another context.
+#[cold]
+fn foreign_region() -> Error {
+    Error::ForeignObject {
+        what: "a memory region in the list",
+    }
+}
+
+/// The error for an element over a region of another protection domain.
+#[cold]
+fn other_pd_region(what: &'static str) -> Error {
+    Error::invalid(what, "a memory region of another protection domain")
+}
+
+/// The error for a result or receive buffer in a region without `LOCAL_WRITE`.
+#[cold]
+fn not_writable(what: &'static str, lkey: u32) -> Error {
+    Error::invalid(
+        what,
+        format!(
+            "memory region {lkey:#x} lacks LOCAL_WRITE, which the engine needs to write results or received data into it"
+        ),
+    )
 }
 
 /// Bit of a bind WQE's `swap` marking a type 2 window's bind (the low 8 bits are rights).
@@ -957,6 +1022,100 @@ mod tests {
     use super::*;
     use crate::link::{KIND_INLINE, RxPacket};
     use crate::{Context, SendOp};
+
+    /// The checks at post time, on one-element lists (the fast path that checks and
+    /// locates the element in one pass) and on two-element lists (the general path) alike:
+    /// a region of another context or protection domain, and a result or receive buffer
+    /// without `LOCAL_WRITE`, are refused with an error naming the problem, and nothing is
+    /// posted or counted in flight.
+    #[test]
+    fn one_element_lists_are_checked_like_longer_ones() {
+        use crate::{AccessFlags, Error, RecvWr};
+        let build = || {
+            Context::builder()
+                .mode(EngineMode::Inline)
+                .progress(crate::Progress::Manual)
+                .huge_pages(shmhca_rings::HugePages::Never)
+                .build()
+                .unwrap()
+        };
+        let (ctx, other) = (build(), build());
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let (link, _ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
+        let caps = QpCaps {
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            ..QpCaps::default()
+        };
+        let mut qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
+        crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 0, false);
+        let good = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let other_pd = ctx.alloc_pd().unwrap();
+        let in_other_pd = other_pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let opd = other.alloc_pd().unwrap();
+        let in_other_ctx = opd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let read_only = pd.alloc_mr(64, AccessFlags::NONE).unwrap();
+        let remote = good.remote(0);
+        type Check = fn(&Error) -> bool;
+        let cases: [(&str, &crate::Mr, Check, bool); 3] = [
+            // (what, the bad region, the error wanted, whether only buffers the engine
+            // writes refuse it)
+            (
+                "another context's region",
+                &in_other_ctx,
+                |e| matches!(e, Error::ForeignObject { .. }),
+                false,
+            ),
+            (
+                "another domain's region",
+                &in_other_pd,
+                |e| {
+                    matches!(e, Error::InvalidArgument { .. })
+                        && e.to_string().contains("another protection domain")
+                },
+                false,
+            ),
+            (
+                "a region without LOCAL_WRITE",
+                &read_only,
+                |e| {
+                    matches!(e, Error::InvalidArgument { .. })
+                        && e.to_string().contains("lacks LOCAL_WRITE")
+                },
+                true,
+            ),
+        ];
+        for (case, bad, refused, only_written) in cases {
+            let lists = [
+                vec![bad.sge(8, 8).unwrap()],
+                vec![good.sge(0, 8).unwrap(), bad.sge(8, 8).unwrap()],
+            ];
+            for list in &lists {
+                let n = list.len();
+                let mut posts = vec![
+                    (
+                        "Read",
+                        qp.post_send(&SendWr::new(0, SendOp::RdmaRead(remote), list)),
+                    ),
+                    ("receive", qp.post_recv(&RecvWr::new(0, list))),
+                ];
+                if !only_written {
+                    posts.push(("Send", qp.post_send(&SendWr::new(0, SendOp::Send, list))));
+                }
+                for (what, r) in posts {
+                    match r {
+                        Err(e) => assert!(refused(&e), "{case}, {what} of {n}: {e}"),
+                        Ok(()) => panic!("{case}, {what} of {n}: accepted"),
+                    }
+                }
+                assert_eq!(qp.sq_outstanding(), 0, "{case}, list of {n}");
+                for mr in [&good, &in_other_pd, &in_other_ctx, &read_only] {
+                    assert_eq!(mr.in_flight(), 0, "{case}, list of {n}");
+                }
+            }
+        }
+    }
 
     /// Inline mode hands a post to the engine directly, after the WQEs still in the send
     /// ring (pushed there while another thread held the engine): the engine knows from the
