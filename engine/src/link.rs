@@ -878,7 +878,20 @@ pub(crate) struct Link {
 impl Link {
     /// Publishes this iteration's outgoing burst with one index store, and wakes the peer
     /// engine if it may be asleep.
+    ///
+    /// Called for every link every iteration, and mostly with nothing queued: that answer
+    /// costs one load here, not a call.
+    #[inline]
     pub(crate) fn publish(&mut self) {
+        if self.tx.len == 0 {
+            return; // nothing queued (flush would push nothing)
+        }
+        self.publish_queued();
+    }
+
+    /// [`Link::publish`] when packets are queued.
+    #[inline(never)]
+    fn publish_queued(&mut self) {
         if self.tx.flush() > 0 {
             if let Some(word) = self.peer_wake() {
                 crate::engine::wake::wake(word);
