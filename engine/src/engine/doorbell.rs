@@ -63,6 +63,20 @@ impl ActiveSet {
         self.words[w as usize]
     }
 
+    /// Moves every member of `other` into this set, emptying `other`.
+    #[inline]
+    pub(crate) fn take_all(&mut self, other: &mut ActiveSet) {
+        let mut s = other.summary;
+        while s != 0 {
+            let w = s.trailing_zeros() as usize;
+            s &= s - 1;
+            self.words[w] |= other.words[w];
+            other.words[w] = 0;
+        }
+        self.summary |= other.summary;
+        other.summary = 0;
+    }
+
     /// Empties the set.
     #[inline]
     pub(crate) fn clear(&mut self) {
@@ -113,5 +127,16 @@ mod tests {
         a.insert(4095);
         a.clear();
         assert!(a.is_empty() && !a.contains(4095));
+
+        let mut b = ActiveSet::new();
+        a.insert(3);
+        b.insert(3);
+        b.insert(64);
+        b.insert(4000);
+        a.take_all(&mut b);
+        assert_eq!(a.members(), [3, 64, 4000]);
+        assert!(b.is_empty() && b.members().is_empty());
+        a.take_all(&mut b);
+        assert_eq!(a.members(), [3, 64, 4000]);
     }
 }
