@@ -86,6 +86,8 @@ pub(crate) struct Engine {
     nomem: Mem,
     /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
     pub(crate) stats_area: Option<crate::stats_area::StatsArea>,
+    /// Iterations until the stats area is next published (the first iteration publishes).
+    stats_countdown: u32,
     /// The fault stage (`ContextBuilder::faults`); `None` when off (one branch per QP
     /// served and one per iteration).
     pub(crate) faults: Option<Box<crate::fault::Faults>>,
@@ -127,6 +129,7 @@ impl Engine {
             timer_countdown: TIMER_EVERY,
             nomem: Mem::private(0),
             stats_area: None,
+            stats_countdown: 1,
             faults: None,
             icrc_dropped: 0,
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
@@ -299,9 +302,10 @@ impl Engine {
 
     /// One iteration of the poll loop; returns the packets received and sent.
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        if let Some(mut area) = self.stats_area.take_if(|a| a.due()) {
-            area.publish(self);
-            self.stats_area = Some(area);
+        // One branch per iteration when no publication is due, with or without a stats area.
+        self.stats_countdown -= 1;
+        if self.stats_countdown == 0 {
+            self.publish_stats();
         }
         if self.watched_count > 0 {
             self.scan_watched(doorbell);
@@ -522,6 +526,18 @@ impl Engine {
         work
     }
 
+    /// Publishes the stats area, if there is one: one iteration in
+    /// [`PUBLISH_EVERY`](crate::stats_area::PUBLISH_EVERY).
+    #[cold]
+    #[inline(never)]
+    fn publish_stats(&mut self) {
+        self.stats_countdown = crate::stats_area::PUBLISH_EVERY;
+        if let Some(mut area) = self.stats_area.take() {
+            area.publish(self);
+            self.stats_area = Some(area);
+        }
+    }
+
     /// Puts QP `index` in the active set, so that the next iteration looks at it: what a
     /// doorbell does, for work queued under the engine token (a receive posted in inline
     /// mode), without the doorbell's locked instructions.
@@ -620,9 +636,9 @@ impl Engine {
     /// Whether an iteration would do nothing, checked at the cost of an empty poll: the
     /// doorbell's summary word and one load per link (its receive ring's producer index).
     /// Then no QP is active (a QP that only waits for a timer is in the timed set: `poll`
-    /// counts the timer countdown down for it), the fault stage is off, and every live link has nothing received, no
-    /// backlog and nothing queued to publish — exactly the case where the full iteration
-    /// would change no state.
+    /// counts the timer countdown down for it), the fault stage is off, and every live link
+    /// has nothing received, no backlog and nothing queued to publish — exactly the case
+    /// where the full iteration would change no state.
     #[inline]
     fn quiet(&mut self, doorbell: &doorbell::Doorbell) -> bool {
         self.active.is_empty()
