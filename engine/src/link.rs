@@ -660,6 +660,12 @@ impl TxBatch {
         &self.buf[..self.len]
     }
 
+    /// Whether no packet is queued (`queued().is_empty()`, without forming the slice).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Publishes the queued packets (one index store); returns how many.
     pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {
@@ -883,7 +889,7 @@ impl Link {
     /// costs one load here, not a call.
     #[inline]
     pub(crate) fn publish(&mut self) {
-        if self.tx.len == 0 {
+        if self.tx.is_empty() {
             return; // nothing queued (flush would push nothing)
         }
         self.publish_queued();

@@ -646,8 +646,7 @@ impl Engine {
             && self.faults.is_none()
             && !doorbell.rung()
             && self.links.iter_mut().all(|(_, l)| {
-                l.down.is_some()
-                    || (!l.rx_backlog && l.tx.queued().is_empty() && l.rx.available() == Ok(0))
+                l.down.is_some() || (!l.rx_backlog && l.tx.is_empty() && l.rx.available() == Ok(0))
             })
     }
 
