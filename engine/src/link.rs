@@ -666,6 +666,12 @@ impl TxBatch {
         self.len == 0
     }
 
+    /// How many slots are queued (`queued().len()`, without forming the slice).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Publishes the queued packets (one index store); returns how many.
     pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {

@@ -465,7 +465,7 @@ impl Engine {
                         if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
                             requester::on_tick(qp, &mut env, link.rx_backlog);
                         }
-                        let before = link.tx.queued().len();
+                        let before = link.tx.len();
                         let mut wire = Wire { tx: &mut link.tx };
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                         responder::drain(qp, &mut env, &mut wire);
@@ -848,7 +848,7 @@ fn flush_owed_acks(
                 let Some(link) = link.as_deref_mut() else {
                     continue;
                 };
-                let before = link.tx.queued().len();
+                let before = link.tx.len();
                 if !responder::send_owed_ack(qp, env, &mut Wire { tx: &mut link.tx }) {
                     owed.push(l, i);
                     continue;
