@@ -11,6 +11,17 @@ pub(crate) use shmhca_rings::doorbell::Doorbell;
 /// The most QPs one engine serves (64 × 64): one doorbell's worth.
 pub(crate) const MAX_QPS: usize = crate::limits::MAX_QPS as usize;
 
+// Every index below MAX_QPS has its own bit: 64 words of 64.
+const _: () = assert!(MAX_QPS == 64 * 64);
+
+/// The word and bit of QP index `index` (below [`MAX_QPS`]; the word is taken modulo 64,
+/// so that indexing needs no bounds check).
+#[inline]
+fn split(index: u32) -> (usize, u32) {
+    debug_assert!((index as usize) < MAX_QPS, "QP index {index} out of range");
+    ((index / 64 % 64) as usize, index % 64)
+}
+
 /// A two-level bit set of QP indices, private to the engine.
 pub(crate) struct ActiveSet {
     summary: u64,
@@ -27,14 +38,14 @@ impl ActiveSet {
 
     #[inline]
     pub(crate) fn insert(&mut self, index: u32) {
-        let (w, b) = ((index / 64) as usize, index % 64);
+        let (w, b) = split(index);
         self.words[w] |= 1 << b;
         self.summary |= 1 << w;
     }
 
     #[inline]
     pub(crate) fn remove(&mut self, index: u32) {
-        let (w, b) = ((index / 64) as usize, index % 64);
+        let (w, b) = split(index);
         self.words[w] &= !(1 << b);
         if self.words[w] == 0 {
             self.summary &= !(1 << w);
@@ -48,7 +59,8 @@ impl ActiveSet {
     /// Whether `index` is a member.
     #[inline]
     pub(crate) fn contains(&self, index: u32) -> bool {
-        self.words[(index / 64) as usize] & (1 << (index % 64)) != 0
+        let (w, b) = split(index);
+        self.words[w] & (1 << b) != 0
     }
 
     /// The summary word: bit `w` is set if word `w` has members.
