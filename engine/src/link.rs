@@ -724,6 +724,18 @@ impl TxBatch {
         &self.buf[..self.len]
     }
 
+    /// Whether no packet is queued (`queued().is_empty()`, without forming the slice).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many slots are queued (`queued().len()`, without forming the slice).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Publishes the queued packets (one index store); returns how many.
     pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {
@@ -942,7 +954,20 @@ pub(crate) struct Link {
 impl Link {
     /// Publishes this iteration's outgoing burst with one index store, and wakes the peer
     /// engine if it may be asleep.
+    ///
+    /// Called for every link every iteration, and mostly with nothing queued: that answer
+    /// costs one load here, not a call.
+    #[inline]
     pub(crate) fn publish(&mut self) {
+        if self.tx.is_empty() {
+            return; // nothing queued (flush would push nothing)
+        }
+        self.publish_queued();
+    }
+
+    /// [`Link::publish`] when packets are queued.
+    #[inline(never)]
+    fn publish_queued(&mut self) {
         if self.tx.flush() > 0 {
             if let Some(word) = self.peer_wake() {
                 crate::engine::wake::wake(word);

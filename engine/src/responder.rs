@@ -1100,20 +1100,42 @@ fn duplicate(
 /// later iteration unless the link is full: in inline mode there may be none — the
 /// application that just received its completion may stop polling — and a real HCA
 /// acknowledges whatever the application does.
+///
+/// Called for every active QP every iteration, and nearly always with nothing to do: that
+/// answer costs a few loads here ([`credit_update_due`]), not a call.
+#[inline]
 pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_, L>) {
-    let Some(dest) = qp.cfg.dest else { return };
+    if qp.resp.has_output() && !drain_queued(qp, env, wire) {
+        return; // the link is full (the credit update waits behind), or a fatal Nak left
+    }
+    if credit_update_due(qp) {
+        send_credit_update(qp, env, wire);
+    }
+}
+
+/// Sends the queued responses as far as the link has room ([`drain`]); whether the credit
+/// update may follow (all sent, and the last was not a fatal Nak).
+#[inline(never)]
+fn drain_queued<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_, L>,
+) -> bool {
+    let Some(dest) = qp.cfg.dest else {
+        return false;
+    };
     let pmtu = qp.cfg.path_mtu.bytes();
     let discard = qp.state == QpState::Error && !qp.resp.closing;
     while let Some(front) = qp.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
                 if !emit_nak(wire, env, dest.qpn, psn, syndrome, qp.resp.msn) {
-                    return;
+                    return false;
                 }
             }
             Out::Fatal { psn, code } => {
                 if !emit_nak(wire, env, dest.qpn, psn, Syndrome::Nak(code), qp.resp.msn) {
-                    return;
+                    return false;
                 }
                 // The last response: whatever is queued behind it answers nothing.
                 let resp = &mut qp.resp;
@@ -1121,7 +1143,7 @@ pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire:
                 resp.rd_atomic_queued = 0;
                 resp.dup_queued = 0;
                 resp.closing = false;
-                return;
+                return false;
             }
             _ if discard => {}
             Out::Ack { psn, msn } => {
@@ -1136,7 +1158,7 @@ pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire:
                     msn,
                     None,
                 ) {
-                    return;
+                    return false;
                 }
                 advertise(qp, code.credits());
                 env.stats.acks_sent += 1;
@@ -1158,7 +1180,7 @@ pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire:
                     msn,
                     Some(orig),
                 ) {
-                    return;
+                    return false;
                 }
                 advertise(qp, code.credits());
                 qp.resp.release_rd_atomic(dup);
@@ -1170,7 +1192,7 @@ pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire:
                         if let Some(Out::Read(job)) = qp.resp.out.front_mut() {
                             *job = j;
                         }
-                        return;
+                        return false;
                     }
                     if let Err(psn) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
                         // The region went away mid-read: the Nak goes next, and last.
@@ -1195,22 +1217,34 @@ pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire:
         }
         qp.resp.out.pop_front();
     }
-    if qp.state == QpState::Error || qp.srq.is_some() || qp.resp.owed.is_some() {
-        // A QP on a shared receive queue reports no credits (the invalid code, spec/02
-        // Table 17-8): there is nothing to update. An owed Ack reports them when it
-        // leaves, at the end of the iteration.
-        return;
-    }
-    // Unsolicited credit update: when credits grew from (nearly) nothing, tell the
-    // requester rather than leave it probing.
-    let stale = match qp.resp.advertised {
-        Some(adv) if adv >= CREDIT_WATCH => None,
-        adv => {
-            let available = qp.rq.waiting();
-            adv.is_none_or(|a| a < available).then_some(available)
-        }
-    };
-    if let Some(available) = stale.filter(|_| qp.state.receives()) {
+    true
+}
+
+/// Whether [`drain`] must look at the receive queue for an unsolicited credit update: the
+/// requester was told of fewer than [`CREDIT_WATCH`] receive WQEs (or of none yet), no Ack
+/// is owed (it reports the credits when it leaves, at the end of the iteration), and the
+/// QP reports credits (not in the Error state; a QP on a shared receive queue reports the
+/// invalid code, spec/02 Table 17-8: there is nothing to update).
+#[inline]
+fn credit_update_due(qp: &QpCtx) -> bool {
+    qp.resp.advertised.is_none_or(|a| a < CREDIT_WATCH)
+        && qp.resp.owed.is_none()
+        && qp.state != QpState::Error
+        && qp.srq.is_none()
+}
+
+/// Unsolicited credit update ([`drain`], when [`credit_update_due`]): when credits grew
+/// from (nearly) nothing, tell the requester rather than leave it probing.
+#[inline(never)]
+fn send_credit_update<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_, L>,
+) {
+    let Some(dest) = qp.cfg.dest else { return };
+    let available = qp.rq.waiting();
+    let stale = qp.resp.advertised.is_none_or(|a| a < available);
+    if stale && qp.state.receives() {
         let code = CreditCode::encode(available);
         let psn = qp.resp.epsn.sub(1);
         if emit_aeth(

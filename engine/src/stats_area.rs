@@ -99,14 +99,14 @@ const USED: usize = OFF_QPS + MAX_QPS * QP_LEN;
 /// The data area's length (a whole page).
 const DATA_LEN: usize = USED.next_multiple_of(4096);
 
-/// The engine's side: the mapped area and its publishing countdown.
+/// The engine's side: the mapped area (the engine counts the iterations between two
+/// publications itself).
 pub(crate) struct StatsArea {
     mem: Mem,
     /// Keeps the memfd open (and so findable) for the engine's life.
     _segment: Arc<Segment>,
     /// The image assembled before each copy (made once).
     image: Box<[u8]>,
-    countdown: u32,
     publishes: u64,
 }
 
@@ -132,7 +132,6 @@ impl StatsArea {
             mem: Mem::from_segment(segment.clone()),
             _segment: segment,
             image,
-            countdown: 1,
             publishes: 0,
         };
         // Readable (empty) from the start.
@@ -140,18 +139,6 @@ impl StatsArea {
             .write(OFF_LAYOUT as u64, &area.image[OFF_LAYOUT..])
             .ok()?;
         Some(area)
-    }
-
-    /// One engine iteration: whether it is time to publish.
-    #[inline]
-    pub(crate) fn due(&mut self) -> bool {
-        self.countdown -= 1;
-        if self.countdown == 0 {
-            self.countdown = PUBLISH_EVERY;
-            true
-        } else {
-            false
-        }
     }
 
     /// Copies the engine's counters, links and QPs into the area.

@@ -11,6 +11,17 @@ pub(crate) use shmhca_rings::doorbell::Doorbell;
 /// The most QPs one engine serves (64 × 64): one doorbell's worth.
 pub(crate) const MAX_QPS: usize = crate::limits::MAX_QPS as usize;
 
+// Every index below MAX_QPS has its own bit: 64 words of 64.
+const _: () = assert!(MAX_QPS == 64 * 64);
+
+/// The word and bit of QP index `index` (below [`MAX_QPS`]; the word is taken modulo 64,
+/// so that indexing needs no bounds check).
+#[inline]
+fn split(index: u32) -> (usize, u32) {
+    debug_assert!((index as usize) < MAX_QPS, "QP index {index} out of range");
+    ((index / 64 % 64) as usize, index % 64)
+}
+
 /// A two-level bit set of QP indices, private to the engine.
 pub(crate) struct ActiveSet {
     summary: u64,
@@ -27,14 +38,14 @@ impl ActiveSet {
 
     #[inline]
     pub(crate) fn insert(&mut self, index: u32) {
-        let (w, b) = ((index / 64) as usize, index % 64);
+        let (w, b) = split(index);
         self.words[w] |= 1 << b;
         self.summary |= 1 << w;
     }
 
     #[inline]
     pub(crate) fn remove(&mut self, index: u32) {
-        let (w, b) = ((index / 64) as usize, index % 64);
+        let (w, b) = split(index);
         self.words[w] &= !(1 << b);
         if self.words[w] == 0 {
             self.summary &= !(1 << w);
@@ -48,7 +59,8 @@ impl ActiveSet {
     /// Whether `index` is a member.
     #[inline]
     pub(crate) fn contains(&self, index: u32) -> bool {
-        self.words[(index / 64) as usize] & (1 << (index % 64)) != 0
+        let (w, b) = split(index);
+        self.words[w] & (1 << b) != 0
     }
 
     /// The summary word: bit `w` is set if word `w` has members.
@@ -61,6 +73,20 @@ impl ActiveSet {
     #[inline]
     pub(crate) fn word(&self, w: u32) -> u64 {
         self.words[w as usize]
+    }
+
+    /// Moves every member of `other` into this set, emptying `other`.
+    #[inline]
+    pub(crate) fn take_all(&mut self, other: &mut ActiveSet) {
+        let mut s = other.summary;
+        while s != 0 {
+            let w = s.trailing_zeros() as usize;
+            s &= s - 1;
+            self.words[w] |= other.words[w];
+            other.words[w] = 0;
+        }
+        self.summary |= other.summary;
+        other.summary = 0;
     }
 
     /// Empties the set.
@@ -113,5 +139,16 @@ mod tests {
         a.insert(4095);
         a.clear();
         assert!(a.is_empty() && !a.contains(4095));
+
+        let mut b = ActiveSet::new();
+        a.insert(3);
+        b.insert(3);
+        b.insert(64);
+        b.insert(4000);
+        a.take_all(&mut b);
+        assert_eq!(a.members(), [3, 64, 4000]);
+        assert!(b.is_empty() && b.members().is_empty());
+        a.take_all(&mut b);
+        assert_eq!(a.members(), [3, 64, 4000]);
     }
 }

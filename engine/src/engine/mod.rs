@@ -5,7 +5,9 @@
 //! 1. takes the doorbells rung by `post_send`/`post_recv` into the active set, and the
 //!    watched send queues that hold new WQEs (poll mode: see [`Engine::watch_sq`]); an
 //!    iteration with nothing rung, nothing active and nothing received returns here, after
-//!    the doorbell's summary word and one load per link;
+//!    the doorbell's summary word and one load per link (QPs that only wait for an Ack or
+//!    the end of an RNR wait are not active: they are in the timed set, which rejoins the
+//!    active set one iteration in [`TIMER_EVERY`]);
 //! 2. receives a burst (up to [`RX_BURST`]) from each link and runs the RQ Logic or the
 //!    completer on each packet, by opcode;
 //! 3. for each active QP only: fetches new send WQEs, runs its timers, sends its queued
@@ -47,7 +49,7 @@ pub(crate) const RX_BURST: usize = 32;
 /// Request packets one QP may send per iteration (fairness between QPs).
 const TX_BUDGET: usize = 32;
 /// Iterations between two timer checks (a check costs at most one clock read, and only
-/// while some active QP has a timer armed; see [`crate::timer::Timestamp`]).
+/// while some QP has a timer armed; see [`crate::timer::Timestamp`]).
 pub(crate) const TIMER_EVERY: u32 = 8;
 /// Iterations without a new WQE on any watched send queue after which the engine stops
 /// watching them (see [`Engine::watch_sq`]).
@@ -69,6 +71,12 @@ pub(crate) struct Engine {
     active: ActiveSet,
     /// QPs whose doorbell rang this iteration (new send WQEs to fetch).
     rung: ActiveSet,
+    /// QPs out of the active set that only wait for a timer — an Ack awaited under the
+    /// transport timer, or the end of an RNR wait: put back in the active set by the
+    /// iterations that check timers (one in [`TIMER_EVERY`]). It may also hold QPs whose
+    /// timers were disarmed since (an Ack came: that made them active); they leave it at
+    /// that check.
+    timed: ActiveSet,
     rx: Box<[PacketSlot]>,
     /// Packet capture and observation; `None` when off (one branch per burst).
     pub(crate) trace: Option<Box<Trace>>,
@@ -78,6 +86,8 @@ pub(crate) struct Engine {
     nomem: Mem,
     /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
     pub(crate) stats_area: Option<crate::stats_area::StatsArea>,
+    /// Iterations until the stats area is next published (the first iteration publishes).
+    stats_countdown: u32,
     /// The fault stage (`ContextBuilder::faults`); `None` when off (one branch per QP
     /// served and one per iteration).
     pub(crate) faults: Option<Box<crate::fault::Faults>>,
@@ -113,11 +123,13 @@ impl Engine {
             links: SlotTable::new(MAX_LINKS, 8),
             active: ActiveSet::new(),
             rung: ActiveSet::new(),
+            timed: ActiveSet::new(),
             rx: vec![PacketSlot::default(); RX_BURST + MAX_CONTINUATION].into_boxed_slice(),
             trace: None,
             timer_countdown: TIMER_EVERY,
             nomem: Mem::private(0),
             stats_area: None,
+            stats_countdown: 1,
             faults: None,
             icrc_dropped: 0,
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
@@ -158,6 +170,7 @@ impl Engine {
             return;
         };
         self.active.remove(index);
+        self.timed.remove(index);
         self.res.mws.unbind_qp(qp.qpn);
         discard_queues(&mut qp, &mut self.res.env());
     }
@@ -289,15 +302,24 @@ impl Engine {
 
     /// One iteration of the poll loop; returns the packets received and sent.
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        if let Some(mut area) = self.stats_area.take_if(|a| a.due()) {
-            area.publish(self);
-            self.stats_area = Some(area);
+        // One branch per iteration when no publication is due, with or without a stats area.
+        self.stats_countdown -= 1;
+        if self.stats_countdown == 0 {
+            self.publish_stats();
         }
         if self.watched_count > 0 {
             self.scan_watched(doorbell);
         }
         if self.quiet(doorbell) {
-            return 0;
+            // Nothing to do but count down to the next timer check, if some QP out of the
+            // active set waits for a timer; the iteration that checks is a full one.
+            if self.timed.is_empty() {
+                return 0;
+            }
+            if self.timer_countdown > 1 {
+                self.timer_countdown -= 1;
+                return 0;
+            }
         }
         let Engine {
             res,
@@ -305,6 +327,7 @@ impl Engine {
             links,
             active,
             rung,
+            timed,
             rx,
             trace,
             timer_countdown,
@@ -419,6 +442,8 @@ impl Engine {
         let check_timers = *timer_countdown == 0;
         if check_timers {
             *timer_countdown = TIMER_EVERY;
+            // The QPs that wait for a timer take their turn in step 3.
+            active.take_all(timed);
         }
 
         // 3. Active QPs (a copy of each word is walked, so members can leave meanwhile).
@@ -443,7 +468,7 @@ impl Engine {
                         if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
                             requester::on_tick(qp, &mut env, link.rx_backlog);
                         }
-                        let before = link.tx.queued().len();
+                        let before = link.tx.len();
                         let mut wire = Wire { tx: &mut link.tx };
                         work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
                         responder::drain(qp, &mut env, &mut wire);
@@ -472,6 +497,9 @@ impl Engine {
                 completer::retire(qp, &mut env);
                 if !needs_attention(qp) {
                     active.remove(i);
+                    if waits_for_timer(qp) {
+                        timed.insert(i);
+                    }
                 }
             }
         }
@@ -501,6 +529,18 @@ impl Engine {
         work
     }
 
+    /// Publishes the stats area, if there is one: one iteration in
+    /// [`PUBLISH_EVERY`](crate::stats_area::PUBLISH_EVERY).
+    #[cold]
+    #[inline(never)]
+    fn publish_stats(&mut self) {
+        self.stats_countdown = crate::stats_area::PUBLISH_EVERY;
+        if let Some(mut area) = self.stats_area.take() {
+            area.publish(self);
+            self.stats_area = Some(area);
+        }
+    }
+
     /// Puts QP `index` in the active set, so that the next iteration looks at it: what a
     /// doorbell does, for work queued under the engine token (a receive posted in inline
     /// mode), without the doorbell's locked instructions.
@@ -514,6 +554,12 @@ impl Engine {
     #[cfg(test)]
     pub(crate) fn is_active(&self, index: u32) -> bool {
         self.active.contains(index)
+    }
+
+    /// Whether QP `index` is in the timed set (for tests).
+    #[cfg(test)]
+    pub(crate) fn is_timed(&self, index: u32) -> bool {
+        self.timed.contains(index)
     }
 
     /// Looks at the watched send queues: one with new WQEs counts as rung. After
@@ -592,10 +638,10 @@ impl Engine {
 
     /// Whether an iteration would do nothing, checked at the cost of an empty poll: the
     /// doorbell's summary word and one load per link (its receive ring's producer index).
-    /// Then no QP is active (so none has a timer armed: skipping the timer countdown changes
-    /// nothing), the fault stage is off, and every live link has nothing received, no
-    /// backlog and nothing queued to publish — exactly the case where the full iteration
-    /// would change no state.
+    /// Then no QP is active (a QP that only waits for a timer is in the timed set: `poll`
+    /// counts the timer countdown down for it), the fault stage is off, and every live link
+    /// has nothing received, no backlog and nothing queued to publish — exactly the case
+    /// where the full iteration would change no state.
     #[inline]
     fn quiet(&mut self, doorbell: &doorbell::Doorbell) -> bool {
         self.active.is_empty()
@@ -603,8 +649,7 @@ impl Engine {
             && self.faults.is_none()
             && !doorbell.rung()
             && self.links.iter_mut().all(|(_, l)| {
-                l.down.is_some()
-                    || (!l.rx_backlog && l.tx.queued().is_empty() && l.rx.available() == Ok(0))
+                l.down.is_some() || (!l.rx_backlog && l.tx.is_empty() && l.rx.available() == Ok(0))
             })
     }
 
@@ -683,6 +728,7 @@ impl Engine {
     /// Whether no QP has work pending (the engine thread may sleep).
     pub(crate) fn idle(&self) -> bool {
         self.active.is_empty()
+            && self.timed.is_empty()
             && self.owed.is_empty()
             && !self.faults.as_ref().is_some_and(|f| f.holding())
     }
@@ -706,26 +752,28 @@ impl Engine {
     ///
     /// Timers armed since the engine last looked at its timers start counting now, as
     /// they would at the next timer check ([`crate::timer::Deadline::arm_later`]). Costs
-    /// one clock read and a walk over the active QPs (a QP with a timer armed is always
-    /// active): call it before sleeping, not on every poll.
+    /// one clock read and a walk over the active and timed QPs (a QP with a timer armed is
+    /// in one of the two sets): call it before sleeping, not on every poll.
     pub(crate) fn next_deadline(&mut self) -> Option<Timestamp> {
         let mut env = self.res.env();
         let mut earliest: Option<Timestamp> = None;
-        let mut summary = self.active.summary();
-        while summary != 0 {
-            let w = summary.trailing_zeros();
-            summary &= summary - 1;
-            let mut bits = self.active.word(w);
-            while bits != 0 {
-                let i = w * 64 + bits.trailing_zeros();
-                bits &= bits - 1;
-                let Some(qp) = self.qps.at_mut(i) else {
-                    continue;
-                };
-                for d in [&mut qp.req.timer, &mut qp.req.rnr_timer] {
-                    env.start(d);
-                    if let Some(t) = d.at() {
-                        earliest = Some(earliest.map_or(t, |e| e.min(t)));
+        for set in [&self.active, &self.timed] {
+            let mut summary = set.summary();
+            while summary != 0 {
+                let w = summary.trailing_zeros();
+                summary &= summary - 1;
+                let mut bits = set.word(w);
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let Some(qp) = self.qps.at_mut(i) else {
+                        continue;
+                    };
+                    for d in [&mut qp.req.timer, &mut qp.req.rnr_timer] {
+                        env.start(d);
+                        if let Some(t) = d.at() {
+                            earliest = Some(earliest.map_or(t, |e| e.min(t)));
+                        }
                     }
                 }
             }
@@ -803,7 +851,7 @@ fn flush_owed_acks(
                 let Some(link) = link.as_deref_mut() else {
                     continue;
                 };
-                let before = link.tx.queued().len();
+                let before = link.tx.len();
                 if !responder::send_owed_ack(qp, env, &mut Wire { tx: &mut link.tx }) {
                     owed.push(l, i);
                     continue;
@@ -847,16 +895,22 @@ fn trace_sent(
     }
 }
 
-/// Whether a QP must stay in the active set.
+/// Whether a QP has work now and must stay in the active set. One without, that waits for a
+/// timer ([`waits_for_timer`]), goes to the timed set: until the timer check nothing but a
+/// received packet (which makes it active again) gives it work — a WQE held by an RNR
+/// wait goes when the wait ends, which the timer check sees.
 fn needs_attention(qp: &QpCtx) -> bool {
     let req = &qp.req;
-    req.window.has_work()
+    (req.window.has_work() && !req.rnr_timer.armed())
         || qp.resp.has_output()
-        || req.timer.armed()
-        || req.rnr_timer.armed()
         || req.window.oldest_done()
         || (qp.state == QpState::Error && req.window.fetched() > req.window.retired())
         || qp.rq_flush_pending
+}
+
+/// Whether a QP has a timer armed: the transport timer, or an RNR wait.
+fn waits_for_timer(qp: &QpCtx) -> bool {
+    qp.req.timer.armed() || qp.req.rnr_timer.armed()
 }
 
 /// Drops every queued work request of a QP without completions (destroy, or Reset),
@@ -982,5 +1036,213 @@ mod watch_tests {
         }
         assert!(send(&ctx, sender, receiver, &mr, 10), "unwatched: rung");
         completions(&ctx, &mut cq, 2);
+    }
+}
+
+/// The timed set, driven by hand against a raw peer: a QP that only waits for an Ack or for
+/// the end of an RNR wait is passed by (out of the active set), and its timer still fires
+/// when the engine has nothing else to do (inline mode, every iteration quiet but the
+/// timer checks).
+#[cfg(all(test, not(shmhca_loom)))]
+mod timed_tests {
+    use std::time::{Duration, Instant};
+
+    use crate::link::{LinkEnds, PacketSlot, continuation_slots};
+    use crate::mem::Mem;
+    use crate::psn::Psn;
+    use crate::wire::aeth::{AethRepr, CreditCode, RnrTimer, Syndrome};
+    use crate::wire::opcode::Opcode;
+    use crate::wire::{BthRepr, Msn, PacketRepr};
+    use crate::{
+        AccessFlags, Context, Cq, Destination, Mr, Mtu, Pd, Qp, QpAttr, QpCaps, QpState, Qpn,
+        SendOp, SendWr, WcStatus, WorkCompletion,
+    };
+
+    const PEER: u32 = 9;
+
+    struct Rig {
+        ctx: Context,
+        _pd: Pd,
+        cq: Cq,
+        qp: Qp,
+        mr: Mr,
+        peer: LinkEnds,
+        _arena: Mem,
+    }
+
+    /// A QP in RTS towards a raw peer, its transport timer short (Local Ack Timeout 8:
+    /// about 1 ms), sending without end-to-end credits.
+    fn rig() -> Rig {
+        let ctx = crate::raw_peer::inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let (link, peer, arena) = crate::raw_peer::raw_peer_link(&ctx, 64, PEER, 4096);
+        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+            .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(Mtu::Mtu256)
+                .dest(Destination {
+                    link,
+                    qpn: Qpn::new(PEER),
+                })
+                .rq_psn(0)
+                .max_dest_rd_atomic(1)
+                .min_rnr_timer(1)
+                .remote_credits(false),
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(0)
+                .timeout(8)
+                .retry_cnt(7)
+                .rnr_retry(7)
+                .max_rd_atomic(1),
+        )
+        .unwrap();
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        Rig {
+            ctx,
+            _pd: pd,
+            cq,
+            qp,
+            mr,
+            peer,
+            _arena: arena,
+        }
+    }
+
+    impl Rig {
+        /// The PSNs of the requests the QP sent since the last call.
+        fn requests(&mut self) -> Vec<u32> {
+            let mut buf = [PacketSlot::default(); 16];
+            let mut out = vec![];
+            let mut skip = 0;
+            loop {
+                let n = self.peer.rx.pop_burst(&mut buf).unwrap();
+                if n == 0 {
+                    return out;
+                }
+                for s in &buf[..n] {
+                    if skip > 0 {
+                        skip -= 1;
+                        continue;
+                    }
+                    skip = continuation_slots(s);
+                    let (repr, _) = PacketRepr::parse(&s.data[..usize::from(s.hdr_len)]).unwrap();
+                    if repr.bth.opcode.info().unwrap().request {
+                        out.push(repr.bth.psn.get());
+                    }
+                }
+            }
+        }
+
+        /// Whether the QP is in the engine's active set and in its timed set.
+        fn sets(&self) -> (bool, bool) {
+            let i = self.qp.index;
+            self.ctx
+                .shared
+                .engine
+                .with(|e| (e.is_active(i), e.is_timed(i)))
+        }
+
+        /// The peer answers PSN `psn` with `syndrome`.
+        fn answer(&mut self, psn: u32, syndrome: Syndrome, msn: u32) {
+            let mut r = PacketRepr::new(BthRepr::new(
+                Opcode::Acknowledge,
+                self.qp.qpn(),
+                Psn::new(psn),
+            ));
+            r.aeth = Some(AethRepr {
+                syndrome,
+                msn: Msn::new(msn),
+            });
+            let mut s = PacketSlot::default();
+            s.hdr_len = r.emit(&mut s.data).unwrap() as u8;
+            assert_eq!(self.peer.tx.push_burst(&[s]).unwrap(), 1);
+        }
+
+        /// Drives the engine until the QP sends a request again; its PSNs.
+        fn until_sent(&mut self, what: &str) -> Vec<u32> {
+            let start = Instant::now();
+            loop {
+                self.ctx.progress();
+                let sent = self.requests();
+                if !sent.is_empty() {
+                    return sent;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "no {what} in 20 s"
+                );
+            }
+        }
+
+        /// Acknowledges PSN 0 and checks the Send's completion; then, within one timer
+        /// check, the engine has nothing left to look at.
+        fn ack_and_complete(&mut self) {
+            let ack = Syndrome::Ack {
+                credits: CreditCode::NONE,
+            };
+            self.answer(0, ack, 1);
+            let mut wc = [WorkCompletion::default(); 2];
+            let mut n = 0;
+            for _ in 0..100 {
+                n += self.cq.poll(&mut wc[n..]);
+            }
+            assert_eq!(n, 1);
+            assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success));
+            for _ in 0..=super::TIMER_EVERY {
+                self.ctx.progress();
+            }
+            assert_eq!(self.sets(), (false, false));
+            assert!(self.ctx.shared.engine.with(|e| e.idle()));
+        }
+    }
+
+    #[test]
+    fn a_qp_waiting_for_its_ack_is_timed_not_active_and_its_timer_fires() {
+        let mut r = rig();
+        r.qp.post_send(&SendWr::new(1, SendOp::Send, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        r.ctx.progress();
+        assert_eq!(r.requests(), [0]);
+        r.ctx.progress();
+        assert_eq!(r.sets(), (false, true), "waiting for its Ack only");
+        assert!(!r.ctx.shared.engine.with(|e| e.idle()), "a timer is armed");
+        assert!(r.ctx.next_timer().is_some(), "the timed QP's timer counts");
+        // Nothing arrives: every iteration but the timer checks is quiet, and the timer
+        // fires all the same.
+        assert_eq!(r.until_sent("retransmission"), [0]);
+        assert_eq!(r.ctx.stats().timeouts, 1);
+        r.ctx.progress();
+        assert_eq!(r.sets(), (false, true), "waiting for its Ack again");
+        r.ack_and_complete();
+    }
+
+    #[test]
+    fn a_qp_in_an_rnr_wait_is_timed_not_active_and_retries_when_it_ends() {
+        let mut r = rig();
+        r.qp.post_send(&SendWr::new(1, SendOp::Send, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        r.ctx.progress();
+        assert_eq!(r.requests(), [0]);
+        // 10 ms: long enough that the waits below see it armed on a loaded machine.
+        let rnr = Syndrome::RnrNak {
+            timer: RnrTimer::new(20),
+        };
+        r.answer(0, rnr, 0);
+        r.ctx.progress();
+        r.ctx.progress();
+        assert_eq!(r.ctx.stats().rnr_naks_received, 1);
+        assert_eq!(
+            r.sets(),
+            (false, true),
+            "the Send waits for the RNR wait to end"
+        );
+        assert_eq!(r.until_sent("retry after the RNR wait"), [0]);
+        r.ack_and_complete();
     }
 }
