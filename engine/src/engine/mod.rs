@@ -430,7 +430,14 @@ impl Engine {
                 } else {
                     completer::on_response(qp, &mut env, &pkt);
                 }
-                active.insert(index);
+                // Step 3 looks at the QP only if the packet gave it work there; one that now
+                // only waits for a timer goes (or stays) in the timed set. (A QP rung this
+                // iteration is active already; an owed Ack is on the owed list.)
+                if needs_attention(qp) {
+                    active.insert(index);
+                } else if waits_for_timer(qp) {
+                    timed.insert(index);
+                }
             }
         }
 
