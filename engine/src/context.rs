@@ -42,7 +42,8 @@ pub(crate) struct QpShared {
     /// Initiator depth, mirrored for `post_send`'s checks.
     pub(crate) max_rd_atomic: AtomicU8,
     /// Set by the engine while the requester knows of fewer than
-    /// [`CREDIT_WATCH`](crate::responder::CREDIT_WATCH) receive WQEs (or of none yet):
+    /// [`CREDIT_WATCH`](crate::responder::CREDIT_WATCH) receive WQEs, that is of none (or
+    /// has had no report yet):
     /// then `post_recv` rings the doorbell so that the engine can send a credit update.
     /// Otherwise a receive needs no doorbell at all: the engine finds it when a message
     /// arrives.

@@ -1221,7 +1221,7 @@ fn drain_queued<L: LinkTx + ?Sized>(
 }
 
 /// Whether [`drain`] must look at the receive queue for an unsolicited credit update: the
-/// requester was told of fewer than [`CREDIT_WATCH`] receive WQEs (or of none yet), no Ack
+/// requester was told of fewer than [`CREDIT_WATCH`] receive WQEs (none, or no report yet), no Ack
 /// is owed (it reports the credits when it leaves, at the end of the iteration), and the
 /// QP reports credits (not in the Error state; a QP on a shared receive queue reports the
 /// invalid code, spec/02 Table 17-8: there is nothing to update).
@@ -1306,8 +1306,12 @@ fn fatal_code(e: RespError) -> NakCode {
 }
 
 /// Below this many credits reported, the responder watches for new receive WQEs and sends
-/// an unsolicited credit update when some arrive.
-pub(crate) const CREDIT_WATCH: u32 = 4;
+/// an unsolicited credit update when some arrive: 1, i.e. only while the requester knows of
+/// none. A requester that knows of even one receive WQE is not held back (spec/02: only a
+/// Send beyond its limit waits), and the Ack of what it sends reports the receives posted
+/// meanwhile; an update then would be a packet per re-posted receive for nothing (a
+/// ping-pong keeping 4 receives posted paid one per message when this was 4).
+pub(crate) const CREDIT_WATCH: u32 = 1;
 
 /// Records the credit count last reported to the requester (`None`: none yet) and tells
 /// `post_recv` whether new receives must ring the doorbell ([`QpShared::rq_watch`]).
