@@ -87,6 +87,18 @@ pub(crate) fn connect_to_raw_peer(
     sq_psn: u32,
     credits: bool,
 ) {
+    connect_to_raw_peer_with_timeout(qp, link, peer, sq_psn, credits, 14);
+}
+
+/// [`connect_to_raw_peer`] with Local Ack Timeout `timeout` (14: about 67 ms; 8: about 1 ms).
+pub(crate) fn connect_to_raw_peer_with_timeout(
+    qp: &mut crate::Qp,
+    link: crate::LinkId,
+    peer: u32,
+    sq_psn: u32,
+    credits: bool,
+    timeout: u8,
+) {
     use crate::{AccessFlags, Destination, Mtu, QpAttr, QpState, Qpn};
     qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
         .unwrap();
@@ -106,7 +118,7 @@ pub(crate) fn connect_to_raw_peer(
     qp.modify(
         &QpAttr::new(QpState::Rts)
             .sq_psn(sq_psn)
-            .timeout(14)
+            .timeout(timeout)
             .retry_cnt(7)
             .rnr_retry(7)
             .max_rd_atomic(1),

@@ -34,12 +34,7 @@ fn send_to_a_busy_receiver(b: ContextBuilder) -> (WorkCompletion, WorkCompletion
         .huge_pages(shmhca_rings::HugePages::Never)
         .build()
         .unwrap();
-    let (la, lb) = ca.link_with(&cb).unwrap();
-    let mut a = end(ca, la, &p);
-    let mut b = end(cb, lb, &p);
-    let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
-    connect(&mut a.qp, la, qb, p.psn_a, p.psn_b, &p);
-    connect(&mut b.qp, lb, qa, p.psn_b, p.psn_a, &p);
+    let Pair { mut a, mut b } = pair_of(ca, cb, &p);
 
     let dst = b.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     b.qp.post_recv(&RecvWr::new(2, &[dst.sge(0, 4096).unwrap()]))

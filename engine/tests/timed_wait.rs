@@ -35,20 +35,14 @@ fn rig(idle: IdlePolicy) -> Pair {
         .idle(idle)
         .build()
         .unwrap();
-    let cb = context(4 << 20);
-    let (la, lb) = ca.link_with(&cb).unwrap();
-    let mut a = end(ca, la, &p);
-    let mut b = end(cb, lb, &p);
-    let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
-    connect(&mut a.qp, la, qb, p.psn_a, p.psn_b, &p);
-    connect(&mut b.qp, lb, qa, p.psn_b, p.psn_a, &p);
+    let pair = pair_of(ca, context(4 << 20), &p);
     // The responder's first credit report reaches the requester before the test starts.
     let start = Instant::now();
-    while b.ctx.stats().acks_sent == 0 {
-        b.ctx.progress();
+    while pair.b.ctx.stats().acks_sent == 0 {
+        pair.b.ctx.progress();
         assert!(start.elapsed() < DEADLINE, "no credit report");
     }
-    Pair { a, b }
+    pair
 }
 
 /// Drives B (when `drive_b`) until `done` holds for A's counters.

@@ -1061,8 +1061,7 @@ mod timed_tests {
     use crate::wire::opcode::Opcode;
     use crate::wire::{BthRepr, Msn, PacketRepr};
     use crate::{
-        AccessFlags, Context, Cq, Destination, Mr, Mtu, Pd, Qp, QpAttr, QpCaps, QpState, Qpn,
-        SendOp, SendWr, WcStatus, WorkCompletion,
+        AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, SendOp, SendWr, WcStatus, WorkCompletion,
     };
 
     const PEER: u32 = 9;
@@ -1085,30 +1084,7 @@ mod timed_tests {
         let cq = ctx.create_cq(16).unwrap();
         let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
         let (link, peer, arena) = crate::raw_peer::raw_peer_link(&ctx, 64, PEER, 4096);
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
-            .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu256)
-                .dest(Destination {
-                    link,
-                    qpn: Qpn::new(PEER),
-                })
-                .rq_psn(0)
-                .max_dest_rd_atomic(1)
-                .min_rnr_timer(1)
-                .remote_credits(false),
-        )
-        .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(8)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(1),
-        )
-        .unwrap();
+        crate::raw_peer::connect_to_raw_peer_with_timeout(&mut qp, link, PEER, 0, false, 8);
         let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         Rig {
             ctx,

@@ -112,8 +112,11 @@ pub fn connect(
 }
 
 pub fn pair(p: &Params) -> Pair {
-    let ca = context(p.arena);
-    let cb = context(p.arena);
+    pair_of(context(p.arena), context(p.arena), p)
+}
+
+/// Links two contexts built by the test and connects one QP of each (as [`pair`]).
+pub fn pair_of(ca: Context, cb: Context, p: &Params) -> Pair {
     let (la, lb) = ca.link_with(&cb).unwrap();
     let mut a = end(ca, la, p);
     let mut b = end(cb, lb, p);
