@@ -275,20 +275,23 @@ fn no_receive_wqe_goes_to_the_pipeline() {
     ));
 }
 
+/// Sends `sends` 4-byte Sends at PSN offsets 0.. in two steps of 32 receives each: the
+/// first 64 fill the shared 64-entry CQ with receive completions; any beyond find it full.
+fn fill_receive_cq(r: &mut Rig, sends: u32) {
+    for (first, end) in [(0, 32), (32, sends)] {
+        r.post_recv(32);
+        for k in first..end {
+            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
+        }
+        r.step();
+    }
+}
+
 /// A receive CQ without room: the pipeline's RNR Nak (the first 64 Sends filled it).
 #[test]
 fn a_full_receive_cq_goes_to_the_pipeline() {
     let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
-        r.post_recv(32);
-        for k in 0..32 {
-            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
-        }
-        r.step();
-        r.post_recv(32);
-        for k in 32..65 {
-            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
-        }
-        r.step();
+        fill_receive_cq(r, 65);
     });
     assert_eq!(taken[0], 64, "every Send the CQ had room for");
     assert!(matches!(
@@ -1012,16 +1015,7 @@ fn an_ack_of_a_psn_never_sent_is_dropped_both_ways() {
 #[test]
 fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
     let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
-        r.post_recv(32);
-        for k in 0..32 {
-            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
-        }
-        r.step();
-        r.post_recv(32);
-        for k in 32..64 {
-            r.request(Opcode::SendOnly, k, |_| {}, b"abcd");
-        }
-        r.step();
+        fill_receive_cq(r, 64);
         post(r, 8, &[Op::Send(4), Op::Send(4), Op::Send(4)]);
         respond(r, 0, credits(7), 1);
         r.step();
