@@ -21,13 +21,13 @@
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::context::{Env, QpCtx};
 use crate::dma::{self, CopyError, Cursor, Sgl};
-use crate::link::{Payload, RxPacket};
 use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::timer::RNR_RETRY_FOREVER;
 use crate::user_mem::Local;
 use crate::wire::aeth::{AethRepr, NakCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
+use crate::wire::slot::{Payload, RxPacket};
 use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.

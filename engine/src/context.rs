@@ -15,7 +15,7 @@ use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
 use crate::arena::PdArenas;
 use crate::completer;
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
-use crate::link::{PacketSlot, TxBatch};
+use crate::link::TxBatch;
 use crate::mem::Mem;
 use crate::mr_table::{AccessDenied, MrTable};
 use crate::mw_table::MwTable;
@@ -27,6 +27,7 @@ use crate::slots::SlotTable;
 use crate::srq_table::SrqTable;
 use crate::timer::{Deadline, Timestamp};
 use crate::wire::Qpn;
+use crate::wire::slot::PacketSlot;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SqWqe};
 
 /// What a QP's application handle and the engine share.
@@ -479,7 +480,7 @@ impl LinkTx for VecLink {
 
     fn commit(&mut self) {
         let mut packet = std::mem::take(&mut self.filling);
-        let extra = crate::link::continuation_slots(&packet[0]);
+        let extra = crate::wire::slot::continuation_slots(&packet[0]);
         packet.truncate(1 + extra);
         self.sent.push(packet);
     }
@@ -685,9 +686,9 @@ pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::RxPacket;
     use crate::psn::Psn;
     use crate::wire::opcode::Opcode;
+    use crate::wire::slot::RxPacket;
     use crate::wqe::{DataLoc, WqeFlags, WqeOp};
     use crate::{EngineMode, QpCaps};
 

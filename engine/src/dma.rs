@@ -12,11 +12,11 @@
 //! A list ([`Sgl`]) is a [`DataLoc`] plus the QP's private table memory its multi-element
 //! lists are written in; the offsets in its entries are offsets in the QP's arena.
 
-use crate::link::{
-    KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload, RxPacket, set_gather_entry,
-};
 use crate::mem::Mem;
 use crate::user_mem::Local;
+use crate::wire::slot::{
+    KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload, RxPacket, set_gather_entry,
+};
 use crate::wqe::{DataLoc, SgeEntry};
 
 /// A scatter/gather list: where it is, and the private memory its table (if any) is in.
@@ -172,7 +172,7 @@ fn copy_general(
             // Check the whole list before copying anything, so a bad entry copies nothing.
             let mut left = u64::from(len);
             let mut skip = u64::from(skip);
-            let mut pieces = [(0u64, 0u64); crate::link::MAX_GATHER];
+            let mut pieces = [(0u64, 0u64); crate::wire::slot::MAX_GATHER];
             let mut n = 0;
             for i in 0..usize::from(count) {
                 if left == 0 {
@@ -311,7 +311,7 @@ pub(crate) fn describe(
     let mut n = 0;
     while left > 0 {
         let e = src.entry(cursor.idx + n as u32)?;
-        if n >= crate::link::MAX_GATHER || !set_gather_entry(cont, n, e.off, e.len) {
+        if n >= crate::wire::slot::MAX_GATHER || !set_gather_entry(cont, n, e.off, e.len) {
             return None;
         }
         left = left.saturating_sub(u64::from(e.len));
@@ -327,10 +327,10 @@ pub(crate) fn describe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::{GatherList, continuation_slots};
     use crate::psn::Psn;
     use crate::wire::bth::BthRepr;
     use crate::wire::opcode::Opcode;
+    use crate::wire::slot::{GatherList, continuation_slots};
     use crate::wire::{PacketRepr, Qpn};
     use crate::wqe::{NO_MR, SGE_ENTRY_LEN};
 
@@ -372,7 +372,7 @@ mod tests {
         let n = continuation_slots(&slot);
         let mut v = vec![slot];
         v.extend(std::iter::repeat_n(PacketSlot::default(), n));
-        crate::link::write_gather_for_tests(gather, &mut v[1..]);
+        crate::wire::slot::write_gather_for_tests(gather, &mut v[1..]);
         v
     }
 
@@ -406,7 +406,7 @@ mod tests {
         let mut rc = Cursor::default();
         let mut kinds = vec![];
         for len in [150u32, 200] {
-            let mut slots = vec![send_slot(); 1 + crate::link::MAX_CONTINUATION];
+            let mut slots = vec![send_slot(); 1 + crate::wire::slot::MAX_CONTINUATION];
             let (slot, cont) = slots.split_first_mut().unwrap();
             let copied = describe(slot, cont, &peer, src, sc, len).unwrap();
             assert_eq!(copied, 0, "large payloads go by reference");

@@ -41,13 +41,14 @@
 //! its ICRC as wrong.
 
 use crate::error::{Error, Result};
-use crate::link::{
-    KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, LinkId, MAX_CONTINUATION, PacketSlot,
-    SLOT_DATA, TxBatch, continuation_slots, gather_entry,
-};
+use crate::link::{LinkId, TxBatch};
 use crate::mem::Mem;
 use crate::trace::{Direction, PacketEvent};
 use crate::wire::bth;
+use crate::wire::slot::{
+    KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, MAX_CONTINUATION, PacketSlot, SLOT_DATA,
+    continuation_slots, gather_entry,
+};
 
 /// What injected faults do to the packets one context sends. Rates are per packet, each in
 /// `0.0..=1.0`, and their sum at most 1. `Default` injects nothing.
@@ -156,7 +157,7 @@ pub struct FaultStats {
 pub(crate) type FaultRule = Box<dyn FnMut(&PacketEvent<'_>) -> FaultAction + Send>;
 
 /// Bit of [`PacketSlot::reserved`] saying the packet carries an ICRC.
-pub const ICRC_FLAG: u8 = 0x01;
+pub use crate::wire::slot::ICRC_FLAG;
 
 /// The most engine iterations a delayed packet is held.
 pub const MAX_DELAY_ITERATIONS: u64 = 16;

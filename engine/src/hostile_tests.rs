@@ -18,9 +18,9 @@ use proptest::prelude::*;
 use shmhca_rings::ring::{Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::HugePages;
 
-use crate::link::{self, PacketSlot, continuation_slots};
 use crate::mem::Mem;
 use crate::wire::opcode::Opcode;
+use crate::wire::slot::{PacketSlot, continuation_slots};
 use crate::{
     AccessFlags, Context, Cq, Destination, EngineMode, Mr, Pd, Qp, QpAttr, QpCaps, QpState, Qpn,
     RecvWr, RemoteAddr, SendOp, SendWr, WorkCompletion,
@@ -211,7 +211,7 @@ fn slots(g: &Gen, qpn: Qpn, out: &mut Vec<PacketSlot>) {
         if *fix {
             // Half the entries inside the arena.
             let b = bytemuck::bytes_of_mut(&mut c);
-            for e in b.chunks_mut(crate::link::GATHER_ENTRY_LEN).step_by(2) {
+            for e in b.chunks_mut(crate::wire::slot::GATHER_ENTRY_LEN).step_by(2) {
                 let off = u64::from_le_bytes(e[..8].try_into().unwrap()) % PEER_ARENA as u64;
                 e[..8].copy_from_slice(&off.to_le_bytes());
                 let len = u32::from_le_bytes(e[8..12].try_into().unwrap()) % 8192;
@@ -236,7 +236,7 @@ fn the_rig_delivers_an_honest_send() {
     ));
     repr.bth.ack_req = true;
     s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-    s.kind = link::KIND_INLINE;
+    s.kind = crate::wire::slot::KIND_INLINE;
     s.payload_len = 8;
     let at = s.hdr_len as usize;
     s.data[at..at + 8].copy_from_slice(b"honest!!");
@@ -338,7 +338,7 @@ fn request(qpn: Qpn, op: Opcode, psn: u32, payload: &[u8]) -> PacketSlot {
         crate::psn::Psn::new(psn),
     ));
     s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-    s.kind = link::KIND_INLINE;
+    s.kind = crate::wire::slot::KIND_INLINE;
     s.payload_len = payload.len() as u32;
     let at = s.hdr_len as usize;
     s.data[at..at + payload.len()].copy_from_slice(payload);

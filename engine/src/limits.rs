@@ -11,7 +11,7 @@ pub const MAX_QPS: u32 = shmhca_rings::doorbell::MAX_QUEUES as u32;
 /// The deepest send or receive queue (work requests).
 pub const MAX_QUEUE_DEPTH: u32 = 16384;
 /// The most scatter/gather elements of one work request.
-pub const MAX_SGE: u32 = 16;
+pub const MAX_SGE: u32 = crate::wire::slot::MAX_GATHER as u32;
 /// The most inline data of one work request (bytes).
 pub const MAX_INLINE_DATA: u32 = 4096;
 /// The largest message (spec/05: zero to 2 GiB).

@@ -18,8 +18,6 @@ use crate::completion::WcStatus;
 use crate::context::{Env, LinkTx, QpCtx, Wire};
 use crate::credit::CreditState;
 use crate::dma::{self, Cursor, Sgl};
-use crate::link::MAX_CONTINUATION;
-use crate::link::{HeaderWriter, PacketSlot};
 use crate::mem::Mem;
 use crate::mw_table::{BindRequest, MwType};
 use crate::psn::{self, Psn};
@@ -31,6 +29,8 @@ use crate::wire::atomic_eth::AtomicEthRepr;
 use crate::wire::bth::{self, BthRepr};
 use crate::wire::opcode::{OpClass, Opcode, Position};
 use crate::wire::reth::RethRepr;
+use crate::wire::slot::MAX_CONTINUATION;
+use crate::wire::slot::{HeaderWriter, PacketSlot};
 use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
 
 /// The P_Key every packet carries (the default partition, full membership).
@@ -298,7 +298,7 @@ fn post_fast<L: LinkTx + ?Sized>(
     };
     let hdr = BTH + reth + imm;
     // A payload that fits the slot is below the smallest PMTU (256): one packet.
-    const _: () = assert!(crate::link::SLOT_DATA <= 256);
+    const _: () = assert!(crate::wire::slot::SLOT_DATA <= 256);
     let len = w.len as usize;
     let src = match w.data {
         DataLoc::Single(e) if len <= PacketSlot::inline_room(hdr) && len <= e.len as usize => e.off,
@@ -351,7 +351,7 @@ fn post_fast<L: LinkTx + ?Sized>(
     slot.hdr_len = hdr as u8;
     slot.payload_len = len as u32;
     if len > 0 {
-        slot.kind = crate::link::KIND_INLINE;
+        slot.kind = crate::wire::slot::KIND_INLINE;
     }
     wire.tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE.
@@ -794,8 +794,8 @@ pub fn next_psn(cpsn: Psn, opcode: Opcode, read_len: u32, pmtu: u32) -> Psn {
 mod tests {
     use super::*;
     use crate::context::VecLink;
-    use crate::link::RxPacket;
     use crate::wire::aeth::CreditCode;
+    use crate::wire::slot::RxPacket;
     use crate::wqe::{NO_MR, SgeEntry};
     use crate::{AccessFlags, Context, QpAttr, QpCaps};
 

@@ -54,7 +54,6 @@ use std::sync::atomic::Ordering;
 use crate::completion::{WcOpcode, WcStatus};
 use crate::context::{Env, LinkTx, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor, Sgl};
-use crate::link::{HeaderWriter, KIND_NONE, RxPacket};
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::requester::DEFAULT_PKEY;
@@ -63,6 +62,7 @@ use crate::wire::Msn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
+use crate::wire::slot::{HeaderWriter, KIND_NONE, RxPacket};
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
 use error::Reply;
 
@@ -1394,7 +1394,7 @@ fn emit_aeth<L: LinkTx + ?Sized>(
 /// TVer 0, the default P_Key).
 #[inline]
 fn write_ack_headers(
-    slot: &mut crate::link::PacketSlot,
+    slot: &mut crate::wire::slot::PacketSlot,
     opcode: Opcode,
     dest: crate::wire::Qpn,
     psn: Psn,
@@ -1518,8 +1518,8 @@ mod ack_header_tests {
     use bytemuck::Zeroable;
 
     use super::*;
-    use crate::link::PacketSlot;
     use crate::wire::Qpn;
+    use crate::wire::slot::PacketSlot;
 
     /// The Ack template writes exactly what the generic header writer writes, for the
     /// edges of every field and every syndrome byte.

@@ -2,8 +2,8 @@
 //! stability, no use outside tests.
 
 use crate::dma::{self, Cursor, Sgl};
-use crate::link::{PacketSlot, RxPacket, continuation_slots};
 use crate::mem::Mem;
+use crate::wire::slot::{PacketSlot, RxPacket, continuation_slots};
 use crate::wqe::{DataLoc, NO_MR, SGE_ENTRY_LEN, SgeEntry};
 
 /// The byte the local buffer is filled with before a copy.
@@ -43,7 +43,7 @@ pub fn receive_slot(bytes: &[u8], peer_arena: &[u8], split: &[u16]) -> Option<u6
         pkt.atomic_orig(),
         pkt.imm(),
     );
-    for i in 0..crate::link::MAX_GATHER {
+    for i in 0..crate::wire::slot::MAX_GATHER {
         let _ = pkt.gather_entry(i);
     }
 

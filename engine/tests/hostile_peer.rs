@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use hostile_support::*;
 use shmhca::cm::msg::ArenaLayout;
-use shmhca::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, PacketSlot};
+use shmhca::wire::slot::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, PacketSlot};
 use shmhca::wire::{AethRepr, AtomicEthRepr, Msn, Opcode, RethRepr, Syndrome};
 use shmhca::{ConnectParams, Context, EngineMode};
 use shmhca_rings::segment::Segment;
@@ -780,7 +780,7 @@ fn a_flood_of_random_slots_and_packets_is_dropped_without_harm() {
                         s.sge_count = rng.below(20) as u8;
                     }
                 }
-                let cont = shmhca::link::continuation_slots(&s);
+                let cont = shmhca::wire::slot::continuation_slots(&s);
                 slots.push(s);
                 // A gather packet's continuation slots travel with it (a packet cut short
                 // is its own test): random entries, some aimed into the arena.
@@ -830,7 +830,7 @@ fn a_peer_that_breaks_its_qp_before_the_rtu_is_refused_and_harms_nobody_else() {
             dma_len: 8,
         });
         s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-        s.kind = shmhca::link::KIND_INLINE;
+        s.kind = shmhca::wire::slot::KIND_INLINE;
         s.payload_len = 8;
         assert_eq!(fake.send(&[s]), Some(1));
         // Once the victim answered (its Nak), the RTU comes too late.

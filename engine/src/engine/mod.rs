@@ -29,9 +29,7 @@ use crate::arena::PdArenas;
 use crate::completer;
 use crate::context::{CqTable, Env, QpCtx, Resources, Stats, Wire, flush_receives};
 use crate::error::{Error, Result};
-use crate::link::{
-    KIND_GATHER, Link, LinkId, MAX_CONTINUATION, PacketSlot, RxPacket, TxBatch, continuation_slots,
-};
+use crate::link::{Link, LinkId, TxBatch};
 use crate::mem::Mem;
 use crate::mr_table::MrTable;
 use crate::qp::{QpAttr, QpState, plan_modify};
@@ -41,6 +39,7 @@ use crate::slots::SlotTable;
 use crate::timer::Timestamp;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
+use crate::wire::slot::{KIND_GATHER, MAX_CONTINUATION, PacketSlot, RxPacket, continuation_slots};
 use crate::wqe::SqWqe;
 use doorbell::{ActiveSet, MAX_QPS};
 
@@ -1054,11 +1053,12 @@ mod watch_tests {
 mod timed_tests {
     use std::time::{Duration, Instant};
 
-    use crate::link::{LinkEnds, PacketSlot, continuation_slots};
+    use crate::link::LinkEnds;
     use crate::mem::Mem;
     use crate::psn::Psn;
     use crate::wire::aeth::{AethRepr, CreditCode, RnrTimer, Syndrome};
     use crate::wire::opcode::Opcode;
+    use crate::wire::slot::{PacketSlot, continuation_slots};
     use crate::wire::{BthRepr, Msn, PacketRepr};
     use crate::{
         AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, SendOp, SendWr, WcStatus, WorkCompletion,

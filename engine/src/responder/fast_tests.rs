@@ -9,10 +9,10 @@
 
 use super::probe::{self, Path};
 use super::tests::{RQ_PSN, Rig, rig_in};
-use crate::link::PacketSlot;
 use crate::psn::Psn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::opcode::Opcode;
+use crate::wire::slot::PacketSlot;
 use crate::wire::{BthRepr, IethRepr, ImmDtRepr, Msn, PacketRepr};
 use crate::{AccessFlags, QpAttr, QpState, RecvWr, SendOp, SendWr, Stats, WorkCompletion};
 
@@ -160,7 +160,7 @@ fn request_direct_with(r: &mut Rig, op: Opcode, k: u32, len: u32, f: impl FnOnce
     f(&mut repr);
     let mut s = PacketSlot::default();
     s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-    s.kind = crate::link::KIND_DIRECT;
+    s.kind = crate::wire::slot::KIND_DIRECT;
     s.payload_off = 0;
     s.payload_len = len;
     assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
@@ -729,7 +729,7 @@ fn a_payload_outside_the_peers_arena_fails_as_in_the_pipeline() {
             }
             let mut s = PacketSlot::default();
             s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-            s.kind = crate::link::KIND_DIRECT;
+            s.kind = crate::wire::slot::KIND_DIRECT;
             s.payload_off = u64::MAX - 8;
             s.payload_len = 16;
             assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);

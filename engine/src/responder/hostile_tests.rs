@@ -135,8 +135,8 @@ impl Rig {
     /// of `dma_len` bytes at offset 0 of the region, an AtomicETH or immediate data.
     /// Nothing if the peer's ring is full.
     fn hostile_request(&mut self, op: Opcode, delta: i8, len: u32, dma_len: u32) {
-        use crate::link::{KIND_DIRECT, PacketSlot};
         use crate::psn::Psn;
+        use crate::wire::slot::{KIND_DIRECT, PacketSlot};
         use crate::wire::{AtomicEthRepr, BthRepr, ImmDtRepr};
         if self.tx.free_slots().unwrap() == 0 {
             return;

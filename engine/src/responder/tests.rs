@@ -9,11 +9,11 @@
 use shmhca_rings::ring::{Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::HugePages;
 
-use crate::link::{KIND_INLINE, PacketSlot, continuation_slots};
 use crate::mem::Mem;
 use crate::psn::Psn;
 use crate::wire::aeth::{CreditCode, NakCode, Syndrome};
 use crate::wire::opcode::Opcode;
+use crate::wire::slot::{KIND_INLINE, PacketSlot, continuation_slots};
 use crate::wire::{AtomicEthRepr, BthRepr, PacketRepr, RethRepr};
 use crate::{
     AccessFlags, Context, Cq, Destination, EngineMode, Mr, Pd, Qp, QpAttr, QpCaps, QpState, Qpn,

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::link::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, gather_entry};
 use crate::mem::Mem;
 use crate::trace::pcap::PcapWriter;
 use crate::trace::roce::Endpoint;
+use crate::wire::slot::{KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, gather_entry};
 
 /// The capture endpoint of engine `id` (see `Engine::id`): 10.x.y.z with the id's low 24
 /// bits, and a locally administered MAC holding the same bits.
@@ -192,7 +192,7 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::{GatherList, KIND_GATHER};
+    use crate::wire::slot::{GatherList, KIND_GATHER};
 
     /// A received gather packet's length and entries are the peer's claims: recording one
     /// that claims 4 GiB must not allocate 4 GiB (it did: the gather path resized its
@@ -212,7 +212,7 @@ mod tests {
         slots[0].payload_len = u32::MAX;
         let mut list = GatherList::default();
         assert!(list.push(0, u32::MAX));
-        crate::link::write_gather_for_tests(&list, &mut slots[1..]);
+        crate::wire::slot::write_gather_for_tests(&list, &mut slots[1..]);
         tap.record(1, 2, &slots, &Mem::private(4096));
         let scratch = tap.inner.lock().unwrap().scratch.capacity();
         assert!(

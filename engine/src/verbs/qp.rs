@@ -1020,7 +1020,7 @@ impl std::fmt::Debug for Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::{KIND_INLINE, RxPacket};
+    use crate::wire::slot::{KIND_INLINE, RxPacket};
     use crate::{Context, SendOp};
 
     /// The checks at post time, on one-element lists (the fast path that checks and

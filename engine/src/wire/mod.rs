@@ -95,6 +95,7 @@ pub mod immdt;
 pub mod opcode;
 pub mod packet;
 pub mod reth;
+pub mod slot;
 
 pub use aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 pub use atomic_ack_eth::AtomicAckEthRepr;

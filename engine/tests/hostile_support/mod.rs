@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use shmhca::cm::msg::{
     ArenaLayout, HEADER_LEN, Header, Hello, LinkMode, Message, Offer, Rej, Rep, Req,
 };
-use shmhca::link::PacketSlot;
 use shmhca::psn::Psn;
+use shmhca::wire::slot::PacketSlot;
 use shmhca::wire::{BthRepr, Opcode, PacketRepr};
 use shmhca::*;
 use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
@@ -897,9 +897,9 @@ pub fn slot(repr: &PacketRepr, kind: u8, len: u32, off: u64) -> PacketSlot {
 
 /// Writes a gather entry `i` (offset, length) into continuation slots.
 pub fn set_gather_entry(cont: &mut [PacketSlot], i: usize, off: u64, len: u32) {
-    let per = size_of::<PacketSlot>() / shmhca::link::GATHER_ENTRY_LEN;
+    let per = size_of::<PacketSlot>() / shmhca::wire::slot::GATHER_ENTRY_LEN;
     let b = bytemuck::bytes_of_mut(&mut cont[i / per]);
-    let at = (i % per) * shmhca::link::GATHER_ENTRY_LEN;
+    let at = (i % per) * shmhca::wire::slot::GATHER_ENTRY_LEN;
     b[at..at + 8].copy_from_slice(&off.to_le_bytes());
     b[at + 8..at + 12].copy_from_slice(&len.to_le_bytes());
 }

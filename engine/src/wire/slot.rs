@@ -1,0 +1,831 @@
+//! The packet slot: the one format of a packet on a link, written and parsed here.
+//!
+//! A slot is 128 bytes (two cache lines): 16 bytes of slot metadata, then 112 bytes holding
+//! the IBA transport headers exactly as on the wire (BTH and extended headers, big-endian)
+//! and, for small payloads, the payload right behind them — so a short packet, slot
+//! metadata included, fits in the first cache line. Larger payloads stay in the sender's
+//! arena and the slot names them (zero-copy): one contiguous range, or — for a payload that
+//! spans several scatter/gather elements — a gather list of up to [`MAX_GATHER`] ranges,
+//! carried in one or two *continuation slots* pushed right behind the packet's slot, in the
+//! same burst. A gather list is part of the packet: no table of the sender's lives in
+//! shared memory.
+//!
+//! Written by `HeaderWriter` (headers in place, from the opcode table) and the gather
+//! helpers; read by `RxPacket::parse`, which copies nothing but checks every length and
+//! kind against the slot's bounds and the opcode table. Offsets into the peer's arena are
+//! not this module's business: the engine bounds-checks them at copy time against the
+//! length of the mapping (a private copy, taken when it was mapped).
+//!
+//! Like the rest of `wire`, this module imports nothing of the protocol.
+#![forbid(unsafe_code)]
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::wire::Qpn;
+use crate::wire::opcode::{self, Headers, OpcodeInfo};
+use crate::wire::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, Error as WireError, ImmDtRepr, RethRepr,
+    aeth, atomic_ack_eth, atomic_eth, bth, immdt, reth,
+};
+
+/// [`PacketSlot::reserved`] flag: the packet carries an ICRC (set by a sender injecting
+/// faults, see the engine's `fault` module).
+pub const ICRC_FLAG: u8 = 0x01;
+
+/// Bytes of a slot's data area (headers + inline payload).
+pub const SLOT_DATA: usize = 112;
+
+/// The slot carries no payload.
+pub const KIND_NONE: u8 = 0;
+/// The payload follows the headers in the slot.
+pub const KIND_INLINE: u8 = 1;
+/// The payload is one range of the sender's arena: `payload_off`, `payload_len`.
+pub const KIND_DIRECT: u8 = 2;
+/// The payload is `sge_count` ranges of the sender's arena, skipping the first `skip`
+/// bytes (a little-endian u32 stored right after the headers); the ranges are in the
+/// [`continuation_slots`] that follow the slot.
+pub const KIND_GATHER: u8 = 3;
+
+/// Most ranges of one gather list (a work request's scatter/gather elements).
+pub const MAX_GATHER: usize = 16;
+/// Bytes of one gather entry in a continuation slot: offset (u64 LE), length (u32 LE),
+/// reserved (u32, zero).
+pub const GATHER_ENTRY_LEN: usize = 16;
+/// Gather entries per continuation slot.
+pub const GATHER_PER_SLOT: usize = size_of::<PacketSlot>() / GATHER_ENTRY_LEN;
+/// Most continuation slots behind one packet.
+pub const MAX_CONTINUATION: usize = MAX_GATHER.div_ceil(GATHER_PER_SLOT);
+
+/// How many continuation slots follow `slot` (0 unless it is a gather packet; a count the
+/// peer made up above [`MAX_GATHER`] yields 0, and the receiver rejects the slot).
+pub fn continuation_slots(slot: &PacketSlot) -> usize {
+    let n = slot.sge_count as usize;
+    if slot.kind == KIND_GATHER && n <= MAX_GATHER {
+        n.div_ceil(GATHER_PER_SLOT)
+    } else {
+        0
+    }
+}
+
+/// A gather list, for tests that build gather packets by hand (the engine writes its lists
+/// straight into continuation slots: [`set_gather_entry`]).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GatherList {
+    len: usize,
+    entries: [(u64, u32); MAX_GATHER],
+}
+
+#[cfg(test)]
+impl Default for GatherList {
+    fn default() -> GatherList {
+        GatherList {
+            len: 0,
+            entries: [(0, 0); MAX_GATHER],
+        }
+    }
+}
+
+#[cfg(test)]
+impl GatherList {
+    /// Appends a range; false if the list is full.
+    pub(crate) fn push(&mut self, off: u64, len: u32) -> bool {
+        let Some(e) = self.entries.get_mut(self.len) else {
+            return false;
+        };
+        *e = (off, len);
+        self.len += 1;
+        true
+    }
+
+    /// The ranges.
+    pub(crate) fn entries(&self) -> &[(u64, u32)] {
+        &self.entries[..self.len]
+    }
+}
+
+/// One packet on a link. `#[repr(C)]`, 128 bytes, any bit pattern valid.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct PacketSlot {
+    /// Bytes of transport headers at the start of `data`.
+    pub hdr_len: u8,
+    /// How the payload is carried: one of the `KIND_*` constants.
+    pub kind: u8,
+    /// Gather entries (kind [`KIND_GATHER`]).
+    pub sge_count: u8,
+    /// Flags: [`ICRC_FLAG`] (the packet carries an ICRC, set by a
+    /// sender injecting faults); other bits zero.
+    pub reserved: u8,
+    /// Payload bytes.
+    pub payload_len: u32,
+    /// Arena offset of the payload (direct) or of the first gather entry (gather).
+    pub payload_off: u64,
+    /// Transport headers, then inline payload or the gather skip.
+    pub data: [u8; SLOT_DATA],
+}
+
+const _: () = assert!(size_of::<PacketSlot>() == 128);
+
+impl Default for PacketSlot {
+    fn default() -> PacketSlot {
+        PacketSlot::zeroed()
+    }
+}
+
+impl std::fmt::Debug for PacketSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketSlot")
+            .field("hdr_len", &self.hdr_len)
+            .field("kind", &self.kind)
+            .field("payload_len", &self.payload_len)
+            .field("payload_off", &self.payload_off)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PacketSlot {
+    /// The transport headers.
+    pub fn headers(&self) -> &[u8] {
+        &self.data[..(self.hdr_len as usize).min(SLOT_DATA)]
+    }
+
+    /// Bytes of payload that fit inline behind `hdr_len` bytes of headers.
+    pub fn inline_room(hdr_len: usize) -> usize {
+        SLOT_DATA.saturating_sub(hdr_len)
+    }
+}
+
+/// Where a received packet's payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Payload {
+    None,
+    /// `data[start..start + len]` of the slot.
+    Inline {
+        start: usize,
+        len: usize,
+    },
+    /// A range of the peer's arena.
+    Direct {
+        off: u64,
+        len: u32,
+    },
+    /// `count` ranges of the peer's arena, in the packet's continuation slots; the first
+    /// `skip` bytes are not part of the payload.
+    Gather {
+        count: u8,
+        skip: u32,
+        len: u32,
+    },
+}
+
+impl Payload {
+    /// Payload length in bytes.
+    pub(crate) fn len(&self) -> u32 {
+        match *self {
+            Payload::None => 0,
+            Payload::Inline { len, .. } => len as u32,
+            Payload::Direct { len, .. } | Payload::Gather { len, .. } => len,
+        }
+    }
+}
+
+/// Why a slot was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SlotError {
+    /// Header length outside the data area.
+    HeaderLength(u8),
+    /// The headers do not parse.
+    Headers(crate::wire::Error),
+    /// The parsed headers are not `hdr_len` bytes.
+    HeaderMismatch { parsed: usize, claimed: u8 },
+    /// A payload on an opcode without one, or the reverse, or an unknown kind.
+    PayloadKind(u8),
+    /// The inline payload overruns the slot.
+    InlineOverrun,
+    /// Gather with no entries, or more than [`MAX_GATHER`].
+    GatherCount(u8),
+    /// The continuation slots of a gather packet are missing.
+    MissingContinuation,
+}
+
+/// A received packet: a checked view of a slot copied out of a ring.
+///
+/// [`RxPacket::parse`] makes one pass over the slot's first bytes: it checks the BTH's
+/// transport header version, looks the opcode byte up in the opcode table
+/// ([`opcode::info_of_code`]), checks the pad count, that the slot holds exactly the headers
+/// the opcode calls for, and the payload's kind and bounds. Nothing else is decoded then:
+/// the BTH fields and the extended headers are read from the slot when asked for (each
+/// accessor reads its fixed offset, and cannot fail: every bit pattern of those fields is a
+/// value). The slot is the engine's private copy, so what the accessors read is what was
+/// checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RxPacket<'a> {
+    slot: &'a PacketSlot,
+    /// The continuation slots (gather entries) that followed it.
+    cont: &'a [PacketSlot],
+    /// The opcode's row of the opcode table.
+    pub(crate) info: &'static OpcodeInfo,
+    pub(crate) payload: Payload,
+}
+
+impl<'a> RxPacket<'a> {
+    /// Parses and checks a slot copied out of a ring, with the continuation slots that
+    /// followed it ([`continuation_slots`] of them; pass `&[]` for other packets).
+    #[inline]
+    pub(crate) fn parse(
+        slot: &'a PacketSlot,
+        cont: &'a [PacketSlot],
+    ) -> std::result::Result<RxPacket<'a>, SlotError> {
+        let hdr_len = slot.hdr_len as usize;
+        if !(crate::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
+            return Err(SlotError::HeaderLength(slot.hdr_len));
+        }
+        // The checks of `BthRepr::parse`, in its order, on the fields that can be wrong.
+        let view = bth::Packet::new_unchecked(&slot.data[..]);
+        if view.tver() != 0 {
+            return Err(SlotError::Headers(WireError::UnsupportedVersion(
+                view.tver(),
+            )));
+        }
+        let code = slot.data[0];
+        let Some(info) = opcode::info_of_code(code) else {
+            return Err(SlotError::Headers(WireError::UnknownOpcode(code)));
+        };
+        if view.pad_count() != 0 && !info.payload {
+            return Err(SlotError::Headers(WireError::PadWithoutPayload {
+                opcode: info.opcode,
+                pad_count: view.pad_count(),
+            }));
+        }
+        if info.header_len() != hdr_len {
+            return Err(SlotError::HeaderMismatch {
+                parsed: info.header_len(),
+                claimed: slot.hdr_len,
+            });
+        }
+        let len = slot.payload_len;
+        let payload = match slot.kind {
+            KIND_NONE if len == 0 => Payload::None,
+            KIND_INLINE if info.payload => {
+                if hdr_len + len as usize > SLOT_DATA {
+                    return Err(SlotError::InlineOverrun);
+                }
+                Payload::Inline {
+                    start: hdr_len,
+                    len: len as usize,
+                }
+            }
+            KIND_DIRECT if info.payload => Payload::Direct {
+                off: slot.payload_off,
+                len,
+            },
+            KIND_GATHER if info.payload => {
+                if slot.sge_count == 0 || slot.sge_count as usize > MAX_GATHER {
+                    return Err(SlotError::GatherCount(slot.sge_count));
+                }
+                if cont.len() < continuation_slots(slot) {
+                    return Err(SlotError::MissingContinuation);
+                }
+                if hdr_len + 4 > SLOT_DATA {
+                    return Err(SlotError::InlineOverrun);
+                }
+                let skip = u32::from_le_bytes(
+                    slot.data[hdr_len..hdr_len + 4].try_into().expect("4 bytes"),
+                );
+                Payload::Gather {
+                    count: slot.sge_count,
+                    skip,
+                    len,
+                }
+            }
+            k => return Err(SlotError::PayloadKind(k)),
+        };
+        Ok(RxPacket {
+            slot,
+            cont,
+            info,
+            payload,
+        })
+    }
+
+    /// A view of the packet's BTH.
+    #[inline]
+    fn bth_view(&self) -> bth::Packet<&'a [u8]> {
+        bth::Packet::new_unchecked(&self.slot.data[..bth::HEADER_LEN])
+    }
+
+    /// The BTH, decoded whole (parse checked its version and opcode).
+    #[cfg(test)]
+    pub(crate) fn bth(&self) -> BthRepr {
+        let v = self.bth_view();
+        BthRepr {
+            opcode: self.info.opcode,
+            solicited: v.solicited(),
+            mig_req: v.mig_req(),
+            pad_count: v.pad_count(),
+            tver: v.tver(),
+            pkey: v.pkey(),
+            dest_qp: v.dest_qp(),
+            ack_req: v.ack_req(),
+            psn: v.psn(),
+        }
+    }
+
+    /// The opcode.
+    #[cfg(test)]
+    pub(crate) fn opcode(&self) -> crate::wire::opcode::Opcode {
+        self.info.opcode
+    }
+
+    /// The BTH's PSN.
+    #[inline]
+    pub(crate) fn psn(&self) -> crate::psn::Psn {
+        self.bth_view().psn()
+    }
+
+    /// The BTH's Solicited Event bit.
+    #[inline]
+    pub(crate) fn solicited(&self) -> bool {
+        self.bth_view().solicited()
+    }
+
+    /// The BTH's AckReq bit.
+    #[cfg(test)]
+    pub(crate) fn ack_req(&self) -> bool {
+        self.bth_view().ack_req()
+    }
+
+    /// The destination QP named in a slot's BTH, read before the slot is parsed (the
+    /// data area always holds a whole BTH, whatever else the peer wrote).
+    #[inline]
+    pub(crate) fn dest_qp(slot: &PacketSlot) -> Qpn {
+        bth::Packet::new_unchecked(&slot.data[..]).dest_qp()
+    }
+
+    /// The slot the packet was copied into.
+    pub(crate) fn slot(&self) -> &'a PacketSlot {
+        self.slot
+    }
+
+    /// Range `i` of a gather packet's list: (offset in the sender's arena, length).
+    pub(crate) fn gather_entry(&self, i: usize) -> Option<(u64, u32)> {
+        gather_entry(self.cont, i)
+    }
+
+    /// The bytes of extended header `h`, if the opcode carries it.
+    #[inline]
+    fn ext(&self, h: Headers) -> Option<&'a [u8]> {
+        let set = self.info.headers;
+        if !set.contains(h) {
+            return None;
+        }
+        // Extended headers follow the BTH in the bit order of `Headers` (wire order).
+        let before = Headers::from_bits_truncate(set.bits() & (h.bits() - 1)).len();
+        let at = bth::HEADER_LEN + before;
+        Some(&self.slot.data[at..at + h.len()])
+    }
+
+    /// The RETH.
+    pub(crate) fn reth(&self) -> Option<RethRepr> {
+        self.ext(Headers::RETH)
+            .and_then(|b| RethRepr::parse(&reth::Packet::new_unchecked(b)).ok())
+    }
+
+    /// The AETH.
+    pub(crate) fn aeth(&self) -> Option<AethRepr> {
+        self.ext(Headers::AETH)
+            .and_then(|b| AethRepr::parse(&aeth::Packet::new_unchecked(b)).ok())
+    }
+
+    /// The credit code and MSN of a positive Ack (an AETH whose syndrome is `000CCCCC`);
+    /// `None` for any other syndrome or an opcode without an AETH. What [`aeth`] gives for
+    /// a positive Ack, without decoding the other syndromes.
+    ///
+    /// [`aeth`]: RxPacket::aeth
+    #[inline]
+    pub(crate) fn positive_ack(&self) -> Option<(crate::wire::aeth::CreditCode, crate::wire::Msn)> {
+        let p = aeth::Packet::new_unchecked(self.ext(Headers::AETH)?);
+        Some((p.ack_credits()?, p.msn()))
+    }
+
+    /// The AtomicETH.
+    pub(crate) fn atomic_eth(&self) -> Option<AtomicEthRepr> {
+        self.ext(Headers::ATOMIC_ETH)
+            .and_then(|b| AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(b)).ok())
+    }
+
+    /// The original value of an AtomicAckETH.
+    pub(crate) fn atomic_orig(&self) -> Option<u64> {
+        self.ext(Headers::ATOMIC_ACK_ETH).and_then(|b| {
+            AtomicAckEthRepr::parse(&atomic_ack_eth::Packet::new_unchecked(b))
+                .ok()
+                .map(|r| r.orig)
+        })
+    }
+
+    /// The immediate data.
+    pub(crate) fn imm(&self) -> Option<u32> {
+        self.ext(Headers::IMMDT)
+            .and_then(|b| ImmDtRepr::parse(&immdt::Packet::new_unchecked(b)).ok())
+            .map(|r| r.imm)
+    }
+
+    /// The R_Key of an IETH (Send with Invalidate).
+    pub(crate) fn ieth(&self) -> Option<u32> {
+        self.ext(Headers::IETH)
+            .and_then(|b| {
+                crate::wire::IethRepr::parse(&crate::wire::ieth::Packet::new_unchecked(b)).ok()
+            })
+            .map(|r| r.rkey)
+    }
+}
+
+/// Range `i` of a gather list stored in continuation slots `cont`.
+pub(crate) fn gather_entry(cont: &[PacketSlot], i: usize) -> Option<(u64, u32)> {
+    let slot = cont.get(i / GATHER_PER_SLOT)?;
+    let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
+    let b = bytemuck::bytes_of(slot).get(at..at + GATHER_ENTRY_LEN)?;
+    let off = u64::from_le_bytes(b[0..8].try_into().ok()?);
+    let len = u32::from_le_bytes(b[8..12].try_into().ok()?);
+    Some((off, len))
+}
+
+/// [`write_gather`] for other modules' tests.
+#[cfg(test)]
+pub(crate) fn write_gather_for_tests(list: &GatherList, cont: &mut [PacketSlot]) {
+    write_gather(list, cont);
+}
+
+/// Writes a gather list into continuation slots.
+#[cfg(test)]
+fn write_gather(list: &GatherList, cont: &mut [PacketSlot]) {
+    for (i, &(off, len)) in list.entries().iter().enumerate() {
+        set_gather_entry(cont, i, off, len);
+    }
+}
+
+/// Writes range `i` of a gather list into continuation slots `cont`; false if they have no
+/// room for it.
+#[inline]
+pub(crate) fn set_gather_entry(cont: &mut [PacketSlot], i: usize, off: u64, len: u32) -> bool {
+    let Some(slot) = cont.get_mut(i / GATHER_PER_SLOT) else {
+        return false;
+    };
+    let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
+    let b = &mut bytemuck::bytes_of_mut(slot)[at..at + GATHER_ENTRY_LEN];
+    b[0..8].copy_from_slice(&off.to_le_bytes());
+    b[8..12].copy_from_slice(&len.to_le_bytes());
+    b[12..16].fill(0);
+    true
+}
+
+/// Writes a packet's transport headers straight into a slot, in wire order: the BTH
+/// first, then the extended headers the opcode calls for. The SQ and RQ Logic build only
+/// packets the opcode table allows (debug builds check the set on [`finish`]); writing in
+/// place spares building a [`PacketRepr`](crate::wire::PacketRepr) per packet.
+///
+/// [`finish`]: HeaderWriter::finish
+pub(crate) struct HeaderWriter<'a> {
+    slot: &'a mut PacketSlot,
+    at: usize,
+    #[cfg(debug_assertions)]
+    written: Headers,
+    #[cfg(debug_assertions)]
+    opcode: crate::wire::opcode::Opcode,
+}
+
+impl<'a> HeaderWriter<'a> {
+    /// Starts a packet with its BTH.
+    #[inline]
+    pub(crate) fn new(slot: &'a mut PacketSlot, bth: &BthRepr) -> HeaderWriter<'a> {
+        bth.emit(&mut bth::Packet::new_unchecked(
+            &mut slot.data[..bth::HEADER_LEN],
+        ));
+        HeaderWriter {
+            slot,
+            at: bth::HEADER_LEN,
+            #[cfg(debug_assertions)]
+            written: Headers::NONE,
+            #[cfg(debug_assertions)]
+            opcode: bth.opcode,
+        }
+    }
+
+    #[inline]
+    fn next(&mut self, h: Headers) -> &mut [u8] {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(self.written.bits() < h.bits(), "headers out of wire order");
+            self.written = self.written | h;
+        }
+        let at = self.at;
+        self.at += h.len();
+        &mut self.slot.data[at..self.at]
+    }
+
+    /// Appends a RETH.
+    #[inline]
+    pub(crate) fn reth(mut self, r: &RethRepr) -> Self {
+        r.emit(&mut reth::Packet::new_unchecked(self.next(Headers::RETH)));
+        self
+    }
+
+    /// Appends an AtomicETH.
+    #[inline]
+    pub(crate) fn atomic_eth(mut self, r: &AtomicEthRepr) -> Self {
+        r.emit(&mut atomic_eth::Packet::new_unchecked(
+            self.next(Headers::ATOMIC_ETH),
+        ));
+        self
+    }
+
+    /// Appends an AETH.
+    #[inline]
+    pub(crate) fn aeth(mut self, r: &AethRepr) -> Self {
+        r.emit(&mut aeth::Packet::new_unchecked(self.next(Headers::AETH)));
+        self
+    }
+
+    /// Appends an AtomicAckETH (the responder writes its Atomic Acknowledges from a
+    /// template; tests compare the two).
+    #[cfg(test)]
+    pub(crate) fn atomic_ack_eth(mut self, orig: u64) -> Self {
+        AtomicAckEthRepr { orig }.emit(&mut atomic_ack_eth::Packet::new_unchecked(
+            self.next(Headers::ATOMIC_ACK_ETH),
+        ));
+        self
+    }
+
+    /// Appends Immediate Data.
+    #[inline]
+    pub(crate) fn immdt(mut self, imm: u32) -> Self {
+        ImmDtRepr { imm }.emit(&mut immdt::Packet::new_unchecked(self.next(Headers::IMMDT)));
+        self
+    }
+
+    /// Appends an IETH (the R_Key a Send with Invalidate invalidates).
+    #[inline]
+    pub(crate) fn ieth(mut self, rkey: u32) -> Self {
+        crate::wire::IethRepr { rkey }.emit(&mut crate::wire::ieth::Packet::new_unchecked(
+            self.next(Headers::IETH),
+        ));
+        self
+    }
+
+    /// Ends the headers: sets the slot's header length and returns the slot, for its
+    /// payload.
+    #[inline]
+    pub(crate) fn finish(self) -> &'a mut PacketSlot {
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(
+            Some(self.written),
+            self.opcode.info().map(|i| i.headers),
+            "{:?} carries other headers",
+            self.opcode
+        );
+        self.slot.hdr_len = self.at as u8;
+        self.slot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::psn::Psn;
+    use crate::wire::PacketRepr;
+    use crate::wire::bth::BthRepr;
+    use crate::wire::opcode::Opcode;
+    use crate::wire::{Qpn, reth::RethRepr};
+
+    fn slot_with(opcode: Opcode, kind: u8, payload_len: u32) -> PacketSlot {
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                tver: 0,
+                pkey: 0xffff,
+                dest_qp: Qpn::new(7),
+                ack_req: true,
+                psn: Psn::new(201),
+            },
+            reth: (opcode == Opcode::RdmaWriteOnly).then_some(RethRepr {
+                va: 0x1000,
+                rkey: 0x100,
+                dma_len: payload_len,
+            }),
+            aeth: None,
+            atomic_eth: None,
+            atomic_ack_eth: None,
+            immdt: None,
+            ieth: None,
+        };
+        let mut s = PacketSlot::zeroed();
+        let n = repr.emit(&mut s.data).unwrap();
+        s.hdr_len = n as u8;
+        s.kind = kind;
+        s.payload_len = payload_len;
+        s
+    }
+
+    #[test]
+    fn inline_direct_and_gather_payloads_parse() {
+        let s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
+        let p = RxPacket::parse(&s, &[]).unwrap();
+        assert_eq!(p.payload, Payload::Inline { start: 12, len: 8 });
+
+        let mut s = slot_with(Opcode::RdmaWriteOnly, KIND_DIRECT, 4000);
+        s.payload_off = 8192;
+        let p = RxPacket::parse(&s, &[]).unwrap();
+        assert_eq!(
+            p.payload,
+            Payload::Direct {
+                off: 8192,
+                len: 4000
+            }
+        );
+        assert_eq!(p.reth().unwrap().dma_len, 4000);
+        assert_eq!(p.aeth(), None);
+        assert_eq!(p.imm(), None);
+
+        let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 300);
+        s.sge_count = 3;
+        s.data[12..16].copy_from_slice(&17u32.to_le_bytes());
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::MissingContinuation,
+            "a gather packet needs its continuation slot"
+        );
+        let mut list = GatherList::default();
+        for (o, l) in [(64u64, 100u32), (4096, 200), (9000, 17)] {
+            assert!(list.push(o, l));
+        }
+        let mut cont = [PacketSlot::zeroed(); 1];
+        write_gather(&list, &mut cont);
+        let p = RxPacket::parse(&s, &cont).unwrap();
+        assert_eq!(
+            p.payload,
+            Payload::Gather {
+                count: 3,
+                skip: 17,
+                len: 300
+            }
+        );
+        assert_eq!(p.gather_entry(1), Some((4096, 200)));
+        assert_eq!(p.gather_entry(2), Some((9000, 17)));
+    }
+
+    #[test]
+    fn every_opcode_reads_back_every_extended_header() {
+        use crate::wire::opcode::Headers;
+        use crate::wire::{
+            AethRepr, AtomicAckEthRepr, AtomicEthRepr, IethRepr, ImmDtRepr, Msn, aeth::Syndrome,
+        };
+        for op in Opcode::ALL {
+            let info = op.info().unwrap();
+            let h = info.headers;
+            let mut repr =
+                PacketRepr::new(BthRepr::new(op, Qpn::new(0xABCDEF), Psn::new(0xFFFFFF)));
+            if h.contains(Headers::RETH) {
+                repr.reth = Some(RethRepr {
+                    va: 0x1122_3344_5566_7788,
+                    rkey: 0x99AA_BBCC,
+                    dma_len: 77,
+                });
+            }
+            if h.contains(Headers::ATOMIC_ETH) {
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: 8,
+                    rkey: 3,
+                    swap_add: u64::MAX,
+                    compare: 42,
+                });
+            }
+            if h.contains(Headers::AETH) {
+                repr.aeth = Some(AethRepr {
+                    syndrome: Syndrome::from_u8(0x0C),
+                    msn: Msn::new(0x123456),
+                });
+            }
+            if h.contains(Headers::ATOMIC_ACK_ETH) {
+                repr.atomic_ack_eth = Some(AtomicAckEthRepr {
+                    orig: 0xDEAD_BEEF_0BAD_F00D,
+                });
+            }
+            if h.contains(Headers::IMMDT) {
+                repr.immdt = Some(ImmDtRepr { imm: 0x0102_0304 });
+            }
+            if h.contains(Headers::IETH) {
+                repr.ieth = Some(IethRepr { rkey: 5 });
+            }
+            let mut s = PacketSlot::zeroed();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            let p = RxPacket::parse(&s, &[]).unwrap_or_else(|e| panic!("{op:?}: {e:?}"));
+            assert_eq!(p.info.opcode, op);
+            assert_eq!(p.bth(), repr.bth, "{op:?}");
+            assert_eq!(p.reth(), repr.reth, "{op:?}");
+            assert_eq!(p.atomic_eth(), repr.atomic_eth, "{op:?}");
+            assert_eq!(p.aeth(), repr.aeth, "{op:?}");
+            assert_eq!(
+                p.atomic_orig(),
+                repr.atomic_ack_eth.map(|a| a.orig),
+                "{op:?}"
+            );
+            assert_eq!(p.imm(), repr.immdt.map(|i| i.imm), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_slots_are_rejected() {
+        let mut s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
+        s.hdr_len = 200;
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::HeaderLength(200)
+        );
+        let mut s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
+        s.hdr_len = 16; // claims more header than the opcode has
+        assert!(matches!(
+            RxPacket::parse(&s, &[]),
+            Err(SlotError::HeaderMismatch { .. })
+        ));
+        let s = slot_with(Opcode::SendOnly, KIND_INLINE, 101);
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::InlineOverrun
+        );
+        let s = slot_with(Opcode::SendOnly, 9, 8);
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::PayloadKind(9)
+        );
+        // An Acknowledge carries no payload.
+        let mut ack = slot_with(Opcode::SendOnly, KIND_NONE, 0);
+        ack.data[0] = 0x11;
+        assert!(
+            RxPacket::parse(&ack, &[]).is_err(),
+            "Acknowledge needs an AETH"
+        );
+        let s = slot_with(Opcode::SendOnly, KIND_GATHER, 8);
+        assert_eq!(
+            RxPacket::parse(&s, &[]).unwrap_err(),
+            SlotError::GatherCount(0)
+        );
+        let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 8);
+        s.sge_count = 200;
+        assert_eq!(continuation_slots(&s), 0, "a made-up count claims no slots");
+        let cont = [PacketSlot::zeroed(); MAX_CONTINUATION];
+        assert_eq!(
+            RxPacket::parse(&s, &cont).unwrap_err(),
+            SlotError::GatherCount(200)
+        );
+    }
+
+    proptest::proptest! {
+        /// A slot is whatever the peer wrote: any bytes at all must be rejected or parse
+        /// into a packet whose every accessor works, and agree with the generic parser.
+        /// Half the cases get a real opcode and its header length, to get past the first
+        /// checks.
+        #[test]
+        fn any_slot_is_rejected_or_parses_consistently(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), size_of::<PacketSlot>()),
+            op in 0..Opcode::ALL.len(),
+            fix in proptest::prelude::any::<bool>(),
+            kind in 0u8..5,
+        ) {
+            let mut s: PacketSlot = bytemuck::pod_read_unaligned(&raw);
+            if fix {
+                let opcode = Opcode::ALL[op];
+                s.data[0] = opcode.code();
+                s.data[1] &= 0xF0; // transport header version 0
+                s.hdr_len = opcode.info().unwrap().header_len() as u8;
+                s.kind = kind;
+                s.payload_len %= 128;
+            }
+            if let Ok(p) = RxPacket::parse(&s, &[]) {
+                let hdr = s.hdr_len as usize;
+                let (repr, len) = PacketRepr::parse(&s.data[..hdr]).expect("both parsers agree");
+                proptest::prop_assert_eq!(len, hdr);
+                proptest::prop_assert_eq!(p.bth(), repr.bth);
+                proptest::prop_assert_eq!(p.reth(), repr.reth);
+                proptest::prop_assert_eq!(p.aeth(), repr.aeth);
+                let positive = match repr.aeth {
+                    Some(AethRepr { syndrome: crate::wire::aeth::Syndrome::Ack { credits }, msn }) => {
+                        Some((credits, msn))
+                    }
+                    _ => None,
+                };
+                proptest::prop_assert_eq!(p.positive_ack(), positive);
+                proptest::prop_assert_eq!(p.atomic_eth(), repr.atomic_eth);
+                proptest::prop_assert_eq!(p.atomic_orig(), repr.atomic_ack_eth.map(|a| a.orig));
+                proptest::prop_assert_eq!(p.imm(), repr.immdt.map(|i| i.imm));
+                if let Payload::Inline { start, len } = p.payload {
+                    proptest::prop_assert!(start + len <= SLOT_DATA);
+                }
+                proptest::prop_assert_eq!(p.payload.len(), s.payload_len);
+            }
+        }
+    }
+}
