@@ -15,7 +15,6 @@
 //! something to match.
 
 use proptest::prelude::*;
-use shmhca_rings::ring::{Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::HugePages;
 
 use crate::mem::Mem;
@@ -45,8 +44,8 @@ struct Rig {
     guarded: Mr,
     guarded_bytes: Vec<u8>,
     /// The peer's ends: ring 0 (the engine receives it) and ring 1.
-    tx: Producer<PacketSlot, ShmStorage<PacketSlot>>,
-    rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
+    tx: crate::raw_peer::SlotTx,
+    rx: crate::raw_peer::SlotRx,
     peer_arena: Mem,
     trace: std::path::PathBuf,
 }

@@ -35,8 +35,12 @@ pub const MAX_MWS: u32 = 1 << 20;
 pub const MAX_SRQS: u32 = 1 << 16;
 /// The most links (peer engines, or `Context::link_with` pairs) one context holds.
 pub const MAX_LINKS: u32 = 4096;
-/// The most packet slots per direction of a link (`ContextBuilder::link_slots`).
+/// The most lines (64 bytes each; a small packet takes one) per direction of a link
+/// (`ContextBuilder::link_slots`).
 pub const MAX_LINK_SLOTS: usize = 1 << 14;
+/// The fewest lines per direction of a link (`ContextBuilder::link_slots`): room for the
+/// longest packet, a gather list of 16 ranges (7 lines).
+pub const MIN_LINK_SLOTS: usize = 8;
 
 const _: () = assert!(MAX_CQS.is_power_of_two());
 const _: () = assert!(MAX_INLINE_DATA as u64 <= MAX_MESSAGE);
@@ -102,9 +106,9 @@ pub struct DeviceAttr {
     pub arena_size: u64,
     /// Links (peer engines) one context holds ([`MAX_LINKS`]).
     pub max_links: u32,
-    /// Packet slots per direction of the links this context creates
+    /// Lines (64 bytes each) per direction of the links this context creates
     /// (`ContextBuilder::link_slots`).
     pub link_slots: usize,
-    /// The most packet slots per direction a link may have ([`MAX_LINK_SLOTS`]).
+    /// The most lines per direction a link may have ([`MAX_LINK_SLOTS`]).
     pub max_link_slots: usize,
 }

@@ -1,32 +1,45 @@
 //! Links: the packet path between two engines.
 //!
-//! A link is a shared segment holding two SPSC rings of packet slots, one per
-//! direction. Each side also holds, read-only, the peer's engine page (to wake it) and the
-//! arenas of the peer QPs connected over the link, so payloads sent by reference can be
+//! A link is a shared segment holding two SPSC line rings ([`shmhca_rings::lines`]), one
+//! per direction. Each side also holds, read-only, the peer's engine page (to wake it) and
+//! the arenas of the peer QPs connected over the link, so payloads sent by reference can be
 //! copied straight out of them. The side that creates the segment sends on ring 0 and
 //! receives on ring 1; the side that opens it does the opposite.
 //!
-//! What travels on a ring is a [`PacketSlot`]: the slot
-//! format and its codec live in [`wire::slot`](crate::wire::slot), which writes and parses
-//! them; this module moves slots (bursts out, bursts in) and owns the shared segment.
+//! What travels on a ring is a packet as one frame of lines: a [`PacketSlot`] (one line,
+//! whose bytes are the frame's first line as they are) and the continuation lines of its
+//! gather list, if it has one. The slot format lives in [`wire::slot`](crate::wire::slot),
+//! which writes and parses it; this module moves frames (each staged packet out as one
+//! frame, frames in) and owns the shared segment.
 //!
-//! Nothing in a received slot is trusted: the engine parses each one with
-//! `RxPacket::parse`, and every offset into the peer's arena is bounds-checked at copy
-//! time against the length of the mapping (a private copy, taken when it was mapped).
+//! Nothing in a received frame is trusted: the ring checks its stamps and line count, the
+//! engine parses each packet with `RxPacket::parse` against the frame's line count, and
+//! every offset into the peer's arena is bounds-checked at copy time against the length of
+//! the mapping (a private copy, taken when it was mapped).
 
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
-use shmhca_rings::ring::{
-    Consumer, LinkBroken, Producer, ShmStorage, init_shm_ring, shm_consumer, shm_producer,
-    shm_ring_bytes,
+use shmhca_rings::lines::{
+    Line, LinesConsumer, LinesProducer, ReserveError, ShmLines, init_shm_lines, shm_lines_bytes,
+    shm_lines_consumer, shm_lines_producer,
 };
+use shmhca_rings::ring::LinkBroken;
 use shmhca_rings::segment::{HugePages, Segment};
 
 use crate::error::{Error, Result};
 use crate::mem::Mem;
 use crate::wire::Qpn;
-use crate::wire::slot::{KIND_GATHER, KIND_NONE, MAX_CONTINUATION, PacketSlot, continuation_slots};
+use crate::wire::slot::{
+    KIND_NONE, MAX_CONTINUATION, MAX_PACKET_LINES, PacketSlot, SLOT_BYTES, frame_lines,
+};
+
+// A slot is a line of the ring as it is: its own bytes start where the ring leaves the line
+// to its user, and a packet's frame fits a frame of the ring.
+const _: () = assert!(SLOT_BYTES == shmhca_rings::lines::LINE_BYTES);
+const _: () = assert!(align_of::<PacketSlot>() == align_of::<Line>());
+const _: () = assert!(std::mem::offset_of!(PacketSlot, hdr_len) == shmhca_rings::lines::USER_START);
+const _: () = assert!(MAX_PACKET_LINES <= shmhca_rings::lines::MAX_FRAME_LINES);
 
 /// Identifies a link of an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -39,12 +52,15 @@ impl LinkId {
     }
 }
 
-/// Packets buffered for one link's outgoing ring, published once per burst.
+/// Packets staged for one link's outgoing ring, each published as one frame once per
+/// burst.
 pub(crate) struct TxBatch {
-    producer: Producer<PacketSlot, ShmStorage<PacketSlot>>,
+    producer: LinesProducer<ShmLines>,
+    /// The staged packets: each a slot, then the continuation lines of its gather list.
     buf: Box<[PacketSlot]>,
+    /// Lines staged (packets and their continuation lines): each is a line of the ring.
     len: usize,
-    /// Ring slots known to be free (beyond `len`), refreshed only when it runs out.
+    /// Ring lines known to be free (beyond `len`), refreshed only when they run out.
     free: usize,
     broken: Option<LinkBroken>,
 }
@@ -53,7 +69,7 @@ pub(crate) struct TxBatch {
 pub(crate) const TX_BURST: usize = 64;
 
 impl TxBatch {
-    fn new(producer: Producer<PacketSlot, ShmStorage<PacketSlot>>) -> TxBatch {
+    fn new(producer: LinesProducer<ShmLines>) -> TxBatch {
         TxBatch {
             producer,
             buf: vec![PacketSlot::zeroed(); TX_BURST + MAX_CONTINUATION].into_boxed_slice(),
@@ -63,9 +79,11 @@ impl TxBatch {
         }
     }
 
-    /// Whether one more packet with up to `extra` continuation slots can be queued without
+    /// Whether one more packet with up to `extra` continuation lines can be queued without
     /// waiting for the peer: the burst has room (it is published once per engine
-    /// iteration, see [`Link::publish`]) and so does the ring.
+    /// iteration, see [`Link::publish`]) and so does the ring. (A burst that reaches the
+    /// ring's end gives the lines up to it to padding; a packet whose frame then finds no
+    /// room stays queued, in order, until the peer has made some: [`TxBatch::flush`].)
     pub(crate) fn has_room_for(&mut self, extra: usize) -> bool {
         if self.broken.is_some() || self.len >= TX_BURST {
             return false;
@@ -74,7 +92,7 @@ impl TxBatch {
         if need <= self.free {
             return true;
         }
-        match self.producer.free_slots() {
+        match self.producer.free_lines() {
             Ok(f) => self.free = f,
             Err(e) => self.broken = Some(e),
         }
@@ -88,7 +106,7 @@ impl TxBatch {
         self.next_slot_for(0)
     }
 
-    /// The next slot to fill for a packet that may need up to `extra` continuation slots
+    /// The next slot to fill for a packet that may need up to `extra` continuation lines
     /// (a gather list), and room for those, or `None` if there is no room.
     pub(crate) fn next_packet(
         &mut self,
@@ -106,7 +124,8 @@ impl TxBatch {
         }
         let slot = &mut self.buf[self.len];
         // Only the metadata needs clearing: the data area is written up to hdr_len plus the
-        // payload, and the receiver reads nothing beyond.
+        // payload, and the receiver reads nothing beyond. (Bytes 0..5 are the ring's, and
+        // 13..16 are never written: both stay zero.)
         slot.hdr_len = 0;
         slot.kind = KIND_NONE;
         slot.sge_count = 0;
@@ -116,18 +135,20 @@ impl TxBatch {
         Some(slot)
     }
 
+    /// Lines of the packet staged at `at` (its slot and continuation lines).
+    #[inline]
+    fn packet_lines(&self, at: usize) -> usize {
+        frame_lines(&self.buf[at]).min(self.buf.len() - at)
+    }
+
     /// Queues the packet last returned by [`TxBatch::next_slot`] or
-    /// [`TxBatch::next_packet`], with the continuation slots its gather list fills.
+    /// [`TxBatch::next_packet`], with the continuation lines its gather list fills.
+    #[inline]
     pub(crate) fn commit(&mut self) {
         debug_assert!(self.len < TX_BURST);
-        let slot = &self.buf[self.len];
-        let n = if slot.kind == KIND_GATHER {
-            continuation_slots(slot)
-        } else {
-            0
-        };
-        debug_assert!(self.len + 1 + n <= self.free.min(self.buf.len()));
-        self.len += 1 + n;
+        let n = self.packet_lines(self.len);
+        debug_assert!(self.len + n <= self.free.min(self.buf.len()));
+        self.len += n;
     }
 
     /// Forgets the packets queued from position `len` on (the fault stage re-queues them).
@@ -135,7 +156,7 @@ impl TxBatch {
         self.len = self.len.min(len);
     }
 
-    /// Queues a whole packet (its slot and continuation slots); false if there is no room.
+    /// Queues a whole packet (its slot and continuation lines); false if there is no room.
     pub(crate) fn push_packet(&mut self, slots: &[PacketSlot]) -> bool {
         let Some((first, rest)) = slots.split_first() else {
             return true;
@@ -149,7 +170,7 @@ impl TxBatch {
         true
     }
 
-    /// The packets queued and not yet published.
+    /// The packets queued and not yet published (each a slot and its continuation lines).
     pub(crate) fn queued(&self) -> &[PacketSlot] {
         &self.buf[..self.len]
     }
@@ -160,29 +181,57 @@ impl TxBatch {
         self.len == 0
     }
 
-    /// How many slots are queued (`queued().len()`, without forming the slice).
+    /// How many lines are queued (`queued().len()`, without forming the slice).
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Publishes the queued packets (one index store); returns how many.
+    /// Publishes the queued packets, each as one frame written from its staged lines as
+    /// they are; returns how many lines went. Packets the ring has no room for now (a burst
+    /// that reached the ring's end gave lines to padding) stay queued, in order, for the
+    /// next call.
     pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {
             return 0;
         }
-        match self.producer.push_burst(&self.buf[..self.len]) {
-            Ok(n) => {
-                debug_assert_eq!(n, self.len, "room was checked before queueing");
-                self.free = self.free.saturating_sub(n);
-                self.len = 0;
-                n
+        let tail = self.producer.tail();
+        let mut at = 0;
+        while at < self.len {
+            let n = self.packet_lines(at);
+            match self.producer.reserve(n) {
+                Ok(Some(mut frame)) => {
+                    let lines: &[Line] = bytemuck::cast_slice(&self.buf[at..at + n]);
+                    // The frame has `n` lines: writing `n` cannot fail.
+                    let written = if n == 1 {
+                        frame.write_line(0, &lines[0])
+                    } else {
+                        frame.write_lines(lines)
+                    };
+                    debug_assert!(written.is_ok());
+                    frame.commit();
+                }
+                Ok(None) => break,
+                Err(ReserveError::Broken(e)) => {
+                    self.broken = Some(e);
+                    break;
+                }
+                Err(ReserveError::FrameSize { .. }) => {
+                    // A ring smaller than a packet's frame: `attach` refuses such rings, so
+                    // this cannot be; were it so, the packet is dropped (as a lost packet,
+                    // which the transport recovers), not left to block the queue.
+                    debug_assert!(false, "a frame of {n} lines does not fit the ring");
+                }
             }
-            Err(e) => {
-                self.broken = Some(e);
-                0
-            }
+            at += n;
         }
+        let used = self.producer.tail().wrapping_sub(tail) as usize;
+        self.free = self.free.saturating_sub(used);
+        if at < self.len {
+            self.buf.copy_within(at..self.len, 0);
+        }
+        self.len -= at;
+        at
     }
 
     /// Why the ring broke, if it did.
@@ -193,12 +242,17 @@ impl TxBatch {
 
 /// The segment kind tag of a link.
 pub(crate) const LINK_KIND: u32 = 0x4b4e_494c; // "LINK"
-const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x01");
-/// Packet slots per direction.
+const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x02");
+/// Lines per direction (`ContextBuilder::link_slots`; a small packet takes one line).
 pub(crate) const DEFAULT_LINK_SLOTS: usize = 1024;
-/// The most packet slots per direction a link may have (`ContextBuilder::link_slots`); an
+/// The most lines per direction a link may have (`ContextBuilder::link_slots`); an
 /// opener refuses a larger link segment.
 pub(crate) const MAX_LINK_SLOTS: usize = crate::limits::MAX_LINK_SLOTS;
+/// The fewest lines per direction a link may have: room for the longest frame of a packet
+/// ([`MAX_PACKET_LINES`]), so that every packet can be sent; an opener refuses a link
+/// segment with a smaller ring.
+pub(crate) const MIN_LINK_SLOTS: usize = crate::limits::MIN_LINK_SLOTS;
+const _: () = assert!(MIN_LINK_SLOTS >= MAX_PACKET_LINES && MIN_LINK_SLOTS.is_power_of_two());
 
 /// The link header at data offset 0: where the two rings are.
 #[repr(C)]
@@ -220,15 +274,14 @@ pub(crate) enum Side {
     Loopback,
 }
 
-/// Bytes of a link segment's data area with `slots` packet slots per direction.
+/// Bytes of a link segment's data area with `slots` lines per direction.
 fn link_segment_len(slots: usize) -> Result<usize> {
-    let ring = shm_ring_bytes::<PacketSlot>(slots)
-        .map_err(|e| Error::invalid("link slots", e.to_string()))?;
+    let ring = shm_lines_bytes(slots).map_err(|e| Error::invalid("link slots", e.to_string()))?;
     Ok(4096 + 2 * ring.div_ceil(4096) * 4096)
 }
 
 /// Maps a link segment a peer created: at most the size of a link of [`MAX_LINK_SLOTS`]
-/// slots, not populated (its ring pages are faulted in as packets first use them).
+/// lines, not populated (its ring pages are faulted in as packets first use them).
 pub(crate) fn open_link_segment(fd: std::os::fd::OwnedFd) -> Result<Arc<Segment>> {
     let seg = Segment::open(
         fd,
@@ -239,16 +292,15 @@ pub(crate) fn open_link_segment(fd: std::os::fd::OwnedFd) -> Result<Arc<Segment>
     Ok(Arc::new(seg))
 }
 
-/// Creates a link segment with `slots` packet slots per direction.
+/// Creates a link segment with `slots` lines per direction.
 pub(crate) fn create_link_segment(slots: usize, huge: HugePages) -> Result<Arc<Segment>> {
-    if slots > MAX_LINK_SLOTS {
+    if !(MIN_LINK_SLOTS..=MAX_LINK_SLOTS).contains(&slots) {
         return Err(Error::invalid(
             "link slots",
-            format!("{slots}; a link has at most {MAX_LINK_SLOTS} slots per direction"),
+            format!("{slots}; a link has {MIN_LINK_SLOTS} to {MAX_LINK_SLOTS} lines per direction"),
         ));
     }
-    let ring = shm_ring_bytes::<PacketSlot>(slots)
-        .map_err(|e| Error::invalid("link slots", e.to_string()))?;
+    let ring = shm_lines_bytes(slots).map_err(|e| Error::invalid("link slots", e.to_string()))?;
     let stride = ring.div_ceil(4096) * 4096;
     let first = 4096;
     let seg = Segment::builder(LINK_KIND, link_segment_len(slots)?)
@@ -257,7 +309,7 @@ pub(crate) fn create_link_segment(slots: usize, huge: HugePages) -> Result<Arc<S
         .create()?;
     let offs = [first as u64, (first + stride) as u64];
     for off in offs {
-        init_shm_ring::<PacketSlot>(&seg, off as usize, slots)
+        init_shm_lines(&seg, off as usize, slots)
             .map_err(|e| Error::invalid("link segment", e.to_string()))?;
     }
     let hdr = LinkHeader {
@@ -271,16 +323,17 @@ pub(crate) fn create_link_segment(slots: usize, huge: HugePages) -> Result<Arc<S
 
 /// The two ring ends of one side of a link.
 pub(crate) struct LinkEnds {
-    pub(crate) tx: Producer<PacketSlot, ShmStorage<PacketSlot>>,
-    pub(crate) rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
+    pub(crate) tx: LinesProducer<ShmLines>,
+    pub(crate) rx: LinesConsumer<ShmLines>,
 }
 
 /// Attaches this side's ends of the rings in a link segment (created here or received).
 ///
 /// A received segment was laid out by the peer, so nothing in it is trusted: each ring
-/// offset must leave the link header alone and hold a valid ring that fits in the segment
-/// (its slot count a power of two the ring layer accepts), and the two rings must be
-/// distinct and must not overlap. The slot counts checked are the private copies the ring
+/// offset must leave the link header alone and hold a valid line ring that fits in the
+/// segment (its line count a power of two the ring layer accepts, and at least
+/// [`MIN_LINK_SLOTS`] so that every packet's frame fits), and the two rings must be
+/// distinct and must not overlap. The line counts checked are the private copies the ring
 /// ends keep, so a peer rewriting a ring header afterwards changes nothing.
 ///
 /// # Errors
@@ -327,12 +380,22 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
     let ring_err = |i: usize, e: shmhca_rings::ring::RingOpenError| {
         bad(format!("ring {i} at offset {:#x}: {e}", offs[i]))
     };
-    let tx = shm_producer(segment.clone(), offs[tx_ring]).map_err(|e| ring_err(tx_ring, e))?;
-    let rx = shm_consumer(segment.clone(), offs[rx_ring]).map_err(|e| ring_err(rx_ring, e))?;
+    let tx =
+        shm_lines_producer(segment.clone(), offs[tx_ring]).map_err(|e| ring_err(tx_ring, e))?;
+    let rx =
+        shm_lines_consumer(segment.clone(), offs[rx_ring]).map_err(|e| ring_err(rx_ring, e))?;
+    for (i, lines) in [(tx_ring, tx.capacity()), (rx_ring, rx.capacity())] {
+        if lines < MIN_LINK_SLOTS {
+            return Err(bad(format!(
+                "ring {i} at offset {:#x} has {lines} lines; a link ring needs at least {MIN_LINK_SLOTS}, room for the longest packet",
+                offs[i]
+            )));
+        }
+    }
     if side != Side::Loopback {
-        // The extents as the ring ends will use them (their private slot counts).
-        let extent = |i: usize, slots: usize| {
-            let len = shm_ring_bytes::<PacketSlot>(slots)
+        // The extents as the ring ends will use them (their private line counts).
+        let extent = |i: usize, lines: usize| {
+            let len = shm_lines_bytes(lines)
                 .map_err(|e| bad(format!("ring {i} at offset {:#x}: {e}", offs[i])))?;
             Ok::<_, Error>((offs[i], offs[i].saturating_add(len)))
         };
@@ -357,7 +420,7 @@ pub(crate) type ArenaKey = (u64, u64);
 pub(crate) struct Link {
     /// Keeps the link segment mapped.
     _segment: Arc<Segment>,
-    pub(crate) rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
+    pub(crate) rx: LinesConsumer<ShmLines>,
     pub(crate) tx: TxBatch,
     /// The peer's engine page, read-only (its wake-up word).
     peer_page: Mem,
@@ -481,16 +544,18 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::slot::{KIND_GATHER, set_gather_entry};
+    use shmhca_rings::lines::MAX_FRAME_LINES;
 
     /// A link segment laid out by a (possibly hostile) creator: the rings at `rings`
-    /// (offset, slot count), the header naming `offs`; `data_len` data bytes.
+    /// (offset, line count), the header naming `offs`; `data_len` data bytes.
     fn crafted(data_len: usize, rings: &[(usize, usize)], offs: [u64; 2]) -> Arc<Segment> {
         let seg = Segment::builder(LINK_KIND, data_len)
             .huge_pages(HugePages::Never)
             .create()
             .unwrap();
-        for &(off, slots) in rings {
-            init_shm_ring::<PacketSlot>(&seg, off, slots).unwrap();
+        for &(off, lines) in rings {
+            init_shm_lines(&seg, off, lines).unwrap();
         }
         let hdr = LinkHeader {
             magic: LINK_MAGIC,
@@ -512,6 +577,9 @@ mod tests {
         }
     }
 
+    /// Bytes of a line ring's header (before its lines).
+    const RING_HEADER: usize = 256;
+
     #[test]
     fn a_link_whose_two_rings_are_one_is_refused() {
         let seg = crafted(64 << 10, &[(4096, 64)], [4096, 4096]);
@@ -523,7 +591,7 @@ mod tests {
 
     #[test]
     fn a_link_whose_rings_overlap_is_refused() {
-        // Ring 0 spans 4096 + 384 + 64 * 128 bytes; ring 1 starts inside it, and the other
+        // Ring 0 spans 4096 + 256 + 64 * 64 bytes; ring 1 starts inside it, and the other
         // way round.
         let a = crafted(64 << 10, &[(4096, 64), (8192, 8)], [4096, 8192]);
         let b = crafted(64 << 10, &[(4096, 64), (8192, 8)], [8192, 4096]);
@@ -547,7 +615,21 @@ mod tests {
     }
 
     #[test]
-    fn rings_past_the_end_or_with_huge_slot_counts_are_refused() {
+    fn a_ring_too_small_for_the_longest_packet_is_refused() {
+        // A valid line ring of 4 lines: a gather packet of 16 ranges takes 7.
+        let seg = crafted(64 << 10, &[(4096, 8), (16384, 4)], [4096, 16384]);
+        for side in [Side::Opener, Side::Creator] {
+            let why = refused(&opened(&seg), side);
+            assert!(
+                why.contains("ring 1") && why.contains("4 lines") && why.contains("at least 8"),
+                "{why}"
+            );
+        }
+        assert!(create_link_segment(4, HugePages::Never).is_err());
+    }
+
+    #[test]
+    fn rings_past_the_end_or_with_huge_line_counts_are_refused() {
         let len = 64 << 10;
         // Offsets past the end, at the end, and so large that adding to them overflows.
         for off in [len as u64 + 4096, len as u64, u64::MAX - 63, 1 << 63] {
@@ -555,19 +637,19 @@ mod tests {
             let why = refused(&opened(&seg), Side::Opener);
             assert!(why.contains("ring 1"), "{off:#x}: {why}");
         }
-        // A slot count that does not fit, is not a power of two, or is absurd.
-        for slots in [1u64 << 20, 1 << 40, 3, 0, u64::MAX] {
+        // A line count that does not fit, is not a power of two, or is absurd.
+        for lines in [1u64 << 20, 1 << 40, 3, 0, u64::MAX] {
             let seg = crafted(len, &[(4096, 8), (16384, 8)], [4096, 16384]);
-            // The capacity field follows magic (8 bytes), version and slot size (4 each).
-            seg.write_at(16384 + 16, &slots.to_le_bytes()).unwrap();
+            // The capacity field follows magic (8 bytes), version and line size (4 each).
+            seg.write_at(16384 + 16, &lines.to_le_bytes()).unwrap();
             let why = refused(&opened(&seg), Side::Opener);
-            assert!(why.contains("ring 1"), "{slots}: {why}");
+            assert!(why.contains("ring 1"), "{lines}: {why}");
         }
-        // A ring that ends one slot past the end of the segment.
+        // A ring that ends one line past the end of the segment.
         let seg = crafted(len, &[(4096, 8), (16384, 8)], [4096, 16384]);
-        let fits = (len - 16384 - 384) / size_of::<PacketSlot>();
+        let fits = (len - 16384 - RING_HEADER) / size_of::<PacketSlot>();
         let over = fits.next_power_of_two() as u64;
-        assert!(16384 + 384 + over as usize * size_of::<PacketSlot>() > len);
+        assert!(16384 + RING_HEADER + over as usize * size_of::<PacketSlot>() > len);
         seg.write_at(16384 + 16, &over.to_le_bytes()).unwrap();
         let why = refused(&opened(&seg), Side::Opener);
         assert!(why.contains("ring 1"), "{why}");
@@ -580,29 +662,30 @@ mod tests {
         assert_eq!((ends.tx.capacity(), ends.rx.capacity()), (8, 64));
     }
 
-    #[test]
-    fn a_link_segment_carries_packets_both_ways() {
-        let seg = create_link_segment(8, HugePages::Never).unwrap();
-        let peer_view = Arc::new(
-            Segment::open(
-                seg.try_clone_fd().unwrap(),
-                LINK_KIND,
-                shmhca_rings::segment::Access::ReadWrite,
-                usize::MAX,
-            )
-            .unwrap(),
-        );
+    /// Both ends of a fresh link, the creator's and the opener's.
+    fn pair(lines: usize) -> (LinkEnds, LinkEnds) {
+        let seg = create_link_segment(lines, HugePages::Never).unwrap();
+        let peer_view = opened(&seg);
         let a = attach(&seg, Side::Creator).unwrap();
         let b = attach(&peer_view, Side::Opener).unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn a_link_segment_carries_packets_both_ways_one_line_each() {
+        let (a, b) = pair(8);
         let mut atx = TxBatch::new(a.tx);
         let mut brx = b.rx;
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
         for i in 0..20u32 {
             let s = atx.next_slot().expect("room");
             s.payload_len = i;
+            s.data[39] = i as u8;
             atx.commit();
-            atx.flush();
-            let got = brx.pop().unwrap().unwrap();
-            assert_eq!(got.payload_len, i);
+            assert_eq!(atx.flush(), 1);
+            assert_eq!(brx.recv(&mut out).unwrap(), Some(1), "one line a packet");
+            let got: &PacketSlot = bytemuck::cast_ref(&out[0]);
+            assert_eq!((got.payload_len, got.data[39]), (i, i as u8));
         }
         // Fill the ring: room runs out at capacity, without losing anything.
         let mut n = 0;
@@ -611,15 +694,118 @@ mod tests {
             n += 1;
             assert!(n <= 8 + TX_BURST, "room must run out");
         }
-        atx.flush();
+        assert_eq!(atx.flush(), 8);
         assert_eq!(n, 8);
-        let mut out = [PacketSlot::zeroed(); 16];
-        assert_eq!(brx.pop_burst(&mut out).unwrap(), 8);
+        let mut got = 0;
+        while brx.recv(&mut out).unwrap().is_some() {
+            got += 1;
+        }
+        assert_eq!(got, 8);
         let mut btx = TxBatch::new(b.tx);
         let mut arx = a.rx;
         btx.next_slot().unwrap().payload_len = 99;
         btx.commit();
         btx.flush();
-        assert_eq!(arx.pop().unwrap().unwrap().payload_len, 99);
+        assert_eq!(arx.recv(&mut out).unwrap(), Some(1));
+        assert_eq!(
+            bytemuck::cast_ref::<Line, PacketSlot>(&out[0]).payload_len,
+            99
+        );
+    }
+
+    /// A gather packet goes as one frame of its slot and continuation lines; when the
+    /// burst reaches the ring's end and the padding leaves no room for the next frame, it
+    /// stays queued and goes, in order, once the peer has made room.
+    #[test]
+    fn a_packet_that_finds_no_room_past_the_padding_waits_in_order() {
+        let (a, b) = pair(8);
+        let mut tx = TxBatch::new(a.tx);
+        let mut rx = b.rx;
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        // Six one-line packets, received: the ring's next frame starts at line 6.
+        for i in 0..6 {
+            tx.next_slot().unwrap().payload_len = i;
+            tx.commit();
+        }
+        assert_eq!(tx.flush(), 6);
+        for _ in 0..6 {
+            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
+        }
+        rx.flush();
+        // A gather packet of 4 ranges (3 lines: does not fit in lines 6..8), then a
+        // one-line packet.
+        let (slot, cont) = tx.next_packet(2).expect("room for 3 lines");
+        slot.kind = KIND_GATHER;
+        slot.sge_count = 4;
+        slot.payload_len = 1000;
+        for i in 0..4 {
+            assert!(set_gather_entry(cont, i, 64 * i as u64, 250));
+        }
+        tx.commit();
+        tx.next_slot().unwrap().payload_len = 77;
+        tx.commit();
+        assert_eq!(tx.len(), 4);
+        // Padding takes lines 6..8; the gather frame fits at 0..3, the last packet at 3.
+        assert_eq!(tx.flush(), 4);
+        assert_eq!(rx.recv(&mut out).unwrap(), Some(3));
+        let lines: &[PacketSlot] = bytemuck::cast_slice(&out[..3]);
+        assert_eq!(lines[0].sge_count, 4);
+        assert_eq!(
+            crate::wire::slot::gather_entry(&lines[1..3], 3),
+            Some((192, 250))
+        );
+        assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
+        assert_eq!(
+            bytemuck::cast_ref::<Line, PacketSlot>(&out[0]).payload_len,
+            77
+        );
+        rx.flush();
+
+        // Five more (lines 4..8, 0), received: the next frame starts at line 1 (index 17).
+        for i in 0..5 {
+            tx.next_slot().unwrap().payload_len = i;
+            tx.commit();
+        }
+        assert_eq!(tx.flush(), 5);
+        while rx.recv(&mut out).unwrap().is_some() {}
+        // Five one-line packets (lines 1..6) and a 3-line gather packet: 8 lines staged,
+        // as many as are free. The gather frame does not fit in lines 6..8, the padding
+        // takes them, and then there is no room for it until the peer reads.
+        for i in 0..5 {
+            tx.next_slot().unwrap().payload_len = 10 + i;
+            tx.commit();
+        }
+        let (slot, _) = tx.next_packet(2).expect("8 lines are free");
+        slot.kind = KIND_GATHER;
+        slot.sge_count = 4;
+        slot.payload_len = 55;
+        tx.commit();
+        assert_eq!(tx.len(), 8);
+        assert_eq!(tx.flush(), 5, "the five one-line packets went");
+        assert_eq!(tx.len(), 3, "the gather packet waits, whole");
+        assert_eq!(tx.flush(), 0, "still no room");
+        assert!(
+            tx.next_slot().is_none(),
+            "nothing more until the peer reads"
+        );
+        for i in 0..5 {
+            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
+            assert_eq!(
+                bytemuck::cast_ref::<Line, PacketSlot>(&out[0]).payload_len,
+                10 + i
+            );
+        }
+        assert_eq!(
+            rx.recv(&mut out).unwrap(),
+            None,
+            "publishes the consumer's index"
+        );
+        assert_eq!(tx.flush(), 3);
+        assert!(tx.is_empty());
+        assert_eq!(rx.recv(&mut out).unwrap(), Some(3));
+        assert_eq!(
+            bytemuck::cast_ref::<Line, PacketSlot>(&out[0]).payload_len,
+            55
+        );
     }
 }

@@ -1,14 +1,117 @@
-//! Test rigs shared by the in-crate suites: a link whose far end the test drives slot by
-//! slot (the hostile-input proptests, the credit-flow tests), and a pair of QPs joined over
-//! a loopback link (the engine-token and in-flight-count tests).
+//! Test rigs shared by the in-crate suites: a link whose far end the test drives packet by
+//! packet (the hostile-input proptests, the credit-flow tests), and a pair of QPs joined
+//! over a loopback link (the engine-token and in-flight-count tests).
 
-use crate::link::{self, Link, LinkEnds, Side};
+use std::collections::VecDeque;
+
+use crate::link::{self, Link, Side};
 use crate::mem::Mem;
 use crate::wire::Qpn;
+use crate::wire::slot::{MAX_PACKET_LINES, PacketSlot, frame_lines};
 use crate::{Context, LinkId};
+use shmhca_rings::lines::{
+    Line, LinesConsumer, LinesProducer, MAX_FRAME_LINES, ReserveError, ShmLines,
+};
+use shmhca_rings::ring::LinkBroken;
 use shmhca_rings::segment::HugePages;
 
-/// Adds to `ctx` a link of `slots` slots a direction whose far end is returned to the test,
+/// The test's sending end of a link: takes packets as the engine stages them (a slot, then
+/// the continuation lines of its gather list) and publishes each as one frame, its lines as
+/// they are.
+pub(crate) struct SlotTx(pub(crate) LinesProducer<ShmLines>);
+
+impl SlotTx {
+    /// Publishes the packets in `slots`, one frame each — a slot and the continuation lines
+    /// its gather count calls for, as far as `slots` has them (a cut list goes as a shorter
+    /// frame, as a hostile peer may send it) — until the ring has no room; returns the
+    /// slots published.
+    pub(crate) fn push_burst(&mut self, slots: &[PacketSlot]) -> Result<usize, LinkBroken> {
+        let mut at = 0;
+        while at < slots.len() {
+            let end = (at + frame_lines(&slots[at])).min(slots.len());
+            if !self.push_frame(&slots[at..end])? {
+                break;
+            }
+            at = end;
+        }
+        Ok(at)
+    }
+
+    /// Publishes `lines` as one frame, whatever they hold; false if the ring has no room
+    /// now.
+    ///
+    /// # Panics
+    /// If `lines` is empty or longer than a frame.
+    pub(crate) fn push_frame(&mut self, lines: &[PacketSlot]) -> Result<bool, LinkBroken> {
+        match self.0.reserve(lines.len()) {
+            Ok(Some(mut f)) => {
+                f.write_lines(bytemuck::cast_slice(lines)).unwrap();
+                f.commit();
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(ReserveError::Broken(e)) => Err(e),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Slots that surely fit now, in any burst: each takes a line, and a burst that wraps
+    /// around the ring's end loses at most the lines of a packet's frame to padding.
+    pub(crate) fn free_slots(&mut self) -> Result<usize, LinkBroken> {
+        Ok(self.0.free_lines()?.saturating_sub(MAX_PACKET_LINES - 1))
+    }
+}
+
+/// The test's receiving end of a link: the lines of the engine's frames, handed out as a
+/// stream of slots (a packet's slot, then its continuation lines).
+pub(crate) struct SlotRx {
+    rx: LinesConsumer<ShmLines>,
+    pending: VecDeque<PacketSlot>,
+}
+
+impl SlotRx {
+    /// Takes up to `out.len()` slots of the packets the engine sent (a packet's
+    /// continuation lines may come in the next call); returns how many.
+    ///
+    /// # Panics
+    /// If a frame's line count is not the one its packet calls for.
+    pub(crate) fn pop_burst(&mut self, out: &mut [PacketSlot]) -> Result<usize, LinkBroken> {
+        let mut lines = [Line::ZERO; MAX_FRAME_LINES];
+        while self.pending.len() < out.len() {
+            let Some(n) = self.rx.recv(&mut lines)? else {
+                break;
+            };
+            let slots: &[PacketSlot] = bytemuck::cast_slice(&lines[..n]);
+            assert_eq!(
+                n,
+                frame_lines(&slots[0]),
+                "the engine sent a frame of {n} lines"
+            );
+            self.pending.extend(slots);
+        }
+        let n = out.len().min(self.pending.len());
+        for (o, s) in out.iter_mut().zip(self.pending.drain(..n)) {
+            *o = s;
+        }
+        Ok(n)
+    }
+
+    /// The next slot the engine sent, if any (see [`SlotRx::pop_burst`]).
+    pub(crate) fn pop(&mut self) -> Result<Option<PacketSlot>, LinkBroken> {
+        let mut one = [PacketSlot::default()];
+        Ok((self.pop_burst(&mut one)? == 1).then_some(one[0]))
+    }
+}
+
+/// The test's ends of a raw peer link.
+pub(crate) struct RawEnds {
+    /// Publishes to the engine.
+    pub(crate) tx: SlotTx,
+    /// Takes what the engine sent.
+    pub(crate) rx: SlotRx,
+}
+
+/// Adds to `ctx` a link of `slots` lines a direction whose far end is returned to the test,
 /// as a peer would hold it (the test creates the segment, the engine opens it), with peer
 /// QP `peer_qpn` sending from a private arena of `arena_len` bytes (also returned, to
 /// write payloads into).
@@ -17,7 +120,7 @@ pub(crate) fn raw_peer_link(
     slots: usize,
     peer_qpn: u32,
     arena_len: usize,
-) -> (LinkId, LinkEnds, Mem) {
+) -> (LinkId, RawEnds, Mem) {
     let seg = link::create_link_segment(slots, HugePages::Never).unwrap();
     let theirs = link::open_link_segment(seg.try_clone_fd().unwrap()).unwrap();
     let ends = link::attach(&theirs, Side::Opener).unwrap();
@@ -26,7 +129,14 @@ pub(crate) fn raw_peer_link(
     l.add_peer_qp(Qpn::new(peer_qpn), (1, 1), peer_arena.share());
     let id = ctx.shared.engine.with(|e| e.add_link(l)).unwrap();
     let mine = link::attach(&seg, Side::Creator).unwrap();
-    (id, mine, peer_arena)
+    let ends = RawEnds {
+        tx: SlotTx(mine.tx),
+        rx: SlotRx {
+            rx: mine.rx,
+            pending: VecDeque::new(),
+        },
+    };
+    (id, ends, peer_arena)
 }
 
 /// Two QPs of `ctx` joined over a loopback link, in RTS (PMTU 1024, one Read/Atomic each

@@ -808,7 +808,7 @@ mod tests {
         mr: crate::Mr,
         _pd: crate::Pd,
         _cq: crate::Cq,
-        _ends: crate::link::LinkEnds,
+        _ends: crate::raw_peer::RawEnds,
     }
 
     fn rig(qps: usize, sq_psn: u32, credits: bool) -> Rig {

@@ -7,7 +7,6 @@
 //! request packets leave, in what order, with which AckReq bits — rather than on
 //! completions, which arrive in the end whatever the credits say.
 
-use shmhca_rings::ring::{Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::HugePages;
 
 use crate::mem::Mem;
@@ -92,8 +91,8 @@ struct Rig {
     /// Source and target of every request, open to every access.
     mr: Mr,
     /// The peer's ends: ring 0 (the engine receives it) and ring 1.
-    tx: Producer<PacketSlot, ShmStorage<PacketSlot>>,
-    rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
+    tx: crate::raw_peer::SlotTx,
+    rx: crate::raw_peer::SlotRx,
     _peer_arena: Mem,
     opts: Opts,
     next_wr: u64,

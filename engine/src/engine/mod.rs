@@ -39,11 +39,12 @@ use crate::slots::SlotTable;
 use crate::timer::Timestamp;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
-use crate::wire::slot::{KIND_GATHER, MAX_CONTINUATION, PacketSlot, RxPacket, continuation_slots};
+use crate::wire::slot::{PacketSlot, RxPacket, continuation_slots};
 use crate::wqe::SqWqe;
 use doorbell::{ActiveSet, MAX_QPS};
+use shmhca_rings::lines::{Line, MAX_FRAME_LINES};
 
-/// Packets taken from one link per iteration.
+/// Packets (frames) taken from one link per iteration.
 pub(crate) const RX_BURST: usize = 32;
 /// Request packets one QP may send per iteration (fairness between QPs).
 const TX_BUDGET: usize = 32;
@@ -76,7 +77,9 @@ pub(crate) struct Engine {
     /// timers were disarmed since (an Ack came: that made them active); they leave it at
     /// that check.
     timed: ActiveSet,
-    rx: Box<[PacketSlot]>,
+    /// Where a received frame is copied out of its ring (private memory): a packet's slot,
+    /// then its continuation lines.
+    rx: Box<[Line; MAX_FRAME_LINES]>,
     /// Packet capture and observation; `None` when off (one branch per burst).
     pub(crate) trace: Option<Box<Trace>>,
     /// Iterations until the next timer check.
@@ -123,7 +126,7 @@ impl Engine {
             active: ActiveSet::new(),
             rung: ActiveSet::new(),
             timed: ActiveSet::new(),
-            rx: vec![PacketSlot::default(); RX_BURST + MAX_CONTINUATION].into_boxed_slice(),
+            rx: Box::new([Line::ZERO; MAX_FRAME_LINES]),
             trace: None,
             timer_countdown: TIMER_EVERY,
             nomem: Mem::private(0),
@@ -356,43 +359,22 @@ impl Engine {
             if link.down.is_some() {
                 continue;
             }
-            let mut n = match link.rx.pop_burst(&mut rx[..RX_BURST]) {
-                Ok(n) => n,
-                Err(e) => {
-                    link.down = Some(e.to_string());
-                    wake_link_qps(qps, active, LinkId(l));
-                    continue;
-                }
-            };
-            link.rx_backlog = n == RX_BURST;
-            work += n;
-            env.stats.packets_received += n as u64;
-            let mut next = 0;
-            while next < n {
-                let head = next;
-                next += 1;
-                if rx[head].kind == KIND_GATHER {
-                    next += continuation_slots(&rx[head]);
-                    if next > n {
-                        // A gather packet's continuation slots were published with it, in
-                        // one burst: take the rest now. A peer that published only part of a
-                        // packet broke the link protocol.
-                        let want = next - n;
-                        match link.rx.pop_burst(&mut rx[n..next]) {
-                            Ok(k) if k == want => n = next,
-                            _ => {
-                                link.down = Some(
-                                    "the peer published a gather packet without its \
-                                     continuation slots"
-                                        .into(),
-                                );
-                                wake_link_qps(qps, active, LinkId(l));
-                                break;
-                            }
-                        }
+            // One frame at a time, each copied out of the ring once into private lines:
+            // a packet's slot, then its continuation lines.
+            let mut n = 0;
+            while n < RX_BURST {
+                let lines = match link.rx.recv(rx) {
+                    Ok(Some(lines)) => lines,
+                    Ok(None) => break,
+                    Err(e) => {
+                        link.down = Some(e.to_string());
+                        wake_link_qps(qps, active, LinkId(l));
+                        break;
                     }
-                }
-                let slots = &rx[head..next];
+                };
+                n += 1;
+                // Exactly the frame's lines: the rest of the buffer is stale.
+                let slots: &[PacketSlot] = bytemuck::cast_slice(&rx[..lines]);
                 // The QP first (the BTH's place of the destination QP holds three bytes
                 // whatever else the peer wrote); the packet is parsed only for a QP of
                 // this link, after the trace and the ICRC check have seen it.
@@ -438,6 +420,9 @@ impl Engine {
                     timed.insert(index);
                 }
             }
+            link.rx_backlog = n == RX_BURST;
+            work += n;
+            env.stats.packets_received += n as u64;
         }
 
         // Timers are checked one iteration in TIMER_EVERY, busy or not (a stream of packets
@@ -643,7 +628,8 @@ impl Engine {
     }
 
     /// Whether an iteration would do nothing, checked at the cost of an empty poll: the
-    /// doorbell's summary word and one load per link (its receive ring's producer index).
+    /// doorbell's summary word and one load per link (the stamp of its receive ring's next
+    /// line).
     /// Then no QP is active (a QP that only waits for a timer is in the timed set: `poll`
     /// counts the timer countdown down for it), the fault stage is off, and every live link
     /// has nothing received, no backlog and nothing queued to publish — exactly the case
@@ -655,7 +641,8 @@ impl Engine {
             && self.faults.is_none()
             && !doorbell.rung()
             && self.links.iter_mut().all(|(_, l)| {
-                l.down.is_some() || (!l.rx_backlog && l.tx.is_empty() && l.rx.available() == Ok(0))
+                l.down.is_some()
+                    || (!l.rx_backlog && l.tx.is_empty() && l.rx.has_frame() == Ok(false))
             })
     }
 
@@ -1053,7 +1040,6 @@ mod watch_tests {
 mod timed_tests {
     use std::time::{Duration, Instant};
 
-    use crate::link::LinkEnds;
     use crate::mem::Mem;
     use crate::psn::Psn;
     use crate::wire::aeth::{AethRepr, CreditCode, RnrTimer, Syndrome};
@@ -1072,7 +1058,7 @@ mod timed_tests {
         cq: Cq,
         qp: Qp,
         mr: Mr,
-        peer: LinkEnds,
+        peer: crate::raw_peer::RawEnds,
         _arena: Mem,
     }
 

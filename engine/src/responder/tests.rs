@@ -6,7 +6,6 @@
 //! it wants (PSN, opcode, headers of its choosing), drives the engine one iteration at a
 //! time and reads the responses.
 
-use shmhca_rings::ring::{Consumer, Producer, ShmStorage};
 use shmhca_rings::segment::HugePages;
 
 use crate::mem::Mem;
@@ -31,8 +30,8 @@ pub(super) struct Rig {
     pub(super) qp: Qp,
     /// Receive buffers and RDMA target, open to every remote access.
     pub(super) mr: Mr,
-    pub(super) tx: Producer<PacketSlot, ShmStorage<PacketSlot>>,
-    pub(super) rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
+    pub(super) tx: crate::raw_peer::SlotTx,
+    pub(super) rx: crate::raw_peer::SlotRx,
     _peer_arena: Mem,
     skip: usize,
 }

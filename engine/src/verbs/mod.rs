@@ -239,8 +239,9 @@ impl ContextBuilder {
         self
     }
 
-    /// Packet slots per direction of each link this context creates (a power of two up to
-    /// 16,384; default 1024). A peer's link is accepted up to the same size.
+    /// Lines per direction of each link this context creates (64 bytes each; a small
+    /// packet takes one, a packet with a gather list up to 7): a power of two from 8 to
+    /// 16,384, default 1024. A peer's link is accepted up to the same size.
     pub fn link_slots(mut self, slots: usize) -> ContextBuilder {
         self.link_slots = slots;
         self
@@ -275,12 +276,15 @@ impl ContextBuilder {
     /// cannot be created, or an option is out of range (an arena size of 0 or above this
     /// machine's memory, link slots not a power of two).
     pub fn build(self) -> Result<Context> {
-        if !self.link_slots.is_power_of_two() || self.link_slots > link::MAX_LINK_SLOTS {
+        if !self.link_slots.is_power_of_two()
+            || !(link::MIN_LINK_SLOTS..=link::MAX_LINK_SLOTS).contains(&self.link_slots)
+        {
             return Err(Error::invalid(
                 "link_slots",
                 format!(
-                    "{}; use a power of two up to {} such as 1024",
+                    "{}; use a power of two from {} to {} such as 1024",
                     self.link_slots,
+                    link::MIN_LINK_SLOTS,
                     link::MAX_LINK_SLOTS
                 ),
             ));

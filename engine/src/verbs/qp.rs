@@ -1134,7 +1134,7 @@ mod tests {
         let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
         crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 0, false);
         let mut payloads = vec![];
-        let mut receive = |ends: &mut crate::link::LinkEnds| {
+        let mut receive = |ends: &mut crate::raw_peer::RawEnds| {
             while let Some(slot) = ends.rx.pop().unwrap() {
                 let rx = RxPacket::parse(&slot, &[]).unwrap();
                 if !rx.info.request {

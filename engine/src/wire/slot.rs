@@ -1,20 +1,41 @@
 //! The packet slot: the one format of a packet on a link, written and parsed here.
 //!
-//! A slot is 128 bytes (two cache lines): 16 bytes of slot metadata, then 112 bytes holding
-//! the IBA transport headers exactly as on the wire (BTH and extended headers, big-endian)
-//! and, for small payloads, the payload right behind them — so a short packet, slot
-//! metadata included, fits in the first cache line. Larger payloads stay in the sender's
-//! arena and the slot names them (zero-copy): one contiguous range, or — for a payload that
-//! spans several scatter/gather elements — a gather list of up to [`MAX_GATHER`] ranges,
-//! carried in one or two *continuation slots* pushed right behind the packet's slot, in the
-//! same burst. A gather list is part of the packet: no table of the sender's lives in
-//! shared memory.
+//! A slot is one 64-byte line, and its bytes are, as they are, the first line of a frame of
+//! the link's line ring ([`shmhca_rings::lines`]): no codec sits between the two. The
+//! layout:
+//!
+//! ```text
+//! bytes  0..5   the ring's (stamp, line count): never read or written here; zero in a
+//!               private slot
+//! byte   5      hdr_len       bytes of transport headers at the start of `data`
+//! byte   6      kind          how the payload travels (KIND_*)
+//! byte   7      reserved      flags: ICRC_FLAG; other bits zero
+//! bytes  8..12  payload_len   (u32 LE)
+//! byte  12      sge_count     gather entries (KIND_GATHER)
+//! bytes 13..16  zero
+//! bytes 16..24  payload_off   (u64 LE) arena offset of a payload sent by reference
+//! bytes 24..64  data          40 bytes: the IBA transport headers exactly as on the wire
+//!                             (BTH and extended headers, big-endian), then an inline
+//!                             payload or a gather list's skip
+//! ```
+//!
+//! The biggest header stacks fit (BTH+AtomicETH 40 bytes, BTH+RETH+ImmDt 32), and so do the
+//! common small packets whole: an 8-byte Send, an 8-byte RDMA Write with its RETH, an
+//! Atomic, an Ack and an Atomic Acknowledge each take one line. A payload that does not fit
+//! inline stays in the sender's arena and the slot names it (zero-copy): one contiguous
+//! range, or — for a payload that spans several scatter/gather elements — a gather list of
+//! up to [`MAX_GATHER`] ranges, carried in up to [`MAX_CONTINUATION`] *continuation lines*
+//! that follow the slot in the same frame ([`GATHER_PER_SLOT`] entries each, at bytes
+//! 16..64; bytes 0..16 are left to the ring). A gather list is part of the packet: no
+//! table of the sender's lives in shared memory. A packet is thus a frame of
+//! `1 + continuation_slots(slot)` lines ([`frame_lines`]), at most 7.
 //!
 //! Written by `HeaderWriter` (headers in place, from the opcode table) and the gather
 //! helpers; read by `RxPacket::parse`, which copies nothing but checks every length and
-//! kind against the slot's bounds and the opcode table. Offsets into the peer's arena are
-//! not this module's business: the engine bounds-checks them at copy time against the
-//! length of the mapping (a private copy, taken when it was mapped).
+//! kind against the slot's bounds, the opcode table and the frame's actual line count.
+//! Offsets into the peer's arena are not this module's business: the engine bounds-checks
+//! them at copy time against the length of the mapping (a private copy, taken when it was
+//! mapped).
 //!
 //! Like the rest of `wire`, this module imports nothing of the protocol.
 #![forbid(unsafe_code)]
@@ -32,8 +53,11 @@ use crate::wire::{
 /// faults, see the engine's `fault` module).
 pub const ICRC_FLAG: u8 = 0x01;
 
+/// Bytes of a slot (one cache line, one line of the link's ring).
+pub const SLOT_BYTES: usize = 64;
+
 /// Bytes of a slot's data area (headers + inline payload).
-pub const SLOT_DATA: usize = 112;
+pub const SLOT_DATA: usize = 40;
 
 /// The slot carries no payload.
 pub const KIND_NONE: u8 = 0;
@@ -48,16 +72,22 @@ pub const KIND_GATHER: u8 = 3;
 
 /// Most ranges of one gather list (a work request's scatter/gather elements).
 pub const MAX_GATHER: usize = 16;
-/// Bytes of one gather entry in a continuation slot: offset (u64 LE), length (u32 LE),
+/// Bytes of one gather entry in a continuation line: offset (u64 LE), length (u32 LE),
 /// reserved (u32, zero).
 pub const GATHER_ENTRY_LEN: usize = 16;
-/// Gather entries per continuation slot.
-pub const GATHER_PER_SLOT: usize = size_of::<PacketSlot>() / GATHER_ENTRY_LEN;
-/// Most continuation slots behind one packet.
+/// Where a continuation line's gather entries start (bytes before it are the ring's, or
+/// unused).
+pub const GATHER_START: usize = 16;
+/// Gather entries per continuation line.
+pub const GATHER_PER_SLOT: usize = (SLOT_BYTES - GATHER_START) / GATHER_ENTRY_LEN;
+/// Most continuation lines behind one packet.
 pub const MAX_CONTINUATION: usize = MAX_GATHER.div_ceil(GATHER_PER_SLOT);
+/// Most lines of one packet's frame (the slot and its continuation lines).
+pub const MAX_PACKET_LINES: usize = 1 + MAX_CONTINUATION;
 
-/// How many continuation slots follow `slot` (0 unless it is a gather packet; a count the
+/// How many continuation lines follow `slot` (0 unless it is a gather packet; a count the
 /// peer made up above [`MAX_GATHER`] yields 0, and the receiver rejects the slot).
+#[inline]
 pub fn continuation_slots(slot: &PacketSlot) -> usize {
     let n = slot.sge_count as usize;
     if slot.kind == KIND_GATHER && n <= MAX_GATHER {
@@ -65,6 +95,12 @@ pub fn continuation_slots(slot: &PacketSlot) -> usize {
     } else {
         0
     }
+}
+
+/// Lines of the frame that carries `slot`: 1, plus its [`continuation_slots`].
+#[inline]
+pub fn frame_lines(slot: &PacketSlot) -> usize {
+    1 + continuation_slots(slot)
 }
 
 /// A gather list, for tests that build gather packets by hand (the engine writes its lists
@@ -104,28 +140,41 @@ impl GatherList {
     }
 }
 
-/// One packet on a link. `#[repr(C)]`, 128 bytes, any bit pattern valid.
-#[repr(C)]
+/// One packet on a link: one 64-byte, 64-aligned line (see the module for its layout),
+/// any bit pattern valid. A `&[PacketSlot]` is a `&[Line]` of the line ring
+/// (`bytemuck::cast_slice`: same size and alignment).
+#[repr(C, align(64))]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub struct PacketSlot {
+    /// Bytes 0..5: the line ring's (stamp and line count). The slot codec never reads or
+    /// writes them; they are zero in a slot the engine fills.
+    pub ring: [u8; 5],
     /// Bytes of transport headers at the start of `data`.
     pub hdr_len: u8,
     /// How the payload is carried: one of the `KIND_*` constants.
     pub kind: u8,
-    /// Gather entries (kind [`KIND_GATHER`]).
-    pub sge_count: u8,
     /// Flags: [`ICRC_FLAG`] (the packet carries an ICRC, set by a
     /// sender injecting faults); other bits zero.
     pub reserved: u8,
     /// Payload bytes.
     pub payload_len: u32,
-    /// Arena offset of the payload (direct) or of the first gather entry (gather).
+    /// Gather entries (kind [`KIND_GATHER`]).
+    pub sge_count: u8,
+    /// Zero.
+    pub zero: [u8; 3],
+    /// Arena offset of the payload (kind [`KIND_DIRECT`]).
     pub payload_off: u64,
     /// Transport headers, then inline payload or the gather skip.
     pub data: [u8; SLOT_DATA],
 }
 
-const _: () = assert!(size_of::<PacketSlot>() == 128);
+const _: () = assert!(size_of::<PacketSlot>() == SLOT_BYTES);
+const _: () = assert!(align_of::<PacketSlot>() == SLOT_BYTES);
+const _: () = assert!(std::mem::offset_of!(PacketSlot, hdr_len) == 5);
+const _: () = assert!(std::mem::offset_of!(PacketSlot, payload_len) == 8);
+const _: () = assert!(std::mem::offset_of!(PacketSlot, sge_count) == 12);
+const _: () = assert!(std::mem::offset_of!(PacketSlot, payload_off) == 16);
+const _: () = assert!(std::mem::offset_of!(PacketSlot, data) == 24);
 
 impl Default for PacketSlot {
     fn default() -> PacketSlot {
@@ -205,11 +254,17 @@ pub(crate) enum SlotError {
     InlineOverrun,
     /// Gather with no entries, or more than [`MAX_GATHER`].
     GatherCount(u8),
-    /// The continuation slots of a gather packet are missing.
-    MissingContinuation,
+    /// The frame has another number of lines than the packet calls for (1, plus the
+    /// continuation lines of a gather list).
+    FrameLines {
+        /// Lines of the frame received.
+        lines: usize,
+        /// Lines the packet calls for.
+        expected: usize,
+    },
 }
 
-/// A received packet: a checked view of a slot copied out of a ring.
+/// A received packet: a checked view of a frame copied out of a ring.
 ///
 /// [`RxPacket::parse`] makes one pass over the slot's first bytes: it checks the BTH's
 /// transport header version, looks the opcode byte up in the opcode table
@@ -222,7 +277,7 @@ pub(crate) enum SlotError {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RxPacket<'a> {
     slot: &'a PacketSlot,
-    /// The continuation slots (gather entries) that followed it.
+    /// The continuation lines (gather entries) of its frame.
     cont: &'a [PacketSlot],
     /// The opcode's row of the opcode table.
     pub(crate) info: &'static OpcodeInfo,
@@ -230,8 +285,9 @@ pub(crate) struct RxPacket<'a> {
 }
 
 impl<'a> RxPacket<'a> {
-    /// Parses and checks a slot copied out of a ring, with the continuation slots that
-    /// followed it ([`continuation_slots`] of them; pass `&[]` for other packets).
+    /// Parses and checks a frame copied out of a ring: its first line `slot` and the rest
+    /// of its lines `cont` (exactly the frame's, nothing beyond: a frame must have as many
+    /// continuation lines as its gather list calls for, and none otherwise).
     #[inline]
     pub(crate) fn parse(
         slot: &'a PacketSlot,
@@ -264,6 +320,13 @@ impl<'a> RxPacket<'a> {
                 claimed: slot.hdr_len,
             });
         }
+        if slot.kind != KIND_GATHER && !cont.is_empty() {
+            // Only a gather list takes more than one line.
+            return Err(SlotError::FrameLines {
+                lines: 1 + cont.len(),
+                expected: 1,
+            });
+        }
         let len = slot.payload_len;
         let payload = match slot.kind {
             KIND_NONE if len == 0 => Payload::None,
@@ -284,8 +347,11 @@ impl<'a> RxPacket<'a> {
                 if slot.sge_count == 0 || slot.sge_count as usize > MAX_GATHER {
                     return Err(SlotError::GatherCount(slot.sge_count));
                 }
-                if cont.len() < continuation_slots(slot) {
-                    return Err(SlotError::MissingContinuation);
+                if cont.len() != continuation_slots(slot) {
+                    return Err(SlotError::FrameLines {
+                        lines: 1 + cont.len(),
+                        expected: frame_lines(slot),
+                    });
                 }
                 if hdr_len + 4 > SLOT_DATA {
                     return Err(SlotError::InlineOverrun);
@@ -441,10 +507,10 @@ impl<'a> RxPacket<'a> {
     }
 }
 
-/// Range `i` of a gather list stored in continuation slots `cont`.
+/// Range `i` of a gather list stored in continuation lines `cont`.
 pub(crate) fn gather_entry(cont: &[PacketSlot], i: usize) -> Option<(u64, u32)> {
     let slot = cont.get(i / GATHER_PER_SLOT)?;
-    let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
+    let at = GATHER_START + (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
     let b = bytemuck::bytes_of(slot).get(at..at + GATHER_ENTRY_LEN)?;
     let off = u64::from_le_bytes(b[0..8].try_into().ok()?);
     let len = u32::from_le_bytes(b[8..12].try_into().ok()?);
@@ -465,14 +531,14 @@ fn write_gather(list: &GatherList, cont: &mut [PacketSlot]) {
     }
 }
 
-/// Writes range `i` of a gather list into continuation slots `cont`; false if they have no
-/// room for it.
+/// Writes range `i` of a gather list into continuation lines `cont` (bytes 16..64 of a
+/// line; bytes 0..16 are left alone); false if they have no room for it.
 #[inline]
 pub(crate) fn set_gather_entry(cont: &mut [PacketSlot], i: usize, off: u64, len: u32) -> bool {
     let Some(slot) = cont.get_mut(i / GATHER_PER_SLOT) else {
         return false;
     };
-    let at = (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
+    let at = GATHER_START + (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
     let b = &mut bytemuck::bytes_of_mut(slot)[at..at + GATHER_ENTRY_LEN];
     b[0..8].copy_from_slice(&off.to_le_bytes());
     b[8..12].copy_from_slice(&len.to_le_bytes());
@@ -655,8 +721,11 @@ mod tests {
         s.data[12..16].copy_from_slice(&17u32.to_le_bytes());
         assert_eq!(
             RxPacket::parse(&s, &[]).unwrap_err(),
-            SlotError::MissingContinuation,
-            "a gather packet needs its continuation slot"
+            SlotError::FrameLines {
+                lines: 1,
+                expected: 2
+            },
+            "a gather packet needs its continuation line"
         );
         let mut list = GatherList::default();
         for (o, l) in [(64u64, 100u32), (4096, 200), (9000, 17)] {
@@ -751,10 +820,16 @@ mod tests {
             RxPacket::parse(&s, &[]),
             Err(SlotError::HeaderMismatch { .. })
         ));
-        let s = slot_with(Opcode::SendOnly, KIND_INLINE, 101);
+        // An inline payload past line 0: 12 bytes of BTH and 29 of payload.
+        let s = slot_with(Opcode::SendOnly, KIND_INLINE, 29);
         assert_eq!(
             RxPacket::parse(&s, &[]).unwrap_err(),
             SlotError::InlineOverrun
+        );
+        let s = slot_with(Opcode::SendOnly, KIND_INLINE, 28);
+        assert!(
+            RxPacket::parse(&s, &[]).is_ok(),
+            "28 bytes fit behind the BTH"
         );
         let s = slot_with(Opcode::SendOnly, 9, 8);
         assert_eq!(
@@ -783,6 +858,170 @@ mod tests {
         );
     }
 
+    /// The slot is a line: its fields sit where the line ring leaves the line to its user
+    /// (bytes 0..5 are the ring's), so a staged slot is written into the ring as it is.
+    #[test]
+    fn the_slot_is_one_line_with_its_fields_at_their_offsets() {
+        assert_eq!(size_of::<PacketSlot>(), 64);
+        assert_eq!(align_of::<PacketSlot>(), 64);
+        let mut s = PacketSlot::zeroed();
+        s.hdr_len = 0x11;
+        s.kind = 0x22;
+        s.reserved = 0x33;
+        s.payload_len = 0x4455_6677;
+        s.sge_count = 0x88;
+        s.payload_off = 0x0102_0304_0506_0708;
+        s.data[0] = 0x99;
+        s.data[SLOT_DATA - 1] = 0xAA;
+        let b = bytemuck::bytes_of(&s);
+        assert_eq!(&b[..5], &[0; 5], "the ring's bytes are not the slot's");
+        assert_eq!(b[5..8], [0x11, 0x22, 0x33]);
+        assert_eq!(b[8..12], 0x4455_6677u32.to_le_bytes());
+        assert_eq!(b[12..16], [0x88, 0, 0, 0]);
+        assert_eq!(b[16..24], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!((b[24], b[63]), (0x99, 0xAA));
+    }
+
+    /// Gather entries fill bytes 16..64 of a continuation line, three to a line, and leave
+    /// bytes 0..16 alone (the ring stamps bytes 0..5 of every line of a frame).
+    #[test]
+    fn gather_entries_leave_the_first_16_bytes_of_a_line_alone() {
+        assert_eq!(
+            (GATHER_PER_SLOT, MAX_CONTINUATION, MAX_PACKET_LINES),
+            (3, 6, 7)
+        );
+        let mut cont = [PacketSlot::zeroed(); MAX_CONTINUATION];
+        for c in &mut cont {
+            bytemuck::bytes_of_mut(c)[..16].fill(0xEE);
+        }
+        for i in 0..MAX_GATHER {
+            assert!(set_gather_entry(
+                &mut cont,
+                i,
+                1000 + i as u64,
+                10 + i as u32
+            ));
+        }
+        assert!(
+            !set_gather_entry(&mut cont, MAX_GATHER + 2, 0, 0),
+            "no seventh line"
+        );
+        for c in &cont {
+            assert_eq!(&bytemuck::bytes_of(c)[..16], &[0xEE; 16]);
+        }
+        for i in 0..MAX_GATHER {
+            assert_eq!(
+                gather_entry(&cont, i),
+                Some((1000 + i as u64, 10 + i as u32))
+            );
+        }
+        let line = bytemuck::bytes_of(&cont[1]);
+        assert_eq!(line[16..24], 1003u64.to_le_bytes(), "entry 3 opens line 1");
+        let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 300);
+        for (n, lines) in [(1, 2), (3, 2), (4, 3), (15, 6), (16, 7)] {
+            s.sge_count = n;
+            assert_eq!(frame_lines(&s), lines, "{n} entries");
+        }
+    }
+
+    /// The five common small packets each take one line: an 8-byte Send, an 8-byte RDMA
+    /// Write with its RETH, an Atomic, an Ack and an Atomic Acknowledge.
+    #[test]
+    fn the_common_small_packets_fit_one_line() {
+        use crate::wire::aeth::Syndrome;
+        use crate::wire::{AethRepr, AtomicEthRepr, Msn, aeth::CreditCode};
+        let bth = |op| BthRepr::new(op, Qpn::new(5), Psn::new(9));
+        let ack = AethRepr {
+            syndrome: Syndrome::Ack {
+                credits: CreditCode::new(3),
+            },
+            msn: Msn::new(1),
+        };
+        let reth = RethRepr {
+            va: 0x1000,
+            rkey: 7,
+            dma_len: 8,
+        };
+        let atomic = AtomicEthRepr {
+            va: 8,
+            rkey: 7,
+            swap_add: 1,
+            compare: 2,
+        };
+        let mut packets = Vec::new();
+        let mut s = PacketSlot::zeroed();
+        HeaderWriter::new(&mut s, &bth(Opcode::SendOnly)).finish();
+        packets.push((s, 8));
+        let mut s = PacketSlot::zeroed();
+        HeaderWriter::new(&mut s, &bth(Opcode::RdmaWriteOnly))
+            .reth(&reth)
+            .finish();
+        packets.push((s, 8));
+        let mut s = PacketSlot::zeroed();
+        HeaderWriter::new(&mut s, &bth(Opcode::CompareSwap))
+            .atomic_eth(&atomic)
+            .finish();
+        packets.push((s, 0));
+        let mut s = PacketSlot::zeroed();
+        HeaderWriter::new(&mut s, &bth(Opcode::Acknowledge))
+            .aeth(&ack)
+            .finish();
+        packets.push((s, 0));
+        let mut s = PacketSlot::zeroed();
+        HeaderWriter::new(&mut s, &bth(Opcode::AtomicAcknowledge))
+            .aeth(&ack)
+            .atomic_ack_eth(42)
+            .finish();
+        packets.push((s, 0));
+        for (mut s, len) in packets {
+            let hdr = s.hdr_len as usize;
+            assert!(len <= PacketSlot::inline_room(hdr), "{hdr} + {len} bytes");
+            if len > 0 {
+                s.kind = KIND_INLINE;
+                s.payload_len = len as u32;
+                s.data[hdr..hdr + len].fill(0x5A);
+            }
+            assert_eq!(frame_lines(&s), 1);
+            let p = RxPacket::parse(&s, &[]).unwrap();
+            assert_eq!(p.payload.len() as usize, len);
+        }
+    }
+
+    /// A frame must have exactly the lines its packet calls for: a packet without a
+    /// gather list one, a gather packet one per three entries more.
+    #[test]
+    fn a_frame_with_another_line_count_than_its_packet_is_rejected() {
+        let cont = [PacketSlot::zeroed(); MAX_CONTINUATION];
+        for kind in [KIND_INLINE, KIND_DIRECT] {
+            let s = slot_with(Opcode::SendOnly, kind, 8);
+            assert!(RxPacket::parse(&s, &[]).is_ok());
+            assert_eq!(
+                RxPacket::parse(&s, &cont[..1]).unwrap_err(),
+                SlotError::FrameLines {
+                    lines: 2,
+                    expected: 1
+                }
+            );
+        }
+        let mut s = slot_with(Opcode::SendOnly, KIND_GATHER, 300);
+        s.sge_count = 4;
+        for n in [0, 1, 3, 6] {
+            assert_eq!(
+                RxPacket::parse(&s, &cont[..n]).unwrap_err(),
+                SlotError::FrameLines {
+                    lines: 1 + n,
+                    expected: 3
+                }
+            );
+        }
+        assert!(RxPacket::parse(&s, &cont[..2]).is_ok());
+        s.sge_count = 17;
+        assert_eq!(
+            RxPacket::parse(&s, &cont).unwrap_err(),
+            SlotError::GatherCount(17)
+        );
+    }
+
     proptest::proptest! {
         /// A slot is whatever the peer wrote: any bytes at all must be rejected or parse
         /// into a packet whose every accessor works, and agree with the generic parser.
@@ -802,7 +1041,7 @@ mod tests {
                 s.data[1] &= 0xF0; // transport header version 0
                 s.hdr_len = opcode.info().unwrap().header_len() as u8;
                 s.kind = kind;
-                s.payload_len %= 128;
+                s.payload_len %= 64;
             }
             if let Ok(p) = RxPacket::parse(&s, &[]) {
                 let hdr = s.hdr_len as usize;
