@@ -434,10 +434,12 @@ mod tests {
 
     #[test]
     fn small_payloads_are_copied_into_the_slot() {
+        // The slot's 40 bytes of data hold the 12-byte BTH and up to 28 bytes of payload;
+        // one byte more goes by reference.
         let local = Mem::private(4096);
         let tables = Mem::private(256);
-        let v = fill(&local, 100, 40, 9);
-        let src = table(&tables, 0, &[(100, 30), (130, 10)]);
+        let v = fill(&local, 100, 29, 9);
+        let src = table(&tables, 0, &[(100, 20), (120, 9)]);
         let mut slot = send_slot();
         assert_eq!(
             describe(
@@ -446,12 +448,26 @@ mod tests {
                 &local,
                 Sgl::new(&src, &tables),
                 Cursor::default(),
-                40,
+                28,
             ),
-            Some(40)
+            Some(28)
         );
         assert_eq!(slot.kind, KIND_INLINE);
-        assert_eq!(&slot.data[12..52], &v[..]);
+        assert_eq!(&slot.data[12..40], &v[..28]);
+        let mut slots = [send_slot(); 2];
+        let (slot, cont) = slots.split_first_mut().unwrap();
+        assert_eq!(
+            describe(
+                slot,
+                cont,
+                &local,
+                Sgl::new(&src, &tables),
+                Cursor::default(),
+                29,
+            ),
+            Some(0)
+        );
+        assert_eq!((slot.kind, slot.sge_count), (KIND_GATHER, 2));
     }
 
     fn direct(off: u64, len: u32) -> PacketSlot {

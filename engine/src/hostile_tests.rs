@@ -1,5 +1,5 @@
 //! The receive path against a hostile peer, as a property: whatever bytes a peer publishes
-//! on a link — slots and continuation slots — and whatever its arena holds, the engine
+//! on a link — frames of a slot and continuation lines — and whatever its arena holds, the engine
 //! neither panics nor writes a byte of this process's memory that the packets were not
 //! allowed to write.
 //!
@@ -8,8 +8,8 @@
 //! and writes, in shared memory) and the peer arena the engine copies payloads from, and
 //! publishes whatever proptest generates: random slots, and slots with a real opcode,
 //! header length and destination QP so that they get past the first checks into the RQ
-//! Logic and the completer, each followed by the continuation slots its gather count
-//! calls for. The engine also traces every packet to a capture file, so the packet tap
+//! Logic and the completer, each followed in its frame by the continuation lines its
+//! gather count calls for (or, in a quarter of the frames each, one line fewer or more). The engine also traces every packet to a capture file, so the packet tap
 //! reads the same hostile slots. The QP has work outstanding (a Send, an RDMA Read, an
 //! Atomic, receives spread over several scatter elements) so that responses have
 //! something to match.
@@ -19,7 +19,7 @@ use shmhca_rings::segment::HugePages;
 
 use crate::mem::Mem;
 use crate::wire::opcode::Opcode;
-use crate::wire::slot::{PacketSlot, continuation_slots};
+use crate::wire::slot::{MAX_CONTINUATION, PacketSlot, continuation_slots};
 use crate::{
     AccessFlags, Context, Cq, Destination, EngineMode, Mr, Pd, Qp, QpAttr, QpCaps, QpState, Qpn,
     RecvWr, RemoteAddr, SendOp, SendWr, WorkCompletion,
@@ -161,8 +161,10 @@ impl Drop for Rig {
 }
 
 /// One generated packet: raw slot bytes, whether to make it plausible, the opcode, payload
-/// kind and PSN offset to use if so, and raw bytes for its continuation slots.
-type Gen = (Vec<u8>, bool, usize, u8, u32, Vec<u8>);
+/// kind and PSN offset to use if so, raw bytes for its continuation lines, and how its
+/// frame's line count relates to the one its packet calls for (0 or 1: the same; 2: one
+/// line fewer; 3: one line more).
+type Gen = (Vec<u8>, bool, usize, u8, u32, Vec<u8>, u8);
 
 fn packet() -> impl Strategy<Value = Gen> {
     (
@@ -171,13 +173,17 @@ fn packet() -> impl Strategy<Value = Gen> {
         0..Opcode::ALL.len(),
         0u8..5,
         0u32..8,
-        proptest::collection::vec(any::<u8>(), 2 * size_of::<PacketSlot>()),
+        proptest::collection::vec(
+            any::<u8>(),
+            (MAX_CONTINUATION + 1) * size_of::<PacketSlot>(),
+        ),
+        0u8..4,
     )
 }
 
-/// Turns a generated packet into its slots.
+/// Turns a generated packet into the lines of its frame.
 fn slots(g: &Gen, qpn: Qpn, out: &mut Vec<PacketSlot>) {
-    let (raw, fix, op, kind, psn, cont) = g;
+    let (raw, fix, op, kind, psn, cont, lines) = g;
     let mut s: PacketSlot = bytemuck::pod_read_unaligned(raw);
     if *fix {
         let op = Opcode::ALL[*op];
@@ -190,9 +196,10 @@ fn slots(g: &Gen, qpn: Qpn, out: &mut Vec<PacketSlot>) {
         s.data[9..12].copy_from_slice(&(base + psn).to_be_bytes()[1..]);
         s.hdr_len = info.header_len() as u8;
         s.kind = *kind;
-        // Small, several packets' worth, or whatever the bytes say (up to 4 GiB).
+        // Small (inline up to past the slot's end), several packets' worth, or whatever
+        // the bytes say (up to 4 GiB).
         match raw[0] & 3 {
-            0 | 1 => s.payload_len %= 128,
+            0 | 1 => s.payload_len %= 48,
             2 => s.payload_len %= 16 << 10,
             _ => {}
         }
@@ -202,14 +209,18 @@ fn slots(g: &Gen, qpn: Qpn, out: &mut Vec<PacketSlot>) {
         s.sge_count %= 18;
     }
     out.push(s);
-    let n = continuation_slots(&s);
+    let n = match lines {
+        2 => continuation_slots(&s).saturating_sub(1),
+        3 => continuation_slots(&s) + 1,
+        _ => continuation_slots(&s),
+    };
     for i in 0..n {
         let mut c: PacketSlot = bytemuck::pod_read_unaligned(
             &cont[i * size_of::<PacketSlot>()..][..size_of::<PacketSlot>()],
         );
         if *fix {
             // Half the entries inside the arena.
-            let b = bytemuck::bytes_of_mut(&mut c);
+            let b = &mut bytemuck::bytes_of_mut(&mut c)[crate::wire::slot::GATHER_START..];
             for e in b.chunks_mut(crate::wire::slot::GATHER_ENTRY_LEN).step_by(2) {
                 let off = u64::from_le_bytes(e[..8].try_into().unwrap()) % PEER_ARENA as u64;
                 e[..8].copy_from_slice(&off.to_le_bytes());
@@ -269,8 +280,8 @@ fn the_rig_delivers_an_honest_send() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// Any slots, any continuation slots, any peer-arena bytes: the engine never panics
-    /// and never writes a region the packets could not write.
+    /// Any slots, any continuation lines, frames of any line count, any peer-arena bytes:
+    /// the engine never panics and never writes a region the packets could not write.
     #[test]
     fn arbitrary_slots_and_peer_arena_bytes_never_panic_the_engine(
         arena in proptest::collection::vec(any::<u8>(), 4096),
@@ -298,7 +309,7 @@ proptest! {
                     break 'packets;
                 }
             }
-            prop_assert_eq!(rig.tx.push_burst(&burst).unwrap(), burst.len());
+            prop_assert!(rig.tx.push_frame(&burst).unwrap(), "room was checked");
             rig.pump();
         }
         rig.pump();

@@ -910,10 +910,10 @@ mod tests {
         let r = rig(2, 0xFF_FFFD, false);
         let mut case = 0u64;
         for (op, max) in [
-            (WqeOp::Send, 100),
-            (WqeOp::SendImm, 96),
-            (WqeOp::Write, 84),
-            (WqeOp::WriteImm, 80),
+            (WqeOp::Send, 28),
+            (WqeOp::SendImm, 24),
+            (WqeOp::Write, 12),
+            (WqeOp::WriteImm, 8),
         ] {
             for len in [0u32, 1, 3, 8, max] {
                 for flags in [0, WqeFlags::SOLICITED] {

@@ -3,7 +3,7 @@
 
 use crate::dma::{self, Cursor, Sgl};
 use crate::mem::Mem;
-use crate::wire::slot::{PacketSlot, RxPacket, continuation_slots};
+use crate::wire::slot::{PacketSlot, RxPacket};
 use crate::wqe::{DataLoc, NO_MR, SGE_ENTRY_LEN, SgeEntry};
 
 /// The byte the local buffer is filled with before a copy.
@@ -12,9 +12,11 @@ const CANARY: u8 = 0xA5;
 const DST_START: u64 = 1024;
 const GAP: u64 = 16;
 
-/// Receives one packet the way the RQ Logic and the completer do: `bytes` is what a peer
-/// published (a slot, then its continuation slots; missing bytes read as zero), parsed with
-/// `RxPacket::parse` and every extended-header accessor, then its payload is copied with
+/// Receives one packet the way the RQ Logic and the completer do: `bytes` is a frame a
+/// peer published (its 64-byte lines: a slot, then whatever lines follow it; a partial
+/// last line reads as zero-padded, and only the first 16 lines are a frame), parsed with
+/// `RxPacket::parse` against the frame's line count and every extended-header accessor,
+/// then its payload is copied with
 /// `dma::copy_payload` out of a peer arena holding `peer_arena` into a local buffer, over
 /// one destination range (`split` empty) or one per element of `split` (lengths modulo
 /// 1024, at most 16, with gaps between them).
@@ -26,16 +28,17 @@ const GAP: u64 = 16;
 /// ranges changed, or more bytes were reported copied than the ranges hold.
 pub fn receive_slot(bytes: &[u8], peer_arena: &[u8], split: &[u16]) -> Option<u64> {
     let slot_len = size_of::<PacketSlot>();
-    let slot_at = |i: usize| {
-        let mut raw = vec![0u8; slot_len];
+    let lines = bytes
+        .len()
+        .div_ceil(slot_len)
+        .clamp(1, shmhca_rings::lines::MAX_FRAME_LINES);
+    let mut frame = vec![PacketSlot::default(); lines];
+    for (i, line) in frame.iter_mut().enumerate() {
         let from = bytes.get(i * slot_len..).unwrap_or(&[]);
         let n = from.len().min(slot_len);
-        raw[..n].copy_from_slice(&from[..n]);
-        bytemuck::pod_read_unaligned::<PacketSlot>(&raw)
-    };
-    let slot = slot_at(0);
-    let cont: Vec<PacketSlot> = (1..=continuation_slots(&slot)).map(slot_at).collect();
-    let pkt = RxPacket::parse(&slot, &cont).ok()?;
+        bytemuck::bytes_of_mut(line)[..n].copy_from_slice(&from[..n]);
+    }
+    let pkt = RxPacket::parse(&frame[0], &frame[1..]).ok()?;
     let _ = (
         pkt.reth(),
         pkt.aeth(),
