@@ -281,9 +281,9 @@ fn rdma_to_regions_without_the_right_access_or_of_another_pd_is_refused() {
             let mut repr = fake.packet(op, fake.psn);
             repr.reth = Some(reth);
             let s = if op == Opcode::RdmaWriteOnly {
-                let mut s = slot(&repr, KIND_INLINE, 16, 0);
+                let mut s = slot(&repr, KIND_INLINE, 12, 0);
                 let at = s.hdr_len as usize;
-                s.data[at..at + 16].copy_from_slice(b"OVERWRITTEN!!!!!");
+                s.data[at..at + 12].copy_from_slice(b"OVERWRITTEN!");
                 s
             } else {
                 slot(&repr, KIND_NONE, 0, 0)
@@ -372,15 +372,16 @@ fn a_peer_scribbling_over_the_whole_link_segment_breaks_only_its_own_link() {
 #[test]
 fn bogus_ring_indices_break_only_that_link() {
     under_attack("indices", |victim| {
-        // The producer index of the ring the victim reads: far ahead, then back.
-        for tail in [1u64 << 40, u64::MAX - 3] {
+        // The stamp of the next line of the ring the victim reads (a line ring has no
+        // producer index: the stamp is one): far ahead, then behind.
+        for (stamp, index) in [(0x4000_0000u32, 1u64 << 40), (u32::MAX - 3, u64::MAX - 3)] {
             let fake = FakePeer::connect(&victim.path);
             fake.link
-                .write_at(fake.ring_off[0] as usize + 128, &tail.to_le_bytes())
+                .write_at(fake.ring_off[0] as usize + 256, &stamp.to_le_bytes())
                 .unwrap();
             // The consumer index of the ring the victim writes.
             fake.link
-                .write_at(fake.ring_off[1] as usize + 256, &tail.to_le_bytes())
+                .write_at(fake.ring_off[1] as usize + 128, &index.to_le_bytes())
                 .unwrap();
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -517,7 +518,7 @@ fn raw_memfd(len: u64, sealed: bool) -> OwnedFd {
 fn lying_segments_and_descriptor_counts_in_a_req_are_refused() {
     under_attack("lies", |victim| {
         let honest = honest_ring_offsets(LINK_SLOTS);
-        let ring = shmhca_rings::ring::shm_ring_bytes::<PacketSlot>(LINK_SLOTS).unwrap() as u64;
+        let ring = shmhca_rings::lines::shm_lines_bytes(LINK_SLOTS).unwrap() as u64;
         let page = page_segment();
         let arena = arena_segment(1 << 20);
         let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().unwrap();
@@ -788,7 +789,7 @@ fn a_flood_of_random_slots_and_packets_is_dropped_without_harm() {
                     let mut c = PacketSlot::default();
                     rng.fill(bytemuck::bytes_of_mut(&mut c));
                     let mut one = [c];
-                    for i in 0..8 {
+                    for i in 0..shmhca::wire::slot::GATHER_PER_SLOT {
                         if rng.below(2) == 0 {
                             set_gather_entry(
                                 &mut one,
@@ -919,11 +920,13 @@ fn malformed_packets_aimed_at_each_check_are_refused_one_by_one() {
             ("gather entries shorter than the payload", |f| {
                 let mut s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_GATHER, 4000, 0);
                 s.sge_count = 16;
-                let mut c = [PacketSlot::default(); 2];
+                let mut c = [PacketSlot::default(); 6];
                 for i in 0..16 {
                     set_gather_entry(&mut c, i, i as u64 * 64, 10);
                 }
-                vec![s, c[0], c[1]]
+                let mut v = vec![s];
+                v.extend_from_slice(&c);
+                v
             }),
             ("a PSN far out of the window", |f| {
                 vec![slot(
@@ -1013,21 +1016,96 @@ fn malformed_packets_aimed_at_each_check_are_refused_one_by_one() {
     });
 }
 
+/// A packet is a frame of exactly its slot and the continuation lines its gather list
+/// calls for. A frame of any other line count, a gather count above 16 and an inline
+/// payload past line 0 are each dropped as a malformed packet, and the link goes on: an
+/// honest Send behind the lie is answered.
 #[test]
-fn a_gather_packet_published_without_its_continuation_slots_takes_down_only_that_link() {
-    under_attack("cut", |victim| {
-        let mut fake = FakePeer::connect(&victim.path);
-        let mut s = slot(
-            &fake.packet(Opcode::SendOnly, fake.psn),
-            KIND_GATHER,
-            100,
-            0,
-        );
-        s.sge_count = 9; // two continuation slots promised, none published
-        assert_eq!(fake.send(&[s]), Some(1));
-        std::thread::sleep(Duration::from_millis(100));
-        // Late continuation slots and more packets find a link nobody reads any more.
-        let c = [PacketSlot::default(); 2];
-        fake.send(&c);
+fn frames_whose_line_count_lies_are_dropped_and_the_link_goes_on() {
+    under_attack("frames", |victim| {
+        type Make = fn(&FakePeer) -> Vec<PacketSlot>;
+        let lies: Vec<(&str, Make)> = vec![
+            ("a gather packet without its continuation lines", |f| {
+                let mut s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_GATHER, 100, 0);
+                s.sge_count = 9; // three continuation lines promised
+                vec![s]
+            }),
+            ("a gather packet one continuation line short", |f| {
+                let mut s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_GATHER, 100, 0);
+                s.sge_count = 9;
+                vec![s, PacketSlot::default(), PacketSlot::default()]
+            }),
+            ("a gather packet with a continuation line too many", |f| {
+                let mut s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_GATHER, 20, 0);
+                s.sge_count = 2;
+                let mut c = [PacketSlot::default(); 2];
+                set_gather_entry(&mut c, 0, 0, 10);
+                set_gather_entry(&mut c, 1, 64, 10);
+                vec![s, c[0], c[1]]
+            }),
+            ("an inline packet followed by a line in its frame", |f| {
+                let mut s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_INLINE, 8, 0);
+                s.data[12..20].copy_from_slice(b"smuggled");
+                vec![s, PacketSlot::default()]
+            }),
+            ("a direct packet followed by lines in its frame", |f| {
+                let s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_DIRECT, 8, 0);
+                vec![s; 16]
+            }),
+            (
+                "a gather count above 16, with six continuation lines",
+                |f| {
+                    let mut s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_GATHER, 100, 0);
+                    s.sge_count = 17;
+                    let mut c = [PacketSlot::default(); 6];
+                    for i in 0..16 {
+                        set_gather_entry(&mut c, i, 0, 10);
+                    }
+                    let mut v = vec![s];
+                    v.extend_from_slice(&c);
+                    v
+                },
+            ),
+            (
+                "an inline payload past line 0, its bytes in the next line",
+                |f| {
+                    // 12 bytes of BTH and 29 of payload: one byte past the slot.
+                    let s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_INLINE, 29, 0);
+                    vec![s, PacketSlot::default()]
+                },
+            ),
+            ("an inline payload past line 0, alone", |f| {
+                let s = slot(&f.packet(Opcode::SendOnly, f.psn), KIND_INLINE, 29, 0);
+                vec![s]
+            }),
+        ];
+        for (what, make) in lies {
+            let before = victim.accepted();
+            let mut fake = FakePeer::connect(&victim.path);
+            eventually("the victim accepts the fake peer", || {
+                victim.accepted() > before
+            });
+            let frame = make(&fake);
+            assert_eq!(fake.send_frames(&[&frame]), Some(frame.len()), "{what}");
+            let mut honest = fake.packet(Opcode::SendOnly, fake.psn);
+            honest.bth.ack_req = true;
+            let mut honest = slot(&honest, KIND_INLINE, 8, 0);
+            honest.data[12..20].copy_from_slice(b"honest!!");
+            assert_eq!(fake.send(&[honest]), Some(1), "{what}: the link is read");
+            let psn = fake.psn;
+            let mut acked = false;
+            eventually(
+                &format!("{what}: the honest Send behind it is answered"),
+                || {
+                    // An Ack, or an RNR Nak if the victim had not posted its receives yet:
+                    // either way the link carried the Send to the QP.
+                    acked |= fake.drain().iter().any(|s| {
+                        s.data[0] == Opcode::Acknowledge.code()
+                            && u32::from_be_bytes([0, s.data[9], s.data[10], s.data[11]]) == psn
+                    });
+                    acked
+                },
+            );
+        }
     });
 }

@@ -35,8 +35,9 @@ use shmhca::wire::slot::PacketSlot;
 use shmhca::wire::{BthRepr, Opcode, PacketRepr};
 use shmhca::*;
 use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
-use shmhca_rings::ring::{
-    Consumer, Producer, ShmStorage, init_shm_ring, shm_consumer, shm_producer, shm_ring_bytes,
+use shmhca_rings::lines::{
+    Line, LinesConsumer, LinesProducer, MAX_FRAME_LINES, ReserveError, ShmLines, init_shm_lines,
+    shm_lines_bytes, shm_lines_consumer, shm_lines_producer,
 };
 use shmhca_rings::segment::Segment;
 
@@ -47,8 +48,8 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 pub const LINK_KIND: u32 = 0x4b4e_494c;
 pub const ARENA_KIND: u32 = 0x4152_4e41;
 pub const PAGE_KIND: u32 = 0x4547_4150;
-pub const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x01");
-/// Slots per direction of the links the fake peer makes.
+pub const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x02");
+/// Lines per direction of the links the fake peer makes.
 pub const LINK_SLOTS: usize = 64;
 
 /// The private data a well-behaved client sends, so the victim knows whose messages to
@@ -716,9 +717,9 @@ pub fn request(
 // Segments the fake peer makes
 // ------------------------------------------------------------------------------------
 
-/// Bytes of one ring of `slots` packet slots, rounded up to pages.
+/// Bytes of one ring of `slots` lines, rounded up to pages.
 pub fn ring_stride(slots: usize) -> usize {
-    shm_ring_bytes::<PacketSlot>(slots).unwrap().div_ceil(4096) * 4096
+    shm_lines_bytes(slots).unwrap().div_ceil(4096) * 4096
 }
 
 /// A link segment laid out as shmhca lays it out, its rings at `offs` (data offsets).
@@ -729,7 +730,7 @@ pub fn link_segment_at(slots: usize, offs: [u64; 2]) -> Arc<Segment> {
         .create()
         .unwrap();
     for off in offs {
-        init_shm_ring::<PacketSlot>(&seg, off as usize, slots).unwrap();
+        init_shm_lines(&seg, off as usize, slots).unwrap();
     }
     let mut hdr = LINK_MAGIC.to_le_bytes().to_vec();
     hdr.extend_from_slice(&offs[0].to_le_bytes());
@@ -738,7 +739,7 @@ pub fn link_segment_at(slots: usize, offs: [u64; 2]) -> Arc<Segment> {
     Arc::new(seg)
 }
 
-/// The ring offsets of an honest link of `slots` slots.
+/// The ring offsets of an honest link of `slots` lines.
 pub fn honest_ring_offsets(slots: usize) -> [u64; 2] {
     [4096, (4096 + ring_stride(slots)) as u64]
 }
@@ -774,9 +775,9 @@ pub struct FakePeer {
     /// What the REP carried: the victim's engine page and arena.
     pub received: Vec<OwnedFd>,
     /// Our sending end (ring 0: the victim receives it).
-    pub tx: Producer<PacketSlot, ShmStorage<PacketSlot>>,
+    pub tx: LinesProducer<ShmLines>,
     /// Our receiving end (ring 1), kept drained so the victim never waits for room.
-    pub rx: Consumer<PacketSlot, ShmStorage<PacketSlot>>,
+    pub rx: LinesConsumer<ShmLines>,
     pub qpn: u32,
     /// The next PSN the victim's RQ Logic expects from us.
     pub psn: u32,
@@ -805,8 +806,8 @@ impl FakePeer {
         let (stream, answer) = request(path, &req, &[link.as_fd(), page.as_fd(), arena.as_fd()]);
         let (rep, received) = answer.unwrap_or_else(|r| panic!("the victim refused: {r:?}"));
         assert_eq!(received.len(), 2, "a new link's REP carries page and arena");
-        let tx = shm_producer(link.clone(), ring_off[0] as usize).unwrap();
-        let rx = shm_consumer(link.clone(), ring_off[1] as usize).unwrap();
+        let tx = shm_lines_producer(link.clone(), ring_off[0] as usize).unwrap();
+        let rx = shm_lines_consumer(link.clone(), ring_off[1] as usize).unwrap();
         FakePeer {
             stream,
             link,
@@ -843,31 +844,64 @@ impl FakePeer {
         PacketRepr::new(BthRepr::new(op, self.victim_qpn(), Psn::new(psn)))
     }
 
-    /// Publishes `slots` as one burst, all at once (a packet and its continuation slots
-    /// must be published together), draining what the victim sent meanwhile. Returns how
-    /// many were published: all, or 0 if the victim stopped reading this link; None once
-    /// the ring is broken.
+    /// Publishes `slots` as one burst, all at once, each packet as one frame: its slot and
+    /// the continuation lines its gather count calls for, as far as `slots` has them (a
+    /// packet cut short goes as a shorter frame). Drains what the victim sent meanwhile.
+    /// Returns how many slots were published: all, or 0 if the victim stopped reading this
+    /// link; None once the ring is broken.
     pub fn send(&mut self, slots: &[PacketSlot]) -> Option<usize> {
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at < slots.len() {
+            let end = (at + shmhca::wire::slot::frame_lines(&slots[at])).min(slots.len());
+            frames.push(&slots[at..end]);
+            at = end;
+        }
+        self.send_frames(&frames)
+    }
+
+    /// Publishes `frames` (each 1 to 16 lines of whatever bytes) as one burst, all at once,
+    /// draining what the victim sent meanwhile. Returns how many lines were published (not
+    /// counting padding): all, or 0 if the victim stopped reading this link; None once the
+    /// ring is broken.
+    pub fn send_frames(&mut self, frames: &[&[PacketSlot]]) -> Option<usize> {
+        let lines: usize = frames.iter().map(|f| f.len()).sum();
         let start = Instant::now();
         loop {
             self.drain();
-            match self.tx.free_slots() {
-                Ok(free) if free >= slots.len() => break,
+            // A burst that wraps around the ring's end gives up to a frame's lines to
+            // padding.
+            match self.tx.free_lines() {
+                Ok(free) if free >= lines + MAX_FRAME_LINES - 1 => break,
                 // Generous: a victim that keeps reading frees room in microseconds.
                 Ok(_) if start.elapsed() > Duration::from_secs(20) => return Some(0),
                 Ok(_) => std::thread::sleep(Duration::from_millis(1)),
                 Err(_) => return None,
             }
         }
-        self.tx.push_burst(slots).ok()
+        for f in frames {
+            match self.tx.reserve(f.len()) {
+                Ok(Some(mut frame)) => {
+                    frame
+                        .write_lines(bytemuck::cast_slice::<PacketSlot, Line>(f))
+                        .unwrap();
+                    frame.commit();
+                }
+                Ok(None) => panic!("room was checked"),
+                Err(ReserveError::Broken(_)) => return None,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        Some(lines)
     }
 
-    /// Takes whatever the victim sent; returns the slots.
+    /// Takes whatever the victim sent; returns the lines (each packet's slot, then its
+    /// continuation lines).
     pub fn drain(&mut self) -> Vec<PacketSlot> {
         let mut out = Vec::new();
-        let mut buf = [PacketSlot::default(); 32];
-        while let Ok(n @ 1..) = self.rx.pop_burst(&mut buf) {
-            out.extend_from_slice(&buf[..n]);
+        let mut buf = [Line::ZERO; MAX_FRAME_LINES];
+        while let Ok(Some(n)) = self.rx.recv(&mut buf) {
+            out.extend_from_slice(bytemuck::cast_slice::<Line, PacketSlot>(&buf[..n]));
         }
         self.answers += out.len();
         out
@@ -895,11 +929,11 @@ pub fn slot(repr: &PacketRepr, kind: u8, len: u32, off: u64) -> PacketSlot {
     s
 }
 
-/// Writes a gather entry `i` (offset, length) into continuation slots.
+/// Writes a gather entry `i` (offset, length) into continuation lines.
 pub fn set_gather_entry(cont: &mut [PacketSlot], i: usize, off: u64, len: u32) {
-    let per = size_of::<PacketSlot>() / shmhca::wire::slot::GATHER_ENTRY_LEN;
-    let b = bytemuck::bytes_of_mut(&mut cont[i / per]);
-    let at = (i % per) * shmhca::wire::slot::GATHER_ENTRY_LEN;
+    use shmhca::wire::slot::{GATHER_ENTRY_LEN, GATHER_PER_SLOT, GATHER_START};
+    let b = bytemuck::bytes_of_mut(&mut cont[i / GATHER_PER_SLOT]);
+    let at = GATHER_START + (i % GATHER_PER_SLOT) * GATHER_ENTRY_LEN;
     b[at..at + 8].copy_from_slice(&off.to_le_bytes());
     b[at + 8..at + 12].copy_from_slice(&len.to_le_bytes());
 }
