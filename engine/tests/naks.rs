@@ -411,7 +411,7 @@ fn a_region_deregistered_mid_read_ends_the_read_with_a_remote_access_error() {
             .arena_size(p.arena)
             .huge_pages(shmhca_rings::HugePages::Never)
             .mode(EngineMode::Inline)
-            .link_slots(4)
+            .link_slots(8)
             .build()
             .unwrap()
     };
@@ -436,7 +436,8 @@ fn a_region_deregistered_mid_read_ends_the_read_with_a_remote_access_error() {
         &[back.sge(0, 8).unwrap()],
     ))
     .unwrap();
-    // B takes both requests and sends what its four link slots hold of the first read.
+    // B takes both requests and sends what its eight link lines hold of the first read
+    // (one line a response).
     b.ctx.progress();
     target.deregister().unwrap();
     let wcs = poll_n(&a.ctx, &b.ctx, &mut a.cq, 2);
@@ -454,7 +455,7 @@ fn a_region_deregistered_mid_read_ends_the_read_with_a_remote_access_error() {
     assert_eq!(s.naks_sent, 1, "{s:?}");
     assert_eq!(
         s.packets_sent - s.acks_sent - s.naks_sent,
-        4,
-        "the four responses sent before the region went away, none after: {s:?}"
+        8,
+        "the eight responses sent before the region went away, none after: {s:?}"
     );
 }
