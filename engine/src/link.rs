@@ -135,10 +135,12 @@ impl TxBatch {
         Some(slot)
     }
 
-    /// Lines of the packet staged at `at` (its slot and continuation lines).
-    #[inline]
+    /// Lines of the packet staged at `at` (its slot and continuation lines). The buffer
+    /// has room for a whole packet behind any of the [`TX_BURST`] first lines.
+    #[inline(always)]
     fn packet_lines(&self, at: usize) -> usize {
-        frame_lines(&self.buf[at]).min(self.buf.len() - at)
+        debug_assert!(at < TX_BURST);
+        frame_lines(&self.buf[at])
     }
 
     /// Queues the packet last returned by [`TxBatch::next_slot`] or
@@ -194,6 +196,31 @@ impl TxBatch {
     pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {
             return 0;
+        }
+        if self.len == 1 {
+            // One one-line packet (a gather packet takes two lines or more): most bursts.
+            // A one-line frame never needs padding before it.
+            return match self.producer.reserve(1) {
+                Ok(Some(mut frame)) => {
+                    let written = frame.write_line(0, bytemuck::cast_ref(&self.buf[0]));
+                    debug_assert!(written.is_ok());
+                    frame.commit();
+                    self.free = self.free.saturating_sub(1);
+                    self.len = 0;
+                    1
+                }
+                Ok(None) => 0,
+                Err(ReserveError::Broken(e)) => {
+                    self.broken = Some(e);
+                    0
+                }
+                Err(ReserveError::FrameSize { .. }) => {
+                    // Every ring holds a line: cannot be (see below).
+                    debug_assert!(false, "a one-line frame does not fit the ring");
+                    self.len = 0;
+                    0
+                }
+            };
         }
         let tail = self.producer.tail();
         let mut at = 0;

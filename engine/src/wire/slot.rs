@@ -98,8 +98,11 @@ pub fn continuation_slots(slot: &PacketSlot) -> usize {
 }
 
 /// Lines of the frame that carries `slot`: 1, plus its [`continuation_slots`].
-#[inline]
+#[inline(always)]
 pub fn frame_lines(slot: &PacketSlot) -> usize {
+    if slot.kind != KIND_GATHER {
+        return 1; // most packets: no division
+    }
     1 + continuation_slots(slot)
 }
 
