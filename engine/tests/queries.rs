@@ -154,6 +154,9 @@ fn queue_and_request_sizes_are_enforced_at_the_queried_limits() {
     };
     slots(dev.max_link_slots).unwrap();
     invalid(slots(dev.max_link_slots * 2), "link_slots");
+    // Lines: the longest packet (a gather list of 16 ranges) takes 7.
+    slots(8).unwrap();
+    invalid(slots(4), "link_slots");
 }
 
 #[test]
