@@ -668,6 +668,9 @@ pub struct LinesConsumer<S: LineStorage> {
     storage: S,
     /// The next line to read; authoritative.
     head: u64,
+    /// Where `head` is in the ring, and the stamp its line carries once written.
+    head_pos: usize,
+    head_stamp: u32,
     /// The value of head last stored for the producer.
     published: u64,
     capacity: usize,
@@ -695,6 +698,8 @@ impl<S: LineStorage> LinesConsumer<S> {
         LinesConsumer {
             storage,
             head,
+            head_pos: (head as usize) & (capacity - 1),
+            head_stamp: stamp_of(head, capacity.trailing_zeros()),
             published: head,
             capacity,
             shift: capacity.trailing_zeros(),
@@ -724,6 +729,14 @@ impl<S: LineStorage> LinesConsumer<S> {
         let broken = LinkBroken::new(violation);
         self.broken = Some(broken);
         broken
+    }
+
+    /// Moves head to `head`.
+    #[inline(always)]
+    fn set_head(&mut self, head: u64) {
+        self.head = head;
+        self.head_pos = self.pos(head);
+        self.head_stamp = stamp_of(head, self.shift);
     }
 
     /// Stores head for the producer.
@@ -756,8 +769,8 @@ impl<S: LineStorage> LinesConsumer<S> {
         // At most two turns: a padding frame (never at a lap's start) moves head to the
         // start of the next lap.
         loop {
-            let pos = self.pos(self.head);
-            let expected = stamp_of(self.head, self.shift);
+            let pos = self.head_pos;
+            let expected = self.head_stamp;
             // SYNC: Acquire pairs with the Release store of the first word in
             // LinesProducer::store_first: the frame's lines are complete once we see it.
             let word = self
@@ -788,7 +801,7 @@ impl<S: LineStorage> LinesConsumer<S> {
                         capacity: self.capacity as u64,
                     }));
                 }
-                self.head = self.head.wrapping_add((self.capacity - pos) as u64);
+                self.set_head(self.head.wrapping_add((self.capacity - pos) as u64));
                 continue;
             }
             if count == 0 || usize::from(count) > MAX_FRAME_LINES {
@@ -831,9 +844,9 @@ impl<S: LineStorage> LinesConsumer<S> {
         let Some(first) = self.next_frame()? else {
             return Ok(None);
         };
-        let pos = self.pos(self.head);
+        let pos = self.head_pos;
         let lines = usize::from(word_count(first));
-        let expected = stamp_of(self.head, self.shift);
+        let expected = self.head_stamp;
         let next = self.head.wrapping_add(lines as u64);
         // (Mutation point of the loom models: head released before the copy.)
         if sync::mutated("Lines::head_before_copy") {
@@ -864,7 +877,7 @@ impl<S: LineStorage> LinesConsumer<S> {
         // The copy's first word may differ if the peer rewrote it meanwhile: keep the one
         // we validated.
         out[0].set_word(first);
-        self.head = next;
+        self.set_head(next);
         if self.head.wrapping_sub(self.published) >= self.publish_every {
             self.publish();
         }
