@@ -577,6 +577,21 @@ fn consumer_reports_a_stamp_from_another_lap() {
     }
 }
 
+/// Once broken, a consumer stays broken whatever the peer writes next: a well-formed frame
+/// at head, or head's line made stale again (an empty ring), are still the broken ring.
+#[test]
+fn a_broken_consumer_stays_broken_when_the_peer_writes_a_good_frame_or_nothing() {
+    let (seg, (_p, mut c)) = shm_pair(8);
+    write_word(&seg, 0, 1, 0); // a frame of 0 lines
+    let mut out = [Line::ZERO; MAX_FRAME_LINES];
+    let err = c.recv(&mut out).unwrap_err();
+    for (stamp, count) in [(1, 1), (0, 0), (1, 1)] {
+        write_word(&seg, 0, stamp, count);
+        assert_eq!(c.recv(&mut out).unwrap_err(), err, "stamp {stamp}");
+        assert_eq!(c.has_frame().unwrap_err(), err, "stamp {stamp}");
+    }
+}
+
 #[test]
 fn consumer_reports_bad_line_counts() {
     for bad in [0u8, 17, 0x80, 0xFE] {

@@ -143,6 +143,10 @@ impl fmt::Debug for Line {
     }
 }
 
+/// Set in a consumer's expected and stale stamp keys once its ring is broken: no 32-bit
+/// stamp equals either then.
+const BROKEN_KEY: u64 = 1 << 32;
+
 /// The first word of a line: stamp, count byte, and the user's bytes 5..8.
 #[inline(always)]
 fn word(stamp: u32, count: u8, user: [u8; 3]) -> u64 {
@@ -668,9 +672,14 @@ pub struct LinesConsumer<S: LineStorage> {
     storage: S,
     /// The next line to read; authoritative.
     head: u64,
-    /// Where `head` is in the ring, and the stamp its line carries once written.
+    /// Where `head` is in the ring, and the stamp its line carries once written (in the
+    /// low 32 bits; with [`BROKEN_KEY`] set once the ring is broken, so that no stamp read
+    /// matches it and a look at a broken ring takes the slow path).
     head_pos: usize,
-    head_stamp: u32,
+    head_stamp: u64,
+    /// The stamp of head's line when it is stale (one lap old: the ring is empty there),
+    /// with [`BROKEN_KEY`] set once the ring is broken.
+    head_stale: u64,
     /// The value of head last stored for the producer.
     published: u64,
     capacity: usize,
@@ -699,7 +708,8 @@ impl<S: LineStorage> LinesConsumer<S> {
             storage,
             head,
             head_pos: (head as usize) & (capacity - 1),
-            head_stamp: stamp_of(head, capacity.trailing_zeros()),
+            head_stamp: u64::from(stamp_of(head, capacity.trailing_zeros())),
+            head_stale: u64::from(stamp_of(head, capacity.trailing_zeros()).wrapping_sub(1)),
             published: head,
             capacity,
             shift: capacity.trailing_zeros(),
@@ -728,6 +738,8 @@ impl<S: LineStorage> LinesConsumer<S> {
     fn fail(&mut self, violation: Violation) -> LinkBroken {
         let broken = LinkBroken::new(violation);
         self.broken = Some(broken);
+        self.head_stamp |= BROKEN_KEY;
+        self.head_stale |= BROKEN_KEY;
         broken
     }
 
@@ -736,7 +748,9 @@ impl<S: LineStorage> LinesConsumer<S> {
     fn set_head(&mut self, head: u64) {
         self.head = head;
         self.head_pos = self.pos(head);
-        self.head_stamp = stamp_of(head, self.shift);
+        let stamp = stamp_of(head, self.shift);
+        self.head_stamp = u64::from(stamp);
+        self.head_stale = u64::from(stamp.wrapping_sub(1));
     }
 
     /// Stores head for the producer.
@@ -763,9 +777,7 @@ impl<S: LineStorage> LinesConsumer<S> {
     /// when the ring is empty.
     #[inline(always)]
     fn next_frame(&mut self) -> Result<Option<u64>, LinkBroken> {
-        if let Some(broken) = self.broken {
-            return Err(broken);
-        }
+        // (A broken ring is answered below: no stamp matches its key.)
         // At most two turns: a padding frame (never at a lap's start) moves head to the
         // start of the next lap.
         loop {
@@ -777,8 +789,8 @@ impl<S: LineStorage> LinesConsumer<S> {
                 .storage
                 .load_word(pos, sync::weaken(Ordering::Acquire, "Lines::load_stamp"));
             let stamp = word_stamp(word);
-            if stamp != expected {
-                if stamp == expected.wrapping_sub(1) {
+            if u64::from(stamp) != expected {
+                if u64::from(stamp) == self.head_stale {
                     // Empty. Give back what we read, so a producer waiting for room
                     // sees it.
                     if self.head != self.published && !sync::mutated("Lines::no_head_when_empty") {
@@ -786,10 +798,13 @@ impl<S: LineStorage> LinesConsumer<S> {
                     }
                     return Ok(None);
                 }
+                if let Some(broken) = self.broken {
+                    return Err(broken);
+                }
                 return Err(self.fail(Violation::StampOutOfRange {
                     index: self.head,
                     found: stamp,
-                    expected,
+                    expected: expected as u32,
                 }));
             }
             let count = word_count(word);
@@ -846,7 +861,7 @@ impl<S: LineStorage> LinesConsumer<S> {
         };
         let pos = self.head_pos;
         let lines = usize::from(word_count(first));
-        let expected = self.head_stamp;
+        let expected = self.head_stamp as u32;
         let next = self.head.wrapping_add(lines as u64);
         // (Mutation point of the loom models: head released before the copy.)
         if sync::mutated("Lines::head_before_copy") {
