@@ -1228,4 +1228,6 @@ mod timed_tests {
         assert_eq!(r.until_sent("retry after the RNR wait"), [0]);
         r.ack_and_complete();
     }
+
+    mod stranding;
 }
