@@ -573,11 +573,15 @@ impl QpCtx {
     }
 
     /// Moves the QP to the Error state (spec: a fatal error on either side). Work requests
-    /// still queued complete with a flush error as the engine retires them.
+    /// still queued complete with a flush error as the engine retires them. Its timers
+    /// stop: nothing is retried in the Error state, and an armed timer would keep the QP
+    /// in the engine's timed set (the engine never idle) — forever if its link is down.
     pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
         if self.state != QpState::Error {
             self.set_state(QpState::Error);
         }
+        self.req.timer.disarm();
+        self.req.rnr_timer.disarm();
         completer::retire(self, env);
         flush_receives(self, env);
     }

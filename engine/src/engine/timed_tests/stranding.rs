@@ -69,6 +69,7 @@ fn a_timed_qp_moved_to_error_flushes_its_send_once() {
     r.answer(0, ACK, 1);
     assert_eq!(r.completions(0), []);
     r.settles();
+    assert_eq!(r.ctx.stats().timeouts, 0, "nothing is retried in the Error state");
 }
 
 #[test]
