@@ -472,7 +472,7 @@ fn credits(n: u32) -> Syndrome {
 }
 
 /// A work request of the requester scenarios, with its length.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Op {
     Send(u32),
     Write(u32),
@@ -1036,4 +1036,56 @@ fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
         3,
         "the three Sends, after the receives"
     );
+}
+
+// --- Random Acks, fast paths on and off (hostile review of issue 10) ---
+
+/// A random stream of Acknowledges — any PSN around the window, any syndrome byte (an RNR
+/// Nak's timer the longest, so that no wait ends within a run), any MSN — after random
+/// Sends, Writes and Reads: the Ack and credit fast paths leave what the slow path leaves.
+mod random_acks {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u32..600).prop_map(Op::Send),
+            (0u32..600).prop_map(Op::Write),
+            (1u32..600).prop_map(Op::Read),
+        ]
+    }
+
+    /// (PSN relative to the first sent, syndrome byte, MSN).
+    fn answer() -> impl Strategy<Value = (i32, u8, u32)> {
+        let syndrome = prop_oneof![3 => 0u8..32, 1 => any::<u8>()];
+        (-3i32..12, syndrome, prop_oneof![4 => 0u32..12, 1 => any::<u32>()])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 128,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn random_acks_leave_what_the_slow_path_leaves(
+            n in 0u32..8,
+            ops in vec(op(), 1..5),
+            acks in vec(answer(), 1..6),
+        ) {
+            let scenario = |r: &mut Rig| {
+                post(r, n, &ops);
+                for &(at, syndrome, msn) in &acks {
+                    // An RNR Nak waits 655 ms (timer code 0): longer than the run.
+                    let syndrome = if syndrome >> 5 == 0b001 { 0b001_00000 } else { syndrome };
+                    let psn = Psn::new(0).add(at.rem_euclid(1 << 24) as u32);
+                    respond(r, psn.get(), Syndrome::from_u8(syndrome), msn);
+                    r.step();
+                }
+            };
+            same_both_ways(AccessFlags::ALL, &scenario);
+        }
+    }
 }
