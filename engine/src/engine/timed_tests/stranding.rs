@@ -15,7 +15,11 @@ impl Rig {
     /// Posts Send `id` (8 bytes) and drives the engine until it is sent; its PSNs.
     fn post(&mut self, id: u64) -> Vec<u32> {
         self.qp
-            .post_send(&SendWr::new(id, SendOp::Send, &[self.mr.sge(0, 8).unwrap()]))
+            .post_send(&SendWr::new(
+                id,
+                SendOp::Send,
+                &[self.mr.sge(0, 8).unwrap()],
+            ))
             .unwrap();
         self.until_sent("the Send")
     }
@@ -44,7 +48,10 @@ impl Rig {
         for _ in 0..=super::super::TIMER_EVERY {
             self.ctx.progress();
         }
-        assert!(self.ctx.shared.engine.with(|e| e.idle()), "the engine is idle");
+        assert!(
+            self.ctx.shared.engine.with(|e| e.idle()),
+            "the engine is idle"
+        );
     }
 
     /// The QP waits for its Ack (timed, not active).
@@ -69,7 +76,11 @@ fn a_timed_qp_moved_to_error_flushes_its_send_once() {
     r.answer(0, ACK, 1);
     assert_eq!(r.completions(0), []);
     r.settles();
-    assert_eq!(r.ctx.stats().timeouts, 0, "nothing is retried in the Error state");
+    assert_eq!(
+        r.ctx.stats().timeouts,
+        0,
+        "nothing is retried in the Error state"
+    );
 }
 
 #[test]
@@ -106,7 +117,10 @@ fn a_timed_qp_destroyed_leaves_nothing_behind() {
     let old = std::mem::replace(&mut r.qp, fresh.unwrap());
     drop(old);
     assert!(
-        !r.ctx.shared.engine.with(|e| e.is_timed(index) || e.is_active(index)),
+        !r.ctx
+            .shared
+            .engine
+            .with(|e| e.is_timed(index) || e.is_active(index)),
         "a destroyed QP leaves both sets"
     );
     // The peer's Ack for the destroyed QP is dropped.
