@@ -218,3 +218,36 @@ fn a_nak_to_a_timed_qp_resends_and_completes_once() {
     assert_eq!(r.completions(1), [(2, WcStatus::Success)]);
     r.settles();
 }
+
+#[test]
+fn a_qp_in_a_long_rnr_wait_moved_to_error_flushes_and_settles() {
+    let mut r = rig();
+    assert_eq!(r.post(1), [0]);
+    // Timer code 0: the longest wait, 655 ms.
+    let rnr = Syndrome::RnrNak {
+        timer: RnrTimer::new(0),
+    };
+    r.answer(0, rnr, 0);
+    r.ctx.progress();
+    r.ctx.progress();
+    assert_eq!(r.sets(), (false, true), "in the RNR wait");
+    r.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
+    assert_eq!(r.completions(1), [(1, WcStatus::WrFlushErr)]);
+    r.settles();
+    assert!(
+        r.requests().is_empty(),
+        "nothing is retried in the Error state"
+    );
+}
+
+#[test]
+fn a_timed_qp_reset_completes_nothing_and_settles() {
+    let mut r = rig();
+    assert_eq!(r.post(1), [0]);
+    r.waits();
+    r.qp.modify(&QpAttr::new(QpState::Reset)).unwrap();
+    assert_eq!(r.completions(0), []);
+    r.answer(0, ACK, 1);
+    assert_eq!(r.completions(0), []);
+    r.settles();
+}
