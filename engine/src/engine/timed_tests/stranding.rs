@@ -147,9 +147,11 @@ fn a_timed_qp_whose_link_goes_down_flushes_its_send_once() {
     r.waits();
     // The peer publishes a gather packet without its continuation slots: the link goes
     // down, and the QP waiting for its Ack must learn it.
-    let mut s = PacketSlot::default();
-    s.kind = KIND_GATHER;
-    s.sge_count = MAX_GATHER as u8;
+    let s = PacketSlot {
+        kind: KIND_GATHER,
+        sge_count: MAX_GATHER as u8,
+        ..PacketSlot::default()
+    };
     r.peer.tx.push_burst(&[s]).unwrap();
     let got = r.completions(1);
     assert_eq!(got.len(), 1, "{got:?}");
@@ -167,7 +169,7 @@ fn a_duplicate_ack_leaves_a_timed_qp_timed_and_its_timer_fires() {
     // An Ack of the PSN before the first (a credit update: the fast path's credits only).
     r.answer(0xFF_FFFF, ACK, 0);
     r.ctx.progress();
-    assert_eq!(r.sets().1, true, "still waiting for its Ack");
+    assert!(r.sets().1, "still waiting for its Ack");
     assert_eq!(r.completions(0), []);
     assert_eq!(r.until_sent("retransmission"), [0]);
     r.answer(0, ACK, 1);
