@@ -570,6 +570,31 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_over_the_kick_words_is_refused() {
+        // A ring laid over a kick word would have this side's wake-ups bump a ring index.
+        for off in [KICK_OFF[0], KICK_OFF[1]] {
+            let seg = crafted(64 << 10, &[(4096, 8)], [4096, off]);
+            let why = refused(&opened(&seg), Side::Opener);
+            assert!(
+                why.contains("ring 1") && why.contains("kick words"),
+                "{why}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_link_tells_each_side_which_kick_word_to_bump_and_which_to_wait_on() {
+        let seg = create_link_segment(8, HugePages::Never).unwrap();
+        let creator = attach(&seg, Side::Creator).unwrap();
+        let opener = attach(&opened(&seg), Side::Opener).unwrap();
+        let own = create_link_segment(8, HugePages::Never).unwrap();
+        let looped = attach(&own, Side::Loopback).unwrap();
+        assert_eq!(creator.kick, [KICK_OFF[0], KICK_OFF[1]]);
+        assert_eq!(opener.kick, [KICK_OFF[1], KICK_OFF[0]]);
+        assert_eq!(looped.kick, [KICK_OFF[0], KICK_OFF[0]]);
+    }
+
+    #[test]
     fn rings_past_the_end_or_with_huge_slot_counts_are_refused() {
         let len = 64 << 10;
         // Offsets past the end, at the end, and so large that adding to them overflows.
