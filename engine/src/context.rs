@@ -291,7 +291,6 @@ impl Resources {
         Env {
             now: None,
             coarse: None,
-            clock_res: crate::timer::clock_resolution(),
             pds: &mut self.pds,
             mrs: &mut self.mrs,
             mws: &mut self.mws,
@@ -310,8 +309,6 @@ pub(crate) struct Env<'a> {
     /// The coarse time of this iteration, read when first needed: enough to tell that a
     /// deadline is still far away.
     coarse: Option<Timestamp>,
-    /// The resolution of `now`.
-    pub(crate) clock_res: Duration,
     pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) mws: &'a mut MwTable,
@@ -331,7 +328,8 @@ impl Env<'_> {
     pub(crate) fn start(&mut self, d: &mut Deadline) {
         if let Deadline::Starting(_) = d {
             let now = self.now();
-            d.start(now, self.clock_res);
+            // (Read here, not when the Env is lent: most iterations start no timer.)
+            d.start(now, crate::timer::clock_resolution());
         }
     }
 
