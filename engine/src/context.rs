@@ -226,13 +226,15 @@ impl CqTable {
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
     /// the work request and tries again later). Raises the queue's event if it is armed
     /// for this completion.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(s) => {
-                let pushed = s.has_room() && s.producer.push(wc).is_ok();
-                debug_assert!(pushed || !s.has_room(), "the cached room was exact");
-                s.room -= usize::from(pushed);
+                // (No check of the cached room here: the callers asked `has_room` first,
+                // and the ring's push checks its own free slots.)
+                let pushed = s.producer.push(wc).is_ok();
+                debug_assert!(pushed || !s.has_room(), "a full queue refused it");
+                s.room = s.room.saturating_sub(usize::from(pushed));
                 if pushed && s.notify.on_push(&wc) {
                     self.set_armed(self.armed - 1);
                 }
