@@ -35,9 +35,10 @@ pub(crate) const ENGINE_PAGE_KIND: u32 = 0x4547_4150; // "PAGE"
 /// Bytes of the engine page's data area.
 pub(crate) const ENGINE_PAGE_LEN: usize = 4096;
 
-/// Where the engine's wake-up word lives in its engine page: its own cache line. While the
-/// engine thread sleeps it holds 1 and the thread waits on it with a futex; whoever gives it
-/// work (a local post, a peer's packets) wakes it.
+/// Where the engine's sleeper count lives in its engine page: its own cache line. It counts
+/// the engine's threads asleep (or about to be); whoever gives the engine work (a local
+/// post, a peer's packets) reads it and, if it is not 0, bumps its kick word and wakes them
+/// (see [`crate::engine::wake`]).
 pub(crate) const WAKE_WORD: u64 = 0;
 /// A word saying whether this engine may sleep at all (1) or always polls (0); peers read
 /// it once, at link setup, and skip the wake-up check when it is 0.

@@ -489,26 +489,28 @@ fn retire_some(qp: &mut QpCtx, env: &mut Env<'_>) {
         if seq == win.fetched() || (!error && seq == win.started()) {
             break;
         }
-        let w = *win.wqe(seq);
-        let status = match w.done {
+        // Only what the completion and the release need (not a copy of the whole slot).
+        let slot = win.wqe(seq);
+        let status = match slot.done {
             Some(s) => s,
             None if error => WcStatus::WrFlushErr,
             None => break,
         };
-        let signaled = w.w.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
+        let signaled = slot.w.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
         if signaled && !env.cqs.has_room(qp.send_cq) {
             break;
         }
-        env.release(&w.w.data, &qp.tables);
+        let (wr_id, op, len) = (slot.w.wr_id, slot.w.op, slot.w.len);
+        env.release(&slot.w.data, &qp.tables);
         qp.req.retire_oldest();
         if signaled {
             publish_retired(qp);
             published = qp.req.window.retired();
             let wc = WorkCompletion {
-                wr_id: w.w.wr_id,
+                wr_id,
                 status,
-                opcode: wc_opcode(w.w.op),
-                byte_len: if w.w.op == WqeOp::Read { w.w.len } else { 0 },
+                opcode: wc_opcode(op),
+                byte_len: if op == WqeOp::Read { len } else { 0 },
                 imm_data: None,
                 qp_num: qp.qpn,
                 solicited: false,

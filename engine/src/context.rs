@@ -151,7 +151,28 @@ pub(crate) struct CqTable {
 /// One completion queue: its ring and its notification state (private to the engine).
 struct CqSlot {
     producer: CqProducer,
+    /// Slots known free: at most the ring's free slots (only this end fills them; the
+    /// application's polls only add more). Counted down by each push and refreshed from
+    /// the ring only when it reaches 0, so that a check for room reloads the consumer's
+    /// index once per `room` completions, not on every one.
+    room: usize,
     notify: crate::verbs::channel::Notify,
+}
+
+impl CqSlot {
+    /// Whether the queue can take one more completion.
+    #[inline]
+    fn has_room(&mut self) -> bool {
+        if self.room == 0 {
+            // A heap ring of this process cannot be broken by a peer.
+            self.room = self.producer.free_slots().unwrap_or(0);
+        }
+        debug_assert!(
+            self.room <= self.producer.free_slots().unwrap_or(0),
+            "the cached room never exceeds the ring's free slots"
+        );
+        self.room > 0
+    }
 }
 
 /// Bits of a CQ number that index the table; the rest is the generation.
@@ -174,6 +195,7 @@ impl CqTable {
     /// [`MAX_CQS`].
     pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<u32> {
         let (index, generation) = self.cqs.insert_with(|_, _| CqSlot {
+            room: 0,
             producer,
             notify: Default::default(),
         })?;
@@ -198,18 +220,21 @@ impl CqTable {
     /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
     /// completions have nowhere to go).
     pub(crate) fn has_room(&mut self, cq: u32) -> bool {
-        self.get(cq)
-            .is_none_or(|s| s.producer.free_slots().is_ok_and(|n| n > 0))
+        self.get(cq).is_none_or(CqSlot::has_room)
     }
 
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
     /// the work request and tries again later). Raises the queue's event if it is armed
     /// for this completion.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(s) => {
+                // (No check of the cached room here: the callers asked `has_room` first,
+                // and the ring's push checks its own free slots.)
                 let pushed = s.producer.push(wc).is_ok();
+                debug_assert!(pushed || !s.has_room(), "a full queue refused it");
+                s.room = s.room.saturating_sub(usize::from(pushed));
                 if pushed && s.notify.on_push(&wc) {
                     self.set_armed(self.armed - 1);
                 }
@@ -268,7 +293,6 @@ impl Resources {
         Env {
             now: None,
             coarse: None,
-            clock_res: crate::timer::clock_resolution(),
             pds: &mut self.pds,
             mrs: &mut self.mrs,
             mws: &mut self.mws,
@@ -287,8 +311,6 @@ pub(crate) struct Env<'a> {
     /// The coarse time of this iteration, read when first needed: enough to tell that a
     /// deadline is still far away.
     coarse: Option<Timestamp>,
-    /// The resolution of `now`.
-    pub(crate) clock_res: Duration,
     pub(crate) pds: &'a mut PdArenas,
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) mws: &'a mut MwTable,
@@ -308,7 +330,8 @@ impl Env<'_> {
     pub(crate) fn start(&mut self, d: &mut Deadline) {
         if let Deadline::Starting(_) = d {
             let now = self.now();
-            d.start(now, self.clock_res);
+            // (Read here, not when the Env is lent: most iterations start no timer.)
+            d.start(now, crate::timer::clock_resolution());
         }
     }
 
@@ -573,11 +596,15 @@ impl QpCtx {
     }
 
     /// Moves the QP to the Error state (spec: a fatal error on either side). Work requests
-    /// still queued complete with a flush error as the engine retires them.
+    /// still queued complete with a flush error as the engine retires them. Its timers
+    /// stop: nothing is retried in the Error state, and an armed timer would keep the QP
+    /// in the engine's timed set (the engine never idle) — forever if its link is down.
     pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
         if self.state != QpState::Error {
             self.set_state(QpState::Error);
         }
+        self.req.timer.disarm();
+        self.req.rnr_timer.disarm();
         completer::retire(self, env);
         flush_receives(self, env);
     }
@@ -752,5 +779,50 @@ mod tests {
         assert_eq!(parsed[1].bth().opcode, Opcode::RdmaReadRequest);
         assert_eq!(parsed[1].bth().psn, Psn::new(101));
         assert_eq!(parsed[1].reth().unwrap().dma_len, 1000);
+    }
+
+    /// The CQ table's room answers what the ring says, although it reloads the
+    /// application's index only when its count of known free slots runs out: full after
+    /// `depth` pushes, room again as soon as the application polls, and never a completion
+    /// refused while a slot is free.
+    #[test]
+    fn the_cq_table_room_follows_the_applications_polls() {
+        let (producer, mut consumer) = shmhca_rings::ring::heap_ring::<WorkCompletion>(4).unwrap();
+        let mut cqs = CqTable::default();
+        let cq = cqs.insert(producer).unwrap();
+        let wc = |wr_id| WorkCompletion {
+            wr_id,
+            ..WorkCompletion::default()
+        };
+        let mut pushed = 0;
+        let mut polled = 0;
+        for round in 0..5 {
+            // Fill the queue: exactly as many pushes as slots are free.
+            while cqs.has_room(cq) {
+                assert!(cqs.push(cq, wc(pushed)), "room was reported");
+                pushed += 1;
+            }
+            assert_eq!(
+                pushed - polled,
+                4,
+                "round {round}: full only when every slot is taken"
+            );
+            assert!(!cqs.push(cq, wc(99)), "a full queue refuses the completion");
+            // The application takes `round % 4 + 1` of them: that much room again.
+            for _ in 0..round % 4 + 1 {
+                assert_eq!(consumer.pop().unwrap().unwrap().wr_id, polled);
+                polled += 1;
+            }
+            assert!(cqs.has_room(cq), "round {round}: a poll makes room");
+        }
+        // Nothing was lost or duplicated: the rest come out in order.
+        while let Some(w) = consumer.pop().unwrap() {
+            assert_eq!(w.wr_id, polled);
+            polled += 1;
+        }
+        assert_eq!(polled, pushed);
+        // A destroyed queue takes everything.
+        cqs.remove(cq);
+        assert!(cqs.has_room(cq) && cqs.push(cq, wc(0)));
     }
 }

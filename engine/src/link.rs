@@ -281,6 +281,13 @@ pub(crate) const MAX_LINK_SLOTS: usize = crate::limits::MAX_LINK_SLOTS;
 pub(crate) const MIN_LINK_SLOTS: usize = crate::limits::MIN_LINK_SLOTS;
 const _: () = assert!(MIN_LINK_SLOTS >= MAX_PACKET_LINES && MIN_LINK_SLOTS.is_power_of_two());
 
+/// Where each direction's kick word is in a link segment: the sender on ring `i` bumps word
+/// `i` after it published packets to a peer that sleeps (see [`crate::engine::wake`]). Each
+/// on its own cache line, after the link header.
+pub(crate) const KICK_OFF: [u64; 2] = [64, 128];
+/// Bytes at the start of a link segment that no ring may use: the header and the kick words.
+const LINK_HEADER_BYTES: usize = 192;
+
 /// The link header at data offset 0: where the two rings are.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -352,6 +359,8 @@ pub(crate) fn create_link_segment(slots: usize, huge: HugePages) -> Result<Arc<S
 pub(crate) struct LinkEnds {
     pub(crate) tx: LinesProducer<ShmLines>,
     pub(crate) rx: LinesConsumer<ShmLines>,
+    /// The offsets of the kick word this side bumps and of the one its peer bumps.
+    pub(crate) kick: [u64; 2],
 }
 
 /// Attaches this side's ends of the rings in a link segment (created here or received).
@@ -386,10 +395,9 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
     let off = |i: usize| {
         let o = hdr.ring_off[i];
         match usize::try_from(o) {
-            Ok(o) if o >= size_of::<LinkHeader>() && o < data_len => Ok(o),
+            Ok(o) if o >= LINK_HEADER_BYTES && o < data_len => Ok(o),
             _ => Err(bad(format!(
-                "ring {i} is at offset {o:#x}, outside {:#x}..{data_len:#x} (after the link header, inside the segment's {data_len} data bytes)",
-                size_of::<LinkHeader>()
+                "ring {i} is at offset {o:#x}, outside {LINK_HEADER_BYTES:#x}..{data_len:#x} (after the link header and kick words, inside the segment's {data_len} data bytes)"
             ))),
         }
     };
@@ -436,7 +444,11 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
             )));
         }
     }
-    Ok(LinkEnds { tx, rx })
+    Ok(LinkEnds {
+        tx,
+        rx,
+        kick: [KICK_OFF[tx_ring], KICK_OFF[rx_ring]],
+    })
 }
 
 /// What tells a peer's arenas apart: the memfd's device and inode numbers (or, for a peer
@@ -447,6 +459,10 @@ pub(crate) type ArenaKey = (u64, u64);
 pub(crate) struct Link {
     /// Keeps the link segment mapped.
     _segment: Arc<Segment>,
+    /// The link segment again, for its kick words ([`KICK_OFF`]).
+    kick: Mem,
+    /// The offsets of this side's kick word and of the peer's.
+    kick_off: [u64; 2],
     pub(crate) rx: LinesConsumer<ShmLines>,
     pub(crate) tx: TxBatch,
     /// The peer's engine page, read-only (its wake-up word).
@@ -488,20 +504,25 @@ impl Link {
     /// [`Link::publish`] when packets are queued.
     #[inline(never)]
     fn publish_queued(&mut self) {
-        if self.tx.flush() > 0 {
-            if let Some(word) = self.peer_wake() {
-                crate::engine::wake::wake(word);
-            }
+        if self.tx.flush() > 0 && self.peer_may_sleep {
+            self.wake_peer();
         }
     }
 
-    /// The peer's wake word, if the peer may sleep.
-    #[inline]
-    pub(crate) fn peer_wake(&self) -> Option<&std::sync::atomic::AtomicU32> {
-        if !self.peer_may_sleep {
-            return None;
+    /// Wakes the peer engine if some thread of it sleeps: its sleeper count is in its
+    /// engine page, the word to bump is this side's kick word of the link.
+    fn wake_peer(&self) {
+        if let (Ok(sleepers), Ok(kick)) = (
+            self.peer_page.atomic_u32(crate::arena::WAKE_WORD),
+            self.kick.atomic_u32(self.kick_off[0]),
+        ) {
+            crate::engine::wake::wake(sleepers, kick, false);
         }
-        self.peer_page.atomic_u32(crate::arena::WAKE_WORD).ok()
+    }
+
+    /// Adds the kick word the peer bumps for this side to a sleeper's wait set.
+    pub(crate) fn wait_on_peer(&self, set: &mut crate::engine::wake::WaitSet) {
+        set.add_shared(&self.kick, self.kick_off[1]);
     }
 
     /// The process id the peer's engine page claims (for display only).
@@ -552,6 +573,8 @@ impl Link {
             .atomic_u32(crate::arena::MAY_SLEEP)
             .is_ok_and(|w| w.load(std::sync::atomic::Ordering::Relaxed) != 0);
         Link {
+            kick: Mem::from_segment(segment.clone()),
+            kick_off: ends.kick,
             _segment: segment,
             rx: ends.rx,
             tx: TxBatch::new(ends.tx),
@@ -639,6 +662,31 @@ mod tests {
             why.contains("link segment") && why.contains("ring 0"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_ring_over_the_kick_words_is_refused() {
+        // A ring laid over a kick word would have this side's wake-ups bump a ring index.
+        for off in [KICK_OFF[0], KICK_OFF[1]] {
+            let seg = crafted(64 << 10, &[(4096, 8)], [4096, off]);
+            let why = refused(&opened(&seg), Side::Opener);
+            assert!(
+                why.contains("ring 1") && why.contains("kick words"),
+                "{why}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_link_tells_each_side_which_kick_word_to_bump_and_which_to_wait_on() {
+        let seg = create_link_segment(8, HugePages::Never).unwrap();
+        let creator = attach(&seg, Side::Creator).unwrap();
+        let opener = attach(&opened(&seg), Side::Opener).unwrap();
+        let own = create_link_segment(8, HugePages::Never).unwrap();
+        let looped = attach(&own, Side::Loopback).unwrap();
+        assert_eq!(creator.kick, [KICK_OFF[0], KICK_OFF[1]]);
+        assert_eq!(opener.kick, [KICK_OFF[1], KICK_OFF[0]]);
+        assert_eq!(looped.kick, [KICK_OFF[0], KICK_OFF[0]]);
     }
 
     #[test]

@@ -16,10 +16,17 @@ fn poll_ctx(idle: IdlePolicy) -> Context {
         .unwrap()
 }
 
-fn wait_cq(cq: &mut Cq, n: usize) -> Vec<WorkCompletion> {
+fn wait_cq(cq: &mut Cq, n: usize, what: &str, a: &Context, b: &Context) -> Vec<WorkCompletion> {
     let mut out = vec![WorkCompletion::default(); n];
     let got = cq.poll_until(&mut out, Duration::from_secs(20));
-    assert_eq!(got, n, "only {got} completions: {:?}", &out[..got]);
+    assert_eq!(
+        got,
+        n,
+        "{what}: only {got} completions: {:?}\nA: {:?}\nB: {:?}",
+        &out[..got],
+        a.stats(),
+        b.stats()
+    );
     out
 }
 
@@ -43,7 +50,13 @@ fn ping_pong(idle: IdlePolicy, pause: Duration) -> (Stats, Stats) {
         sa.write_at(0, &round.to_le_bytes()).unwrap();
         a.qp.post_send(&SendWr::new(round, SendOp::Send, &[sa.sge(0, 8).unwrap()]))
             .unwrap();
-        let rc = wait_cq(&mut b.cq, 1)[0];
+        let rc = wait_cq(
+            &mut b.cq,
+            1,
+            &format!("round {round}: the receive"),
+            &a.ctx,
+            &b.ctx,
+        )[0];
         assert_eq!(
             (rc.status, rc.wr_id, rc.byte_len),
             (WcStatus::Success, round, 8)
@@ -51,7 +64,17 @@ fn ping_pong(idle: IdlePolicy, pause: Duration) -> (Stats, Stats) {
         let mut got = [0u8; 8];
         sb.read_at(0, &mut got).unwrap();
         assert_eq!(u64::from_le_bytes(got), round);
-        assert_eq!(wait_cq(&mut a.cq, 1)[0].status, WcStatus::Success);
+        assert_eq!(
+            wait_cq(
+                &mut a.cq,
+                1,
+                &format!("round {round}: the send"),
+                &a.ctx,
+                &b.ctx
+            )[0]
+            .status,
+            WcStatus::Success
+        );
     }
     (a.ctx.stats(), b.ctx.stats())
 }

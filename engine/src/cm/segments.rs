@@ -54,7 +54,11 @@ pub(super) fn new_link(
         Mem::from_segment(Arc::new(page)),
         (shared.id, peer_trace_id),
     );
-    shared.engine.with(|e| e.add_link(l))
+    let id = shared.engine.with(|e| e.add_link(l))?;
+    // A sleeping engine thread waits on the kick words of the links it knew of: it must
+    // gather them again, this one included.
+    shared.kick();
+    Ok(id)
 }
 
 /// A read-only descriptor of this engine's page, to send to a peer with a new link.

@@ -617,6 +617,15 @@ impl Engine {
         self.watch_idle = WATCH_IDLE;
     }
 
+    /// Adds the kick word of every live link's peer to a sleeper's wait set.
+    pub(crate) fn wait_on_links(&self, set: &mut wake::WaitSet) {
+        for (_, link) in self.links.iter() {
+            if link.down.is_none() {
+                link.wait_on_peer(set);
+            }
+        }
+    }
+
     /// Before the engine thread sleeps: stops watching send queues (their posts must ring
     /// and wake it), then says whether the engine is still idle.
     pub(crate) fn prepare_sleep(&mut self, doorbell: &doorbell::Doorbell) -> bool {
@@ -1214,4 +1223,6 @@ mod timed_tests {
         assert_eq!(r.until_sent("retry after the RNR wait"), [0]);
         r.ack_and_complete();
     }
+
+    mod stranding;
 }

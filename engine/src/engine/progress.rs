@@ -140,6 +140,7 @@ fn drive(shared: &Shared) -> Option<(usize, Duration)> {
 fn helper(weak: Weak<Shared>) {
     let mut seen = u64::MAX;
     let mut tick = IDLE_TICK;
+    let mut wait_set = super::wake::WaitSet::default();
     loop {
         let Some(shared) = weak.upgrade() else {
             return;
@@ -162,8 +163,7 @@ fn helper(weak: Weak<Shared>) {
             // the engine to it (it may be asleep on the same word, and only it knows what
             // it waits for).
             let app_blocked = || shared.blocked.load(Ordering::Relaxed) > 0;
-            let word = shared.wake_word();
-            super::wake::sleep(word, tick, || {
+            shared.sleep(&mut wait_set, tick, || {
                 app_blocked() || drive(&shared).is_some_and(|(work, _)| work > 0)
             });
             if !app_blocked()
@@ -236,7 +236,9 @@ impl Shared {
         }
         // Wake up at least every MAX_TICK: this engine's own timers need it to run.
         let max = left.map_or(MAX_TICK, |l| l.min(MAX_TICK));
-        super::wake::sleep(self.wake_word(), max, || moved() || ready());
+        self.sleep(&mut super::wake::WaitSet::default(), max, || {
+            moved() || ready()
+        });
     }
 
     /// Counts this thread as blocked in a wait that drives the engine itself, until the

@@ -1,58 +1,189 @@
-//! Sleeping and waking an idle poll-mode engine thread.
+//! Sleeping and waking an idle engine: the poll-mode engine thread, and in inline mode the
+//! application threads blocked in a wait and the progress helper.
 //!
-//! An engine whose idle policy lets it sleep publishes a *wake word* in its engine page (which
-//! peers map read-only) and sleeps on it with a futex. The protocol is Dekker's: the
-//! sleeper stores 1 to the word, then looks for work once more, then waits; a waker
-//! publishes its work (a ring index), then loads the word and wakes the futex if it is 1.
-//! A sequentially consistent fence sits between the store and the load on both sides, so
-//! at least one of them sees the other: either the sleeper finds the work, or the waker
-//! sees the word and wakes it. `FUTEX_WAKE` needs only read access to the word, so a peer
-//! can wake this engine through its read-only mapping of the engine page.
+//! # The words
 //!
-//! The word counts its sleepers (the poll-mode engine thread; in inline mode, application
-//! threads blocked in a wait and the progress helper), and a wake-up wakes them all.
+//! * The **sleeper count**, in the engine page (which peers map read-only): how many
+//!   threads of this engine are asleep or about to be. A waker that reads 0 skips the
+//!   system call; only this engine's threads write it.
+//! * The **kick words**, which sleepers wait on with one `futex_waitv` (Linux 5.16): the
+//!   engine's local word (private memory: posts and control operations of this process
+//!   bump it), and per link the word its peer bumps after it published packets (in the link
+//!   segment, one per direction).
 //!
-//! Engines that never sleep (spin policy, or inline mode) publish `MAY_SLEEP = 0`, and their
-//! peers skip the fence entirely: the cost is paid only by those who asked for sleeping.
+//! # The protocol
+//!
+//! A waker publishes its work (a ring index), then — a sequentially consistent fence — loads
+//! the sleeper count; if it is not 0, it bumps its kick word and `FUTEX_WAKE`s it. A sleeper
+//! adds itself to the count, runs the same fence, reads every kick word it will wait on,
+//! looks for work once more, and waits for any kick word to differ from what it read.
+//!
+//! Either the waker saw no sleeper, and then (Dekker, the two fences) the sleeper's last look
+//! finds the work; or the waker bumps a kick word. The sleeper read that word before the
+//! bump — then the kernel sees a different value and does not let it sleep, or the bump's
+//! wake finds it queued — or after it, and then it read the bump (Acquire on the waker's
+//! Release) and its last look finds the work. A wake-up that arrives between the last look
+//! and the wait is not lost: that is what the kick word is for. (The first protocol waited on
+//! the count itself, which a waker cannot change through its read-only mapping, and lost
+//! exactly that wake-up: the sleeper slept its whole timeout.)
+//!
+//! A peer writes only its own kick word of its own link: a hostile one can wake this engine
+//! for nothing (it could as well send packets), never hide another peer's wake-up.
+//!
+//! Engines that never sleep (spin policy) publish `MAY_SLEEP = 0`, and their peers skip the
+//! fence entirely: the cost is paid only by those who asked for sleeping.
 
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::Duration;
 
 use rustix::thread::futex;
 
-/// After publishing work for an engine that may sleep: wakes it if it is asleep.
+use crate::mem::Mem;
+
+/// The most kick words one sleep waits on (the kernel's limit for `futex_waitv`).
+pub(crate) const MAX_WAIT: usize = 128;
+
+/// How long a sleep lasts at most when it cannot wait on every kick word (more than
+/// [`MAX_WAIT`] − 1 links, or a kernel without `futex_waitv`): a peer's packet on a link
+/// not waited on is then seen within this time.
+pub(crate) const SHORT_SLEEP: Duration = Duration::from_millis(1);
+
+/// After publishing work for an engine that may sleep: wakes it if any of its threads
+/// sleeps. `sleepers` is the engine's sleeper count, `kick` the waker's kick word for it
+/// (`private`: the word is in this process's private memory, the engine's local word).
 #[inline]
-pub(crate) fn wake(word: &AtomicU32) {
+pub(crate) fn wake(sleepers: &AtomicU32, kick: &AtomicU32, private: bool) {
     // SYNC: SeqCst fence pairs with the one in `sleep` (Dekker): the work published before
-    // this fence, or the sleeper's store of 1, is seen by the other side.
+    // this fence, or the sleeper's count, is seen by the other side.
     fence(Ordering::SeqCst);
-    if word.load(Ordering::Relaxed) != 0 {
+    if sleepers.load(Ordering::Relaxed) != 0 {
+        // SYNC: Release: a sleeper that reads the bumped word (Acquire) sees the work.
+        kick.fetch_add(1, Ordering::Release);
+        let flags = if private {
+            futex::Flags::PRIVATE
+        } else {
+            futex::Flags::empty()
+        };
         // A failed wake (never expected for a valid address) only costs the sleeper its
         // timeout; there is nothing better to do with the error here.
-        let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
+        let _ = futex::wake(kick, flags, i32::MAX as u32);
     }
 }
 
-/// Sleeps on `word` for at most `max`, unless `has_work` (run after announcing the sleep)
-/// finds work. Returns whether it slept.
-pub(crate) fn sleep(word: &AtomicU32, max: Duration, has_work: impl FnOnce() -> bool) -> bool {
+/// The kick words one sleep waits on, with the values read before the last look for work.
+#[derive(Default)]
+pub(crate) struct WaitSet {
+    waits: Vec<futex::Wait>,
+    /// The mappings the shared words are in, kept mapped until the wait returns (a link
+    /// removed meanwhile must not leave the kernel reading an unmapped address).
+    keep: Vec<Mem>,
+    /// Some kick word could not be waited on: sleep no longer than [`SHORT_SLEEP`].
+    short: bool,
+}
+
+impl WaitSet {
+    /// Starts a new set with the engine's local word.
+    fn start(&mut self, local: &AtomicU32) {
+        self.waits.clear();
+        self.keep.clear();
+        self.short = false;
+        self.push(local, true);
+    }
+
+    fn push(&mut self, word: &AtomicU32, private: bool) {
+        let mut w = futex::Wait::new();
+        // SYNC: Acquire pairs with the Release bump in `wake`: a bump read here comes with
+        // the work published before it.
+        w.val = u64::from(word.load(Ordering::Acquire));
+        w.uaddr = futex::WaitPtr::new(word.as_ptr().cast());
+        w.flags = if private {
+            futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE
+        } else {
+            futex::WaitFlags::SIZE_U32
+        };
+        self.waits.push(w);
+    }
+
+    /// Adds a peer's kick word, at `off` in `mem` (a link segment). A word that is not
+    /// there (never for a validated link) or beyond the kernel's limit shortens the sleep
+    /// instead.
+    pub(crate) fn add_shared(&mut self, mem: &Mem, off: u64) {
+        match mem.atomic_u32(off) {
+            Ok(word) if self.waits.len() < MAX_WAIT => {
+                self.push(word, false);
+                self.keep.push(mem.share());
+            }
+            _ => self.short = true,
+        }
+    }
+
+    /// Waits until a word differs from its value in the set, a wake-up, or `max`.
+    /// `local` is the set's first word.
+    fn wait(&self, local: &AtomicU32, max: Duration) {
+        let max = if self.short {
+            max.min(SHORT_SLEEP)
+        } else {
+            max
+        };
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let nanos = u128::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u128::try_from(now.tv_nsec).unwrap_or(0)
+            + max.as_nanos();
+        let deadline = futex::Timespec {
+            tv_sec: i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
+            tv_nsec: (nanos % 1_000_000_000) as _,
+        };
+        // Woken, timed out, interrupted or a word changed: all mean "look for work again".
+        let waited = futex::waitv(
+            &self.waits,
+            futex::WaitvFlags::empty(),
+            Some(&deadline),
+            rustix::time::ClockId::Monotonic,
+        );
+        if waited == Err(rustix::io::Errno::NOSYS) {
+            // A kernel older than 5.16: wait on the local word only, and only briefly (the
+            // peers' kick words are looked at again every SHORT_SLEEP).
+            let short = max.min(SHORT_SLEEP);
+            let ts = futex::Timespec {
+                tv_sec: 0,
+                tv_nsec: short.as_nanos() as _,
+            };
+            let _ = futex::wait(
+                local,
+                futex::Flags::PRIVATE,
+                self.waits[0].val as u32,
+                Some(&ts),
+            );
+        }
+    }
+}
+
+/// Sleeps for at most `max` unless there is work. `sleepers` is the engine's sleeper count,
+/// `local` its local kick word; `gather` adds the peers' kick words to the set (false: the
+/// engine is busy elsewhere, do not sleep), and `has_work`, run after everything was read,
+/// is the last look for work. Returns whether it slept.
+pub(crate) fn sleep(
+    sleepers: &AtomicU32,
+    local: &AtomicU32,
+    set: &mut WaitSet,
+    max: Duration,
+    gather: impl FnOnce(&mut WaitSet) -> bool,
+    has_work: impl FnOnce() -> bool,
+) -> bool {
     // Sleepers are counted (not flagged), so that one leaving does not hide another.
-    let sleepers = word.fetch_add(1, Ordering::Relaxed) + 1;
+    sleepers.fetch_add(1, Ordering::Relaxed);
     // SYNC: SeqCst fence pairs with the one in `wake`.
     fence(Ordering::SeqCst);
-    let slept = if has_work() {
+    set.start(local);
+    let slept = if !gather(set) || has_work() {
         false
     } else {
-        let ts = futex::Timespec {
-            tv_sec: max.as_secs() as _,
-            tv_nsec: max.subsec_nanos() as _,
-        };
-        // Woken, timed out, interrupted or the count changed: all mean "look for work
-        // again".
-        let _ = futex::wait(word, futex::Flags::empty(), sleepers, Some(&ts));
+        set.wait(local, max);
         true
     };
-    word.fetch_sub(1, Ordering::Relaxed);
+    // The mappings need not outlive the wait (a link removed meanwhile is unmapped now).
+    set.keep.clear();
+    sleepers.fetch_sub(1, Ordering::Relaxed);
     slept
 }
 
@@ -63,21 +194,42 @@ mod tests {
     use std::sync::atomic::AtomicBool;
     use std::time::Instant;
 
+    struct Engine {
+        sleepers: AtomicU32,
+        local: AtomicU32,
+        work: AtomicBool,
+    }
+
+    fn engine() -> Arc<Engine> {
+        Arc::new(Engine {
+            sleepers: AtomicU32::new(0),
+            local: AtomicU32::new(0),
+            work: AtomicBool::new(false),
+        })
+    }
+
     #[test]
     fn a_sleeper_is_woken_long_before_its_timeout() {
-        let word = Arc::new(AtomicU32::new(0));
-        let work = Arc::new(AtomicBool::new(false));
-        let (w2, k2) = (word.clone(), work.clone());
+        let e = engine();
+        let e2 = e.clone();
         let sleeper = std::thread::spawn(move || {
             let start = Instant::now();
-            while !k2.load(Ordering::Acquire) {
-                sleep(&w2, Duration::from_secs(20), || k2.load(Ordering::Acquire));
+            let mut set = WaitSet::default();
+            while !e2.work.load(Ordering::Acquire) {
+                sleep(
+                    &e2.sleepers,
+                    &e2.local,
+                    &mut set,
+                    Duration::from_secs(20),
+                    |_| true,
+                    || e2.work.load(Ordering::Acquire),
+                );
             }
             start.elapsed()
         });
         std::thread::sleep(Duration::from_millis(50));
-        work.store(true, Ordering::Release);
-        wake(&word);
+        e.work.store(true, Ordering::Release);
+        wake(&e.sleepers, &e.local, true);
         let took = sleeper.join().unwrap();
         assert!(
             took < Duration::from_secs(10),
@@ -85,11 +237,147 @@ mod tests {
         );
     }
 
+    /// The race the first protocol lost: the waker publishes and wakes after the sleeper's
+    /// last look but before it is in the kernel. Here the whole wake runs inside the last
+    /// look (which misses the work), deterministically; the sleep must end at once.
+    #[test]
+    fn a_wake_between_the_last_look_and_the_wait_is_not_lost() {
+        let e = engine();
+        let mut set = WaitSet::default();
+        let start = Instant::now();
+        let slept = sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            Duration::from_secs(20),
+            |_| true,
+            || {
+                let e2 = e.clone();
+                std::thread::spawn(move || {
+                    e2.work.store(true, Ordering::Release);
+                    wake(&e2.sleepers, &e2.local, true);
+                })
+                .join()
+                .unwrap();
+                false
+            },
+        );
+        assert!(slept);
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "the wake-up was lost: slept {took:?}"
+        );
+        assert_eq!(e.sleepers.load(Ordering::Relaxed), 0);
+    }
+
+    /// The same race on a peer's kick word in shared memory (a link segment).
+    #[test]
+    fn a_peer_kick_between_the_last_look_and_the_wait_is_not_lost() {
+        let seg = shmhca_rings::segment::Segment::builder(0x5445_5354, 4096)
+            .huge_pages(shmhca_rings::segment::HugePages::Never)
+            .create()
+            .unwrap();
+        let mem = Mem::from_segment(Arc::new(seg));
+        let e = engine();
+        let mut set = WaitSet::default();
+        let start = Instant::now();
+        let slept = sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            Duration::from_secs(20),
+            |s| {
+                s.add_shared(&mem, 64);
+                true
+            },
+            || {
+                let (e2, m2) = (e.clone(), mem.share());
+                std::thread::spawn(move || {
+                    wake(&e2.sleepers, m2.atomic_u32(64).unwrap(), false);
+                })
+                .join()
+                .unwrap();
+                false
+            },
+        );
+        assert!(slept);
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "the peer's wake-up was lost: slept {took:?}"
+        );
+    }
+
     #[test]
     fn work_found_after_announcing_prevents_the_sleep() {
-        let word = AtomicU32::new(0);
-        assert!(!sleep(&word, Duration::from_secs(20), || true));
-        assert_eq!(word.load(Ordering::Relaxed), 0);
-        assert!(sleep(&word, Duration::from_millis(1), || false));
+        let e = engine();
+        let mut set = WaitSet::default();
+        let max = Duration::from_secs(20);
+        assert!(!sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            max,
+            |_| true,
+            || true
+        ));
+        assert!(!sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            max,
+            |_| false,
+            || false
+        ));
+        assert_eq!(e.sleepers.load(Ordering::Relaxed), 0);
+        let short = Duration::from_millis(1);
+        assert!(sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            short,
+            |_| true,
+            || false
+        ));
+    }
+
+    #[test]
+    fn a_wake_without_sleepers_costs_no_bump() {
+        let e = engine();
+        wake(&e.sleepers, &e.local, true);
+        assert_eq!(e.local.load(Ordering::Relaxed), 0);
+        e.sleepers.store(1, Ordering::Relaxed);
+        wake(&e.sleepers, &e.local, true);
+        assert_eq!(e.local.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn too_many_words_shorten_the_sleep_instead() {
+        let seg = shmhca_rings::segment::Segment::builder(0x5445_5354, 4096)
+            .huge_pages(shmhca_rings::segment::HugePages::Never)
+            .create()
+            .unwrap();
+        let mem = Mem::from_segment(Arc::new(seg));
+        let e = engine();
+        let mut set = WaitSet::default();
+        let start = Instant::now();
+        sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            Duration::from_secs(20),
+            |s| {
+                for _ in 0..MAX_WAIT {
+                    s.add_shared(&mem, 64);
+                }
+                s.add_shared(&mem, 4096); // out of the segment: not waited on
+                true
+            },
+            || false,
+        );
+        assert_eq!(set.waits.len(), MAX_WAIT);
+        assert!(set.short);
+        assert!(start.elapsed() < Duration::from_secs(10));
     }
 }

@@ -472,7 +472,7 @@ fn credits(n: u32) -> Syndrome {
 }
 
 /// A work request of the requester scenarios, with its length.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Op {
     Send(u32),
     Write(u32),
@@ -1036,4 +1036,187 @@ fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
         3,
         "the three Sends, after the receives"
     );
+}
+
+// --- Random Acks, fast paths on and off (hostile review of issue 10) ---
+
+/// A random stream of Acknowledges — any PSN around the window, any syndrome byte (an RNR
+/// Nak's timer the longest, so that no wait ends within a run), any MSN — after random
+/// Sends, Writes and Reads: the Ack and credit fast paths leave what the slow path leaves.
+mod random_acks {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u32..600).prop_map(Op::Send),
+            (0u32..600).prop_map(Op::Write),
+            (1u32..600).prop_map(Op::Read),
+        ]
+    }
+
+    /// (PSN relative to the first sent, syndrome byte, MSN).
+    fn answer() -> impl Strategy<Value = (i32, u8, u32)> {
+        let syndrome = prop_oneof![3 => 0u8..32, 1 => any::<u8>()];
+        (
+            -3i32..12,
+            syndrome,
+            prop_oneof![4 => 0u32..12, 1 => any::<u32>()],
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 128,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn random_acks_leave_what_the_slow_path_leaves(
+            n in 0u32..8,
+            ops in vec(op(), 1..5),
+            acks in vec(answer(), 1..6),
+        ) {
+            let scenario = |r: &mut Rig| {
+                post(r, n, &ops);
+                for &(at, syndrome, msn) in &acks {
+                    // An RNR Nak waits 655 ms (timer code 0): longer than the run.
+                    let syndrome = if syndrome >> 5 == 0b001 { 0b001_00000 } else { syndrome };
+                    let psn = Psn::new(0).add(at.rem_euclid(1 << 24) as u32);
+                    respond(r, psn.get(), Syndrome::from_u8(syndrome), msn);
+                    r.step();
+                }
+            };
+            same_both_ways(AccessFlags::ALL, &scenario);
+        }
+    }
+}
+
+/// A random stream of single-packet and multi-packet requests — Sends and Writes, with
+/// and without immediate data, at PSNs around ePSN, payloads inline or by reference (some
+/// outside the peer's arena), R_Keys and ranges good or bad, receives posted in between —
+/// under random access flags: the receive fast path leaves what the pipeline leaves.
+mod random_requests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    /// One step of the peer: a request, or receives posted by the application.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Recv(u64),
+        Request {
+            op: u8,
+            at: i32,
+            len: u32,
+            direct: Option<u64>,
+            reth: (u64, Option<u32>, bool),
+        },
+    }
+
+    const OPS: [Opcode; 10] = [
+        Opcode::SendOnly,
+        Opcode::SendOnlyWithImmediate,
+        Opcode::RdmaWriteOnly,
+        Opcode::RdmaWriteOnlyWithImmediate,
+        Opcode::SendFirst,
+        Opcode::SendMiddle,
+        Opcode::SendLast,
+        Opcode::SendLastWithImmediate,
+        Opcode::RdmaWriteFirst,
+        Opcode::RdmaWriteLast,
+    ];
+
+    fn step() -> impl Strategy<Value = Step> {
+        let request = (
+            0..OPS.len() as u8,
+            prop_oneof![4 => 0i32..3, 1 => -2i32..5],
+            prop_oneof![4 => 0u32..64, 1 => 0u32..400],
+            proptest::option::weighted(0.3, prop_oneof![0u64..4096, any::<u64>()]),
+            (
+                prop_oneof![4 => 0u64..(64 << 10), 1 => any::<u64>()],
+                // `None`: the payload's length (the common case).
+                prop_oneof![6 => Just(None), 2 => (0u32..400).prop_map(Some), 1 => any::<u32>().prop_map(Some)],
+                prop::bool::weighted(0.9),
+            ),
+        )
+            .prop_map(|(op, at, len, direct, reth)| Step::Request {
+                op,
+                at,
+                len,
+                direct,
+                reth,
+            });
+        prop_oneof![1 => (0u64..3).prop_map(Step::Recv), 4 => request]
+    }
+
+    fn access() -> impl Strategy<Value = AccessFlags> {
+        prop_oneof![
+            Just(AccessFlags::ALL),
+            Just(AccessFlags::LOCAL_WRITE),
+            Just(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 128,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn random_requests_leave_what_the_pipeline_leaves(
+            access in access(),
+            steps in vec(step(), 1..8),
+        ) {
+            let scenario = |r: &mut Rig| {
+                for s in &steps {
+                    match *s {
+                        Step::Recv(n) => r.post_recv(n),
+                        Step::Request { op, at, len, direct, reth: (off, rlen, good_key) } => {
+                            let op = OPS[usize::from(op)];
+                            let k = at.rem_euclid(1 << 24) as u32;
+                            let room = crate::wire::slot::SLOT_DATA - op.info().unwrap().header_len();
+                            let len = if direct.is_none() { len.min(room as u32) } else { len };
+                            let mut reth = r.reth(off, rlen.unwrap_or(len));
+                            if !good_key {
+                                reth.rkey ^= 0x100;
+                            }
+                            let headers = |p: &mut PacketRepr| {
+                                let info = op.info().unwrap();
+                                if info.headers.contains(crate::wire::opcode::Headers::RETH) {
+                                    p.reth = Some(reth);
+                                }
+                                if info.immediate {
+                                    p.immdt = imm(0x1234);
+                                }
+                            };
+                            match direct {
+                                Some(off) => {
+                                    let psn = Psn::new(rq(k));
+                                    let mut repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), psn));
+                                    headers(&mut repr);
+                                    let mut s = PacketSlot::default();
+                                    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+                                    s.kind = crate::wire::slot::KIND_DIRECT;
+                                    s.payload_off = off;
+                                    s.payload_len = len;
+                                    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+                                }
+                                None => {
+                                    let payload = vec![0xA5; len as usize];
+                                    r.request(op, k, headers, &payload);
+                                }
+                            }
+                        }
+                    }
+                    r.step();
+                }
+            };
+            same_both_ways(access, &scenario);
+        }
+    }
 }

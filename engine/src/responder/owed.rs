@@ -26,8 +26,10 @@ pub(crate) struct OwedAck {
     pub(crate) msn: u32,
 }
 
-/// No QP: the end of a list.
+/// No QP: the end of a list (and an empty list's head).
 const NONE: u32 = u32::MAX;
+/// In `next`: the QP is on no list.
+const UNLISTED: u32 = u32::MAX - 1;
 
 /// For each link, the QPs that may owe an Ack on it, as lists threaded through one array
 /// indexed by QP. An entry is a hint, checked when the list is flushed: the QP may have
@@ -35,34 +37,34 @@ const NONE: u32 = u32::MAX;
 /// reused. Each QP is on at most one list, so a list never loops; nothing is allocated
 /// after construction.
 pub(crate) struct OwedAcks {
-    /// QPs on some list.
-    listed: ActiveSet,
     /// Links whose list is not empty.
     links: ActiveSet,
     /// Per link: the first QP of its list, or [`NONE`].
     head: Box<[u32]>,
-    /// Per QP: the next QP of its list, or [`NONE`].
+    /// Per QP: the next QP of its list, [`NONE`] for the last one, or [`UNLISTED`] when the
+    /// QP is on no list (one array answers both "listed?" and "what next?", with a plain
+    /// load and store each, where a set of listed QPs cost a bitmap's word and summary).
     next: Box<[u32]>,
 }
 
 impl OwedAcks {
-    /// Lists for `links` links and `qps` QPs (both at most 4096, an [`ActiveSet`]'s span).
+    /// Lists for `links` links (at most 4096, an [`ActiveSet`]'s span) and `qps` QPs.
     pub(crate) fn new(links: usize, qps: usize) -> OwedAcks {
+        // QP indexes stay below UNLISTED, so an index is never taken for a marker.
+        debug_assert!(qps < UNLISTED as usize && links <= 4096);
         OwedAcks {
-            listed: ActiveSet::new(),
             links: ActiveSet::new(),
             head: vec![NONE; links].into_boxed_slice(),
-            next: vec![NONE; qps].into_boxed_slice(),
+            next: vec![UNLISTED; qps].into_boxed_slice(),
         }
     }
 
     /// Lists QP `qp` on link `link`, unless it is on a list already.
     #[inline]
     pub(crate) fn push(&mut self, link: u32, qp: u32) {
-        if self.listed.contains(qp) {
+        if self.next[qp as usize] != UNLISTED {
             return;
         }
-        self.listed.insert(qp);
         self.next[qp as usize] = self.head[link as usize];
         self.head[link as usize] = qp;
         self.links.insert(link);
@@ -102,8 +104,7 @@ impl OwedAcks {
         if qp == NONE {
             return None;
         }
-        taken.0 = std::mem::replace(&mut self.next[qp as usize], NONE);
-        self.listed.remove(qp);
+        taken.0 = std::mem::replace(&mut self.next[qp as usize], UNLISTED);
         Some(qp)
     }
 }

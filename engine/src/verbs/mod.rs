@@ -334,6 +334,7 @@ impl ContextBuilder {
             blocked: AtomicU32::new(0),
             notify_armed,
             helper_word: Arc::default(),
+            kick: Default::default(),
         });
         // Under loom there is no helper or engine thread: a model drives the engine with
         // `Context::progress` from a thread of its own.
@@ -408,7 +409,7 @@ fn shared_tap(path: &Path) -> Result<Arc<Tap>> {
 pub(crate) struct Shared {
     pub(crate) engine: EngineCell<Engine>,
     pub(crate) doorbell: Doorbell,
-    /// The engine page (wake-up word), handed to peers read-only.
+    /// The engine page (sleeper count), handed to peers read-only.
     pub(crate) engine_page: Arc<Segment>,
     pub(crate) engine_page_mem: Mem,
     /// Bytes of each protection domain's arena.
@@ -426,6 +427,9 @@ pub(crate) struct Shared {
     pub(crate) progress_mark: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
     /// Application threads blocked in a wait that drives the engine itself.
     pub(crate) blocked: AtomicU32,
+    /// The engine's local kick word: bumped by this process's posts and control
+    /// operations when an engine thread sleeps (see [`crate::engine::wake`]).
+    pub(crate) kick: crossbeam_utils::CachePadded<AtomicU32>,
     /// Completion queues armed for a notification (the CQ table's mirror).
     pub(crate) notify_armed: Arc<AtomicU32>,
     /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
@@ -478,20 +482,45 @@ impl Shared {
             // Someone else holds the engine (the progress helper, another thread): wake
             // any thread sleeping on the wake word, so that it takes the doorbell.
             if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
-                wake::wake(self.wake_word());
+                self.wake_local();
             }
         } else if self.doorbell.ring_unless_watched(index) && self.may_sleep {
             // Not rung when the engine thread watches the send queue: it looks at the
             // queue itself, and is awake (it stops watching before it sleeps).
-            wake::wake(self.wake_word());
+            self.wake_local();
         }
     }
 
     /// Wakes a sleeping engine thread after a control operation gave it work.
     pub(crate) fn kick(&self) {
         if self.may_sleep {
-            wake::wake(self.wake_word());
+            self.wake_local();
         }
+    }
+
+    /// Wakes this engine's sleeping threads, if any, after work was published for them.
+    #[inline]
+    fn wake_local(&self) {
+        wake::wake(self.sleepers(), &self.kick, true);
+    }
+
+    /// Sleeps this thread for at most `max` unless `has_work` (the last look, run after the
+    /// sleep was announced) finds work or the engine is busy elsewhere; a post, a control
+    /// operation or a peer's packets on any link wake it. Returns whether it slept.
+    pub(crate) fn sleep(
+        &self,
+        set: &mut wake::WaitSet,
+        max: std::time::Duration,
+        has_work: impl FnOnce() -> bool,
+    ) -> bool {
+        wake::sleep(
+            self.sleepers(),
+            &self.kick,
+            set,
+            max,
+            |set| self.engine.try_with(|e| e.wait_on_links(set)).is_some(),
+            has_work,
+        )
     }
 
     /// For a destination over an in-process link (`Context::link_with`): records on the link
@@ -519,11 +548,11 @@ impl Shared {
         }
     }
 
-    /// This engine's wake word (in its engine page).
-    pub(crate) fn wake_word(&self) -> &std::sync::atomic::AtomicU32 {
+    /// This engine's sleeper count (in its engine page, where peers read it).
+    pub(crate) fn sleepers(&self) -> &std::sync::atomic::AtomicU32 {
         self.engine_page_mem
             .atomic_u32(crate::arena::WAKE_WORD)
-            .expect("the engine page holds the wake word")
+            .expect("the engine page holds the sleeper count")
     }
 }
 
@@ -533,6 +562,7 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
     }
     let mut idle_iters = 0u32;
     let mut n: u32 = 0;
+    let mut wait_set = wake::WaitSet::default();
     loop {
         n = n.wrapping_add(1);
         // The thread holds one reference; when it is the last, every handle is gone.
@@ -564,11 +594,10 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
                     std::thread::yield_now();
                     continue;
                 }
-                let word = shared.wake_word();
                 // Work found after announcing the sleep keeps the thread awake; so does a
                 // send queue it started to watch meanwhile (`prepare_sleep` stops watching,
                 // so that posts ring and wake it), and a token held elsewhere.
-                let slept = wake::sleep(word, max_sleep, || {
+                let slept = shared.sleep(&mut wait_set, max_sleep, || {
                     shared.progress() > 0
                         || !shared
                             .engine
@@ -907,6 +936,8 @@ impl Context {
             l.rx_tap = false;
             l.local_peer = Some(Arc::downgrade(&self.shared));
             let id = self.shared.engine.with(|e| e.add_link(l))?;
+            // A sleeping engine thread waits on the kick words of the links it knew of.
+            self.shared.kick();
             return Ok((id, id));
         }
         let seg_b = link::open_link_segment(

@@ -362,7 +362,13 @@ impl Qp {
     /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        let wqe = self.prepare_send(wr)?;
+        // The WQE is handed on where `prepare_send` built it (not moved out of the Result
+        // first: a copy of every field on each post).
+        let prepared = self.prepare_send(wr);
+        let wqe = match &prepared {
+            Ok(wqe) => wqe,
+            Err(_) => return prepared.map(drop),
+        };
         self.post_wqe(wqe, counted_sgl(wr));
         Ok(())
     }
@@ -409,13 +415,13 @@ impl Qp {
         let wr = SendWr::new(wr_id, SendOp::BindMw { rkey, bind }, &[]).flags(flags);
         let mut wqe = self.prepare_send(&wr)?;
         wqe.swap &= !MW_TYPE2_BIT;
-        self.post_wqe(wqe, &[]);
+        self.post_wqe(&wqe, &[]);
         mw.rkey = rkey;
         Ok(rkey)
     }
 
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
-    fn post_wqe(&mut self, wqe: SqWqe, sgl: &[Sge<'_>]) {
+    fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
         self.sq_posted += 1;
         // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
         // engine is free, counting its elements under the token (no locked instruction);
@@ -425,7 +431,7 @@ impl Qp {
             let (index, pushed) = (self.index, self.sq_pushed);
             let direct = self.shared.engine.try_with(|e| {
                 count_held(sgl);
-                e.post_direct(index, &wqe, pushed)
+                e.post_direct(index, wqe, pushed)
             });
             if let Some(taken) = direct {
                 debug_assert!(taken, "a live QP takes its WQEs");
@@ -435,7 +441,7 @@ impl Qp {
         for s in sgl {
             s.mr.inflight.post_outside(1);
         }
-        if self.sq.push(wqe).is_err() {
+        if self.sq.push(*wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
         self.sq_pushed += 1;
