@@ -109,6 +109,9 @@ pub(crate) struct RawEnds {
     pub(crate) tx: SlotTx,
     /// Takes what the engine sent.
     pub(crate) rx: SlotRx,
+    /// The link segment as the test maps it: all of it is the peer's to write (the kick
+    /// words too).
+    pub(crate) segment: Mem,
 }
 
 /// Adds to `ctx` a link of `slots` lines a direction whose far end is returned to the test,
@@ -130,6 +133,7 @@ pub(crate) fn raw_peer_link(
     let id = ctx.shared.engine.with(|e| e.add_link(l)).unwrap();
     let mine = link::attach(&seg, Side::Creator).unwrap();
     let ends = RawEnds {
+        segment: Mem::from_segment(seg),
         tx: SlotTx(mine.tx),
         rx: SlotRx {
             rx: mine.rx,

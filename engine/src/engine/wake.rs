@@ -381,3 +381,7 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(10));
     }
 }
+
+#[cfg(test)]
+#[path = "wake_hostile_tests.rs"]
+mod hostile_tests;
