@@ -150,34 +150,46 @@ pub(crate) fn loopback_pair(
     pd: &crate::Pd,
     cq: &crate::Cq,
 ) -> (crate::Qp, crate::Qp) {
-    use crate::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpState};
+    use crate::QpCaps;
     let (link, _) = ctx.link_with(ctx).unwrap();
     let mut a = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
     let mut b = ctx.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
     let (qa, qb) = (a.qpn(), b.qpn());
-    for (qp, remote) in [(&mut a, qb), (&mut b, qa)] {
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
-            .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu1024)
-                .dest(Destination { link, qpn: remote })
-                .rq_psn(0)
-                .max_dest_rd_atomic(1)
-                .min_rnr_timer(1),
-        )
-        .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(1),
-        )
-        .unwrap();
-    }
+    connect_rts(&mut a, link, qb, 14);
+    connect_rts(&mut b, link, qa, 14);
     (a, b)
+}
+
+/// Takes `qp` to RTS towards QP `remote` over `link`: PSNs 0, PMTU 1024, one Read/Atomic
+/// each way, access flags none, transport timer `timeout` (the spec's exponent), seven
+/// retries of each kind.
+pub(crate) fn connect_rts(
+    qp: &mut crate::Qp,
+    link: crate::LinkId,
+    remote: crate::wire::Qpn,
+    timeout: u8,
+) {
+    use crate::{AccessFlags, Destination, Mtu, QpAttr, QpState};
+    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+        .unwrap();
+    qp.modify(
+        &QpAttr::new(QpState::Rtr)
+            .path_mtu(Mtu::Mtu1024)
+            .dest(Destination { link, qpn: remote })
+            .rq_psn(0)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(1),
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(0)
+            .timeout(timeout)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(1),
+    )
+    .unwrap();
 }
 
 /// A context in inline mode with manual progress (no helper thread touches its engine

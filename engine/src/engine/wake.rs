@@ -200,6 +200,15 @@ mod tests {
         work: AtomicBool,
     }
 
+    /// A page of shared memory, as a link segment is.
+    fn shared_page() -> Mem {
+        let seg = shmhca_rings::segment::Segment::builder(0x5445_5354, 4096)
+            .huge_pages(shmhca_rings::segment::HugePages::Never)
+            .create()
+            .unwrap();
+        Mem::from_segment(Arc::new(seg))
+    }
+
     fn engine() -> Arc<Engine> {
         Arc::new(Engine {
             sleepers: AtomicU32::new(0),
@@ -274,11 +283,7 @@ mod tests {
     /// The same race on a peer's kick word in shared memory (a link segment).
     #[test]
     fn a_peer_kick_between_the_last_look_and_the_wait_is_not_lost() {
-        let seg = shmhca_rings::segment::Segment::builder(0x5445_5354, 4096)
-            .huge_pages(shmhca_rings::segment::HugePages::Never)
-            .create()
-            .unwrap();
-        let mem = Mem::from_segment(Arc::new(seg));
+        let mem = shared_page();
         let e = engine();
         let mut set = WaitSet::default();
         let start = Instant::now();
@@ -354,11 +359,7 @@ mod tests {
 
     #[test]
     fn too_many_words_shorten_the_sleep_instead() {
-        let seg = shmhca_rings::segment::Segment::builder(0x5445_5354, 4096)
-            .huge_pages(shmhca_rings::segment::HugePages::Never)
-            .create()
-            .unwrap();
-        let mem = Mem::from_segment(Arc::new(seg));
+        let mem = shared_page();
         let e = engine();
         let mut set = WaitSet::default();
         let start = Instant::now();

@@ -10,8 +10,8 @@ use rustix::thread::futex;
 use crate::link::KICK_OFF;
 use crate::raw_peer::raw_peer_link;
 use crate::{
-    AccessFlags, Context, Cq, Destination, EngineMode, IdlePolicy, LinkId, Mr, Mtu, Pd, Qp, QpAttr,
-    QpCaps, QpState, Qpn, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion,
+    AccessFlags, Context, Cq, EngineMode, IdlePolicy, LinkId, Mr, Pd, Qp, QpCaps, Qpn, RecvWr,
+    SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 /// Longer than any test waits: a lost wake-up shows as a missing completion.
@@ -79,26 +79,7 @@ fn end(ctx: &Context) -> End {
 }
 
 fn connect(qp: &mut Qp, link: LinkId, remote: Qpn) {
-    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
-        .unwrap();
-    qp.modify(
-        &QpAttr::new(QpState::Rtr)
-            .path_mtu(Mtu::Mtu1024)
-            .dest(Destination { link, qpn: remote })
-            .rq_psn(0)
-            .max_dest_rd_atomic(1)
-            .min_rnr_timer(1),
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr::new(QpState::Rts)
-            .sq_psn(0)
-            .timeout(20)
-            .retry_cnt(7)
-            .rnr_retry(7)
-            .max_rd_atomic(1),
-    )
-    .unwrap();
+    crate::raw_peer::connect_rts(qp, link, remote, 20);
 }
 
 /// Two sleepy contexts linked in this process, a QP each, connected.
