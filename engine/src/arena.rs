@@ -14,7 +14,7 @@
 //! are gone before a peer could read them again, and memory never allocated is zero.
 //!
 //! The engine page is a separate one-page segment every peer maps read-only: it holds the
-//! engine's wake-up word (see [`crate::engine::wake`]), whether it may sleep, and its
+//! engine's sleeper count (see [`crate::engine::wake`]), whether it may sleep, and its
 //! process id (for `shmhca stat`), nothing else.
 //!
 //! The allocator is a first-fit free list with coalescing. It runs on the control path only

@@ -6,7 +6,7 @@
 //! state, `sq_retired`, `rq_retired`, ...), the regions' in-flight counts
 //! ([`MrShared`](crate::mr_table::MrShared)) and the engine token
 //! ([`EngineCell`](crate::engine::cell::EngineCell)). Atomics in shared memory (a peer's
-//! wake word, remote atomics on an arena) and process-wide counters stay `std`'s.
+//! sleeper count and kick words, remote atomics on an arena) and process-wide counters stay `std`'s.
 //!
 //! Under loom, besides the atomics, [`LoomLines`] lets a [`Mem`](crate::mem::Mem) announce
 //! each byte access to loom, so that a missing happens-before edge between the

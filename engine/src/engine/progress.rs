@@ -21,13 +21,13 @@
 //! With [`IdlePolicy::Backoff`](crate::IdlePolicy) and a completion notification armed
 //! ([`Cq::req_notify`](crate::Cq::req_notify)) by an application that is not itself
 //! blocked in shmhca (an async runtime waiting on the channel's fd), the helper sleeps on
-//! the engine's wake word instead, so that a peer's packet wakes it at once and the event
+//! the engine's kick words instead, so that a peer's packet wakes it at once and the event
 //! reaches the channel within microseconds.
 //!
 //! A poll-mode engine needs no helper: its thread is the progress. With `IdlePolicy::Spin`
 //! it never stops; with `Backoff` it sleeps only when no QP has work in flight, and a
-//! peer's packet wakes it (the peer sees the engine page's may-sleep flag and wakes the
-//! futex), so its sleep never outlasts a peer's timer.
+//! peer's packet wakes it (the peer sees the engine page's sleeper count and bumps its
+//! kick word), so its sleep never outlasts a peer's timer.
 //!
 //! Where the `timers` work adds `Engine::next_deadline()`, the tick can also be cut short
 //! to the engine's own next timer deadline (see the note in [`Engine::progress_tick`]).
@@ -154,7 +154,7 @@ fn helper(weak: Weak<Shared>) {
             tick = t;
         }
         // An async application waits for an armed event without calling shmhca: sleep on
-        // the wake word so that a peer's packet wakes this helper at once.
+        // its kick words so that a peer's packet wakes this helper at once.
         let on_word = shared.may_sleep
             && shared.notify_armed()
             && shared.blocked.load(Ordering::Relaxed) == 0;
@@ -175,7 +175,7 @@ fn helper(weak: Weak<Shared>) {
             seen = u64::MAX;
         } else {
             // Sleep the tick on the helper's own word, so that an arm (which needs this
-            // helper on the wake word) cuts it short: Dekker with `nudge_helper`.
+            // helper asleep on the kick words) cuts it short: Dekker with `nudge_helper`.
             // Only what the sleep needs is kept: a context whose last handle goes away
             // meanwhile is freed at once.
             let (word, armed, may_sleep) = (
@@ -204,7 +204,7 @@ fn helper(weak: Weak<Shared>) {
 impl Shared {
     /// After arming a completion queue whose channel's fd the application holds (it may
     /// wait on it without calling shmhca): wakes the progress helper if it sleeps its tick,
-    /// so that it sleeps on the wake word instead (and a peer's packet reaches the channel
+    /// so that it sleeps on the kick words instead (and a peer's packet reaches the channel
     /// within microseconds). Arming paths only; nothing on the packet path.
     pub(crate) fn nudge_helper(&self) {
         if !self.may_sleep {
@@ -221,7 +221,7 @@ impl Shared {
 impl Shared {
     /// Inline mode: one step of a blocking wait (up to `left`), driven by the waiting
     /// thread itself. Runs the engine; if that did nothing and `ready` is false, sleeps on
-    /// the wake word until a peer's packet or a post wakes it (with `IdlePolicy::Backoff`),
+    /// its kick words until a peer's packet or a post wakes it (with `IdlePolicy::Backoff`),
     /// or yields the CPU (with `Spin`, where nobody would wake it). The caller loops.
     pub(crate) fn idle_wait(&self, left: Option<Duration>, mut ready: impl FnMut() -> bool) {
         // The token is busy (the progress helper, another thread): its holder may be about
@@ -242,7 +242,7 @@ impl Shared {
     }
 
     /// Counts this thread as blocked in a wait that drives the engine itself, until the
-    /// guard drops: the progress helper then leaves the engine and the wake word to it.
+    /// guard drops: the progress helper then leaves the engine and the sleeping to it.
     pub(crate) fn block(&self) -> Blocked<'_> {
         self.blocked.fetch_add(1, Ordering::Relaxed);
         Blocked(self)

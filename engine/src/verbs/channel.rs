@@ -35,11 +35,11 @@
 //!
 //! In poll mode the engine thread does. In inline mode [`CompChannel::get_event`] and
 //! [`Cq::wait`](crate::Cq::wait) drive the engine from the waiting thread; with
-//! [`IdlePolicy::Backoff`](crate::IdlePolicy) they sleep on the engine's wake word between
+//! [`IdlePolicy::Backoff`](crate::IdlePolicy) they sleep on the engine's kick words between
 //! runs (a peer's packet wakes them within microseconds), with `IdlePolicy::Spin` they poll
 //! and yield. An application that waits on the fd itself (an async runtime) relies on the
 //! progress helper ([`Progress::Auto`](crate::Progress)), which with `Backoff` sleeps on
-//! the wake word while a notification is armed.
+//! its kick words while a notification is armed.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -217,7 +217,7 @@ impl CompChannel {
     /// first ([`Cq::req_notify`](crate::Cq::req_notify)).
     ///
     /// In poll mode it sleeps in `poll(2)` on the fd. In inline mode the calling thread runs
-    /// the engine, and between runs sleeps on its wake word (with
+    /// the engine, and between runs sleeps on its kick words (with
     /// [`IdlePolicy::Backoff`](crate::IdlePolicy)) or yields (with `Spin`).
     ///
     /// # Errors

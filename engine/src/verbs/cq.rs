@@ -105,7 +105,7 @@ impl Cq {
         let cqn = self.cqn;
         self.shared.engine.with(|e| e.res.cqs.arm(cqn, arm));
         // The application may wait on the channel's fd without calling shmhca: a helper
-        // sleeping its tick must now sleep on the wake word instead (inline mode).
+        // sleeping its tick must now sleep on the kick words instead (inline mode).
         if self
             .channel
             .as_ref()
@@ -120,7 +120,7 @@ impl Cq {
     ///
     /// In poll mode it sleeps on an event channel of the queue's own (made on first use).
     /// In inline mode the waiting thread runs the engine itself, and between runs sleeps
-    /// on the engine's wake word with [`IdlePolicy::Backoff`](crate::IdlePolicy), where a
+    /// on the engine's kick words with [`IdlePolicy::Backoff`](crate::IdlePolicy), where a
     /// peer's packet wakes it, or yields with `Spin`.
     ///
     /// # Errors

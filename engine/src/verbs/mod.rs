@@ -480,7 +480,7 @@ impl Shared {
             // (An inline engine watches no send queue: this rings.)
             self.doorbell.ring_unless_watched(index);
             // Someone else holds the engine (the progress helper, another thread): wake
-            // any thread sleeping on the wake word, so that it takes the doorbell.
+            // any thread asleep on the kick words, so that it takes the doorbell.
             if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
                 self.wake_local();
             }

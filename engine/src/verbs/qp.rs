@@ -900,7 +900,7 @@ impl Qp {
         }
         self.rq_posted += 1;
         if watch {
-            // A thread sleeping on the wake word (the engine thread, or an inline waiter)
+            // A thread asleep on the kick words (the engine thread, or an inline waiter)
             // must look at the QP.
             self.shared.kick();
         }
