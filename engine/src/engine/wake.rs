@@ -118,8 +118,9 @@ impl WaitSet {
     }
 
     /// Waits until a word differs from its value in the set, a wake-up, or `max`.
-    /// `local` is the set's first word.
-    fn wait(&self, local: &AtomicU32, max: Duration) {
+    /// `local` is the set's first word. Returns what `futex_waitv` said (for tests: the
+    /// caller looks for work again whatever it was).
+    fn wait(&self, local: &AtomicU32, max: Duration) -> rustix::io::Result<usize> {
         let max = if self.short {
             max.min(SHORT_SLEEP)
         } else {
@@ -155,6 +156,7 @@ impl WaitSet {
                 Some(&ts),
             );
         }
+        waited
     }
 }
 
@@ -178,7 +180,9 @@ pub(crate) fn sleep(
     let slept = if !gather(set) || has_work() {
         false
     } else {
-        set.wait(local, max);
+        // Whatever the wait says (woken, timed out, interrupted, a word changed), the caller
+        // looks for work again.
+        let _ = set.wait(local, max);
         true
     };
     // The mappings need not outlive the wait (a link removed meanwhile is unmapped now).
@@ -345,6 +349,27 @@ mod tests {
             |_| true,
             || false
         ));
+    }
+
+    /// With nothing to wake it, a sleep on the local word and a shared word lasts until
+    /// its deadline: the kernel took the set (sizes, flags, addresses) as valid.
+    #[test]
+    fn an_undisturbed_wait_times_out() {
+        let e = engine();
+        let mem = shared_page();
+        let mut set = WaitSet::default();
+        set.start(&e.local);
+        set.add_shared(&mem, 64);
+        assert_eq!(
+            set.wait(&e.local, Duration::from_millis(5)),
+            Err(rustix::io::Errno::TIMEDOUT)
+        );
+        // A word that changed since it was read ends the wait at once.
+        e.local.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(
+            set.wait(&e.local, Duration::from_secs(20)),
+            Err(rustix::io::Errno::AGAIN)
+        );
     }
 
     #[test]
