@@ -360,10 +360,14 @@ mod tests {
         let mut set = WaitSet::default();
         set.start(&e.local);
         set.add_shared(&mem, 64);
+        let start = Instant::now();
         assert_eq!(
             set.wait(&e.local, Duration::from_millis(5)),
             Err(rustix::io::Errno::TIMEDOUT)
         );
+        // Not before its deadline (the kernel never times out early): the deadline is now
+        // plus the 5 ms, not some time in the past.
+        assert!(start.elapsed() >= Duration::from_millis(5));
         // A word that changed since it was read ends the wait at once.
         e.local.fetch_add(1, Ordering::Relaxed);
         assert_eq!(
