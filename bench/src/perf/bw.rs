@@ -119,10 +119,15 @@ pub fn client(
     let templates: Vec<SendWr<'_>> = (0..q).map(template).collect();
     let batch_max = opts.post_list as usize;
     let mut wrs: Vec<SendWr<'_>> = vec![templates[0]; batch_max];
-    let mut posted = vec![0u64; q];
-    let mut done = vec![0u64; q];
     // Requests to run per QP: `n`, or (timed) cut short once the clock says stop.
-    let mut limit = vec![n; q];
+    let mut win = vec![
+        Window {
+            posted: 0,
+            done: 0,
+            limit: n,
+        };
+        q
+    ];
     let mut wcs = [WorkCompletion::default(); 64];
     let depth = u64::from(opts.tx_depth);
     let sig = u64::from(opts.cq_mod);
@@ -140,34 +145,32 @@ pub fn client(
         // With -e the loop sleeps only when it cannot post: completions come every -Q.
         let mut could_post = false;
         for (qi, qp) in qp_refs.iter_mut().enumerate() {
-            let outstanding = posted[qi] - done[qi];
-            let room = (depth - outstanding).min(limit[qi] - posted[qi]) as usize;
-            if room == 0 {
-                continue;
-            }
-            could_post = true;
-            let batch = room.min(batch_max);
             let t = templates[qi];
-            for (j, wr) in wrs[..batch].iter_mut().enumerate() {
-                let c = posted[qi] + j as u64 + 1;
-                *wr = t;
-                wr.wr_id = (qi as u64) << QP_SHIFT | c;
-                if c % sig == 0 || c == limit[qi] {
-                    wr.flags = SendFlags::SIGNALED;
-                }
-                if let SendOp::CompareSwap { remote, .. } = t.op {
-                    wr.op = SendOp::CompareSwap {
-                        remote,
-                        compare: first + c - 1,
-                        swap: first + c,
-                    };
-                }
-            }
-            match qp.post_send_batch(&wrs[..batch]) {
-                Ok(()) => posted[qi] += batch as u64,
-                Err((k, shmhca::Error::QueueFull { .. })) => posted[qi] += k as u64,
-                Err((_, e)) => return Err(PerfError::engine("posting a batch")(e)),
-            }
+            let limit = win[qi].limit;
+            could_post |= fill_window(
+                &mut win[qi],
+                depth,
+                &mut wrs,
+                |batch, c0| {
+                    for (j, wr) in batch.iter_mut().enumerate() {
+                        let c = c0 + j as u64;
+                        *wr = t;
+                        wr.wr_id = (qi as u64) << QP_SHIFT | c;
+                        if c % sig == 0 || c == limit {
+                            wr.flags = SendFlags::SIGNALED;
+                        }
+                        if let SendOp::CompareSwap { remote, .. } = t.op {
+                            wr.op = SendOp::CompareSwap {
+                                remote,
+                                compare: first + c - 1,
+                                swap: first + c,
+                            };
+                        }
+                    }
+                },
+                |b| qp.post_send_batch(b),
+            )
+            .map_err(PerfError::engine("posting a batch"))?;
         }
         let mut got = cq.poll(&mut wcs);
         if got == 0 && !could_post {
@@ -184,7 +187,7 @@ pub fn client(
             }
             let qi = (wc.wr_id >> QP_SHIFT) as usize;
             let c = wc.wr_id & COUNT_MASK;
-            if qi >= q || c <= done[qi] {
+            if qi >= q || c <= win[qi].done {
                 return Err(PerfError::Check(format!(
                     "unexpected completion wr_id {:#x}",
                     wc.wr_id
@@ -192,7 +195,7 @@ pub fn client(
             }
             if opts.check {
                 // Exactly the next signaled request of the QP.
-                let want = ((done[qi] / sig + 1) * sig).min(limit[qi]);
+                let want = ((win[qi].done / sig + 1) * sig).min(win[qi].limit);
                 if c != want {
                     return Err(PerfError::Check(format!(
                         "{}: QP {qi}: iteration {}: completion for request {c}, expected request {want} (completions out of order, lost or repeated)",
@@ -201,8 +204,8 @@ pub fn client(
                     )));
                 }
             }
-            completed += c - done[qi];
-            done[qi] = c;
+            completed += c - win[qi].done;
+            win[qi].done = c;
         }
         if let Some(c) = clock.as_deref_mut() {
             if c.completed(completed).is_some() {
@@ -223,10 +226,10 @@ pub fn client(
                 Tick::Stop => {
                     // Stop posting; the last request of each QP must be signaled, so run
                     // on to the next multiple of -Q (at most -Q - 1 more per QP).
-                    for qi in 0..q {
-                        limit[qi] = posted[qi].next_multiple_of(sig);
+                    for w in &mut win {
+                        w.limit = w.posted.next_multiple_of(sig);
                     }
-                    total = limit.iter().sum();
+                    total = win.iter().map(|w| w.limit).sum();
                     timed = None;
                 }
             }
@@ -236,6 +239,57 @@ pub fn client(
         end_markers(&mut qp_refs, cq, &mut wcs, &mut live)?;
     }
     Ok(completed)
+}
+
+/// One QP's requests on the client, counted from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Window {
+    /// Requests posted.
+    posted: u64,
+    /// Requests completed (up to the last signaled one that completed).
+    done: u64,
+    /// Requests the run asks for.
+    limit: u64,
+}
+
+/// Posts on one QP the way perftest's `run_iter_bw` does: batches of at most `wrs.len()`
+/// requests, one after the other, until `depth` requests are outstanding, the QP's limit is
+/// reached or its send queue is full; only then does the caller poll. (One batch per poll
+/// would make post list 1 pay for a poll per message, which perftest does not.) `fill(batch,
+/// c)` writes a batch whose first request is the QP's `c`th; `post` posts it (`Err((k, e))`:
+/// the first `k` went, the rest not, because of `e`). Returns whether there was room.
+///
+/// # Errors
+/// `post` fails for another reason than a full send queue.
+fn fill_window<'a>(
+    win: &mut Window,
+    depth: u64,
+    wrs: &mut [SendWr<'a>],
+    mut fill: impl FnMut(&mut [SendWr<'a>], u64),
+    mut post: impl FnMut(&[SendWr<'a>]) -> Result<(), (usize, shmhca::Error)>,
+) -> Result<bool, shmhca::Error> {
+    let mut room_found = false;
+    loop {
+        let outstanding = win.posted - win.done;
+        let room = depth
+            .saturating_sub(outstanding)
+            .min(win.limit - win.posted);
+        if room == 0 {
+            return Ok(room_found);
+        }
+        room_found = true;
+        let len = (room as usize).min(wrs.len());
+        let batch = &mut wrs[..len];
+        fill(batch, win.posted + 1);
+        match post(batch) {
+            Ok(()) => win.posted += batch.len() as u64,
+            Err((k, shmhca::Error::QueueFull { .. })) => {
+                win.posted += k as u64;
+                return Ok(true);
+            }
+            Err((_, e)) => return Err(e),
+        }
+    }
 }
 
 /// Ends a timed Send run: one zero-length Send per QP (after all the data, in order) tells
@@ -406,4 +460,135 @@ pub fn send_server(
         }
     }
     Ok(received)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `fill_window` with a post that records each batch's request counts and takes
+    /// at most `capacity` requests in all (then reports a full send queue).
+    fn run(
+        win: &mut Window,
+        depth: u64,
+        post_list: usize,
+        capacity: usize,
+    ) -> (bool, Vec<Vec<u64>>) {
+        let mut wrs = vec![SendWr::inline(0, SendOp::Send, &[]); post_list];
+        let mut batches: Vec<Vec<u64>> = Vec::new();
+        let mut taken = 0;
+        let room = fill_window(
+            win,
+            depth,
+            &mut wrs,
+            |batch, c0| {
+                for (j, wr) in batch.iter_mut().enumerate() {
+                    wr.wr_id = c0 + j as u64;
+                }
+            },
+            |b| {
+                let k = b.len().min(capacity - taken);
+                taken += k;
+                batches.push(b[..k].iter().map(|w| w.wr_id).collect());
+                if k < b.len() {
+                    Err((
+                        k,
+                        shmhca::Error::QueueFull {
+                            queue: "send queue",
+                            depth: capacity as u32,
+                        },
+                    ))
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .expect("only full queues in these tests");
+        (room, batches)
+    }
+
+    #[test]
+    fn post_list_one_fills_the_whole_window_before_the_caller_polls() {
+        let mut win = Window {
+            posted: 0,
+            done: 0,
+            limit: 1000,
+        };
+        let (room, batches) = run(&mut win, 128, 1, usize::MAX);
+        assert!(room);
+        assert_eq!(
+            batches.len(),
+            128,
+            "one post per request, all before a poll"
+        );
+        assert!(
+            batches
+                .iter()
+                .enumerate()
+                .all(|(i, b)| b == &[i as u64 + 1])
+        );
+        assert_eq!(win.posted, 128);
+        // Full: nothing more until completions come.
+        let (room, batches) = run(&mut win, 128, 1, usize::MAX);
+        assert!(!room);
+        assert!(batches.is_empty());
+        // Ten complete: exactly ten more, numbered on.
+        win.done = 10;
+        let (_, batches) = run(&mut win, 128, 1, usize::MAX);
+        assert_eq!(batches.concat(), (129..=138).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn batches_stop_at_the_limit_and_the_last_one_is_partial() {
+        let mut win = Window {
+            posted: 0,
+            done: 0,
+            limit: 70,
+        };
+        let (_, batches) = run(&mut win, 128, 32, usize::MAX);
+        let lens: Vec<usize> = batches.iter().map(Vec::len).collect();
+        assert_eq!(lens, [32, 32, 6]);
+        assert_eq!(batches.concat(), (1..=70).collect::<Vec<_>>());
+        assert_eq!(win.posted, 70);
+    }
+
+    #[test]
+    fn a_full_send_queue_ends_the_filling_and_counts_what_went() {
+        let mut win = Window {
+            posted: 0,
+            done: 0,
+            limit: 1000,
+        };
+        let (room, batches) = run(&mut win, 128, 8, 20);
+        assert!(room, "there was room in the window");
+        assert_eq!(win.posted, 20);
+        assert_eq!(batches.concat(), (1..=20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn other_post_errors_are_returned() {
+        let mut win = Window {
+            posted: 0,
+            done: 0,
+            limit: 5,
+        };
+        let mut wrs = vec![SendWr::inline(0, SendOp::Send, &[]); 1];
+        let err = fill_window(
+            &mut win,
+            4,
+            &mut wrs,
+            |_, _| {},
+            |_| {
+                Err((
+                    0,
+                    shmhca::Error::InvalidArgument {
+                        name: "wr",
+                        reason: "a test refusal".into(),
+                    },
+                ))
+            },
+        );
+        assert!(err.is_err());
+        assert_eq!(win.posted, 0);
+    }
 }
