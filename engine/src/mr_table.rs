@@ -606,10 +606,14 @@ mod in_flight_tests {
         assert_eq!(dst.in_flight(), 0);
     }
 
-    #[test]
-    fn a_post_list_counts_its_elements_and_takes_back_those_not_posted() {
+    /// A post list counts each posted request's elements in flight once and takes back
+    /// those of the requests not posted, whichever way it goes: in inline mode with the
+    /// engine free each request goes out directly (counted under the token), with the
+    /// engine busy (held here by the test) through the send ring, and in poll mode through
+    /// the send ring with one count per region for the whole list.
+    fn post_list_counts(mode: EngineMode, engine_busy: bool) {
         let ctx = Context::builder()
-            .mode(EngineMode::Inline)
+            .mode(mode)
             .progress(crate::Progress::Manual)
             .arena_size(1 << 20)
             .huge_pages(HugePages::Never)
@@ -623,6 +627,17 @@ mod in_flight_tests {
             pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
         );
         let dst = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+        let case = format!("{mode:?}, engine busy: {engine_busy}");
+        // Posts `wrs` and returns its result with the regions' counts right after (before
+        // the engine can retire anything).
+        let post = |a: &mut Qp, wrs: &[SendWr<'_>]| {
+            let go = |a: &mut Qp| (a.post_send_batch(wrs), (s1.in_flight(), s2.in_flight()));
+            if engine_busy {
+                ctx.shared.engine.with(|_| go(a))
+            } else {
+                go(a)
+            }
+        };
         for i in 0..3 {
             b.post_recv(&RecvWr::new(i, &[dst.sge(i * 64, 64).unwrap()]))
                 .unwrap();
@@ -639,20 +654,36 @@ mod in_flight_tests {
         ];
         // The fourth request is refused: the three before it are posted and counted (s1:
         // 2 elements, s2: 1), the two from it on are not.
-        let (done, err) = a.post_send_batch(&wrs).unwrap_err();
-        assert_eq!(done, 3);
-        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
-        assert_eq!((s1.in_flight(), s2.in_flight()), (2, 1));
+        let (r, counts) = post(&mut a, &wrs);
+        let (done, err) = r.unwrap_err();
+        assert_eq!(done, 3, "{case}");
+        assert!(
+            matches!(err, Error::InvalidArgument { .. }),
+            "{case}: {err:?}"
+        );
+        assert_eq!(counts, (2, 1), "{case}");
         drain(&ctx, &mut cq, 6);
-        assert_eq!((s1.in_flight(), s2.in_flight(), dst.in_flight()), (0, 0, 0));
+        assert_eq!(
+            (s1.in_flight(), s2.in_flight(), dst.in_flight()),
+            (0, 0, 0),
+            "{case}"
+        );
         // A whole list posted: every element counted once.
         for i in 0..3 {
             b.post_recv(&RecvWr::new(i, &[dst.sge(i * 64, 64).unwrap()]))
                 .unwrap();
         }
-        a.post_send_batch(&wrs[..3]).unwrap();
-        assert_eq!((s1.in_flight(), s2.in_flight()), (2, 1));
+        let (r, counts) = post(&mut a, &wrs[..3]);
+        r.unwrap();
+        assert_eq!(counts, (2, 1), "{case}");
         drain(&ctx, &mut cq, 6);
-        assert_eq!((s1.in_flight(), s2.in_flight()), (0, 0));
+        assert_eq!((s1.in_flight(), s2.in_flight()), (0, 0), "{case}");
+    }
+
+    #[test]
+    fn a_post_list_counts_its_elements_and_takes_back_those_not_posted() {
+        post_list_counts(EngineMode::Inline, false);
+        post_list_counts(EngineMode::Inline, true);
+        post_list_counts(EngineMode::Poll { cpu: None }, true);
     }
 }

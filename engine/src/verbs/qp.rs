@@ -448,8 +448,12 @@ impl Qp {
         self.ring_and_kick();
     }
 
-    /// Posts several send work requests, ringing the doorbell once (batched posting).
-    /// Stops at the first that fails; returns how many were posted along with the error.
+    /// Posts several send work requests (`ibv_post_send` with a list). Stops at the first
+    /// that fails; returns how many were posted along with the error.
+    ///
+    /// In poll mode the list goes through the send ring with one doorbell. In inline mode
+    /// each request is handed to the engine as [`Qp::post_send`] hands it, and is on the
+    /// wire when this returns (the engine busy on another thread: through the send ring).
     ///
     /// # Errors
     /// As [`Qp::post_send`], with the number posted before the failing request.
@@ -457,6 +461,14 @@ impl Qp {
         &mut self,
         wrs: &[SendWr<'_>],
     ) -> std::result::Result<(), (usize, Error)> {
+        // Inline mode: each request goes the direct way of `post_send` (the template path
+        // when it can), which sends it at once while the engine is free.
+        if self.shared.mode == EngineMode::Inline {
+            for (done, wr) in wrs.iter().enumerate() {
+                self.post_send(wr).map_err(|e| (done, e))?;
+            }
+            return Ok(());
+        }
         // The whole list's elements are counted in flight first, one `fetch_add` per region
         // (not per element); those of the requests not posted are taken back.
         count_outside(wrs, true);
@@ -1121,6 +1133,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// In inline mode a post list goes the direct way, request by request, when the
+    /// engine is free (the send ring, a copy of each WQE in and out again, only while
+    /// another thread holds the engine): every request is on the wire when the call
+    /// returns, in posted order, and none went through the ring.
+    #[test]
+    fn an_inline_post_list_goes_out_directly() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let (link, mut ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
+        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 0, false);
+        let bytes: Vec<[u8; 2]> = (0..5u8).map(|i| [i, 0xa5]).collect();
+        let wrs: Vec<SendWr<'_>> = bytes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| SendWr::inline(i as u64, SendOp::Send, b))
+            .collect();
+        qp.post_send_batch(&wrs).unwrap();
+        assert_eq!(qp.sq_pushed, 0, "no WQE went through the send ring");
+        assert_eq!(qp.sq_outstanding(), 5);
+        let mut payloads = vec![];
+        while let Some(slot) = ends.rx.pop().unwrap() {
+            let rx = RxPacket::parse(&slot, &[]).unwrap();
+            if rx.info.request {
+                let h = slot.hdr_len as usize;
+                let got = slot.data[h..h + slot.payload_len as usize].to_vec();
+                payloads.push((rx.psn().get(), got));
+            }
+        }
+        let want: Vec<_> = (0..5u32).map(|n| (n, vec![n as u8, 0xa5])).collect();
+        assert_eq!(payloads, want);
     }
 
     /// Inline mode hands a post to the engine directly, after the WQEs still in the send
