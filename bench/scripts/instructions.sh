@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Instructions and locked instructions per one-way 8-byte Send, measured with callgrind:
-# deterministic figures that the host's noise cannot move. Runs
+# Instructions and locked instructions per one-way 8-byte Send and per message of a
+# stream, measured with callgrind: deterministic figures that the host's noise cannot move. Runs
 # engine/examples/inline_pingpong (both engines driven from one thread, no cross-core
 # traffic) for two iteration counts and divides the difference, so that set-up cost
 # cancels out. Each round trip is two one-way Sends with their Acks, completions and
 # re-posted receives. Two variants: the Send's bytes in a one-entry gather list over a
 # registered region (the figure this script has always printed), and inline
-# (`SendWr::inline`, as perftest posts small messages by default).
+# (`SendWr::inline`, as perftest posts small messages by default). A third figure is the
+# message-rate path: engine/examples/inline_stream, a stream of 8-byte inline Sends the way
+# `shmhca-perf send_bw` runs them (a window of 128 outstanding, a completion every 100th,
+# each receive reposted), per message, sender and receiver together.
 #
 #   bench/scripts/instructions.sh               # prints the four figures
 #   MAX_INSTR=6000 MAX_LOCKED=4.5 bench/scripts/instructions.sh   # and fails above ceilings
@@ -15,6 +18,7 @@
 # Ceilings (each optional; .ci/run takes them from bench/scripts/ceilings.env):
 #   MAX_INSTR, MAX_LOCKED                 the gather-list Send
 #   MAX_INSTR_INLINE, MAX_LOCKED_INLINE   the inline Send
+#   MAX_INSTR_STREAM, MAX_LOCKED_STREAM   the stream of inline Sends
 #
 # Locked instructions: callgrind runs with --dump-instr=yes, which gives the execution
 # count of every instruction address, per object (the executable and each shared library),
@@ -49,20 +53,26 @@ for tool in valgrind objdump; do
         exit 1
     fi
 done
-cargo build --release -q -p shmhca --example inline_pingpong
-BIN=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
+cargo build --release -q -p shmhca --example inline_pingpong --example inline_stream
+PINGPONG=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
+STREAM=${CARGO_TARGET_DIR:-target}/release/examples/inline_stream
+BIN=$PINGPONG
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 : "${SHMHCA_PROGRESS:=manual}"
 export SHMHCA_PROGRESS
 N1=${N1:-2000}
 N2=${N2:-12000}
-if [ "$N2" -le "$N1" ]; then
-    echo "instructions.sh: N2 ($N2) must be larger than N1 ($N1)" >&2
+# Messages of the two stream runs.
+S1=${S1:-20000}
+S2=${S2:-120000}
+if [ "$N2" -le "$N1" ] || [ "$S2" -le "$S1" ]; then
+    echo "instructions.sh: N2 ($N2) must be larger than N1 ($N1), S2 ($S2) than S1 ($S1)" >&2
     exit 2
 fi
 
-# Runs the example under callgrind: $1 = tag, $2 = round trips, rest = example options.
+# Runs the example $BIN under callgrind: $1 = tag, $2 = round trips (messages for the
+# stream), rest = example options.
 # Leaves $OUT/cg.$1 (callgrind's output) and $OUT/counts.$1 (object, address in decimal
 # and execution count of every executed instruction, tab-separated).
 run() {
@@ -70,7 +80,7 @@ run() {
     shift 2
     if ! valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$OUT/cg.$tag" \
         "$BIN" "$n" 8 "$@" >/dev/null 2>"$OUT/log.$tag"; then
-        echo "instructions.sh: inline_pingpong $n 8 $* failed under callgrind:" >&2
+        echo "instructions.sh: ${BIN##*/} $n 8 $* failed under callgrind:" >&2
         tail -20 "$OUT/log.$tag" >&2
         exit 1
     fi
@@ -140,15 +150,15 @@ locked_list() {
     done >"$OUT/locked"
 }
 
-# Per one-way message, for tags $1.1 (N1 round trips) and $1.2 (N2): writes
+# Per message, for tags $1.1 and $1.2, runs that differ by $2 messages: writes
 # "instructions locked" to $OUT/result.$1, and the locked instructions behind the count to
 # $OUT/detail.$1.
 per_message() {
-    local tag=$1 i1 i2
+    local tag=$1 messages=$2 i1 i2
     i1=$(awk '/^summary:/ {print $2}' "$OUT/cg.$tag.1")
     i2=$(awk '/^summary:/ {print $2}' "$OUT/cg.$tag.2")
     : >"$OUT/detail.$tag"
-    awk -F'\t' -v n="$((2 * (N2 - N1)))" -v i1="$i1" -v i2="$i2" \
+    awk -F'\t' -v n="$messages" -v i1="$i1" -v i2="$i2" \
         -v detail="${LOCKED_DETAIL:-1}" -v detail_file="$OUT/detail.$tag" '
         FILENAME == ARGV[1] { what[$1 "\t" $2] = $4 "  in " $3; next }
         FILENAME == ARGV[2] { c1[$1 "\t" $2] = $3; next }
@@ -172,16 +182,24 @@ per_message() {
 # executed first.
 show_detail() {
     [ -s "$OUT/detail.$1" ] || return 0
-    echo "locked instructions per one-way message, $2 (count, instruction, function, object and address):" >&2
+    echo "locked instructions per message, $2 (count, instruction, function, object and address):" >&2
     sort -rn "$OUT/detail.$1" >&2
 }
 
-# Runs variant $1 (example options $2..) for both iteration counts.
+# Runs variant $1 (example options $2..) of the ping-pong for both iteration counts.
 measure() {
     local tag=$1
     shift
     run "$tag.1" "$N1" "$@"
     run "$tag.2" "$N2" "$@"
+}
+
+# Runs the stream for both message counts (tag "stream").
+measure_stream() {
+    BIN=$STREAM
+    run stream.1 "$S1"
+    run stream.2 "$S2"
+    BIN=$PINGPONG
 }
 
 # Fails if figure $1 (value $2) is above ceiling $3 (named by variable $4), if set.
@@ -203,8 +221,8 @@ if [ "$SELF_TEST" = 1 ]; then
     measure base
     measure probe --locked-probe
     locked_list
-    per_message base
-    per_message probe
+    per_message base "$((2 * (N2 - N1)))"
+    per_message probe "$((2 * (N2 - N1)))"
     read -r I0 L0 <"$OUT/result.base"
     read -r I1 L1 <"$OUT/result.probe"
     LOCKED_DETAIL=0
@@ -225,17 +243,23 @@ fi
 
 measure sge
 measure inline --inline
+measure_stream
 locked_list
-per_message sge
-per_message inline
+per_message sge "$((2 * (N2 - N1)))"
+per_message inline "$((2 * (N2 - N1)))"
+per_message stream "$((S2 - S1))"
 read -r INSTR LOCKED <"$OUT/result.sge"
 read -r INSTR_INLINE LOCKED_INLINE <"$OUT/result.inline"
-show_detail sge "gather-list Send"
-show_detail inline "inline Send"
+read -r INSTR_STREAM LOCKED_STREAM <"$OUT/result.stream"
+show_detail sge "one-way gather-list Send"
+show_detail inline "one-way inline Send"
+show_detail stream "stream of inline Sends"
 echo "instructions per one-way 8-byte Send (both sides, Ack included): $INSTR"
 echo "locked instructions per one-way 8-byte Send (both sides, Ack included): $LOCKED"
 echo "instructions per one-way 8-byte inline Send (both sides, Ack included): $INSTR_INLINE"
 echo "locked instructions per one-way 8-byte inline Send (both sides, Ack included): $LOCKED_INLINE"
+echo "instructions per 8-byte inline Send in a stream (both sides, Acks included): $INSTR_STREAM"
+echo "locked instructions per 8-byte inline Send in a stream (both sides, Acks included): $LOCKED_STREAM"
 FAILED=0
 check "instructions per one-way 8-byte Send" "$INSTR" "${MAX_INSTR:-}" MAX_INSTR
 check "locked instructions per one-way 8-byte Send" "$LOCKED" "${MAX_LOCKED:-}" MAX_LOCKED
@@ -243,4 +267,8 @@ check "instructions per one-way 8-byte inline Send" "$INSTR_INLINE" \
     "${MAX_INSTR_INLINE:-}" MAX_INSTR_INLINE
 check "locked instructions per one-way 8-byte inline Send" "$LOCKED_INLINE" \
     "${MAX_LOCKED_INLINE:-}" MAX_LOCKED_INLINE
+check "instructions per 8-byte inline Send in a stream" "$INSTR_STREAM" \
+    "${MAX_INSTR_STREAM:-}" MAX_INSTR_STREAM
+check "locked instructions per 8-byte inline Send in a stream" "$LOCKED_STREAM" \
+    "${MAX_LOCKED_STREAM:-}" MAX_LOCKED_STREAM
 exit "$FAILED"
