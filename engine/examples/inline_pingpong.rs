@@ -18,6 +18,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod common;
+
 use shmhca::*;
 
 /// The word the locked probe modifies.
@@ -100,39 +102,16 @@ fn main() -> shmhca::Result<()> {
             std::process::exit(2);
         }
     };
-    let ctx = |_| {
-        Context::builder()
-            .mode(EngineMode::Inline)
-            .arena_size(4 << 20)
-            .huge_pages(shmhca_rings::HugePages::Never)
-            .build()
-    };
-    let (a, b) = (ctx(0)?, ctx(1)?);
-    let (la, lb) = a.link_with(&b)?;
-    let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
-    let (mut ca, mut cb) = (a.create_cq(64)?, b.create_cq(64)?);
-    let mut qa = a.create_qp(&pa, &ca, &ca, QpCaps::default())?;
-    let mut qb = b.create_qp(&pb, &cb, &cb, QpCaps::default())?;
-    let (na, nb) = (qa.qpn(), qb.qpn());
-    for (qp, link, remote) in [(&mut qa, la, nb), (&mut qb, lb, na)] {
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))?;
-        qp.modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu4096)
-                .dest(Destination { link, qpn: remote })
-                .rq_psn(0)
-                .max_dest_rd_atomic(1)
-                .min_rnr_timer(1),
-        )?;
-        qp.modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(1),
-        )?;
-    }
+    let common::Pair {
+        mut qa,
+        mut qb,
+        mut ca,
+        mut cb,
+        pa,
+        pb,
+        a,
+        b,
+    } = common::connected_pair(64, QpCaps::default())?;
     let len = u64::from(size) * 2;
     let (ma, mb) = (
         pa.alloc_mr(len, AccessFlags::LOCAL_WRITE)?,

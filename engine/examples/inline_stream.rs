@@ -10,6 +10,8 @@
 //! cargo run --release -p shmhca --example inline_stream -- 1000000 8
 //! ```
 
+mod common;
+
 use shmhca::*;
 
 /// Sends outstanding at most (shmhca-perf's default `-t`).
@@ -54,57 +56,23 @@ fn main() -> shmhca::Result<()> {
             std::process::exit(2);
         }
     };
-    let ctx = |_| {
-        Context::builder()
-            .mode(EngineMode::Inline)
-            .arena_size(4 << 20)
-            .huge_pages(shmhca_rings::HugePages::Never)
-            .build()
-    };
-    let (a, b) = (ctx(0)?, ctx(1)?);
-    let (la, lb) = a.link_with(&b)?;
-    let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
-    let (mut ca, mut cb) = (a.create_cq(1024)?, b.create_cq(1024)?);
-    let mut qa = a.create_qp(
-        &pa,
-        &ca,
-        &ca,
+    let common::Pair {
+        mut qa,
+        mut qb,
+        mut ca,
+        mut cb,
+        pa: _pa,
+        pb,
+        a: _a,
+        b: _b,
+    } = common::connected_pair(
+        1024,
         QpCaps {
             max_send_wr: 256,
             max_recv_wr: 1024,
             ..QpCaps::default()
         },
     )?;
-    let mut qb = b.create_qp(
-        &pb,
-        &cb,
-        &cb,
-        QpCaps {
-            max_send_wr: 256,
-            max_recv_wr: 1024,
-            ..QpCaps::default()
-        },
-    )?;
-    let (na, nb) = (qa.qpn(), qb.qpn());
-    for (qp, link, remote) in [(&mut qa, la, nb), (&mut qb, lb, na)] {
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))?;
-        qp.modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu4096)
-                .dest(Destination { link, qpn: remote })
-                .rq_psn(0)
-                .max_dest_rd_atomic(1)
-                .min_rnr_timer(1),
-        )?;
-        qp.modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(1),
-        )?;
-    }
     let mb = pb.alloc_mr(u64::from(size), AccessFlags::LOCAL_WRITE)?;
     let recv = [mb.sge(0, size)?];
     for i in 0..RECEIVES {

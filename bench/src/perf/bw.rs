@@ -507,13 +507,18 @@ mod tests {
         (room, batches)
     }
 
-    #[test]
-    fn post_list_one_fills_the_whole_window_before_the_caller_polls() {
-        let mut win = Window {
+    /// A QP's window before its first post, for a run of `limit` requests.
+    fn fresh(limit: u64) -> Window {
+        Window {
             posted: 0,
             done: 0,
-            limit: 1000,
-        };
+            limit,
+        }
+    }
+
+    #[test]
+    fn post_list_one_fills_the_whole_window_before_the_caller_polls() {
+        let mut win = fresh(1000);
         let (room, batches) = run(&mut win, 128, 1, usize::MAX);
         assert!(room);
         assert_eq!(
@@ -540,11 +545,7 @@ mod tests {
 
     #[test]
     fn batches_stop_at_the_limit_and_the_last_one_is_partial() {
-        let mut win = Window {
-            posted: 0,
-            done: 0,
-            limit: 70,
-        };
+        let mut win = fresh(70);
         let (_, batches) = run(&mut win, 128, 32, usize::MAX);
         let lens: Vec<usize> = batches.iter().map(Vec::len).collect();
         assert_eq!(lens, [32, 32, 6]);
@@ -554,11 +555,7 @@ mod tests {
 
     #[test]
     fn a_full_send_queue_ends_the_filling_and_counts_what_went() {
-        let mut win = Window {
-            posted: 0,
-            done: 0,
-            limit: 1000,
-        };
+        let mut win = fresh(1000);
         let (room, batches) = run(&mut win, 128, 8, 20);
         assert!(room, "there was room in the window");
         assert_eq!(win.posted, 20);
@@ -567,11 +564,7 @@ mod tests {
 
     #[test]
     fn other_post_errors_are_returned() {
-        let mut win = Window {
-            posted: 0,
-            done: 0,
-            limit: 5,
-        };
+        let mut win = fresh(5);
         let mut wrs = vec![SendWr::inline(0, SendOp::Send, &[]); 1];
         let err = fill_window(
             &mut win,

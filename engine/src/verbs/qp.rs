@@ -1135,23 +1135,66 @@ mod tests {
         }
     }
 
+    /// An inline-mode context (manual progress) with a QP in RTS connected to a raw peer
+    /// (QPN 9) that the test reads packets from.
+    struct RawSetup {
+        qp: Qp,
+        ends: crate::raw_peer::RawEnds,
+        _arena: crate::mem::Mem,
+        _cq: crate::Cq,
+        _pd: crate::Pd,
+        _ctx: Context,
+    }
+
+    impl RawSetup {
+        fn new() -> RawSetup {
+            let ctx = Context::builder()
+                .mode(EngineMode::Inline)
+                .progress(crate::Progress::Manual)
+                .huge_pages(shmhca_rings::HugePages::Never)
+                .build()
+                .unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16).unwrap();
+            let (link, ends, arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
+            let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+            crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 0, false);
+            RawSetup {
+                qp,
+                ends,
+                _arena: arena,
+                _cq: cq,
+                _pd: pd,
+                _ctx: ctx,
+            }
+        }
+    }
+
+    /// Takes every packet the raw peer has received: appends the PSN and inline payload of
+    /// each request (all must carry their payload inline) to `payloads`, skips the rest
+    /// (the Ack announcing the QP's receive credits).
+    fn receive_inline(ends: &mut crate::raw_peer::RawEnds, payloads: &mut Vec<(u32, Vec<u8>)>) {
+        while let Some(slot) = ends.rx.pop().unwrap() {
+            let rx = RxPacket::parse(&slot, &[]).unwrap();
+            if !rx.info.request {
+                continue;
+            }
+            assert_eq!(slot.kind, KIND_INLINE);
+            let h = slot.hdr_len as usize;
+            let bytes = slot.data[h..h + slot.payload_len as usize].to_vec();
+            payloads.push((rx.psn().get(), bytes));
+        }
+    }
+
     /// In inline mode a post list goes the direct way, request by request, when the
     /// engine is free (the send ring, a copy of each WQE in and out again, only while
     /// another thread holds the engine): every request is on the wire when the call
     /// returns, in posted order, and none went through the ring.
     #[test]
     fn an_inline_post_list_goes_out_directly() {
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .huge_pages(shmhca_rings::HugePages::Never)
-            .build()
-            .unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16).unwrap();
-        let (link, mut ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
-        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
-        crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 0, false);
+        let RawSetup {
+            mut qp, mut ends, ..
+        } = RawSetup::new();
         let bytes: Vec<[u8; 2]> = (0..5u8).map(|i| [i, 0xa5]).collect();
         let wrs: Vec<SendWr<'_>> = bytes
             .iter()
@@ -1162,14 +1205,7 @@ mod tests {
         assert_eq!(qp.sq_pushed, 0, "no WQE went through the send ring");
         assert_eq!(qp.sq_outstanding(), 5);
         let mut payloads = vec![];
-        while let Some(slot) = ends.rx.pop().unwrap() {
-            let rx = RxPacket::parse(&slot, &[]).unwrap();
-            if rx.info.request {
-                let h = slot.hdr_len as usize;
-                let got = slot.data[h..h + slot.payload_len as usize].to_vec();
-                payloads.push((rx.psn().get(), got));
-            }
-        }
+        receive_inline(&mut ends, &mut payloads);
         let want: Vec<_> = (0..5u32).map(|n| (n, vec![n as u8, 0xa5])).collect();
         assert_eq!(payloads, want);
     }
@@ -1179,30 +1215,10 @@ mod tests {
     /// counts whether it must look at the ring, and posted order holds.
     #[test]
     fn a_direct_post_goes_after_the_wqes_in_the_send_ring() {
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .huge_pages(shmhca_rings::HugePages::Never)
-            .build()
-            .unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16).unwrap();
-        let (link, mut ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
-        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
-        crate::raw_peer::connect_to_raw_peer(&mut qp, link, 9, 0, false);
+        let RawSetup {
+            mut qp, mut ends, ..
+        } = RawSetup::new();
         let mut payloads = vec![];
-        let mut receive = |ends: &mut crate::raw_peer::RawEnds| {
-            while let Some(slot) = ends.rx.pop().unwrap() {
-                let rx = RxPacket::parse(&slot, &[]).unwrap();
-                if !rx.info.request {
-                    continue; // (the Ack announcing this QP's receive credits)
-                }
-                assert_eq!(slot.kind, KIND_INLINE);
-                let h = slot.hdr_len as usize;
-                let bytes = slot.data[h..h + slot.payload_len as usize].to_vec();
-                payloads.push((rx.psn().get(), bytes));
-            }
-        };
         for round in 0..2u8 {
             // As `post_send_one` queues (the engine was busy elsewhere): two WQEs in the ring.
             for i in 0..2 {
@@ -1218,7 +1234,7 @@ mod tests {
             // The ring is empty now: this one may go straight out.
             qp.post_send(&SendWr::inline(0, SendOp::Send, &[round, 3]))
                 .unwrap();
-            receive(&mut ends);
+            receive_inline(&mut ends, &mut payloads);
         }
         let want: Vec<_> = (0..8u32)
             .map(|n| (n, vec![(n / 4) as u8, (n % 4) as u8]))
