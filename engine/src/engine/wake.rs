@@ -221,6 +221,15 @@ mod tests {
         })
     }
 
+    /// A sleep of 20 s that lasted `took` was ended by `what` (well before its deadline),
+    /// not by the deadline: the wake-up was not lost.
+    fn assert_woken(took: Duration, what: &str) {
+        assert!(
+            took < Duration::from_secs(10),
+            "{what} was lost: slept {took:?}"
+        );
+    }
+
     #[test]
     fn a_sleeper_is_woken_long_before_its_timeout() {
         let e = engine();
@@ -243,11 +252,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         e.work.store(true, Ordering::Release);
         wake(&e.sleepers, &e.local, true);
-        let took = sleeper.join().unwrap();
-        assert!(
-            took < Duration::from_secs(10),
-            "the wake-up was lost: {took:?}"
-        );
+        assert_woken(sleeper.join().unwrap(), "the wake-up");
     }
 
     /// The race the first protocol lost: the waker publishes and wakes after the sleeper's
@@ -276,11 +281,7 @@ mod tests {
             },
         );
         assert!(slept);
-        let took = start.elapsed();
-        assert!(
-            took < Duration::from_secs(10),
-            "the wake-up was lost: slept {took:?}"
-        );
+        assert_woken(start.elapsed(), "the wake-up");
         assert_eq!(e.sleepers.load(Ordering::Relaxed), 0);
     }
 
@@ -311,11 +312,7 @@ mod tests {
             },
         );
         assert!(slept);
-        let took = start.elapsed();
-        assert!(
-            took < Duration::from_secs(10),
-            "the peer's wake-up was lost: slept {took:?}"
-        );
+        assert_woken(start.elapsed(), "the peer's wake-up");
     }
 
     #[test]
