@@ -123,17 +123,27 @@ fn main() -> shmhca::Result<()> {
         qa.post_recv(&RecvWr::new(i, &[ma.sge(u64::from(size), size)?]))?;
         qb.post_recv(&RecvWr::new(i, &[mb.sge(u64::from(size), size)?]))?;
     }
-    // A Send completes only once acknowledged: wait for both completions of each side.
-    let mut wait = |cq: &mut Cq, want: usize| {
-        let mut got = 0;
-        while got < want {
+    // Each side waits for its receive as perftest's send_lat does: it polls its CQ (which
+    // runs its own engine) while the other process runs (here: one iteration of the other
+    // engine per poll). Send completions are counted as they come: a Send completes once
+    // acknowledged, and its Ack rides in the answer (owed Acks are held back one engine
+    // iteration, see `Engine::hold_acks`), or leaves alone an iteration later.
+    let mut sends = [0u64; 2];
+    let mut wait_recv = |cq: &mut Cq, me: usize, other: &Context| {
+        loop {
             let n = cq.poll(&mut wc);
+            let mut recv = false;
             for w in &wc[..n] {
                 assert_eq!(w.status, WcStatus::Success, "{w:?}");
-                got += 1;
+                match w.opcode {
+                    WcOpcode::Recv => recv = true,
+                    _ => sends[me] += 1,
+                }
             }
-            a.progress();
-            b.progress();
+            if recv {
+                return;
+            }
+            other.progress();
         }
     };
     // Inline sends carry the bytes of a private buffer (shmhca-perf copies its region's).
@@ -157,16 +167,31 @@ fn main() -> shmhca::Result<()> {
         } else {
             qa.post_send(&SendWr::new(i, SendOp::Send, &[ma.sge(0, size)?]))?;
         }
-        wait(&mut cb, 1); // the ping arrives
+        wait_recv(&mut cb, 1, &a); // the ping arrives
         qb.post_recv(&RecvWr::new(i, &[mb.sge(u64::from(size), size)?]))?;
         if inline || probe {
             send(&mut qb, &mb, i)?;
         } else {
             qb.post_send(&SendWr::new(i, SendOp::Send, &[mb.sge(0, size)?]))?;
         }
-        wait(&mut ca, 2); // the pong arrives, and the ping is acknowledged
+        wait_recv(&mut ca, 0, &b); // the pong arrives
         qa.post_recv(&RecvWr::new(i, &[ma.sge(u64::from(size), size)?]))?;
-        wait(&mut cb, 1); // the pong is acknowledged
+    }
+    // Every Send completes (the last ones by Acks of their own).
+    let start = std::time::Instant::now();
+    let mut wc = [WorkCompletion::default(); 4];
+    while sends != [iters, iters] {
+        for (side, cq) in [&mut ca, &mut cb].into_iter().enumerate() {
+            let n = cq.poll(&mut wc);
+            for w in &wc[..n] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                sends[side] += 1;
+            }
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "sends completed: {sends:?} of {iters} each"
+        );
     }
     println!("{iters} round trips");
     Ok(())

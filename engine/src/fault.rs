@@ -30,7 +30,8 @@
 //! check reads is bounds-checked.
 //!
 //! Where the ICRC travels depends on the slot's kind (each spot is otherwise unused): in
-//! `payload_off` for a packet whose payload is inline or absent, in the 4 data bytes after
+//! slot bytes 12..16 (`sge_count` and `zero`) for a packet whose payload is inline or
+//! absent, in the 4 data bytes after
 //! the headers for a payload sent by reference, and in the 4 bytes after the gather skip for
 //! a gather packet.
 //!
@@ -402,8 +403,8 @@ fn flip_bit(slot: &mut PacketSlot, pick: u64) {
 }
 
 /// Where the ICRC of a slot travels (see the module docs), as a byte range of the slot's
-/// data area, or `None` for the `payload_off` field (inline or no payload). `Err` if the
-/// slot has no room for it.
+/// data area, or `None` for slot bytes 12..16, `sge_count` and `zero` (inline or no
+/// payload: `payload_off` may hold a riding Ack). `Err` if the slot has no room for it.
 fn icrc_spot(slot: &PacketSlot) -> std::result::Result<Option<usize>, ()> {
     let hdr = slot.hdr_len as usize;
     let at = match slot.kind {
@@ -494,7 +495,11 @@ fn stamp_icrc(slots: &mut [PacketSlot], mem: &Mem) {
     };
     let slot = &mut slots[0];
     match icrc_spot(slot) {
-        Ok(None) => slot.payload_off = u64::from(crc),
+        Ok(None) => {
+            let b = crc.to_le_bytes();
+            slot.sge_count = b[0];
+            slot.zero = [b[1], b[2], b[3]];
+        }
         Ok(Some(at)) => slot.data[at..at + 4].copy_from_slice(&crc.to_le_bytes()),
         Err(()) => return,
     }
@@ -504,7 +509,12 @@ fn stamp_icrc(slots: &mut [PacketSlot], mem: &Mem) {
 /// The ICRC a flagged packet carries.
 fn carried_icrc(slot: &PacketSlot) -> Option<u32> {
     match icrc_spot(slot).ok()? {
-        None => u32::try_from(slot.payload_off).ok(),
+        None => Some(u32::from_le_bytes([
+            slot.sge_count,
+            slot.zero[0],
+            slot.zero[1],
+            slot.zero[2],
+        ])),
         Some(at) => Some(u32::from_le_bytes(slot.data[at..at + 4].try_into().ok()?)),
     }
 }
@@ -591,8 +601,12 @@ mod tests {
     #[test]
     fn the_stamped_icrc_is_the_roce_icrc() {
         let mut s = [send_only(b"hello, icrc")];
+        // A riding Ack in `payload_off`: the ICRC goes elsewhere and leaves it alone.
+        let word = crate::wire::slot::riding_word(77, 0x1f, 5);
+        assert!(crate::wire::slot::set_riding_ack(&mut s[0], word));
         let mem = Mem::private(0);
         stamp_icrc(&mut s, &mem);
+        assert_eq!(s[0].payload_off, word);
         assert_eq!(s[0].reserved & ICRC_FLAG, ICRC_FLAG);
         let f = crate::trace::roce::frame_headers(
             crate::trace::roce::Endpoint::engine(1),
@@ -607,7 +621,8 @@ mod tests {
             f[34..42].try_into().unwrap(),
             &[&s[0].data[..12 + 11]],
         );
-        assert_eq!(s[0].payload_off, u64::from(want));
+        let spare: [u8; 4] = bytemuck::bytes_of(&s[0])[12..16].try_into().unwrap();
+        assert_eq!(u32::from_le_bytes(spare), want);
         assert!(icrc_ok(&s, &mem));
         assert_eq!(icrc_error(&s, &mem), 0);
     }

@@ -353,8 +353,10 @@ fn post_fast<L: LinkTx + ?Sized>(
     if len > 0 {
         slot.kind = crate::wire::slot::KIND_INLINE;
     }
+    crate::responder::ride_owed_ack(qp, env, slot);
     wire.tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE.
+    let req = &mut qp.req;
     req.ssn = (req.ssn + 1) & Psn::MASK;
     req.consumers = consumers;
     req.window.push_sent(w, consumers);
@@ -514,10 +516,12 @@ fn transmit_some<L: LinkTx + ?Sized>(
             local_error = true;
             break;
         };
+        crate::responder::ride_owed_ack(qp, env, slot);
         wire.tx.commit();
         env.stats.packets_sent += 1;
         env.stats.inline_bytes_sent += payload.inline;
         sent += 1;
+        let req = &mut qp.req;
         // Advance: a Read or Atomic request covers the rest of its WQE.
         if w.w.op.is_rd_atomic() || k + 1 >= w.span {
             req.window.next_wqe();

@@ -43,6 +43,8 @@ mod fast_tests;
 mod hostile_tests;
 mod owed;
 #[cfg(test)]
+mod ride_tests;
+#[cfg(test)]
 mod tests;
 
 pub(crate) use error::{RespError, verdict};
@@ -62,7 +64,9 @@ use crate::wire::Msn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
-use crate::wire::slot::{HeaderWriter, KIND_NONE, RxPacket};
+use crate::wire::slot::{
+    HeaderWriter, KIND_NONE, PacketSlot, RxPacket, can_carry_ack, riding_word, set_riding_ack,
+};
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
 use error::Reply;
 
@@ -1295,6 +1299,40 @@ pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
     advertise(qp, code.credits());
     env.stats.acks_sent += 1;
     true
+}
+
+/// Puts the positive Ack `qp` owes, if any, in request `slot` its SQ Logic has just built
+/// for the same peer QP (not yet committed), when the slot can carry one
+/// ([`can_carry_ack`]: a payload inline or absent): the Ack leaves with the request instead
+/// of in a line of its own, with the bookkeeping of [`send_owed_ack`] (the credits of now,
+/// advertised; `acks_sent`), so the end-of-iteration flush finds nothing left for this QP.
+/// Called by both request builders (the template path and `transmit`).
+#[inline(always)]
+pub(crate) fn ride_owed_ack(qp: &mut QpCtx, env: &mut Env<'_>, slot: &mut PacketSlot) {
+    if qp.resp.owed.is_some() && can_carry_ack(slot) {
+        ride(qp, env, slot);
+    }
+}
+
+/// [`ride_owed_ack`] once an Ack is owed and the slot has room.
+#[inline(never)]
+fn ride(qp: &mut QpCtx, env: &mut Env<'_>, slot: &mut PacketSlot) {
+    let Some(a) = qp.resp.owed else { return };
+    if qp.state == QpState::Error {
+        return; // `send_owed_ack` drops it
+    }
+    let code = credit_code(qp);
+    let word = riding_word(
+        a.psn.get(),
+        Syndrome::Ack { credits: code }.to_u8(),
+        Msn::new(a.msn).get(),
+    );
+    if set_riding_ack(slot, word) {
+        qp.resp.owed = None;
+        advertise(qp, code.credits());
+        env.stats.acks_sent += 1;
+        env.stats.acks_riding += 1;
+    }
 }
 
 /// The Nak code of a fatal error.

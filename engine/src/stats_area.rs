@@ -54,7 +54,7 @@ pub const MEMFD_NAME: &str = "shmhca-stats";
 /// The segment kind of a stats area ("STAT").
 pub const STATS_KIND: u32 = 0x5441_5453;
 /// The data layout version.
-pub const LAYOUT: u32 = 2;
+pub const LAYOUT: u32 = 3;
 /// Engine iterations between two publications.
 pub const PUBLISH_EVERY: u32 = 1 << 12;
 /// The most links listed.
@@ -83,14 +83,16 @@ pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "rem_op_naks_sent",
     "naks_received",
     "flushed",
+    "acks_riding",
 ];
 
 /// How many counters the area holds.
-pub const COUNTERS: usize = 18;
+pub const COUNTERS: usize = 19;
 
 const OFF_LAYOUT: usize = 4;
 const OFF_COUNTERS: usize = 40;
 const OFF_LINKS: usize = 256;
+const _: () = assert!(OFF_COUNTERS + 8 * COUNTERS <= OFF_LINKS);
 const LINK_LEN: usize = 16;
 const OFF_QPS: usize = OFF_LINKS + MAX_LINKS * LINK_LEN;
 const QP_LEN: usize = 32;
@@ -220,6 +222,7 @@ fn counters(st: &Stats) -> [u64; COUNTERS] {
         st.rem_op_naks_sent,
         st.naks_received,
         st.flushed,
+        st.acks_riding,
     ]
 }
 

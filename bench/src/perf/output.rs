@@ -206,6 +206,7 @@ impl Output {
                 "payload_bytes_copied": st.payload_bytes_copied,
                 "inline_bytes_sent": st.inline_bytes_sent,
                 "acks_sent": st.acks_sent,
+                "acks_riding": st.acks_riding,
                 "naks_sent": st.naks_sent,
                 "retransmitted": st.retransmitted,
                 "timeouts": st.timeouts,

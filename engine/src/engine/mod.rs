@@ -95,8 +95,19 @@ pub(crate) struct Engine {
     pub(crate) faults: Option<Box<crate::fault::Faults>>,
     /// Received packets dropped because their ICRC did not check.
     pub(crate) icrc_dropped: u64,
-    /// The QPs that owe a positive Ack, by link: sent at the end of the iteration.
+    /// The QPs that owe a positive Ack, by link: sent at the end of the iteration after
+    /// the one that found them owing (unless the Ack rode in a request first).
     owed: responder::OwedAcks,
+    /// Whether the owed Acks listed have been held back one iteration already (the next
+    /// iteration with a list sends it).
+    owed_held: bool,
+    /// Whether owed Acks are held back one iteration (so that one can ride in a request
+    /// the application posts in reply) rather than sent at the end of their own: only
+    /// where the next iteration is sure to come — a poll-mode engine thread, or an inline
+    /// engine with the progress helper. With `Progress::Manual`, an application that
+    /// stops calling after it received a message must not leave the sender without its
+    /// Ack (and retrying into `RetryExcErr`).
+    pub(crate) hold_acks: bool,
     /// Whether the engine watches the send queues of QPs it was just rung for (poll mode,
     /// with `membarrier`): it looks at their send rings itself every iteration and
     /// `post_send` does not ring (`Doorbell::ring_unless_watched`), until they have been
@@ -135,6 +146,8 @@ impl Engine {
             faults: None,
             icrc_dropped: 0,
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
+            owed_held: false,
+            hold_acks: false,
             watch_sq: false,
             watched: ActiveSet::new(),
             watched_count: 0,
@@ -166,8 +179,9 @@ impl Engine {
     }
 
     /// Removes a QP: its unfinished work requests are dropped and their memory regions
-    /// released.
+    /// released. An Ack it still owes (held back for a request to ride in) leaves first.
     pub(crate) fn remove_qp(&mut self, index: u32) {
+        self.send_owed_now(index);
         let Some(mut qp) = self.qps.remove_at(index) else {
             return;
         };
@@ -201,8 +215,39 @@ impl Engine {
         self.qps.at_mut(index)
     }
 
-    /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes.
+    /// Sends now the Ack QP `index` owes, if any (one held back for a request to ride in
+    /// included), and publishes its link: before the QP is destroyed or modified, so that a
+    /// request whose completion the application may have seen is acknowledged whatever the
+    /// application does with the QP next (a receiver that destroys its QP after the last
+    /// message must not leave the sender retrying into `RetryExcErr`).
+    fn send_owed_now(&mut self, index: u32) {
+        let Engine {
+            res,
+            qps,
+            links,
+            trace,
+            faults,
+            ..
+        } = self;
+        let Some(qp) = qps.at_mut(index).filter(|q| q.resp.owed_ack().is_some()) else {
+            return;
+        };
+        let Some(d) = qp.cfg.dest else { return };
+        let Some(link) = links
+            .at_mut(d.link.0)
+            .filter(|l| l.down.is_none() && l.tx.broken().is_none())
+        else {
+            return;
+        };
+        // No room: it stays owed (and listed) for the next iteration.
+        send_owed(qp, d.link, link, &mut res.env(), faults, trace);
+        link.publish();
+    }
+
+    /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes. An Ack the
+    /// QP owes leaves first (see [`Engine::send_owed_now`]).
     pub(crate) fn modify_qp(&mut self, index: u32, attr: &QpAttr) -> Result<()> {
+        self.send_owed_now(index);
         let links = &self.links;
         let qp = self
             .qps
@@ -337,6 +382,8 @@ impl Engine {
             faults,
             icrc_dropped,
             owed,
+            owed_held,
+            hold_acks,
             watch_sq,
             watched,
             watched_count,
@@ -407,6 +454,11 @@ impl Engine {
                     responder::on_request(qp, &mut env, &pkt);
                     if qp.resp.owed_ack().is_some() {
                         owed.push(l, index);
+                    }
+                    // A positive Ack riding in the request's line (parse checked the word)
+                    // is handled after the request, as if it had followed in its own line.
+                    if slots[0].reserved & crate::wire::slot::ACK_FLAG != 0 {
+                        on_riding_ack(qp, &mut env, &slots[0]);
                     }
                 } else {
                     completer::on_response(qp, &mut env, &pkt);
@@ -496,9 +548,19 @@ impl Engine {
         }
         rung.clear();
 
-        // 4. Owed Acks.
+        // 4. Owed Acks, held back one iteration where `hold_acks`: an application that
+        // answers a request at once (a ping-pong) sends its answer before the next
+        // iteration, and the Ack rides in the answer's line (`responder::ride_owed_ack`)
+        // instead of taking a line of its own ahead of it. The next iteration sends what is
+        // still owed: within microseconds in poll mode, or at the application's next call in
+        // inline mode (two progress-helper ticks at the latest, half the transport timer).
         if !owed.is_empty() {
-            flush_owed_acks(owed, qps, links, &mut env, faults, trace);
+            if *owed_held || !*hold_acks {
+                flush_owed_acks(owed, qps, links, &mut env, faults, trace);
+                *owed_held = false;
+            } else {
+                *owed_held = true;
+            }
         }
 
         // 5. Publish (with the packets the fault stage held that are due now).
@@ -682,6 +744,8 @@ impl Engine {
             active,
             trace,
             faults,
+            owed,
+            owed_held,
             ..
         } = self;
         let Some(qp) = qps.at_mut(index) else {
@@ -706,6 +770,7 @@ impl Engine {
         };
         let mut env = res.env();
         let before = link.tx.queued().len();
+        let was_owed = qp.resp.owed_ack().is_some();
         let mut wire = Wire { tx: &mut link.tx };
         let sent = match wqe {
             Some(w) => requester::post(qp, &mut env, &mut wire, w, TX_BUDGET),
@@ -713,9 +778,16 @@ impl Engine {
         };
         if sent > 0 {
             responder::drain(qp, &mut env, &mut wire);
-            // An Ack still owed (the last iteration found the link full) follows the
-            // request; its entry in the owed list is left to be found empty.
+            // An Ack still owed (held back, or the last iteration found the link full)
+            // rode in the request if it could, else follows it; either way it has left.
             responder::send_owed_ack(qp, &mut env, &mut wire);
+            if was_owed && qp.resp.owed_ack().is_none() {
+                owed.forget_head(d.link.0, index);
+                // The next Ack owed is held back from the iteration that finds it.
+                if owed.is_empty() {
+                    *owed_held = false;
+                }
+            }
         }
         if let Some(f) = faults.as_deref_mut() {
             f.on_sent(d.link, &mut link.tx, before, &qp.mem);
@@ -853,19 +925,44 @@ fn flush_owed_acks(
                 let Some(link) = link.as_deref_mut() else {
                     continue;
                 };
-                let before = link.tx.len();
-                if !responder::send_owed_ack(qp, env, &mut Wire { tx: &mut link.tx }) {
+                if !send_owed(qp, d.link, link, env, faults, trace) {
                     owed.push(l, i);
-                    continue;
-                }
-                if let Some(f) = faults.as_deref_mut() {
-                    f.on_sent(d.link, &mut link.tx, before, &qp.mem);
-                }
-                if let Some(t) = trace.as_deref_mut() {
-                    trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
                 }
             }
         }
+    }
+}
+
+/// Queues the Ack `qp` owes on `link` (its link, `id`), through the fault stage and the
+/// trace; false if the link has no room (it stays owed).
+fn send_owed(
+    qp: &mut QpCtx,
+    id: LinkId,
+    link: &mut Link,
+    env: &mut Env<'_>,
+    faults: &mut Option<Box<crate::fault::Faults>>,
+    trace: &mut Option<Box<Trace>>,
+) -> bool {
+    let before = link.tx.len();
+    if !responder::send_owed_ack(qp, env, &mut Wire { tx: &mut link.tx }) {
+        return false;
+    }
+    if let Some(f) = faults.as_deref_mut() {
+        f.on_sent(id, &mut link.tx, before, &qp.mem);
+    }
+    if let Some(t) = trace.as_deref_mut() {
+        trace_sent(t, id, link.endpoints, &link.tx, before, &qp.mem);
+    }
+    true
+}
+
+/// Handles the positive Ack riding in request `carrier` (after the request), through the
+/// completer as a standalone Ack. Out of line, so that the packet path's own parse and Ack
+/// handling stay inlined where they are.
+#[inline(never)]
+fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, carrier: &PacketSlot) {
+    if let Some(ack) = crate::wire::slot::riding_ack(carrier) {
+        completer::on_response(qp, env, &RxPacket::riding(&ack));
     }
 }
 

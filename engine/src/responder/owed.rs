@@ -88,6 +88,21 @@ impl OwedAcks {
         self.links.word(w)
     }
 
+    /// Unlists QP `qp` if it heads link `link`'s list: its Ack has left with a request (it
+    /// rode). The common case — a ping-pong's answer, posted right after the request came —
+    /// so that the next iteration can be a quiet one; elsewhere in a list the entry stays,
+    /// a hint the flush finds empty.
+    #[inline]
+    pub(crate) fn forget_head(&mut self, link: u32, qp: u32) {
+        if self.head[link as usize] != qp {
+            return;
+        }
+        self.head[link as usize] = std::mem::replace(&mut self.next[qp as usize], UNLISTED);
+        if self.head[link as usize] == NONE {
+            self.links.remove(link);
+        }
+    }
+
     /// Takes link `link`'s list: the QPs come out one by one from
     /// [`OwedAcks::pop`], unlisted (push back those whose Ack could not leave).
     #[inline]
@@ -139,6 +154,26 @@ mod tests {
         assert!(!o.is_empty());
         assert_eq!(drain(&mut o, 4095), [4095]);
         assert!(o.is_empty());
+    }
+
+    /// Only the head of the named link's list is forgotten; the list goes on from the next
+    /// entry, the QP can be listed again, and a link whose list empties is no longer marked.
+    #[test]
+    fn forget_head_unlists_only_the_head() {
+        let mut o = OwedAcks::new(8, 64);
+        o.push(2, 5);
+        o.push(2, 6);
+        o.forget_head(2, 5); // not the head: stays
+        o.forget_head(3, 6); // another link: nothing
+        o.forget_head(2, 6);
+        assert!(!o.is_empty());
+        o.push(2, 6);
+        assert_eq!(drain(&mut o, 2), [6, 5]);
+        o.push(1, 9);
+        o.forget_head(1, 9);
+        assert!(o.is_empty(), "its only entry gone, the link is unmarked");
+        o.push(1, 9);
+        assert_eq!(drain(&mut o, 1), [9]);
     }
 
     /// A QP taken off a list may go back on one while the rest of the list is walked, and

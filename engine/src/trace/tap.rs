@@ -186,6 +186,12 @@ impl Trace {
                 });
             }
         }
+        // A positive Ack riding in the line is a packet of its own on the wire it stands
+        // for: recorded right after its carrier.
+        if let Some(ack) = crate::wire::slot::riding_ack(slot) {
+            let ack = [ack];
+            self.packet(link, endpoints, sent, record_pcap, &ack, sender_arena);
+        }
     }
 }
 

@@ -301,6 +301,11 @@ impl ContextBuilder {
         // no doorbell (see `Engine::watch_sq`); it needs `membarrier` to stop watching.
         engine.watch_sq = matches!(self.mode, EngineMode::Poll { .. })
             && crate::engine::cell::barrier_available();
+        // Owed Acks wait one iteration for a request to ride in only where someone runs the
+        // next iteration whatever the application does: the engine thread, or the
+        // progress helper (see `Engine::hold_acks`).
+        engine.hold_acks =
+            matches!(self.mode, EngineMode::Poll { .. }) || self.progress == Progress::Auto;
         let notify_armed = engine.res.cqs.armed_mirror();
         engine.stats_area =
             crate::stats_area::StatsArea::create(id, matches!(self.mode, EngineMode::Poll { .. }));

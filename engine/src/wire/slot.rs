@@ -9,11 +9,13 @@
 //!               private slot
 //! byte   5      hdr_len       bytes of transport headers at the start of `data`
 //! byte   6      kind          how the payload travels (KIND_*)
-//! byte   7      reserved      flags: ICRC_FLAG; other bits zero
+//! byte   7      reserved      flags: ICRC_FLAG, ACK_FLAG; other bits zero
 //! bytes  8..12  payload_len   (u32 LE)
 //! byte  12      sge_count     gather entries (KIND_GATHER)
-//! bytes 13..16  zero
-//! bytes 16..24  payload_off   (u64 LE) arena offset of a payload sent by reference
+//! bytes 13..16  zero          (bytes 12..16: the ICRC of a packet with its payload
+//!                             inline or absent, when the fault stage stamps one)
+//! bytes 16..24  payload_off   (u64 LE) arena offset of a payload sent by reference; in a
+//!                             request with ACK_FLAG, the riding Ack
 //! bytes 24..64  data          40 bytes: the IBA transport headers exactly as on the wire
 //!                             (BTH and extended headers, big-endian), then an inline
 //!                             payload or a gather list's skip
@@ -29,6 +31,19 @@
 //! 16..64; bytes 0..16 are left to the ring). A gather list is part of the packet: no
 //! table of the sender's lives in shared memory. A packet is thus a frame of
 //! `1 + continuation_slots(slot)` lines ([`frame_lines`]), at most 7.
+//!
+//! # A riding Ack
+//!
+//! A request whose payload is inline or absent leaves `payload_off` unused, and a positive
+//! Ack its sender owes the same peer QP may ride there instead of taking a line of its own
+//! ([`ACK_FLAG`]; issue 10's piggybacked Ack). Of the Ack's 16 header bytes only the last 8
+//! travel — BTH bytes 8..12 (AckReq and reserved: zero; the PSN) and the AETH (syndrome,
+//! MSN) — as the u64 they read big-endian: `psn << 32 | syndrome << 24 | msn`. The first
+//! 8 are implied: opcode Acknowledge, no flags, and the carrier's P_Key and destination
+//! QP. The receiver handles the carrier first, then the Ack as if it had followed in its
+//! own line ([`riding_ack`] rebuilds that line). A flag on a packet that cannot carry an
+//! Ack (a response, a payload by reference or in a gather list), or a riding word that is
+//! not a positive Ack, makes the frame malformed ([`SlotError::RidingAck`]).
 //!
 //! Written by `HeaderWriter` (headers in place, from the opcode table) and the gather
 //! helpers; read by `RxPacket::parse`, which copies nothing but checks every length and
@@ -52,6 +67,10 @@ use crate::wire::{
 /// [`PacketSlot::reserved`] flag: the packet carries an ICRC (set by a sender injecting
 /// faults, see the engine's `fault` module).
 pub const ICRC_FLAG: u8 = 0x01;
+
+/// [`PacketSlot::reserved`] flag: a positive Ack rides in `payload_off` (see "A riding
+/// Ack" in the module docs).
+pub const ACK_FLAG: u8 = 0x02;
 
 /// Bytes of a slot (one cache line, one line of the link's ring).
 pub const SLOT_BYTES: usize = 64;
@@ -157,7 +176,8 @@ pub struct PacketSlot {
     /// How the payload is carried: one of the `KIND_*` constants.
     pub kind: u8,
     /// Flags: [`ICRC_FLAG`] (the packet carries an ICRC, set by a
-    /// sender injecting faults); other bits zero.
+    /// sender injecting faults), [`ACK_FLAG`] (a positive Ack rides in `payload_off`);
+    /// other bits zero.
     pub reserved: u8,
     /// Payload bytes.
     pub payload_len: u32,
@@ -165,7 +185,8 @@ pub struct PacketSlot {
     pub sge_count: u8,
     /// Zero.
     pub zero: [u8; 3],
-    /// Arena offset of the payload (kind [`KIND_DIRECT`]).
+    /// Arena offset of the payload (kind [`KIND_DIRECT`]), or the riding Ack of a request
+    /// with [`ACK_FLAG`].
     pub payload_off: u64,
     /// Transport headers, then inline payload or the gather skip.
     pub data: [u8; SLOT_DATA],
@@ -265,6 +286,92 @@ pub(crate) enum SlotError {
         /// Lines the packet calls for.
         expected: usize,
     },
+    /// [`ACK_FLAG`] on a packet that cannot carry an Ack (a response, or a payload by
+    /// reference or in a gather list), or a riding word that is not a positive Ack.
+    RidingAck,
+}
+
+/// Whether `slot`, a request being built, can carry a riding Ack: its payload is inline or
+/// absent (so `payload_off` is free) and it carries none yet.
+#[inline(always)]
+pub(crate) fn can_carry_ack(slot: &PacketSlot) -> bool {
+    matches!(slot.kind, KIND_NONE | KIND_INLINE) && slot.reserved & ACK_FLAG == 0
+}
+
+/// The riding word of a positive Ack: BTH bytes 8..12 and the AETH as a big-endian u64
+/// (AckReq and reserved zero; `psn` and `msn` are 24-bit; `syndrome` a positive Ack's).
+#[inline(always)]
+pub(crate) fn riding_word(psn: u32, syndrome: u8, msn: u32) -> u64 {
+    (u64::from(psn & 0x00ff_ffff) << 32)
+        | (u64::from(syndrome) << 24)
+        | u64::from(msn & 0x00ff_ffff)
+}
+
+/// Puts the riding Ack `word` ([`riding_word`]) in request `slot` and sets [`ACK_FLAG`];
+/// false, changing nothing, if the slot cannot carry it ([`can_carry_ack`]).
+#[inline(always)]
+pub(crate) fn set_riding_ack(slot: &mut PacketSlot, word: u64) -> bool {
+    if !can_carry_ack(slot) {
+        return false;
+    }
+    slot.payload_off = word;
+    slot.reserved |= ACK_FLAG;
+    true
+}
+
+impl<'a> RxPacket<'a> {
+    /// The riding Ack `line` rebuilt by [`riding_ack`] from a carrier that
+    /// [`RxPacket::parse`] accepted, as a packet — without parsing it again: the line is
+    /// an Acknowledge with exactly its headers and no payload by construction, and the
+    /// carrier's check made its syndrome a positive Ack's.
+    #[inline]
+    pub(crate) fn riding(line: &'a PacketSlot) -> RxPacket<'a> {
+        debug_assert!(RxPacket::parse(line, &[]).is_ok());
+        RxPacket {
+            slot: line,
+            cont: &[],
+            info: opcode::ACKNOWLEDGE,
+            payload: Payload::None,
+        }
+    }
+}
+
+/// The riding Ack of `slot`, if it has [`ACK_FLAG`], rebuilt as the line of a standalone
+/// Acknowledge (its implied first 8 header bytes from the carrier): what the receiver
+/// parses and handles after the carrier, and what a capture records. Whether the word is
+/// a positive Ack is [`RxPacket::parse`]'s check of the carrier.
+#[inline]
+pub fn riding_ack(slot: &PacketSlot) -> Option<PacketSlot> {
+    if slot.reserved & ACK_FLAG == 0 {
+        return None;
+    }
+    let mut ack = PacketSlot::zeroed();
+    ack.data[0] = opcode::Opcode::Acknowledge.code();
+    // Flags byte 0; the carrier's P_Key, reserved byte and destination QP.
+    ack.data[2..8].copy_from_slice(&slot.data[2..8]);
+    ack.data[4] = 0;
+    ack.data[8..16].copy_from_slice(&slot.payload_off.to_be_bytes());
+    ack.hdr_len = (bth::HEADER_LEN + aeth::HEADER_LEN) as u8;
+    ack.kind = KIND_NONE;
+    Some(ack)
+}
+
+/// The check [`RxPacket::parse`] makes of a packet with [`ACK_FLAG`] (`info` its opcode's
+/// row): a request whose payload is inline or absent, and a riding word with AckReq and
+/// reserved bits zero and a positive Ack's syndrome.
+#[cold]
+#[inline(never)]
+fn check_riding_ack(slot: &PacketSlot, info: &OpcodeInfo) -> std::result::Result<(), SlotError> {
+    // Syndrome bits 7..5 are 000 for a positive Ack (spec 01 Table 17-3).
+    let syndrome = (slot.payload_off >> 24) as u8;
+    if !info.request
+        || !matches!(slot.kind, KIND_NONE | KIND_INLINE)
+        || slot.payload_off >> 56 != 0
+        || syndrome >> 5 != 0
+    {
+        return Err(SlotError::RidingAck);
+    }
+    Ok(())
 }
 
 /// A received packet: a checked view of a frame copied out of a ring.
@@ -370,6 +477,9 @@ impl<'a> RxPacket<'a> {
             }
             k => return Err(SlotError::PayloadKind(k)),
         };
+        if slot.reserved & ACK_FLAG != 0 {
+            check_riding_ack(slot, info)?;
+        }
         Ok(RxPacket {
             slot,
             cont,

@@ -1,0 +1,604 @@
+//! The riding Ack (issue 10, "The fast path", item 2): a positive Ack the QP owes rides in
+//! the line of the next request with an inline or no payload it sends to the peer
+//! ([`super::ride_owed_ack`]); where owed Acks are held back one iteration, an application
+//! that answers at once sends no Ack line at all. A riding Ack the peer sends is handled
+//! after its carrier, as a standalone Ack; a flag where no Ack may ride, or a word that is
+//! not a positive Ack, makes the whole frame malformed.
+
+use crate::raw_peer::{RawEnds, connect_to_raw_peer, inline_context, raw_peer_link};
+use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
+use crate::wire::opcode::Opcode;
+use crate::wire::slot::{
+    ACK_FLAG, KIND_DIRECT, KIND_INLINE, PacketSlot, RxPacket, riding_ack, riding_word,
+};
+use crate::wire::{BthRepr, Msn, PacketRepr, RethRepr};
+use crate::{Context, Cq, Mr, Pd, Qp, QpCaps, QpState, Qpn, RecvWr, SendOp, SendWr};
+use crate::{WcOpcode, WorkCompletion};
+
+const PEER: u32 = 0x2002;
+const SQ_PSN: u32 = 500;
+/// Lines of the link's rings.
+const RING: usize = 64;
+
+struct Rig {
+    ctx: Context,
+    _pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+    ends: RawEnds,
+}
+
+/// A QP connected to a raw peer, 4 receives posted, in a context with manual progress
+/// (owed Acks leave at the end of their iteration) or, with `hold`, one whose owed Acks
+/// are held back an iteration (as with the progress helper or in poll mode).
+fn rig_with(ctx: Context, hold: bool) -> Rig {
+    ctx.shared.engine.with(|e| e.hold_acks = hold);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(512).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 128,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let mut qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
+    let (id, ends, _arena) = raw_peer_link(&ctx, RING, PEER, 4096);
+    connect_to_raw_peer(&mut qp, id, PEER, SQ_PSN, false);
+    let mr = pd.alloc_mr(8192, crate::AccessFlags::ALL).unwrap();
+    for i in 0..4 {
+        qp.post_recv(&RecvWr::new(100 + i, &[mr.sge(i * 64, 64).unwrap()]))
+            .unwrap();
+    }
+    let mut rig = Rig {
+        ctx,
+        _pd: pd,
+        cq,
+        qp,
+        mr,
+        ends,
+    };
+    // The receives just posted may bring a credit update: out of the way.
+    rig.ctx.progress();
+    rig.ctx.progress();
+    assert!(
+        rig.sent()
+            .iter()
+            .all(|s| opcode_of(s) == Opcode::Acknowledge.code())
+    );
+    rig
+}
+
+fn rig() -> Rig {
+    rig_with(inline_context(), false)
+}
+
+impl Rig {
+    /// Posts a Send of `len` bytes (`id`): 8 go inline in the slot, 100 by reference.
+    fn send(&mut self, id: u64, len: u32) {
+        let sge = [self.mr.sge(4096, len).unwrap()];
+        self.qp
+            .post_send(&SendWr::new(id, SendOp::Send, &sge))
+            .unwrap();
+    }
+
+    /// The frames the engine published, first lines only (every frame here is one line).
+    fn sent(&mut self) -> Vec<PacketSlot> {
+        let mut out = vec![PacketSlot::default(); RING];
+        let mut all = vec![];
+        loop {
+            let n = self.ends.rx.pop_burst(&mut out).unwrap();
+            if n == 0 {
+                return all;
+            }
+            all.extend_from_slice(&out[..n]);
+        }
+    }
+
+    /// Completions, in order.
+    fn completions(&mut self) -> Vec<WorkCompletion> {
+        let mut wc = [WorkCompletion::default(); 64];
+        let n = self.cq.poll(&mut wc);
+        wc[..n].to_vec()
+    }
+
+    /// Publishes one frame of one line.
+    fn push(&mut self, s: PacketSlot) {
+        assert!(self.ends.tx.push_frame(&[s]).unwrap());
+    }
+}
+
+/// A request from the peer to the rig's QP: `op` at `psn`, `payload` inline (and the RETH
+/// of an RDMA Write at offset 1024 of the rig's region).
+fn request(rig: &Rig, op: Opcode, psn: u32, payload: &[u8]) -> PacketSlot {
+    let mut repr = PacketRepr::new(BthRepr::new(op, rig.qp.qpn(), crate::psn::Psn::new(psn)));
+    repr.bth.ack_req = true;
+    if op == Opcode::RdmaWriteOnly {
+        repr.reth = Some(RethRepr {
+            va: rig.mr.addr() + 1024,
+            rkey: rig.mr.rkey(),
+            dma_len: payload.len() as u32,
+        });
+    }
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    s.kind = KIND_INLINE;
+    s.payload_len = payload.len() as u32;
+    let at = s.hdr_len as usize;
+    s.data[at..at + payload.len()].copy_from_slice(payload);
+    s
+}
+
+/// A standalone Acknowledge to the rig's QP for `psn`, MSN `msn`, with `syndrome`.
+fn ack_line(rig: &Rig, psn: u32, syndrome: Syndrome, msn: u32) -> PacketSlot {
+    let mut repr = PacketRepr::new(BthRepr::new(
+        Opcode::Acknowledge,
+        rig.qp.qpn(),
+        crate::psn::Psn::new(psn),
+    ));
+    repr.aeth = Some(AethRepr {
+        syndrome,
+        msn: Msn::new(msn),
+    });
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    s
+}
+
+/// A positive Ack's syndrome (4 credits).
+fn ack4() -> u8 {
+    Syndrome::Ack {
+        credits: CreditCode::encode(4),
+    }
+    .to_u8()
+}
+
+/// `s` with riding word `word` and the flag (written by hand, as a peer may).
+fn with_riding(mut s: PacketSlot, word: u64) -> PacketSlot {
+    s.payload_off = word;
+    s.reserved |= ACK_FLAG;
+    s
+}
+
+/// The opcode of a frame's first line.
+fn opcode_of(s: &PacketSlot) -> u8 {
+    s.data[0]
+}
+
+/// The riding word packs what a standalone Ack's last 8 header bytes say, and the line
+/// rebuilt from it is that Ack: opcode, the carrier's P_Key and destination QP, the PSN,
+/// the syndrome and the MSN.
+#[test]
+fn a_riding_word_rebuilds_the_standalone_ack() {
+    let rig = rig();
+    let word = riding_word(0x00ab_cdef, ack4(), 0x0012_3456);
+    let carrier = with_riding(request(&rig, Opcode::SendOnly, 3, b"12345678"), word);
+    let carrier_pkt = RxPacket::parse(&carrier, &[]).unwrap();
+    assert_eq!(carrier_pkt.payload.len(), 8);
+    let a = riding_ack(&carrier).unwrap();
+    let want = ack_line(
+        &rig,
+        0x00ab_cdef,
+        Syndrome::Ack {
+            credits: CreditCode::encode(4),
+        },
+        0x0012_3456,
+    );
+    assert_eq!(a.data, want.data);
+    assert_eq!(a.hdr_len, want.hdr_len);
+    let pkt = RxPacket::parse(&a, &[]).unwrap();
+    assert_eq!(pkt.opcode(), Opcode::Acknowledge);
+    assert_eq!(pkt.bth().pkey, carrier_pkt.bth().pkey);
+    assert_eq!(pkt.bth().dest_qp, rig.qp.qpn());
+    // PSN and MSN are 24 bits: higher bits of the arguments do not leak into other fields.
+    assert_eq!(riding_word(0xff00_0001, 0, 0xff00_0002), (1 << 32) | 2);
+    // Without the flag there is no riding Ack, whatever `payload_off` holds.
+    let mut plain = carrier;
+    plain.reserved = 0;
+    assert!(riding_ack(&plain).is_none());
+}
+
+/// The QP owes the peer an Ack (for a Send it just received) when it sends 8-byte Sends
+/// that waited for room on the link: the first one carries the Ack, and no Ack leaves in a
+/// line of its own (the same iteration: no holding back needed).
+#[test]
+fn an_owed_ack_rides_in_the_next_request_line() {
+    let mut rig = rig();
+    // Fill the peer's ring (it does not read): the last Sends wait in the send queue.
+    for i in 0..RING as u64 + 4 {
+        rig.send(i, 8);
+    }
+    rig.ctx.progress();
+    let first = rig.sent();
+    assert_eq!(first.len(), RING, "the ring holds {RING} lines");
+    assert!(first.iter().all(|s| s.reserved & ACK_FLAG == 0));
+    // The peer reads its ring, and sends a Send: in the same iteration the QP accepts it
+    // (and owes its Ack) and sends the Sends that waited.
+    let before = rig.ctx.stats();
+    let s = request(&rig, Opcode::SendOnly, 0, b"peer-msg");
+    rig.push(s);
+    rig.ctx.progress();
+    let sent = rig.sent();
+    let after = rig.ctx.stats();
+    assert_eq!(sent.len(), 4, "the 4 Sends that waited, no Ack line");
+    assert!(
+        sent.iter().all(|s| opcode_of(s) == Opcode::SendOnly.code()),
+        "no standalone Ack"
+    );
+    assert_eq!(
+        sent[0].reserved & ACK_FLAG,
+        ACK_FLAG,
+        "the first carries it"
+    );
+    assert!(sent[1..].iter().all(|s| s.reserved & ACK_FLAG == 0));
+    // The Ack a standalone line would have been: PSN 0, MSN 1, to the peer's QP.
+    let a = riding_ack(&sent[0]).unwrap();
+    let a = RxPacket::parse(&a, &[]).unwrap();
+    assert_eq!(a.opcode(), Opcode::Acknowledge);
+    assert_eq!(a.psn().get(), 0);
+    assert_eq!(a.bth().dest_qp, Qpn::new(PEER));
+    let (_, msn) = a.positive_ack().unwrap();
+    assert_eq!(msn.get(), 1);
+    assert_eq!(after.acks_sent, before.acks_sent + 1);
+    assert_eq!(after.acks_riding, before.acks_riding + 1);
+    assert_eq!(after.packets_sent, before.packets_sent + 4);
+    // Nothing is owed any more: the next iterations send nothing.
+    rig.ctx.progress();
+    rig.ctx.progress();
+    assert!(rig.sent().is_empty());
+}
+
+/// A request whose payload travels by reference has no room for an Ack (`payload_off`
+/// names the payload): the Ack leaves in a line of its own.
+#[test]
+fn an_owed_ack_that_cannot_ride_leaves_alone() {
+    let mut rig = rig();
+    for i in 0..RING as u64 + 2 {
+        rig.send(i, 100);
+    }
+    rig.ctx.progress();
+    assert_eq!(rig.sent().len(), RING);
+    let s = request(&rig, Opcode::SendOnly, 0, b"peer-msg");
+    rig.push(s);
+    rig.ctx.progress();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert!(sent.iter().all(|s| s.reserved & ACK_FLAG == 0));
+    assert_eq!(sent[0].kind, KIND_DIRECT);
+    assert_eq!(opcode_of(&sent[2]), Opcode::Acknowledge.code());
+    assert_eq!(rig.ctx.stats().acks_riding, 0);
+}
+
+/// Where owed Acks are held back one iteration: the Ack of a request the application
+/// answers at once rides in the answer (a ping-pong sends no Ack line); one it does not
+/// answer leaves in its own line at the end of the next iteration.
+#[test]
+fn a_held_ack_rides_in_the_answer_or_leaves_an_iteration_later() {
+    let mut held = rig_with(inline_context(), true);
+    let rig = &mut held;
+    let before = rig.ctx.stats();
+    // The ping: received in the iteration the application's poll of the CQ runs, which
+    // returns its completion; the Ack is held.
+    rig.push(request(rig, Opcode::SendOnly, 0, b"ping-one"));
+    assert_eq!(rig.completions().len(), 1);
+    assert!(rig.sent().is_empty(), "held back");
+    // The answer carries it.
+    rig.send(1, 8);
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(opcode_of(&sent[0]), Opcode::SendOnly.code());
+    let a = RxPacket::parse(&riding_ack(&sent[0]).unwrap(), &[])
+        .unwrap()
+        .psn();
+    assert_eq!(a.get(), 0);
+    rig.ctx.progress();
+    rig.ctx.progress();
+    assert!(rig.sent().is_empty(), "nothing left owed");
+    // A second request, not answered: its Ack waits one iteration, then leaves alone.
+    rig.push(request(rig, Opcode::SendOnly, 1, b"ping-two"));
+    rig.ctx.progress();
+    assert!(rig.sent().is_empty());
+    rig.ctx.progress();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(opcode_of(&sent[0]), Opcode::Acknowledge.code());
+    assert_eq!(RxPacket::parse(&sent[0], &[]).unwrap().psn().get(), 1);
+    let after = rig.ctx.stats();
+    assert_eq!(after.acks_sent, before.acks_sent + 2);
+    assert_eq!(after.acks_riding, before.acks_riding + 1);
+    // Without holding back (manual progress), the same unanswered request's Ack leaves at
+    // the end of its own iteration.
+    let mut manual = self::rig();
+    manual.push(request(&manual, Opcode::SendOnly, 0, b"ping-one"));
+    manual.ctx.progress();
+    assert_eq!(manual.sent().len(), 1);
+}
+
+/// With the progress helper (`Progress::Auto`), an Ack held back for a request the
+/// application received and then stopped calling shmhca still leaves: the helper runs the
+/// next iteration within two ticks.
+#[test]
+fn the_progress_helper_sends_a_held_ack_when_the_application_stops_calling() {
+    let ctx = Context::builder()
+        .mode(crate::EngineMode::Inline)
+        .progress(crate::Progress::Auto)
+        .huge_pages(shmhca_rings::segment::HugePages::Never)
+        .build()
+        .unwrap();
+    let mut rig = rig_with(ctx, true);
+    rig.push(request(&rig, Opcode::SendOnly, 0, b"ping-one"));
+    let mut got = vec![];
+    let start = std::time::Instant::now();
+    while got.is_empty() {
+        got = rig.completions();
+        assert!(start.elapsed().as_secs() < 30, "the Send never arrived");
+    }
+    // The application calls nothing from now on.
+    let start = std::time::Instant::now();
+    let ack = loop {
+        if let Some(s) = rig.ends.rx.pop().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "the held Ack never left (the helper did not run the next iteration)"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert_eq!(opcode_of(&ack), Opcode::Acknowledge.code());
+    assert_eq!(RxPacket::parse(&ack, &[]).unwrap().psn().get(), 0);
+}
+
+/// The receiver handles the carrier first, then the Ack riding in it: the receive
+/// completion of the peer's Send comes before the send completion its Ack causes.
+#[test]
+fn a_riding_ack_completes_after_its_carrier() {
+    let mut rig = rig();
+    rig.send(1, 8);
+    rig.ctx.progress();
+    assert_eq!(rig.sent().len(), 1);
+    let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
+    rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
+    let mut got = vec![];
+    for _ in 0..10 {
+        rig.ctx.progress();
+        got.extend(rig.completions());
+    }
+    let kinds: Vec<_> = got.iter().map(|c| (c.opcode, c.wr_id, c.is_ok())).collect();
+    assert_eq!(
+        kinds,
+        [(WcOpcode::Recv, 100, true), (WcOpcode::Send, 1, true)],
+        "the receive completion, then the one the riding Ack caused"
+    );
+    let mut b = [0u8; 8];
+    rig.mr.read_at(0, &mut b).unwrap();
+    assert_eq!(&b, b"carrier!");
+    assert_eq!(rig.ctx.stats().dropped, 0);
+}
+
+/// Frames a peer made up: the flag on a packet that cannot carry an Ack, or a word that
+/// is not a positive Ack. Each frame is malformed as a whole: dropped and counted, neither
+/// the carrier nor the Ack has an effect, and the link goes on (an honest Send behind
+/// them is delivered).
+#[test]
+fn a_frame_with_a_bad_riding_ack_is_dropped_whole() {
+    let mut rig = rig();
+    rig.send(1, 8);
+    rig.ctx.progress();
+    assert_eq!(rig.sent().len(), 1);
+    let good = riding_word(SQ_PSN, ack4(), 1);
+    let send = request(&rig, Opcode::SendOnly, 0, b"hostile!");
+    let nak = Syndrome::Nak(NakCode::PsnSequenceError).to_u8();
+    let rnr = Syndrome::RnrNak {
+        timer: RnrTimer::new(1),
+    }
+    .to_u8();
+    let mut by_reference = send;
+    by_reference.kind = KIND_DIRECT;
+    let mut bad = vec![
+        // A payload by reference: `payload_off` names it, no Ack can be there.
+        with_riding(by_reference, good),
+        // A response cannot carry an Ack.
+        with_riding(
+            ack_line(
+                &rig,
+                SQ_PSN,
+                Syndrome::Ack {
+                    credits: CreditCode::encode(4),
+                },
+                1,
+            ),
+            good,
+        ),
+        // A Nak, an RNR Nak, a reserved syndrome, AckReq or reserved bits set.
+        with_riding(send, riding_word(SQ_PSN, nak, 1)),
+        with_riding(send, riding_word(SQ_PSN, rnr, 1)),
+        with_riding(send, riding_word(SQ_PSN, 0b0100_0000, 1)),
+        with_riding(send, good | 1 << 63),
+        with_riding(send, good | 1 << 56),
+        with_riding(send, u64::MAX),
+    ];
+    // A word without the flag is nothing: ignored.
+    let mut unflagged = with_riding(send, good);
+    unflagged.reserved = 0;
+    let n_bad = bad.len() as u64;
+    let before = rig.ctx.stats();
+    for s in bad.drain(..) {
+        rig.push(s);
+        rig.ctx.progress();
+    }
+    let mid = rig.ctx.stats();
+    assert_eq!(mid.dropped, before.dropped + n_bad, "each frame is dropped");
+    assert!(
+        rig.completions().is_empty(),
+        "neither carrier nor Ack took effect"
+    );
+    assert_eq!(rig.qp.state(), QpState::Rts);
+    // The link goes on: an honest Send lands, and our Send stays unacknowledged.
+    rig.push(unflagged);
+    for _ in 0..4 {
+        rig.ctx.progress();
+    }
+    let c = rig.completions();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!((c[0].opcode, c[0].wr_id), (WcOpcode::Recv, 100));
+    let mut b = [0u8; 8];
+    rig.mr.read_at(0, &mut b).unwrap();
+    assert_eq!(&b, b"hostile!");
+}
+
+/// A riding Ack for a PSN the QP never sent (ahead of its window) or an old one is handled
+/// as the same Ack alone would be: ignored, the carrier delivered, the QP unharmed.
+#[test]
+fn a_riding_ack_out_of_range_is_handled_like_a_standalone_one() {
+    let mut outcomes = vec![];
+    for ride in [false, true] {
+        let mut rig = rig();
+        rig.send(1, 8);
+        rig.ctx.progress();
+        assert_eq!(rig.sent().len(), 1);
+        for (psn, ack_psn) in [(0, SQ_PSN + 1000), (1, SQ_PSN - 3)] {
+            let s = request(&rig, Opcode::SendOnly, psn, b"carrier!");
+            if ride {
+                rig.push(with_riding(s, riding_word(ack_psn, ack4(), 1)));
+            } else {
+                rig.push(s);
+                let a = ack_line(
+                    &rig,
+                    ack_psn,
+                    Syndrome::Ack {
+                        credits: CreditCode::encode(4),
+                    },
+                    1,
+                );
+                rig.push(a);
+            }
+            for _ in 0..3 {
+                rig.ctx.progress();
+            }
+        }
+        let c: Vec<_> = rig
+            .completions()
+            .iter()
+            .map(|c| (c.opcode, c.wr_id, c.is_ok()))
+            .collect();
+        outcomes.push((c, rig.qp.state(), rig.ctx.stats().dropped));
+    }
+    assert_eq!(outcomes[0], outcomes[1], "riding and standalone alike");
+    assert_eq!(outcomes[1].1, QpState::Rts);
+    assert!(
+        outcomes[1]
+            .0
+            .iter()
+            .all(|&(op, _, ok)| op == WcOpcode::Recv && ok),
+        "{:?}",
+        outcomes[1]
+    );
+}
+
+/// The trace shows a riding Ack as the packet it stands for, right after its carrier, in
+/// both directions: the packet observer and the capture file (decoded by tshark when it
+/// is installed: its own RoCEv2 frame, an InfiniBand Acknowledge, nothing malformed).
+#[test]
+fn the_trace_shows_a_riding_ack_as_its_own_packet_after_its_carrier() {
+    use std::sync::{Arc, Mutex};
+    let mut rig = rig();
+    let seen: Arc<Mutex<Vec<(crate::trace::Direction, Opcode)>>> = Arc::default();
+    let s2 = seen.clone();
+    rig.ctx
+        .observe_packets(move |e| s2.lock().unwrap().push((e.direction, e.headers.bth.opcode)));
+    let dir = std::env::temp_dir().join(format!("shmhca-ride-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("ride.pcap");
+    rig.ctx.trace_to(&pcap).unwrap();
+    for i in 0..RING as u64 + 1 {
+        rig.send(i, 8);
+    }
+    rig.ctx.progress();
+    rig.sent();
+    // Received: a Send carrying an Ack of the QP's first Send.
+    let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
+    rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
+    rig.ctx.progress();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].reserved & ACK_FLAG, ACK_FLAG);
+    rig.ctx.stop_trace();
+    use crate::trace::Direction::{Received, Sent};
+    let seen = seen.lock().unwrap().clone();
+    let tail = &seen[seen.len() - 4..];
+    assert_eq!(
+        tail,
+        [
+            (Received, Opcode::SendOnly),
+            (Received, Opcode::Acknowledge),
+            (Sent, Opcode::SendOnly),
+            (Sent, Opcode::Acknowledge),
+        ],
+        "{seen:?}"
+    );
+    let have_tshark = std::process::Command::new("tshark")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if have_tshark {
+        let out = std::process::Command::new("tshark")
+            .arg("-r")
+            .arg(&pcap)
+            .args(["-o", "ip.check_checksum:TRUE", "-T", "fields"])
+            .args(["--disable-heuristic", "rpcrdma_infiniband"])
+            .args(["-e", "infiniband.bth.opcode", "-e", "infiniband.bth.psn"])
+            .args(["-e", "infiniband.aeth.msn", "-e", "_ws.expert"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len() - 4..];
+        // Opcodes 4 (Send Only) and 17 (Acknowledge); the riding Acks' PSN and MSN.
+        assert!(tail[0].starts_with("4\t0\t"), "{text}");
+        assert!(tail[1].starts_with(&format!("17\t{SQ_PSN}\t1")), "{text}");
+        assert!(tail[2].starts_with("4\t"), "{text}");
+        assert!(tail[3].starts_with("17\t0\t1"), "{text}");
+        assert!(
+            !text.contains("Bad") && !text.contains("Malformed"),
+            "{text}"
+        );
+    } else {
+        eprintln!("tshark not installed: the capture's decoding is not checked");
+    }
+    let _ = std::fs::remove_file(&pcap);
+    let _ = std::fs::remove_dir(&dir);
+}
+
+/// A held-back Ack leaves before its QP is destroyed or modified: an application that
+/// destroys its QP (or moves it to Error) right after the last message's completion must
+/// not leave the sender retrying into `RetryExcErr` (found by `completion_order`'s test).
+#[test]
+fn a_held_ack_leaves_before_its_qp_is_destroyed_or_modified() {
+    for destroy in [true, false] {
+        let mut rig = rig_with(inline_context(), true);
+        let before = rig.ctx.stats().acks_sent;
+        rig.push(request(&rig, Opcode::SendOnly, 0, b"the-last"));
+        assert_eq!(rig.completions().len(), 1);
+        assert!(rig.sent().is_empty(), "held back");
+        let Rig {
+            ctx,
+            mut qp,
+            mut ends,
+            ..
+        } = rig;
+        if destroy {
+            drop(qp);
+        } else {
+            qp.modify(&crate::QpAttr::new(QpState::Error)).unwrap();
+        }
+        let ack = ends.rx.pop().unwrap().expect("the Ack left");
+        assert_eq!(opcode_of(&ack), Opcode::Acknowledge.code());
+        let pkt = RxPacket::parse(&ack, &[]).unwrap();
+        assert_eq!(pkt.psn().get(), 0);
+        assert!(pkt.positive_ack().is_some());
+        assert_eq!(ctx.stats().acks_sent, before + 1);
+    }
+}
