@@ -588,6 +588,12 @@ pub(crate) struct QpCtx {
     /// empty), and the offset in `tables` of its scratch row for a taken WQE's scatter
     /// list (see [`crate::srq_table`]).
     pub(crate) srq: Option<(u32, u64)>,
+    /// A positive Ack that rode in a request from the peer, not handled yet: the carrier's
+    /// first 8 BTH bytes and the riding word (see `wire::slot`'s "A riding Ack"). The
+    /// engine handles it at the start of its next iteration, so that the request's
+    /// receive completion reaches the application first, without the Ack's work ahead of
+    /// it (the engine's `riding` set lists the QPs with one).
+    pub(crate) riding_ack: Option<(u64, u64)>,
 }
 
 impl QpCtx {

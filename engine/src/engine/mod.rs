@@ -101,6 +101,9 @@ pub(crate) struct Engine {
     /// Whether the owed Acks listed have been held back one iteration already (the next
     /// iteration with a list sends it).
     owed_held: bool,
+    /// QPs that keep a riding Ack to handle at the start of the next iteration
+    /// (`QpCtx::riding_ack`).
+    riding: ActiveSet,
     /// Whether owed Acks are held back one iteration (so that one can ride in a request
     /// the application posts in reply) rather than sent at the end of their own: only
     /// where the next iteration is sure to come — a poll-mode engine thread, or an inline
@@ -147,6 +150,7 @@ impl Engine {
             icrc_dropped: 0,
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
             owed_held: false,
+            riding: ActiveSet::new(),
             hold_acks: false,
             watch_sq: false,
             watched: ActiveSet::new(),
@@ -187,6 +191,7 @@ impl Engine {
         };
         self.active.remove(index);
         self.timed.remove(index);
+        self.riding.remove(index);
         self.res.mws.unbind_qp(qp.qpn);
         discard_queues(&mut qp, &mut self.res.env());
     }
@@ -245,9 +250,17 @@ impl Engine {
     }
 
     /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes. An Ack the
-    /// QP owes leaves first (see [`Engine::send_owed_now`]).
+    /// QP owes leaves first (see [`Engine::send_owed_now`]), and a riding Ack it received
+    /// and kept for the next iteration is handled first.
     pub(crate) fn modify_qp(&mut self, index: u32, attr: &QpAttr) -> Result<()> {
         self.send_owed_now(index);
+        // A riding Ack kept for the next iteration arrived before this call: handled in
+        // the state it arrived in.
+        if let Some(qp) = self.qps.at_mut(index) {
+            if let Some(kept) = qp.riding_ack.take() {
+                on_riding_ack(qp, &mut self.res.env(), kept);
+            }
+        }
         let links = &self.links;
         let qp = self
             .qps
@@ -384,6 +397,7 @@ impl Engine {
             owed,
             owed_held,
             hold_acks,
+            riding,
             watch_sq,
             watched,
             watched_count,
@@ -400,6 +414,12 @@ impl Engine {
             }
         });
         let mut work = 0;
+
+        // 1b. The riding Acks the last iteration received, after their carriers'
+        // completions went out.
+        if !riding.is_empty() {
+            handle_riding_acks(riding, qps, active, &mut env);
+        }
 
         // 2. Receive.
         for (l, link) in links.iter_mut() {
@@ -456,9 +476,11 @@ impl Engine {
                         owed.push(l, index);
                     }
                     // A positive Ack riding in the request's line (parse checked the word)
-                    // is handled after the request, as if it had followed in its own line.
+                    // is handled at the start of the next iteration: after the request, as
+                    // if it had followed in its own line, and after the application has
+                    // had the request's completion.
                     if slots[0].reserved & crate::wire::slot::ACK_FLAG != 0 {
-                        on_riding_ack(qp, &mut env, &slots[0]);
+                        keep_riding_ack(qp, &mut env, riding, index, &slots[0]);
                     }
                 } else {
                     completer::on_response(qp, &mut env, &pkt);
@@ -709,6 +731,7 @@ impl Engine {
     fn quiet(&mut self, doorbell: &doorbell::Doorbell) -> bool {
         self.active.is_empty()
             && self.owed.is_empty()
+            && self.riding.is_empty()
             && self.faults.is_none()
             && !doorbell.rung()
             && self.links.iter_mut().all(|(_, l)| {
@@ -804,6 +827,7 @@ impl Engine {
         self.active.is_empty()
             && self.timed.is_empty()
             && self.owed.is_empty()
+            && self.riding.is_empty()
             && !self.faults.as_ref().is_some_and(|f| f.holding())
     }
 
@@ -956,14 +980,57 @@ fn send_owed(
     true
 }
 
-/// Handles the positive Ack riding in request `carrier` (after the request), through the
-/// completer as a standalone Ack. Out of line, so that the packet path's own parse and Ack
-/// handling stay inlined where they are.
+/// Keeps the positive Ack riding in request `carrier` (just handled) of QP `index` for the
+/// next iteration ([`handle_riding_acks`]). One is kept per QP: one still kept (a second
+/// carrier in the same burst) is handled first, now, in arrival order.
 #[inline(never)]
-fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, carrier: &PacketSlot) {
-    if let Some(ack) = crate::wire::slot::riding_ack(carrier) {
-        completer::on_response(qp, env, &RxPacket::riding(&ack));
+fn keep_riding_ack(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    riding: &mut ActiveSet,
+    index: u32,
+    carrier: &PacketSlot,
+) {
+    if let Some(kept) = qp.riding_ack.take() {
+        on_riding_ack(qp, env, kept);
     }
+    qp.riding_ack = Some(crate::wire::slot::riding_ack_of(carrier));
+    riding.insert(index);
+}
+
+/// Handles the riding Acks kept by the last iteration ([`keep_riding_ack`]), through the
+/// completer as standalone Acks; a QP given work goes to the active set.
+#[inline(never)]
+fn handle_riding_acks(
+    riding: &mut ActiveSet,
+    qps: &mut SlotTable<QpCtx>,
+    active: &mut ActiveSet,
+    env: &mut Env<'_>,
+) {
+    let mut summary = riding.summary();
+    while summary != 0 {
+        let w = summary.trailing_zeros();
+        summary &= summary - 1;
+        let mut bits = riding.word(w);
+        while bits != 0 {
+            let i = w * 64 + bits.trailing_zeros();
+            bits &= bits - 1;
+            riding.remove(i);
+            // The QP may be gone (its slot reused: then it kept none).
+            let Some(qp) = qps.at_mut(i) else { continue };
+            let Some(kept) = qp.riding_ack.take() else {
+                continue;
+            };
+            on_riding_ack(qp, env, kept);
+            active.insert(i);
+        }
+    }
+}
+
+/// Handles a riding Ack kept from its carrier (see [`keep_riding_ack`]).
+fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: (u64, u64)) {
+    let line = crate::wire::slot::riding_ack_line(kept);
+    completer::on_response(qp, env, &RxPacket::riding(&line));
 }
 
 /// Puts every QP of link `id` in the active set (the link went down: they must see it).

@@ -602,3 +602,34 @@ fn a_held_ack_leaves_before_its_qp_is_destroyed_or_modified() {
         assert_eq!(ctx.stats().acks_sent, before + 1);
     }
 }
+
+/// A riding Ack is kept for the next iteration: the iteration that receives its carrier
+/// gives the application the carrier's completion without the Ack's work ahead of it, and
+/// the next one handles the Ack. A QP modified in between (here to Error) has the Ack
+/// handled first, in the state it arrived in: the Send it acknowledges succeeds instead of
+/// being flushed.
+#[test]
+fn a_riding_ack_is_handled_by_the_next_iteration_or_before_a_modify() {
+    for modify in [false, true] {
+        let mut rig = rig();
+        rig.send(1, 8);
+        rig.ctx.progress();
+        assert_eq!(rig.sent().len(), 1);
+        let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
+        rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
+        let first: Vec<_> = rig.completions().iter().map(|c| c.opcode).collect();
+        assert_eq!(first, [WcOpcode::Recv], "the carrier's completion alone");
+        if modify {
+            rig.qp
+                .modify(&crate::QpAttr::new(QpState::Error))
+                .unwrap();
+        }
+        let next: Vec<_> = rig
+            .completions()
+            .iter()
+            .map(|c| (c.opcode, c.wr_id, c.status))
+            .filter(|c| c.0 == WcOpcode::Send)
+            .collect();
+        assert_eq!(next, [(WcOpcode::Send, 1, crate::WcStatus::Success)]);
+    }
+}

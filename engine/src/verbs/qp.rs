@@ -191,6 +191,7 @@ impl Qp {
                 resp: Responder::new(),
                 rq_retired: 0,
                 rq_flush_pending: false,
+                riding_ack: None,
                 srq: srq_index.map(|i| (i, gather_bytes)),
             });
             match added {

@@ -320,7 +320,7 @@ pub(crate) fn set_riding_ack(slot: &mut PacketSlot, word: u64) -> bool {
 }
 
 impl<'a> RxPacket<'a> {
-    /// The riding Ack `line` rebuilt by [`riding_ack`] from a carrier that
+    /// The riding Ack `line` rebuilt by [`riding_ack_line`] from a carrier that
     /// [`RxPacket::parse`] accepted, as a packet — without parsing it again: the line is
     /// an Acknowledge with exactly its headers and no payload by construction, and the
     /// carrier's check made its syndrome a positive Ack's.
@@ -337,23 +337,37 @@ impl<'a> RxPacket<'a> {
 }
 
 /// The riding Ack of `slot`, if it has [`ACK_FLAG`], rebuilt as the line of a standalone
-/// Acknowledge (its implied first 8 header bytes from the carrier): what the receiver
-/// parses and handles after the carrier, and what a capture records. Whether the word is
-/// a positive Ack is [`RxPacket::parse`]'s check of the carrier.
+/// Acknowledge (its implied first 8 header bytes from the carrier): what a capture records.
+/// Whether the word is a positive Ack is [`RxPacket::parse`]'s check of the carrier.
 #[inline]
 pub fn riding_ack(slot: &PacketSlot) -> Option<PacketSlot> {
     if slot.reserved & ACK_FLAG == 0 {
         return None;
     }
+    Some(riding_ack_line(riding_ack_of(slot)))
+}
+
+/// What a carrier with [`ACK_FLAG`] holds of its riding Ack, to keep until it is handled:
+/// the carrier's first 8 BTH bytes (big-endian) and the riding word.
+#[inline(always)]
+pub(crate) fn riding_ack_of(slot: &PacketSlot) -> (u64, u64) {
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&slot.data[..8]);
+    (u64::from_be_bytes(head), slot.payload_off)
+}
+
+/// The line of the standalone Acknowledge a riding Ack stands for ([`riding_ack_of`]):
+/// opcode Acknowledge, no flags, the carrier's P_Key and destination QP, then the word.
+pub(crate) fn riding_ack_line((carrier_head, word): (u64, u64)) -> PacketSlot {
+    // BTH bytes 0..8: opcode, flags (0), P_Key, reserved (0), destination QP.
+    let head = (u64::from(opcode::Opcode::Acknowledge.code()) << 56)
+        | (carrier_head & 0x0000_ffff_00ff_ffff);
     let mut ack = PacketSlot::zeroed();
-    ack.data[0] = opcode::Opcode::Acknowledge.code();
-    // Flags byte 0; the carrier's P_Key, reserved byte and destination QP.
-    ack.data[2..8].copy_from_slice(&slot.data[2..8]);
-    ack.data[4] = 0;
-    ack.data[8..16].copy_from_slice(&slot.payload_off.to_be_bytes());
+    ack.data[..8].copy_from_slice(&head.to_be_bytes());
+    ack.data[8..16].copy_from_slice(&word.to_be_bytes());
     ack.hdr_len = (bth::HEADER_LEN + aeth::HEADER_LEN) as u8;
     ack.kind = KIND_NONE;
-    Some(ack)
+    ack
 }
 
 /// The check [`RxPacket::parse`] makes of a packet with [`ACK_FLAG`] (`info` its opcode's
