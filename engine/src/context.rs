@@ -89,9 +89,6 @@ pub struct Stats {
     pub inline_bytes_sent: u64,
     /// Positive Acks sent.
     pub acks_sent: u64,
-    /// Of those, Acks that rode in the line of a request to the same QP instead of taking
-    /// a line of their own (counted in `acks_sent`, not in `packets_sent`).
-    pub acks_riding: u64,
     /// Naks and RNR Naks sent (all kinds; the next five fields split them).
     pub naks_sent: u64,
     /// RNR Naks sent (a Send or Write with Immediate found no receive WQE).
@@ -118,6 +115,9 @@ pub struct Stats {
     pub dropped: u64,
     /// Times the poll-mode engine thread went to sleep (idle policy `Backoff`).
     pub sleeps: u64,
+    /// Of `acks_sent`, Acks that rode in the line of a request to the same QP instead of
+    /// taking a line of their own (not counted in `packets_sent`).
+    pub acks_riding: u64,
 }
 
 impl Stats {

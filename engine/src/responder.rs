@@ -164,6 +164,11 @@ pub(crate) struct Responder {
     /// The positive Ack owed for the requests accepted (see [`owed`]). Only while
     /// nothing is queued in `out`: a response queued after it carries it or follows it.
     owed: Option<OwedAck>,
+    /// Whether the SQ Logic has built a request since the last owed Ack that was held
+    /// back and left alone: this QP answers what it receives, so an owed Ack is worth
+    /// holding back an iteration for a request to ride in (the engine's step 4). A QP that
+    /// only receives (a stream's receiver) never holds its Acks back.
+    pub(crate) replies: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource and as many answers to
@@ -187,6 +192,7 @@ impl Responder {
             cur_status: WcStatus::WrFlushErr,
             held: None,
             owed: None,
+            replies: false,
         }
     }
 
@@ -1307,8 +1313,11 @@ pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
 /// of in a line of its own, with the bookkeeping of [`send_owed_ack`] (the credits of now,
 /// advertised; `acks_sent`), so the end-of-iteration flush finds nothing left for this QP.
 /// Called by both request builders (the template path and `transmit`).
+/// Every request built passes here: it marks the QP as one that replies
+/// ([`Responder::replies`]).
 #[inline(always)]
 pub(crate) fn ride_owed_ack(qp: &mut QpCtx, env: &mut Env<'_>, slot: &mut PacketSlot) {
+    qp.resp.replies = true;
     if qp.resp.owed.is_some() && can_carry_ack(slot) {
         ride(qp, env, slot);
     }

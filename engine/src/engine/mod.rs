@@ -99,8 +99,11 @@ pub(crate) struct Engine {
     /// the one that found them owing (unless the Ack rode in a request first).
     owed: responder::OwedAcks,
     /// Whether the owed Acks listed have been held back one iteration already (the next
-    /// iteration with a list sends it).
+    /// iteration with a list sends them).
     owed_held: bool,
+    /// Whether this iteration listed an owed Ack of a QP that does not reply
+    /// (`Responder::replies`): the list is sent at the end of the iteration, not held.
+    owed_now: bool,
     /// QPs that keep a riding Ack to handle at the start of the next iteration
     /// (`QpCtx::riding_ack`).
     riding: ActiveSet,
@@ -150,6 +153,7 @@ impl Engine {
             icrc_dropped: 0,
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
             owed_held: false,
+            owed_now: false,
             riding: ActiveSet::new(),
             hold_acks: false,
             watch_sq: false,
@@ -395,8 +399,9 @@ impl Engine {
             faults,
             icrc_dropped,
             owed,
-            owed_held,
             hold_acks,
+            owed_held,
+            owed_now,
             riding,
             watch_sq,
             watched,
@@ -474,6 +479,7 @@ impl Engine {
                     responder::on_request(qp, &mut env, &pkt);
                     if qp.resp.owed_ack().is_some() {
                         owed.push(l, index);
+                        *owed_now |= !qp.resp.replies;
                     }
                     // A positive Ack riding in the request's line (parse checked the word)
                     // is handled at the start of the next iteration: after the request, as
@@ -570,20 +576,23 @@ impl Engine {
         }
         rung.clear();
 
-        // 4. Owed Acks, held back one iteration where `hold_acks`: an application that
-        // answers a request at once (a ping-pong) sends its answer before the next
-        // iteration, and the Ack rides in the answer's line (`responder::ride_owed_ack`)
-        // instead of taking a line of its own ahead of it. The next iteration sends what is
-        // still owed: within microseconds in poll mode, or at the application's next call in
-        // inline mode (two progress-helper ticks at the latest, half the transport timer).
+        // 4. Owed Acks. Where `hold_acks`, the Ack of a QP that replies to what it receives
+        // (`Responder::replies`) is held back one iteration: an application that answers a
+        // request at once (a ping-pong) sends its answer before the next iteration, and the
+        // Ack rides in the answer's line (`responder::ride_owed_ack`) instead of taking a
+        // line of its own ahead of it. The next iteration sends what is still owed: within
+        // microseconds in poll mode, or at the application's next call in inline mode (two
+        // progress-helper ticks at the latest, half the transport timer). A stream's
+        // receiver, which sends no requests, sends its Acks at once.
         if !owed.is_empty() {
-            if *owed_held || !*hold_acks {
-                flush_owed_acks(owed, qps, links, &mut env, faults, trace);
-                *owed_held = false;
-            } else {
+            if *hold_acks && !*owed_held && !*owed_now {
                 *owed_held = true;
+            } else {
+                flush_owed_acks(owed, qps, links, &mut env, faults, trace, *owed_held);
+                *owed_held = false;
             }
         }
+        *owed_now = false;
 
         // 5. Publish (with the packets the fault stage held that are due now).
         if let Some(f) = faults.as_deref_mut() {
@@ -914,7 +923,8 @@ fn release_held(
 
 /// Sends the positive Acks the listed QPs owe (one per QP, covering every request it
 /// accepted), link by link; a QP whose link has no room stays listed for the next
-/// iteration. The one place owed Acks leave, apart from [`Engine::send_now`]'s path.
+/// iteration. `held`: the list was held back an iteration (see step 4). The one place
+/// owed Acks leave, apart from [`Engine::send_now`]'s path and [`Engine::send_owed_now`].
 fn flush_owed_acks(
     owed: &mut responder::OwedAcks,
     qps: &mut SlotTable<QpCtx>,
@@ -922,6 +932,7 @@ fn flush_owed_acks(
     env: &mut Env<'_>,
     faults: &mut Option<Box<crate::fault::Faults>>,
     trace: &mut Option<Box<Trace>>,
+    held: bool,
 ) {
     let mut summary = owed.link_summary();
     while summary != 0 {
@@ -949,6 +960,11 @@ fn flush_owed_acks(
                 let Some(link) = link.as_deref_mut() else {
                     continue;
                 };
+                // Held back an iteration, no request came to carry it: the QP stops
+                // holding its Acks back until it sends a request again.
+                if held {
+                    qp.resp.replies = false;
+                }
                 if !send_owed(qp, d.link, link, env, faults, trace) {
                     owed.push(l, i);
                 }

@@ -270,49 +270,66 @@ fn an_owed_ack_that_cannot_ride_leaves_alone() {
     assert_eq!(rig.ctx.stats().acks_riding, 0);
 }
 
-/// Where owed Acks are held back one iteration: the Ack of a request the application
-/// answers at once rides in the answer (a ping-pong sends no Ack line); one it does not
-/// answer leaves in its own line at the end of the next iteration.
+/// Where owed Acks are held back (`hold_acks`): a QP that has sent no request yet (a
+/// stream's receiver) sends its Ack at once. Once it sends requests, the Ack of a request
+/// the application answers at once rides in the answer (a ping-pong sends no Ack line);
+/// one it does not answer leaves alone at the end of the next iteration, and the QP stops
+/// holding its Acks back until it sends a request again.
 #[test]
 fn a_held_ack_rides_in_the_answer_or_leaves_an_iteration_later() {
     let mut held = rig_with(inline_context(), true);
     let rig = &mut held;
     let before = rig.ctx.stats();
+    let ack_psn = |sent: &[PacketSlot]| {
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(opcode_of(&sent[0]), Opcode::Acknowledge.code());
+        RxPacket::parse(&sent[0], &[]).unwrap().psn().get()
+    };
+    // A request before the QP ever sent one: its Ack leaves at once.
+    rig.push(request(rig, Opcode::SendOnly, 0, b"stream-0"));
+    assert_eq!(rig.completions().len(), 1);
+    assert_eq!(ack_psn(&rig.sent()), 0);
+    // The QP sends a request: from now on it replies.
+    rig.send(1, 8);
+    assert_eq!(rig.sent().len(), 1);
     // The ping: received in the iteration the application's poll of the CQ runs, which
     // returns its completion; the Ack is held.
-    rig.push(request(rig, Opcode::SendOnly, 0, b"ping-one"));
+    rig.push(request(rig, Opcode::SendOnly, 1, b"ping-one"));
     assert_eq!(rig.completions().len(), 1);
     assert!(rig.sent().is_empty(), "held back");
     // The answer carries it.
-    rig.send(1, 8);
+    rig.send(2, 8);
     let sent = rig.sent();
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(opcode_of(&sent[0]), Opcode::SendOnly.code());
     let a = RxPacket::parse(&riding_ack(&sent[0]).unwrap(), &[])
         .unwrap()
         .psn();
-    assert_eq!(a.get(), 0);
+    assert_eq!(a.get(), 1);
     rig.ctx.progress();
     rig.ctx.progress();
     assert!(rig.sent().is_empty(), "nothing left owed");
-    // A second request, not answered: its Ack waits one iteration, then leaves alone.
-    rig.push(request(rig, Opcode::SendOnly, 1, b"ping-two"));
+    // A request not answered: its Ack waits one iteration, then leaves alone.
+    rig.push(request(rig, Opcode::SendOnly, 2, b"ping-two"));
     rig.ctx.progress();
     assert!(rig.sent().is_empty());
     rig.ctx.progress();
-    let sent = rig.sent();
-    assert_eq!(sent.len(), 1);
-    assert_eq!(opcode_of(&sent[0]), Opcode::Acknowledge.code());
-    assert_eq!(RxPacket::parse(&sent[0], &[]).unwrap().psn().get(), 1);
+    assert_eq!(ack_psn(&rig.sent()), 2);
+    // The QP stopped holding back: the next request's Ack leaves at once.
+    rig.push(request(rig, Opcode::SendOnly, 3, b"stream-3"));
+    rig.ctx.progress();
+    assert_eq!(ack_psn(&rig.sent()), 3);
     let after = rig.ctx.stats();
-    assert_eq!(after.acks_sent, before.acks_sent + 2);
+    assert_eq!(after.acks_sent, before.acks_sent + 4);
     assert_eq!(after.acks_riding, before.acks_riding + 1);
-    // Without holding back (manual progress), the same unanswered request's Ack leaves at
-    // the end of its own iteration.
+    // Without holding back (manual progress), a replying QP's unanswered request's Ack
+    // leaves at the end of its own iteration.
     let mut manual = self::rig();
+    manual.send(1, 8);
+    assert_eq!(manual.sent().len(), 1);
     manual.push(request(&manual, Opcode::SendOnly, 0, b"ping-one"));
     manual.ctx.progress();
-    assert_eq!(manual.sent().len(), 1);
+    assert_eq!(ack_psn(&manual.sent()), 0);
 }
 
 /// With the progress helper (`Progress::Auto`), an Ack held back for a request the
@@ -327,6 +344,9 @@ fn the_progress_helper_sends_a_held_ack_when_the_application_stops_calling() {
         .build()
         .unwrap();
     let mut rig = rig_with(ctx, true);
+    // The QP replies to what it receives (it has sent a request): its Acks are held back.
+    rig.send(1, 8);
+    assert_eq!(rig.sent().len(), 1);
     rig.push(request(&rig, Opcode::SendOnly, 0, b"ping-one"));
     let mut got = vec![];
     let start = std::time::Instant::now();
@@ -579,6 +599,9 @@ fn the_trace_shows_a_riding_ack_as_its_own_packet_after_its_carrier() {
 fn a_held_ack_leaves_before_its_qp_is_destroyed_or_modified() {
     for destroy in [true, false] {
         let mut rig = rig_with(inline_context(), true);
+        // The QP replies to what it receives (it has sent a request).
+        rig.send(1, 8);
+        assert_eq!(rig.sent().len(), 1);
         let before = rig.ctx.stats().acks_sent;
         rig.push(request(&rig, Opcode::SendOnly, 0, b"the-last"));
         assert_eq!(rig.completions().len(), 1);
@@ -620,9 +643,7 @@ fn a_riding_ack_is_handled_by_the_next_iteration_or_before_a_modify() {
         let first: Vec<_> = rig.completions().iter().map(|c| c.opcode).collect();
         assert_eq!(first, [WcOpcode::Recv], "the carrier's completion alone");
         if modify {
-            rig.qp
-                .modify(&crate::QpAttr::new(QpState::Error))
-                .unwrap();
+            rig.qp.modify(&crate::QpAttr::new(QpState::Error)).unwrap();
         }
         let next: Vec<_> = rig
             .completions()
