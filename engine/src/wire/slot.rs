@@ -43,7 +43,7 @@
 //! QP. The receiver handles the carrier first, then the Ack as if it had followed in its
 //! own line ([`riding_ack`] rebuilds that line). A flag on a packet that cannot carry an
 //! Ack (a response, a payload by reference or in a gather list), or a riding word that is
-//! not a positive Ack, makes the frame malformed ([`SlotError::RidingAck`]).
+//! not a positive Ack, makes the frame malformed (`SlotError::RidingAck`).
 //!
 //! Written by `HeaderWriter` (headers in place, from the opcode table) and the gather
 //! helpers; read by `RxPacket::parse`, which copies nothing but checks every length and
@@ -338,7 +338,7 @@ impl<'a> RxPacket<'a> {
 
 /// The riding Ack of `slot`, if it has [`ACK_FLAG`], rebuilt as the line of a standalone
 /// Acknowledge (its implied first 8 header bytes from the carrier): what a capture records.
-/// Whether the word is a positive Ack is [`RxPacket::parse`]'s check of the carrier.
+/// Whether the word is a positive Ack is `RxPacket::parse`'s check of the carrier.
 #[inline]
 pub fn riding_ack(slot: &PacketSlot) -> Option<PacketSlot> {
     if slot.reserved & ACK_FLAG == 0 {
