@@ -43,6 +43,8 @@ mod fast_tests;
 mod hostile_tests;
 mod owed;
 #[cfg(test)]
+mod ride_hostile_tests;
+#[cfg(test)]
 mod ride_tests;
 #[cfg(test)]
 mod tests;

@@ -475,6 +475,10 @@ impl Engine {
                     env.stats.dropped += 1;
                     continue;
                 };
+                // A riding Ack kept from an earlier packet comes before this one.
+                if let Some(kept) = qp.riding_ack.take() {
+                    on_riding_ack(qp, &mut env, kept);
+                }
                 if pkt.info.request {
                     responder::on_request(qp, &mut env, &pkt);
                     if qp.resp.owed_ack().is_some() {
@@ -530,6 +534,11 @@ impl Engine {
                     active.remove(i);
                     continue;
                 };
+                // A riding Ack kept from this iteration's packets is handled before the
+                // QP's timers are looked at or it learns of a link gone down.
+                if let Some(kept) = qp.riding_ack.take() {
+                    on_riding_ack(qp, &mut env, kept);
+                }
                 if rung.contains(i) {
                     requester::fetch(qp);
                 }
