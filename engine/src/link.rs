@@ -269,7 +269,10 @@ impl TxBatch {
 
 /// The segment kind tag of a link.
 pub(crate) const LINK_KIND: u32 = 0x4b4e_494c; // "LINK"
-const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x02");
+/// The link format's magic; its last byte is the format version (3: riding Acks, and the
+/// fault stage's ICRC of inline packets in slot bytes 12..16), so that engines of
+/// different formats refuse each other's links instead of misreading them.
+const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x03");
 /// Lines per direction (`ContextBuilder::link_slots`; a small packet takes one line).
 pub(crate) const DEFAULT_LINK_SLOTS: usize = 1024;
 /// The most lines per direction a link may have (`ContextBuilder::link_slots`); an

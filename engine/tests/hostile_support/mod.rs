@@ -48,7 +48,7 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 pub const LINK_KIND: u32 = 0x4b4e_494c;
 pub const ARENA_KIND: u32 = 0x4152_4e41;
 pub const PAGE_KIND: u32 = 0x4547_4150;
-pub const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x02");
+pub const LINK_MAGIC: u64 = u64::from_le_bytes(*b"SHLINK\0\x03");
 /// Lines per direction of the links the fake peer makes.
 pub const LINK_SLOTS: usize = 64;
 
