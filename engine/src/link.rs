@@ -124,8 +124,9 @@ impl TxBatch {
         }
         let slot = &mut self.buf[self.len];
         // Only the metadata needs clearing: the data area is written up to hdr_len plus the
-        // payload, and the receiver reads nothing beyond. (Bytes 0..5 are the ring's, and
-        // 13..16 are never written: both stay zero.)
+        // payload, and the receiver reads nothing beyond. (Bytes 0..5 are the ring's; bytes
+        // 13..16 are written only by the fault stage, as an ICRC the receiver reads only
+        // under ICRC_FLAG, which is cleared here.)
         slot.hdr_len = 0;
         slot.kind = KIND_NONE;
         slot.sge_count = 0;

@@ -490,7 +490,7 @@ impl Engine {
                     // if it had followed in its own line, and after the application has
                     // had the request's completion.
                     if slots[0].reserved & crate::wire::slot::ACK_FLAG != 0 {
-                        keep_riding_ack(qp, &mut env, riding, index, &slots[0]);
+                        keep_riding_ack(qp, riding, index, &slots[0]);
                     }
                 } else {
                     completer::on_response(qp, &mut env, &pkt);
@@ -1006,19 +1006,11 @@ fn send_owed(
 }
 
 /// Keeps the positive Ack riding in request `carrier` (just handled) of QP `index` for the
-/// next iteration ([`handle_riding_acks`]). One is kept per QP: one still kept (a second
-/// carrier in the same burst) is handled first, now, in arrival order.
+/// next iteration ([`handle_riding_acks`]). One is kept per QP: the receive step handles a
+/// kept one before any later packet of its QP, so none is kept here.
 #[inline(never)]
-fn keep_riding_ack(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    riding: &mut ActiveSet,
-    index: u32,
-    carrier: &PacketSlot,
-) {
-    if let Some(kept) = qp.riding_ack.take() {
-        on_riding_ack(qp, env, kept);
-    }
+fn keep_riding_ack(qp: &mut QpCtx, riding: &mut ActiveSet, index: u32, carrier: &PacketSlot) {
+    debug_assert!(qp.riding_ack.is_none());
     qp.riding_ack = Some(crate::wire::slot::riding_ack_of(carrier));
     riding.insert(index);
 }
