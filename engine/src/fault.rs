@@ -17,6 +17,15 @@
 //! | delay | held for 1 to [`MAX_DELAY_ITERATIONS`] engine iterations |
 //! | corrupt | one bit of its headers or inline payload flipped (never the BTH's variant resv8a byte) |
 //!
+//! # Riding Acks
+//!
+//! A positive Ack that rides in the line of a request (see [`crate::wire::slot`]) is a
+//! packet of its own to the fault stage, as it is in the capture: a rule sees it as an
+//! Acknowledge, and rates and rules decide its fate apart from its carrier's. Passed, it
+//! rides on, and is lost, sent twice, delayed or corrupted with its carrier; any other
+//! action takes it out of the carrier and it follows as a standalone Ack that suffers that
+//! fault.
+//!
 //! # The ICRC
 //!
 //! A sender whose faults may corrupt (a corruption rate above 0, or a rule) stamps every
@@ -28,6 +37,8 @@
 //! a byte it has in cache already. The flag and the ICRC are the peer's data like anything
 //! else in a slot: a peer that sets the flag gets its packets checked, and every offset the
 //! check reads is bounds-checked.
+//!
+//! The ICRC of a carrier covers its riding Ack's word too.
 //!
 //! Where the ICRC travels depends on the slot's kind (each spot is otherwise unused): in
 //! slot bytes 12..16 (`sge_count` and `zero`) for a packet whose payload is inline or
@@ -47,8 +58,8 @@ use crate::mem::Mem;
 use crate::trace::{Direction, PacketEvent};
 use crate::wire::bth;
 use crate::wire::slot::{
-    KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, MAX_CONTINUATION, PacketSlot, SLOT_DATA,
-    continuation_slots, gather_entry,
+    ACK_FLAG, KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, MAX_CONTINUATION, PacketSlot,
+    SLOT_DATA, clear_riding_ack, continuation_slots, gather_entry, riding_ack, riding_ack_of,
 };
 
 /// What injected faults do to the packets one context sends. Rates are per packet, each in
@@ -137,7 +148,8 @@ pub enum FaultAction {
 /// What the fault stage of one context did, and what its receive side dropped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultStats {
-    /// Packets that went through the fault stage (sent packets, before faults).
+    /// Packets that went through the fault stage (sent packets, before faults; a riding
+    /// Ack counts as a packet of its own).
     pub packets: u64,
     /// Packets dropped.
     pub dropped: u64,
@@ -273,11 +285,32 @@ impl Faults {
         scratch.extend_from_slice(&queued[from..]);
         tx.truncate(from);
         let mut swap: Option<(usize, usize)> = None;
+        // The action already decided for the packet at `i` (a riding Ack taken out of its
+        // carrier).
+        let mut decided: Option<FaultAction> = None;
         let mut i = 0;
         while i < scratch.len() {
             let end = (i + 1 + continuation_slots(&scratch[i])).min(scratch.len());
-            let action = self.decide(link, &scratch[i]);
-            self.stats.packets += 1;
+            let action = match decided.take() {
+                Some(a) => a,
+                None => {
+                    self.stats.packets += 1;
+                    self.decide(link, &scratch[i])
+                }
+            };
+            // A riding Ack is a packet of its own here, as in the capture: rules and rates
+            // decide its fate apart from its carrier's. Passed, it rides on (and is lost,
+            // sent twice or corrupted with its carrier); otherwise it leaves its carrier and
+            // follows it as a standalone Ack, which then suffers its own fault.
+            if let Some(ack) = riding_ack(&scratch[i]) {
+                self.stats.packets += 1;
+                let a = self.decide(link, &ack);
+                if a != FaultAction::Pass {
+                    clear_riding_ack(&mut scratch[i]);
+                    scratch.insert(end, ack);
+                    decided = Some(a);
+                }
+            }
             if self.icrc {
                 stamp_icrc(&mut scratch[i..end], mem);
             }
@@ -480,10 +513,20 @@ pub(crate) fn packet_icrc(slots: &[PacketSlot], mem: &Mem) -> Option<u32> {
     .ok()?;
     let ip = framing[14..34].try_into().ok()?;
     let udp = framing[34..42].try_into().ok()?;
+    // A riding Ack is part of the line: a bit flipped in its word fails the check too. (The
+    // ICRC is then not the carrier's RoCEv2 ICRC; the capture only uses the difference
+    // between the carried and the recomputed one.)
+    let riding = riding_ack_of(slot).1.to_be_bytes();
+    let riding: &[u8] =
+        if slot.reserved & ACK_FLAG != 0 && matches!(slot.kind, KIND_NONE | KIND_INLINE) {
+            &riding
+        } else {
+            &[]
+        };
     Some(crate::trace::roce::icrc(
         ip,
         udp,
-        &[headers, &buf[..len + pad]],
+        &[headers, &buf[..len + pad], riding],
     ))
 }
 

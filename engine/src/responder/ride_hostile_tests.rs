@@ -732,6 +732,11 @@ fn an_icrc_checked_carrier_takes_its_riding_ack_with_it() {
 /// of a script (Pass when the script is empty); the fault stage stamps every packet with
 /// its ICRC.
 fn faulty_rig() -> (Rig, Arc<Mutex<VecDeque<FaultAction>>>) {
+    faulty_rig_for(Opcode::SendOnly)
+}
+
+/// [`faulty_rig`] whose script applies to the packets of opcode `op` it sends.
+fn faulty_rig_for(op: Opcode) -> (Rig, Arc<Mutex<VecDeque<FaultAction>>>) {
     let script: Arc<Mutex<VecDeque<FaultAction>>> = Arc::default();
     let s2 = script.clone();
     let ctx = Context::builder()
@@ -739,7 +744,7 @@ fn faulty_rig() -> (Rig, Arc<Mutex<VecDeque<FaultAction>>>) {
         .progress(crate::Progress::Manual)
         .huge_pages(shmhca_rings::segment::HugePages::Never)
         .fault_rule(move |e| {
-            if e.headers.bth.opcode != Opcode::SendOnly {
+            if e.headers.bth.opcode != op {
                 return FaultAction::Pass;
             }
             s2.lock().unwrap().pop_front().unwrap_or(FaultAction::Pass)
@@ -821,6 +826,116 @@ fn the_fault_stage_leaves_a_riding_ack_whole() {
     assert_eq!(sent[0].psn, 3);
     let f = rig.ctx.fault_stats();
     assert_eq!((f.duplicated, f.corrupted, f.dropped), (1, 1, 1));
+}
+
+/// The fault stage decides a riding Ack's fate apart from its carrier's, as the capture
+/// shows them: two packets. A rule sees the Ack as an Acknowledge. Passed, the Ack rides
+/// on; otherwise it leaves its carrier and follows it as a standalone Ack with its fault:
+/// dropped (the peer sends its request again and gets its Ack), sent twice, corrupted (its
+/// ICRC fails), held a few iterations. The carrier goes through untouched each time.
+///
+/// Defended by `Faults::on_sent` taking the riding Ack out of its carrier: before, rules
+/// never saw a riding Ack, and it always shared its carrier's fate.
+#[test]
+fn the_fault_stage_decides_a_riding_acks_fate_apart_from_its_carrier() {
+    let (mut rig, script) = faulty_rig_for(Opcode::Acknowledge);
+    // The peer's Send `psn` is delivered, its Ack held; the rig's Send `id` would carry it.
+    let answer = |rig: &mut Rig, psn: u32, id: u64, action: FaultAction| {
+        let r = rig.request(Opcode::SendOnly, psn, b"peer-msg");
+        rig.push(&[r]);
+        rig.poll();
+        assert!(rig.sent().is_empty(), "held back");
+        script.lock().unwrap().push_back(action);
+        rig.send(id, 8);
+        let sent = rig.frames();
+        assert!(script.lock().unwrap().is_empty(), "the rule saw the Ack");
+        let carrier = seen(&sent[0]);
+        assert_eq!(
+            (carrier.op, carrier.psn),
+            (Opcode::SendOnly.code(), SQ_PSN + id as u32)
+        );
+        assert!(crate::fault::icrc_ok(&sent[0], &Mem::private(0)));
+        sent
+    };
+    let packets = rig.ctx.fault_stats().packets;
+    // Pass: it rides.
+    let sent = answer(&mut rig, 0, 1, FaultAction::Pass);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(seen(&sent[0]).ride(), Some((0, 1)));
+    assert_eq!(
+        rig.ctx.fault_stats().packets,
+        packets + 2,
+        "carrier and Ack"
+    );
+    // Duplicate: the carrier alone, then the Ack twice.
+    let sent = answer(&mut rig, 1, 2, FaultAction::Duplicate);
+    let seen_all: Vec<Seen> = sent.iter().map(|f| seen(f)).collect();
+    assert_eq!(seen_all.len(), 3, "{seen_all:?}");
+    assert_eq!(seen_all[0].riding, None);
+    for a in &seen_all[1..] {
+        assert!(a.is_ack() && a.icrc, "{a:?}");
+        assert_eq!((a.psn, a.aeth.map(|(_, msn)| msn)), (1, Some(2)));
+    }
+    assert!(crate::fault::icrc_ok(&sent[1], &Mem::private(0)));
+    // Corrupt: the carrier intact, the Ack's ICRC fails.
+    let sent = answer(&mut rig, 2, 3, FaultAction::Corrupt);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0][0].reserved & ACK_FLAG, 0);
+    assert!(!crate::fault::icrc_ok(&sent[1], &Mem::private(0)));
+    // Delay: the carrier now, the Ack a few iterations later.
+    let sent = answer(&mut rig, 3, 4, FaultAction::Delay);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0][0].reserved & ACK_FLAG, 0);
+    for _ in 0..crate::fault::MAX_DELAY_ITERATIONS + 1 {
+        rig.ctx.progress();
+    }
+    let later = rig.sent();
+    assert_eq!(later.len(), 1, "{later:?}");
+    assert!(later[0].is_ack());
+    assert_eq!((later[0].psn, later[0].aeth.map(|(_, m)| m)), (3, Some(4)));
+    // Drop: the carrier alone; the peer's duplicate request is answered with the Ack.
+    let sent = answer(&mut rig, 4, 5, FaultAction::Drop);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0][0].reserved & ACK_FLAG, 0);
+    let again = rig.request(Opcode::SendOnly, 4, b"peer-msg");
+    rig.push(&[again]);
+    rig.settle();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(sent[0].is_ack());
+    assert_eq!(sent[0].psn, 4);
+    let f = rig.ctx.fault_stats();
+    assert_eq!(
+        (f.duplicated, f.corrupted, f.delayed, f.dropped),
+        (1, 1, 1, 1)
+    );
+    let c = rig.completions();
+    assert_eq!(
+        c.iter().filter(|c| c.0 == WcOpcode::Recv).count(),
+        5,
+        "{c:?}"
+    );
+}
+
+/// The ICRC a fault-injecting sender stamps on a carrier covers its riding Ack: a bit
+/// flipped in the word fails the check.
+///
+/// Defended by `packet_icrc` hashing the riding word: before, the ICRC covered the
+/// carrier's headers and payload only.
+#[test]
+fn the_icrc_covers_the_riding_word() {
+    let rig = Rig::new(inline_context(), Setup::default());
+    let mut carrier = with_riding(rig.request(Opcode::SendOnly, 0, b"icrc-ok!"), SQ_PSN, 1);
+    stamp_icrc(&mut carrier);
+    assert!(crate::fault::icrc_ok(&[carrier], &Mem::private(0)));
+    for bit in [0, 7, 24, 32, 55] {
+        let mut bad = carrier;
+        bad.payload_off ^= 1 << bit;
+        assert!(
+            !crate::fault::icrc_ok(&[bad], &Mem::private(0)),
+            "bit {bit} of the riding word"
+        );
+    }
 }
 
 /// An Ack held back an iteration whose link then goes down is dropped with the link (the

@@ -319,6 +319,15 @@ pub(crate) fn set_riding_ack(slot: &mut PacketSlot, word: u64) -> bool {
     true
 }
 
+/// Takes the riding Ack out of `slot` (clears [`ACK_FLAG`] and the word), leaving its
+/// carrier as it would be had the Ack not ridden.
+pub(crate) fn clear_riding_ack(slot: &mut PacketSlot) {
+    if slot.reserved & ACK_FLAG != 0 {
+        slot.reserved &= !ACK_FLAG;
+        slot.payload_off = 0;
+    }
+}
+
 impl<'a> RxPacket<'a> {
     /// The riding Ack `line` rebuilt by [`riding_ack_line`] from a carrier that
     /// [`RxPacket::parse`] accepted, as a packet — without parsing it again: the line is
