@@ -225,6 +225,22 @@ pub(crate) fn connect_to_raw_peer_with_timeout(
     credits: bool,
     timeout: u8,
 ) {
+    use crate::{QpAttr, QpState};
+    raw_peer_to_rtr(qp, link, peer, credits);
+    qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(sq_psn)
+            .timeout(timeout)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(1),
+    )
+    .unwrap();
+}
+
+/// Takes `qp` through Init to RTR towards peer QP `peer` on `link`, as
+/// [`connect_to_raw_peer`] does before its last step.
+pub(crate) fn raw_peer_to_rtr(qp: &mut crate::Qp, link: crate::LinkId, peer: u32, credits: bool) {
     use crate::{AccessFlags, Destination, Mtu, QpAttr, QpState, Qpn};
     qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
         .unwrap();
@@ -241,13 +257,27 @@ pub(crate) fn connect_to_raw_peer_with_timeout(
             .remote_credits(credits),
     )
     .unwrap();
-    qp.modify(
-        &QpAttr::new(QpState::Rts)
-            .sq_psn(sq_psn)
-            .timeout(timeout)
-            .retry_cnt(7)
-            .rnr_retry(7)
-            .max_rd_atomic(1),
-    )
-    .unwrap();
+}
+
+/// The line of a standalone Acknowledge from a raw peer to QP `qpn`: `psn`, `syndrome`,
+/// MSN `msn`.
+pub(crate) fn ack_line_to(
+    qpn: crate::Qpn,
+    psn: u32,
+    syndrome: crate::wire::aeth::Syndrome,
+    msn: u32,
+) -> crate::wire::slot::PacketSlot {
+    use crate::wire::{BthRepr, Msn, PacketRepr, aeth::AethRepr, opcode::Opcode};
+    let mut repr = PacketRepr::new(BthRepr::new(
+        Opcode::Acknowledge,
+        qpn,
+        crate::psn::Psn::new(psn),
+    ));
+    repr.aeth = Some(AethRepr {
+        syndrome,
+        msn: Msn::new(msn),
+    });
+    let mut s = crate::wire::slot::PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    s
 }

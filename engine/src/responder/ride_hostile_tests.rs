@@ -15,14 +15,16 @@
 
 use crate::fault::FaultAction;
 use crate::mem::Mem;
-use crate::raw_peer::{RawEnds, connect_to_raw_peer, inline_context, raw_peer_link};
-use crate::wire::aeth::{AethRepr, CreditCode, Syndrome};
+use crate::raw_peer::{
+    RawEnds, ack_line_to, connect_to_raw_peer, inline_context, raw_peer_link, raw_peer_to_rtr,
+};
+use crate::wire::aeth::{CreditCode, Syndrome};
 use crate::wire::opcode::Opcode;
 use crate::wire::slot::{
     ACK_FLAG, ICRC_FLAG, KIND_GATHER, KIND_INLINE, KIND_NONE, PacketSlot, RxPacket, frame_lines,
     riding_word, set_gather_entry,
 };
-use crate::wire::{BthRepr, Msn, PacketRepr, RethRepr};
+use crate::wire::{BthRepr, PacketRepr, RethRepr};
 use crate::{
     AccessFlags, Context, Cq, LinkId, Mr, Pd, Qp, QpAttr, QpCaps, QpState, Qpn, RecvWr, RemoteAddr,
     SendOp, SendWr, Stats, WcOpcode, WcStatus,
@@ -100,7 +102,7 @@ impl Rig {
         if s.rts {
             connect_to_raw_peer(&mut qp, link, PEER, s.sq_psn, s.credits);
         } else {
-            to_rtr(&mut qp, link, PEER, s.credits);
+            raw_peer_to_rtr(&mut qp, link, PEER, s.credits);
         }
         let mr = pd.alloc_mr(8192, AccessFlags::ALL).unwrap();
         for i in 0..s.recvs {
@@ -243,27 +245,6 @@ fn post(qp: &mut Qp, mr: &Mr, id: u64, len: u32) {
     qp.post_send(&SendWr::new(id, SendOp::Send, &sge)).unwrap();
 }
 
-/// Takes `qp` through Init to RTR towards peer QP `peer` on `link` (as
-/// [`connect_to_raw_peer`] does, without the last step).
-fn to_rtr(qp: &mut Qp, link: LinkId, peer: u32, credits: bool) {
-    use crate::{Destination, Mtu};
-    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-        .unwrap();
-    qp.modify(
-        &QpAttr::new(QpState::Rtr)
-            .path_mtu(Mtu::Mtu256)
-            .dest(Destination {
-                link,
-                qpn: Qpn::new(peer),
-            })
-            .rq_psn(0)
-            .max_dest_rd_atomic(1)
-            .min_rnr_timer(1)
-            .remote_credits(credits),
-    )
-    .unwrap();
-}
-
 /// A request from the peer to QP `qpn`: `op` at `psn` with AckReq, `payload` inline, the
 /// RETH `reth` if given.
 fn request_to(
@@ -290,22 +271,6 @@ fn request_to(
     s
 }
 
-/// A standalone Acknowledge to QP `qpn` for `psn` with `syndrome` and MSN `msn`.
-fn ack_to(qpn: Qpn, psn: u32, syndrome: Syndrome, msn: u32) -> PacketSlot {
-    let mut repr = PacketRepr::new(BthRepr::new(
-        Opcode::Acknowledge,
-        qpn,
-        crate::psn::Psn::new(psn),
-    ));
-    repr.aeth = Some(AethRepr {
-        syndrome,
-        msn: Msn::new(msn),
-    });
-    let mut s = PacketSlot::default();
-    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-    s
-}
-
 /// A positive Ack's syndrome with `n` credits.
 fn ack_syn(n: u32) -> Syndrome {
     Syndrome::Ack {
@@ -327,7 +292,7 @@ fn carrier_and_ack(carrier: PacketSlot, psn: u32, msn: u32, ride: bool) -> Vec<P
         vec![with_riding(carrier, psn, msn)]
     } else {
         let qpn = RxPacket::dest_qp(&carrier);
-        vec![carrier, ack_to(qpn, psn, ack_syn(4), msn)]
+        vec![carrier, ack_line_to(qpn, psn, ack_syn(4), msn)]
     }
 }
 
@@ -1268,7 +1233,10 @@ fn a_riding_ack_to_a_qp_in_rtr_gives_its_initial_credits() {
             s.reserved |= ACK_FLAG;
             vec![s]
         } else {
-            vec![carrier, ack_to(rig.qp.qpn(), SQ_PSN - 1, ack_syn(2), 0)]
+            vec![
+                carrier,
+                ack_line_to(rig.qp.qpn(), SQ_PSN - 1, ack_syn(2), 0),
+            ]
         };
         for f in frames {
             rig.push(&[f]);
@@ -1393,7 +1361,7 @@ fn what_follows_a_carrier_comes_after_its_riding_ack() {
                 let rnr = Syndrome::RnrNak {
                     timer: crate::wire::aeth::RnrTimer::new(1),
                 };
-                ack_to(rig.qp.qpn(), SQ_PSN, rnr, 1)
+                ack_line_to(rig.qp.qpn(), SQ_PSN, rnr, 1)
             } else {
                 let mut w = rig.request(Opcode::RdmaWriteOnly, 1, b"revoked!");
                 w.data[12 + 8] ^= 0x5a; // the RETH's R_Key
@@ -1488,7 +1456,7 @@ fn any_riding_word_is_refused_or_handled_without_harm() {
 /// Takes `qp` to RTS towards peer QP `peer` on `link` as [`connect_to_raw_peer`] does,
 /// with Local Ack Timeout `timeout` and Retry Count `retry`.
 fn connect_with_retry(qp: &mut Qp, link: LinkId, peer: u32, timeout: u8, retry: u8) {
-    to_rtr(qp, link, peer, false);
+    raw_peer_to_rtr(qp, link, peer, false);
     qp.modify(
         &QpAttr::new(QpState::Rts)
             .sq_psn(SQ_PSN)

@@ -5,13 +5,13 @@
 //! after its carrier, as a standalone Ack; a flag where no Ack may ride, or a word that is
 //! not a positive Ack, makes the whole frame malformed.
 
-use crate::raw_peer::{RawEnds, connect_to_raw_peer, inline_context, raw_peer_link};
-use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
+use crate::raw_peer::{RawEnds, ack_line_to, connect_to_raw_peer, inline_context, raw_peer_link};
+use crate::wire::aeth::{CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::opcode::Opcode;
 use crate::wire::slot::{
     ACK_FLAG, KIND_DIRECT, KIND_INLINE, PacketSlot, RxPacket, riding_ack, riding_word,
 };
-use crate::wire::{BthRepr, Msn, PacketRepr, RethRepr};
+use crate::wire::{BthRepr, PacketRepr, RethRepr};
 use crate::{Context, Cq, Mr, Pd, Qp, QpCaps, QpState, Qpn, RecvWr, SendOp, SendWr};
 use crate::{WcOpcode, WorkCompletion};
 
@@ -132,18 +132,7 @@ fn request(rig: &Rig, op: Opcode, psn: u32, payload: &[u8]) -> PacketSlot {
 
 /// A standalone Acknowledge to the rig's QP for `psn`, MSN `msn`, with `syndrome`.
 fn ack_line(rig: &Rig, psn: u32, syndrome: Syndrome, msn: u32) -> PacketSlot {
-    let mut repr = PacketRepr::new(BthRepr::new(
-        Opcode::Acknowledge,
-        rig.qp.qpn(),
-        crate::psn::Psn::new(psn),
-    ));
-    repr.aeth = Some(AethRepr {
-        syndrome,
-        msn: Msn::new(msn),
-    });
-    let mut s = PacketSlot::default();
-    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-    s
+    ack_line_to(rig.qp.qpn(), psn, syndrome, msn)
 }
 
 /// A positive Ack's syndrome (4 credits).
