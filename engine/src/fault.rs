@@ -576,7 +576,8 @@ pub(crate) fn icrc_ok(slots: &[PacketSlot], mem: &Mem) -> bool {
 
 /// For the capture: the XOR between the ICRC a flagged packet carries and the one its
 /// bytes have now (0 for an intact packet). XORed into the capture's own ICRC it gives the
-/// ICRC the sender stamped, so a corrupted packet shows a bad ICRC.
+/// ICRC the sender stamped (for a carrier of a riding Ack, a value other than the right
+/// one), so a corrupted packet shows a bad ICRC.
 pub(crate) fn icrc_error(slots: &[PacketSlot], mem: &Mem) -> u32 {
     let Some(slot) = slots.first().filter(|s| s.reserved & ICRC_FLAG != 0) else {
         return 0;
@@ -640,34 +641,51 @@ mod tests {
         s
     }
 
-    /// The stamped ICRC is the one the capture writer puts behind the same packet.
+    /// The stamped ICRC is the one the capture writer puts behind the same packet, in slot
+    /// bytes 12..16 for an inline payload. With a riding Ack in `payload_off` the ICRC
+    /// leaves the word alone and covers it too (so it is no longer the carrier's RoCEv2
+    /// ICRC); intact, the packet checks and the capture sees no error.
     #[test]
     fn the_stamped_icrc_is_the_roce_icrc() {
+        let roce = |s: &PacketSlot| {
+            let f = crate::trace::roce::frame_headers(
+                crate::trace::roce::Endpoint::engine(1),
+                crate::trace::roce::Endpoint::engine(2),
+                0,
+                0x123,
+                12 + 11,
+            )
+            .unwrap();
+            crate::trace::roce::icrc(
+                f[14..34].try_into().unwrap(),
+                f[34..42].try_into().unwrap(),
+                &[&s.data[..12 + 11]],
+            )
+        };
+        let stamped = |s: &PacketSlot| {
+            let spare: [u8; 4] = bytemuck::bytes_of(s)[12..16].try_into().unwrap();
+            u32::from_le_bytes(spare)
+        };
+        let mem = Mem::private(0);
+        let mut plain = [send_only(b"hello, icrc")];
+        stamp_icrc(&mut plain, &mem);
+        assert_eq!(plain[0].reserved & ICRC_FLAG, ICRC_FLAG);
+        assert_eq!(stamped(&plain[0]), roce(&plain[0]));
+        assert!(icrc_ok(&plain, &mem));
+        assert_eq!(icrc_error(&plain, &mem), 0);
+
         let mut s = [send_only(b"hello, icrc")];
-        // A riding Ack in `payload_off`: the ICRC goes elsewhere and leaves it alone.
         let word = crate::wire::slot::riding_word(77, 0x1f, 5);
         assert!(crate::wire::slot::set_riding_ack(&mut s[0], word));
-        let mem = Mem::private(0);
         stamp_icrc(&mut s, &mem);
         assert_eq!(s[0].payload_off, word);
         assert_eq!(s[0].reserved & ICRC_FLAG, ICRC_FLAG);
-        let f = crate::trace::roce::frame_headers(
-            crate::trace::roce::Endpoint::engine(1),
-            crate::trace::roce::Endpoint::engine(2),
-            0,
-            0x123,
-            12 + 11,
-        )
-        .unwrap();
-        let want = crate::trace::roce::icrc(
-            f[14..34].try_into().unwrap(),
-            f[34..42].try_into().unwrap(),
-            &[&s[0].data[..12 + 11]],
-        );
-        let spare: [u8; 4] = bytemuck::bytes_of(&s[0])[12..16].try_into().unwrap();
-        assert_eq!(u32::from_le_bytes(spare), want);
+        assert_ne!(stamped(&s[0]), roce(&s[0]));
         assert!(icrc_ok(&s, &mem));
         assert_eq!(icrc_error(&s, &mem), 0);
+        let mut bad = s;
+        bad[0].data[20] ^= 4;
+        assert_ne!(icrc_error(&bad, &mem), 0, "the capture flags it");
     }
 
     /// Every flipped bit (outside resv8a) fails the check; a direct payload is read from
