@@ -171,6 +171,10 @@ pub(crate) struct Responder {
     /// holding back an iteration for a request to ride in (the engine's step 4). A QP that
     /// only receives (a stream's receiver) never holds its Acks back.
     pub(crate) replies: bool,
+    /// Listed on its link's owed list in an iteration that sends the held list (its Ack
+    /// came an iteration after the others): that flush keeps it listed, so that its Ack
+    /// too is held back one iteration, not sent at once with theirs.
+    pub(crate) listed_late: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource and as many answers to
@@ -195,6 +199,7 @@ impl Responder {
             held: None,
             owed: None,
             replies: false,
+            listed_late: false,
         }
     }
 

@@ -482,8 +482,10 @@ impl Engine {
                 if pkt.info.request {
                     responder::on_request(qp, &mut env, &pkt);
                     if qp.resp.owed_ack().is_some() {
-                        owed.push(l, index);
+                        let newly = owed.push(l, index);
                         *owed_now |= !qp.resp.replies;
+                        // The held list leaves this iteration: this Ack is held its own.
+                        qp.resp.listed_late = newly && *owed_held && qp.resp.replies;
                     }
                     // A positive Ack riding in the request's line (parse checked the word)
                     // is handled at the start of the next iteration: after the request, as
@@ -598,7 +600,8 @@ impl Engine {
                 *owed_held = true;
             } else {
                 flush_owed_acks(owed, qps, links, &mut env, faults, trace, *owed_held);
-                *owed_held = false;
+                // Acks listed late stay, held back now: the next iteration sends them.
+                *owed_held = *owed_held && !owed.is_empty();
             }
         }
         *owed_now = false;
@@ -969,9 +972,14 @@ fn flush_owed_acks(
                 let Some(link) = link.as_deref_mut() else {
                     continue;
                 };
-                // Held back an iteration, no request came to carry it: the QP stops
-                // holding its Acks back until it sends a request again.
                 if held {
+                    // Listed in this iteration: held back until the next.
+                    if std::mem::take(&mut qp.resp.listed_late) {
+                        owed.push(l, i);
+                        continue;
+                    }
+                    // Held back an iteration, no request came to carry it: the QP stops
+                    // holding its Acks back until it sends a request again.
                     qp.resp.replies = false;
                 }
                 if !send_owed(qp, d.link, link, env, faults, trace) {

@@ -59,15 +59,16 @@ impl OwedAcks {
         }
     }
 
-    /// Lists QP `qp` on link `link`, unless it is on a list already.
+    /// Lists QP `qp` on link `link`, unless it is on a list already; whether it was not.
     #[inline]
-    pub(crate) fn push(&mut self, link: u32, qp: u32) {
+    pub(crate) fn push(&mut self, link: u32, qp: u32) -> bool {
         if self.next[qp as usize] != UNLISTED {
-            return;
+            return false;
         }
         self.next[qp as usize] = self.head[link as usize];
         self.head[link as usize] = qp;
         self.links.insert(link);
+        true
     }
 
     /// Whether no QP is listed.

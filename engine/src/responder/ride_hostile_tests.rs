@@ -1001,6 +1001,86 @@ fn a_held_ack_that_finds_no_room_at_a_modify_leaves_later() {
     assert_eq!(rig.ctx.stats().acks_sent, before.acks_sent + 1);
 }
 
+/// A rig holding owed Acks back, with a second QP on its link (to the peer's `PEER2`, 4
+/// receives posted), each of whose QPs has sent a request (PSN 500): QPs that reply.
+fn two_qps() -> (Rig, Qp) {
+    let mut rig = Rig::new(
+        inline_context(),
+        Setup {
+            hold: true,
+            ..Setup::default()
+        },
+    );
+    let peer_mem = rig.peer_mem.share();
+    let link = rig.link;
+    rig.ctx.shared.engine.with(|e| {
+        e.link_mut(link)
+            .unwrap()
+            .add_peer_qp(Qpn::new(PEER2), (1, 1), peer_mem)
+    });
+    let mut qp2 = rig
+        .ctx
+        .create_qp(&rig.pd, &rig.cq, &rig.cq, caps())
+        .unwrap();
+    connect_to_raw_peer(&mut qp2, link, PEER2, SQ_PSN, false);
+    for i in 0..4 {
+        qp2.post_recv(&RecvWr::new(
+            200 + i,
+            &[rig.mr.sge(1024 + i * 64, 64).unwrap()],
+        ))
+        .unwrap();
+    }
+    rig.settle();
+    rig.sent();
+    rig.prime();
+    post(&mut qp2, &rig.mr, 0, 8);
+    rig.ctx.progress();
+    assert_eq!(rig.sent().len(), 1);
+    (rig, qp2)
+}
+
+/// Two QPs that reply, whose requests arrive an iteration apart: each Ack is held back an
+/// iteration of its own. The first QP's Ack, unanswered, leaves alone after its iteration;
+/// the second's is not sent with it but rides in the answer the application posts next,
+/// and its QP still holds its Acks back afterwards.
+///
+/// Defended by `flush_owed_acks` keeping a QP listed in the flushing iteration
+/// (`Responder::listed_late`): before, the held list left whole, with the late Ack in it,
+/// and that QP stopped holding its Acks back.
+#[test]
+fn an_ack_owed_an_iteration_later_is_held_back_an_iteration_of_its_own() {
+    let (mut rig, mut qp2) = two_qps();
+    let qpns = [rig.qp.qpn(), qp2.qpn()];
+    let r = request_to(qpns[0], Opcode::SendOnly, 0, b"to-qp-0!", None);
+    rig.push(&[r]);
+    rig.poll();
+    assert!(rig.sent().is_empty(), "held back");
+    let r = request_to(qpns[1], Opcode::SendOnly, 0, b"to-qp-1!", None);
+    rig.push(&[r]);
+    rig.poll();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1, "only the first QP's Ack: {sent:?}");
+    assert!(sent[0].is_ack() && sent[0].dest == PEER, "{sent:?}");
+    post(&mut qp2, &rig.mr, 1, 8);
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!((sent[0].dest, sent[0].ride()), (PEER2, Some((0, 1))));
+    // Still a QP that replies: its next Ack is held back again.
+    let r = request_to(qpns[1], Opcode::SendOnly, 1, b"to-qp-1!", None);
+    rig.push(&[r]);
+    rig.poll();
+    assert!(rig.sent().is_empty(), "held back again");
+    rig.settle();
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(sent[0].is_ack() && sent[0].dest == PEER2 && sent[0].psn == 1);
+    // The peer acknowledges the QPs' Sends; nothing is left to do.
+    rig.push(&[ack_line_to(qpns[0], SQ_PSN, ack_syn(4), 1)]);
+    rig.push(&[ack_line_to(qpns[1], SQ_PSN + 1, ack_syn(4), 2)]);
+    assert!(rig.goes_idle());
+    drop(qp2);
+}
+
 /// Two QPs on one link, both of which have sent a request, owe Acks (both listed on the
 /// link's owed list, held back an iteration); the application answers on one, both or
 /// neither, in either order. Every
@@ -1024,39 +1104,7 @@ fn every_owed_ack_of_a_link_leaves_once_whichever_rides() {
         (1, &[0][..]),
         (1, &[1][..]),
     ] {
-        let mut rig = Rig::new(
-            inline_context(),
-            Setup {
-                hold: true,
-                ..Setup::default()
-            },
-        );
-        let peer_mem = rig.peer_mem.share();
-        let link = rig.link;
-        rig.ctx.shared.engine.with(|e| {
-            e.link_mut(link)
-                .unwrap()
-                .add_peer_qp(Qpn::new(PEER2), (1, 1), peer_mem)
-        });
-        let mut qp2 = rig
-            .ctx
-            .create_qp(&rig.pd, &rig.cq, &rig.cq, caps())
-            .unwrap();
-        connect_to_raw_peer(&mut qp2, link, PEER2, SQ_PSN, false);
-        for i in 0..4 {
-            qp2.post_recv(&RecvWr::new(
-                200 + i,
-                &[rig.mr.sge(1024 + i * 64, 64).unwrap()],
-            ))
-            .unwrap();
-        }
-        rig.settle();
-        rig.sent();
-        // Each QP sends a request first (PSN 500): QPs that reply hold their Acks back.
-        rig.prime();
-        post(&mut qp2, &rig.mr, 0, 8);
-        rig.ctx.progress();
-        assert_eq!(rig.sent().len(), 1);
+        let (mut rig, mut qp2) = two_qps();
         let peers = [PEER, PEER2];
         let qpns = [rig.qp.qpn(), qp2.qpn()];
         let what = format!("first {first}, answer {answer:?}");
