@@ -261,9 +261,7 @@ impl Engine {
         // A riding Ack kept for the next iteration arrived before this call: handled in
         // the state it arrived in.
         if let Some(qp) = self.qps.at_mut(index) {
-            if let Some(kept) = qp.riding_ack.take() {
-                on_riding_ack(qp, &mut self.res.env(), kept);
-            }
+            on_kept_riding_ack(qp, &mut self.res.env());
         }
         let links = &self.links;
         let qp = self
@@ -476,9 +474,7 @@ impl Engine {
                     continue;
                 };
                 // A riding Ack kept from an earlier packet comes before this one.
-                if let Some(kept) = qp.riding_ack.take() {
-                    on_riding_ack(qp, &mut env, kept);
-                }
+                on_kept_riding_ack(qp, &mut env);
                 if pkt.info.request {
                     responder::on_request(qp, &mut env, &pkt);
                     if qp.resp.owed_ack().is_some() {
@@ -538,9 +534,7 @@ impl Engine {
                 };
                 // A riding Ack kept from this iteration's packets is handled before the
                 // QP's timers are looked at or it learns of a link gone down.
-                if let Some(kept) = qp.riding_ack.take() {
-                    on_riding_ack(qp, &mut env, kept);
-                }
+                on_kept_riding_ack(qp, &mut env);
                 if rung.contains(i) {
                     requester::fetch(qp);
                 }
@@ -1043,19 +1037,24 @@ fn handle_riding_acks(
             riding.remove(i);
             // The QP may be gone (its slot reused: then it kept none).
             let Some(qp) = qps.at_mut(i) else { continue };
-            let Some(kept) = qp.riding_ack.take() else {
+            if !on_kept_riding_ack(qp, env) {
                 continue;
-            };
-            on_riding_ack(qp, env, kept);
+            }
             active.insert(i);
         }
     }
 }
 
-/// Handles a riding Ack kept from its carrier (see [`keep_riding_ack`]).
-fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: (u64, u64)) {
+/// Handles the riding Ack `qp` kept from its carrier (see [`keep_riding_ack`]), if any;
+/// whether there was one.
+#[inline(always)]
+fn on_kept_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>) -> bool {
+    let Some(kept) = qp.riding_ack.take() else {
+        return false;
+    };
     let line = crate::wire::slot::riding_ack_line(kept);
     completer::on_response(qp, env, &RxPacket::riding(&line));
+    true
 }
 
 /// Puts every QP of link `id` in the active set (the link went down: they must see it).
