@@ -35,6 +35,27 @@ use super::{LINE_BYTES, Line};
 use crate::segment::Segment;
 use crate::sync::{self, Ordering, UnsafeCell};
 
+/// Asks the cache for the line at `p` in a state that allows writing it (x86-64:
+/// `PREFETCHW`; AArch64: `PRFM PSTL1KEEP`; elsewhere nothing).
+#[inline(always)]
+fn prefetch_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW is a hint. It reads and writes no memory and no register or flag
+    // the program can see, never faults (not on an unmapped or foreign address either:
+    // `p` may point at a page a peer truncated), and executes as a NOP on processors
+    // without it (its opcode, 0F 0D /1, was reserved as a NOP before PREFETCHW existed).
+    unsafe {
+        core::arch::asm!("prefetchw [{p}]", p = in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: PRFM is a hint: no architectural effect, never faults.
+    unsafe {
+        core::arch::asm!("prfm pstl1keep, [{p}]", p = in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}
+
 /// Offset of the consumer index from the start of a shared line ring.
 const HEAD_OFFSET: usize = 128;
 /// Offset of line 0 from the start of a shared line ring.
@@ -91,6 +112,11 @@ mod sealed {
         /// The caller is the consumer, `pos + out.len() ≤ capacity`, and these lines are
         /// published (their frame's stamp seen with Acquire) and not yet released.
         unsafe fn read_lines(&self, pos: usize, out: &mut [Line]);
+        /// Asks for the line at `pos` in this core's cache, owned for writing (a hint:
+        /// no effect on what any reader sees; see [`PREFETCH_AHEAD`](super::PREFETCH_AHEAD)).
+        fn prefetch_for_write(&self, pos: usize) {
+            let _ = pos;
+        }
         /// Leaves the producer's index for a later producer (shared rings only).
         fn park_tail(&self, tail: u64) {
             let _ = tail;
@@ -115,6 +141,10 @@ struct HeapRing {
     /// The lines, each 64-aligned; the first word of each is accessed atomically.
     lines: Box<[UnsafeCell<Line>]>,
     mask: usize,
+    /// The positions the producer asked to prefetch, in order (unit tests only: a hint has
+    /// no other visible effect).
+    #[cfg(test)]
+    prefetched: std::sync::Mutex<Vec<usize>>,
 }
 
 #[cfg(shmhca_loom)]
@@ -148,6 +178,16 @@ impl std::fmt::Debug for HeapLines {
 }
 
 impl HeapLines {
+    /// The positions prefetched so far, in order (unit tests only).
+    #[cfg(all(test, not(shmhca_loom)))]
+    pub(super) fn prefetched(&self) -> Vec<usize> {
+        self.ring
+            .prefetched
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
     /// Two handles on a new ring of `capacity` lines (already validated: a power of two),
     /// every line zero (stamp 0: not yet written).
     pub(super) fn new_pair(capacity: usize) -> (Self, Self) {
@@ -160,6 +200,8 @@ impl HeapLines {
             words: (0..capacity).map(|_| sync::AtomicU64::new(0)).collect(),
             lines,
             mask: capacity - 1,
+            #[cfg(all(test, not(shmhca_loom)))]
+            prefetched: std::sync::Mutex::new(Vec::new()),
         });
         (
             HeapLines {
@@ -218,6 +260,15 @@ impl sealed::RawLines for HeapLines {
     #[inline(always)]
     fn store_word(&self, pos: usize, word: u64, order: Ordering) {
         self.word(pos).store(word.to_le(), order);
+    }
+    #[cfg(not(shmhca_loom))]
+    #[inline(always)]
+    fn prefetch_for_write(&self, pos: usize) {
+        #[cfg(test)]
+        if let Ok(mut v) = self.ring.prefetched.lock() {
+            v.push(pos & self.ring.mask);
+        }
+        prefetch_write(self.line_ptr(pos).cast::<u8>());
     }
     #[cfg(not(shmhca_loom))]
     #[inline(always)]
@@ -404,6 +455,10 @@ impl sealed::RawLines for ShmLines {
     #[inline(always)]
     fn store_head(&self, value: u64, order: Ordering) {
         self.atomic_u64(HEAD_OFFSET).store(value, order);
+    }
+    #[inline(always)]
+    fn prefetch_for_write(&self, pos: usize) {
+        prefetch_write(self.line_ptr(pos));
     }
     #[inline(always)]
     unsafe fn write_body(&self, pos: usize, line: &Line) {
