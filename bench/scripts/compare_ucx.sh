@@ -25,6 +25,9 @@
 #     tag_bw -s 65536 (UCX_TLS=sm); and atomic_bw -l 32 (no UCX counterpart).
 # The bandwidth tests run after a warm-up (--perform_warm_up).
 #
+# The last lines give each round's bare line and ratios, so that rounds run on different
+# topologies of this host can be told apart.
+#
 # A target is "met" when the median of the per-round ratios meets it; "(k/N)" says in how
 # many rounds it was met. Targets (issue 10): send_lat and write_lat t_typical <= 1.0x UCX
 # am_lat, read_lat and atomic_lat round trip <= 2.0x am_lat, p99 <= 2.0x t_typical, send_bw
@@ -272,6 +275,18 @@ awk -v rounds="$ROUNDS" -v abs="$ABS" -v targets="$TARGETS" '
             if (f[5] == "-") { printf "%-40s %-26s %-8s %s\n", f[3], s, "-", ""; continue }
             ok = (f[4] == "<=") ? (med <= f[5] + 0) : (med >= f[5] + 0)
             printf "%-40s %-26s %-8s %s (%d/%d)\n", f[3], s, f[4] f[5] "x", ok ? "met" : "NOT MET", met_rounds, n
+        }
+        # The host may change topology between rounds (and within one): a round whose bare
+        # line differs from the others belongs with other rounds of its bare line.
+        printf "\nEach round: its bare line (usec, one-way) and the ratios above, in their order\n"
+        for (r = 1; r <= rounds; r++) {
+            printf "round %d  bare %s", r, ((r, "bare_line") in val) ? fmt(val[r, "bare_line"], 0) : "n/a"
+            for (i = 1; i <= nt; i++) {
+                split(lines[i], f, "|")
+                ok = ((r, f[1]) in val) && ((r, f[2]) in val) && val[r, f[2]] > 0
+                printf "  %s %s", f[1], ok ? sprintf("%.2f", val[r, f[1]] / val[r, f[2]]) : "n/a"
+            }
+            printf "\n"
         }
     }' "$DATA"
 if [ "$MISSING" -gt 0 ]; then
