@@ -26,7 +26,19 @@ pub(crate) struct Pair {
 
 /// Builds a [`Pair`]: CQs of `cq_depth`, QPs with `caps`, both in RTS (PMTU 4096, one
 /// outstanding Read or Atomic each way, retries and RNR retries 7).
+#[allow(dead_code)] // not every example that shares this module uses it
 pub(crate) fn connected_pair(cq_depth: u32, caps: QpCaps) -> shmhca::Result<Pair> {
+    connected_pair_with(cq_depth, caps, AccessFlags::NONE)
+}
+
+/// [`connected_pair`] with the QPs' remote access rights `access` (RDMA Read, Write,
+/// Atomic).
+#[allow(dead_code)] // not every example that shares this module uses it
+pub(crate) fn connected_pair_with(
+    cq_depth: u32,
+    caps: QpCaps,
+    access: AccessFlags,
+) -> shmhca::Result<Pair> {
     let ctx = || {
         Context::builder()
             .mode(EngineMode::Inline)
@@ -42,7 +54,7 @@ pub(crate) fn connected_pair(cq_depth: u32, caps: QpCaps) -> shmhca::Result<Pair
     let mut qb = b.create_qp(&pb, &cb, &cb, caps)?;
     let (na, nb) = (qa.qpn(), qb.qpn());
     for (qp, link, remote) in [(&mut qa, la, nb), (&mut qb, lb, na)] {
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))?;
+        qp.modify(&QpAttr::new(QpState::Init).access(access))?;
         qp.modify(
             &QpAttr::new(QpState::Rtr)
                 .path_mtu(Mtu::Mtu4096)
