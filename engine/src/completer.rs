@@ -25,7 +25,7 @@ use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::timer::RNR_RETRY_FOREVER;
 use crate::user_mem::Local;
-use crate::wire::aeth::{AethRepr, NakCode, Syndrome};
+use crate::wire::aeth::{AethRepr, CreditCode, NakCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
 use crate::wire::slot::{Payload, RxPacket};
 use crate::wqe::{WqeFlags, WqeOp};
@@ -35,6 +35,31 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
     if ack_fast(qp, env, pkt) {
         return;
     }
+    on_response_full(qp, env, pkt);
+}
+
+/// Handles the riding Ack a request carried (`kept`: what `wire::slot::riding_ack_of` took
+/// of its carrier), as [`on_response`] handles the standalone Acknowledge it stands for.
+/// The Ack fast path reads its word directly: the carrier's parse checked that it is a
+/// positive Ack, and nothing else of the line it stands for is needed there. Anything the
+/// fast path does not take goes the full way on that line, rebuilt.
+pub(crate) fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: (u64, u64)) {
+    let word = kept.1;
+    // The word: BTH bytes 8..12 (AckReq and reserved, then the PSN) and the AETH.
+    let syndrome = (word >> 24) as u8;
+    if syndrome >> 5 == 0 && fast_paths_on() && qp.state == QpState::Rts {
+        let psn = Psn::new((word >> 32) as u32);
+        let msn = (word as u32) & crate::wire::Msn::MASK;
+        if ack_fast_at(qp, env, psn, CreditCode::new(syndrome), msn) {
+            return;
+        }
+    }
+    let line = crate::wire::slot::riding_ack_line(kept);
+    on_response_full(qp, env, &RxPacket::riding(&line));
+}
+
+/// [`on_response`] past the Ack fast path.
+fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let info = pkt.info;
     if qp.state == QpState::Rtr {
         // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
@@ -267,23 +292,35 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
 /// responses, a Nak, an RNR Nak, a response with data.
 #[inline]
 fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
-    #[cfg(test)]
-    if !crate::responder::probe::enabled() {
-        return false;
-    }
-    if pkt.info.class != OpClass::Acknowledge || qp.state != QpState::Rts {
+    if !fast_paths_on() || pkt.info.class != OpClass::Acknowledge || qp.state != QpState::Rts {
         return false;
     }
     let Some((credits, msn)) = pkt.positive_ack() else {
         return false;
     };
-    let psn = pkt.psn();
+    ack_fast_at(qp, env, pkt.psn(), credits, msn.get())
+}
+
+/// Whether the fast paths may be taken (always, but where a test turned them off to
+/// compare them with the full paths).
+#[inline(always)]
+fn fast_paths_on() -> bool {
+    #[cfg(test)]
+    if !crate::responder::probe::enabled() {
+        return false;
+    }
+    true
+}
+
+/// [`ack_fast`] of a positive Ack of `psn` with `credits` and `msn`, on a QP in RTS.
+#[inline]
+fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode, msn: u32) -> bool {
     let win = &qp.req.window;
     // 1. PSN window. At or before the last acknowledged PSN: a duplicate or unsolicited
     // Ack (a credit update), of which only the credits count — what the slow path does
     // with it in RTS.
     if psn.diff(win.acked()) <= 0 {
-        qp.req.update_credits(credits, msn.get());
+        qp.req.update_credits(credits, msn);
         #[cfg(test)]
         crate::responder::probe::count(crate::responder::probe::Path::Credits);
         return true;
@@ -317,7 +354,7 @@ fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         qp.req.window.complete(seq, WcStatus::Success);
     }
     progress(qp, env, psn);
-    qp.req.update_credits(credits, msn.get());
+    qp.req.update_credits(credits, msn);
     retire(qp, env);
     #[cfg(test)]
     crate::responder::probe::count(crate::responder::probe::Path::Ack);

@@ -1052,8 +1052,7 @@ fn on_kept_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>) -> bool {
     let Some(kept) = qp.riding_ack.take() else {
         return false;
     };
-    let line = crate::wire::slot::riding_ack_line(kept);
-    completer::on_response(qp, env, &RxPacket::riding(&line));
+    completer::on_riding_ack(qp, env, kept);
     true
 }
 
