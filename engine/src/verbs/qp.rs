@@ -62,6 +62,9 @@ pub struct Qp {
     rq: Producer<RqWqe, HeapStorage<RqWqe>>,
     qshared: Arc<QpShared>,
     sq_posted: u64,
+    /// `sq_posted % max_send_wr`, kept as it goes (no division per post): the row of the
+    /// next request in the inline staging area and the gather table.
+    sq_row: u64,
     /// Send WQEs pushed on the send ring (the others were handed to the engine directly).
     sq_pushed: u64,
     sq_retired: u64,
@@ -220,6 +223,7 @@ impl Qp {
             rq,
             qshared,
             sq_posted: 0,
+            sq_row: 0,
             sq_pushed: 0,
             sq_retired: 0,
             rq_posted: 0,
@@ -423,7 +427,7 @@ impl Qp {
 
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
-        self.sq_posted += 1;
+        self.count_posted();
         // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
         // engine is free, counting its elements under the token (no locked instruction);
         // otherwise (poll mode, or the engine busy on another thread) it goes through the
@@ -500,9 +504,19 @@ impl Qp {
         if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
-        self.sq_posted += 1;
+        self.count_posted();
         self.sq_pushed += 1;
         Ok(())
+    }
+
+    /// Counts one more send request posted, and moves on to the next row.
+    #[inline(always)]
+    fn count_posted(&mut self) {
+        self.sq_posted += 1;
+        self.sq_row += 1;
+        if self.sq_row == u64::from(self.caps.max_send_wr) {
+            self.sq_row = 0;
+        }
     }
 
     /// Checks a send work request and turns it into a WQE: inline data staged, gather lists
@@ -577,7 +591,11 @@ impl Qp {
             ));
         }
         // The row of this request in the inline staging area and the gather table.
-        let row = || self.sq_posted % u64::from(self.caps.max_send_wr);
+        let row = || self.sq_row;
+        debug_assert_eq!(
+            self.sq_row,
+            self.sq_posted % u64::from(self.caps.max_send_wr)
+        );
         let (data, len) = match wr.data {
             Data::Inline(bytes) => (
                 self.stage_inline(row(), bytes.len(), |dst, mem| mem.write(dst, bytes).is_ok())?,
@@ -1227,7 +1245,7 @@ mod tests {
                     .prepare_send(&SendWr::inline(0, SendOp::Send, &[round, i]))
                     .unwrap();
                 qp.sq.push(wqe).unwrap();
-                qp.sq_posted += 1;
+                qp.count_posted();
                 qp.sq_pushed += 1;
             }
             qp.post_send(&SendWr::inline(0, SendOp::Send, &[round, 2]))
