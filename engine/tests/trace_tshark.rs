@@ -17,6 +17,8 @@
 //! (`DEBIAN_FRONTEND=noninteractive apt-get install -y tshark`); with
 //! `SHMHCA_REQUIRE_TSHARK=1` (as `.ci/run` sets) a missing tshark fails them instead.
 
+mod tshark_support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -128,34 +130,9 @@ const TSHARK_OPTS: [&str; 4] = [
     "rpcrdma_infiniband",
 ];
 
-/// What to run to get tshark.
-const INSTALL_HINT: &str = "DEBIAN_FRONTEND=noninteractive apt-get install -y tshark";
-
-/// Whether tshark can be run. If not: with `SHMHCA_REQUIRE_TSHARK=1` this panics (the
-/// test fails, naming what to install); otherwise the first caller prints one line saying
-/// the tshark tests are skipped and what to install, and the caller returns early.
+/// Whether tshark is there (prints the skip line once if not).
 fn tshark_available() -> bool {
-    static SKIP_LINE: std::sync::Once = std::sync::Once::new();
-    let found = match Command::new("tshark").arg("--version").output() {
-        Ok(out) => out.status.success(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => panic!("could not run tshark: {e}"),
-    };
-    if found {
-        return true;
-    }
-    if std::env::var_os("SHMHCA_REQUIRE_TSHARK").is_some_and(|v| v == "1") {
-        panic!("tshark is not installed and SHMHCA_REQUIRE_TSHARK=1 requires it: {INSTALL_HINT}");
-    }
-    SKIP_LINE.call_once(|| {
-        // Straight to the process's stderr, past the test harness's output capture.
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "trace_tshark: skipped, tshark is not installed (to run these tests: {INSTALL_HINT})"
-        );
-    });
-    false
+    tshark_support::tshark_available("trace_tshark: the tshark tests")
 }
 
 fn tshark(file: &Path, args: &[&str]) -> String {
@@ -168,7 +145,10 @@ fn tshark(file: &Path, args: &[&str]) -> String {
     {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            panic!("tshark is not installed; this test needs it: {INSTALL_HINT}")
+            panic!(
+                "tshark is not installed; this test needs it: {}",
+                tshark_support::INSTALL_HINT
+            )
         }
         Err(e) => panic!("could not run tshark: {e}"),
     };
