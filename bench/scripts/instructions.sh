@@ -9,7 +9,10 @@
 # (`SendWr::inline`, as perftest posts small messages by default). A third figure is the
 # message-rate path: engine/examples/inline_stream, a stream of 8-byte inline Sends the way
 # `shmhca-perf send_bw` runs them (a window of 128 outstanding, a completion every 100th,
-# each receive reposted), per message, sender and receiver together.
+# each receive reposted), per message, sender and receiver together. The last two are the
+# round trips of `shmhca-perf read_lat` and `atomic_lat`: engine/examples/inline_read, an
+# 8-byte RDMA Read (or Fetch and Add) posted, then its completion polled, the responder's
+# engine driven between polls; per round trip, requester and responder together.
 #
 #   bench/scripts/instructions.sh               # prints the four figures
 #   MAX_INSTR=6000 MAX_LOCKED=4.5 bench/scripts/instructions.sh   # and fails above ceilings
@@ -19,6 +22,8 @@
 #   MAX_INSTR, MAX_LOCKED                 the gather-list Send
 #   MAX_INSTR_INLINE, MAX_LOCKED_INLINE   the inline Send
 #   MAX_INSTR_STREAM, MAX_LOCKED_STREAM   the stream of inline Sends
+#   MAX_INSTR_READ, MAX_LOCKED_READ       the RDMA Read round trip
+#   MAX_INSTR_ATOMIC, MAX_LOCKED_ATOMIC   the Fetch and Add round trip
 #
 # Locked instructions: callgrind runs with --dump-instr=yes, which gives the execution
 # count of every instruction address, per object (the executable and each shared library),
@@ -56,9 +61,11 @@ for tool in valgrind objdump; do
         exit 1
     fi
 done
-cargo build --release -q -p shmhca --example inline_pingpong --example inline_stream
+cargo build --release -q -p shmhca --example inline_pingpong --example inline_stream \
+    --example inline_read
 PINGPONG=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
 STREAM=${CARGO_TARGET_DIR:-target}/release/examples/inline_stream
+READ=${CARGO_TARGET_DIR:-target}/release/examples/inline_read
 BIN=$PINGPONG
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -205,6 +212,16 @@ measure_stream() {
     BIN=$PINGPONG
 }
 
+# Runs the Read and the Atomic round trips for both iteration counts (tags "read", "atomic").
+measure_read() {
+    BIN=$READ
+    run read.1 "$N1"
+    run read.2 "$N2"
+    run atomic.1 "$N1" --atomic
+    run atomic.2 "$N2" --atomic
+    BIN=$PINGPONG
+}
+
 # Fails if figure $1 (value $2) is above ceiling $3 (named by variable $4), if set.
 check() {
     local figure=$1 value=$2 ceiling=$3 var=$4
@@ -247,22 +264,33 @@ fi
 measure sge
 measure inline --inline
 measure_stream
+measure_read
 locked_list
 per_message sge "$((2 * (N2 - N1)))"
 per_message inline "$((2 * (N2 - N1)))"
 per_message stream "$((S2 - S1))"
+per_message read "$((N2 - N1))"
+per_message atomic "$((N2 - N1))"
 read -r INSTR LOCKED <"$OUT/result.sge"
 read -r INSTR_INLINE LOCKED_INLINE <"$OUT/result.inline"
 read -r INSTR_STREAM LOCKED_STREAM <"$OUT/result.stream"
+read -r INSTR_READ LOCKED_READ <"$OUT/result.read"
+read -r INSTR_ATOMIC LOCKED_ATOMIC <"$OUT/result.atomic"
 show_detail sge "one-way gather-list Send"
 show_detail inline "one-way inline Send"
 show_detail stream "stream of inline Sends"
+show_detail read "RDMA Read round trip"
+show_detail atomic "Fetch and Add round trip"
 echo "instructions per one-way 8-byte Send (both sides, Ack included): $INSTR"
 echo "locked instructions per one-way 8-byte Send (both sides, Ack included): $LOCKED"
 echo "instructions per one-way 8-byte inline Send (both sides, Ack included): $INSTR_INLINE"
 echo "locked instructions per one-way 8-byte inline Send (both sides, Ack included): $LOCKED_INLINE"
 echo "instructions per 8-byte inline Send in a stream (both sides, Acks included): $INSTR_STREAM"
 echo "locked instructions per 8-byte inline Send in a stream (both sides, Acks included): $LOCKED_STREAM"
+echo "instructions per 8-byte RDMA Read round trip (both sides): $INSTR_READ"
+echo "locked instructions per 8-byte RDMA Read round trip (both sides): $LOCKED_READ"
+echo "instructions per Fetch and Add round trip (both sides): $INSTR_ATOMIC"
+echo "locked instructions per Fetch and Add round trip (both sides): $LOCKED_ATOMIC"
 FAILED=0
 check "instructions per one-way 8-byte Send" "$INSTR" "${MAX_INSTR:-}" MAX_INSTR
 check "locked instructions per one-way 8-byte Send" "$LOCKED" "${MAX_LOCKED:-}" MAX_LOCKED
@@ -274,4 +302,12 @@ check "instructions per 8-byte inline Send in a stream" "$INSTR_STREAM" \
     "${MAX_INSTR_STREAM:-}" MAX_INSTR_STREAM
 check "locked instructions per 8-byte inline Send in a stream" "$LOCKED_STREAM" \
     "${MAX_LOCKED_STREAM:-}" MAX_LOCKED_STREAM
+check "instructions per 8-byte RDMA Read round trip" "$INSTR_READ" \
+    "${MAX_INSTR_READ:-}" MAX_INSTR_READ
+check "locked instructions per 8-byte RDMA Read round trip" "$LOCKED_READ" \
+    "${MAX_LOCKED_READ:-}" MAX_LOCKED_READ
+check "instructions per Fetch and Add round trip" "$INSTR_ATOMIC" \
+    "${MAX_INSTR_ATOMIC:-}" MAX_INSTR_ATOMIC
+check "locked instructions per Fetch and Add round trip" "$LOCKED_ATOMIC" \
+    "${MAX_LOCKED_ATOMIC:-}" MAX_LOCKED_ATOMIC
 exit "$FAILED"
