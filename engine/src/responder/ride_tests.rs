@@ -33,6 +33,12 @@ struct Rig {
 /// (owed Acks leave at the end of their iteration) or, with `hold`, one whose owed Acks
 /// are held back an iteration (as with the progress helper or in poll mode).
 fn rig_with(ctx: Context, hold: bool) -> Rig {
+    rig_full(ctx, hold, false)
+}
+
+/// [`rig_with`], with end-to-end credits where `credits` (the peer's Acks limit the
+/// rig's Sends).
+fn rig_full(ctx: Context, hold: bool, credits: bool) -> Rig {
     ctx.shared.engine.with(|e| e.hold_acks = hold);
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(512).unwrap();
@@ -45,7 +51,7 @@ fn rig_with(ctx: Context, hold: bool) -> Rig {
     };
     let mut qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
     let (id, ends, _arena) = raw_peer_link(&ctx, RING, PEER, 4096);
-    connect_to_raw_peer(&mut qp, id, PEER, SQ_PSN, false);
+    connect_to_raw_peer(&mut qp, id, PEER, SQ_PSN, credits);
     let mr = pd.alloc_mr(8192, crate::AccessFlags::ALL).unwrap();
     for i in 0..4 {
         qp.post_recv(&RecvWr::new(100 + i, &[mr.sge(i * 64, 64).unwrap()]))
@@ -641,5 +647,89 @@ fn a_riding_ack_is_handled_by_the_next_iteration_or_before_a_modify() {
             .filter(|c| c.0 == WcOpcode::Send)
             .collect();
         assert_eq!(next, [(WcOpcode::Send, 1, crate::WcStatus::Success)]);
+    }
+}
+
+/// What a riding Ack says besides its PSN counts as the same Ack alone would: its credits
+/// (read with its MSN) release the Sends that wait for credit, and a QP no longer in RTS
+/// handles it the full way (in Error it completes nothing: the Sends are flushed).
+#[test]
+fn a_riding_acks_credits_and_state_count_as_a_standalone_ones() {
+    for error in [false, true] {
+        let mut outcomes = vec![];
+        for ride in [false, true] {
+            let mut rig = rig_full(inline_context(), false, true);
+            // The peer reports no receive left: of the next five Sends the first goes (none
+            // is outstanding), the others wait for credit.
+            rig.send(1, 8);
+            rig.ctx.progress();
+            rig.sent();
+            let none = Syndrome::Ack {
+                credits: CreditCode::encode(0),
+            };
+            rig.push(ack_line(&rig, SQ_PSN, none, 1));
+            rig.ctx.progress();
+            for id in 2..=6 {
+                rig.send(id, 8);
+            }
+            rig.ctx.progress();
+            let before = rig.sent().len();
+            if error {
+                rig.qp.modify(&crate::QpAttr::new(QpState::Error)).unwrap();
+            }
+            // The peer took a receive for Send 2 (MSN 2) and reports 4 more: Sends 3 to 6.
+            let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
+            if ride {
+                rig.push(with_riding(s, riding_word(SQ_PSN + 1, ack4(), 2)));
+            } else {
+                rig.push(s);
+                rig.push(ack_line(
+                    &rig,
+                    SQ_PSN + 1,
+                    Syndrome::Ack {
+                        credits: CreditCode::encode(4),
+                    },
+                    2,
+                ));
+            }
+            for _ in 0..4 {
+                rig.ctx.progress();
+            }
+            let after: Vec<_> = rig.sent().iter().map(opcode_of).collect();
+            let c: Vec<_> = rig
+                .completions()
+                .iter()
+                .map(|c| (c.opcode, c.wr_id, c.status))
+                .collect();
+            outcomes.push((before, after, c, rig.qp.state()));
+        }
+        assert_eq!(
+            outcomes[0], outcomes[1],
+            "riding and standalone alike (error: {error})"
+        );
+        let (before, after, c, _) = &outcomes[1];
+        if error {
+            // Send 1 completed before (the peer's first Ack); 2 to 6 are flushed.
+            for id in 2..=6 {
+                assert!(
+                    c.contains(&(WcOpcode::Send, id, crate::WcStatus::WrFlushErr)),
+                    "Send {id} flushed in Error: {c:?}"
+                );
+            }
+        } else {
+            assert_eq!(*before, 1, "Sends 3 to 6 wait for credit");
+            let sends = after
+                .iter()
+                .filter(|&&o| o == Opcode::SendOnly.code())
+                .count();
+            assert_eq!(
+                sends, 4,
+                "the credits released all four at once: {after:x?}"
+            );
+            assert!(
+                c.contains(&(WcOpcode::Send, 2, crate::WcStatus::Success)),
+                "{c:?}"
+            );
+        }
     }
 }
