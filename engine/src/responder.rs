@@ -362,11 +362,22 @@ pub(crate) mod probe {
         /// The completer's fast path for a duplicate or unsolicited positive Ack (a
         /// credit update).
         Credits = 2,
+        /// The completer's fast path for the RDMA Read Response Only of the oldest WQE.
+        ReadResponse = 3,
+        /// The completer's fast path for the Atomic Acknowledge of the oldest WQE.
+        AtomicAck = 4,
+        /// The receive fast path of an RDMA Read Request ([`super::read_fast`]).
+        Read = 5,
+        /// The receive fast path of an Atomic ([`super::atomic_fast`]).
+        Atomic = 6,
     }
+
+    /// How many fast paths there are.
+    pub(crate) const PATHS: usize = 7;
 
     thread_local! {
         static OFF: Cell<bool> = const { Cell::new(false) };
-        static TAKEN: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
+        static TAKEN: Cell<[u64; PATHS]> = const { Cell::new([0; PATHS]) };
     }
 
     /// Whether the fast paths may be taken on this thread.
@@ -391,6 +402,11 @@ pub(crate) mod probe {
     /// How many times `path` was taken on this thread.
     pub(crate) fn taken(path: Path) -> u64 {
         TAKEN.with(|c| c.get()[path as usize])
+    }
+
+    /// How many times each path was taken on this thread, in the order of [`Path`].
+    pub(crate) fn all_taken() -> [u64; PATHS] {
+        TAKEN.with(Cell::get)
     }
 }
 

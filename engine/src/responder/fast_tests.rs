@@ -45,9 +45,13 @@ impl std::fmt::Debug for Memory {
     }
 }
 
+/// How many times each fast path was taken, in the order of [`Path`] (receive, Ack,
+/// credits, Read Response, Atomic Acknowledge, Read Request, Atomic).
+type Taken = [u64; probe::PATHS];
+
 /// Runs `scenario` on a fresh rig with the fast paths on or off; returns what it left and
-/// how many times each fast path was taken (receive, Ack).
-fn run(fast: bool, access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, [u64; 2]) {
+/// how many times each fast path was taken.
+fn run(fast: bool, access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
     run_in(fast, access, QpState::Rts, scenario)
 }
 
@@ -57,16 +61,14 @@ fn run_in(
     access: AccessFlags,
     state: QpState,
     scenario: &dyn Fn(&mut Rig),
-) -> (Outcome, [u64; 2]) {
+) -> (Outcome, Taken) {
     probe::set_enabled(fast);
     let mut r = rig_in(access, state);
-    let before = [probe::taken(Path::Receive), probe::taken(Path::Ack)];
+    let before = probe::all_taken();
     scenario(&mut r);
     r.step();
-    let taken = [
-        probe::taken(Path::Receive) - before[0],
-        probe::taken(Path::Ack) - before[1],
-    ];
+    let after = probe::all_taken();
+    let taken: Taken = std::array::from_fn(|i| after[i] - before[i]);
     probe::set_enabled(true);
     let sent = sent(&mut r);
     let mut completions = vec![];
@@ -105,9 +107,9 @@ fn run_in(
 
 /// Runs `scenario` through the fast paths and through the slow paths, checks that both
 /// leave the same outcome, and returns it with the fast paths' counts.
-fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, [u64; 2]) {
+fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
     let (slow, none) = run(false, access, scenario);
-    assert_eq!(none, [0, 0], "the fast paths are off");
+    assert_eq!(none, [0; probe::PATHS], "the fast paths are off");
     let (fast, taken) = run(true, access, scenario);
     assert_eq!(
         fast, slow,
@@ -477,6 +479,10 @@ enum Op {
     Send(u32),
     Write(u32),
     Read(u32),
+    /// A Fetch and Add (of 8 bytes).
+    FetchAdd,
+    /// A Compare and Swap (of 8 bytes).
+    CompareSwap,
 }
 
 /// Gives the requester `n` credits (an unsolicited Ack of the PSN before its first) and
@@ -491,11 +497,202 @@ fn post(r: &mut Rig, n: u32, ops: &[Op]) {
             Op::Send(len) => (SendOp::Send, len),
             Op::Write(len) => (SendOp::RdmaWrite(remote), len),
             Op::Read(len) => (SendOp::RdmaRead(remote), len),
+            Op::FetchAdd => (SendOp::FetchAdd { remote, add: 3 }, 8),
+            Op::CompareSwap => (
+                SendOp::CompareSwap {
+                    remote,
+                    compare: 0,
+                    swap: 5,
+                },
+                8,
+            ),
         };
         let sge = [r.mr.sge(at, len).unwrap()];
         r.qp.post_send(&SendWr::new(i, op, &sge)).unwrap();
     }
     r.step();
+}
+
+/// Publishes response `op` at PSN `psn` (absolute) with an AETH of `syndrome` and MSN
+/// `msn`, the original value `orig` of an Atomic Acknowledge, and `payload` inline (a
+/// payload larger than the slot holds: as many bytes of the peer's arena, by reference).
+fn respond_data(
+    r: &mut Rig,
+    op: Opcode,
+    psn: u32,
+    (syndrome, msn): (Syndrome, u32),
+    orig: Option<u64>,
+    payload: &[u8],
+) {
+    let mut repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), Psn::new(psn)));
+    repr.aeth = Some(AethRepr {
+        syndrome,
+        msn: Msn::new(msn),
+    });
+    repr.atomic_ack_eth = orig.map(|orig| crate::wire::AtomicAckEthRepr { orig });
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    let at = usize::from(s.hdr_len);
+    if payload.len() > PacketSlot::inline_room(at) {
+        // By reference: the peer's arena (zeros), not `payload`'s bytes.
+        s.kind = crate::wire::slot::KIND_DIRECT;
+        s.payload_off = 0;
+        s.payload_len = payload.len() as u32;
+    } else if !payload.is_empty() {
+        s.kind = crate::wire::slot::KIND_INLINE;
+        s.payload_len = payload.len() as u32;
+        s.data[at..at + payload.len()].copy_from_slice(payload);
+    }
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+/// The RDMA Read Response Only of PSN `psn` (absolute) carrying `payload`.
+fn read_response(r: &mut Rig, psn: u32, msn: u32, payload: &[u8]) {
+    let op = Opcode::RdmaReadResponseOnly;
+    respond_data(r, op, psn, (credits(4), msn), None, payload);
+}
+
+/// The Atomic Acknowledge of PSN `psn` (absolute) with original value `orig`.
+fn atomic_ack(r: &mut Rig, psn: u32, msn: u32, orig: u64) {
+    let op = Opcode::AtomicAcknowledge;
+    respond_data(r, op, psn, (credits(4), msn), Some(orig), &[]);
+}
+
+/// The Read Response Only of a Read of one response and the Atomic Acknowledges of a
+/// Fetch and Add and a Compare and Swap, each answering the oldest WQE, take the fast
+/// paths with the slow path's completions (byte count), memory (the data and the original
+/// values), acknowledged PSN, credits and statistics.
+#[test]
+fn read_responses_and_atomic_acks_of_the_oldest_wqe_take_the_fast_paths() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(
+            r,
+            8,
+            &[
+                Op::Read(8),
+                Op::FetchAdd,
+                Op::CompareSwap,
+                Op::Read(0),
+                Op::Read(256),
+                Op::Send(4),
+            ],
+        );
+        read_response(r, 0, 1, b"readdata");
+        r.step();
+        atomic_ack(r, 1, 2, 0x0102_0304_0506_0708);
+        r.step();
+        atomic_ack(r, 2, 3, u64::MAX - 1);
+        r.step();
+        read_response(r, 3, 4, b"");
+        r.step();
+        read_response(r, 4, 5, &[0x5A; 256]);
+        r.step();
+        respond(r, 5, credits(3), 6);
+        r.step();
+    });
+    assert_eq!(taken[Path::ReadResponse as usize], 3);
+    assert_eq!(taken[Path::AtomicAck as usize], 2);
+    assert_eq!(taken[Path::Ack as usize], 1);
+    assert_eq!(out.completions.len(), 6);
+    assert!(
+        out.completions
+            .iter()
+            .all(|c| c.status == crate::WcStatus::Success)
+    );
+    assert_eq!(out.completions[0].byte_len, 8);
+    assert_eq!(out.completions[4].byte_len, 256);
+    assert_eq!(&out.memory.0[..8], b"readdata");
+    assert_eq!(
+        out.memory.0[1024..1032],
+        0x0102_0304_0506_0708u64.to_ne_bytes()
+    );
+    assert_eq!(out.memory.0[2048..2056], (u64::MAX - 1).to_ne_bytes());
+}
+
+/// Read responses and Atomic Acknowledges the fast paths do not take, each as the slow
+/// path takes it: the wrong length, a Nak's syndrome, a First where an Only belongs (a
+/// Read of two responses), an Atomic Acknowledge of a Read and a Read response of an
+/// Atomic, a Read response that acknowledges a Send before it, a duplicate, a PSN never
+/// sent, in SQD, an Atomic Acknowledge with a payload.
+#[test]
+fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
+    fn ack(msn: u32) -> (Syndrome, u32) {
+        (credits(4), msn)
+    }
+    let cases: [&Scenario; 11] = [
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            read_response(r, 0, 1, b"short");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            let op = Opcode::RdmaReadResponseOnly;
+            let nak = Syndrome::Nak(NakCode::RemoteAccessError);
+            respond_data(r, op, 0, (nak, 1), None, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(300)]);
+            let op = Opcode::RdmaReadResponseFirst;
+            respond_data(r, op, 0, ack(1), None, &[1; 256]);
+            r.step();
+            let op = Opcode::RdmaReadResponseLast;
+            respond_data(r, op, 1, ack(1), None, &[2; 44]);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(300)]);
+            read_response(r, 0, 1, &[1; 256]);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            atomic_ack(r, 0, 1, 7);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::FetchAdd]);
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Send(4), Op::Read(8)]);
+            read_response(r, 1, 2, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            read_response(r, 1, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+            r.step();
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::FetchAdd]);
+            let op = Opcode::AtomicAcknowledge;
+            respond_data(r, op, 0, ack(1), Some(9), b"pad!");
+            r.step();
+        },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let (_, taken) = same_both_ways(AccessFlags::ALL, *case);
+        let fast = taken[Path::ReadResponse as usize] + taken[Path::AtomicAck as usize];
+        // The duplicate's first copy is the only one fast.
+        assert_eq!(fast, u64::from(i == 7), "case {i}");
+    }
 }
 
 /// Acks of the oldest Sends (one Ack covering two, then one covering the third) take the
@@ -962,10 +1159,10 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
         r.step();
     };
     let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
-    assert_eq!(none, [0, 0]);
+    assert_eq!(none, [0; probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
-    assert_eq!(taken, [3, 0]);
+    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0]);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);
@@ -1040,9 +1237,11 @@ fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
 
 // --- Random Acks, fast paths on and off (hostile review of issue 10) ---
 
-/// A random stream of Acknowledges — any PSN around the window, any syndrome byte (an RNR
-/// Nak's timer the longest, so that no wait ends within a run), any MSN — after random
-/// Sends, Writes and Reads: the Ack and credit fast paths leave what the slow path leaves.
+/// A random stream of Acknowledges, RDMA Read Responses Only and Atomic Acknowledges —
+/// any PSN around the window, any syndrome byte (an RNR Nak's timer the longest, so that
+/// no wait ends within a run), any MSN, Read data of any length — after random Sends,
+/// Writes, Reads and Atomics: the Ack, credit and answer fast paths leave what the slow
+/// path leaves.
 mod random_acks {
     use super::*;
     use proptest::collection::vec;
@@ -1052,17 +1251,34 @@ mod random_acks {
         prop_oneof![
             (0u32..600).prop_map(Op::Send),
             (0u32..600).prop_map(Op::Write),
-            (1u32..600).prop_map(Op::Read),
+            (0u32..600).prop_map(Op::Read),
+            Just(Op::FetchAdd),
+            Just(Op::CompareSwap),
         ]
     }
 
-    /// (PSN relative to the first sent, syndrome byte, MSN).
-    fn answer() -> impl Strategy<Value = (i32, u8, u32)> {
+    /// What answers: an Acknowledge, an RDMA Read Response Only of this many bytes, or an
+    /// Atomic Acknowledge.
+    #[derive(Debug, Clone, Copy)]
+    enum Kind {
+        Ack,
+        ReadOnly(u32),
+        AtomicAck,
+    }
+
+    /// (PSN relative to the first sent, syndrome byte, MSN, what).
+    fn answer() -> impl Strategy<Value = (i32, u8, u32, Kind)> {
         let syndrome = prop_oneof![3 => 0u8..32, 1 => any::<u8>()];
+        let kind = prop_oneof![
+            3 => Just(Kind::Ack),
+            1 => prop_oneof![Just(0u32), Just(8), 0u32..300].prop_map(Kind::ReadOnly),
+            1 => Just(Kind::AtomicAck),
+        ];
         (
             -3i32..12,
             syndrome,
             prop_oneof![4 => 0u32..12, 1 => any::<u32>()],
+            kind,
         )
     }
 
@@ -1081,11 +1297,24 @@ mod random_acks {
         ) {
             let scenario = |r: &mut Rig| {
                 post(r, n, &ops);
-                for &(at, syndrome, msn) in &acks {
+                for &(at, syndrome, msn, kind) in &acks {
                     // An RNR Nak waits 655 ms (timer code 0): longer than the run.
                     let syndrome = if syndrome >> 5 == 0b001 { 0b001_00000 } else { syndrome };
-                    let psn = Psn::new(0).add(at.rem_euclid(1 << 24) as u32);
-                    respond(r, psn.get(), Syndrome::from_u8(syndrome), msn);
+                    let psn = Psn::new(0).add(at.rem_euclid(1 << 24) as u32).get();
+                    let syndrome = Syndrome::from_u8(syndrome);
+                    match kind {
+                        Kind::Ack => respond(r, psn, syndrome, msn),
+                        Kind::ReadOnly(len) => {
+                            let op = Opcode::RdmaReadResponseOnly;
+                            let data = vec![0xC3; len as usize];
+                            respond_data(r, op, psn, (syndrome, msn), None, &data);
+                        }
+                        Kind::AtomicAck => {
+                            let op = Opcode::AtomicAcknowledge;
+                            let orig = Some(u64::from(msn) * 0x0101);
+                            respond_data(r, op, psn, (syndrome, msn), orig, &[]);
+                        }
+                    }
                     r.step();
                 }
             };
