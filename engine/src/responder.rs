@@ -148,8 +148,15 @@ pub(crate) struct Responder {
     nak_outstanding: bool,
     /// The credit count last reported, if any.
     advertised: Option<u32>,
-    /// New Reads and Atomics queued, for the responder-resources limit.
+    /// New Reads and Atomics queued, for the responder-resources limit (those answered
+    /// early, [`Responder::answered_early`], included).
     rd_atomic_queued: u32,
+    /// New Reads and Atomics answered at once by the receive fast paths ([`read_fast`],
+    /// [`atomic_fast`]) in this iteration's receive step: each holds its responder
+    /// resource (and keeps the Acks behind it queued) until the QP's responses are drained
+    /// in step 3, as if it had been queued and sent there — so that a request later in
+    /// the same burst meets the resources and the order the pipeline leaves.
+    answered_early: u32,
     /// Answers to duplicate Reads and Atomics queued (at most [`MAX_RD_ATOMIC`]): they
     /// re-send what a new request's resource produced, and must not take the resources the
     /// requester may use for new requests.
@@ -193,6 +200,7 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
+            answered_early: 0,
             dup_queued: 0,
             closing: false,
             cur_status: WcStatus::WrFlushErr,
@@ -218,7 +226,7 @@ impl Responder {
     /// Whether responses wait to be sent (not counting an owed Ack: the engine's
     /// [`OwedAcks`] lists those).
     pub(crate) fn has_output(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || self.answered_early > 0
     }
 
     /// The positive Ack owed, if any.
@@ -259,7 +267,7 @@ impl Responder {
     /// acknowledges every request before it too. Behind a queued response it is queued
     /// instead, so that it does not overtake it.
     fn owe(&mut self, psn: Psn, msn: u32) {
-        if self.out.is_empty() {
+        if self.out.is_empty() && self.answered_early == 0 {
             self.owed = Some(OwedAck { psn, msn });
         } else {
             self.queue(Out::Ack { psn, msn });
@@ -411,10 +419,23 @@ pub(crate) mod probe {
 }
 
 /// Handles one request packet addressed to this QP's RQ Logic: runs it through the checks
-/// and, if one refuses it, answers as the table ([`verdict`]) says.
-pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+/// and, if one refuses it, answers as the table ([`verdict`]) says. With `tx` (the QP's
+/// link, when nothing needs to look at the packets sent before they leave), a new RDMA
+/// Read of one response or a new Atomic is answered at once ([`read_fast`],
+/// [`atomic_fast`]).
+pub(crate) fn on_request<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: Option<&mut L>,
+    pkt: &RxPacket<'_>,
+) {
     if receive_fast(qp, env, pkt) {
         return;
+    }
+    if let Some(tx) = tx {
+        if answer_fast(qp, env, tx, pkt) {
+            return;
+        }
     }
     if let Err(e) = receive(qp, env, pkt) {
         refuse(qp, env, pkt.psn(), e);
@@ -461,6 +482,218 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         probe::count(probe::Path::Receive);
     }
     taken
+}
+
+/// The receive fast paths of RDMA Reads and Atomics (issue 10): a new request at ePSN,
+/// on an RTR or RTS QP with nothing pending (no message in progress, no receive WQE held,
+/// no Nak outstanding, no response queued — the answer would have to wait its turn), is
+/// answered straight into the link's next slot: the Read Response Only of a Read of at
+/// most a PMTU ([`read_fast`]), the Atomic Acknowledge of an Atomic ([`atomic_fast`]). It
+/// skips the response queue and the second R_Key check of the queued Read's response
+/// (nothing can change the region between the two here), and makes the pipeline's checks
+/// in its order (operation enabled, resources, headers, alignment, R_Key); if one fails,
+/// or the link has no room, it returns false with nothing changed, and the pipeline takes
+/// the packet from the start. The answer is the one step 3 would send — the same headers,
+/// credits, data, MSN — and the state the same once step 3 has drained the queue
+/// ([`Responder::answered_early`]).
+#[inline]
+fn answer_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: &mut L,
+    pkt: &RxPacket<'_>,
+) -> bool {
+    #[cfg(test)]
+    if !probe::enabled() {
+        return false;
+    }
+    let info = pkt.info;
+    let resp = &qp.resp;
+    if !matches!(
+        info.class,
+        OpClass::RdmaReadRequest | OpClass::CompareSwap | OpClass::FetchAdd
+    ) || pkt.psn() != resp.epsn
+        || !matches!(qp.state, QpState::Rts | QpState::Rtr)
+        || !matches!(resp.cur, Inbound::Idle)
+        || resp.held.is_some()
+        || resp.nak_outstanding
+        || !resp.out.is_empty()
+        || resp.closing
+    {
+        return false;
+    }
+    let Some(dest) = qp.cfg.dest else {
+        return false;
+    };
+    // 4. Resources (the pipeline checks them before the headers).
+    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+        return false;
+    }
+    if info.class == OpClass::RdmaReadRequest {
+        read_fast(qp, env, tx, dest.qpn, pkt)
+    } else {
+        atomic_fast(qp, env, tx, dest.qpn, pkt)
+    }
+}
+
+/// A new RDMA Read Request of one response on the fast path ([`answer_fast`]); false,
+/// with nothing changed, if the pipeline must take it.
+#[inline]
+fn read_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: &mut L,
+    dest: crate::wire::Qpn,
+    pkt: &RxPacket<'_>,
+) -> bool {
+    // 3. Operation enabled.
+    if !qp.cfg.access.contains(AccessFlags::REMOTE_READ) {
+        return false;
+    }
+    let Some(reth) = pkt.reth() else {
+        return false;
+    };
+    // One response (a Read of at most a PMTU, or of nothing).
+    let len = reth.dma_len;
+    if len > qp.cfg.path_mtu.bytes() {
+        return false;
+    }
+    // 6. R_Key, once: the response is built now, from the range it checked.
+    let Ok(off) = env.check_remote(
+        reth.rkey,
+        (qp.pd, qp.qpn),
+        AccessFlags::REMOTE_READ,
+        reth.va,
+        u64::from(len),
+    ) else {
+        return false;
+    };
+    // A registered application buffer is staged in its shadow, which the peer can read.
+    let Some(off) = env.mrs.stage_read(off, u64::from(len), &qp.mem) else {
+        return false;
+    };
+    // 7. Execute: the response, as `read_response` builds it.
+    let psn = pkt.psn();
+    let msn = (qp.resp.msn + 1) & Msn::MASK;
+    let credits = credit_code(qp);
+    let Some(slot) = tx.next_slot() else {
+        return false;
+    };
+    let mut b = bth(Opcode::RdmaReadResponseOnly, dest, psn);
+    b.pad_count = ((4 - len % 4) % 4) as u8;
+    let slot = HeaderWriter::new(slot, &b)
+        .aeth(&AethRepr {
+            syndrome: Syndrome::Ack { credits },
+            msn: Msn::new(msn),
+        })
+        .finish();
+    let src = DataLoc::Single(SgeEntry {
+        off,
+        len,
+        mr: NO_MR,
+    });
+    let Some(inline) = dma::describe(
+        slot,
+        &mut [],
+        &qp.mem,
+        Sgl::new(&src, &qp.tables),
+        Cursor::default(),
+        len,
+    ) else {
+        // Unreadable (it cannot be, the range was checked): the slot is not committed,
+        // and the pipeline answers as it does.
+        return false;
+    };
+    tx.commit();
+    env.stats.packets_sent += 1;
+    env.stats.inline_bytes_sent += inline;
+    // The pipeline's bookkeeping: the message counted, the resource held until step 3,
+    // the owed Ack dropped (the response acknowledges every request before it), ePSN on.
+    let resp = &mut qp.resp;
+    resp.msn = msn;
+    resp.rd_atomic_queued += 1;
+    resp.answered_early += 1;
+    resp.owed = None;
+    resp.epsn = psn.add(1);
+    #[cfg(test)]
+    probe::count(probe::Path::Read);
+    true
+}
+
+/// A new Atomic on the fast path ([`answer_fast`]); false, with nothing changed, if the
+/// pipeline must take it. Once it has the link's slot, only the atomic operation itself
+/// can fail, and that is refused as the pipeline refuses it.
+#[inline]
+fn atomic_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: &mut L,
+    dest: crate::wire::Qpn,
+    pkt: &RxPacket<'_>,
+) -> bool {
+    // 3. Operation enabled.
+    if !qp.cfg.access.contains(AccessFlags::REMOTE_ATOMIC) {
+        return false;
+    }
+    // 5. Its header, and a naturally aligned 64-bit word.
+    let Some(a) = pkt.atomic_eth() else {
+        return false;
+    };
+    if a.va % 8 != 0 {
+        return false;
+    }
+    // 6. R_Key.
+    let Ok(off) = env.check_remote(a.rkey, (qp.pd, qp.qpn), AccessFlags::REMOTE_ATOMIC, a.va, 8)
+    else {
+        return false;
+    };
+    let psn = pkt.psn();
+    let Some(slot) = tx.next_slot() else {
+        return false;
+    };
+    // 7. Execute.
+    let mem = Local::new(&qp.mem, env.mrs);
+    let orig = if pkt.info.class == OpClass::CompareSwap {
+        mem.compare_swap_u64(off, a.compare, a.swap_add)
+    } else {
+        mem.fetch_add_u64(off, a.swap_add)
+    };
+    let Ok(orig) = orig else {
+        // The slot is not committed; the pipeline's state at this point is this one.
+        refuse(qp, env, psn, RespError::AtomicFailed);
+        #[cfg(test)]
+        probe::count(probe::Path::Atomic);
+        return true;
+    };
+    let msn = qp.resp.next_msn();
+    let code = credit_code(qp);
+    write_ack_headers(
+        slot,
+        Opcode::AtomicAcknowledge,
+        dest,
+        psn,
+        Syndrome::Ack { credits: code },
+        msn,
+        Some(orig),
+    );
+    slot.kind = KIND_NONE;
+    tx.commit();
+    env.stats.packets_sent += 1;
+    advertise(qp, code.credits());
+    // The pipeline's bookkeeping: the result kept for a duplicate, the resource held until
+    // step 3, the owed Ack dropped, ePSN on.
+    let resp = &mut qp.resp;
+    if resp.atomics.len() == MAX_RD_ATOMIC as usize {
+        resp.atomics.pop_front();
+    }
+    resp.atomics.push_back((psn, orig, msn));
+    resp.rd_atomic_queued += 1;
+    resp.answered_early += 1;
+    resp.owed = None;
+    resp.epsn = psn.add(1);
+    #[cfg(test)]
+    probe::count(probe::Path::Atomic);
+    true
 }
 
 /// A Send Only (not with Invalidate) on the fast path; false, with nothing changed, if
@@ -1154,6 +1387,10 @@ fn drain_queued<L: LinkTx + ?Sized>(
     env: &mut Env<'_>,
     wire: &mut Wire<'_, L>,
 ) -> bool {
+    // The answers sent early were first in the queue: they are sent, their resources free.
+    let resp = &mut qp.resp;
+    resp.rd_atomic_queued -= resp.answered_early;
+    resp.answered_early = 0;
     let Some(dest) = qp.cfg.dest else {
         return false;
     };

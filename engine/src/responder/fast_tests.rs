@@ -19,10 +19,18 @@ use crate::{AccessFlags, QpAttr, QpState, RecvWr, SendOp, SendWr, Stats, WorkCom
 /// A packet the engine sent: opcode, PSN (absolute), AETH.
 type Sent = (Opcode, u32, Option<AethRepr>);
 
+/// The rest of a packet the engine sent: its original value (an Atomic Acknowledge), pad
+/// count, kind, payload length, payload offset (by reference) and inline payload bytes.
+type Body = (Option<u64>, u8, u8, u32, u64, Vec<u8>);
+
 /// What a scenario left behind.
 #[derive(Debug, PartialEq)]
 struct Outcome {
     sent: Vec<Sent>,
+    /// What each packet sent carried besides its headers: its whole slot but the header
+    /// bytes (payload bytes inline, or the arena range it names, and the pad count) and an
+    /// Atomic Acknowledge's original value.
+    bodies: Vec<Body>,
     completions: Vec<WorkCompletion>,
     stats: Stats,
     state: QpState,
@@ -70,7 +78,7 @@ fn run_in(
     let after = probe::all_taken();
     let taken: Taken = std::array::from_fn(|i| after[i] - before[i]);
     probe::set_enabled(true);
-    let sent = sent(&mut r);
+    let (sent, bodies) = sent_with_bodies(&mut r);
     let mut completions = vec![];
     loop {
         let got = r.completions();
@@ -95,6 +103,7 @@ fn run_in(
     r.mr.read_at(0, &mut memory).unwrap();
     let outcome = Outcome {
         sent,
+        bodies,
         completions,
         stats: r.ctx.stats(),
         state: r.qp.state(),
@@ -119,18 +128,32 @@ fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome,
 }
 
 /// Every packet the engine sent since the last look (single-slot packets: Acks, Naks,
-/// requests without gather lists).
-fn sent(r: &mut Rig) -> Vec<Sent> {
-    let mut out = vec![];
+/// Read responses, requests without gather lists), and what each carried.
+fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>) {
+    let (mut out, mut bodies) = (vec![], vec![]);
     let mut buf = [PacketSlot::default(); 64];
     loop {
         let n = r.rx.pop_burst(&mut buf).unwrap();
         if n == 0 {
-            return out;
+            return (out, bodies);
         }
         for s in &buf[..n] {
-            let (repr, _) = PacketRepr::parse(&s.data[..usize::from(s.hdr_len)]).unwrap();
+            let hdr = usize::from(s.hdr_len);
+            let (repr, _) = PacketRepr::parse(&s.data[..hdr]).unwrap();
             out.push((repr.bth.opcode, repr.bth.psn.get(), repr.aeth));
+            let inline = if s.kind == crate::wire::slot::KIND_INLINE {
+                s.data[hdr..hdr + s.payload_len as usize].to_vec()
+            } else {
+                vec![]
+            };
+            let direct = if s.kind == crate::wire::slot::KIND_DIRECT {
+                s.payload_off
+            } else {
+                0
+            };
+            let orig = repr.atomic_ack_eth.map(|a| a.orig);
+            let pad = repr.bth.pad_count;
+            bodies.push((orig, pad, s.kind, s.payload_len, direct, inline));
         }
     }
 }
@@ -451,6 +474,253 @@ fn a_send_too_long_for_its_wqe_fails_as_in_the_pipeline() {
     assert_eq!(out.state, QpState::Error);
     assert_eq!(out.completions[0].wr_id, 5);
     assert_ne!(out.completions[0].status, crate::WcStatus::Success);
+}
+
+// --- The receive fast paths of RDMA Reads and Atomics ---
+
+/// An RDMA Read Request at PSN offset `k` of `len` bytes at offset `at` of the rig's
+/// region.
+fn read_request(r: &mut Rig, k: u32, at: u64, len: u32) {
+    let reth = r.reth(at, len);
+    r.request(Opcode::RdmaReadRequest, k, |p| p.reth = Some(reth), b"");
+}
+
+/// An Atomic (`op`) at PSN offset `k` on the word at offset `at` of the rig's region.
+fn atomic_request(r: &mut Rig, op: Opcode, k: u32, at: u64, (swap_add, compare): (u64, u64)) {
+    let reth = r.reth(at, 8);
+    r.request(
+        op,
+        k,
+        |p| {
+            p.atomic_eth = Some(crate::wire::AtomicEthRepr {
+                va: reth.va,
+                rkey: reth.rkey,
+                swap_add,
+                compare,
+            })
+        },
+        b"",
+    );
+}
+
+/// Reads of one response (0, 8, 24 bytes inline, 25 and 256 bytes by reference), a Fetch
+/// and Add and a Compare and Swap, each at ePSN, one per iteration: each takes its fast
+/// path, with the pipeline's responses (opcode, PSN, AETH with MSN and credits, data,
+/// original value), memory, statistics and responder state.
+#[test]
+fn reads_and_atomics_at_epsn_take_the_receive_fast_paths() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.mr.write_at(4096, &(0..=255).collect::<Vec<u8>>())
+            .unwrap();
+        r.mr.write_at(8192 - 8, &7u64.to_ne_bytes()).unwrap();
+        let mut k = 0;
+        for len in [0, 8, 24, 25, 256] {
+            read_request(r, k, 4096, len);
+            r.step();
+            k += 1;
+        }
+        atomic_request(r, Opcode::FetchAdd, k, 8192 - 8, (5, 0));
+        r.step();
+        atomic_request(r, Opcode::CompareSwap, k + 1, 8192 - 8, (99, 12));
+        r.step();
+        atomic_request(r, Opcode::CompareSwap, k + 2, 8192 - 8, (98, 99));
+        r.step();
+    });
+    assert_eq!(taken[Path::Read as usize], 5);
+    assert_eq!(taken[Path::Atomic as usize], 3);
+    let ops: Vec<_> = out.sent.iter().map(|s| s.0).collect();
+    use Opcode::*;
+    assert_eq!(
+        ops,
+        [
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            AtomicAcknowledge,
+            AtomicAcknowledge,
+            AtomicAcknowledge
+        ]
+    );
+    assert_eq!(out.bodies[1].5, (0..8).collect::<Vec<u8>>());
+    assert_eq!(out.bodies[1].1, 0);
+    assert_eq!(out.bodies[3].3, 25);
+    assert_eq!(out.bodies[3].1, 3, "25 bytes pad to 28");
+    let origs: Vec<_> = out.bodies[5..].iter().map(|b| b.0).collect();
+    assert_eq!(origs, [Some(7), Some(12), Some(99)]);
+    assert_eq!(out.memory.0[8192 - 8..], 98u64.to_ne_bytes());
+    assert_eq!(out.stats.inline_bytes_sent, 8 + 24);
+}
+
+/// Requests the Read and Atomic fast paths refuse, each answered as the pipeline answers
+/// it: a bad R_Key, out of the region's bounds, a QP without remote read or atomic access,
+/// a misaligned Atomic, a PSN ahead of ePSN, a Read of two responses, a Read behind a
+/// queued response, a second Read or Atomic in one iteration past the responder resources
+/// (one) — and a zero-length Read through a bad R_Key, which both ways answer (it names no
+/// memory).
+#[test]
+fn reads_and_atomics_the_fast_paths_refuse_are_answered_as_in_the_pipeline() {
+    const FADD: Opcode = Opcode::FetchAdd;
+    let cases: [(&Scenario, AccessFlags, [u64; 2]); 12] = [
+        (
+            &|r| {
+                let mut reth = r.reth(0, 8);
+                reth.rkey ^= 0x100;
+                r.request(Opcode::RdmaReadRequest, 0, |p| p.reth = Some(reth), b"");
+            },
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| read_request(r, 0, (64 << 10) - 4, 8),
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| read_request(r, 0, 0, 8),
+            AccessFlags::LOCAL_WRITE,
+            [0, 0],
+        ),
+        (
+            &|r| atomic_request(r, FADD, 0, 0, (1, 0)),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            [0, 0],
+        ),
+        (
+            &|r| atomic_request(r, FADD, 0, 4, (1, 0)),
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| atomic_request(r, FADD, 0, (64 << 10) - 4, (1, 0)),
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (&|r| read_request(r, 1, 0, 8), AccessFlags::ALL, [0, 0]),
+        (&|r| read_request(r, 0, 0, 257), AccessFlags::ALL, [0, 0]),
+        (
+            &|r| {
+                read_request(r, 0, 0, 600);
+                read_request(r, 3, 0, 8);
+            },
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| {
+                read_request(r, 0, 0, 8);
+                read_request(r, 1, 0, 8);
+            },
+            AccessFlags::ALL,
+            [1, 0],
+        ),
+        (
+            &|r| {
+                atomic_request(r, FADD, 0, 0, (1, 0));
+                read_request(r, 1, 0, 8);
+                atomic_request(r, FADD, 1, 0, (1, 0));
+            },
+            AccessFlags::ALL,
+            [0, 1],
+        ),
+        (
+            &|r| {
+                let mut reth = r.reth(0, 0);
+                reth.rkey ^= 0x100;
+                r.request(Opcode::RdmaReadRequest, 0, |p| p.reth = Some(reth), b"");
+            },
+            AccessFlags::ALL,
+            // Zero bytes name no memory: no key to check, either way.
+            [1, 0],
+        ),
+    ];
+    for (i, (case, access, want)) in cases.iter().enumerate() {
+        let (out, taken) = same_both_ways(*access, &|r: &mut Rig| {
+            case(r);
+            r.step();
+        });
+        let got = [taken[Path::Read as usize], taken[Path::Atomic as usize]];
+        assert_eq!(got, *want, "case {i}: {:?}", out.sent);
+    }
+}
+
+/// Duplicates of a Read and of an Atomic answered on the fast path: the Read's data again
+/// (checked again), the Atomic's saved original value without executing it twice — as the
+/// pipeline answers them.
+#[test]
+fn duplicates_of_fast_reads_and_atomics_are_answered_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        r.mr.write_at(4096, b"original").unwrap();
+        read_request(r, 0, 4096, 8);
+        r.step();
+        atomic_request(r, Opcode::FetchAdd, 1, 4096, (1, 0));
+        r.step();
+        read_request(r, 0, 4096, 8);
+        atomic_request(r, Opcode::FetchAdd, 1, 4096, (1, 0));
+        r.step();
+    });
+    assert_eq!(taken[Path::Read as usize], 1);
+    assert_eq!(taken[Path::Atomic as usize], 1);
+    let ops: Vec<_> = out.sent.iter().map(|s| (s.0, s.1)).collect();
+    use Opcode::*;
+    assert_eq!(
+        ops,
+        [
+            (RdmaReadResponseOnly, rq(0)),
+            (AtomicAcknowledge, rq(1)),
+            (RdmaReadResponseOnly, rq(0)),
+            (AtomicAcknowledge, rq(1)),
+        ]
+    );
+    assert_eq!(out.bodies[0].5, b"original");
+    assert_ne!(out.bodies[2].5, b"original", "the word the Atomic changed");
+    assert_eq!(out.bodies[3].0, out.bodies[1].0);
+    assert_eq!(out.bodies[1].0, Some(u64::from_ne_bytes(*b"original")));
+}
+
+/// A Send Only behind a fast Read in the same iteration: its Ack follows the Read's
+/// response, with the pipeline's MSN and credits, and everything else is as the pipeline
+/// leaves it — but for one field, by design: the Read's response reports the credits of
+/// when it is built, in the receive step, before the Send behind it took its receive WQE
+/// (the pipeline builds it in step 3, after). Both counts were true when reported, and the
+/// Ack that follows reports the same count both ways.
+#[test]
+fn a_send_behind_a_fast_read_is_acked_as_in_the_pipeline() {
+    let scenario = |r: &mut Rig| {
+        r.post_recv(1);
+        read_request(r, 0, 4096, 8);
+        r.request(Opcode::SendOnly, 1, |_| {}, b"abcd");
+        r.step();
+    };
+    let (mut slow, _) = run(false, AccessFlags::ALL, &scenario);
+    let (fast, taken) = run(true, AccessFlags::ALL, &scenario);
+    assert_eq!(taken[Path::Read as usize], 1);
+    assert_eq!(taken[Path::Receive as usize], 1);
+    let credits = |s: &Sent| match s.2 {
+        Some(AethRepr {
+            syndrome: Syndrome::Ack { credits },
+            ..
+        }) => credits.credits(),
+        _ => unreachable!("{s:?}"),
+    };
+    assert_eq!(
+        credits(&fast.sent[0]),
+        Some(1),
+        "the receive WQE not taken yet"
+    );
+    assert_eq!(credits(&slow.sent[0]), Some(0), "the receive WQE taken");
+    slow.sent[0].2 = fast.sent[0].2;
+    assert_eq!(fast, slow);
+    let ops: Vec<_> = fast.sent.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::RdmaReadResponseOnly, rq(0)),
+            (Opcode::Acknowledge, rq(1))
+        ]
+    );
 }
 
 // --- The completer's Ack fast path ---
