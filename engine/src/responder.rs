@@ -67,7 +67,8 @@ use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
 use crate::wire::slot::{
-    HeaderWriter, KIND_NONE, PacketSlot, RxPacket, can_carry_ack, riding_word, set_riding_ack,
+    HeaderWriter, KIND_DIRECT, KIND_INLINE, KIND_NONE, PacketSlot, RxPacket, can_carry_ack,
+    riding_word, set_riding_ack,
 };
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
 use error::Reply;
@@ -579,31 +580,31 @@ fn read_fast<L: LinkTx + ?Sized>(
     let Some(slot) = tx.next_slot() else {
         return false;
     };
-    let mut b = bth(Opcode::RdmaReadResponseOnly, dest, psn);
-    b.pad_count = ((4 - len % 4) % 4) as u8;
-    let slot = HeaderWriter::new(slot, &b)
-        .aeth(&AethRepr {
-            syndrome: Syndrome::Ack { credits },
-            msn: Msn::new(msn),
-        })
-        .finish();
-    let src = DataLoc::Single(SgeEntry {
-        off,
-        len,
-        mr: NO_MR,
-    });
-    let Some(inline) = dma::describe(
-        slot,
-        &mut [],
-        &qp.mem,
-        Sgl::new(&src, &qp.tables),
-        Cursor::default(),
-        len,
-    ) else {
-        // Unreadable (it cannot be, the range was checked): the slot is not committed,
-        // and the pipeline answers as it does.
-        return false;
-    };
+    // The headers `HeaderWriter` writes (BTH and AETH, as an Acknowledge's) and the
+    // payload as `dma::describe` places one range: inline if it fits the slot, else by
+    // reference; a Read of nothing leaves the slot's kind as it is.
+    let pad = ((4 - len % 4) % 4) as u8;
+    let syndrome = Syndrome::Ack { credits };
+    let op = Opcode::RdmaReadResponseOnly;
+    write_aeth_headers(slot, op, pad, dest, psn, syndrome, msn, None);
+    let hdr = usize::from(slot.hdr_len);
+    slot.payload_len = len;
+    let mut inline = 0;
+    if len as usize <= PacketSlot::inline_room(hdr) {
+        if len > 0 {
+            slot.kind = KIND_INLINE;
+            let end = hdr + len as usize;
+            if qp.mem.read(off, &mut slot.data[hdr..end]).is_err() {
+                // Unreadable (it cannot be, the range was checked): the slot is not
+                // committed, and the pipeline answers as it does.
+                return false;
+            }
+            inline = u64::from(len);
+        }
+    } else {
+        slot.kind = KIND_DIRECT;
+        slot.payload_off = off;
+    }
     tx.commit();
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;
@@ -1713,10 +1714,33 @@ fn write_ack_headers(
         opcode,
         Opcode::Acknowledge | Opcode::AtomicAcknowledge
     ));
+    write_aeth_headers(slot, opcode, 0, dest, psn, syndrome, msn, atomic_orig);
+}
+
+/// [`write_ack_headers`] for any response with an AETH right behind the BTH — an
+/// Acknowledge, an Atomic Acknowledge (with `atomic_orig`), an RDMA Read Response Only
+/// (the fast path's) — with pad count `pad` (the one field besides the opcode that
+/// differs from an Ack's).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn write_aeth_headers(
+    slot: &mut crate::wire::slot::PacketSlot,
+    opcode: Opcode,
+    pad: u8,
+    dest: crate::wire::Qpn,
+    psn: Psn,
+    syndrome: Syndrome,
+    msn: u32,
+    atomic_orig: Option<u64>,
+) {
     debug_assert_eq!(opcode == Opcode::AtomicAcknowledge, atomic_orig.is_some());
-    // BTH bytes 0..8: opcode, flags (0), P_Key, reserved (0), destination QP.
-    let head =
-        (u64::from(opcode.code()) << 56) | (u64::from(DEFAULT_PKEY) << 32) | u64::from(dest.get());
+    debug_assert!(pad < 4);
+    // BTH bytes 0..8: opcode, flags (the pad count in bits 5..4), P_Key, reserved (0),
+    // destination QP.
+    let head = (u64::from(opcode.code()) << 56)
+        | (u64::from(pad & 3) << 52)
+        | (u64::from(DEFAULT_PKEY) << 32)
+        | u64::from(dest.get());
     // BTH bytes 8..12: AckReq and reserved (0), PSN; then the AETH: syndrome, MSN.
     let tail = (u64::from(psn.get()) << 32)
         | (u64::from(syndrome.to_u8()) << 24)
@@ -1863,6 +1887,27 @@ mod ack_header_tests {
                     let n = want.hdr_len as usize;
                     assert_eq!(got.hdr_len, want.hdr_len);
                     assert_eq!(got.data[..n], want.data[..n], "{syndrome:?} {orig:?}");
+                }
+                // The Read Response Only of the fast path, with every pad count.
+                for pad in 0..4 {
+                    let (dest, psn) = (Qpn::new(dest), Psn::new(psn));
+                    let syndrome = Syndrome::from_u8(syn);
+                    let op = Opcode::RdmaReadResponseOnly;
+                    let mut b = bth(op, dest, psn);
+                    b.pad_count = pad;
+                    let mut want = PacketSlot::zeroed();
+                    HeaderWriter::new(&mut want, &b)
+                        .aeth(&AethRepr {
+                            syndrome,
+                            msn: Msn::new(msn),
+                        })
+                        .finish();
+                    let mut got = PacketSlot::zeroed();
+                    got.data.fill(0xA5);
+                    write_aeth_headers(&mut got, op, pad, dest, psn, syndrome, msn, None);
+                    let n = want.hdr_len as usize;
+                    assert_eq!(got.hdr_len, want.hdr_len);
+                    assert_eq!(got.data[..n], want.data[..n], "{syndrome:?} pad {pad}");
                 }
             }
         }
