@@ -113,6 +113,13 @@ enum Out {
         /// It answers a duplicate request (it holds no responder resource).
         dup: bool,
     },
+    /// The answer to a new Read or Atomic that a receive fast path ([`read_fast`],
+    /// [`atomic_fast`]) sent at once, in the receive step. It stands in the queue for the
+    /// response the pipeline would have queued — holding its responder resource, keeping
+    /// the Acks behind it queued — until the queue is drained in step 3, as if sent there:
+    /// a request later in the same burst meets the resources and the order the pipeline
+    /// leaves.
+    Answered,
 }
 
 /// The message being received.
@@ -150,14 +157,8 @@ pub(crate) struct Responder {
     /// The credit count last reported, if any.
     advertised: Option<u32>,
     /// New Reads and Atomics queued, for the responder-resources limit (those answered
-    /// early, [`Responder::answered_early`], included).
+    /// already, [`Out::Answered`], included).
     rd_atomic_queued: u32,
-    /// New Reads and Atomics answered at once by the receive fast paths ([`read_fast`],
-    /// [`atomic_fast`]) in this iteration's receive step: each holds its responder
-    /// resource (and keeps the Acks behind it queued) until the QP's responses are drained
-    /// in step 3, as if it had been queued and sent there — so that a request later in
-    /// the same burst meets the resources and the order the pipeline leaves.
-    answered_early: u32,
     /// Answers to duplicate Reads and Atomics queued (at most [`MAX_RD_ATOMIC`]): they
     /// re-send what a new request's resource produced, and must not take the resources the
     /// requester may use for new requests.
@@ -201,7 +202,6 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
-            answered_early: 0,
             dup_queued: 0,
             closing: false,
             cur_status: WcStatus::WrFlushErr,
@@ -227,7 +227,7 @@ impl Responder {
     /// Whether responses wait to be sent (not counting an owed Ack: the engine's
     /// [`OwedAcks`] lists those).
     pub(crate) fn has_output(&self) -> bool {
-        !self.out.is_empty() || self.answered_early > 0
+        !self.out.is_empty()
     }
 
     /// The positive Ack owed, if any.
@@ -268,7 +268,7 @@ impl Responder {
     /// acknowledges every request before it too. Behind a queued response it is queued
     /// instead, so that it does not overtake it.
     fn owe(&mut self, psn: Psn, msn: u32) {
-        if self.out.is_empty() && self.answered_early == 0 {
+        if self.out.is_empty() {
             self.owed = Some(OwedAck { psn, msn });
         } else {
             self.queue(Out::Ack { psn, msn });
@@ -336,6 +336,17 @@ impl Responder {
     fn queue_fatal(&mut self, psn: Psn, code: NakCode) {
         self.queue(Out::Fatal { psn, code });
         self.closing = true;
+    }
+
+    /// Records a new Read's or Atomic's answer sent by a receive fast path ([`Out::Answered`],
+    /// the queue empty): what [`Responder::queue`] records for its response — the resource
+    /// taken, the owed Ack dropped (the answer acknowledges every request before it).
+    fn answered(&mut self) {
+        debug_assert!(self.out.is_empty());
+        self.rd_atomic_queued += 1;
+        self.owed = None;
+        // Bounded: the queue was empty.
+        self.out.push_back(Out::Answered);
     }
 
     /// A Read's or Atomic's answer left: its resource (or its duplicate's slot) is free.
@@ -496,7 +507,7 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 /// or the link has no room, it returns false with nothing changed, and the pipeline takes
 /// the packet from the start. The answer is the one step 3 would send — the same headers,
 /// credits, data, MSN — and the state the same once step 3 has drained the queue
-/// ([`Responder::answered_early`]).
+/// ([`Out::Answered`]).
 #[inline]
 fn answer_fast<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
@@ -612,9 +623,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     // the owed Ack dropped (the response acknowledges every request before it), ePSN on.
     let resp = &mut qp.resp;
     resp.msn = msn;
-    resp.rd_atomic_queued += 1;
-    resp.answered_early += 1;
-    resp.owed = None;
+    resp.answered();
     resp.epsn = psn.add(1);
     #[cfg(test)]
     probe::count(probe::Path::Read);
@@ -688,9 +697,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         resp.atomics.pop_front();
     }
     resp.atomics.push_back((psn, orig, msn));
-    resp.rd_atomic_queued += 1;
-    resp.answered_early += 1;
-    resp.owed = None;
+    resp.answered();
     resp.epsn = psn.add(1);
     #[cfg(test)]
     probe::count(probe::Path::Atomic);
@@ -1372,12 +1379,30 @@ fn duplicate(
 /// answer costs a few loads here ([`credit_update_due`]), not a call.
 #[inline]
 pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_, L>) {
-    if qp.resp.has_output() && !drain_queued(qp, env, wire) {
+    if qp.resp.has_output() && !drain_answered(qp) && !drain_queued(qp, env, wire) {
         return; // the link is full (the credit update waits behind), or a fatal Nak left
     }
     if credit_update_due(qp) {
         send_credit_update(qp, env, wire);
     }
+}
+
+/// [`drain_queued`] of a queue that holds one answer sent already ([`Out::Answered`],
+/// the receive fast paths' common case) outside the Error state, without the loop: its
+/// resource is freed. False, with nothing changed, for any other queue.
+#[inline]
+fn drain_answered(qp: &mut QpCtx) -> bool {
+    let resp = &mut qp.resp;
+    if resp.out.len() != 1
+        || !matches!(resp.out.front(), Some(Out::Answered))
+        || qp.state == QpState::Error
+        || qp.cfg.dest.is_none()
+    {
+        return false;
+    }
+    resp.out.clear();
+    resp.release_rd_atomic(false);
+    true
 }
 
 /// Sends the queued responses as far as the link has room ([`drain`]); whether the credit
@@ -1388,10 +1413,6 @@ fn drain_queued<L: LinkTx + ?Sized>(
     env: &mut Env<'_>,
     wire: &mut Wire<'_, L>,
 ) -> bool {
-    // The answers sent early were first in the queue: they are sent, their resources free.
-    let resp = &mut qp.resp;
-    resp.rd_atomic_queued -= resp.answered_early;
-    resp.answered_early = 0;
     let Some(dest) = qp.cfg.dest else {
         return false;
     };
@@ -1417,6 +1438,8 @@ fn drain_queued<L: LinkTx + ?Sized>(
                 return false;
             }
             _ if discard => {}
+            // Sent already: its resource is free now, as the pipeline's response's would be.
+            Out::Answered => qp.resp.release_rd_atomic(false),
             Out::Ack { psn, msn } => {
                 let code = credit_code(qp);
                 if !emit_aeth(
