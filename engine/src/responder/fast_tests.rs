@@ -1594,9 +1594,10 @@ mod random_acks {
 }
 
 /// A random stream of single-packet and multi-packet requests — Sends and Writes, with
-/// and without immediate data, at PSNs around ePSN, payloads inline or by reference (some
-/// outside the peer's arena), R_Keys and ranges good or bad, receives posted in between —
-/// under random access flags: the receive fast path leaves what the pipeline leaves.
+/// and without immediate data, RDMA Reads and Atomics, at PSNs around ePSN (duplicates
+/// among them), payloads inline or by reference (some outside the peer's arena), R_Keys
+/// and ranges good or bad (Atomics misaligned or not), receives posted in between — under
+/// random access flags: the receive fast paths leave what the pipeline leaves.
 mod random_requests {
     use super::*;
     use proptest::collection::vec;
@@ -1615,7 +1616,10 @@ mod random_requests {
         },
     }
 
-    const OPS: [Opcode; 10] = [
+    const OPS: [Opcode; 13] = [
+        Opcode::RdmaReadRequest,
+        Opcode::FetchAdd,
+        Opcode::CompareSwap,
         Opcode::SendOnly,
         Opcode::SendOnlyWithImmediate,
         Opcode::RdmaWriteOnly,
@@ -1630,8 +1634,10 @@ mod random_requests {
 
     fn step() -> impl Strategy<Value = Step> {
         let request = (
-            0..OPS.len() as u8,
-            prop_oneof![4 => 0i32..3, 1 => -2i32..5],
+            // Mostly single-packet requests (the fast paths' own), which leave the QP
+            // alive for the next step more often than a stray Middle or Last.
+            prop_oneof![3 => 0..7u8, 1 => 0..OPS.len() as u8],
+            prop_oneof![6 => Just(0i32), 2 => 1i32..3, 1 => -2i32..5],
             prop_oneof![4 => 0u32..64, 1 => 0u32..400],
             proptest::option::weighted(0.3, prop_oneof![0u64..4096, any::<u64>()]),
             (
@@ -1653,10 +1659,23 @@ mod random_requests {
 
     fn access() -> impl Strategy<Value = AccessFlags> {
         prop_oneof![
-            Just(AccessFlags::ALL),
-            Just(AccessFlags::LOCAL_WRITE),
-            Just(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE),
+            3 => Just(AccessFlags::ALL),
+            1 => Just(AccessFlags::LOCAL_WRITE),
+            1 => Just(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE),
+            1 => Just(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ),
         ]
+    }
+
+    /// The responder's ePSN now, as an offset from [`RQ_PSN`].
+    fn epsn_offset(r: &Rig) -> u32 {
+        let qpn = r.qp.qpn();
+        let epsn = r
+            .ctx
+            .shared
+            .engine
+            .with(|e| e.with_stage(qpn, |q, _| q.resp.epsn))
+            .unwrap();
+        epsn.get().wrapping_sub(RQ_PSN) & 0xFF_FFFF
     }
 
     proptest! {
@@ -1677,17 +1696,32 @@ mod random_requests {
                         Step::Recv(n) => r.post_recv(n),
                         Step::Request { op, at, len, direct, reth: (off, rlen, good_key) } => {
                             let op = OPS[usize::from(op)];
-                            let k = at.rem_euclid(1 << 24) as u32;
-                            let room = crate::wire::slot::SLOT_DATA - op.info().unwrap().header_len();
+                            // `at` counts from the PSN the responder expects now, so that
+                            // most requests are new (and some duplicates or ahead).
+                            let k = epsn_offset(r).wrapping_add(at.rem_euclid(1 << 24) as u32);
+                            let info = op.info().unwrap();
+                            let room = crate::wire::slot::SLOT_DATA - info.header_len();
                             let len = if direct.is_none() { len.min(room as u32) } else { len };
+                            // A Read or an Atomic carries no payload: `len` is the Read's.
+                            let (len, rlen) = if info.payload { (len, rlen) } else { (0, rlen.or(Some(len))) };
+                            let direct = direct.filter(|_| info.payload);
                             let mut reth = r.reth(off, rlen.unwrap_or(len));
                             if !good_key {
                                 reth.rkey ^= 0x100;
                             }
                             let headers = |p: &mut PacketRepr| {
-                                let info = op.info().unwrap();
                                 if info.headers.contains(crate::wire::opcode::Headers::RETH) {
                                     p.reth = Some(reth);
+                                }
+                                if info.headers.contains(crate::wire::opcode::Headers::ATOMIC_ETH) {
+                                    // Mostly aligned, as an application's would be.
+                                    let va = if off % 5 == 0 { reth.va } else { reth.va & !7 };
+                                    p.atomic_eth = Some(crate::wire::AtomicEthRepr {
+                                        va,
+                                        rkey: reth.rkey,
+                                        swap_add: u64::from(len),
+                                        compare: 0,
+                                    });
                                 }
                                 if info.immediate {
                                     p.immdt = imm(0x1234);
