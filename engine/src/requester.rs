@@ -1081,7 +1081,7 @@ mod tests {
         ] {
             for flags in [0, WqeFlags::SOLICITED, WqeFlags::FENCE] {
                 case += 1;
-                let mut w = wqe(op, flags, data(&r.mr, case * 256 % 4096, &vec![0; 8]), len);
+                let mut w = wqe(op, flags, data(&r.mr, case * 256 % 4096, &[0; 8]), len);
                 w.remote_addr = 0x1000_0000_0000_0008 ^ (case << 3);
                 w.compare_add = 0x0102_0304_0506_0708 ^ case;
                 w.swap = 0x1112_1314_1516_1718 ^ case;
