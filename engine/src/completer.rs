@@ -307,9 +307,17 @@ fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 #[inline]
 fn write_orig(qp: &QpCtx, env: &mut Env<'_>, data: &crate::wqe::DataLoc, orig: u64) {
     let bytes = orig.to_ne_bytes();
+    let mem = Local::new(&qp.mem, env.mrs);
+    if let crate::wqe::DataLoc::Single(e) = *data {
+        if e.len >= 8 {
+            // The common case, one entry holding the word: the loop's one write. (A write
+            // that fails leaves the buffer as the loop would: untouched.)
+            let _ = mem.write(e.off, &bytes);
+            return;
+        }
+    }
     let mut cursor = Cursor::default();
     let mut written = 0u64;
-    let mem = Local::new(&qp.mem, env.mrs);
     let sgl = Sgl::new(data, &qp.tables);
     while written < 8 {
         let Some(e) = data.entry(&qp.tables, cursor.idx) else {
