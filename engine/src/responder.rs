@@ -34,7 +34,9 @@
 //! records the Ack the QP owes, and the engine sends the owed Acks at the end of its
 //! iteration, one per QP for everything accepted. Naks, RNR Naks, Read responses and
 //! Atomic Acknowledges go through a queue and leave in PSN order as the link has room; an
-//! Ack never overtakes the responses of an earlier Read.
+//! Ack never overtakes the responses of an earlier Read. (A new Read of one response or
+//! a new Atomic that finds the queue empty is answered at once, in the receive step, by
+//! a fast path: see `answer_fast`.)
 
 mod error;
 #[cfg(test)]
@@ -113,13 +115,6 @@ enum Out {
         /// It answers a duplicate request (it holds no responder resource).
         dup: bool,
     },
-    /// The answer to a new Read or Atomic that a receive fast path ([`read_fast`],
-    /// [`atomic_fast`]) sent at once, in the receive step. It stands in the queue for the
-    /// response the pipeline would have queued — holding its responder resource, keeping
-    /// the Acks behind it queued — until the queue is drained in step 3, as if sent there:
-    /// a request later in the same burst meets the resources and the order the pipeline
-    /// leaves.
-    Answered,
 }
 
 /// The message being received.
@@ -156,9 +151,21 @@ pub(crate) struct Responder {
     nak_outstanding: bool,
     /// The credit count last reported, if any.
     advertised: Option<u32>,
-    /// New Reads and Atomics queued, for the responder-resources limit (those answered
-    /// already, [`Out::Answered`], included).
+    /// New Reads and Atomics queued, for the responder-resources limit (the answers sent
+    /// early still held, [`Responder::early`], included).
     rd_atomic_queued: u32,
+    /// New Reads and Atomics a receive fast path ([`read_fast`], [`atomic_fast`]) answered
+    /// at once, in the receive step, whose responder resources are still counted: the
+    /// pipeline queues their responses and frees the resources when step 3 sends them, so
+    /// a request later in the same burst (a requester past its initiator depth) finds them
+    /// taken. They are freed ([`Responder::settle`]) once that burst is over: when the
+    /// responses are drained (step 3, `drain_queued`), or when a request of a later burst
+    /// looks at the resources.
+    early: u32,
+    /// The burst the early answers were sent in: the engine's count of packets received
+    /// before it (`Stats::packets_received`, raised at the end of each link's burst, so the
+    /// same all through one burst of this QP's link and higher in any later one).
+    early_burst: u64,
     /// Answers to duplicate Reads and Atomics queued (at most [`MAX_RD_ATOMIC`]): they
     /// re-send what a new request's resource produced, and must not take the resources the
     /// requester may use for new requests.
@@ -202,6 +209,8 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
+            early: 0,
+            early_burst: 0,
             dup_queued: 0,
             closing: false,
             cur_status: WcStatus::WrFlushErr,
@@ -338,15 +347,35 @@ impl Responder {
         self.closing = true;
     }
 
-    /// Records a new Read's or Atomic's answer sent by a receive fast path ([`Out::Answered`],
-    /// the queue empty): what [`Responder::queue`] records for its response — the resource
-    /// taken, the owed Ack dropped (the answer acknowledges every request before it).
-    fn answered(&mut self) {
-        debug_assert!(self.out.is_empty());
+    /// Records a new Read's or Atomic's answer sent by a receive fast path in the burst
+    /// `burst` ([`Responder::early`]): what [`Responder::queue`] records for its response —
+    /// the resource taken, the owed Ack dropped (the answer acknowledges every request
+    /// before it).
+    fn answered(&mut self, burst: u64) {
+        debug_assert!(self.early == 0 || self.early_burst == burst);
         self.rd_atomic_queued += 1;
+        self.early += 1;
+        self.early_burst = burst;
         self.owed = None;
-        // Bounded: the queue was empty.
-        self.out.push_back(Out::Answered);
+    }
+
+    /// Frees the resources of the early answers if they were sent in a burst before
+    /// `burst` (the one being received): the pipeline would have sent their responses at
+    /// the end of that one.
+    #[inline]
+    fn settle(&mut self, burst: u64) {
+        if self.early > 0 && self.early_burst != burst {
+            self.settle_all();
+        }
+    }
+
+    /// Frees the resources of the early answers (no burst is being received: the
+    /// pipeline's responses would have been sent by now).
+    #[inline]
+    pub(crate) fn settle_all(&mut self) {
+        self.rd_atomic_queued -= self.early;
+        self.early = 0;
+        self.early_burst = 0;
     }
 
     /// A Read's or Atomic's answer left: its resource (or its duplicate's slot) is free.
@@ -506,8 +535,13 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 /// in its order (operation enabled, resources, headers, alignment, R_Key); if one fails,
 /// or the link has no room, it returns false with nothing changed, and the pipeline takes
 /// the packet from the start. The answer is the one step 3 would send — the same headers,
-/// credits, data, MSN — and the state the same once step 3 has drained the queue
-/// ([`Out::Answered`]).
+/// data, MSN; the credits of when it is built — and the state the same once the burst is
+/// over ([`Responder::early`]). It skips step 3 for the QP too: nothing is left queued, so
+/// an engine that has nothing else for the QP does not visit it. Two things differ from
+/// the pipeline, both in the sender's favour and both allowed by the spec: the answer
+/// leaves before the requests the QP itself sends this iteration (another stream), and
+/// an Ack owed behind it in the same burst is owed, as any Ack with nothing queued, not
+/// queued behind a response that has left.
 #[inline]
 fn answer_fast<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
@@ -538,6 +572,7 @@ fn answer_fast<L: LinkTx + ?Sized>(
         return false;
     };
     // 4. Resources (the pipeline checks them before the headers).
+    qp.resp.settle(env.stats.packets_received);
     if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
         return false;
     }
@@ -623,7 +658,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     // the owed Ack dropped (the response acknowledges every request before it), ePSN on.
     let resp = &mut qp.resp;
     resp.msn = msn;
-    resp.answered();
+    resp.answered(env.stats.packets_received);
     resp.epsn = psn.add(1);
     #[cfg(test)]
     probe::count(probe::Path::Read);
@@ -697,7 +732,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         resp.atomics.pop_front();
     }
     resp.atomics.push_back((psn, orig, msn));
-    resp.answered();
+    resp.answered(env.stats.packets_received);
     resp.epsn = psn.add(1);
     #[cfg(test)]
     probe::count(probe::Path::Atomic);
@@ -869,6 +904,7 @@ fn deliver_fast(
 /// The receive pipeline: each check in the spec's order; the first that fails refuses
 /// the packet.
 fn receive(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
+    qp.resp.settle(env.stats.packets_received);
     let info = pkt.info;
     check_state(qp)?;
     if check_psn(&mut qp.resp, pkt.psn())? == Fresh::Duplicate {
@@ -1379,30 +1415,12 @@ fn duplicate(
 /// answer costs a few loads here ([`credit_update_due`]), not a call.
 #[inline]
 pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_, L>) {
-    if qp.resp.has_output() && !drain_answered(qp) && !drain_queued(qp, env, wire) {
+    if qp.resp.has_output() && !drain_queued(qp, env, wire) {
         return; // the link is full (the credit update waits behind), or a fatal Nak left
     }
     if credit_update_due(qp) {
         send_credit_update(qp, env, wire);
     }
-}
-
-/// [`drain_queued`] of a queue that holds one answer sent already ([`Out::Answered`],
-/// the receive fast paths' common case) outside the Error state, without the loop: its
-/// resource is freed. False, with nothing changed, for any other queue.
-#[inline]
-fn drain_answered(qp: &mut QpCtx) -> bool {
-    let resp = &mut qp.resp;
-    if resp.out.len() != 1
-        || !matches!(resp.out.front(), Some(Out::Answered))
-        || qp.state == QpState::Error
-        || qp.cfg.dest.is_none()
-    {
-        return false;
-    }
-    resp.out.clear();
-    resp.release_rd_atomic(false);
-    true
 }
 
 /// Sends the queued responses as far as the link has room ([`drain`]); whether the credit
@@ -1413,6 +1431,8 @@ fn drain_queued<L: LinkTx + ?Sized>(
     env: &mut Env<'_>,
     wire: &mut Wire<'_, L>,
 ) -> bool {
+    // The early answers were ahead of everything queued, and sent.
+    qp.resp.settle_all();
     let Some(dest) = qp.cfg.dest else {
         return false;
     };
@@ -1438,8 +1458,6 @@ fn drain_queued<L: LinkTx + ?Sized>(
                 return false;
             }
             _ if discard => {}
-            // Sent already: its resource is free now, as the pipeline's response's would be.
-            Out::Answered => qp.resp.release_rd_atomic(false),
             Out::Ack { psn, msn } => {
                 let code = credit_code(qp);
                 if !emit_aeth(
