@@ -1763,7 +1763,7 @@ fn write_ack_headers(
 /// (the fast path's) — with pad count `pad` (the one field besides the opcode that
 /// differs from an Ack's).
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 fn write_aeth_headers(
     slot: &mut crate::wire::slot::PacketSlot,
     opcode: Opcode,
