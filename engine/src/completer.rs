@@ -32,7 +32,7 @@ use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
 pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
-    if ack_fast(qp, env, pkt) {
+    if ack_fast(qp, env, pkt) || answer_fast(qp, env, pkt) {
         return;
     }
     on_response_full(qp, env, pkt);
@@ -243,30 +243,7 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
             {
                 return bad_response(qp, env, seq);
             }
-            // The original value lands in the scatter buffer in host byte order, as a
-            // 64-bit load of the remote word would have returned it.
-            let bytes = orig.to_ne_bytes();
-            let mut cursor = Cursor::default();
-            let mut written = 0u64;
-            let mem = Local::new(&qp.mem, env.mrs);
-            let sgl = Sgl::new(&w.w.data, &qp.tables);
-            while written < 8 {
-                let Some(e) = w.w.data.entry(&qp.tables, cursor.idx) else {
-                    break;
-                };
-                let n = (u64::from(e.len) - cursor.skip).min(8 - written);
-                if mem
-                    .write(
-                        e.off + cursor.skip,
-                        &bytes[written as usize..(written + n) as usize],
-                    )
-                    .is_err()
-                {
-                    break;
-                }
-                written += n;
-                cursor.advance(sgl, n);
-            }
+            write_orig(qp, env, &w.w.data, orig);
             if let Some(a) = aeth {
                 if let Syndrome::Ack { credits } = a.syndrome {
                     qp.req.update_credits(credits, a.msn.get());
@@ -358,6 +335,142 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
     retire(qp, env);
     #[cfg(test)]
     crate::responder::probe::count(crate::responder::probe::Path::Ack);
+    true
+}
+
+/// Writes the original value `orig` an Atomic Acknowledge returned into an Atomic's
+/// scatter list `data`, as far as the list reaches (at most 8 bytes). It lands in host
+/// byte order, as a 64-bit load of the remote word would have returned it.
+#[inline]
+fn write_orig(qp: &QpCtx, env: &mut Env<'_>, data: &crate::wqe::DataLoc, orig: u64) {
+    let bytes = orig.to_ne_bytes();
+    let mem = Local::new(&qp.mem, env.mrs);
+    if let crate::wqe::DataLoc::Single(e) = *data {
+        if e.len >= 8 {
+            // The common case, one entry holding the word: the loop's one write. (A write
+            // that fails leaves the buffer as the loop would: untouched.)
+            let _ = mem.write(e.off, &bytes);
+            return;
+        }
+    }
+    let mut cursor = Cursor::default();
+    let mut written = 0u64;
+    let sgl = Sgl::new(data, &qp.tables);
+    while written < 8 {
+        let Some(e) = data.entry(&qp.tables, cursor.idx) else {
+            break;
+        };
+        let n = (u64::from(e.len) - cursor.skip).min(8 - written);
+        if mem
+            .write(
+                e.off + cursor.skip,
+                &bytes[written as usize..(written + n) as usize],
+            )
+            .is_err()
+        {
+            break;
+        }
+        written += n;
+        cursor.advance(sgl, n);
+    }
+}
+
+/// The answer fast path (issue 10): the RDMA Read Response Only or the Atomic Acknowledge
+/// of the oldest WQE of the window — an RDMA Read of one response or an Atomic, not done,
+/// its PSN the first one not acknowledged — on an RTS QP, with a positive AETH and the
+/// length (for an Atomic Acknowledge: no payload) the slow path demands. It skips the
+/// slow path's search (no Send or Write before it to complete implicitly, no implied
+/// Nak: nothing is older) and its opcode dispatch, and does what the slow path does with
+/// it: credits, data (or original value) into the scatter list, done, acknowledged PSN and
+/// retry counts, retired. Anything else returns false with nothing changed: a response
+/// inside a multi-packet Read, of a later WQE, a duplicate, a Nak, a wrong length. A copy
+/// into the scatter list that fails is the slow path's bad response, after the credits, as
+/// there.
+#[inline]
+fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    #[cfg(test)]
+    if !crate::responder::probe::enabled() {
+        return false;
+    }
+    let info = pkt.info;
+    let read = match info.class {
+        OpClass::RdmaReadResponse if info.position == Position::Only => true,
+        OpClass::AtomicAcknowledge => false,
+        _ => return false,
+    };
+    if qp.state != QpState::Rts {
+        return false;
+    }
+    let Some(AethRepr {
+        syndrome: Syndrome::Ack { credits },
+        msn,
+    }) = pkt.aeth()
+    else {
+        return false;
+    };
+    let psn = pkt.psn();
+    let win = &qp.req.window;
+    // 1. PSN window: after the last acknowledged PSN, before the first not sent.
+    if psn.diff(win.acked()) <= 0 || psn.diff(win.sent_to()) >= 0 {
+        return false;
+    }
+    // 2. The oldest WQE, at this very PSN: nothing older to acknowledge implicitly.
+    let seq = win.retired();
+    if seq == win.started() {
+        return false;
+    }
+    let w = win.wqe(seq);
+    if w.done.is_some() || w.first_psn != psn || w.resp_seen != 0 {
+        return false;
+    }
+    // Only what is used (not a copy of the whole slot).
+    let (op, len, span, data) = (w.w.op, w.w.len, w.span, w.w.data);
+    // 3. Opcode and length.
+    if read {
+        // Only: the Read's one response, with exactly its length (at most a PMTU).
+        if op != WqeOp::Read || span != 1 || pkt.payload.len() != len {
+            return false;
+        }
+        let sgl = Sgl::new(&data, &qp.tables);
+        let Some(mut cursor) = Cursor::at(sgl, 0) else {
+            return false;
+        };
+        qp.req.update_credits(credits, msn.get());
+        // 4. Execute.
+        match dma::copy_payload(
+            pkt,
+            &qp.peer_mem,
+            &Local::new(&qp.mem, env.mrs),
+            sgl,
+            &mut cursor,
+        ) {
+            Ok(n) => env.stats.payload_bytes_copied += n,
+            Err(_) => {
+                bad_response(qp, env, seq);
+                #[cfg(test)]
+                crate::responder::probe::count(crate::responder::probe::Path::ReadResponse);
+                return true;
+            }
+        }
+        qp.req.window.response_seen(seq);
+        #[cfg(test)]
+        crate::responder::probe::count(crate::responder::probe::Path::ReadResponse);
+    } else {
+        let Some(orig) = pkt.atomic_orig() else {
+            return false;
+        };
+        if !op.is_atomic() || pkt.payload != Payload::None {
+            return false;
+        }
+        // 4. Execute.
+        write_orig(qp, env, &data, orig);
+        qp.req.update_credits(credits, msn.get());
+        #[cfg(test)]
+        crate::responder::probe::count(crate::responder::probe::Path::AtomicAck);
+    }
+    qp.req.window.complete(seq, WcStatus::Success);
+    progress(qp, env, psn);
+    retire(qp, env);
     true
 }
 

@@ -294,6 +294,9 @@ fn post_fast<L: LinkTx + ?Sized>(
         WqeOp::SendImm => (Opcode::SendOnlyWithImmediate, 0, IMM),
         WqeOp::Write => (Opcode::RdmaWriteOnly, RETH, 0),
         WqeOp::WriteImm => (Opcode::RdmaWriteOnlyWithImmediate, RETH, IMM),
+        WqeOp::Read | WqeOp::CompareSwap | WqeOp::FetchAdd => {
+            return post_rd_atomic_fast(qp, env, wire, w);
+        }
         _ => return false,
     };
     let hdr = BTH + reth + imm;
@@ -362,6 +365,103 @@ fn post_fast<L: LinkTx + ?Sized>(
     req.window.push_sent(w, consumers);
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += len as u64;
+    if !req.timer.armed() {
+        if let Some(t) = req.ttr {
+            env.arm(&mut req.timer, t);
+        }
+    }
+    #[cfg(test)]
+    {
+        req.fast_posts += 1;
+    }
+    true
+}
+
+/// The template path of an RDMA Read of one response (at most a PMTU) or an Atomic: one
+/// request packet without payload (BTH and RETH, or BTH and AtomicETH) built straight into
+/// the link's next slot, and the window's record of it as [`post_fast`] makes it — under
+/// the conditions of [`post_fast`] (RTS, idle, no RNR wait, no WQE waiting for credit, the
+/// fence, room on the link) and the initiator depth (`max_rd_atomic`), which the normal
+/// path checks before a Read or Atomic starts. A scatter list in a table (which the normal
+/// path sends only with room for continuation slots, though a request carries none) goes
+/// the normal way. Returns false, having changed nothing, otherwise.
+///
+/// A Read or Atomic request has no payload, so nothing can fail once the gates pass: the
+/// normal path's `build_request` writes the same headers (AckReq set, no SE, no pad), and
+/// go-back-N rebuilds the same bytes from the WQE.
+#[inline]
+fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    wire: &mut Wire<'_, L>,
+    w: &SqWqe,
+) -> bool {
+    const BTH: usize = bth::HEADER_LEN;
+    let (opcode, hdr) = match w.op {
+        WqeOp::Read => (Opcode::RdmaReadRequest, BTH + crate::wire::reth::HEADER_LEN),
+        WqeOp::CompareSwap => (
+            Opcode::CompareSwap,
+            BTH + crate::wire::atomic_eth::HEADER_LEN,
+        ),
+        WqeOp::FetchAdd => (Opcode::FetchAdd, BTH + crate::wire::atomic_eth::HEADER_LEN),
+        _ => return false,
+    };
+    // One response: the window records a span of one PSN (`SendWindow::push_sent`).
+    if w.op == WqeOp::Read && w.len > qp.cfg.path_mtu.bytes() {
+        return false;
+    }
+    if matches!(w.data, DataLoc::Table { .. }) {
+        return false;
+    }
+    let req = &mut qp.req;
+    let Some(template) = req.template else {
+        return false;
+    };
+    if qp.state != QpState::Rts
+        || req.window.has_work()
+        || req.limited.is_some()
+        || req.rnr_timer.armed()
+        || (w.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0)
+        || req.rd_atomic >= u32::from(qp.cfg.max_rd_atomic)
+    {
+        return false;
+    }
+    let Some((slot, _)) = wire.tx.next_packet(0) else {
+        return false;
+    };
+    let psn = req.window.npsn();
+    template.write(&mut slot.data, opcode, false, 0, psn);
+    if w.op == WqeOp::Read {
+        RethRepr {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            dma_len: w.len,
+        }
+        .emit(&mut crate::wire::reth::Packet::new_unchecked(
+            &mut slot.data[BTH..hdr],
+        ));
+    } else {
+        let cas = w.op == WqeOp::CompareSwap;
+        AtomicEthRepr {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            swap_add: if cas { w.swap } else { w.compare_add },
+            compare: if cas { w.compare_add } else { 0 },
+        }
+        .emit(&mut crate::wire::atomic_eth::Packet::new_unchecked(
+            &mut slot.data[BTH..hdr],
+        ));
+    }
+    slot.hdr_len = hdr as u8;
+    slot.payload_len = 0;
+    crate::responder::ride_owed_ack(qp, env, slot);
+    wire.tx.commit();
+    // The bookkeeping of `accept` and `transmit` for this WQE (it consumes no receive WQE).
+    let req = &mut qp.req;
+    req.ssn = (req.ssn + 1) & Psn::MASK;
+    req.window.push_sent(w, req.consumers);
+    req.rd_atomic += 1;
+    env.stats.packets_sent += 1;
     if !req.timer.armed() {
         if let Some(t) = req.ttr {
             env.arm(&mut req.timer, t);
@@ -962,6 +1062,136 @@ mod tests {
         r.stage(0, |q, _| assert_eq!(q.req.fast_posts, case));
     }
 
+    /// A Read of at most a PMTU (one response), a Compare and Swap and a Fetch and Add, on
+    /// an idle QP, are built from the header template too: their bytes are those the normal
+    /// path builds, the first time and again as a go-back-N retransmission, and each takes
+    /// its place in the initiator depth as on the normal path.
+    #[test]
+    fn a_template_read_or_atomic_builds_the_bytes_of_the_normal_path() {
+        let r = rig(2, 0xFF_FFFD, false);
+        let mut case = 0u64;
+        for (op, len) in [
+            (WqeOp::Read, 0u32),
+            (WqeOp::Read, 1),
+            (WqeOp::Read, 8),
+            (WqeOp::Read, 255),
+            (WqeOp::Read, 256),
+            (WqeOp::CompareSwap, 8),
+            (WqeOp::FetchAdd, 8),
+        ] {
+            for flags in [0, WqeFlags::SOLICITED, WqeFlags::FENCE] {
+                case += 1;
+                let mut w = wqe(op, flags, data(&r.mr, case * 256 % 4096, &[0; 8]), len);
+                w.remote_addr = 0x1000_0000_0000_0008 ^ (case << 3);
+                w.compare_add = 0x0102_0304_0506_0708 ^ case;
+                w.swap = 0x1112_1314_1516_1718 ^ case;
+                let mut fast = link(4);
+                let psn = r.stage(0, |q, env| {
+                    let before = q.req.fast_posts;
+                    let psn = q.req.window.npsn();
+                    assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, &w, 16), 1);
+                    assert_eq!(
+                        q.req.fast_posts,
+                        before + 1,
+                        "{op:?} of {len} bytes takes the template path"
+                    );
+                    assert_eq!(q.req.rd_atomic, 1);
+                    assert_eq!(q.req.window.npsn(), psn.add(1));
+                    assert_eq!(q.req.window.sent_to(), psn.add(1));
+                    // Go-back-N: the same packet again, built the normal way.
+                    q.req.window.rewind(psn);
+                    assert_eq!(transmit(q, env, &mut Wire { tx: &mut fast }, 16), 1);
+                    assert_eq!(q.req.rd_atomic, 1);
+                    ack_all(q);
+                    assert_eq!(q.req.rd_atomic, 0);
+                    psn
+                });
+                let mut normal = link(4);
+                r.stage(1, |q, env| {
+                    accept(q, w);
+                    assert_eq!(transmit(q, env, &mut Wire { tx: &mut normal }, 16), 1);
+                    ack_all(q);
+                });
+                let what = format!("{op:?}, {len} bytes, flags {flags}, PSN {psn:?}");
+                assert_eq!(fast.sent.len(), 2, "{what}");
+                let bytes = |p: &Vec<PacketSlot>| bytemuck::bytes_of(&p[0]).to_vec();
+                assert_eq!(bytes(&fast.sent[0]), bytes(&normal.sent[0]), "{what}");
+                assert_eq!(bytes(&fast.sent[1]), bytes(&fast.sent[0]), "{what}");
+                let rx = RxPacket::parse(&fast.sent[0][0], &[]).unwrap();
+                assert_eq!((rx.psn(), rx.ack_req()), (psn, true), "{what}");
+            }
+        }
+        r.stage(0, |q, _| assert!(q.req.window.npsn().get() < 0xFF_FFFD));
+        r.stage(0, |q, _| assert_eq!(q.req.fast_posts, case));
+    }
+
+    /// A Read or Atomic the template path does not take goes the normal way: past the
+    /// initiator depth (it waits for the one outstanding), fenced behind a Read, a Read of
+    /// more than one response, behind queued work.
+    #[test]
+    fn reads_and_atomics_the_template_path_does_not_take_go_the_normal_way() {
+        let r = rig(1, 0, false);
+        let read = |len: u32, flags: u8| wqe(WqeOp::Read, flags, data(&r.mr, 0, &[0; 8]), len);
+        let fadd = wqe(WqeOp::FetchAdd, 0, data(&r.mr, 64, &[0; 8]), 8);
+        let mut l = link(16);
+        r.stage(0, |q, env| {
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 1);
+            assert_eq!(q.req.fast_posts, 1);
+            // The initiator depth is 1: the Atomic waits for the Read.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &fadd, 16), 0);
+            // Queued work: a Read behind it waits its turn too.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 0);
+            assert_eq!(q.req.fast_posts, 1);
+            ack_all(q);
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            ack_all(q);
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            ack_all(q);
+            assert_eq!(q.req.rd_atomic, 0);
+            // A Read of two responses: the normal path.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(257, 0), 16), 1);
+            assert_eq!(q.req.fast_posts, 1);
+            ack_all(q);
+        });
+        // A fenced Read behind a Read, with room for two in flight.
+        r.stage(0, |q, env| {
+            q.cfg.max_rd_atomic = 2;
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 1);
+            assert_eq!(
+                post(
+                    q,
+                    env,
+                    &mut Wire { tx: &mut l },
+                    &read(8, WqeFlags::FENCE),
+                    16
+                ),
+                0
+            );
+            assert_eq!(q.req.fast_posts, 2);
+            ack_all(q);
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            // Without a fence, a second Read goes beside the first.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 1);
+            assert_eq!(q.req.fast_posts, 3);
+            assert_eq!(q.req.rd_atomic, 2);
+            ack_all(q);
+        });
+        use Opcode::*;
+        let psns: Vec<_> = sent(&l).iter().map(|p| (p.0, p.1)).collect();
+        assert_eq!(
+            psns,
+            [
+                (RdmaReadRequest, 0),
+                (FetchAdd, 1),
+                (RdmaReadRequest, 2),
+                (RdmaReadRequest, 3),
+                (RdmaReadRequest, 5),
+                (RdmaReadRequest, 6),
+                (RdmaReadRequest, 7),
+            ]
+        );
+    }
+
     /// What the template path does not take goes the normal way, in posted order: a post
     /// behind queued work, without credit (and a Write behind a Send waiting for credit),
     /// on a full link, during an RNR wait, a fenced post behind a Read, a post outside
@@ -1032,7 +1262,8 @@ mod tests {
             assert_eq!(q.req.rd_atomic, 0);
             assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
             ack_all(q);
-            assert_eq!(q.req.fast_posts, 1);
+            // The Send and the Read before the fence.
+            assert_eq!(q.req.fast_posts, 2);
             let psns: Vec<_> = sent(&l).iter().map(|p| (p.0, p.1)).collect();
             assert_eq!(
                 psns,
@@ -1049,7 +1280,7 @@ mod tests {
         r.qps[0].modify(&QpAttr::new(QpState::Rts)).unwrap();
         r.stage(0, |q, env| {
             assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
-            assert_eq!(q.req.fast_posts, 1);
+            assert_eq!(q.req.fast_posts, 2);
         });
         assert_eq!(sent(&l), [(Opcode::SendOnly, 21, true)]);
     }
@@ -1090,7 +1321,7 @@ mod tests {
             assert_eq!(q.req.rd_atomic, 1);
             let plain = wqe(WqeOp::Send, 0, data(&r.mr, 0, &[2; 8]), 8);
             assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &plain, 16), 1);
-            assert_eq!(q.req.fast_posts, 2);
+            assert_eq!(q.req.fast_posts, 3, "the Read too");
         });
         use Opcode::*;
         assert_eq!(

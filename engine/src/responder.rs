@@ -34,7 +34,9 @@
 //! records the Ack the QP owes, and the engine sends the owed Acks at the end of its
 //! iteration, one per QP for everything accepted. Naks, RNR Naks, Read responses and
 //! Atomic Acknowledges go through a queue and leave in PSN order as the link has room; an
-//! Ack never overtakes the responses of an earlier Read.
+//! Ack never overtakes the responses of an earlier Read. (A new Read of one response or
+//! a new Atomic that finds the queue empty is answered at once, in the receive step, by
+//! a fast path: see `answer_fast`.)
 
 mod error;
 #[cfg(test)]
@@ -67,7 +69,8 @@ use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::bth::BthRepr;
 use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
 use crate::wire::slot::{
-    HeaderWriter, KIND_NONE, PacketSlot, RxPacket, can_carry_ack, riding_word, set_riding_ack,
+    HeaderWriter, KIND_DIRECT, KIND_INLINE, KIND_NONE, PacketSlot, RxPacket, can_carry_ack,
+    riding_word, set_riding_ack,
 };
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
 use error::Reply;
@@ -148,8 +151,21 @@ pub(crate) struct Responder {
     nak_outstanding: bool,
     /// The credit count last reported, if any.
     advertised: Option<u32>,
-    /// New Reads and Atomics queued, for the responder-resources limit.
+    /// New Reads and Atomics queued, for the responder-resources limit (the answers sent
+    /// early still held, [`Responder::early`], included).
     rd_atomic_queued: u32,
+    /// New Reads and Atomics a receive fast path ([`read_fast`], [`atomic_fast`]) answered
+    /// at once, in the receive step, whose responder resources are still counted: the
+    /// pipeline queues their responses and frees the resources when step 3 sends them, so
+    /// a request later in the same burst (a requester past its initiator depth) finds them
+    /// taken. They are freed ([`Responder::settle`]) once that burst is over: when the
+    /// responses are drained (step 3, `drain_queued`), or when a request of a later burst
+    /// looks at the resources.
+    early: u32,
+    /// The burst the early answers were sent in: the engine's count of packets received
+    /// before it (`Stats::packets_received`, raised at the end of each link's burst, so the
+    /// same all through one burst of this QP's link and higher in any later one).
+    early_burst: u64,
     /// Answers to duplicate Reads and Atomics queued (at most [`MAX_RD_ATOMIC`]): they
     /// re-send what a new request's resource produced, and must not take the resources the
     /// requester may use for new requests.
@@ -193,6 +209,8 @@ impl Responder {
             nak_outstanding: false,
             advertised: None,
             rd_atomic_queued: 0,
+            early: 0,
+            early_burst: 0,
             dup_queued: 0,
             closing: false,
             cur_status: WcStatus::WrFlushErr,
@@ -329,6 +347,37 @@ impl Responder {
         self.closing = true;
     }
 
+    /// Records a new Read's or Atomic's answer sent by a receive fast path in the burst
+    /// `burst` ([`Responder::early`]): what [`Responder::queue`] records for its response —
+    /// the resource taken, the owed Ack dropped (the answer acknowledges every request
+    /// before it).
+    fn answered(&mut self, burst: u64) {
+        debug_assert!(self.early == 0 || self.early_burst == burst);
+        self.rd_atomic_queued += 1;
+        self.early += 1;
+        self.early_burst = burst;
+        self.owed = None;
+    }
+
+    /// Frees the resources of the early answers if they were sent in a burst before
+    /// `burst` (the one being received): the pipeline would have sent their responses at
+    /// the end of that one.
+    #[inline]
+    fn settle(&mut self, burst: u64) {
+        if self.early > 0 && self.early_burst != burst {
+            self.settle_all();
+        }
+    }
+
+    /// Frees the resources of the early answers (no burst is being received: the
+    /// pipeline's responses would have been sent by now).
+    #[inline]
+    pub(crate) fn settle_all(&mut self) {
+        self.rd_atomic_queued -= self.early;
+        self.early = 0;
+        self.early_burst = 0;
+    }
+
     /// A Read's or Atomic's answer left: its resource (or its duplicate's slot) is free.
     fn release_rd_atomic(&mut self, dup: bool) {
         if dup {
@@ -362,11 +411,22 @@ pub(crate) mod probe {
         /// The completer's fast path for a duplicate or unsolicited positive Ack (a
         /// credit update).
         Credits = 2,
+        /// The completer's fast path for the RDMA Read Response Only of the oldest WQE.
+        ReadResponse = 3,
+        /// The completer's fast path for the Atomic Acknowledge of the oldest WQE.
+        AtomicAck = 4,
+        /// The receive fast path of an RDMA Read Request ([`super::read_fast`]).
+        Read = 5,
+        /// The receive fast path of an Atomic ([`super::atomic_fast`]).
+        Atomic = 6,
     }
+
+    /// How many fast paths there are.
+    pub(crate) const PATHS: usize = 7;
 
     thread_local! {
         static OFF: Cell<bool> = const { Cell::new(false) };
-        static TAKEN: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
+        static TAKEN: Cell<[u64; PATHS]> = const { Cell::new([0; PATHS]) };
     }
 
     /// Whether the fast paths may be taken on this thread.
@@ -392,13 +452,31 @@ pub(crate) mod probe {
     pub(crate) fn taken(path: Path) -> u64 {
         TAKEN.with(|c| c.get()[path as usize])
     }
+
+    /// How many times each path was taken on this thread, in the order of [`Path`].
+    pub(crate) fn all_taken() -> [u64; PATHS] {
+        TAKEN.with(Cell::get)
+    }
 }
 
 /// Handles one request packet addressed to this QP's RQ Logic: runs it through the checks
-/// and, if one refuses it, answers as the table ([`verdict`]) says.
-pub(crate) fn on_request(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+/// and, if one refuses it, answers as the table ([`verdict`]) says. With `tx` (the QP's
+/// link, when nothing needs to look at the packets sent before they leave), a new RDMA
+/// Read of one response or a new Atomic is answered at once ([`read_fast`],
+/// [`atomic_fast`]).
+pub(crate) fn on_request<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: Option<&mut L>,
+    pkt: &RxPacket<'_>,
+) {
     if receive_fast(qp, env, pkt) {
         return;
+    }
+    if let Some(tx) = tx {
+        if answer_fast(qp, env, tx, pkt) {
+            return;
+        }
     }
     if let Err(e) = receive(qp, env, pkt) {
         refuse(qp, env, pkt.psn(), e);
@@ -445,6 +523,220 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         probe::count(probe::Path::Receive);
     }
     taken
+}
+
+/// The receive fast paths of RDMA Reads and Atomics (issue 10): a new request at ePSN,
+/// on an RTR or RTS QP with nothing pending (no message in progress, no receive WQE held,
+/// no Nak outstanding, no response queued — the answer would have to wait its turn), is
+/// answered straight into the link's next slot: the Read Response Only of a Read of at
+/// most a PMTU ([`read_fast`]), the Atomic Acknowledge of an Atomic ([`atomic_fast`]). It
+/// skips the response queue and the second R_Key check of the queued Read's response
+/// (nothing can change the region between the two here), and makes the pipeline's checks
+/// in its order (operation enabled, resources, headers, alignment, R_Key); if one fails,
+/// or the link has no room, it returns false with nothing changed, and the pipeline takes
+/// the packet from the start. The answer is the one step 3 would send — the same headers,
+/// data, MSN; the credits of when it is built — and the state the same once the burst is
+/// over ([`Responder::early`]). It skips step 3 for the QP too: nothing is left queued, so
+/// an engine that has nothing else for the QP does not visit it. Two things differ from
+/// the pipeline, both in the sender's favour and both allowed by the spec: the answer
+/// leaves before the requests the QP itself sends this iteration (another stream), and
+/// an Ack owed behind it in the same burst is owed, as any Ack with nothing queued, not
+/// queued behind a response that has left.
+#[inline]
+fn answer_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: &mut L,
+    pkt: &RxPacket<'_>,
+) -> bool {
+    #[cfg(test)]
+    if !probe::enabled() {
+        return false;
+    }
+    let info = pkt.info;
+    let resp = &qp.resp;
+    if !matches!(
+        info.class,
+        OpClass::RdmaReadRequest | OpClass::CompareSwap | OpClass::FetchAdd
+    ) || pkt.psn() != resp.epsn
+        || !matches!(qp.state, QpState::Rts | QpState::Rtr)
+        || !matches!(resp.cur, Inbound::Idle)
+        || resp.held.is_some()
+        || resp.nak_outstanding
+        || !resp.out.is_empty()
+        || resp.closing
+    {
+        return false;
+    }
+    let Some(dest) = qp.cfg.dest else {
+        return false;
+    };
+    // 4. Resources (the pipeline checks them before the headers).
+    qp.resp.settle(env.stats.packets_received);
+    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+        return false;
+    }
+    if info.class == OpClass::RdmaReadRequest {
+        read_fast(qp, env, tx, dest.qpn, pkt)
+    } else {
+        atomic_fast(qp, env, tx, dest.qpn, pkt)
+    }
+}
+
+/// A new RDMA Read Request of one response on the fast path ([`answer_fast`]); false,
+/// with nothing changed, if the pipeline must take it.
+#[inline]
+fn read_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: &mut L,
+    dest: crate::wire::Qpn,
+    pkt: &RxPacket<'_>,
+) -> bool {
+    // 3. Operation enabled.
+    if !qp.cfg.access.contains(AccessFlags::REMOTE_READ) {
+        return false;
+    }
+    let Some(reth) = pkt.reth() else {
+        return false;
+    };
+    // One response (a Read of at most a PMTU, or of nothing).
+    let len = reth.dma_len;
+    if len > qp.cfg.path_mtu.bytes() {
+        return false;
+    }
+    // 6. R_Key, once: the response is built now, from the range it checked.
+    let Ok(off) = env.check_remote(
+        reth.rkey,
+        (qp.pd, qp.qpn),
+        AccessFlags::REMOTE_READ,
+        reth.va,
+        u64::from(len),
+    ) else {
+        return false;
+    };
+    // A registered application buffer is staged in its shadow, which the peer can read.
+    let Some(off) = env.mrs.stage_read(off, u64::from(len), &qp.mem) else {
+        return false;
+    };
+    // 7. Execute: the response, as `read_response` builds it.
+    let psn = pkt.psn();
+    let msn = (qp.resp.msn + 1) & Msn::MASK;
+    let credits = credit_code(qp);
+    let Some(slot) = tx.next_slot() else {
+        return false;
+    };
+    // The headers `HeaderWriter` writes (BTH and AETH, as an Acknowledge's) and the
+    // payload as `dma::describe` places one range: inline if it fits the slot, else by
+    // reference; a Read of nothing leaves the slot's kind as it is.
+    let pad = ((4 - len % 4) % 4) as u8;
+    let syndrome = Syndrome::Ack { credits };
+    let op = Opcode::RdmaReadResponseOnly;
+    write_aeth_headers(slot, op, pad, dest, psn, syndrome, msn, None);
+    let hdr = usize::from(slot.hdr_len);
+    slot.payload_len = len;
+    let mut inline = 0;
+    if len as usize <= PacketSlot::inline_room(hdr) {
+        if len > 0 {
+            slot.kind = KIND_INLINE;
+            let end = hdr + len as usize;
+            if qp.mem.read(off, &mut slot.data[hdr..end]).is_err() {
+                // Unreadable (it cannot be, the range was checked): the slot is not
+                // committed, and the pipeline answers as it does.
+                return false;
+            }
+            inline = u64::from(len);
+        }
+    } else {
+        slot.kind = KIND_DIRECT;
+        slot.payload_off = off;
+    }
+    tx.commit();
+    env.stats.packets_sent += 1;
+    env.stats.inline_bytes_sent += inline;
+    // The pipeline's bookkeeping: the message counted, the resource held until step 3,
+    // the owed Ack dropped (the response acknowledges every request before it), ePSN on.
+    let resp = &mut qp.resp;
+    resp.msn = msn;
+    resp.answered(env.stats.packets_received);
+    resp.epsn = psn.add(1);
+    #[cfg(test)]
+    probe::count(probe::Path::Read);
+    true
+}
+
+/// A new Atomic on the fast path ([`answer_fast`]); false, with nothing changed, if the
+/// pipeline must take it. Once it has the link's slot, only the atomic operation itself
+/// can fail, and that is refused as the pipeline refuses it.
+#[inline]
+fn atomic_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpCtx,
+    env: &mut Env<'_>,
+    tx: &mut L,
+    dest: crate::wire::Qpn,
+    pkt: &RxPacket<'_>,
+) -> bool {
+    // 3. Operation enabled.
+    if !qp.cfg.access.contains(AccessFlags::REMOTE_ATOMIC) {
+        return false;
+    }
+    // 5. Its header, and a naturally aligned 64-bit word.
+    let Some(a) = pkt.atomic_eth() else {
+        return false;
+    };
+    if a.va % 8 != 0 {
+        return false;
+    }
+    // 6. R_Key.
+    let Ok(off) = env.check_remote(a.rkey, (qp.pd, qp.qpn), AccessFlags::REMOTE_ATOMIC, a.va, 8)
+    else {
+        return false;
+    };
+    let psn = pkt.psn();
+    let Some(slot) = tx.next_slot() else {
+        return false;
+    };
+    // 7. Execute.
+    let mem = Local::new(&qp.mem, env.mrs);
+    let orig = if pkt.info.class == OpClass::CompareSwap {
+        mem.compare_swap_u64(off, a.compare, a.swap_add)
+    } else {
+        mem.fetch_add_u64(off, a.swap_add)
+    };
+    let Ok(orig) = orig else {
+        // The slot is not committed; the pipeline's state at this point is this one.
+        refuse(qp, env, psn, RespError::AtomicFailed);
+        #[cfg(test)]
+        probe::count(probe::Path::Atomic);
+        return true;
+    };
+    let msn = qp.resp.next_msn();
+    let code = credit_code(qp);
+    write_ack_headers(
+        slot,
+        Opcode::AtomicAcknowledge,
+        dest,
+        psn,
+        Syndrome::Ack { credits: code },
+        msn,
+        Some(orig),
+    );
+    slot.kind = KIND_NONE;
+    tx.commit();
+    env.stats.packets_sent += 1;
+    advertise(qp, code.credits());
+    // The pipeline's bookkeeping: the result kept for a duplicate, the resource held until
+    // step 3, the owed Ack dropped, ePSN on.
+    let resp = &mut qp.resp;
+    if resp.atomics.len() == MAX_RD_ATOMIC as usize {
+        resp.atomics.pop_front();
+    }
+    resp.atomics.push_back((psn, orig, msn));
+    resp.answered(env.stats.packets_received);
+    resp.epsn = psn.add(1);
+    #[cfg(test)]
+    probe::count(probe::Path::Atomic);
+    true
 }
 
 /// A Send Only (not with Invalidate) on the fast path; false, with nothing changed, if
@@ -612,6 +904,7 @@ fn deliver_fast(
 /// The receive pipeline: each check in the spec's order; the first that fails refuses
 /// the packet.
 fn receive(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
+    qp.resp.settle(env.stats.packets_received);
     let info = pkt.info;
     check_state(qp)?;
     if check_psn(&mut qp.resp, pkt.psn())? == Fresh::Duplicate {
@@ -1138,6 +1431,8 @@ fn drain_queued<L: LinkTx + ?Sized>(
     env: &mut Env<'_>,
     wire: &mut Wire<'_, L>,
 ) -> bool {
+    // The early answers were ahead of everything queued, and sent.
+    qp.resp.settle_all();
     let Some(dest) = qp.cfg.dest else {
         return false;
     };
@@ -1460,10 +1755,33 @@ fn write_ack_headers(
         opcode,
         Opcode::Acknowledge | Opcode::AtomicAcknowledge
     ));
+    write_aeth_headers(slot, opcode, 0, dest, psn, syndrome, msn, atomic_orig);
+}
+
+/// [`write_ack_headers`] for any response with an AETH right behind the BTH — an
+/// Acknowledge, an Atomic Acknowledge (with `atomic_orig`), an RDMA Read Response Only
+/// (the fast path's) — with pad count `pad` (the one field besides the opcode that
+/// differs from an Ack's).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn write_aeth_headers(
+    slot: &mut crate::wire::slot::PacketSlot,
+    opcode: Opcode,
+    pad: u8,
+    dest: crate::wire::Qpn,
+    psn: Psn,
+    syndrome: Syndrome,
+    msn: u32,
+    atomic_orig: Option<u64>,
+) {
     debug_assert_eq!(opcode == Opcode::AtomicAcknowledge, atomic_orig.is_some());
-    // BTH bytes 0..8: opcode, flags (0), P_Key, reserved (0), destination QP.
-    let head =
-        (u64::from(opcode.code()) << 56) | (u64::from(DEFAULT_PKEY) << 32) | u64::from(dest.get());
+    debug_assert!(pad < 4);
+    // BTH bytes 0..8: opcode, flags (the pad count in bits 5..4), P_Key, reserved (0),
+    // destination QP.
+    let head = (u64::from(opcode.code()) << 56)
+        | (u64::from(pad & 3) << 52)
+        | (u64::from(DEFAULT_PKEY) << 32)
+        | u64::from(dest.get());
     // BTH bytes 8..12: AckReq and reserved (0), PSN; then the AETH: syndrome, MSN.
     let tail = (u64::from(psn.get()) << 32)
         | (u64::from(syndrome.to_u8()) << 24)
@@ -1610,6 +1928,27 @@ mod ack_header_tests {
                     let n = want.hdr_len as usize;
                     assert_eq!(got.hdr_len, want.hdr_len);
                     assert_eq!(got.data[..n], want.data[..n], "{syndrome:?} {orig:?}");
+                }
+                // The Read Response Only of the fast path, with every pad count.
+                for pad in 0..4 {
+                    let (dest, psn) = (Qpn::new(dest), Psn::new(psn));
+                    let syndrome = Syndrome::from_u8(syn);
+                    let op = Opcode::RdmaReadResponseOnly;
+                    let mut b = bth(op, dest, psn);
+                    b.pad_count = pad;
+                    let mut want = PacketSlot::zeroed();
+                    HeaderWriter::new(&mut want, &b)
+                        .aeth(&AethRepr {
+                            syndrome,
+                            msn: Msn::new(msn),
+                        })
+                        .finish();
+                    let mut got = PacketSlot::zeroed();
+                    got.data.fill(0xA5);
+                    write_aeth_headers(&mut got, op, pad, dest, psn, syndrome, msn, None);
+                    let n = want.hdr_len as usize;
+                    assert_eq!(got.hdr_len, want.hdr_len);
+                    assert_eq!(got.data[..n], want.data[..n], "{syndrome:?} pad {pad}");
                 }
             }
         }

@@ -476,7 +476,10 @@ impl Engine {
                 // A riding Ack kept from an earlier packet comes before this one.
                 on_kept_riding_ack(qp, &mut env);
                 if pkt.info.request {
-                    responder::on_request(qp, &mut env, &pkt);
+                    // A Read's or an Atomic's answer may go on the link at once, unless the
+                    // fault stage or the trace must see it among what step 3 sends.
+                    let tx = (faults.is_none() && trace.is_none()).then_some(&mut link.tx);
+                    responder::on_request(qp, &mut env, tx, &pkt);
                     if qp.resp.owed_ack().is_some() {
                         let newly = owed.push(l, index);
                         *owed_now |= !qp.resp.replies;

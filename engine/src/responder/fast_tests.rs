@@ -19,10 +19,18 @@ use crate::{AccessFlags, QpAttr, QpState, RecvWr, SendOp, SendWr, Stats, WorkCom
 /// A packet the engine sent: opcode, PSN (absolute), AETH.
 type Sent = (Opcode, u32, Option<AethRepr>);
 
+/// The rest of a packet the engine sent: its original value (an Atomic Acknowledge), pad
+/// count, kind, payload length, payload offset (by reference) and inline payload bytes.
+type Body = (Option<u64>, u8, u8, u32, u64, Vec<u8>);
+
 /// What a scenario left behind.
 #[derive(Debug, PartialEq)]
 struct Outcome {
     sent: Vec<Sent>,
+    /// What each packet sent carried besides its headers: its whole slot but the header
+    /// bytes (payload bytes inline, or the arena range it names, and the pad count) and an
+    /// Atomic Acknowledge's original value.
+    bodies: Vec<Body>,
     completions: Vec<WorkCompletion>,
     stats: Stats,
     state: QpState,
@@ -45,9 +53,13 @@ impl std::fmt::Debug for Memory {
     }
 }
 
+/// How many times each fast path was taken, in the order of [`Path`] (receive, Ack,
+/// credits, Read Response, Atomic Acknowledge, Read Request, Atomic).
+type Taken = [u64; probe::PATHS];
+
 /// Runs `scenario` on a fresh rig with the fast paths on or off; returns what it left and
-/// how many times each fast path was taken (receive, Ack).
-fn run(fast: bool, access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, [u64; 2]) {
+/// how many times each fast path was taken.
+fn run(fast: bool, access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
     run_in(fast, access, QpState::Rts, scenario)
 }
 
@@ -57,18 +69,16 @@ fn run_in(
     access: AccessFlags,
     state: QpState,
     scenario: &dyn Fn(&mut Rig),
-) -> (Outcome, [u64; 2]) {
+) -> (Outcome, Taken) {
     probe::set_enabled(fast);
     let mut r = rig_in(access, state);
-    let before = [probe::taken(Path::Receive), probe::taken(Path::Ack)];
+    let before = probe::all_taken();
     scenario(&mut r);
     r.step();
-    let taken = [
-        probe::taken(Path::Receive) - before[0],
-        probe::taken(Path::Ack) - before[1],
-    ];
+    let after = probe::all_taken();
+    let taken: Taken = std::array::from_fn(|i| after[i] - before[i]);
     probe::set_enabled(true);
-    let sent = sent(&mut r);
+    let (sent, bodies) = sent_with_bodies(&mut r);
     let mut completions = vec![];
     loop {
         let got = r.completions();
@@ -80,6 +90,9 @@ fn run_in(
     let qpn = r.qp.qpn();
     let (resp, req) = r.ctx.shared.engine.with(|e| {
         e.with_stage(qpn, |q, _| {
+            // No burst is being received: the early answers' resources are free, as the
+            // pipeline's would be once it sent their responses.
+            q.resp.settle_all();
             let (w, req) = (&q.req.window, &q.req);
             let counters = (w.retired(), w.started(), w.fetched(), w.npsn(), w.acked());
             let rest = (req.rd_atomic, &req.credits, req.limited, req.retrying);
@@ -93,6 +106,7 @@ fn run_in(
     r.mr.read_at(0, &mut memory).unwrap();
     let outcome = Outcome {
         sent,
+        bodies,
         completions,
         stats: r.ctx.stats(),
         state: r.qp.state(),
@@ -105,9 +119,9 @@ fn run_in(
 
 /// Runs `scenario` through the fast paths and through the slow paths, checks that both
 /// leave the same outcome, and returns it with the fast paths' counts.
-fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, [u64; 2]) {
+fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
     let (slow, none) = run(false, access, scenario);
-    assert_eq!(none, [0, 0], "the fast paths are off");
+    assert_eq!(none, [0; probe::PATHS], "the fast paths are off");
     let (fast, taken) = run(true, access, scenario);
     assert_eq!(
         fast, slow,
@@ -117,18 +131,32 @@ fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome,
 }
 
 /// Every packet the engine sent since the last look (single-slot packets: Acks, Naks,
-/// requests without gather lists).
-fn sent(r: &mut Rig) -> Vec<Sent> {
-    let mut out = vec![];
+/// Read responses, requests without gather lists), and what each carried.
+fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>) {
+    let (mut out, mut bodies) = (vec![], vec![]);
     let mut buf = [PacketSlot::default(); 64];
     loop {
         let n = r.rx.pop_burst(&mut buf).unwrap();
         if n == 0 {
-            return out;
+            return (out, bodies);
         }
         for s in &buf[..n] {
-            let (repr, _) = PacketRepr::parse(&s.data[..usize::from(s.hdr_len)]).unwrap();
+            let hdr = usize::from(s.hdr_len);
+            let (repr, _) = PacketRepr::parse(&s.data[..hdr]).unwrap();
             out.push((repr.bth.opcode, repr.bth.psn.get(), repr.aeth));
+            let inline = if s.kind == crate::wire::slot::KIND_INLINE {
+                s.data[hdr..hdr + s.payload_len as usize].to_vec()
+            } else {
+                vec![]
+            };
+            let direct = if s.kind == crate::wire::slot::KIND_DIRECT {
+                s.payload_off
+            } else {
+                0
+            };
+            let orig = repr.atomic_ack_eth.map(|a| a.orig);
+            let pad = repr.bth.pad_count;
+            bodies.push((orig, pad, s.kind, s.payload_len, direct, inline));
         }
     }
 }
@@ -451,6 +479,266 @@ fn a_send_too_long_for_its_wqe_fails_as_in_the_pipeline() {
     assert_ne!(out.completions[0].status, crate::WcStatus::Success);
 }
 
+// --- The receive fast paths of RDMA Reads and Atomics ---
+
+/// An RDMA Read Request at PSN offset `k` of `len` bytes at offset `at` of the rig's
+/// region.
+fn read_request(r: &mut Rig, k: u32, at: u64, len: u32) {
+    let reth = r.reth(at, len);
+    r.request(Opcode::RdmaReadRequest, k, |p| p.reth = Some(reth), b"");
+}
+
+/// An Atomic (`op`) at PSN offset `k` on the word at offset `at` of the rig's region.
+fn atomic_request(r: &mut Rig, op: Opcode, k: u32, at: u64, (swap_add, compare): (u64, u64)) {
+    let reth = r.reth(at, 8);
+    r.request(
+        op,
+        k,
+        |p| {
+            p.atomic_eth = Some(crate::wire::AtomicEthRepr {
+                va: reth.va,
+                rkey: reth.rkey,
+                swap_add,
+                compare,
+            })
+        },
+        b"",
+    );
+}
+
+/// Reads of one response (0, 8, 24 bytes inline, 25 and 256 bytes by reference), a Fetch
+/// and Add and a Compare and Swap, each at ePSN, one per iteration: each takes its fast
+/// path, with the pipeline's responses (opcode, PSN, AETH with MSN and credits, data,
+/// original value), memory, statistics and responder state.
+#[test]
+fn reads_and_atomics_at_epsn_take_the_receive_fast_paths() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.mr.write_at(4096, &(0..=255).collect::<Vec<u8>>())
+            .unwrap();
+        r.mr.write_at(8192 - 8, &7u64.to_ne_bytes()).unwrap();
+        let mut k = 0;
+        for len in [0, 8, 24, 25, 256] {
+            read_request(r, k, 4096, len);
+            r.step();
+            k += 1;
+        }
+        atomic_request(r, Opcode::FetchAdd, k, 8192 - 8, (5, 0));
+        r.step();
+        atomic_request(r, Opcode::CompareSwap, k + 1, 8192 - 8, (99, 12));
+        r.step();
+        atomic_request(r, Opcode::CompareSwap, k + 2, 8192 - 8, (98, 99));
+        r.step();
+    });
+    assert_eq!(taken[Path::Read as usize], 5);
+    assert_eq!(taken[Path::Atomic as usize], 3);
+    let ops: Vec<_> = out.sent.iter().map(|s| s.0).collect();
+    use Opcode::*;
+    assert_eq!(
+        ops,
+        [
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            RdmaReadResponseOnly,
+            AtomicAcknowledge,
+            AtomicAcknowledge,
+            AtomicAcknowledge
+        ]
+    );
+    assert_eq!(out.bodies[1].5, (0..8).collect::<Vec<u8>>());
+    assert_eq!(out.bodies[1].1, 0);
+    assert_eq!(out.bodies[3].3, 25);
+    assert_eq!(out.bodies[3].1, 3, "25 bytes pad to 28");
+    let origs: Vec<_> = out.bodies[5..].iter().map(|b| b.0).collect();
+    assert_eq!(origs, [Some(7), Some(12), Some(99)]);
+    assert_eq!(out.memory.0[8192 - 8..], 98u64.to_ne_bytes());
+    assert_eq!(out.stats.inline_bytes_sent, 8 + 24);
+}
+
+/// Requests the Read and Atomic fast paths refuse, each answered as the pipeline answers
+/// it: a bad R_Key, out of the region's bounds, a QP without remote read or atomic access,
+/// a misaligned Atomic, a PSN ahead of ePSN, a Read of two responses, a Read behind a
+/// queued response, a second Read or Atomic in one iteration past the responder resources
+/// (one) — and a zero-length Read through a bad R_Key, which both ways answer (it names no
+/// memory).
+#[test]
+fn reads_and_atomics_the_fast_paths_refuse_are_answered_as_in_the_pipeline() {
+    const FADD: Opcode = Opcode::FetchAdd;
+    let cases: [(&Scenario, AccessFlags, [u64; 2]); 12] = [
+        (
+            &|r| {
+                let mut reth = r.reth(0, 8);
+                reth.rkey ^= 0x100;
+                r.request(Opcode::RdmaReadRequest, 0, |p| p.reth = Some(reth), b"");
+            },
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| read_request(r, 0, (64 << 10) - 4, 8),
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| read_request(r, 0, 0, 8),
+            AccessFlags::LOCAL_WRITE,
+            [0, 0],
+        ),
+        (
+            &|r| atomic_request(r, FADD, 0, 0, (1, 0)),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            [0, 0],
+        ),
+        (
+            &|r| atomic_request(r, FADD, 0, 4, (1, 0)),
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| atomic_request(r, FADD, 0, (64 << 10) - 4, (1, 0)),
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (&|r| read_request(r, 1, 0, 8), AccessFlags::ALL, [0, 0]),
+        (&|r| read_request(r, 0, 0, 257), AccessFlags::ALL, [0, 0]),
+        (
+            &|r| {
+                read_request(r, 0, 0, 600);
+                read_request(r, 3, 0, 8);
+            },
+            AccessFlags::ALL,
+            [0, 0],
+        ),
+        (
+            &|r| {
+                read_request(r, 0, 0, 8);
+                read_request(r, 1, 0, 8);
+            },
+            AccessFlags::ALL,
+            [1, 0],
+        ),
+        (
+            &|r| {
+                atomic_request(r, FADD, 0, 0, (1, 0));
+                read_request(r, 1, 0, 8);
+                atomic_request(r, FADD, 1, 0, (1, 0));
+            },
+            AccessFlags::ALL,
+            [0, 1],
+        ),
+        (
+            &|r| {
+                let mut reth = r.reth(0, 0);
+                reth.rkey ^= 0x100;
+                r.request(Opcode::RdmaReadRequest, 0, |p| p.reth = Some(reth), b"");
+            },
+            AccessFlags::ALL,
+            // Zero bytes name no memory: no key to check, either way.
+            [1, 0],
+        ),
+    ];
+    for (i, (case, access, want)) in cases.iter().enumerate() {
+        let (out, taken) = same_both_ways(*access, &|r: &mut Rig| {
+            case(r);
+            r.step();
+        });
+        let got = [taken[Path::Read as usize], taken[Path::Atomic as usize]];
+        assert_eq!(got, *want, "case {i}: {:?}", out.sent);
+    }
+}
+
+/// Duplicates of a Read and of an Atomic answered on the fast path: the Read's data again
+/// (checked again), the Atomic's saved original value without executing it twice — as the
+/// pipeline answers them; and a duplicate in the same burst as its original.
+#[test]
+fn duplicates_of_fast_reads_and_atomics_are_answered_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(1);
+        r.mr.write_at(4096, b"original").unwrap();
+        read_request(r, 0, 4096, 8);
+        r.step();
+        atomic_request(r, Opcode::FetchAdd, 1, 4096, (1, 0));
+        r.step();
+        read_request(r, 0, 4096, 8);
+        atomic_request(r, Opcode::FetchAdd, 1, 4096, (1, 0));
+        r.step();
+        // A new Read and, in the same burst, a duplicate of it (its answer queued): the
+        // queue drained in step 3 frees the new one's resource too, for the next Read.
+        read_request(r, 2, 4096, 8);
+        read_request(r, 2, 4096, 8);
+        r.step();
+        read_request(r, 3, 4096, 8);
+        r.step();
+    });
+    assert_eq!(taken[Path::Read as usize], 3);
+    assert_eq!(taken[Path::Atomic as usize], 1);
+    let ops: Vec<_> = out.sent.iter().map(|s| (s.0, s.1)).collect();
+    use Opcode::*;
+    assert_eq!(
+        ops,
+        [
+            (RdmaReadResponseOnly, rq(0)),
+            (AtomicAcknowledge, rq(1)),
+            (RdmaReadResponseOnly, rq(0)),
+            (AtomicAcknowledge, rq(1)),
+            (RdmaReadResponseOnly, rq(2)),
+            (RdmaReadResponseOnly, rq(2)),
+            (RdmaReadResponseOnly, rq(3)),
+        ]
+    );
+    assert_eq!(out.bodies[0].5, b"original");
+    assert_ne!(out.bodies[2].5, b"original", "the word the Atomic changed");
+    assert_eq!(out.bodies[3].0, out.bodies[1].0);
+    assert_eq!(out.bodies[1].0, Some(u64::from_ne_bytes(*b"original")));
+}
+
+/// A Send Only behind a fast Read in the same iteration: its Ack follows the Read's
+/// response, with the pipeline's MSN and credits, and everything else is as the pipeline
+/// leaves it — but for one field, by design: the Read's response reports the credits of
+/// when it is built, in the receive step, before the Send behind it took its receive WQE
+/// (the pipeline builds it in step 3, after). Both counts were true when reported, and the
+/// Ack that follows reports the same count both ways. (The pipeline queues that Ack behind
+/// the Read's response; with the response gone, it is owed, as the Ack of a Send alone is,
+/// and leaves at the end of the iteration — where an engine holds owed Acks back for a
+/// request to ride in, it may ride.)
+#[test]
+fn a_send_behind_a_fast_read_is_acked_as_in_the_pipeline() {
+    let scenario = |r: &mut Rig| {
+        r.post_recv(1);
+        read_request(r, 0, 4096, 8);
+        r.request(Opcode::SendOnly, 1, |_| {}, b"abcd");
+        r.step();
+    };
+    let (mut slow, _) = run(false, AccessFlags::ALL, &scenario);
+    let (fast, taken) = run(true, AccessFlags::ALL, &scenario);
+    assert_eq!(taken[Path::Read as usize], 1);
+    assert_eq!(taken[Path::Receive as usize], 1);
+    let credits = |s: &Sent| match s.2 {
+        Some(AethRepr {
+            syndrome: Syndrome::Ack { credits },
+            ..
+        }) => credits.credits(),
+        _ => unreachable!("{s:?}"),
+    };
+    assert_eq!(
+        credits(&fast.sent[0]),
+        Some(1),
+        "the receive WQE not taken yet"
+    );
+    assert_eq!(credits(&slow.sent[0]), Some(0), "the receive WQE taken");
+    slow.sent[0].2 = fast.sent[0].2;
+    assert_eq!(fast, slow);
+    let ops: Vec<_> = fast.sent.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::RdmaReadResponseOnly, rq(0)),
+            (Opcode::Acknowledge, rq(1))
+        ]
+    );
+}
+
 // --- The completer's Ack fast path ---
 
 /// Publishes an Acknowledge for PSN `psn` (absolute) with `syndrome` and MSN `msn`.
@@ -477,6 +765,10 @@ enum Op {
     Send(u32),
     Write(u32),
     Read(u32),
+    /// A Fetch and Add (of 8 bytes).
+    FetchAdd,
+    /// A Compare and Swap (of 8 bytes).
+    CompareSwap,
 }
 
 /// Gives the requester `n` credits (an unsolicited Ack of the PSN before its first) and
@@ -491,11 +783,202 @@ fn post(r: &mut Rig, n: u32, ops: &[Op]) {
             Op::Send(len) => (SendOp::Send, len),
             Op::Write(len) => (SendOp::RdmaWrite(remote), len),
             Op::Read(len) => (SendOp::RdmaRead(remote), len),
+            Op::FetchAdd => (SendOp::FetchAdd { remote, add: 3 }, 8),
+            Op::CompareSwap => (
+                SendOp::CompareSwap {
+                    remote,
+                    compare: 0,
+                    swap: 5,
+                },
+                8,
+            ),
         };
         let sge = [r.mr.sge(at, len).unwrap()];
         r.qp.post_send(&SendWr::new(i, op, &sge)).unwrap();
     }
     r.step();
+}
+
+/// Publishes response `op` at PSN `psn` (absolute) with an AETH of `syndrome` and MSN
+/// `msn`, the original value `orig` of an Atomic Acknowledge, and `payload` inline (a
+/// payload larger than the slot holds: as many bytes of the peer's arena, by reference).
+fn respond_data(
+    r: &mut Rig,
+    op: Opcode,
+    psn: u32,
+    (syndrome, msn): (Syndrome, u32),
+    orig: Option<u64>,
+    payload: &[u8],
+) {
+    let mut repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), Psn::new(psn)));
+    repr.aeth = Some(AethRepr {
+        syndrome,
+        msn: Msn::new(msn),
+    });
+    repr.atomic_ack_eth = orig.map(|orig| crate::wire::AtomicAckEthRepr { orig });
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    let at = usize::from(s.hdr_len);
+    if payload.len() > PacketSlot::inline_room(at) {
+        // By reference: the peer's arena (zeros), not `payload`'s bytes.
+        s.kind = crate::wire::slot::KIND_DIRECT;
+        s.payload_off = 0;
+        s.payload_len = payload.len() as u32;
+    } else if !payload.is_empty() {
+        s.kind = crate::wire::slot::KIND_INLINE;
+        s.payload_len = payload.len() as u32;
+        s.data[at..at + payload.len()].copy_from_slice(payload);
+    }
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+/// The RDMA Read Response Only of PSN `psn` (absolute) carrying `payload`.
+fn read_response(r: &mut Rig, psn: u32, msn: u32, payload: &[u8]) {
+    let op = Opcode::RdmaReadResponseOnly;
+    respond_data(r, op, psn, (credits(4), msn), None, payload);
+}
+
+/// The Atomic Acknowledge of PSN `psn` (absolute) with original value `orig`.
+fn atomic_ack(r: &mut Rig, psn: u32, msn: u32, orig: u64) {
+    let op = Opcode::AtomicAcknowledge;
+    respond_data(r, op, psn, (credits(4), msn), Some(orig), &[]);
+}
+
+/// The Read Response Only of a Read of one response and the Atomic Acknowledges of a
+/// Fetch and Add and a Compare and Swap, each answering the oldest WQE, take the fast
+/// paths with the slow path's completions (byte count), memory (the data and the original
+/// values), acknowledged PSN, credits and statistics.
+#[test]
+fn read_responses_and_atomic_acks_of_the_oldest_wqe_take_the_fast_paths() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(
+            r,
+            8,
+            &[
+                Op::Read(8),
+                Op::FetchAdd,
+                Op::CompareSwap,
+                Op::Read(0),
+                Op::Read(256),
+                Op::Send(4),
+            ],
+        );
+        read_response(r, 0, 1, b"readdata");
+        r.step();
+        atomic_ack(r, 1, 2, 0x0102_0304_0506_0708);
+        r.step();
+        atomic_ack(r, 2, 3, u64::MAX - 1);
+        r.step();
+        read_response(r, 3, 4, b"");
+        r.step();
+        read_response(r, 4, 5, &[0x5A; 256]);
+        r.step();
+        respond(r, 5, credits(3), 6);
+        r.step();
+    });
+    assert_eq!(taken[Path::ReadResponse as usize], 3);
+    assert_eq!(taken[Path::AtomicAck as usize], 2);
+    assert_eq!(taken[Path::Ack as usize], 1);
+    assert_eq!(out.completions.len(), 6);
+    assert!(
+        out.completions
+            .iter()
+            .all(|c| c.status == crate::WcStatus::Success)
+    );
+    assert_eq!(out.completions[0].byte_len, 8);
+    assert_eq!(out.completions[4].byte_len, 256);
+    assert_eq!(&out.memory.0[..8], b"readdata");
+    assert_eq!(
+        out.memory.0[1024..1032],
+        0x0102_0304_0506_0708u64.to_ne_bytes()
+    );
+    assert_eq!(out.memory.0[2048..2056], (u64::MAX - 1).to_ne_bytes());
+}
+
+/// Read responses and Atomic Acknowledges the fast paths do not take, each as the slow
+/// path takes it: the wrong length, a Nak's syndrome, a First where an Only belongs (a
+/// Read of two responses), an Atomic Acknowledge of a Read and a Read response of an
+/// Atomic, a Read response that acknowledges a Send before it, a duplicate, a PSN never
+/// sent, in SQD, an Atomic Acknowledge with a payload.
+#[test]
+fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
+    fn ack(msn: u32) -> (Syndrome, u32) {
+        (credits(4), msn)
+    }
+    let cases: [&Scenario; 11] = [
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            read_response(r, 0, 1, b"short");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            let op = Opcode::RdmaReadResponseOnly;
+            let nak = Syndrome::Nak(NakCode::RemoteAccessError);
+            respond_data(r, op, 0, (nak, 1), None, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(300)]);
+            let op = Opcode::RdmaReadResponseFirst;
+            respond_data(r, op, 0, ack(1), None, &[1; 256]);
+            r.step();
+            let op = Opcode::RdmaReadResponseLast;
+            respond_data(r, op, 1, ack(1), None, &[2; 44]);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(300)]);
+            read_response(r, 0, 1, &[1; 256]);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            atomic_ack(r, 0, 1, 7);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::FetchAdd]);
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Send(4), Op::Read(8)]);
+            read_response(r, 1, 2, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            read_response(r, 1, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+            r.step();
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::FetchAdd]);
+            let op = Opcode::AtomicAcknowledge;
+            respond_data(r, op, 0, ack(1), Some(9), b"pad!");
+            r.step();
+        },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let (_, taken) = same_both_ways(AccessFlags::ALL, *case);
+        let fast = taken[Path::ReadResponse as usize] + taken[Path::AtomicAck as usize];
+        // The duplicate's first copy is the only one fast.
+        assert_eq!(fast, u64::from(i == 7), "case {i}");
+    }
 }
 
 /// Acks of the oldest Sends (one Ack covering two, then one covering the third) take the
@@ -962,10 +1445,10 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
         r.step();
     };
     let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
-    assert_eq!(none, [0, 0]);
+    assert_eq!(none, [0; probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
-    assert_eq!(taken, [3, 0]);
+    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0]);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);
@@ -1040,9 +1523,11 @@ fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
 
 // --- Random Acks, fast paths on and off (hostile review of issue 10) ---
 
-/// A random stream of Acknowledges — any PSN around the window, any syndrome byte (an RNR
-/// Nak's timer the longest, so that no wait ends within a run), any MSN — after random
-/// Sends, Writes and Reads: the Ack and credit fast paths leave what the slow path leaves.
+/// A random stream of Acknowledges, RDMA Read Responses Only and Atomic Acknowledges —
+/// any PSN around the window, any syndrome byte (an RNR Nak's timer the longest, so that
+/// no wait ends within a run), any MSN, Read data of any length — after random Sends,
+/// Writes, Reads and Atomics: the Ack, credit and answer fast paths leave what the slow
+/// path leaves.
 mod random_acks {
     use super::*;
     use proptest::collection::vec;
@@ -1052,17 +1537,34 @@ mod random_acks {
         prop_oneof![
             (0u32..600).prop_map(Op::Send),
             (0u32..600).prop_map(Op::Write),
-            (1u32..600).prop_map(Op::Read),
+            (0u32..600).prop_map(Op::Read),
+            Just(Op::FetchAdd),
+            Just(Op::CompareSwap),
         ]
     }
 
-    /// (PSN relative to the first sent, syndrome byte, MSN).
-    fn answer() -> impl Strategy<Value = (i32, u8, u32)> {
+    /// What answers: an Acknowledge, an RDMA Read Response Only of this many bytes, or an
+    /// Atomic Acknowledge.
+    #[derive(Debug, Clone, Copy)]
+    enum Kind {
+        Ack,
+        ReadOnly(u32),
+        AtomicAck,
+    }
+
+    /// (PSN relative to the first sent, syndrome byte, MSN, what).
+    fn answer() -> impl Strategy<Value = (i32, u8, u32, Kind)> {
         let syndrome = prop_oneof![3 => 0u8..32, 1 => any::<u8>()];
+        let kind = prop_oneof![
+            3 => Just(Kind::Ack),
+            1 => prop_oneof![Just(0u32), Just(8), 0u32..300].prop_map(Kind::ReadOnly),
+            1 => Just(Kind::AtomicAck),
+        ];
         (
             -3i32..12,
             syndrome,
             prop_oneof![4 => 0u32..12, 1 => any::<u32>()],
+            kind,
         )
     }
 
@@ -1081,11 +1583,24 @@ mod random_acks {
         ) {
             let scenario = |r: &mut Rig| {
                 post(r, n, &ops);
-                for &(at, syndrome, msn) in &acks {
+                for &(at, syndrome, msn, kind) in &acks {
                     // An RNR Nak waits 655 ms (timer code 0): longer than the run.
                     let syndrome = if syndrome >> 5 == 0b001 { 0b001_00000 } else { syndrome };
-                    let psn = Psn::new(0).add(at.rem_euclid(1 << 24) as u32);
-                    respond(r, psn.get(), Syndrome::from_u8(syndrome), msn);
+                    let psn = Psn::new(0).add(at.rem_euclid(1 << 24) as u32).get();
+                    let syndrome = Syndrome::from_u8(syndrome);
+                    match kind {
+                        Kind::Ack => respond(r, psn, syndrome, msn),
+                        Kind::ReadOnly(len) => {
+                            let op = Opcode::RdmaReadResponseOnly;
+                            let data = vec![0xC3; len as usize];
+                            respond_data(r, op, psn, (syndrome, msn), None, &data);
+                        }
+                        Kind::AtomicAck => {
+                            let op = Opcode::AtomicAcknowledge;
+                            let orig = Some(u64::from(msn) * 0x0101);
+                            respond_data(r, op, psn, (syndrome, msn), orig, &[]);
+                        }
+                    }
                     r.step();
                 }
             };
@@ -1095,9 +1610,10 @@ mod random_acks {
 }
 
 /// A random stream of single-packet and multi-packet requests — Sends and Writes, with
-/// and without immediate data, at PSNs around ePSN, payloads inline or by reference (some
-/// outside the peer's arena), R_Keys and ranges good or bad, receives posted in between —
-/// under random access flags: the receive fast path leaves what the pipeline leaves.
+/// and without immediate data, RDMA Reads and Atomics, at PSNs around ePSN (duplicates
+/// among them), payloads inline or by reference (some outside the peer's arena), R_Keys
+/// and ranges good or bad (Atomics misaligned or not), receives posted in between — under
+/// random access flags: the receive fast paths leave what the pipeline leaves.
 mod random_requests {
     use super::*;
     use proptest::collection::vec;
@@ -1116,7 +1632,10 @@ mod random_requests {
         },
     }
 
-    const OPS: [Opcode; 10] = [
+    const OPS: [Opcode; 13] = [
+        Opcode::RdmaReadRequest,
+        Opcode::FetchAdd,
+        Opcode::CompareSwap,
         Opcode::SendOnly,
         Opcode::SendOnlyWithImmediate,
         Opcode::RdmaWriteOnly,
@@ -1131,8 +1650,10 @@ mod random_requests {
 
     fn step() -> impl Strategy<Value = Step> {
         let request = (
-            0..OPS.len() as u8,
-            prop_oneof![4 => 0i32..3, 1 => -2i32..5],
+            // Mostly single-packet requests (the fast paths' own), which leave the QP
+            // alive for the next step more often than a stray Middle or Last.
+            prop_oneof![3 => 0..7u8, 1 => 0..OPS.len() as u8],
+            prop_oneof![6 => Just(0i32), 2 => 1i32..3, 1 => -2i32..5],
             prop_oneof![4 => 0u32..64, 1 => 0u32..400],
             proptest::option::weighted(0.3, prop_oneof![0u64..4096, any::<u64>()]),
             (
@@ -1154,10 +1675,23 @@ mod random_requests {
 
     fn access() -> impl Strategy<Value = AccessFlags> {
         prop_oneof![
-            Just(AccessFlags::ALL),
-            Just(AccessFlags::LOCAL_WRITE),
-            Just(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE),
+            3 => Just(AccessFlags::ALL),
+            1 => Just(AccessFlags::LOCAL_WRITE),
+            1 => Just(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE),
+            1 => Just(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ),
         ]
+    }
+
+    /// The responder's ePSN now, as an offset from [`RQ_PSN`].
+    fn epsn_offset(r: &Rig) -> u32 {
+        let qpn = r.qp.qpn();
+        let epsn = r
+            .ctx
+            .shared
+            .engine
+            .with(|e| e.with_stage(qpn, |q, _| q.resp.epsn))
+            .unwrap();
+        epsn.get().wrapping_sub(RQ_PSN) & 0xFF_FFFF
     }
 
     proptest! {
@@ -1178,17 +1712,32 @@ mod random_requests {
                         Step::Recv(n) => r.post_recv(n),
                         Step::Request { op, at, len, direct, reth: (off, rlen, good_key) } => {
                             let op = OPS[usize::from(op)];
-                            let k = at.rem_euclid(1 << 24) as u32;
-                            let room = crate::wire::slot::SLOT_DATA - op.info().unwrap().header_len();
+                            // `at` counts from the PSN the responder expects now, so that
+                            // most requests are new (and some duplicates or ahead).
+                            let k = epsn_offset(r).wrapping_add(at.rem_euclid(1 << 24) as u32);
+                            let info = op.info().unwrap();
+                            let room = crate::wire::slot::SLOT_DATA - info.header_len();
                             let len = if direct.is_none() { len.min(room as u32) } else { len };
+                            // A Read or an Atomic carries no payload: `len` is the Read's.
+                            let (len, rlen) = if info.payload { (len, rlen) } else { (0, rlen.or(Some(len))) };
+                            let direct = direct.filter(|_| info.payload);
                             let mut reth = r.reth(off, rlen.unwrap_or(len));
                             if !good_key {
                                 reth.rkey ^= 0x100;
                             }
                             let headers = |p: &mut PacketRepr| {
-                                let info = op.info().unwrap();
                                 if info.headers.contains(crate::wire::opcode::Headers::RETH) {
                                     p.reth = Some(reth);
+                                }
+                                if info.headers.contains(crate::wire::opcode::Headers::ATOMIC_ETH) {
+                                    // Mostly aligned, as an application's would be.
+                                    let va = if off % 5 == 0 { reth.va } else { reth.va & !7 };
+                                    p.atomic_eth = Some(crate::wire::AtomicEthRepr {
+                                        va,
+                                        rkey: reth.rkey,
+                                        swap_add: u64::from(len),
+                                        compare: 0,
+                                    });
                                 }
                                 if info.immediate {
                                     p.immdt = imm(0x1234);
