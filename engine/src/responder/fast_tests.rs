@@ -899,13 +899,15 @@ fn read_responses_and_atomic_acks_of_the_oldest_wqe_take_the_fast_paths() {
 /// path takes it: the wrong length, a Nak's syndrome, a First where an Only belongs (a
 /// Read of two responses), an Atomic Acknowledge of a Read and a Read response of an
 /// Atomic, a Read response that acknowledges a Send before it, a duplicate, a PSN never
-/// sent, in SQD, an Atomic Acknowledge with a payload.
+/// sent, in SQD, an Atomic Acknowledge with a payload, a First or a Last of the whole
+/// length where the Only of a one-response Read belongs, and an Only of a later PSN than
+/// the oldest Read's (whose response is missing).
 #[test]
 fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
     fn ack(msn: u32) -> (Syndrome, u32) {
         (credits(4), msn)
     }
-    let cases: [&Scenario; 11] = [
+    let cases: [&Scenario; 14] = [
         &|r| {
             post(r, 8, &[Op::Read(8)]);
             read_response(r, 0, 1, b"short");
@@ -970,6 +972,23 @@ fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
             post(r, 8, &[Op::FetchAdd]);
             let op = Opcode::AtomicAcknowledge;
             respond_data(r, op, 0, ack(1), Some(9), b"pad!");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            let op = Opcode::RdmaReadResponseFirst;
+            respond_data(r, op, 0, ack(1), None, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8)]);
+            let op = Opcode::RdmaReadResponseLast;
+            respond_data(r, op, 0, ack(1), None, b"readdata");
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::Read(8), Op::Send(4)]);
+            read_response(r, 1, 2, b"readdata");
             r.step();
         },
     ];
