@@ -45,6 +45,8 @@ mod fast_tests;
 mod hostile_tests;
 mod owed;
 #[cfg(test)]
+mod rd_hostile_tests;
+#[cfg(test)]
 mod ride_hostile_tests;
 #[cfg(test)]
 mod ride_tests;
