@@ -14,8 +14,8 @@ use super::tests::Rig;
 use crate::psn::Psn;
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::Opcode;
-use crate::wire::{AtomicEthRepr, RethRepr};
-use crate::{AccessFlags, QpAttr, QpState};
+use crate::wire::{AtomicEthRepr, IethRepr, RethRepr};
+use crate::{AccessFlags, MwType, QpAttr, QpState, SendOp, SendWr};
 
 /// A scenario's requests (before the engine runs).
 type Scenario = dyn Fn(&mut Rig);
@@ -576,6 +576,71 @@ fn an_answer_sent_before_the_qp_fails_in_the_same_burst_is_the_only_difference()
             "executed once"
         );
         assert_eq!(fast.stats.packets_sent, slow.stats.packets_sent + 1);
+    }
+}
+
+/// The attack: a Read through a memory window, and before its response is built in the
+/// pipeline's step 3 the window stops working: a Send with Invalidate of the (type 2)
+/// window behind the Read in the same burst, or a Local Invalidate the application posted
+/// before the burst, which step 3 executes before it drains the responses. The pipeline
+/// checks the R_Key again when it builds the response and answers with the fatal Remote
+/// Access Error Nak; the fast path, which built the response in the receive step and
+/// skipped the second check ("nothing can change the region between the two"), sent the
+/// data and left the QP in RTS. Reads through a window (the only keys that can stop
+/// working within an iteration) go to the pipeline; a third case, the window left alone,
+/// is answered with its data both ways.
+#[test]
+fn a_read_through_a_window_invalidated_before_step_3_is_answered_as_in_the_pipeline() {
+    for case in 0..3 {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+            r.post_recv(1);
+            let mr =
+                r.pd.alloc_mr(4096, AccessFlags::ALL | AccessFlags::MW_BIND)
+                    .unwrap();
+            mr.write_at(0, b"windowed").unwrap();
+            let mw = r.pd.alloc_mw(MwType::Two).unwrap();
+            let rkey = mw.rkey_with_tag(1);
+            let bind = mr.mw_bind(0, 64, AccessFlags::REMOTE_READ);
+            let wr = SendWr::new(9, SendOp::BindMw { rkey, bind }, &[]);
+            r.qp.post_send(&wr).unwrap();
+            r.step();
+            r.step();
+            if case == 1 {
+                let wr = SendWr::new(10, SendOp::LocalInv(rkey), &[]);
+                r.qp.post_send(&wr).unwrap();
+            }
+            let va = mr.addr();
+            read_with(
+                r,
+                0,
+                RethRepr {
+                    va,
+                    rkey,
+                    dma_len: 8,
+                },
+            );
+            if case == 0 {
+                r.request(
+                    Opcode::SendOnlyWithInvalidate,
+                    1,
+                    |p| p.ieth = Some(IethRepr { rkey }),
+                    b"abcd",
+                );
+            }
+            r.step();
+            drop(mw);
+        });
+        assert_eq!(taken[Path::Read as usize], 0, "case {case}");
+        if case == 2 {
+            assert_eq!(ops(&out), [(Opcode::RdmaReadResponseOnly, rq(0))]);
+            assert_eq!(out.bodies[0].5, b"windowed");
+            assert_eq!(out.state, QpState::Rts);
+        } else {
+            let nak = out.sent[0].2.map(|a| a.syndrome);
+            assert_eq!(nak, Some(Syndrome::Nak(NakCode::RemoteAccessError)));
+            assert_eq!(out.sent.len(), 1, "case {case}: no data");
+            assert_eq!(out.state, QpState::Error);
+        }
     }
 }
 
