@@ -183,6 +183,10 @@ fn reads_through_foreign_or_dead_keys_are_refused_as_in_the_pipeline() {
             }
             r.step();
         });
+        eprintln!(
+            "CASE {case} {:?} {:?} {:?}",
+            out.sent, out.state, out.completions
+        );
         assert_eq!(taken[Path::Read as usize], 0, "case {case}");
         assert_eq!(out.sent.len(), 1, "case {case}");
         assert_eq!(
@@ -582,16 +586,19 @@ fn an_answer_sent_before_the_qp_fails_in_the_same_burst_is_the_only_difference()
 /// The attack: a Read through a memory window, and before its response is built in the
 /// pipeline's step 3 the window stops working: a Send with Invalidate of the (type 2)
 /// window behind the Read in the same burst, or a Local Invalidate the application posted
-/// before the burst, which step 3 executes before it drains the responses. The pipeline
+/// behind a Read of its own that waits for the initiator depth (one), released in the same
+/// burst by the response to the Read ahead of it, so that step 3 executes it before it
+/// drains the responses (and, as a control, one posted before the burst, which runs at
+/// once: the Read arrives to a dead key both ways). The pipeline
 /// checks the R_Key again when it builds the response and answers with the fatal Remote
 /// Access Error Nak; the fast path, which built the response in the receive step and
 /// skipped the second check ("nothing can change the region between the two"), sent the
 /// data and left the QP in RTS. Reads through a window (the only keys that can stop
-/// working within an iteration) go to the pipeline; a third case, the window left alone,
+/// working within an iteration) go to the pipeline; the last case, the window left alone,
 /// is answered with its data both ways.
 #[test]
 fn a_read_through_a_window_invalidated_before_step_3_is_answered_as_in_the_pipeline() {
-    for case in 0..3 {
+    for case in 0..4 {
         let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
             r.post_recv(1);
             let mr =
@@ -608,6 +615,13 @@ fn a_read_through_a_window_invalidated_before_step_3_is_answered_as_in_the_pipel
             if case == 1 {
                 let wr = SendWr::new(10, SendOp::LocalInv(rkey), &[]);
                 r.qp.post_send(&wr).unwrap();
+            }
+            if case == 2 {
+                // Two Reads of ours: the second waits for the first's response.
+                post(r, 4, &[Op::Read(8), Op::Read(8)]);
+                let wr = SendWr::new(10, SendOp::LocalInv(rkey), &[]);
+                r.qp.post_send(&wr).unwrap();
+                r.step();
             }
             let va = mr.addr();
             read_with(
@@ -627,18 +641,27 @@ fn a_read_through_a_window_invalidated_before_step_3_is_answered_as_in_the_pipel
                     b"abcd",
                 );
             }
+            if case == 2 {
+                read_response(r, 0, 1, b"12345678");
+            }
             r.step();
             drop(mw);
         });
         assert_eq!(taken[Path::Read as usize], 0, "case {case}");
-        if case == 2 {
+        // Our own requests aside: the answers to the peer's Read.
+        let answers: Vec<_> = out
+            .sent
+            .iter()
+            .filter(|s| s.0 != Opcode::RdmaReadRequest)
+            .collect();
+        if case == 3 {
             assert_eq!(ops(&out), [(Opcode::RdmaReadResponseOnly, rq(0))]);
             assert_eq!(out.bodies[0].5, b"windowed");
             assert_eq!(out.state, QpState::Rts);
         } else {
-            let nak = out.sent[0].2.map(|a| a.syndrome);
+            let nak = answers[0].2.map(|a| a.syndrome);
             assert_eq!(nak, Some(Syndrome::Nak(NakCode::RemoteAccessError)));
-            assert_eq!(out.sent.len(), 1, "case {case}: no data");
+            assert_eq!(answers.len(), 1, "case {case}: no data");
             assert_eq!(out.state, QpState::Error);
         }
     }
