@@ -68,7 +68,7 @@ pub(super) fn run(
 }
 
 /// [`run`] on a rig whose QP is in `state` (RTR or RTS) to start with.
-fn run_in(
+pub(super) fn run_in(
     fast: bool,
     access: AccessFlags,
     state: QpState,

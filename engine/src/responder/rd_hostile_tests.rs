@@ -7,7 +7,7 @@
 
 use super::fast_tests::{
     Op, Outcome, atomic_ack, atomic_request, credits, post, read_request, read_response, respond,
-    respond_data, rq, run, same_both_ways,
+    respond_data, rq, run, run_in, same_both_ways,
 };
 use super::probe::Path;
 use super::tests::Rig;
@@ -695,4 +695,258 @@ fn a_read_overwritten_in_the_same_burst_returns_the_bytes_of_its_arrival() {
     assert_eq!(slow.bodies[0].5, b"replaced");
     slow.bodies[0].5 = fast.bodies[0].5.clone();
     assert_eq!(fast, slow);
+}
+
+/// Publishes `op` at PSN offset `k` built by `f`, carrying a riding positive Ack of our
+/// PSN `psn` with MSN `msn` in its line.
+fn with_riding_ack(
+    r: &mut Rig,
+    op: Opcode,
+    k: u32,
+    f: impl FnOnce(&mut crate::wire::PacketRepr),
+    (psn, msn): (u32, u32),
+) {
+    let mut repr =
+        crate::wire::PacketRepr::new(crate::wire::BthRepr::new(op, r.qp.qpn(), Psn::new(rq(k))));
+    f(&mut repr);
+    let mut s = crate::wire::slot::PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    let word = crate::wire::slot::riding_word(psn, credits(4).to_u8(), msn);
+    assert!(crate::wire::slot::set_riding_ack(&mut s, word));
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+/// The attack: Reads and Atomics that carry a riding positive Ack in their line — of our
+/// outstanding Send (it completes), of a PSN never sent, of our own outstanding Read
+/// (inside a Read's PSNs: an implied Nak, not a completion) — interleaved with the Read's
+/// real response in the same burst. The fast answer and the riding Ack leave what the
+/// slow paths leave — in one case in another order, by design (see `answer_fast`): the
+/// Atomic's answer leaves in the receive step, ahead of the Read of ours that the riding
+/// Ack's implied Nak makes step 3 send again; the pipeline sends it behind. The packets
+/// themselves, and everything else, are the same.
+#[test]
+fn reads_and_atomics_carrying_riding_acks_are_taken_as_in_the_pipeline() {
+    for case in 0..4 {
+        let scenario = |r: &mut Rig| {
+            let ours = if case >= 2 { Op::Read(8) } else { Op::Send(8) };
+            post(r, 4, &[ours]);
+            let _ =
+                r.rx.pop_burst(&mut [crate::wire::slot::PacketSlot::default(); 8]);
+            let acked = if case == 1 { 5 } else { 0 };
+            if case % 2 == 0 {
+                let reth = r.reth(4096, 8);
+                with_riding_ack(
+                    r,
+                    Opcode::RdmaReadRequest,
+                    0,
+                    |p| p.reth = Some(reth),
+                    (acked, 1),
+                );
+            } else {
+                let reth = r.reth(2048, 8);
+                with_riding_ack(
+                    r,
+                    Opcode::FetchAdd,
+                    0,
+                    |p| {
+                        p.atomic_eth = Some(AtomicEthRepr {
+                            va: reth.va,
+                            rkey: reth.rkey,
+                            swap_add: 3,
+                            compare: 0,
+                        })
+                    },
+                    (acked, 1),
+                );
+            }
+            if case == 2 {
+                read_response(r, 0, 1, b"response");
+            }
+            r.step();
+            r.step();
+            if case == 3 {
+                read_response(r, 0, 1, b"response");
+                r.step();
+            }
+        };
+        let (mut slow, _) = run(false, AccessFlags::ALL, &scenario);
+        let (mut fast, taken) = run(true, AccessFlags::ALL, &scenario);
+        if case == 3 {
+            assert_eq!(fast.sent[0].0, Opcode::AtomicAcknowledge);
+            assert_eq!(slow.sent[1].0, Opcode::AtomicAcknowledge);
+            for o in [&mut slow, &mut fast] {
+                let mut both: Vec<_> = o.sent.iter().cloned().zip(o.bodies.clone()).collect();
+                both.sort_by_key(|p| format!("{p:?}"));
+                (o.sent, o.bodies) = both.into_iter().unzip();
+            }
+        }
+        assert_eq!(fast, slow, "case {case}");
+        let out = fast;
+        assert_eq!(
+            taken[Path::Read as usize] + taken[Path::Atomic as usize],
+            1,
+            "case {case}"
+        );
+        assert_eq!(out.state, QpState::Rts, "case {case}");
+    }
+}
+
+/// The attack: Reads and Atomics on a QP still in RTR (it answers, it sends no requests
+/// of its own): the fast paths answer there too, as the pipeline does — including a
+/// duplicate, one past the resources (fatal) and a bad key.
+#[test]
+fn reads_and_atomics_in_rtr_are_answered_as_in_the_pipeline() {
+    let scenarios: [&Scenario; 3] = [
+        &|r| {
+            r.mr.write_at(4096, b"rtr-read").unwrap();
+            read_request(r, 0, 4096, 8);
+            r.step();
+            atomic_request(r, Opcode::CompareSwap, 1, 2048, (9, 0));
+            r.step();
+            read_request(r, 0, 4096, 8);
+            atomic_request(r, Opcode::CompareSwap, 1, 2048, (9, 0));
+            r.step();
+        },
+        &|r| {
+            read_request(r, 0, 4096, 8);
+            read_request(r, 1, 4096, 8);
+            r.step();
+        },
+        &|r| {
+            let mut reth = r.reth(0, 8);
+            reth.rkey ^= 0x100;
+            read_with(r, 0, reth);
+            r.step();
+        },
+    ];
+    for (i, scenario) in scenarios.iter().enumerate() {
+        let (slow, _) = run_in(false, AccessFlags::ALL, QpState::Rtr, scenario);
+        let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, scenario);
+        assert_eq!(fast, slow, "scenario {i}");
+        if i == 0 {
+            assert_eq!(taken[Path::Read as usize], 1);
+            assert_eq!(taken[Path::Atomic as usize], 1);
+            assert_eq!(fast.memory.0[2048..2056], 9u64.to_ne_bytes());
+        }
+    }
+}
+
+/// The attack: a duplicate of a fast-answered Read that names another range, a bad
+/// R_Key, or more than a PMTU: the duplicate is checked again as a new Read would be and
+/// answered (or refused) as in the pipeline — never served from the original's range.
+#[test]
+fn duplicates_of_a_fast_read_are_checked_again_as_in_the_pipeline() {
+    for case in 0..3 {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+            r.mr.write_at(4096, b"first---").unwrap();
+            r.mr.write_at(5000, b"second--").unwrap();
+            read_request(r, 0, 4096, 8);
+            r.step();
+            let mut reth = r.reth(5000, 8);
+            match case {
+                0 => {}
+                1 => reth.rkey ^= 0x100,
+                _ => reth.dma_len = 600,
+            }
+            read_with(r, 0, reth);
+            r.step();
+            r.step();
+            r.step();
+        });
+        assert_eq!(taken[Path::Read as usize], 1, "case {case}");
+        assert_eq!(out.bodies[0].5, b"first---");
+        if case == 0 {
+            assert_eq!(out.bodies[1].5, b"second--");
+        }
+    }
+}
+
+/// The attack: Read and Atomic requests that carry a payload they should not have (inline
+/// bytes, or a reference past the peer's arena): ignored both ways, as the pipeline
+/// ignores it — no read of the peer's arena out of bounds, the same answer.
+#[test]
+fn reads_and_atomics_with_a_payload_are_answered_as_in_the_pipeline() {
+    for case in 0..4 {
+        let (out, _) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+            let reth = r.reth(4096, 8);
+            let mut repr = crate::wire::PacketRepr::new(crate::wire::BthRepr::new(
+                if case < 2 {
+                    Opcode::RdmaReadRequest
+                } else {
+                    Opcode::FetchAdd
+                },
+                r.qp.qpn(),
+                Psn::new(rq(0)),
+            ));
+            if case < 2 {
+                repr.reth = Some(reth);
+            } else {
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    swap_add: 1,
+                    compare: 0,
+                });
+            }
+            let mut s = crate::wire::slot::PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            if case % 2 == 0 {
+                s.kind = crate::wire::slot::KIND_INLINE;
+                s.payload_len = 8;
+            } else {
+                s.kind = crate::wire::slot::KIND_DIRECT;
+                s.payload_off = u64::MAX - 4;
+                s.payload_len = 200;
+            }
+            assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+            r.step();
+        });
+        assert!(out.sent.len() <= 1, "case {case}: {:?}", out.sent);
+    }
+}
+
+/// The attack: a Read Response Only of our oldest Read whose payload is a reference past
+/// the end of the peer's arena (or wrapping around 2^64), and an Atomic Acknowledge whose
+/// AETH acknowledges with a reserved syndrome: the slow path's bad response both ways,
+/// nothing written.
+#[test]
+fn read_responses_with_a_bad_payload_reference_are_bad_responses_as_in_the_slow_path() {
+    for case in 0..3 {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+            post(r, 4, &[Op::Read(200)]);
+            let _ =
+                r.rx.pop_burst(&mut [crate::wire::slot::PacketSlot::default(); 8]);
+            let mut repr = crate::wire::PacketRepr::new(crate::wire::BthRepr::new(
+                Opcode::RdmaReadResponseOnly,
+                r.qp.qpn(),
+                Psn::new(0),
+            ));
+            repr.aeth = Some(crate::wire::AethRepr {
+                syndrome: if case == 2 {
+                    Syndrome::from_u8(0b0110_0000)
+                } else {
+                    credits(4)
+                },
+                msn: crate::wire::Msn::new(1),
+            });
+            let mut s = crate::wire::slot::PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            s.kind = crate::wire::slot::KIND_DIRECT;
+            s.payload_off = if case == 0 { 4000 } else { u64::MAX - 100 };
+            s.payload_len = 200;
+            assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+            r.step();
+        });
+        // The fast path takes the one with a good AETH, to its copy, which fails.
+        assert_eq!(
+            taken[Path::ReadResponse as usize],
+            u64::from(case != 2),
+            "case {case}"
+        );
+        assert_eq!(out.completions[0].status, crate::WcStatus::BadRespErr);
+        assert!(
+            out.memory.0[..1024].iter().all(|b| *b == 0),
+            "case {case}: nothing written"
+        );
+    }
 }
