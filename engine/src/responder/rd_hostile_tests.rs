@@ -950,3 +950,62 @@ fn read_responses_with_a_bad_payload_reference_are_bad_responses_as_in_the_slow_
         );
     }
 }
+
+/// The attack: an Atomic through a type 2 window followed in the same burst by a Send with
+/// Invalidate of it, and a Read of zero bytes through a window key followed by the same:
+/// both are answered as in the pipeline (the Atomic executes and is answered when it
+/// arrives, both ways; a Read of nothing checks no key), and both still take their fast
+/// paths — only a Read of data through a window goes to the pipeline. (But for the
+/// credits of the answer, by design: see `fast_tests`.)
+#[test]
+fn an_atomic_or_empty_read_through_a_window_then_invalidated_keeps_its_fast_path() {
+    for atomic in [true, false] {
+        let scenario = |r: &mut Rig| {
+            r.post_recv(1);
+            let mr =
+                r.pd.alloc_mr(4096, AccessFlags::ALL | AccessFlags::MW_BIND)
+                    .unwrap();
+            mr.write_at(0, &40u64.to_ne_bytes()).unwrap();
+            let mw = r.pd.alloc_mw(MwType::Two).unwrap();
+            let rkey = mw.rkey_with_tag(1);
+            let rights = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+            let bind = mr.mw_bind(0, 64, rights);
+            let wr = SendWr::new(9, SendOp::BindMw { rkey, bind }, &[]);
+            r.qp.post_send(&wr).unwrap();
+            r.step();
+            r.step();
+            if atomic {
+                atomic_with(r, Opcode::FetchAdd, 0, mr.addr(), rkey, 2);
+            } else {
+                let reth = RethRepr {
+                    va: mr.addr(),
+                    rkey,
+                    dma_len: 0,
+                };
+                read_with(r, 0, reth);
+            }
+            r.request(
+                Opcode::SendOnlyWithInvalidate,
+                1,
+                |p| p.ieth = Some(IethRepr { rkey }),
+                b"abcd",
+            );
+            r.step();
+            let mut word = [0; 8];
+            mr.read_at(0, &mut word).unwrap();
+            let want = if atomic { 42u64 } else { 40 };
+            assert_eq!(u64::from_ne_bytes(word), want);
+            drop(mw);
+        };
+        let (mut slow, _) = run(false, AccessFlags::ALL, &scenario);
+        let (out, taken) = run(true, AccessFlags::ALL, &scenario);
+        // The known difference: the credits of when the answer is built (the Send behind
+        // it had not taken its receive WQE yet).
+        slow.sent[0].2 = out.sent[0].2;
+        assert_eq!(out, slow);
+        let path = if atomic { Path::Atomic } else { Path::Read };
+        assert_eq!(taken[path as usize], 1);
+        assert_eq!(out.state, QpState::Rts);
+        assert_eq!(out.sent.len(), 2, "{:?}", out.sent);
+    }
+}
