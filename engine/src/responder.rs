@@ -45,6 +45,8 @@ mod fast_tests;
 mod hostile_tests;
 mod owed;
 #[cfg(test)]
+mod rd_hostile_tests;
+#[cfg(test)]
 mod ride_hostile_tests;
 #[cfg(test)]
 mod ride_tests;
@@ -531,17 +533,23 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 /// answered straight into the link's next slot: the Read Response Only of a Read of at
 /// most a PMTU ([`read_fast`]), the Atomic Acknowledge of an Atomic ([`atomic_fast`]). It
 /// skips the response queue and the second R_Key check of the queued Read's response
-/// (nothing can change the region between the two here), and makes the pipeline's checks
-/// in its order (operation enabled, resources, headers, alignment, R_Key); if one fails,
-/// or the link has no room, it returns false with nothing changed, and the pipeline takes
-/// the packet from the start. The answer is the one step 3 would send — the same headers,
-/// data, MSN; the credits of when it is built — and the state the same once the burst is
-/// over ([`Responder::early`]). It skips step 3 for the QP too: nothing is left queued, so
-/// an engine that has nothing else for the QP does not visit it. Two things differ from
-/// the pipeline, both in the sender's favour and both allowed by the spec: the answer
-/// leaves before the requests the QP itself sends this iteration (another stream), and
-/// an Ack owed behind it in the same burst is owed, as any Ack with nothing queued, not
-/// queued behind a response that has left.
+/// (nothing can change a region's key between the two here; a memory window's can — a
+/// Send with Invalidate later in the burst, a Local Invalidate or bind that step 3 runs
+/// before it drains — so a Read through a window goes to the pipeline), and makes the
+/// pipeline's checks in its order (operation enabled, resources, headers, alignment,
+/// R_Key); if one fails, or the link has no room, it returns false with nothing changed,
+/// and the pipeline takes the packet from the start. The answer is the one step 3 would
+/// send — the same headers, data, MSN; the credits of when it is built — and the state
+/// the same once the burst is over ([`Responder::early`]). It skips step 3 for the QP too:
+/// nothing is left queued, so an engine that has nothing else for the QP does not visit
+/// it. Two things differ from the pipeline, both in the sender's favour and both allowed
+/// by the spec: the answer leaves before the requests the QP itself sends this iteration
+/// (another stream), and an Ack owed behind it in the same burst is owed, as any Ack with
+/// nothing queued, not queued behind a response that has left. And, as the answer is
+/// built when the request arrives, not after the rest of the burst: a Read's inline bytes
+/// are those of its arrival, before a Write later in the burst changes them, and an
+/// answer sent before a later packet of the burst moves the QP to the Error state is not
+/// discarded as a queued one is (`rd_hostile_tests` pins both down).
 #[inline]
 fn answer_fast<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
@@ -603,6 +611,11 @@ fn read_fast<L: LinkTx + ?Sized>(
     // One response (a Read of at most a PMTU, or of nothing).
     let len = reth.dma_len;
     if len > qp.cfg.path_mtu.bytes() {
+        return false;
+    }
+    // A window's key may stop working before step 3, where the pipeline checks it again
+    // and Naks the Read if it did: the pipeline's. (A Read of nothing checks no key.)
+    if len != 0 && crate::mw_table::is_window_key(reth.rkey) {
         return false;
     }
     // 6. R_Key, once: the response is built now, from the range it checked.

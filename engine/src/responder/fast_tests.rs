@@ -17,34 +17,34 @@ use crate::wire::{BthRepr, IethRepr, ImmDtRepr, Msn, PacketRepr};
 use crate::{AccessFlags, QpAttr, QpState, RecvWr, SendOp, SendWr, Stats, WorkCompletion};
 
 /// A packet the engine sent: opcode, PSN (absolute), AETH.
-type Sent = (Opcode, u32, Option<AethRepr>);
+pub(super) type Sent = (Opcode, u32, Option<AethRepr>);
 
 /// The rest of a packet the engine sent: its original value (an Atomic Acknowledge), pad
 /// count, kind, payload length, payload offset (by reference) and inline payload bytes.
-type Body = (Option<u64>, u8, u8, u32, u64, Vec<u8>);
+pub(super) type Body = (Option<u64>, u8, u8, u32, u64, Vec<u8>);
 
 /// What a scenario left behind.
 #[derive(Debug, PartialEq)]
-struct Outcome {
-    sent: Vec<Sent>,
+pub(super) struct Outcome {
+    pub(super) sent: Vec<Sent>,
     /// What each packet sent carried besides its headers: its whole slot but the header
     /// bytes (payload bytes inline, or the arena range it names, and the pad count) and an
     /// Atomic Acknowledge's original value.
-    bodies: Vec<Body>,
-    completions: Vec<WorkCompletion>,
-    stats: Stats,
-    state: QpState,
+    pub(super) bodies: Vec<Body>,
+    pub(super) completions: Vec<WorkCompletion>,
+    pub(super) stats: Stats,
+    pub(super) state: QpState,
     /// The responder's state, as `Debug` prints it.
-    resp: String,
+    pub(super) resp: String,
     /// The requester's state: its window's counters and PSNs, credits, retry counts (the
     /// WQEs themselves hold addresses that differ between two rigs).
-    req: String,
-    memory: Memory,
+    pub(super) req: String,
+    pub(super) memory: Memory,
 }
 
 /// The rig's region, compared in full, printed in short.
 #[derive(PartialEq)]
-struct Memory(Vec<u8>);
+pub(super) struct Memory(pub(super) Vec<u8>);
 
 impl std::fmt::Debug for Memory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -55,16 +55,20 @@ impl std::fmt::Debug for Memory {
 
 /// How many times each fast path was taken, in the order of [`Path`] (receive, Ack,
 /// credits, Read Response, Atomic Acknowledge, Read Request, Atomic).
-type Taken = [u64; probe::PATHS];
+pub(super) type Taken = [u64; probe::PATHS];
 
 /// Runs `scenario` on a fresh rig with the fast paths on or off; returns what it left and
 /// how many times each fast path was taken.
-fn run(fast: bool, access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
+pub(super) fn run(
+    fast: bool,
+    access: AccessFlags,
+    scenario: &dyn Fn(&mut Rig),
+) -> (Outcome, Taken) {
     run_in(fast, access, QpState::Rts, scenario)
 }
 
 /// [`run`] on a rig whose QP is in `state` (RTR or RTS) to start with.
-fn run_in(
+pub(super) fn run_in(
     fast: bool,
     access: AccessFlags,
     state: QpState,
@@ -119,7 +123,7 @@ fn run_in(
 
 /// Runs `scenario` through the fast paths and through the slow paths, checks that both
 /// leave the same outcome, and returns it with the fast paths' counts.
-fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
+pub(super) fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
     let (slow, none) = run(false, access, scenario);
     assert_eq!(none, [0; probe::PATHS], "the fast paths are off");
     let (fast, taken) = run(true, access, scenario);
@@ -199,7 +203,7 @@ fn imm(v: u32) -> Option<ImmDtRepr> {
 }
 
 /// The PSN offset `k` from the responder's first expected PSN, absolute.
-fn rq(k: u32) -> u32 {
+pub(super) fn rq(k: u32) -> u32 {
     Psn::new(RQ_PSN).add(k).get()
 }
 
@@ -483,13 +487,19 @@ fn a_send_too_long_for_its_wqe_fails_as_in_the_pipeline() {
 
 /// An RDMA Read Request at PSN offset `k` of `len` bytes at offset `at` of the rig's
 /// region.
-fn read_request(r: &mut Rig, k: u32, at: u64, len: u32) {
+pub(super) fn read_request(r: &mut Rig, k: u32, at: u64, len: u32) {
     let reth = r.reth(at, len);
     r.request(Opcode::RdmaReadRequest, k, |p| p.reth = Some(reth), b"");
 }
 
 /// An Atomic (`op`) at PSN offset `k` on the word at offset `at` of the rig's region.
-fn atomic_request(r: &mut Rig, op: Opcode, k: u32, at: u64, (swap_add, compare): (u64, u64)) {
+pub(super) fn atomic_request(
+    r: &mut Rig,
+    op: Opcode,
+    k: u32,
+    at: u64,
+    (swap_add, compare): (u64, u64),
+) {
     let reth = r.reth(at, 8);
     r.request(
         op,
@@ -742,7 +752,7 @@ fn a_send_behind_a_fast_read_is_acked_as_in_the_pipeline() {
 // --- The completer's Ack fast path ---
 
 /// Publishes an Acknowledge for PSN `psn` (absolute) with `syndrome` and MSN `msn`.
-fn respond(r: &mut Rig, psn: u32, syndrome: Syndrome, msn: u32) {
+pub(super) fn respond(r: &mut Rig, psn: u32, syndrome: Syndrome, msn: u32) {
     let mut repr = PacketRepr::new(BthRepr::new(Opcode::Acknowledge, r.qp.qpn(), Psn::new(psn)));
     repr.aeth = Some(AethRepr {
         syndrome,
@@ -753,7 +763,7 @@ fn respond(r: &mut Rig, psn: u32, syndrome: Syndrome, msn: u32) {
     assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
 }
 
-fn credits(n: u32) -> Syndrome {
+pub(super) fn credits(n: u32) -> Syndrome {
     Syndrome::Ack {
         credits: CreditCode::encode(n),
     }
@@ -761,7 +771,7 @@ fn credits(n: u32) -> Syndrome {
 
 /// A work request of the requester scenarios, with its length.
 #[derive(Clone, Copy, Debug)]
-enum Op {
+pub(super) enum Op {
     Send(u32),
     Write(u32),
     Read(u32),
@@ -773,7 +783,7 @@ enum Op {
 
 /// Gives the requester `n` credits (an unsolicited Ack of the PSN before its first) and
 /// posts `ops`, which the engine sends.
-fn post(r: &mut Rig, n: u32, ops: &[Op]) {
+pub(super) fn post(r: &mut Rig, n: u32, ops: &[Op]) {
     respond(r, Psn::new(0).sub(1).get(), credits(n), 0);
     r.step();
     for (i, &op) in ops.iter().enumerate() {
@@ -802,7 +812,7 @@ fn post(r: &mut Rig, n: u32, ops: &[Op]) {
 /// Publishes response `op` at PSN `psn` (absolute) with an AETH of `syndrome` and MSN
 /// `msn`, the original value `orig` of an Atomic Acknowledge, and `payload` inline (a
 /// payload larger than the slot holds: as many bytes of the peer's arena, by reference).
-fn respond_data(
+pub(super) fn respond_data(
     r: &mut Rig,
     op: Opcode,
     psn: u32,
@@ -833,13 +843,13 @@ fn respond_data(
 }
 
 /// The RDMA Read Response Only of PSN `psn` (absolute) carrying `payload`.
-fn read_response(r: &mut Rig, psn: u32, msn: u32, payload: &[u8]) {
+pub(super) fn read_response(r: &mut Rig, psn: u32, msn: u32, payload: &[u8]) {
     let op = Opcode::RdmaReadResponseOnly;
     respond_data(r, op, psn, (credits(4), msn), None, payload);
 }
 
 /// The Atomic Acknowledge of PSN `psn` (absolute) with original value `orig`.
-fn atomic_ack(r: &mut Rig, psn: u32, msn: u32, orig: u64) {
+pub(super) fn atomic_ack(r: &mut Rig, psn: u32, msn: u32, orig: u64) {
     let op = Opcode::AtomicAcknowledge;
     respond_data(r, op, psn, (credits(4), msn), Some(orig), &[]);
 }
