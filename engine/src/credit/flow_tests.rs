@@ -728,7 +728,11 @@ fn a_timeout_resends_a_limited_first_packet_without_credit() {
     r.post(K::Send, 600);
     r.post(K::Send, 4);
     let mut sent = flow(&r.run());
-    assert_eq!(sent.first(), Some(&(SF, 0, true)), "the first packet goes at once");
+    assert_eq!(
+        sent.first(),
+        Some(&(SF, 0, true)),
+        "the first packet goes at once"
+    );
     let start = std::time::Instant::now();
     while r.ctx.stats().timeouts == 0 || sent.len() < 2 {
         sent.extend(flow(&r.run()));
