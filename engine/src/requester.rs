@@ -1192,6 +1192,54 @@ mod tests {
         );
     }
 
+    /// A Read or an Atomic, with room under the initiator depth, does not pass what waits
+    /// before it: a Send waiting for credit, a WQE the full link holds back, an RNR wait.
+    /// It waits in the window, posted order kept.
+    #[test]
+    fn reads_and_atomics_wait_behind_what_waits() {
+        let r = rig(1, 10, true);
+        let mr = &r.mr;
+        let send = wqe(WqeOp::Send, 0, data(mr, 0, &[7; 8]), 8);
+        let read = wqe(WqeOp::Read, 0, data(mr, 1024, &[0; 8]), 8);
+        let fadd = wqe(WqeOp::FetchAdd, 0, data(mr, 2048, &[0; 8]), 8);
+        let mut l = link(64);
+        r.stage(0, |q, env| {
+            q.cfg.max_rd_atomic = 4;
+            // No credit yet: the first Send goes alone and waits; the Read waits behind it.
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send, 16), 1);
+            assert_eq!(q.req.limited, Some(0));
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 0);
+            assert_eq!(q.req.fast_posts, 0);
+            q.req.window.acknowledge(Psn::new(10));
+            q.req.update_credits(CreditCode::encode(8), 1);
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            ack_all(q);
+        });
+        // A full link holds a Send back: the Atomic behind it waits too.
+        let mut full = link(0);
+        r.stage(0, |q, env| {
+            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, &send, 16), 0);
+            full.room = 4;
+            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, &fadd, 16), 2);
+            assert_eq!(q.req.fast_posts, 0);
+            ack_all(q);
+            // An RNR wait with nothing queued: the Read waits for its end.
+            env.arm(&mut q.req.rnr_timer, std::time::Duration::from_secs(3600));
+            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 0);
+            assert_eq!(q.req.fast_posts, 0);
+            q.req.rnr_timer.disarm();
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            ack_all(q);
+        });
+        use Opcode::*;
+        let order = |p: &VecLink| -> Vec<_> { sent(p).iter().map(|p| (p.0, p.1)).collect() };
+        assert_eq!(
+            order(&l),
+            [(SendOnly, 10), (RdmaReadRequest, 11), (RdmaReadRequest, 14)]
+        );
+        assert_eq!(order(&full), [(SendOnly, 12), (FetchAdd, 13)]);
+    }
+
     /// What the template path does not take goes the normal way, in posted order: a post
     /// behind queued work, without credit (and a Write behind a Send waiting for credit),
     /// on a full link, during an RNR wait, a fenced post behind a Read, a post outside
