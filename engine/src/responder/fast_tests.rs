@@ -181,12 +181,18 @@ fn write_imm(r: &mut Rig, k: u32, reth: crate::wire::RethRepr, value: u32, paylo
 
 /// Publishes request `op` at PSN offset `k` from [`RQ_PSN`] with `len` bytes of payload
 /// from the peer's arena (more than a slot holds inline).
-fn request_direct(r: &mut Rig, op: Opcode, k: u32, len: u32) {
+pub(super) fn request_direct(r: &mut Rig, op: Opcode, k: u32, len: u32) {
     request_direct_with(r, op, k, len, |_| {});
 }
 
 /// [`request_direct`], `f` adding headers.
-fn request_direct_with(r: &mut Rig, op: Opcode, k: u32, len: u32, f: impl FnOnce(&mut PacketRepr)) {
+pub(super) fn request_direct_with(
+    r: &mut Rig,
+    op: Opcode,
+    k: u32,
+    len: u32,
+    f: impl FnOnce(&mut PacketRepr),
+) {
     let psn = Psn::new(rq(k));
     let mut repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), psn));
     f(&mut repr);

@@ -6,8 +6,8 @@
 //! and checked against the spec where it says what must happen.
 
 use super::fast_tests::{
-    Op, Outcome, atomic_ack, atomic_request, credits, post, read_request, read_response, respond,
-    respond_data, rq, run, run_in, same_both_ways,
+    Op, Outcome, atomic_ack, atomic_request, credits, post, read_request, read_response,
+    request_direct, request_direct_with, respond, respond_data, rq, run, run_in, same_both_ways,
 };
 use super::probe::Path;
 use super::tests::Rig;
@@ -1007,5 +1007,55 @@ fn an_atomic_or_empty_read_through_a_window_then_invalidated_keeps_its_fast_path
         assert_eq!(taken[path as usize], 1);
         assert_eq!(out.state, QpState::Rts);
         assert_eq!(out.sent.len(), 2, "{:?}", out.sent);
+    }
+}
+
+/// The attack, with responder resources to spare (four) so that only the QP's state holds
+/// the fast path back: a new Read at ePSN behind a Read whose responses are still queued
+/// (its answer must wait its turn: responses leave in PSN order), and a Read at ePSN in
+/// the middle of a multi-packet Send or RDMA Write (an opcode sequence error, which the
+/// pipeline Naks; the Write holds no receive WQE). None is answered early; both ways
+/// agree.
+#[test]
+fn a_read_behind_queued_responses_or_inside_a_send_is_left_to_the_pipeline() {
+    let four = |r: &mut Rig| {
+        r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+        r.step();
+        r.qp.modify(&QpAttr::new(QpState::Sqd).max_dest_rd_atomic(4))
+            .unwrap();
+        r.qp.modify(&QpAttr::new(QpState::Rts)).unwrap();
+        r.step();
+    };
+    let behind_queued = |r: &mut Rig| {
+        four(r);
+        // Three responses (PMTU 256), queued; the next Read at PSN 3.
+        read_request(r, 0, 0, 600);
+        read_request(r, 3, 4096, 8);
+        r.step();
+        r.step();
+    };
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &behind_queued);
+    assert_eq!(taken[Path::Read as usize], 0);
+    let psns: Vec<_> = out.sent.iter().map(|s| s.1).collect();
+    assert_eq!(psns, [rq(0), rq(1), rq(2), rq(3)], "in PSN order");
+    for write in [false, true] {
+        let inside = |r: &mut Rig| {
+            four(r);
+            if write {
+                let reth = r.reth(0, 600);
+                request_direct_with(r, Opcode::RdmaWriteFirst, 0, 256, |p| p.reth = Some(reth));
+            } else {
+                request_direct(r, Opcode::SendFirst, 0, 256);
+            }
+            read_request(r, 1, 4096, 8);
+            r.step();
+        };
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &inside);
+        assert_eq!(taken[Path::Read as usize], 0, "write: {write}");
+        assert!(
+            out.sent.iter().all(|s| s.0 != Opcode::RdmaReadResponseOnly),
+            "no answer to a Read inside a message (write: {write}): {:?}",
+            out.sent
+        );
     }
 }
