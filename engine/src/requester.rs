@@ -1006,6 +1006,54 @@ mod tests {
         }
     }
 
+    /// Posts `w` on QP 0 of `r` (it must take the template path; `posted` checks the QP
+    /// right after), sends it again as a go-back-N retransmission, and hands the same WQE
+    /// to the normal path on QP 1: the three packets' bytes must be the same. Both QPs end
+    /// with everything acknowledged. The packet's PSN and payload length.
+    fn template_matches_normal(
+        r: &Rig,
+        w: SqWqe,
+        what: &str,
+        posted: impl FnOnce(&mut QpCtx),
+    ) -> (Psn, u32) {
+        let mut fast = link(4);
+        let psn = r.stage(0, |q, env| {
+            let before = q.req.fast_posts;
+            let psn = q.req.window.npsn();
+            assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, &w, 16), 1);
+            assert_eq!(
+                q.req.fast_posts,
+                before + 1,
+                "{what} takes the template path"
+            );
+            assert_eq!(q.req.window.npsn(), psn.add(1), "{what}");
+            assert_eq!(q.req.window.sent_to(), psn.add(1), "{what}");
+            posted(q);
+            // Go-back-N: the same packet again, built the normal way.
+            q.req.window.rewind(psn);
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut fast }, 16), 1);
+            ack_all(q);
+            assert_eq!(
+                q.req.rd_atomic, 0,
+                "{what}: acknowledged, out of the initiator depth"
+            );
+            psn
+        });
+        let mut normal = link(4);
+        r.stage(1, |q, env| {
+            accept(q, w);
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut normal }, 16), 1);
+            ack_all(q);
+        });
+        assert_eq!(fast.sent.len(), 2, "{what}");
+        let bytes = |p: &Vec<PacketSlot>| bytemuck::bytes_of(&p[0]).to_vec();
+        assert_eq!(bytes(&fast.sent[0]), bytes(&normal.sent[0]), "{what}");
+        assert_eq!(bytes(&fast.sent[1]), bytes(&fast.sent[0]), "{what}");
+        let rx = RxPacket::parse(&fast.sent[0][0], &[]).unwrap();
+        assert_eq!((rx.psn(), rx.ack_req()), (psn, true), "{what}");
+        (psn, rx.payload.len())
+    }
+
     /// Issue 10 "short paths": a single-packet post on an idle QP is built from the
     /// header template, and its bytes are those the normal path builds for the same WQE —
     /// the first time (on a twin QP) and again as a go-back-N retransmission.
@@ -1024,36 +1072,9 @@ mod tests {
                     case += 1;
                     let bytes: Vec<u8> = (0..len).map(|i| (i as u8) ^ (case as u8)).collect();
                     let w = wqe(op, flags, data(&r.mr, case * 128 % 4096, &bytes), len);
-                    let mut fast = link(4);
-                    let psn = r.stage(0, |q, env| {
-                        let before = q.req.fast_posts;
-                        let psn = q.req.window.npsn();
-                        assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, &w, 16), 1);
-                        assert_eq!(
-                            q.req.fast_posts,
-                            before + 1,
-                            "{op:?} of {len} bytes takes the template path"
-                        );
-                        // Go-back-N: the same packet again, built the normal way.
-                        q.req.window.rewind(psn);
-                        assert_eq!(transmit(q, env, &mut Wire { tx: &mut fast }, 16), 1);
-                        ack_all(q);
-                        psn
-                    });
-                    let mut normal = link(4);
-                    r.stage(1, |q, env| {
-                        accept(q, w);
-                        assert_eq!(transmit(q, env, &mut Wire { tx: &mut normal }, 16), 1);
-                        ack_all(q);
-                    });
-                    let what = format!("{op:?}, {len} bytes, flags {flags}, PSN {psn:?}");
-                    assert_eq!(fast.sent.len(), 2, "{what}");
-                    let bytes = |p: &Vec<PacketSlot>| bytemuck::bytes_of(&p[0]).to_vec();
-                    assert_eq!(bytes(&fast.sent[0]), bytes(&normal.sent[0]), "{what}");
-                    assert_eq!(bytes(&fast.sent[1]), bytes(&fast.sent[0]), "{what}");
-                    let rx = RxPacket::parse(&fast.sent[0][0], &[]).unwrap();
-                    assert_eq!((rx.psn(), rx.ack_req()), (psn, true), "{what}");
-                    assert_eq!(rx.payload.len(), len, "{what}");
+                    let what = format!("{op:?}, {len} bytes, flags {flags}");
+                    let (psn, payload) = template_matches_normal(&r, w, &what, |_| ());
+                    assert_eq!(payload, len, "{what}, PSN {psn:?}");
                 }
             }
         }
@@ -1085,43 +1106,13 @@ mod tests {
                 w.remote_addr = 0x1000_0000_0000_0008 ^ (case << 3);
                 w.compare_add = 0x0102_0304_0506_0708 ^ case;
                 w.swap = 0x1112_1314_1516_1718 ^ case;
-                let mut fast = link(4);
-                let psn = r.stage(0, |q, env| {
-                    let before = q.req.fast_posts;
-                    let psn = q.req.window.npsn();
-                    assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, &w, 16), 1);
-                    assert_eq!(
-                        q.req.fast_posts,
-                        before + 1,
-                        "{op:?} of {len} bytes takes the template path"
-                    );
-                    assert_eq!(q.req.rd_atomic, 1);
-                    assert_eq!(q.req.window.npsn(), psn.add(1));
-                    assert_eq!(q.req.window.sent_to(), psn.add(1));
-                    // Go-back-N: the same packet again, built the normal way.
-                    q.req.window.rewind(psn);
-                    assert_eq!(transmit(q, env, &mut Wire { tx: &mut fast }, 16), 1);
-                    assert_eq!(q.req.rd_atomic, 1);
-                    ack_all(q);
-                    assert_eq!(q.req.rd_atomic, 0);
-                    psn
+                let what = format!("{op:?}, {len} bytes, flags {flags}");
+                template_matches_normal(&r, w, &what, |q| {
+                    // It takes its place in the initiator depth until it is acknowledged.
+                    assert_eq!(q.req.rd_atomic, 1, "{what}");
                 });
-                let mut normal = link(4);
-                r.stage(1, |q, env| {
-                    accept(q, w);
-                    assert_eq!(transmit(q, env, &mut Wire { tx: &mut normal }, 16), 1);
-                    ack_all(q);
-                });
-                let what = format!("{op:?}, {len} bytes, flags {flags}, PSN {psn:?}");
-                assert_eq!(fast.sent.len(), 2, "{what}");
-                let bytes = |p: &Vec<PacketSlot>| bytemuck::bytes_of(&p[0]).to_vec();
-                assert_eq!(bytes(&fast.sent[0]), bytes(&normal.sent[0]), "{what}");
-                assert_eq!(bytes(&fast.sent[1]), bytes(&fast.sent[0]), "{what}");
-                let rx = RxPacket::parse(&fast.sent[0][0], &[]).unwrap();
-                assert_eq!((rx.psn(), rx.ack_req()), (psn, true), "{what}");
             }
         }
-        r.stage(0, |q, _| assert!(q.req.window.npsn().get() < 0xFF_FFFD));
         r.stage(0, |q, _| assert_eq!(q.req.fast_posts, case));
     }
 
