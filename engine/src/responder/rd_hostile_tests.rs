@@ -54,6 +54,16 @@ fn atomic_with(r: &mut Rig, op: Opcode, k: u32, va: u64, rkey: u32, swap_add: u6
 }
 
 /// The opcodes and absolute PSNs of what a scenario sent.
+/// Gives the rig's QP four responder resources (`max_dest_rd_atomic`), through SQD.
+fn four_resources(r: &mut Rig) {
+    r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+    r.step();
+    r.qp.modify(&QpAttr::new(QpState::Sqd).max_dest_rd_atomic(4))
+        .unwrap();
+    r.qp.modify(&QpAttr::new(QpState::Rts)).unwrap();
+    r.step();
+}
+
 fn ops(out: &Outcome) -> Vec<(Opcode, u32)> {
     out.sent.iter().map(|s| (s.0, s.1)).collect()
 }
@@ -269,12 +279,7 @@ fn early_answers_free_their_resource_for_the_next_burst() {
 #[test]
 fn a_burst_of_reads_past_four_resources_is_refused_as_in_the_pipeline() {
     let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
-        r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
-        r.step();
-        r.qp.modify(&QpAttr::new(QpState::Sqd).max_dest_rd_atomic(4))
-            .unwrap();
-        r.qp.modify(&QpAttr::new(QpState::Rts)).unwrap();
-        r.step();
+        four_resources(r);
         // Four bursts of four: every one answered.
         for k in 0..16 {
             read_request(r, k, 4096, 8);
@@ -1018,16 +1023,8 @@ fn an_atomic_or_empty_read_through_a_window_then_invalidated_keeps_its_fast_path
 /// agree.
 #[test]
 fn a_read_behind_queued_responses_or_inside_a_send_is_left_to_the_pipeline() {
-    let four = |r: &mut Rig| {
-        r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
-        r.step();
-        r.qp.modify(&QpAttr::new(QpState::Sqd).max_dest_rd_atomic(4))
-            .unwrap();
-        r.qp.modify(&QpAttr::new(QpState::Rts)).unwrap();
-        r.step();
-    };
     let behind_queued = |r: &mut Rig| {
-        four(r);
+        four_resources(r);
         // Three responses (PMTU 256), queued; the next Read at PSN 3.
         read_request(r, 0, 0, 600);
         read_request(r, 3, 4096, 8);
@@ -1040,7 +1037,7 @@ fn a_read_behind_queued_responses_or_inside_a_send_is_left_to_the_pipeline() {
     assert_eq!(psns, [rq(0), rq(1), rq(2), rq(3)], "in PSN order");
     for write in [false, true] {
         let inside = |r: &mut Rig| {
-            four(r);
+            four_resources(r);
             if write {
                 let reth = r.reth(0, 600);
                 request_direct_with(r, Opcode::RdmaWriteFirst, 0, 256, |p| p.reth = Some(reth));
