@@ -114,6 +114,17 @@ impl Requester {
         }
     }
 
+    /// Starts the transport timer after a request packet went out, unless it runs already:
+    /// it detects the cessation of responses, not each packet's (spec/01).
+    #[inline(always)]
+    fn keep_timer_running(&mut self, env: &mut Env<'_>) {
+        if !self.timer.armed() {
+            if let Some(t) = self.ttr {
+                env.arm(&mut self.timer, t);
+            }
+        }
+    }
+
     /// WQE `seq` of the window.
     #[inline]
     pub(crate) fn wqe(&self, seq: u64) -> &SendWqe {
@@ -365,11 +376,7 @@ fn post_fast<L: LinkTx + ?Sized>(
     req.window.push_sent(w, consumers);
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += len as u64;
-    if !req.timer.armed() {
-        if let Some(t) = req.ttr {
-            env.arm(&mut req.timer, t);
-        }
-    }
+    req.keep_timer_running(env);
     #[cfg(test)]
     {
         req.fast_posts += 1;
@@ -462,11 +469,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     req.window.push_sent(w, req.consumers);
     req.rd_atomic += 1;
     env.stats.packets_sent += 1;
-    if !req.timer.armed() {
-        if let Some(t) = req.ttr {
-            env.arm(&mut req.timer, t);
-        }
-    }
+    req.keep_timer_running(env);
     #[cfg(test)]
     {
         req.fast_posts += 1;
@@ -632,10 +635,8 @@ fn transmit_some<L: LinkTx + ?Sized>(
         }
     }
     let req = &mut qp.req;
-    if sent > 0 && !req.timer.armed() {
-        if let Some(t) = req.ttr {
-            env.arm(&mut req.timer, t);
-        }
+    if sent > 0 {
+        req.keep_timer_running(env);
     }
     if local_error {
         qp.enter_error(env);
@@ -1028,6 +1029,7 @@ mod tests {
             );
             assert_eq!(q.req.window.npsn(), psn.add(1), "{what}");
             assert_eq!(q.req.window.sent_to(), psn.add(1), "{what}");
+            assert!(q.req.timer.armed(), "{what}: the transport timer runs");
             posted(q);
             // Go-back-N: the same packet again, built the normal way.
             q.req.window.rewind(psn);
