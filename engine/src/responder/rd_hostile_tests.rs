@@ -535,6 +535,79 @@ fn a_riding_ack_on_a_reads_psn_is_taken_as_by_the_slow_path() {
     }
 }
 
+/// A riding Ack of our oldest Send (credit code 4: a syndrome whose low bits are set)
+/// takes the Ack fast path straight from its word in RTS, and the full path in SQD, where
+/// the fast paths do not run; both ways the same completions, and with the fast paths off
+/// none is taken.
+#[test]
+fn a_riding_ack_takes_the_ack_fast_path_in_rts_only() {
+    for sqd in [false, true] {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+            r.post_recv(1);
+            post(r, 4, &[Op::Send(8)]);
+            if sqd {
+                r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+                r.step();
+            }
+            // A Send Only of nothing to us, carrying a positive Ack of PSN 0 (our Send).
+            with_riding_ack(r, Opcode::SendOnly, 0, |_| {}, (0, 1));
+            r.step();
+            r.step();
+        });
+        assert_eq!(taken[Path::Ack as usize], u64::from(!sqd), "SQD: {sqd}");
+        assert_eq!(out.completions.len(), 2, "SQD {sqd}: {:?}", out.completions);
+    }
+}
+
+/// Responses the SQ Logic cannot take are dropped and counted (`Stats::dropped`), both
+/// ways: a Read Response of a PSN never sent, a second Read Response of a PSN already
+/// acknowledged (a duplicate) and an Ack of our Read after the QP moved to the Error
+/// state. Each counts one more than the same scenario without it.
+#[test]
+fn responses_out_of_the_window_or_the_state_are_counted_as_dropped() {
+    let never_sent = |bad: bool| {
+        move |r: &mut Rig| {
+            post(r, 4, &[Op::Read(8)]);
+            if bad {
+                read_response(r, 1, 1, b"readdata");
+            }
+            r.step();
+        }
+    };
+    let duplicate = |bad: bool| {
+        move |r: &mut Rig| {
+            post(r, 4, &[Op::Read(8)]);
+            read_response(r, 0, 1, b"readdata");
+            r.step();
+            if bad {
+                read_response(r, 0, 1, b"readdata");
+            }
+            r.step();
+        }
+    };
+    let in_error = |bad: bool| {
+        move |r: &mut Rig| {
+            post(r, 4, &[Op::Read(8)]);
+            r.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
+            r.step();
+            if bad {
+                respond(r, 0, credits(4), 1);
+            }
+            r.step();
+        }
+    };
+    let cases: [(&str, &Scenario, &Scenario); 3] = [
+        ("a PSN never sent", &never_sent(false), &never_sent(true)),
+        ("a duplicate", &duplicate(false), &duplicate(true)),
+        ("in Error", &in_error(false), &in_error(true)),
+    ];
+    for (what, without, with) in cases {
+        let (a, _) = same_both_ways(AccessFlags::ALL, without);
+        let (b, _) = same_both_ways(AccessFlags::ALL, with);
+        assert_eq!(b.stats.dropped, a.stats.dropped + 1, "{what}");
+    }
+}
+
 // --- The pipeline's response is built in step 3; the fast path's in the receive step. ---
 
 /// A Read (or an Atomic) answered on the fast path, and behind it in the same burst a Nak
