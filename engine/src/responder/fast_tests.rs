@@ -923,7 +923,7 @@ fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
     fn ack(msn: u32) -> (Syndrome, u32) {
         (credits(4), msn)
     }
-    let cases: [&Scenario; 14] = [
+    let cases: [&Scenario; 16] = [
         &|r| {
             post(r, 8, &[Op::Read(8)]);
             read_response(r, 0, 1, b"short");
@@ -1007,12 +1007,62 @@ fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
             read_response(r, 1, 2, b"readdata");
             r.step();
         },
+        &|r| {
+            post(r, 8, &[Op::Read(600)]);
+            // A Middle (no AETH) of a PMTU, by reference, as the Read's first response.
+            let op = Opcode::RdmaReadResponseMiddle;
+            let repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), Psn::new(0)));
+            let mut s = PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            s.kind = crate::wire::slot::KIND_DIRECT;
+            s.payload_len = 256;
+            assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+            r.step();
+        },
+        &|r| {
+            post(r, 8, &[Op::FetchAdd]);
+            let op = Opcode::AtomicAcknowledge;
+            let nak = Syndrome::Nak(NakCode::RemoteAccessError);
+            respond_data(r, op, 0, (nak, 1), Some(9), &[]);
+            r.step();
+        },
     ];
-    for (i, case) in cases.iter().enumerate() {
-        let (_, taken) = same_both_ways(AccessFlags::ALL, *case);
+    // What each case leaves, the slow path's answer: the completions (WR id, status) and
+    // the QP's state. A response the completer refuses is a bad response (the QP fails);
+    // a PSN never sent, an Atomic Acknowledge with a payload (malformed: the parse drops
+    // it) and a Read response that skips the Read (an implied Nak: the Read is resent)
+    // complete nothing.
+    use crate::WcStatus::{BadRespErr as Bad, Success as Ok};
+    let failed = (&[(0, Bad)][..], QpState::Error);
+    let expected: [(&[(u64, crate::WcStatus)], QpState); 16] = [
+        failed,
+        failed,
+        (&[(0, Ok)], QpState::Rts),
+        failed,
+        failed,
+        failed,
+        (&[(0, Ok), (1, Ok)], QpState::Rts),
+        (&[(0, Ok)], QpState::Rts),
+        (&[], QpState::Rts),
+        (&[(0, Ok)], QpState::Sqd),
+        (&[], QpState::Rts),
+        failed,
+        failed,
+        (&[], QpState::Rts),
+        failed,
+        failed,
+    ];
+    for (i, (case, (wcs, state))) in cases.iter().zip(expected).enumerate() {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, *case);
         let fast = taken[Path::ReadResponse as usize] + taken[Path::AtomicAck as usize];
         // The duplicate's first copy is the only one fast.
         assert_eq!(fast, u64::from(i == 7), "case {i}");
+        let got: Vec<_> = out
+            .completions
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        assert_eq!((&got[..], out.state), (wcs, state), "case {i}");
     }
 }
 
@@ -1100,6 +1150,39 @@ fn unusual_acks_go_to_the_slow_path() {
         let (_, taken) = same_both_ways(AccessFlags::ALL, *case);
         let want = u64::from(i == 0); // the first Ack of the duplicate case is fast
         assert_eq!(taken[1], want, "case {i}");
+    }
+}
+
+/// A Nak of our Send (not a sequence error or an RNR Nak) completes it with the status
+/// its code names (spec/04 "NAK codes") and moves the QP to the Error state: Invalid
+/// Request, Remote Access Error and Remote Operational Error their own; Invalid RD Request
+/// (never sent on RC) and the reserved codes are a bad response.
+#[test]
+fn naks_complete_the_send_with_the_status_of_their_code() {
+    use crate::WcStatus::*;
+    for (code, status) in [
+        (NakCode::InvalidRequest, RemInvReqErr),
+        (NakCode::RemoteAccessError, RemAccessErr),
+        (NakCode::RemoteOperationalError, RemOpErr),
+        (NakCode::InvalidRdRequest, BadRespErr),
+        (NakCode::Unknown(9), BadRespErr),
+    ] {
+        let (out, _) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+            post(r, 8, &[Op::Send(4)]);
+            respond(r, 0, Syndrome::Nak(code), 0);
+            r.step();
+        });
+        let got: Vec<_> = out
+            .completions
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        assert_eq!(
+            (got, out.state),
+            (vec![(0, status)], QpState::Error),
+            "{code:?}"
+        );
+        assert_eq!(out.stats.naks_received, 1, "{code:?}");
     }
 }
 
