@@ -733,3 +733,76 @@ fn a_riding_acks_credits_and_state_count_as_a_standalone_ones() {
         }
     }
 }
+
+/// Riding Acks kept in one burst for QPs whose slots lie in different words of the engine's
+/// QP set (slots 0 and 65 of 66 QPs on one link) are each handled, for their own QP: both
+/// Sends complete after their carriers, and the walk over the set's words ends.
+#[test]
+fn riding_acks_of_qps_in_different_words_of_the_set_are_each_handled() {
+    let ctx = inline_context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(512).unwrap();
+    let (id, mut ends, _arena) = raw_peer_link(&ctx, 256, PEER, 4096);
+    let mr = pd.alloc_mr(8192, crate::AccessFlags::ALL).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let mut qps: Vec<Qp> = (0..66)
+        .map(|_| {
+            let mut qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
+            connect_to_raw_peer(&mut qp, id, PEER, SQ_PSN, false);
+            qp
+        })
+        .collect();
+    let ends_of = [0usize, 65];
+    for (n, &q) in ends_of.iter().enumerate() {
+        let at = 64 * n as u64;
+        qps[q]
+            .post_recv(&RecvWr::new(100 + q as u64, &[mr.sge(at, 64).unwrap()]))
+            .unwrap();
+        let sge = [mr.sge(4096, 8).unwrap()];
+        qps[q]
+            .post_send(&SendWr::new(q as u64, SendOp::Send, &sge))
+            .unwrap();
+    }
+    ctx.progress();
+    let mut out = vec![PacketSlot::default(); 256];
+    while ends.rx.pop_burst(&mut out).unwrap() > 0 {}
+    // One burst: a Send Only to each, carrying a positive Ack of its Send.
+    let frames: Vec<PacketSlot> = ends_of
+        .iter()
+        .map(|&q| {
+            let mut repr = PacketRepr::new(BthRepr::new(
+                Opcode::SendOnly,
+                qps[q].qpn(),
+                crate::psn::Psn::new(0),
+            ));
+            repr.bth.ack_req = true;
+            let mut s = PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            with_riding(s, riding_word(SQ_PSN, ack4(), 1))
+        })
+        .collect();
+    assert_eq!(ends.tx.push_burst(&frames).unwrap(), frames.len());
+    let mut got = vec![];
+    let mut wc = [WorkCompletion::default(); 16];
+    for _ in 0..10 {
+        ctx.progress();
+        let n = cq.poll(&mut wc);
+        got.extend(wc[..n].iter().map(|c| (c.opcode, c.wr_id, c.is_ok())));
+    }
+    got.sort_by_key(|c| c.1);
+    assert_eq!(
+        got,
+        [
+            (WcOpcode::Send, 0, true),
+            (WcOpcode::Send, 65, true),
+            (WcOpcode::Recv, 100, true),
+            (WcOpcode::Recv, 165, true)
+        ]
+    );
+}
