@@ -1032,19 +1032,19 @@ fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
     // a PSN never sent, an Atomic Acknowledge with a payload (malformed: the parse drops
     // it) and a Read response that skips the Read (an implied Nak: the Read is resent)
     // complete nothing.
-    use crate::WcStatus::{BadRespErr as Bad, Success as Ok};
-    let failed = (&[(0, Bad)][..], QpState::Error);
+    use crate::WcStatus::{BadRespErr, Success};
+    let failed = (&[(0, BadRespErr)][..], QpState::Error);
     let expected: [(&[(u64, crate::WcStatus)], QpState); 16] = [
         failed,
         failed,
-        (&[(0, Ok)], QpState::Rts),
+        (&[(0, Success)], QpState::Rts),
         failed,
         failed,
         failed,
-        (&[(0, Ok), (1, Ok)], QpState::Rts),
-        (&[(0, Ok)], QpState::Rts),
+        (&[(0, Success), (1, Success)], QpState::Rts),
+        (&[(0, Success)], QpState::Rts),
         (&[], QpState::Rts),
-        (&[(0, Ok)], QpState::Sqd),
+        (&[(0, Success)], QpState::Sqd),
         (&[], QpState::Rts),
         failed,
         failed,
@@ -1057,12 +1057,7 @@ fn unusual_read_responses_and_atomic_acks_go_to_the_slow_path() {
         let fast = taken[Path::ReadResponse as usize] + taken[Path::AtomicAck as usize];
         // The duplicate's first copy is the only one fast.
         assert_eq!(fast, u64::from(i == 7), "case {i}");
-        let got: Vec<_> = out
-            .completions
-            .iter()
-            .map(|c| (c.wr_id, c.status))
-            .collect();
-        assert_eq!((&got[..], out.state), (wcs, state), "case {i}");
+        assert_eq!((&statuses(&out)[..], out.state), (wcs, state), "case {i}");
     }
 }
 
@@ -1153,6 +1148,14 @@ fn unusual_acks_go_to_the_slow_path() {
     }
 }
 
+/// The completions a scenario left: (WR id, status), in order.
+fn statuses(out: &Outcome) -> Vec<(u64, crate::WcStatus)> {
+    out.completions
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect()
+}
+
 /// A Nak of our Send (not a sequence error or an RNR Nak) completes it with the status
 /// its code names (spec/04 "NAK codes") and moves the QP to the Error state: Invalid
 /// Request, Remote Access Error and Remote Operational Error their own; Invalid RD Request
@@ -1172,13 +1175,8 @@ fn naks_complete_the_send_with_the_status_of_their_code() {
             respond(r, 0, Syndrome::Nak(code), 0);
             r.step();
         });
-        let got: Vec<_> = out
-            .completions
-            .iter()
-            .map(|c| (c.wr_id, c.status))
-            .collect();
         assert_eq!(
-            (got, out.state),
+            (statuses(&out), out.state),
             (vec![(0, status)], QpState::Error),
             "{code:?}"
         );

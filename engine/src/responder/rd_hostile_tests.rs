@@ -53,7 +53,6 @@ fn atomic_with(r: &mut Rig, op: Opcode, k: u32, va: u64, rkey: u32, swap_add: u6
     );
 }
 
-/// The opcodes and absolute PSNs of what a scenario sent.
 /// Gives the rig's QP four responder resources (`max_dest_rd_atomic`), through SQD.
 fn four_resources(r: &mut Rig) {
     r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
@@ -64,6 +63,7 @@ fn four_resources(r: &mut Rig) {
     r.step();
 }
 
+/// The opcodes and absolute PSNs of what a scenario sent.
 fn ops(out: &Outcome) -> Vec<(Opcode, u32)> {
     out.sent.iter().map(|s| (s.0, s.1)).collect()
 }
