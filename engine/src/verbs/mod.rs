@@ -525,7 +525,7 @@ impl Shared {
             self.doorbell.ring_unless_watched(index);
             // Someone else holds the engine (the progress helper, another thread): wake
             // any thread asleep on the kick words, so that it takes the doorbell.
-            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
+            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.helper_may_sleep() {
                 self.wake_local();
             }
         } else if self.doorbell.ring_unless_watched(index) && self.may_sleep {
@@ -537,7 +537,7 @@ impl Shared {
 
     /// Wakes a sleeping engine thread after a control operation gave it work.
     pub(crate) fn kick(&self) {
-        if self.may_sleep {
+        if self.helper_may_sleep() {
             self.wake_local();
         }
     }
