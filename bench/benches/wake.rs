@@ -108,6 +108,9 @@ fn waiter(builder: ContextBuilder) -> (Histogram<u64>, u64) {
         .create_cq_with_channel(2 * RECVS as u32, &channel)
         .unwrap();
     let rx = pd.alloc_mr(RECVS * MSG, AccessFlags::LOCAL_WRITE).unwrap();
+    // Taken once, before the connection is set up, as an async server builds its
+    // `AsyncFd` first: the peer then knows from link setup that it must wake this engine.
+    let fd = channel.as_fd().try_clone_to_owned().unwrap();
     let listener = ctx.listen(&path).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env(ROLE_ENV, "sender")
@@ -134,8 +137,6 @@ fn waiter(builder: ContextBuilder) -> (Histogram<u64>, u64) {
     let mut wc = [WorkCompletion::default(); 16];
     let warmup = 20;
     let deadline = Instant::now() + Duration::from_secs(30 + samples / 100);
-    // Taken once, as `AsyncFd::new` takes it.
-    let fd = channel.as_fd().try_clone_to_owned().unwrap();
     cq.req_notify(false).unwrap();
     while got < samples + warmup && Instant::now() < deadline {
         let mut pfd = [rustix::event::PollFd::new(

@@ -87,14 +87,19 @@ fn a_peer_send_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was
         || a.shared.sleepers().load(Ordering::Relaxed) > 0,
     );
 
-    qb.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 64).unwrap()]))
-        .unwrap();
-    // B's engine learnt that A may sleep, so it wakes A after publishing to it.
+    // B's link was set up before A took the fd: B's engine learns that A may sleep at its
+    // next stats publication (one iteration in PUBLISH_EVERY), and from then on wakes A
+    // after publishing to it.
+    for _ in 0..=crate::stats_area::PUBLISH_EVERY {
+        b.progress();
+    }
     let wakes = b
         .shared
         .engine
         .with(|e| e.link_mut(link_b).map(|l| l.wakes_peer()));
     assert_eq!(wakes, Some(true), "the peer engine does not wake this one");
+    qb.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 64).unwrap()]))
+        .unwrap();
     // The fd becomes readable (bounded; the application does not drive the engine).
     until("the channel's fd never became readable", || {
         let mut p = [rustix::event::PollFd::new(

@@ -486,12 +486,13 @@ impl Shared {
     /// not sleep (`IdlePolicy::Spin`) would leave that helper sleeping its tick (0.1 to
     /// 5 ms, 50 ms without connected QPs), and a peer's packet would raise the event only
     /// then. So, once: tell peers to wake this engine (its engine page's may-sleep word,
-    /// which they look at after each burst they publish while it reads 0) and let the
-    /// helper sleep on the kick words (a nudge cuts its tick short). Poll mode and backoff
-    /// engines have this already.
+    /// which they read at link setup and, while it reads 0, one engine iteration in
+    /// `PUBLISH_EVERY`) and let the helper sleep on the kick words (a nudge cuts its tick
+    /// short). Poll mode and backoff engines have this already.
     ///
-    /// A peer that published a burst just before it saw the word does not wake this
-    /// engine for that burst: the helper then sees it at its next tick, once.
+    /// Links set up after this are woken at once. A peer linked before wakes this engine
+    /// once its own engine has run its next stats publication; packets it sends before
+    /// that are seen at the helper's tick, as before.
     pub(crate) fn allow_fd_sleep(&self) {
         if self.mode != EngineMode::Inline
             || self.may_sleep
