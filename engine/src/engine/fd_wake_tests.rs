@@ -122,3 +122,27 @@ fn a_peer_send_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was
     // B's Send completes (A's helper Acks it): nothing more to check there.
     let _ = cq_b.poll(&mut wc);
 }
+
+#[test]
+fn a_link_set_up_after_the_fd_was_taken_wakes_the_engine_from_the_start() {
+    let (a, b, c) = (context(), context(), context());
+    // Before: a Spin engine's peers never wake it.
+    let (_, link_b) = a.link_with(&b).unwrap();
+    let wakes = |ctx: &Context, link| {
+        ctx.shared
+            .engine
+            .with(|e| e.link_mut(link).map(|l| l.wakes_peer()))
+    };
+    assert_eq!(wakes(&b, link_b), Some(false));
+    let channel = a.create_comp_channel().unwrap();
+    let _fd = channel.as_fd().try_clone_to_owned().unwrap();
+    // A link made now reads the announcement at setup.
+    let (_, link_c) = a.link_with(&c).unwrap();
+    assert_eq!(wakes(&c, link_c), Some(true));
+    // Engines that do not wait on an fd are still not woken by their peers.
+    let (c_to_b, b_to_c) = c.link_with(&b).unwrap();
+    assert_eq!(
+        (wakes(&c, c_to_b), wakes(&b, b_to_c)),
+        (Some(false), Some(false))
+    );
+}
