@@ -47,20 +47,25 @@
 //! # Wake latency between processes
 //!
 //! `cargo bench -p shmhca-bench --bench wake` measures it: process A sleeps in `poll(2)`
-//! on the channel's fd, process B posts a Send carrying its `CLOCK_MONOTONIC` time every
-//! 2 ms, A records the time from B's post to its return from `poll(2)`. On the 2-vCPU
-//! KVM guest of the README, shared with six other builds (load average 11 before, 15
-//! after), 1,000 samples each, on 2026-11-28:
+//! on the channel's fd (taken before it connects, as an async server builds its
+//! `AsyncFd`), process B posts a Send carrying its `CLOCK_MONOTONIC` time every 2 ms, A
+//! records the time from B's post to its return from `poll(2)`; 1,000 samples per row.
+//! On the 2-vCPU KVM guest of the README, on 2026-11-28, shared with six other builds
+//! (load average 11 for the run before the change, 20 after):
 //!
 //! | waiter | p50 | p90 | p99 | max |
 //! |---|---|---|---|---|
 //! | inline, `Spin` (the default), before | 8,012 µs | 8,372 µs | 14,844 µs | 41,681 µs |
-//! | inline, `Spin` (the default), after | 28 µs | 44 µs | 470 µs | 23,101 µs |
-//! | inline, `Backoff` (before: 27 / 54 / 1,567 / 10,183 µs) | 32 µs | 61 µs | 2,572 µs | 71,762 µs |
-//! | poll mode, `Backoff` (before: 27 / 36 / 54 / 76 µs) | 32 µs | 56 µs | 440 µs | 5,321 µs |
+//! | inline, `Spin` (the default), after | 16 µs | 20 µs | 28 µs | 46 µs |
+//! | inline, `Backoff`, before | 27 µs | 54 µs | 1,567 µs | 10,183 µs |
+//! | inline, `Backoff`, after | 18 µs | 24 µs | 33 µs | 1,358 µs |
+//! | poll mode, `Backoff`, before | 27 µs | 36 µs | 54 µs | 76 µs |
+//! | poll mode, `Backoff`, after | 27 µs | 35 µs | 51 µs | 85 µs |
 //!
-//! An eventfd wake-up between two sleeping processes costs tens of µs on this machine;
-//! the tail is the machine's load (another process on the core), not the channel.
+//! Before, the default engine's helper slept its tick (0.1 to 5 ms, and longer under
+//! load) and raised the event only then. An eventfd wake-up between two sleeping processes
+//! costs tens of µs on this machine; a long tail is the machine's load (another process
+//! on the core), not the channel.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
