@@ -122,6 +122,7 @@ pub(crate) fn scan(notes: &mut Vec<String>) -> Vec<Found> {
         fds.sort_unstable();
         let mut comm: Option<String> = None;
         let (mut read_here, mut skipped_here, mut bad_here) = (0usize, 0usize, 0usize);
+        let mut skipped = std::collections::HashSet::new();
         // This process's descriptors of each inode: index in `areas` -> (lowest fd, count).
         let mut held: HashMap<usize, (u32, u32)> = HashMap::new();
         for fd in fds {
@@ -146,9 +147,11 @@ pub(crate) fn scan(notes: &mut Vec<String>) -> Vec<Found> {
                 Some(None) => continue, // found invalid before
                 None => {
                     if read_here == MAX_AREAS_PER_PROCESS || read_in_all == MAX_AREAS {
-                        skipped_here += 1;
-                        // Counted once per inode of this process.
-                        by_inode.insert(key, None);
+                        // Counted once per inode; not marked, so that another process
+                        // holding it (its engine's, passed to this one) still gets it read.
+                        if skipped.insert(key) {
+                            skipped_here += 1;
+                        }
                         continue;
                     }
                     read_here += 1;
