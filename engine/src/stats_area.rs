@@ -498,6 +498,9 @@ mod tests {
             (s.qps.len(), s.links.len(), s.poll_mode),
             (MAX_QPS, MAX_LINKS, true)
         );
+        // A second link's flags are checked too; beyond the listed ones nothing is.
+        let s = parse_edited(|b| put_u32(b, OFF_LINKS + LINK_LEN + 4, 2)).unwrap();
+        assert_eq!(s.links.len(), 1);
         for (what, edit) in [
             (
                 "QPs listed",
@@ -510,6 +513,10 @@ mod tests {
             ("links listed", |b| put_u32(b, 28, MAX_LINKS as u32 + 1)),
             ("engine mode", |b| put_u32(b, 16, 2)),
             ("up flag", |b| put_u32(b, OFF_LINKS + 4, 2)),
+            ("link 1: up flag", |b| {
+                put_u32(b, 28, 2);
+                put_u32(b, OFF_LINKS + LINK_LEN + 4, 2);
+            }),
         ] {
             match parse_edited(edit) {
                 Err(ReadError::Layout(m)) => assert!(m.contains(what), "{m}"),
