@@ -484,7 +484,11 @@ pub(crate) struct Link {
     pub(crate) endpoints: (u32, u32),
     /// Whether received packets are traced (not when the sender traces to the same file).
     pub(crate) rx_tap: bool,
-    /// Whether the peer engine may sleep (then it must be woken after sending to it).
+    /// Whether the peer engine may sleep (then it must be woken after sending to it). Read
+    /// at setup; while false, looked up again at each stats publication of this engine
+    /// (one iteration in `PUBLISH_EVERY`: nothing on the packet path), since an inline
+    /// peer announces it later, once, when its application takes a completion channel's fd
+    /// after the link was set up (`Shared::allow_fd_sleep`); true for good once seen.
     peer_may_sleep: bool,
     /// The peer context, when it lives in this process (`Context::link_with`): where a
     /// peer QP's arena is looked up when a QP is given its destination.
@@ -511,6 +515,25 @@ impl Link {
         if self.tx.flush() > 0 && self.peer_may_sleep {
             self.wake_peer();
         }
+    }
+
+    /// Looks whether the peer has announced since setup that it may sleep (one load of its
+    /// engine page, which it writes once); remembered when it has. Called one engine
+    /// iteration in `PUBLISH_EVERY`.
+    #[cold]
+    pub(crate) fn refresh_peer_may_sleep(&mut self) {
+        if !self.peer_may_sleep {
+            self.peer_may_sleep = self
+                .peer_page
+                .atomic_u32(crate::arena::MAY_SLEEP)
+                .is_ok_and(|w| w.load(std::sync::atomic::Ordering::Relaxed) != 0);
+        }
+    }
+
+    /// Whether this side wakes the peer after publishing to it (tests).
+    #[cfg(test)]
+    pub(crate) fn wakes_peer(&self) -> bool {
+        self.peer_may_sleep
     }
 
     /// Wakes the peer engine if some thread of it sleeps: its sleeper count is in its

@@ -247,7 +247,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// What one engine published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The process.
+    /// The pid the area's writer put in it: its own word, not a fact. A reader that found
+    /// the area in `/proc/PID/fd` knows a process that holds it; show that one (`shmhca
+    /// stat` does) and this only when they differ.
     pub pid: u32,
     /// The engine's number within its process.
     pub engine_id: u32,
@@ -313,7 +315,10 @@ pub enum ReadError {
 
 /// Reads an engine's area from a descriptor of its memfd (e.g. opened read-only from
 /// `/proc/PID/fd/N`). Everything in it is treated as untrusted input: the segment header
-/// is validated by [`Segment::open`], counts are bounded, unknown states are `None`.
+/// is validated by [`Segment::open`] (sealed, sized, of this kind), the layout version,
+/// counts and flags are checked against what an engine writes (an area that breaks them
+/// is refused with [`ReadError::Layout`] naming the field), unknown states are `None`.
+/// The pid in it is the writer's claim ([`Snapshot::pid`]).
 ///
 /// # Errors
 /// [`ReadError`] saying what is wrong.
@@ -356,8 +361,30 @@ fn parse(img: &[u8]) -> Result<Snapshot, ReadError> {
             "layout version {layout}, this build reads {LAYOUT}"
         )));
     }
-    let nq = (u32_at(img, 20) as usize).min(MAX_QPS);
-    let nl = (u32_at(img, 28) as usize).min(MAX_LINKS);
+    // Every count and flag is checked against what an engine writes: an area that says
+    // otherwise was not written by one and is refused, naming the field.
+    let (nq, total, nl) = (u32_at(img, 20), u32_at(img, 24), u32_at(img, 28));
+    if nq as usize > MAX_QPS || nq > total {
+        return Err(ReadError::Layout(format!(
+            "{nq} QPs listed of {total} (at most {MAX_QPS} listed, never more than there are)"
+        )));
+    }
+    if nl as usize > MAX_LINKS {
+        return Err(ReadError::Layout(format!(
+            "{nl} links listed (at most {MAX_LINKS})"
+        )));
+    }
+    let mode = u32_at(img, 16);
+    if mode > 1 {
+        return Err(ReadError::Layout(format!("engine mode {mode} (0 or 1)")));
+    }
+    let (nq, nl) = (nq as usize, nl as usize);
+    if let Some(i) = (0..nl).find(|i| u32_at(img, OFF_LINKS + i * LINK_LEN + 4) > 1) {
+        return Err(ReadError::Layout(format!(
+            "link {i}: up flag {} (0 or 1)",
+            u32_at(img, OFF_LINKS + i * LINK_LEN + 4)
+        )));
+    }
     let mut counters = [0u64; COUNTERS];
     for (i, c) in counters.iter_mut().enumerate() {
         *c = u64_at(img, OFF_COUNTERS + 8 * i);
@@ -391,12 +418,12 @@ fn parse(img: &[u8]) -> Result<Snapshot, ReadError> {
     Ok(Snapshot {
         pid: u32_at(img, 8),
         engine_id: u32_at(img, 12),
-        poll_mode: u32_at(img, 16) != 0,
+        poll_mode: mode == 1,
         publishes: u64_at(img, 32),
         counters,
         links,
         qps,
-        total_qps: u32_at(img, 24),
+        total_qps: total,
     })
 }
 
@@ -440,6 +467,62 @@ mod tests {
         assert!(!s.poll_mode);
         assert!(s.publishes >= 1);
         assert!(s.qps.is_empty() && s.links.is_empty());
+    }
+
+    /// An image as an engine writes it, with `edit` applied, parsed.
+    fn parse_edited(edit: impl FnOnce(&mut [u8])) -> Result<Snapshot, ReadError> {
+        let mut img = vec![0u8; USED];
+        put_u32(&mut img, OFF_LAYOUT, LAYOUT);
+        put_u32(&mut img, 20, 1);
+        put_u32(&mut img, 24, 3);
+        put_u32(&mut img, 28, 1);
+        put_u32(&mut img, OFF_LINKS + 4, 1);
+        edit(&mut img);
+        parse(&img)
+    }
+
+    #[test]
+    fn counts_and_flags_beyond_what_an_engine_writes_are_refused() {
+        let s = parse_edited(|_| {}).unwrap();
+        assert_eq!((s.qps.len(), s.total_qps, s.links.len()), (1, 3, 1));
+        assert!(s.links[0].up && !s.poll_mode);
+        // At the edges: accepted.
+        let s = parse_edited(|b| {
+            put_u32(b, 20, MAX_QPS as u32);
+            put_u32(b, 24, MAX_QPS as u32);
+            put_u32(b, 28, MAX_LINKS as u32);
+            put_u32(b, 16, 1);
+        })
+        .unwrap();
+        assert_eq!(
+            (s.qps.len(), s.links.len(), s.poll_mode),
+            (MAX_QPS, MAX_LINKS, true)
+        );
+        // A second link's flags are checked too; beyond the listed ones nothing is.
+        let s = parse_edited(|b| put_u32(b, OFF_LINKS + LINK_LEN + 4, 2)).unwrap();
+        assert_eq!(s.links.len(), 1);
+        for (what, edit) in [
+            (
+                "QPs listed",
+                (|b: &mut [u8]| put_u32(b, 20, 4)) as fn(&mut [u8]),
+            ),
+            ("QPs listed", |b| {
+                put_u32(b, 20, MAX_QPS as u32 + 1);
+                put_u32(b, 24, u32::MAX);
+            }),
+            ("links listed", |b| put_u32(b, 28, MAX_LINKS as u32 + 1)),
+            ("engine mode", |b| put_u32(b, 16, 2)),
+            ("up flag", |b| put_u32(b, OFF_LINKS + 4, 2)),
+            ("link 1: up flag", |b| {
+                put_u32(b, 28, 2);
+                put_u32(b, OFF_LINKS + LINK_LEN + 4, 2);
+            }),
+        ] {
+            match parse_edited(edit) {
+                Err(ReadError::Layout(m)) => assert!(m.contains(what), "{m}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! * `shmhca devinfo [--json]`: the device's limits, page size, huge pages and the arena.
 //! * `shmhca plot FILE.hgrm|FILE.json [...] -o OUT.svg`: latency percentile distributions
 //!   and latency/bandwidth against message size, several runs on one chart.
-//! * `shmhca stat [--json] [--watch SECS]`: every running shmhca context of this user: its
+//! * `shmhca stat [--json] [--watch SECS [--count N]]`: every running shmhca context of this user: its
 //!   process, mode, links and peers, QPs with state and PSNs, and counters.
 #![forbid(unsafe_code)]
 
@@ -66,9 +66,15 @@ enum Command {
         /// Print JSON (one array per refresh).
         #[arg(long)]
         json: bool,
-        /// Refresh every SECS seconds (like `watch`) until interrupted.
+        /// Refresh every SECS seconds (like `watch`) until interrupted. On a terminal the
+        /// screen is cleared before each refresh; otherwise (a pipe, a file) refreshes are
+        /// written one after the other with no escape codes, and with --json one JSON
+        /// document per line (NDJSON).
         #[arg(short = 'w', long = "watch", value_name = "SECS")]
         watch: Option<f64>,
+        /// With --watch: stop after N refreshes (as `vmstat`/`iostat` take a count).
+        #[arg(short = 'c', long = "count", value_name = "N", requires = "watch")]
+        count: Option<u64>,
     },
 }
 
@@ -94,32 +100,18 @@ fn main() -> std::process::ExitCode {
                 print!("{}", devinfo::text(&v));
             }
         }
-        Command::Stat { json, watch } => {
+        Command::Stat { json, watch, count } => {
             if let Some(secs) = watch {
                 if !(0.1..=3600.0).contains(&secs) {
                     eprintln!("shmhca stat: --watch {secs}: give 0.1 to 3600 seconds");
                     return std::process::ExitCode::from(2);
                 }
             }
-            loop {
-                let mut notes = Vec::new();
-                let found = stat::scan(&mut notes);
-                if watch.is_some() && !json {
-                    // Like watch(1): home the cursor and clear the screen.
-                    print!("\x1b[H\x1b[2J");
-                }
-                if json {
-                    println!("{:#}", stat::json(&found));
-                } else {
-                    print!("{}", stat::text(&found));
-                }
-                for n in &notes {
-                    eprintln!("shmhca stat: note: {n}");
-                }
-                let Some(secs) = watch else { break };
-                let _ = std::io::Write::flush(&mut std::io::stdout());
-                std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+            if count == Some(0) {
+                eprintln!("shmhca stat: --count 0: give at least 1 refresh");
+                return std::process::ExitCode::from(2);
             }
+            return stat_loop(json, watch, count);
         }
         Command::Doctor { json } => {
             let report = doctor::examine();
@@ -129,6 +121,53 @@ fn main() -> std::process::ExitCode {
                 print!("{}", report.text());
             }
         }
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// `shmhca stat`, once or every `watch` seconds (`count` times, or until interrupted).
+/// Stops quietly when stdout is closed (e.g. piped into `head`).
+fn stat_loop(json: bool, watch: Option<f64>, count: Option<u64>) -> std::process::ExitCode {
+    use std::io::{IsTerminal as _, Write as _};
+    let clear = watch.is_some() && !json && std::io::stdout().is_terminal();
+    let mut done = 0u64;
+    loop {
+        let mut notes = Vec::new();
+        let found = stat::scan(&mut notes);
+        let mut out = String::new();
+        if clear {
+            // Like watch(1): home the cursor and clear the screen (terminals only).
+            out.push_str("\x1b[H\x1b[2J");
+        } else if watch.is_some() && !json && done > 0 {
+            out.push('\n');
+        }
+        if json && watch.is_some() {
+            // NDJSON: one compact document per refresh, one per line.
+            out.push_str(&stat::json(&found).to_string());
+            out.push('\n');
+        } else if json {
+            out.push_str(&format!("{:#}\n", stat::json(&found)));
+        } else {
+            out.push_str(&stat::text(&found));
+        }
+        let mut stdout = std::io::stdout().lock();
+        if stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return std::process::ExitCode::SUCCESS;
+        }
+        drop(stdout);
+        for n in &notes {
+            eprintln!("shmhca stat: note: {n}");
+        }
+        done += 1;
+        let Some(secs) = watch else { break };
+        if count.is_some_and(|c| done >= c) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(secs));
     }
     std::process::ExitCode::SUCCESS
 }

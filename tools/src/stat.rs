@@ -7,41 +7,104 @@
 //! `/proc/PID/fd/N` and validated (it is input from another process: magic, version,
 //! kind and sizes are checked before anything is read). A process that exits, even by
 //! `SIGKILL`, takes its memfd with it: there is nothing to find and nothing to clean up.
+//!
+//! # Bounded work, whatever the processes hold
+//!
+//! Everything found is input from processes of this user, any of which may be careless or
+//! hostile, so the work is bounded by what is listed, not by what they hold:
+//!
+//! * an area is read once, however many descriptors of it there are, in however many
+//!   processes: areas are told apart by the memfd's inode (`st_dev`, `st_ino` of the
+//!   descriptor's target, taken with `stat`, which costs no read of the area);
+//! * at most [`MAX_AREAS_PER_PROCESS`] distinct areas are read per process and
+//!   [`MAX_AREAS`] in all; what was skipped is said in one note per process;
+//! * at most [`MAX_NOTES_PER_PROCESS`] notes about invalid areas per process, then one
+//!   line counting the rest;
+//! * only regular files are opened (never a FIFO or device that could block or have side
+//!   effects), with `O_NONBLOCK`, and the opened file must be the inode that was counted.
+//!
+//! # Whose area it is
+//!
+//! The pid shown is that of a process found holding the area in `/proc/PID/fd`, never the
+//! pid written in the area (the writer's own word, which may be a lie). If the area's
+//! pid is one of the processes holding it, that process is shown (after `fork` both
+//! parent and child hold the engine's area); if it is none of them, the first holder is
+//! shown and the mismatch is said (`claimed_pid` in JSON, a line in text).
 
+use std::collections::HashMap;
 use std::fs;
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use serde_json::{Value, json};
 use shmhca::stats_area::{self, COUNTER_NAMES, Snapshot};
 
+/// The most distinct areas read from one process.
+pub(crate) const MAX_AREAS_PER_PROCESS: usize = 64;
+/// The most areas read in all.
+pub(crate) const MAX_AREAS: usize = 512;
+/// The most notes about invalid areas of one process.
+pub(crate) const MAX_NOTES_PER_PROCESS: usize = 4;
+/// The most other holders listed for one area.
+pub(crate) const MAX_HOLDERS_LISTED: usize = 16;
+
 /// One context found.
 #[derive(Debug)]
 pub(crate) struct Found {
-    /// The process's command name.
+    /// The process shown as holding it (found in `/proc/PID/fd`, not read from the area).
+    pub(crate) pid: u32,
+    /// That process's command name.
     pub(crate) comm: String,
-    /// The descriptor number in that process.
+    /// The lowest descriptor number of the area in that process.
     pub(crate) fd: u32,
-    /// What its engine published.
+    /// How many descriptors of the area that process holds.
+    pub(crate) fds: u32,
+    /// Other processes found holding it (at most [`MAX_HOLDERS_LISTED`]).
+    pub(crate) also_held_by: Vec<u32>,
+    /// What its engine published (its `pid` is the area's claim, not shown as the pid).
     pub(crate) snap: Snapshot,
 }
 
-/// Every context of processes of this user. Processes that exit while being looked at,
-/// and descriptors that turn out not to be valid stats areas, are skipped (the latter
-/// with a note in `notes`).
+impl Found {
+    /// The pid written in the area, when it is not the process shown.
+    pub(crate) fn claimed_pid_mismatch(&self) -> Option<u32> {
+        (self.snap.pid != self.pid).then_some(self.snap.pid)
+    }
+}
+
+/// One holder of an area: (pid, comm, lowest fd, descriptors).
+struct Holder {
+    pid: u32,
+    comm: String,
+    fd: u32,
+    fds: u32,
+}
+
+/// An area read (or refused), by inode.
+struct Area {
+    snap: Snapshot,
+    holders: Vec<Holder>,
+}
+
+/// Every context of processes of this user, each listed once. Processes that exit while
+/// being looked at are skipped; invalid areas and what the caps left out are said in
+/// `notes` (a bounded number of lines).
 pub(crate) fn scan(notes: &mut Vec<String>) -> Vec<Found> {
     let uid = rustix::process::getuid().as_raw();
     let me = std::process::id();
-    let mut out = Vec::new();
     let Ok(procs) = fs::read_dir("/proc") else {
         notes.push("cannot read /proc".into());
-        return out;
+        return Vec::new();
     };
     let mut pids: Vec<u32> = procs
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     pids.sort_unstable();
+    // Areas by inode, in the order found; inodes found invalid are remembered too, so
+    // that no inode is opened twice.
+    let mut areas: Vec<Area> = Vec::new();
+    let mut by_inode: HashMap<(u64, u64), Option<usize>> = HashMap::new();
+    let mut read_in_all = 0usize;
     for pid in pids {
         if pid == me {
             continue;
@@ -50,37 +113,155 @@ pub(crate) fn scan(notes: &mut Vec<String>) -> Vec<Found> {
         if fs::metadata(&dir).map(|m| m.uid()).ok() != Some(uid) {
             continue;
         }
-        let Ok(fds) = fs::read_dir(dir.join("fd")) else {
+        let Ok(entries) = fs::read_dir(dir.join("fd")) else {
             continue;
         };
-        for e in fds.flatten() {
-            let Ok(target) = fs::read_link(e.path()) else {
+        let mut fds: Vec<u32> = entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        fds.sort_unstable();
+        let mut comm: Option<String> = None;
+        let (mut read_here, mut skipped_here, mut bad_here) = (0usize, 0usize, 0usize);
+        let mut skipped = std::collections::HashSet::new();
+        // This process's descriptors of each inode: index in `areas` -> (lowest fd, count).
+        let mut held: HashMap<usize, (u32, u32)> = HashMap::new();
+        for fd in fds {
+            let path = dir.join("fd").join(fd.to_string());
+            let Ok(target) = fs::read_link(&path) else {
                 continue;
             };
             let t = target.to_string_lossy();
             if !t.starts_with(&format!("/memfd:{} ", stats_area::MEMFD_NAME)) {
                 continue;
             }
-            let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            // The target's inode, without opening it.
+            let Ok(meta) = fs::metadata(&path) else {
                 continue;
             };
-            // Read-only: this side never writes the area.
-            let Ok(file) = fs::File::open(e.path()) else {
+            if !meta.file_type().is_file() {
                 continue;
+            }
+            let key = (meta.dev(), meta.ino());
+            let idx = match by_inode.get(&key) {
+                Some(Some(i)) => *i,
+                Some(None) => continue, // found invalid before
+                None => {
+                    if read_here == MAX_AREAS_PER_PROCESS || read_in_all == MAX_AREAS {
+                        // Counted once per inode; not marked, so that another process
+                        // holding it (its engine's, passed to this one) still gets it read.
+                        if skipped.insert(key) {
+                            skipped_here += 1;
+                        }
+                        continue;
+                    }
+                    read_here += 1;
+                    read_in_all += 1;
+                    match read_area(&path, key) {
+                        Ok(snap) => {
+                            areas.push(Area {
+                                snap,
+                                holders: Vec::new(),
+                            });
+                            by_inode.insert(key, Some(areas.len() - 1));
+                            areas.len() - 1
+                        }
+                        Err(err) => {
+                            by_inode.insert(key, None);
+                            bad_here += 1;
+                            if bad_here <= MAX_NOTES_PER_PROCESS {
+                                notes.push(format!("pid {pid} fd {fd}: {err}"));
+                            }
+                            continue;
+                        }
+                    }
+                }
             };
-            match stats_area::read(OwnedFd::from(file)) {
-                Ok(snap) => out.push(Found {
-                    comm: fs::read_to_string(dir.join("comm"))
+            let h = held.entry(idx).or_insert((fd, 0));
+            h.1 = h.1.saturating_add(1);
+            if comm.is_none() {
+                comm = Some(
+                    fs::read_to_string(dir.join("comm"))
                         .map(|s| s.trim().to_string())
                         .unwrap_or_default(),
+                );
+            }
+        }
+        if bad_here > MAX_NOTES_PER_PROCESS {
+            notes.push(format!(
+                "pid {pid}: {} more invalid stats areas not described",
+                bad_here - MAX_NOTES_PER_PROCESS
+            ));
+        }
+        if skipped_here > 0 {
+            notes.push(if read_in_all == MAX_AREAS {
+                format!(
+                    "pid {pid}: {skipped_here} stats area(s) not read: {MAX_AREAS} areas were read in all, the most one run reads"
+                )
+            } else {
+                format!(
+                    "pid {pid}: {skipped_here} stats area(s) not read: it holds more than {MAX_AREAS_PER_PROCESS} distinct areas, the most read per process"
+                )
+            });
+        }
+        let mut held: Vec<(usize, (u32, u32))> = held.into_iter().collect();
+        held.sort_unstable_by_key(|(_, (fd, _))| *fd);
+        for (idx, (fd, n)) in held {
+            let holders = &mut areas[idx].holders;
+            if holders.len() <= MAX_HOLDERS_LISTED {
+                holders.push(Holder {
+                    pid,
+                    comm: comm.clone().unwrap_or_default(),
                     fd,
-                    snap,
-                }),
-                Err(err) => notes.push(format!("pid {pid} fd {fd}: {err}")),
+                    fds: n,
+                });
             }
         }
     }
-    out
+    areas
+        .into_iter()
+        .filter(|a| !a.holders.is_empty())
+        .map(|a| {
+            // The area's own word picks among the real holders only.
+            let shown = a
+                .holders
+                .iter()
+                .position(|h| h.pid == a.snap.pid)
+                .unwrap_or(0);
+            let h = &a.holders[shown];
+            Found {
+                pid: h.pid,
+                comm: h.comm.clone(),
+                fd: h.fd,
+                fds: h.fds,
+                also_held_by: a
+                    .holders
+                    .iter()
+                    .filter(|o| o.pid != h.pid)
+                    .map(|o| o.pid)
+                    .take(MAX_HOLDERS_LISTED)
+                    .collect(),
+                snap: a.snap,
+            }
+        })
+        .collect()
+}
+
+/// Opens `path` (a `/proc/PID/fd/N` link) read-only and non-blocking, checks that it is
+/// still the regular file `key` counted, and reads the area.
+fn read_area(path: &Path, key: (u64, u64)) -> Result<Snapshot, String> {
+    use rustix::fs::{Mode, OFlags};
+    // Read-only: this side never writes the area.
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open: {e}"))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat: {e}"))?;
+    if (st.st_dev as u64, st.st_ino as u64) != key {
+        return Err("the descriptor changed while being read; run again".into());
+    }
+    stats_area::read(fd).map_err(|e| e.to_string())
 }
 
 /// The contexts as JSON: an array, one object per context.
@@ -96,9 +277,12 @@ pub(crate) fn json(found: &[Found]) -> Value {
                     .map(|(k, v)| ((*k).to_string(), json!(v)))
                     .collect();
                 json!({
-                    "pid": s.pid,
+                    "pid": f.pid,
+                    "claimed_pid": s.pid,
                     "comm": f.comm,
                     "fd": f.fd,
+                    "fds": f.fds,
+                    "also_held_by": f.also_held_by,
                     "engine": s.engine_id,
                     "mode": if s.poll_mode { "poll" } else { "inline" },
                     "publishes": s.publishes,
@@ -134,14 +318,29 @@ pub(crate) fn text(found: &[Found]) -> String {
         let n = &f.snap;
         let _ = writeln!(
             s,
-            "pid {} ({}) engine {} mode {}  [fd {}, {} updates]",
-            n.pid,
+            "pid {} ({}) engine {} mode {}  [fd {}{}, {} updates]",
+            f.pid,
             f.comm,
             n.engine_id,
             if n.poll_mode { "poll" } else { "inline" },
             f.fd,
+            if f.fds > 1 {
+                format!(" and {} more", f.fds - 1)
+            } else {
+                String::new()
+            },
             n.publishes
         );
+        if let Some(claimed) = f.claimed_pid_mismatch() {
+            let _ = writeln!(
+                s,
+                "  (the area says pid {claimed}, which does not hold it: shown is the process that does)"
+            );
+        }
+        if !f.also_held_by.is_empty() {
+            let others: Vec<String> = f.also_held_by.iter().map(u32::to_string).collect();
+            let _ = writeln!(s, "  also held by pid {}", others.join(", "));
+        }
         let c = &n.counters;
         let _ = writeln!(
             s,

@@ -628,6 +628,11 @@ impl Engine {
     #[inline(never)]
     fn publish_stats(&mut self) {
         self.stats_countdown = crate::stats_area::PUBLISH_EVERY;
+        // A peer that took a completion channel's fd since its link was set up now wants
+        // to be woken (`Shared::allow_fd_sleep`): looked at here, off the packet path.
+        for (_, link) in self.links.iter_mut() {
+            link.refresh_peer_may_sleep();
+        }
         if let Some(mut area) = self.stats_area.take() {
             area.publish(self);
             self.stats_area = Some(area);

@@ -155,7 +155,7 @@ fn helper(weak: Weak<Shared>) {
         }
         // An async application waits for an armed event without calling shmhca: sleep on
         // its kick words so that a peer's packet wakes this helper at once.
-        let on_word = shared.may_sleep
+        let on_word = shared.helper_may_sleep()
             && shared.notify_armed()
             && shared.blocked.load(Ordering::Relaxed) == 0;
         if on_word {
@@ -178,16 +178,18 @@ fn helper(weak: Weak<Shared>) {
             // helper asleep on the kick words) cuts it short: Dekker with `nudge_helper`.
             // Only what the sleep needs is kept: a context whose last handle goes away
             // meanwhile is freed at once.
-            let (word, armed, may_sleep) = (
+            let (word, armed, may_sleep, fd_sleep) = (
                 shared.helper_word.clone(),
                 shared.notify_armed.clone(),
                 shared.may_sleep,
+                shared.fd_sleep.clone(),
             );
             drop(shared);
             word.store(1, Ordering::Relaxed);
             // SYNC: SeqCst fence pairs with the one in `nudge_helper`: either this sees
             // the arm, or the arming thread sees the 1 and wakes the futex.
             fence(Ordering::SeqCst);
+            let may_sleep = may_sleep || fd_sleep.load(Ordering::Relaxed);
             if !(may_sleep && armed.load(Ordering::Relaxed) != 0) {
                 let ts = futex::Timespec {
                     tv_sec: tick.as_secs() as _,
@@ -207,7 +209,7 @@ impl Shared {
     /// so that it sleeps on the kick words instead (and a peer's packet reaches the channel
     /// within microseconds). Arming paths only; nothing on the packet path.
     pub(crate) fn nudge_helper(&self) {
-        if !self.may_sleep {
+        if !self.helper_may_sleep() {
             return;
         }
         // SYNC: SeqCst fence pairs with the one in `helper`.
@@ -257,3 +259,7 @@ impl Drop for Blocked<'_> {
         self.0.blocked.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(all(test, not(shmhca_loom)))]
+#[path = "fd_wake_tests.rs"]
+mod fd_wake_tests;

@@ -334,6 +334,7 @@ impl ContextBuilder {
             link_slots: self.link_slots,
             huge_pages: self.huge_pages,
             may_sleep,
+            fd_sleep: Arc::default(),
             cm: crate::cm::CmState::new(),
             progress_mark: Default::default(),
             blocked: AtomicU32::new(0),
@@ -425,6 +426,11 @@ pub(crate) struct Shared {
     pub(crate) huge_pages: HugePages,
     /// Whether the engine thread may sleep (poll mode with a backoff policy).
     pub(crate) may_sleep: bool,
+    /// Inline mode without `may_sleep`: set (for good) when the application takes a
+    /// completion channel's fd to wait on it itself. From then on the progress helper
+    /// sleeps on the kick words while a notification is armed, and the engine page tells
+    /// peers to wake it ([`Shared::allow_fd_sleep`]).
+    pub(crate) fd_sleep: Arc<std::sync::atomic::AtomicBool>,
     /// The connection manager's state: engine identity, links to peers, peer watcher.
     pub(crate) cm: crate::cm::CmState,
     /// Counts the engine runs of the application's own calls (written by the token
@@ -469,6 +475,40 @@ impl Shared {
         self.notify_armed.load(Ordering::Relaxed) != 0
     }
 
+    /// Whether the progress helper may sleep on the kick words (peers wake it): with a
+    /// backoff policy, or once the application took a channel fd ([`Shared::fd_sleep`]).
+    pub(crate) fn helper_may_sleep(&self) -> bool {
+        self.may_sleep || self.fd_sleep.load(Ordering::Relaxed)
+    }
+
+    /// The application took a completion channel's fd: it may sleep in `poll(2)` on it
+    /// with nobody running the engine but the progress helper. An inline engine that does
+    /// not sleep (`IdlePolicy::Spin`) would leave that helper sleeping its tick (0.1 to
+    /// 5 ms, 50 ms without connected QPs), and a peer's packet would raise the event only
+    /// then. So, once: tell peers to wake this engine (its engine page's may-sleep word,
+    /// which they read at link setup and, while it reads 0, one engine iteration in
+    /// `PUBLISH_EVERY`) and let the helper sleep on the kick words (a nudge cuts its tick
+    /// short). Poll mode and backoff engines have this already.
+    ///
+    /// Links set up after this are woken at once. A peer linked before wakes this engine
+    /// once its own engine has run its next stats publication; packets it sends before
+    /// that are seen at the helper's tick, as before.
+    pub(crate) fn allow_fd_sleep(&self) {
+        if self.mode != EngineMode::Inline
+            || self.may_sleep
+            || self.fd_sleep.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        if self.fd_sleep.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(word) = self.engine_page_mem.atomic_u32(crate::arena::MAY_SLEEP) {
+            word.store(1, Ordering::Release);
+        }
+        self.nudge_helper();
+    }
+
     /// Drives the engine from the application's thread in inline mode.
     #[inline]
     pub(crate) fn progress_inline(&self) {
@@ -486,7 +526,7 @@ impl Shared {
             self.doorbell.ring_unless_watched(index);
             // Someone else holds the engine (the progress helper, another thread): wake
             // any thread asleep on the kick words, so that it takes the doorbell.
-            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
+            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.helper_may_sleep() {
                 self.wake_local();
             }
         } else if self.doorbell.ring_unless_watched(index) && self.may_sleep {
@@ -498,7 +538,7 @@ impl Shared {
 
     /// Wakes a sleeping engine thread after a control operation gave it work.
     pub(crate) fn kick(&self) {
-        if self.may_sleep {
+        if self.helper_may_sleep() {
             self.wake_local();
         }
     }
