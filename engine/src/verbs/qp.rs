@@ -837,6 +837,13 @@ impl Qp {
     /// Posts a receive work request (`ibv_post_recv`). Allowed from Init on; in Error it
     /// completes with a flush error.
     ///
+    /// Post receives before the messages they take: a Send that arrives when none is posted
+    /// is refused with an RNR Nak and sent again only after the QP's `min_rnr_timer`
+    /// ([`QpAttr::min_rnr_timer`](crate::QpAttr::min_rnr_timer)), which costs that wait per
+    /// message and shows nowhere else than in the counters
+    /// ([`Stats::rnr_naks_sent`](crate::Stats::rnr_naks_sent), the peer's
+    /// `rnr_naks_received`, `shmhca stat`).
+    ///
     /// # Errors
     /// [`Error::InvalidState`] in Reset, [`Error::QueueFull`] when `max_recv_wr` receives
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Refused, Result};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_QUEUE_DEPTH, MAX_SGE};
 use crate::srq_table::{MAX_SRQS, SrqShared};
@@ -251,17 +251,17 @@ impl Srq {
     /// regions are free again, no completions).
     ///
     /// # Errors
-    /// Gives the SRQ back with [`Error::SrqInUse`] while QPs use it.
+    /// Gives the SRQ back (a [`Refused`]; `?` turns it into [`Error`]) with [`Error::SrqInUse`] while QPs use it.
     // The SRQ is given back by value, as `Mr::deregister` gives its region back.
     #[allow(clippy::result_large_err)]
-    pub fn destroy(self) -> std::result::Result<(), (Srq, Error)> {
+    pub fn destroy(self) -> std::result::Result<(), Refused<Srq>> {
         let index = self.index;
         let qps = self
             .shared
             .engine
             .with(|e| e.res.srqs.get_mut(index).map_or(0, |s| s.qps));
         if qps != 0 {
-            return Err((self, Error::SrqInUse { qps }));
+            return Err(Refused::new(self, Error::SrqInUse { qps }));
         }
         drop(self);
         Ok(())
