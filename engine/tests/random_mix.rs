@@ -101,7 +101,7 @@ fn run(ops: Vec<Op>, mtu: Mtu, signal_every: usize) -> std::result::Result<(), T
         p.b.pd
             .alloc_mr(
                 TARGET as u64,
-                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
             )
             .unwrap();
     let words =
