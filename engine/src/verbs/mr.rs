@@ -36,6 +36,18 @@ fn check_access(access: AccessFlags) -> Result<()> {
 /// staging are carved. A peer can read a domain's arena only once a QP of that domain is
 /// connected to it, and can never write it: see the security model in the
 /// [`verbs`](crate::verbs) docs.
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// let free = pd.arena_free();
+/// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// assert!(pd.arena_free() < free);
+/// mr.deregister()?; // or drop it
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Pd {
     pub(crate) shared: Arc<Shared>,
     pub(crate) pdn: u32,
@@ -318,6 +330,26 @@ impl std::fmt::Debug for Pd {
 /// Its bytes are shared with the engine (which scatters received data into it) and, by
 /// design, readable by connected peers' engines. See the [module docs](crate::verbs) for
 /// how posting keeps buffers safe.
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// // A region only this process writes can be borrowed as a slice...
+/// let mut mine = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// mine.as_mut_slice()?[..5].copy_from_slice(b"hello");
+/// let sge = mine.sge(0, 5)?; // what a work request gathers from or scatters into
+/// assert_eq!(sge.len(), 5);
+/// // ...one a peer may write is only ever copied, like memory a NIC may DMA into.
+/// let mut shared = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// assert!(shared.as_mut_slice().is_err());
+/// shared.write_at(8, &7u64.to_le_bytes())?;
+/// assert_eq!(shared.load_u64(8)?, 7);
+/// let grant = shared.remote(0); // address and R_Key to hand the peer
+/// # let _ = grant;
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Mr {
     pub(crate) shared: Arc<Shared>,
     /// The application's view of the region's arena (its protection domain's).

@@ -44,6 +44,26 @@ use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 ///
 /// Dropping it while QPs use it keeps it alive (with its receives) until the last of them
 /// is destroyed; [`Srq::destroy`] refuses instead.
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode, QpCaps, RecvWr};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let mut srq = pd.create_srq(64, 1)?;
+/// let buf = pd.alloc_mr(64 * 256, AccessFlags::LOCAL_WRITE)?;
+/// for i in 0..64u64 {
+///     srq.post_recv(&RecvWr::new(i, &[buf.sge(i * 256, 256)?]))?;
+/// }
+/// assert_eq!(srq.outstanding(), 64);
+/// srq.arm_limit(8); // limit_reached() once fewer than 8 remain
+/// // Any number of QPs take their receives from it.
+/// let qp1 = ctx.create_qp_with_srq(&pd, &cq, &cq, &srq, QpCaps::default())?;
+/// let qp2 = ctx.create_qp_with_srq(&pd, &cq, &cq, &srq, QpCaps::default())?;
+/// # let _ = (qp1, qp2);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Srq {
     pub(crate) shared: Arc<Shared>,
     pub(crate) index: u32,
