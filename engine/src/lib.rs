@@ -119,8 +119,8 @@ pub use verbs::wr::{
     Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use verbs::{
-    CompChannel, Context, ContextBuilder, Cq, End, EngineMode, IdlePolicy, Loopback, Mr, Mw,
-    MwType, Pd, Progress, Qp, QpInfo, Sge, Srq,
+    CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Loopback, LoopbackEnd, Mr,
+    Mw, MwType, Pd, Progress, Qp, QpInfo, Sge, Srq,
 };
 pub use verbs::{Memfd, UserBuffer, UserMr};
 pub use wire::Qpn;

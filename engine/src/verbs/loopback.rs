@@ -7,7 +7,7 @@ use crate::verbs::{Context, Cq, EngineMode, Pd, Qp};
 
 /// One end of a [`Loopback`]: its engine, protection domain, completion queue (for sends and
 /// receives alike) and QP in RTS.
-pub struct End {
+pub struct LoopbackEnd {
     /// The QP, in RTS, connected to the other end's.
     pub qp: Qp,
     /// The completion queue of both the QP's queues.
@@ -42,9 +42,9 @@ pub struct End {
 /// ```
 pub struct Loopback {
     /// The first end.
-    pub a: End,
+    pub a: LoopbackEnd,
     /// The second end.
-    pub b: End,
+    pub b: LoopbackEnd,
 }
 
 /// How many engine iterations [`Loopback::wait_a`] and [`Loopback::wait_b`] run before
@@ -103,13 +103,13 @@ impl Loopback {
             )?;
         }
         Ok(Loopback {
-            a: End {
+            a: LoopbackEnd {
                 qp: qa,
                 cq: qa_cq,
                 pd: pa,
                 ctx: ca,
             },
-            b: End {
+            b: LoopbackEnd {
                 qp: qb,
                 cq: qb_cq,
                 pd: pb,
@@ -146,7 +146,7 @@ impl Loopback {
 
 /// Polls the completion queue of `this`, running both engines between polls, for a bounded
 /// number of iterations.
-fn wait(this: &mut End, other: &End) -> Result<crate::WorkCompletion> {
+fn wait(this: &mut LoopbackEnd, other: &LoopbackEnd) -> Result<crate::WorkCompletion> {
     let mut wc = [crate::WorkCompletion::default(); 1];
     for _ in 0..WAIT_ITERATIONS {
         if this.cq.poll(&mut wc) == 1 {

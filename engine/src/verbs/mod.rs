@@ -100,7 +100,7 @@ pub use crate::engine::progress::Progress;
 pub use crate::user_mem::{Memfd, UserBuffer};
 pub use channel::CompChannel;
 pub use cq::Cq;
-pub use loopback::{End, Loopback};
+pub use loopback::{Loopback, LoopbackEnd};
 pub use mr::{Mr, Pd, Sge, UserMr};
 pub use mw::{Mw, MwType};
 pub use qp::{Qp, QpInfo};
