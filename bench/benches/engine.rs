@@ -111,7 +111,9 @@ fn bench(c: &mut Criterion) {
     }
     {
         let (mut a, b) = setup_with(0, 31);
-        let dst = b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+        let dst =
+            b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+                .unwrap();
         let src = a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
         a.qps[0]
             .post_send(&SendWr::new(

@@ -55,7 +55,7 @@ fn main() -> shmhca::Result<()> {
         b,
     } = common::connected_pair_with(64, QpCaps::default(), access)?;
     let ma = pa.alloc_mr(u64::from(size), AccessFlags::LOCAL_WRITE)?;
-    let mb = pb.alloc_mr(u64::from(size), access)?;
+    let mb = pb.alloc_mr(u64::from(size), access | AccessFlags::LOCAL_WRITE)?;
     let mut wc = [WorkCompletion::default(); 4];
     for i in 0..iters {
         let op = if atomic {

@@ -59,6 +59,20 @@ pub enum WcOpcode {
 }
 
 /// A work completion (`ibv_wc`).
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, SendOp, SendWr, WcStatus};
+///
+/// let mut lo = Loopback::new()?;
+/// let mr = lo.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// // An RDMA Write to a key the peer never gave out fails: the status says how (and the
+/// // QP goes to the Error state).
+/// let bad = shmhca::RemoteAddr { addr: 0, rkey: 0xdead };
+/// lo.a.qp.post_send(&SendWr::new(1, SendOp::RdmaWrite(bad), &[mr.sge(0, 8)?]))?;
+/// let wc = lo.wait_a()?;
+/// assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemAccessErr));
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
     /// The work request's `wr_id`.

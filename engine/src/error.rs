@@ -180,3 +180,94 @@ impl Error {
 
 /// The result type of the verbs API.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A call that took ownership of something refused, and hands it back with the reason:
+/// [`Pd::reg_mr`](crate::Pd::reg_mr) gives back the buffer, [`UserMr::into_inner`](crate::UserMr::into_inner)
+/// the region, [`Mr::deregister`](crate::Mr::deregister) the region and
+/// [`Srq::destroy`](crate::Srq::destroy) the SRQ.
+///
+/// It is an error type of its own (it implements [`std::error::Error`], and `Debug` whatever
+/// the value is), and it converts into [`Error`] — dropping the value — so `?` works in a
+/// function that returns [`Result`]. Match on the reason with [`Refused::error`], and take
+/// the value back with [`Refused::into_value`] (or both with [`Refused::into_parts`]).
+///
+/// ```
+/// use shmhca::{AccessFlags, Context};
+///
+/// fn register() -> shmhca::Result<()> {
+///     let ctx = Context::builder().arena_size(1 << 20).build()?;
+///     let pd = ctx.alloc_pd()?;
+///     // `?` turns the refusal into shmhca::Error.
+///     let mr = pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?;
+///     let buf: Vec<u8> = mr.into_inner()?;
+///     assert_eq!(buf.len(), 4096);
+///
+///     // Or keep the buffer when registration is refused: an empty one is.
+///     let refused = pd.reg_mr(Vec::new(), AccessFlags::NONE).unwrap_err();
+///     assert!(matches!(refused.error(), shmhca::Error::InvalidArgument { .. }));
+///     let (buf, why) = refused.into_parts();
+///     assert!(buf.is_empty());
+///     println!("not registered: {why}");
+///     Ok(())
+/// }
+/// register()?;
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+pub struct Refused<T> {
+    value: T,
+    error: Error,
+}
+
+impl<T> Refused<T> {
+    /// `value` handed back because of `error`.
+    pub(crate) fn new(value: T, error: Error) -> Refused<T> {
+        Refused { value, error }
+    }
+
+    /// Why the call was refused.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// What the call was handed, given back.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// The value and the reason.
+    pub fn into_parts(self) -> (T, Error) {
+        (self.value, self.error)
+    }
+
+    /// The reason, dropping the value (what `?` does).
+    pub fn into_error(self) -> Error {
+        self.error
+    }
+}
+
+impl<T> std::fmt::Debug for Refused<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refused")
+            .field("value", &std::any::type_name::<T>())
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl<T> std::fmt::Display for Refused<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<T> std::error::Error for Refused<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
+impl<T> From<Refused<T>> for Error {
+    fn from(r: Refused<T>) -> Error {
+        r.error
+    }
+}

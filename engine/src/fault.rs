@@ -64,6 +64,20 @@ use crate::wire::slot::{
 
 /// What injected faults do to the packets one context sends. Rates are per packet, each in
 /// `0.0..=1.0`, and their sum at most 1. `Default` injects nothing.
+///
+/// ```
+/// use shmhca::fault::{FaultAction, FaultConfig};
+/// use shmhca::wire::opcode::Opcode;
+///
+/// let faults = FaultConfig { drop: 0.01, duplicate: 0.001, reorder: 0.001, seed: 7, ..Default::default() };
+/// let ctx = shmhca::Context::builder()
+///     .faults(faults)
+///     // A rule decides first, for tests that aim at one packet: here every Ack is lost.
+///     .fault_rule(|e| if e.headers.bth.opcode == Opcode::Acknowledge { FaultAction::Drop } else { FaultAction::Pass })
+///     .build()?;
+/// assert_eq!(ctx.fault_stats().dropped, 0);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct FaultConfig {
     /// Probability that a packet is dropped.

@@ -11,6 +11,62 @@
 //! (SQ Logic), [`responder`] (RQ Logic), [`completer`], [`credit`] (end-to-end credits),
 //! [`timer`], over the header formats of [`wire`] and the PSN arithmetic of [`psn`]. The
 //! protocol stages are sans-IO: the engine passes packets, work requests and the time in.
+//!
+//! # Quick start
+//!
+//! Two engines in this process, a QP on each, connected by hand (between processes,
+//! [`cm`] does this over a Unix socket), and one Send:
+//!
+//! ```
+//! use shmhca::*;
+//!
+//! let a = Context::builder().mode(EngineMode::Inline).build()?;
+//! let b = Context::builder().mode(EngineMode::Inline).build()?;
+//! let (link_a, link_b) = a.link_with(&b)?;
+//! let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
+//! let (cq_a, mut cq_b) = (a.create_cq(64)?, b.create_cq(64)?);
+//! let mut qa = a.create_qp(&pd_a, &cq_a, &cq_a, QpCaps::default())?;
+//! let mut qb = b.create_qp(&pd_b, &cq_b, &cq_b, QpCaps::default())?;
+//! let (na, nb) = (qa.qpn(), qb.qpn());
+//! for (qp, link, qpn) in [(&mut qa, link_a, nb), (&mut qb, link_b, na)] {
+//!     qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::REMOTE_WRITE))?;
+//!     qp.modify(&QpAttr::new(QpState::Rtr).path_mtu(Mtu::Mtu4096)
+//!         .dest(Destination { link, qpn }).rq_psn(0)
+//!         .max_dest_rd_atomic(1).min_rnr_timer(1))?;
+//!     qp.modify(&QpAttr::new(QpState::Rts).sq_psn(0).timeout(14)
+//!         .retry_cnt(7).rnr_retry(7).max_rd_atomic(1))?;
+//! }
+//! let src = pd_a.alloc_mr(4096, AccessFlags::NONE)?;
+//! let dst = pd_b.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+//! src.write_at(0, b"hello, RDMA")?;
+//! qb.post_recv(&RecvWr::new(1, &[dst.sge(0, 4096)?]))?;
+//! qa.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 11)?]))?;
+//! let mut wc = [WorkCompletion::default(); 1];
+//! while cq_b.poll(&mut wc) == 0 {
+//!     a.progress(); // inline mode: the application's calls run the engines
+//! }
+//! assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 11));
+//! # Ok::<(), shmhca::Error>(())
+//! ```
+//!
+//! [`Loopback`] is that set-up in one call, for examples and for the tests of programs built
+//! on shmhca.
+//!
+//! # Where to find what
+//!
+//! | to | see |
+//! |---|---|
+//! | connect processes (REQ/REP/RTU over a Unix socket) | [`cm`] (its example runs both ends) |
+//! | choose the engine mode, idle policy, arena size, capture | [`ContextBuilder`] |
+//! | allocate and register memory; your own buffers and memfds | [`Pd`], [`Mr`], [`Pd::reg_mr`], [`Memfd`], [`Context::alloc_pd_over`] |
+//! | post Send, RDMA Write, Read, Atomics | [`SendWr`], [`SendOp`], [`Qp`] |
+//! | post receives; shared receive queues | [`RecvWr`], [`Srq`] |
+//! | completions and their statuses; sleeping until one comes | [`WorkCompletion`], [`Cq`], [`CompChannel`] |
+//! | memory windows | [`Mw`], [`MwBind`] |
+//! | errors that hand back what they took | [`Refused`] |
+//! | inject loss, duplicates, reordering, corruption | [`fault::FaultConfig`] |
+//! | capture packets for Wireshark | [`ContextBuilder::pcap`], [`Context::trace_to`], [`Context::observe_packets`] |
+//! | counters (RNR Naks, retransmissions, timeouts…) | [`Stats`], `shmhca stat` |
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 // Under loom there is no engine thread and no sleeping: its helpers go unused.
@@ -55,7 +111,7 @@ pub(crate) mod wqe;
 
 pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;
-pub use error::{Error, Result};
+pub use error::{Error, Refused, Result};
 pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
@@ -63,8 +119,8 @@ pub use verbs::wr::{
     Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use verbs::{
-    CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Mr, Mw, MwType, Pd, Progress,
-    Qp, QpInfo, Sge, Srq,
+    CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Loopback, LoopbackEnd, Mr,
+    Mw, MwType, Pd, Progress, Qp, QpInfo, Sge, Srq,
 };
 pub use verbs::{Memfd, UserBuffer, UserMr};
 pub use wire::Qpn;

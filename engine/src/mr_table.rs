@@ -551,7 +551,7 @@ mod in_flight_tests {
                 .unwrap();
         });
         let dst = match dst.deregister() {
-            Err((mr, Error::MrBusy { in_flight: 2, .. })) => mr,
+            Err(r) if matches!(r.error(), Error::MrBusy { in_flight: 2, .. }) => r.into_value(),
             other => panic!("a region with two receives posted deregistered: {other:?}"),
         };
         drop(dst); // a zombie until its last element retires

@@ -285,6 +285,14 @@ pub struct QpAttr {
     /// Init → RTR, 0..=16).
     pub max_dest_rd_atomic: Option<u8>,
     /// The RNR Nak timer code this QP's RQ Logic sends (required for Init → RTR, 0..=31).
+    ///
+    /// A Send (or RDMA Write with Immediate) that finds no receive posted is answered with
+    /// an RNR Nak, and the sender waits this long (code 1 = 0.01 ms … 31 = 491.52 ms, 0 =
+    /// 655.36 ms) before sending it again. An application that re-posts its receive only
+    /// after answering (an echo server) pays that wait on many messages, silently: the
+    /// counters [`Stats::rnr_naks_sent`](crate::Stats::rnr_naks_sent) here and
+    /// `rnr_naks_received` at the sender show it, as does `shmhca stat`. Post receives
+    /// before the messages they take, keep more than one posted, or use a small code.
     pub min_rnr_timer: Option<u8>,
     /// Whether the remote RQ Logic reports end-to-end credits (spec/02; optional, default yes).
     pub remote_credits: Option<bool>,

@@ -68,12 +68,12 @@ fn deregister(mut mr: Mr, misses: &mut Misses) {
     loop {
         match mr.deregister() {
             Ok(()) => return,
-            Err((back, Error::MrBusy { .. })) => {
+            Err(r) if matches!(r.error(), Error::MrBusy { .. }) => {
                 misses.mr_busy += 1;
-                mr = back;
+                mr = r.into_value();
                 std::thread::yield_now();
             }
-            Err((_, e)) => panic!("deregister: {e}"),
+            Err(r) => panic!("deregister: {r}"),
         }
     }
 }

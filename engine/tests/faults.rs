@@ -169,7 +169,10 @@ fn a_lost_ack_is_covered_by_the_next_ack() {
         (FaultAction::Drop, 1),
     );
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
-    let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     src.write_at(0, b"firstsecond!").unwrap();
     p.a.qp
         .post_send(&SendWr::new(
@@ -329,7 +332,10 @@ fn a_duplicate_write_is_not_executed_again() {
         (FaultAction::Drop, 1),
     );
     let src = p.a.pd.alloc_mr(4096, AccessFlags::NONE).unwrap();
-    let dst = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     src.write_at(0, &pattern(2500, 9)).unwrap();
     p.a.qp
         .post_send(&SendWr::new(
@@ -479,7 +485,10 @@ fn a_duplicate_atomic_is_answered_from_its_saved_result() {
         Some(Box::new(|h| h.bth.opcode == Opcode::AtomicAcknowledge)),
         (FaultAction::Drop, 2),
     );
-    let word = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_ATOMIC).unwrap();
+    let word =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
+            .unwrap();
     word.write_at(0, &100u64.to_ne_bytes()).unwrap();
     let res = p.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     p.a.qp
@@ -641,7 +650,10 @@ fn retry_exhaustion_says_which_counter_ran_out_and_the_last_acknowledged_psn() {
         (FaultAction::Drop, u32::MAX),
     );
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
-    let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     // The first Write is acknowledged; the second's Acks are all lost.
     for (i, op) in [(1, dst.remote(0)), (2, dst.remote(8))] {
         p.a.qp

@@ -652,7 +652,7 @@ fn a_region_with_bound_windows_cannot_be_deregistered() {
         )
         .is_ok()
     );
-    let (mr, err) = mr.deregister().unwrap_err();
+    let (mr, err) = mr.deregister().unwrap_err().into_parts();
     assert!(
         matches!(err, Error::MrHasWindows { windows: 1, .. }),
         "{err}"

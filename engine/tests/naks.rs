@@ -84,11 +84,17 @@ fn bad_rkey_is_a_remote_access_error() {
 #[test]
 fn stale_rkey_of_a_deregistered_region_is_refused() {
     let (mut p, src, target) = setup();
-    let old = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let old =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let stale = old.remote(0);
     old.deregister().unwrap();
     // A new region may reuse the table entry: the tag in the key catches it.
-    let reuse = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let reuse =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     reuse.write_at(0, &[GUARD_BYTE; 4096]).unwrap();
     expect_nak(
         &mut p,
@@ -151,7 +157,9 @@ fn write_without_remote_write_permission_is_refused() {
 fn a_region_of_another_protection_domain_is_refused() {
     let (mut p, src, _) = setup();
     let other_pd = p.b.ctx.alloc_pd().unwrap();
-    let foreign = other_pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let foreign = other_pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
     foreign.write_at(0, &[GUARD_BYTE; 4096]).unwrap();
     expect_nak(
         &mut p,
@@ -276,7 +284,7 @@ fn error_state_flushes_receives_and_later_posts() {
 fn accepted_then_refused(p: &mut Pair, src: &Mr, first: SendOp, result: Sge<'_>) {
     let mut bad =
         p.b.pd
-            .alloc_mr(64, AccessFlags::REMOTE_WRITE)
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
             .unwrap()
             .remote(0);
     bad.rkey ^= 0x0100;

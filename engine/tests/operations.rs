@@ -166,7 +166,10 @@ fn rdma_read_at_every_size() {
 #[test]
 fn atomics_run_on_the_target_word_and_return_the_original() {
     let mut p = pair(&Params::default());
-    let target = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_ATOMIC).unwrap();
+    let target =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
+            .unwrap();
     target.write_at(8, &100u64.to_ne_bytes()).unwrap();
     let result = guarded(&p.a.pd, 8, AccessFlags::LOCAL_WRITE);
     let res = || result.sge(GUARD as u64, 8).unwrap();
@@ -278,7 +281,10 @@ fn scatter_gather_lists_on_both_sides() {
     // The same list gathered into an RDMA Write, and scattered by an RDMA Read.
     let w =
         p.b.pd
-            .alloc_mr(4096, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+            .alloc_mr(
+                4096,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            )
             .unwrap();
     p.a.qp
         .post_send(&SendWr::new(3, SendOp::RdmaWrite(w.remote(10)), &gather))
@@ -358,7 +364,10 @@ fn unsignaled_requests_complete_silently_but_free_their_slots() {
         caps,
         ..Params::default()
     });
-    let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     for round in 0..10u64 {
         for k in 0..3u64 {
@@ -443,7 +452,9 @@ fn the_cq_filling_up_holds_completions_back_without_losing_them() {
     let (na, nb) = (qa.qpn(), qb.qpn());
     connect(&mut qa, la, nb, 1, 2, &params);
     connect(&mut qb, lb, na, 2, 1, &params);
-    let dst = pdb.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst = pdb
+        .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
     let src = pda.alloc_mr(64, AccessFlags::NONE).unwrap();
     for i in 0..20 {
         qa.post_send(&SendWr::new(

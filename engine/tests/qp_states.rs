@@ -155,7 +155,7 @@ fn a_region_in_use_cannot_be_freed_or_mutably_borrowed() {
         Err(Error::MrBusy { in_flight: 1, .. })
     ));
     let buf = match buf.deregister() {
-        Err((mr, Error::MrBusy { .. })) => mr,
+        Err(r) if matches!(r.error(), Error::MrBusy { .. }) => r.into_value(),
         other => panic!("deregistered while in use: {other:?}"),
     };
     // Complete the receive; then the region is free again.
@@ -169,7 +169,10 @@ fn a_region_in_use_cannot_be_freed_or_mutably_borrowed() {
     assert_eq!(&buf.as_mut_slice().unwrap()[..8], b"12345678");
     buf.deregister().unwrap();
     // Remote-writable memory never hands out a slice.
-    let mut rw = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let mut rw =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     assert!(matches!(
         rw.as_mut_slice(),
         Err(Error::MrRemoteWritable { .. })

@@ -101,12 +101,15 @@ fn run(ops: Vec<Op>, mtu: Mtu, signal_every: usize) -> std::result::Result<(), T
         p.b.pd
             .alloc_mr(
                 TARGET as u64,
-                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
             )
             .unwrap();
     let words =
         p.b.pd
-            .alloc_mr((WORDS * 8) as u64, AccessFlags::REMOTE_ATOMIC)
+            .alloc_mr(
+                (WORDS * 8) as u64,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+            )
             .unwrap();
     let mut model_target = vec![0u8; TARGET];
     let mut model_words = [0u64; WORDS];

@@ -189,7 +189,10 @@ fn an_unresponsive_peer_times_out_and_retries_then_fails() {
         retry: 3,
         ..Params::default()
     });
-    let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     p.a.qp
         .post_send(&SendWr::new(
@@ -235,7 +238,10 @@ fn a_late_peer_is_recovered_by_retransmission() {
     });
     let dst =
         p.b.pd
-            .alloc_mr(64, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            .alloc_mr(
+                64,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+            )
             .unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, b"retried!").unwrap();
@@ -357,7 +363,10 @@ fn a_write_with_immediate_refused_for_want_of_a_receive_succeeds_when_retried() 
     });
     let src = p.a.pd.alloc_mr(4096, AccessFlags::NONE).unwrap();
     src.write_at(0, &pattern(700, 9)).unwrap();
-    let dst = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     p.a.qp
         .post_send(&SendWr::new(
             1,

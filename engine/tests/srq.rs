@@ -408,7 +408,7 @@ fn srq_errors() {
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
     // Destroying an SRQ in use is refused; once its QP is gone it works, and the regions
     // of its waiting receives are free again.
-    let (srq, err) = f.srq.destroy().unwrap_err();
+    let (srq, err) = f.srq.destroy().unwrap_err().into_parts();
     assert!(matches!(err, Error::SrqInUse { qps: 1 }), "{err}");
     assert_eq!(rbuf.in_flight(), 4);
     drop(f.b_qps);

@@ -152,7 +152,10 @@ fn transport_gaps(retries: u8) -> Vec<Duration> {
         ..Params::default()
     });
     let log = record(&p);
-    let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     p.a.qp
         .post_send(&SendWr::new(
@@ -232,7 +235,10 @@ fn next_timer_says_how_long_an_application_may_sleep() {
         None,
         "no timer armed before anything is sent"
     );
-    let dst = p.b.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let src = p.a.pd.alloc_mr(64, AccessFlags::NONE).unwrap();
     p.a.qp
         .post_send(&SendWr::new(

@@ -246,7 +246,7 @@ fn the_buffer_comes_back_with_what_was_received() {
         .post_recv(&RecvWr::new(1, &[dst.as_sge().unwrap()]))
         .unwrap();
     // While the receive is posted the buffer cannot be taken back.
-    let (dst, err) = dst.into_inner().unwrap_err();
+    let (dst, err) = dst.into_inner().unwrap_err().into_parts();
     assert!(matches!(err, Error::MrBusy { in_flight: 1, .. }), "{err}");
     p.a.qp
         .post_send(&SendWr::new(1, SendOp::Send, &[src.as_sge().unwrap()]))
@@ -287,17 +287,21 @@ fn misuse_is_refused_with_clear_errors() {
     let p = pair(&Params::default());
     let pd = &p.a.pd;
     // Empty buffers: the buffer comes back with the error.
-    let (v, err) = pd.reg_mr(Vec::new(), AccessFlags::NONE).unwrap_err();
+    let (v, err) = pd
+        .reg_mr(Vec::new(), AccessFlags::NONE)
+        .unwrap_err()
+        .into_parts();
     assert!(v.is_empty());
     assert!(err.to_string().contains("1 byte to 2 GiB"), "{err}");
     // Too large (an untouched anonymous mapping costs nothing).
     let big = memmap2::MmapMut::map_anon((2 << 30) + 1).unwrap();
-    let (_, err) = pd.reg_mr(big, AccessFlags::NONE).unwrap_err();
+    let err = pd.reg_mr(big, AccessFlags::NONE).unwrap_err().into_error();
     assert!(err.to_string().contains("2 GiB"), "{err}");
     // More than the arena can shadow.
-    let (_, err) = pd
+    let err = pd
         .reg_mr(vec![0u8; 64 << 20], AccessFlags::NONE)
-        .unwrap_err();
+        .unwrap_err()
+        .into_error();
     assert!(matches!(err, Error::ArenaExhausted { .. }), "{err}");
     // Memfds that cannot be registered: empty, or sealed against writing.
     let err = Memfd::map(memfd(0, false).unwrap()).unwrap_err();

@@ -362,6 +362,9 @@ pub(crate) fn text(found: &[Found]) -> String {
             "  naks sent {:>8} (rnr {}, psn seq {}, inv req {}, rem access {}, rem op {})  received {:>8}  rnr received {:>8}",
             c[5], c[11], c[12], c[13], c[14], c[15], c[16], c[8]
         );
+        if let Some(hint) = rnr_hint(c[11], c[8]) {
+            let _ = writeln!(s, "  {hint}");
+        }
         for l in &n.links {
             let _ = writeln!(
                 s,
@@ -406,4 +409,51 @@ pub(crate) fn text(found: &[Found]) -> String {
         }
     }
     s
+}
+
+/// What a non-zero RNR Nak count means and what to do, or nothing when both are 0. Each RNR
+/// Nak stalls the Send behind it for the receiver's `min_rnr_timer` (0.01 to 655 ms) and sends
+/// it again: an echo server that re-posts its receive after answering pays one per message,
+/// silently (2,000 echoes in 5 s instead of 18 ms).
+fn rnr_hint(sent: u64, received: u64) -> Option<String> {
+    match (sent, received) {
+        (0, 0) => None,
+        (sent, 0) => Some(format!(
+            "note: {sent} RNR Naks sent: a Send found no receive posted here; each one stalls \
+             the sender for this QP's min_rnr_timer: post receives before the messages they \
+             take (or more of them), or lower min_rnr_timer"
+        )),
+        (_, received) => Some(format!(
+            "note: {received} RNR Naks received{}: the peer had no receive posted; each one \
+             stalls this Send for the peer's min_rnr_timer: the peer should post its receives \
+             earlier (or more of them), or lower its min_rnr_timer",
+            if sent == 0 {
+                String::new()
+            } else {
+                format!(" ({sent} sent)")
+            }
+        )),
+    }
+}
+
+#[cfg(test)]
+mod rnr_hint_tests {
+    use super::rnr_hint;
+
+    #[test]
+    fn rnr_naks_are_pointed_out_with_what_to_do() {
+        assert_eq!(rnr_hint(0, 0), None);
+        let sent = rnr_hint(2000, 0).unwrap();
+        assert!(
+            sent.contains("2000 RNR Naks sent") && sent.contains("post receives before"),
+            "{sent}"
+        );
+        let got = rnr_hint(0, 7).unwrap();
+        assert!(
+            got.contains("7 RNR Naks received:") && got.contains("min_rnr_timer"),
+            "{got}"
+        );
+        let both = rnr_hint(3, 7).unwrap();
+        assert!(both.contains("7 RNR Naks received (3 sent)"), "{both}");
+    }
 }

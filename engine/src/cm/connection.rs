@@ -172,6 +172,8 @@ fn connect_error(path: &Path, e: &io::Error) -> Error {
 /// A connected QP and the socket that keeps the connection: the [`Qp`] is in RTS (it
 /// derefs to it), the socket tells each side when the other goes away. Dropping it
 /// destroys the QP and closes the socket; the peer's QP then goes to the Error state.
+///
+/// The [`cm` module's example](crate::cm#example) sets one up from both ends.
 pub struct Connection {
     /// Present until drop.
     qp: Option<Qp>,

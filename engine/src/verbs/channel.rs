@@ -247,12 +247,23 @@ impl CompChannel {
     /// [`IdlePolicy::Backoff`](crate::IdlePolicy)) or yields (with `Spin`).
     ///
     /// # Errors
-    /// Reading or polling the eventfd failed (not expected).
+    /// [`Error::InvalidArgument`] when it would wait for ever for nothing: `timeout` is `None`
+    /// and no completion queue is attached to the channel (none was created with it, or all
+    /// were destroyed, also while it waited); reading or polling the eventfd failed (not
+    /// expected).
     pub fn get_event(&mut self, timeout: Option<Duration>) -> Result<Option<u32>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             if let Some(cq) = self.try_get_event()? {
                 return Ok(Some(cq));
+            }
+            if deadline.is_none() && self.attached() == 0 {
+                return Err(Error::invalid(
+                    "get_event",
+                    "no completion queue is attached to this completion channel, so waiting \
+                     for ever would never end: create one with Context::create_cq_with_channel \
+                     first, or pass a timeout",
+                ));
             }
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
@@ -269,6 +280,17 @@ impl CompChannel {
                 wait_readable(&self.signal.fd, left)?;
             }
         }
+    }
+
+    /// How many completion queues are attached to the channel now.
+    fn attached(&self) -> u32 {
+        let free = self
+            .signal
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        MAX_CQS_PER_CHANNEL - free as u32
     }
 
     /// Moves the fired queues into `pending`.
@@ -308,7 +330,9 @@ impl CompChannel {
     }
 }
 
-/// Gives a queue's channel slot back (its CQ was destroyed).
+/// Gives a queue's channel slot back (its CQ was destroyed), and wakes a thread waiting on
+/// the channel, so that a [`CompChannel::get_event`] with no timeout sees that no queue is
+/// left to wait for.
 pub(crate) fn detach(signal: &Signal, slot: u32) {
     signal.cqns[slot as usize].store(0, Ordering::Relaxed);
     signal
@@ -316,6 +340,8 @@ pub(crate) fn detach(signal: &Signal, slot: u32) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(slot);
+    // An eventfd write fails only when the counter would overflow (it is then readable).
+    let _ = rustix::io::write(&signal.fd, &1u64.to_ne_bytes());
 }
 
 /// Whether `fd` is readable now.

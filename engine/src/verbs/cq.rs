@@ -17,6 +17,27 @@ pub(crate) const MAX_CQ_DEPTH: u32 = crate::limits::MAX_CQ_DEPTH;
 ///
 /// A full CQ never loses a completion: the engine holds the work request back (and
 /// answers incoming Sends with RNR Naks) until the application polls.
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+///
+/// let mut lo = Loopback::new()?;
+/// let mr = lo.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// let target = lo.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// lo.a.qp.post_send(&SendWr::new(7, SendOp::RdmaWrite(target.remote(0)), &[mr.sge(0, 8)?]))?;
+/// // Poll in batches; in inline mode each poll also runs the engine.
+/// let mut wcs = [WorkCompletion::default(); 16];
+/// let n = loop {
+///     let n = lo.a.cq.poll(&mut wcs);
+///     if n > 0 {
+///         break n;
+///     }
+///     lo.progress();
+/// };
+/// assert_eq!(n, 1);
+/// assert_eq!((wcs[0].wr_id, wcs[0].opcode, wcs[0].status), (7, WcOpcode::RdmaWrite, WcStatus::Success));
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Cq {
     shared: Arc<Shared>,
     pub(crate) cqn: u32,

@@ -71,6 +71,7 @@
 
 pub mod channel;
 pub(crate) mod cq;
+pub(crate) mod loopback;
 pub(crate) mod mr;
 pub(crate) mod mw;
 pub(crate) mod qp;
@@ -99,6 +100,7 @@ pub use crate::engine::progress::Progress;
 pub use crate::user_mem::{Memfd, UserBuffer};
 pub use channel::CompChannel;
 pub use cq::Cq;
+pub use loopback::{Loopback, LoopbackEnd};
 pub use mr::{Mr, Pd, Sge, UserMr};
 pub use mw::{Mw, MwType};
 pub use qp::{Qp, QpInfo};
@@ -153,6 +155,21 @@ pub enum IdlePolicy {
 }
 
 /// Options of a [`Context`].
+///
+/// ```
+/// use shmhca::{Context, EngineMode, IdlePolicy};
+///
+/// let capture = std::env::temp_dir().join(format!("shmhca-doc-{}.pcap", std::process::id()));
+/// let ctx = Context::builder()
+///     .mode(EngineMode::Inline)  // the application's calls run the engine
+///     .idle(IdlePolicy::default())
+///     .arena_size(8 << 20)       // each protection domain's shared arena
+///     .pcap(&capture)            // every packet, for Wireshark/tshark (RoCEv2 framing)
+///     .build()?;
+/// # drop(ctx);
+/// # let _ = std::fs::remove_file(&capture);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ContextBuilder {
     arena_size: u64,

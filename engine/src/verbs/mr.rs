@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Refused, Result};
 use crate::mem::{Mem, UserOwner};
 use crate::mr_table::MrShared;
 use crate::qp::{AccessFlags, MAX_MESSAGE};
@@ -12,6 +12,22 @@ use crate::user_mem::UserBuffer;
 use crate::verbs::Shared;
 use crate::verbs::wr::RemoteAddr;
 
+/// Refuses the access rights verbs refuses for a memory region: remote write or remote
+/// atomic access without local write (`ibv_reg_mr` fails with `EINVAL`; IBA 10.6.3.1: a
+/// region a peer may write must be one the local HCA may write).
+fn check_access(access: AccessFlags) -> Result<()> {
+    let remote = access.bits() & (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC).bits();
+    if remote != 0 && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(Error::invalid(
+            "memory region access",
+            "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well (verbs refuses remote \
+             write or atomic access to a region the local HCA may not write): add \
+             AccessFlags::LOCAL_WRITE",
+        ));
+    }
+    Ok(())
+}
+
 /// A protection domain: memory regions and QPs of one domain only work together (a
 /// remote access through a QP of another domain is refused).
 ///
@@ -20,6 +36,18 @@ use crate::verbs::wr::RemoteAddr;
 /// staging are carved. A peer can read a domain's arena only once a QP of that domain is
 /// connected to it, and can never write it: see the security model in the
 /// [`verbs`](crate::verbs) docs.
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// let free = pd.arena_free();
+/// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// assert!(pd.arena_free() < free);
+/// mr.deregister()?; // or drop it
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Pd {
     pub(crate) shared: Arc<Shared>,
     pub(crate) pdn: u32,
@@ -32,7 +60,8 @@ impl Pd {
     /// cache-line aligned, with the given access rights.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a length of 0 or above 2 GiB,
+    /// [`Error::InvalidArgument`] for a length of 0 or above 2 GiB, or remote write or atomic
+    /// access without `LOCAL_WRITE` (as `ibv_reg_mr` refuses it),
     /// [`Error::ArenaExhausted`] when the domain's arena has no room,
     /// [`Error::LimitReached`] past 2^23 regions.
     pub fn alloc_mr(&self, len: u64, access: AccessFlags) -> Result<Mr> {
@@ -42,6 +71,7 @@ impl Pd {
                 format!("{len}; a region holds 1 byte to 2 GiB"),
             ));
         }
+        check_access(access)?;
         let shared_mr = Arc::new(MrShared::default());
         let sm = shared_mr.clone();
         let pdn = self.pdn;
@@ -99,23 +129,27 @@ impl Pd {
     /// measured in the README, "Registering your own memory".
     ///
     /// # Errors
-    /// Gives the buffer back with [`Error::InvalidArgument`] for an empty buffer or one above
-    /// 2 GiB, [`Error::ArenaExhausted`] when the arena has no room for the shadow, and
+    /// Gives the buffer back (a [`Refused`], which `?` turns into [`Error`]) with
+    /// [`Error::InvalidArgument`] for an empty buffer or one above 2 GiB, or remote write or
+    /// atomic access without `LOCAL_WRITE`, [`Error::ArenaExhausted`] when the arena has no room for the shadow, and
     /// [`Error::LimitReached`] past 2^24 regions.
     pub fn reg_mr<B: UserBuffer>(
         &self,
         buf: B,
         access: AccessFlags,
-    ) -> std::result::Result<UserMr<B>, (B, Error)> {
+    ) -> std::result::Result<UserMr<B>, Refused<B>> {
         let len = buf.byte_len() as u64;
         if len == 0 || len > MAX_MESSAGE {
-            return Err((
+            return Err(Refused::new(
                 buf,
                 Error::invalid(
                     "memory region length",
                     format!("{len}; a registered buffer holds 1 byte to 2 GiB"),
                 ),
             ));
+        }
+        if let Err(e) = check_access(access) {
+            return Err(Refused::new(buf, e));
         }
         let exclusive = buf.exclusive();
         let (view, owner) = Mem::over_user(buf);
@@ -153,7 +187,7 @@ impl Pd {
             Err(err) => {
                 drop(view);
                 return match Arc::try_unwrap(owner) {
-                    Ok(o) => Err((o.into_inner(), err)),
+                    Ok(o) => Err(Refused::new(o.into_inner(), err)),
                     Err(_) => unreachable!("no view of the buffer is left"),
                 };
             }
@@ -194,7 +228,8 @@ impl Pd {
     /// the same bytes): use its mapping, or [`Mr::read_at`]/[`Mr::write_at`].
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the domain's arena is not an application's memfd, or
+    /// [`Error::InvalidArgument`] for remote write or atomic access without `LOCAL_WRITE`, if
+    /// the domain's arena is not an application's memfd, or
     /// the range is empty, above 2 GiB or not inside the application's part of it (the
     /// first `len - staging` bytes); [`Error::LimitReached`] past 2^24 regions.
     pub fn reg_mr_at(&self, offset: u64, len: u64, access: AccessFlags) -> Result<Mr> {
@@ -204,6 +239,7 @@ impl Pd {
                 format!("{len}; a region holds 1 byte to 2 GiB"),
             ));
         }
+        check_access(access)?;
         let shared_mr = Arc::new(MrShared::default());
         let sm = shared_mr.clone();
         let pdn = self.pdn;
@@ -294,6 +330,26 @@ impl std::fmt::Debug for Pd {
 /// Its bytes are shared with the engine (which scatters received data into it) and, by
 /// design, readable by connected peers' engines. See the [module docs](crate::verbs) for
 /// how posting keeps buffers safe.
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// // A region only this process writes can be borrowed as a slice...
+/// let mut mine = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// mine.as_mut_slice()?[..5].copy_from_slice(b"hello");
+/// let sge = mine.sge(0, 5)?; // what a work request gathers from or scatters into
+/// assert_eq!(sge.len(), 5);
+/// // ...one a peer may write is only ever copied, like memory a NIC may DMA into.
+/// let mut shared = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// assert!(shared.as_mut_slice().is_err());
+/// shared.write_at(8, &7u64.to_le_bytes())?;
+/// assert_eq!(shared.load_u64(8)?, 7);
+/// let grant = shared.remote(0); // address and R_Key to hand the peer
+/// # let _ = grant;
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Mr {
     pub(crate) shared: Arc<Shared>,
     /// The application's view of the region's arena (its protection domain's).
@@ -553,18 +609,18 @@ impl Mr {
     /// Deregisters the region now.
     ///
     /// # Errors
-    /// Gives the region back with [`Error::MrBusy`] while posted work requests use it, and
+    /// Gives the region back (a [`Refused`]; `?` turns it into [`Error`]) with [`Error::MrBusy`] while posted work requests use it, and
     /// with [`Error::MrHasWindows`] while memory windows are bound to it.
-    pub fn deregister(self) -> std::result::Result<(), (Mr, Error)> {
+    pub fn deregister(self) -> std::result::Result<(), Refused<Mr>> {
         let in_flight = self.in_flight();
         if in_flight != 0 {
             let key = self.key;
-            return Err((self, Error::MrBusy { key, in_flight }));
+            return Err(Refused::new(self, Error::MrBusy { key, in_flight }));
         }
         let key = self.key;
         let windows = self.shared.engine.with(|e| e.res.mws.bound_to_region(key));
         if windows != 0 {
-            return Err((self, Error::MrHasWindows { key, windows }));
+            return Err(Refused::new(self, Error::MrHasWindows { key, windows }));
         }
         drop(self);
         Ok(())
@@ -607,12 +663,12 @@ impl<B: UserBuffer> UserMr<B> {
     /// Deregisters the region and gives the buffer back.
     ///
     /// # Errors
-    /// Gives the region back with [`Error::MrBusy`] while posted work requests use it.
-    pub fn into_inner(self) -> std::result::Result<B, (UserMr<B>, Error)> {
+    /// Gives the region back (a [`Refused`]; `?` turns it into [`Error`]) with [`Error::MrBusy`] while posted work requests use it.
+    pub fn into_inner(self) -> std::result::Result<B, Refused<UserMr<B>>> {
         let in_flight = self.mr.in_flight();
         if in_flight != 0 {
             let key = self.mr.key;
-            return Err((self, Error::MrBusy { key, in_flight }));
+            return Err(Refused::new(self, Error::MrBusy { key, in_flight }));
         }
         let UserMr { mr, owner } = self;
         // Nothing is in flight and nothing can be posted (the region is ours), so the

@@ -41,6 +41,21 @@ pub use crate::mw_table::MwType;
 /// [`SendOp::SendWithInv`]: crate::SendOp::SendWithInv
 /// [`AccessFlags::MW_BIND`]: crate::AccessFlags::MW_BIND
 /// [`Mr::deregister`]: crate::Mr::deregister
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode, MwType, SendOp};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// let mr = pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+/// let mw = pd.alloc_mw(MwType::Two)?;
+/// // Grant remote write to bytes 4096..12288 only, under a key of its own; post `bind` on
+/// // the QP the peer uses, and hand it `key`.
+/// let key = mw.rkey_with_tag(0x17);
+/// let bind = SendOp::BindMw { rkey: key, bind: mr.mw_bind(4096, 8192, AccessFlags::REMOTE_WRITE) };
+/// # let _ = bind;
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Mw {
     pub(crate) shared: Arc<Shared>,
     pub(crate) index: u32,

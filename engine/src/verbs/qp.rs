@@ -52,6 +52,23 @@ pub struct QpInfo {
 ///
 /// A `Qp` is the single producer of its send and receive queues: posting takes `&mut self`.
 /// It can move to another thread (`Send`) but not be shared (`!Sync`).
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, QpState, RecvWr, SendOp, SendWr, WcStatus};
+///
+/// let mut lo = Loopback::new()?;
+/// assert_eq!(lo.a.qp.state(), QpState::Rts);
+/// // Send with Immediate: the receiver gets the bytes and the 32-bit immediate.
+/// let src = lo.a.pd.alloc_mr(4096, AccessFlags::NONE)?;
+/// let dst = lo.b.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// src.write_at(0, &[9u8; 100])?;
+/// lo.b.qp.post_recv(&RecvWr::new(1, &[dst.sge(0, 4096)?]))?;
+/// lo.a.qp.post_send(&SendWr::new(2, SendOp::SendWithImm(0xfeed), &[src.sge(0, 100)?]))?;
+/// let wc = lo.wait_b()?;
+/// assert_eq!((wc.status, wc.byte_len, wc.imm_data), (WcStatus::Success, 100, Some(0xfeed)));
+/// assert_eq!(lo.wait_a()?.wr_id, 2);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Qp {
     shared: Arc<Shared>,
     pub(crate) index: u32,
@@ -836,6 +853,13 @@ impl Qp {
 
     /// Posts a receive work request (`ibv_post_recv`). Allowed from Init on; in Error it
     /// completes with a flush error.
+    ///
+    /// Post receives before the messages they take: a Send that arrives when none is posted
+    /// is refused with an RNR Nak and sent again only after the QP's `min_rnr_timer`
+    /// ([`QpAttr::min_rnr_timer`](crate::QpAttr::min_rnr_timer)), which costs that wait per
+    /// message and shows nowhere else than in the counters
+    /// ([`Stats::rnr_naks_sent`](crate::Stats::rnr_naks_sent), the peer's
+    /// `rnr_naks_received`, `shmhca stat`).
     ///
     /// # Errors
     /// [`Error::InvalidState`] in Reset, [`Error::QueueFull`] when `max_recv_wr` receives

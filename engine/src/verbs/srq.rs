@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Refused, Result};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_QUEUE_DEPTH, MAX_SGE};
 use crate::srq_table::{MAX_SRQS, SrqShared};
@@ -44,6 +44,26 @@ use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 ///
 /// Dropping it while QPs use it keeps it alive (with its receives) until the last of them
 /// is destroyed; [`Srq::destroy`] refuses instead.
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode, QpCaps, RecvWr};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let mut srq = pd.create_srq(64, 1)?;
+/// let buf = pd.alloc_mr(64 * 256, AccessFlags::LOCAL_WRITE)?;
+/// for i in 0..64u64 {
+///     srq.post_recv(&RecvWr::new(i, &[buf.sge(i * 256, 256)?]))?;
+/// }
+/// assert_eq!(srq.outstanding(), 64);
+/// srq.arm_limit(8); // limit_reached() once fewer than 8 remain
+/// // Any number of QPs take their receives from it.
+/// let qp1 = ctx.create_qp_with_srq(&pd, &cq, &cq, &srq, QpCaps::default())?;
+/// let qp2 = ctx.create_qp_with_srq(&pd, &cq, &cq, &srq, QpCaps::default())?;
+/// # let _ = (qp1, qp2);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Srq {
     pub(crate) shared: Arc<Shared>,
     pub(crate) index: u32,
@@ -251,17 +271,17 @@ impl Srq {
     /// regions are free again, no completions).
     ///
     /// # Errors
-    /// Gives the SRQ back with [`Error::SrqInUse`] while QPs use it.
+    /// Gives the SRQ back (a [`Refused`]; `?` turns it into [`Error`]) with [`Error::SrqInUse`] while QPs use it.
     // The SRQ is given back by value, as `Mr::deregister` gives its region back.
     #[allow(clippy::result_large_err)]
-    pub fn destroy(self) -> std::result::Result<(), (Srq, Error)> {
+    pub fn destroy(self) -> std::result::Result<(), Refused<Srq>> {
         let index = self.index;
         let qps = self
             .shared
             .engine
             .with(|e| e.res.srqs.get_mut(index).map_or(0, |s| s.qps));
         if qps != 0 {
-            return Err((self, Error::SrqInUse { qps }));
+            return Err(Refused::new(self, Error::SrqInUse { qps }));
         }
         drop(self);
         Ok(())

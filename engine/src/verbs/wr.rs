@@ -154,6 +154,40 @@ pub enum Data<'a> {
 }
 
 /// A send work request (`ibv_send_wr`).
+///
+/// The four kinds of request, one after the other:
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, RecvWr, SendOp, SendWr, WcStatus};
+///
+/// let mut lo = Loopback::new()?;
+/// let local = lo.a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// let remote = lo.b.pd.alloc_mr(
+///     4096,
+///     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+///         | AccessFlags::REMOTE_ATOMIC,
+/// )?;
+/// let rx = lo.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// // Send, its bytes inline (copied at post time, no region needed).
+/// lo.b.qp.post_recv(&RecvWr::new(1, &[rx.sge(0, 64)?]))?;
+/// lo.a.qp.post_send(&SendWr::inline(10, SendOp::Send, b"hi"))?;
+/// // RDMA Write of bytes 0..8 of `local` to bytes 100..108 of `remote`.
+/// local.write_at(0, &42u64.to_le_bytes())?;
+/// lo.a.qp.post_send(&SendWr::new(11, SendOp::RdmaWrite(remote.remote(100)), &[local.sge(0, 8)?]))?;
+/// // RDMA Read of them back into bytes 8..16.
+/// lo.a.qp.post_send(&SendWr::new(12, SendOp::RdmaRead(remote.remote(100)), &[local.sge(8, 8)?]))?;
+/// // Fetch and Add on the word at 200; the original value lands in bytes 16..24.
+/// let add = SendOp::FetchAdd { remote: remote.remote(200), add: 5 };
+/// lo.a.qp.post_send(&SendWr::new(13, add, &[local.sge(16, 8)?]))?;
+/// for wr_id in 10..14 {
+///     let wc = lo.wait_a()?;
+///     assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success));
+/// }
+/// assert_eq!(lo.wait_b()?.byte_len, 2);
+/// assert_eq!(local.load_u64(8)?, 42);
+/// assert_eq!(remote.load_u64(200)?, 5);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr<'a> {
     /// Returned in the work completion.
@@ -195,6 +229,25 @@ impl<'a> SendWr<'a> {
 }
 
 /// A receive work request (`ibv_recv_wr`).
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, RecvWr, SendOp, SendWr};
+///
+/// let mut lo = Loopback::new()?;
+/// let rx = lo.b.pd.alloc_mr(256, AccessFlags::LOCAL_WRITE)?;
+/// // Receives are taken in the order they were posted, one per message.
+/// lo.b.qp.post_recv(&RecvWr::new(1, &[rx.sge(0, 128)?]))?;
+/// lo.b.qp.post_recv(&RecvWr::new(2, &[rx.sge(128, 128)?]))?;
+/// lo.a.qp.post_send(&SendWr::inline(3, SendOp::Send, b"head"))?;
+/// lo.a.qp.post_send(&SendWr::inline(4, SendOp::Send, b"body"))?;
+/// assert_eq!(lo.wait_b()?.wr_id, 1);
+/// let wc = lo.wait_b()?;
+/// assert_eq!((wc.wr_id, wc.byte_len), (2, 4));
+/// let mut body = [0u8; 4];
+/// rx.read_at(128, &mut body)?;
+/// assert_eq!(&body, b"body");
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct RecvWr<'a> {
     /// Returned in the work completion.
