@@ -32,6 +32,38 @@
 //! segment declares cost this process nothing until they are read. The creator's own
 //! mapping is populated at creation ([`SegmentBuilder::populate`]).
 //!
+//! # What a peer can commit, and what it cannot change
+//!
+//! A peer holds a descriptor of my arena (and my engine page) and maps it; it must not make
+//! me commit memory I did not commit, nor change my seals. What the kernel allows (Linux
+//! 6.x, checked by `rings/tests/peer_commit.rs`):
+//!
+//! - `fallocate`, adding seals and writing all need a descriptor open for writing: on the
+//!   `O_RDONLY` descriptor [`Segment::share_fd`] hands out they fail (`EBADF` / `EPERM`).
+//! - A read-write reopen of that descriptor through `/proc/self/fd/N` is checked against
+//!   the inode's mode, which `memfd_create` makes 0777. A [`Sharing::CreatorWrites`]
+//!   segment (and an adopted memfd) is made mode 0400 before it is shared, so the reopen
+//!   fails with `EACCES` for a peer of another user (one the connection manager admits
+//!   with `PeerPolicy::Uid` or `PeerPolicy::AnyUser`).
+//! - Whoever gets a read-write descriptor still meets the seals: `F_SEAL_GROW` refuses a
+//!   `fallocate` or `ftruncate` past the size, `F_SEAL_SHRINK` any truncation,
+//!   `F_SEAL_FUTURE_WRITE` writes, writable mappings and hole punching, and `F_SEAL_SEAL`
+//!   (on every segment, and added after shmhca's own seals on an adopted memfd) any new
+//!   seal.
+//!
+//! What is left, and why it is bounded: a peer running as root, or as the file's owner
+//! (the same user, the default policy — it may `fchmod` the inode back), can reopen the file
+//! read-write and `fallocate` holes *inside* its size; and any peer commits a hole of a
+//! 4 KiB-page segment just by reading it through its read-only mapping (shmem allocates a
+//! page on a read fault: reading 256 MiB of a sparse memfd through a read-only mapping
+//! added 256 MiB to `Shmem` in `/proc/meminfo`). Neither can exceed the segment's size, which
+//! the creator chose, and the kernel charges such pages to the memory cgroup of the process
+//! that faulted or allocated them, the peer. A huge-page segment is reserved whole when
+//! the creator maps it (a shared hugetlb mapping without `MAP_NORESERVE`), so a peer's
+//! faults only use pages already set aside for it and can never make the pool run dry
+//! under this process. To bound what a peer can make resident, keep arenas (and memfds
+//! given to `alloc_pd_over`) no larger than needed, or use huge pages.
+//!
 //! memfds have no name in any file system, so nothing is ever left behind in `/dev/shm` or
 //! elsewhere: the memory is freed when the last descriptor and mapping go away, including
 //! when a process is killed with `SIGKILL`.
@@ -403,7 +435,7 @@ pub enum AdoptError {
         "the memfd's seals are locked (seals: {seals:?}; F_SEAL_SEAL is set, which is also \
          what memfd_create does without MFD_ALLOW_SEALING): create it with MFD_ALLOW_SEALING \
          and do not add F_SEAL_SEAL; shmhca adds F_SEAL_SHRINK | F_SEAL_GROW | \
-         F_SEAL_FUTURE_WRITE itself"
+         F_SEAL_FUTURE_WRITE itself, then F_SEAL_SEAL"
     )]
     SealsLocked {
         /// The seals the memfd has.
@@ -473,6 +505,15 @@ pub enum AdoptError {
     /// Adding the seals failed.
     #[error("sealing the memfd failed ({source})")]
     Seal {
+        /// The system error.
+        source: io::Error,
+    },
+    /// Making the file readable by its owner only failed (the process does not own it).
+    #[error(
+        "making the memfd read-only to other openers (fchmod 0400) failed ({source}): pass a \
+         memfd this process's user created"
+    )]
+    Chmod {
         /// The system error.
         source: io::Error,
     },
@@ -658,6 +699,9 @@ impl SegmentBuilder {
             Sharing::ReadWrite => SealFlags::SEAL,
             Sharing::CreatorWrites => SealFlags::FUTURE_WRITE | SealFlags::SEAL,
         })?;
+        if self.sharing == Sharing::CreatorWrites {
+            read_only_mode(&fd).map_err(|source| CreateError::Seal { source })?;
+        }
         if page_size == PageSize::Base4K && self.data_len >= HUGE_PAGE_LEN {
             // Transparent huge pages for shmem, where the admin enabled them
             // (shmem_enabled = advise/within_size/always). Purely a hint: with THP off
@@ -847,6 +891,13 @@ impl Segment {
     /// [`Segment::share_fd`] hands out an `O_RDONLY` reopen; a peer maps that with
     /// [`Segment::open_raw`]. `max_len` caps the size accepted.
     ///
+    /// Then `F_SEAL_SEAL` is added, so that nobody (a peer that reopened the file, or the
+    /// application) can add seals any more: the only seal left, `F_SEAL_WRITE`, is impossible
+    /// anyway while the application's writable mapping exists. And the file is made mode
+    /// 0400 (owner read only), so that a peer of another user cannot reopen its descriptor
+    /// read-write through `/proc` (see the module docs, "What a peer can commit"); the
+    /// application's own open descriptors keep their access.
+    ///
     /// The seals cannot be removed: the file stays fixed in size and closed to new writable
     /// mappings after the segment is dropped. A refused memfd is left as it was.
     ///
@@ -892,6 +943,12 @@ impl Segment {
             })?;
         rustix::fs::fcntl_add_seals(&fd, needed)
             .map_err(|e| AdoptError::Seal { source: e.into() })?;
+        // Our seals are in place; F_SEAL_SEAL keeps anyone else (a peer that reopened the
+        // file read-write) from adding any: F_SEAL_WRITE is impossible anyway while the
+        // application's writable mapping exists.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SEAL)
+            .map_err(|e| AdoptError::Seal { source: e.into() })?;
+        read_only_mode(&fd).map_err(|source| AdoptError::Chmod { source })?;
         // The size was read before the seals: someone holding the file may have changed it
         // in between. It is fixed now, so one more look settles it.
         let sealed_len = file_len(&fd).map_err(|source| AdoptError::Stat { source })?;
@@ -1127,6 +1184,17 @@ impl Segment {
             }),
         }
     }
+}
+
+/// Makes the memfd's inode readable by its owner only (mode 0400) before it is shared: a
+/// peer that reopens its read-only descriptor through `/proc/self/fd/N` asking for write
+/// access (to `fallocate` the file, commit its holes, or add seals) is then refused with
+/// `EACCES` unless it runs as root or as the file's owner, who may `fchmod` it back (see
+/// the module docs, "What a peer can commit"). Our own descriptors keep their access: modes
+/// are checked when a file is opened, and [`Segment::share_fd`]'s read-only reopen is
+/// allowed to the owner.
+fn read_only_mode(fd: &OwnedFd) -> io::Result<()> {
+    Ok(rustix::fs::fchmod(fd, rustix::fs::Mode::RUSR)?)
 }
 
 /// The length of the file behind `fd`.
