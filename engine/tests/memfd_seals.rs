@@ -193,7 +193,8 @@ fn a_hugetlb_memfd_larger_than_the_free_pool_is_refused_at_registration() {
 /// pool is an error at creation naming the pool, never a `SIGBUS` when a page is first used.
 #[test]
 fn a_huge_page_arena_larger_than_the_pool_is_refused_at_creation() {
-    let Some(free) = free_huge_pages("a_huge_page_arena_larger_than_the_pool_is_refused_at_creation")
+    let Some(free) =
+        free_huge_pages("a_huge_page_arena_larger_than_the_pool_is_refused_at_creation")
     else {
         return;
     };

@@ -74,6 +74,11 @@
 //! (`MFD_HUGETLB | MFD_HUGE_2MB`) when the kernel has some reserved, and otherwise by
 //! ordinary pages, with one warning per process on standard error that says how to
 //! reserve huge pages. [`Segment::page_size`] says what the segment really got.
+//!
+//! The creator's mapping is shared and made without `MAP_NORESERVE`, so the kernel reserves
+//! every huge page of the file when it is mapped, populated or not: a pool too small is an
+//! error at creation (or the fallback above), never a `SIGBUS` when a page is first
+//! touched, by this process or by a peer (whose mappings use the same reservation).
 
 // This module maps memory and hands out raw pointers into it; each unsafe block says why
 // it is sound.
@@ -201,7 +206,8 @@ pub enum Sharing {
     /// Only the creator's own mapping is writable. The kernel enforces it with
     /// `F_SEAL_FUTURE_WRITE`: no process (the creator included) can make a new writable
     /// mapping, `write(2)` to it or punch holes in it, and descriptors from
-    /// [`Segment::share_fd`] are read-only reopens. For memory peers read and never write.
+    /// [`Segment::share_fd`] are read-only reopens; the file is mode 0400, so a peer of
+    /// another user cannot reopen one read-write. For memory peers read and never write.
     CreatorWrites,
 }
 

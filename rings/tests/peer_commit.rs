@@ -217,7 +217,11 @@ fn a_peer_of_another_user_cannot_reopen_a_shared_arena_read_write() {
     let (fa, fb) = (a.share_fd().unwrap(), b.share_fd().unwrap());
     send_with_fds(&stream, b"fds", &[fa.as_fd(), fb.as_fd()]).unwrap();
     let mut out = String::new();
-    peer.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    peer.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     let status = peer.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(status.success(), "the peer failed: {out}");
