@@ -188,6 +188,32 @@ fn a_hugetlb_memfd_larger_than_the_free_pool_is_refused_at_registration() {
     }
 }
 
+/// An application's hugetlbfs memfd given to `alloc_pd_over` is reserved whole when it is
+/// adopted: one larger than the pool is refused there, saying so.
+#[test]
+fn a_hugetlb_memfd_domain_larger_than_the_pool_is_refused_at_adoption() {
+    let Some(free) =
+        free_huge_pages("a_hugetlb_memfd_domain_larger_than_the_pool_is_refused_at_adoption")
+    else {
+        return;
+    };
+    let total = shmhca_rings::segment::HugePagePool::read()
+        .total
+        .unwrap_or(free);
+    let fd = memfd(
+        (total + 1) * (2 << 20),
+        MemfdFlags::ALLOW_SEALING | MemfdFlags::HUGETLB,
+    );
+    let ctx = common::context(1 << 20);
+    let err = ctx
+        .alloc_pd_over(fd, 1 << 20)
+        .err()
+        .expect("larger than the pool");
+    let msg = err.to_string();
+    assert!(msg.contains("huge pages"), "{msg}");
+    assert!(msg.contains("nr_hugepages"), "{msg}");
+}
+
 /// A huge-page arena reserves its pages when it is created (the creator's shared mapping,
 /// no `MAP_NORESERVE`), even unpopulated: with `HugePages::Require` an arena larger than the
 /// pool is an error at creation naming the pool, never a `SIGBUS` when a page is first used.

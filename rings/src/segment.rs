@@ -501,7 +501,11 @@ pub enum AdoptError {
         source: io::Error,
     },
     /// Mapping it read-write failed.
-    #[error("mapping the memfd read-write ({len} bytes) failed ({source})")]
+    #[error(
+        "mapping the memfd read-write ({len} bytes) failed ({source}); a hugetlbfs memfd is \
+         reserved whole when mapped, so the free huge pages must cover all of it (reserve \
+         more with `echo N > /proc/sys/vm/nr_hugepages`, or make it smaller)"
+    )]
     Map {
         /// The length of the mapping.
         len: usize,
