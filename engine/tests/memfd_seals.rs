@@ -207,8 +207,7 @@ fn a_hugetlb_memfd_domain_larger_than_the_pool_is_refused_at_adoption() {
     let ctx = common::context(1 << 20);
     let err = ctx
         .alloc_pd_over(fd, 1 << 20)
-        .err()
-        .expect("larger than the pool");
+        .expect_err("larger than the pool");
     let msg = err.to_string();
     assert!(msg.contains("huge pages"), "{msg}");
     assert!(msg.contains("nr_hugepages"), "{msg}");
@@ -236,8 +235,7 @@ fn a_huge_page_arena_larger_than_the_pool_is_refused_at_creation() {
         .unwrap();
     let err = ctx
         .alloc_pd()
-        .err()
-        .expect("an arena larger than the whole huge-page pool");
+        .expect_err("an arena larger than the whole huge-page pool");
     let msg = err.to_string();
     assert!(msg.contains("nr_hugepages"), "{msg}");
 }
