@@ -162,3 +162,32 @@ fn a_consumer_that_finds_the_ring_empty_hands_back_what_it_read() {
     assert!(!c.has_frame().unwrap());
     assert_eq!(p.free_lines().unwrap(), 16);
 }
+
+/// An idle consumer polls an empty ring without storing its head again: each store would
+/// take the head's cache line from the producer on every empty poll. The test plants a
+/// value in the shared head word; polling an empty ring whose head was already published
+/// leaves it there.
+#[test]
+fn polling_an_empty_ring_stores_nothing_when_the_head_is_published() {
+    let seg = segment(64 << 10);
+    let offset = 0;
+    lines::init_shm_lines(&seg, offset, 16).unwrap();
+    let mut c = lines::shm_lines_consumer(seg.clone(), offset).unwrap();
+    let head_word = offset + 128;
+    seg.write_at(head_word, &5u64.to_ne_bytes()).unwrap();
+    let mut out = [Line::ZERO; MAX_FRAME_LINES];
+    for _ in 0..3 {
+        assert_eq!(c.recv(&mut out).unwrap(), None);
+        assert!(!c.has_frame().unwrap());
+    }
+    let mut word = [0u8; 8];
+    seg.read_at(head_word, &mut word).unwrap();
+    assert_eq!(
+        u64::from_ne_bytes(word),
+        5,
+        "the consumer stored its head again"
+    );
+    // Once it has read something, finding the ring empty publishes it (see
+    // a_consumer_that_finds_the_ring_empty_hands_back_what_it_read).
+    drop(c);
+}
