@@ -678,6 +678,8 @@ impl SegmentBuilder {
             .ok_or(CreateError::TooLarge {
                 data_len: self.data_len,
             })?;
+        // (cargo mutants: `|` → `^` between these flags, and between the seal flags below,
+        // is equivalent: each names a different bit, so or and xor agree.)
         let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
         if page_size == PageSize::Huge2M {
             flags |= MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB;
@@ -712,6 +714,9 @@ impl SegmentBuilder {
         if self.sharing == Sharing::CreatorWrites {
             read_only_mode(&fd).map_err(|source| CreateError::Seal { source })?;
         }
+        // (cargo mutants: the mutants of this condition only change whether the hint is
+        // given; its result is ignored and nothing else depends on it, so no test can tell
+        // but the VmFlags of /proc/self/smaps. Left untested on purpose.)
         if page_size == PageSize::Base4K && self.data_len >= HUGE_PAGE_LEN {
             // Transparent huge pages for shmem, where the admin enabled them
             // (shmem_enabled = advise/within_size/always). Purely a hint: with THP off
@@ -920,6 +925,7 @@ impl Segment {
         if seals.contains(SealFlags::WRITE) || seals.contains(SealFlags::FUTURE_WRITE) {
             return Err(AdoptError::WriteSealed { seals });
         }
+        // (cargo mutants: `|` → `^` here is equivalent: three different bits.)
         let needed = SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE;
         if seals.contains(SealFlags::SEAL) {
             return Err(AdoptError::SealsLocked { seals });
