@@ -88,7 +88,7 @@ fn buf(pd: &Pd, kind: Kind) -> Buf {
         Kind::Arena => Buf::Arena(pd.alloc_mr(LEN as u64, AccessFlags::ALL).unwrap()),
         Kind::Vec => Buf::Vec(pd.reg_mr(vec![0u8; LEN], AccessFlags::ALL).unwrap()),
         Kind::Memfd => {
-            let m = Memfd::map(memfd(LEN as u64, false)).unwrap();
+            let m = Memfd::map(memfd(LEN as u64, true)).unwrap();
             Buf::Memfd(pd.reg_mr(m, AccessFlags::ALL).unwrap())
         }
     }

@@ -35,7 +35,7 @@
 //! this kind only ever describe destinations (sources are shadow offsets in the arena), so
 //! they never reach a peer.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::error::{Error, Result};
 use crate::mem::{Mem, OutOfRange};
@@ -198,13 +198,68 @@ pub struct Memfd {
 }
 
 impl Memfd {
-    /// Maps all of `fd` (its current size) read-write and shared.
+    /// Seals `fd` against shrinking and growing (`F_SEAL_SHRINK | F_SEAL_GROW`) and maps
+    /// all of it (its size once sealed) read-write and shared.
+    ///
+    /// The seals are what make registering a file safe: without them any other holder of
+    /// the file could truncate it, and the next write into the region (a peer's RDMA Write,
+    /// a receive) would kill this process with `SIGBUS`. So the file must take seals:
+    /// create it with `memfd_create(name, MFD_ALLOW_SEALING)` (add `MFD_HUGETLB` for huge
+    /// pages), and do not add `F_SEAL_SEAL` before registering it. The seals stay after the
+    /// region is deregistered (seals cannot be removed): the file keeps its size for good.
+    /// `F_SEAL_SEAL` is not added, so the application may still add seals of its own.
+    ///
+    /// A hugetlbfs file's huge pages are reserved when it is mapped here (a shared mapping
+    /// without `MAP_NORESERVE`): if the pool cannot hold the whole file this fails now,
+    /// instead of a fault killing the process later.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the file is empty, cannot be mapped read-write (opened
-    /// read-only, sealed against writes) or is larger than a region holds (2 GiB).
+    /// [`Error::InvalidArgument`] if the file cannot take the seals (not a memfd, created
+    /// without `MFD_ALLOW_SEALING`, seals locked with `F_SEAL_SEAL`), is open read-only, is
+    /// empty, cannot be mapped read-write (sealed against writes; for hugetlbfs, too few
+    /// free huge pages) or is larger than a region holds (2 GiB). A refused file may have
+    /// been sealed already if the refusal came after the seals (empty, too large, mapping).
     pub fn map(fd: OwnedFd) -> Result<Memfd> {
+        use rustix::fs::SealFlags;
+        let fixed = SealFlags::SHRINK | SealFlags::GROW;
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| {
+            Error::invalid(
+                "memfd",
+                format!(
+                    "descriptor {} cannot take seals ({e}): it is not a memfd; create one \
+                     with memfd_create(name, MFD_ALLOW_SEALING) so that registration can seal \
+                     it against truncation",
+                    fd.as_raw_fd()
+                ),
+            )
+        })?;
+        if !seals.contains(fixed) {
+            if seals.contains(SealFlags::SEAL) {
+                return Err(Error::invalid(
+                    "memfd",
+                    format!(
+                        "descriptor {}'s seals are locked (seals: {seals:?}; F_SEAL_SEAL is \
+                         set, as memfd_create does without MFD_ALLOW_SEALING), so it cannot be \
+                         sealed against truncation, and another holder could truncate it under \
+                         the region (SIGBUS): create it with MFD_ALLOW_SEALING",
+                        fd.as_raw_fd()
+                    ),
+                ));
+            }
+            rustix::fs::fcntl_add_seals(&fd, fixed).map_err(|e| {
+                Error::invalid(
+                    "memfd",
+                    format!(
+                        "sealing descriptor {} against shrinking and growing failed ({e}): \
+                         pass the read-write descriptor memfd_create returned (seals need \
+                         write access)",
+                        fd.as_raw_fd()
+                    ),
+                )
+            })?;
+        }
         let file = std::fs::File::from(fd);
+        // Sealed: the size read now is the size for good.
         let len = file
             .metadata()
             .map_err(|e| Error::invalid("memfd", format!("cannot stat it: {e}")))?
@@ -217,8 +272,15 @@ impl Memfd {
                 ),
             ));
         }
-        let map = crate::mem::map_file_shared(&file, len as usize)
-            .map_err(|e| Error::invalid("memfd", format!("cannot map it read-write: {e}")))?;
+        let map = crate::mem::map_file_shared(&file, len as usize).map_err(|e| {
+            let hint = if e.raw_os_error() == Some(rustix::io::Errno::NOMEM.raw_os_error()) {
+                " (for a hugetlbfs file: too few free huge pages to reserve all of it; \
+                 reserve more with `echo 64 > /proc/sys/vm/nr_hugepages` or make it smaller)"
+            } else {
+                ""
+            };
+            Error::invalid("memfd", format!("cannot map it read-write: {e}{hint}"))
+        })?;
         Ok(Memfd {
             map,
             fd: OwnedFd::from(file),

@@ -20,7 +20,7 @@ const AT: u64 = 24;
 const WORD: u64 = 48 << 10;
 
 fn memfd(len: usize, huge: bool) -> Option<OwnedFd> {
-    let mut flags = rustix::fs::MemfdFlags::CLOEXEC;
+    let mut flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING;
     if huge {
         flags |= rustix::fs::MemfdFlags::HUGETLB;
     }

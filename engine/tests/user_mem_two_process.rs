@@ -34,7 +34,11 @@ fn caps() -> QpCaps {
 }
 
 fn memfd(len: usize) -> OwnedFd {
-    let fd = rustix::fs::memfd_create("shmhca-user-mem", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let fd = rustix::fs::memfd_create(
+        "shmhca-user-mem",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .unwrap();
     rustix::fs::ftruncate(&fd, len as u64).unwrap();
     fd
 }

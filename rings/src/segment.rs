@@ -32,6 +32,38 @@
 //! segment declares cost this process nothing until they are read. The creator's own
 //! mapping is populated at creation ([`SegmentBuilder::populate`]).
 //!
+//! # What a peer can commit, and what it cannot change
+//!
+//! A peer holds a descriptor of my arena (and my engine page) and maps it; it must not make
+//! me commit memory I did not commit, nor change my seals. What the kernel allows (Linux
+//! 6.x, checked by `rings/tests/peer_commit.rs`):
+//!
+//! - `fallocate`, adding seals and writing all need a descriptor open for writing: on the
+//!   `O_RDONLY` descriptor [`Segment::share_fd`] hands out they fail (`EBADF` / `EPERM`).
+//! - A read-write reopen of that descriptor through `/proc/self/fd/N` is checked against
+//!   the inode's mode, which `memfd_create` makes 0777. A [`Sharing::CreatorWrites`]
+//!   segment (and an adopted memfd) is made mode 0400 before it is shared, so the reopen
+//!   fails with `EACCES` for a peer of another user (one the connection manager admits
+//!   with `PeerPolicy::Uid` or `PeerPolicy::AnyUser`).
+//! - Whoever gets a read-write descriptor still meets the seals: `F_SEAL_GROW` refuses a
+//!   `fallocate` or `ftruncate` past the size, `F_SEAL_SHRINK` any truncation,
+//!   `F_SEAL_FUTURE_WRITE` writes, writable mappings and hole punching, and `F_SEAL_SEAL`
+//!   (on every segment, and added after shmhca's own seals on an adopted memfd) any new
+//!   seal.
+//!
+//! What is left, and why it is bounded: a peer running as root, or as the file's owner
+//! (the same user, the default policy — it may `fchmod` the inode back), can reopen the file
+//! read-write and `fallocate` holes *inside* its size; and any peer commits a hole of a
+//! 4 KiB-page segment just by reading it through its read-only mapping (shmem allocates a
+//! page on a read fault: reading 256 MiB of a sparse memfd through a read-only mapping
+//! added 256 MiB to `Shmem` in `/proc/meminfo`). Neither can exceed the segment's size, which
+//! the creator chose, and the kernel charges such pages to the memory cgroup of the process
+//! that faulted or allocated them, the peer. A huge-page segment is reserved whole when
+//! the creator maps it (a shared hugetlb mapping without `MAP_NORESERVE`), so a peer's
+//! faults only use pages already set aside for it and can never make the pool run dry
+//! under this process. To bound what a peer can make resident, keep arenas (and memfds
+//! given to `alloc_pd_over`) no larger than needed, or use huge pages.
+//!
 //! memfds have no name in any file system, so nothing is ever left behind in `/dev/shm` or
 //! elsewhere: the memory is freed when the last descriptor and mapping go away, including
 //! when a process is killed with `SIGKILL`.
@@ -42,6 +74,11 @@
 //! (`MFD_HUGETLB | MFD_HUGE_2MB`) when the kernel has some reserved, and otherwise by
 //! ordinary pages, with one warning per process on standard error that says how to
 //! reserve huge pages. [`Segment::page_size`] says what the segment really got.
+//!
+//! The creator's mapping is shared and made without `MAP_NORESERVE`, so the kernel reserves
+//! every huge page of the file when it is mapped, populated or not: a pool too small is an
+//! error at creation (or the fallback above), never a `SIGBUS` when a page is first
+//! touched, by this process or by a peer (whose mappings use the same reservation).
 
 // This module maps memory and hands out raw pointers into it; each unsafe block says why
 // it is sound.
@@ -169,7 +206,8 @@ pub enum Sharing {
     /// Only the creator's own mapping is writable. The kernel enforces it with
     /// `F_SEAL_FUTURE_WRITE`: no process (the creator included) can make a new writable
     /// mapping, `write(2)` to it or punch holes in it, and descriptors from
-    /// [`Segment::share_fd`] are read-only reopens. For memory peers read and never write.
+    /// [`Segment::share_fd`] are read-only reopens; the file is mode 0400, so a peer of
+    /// another user cannot reopen one read-write. For memory peers read and never write.
     CreatorWrites,
 }
 
@@ -403,7 +441,7 @@ pub enum AdoptError {
         "the memfd's seals are locked (seals: {seals:?}; F_SEAL_SEAL is set, which is also \
          what memfd_create does without MFD_ALLOW_SEALING): create it with MFD_ALLOW_SEALING \
          and do not add F_SEAL_SEAL; shmhca adds F_SEAL_SHRINK | F_SEAL_GROW | \
-         F_SEAL_FUTURE_WRITE itself"
+         F_SEAL_FUTURE_WRITE itself, then F_SEAL_SEAL"
     )]
     SealsLocked {
         /// The seals the memfd has.
@@ -463,7 +501,11 @@ pub enum AdoptError {
         source: io::Error,
     },
     /// Mapping it read-write failed.
-    #[error("mapping the memfd read-write ({len} bytes) failed ({source})")]
+    #[error(
+        "mapping the memfd read-write ({len} bytes) failed ({source}); a hugetlbfs memfd is \
+         reserved whole when mapped, so the free huge pages must cover all of it (reserve \
+         more with `echo N > /proc/sys/vm/nr_hugepages`, or make it smaller)"
+    )]
     Map {
         /// The length of the mapping.
         len: usize,
@@ -473,6 +515,15 @@ pub enum AdoptError {
     /// Adding the seals failed.
     #[error("sealing the memfd failed ({source})")]
     Seal {
+        /// The system error.
+        source: io::Error,
+    },
+    /// Making the file readable by its owner only failed (the process does not own it).
+    #[error(
+        "making the memfd read-only to other openers (fchmod 0400) failed ({source}): pass a \
+         memfd this process's user created"
+    )]
+    Chmod {
         /// The system error.
         source: io::Error,
     },
@@ -627,6 +678,8 @@ impl SegmentBuilder {
             .ok_or(CreateError::TooLarge {
                 data_len: self.data_len,
             })?;
+        // (cargo mutants: `|` → `^` between these flags, and between the seal flags below,
+        // is equivalent: each names a different bit, so or and xor agree.)
         let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
         if page_size == PageSize::Huge2M {
             flags |= MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB;
@@ -658,6 +711,12 @@ impl SegmentBuilder {
             Sharing::ReadWrite => SealFlags::SEAL,
             Sharing::CreatorWrites => SealFlags::FUTURE_WRITE | SealFlags::SEAL,
         })?;
+        if self.sharing == Sharing::CreatorWrites {
+            read_only_mode(&fd).map_err(|source| CreateError::Seal { source })?;
+        }
+        // (cargo mutants: the mutants of this condition only change whether the hint is
+        // given; its result is ignored and nothing else depends on it, so no test can tell
+        // but the VmFlags of /proc/self/smaps. Left untested on purpose.)
         if page_size == PageSize::Base4K && self.data_len >= HUGE_PAGE_LEN {
             // Transparent huge pages for shmem, where the admin enabled them
             // (shmem_enabled = advise/within_size/always). Purely a hint: with THP off
@@ -847,6 +906,13 @@ impl Segment {
     /// [`Segment::share_fd`] hands out an `O_RDONLY` reopen; a peer maps that with
     /// [`Segment::open_raw`]. `max_len` caps the size accepted.
     ///
+    /// Then `F_SEAL_SEAL` is added, so that nobody (a peer that reopened the file, or the
+    /// application) can add seals any more: the only seal left, `F_SEAL_WRITE`, is impossible
+    /// anyway while the application's writable mapping exists. And the file is made mode
+    /// 0400 (owner read only), so that a peer of another user cannot reopen its descriptor
+    /// read-write through `/proc` (see the module docs, "What a peer can commit"); the
+    /// application's own open descriptors keep their access.
+    ///
     /// The seals cannot be removed: the file stays fixed in size and closed to new writable
     /// mappings after the segment is dropped. A refused memfd is left as it was.
     ///
@@ -859,6 +925,7 @@ impl Segment {
         if seals.contains(SealFlags::WRITE) || seals.contains(SealFlags::FUTURE_WRITE) {
             return Err(AdoptError::WriteSealed { seals });
         }
+        // (cargo mutants: `|` → `^` here is equivalent: three different bits.)
         let needed = SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE;
         if seals.contains(SealFlags::SEAL) {
             return Err(AdoptError::SealsLocked { seals });
@@ -892,6 +959,12 @@ impl Segment {
             })?;
         rustix::fs::fcntl_add_seals(&fd, needed)
             .map_err(|e| AdoptError::Seal { source: e.into() })?;
+        // Our seals are in place; F_SEAL_SEAL keeps anyone else (a peer that reopened the
+        // file read-write) from adding any: F_SEAL_WRITE is impossible anyway while the
+        // application's writable mapping exists.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SEAL)
+            .map_err(|e| AdoptError::Seal { source: e.into() })?;
+        read_only_mode(&fd).map_err(|source| AdoptError::Chmod { source })?;
         // The size was read before the seals: someone holding the file may have changed it
         // in between. It is fixed now, so one more look settles it.
         let sealed_len = file_len(&fd).map_err(|source| AdoptError::Stat { source })?;
@@ -1127,6 +1200,17 @@ impl Segment {
             }),
         }
     }
+}
+
+/// Makes the memfd's inode readable by its owner only (mode 0400) before it is shared: a
+/// peer that reopens its read-only descriptor through `/proc/self/fd/N` asking for write
+/// access (to `fallocate` the file, commit its holes, or add seals) is then refused with
+/// `EACCES` unless it runs as root or as the file's owner, who may `fchmod` it back (see
+/// the module docs, "What a peer can commit"). Our own descriptors keep their access: modes
+/// are checked when a file is opened, and [`Segment::share_fd`]'s read-only reopen is
+/// allowed to the owner.
+fn read_only_mode(fd: &OwnedFd) -> io::Result<()> {
+    Ok(rustix::fs::fchmod(fd, rustix::fs::Mode::RUSR)?)
 }
 
 /// The length of the file behind `fd`.
