@@ -133,7 +133,7 @@ impl Requester {
     /// request waiting there as for one sent (spec/01: "Ttr begins after a request packet
     /// is scheduled for transmission"), so a peer that stops reading its link ring cannot
     /// hold a QP in RTS forever, not even one whose first packet never left. The wait's
-    /// start is taken at the next timer check (the packet path reads no clock).
+    /// start is taken when the timer starts (the packet path reads no clock).
     #[cold]
     #[inline(never)]
     fn wait_for_link(&mut self, env: &mut Env<'_>) {
@@ -265,9 +265,10 @@ pub(crate) enum LinkWait {
     /// The last transmission attempt did not stop for lack of room.
     #[default]
     No,
-    /// It did; the wait's start is taken at the next timer check.
+    /// It did; the wait's start is taken when the transport timer next starts (at once if
+    /// the wait armed it).
     Waiting,
-    /// It did, and the first timer check after it saw the wait at this time.
+    /// It did, and the transport timer started at this time with the wait going on.
     Since(crate::timer::Timestamp),
 }
 
@@ -875,11 +876,15 @@ fn build_request(
 /// sends nothing again (nothing left); the waiting request goes when the link has room.
 pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool) {
     let req = &mut qp.req;
-    env.start(&mut req.timer);
-    env.start(&mut req.rnr_timer);
-    if req.link_wait == LinkWait::Waiting {
-        req.link_wait = LinkWait::Since(env.now());
+    if let Deadline::Starting(_) = req.timer {
+        env.start(&mut req.timer);
+        // A wait for room that armed the timer starts with it (looked at only when the
+        // timer starts, so a running timer's checks pay nothing for it).
+        if req.link_wait == LinkWait::Waiting {
+            req.link_wait = LinkWait::Since(env.now());
+        }
     }
+    env.start(&mut req.rnr_timer);
     if env.expired(&req.rnr_timer) {
         req.rnr_timer.disarm();
     }
@@ -941,9 +946,14 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
 /// out while a request waited for room on the link. Error path only.
 #[cold]
 fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
-    let waited = match qp.req.link_wait {
-        LinkWait::Since(t) => env.now().saturating_duration_since(t).as_millis(),
-        _ => 0,
+    let waited = match (qp.req.link_wait, qp.req.ttr) {
+        (LinkWait::Since(t), _) => {
+            format!("{} ms", env.now().saturating_duration_since(t).as_millis())
+        }
+        // The wait began while the timer ran for requests sent before it: it lasted less
+        // than a period.
+        (_, Some(ttr)) => format!("less than one transport timer period ({ttr:?})"),
+        (_, None) => "a while".to_string(),
     };
     let (link, peer) = match qp.cfg.dest {
         Some(d) => (d.link.0, d.qpn.get()),
@@ -952,7 +962,7 @@ fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
     let acked = qp.req.window.acked().get();
     let text = format!(
         "transport retry count exhausted (retry_cnt {retry}): no room on the link to peer \
-         QP {peer:#x} (link {link}) for {waited} ms: the peer stopped consuming (its engine \
+         QP {peer:#x} (link {link}) for {waited}: the peer stopped consuming (its engine \
          reads none of the packets this side sends, though the link is up); the peer \
          acknowledged up to PSN {acked}",
         retry = qp.cfg.retry_cnt,
