@@ -70,6 +70,8 @@ pub(crate) struct Requester {
     /// The transmit point's packet is ready but the link ring has no room for it (as the
     /// last transmission attempt found): see [`LinkWait`].
     pub(crate) link_wait: LinkWait,
+    /// The link's [`LinkTx::peer_mark`] when the transmit point last found no room.
+    link_mark: u64,
     /// Credits announced while the QP was in RTR, applied on RTS.
     pub(crate) early_credits: Option<(crate::wire::aeth::CreditCode, u32)>,
     /// The BTH of its single-packet requests, made on RTR → RTS (`None` before).
@@ -97,6 +99,7 @@ impl Requester {
             progressed: false,
             rnr_timer: Deadline::default(),
             link_wait: LinkWait::No,
+            link_mark: 0,
             early_credits: None,
             template: None,
             #[cfg(test)]
@@ -134,12 +137,20 @@ impl Requester {
     /// is scheduled for transmission"), so a peer that stops reading its link ring cannot
     /// hold a QP in RTS forever, not even one whose first packet never left. The wait's
     /// start is taken when the timer starts (the packet path reads no clock).
+    ///
+    /// A link the peer still reads, only more slowly than its QPs write (other QPs fill
+    /// each burst first), is busy, not stopped: with nothing unacknowledged, the peer
+    /// freeing room since the last look (`mark`, the link's [`LinkTx::peer_mark`]) counts
+    /// as progress, as a response would, and the timer's period starts again at its expiry.
     #[cold]
     #[inline(never)]
-    fn wait_for_link(&mut self, env: &mut Env<'_>) {
+    fn wait_for_link(&mut self, env: &mut Env<'_>, mark: u64) {
         if self.link_wait == LinkWait::No {
             self.link_wait = LinkWait::Waiting;
+        } else if mark != self.link_mark && !self.window.outstanding() {
+            self.progressed = true;
         }
+        self.link_mark = mark;
         self.keep_timer_running(env);
     }
 
@@ -680,7 +691,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
         req.keep_timer_running(env);
     }
     if link_full {
-        req.wait_for_link(env);
+        req.wait_for_link(env, wire.tx.peer_mark());
     } else if req.link_wait != LinkWait::No {
         req.link_wait = LinkWait::No;
     }

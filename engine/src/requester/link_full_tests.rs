@@ -369,3 +369,75 @@ fn a_wait_that_begins_under_a_running_timer_still_names_the_full_link() {
         "{why}"
     );
 }
+
+/// A link the peer still reads (it frees room between two looks, other traffic taking it
+/// first) is busy, not stopped: an expiry after such a look starts a new period instead
+/// of spending a retry; once the peer frees nothing for a whole period, it is a timeout.
+#[test]
+fn a_link_the_peer_still_reads_is_busy_not_stopped() {
+    use super::{accept, on_tick, transmit};
+    use crate::context::{VecLink, Wire};
+    let r = rig();
+    let qp = r.qp(0);
+    r.stage(&qp, |q, env| {
+        let mut busy = VecLink::default(); // never room for this QP
+        accept(q, empty_send());
+        assert_eq!(transmit(q, env, &mut Wire { tx: &mut busy }, 16), 0);
+        on_tick(q, env, false);
+        let (timeouts, retries) = (env.stats.timeouts, q.req.retry_left);
+        for round in 0..3 {
+            // The peer read some lines, and others' packets took the room.
+            busy.mark += 5;
+            assert_eq!(transmit(q, env, &mut Wire { tx: &mut busy }, 16), 0);
+            expire(q);
+            on_tick(q, env, false);
+            assert_eq!(
+                (env.stats.timeouts, q.req.retry_left, q.state),
+                (timeouts, retries, QpState::Rts),
+                "round {round}: a new period, no retry spent"
+            );
+            assert!(q.req.timer.armed());
+        }
+        // The peer stops: no room freed between two looks.
+        assert_eq!(transmit(q, env, &mut Wire { tx: &mut busy }, 16), 0);
+        expire(q);
+        on_tick(q, env, false);
+        assert_eq!(env.stats.timeouts, timeouts + 1);
+        assert_eq!(q.req.retry_left, retries - 1);
+    });
+}
+
+/// Over a real link: while the peer keeps reading a ring another QP keeps full, the QP
+/// that finds no room is not failed, however many of its periods pass (the peer is slow,
+/// not gone).
+#[test]
+fn a_qp_starved_of_room_on_a_link_the_peer_reads_stays_in_rts() {
+    let mut r = rig();
+    // QP a: a long timer (about 67 ms, seven retries), and far more Sends than the ring
+    // holds: it takes whatever room the peer frees, ahead of b in each engine iteration.
+    let mut a = r
+        .ctx
+        .create_qp(&r._pd, &r.cq, &r.cq, QpCaps::default())
+        .unwrap();
+    crate::raw_peer::connect_to_raw_peer_with_timeout(&mut a, r.link, PEER, 0, false, 14);
+    r.post(&mut a, 100, 120);
+    for _ in 0..8 {
+        r.ctx.progress();
+    }
+    let mut b = r.qp(B_PSN);
+    r.post(&mut b, 200, 1);
+    // 40 rounds of 2 ms or more: far beyond b's (RETRY_CNT + 1) periods of about 1 ms.
+    for _ in 0..40 {
+        let mut one = [PacketSlot::default(); 2];
+        r.peer.rx.pop_burst(&mut one).unwrap();
+        for _ in 0..16 {
+            r.ctx.progress();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        if a.state() != QpState::Rts {
+            break; // (a very slow machine: a's own timer ran out, b gets room now)
+        }
+    }
+    assert_eq!(b.state(), QpState::Rts, "{:?}", b.last_error());
+    assert!(statuses(&r.completions(), b.qpn()).is_empty());
+}
