@@ -136,7 +136,8 @@ impl Requester {
     /// request waiting there as for one sent (spec/01: "Ttr begins after a request packet
     /// is scheduled for transmission"), so a peer that stops reading its link ring cannot
     /// hold a QP in RTS forever, not even one whose first packet never left. The wait's
-    /// start is taken when the timer starts (the packet path reads no clock).
+    /// start is reckoned at the timer's first expiry during it, one period back (the
+    /// packet path reads no clock).
     ///
     /// A link the peer still reads, only more slowly than its QPs write (other QPs fill
     /// each burst first), is busy, not stopped: with nothing unacknowledged, the peer
@@ -276,10 +277,11 @@ pub(crate) enum LinkWait {
     /// The last transmission attempt did not stop for lack of room.
     #[default]
     No,
-    /// It did; the wait's start is taken when the transport timer next starts (at once if
-    /// the wait armed it).
+    /// It did; the timer has not expired since.
     Waiting,
-    /// It did, and the transport timer started at this time with the wait going on.
+    /// It did, since about this time: one transport timer period before its first expiry
+    /// during the wait (the period the wait started, if it armed the timer; earlier by
+    /// less than a period if the timer ran already).
     Since(crate::timer::Timestamp),
 }
 
@@ -887,14 +889,7 @@ fn build_request(
 /// sends nothing again (nothing left); the waiting request goes when the link has room.
 pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool) {
     let req = &mut qp.req;
-    if let Deadline::Starting(_) = req.timer {
-        env.start(&mut req.timer);
-        // A wait for room that armed the timer starts with it (looked at only when the
-        // timer starts, so a running timer's checks pay nothing for it).
-        if req.link_wait == LinkWait::Waiting {
-            req.link_wait = LinkWait::Since(env.now());
-        }
-    }
+    env.start(&mut req.timer);
     env.start(&mut req.rnr_timer);
     if env.expired(&req.rnr_timer) {
         req.rnr_timer.disarm();
@@ -927,6 +922,13 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
         return;
     }
     env.stats.timeouts += 1;
+    if req.link_wait == LinkWait::Waiting {
+        // The first period of the wait has passed (looked at here, on the expiry only,
+        // so that the timer's checks pay nothing for it).
+        let ttr = req.ttr.map_or(0, |t| t.as_nanos() as u64);
+        let start = env.now().as_nanos().saturating_sub(ttr);
+        req.link_wait = LinkWait::Since(crate::timer::Timestamp::from_nanos(start));
+    }
     if req.retry_left == 0 {
         if link_wait {
             record_link_full(qp, env);
@@ -957,14 +959,9 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
 /// out while a request waited for room on the link. Error path only.
 #[cold]
 fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
-    let waited = match (qp.req.link_wait, qp.req.ttr) {
-        (LinkWait::Since(t), _) => {
-            format!("{} ms", env.now().saturating_duration_since(t).as_millis())
-        }
-        // The wait began while the timer ran for requests sent before it: it lasted less
-        // than a period.
-        (_, Some(ttr)) => format!("less than one transport timer period ({ttr:?})"),
-        (_, None) => "a while".to_string(),
+    let waited = match qp.req.link_wait {
+        LinkWait::Since(t) => env.now().saturating_duration_since(t).as_millis(),
+        _ => 0,
     };
     let (link, peer) = match qp.cfg.dest {
         Some(d) => (d.link.0, d.qpn.get()),
@@ -973,7 +970,7 @@ fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
     let acked = qp.req.window.acked().get();
     let text = format!(
         "transport retry count exhausted (retry_cnt {retry}): no room on the link to peer \
-         QP {peer:#x} (link {link}) for {waited}: the peer stopped consuming (its engine \
+         QP {peer:#x} (link {link}) for about {waited} ms: the peer stopped consuming (its engine \
          reads none of the packets this side sends, though the link is up); the peer \
          acknowledged up to PSN {acked}",
         retry = qp.cfg.retry_cnt,
