@@ -134,7 +134,7 @@ mod segments;
 pub(crate) mod watch;
 
 pub use connection::{Connection, LinkInfo, connect, connect_with_srq};
-pub use listener::{Listener, MAX_HANDSHAKES};
+pub use listener::{Listener, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER};
 pub use params::{ConnectParams, DEFAULT_MAX_PEER_ARENA, PeerPolicy};
 pub use watch::KEEPALIVE_INTERVAL;
 

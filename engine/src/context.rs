@@ -447,6 +447,10 @@ pub(crate) trait LinkTx {
     fn next_packet(&mut self, extra: usize) -> Option<(&mut PacketSlot, &mut [PacketSlot])>;
     /// Queues the packet last returned by [`LinkTx::next_packet`].
     fn commit(&mut self);
+    /// How far the peer has read the link (a count that only grows), looked up afresh:
+    /// two equal answers mean the peer freed no room in between. For a QP that waits for
+    /// room only (a slow path: it reads the peer's index).
+    fn peer_mark(&mut self) -> u64;
 
     /// Whether one more single-slot packet fits now.
     #[inline]
@@ -476,6 +480,10 @@ impl LinkTx for TxBatch {
     fn commit(&mut self) {
         TxBatch::commit(self)
     }
+
+    fn peer_mark(&mut self) -> u64 {
+        TxBatch::peer_mark(self)
+    }
 }
 
 /// A link that collects the packets sent into a vector (scenario tests drive the protocol
@@ -487,6 +495,8 @@ pub(crate) struct VecLink {
     pub(crate) sent: Vec<Vec<PacketSlot>>,
     /// Packets that fit before the link reports no room.
     pub(crate) room: usize,
+    /// What [`LinkTx::peer_mark`] answers (the test moves it to play a peer that reads).
+    pub(crate) mark: u64,
     filling: Vec<PacketSlot>,
 }
 
@@ -509,6 +519,10 @@ impl LinkTx for VecLink {
         let extra = crate::wire::slot::continuation_slots(&packet[0]);
         packet.truncate(1 + extra);
         self.sent.push(packet);
+    }
+
+    fn peer_mark(&mut self) -> u64 {
+        self.mark
     }
 }
 

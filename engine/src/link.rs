@@ -99,6 +99,18 @@ impl TxBatch {
         self.broken.is_none() && need <= self.free
     }
 
+    /// How far the peer has read the ring: the index of the first line it has not freed
+    /// (a count that only grows), reloaded from the peer. Two equal answers mean it freed
+    /// nothing in between (`requester::LinkWait`: a peer still reading is not a peer that
+    /// stopped). 0 once the ring is broken.
+    pub(crate) fn peer_mark(&mut self) -> u64 {
+        let ring = self.producer.capacity() as u64;
+        match self.producer.free_lines() {
+            Ok(free) => (self.producer.tail() + free as u64).wrapping_sub(ring),
+            Err(_) => 0,
+        }
+    }
+
     /// The next slot to fill, or `None` if there is no room. Call [`TxBatch::commit`] after
     /// filling it.
     #[cfg(test)]

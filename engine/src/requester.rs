@@ -67,6 +67,11 @@ pub(crate) struct Requester {
     pub(crate) progressed: bool,
     /// RNR wait: no transmission until it expires.
     pub(crate) rnr_timer: Deadline,
+    /// The transmit point's packet is ready but the link ring has no room for it (as the
+    /// last transmission attempt found): see [`LinkWait`].
+    pub(crate) link_wait: LinkWait,
+    /// The link's [`LinkTx::peer_mark`] when the transmit point last found no room.
+    link_mark: u64,
     /// Credits announced while the QP was in RTR, applied on RTS.
     pub(crate) early_credits: Option<(crate::wire::aeth::CreditCode, u32)>,
     /// The BTH of its single-packet requests, made on RTR → RTS (`None` before).
@@ -93,6 +98,8 @@ impl Requester {
             ttr: None,
             progressed: false,
             rnr_timer: Deadline::default(),
+            link_wait: LinkWait::No,
+            link_mark: 0,
             early_credits: None,
             template: None,
             #[cfg(test)]
@@ -123,6 +130,29 @@ impl Requester {
                 env.arm(&mut self.timer, t);
             }
         }
+    }
+
+    /// The transmit point found no room on the link: the transport timer runs for the
+    /// request waiting there as for one sent (spec/01: "Ttr begins after a request packet
+    /// is scheduled for transmission"), so a peer that stops reading its link ring cannot
+    /// hold a QP in RTS forever, not even one whose first packet never left. The wait's
+    /// start is reckoned at the timer's first expiry during it, one period back (the
+    /// packet path reads no clock).
+    ///
+    /// A link the peer still reads, only more slowly than its QPs write (other QPs fill
+    /// each burst first), is busy, not stopped: with nothing unacknowledged, the peer
+    /// freeing room since the last look (`mark`, the link's [`LinkTx::peer_mark`]) counts
+    /// as progress, as a response would, and the timer's period starts again at its expiry.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_link(&mut self, env: &mut Env<'_>, mark: u64) {
+        if self.link_wait == LinkWait::No {
+            self.link_wait = LinkWait::Waiting;
+        } else if mark != self.link_mark && !self.window.outstanding() {
+            self.progressed = true;
+        }
+        self.link_mark = mark;
+        self.keep_timer_running(env);
     }
 
     /// WQE `seq` of the window.
@@ -232,6 +262,27 @@ pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
         resp_seen: 0,
         done: None,
     });
+}
+
+/// Whether a QP's transmit point waits for room on its link, and since when.
+///
+/// A link ring is full when the peer's engine reads it more slowly than this side writes,
+/// or not at all: a peer that stopped consuming (its process alive, the link up) leaves it
+/// full for good. A request waiting for room counts against the transport timer as one
+/// sent does: each expiry while it waits spends one of the Retry Count (it is not sent
+/// again: it never left), and when none is left the WQE completes with RetryExcErr, the
+/// rest are flushed, and [`crate::Qp::last_error`] names the full link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum LinkWait {
+    /// The last transmission attempt did not stop for lack of room.
+    #[default]
+    No,
+    /// It did; the timer has not expired since.
+    Waiting,
+    /// It did, since about this time: one transport timer period before its first expiry
+    /// during the wait (the period the wait started, if it armed the timer; earlier by
+    /// less than a period if the timer ran already).
+    Since(crate::timer::Timestamp),
 }
 
 /// The BTH of a QP's single-packet requests with what stays fixed from RTS on filled in
@@ -516,6 +567,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
     let mut sent = 0;
     let mut local = 0;
     let mut local_error = false;
+    let mut link_full = false;
     while sent < budget && qp.req.window.has_work() {
         let req = &mut qp.req;
         let tx = req.window.tx();
@@ -566,6 +618,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
             _ => 0,
         };
         if !wire.tx.has_room_for(extra) {
+            link_full = true;
             break;
         }
         if new_wqe {
@@ -599,6 +652,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
         // AckReq on the last packet of each message, and on the first of a limited Send.
         let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
         let Some((slot, cont)) = wire.tx.next_packet(extra) else {
+            link_full = true;
             break;
         };
         let built = build_request(
@@ -637,6 +691,11 @@ fn transmit_some<L: LinkTx + ?Sized>(
     let req = &mut qp.req;
     if sent > 0 {
         req.keep_timer_running(env);
+    }
+    if link_full {
+        req.wait_for_link(env, wire.tx.peer_mark());
+    } else if req.link_wait != LinkWait::No {
+        req.link_wait = LinkWait::No;
     }
     if local_error {
         qp.enter_error(env);
@@ -823,6 +882,11 @@ fn build_request(
 /// Runs the QP's timers: the end of an RNR wait, and the transport timer (spec/01
 /// "On Timeout, Request Packet Is Resent"), unless `responses_waiting` (the QP's link has
 /// unread packets).
+///
+/// The transport timer runs while requests are unacknowledged, and also while a request
+/// waits for room on the link ([`LinkWait`]): an expiry with nothing unacknowledged but a
+/// request waiting for room is a timeout as well. It spends one of the Retry Count and
+/// sends nothing again (nothing left); the waiting request goes when the link has room.
 pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool) {
     let req = &mut qp.req;
     env.start(&mut req.timer);
@@ -843,7 +907,8 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
         return;
     }
     req.timer.disarm();
-    if !req.window.outstanding() || req.rnr_timer.armed() {
+    let link_wait = req.link_wait != LinkWait::No;
+    if !(req.window.outstanding() || link_wait) || req.rnr_timer.armed() {
         return;
     }
     if req.progressed {
@@ -857,10 +922,26 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
         return;
     }
     env.stats.timeouts += 1;
+    if req.link_wait == LinkWait::Waiting {
+        // The first period of the wait has passed (looked at here, on the expiry only,
+        // so that the timer's checks pay nothing for it).
+        let ttr = req.ttr.map_or(0, |t| t.as_nanos() as u64);
+        let start = env.now().as_nanos().saturating_sub(ttr);
+        req.link_wait = LinkWait::Since(crate::timer::Timestamp::from_nanos(start));
+    }
     if req.retry_left == 0 {
-        crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
+        if link_wait {
+            record_link_full(qp, env);
+        } else {
+            crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
+        }
         let win = &mut qp.req.window;
-        if let Some(seq) = win.find(win.acked().add(1)) {
+        // The oldest unacknowledged request's WQE, or with none, the one waiting for room.
+        let failed = win.find(win.acked().add(1)).or_else(|| {
+            let seq = win.tx().seq;
+            (seq < win.fetched()).then_some(seq)
+        });
+        if let Some(seq) = failed {
             win.complete(seq, WcStatus::RetryExcErr);
         }
         qp.enter_error(env);
@@ -872,6 +953,32 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
     if let Some(t) = req.ttr {
         env.arm(&mut req.timer, t);
     }
+}
+
+/// Records in words why the QP fails ([`crate::Qp::last_error`]) when its Retry Count ran
+/// out while a request waited for room on the link. Error path only.
+#[cold]
+fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
+    let waited = match qp.req.link_wait {
+        LinkWait::Since(t) => env.now().saturating_duration_since(t).as_millis(),
+        _ => 0,
+    };
+    let (link, peer) = match qp.cfg.dest {
+        Some(d) => (d.link.0, d.qpn.get()),
+        None => (0, 0),
+    };
+    let acked = qp.req.window.acked().get();
+    let text = format!(
+        "transport retry count exhausted (retry_cnt {retry}): no room on the link to peer \
+         QP {peer:#x} (link {link}) for about {waited} ms: the peer stopped consuming (its engine \
+         reads none of the packets this side sends, though the link is up); the peer \
+         acknowledged up to PSN {acked}",
+        retry = qp.cfg.retry_cnt,
+    );
+    *qp.shared
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(text);
 }
 
 /// The nPSN after sending the request packet with PSN `cpsn` and opcode `opcode` (spec 01,
@@ -1375,3 +1482,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(all(test, not(shmhca_loom)))]
+mod link_full_tests;

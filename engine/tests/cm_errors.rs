@@ -1156,17 +1156,19 @@ fn a_silent_server_costs_an_inline_clients_other_connections_nothing() {
     dir.assert_empty_and_remove();
 }
 
-/// Clients that connect and say nothing hold at most `MAX_HANDSHAKES` handshakes of an
-/// accept call; the rest wait in the kernel's backlog and are taken as slots free.
+/// Clients of one process that connect and say nothing hold at most
+/// `MAX_HANDSHAKES_PER_PEER` handshakes of an accept call: each newer one evicts the
+/// oldest, which is told why (a REJ) and closed; the newest are kept, and are forgotten
+/// when they leave.
 #[test]
 fn handshakes_in_progress_are_capped() {
-    use shmhca::cm::MAX_HANDSHAKES;
+    use shmhca::cm::{MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER};
     let s = side();
     let dir = SockDir::new("err-cap");
     let path = dir.sock("svc.sock");
     let l = s.ctx.listen(&path).unwrap();
-    let extra = 40;
-    let mut clients: Vec<_> = (0..MAX_HANDSHAKES + extra)
+    let n = MAX_HANDSHAKES + 40;
+    let mut clients: Vec<_> = (0..n)
         .map(|_| UnixStream::connect(&path).unwrap())
         .collect();
     let params = ConnectParams::default().handshake_timeout(DEADLINE);
@@ -1176,15 +1178,26 @@ fn handshakes_in_progress_are_capped() {
             .map(drop)
     };
     assert!(try_accept().is_none());
-    assert_eq!(l.handshakes_in_progress(), MAX_HANDSHAKES);
-    // 100 leave without a word (not an error); the waiting ones take their places.
-    clients.drain(..100);
-    let start = std::time::Instant::now();
-    while l.handshakes_in_progress() != MAX_HANDSHAKES + extra - 100 {
-        assert!(start.elapsed() < DEADLINE, "{}", l.handshakes_in_progress());
-        assert!(try_accept().is_none());
+    assert_eq!(l.handshakes_in_progress(), MAX_HANDSHAKES_PER_PEER);
+    let kept = n - MAX_HANDSHAKES_PER_PEER;
+    // The oldest were evicted: a HELLO, a REJ saying why, and the end of the stream.
+    for c in &mut clients[..kept] {
+        assert!(matches!(read_msg(c), Message::Hello(_)));
+        let rej = read_rej(c);
+        assert_eq!(rej.reason, RejectReason::NoResources);
+        assert!(rej.text.contains("make room"), "{}", rej.text);
+        assert_eq!(c.read(&mut [0u8; 1]).unwrap(), 0, "closed");
     }
+    // The newest got their HELLO and wait for nothing else.
+    for c in &mut clients[kept..] {
+        assert!(matches!(read_msg(c), Message::Hello(_)));
+        c.set_nonblocking(true).unwrap();
+        let e = c.read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "still open");
+    }
+    // They leave without a word (not an error): the listener forgets them.
     drop(clients);
+    let start = std::time::Instant::now();
     while l.handshakes_in_progress() != 0 {
         assert!(start.elapsed() < DEADLINE, "{}", l.handshakes_in_progress());
         assert!(try_accept().is_none());

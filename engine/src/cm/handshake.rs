@@ -424,6 +424,24 @@ impl ServerHandshake {
         self.deadline
     }
 
+    /// The client's process id (SO_PEERCRED, read when its socket was accepted).
+    pub(super) fn peer_pid(&self) -> u32 {
+        self.cred.pid
+    }
+
+    /// When the handshake started (its socket was accepted).
+    pub(super) fn started(&self) -> Instant {
+        self.deadline
+            .checked_sub(self.timeout)
+            .unwrap_or(self.deadline)
+    }
+
+    /// Whether the client has not sent its REQ yet: it has cost this side nothing but a
+    /// socket (no QP, no link), and is the first to go when a bound is hit.
+    pub(super) fn awaits_req(&self) -> bool {
+        matches!(self.stage, Stage::Req { .. })
+    }
+
     /// What the handshake waits for.
     fn waiting_for(&self) -> &'static str {
         match self.stage {

@@ -8,6 +8,35 @@
 //! the others nothing: it stays in the table until its own handshake timeout, and the
 //! accept call that finds it expired reports it. In inline mode the engine keeps running
 //! while an accept call waits, so the context's other connections keep making progress.
+//!
+//! # Half-open connections
+//!
+//! A process may connect and never say a word, a thousand times over. The table is bounded
+//! ([`MAX_HANDSHAKES_PER_PEER`] handshakes per client process, [`MAX_HANDSHAKES`] in all),
+//! and the socket is always accepted from, so that a new client never waits behind silent
+//! ones in the kernel's backlog: when a new client would go over a bound, a handshake is
+//! evicted to make room —
+//!
+//! - over its process's bound: the oldest handshake of that same process;
+//! - over the bound in all: the oldest handshake of the process holding the most (ties: the
+//!   one whose handshake is oldest), so that a flood from one process never evicts another
+//!   process's client while the flood holds more;
+//!
+//! and within the process chosen, a handshake still waiting for its REQ (it cost a socket,
+//! no QP) goes before one that got as far as the REP. The client is a process: the process
+//! id from `SO_PEERCRED`, read when its socket is accepted (processes of one user are
+//! different peers: the [`PeerPolicy`] decides which users are admitted at all). The
+//! evicted client gets a REJ (`NoResources`) saying why, on a best-effort non-blocking
+//! send, and its socket is closed at once (nothing of it is kept); the accept call does not
+//! report the eviction as an error. The newest handshake of a process is never evicted to
+//! make room for that process, so a well-behaved client connects even while its own
+//! process, or another, floods the listener — unless [`MAX_HANDSHAKES_PER_PEER`] newer
+//! connections of its process arrive before its REQ does.
+//!
+//! An accept call takes at most [`MAX_HANDSHAKES`] clients off the socket before it
+//! advances the handshakes it has and looks again, so a process connecting without pause
+//! delays the others' handshakes by one such round at most; each wake-up of the call is
+//! work a client caused (a connection, bytes, a hang-up) or a deadline, never a spin.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -26,9 +55,15 @@ use crate::EngineMode;
 use crate::error::{Error, Result};
 use crate::verbs::{Context, Cq, Pd, Shared, Srq};
 
-/// The most handshakes one accept call keeps in progress; more clients wait in the kernel's
-/// listen backlog until one finishes or times out.
+/// The most handshakes one accept call keeps in progress, for all clients together: a new
+/// client beyond it evicts the oldest handshake of the process that holds the most (see
+/// the module's "Half-open connections").
 pub const MAX_HANDSHAKES: usize = 256;
+
+/// The most handshakes one accept call keeps in progress for the clients of one process
+/// (by the process id `SO_PEERCRED` gives): a new client beyond it evicts the oldest
+/// handshake of its own process (see the module's "Half-open connections").
+pub const MAX_HANDSHAKES_PER_PEER: usize = 64;
 
 /// Binds and listens on `path`. The socket is made under a temporary name in the same
 /// directory and hard-linked into place once it listens, so the path never exists without
@@ -102,8 +137,10 @@ fn listener_alive(path: &Path) -> io::Result<bool> {
 /// Handshakes are advanced by the accept calls, never by a thread of their own: a client
 /// that has connected but not finished is served by the next accept call (of any thread).
 /// Dropping the listener abandons the handshakes in progress. At most
-/// [`MAX_HANDSHAKES`] are in progress per accept call; further clients wait in the kernel's
-/// listen backlog meanwhile.
+/// [`MAX_HANDSHAKES`] are in progress per accept call, [`MAX_HANDSHAKES_PER_PEER`] of one
+/// client process; a new client beyond a bound evicts the oldest stalled handshake (of its
+/// own process, or of the process holding the most), so silent connections cannot lock new
+/// clients out (the module's "Half-open connections" has the policy).
 pub struct Listener {
     shared: Arc<Shared>,
     listener: UnixListener,
@@ -376,7 +413,7 @@ impl Listener {
         let mut ready: Vec<bool> = vec![true; mine.len()];
         let mut listener_ready = true;
         loop {
-            if listener_ready && mine.len() < MAX_HANDSHAKES {
+            if listener_ready {
                 self.take_new_clients(mine, &mut ready, params)?;
             }
             let mut i = 0;
@@ -427,16 +464,9 @@ impl Listener {
                 tv_nsec: i64::from(l.subsec_nanos()),
             });
             let mut fds = Vec::with_capacity(mine.len() + 1);
-            // At the limit, new clients wait in the kernel's backlog until a slot frees.
-            let room = mine.len() < MAX_HANDSHAKES;
-            fds.push(PollFd::new(
-                &self.listener,
-                if room {
-                    PollFlags::IN
-                } else {
-                    PollFlags::empty()
-                },
-            ));
+            // Always: a new client is taken even at the bounds (evicting a stalled one), so
+            // it never waits in the kernel's backlog behind silent clients.
+            fds.push(PollFd::new(&self.listener, PollFlags::IN));
             for hs in mine.iter() {
                 fds.push(PollFd::from_borrowed_fd(
                     hs.stream.as_fd(),
@@ -454,15 +484,17 @@ impl Listener {
         }
     }
 
-    /// Accepts every client the socket has pending and starts its handshake. A client
-    /// refused at once is reported like any failed handshake.
+    /// Accepts the clients the socket has pending (at most [`MAX_HANDSHAKES`]: the caller
+    /// advances the handshakes and comes back, the socket still readable) and starts their
+    /// handshakes, evicting a stalled one when a new client would go over a bound
+    /// ([`make_room`]). A client refused at once is reported like any failed handshake.
     fn take_new_clients(
         &self,
         mine: &mut Vec<ServerHandshake>,
         ready: &mut Vec<bool>,
         params: &ConnectParams,
     ) -> Result<()> {
-        while mine.len() < MAX_HANDSHAKES {
+        for _ in 0..MAX_HANDSHAKES {
             let stream = match self.listener.accept() {
                 Ok((s, _)) => Arc::new(s),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -482,6 +514,7 @@ impl Listener {
                 params.handshake_timeout,
             ) {
                 Ok(hs) => {
+                    make_room(mine, ready, hs.peer_pid(), &self.path);
                     mine.push(hs);
                     ready.push(true);
                 }
@@ -502,6 +535,90 @@ impl Listener {
         }
         Ok(())
     }
+}
+
+/// Makes room in `mine` (its `ready` flags alongside) for one more handshake of process
+/// `pid`, evicting handshakes while that would go over [`MAX_HANDSHAKES_PER_PEER`] for
+/// `pid` or [`MAX_HANDSHAKES`] in all ([`victim`] chooses; the policy is the module's
+/// "Half-open connections"). Each evicted client gets a best-effort REJ and its socket is
+/// closed.
+fn make_room(mine: &mut Vec<ServerHandshake>, ready: &mut Vec<bool>, pid: u32, path: &Path) {
+    loop {
+        let held: Vec<Held> = mine
+            .iter()
+            .map(|h| Held {
+                pid: h.peer_pid(),
+                awaits_req: h.awaits_req(),
+                started: h.started(),
+            })
+            .collect();
+        let Some(i) = victim(&held, pid) else {
+            return;
+        };
+        let of_victim = held.iter().filter(|h| h.pid == held[i].pid).count();
+        ready.swap_remove(i);
+        let hs = mine.swap_remove(i);
+        hs.chan(path).send_reject(
+            super::msg::RejectReason::NoResources,
+            format!(
+                "the listener dropped this handshake to make room for a new client: process \
+                 {} had {of_victim} handshakes in progress (at most \
+                 {MAX_HANDSHAKES_PER_PEER} per process, {MAX_HANDSHAKES} in all) and this \
+                 was its oldest unfinished; finish a handshake before opening many more, \
+                 then connect again",
+                held[i].pid
+            ),
+        );
+        // Dropping it closes the socket (the table held its only reference) and releases
+        // whatever the handshake had made.
+        drop(hs);
+    }
+}
+
+/// What the eviction policy looks at in a handshake in progress.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// The client's process.
+    pid: u32,
+    /// It has not sent its REQ (no QP made for it yet).
+    awaits_req: bool,
+    /// When its socket was accepted.
+    started: Instant,
+}
+
+/// Which of the handshakes `held` to evict before one more of process `pid` joins them;
+/// `None` if it fits within [`MAX_HANDSHAKES_PER_PEER`] and [`MAX_HANDSHAKES`]. Over its
+/// process's bound, one of `pid`'s own; over the bound in all, one of the process holding
+/// the most (ties: the one holding the oldest handshake). Within that process, one waiting
+/// for its REQ before one past it, the oldest first.
+fn victim(held: &[Held], pid: u32) -> Option<usize> {
+    let of_pid = held.iter().filter(|h| h.pid == pid).count();
+    let who = if of_pid >= MAX_HANDSHAKES_PER_PEER {
+        pid
+    } else if held.len() >= MAX_HANDSHAKES {
+        largest_holder(held)?
+    } else {
+        return None;
+    };
+    (0..held.len())
+        .filter(|&i| held[i].pid == who)
+        .min_by_key(|&i| (!held[i].awaits_req, held[i].started))
+}
+
+/// The process holding the most of `held` (ties: the one holding the oldest); `None` if
+/// `held` is empty.
+fn largest_holder(held: &[Held]) -> Option<u32> {
+    let mut by_pid: std::collections::HashMap<u32, (usize, Instant)> =
+        std::collections::HashMap::new();
+    for h in held {
+        let e = by_pid.entry(h.pid).or_insert((0, h.started));
+        e.0 += 1;
+        e.1 = e.1.min(h.started);
+    }
+    by_pid
+        .into_iter()
+        .max_by_key(|&(_, (n, oldest))| (n, std::cmp::Reverse(oldest)))
+        .map(|(pid, _)| pid)
 }
 
 /// Ends a failed server handshake: sends the REJ it calls for and returns the error; `None`
@@ -528,5 +645,93 @@ impl std::fmt::Debug for Listener {
             .field("policy", &self.policy)
             .field("handshakes", &self.lock_pending().len())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` handshakes of process `pid`, waiting for their REQ or not, started `from`
+    /// milliseconds after `t0` and a millisecond apart.
+    fn of(pid: u32, n: usize, awaits_req: bool, t0: Instant, from: u64) -> Vec<Held> {
+        (0..n as u64)
+            .map(|i| Held {
+                pid,
+                awaits_req,
+                started: t0 + Duration::from_millis(from + i),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn within_both_bounds_nothing_is_evicted() {
+        let t0 = Instant::now();
+        assert_eq!(victim(&[], 1), None);
+        let held = of(1, MAX_HANDSHAKES_PER_PEER - 1, true, t0, 0);
+        assert_eq!(victim(&held, 1), None, "one below its process's bound");
+        let mut held = Vec::new();
+        for pid in 0..(MAX_HANDSHAKES / MAX_HANDSHAKES_PER_PEER) as u32 {
+            held.extend(of(pid, MAX_HANDSHAKES_PER_PEER - 1, true, t0, 0));
+        }
+        assert!(held.len() < MAX_HANDSHAKES);
+        assert_eq!(victim(&held, 99), None, "below the bound in all");
+    }
+
+    #[test]
+    fn over_its_process_bound_a_client_evicts_its_own_processs_oldest_stalled_one() {
+        let t0 = Instant::now();
+        // Process 7: the oldest got as far as the REP; then the ones still waiting for
+        // their REQ, the first of them older than the second.
+        let mut held = of(7, 1, false, t0, 0);
+        held.extend(of(7, MAX_HANDSHAKES_PER_PEER - 1, true, t0, 10));
+        // Another process's older handshakes are not touched.
+        held.extend(of(8, 3, true, t0, 0));
+        held.rotate_left(5);
+        let i = victim(&held, 7).expect("at its bound");
+        assert_eq!(held[i].pid, 7);
+        assert!(held[i].awaits_req, "a stalled one before one past its REQ");
+        assert_eq!(
+            held[i].started,
+            t0 + Duration::from_millis(10),
+            "the oldest"
+        );
+        // When none of them waits for its REQ any more, the oldest goes.
+        for h in &mut held {
+            h.awaits_req = false;
+        }
+        let i = victim(&held, 7).unwrap();
+        assert_eq!((held[i].pid, held[i].started), (7, t0));
+    }
+
+    #[test]
+    fn over_the_bound_in_all_the_process_holding_the_most_loses_its_oldest() {
+        let t0 = Instant::now();
+        // Processes 1..=5 hold one each (the oldest of all); process 20 holds the most.
+        let mut held = Vec::new();
+        for pid in 1..=5 {
+            held.extend(of(pid, 1, true, t0, 0));
+        }
+        let big = MAX_HANDSHAKES_PER_PEER - 1;
+        let mut pid = 20;
+        while held.len() + big <= MAX_HANDSHAKES {
+            held.extend(of(pid, big, true, t0, 100 + u64::from(pid)));
+            pid += 1;
+        }
+        held.extend(of(pid, MAX_HANDSHAKES - held.len(), true, t0, 50));
+        assert_eq!(held.len(), MAX_HANDSHAKES);
+        // A client of a process with none, or of one of the small ones: one of the largest
+        // processes' (the one holding the oldest of them: 20), never a small one's.
+        for newcomer in [99, 1] {
+            let i = victim(&held, newcomer).expect("at the bound in all");
+            assert_eq!(held[i].pid, 20, "newcomer {newcomer}");
+            assert_eq!(held[i].started, t0 + Duration::from_millis(120));
+        }
+        // With every process holding one, the oldest of all goes.
+        let held: Vec<Held> = (0..MAX_HANDSHAKES as u32)
+            .map(|p| of(1000 + p, 1, true, t0, 300 - u64::from(p)).remove(0))
+            .collect();
+        let i = victim(&held, 5000).unwrap();
+        assert_eq!(held[i].pid, 1000 + MAX_HANDSHAKES as u32 - 1);
     }
 }
