@@ -18,6 +18,8 @@ pub const MAX_ARENA: u64 = 4 << 30;
 pub const MIN_ITERS: u64 = 5;
 /// perftest's iteration bounds.
 pub const MAX_ITERS: u64 = 100_000_000;
+/// perftest's default `-u`: 4.096 us * 2^14, 67 ms.
+pub const DEFAULT_QP_TIMEOUT: u8 = 14;
 /// The deepest send or receive queue (the engine's limit).
 pub const MAX_DEPTH: u32 = shmhca::qp::MAX_QUEUE_DEPTH;
 /// The most QPs of one run.
@@ -191,6 +193,11 @@ pub struct Cli {
     /// The test: send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw or atomic_bw.
     #[arg(value_enum, value_name = "TEST")]
     pub test_pos: Option<TestKind>,
+    /// perftest's server address, last on the line (`send_lat -s 8 HOST`): the peer of a
+    /// shmhca-perf run is on this machine, so only this host is accepted (localhost,
+    /// 127.x.y.z, ::1 or this machine's name); the run is the same as without it.
+    #[arg(value_name = "HOST")]
+    pub host: Option<String>,
     /// The test, perftest-style (same as the positional argument).
     #[arg(long = "test", value_enum)]
     pub test: Option<TestKind>,
@@ -206,7 +213,8 @@ pub struct Cli {
     /// Largest message sent inline (default 236 for send_lat, 220 for write_lat, 0 otherwise).
     #[arg(short = 'I', long = "inline_size")]
     pub inline: Option<u32>,
-    /// Send queue depth: requests kept outstanding by bandwidth tests (default 128).
+    /// Send queue depth: requests kept outstanding by bandwidth tests (default 128; 1 for
+    /// latency tests, as perftest).
     #[arg(short = 't', long = "tx-depth")]
     pub tx_depth: Option<u32>,
     /// Receive queue depth of Send tests (default 512).
@@ -230,7 +238,7 @@ pub struct Cli {
     /// Do not compute the peak bandwidth (reported as 0, as perftest).
     #[arg(short = 'N', long = "noPeak")]
     pub no_peak: bool,
-    /// Bandwidth tests: run each for this many seconds instead of -n iterations.
+    /// Run each size for this many seconds instead of -n iterations.
     #[arg(short = 'D', long = "duration", value_name = "SECONDS")]
     pub duration: Option<u64>,
     /// With -D: measure only after the first and before the last SECONDS (default -D / 4).
@@ -253,13 +261,15 @@ pub struct Cli {
     /// Completion vector for -e (shmhca has one: not available).
     #[arg(short = 'X', long = "vector", value_name = "VECTOR")]
     pub vector: Option<String>,
-    /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 18).
+    /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 14, as perftest).
     #[arg(short = 'u', long = "qp-timeout", value_name = "N")]
     pub qp_timeout: Option<u8>,
     /// Transport retries before a QP fails (0 to 7; default 7).
     #[arg(long = "retry_count", value_name = "N")]
     pub retry_count: Option<u8>,
     /// Write perftest's JSON report (its keys) to --out_json_file (default perftest_out.json).
+    /// As perftest, a later run replaces the file when it holds an earlier run's report
+    /// (shmhca-perf's or perftest's); any other existing file is refused (or --force).
     #[arg(long = "out_json")]
     pub out_json: bool,
     /// The file of --out_json.
@@ -711,7 +721,8 @@ impl Options {
                 Ok(v)
             }
         };
-        let tx_depth = depth("-t", cli.tx_depth.unwrap_or(128))?;
+        // As perftest: a latency test has one request in flight, and says so (TX depth 1).
+        let tx_depth = depth("-t", cli.tx_depth.unwrap_or(if lat { 1 } else { 128 }))?;
         let rx_depth = depth("-r", cli.rx_depth.unwrap_or(512))?;
         let qps = cli.qps.unwrap_or(1);
         if qps == 0 || qps > MAX_QPS {
@@ -905,7 +916,7 @@ impl Options {
                 test.name()
             )));
         }
-        let qp_timeout = cli.qp_timeout.unwrap_or(18);
+        let qp_timeout = cli.qp_timeout.unwrap_or(DEFAULT_QP_TIMEOUT);
         if !(1..=31).contains(&qp_timeout) {
             return Err(usage(format!(
                 "-u {qp_timeout}: the timeout exponent must be 1 to 31 (4.096 us * 2^N)"
@@ -946,13 +957,20 @@ impl Options {
             .into_iter()
             .chain(hgrms.iter().map(|p| ("--hgrm", Some(p))));
             for (flag, path) in outputs {
-                if let Some(p) = path.filter(|p| std::fs::symlink_metadata(p).is_ok()) {
+                // --out_json replaces an earlier run's report, as perftest (looped scripts).
+                let replaceable = |p: &PathBuf| flag == "--out_json" && is_earlier_report(p);
+                if let Some(p) =
+                    path.filter(|p| std::fs::symlink_metadata(p).is_ok() && !replaceable(p))
+                {
                     return Err(usage(format!(
                         "{flag} {}: the file exists; shmhca-perf does not overwrite files: remove it, pick another name, or give --force",
                         p.display()
                     )));
                 }
             }
+        }
+        if let Some(h) = cli.host.as_deref() {
+            check_host(h)?;
         }
         let pin_cores = parse_core_list(cli.pin_cores.as_deref())?;
         if cli.bidirectional && !matches!(test, TestKind::WriteBw | TestKind::ReadBw) {
@@ -1056,6 +1074,60 @@ pub fn hgrm_paths(path: &std::path::Path, sizes: &[u64]) -> Vec<(u64, PathBuf)> 
         .collect()
 }
 
+/// The most bytes of an existing `--out_json` file read to see whether it is an earlier
+/// report (perftest's are a few KiB; `-a` adds one entry per size).
+const MAX_REPORT_BYTES: u64 = 1 << 20;
+
+/// Whether `path` is a regular file holding an earlier `--out_json` report (shmhca-perf's
+/// or perftest's: a JSON object with a `test_info` object naming the `test`, and
+/// `results`), which a new run may replace as perftest does. Anything else (another JSON
+/// file, a symlink, a directory, text, a file too large to be a report) is not.
+pub fn is_earlier_report(path: &std::path::Path) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    if !meta.is_file() || meta.len() > MAX_REPORT_BYTES {
+        return false;
+    }
+    let Ok(text) = std::fs::read(path) else {
+        return false;
+    };
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return false;
+    };
+    doc.get("test_info")
+        .and_then(|i| i.get("test"))
+        .is_some_and(serde_json::Value::is_string)
+        && doc.get("results").is_some()
+}
+
+/// The positional HOST (perftest's server address): shmhca's peer is a process of this
+/// machine, so HOST must name this machine.
+fn check_host(host: &str) -> Result<(), PerfError> {
+    let h = host.trim_end_matches('.');
+    let loopback_name = [
+        "localhost",
+        "localhost.localdomain",
+        "ip6-localhost",
+        "ip6-loopback",
+    ]
+    .iter()
+    .any(|n| h.eq_ignore_ascii_case(n));
+    let loopback_ip = h
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback());
+    let own_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .is_ok_and(|n| !n.trim().is_empty() && n.trim().eq_ignore_ascii_case(h));
+    if loopback_name || loopback_ip || own_name {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "HOST {host}: shmhca connects processes of one machine over shared memory, so the server is on this host: give localhost (or nothing: shmhca-perf starts its peer itself); for two terminals use --server PATH and --client PATH"
+    )))
+}
+
 /// `-D`, `-f` and `--run_infinitely`, checked as perftest does.
 fn timed(cli: &Cli, test: TestKind) -> Result<Option<Timed>, PerfError> {
     if cli.duration.is_none() && !cli.run_infinitely {
@@ -1064,9 +1136,9 @@ fn timed(cli: &Cli, test: TestKind) -> Result<Option<Timed>, PerfError> {
         }
         return Ok(None);
     }
-    if test.is_lat() {
+    if test.is_lat() && cli.run_infinitely {
         return Err(usage(format!(
-            "-D/--run_infinitely: shmhca-perf runs {} by iterations only (-n); timed runs are for the bandwidth tests",
+            "--run_infinitely: {} runs by iterations (-n) or for a time (-D); --run_infinitely is for the bandwidth tests",
             test.name()
         )));
     }
@@ -1128,7 +1200,7 @@ fn refuse_unavailable(cli: &Cli) -> Result<(), PerfError> {
         (
             cli.use_srq,
             "--use-srq",
-            "shmhca has no shared receive queues yet",
+            "shmhca has shared receive queues (Context::create_srq), but shmhca-perf's Send tests post to each QP's own receive queue; leave --use-srq out",
         ),
         (
             cli.limit_bw.is_some(),
@@ -1148,7 +1220,7 @@ fn refuse_unavailable(cli: &Cli) -> Result<(), PerfError> {
         (
             cli.write_with_imm,
             "--write_with_imm",
-            "write_lat uses RDMA Write only",
+            "shmhca has RDMA Write with Immediate (SendOp::RdmaWriteWithImm), but shmhca-perf's write_lat and write_bw post plain RDMA Writes; leave --write_with_imm out",
         ),
         (
             cli.odp,

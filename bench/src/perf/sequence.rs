@@ -1,14 +1,14 @@
 //! The sequence both sides run for every size: start barrier, warm-up, measurement (or
 //! the answers), end barrier carrying the server's verdict, and the goodbye.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::perf::bw;
 use crate::perf::check::{client_check, fill_pattern, server_check};
 use crate::perf::error::PerfError;
 use crate::perf::idle::IdleWatch;
 use crate::perf::lat::{self, Progress};
-use crate::perf::opts::{Options, Timed, Verb};
+use crate::perf::opts::{Options, TestKind, Timed, Verb};
 use crate::perf::output::Output;
 use crate::perf::setup::Side;
 use crate::perf::stats::{BwClock, BwStats, TimedClock};
@@ -71,7 +71,9 @@ pub(crate) fn run_sizes(
         side.ctl.barrier(tag, 0, || watch.check(ctx))?;
         if client {
             let o = out.as_deref_mut().expect("the client side has an output");
-            if lat {
+            if let (true, Some(Timed::Duration { secs, margin })) = (lat, opts.timed) {
+                ops = timed_lat_client(opts, side, size, tag, secs, margin, o)?;
+            } else if lat {
                 lat::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
                 o.rec.reset();
                 o.rec.start_intervals(size);
@@ -98,6 +100,8 @@ pub(crate) fn run_sizes(
                 ops = n;
                 o.note_measure_start();
             }
+        } else if lat && opts.timed.is_some() {
+            timed_lat_server(opts, side, size, tag)?;
         } else if lat {
             lat::server(side, opts, size, 0, opts.warmup + opts.iters)?;
         } else if opts.bidirectional {
@@ -184,6 +188,98 @@ pub(crate) fn run_sizes(
         side.ctl.settle(Duration::from_millis(100));
     }
     Ok(())
+}
+
+/// Iterations of one step of a timed latency run (`-D`): the client tells the server each
+/// step's count on the control channel before it runs it, so that the server answers
+/// exactly as many, and checks the clock between steps.
+const LAT_STEP: u64 = 100;
+
+/// Whether the server takes part in each iteration of the latency test (it answers a
+/// Send or an RDMA Write; Reads and Atomics need nothing of its application).
+fn server_answers(opts: &Options) -> bool {
+    matches!(opts.test, TestKind::SendLat | TestKind::WriteLat)
+}
+
+/// The client of a timed latency run (`-D secs -f margin`, as perftest's duration mode):
+/// steps of [`LAT_STEP`] iterations for `secs` seconds, measuring the steps that start
+/// between `margin` and `secs - margin` (and at least one, however slow the machine).
+/// Returns the iterations run.
+fn timed_lat_client(
+    opts: &Options,
+    side: &mut Side,
+    size: u64,
+    tag: u32,
+    secs: u64,
+    margin: u64,
+    o: &mut Output,
+) -> Result<u64, PerfError> {
+    let start = Instant::now();
+    let (begin, stop, end) = (
+        Duration::from_secs(margin),
+        Duration::from_secs(secs - margin),
+        Duration::from_secs(secs),
+    );
+    let mut done = 0u64;
+    let mut measured = 0u64;
+    let mut measuring = false;
+    loop {
+        let t = start.elapsed();
+        let measure = t >= begin && (t < stop || measured == 0);
+        if t >= end && measured > 0 {
+            break;
+        }
+        if measure && !measuring {
+            o.rec.reset();
+            o.rec.start_intervals(size);
+            o.note_measure_start();
+            measuring = true;
+        } else if !measure && measuring {
+            o.rec.end_intervals();
+            measuring = false;
+        }
+        if server_answers(opts) {
+            side.ctl.send(tag, LAT_STEP)?;
+        }
+        let rec = if measure { Some(&mut o.rec) } else { None };
+        lat::client(side, opts, size, done, LAT_STEP, rec, &mut o.quiet)?;
+        done += LAT_STEP;
+        if measure {
+            measured += LAT_STEP;
+        }
+    }
+    if measuring {
+        o.rec.end_intervals();
+    }
+    if server_answers(opts) {
+        side.ctl.send(tag, 0)?;
+    }
+    Ok(done)
+}
+
+/// The server of a timed latency run: answers the steps the client announces until it
+/// announces none (0).
+fn timed_lat_server(opts: &Options, side: &mut Side, size: u64, tag: u32) -> Result<(), PerfError> {
+    if !server_answers(opts) {
+        return Ok(());
+    }
+    let mut first = 0u64;
+    loop {
+        let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's next iterations");
+        let ctx = &side.res.ctx;
+        let n = side.ctl.wait(tag, || watch.check(ctx))?;
+        if n == 0 {
+            return Ok(());
+        }
+        // The peer's word decides how long this side loops: take only what a step can be.
+        if n > LAT_STEP {
+            return Err(PerfError::NotPerf(format!(
+                "the peer announced a step of {n} iterations (at most {LAT_STEP}); it is not shmhca-perf of this version"
+            )));
+        }
+        lat::server(side, opts, size, first, n)?;
+        first += n;
+    }
 }
 
 /// One side's bandwidth measurement of a size (the client's, and with `-b` the server's
