@@ -1444,6 +1444,93 @@ mod tests {
     }
 
     #[test]
+    fn host_must_be_this_machine() {
+        for h in [
+            "localhost",
+            "LOCALHOST.",
+            "localhost.localdomain",
+            "ip6-localhost",
+            "127.0.0.1",
+            "127.3.2.1",
+            "::1",
+            "[::1]",
+        ] {
+            assert!(check_host(h).is_ok(), "{h}");
+        }
+        if let Ok(name) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            assert!(check_host(name.trim()).is_ok(), "this machine's name");
+        }
+        for h in [
+            "10.0.0.1",
+            "192.0.2.7",
+            "example.com",
+            "128.0.0.1",
+            "",
+            "::2",
+        ] {
+            match check_host(h) {
+                Err(PerfError::Usage(m)) => {
+                    assert!(m.starts_with(&format!("HOST {h}:")), "{m}");
+                    assert!(m.contains("localhost") && m.contains("--client"), "{m}");
+                }
+                other => panic!("HOST {h:?}: expected a usage error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn only_an_earlier_report_is_replaceable() {
+        let dir = std::env::temp_dir().join(format!("shmhca-perf-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = |name: &str, content: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, content).unwrap();
+            p
+        };
+        let report = at(
+            "r.json",
+            br#"{"test_info": {"test": "Send_Latency_Test"}, "results": {}}"#,
+        );
+        assert!(is_earlier_report(&report));
+        for (name, content) in [
+            (
+                "a.json",
+                &br#"{"test_info": {"test": 1}, "results": {}}"#[..],
+            ),
+            ("b.json", br#"{"test_info": {"test": "x"}}"#),
+            ("c.json", br#"{"results": {}, "test": "x"}"#),
+            ("d.json", br#"[1, 2]"#),
+            ("e.txt", b"my notes"),
+        ] {
+            assert!(!is_earlier_report(&at(name, content)), "{name}");
+        }
+        // A report grown past the bound is not taken for one (nor read whole).
+        let mut big = br#"{"test_info": {"test": "x"}, "results": {}, "pad": ""#.to_vec();
+        big.resize(MAX_REPORT_BYTES as usize, b' ');
+        big.extend_from_slice(br#""}"#);
+        assert!(!is_earlier_report(&at("big.json", &big)));
+        // A link to a report is not replaced (the rename would replace the link only).
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink(&report, &link).unwrap();
+        assert!(!is_earlier_report(&link));
+        assert!(!is_earlier_report(&dir.join("missing.json")));
+        assert!(!is_earlier_report(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn latency_defaults_and_duration() {
+        let o = parse(&["send_lat"]).unwrap();
+        assert_eq!((o.tx_depth, o.qp_timeout), (1, DEFAULT_QP_TIMEOUT));
+        assert_eq!(DEFAULT_QP_TIMEOUT, 14);
+        let o = parse(&["send_bw"]).unwrap();
+        assert_eq!(o.tx_depth, 128);
+        let o = parse(&["read_lat", "-D", "8"]).unwrap();
+        assert_eq!(o.timed, Some(Timed::Duration { secs: 8, margin: 2 }));
+        assert!(usage_msg(&["send_lat", "--run_infinitely"]).contains("bandwidth tests"));
+    }
+
+    #[test]
     fn test_codes_round_trip() {
         for t in TestKind::ALL {
             assert_eq!(TestKind::from_code(t.code()), Some(t));
