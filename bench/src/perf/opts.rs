@@ -276,7 +276,8 @@ pub struct Cli {
     #[arg(long = "out_json_file", value_name = "FILE")]
     pub out_json_file: Option<PathBuf>,
     /// Overwrite existing output files (--json, --hgrm, --out_json, --svg, --hlog); without it
-    /// shmhca-perf refuses to touch a file that exists.
+    /// shmhca-perf refuses to touch a file that exists (but --out_json replaces an earlier
+    /// run's report, as perftest).
     #[arg(long = "force")]
     pub force: bool,
     /// Run on these cores only (perftest's --pin_cores, e.g. 0-3,8); the first two serve
@@ -614,7 +615,7 @@ pub struct Options {
     pub check_expect_wrong: bool,
 }
 
-/// A bandwidth run by time (`-D`, `--run_infinitely`) rather than by iterations.
+/// A run by time (`-D`; `--run_infinitely` for bandwidth tests) rather than by iterations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Timed {
     /// `-D SECS`: run for `secs`, measuring between `margin` and `secs - margin`.
