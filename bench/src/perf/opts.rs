@@ -1505,11 +1505,16 @@ mod tests {
         ] {
             assert!(!is_earlier_report(&at(name, content)), "{name}");
         }
-        // A report grown past the bound is not taken for one (nor read whole).
-        let mut big = br#"{"test_info": {"test": "x"}, "results": {}, "pad": ""#.to_vec();
-        big.resize(MAX_REPORT_BYTES as usize, b' ');
-        big.extend_from_slice(br#""}"#);
-        assert!(!is_earlier_report(&at("big.json", &big)));
+        // A report of the bound's size is one; a byte more is not taken for one (nor read).
+        let report_of = |len: usize| {
+            let mut r = br#"{"test_info": {"test": "x"}, "results": {}, "pad": ""#.to_vec();
+            r.resize(len - 2, b' ');
+            r.extend_from_slice(br#""}"#);
+            r
+        };
+        let max = MAX_REPORT_BYTES as usize;
+        assert!(is_earlier_report(&at("max.json", &report_of(max))));
+        assert!(!is_earlier_report(&at("big.json", &report_of(max + 1))));
         // A link to a report is not replaced (the rename would replace the link only).
         let link = dir.join("link.json");
         std::os::unix::fs::symlink(&report, &link).unwrap();
