@@ -111,7 +111,9 @@ pub enum EngineMode {
     /// ([`Cq::poll`], [`Context::progress`], and right after each post). No extra thread;
     /// the default on machines with fewer than 4 cores.
     Inline,
-    /// A dedicated engine thread polls without pause, pinned to `cpu` if given.
+    /// A dedicated engine thread polls, pinned to `cpu` if given; what it does when it has
+    /// nothing to do is the [`IdlePolicy`] (by default it backs off to sleep, see
+    /// [`ContextBuilder::idle`]).
     Poll {
         /// The core to pin the engine thread to.
         cpu: Option<usize>,
@@ -137,13 +139,33 @@ impl EngineMode {
 /// helper while a notification is armed) sleep until a peer's packet wakes them; with
 /// `Spin` they poll and yield. `Backoff` costs this engine's peers a fence per burst they
 /// publish to it (to know whether to wake it), in either mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+///
+/// The default ([`IdlePolicy::default`]) is `Backoff` with 10,000 spins and sleeps of at
+/// most 100 ms: a poll-mode engine with nothing to do ends up asleep instead of burning
+/// its core. A context built without [`ContextBuilder::idle`] gets it in poll mode, and
+/// `Spin` in inline mode (see there why).
+///
+/// ```
+/// use shmhca::{Context, EngineMode, IdlePolicy};
+/// assert!(matches!(IdlePolicy::default(), IdlePolicy::Backoff { .. }));
+/// // The lowest latency, at the price of a core per engine even when idle:
+/// let ctx = Context::builder()
+///     .mode(EngineMode::Poll { cpu: None })
+///     .idle(IdlePolicy::Spin)
+///     .arena_size(1 << 20)
+///     .build()?;
+/// # drop(ctx);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdlePolicy {
-    /// Keep polling (lowest latency; burns the core).
-    #[default]
+    /// Keep polling (lowest latency; burns the core, even with nothing to do). Building a
+    /// poll-mode engine with it prints a warning (once per process, on stderr) when this
+    /// process's spinning engine threads and one application thread outnumber its cores.
     Spin,
-    /// Poll `spins` empty iterations, then yield the CPU between polls, then sleep for up
-    /// to `max_sleep` at a time (for users who cannot burn a core).
+    /// Poll `spins` empty iterations, then yield the CPU between polls while a QP has work
+    /// in flight, and sleep once none has, for up to `max_sleep` at a time (a post or a
+    /// peer's packet wakes it at once). The default, with 10,000 spins and 100 ms.
     Backoff {
         /// Empty iterations before yielding.
         spins: u32,
@@ -152,13 +174,24 @@ pub enum IdlePolicy {
     },
 }
 
+impl Default for IdlePolicy {
+    /// `Backoff` with 10,000 spins and sleeps of at most 100 ms.
+    fn default() -> IdlePolicy {
+        IdlePolicy::Backoff {
+            spins: crate::engine::idle::DEFAULT_SPINS,
+            max_sleep: crate::engine::idle::DEFAULT_MAX_SLEEP,
+        }
+    }
+}
+
 /// Options of a [`Context`].
 #[derive(Debug, Clone)]
 pub struct ContextBuilder {
     arena_size: u64,
     huge_pages: HugePages,
     mode: EngineMode,
-    idle: IdlePolicy,
+    /// `None`: the mode's default (see [`ContextBuilder::idle`]).
+    idle: Option<IdlePolicy>,
     pcap: Option<PathBuf>,
     link_slots: usize,
     faults: crate::fault::FaultConfig,
@@ -186,7 +219,7 @@ impl Default for ContextBuilder {
             arena_size: 64 << 20,
             huge_pages: HugePages::Auto,
             mode: EngineMode::default_for_this_machine(),
-            idle: IdlePolicy::Spin,
+            idle: None,
             pcap: std::env::var_os("SHMHCA_PCAP").map(PathBuf::from),
             link_slots: link::DEFAULT_LINK_SLOTS,
             faults: crate::fault::FaultConfig::default(),
@@ -218,9 +251,22 @@ impl ContextBuilder {
         self
     }
 
-    /// What an idle poll-mode engine does (default: spin).
+    /// What an idle engine does (see [`IdlePolicy`]).
+    ///
+    /// Default: in poll mode [`IdlePolicy::default`], which spins a bounded while, then
+    /// yields while work is in flight and sleeps once there is none, woken by posts and
+    /// peers' packets — so that an engine thread with nothing to do does not burn a core;
+    /// ask for [`IdlePolicy::Spin`] for the lowest latency. In inline mode `Spin`: an
+    /// inline engine has no thread of its own that could spin, and `Backoff` would make
+    /// every peer pay a fence per burst it sends to this engine (see [`IdlePolicy`]); ask
+    /// for `Backoff` to have [`Cq::wait`] and [`CompChannel::get_event`] sleep instead of
+    /// yielding.
+    ///
+    /// A poll-mode engine with `Spin` on a machine where this process's spinning engine
+    /// threads and one application thread would outnumber its cores is built all the
+    /// same, with a one-line warning on stderr (once per process) saying what to do.
     pub fn idle(mut self, idle: IdlePolicy) -> ContextBuilder {
-        self.idle = idle;
+        self.idle = Some(idle);
         self
     }
 
@@ -291,7 +337,11 @@ impl ContextBuilder {
         }
         check_arena_size(self.arena_size)?;
         self.faults.validate()?;
-        let may_sleep = matches!(self.idle, IdlePolicy::Backoff { .. });
+        let idle = self.idle.unwrap_or(match self.mode {
+            EngineMode::Poll { .. } => IdlePolicy::default(),
+            EngineMode::Inline => IdlePolicy::Spin,
+        });
+        let may_sleep = matches!(idle, IdlePolicy::Backoff { .. });
         // Announce to peers whether they must wake this engine (see `engine::wake`).
         let engine_page = crate::arena::create_engine_page(may_sleep)?;
         let engine_page_mem = Mem::from_segment(engine_page.clone());
@@ -351,11 +401,22 @@ impl ContextBuilder {
         #[cfg(not(shmhca_loom))]
         if let EngineMode::Poll { cpu } = self.mode {
             let s = shared.clone();
-            let idle = self.idle;
+            // Counted while the thread lives (it holds the count).
+            let spinning = (idle == IdlePolicy::Spin).then(|| {
+                use crate::engine::idle;
+                let (counted, engines) = idle::SPINNING_ENGINES.count();
+                if let Some(warning) = idle::oversubscription(engines, idle::cores()) {
+                    idle::warn_once(&warning);
+                }
+                counted
+            });
             // Detached: it ends by itself when the last handle of the context is gone.
             std::thread::Builder::new()
                 .name("shmhca-engine".into())
-                .spawn(move || engine_thread(s, cpu, idle))
+                .spawn(move || {
+                    let _spinning = spinning;
+                    engine_thread(s, cpu, idle)
+                })
                 .map_err(|e| Error::io("spawning the engine thread", e))?;
         }
         Ok(Context { shared })
@@ -610,7 +671,7 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
                             .unwrap_or(false)
                 });
                 if slept {
-                    shared.engine.with(|e| e.res.stats.sleeps += 1);
+                    shared.engine.with(|e| e.note_sleep());
                 }
                 idle_iters = 0;
                 n |= 1023; // look at the reference count after every sleep
@@ -981,6 +1042,9 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         self.shared.engine.with(|e| e.flush_trace());
+        // A sleeping engine thread looks at the handle count when it wakes (and every 1024
+        // iterations): wake it, so that it ends soon if this was the last handle.
+        self.shared.kick();
     }
 }
 
