@@ -170,7 +170,9 @@ pub enum ModeArg {
     /// Each process drives its engine from its polling loop.
     #[value(name = "inline")]
     Inline,
-    /// A pinned engine thread polls without pause.
+    /// An engine thread per side polls without pause (on --engine-cpu, or the next two
+    /// free cores); with the application threads that is four spinning threads, which
+    /// need four cores (a run on fewer warns).
     #[value(name = "poll")]
     Poll,
 }
@@ -462,7 +464,9 @@ pub struct Cli {
     /// Cores for this process and its peer: `A[,B]` (with no role: A for the client, B for the server).
     #[arg(long = "cpu", value_name = "A[,B]")]
     pub cpu: Option<String>,
-    /// Cores for the poll-mode engine threads: `C[,D]` (this process's, the peer's).
+    /// Cores for the poll-mode engine threads: `C[,D]` (this process's, the peer's). Default
+    /// with no --server/--client: the first two cores the application threads do not use,
+    /// if there are two; else the scheduler places them.
     #[arg(long = "engine-cpu", value_name = "C[,D]")]
     pub engine_cpu: Option<String>,
     /// Show progress on stderr once a measurement has run this many seconds (default 2).
