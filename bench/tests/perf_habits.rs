@@ -159,8 +159,10 @@ fn out_json_replaces_an_earlier_report_but_no_other_file() {
 fn latency_tests_take_d_as_perftest() {
     let _g = serial();
     let s = Scratch::new("latdur");
-    for test in ["send_lat", "read_lat"] {
-        let args = [test, "-D", "2", "--json", "r.json", "--force"];
+    // --check: every iteration carries its own pattern (marker for write_lat), so both
+    // sides must number the steps' iterations alike.
+    for test in ["send_lat", "write_lat", "read_lat"] {
+        let args = [test, "-D", "2", "--check", "--json", "r.json", "--force"];
         let out = ok(&run(&s, &args), &args);
         assert!(
             !out.contains("BW peak"),
