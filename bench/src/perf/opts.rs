@@ -189,7 +189,7 @@ const UNAVAILABLE: &str = "perftest flags not available in shmhca-perf (refused 
     name = "shmhca-perf",
     version,
     about = "perftest's latency and bandwidth tests over shmhca (RC between processes over shared memory)",
-    after_help = "With no --server/--client, shmhca-perf starts its peer process itself (pinned to another core) and prints the result.\nFor two terminals: `shmhca-perf TEST --server PATH` then `shmhca-perf TEST --client PATH` with the same flags."
+    after_help = "With no --server/--client, shmhca-perf starts its peer process itself (pinned to another core) and prints the result.\nFor two terminals: `shmhca-perf TEST --server PATH` then `shmhca-perf TEST --client PATH` with the same flags.\nSHMHCA_PCAP=FILE captures every packet for Wireshark: the client writes FILE, the server (its own peer process, or --server) FILE with .server before the extension (run.pcap, run.server.pcap); two processes never write one file."
 )]
 pub struct Cli {
     /// The test: send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw or atomic_bw.

@@ -193,6 +193,9 @@ pub struct ContextBuilder {
     /// `None`: the mode's default (see [`ContextBuilder::idle`]).
     idle: Option<IdlePolicy>,
     pcap: Option<PathBuf>,
+    /// Whether `pcap` came from `SHMHCA_PCAP` (inherited by child processes: see
+    /// [`crate::trace`]) rather than from [`ContextBuilder::pcap`].
+    pcap_from_env: bool,
     link_slots: usize,
     faults: crate::fault::FaultConfig,
     fault_rule: RuleSlot,
@@ -221,6 +224,7 @@ impl Default for ContextBuilder {
             mode: EngineMode::default_for_this_machine(),
             idle: None,
             pcap: std::env::var_os("SHMHCA_PCAP").map(PathBuf::from),
+            pcap_from_env: true,
             link_slots: link::DEFAULT_LINK_SLOTS,
             faults: crate::fault::FaultConfig::default(),
             fault_rule: RuleSlot::default(),
@@ -279,9 +283,13 @@ impl ContextBuilder {
         self
     }
 
-    /// Writes every packet to a pcap file (default: `$SHMHCA_PCAP` if set).
+    /// Writes every packet to a pcap file (default: `$SHMHCA_PCAP` if set). Contexts of
+    /// this process naming one file share it; a file another process writes is refused
+    /// by [`ContextBuilder::build`] (the default from `SHMHCA_PCAP` instead moves to
+    /// `NAME.PID.EXT`: see [`crate::trace`]).
     pub fn pcap(mut self, path: impl Into<PathBuf>) -> ContextBuilder {
         self.pcap = Some(path.into());
+        self.pcap_from_env = false;
         self
     }
 
@@ -319,8 +327,9 @@ impl ContextBuilder {
     ///
     /// # Errors
     /// The engine page cannot be created (see [`Error::SegmentCreate`]), the pcap file
-    /// cannot be created, or an option is out of range (an arena size of 0 or above this
-    /// machine's memory, link slots not a power of two).
+    /// cannot be created or another process writes it ([`Error::InvalidArgument`] naming
+    /// the file), or an option is out of range (an arena size of 0 or above this machine's
+    /// memory, link slots not a power of two).
     pub fn build(self) -> Result<Context> {
         if !self.link_slots.is_power_of_two()
             || !(link::MIN_LINK_SLOTS..=link::MAX_LINK_SLOTS).contains(&self.link_slots)
@@ -368,8 +377,13 @@ impl ContextBuilder {
             engine.faults = Some(Box::new(crate::fault::Faults::new(self.faults, rule)));
         }
         if let Some(path) = &self.pcap {
+            let tap = if self.pcap_from_env {
+                env_tap(path)?
+            } else {
+                shared_tap(path)?
+            };
             engine.trace = Some(Box::new(Trace {
-                pcap: Some(shared_tap(path)?),
+                pcap: Some(tap),
                 observer: None,
             }));
         }
@@ -453,22 +467,63 @@ fn next_engine_id() -> u32 {
     (std::process::id() & 0xffff) << 8 | n
 }
 
-/// Contexts of one process tracing to the same file share one tap.
+/// Contexts of one process tracing to the same file (however they name it) share one
+/// tap; a file another process writes is refused, untouched.
 fn shared_tap(path: &Path) -> Result<Arc<Tap>> {
-    static TAPS: Mutex<Vec<(PathBuf, std::sync::Weak<Tap>)>> = Mutex::new(Vec::new());
+    static TAPS: Mutex<Vec<(crate::trace::tap::FileId, std::sync::Weak<Tap>)>> =
+        Mutex::new(Vec::new());
+    let creating = |e| Error::io(format!("creating the capture file {}", path.display()), e);
     let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
     taps.retain(|(_, w)| w.strong_count() > 0);
+    let (file, id) = crate::trace::tap::open_capture(path).map_err(creating)?;
     if let Some(t) = taps
         .iter()
-        .find(|(p, _)| p == path)
+        .find(|(i, _)| *i == id)
         .and_then(|(_, w)| w.upgrade())
     {
         return Ok(t);
     }
-    let tap = Tap::create(path)
-        .map_err(|e| Error::io(format!("creating the capture file {}", path.display()), e))?;
-    taps.push((path.to_path_buf(), Arc::downgrade(&tap)));
+    let tap = Tap::start(file).map_err(|e| {
+        if crate::trace::tap::held_elsewhere(&e) {
+            Error::invalid(
+                "pcap",
+                format!(
+                    "{}: another process is writing this capture file (two writers would \
+                     interleave their records into a file no reader can parse); give each \
+                     process a file of its own",
+                    path.display()
+                ),
+            )
+        } else {
+            creating(e)
+        }
+    })?;
+    taps.push((id, Arc::downgrade(&tap)));
     Ok(tap)
+}
+
+/// The tap of a capture named by `SHMHCA_PCAP`, which the processes this one starts
+/// inherit: `path` if no other process writes it, else `NAME.PID.EXT` (this process's
+/// id), said once on stderr.
+fn env_tap(path: &Path) -> Result<Arc<Tap>> {
+    match shared_tap(path) {
+        Err(Error::InvalidArgument { name: "pcap", .. }) => {
+            let own = crate::trace::per_process_path(path, std::process::id());
+            let tap = shared_tap(&own)?;
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "shmhca: SHMHCA_PCAP={} is being written by another process; this \
+                     process (pid {}) writes its capture to {}",
+                    path.display(),
+                    std::process::id(),
+                    own.display()
+                );
+            });
+            Ok(tap)
+        }
+        r => r,
+    }
 }
 
 /// What every handle of a context shares.
@@ -932,11 +987,12 @@ impl Context {
 
     /// Starts writing every packet this engine sends and receives to a pcap file
     /// (Ethernet / IPv4 / UDP 4791 / InfiniBand, as RoCEv2), replacing any capture in
-    /// progress. Contexts of this process tracing to the same path share the file, and
-    /// then packets between them are recorded once, by their sender.
+    /// progress. Contexts of this process tracing to the same file share it, and then
+    /// packets between them are recorded once, by their sender.
     ///
     /// # Errors
-    /// The file cannot be created.
+    /// The file cannot be created, or another process writes it
+    /// ([`Error::InvalidArgument`] naming the file; it is left as it is).
     pub fn trace_to(&self, path: impl AsRef<Path>) -> Result<()> {
         let tap = shared_tap(path.as_ref())?;
         self.shared
