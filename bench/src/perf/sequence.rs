@@ -334,3 +334,26 @@ fn measure_bw(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::setup::in_process_pair;
+
+    /// The server of a timed latency run loops on the step counts its peer announces: a
+    /// count above a step is refused before it answers anything, and 0 ends the size.
+    #[test]
+    fn a_timed_latency_server_takes_no_step_above_a_step() {
+        let opts = Options::parse_from(["shmhca-perf", "send_lat", "-D", "2"]).unwrap();
+        let (mut a, mut b) = in_process_pair(&opts, (None, None)).unwrap();
+        a.ctl.send(0, 0).unwrap();
+        timed_lat_server(&opts, &mut b, 2, 0).expect("0 ends the steps");
+        a.ctl.send(0, LAT_STEP + 1).unwrap();
+        match timed_lat_server(&opts, &mut b, 2, 0) {
+            Err(PerfError::NotPerf(m)) => {
+                assert!(m.contains(&format!("{} iterations", LAT_STEP + 1)), "{m}");
+            }
+            other => panic!("expected a refusal of the step, got {other:?}"),
+        }
+    }
+}
