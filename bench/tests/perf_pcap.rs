@@ -201,3 +201,20 @@ fn the_help_says_which_process_writes_which_capture() {
         "--help should say where each process captures:\n{help}"
     );
 }
+
+#[test]
+fn the_server_capture_name_puts_server_before_the_extension() {
+    use shmhca_bench::perf::setup::server_capture;
+    assert_eq!(
+        server_capture(Path::new("/tmp/run.pcap")),
+        Path::new("/tmp/run.server.pcap")
+    );
+    assert_eq!(
+        server_capture(Path::new("a.b.pcapng")),
+        Path::new("a.b.server.pcapng")
+    );
+    assert_eq!(
+        server_capture(Path::new("capture")),
+        Path::new("capture.server")
+    );
+}

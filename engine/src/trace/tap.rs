@@ -9,7 +9,7 @@
 //! (see [`crate::trace`]).
 
 use std::fs::File;
-use std::io::{BufWriter, Seek};
+use std::io::BufWriter;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -75,11 +75,11 @@ impl Tap {
     /// Starts a capture in `file` (from [`open_capture`]): takes the file's lock — an
     /// error of kind `WouldBlock`, with the file untouched, if another process (or another
     /// open of it) holds it — then truncates it and writes the pcap header.
-    pub(crate) fn start(mut file: File) -> std::io::Result<Arc<Tap>> {
+    pub(crate) fn start(file: File) -> std::io::Result<Arc<Tap>> {
         rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(std::io::Error::from)?;
+        // Freshly opened: its offset is 0, where the header goes.
         file.set_len(0)?;
-        file.rewind()?;
         let writer = PcapWriter::new(BufWriter::new(file))?;
         Ok(Arc::new(Tap {
             inner: Mutex::new(Inner {
