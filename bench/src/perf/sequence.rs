@@ -8,7 +8,7 @@ use crate::perf::check::{client_check, fill_pattern, server_check};
 use crate::perf::error::PerfError;
 use crate::perf::idle::IdleWatch;
 use crate::perf::lat::{self, Progress};
-use crate::perf::opts::{Options, TestKind, Timed, Verb};
+use crate::perf::opts::{Options, Timed, Verb};
 use crate::perf::output::Output;
 use crate::perf::setup::Side;
 use crate::perf::stats::{BwClock, BwStats, TimedClock};
@@ -195,10 +195,31 @@ pub(crate) fn run_sizes(
 /// exactly as many, and checks the clock between steps.
 const LAT_STEP: u64 = 100;
 
-/// Whether the server takes part in each iteration of the latency test (it answers a
-/// Send or an RDMA Write; Reads and Atomics need nothing of its application).
-fn server_answers(opts: &Options) -> bool {
-    matches!(opts.test, TestKind::SendLat | TestKind::WriteLat)
+/// What a timed latency run does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LatStep {
+    /// A step outside the margins.
+    Unmeasured,
+    /// A measured step.
+    Measured,
+    /// The run is over.
+    Stop,
+}
+
+/// The next step of a run of `-D secs -f margin` (`secs > 2 * margin`, as the options
+/// check), `t` into it with `measured` iterations measured so far: measured between the
+/// margins; past `secs`, the end — but never before one step was measured, however slow
+/// the machine (a step that starts past the window then is measured).
+fn lat_step(t: Duration, secs: u64, margin: u64, measured: u64) -> LatStep {
+    let begin = Duration::from_secs(margin);
+    let stop = Duration::from_secs(secs.saturating_sub(margin));
+    if t >= Duration::from_secs(secs) && measured > 0 {
+        LatStep::Stop
+    } else if t >= begin && (t < stop || measured == 0) {
+        LatStep::Measured
+    } else {
+        LatStep::Unmeasured
+    }
 }
 
 /// The client of a timed latency run (`-D secs -f margin`, as perftest's duration mode):
@@ -215,20 +236,15 @@ fn timed_lat_client(
     o: &mut Output,
 ) -> Result<u64, PerfError> {
     let start = Instant::now();
-    let (begin, stop, end) = (
-        Duration::from_secs(margin),
-        Duration::from_secs(secs - margin),
-        Duration::from_secs(secs),
-    );
     let mut done = 0u64;
     let mut measured = 0u64;
     let mut measuring = false;
     loop {
-        let t = start.elapsed();
-        let measure = t >= begin && (t < stop || measured == 0);
-        if t >= end && measured > 0 {
-            break;
-        }
+        let measure = match lat_step(start.elapsed(), secs, margin, measured) {
+            LatStep::Stop => break,
+            LatStep::Measured => true,
+            LatStep::Unmeasured => false,
+        };
         if measure && !measuring {
             o.rec.reset();
             o.rec.start_intervals(size);
@@ -238,9 +254,7 @@ fn timed_lat_client(
             o.rec.end_intervals();
             measuring = false;
         }
-        if server_answers(opts) {
-            side.ctl.send(tag, LAT_STEP)?;
-        }
+        side.ctl.send(tag, LAT_STEP)?;
         let rec = if measure { Some(&mut o.rec) } else { None };
         lat::client(side, opts, size, done, LAT_STEP, rec, &mut o.quiet)?;
         done += LAT_STEP;
@@ -251,18 +265,14 @@ fn timed_lat_client(
     if measuring {
         o.rec.end_intervals();
     }
-    if server_answers(opts) {
-        side.ctl.send(tag, 0)?;
-    }
+    side.ctl.send(tag, 0)?;
     Ok(done)
 }
 
 /// The server of a timed latency run: answers the steps the client announces until it
-/// announces none (0).
+/// announces none (0). (Reads and Atomics need nothing of the server's application: their
+/// steps are announced all the same, and `lat::server` returns at once for them.)
 fn timed_lat_server(opts: &Options, side: &mut Side, size: u64, tag: u32) -> Result<(), PerfError> {
-    if !server_answers(opts) {
-        return Ok(());
-    }
     let mut first = 0u64;
     loop {
         let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's next iterations");
@@ -342,6 +352,27 @@ mod tests {
 
     /// The server of a timed latency run loops on the step counts its peer announces: a
     /// count above a step is refused before it answers anything, and 0 ends the size.
+    #[test]
+    fn a_timed_latency_run_measures_between_the_margins_and_at_least_once() {
+        let ms = Duration::from_millis;
+        let step = |t: u64, measured: u64| lat_step(ms(t), 8, 2, measured);
+        assert_eq!(step(0, 0), LatStep::Unmeasured);
+        assert_eq!(step(1999, 0), LatStep::Unmeasured);
+        assert_eq!(step(2000, 0), LatStep::Measured);
+        assert_eq!(step(5999, 100), LatStep::Measured);
+        assert_eq!(step(6000, 100), LatStep::Unmeasured);
+        assert_eq!(step(7999, 100), LatStep::Unmeasured);
+        assert_eq!(step(8000, 100), LatStep::Stop);
+        // A machine so slow that no step started inside the window: one is measured.
+        assert_eq!(step(6000, 0), LatStep::Measured);
+        assert_eq!(step(9000, 0), LatStep::Measured);
+        assert_eq!(step(9000, 100), LatStep::Stop);
+        // No margin: measured from the start to the end.
+        assert_eq!(lat_step(ms(0), 2, 0, 0), LatStep::Measured);
+        assert_eq!(lat_step(ms(1999), 2, 0, 100), LatStep::Measured);
+        assert_eq!(lat_step(ms(2000), 2, 0, 100), LatStep::Stop);
+    }
+
     #[test]
     fn a_timed_latency_server_takes_no_step_above_a_step() {
         let opts = Options::parse_from(["shmhca-perf", "send_lat", "-D", "2"]).unwrap();
