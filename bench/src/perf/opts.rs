@@ -240,7 +240,8 @@ pub struct Cli {
     /// Do not compute the peak bandwidth (reported as 0, as perftest).
     #[arg(short = 'N', long = "noPeak")]
     pub no_peak: bool,
-    /// Run each size for this many seconds instead of -n iterations.
+    /// Run for this many seconds instead of -n iterations (one size; latency tests measure
+    /// the iterations between the -f margins).
     #[arg(short = 'D', long = "duration", value_name = "SECONDS")]
     pub duration: Option<u64>,
     /// With -D: measure only after the first and before the last SECONDS (default -D / 4).
