@@ -18,8 +18,13 @@ pub const MAX_ARENA: u64 = 4 << 30;
 pub const MIN_ITERS: u64 = 5;
 /// perftest's iteration bounds.
 pub const MAX_ITERS: u64 = 100_000_000;
-/// perftest's default `-u`: 4.096 us * 2^14, 67 ms.
-pub const DEFAULT_QP_TIMEOUT: u8 = 14;
+/// The default `-u`: 4.096 us * 2^18, 1.07 s. perftest's is 14 (67 ms), made for a wire
+/// whose round trip is microseconds; here the wire is the peer process, and on a loaded
+/// machine it stalls for longer: with 14, a debug build on a loaded 2-core machine (load
+/// average 20) saw a transport timeout in a 10 s `send_lat`, and `write_bw -s 8388608 -b
+/// -q 3 -D 5` (an 8 MiB message takes longer than 67 ms there) ended in RetryExcErr.
+/// `-u 14` gives perftest's value.
+pub const DEFAULT_QP_TIMEOUT: u8 = 18;
 /// The deepest send or receive queue (the engine's limit).
 pub const MAX_DEPTH: u32 = shmhca::qp::MAX_QUEUE_DEPTH;
 /// The most QPs of one run.
@@ -264,7 +269,8 @@ pub struct Cli {
     /// Completion vector for -e (shmhca has one: not available).
     #[arg(short = 'X', long = "vector", value_name = "VECTOR")]
     pub vector: Option<String>,
-    /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 14, as perftest).
+    /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 18, 1 s: perftest's 14,
+    /// 67 ms, is shorter than a busy machine stalls a process).
     #[arg(short = 'u', long = "qp-timeout", value_name = "N")]
     pub qp_timeout: Option<u8>,
     /// Transport retries before a QP fails (0 to 7; default 7).
@@ -1533,7 +1539,7 @@ mod tests {
     fn latency_defaults_and_duration() {
         let o = parse(&["send_lat"]).unwrap();
         assert_eq!((o.tx_depth, o.qp_timeout), (1, DEFAULT_QP_TIMEOUT));
-        assert_eq!(DEFAULT_QP_TIMEOUT, 14);
+        assert_eq!(DEFAULT_QP_TIMEOUT, 18);
         let o = parse(&["send_bw"]).unwrap();
         assert_eq!(o.tx_depth, 128);
         let o = parse(&["read_lat", "-D", "8"]).unwrap();
