@@ -44,13 +44,23 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Whether this machine has the two cores the runs pin themselves to; if not, says so.
+/// Whether this process may run on cores 0 and 1, which the runs pin themselves to; if
+/// not, says so.
 fn two_cores() -> bool {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if n < 2 {
-        eprintln!("perf_spin: skipped: the runs need 2 cores, this process may use {n}");
+    let ids: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let ok = ids.contains(&0) && ids.contains(&1);
+    if !ok {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "perf_spin: skipped: the runs need cores 0 and 1, this process may use {ids:?}"
+        );
     }
-    n >= 2
+    ok
 }
 
 fn spawn(scratch: &Scratch, args: &[&str]) -> Child {
