@@ -1009,13 +1009,24 @@ fn out_json_has_perftest_keys_and_nothing_is_overwritten() {
     }
     assert_eq!(doc["test_info"]["test"], "RDMA_Write_BW_Test");
     assert_eq!(doc["test_info"]["Connection_type"], "RC");
-    // It exists now: refused, untouched.
+    // A file that is not a report (here half of one) is refused, untouched; an earlier
+    // report itself is replaced, as perftest does (perf_habits.rs).
     let before = std::fs::read(&f).unwrap();
+    let half = s.path("half.json");
+    std::fs::write(&half, &before[..before.len() / 2]).unwrap();
     fails_with(
         &s,
-        &["write_bw", "-n", "200", "--out_json", "--out_json_file", fp],
+        &[
+            "write_bw",
+            "-n",
+            "200",
+            "--out_json",
+            "--out_json_file",
+            half.to_str().unwrap(),
+        ],
         "does not overwrite",
     );
+    assert_eq!(std::fs::read(&half).unwrap(), &before[..before.len() / 2]);
     let hgrm = s.path("x.hgrm");
     std::fs::write(&hgrm, "mine").unwrap();
     fails_with(
@@ -1067,7 +1078,11 @@ fn duration_and_run_infinitely() {
         assert_eq!(r[0][2], 0.0, "no peak in a timed run: {out}");
         assert!(r[0][1] > 0.0 && r[0][3] > 0.0, "{out}");
     }
-    fails_with(&s, &["send_lat", "-D", "2"], "by iterations only");
+    fails_with(
+        &s,
+        &["send_lat", "--run_infinitely"],
+        "for the bandwidth tests",
+    );
     fails_with(&s, &["send_bw", "-D", "4", "-f", "2"], "twice the margin");
     fails_with(&s, &["send_bw", "-D", "2", "-n", "100"], "give one");
 

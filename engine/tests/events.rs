@@ -254,7 +254,11 @@ fn cq_wait_returns_when_a_completion_arrives_poll_backoff() {
 
 #[test]
 fn cq_wait_returns_when_a_completion_arrives_poll_spin() {
-    cq_wait(Context::builder().mode(EngineMode::Poll { cpu: None }));
+    cq_wait(
+        Context::builder()
+            .mode(EngineMode::Poll { cpu: None })
+            .idle(IdlePolicy::Spin),
+    );
 }
 
 #[test]

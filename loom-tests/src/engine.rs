@@ -23,8 +23,8 @@
 //!   anything.
 
 use shmhca::{
-    AccessFlags, Context, Cq, Destination, EngineMode, Mr, Mtu, Pd, Qp, QpAttr, QpCaps, QpState,
-    RecvWr, SendOp, SendWr, WcStatus, WorkCompletion,
+    AccessFlags, Context, Cq, Destination, EngineMode, IdlePolicy, Mr, Mtu, Pd, Qp, QpAttr, QpCaps,
+    QpState, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 use shmhca_rings::segment::HugePages;
 
@@ -63,6 +63,8 @@ pub fn loopback(caps: QpCaps) -> Loopback {
         .arena_size(16 << 10)
         .huge_pages(HugePages::Never)
         .mode(EngineMode::Poll { cpu: None })
+        // The model's engine never sleeps (the poll-mode default backs off to sleep).
+        .idle(IdlePolicy::Spin)
         .link_slots(8)
         .build()
         .expect("context");

@@ -14,8 +14,9 @@
 //! [`bw`] (the measurement loops), [`stats`] and [`report`] (perftest's tables, `--json`,
 //! `--hgrm`), [`check`] (the data pattern and each size's verdicts), [`sequence`] (the
 //! per-size barriers, warm-up and measurement), [`output`] (what the client prints and
-//! writes), [`process`] (the self-spawned peer and clean-up on every path), [`run`] (the
-//! program and its roles).
+//! writes), [`process`] (the self-spawned peer and clean-up on every path), [`placement`]
+//! (which core each thread gets, and the warning when spinning threads outnumber cores),
+//! [`run`] (the program and its roles).
 
 pub mod bw;
 pub mod check;
@@ -26,6 +27,7 @@ pub mod lat;
 pub mod opts;
 pub mod output;
 pub mod params;
+pub mod placement;
 pub mod process;
 pub mod report;
 pub mod run;

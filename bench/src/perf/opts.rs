@@ -18,6 +18,13 @@ pub const MAX_ARENA: u64 = 4 << 30;
 pub const MIN_ITERS: u64 = 5;
 /// perftest's iteration bounds.
 pub const MAX_ITERS: u64 = 100_000_000;
+/// The default `-u`: 4.096 us * 2^18, 1.07 s. perftest's is 14 (67 ms), made for a wire
+/// whose round trip is microseconds; here the wire is the peer process, and on a loaded
+/// machine it stalls for longer: with 14, a debug build on a loaded 2-core machine (load
+/// average 20) saw a transport timeout in a 10 s `send_lat`, and `write_bw -s 8388608 -b
+/// -q 3 -D 5` (an 8 MiB message takes longer than 67 ms there) ended in RetryExcErr.
+/// `-u 14` gives perftest's value.
+pub const DEFAULT_QP_TIMEOUT: u8 = 18;
 /// The deepest send or receive queue (the engine's limit).
 pub const MAX_DEPTH: u32 = shmhca::qp::MAX_QUEUE_DEPTH;
 /// The most QPs of one run.
@@ -168,7 +175,9 @@ pub enum ModeArg {
     /// Each process drives its engine from its polling loop.
     #[value(name = "inline")]
     Inline,
-    /// A pinned engine thread polls without pause.
+    /// An engine thread per side polls without pause (on --engine-cpu, or the next two
+    /// free cores); with the application threads that is four spinning threads, which
+    /// need four cores (a run on fewer warns).
     #[value(name = "poll")]
     Poll,
 }
@@ -185,12 +194,17 @@ const UNAVAILABLE: &str = "perftest flags not available in shmhca-perf (refused 
     name = "shmhca-perf",
     version,
     about = "perftest's latency and bandwidth tests over shmhca (RC between processes over shared memory)",
-    after_help = "With no --server/--client, shmhca-perf starts its peer process itself (pinned to another core) and prints the result.\nFor two terminals: `shmhca-perf TEST --server PATH` then `shmhca-perf TEST --client PATH` with the same flags."
+    after_help = "With no --server/--client, shmhca-perf starts its peer process itself (pinned to another core) and prints the result.\nFor two terminals: `shmhca-perf TEST --server PATH` then `shmhca-perf TEST --client PATH` with the same flags.\nSHMHCA_PCAP=FILE captures every packet for Wireshark: the client writes FILE, the server (its own peer process, or --server) FILE with .server before the extension (run.pcap, run.server.pcap); two processes never write one file."
 )]
 pub struct Cli {
     /// The test: send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw or atomic_bw.
     #[arg(value_enum, value_name = "TEST")]
     pub test_pos: Option<TestKind>,
+    /// perftest's server address, last on the line (`send_lat -s 8 HOST`): the peer of a
+    /// shmhca-perf run is on this machine, so only this host is accepted (localhost,
+    /// 127.x.y.z, ::1 or this machine's name); the run is the same as without it.
+    #[arg(value_name = "HOST")]
+    pub host: Option<String>,
     /// The test, perftest-style (same as the positional argument).
     #[arg(long = "test", value_enum)]
     pub test: Option<TestKind>,
@@ -206,7 +220,8 @@ pub struct Cli {
     /// Largest message sent inline (default 236 for send_lat, 220 for write_lat, 0 otherwise).
     #[arg(short = 'I', long = "inline_size")]
     pub inline: Option<u32>,
-    /// Send queue depth: requests kept outstanding by bandwidth tests (default 128).
+    /// Send queue depth: requests kept outstanding by bandwidth tests (default 128; 1 for
+    /// latency tests, as perftest).
     #[arg(short = 't', long = "tx-depth")]
     pub tx_depth: Option<u32>,
     /// Receive queue depth of Send tests (default 512).
@@ -230,7 +245,8 @@ pub struct Cli {
     /// Do not compute the peak bandwidth (reported as 0, as perftest).
     #[arg(short = 'N', long = "noPeak")]
     pub no_peak: bool,
-    /// Bandwidth tests: run each for this many seconds instead of -n iterations.
+    /// Run for this many seconds instead of -n iterations (one size; latency tests measure
+    /// the iterations between the -f margins).
     #[arg(short = 'D', long = "duration", value_name = "SECONDS")]
     pub duration: Option<u64>,
     /// With -D: measure only after the first and before the last SECONDS (default -D / 4).
@@ -253,20 +269,24 @@ pub struct Cli {
     /// Completion vector for -e (shmhca has one: not available).
     #[arg(short = 'X', long = "vector", value_name = "VECTOR")]
     pub vector: Option<String>,
-    /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 18).
+    /// Transport timeout exponent: 4.096 us * 2^N (1 to 31; default 18, 1 s: perftest's 14,
+    /// 67 ms, is shorter than a busy machine stalls a process).
     #[arg(short = 'u', long = "qp-timeout", value_name = "N")]
     pub qp_timeout: Option<u8>,
     /// Transport retries before a QP fails (0 to 7; default 7).
     #[arg(long = "retry_count", value_name = "N")]
     pub retry_count: Option<u8>,
     /// Write perftest's JSON report (its keys) to --out_json_file (default perftest_out.json).
+    /// As perftest, a later run replaces the file when it holds an earlier run's report
+    /// (shmhca-perf's or perftest's); any other existing file is refused (or --force).
     #[arg(long = "out_json")]
     pub out_json: bool,
     /// The file of --out_json.
     #[arg(long = "out_json_file", value_name = "FILE")]
     pub out_json_file: Option<PathBuf>,
     /// Overwrite existing output files (--json, --hgrm, --out_json, --svg, --hlog); without it
-    /// shmhca-perf refuses to touch a file that exists.
+    /// shmhca-perf refuses to touch a file that exists (but --out_json replaces an earlier
+    /// run's report, as perftest).
     #[arg(long = "force")]
     pub force: bool,
     /// Run on these cores only (perftest's --pin_cores, e.g. 0-3,8); the first two serve
@@ -451,7 +471,9 @@ pub struct Cli {
     /// Cores for this process and its peer: `A[,B]` (with no role: A for the client, B for the server).
     #[arg(long = "cpu", value_name = "A[,B]")]
     pub cpu: Option<String>,
-    /// Cores for the poll-mode engine threads: `C[,D]` (this process's, the peer's).
+    /// Cores for the poll-mode engine threads: `C[,D]` (this process's, the peer's). Default
+    /// with no --server/--client: the first two cores the application threads do not use,
+    /// if there are two; else the scheduler places them.
     #[arg(long = "engine-cpu", value_name = "C[,D]")]
     pub engine_cpu: Option<String>,
     /// Show progress on stderr once a measurement has run this many seconds (default 2).
@@ -604,7 +626,7 @@ pub struct Options {
     pub check_expect_wrong: bool,
 }
 
-/// A bandwidth run by time (`-D`, `--run_infinitely`) rather than by iterations.
+/// A run by time (`-D`; `--run_infinitely` for bandwidth tests) rather than by iterations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Timed {
     /// `-D SECS`: run for `secs`, measuring between `margin` and `secs - margin`.
@@ -711,7 +733,8 @@ impl Options {
                 Ok(v)
             }
         };
-        let tx_depth = depth("-t", cli.tx_depth.unwrap_or(128))?;
+        // As perftest: a latency test has one request in flight, and says so (TX depth 1).
+        let tx_depth = depth("-t", cli.tx_depth.unwrap_or(if lat { 1 } else { 128 }))?;
         let rx_depth = depth("-r", cli.rx_depth.unwrap_or(512))?;
         let qps = cli.qps.unwrap_or(1);
         if qps == 0 || qps > MAX_QPS {
@@ -905,7 +928,7 @@ impl Options {
                 test.name()
             )));
         }
-        let qp_timeout = cli.qp_timeout.unwrap_or(18);
+        let qp_timeout = cli.qp_timeout.unwrap_or(DEFAULT_QP_TIMEOUT);
         if !(1..=31).contains(&qp_timeout) {
             return Err(usage(format!(
                 "-u {qp_timeout}: the timeout exponent must be 1 to 31 (4.096 us * 2^N)"
@@ -946,13 +969,20 @@ impl Options {
             .into_iter()
             .chain(hgrms.iter().map(|p| ("--hgrm", Some(p))));
             for (flag, path) in outputs {
-                if let Some(p) = path.filter(|p| std::fs::symlink_metadata(p).is_ok()) {
+                // --out_json replaces an earlier run's report, as perftest (looped scripts).
+                let replaceable = |p: &PathBuf| flag == "--out_json" && is_earlier_report(p);
+                if let Some(p) =
+                    path.filter(|p| std::fs::symlink_metadata(p).is_ok() && !replaceable(p))
+                {
                     return Err(usage(format!(
                         "{flag} {}: the file exists; shmhca-perf does not overwrite files: remove it, pick another name, or give --force",
                         p.display()
                     )));
                 }
             }
+        }
+        if let Some(h) = cli.host.as_deref() {
+            check_host(h)?;
         }
         let pin_cores = parse_core_list(cli.pin_cores.as_deref())?;
         if cli.bidirectional && !matches!(test, TestKind::WriteBw | TestKind::ReadBw) {
@@ -1056,6 +1086,60 @@ pub fn hgrm_paths(path: &std::path::Path, sizes: &[u64]) -> Vec<(u64, PathBuf)> 
         .collect()
 }
 
+/// The most bytes of an existing `--out_json` file read to see whether it is an earlier
+/// report (perftest's are a few KiB; `-a` adds one entry per size).
+const MAX_REPORT_BYTES: u64 = 1 << 20;
+
+/// Whether `path` is a regular file holding an earlier `--out_json` report (shmhca-perf's
+/// or perftest's: a JSON object with a `test_info` object naming the `test`, and
+/// `results`), which a new run may replace as perftest does. Anything else (another JSON
+/// file, a symlink, a directory, text, a file too large to be a report) is not.
+pub fn is_earlier_report(path: &std::path::Path) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    if !meta.is_file() || meta.len() > MAX_REPORT_BYTES {
+        return false;
+    }
+    let Ok(text) = std::fs::read(path) else {
+        return false;
+    };
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return false;
+    };
+    doc.get("test_info")
+        .and_then(|i| i.get("test"))
+        .is_some_and(serde_json::Value::is_string)
+        && doc.get("results").is_some()
+}
+
+/// The positional HOST (perftest's server address): shmhca's peer is a process of this
+/// machine, so HOST must name this machine.
+fn check_host(host: &str) -> Result<(), PerfError> {
+    let h = host.trim_end_matches('.');
+    let loopback_name = [
+        "localhost",
+        "localhost.localdomain",
+        "ip6-localhost",
+        "ip6-loopback",
+    ]
+    .iter()
+    .any(|n| h.eq_ignore_ascii_case(n));
+    let loopback_ip = h
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback());
+    let own_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .is_ok_and(|n| !n.trim().is_empty() && n.trim().eq_ignore_ascii_case(h));
+    if loopback_name || loopback_ip || own_name {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "HOST {host}: shmhca connects processes of one machine over shared memory, so the server is on this host: give localhost (or nothing: shmhca-perf starts its peer itself); for two terminals use --server PATH and --client PATH"
+    )))
+}
+
 /// `-D`, `-f` and `--run_infinitely`, checked as perftest does.
 fn timed(cli: &Cli, test: TestKind) -> Result<Option<Timed>, PerfError> {
     if cli.duration.is_none() && !cli.run_infinitely {
@@ -1064,9 +1148,9 @@ fn timed(cli: &Cli, test: TestKind) -> Result<Option<Timed>, PerfError> {
         }
         return Ok(None);
     }
-    if test.is_lat() {
+    if test.is_lat() && cli.run_infinitely {
         return Err(usage(format!(
-            "-D/--run_infinitely: shmhca-perf runs {} by iterations only (-n); timed runs are for the bandwidth tests",
+            "--run_infinitely: {} runs by iterations (-n) or for a time (-D); --run_infinitely is for the bandwidth tests",
             test.name()
         )));
     }
@@ -1128,7 +1212,7 @@ fn refuse_unavailable(cli: &Cli) -> Result<(), PerfError> {
         (
             cli.use_srq,
             "--use-srq",
-            "shmhca has no shared receive queues yet",
+            "shmhca has shared receive queues (Context::create_srq), but shmhca-perf's Send tests post to each QP's own receive queue; leave --use-srq out",
         ),
         (
             cli.limit_bw.is_some(),
@@ -1148,7 +1232,7 @@ fn refuse_unavailable(cli: &Cli) -> Result<(), PerfError> {
         (
             cli.write_with_imm,
             "--write_with_imm",
-            "write_lat uses RDMA Write only",
+            "shmhca has RDMA Write with Immediate (SendOp::RdmaWriteWithImm), but shmhca-perf's write_lat and write_bw post plain RDMA Writes; leave --write_with_imm out",
         ),
         (
             cli.odp,
@@ -1369,6 +1453,98 @@ mod tests {
         assert_eq!((o.cq_mod, o.post_list), (16, 1));
         let o = parse(&["send_bw", "-t", "16", "-l", "64"]).unwrap();
         assert_eq!(o.post_list, 16);
+    }
+
+    #[test]
+    fn host_must_be_this_machine() {
+        for h in [
+            "localhost",
+            "LOCALHOST.",
+            "localhost.localdomain",
+            "ip6-localhost",
+            "127.0.0.1",
+            "127.3.2.1",
+            "::1",
+            "[::1]",
+        ] {
+            assert!(check_host(h).is_ok(), "{h}");
+        }
+        if let Ok(name) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            assert!(check_host(name.trim()).is_ok(), "this machine's name");
+        }
+        for h in [
+            "10.0.0.1",
+            "192.0.2.7",
+            "example.com",
+            "128.0.0.1",
+            "",
+            "::2",
+        ] {
+            match check_host(h) {
+                Err(PerfError::Usage(m)) => {
+                    assert!(m.starts_with(&format!("HOST {h}:")), "{m}");
+                    assert!(m.contains("localhost") && m.contains("--client"), "{m}");
+                }
+                other => panic!("HOST {h:?}: expected a usage error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn only_an_earlier_report_is_replaceable() {
+        let dir = std::env::temp_dir().join(format!("shmhca-perf-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = |name: &str, content: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, content).unwrap();
+            p
+        };
+        let report = at(
+            "r.json",
+            br#"{"test_info": {"test": "Send_Latency_Test"}, "results": {}}"#,
+        );
+        assert!(is_earlier_report(&report));
+        for (name, content) in [
+            (
+                "a.json",
+                &br#"{"test_info": {"test": 1}, "results": {}}"#[..],
+            ),
+            ("b.json", br#"{"test_info": {"test": "x"}}"#),
+            ("c.json", br#"{"results": {}, "test": "x"}"#),
+            ("d.json", br#"[1, 2]"#),
+            ("e.txt", b"my notes"),
+        ] {
+            assert!(!is_earlier_report(&at(name, content)), "{name}");
+        }
+        // A report of the bound's size is one; a byte more is not taken for one (nor read).
+        let report_of = |len: usize| {
+            let mut r = br#"{"test_info": {"test": "x"}, "results": {}, "pad": ""#.to_vec();
+            r.resize(len - 2, b' ');
+            r.extend_from_slice(br#""}"#);
+            r
+        };
+        let max = MAX_REPORT_BYTES as usize;
+        assert!(is_earlier_report(&at("max.json", &report_of(max))));
+        assert!(!is_earlier_report(&at("big.json", &report_of(max + 1))));
+        // A link to a report is not replaced (the rename would replace the link only).
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink(&report, &link).unwrap();
+        assert!(!is_earlier_report(&link));
+        assert!(!is_earlier_report(&dir.join("missing.json")));
+        assert!(!is_earlier_report(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn latency_defaults_and_duration() {
+        let o = parse(&["send_lat"]).unwrap();
+        assert_eq!((o.tx_depth, o.qp_timeout), (1, DEFAULT_QP_TIMEOUT));
+        assert_eq!(DEFAULT_QP_TIMEOUT, 18);
+        let o = parse(&["send_bw"]).unwrap();
+        assert_eq!(o.tx_depth, 128);
+        let o = parse(&["read_lat", "-D", "8"]).unwrap();
+        assert_eq!(o.timed, Some(Timed::Duration { secs: 8, margin: 2 }));
+        assert!(usage_msg(&["send_lat", "--run_infinitely"]).contains("bandwidth tests"));
     }
 
     #[test]

@@ -195,7 +195,12 @@ impl Output {
             let doc = report::perftest_json(opts, header_info(opts, side).exchange, &self.rows);
             let text = serde_json::to_string_pretty(&doc)
                 .map_err(|e| PerfError::Peer(format!("encoding the JSON report: {e}")))?;
-            write_new(path, (text + "\n").as_bytes(), opts.force)?;
+            let bytes = (text + "\n").into_bytes();
+            if !opts.force && crate::perf::opts::is_earlier_report(path) {
+                replace_report(path, &bytes)?;
+            } else {
+                write_new(path, &bytes, opts.force)?;
+            }
         }
         if let Some(path) = &opts.json {
             let info = header_info(opts, side);
@@ -320,6 +325,26 @@ pub fn write_new(path: &std::path::Path, bytes: &[u8], force: bool) -> Result<()
     })?;
     f.write_all(bytes)
         .map_err(PerfError::io(format!("writing {}", path.display())))
+}
+
+/// Replaces an earlier `--out_json` report at `path` with `bytes`, as perftest rewrites its
+/// file on every run: written to a new file beside it, then renamed over it, so that the
+/// old report is replaced whole or not at all (never left half written).
+fn replace_report(path: &std::path::Path, bytes: &[u8]) -> Result<(), PerfError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.shmhca-perf-{}.tmp", std::process::id()));
+    write_new(&tmp, bytes, false)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        // The temporary file is this run's own: removing it deletes nothing of anyone else.
+        let _ = std::fs::remove_file(&tmp);
+        PerfError::Io {
+            what: format!("replacing the earlier report {}", path.display()),
+            source: e,
+        }
+    })
 }
 
 /// The report line of a run with injected faults: what this process's fault stage did

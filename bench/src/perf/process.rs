@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::perf::error::PerfError;
-use crate::perf::opts::{ModeArg, Options};
+use crate::perf::opts::Options;
 use crate::perf::output::Output;
 use crate::perf::sequence::run_sizes;
 use crate::perf::setup::{self, Resources};
@@ -231,21 +231,15 @@ pub(crate) fn self_spawn(
     core: Option<usize>,
     engine_core: Option<usize>,
 ) -> Result<(), PerfError> {
-    if opts.mode == ModeArg::Poll
-        && opts.engine_cpus.is_empty()
-        && std::thread::available_parallelism().map_or(1, |n| n.get()) < 4
-    {
-        eprintln!(
-            "shmhca-perf: note: --mode poll runs 4 busy threads (2 per process) on fewer than 4 cores; expect much higher latency than --mode inline"
-        );
-    }
     let dir = make_temp_dir()?;
     let sock = dir.join("perf.sock");
     let mut child = spawn_server(&sock)?;
     let result = (|| {
         wait_ready(&mut child, Duration::from_secs(opts.connect_timeout))?;
-        pin(core);
+        // The context (and a poll-mode engine thread) before the pin, which a thread
+        // inherits from the thread that creates it.
         let res = Resources::new(opts, engine_core)?;
+        pin(core);
         let mut side = setup::cm_client(opts, res, &sock)?;
         let mut out = Output::new(opts);
         run_sizes(opts, &mut side, true, Some(&mut out))?;

@@ -83,7 +83,7 @@ pub fn verb_title(verb: Verb) -> &'static str {
 pub fn header(opts: &Options, info: &HeaderInfo) -> String {
     let t = opts.test;
     let mut s = String::new();
-    if opts.timed.is_some() {
+    if opts.timed.is_some() && !t.is_lat() {
         // perftest's words: a timed run reports no peak.
         s.push_str(" WARNING: BW peak won't be measured in this run.\n");
     }

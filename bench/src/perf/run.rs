@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::perf::error::PerfError;
-use crate::perf::opts::{Options, Role};
+use crate::perf::opts::{ModeArg, Options, Role};
 use crate::perf::output::{Output, header_text};
+use crate::perf::placement;
 use crate::perf::process::{
     READY_LINE, cleanup_list, cleanup_now, exit_with_parent, install_signal_handler, pin,
     register_socket, self_spawn,
@@ -63,16 +64,39 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
         .into_iter()
         .map(|c| c.id)
         .collect();
-    if cores.len() < 2 && opts.cpus.len() < 2 {
-        eprintln!(
-            "shmhca-perf: warning: this process may run on {} CPU(s) only (its affinity \
-             mask): client and server share a core and wait for each other's time slices; \
-             give two cores (taskset, or --cpu)",
-            cores.len()
-        );
-    }
     let core = |i: usize| opts.cpus.get(i).copied().or_else(|| cores.get(i).copied());
-    let engine_core = |i: usize| opts.engine_cpus.get(i).copied();
+    // This program places both sides (its own peer process, or two threads): the engine
+    // threads go to the next two free cores, if there are any (see `placement`).
+    let places_both = matches!(opts.role, Role::InProcess | Role::SelfSpawn) || opts.spawned;
+    let default_engine = if places_both && opts.mode == ModeArg::Poll {
+        placement::default_engine_cores(&cores, [core(0), core(1)])
+    } else {
+        [None, None]
+    };
+    let engine_core = |i: usize| {
+        opts.engine_cpus
+            .get(i)
+            .copied()
+            .or(default_engine.get(i).copied().flatten())
+    };
+    if !opts.spawned {
+        // One entry per spinning thread: the application threads, then the engine
+        // threads; the peer of a two-terminal role is placed by its own command line.
+        let (app, engine) = if places_both {
+            ([core(0), core(1)], [engine_core(0), engine_core(1)])
+        } else {
+            ([opts.cpus.first().copied(), None], [engine_core(0), None])
+        };
+        let spinning = placement::spinning_threads(opts.mode, opts.events);
+        let pins: Vec<Option<usize>> = match opts.mode {
+            ModeArg::Poll => app.into_iter().chain(engine).collect(),
+            ModeArg::Inline => app.to_vec(),
+        };
+        let usable = placement::usable_cores(cores.len(), &pins);
+        if let Some(w) = placement::oversubscription(opts.mode, spinning, usable) {
+            eprintln!("{w}");
+        }
+    }
     match &opts.role {
         Role::InProcess => {
             let (mut client, mut server) =
@@ -125,12 +149,14 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
                     cleanup_list().dirs.push(dir.to_path_buf());
                 }
             }
+            // The context (and a poll-mode engine thread) first: a thread inherits the
+            // affinity of the thread that creates it.
+            let res = Resources::new(opts, engine_core(usize::from(opts.spawned)))?;
             pin(if opts.spawned {
                 core(1)
             } else {
                 opts.cpus.first().copied()
             });
-            let res = Resources::new(opts, engine_core(usize::from(opts.spawned)))?;
             // Only once the listener has created the socket is it this process's to
             // remove: a path `listen` refuses (a file that is not a socket, a live
             // server's socket) stays as it was.
@@ -161,8 +187,8 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
             run_sizes(opts, &mut side, false, None)
         }
         Role::Client(path) => {
-            pin(opts.cpus.first().copied());
             let res = Resources::new(opts, engine_core(0))?;
+            pin(opts.cpus.first().copied());
             let mut side = setup::cm_client(opts, res, path)?;
             let mut out = Output::new(opts);
             run_sizes(opts, &mut side, true, Some(&mut out))?;

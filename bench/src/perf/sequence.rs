@@ -1,7 +1,7 @@
 //! The sequence both sides run for every size: start barrier, warm-up, measurement (or
 //! the answers), end barrier carrying the server's verdict, and the goodbye.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::perf::bw;
 use crate::perf::check::{client_check, fill_pattern, server_check};
@@ -71,7 +71,9 @@ pub(crate) fn run_sizes(
         side.ctl.barrier(tag, 0, || watch.check(ctx))?;
         if client {
             let o = out.as_deref_mut().expect("the client side has an output");
-            if lat {
+            if let (true, Some(Timed::Duration { secs, margin })) = (lat, opts.timed) {
+                ops = timed_lat_client(opts, side, size, tag, secs, margin, o)?;
+            } else if lat {
                 lat::client(side, opts, size, 0, opts.warmup, None, &mut o.quiet)?;
                 o.rec.reset();
                 o.rec.start_intervals(size);
@@ -98,6 +100,8 @@ pub(crate) fn run_sizes(
                 ops = n;
                 o.note_measure_start();
             }
+        } else if lat && opts.timed.is_some() {
+            timed_lat_server(opts, side, size, tag)?;
         } else if lat {
             lat::server(side, opts, size, 0, opts.warmup + opts.iters)?;
         } else if opts.bidirectional {
@@ -186,6 +190,108 @@ pub(crate) fn run_sizes(
     Ok(())
 }
 
+/// Iterations of one step of a timed latency run (`-D`): the client tells the server each
+/// step's count on the control channel before it runs it, so that the server answers
+/// exactly as many, and checks the clock between steps.
+const LAT_STEP: u64 = 100;
+
+/// What a timed latency run does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LatStep {
+    /// A step outside the margins.
+    Unmeasured,
+    /// A measured step.
+    Measured,
+    /// The run is over.
+    Stop,
+}
+
+/// The next step of a run of `-D secs -f margin` (`secs > 2 * margin`, as the options
+/// check), `t` into it with `measured` iterations measured so far: measured between the
+/// margins; past `secs`, the end — but never before one step was measured, however slow
+/// the machine (a step that starts past the window then is measured).
+fn lat_step(t: Duration, secs: u64, margin: u64, measured: u64) -> LatStep {
+    let begin = Duration::from_secs(margin);
+    let stop = Duration::from_secs(secs.saturating_sub(margin));
+    if t >= Duration::from_secs(secs) && measured > 0 {
+        LatStep::Stop
+    } else if t >= begin && (t < stop || measured == 0) {
+        LatStep::Measured
+    } else {
+        LatStep::Unmeasured
+    }
+}
+
+/// The client of a timed latency run (`-D secs -f margin`, as perftest's duration mode):
+/// steps of [`LAT_STEP`] iterations for `secs` seconds, measuring the steps that start
+/// between `margin` and `secs - margin` (and at least one, however slow the machine).
+/// Returns the iterations run.
+fn timed_lat_client(
+    opts: &Options,
+    side: &mut Side,
+    size: u64,
+    tag: u32,
+    secs: u64,
+    margin: u64,
+    o: &mut Output,
+) -> Result<u64, PerfError> {
+    let start = Instant::now();
+    let mut done = 0u64;
+    let mut measured = 0u64;
+    let mut measuring = false;
+    loop {
+        let measure = match lat_step(start.elapsed(), secs, margin, measured) {
+            LatStep::Stop => break,
+            LatStep::Measured => true,
+            LatStep::Unmeasured => false,
+        };
+        if measure && !measuring {
+            o.rec.reset();
+            o.rec.start_intervals(size);
+            o.note_measure_start();
+            measuring = true;
+        } else if !measure && measuring {
+            o.rec.end_intervals();
+            measuring = false;
+        }
+        side.ctl.send(tag, LAT_STEP)?;
+        let rec = if measure { Some(&mut o.rec) } else { None };
+        lat::client(side, opts, size, done, LAT_STEP, rec, &mut o.quiet)?;
+        done += LAT_STEP;
+        if measure {
+            measured += LAT_STEP;
+        }
+    }
+    if measuring {
+        o.rec.end_intervals();
+    }
+    side.ctl.send(tag, 0)?;
+    Ok(done)
+}
+
+/// The server of a timed latency run: answers the steps the client announces until it
+/// announces none (0). (Reads and Atomics need nothing of the server's application: their
+/// steps are announced all the same, and `lat::server` returns at once for them.)
+fn timed_lat_server(opts: &Options, side: &mut Side, size: u64, tag: u32) -> Result<(), PerfError> {
+    let mut first = 0u64;
+    loop {
+        let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's next iterations");
+        let ctx = &side.res.ctx;
+        let n = side.ctl.wait(tag, || watch.check(ctx))?;
+        if n == 0 {
+            return Ok(());
+        }
+        // The peer's word decides how long this side loops: take only what a step can be.
+        if n > LAT_STEP {
+            return Err(PerfError::NotPerf(format!(
+                "the peer announced a step of {n} iterations (at most {LAT_STEP}); it is not shmhca-perf of this version"
+            )));
+        }
+        lat::server(side, opts, size, first, n)?;
+        first += n;
+    }
+}
+
 /// One side's bandwidth measurement of a size (the client's, and with `-b` the server's
 /// too): the warm-up, then the requests by count or by time. Returns the figures and the
 /// requests run on all QPs, warm-up included.
@@ -235,6 +341,50 @@ fn measure_bw(
             let run = bw::Run::Timed(&mut clock);
             let done = bw::client(side, opts, size, opts.warmup, run, &mut prog)?;
             Ok((clock.stats(), opts.warmup * qps + done))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::setup::in_process_pair;
+
+    /// The server of a timed latency run loops on the step counts its peer announces: a
+    /// count above a step is refused before it answers anything, and 0 ends the size.
+    #[test]
+    fn a_timed_latency_run_measures_between_the_margins_and_at_least_once() {
+        let ms = Duration::from_millis;
+        let step = |t: u64, measured: u64| lat_step(ms(t), 8, 2, measured);
+        assert_eq!(step(0, 0), LatStep::Unmeasured);
+        assert_eq!(step(1999, 0), LatStep::Unmeasured);
+        assert_eq!(step(2000, 0), LatStep::Measured);
+        assert_eq!(step(5999, 100), LatStep::Measured);
+        assert_eq!(step(6000, 100), LatStep::Unmeasured);
+        assert_eq!(step(7999, 100), LatStep::Unmeasured);
+        assert_eq!(step(8000, 100), LatStep::Stop);
+        // A machine so slow that no step started inside the window: one is measured.
+        assert_eq!(step(6000, 0), LatStep::Measured);
+        assert_eq!(step(9000, 0), LatStep::Measured);
+        assert_eq!(step(9000, 100), LatStep::Stop);
+        // No margin: measured from the start to the end.
+        assert_eq!(lat_step(ms(0), 2, 0, 0), LatStep::Measured);
+        assert_eq!(lat_step(ms(1999), 2, 0, 100), LatStep::Measured);
+        assert_eq!(lat_step(ms(2000), 2, 0, 100), LatStep::Stop);
+    }
+
+    #[test]
+    fn a_timed_latency_server_takes_no_step_above_a_step() {
+        let opts = Options::parse_from(["shmhca-perf", "send_lat", "-D", "2"]).unwrap();
+        let (mut a, mut b) = in_process_pair(&opts, (None, None)).unwrap();
+        a.ctl.send(0, 0).unwrap();
+        timed_lat_server(&opts, &mut b, 2, 0).expect("0 ends the steps");
+        a.ctl.send(0, LAT_STEP + 1).unwrap();
+        match timed_lat_server(&opts, &mut b, 2, 0) {
+            Err(PerfError::NotPerf(m)) => {
+                assert!(m.contains(&format!("{} iterations", LAT_STEP + 1)), "{m}");
+            }
+            other => panic!("expected a refusal of the step, got {other:?}"),
         }
     }
 }

@@ -15,7 +15,7 @@ use shmhca::{
 
 use crate::perf::control::{self, Control};
 use crate::perf::error::PerfError;
-use crate::perf::opts::{ModeArg, Options, TestKind, Verb, arena_bytes};
+use crate::perf::opts::{ModeArg, Options, Role, TestKind, Verb, arena_bytes};
 use crate::perf::params::RunParams;
 use crate::perf::report::AddrLine;
 
@@ -115,6 +115,26 @@ pub fn control_caps() -> QpCaps {
     }
 }
 
+/// The capture file of the server side when `SHMHCA_PCAP` names `client`: `.server`
+/// before the extension (`run.pcap` → `run.server.pcap`), or after a name without one.
+/// The client writes `client` itself: two processes never write one file.
+pub fn server_capture(client: &std::path::Path) -> std::path::PathBuf {
+    let name = match (client.file_stem(), client.extension()) {
+        (Some(stem), Some(ext)) => {
+            let mut n = stem.to_os_string();
+            n.push(".server.");
+            n.push(ext);
+            n
+        }
+        _ => {
+            let mut n = client.file_name().unwrap_or_default().to_os_string();
+            n.push(".server");
+            n
+        }
+    };
+    client.with_file_name(name)
+}
+
 /// Remote access the data QPs and buffer allow.
 pub fn remote_access() -> AccessFlags {
     AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
@@ -131,7 +151,15 @@ impl Resources {
             ModeArg::Inline => EngineMode::Inline,
             ModeArg::Poll => EngineMode::Poll { cpu: engine_cpu },
         };
-        let ctx = Context::builder()
+        let mut builder = Context::builder();
+        // SHMHCA_PCAP reaches the server (its own peer process inherits it): the server
+        // captures to a file of its own (see `server_capture`).
+        if matches!(opts.role, Role::Server(_))
+            && let Some(path) = std::env::var_os("SHMHCA_PCAP")
+        {
+            builder = builder.pcap(server_capture(std::path::Path::new(&path)));
+        }
+        let ctx = builder
             .arena_size(arena_bytes(
                 opts.max_size(),
                 opts.qps,

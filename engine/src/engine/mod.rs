@@ -22,6 +22,7 @@
 
 pub(crate) mod cell;
 pub(crate) mod doorbell;
+pub(crate) mod idle;
 pub(crate) mod progress;
 pub(crate) mod wake;
 
@@ -624,6 +625,15 @@ impl Engine {
 
     /// Publishes the stats area, if there is one: one iteration in
     /// [`PUBLISH_EVERY`](crate::stats_area::PUBLISH_EVERY).
+    /// The engine thread went to sleep once more: counts it, and publishes the stats area
+    /// (an engine asleep runs no iteration that would, and `shmhca stat` should see what
+    /// it did up to its sleep).
+    #[cold]
+    pub(crate) fn note_sleep(&mut self) {
+        self.res.stats.sleeps += 1;
+        self.publish_stats();
+    }
+
     #[cold]
     #[inline(never)]
     fn publish_stats(&mut self) {

@@ -25,9 +25,9 @@
 //! reaches the channel within microseconds.
 //!
 //! A poll-mode engine needs no helper: its thread is the progress. With `IdlePolicy::Spin`
-//! it never stops; with `Backoff` it sleeps only when no QP has work in flight, and a
-//! peer's packet wakes it (the peer sees the engine page's sleeper count and bumps its
-//! kick word), so its sleep never outlasts a peer's timer.
+//! it never stops; with `Backoff` (its default) it sleeps only when no QP has work in
+//! flight, and a peer's packet wakes it (the peer sees the engine page's sleeper count and
+//! bumps its kick word), so its sleep never outlasts a peer's timer.
 //!
 //! Where the `timers` work adds `Engine::next_deadline()`, the tick can also be cut short
 //! to the engine's own next timer deadline (see the note in [`Engine::progress_tick`]).

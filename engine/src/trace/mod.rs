@@ -3,8 +3,41 @@
 //!
 //! [`pcap::PcapWriter`] writes the file; [`roce`] builds the Ethernet / IPv4 / UDP framing
 //! and the ICRC around each transport packet.
+//!
+//! # One capture file per process
+//!
+//! A context captures when built with [`ContextBuilder::pcap`](crate::ContextBuilder::pcap),
+//! with `SHMHCA_PCAP=FILE` in the environment (the builder's default), or after
+//! [`Context::trace_to`](crate::Context::trace_to). Contexts of one process naming the
+//! same file share it (each packet between them is recorded once, by its sender). Two
+//! processes never write one file — their records would interleave into a file no reader
+//! can parse — and `SHMHCA_PCAP` is inherited by every process a program starts (a test
+//! harness, `shmhca-perf`'s own peer, the `ipc_pingpong` example's server). So a capture
+//! file is locked while a process writes it (an exclusive `flock`, which the kernel drops
+//! when that process closes the file or dies), and a file another live process holds is
+//! never truncated or written:
+//!
+//! * named by `ContextBuilder::pcap` or `Context::trace_to`, it is refused with
+//!   [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the file;
+//! * named by `SHMHCA_PCAP`, this process writes [`per_process_path`] instead —
+//!   `capture.pcap` becomes `capture.4242.pcap` in process 4242 — and says so once on
+//!   stderr. The first process to open the file keeps the name as given.
+//!
+//! `shmhca-perf` names its files itself: its client writes `FILE`, its server (its own
+//! peer process, or `--server`) `FILE` with `.server` before the extension.
+//!
+//! A file no process holds is truncated and rewritten by the next capture, as before.
+//!
+//! ```
+//! use std::path::Path;
+//! use shmhca::trace::per_process_path;
+//! assert_eq!(per_process_path(Path::new("/tmp/run.pcap"), 4242), Path::new("/tmp/run.4242.pcap"));
+//! assert_eq!(per_process_path(Path::new("capture"), 7), Path::new("capture.7"));
+//! ```
 
 #![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
 
 pub mod pcap;
 pub mod roce;
@@ -30,4 +63,24 @@ pub struct PacketEvent<'a> {
     pub headers: &'a crate::wire::PacketRepr,
     /// Its payload length in bytes.
     pub payload_len: u32,
+}
+
+/// Where process `pid` writes a capture named by `SHMHCA_PCAP` when another process
+/// already writes `path`: the pid before the extension (`run.pcap` → `run.PID.pcap`), or
+/// after a name without one (`run` → `run.PID`). See [the module](self).
+pub fn per_process_path(path: &Path, pid: u32) -> PathBuf {
+    let name = match (path.file_stem(), path.extension()) {
+        (Some(stem), Some(ext)) => {
+            let mut n = stem.to_os_string();
+            n.push(format!(".{pid}."));
+            n.push(ext);
+            n
+        }
+        _ => {
+            let mut n = path.file_name().unwrap_or_default().to_os_string();
+            n.push(format!(".{pid}"));
+            n
+        }
+    };
+    path.with_file_name(name)
 }

@@ -2,6 +2,11 @@
 //!
 //! Off, a tap costs each link one `Option` test per burst. On, it runs on the engine's
 //! thread and takes a mutex per packet (tracing is for debugging, not for benchmarks).
+//!
+//! A capture file belongs to one process: it is opened without truncating, then locked
+//! (`flock`, exclusive, which the kernel drops when the process closes it or dies), and
+//! only then truncated and written. A file another live process holds is left as it is
+//! (see [`crate::trace`]).
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -37,10 +42,45 @@ pub(crate) struct Tap {
     inner: Mutex<Inner>,
 }
 
+/// The identity of a file: its device and inode.
+pub(crate) type FileId = (u64, u64);
+
+/// Opens (creating if need be) the capture file at `path` for writing, without truncating
+/// it; and its identity, so that contexts of one process naming it differently share it.
+pub(crate) fn open_capture(path: &Path) -> std::io::Result<(File, FileId)> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    let meta = file.metadata()?;
+    Ok((file, (meta.dev(), meta.ino())))
+}
+
+/// Whether an error of [`Tap::start`] says that another process writes the file.
+pub(crate) fn held_elsewhere(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock
+}
+
 impl Tap {
-    /// Starts a capture in `path` (truncated).
+    /// Starts a capture in `path` (truncated); an error of kind `WouldBlock` if another
+    /// process writes it (then it is left as it is).
+    #[cfg(test)]
     pub(crate) fn create(path: &Path) -> std::io::Result<Arc<Tap>> {
-        let writer = PcapWriter::new(BufWriter::new(File::create(path)?))?;
+        let (file, _) = open_capture(path)?;
+        Tap::start(file)
+    }
+
+    /// Starts a capture in `file` (from [`open_capture`]): takes the file's lock — an
+    /// error of kind `WouldBlock`, with the file untouched, if another process (or another
+    /// open of it) holds it — then truncates it and writes the pcap header.
+    pub(crate) fn start(file: File) -> std::io::Result<Arc<Tap>> {
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(std::io::Error::from)?;
+        // Freshly opened: its offset is 0, where the header goes.
+        file.set_len(0)?;
+        let writer = PcapWriter::new(BufWriter::new(file))?;
         Ok(Arc::new(Tap {
             inner: Mutex::new(Inner {
                 writer,
@@ -199,6 +239,36 @@ impl Trace {
 mod tests {
     use super::*;
     use crate::wire::slot::{GatherList, KIND_GATHER};
+
+    /// A second writer of a capture file (another process, here another open of it) is
+    /// refused before it truncates anything; once the first is gone, the file is free.
+    #[test]
+    fn a_capture_file_in_use_is_refused_untouched_then_free_again() {
+        let dir = std::env::temp_dir().join(format!("shmhca-tap-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("held.pcap");
+        let first = Tap::create(&path).unwrap();
+        let mut slots = [PacketSlot::default(); 1];
+        slots[0].data[0] = 0x04;
+        slots[0].hdr_len = 12;
+        slots[0].kind = KIND_INLINE;
+        first.record(1, 2, &slots, &Mem::private(0));
+        first.flush();
+        let before = std::fs::read(&path).unwrap();
+        assert!(before.len() > 24, "a header and a record");
+        let err = Tap::create(&path).err().expect("refused while held");
+        assert!(held_elsewhere(&err), "{err:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "left untouched");
+        drop(first);
+        let again = Tap::create(&path).expect("free once the first writer is gone");
+        drop(again);
+        assert_eq!(
+            std::fs::read(&path).unwrap().len(),
+            24,
+            "truncated: a new capture"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A received gather packet's length and entries are the peer's claims: recording one
     /// that claims 4 GiB must not allocate 4 GiB (it did: the gather path resized its

@@ -113,7 +113,9 @@ pub enum EngineMode {
     /// ([`Cq::poll`], [`Context::progress`], and right after each post). No extra thread;
     /// the default on machines with fewer than 4 cores.
     Inline,
-    /// A dedicated engine thread polls without pause, pinned to `cpu` if given.
+    /// A dedicated engine thread polls, pinned to `cpu` if given; what it does when it has
+    /// nothing to do is the [`IdlePolicy`] (by default it backs off to sleep, see
+    /// [`ContextBuilder::idle`]).
     Poll {
         /// The core to pin the engine thread to.
         cpu: Option<usize>,
@@ -139,19 +141,49 @@ impl EngineMode {
 /// helper while a notification is armed) sleep until a peer's packet wakes them; with
 /// `Spin` they poll and yield. `Backoff` costs this engine's peers a fence per burst they
 /// publish to it (to know whether to wake it), in either mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+///
+/// The default ([`IdlePolicy::default`]) is `Backoff` with 10,000 spins and sleeps of at
+/// most 100 ms: a poll-mode engine with nothing to do ends up asleep instead of burning
+/// its core. A context built without [`ContextBuilder::idle`] gets it in poll mode, and
+/// `Spin` in inline mode (see there why).
+///
+/// ```
+/// use shmhca::{Context, EngineMode, IdlePolicy};
+/// assert!(matches!(IdlePolicy::default(), IdlePolicy::Backoff { .. }));
+/// // The lowest latency, at the price of a core per engine even when idle:
+/// let ctx = Context::builder()
+///     .mode(EngineMode::Poll { cpu: None })
+///     .idle(IdlePolicy::Spin)
+///     .arena_size(1 << 20)
+///     .build()?;
+/// # drop(ctx);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdlePolicy {
-    /// Keep polling (lowest latency; burns the core).
-    #[default]
+    /// Keep polling (lowest latency; burns the core, even with nothing to do). Building a
+    /// poll-mode engine with it prints a warning (once per process, on stderr) when this
+    /// process's spinning engine threads and one application thread outnumber its cores.
     Spin,
-    /// Poll `spins` empty iterations, then yield the CPU between polls, then sleep for up
-    /// to `max_sleep` at a time (for users who cannot burn a core).
+    /// Poll `spins` empty iterations, then yield the CPU between polls while a QP has work
+    /// in flight, and sleep once none has, for up to `max_sleep` at a time (a post or a
+    /// peer's packet wakes it at once). The default, with 10,000 spins and 100 ms.
     Backoff {
         /// Empty iterations before yielding.
         spins: u32,
         /// The longest sleep between two polls.
         max_sleep: std::time::Duration,
     },
+}
+
+impl Default for IdlePolicy {
+    /// `Backoff` with 10,000 spins and sleeps of at most 100 ms.
+    fn default() -> IdlePolicy {
+        IdlePolicy::Backoff {
+            spins: crate::engine::idle::DEFAULT_SPINS,
+            max_sleep: crate::engine::idle::DEFAULT_MAX_SLEEP,
+        }
+    }
 }
 
 /// Options of a [`Context`].
@@ -175,8 +207,12 @@ pub struct ContextBuilder {
     arena_size: u64,
     huge_pages: HugePages,
     mode: EngineMode,
-    idle: IdlePolicy,
+    /// `None`: the mode's default (see [`ContextBuilder::idle`]).
+    idle: Option<IdlePolicy>,
     pcap: Option<PathBuf>,
+    /// Whether `pcap` came from `SHMHCA_PCAP` (inherited by child processes: see
+    /// [`crate::trace`]) rather than from [`ContextBuilder::pcap`].
+    pcap_from_env: bool,
     link_slots: usize,
     faults: crate::fault::FaultConfig,
     fault_rule: RuleSlot,
@@ -203,8 +239,9 @@ impl Default for ContextBuilder {
             arena_size: 64 << 20,
             huge_pages: HugePages::Auto,
             mode: EngineMode::default_for_this_machine(),
-            idle: IdlePolicy::Spin,
+            idle: None,
             pcap: std::env::var_os("SHMHCA_PCAP").map(PathBuf::from),
+            pcap_from_env: true,
             link_slots: link::DEFAULT_LINK_SLOTS,
             faults: crate::fault::FaultConfig::default(),
             fault_rule: RuleSlot::default(),
@@ -235,9 +272,22 @@ impl ContextBuilder {
         self
     }
 
-    /// What an idle poll-mode engine does (default: spin).
+    /// What an idle engine does (see [`IdlePolicy`]).
+    ///
+    /// Default: in poll mode [`IdlePolicy::default`], which spins a bounded while, then
+    /// yields while work is in flight and sleeps once there is none, woken by posts and
+    /// peers' packets — so that an engine thread with nothing to do does not burn a core;
+    /// ask for [`IdlePolicy::Spin`] for the lowest latency. In inline mode `Spin`: an
+    /// inline engine has no thread of its own that could spin, and `Backoff` would make
+    /// every peer pay a fence per burst it sends to this engine (see [`IdlePolicy`]); ask
+    /// for `Backoff` to have [`Cq::wait`] and [`CompChannel::get_event`] sleep instead of
+    /// yielding.
+    ///
+    /// A poll-mode engine with `Spin` on a machine where this process's spinning engine
+    /// threads and one application thread would outnumber its cores is built all the
+    /// same, with a one-line warning on stderr (once per process) saying what to do.
     pub fn idle(mut self, idle: IdlePolicy) -> ContextBuilder {
-        self.idle = idle;
+        self.idle = Some(idle);
         self
     }
 
@@ -250,9 +300,13 @@ impl ContextBuilder {
         self
     }
 
-    /// Writes every packet to a pcap file (default: `$SHMHCA_PCAP` if set).
+    /// Writes every packet to a pcap file (default: `$SHMHCA_PCAP` if set). Contexts of
+    /// this process naming one file share it; a file another process writes is refused
+    /// by [`ContextBuilder::build`] (the default from `SHMHCA_PCAP` instead moves to
+    /// `NAME.PID.EXT`: see [`crate::trace`]).
     pub fn pcap(mut self, path: impl Into<PathBuf>) -> ContextBuilder {
         self.pcap = Some(path.into());
+        self.pcap_from_env = false;
         self
     }
 
@@ -290,8 +344,9 @@ impl ContextBuilder {
     ///
     /// # Errors
     /// The engine page cannot be created (see [`Error::SegmentCreate`]), the pcap file
-    /// cannot be created, or an option is out of range (an arena size of 0 or above this
-    /// machine's memory, link slots not a power of two).
+    /// cannot be created or another process writes it ([`Error::InvalidArgument`] naming
+    /// the file), or an option is out of range (an arena size of 0 or above this machine's
+    /// memory, link slots not a power of two).
     pub fn build(self) -> Result<Context> {
         if !self.link_slots.is_power_of_two()
             || !(link::MIN_LINK_SLOTS..=link::MAX_LINK_SLOTS).contains(&self.link_slots)
@@ -308,7 +363,11 @@ impl ContextBuilder {
         }
         check_arena_size(self.arena_size)?;
         self.faults.validate()?;
-        let may_sleep = matches!(self.idle, IdlePolicy::Backoff { .. });
+        let idle = self.idle.unwrap_or(match self.mode {
+            EngineMode::Poll { .. } => IdlePolicy::default(),
+            EngineMode::Inline => IdlePolicy::Spin,
+        });
+        let may_sleep = matches!(idle, IdlePolicy::Backoff { .. });
         // Announce to peers whether they must wake this engine (see `engine::wake`).
         let engine_page = crate::arena::create_engine_page(may_sleep)?;
         let engine_page_mem = Mem::from_segment(engine_page.clone());
@@ -335,8 +394,13 @@ impl ContextBuilder {
             engine.faults = Some(Box::new(crate::fault::Faults::new(self.faults, rule)));
         }
         if let Some(path) = &self.pcap {
+            let tap = if self.pcap_from_env {
+                env_tap(path)?
+            } else {
+                shared_tap(path)?
+            };
             engine.trace = Some(Box::new(Trace {
-                pcap: Some(shared_tap(path)?),
+                pcap: Some(tap),
                 observer: None,
             }));
         }
@@ -369,11 +433,22 @@ impl ContextBuilder {
         #[cfg(not(shmhca_loom))]
         if let EngineMode::Poll { cpu } = self.mode {
             let s = shared.clone();
-            let idle = self.idle;
+            // Counted while the thread lives (it holds the count).
+            let spinning = (idle == IdlePolicy::Spin).then(|| {
+                use crate::engine::idle;
+                let (counted, engines) = idle::SPINNING_ENGINES.count();
+                if let Some(warning) = idle::oversubscription(engines, idle::cores()) {
+                    idle::warn_once(&warning);
+                }
+                counted
+            });
             // Detached: it ends by itself when the last handle of the context is gone.
             std::thread::Builder::new()
                 .name("shmhca-engine".into())
-                .spawn(move || engine_thread(s, cpu, idle))
+                .spawn(move || {
+                    let _spinning = spinning;
+                    engine_thread(s, cpu, idle)
+                })
                 .map_err(|e| Error::io("spawning the engine thread", e))?;
         }
         Ok(Context { shared })
@@ -410,22 +485,63 @@ fn next_engine_id() -> u32 {
     (std::process::id() & 0xffff) << 8 | n
 }
 
-/// Contexts of one process tracing to the same file share one tap.
+/// Contexts of one process tracing to the same file (however they name it) share one
+/// tap; a file another process writes is refused, untouched.
 fn shared_tap(path: &Path) -> Result<Arc<Tap>> {
-    static TAPS: Mutex<Vec<(PathBuf, std::sync::Weak<Tap>)>> = Mutex::new(Vec::new());
+    static TAPS: Mutex<Vec<(crate::trace::tap::FileId, std::sync::Weak<Tap>)>> =
+        Mutex::new(Vec::new());
+    let creating = |e| Error::io(format!("creating the capture file {}", path.display()), e);
     let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
     taps.retain(|(_, w)| w.strong_count() > 0);
+    let (file, id) = crate::trace::tap::open_capture(path).map_err(creating)?;
     if let Some(t) = taps
         .iter()
-        .find(|(p, _)| p == path)
+        .find(|(i, _)| *i == id)
         .and_then(|(_, w)| w.upgrade())
     {
         return Ok(t);
     }
-    let tap = Tap::create(path)
-        .map_err(|e| Error::io(format!("creating the capture file {}", path.display()), e))?;
-    taps.push((path.to_path_buf(), Arc::downgrade(&tap)));
+    let tap = Tap::start(file).map_err(|e| {
+        if crate::trace::tap::held_elsewhere(&e) {
+            Error::invalid(
+                "pcap",
+                format!(
+                    "{}: another process is writing this capture file (two writers would \
+                     interleave their records into a file no reader can parse); give each \
+                     process a file of its own",
+                    path.display()
+                ),
+            )
+        } else {
+            creating(e)
+        }
+    })?;
+    taps.push((id, Arc::downgrade(&tap)));
     Ok(tap)
+}
+
+/// The tap of a capture named by `SHMHCA_PCAP`, which the processes this one starts
+/// inherit: `path` if no other process writes it, else `NAME.PID.EXT` (this process's
+/// id), said once on stderr.
+fn env_tap(path: &Path) -> Result<Arc<Tap>> {
+    match shared_tap(path) {
+        Err(Error::InvalidArgument { name: "pcap", .. }) => {
+            let own = crate::trace::per_process_path(path, std::process::id());
+            let tap = shared_tap(&own)?;
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "shmhca: SHMHCA_PCAP={} is being written by another process; this \
+                     process (pid {}) writes its capture to {}",
+                    path.display(),
+                    std::process::id(),
+                    own.display()
+                );
+            });
+            Ok(tap)
+        }
+        r => r,
+    }
 }
 
 /// What every handle of a context shares.
@@ -667,7 +783,7 @@ fn engine_thread(shared: Arc<Shared>, cpu: Option<usize>, idle: IdlePolicy) {
                             .unwrap_or(false)
                 });
                 if slept {
-                    shared.engine.with(|e| e.res.stats.sleeps += 1);
+                    shared.engine.with(|e| e.note_sleep());
                 }
                 idle_iters = 0;
                 n |= 1023; // look at the reference count after every sleep
@@ -928,11 +1044,12 @@ impl Context {
 
     /// Starts writing every packet this engine sends and receives to a pcap file
     /// (Ethernet / IPv4 / UDP 4791 / InfiniBand, as RoCEv2), replacing any capture in
-    /// progress. Contexts of this process tracing to the same path share the file, and
-    /// then packets between them are recorded once, by their sender.
+    /// progress. Contexts of this process tracing to the same file share it, and then
+    /// packets between them are recorded once, by their sender.
     ///
     /// # Errors
-    /// The file cannot be created.
+    /// The file cannot be created, or another process writes it
+    /// ([`Error::InvalidArgument`] naming the file; it is left as it is).
     pub fn trace_to(&self, path: impl AsRef<Path>) -> Result<()> {
         let tap = shared_tap(path.as_ref())?;
         self.shared
@@ -1038,6 +1155,9 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         self.shared.engine.with(|e| e.flush_trace());
+        // A sleeping engine thread looks at the handle count when it wakes (and every 1024
+        // iterations): wake it, so that it ends soon if this was the last handle.
+        self.shared.kick();
     }
 }
 
