@@ -43,6 +43,10 @@ pub enum PerfError {
         /// Its status.
         status: shmhca::WcStatus,
     },
+    /// The run completed nothing it could measure (a `-D` run whose measurement window
+    /// closed with no completion in it).
+    #[error("nothing measured: {0}")]
+    NothingMeasured(String),
     /// A check of the data moved failed.
     #[error("data check failed: {0}")]
     Check(String),
