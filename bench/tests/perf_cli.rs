@@ -543,11 +543,11 @@ fn a_peer_that_dies_is_reported() {
         .spawn()
         .unwrap();
     wait_for_socket(&sock);
-    let client = command(&s, &[&big[..], &["--client", p]].concat())
+    let mut client = command(&s, &[&big[..], &["--client", p]].concat())
         .spawn()
         .unwrap();
     // Let the run get going, then kill the server outright.
-    std::thread::sleep(Duration::from_millis(800));
+    wait_until_running(&mut client);
     server.kill().unwrap();
     server.wait().unwrap();
     let out = wait(
@@ -559,6 +559,26 @@ fn a_peer_that_dies_is_reported() {
     let err = text(&out.stderr);
     assert!(err.contains("peer went away"), "{err}");
     let _ = std::fs::remove_file(&sock);
+}
+
+/// Waits (at most 60 s, however slow the machine) until `child` has printed its table
+/// head: it is connected and its run is under way; then a little longer. Its stdout is
+/// drained from then on (not returned by `wait`).
+fn wait_until_running(child: &mut Child) {
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with(" #bytes") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the run never started");
+    std::thread::sleep(Duration::from_millis(300));
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -586,7 +606,7 @@ fn a_stopped_peer_ends_the_run_after_the_idle_timeout() {
         let mut client = command(&s, &[&args[..], &["--client", p]].concat())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(800));
+        wait_until_running(&mut client);
         signal(&client, "-STOP");
         let start = Instant::now();
         let out = wait(
@@ -701,7 +721,7 @@ fn a_client_that_dies_is_reported_by_the_server() {
     let mut client = command(&s, &[&big[..], &["--client", p]].concat())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    wait_until_running(&mut client);
     client.kill().unwrap();
     client.wait().unwrap();
     let out = wait(
