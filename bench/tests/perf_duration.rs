@@ -4,7 +4,9 @@
 //!
 //! The runs here are sized by volume, not by the machine's speed: 1024 requests of 64 MiB
 //! per completion are 64 GiB of copying before the first completion can come, which no
-//! machine does within the 2 s the window needs (it would take 32 GB/s).
+//! machine does within the 2 s the window needs (it would take 32 GB/s). Filling 64 MiB
+//! with the data pattern takes a debug build on a loaded machine more than the default 10 s
+//! of `--idle-timeout`, during which its peer hears nothing: the runs wait up to 100 s.
 
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -83,7 +85,19 @@ fn a_duration_run_whose_window_sees_no_completion_fails_and_says_why() {
     let o = run(
         "empty",
         &[
-            "write_bw", "-s", "67108864", "-t", "1024", "-Q", "1024", "-D", "3", "-f", "1",
+            "write_bw",
+            "-s",
+            "67108864",
+            "-t",
+            "1024",
+            "-Q",
+            "1024",
+            "-D",
+            "3",
+            "-f",
+            "1",
+            "--idle-timeout",
+            "100",
         ],
     );
     nothing_measured(&o, "1 s and 2 s");
@@ -95,7 +109,20 @@ fn a_bidirectional_duration_run_that_measures_nothing_fails_too() {
     let o = run(
         "empty-b",
         &[
-            "write_bw", "-s", "67108864", "-t", "1024", "-Q", "1024", "-D", "3", "-f", "1", "-b",
+            "write_bw",
+            "-s",
+            "67108864",
+            "-t",
+            "1024",
+            "-Q",
+            "1024",
+            "-D",
+            "3",
+            "-f",
+            "1",
+            "--idle-timeout",
+            "100",
+            "-b",
         ],
     );
     nothing_measured(&o, "1 s and 2 s");
