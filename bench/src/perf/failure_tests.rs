@@ -16,7 +16,7 @@ use crate::perf::PerfError;
 use crate::perf::opts::Options;
 use crate::perf::output::Output;
 use crate::perf::sequence::run_sizes;
-use crate::perf::setup::in_process_pair;
+use crate::perf::setup::{Resources, cm_client, cm_server, in_process_pair};
 
 /// How long the test waits for either side before failing (a bound on a hang, not a
 /// timing assertion: a passing run ends in well under a second of work).
@@ -113,4 +113,86 @@ fn the_abort_error_says_the_peer_stopped() {
     // What both sides print; the abort variant names its origin.
     let e = PerfError::PeerFailed("an RDMA Write completed with status RemAccessErr".into());
     assert!(e.to_string().contains("the peer stopped"), "{e}");
+}
+
+/// Issue 24's RemAccessErr: a side that gives up (here, as there, right after the start
+/// barrier: its peer had been silent for `--idle-timeout` while it filled its buffers)
+/// drops its side while the peer has started writing. If its memory region goes before
+/// its connections, its engine answers the peer's Writes on the still-connected data QPs
+/// in between with Remote Access Error Naks (a deregistered key), and the peer reports
+/// RemAccessErr as if its request had been bad (failed before the fix: the server's error
+/// was "an RDMA Write completed with status RemAccessErr"; now the peer is gone).
+/// The QPs must go first: the peer then sees its QPs fail (peer gone), never a bad key.
+#[test]
+fn a_side_that_gives_up_mid_run_is_not_a_remote_access_error_for_its_peer() {
+    let opts = Options::parse_from([
+        "shmhca-perf",
+        "write_bw",
+        "-s",
+        "65536",
+        "-b",
+        "-q",
+        "3",
+        "-D",
+        "60",
+        "-t",
+        "16",
+        "-Q",
+        "1",
+        "--idle-timeout",
+        "300",
+    ])
+    .expect("the test's flags parse");
+    let dir = std::env::temp_dir().join(format!("shmhca-perf-failure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let path = dir.join("s.sock");
+    let res = Resources::new(&opts, None).expect("server resources");
+    let listener = res.ctx.listen(&path).expect("listening");
+    let (tx, rx) = mpsc::channel();
+    let o = opts.clone();
+    let s = std::thread::spawn(move || {
+        let mut side = match cm_server(&o, res, &listener, Some(Duration::from_secs(120))) {
+            Ok(side) => side,
+            Err(e) => {
+                let _ = tx.send(Some(format!("server setup failed: {e}")));
+                return;
+            }
+        };
+        let r = run_sizes(&o, &mut side, false, None);
+        let _ = tx.send(r.err().map(|e| e.to_string()));
+    });
+    let res = Resources::new(&opts, None).expect("client resources");
+    let mut client = cm_client(&opts, res, &path).expect("connecting");
+    client
+        .ctl
+        .barrier(0, 0, || Ok(()))
+        .expect("the start barrier");
+    {
+        let ctx = &client.res.ctx;
+        let start = ctx.stats().packets_received;
+        for _ in 0..10_000_000u64 {
+            ctx.progress();
+            if ctx.stats().packets_received > start + 200 {
+                break;
+            }
+        }
+        assert!(
+            ctx.stats().packets_received > start,
+            "no Write of the server arrived"
+        );
+    }
+    drop(client);
+    let e = rx
+        .recv_timeout(BOUND)
+        .expect("the server neither finished nor failed within the bound")
+        .expect("the server cannot finish without its peer");
+    drop(s.join());
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("server: {e}");
+    assert!(!e.starts_with("server setup failed"), "{e}");
+    assert!(
+        !e.contains("RemAccessErr"),
+        "the peer's exit looked like a bad R_Key to the server: {e}"
+    );
 }
