@@ -646,4 +646,20 @@ mod timed_window_tests {
         let c = TimedClock::forever(1, 8, 1);
         assert_eq!(c.idle_at(u64::MAX / 2), Tick::Go);
     }
+
+    /// cargo mutants: the interval test of --run_infinitely had no test of its own.
+    #[test]
+    fn run_infinitely_reports_each_interval_once_it_has_passed() {
+        let mut c = TimedClock::forever(1, 8, 1);
+        assert_eq!(c.completed_at(10, S / 2), Tick::Go);
+        let Tick::Report(st) = c.completed_at(20, S) else {
+            panic!("no report after one interval")
+        };
+        assert_eq!((st.messages, st.elapsed_ns), (20, S));
+        assert_eq!(c.completed_at(25, 3 * S / 2), Tick::Go);
+        let Tick::Report(st) = c.completed_at(40, 21 * S / 10) else {
+            panic!("no report after the second interval")
+        };
+        assert_eq!((st.messages, st.elapsed_ns), (20, 11 * S / 10));
+    }
 }
