@@ -88,7 +88,8 @@ pub struct SoakConfig {
     pub max_size: u32,
     /// Faults each end injects (each end gets its own seed derived from this one).
     pub faults: FaultConfig,
-    /// Local Ack Timeout between two processes (see [`TWO_PROCESS_ACK_TIMEOUT`]).
+    /// Local Ack Timeout of the QPs, in one process or two (see
+    /// [`TWO_PROCESS_ACK_TIMEOUT`]).
     pub ack_timeout: u8,
 }
 
@@ -802,8 +803,25 @@ pub fn run_in_process(cfg: &SoakConfig) -> Result<SoakReport, String> {
         let mut qa = ca.create_qp(&pa, &cqa, &cqa, caps).map_err(e)?;
         let mut qb = cb.create_qp(&pb, &cqb, &cqb, caps).map_err(e)?;
         let (na, nb) = (qa.qpn(), qb.qpn());
-        connect(&mut qa, la, nb, 100 + k as u32, 9000 + k as u32, mtu_of(k)).map_err(e)?;
-        connect(&mut qb, lb, na, 9000 + k as u32, 100 + k as u32, mtu_of(k)).map_err(e)?;
+        let (pa_psn, pb_psn) = (100 + k as u32, 9000 + k as u32);
+        connect(
+            &mut qa,
+            la,
+            nb,
+            (pa_psn, pb_psn),
+            mtu_of(k),
+            cfg.ack_timeout,
+        )
+        .map_err(e)?;
+        connect(
+            &mut qb,
+            lb,
+            na,
+            (pb_psn, pa_psn),
+            mtu_of(k),
+            cfg.ack_timeout,
+        )
+        .map_err(e)?;
         reqs.push((
             Box::new(LocalQp(qa)) as QpBox,
             cqa,
@@ -832,24 +850,24 @@ pub fn run_in_process(cfg: &SoakConfig) -> Result<SoakReport, String> {
     Ok(r)
 }
 
-/// The transport parameters of the soak's QPs: a short transport timer (4.096 µs × 2^10,
-/// about 4 ms) so a lost tail packet is resent soon, 7 retries, RNR retry forever.
-pub const LOCAL_ACK_TIMEOUT: u8 = 10;
-
-/// The default transport timer between two processes: 4.096 µs × 2^14, about 67 ms. On a loaded
-/// machine an inline engine's process can go unscheduled for tens of milliseconds, and
-/// nothing acknowledges meanwhile: 8 timeouts of 4 ms in a row then end a run with
-/// RetryExcErr although nothing was lost (the automatic progress of issue 9 item 6 is the
-/// real fix).
+/// The default transport timer of the soak's QPs, in one process or two: 4.096 µs × 2^14,
+/// about 67 ms (7 retries, RNR retry forever). On a loaded machine an inline engine's
+/// thread can go unscheduled for tens of milliseconds, and nothing acknowledges meanwhile:
+/// with a 4 ms timer (2^10) 8 timeouts in a row ended runs with RetryExcErr although
+/// nothing was lost — between two processes, and (issue 24) in one process whose single
+/// thread drives both engines: a debug build on a loaded 2-core machine failed
+/// `soak_100k_messages_in_process_under_faults` at message 24 after 39 timeouts and 795
+/// retransmissions for 15 dropped packets.
 pub const TWO_PROCESS_ACK_TIMEOUT: u8 = 14;
 
+/// Connects an in-process QP; `ack_timeout` is its Local Ack Timeout.
 fn connect(
     qp: &mut Qp,
     link: shmhca::LinkId,
     remote: shmhca::Qpn,
-    sq_psn: u32,
-    rq_psn: u32,
+    (sq_psn, rq_psn): (u32, u32),
     mtu: Mtu,
+    ack_timeout: u8,
 ) -> shmhca::Result<()> {
     use shmhca::{Destination, QpAttr, QpState};
     qp.modify(&QpAttr::new(QpState::Init).access(
@@ -866,7 +884,7 @@ fn connect(
     qp.modify(
         &QpAttr::new(QpState::Rts)
             .sq_psn(sq_psn)
-            .timeout(LOCAL_ACK_TIMEOUT)
+            .timeout(ack_timeout)
             .retry_cnt(7)
             .rnr_retry(7)
             .max_rd_atomic(16),

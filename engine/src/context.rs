@@ -50,7 +50,8 @@ pub(crate) struct QpShared {
     /// arrives.
     pub(crate) rq_watch: AtomicBool,
     /// Why the QP last went to the Error state, in words, when a completion status alone
-    /// does not say it (which retry counter ran out, the last PSN the peer acknowledged).
+    /// does not say it (which retry counter ran out, the last PSN the peer acknowledged;
+    /// which R_Key check this QP's responder failed a peer's request on).
     /// Written by the engine on that error only, read by [`crate::Qp::last_error`].
     pub(crate) last_error: std::sync::Mutex<Option<String>>,
 }

@@ -1095,7 +1095,49 @@ fn check_rkey(
     len: u64,
 ) -> Result<u64, RespError> {
     env.check_remote(rkey, (qp.pd, qp.qpn), need, va, len)
-        .map_err(|_| RespError::RKeyViolation)
+        .map_err(|why| {
+            record_rkey_refusal(qp, rkey, need, va, len, why);
+            RespError::RKeyViolation
+        })
+}
+
+/// Records in words why this responder refused a request's R_Key ([`crate::Qp::last_error`]):
+/// the requester's completion says only RemAccessErr, and this side only sees its QP go to
+/// the Error state. Error path only (the refusal is fatal to the QP).
+#[cold]
+#[inline(never)]
+fn record_rkey_refusal(
+    qp: &QpCtx,
+    rkey: u32,
+    need: AccessFlags,
+    va: u64,
+    len: u64,
+    why: crate::mr_table::AccessDenied,
+) {
+    use crate::mr_table::AccessDenied as D;
+    let op = if need.contains(AccessFlags::REMOTE_WRITE) {
+        "an RDMA Write"
+    } else if need.contains(AccessFlags::REMOTE_READ) {
+        "an RDMA Read"
+    } else {
+        "an Atomic"
+    };
+    let why = match why {
+        D::UnknownKey => "no region or window of this context has this key",
+        D::StaleKey => "the key's region or window was deregistered (a stale key)",
+        D::WrongPd => "the region is in another protection domain than this QP",
+        D::WrongQp => "the window is bound to another QP",
+        D::NoRights => "the region does not grant that remote access",
+        D::OutOfBounds => "the range is outside the region",
+    };
+    let text = format!(
+        "this QP's responder refused {op} of {len} bytes at {va:#x} with R_Key {rkey:#x}: \
+         {why}; it sent a Remote Access Error Nak (the requester's completion: RemAccessErr)"
+    );
+    *qp.shared
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(text);
 }
 
 /// Naks `psn` with `code` and moves the QP to the Error state; a receive WQE in use

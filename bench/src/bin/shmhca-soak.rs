@@ -51,9 +51,9 @@ struct Args {
     /// Seed of the faults.
     #[arg(long, default_value_t = 7)]
     fault_seed: u64,
-    /// Local Ack Timeout between two processes (4.096 µs × 2^N; a loaded machine that
-    /// leaves a process unscheduled for 8 timeouts in a row fails the run with
-    /// RetryExcErr).
+    /// Local Ack Timeout of the QPs, in one process or two (4.096 µs × 2^N; a loaded
+    /// machine that leaves an engine unscheduled for 8 timeouts in a row fails the run
+    /// with RetryExcErr).
     #[arg(long, default_value_t = soak::TWO_PROCESS_ACK_TIMEOUT)]
     ack_timeout: u8,
     /// Both ends in this process (two inline engines driven from one thread).

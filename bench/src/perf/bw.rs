@@ -135,6 +135,7 @@ pub fn client(
     let mut completed = 0u64;
     let mut qp_refs: Vec<&mut Qp> = qps.iter_mut().map(|d| &mut **d).collect();
     let mut live = Liveness::default();
+    let mut idle_polls = 0u32;
     if let Some(c) = clock.as_deref_mut() {
         c.start();
     }
@@ -178,6 +179,17 @@ pub fn client(
         }
         if got == 0 {
             live.idle(qp_refs.iter().map(|q| &**q))?;
+            // A timed run whose window closed with nothing in it ends now, not when
+            // the requests in flight complete (with large messages on a slow machine,
+            // many seconds later).
+            idle_polls = idle_polls.wrapping_add(1);
+            if idle_polls % TIMED_IDLE_CHECK_EVERY == 0 {
+                if let Some(t) = timed.as_deref() {
+                    if t.idle() == Tick::Empty {
+                        return Err(nothing_measured(opts, size, t));
+                    }
+                }
+            }
             continue;
         }
         live.busy();
@@ -218,6 +230,7 @@ pub fn client(
         if let Some(t) = timed.as_deref_mut() {
             match t.completed(completed) {
                 Tick::Go => {}
+                Tick::Empty => return Err(nothing_measured(opts, size, t)),
                 Tick::Report(st) => {
                     // --run_infinitely's line for the interval just ended (perftest prints
                     // one every -D seconds too).
@@ -227,7 +240,7 @@ pub fn client(
                     // Stop posting; the last request of each QP must be signaled, so run
                     // on to the next multiple of -Q (at most -Q - 1 more per QP).
                     for w in &mut win {
-                        w.limit = w.posted.next_multiple_of(sig);
+                        w.limit = stop_limit(w.posted, sig);
                     }
                     total = win.iter().map(|w| w.limit).sum();
                     timed = None;
@@ -250,6 +263,42 @@ struct Window {
     done: u64,
     /// Requests the run asks for.
     limit: u64,
+}
+
+/// The last request of a QP whose timed run stops with `posted` requests posted, each
+/// `sig`th signaled: the run waits for that request's completion. The requests in flight
+/// are all posted, the last one maybe unsignaled: one more request, signaled, tells when
+/// they are done. (Running on to the next multiple of `-Q` cost up to `-Q` more requests
+/// per QP: with 8 MiB messages in a debug build, a 5 s run took 21-31 s.)
+fn stop_limit(posted: u64, sig: u64) -> u64 {
+    if posted % sig == 0 {
+        posted
+    } else {
+        posted + 1
+    }
+}
+
+/// Empty polls between two looks at a timed run's clock while nothing completes (the
+/// look reads the time; the idle path only).
+const TIMED_IDLE_CHECK_EVERY: u32 = 1024;
+
+/// The error of a timed run whose measurement window closed with no completion in it.
+#[cold]
+fn nothing_measured(opts: &Options, size: u64, t: &TimedClock) -> PerfError {
+    let (from, to) = t.window_secs();
+    let first = match t.first_completion_secs() {
+        Some(s) => format!("the first completion came {s:.1} s after the start"),
+        None => format!(
+            "no request had completed {:.1} s after the start",
+            t.elapsed_secs()
+        ),
+    };
+    PerfError::NothingMeasured(format!(
+        "{}: no request completed between {from} s and {to} s after the start (the measurement window of -D), so the run has no figure; {first}; each QP keeps {} requests of {size} bytes in flight (-t) and asks for a completion every {} (-Q): lower -s, -t or -Q, lengthen -D, or use a release build",
+        opts.test.name(),
+        opts.tx_depth,
+        opts.cq_mod
+    ))
 }
 
 /// Posts on one QP the way perftest's `run_iter_bw` does: batches of at most `wrs.len()`
@@ -583,5 +632,22 @@ mod tests {
         );
         assert!(err.is_err());
         assert_eq!(win.posted, 0);
+    }
+}
+
+/// How far a timed run goes past its stop (issue 24: a 5 s run took 21-31 s).
+#[cfg(test)]
+mod stop_tests {
+    use super::*;
+
+    #[test]
+    fn a_timed_run_stops_one_request_past_what_it_posted_at_most() {
+        // -Q 100: 228 posted, the last signaled one was 200: one more, signaled, and the
+        // run waits for it; not 72 more up to the next multiple of -Q.
+        assert_eq!(stop_limit(228, 100), 229);
+        assert_eq!(stop_limit(101, 100), 102);
+        // The last posted request is signaled already: nothing more.
+        assert_eq!(stop_limit(200, 100), 200);
+        assert_eq!(stop_limit(7, 1), 7);
     }
 }

@@ -16,6 +16,11 @@ pub const SLOT_LEN: u64 = 64;
 const MSG_LEN: usize = 16;
 /// A barrier message.
 const KIND_BARRIER: u32 = 0xBA44_1E40;
+/// An abort message: the sender stopped with an error, whose text (UTF-8, up to
+/// [`ABORT_TEXT_MAX`] bytes) follows the kind.
+const KIND_ABORT: u32 = 0xAB0E_7E11;
+/// Bytes of text an abort message carries at most (a slot less the kind).
+pub const ABORT_TEXT_MAX: usize = SLOT_LEN as usize - 4;
 
 /// One side's end of the control channel.
 pub struct Control {
@@ -25,6 +30,8 @@ pub struct Control {
     wcs: [WorkCompletion; 16],
     /// Messages received and not yet consumed (the peer can be one barrier ahead).
     inbox: std::collections::VecDeque<(u32, u64)>,
+    /// The text of the peer's abort message, once one came.
+    peer_failed: Option<String>,
 }
 
 impl std::fmt::Debug for Control {
@@ -45,6 +52,7 @@ impl Control {
             mr,
             wcs: [WorkCompletion::default(); 16],
             inbox: std::collections::VecDeque::with_capacity(SLOTS as usize),
+            peer_failed: None,
         }
     }
 
@@ -121,11 +129,28 @@ impl Control {
             if wc.opcode != WcOpcode::Recv {
                 continue;
             }
-            let mut b = [0u8; MSG_LEN];
+            if wc.wr_id >= u64::from(SLOTS) || u64::from(wc.byte_len) > SLOT_LEN {
+                return Err(PerfError::NotPerf(format!(
+                    "the peer sent a control message of {} bytes into slot {}; it is not shmhca-perf of this version",
+                    wc.byte_len, wc.wr_id
+                )));
+            }
+            let mut whole = [0u8; SLOT_LEN as usize];
+            let got = &mut whole[..wc.byte_len as usize];
             self.mr
-                .read_at(wc.wr_id * SLOT_LEN, &mut b)
+                .read_at(wc.wr_id * SLOT_LEN, got)
                 .map_err(PerfError::engine("reading a control message"))?;
             self.post_slot(wc.wr_id)?;
+            if got.len() >= 4 && u32::from_le_bytes([got[0], got[1], got[2], got[3]]) == KIND_ABORT
+            {
+                // Reported once the messages polled with it are queued (the peer's last
+                // barrier can come with it), and on every later poll.
+                self.peer_failed = Some(abort_text(&got[4..]));
+                continue;
+            }
+            let mut b = [0u8; MSG_LEN];
+            let n = got.len().min(MSG_LEN);
+            b[..n].copy_from_slice(&got[..n]);
             let kind = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             if wc.byte_len as usize != MSG_LEN || kind != KIND_BARRIER {
                 return Err(PerfError::NotPerf(format!(
@@ -143,7 +168,10 @@ impl Control {
             }
             self.inbox.push_back((tag, u64::from_le_bytes(v)));
         }
-        Ok(())
+        match &self.peer_failed {
+            Some(text) => Err(PerfError::PeerFailed(text.clone())),
+            None => Ok(()),
+        }
     }
 
     /// A barrier: sends `(tag, value)` and waits for the peer's message with the same tag;
@@ -161,6 +189,49 @@ impl Control {
     ) -> Result<u64, PerfError> {
         self.send(tag, value)?;
         self.wait(tag, idle)
+    }
+
+    /// Tells the peer that this side stops with `reason` (its error, cut to
+    /// [`ABORT_TEXT_MAX`] bytes), so that a peer waiting on this side ends at once, naming
+    /// the cause, instead of waiting out its idle timeout. Best effort: a control QP that
+    /// is gone already takes nothing; waits at most `settle` for the peer's Ack.
+    pub fn abort(&mut self, reason: &str, settle: std::time::Duration) {
+        let mut cut = reason.len().min(ABORT_TEXT_MAX);
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut b = [0u8; SLOT_LEN as usize];
+        b[0..4].copy_from_slice(&KIND_ABORT.to_le_bytes());
+        b[4..4 + cut].copy_from_slice(&reason.as_bytes()[..cut]);
+        let wr = SendWr::inline(0, SendOp::Send, &b[..4 + cut]);
+        if self.qp.post_send(&wr).is_ok() {
+            self.settle(settle);
+        }
+    }
+
+    /// After this side's data QPs failed in a way that only says "the peer went away"
+    /// (flushed, out of RTS), looks for the peer's abort message for at most `within`: a
+    /// peer whose request this side's responder refused learns why (its completion's
+    /// status) and says so. Returns its text; `None` if the peer said nothing (it died, or
+    /// is not this version) or the control QP failed too.
+    pub fn peer_abort(&mut self, within: std::time::Duration) -> Option<String> {
+        let start = std::time::Instant::now();
+        let mut turns = 0u32;
+        while start.elapsed() < within {
+            match self.drain() {
+                Err(PerfError::PeerFailed(text)) => return Some(text),
+                Err(_) => return None,
+                Ok(()) => {}
+            }
+            turns = turns.wrapping_add(1);
+            if turns % 1024 == 0 {
+                if self.qp.state() != QpState::Rts {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+        }
+        None
     }
 
     /// Drives the engine until every control send has completed (the peer acknowledged
@@ -215,6 +286,27 @@ impl Control {
                 }
             }
         }
+    }
+}
+
+/// The text of a peer's abort message, as this side prints it: the peer's bytes are not
+/// trusted, so invalid UTF-8 and control characters (a terminal's escape sequences among
+/// them) become `?`.
+pub fn abort_text(bytes: &[u8]) -> String {
+    let text: String = String::from_utf8_lossy(&bytes[..bytes.len().min(ABORT_TEXT_MAX)])
+        .chars()
+        .map(|c| {
+            if c.is_control() || c == char::REPLACEMENT_CHARACTER {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect();
+    if text.is_empty() {
+        "(no reason given)".into()
+    } else {
+        text
     }
 }
 

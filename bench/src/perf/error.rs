@@ -28,6 +28,10 @@ pub enum PerfError {
     /// The peer went away during the run.
     #[error("the peer went away: {0}")]
     PeerGone(String),
+    /// The peer stopped with an error and said which (its abort message on the control
+    /// channel).
+    #[error("the peer stopped with an error: {0}")]
+    PeerFailed(String),
     /// The peer sent nothing for `--idle-timeout` seconds (stopped or hung).
     #[error("the peer is silent: {0}")]
     PeerIdle(String),
@@ -39,6 +43,10 @@ pub enum PerfError {
         /// Its status.
         status: shmhca::WcStatus,
     },
+    /// The run completed nothing it could measure (a `-D` run whose measurement window
+    /// closed with no completion in it).
+    #[error("nothing measured: {0}")]
+    NothingMeasured(String),
     /// A check of the data moved failed.
     #[error("data check failed: {0}")]
     Check(String),

@@ -37,3 +37,6 @@ pub mod stats;
 
 pub use error::PerfError;
 pub use run::main;
+
+#[cfg(test)]
+mod failure_tests;

@@ -13,10 +13,58 @@ use crate::perf::output::Output;
 use crate::perf::setup::Side;
 use crate::perf::stats::{BwClock, BwStats, TimedClock};
 
+/// How long a side whose QPs failed with no reason but "the peer went away" (flushed, out
+/// of RTS) waits for the peer's abort message saying why: a peer whose request this side's
+/// responder refused learns the reason from its completion and sends it at once.
+const PEER_REASON_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a failing side waits for the peer to acknowledge its abort message.
+const ABORT_SETTLE: Duration = Duration::from_millis(500);
+
 /// The sequence both sides run: for each size, a start barrier, the warm-up, the
 /// measurement (client) or the answers (server), and an end barrier carrying the server's
 /// check of what arrived.
+///
+/// A side that fails tells the peer why (an abort message on the control channel), so a
+/// peer waiting on it ends at once with that reason ([`PerfError::PeerFailed`]) instead of
+/// waiting out `--idle-timeout`; a side that only sees its QPs flushed or out of RTS looks
+/// for that message first, so that both sides name the failing completion.
 pub(crate) fn run_sizes(
+    opts: &Options,
+    side: &mut Side,
+    client: bool,
+    out: Option<&mut Output>,
+) -> Result<(), PerfError> {
+    sizes(opts, side, client, out).map_err(|e| after_failure(side, e))
+}
+
+/// What a failed side reports, having told the peer (see [`run_sizes`]). A data QP that
+/// failed because this side's responder refused a peer's request says why
+/// ([`shmhca::Qp::last_error`]: which R_Key check, key, range): that goes into the report.
+fn after_failure(side: &mut Side, e: PerfError) -> PerfError {
+    let local = side.qps.iter().find_map(|q| q.last_error());
+    let with_local = |text: String| match &local {
+        Some(l) => format!("{text}; on this side: {l}"),
+        None => text,
+    };
+    match e {
+        PerfError::PeerFailed(text) => PerfError::PeerFailed(with_local(text)),
+        PerfError::PeerGone(seen) => match side.ctl.peer_abort(PEER_REASON_WAIT) {
+            Some(text) => PerfError::PeerFailed(with_local(text)),
+            None => {
+                let e = PerfError::PeerGone(with_local(seen));
+                side.ctl.abort(&e.to_string(), ABORT_SETTLE);
+                e
+            }
+        },
+        e => {
+            side.ctl.abort(&e.to_string(), ABORT_SETTLE);
+            e
+        }
+    }
+}
+
+fn sizes(
     opts: &Options,
     side: &mut Side,
     client: bool,

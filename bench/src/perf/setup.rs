@@ -247,13 +247,21 @@ impl Resources {
 }
 
 /// A connected side, ready to run.
+///
+/// The fields drop in their order here: the data QPs first, then the control channel, and
+/// only then the memory they reach. A side that stops while its peer still writes into it
+/// (it failed, or gave up waiting) thus closes its QPs before its buffer's key goes away;
+/// the other way round (issue 24), its engine went on answering the peer's Writes on the
+/// still-connected data QPs in between (the context, then the control connection, were
+/// being closed) with Remote Access Error Naks for the freed key, and the peer reported
+/// RemAccessErr as if its own request had been bad.
 pub struct Side {
-    /// Memory and queues.
-    pub res: Resources,
-    /// The control channel.
-    pub ctl: Control,
     /// The data QPs.
     pub qps: Vec<DataQp>,
+    /// The control channel.
+    pub ctl: Control,
+    /// Memory and queues.
+    pub res: Resources,
     /// The peer's parameters (its buffer address and key among them).
     pub peer: RunParams,
     /// How the sides connected (for the header).

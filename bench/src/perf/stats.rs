@@ -310,6 +310,9 @@ pub enum Tick {
     Report(BwStats),
     /// The run's time is up: stop posting, finish what is outstanding.
     Stop,
+    /// The measurement window closed with no completion in it: there is nothing to
+    /// measure, and the run ends with an error.
+    Empty,
 }
 
 /// The clock of a timed bandwidth run: `-D SECS` measures from `margin` to
@@ -331,6 +334,8 @@ pub struct TimedClock {
     /// `--run_infinitely`: the interval, and the last report's `(completed, ns)`.
     every_ns: Option<u64>,
     last: (u64, u64),
+    /// When the first completion came, ns since the start.
+    first_ns: Option<u64>,
 }
 
 impl TimedClock {
@@ -377,6 +382,7 @@ impl TimedClock {
             to: None,
             every_ns,
             last: (0, 0),
+            first_ns: None,
         }
     }
 
@@ -386,12 +392,25 @@ impl TimedClock {
         self.from = None;
         self.to = None;
         self.last = (0, 0);
+        self.first_ns = None;
     }
 
     /// Notes that `done` messages have completed (in all, since the start).
     #[inline]
     pub fn completed(&mut self, done: u64) -> Tick {
         let ns = self.start.elapsed().as_nanos() as u64;
+        self.completed_at(done, ns)
+    }
+
+    /// [`TimedClock::completed`] at `ns` nanoseconds after the start.
+    #[inline]
+    fn completed_at(&mut self, done: u64, ns: u64) -> Tick {
+        self.first_ns.get_or_insert(ns);
+        if self.from.is_none() && ns >= self.to_ns {
+            // No completion fell between the window's edges: whatever comes now is
+            // after it, and the window would measure nothing.
+            return Tick::Empty;
+        }
         if self.from.is_none() && ns >= self.from_ns {
             self.from = Some((done, ns));
         }
@@ -410,6 +429,37 @@ impl TimedClock {
         } else {
             Tick::Go
         }
+    }
+
+    /// What the clock says while no completion comes: [`Tick::Empty`] once the
+    /// measurement window has closed with none in it (the run can end now rather than wait
+    /// for requests that can no longer be measured), else [`Tick::Go`]. Reads the time;
+    /// for the idle path only.
+    pub fn idle(&self) -> Tick {
+        self.idle_at(self.start.elapsed().as_nanos() as u64)
+    }
+
+    fn idle_at(&self, ns: u64) -> Tick {
+        if self.from.is_none() && ns >= self.to_ns {
+            Tick::Empty
+        } else {
+            Tick::Go
+        }
+    }
+
+    /// The measurement window, in seconds after the start.
+    pub fn window_secs(&self) -> (f64, f64) {
+        (self.from_ns as f64 / 1e9, self.to_ns as f64 / 1e9)
+    }
+
+    /// Seconds from the start to the first completion, if one came.
+    pub fn first_completion_secs(&self) -> Option<f64> {
+        self.first_ns.map(|ns| ns as f64 / 1e9)
+    }
+
+    /// Seconds since the start.
+    pub fn elapsed_secs(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
     }
 
     fn figures(&self, (m0, t0): (u64, u64), (m1, t1): (u64, u64)) -> BwStats {
@@ -542,5 +592,74 @@ mod tests {
     #[test]
     fn rss_is_readable() {
         assert!(rss_kib() > 0);
+    }
+}
+
+/// The timed clock's measurement window when the machine is slow (issue 24: a debug build
+/// printed "0 iterations, 0.00 MiB/s" after a 5 s run whose first completion came late).
+#[cfg(test)]
+mod timed_window_tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_first_completion_after_the_window_is_an_empty_window_not_a_stop() {
+        // -D 5 (margin 1): the window is 1 s to 4 s; the first completion comes at 10 s.
+        let mut c = TimedClock::duration(5, 1, 8_388_608, 3);
+        assert_eq!(c.completed_at(300, 10 * S), Tick::Empty);
+    }
+
+    #[test]
+    fn completions_in_the_window_are_measured_and_the_run_stops_at_its_duration() {
+        let mut c = TimedClock::duration(5, 1, 8, 1);
+        assert_eq!(c.completed_at(100, S / 2), Tick::Go);
+        assert_eq!(c.completed_at(200, 3 * S / 2), Tick::Go);
+        assert_eq!(c.completed_at(300, 42 * S / 10), Tick::Go);
+        assert_eq!(c.completed_at(400, 51 * S / 10), Tick::Stop);
+        let st = c.stats();
+        assert_eq!((st.messages, st.elapsed_ns), (100, 27 * S / 10));
+    }
+
+    #[test]
+    fn a_completion_exactly_at_the_end_of_the_window_leaves_it_empty() {
+        let mut c = TimedClock::duration(5, 1, 8, 1);
+        assert_eq!(c.completed_at(5, 4 * S - 1), Tick::Go);
+        assert_eq!(c.completed_at(9, 5 * S), Tick::Stop);
+        assert_eq!(c.stats().messages, 4);
+        let mut c = TimedClock::duration(5, 1, 8, 1);
+        assert_eq!(c.completed_at(5, 4 * S), Tick::Empty);
+    }
+
+    #[test]
+    fn an_idle_clock_knows_the_window_is_empty_once_it_has_closed() {
+        let c = TimedClock::duration(5, 1, 8, 1);
+        assert_eq!(c.idle_at(4 * S - 1), Tick::Go);
+        assert_eq!(c.idle_at(4 * S), Tick::Empty);
+        // A completion inside the window: the next one closes it with a measurement.
+        let mut c = TimedClock::duration(5, 1, 8, 1);
+        assert_eq!(c.completed_at(10, 2 * S), Tick::Go);
+        assert_eq!(c.idle_at(6 * S), Tick::Go);
+        assert_eq!(c.first_completion_secs(), Some(2.0));
+        assert_eq!(c.window_secs(), (1.0, 4.0));
+        // --run_infinitely has no window to miss.
+        let c = TimedClock::forever(1, 8, 1);
+        assert_eq!(c.idle_at(u64::MAX / 2), Tick::Go);
+    }
+
+    /// cargo mutants: the interval test of --run_infinitely had no test of its own.
+    #[test]
+    fn run_infinitely_reports_each_interval_once_it_has_passed() {
+        let mut c = TimedClock::forever(1, 8, 1);
+        assert_eq!(c.completed_at(10, S / 2), Tick::Go);
+        let Tick::Report(st) = c.completed_at(20, S) else {
+            panic!("no report after one interval")
+        };
+        assert_eq!((st.messages, st.elapsed_ns), (20, S));
+        assert_eq!(c.completed_at(25, 3 * S / 2), Tick::Go);
+        let Tick::Report(st) = c.completed_at(40, 21 * S / 10) else {
+            panic!("no report after the second interval")
+        };
+        assert_eq!((st.messages, st.elapsed_ns), (20, 11 * S / 10));
     }
 }

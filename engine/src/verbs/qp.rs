@@ -266,8 +266,9 @@ impl Qp {
 
     /// Why the QP went to the Error state, in words, when the engine knows more than the
     /// completion status says: for `RetryExcErr` and `RnrRetryExcErr`, which retry counter
-    /// ran out, after what, and the last PSN the peer acknowledged. `None` if no such error
-    /// happened.
+    /// ran out, after what, and the last PSN the peer acknowledged; on the responder's side
+    /// of a Remote Access Error Nak (the peer's completion: `RemAccessErr`), which check
+    /// refused which key, range and access. `None` if no such error happened.
     pub fn last_error(&self) -> Option<String> {
         self.qshared
             .last_error
