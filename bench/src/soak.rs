@@ -669,6 +669,13 @@ impl Responder {
             let n = q.cq.poll(&mut self.wcs);
             moved |= n > 0;
             for wc in &self.wcs[..n] {
+                // Every message of this QP arrived and was checked: what completes now is
+                // a spare receive flushed because the QP closed (the requester process
+                // exits once its last Send is acknowledged, which may be before this
+                // side polled its other QPs).
+                if q.received >= q.consumers && wc.status == WcStatus::WrFlushErr {
+                    continue;
+                }
                 // The next message of the sequence that consumes a receive.
                 let (i, m) = loop {
                     if q.next >= q.total {
@@ -841,6 +848,15 @@ pub fn run_in_process(cfg: &SoakConfig) -> Result<SoakReport, String> {
             cb.fault_stats()
         )
     })?;
+    // The end of a two-process run: the requester process exits, the connection closes and
+    // the responder's QPs go to Error, flushing the receives still posted. Those are not
+    // messages.
+    for q in &mut resp.qps {
+        q.qp.modify(&shmhca::QpAttr::new(shmhca::QpState::Error))
+            .map_err(e)?;
+    }
+    cb.progress();
+    resp.step()?;
     let mut r = req.report();
     r.elapsed = start.elapsed();
     r.faults_req = ca.fault_stats();
