@@ -62,10 +62,16 @@ fn a_range_past_the_region_is_named_with_its_bounds() {
 #[test]
 fn a_stale_key_is_told_apart_from_an_unknown_one() {
     let (mut p, src, _target) = setup();
-    let old = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let old =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let stale = old.remote(0);
     old.deregister().unwrap();
-    let _reuse = p.b.pd.alloc_mr(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let _reuse =
+        p.b.pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let (status, why) = refused(&mut p, &src, stale, 100);
     assert_eq!(status, WcStatus::RemAccessErr);
     let why = why.expect("the responder's QP says why it failed");
