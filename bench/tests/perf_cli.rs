@@ -5,6 +5,9 @@
 //! The runs are serialised (each one keeps two processes busy) and use a private `TMPDIR`,
 //! so "nothing left behind" is checked exactly.
 
+mod common;
+use common::{EXE, Scratch};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
@@ -13,41 +16,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
-
-/// A private temp dir for one test, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Short: socket paths inside must stay under 108 bytes.
-        let p = std::env::temp_dir().join(format!("spt-{name}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    /// Entries shmhca-perf made in the dir (its temp dirs and sockets).
-    fn leftovers(&self) -> Vec<String> {
-        std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("shmhca-perf-") || n.ends_with(".sock"))
-            .collect()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn command(scratch: &Scratch, args: &[&str]) -> Command {
     let mut c = Command::new(EXE);

@@ -8,35 +8,14 @@
 //! 2-core machine finishes them in seconds; they are serialised (each keeps two processes
 //! busy) and use a private `TMPDIR` and working directory.
 
-use std::path::PathBuf;
+mod common;
+use common::{EXE, Scratch};
+
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
-
-/// A private directory for one test, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("sph-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs shmhca-perf in `scratch` with `args`; kills it (and fails) after two minutes.
 fn run(scratch: &Scratch, args: &[&str]) -> Output {

@@ -6,28 +6,12 @@
 //! The files are read here with a pcap reader of the test's own; `tshark` also reads them
 //! when it is installed (the check skips with one line when it is not).
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{EXE, Scratch};
+
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
-
-/// A private directory, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("spp-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs shmhca-perf in `scratch` with `SHMHCA_PCAP=pcap` (two minutes at most); asserts
 /// success.

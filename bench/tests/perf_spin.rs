@@ -8,7 +8,9 @@
 //! with one line on a smaller one. They are short (a few dozen iterations: spinning
 //! threads on two cores cost tens of milliseconds per round trip) and serialised.
 
-use std::path::PathBuf;
+mod common;
+use common::{EXE, Scratch};
+
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -18,27 +20,8 @@ use shmhca_bench::perf::placement::{oversubscription, spinning_threads, usable_c
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
-
 /// The line of the warning, as the runs below look for it.
 const WARNING: &str = "threads spin (client and server";
-
-/// A private directory for one test, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("sps-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())

@@ -1,0 +1,46 @@
+//! What the tests that run `shmhca-perf` share: the binary and a private directory per test.
+
+// Each test crate uses what it needs of this module.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The `shmhca-perf` binary cargo built for these tests.
+pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
+
+/// A private directory for one test (its runs' working directory and `TMPDIR`), removed
+/// with everything in it when the test ends.
+pub(crate) struct Scratch(pub(crate) PathBuf);
+
+impl Scratch {
+    /// A new empty directory named after `name`, this process and a counter. Short: the
+    /// socket paths made inside must stay under 108 bytes.
+    pub(crate) fn new(name: &str) -> Scratch {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("spt-{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+
+    /// `name` inside the directory.
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Entries shmhca-perf made in the directory (its temp dirs and sockets).
+    pub(crate) fn leftovers(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("shmhca-perf-") || n.ends_with(".sock"))
+            .collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
