@@ -75,7 +75,36 @@ impl QpShared {
     }
 }
 
-/// Counters of an engine (a snapshot is returned by [`crate::Context::stats`]).
+/// Counters of an engine (a snapshot is returned by [`crate::Context::stats`]; `shmhca stat`
+/// shows every running engine's, per QP too).
+///
+/// They show what costs time without failing anything. A Send that arrives before its
+/// receive is posted is refused with an RNR Nak, and its sender waits the receiver's
+/// `min_rnr_timer` before it sends it again: nothing fails, the message is only late, and
+/// `rnr_naks_sent` here (`rnr_naks_received` at the sender) is where it shows:
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, RecvWr, SendOp, SendWr, WcStatus};
+///
+/// let mut lo = Loopback::new()?;
+/// let src = lo.a.pd.alloc_mr(64, AccessFlags::NONE)?;
+/// let dst = lo.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// // The Send goes first, the receive is posted late...
+/// lo.a.qp.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8)?]))?;
+/// for _ in 0..10_000 {
+///     if lo.b.ctx.stats().rnr_naks_sent > 0 {
+///         break;
+///     }
+///     lo.b.ctx.progress();
+/// }
+/// assert!(lo.b.ctx.stats().rnr_naks_sent >= 1);
+/// lo.b.qp.post_recv(&RecvWr::new(2, &[dst.sge(0, 64)?]))?;
+/// // ... so the message arrives, once the sender has waited and sent it again.
+/// assert_eq!(lo.wait_b()?.status, WcStatus::Success);
+/// assert!(lo.a.ctx.stats().rnr_naks_received >= 1);
+/// assert!(lo.a.ctx.stats().retransmitted >= 1);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Packets pushed to links.

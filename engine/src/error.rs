@@ -7,6 +7,24 @@
 use crate::qp::QpState;
 
 /// What a verbs call can fail with.
+///
+/// Each variant's message names the problem and what to do; match on the variant to act
+/// on it:
+///
+/// ```
+/// use shmhca::{AccessFlags, Context, EngineMode, Error};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// match pd.alloc_mr(64 << 20, AccessFlags::LOCAL_WRITE) {
+///     Err(Error::ArenaExhausted { requested, .. }) => assert_eq!(requested, 64 << 20),
+///     other => panic!("expected ArenaExhausted, got {other:?}"),
+/// }
+/// let e = pd.alloc_mr(0, AccessFlags::NONE).unwrap_err();
+/// assert!(matches!(e, Error::InvalidArgument { name: "memory region length", .. }));
+/// println!("{e}"); // what is wrong, and what is allowed
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

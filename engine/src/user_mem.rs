@@ -191,6 +191,25 @@ impl UserBuffer for memmap2::MmapMut {
 /// The region is private to this process like any registered buffer: peers read it through
 /// the shadow (see the README, "Registering your own memory"). Keep the descriptor with
 /// [`Memfd::as_fd`]; get it back from [`Memfd::into_fd`].
+///
+/// ```
+/// use rustix::fs::{MemfdFlags, ftruncate, memfd_create};
+/// use shmhca::{AccessFlags, Context, EngineMode, Memfd};
+///
+/// let ctx = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+/// let pd = ctx.alloc_pd()?;
+/// // MFD_ALLOW_SEALING: registration seals the file against shrinking and growing.
+/// let fd = memfd_create("my-buffer", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+/// ftruncate(&fd, 64 << 10)?;
+/// let mr = pd.reg_mr(Memfd::map(fd)?, AccessFlags::LOCAL_WRITE)?;
+/// let sge = mr.sge(0, 4096)?; // post it like any region's
+/// # let _ = sge;
+/// let memfd: Memfd = mr.into_inner()?;
+/// assert_eq!(memfd.len(), 64 << 10);
+/// // The seals stay: no holder of the file can truncate it under a region, ever.
+/// assert!(ftruncate(memfd.into_fd(), 4096).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Memfd {
     map: memmap2::MmapMut,

@@ -173,7 +173,46 @@ fn connect_error(path: &Path, e: &io::Error) -> Error {
 /// derefs to it), the socket tells each side when the other goes away. Dropping it
 /// destroys the QP and closes the socket; the peer's QP then goes to the Error state.
 ///
-/// The [`cm` module's example](crate::cm#example) sets one up from both ends.
+/// The [`cm` module's example](crate::cm#example) sets one up from both ends and sends a
+/// message. When the peer closes its end (or its process dies), the QP goes to the Error
+/// state and its posted work requests complete with a flush error:
+///
+/// ```
+/// use std::sync::mpsc;
+/// use std::time::Duration;
+/// use shmhca::{AccessFlags, Context, QpState, RecvWr, WcStatus, WorkCompletion, cm::ConnectParams};
+///
+/// let path = std::env::temp_dir().join(format!("shmhca-doc-conn-{}.sock", std::process::id()));
+/// let ctx = Context::builder().arena_size(1 << 20).build()?;
+/// let listener = ctx.listen(&path)?;
+/// let (hang_up, hung_up) = mpsc::channel::<()>();
+/// let socket = path.clone();
+/// let client = std::thread::spawn(move || -> shmhca::Result<()> {
+///     let ctx = Context::builder().arena_size(1 << 20).build()?;
+///     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
+///     let conn = ctx.connect(&socket, &pd, &cq, &cq, &ConnectParams::default())?;
+///     let _ = hung_up.recv(); // then drop the connection: the peer sees the hang-up
+///     drop(conn);
+///     Ok(())
+/// });
+///
+/// let (pd, mut cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
+/// let buf = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// let mut conn = listener.accept(&pd, &cq, &cq, &ConnectParams::default())?;
+/// assert_eq!(conn.peer_pid(), std::process::id()); // SO_PEERCRED: here, this process
+/// assert_eq!(conn.state(), QpState::Rts);
+/// conn.post_recv(&RecvWr::new(1, &[buf.sge(0, 64)?]))?; // `conn` derefs to its Qp
+///
+/// hang_up.send(()).unwrap();
+/// client.join().unwrap()?;
+/// let mut wc = [WorkCompletion::default(); 1];
+/// assert_eq!(cq.poll_until(&mut wc, Duration::from_secs(30)), 1);
+/// assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::WrFlushErr));
+/// assert!(!conn.is_peer_connected());
+/// assert_eq!(conn.state(), QpState::Error);
+/// println!("{}", conn.peer_gone_reason().unwrap_or_default());
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Connection {
     /// Present until drop.
     qp: Option<Qp>,

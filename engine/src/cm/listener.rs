@@ -141,6 +141,45 @@ fn listener_alive(path: &Path) -> io::Result<bool> {
 /// client process; a new client beyond a bound evicts the oldest stalled handshake (of its
 /// own process, or of the process holding the most), so silent connections cannot lock new
 /// clients out (the module's "Half-open connections" has the policy).
+///
+/// An event loop accepts between its other work with [`Listener::try_accept`] (here the
+/// client is a thread of this process; it would be another process):
+///
+/// ```
+/// use std::time::Duration;
+/// use shmhca::{Context, cm::ConnectParams};
+///
+/// let path = std::env::temp_dir().join(format!("shmhca-doc-listener-{}.sock", std::process::id()));
+/// let ctx = Context::builder().arena_size(1 << 20).build()?;
+/// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(64)?);
+/// let listener = ctx.listen(&path)?;
+/// let offer = ConnectParams::default().private_data(b"server v1".to_vec());
+/// // Nobody has connected: a zero timeout takes only what has already arrived.
+/// assert!(listener.try_accept(Duration::ZERO, &pd, &cq, &cq, &offer)?.is_none());
+///
+/// let socket = path.clone();
+/// let client = std::thread::spawn(move || -> shmhca::Result<Vec<u8>> {
+///     let ctx = Context::builder().arena_size(1 << 20).build()?;
+///     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
+///     let params = ConnectParams::default().private_data(b"client 1".to_vec());
+///     let conn = ctx.connect(&socket, &pd, &cq, &cq, &params)?;
+///     Ok(conn.peer_private_data().to_vec())
+/// });
+///
+/// let mut conns = Vec::new();
+/// for _ in 0..600 {
+///     if let Some(conn) = listener.try_accept(Duration::from_millis(100), &pd, &cq, &cq, &offer)? {
+///         conns.push(conn); // its QP is in RTS
+///         break;
+///     }
+///     // ... the loop's other work ...
+/// }
+/// assert_eq!(conns[0].peer_private_data(), b"client 1");
+/// assert_eq!(client.join().unwrap()?, b"server v1");
+/// drop(listener); // removes the socket file it made
+/// assert!(!path.exists());
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct Listener {
     shared: Arc<Shared>,
     listener: UnixListener,

@@ -891,6 +891,28 @@ impl Context {
     /// memfd, created without `MFD_ALLOW_SEALING`, `F_SEAL_SEAL` or a write seal already
     /// set, opened read-only, empty, above 1 TiB), [`Error::InvalidArgument`] for a
     /// `staging` larger than the file, [`Error::LimitReached`] past 65,536 domains.
+    ///
+    /// ```
+    /// use std::os::unix::fs::FileExt;
+    /// use rustix::fs::{MemfdFlags, ftruncate, memfd_create};
+    /// use shmhca::{AccessFlags, Context, EngineMode};
+    ///
+    /// let ctx = Context::builder().mode(EngineMode::Inline).build()?;
+    /// let fd = memfd_create("frames", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    /// ftruncate(&fd, 1 << 20)?;
+    /// // The application's view: a real one maps the file read-write (MAP_SHARED) here,
+    /// // before the call, and keeps writing through that mapping afterwards.
+    /// let mine = std::fs::File::from(fd.try_clone()?);
+    /// mine.write_all_at(b"frame 0", 0)?;
+    /// let pd = ctx.alloc_pd_over(fd, 256 << 10)?; // the last 256 KiB are shmhca's
+    /// let frames = pd.reg_mr_at(0, 4096, AccessFlags::NONE)?; // in place: no copy, ever
+    /// let mut got = [0u8; 7];
+    /// frames.read_at(0, &mut got)?;
+    /// assert_eq!(&got, b"frame 0");
+    /// // Sealed: no new way to write it (write(2), a writable mapping), for anyone.
+    /// assert!(mine.write_all_at(b"frame 1", 0).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn alloc_pd_over(&self, memfd: std::os::fd::OwnedFd, staging: u64) -> Result<Pd> {
         let (pdn, mem) = self.shared.engine.with(|e| {
             let pdn = e.res.pds.adopt(memfd, staging)?;

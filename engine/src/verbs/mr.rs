@@ -133,6 +133,22 @@ impl Pd {
     /// [`Error::InvalidArgument`] for an empty buffer or one above 2 GiB, or remote write or
     /// atomic access without `LOCAL_WRITE`, [`Error::ArenaExhausted`] when the arena has no room for the shadow, and
     /// [`Error::LimitReached`] past 2^24 regions.
+    ///
+    /// ```
+    /// use shmhca::{AccessFlags, Context, EngineMode};
+    ///
+    /// let ctx = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mr = pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?; // `?` works
+    /// let buf: Vec<u8> = mr.into_inner()?;
+    ///
+    /// // A refusal hands the buffer back, unchanged, with the reason.
+    /// let refused = pd.reg_mr(buf, AccessFlags::REMOTE_WRITE).unwrap_err();
+    /// assert!(refused.to_string().contains("LOCAL_WRITE"), "{refused}");
+    /// let buf: Vec<u8> = refused.into_value();
+    /// assert_eq!(buf.len(), 4096);
+    /// # Ok::<(), shmhca::Error>(())
+    /// ```
     pub fn reg_mr<B: UserBuffer>(
         &self,
         buf: B,
@@ -654,6 +670,24 @@ impl std::fmt::Debug for Mr {
 ///
 /// Dropping it deregisters the region; if posted work requests still use it, the buffer is
 /// freed only after their completions (the engine keeps it alive), never under them.
+///
+/// A message received straight into the application's own `Vec` (the receiving engine
+/// copies it there from the sender's memory, once):
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, RecvWr, SendOp, SendWr, WcStatus};
+///
+/// let mut lo = Loopback::new()?;
+/// let src = lo.a.pd.alloc_mr(64, AccessFlags::NONE)?;
+/// src.write_at(0, b"into my Vec")?;
+/// let mine = lo.b.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+/// lo.b.qp.post_recv(&RecvWr::new(1, &[mine.sge(0, 64)?]))?;
+/// lo.a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 11)?]))?;
+/// assert_eq!(lo.wait_b()?.status, WcStatus::Success);
+/// let buf: Vec<u8> = mine.into_inner()?; // deregistered; the Vec is back
+/// assert_eq!(&buf[..11], b"into my Vec");
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 pub struct UserMr<B: UserBuffer> {
     mr: Mr,
     owner: Arc<UserOwner<B>>,
