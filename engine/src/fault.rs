@@ -17,6 +17,63 @@
 //! | delay | held for 1 to [`MAX_DELAY_ITERATIONS`] engine iterations |
 //! | corrupt | one bit of its headers or inline payload flipped (never the BTH's variant resv8a byte) |
 //!
+//! # Example
+//!
+//! The first Send packet A sends is lost; the transport timer (Local Ack Timeout 8:
+//! about 1 ms) expires and A sends it again, so B still gets the message, once:
+//!
+//! ```
+//! use shmhca::fault::FaultAction;
+//! use shmhca::wire::opcode::Opcode;
+//! use shmhca::*;
+//!
+//! let mut lost = false;
+//! let a = Context::builder()
+//!     .mode(EngineMode::Inline)
+//!     .arena_size(1 << 20)
+//!     // A rule aims at one packet; FaultConfig's rates draw faults at random instead.
+//!     .fault_rule(move |e| match e.headers.bth.opcode {
+//!         Opcode::SendOnly if !lost => {
+//!             lost = true;
+//!             FaultAction::Drop
+//!         }
+//!         _ => FaultAction::Pass,
+//!     })
+//!     .build()?;
+//! let b = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+//! let (link_a, link_b) = a.link_with(&b)?;
+//! let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
+//! let (mut cq_a, mut cq_b) = (a.create_cq(16)?, b.create_cq(16)?);
+//! let mut qa = a.create_qp(&pd_a, &cq_a, &cq_a, QpCaps::default())?;
+//! let mut qb = b.create_qp(&pd_b, &cq_b, &cq_b, QpCaps::default())?;
+//! let (na, nb) = (qa.qpn(), qb.qpn());
+//! for (qp, link, qpn) in [(&mut qa, link_a, nb), (&mut qb, link_b, na)] {
+//!     qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))?;
+//!     qp.modify(&QpAttr::new(QpState::Rtr).path_mtu(Mtu::Mtu4096)
+//!         .dest(Destination { link, qpn }).rq_psn(0).max_dest_rd_atomic(1).min_rnr_timer(1))?;
+//!     qp.modify(&QpAttr::new(QpState::Rts).sq_psn(0).timeout(8)
+//!         .retry_cnt(7).rnr_retry(7).max_rd_atomic(1))?;
+//! }
+//! let src = pd_a.alloc_mr(64, AccessFlags::NONE)?;
+//! let dst = pd_b.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! src.write_at(0, b"resent")?;
+//! qb.post_recv(&RecvWr::new(1, &[dst.sge(0, 64)?]))?;
+//! qa.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 6)?]))?;
+//! let mut wc = [WorkCompletion::default(); 1];
+//! let mut sent = false;
+//! for _ in 0..10_000_000 {
+//!     sent = sent || cq_a.poll(&mut wc) == 1; // drives A, whose timer resends
+//!     if sent && cq_b.poll(&mut wc) == 1 {
+//!         break;
+//!     }
+//! }
+//! assert_eq!((wc[0].wr_id, wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 6));
+//! assert_eq!(a.fault_stats().dropped, 1);
+//! assert!(a.stats().timeouts >= 1 && a.stats().retransmitted >= 1);
+//! assert_eq!(cq_b.poll(&mut wc), 0); // delivered once
+//! # Ok::<(), shmhca::Error>(())
+//! ```
+//!
 //! # Riding Acks
 //!
 //! A positive Ack that rides in the line of a request (see [`crate::wire::slot`]) is a

@@ -4,6 +4,42 @@
 //! [`pcap::PcapWriter`] writes the file; [`roce`] builds the Ethernet / IPv4 / UDP framing
 //! and the ICRC around each transport packet.
 //!
+//! # Example
+//!
+//! One Send captured for Wireshark ([`Context::trace_to`](crate::Context::trace_to);
+//! [`ContextBuilder::pcap`](crate::ContextBuilder::pcap) from the start), and watched
+//! packet by packet ([`Context::observe_packets`](crate::Context::observe_packets)):
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use shmhca::trace::Direction;
+//! use shmhca::wire::opcode::Opcode;
+//! use shmhca::{AccessFlags, Loopback, RecvWr, SendOp, SendWr, WcStatus};
+//!
+//! let mut lo = Loopback::new()?;
+//! let file = std::env::temp_dir().join(format!("shmhca-doc-trace-{}.pcap", std::process::id()));
+//! lo.a.ctx.trace_to(&file)?;
+//! let seen = Arc::new(Mutex::new(Vec::new()));
+//! let log = seen.clone();
+//! lo.a.ctx.observe_packets(move |e| log.lock().unwrap().push((e.direction, e.headers.bth.opcode)));
+//!
+//! let src = lo.a.pd.alloc_mr(64, AccessFlags::NONE)?;
+//! let dst = lo.b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! lo.b.qp.post_recv(&RecvWr::new(1, &[dst.sge(0, 64)?]))?;
+//! lo.a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 8)?]))?;
+//! assert_eq!(lo.wait_a()?.status, WcStatus::Success); // A has B's Ack
+//! lo.a.ctx.stop_trace(); // flushes the file
+//!
+//! let seen = seen.lock().unwrap();
+//! assert!(seen.contains(&(Direction::Sent, Opcode::SendOnly)));
+//! assert!(seen.contains(&(Direction::Received, Opcode::Acknowledge)));
+//! // A pcap file: its 24-byte header, then a record per packet A sent or received.
+//! let pcap = std::fs::read(&file)?;
+//! assert!(pcap.len() > 24 + 2 * 16);
+//! # std::fs::remove_file(&file)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # One capture file per process
 //!
 //! A context captures when built with [`ContextBuilder::pcap`](crate::ContextBuilder::pcap),

@@ -107,6 +107,27 @@ pub use qp::{Qp, QpInfo};
 pub use srq::Srq;
 
 /// How the engine runs.
+///
+/// The two modes run the same protocol and talk to each other; only who drives the engine
+/// differs. In poll mode completions come without any call driving the engine:
+///
+/// ```
+/// use std::time::Duration;
+/// use shmhca::{Context, EngineMode, IdlePolicy};
+///
+/// let inline = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+/// let poll = Context::builder()
+///     .mode(EngineMode::Poll { cpu: None }) // `Some(core)` pins the engine thread
+///     .idle(IdlePolicy::default()) // spin a while, then sleep until there is work
+///     .arena_size(1 << 20)
+///     .build()?;
+/// assert_eq!(poll.mode(), EngineMode::Poll { cpu: None });
+/// // Wait for a completion: inline, `wait` runs the engine itself; in poll mode its
+/// // thread does. Nothing was posted here, so both time out.
+/// assert!(!inline.create_cq(16)?.wait(Duration::from_millis(1))?);
+/// assert!(!poll.create_cq(16)?.wait(Duration::from_millis(1))?);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineMode {
     /// Run-to-completion: the engine runs inside the application's own calls

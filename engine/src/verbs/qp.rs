@@ -53,6 +53,16 @@ pub struct QpInfo {
 /// A `Qp` is the single producer of its send and receive queues: posting takes `&mut self`.
 /// It can move to another thread (`Send`) but not be shared (`!Sync`).
 ///
+/// Post receives before the messages they take. A Send (or RDMA Write with Immediate) that
+/// finds no receive posted is not lost: it is answered with an RNR Nak and sent again
+/// after the receiver's [`min_rnr_timer`](crate::QpAttr::min_rnr_timer), up to
+/// `rnr_retry` times (7: for ever). Nothing fails and nothing is reported but the delay —
+/// an echo server that re-posts its receive only after answering pays one RNR wait per
+/// message (2,000 echoes took 5 s instead of 18 ms) — so watch the counters:
+/// [`Stats::rnr_naks_sent`](crate::Stats::rnr_naks_sent) (its example shows one),
+/// `rnr_naks_received` at the sender, and `shmhca stat`, which says what to do when they
+/// are not 0.
+///
 /// ```
 /// use shmhca::{AccessFlags, Loopback, QpState, RecvWr, SendOp, SendWr, WcStatus};
 ///
