@@ -56,17 +56,17 @@
 //!
 //! | to | see |
 //! |---|---|
-//! | connect processes (REQ/REP/RTU over a Unix socket) | [`cm`] (its example runs both ends) |
+//! | connect processes (REQ/REP/RTU over a Unix socket) | [`cm`] (its example runs both ends), [`Listener`] (accepting in an event loop), [`Connection`] (a peer's hang-up) |
 //! | choose the engine mode, idle policy, arena size, capture | [`ContextBuilder`] |
 //! | allocate and register memory; your own buffers and memfds | [`Pd`], [`Mr`], [`Pd::reg_mr`], [`Memfd`], [`Context::alloc_pd_over`] |
 //! | post Send, RDMA Write, Read, Atomics | [`SendWr`], [`SendOp`], [`Qp`] |
 //! | post receives; shared receive queues | [`RecvWr`], [`Srq`] |
 //! | completions and their statuses; sleeping until one comes | [`WorkCompletion`], [`Cq`], [`CompChannel`] |
 //! | memory windows | [`Mw`], [`MwBind`] |
-//! | errors that hand back what they took | [`Refused`] |
-//! | inject loss, duplicates, reordering, corruption | [`fault::FaultConfig`] |
-//! | capture packets for Wireshark | [`ContextBuilder::pcap`], [`Context::trace_to`], [`Context::observe_packets`] |
-//! | counters (RNR Naks, retransmissions, timeouts…) | [`Stats`], `shmhca stat` |
+//! | errors: what went wrong and what to do; those that hand back what they took | [`Error`], [`Refused`] |
+//! | inject loss, duplicates, reordering, corruption | [`fault`] (a lost packet resent), [`fault::FaultConfig`] |
+//! | capture packets for Wireshark | [`trace`] (a capture), [`ContextBuilder::pcap`], [`Context::trace_to`], [`Context::observe_packets`] |
+//! | counters (RNR Naks, retransmissions, timeouts…) | [`Stats`] (its example: a receive posted late), `shmhca stat` |
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 // Under loom there is no engine thread and no sleeping: its helpers go unused.
