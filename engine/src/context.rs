@@ -371,7 +371,7 @@ impl Env<'_> {
     /// The time of this iteration (read from the engine clock once).
     #[inline]
     pub(crate) fn now(&mut self) -> Timestamp {
-        *self.now.get_or_insert_with(Timestamp::now)
+        *self.now.get_or_insert_with(crate::timer::now)
     }
 
     /// Whether `d` has passed. Reads the precise clock only when the coarse clock cannot
@@ -384,7 +384,7 @@ impl Env<'_> {
         if let Some(now) = self.now {
             return d.expired(now);
         }
-        let coarse = *self.coarse.get_or_insert_with(Timestamp::coarse);
+        let coarse = *self.coarse.get_or_insert_with(crate::timer::coarse);
         d.expired_by(coarse, coarse_lag(), || self.now())
     }
 

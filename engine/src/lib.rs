@@ -75,9 +75,11 @@
 pub(crate) mod arena;
 pub mod cm;
 pub mod completer;
-pub mod completion;
+pub use shmhca_proto::completion;
 pub(crate) mod context;
-pub mod credit;
+pub use shmhca_proto::credit;
+#[cfg(test)]
+mod credit_flow_tests;
 pub(crate) mod dma;
 pub(crate) mod engine;
 mod error;
@@ -89,7 +91,7 @@ pub mod link;
 pub(crate) mod mem;
 pub(crate) mod mr_table;
 pub(crate) mod mw_table;
-pub mod psn;
+pub use shmhca_proto::psn;
 pub mod qp;
 #[cfg(test)]
 mod raw_peer;

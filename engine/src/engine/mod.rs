@@ -877,7 +877,7 @@ impl Engine {
     /// For whoever lets the engine sleep (the poll-mode engine thread with a backoff
     /// policy, automatic progress, a completion channel's waiter): sleep no longer than
     /// until this time, then drive the engine ([`Engine::poll`]), and the timer fires on
-    /// time. `deadline.saturating_duration_since(Timestamp::now())` is the sleep length
+    /// time. `deadline.saturating_duration_since(crate::timer::now())` is the sleep length
     /// (zero: poll now). A timer armed after this call (by a later poll) is not counted, so
     /// ask again after every poll that did work.
     ///

@@ -1071,7 +1071,7 @@ impl Context {
     /// are not counted: ask again after driving the engine.
     pub fn next_timer(&self) -> Option<std::time::Duration> {
         let deadline = self.shared.engine.with(|e| e.next_deadline())?;
-        Some(deadline.saturating_duration_since(crate::timer::Timestamp::now()))
+        Some(deadline.saturating_duration_since(crate::timer::now()))
     }
 
     /// A snapshot of the engine's counters.

@@ -1,6 +1,22 @@
 //! Work requests and work completions.
 
-pub use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+/// Work completions (`ibv_wc`), from the protocol core. Through a QP:
+///
+/// ```
+/// use shmhca::{AccessFlags, Loopback, SendOp, SendWr, WcStatus};
+///
+/// let mut lo = Loopback::new()?;
+/// let mr = lo.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// // An RDMA Write to a key the peer never gave out fails: the status says how (and the
+/// // QP goes to the Error state).
+/// let bad = shmhca::RemoteAddr { addr: 0, rkey: 0xdead };
+/// lo.a.qp.post_send(&SendWr::new(1, SendOp::RdmaWrite(bad), &[mr.sge(0, 8)?]))?;
+/// let wc = lo.wait_a()?;
+/// assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemAccessErr));
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+pub use crate::completion::WorkCompletion;
+pub use crate::completion::{WcOpcode, WcStatus};
 use crate::verbs::mr::Sge;
 
 /// A remote memory location: an address in the peer's memory region and its R_Key

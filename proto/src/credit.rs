@@ -58,9 +58,6 @@ impl CreditState {
 }
 
 #[cfg(test)]
-mod flow_tests;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -469,7 +469,7 @@ use Position::{First, Last, Middle, Only};
 /// The opcode table: indices 0..=20 are opcodes 0x00..=0x14, then 0x16 and 0x17.
 /// Header sets per spec 01 Figures 17-5 to 17-11 and DESIGN.md.
 /// The row of Acknowledge (what a riding Ack is).
-pub(crate) static ACKNOWLEDGE: &OpcodeInfo = &TABLE[0x11];
+pub static ACKNOWLEDGE: &OpcodeInfo = &TABLE[0x11];
 const _: () = assert!(matches!(TABLE[0x11].opcode, Opcode::Acknowledge));
 
 const TABLE: [OpcodeInfo; 23] = [
@@ -683,7 +683,7 @@ const TABLE: [OpcodeInfo; 23] = [
 ];
 
 /// The largest BTH + extended-header length of any RC opcode.
-pub(crate) const fn max_header_len() -> usize {
+pub const fn max_header_len() -> usize {
     let mut max = 0;
     let mut i = 0;
     while i < TABLE.len() {

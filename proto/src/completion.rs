@@ -27,7 +27,7 @@ pub enum WcStatus {
     RetryExcErr,
     /// The RNR retry count was exhausted (the peer never had a receive buffer).
     RnrRetryExcErr,
-    /// A memory window bind failed (`IBV_WC_MW_BIND_ERR`): see [`SendOp::BindMw`](crate::SendOp::BindMw).
+    /// A memory window bind failed (`IBV_WC_MW_BIND_ERR`): see shmhca's `SendOp::BindMw`.
     MwBindErr,
     /// A local protection error (`IBV_WC_LOC_PROT_ERR`): a Local Invalidate of a key that
     /// names no bound type 2 window of the QP's domain, or (receive side) a Send with
@@ -52,26 +52,28 @@ pub enum WcOpcode {
     Recv,
     /// A receive consumed by an RDMA Write with Immediate.
     RecvRdmaWithImm,
-    /// A memory window bind ([`crate::Qp::bind_mw`] or [`SendOp::BindMw`](crate::SendOp::BindMw)).
+    /// A memory window bind (shmhca's `Qp::bind_mw` or `SendOp::BindMw`).
     BindMw,
-    /// A Local Invalidate ([`SendOp::LocalInv`](crate::SendOp::LocalInv)).
+    /// A Local Invalidate (shmhca's `SendOp::LocalInv`).
     LocalInv,
 }
 
-/// A work completion (`ibv_wc`).
+/// A work completion (`ibv_wc`): what became of a work request, for the application.
 ///
 /// ```
-/// use shmhca::{AccessFlags, Loopback, SendOp, SendWr, WcStatus};
+/// use shmhca_proto::completion::{WcOpcode, WcStatus, WorkCompletion};
+/// use shmhca_proto::wire::Qpn;
 ///
-/// let mut lo = Loopback::new()?;
-/// let mr = lo.a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
-/// // An RDMA Write to a key the peer never gave out fails: the status says how (and the
-/// // QP goes to the Error state).
-/// let bad = shmhca::RemoteAddr { addr: 0, rkey: 0xdead };
-/// lo.a.qp.post_send(&SendWr::new(1, SendOp::RdmaWrite(bad), &[mr.sge(0, 8)?]))?;
-/// let wc = lo.wait_a()?;
-/// assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemAccessErr));
-/// # Ok::<(), shmhca::Error>(())
+/// // A Send with Immediate received into work request 7 of QP 0x12.
+/// let wc = WorkCompletion {
+///     wr_id: 7,
+///     opcode: WcOpcode::Recv,
+///     byte_len: 64,
+///     imm_data: Some(0xbeef),
+///     qp_num: Qpn::new(0x12),
+///     ..WorkCompletion::default()
+/// };
+/// assert_eq!(wc.status, WcStatus::Success);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {

@@ -10,7 +10,7 @@
 //! * [`classify`]: the RQ Logic's view of an incoming request PSN against its ePSN
 //!   (spec 01, Figure 17-3): valid, duplicate or invalid;
 //! * [`read_response_packets`], [`packets_for`]: the packet counts behind the nPSN rules
-//!   of spec 01 "Some Definitions" ([`crate::requester::next_psn`]).
+//!   of spec 01 "Some Definitions" (the SQ Logic's `next_psn`).
 //!
 //! Leaf vocabulary: this module imports nothing of the crate, so the wire codec, the
 //! protocol core and the verbs layer can all use it.
@@ -28,7 +28,7 @@ use core::ops::{Add, Sub};
 /// [`Psn::diff`], [`Psn::before`] or [`Psn::after`].
 ///
 /// ```
-/// use shmhca::psn::Psn;
+/// use shmhca_proto::psn::Psn;
 /// let last = Psn::new(0xFF_FFFF);
 /// assert_eq!(last + 1, Psn::new(0));
 /// assert_eq!(Psn::new(0).diff(last), 1);
@@ -149,7 +149,7 @@ pub enum PsnRegion {
 /// remaining 2^23 - 1 PSNs `epsn + 1 ..= epsn + 2^23 - 1`.
 ///
 /// ```
-/// use shmhca::psn::{classify, Psn, PsnRegion};
+/// use shmhca_proto::psn::{classify, Psn, PsnRegion};
 /// let epsn = Psn::new(0);
 /// assert_eq!(classify(Psn::new(0), epsn), PsnRegion::Valid);
 /// assert_eq!(classify(Psn::new(0xFF_FFFF), epsn), PsnRegion::Duplicate);

@@ -1,0 +1,46 @@
+//! shmhca's protocol core: the InfiniBand Reliable Connected transport as a library that
+//! does no I/O.
+//!
+//! This crate holds what every link and every driver of the transport share, and nothing
+//! that touches the machine: the packet headers ([`wire`]), PSN arithmetic ([`psn`]),
+//! completion statuses ([`completion`]), end-to-end credits ([`credit`]), the transport and
+//! RNR timers with the [`Clock`](timer::Clock) that passes the time in ([`timer`]), and the
+//! QP state and attribute vocabulary ([`qp`]).
+//!
+//! It is `no_std` with no dependencies: it cannot read a clock, start a thread, take a lock,
+//! map memory or touch a ring — the compiler and Cargo keep it so, not a convention. The
+//! engine (crate `shmhca`) owns all of that and drives this core; a test drives it with a
+//! [`ManualClock`](timer::ManualClock) and plain buffers.
+//!
+//! ```text
+//!  shmhca (engine)   Context, Qp, Cq, Mr … │ cm │ poll loop │ links (shm rings) │ memory
+//!        │ uses                                                            ▲
+//!        ▼                                                                 │ packets
+//!  shmhca-proto      wire · psn · completion · credit · timer · qp ─────────┘ as bytes
+//! ```
+//!
+//! The engine re-exports every module here under the same name (`shmhca::wire`,
+//! `shmhca::psn`, …), so programs that use shmhca never name this crate.
+//!
+//! ```
+//! use shmhca_proto::psn::Psn;
+//! use shmhca_proto::wire::{BthRepr, Qpn, bth, opcode::Opcode};
+//!
+//! let sent = BthRepr::new(Opcode::SendOnly, Qpn::new(0x12), Psn::new(0xFF_FFFF));
+//! let mut buf = [0u8; bth::HEADER_LEN];
+//! sent.emit(&mut bth::Packet::new_checked(&mut buf[..])?);
+//! let got = BthRepr::parse(&bth::Packet::new_checked(&buf[..])?)?;
+//! assert_eq!(got, sent);
+//! assert_eq!(got.psn + 1, Psn::new(0), "PSNs wrap at 2^24");
+//! # Ok::<(), shmhca_proto::wire::Error>(())
+//! ```
+// Its tests use std (formatting, vectors); the library itself never does.
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+
+pub mod completion;
+pub mod credit;
+pub mod psn;
+pub mod qp;
+pub mod timer;
+pub mod wire;
