@@ -43,7 +43,7 @@ pub(crate) const WAKE_WORD: u64 = 0;
 /// A word saying whether this engine may sleep at all (1) or always polls (0); peers read
 /// it at link setup and, while it is 0, one engine iteration in `PUBLISH_EVERY`, and skip
 /// the wake-up check while it is 0. An inline engine turns it to 1 (never back) when its
-/// application takes a completion channel's fd (`Shared::allow_fd_sleep`).
+/// application takes a completion channel's fd (`Device::allow_fd_sleep`).
 pub(crate) const MAY_SLEEP: u64 = 64;
 
 /// The engine's process id (a little-endian u64), which `shmhca stat` shows for a link's

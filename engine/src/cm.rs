@@ -142,8 +142,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::device::Device;
 use crate::error::Result;
-use crate::verbs::{Context, Cq, Pd, Shared, Srq};
+use crate::verbs::{Context, Cq, Pd, Srq};
 use links::Links;
 use watch::Watcher;
 
@@ -171,7 +172,17 @@ pub(crate) struct CmState {
 }
 
 impl CmState {
-    pub(crate) fn new() -> CmState {
+    /// The connection manager's state of `device`, created on first use. It is kept in the
+    /// device (so it lives and dies with it) but only this module knows its type.
+    pub(crate) fn of(device: &Device) -> &CmState {
+        device
+            .cm
+            .get_or_init(|| Box::new(CmState::new()))
+            .downcast_ref()
+            .expect("only the connection manager stores state in `Device::cm`")
+    }
+
+    fn new() -> CmState {
         CmState {
             identity: u64::from(std::process::id()) << 32 | (random_u64() & 0xffff_ffff),
             links: Links::default(),
@@ -180,7 +191,7 @@ impl CmState {
     }
 
     /// The watcher of this context, started on first use.
-    pub(crate) fn watcher(&self, shared: &Arc<Shared>) -> Result<Arc<Watcher>> {
+    pub(crate) fn watcher(&self, shared: &Arc<Device>) -> Result<Arc<Watcher>> {
         let mut w = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(w) = w.as_ref() {
             return Ok(w.clone());
@@ -249,13 +260,12 @@ impl Context {
     /// This engine's identity in connection setup: the process id in the high 32 bits, a
     /// random nonce below.
     pub fn engine_identity(&self) -> u64 {
-        self.shared.cm.identity
+        CmState::of(&self.shared).identity
     }
 
     /// The links the connection manager made or accepted, with their connection counts.
     pub fn cm_links(&self) -> Vec<LinkInfo> {
-        self.shared
-            .cm
+        CmState::of(&self.shared)
             .links
             .snapshot()
             .into_iter()

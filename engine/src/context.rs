@@ -10,11 +10,12 @@ use crate::sync::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shmhca_rings::ring::{Consumer, HeapStorage, Producer};
+use shmhca_rings::ring::{Consumer, HeapStorage};
 
 use crate::arena::PdArenas;
 use crate::completer;
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+use crate::cq_table::CqTable;
 use crate::link::TxBatch;
 use crate::mem::Mem;
 use crate::mr_table::{AccessDenied, MrTable};
@@ -23,7 +24,6 @@ use crate::qp::AccessFlags;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
-use crate::slots::SlotTable;
 use crate::srq_table::SrqTable;
 use crate::timer::{Deadline, Timestamp};
 use crate::wire::Qpn;
@@ -76,12 +76,8 @@ impl QpShared {
 }
 
 /// Counters of an engine (a snapshot is returned by [`crate::Context::stats`]; `shmhca stat`
-/// shows every running engine's, per QP too).
-///
-/// They show what costs time without failing anything. A Send that arrives before its
-/// receive is posted is refused with an RNR Nak, and its sender waits the receiver's
-/// `min_rnr_timer` before it sends it again: nothing fails, the message is only late, and
-/// `rnr_naks_sent` here (`rnr_naks_received` at the sender) is where it shows:
+/// shows every running engine's, per QP too). A receive posted late shows as RNR Naks and a
+/// retransmission, nothing else:
 ///
 /// ```
 /// use shmhca::{AccessFlags, Loopback, RecvWr, SendOp, SendWr, WcStatus};
@@ -105,206 +101,7 @@ impl QpShared {
 /// assert!(lo.a.ctx.stats().retransmitted >= 1);
 /// # Ok::<(), shmhca::Error>(())
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Packets pushed to links.
-    pub packets_sent: u64,
-    /// Packets taken from links.
-    pub packets_received: u64,
-    /// Payload bytes copied into this process's memory from packets (receive-side "DMA":
-    /// Sends, RDMA Writes, RDMA Read responses).
-    pub payload_bytes_copied: u64,
-    /// Payload bytes copied into packet slots because they were small enough to travel
-    /// inline (sender side).
-    pub inline_bytes_sent: u64,
-    /// Positive Acks sent.
-    pub acks_sent: u64,
-    /// Naks and RNR Naks sent (all kinds; the next five fields split them).
-    pub naks_sent: u64,
-    /// RNR Naks sent (a Send or Write with Immediate found no receive WQE).
-    pub rnr_naks_sent: u64,
-    /// PSN Sequence Error Naks sent.
-    pub seq_err_naks_sent: u64,
-    /// Invalid Request Naks sent.
-    pub inv_req_naks_sent: u64,
-    /// Remote Access Error Naks sent.
-    pub rem_access_naks_sent: u64,
-    /// Remote Operational Error Naks sent.
-    pub rem_op_naks_sent: u64,
-    /// Naks received (not RNR Naks: see `rnr_naks_received`).
-    pub naks_received: u64,
-    /// Work requests completed with a flush error (their QP was in the Error state).
-    pub flushed: u64,
-    /// Request packets sent again (go-back-N after a Nak, an RNR Nak or a timeout).
-    pub retransmitted: u64,
-    /// Transport timer expiries.
-    pub timeouts: u64,
-    /// RNR Naks received.
-    pub rnr_naks_received: u64,
-    /// Packets dropped: malformed, for an unknown QP, duplicate or out of window.
-    pub dropped: u64,
-    /// Times the poll-mode engine thread went to sleep (idle policy `Backoff`).
-    pub sleeps: u64,
-    /// Of `acks_sent`, Acks that rode in the line of a request to the same QP instead of
-    /// taking a line of their own (not counted in `packets_sent`).
-    pub acks_riding: u64,
-}
-
-impl Stats {
-    /// Counts a Nak or RNR Nak sent with `syndrome`.
-    pub(crate) fn nak_sent(&mut self, syndrome: crate::wire::aeth::Syndrome) {
-        use crate::wire::aeth::{NakCode, Syndrome};
-        self.naks_sent += 1;
-        match syndrome {
-            Syndrome::RnrNak { .. } => self.rnr_naks_sent += 1,
-            Syndrome::Nak(NakCode::PsnSequenceError) => self.seq_err_naks_sent += 1,
-            Syndrome::Nak(NakCode::InvalidRequest) => self.inv_req_naks_sent += 1,
-            Syndrome::Nak(NakCode::RemoteAccessError) => self.rem_access_naks_sent += 1,
-            Syndrome::Nak(NakCode::RemoteOperationalError) => self.rem_op_naks_sent += 1,
-            _ => {}
-        }
-    }
-}
-
-/// The engine's end of a completion queue.
-pub(crate) type CqProducer = Producer<WorkCompletion, HeapStorage<WorkCompletion>>;
-
-/// The completion queues of an engine, as producers.
-///
-/// A CQ's number carries a generation tag above its index, so a QP that outlives its CQ
-/// can never complete into a newer CQ that reused the slot.
-pub(crate) struct CqTable {
-    cqs: SlotTable<CqSlot>,
-    /// Queues armed for a notification (see `verbs::channel`), mirrored for the progress
-    /// helper in `armed_mirror` (written only by the token holder).
-    armed: u32,
-    armed_mirror: Arc<std::sync::atomic::AtomicU32>,
-}
-
-/// One completion queue: its ring and its notification state (private to the engine).
-struct CqSlot {
-    producer: CqProducer,
-    /// Slots known free: at most the ring's free slots (only this end fills them; the
-    /// application's polls only add more). Counted down by each push and refreshed from
-    /// the ring only when it reaches 0, so that a check for room reloads the consumer's
-    /// index once per `room` completions, not on every one.
-    room: usize,
-    notify: crate::verbs::channel::Notify,
-}
-
-impl CqSlot {
-    /// Whether the queue can take one more completion.
-    #[inline]
-    fn has_room(&mut self) -> bool {
-        if self.room == 0 {
-            // A heap ring of this process cannot be broken by a peer.
-            self.room = self.producer.free_slots().unwrap_or(0);
-        }
-        debug_assert!(
-            self.room <= self.producer.free_slots().unwrap_or(0),
-            "the cached room never exceeds the ring's free slots"
-        );
-        self.room > 0
-    }
-}
-
-/// Bits of a CQ number that index the table; the rest is the generation.
-const CQ_INDEX_BITS: u32 = crate::limits::MAX_CQS.trailing_zeros();
-/// The most completion queues one context can hold.
-pub(crate) const MAX_CQS: u32 = 1 << CQ_INDEX_BITS;
-
-impl Default for CqTable {
-    fn default() -> CqTable {
-        CqTable {
-            cqs: SlotTable::new(MAX_CQS, 32 - CQ_INDEX_BITS),
-            armed: 0,
-            armed_mirror: Arc::default(),
-        }
-    }
-}
-
-impl CqTable {
-    /// Adds a completion queue; returns its number, or `None` when the context has
-    /// [`MAX_CQS`].
-    pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<u32> {
-        let (index, generation) = self.cqs.insert_with(|_, _| CqSlot {
-            room: 0,
-            producer,
-            notify: Default::default(),
-        })?;
-        Some(generation << CQ_INDEX_BITS | index)
-    }
-
-    #[inline]
-    fn get(&mut self, cq: u32) -> Option<&mut CqSlot> {
-        self.cqs.get_mut(cq & (MAX_CQS - 1), cq >> CQ_INDEX_BITS)
-    }
-
-    /// Removes completion queue `cq`.
-    pub(crate) fn remove(&mut self, cq: u32) {
-        if let Some(s) = self.get(cq) {
-            if s.notify.armed() {
-                self.set_armed(self.armed - 1);
-            }
-            self.cqs.remove_at(cq & (MAX_CQS - 1));
-        }
-    }
-
-    /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
-    /// completions have nowhere to go).
-    pub(crate) fn has_room(&mut self, cq: u32) -> bool {
-        self.get(cq).is_none_or(CqSlot::has_room)
-    }
-
-    /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
-    /// the work request and tries again later). Raises the queue's event if it is armed
-    /// for this completion.
-    #[inline(always)]
-    pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
-        match self.get(cq) {
-            Some(s) => {
-                // (No check of the cached room here: the callers asked `has_room` first,
-                // and the ring's push checks its own free slots.)
-                let pushed = s.producer.push(wc).is_ok();
-                debug_assert!(pushed || !s.has_room(), "a full queue refused it");
-                s.room = s.room.saturating_sub(usize::from(pushed));
-                if pushed && s.notify.on_push(&wc) {
-                    self.set_armed(self.armed - 1);
-                }
-                pushed
-            }
-            None => true,
-        }
-    }
-
-    /// The notification state of `cq`.
-    pub(crate) fn notify(&mut self, cq: u32) -> Option<&mut crate::verbs::channel::Notify> {
-        self.get(cq).map(|s| &mut s.notify)
-    }
-
-    /// Arms `cq` (see [`crate::verbs::channel::Notify::arm`]); false if there is no such
-    /// queue.
-    pub(crate) fn arm(&mut self, cq: u32, arm: crate::verbs::channel::Arm) -> bool {
-        let Some(s) = self.get(cq) else {
-            return false;
-        };
-        if s.notify.arm(arm) {
-            self.set_armed(self.armed + 1);
-        }
-        true
-    }
-
-    fn set_armed(&mut self, n: u32) {
-        self.armed = n;
-        self.armed_mirror
-            .store(n, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The count of armed queues, as the progress helper reads it.
-    pub(crate) fn armed_mirror(&self) -> Arc<std::sync::atomic::AtomicU32> {
-        self.armed_mirror.clone()
-    }
-}
+pub use shmhca_proto::stats::Stats;
 
 /// The engine state every protocol stage may use; lent to one as an [`Env`].
 pub(crate) struct Resources {
@@ -313,7 +110,7 @@ pub(crate) struct Resources {
     pub(crate) mrs: MrTable,
     /// Memory windows.
     pub(crate) mws: MwTable,
-    /// Shared receive queues.
+    /// Device receive queues.
     pub(crate) srqs: SrqTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
@@ -832,50 +629,5 @@ mod tests {
         assert_eq!(parsed[1].bth().opcode, Opcode::RdmaReadRequest);
         assert_eq!(parsed[1].bth().psn, Psn::new(101));
         assert_eq!(parsed[1].reth().unwrap().dma_len, 1000);
-    }
-
-    /// The CQ table's room answers what the ring says, although it reloads the
-    /// application's index only when its count of known free slots runs out: full after
-    /// `depth` pushes, room again as soon as the application polls, and never a completion
-    /// refused while a slot is free.
-    #[test]
-    fn the_cq_table_room_follows_the_applications_polls() {
-        let (producer, mut consumer) = shmhca_rings::ring::heap_ring::<WorkCompletion>(4).unwrap();
-        let mut cqs = CqTable::default();
-        let cq = cqs.insert(producer).unwrap();
-        let wc = |wr_id| WorkCompletion {
-            wr_id,
-            ..WorkCompletion::default()
-        };
-        let mut pushed = 0;
-        let mut polled = 0;
-        for round in 0..5 {
-            // Fill the queue: exactly as many pushes as slots are free.
-            while cqs.has_room(cq) {
-                assert!(cqs.push(cq, wc(pushed)), "room was reported");
-                pushed += 1;
-            }
-            assert_eq!(
-                pushed - polled,
-                4,
-                "round {round}: full only when every slot is taken"
-            );
-            assert!(!cqs.push(cq, wc(99)), "a full queue refuses the completion");
-            // The application takes `round % 4 + 1` of them: that much room again.
-            for _ in 0..round % 4 + 1 {
-                assert_eq!(consumer.pop().unwrap().unwrap().wr_id, polled);
-                polled += 1;
-            }
-            assert!(cqs.has_room(cq), "round {round}: a poll makes room");
-        }
-        // Nothing was lost or duplicated: the rest come out in order.
-        while let Some(w) = consumer.pop().unwrap() {
-            assert_eq!(w.wr_id, polled);
-            polled += 1;
-        }
-        assert_eq!(polled, pushed);
-        // A destroyed queue takes everything.
-        cqs.remove(cq);
-        assert!(cqs.has_room(cq) && cqs.push(cq, wc(0)));
     }
 }

@@ -4,7 +4,7 @@
 //! tell what went wrong and what to do about it. Protocol errors seen on the wire never
 //! surface here: they become work-completion statuses ([`crate::WcStatus`]), as on a real HCA.
 
-use crate::qp::QpState;
+use shmhca_proto::qp::QpState;
 
 /// What a verbs call can fail with.
 ///

@@ -77,15 +77,18 @@ pub mod cm;
 pub mod completer;
 pub use shmhca_proto::completion;
 pub(crate) mod context;
+pub(crate) mod cq_table;
 pub use shmhca_proto::credit;
 #[cfg(test)]
 mod credit_flow_tests;
+pub(crate) mod device;
 pub(crate) mod dma;
 pub(crate) mod engine;
 mod error;
 pub mod fault;
 #[cfg(test)]
 mod hostile_tests;
+pub(crate) mod ids;
 pub mod limits;
 pub mod link;
 pub(crate) mod mem;
@@ -106,6 +109,7 @@ pub(crate) mod sync;
 pub mod testing;
 pub mod timer;
 pub mod trace;
+pub(crate) mod user_buffer;
 pub(crate) mod user_mem;
 pub mod verbs;
 pub mod wire;

@@ -41,16 +41,7 @@ const _: () = assert!(align_of::<PacketSlot>() == align_of::<Line>());
 const _: () = assert!(std::mem::offset_of!(PacketSlot, hdr_len) == shmhca_rings::lines::USER_START);
 const _: () = assert!(MAX_PACKET_LINES <= shmhca_rings::lines::MAX_FRAME_LINES);
 
-/// Identifies a link of an engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LinkId(pub(crate) u32);
-
-impl LinkId {
-    /// The link's index in its engine.
-    pub fn index(self) -> u32 {
-        self.0
-    }
-}
+pub use crate::ids::LinkId;
 
 /// Packets staged for one link's outgoing ring, each published as one frame once per
 /// burst.
@@ -500,11 +491,8 @@ pub(crate) struct Link {
     /// at setup; while false, looked up again at each stats publication of this engine
     /// (one iteration in `PUBLISH_EVERY`: nothing on the packet path), since an inline
     /// peer announces it later, once, when its application takes a completion channel's fd
-    /// after the link was set up (`Shared::allow_fd_sleep`); true for good once seen.
+    /// after the link was set up (`Device::allow_fd_sleep`); true for good once seen.
     peer_may_sleep: bool,
-    /// The peer context, when it lives in this process (`Context::link_with`): where a
-    /// peer QP's arena is looked up when a QP is given its destination.
-    pub(crate) local_peer: Option<std::sync::Weak<crate::verbs::Shared>>,
 }
 
 impl Link {
@@ -620,7 +608,6 @@ impl Link {
             peer_page,
             peer_arenas: Vec::new(),
             peer_qps: Vec::new(),
-            local_peer: None,
             down: None,
             rx_backlog: false,
             endpoints,

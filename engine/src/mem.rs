@@ -144,7 +144,7 @@ impl Mem {
     }
 
     /// A zero-filled, 8-byte aligned, writable buffer of `len` bytes in this process's
-    /// private heap: memory no other process can map. Shared between the application's
+    /// private heap: memory no other process can map. Device between the application's
     /// handles and the engine like any `Mem` (racy plain bytes).
     pub(crate) fn private(len: usize) -> Mem {
         let words = len.div_ceil(8).max(1);
@@ -165,7 +165,7 @@ impl Mem {
     /// ordinary process memory (or a memfd mapped only here) that no peer can map. The
     /// buffer moves into the returned owner, which the view (and every view shared from it)
     /// keeps alive; the application gets it back from the owner once every view is gone.
-    pub(crate) fn over_user<B: crate::user_mem::UserBuffer>(buf: B) -> (Mem, Arc<UserOwner<B>>) {
+    pub(crate) fn over_user<B: crate::user_buffer::UserBuffer>(buf: B) -> (Mem, Arc<UserOwner<B>>) {
         let owner = Arc::new(UserOwner(UnsafeCell::new(buf)));
         // SAFETY: the owner was just created, so this is the only access to the buffer; the
         // pointer taken here stays valid while the owner lives, because every implementor

@@ -16,7 +16,21 @@ use crate::arena::{Block, PdArenas};
 use crate::mem::Mem;
 use crate::qp::AccessFlags;
 use crate::slots::SlotTable;
-use crate::user_mem::{split_user_off, user_off};
+
+/// The bit that marks a local offset as one in a registered buffer, not in the arena.
+pub(crate) const USER_SPACE: u64 = 1 << 62;
+const INDEX_MASK: u64 = 0xff_ffff;
+const OFFSET_MASK: u64 = 0xffff_ffff;
+
+/// The local offset of byte `offset` of the registered buffer of region `index`.
+pub(crate) fn user_off(index: u32, offset: u64) -> u64 {
+    USER_SPACE | (u64::from(index) & INDEX_MASK) << 32 | (offset & OFFSET_MASK)
+}
+
+/// Splits an offset in [`USER_SPACE`] into (region index, offset in its buffer).
+pub(crate) fn split_user_off(off: u64) -> Option<(u32, u64)> {
+    (off & USER_SPACE != 0).then_some((((off >> 32) & INDEX_MASK) as u32, off & OFFSET_MASK))
+}
 
 /// The part of a region shared with its application handle: how many scatter/gather
 /// elements of posted, not yet retired work requests point into it.

@@ -7,7 +7,7 @@
 //! queues on Error).
 
 use crate::error::{Error, Result};
-use crate::link::LinkId;
+use crate::ids::LinkId;
 use crate::psn::Psn;
 use crate::wire::Qpn;
 

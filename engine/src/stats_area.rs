@@ -45,7 +45,6 @@ use std::sync::atomic::{Ordering, fence};
 use shmhca_rings::segment::{Access, HugePages, OpenError, Segment, Sharing};
 
 use crate::context::Stats;
-use crate::engine::Engine;
 use crate::mem::Mem;
 use crate::qp::QpState;
 
@@ -143,46 +142,43 @@ impl StatsArea {
         Some(area)
     }
 
-    /// Copies the engine's counters, links and QPs into the area.
-    pub(crate) fn publish(&mut self, e: &Engine) {
+    /// Copies an engine's counters, links and QPs into the area: at most [`MAX_LINKS`]
+    /// links and [`MAX_QPS`] QPs are listed, and `qps` is counted to the end.
+    pub(crate) fn publish(
+        &mut self,
+        stats: &Stats,
+        links: impl Iterator<Item = LinkRow>,
+        qps: impl Iterator<Item = QpRow>,
+    ) {
         self.publishes += 1;
         let img = &mut self.image;
         put_u64(img, 32, self.publishes);
-        let st = &e.res.stats;
-        for (i, v) in counters(st).iter().enumerate() {
+        for (i, v) in counters(stats).iter().enumerate() {
             put_u64(img, OFF_COUNTERS + 8 * i, *v);
         }
         let mut nl = 0;
-        for (id, link) in e.links() {
-            if nl == MAX_LINKS {
-                break;
-            }
+        for link in links.take(MAX_LINKS) {
             let at = OFF_LINKS + nl * LINK_LEN;
-            let peer_pid = link.peer_pid().unwrap_or(0);
-            let qps = e
-                .qps()
-                .filter(|q| q.cfg.dest.is_some_and(|d| d.link == id))
-                .count() as u32;
-            put_u32(img, at, id.0);
-            put_u32(img, at + 4, u32::from(link.down.is_none()));
-            put_u32(img, at + 8, peer_pid);
-            put_u32(img, at + 12, qps);
+            put_u32(img, at, link.id);
+            put_u32(img, at + 4, u32::from(link.up));
+            put_u32(img, at + 8, link.peer_pid);
+            put_u32(img, at + 12, link.qps);
             nl += 1;
         }
         let (mut nq, mut total) = (0, 0u32);
-        for q in e.qps() {
+        for q in qps {
             total += 1;
             if nq == MAX_QPS {
                 continue;
             }
             let at = OFF_QPS + nq * QP_LEN;
-            put_u32(img, at, q.qpn.get());
+            put_u32(img, at, q.qpn);
             put_u32(img, at + 4, q.state as u32);
-            put_u32(img, at + 8, q.cfg.dest.map_or(u32::MAX, |d| d.link.0));
-            put_u32(img, at + 12, q.cfg.dest.map_or(0, |d| d.qpn.get()));
-            put_u32(img, at + 16, q.req.window.npsn().get());
-            put_u32(img, at + 20, q.req.window.acked().get());
-            put_u32(img, at + 24, q.resp.epsn.get());
+            put_u32(img, at + 8, q.dest.map_or(u32::MAX, |d| d.0));
+            put_u32(img, at + 12, q.dest.map_or(0, |d| d.1));
+            put_u32(img, at + 16, q.npsn);
+            put_u32(img, at + 20, q.acked);
+            put_u32(img, at + 24, q.epsn);
             nq += 1;
         }
         put_u32(img, 20, nq as u32);
@@ -200,6 +196,33 @@ impl StatsArea {
         let _ = self.mem.write(OFF_LAYOUT as u64, &img[OFF_LAYOUT..]);
         gen_word.store((g.wrapping_add(1) | 1).wrapping_add(1), Ordering::Release);
     }
+}
+
+/// One link as the area lists it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinkRow {
+    /// The link's index in its engine.
+    pub(crate) id: u32,
+    /// Whether it is up.
+    pub(crate) up: bool,
+    /// The peer process (0 if unknown).
+    pub(crate) peer_pid: u32,
+    /// QPs whose destination is over it.
+    pub(crate) qps: u32,
+}
+
+/// One QP as the area lists it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpRow {
+    pub(crate) qpn: u32,
+    pub(crate) state: QpState,
+    /// The link and remote QPN of its destination, once it has one.
+    pub(crate) dest: Option<(u32, u32)>,
+    /// The SQ Logic's next PSN and the last PSN the peer acknowledged.
+    pub(crate) npsn: u32,
+    pub(crate) acked: u32,
+    /// The RQ Logic's expected PSN.
+    pub(crate) epsn: u32,
 }
 
 fn counters(st: &Stats) -> [u64; COUNTERS] {

@@ -29,7 +29,7 @@
 //! # How the engine names a buffer
 //!
 //! The engine addresses local memory by offset in the domain's arena. A registered buffer
-//! gets offsets in a separate range, [`USER_SPACE`] with the region's table index in bits
+//! gets offsets in a separate range, [`USER_SPACE`](crate::mr_table::USER_SPACE) with the region's table index in bits
 //! 32..56 and the offset inside the buffer in the low 32 bits (a region holds at most
 //! 2 GiB). [`Local`] resolves an offset to the arena or to the buffer's view; offsets of
 //! this kind only ever describe destinations (sources are shadow offsets in the arena), so
@@ -39,22 +39,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::error::{Error, Result};
 use crate::mem::{Mem, OutOfRange};
-use crate::mr_table::MrTable;
-
-/// The bit that marks a local offset as one in a registered buffer, not in the arena.
-pub(crate) const USER_SPACE: u64 = 1 << 62;
-const INDEX_MASK: u64 = 0xff_ffff;
-const OFFSET_MASK: u64 = 0xffff_ffff;
-
-/// The local offset of byte `offset` of the registered buffer of region `index`.
-pub(crate) fn user_off(index: u32, offset: u64) -> u64 {
-    USER_SPACE | (u64::from(index) & INDEX_MASK) << 32 | (offset & OFFSET_MASK)
-}
-
-/// Splits an offset in [`USER_SPACE`] into (region index, offset in its buffer).
-pub(crate) fn split_user_off(off: u64) -> Option<(u32, u64)> {
-    (off & USER_SPACE != 0).then_some((((off >> 32) & INDEX_MASK) as u32, off & OFFSET_MASK))
-}
+use crate::mr_table::{MrTable, split_user_off};
+pub use crate::user_buffer::UserBuffer;
+use crate::user_buffer::sealed;
 
 /// The memory a QP's local offsets name: its domain's arena, and the registered buffers of
 /// the region table. What the engine writes received data and Atomic results through.
@@ -125,63 +112,6 @@ impl<'a> Local<'a> {
     ) -> std::result::Result<u64, OutOfRange> {
         let (mem, at) = self.at(off)?;
         mem.compare_swap_u64(at, compare, swap)
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// Memory [`Pd::reg_mr`](crate::Pd::reg_mr) can register: a buffer whose bytes stay at one
-/// address however the value moves (a heap allocation or a mapping). Sealed: implemented
-/// for `Vec<u8>`, `Box<[u8]>`, [`memmap2::MmapMut`] and [`Memfd`].
-pub trait UserBuffer: sealed::Sealed + Send + std::fmt::Debug + 'static {
-    /// Its length in bytes.
-    fn byte_len(&self) -> usize;
-    /// Whether only this process can write the bytes (false for a memfd, which another
-    /// holder of the file could map writable): only then may the registered region hand
-    /// out a mutable slice.
-    #[doc(hidden)]
-    fn exclusive(&self) -> bool {
-        true
-    }
-    /// Start and length of the bytes (taken once, at registration).
-    #[doc(hidden)]
-    fn raw_parts(&mut self) -> (*mut u8, usize);
-}
-
-impl sealed::Sealed for Vec<u8> {}
-impl UserBuffer for Vec<u8> {
-    fn byte_len(&self) -> usize {
-        self.len()
-    }
-    fn raw_parts(&mut self) -> (*mut u8, usize) {
-        (self.as_mut_ptr(), self.len())
-    }
-}
-
-impl sealed::Sealed for Box<[u8]> {}
-impl UserBuffer for Box<[u8]> {
-    fn byte_len(&self) -> usize {
-        self.len()
-    }
-    fn raw_parts(&mut self) -> (*mut u8, usize) {
-        (self.as_mut_ptr(), self.len())
-    }
-}
-
-impl sealed::Sealed for memmap2::MmapMut {}
-impl UserBuffer for memmap2::MmapMut {
-    fn byte_len(&self) -> usize {
-        self.len()
-    }
-    fn exclusive(&self) -> bool {
-        // A file mapping may be shared with other writers; `MmapMut::map_mut` is `unsafe`
-        // for that reason, and `map_anon` is not. The region cannot tell them apart.
-        false
-    }
-    fn raw_parts(&mut self) -> (*mut u8, usize) {
-        (self.as_mut_ptr(), self.len())
     }
 }
 
@@ -344,6 +274,7 @@ impl UserBuffer for Memfd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mr_table::user_off;
 
     #[test]
     fn user_offsets_round_trip_and_never_look_like_arena_offsets() {

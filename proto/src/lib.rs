@@ -42,5 +42,6 @@ pub mod completion;
 pub mod credit;
 pub mod psn;
 pub mod qp;
+pub mod stats;
 pub mod timer;
 pub mod wire;

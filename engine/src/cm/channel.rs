@@ -15,8 +15,8 @@ use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
 
 use super::msg::{HEADER_LEN, Header, Message, MsgError, Rej, RejectReason};
 use super::params::PeerPolicy;
+use crate::device::Device;
 use crate::error::Error;
-use crate::verbs::Shared;
 
 /// How long a wait for the peer lasts between two runs of an inline-mode engine.
 pub(super) const INLINE_WAIT: Duration = Duration::from_micros(200);
@@ -60,7 +60,7 @@ pub(super) struct Chan<'a> {
     pub(super) timeout: Duration,
     /// An inline-mode engine to run while [`Chan::recv`] waits (the application's thread is
     /// here, not polling its CQs, and the context's other connections need their Acks).
-    pub(super) drive: Option<&'a Shared>,
+    pub(super) drive: Option<&'a Device>,
 }
 
 impl Chan<'_> {

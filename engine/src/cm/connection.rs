@@ -126,7 +126,7 @@ fn connect_spec(
     params.validate()?;
     spec.check(&ctx.shared)?;
     let shared = &ctx.shared;
-    let watcher = shared.cm.watcher(shared)?;
+    let watcher = crate::cm::CmState::of(shared).watcher(shared)?;
     let stream = Arc::new(UnixStream::connect(path).map_err(|e| connect_error(path, &e))?);
     let chan = Chan {
         stream: &stream,

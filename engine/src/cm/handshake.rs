@@ -21,10 +21,11 @@ use super::msg::{Hello, LinkMode, Message, Offer, Rej, RejectReason, Rep, Req};
 use super::params::{Agreed, ConnectParams, OfferFrom, PeerPolicy, negotiate};
 use super::random_u64;
 use super::segments::{LinkSegment, attach_peer_arena, new_link, share_arena, share_engine_page};
+use crate::device::Device;
 use crate::error::Error;
 use crate::link::{self, LinkId, Side};
 use crate::qp::{Destination, QpAttr, QpState};
-use crate::verbs::{Cq, Pd, Qp, Shared, Srq};
+use crate::verbs::{Cq, Pd, Qp, Srq};
 use crate::wire::Qpn;
 
 /// A finished handshake.
@@ -56,7 +57,7 @@ impl QpSpec<'_> {
     /// # Errors
     /// [`Error::ForeignObject`] for an SRQ of another context, [`Error::InvalidArgument`]
     /// for one of another protection domain than `pd`.
-    pub(super) fn check(&self, shared: &Arc<Shared>) -> crate::Result<()> {
+    pub(super) fn check(&self, shared: &Arc<Device>) -> crate::Result<()> {
         let Some(srq) = self.srq else { return Ok(()) };
         if !Arc::ptr_eq(&srq.shared, shared) {
             return Err(Error::ForeignObject {
@@ -73,7 +74,7 @@ impl QpSpec<'_> {
     }
 
     /// Makes the QP (in Reset).
-    fn create(&self, shared: &Arc<Shared>, params: &ConnectParams) -> crate::Result<Qp> {
+    fn create(&self, shared: &Arc<Device>, params: &ConnectParams) -> crate::Result<Qp> {
         Qp::create_in(
             shared,
             self.pd,
@@ -193,7 +194,7 @@ fn one_arena(
 
 /// The client's half: from the server's HELLO to the RTU sent.
 pub(super) fn client_handshake(
-    shared: &Arc<Shared>,
+    shared: &Arc<Device>,
     chan: &Chan<'_>,
     spec: QpSpec<'_>,
     params: &ConnectParams,
@@ -208,7 +209,7 @@ pub(super) fn client_handshake(
     to_init(&mut qp, params).map_err(aborted)?;
     let psn = params.psn();
     let offer = spec.offer(params, qp.qpn(), psn);
-    let cm = &shared.cm;
+    let cm = crate::cm::CmState::of(shared);
     let mut force_new = false;
     let (own_arena, own_layout) = share_arena(shared, spec.pd).map_err(aborted)?;
     let (rep, link, agreed, peer_arena) = loop {
@@ -377,7 +378,7 @@ impl ServerHandshake {
     /// # Errors
     /// A [`Fail`] when the client is refused or the socket fails.
     pub(super) fn start(
-        shared: &Shared,
+        shared: &Device,
         stream: Arc<UnixStream>,
         path: &Path,
         policy: PeerPolicy,
@@ -399,7 +400,7 @@ impl ServerHandshake {
         // A failed send shows up as the client's REJ or hang-up when reading its REQ.
         let _ = chan.send(
             &Message::Hello(Hello {
-                identity: shared.cm.identity,
+                identity: crate::cm::CmState::of(shared).identity,
                 trace_id: shared.id,
             }),
             &[],
@@ -460,7 +461,7 @@ impl ServerHandshake {
     /// deadline, or this side cannot make the QP or link.
     pub(super) fn advance(
         &mut self,
-        shared: &Arc<Shared>,
+        shared: &Arc<Device>,
         path: &Path,
         spec: QpSpec<'_>,
         params: &ConnectParams,
@@ -540,7 +541,7 @@ impl ServerHandshake {
     #[allow(clippy::too_many_arguments)]
     fn on_req(
         &self,
-        shared: &Arc<Shared>,
+        shared: &Arc<Device>,
         chan: &Chan<'_>,
         spec: QpSpec<'_>,
         params: &ConnectParams,
@@ -548,7 +549,7 @@ impl ServerHandshake {
         mut fds: Vec<OwnedFd>,
         retried: bool,
     ) -> std::result::Result<Stage, Fail> {
-        let cm = &shared.cm;
+        let cm = crate::cm::CmState::of(shared);
         let agreed = negotiate(params, &req.offer, OfferFrom::Client)
             .map_err(|r| Fail::reject(r.reason, chan.err(r.text)))?;
         let protocol = |what: String| Fail::reject(RejectReason::ProtocolError, chan.err(what));

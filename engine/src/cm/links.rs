@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::device::Device;
 use crate::engine::Engine;
 use crate::engine::cell::EngineCell;
 use crate::link::{LinkId, Side};
-use crate::verbs::Shared;
 
 /// One link as the connection manager tracks it.
 #[derive(Debug, Clone)]
@@ -225,7 +225,7 @@ fn forget_broken(t: &mut Table, engine: &EngineCell<Engine>) {
 /// was the last) when dropped. `live` is shared with the peer watcher; whoever clears it
 /// first takes the connection out of the link's live count.
 pub(crate) struct LinkRef {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Device>,
     pub(crate) id: LinkId,
     pub(crate) live: Arc<AtomicBool>,
 }
@@ -233,7 +233,7 @@ pub(crate) struct LinkRef {
 impl LinkRef {
     /// A hold already counted in the table (by [`Links::plan`], [`Links::reserve`],
     /// [`Links::created`] or [`Links::opened`]).
-    pub(crate) fn counted(shared: &Arc<Shared>, id: LinkId) -> LinkRef {
+    pub(crate) fn counted(shared: &Arc<Device>, id: LinkId) -> LinkRef {
         LinkRef {
             shared: shared.clone(),
             id,
@@ -245,8 +245,7 @@ impl LinkRef {
 impl Drop for LinkRef {
     fn drop(&mut self) {
         let was_live = self.live.swap(false, Ordering::AcqRel);
-        self.shared
-            .cm
+        crate::cm::CmState::of(&self.shared)
             .links
             .release(&self.shared.engine, self.id, was_live);
     }

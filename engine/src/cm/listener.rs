@@ -52,8 +52,9 @@ use super::handshake::{Established, QpSpec, ServerHandshake};
 use super::params::{ConnectParams, PeerPolicy};
 use super::random_u64;
 use crate::EngineMode;
+use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::verbs::{Context, Cq, Pd, Shared, Srq};
+use crate::verbs::{Context, Cq, Pd, Srq};
 
 /// The most handshakes one accept call keeps in progress, for all clients together: a new
 /// client beyond it evicts the oldest handshake of the process that holds the most (see
@@ -181,7 +182,7 @@ fn listener_alive(path: &Path) -> io::Result<bool> {
 /// # Ok::<(), shmhca::Error>(())
 /// ```
 pub struct Listener {
-    shared: Arc<Shared>,
+    shared: Arc<Device>,
     listener: UnixListener,
     path: PathBuf,
     /// Device and inode of the socket file this listener created.
@@ -426,7 +427,7 @@ impl Listener {
     ) -> Result<Option<Connection>> {
         params.validate()?;
         spec.check(&self.shared)?;
-        let watcher = self.shared.cm.watcher(&self.shared)?;
+        let watcher = crate::cm::CmState::of(&self.shared).watcher(&self.shared)?;
         // This call advances the handshakes it takes; another thread's accept call takes
         // the rest (or those that arrive meanwhile). What is left goes back at the end.
         let mut mine = std::mem::take(&mut *self.lock_pending());

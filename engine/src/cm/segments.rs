@@ -9,10 +9,11 @@ use std::sync::Arc;
 use shmhca_rings::segment::{Access, Segment};
 
 use crate::arena::{ARENA_KIND, ENGINE_PAGE_KIND, ENGINE_PAGE_LEN};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::link::{self, Link, LinkId, Side};
 use crate::mem::Mem;
-use crate::verbs::{Pd, Shared};
+use crate::verbs::Pd;
 use crate::wire::Qpn;
 
 use super::msg::ArenaLayout;
@@ -31,7 +32,7 @@ pub(super) enum LinkSegment {
 /// The link segment or the engine page cannot be mapped or is malformed (see
 /// [`link::attach`]), or the engine has no room for another link.
 pub(super) fn new_link(
-    shared: &Arc<Shared>,
+    shared: &Arc<Device>,
     segment: LinkSegment,
     side: Side,
     peer_page: OwnedFd,
@@ -62,7 +63,7 @@ pub(super) fn new_link(
 }
 
 /// A read-only descriptor of this engine's page, to send to a peer with a new link.
-pub(super) fn share_engine_page(shared: &Shared) -> Result<OwnedFd> {
+pub(super) fn share_engine_page(shared: &Device) -> Result<OwnedFd> {
     shared
         .engine_page
         .share_fd()
@@ -70,7 +71,7 @@ pub(super) fn share_engine_page(shared: &Shared) -> Result<OwnedFd> {
 }
 
 /// A read-only descriptor of the arena of `pd`, to send to a peer, and how it is laid out.
-pub(super) fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<(OwnedFd, ArenaLayout)> {
+pub(super) fn share_arena(shared: &Arc<Device>, pd: &Pd) -> Result<(OwnedFd, ArenaLayout)> {
     let pdn = pd.pdn;
     let seg = shared
         .engine
@@ -93,7 +94,7 @@ pub(super) fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<(OwnedFd, Are
 /// read-only (never populated, refused above `max` bytes) unless this link mapped that
 /// arena already.
 pub(super) fn attach_peer_arena(
-    shared: &Arc<Shared>,
+    shared: &Arc<Device>,
     id: LinkId,
     qpn: u32,
     fd: OwnedFd,

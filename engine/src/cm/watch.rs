@@ -33,9 +33,9 @@ use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
 
 use super::msg::{HEADER_LEN, Message};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::link::LinkId;
-use crate::verbs::Shared;
 use crate::wire::Qpn;
 
 /// Engine iterations run to drain a link before a hang-up is acted on (a full default ring
@@ -118,7 +118,7 @@ impl Watcher {
     }
 
     /// Starts the watcher thread of a context.
-    pub(crate) fn start(shared: &Arc<Shared>) -> Result<Arc<Watcher>> {
+    pub(crate) fn start(shared: &Arc<Device>) -> Result<Arc<Watcher>> {
         let wake = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
             .map_err(|e| Error::io("creating the peer watcher's eventfd", e.into()))?;
         let w = Arc::new(Watcher {
@@ -225,7 +225,7 @@ fn send_keepalive(stream: &UnixStream, keepalive: &[u8; HEADER_LEN]) {
     let _ = rustix::net::send(stream, keepalive, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
 }
 
-fn run(w: &Arc<Watcher>, shared: &Weak<Shared>) {
+fn run(w: &Arc<Watcher>, shared: &Weak<Device>) {
     let keepalive: [u8; HEADER_LEN] = Message::Keepalive
         .encode()
         .try_into()
@@ -325,10 +325,9 @@ fn run(w: &Arc<Watcher>, shared: &Weak<Shared>) {
 }
 
 /// The peer of `entry` is gone: error its QP, close the socket, update the link.
-fn peer_gone(shared: &Arc<Shared>, entry: &Watched, why: &str) {
+fn peer_gone(shared: &Arc<Device>, entry: &Watched, why: &str) {
     entry.status.set_gone(why);
-    shared
-        .cm
+    crate::cm::CmState::of(shared)
         .links
         .hang_up(&shared.engine, entry.link, why, |e| {
             // Hear the peer's last words first: what it published on the link before its socket

@@ -28,7 +28,8 @@ pub(crate) mod wake;
 
 use crate::arena::PdArenas;
 use crate::completer;
-use crate::context::{CqTable, Env, QpCtx, Resources, Stats, Wire, flush_receives};
+use crate::context::{Env, QpCtx, Resources, Stats, Wire, flush_receives};
+use crate::cq_table::CqTable;
 use crate::error::{Error, Result};
 use crate::link::{Link, LinkId, TxBatch};
 use crate::mem::Mem;
@@ -639,12 +640,30 @@ impl Engine {
     fn publish_stats(&mut self) {
         self.stats_countdown = crate::stats_area::PUBLISH_EVERY;
         // A peer that took a completion channel's fd since its link was set up now wants
-        // to be woken (`Shared::allow_fd_sleep`): looked at here, off the packet path.
+        // to be woken (`Device::allow_fd_sleep`): looked at here, off the packet path.
         for (_, link) in self.links.iter_mut() {
             link.refresh_peer_may_sleep();
         }
         if let Some(mut area) = self.stats_area.take() {
-            area.publish(self);
+            use crate::stats_area::{LinkRow, QpRow};
+            let links = self.links().map(|(id, link)| LinkRow {
+                id: id.index(),
+                up: link.down.is_none(),
+                peer_pid: link.peer_pid().unwrap_or(0),
+                qps: self
+                    .qps()
+                    .filter(|q| q.cfg.dest.is_some_and(|d| d.link == id))
+                    .count() as u32,
+            });
+            let qps = self.qps().map(|q| QpRow {
+                qpn: q.qpn.get(),
+                state: q.state,
+                dest: q.cfg.dest.map(|d| (d.link.index(), d.qpn.get())),
+                npsn: q.req.window.npsn().get(),
+                acked: q.req.window.acked().get(),
+                epsn: q.resp.epsn.get(),
+            });
+            area.publish(&self.res.stats, links, qps);
             self.stats_area = Some(area);
         }
     }
@@ -1163,7 +1182,7 @@ impl Engine {
 
 /// The watched send queues (poll mode's doorbell-free posts), driven by hand: an inline
 /// context with `watch_sq` switched on, posting while this thread holds the engine token
-/// so that posts take the ring path (`Shared::notify`), as they do in poll mode.
+/// so that posts take the ring path (`Device::notify`), as they do in poll mode.
 #[cfg(all(test, not(shmhca_loom)))]
 mod watch_tests {
     use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};

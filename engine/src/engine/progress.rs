@@ -7,7 +7,7 @@
 //! runs only inside the application's calls, so an application that computes for a while
 //! without calling shmhca would let its peers' timers expire. The helper prevents that:
 //!
-//! * The application's own progress calls ([`Shared::progress`]) bump a *progress mark*, a
+//! * The application's own progress calls ([`Device::progress`]) bump a *progress mark*, a
 //!   counter only the token holder writes (a plain store, no locked instruction; the
 //!   application's fast path is otherwise unchanged).
 //! * The helper wakes every [`tick`](Engine::progress_tick) (a quarter of the shortest
@@ -38,9 +38,9 @@ use rustix::thread::futex;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::device::Device;
 use crate::engine::Engine;
 use crate::qp::QpState;
-use crate::verbs::Shared;
 
 /// Who makes progress when the application does not call into shmhca (inline mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,7 +111,7 @@ impl Engine {
 
 /// Starts the helper of an inline engine. It holds only a weak reference between ticks and
 /// ends within a tick of the context's last handle going away.
-pub(crate) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
+pub(crate) fn spawn(shared: &Arc<Device>) -> std::io::Result<()> {
     let weak = Arc::downgrade(shared);
     std::thread::Builder::new()
         .name("shmhca-progress".into())
@@ -121,7 +121,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
 
 /// Runs the engine until it has no work (bounded). Does not move the progress mark: the
 /// helper's runs must not look like the application's.
-fn drive(shared: &Shared) -> Option<(usize, Duration)> {
+fn drive(shared: &Device) -> Option<(usize, Duration)> {
     shared.engine.try_with(|e| {
         let mut work = 0;
         let mut quiet = 0;
@@ -137,7 +137,7 @@ fn drive(shared: &Shared) -> Option<(usize, Duration)> {
     })
 }
 
-fn helper(weak: Weak<Shared>) {
+fn helper(weak: Weak<Device>) {
     let mut seen = u64::MAX;
     let mut tick = IDLE_TICK;
     let mut wait_set = super::wake::WaitSet::default();
@@ -203,7 +203,7 @@ fn helper(weak: Weak<Shared>) {
     }
 }
 
-impl Shared {
+impl Device {
     /// After arming a completion queue whose channel's fd the application holds (it may
     /// wait on it without calling shmhca): wakes the progress helper if it sleeps its tick,
     /// so that it sleeps on the kick words instead (and a peer's packet reaches the channel
@@ -220,7 +220,7 @@ impl Shared {
     }
 }
 
-impl Shared {
+impl Device {
     /// Inline mode: one step of a blocking wait (up to `left`), driven by the waiting
     /// thread itself. Runs the engine; if that did nothing and `ready` is false, sleeps on
     /// its kick words until a peer's packet or a post wakes it (with `IdlePolicy::Backoff`),
@@ -251,8 +251,8 @@ impl Shared {
     }
 }
 
-/// See [`Shared::block`].
-pub(crate) struct Blocked<'a>(&'a Shared);
+/// See [`Device::block`].
+pub(crate) struct Blocked<'a>(&'a Device);
 
 impl Drop for Blocked<'_> {
     fn drop(&mut self) {

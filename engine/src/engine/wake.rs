@@ -34,7 +34,7 @@
 //! fence entirely: the cost is paid only by those who asked for sleeping. An inline engine
 //! with the spin policy turns the word to 1, once and for good, when its application takes
 //! a completion channel's fd (it will sleep in `poll(2)` while the progress helper runs the
-//! engine: `Shared::allow_fd_sleep`); a peer that saw 0 looks at the word again at each of its
+//! engine: `Device::allow_fd_sleep`); a peer that saw 0 looks at the word again at each of its
 //! stats publications (one engine iteration in `PUBLISH_EVERY`, nothing on the packet
 //! path) until it sees 1. The protocol above is unchanged: only who runs it changes. Bursts
 //! published before the peer saw the 1 wake nobody; the helper finds them at its next

@@ -76,103 +76,13 @@ use std::time::{Duration, Instant};
 use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd};
 use shmhca_rings::doorbell::{Doorbell, MAX_QUEUES};
 
-use crate::completion::{WcStatus, WorkCompletion};
+use crate::cq_table::Signal;
+use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::verbs::{EngineMode, Shared};
+use crate::verbs::EngineMode;
 
 /// The most completion queues one channel serves.
 pub const MAX_CQS_PER_CHANNEL: u32 = MAX_QUEUES as u32;
-
-/// What a queue is armed for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(u8)]
-pub(crate) enum Arm {
-    /// Not armed: completions raise no event.
-    #[default]
-    Off,
-    /// The next completion raises an event.
-    Next,
-    /// The next solicited receive completion, or the next completion in error.
-    Solicited,
-}
-
-/// The engine's end of a channel: the eventfd and which queues fired.
-pub(crate) struct Signal {
-    fd: OwnedFd,
-    /// Bit `slot` set: the queue attached at `slot` has an event.
-    fired: Doorbell,
-    /// The CQ number attached at each slot (0: none).
-    cqns: Box<[AtomicU32]>,
-    /// Free slots (control path only).
-    free: Mutex<Vec<u32>>,
-    /// The application took the fd ([`AsFd`], [`AsRawFd`]): it may wait on it without
-    /// calling shmhca, so arming must get the progress helper ready (inline mode).
-    pub(crate) fd_taken: AtomicBool,
-}
-
-impl Signal {
-    /// Raises the event of the queue at `slot`: marks it, then makes the fd readable.
-    #[cold]
-    fn raise(&self, slot: u32) {
-        self.fired.ring(slot);
-        // An eventfd write fails only when the counter would overflow (it holds far more
-        // than the events a reader can leave pending); the fd is readable then anyway.
-        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
-    }
-}
-
-/// A completion queue's notification state, private to the engine (in its CQ table).
-#[derive(Default)]
-pub(crate) struct Notify {
-    arm: Arm,
-    target: Option<(Arc<Signal>, u32)>,
-}
-
-impl Notify {
-    /// Called for each completion pushed to the queue: raises the event if the queue is
-    /// armed for it. Returns whether it was (then the arm is spent).
-    #[inline(always)]
-    pub(crate) fn on_push(&mut self, wc: &WorkCompletion) -> bool {
-        // A plain load of private memory: the whole cost when nobody armed the queue.
-        if self.arm == Arm::Off {
-            return false;
-        }
-        self.fire(wc)
-    }
-
-    #[cold]
-    fn fire(&mut self, wc: &WorkCompletion) -> bool {
-        let wanted = self.arm == Arm::Next || wc.solicited || wc.status != WcStatus::Success;
-        if !wanted {
-            return false;
-        }
-        self.arm = Arm::Off;
-        if let Some((signal, slot)) = &self.target {
-            signal.raise(*slot);
-        }
-        true
-    }
-
-    /// Arms the queue (one-shot). Returns whether it was off before.
-    pub(crate) fn arm(&mut self, arm: Arm) -> bool {
-        let was_off = self.arm == Arm::Off;
-        // Asking for "next" after "solicited" widens the arm (ibverbs does the same).
-        if self.arm != Arm::Next {
-            self.arm = arm;
-        }
-        was_off
-    }
-
-    /// Whether the queue is armed.
-    pub(crate) fn armed(&self) -> bool {
-        self.arm != Arm::Off
-    }
-
-    /// Attaches the queue to a channel at `slot`.
-    pub(crate) fn attach(&mut self, signal: Arc<Signal>, slot: u32) {
-        self.target = Some((signal, slot));
-    }
-}
 
 /// A completion channel: an fd that is readable while completion queues attached to it have
 /// events. See the [module documentation](self) for the ibverbs mapping.
@@ -190,13 +100,13 @@ impl Notify {
 /// ```
 pub struct CompChannel {
     pub(crate) signal: Arc<Signal>,
-    shared: Arc<Shared>,
+    shared: Arc<Device>,
     /// Events taken from the fired set, not yet returned.
     pending: VecDeque<u32>,
 }
 
 impl CompChannel {
-    pub(crate) fn create(shared: &Arc<Shared>) -> Result<CompChannel> {
+    pub(crate) fn create(shared: &Arc<Device>) -> Result<CompChannel> {
         let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
             .map_err(|e| Error::io("creating the completion channel's eventfd", e.into()))?;
         let signal = Signal {
@@ -213,7 +123,7 @@ impl CompChannel {
         })
     }
 
-    pub(crate) fn same_context(&self, shared: &Arc<Shared>) -> bool {
+    pub(crate) fn same_context(&self, shared: &Arc<Device>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
 
@@ -388,42 +298,5 @@ impl std::fmt::Debug for CompChannel {
         f.debug_struct("CompChannel")
             .field("fd", &self.signal.fd.as_raw_fd())
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn wc(solicited: bool, status: WcStatus) -> WorkCompletion {
-        WorkCompletion {
-            solicited,
-            status,
-            ..WorkCompletion::default()
-        }
-    }
-
-    #[test]
-    fn an_arm_fires_once_for_what_it_asked() {
-        let ok = wc(false, WcStatus::Success);
-        let solicited = wc(true, WcStatus::Success);
-        let failed = wc(false, WcStatus::RemAccessErr);
-        let mut n = Notify::default();
-        assert!(!n.on_push(&ok), "not armed");
-        assert!(n.arm(Arm::Next));
-        assert!(n.on_push(&ok) && !n.armed());
-        assert!(!n.on_push(&ok), "one-shot");
-        n.arm(Arm::Solicited);
-        assert!(!n.on_push(&ok) && n.armed(), "unsolicited: no event");
-        assert!(n.on_push(&solicited) && !n.armed());
-        n.arm(Arm::Solicited);
-        assert!(n.on_push(&failed), "errors always notify");
-        // "Next" after "solicited" widens the arm; the reverse does not narrow it.
-        n.arm(Arm::Solicited);
-        assert!(!n.arm(Arm::Next));
-        assert!(n.on_push(&ok));
-        n.arm(Arm::Next);
-        n.arm(Arm::Solicited);
-        assert!(n.on_push(&ok));
     }
 }

@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 use shmhca_rings::ring::{Consumer, HeapStorage, heap_ring};
 
 use crate::completion::WorkCompletion;
+use crate::cq_table::{Arm, Signal};
+use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::verbs::channel::{self, Arm, CompChannel, Signal};
-use crate::verbs::{EngineMode, Shared};
+use crate::verbs::EngineMode;
+use crate::verbs::channel::{self, CompChannel};
 
 /// The deepest completion queue.
 pub(crate) const MAX_CQ_DEPTH: u32 = crate::limits::MAX_CQ_DEPTH;
@@ -39,7 +41,7 @@ pub(crate) const MAX_CQ_DEPTH: u32 = crate::limits::MAX_CQ_DEPTH;
 /// # Ok::<(), shmhca::Error>(())
 /// ```
 pub struct Cq {
-    shared: Arc<Shared>,
+    shared: Arc<Device>,
     pub(crate) cqn: u32,
     consumer: Consumer<WorkCompletion, HeapStorage<WorkCompletion>>,
     /// The channel this queue reports to and its slot there.
@@ -49,7 +51,7 @@ pub struct Cq {
 }
 
 impl Cq {
-    pub(crate) fn create(shared: &Arc<Shared>, depth: u32) -> Result<Cq> {
+    pub(crate) fn create(shared: &Arc<Device>, depth: u32) -> Result<Cq> {
         if depth == 0 || depth > MAX_CQ_DEPTH {
             return Err(Error::invalid(
                 "completion queue depth",
@@ -64,7 +66,7 @@ impl Cq {
                 .with(|e| e.res.cqs.insert(producer))
                 .ok_or(Error::LimitReached {
                     what: "completion queues in one context",
-                    limit: crate::context::MAX_CQS,
+                    limit: crate::cq_table::MAX_CQS,
                 })?;
         Ok(Cq {
             shared: shared.clone(),
@@ -221,7 +223,7 @@ impl Cq {
         self.consumer.capacity()
     }
 
-    pub(crate) fn same_context(&self, shared: &Arc<Shared>) -> bool {
+    pub(crate) fn same_context(&self, shared: &Arc<Device>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
 }

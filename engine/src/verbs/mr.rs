@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
+use crate::device::Device;
 use crate::error::{Error, Refused, Result};
 use crate::mem::{Mem, UserOwner};
 use crate::mr_table::MrShared;
 use crate::qp::{AccessFlags, MAX_MESSAGE};
+use crate::user_buffer::UserBuffer;
 #[cfg(doc)]
 use crate::user_mem::Memfd;
-use crate::user_mem::UserBuffer;
-use crate::verbs::Shared;
 use crate::verbs::wr::RemoteAddr;
 
 /// Refuses the access rights verbs refuses for a memory region: remote write or remote
@@ -49,7 +49,7 @@ fn check_access(access: AccessFlags) -> Result<()> {
 /// # Ok::<(), shmhca::Error>(())
 /// ```
 pub struct Pd {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Device>,
     pub(crate) pdn: u32,
     /// The application's view of the domain's arena (shared with its regions).
     pub(crate) mem: Arc<Mem>,
@@ -314,7 +314,7 @@ impl Pd {
         })
     }
 
-    pub(crate) fn same_context(&self, shared: &Arc<Shared>) -> bool {
+    pub(crate) fn same_context(&self, shared: &Arc<Device>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
 
@@ -367,7 +367,7 @@ impl std::fmt::Debug for Pd {
 /// # Ok::<(), shmhca::Error>(())
 /// ```
 pub struct Mr {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Device>,
     /// The application's view of the region's arena (its protection domain's).
     pub(crate) mem: Arc<Mem>,
     pub(crate) index: u32,
@@ -403,7 +403,7 @@ impl Mr {
     /// The local offset the engine writes byte `offset` of the region at.
     pub(crate) fn dst_off(&self, offset: u64) -> u64 {
         match self.user {
-            Some(_) => crate::user_mem::user_off(self.index, offset),
+            Some(_) => crate::mr_table::user_off(self.index, offset),
             None => self.off + offset,
         }
     }

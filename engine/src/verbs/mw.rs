@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::mw_table::{MAX_MWS, MW_KEY_BIT};
-use crate::verbs::Shared;
 use crate::verbs::mr::{Mr, Pd};
 use crate::verbs::wr::MwBind;
 
@@ -57,7 +57,7 @@ pub use crate::mw_table::MwType;
 /// # Ok::<(), shmhca::Error>(())
 /// ```
 pub struct Mw {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Device>,
     pub(crate) index: u32,
     /// The key the application knows: the last one `bind_mw` returned (type 1), the one it
     /// was allocated with (type 2).

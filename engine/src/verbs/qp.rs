@@ -8,18 +8,19 @@ use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
 use crate::arena::Block;
 use crate::context::{QpCtx, QpShared};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::mem::Mem;
 use crate::mw_table::MwType;
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
+use crate::verbs::EngineMode;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::mw::Mw;
 use crate::verbs::srq::Srq;
 use crate::verbs::wr::{Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr};
-use crate::verbs::{EngineMode, Shared};
 use crate::wire::Qpn;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SGE_ENTRY_LEN, SgeEntry, SqWqe, WqeFlags, WqeOp};
 
@@ -80,7 +81,7 @@ pub struct QpInfo {
 /// # Ok::<(), shmhca::Error>(())
 /// ```
 pub struct Qp {
-    shared: Arc<Shared>,
+    shared: Arc<Device>,
     pub(crate) index: u32,
     qpn: Qpn,
     pdn: u32,
@@ -101,7 +102,7 @@ pub struct Qp {
     mem: Mem,
     /// Private memory for the rows of multi-element lists: gather rows of sends
     /// (`max_send_wr` rows of `max_send_sge` entries) from offset 0, then scatter rows of
-    /// receives from `scatter_at`. Shared with the engine's `QpCtx`, never with a peer.
+    /// receives from `scatter_at`. Device with the engine's `QpCtx`, never with a peer.
     tables: Mem,
     scatter_at: u64,
     /// Inline staging in the arena (`max_send_wr` rows of `inline_row` bytes).
@@ -113,7 +114,7 @@ pub struct Qp {
 
 impl Qp {
     pub(crate) fn create(
-        shared: &Arc<Shared>,
+        shared: &Arc<Device>,
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
@@ -124,7 +125,7 @@ impl Qp {
 
     /// Creates a QP, on shared receive queue `srq` if given.
     pub(crate) fn create_in(
-        shared: &Arc<Shared>,
+        shared: &Arc<Device>,
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,

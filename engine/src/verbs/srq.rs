@@ -1,4 +1,4 @@
-//! Shared receive queues (`ibv_srq`): one receive queue feeding many QPs.
+//! Device receive queues (`ibv_srq`): one receive queue feeding many QPs.
 //! See the docs of [`Srq`] for how it works.
 
 use crate::sync::Ordering;
@@ -6,16 +6,16 @@ use std::sync::Arc;
 
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
+use crate::device::Device;
 use crate::error::{Error, Refused, Result};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_QUEUE_DEPTH, MAX_SGE};
 use crate::srq_table::{MAX_SRQS, SrqShared};
-use crate::verbs::Shared;
 use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::wr::RecvWr;
 use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 
-/// Shared receive queues (`ibv_srq`): one receive queue feeding many QPs.
+/// Device receive queues (`ibv_srq`): one receive queue feeding many QPs.
 ///
 /// A QP created with [`Context::create_qp_with_srq`](crate::Context::create_qp_with_srq)
 /// takes its receive WQEs from the SRQ (in posting order, whichever of its QPs a message
@@ -65,7 +65,7 @@ use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 /// # Ok::<(), shmhca::Error>(())
 /// ```
 pub struct Srq {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Device>,
     pub(crate) index: u32,
     pub(crate) pdn: u32,
     pub(crate) max_sge: u32,

@@ -1,0 +1,388 @@
+//! The device: one engine and what every handle of its context shares — the engine cell
+//! (the token), the doorbell, the engine page peers read, the kick word and the sleep
+//! machinery — and the engine thread that drives it in poll mode.
+//!
+//! The verbs layer ([`crate::verbs`]) opens a device per [`Context`](crate::Context) and
+//! its handles hold it; the connection manager ([`crate::cm`]) keeps its state in it. The
+//! device imports neither: it is the bottom of the user-facing stack, above the engine.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use shmhca_rings::segment::{HugePages, Segment};
+
+use crate::engine::Engine;
+use crate::engine::cell::EngineCell;
+use crate::engine::doorbell::Doorbell;
+use crate::engine::wake;
+use crate::ids::LinkId;
+use crate::mem::Mem;
+
+/// How the engine runs.
+///
+/// The two modes run the same protocol and talk to each other; only who drives the engine
+/// differs. In poll mode completions come without any call driving the engine:
+///
+/// ```
+/// use std::time::Duration;
+/// use shmhca::{Context, EngineMode, IdlePolicy};
+///
+/// let inline = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+/// let poll = Context::builder()
+///     .mode(EngineMode::Poll { cpu: None }) // `Some(core)` pins the engine thread
+///     .idle(IdlePolicy::default()) // spin a while, then sleep until there is work
+///     .arena_size(1 << 20)
+///     .build()?;
+/// assert_eq!(poll.mode(), EngineMode::Poll { cpu: None });
+/// // Wait for a completion: inline, `wait` runs the engine itself; in poll mode its
+/// // thread does. Nothing was posted here, so both time out.
+/// assert!(!inline.create_cq(16)?.wait(Duration::from_millis(1))?);
+/// assert!(!poll.create_cq(16)?.wait(Duration::from_millis(1))?);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineMode {
+    /// Run-to-completion: the engine runs inside the application's own calls
+    /// ([`Cq::poll`], [`Context::progress`], and right after each post). No extra thread;
+    /// the default on machines with fewer than 4 cores.
+    Inline,
+    /// A dedicated engine thread polls, pinned to `cpu` if given; what it does when it has
+    /// nothing to do is the [`IdlePolicy`] (by default it backs off to sleep, see
+    /// [`ContextBuilder::idle`]).
+    Poll {
+        /// The core to pin the engine thread to.
+        cpu: Option<usize>,
+    },
+}
+
+impl EngineMode {
+    /// Inline with fewer than 4 cores, else poll mode on an unpinned thread.
+    pub fn default_for_this_machine() -> EngineMode {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores < 4 {
+            EngineMode::Inline
+        } else {
+            EngineMode::Poll { cpu: None }
+        }
+    }
+}
+
+/// What an idle engine does when there is no work.
+///
+/// In poll mode it is the engine thread's policy. In inline mode `Backoff` lets threads
+/// that wait for completions ([`Cq::wait`], [`CompChannel::get_event`], the progress
+/// helper while a notification is armed) sleep until a peer's packet wakes them; with
+/// `Spin` they poll and yield. `Backoff` costs this engine's peers a fence per burst they
+/// publish to it (to know whether to wake it), in either mode.
+///
+/// The default ([`IdlePolicy::default`]) is `Backoff` with 10,000 spins and sleeps of at
+/// most 100 ms: a poll-mode engine with nothing to do ends up asleep instead of burning
+/// its core. A context built without [`ContextBuilder::idle`] gets it in poll mode, and
+/// `Spin` in inline mode (see there why).
+///
+/// ```
+/// use shmhca::{Context, EngineMode, IdlePolicy};
+/// assert!(matches!(IdlePolicy::default(), IdlePolicy::Backoff { .. }));
+/// // The lowest latency, at the price of a core per engine even when idle:
+/// let ctx = Context::builder()
+///     .mode(EngineMode::Poll { cpu: None })
+///     .idle(IdlePolicy::Spin)
+///     .arena_size(1 << 20)
+///     .build()?;
+/// # drop(ctx);
+/// # Ok::<(), shmhca::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdlePolicy {
+    /// Keep polling (lowest latency; burns the core, even with nothing to do). Building a
+    /// poll-mode engine with it prints a warning (once per process, on stderr) when this
+    /// process's spinning engine threads and one application thread outnumber its cores.
+    Spin,
+    /// Poll `spins` empty iterations, then yield the CPU between polls while a QP has work
+    /// in flight, and sleep once none has, for up to `max_sleep` at a time (a post or a
+    /// peer's packet wakes it at once). The default, with 10,000 spins and 100 ms.
+    Backoff {
+        /// Empty iterations before yielding.
+        spins: u32,
+        /// The longest sleep between two polls.
+        max_sleep: std::time::Duration,
+    },
+}
+
+impl Default for IdlePolicy {
+    /// `Backoff` with 10,000 spins and sleeps of at most 100 ms.
+    fn default() -> IdlePolicy {
+        IdlePolicy::Backoff {
+            spins: crate::engine::idle::DEFAULT_SPINS,
+            max_sleep: crate::engine::idle::DEFAULT_MAX_SLEEP,
+        }
+    }
+}
+
+/// An engine and everything of it that the handles of its context share: the device a
+/// [`Context`](crate::Context) opens. The verbs layer's handles hold an `Arc` of it; the
+/// engine thread and the progress helper hold one while they run.
+pub(crate) struct Device {
+    pub(crate) engine: EngineCell<Engine>,
+    pub(crate) doorbell: Doorbell,
+    /// The engine page (sleeper count), handed to peers read-only.
+    pub(crate) engine_page: Arc<Segment>,
+    pub(crate) engine_page_mem: Mem,
+    /// Bytes of each protection domain's arena.
+    pub(crate) arena_size: u64,
+    pub(crate) id: u32,
+    pub(crate) mode: EngineMode,
+    pub(crate) link_slots: usize,
+    pub(crate) huge_pages: HugePages,
+    /// Whether the engine thread may sleep (poll mode with a backoff policy).
+    pub(crate) may_sleep: bool,
+    /// Inline mode without `may_sleep`: set (for good) when the application takes a
+    /// completion channel's fd to wait on it itself. From then on the progress helper
+    /// sleeps on the kick words while a notification is armed, and the engine page tells
+    /// peers to wake it ([`Device::allow_fd_sleep`]).
+    pub(crate) fd_sleep: Arc<std::sync::atomic::AtomicBool>,
+    /// The connection manager's state (engine identity, links to peers, peer watcher),
+    /// kept here so that it lives and dies with the device, but typed and owned by `cm`
+    /// (`cm::CmState::of`): the device knows nothing of the layers above it.
+    pub(crate) cm: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    /// The in-process peer devices this one is linked with (`Context::link_with`): where a
+    /// peer QP's arena is looked up when a QP is given its destination over that link.
+    pub(crate) local_peers: Mutex<Vec<(LinkId, Weak<Device>)>>,
+    /// Counts the engine runs of the application's own calls (written by the token
+    /// holder only: a plain store), read by the progress helper (`engine::progress`).
+    pub(crate) progress_mark: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
+    /// Application threads blocked in a wait that drives the engine itself.
+    pub(crate) blocked: AtomicU32,
+    /// The engine's local kick word: bumped by this process's posts and control
+    /// operations when an engine thread sleeps (see [`crate::engine::wake`]).
+    pub(crate) kick: crossbeam_utils::CachePadded<AtomicU32>,
+    /// Completion queues armed for a notification (the CQ table's mirror).
+    pub(crate) notify_armed: Arc<AtomicU32>,
+    /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
+    /// `engine::progress`), so that arming a queue can cut the sleep short.
+    pub(crate) helper_word: Arc<AtomicU32>,
+}
+
+impl Device {
+    /// Runs one engine iteration if nobody else is; returns the work done.
+    #[inline]
+    pub(crate) fn progress(&self) -> usize {
+        self.try_progress().unwrap_or(0)
+    }
+
+    /// Runs one engine iteration if nobody else is; `None` if someone holds the engine.
+    #[inline]
+    pub(crate) fn try_progress(&self) -> Option<usize> {
+        self.engine.try_with(|e| {
+            // A plain store (only the token holder writes the mark): the progress
+            // helper sees the application is driving the engine.
+            let mark = &self.progress_mark;
+            mark.store(
+                mark.load(Ordering::Relaxed).wrapping_add(1),
+                Ordering::Relaxed,
+            );
+            e.poll(&self.doorbell)
+        })
+    }
+
+    /// Whether a completion queue is armed for a notification.
+    pub(crate) fn notify_armed(&self) -> bool {
+        self.notify_armed.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether the progress helper may sleep on the kick words (peers wake it): with a
+    /// backoff policy, or once the application took a channel fd ([`Device::fd_sleep`]).
+    pub(crate) fn helper_may_sleep(&self) -> bool {
+        self.may_sleep || self.fd_sleep.load(Ordering::Relaxed)
+    }
+
+    /// The application took a completion channel's fd: it may sleep in `poll(2)` on it
+    /// with nobody running the engine but the progress helper. An inline engine that does
+    /// not sleep (`IdlePolicy::Spin`) would leave that helper sleeping its tick (0.1 to
+    /// 5 ms, 50 ms without connected QPs), and a peer's packet would raise the event only
+    /// then. So, once: tell peers to wake this engine (its engine page's may-sleep word,
+    /// which they read at link setup and, while it reads 0, one engine iteration in
+    /// `PUBLISH_EVERY`) and let the helper sleep on the kick words (a nudge cuts its tick
+    /// short). Poll mode and backoff engines have this already.
+    ///
+    /// Links set up after this are woken at once. A peer linked before wakes this engine
+    /// once its own engine has run its next stats publication; packets it sends before
+    /// that are seen at the helper's tick, as before.
+    pub(crate) fn allow_fd_sleep(&self) {
+        if self.mode != EngineMode::Inline
+            || self.may_sleep
+            || self.fd_sleep.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        if self.fd_sleep.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(word) = self.engine_page_mem.atomic_u32(crate::arena::MAY_SLEEP) {
+            word.store(1, Ordering::Release);
+        }
+        self.nudge_helper();
+    }
+
+    /// Drives the engine from the application's thread in inline mode.
+    #[inline]
+    pub(crate) fn progress_inline(&self) {
+        if self.mode == EngineMode::Inline {
+            self.progress();
+        }
+    }
+
+    /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the
+    /// engine now (inline mode) or wakes its thread if it may be asleep (poll mode).
+    #[inline]
+    pub(crate) fn notify(&self, index: u32) {
+        if self.mode == EngineMode::Inline {
+            // (An inline engine watches no send queue: this rings.)
+            self.doorbell.ring_unless_watched(index);
+            // Someone else holds the engine (the progress helper, another thread): wake
+            // any thread asleep on the kick words, so that it takes the doorbell.
+            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.helper_may_sleep() {
+                self.wake_local();
+            }
+        } else if self.doorbell.ring_unless_watched(index) && self.may_sleep {
+            // Not rung when the engine thread watches the send queue: it looks at the
+            // queue itself, and is awake (it stops watching before it sleeps).
+            self.wake_local();
+        }
+    }
+
+    /// Wakes a sleeping engine thread after a control operation gave it work.
+    pub(crate) fn kick(&self) {
+        if self.helper_may_sleep() {
+            self.wake_local();
+        }
+    }
+
+    /// Wakes this engine's sleeping threads, if any, after work was published for them.
+    #[inline]
+    fn wake_local(&self) {
+        wake::wake(self.sleepers(), &self.kick, true);
+    }
+
+    /// Sleeps this thread for at most `max` unless `has_work` (the last look, run after the
+    /// sleep was announced) finds work or the engine is busy elsewhere; a post, a control
+    /// operation or a peer's packets on any link wake it. Returns whether it slept.
+    pub(crate) fn sleep(
+        &self,
+        set: &mut wake::WaitSet,
+        max: std::time::Duration,
+        has_work: impl FnOnce() -> bool,
+    ) -> bool {
+        wake::sleep(
+            self.sleepers(),
+            &self.kick,
+            set,
+            max,
+            |set| self.engine.try_with(|e| e.wait_on_links(set)).is_some(),
+            has_work,
+        )
+    }
+
+    /// Records that link `id` of this device leads to `peer`, a device of this process.
+    /// (Such links, made by `Context::link_with`, live as long as the device: their ids are
+    /// never reused for another peer.)
+    pub(crate) fn add_local_peer(&self, id: LinkId, peer: &Arc<Device>) {
+        let mut peers = self.local_peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.retain(|(l, _)| *l != id);
+        peers.push((id, Arc::downgrade(peer)));
+    }
+
+    /// For a destination over an in-process link (`Context::link_with`): records on the link
+    /// the arena the peer QP sends from, found in the peer context. The two engine tokens
+    /// are taken one after the other, never together.
+    pub(crate) fn find_local_peer_qp(&self, d: crate::Destination) {
+        let peer = self
+            .local_peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(l, _)| *l == d.link)
+            .map(|(_, w)| w.clone());
+        let Some(peer) = peer.and_then(|w| w.upgrade()) else {
+            return;
+        };
+        let found = peer.engine.with(|e| {
+            e.qp_by_qpn(d.qpn).map(|q| {
+                let key = (u64::from(q.pd), u64::from(peer.id));
+                (key, q.mem.read_only())
+            })
+        });
+        if let Some((key, mem)) = found {
+            self.engine.with(|e| {
+                if let Some(l) = e.link_mut(d.link) {
+                    l.add_peer_qp(d.qpn, key, mem);
+                }
+            });
+        }
+    }
+
+    /// This engine's sleeper count (in its engine page, where peers read it).
+    pub(crate) fn sleepers(&self) -> &std::sync::atomic::AtomicU32 {
+        self.engine_page_mem
+            .atomic_u32(crate::arena::WAKE_WORD)
+            .expect("the engine page holds the sleeper count")
+    }
+}
+
+pub(crate) fn engine_thread(shared: Arc<Device>, cpu: Option<usize>, idle: IdlePolicy) {
+    if let Some(cpu) = cpu {
+        core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+    }
+    let mut idle_iters = 0u32;
+    let mut n: u32 = 0;
+    let mut wait_set = wake::WaitSet::default();
+    loop {
+        n = n.wrapping_add(1);
+        // The thread holds one reference; when it is the last, every handle is gone.
+        if n % 1024 == 0 && Arc::strong_count(&shared) == 1 {
+            break;
+        }
+        if shared.engine.control_waiting() {
+            std::thread::yield_now();
+            continue;
+        }
+        if shared.progress() > 0 {
+            idle_iters = 0;
+            continue;
+        }
+        match idle {
+            IdlePolicy::Spin => std::hint::spin_loop(),
+            IdlePolicy::Backoff { spins, max_sleep } => {
+                idle_iters = idle_iters.saturating_add(1);
+                if idle_iters < spins {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let idle_now = shared
+                    .engine
+                    .try_with(|e| e.prepare_sleep(&shared.doorbell))
+                    .unwrap_or(false);
+                if !idle_now {
+                    // Work in flight (requests awaiting responses, timers): stay awake.
+                    std::thread::yield_now();
+                    continue;
+                }
+                // Work found after announcing the sleep keeps the thread awake; so does a
+                // send queue it started to watch meanwhile (`prepare_sleep` stops watching,
+                // so that posts ring and wake it), and a token held elsewhere.
+                let slept = shared.sleep(&mut wait_set, max_sleep, || {
+                    shared.progress() > 0
+                        || !shared
+                            .engine
+                            .try_with(|e| e.prepare_sleep(&shared.doorbell))
+                            .unwrap_or(false)
+                });
+                if slept {
+                    shared.engine.with(|e| e.note_sleep());
+                }
+                idle_iters = 0;
+                n |= 1023; // look at the reference count after every sleep
+            }
+        }
+    }
+}
