@@ -283,7 +283,7 @@ fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 #[inline(always)]
 fn fast_paths_on() -> bool {
     #[cfg(test)]
-    if !crate::responder::probe::enabled() {
+    if !crate::probe::enabled() {
         return false;
     }
     true
@@ -299,7 +299,7 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
     if psn.diff(win.acked()) <= 0 {
         qp.req.update_credits(credits, msn);
         #[cfg(test)]
-        crate::responder::probe::count(crate::responder::probe::Path::Credits);
+        crate::probe::count(crate::probe::Path::Credits);
         return true;
     }
     // After it, it must be before the first PSN not sent.
@@ -334,7 +334,7 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
     qp.req.update_credits(credits, msn);
     retire(qp, env);
     #[cfg(test)]
-    crate::responder::probe::count(crate::responder::probe::Path::Ack);
+    crate::probe::count(crate::probe::Path::Ack);
     true
 }
 
@@ -389,7 +389,7 @@ fn write_orig(qp: &QpCtx, env: &mut Env<'_>, data: &crate::wqe::DataLoc, orig: u
 #[inline]
 fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     #[cfg(test)]
-    if !crate::responder::probe::enabled() {
+    if !crate::probe::enabled() {
         return false;
     }
     let info = pkt.info;
@@ -448,13 +448,13 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
             Err(_) => {
                 bad_response(qp, env, seq);
                 #[cfg(test)]
-                crate::responder::probe::count(crate::responder::probe::Path::ReadResponse);
+                crate::probe::count(crate::probe::Path::ReadResponse);
                 return true;
             }
         }
         qp.req.window.response_seen(seq);
         #[cfg(test)]
-        crate::responder::probe::count(crate::responder::probe::Path::ReadResponse);
+        crate::probe::count(crate::probe::Path::ReadResponse);
     } else {
         let Some(orig) = pkt.atomic_orig() else {
             return false;
@@ -466,7 +466,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         write_orig(qp, env, &data, orig);
         qp.req.update_credits(credits, msn.get());
         #[cfg(test)]
-        crate::responder::probe::count(crate::responder::probe::Path::AtomicAck);
+        crate::probe::count(crate::probe::Path::AtomicAck);
     }
     qp.req.window.complete(seq, WcStatus::Success);
     progress(qp, env, psn);

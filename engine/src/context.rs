@@ -3,8 +3,10 @@
 //! The SQ Logic ([`crate::requester`]), the completer ([`crate::completer`]) and the RQ Logic
 //! ([`crate::responder`]) are functions over a [`QpCtx`] plus an [`Env`] (this engine's
 //! memory, tables, completion queues, the time) and a [`Wire`] (the link the QP talks
-//! over). They never read the clock or touch a thread: the engine calls them, and so do
-//! the scenario tests, which move packets between two contexts by hand.
+//! over). They never read a clock of their own or touch a thread: the time comes from the
+//! engine's [`Clock`] through the `Env` (a [`TestClock`](crate::timer::TestClock) in tests),
+//! the engine calls them, and so do the scenario tests, which move packets between two
+//! contexts by hand.
 
 use crate::sync::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::srq_table::SrqTable;
-use crate::timer::{Deadline, Timestamp};
+use crate::timer::{Clock, Deadline, EngineClock, Timestamp};
 use crate::wire::Qpn;
 use crate::wire::slot::PacketSlot;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SqWqe};
@@ -110,15 +112,18 @@ pub(crate) struct Resources {
     pub(crate) mrs: MrTable,
     /// Memory windows.
     pub(crate) mws: MwTable,
-    /// Device receive queues.
+    /// Shared receive queues.
     pub(crate) srqs: SrqTable,
     pub(crate) cqs: CqTable,
     pub(crate) stats: Stats,
+    /// The clock the protocol timers run on (the system's, or a test's).
+    pub(crate) clock: EngineClock,
 }
 
 impl Resources {
-    /// Lends these to a protocol stage. The clock is read on first use (see [`Env::now`]);
-    /// tests pass a time with [`Env::at`].
+    /// Lends these to a protocol stage. The clock ([`Resources::clock`]) is read on first
+    /// use (see [`Env::now`]); tests give the engine a [`TestClock`](crate::timer::TestClock)
+    /// and move it themselves.
     pub(crate) fn env(&mut self) -> Env<'_> {
         Env {
             now: None,
@@ -129,6 +134,7 @@ impl Resources {
             srqs: &mut self.srqs,
             cqs: &mut self.cqs,
             stats: &mut self.stats,
+            clock: &self.clock,
         }
     }
 }
@@ -147,6 +153,8 @@ pub(crate) struct Env<'a> {
     pub(crate) srqs: &'a mut SrqTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut Stats,
+    /// Where the time comes from: read at most once an iteration, and only if needed.
+    clock: &'a EngineClock,
 }
 
 impl Env<'_> {
@@ -161,14 +169,15 @@ impl Env<'_> {
         if let Deadline::Starting(_) = d {
             let now = self.now();
             // (Read here, not when the Env is lent: most iterations start no timer.)
-            d.start(now, crate::timer::clock_resolution());
+            d.start(now, self.clock.resolution());
         }
     }
 
     /// The time of this iteration (read from the engine clock once).
     #[inline]
     pub(crate) fn now(&mut self) -> Timestamp {
-        *self.now.get_or_insert_with(crate::timer::now)
+        let clock = self.clock;
+        *self.now.get_or_insert_with(|| clock.now())
     }
 
     /// Whether `d` has passed. Reads the precise clock only when the coarse clock cannot
@@ -181,8 +190,9 @@ impl Env<'_> {
         if let Some(now) = self.now {
             return d.expired(now);
         }
-        let coarse = *self.coarse.get_or_insert_with(crate::timer::coarse);
-        d.expired_by(coarse, coarse_lag(), || self.now())
+        let clock = self.clock;
+        let coarse = *self.coarse.get_or_insert_with(|| clock.coarse());
+        d.expired_by(coarse, clock.coarse_lag(), || self.now())
     }
 
     /// Checks a remote access of `len` bytes at `va` with R_Key `rkey`, arriving at QP `qpn`
@@ -247,12 +257,6 @@ impl Env<'_> {
             self.mrs.release(mr, self.pds);
         }
     }
-}
-
-/// How far the coarse clock may lag behind the precise one: one tick, and one more for a
-/// tick that came late.
-fn coarse_lag() -> Duration {
-    crate::timer::coarse_resolution() * 2
 }
 
 /// What the protocol stages need of a link to send packets: room, a packet to fill, and a

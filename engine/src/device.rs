@@ -43,12 +43,12 @@ use crate::mem::Mem;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineMode {
     /// Run-to-completion: the engine runs inside the application's own calls
-    /// ([`Cq::poll`], [`Context::progress`], and right after each post). No extra thread;
+    /// ([`Cq::poll`](crate::Cq::poll), [`Context::progress`](crate::Context::progress), and right after each post). No extra thread;
     /// the default on machines with fewer than 4 cores.
     Inline,
     /// A dedicated engine thread polls, pinned to `cpu` if given; what it does when it has
     /// nothing to do is the [`IdlePolicy`] (by default it backs off to sleep, see
-    /// [`ContextBuilder::idle`]).
+    /// [`ContextBuilder::idle`](crate::ContextBuilder::idle)).
     Poll {
         /// The core to pin the engine thread to.
         cpu: Option<usize>,
@@ -70,14 +70,14 @@ impl EngineMode {
 /// What an idle engine does when there is no work.
 ///
 /// In poll mode it is the engine thread's policy. In inline mode `Backoff` lets threads
-/// that wait for completions ([`Cq::wait`], [`CompChannel::get_event`], the progress
+/// that wait for completions ([`Cq::wait`](crate::Cq::wait), [`CompChannel::get_event`](crate::CompChannel::get_event), the progress
 /// helper while a notification is armed) sleep until a peer's packet wakes them; with
 /// `Spin` they poll and yield. `Backoff` costs this engine's peers a fence per burst they
 /// publish to it (to know whether to wake it), in either mode.
 ///
 /// The default ([`IdlePolicy::default`]) is `Backoff` with 10,000 spins and sleeps of at
 /// most 100 ms: a poll-mode engine with nothing to do ends up asleep instead of burning
-/// its core. A context built without [`ContextBuilder::idle`] gets it in poll mode, and
+/// its core. A context built without [`ContextBuilder::idle`](crate::ContextBuilder::idle) gets it in poll mode, and
 /// `Spin` in inline mode (see there why).
 ///
 /// ```

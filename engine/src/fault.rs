@@ -1,6 +1,6 @@
 //! Fault injection: a link that loses, duplicates, reorders, delays and corrupts packets.
 //!
-//! Device memory never loses a packet, so without help the RC recovery paths (go-back-N,
+//! Shared memory never loses a packet, so without help the RC recovery paths (go-back-N,
 //! duplicate detection, implied Naks, the transport timer, retry exhaustion) would never run.
 //! A context built with [`ContextBuilder::faults`](crate::ContextBuilder::faults) or
 //! [`ContextBuilder::fault_rule`](crate::ContextBuilder::fault_rule) passes every packet it

@@ -94,6 +94,8 @@ pub mod link;
 pub(crate) mod mem;
 pub(crate) mod mr_table;
 pub(crate) mod mw_table;
+#[cfg(test)]
+mod probe;
 pub use shmhca_proto::psn;
 pub mod qp;
 #[cfg(test)]

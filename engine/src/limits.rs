@@ -82,7 +82,7 @@ pub struct DeviceAttr {
     pub max_mr: u32,
     /// Memory windows one context holds ([`MAX_MWS`]).
     pub max_mw: u32,
-    /// Device receive queues one context holds ([`MAX_SRQS`]).
+    /// Shared receive queues one context holds ([`MAX_SRQS`]).
     pub max_srq: u32,
     /// Bytes of one memory region: as for a message ([`MAX_MESSAGE`]); a region must also
     /// fit in its protection domain's arena (`arena_size`).

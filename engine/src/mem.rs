@@ -144,7 +144,7 @@ impl Mem {
     }
 
     /// A zero-filled, 8-byte aligned, writable buffer of `len` bytes in this process's
-    /// private heap: memory no other process can map. Device between the application's
+    /// private heap: memory no other process can map. Shared between the application's
     /// handles and the engine like any `Mem` (racy plain bytes).
     pub(crate) fn private(len: usize) -> Mem {
         let words = len.div_ceil(8).max(1);

@@ -34,7 +34,7 @@ use crate::wire::slot::{HeaderWriter, PacketSlot};
 use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
 
 /// The P_Key every packet carries (the default partition, full membership).
-pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
+pub(crate) const DEFAULT_PKEY: u16 = crate::wire::BthRepr::DEFAULT_PKEY;
 
 pub(crate) use crate::send_window::SendWqe;
 
@@ -108,12 +108,14 @@ impl Requester {
     }
 
     /// Programs the SQ Logic on RTR → RTS: start PSN, retry counts, credit mode.
-    pub(crate) fn start(&mut self, cfg: &QpConfig) {
+    /// `resolution` is that of the engine's clock (the transport timer is raised to what
+    /// it can tell apart, see [`crate::timer::transport_timeout`]).
+    pub(crate) fn start(&mut self, cfg: &QpConfig, resolution: std::time::Duration) {
         self.window.start_at(cfg.sq_psn);
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.credits = CreditState::new(cfg.remote_credits);
-        self.ttr = crate::timer::transport_timeout(cfg.timeout, crate::timer::clock_resolution());
+        self.ttr = crate::timer::transport_timeout(cfg.timeout, resolution);
         // The destination and the path MTU are set on INIT → RTR and never change after.
         self.template = cfg.dest.map(|d| BthTemplate::new(d.qpn));
         if let Some((code, msn)) = self.early_credits.take() {

@@ -64,7 +64,6 @@ use crate::context::{Env, LinkTx, QpCtx, Wire};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
-use crate::requester::DEFAULT_PKEY;
 use crate::user_mem::Local;
 use crate::wire::Msn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
@@ -395,72 +394,6 @@ impl Responder {
     }
 }
 
-/// Test hooks of the fast paths (the receive fast path here, the completer's Ack fast
-/// path): how many packets each took on this thread, and a switch that turns them all off, so that a test can run the
-/// same scenario through the slow paths and compare. The engine of an inline context in
-/// `Progress::Manual` runs only on the test's thread.
-#[cfg(test)]
-pub(crate) mod probe {
-    use std::cell::Cell;
-
-    /// A fast path.
-    #[derive(Debug, Clone, Copy)]
-    pub(crate) enum Path {
-        /// The receive fast path ([`super::receive_fast`]).
-        Receive = 0,
-        /// The completer's Ack fast path.
-        Ack = 1,
-        /// The completer's fast path for a duplicate or unsolicited positive Ack (a
-        /// credit update).
-        Credits = 2,
-        /// The completer's fast path for the RDMA Read Response Only of the oldest WQE.
-        ReadResponse = 3,
-        /// The completer's fast path for the Atomic Acknowledge of the oldest WQE.
-        AtomicAck = 4,
-        /// The receive fast path of an RDMA Read Request ([`super::read_fast`]).
-        Read = 5,
-        /// The receive fast path of an Atomic ([`super::atomic_fast`]).
-        Atomic = 6,
-    }
-
-    /// How many fast paths there are.
-    pub(crate) const PATHS: usize = 7;
-
-    thread_local! {
-        static OFF: Cell<bool> = const { Cell::new(false) };
-        static TAKEN: Cell<[u64; PATHS]> = const { Cell::new([0; PATHS]) };
-    }
-
-    /// Whether the fast paths may be taken on this thread.
-    pub(crate) fn enabled() -> bool {
-        !OFF.with(Cell::get)
-    }
-
-    /// Turns the fast paths on or off on this thread.
-    pub(crate) fn set_enabled(on: bool) {
-        OFF.with(|c| c.set(!on));
-    }
-
-    /// Counts one use of `path`.
-    pub(crate) fn count(path: Path) {
-        TAKEN.with(|c| {
-            let mut t = c.get();
-            t[path as usize] += 1;
-            c.set(t);
-        });
-    }
-
-    /// How many times `path` was taken on this thread.
-    pub(crate) fn taken(path: Path) -> u64 {
-        TAKEN.with(|c| c.get()[path as usize])
-    }
-
-    /// How many times each path was taken on this thread, in the order of [`Path`].
-    pub(crate) fn all_taken() -> [u64; PATHS] {
-        TAKEN.with(Cell::get)
-    }
-}
-
 /// Handles one request packet addressed to this QP's RQ Logic: runs it through the checks
 /// and, if one refuses it, answers as the table ([`verdict`]) says. With `tx` (the QP's
 /// link, when nothing needs to look at the packets sent before they leave), a new RDMA
@@ -500,7 +433,7 @@ pub(crate) fn on_request<L: LinkTx + ?Sized>(
 #[inline]
 fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     #[cfg(test)]
-    if !probe::enabled() {
+    if !crate::probe::enabled() {
         return false;
     }
     let info = pkt.info;
@@ -522,7 +455,7 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     };
     #[cfg(test)]
     if taken {
-        probe::count(probe::Path::Receive);
+        crate::probe::count(crate::probe::Path::Receive);
     }
     taken
 }
@@ -558,7 +491,7 @@ fn answer_fast<L: LinkTx + ?Sized>(
     pkt: &RxPacket<'_>,
 ) -> bool {
     #[cfg(test)]
-    if !probe::enabled() {
+    if !crate::probe::enabled() {
         return false;
     }
     let info = pkt.info;
@@ -674,7 +607,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     resp.answered(env.stats.packets_received);
     resp.epsn = psn.add(1);
     #[cfg(test)]
-    probe::count(probe::Path::Read);
+    crate::probe::count(crate::probe::Path::Read);
     true
 }
 
@@ -720,7 +653,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         // The slot is not committed; the pipeline's state at this point is this one.
         refuse(qp, env, psn, RespError::AtomicFailed);
         #[cfg(test)]
-        probe::count(probe::Path::Atomic);
+        crate::probe::count(crate::probe::Path::Atomic);
         return true;
     };
     let msn = qp.resp.next_msn();
@@ -748,7 +681,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
     resp.answered(env.stats.packets_received);
     resp.epsn = psn.add(1);
     #[cfg(test)]
-    probe::count(probe::Path::Atomic);
+    crate::probe::count(crate::probe::Path::Atomic);
     true
 }
 
@@ -1835,7 +1768,7 @@ fn write_aeth_headers(
     // destination QP.
     let head = (u64::from(opcode.code()) << 56)
         | (u64::from(pad & 3) << 52)
-        | (u64::from(DEFAULT_PKEY) << 32)
+        | (u64::from(crate::wire::BthRepr::DEFAULT_PKEY) << 32)
         | u64::from(dest.get());
     // BTH bytes 8..12: AckReq and reserved (0), PSN; then the AETH: syndrome, MSN.
     let tail = (u64::from(psn.get()) << 32)
@@ -1858,7 +1791,7 @@ fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
         mig_req: false,
         pad_count: 0,
         tver: 0,
-        pkey: DEFAULT_PKEY,
+        pkey: crate::wire::BthRepr::DEFAULT_PKEY,
         dest_qp: dest,
         ack_req: false,
         psn,

@@ -1,4 +1,4 @@
-//! Device receive queues as the engine holds them.
+//! Shared receive queues as the engine holds them.
 //!
 //! An SRQ is one receive ring (SPSC: the application's [`crate::Srq`] posts, the engine
 //! consumes) whose WQEs the RQ Logic of every QP attached to it takes, one message at a

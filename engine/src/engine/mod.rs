@@ -138,6 +138,7 @@ impl Engine {
                 srqs: Default::default(),
                 cqs: CqTable::default(),
                 stats: Stats::default(),
+                clock: Default::default(),
             },
             // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
             qps: SlotTable::new(MAX_QPS as u32, 24 - QP_INDEX_BITS),
@@ -318,7 +319,8 @@ impl Engine {
                 qp.set_state(QpState::Rtr);
             }
             QpState::Rts if from == QpState::Rtr => {
-                qp.req.start(&cfg);
+                qp.req
+                    .start(&cfg, crate::timer::Clock::resolution(&self.res.clock));
                 qp.set_state(QpState::Rts);
             }
             QpState::Error => qp.enter_error(&mut env),

@@ -1,14 +1,14 @@
 //! The fast paths (issue 10, "short paths for the common case") against the slow paths
 //! they shortcut: each scenario runs twice on the rig of [`super::tests`] — once with the
-//! fast paths on, once with them off ([`probe::set_enabled`]) — and must leave the same
+//! fast paths on, once with them off ([`crate::probe::set_enabled`]) — and must leave the same
 //! answers on the wire (opcode, PSN, AETH with its MSN and credits), the same completions,
 //! the same statistics, the same memory and the same responder and requester state. The
 //! probe's counters show which path each packet took: the common case takes the fast path,
 //! the unusual ones (duplicate, out of sequence, no receive WQE, bad R_Key, QP in error, a
 //! multi-packet message in progress, a Nak, a Read outstanding) go to the slow path.
 
-use super::probe::{self, Path};
 use super::tests::{RQ_PSN, Rig, rig_in};
+use crate::probe::Path;
 use crate::psn::Psn;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::opcode::Opcode;
@@ -55,7 +55,7 @@ impl std::fmt::Debug for Memory {
 
 /// How many times each fast path was taken, in the order of [`Path`] (receive, Ack,
 /// credits, Read Response, Atomic Acknowledge, Read Request, Atomic).
-pub(super) type Taken = [u64; probe::PATHS];
+pub(super) type Taken = [u64; crate::probe::PATHS];
 
 /// Runs `scenario` on a fresh rig with the fast paths on or off; returns what it left and
 /// how many times each fast path was taken.
@@ -74,14 +74,14 @@ pub(super) fn run_in(
     state: QpState,
     scenario: &dyn Fn(&mut Rig),
 ) -> (Outcome, Taken) {
-    probe::set_enabled(fast);
+    crate::probe::set_enabled(fast);
     let mut r = rig_in(access, state);
-    let before = probe::all_taken();
+    let before = crate::probe::all_taken();
     scenario(&mut r);
     r.step();
-    let after = probe::all_taken();
+    let after = crate::probe::all_taken();
     let taken: Taken = std::array::from_fn(|i| after[i] - before[i]);
-    probe::set_enabled(true);
+    crate::probe::set_enabled(true);
     let (sent, bodies) = sent_with_bodies(&mut r);
     let mut completions = vec![];
     loop {
@@ -125,7 +125,7 @@ pub(super) fn run_in(
 /// leave the same outcome, and returns it with the fast paths' counts.
 pub(super) fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -> (Outcome, Taken) {
     let (slow, none) = run(false, access, scenario);
-    assert_eq!(none, [0; probe::PATHS], "the fast paths are off");
+    assert_eq!(none, [0; crate::probe::PATHS], "the fast paths are off");
     let (fast, taken) = run(true, access, scenario);
     assert_eq!(
         fast, slow,
@@ -1101,10 +1101,10 @@ fn credit_updates_take_the_credit_fast_path() {
         };
         respond(r, 0, none, 1);
     };
-    let before = probe::taken(Path::Credits);
+    let before = crate::probe::taken(Path::Credits);
     let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
     assert_eq!(
-        probe::taken(Path::Credits) - before,
+        crate::probe::taken(Path::Credits) - before,
         4,
         "post's first credit Ack, and the three after the Send's Ack"
     );
@@ -1561,7 +1561,7 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
         r.step();
     };
     let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
-    assert_eq!(none, [0; probe::PATHS]);
+    assert_eq!(none, [0; crate::probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
     assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0]);

@@ -9,8 +9,8 @@ use super::fast_tests::{
     Op, Outcome, atomic_ack, atomic_request, credits, post, read_request, read_response,
     request_direct, request_direct_with, respond, respond_data, rq, run, run_in, same_both_ways,
 };
-use super::probe::Path;
 use super::tests::Rig;
+use crate::probe::Path;
 use crate::psn::Psn;
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::Opcode;

@@ -139,6 +139,7 @@ pub struct ContextBuilder {
     faults: crate::fault::FaultConfig,
     fault_rule: RuleSlot,
     progress: Progress,
+    clock: crate::timer::EngineClock,
 }
 
 /// A fault rule waiting in a builder (taken by the first `build`).
@@ -168,11 +169,22 @@ impl Default for ContextBuilder {
             faults: crate::fault::FaultConfig::default(),
             fault_rule: RuleSlot::default(),
             progress: Progress::from_env(),
+            clock: Default::default(),
         }
     }
 }
 
 impl ContextBuilder {
+    /// Runs the engine's protocol timers (transport timer, RNR waits, and so the retry
+    /// counts) on `clock` instead of the system's: they expire when the test moves the
+    /// clock past them, never by themselves, so a test of timeouts takes no wall time. Waits
+    /// of the application (`Cq::wait`, `get_event` timeouts) and the idle engine's sleeps stay
+    /// on the system clock. See [`TestClock`](crate::timer::TestClock) for an example.
+    pub fn test_clock(mut self, clock: &crate::timer::TestClock) -> ContextBuilder {
+        self.clock = crate::timer::EngineClock::Test(clock.clone());
+        self
+    }
+
     /// Bytes of shared memory of each protection domain's arena, for its memory regions and
     /// its QPs' inline staging (default 64 MiB). An arena's pages are committed as regions
     /// are allocated in it, not when it is made; [`ContextBuilder::build`] refuses a size of
@@ -295,6 +307,7 @@ impl ContextBuilder {
         let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();
         let mut engine = Engine::new();
+        engine.res.clock = self.clock.clone();
         // A poll-mode engine thread watches busy send queues, so that posting to them rings
         // no doorbell (see `Engine::watch_sq`); it needs `membarrier` to stop watching.
         engine.watch_sq = matches!(self.mode, EngineMode::Poll { .. })
@@ -724,8 +737,11 @@ impl Context {
     /// and RNR retries go out when they should. Timers armed by a later engine iteration
     /// are not counted: ask again after driving the engine.
     pub fn next_timer(&self) -> Option<std::time::Duration> {
-        let deadline = self.shared.engine.with(|e| e.next_deadline())?;
-        Some(deadline.saturating_duration_since(crate::timer::now()))
+        let (deadline, now) = self.shared.engine.with(|e| {
+            let deadline = e.next_deadline()?;
+            Some((deadline, crate::timer::Clock::now(&e.res.clock)))
+        })?;
+        Some(deadline.saturating_duration_since(now))
     }
 
     /// A snapshot of the engine's counters.

@@ -10,7 +10,6 @@ use crate::qp::{AccessFlags, MAX_MESSAGE};
 use crate::user_buffer::UserBuffer;
 #[cfg(doc)]
 use crate::user_mem::Memfd;
-use crate::verbs::wr::RemoteAddr;
 
 /// Refuses the access rights verbs refuses for a memory region: remote write or remote
 /// atomic access without local write (`ibv_reg_mr` fails with `EINVAL`; IBA 10.6.3.1: a
@@ -751,5 +750,41 @@ impl Sge<'_> {
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+/// A remote memory location: an address in the peer's memory region and its R_Key
+/// (obtained from the peer, e.g. [`crate::Mr::remote`] sent over a Send).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RemoteAddr {
+    /// Virtual address in the remote process (the region's [`crate::Mr::addr`] plus an offset).
+    pub addr: u64,
+    /// The remote region's R_Key.
+    pub rkey: u32,
+}
+
+impl RemoteAddr {
+    /// The location `bytes` further on.
+    pub fn offset(self, bytes: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr.wrapping_add(bytes),
+            rkey: self.rkey,
+        }
+    }
+
+    /// Encodes it in 12 bytes (to send to a peer).
+    pub fn to_bytes(self) -> [u8; 12] {
+        let mut b = [0u8; 12];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    /// Decodes [`RemoteAddr::to_bytes`].
+    pub fn from_bytes(b: [u8; 12]) -> RemoteAddr {
+        RemoteAddr {
+            addr: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            rkey: u32::from_le_bytes(b[8..].try_into().expect("4 bytes")),
+        }
     }
 }

@@ -102,7 +102,7 @@ pub struct Qp {
     mem: Mem,
     /// Private memory for the rows of multi-element lists: gather rows of sends
     /// (`max_send_wr` rows of `max_send_sge` entries) from offset 0, then scatter rows of
-    /// receives from `scatter_at`. Device with the engine's `QpCtx`, never with a peer.
+    /// receives from `scatter_at`. Shared with the engine's `QpCtx`, never with a peer.
     tables: Mem,
     scatter_at: u64,
     /// Inline staging in the arena (`max_send_wr` rows of `inline_row` bytes).

@@ -1,4 +1,4 @@
-//! Device receive queues (`ibv_srq`): one receive queue feeding many QPs.
+//! Shared receive queues (`ibv_srq`): one receive queue feeding many QPs.
 //! See the docs of [`Srq`] for how it works.
 
 use crate::sync::Ordering;
@@ -15,7 +15,7 @@ use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::wr::RecvWr;
 use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 
-/// Device receive queues (`ibv_srq`): one receive queue feeding many QPs.
+/// Shared receive queues (`ibv_srq`): one receive queue feeding many QPs.
 ///
 /// A QP created with [`Context::create_qp_with_srq`](crate::Context::create_qp_with_srq)
 /// takes its receive WQEs from the SRQ (in posting order, whichever of its QPs a message

@@ -1,0 +1,62 @@
+//! Test hooks of the fast paths (the receive fast path here, the completer's Ack fast
+//! path): how many packets each took on this thread, and a switch that turns them all off, so that a test can run the
+//! same scenario through the slow paths and compare. The engine of an inline context in
+//! `Progress::Manual` runs only on the test's thread.
+use std::cell::Cell;
+
+/// A fast path.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Path {
+    /// The receive fast path (`responder::receive_fast`).
+    Receive = 0,
+    /// The completer's Ack fast path.
+    Ack = 1,
+    /// The completer's fast path for a duplicate or unsolicited positive Ack (a
+    /// credit update).
+    Credits = 2,
+    /// The completer's fast path for the RDMA Read Response Only of the oldest WQE.
+    ReadResponse = 3,
+    /// The completer's fast path for the Atomic Acknowledge of the oldest WQE.
+    AtomicAck = 4,
+    /// The receive fast path of an RDMA Read Request (`responder::read_fast`).
+    Read = 5,
+    /// The receive fast path of an Atomic (`responder::atomic_fast`).
+    Atomic = 6,
+}
+
+/// How many fast paths there are.
+pub(crate) const PATHS: usize = 7;
+
+thread_local! {
+    static OFF: Cell<bool> = const { Cell::new(false) };
+    static TAKEN: Cell<[u64; PATHS]> = const { Cell::new([0; PATHS]) };
+}
+
+/// Whether the fast paths may be taken on this thread.
+pub(crate) fn enabled() -> bool {
+    !OFF.with(Cell::get)
+}
+
+/// Turns the fast paths on or off on this thread.
+pub(crate) fn set_enabled(on: bool) {
+    OFF.with(|c| c.set(!on));
+}
+
+/// Counts one use of `path`.
+pub(crate) fn count(path: Path) {
+    TAKEN.with(|c| {
+        let mut t = c.get();
+        t[path as usize] += 1;
+        c.set(t);
+    });
+}
+
+/// How many times `path` was taken on this thread.
+pub(crate) fn taken(path: Path) -> u64 {
+    TAKEN.with(|c| c.get()[path as usize])
+}
+
+/// How many times each path was taken on this thread, in the order of [`Path`].
+pub(crate) fn all_taken() -> [u64; PATHS] {
+    TAKEN.with(Cell::get)
+}
