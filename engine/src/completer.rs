@@ -126,7 +126,7 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
             };
             match aeth.syndrome {
                 Syndrome::Ack { credits } => {
-                    if w.w.op.is_rd_atomic() {
+                    if w.wqe.op.is_rd_atomic() {
                         // A plain Ack inside a Read's or Atomic's PSNs: its responses were
                         // lost (spec/04 "Ack Timeout and Missing Packet(s) Retry Counter").
                         let missing = w.missing_response();
@@ -177,7 +177,7 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
             }
         }
         OpClass::RdmaReadResponse => {
-            if w.w.op != WqeOp::Read {
+            if w.wqe.op != WqeOp::Read {
                 return bad_response(qp, env, seq);
             }
             let expected = w.missing_response();
@@ -200,7 +200,7 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
                 Position::Last => w.resp_seen > 0 && last,
             };
             let offset = w.resp_seen * pmtu;
-            let want = (w.w.len - offset).min(pmtu);
+            let want = (w.wqe.len - offset).min(pmtu);
             if !position_ok || pkt.payload.len() != want {
                 return bad_response(qp, env, seq);
             }
@@ -210,7 +210,7 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
                     _ => return bad_response(qp, env, seq),
                 }
             }
-            let sgl = Sgl::new(&w.w.data, &qp.tables);
+            let sgl = Sgl::new(&w.wqe.data, &qp.tables);
             let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
@@ -239,11 +239,14 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
             let Some(orig) = pkt.atomic_orig() else {
                 return bad_response(qp, env, seq);
             };
-            if !w.w.op.is_atomic() || psn != w.first_psn || !ok_aeth || pkt.payload != Payload::None
+            if !w.wqe.op.is_atomic()
+                || psn != w.first_psn
+                || !ok_aeth
+                || pkt.payload != Payload::None
             {
                 return bad_response(qp, env, seq);
             }
-            write_orig(qp, env, &w.w.data, orig);
+            write_orig(qp, env, &w.wqe.data, orig);
             if let Some(a) = aeth {
                 if let Syndrome::Ack { credits } = a.syndrome {
                     qp.req.update_credits(credits, a.msn.get());
@@ -314,7 +317,7 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
             return false;
         }
         let w = win.wqe(end);
-        if w.done.is_some() || w.span == 0 || w.w.op.is_rd_atomic() {
+        if w.done.is_some() || w.span == 0 || w.wqe.op.is_rd_atomic() {
             return false;
         }
         end += 1;
@@ -424,7 +427,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         return false;
     }
     // Only what is used (not a copy of the whole slot).
-    let (op, len, span, data) = (w.w.op, w.w.len, w.span, w.w.data);
+    let (op, len, span, data) = (w.wqe.op, w.wqe.len, w.span, w.wqe.data);
     // 3. Opcode and length.
     if read {
         // Only: the Read's one response, with exactly its length (at most a PMTU).
@@ -487,7 +490,7 @@ fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
         if !w.last_psn().before(psn) {
             break;
         }
-        if w.w.op.is_rd_atomic() {
+        if w.wqe.op.is_rd_atomic() {
             return Err(w.missing_response());
         }
         win.complete(seq, WcStatus::Success);
@@ -646,12 +649,12 @@ fn retire_some(qp: &mut QpCtx, env: &mut Env<'_>) {
             None if error => WcStatus::WrFlushErr,
             None => break,
         };
-        let signaled = slot.w.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
+        let signaled = slot.wqe.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
         if signaled && !env.cqs.has_room(qp.send_cq) {
             break;
         }
-        let (wr_id, op, len) = (slot.w.wr_id, slot.w.op, slot.w.len);
-        env.release(&slot.w.data, &qp.tables);
+        let (wr_id, op, len) = (slot.wqe.wr_id, slot.wqe.op, slot.wqe.len);
+        env.release(&slot.wqe.data, &qp.tables);
         qp.req.retire_oldest();
         if signaled {
             publish_retired(qp);

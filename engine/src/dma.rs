@@ -17,36 +17,11 @@ use crate::user_mem::Local;
 use crate::wire::slot::{
     KIND_DIRECT, KIND_GATHER, KIND_INLINE, PacketSlot, Payload, RxPacket, set_gather_entry,
 };
-use crate::wqe::{DataLoc, SgeEntry};
+pub(crate) use crate::wqe::Cursor;
+use crate::wqe::DataLoc;
 
-/// A scatter/gather list: where it is, and the private memory its table (if any) is in.
-#[derive(Clone, Copy)]
-pub(crate) struct Sgl<'a> {
-    pub(crate) loc: &'a DataLoc,
-    pub(crate) tables: &'a Mem,
-}
-
-impl<'a> Sgl<'a> {
-    /// The list `loc`, whose table (if any) is in `tables`.
-    pub(crate) fn new(loc: &'a DataLoc, tables: &'a Mem) -> Sgl<'a> {
-        Sgl { loc, tables }
-    }
-
-    /// Entry `i`.
-    #[inline]
-    fn entry(&self, i: u32) -> Option<SgeEntry> {
-        self.loc.entry(self.tables, i)
-    }
-}
-
-/// A position in a scatter/gather list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Cursor {
-    /// Entry index.
-    pub(crate) idx: u32,
-    /// Bytes already consumed of that entry.
-    pub(crate) skip: u64,
-}
+/// A scatter/gather list whose table (if any) is in this engine's memory.
+pub(crate) type Sgl<'a> = crate::wqe::Sgl<'a, Mem>;
 
 /// Why a copy stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,46 +32,6 @@ pub(crate) enum CopyError {
     BadSource,
     /// A local table or range is unreadable (cannot happen for lists this process wrote).
     BadDestination,
-}
-
-impl Cursor {
-    /// Moves forward `n` bytes through `sgl`. Returns false if the list ends first.
-    pub(crate) fn advance(&mut self, sgl: Sgl<'_>, mut n: u64) -> bool {
-        while n > 0 {
-            let Some(e) = sgl.entry(self.idx) else {
-                return false;
-            };
-            let left = u64::from(e.len) - self.skip.min(u64::from(e.len));
-            if n < left {
-                self.skip += n;
-                return true;
-            }
-            n -= left;
-            self.idx += 1;
-            self.skip = 0;
-        }
-        true
-    }
-
-    /// The cursor `pos` bytes into `sgl`.
-    pub(crate) fn at(sgl: Sgl<'_>, pos: u64) -> Option<Cursor> {
-        let mut c = Cursor::default();
-        c.advance(sgl, pos).then_some(c)
-    }
-
-    /// The next contiguous piece of at most `max` bytes at the cursor, without moving.
-    fn piece(&self, sgl: Sgl<'_>, max: u64) -> Option<(u64, u64)> {
-        let mut c = *self;
-        loop {
-            let e = sgl.entry(c.idx)?;
-            let len = u64::from(e.len);
-            if c.skip < len {
-                return Some((e.off.checked_add(c.skip)?, (len - c.skip).min(max)));
-            }
-            c.idx += 1;
-            c.skip = 0;
-        }
-    }
 }
 
 /// Copies the payload of `pkt` into the scatter list `dst` (in `local`, this process's
@@ -332,6 +267,7 @@ mod tests {
     use crate::wire::opcode::Opcode;
     use crate::wire::slot::{GatherList, continuation_slots};
     use crate::wire::{PacketRepr, Qpn};
+    use crate::wqe::SgeEntry;
     use crate::wqe::{NO_MR, SGE_ENTRY_LEN};
 
     /// A private table of `entries` at offset `at` of `tables`.

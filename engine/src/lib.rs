@@ -102,7 +102,7 @@ pub mod qp;
 mod raw_peer;
 pub mod requester;
 pub mod responder;
-pub(crate) mod send_window;
+pub(crate) use shmhca_proto::send_window;
 pub(crate) mod slots;
 pub(crate) mod srq_table;
 pub mod stats_area;
@@ -115,7 +115,7 @@ pub(crate) mod user_buffer;
 pub(crate) mod user_mem;
 pub mod verbs;
 pub mod wire;
-pub(crate) mod wqe;
+pub(crate) use shmhca_proto::wqe;
 
 pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;

@@ -29,9 +29,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use shmhca_rings::segment::{Access, Segment};
 
-/// An access fell outside the view, or wrote to a read-only view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct OutOfRange;
+pub(crate) use shmhca_proto::mem::OutOfRange;
 
 /// A bounds-checked view of one mapping.
 pub(crate) struct Mem {
@@ -389,6 +387,14 @@ impl std::fmt::Debug for Mem {
             .field("len", &self.len)
             .field("writable", &self.writable)
             .finish()
+    }
+}
+
+/// The protocol core reads tables (and, in time, payloads) through this.
+impl shmhca_proto::mem::Memory for Mem {
+    #[inline]
+    fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), OutOfRange> {
+        Mem::read(self, off, dst)
     }
 }
 

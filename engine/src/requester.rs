@@ -199,7 +199,7 @@ impl Requester {
     /// its last packet, the whole message.
     fn limited_resolved(&self, seq: u64) -> bool {
         let w = self.wqe(seq);
-        let accepted = match w.w.op {
+        let accepted = match w.wqe.op {
             WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => w.first_psn,
             _ => w.last_psn(),
         };
@@ -217,7 +217,7 @@ impl Requester {
         let seq = self.window.retired();
         let was_started = seq < self.window.started();
         let w = self.window.retire_oldest();
-        if was_started && w.w.op.is_rd_atomic() {
+        if was_started && w.wqe.op.is_rd_atomic() {
             self.rd_atomic -= 1;
         }
         if self.limited == Some(seq) {
@@ -257,7 +257,7 @@ pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
         _ => psn::packets_for(u64::from(w.len), pmtu),
     };
     req.window.push(SendWqe {
-        w,
+        wqe: w,
         consumers: req.consumers,
         first_psn: Psn::new(0),
         span,
@@ -587,23 +587,23 @@ fn transmit_some<L: LinkTx + ?Sized>(
             if qp.state != QpState::Rts || req.limited.is_some() {
                 break;
             }
-            if w.w.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0 {
+            if w.wqe.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0 {
                 break;
             }
-            if w.w.op.is_rd_atomic() && req.rd_atomic >= u32::from(qp.cfg.max_rd_atomic) {
+            if w.wqe.op.is_rd_atomic() && req.rd_atomic >= u32::from(qp.cfg.max_rd_atomic) {
                 break;
             }
         } else if req.limited == Some(seq)
             && tx.pkt >= 1
             && matches!(
-                req.wqe(seq).w.op,
+                req.wqe(seq).wqe.op,
                 WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv
             )
         {
             // A limited Send waits after its first packet until credit arrives.
             break;
         }
-        if req.wqe(seq).w.op.is_local() {
+        if req.wqe(seq).wqe.op.is_local() {
             match run_local(qp, env, seq, new_wqe) {
                 Some(true) => local += 1,
                 Some(false) => {
@@ -615,7 +615,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
             continue;
         }
         // A multi-element list may need continuation slots for its gather list.
-        let extra = match req.wqe(seq).w.data {
+        let extra = match req.wqe(seq).wqe.data {
             DataLoc::Table { .. } => MAX_CONTINUATION,
             _ => 0,
         };
@@ -625,7 +625,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
         }
         if new_wqe {
             let w = req.window.start_next();
-            let (op, consumers) = (w.w.op, w.consumers);
+            let (op, consumers) = (w.wqe.op, w.consumers);
             if op.is_rd_atomic() {
                 req.rd_atomic += 1;
             }
@@ -641,7 +641,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
         let cursor = match tx.cursor {
             Some(c) => c,
             None => Cursor::at(
-                Sgl::new(&w.w.data, &qp.tables),
+                Sgl::new(&w.wqe.data, &qp.tables),
                 u64::from(k) * u64::from(pmtu),
             )
             .unwrap_or_default(),
@@ -650,9 +650,9 @@ fn transmit_some<L: LinkTx + ?Sized>(
         // Write with Immediate sends every packet and needs only its last acknowledged
         // (spec/02 "SQ Logic's Behavior When No Credits Are Available").
         let limited_first =
-            req.limited == Some(seq) && k == 0 && matches!(w.w.op, WqeOp::Send | WqeOp::SendImm);
+            req.limited == Some(seq) && k == 0 && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm);
         // AckReq on the last packet of each message, and on the first of a limited Send.
-        let ack_req = limited_first || w.w.op.is_rd_atomic() || k + 1 >= w.span;
+        let ack_req = limited_first || w.wqe.op.is_rd_atomic() || k + 1 >= w.span;
         let Some((slot, cont)) = wire.tx.next_packet(extra) else {
             link_full = true;
             break;
@@ -682,11 +682,11 @@ fn transmit_some<L: LinkTx + ?Sized>(
         sent += 1;
         let req = &mut qp.req;
         // Advance: a Read or Atomic request covers the rest of its WQE.
-        if w.w.op.is_rd_atomic() || k + 1 >= w.span {
+        if w.wqe.op.is_rd_atomic() || k + 1 >= w.span {
             req.window.next_wqe();
         } else {
             let mut next = cursor;
-            next.advance(Sgl::new(&w.w.data, &qp.tables), u64::from(payload.len));
+            next.advance(Sgl::new(&w.wqe.data, &qp.tables), u64::from(payload.len));
             req.window.next_packet(next);
         }
     }
@@ -718,7 +718,7 @@ fn run_local(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64, new_wqe: bool) -> Opti
         req.window.next_wqe();
         return None;
     }
-    let w = req.window.start_next().w;
+    let w = req.window.start_next().wqe;
     req.window.next_wqe();
     let status = execute_local(&w, qp.pd, qp.qpn, env);
     qp.req.window.complete(seq, status);
@@ -781,7 +781,7 @@ fn build_request(
     (mem, tables): (&Mem, &Mem),
     cursor: Cursor,
 ) -> Option<Built> {
-    let op = w.w.op;
+    let op = w.wqe.op;
     let psn = w.first_psn.add(k);
     let mut bth = BthRepr {
         opcode: Opcode::RdmaReadRequest,
@@ -800,9 +800,9 @@ fn build_request(
             let off = u64::from(k) * u64::from(pmtu);
             HeaderWriter::new(slot, &bth)
                 .reth(&RethRepr {
-                    va: w.w.remote_addr.wrapping_add(off),
-                    rkey: w.w.rkey,
-                    dma_len: w.w.len.saturating_sub(off as u32),
+                    va: w.wqe.remote_addr.wrapping_add(off),
+                    rkey: w.wqe.rkey,
+                    dma_len: w.wqe.len.saturating_sub(off as u32),
                 })
                 .finish()
         }
@@ -815,10 +815,10 @@ fn build_request(
             };
             HeaderWriter::new(slot, &bth)
                 .atomic_eth(&AtomicEthRepr {
-                    va: w.w.remote_addr,
-                    rkey: w.w.rkey,
-                    swap_add: if cas { w.w.swap } else { w.w.compare_add },
-                    compare: if cas { w.w.compare_add } else { 0 },
+                    va: w.wqe.remote_addr,
+                    rkey: w.wqe.rkey,
+                    swap_add: if cas { w.wqe.swap } else { w.wqe.compare_add },
+                    compare: if cas { w.wqe.compare_add } else { 0 },
                 })
                 .finish()
         }
@@ -836,7 +836,7 @@ fn build_request(
             payload_len = if k + 1 < n {
                 pmtu
             } else {
-                w.w.len - pmtu * (n - 1)
+                w.wqe.len - pmtu * (n - 1)
             };
             let imm = last && matches!(op, WqeOp::SendImm | WqeOp::WriteImm);
             let inv = last && op == WqeOp::SendInv;
@@ -848,21 +848,21 @@ fn build_request(
             bth.opcode = Opcode::find(class, position, imm, inv)
                 .expect("every Send/Write position has an opcode");
             bth.ack_req = ack_req;
-            bth.solicited = last && w.w.flags.has(WqeFlags::SOLICITED);
+            bth.solicited = last && w.wqe.flags.has(WqeFlags::SOLICITED);
             bth.pad_count = ((4 - payload_len % 4) % 4) as u8;
             let mut h = HeaderWriter::new(slot, &bth);
             if class == OpClass::RdmaWrite && matches!(position, Position::First | Position::Only) {
                 h = h.reth(&RethRepr {
-                    va: w.w.remote_addr,
-                    rkey: w.w.rkey,
-                    dma_len: w.w.len,
+                    va: w.wqe.remote_addr,
+                    rkey: w.wqe.rkey,
+                    dma_len: w.wqe.len,
                 });
             }
             if imm {
-                h = h.immdt(w.w.imm);
+                h = h.immdt(w.wqe.imm);
             }
             if inv {
-                h = h.ieth(w.w.rkey);
+                h = h.ieth(w.wqe.rkey);
             }
             h.finish()
         }
@@ -871,7 +871,7 @@ fn build_request(
         slot,
         cont,
         mem,
-        Sgl::new(&w.w.data, tables),
+        Sgl::new(&w.wqe.data, tables),
         cursor,
         payload_len,
     )?;

@@ -38,10 +38,16 @@
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 
+// The send window's ring of WQEs is allocated once, when a QP is created.
+extern crate alloc;
+
 pub mod completion;
 pub mod credit;
+pub mod mem;
 pub mod psn;
 pub mod qp;
+pub mod send_window;
 pub mod stats;
 pub mod timer;
 pub mod wire;
+pub mod wqe;

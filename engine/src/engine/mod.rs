@@ -1155,7 +1155,7 @@ fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
             }
         }
         let w = qp.req.retire_oldest();
-        env.release(&w.w.data, &qp.tables);
+        env.release(&w.wqe.data, &qp.tables);
     }
     qp.shared.sq_retired.store(
         qp.req.window.retired(),

@@ -1,7 +1,7 @@
 //! The SQ Logic's send window: the WQEs between the oldest one not yet retired and the
 //! newest one taken from the send queue, their PSNs, and the transmit point.
 //!
-//! The window is owned by the SQ Logic ([`crate::requester::Requester`]). The completer
+//! The window is owned by the SQ Logic (shmhca's `requester::Requester`). The completer
 //! reads it and asks it for the few changes a response makes — a WQE done, a Read response
 //! seen, the acknowledged PSN moved on, a go-back-N rewind, the oldest WQE retired — through
 //! the methods below; it never writes a field. Four counters order the WQEs:
@@ -17,30 +17,35 @@
 //! request packet) and `sent_to` (the PSN after the highest one ever sent: a packet behind
 //! it is a retransmission).
 
+use alloc::boxed::Box;
+use alloc::vec;
+
 use crate::completion::WcStatus;
-use crate::dma::Cursor;
 use crate::psn::Psn;
+use crate::wqe::Cursor;
 use crate::wqe::{SqWqe, WqeFlags, WqeOp};
 
 /// A send WQE inside the window.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct SendWqe {
-    pub(crate) w: SqWqe,
+pub struct SendWqe {
+    /// The work request as the application posted it.
+    pub wqe: SqWqe,
     /// Messages consuming a receive WQE at the responder, up to and including this one.
-    pub(crate) consumers: u64,
+    pub consumers: u64,
     /// PSN of its first packet (valid once started).
-    pub(crate) first_psn: Psn,
+    pub first_psn: Psn,
     /// PSNs it occupies: its request packets, or for an RDMA Read its response packets.
-    pub(crate) span: u32,
+    pub span: u32,
     /// RDMA Read responses received so far.
-    pub(crate) resp_seen: u32,
+    pub resp_seen: u32,
     /// Set when the completer is done with it.
-    pub(crate) done: Option<WcStatus>,
+    pub done: Option<WcStatus>,
 }
 
 impl SendWqe {
-    pub(crate) const EMPTY: SendWqe = SendWqe {
-        w: SqWqe {
+    /// An unused window slot.
+    pub const EMPTY: SendWqe = SendWqe {
+        wqe: SqWqe {
             wr_id: 0,
             op: WqeOp::Send,
             flags: WqeFlags(0),
@@ -60,39 +65,39 @@ impl SendWqe {
     };
 
     /// PSN of its last packet (or last expected response).
-    pub(crate) fn last_psn(&self) -> Psn {
+    pub fn last_psn(&self) -> Psn {
         // A local operation (memory windows) has no PSN: span 0.
         self.first_psn.add(self.span.saturating_sub(1))
     }
 
     /// Whether `p` is one of its PSNs.
-    pub(crate) fn holds(&self, p: Psn) -> bool {
+    pub fn holds(&self, p: Psn) -> bool {
         let d = p.diff(self.first_psn);
         d >= 0 && (d as u32) < self.span
     }
 
     /// The PSN of the first Read response still missing (for a Read; for an Atomic, its
     /// one response).
-    pub(crate) fn missing_response(&self) -> Psn {
+    pub fn missing_response(&self) -> Psn {
         self.first_psn.add(self.resp_seen)
     }
 }
 
 /// Where the next packet comes from.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct TxPoint {
+pub struct TxPoint {
     /// The WQE.
-    pub(crate) seq: u64,
+    pub seq: u64,
     /// Its packet (for an RDMA Read: the first response to ask for).
-    pub(crate) pkt: u32,
+    pub pkt: u32,
     /// The gather position of that packet; `None` after a rewind (derived from `pkt` when
     /// the packet is built).
-    pub(crate) cursor: Option<Cursor>,
+    pub cursor: Option<Cursor>,
 }
 
 /// The send window of one QP.
 #[derive(Debug)]
-pub(crate) struct SendWindow {
+pub struct SendWindow {
     slots: Box<[SendWqe]>,
     mask: u64,
     retired: u64,
@@ -106,7 +111,7 @@ pub(crate) struct SendWindow {
 
 impl SendWindow {
     /// A window for a send queue of `depth` WQEs.
-    pub(crate) fn new(depth: u32) -> SendWindow {
+    pub fn new(depth: u32) -> SendWindow {
         let cap = (depth as usize).next_power_of_two();
         SendWindow {
             slots: vec![SendWqe::EMPTY; cap].into_boxed_slice(),
@@ -126,68 +131,68 @@ impl SendWindow {
     }
 
     /// Sets the first PSN (RTR → RTS): nothing is acknowledged or sent yet.
-    pub(crate) fn start_at(&mut self, sq_psn: Psn) {
+    pub fn start_at(&mut self, sq_psn: Psn) {
         self.npsn = sq_psn;
         self.acked = sq_psn.sub(1);
         self.sent_to = sq_psn;
     }
 
     /// Slots in the window.
-    pub(crate) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.slots.len()
     }
 
     /// Bytes of the window.
-    pub(crate) fn memory_bytes(&self) -> usize {
+    pub fn memory_bytes(&self) -> usize {
         self.slots.len() * size_of::<SendWqe>()
     }
 
     /// WQEs retired.
     #[inline]
-    pub(crate) fn retired(&self) -> u64 {
+    pub fn retired(&self) -> u64 {
         self.retired
     }
 
     /// WQEs started (given PSNs).
     #[inline]
-    pub(crate) fn started(&self) -> u64 {
+    pub fn started(&self) -> u64 {
         self.started
     }
 
     /// WQEs taken into the window.
     #[inline]
-    pub(crate) fn fetched(&self) -> u64 {
+    pub fn fetched(&self) -> u64 {
         self.fetched
     }
 
     /// nPSN: the PSN of the next new request packet.
     #[inline]
-    pub(crate) fn npsn(&self) -> Psn {
+    pub fn npsn(&self) -> Psn {
         self.npsn
     }
 
     /// The PSN after the highest request packet ever sent (for an RDMA Read or Atomic,
     /// after its last response's PSN): a response at or after it answers nothing sent.
     #[inline]
-    pub(crate) fn sent_to(&self) -> Psn {
+    pub fn sent_to(&self) -> Psn {
         self.sent_to
     }
 
     /// The last PSN acknowledged: everything up to it is.
     #[inline]
-    pub(crate) fn acked(&self) -> Psn {
+    pub fn acked(&self) -> Psn {
         self.acked
     }
 
     /// The transmit point.
     #[inline]
-    pub(crate) fn tx(&self) -> TxPoint {
+    pub fn tx(&self) -> TxPoint {
         self.tx
     }
 
     /// WQE `seq` (any sequence number maps to a slot; callers stay within the window).
     #[inline]
-    pub(crate) fn wqe(&self, seq: u64) -> &SendWqe {
+    pub fn wqe(&self, seq: u64) -> &SendWqe {
         &self.slots[(seq & self.mask) as usize]
     }
 
@@ -197,36 +202,36 @@ impl SendWindow {
     }
 
     /// The in-flight WQE holding PSN `p`.
-    pub(crate) fn find(&self, p: Psn) -> Option<u64> {
+    pub fn find(&self, p: Psn) -> Option<u64> {
         (self.retired..self.started).find(|&s| self.wqe(s).holds(p))
     }
 
     /// Whether any request is unacknowledged.
     #[inline]
-    pub(crate) fn outstanding(&self) -> bool {
+    pub fn outstanding(&self) -> bool {
         self.acked.add(1) != self.npsn
     }
 
     /// Whether there is anything to transmit now or later.
     #[inline]
-    pub(crate) fn has_work(&self) -> bool {
+    pub fn has_work(&self) -> bool {
         self.tx.seq < self.fetched
     }
 
     /// Whether another WQE fits.
     #[inline]
-    pub(crate) fn has_room(&self) -> bool {
+    pub fn has_room(&self) -> bool {
         self.fetched - self.retired < self.slots.len() as u64
     }
 
     /// Whether the oldest WQE in flight is done (it can retire).
     #[inline]
-    pub(crate) fn oldest_done(&self) -> bool {
+    pub fn oldest_done(&self) -> bool {
         self.retired < self.started && self.wqe(self.retired).done.is_some()
     }
 
     /// Appends a WQE taken from the send queue (the caller checked [`SendWindow::has_room`]).
-    pub(crate) fn push(&mut self, w: SendWqe) {
+    pub fn push(&mut self, w: SendWqe) {
         debug_assert!(self.has_room());
         let seq = self.fetched;
         *self.wqe_mut(seq) = w;
@@ -240,12 +245,12 @@ impl SendWindow {
     /// [`SendWindow::push`], [`SendWindow::start_next`], [`SendWindow::note_sent`] and
     /// [`SendWindow::next_wqe`] leave it.
     #[inline(always)]
-    pub(crate) fn push_sent(&mut self, w: &SqWqe, consumers: u64) -> Psn {
+    pub fn push_sent(&mut self, w: &SqWqe, consumers: u64) -> Psn {
         debug_assert!(self.has_room() && !self.has_work() && self.started == self.fetched);
         debug_assert!(!self.npsn.before(self.sent_to), "a new PSN is not a resend");
         let (seq, psn) = (self.fetched, self.npsn);
         let slot = self.wqe_mut(seq);
-        slot.w = *w;
+        slot.wqe = *w;
         slot.consumers = consumers;
         slot.first_psn = psn;
         slot.span = 1;
@@ -265,7 +270,7 @@ impl SendWindow {
 
     /// Starts the WQE at the transmit point (it is `started`): gives it its PSNs; returns
     /// it.
-    pub(crate) fn start_next(&mut self) -> &SendWqe {
+    pub fn start_next(&mut self) -> &SendWqe {
         debug_assert_eq!(self.tx.seq, self.started);
         let (seq, npsn) = (self.started, self.npsn);
         let w = self.wqe_mut(seq);
@@ -278,23 +283,27 @@ impl SendWindow {
 
     /// Records that packet `psn` of `w` goes out now; true if it was sent before (a
     /// go-back-N retransmission).
-    pub(crate) fn note_sent(&mut self, w: &SendWqe, psn: Psn) -> bool {
+    pub fn note_sent(&mut self, w: &SendWqe, psn: Psn) -> bool {
         if psn.before(self.sent_to) {
             return true;
         }
         let k = psn.diff(w.first_psn) as u32;
-        self.sent_to = psn.add(if w.w.op.is_rd_atomic() { w.span - k } else { 1 });
+        self.sent_to = psn.add(if w.wqe.op.is_rd_atomic() {
+            w.span - k
+        } else {
+            1
+        });
         false
     }
 
     /// Moves the transmit point to the next packet of its WQE, at gather position `cursor`.
-    pub(crate) fn next_packet(&mut self, cursor: Cursor) {
+    pub fn next_packet(&mut self, cursor: Cursor) {
         self.tx.pkt += 1;
         self.tx.cursor = Some(cursor);
     }
 
     /// Moves the transmit point to the start of the next WQE.
-    pub(crate) fn next_wqe(&mut self) {
+    pub fn next_wqe(&mut self) {
         self.tx = TxPoint {
             seq: self.tx.seq + 1,
             pkt: 0,
@@ -303,19 +312,19 @@ impl SendWindow {
     }
 
     /// Marks WQE `seq` done with `status` (the completer, or a local error).
-    pub(crate) fn complete(&mut self, seq: u64, status: WcStatus) {
+    pub fn complete(&mut self, seq: u64, status: WcStatus) {
         self.wqe_mut(seq).done = Some(status);
     }
 
     /// Counts one more Read response of WQE `seq`; returns the new count.
-    pub(crate) fn response_seen(&mut self, seq: u64) -> u32 {
+    pub fn response_seen(&mut self, seq: u64) -> u32 {
         let w = self.wqe_mut(seq);
         w.resp_seen += 1;
         w.resp_seen
     }
 
     /// Records acknowledgement up to `psn`; true if that is progress.
-    pub(crate) fn acknowledge(&mut self, psn: Psn) -> bool {
+    pub fn acknowledge(&mut self, psn: Psn) -> bool {
         if psn.after(self.acked) {
             self.acked = psn;
             true
@@ -326,13 +335,13 @@ impl SendWindow {
 
     /// Moves the transmit point back to PSN `p` (go-back-N): the WQE holding it and every
     /// one after it are sent again from that packet on, with their original PSNs.
-    pub(crate) fn rewind(&mut self, p: Psn) {
+    pub fn rewind(&mut self, p: Psn) {
         self.tx = match self.find(p) {
             Some(seq) => {
                 let w = self.wqe(seq);
                 TxPoint {
                     seq,
-                    pkt: match w.w.op {
+                    pkt: match w.wqe.op {
                         WqeOp::CompareSwap | WqeOp::FetchAdd => 0,
                         // Send/Write: the packet index; Read: the first response to ask for
                         // again.
@@ -351,7 +360,7 @@ impl SendWindow {
     }
 
     /// Retires the oldest WQE (done, or flushed); returns it.
-    pub(crate) fn retire_oldest(&mut self) -> SendWqe {
+    pub fn retire_oldest(&mut self) -> SendWqe {
         let w = *self.wqe(self.retired);
         self.retired += 1;
         if self.tx.seq < self.retired {
@@ -425,7 +434,7 @@ mod tests {
             a.start_at(Psn::new(start));
             b.start_at(Psn::new(start));
             for _ in 0..6 {
-                let psn = a.push_sent(&send(1).w, 3);
+                let psn = a.push_sent(&send(1).wqe, 3);
                 b.push(SendWqe {
                     consumers: 3,
                     ..send(1)
