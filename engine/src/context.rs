@@ -17,16 +17,16 @@ use shmhca_rings::ring::{Consumer, HeapStorage};
 use crate::arena::PdArenas;
 use crate::completer;
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
-use crate::cq_table::CqTable;
 use crate::link::TxBatch;
 use crate::mem::Mem;
-use crate::mr_table::{AccessDenied, MrTable};
-use crate::mw_table::MwTable;
 use crate::qp::AccessFlags;
 use crate::qp::{MAX_SGE, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
-use crate::srq_table::SrqTable;
+use crate::tables::cq::CqTable;
+use crate::tables::mr::{AccessDenied, MrTable};
+use crate::tables::mw::MwTable;
+use crate::tables::srq::SrqTable;
 use crate::timer::{Clock, Deadline, EngineClock, Timestamp};
 use crate::wire::Qpn;
 use crate::wire::slot::PacketSlot;
@@ -207,7 +207,7 @@ impl Env<'_> {
         va: u64,
         len: u64,
     ) -> Result<u64, AccessDenied> {
-        if len != 0 && crate::mw_table::is_window_key(rkey) {
+        if len != 0 && crate::tables::mw::is_window_key(rkey) {
             self.mws
                 .check_remote(self.mrs, rkey, (pd, qpn), need, va, len)
         } else {
@@ -431,7 +431,7 @@ pub(crate) struct QpCtx {
     pub(crate) rq_flush_pending: bool,
     /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
     /// empty), and the offset in `tables` of its scratch row for a taken WQE's scatter
-    /// list (see [`crate::srq_table`]).
+    /// list (see [`crate::tables::srq`]).
     pub(crate) srq: Option<(u32, u64)>,
     /// A positive Ack that rode in a request from the peer, not handled yet: the carrier's
     /// first 8 BTH bytes and the riding word (see `wire::slot`'s "A riding Ack"). The

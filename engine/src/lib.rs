@@ -12,6 +12,35 @@
 //! [`timer`], over the header formats of [`wire`] and the PSN arithmetic of [`psn`]. The
 //! protocol stages are sans-IO: the engine passes packets, work requests and the time in.
 //!
+//! # Who owns what
+//!
+//! ```text
+//!  application ──▶ verbs (Context, Pd, Mr, Cq, Qp, Srq, Mw)        cm (Listener, Connection)
+//!                     │ handles hold an Arc of the device                │ keeps its state in it
+//!                     ▼                                                  ▼
+//!                  device ── one engine, its doorbell, engine page, kick word, engine thread
+//!                     │ the engine token (EngineCell) guards everything below
+//!                     ▼
+//!                  engine (poll loop) ── owns ──▶ tables/ (MR, MW, SRQ, CQ + notify)
+//!                     │                           QP contexts (context::QpCtx)
+//!                     │                           links (link::shm: rings, slot format)
+//!                     │                           the clock (system, or a TestClock)
+//!                     │ lends an Env (tables, stats, clock) + a LinkTx to
+//!                     ▼
+//!                  protocol stages: requester · responder · completer · dma
+//!                     │ built on
+//!                     ▼
+//!                  shmhca-proto (no_std, no dependencies): wire · psn · completion ·
+//!                  credit · timer + Clock · qp · wqe + Memory · send_window · stats
+//! ```
+//!
+//! Arrows point down only: nothing below imports what is above it (`verbs` and `cm` are
+//! above `device`; the device holds the CM's state without knowing its type). The core
+//! crate is where the compiler keeps the protocol free of clocks, threads, rings and
+//! `unsafe`; the stages still in this crate (requester, responder, completer) talk to links
+//! only through `context::LinkTx` and read the time only through the `Env`, and are the
+//! next to move there.
+//!
 //! # Quick start
 //!
 //! Two engines in this process, a QP on each, connected by hand (between processes,
@@ -77,7 +106,6 @@ pub mod cm;
 pub mod completer;
 pub use shmhca_proto::completion;
 pub(crate) mod context;
-pub(crate) mod cq_table;
 pub use shmhca_proto::credit;
 #[cfg(test)]
 mod credit_flow_tests;
@@ -92,8 +120,6 @@ pub(crate) mod ids;
 pub mod limits;
 pub mod link;
 pub(crate) mod mem;
-pub(crate) mod mr_table;
-pub(crate) mod mw_table;
 #[cfg(test)]
 mod probe;
 pub use shmhca_proto::psn;
@@ -104,9 +130,9 @@ pub mod requester;
 pub mod responder;
 pub(crate) use shmhca_proto::send_window;
 pub(crate) mod slots;
-pub(crate) mod srq_table;
 pub mod stats_area;
 pub(crate) mod sync;
+pub(crate) mod tables;
 #[doc(hidden)]
 pub mod testing;
 pub mod timer;

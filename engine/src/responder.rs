@@ -548,7 +548,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     }
     // A window's key may stop working before step 3, where the pipeline checks it again
     // and Naks the Read if it did: the pipeline's. (A Read of nothing checks no key.)
-    if len != 0 && crate::mw_table::is_window_key(reth.rkey) {
+    if len != 0 && crate::tables::mw::is_window_key(reth.rkey) {
         return false;
     }
     // 6. R_Key, once: the response is built now, from the range it checked.
@@ -1045,9 +1045,9 @@ fn record_rkey_refusal(
     need: AccessFlags,
     va: u64,
     len: u64,
-    why: crate::mr_table::AccessDenied,
+    why: crate::tables::mr::AccessDenied,
 ) {
-    use crate::mr_table::AccessDenied as D;
+    use crate::tables::mr::AccessDenied as D;
     let op = if need.contains(AccessFlags::REMOTE_WRITE) {
         "an RDMA Write"
     } else if need.contains(AccessFlags::REMOTE_READ) {

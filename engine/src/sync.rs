@@ -4,7 +4,7 @@
 //!
 //! What goes through the shim: the QP's shared words ([`QpShared`](crate::context::QpShared):
 //! state, `sq_retired`, `rq_retired`, ...), the regions' in-flight counts
-//! ([`MrShared`](crate::mr_table::MrShared)) and the engine token
+//! ([`MrShared`](crate::tables::mr::MrShared)) and the engine token
 //! ([`EngineCell`](crate::engine::cell::EngineCell)). Atomics in shared memory (a peer's
 //! sleeper count and kick words, remote atomics on an arena) and process-wide counters stay `std`'s.
 //!

@@ -29,7 +29,7 @@
 //! # How the engine names a buffer
 //!
 //! The engine addresses local memory by offset in the domain's arena. A registered buffer
-//! gets offsets in a separate range, [`USER_SPACE`](crate::mr_table::USER_SPACE) with the region's table index in bits
+//! gets offsets in a separate range, [`USER_SPACE`](crate::tables::mr::USER_SPACE) with the region's table index in bits
 //! 32..56 and the offset inside the buffer in the low 32 bits (a region holds at most
 //! 2 GiB). [`Local`] resolves an offset to the arena or to the buffer's view; offsets of
 //! this kind only ever describe destinations (sources are shadow offsets in the arena), so
@@ -39,7 +39,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::error::{Error, Result};
 use crate::mem::{Mem, OutOfRange};
-use crate::mr_table::{MrTable, split_user_off};
+use crate::tables::mr::{MrTable, split_user_off};
 pub use crate::user_buffer::UserBuffer;
 use crate::user_buffer::sealed;
 
@@ -274,7 +274,7 @@ impl UserBuffer for Memfd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mr_table::user_off;
+    use crate::tables::mr::user_off;
 
     #[test]
     fn user_offsets_round_trip_and_never_look_like_arena_offsets() {

@@ -76,9 +76,9 @@ use std::time::{Duration, Instant};
 use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd};
 use shmhca_rings::doorbell::{Doorbell, MAX_QUEUES};
 
-use crate::cq_table::Signal;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::tables::cq::Signal;
 use crate::verbs::EngineMode;
 
 /// The most completion queues one channel serves.

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use shmhca_rings::ring::{Consumer, HeapStorage, heap_ring};
 
 use crate::completion::WorkCompletion;
-use crate::cq_table::{Arm, Signal};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::tables::cq::{Arm, Signal};
 use crate::verbs::EngineMode;
 use crate::verbs::channel::{self, CompChannel};
 
@@ -66,7 +66,7 @@ impl Cq {
                 .with(|e| e.res.cqs.insert(producer))
                 .ok_or(Error::LimitReached {
                     what: "completion queues in one context",
-                    limit: crate::cq_table::MAX_CQS,
+                    limit: crate::tables::cq::MAX_CQS,
                 })?;
         Ok(Cq {
             shared: shared.clone(),

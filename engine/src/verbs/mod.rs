@@ -85,7 +85,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use shmhca_rings::segment::{HugePages, PageSize};
 
-use crate::device::{Device, engine_thread};
+use crate::device::Device;
 
 use crate::context::Stats;
 use crate::engine::Engine;
@@ -383,7 +383,7 @@ impl ContextBuilder {
                 .name("shmhca-engine".into())
                 .spawn(move || {
                     let _spinning = spinning;
-                    engine_thread(s, cpu, idle)
+                    crate::device::engine_thread(s, cpu, idle)
                 })
                 .map_err(|e| Error::io("spawning the engine thread", e))?;
         }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use crate::device::Device;
 use crate::error::{Error, Refused, Result};
 use crate::mem::{Mem, UserOwner};
-use crate::mr_table::MrShared;
 use crate::qp::{AccessFlags, MAX_MESSAGE};
+use crate::tables::mr::MrShared;
 use crate::user_buffer::UserBuffer;
 #[cfg(doc)]
 use crate::user_mem::Memfd;
@@ -94,7 +94,7 @@ impl Pd {
                     arena.free(block);
                     Err(Error::LimitReached {
                         what: "memory regions in one context",
-                        limit: crate::mr_table::MAX_MRS,
+                        limit: crate::tables::mr::MAX_MRS,
                     })
                 }
             }
@@ -192,7 +192,7 @@ impl Pd {
                     arena.free(shadow);
                     Err(Error::LimitReached {
                         what: "memory regions in one context",
-                        limit: crate::mr_table::MAX_MRS,
+                        limit: crate::tables::mr::MAX_MRS,
                     })
                 }
             }
@@ -293,7 +293,7 @@ impl Pd {
                 }
                 None => Err(Error::LimitReached {
                     what: "memory regions in one context",
-                    limit: crate::mr_table::MAX_MRS,
+                    limit: crate::tables::mr::MAX_MRS,
                 }),
             }
         })?;
@@ -402,7 +402,7 @@ impl Mr {
     /// The local offset the engine writes byte `offset` of the region at.
     pub(crate) fn dst_off(&self, offset: u64) -> u64 {
         match self.user {
-            Some(_) => crate::mr_table::user_off(self.index, offset),
+            Some(_) => crate::tables::mr::user_off(self.index, offset),
             None => self.off + offset,
         }
     }

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::mw_table::{MAX_MWS, MW_KEY_BIT};
+use crate::tables::mw::{MAX_MWS, MW_KEY_BIT};
 use crate::verbs::mr::{Mr, Pd};
 use crate::verbs::wr::MwBind;
 
-pub use crate::mw_table::MwType;
+pub use crate::tables::mw::MwType;
 
 /// A memory window of a protection domain (`ibv_mw`); dropping it deallocates it (its
 /// key stops working at once).

@@ -1,7 +1,7 @@
 //! Queue pairs: posting work requests and changing state.
 
-use crate::mr_table::MrShared;
 use crate::sync::Ordering;
+use crate::tables::mr::MrShared;
 use std::sync::Arc;
 
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
@@ -11,10 +11,10 @@ use crate::context::{QpCtx, QpShared};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::mem::Mem;
-use crate::mw_table::MwType;
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
 use crate::requester::Requester;
 use crate::responder::Responder;
+use crate::tables::mw::MwType;
 use crate::verbs::EngineMode;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
@@ -177,7 +177,7 @@ impl Qp {
             0
         };
         let scatter_bytes = if let Some(srq) = srq {
-            // One scratch row for the SRQ receive being filled (see `srq_table`).
+            // One scratch row for the SRQ receive being filled (see `tables::srq`).
             u64::from(srq.max_sge) * SGE_ENTRY_LEN
         } else if caps.max_recv_sge > 1 {
             u64::from(caps.max_recv_wr) * u64::from(caps.max_recv_sge) * SGE_ENTRY_LEN

@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::error::{Error, Refused, Result};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_QUEUE_DEPTH, MAX_SGE};
-use crate::srq_table::{MAX_SRQS, SrqShared};
+use crate::tables::srq::{MAX_SRQS, SrqShared};
 use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::wr::RecvWr;
 use crate::wqe::{DataLoc, RqWqe, SGE_ENTRY_LEN, SgeEntry};

@@ -155,7 +155,7 @@ impl Default for MrTable {
 }
 
 /// The most regions one context can hold (23-bit index: keys with the high bit set are
-/// memory windows', see [`crate::mw_table`]).
+/// memory windows', see [`crate::tables::mw`]).
 pub(crate) const MAX_MRS: u32 = crate::limits::MAX_MRS;
 
 impl MrTable {

@@ -17,8 +17,8 @@ use shmhca_rings::ring::{Consumer, HeapStorage};
 
 use crate::arena::PdArenas;
 use crate::mem::Mem;
-use crate::mr_table::MrTable;
 use crate::slots::SlotTable;
+use crate::tables::mr::MrTable;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SGE_ENTRY_LEN, SgeEntry};
 
 /// What an SRQ's application handle and the engine share.

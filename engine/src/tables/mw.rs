@@ -13,9 +13,9 @@
 //! Everything here is private engine memory, touched under the engine token. A peer's
 //! R_Key is only a number looked up in this table and checked against the entry.
 
-use crate::mr_table::{AccessDenied, MrTable};
 use crate::qp::AccessFlags;
 use crate::slots::SlotTable;
+use crate::tables::mr::{AccessDenied, MrTable};
 use crate::wire::Qpn;
 
 /// The bit of an R_Key that marks a memory window's key.

@@ -57,9 +57,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::wire::Qpn;
-use crate::wire::opcode::{self, Headers, OpcodeInfo};
-use crate::wire::{
+use shmhca_proto::wire::Qpn;
+use shmhca_proto::wire::opcode::{self, Headers, OpcodeInfo};
+use shmhca_proto::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, Error as WireError, ImmDtRepr, RethRepr,
     aeth, atomic_ack_eth, atomic_eth, bth, immdt, reth,
 };
@@ -269,7 +269,7 @@ pub(crate) enum SlotError {
     /// Header length outside the data area.
     HeaderLength(u8),
     /// The headers do not parse.
-    Headers(crate::wire::Error),
+    Headers(shmhca_proto::wire::Error),
     /// The parsed headers are not `hdr_len` bytes.
     HeaderMismatch { parsed: usize, claimed: u8 },
     /// A payload on an opcode without one, or the reverse, or an unknown kind.
@@ -427,7 +427,7 @@ impl<'a> RxPacket<'a> {
         cont: &'a [PacketSlot],
     ) -> std::result::Result<RxPacket<'a>, SlotError> {
         let hdr_len = slot.hdr_len as usize;
-        if !(crate::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
+        if !(shmhca_proto::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
             return Err(SlotError::HeaderLength(slot.hdr_len));
         }
         // The checks of `BthRepr::parse`, in its order, on the fields that can be wrong.
@@ -536,7 +536,7 @@ impl<'a> RxPacket<'a> {
 
     /// The opcode.
     #[cfg(test)]
-    pub(crate) fn opcode(&self) -> crate::wire::opcode::Opcode {
+    pub(crate) fn opcode(&self) -> shmhca_proto::wire::opcode::Opcode {
         self.info.opcode
     }
 
@@ -606,7 +606,7 @@ impl<'a> RxPacket<'a> {
     ///
     /// [`aeth`]: RxPacket::aeth
     #[inline]
-    pub(crate) fn positive_ack(&self) -> Option<(crate::wire::aeth::CreditCode, crate::wire::Msn)> {
+    pub(crate) fn positive_ack(&self) -> Option<(shmhca_proto::wire::aeth::CreditCode, shmhca_proto::wire::Msn)> {
         let p = aeth::Packet::new_unchecked(self.ext(Headers::AETH)?);
         Some((p.ack_credits()?, p.msn()))
     }
@@ -637,7 +637,7 @@ impl<'a> RxPacket<'a> {
     pub(crate) fn ieth(&self) -> Option<u32> {
         self.ext(Headers::IETH)
             .and_then(|b| {
-                crate::wire::IethRepr::parse(&crate::wire::ieth::Packet::new_unchecked(b)).ok()
+                shmhca_proto::wire::IethRepr::parse(&shmhca_proto::wire::ieth::Packet::new_unchecked(b)).ok()
             })
             .map(|r| r.rkey)
     }
@@ -685,7 +685,7 @@ pub(crate) fn set_gather_entry(cont: &mut [PacketSlot], i: usize, off: u64, len:
 /// Writes a packet's transport headers straight into a slot, in wire order: the BTH
 /// first, then the extended headers the opcode calls for. The SQ and RQ Logic build only
 /// packets the opcode table allows (debug builds check the set on [`finish`]); writing in
-/// place spares building a [`PacketRepr`](crate::wire::PacketRepr) per packet.
+/// place spares building a [`PacketRepr`](shmhca_proto::wire::PacketRepr) per packet.
 ///
 /// [`finish`]: HeaderWriter::finish
 pub(crate) struct HeaderWriter<'a> {
@@ -694,7 +694,7 @@ pub(crate) struct HeaderWriter<'a> {
     #[cfg(debug_assertions)]
     written: Headers,
     #[cfg(debug_assertions)]
-    opcode: crate::wire::opcode::Opcode,
+    opcode: shmhca_proto::wire::opcode::Opcode,
 }
 
 impl<'a> HeaderWriter<'a> {
@@ -769,7 +769,7 @@ impl<'a> HeaderWriter<'a> {
     /// Appends an IETH (the R_Key a Send with Invalidate invalidates).
     #[inline]
     pub(crate) fn ieth(mut self, rkey: u32) -> Self {
-        crate::wire::IethRepr { rkey }.emit(&mut crate::wire::ieth::Packet::new_unchecked(
+        shmhca_proto::wire::IethRepr { rkey }.emit(&mut shmhca_proto::wire::ieth::Packet::new_unchecked(
             self.next(Headers::IETH),
         ));
         self
@@ -795,10 +795,10 @@ impl<'a> HeaderWriter<'a> {
 mod tests {
     use super::*;
     use crate::psn::Psn;
-    use crate::wire::PacketRepr;
-    use crate::wire::bth::BthRepr;
-    use crate::wire::opcode::Opcode;
-    use crate::wire::{Qpn, reth::RethRepr};
+    use shmhca_proto::wire::PacketRepr;
+    use shmhca_proto::wire::bth::BthRepr;
+    use shmhca_proto::wire::opcode::Opcode;
+    use shmhca_proto::wire::{Qpn, reth::RethRepr};
 
     fn slot_with(opcode: Opcode, kind: u8, payload_len: u32) -> PacketSlot {
         let repr = PacketRepr {
@@ -884,8 +884,8 @@ mod tests {
 
     #[test]
     fn every_opcode_reads_back_every_extended_header() {
-        use crate::wire::opcode::Headers;
-        use crate::wire::{
+        use shmhca_proto::wire::opcode::Headers;
+        use shmhca_proto::wire::{
             AethRepr, AtomicAckEthRepr, AtomicEthRepr, IethRepr, ImmDtRepr, Msn, aeth::Syndrome,
         };
         for op in Opcode::ALL {
@@ -1064,8 +1064,8 @@ mod tests {
     /// Write with its RETH, an Atomic, an Ack and an Atomic Acknowledge.
     #[test]
     fn the_common_small_packets_fit_one_line() {
-        use crate::wire::aeth::Syndrome;
-        use crate::wire::{AethRepr, AtomicEthRepr, Msn, aeth::CreditCode};
+        use shmhca_proto::wire::aeth::Syndrome;
+        use shmhca_proto::wire::{AethRepr, AtomicEthRepr, Msn, aeth::CreditCode};
         let bth = |op| BthRepr::new(op, Qpn::new(5), Psn::new(9));
         let ack = AethRepr {
             syndrome: Syndrome::Ack {
@@ -1187,7 +1187,7 @@ mod tests {
                 proptest::prop_assert_eq!(p.reth(), repr.reth);
                 proptest::prop_assert_eq!(p.aeth(), repr.aeth);
                 let positive = match repr.aeth {
-                    Some(AethRepr { syndrome: crate::wire::aeth::Syndrome::Ack { credits }, msn }) => {
+                    Some(AethRepr { syndrome: shmhca_proto::wire::aeth::Syndrome::Ack { credits }, msn }) => {
                         Some((credits, msn))
                     }
                     _ => None,

@@ -1,4 +1,4 @@
-//! Links: the packet path between two engines.
+//! The shared-memory link: the packet path between two engines of one machine.
 //!
 //! A link is a shared segment holding two SPSC line rings ([`shmhca_rings::lines`]), one
 //! per direction. Each side also holds, read-only, the peer's engine page (to wake it) and
@@ -8,8 +8,8 @@
 //!
 //! What travels on a ring is a packet as one frame of lines: a [`PacketSlot`] (one line,
 //! whose bytes are the frame's first line as they are) and the continuation lines of its
-//! gather list, if it has one. The slot format lives in [`wire::slot`](crate::wire::slot),
-//! which writes and parses it; this module moves frames (each staged packet out as one
+//! gather list, if it has one. The slot format lives in [`slot`], which writes and
+//! parses it; this module moves frames (each staged packet out as one
 //! frame, frames in) and owns the shared segment.
 //!
 //! Nothing in a received frame is trusted: the ring checks its stamps and line count, the
@@ -30,9 +30,7 @@ use shmhca_rings::segment::{HugePages, Segment};
 use crate::error::{Error, Result};
 use crate::mem::Mem;
 use crate::wire::Qpn;
-use crate::wire::slot::{
-    KIND_NONE, MAX_CONTINUATION, MAX_PACKET_LINES, PacketSlot, SLOT_BYTES, frame_lines,
-};
+use slot::{KIND_NONE, MAX_CONTINUATION, MAX_PACKET_LINES, PacketSlot, SLOT_BYTES, frame_lines};
 
 // A slot is a line of the ring as it is: its own bytes start where the ring leaves the line
 // to its user, and a packet's frame fits a frame of the ring.
@@ -42,6 +40,8 @@ const _: () = assert!(std::mem::offset_of!(PacketSlot, hdr_len) == shmhca_rings:
 const _: () = assert!(MAX_PACKET_LINES <= shmhca_rings::lines::MAX_FRAME_LINES);
 
 pub use crate::ids::LinkId;
+
+pub mod slot;
 
 /// Packets staged for one link's outgoing ring, each published as one frame once per
 /// burst.
