@@ -217,7 +217,7 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
             match dma::copy_payload(
                 pkt,
                 &qp.peer_mem,
-                &Local::new(&qp.mem, env.mrs),
+                &Local::new(&qp.mem, &env.res.mrs),
                 sgl,
                 &mut cursor,
             ) {
@@ -347,7 +347,7 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
 #[inline]
 fn write_orig(qp: &QpCtx, env: &mut Env<'_>, data: &crate::wqe::DataLoc, orig: u64) {
     let bytes = orig.to_ne_bytes();
-    let mem = Local::new(&qp.mem, env.mrs);
+    let mem = Local::new(&qp.mem, &env.res.mrs);
     if let crate::wqe::DataLoc::Single(e) = *data {
         if e.len >= 8 {
             // The common case, one entry holding the word: the loop's one write. (A write
@@ -443,7 +443,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         match dma::copy_payload(
             pkt,
             &qp.peer_mem,
-            &Local::new(&qp.mem, env.mrs),
+            &Local::new(&qp.mem, &env.res.mrs),
             sgl,
             &mut cursor,
         ) {

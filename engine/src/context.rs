@@ -128,13 +128,7 @@ impl Resources {
         Env {
             now: None,
             coarse: None,
-            pds: &mut self.pds,
-            mrs: &mut self.mrs,
-            mws: &mut self.mws,
-            srqs: &mut self.srqs,
-            cqs: &mut self.cqs,
-            stats: &mut self.stats,
-            clock: &self.clock,
+            res: self,
         }
     }
 }
@@ -147,14 +141,24 @@ pub(crate) struct Env<'a> {
     /// The coarse time of this iteration, read when first needed: enough to tell that a
     /// deadline is still far away.
     coarse: Option<Timestamp>,
-    pub(crate) pds: &'a mut PdArenas,
-    pub(crate) mrs: &'a mut MrTable,
-    pub(crate) mws: &'a mut MwTable,
-    pub(crate) srqs: &'a mut SrqTable,
-    pub(crate) cqs: &'a mut CqTable,
-    pub(crate) stats: &'a mut Stats,
-    /// Where the time comes from: read at most once an iteration, and only if needed.
-    clock: &'a EngineClock,
+    /// The engine's tables, counters and clock (one pointer: lending them costs one store).
+    /// An `Env` derefs to them, so a stage writes `env.cqs`, `env.stats`.
+    pub(crate) res: &'a mut Resources,
+}
+
+impl std::ops::Deref for Env<'_> {
+    type Target = Resources;
+    #[inline(always)]
+    fn deref(&self) -> &Resources {
+        self.res
+    }
+}
+
+impl std::ops::DerefMut for Env<'_> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut Resources {
+        self.res
+    }
 }
 
 impl Env<'_> {
@@ -169,14 +173,14 @@ impl Env<'_> {
         if let Deadline::Starting(_) = d {
             let now = self.now();
             // (Read here, not when the Env is lent: most iterations start no timer.)
-            d.start(now, self.clock.resolution());
+            d.start(now, self.res.clock.resolution());
         }
     }
 
     /// The time of this iteration (read from the engine clock once).
     #[inline]
     pub(crate) fn now(&mut self) -> Timestamp {
-        let clock = self.clock;
+        let clock = &self.res.clock;
         *self.now.get_or_insert_with(|| clock.now())
     }
 
@@ -190,9 +194,9 @@ impl Env<'_> {
         if let Some(now) = self.now {
             return d.expired(now);
         }
-        let clock = self.clock;
-        let coarse = *self.coarse.get_or_insert_with(|| clock.coarse());
-        d.expired_by(coarse, clock.coarse_lag(), || self.now())
+        let coarse = *self.coarse.get_or_insert_with(|| self.res.clock.coarse());
+        let lag = self.res.clock.coarse_lag();
+        d.expired_by(coarse, lag, || self.now())
     }
 
     /// Checks a remote access of `len` bytes at `va` with R_Key `rkey`, arriving at QP `qpn`
@@ -208,8 +212,9 @@ impl Env<'_> {
         len: u64,
     ) -> Result<u64, AccessDenied> {
         if len != 0 && crate::tables::mw::is_window_key(rkey) {
-            self.mws
-                .check_remote(self.mrs, rkey, (pd, qpn), need, va, len)
+            self.res
+                .mws
+                .check_remote(&self.res.mrs, rkey, (pd, qpn), need, va, len)
         } else {
             self.mrs.check_remote(rkey, pd, need, va, len)
         }
@@ -221,7 +226,7 @@ impl Env<'_> {
     pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
         match qp.srq {
             None => qp.rq.take(),
-            Some((srq, scratch)) => self.srqs.take(srq, &qp.tables, scratch),
+            Some((srq, scratch)) => self.res.srqs.take(srq, &qp.tables, scratch),
         }
     }
 
@@ -235,7 +240,7 @@ impl Env<'_> {
             DataLoc::Empty => {}
             DataLoc::Single(e) => {
                 if e.mr != NO_MR {
-                    self.mrs.release(e.mr, self.pds);
+                    self.res.mrs.release(e.mr, &mut self.res.pds);
                 }
             }
             DataLoc::Table { .. } => self.release_table(data, tables),
@@ -254,7 +259,7 @@ impl Env<'_> {
             }
         });
         for &mr in &mrs[..n] {
-            self.mrs.release(mr, self.pds);
+            self.res.mrs.release(mr, &mut self.res.pds);
         }
     }
 }

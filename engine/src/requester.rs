@@ -745,7 +745,7 @@ fn execute_local(w: &SqWqe, pd: u32, qpn: Qpn, env: &mut Env<'_>) -> WcStatus {
                 len: w.compare_add,
                 access,
             };
-            match env.mws.bind(env.mrs, pd, qpn, &r) {
+            match env.res.mws.bind(&env.res.mrs, pd, qpn, &r) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::MwBindErr,
             }

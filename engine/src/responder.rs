@@ -643,7 +643,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         return false;
     };
     // 7. Execute.
-    let mem = Local::new(&qp.mem, env.mrs);
+    let mem = Local::new(&qp.mem, &env.res.mrs);
     let orig = if pkt.info.class == OpClass::CompareSwap {
         mem.compare_swap_u64(off, a.compare, a.swap_add)
     } else {
@@ -707,7 +707,7 @@ fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool
     let n = match dma::copy_payload(
         pkt,
         &qp.peer_mem,
-        &Local::new(&qp.mem, env.mrs),
+        &Local::new(&qp.mem, &env.res.mrs),
         Sgl::new(&wqe.data, &qp.tables),
         &mut cursor,
     ) {
@@ -750,7 +750,7 @@ fn write_payload(
     let n = dma::copy_payload(
         pkt,
         &qp.peer_mem,
-        &Local::new(&qp.mem, env.mrs),
+        &Local::new(&qp.mem, &env.res.mrs),
         Sgl::new(&dst, &qp.tables),
         &mut cursor,
     )
@@ -1134,7 +1134,7 @@ fn send(
     match dma::copy_payload(
         pkt,
         &qp.peer_mem,
-        &Local::new(&qp.mem, env.mrs),
+        &Local::new(&qp.mem, &env.res.mrs),
         Sgl::new(&wqe.data, &qp.tables),
         &mut cursor,
     ) {
@@ -1298,7 +1298,7 @@ fn atomic(
         return Err(RespError::MisalignedAtomic);
     }
     let off = check_rkey(qp, env, a.rkey, AccessFlags::REMOTE_ATOMIC, a.va, 8)?;
-    let mem = Local::new(&qp.mem, env.mrs);
+    let mem = Local::new(&qp.mem, &env.res.mrs);
     let orig = if info.class == OpClass::CompareSwap {
         mem.compare_swap_u64(off, a.compare, a.swap_add)
     } else {

@@ -606,7 +606,12 @@ impl<'a> RxPacket<'a> {
     ///
     /// [`aeth`]: RxPacket::aeth
     #[inline]
-    pub(crate) fn positive_ack(&self) -> Option<(shmhca_proto::wire::aeth::CreditCode, shmhca_proto::wire::Msn)> {
+    pub(crate) fn positive_ack(
+        &self,
+    ) -> Option<(
+        shmhca_proto::wire::aeth::CreditCode,
+        shmhca_proto::wire::Msn,
+    )> {
         let p = aeth::Packet::new_unchecked(self.ext(Headers::AETH)?);
         Some((p.ack_credits()?, p.msn()))
     }
@@ -637,7 +642,10 @@ impl<'a> RxPacket<'a> {
     pub(crate) fn ieth(&self) -> Option<u32> {
         self.ext(Headers::IETH)
             .and_then(|b| {
-                shmhca_proto::wire::IethRepr::parse(&shmhca_proto::wire::ieth::Packet::new_unchecked(b)).ok()
+                shmhca_proto::wire::IethRepr::parse(
+                    &shmhca_proto::wire::ieth::Packet::new_unchecked(b),
+                )
+                .ok()
             })
             .map(|r| r.rkey)
     }
@@ -769,9 +777,9 @@ impl<'a> HeaderWriter<'a> {
     /// Appends an IETH (the R_Key a Send with Invalidate invalidates).
     #[inline]
     pub(crate) fn ieth(mut self, rkey: u32) -> Self {
-        shmhca_proto::wire::IethRepr { rkey }.emit(&mut shmhca_proto::wire::ieth::Packet::new_unchecked(
-            self.next(Headers::IETH),
-        ));
+        shmhca_proto::wire::IethRepr { rkey }.emit(
+            &mut shmhca_proto::wire::ieth::Packet::new_unchecked(self.next(Headers::IETH)),
+        );
         self
     }
 
