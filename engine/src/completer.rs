@@ -23,9 +23,10 @@ use crate::context::{Env, QpCtx};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::Psn;
 use crate::qp::QpState;
+use crate::send_window::SendWqe;
 use crate::timer::RNR_RETRY_FOREVER;
 use crate::user_mem::Local;
-use crate::wire::aeth::{AethRepr, CreditCode, NakCode, Syndrome};
+use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
 use crate::wire::slot::{Payload, RxPacket};
 use crate::wqe::{WqeFlags, WqeOp};
@@ -58,159 +59,298 @@ pub(crate) fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: (u64, u64))
     on_response_full(qp, env, &RxPacket::riding(&line));
 }
 
-/// [`on_response`] past the Ack fast path.
+/// What a response turned out to be, once checked: the completer's checks
+/// ([`check_response`]) end in one of these, and [`act`] is the one table from outcome to
+/// action (the rxe completer's `comp_state`s, as values). Checks have one effect of their
+/// own: a response implicitly acknowledges the Sends and Writes before its PSN
+/// ([`check_implicit_ack`]), before its own outcome is known.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    /// In RTR: the peer's initial credits (spec/02 "Providing Initial Credits"), kept for
+    /// RTS.
+    EarlyCredits(CreditCode, u32),
+    /// Nothing to do but count it dropped: the QP takes no responses in its state, the
+    /// response answers nothing in flight, or it is a duplicate (no credits in it).
+    Dropped,
+    /// A duplicate or unsolicited Ack: only its credits are kept (spec/02).
+    Credits(CreditCode, u32),
+    /// The responses from this PSN on were lost (an RDMA Read or Atomic before the
+    /// response, or a plain Ack inside one's PSNs): an implied Nak.
+    ImpliedNak(Psn),
+    /// A positive Ack of WQE `seq` at PSN `psn`.
+    Ack {
+        seq: u64,
+        psn: Psn,
+        credits: CreditCode,
+        msn: u32,
+    },
+    /// An RNR Nak for WQE `seq` at PSN `psn`.
+    RnrNak { seq: u64, psn: Psn, timer: RnrTimer },
+    /// A PSN Sequence Error Nak: everything before `psn` arrived, resend from it.
+    SequenceError { psn: Psn },
+    /// A Nak that fails WQE `seq` with `status` and the QP.
+    FatalNak {
+        seq: u64,
+        psn: Psn,
+        status: WcStatus,
+    },
+    /// The next RDMA Read response of WQE `seq`, `offset` bytes into its data; `last` if
+    /// it ends the Read.
+    ReadResponse {
+        seq: u64,
+        psn: Psn,
+        offset: u32,
+        last: bool,
+    },
+    /// The Atomic Acknowledge of WQE `seq`, with the target's original value.
+    AtomicAck { seq: u64, psn: Psn, orig: u64 },
+    /// Malformed, or not what WQE `seq` expects: it fails with a bad-response error and
+    /// the QP goes to the Error state.
+    Bad(u64),
+    /// Bad, but found while the QP's work goes on: the WQEs done are still retired after.
+    BadThenRetire(u64),
+    /// A request opcode (the engine dispatches by opcode: it never gets here), dropped;
+    /// the WQEs done are retired.
+    NotAResponse,
+}
+
+/// [`on_response`] past the Ack fast path: the checks, then the action.
 fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
-    let info = pkt.info;
+    let outcome = check_response(qp, pkt).unwrap_or_else(|early| early);
+    act(qp, env, pkt, outcome);
+}
+
+/// Steps 1 to 3 of the module documentation, in order; the first that decides returns
+/// its outcome (as `Err`, so that `?` ends the pipeline).
+fn check_response(qp: &mut QpCtx, pkt: &RxPacket<'_>) -> Result<Outcome, Outcome> {
+    check_state(qp, pkt)?;
+    let psn = check_psn(qp, pkt)?;
+    let seq = check_implicit_ack(qp, psn)?;
+    let w = *qp.req.wqe(seq);
+    Ok(match pkt.info.class {
+        OpClass::Acknowledge => check_ack(&w, seq, psn, pkt.aeth()),
+        OpClass::RdmaReadResponse => check_read_response(qp, &w, seq, psn, pkt),
+        OpClass::AtomicAcknowledge => check_atomic_ack(&w, seq, psn, pkt),
+        _ => Outcome::NotAResponse,
+    })
+}
+
+/// Whether the QP's state takes responses: RTS, SQD and SQE do; in RTR only an Ack's
+/// initial credits are kept.
+fn check_state(qp: &QpCtx, pkt: &RxPacket<'_>) -> Result<(), Outcome> {
     if qp.state == QpState::Rtr {
-        // The peer's RQ Logic may announce its initial credits (spec/02 "Providing Initial
-        // Credits") before this side reaches RTS: keep them for then.
         if let (
             OpClass::Acknowledge,
             Some(AethRepr {
                 syndrome: Syndrome::Ack { credits },
                 msn,
             }),
-        ) = (info.class, pkt.aeth())
+        ) = (pkt.info.class, pkt.aeth())
         {
-            qp.req.early_credits = Some((credits, msn.get()));
-            return;
+            return Err(Outcome::EarlyCredits(credits, msn.get()));
         }
     }
     if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
-        env.stats.dropped += 1;
-        return;
+        return Err(Outcome::Dropped);
     }
+    Ok(())
+}
+
+/// Step 1: the PSN answers something in flight — after the last acknowledged PSN and
+/// before the first one not sent (behind nPSN is not enough: a Send waiting for credit
+/// after its first packet holds PSNs up to nPSN that were never sent).
+fn check_psn(qp: &QpCtx, pkt: &RxPacket<'_>) -> Result<Psn, Outcome> {
     let psn = pkt.psn();
-    let aeth = pkt.aeth();
-    let req = &mut qp.req;
+    let window = &qp.req.window;
+    if psn.diff(window.acked()) <= 0 {
+        return Err(match pkt.aeth() {
+            Some(AethRepr {
+                syndrome: Syndrome::Ack { credits },
+                msn,
+            }) if pkt.info.class == OpClass::Acknowledge => Outcome::Credits(credits, msn.get()),
+            _ => Outcome::Dropped,
+        });
+    }
+    if psn.diff(window.sent_to()) >= 0 {
+        return Err(Outcome::Dropped);
+    }
+    Ok(psn)
+}
 
-    // 1. PSN window.
-    if psn.diff(req.window.acked()) <= 0 {
-        if let Some(AethRepr {
-            syndrome: Syndrome::Ack { credits },
-            msn,
-        }) = aeth
-        {
-            if info.class == OpClass::Acknowledge {
-                req.update_credits(credits, msn.get());
-                return;
-            }
-        }
-        env.stats.dropped += 1;
-        return;
-    }
-    // Behind nPSN is not enough: a Send waiting for credit after its first packet holds
-    // PSNs up to nPSN that were never sent.
-    if psn.diff(req.window.sent_to()) >= 0 {
-        env.stats.dropped += 1;
-        return;
-    }
+/// Step 2: the response acknowledges every request before `psn` (the Sends and Writes that
+/// end before it complete here); an RDMA Read or Atomic before it lost its response.
+/// Returns the WQE the response is for.
+fn check_implicit_ack(qp: &mut QpCtx, psn: Psn) -> Result<u64, Outcome> {
+    ack_before(qp, psn).map_err(Outcome::ImpliedNak)?;
+    qp.req.window.find(psn).ok_or(Outcome::Dropped)
+}
 
-    // 2. Implicit acknowledgement of everything before `psn`.
-    if let Err(missing) = ack_before(qp, psn) {
-        implied_nak(qp, env, missing);
-        return;
-    }
-    let req = &mut qp.req;
-    let Some(seq) = req.window.find(psn) else {
-        env.stats.dropped += 1;
-        return;
+/// Step 3 for an Acknowledge of WQE `w`: its syndrome decides.
+fn check_ack(w: &SendWqe, seq: u64, psn: Psn, aeth: Option<AethRepr>) -> Outcome {
+    let Some(aeth) = aeth else {
+        return Outcome::Bad(seq);
     };
-    let w = *req.wqe(seq);
-
-    // 3 and 4, by opcode.
-    match info.class {
-        OpClass::Acknowledge => {
-            let Some(aeth) = aeth else {
-                return bad_response(qp, env, seq);
-            };
-            match aeth.syndrome {
-                Syndrome::Ack { credits } => {
-                    if w.wqe.op.is_rd_atomic() {
-                        // A plain Ack inside a Read's or Atomic's PSNs: its responses were
-                        // lost (spec/04 "Ack Timeout and Missing Packet(s) Retry Counter").
-                        let missing = w.missing_response();
-                        implied_nak(qp, env, missing);
-                        return;
-                    }
-                    if psn == w.last_psn() {
-                        qp.req.window.complete(seq, WcStatus::Success);
-                    }
-                    progress(qp, env, psn);
-                    qp.req.update_credits(credits, aeth.msn.get());
-                }
-                Syndrome::RnrNak { timer } => {
-                    env.stats.rnr_naks_received += 1;
-                    progress(qp, env, psn.sub(1));
-                    let req = &mut qp.req;
-                    if req.rnr_left == 0 {
-                        record_exhausted(qp, Exhausted::Rnr);
-                        qp.req.window.complete(seq, WcStatus::RnrRetryExcErr);
-                        qp.enter_error(env);
-                        return;
-                    }
-                    if qp.cfg.rnr_retry != RNR_RETRY_FOREVER {
-                        req.rnr_left -= 1;
-                    }
-                    req.window.rewind(psn);
-                    req.timer.disarm();
-                    env.arm(&mut req.rnr_timer, timer.duration());
-                }
-                Syndrome::Nak(NakCode::PsnSequenceError) => {
-                    env.stats.naks_received += 1;
-                    progress(qp, env, psn.sub(1));
-                    retry_from(qp, env, psn);
-                }
-                Syndrome::Nak(code) => {
-                    env.stats.naks_received += 1;
-                    let status = match code {
-                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-                        _ => WcStatus::BadRespErr,
-                    };
-                    progress(qp, env, psn.sub(1));
-                    qp.req.window.complete(seq, status);
-                    qp.enter_error(env);
-                }
-                Syndrome::Reserved(_) => bad_response(qp, env, seq),
-            }
+    match aeth.syndrome {
+        // A plain Ack inside a Read's or Atomic's PSNs: its responses were lost (spec/04
+        // "Ack Timeout and Missing Packet(s) Retry Counter").
+        Syndrome::Ack { .. } if w.wqe.op.is_rd_atomic() => {
+            Outcome::ImpliedNak(w.missing_response())
         }
-        OpClass::RdmaReadResponse => {
-            if w.wqe.op != WqeOp::Read {
-                return bad_response(qp, env, seq);
+        Syndrome::Ack { credits } => Outcome::Ack {
+            seq,
+            psn,
+            credits,
+            msn: aeth.msn.get(),
+        },
+        Syndrome::RnrNak { timer } => Outcome::RnrNak { seq, psn, timer },
+        Syndrome::Nak(NakCode::PsnSequenceError) => Outcome::SequenceError { psn },
+        Syndrome::Nak(code) => Outcome::FatalNak {
+            seq,
+            psn,
+            status: match code {
+                NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                _ => WcStatus::BadRespErr,
+            },
+        },
+        Syndrome::Reserved(_) => Outcome::BadThenRetire(seq),
+    }
+}
+
+/// Step 3 for an RDMA Read response: for a Read, the next response expected (a later one
+/// is an implied Nak, an earlier one a duplicate), at the right position (a Read requested
+/// again from response `resp_seen` on is answered as a new Read: First or Only there),
+/// with exactly the bytes expected and, if any, a positive AETH.
+fn check_read_response(qp: &QpCtx, w: &SendWqe, seq: u64, psn: Psn, pkt: &RxPacket<'_>) -> Outcome {
+    if w.wqe.op != WqeOp::Read {
+        return Outcome::Bad(seq);
+    }
+    let expected = w.missing_response();
+    if psn != expected {
+        return if psn.after(expected) {
+            Outcome::ImpliedNak(expected)
+        } else {
+            Outcome::Dropped // a duplicate response
+        };
+    }
+    let pmtu = qp.cfg.path_mtu.bytes();
+    let last = w.resp_seen + 1 == w.span;
+    let position_ok = match pkt.info.position {
+        Position::Only => last,
+        Position::First => !last,
+        Position::Middle => w.resp_seen > 0 && !last,
+        Position::Last => w.resp_seen > 0 && last,
+    };
+    let offset = w.resp_seen * pmtu;
+    let want = (w.wqe.len - offset).min(pmtu);
+    let aeth_ok = pkt
+        .aeth()
+        .is_none_or(|a| matches!(a.syndrome, Syndrome::Ack { .. }));
+    if !position_ok || pkt.payload.len() != want || !aeth_ok {
+        return Outcome::Bad(seq);
+    }
+    Outcome::ReadResponse {
+        seq,
+        psn,
+        offset,
+        last,
+    }
+}
+
+/// Step 3 for an Atomic Acknowledge: it answers an Atomic, at its PSN, with a positive
+/// AETH, the original value and no payload.
+fn check_atomic_ack(w: &SendWqe, seq: u64, psn: Psn, pkt: &RxPacket<'_>) -> Outcome {
+    let ok_aeth = matches!(pkt.aeth().map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
+    let Some(orig) = pkt.atomic_orig() else {
+        return Outcome::Bad(seq);
+    };
+    if !w.wqe.op.is_atomic() || psn != w.first_psn || !ok_aeth || pkt.payload != Payload::None {
+        return Outcome::Bad(seq);
+    }
+    Outcome::AtomicAck { seq, psn, orig }
+}
+
+/// Step 4: what each outcome does (the one table).
+fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) {
+    match outcome {
+        Outcome::EarlyCredits(credits, msn) => {
+            qp.req.early_credits = Some((credits, msn));
+            return;
+        }
+        Outcome::Dropped => {
+            env.stats.dropped += 1;
+            return;
+        }
+        Outcome::Credits(credits, msn) => {
+            qp.req.update_credits(credits, msn);
+            return;
+        }
+        Outcome::ImpliedNak(missing) => {
+            implied_nak(qp, env, missing);
+            return;
+        }
+        Outcome::Bad(seq) => {
+            bad_response(qp, env, seq);
+            return;
+        }
+        Outcome::BadThenRetire(seq) => bad_response(qp, env, seq),
+        Outcome::NotAResponse => env.stats.dropped += 1,
+        Outcome::Ack {
+            seq,
+            psn,
+            credits,
+            msn,
+        } => {
+            if psn == qp.req.wqe(seq).last_psn() {
+                qp.req.window.complete(seq, WcStatus::Success);
             }
-            let expected = w.missing_response();
-            if psn != expected {
-                if psn.after(expected) {
-                    implied_nak(qp, env, expected);
-                } else {
-                    env.stats.dropped += 1; // a duplicate response
-                }
+            progress(qp, env, psn);
+            qp.req.update_credits(credits, msn);
+        }
+        Outcome::RnrNak { seq, psn, timer } => {
+            env.stats.rnr_naks_received += 1;
+            progress(qp, env, psn.sub(1));
+            if qp.req.rnr_left == 0 {
+                record_exhausted(qp, Exhausted::Rnr);
+                qp.req.window.complete(seq, WcStatus::RnrRetryExcErr);
+                qp.enter_error(env);
                 return;
             }
-            let pmtu = qp.cfg.path_mtu.bytes();
-            let last = w.resp_seen + 1 == w.span;
-            // A Read requested again from response `resp_seen` on (its earlier responses
-            // arrived) is answered as a new Read: First (or Only) at that response.
-            let position_ok = match info.position {
-                Position::Only => last,
-                Position::First => !last,
-                Position::Middle => w.resp_seen > 0 && !last,
-                Position::Last => w.resp_seen > 0 && last,
-            };
-            let offset = w.resp_seen * pmtu;
-            let want = (w.wqe.len - offset).min(pmtu);
-            if !position_ok || pkt.payload.len() != want {
-                return bad_response(qp, env, seq);
+            let req = &mut qp.req;
+            if qp.cfg.rnr_retry != RNR_RETRY_FOREVER {
+                req.rnr_left -= 1;
             }
-            if let Some(a) = aeth {
-                match a.syndrome {
-                    Syndrome::Ack { credits } => qp.req.update_credits(credits, a.msn.get()),
-                    _ => return bad_response(qp, env, seq),
-                }
+            req.window.rewind(psn);
+            req.timer.disarm();
+            env.arm(&mut req.rnr_timer, timer.duration());
+        }
+        Outcome::SequenceError { psn } => {
+            env.stats.naks_received += 1;
+            progress(qp, env, psn.sub(1));
+            retry_from(qp, env, psn);
+        }
+        Outcome::FatalNak { seq, psn, status } => {
+            env.stats.naks_received += 1;
+            progress(qp, env, psn.sub(1));
+            qp.req.window.complete(seq, status);
+            qp.enter_error(env);
+        }
+        Outcome::ReadResponse {
+            seq,
+            psn,
+            offset,
+            last,
+        } => {
+            if let Some(AethRepr {
+                syndrome: Syndrome::Ack { credits },
+                msn,
+            }) = pkt.aeth()
+            {
+                qp.req.update_credits(credits, msn.get());
             }
-            let sgl = Sgl::new(&w.wqe.data, &qp.tables);
+            let data = qp.req.wqe(seq).wqe.data;
+            let sgl = Sgl::new(&data, &qp.tables);
             let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
             };
@@ -224,9 +364,7 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
                 Ok(n) => env.stats.payload_bytes_copied += n,
                 Err(
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
-                ) => {
-                    return bad_response(qp, env, seq);
-                }
+                ) => return bad_response(qp, env, seq),
             }
             qp.req.window.response_seen(seq);
             if last {
@@ -234,29 +372,19 @@ fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
             }
             progress(qp, env, psn);
         }
-        OpClass::AtomicAcknowledge => {
-            let ok_aeth = matches!(aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
-            let Some(orig) = pkt.atomic_orig() else {
-                return bad_response(qp, env, seq);
-            };
-            if !w.wqe.op.is_atomic()
-                || psn != w.first_psn
-                || !ok_aeth
-                || pkt.payload != Payload::None
+        Outcome::AtomicAck { seq, psn, orig } => {
+            let data = qp.req.wqe(seq).wqe.data;
+            write_orig(qp, env, &data, orig);
+            if let Some(AethRepr {
+                syndrome: Syndrome::Ack { credits },
+                msn,
+            }) = pkt.aeth()
             {
-                return bad_response(qp, env, seq);
-            }
-            write_orig(qp, env, &w.wqe.data, orig);
-            if let Some(a) = aeth {
-                if let Syndrome::Ack { credits } = a.syndrome {
-                    qp.req.update_credits(credits, a.msn.get());
-                }
+                qp.req.update_credits(credits, msn.get());
             }
             qp.req.window.complete(seq, WcStatus::Success);
             progress(qp, env, psn);
         }
-        // Requests never reach the completer (the engine dispatches by opcode).
-        _ => env.stats.dropped += 1,
     }
     retire(qp, env);
 }
