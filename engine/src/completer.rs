@@ -28,7 +28,7 @@ use crate::timer::RNR_RETRY_FOREVER;
 use crate::user_mem::Local;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
-use crate::wire::slot::{Payload, RxPacket};
+use crate::wire::slot::{KeptAck, Payload, RxPacket};
 use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
@@ -44,8 +44,8 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
 /// The Ack fast path reads its word directly: the carrier's parse checked that it is a
 /// positive Ack, and nothing else of the line it stands for is needed there. Anything the
 /// fast path does not take goes the full way on that line, rebuilt.
-pub(crate) fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: (u64, u64)) {
-    let word = kept.1;
+pub(crate) fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: KeptAck) {
+    let word = kept.word;
     // The word: BTH bytes 8..12 (AckReq and reserved, then the PSN) and the AETH.
     let syndrome = (word >> 24) as u8;
     if syndrome >> 5 == 0 && fast_paths_on() && qp.state == QpState::Rts {

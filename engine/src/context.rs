@@ -2,8 +2,8 @@
 //!
 //! The SQ Logic ([`crate::requester`]), the completer ([`crate::completer`]) and the RQ Logic
 //! ([`crate::responder`]) are functions over a [`QpCtx`] plus an [`Env`] (this engine's
-//! memory, tables, completion queues, the time) and a [`Wire`] (the link the QP talks
-//! over). They never read a clock of their own or touch a thread: the time comes from the
+//! memory, tables, completion queues, the time) and the [`LinkTx`] of the link the QP
+//! talks over. They never read a clock of their own or touch a thread: the time comes from the
 //! engine's [`Clock`] through the `Env` (a [`TestClock`](crate::timer::TestClock) in tests),
 //! the engine calls them, and so do the scenario tests, which move packets between two
 //! contexts by hand.
@@ -226,7 +226,7 @@ impl Env<'_> {
     pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
         match qp.srq {
             None => qp.rq.take(),
-            Some((srq, scratch)) => self.res.srqs.take(srq, &qp.tables, scratch),
+            Some(SrqBinding { srq, scratch }) => self.res.srqs.take(srq, &qp.tables, scratch),
         }
     }
 
@@ -362,12 +362,6 @@ impl LinkTx for VecLink {
     }
 }
 
-/// The link a QP talks over, lent to a protocol stage.
-pub(crate) struct Wire<'a, L: LinkTx + ?Sized = TxBatch> {
-    /// Outgoing packets.
-    pub(crate) tx: &'a mut L,
-}
-
 /// A queue of work requests the application posts and the engine takes, as the protocol
 /// stages see it: take the next one, count those waiting. (The queue is a ring in this
 /// process's private memory; the stages never see the ring.) Counts what it gave out.
@@ -400,6 +394,16 @@ impl<T: Copy> Posted<T> {
     pub(crate) fn waiting(&mut self) -> u32 {
         self.0.available().map_or(0, |n| n as u32)
     }
+}
+
+/// A QP's shared receive queue, as the QP holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SrqBinding {
+    /// The shared receive queue's number.
+    pub(crate) srq: u32,
+    /// The offset in the QP's `tables` of its scratch row, where the scatter list of a WQE
+    /// taken from the SRQ is copied (see [`crate::tables::srq`]).
+    pub(crate) scratch: u64,
 }
 
 /// A QP as the engine holds it: the QP context of spec/04 plus its queues.
@@ -435,15 +439,14 @@ pub(crate) struct QpCtx {
     /// (the engine keeps the QP active to finish it).
     pub(crate) rq_flush_pending: bool,
     /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
-    /// empty), and the offset in `tables` of its scratch row for a taken WQE's scatter
-    /// list (see [`crate::tables::srq`]).
-    pub(crate) srq: Option<(u32, u64)>,
+    /// empty).
+    pub(crate) srq: Option<SrqBinding>,
     /// A positive Ack that rode in a request from the peer, not handled yet: the carrier's
     /// first 8 BTH bytes and the riding word (see `wire::slot`'s "A riding Ack"). The
     /// engine handles it at the start of its next iteration, so that the request's
     /// receive completion reaches the application first, without the Ack's work ahead of
     /// it (the engine's `riding` set lists the QPs with one).
-    pub(crate) riding_ack: Option<(u64, u64)>,
+    pub(crate) riding_ack: Option<crate::wire::slot::KeptAck>,
 }
 
 impl QpCtx {
@@ -616,11 +619,11 @@ mod tests {
             e.with_stage(qpn, |q, env| {
                 crate::requester::accept(q, wqe(WqeOp::Write, 0));
                 crate::requester::accept(q, wqe(WqeOp::Read, 1000));
-                let mut wire = Wire { tx: &mut vec_link };
-                assert_eq!(crate::requester::transmit(q, env, &mut wire, 16), 1);
+                let tx = &mut vec_link;
+                assert_eq!(crate::requester::transmit(q, env, tx, 16), 1);
                 assert!(q.req.window.has_work(), "the Read waits for room");
-                wire.tx.room = 2;
-                assert_eq!(crate::requester::transmit(q, env, &mut wire, 16), 1);
+                tx.room = 2;
+                assert_eq!(crate::requester::transmit(q, env, tx, 16), 1);
                 // A Read of 1,000 bytes at PMTU 256 takes 4 response PSNs.
                 assert_eq!(q.req.window.npsn(), Psn::new(105));
             })

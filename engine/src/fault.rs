@@ -587,7 +587,7 @@ pub(crate) fn packet_icrc(slots: &[PacketSlot], mem: &Mem) -> Option<u32> {
     // A riding Ack is part of the line: a bit flipped in its word fails the check too. (The
     // ICRC is then not the carrier's RoCEv2 ICRC; the capture only uses the difference
     // between the carried and the recomputed one.)
-    let riding = riding_ack_of(slot).1.to_be_bytes();
+    let riding = riding_ack_of(slot).word.to_be_bytes();
     let riding: &[u8] =
         if slot.reserved & ACK_FLAG != 0 && matches!(slot.kind, KIND_NONE | KIND_INLINE) {
             &riding

@@ -15,7 +15,7 @@
 //! Available": a limited Send sends only its first packet, with AckReq, and waits).
 
 use crate::completion::WcStatus;
-use crate::context::{Env, LinkTx, QpCtx, Wire};
+use crate::context::{Env, LinkTx, QpCtx};
 use crate::credit::CreditState;
 use crate::dma::{self, Cursor, Sgl};
 use crate::mem::Mem;
@@ -324,15 +324,15 @@ impl BthTemplate {
 pub(crate) fn post<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
     w: &SqWqe,
     budget: usize,
 ) -> usize {
-    if post_fast(qp, env, wire, w) {
+    if post_fast(qp, env, tx, w) {
         return 1;
     }
     accept(qp, *w);
-    transmit(qp, env, wire, budget)
+    transmit(qp, env, tx, budget)
 }
 
 /// The template path: sends `w` as one packet built straight into the link's next slot
@@ -343,12 +343,7 @@ pub(crate) fn post<L: LinkTx + ?Sized>(
 /// credit let it start, and the link has room. Returns false, having changed nothing,
 /// otherwise: [`transmit`] then applies the same rules the long way, and builds the same
 /// bytes when it resends the packet.
-fn post_fast<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
-    w: &SqWqe,
-) -> bool {
+fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, w: &SqWqe) -> bool {
     const BTH: usize = bth::HEADER_LEN;
     const RETH: usize = crate::wire::reth::HEADER_LEN;
     const IMM: usize = crate::wire::immdt::HEADER_LEN;
@@ -359,7 +354,7 @@ fn post_fast<L: LinkTx + ?Sized>(
         WqeOp::Write => (Opcode::RdmaWriteOnly, RETH, 0),
         WqeOp::WriteImm => (Opcode::RdmaWriteOnlyWithImmediate, RETH, IMM),
         WqeOp::Read | WqeOp::CompareSwap | WqeOp::FetchAdd => {
-            return post_rd_atomic_fast(qp, env, wire, w);
+            return post_rd_atomic_fast(qp, env, tx, w);
         }
         _ => return false,
     };
@@ -389,7 +384,7 @@ fn post_fast<L: LinkTx + ?Sized>(
     if consumes && !req.credits.allows(consumers) {
         return false;
     }
-    let Some((slot, _)) = wire.tx.next_packet(0) else {
+    let Some((slot, _)) = tx.next_packet(0) else {
         return false;
     };
     if len > 0 && qp.mem.read(src, &mut slot.data[hdr..hdr + len]).is_err() {
@@ -421,7 +416,7 @@ fn post_fast<L: LinkTx + ?Sized>(
         slot.kind = crate::wire::slot::KIND_INLINE;
     }
     crate::responder::ride_owed_ack(qp, env, slot);
-    wire.tx.commit();
+    tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE.
     let req = &mut qp.req;
     req.ssn = (req.ssn + 1) & Psn::MASK;
@@ -453,7 +448,7 @@ fn post_fast<L: LinkTx + ?Sized>(
 fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
     w: &SqWqe,
 ) -> bool {
     const BTH: usize = bth::HEADER_LEN;
@@ -486,7 +481,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     {
         return false;
     }
-    let Some((slot, _)) = wire.tx.next_packet(0) else {
+    let Some((slot, _)) = tx.next_packet(0) else {
         return false;
     };
     let psn = req.window.npsn();
@@ -515,7 +510,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     slot.hdr_len = hdr as u8;
     slot.payload_len = 0;
     crate::responder::ride_owed_ack(qp, env, slot);
-    wire.tx.commit();
+    tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE (it consumes no receive WQE).
     let req = &mut qp.req;
     req.ssn = (req.ssn + 1) & Psn::MASK;
@@ -535,7 +530,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
 pub(crate) fn transmit<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
     budget: usize,
 ) -> usize {
     // The engine offers every active QP a turn each iteration, and most have nothing to
@@ -544,7 +539,7 @@ pub(crate) fn transmit<L: LinkTx + ?Sized>(
     if !qp.req.window.has_work() && !qp.req.rnr_timer.armed() {
         return 0;
     }
-    transmit_some(qp, env, wire, budget)
+    transmit_some(qp, env, tx, budget)
 }
 
 /// [`transmit`] when there is something to send (or an RNR wait to look at).
@@ -552,7 +547,7 @@ pub(crate) fn transmit<L: LinkTx + ?Sized>(
 fn transmit_some<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
     budget: usize,
 ) -> usize {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
@@ -572,8 +567,8 @@ fn transmit_some<L: LinkTx + ?Sized>(
     let mut link_full = false;
     while sent < budget && qp.req.window.has_work() {
         let req = &mut qp.req;
-        let tx = req.window.tx();
-        let seq = tx.seq;
+        let point = req.window.tx();
+        let seq = point.seq;
         // A WQE not yet started: it gets its PSNs when its first packet goes.
         let new_wqe = seq == req.window.started();
         if let Some(l) = req.limited {
@@ -594,7 +589,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
                 break;
             }
         } else if req.limited == Some(seq)
-            && tx.pkt >= 1
+            && point.pkt >= 1
             && matches!(
                 req.wqe(seq).wqe.op,
                 WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv
@@ -619,7 +614,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
             DataLoc::Table { .. } => MAX_CONTINUATION,
             _ => 0,
         };
-        if !wire.tx.has_room_for(extra) {
+        if !tx.has_room_for(extra) {
             link_full = true;
             break;
         }
@@ -634,11 +629,11 @@ fn transmit_some<L: LinkTx + ?Sized>(
             }
         }
         let w = *req.wqe(seq);
-        let k = tx.pkt;
+        let k = point.pkt;
         if req.window.note_sent(&w, w.first_psn.add(k)) {
             env.stats.retransmitted += 1;
         }
-        let cursor = match tx.cursor {
+        let cursor = match point.cursor {
             Some(c) => c,
             None => Cursor::at(
                 Sgl::new(&w.wqe.data, &qp.tables),
@@ -653,7 +648,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
             req.limited == Some(seq) && k == 0 && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm);
         // AckReq on the last packet of each message, and on the first of a limited Send.
         let ack_req = limited_first || w.wqe.op.is_rd_atomic() || k + 1 >= w.span;
-        let Some((slot, cont)) = wire.tx.next_packet(extra) else {
+        let Some((slot, cont)) = tx.next_packet(extra) else {
             link_full = true;
             break;
         };
@@ -676,7 +671,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
             break;
         };
         crate::responder::ride_owed_ack(qp, env, slot);
-        wire.tx.commit();
+        tx.commit();
         env.stats.packets_sent += 1;
         env.stats.inline_bytes_sent += payload.inline;
         sent += 1;
@@ -695,7 +690,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
         req.keep_timer_running(env);
     }
     if link_full {
-        req.wait_for_link(env, wire.tx.peer_mark());
+        req.wait_for_link(env, tx.peer_mark());
     } else if req.link_wait != LinkWait::No {
         req.link_wait = LinkWait::No;
     }
@@ -1130,7 +1125,7 @@ mod tests {
         let psn = r.stage(0, |q, env| {
             let before = q.req.fast_posts;
             let psn = q.req.window.npsn();
-            assert_eq!(post(q, env, &mut Wire { tx: &mut fast }, &w, 16), 1);
+            assert_eq!(post(q, env, &mut fast, &w, 16), 1);
             assert_eq!(
                 q.req.fast_posts,
                 before + 1,
@@ -1142,7 +1137,7 @@ mod tests {
             posted(q);
             // Go-back-N: the same packet again, built the normal way.
             q.req.window.rewind(psn);
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut fast }, 16), 1);
+            assert_eq!(transmit(q, env, &mut fast, 16), 1);
             ack_all(q);
             assert_eq!(
                 q.req.rd_atomic, 0,
@@ -1153,7 +1148,7 @@ mod tests {
         let mut normal = link(4);
         r.stage(1, |q, env| {
             accept(q, w);
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut normal }, 16), 1);
+            assert_eq!(transmit(q, env, &mut normal, 16), 1);
             ack_all(q);
         });
         assert_eq!(fast.sent.len(), 2, "{what}");
@@ -1237,43 +1232,34 @@ mod tests {
         let fadd = wqe(WqeOp::FetchAdd, 0, data(&r.mr, 64, &[0; 8]), 8);
         let mut l = link(16);
         r.stage(0, |q, env| {
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 1);
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
             assert_eq!(q.req.fast_posts, 1);
             // The initiator depth is 1: the Atomic waits for the Read.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &fadd, 16), 0);
+            assert_eq!(post(q, env, &mut l, &fadd, 16), 0);
             // Queued work: a Read behind it waits its turn too.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 0);
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 0);
             assert_eq!(q.req.fast_posts, 1);
             ack_all(q);
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             assert_eq!(q.req.rd_atomic, 0);
             // A Read of two responses: the normal path.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(257, 0), 16), 1);
+            assert_eq!(post(q, env, &mut l, &read(257, 0), 16), 1);
             assert_eq!(q.req.fast_posts, 1);
             ack_all(q);
         });
         // A fenced Read behind a Read, with room for two in flight.
         r.stage(0, |q, env| {
             q.cfg.max_rd_atomic = 2;
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 1);
-            assert_eq!(
-                post(
-                    q,
-                    env,
-                    &mut Wire { tx: &mut l },
-                    &read(8, WqeFlags::FENCE),
-                    16
-                ),
-                0
-            );
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
+            assert_eq!(post(q, env, &mut l, &read(8, WqeFlags::FENCE), 16), 0);
             assert_eq!(q.req.fast_posts, 2);
             ack_all(q);
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             // Without a fence, a second Read goes beside the first.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read(8, 0), 16), 1);
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
             assert_eq!(q.req.fast_posts, 3);
             assert_eq!(q.req.rd_atomic, 2);
             ack_all(q);
@@ -1308,29 +1294,29 @@ mod tests {
         r.stage(0, |q, env| {
             q.cfg.max_rd_atomic = 4;
             // No credit yet: the first Send goes alone and waits; the Read waits behind it.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send, 16), 1);
+            assert_eq!(post(q, env, &mut l, &send, 16), 1);
             assert_eq!(q.req.limited, Some(0));
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 0);
+            assert_eq!(post(q, env, &mut l, &read, 16), 0);
             assert_eq!(q.req.fast_posts, 0);
             q.req.window.acknowledge(Psn::new(10));
             q.req.update_credits(CreditCode::encode(8), 1);
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
         });
         // A full link holds a Send back: the Atomic behind it waits too.
         let mut full = link(0);
         r.stage(0, |q, env| {
-            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, &send, 16), 0);
+            assert_eq!(post(q, env, &mut full, &send, 16), 0);
             full.room = 4;
-            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, &fadd, 16), 2);
+            assert_eq!(post(q, env, &mut full, &fadd, 16), 2);
             assert_eq!(q.req.fast_posts, 0);
             ack_all(q);
             // An RNR wait with nothing queued: the Read waits for its end.
             env.arm(&mut q.req.rnr_timer, std::time::Duration::from_secs(3600));
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 0);
+            assert_eq!(post(q, env, &mut l, &read, 16), 0);
             assert_eq!(q.req.fast_posts, 0);
             q.req.rnr_timer.disarm();
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
         });
         use Opcode::*;
@@ -1355,23 +1341,23 @@ mod tests {
         let mut l = link(64);
         r.stage(0, |q, env| {
             // No credit yet: the first Send goes alone, with AckReq, and waits.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 1);
+            assert_eq!(post(q, env, &mut l, &send(8), 16), 1);
             assert_eq!(q.req.limited, Some(0));
             // A Write does not consume credit but must not pass the waiting Send.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &write, 16), 0);
+            assert_eq!(post(q, env, &mut l, &write, 16), 0);
             assert_eq!(q.req.fast_posts, 0);
             // Credit comes with the Ack of the first Send; the Write is queued, so the
             // next Send goes behind it.
             q.req.window.acknowledge(Psn::new(10));
             q.req.update_credits(CreditCode::encode(8), 1);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 2);
+            assert_eq!(post(q, env, &mut l, &send(8), 16), 2);
             assert_eq!(q.req.fast_posts, 0);
             // Idle, with credit: the template path.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 1);
+            assert_eq!(post(q, env, &mut l, &send(8), 16), 1);
             assert_eq!(q.req.fast_posts, 1);
             // A Send larger than a slot holds inline, or than one packet: the normal path.
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(101), 16), 1);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(300), 16), 2);
+            assert_eq!(post(q, env, &mut l, &send(101), 16), 1);
+            assert_eq!(post(q, env, &mut l, &send(300), 16), 2);
             assert_eq!(q.req.fast_posts, 1);
         });
         use Opcode::*;
@@ -1391,26 +1377,26 @@ mod tests {
         let mut full = link(0);
         r.stage(0, |q, env| {
             ack_all(q);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut full }, &send(8), 16), 0);
+            assert_eq!(post(q, env, &mut full, &send(8), 16), 0);
             full.room = 1;
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut full }, 16), 1);
+            assert_eq!(transmit(q, env, &mut full, 16), 1);
             assert_eq!(sent(&full), [(SendOnly, 17, true)]);
             ack_all(q);
             // An RNR wait: nothing goes until it ends.
             env.arm(&mut q.req.rnr_timer, std::time::Duration::from_secs(3600));
             let mut l = link(4);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &send(8), 16), 0);
+            assert_eq!(post(q, env, &mut l, &send(8), 16), 0);
             q.req.rnr_timer.disarm();
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             // A fenced Send waits for the Read before it.
             let read = wqe(WqeOp::Read, 0, data(mr, 1024, &[0; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 1);
+            assert_eq!(post(q, env, &mut l, &read, 16), 1);
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(mr, 0, &[3; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &fenced, 16), 0);
+            assert_eq!(post(q, env, &mut l, &fenced, 16), 0);
             ack_all(q);
             assert_eq!(q.req.rd_atomic, 0);
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             // The Send and the Read before the fence.
             assert_eq!(q.req.fast_posts, 2);
@@ -1425,11 +1411,11 @@ mod tests {
         let mut l = link(4);
         let w = send(8);
         r.stage(0, |q, env| {
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &w, 16), 0);
+            assert_eq!(post(q, env, &mut l, &w, 16), 0);
         });
         r.qps[0].modify(&QpAttr::new(QpState::Rts)).unwrap();
         r.stage(0, |q, env| {
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut l }, 16), 1);
+            assert_eq!(transmit(q, env, &mut l, 16), 1);
             assert_eq!(q.req.fast_posts, 2);
         });
         assert_eq!(sent(&l), [(Opcode::SendOnly, 21, true)]);
@@ -1449,7 +1435,7 @@ mod tests {
             let mut l = link(4);
             r.stage(0, |q, env| {
                 let w = wqe(WqeOp::Send, 0, data, 8);
-                assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &w, 16), 0);
+                assert_eq!(post(q, env, &mut l, &w, 16), 0);
                 assert_eq!(q.state, QpState::Error);
                 assert_eq!(q.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
             });
@@ -1465,12 +1451,12 @@ mod tests {
         let mut l = link(8);
         r.stage(0, |q, env| {
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(&r.mr, 0, &[1; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &fenced, 16), 1);
+            assert_eq!(post(q, env, &mut l, &fenced, 16), 1);
             let read = wqe(WqeOp::Read, 0, data(&r.mr, 64, &[0; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &read, 16), 1);
+            assert_eq!(post(q, env, &mut l, &read, 16), 1);
             assert_eq!(q.req.rd_atomic, 1);
             let plain = wqe(WqeOp::Send, 0, data(&r.mr, 0, &[2; 8]), 8);
-            assert_eq!(post(q, env, &mut Wire { tx: &mut l }, &plain, 16), 1);
+            assert_eq!(post(q, env, &mut l, &plain, 16), 1);
             assert_eq!(q.req.fast_posts, 3, "the Read too");
         });
         use Opcode::*;

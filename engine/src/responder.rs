@@ -60,7 +60,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::completion::{WcOpcode, WcStatus};
-use crate::context::{Env, LinkTx, QpCtx, Wire};
+use crate::context::{Env, LinkTx, QpCtx};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
@@ -1402,23 +1402,19 @@ fn duplicate(
 /// Called for every active QP every iteration, and nearly always with nothing to do: that
 /// answer costs a few loads here ([`credit_update_due`]), not a call.
 #[inline]
-pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, wire: &mut Wire<'_, L>) {
-    if qp.resp.has_output() && !drain_queued(qp, env, wire) {
+pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L) {
+    if qp.resp.has_output() && !drain_queued(qp, env, tx) {
         return; // the link is full (the credit update waits behind), or a fatal Nak left
     }
     if credit_update_due(qp) {
-        send_credit_update(qp, env, wire);
+        send_credit_update(qp, env, tx);
     }
 }
 
 /// Sends the queued responses as far as the link has room ([`drain`]); whether the credit
 /// update may follow (all sent, and the last was not a fatal Nak).
 #[inline(never)]
-fn drain_queued<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
-) -> bool {
+fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L) -> bool {
     // The early answers were ahead of everything queued, and sent.
     qp.resp.settle_all();
     let Some(dest) = qp.cfg.dest else {
@@ -1429,12 +1425,12 @@ fn drain_queued<L: LinkTx + ?Sized>(
     while let Some(front) = qp.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
-                if !emit_nak(wire, env, dest.qpn, psn, syndrome, qp.resp.msn) {
+                if !emit_nak(tx, env, dest.qpn, psn, syndrome, qp.resp.msn) {
                     return false;
                 }
             }
             Out::Fatal { psn, code } => {
-                if !emit_nak(wire, env, dest.qpn, psn, Syndrome::Nak(code), qp.resp.msn) {
+                if !emit_nak(tx, env, dest.qpn, psn, Syndrome::Nak(code), qp.resp.msn) {
                     return false;
                 }
                 // The last response: whatever is queued behind it answers nothing.
@@ -1449,7 +1445,7 @@ fn drain_queued<L: LinkTx + ?Sized>(
             Out::Ack { psn, msn } => {
                 let code = credit_code(qp);
                 if !emit_aeth(
-                    wire,
+                    tx,
                     env,
                     dest.qpn,
                     Opcode::Acknowledge,
@@ -1471,7 +1467,7 @@ fn drain_queued<L: LinkTx + ?Sized>(
             } => {
                 let code = credit_code(qp);
                 if !emit_aeth(
-                    wire,
+                    tx,
                     env,
                     dest.qpn,
                     Opcode::AtomicAcknowledge,
@@ -1488,13 +1484,13 @@ fn drain_queued<L: LinkTx + ?Sized>(
             Out::Read(ref mut job) => {
                 let mut j = *job;
                 while j.next < j.npkts {
-                    if !wire.tx.has_room() {
+                    if !tx.has_room() {
                         if let Some(Out::Read(job)) = qp.resp.out.front_mut() {
                             *job = j;
                         }
                         return false;
                     }
-                    if let Err(psn) = read_response(qp, env, wire, dest.qpn, &j, pmtu) {
+                    if let Err(psn) = read_response(qp, env, tx, dest.qpn, &j, pmtu) {
                         // The region went away mid-read: the Nak goes next, and last.
                         // (The Nak gives back every responder resource.)
                         let resp = &mut qp.resp;
@@ -1536,11 +1532,7 @@ fn credit_update_due(qp: &QpCtx) -> bool {
 /// Unsolicited credit update ([`drain`], when [`credit_update_due`]): when credits grew
 /// from (nearly) nothing, tell the requester rather than leave it probing.
 #[inline(never)]
-fn send_credit_update<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
-    env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
-) {
+fn send_credit_update<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L) {
     let Some(dest) = qp.cfg.dest else { return };
     let available = qp.rq.waiting();
     let stale = qp.resp.advertised.is_none_or(|a| a < available);
@@ -1548,7 +1540,7 @@ fn send_credit_update<L: LinkTx + ?Sized>(
         let code = CreditCode::encode(available);
         let psn = qp.resp.epsn.sub(1);
         if emit_aeth(
-            wire,
+            tx,
             env,
             dest.qpn,
             Opcode::Acknowledge,
@@ -1571,7 +1563,7 @@ fn send_credit_update<L: LinkTx + ?Sized>(
 pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
 ) -> bool {
     let Some(a) = qp.resp.owed else { return true };
     let Some(dest) = qp.cfg.dest.filter(|_| qp.state != QpState::Error) else {
@@ -1580,7 +1572,7 @@ pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
     };
     let code = credit_code(qp);
     if !emit_aeth(
-        wire,
+        tx,
         env,
         dest.qpn,
         Opcode::Acknowledge,
@@ -1679,23 +1671,14 @@ fn credit_code(qp: &mut QpCtx) -> CreditCode {
 /// Sends a Nak or RNR Nak (an Acknowledge with `syndrome`) and counts it; false if the link
 /// has no room.
 fn emit_nak<L: LinkTx + ?Sized>(
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
     env: &mut Env<'_>,
     dest: crate::wire::Qpn,
     psn: Psn,
     syndrome: Syndrome,
     msn: u32,
 ) -> bool {
-    let sent = emit_aeth(
-        wire,
-        env,
-        dest,
-        Opcode::Acknowledge,
-        psn,
-        syndrome,
-        msn,
-        None,
-    );
+    let sent = emit_aeth(tx, env, dest, Opcode::Acknowledge, psn, syndrome, msn, None);
     if sent {
         env.stats.nak_sent(syndrome);
     }
@@ -1705,7 +1688,7 @@ fn emit_nak<L: LinkTx + ?Sized>(
 /// Emits an Acknowledge or Atomic Acknowledge; false if the link has no room.
 #[allow(clippy::too_many_arguments)]
 fn emit_aeth<L: LinkTx + ?Sized>(
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
     env: &mut Env<'_>,
     dest: crate::wire::Qpn,
     opcode: Opcode,
@@ -1714,12 +1697,12 @@ fn emit_aeth<L: LinkTx + ?Sized>(
     msn: u32,
     atomic_orig: Option<u64>,
 ) -> bool {
-    let Some(slot) = wire.tx.next_slot() else {
+    let Some(slot) = tx.next_slot() else {
         return false;
     };
     write_ack_headers(slot, opcode, dest, psn, syndrome, msn, atomic_orig);
     slot.kind = KIND_NONE;
-    wire.tx.commit();
+    tx.commit();
     env.stats.packets_sent += 1;
     true
 }
@@ -1803,7 +1786,7 @@ fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
 fn read_response<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
     env: &mut Env<'_>,
-    wire: &mut Wire<'_, L>,
+    tx: &mut L,
     dest: crate::wire::Qpn,
     job: &ReadJob,
     pmtu: u32,
@@ -1833,7 +1816,7 @@ fn read_response<L: LinkTx + ?Sized>(
         _ => Position::Middle,
     };
     let credits = credit_code(qp);
-    let Some(slot) = wire.tx.next_slot() else {
+    let Some(slot) = tx.next_slot() else {
         unreachable!("room was checked");
     };
     let mut b = bth(
@@ -1867,7 +1850,7 @@ fn read_response<L: LinkTx + ?Sized>(
         plen,
     )
     .ok_or(psn)?;
-    wire.tx.commit();
+    tx.commit();
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;
     Ok(())

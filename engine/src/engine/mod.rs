@@ -28,7 +28,7 @@ pub(crate) mod wake;
 
 use crate::arena::PdArenas;
 use crate::completer;
-use crate::context::{Env, QpCtx, Resources, Stats, Wire, flush_receives};
+use crate::context::{Env, QpCtx, Resources, Stats, flush_receives};
 use crate::error::{Error, Result};
 use crate::link::{Link, LinkId, TxBatch};
 use crate::mem::Mem;
@@ -552,9 +552,9 @@ impl Engine {
                             requester::on_tick(qp, &mut env, link.rx_backlog);
                         }
                         let before = link.tx.len();
-                        let mut wire = Wire { tx: &mut link.tx };
-                        work += requester::transmit(qp, &mut env, &mut wire, TX_BUDGET);
-                        responder::drain(qp, &mut env, &mut wire);
+                        let tx = &mut link.tx;
+                        work += requester::transmit(qp, &mut env, tx, TX_BUDGET);
+                        responder::drain(qp, &mut env, tx);
                         if let Some(f) = faults.as_deref_mut() {
                             if let Some(d) = qp.cfg.dest {
                                 f.on_sent(d.link, &mut link.tx, before, &qp.mem);
@@ -848,16 +848,16 @@ impl Engine {
         let mut env = res.env();
         let before = link.tx.queued().len();
         let was_owed = qp.resp.owed_ack().is_some();
-        let mut wire = Wire { tx: &mut link.tx };
+        let tx = &mut link.tx;
         let sent = match wqe {
-            Some(w) => requester::post(qp, &mut env, &mut wire, w, TX_BUDGET),
-            None => requester::transmit(qp, &mut env, &mut wire, TX_BUDGET),
+            Some(w) => requester::post(qp, &mut env, tx, w, TX_BUDGET),
+            None => requester::transmit(qp, &mut env, tx, TX_BUDGET),
         };
         if sent > 0 {
-            responder::drain(qp, &mut env, &mut wire);
+            responder::drain(qp, &mut env, tx);
             // An Ack still owed (held back, or the last iteration found the link full)
             // rode in the request if it could, else follows it; either way it has left.
-            responder::send_owed_ack(qp, &mut env, &mut wire);
+            responder::send_owed_ack(qp, &mut env, tx);
             if was_owed && qp.resp.owed_ack().is_none() {
                 owed.forget_head(d.link.0, index);
                 // The next Ack owed is held back from the iteration that finds it.
@@ -1034,7 +1034,7 @@ fn send_owed(
     trace: &mut Option<Box<Trace>>,
 ) -> bool {
     let before = link.tx.len();
-    if !responder::send_owed_ack(qp, env, &mut Wire { tx: &mut link.tx }) {
+    if !responder::send_owed_ack(qp, env, &mut link.tx) {
         return false;
     }
     if let Some(f) = faults.as_deref_mut() {

@@ -256,13 +256,13 @@ fn expire(q: &mut crate::context::QpCtx) {
 #[test]
 fn each_expiry_while_waiting_for_room_spends_one_retry_and_sends_nothing() {
     use super::{LinkWait, accept, on_tick, transmit};
-    use crate::context::{VecLink, Wire};
+    use crate::context::VecLink;
     let mut r = rig();
     let qp = r.qp(0);
     let mut full = VecLink::default(); // room for no packet
     r.stage(&qp, |q, env| {
         accept(q, empty_send());
-        assert_eq!(transmit(q, env, &mut Wire { tx: &mut full }, 16), 0);
+        assert_eq!(transmit(q, env, &mut full, 16), 0);
         assert_eq!(q.req.link_wait, LinkWait::Waiting);
         assert!(!q.req.window.outstanding(), "nothing left");
         on_tick(q, env, false);
@@ -275,7 +275,7 @@ fn each_expiry_while_waiting_for_room_spends_one_retry_and_sends_nothing() {
             assert_eq!(q.req.retry_left, retries_left);
             assert_eq!(q.state, QpState::Rts);
             assert!(q.req.timer.armed(), "a new period");
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut full }, 16), 0);
+            assert_eq!(transmit(q, env, &mut full, 16), 0);
             assert!(full.sent.is_empty());
             assert!(matches!(q.req.link_wait, LinkWait::Since(_)));
         }
@@ -301,17 +301,17 @@ fn each_expiry_while_waiting_for_room_spends_one_retry_and_sends_nothing() {
 #[test]
 fn a_wait_ends_when_the_request_goes_or_something_else_holds_it() {
     use super::{LinkWait, accept, on_tick, transmit};
-    use crate::context::{VecLink, Wire};
+    use crate::context::VecLink;
     let r = rig();
     let qp = r.qp(0);
     r.stage(&qp, |q, env| {
         let mut full = VecLink::default();
         accept(q, empty_send());
-        assert_eq!(transmit(q, env, &mut Wire { tx: &mut full }, 16), 0);
+        assert_eq!(transmit(q, env, &mut full, 16), 0);
         assert_eq!(q.req.link_wait, LinkWait::Waiting);
         let mut room = VecLink::default();
         room.room = 4;
-        assert_eq!(transmit(q, env, &mut Wire { tx: &mut room }, 16), 1);
+        assert_eq!(transmit(q, env, &mut room, 16), 1);
         assert_eq!(q.req.link_wait, LinkWait::No, "the request went");
         assert!(q.req.window.acknowledge(q.req.window.npsn().sub(1)));
         let (timeouts, retries) = (env.stats.timeouts, q.req.retry_left);
@@ -322,10 +322,10 @@ fn a_wait_ends_when_the_request_goes_or_something_else_holds_it() {
         // A second Send waits for room, then the QP is drained: the Send is held by the
         // state, not by the link, even where the link has room.
         accept(q, empty_send());
-        assert_eq!(transmit(q, env, &mut Wire { tx: &mut full }, 16), 0);
+        assert_eq!(transmit(q, env, &mut full, 16), 0);
         assert_eq!(q.req.link_wait, LinkWait::Waiting);
         q.state = QpState::Sqd;
-        assert_eq!(transmit(q, env, &mut Wire { tx: &mut room }, 16), 0);
+        assert_eq!(transmit(q, env, &mut room, 16), 0);
         assert_eq!(q.req.link_wait, LinkWait::No, "held by the state");
         expire(q);
         on_tick(q, env, false);
@@ -340,19 +340,19 @@ fn a_wait_ends_when_the_request_goes_or_something_else_holds_it() {
 #[test]
 fn a_link_the_peer_still_reads_is_busy_not_stopped() {
     use super::{accept, on_tick, transmit};
-    use crate::context::{VecLink, Wire};
+    use crate::context::VecLink;
     let r = rig();
     let qp = r.qp(0);
     r.stage(&qp, |q, env| {
         let mut busy = VecLink::default(); // never room for this QP
         accept(q, empty_send());
-        assert_eq!(transmit(q, env, &mut Wire { tx: &mut busy }, 16), 0);
+        assert_eq!(transmit(q, env, &mut busy, 16), 0);
         on_tick(q, env, false);
         let (timeouts, retries) = (env.stats.timeouts, q.req.retry_left);
         for round in 0..3 {
             // The peer read some lines, and others' packets took the room.
             busy.mark += 5;
-            assert_eq!(transmit(q, env, &mut Wire { tx: &mut busy }, 16), 0);
+            assert_eq!(transmit(q, env, &mut busy, 16), 0);
             expire(q);
             on_tick(q, env, false);
             assert_eq!(
@@ -363,7 +363,7 @@ fn a_link_the_peer_still_reads_is_busy_not_stopped() {
             assert!(q.req.timer.armed());
         }
         // The peer stops: no room freed between two looks.
-        assert_eq!(transmit(q, env, &mut Wire { tx: &mut busy }, 16), 0);
+        assert_eq!(transmit(q, env, &mut busy, 16), 0);
         expire(q);
         on_tick(q, env, false);
         assert_eq!(env.stats.timeouts, timeouts + 1);

@@ -223,7 +223,10 @@ impl Qp {
                 rq_retired: 0,
                 rq_flush_pending: false,
                 riding_ack: None,
-                srq: srq_index.map(|i| (i, gather_bytes)),
+                srq: srq_index.map(|srq| crate::context::SrqBinding {
+                    srq,
+                    scratch: gather_bytes,
+                }),
             });
             match added {
                 Ok((index, qpn)) => {

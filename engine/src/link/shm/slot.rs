@@ -356,18 +356,29 @@ pub fn riding_ack(slot: &PacketSlot) -> Option<PacketSlot> {
     Some(riding_ack_line(riding_ack_of(slot)))
 }
 
-/// What a carrier with [`ACK_FLAG`] holds of its riding Ack, to keep until it is handled:
-/// the carrier's first 8 BTH bytes (big-endian) and the riding word.
+/// A riding Ack kept until it is handled: what [`riding_ack_of`] takes of its carrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeptAck {
+    /// The carrier's first 8 BTH bytes, big-endian (its P_Key and destination QP).
+    pub(crate) carrier_head: u64,
+    /// The riding word: BTH bytes 8..12 (AckReq and reserved, then the PSN) and the AETH.
+    pub(crate) word: u64,
+}
+
+/// What a carrier with [`ACK_FLAG`] holds of its riding Ack, to keep until it is handled.
 #[inline(always)]
-pub(crate) fn riding_ack_of(slot: &PacketSlot) -> (u64, u64) {
+pub(crate) fn riding_ack_of(slot: &PacketSlot) -> KeptAck {
     let mut head = [0u8; 8];
     head.copy_from_slice(&slot.data[..8]);
-    (u64::from_be_bytes(head), slot.payload_off)
+    KeptAck {
+        carrier_head: u64::from_be_bytes(head),
+        word: slot.payload_off,
+    }
 }
 
 /// The line of the standalone Acknowledge a riding Ack stands for ([`riding_ack_of`]):
 /// opcode Acknowledge, no flags, the carrier's P_Key and destination QP, then the word.
-pub(crate) fn riding_ack_line((carrier_head, word): (u64, u64)) -> PacketSlot {
+pub(crate) fn riding_ack_line(KeptAck { carrier_head, word }: KeptAck) -> PacketSlot {
     // BTH bytes 0..8: opcode, flags (0), P_Key, reserved (0), destination QP.
     let head = (u64::from(opcode::Opcode::Acknowledge.code()) << 56)
         | (carrier_head & 0x0000_ffff_00ff_ffff);
