@@ -330,10 +330,17 @@ fn serve(
         let (ctx, pd, listener, params) = (&ctx, &pd, &listener, &params);
         // Accepting runs in its own thread: a handshake that stalls holds up this thread
         // only, never the engine's progress.
+        //
+        // A client's QP completes on the CQs of the accept call that received its REQ,
+        // which under load is not always the call that returns its connection. So a pair
+        // of CQs is kept from call to call until a connection is returned with it, and the
+        // main loop finds each completion's connection by QP number, whatever CQ it came on.
         let acceptor = scope.spawn(move || {
+            let mut pair: Option<(Cq, Cq)> = None;
             while !stop.load(Ordering::Relaxed) {
-                let scq = ctx.create_cq(256).unwrap();
-                let rcq = ctx.create_cq(256).unwrap();
+                let (scq, rcq) = pair
+                    .take()
+                    .unwrap_or_else(|| (ctx.create_cq(256).unwrap(), ctx.create_cq(256).unwrap()));
                 match listener.accept_timeout(Duration::from_millis(20), pd, &scq, &rcq, params) {
                     Ok(c) => {
                         accepted.fetch_add(1, Ordering::Relaxed);
@@ -342,6 +349,7 @@ fn serve(
                         }
                     }
                     Err(e) => {
+                        pair = Some((scq, rcq));
                         let e = e.to_string();
                         if !e.contains("no client connected in time") {
                             refused.lock().unwrap().push(e);
@@ -373,10 +381,14 @@ fn serve(
                 served.push(s);
             }
             let mut idle = true;
-            for s in &mut served {
-                let n = s.scq.poll(&mut wc);
+            for i in 0..served.len() {
+                let n = served[i].scq.poll(&mut wc);
                 for c in &wc[..n] {
                     idle = false;
+                    let Some(s) = served.iter_mut().find(|s| s.conn.qpn() == c.qp_num) else {
+                        report.other_completions += 1;
+                        continue;
+                    };
                     s.sends_out -= 1;
                     if s.good && !left(s, c) {
                         assert!(c.is_ok(), "the victim's echo failed: {c:?}");
@@ -384,9 +396,13 @@ fn serve(
                         report.other_completions += 1;
                     }
                 }
-                let n = s.rcq.poll(&mut wc);
+                let n = served[i].rcq.poll(&mut wc);
                 for c in &wc[..n] {
                     idle = false;
+                    let Some(s) = served.iter_mut().find(|s| s.conn.qpn() == c.qp_num) else {
+                        report.other_completions += 1;
+                        continue;
+                    };
                     if !s.good || left(s, c) {
                         report.other_completions += 1;
                         if c.is_ok() {
