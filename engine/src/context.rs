@@ -31,6 +31,7 @@ use crate::timer::{Clock, Deadline, EngineClock, Timestamp};
 use crate::wire::Qpn;
 use crate::wire::slot::PacketSlot;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SqWqe};
+use shmhca_proto::ids::{CqId, PdId};
 
 /// What a QP's application handle and the engine share.
 #[derive(Debug)]
@@ -206,7 +207,7 @@ impl Env<'_> {
     pub(crate) fn check_remote(
         &self,
         rkey: u32,
-        (pd, qpn): (u32, Qpn),
+        (pd, qpn): (PdId, Qpn),
         need: AccessFlags,
         va: u64,
         len: u64,
@@ -214,9 +215,9 @@ impl Env<'_> {
         if len != 0 && crate::tables::mw::is_window_key(rkey) {
             self.res
                 .mws
-                .check_remote(&self.res.mrs, rkey, (pd, qpn), need, va, len)
+                .check_remote(&self.res.mrs, rkey, (pd.get(), qpn), need, va, len)
         } else {
-            self.mrs.check_remote(rkey, pd, need, va, len)
+            self.mrs.check_remote(rkey, pd.get(), need, va, len)
         }
     }
 
@@ -400,7 +401,7 @@ impl<T: Copy> Posted<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SrqBinding {
     /// The shared receive queue's number.
-    pub(crate) srq: u32,
+    pub(crate) srq: shmhca_proto::ids::SrqId,
     /// The offset in the QP's `tables` of its scratch row, where the scatter list of a WQE
     /// taken from the SRQ is copied (see [`crate::tables::srq`]).
     pub(crate) scratch: u64,
@@ -410,7 +411,7 @@ pub(crate) struct SrqBinding {
 pub(crate) struct QpCtx {
     pub(crate) qpn: Qpn,
     /// Protection domain.
-    pub(crate) pd: u32,
+    pub(crate) pd: PdId,
     /// The protection domain's arena: this QP's gather sources, scatter targets, RDMA
     /// targets and inline staging.
     pub(crate) mem: Mem,
@@ -422,8 +423,8 @@ pub(crate) struct QpCtx {
     pub(crate) tables: Mem,
     pub(crate) state: QpState,
     pub(crate) cfg: QpConfig,
-    pub(crate) send_cq: u32,
-    pub(crate) recv_cq: u32,
+    pub(crate) send_cq: CqId,
+    pub(crate) recv_cq: CqId,
     /// Send WQEs posted by the application.
     pub(crate) sq: Posted<SqWqe>,
     /// Receive WQEs posted by the application.

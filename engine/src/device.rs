@@ -308,7 +308,7 @@ impl Device {
         };
         let found = peer.engine.with(|e| {
             e.qp_by_qpn(d.qpn).map(|q| {
-                let key = (u64::from(q.pd), u64::from(peer.id));
+                let key = (u64::from(q.pd.get()), u64::from(peer.id));
                 (key, q.mem.read_only())
             })
         });

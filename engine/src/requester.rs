@@ -715,7 +715,7 @@ fn run_local(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64, new_wqe: bool) -> Opti
     }
     let w = req.window.start_next().wqe;
     req.window.next_wqe();
-    let status = execute_local(&w, qp.pd, qp.qpn, env);
+    let status = execute_local(&w, qp.pd.get(), qp.qpn, env);
     qp.req.window.complete(seq, status);
     Some(status == WcStatus::Success)
 }

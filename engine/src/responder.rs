@@ -1118,7 +1118,7 @@ fn send(
     // working before the message completes.
     if let Some(key) = ieth {
         env.mws
-            .invalidate(key, qp.pd, Some(qp.qpn))
+            .invalidate(key, qp.pd.get(), Some(qp.qpn))
             .map_err(|_| RespError::InvalidateRefused)?;
     }
     // 7. Execute.

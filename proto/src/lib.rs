@@ -43,6 +43,7 @@ extern crate alloc;
 
 pub mod completion;
 pub mod credit;
+pub mod ids;
 pub mod mem;
 pub mod psn;
 pub mod qp;

@@ -11,6 +11,7 @@ use shmhca_rings::ring::{HeapStorage, Producer};
 
 use crate::completion::{WcStatus, WorkCompletion};
 use crate::slots::SlotTable;
+use shmhca_proto::ids::CqId;
 
 /// What a queue is armed for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -163,33 +164,34 @@ impl Default for CqTable {
 impl CqTable {
     /// Adds a completion queue; returns its number, or `None` when the context has
     /// [`MAX_CQS`].
-    pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<u32> {
+    pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<CqId> {
         let (index, generation) = self.cqs.insert_with(|_, _| CqSlot {
             room: 0,
             producer,
             notify: Default::default(),
         })?;
-        Some(generation << CQ_INDEX_BITS | index)
+        Some(CqId::new(generation << CQ_INDEX_BITS | index))
     }
 
     #[inline]
-    fn get(&mut self, cq: u32) -> Option<&mut CqSlot> {
+    fn get(&mut self, cq: CqId) -> Option<&mut CqSlot> {
+        let cq = cq.get();
         self.cqs.get_mut(cq & (MAX_CQS - 1), cq >> CQ_INDEX_BITS)
     }
 
     /// Removes completion queue `cq`.
-    pub(crate) fn remove(&mut self, cq: u32) {
+    pub(crate) fn remove(&mut self, cq: CqId) {
         if let Some(s) = self.get(cq) {
             if s.notify.armed() {
                 self.set_armed(self.armed - 1);
             }
-            self.cqs.remove_at(cq & (MAX_CQS - 1));
+            self.cqs.remove_at(cq.get() & (MAX_CQS - 1));
         }
     }
 
     /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
     /// completions have nowhere to go).
-    pub(crate) fn has_room(&mut self, cq: u32) -> bool {
+    pub(crate) fn has_room(&mut self, cq: CqId) -> bool {
         self.get(cq).is_none_or(CqSlot::has_room)
     }
 
@@ -197,7 +199,7 @@ impl CqTable {
     /// the work request and tries again later). Raises the queue's event if it is armed
     /// for this completion.
     #[inline(always)]
-    pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) -> bool {
+    pub(crate) fn push(&mut self, cq: CqId, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(s) => {
                 // (No check of the cached room here: the callers asked `has_room` first,
@@ -215,13 +217,13 @@ impl CqTable {
     }
 
     /// The notification state of `cq`.
-    pub(crate) fn notify(&mut self, cq: u32) -> Option<&mut Notify> {
+    pub(crate) fn notify(&mut self, cq: CqId) -> Option<&mut Notify> {
         self.get(cq).map(|s| &mut s.notify)
     }
 
     /// Arms `cq` (see [`Notify::arm`]); false if there is no such
     /// queue.
-    pub(crate) fn arm(&mut self, cq: u32, arm: Arm) -> bool {
+    pub(crate) fn arm(&mut self, cq: CqId, arm: Arm) -> bool {
         let Some(s) = self.get(cq) else {
             return false;
         };

@@ -98,8 +98,13 @@ impl SrqTable {
     /// SRQ's `max_sge` entries) is at `scratch` of `qp_tables`. `None` if the SRQ is empty.
     ///
     /// Fires the limit event if, after this, fewer WQEs than the armed limit remain.
-    pub(crate) fn take(&mut self, index: u32, qp_tables: &Mem, scratch: u64) -> Option<RqWqe> {
-        let s = self.entries.at_mut(index)?;
+    pub(crate) fn take(
+        &mut self,
+        srq: shmhca_proto::ids::SrqId,
+        qp_tables: &Mem,
+        scratch: u64,
+    ) -> Option<RqWqe> {
+        let s = self.entries.at_mut(srq.get())?;
         let mut wqe = s.rq.pop().ok().flatten()?;
         if let DataLoc::Table { table, n } = wqe.data {
             let mut ok = n <= s.max_sge;

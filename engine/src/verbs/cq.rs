@@ -42,7 +42,7 @@ pub(crate) const MAX_CQ_DEPTH: u32 = crate::limits::MAX_CQ_DEPTH;
 /// ```
 pub struct Cq {
     shared: Arc<Device>,
-    pub(crate) cqn: u32,
+    pub(crate) cqn: shmhca_proto::ids::CqId,
     consumer: Consumer<WorkCompletion, HeapStorage<WorkCompletion>>,
     /// The channel this queue reports to and its slot there.
     channel: Option<(Arc<Signal>, u32)>,
@@ -79,7 +79,7 @@ impl Cq {
 
     /// Makes this queue report its events to `channel` (once, at creation).
     pub(crate) fn attach(&mut self, channel: &CompChannel) -> Result<()> {
-        let slot = channel.attach(self.cqn)?;
+        let slot = channel.attach(self.cqn.get())?;
         let signal = channel.signal.clone();
         let cqn = self.cqn;
         self.shared.engine.with(|e| {
@@ -93,7 +93,7 @@ impl Cq {
 
     /// This queue's number: what [`CompChannel::get_event`] returns for it.
     pub fn number(&self) -> u32 {
-        self.cqn
+        self.cqn.get()
     }
 
     /// Arms the queue (one-shot, like `ibv_req_notify_cq`): the next completion — with

@@ -207,7 +207,7 @@ impl Qp {
             };
             let added = e.add_qp(|qpn| QpCtx {
                 qpn,
-                pd: pdn,
+                pd: shmhca_proto::ids::PdId::new(pdn),
                 mem: ctx_mem,
                 peer_mem: Mem::private(0),
                 tables: ctx_tables,
@@ -224,7 +224,7 @@ impl Qp {
                 rq_flush_pending: false,
                 riding_ack: None,
                 srq: srq_index.map(|srq| crate::context::SrqBinding {
-                    srq,
+                    srq: shmhca_proto::ids::SrqId::new(srq),
                     scratch: gather_bytes,
                 }),
             });
