@@ -313,7 +313,27 @@ impl Context {
     /// socket cannot be bound; [`Error::LimitReached`] when every LID is taken;
     /// [`Error::InvalidArgument`] when the context joined in another directory already.
     pub fn join_fabric_in(&self, dir: impl AsRef<Path>) -> Result<FabricAddr> {
-        let dir = dir.as_ref();
+        self.join(dir.as_ref(), None)
+    }
+
+    /// Joins the fabric in `dir` with LID `lid`, if no live context holds it (a stale lock
+    /// file of a dead process is reclaimed): for tests and fixed set-ups. Otherwise as
+    /// [`Context::join_fabric_in`].
+    ///
+    /// # Errors
+    /// As [`Context::join_fabric_in`]; [`Error::InvalidArgument`] for a LID outside
+    /// [`MIN_LID`]`..=`[`MAX_LID`] or one a live context holds.
+    pub fn join_fabric_as(&self, dir: impl AsRef<Path>, lid: u16) -> Result<FabricAddr> {
+        if !(MIN_LID..=MAX_LID).contains(&lid) {
+            return Err(Error::invalid(
+                "lid",
+                format!("{lid:#x} is not a unicast LID ({MIN_LID:#x}..={MAX_LID:#x})"),
+            ));
+        }
+        self.join(dir.as_ref(), Some(lid))
+    }
+
+    fn join(&self, dir: &Path, lid: Option<u16>) -> Result<FabricAddr> {
         let mut slot = self
             .shared
             .fabric
@@ -321,20 +341,28 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if let Some(f) = slot.as_ref() {
-            if f.dir == dir {
+            if f.dir == dir && lid.is_none_or(|l| l == f.lid) {
                 return Ok(f.addr());
             }
             return Err(Error::invalid(
                 "fabric directory",
                 format!(
-                    "this context joined the fabric in {} already, not {}",
+                    "this context joined the fabric in {} already (LID {:#x})",
                     f.dir.display(),
-                    dir.display()
+                    f.lid
                 ),
             ));
         }
         dir::prepare(dir)?;
-        let lock = dir::claim_lid(dir, crate::cm::random_u64())?;
+        let lock = match lid {
+            None => dir::claim_lid(dir, crate::cm::random_u64())?,
+            Some(l) => dir::try_lid(dir, l)?.ok_or_else(|| {
+                Error::invalid(
+                    "lid",
+                    format!("LID {l:#x} is held by a live context in {}", dir.display()),
+                )
+            })?,
+        };
         let lid = lock.lid;
         let path = dir::sock_path(dir, lid);
         // The LID is ours: a socket file there is a dead owner's.
