@@ -11,8 +11,8 @@
 //!   socket there for link requests ([`dir`] says where, and how stale entries of dead
 //!   processes are reclaimed). A small thread per context accepts those requests, so a peer
 //!   is served while the application sits in a blocking read, in either engine mode.
-//! * [`QpAttr::dest_lid`] or [`QpAttr::dest_gid`] in the Init → RTR modify (instead of
-//!   [`QpAttr::dest`]): [`Qp::modify`](crate::Qp::modify) finds the peer's engine through the
+//! * [`QpAttr::dest_lid`](crate::QpAttr::dest_lid) or [`QpAttr::dest_gid`](crate::QpAttr::dest_gid) in the Init → RTR modify (instead of
+//!   [`QpAttr::dest`](crate::QpAttr::dest)): [`Qp::modify`](crate::Qp::modify) finds the peer's engine through the
 //!   directory, reuses the link to it or makes one (one link per pair of engines), hands
 //!   the peer this QP's protection-domain arena (the peer reads payloads from it, read-only)
 //!   and fetches the arena of the peer QP, all before RTR returns. Peers are checked with
@@ -438,7 +438,7 @@ mod tests {
         let mut other = g;
         other[0] = 0x20;
         assert_eq!(lid_of_gid(&other), None);
-        let v4 = std::net::Ipv6Addr::from(std::net::Ipv4Addr::new(127, 0, 0, 1).to_ipv6_mapped());
+        let v4 = std::net::Ipv4Addr::new(127, 0, 0, 1).to_ipv6_mapped();
         assert_eq!(lid_of_gid(&v4.octets()), None);
     }
 }

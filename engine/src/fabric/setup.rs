@@ -400,10 +400,7 @@ fn attempt(
     }
     t.busy.push(lid);
     drop(t);
-    let _busy = Busy {
-        fabric: &**fabric,
-        lid,
-    };
+    let _busy = Busy { fabric, lid };
 
     let path = dir::sock_path(&fabric.dir, lid);
     let stream = match UnixStream::connect(&path) {
@@ -809,7 +806,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             t.busy.push(client);
             drop(t);
             let _busy = Busy {
-                fabric: &**fabric,
+                fabric,
                 lid: client,
             };
             send(
@@ -885,7 +882,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             t.busy.push(client);
             drop(t);
             let _busy = Busy {
-                fabric: &**fabric,
+                fabric,
                 lid: client,
             };
             let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)?;
