@@ -180,7 +180,7 @@ fn two_contexts_go_to_rts_by_lid_and_by_gid_and_every_operation_works() {
     // One link each way, made once and reused.
     assert_eq!(a.ctx.fabric_links().len(), 1, "{:?}", a.ctx.fabric_links());
     assert_eq!(b.ctx.fabric_links().len(), 1);
-    assert!(a.ctx.fabric_links()[0].2);
+    assert!(a.ctx.fabric_links()[0].attached && a.ctx.fabric_links()[0].up);
     // A second pair of QPs between the same engines reuses the link.
     let mut a2 = a
         .ctx
@@ -202,6 +202,38 @@ fn two_contexts_go_to_rts_by_lid_and_by_gid_and_every_operation_works() {
             qpn: nb2
         })
     );
+}
+
+#[test]
+fn poll_mode_engines_work_and_a_dropped_peer_context_errors_the_qp() {
+    let dir = Dir::new("poll");
+    let poll = || {
+        Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .mode(EngineMode::Poll { cpu: None })
+            .build()
+            .unwrap()
+    };
+    let mut a = side(poll());
+    let mut b = side(context(1 << 20)); // one of each mode
+    let aa = a.ctx.join_fabric_in(&dir.0).unwrap();
+    let ab = b.ctx.join_fabric_in(&dir.0).unwrap();
+    let (na, nb) = (a.qp.qpn(), b.qp.qpn());
+    connect(&mut a.qp, rtr().dest_lid(ab.lid, nb), 14, 7).unwrap();
+    connect(&mut b.qp, rtr().dest_lid(aa.lid, na), 14, 7).unwrap();
+    exercise(&mut a, &mut b);
+    exercise(&mut b, &mut a);
+    a.qp.post_recv(&RecvWr::new(77, &[a.buf.sge(0, 64).unwrap()]))
+        .unwrap();
+    // b goes away (its QP, its regions, its context): a's QP is flushed.
+    drop(b);
+    let w = wait(&mut a.cq, 1)[0];
+    assert_eq!((w.wr_id, w.status), (77, WcStatus::WrFlushErr));
+    assert_eq!(a.qp.state(), QpState::Error);
+    eventually("b's LID files are removed", || {
+        !exists(&fabric::dir::lock_path(&dir.0, ab.lid))
+    });
 }
 
 #[test]
@@ -241,44 +273,53 @@ fn fabric_destinations_are_checked() {
 
 #[test]
 fn an_rtr_before_the_peer_exists_is_served_when_it_appears() {
-    let dir = Dir::new("later");
-    let mut a = side(context(1 << 20));
-    let mut b = side(context(1 << 20)); // its QP exists; its engine is not on the fabric yet
-    let aa = a.ctx.join_fabric_in(&dir.0).unwrap();
-    let later = free_lid(&dir.0, aa.lid);
-    let nb = b.qp.qpn();
-    connect(&mut a.qp, rtr().dest_lid(later, nb), 14, 7).unwrap();
-    assert_eq!(a.qp.state(), QpState::Rts);
-    let data = pattern(3000, 1);
-    a.buf.write_at(0, &data).unwrap();
-    a.qp.post_send(&SendWr::new(
-        1,
-        SendOp::Send,
-        &[a.buf.sge(0, 3000).unwrap()],
-    ))
-    .unwrap();
-    // Nobody reads the link yet: nothing completes.
-    assert!(drain_for(&mut a.cq, Duration::from_millis(30)).is_empty());
-    assert_eq!(
-        b.ctx.join_fabric_as(&dir.0, later).unwrap(),
-        FabricAddr {
-            lid: later,
-            gid: fabric::gid_of_lid(later)
-        }
-    );
-    connect(&mut b.qp, rtr().dest_lid(aa.lid, a.qp.qpn()), 14, 7).unwrap();
-    b.qp.post_recv(&RecvWr::new(2, &[b.buf.sge(0, 4096).unwrap()]))
+    // The late peer's LID below and above the waiting side's: either may make links.
+    for (mine, later) in [(300, 200), (300, 400)] {
+        let dir = Dir::new("later");
+        let mut a = side(context(1 << 20));
+        let mut b = side(context(1 << 20)); // its QP exists; its engine is not on the fabric yet
+        let aa = a.ctx.join_fabric_as(&dir.0, mine).unwrap();
+        assert!(!fabric::dir::lid_held(&dir.0, later));
+        let nb = b.qp.qpn();
+        connect(&mut a.qp, rtr().dest_lid(later, nb), 14, 7).unwrap();
+        assert_eq!(a.qp.state(), QpState::Rts);
+        let links = a.ctx.fabric_links();
+        assert!(
+            links.len() == 1 && !links[0].attached && links[0].up,
+            "{links:?}"
+        );
+        let data = pattern(3000, 1);
+        a.buf.write_at(0, &data).unwrap();
+        a.qp.post_send(&SendWr::new(
+            1,
+            SendOp::Send,
+            &[a.buf.sge(0, 3000).unwrap()],
+        ))
         .unwrap();
-    let got = wait(&mut b.cq, 1)[0];
-    assert_eq!((got.status, got.byte_len), (WcStatus::Success, 3000));
-    let mut back = vec![0u8; 3000];
-    b.buf.read_at(0, &mut back).unwrap();
-    assert_eq!(back, data);
-    assert_eq!(wait(&mut a.cq, 1)[0].status, WcStatus::Success);
-    // Both ways, and the other operations, over the link that waited.
-    exercise(&mut b, &mut a);
-    exercise(&mut a, &mut b);
-    assert_eq!(a.ctx.fabric_links().len(), 1, "{:?}", a.ctx.fabric_links());
+        // Nobody reads the link yet: nothing completes.
+        assert!(drain_for(&mut a.cq, Duration::from_millis(30)).is_empty());
+        assert_eq!(
+            b.ctx.join_fabric_as(&dir.0, later).unwrap(),
+            FabricAddr {
+                lid: later,
+                gid: fabric::gid_of_lid(later)
+            }
+        );
+        connect(&mut b.qp, rtr().dest_lid(aa.lid, a.qp.qpn()), 14, 7).unwrap();
+        b.qp.post_recv(&RecvWr::new(2, &[b.buf.sge(0, 4096).unwrap()]))
+            .unwrap();
+        let got = wait(&mut b.cq, 1)[0];
+        assert_eq!((got.status, got.byte_len), (WcStatus::Success, 3000));
+        let mut back = vec![0u8; 3000];
+        b.buf.read_at(0, &mut back).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(wait(&mut a.cq, 1)[0].status, WcStatus::Success);
+        // Both ways, and the other operations, over the link that waited.
+        exercise(&mut b, &mut a);
+        exercise(&mut a, &mut b);
+        let links = a.ctx.fabric_links();
+        assert!(links.len() == 1 && links[0].attached, "{links:?}");
+    }
 }
 
 #[test]
@@ -520,7 +561,7 @@ fn a_sigkilled_peer_moves_the_qp_to_error() {
         (ready.status, ready.imm_data),
         (WcStatus::Success, Some(0xdead))
     );
-    assert!(s.ctx.fabric_links()[0].2, "up");
+    assert!(s.ctx.fabric_links()[0].up, "up");
     let killed = Instant::now();
     peer.kill();
     let mut wcs = wait(&mut s.cq, 3);
@@ -532,7 +573,7 @@ fn a_sigkilled_peer_moves_the_qp_to_error() {
     }
     assert_eq!(s.qp.state(), QpState::Error);
     assert!(
-        !s.ctx.fabric_links().iter().any(|l| l.2),
+        !s.ctx.fabric_links().iter().any(|l| l.up),
         "the link is down"
     );
     // Generous for a busy machine; the watcher sees the hang-up within milliseconds.

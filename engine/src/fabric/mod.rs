@@ -188,6 +188,20 @@ impl FabricDest {
     }
 }
 
+/// A link of the fabric, from [`Context::fabric_links`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FabricLink {
+    /// The peer's LID.
+    pub peer_lid: u16,
+    /// The link (the `link` of the [`Destination`](crate::Destination)s facing it).
+    pub link: LinkId,
+    /// Whether a peer engine has attached (false while no engine held the LID).
+    pub attached: bool,
+    /// False once torn down (the peer hung up, or its engine was replaced).
+    pub up: bool,
+}
+
 /// Bytes of a peer's arena this side maps at most (as the connection manager's default).
 const MAX_PEER_ARENA: u64 = crate::cm::DEFAULT_MAX_PEER_ARENA;
 
@@ -404,14 +418,19 @@ impl Context {
         self.shared.fabric.get().map(|f| f.dir.clone())
     }
 
-    /// The fabric's links of this context: (peer LID, link, whether a peer engine is
-    /// attached and the link is up).
-    pub fn fabric_links(&self) -> Vec<(u16, LinkId, bool)> {
+    /// The fabric's links of this context (one per peer LID it reached or was reached
+    /// from; torn-down links stay listed until no QP faces them).
+    pub fn fabric_links(&self) -> Vec<FabricLink> {
         self.shared.fabric.get().map_or_else(Vec::new, |f| {
             f.lock()
                 .peers
                 .iter()
-                .map(|p| (p.lid, p.id, p.up && p.identity.is_some()))
+                .map(|p| FabricLink {
+                    peer_lid: p.lid,
+                    link: p.id,
+                    attached: p.identity.is_some(),
+                    up: p.up,
+                })
                 .collect()
         })
     }
