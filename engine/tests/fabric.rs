@@ -237,6 +237,68 @@ fn poll_mode_engines_work_and_a_dropped_peer_context_errors_the_qp() {
 }
 
 #[test]
+fn many_qps_going_to_rtr_at_once_from_both_sides_share_one_link() {
+    // Both LID orders: either side may be the one that makes the link.
+    for (la, lb) in [(10, 20), (20, 10)] {
+        let dir = Dir::new("race");
+        let (ca, cb) = (context(4 << 20), context(4 << 20));
+        ca.join_fabric_as(&dir.0, la).unwrap();
+        cb.join_fabric_as(&dir.0, lb).unwrap();
+        let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+        let (qa_cq, qb_cq) = (ca.create_cq(256).unwrap(), cb.create_cq(256).unwrap());
+        let caps = QpCaps {
+            max_inline_data: 0,
+            ..QpCaps::default()
+        };
+        let qas: Vec<Qp> = (0..6)
+            .map(|_| ca.create_qp(&pa, &qa_cq, &qa_cq, caps).unwrap())
+            .collect();
+        let qbs: Vec<Qp> = (0..6)
+            .map(|_| cb.create_qp(&pb, &qb_cq, &qb_cq, caps).unwrap())
+            .collect();
+        let (na, nb): (Vec<Qpn>, Vec<Qpn>) = (
+            qas.iter().map(|q| q.qpn()).collect(),
+            qbs.iter().map(|q| q.qpn()).collect(),
+        );
+        // Each QP goes to RTS in a thread of its own, all at once.
+        let mut threads = Vec::new();
+        for (i, mut q) in qas.into_iter().enumerate() {
+            let peer = nb[i];
+            threads.push(std::thread::spawn(move || {
+                connect(&mut q, rtr().dest_lid(lb, peer), 14, 7).map(|()| q)
+            }));
+        }
+        for (i, mut q) in qbs.into_iter().enumerate() {
+            let peer = na[i];
+            threads.push(std::thread::spawn(move || {
+                connect(&mut q, rtr().dest_gid(fabric::gid_of_lid(la), peer), 14, 7).map(|()| q)
+            }));
+        }
+        let mut qps: Vec<Qp> = threads
+            .into_iter()
+            .map(|t| t.join().unwrap().unwrap())
+            .collect();
+        for c in [&ca, &cb] {
+            let links = c.fabric_links();
+            assert_eq!(links.len(), 1, "one link per pair of engines: {links:?}");
+            assert!(links[0].attached && links[0].up);
+        }
+        // Every pair talks: an empty Send with immediate data, the smallest message that
+        // completes on both sides.
+        let (qa_cq, qb_cq) = (&mut { qa_cq }, &mut { qb_cq });
+        let (qas, qbs) = qps.split_at_mut(6);
+        for (qa, qb) in qas.iter_mut().zip(qbs.iter_mut()) {
+            qb.post_recv(&RecvWr::new(1, &[])).unwrap();
+            qa.post_send(&SendWr::new(2, SendOp::SendWithImm(7), &[]))
+                .unwrap();
+            assert_eq!(wait(qb_cq, 1)[0].status, WcStatus::Success);
+            assert_eq!(wait(qa_cq, 1)[0].status, WcStatus::Success);
+        }
+        drop(qps);
+    }
+}
+
+#[test]
 fn fabric_destinations_are_checked() {
     let dir = Dir::new("checks");
     let mut a = side(context(1 << 20));

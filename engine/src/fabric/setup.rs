@@ -662,34 +662,19 @@ fn attempt(
             p.segment = None;
         }
     }
-    // The arenas: ours for the peer, the wanted QP's for us.
-    let (arena, memfd) = share_pd_arena(shared, pdn)?;
-    send(
-        &stream,
-        lid,
-        &Msg::Attach {
-            qpn: qpn.get(),
-            want: want.get(),
-            memfd,
-        },
-        &[arena.as_fd()],
-    )?;
-    match recv(&stream, lid, "ATTACH_REPLY", 1)? {
-        (Msg::AttachReply { found: true, memfd }, mut fds) if fds.len() == 1 => {
-            let fd = fds.pop().expect("one descriptor");
-            take_peer_arena(shared, id, want, fd, memfd)
-                .map_err(|e| err(lid, format_args!("the peer QP's arena is unusable: {e}")))?;
+    // The arenas: ours for the peer, the wanted QP's for us. A link this exchange made is
+    // torn down if the exchange fails now: it would have no socket to watch.
+    let swapped = swap_arenas(shared, &stream, lid, id, qpn, pdn, want);
+    if let Err(e) = swapped {
+        if keep {
+            tear_down(
+                shared,
+                &mut fabric.lock(),
+                id,
+                "the peer failed half-way through the link's setup",
+            );
         }
-        (Msg::AttachReply { found: false, .. }, fds) if fds.is_empty() => {
-            ensure_peer_qp(shared, id, want);
-        }
-        (m, _) => {
-            return Err(err(
-                lid,
-                format_args!("the peer sent {} for ATTACH_REPLY", m.name()),
-            )
-            .into());
-        }
+        return Err(e.into());
     }
     if keep {
         let socket = Arc::new(
@@ -703,6 +688,45 @@ fn attempt(
         fabric.wake();
     }
     Ok(id)
+}
+
+/// The client's ATTACH: sends this QP's arena, takes the wanted peer QP's (or a blank, if
+/// the peer has no such QP yet).
+fn swap_arenas(
+    shared: &Arc<Shared>,
+    stream: &UnixStream,
+    lid: u16,
+    id: LinkId,
+    qpn: Qpn,
+    pdn: u32,
+    want: Qpn,
+) -> Result<()> {
+    let (arena, memfd) = share_pd_arena(shared, pdn)?;
+    send(
+        stream,
+        lid,
+        &Msg::Attach {
+            qpn: qpn.get(),
+            want: want.get(),
+            memfd,
+        },
+        &[arena.as_fd()],
+    )?;
+    match recv(stream, lid, "ATTACH_REPLY", 1)? {
+        (Msg::AttachReply { found: true, memfd }, mut fds) if fds.len() == 1 => {
+            let fd = fds.pop().expect("one descriptor");
+            take_peer_arena(shared, id, want, fd, memfd)
+                .map_err(|e| err(lid, format_args!("the peer QP's arena is unusable: {e}")))
+        }
+        (Msg::AttachReply { found: false, .. }, fds) if fds.is_empty() => {
+            ensure_peer_qp(shared, id, want);
+            Ok(())
+        }
+        (m, _) => Err(err(
+            lid,
+            format_args!("the peer sent {} for ATTACH_REPLY", m.name()),
+        )),
+    }
 }
 
 /// Serves one client of this context's fabric socket (a handler thread). Errors end the
@@ -934,8 +958,31 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             p.segment = None;
         }
     }
-    // The arenas.
-    let (qpn, want, memfd, fd) = match recv(&stream, client, "ATTACH", 1)? {
+    // The arenas. A link this exchange made is torn down if the exchange fails now: it
+    // would have no socket to watch.
+    let replied = serve_attach(shared, &stream, client, id);
+    if replied.is_err() && keep {
+        tear_down(
+            shared,
+            &mut fabric.lock(),
+            id,
+            "the peer failed half-way through the link's setup",
+        );
+        return replied;
+    }
+    if keep {
+        let stream = Arc::new(stream);
+        if let Some(p) = fabric.lock().peers.iter_mut().find(|p| p.id == id) {
+            p.socket = Some(stream);
+        }
+        fabric.wake();
+    }
+    replied
+}
+
+/// The server's side of ATTACH: maps the client QP's arena, answers with the wanted QP's.
+fn serve_attach(shared: &Arc<Shared>, stream: &UnixStream, client: u16, id: LinkId) -> Result<()> {
+    let (qpn, want, memfd, fd) = match recv(stream, client, "ATTACH", 1)? {
         (Msg::Attach { qpn, want, memfd }, mut fds) if fds.len() == 1 => (
             Qpn::new(qpn),
             Qpn::new(want),
@@ -956,15 +1003,15 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
         )
     })?;
     let pd = shared.engine.with(|e| e.qp_by_qpn(want).map(|q| q.pd));
-    let replied = match pd.map(|pdn| share_pd_arena(shared, pdn)) {
+    match pd.map(|pdn| share_pd_arena(shared, pdn)) {
         Some(Ok((arena, memfd))) => send(
-            &stream,
+            stream,
             client,
             &Msg::AttachReply { found: true, memfd },
             &[arena.as_fd()],
         ),
         _ => send(
-            &stream,
+            stream,
             client,
             &Msg::AttachReply {
                 found: false,
@@ -972,13 +1019,5 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             },
             &[],
         ),
-    };
-    if keep {
-        let stream = Arc::new(stream);
-        if let Some(p) = fabric.lock().peers.iter_mut().find(|p| p.id == id) {
-            p.socket = Some(stream);
-        }
-        fabric.wake();
     }
-    replied
 }
