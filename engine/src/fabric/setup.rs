@@ -599,6 +599,15 @@ fn attempt(
         (Msg::LinkReply(LinkReply::Offer(t)), _) if fds.len() == 2 => {
             let peer_page = fds.pop().expect("two descriptors");
             let seg = fds.pop().expect("two descriptors");
+            if let Known::Up { id, .. } = known {
+                // The server no longer had the link this side knew: it made a new one.
+                tear_down(
+                    shared,
+                    &mut fabric.lock(),
+                    id,
+                    "the peer engine replaced this link with a new one",
+                );
+            }
             if let Known::Pending { id, .. } = known {
                 // Both sides made a link before the other existed; the server's won.
                 tear_down(
