@@ -299,6 +299,35 @@ fn many_qps_going_to_rtr_at_once_from_both_sides_share_one_link() {
 }
 
 #[test]
+fn garbage_and_stalled_clients_on_the_socket_hold_nobody_up() {
+    use std::io::Write;
+    let dir = Dir::new("hostile");
+    let mut a = side(context(1 << 20));
+    let mut b = side(context(1 << 20));
+    let aa = a.ctx.join_fabric_in(&dir.0).unwrap();
+    let ab = b.ctx.join_fabric_in(&dir.0).unwrap();
+    let sock = fabric::dir::sock_path(&dir.0, ab.lid);
+    // Clients that connect and say nothing, and one that sends garbage.
+    let stalled: Vec<_> = (0..4)
+        .map(|_| std::os::unix::net::UnixStream::connect(&sock).unwrap())
+        .collect();
+    let mut junk = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    junk.write_all(&[0xa5; 48]).unwrap();
+    let mut hello_then_junk = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    hello_then_junk.write_all(b"SHMHCAFB\x01\x00\x01").unwrap();
+    // The real peers are served all the same.
+    let (na, nb) = (a.qp.qpn(), b.qp.qpn());
+    connect(&mut a.qp, rtr().dest_lid(ab.lid, nb), 14, 7).unwrap();
+    connect(&mut b.qp, rtr().dest_lid(aa.lid, na), 14, 7).unwrap();
+    exercise(&mut a, &mut b);
+    // The garbage was answered by closing the socket.
+    junk.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(std::io::Read::read(&mut junk, &mut buf).unwrap(), 0);
+    drop(stalled);
+}
+
+#[test]
 fn fabric_destinations_are_checked() {
     let dir = Dir::new("checks");
     let mut a = side(context(1 << 20));

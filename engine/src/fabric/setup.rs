@@ -740,7 +740,13 @@ fn swap_arenas(
 
 /// Serves one client of this context's fabric socket (a handler thread). Errors end the
 /// exchange: the client sees the socket close and reports it.
-pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStream) -> Result<()> {
+/// Holds the context only once the client said HELLO: a client that connects and stalls
+/// does not keep a dropped context alive.
+pub(crate) fn serve(
+    shared: &std::sync::Weak<Shared>,
+    fabric: &Arc<Fabric>,
+    stream: UnixStream,
+) -> Result<()> {
     let me = fabric.lid;
     timeouts(&stream);
     let (identity, trace_id, client) = match recv(&stream, me, "HELLO", 0)? {
@@ -755,6 +761,10 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
         ) if target_lid == me && lid != me => (identity, trace_id, lid),
         (m, _) => return Err(err(me, format_args!("a client sent {m:?} for HELLO"))),
     };
+    let Some(shared) = shared.upgrade() else {
+        return Ok(()); // the context is gone
+    };
+    let shared = &shared;
     send(
         &stream,
         client,

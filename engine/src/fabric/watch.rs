@@ -134,7 +134,7 @@ fn accept_all(f: &Arc<Fabric>, shared: &Arc<Shared>) {
             f.handlers.fetch_sub(1, Ordering::AcqRel);
             continue; // closed: the client retries
         }
-        let (f2, s2) = (f.clone(), shared.clone());
+        let (f2, s2) = (f.clone(), Arc::downgrade(shared));
         let spawned = std::thread::Builder::new()
             .name("shmhca-fabric-req".into())
             .spawn(move || {
