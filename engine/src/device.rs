@@ -119,6 +119,15 @@ impl Default for IdlePolicy {
     }
 }
 
+/// Resolves a fabric destination for QP `qpn` of protection domain `pdn` (see
+/// [`Device::fabric_resolve`]).
+pub(crate) type FabricResolve = fn(
+    &Arc<Device>,
+    crate::wire::Qpn,
+    u32,
+    crate::fabric::addr::FabricDest,
+) -> crate::error::Result<crate::qp::Destination>;
+
 /// An engine and everything of it that the handles of its context share: the device a
 /// [`Context`](crate::Context) opens. The verbs layer's handles hold an `Arc` of it; the
 /// engine thread and the progress helper hold one while they run.
@@ -148,6 +157,12 @@ pub(crate) struct Device {
     /// The in-process peer devices this one is linked with (`Context::link_with`): where a
     /// peer QP's arena is looked up when a QP is given its destination over that link.
     pub(crate) local_peers: Mutex<Vec<(LinkId, Weak<Device>)>>,
+    /// Its membership of the fabric once it joined, kept here so that it ends with the
+    /// device, but typed and owned by `fabric` (`fabric::FabricSlot::of`).
+    pub(crate) fabric: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    /// Set by the fabric when the context joins it: finds (or makes) the link to a fabric
+    /// destination's engine at RTR (`Qp::modify` calls it; the device does not know how).
+    pub(crate) fabric_resolve: std::sync::OnceLock<FabricResolve>,
     /// Counts the engine runs of the application's own calls (written by the token
     /// holder only: a plain store), read by the progress helper (`engine::progress`).
     pub(crate) progress_mark: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,

@@ -113,6 +113,7 @@ pub(crate) mod device;
 pub(crate) mod dma;
 pub(crate) mod engine;
 mod error;
+pub mod fabric;
 pub mod fault;
 #[cfg(test)]
 mod hostile_tests;
@@ -146,6 +147,7 @@ pub(crate) use shmhca_proto::wqe;
 pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;
 pub use error::{Error, Refused, Result};
+pub use fabric::{FabricAddr, FabricDest, FabricLink, FabricPeer};
 pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};

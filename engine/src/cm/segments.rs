@@ -19,7 +19,7 @@ use crate::wire::Qpn;
 use super::msg::ArenaLayout;
 
 /// The link segment of a new link.
-pub(super) enum LinkSegment {
+pub(crate) enum LinkSegment {
     /// Made by this side ([`link::create_link_segment`]).
     Made(Arc<Segment>),
     /// Received from the peer, which made it.
@@ -31,7 +31,7 @@ pub(super) enum LinkSegment {
 /// # Errors
 /// The link segment or the engine page cannot be mapped or is malformed (see
 /// [`link::attach`]), or the engine has no room for another link.
-pub(super) fn new_link(
+pub(crate) fn new_link(
     shared: &Arc<Device>,
     segment: LinkSegment,
     side: Side,
@@ -63,7 +63,7 @@ pub(super) fn new_link(
 }
 
 /// A read-only descriptor of this engine's page, to send to a peer with a new link.
-pub(super) fn share_engine_page(shared: &Device) -> Result<OwnedFd> {
+pub(crate) fn share_engine_page(shared: &Device) -> Result<OwnedFd> {
     shared
         .engine_page
         .share_fd()
@@ -93,7 +93,7 @@ pub(super) fn share_arena(shared: &Arc<Device>, pd: &Pd) -> Result<(OwnedFd, Are
 /// Records on link `id` that peer QP `qpn` sends from the arena behind `fd`: mapped
 /// read-only (never populated, refused above `max` bytes) unless this link mapped that
 /// arena already.
-pub(super) fn attach_peer_arena(
+pub(crate) fn attach_peer_arena(
     shared: &Arc<Device>,
     id: LinkId,
     qpn: u32,

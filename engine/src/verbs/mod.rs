@@ -358,6 +358,8 @@ impl ContextBuilder {
             notify_armed,
             helper_word: Arc::default(),
             kick: Default::default(),
+            fabric: std::sync::OnceLock::new(),
+            fabric_resolve: std::sync::OnceLock::new(),
         });
         // Under loom there is no helper or engine thread: a model drives the engine with
         // `Context::progress` from a thread of its own.
