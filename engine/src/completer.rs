@@ -24,7 +24,6 @@ use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::Psn;
 use crate::qp::QpState;
 use crate::send_window::SendWqe;
-use crate::timer::RNR_RETRY_FOREVER;
 use crate::user_mem::Local;
 use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
@@ -275,7 +274,7 @@ fn check_atomic_ack(w: &SendWqe, seq: u64, psn: Psn, pkt: &RxPacket<'_>) -> Outc
 fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) {
     match outcome {
         Outcome::EarlyCredits(credits, msn) => {
-            qp.req.early_credits = Some((credits, msn));
+            qp.req.keep_early_credits(credits, msn);
             return;
         }
         Outcome::Dropped => {
@@ -305,34 +304,27 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
             if psn == qp.req.wqe(seq).last_psn() {
                 qp.req.window.complete(seq, WcStatus::Success);
             }
-            progress(qp, env, psn);
+            progress(qp, psn);
             qp.req.update_credits(credits, msn);
         }
         Outcome::RnrNak { seq, psn, timer } => {
             env.stats.rnr_naks_received += 1;
-            progress(qp, env, psn.sub(1));
-            if qp.req.rnr_left == 0 {
+            progress(qp, psn.sub(1));
+            if !qp.req.rnr_wait(psn, timer.duration(), &qp.cfg) {
                 record_exhausted(qp, Exhausted::Rnr);
                 qp.req.window.complete(seq, WcStatus::RnrRetryExcErr);
                 qp.enter_error(env);
                 return;
             }
-            let req = &mut qp.req;
-            if qp.cfg.rnr_retry != RNR_RETRY_FOREVER {
-                req.rnr_left -= 1;
-            }
-            req.window.rewind(psn);
-            req.timer.disarm();
-            env.arm(&mut req.rnr_timer, timer.duration());
         }
         Outcome::SequenceError { psn } => {
             env.stats.naks_received += 1;
-            progress(qp, env, psn.sub(1));
+            progress(qp, psn.sub(1));
             retry_from(qp, env, psn);
         }
         Outcome::FatalNak { seq, psn, status } => {
             env.stats.naks_received += 1;
-            progress(qp, env, psn.sub(1));
+            progress(qp, psn.sub(1));
             qp.req.window.complete(seq, status);
             qp.enter_error(env);
         }
@@ -370,7 +362,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
             if last {
                 qp.req.window.complete(seq, WcStatus::Success);
             }
-            progress(qp, env, psn);
+            progress(qp, psn);
         }
         Outcome::AtomicAck { seq, psn, orig } => {
             let data = qp.req.wqe(seq).wqe.data;
@@ -383,7 +375,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
                 qp.req.update_credits(credits, msn.get());
             }
             qp.req.window.complete(seq, WcStatus::Success);
-            progress(qp, env, psn);
+            progress(qp, psn);
         }
     }
     retire(qp, env);
@@ -461,7 +453,7 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
     for seq in first..end {
         qp.req.window.complete(seq, WcStatus::Success);
     }
-    progress(qp, env, psn);
+    progress(qp, psn);
     qp.req.update_credits(credits, msn);
     retire(qp, env);
     #[cfg(test)]
@@ -600,7 +592,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         crate::probe::count(crate::probe::Path::AtomicAck);
     }
     qp.req.window.complete(seq, WcStatus::Success);
-    progress(qp, env, psn);
+    progress(qp, psn);
     retire(qp, env);
     true
 }
@@ -627,20 +619,9 @@ fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
 }
 
 /// Records acknowledgement up to `psn` and restarts the transport timer.
-fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
-    let req = &mut qp.req;
-    if req.window.acknowledge(psn) {
-        req.retry_left = qp.cfg.retry_cnt;
-        req.retrying = None;
-        req.rnr_left = qp.cfg.rnr_retry;
-        if !req.window.outstanding() {
-            req.timer.disarm();
-        } else if req.timer.armed() {
-            req.progressed = true;
-        } else if let Some(t) = req.ttr {
-            env.arm(&mut req.timer, t);
-        }
-    }
+#[inline]
+fn progress(qp: &mut QpCtx, psn: Psn) {
+    qp.req.acknowledged(psn, &qp.cfg);
 }
 
 /// A response showed that responses from `missing` on were lost: request them again, as a
@@ -652,28 +633,26 @@ fn progress(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
 /// by [`ack_before`], and the acknowledged PSN must cover them, or a later retry would start
 /// from a PSN no WQE holds any more and send nothing.
 fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
-    progress(qp, env, missing.sub(1));
-    if qp.req.retrying == Some(missing) {
+    progress(qp, missing.sub(1));
+    if qp.req.already_resending_from(missing) {
         env.stats.dropped += 1;
         return;
     }
     retry_from(qp, env, missing);
-    qp.req.retrying = Some(missing);
+    qp.req.resending_from(missing);
 }
 
+/// Sends again from `psn`, or fails the QP when the Retry Count is spent.
 fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
-    let req = &mut qp.req;
-    if req.retry_left == 0 {
-        record_exhausted(qp, Exhausted::Resent);
-        let win = &mut qp.req.window;
-        if let Some(seq) = win.find(psn) {
-            win.complete(seq, WcStatus::RetryExcErr);
-        }
-        qp.enter_error(env);
+    if qp.req.resend_from(psn) {
         return;
     }
-    req.retry_left -= 1;
-    req.window.rewind(psn);
+    record_exhausted(qp, Exhausted::Resent);
+    let win = &mut qp.req.window;
+    if let Some(seq) = win.find(psn) {
+        win.complete(seq, WcStatus::RetryExcErr);
+    }
+    qp.enter_error(env);
 }
 
 /// The retry counter that ran out.

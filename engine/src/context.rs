@@ -466,8 +466,7 @@ impl QpCtx {
         if self.state != QpState::Error {
             self.set_state(QpState::Error);
         }
-        self.req.timer.disarm();
-        self.req.rnr_timer.disarm();
+        self.req.stop_timers();
         completer::retire(self, env);
         flush_receives(self, env);
     }

@@ -52,19 +52,19 @@ pub(crate) struct Requester {
     ssn: u32,
     /// A consuming WQE started without credit: nothing after it starts until credit comes.
     pub(crate) limited: Option<u64>,
-    pub(crate) retry_left: u8,
+    retry_left: u8,
     /// A response showed the responses from this PSN on lost and the requests were sent
     /// again from it: later responses to the first requests are stale, not new losses, until
     /// this PSN is acknowledged (they must not spend the Retry Count again).
-    pub(crate) retrying: Option<Psn>,
-    pub(crate) rnr_left: u8,
+    retrying: Option<Psn>,
+    rnr_left: u8,
     /// Transport timer: armed while requests are unacknowledged.
     pub(crate) timer: Deadline,
     /// Its period on this engine's clock (`None`: disabled), fixed at RTS.
-    pub(crate) ttr: Option<std::time::Duration>,
+    ttr: Option<std::time::Duration>,
     /// A response made progress since the timer was armed (it is re-armed lazily, so the
     /// packet path never reads the clock).
-    pub(crate) progressed: bool,
+    progressed: bool,
     /// RNR wait: no transmission until it expires.
     pub(crate) rnr_timer: Deadline,
     /// The transmit point's packet is ready but the link ring has no room for it (as the
@@ -73,7 +73,7 @@ pub(crate) struct Requester {
     /// The link's [`LinkTx::peer_mark`] when the transmit point last found no room.
     link_mark: u64,
     /// Credits announced while the QP was in RTR, applied on RTS.
-    pub(crate) early_credits: Option<(crate::wire::aeth::CreditCode, u32)>,
+    early_credits: Option<(crate::wire::aeth::CreditCode, u32)>,
     /// The BTH of its single-packet requests, made on RTR → RTS (`None` before).
     template: Option<BthTemplate>,
     /// Posts sent on the template path (tests check that it is taken).
@@ -121,6 +121,89 @@ impl Requester {
         if let Some((code, msn)) = self.early_credits.take() {
             self.update_credits(code, msn);
         }
+    }
+
+    /// Keeps the credits a positive Ack announced while the QP was in RTR (spec/02
+    /// "Providing Initial Credits"), for [`Requester::start`] to apply.
+    pub(crate) fn keep_early_credits(&mut self, credits: crate::wire::aeth::CreditCode, msn: u32) {
+        self.early_credits = Some((credits, msn));
+    }
+
+    /// The transport timer's period, fixed at RTS (`None`: disabled).
+    pub(crate) fn ttr(&self) -> Option<std::time::Duration> {
+        self.ttr
+    }
+
+    /// The peer acknowledged everything up to `psn` (a response made progress): the retry
+    /// counters are full again, and the transport timer stops when nothing is outstanding
+    /// or runs on (re-armed lazily: the packet path reads no clock). Returns whether `psn`
+    /// moved the acknowledged PSN.
+    pub(crate) fn acknowledged(&mut self, psn: Psn, cfg: &QpConfig) -> bool {
+        if !self.window.acknowledge(psn) {
+            return false;
+        }
+        self.retry_left = cfg.retry_cnt;
+        self.retrying = None;
+        self.rnr_left = cfg.rnr_retry;
+        if !self.window.outstanding() {
+            self.timer.disarm();
+        } else if self.timer.armed() {
+            self.progressed = true;
+        } else if let Some(t) = self.ttr {
+            self.timer.arm_later(t);
+        }
+        true
+    }
+
+    /// An RNR Nak for the request at `psn`: waits `wait` before sending from `psn` again
+    /// (the transport timer stops meanwhile), spending one RNR retry unless the count means
+    /// forever (`cfg.rnr_retry` 7). False, with nothing changed, when none is left.
+    pub(crate) fn rnr_wait(&mut self, psn: Psn, wait: std::time::Duration, cfg: &QpConfig) -> bool {
+        if self.rnr_left == 0 {
+            return false;
+        }
+        if cfg.rnr_retry != crate::timer::RNR_RETRY_FOREVER {
+            self.rnr_left -= 1;
+        }
+        self.window.rewind(psn);
+        self.timer.disarm();
+        self.rnr_timer.arm_later(wait);
+        true
+    }
+
+    /// Sends again from `psn` (a PSN Sequence Error Nak, lost responses), spending one of
+    /// the Retry Count. False, with nothing changed, when none is left.
+    pub(crate) fn resend_from(&mut self, psn: Psn) -> bool {
+        if self.retry_left == 0 {
+            return false;
+        }
+        self.retry_left -= 1;
+        self.window.rewind(psn);
+        true
+    }
+
+    /// Whether the requests from `missing` on were already sent again for the loss a
+    /// response shows: later responses to the first requests show the same loss.
+    pub(crate) fn already_resending_from(&self, missing: Psn) -> bool {
+        self.retrying == Some(missing)
+    }
+
+    /// Records that the requests from `missing` on were sent again for a loss.
+    pub(crate) fn resending_from(&mut self, missing: Psn) {
+        self.retrying = Some(missing);
+    }
+
+    /// What the retry counters stand at (tests compare two QPs' whole state): the PSN
+    /// being resent from after a loss, retries left, RNR retries left.
+    #[cfg(test)]
+    pub(crate) fn retry_state(&self) -> (Option<Psn>, u8, u8) {
+        (self.retrying, self.retry_left, self.rnr_left)
+    }
+
+    /// Stops both timers (the QP went to the Error state: nothing is retried).
+    pub(crate) fn stop_timers(&mut self) {
+        self.timer.disarm();
+        self.rnr_timer.disarm();
     }
 
     /// Starts the transport timer after a request packet went out, unless it runs already:

@@ -99,8 +99,9 @@ pub(super) fn run_in(
             q.resp.settle_all();
             let (w, req) = (&q.req.window, &q.req);
             let counters = (w.retired(), w.started(), w.fetched(), w.npsn(), w.acked());
-            let rest = (req.rd_atomic, &req.credits, req.limited, req.retrying);
-            let retries = (req.retry_left, req.rnr_left, req.timer.armed());
+            let (retrying, retry_left, rnr_left) = req.retry_state();
+            let rest = (req.rd_atomic, &req.credits, req.limited, retrying);
+            let retries = (retry_left, rnr_left, req.timer.armed());
             let req = format!("{counters:?} {rest:?} {retries:?}");
             (format!("{:?}", q.resp), req)
         })

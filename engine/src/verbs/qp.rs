@@ -377,7 +377,7 @@ impl Qp {
                     q.cfg,
                     q.req.window.npsn().get(),
                     q.resp.epsn.get(),
-                    q.req.ttr,
+                    q.req.ttr(),
                 )
             })
         });
