@@ -658,350 +658,75 @@ impl Options {
         Options::from_cli(cli)
     }
 
-    /// Checks the parsed command line.
+    /// Checks the parsed command line, one concern after another (each in a function of
+    /// its own, named below). The order of the steps is part of the behaviour: a command
+    /// line with several faults gets the error of the first step that fails, so a step
+    /// that depends on an earlier one's value comes after it, and the order of the
+    /// independent ones is kept as it has always been.
+    ///
+    /// | step | flags |
+    /// |---|---|
+    /// | `refuse_unavailable`, `ignored_flags` | perftest's flags shmhca-perf lacks or ignores |
+    /// | `select_test` | the test (positional or `--test`) |
+    /// | `timed` | `-D`, `-f`, `--run_infinitely` |
+    /// | `check_atomic_flags`, `sizes` | `-A`; `-s`, `-a` |
+    /// | `iterations` | `-n` |
+    /// | `Queues::from_cli` | `-t`, `-r`, `-q`, `-m`, `-I`, `-Q`, `-l`, `-o` |
+    /// | `warmup` | `--perform_warm_up`, `--warmup` |
+    /// | `check_arena` | `-s` with `-q` (and `-t`, `-I`): the arena's size |
+    /// | `check_report_kind` | `--output`, `-H`, `--hgrm`, `--hlog`, `--report_gbits` |
+    /// | `check_connection_flags` | `-c`, `-X`, `-e` |
+    /// | `role` | `--server`, `--client`, `--in-process`, `--spawned` |
+    /// | `Placement::from_cli` | `--cpu`, `--engine-cpu`, `--mode` |
+    /// | `Timeouts::from_cli` | `--connect-timeout`, `--progress-after`, `--idle-timeout` |
+    /// | `check_timed_run` | `-n` or `--warmup` with `-D`/`--run_infinitely` |
+    /// | `check_sort_and_peak` | `-U`, `-N` |
+    /// | `qp_timeout`, `retry_count` | `-u`, `--retry_count` |
+    /// | `output_files` | `--out_json`, `--out_json_file`, `--svg`; no file overwritten (`--force`) |
+    /// | `check_host` | HOST |
+    /// | `parse_core_list` | `--pin_cores` |
+    /// | `check_bidirectional` | `-b` |
+    /// | `faults` | `--drop`, `--dup`, `--reorder`, `--delay`, `--corrupt`, `--seed` |
     ///
     /// # Errors
     /// [`PerfError::Usage`] naming the first bad flag.
     pub fn from_cli(cli: Cli) -> Result<Options, PerfError> {
         refuse_unavailable(&cli)?;
         let ignored = ignored_flags(&cli);
-        let test = match (cli.test_pos, cli.test) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(usage(format!(
-                    "two different tests given: `{}` and `--test {}`; give one",
-                    a.name(),
-                    b.name()
-                )));
-            }
-            (Some(t), _) | (None, Some(t)) => t,
-            (None, None) => {
-                return Err(usage(
-                    "no test given: name one of send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw, atomic_bw (e.g. `shmhca-perf send_lat -s 8`)",
-                ));
-            }
-        };
-        let verb = test.verb();
-        let lat = test.is_lat();
+        let test = select_test(&cli)?;
         let timed = timed(&cli, test)?;
-        if verb == Verb::Atomic {
-            if let Some(s) = cli.size.filter(|s| *s != 8) {
-                return Err(usage(format!(
-                    "-s {s}: atomic tests always move 8 bytes; leave -s out"
-                )));
-            }
-            if cli.all {
-                return Err(usage("-a: atomic tests always move 8 bytes; leave -a out"));
-            }
-        } else if cli.atomic_type.is_some() {
-            return Err(usage(format!(
-                "-A applies to atomic_lat and atomic_bw, not {}",
-                test.name()
-            )));
-        }
-        let sizes = if cli.all {
-            (1..=23).map(|e| 1u64 << e).collect()
-        } else {
-            let default = match (verb, lat) {
-                (Verb::Atomic, _) => 8,
-                (_, true) => 2,
-                (_, false) => 65536,
-            };
-            let s = cli.size.unwrap_or(default);
-            if s == 0 || s > MAX_SIZE {
-                return Err(usage(format!(
-                    "-s {s}: the message size must be 1 to {MAX_SIZE} bytes"
-                )));
-            }
-            vec![s]
-        };
-        let iters = cli.iters.unwrap_or(if test == TestKind::WriteBw {
-            5000
-        } else {
-            1000
-        });
-        if !(MIN_ITERS..=MAX_ITERS).contains(&iters) {
-            return Err(usage(format!(
-                "-n {iters}: iterations must be {MIN_ITERS} to {MAX_ITERS}"
-            )));
-        }
-        let depth = |flag: &str, v: u32| -> Result<u32, PerfError> {
-            if v == 0 || v > MAX_DEPTH {
-                Err(usage(format!(
-                    "{flag} {v}: the queue depth must be 1 to {MAX_DEPTH}"
-                )))
-            } else {
-                Ok(v)
-            }
-        };
-        // As perftest: a latency test has one request in flight, and says so (TX depth 1).
-        let tx_depth = depth("-t", cli.tx_depth.unwrap_or(if lat { 1 } else { 128 }))?;
-        let rx_depth = depth("-r", cli.rx_depth.unwrap_or(512))?;
-        let qps = cli.qps.unwrap_or(1);
-        if qps == 0 || qps > MAX_QPS {
-            return Err(usage(format!(
-                "-q {qps}: the number of QPs must be 1 to {MAX_QPS}"
-            )));
-        }
-        if lat && qps != 1 && !cli.spawned {
-            eprintln!(
-                "shmhca-perf: note: -q {qps}: latency tests measure on the first QP only (as perftest)"
-            );
-        }
-        let mtu = cli.mtu.unwrap_or(4096);
-        if shmhca::Mtu::from_bytes(mtu).is_err() {
-            return Err(usage(format!(
-                "-m {mtu}: not a PMTU; use 256, 512, 1024, 2048 or 4096"
-            )));
-        }
-        let inline_default = match test {
-            TestKind::SendLat => 236,
-            TestKind::WriteLat => 220,
-            _ => 0,
-        };
-        let inline = cli.inline.unwrap_or(inline_default);
-        if inline > MAX_INLINE {
-            return Err(usage(format!(
-                "-I {inline}: at most {MAX_INLINE} bytes can be sent inline"
-            )));
-        }
-        if inline > 0 && matches!(verb, Verb::Read | Verb::Atomic) && cli.inline.is_some() {
-            return Err(usage(format!(
-                "-I {inline}: RDMA Reads and Atomics carry no data to inline"
-            )));
-        }
-        let cq_mod = cli.cq_mod.unwrap_or(100);
-        if cq_mod == 0 || cq_mod > 1024 {
-            return Err(usage(format!(
-                "-Q {cq_mod}: the CQ moderation must be 1 to 1024"
-            )));
-        }
-        // As perftest: never wait for more completions than the queue holds.
-        let cq_mod = cq_mod.min(tx_depth);
-        let post_list = cli.post_list.unwrap_or(1);
-        if post_list == 0 || post_list > MAX_DEPTH {
-            return Err(usage(format!(
-                "-l {post_list}: the post list must be 1 to {MAX_DEPTH}"
-            )));
-        }
-        let post_list = post_list.min(tx_depth);
-        let outs = cli.outs.unwrap_or(16);
-        if outs == 0 || outs > shmhca::qp::MAX_RD_ATOMIC {
-            return Err(usage(format!(
-                "-o {outs}: outstanding Reads/Atomics must be 1 to {}",
-                shmhca::qp::MAX_RD_ATOMIC
-            )));
-        }
-        if cli.perform_warm_up && lat {
-            return Err(usage(format!(
-                "--perform_warm_up applies to bandwidth tests, not {} (latency tests measure from the first iteration, as perftest; --warmup N adds unmeasured iterations)",
-                test.name()
-            )));
-        }
-        // As perftest: no warm-up unless asked for (--perform_warm_up: 10 send windows).
-        let warmup = cli.warmup.unwrap_or(if cli.perform_warm_up {
-            10 * u64::from(tx_depth)
-        } else {
-            0
-        });
-        if warmup > MAX_ITERS {
-            return Err(usage(format!(
-                "--warmup {warmup}: at most {MAX_ITERS} iterations"
-            )));
-        }
-        let max_size = *sizes.last().unwrap_or(&8);
-        let arena = arena_bytes(max_size, qps, tx_depth, inline);
-        if arena > MAX_ARENA {
-            return Err(usage(format!(
-                "-s {max_size} with -q {qps} needs {arena} bytes of arena (two buffers per QP), above the {MAX_ARENA} bytes shmhca-perf allocates at most: lower -s or -q"
-            )));
-        }
-        match cli.output {
-            Some(OutputOnly::Latency) if !lat => {
-                return Err(usage(format!(
-                    "--output=latency applies to latency tests, not {}; use bandwidth or message_rate",
-                    test.name()
-                )));
-            }
-            Some(OutputOnly::Bandwidth | OutputOnly::MessageRate) if lat => {
-                return Err(usage(format!(
-                    "--output=bandwidth/message_rate apply to bandwidth tests, not {}; use latency",
-                    test.name()
-                )));
-            }
-            _ => {}
-        }
-        if (cli.histogram || cli.hgrm.is_some() || cli.hlog.is_some()) && !lat {
-            return Err(usage(format!(
-                "-H, --hgrm and --hlog apply to latency tests, not {}",
-                test.name()
-            )));
-        }
-        if cli.report_gbits && lat {
-            return Err(usage(format!(
-                "--report_gbits applies to bandwidth tests, not {}",
-                test.name()
-            )));
-        }
-        if let Some(c) = cli.connection.as_deref() {
-            if !c.eq_ignore_ascii_case("RC") {
-                return Err(usage(format!(
-                    "-c {c}: shmhca implements RC only; leave -c out or give -c RC"
-                )));
-            }
-        }
-        if cli.vector.is_some() {
-            return Err(usage(
-                "-X: shmhca has a single completion vector; leave -X out (-e works without it)",
-            ));
-        }
-        if cli.events && test == TestKind::WriteLat {
-            return Err(usage(
-                "-e: write_lat completes nothing on the receiving side (it watches memory), so there is no event to sleep on; use -e with send_lat, read_lat, atomic_lat or a bandwidth test",
-            ));
-        }
-        let role = match (cli.server, cli.client, cli.in_process) {
-            (Some(p), None, false) => Role::Server(p),
-            (None, Some(p), false) => Role::Client(p),
-            (None, None, true) => Role::InProcess,
-            (None, None, false) => Role::SelfSpawn,
-            _ => {
-                return Err(usage(
-                    "give at most one of --server, --client, --in-process",
-                ));
-            }
-        };
-        if cli.spawned && !matches!(role, Role::Server(_)) {
-            return Err(usage("--spawned is internal and needs --server"));
-        }
-        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cpus = parse_cpus("--cpu", cli.cpu.as_deref(), ncpu)?;
-        let engine_cpus = parse_cpus("--engine-cpu", cli.engine_cpu.as_deref(), ncpu)?;
-        let mode = cli.mode.unwrap_or(
-            if shmhca::EngineMode::default_for_this_machine() == shmhca::EngineMode::Inline {
-                ModeArg::Inline
-            } else {
-                ModeArg::Poll
-            },
-        );
-        if mode == ModeArg::Inline && !engine_cpus.is_empty() {
-            return Err(usage(
-                "--engine-cpu applies to --mode poll (inline mode has no engine thread)",
-            ));
-        }
-        let connect_timeout = cli.connect_timeout.unwrap_or(10);
-        if connect_timeout == 0 || connect_timeout > 3600 {
-            return Err(usage(format!(
-                "--connect-timeout {connect_timeout}: give 1 to 3600 seconds"
-            )));
-        }
-        let progress_after = cli.progress_after.unwrap_or(2);
-        if progress_after > 3600 {
-            return Err(usage(format!(
-                "--progress-after {progress_after}: give 0 to 3600 seconds"
-            )));
-        }
-        let idle_timeout = cli
-            .idle_timeout
-            .unwrap_or(crate::perf::idle::DEFAULT_IDLE_TIMEOUT_SECS);
-        if idle_timeout > 86_400 {
-            return Err(usage(format!(
-                "--idle-timeout {idle_timeout}: give 0 (wait forever) to 86400 seconds"
-            )));
-        }
-        let idle_timeout = (idle_timeout > 0).then(|| std::time::Duration::from_secs(idle_timeout));
-        if timed.is_some() && cli.iters.is_some() {
-            return Err(usage(
-                "-n and -D/--run_infinitely both given: a run goes by iterations or by time; give one",
-            ));
-        }
-        if timed.is_some() && cli.warmup.is_some() {
-            return Err(usage(
-                "--warmup with -D/--run_infinitely: a timed run has no iteration count; use --perform_warm_up",
-            ));
-        }
-        if cli.unsorted && !cli.histogram {
-            return Err(usage("-U orders -H's samples; give -H too"));
-        }
-        if cli.no_peak && lat {
-            return Err(usage(format!(
-                "-N applies to bandwidth tests, not {}",
-                test.name()
-            )));
-        }
-        let qp_timeout = cli.qp_timeout.unwrap_or(DEFAULT_QP_TIMEOUT);
-        if !(1..=31).contains(&qp_timeout) {
-            return Err(usage(format!(
-                "-u {qp_timeout}: the timeout exponent must be 1 to 31 (4.096 us * 2^N)"
-            )));
-        }
-        let retry_count = cli.retry_count.unwrap_or(7);
-        if retry_count > 7 {
-            return Err(usage(format!("--retry_count {retry_count}: give 0 to 7")));
-        }
-        if cli.out_json_file.is_some() && !cli.out_json {
-            return Err(usage(
-                "--out_json_file names --out_json's file; give --out_json too",
-            ));
-        }
-        let out_json = cli.out_json.then(|| {
-            cli.out_json_file
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("perftest_out.json"))
-        });
-        if cli.svg.is_some() && !lat && !cli.all {
-            return Err(usage(format!(
-                "--svg draws latency tests, or bandwidth against message size with -a; {} of one size has nothing to draw (add -a)",
-                test.name()
-            )));
-        }
-        if !cli.spawned && !cli.force {
-            let hgrms: Vec<PathBuf> = cli
-                .hgrm
-                .as_ref()
-                .map(|p| hgrm_paths(p, &sizes).into_iter().map(|(_, p)| p).collect())
-                .unwrap_or_default();
-            let outputs = [
-                ("--json", cli.json.as_ref()),
-                ("--out_json", out_json.as_ref()),
-                ("--svg", cli.svg.as_ref()),
-                ("--hlog", cli.hlog.as_ref()),
-            ]
-            .into_iter()
-            .chain(hgrms.iter().map(|p| ("--hgrm", Some(p))));
-            for (flag, path) in outputs {
-                // --out_json replaces an earlier run's report, as perftest (looped scripts).
-                let replaceable = |p: &PathBuf| flag == "--out_json" && is_earlier_report(p);
-                if let Some(p) =
-                    path.filter(|p| std::fs::symlink_metadata(p).is_ok() && !replaceable(p))
-                {
-                    return Err(usage(format!(
-                        "{flag} {}: the file exists; shmhca-perf does not overwrite files: remove it, pick another name, or give --force",
-                        p.display()
-                    )));
-                }
-            }
-        }
+        check_atomic_flags(&cli, test)?;
+        let sizes = sizes(&cli, test)?;
+        let iters = iterations(&cli, test)?;
+        let queues = Queues::from_cli(&cli, test)?;
+        let warmup = warmup(&cli, test, queues.tx_depth)?;
+        check_arena(&sizes, &queues)?;
+        check_report_kind(&cli, test)?;
+        check_connection_flags(&cli, test)?;
+        let role = role(&cli)?;
+        let placement = Placement::from_cli(&cli)?;
+        let timeouts = Timeouts::from_cli(&cli)?;
+        check_timed_run(&cli, timed)?;
+        check_sort_and_peak(&cli, test)?;
+        let qp_timeout = qp_timeout(&cli)?;
+        let retry_count = retry_count(&cli)?;
+        let out_json = output_files(&cli, test, &sizes)?;
         if let Some(h) = cli.host.as_deref() {
             check_host(h)?;
         }
         let pin_cores = parse_core_list(cli.pin_cores.as_deref())?;
-        if cli.bidirectional && !matches!(test, TestKind::WriteBw | TestKind::ReadBw) {
-            return Err(usage(format!(
-                "-b: shmhca-perf runs write_bw and read_bw bidirectionally, not {} (not yet for send_bw and atomic_bw; latency tests go both ways already)",
-                test.name()
-            )));
-        }
-        let faults = shmhca::fault::FaultConfig {
-            drop: cli.drop.unwrap_or(0.0),
-            duplicate: cli.dup.unwrap_or(0.0),
-            reorder: cli.reorder.unwrap_or(0.0),
-            delay: cli.delay.unwrap_or(0.0),
-            corrupt: cli.corrupt.unwrap_or(0.0),
-            seed: cli.seed.unwrap_or(1),
-        };
-        faults
-            .validate()
-            .map_err(|e| usage(format!("--drop/--dup/--reorder/--delay/--corrupt: {e}")))?;
+        check_bidirectional(&cli, test)?;
+        let faults = faults(&cli)?;
+        let Queues {
+            tx_depth,
+            rx_depth,
+            qps,
+            mtu,
+            inline,
+            cq_mod,
+            post_list,
+            outs,
+        } = queues;
         Ok(Options {
             faults,
             check: cli.check,
@@ -1017,8 +742,8 @@ impl Options {
             out_json,
             force: cli.force,
             ignored,
-            idle_timeout,
-            progress_after,
+            idle_timeout: timeouts.idle,
+            progress_after: timeouts.progress_after,
             test,
             sizes,
             all: cli.all,
@@ -1041,10 +766,10 @@ impl Options {
             svg: cli.svg,
             hlog: cli.hlog,
             role,
-            mode,
-            cpus,
-            engine_cpus,
-            connect_timeout,
+            mode: placement.mode,
+            cpus: placement.cpus,
+            engine_cpus: placement.engine_cpus,
+            connect_timeout: timeouts.connect,
             spawned: cli.spawned,
         })
     }
@@ -1178,6 +903,515 @@ fn timed(cli: &Cli, test: TestKind) -> Result<Option<Timed>, PerfError> {
         )));
     }
     Ok(Some(Timed::Duration { secs, margin }))
+}
+
+/// The test: the positional name or `--test` (both only if they agree).
+fn select_test(cli: &Cli) -> Result<TestKind, PerfError> {
+    match (cli.test_pos, cli.test) {
+        (Some(a), Some(b)) if a != b => Err(usage(format!(
+            "two different tests given: `{}` and `--test {}`; give one",
+            a.name(),
+            b.name()
+        ))),
+        (Some(t), _) | (None, Some(t)) => Ok(t),
+        (None, None) => Err(usage(
+            "no test given: name one of send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw, atomic_bw (e.g. `shmhca-perf send_lat -s 8`)",
+        )),
+    }
+}
+
+/// `-s`, `-a` and `-A` against the test's verb: atomic tests move 8 bytes (no `-s` but 8,
+/// no `-a`), and only they take `-A`.
+fn check_atomic_flags(cli: &Cli, test: TestKind) -> Result<(), PerfError> {
+    if test.verb() == Verb::Atomic {
+        if let Some(s) = cli.size.filter(|s| *s != 8) {
+            return Err(usage(format!(
+                "-s {s}: atomic tests always move 8 bytes; leave -s out"
+            )));
+        }
+        if cli.all {
+            return Err(usage("-a: atomic tests always move 8 bytes; leave -a out"));
+        }
+    } else if cli.atomic_type.is_some() {
+        return Err(usage(format!(
+            "-A applies to atomic_lat and atomic_bw, not {}",
+            test.name()
+        )));
+    }
+    Ok(())
+}
+
+/// The message sizes, in run order: `-a` (2 to 2^23 bytes, as perftest), else `-s` (default
+/// 8 for atomic tests, 2 for the other latency tests, 65536 for bandwidth tests).
+fn sizes(cli: &Cli, test: TestKind) -> Result<Vec<u64>, PerfError> {
+    if cli.all {
+        return Ok((1..=23).map(|e| 1u64 << e).collect());
+    }
+    let default = match (test.verb(), test.is_lat()) {
+        (Verb::Atomic, _) => 8,
+        (_, true) => 2,
+        (_, false) => 65536,
+    };
+    let s = cli.size.unwrap_or(default);
+    if s == 0 || s > MAX_SIZE {
+        return Err(usage(format!(
+            "-s {s}: the message size must be 1 to {MAX_SIZE} bytes"
+        )));
+    }
+    Ok(vec![s])
+}
+
+/// `-n`: measured iterations per size (default 5000 for write_bw, else 1000).
+fn iterations(cli: &Cli, test: TestKind) -> Result<u64, PerfError> {
+    let iters = cli.iters.unwrap_or(if test == TestKind::WriteBw {
+        5000
+    } else {
+        1000
+    });
+    if !(MIN_ITERS..=MAX_ITERS).contains(&iters) {
+        return Err(usage(format!(
+            "-n {iters}: iterations must be {MIN_ITERS} to {MAX_ITERS}"
+        )));
+    }
+    Ok(iters)
+}
+
+/// The shape of each QP and of the work posted on it, checked.
+struct Queues {
+    /// `-t` (1 for latency tests, as perftest; else 128).
+    tx_depth: u32,
+    /// `-r` (default 512).
+    rx_depth: u32,
+    /// `-q` (default 1).
+    qps: u32,
+    /// `-m` (default 4096).
+    mtu: u32,
+    /// `-I` (default 236 for send_lat, 220 for write_lat, else 0).
+    inline: u32,
+    /// `-Q` (default 100), at most `tx_depth`.
+    cq_mod: u32,
+    /// `-l` (default 1), at most `tx_depth`.
+    post_list: u32,
+    /// `-o` (default 16).
+    outs: u8,
+}
+
+impl Queues {
+    /// `-t`, `-r`, `-q`, `-m`, `-I`, `-Q`, `-l` and `-o`, in this order.
+    fn from_cli(cli: &Cli, test: TestKind) -> Result<Queues, PerfError> {
+        let lat = test.is_lat();
+        // As perftest: a latency test has one request in flight, and says so (TX depth 1).
+        let tx_depth = queue_depth("-t", cli.tx_depth.unwrap_or(if lat { 1 } else { 128 }))?;
+        let rx_depth = queue_depth("-r", cli.rx_depth.unwrap_or(512))?;
+        let qps = cli.qps.unwrap_or(1);
+        if qps == 0 || qps > MAX_QPS {
+            return Err(usage(format!(
+                "-q {qps}: the number of QPs must be 1 to {MAX_QPS}"
+            )));
+        }
+        if lat && qps != 1 && !cli.spawned {
+            eprintln!(
+                "shmhca-perf: note: -q {qps}: latency tests measure on the first QP only (as perftest)"
+            );
+        }
+        let mtu = cli.mtu.unwrap_or(4096);
+        if shmhca::Mtu::from_bytes(mtu).is_err() {
+            return Err(usage(format!(
+                "-m {mtu}: not a PMTU; use 256, 512, 1024, 2048 or 4096"
+            )));
+        }
+        let inline = inline_bytes(cli, test)?;
+        let cq_mod = cli.cq_mod.unwrap_or(100);
+        if cq_mod == 0 || cq_mod > 1024 {
+            return Err(usage(format!(
+                "-Q {cq_mod}: the CQ moderation must be 1 to 1024"
+            )));
+        }
+        let post_list = cli.post_list.unwrap_or(1);
+        if post_list == 0 || post_list > MAX_DEPTH {
+            return Err(usage(format!(
+                "-l {post_list}: the post list must be 1 to {MAX_DEPTH}"
+            )));
+        }
+        let outs = cli.outs.unwrap_or(16);
+        if outs == 0 || outs > shmhca::qp::MAX_RD_ATOMIC {
+            return Err(usage(format!(
+                "-o {outs}: outstanding Reads/Atomics must be 1 to {}",
+                shmhca::qp::MAX_RD_ATOMIC
+            )));
+        }
+        Ok(Queues {
+            tx_depth,
+            rx_depth,
+            qps,
+            mtu,
+            inline,
+            // As perftest: never wait for more completions than the queue holds.
+            cq_mod: cq_mod.min(tx_depth),
+            post_list: post_list.min(tx_depth),
+            outs,
+        })
+    }
+}
+
+/// A queue depth given with `flag` (`-t` or `-r`): 1 to [`MAX_DEPTH`].
+fn queue_depth(flag: &str, v: u32) -> Result<u32, PerfError> {
+    if v == 0 || v > MAX_DEPTH {
+        Err(usage(format!(
+            "{flag} {v}: the queue depth must be 1 to {MAX_DEPTH}"
+        )))
+    } else {
+        Ok(v)
+    }
+}
+
+/// `-I`: the most bytes sent inline (at most [`MAX_INLINE`]; given for a Read or Atomic
+/// test, an error).
+fn inline_bytes(cli: &Cli, test: TestKind) -> Result<u32, PerfError> {
+    let inline_default = match test {
+        TestKind::SendLat => 236,
+        TestKind::WriteLat => 220,
+        _ => 0,
+    };
+    let inline = cli.inline.unwrap_or(inline_default);
+    if inline > MAX_INLINE {
+        return Err(usage(format!(
+            "-I {inline}: at most {MAX_INLINE} bytes can be sent inline"
+        )));
+    }
+    if inline > 0 && matches!(test.verb(), Verb::Read | Verb::Atomic) && cli.inline.is_some() {
+        return Err(usage(format!(
+            "-I {inline}: RDMA Reads and Atomics carry no data to inline"
+        )));
+    }
+    Ok(inline)
+}
+
+/// `--perform_warm_up` (bandwidth tests only: 10 send windows of `tx_depth`) and
+/// `--warmup N`: the unmeasured iterations before each size (none unless asked for, as
+/// perftest).
+fn warmup(cli: &Cli, test: TestKind, tx_depth: u32) -> Result<u64, PerfError> {
+    if cli.perform_warm_up && test.is_lat() {
+        return Err(usage(format!(
+            "--perform_warm_up applies to bandwidth tests, not {} (latency tests measure from the first iteration, as perftest; --warmup N adds unmeasured iterations)",
+            test.name()
+        )));
+    }
+    let warmup = cli.warmup.unwrap_or(if cli.perform_warm_up {
+        10 * u64::from(tx_depth)
+    } else {
+        0
+    });
+    if warmup > MAX_ITERS {
+        return Err(usage(format!(
+            "--warmup {warmup}: at most {MAX_ITERS} iterations"
+        )));
+    }
+    Ok(warmup)
+}
+
+/// The arena the largest size needs with these queues ([`arena_bytes`]): at most
+/// [`MAX_ARENA`].
+fn check_arena(sizes: &[u64], q: &Queues) -> Result<(), PerfError> {
+    let max_size = *sizes.last().unwrap_or(&8);
+    let arena = arena_bytes(max_size, q.qps, q.tx_depth, q.inline);
+    if arena > MAX_ARENA {
+        return Err(usage(format!(
+            "-s {max_size} with -q {qps} needs {arena} bytes of arena (two buffers per QP), above the {MAX_ARENA} bytes shmhca-perf allocates at most: lower -s or -q",
+            qps = q.qps
+        )));
+    }
+    Ok(())
+}
+
+/// `--output`, `-H`, `--hgrm`, `--hlog` and `--report_gbits`: each reports a figure of
+/// latency tests or of bandwidth tests, and only a test of that kind takes it.
+fn check_report_kind(cli: &Cli, test: TestKind) -> Result<(), PerfError> {
+    let lat = test.is_lat();
+    match cli.output {
+        Some(OutputOnly::Latency) if !lat => {
+            return Err(usage(format!(
+                "--output=latency applies to latency tests, not {}; use bandwidth or message_rate",
+                test.name()
+            )));
+        }
+        Some(OutputOnly::Bandwidth | OutputOnly::MessageRate) if lat => {
+            return Err(usage(format!(
+                "--output=bandwidth/message_rate apply to bandwidth tests, not {}; use latency",
+                test.name()
+            )));
+        }
+        _ => {}
+    }
+    if (cli.histogram || cli.hgrm.is_some() || cli.hlog.is_some()) && !lat {
+        return Err(usage(format!(
+            "-H, --hgrm and --hlog apply to latency tests, not {}",
+            test.name()
+        )));
+    }
+    if cli.report_gbits && lat {
+        return Err(usage(format!(
+            "--report_gbits applies to bandwidth tests, not {}",
+            test.name()
+        )));
+    }
+    Ok(())
+}
+
+/// `-c` (RC only), `-X` (refused: one completion vector) and `-e` (not with write_lat,
+/// whose receiver completes nothing).
+fn check_connection_flags(cli: &Cli, test: TestKind) -> Result<(), PerfError> {
+    if let Some(c) = cli.connection.as_deref() {
+        if !c.eq_ignore_ascii_case("RC") {
+            return Err(usage(format!(
+                "-c {c}: shmhca implements RC only; leave -c out or give -c RC"
+            )));
+        }
+    }
+    if cli.vector.is_some() {
+        return Err(usage(
+            "-X: shmhca has a single completion vector; leave -X out (-e works without it)",
+        ));
+    }
+    if cli.events && test == TestKind::WriteLat {
+        return Err(usage(
+            "-e: write_lat completes nothing on the receiving side (it watches memory), so there is no event to sleep on; use -e with send_lat, read_lat, atomic_lat or a bandwidth test",
+        ));
+    }
+    Ok(())
+}
+
+/// Which side this process runs: `--server`, `--client`, `--in-process` (at most one), or
+/// none (it starts its peer); `--spawned` (internal) only with `--server`.
+fn role(cli: &Cli) -> Result<Role, PerfError> {
+    let role = match (&cli.server, &cli.client, cli.in_process) {
+        (Some(p), None, false) => Role::Server(p.clone()),
+        (None, Some(p), false) => Role::Client(p.clone()),
+        (None, None, true) => Role::InProcess,
+        (None, None, false) => Role::SelfSpawn,
+        _ => {
+            return Err(usage(
+                "give at most one of --server, --client, --in-process",
+            ));
+        }
+    };
+    if cli.spawned && !matches!(role, Role::Server(_)) {
+        return Err(usage("--spawned is internal and needs --server"));
+    }
+    Ok(role)
+}
+
+/// Where the run's threads go, checked.
+struct Placement {
+    /// `--cpu`.
+    cpus: Vec<usize>,
+    /// `--engine-cpu`.
+    engine_cpus: Vec<usize>,
+    /// `--mode` (default: this machine's, [`shmhca::EngineMode::default_for_this_machine`]).
+    mode: ModeArg,
+}
+
+impl Placement {
+    /// `--cpu`, `--engine-cpu` (cores of this machine; poll mode only) and `--mode`.
+    fn from_cli(cli: &Cli) -> Result<Placement, PerfError> {
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = parse_cpus("--cpu", cli.cpu.as_deref(), ncpu)?;
+        let engine_cpus = parse_cpus("--engine-cpu", cli.engine_cpu.as_deref(), ncpu)?;
+        let mode = cli.mode.unwrap_or(
+            if shmhca::EngineMode::default_for_this_machine() == shmhca::EngineMode::Inline {
+                ModeArg::Inline
+            } else {
+                ModeArg::Poll
+            },
+        );
+        if mode == ModeArg::Inline && !engine_cpus.is_empty() {
+            return Err(usage(
+                "--engine-cpu applies to --mode poll (inline mode has no engine thread)",
+            ));
+        }
+        Ok(Placement {
+            cpus,
+            engine_cpus,
+            mode,
+        })
+    }
+}
+
+/// How long the run waits for its peer, checked.
+struct Timeouts {
+    /// `--connect-timeout` (seconds, default 10).
+    connect: u64,
+    /// `--progress-after` (seconds, default 2).
+    progress_after: u64,
+    /// `--idle-timeout` (`None`: wait forever).
+    idle: Option<std::time::Duration>,
+}
+
+impl Timeouts {
+    /// `--connect-timeout` (1 to 3600 s), `--progress-after` (0 to 3600 s) and
+    /// `--idle-timeout` (0, wait forever, to 86400 s).
+    fn from_cli(cli: &Cli) -> Result<Timeouts, PerfError> {
+        let connect = cli.connect_timeout.unwrap_or(10);
+        if connect == 0 || connect > 3600 {
+            return Err(usage(format!(
+                "--connect-timeout {connect}: give 1 to 3600 seconds"
+            )));
+        }
+        let progress_after = cli.progress_after.unwrap_or(2);
+        if progress_after > 3600 {
+            return Err(usage(format!(
+                "--progress-after {progress_after}: give 0 to 3600 seconds"
+            )));
+        }
+        let idle = cli
+            .idle_timeout
+            .unwrap_or(crate::perf::idle::DEFAULT_IDLE_TIMEOUT_SECS);
+        if idle > 86_400 {
+            return Err(usage(format!(
+                "--idle-timeout {idle}: give 0 (wait forever) to 86400 seconds"
+            )));
+        }
+        Ok(Timeouts {
+            connect,
+            progress_after,
+            idle: (idle > 0).then(|| std::time::Duration::from_secs(idle)),
+        })
+    }
+}
+
+/// A run by time ([`timed`]) takes neither `-n` nor `--warmup` (it has no iteration count).
+fn check_timed_run(cli: &Cli, timed: Option<Timed>) -> Result<(), PerfError> {
+    if timed.is_some() && cli.iters.is_some() {
+        return Err(usage(
+            "-n and -D/--run_infinitely both given: a run goes by iterations or by time; give one",
+        ));
+    }
+    if timed.is_some() && cli.warmup.is_some() {
+        return Err(usage(
+            "--warmup with -D/--run_infinitely: a timed run has no iteration count; use --perform_warm_up",
+        ));
+    }
+    Ok(())
+}
+
+/// `-U` (orders `-H`'s samples: needs `-H`) and `-N` (bandwidth tests only).
+fn check_sort_and_peak(cli: &Cli, test: TestKind) -> Result<(), PerfError> {
+    if cli.unsorted && !cli.histogram {
+        return Err(usage("-U orders -H's samples; give -H too"));
+    }
+    if cli.no_peak && test.is_lat() {
+        return Err(usage(format!(
+            "-N applies to bandwidth tests, not {}",
+            test.name()
+        )));
+    }
+    Ok(())
+}
+
+/// `-u`: the transport timeout exponent, 1 to 31 (default [`DEFAULT_QP_TIMEOUT`]).
+fn qp_timeout(cli: &Cli) -> Result<u8, PerfError> {
+    let qp_timeout = cli.qp_timeout.unwrap_or(DEFAULT_QP_TIMEOUT);
+    if !(1..=31).contains(&qp_timeout) {
+        return Err(usage(format!(
+            "-u {qp_timeout}: the timeout exponent must be 1 to 31 (4.096 us * 2^N)"
+        )));
+    }
+    Ok(qp_timeout)
+}
+
+/// `--retry_count`: 0 to 7 (default 7).
+fn retry_count(cli: &Cli) -> Result<u8, PerfError> {
+    let retry_count = cli.retry_count.unwrap_or(7);
+    if retry_count > 7 {
+        return Err(usage(format!("--retry_count {retry_count}: give 0 to 7")));
+    }
+    Ok(retry_count)
+}
+
+/// The files the run writes: `--out_json` (its file `--out_json_file`, default
+/// `perftest_out.json`; returned), `--svg` (latency tests, or any test with `-a`), and
+/// none of `--json`, `--out_json`, `--svg`, `--hlog` or the `--hgrm` files may exist
+/// already (unless `--force`, or an earlier `--out_json` report, which perftest replaces
+/// too; a spawned server writes none of them).
+fn output_files(cli: &Cli, test: TestKind, sizes: &[u64]) -> Result<Option<PathBuf>, PerfError> {
+    if cli.out_json_file.is_some() && !cli.out_json {
+        return Err(usage(
+            "--out_json_file names --out_json's file; give --out_json too",
+        ));
+    }
+    let out_json = cli.out_json.then(|| {
+        cli.out_json_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("perftest_out.json"))
+    });
+    if cli.svg.is_some() && !test.is_lat() && !cli.all {
+        return Err(usage(format!(
+            "--svg draws latency tests, or bandwidth against message size with -a; {} of one size has nothing to draw (add -a)",
+            test.name()
+        )));
+    }
+    if !cli.spawned && !cli.force {
+        refuse_overwrite(cli, sizes, out_json.as_ref())?;
+    }
+    Ok(out_json)
+}
+
+/// An error naming the first output file (`--json`, `--out_json`, `--svg`, `--hlog`, the
+/// `--hgrm` files) that exists: shmhca-perf does not overwrite files, except an earlier
+/// `--out_json` report.
+fn refuse_overwrite(cli: &Cli, sizes: &[u64], out_json: Option<&PathBuf>) -> Result<(), PerfError> {
+    let hgrms: Vec<PathBuf> = cli
+        .hgrm
+        .as_ref()
+        .map(|p| hgrm_paths(p, sizes).into_iter().map(|(_, p)| p).collect())
+        .unwrap_or_default();
+    let outputs = [
+        ("--json", cli.json.as_ref()),
+        ("--out_json", out_json),
+        ("--svg", cli.svg.as_ref()),
+        ("--hlog", cli.hlog.as_ref()),
+    ]
+    .into_iter()
+    .chain(hgrms.iter().map(|p| ("--hgrm", Some(p))));
+    for (flag, path) in outputs {
+        // --out_json replaces an earlier run's report, as perftest (looped scripts).
+        let replaceable = |p: &PathBuf| flag == "--out_json" && is_earlier_report(p);
+        if let Some(p) = path.filter(|p| std::fs::symlink_metadata(p).is_ok() && !replaceable(p)) {
+            return Err(usage(format!(
+                "{flag} {}: the file exists; shmhca-perf does not overwrite files: remove it, pick another name, or give --force",
+                p.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `-b`: write_bw and read_bw only.
+fn check_bidirectional(cli: &Cli, test: TestKind) -> Result<(), PerfError> {
+    if cli.bidirectional && !matches!(test, TestKind::WriteBw | TestKind::ReadBw) {
+        return Err(usage(format!(
+            "-b: shmhca-perf runs write_bw and read_bw bidirectionally, not {} (not yet for send_bw and atomic_bw; latency tests go both ways already)",
+            test.name()
+        )));
+    }
+    Ok(())
+}
+
+/// The fault stage: `--drop`, `--dup`, `--reorder`, `--delay`, `--corrupt` (rates, default
+/// 0) and `--seed` (default 1), checked by [`shmhca::fault::FaultConfig::validate`].
+fn faults(cli: &Cli) -> Result<shmhca::fault::FaultConfig, PerfError> {
+    let faults = shmhca::fault::FaultConfig {
+        drop: cli.drop.unwrap_or(0.0),
+        duplicate: cli.dup.unwrap_or(0.0),
+        reorder: cli.reorder.unwrap_or(0.0),
+        delay: cli.delay.unwrap_or(0.0),
+        corrupt: cli.corrupt.unwrap_or(0.0),
+        seed: cli.seed.unwrap_or(1),
+    };
+    faults
+        .validate()
+        .map_err(|e| usage(format!("--drop/--dup/--reorder/--delay/--corrupt: {e}")))?;
+    Ok(faults)
 }
 
 /// perftest's flags for what shmhca-perf does not offer: an error naming the flag and why.

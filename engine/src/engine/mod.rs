@@ -209,7 +209,6 @@ impl Engine {
         discard_queues(&mut qp, &mut self.res.env());
     }
 
-    /// The QP numbered `qpn`.
     /// Runs `f` on QP `qpn` and this engine's resources, as a protocol stage sees them
     /// (tests that drive a stage by hand).
     #[cfg(test)]
@@ -223,6 +222,7 @@ impl Engine {
         Some(f(qp, &mut self.res.env()))
     }
 
+    /// The QP numbered `qpn`.
     pub(crate) fn qp_by_qpn(&self, qpn: Qpn) -> Option<&QpCtx> {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         self.qps.at(index).filter(|q| q.qpn == qpn)
@@ -372,27 +372,59 @@ impl Engine {
         self.links.remove_at(id.0);
     }
 
-    /// One iteration of the poll loop; returns the packets received and sent.
+    /// One iteration of the poll loop (the steps of the module's doc, each a method of
+    /// [`Iteration`]); returns the packets received and sent.
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        // One branch per iteration when no publication is due, with or without a stats area.
+        self.count_down_to_stats();
+        if self.watched_count > 0 {
+            self.scan_watched(doorbell);
+        }
+        if self.nothing_due(doorbell) {
+            return 0;
+        }
+        let (mut it, mut env) = self.iteration();
+        it.take_doorbells(doorbell); // 1
+        it.take_riding_acks(&mut env); // 1b
+        let mut work = it.receive(&mut env); // 2
+        let check_timers = it.timer_turn();
+        work += it.serve_active(&mut env, check_timers); // 3
+        it.send_owed_acks(&mut env); // 4
+        it.publish(); // 5
+        work
+    }
+
+    /// Counts down to the next publication of the stats area, and publishes it when due:
+    /// one branch per iteration when none is due, with or without a stats area.
+    #[inline(always)]
+    fn count_down_to_stats(&mut self) {
         self.stats_countdown -= 1;
         if self.stats_countdown == 0 {
             self.publish_stats();
         }
-        if self.watched_count > 0 {
-            self.scan_watched(doorbell);
+    }
+
+    /// Whether this iteration has nothing to do ([`Engine::quiet`]) and no timer check is
+    /// due: then it only counts down to the next timer check, if some QP out of the active
+    /// set waits for a timer (the iteration that checks is a full one).
+    #[inline(always)]
+    fn nothing_due(&mut self, doorbell: &doorbell::Doorbell) -> bool {
+        if !self.quiet(doorbell) {
+            return false;
         }
-        if self.quiet(doorbell) {
-            // Nothing to do but count down to the next timer check, if some QP out of the
-            // active set waits for a timer; the iteration that checks is a full one.
-            if self.timed.is_empty() {
-                return 0;
-            }
-            if self.timer_countdown > 1 {
-                self.timer_countdown -= 1;
-                return 0;
-            }
+        if self.timed.is_empty() {
+            return true;
         }
+        if self.timer_countdown > 1 {
+            self.timer_countdown -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// Lends the engine to one iteration: the rest of it as an [`Iteration`], and its Env
+    /// (one per iteration: the clock is read at most once).
+    #[inline(always)]
+    fn iteration(&mut self) -> (Iteration<'_>, Env<'_>) {
         let Engine {
             res,
             qps,
@@ -416,224 +448,30 @@ impl Engine {
             watched_count,
             ..
         } = self;
-        let mut env = res.env();
-        doorbell.take(|i| {
-            active.insert(i);
-            rung.insert(i);
-            if *watch_sq && *watched_count < MAX_WATCHED && !watched.contains(i) {
-                doorbell.watch(i);
-                watched.insert(i);
-                *watched_count += 1;
-            }
-        });
-        let mut work = 0;
-
-        // 1b. The riding Acks the last iteration received, after their carriers'
-        // completions went out.
-        if !riding.is_empty() {
-            handle_riding_acks(riding, qps, active, &mut env);
-        }
-
-        // 2. Receive.
-        for (l, link) in links.iter_mut() {
-            if link.down.is_some() {
-                continue;
-            }
-            // One frame at a time, each copied out of the ring once into private lines:
-            // a packet's slot, then its continuation lines.
-            let mut n = 0;
-            while n < RX_BURST {
-                let lines = match link.rx.recv(rx) {
-                    Ok(Some(lines)) => lines,
-                    Ok(None) => break,
-                    Err(e) => {
-                        link.down = Some(e.to_string());
-                        wake_link_qps(qps, active, LinkId(l));
-                        break;
-                    }
-                };
-                n += 1;
-                // Exactly the frame's lines: the rest of the buffer is stale.
-                let slots: &[PacketSlot] = bytemuck::cast_slice(&rx[..lines]);
-                // The QP first (the BTH's place of the destination QP holds three bytes
-                // whatever else the peer wrote); the packet is parsed only for a QP of
-                // this link, after the trace and the ICRC check have seen it.
-                let qpn = RxPacket::dest_qp(&slots[0]);
-                let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-                let qp = qps
-                    .at_mut(index)
-                    .filter(|qp| qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l)));
-                if let Some(t) = trace.as_deref_mut() {
-                    let sender = qp.as_ref().map_or(&*nomem, |q| &q.peer_mem);
-                    t.packet(LinkId(l), link.endpoints, false, link.rx_tap, slots, sender);
-                }
-                // A packet stamped with an ICRC (its sender injects faults) is checked first
-                // and dropped silently if it fails, as an HCA drops a corrupted packet.
-                if slots[0].reserved & crate::fault::ICRC_FLAG != 0
-                    && !crate::fault::icrc_ok(slots, qp.as_ref().map_or(&*nomem, |q| &q.peer_mem))
-                {
-                    *icrc_dropped += 1;
-                    continue;
-                }
-                let Some(qp) = qp else {
-                    env.stats.dropped += 1;
-                    continue;
-                };
-                let Ok(pkt) = RxPacket::parse(&slots[0], &slots[1..]) else {
-                    env.stats.dropped += 1;
-                    continue;
-                };
-                // A riding Ack kept from an earlier packet comes before this one.
-                on_kept_riding_ack(qp, &mut env);
-                if pkt.info.request {
-                    // A Read's or an Atomic's answer may go on the link at once, unless the
-                    // fault stage or the trace must see it among what step 3 sends.
-                    let tx = (faults.is_none() && trace.is_none()).then_some(&mut link.tx);
-                    responder::on_request(qp, &mut env, tx, &pkt);
-                    if qp.resp.owed_ack().is_some() {
-                        let newly = owed.push(l, index);
-                        *owed_now |= !qp.resp.replies;
-                        // The held list leaves this iteration: this Ack is held its own.
-                        qp.resp.listed_late = newly && *owed_held && qp.resp.replies;
-                    }
-                    // A positive Ack riding in the request's line (parse checked the word)
-                    // is handled at the start of the next iteration: after the request, as
-                    // if it had followed in its own line, and after the application has
-                    // had the request's completion.
-                    if slots[0].reserved & crate::wire::slot::ACK_FLAG != 0 {
-                        keep_riding_ack(qp, riding, index, &slots[0]);
-                    }
-                } else {
-                    completer::on_response(qp, &mut env, &pkt);
-                }
-                // Step 3 looks at the QP only if the packet gave it work there; one that now
-                // only waits for a timer goes (or stays) in the timed set. (A QP rung this
-                // iteration is active already; an owed Ack is on the owed list.)
-                if needs_attention(qp) {
-                    active.insert(index);
-                } else if waits_for_timer(qp) {
-                    timed.insert(index);
-                }
-            }
-            link.rx_backlog = n == RX_BURST;
-            work += n;
-            env.stats.packets_received += n as u64;
-        }
-
-        // Timers are checked one iteration in TIMER_EVERY, busy or not (a stream of packets
-        // on one QP must not hold back another QP's RNR wait). An iteration takes well under
-        // a microsecond when idle, so timers fire within a few microseconds of their
-        // deadline; the check reads the clock only if some active QP has a timer armed.
-        *timer_countdown -= 1;
-        let check_timers = *timer_countdown == 0;
-        if check_timers {
-            *timer_countdown = TIMER_EVERY;
-            // The QPs that wait for a timer take their turn in step 3.
-            active.take_all(timed);
-        }
-
-        // 3. Active QPs (a copy of each word is walked, so members can leave meanwhile).
-        let mut summary = active.summary();
-        while summary != 0 {
-            let w = summary.trailing_zeros();
-            summary &= summary - 1;
-            let mut bits = active.word(w);
-            while bits != 0 {
-                let i = w * 64 + bits.trailing_zeros();
-                bits &= bits - 1;
-                let Some(qp) = qps.at_mut(i) else {
-                    active.remove(i);
-                    continue;
-                };
-                // A riding Ack kept from this iteration's packets is handled before the
-                // QP's timers are looked at or it learns of a link gone down.
-                on_kept_riding_ack(qp, &mut env);
-                if rung.contains(i) {
-                    requester::fetch(qp);
-                }
-                let link = qp.cfg.dest.and_then(|d| links.at_mut(d.link.0));
-                match link {
-                    Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
-                        if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
-                            requester::on_tick(qp, &mut env, link.rx_backlog);
-                        }
-                        let before = link.tx.len();
-                        let tx = &mut link.tx;
-                        work += requester::transmit(qp, &mut env, tx, TX_BUDGET);
-                        responder::drain(qp, &mut env, tx);
-                        if let Some(f) = faults.as_deref_mut() {
-                            if let Some(d) = qp.cfg.dest {
-                                f.on_sent(d.link, &mut link.tx, before, &qp.mem);
-                            }
-                        }
-                        if let (Some(t), Some(d)) = (trace.as_deref_mut(), qp.cfg.dest) {
-                            trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
-                        }
-                    }
-                    Some(link) => {
-                        if link.down.is_none() {
-                            link.down = link.tx.broken().map(|e| e.to_string());
-                        }
-                        if qp.state != QpState::Error && qp.state != QpState::Reset {
-                            qp.enter_error(&mut env);
-                        }
-                    }
-                    None => {}
-                }
-                if qp.state == QpState::Error {
-                    flush_receives(qp, &mut env);
-                }
-                completer::retire(qp, &mut env);
-                if !needs_attention(qp) {
-                    active.remove(i);
-                    if waits_for_timer(qp) {
-                        timed.insert(i);
-                    }
-                }
-            }
-        }
-        rung.clear();
-
-        // 4. Owed Acks. Where `hold_acks`, the Ack of a QP that replies to what it receives
-        // (`Responder::replies`) is held back one iteration: an application that answers a
-        // request at once (a ping-pong) sends its answer before the next iteration, and the
-        // Ack rides in the answer's line (`responder::ride_owed_ack`) instead of taking a
-        // line of its own ahead of it. The next iteration sends what is still owed: within
-        // microseconds in poll mode, or at the application's next call in inline mode (two
-        // progress-helper ticks at the latest, half the transport timer). A stream's
-        // receiver, which sends no requests, sends its Acks at once.
-        if !owed.is_empty() {
-            if *hold_acks && !*owed_held && !*owed_now {
-                *owed_held = true;
-            } else {
-                flush_owed_acks(owed, qps, links, &mut env, faults, trace, *owed_held);
-                // Acks listed late stay, held back now: the next iteration sends them.
-                *owed_held = *owed_held && !owed.is_empty();
-            }
-        }
-        *owed_now = false;
-
-        // 5. Publish (with the packets the fault stage held that are due now).
-        if let Some(f) = faults.as_deref_mut() {
-            release_held(f, links, trace);
-        }
-        for (l, link) in links.iter_mut() {
-            link.publish();
-            // A ring the peer broke while this iteration sent on it (its consumer index
-            // went out of range): whichever step saw it first — the owed Acks of step 4
-            // included — the link goes down here and its QPs learn it next iteration.
-            if link.down.is_none() {
-                if let Some(e) = link.tx.broken() {
-                    link.down = Some(e.to_string());
-                    wake_link_qps(qps, active, LinkId(l));
-                }
-            }
-        }
-        work
+        let it = Iteration {
+            qps,
+            links,
+            active,
+            rung,
+            timed,
+            riding,
+            rx,
+            trace,
+            faults,
+            nomem,
+            icrc_dropped,
+            timer_countdown,
+            owed,
+            owed_held,
+            owed_now,
+            hold_acks,
+            watch_sq,
+            watched,
+            watched_count,
+        };
+        (it, res.env())
     }
 
-    /// Publishes the stats area, if there is one: one iteration in
-    /// [`PUBLISH_EVERY`](crate::stats_area::PUBLISH_EVERY).
     /// The engine thread went to sleep once more: counts it, and publishes the stats area
     /// (an engine asleep runs no iteration that would, and `shmhca stat` should see what
     /// it did up to its sleep).
@@ -643,6 +481,9 @@ impl Engine {
         self.publish_stats();
     }
 
+    /// Publishes the stats area, if there is one: one iteration in
+    /// [`PUBLISH_EVERY`](crate::stats_area::PUBLISH_EVERY), and before the engine thread
+    /// sleeps.
     #[cold]
     #[inline(never)]
     fn publish_stats(&mut self) {
@@ -943,6 +784,319 @@ impl Engine {
     pub(crate) fn flush_trace(&self) {
         if let Some(t) = self.trace.as_ref().and_then(|t| t.pcap.as_ref()) {
             t.flush();
+        }
+    }
+}
+
+/// The engine as one iteration of the poll loop ([`Engine::poll`]) borrows it: the QP
+/// and link tables, the sets, the Ack bookkeeping and the taps, each borrowed on its own
+/// so that a step can hold a QP, its link and the rest at once. The iteration's Env is
+/// lent to each step beside it. Every step is `#[inline(always)]` into `poll`, and this
+/// struct then lives in registers, not memory. It must hold nothing whose address a call
+/// takes (such as the Env itself): that keeps all of it in memory, every use of a field
+/// becomes a load, and the hot path costs ~25 instructions more per message
+/// (`bench/scripts/instructions.sh`).
+struct Iteration<'e> {
+    qps: &'e mut SlotTable<QpCtx>,
+    links: &'e mut SlotTable<Link>,
+    active: &'e mut ActiveSet,
+    rung: &'e mut ActiveSet,
+    timed: &'e mut ActiveSet,
+    riding: &'e mut ActiveSet,
+    rx: &'e mut Box<[Line; MAX_FRAME_LINES]>,
+    trace: &'e mut Option<Box<Trace>>,
+    faults: &'e mut Option<Box<crate::fault::Faults>>,
+    nomem: &'e Mem,
+    icrc_dropped: &'e mut u64,
+    timer_countdown: &'e mut u32,
+    owed: &'e mut responder::OwedAcks,
+    owed_held: &'e mut bool,
+    owed_now: &'e mut bool,
+    hold_acks: &'e bool,
+    watch_sq: &'e bool,
+    watched: &'e mut ActiveSet,
+    watched_count: &'e mut u32,
+}
+
+impl Iteration<'_> {
+    /// Step 1: the QPs whose doorbell rang join the active set (and the rung set: they
+    /// have new send WQEs to fetch); where the engine watches send queues, it starts
+    /// watching theirs (up to [`MAX_WATCHED`]).
+    #[inline(always)]
+    fn take_doorbells(&mut self, doorbell: &doorbell::Doorbell) {
+        let Iteration {
+            active,
+            rung,
+            watched,
+            watched_count,
+            watch_sq,
+            ..
+        } = self;
+        doorbell.take(|i| {
+            active.insert(i);
+            rung.insert(i);
+            if **watch_sq && **watched_count < MAX_WATCHED && !watched.contains(i) {
+                doorbell.watch(i);
+                watched.insert(i);
+                **watched_count += 1;
+            }
+        });
+    }
+
+    /// Step 1b: the riding Acks the last iteration received, after their carriers'
+    /// completions went out ([`handle_riding_acks`]).
+    #[inline(always)]
+    fn take_riding_acks(&mut self, env: &mut Env<'_>) {
+        if !self.riding.is_empty() {
+            handle_riding_acks(self.riding, self.qps, self.active, env);
+        }
+    }
+
+    /// Step 2: up to [`RX_BURST`] frames from each live link, one at a time, each copied
+    /// out of the ring once into private lines (a packet's slot, then its continuation
+    /// lines), traced, checked (ICRC, destination QP, parse), then run through the RQ
+    /// Logic (a request) or the completer (a response); a QP joins the active set if that
+    /// gave it work, or the timed set if it now only waits for a timer. A ring the peer
+    /// broke takes the link down (its QPs learn it in step 3). Notes whether a burst left
+    /// frames behind (`rx_backlog`). The frames received.
+    ///
+    /// One loop nest, not a helper per burst and per frame: split further (inlined), the
+    /// receive step cost ~5 instructions more per message (`bench/scripts/instructions.sh`).
+    #[inline(always)]
+    fn receive(&mut self, env: &mut Env<'_>) -> usize {
+        let mut work = 0;
+        for (l, link) in self.links.iter_mut() {
+            if link.down.is_some() {
+                continue;
+            }
+            let mut n = 0;
+            while n < RX_BURST {
+                let lines = match link.rx.recv(self.rx) {
+                    Ok(Some(lines)) => lines,
+                    Ok(None) => break,
+                    Err(e) => {
+                        link.down = Some(e.to_string());
+                        wake_link_qps(self.qps, self.active, LinkId(l));
+                        break;
+                    }
+                };
+                n += 1;
+                // Exactly the frame's lines: the rest of the buffer is stale.
+                let slots: &[PacketSlot] = bytemuck::cast_slice(&self.rx[..lines]);
+                // The QP first (the BTH's place of the destination QP holds three bytes whatever
+                // else the peer wrote); the packet is parsed only for a QP of this link, after the
+                // trace and the ICRC check have seen it.
+                let qpn = RxPacket::dest_qp(&slots[0]);
+                let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+                let qp = self
+                    .qps
+                    .at_mut(index)
+                    .filter(|qp| qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l)));
+                if let Some(t) = self.trace.as_deref_mut() {
+                    let sender = qp.as_ref().map_or(self.nomem, |q| &q.peer_mem);
+                    t.packet(LinkId(l), link.endpoints, false, link.rx_tap, slots, sender);
+                }
+                // A packet stamped with an ICRC (its sender injects faults) is checked first and
+                // dropped silently if it fails, as an HCA drops a corrupted packet.
+                if slots[0].reserved & crate::fault::ICRC_FLAG != 0
+                    && !crate::fault::icrc_ok(
+                        slots,
+                        qp.as_ref().map_or(self.nomem, |q| &q.peer_mem),
+                    )
+                {
+                    *self.icrc_dropped += 1;
+                    continue;
+                }
+                let Some(qp) = qp else {
+                    env.stats.dropped += 1;
+                    continue;
+                };
+                let Ok(pkt) = RxPacket::parse(&slots[0], &slots[1..]) else {
+                    env.stats.dropped += 1;
+                    continue;
+                };
+                // A riding Ack kept from an earlier packet comes before this one.
+                on_kept_riding_ack(qp, env);
+                if pkt.info.request {
+                    // A Read's or an Atomic's answer may go on the link at once, unless the fault
+                    // stage or the trace must see it among what step 3 sends.
+                    let tx =
+                        (self.faults.is_none() && self.trace.is_none()).then_some(&mut link.tx);
+                    responder::on_request(qp, env, tx, &pkt);
+                    if qp.resp.owed_ack().is_some() {
+                        let newly = self.owed.push(l, index);
+                        *self.owed_now |= !qp.resp.replies;
+                        // The held list leaves this iteration: this Ack is held its own.
+                        qp.resp.listed_late = newly && *self.owed_held && qp.resp.replies;
+                    }
+                    // A positive Ack riding in the request's line (parse checked the word) is
+                    // handled at the start of the next iteration: after the request, as if it had
+                    // followed in its own line, and after the application has had the request's
+                    // completion.
+                    if slots[0].reserved & crate::wire::slot::ACK_FLAG != 0 {
+                        keep_riding_ack(qp, self.riding, index, &slots[0]);
+                    }
+                } else {
+                    completer::on_response(qp, env, &pkt);
+                }
+                // Step 3 looks at the QP only if the packet gave it work there; one that now only
+                // waits for a timer goes (or stays) in the timed set. (A QP rung this iteration is
+                // active already; an owed Ack is on the owed list.)
+                if needs_attention(qp) {
+                    self.active.insert(index);
+                } else if waits_for_timer(qp) {
+                    self.timed.insert(index);
+                }
+            }
+            link.rx_backlog = n == RX_BURST;
+            work += n;
+            env.stats.packets_received += n as u64;
+        }
+        work
+    }
+
+    /// Whether this iteration checks timers: one in [`TIMER_EVERY`], busy or not (a stream
+    /// of packets on one QP must not hold back another QP's RNR wait). An iteration takes
+    /// well under a microsecond when idle, so timers fire within a few microseconds of
+    /// their deadline; the check reads the clock only if some active QP has a timer armed.
+    /// The QPs that wait for a timer then take their turn in step 3.
+    #[inline(always)]
+    fn timer_turn(&mut self) -> bool {
+        *self.timer_countdown -= 1;
+        let check_timers = *self.timer_countdown == 0;
+        if check_timers {
+            *self.timer_countdown = TIMER_EVERY;
+            self.active.take_all(self.timed);
+        }
+        check_timers
+    }
+
+    /// Step 3: each active QP (walking a copy of each word of the set, so that members
+    /// can leave meanwhile): its kept riding Ack, its new send WQEs (if rung), its timers
+    /// (if this iteration checks them), the requests its SQ Logic sends and its queued
+    /// responses (Naks, RDMA Read responses, Atomic Acknowledges), shown to the fault
+    /// stage and the trace — or, if its link is down or its send ring broken, the Error
+    /// state; then the receives an Error QP flushes and the completions it retires. It
+    /// leaves the active set when it has nothing more to do (for the timed set if it waits
+    /// for a timer). The request packets sent.
+    ///
+    /// One loop nest, not a helper per QP: split further (inlined), the step cost up to
+    /// ~10 instructions more per message (`bench/scripts/instructions.sh`).
+    #[inline(always)]
+    fn serve_active(&mut self, env: &mut Env<'_>, check_timers: bool) -> usize {
+        let mut work = 0;
+        let mut summary = self.active.summary();
+        while summary != 0 {
+            let w = summary.trailing_zeros();
+            summary &= summary - 1;
+            let mut bits = self.active.word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let Some(qp) = self.qps.at_mut(i) else {
+                    self.active.remove(i);
+                    continue;
+                };
+                // A riding Ack kept from this iteration's packets is handled before the
+                // QP's timers are looked at or it learns of a link gone down.
+                on_kept_riding_ack(qp, env);
+                if self.rung.contains(i) {
+                    requester::fetch(qp);
+                }
+                let link = qp.cfg.dest.and_then(|d| self.links.at_mut(d.link.0));
+                match link {
+                    Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
+                        if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
+                            requester::on_tick(qp, env, link.rx_backlog);
+                        }
+                        let before = link.tx.len();
+                        let tx = &mut link.tx;
+                        work += requester::transmit(qp, env, tx, TX_BUDGET);
+                        responder::drain(qp, env, tx);
+                        if let Some(f) = self.faults.as_deref_mut() {
+                            if let Some(d) = qp.cfg.dest {
+                                f.on_sent(d.link, &mut link.tx, before, &qp.mem);
+                            }
+                        }
+                        if let (Some(t), Some(d)) = (self.trace.as_deref_mut(), qp.cfg.dest) {
+                            trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+                        }
+                    }
+                    Some(link) => {
+                        // The link is down, or the peer broke its send ring: the link goes
+                        // down (if only its ring broke) and the QP to the Error state.
+                        if link.down.is_none() {
+                            link.down = link.tx.broken().map(|e| e.to_string());
+                        }
+                        if qp.state != QpState::Error && qp.state != QpState::Reset {
+                            qp.enter_error(env);
+                        }
+                    }
+                    None => {}
+                }
+                if qp.state == QpState::Error {
+                    flush_receives(qp, env);
+                }
+                completer::retire(qp, env);
+                if !needs_attention(qp) {
+                    self.active.remove(i);
+                    if waits_for_timer(qp) {
+                        self.timed.insert(i);
+                    }
+                }
+            }
+        }
+        self.rung.clear();
+        work
+    }
+
+    /// Step 4: the owed Acks. Where `hold_acks`, the Ack of a QP that replies to what it
+    /// receives (`Responder::replies`) is held back one iteration: an application that
+    /// answers a request at once (a ping-pong) sends its answer before the next iteration,
+    /// and the Ack rides in the answer's line (`responder::ride_owed_ack`) instead of
+    /// taking a line of its own ahead of it. The next iteration sends what is still owed:
+    /// within microseconds in poll mode, or at the application's next call in inline mode
+    /// (two progress-helper ticks at the latest, half the transport timer). A stream's
+    /// receiver, which sends no requests, sends its Acks at once.
+    #[inline(always)]
+    fn send_owed_acks(&mut self, env: &mut Env<'_>) {
+        if !self.owed.is_empty() {
+            if *self.hold_acks && !*self.owed_held && !*self.owed_now {
+                *self.owed_held = true;
+            } else {
+                flush_owed_acks(
+                    self.owed,
+                    self.qps,
+                    self.links,
+                    env,
+                    self.faults,
+                    self.trace,
+                    *self.owed_held,
+                );
+                // Acks listed late stay, held back now: the next iteration sends them.
+                *self.owed_held = *self.owed_held && !self.owed.is_empty();
+            }
+        }
+        *self.owed_now = false;
+    }
+
+    /// Step 5: publishes every link's outgoing burst (with the packets the fault stage
+    /// held that are due now). A ring the peer broke while this iteration sent on it (its
+    /// consumer index went out of range): whichever step saw it first — the owed Acks of
+    /// step 4 included — the link goes down here and its QPs learn it next iteration.
+    #[inline(always)]
+    fn publish(&mut self) {
+        if let Some(f) = self.faults.as_deref_mut() {
+            release_held(f, self.links, self.trace);
+        }
+        for (l, link) in self.links.iter_mut() {
+            link.publish();
+            if link.down.is_none() {
+                if let Some(e) = link.tx.broken() {
+                    link.down = Some(e.to_string());
+                    wake_link_qps(self.qps, self.active, LinkId(l));
+                }
+            }
         }
     }
 }
