@@ -72,7 +72,12 @@ pub(crate) fn share_engine_page(shared: &Device) -> Result<OwnedFd> {
 
 /// A read-only descriptor of the arena of `pd`, to send to a peer, and how it is laid out.
 pub(super) fn share_arena(shared: &Arc<Device>, pd: &Pd) -> Result<(OwnedFd, ArenaLayout)> {
-    let pdn = pd.pdn;
+    share_pd_arena(shared, pd.pdn)
+}
+
+/// [`share_arena`] of protection domain number `pdn` (the fabric's setup knows a QP's
+/// domain by number).
+pub(crate) fn share_pd_arena(shared: &Device, pdn: u32) -> Result<(OwnedFd, ArenaLayout)> {
     let seg = shared
         .engine
         .with(|e| e.res.pds.get(pdn).map(|a| a.segment().clone()))

@@ -134,16 +134,8 @@ fn timeouts(s: &UnixStream) {
 /// A read-only descriptor of protection domain `pdn`'s arena, and whether it is an
 /// application's memfd (no header).
 fn share_pd_arena(shared: &Device, pdn: u32) -> Result<(OwnedFd, bool)> {
-    let seg = shared
-        .engine
-        .with(|e| e.res.pds.get(pdn).map(|a| a.segment().clone()))
-        .ok_or(Error::ForeignObject {
-            what: "the protection domain",
-        })?;
-    let fd = seg
-        .share_fd()
-        .map_err(|e| Error::io("sharing the protection domain's arena", e))?;
-    Ok((fd, !seg.has_header()))
+    crate::cm::segments::share_pd_arena(shared, pdn)
+        .map(|(fd, layout)| (fd, layout == ArenaLayout::Memfd))
 }
 
 fn layout(memfd: bool) -> ArenaLayout {
