@@ -1,0 +1,29 @@
+//! Who drives the engine. verbs programs expect the HCA to make progress on its own:
+//! perftest's `ib_write_lat` polls a byte of its buffer and calls no verb, and bandwidth
+//! servers wait in a blocking TCP read. So each context runs shmhca's poll mode (an engine
+//! thread) with the backoff idle policy (spin, then yield, then sleep until woken), unless
+//! `SHMHCA_VERBS_SPINS` / `SHMHCA_VERBS_MAX_SLEEP_US` say otherwise.
+
+use std::time::Duration;
+
+use shmhca::{EngineMode, IdlePolicy};
+
+/// The mode: poll (an engine thread), pinned to `SHMHCA_VERBS_CPU` if set.
+pub fn engine_mode() -> EngineMode {
+    let cpu = std::env::var("SHMHCA_VERBS_CPU")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    EngineMode::Poll { cpu }
+}
+
+/// The engine thread's idle policy.
+pub fn idle_policy() -> IdlePolicy {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    match (env("SHMHCA_VERBS_SPINS"), env("SHMHCA_VERBS_MAX_SLEEP_US")) {
+        (None, None) => IdlePolicy::default(),
+        (spins, sleep) => IdlePolicy::Backoff {
+            spins: spins.map_or(10_000, |s| u32::try_from(s).unwrap_or(u32::MAX)),
+            max_sleep: Duration::from_micros(sleep.unwrap_or(100_000)),
+        },
+    }
+}
