@@ -98,6 +98,7 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
     let ctx = shmhca::Context::builder()
         .mode(crate::progress::engine_mode())
         .idle(crate::progress::idle_policy())
+        .huge_pages(crate::progress::huge_pages())
         .build()
         .map_err(|e| crate::util::fail("ibv_open_device", &e))?;
     // SAFETY: plain eventfd(2) call.

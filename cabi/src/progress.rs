@@ -27,3 +27,13 @@ pub fn idle_policy() -> IdlePolicy {
         },
     }
 }
+
+/// Huge pages for the arenas only with `SHMHCA_VERBS_HUGE_PAGES=1`: a verbs program's
+/// buffers are its own memory (the arena holds only their shadows and the QPs' staging), and
+/// without a reserved pool every process would print the fallback warning.
+pub fn huge_pages() -> shmhca_rings::segment::HugePages {
+    match std::env::var("SHMHCA_VERBS_HUGE_PAGES").as_deref() {
+        Ok("1") => shmhca_rings::segment::HugePages::Auto,
+        _ => shmhca_rings::segment::HugePages::Never,
+    }
+}
