@@ -234,25 +234,35 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if mr.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: an MrObj of ours, given up by the caller.
-        let m = unsafe { Box::from_raw(mr.cast::<MrObj>()) };
+        let p = mr.cast::<MrObj>();
+        // SAFETY: an MrObj of ours, given up by the caller: moved out here, and either its
+        // memory freed below or the object written back to the same place.
+        let m = unsafe { ptr::read(p) };
         // SAFETY: the region's context is ours.
         let c = unsafe { ctx(m.mr.context) };
         let key = m.mr.lkey;
         if let Some(c) = c {
             c.mrs.remove(key);
         }
-        let MrObj { mr: cmr, rust } = *m;
+        let MrObj { mr: cmr, rust } = m;
         match rust.into_inner() {
-            Ok(_buf) => 0, // the memory is the program's: nothing to free
+            Ok(_buf) => {
+                // SAFETY: the allocation Box::into_raw made; its value was moved out above.
+                drop(unsafe { Box::from_raw(p.cast::<std::mem::MaybeUninit<MrObj>>()) });
+                0 // the memory is the program's: nothing else to free
+            }
             Err(refused) => {
+                // Still in use (EBUSY): the region stays registered, at the same address.
                 let e = fail("ibv_dereg_mr", refused.error());
-                let back = boxed(MrObj {
-                    mr: cmr,
-                    rust: refused.into_value(),
-                });
+                // SAFETY: the place the object was read from, still allocated.
+                unsafe {
+                    p.write(MrObj {
+                        mr: cmr,
+                        rust: refused.into_value(),
+                    })
+                };
                 if let Some(c) = c {
-                    c.mrs.insert(key, back);
+                    c.mrs.insert(key, p);
                 }
                 e
             }
@@ -613,28 +623,34 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if srq.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: an SrqObj of ours, given up by the caller.
-        let o = unsafe { Box::from_raw(srq.cast::<SrqObj>()) };
+        let p = srq.cast::<SrqObj>();
+        // SAFETY: an SrqObj of ours, given up by the caller: moved out here, and either its
+        // memory freed below or the object written back to the same place.
+        let o = unsafe { ptr::read(p) };
         let SrqObj {
             srq: c,
             rust,
             limit,
             max_sge,
-        } = *o;
+        } = o;
         match rust.destroy() {
-            Ok(()) => 0,
+            Ok(()) => {
+                // SAFETY: the allocation Box::into_raw made; its value was moved out above.
+                drop(unsafe { Box::from_raw(p.cast::<std::mem::MaybeUninit<SrqObj>>()) });
+                0
+            }
             Err(refused) => {
                 let e = fail("ibv_destroy_srq", refused.error());
                 // Still in use: the object stays where it was for the program to retry.
-                let back = SrqObj {
-                    srq: c,
-                    rust: refused.into_value(),
-                    limit,
-                    max_sge,
+                // SAFETY: the place the object was read from, still allocated.
+                unsafe {
+                    p.write(SrqObj {
+                        srq: c,
+                        rust: refused.into_value(),
+                        limit,
+                        max_sge,
+                    })
                 };
-                // SAFETY: the same allocation's size and alignment (a fresh box, same type);
-                // the program keeps its pointer, so the object must stay at it.
-                unsafe { srq.cast::<SrqObj>().write(back) };
                 e
             }
         }

@@ -4,6 +4,10 @@
 //! Rust API (a link between the two engines of this process); connecting by LID/GID is the
 //! cross-process tests' part (verbs_tools).
 
+// A test of an FFI: each block drives the C ABI as a C program would, with the pointers it
+// made; one SAFETY comment per block says so.
+#![allow(clippy::multiple_unsafe_ops_per_block)]
+
 use std::ffi::c_int;
 use std::ptr;
 use std::time::{Duration, Instant};
@@ -61,7 +65,8 @@ fn side(access: c_int) -> Side {
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
         );
-        let create = (*ibverbs::context::ctx_of(ctx).unwrap())
+        let create = ibverbs::context::ctx_of(ctx)
+            .unwrap()
             .vctx
             .create_qp_ex
             .unwrap();
@@ -143,10 +148,10 @@ fn poll(s: &Side) -> ibv_wc {
 }
 
 fn sge(s: &Side, off: usize, len: u32) -> ibv_sge {
-    // SAFETY: our region.
     ibv_sge {
         addr: s.buf.as_ptr() as u64 + off as u64,
         length: len,
+        // SAFETY: our region.
         lkey: unsafe { (*s.mr).lkey },
     }
 }
