@@ -18,6 +18,7 @@ use ibverbs::objects::*;
 use ibverbs::qp::*;
 
 struct Side {
+    ch: *mut ibv_comp_channel,
     ctx: *mut ibv_context,
     pd: *mut ibv_pd,
     cq: *mut ibv_cq,
@@ -31,7 +32,7 @@ fn ops(c: *mut ibv_context) -> ibv_context_ops {
     unsafe { (*c).ops }
 }
 
-fn side(access: c_int) -> Side {
+fn side(access: c_int, with_channel: bool) -> Side {
     // SAFETY: the exported functions with the arguments verbs.h documents.
     unsafe {
         let mut n = 0;
@@ -41,7 +42,12 @@ fn side(access: c_int) -> Side {
         ibv_free_device_list(list);
         assert!(!ctx.is_null());
         let pd = ibv_alloc_pd(ctx);
-        let cq = ibv_create_cq(ctx, 64, ptr::null_mut(), ptr::null_mut(), 0);
+        let ch = if with_channel {
+            ibv_create_comp_channel(ctx)
+        } else {
+            ptr::null_mut()
+        };
+        let cq = ibv_create_cq(ctx, 64, 0x5eed as *mut std::ffi::c_void, ch, 0);
         let mut buf = vec![0u8; 8192];
         let mr = ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), access);
         assert!(!mr.is_null());
@@ -73,6 +79,7 @@ fn side(access: c_int) -> Side {
         let qp = create(ctx, &mut attr);
         assert!(!qp.is_null());
         Side {
+            ch,
             ctx,
             pd,
             cq,
@@ -173,8 +180,8 @@ fn sends_writes_reads_and_atomics_through_the_c_abi() {
         | IBV_ACCESS_REMOTE_WRITE
         | IBV_ACCESS_REMOTE_READ
         | IBV_ACCESS_REMOTE_ATOMIC) as c_int;
-    let mut a = side(access);
-    let b = side(access);
+    let mut a = side(access, false);
+    let b = side(access, false);
     connect(&a, &b);
     let post_send = ops(a.ctx).post_send.unwrap();
     let post_recv = ops(b.ctx).post_recv.unwrap();
@@ -303,5 +310,74 @@ fn null_and_foreign_pointers_are_refused() {
             ibv_query_device(ptr::null_mut(), ptr::null_mut()),
             libc::EINVAL
         );
+    }
+}
+
+#[test]
+fn a_completion_channel_reports_solicited_events() {
+    let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+    let a = side(access, false);
+    let b = side(access, true);
+    connect(&a, &b);
+    let post_send = ops(a.ctx).post_send.unwrap();
+    let post_recv = ops(b.ctx).post_recv.unwrap();
+    let notify = ops(b.ctx).req_notify_cq.unwrap();
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        let mut rl = [sge(&b, 0, 64)];
+        let mut r: ibv_recv_wr = std::mem::zeroed();
+        r.sg_list = rl.as_mut_ptr();
+        r.num_sge = 1;
+        let mut bad_r = ptr::null_mut();
+        for _ in 0..2 {
+            assert_eq!(post_recv(b.qp, &mut r, &mut bad_r), 0);
+        }
+        // Armed for solicited events only: an unsolicited Send raises none, a solicited one does.
+        assert_eq!(notify(b.cq, 1), 0);
+        let mut sl = [sge(&a, 0, 8)];
+        let mut bad = ptr::null_mut();
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), 0);
+        poll(&a);
+        poll(&b);
+        let mut pfd = libc::pollfd {
+            fd: (*b.ch).fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(
+            libc::poll(&mut pfd, 1, 200),
+            0,
+            "an unsolicited Send raised an event"
+        );
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), 0);
+        poll(&a);
+        assert_eq!(
+            libc::poll(&mut pfd, 1, 60_000),
+            1,
+            "no event for the solicited Send"
+        );
+        let mut cq = ptr::null_mut();
+        let mut cq_ctx = ptr::null_mut();
+        assert_eq!(ibv_get_cq_event(b.ch, &mut cq, &mut cq_ctx), 0);
+        assert_eq!((cq, cq_ctx as usize), (b.cq, 0x5eed));
+        ibv_ack_cq_events(cq, 1);
+        assert_eq!(poll(&b).status, IBV_WC_SUCCESS);
+        assert_eq!(
+            ibv_destroy_comp_channel(b.ch),
+            libc::EBUSY,
+            "its CQ still uses it"
+        );
+        for s in [&a, &b] {
+            assert_eq!(ibv_destroy_qp(s.qp), 0);
+            assert_eq!(ibv_dereg_mr(s.mr), 0);
+            assert_eq!(ibv_destroy_cq(s.cq), 0);
+            assert_eq!(ibv_dealloc_pd(s.pd), 0);
+        }
+        assert_eq!(ibv_destroy_comp_channel(b.ch), 0);
+        for s in [&a, &b] {
+            assert_eq!(ibv_close_device(s.ctx), 0);
+        }
     }
 }
