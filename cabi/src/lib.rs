@@ -39,6 +39,11 @@
 //! Every exported function takes the pointers verbs.h documents for it: objects this
 //! library made and has not destroyed, or null (checked: EINVAL). Nothing else is assumed;
 //! no panic crosses into C ([`util::guard`] around every body).
+//!
+//! The hot path takes no lock (no locked instruction per message): one QP, CQ or SRQ is
+//! posted to or polled by one thread at a time, as perftest and rdma-core's examples do.
+//! Different objects may be used from different threads at once; creating and destroying
+//! objects is thread-safe.
 #![allow(clippy::missing_safety_doc)] // the contract above is every function's
 #![allow(clippy::multiple_unsafe_ops_per_block)] // FFI: each block's SAFETY covers its pointer
 
