@@ -130,7 +130,7 @@ mod handshake;
 pub(crate) mod links;
 mod listener;
 mod params;
-mod segments;
+pub(crate) mod segments;
 pub(crate) mod watch;
 
 pub use connection::{Connection, LinkInfo, connect, connect_with_srq};

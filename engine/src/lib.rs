@@ -81,6 +81,7 @@ pub mod credit;
 pub(crate) mod dma;
 pub(crate) mod engine;
 mod error;
+pub mod fabric;
 pub mod fault;
 #[cfg(test)]
 mod hostile_tests;
@@ -112,6 +113,7 @@ pub(crate) mod wqe;
 pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;
 pub use error::{Error, Refused, Result};
+pub use fabric::{FabricAddr, FabricDest, FabricPeer};
 pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};

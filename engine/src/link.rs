@@ -571,6 +571,14 @@ impl Link {
         u32::try_from(u64::from_le_bytes(b)).ok()
     }
 
+    /// Replaces the peer's engine page: a link made before any engine held its peer's LID
+    /// had a blank one until an engine attached ([`crate::fabric`]).
+    pub(crate) fn set_peer_page(&mut self, page: Mem) {
+        self.peer_page = page;
+        self.peer_may_sleep = false;
+        self.refresh_peer_may_sleep();
+    }
+
     /// The peer arena named `key`, if it was mapped for this link already.
     pub(crate) fn peer_arena(&self, key: ArenaKey) -> Option<&Mem> {
         self.peer_arenas

@@ -277,8 +277,13 @@ pub struct QpAttr {
     pub access: Option<AccessFlags>,
     /// Path MTU (required for Init → RTR).
     pub path_mtu: Option<Mtu>,
-    /// Link and remote QPN (required for Init → RTR).
+    /// Link and remote QPN (required for Init → RTR, unless `fabric_dest` is set).
     pub dest: Option<Destination>,
+    /// The remote port (LID or GID) and QPN on the fabric: [`Qp::modify`](crate::Qp::modify)
+    /// finds the link to that port's engine and sets `dest` from it (see [`crate::fabric`];
+    /// the context must have joined the fabric). Set with [`QpAttr::dest_lid`] or
+    /// [`QpAttr::dest_gid`]; an alternative to `dest`, never with it.
+    pub fabric_dest: Option<crate::fabric::FabricDest>,
     /// The RQ Logic's first expected PSN: the remote SQ's start PSN (required for Init → RTR).
     pub rq_psn: Option<u32>,
     /// Responder resources: RDMA Read/Atomic requests this QP accepts at once (required for
@@ -324,6 +329,7 @@ impl QpAttr {
             access: None,
             path_mtu: None,
             dest: None,
+            fabric_dest: None,
             rq_psn: None,
             max_dest_rd_atomic: None,
             min_rnr_timer: None,
@@ -361,6 +367,27 @@ impl QpAttr {
         rnr_retry: u8,
         /// Sets the initiator depth.
         max_rd_atomic: u8,
+    }
+
+    /// Sets the remote QP by the LID of its port and its QPN (`ibv_ah_attr.dlid` and
+    /// `dest_qp_num`): an alternative to [`QpAttr::dest`] for a context on the fabric (see
+    /// [`crate::fabric`]).
+    pub fn dest_lid(mut self, lid: u16, qpn: crate::wire::Qpn) -> QpAttr {
+        self.fabric_dest = Some(crate::fabric::FabricDest {
+            peer: crate::fabric::FabricPeer::Lid(lid),
+            qpn,
+        });
+        self
+    }
+
+    /// Sets the remote QP by the GID of its port and its QPN (`ibv_ah_attr.grh.dgid`):
+    /// as [`QpAttr::dest_lid`], for programs that address by GID (`-g 0`).
+    pub fn dest_gid(mut self, gid: [u8; 16], qpn: crate::wire::Qpn) -> QpAttr {
+        self.fabric_dest = Some(crate::fabric::FabricDest {
+            peer: crate::fabric::FabricPeer::Gid(gid),
+            qpn,
+        });
+        self
     }
 
     /// The names of the attributes that are set, in declaration order.

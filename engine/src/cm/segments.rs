@@ -18,7 +18,7 @@ use crate::wire::Qpn;
 use super::msg::ArenaLayout;
 
 /// The link segment of a new link.
-pub(super) enum LinkSegment {
+pub(crate) enum LinkSegment {
     /// Made by this side ([`link::create_link_segment`]).
     Made(Arc<Segment>),
     /// Received from the peer, which made it.
@@ -30,7 +30,7 @@ pub(super) enum LinkSegment {
 /// # Errors
 /// The link segment or the engine page cannot be mapped or is malformed (see
 /// [`link::attach`]), or the engine has no room for another link.
-pub(super) fn new_link(
+pub(crate) fn new_link(
     shared: &Arc<Shared>,
     segment: LinkSegment,
     side: Side,
@@ -62,7 +62,7 @@ pub(super) fn new_link(
 }
 
 /// A read-only descriptor of this engine's page, to send to a peer with a new link.
-pub(super) fn share_engine_page(shared: &Shared) -> Result<OwnedFd> {
+pub(crate) fn share_engine_page(shared: &Shared) -> Result<OwnedFd> {
     shared
         .engine_page
         .share_fd()
@@ -92,7 +92,7 @@ pub(super) fn share_arena(shared: &Arc<Shared>, pd: &Pd) -> Result<(OwnedFd, Are
 /// Records on link `id` that peer QP `qpn` sends from the arena behind `fd`: mapped
 /// read-only (never populated, refused above `max` bytes) unless this link mapped that
 /// arena already.
-pub(super) fn attach_peer_arena(
+pub(crate) fn attach_peer_arena(
     shared: &Arc<Shared>,
     id: LinkId,
     qpn: u32,

@@ -169,6 +169,12 @@ impl Engine {
         self.qps.iter().map(|(_, q)| q)
     }
 
+    /// The QPs, to change (the fabric gives a peer arena that came late to the QPs facing
+    /// it).
+    pub(crate) fn qps_mut(&mut self) -> impl Iterator<Item = &mut QpCtx> {
+        self.qps.iter_mut().map(|(_, q)| q)
+    }
+
     /// The links and their numbers (for the stats area).
     pub(crate) fn links(&self) -> impl Iterator<Item = (LinkId, &Link)> {
         self.links.iter().map(|(i, l)| (LinkId(i), l))

@@ -443,6 +443,7 @@ impl ContextBuilder {
             notify_armed,
             helper_word: Arc::default(),
             kick: Default::default(),
+            fabric: Default::default(),
         });
         // Under loom there is no helper or engine thread: a model drives the engine with
         // `Context::progress` from a thread of its own.
@@ -600,6 +601,8 @@ pub(crate) struct Shared {
     /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
     /// `engine::progress`), so that arming a queue can cut the sleep short.
     pub(crate) helper_word: Arc<AtomicU32>,
+    /// Its membership of the fabric, once it joined ([`crate::fabric`]).
+    pub(crate) fabric: crate::fabric::FabricSlot,
 }
 
 impl Shared {

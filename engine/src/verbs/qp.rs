@@ -319,6 +319,26 @@ impl Qp {
     /// [`plan_modify`](crate::qp::plan_modify).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         let index = self.index;
+        let mut resolved;
+        let mut attr = attr;
+        if let Some(f) = attr.fabric_dest {
+            if attr.dest.is_some() {
+                return Err(Error::invalid(
+                    "dest_lid",
+                    "both a link destination (dest) and a fabric one (dest_lid/dest_gid): set one",
+                ));
+            }
+            if attr.state != QpState::Rtr || self.state() != QpState::Init {
+                return Err(Error::invalid(
+                    "dest_lid",
+                    "a fabric destination is set in the Init → RTR transition",
+                ));
+            }
+            resolved = *attr;
+            resolved.fabric_dest = None;
+            resolved.dest = Some(crate::fabric::resolve(&self.shared, self.qpn, self.pdn, f)?);
+            attr = &resolved;
+        }
         if let Some(d) = attr.dest {
             self.shared.find_local_peer_qp(d);
         }

@@ -1,0 +1,416 @@
+//! The fabric: addressing peer engines by LID or GID, as verbs programs do.
+//!
+//! A verbs program reaches its peer the fabric way: each process opens the device, reads
+//! its port's LID (or GID), swaps LID, QPN and PSN with the peer out of band (over TCP,
+//! say), and moves its QP to RTR naming the peer's LID (or GID) and QPN. This module gives
+//! shmhca that way, besides the connection manager ([`crate::cm`]):
+//!
+//! * [`Context::join_fabric`] gives the context a unique LID on this machine (per user) and
+//!   a GID derived from it ([`FabricAddr`], [`Context::fabric_addr`]). The LID is held by
+//!   a locked file in a per-user rendezvous directory, and the context listens on a Unix
+//!   socket there for link requests ([`dir`] says where, and how stale entries of dead
+//!   processes are reclaimed). A small thread per context accepts those requests, so a peer
+//!   is served while the application sits in a blocking read, in either engine mode.
+//! * [`QpAttr::dest_lid`] or [`QpAttr::dest_gid`] in the Init → RTR modify (instead of
+//!   [`QpAttr::dest`]): [`Qp::modify`](crate::Qp::modify) finds the peer's engine through the
+//!   directory, reuses the link to it or makes one (one link per pair of engines), hands
+//!   the peer this QP's protection-domain arena (the peer reads payloads from it, read-only)
+//!   and fetches the arena of the peer QP, all before RTR returns. Peers are checked with
+//!   `SO_PEERCRED`: only processes of this user are served or contacted.
+//!
+//! # A peer that is not there (yet)
+//!
+//! As on a fabric, RTR to a LID no engine holds succeeds: the QP gets a link that no
+//! engine reads yet, its packets wait there (and its transport timer retries them). If an
+//! engine takes that LID and its QP goes to RTR towards this one, that engine is given
+//! this very link and reads what waits on it: the QPs talk as if the peer had been there
+//! all along. If no engine ever comes, the QP's retries run out and it ends in the Error
+//! state with [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr), as on a fabric
+//! (after `retry_cnt` retries of its Local Ack Timeout). A QPN the peer engine does not
+//! have (yet) is the same: RTR succeeds and the peer QP's arena is taken when that QP goes
+//! to RTR towards this one.
+//!
+//! # Peer death
+//!
+//! The Unix socket over which a link was set up stays open for the link's life. When the
+//! peer process dies (or drops its context), the kernel closes it; this side's fabric thread
+//! sees the hang-up within milliseconds, processes what the peer had already put on the
+//! link, and tears the link down: every QP whose destination is on it goes to the Error
+//! state, its work requests completing with
+//! [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr).
+//!
+//! # What a peer can get
+//!
+//! Any process of this user may ask a fabric context for the arena of one of its QPs by
+//! QPN (as it would, on a fabric, send to any QP whose number it knows): the rule of
+//! [`crate::verbs`]'s security model holds — a peer reads the arenas of protection domains
+//! whose QPs it was told about, read-only, and writes nothing. Processes of other users are
+//! refused; the directory is private to the user.
+//!
+//! # Example
+//!
+//! Two contexts (they would be two processes) join the fabric in a directory of their own,
+//! swap LIDs and QPNs, and go to RTS by LID:
+//!
+//! ```
+//! use shmhca::*;
+//!
+//! let dir = std::env::temp_dir().join(format!("shmhca-doc-fabric-{}", std::process::id()));
+//! let (a, b) = (Context::builder().arena_size(1 << 20).build()?,
+//!               Context::builder().arena_size(1 << 20).build()?);
+//! let (addr_a, addr_b) = (a.join_fabric_in(&dir)?, b.join_fabric_in(&dir)?);
+//! assert_ne!(addr_a.lid, addr_b.lid);
+//! let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
+//! let (cq_a, mut cq_b) = (a.create_cq(16)?, b.create_cq(16)?);
+//! let mut qa = a.create_qp(&pd_a, &cq_a, &cq_a, QpCaps::default())?;
+//! let mut qb = b.create_qp(&pd_b, &cq_b, &cq_b, QpCaps::default())?;
+//! // What the two programs would swap over TCP: LID, QPN (and a start PSN, 0 here).
+//! let (na, nb) = (qa.qpn(), qb.qpn());
+//! for (qp, lid, qpn) in [(&mut qa, addr_b.lid, nb), (&mut qb, addr_a.lid, na)] {
+//!     qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::REMOTE_WRITE))?;
+//!     qp.modify(&QpAttr::new(QpState::Rtr).path_mtu(Mtu::Mtu4096)
+//!         .dest_lid(lid, qpn).rq_psn(0).max_dest_rd_atomic(1).min_rnr_timer(1))?;
+//!     qp.modify(&QpAttr::new(QpState::Rts).sq_psn(0).timeout(14)
+//!         .retry_cnt(7).rnr_retry(7).max_rd_atomic(1))?;
+//! }
+//! let src = pd_a.alloc_mr(64, AccessFlags::NONE)?;
+//! let dst = pd_b.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! src.write_at(0, b"over the fabric")?;
+//! qb.post_recv(&RecvWr::new(1, &[dst.sge(0, 64)?]))?;
+//! qa.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 15)?]))?;
+//! let mut wc = [WorkCompletion::default(); 1];
+//! assert_eq!(cq_b.poll_until(&mut wc, std::time::Duration::from_secs(30)), 1);
+//! assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 15));
+//! drop((qa, qb, a, b));
+//! # let _ = std::fs::remove_dir(&dir);
+//! # Ok::<(), shmhca::Error>(())
+//! ```
+
+pub mod dir;
+pub(crate) mod msg;
+mod setup;
+mod watch;
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use shmhca_rings::segment::Segment;
+
+use crate::error::{Error, Result};
+use crate::link::LinkId;
+use crate::verbs::Context;
+use crate::wire::Qpn;
+
+pub use dir::{DIR_ENV, MAX_LID, MIN_LID, default_dir};
+
+/// A context's address on the fabric: its port's LID and GID (index 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FabricAddr {
+    /// The port's LID: unique among the contexts of this user on this machine, from
+    /// [`MIN_LID`] to [`MAX_LID`].
+    pub lid: u16,
+    /// The port's GID, derived from the LID ([`gid_of_lid`]).
+    pub gid: [u8; 16],
+}
+
+/// The subnet prefix of every fabric GID (link-local, fe80::/64).
+pub const SUBNET_PREFIX: [u8; 8] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
+
+/// The interface identifier of a fabric GID before its LID: a locally administered
+/// EUI-64 ("SHM").
+const INTERFACE_TAG: [u8; 6] = [0x02, b'S', b'H', b'M', 0, 0];
+
+/// The GID of LID `lid`: [`SUBNET_PREFIX`], then `02 53 48 4d 00 00` and the LID
+/// (big-endian), so `fe80::253:484d:0:LID`.
+pub fn gid_of_lid(lid: u16) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[..8].copy_from_slice(&SUBNET_PREFIX);
+    g[8..14].copy_from_slice(&INTERFACE_TAG);
+    g[14..].copy_from_slice(&lid.to_be_bytes());
+    g
+}
+
+/// The LID a fabric GID names; `None` for a GID no fabric context can have.
+pub fn lid_of_gid(gid: &[u8; 16]) -> Option<u16> {
+    if gid[..8] != SUBNET_PREFIX || gid[8..14] != INTERFACE_TAG {
+        return None;
+    }
+    let lid = u16::from_be_bytes([gid[14], gid[15]]);
+    (MIN_LID..=MAX_LID).contains(&lid).then_some(lid)
+}
+
+/// How an RTR names the peer's port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FabricPeer {
+    /// By LID (`ibv_ah_attr.dlid`).
+    Lid(u16),
+    /// By GID (`ibv_ah_attr.grh.dgid`, with `is_global`).
+    Gid([u8; 16]),
+}
+
+/// A destination on the fabric: the peer's port and QP number (`ibv_qp_attr.ah_attr` and
+/// `dest_qp_num`). Set with [`QpAttr::dest_lid`](crate::QpAttr::dest_lid) or
+/// [`QpAttr::dest_gid`](crate::QpAttr::dest_gid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FabricDest {
+    /// The peer's port.
+    pub peer: FabricPeer,
+    /// The peer's QP.
+    pub qpn: Qpn,
+}
+
+impl FabricDest {
+    /// The LID named, checked.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a LID outside the unicast range, or a GID that is
+    /// not a fabric GID.
+    pub fn lid(&self) -> Result<u16> {
+        match self.peer {
+            FabricPeer::Lid(l) if (MIN_LID..=MAX_LID).contains(&l) => Ok(l),
+            FabricPeer::Lid(l) => Err(Error::invalid(
+                "dest_lid",
+                format!("LID {l:#x} is not a unicast LID ({MIN_LID:#x}..={MAX_LID:#x})"),
+            )),
+            FabricPeer::Gid(g) => lid_of_gid(&g).ok_or_else(|| {
+                Error::invalid(
+                    "dest_gid",
+                    format!(
+                        "{} is not a shmhca fabric GID (fe80::253:484d:0:LID, from ibv_query_gid index 0)",
+                        std::net::Ipv6Addr::from(g)
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+/// Bytes of a peer's arena this side maps at most (as the connection manager's default).
+const MAX_PEER_ARENA: u64 = crate::cm::DEFAULT_MAX_PEER_ARENA;
+
+/// One link of the fabric to a peer LID.
+#[derive(Debug)]
+pub(crate) struct PeerLink {
+    pub(crate) lid: u16,
+    pub(crate) id: LinkId,
+    /// The token its creator drew.
+    pub(crate) token: u64,
+    /// The peer engine's identity; `None` while no engine has attached (pending).
+    pub(crate) identity: Option<u64>,
+    /// The segment, kept while pending (to give to the engine that comes).
+    pub(crate) segment: Option<Arc<Segment>>,
+    /// The socket that keeps the link (its hang-up tells the peer is gone).
+    pub(crate) socket: Option<Arc<UnixStream>>,
+    /// Cleared when torn down: never used again, removed once no QP points at it.
+    pub(crate) up: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Table {
+    pub(crate) peers: Vec<PeerLink>,
+    /// LIDs a thread of this context is setting a link up with (may repeat).
+    pub(crate) busy: Vec<u16>,
+}
+
+impl Table {
+    /// The live entry for `lid`.
+    pub(crate) fn live(&mut self, lid: u16) -> Option<&mut PeerLink> {
+        self.peers.iter_mut().find(|p| p.lid == lid && p.up)
+    }
+
+    /// The live entry holding link `token`.
+    pub(crate) fn by_token(&mut self, lid: u16, token: u64) -> Option<&mut PeerLink> {
+        self.peers
+            .iter_mut()
+            .find(|p| p.lid == lid && p.token == token && p.up)
+    }
+
+    pub(crate) fn unbusy(&mut self, lid: u16) {
+        if let Some(i) = self.busy.iter().position(|&l| l == lid) {
+            self.busy.swap_remove(i);
+        }
+    }
+}
+
+/// A context's membership of the fabric.
+pub(crate) struct Fabric {
+    pub(crate) dir: PathBuf,
+    pub(crate) lid: u16,
+    /// Held for the context's life; dropped last (removes the socket and lock files).
+    _lock: dir::LidLock,
+    pub(crate) listener: UnixListener,
+    /// Wakes the fabric thread (a socket to watch, or the end).
+    pub(crate) wake: OwnedFd,
+    pub(crate) table: Mutex<Table>,
+    pub(crate) changed: Condvar,
+    pub(crate) stop: AtomicBool,
+    /// Link requests being served now.
+    pub(crate) handlers: AtomicU32,
+    /// This process's user: only its processes are served.
+    pub(crate) uid: u32,
+}
+
+impl Fabric {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn wake(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    /// The address of this context.
+    pub(crate) fn addr(&self) -> FabricAddr {
+        FabricAddr {
+            lid: self.lid,
+            gid: gid_of_lid(self.lid),
+        }
+    }
+}
+
+/// A context's slot for its fabric membership (in `Shared`); stops the fabric thread when
+/// the context goes.
+#[derive(Default)]
+pub(crate) struct FabricSlot(Mutex<Option<Arc<Fabric>>>);
+
+impl FabricSlot {
+    pub(crate) fn get(&self) -> Option<Arc<Fabric>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for FabricSlot {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            f.stop.store(true, Ordering::Release);
+            f.wake();
+        }
+    }
+}
+
+impl Context {
+    /// Joins the fabric in the default rendezvous directory ([`default_dir`]:
+    /// `$SHMHCA_FABRIC_DIR`, else `$XDG_RUNTIME_DIR/shmhca`, else `/dev/shm/shmhca-$UID`),
+    /// as [`Context::join_fabric_in`].
+    ///
+    /// # Errors
+    /// See [`Context::join_fabric_in`].
+    pub fn join_fabric(&self) -> Result<FabricAddr> {
+        self.join_fabric_in(default_dir())
+    }
+
+    /// Joins the fabric in rendezvous directory `dir`: takes a free LID there, listens for
+    /// peers' link requests (a thread of its own, `shmhca-fabric`) and returns the address.
+    /// Calling it again returns the same address. The LID stays this context's until the
+    /// context is dropped (or its process ends). See the [module docs](crate::fabric).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the directory is refused (another owner, a mode other users may
+    /// enter, a symbolic link; the message says what to do) or cannot be created, or the
+    /// socket cannot be bound; [`Error::LimitReached`] when every LID is taken;
+    /// [`Error::InvalidArgument`] when the context joined in another directory already.
+    pub fn join_fabric_in(&self, dir: impl AsRef<Path>) -> Result<FabricAddr> {
+        let dir = dir.as_ref();
+        let mut slot = self
+            .shared
+            .fabric
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = slot.as_ref() {
+            if f.dir == dir {
+                return Ok(f.addr());
+            }
+            return Err(Error::invalid(
+                "fabric directory",
+                format!(
+                    "this context joined the fabric in {} already, not {}",
+                    f.dir.display(),
+                    dir.display()
+                ),
+            ));
+        }
+        dir::prepare(dir)?;
+        let lock = dir::claim_lid(dir, crate::cm::random_u64())?;
+        let lid = lock.lid;
+        let path = dir::sock_path(dir, lid);
+        // The LID is ours: a socket file there is a dead owner's.
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)
+            .map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("making the fabric socket non-blocking", e))?;
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| Error::io("creating the fabric thread's eventfd", e.into()))?;
+        let fabric = Arc::new(Fabric {
+            dir: dir.to_path_buf(),
+            lid,
+            _lock: lock,
+            listener,
+            wake,
+            table: Mutex::default(),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            handlers: AtomicU32::new(0),
+            uid: rustix::process::getuid().as_raw(),
+        });
+        watch::start(&fabric, &self.shared)?;
+        *slot = Some(fabric.clone());
+        Ok(fabric.addr())
+    }
+
+    /// This context's fabric address, once it joined ([`Context::join_fabric`]).
+    pub fn fabric_addr(&self) -> Option<FabricAddr> {
+        self.shared.fabric.get().map(|f| f.addr())
+    }
+
+    /// The rendezvous directory this context joined the fabric in.
+    pub fn fabric_dir(&self) -> Option<PathBuf> {
+        self.shared.fabric.get().map(|f| f.dir.clone())
+    }
+
+    /// The fabric's links of this context: (peer LID, link, whether a peer engine is
+    /// attached and the link is up).
+    pub fn fabric_links(&self) -> Vec<(u16, LinkId, bool)> {
+        self.shared.fabric.get().map_or_else(Vec::new, |f| {
+            f.lock()
+                .peers
+                .iter()
+                .map(|p| (p.lid, p.id, p.up && p.identity.is_some()))
+                .collect()
+        })
+    }
+}
+
+pub(crate) use setup::resolve;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gid_names_its_lid_and_nothing_else() {
+        for lid in [MIN_LID, 0x1234, MAX_LID] {
+            assert_eq!(lid_of_gid(&gid_of_lid(lid)), Some(lid));
+        }
+        let g = gid_of_lid(0x1234);
+        assert_eq!(
+            std::net::Ipv6Addr::from(g).to_string(),
+            "fe80::253:484d:0:1234"
+        );
+        assert_eq!(lid_of_gid(&gid_of_lid(0)), None);
+        assert_eq!(lid_of_gid(&gid_of_lid(0xc000)), None);
+        let mut other = g;
+        other[0] = 0x20;
+        assert_eq!(lid_of_gid(&other), None);
+        let v4 = std::net::Ipv6Addr::from(std::net::Ipv4Addr::new(127, 0, 0, 1).to_ipv6_mapped());
+        assert_eq!(lid_of_gid(&v4.octets()), None);
+    }
+}
