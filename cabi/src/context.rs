@@ -14,8 +14,6 @@ use crate::util::{errno_of, guard, set_errno};
 pub const DEVICE_NAME: &str = "shmhca0";
 /// Vendor id of the device (none is registered: 0).
 const VENDOR_ID: u32 = 0;
-/// The local ID of the port while the context has no fabric address.
-const DEFAULT_LID: u16 = 1;
 
 /// The one device, made on first use and never freed (as libibverbs' device list).
 #[repr(C)]
@@ -89,9 +87,9 @@ pub unsafe fn ctx_of<'a>(c: *mut ibv_context) -> Option<&'a CtxObj> {
     Some(unsafe { &*crate::util::container::<_, CtxObj>(c, off) })
 }
 
-/// The node GUID of a port with LID `lid` (the GID's interface ID).
-fn guid_of(lid: u16) -> u64 {
-    0x0002_c903_0000_0000 | u64::from(std::process::id()) << 16 | u64::from(lid)
+/// The node GUID of a port with GID `gid`: the GID's interface ID.
+fn guid_of(gid: &[u8; 16]) -> u64 {
+    u64::from_be_bytes(gid[8..].try_into().unwrap_or([0; 8]))
 }
 
 fn build_context() -> Result<Box<CtxObj>, i32> {
@@ -110,12 +108,10 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
     }
     // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
     let async_fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let lid = DEFAULT_LID;
-    let guid = guid_of(lid);
-    let mut gid = [0u8; 16];
-    gid[0] = 0xfe;
-    gid[1] = 0x80;
-    gid[8..].copy_from_slice(&guid.to_be_bytes());
+    let addr = ctx
+        .join_fabric()
+        .map_err(|e| crate::util::fail("ibv_open_device (joining the fabric)", &e))?;
+    let (lid, gid) = (addr.lid, addr.gid);
     // SAFETY: verbs_context is plain data (integers, pointers, optional function
     // pointers, a pthread mutex whose all-zero value is PTHREAD_MUTEX_INITIALIZER on glibc).
     let vctx: verbs_context = unsafe { std::mem::zeroed() };
@@ -199,7 +195,11 @@ pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_c
 /// `ibv_get_device_guid` (network byte order).
 #[unsafe(export_name = "__shmhca_ibv_get_device_guid")]
 pub unsafe extern "C" fn ibv_get_device_guid(_dev: *mut ibv_device) -> u64 {
-    guard("ibv_get_device_guid", 0, || guid_of(DEFAULT_LID).to_be())
+    // The device is one for all contexts; each context's port has its own GID (and node
+    // GUID, in ibv_query_device): the device's GUID is the fabric's GID prefix's tag.
+    guard("ibv_get_device_guid", 0, || {
+        guid_of(&shmhca::fabric::gid_of_lid(0)).to_be()
+    })
 }
 
 /// `ibv_get_device_index`: 0.
@@ -250,7 +250,7 @@ fn fill_device_attr(c: &CtxObj, a: &mut ibv_device_attr) {
     // SAFETY: plain data; all zeroes is valid.
     *a = unsafe { std::mem::zeroed() };
     fill_name(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
-    a.node_guid = guid_of(c.lid).to_be();
+    a.node_guid = guid_of(&c.gid).to_be();
     a.sys_image_guid = a.node_guid;
     a.max_mr_size = d.max_mr_size;
     a.page_size_cap = 4096;
@@ -340,7 +340,7 @@ fn port_attr(c: &CtxObj) -> ibv_port_attr {
     p.max_msg_sz = u32::try_from(shmhca::qp::MAX_MESSAGE).unwrap_or(u32::MAX);
     p.pkey_tbl_len = 1;
     p.lid = c.lid;
-    p.sm_lid = c.lid;
+    p.sm_lid = shmhca::fabric::MIN_LID;
     p.lmc = 0;
     p.max_vl_num = 1;
     p.active_width = 2; // 4X

@@ -328,8 +328,8 @@ pub unsafe extern "C" fn ibv_modify_qp(
             }
             // SAFETY: q.ctx is the QP's live context.
             let c = unsafe { &*q.ctx };
-            match crate::addressing::destination(c, &a.ah_attr, a.dest_qp_num) {
-                Ok(d) => r = r.dest(d),
+            match crate::addressing::with_destination(c, r, &a.ah_attr, a.dest_qp_num) {
+                Ok(with) => r = with,
                 Err(e) => return e,
             }
         }
