@@ -168,31 +168,8 @@ fn copy_general(
             write_bytes(bytes, local, dst, cursor)
         }
         Payload::Direct { off, len } => copy_range(peer, off, u64::from(len), local, dst, cursor),
-        Payload::Gather { count, skip, len } => {
-            // Check the whole list before copying anything, so a bad entry copies nothing.
-            let mut left = u64::from(len);
-            let mut skip = u64::from(skip);
-            let mut pieces = [(0u64, 0u64); crate::wire::slot::MAX_GATHER];
-            let mut n = 0;
-            for i in 0..usize::from(count) {
-                if left == 0 {
-                    break;
-                }
-                let (off, elen) = pkt.gather_entry(i).ok_or(CopyError::BadSource)?;
-                let avail = u64::from(elen)
-                    .checked_sub(skip)
-                    .ok_or(CopyError::BadSource)?;
-                let off = off.checked_add(skip).ok_or(CopyError::BadSource)?;
-                skip = 0;
-                let take = avail.min(left);
-                peer.check(off, take).map_err(|_| CopyError::BadSource)?;
-                *pieces.get_mut(n).ok_or(CopyError::BadSource)? = (off, take);
-                n += 1;
-                left -= take;
-            }
-            if left != 0 {
-                return Err(CopyError::BadSource);
-            }
+        Payload::Gather { .. } => {
+            let (pieces, n) = gather_pieces(pkt, peer)?;
             let mut copied = 0;
             for &(off, take) in &pieces[..n] {
                 copied += copy_range(peer, off, take, local, dst, cursor)?;
@@ -200,6 +177,151 @@ fn copy_general(
             Ok(copied)
         }
     }
+}
+
+/// The ranges of the peer's arena a gather payload names, each checked, before anything
+/// is copied (so a bad entry copies nothing); and how many there are.
+#[allow(clippy::type_complexity)]
+fn gather_pieces(
+    pkt: &RxPacket<'_>,
+    peer: &Mem,
+) -> Result<([(u64, u64); crate::wire::slot::MAX_GATHER], usize), CopyError> {
+    let Payload::Gather { count, skip, len } = pkt.payload else {
+        return Err(CopyError::BadSource);
+    };
+    let mut left = u64::from(len);
+    let mut skip = u64::from(skip);
+    let mut pieces = [(0u64, 0u64); crate::wire::slot::MAX_GATHER];
+    let mut n = 0;
+    for i in 0..usize::from(count) {
+        if left == 0 {
+            break;
+        }
+        let (off, elen) = pkt.gather_entry(i).ok_or(CopyError::BadSource)?;
+        let avail = u64::from(elen)
+            .checked_sub(skip)
+            .ok_or(CopyError::BadSource)?;
+        let off = off.checked_add(skip).ok_or(CopyError::BadSource)?;
+        skip = 0;
+        let take = avail.min(left);
+        peer.check(off, take).map_err(|_| CopyError::BadSource)?;
+        *pieces.get_mut(n).ok_or(CopyError::BadSource)? = (off, take);
+        n += 1;
+        left -= take;
+    }
+    if left != 0 {
+        return Err(CopyError::BadSource);
+    }
+    Ok((pieces, n))
+}
+
+/// Bytes at the end of an RDMA Write's last packet stored after the rest of it
+/// ([`copy_write_payload`]).
+pub(crate) const LAST_BYTES: u64 = 8;
+
+/// Puts `len` bytes as the calls `put(pos, n)`, in order: all but the last [`LAST_BYTES`],
+/// then `fence()`, then those (a payload of at most `LAST_BYTES` is all "last").
+#[inline(always)]
+fn last_bytes_last<E>(
+    len: u64,
+    mut put: impl FnMut(u64, u64) -> Result<(), E>,
+    fence: impl FnOnce(),
+) -> Result<(), E> {
+    let body = len.saturating_sub(LAST_BYTES);
+    if body > 0 {
+        put(0, body)?;
+    }
+    fence();
+    if len > body {
+        put(body, len - body)?;
+    }
+    Ok(())
+}
+
+/// Copies the payload of an RDMA Write packet `pkt` to the contiguous local range at `at`
+/// (checked against the R_Key for the payload's length), the last [`LAST_BYTES`] bytes
+/// after all the others, behind a release fence: a program that polls the last byte of its
+/// buffer for a Write's arrival (perftest's `ib_write_lat`, FaRM-style code) and sees it
+/// sees the whole message. Called for every packet of a Write: the earlier packets were
+/// copied by earlier calls, before the last one's fence. Returns the bytes copied.
+pub(crate) fn copy_write_payload(
+    pkt: &RxPacket<'_>,
+    peer: &Mem,
+    local: &Local<'_>,
+    at: u64,
+) -> Result<u64, CopyError> {
+    // SYNC POINT: the release fence orders every store of the message before the stores
+    // of its last bytes, which a poller reads to learn that the message is there.
+    let fence = || std::sync::atomic::fence(crate::sync::Ordering::Release);
+    let bad_dst = |_| CopyError::BadDestination;
+    match pkt.payload {
+        Payload::None => Ok(0),
+        Payload::Inline { start, len } => {
+            let bytes = pkt
+                .slot()
+                .data
+                .get(start..start + len)
+                .ok_or(CopyError::BadSource)?;
+            last_bytes_last(
+                len as u64,
+                |pos, n| {
+                    let b = &bytes[pos as usize..(pos + n) as usize];
+                    local.write(at + pos, b).map_err(bad_dst)
+                },
+                fence,
+            )?;
+            Ok(len as u64)
+        }
+        Payload::Direct { off, len } => {
+            let len = u64::from(len);
+            peer.check(off, len).map_err(|_| CopyError::BadSource)?;
+            last_bytes_last(
+                len,
+                |pos, n| {
+                    local
+                        .copy_from(peer, off + pos, at + pos, n)
+                        .map_err(bad_dst)
+                },
+                fence,
+            )?;
+            Ok(len)
+        }
+        Payload::Gather { len, .. } => {
+            let (pieces, count) = gather_pieces(pkt, peer)?;
+            let pieces = &pieces[..count];
+            last_bytes_last(
+                u64::from(len),
+                |pos, n| copy_span(peer, pieces, pos, n, local, at),
+                fence,
+            )?;
+            Ok(u64::from(len))
+        }
+    }
+}
+
+/// Copies bytes `pos..pos + n` of the message the source `pieces` make up to `at + pos`
+/// onwards.
+fn copy_span(
+    peer: &Mem,
+    pieces: &[(u64, u64)],
+    pos: u64,
+    n: u64,
+    local: &Local<'_>,
+    at: u64,
+) -> Result<(), CopyError> {
+    let (from, to) = (pos, pos + n);
+    let mut start = 0;
+    for &(off, len) in pieces {
+        let end = start + len;
+        let (a, b) = (from.max(start), to.min(end));
+        if a < b {
+            local
+                .copy_from(peer, off + (a - start), at + a, b - a)
+                .map_err(|_| CopyError::BadDestination)?;
+        }
+        start = end;
+    }
+    Ok(())
 }
 
 fn write_bytes(
@@ -374,6 +496,98 @@ mod tests {
         v.extend(std::iter::repeat_n(PacketSlot::default(), n));
         crate::wire::slot::write_gather_for_tests(gather, &mut v[1..]);
         v
+    }
+
+    #[test]
+    fn the_last_bytes_of_a_write_are_stored_after_a_fence() {
+        #[derive(Debug, PartialEq)]
+        enum Step {
+            Put(u64, u64),
+            Fence,
+        }
+        for (len, expect) in [
+            (0, vec![Step::Fence]),
+            (3, vec![Step::Fence, Step::Put(0, 3)]),
+            (8, vec![Step::Fence, Step::Put(0, 8)]),
+            (9, vec![Step::Put(0, 1), Step::Fence, Step::Put(1, 8)]),
+            (
+                4096,
+                vec![Step::Put(0, 4088), Step::Fence, Step::Put(4088, 8)],
+            ),
+        ] {
+            let steps = std::cell::RefCell::new(Vec::new());
+            last_bytes_last::<()>(
+                len,
+                |pos, n| {
+                    steps.borrow_mut().push(Step::Put(pos, n));
+                    Ok(())
+                },
+                || steps.borrow_mut().push(Step::Fence),
+            )
+            .unwrap();
+            assert_eq!(steps.into_inner(), expect, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn write_payloads_of_every_kind_land_whole_and_alone() {
+        let peer = Mem::private(8192);
+        let local = Mem::private(8192);
+        let check = |slots: &[PacketSlot], expect: &[u8], what: &str| {
+            local.zero(0, 8192).unwrap();
+            local.write(999, &[0xee]).unwrap();
+            local.write(1000 + expect.len() as u64, &[0xee]).unwrap();
+            let pkt = RxPacket::parse(&slots[0], &slots[1..]).unwrap();
+            assert_eq!(
+                copy_write_payload(&pkt, &peer, &Local::arena_only(&local), 1000),
+                Ok(expect.len() as u64),
+                "{what}"
+            );
+            let mut got = vec![0u8; expect.len() + 2];
+            local.read(999, &mut got).unwrap();
+            assert_eq!(got[0], 0xee, "{what}: nothing before");
+            assert_eq!(&got[1..=expect.len()], expect, "{what}");
+            assert_eq!(got[expect.len() + 1], 0xee, "{what}: nothing after");
+        };
+        // Inline: 20 bytes in the slot.
+        let tables = Mem::private(256);
+        let v = fill(&peer, 100, 20, 1);
+        let src = table(&tables, 0, &[(100, 20)]);
+        let mut slot = send_slot();
+        describe(
+            &mut slot,
+            &mut [],
+            &peer,
+            Sgl::new(&src, &tables),
+            Cursor::default(),
+            20,
+        )
+        .unwrap();
+        assert_eq!(slot.kind, KIND_INLINE);
+        check(&[slot], &v, "inline");
+        // Direct: one range.
+        let v = fill(&peer, 2000, 300, 2);
+        check(&[direct(2000, 300)], &v, "direct");
+        // Gather: the last 8 bytes span the last two pieces (3 and 5 bytes).
+        let a = fill(&peer, 3000, 100, 3);
+        let b = fill(&peer, 4000, 3, 4);
+        let c = fill(&peer, 5000, 5, 5);
+        let mut list = GatherList::default();
+        for (off, len) in [(3000, 100), (4000, 3), (5000, 5)] {
+            assert!(list.push(off, len));
+        }
+        let mut first = direct(0, 108);
+        first.kind = KIND_GATHER;
+        let slots = packet_slots(first, &list);
+        check(&slots, &[a, b, c].concat(), "gather");
+        // A source outside the peer's arena copies nothing.
+        local.zero(0, 8192).unwrap();
+        let pkt_slot = direct(8100, 200);
+        let pkt = RxPacket::parse(&pkt_slot, &[]).unwrap();
+        assert_eq!(
+            copy_write_payload(&pkt, &peer, &Local::arena_only(&local), 0),
+            Err(CopyError::BadSource)
+        );
     }
 
     #[test]

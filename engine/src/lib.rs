@@ -113,7 +113,7 @@ pub(crate) mod wqe;
 pub use cm::{ConnectParams, Connection, Listener, PeerPolicy};
 pub use context::Stats;
 pub use error::{Error, Refused, Result};
-pub use fabric::{FabricAddr, FabricDest, FabricPeer};
+pub use fabric::{FabricAddr, FabricDest, FabricLink, FabricPeer};
 pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};

@@ -808,20 +808,13 @@ fn write_payload(
     off: u64,
     len: u32,
 ) -> Result<(), RespError> {
-    let dst = DataLoc::Single(SgeEntry {
-        off,
-        len,
-        mr: NO_MR,
-    });
-    let mut cursor = Cursor::default();
-    let n = dma::copy_payload(
-        pkt,
-        &qp.peer_mem,
-        &Local::new(&qp.mem, env.mrs),
-        Sgl::new(&dst, &qp.tables),
-        &mut cursor,
-    )
-    .map_err(|_| RespError::CopyFailed)?;
+    // The payload is exactly `len` bytes (checked by the callers): its last bytes land
+    // last (`dma::copy_write_payload`).
+    if pkt.payload.len() != len {
+        return Err(RespError::CopyFailed);
+    }
+    let n = dma::copy_write_payload(pkt, &qp.peer_mem, &Local::new(&qp.mem, env.mrs), off)
+        .map_err(|_| RespError::CopyFailed)?;
     env.stats.payload_bytes_copied += n;
     Ok(())
 }

@@ -253,7 +253,9 @@ mod tests {
         // A lock file left by a dead process: nobody holds it, so it is free.
         std::fs::write(lock_path(&d, 7), b"").unwrap();
         assert!(!lid_held(&d, 7));
-        let b = try_lid(&d, 7).unwrap().expect("a stale lock file is reclaimed");
+        let b = try_lid(&d, 7)
+            .unwrap()
+            .expect("a stale lock file is reclaimed");
         assert_eq!(b.lid, 7);
         let c = claim_lid(&d, 6).unwrap();
         assert_eq!(c.lid, 8, "7 is held: the next one");

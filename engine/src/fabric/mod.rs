@@ -11,8 +11,8 @@
 //!   socket there for link requests ([`dir`] says where, and how stale entries of dead
 //!   processes are reclaimed). A small thread per context accepts those requests, so a peer
 //!   is served while the application sits in a blocking read, in either engine mode.
-//! * [`QpAttr::dest_lid`] or [`QpAttr::dest_gid`] in the Init → RTR modify (instead of
-//!   [`QpAttr::dest`]): [`Qp::modify`](crate::Qp::modify) finds the peer's engine through the
+//! * [`QpAttr::dest_lid`](crate::QpAttr::dest_lid) or [`QpAttr::dest_gid`](crate::QpAttr::dest_gid) in the Init → RTR modify (instead of
+//!   [`QpAttr::dest`](crate::QpAttr::dest)): [`Qp::modify`](crate::Qp::modify) finds the peer's engine through the
 //!   directory, reuses the link to it or makes one (one link per pair of engines), hands
 //!   the peer this QP's protection-domain arena (the peer reads payloads from it, read-only)
 //!   and fetches the arena of the peer QP, all before RTR returns. Peers are checked with
@@ -188,6 +188,20 @@ impl FabricDest {
     }
 }
 
+/// A link of the fabric, from [`Context::fabric_links`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FabricLink {
+    /// The peer's LID.
+    pub peer_lid: u16,
+    /// The link (the `link` of the [`Destination`](crate::Destination)s facing it).
+    pub link: LinkId,
+    /// Whether a peer engine has attached (false while no engine held the LID).
+    pub attached: bool,
+    /// False once torn down (the peer hung up, or its engine was replaced).
+    pub up: bool,
+}
+
 /// Bytes of a peer's arena this side maps at most (as the connection manager's default).
 const MAX_PEER_ARENA: u64 = crate::cm::DEFAULT_MAX_PEER_ARENA;
 
@@ -313,7 +327,27 @@ impl Context {
     /// socket cannot be bound; [`Error::LimitReached`] when every LID is taken;
     /// [`Error::InvalidArgument`] when the context joined in another directory already.
     pub fn join_fabric_in(&self, dir: impl AsRef<Path>) -> Result<FabricAddr> {
-        let dir = dir.as_ref();
+        self.join(dir.as_ref(), None)
+    }
+
+    /// Joins the fabric in `dir` with LID `lid`, if no live context holds it (a stale lock
+    /// file of a dead process is reclaimed): for tests and fixed set-ups. Otherwise as
+    /// [`Context::join_fabric_in`].
+    ///
+    /// # Errors
+    /// As [`Context::join_fabric_in`]; [`Error::InvalidArgument`] for a LID outside
+    /// [`MIN_LID`]`..=`[`MAX_LID`] or one a live context holds.
+    pub fn join_fabric_as(&self, dir: impl AsRef<Path>, lid: u16) -> Result<FabricAddr> {
+        if !(MIN_LID..=MAX_LID).contains(&lid) {
+            return Err(Error::invalid(
+                "lid",
+                format!("{lid:#x} is not a unicast LID ({MIN_LID:#x}..={MAX_LID:#x})"),
+            ));
+        }
+        self.join(dir.as_ref(), Some(lid))
+    }
+
+    fn join(&self, dir: &Path, lid: Option<u16>) -> Result<FabricAddr> {
         let mut slot = self
             .shared
             .fabric
@@ -321,20 +355,28 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if let Some(f) = slot.as_ref() {
-            if f.dir == dir {
+            if f.dir == dir && lid.is_none_or(|l| l == f.lid) {
                 return Ok(f.addr());
             }
             return Err(Error::invalid(
                 "fabric directory",
                 format!(
-                    "this context joined the fabric in {} already, not {}",
+                    "this context joined the fabric in {} already (LID {:#x})",
                     f.dir.display(),
-                    dir.display()
+                    f.lid
                 ),
             ));
         }
         dir::prepare(dir)?;
-        let lock = dir::claim_lid(dir, crate::cm::random_u64())?;
+        let lock = match lid {
+            None => dir::claim_lid(dir, crate::cm::random_u64())?,
+            Some(l) => dir::try_lid(dir, l)?.ok_or_else(|| {
+                Error::invalid(
+                    "lid",
+                    format!("LID {l:#x} is held by a live context in {}", dir.display()),
+                )
+            })?,
+        };
         let lid = lock.lid;
         let path = dir::sock_path(dir, lid);
         // The LID is ours: a socket file there is a dead owner's.
@@ -376,14 +418,19 @@ impl Context {
         self.shared.fabric.get().map(|f| f.dir.clone())
     }
 
-    /// The fabric's links of this context: (peer LID, link, whether a peer engine is
-    /// attached and the link is up).
-    pub fn fabric_links(&self) -> Vec<(u16, LinkId, bool)> {
+    /// The fabric's links of this context (one per peer LID it reached or was reached
+    /// from; torn-down links stay listed until no QP faces them).
+    pub fn fabric_links(&self) -> Vec<FabricLink> {
         self.shared.fabric.get().map_or_else(Vec::new, |f| {
             f.lock()
                 .peers
                 .iter()
-                .map(|p| (p.lid, p.id, p.up && p.identity.is_some()))
+                .map(|p| FabricLink {
+                    peer_lid: p.lid,
+                    link: p.id,
+                    attached: p.identity.is_some(),
+                    up: p.up,
+                })
                 .collect()
         })
     }
@@ -410,7 +457,7 @@ mod tests {
         let mut other = g;
         other[0] = 0x20;
         assert_eq!(lid_of_gid(&other), None);
-        let v4 = std::net::Ipv6Addr::from(std::net::Ipv4Addr::new(127, 0, 0, 1).to_ipv6_mapped());
+        let v4 = std::net::Ipv4Addr::new(127, 0, 0, 1).to_ipv6_mapped();
         assert_eq!(lid_of_gid(&v4.octets()), None);
     }
 }

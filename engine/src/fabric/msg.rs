@@ -6,7 +6,7 @@
 //!  0..8   magic "SHMHCAFB"
 //!  8..10  version (this build: VERSION)
 //! 10..11  type: 1 HELLO, 2 WELCOME, 3 LINK, 4 LINK_REPLY, 5 DONE, 6 ATTACH, 7 ATTACH_REPLY
-//! 11..12  mode (LINK: 0 reuse, 1 offer, 2 need; LINK_REPLY: 0 ok, 1 offer, 2 unknown,
+//! 11..12  mode (LINK: 0 reuse, 1 offer, 2 need, 3 offer a pending link; LINK_REPLY: 0 ok, 1 offer, 2 unknown,
 //!         3 retry; ATTACH / ATTACH_REPLY: the arena layout, 0 segment, 1 memfd)
 //! 12..16  reserved
 //! 16..24  engine identity (HELLO, WELCOME) or link token (LINK, LINK_REPLY)
@@ -34,9 +34,11 @@ pub(crate) const LEN: usize = 48;
 pub(crate) enum LinkAsk {
     /// Use the live link named by the token.
     Reuse(u64),
-    /// Take the segment that comes with this message (a new link, or one this side made
-    /// while the server's LID had no engine).
+    /// Take the new link whose segment comes with this message.
     Offer(u64),
+    /// Take the link whose segment comes with this message, made while the server's LID
+    /// had no engine (QPs of the client face it already).
+    OfferPending(u64),
     /// Make a link (the client has none, and the server's LID is the lower).
     Need,
 }
@@ -75,9 +77,16 @@ pub(crate) enum Msg {
     /// Client → server after taking the server's offer (with the client's engine page).
     Done,
     /// Client → server: the sender's QP and its arena; which QP's arena it wants back.
-    Attach { qpn: u32, want: u32, memfd: bool },
+    Attach {
+        qpn: u32,
+        want: u32,
+        memfd: bool,
+    },
     /// Server → client: the wanted QP's arena, if there is such a QP.
-    AttachReply { found: bool, memfd: bool },
+    AttachReply {
+        found: bool,
+        memfd: bool,
+    },
 }
 
 /// A malformed message.
@@ -120,6 +129,7 @@ impl Msg {
                     LinkAsk::Reuse(t) => (0, t),
                     LinkAsk::Offer(t) => (1, t),
                     LinkAsk::Need => (2, 0),
+                    LinkAsk::OfferPending(t) => (3, t),
                 };
                 (3, m, t, 0, 0, 0, 0)
             }
@@ -201,6 +211,7 @@ impl Msg {
                 0 => LinkAsk::Reuse(word),
                 1 => LinkAsk::Offer(word),
                 2 if word == 0 => LinkAsk::Need,
+                3 => LinkAsk::OfferPending(word),
                 _ => return bad(format!("LINK with mode {mode}")),
             }),
             4 if unused(true, false, false, 0) => Msg::LinkReply(match mode {
@@ -253,6 +264,7 @@ mod tests {
             Msg::Link(LinkAsk::Reuse(42)),
             Msg::Link(LinkAsk::Offer(43)),
             Msg::Link(LinkAsk::Need),
+            Msg::Link(LinkAsk::OfferPending(46)),
             Msg::LinkReply(LinkReply::Ok(44)),
             Msg::LinkReply(LinkReply::Offer(45)),
             Msg::LinkReply(LinkReply::Unknown),

@@ -33,7 +33,7 @@ use shmhca_rings::fdpass::{recv_with_fds, send_with_fds};
 use shmhca_rings::segment::{Access, Segment};
 
 use super::msg::{LEN, LinkAsk, LinkReply, Msg};
-use super::{FabricDest, Fabric, MAX_PEER_ARENA, PeerLink, dir};
+use super::{Fabric, FabricDest, MAX_PEER_ARENA, PeerLink, dir};
 use crate::arena::{ENGINE_PAGE_KIND, ENGINE_PAGE_LEN};
 use crate::cm::msg::ArenaLayout;
 use crate::cm::segments::{LinkSegment, attach_peer_arena, new_link, share_engine_page};
@@ -91,7 +91,12 @@ fn recv(s: &UnixStream, lid: u16, what: &str, max_fds: usize) -> Result<(Msg, Ve
                 fds.extend(more);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(err(
                     lid,
                     format_args!("no {what} from the peer within {STEP_TIMEOUT:?}"),
@@ -296,7 +301,9 @@ pub(crate) fn resolve(
             Err(Attempt::Again) => {
                 return Err(err(
                     lid,
-                    format_args!("no link could be agreed with the peer within {RESOLVE_TIMEOUT:?}"),
+                    format_args!(
+                        "no link could be agreed with the peer within {RESOLVE_TIMEOUT:?}"
+                    ),
                 ));
             }
         }
@@ -336,8 +343,15 @@ fn loopback(shared: &Arc<Shared>, fabric: &Fabric, qpn: Qpn) -> Result<Destinati
 #[derive(Clone, Copy)]
 enum Known {
     None,
-    Up { id: LinkId, token: u64, identity: u64 },
-    Pending { id: LinkId, token: u64 },
+    Up {
+        id: LinkId,
+        token: u64,
+        identity: u64,
+    },
+    Pending {
+        id: LinkId,
+        token: u64,
+    },
 }
 
 fn attempt(
@@ -386,10 +400,7 @@ fn attempt(
     }
     t.busy.push(lid);
     drop(t);
-    let _busy = Busy {
-        fabric: &**fabric,
-        lid,
-    };
+    let _busy = Busy { fabric, lid };
 
     let path = dir::sock_path(&fabric.dir, lid);
     let stream = match UnixStream::connect(&path) {
@@ -451,7 +462,10 @@ fn attempt(
             return Err(err(lid, format_args!("the peer sent {} for WELCOME", m.name())).into());
         }
     };
-    if let Known::Up { id, identity: i, .. } = known {
+    if let Known::Up {
+        id, identity: i, ..
+    } = known
+    {
         if i != identity {
             // Another engine holds the LID now: the old one is gone.
             tear_down(
@@ -484,10 +498,10 @@ fn attempt(
             send(
                 &stream,
                 lid,
-                &Msg::Link(LinkAsk::Offer(token)),
+                &Msg::Link(LinkAsk::OfferPending(token)),
                 &[seg.as_fd(), page.as_fd()],
             )?;
-            LinkAsk::Offer(token)
+            LinkAsk::OfferPending(token)
         }
         Known::None if fabric.lid < lid => {
             let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)?;
@@ -509,13 +523,18 @@ fn attempt(
     let (reply, mut fds) = recv(&stream, lid, "LINK_REPLY", 2)?;
     let mut keep = false;
     let id = match (reply, ask) {
-        (Msg::LinkReply(LinkReply::Ok(t)), LinkAsk::Reuse(token)) if t == token && fds.is_empty() => {
+        (Msg::LinkReply(LinkReply::Ok(t)), LinkAsk::Reuse(token))
+            if t == token && fds.is_empty() =>
+        {
             match known {
                 Known::Up { id, .. } => id,
                 _ => return Err(Attempt::Again),
             }
         }
-        (Msg::LinkReply(LinkReply::Ok(t)), LinkAsk::Offer(token)) if t == token => {
+        (
+            Msg::LinkReply(LinkReply::Ok(t)),
+            LinkAsk::Offer(token) | LinkAsk::OfferPending(token),
+        ) if t == token => {
             match (fds.pop(), fds.is_empty()) {
                 (Some(peer_page), true) => {
                     // Taken: the link is up.
@@ -535,13 +554,9 @@ fn attempt(
                                 token,
                                 identity: Some(identity),
                                 segment: None,
-                                socket: Some(Arc::new(stream.try_clone().map_err(|e| {
-                                    Error::io("keeping the fabric link's socket", e)
-                                })?)),
+                                socket: None,
                                 up: true,
                             });
-                            keep = false; // recorded with its socket already
-                            watch_later(fabric);
                             id
                         }
                         (None, Known::Pending { id, .. }) => {
@@ -561,7 +576,23 @@ fn attempt(
                     }
                 }
                 _ => {
-                    return Err(err(lid, "the peer's LINK_REPLY carried too many descriptors").into());
+                    return Err(
+                        err(lid, "the peer's LINK_REPLY carried too many descriptors").into(),
+                    );
+                }
+            }
+        }
+        (Msg::LinkReply(LinkReply::Ok(t)), LinkAsk::Need) if fds.is_empty() => {
+            // The server made the link with our server side meanwhile.
+            let mut t2 = fabric.lock();
+            match t2.by_token(lid, t) {
+                Some(p) if p.identity == Some(identity) => p.id,
+                _ => {
+                    return Err(err(
+                        lid,
+                        "the peer engine holds a link to this one that this side does not know",
+                    )
+                    .into());
                 }
             }
         }
@@ -584,7 +615,12 @@ fn attempt(
                 peer_page,
                 trace_id,
             )
-            .map_err(|e| err(lid, format_args!("the peer's link segment is unusable: {e}")))?;
+            .map_err(|e| {
+                err(
+                    lid,
+                    format_args!("the peer's link segment is unusable: {e}"),
+                )
+            })?;
             fabric.lock().peers.push(PeerLink {
                 lid,
                 id,
@@ -619,21 +655,55 @@ fn attempt(
         }
     };
     if keep {
+        // Up from now on (its socket is watched only once this exchange is over).
         let mut t = fabric.lock();
         if let Some(p) = t.peers.iter_mut().find(|p| p.id == id) {
             p.identity = Some(identity);
             p.segment = None;
-            p.socket = Some(Arc::new(stream.try_clone().map_err(|e| {
-                Error::io("keeping the fabric link's socket", e)
-            })?));
         }
-        drop(t);
-        watch_later(fabric);
     }
-    // The arenas: ours for the peer, the wanted QP's for us.
+    // The arenas: ours for the peer, the wanted QP's for us. A link this exchange made is
+    // torn down if the exchange fails now: it would have no socket to watch.
+    let swapped = swap_arenas(shared, &stream, lid, id, qpn, pdn, want);
+    if let Err(e) = swapped {
+        if keep {
+            tear_down(
+                shared,
+                &mut fabric.lock(),
+                id,
+                "the peer failed half-way through the link's setup",
+            );
+        }
+        return Err(e.into());
+    }
+    if keep {
+        let socket = Arc::new(
+            stream
+                .try_clone()
+                .map_err(|e| Error::io("keeping the fabric link's socket", e))?,
+        );
+        if let Some(p) = fabric.lock().peers.iter_mut().find(|p| p.id == id) {
+            p.socket = Some(socket);
+        }
+        fabric.wake();
+    }
+    Ok(id)
+}
+
+/// The client's ATTACH: sends this QP's arena, takes the wanted peer QP's (or a blank, if
+/// the peer has no such QP yet).
+fn swap_arenas(
+    shared: &Arc<Shared>,
+    stream: &UnixStream,
+    lid: u16,
+    id: LinkId,
+    qpn: Qpn,
+    pdn: u32,
+    want: Qpn,
+) -> Result<()> {
     let (arena, memfd) = share_pd_arena(shared, pdn)?;
     send(
-        &stream,
+        stream,
         lid,
         &Msg::Attach {
             qpn: qpn.get(),
@@ -642,25 +712,21 @@ fn attempt(
         },
         &[arena.as_fd()],
     )?;
-    match recv(&stream, lid, "ATTACH_REPLY", 1)? {
+    match recv(stream, lid, "ATTACH_REPLY", 1)? {
         (Msg::AttachReply { found: true, memfd }, mut fds) if fds.len() == 1 => {
             let fd = fds.pop().expect("one descriptor");
             take_peer_arena(shared, id, want, fd, memfd)
-                .map_err(|e| err(lid, format_args!("the peer QP's arena is unusable: {e}")))?;
+                .map_err(|e| err(lid, format_args!("the peer QP's arena is unusable: {e}")))
         }
         (Msg::AttachReply { found: false, .. }, fds) if fds.is_empty() => {
             ensure_peer_qp(shared, id, want);
+            Ok(())
         }
-        (m, _) => {
-            return Err(err(lid, format_args!("the peer sent {} for ATTACH_REPLY", m.name())).into());
-        }
+        (m, _) => Err(err(
+            lid,
+            format_args!("the peer sent {} for ATTACH_REPLY", m.name()),
+        )),
     }
-    Ok(id)
-}
-
-/// Tells the fabric thread to look at the link sockets again.
-fn watch_later(fabric: &Fabric) {
-    fabric.wake();
 }
 
 /// Serves one client of this context's fabric socket (a handler thread). Errors end the
@@ -692,7 +758,12 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
     )?;
     let (ask, mut fds) = match recv(&stream, client, "LINK", 2)? {
         (Msg::Link(a), fds) => (a, fds),
-        (m, _) => return Err(err(client, format_args!("the client sent {} for LINK", m.name()))),
+        (m, _) => {
+            return Err(err(
+                client,
+                format_args!("the client sent {} for LINK", m.name()),
+            ));
+        }
     };
     let page = share_engine_page(shared)?;
     let deadline = Instant::now() + STEP_TIMEOUT;
@@ -718,9 +789,11 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
         .map(|p| (p.id, p.token, p.identity, p.segment.clone()));
     if let Some((id, token, Some(i), _)) = entry {
         let stale = i != identity || !engine_up(shared, id);
+        // A `need` may cross the link this side just made with the client (its server
+        // side recorded it before our thread's exchange ended): answered with the token.
         let unknown_to_client = match ask {
-            LinkAsk::Reuse(x) | LinkAsk::Offer(x) => x != token,
-            LinkAsk::Need => true,
+            LinkAsk::Reuse(x) | LinkAsk::Offer(x) | LinkAsk::OfferPending(x) => x != token,
+            LinkAsk::Need => false,
         };
         if stale || unknown_to_client {
             tear_down(
@@ -732,7 +805,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             entry = None;
         }
     }
-    if let (Some((id, _, None, _)), LinkAsk::Offer(_)) = (&entry, ask) {
+    if let (Some((id, _, None, _)), LinkAsk::OfferPending(_)) = (&entry, ask) {
         let id = *id;
         // Both made a link before the other existed: the lower LID's is kept.
         if client < me {
@@ -757,7 +830,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             t.busy.push(client);
             drop(t);
             let _busy = Busy {
-                fabric: &**fabric,
+                fabric,
                 lid: client,
             };
             send(
@@ -768,7 +841,12 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             )?;
             let peer_page = match recv(&stream, client, "DONE", 1)? {
                 (Msg::Done, mut fds) if fds.len() == 1 => fds.pop().expect("one descriptor"),
-                (m, _) => return Err(err(client, format_args!("the client sent {} for DONE", m.name()))),
+                (m, _) => {
+                    return Err(err(
+                        client,
+                        format_args!("the client sent {} for DONE", m.name()),
+                    ));
+                }
             };
             attached(shared, id, peer_page, trace_id)?;
             keep = true;
@@ -777,13 +855,21 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
         (Some((id, ..)), _) => {
             // A pending entry without its segment: cannot be (it is kept while pending).
             drop(t);
-            return Err(err(client, format_args!("link {} is in no usable state", id.0)));
+            return Err(err(
+                client,
+                format_args!("link {} is in no usable state", id.0),
+            ));
         }
-        (None, LinkAsk::Offer(token)) => {
+        (None, LinkAsk::Offer(token) | LinkAsk::OfferPending(token)) => {
             drop(t);
             let (seg, peer_page) = match (fds.pop(), fds.pop()) {
                 (Some(p), Some(s)) if fds.is_empty() => (s, p),
-                _ => return Err(err(client, "the client's LINK offer did not carry a segment and a page")),
+                _ => {
+                    return Err(err(
+                        client,
+                        "the client's LINK offer did not carry a segment and a page",
+                    ));
+                }
             };
             let id = new_link(
                 shared,
@@ -792,7 +878,12 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
                 peer_page,
                 trace_id,
             )
-            .map_err(|e| err(client, format_args!("the client's link segment is unusable: {e}")))?;
+            .map_err(|e| {
+                err(
+                    client,
+                    format_args!("the client's link segment is unusable: {e}"),
+                )
+            })?;
             fabric.lock().peers.push(PeerLink {
                 lid: client,
                 id,
@@ -815,7 +906,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             t.busy.push(client);
             drop(t);
             let _busy = Busy {
-                fabric: &**fabric,
+                fabric,
                 lid: client,
             };
             let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)?;
@@ -828,9 +919,20 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             )?;
             let peer_page = match recv(&stream, client, "DONE", 1)? {
                 (Msg::Done, mut fds) if fds.len() == 1 => fds.pop().expect("one descriptor"),
-                (m, _) => return Err(err(client, format_args!("the client sent {} for DONE", m.name()))),
+                (m, _) => {
+                    return Err(err(
+                        client,
+                        format_args!("the client sent {} for DONE", m.name()),
+                    ));
+                }
             };
-            let id = new_link(shared, LinkSegment::Made(seg), Side::Creator, peer_page, trace_id)?;
+            let id = new_link(
+                shared,
+                LinkSegment::Made(seg),
+                Side::Creator,
+                peer_page,
+                trace_id,
+            )?;
             fabric.lock().peers.push(PeerLink {
                 lid: client,
                 id,
@@ -848,36 +950,68 @@ pub(crate) fn serve(shared: &Arc<Shared>, fabric: &Arc<Fabric>, stream: UnixStre
             return send(&stream, client, &Msg::LinkReply(LinkReply::Unknown), &[]);
         }
     };
-    let stream = Arc::new(stream);
     if keep {
+        // Up from now on (its socket is watched only once this exchange is over).
         let mut t = fabric.lock();
         if let Some(p) = t.peers.iter_mut().find(|p| p.id == id) {
             p.identity = Some(identity);
             p.segment = None;
-            p.socket = Some(stream.clone());
         }
-        drop(t);
+    }
+    // The arenas. A link this exchange made is torn down if the exchange fails now: it
+    // would have no socket to watch.
+    let replied = serve_attach(shared, &stream, client, id);
+    if replied.is_err() && keep {
+        tear_down(
+            shared,
+            &mut fabric.lock(),
+            id,
+            "the peer failed half-way through the link's setup",
+        );
+        return replied;
+    }
+    if keep {
+        let stream = Arc::new(stream);
+        if let Some(p) = fabric.lock().peers.iter_mut().find(|p| p.id == id) {
+            p.socket = Some(stream);
+        }
         fabric.wake();
     }
-    // The arenas.
-    let (qpn, want, memfd, fd) = match recv(&stream, client, "ATTACH", 1)? {
-        (Msg::Attach { qpn, want, memfd }, mut fds) if fds.len() == 1 => {
-            (Qpn::new(qpn), Qpn::new(want), memfd, fds.pop().expect("one descriptor"))
+    replied
+}
+
+/// The server's side of ATTACH: maps the client QP's arena, answers with the wanted QP's.
+fn serve_attach(shared: &Arc<Shared>, stream: &UnixStream, client: u16, id: LinkId) -> Result<()> {
+    let (qpn, want, memfd, fd) = match recv(stream, client, "ATTACH", 1)? {
+        (Msg::Attach { qpn, want, memfd }, mut fds) if fds.len() == 1 => (
+            Qpn::new(qpn),
+            Qpn::new(want),
+            memfd,
+            fds.pop().expect("one descriptor"),
+        ),
+        (m, _) => {
+            return Err(err(
+                client,
+                format_args!("the client sent {} for ATTACH", m.name()),
+            ));
         }
-        (m, _) => return Err(err(client, format_args!("the client sent {} for ATTACH", m.name()))),
     };
-    take_peer_arena(shared, id, qpn, fd, memfd)
-        .map_err(|e| err(client, format_args!("the client QP's arena is unusable: {e}")))?;
+    take_peer_arena(shared, id, qpn, fd, memfd).map_err(|e| {
+        err(
+            client,
+            format_args!("the client QP's arena is unusable: {e}"),
+        )
+    })?;
     let pd = shared.engine.with(|e| e.qp_by_qpn(want).map(|q| q.pd));
     match pd.map(|pdn| share_pd_arena(shared, pdn)) {
         Some(Ok((arena, memfd))) => send(
-            &stream,
+            stream,
             client,
             &Msg::AttachReply { found: true, memfd },
             &[arena.as_fd()],
         ),
         _ => send(
-            &stream,
+            stream,
             client,
             &Msg::AttachReply {
                 found: false,

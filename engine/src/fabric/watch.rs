@@ -125,8 +125,8 @@ fn accept_all(f: &Arc<Fabric>, shared: &Arc<Shared>) {
             Ok((s, _)) => s,
             Err(_) => return,
         };
-        let same_user = rustix::net::sockopt::socket_peercred(&stream)
-            .is_ok_and(|c| c.uid.as_raw() == f.uid);
+        let same_user =
+            rustix::net::sockopt::socket_peercred(&stream).is_ok_and(|c| c.uid.as_raw() == f.uid);
         if !same_user || stream.set_nonblocking(false).is_err() {
             continue; // closed: another user's process is not served
         }
