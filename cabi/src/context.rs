@@ -67,6 +67,8 @@ pub struct CtxObj {
     /// The async event fd (`ibv_context.async_fd`): an eventfd, readable when an async
     /// event is queued.
     async_fd: OwnedFd,
+    /// The QPs of this context by QPN (for messages and async events; not the hot path).
+    pub qps: std::sync::Mutex<Vec<(u32, usize)>>,
     /// The port's LID.
     pub lid: u16,
     /// The port's GID.
@@ -119,6 +121,7 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
         vctx,
         ctx,
         mrs: MrKeys::new(),
+        qps: std::sync::Mutex::new(Vec::new()),
         async_fd,
         lid,
         gid,

@@ -401,6 +401,36 @@ fn opcode_to_c(o: WcOpcode) -> ibv_wc_opcode {
     }
 }
 
+/// With `SHMHCA_VERBS_DEBUG`, says on stderr why a completion failed, as far as the QP knows.
+#[cold]
+fn explain(cq: &CqObj, w: &WorkCompletion) {
+    if std::env::var_os("SHMHCA_VERBS_DEBUG").is_none() {
+        return;
+    }
+    // SAFETY: the CQ's context is ours.
+    let Some(c) = (unsafe { ctx_of(cq.cq.context) }) else {
+        return;
+    };
+    let qps = c.qps.lock().unwrap_or_else(|e| e.into_inner());
+    let why = qps
+        .iter()
+        .find(|q| q.0 == w.qp_num.get())
+        .and_then(|&(_, p)| {
+            // SAFETY: a live QP of this context (removed from the list before it is freed).
+            let q = unsafe { &*(p as *const QpObj) };
+            q.rust
+                .last_error()
+                .map(|e| format!("{e} (QP state {:?})", q.rust.state()))
+        });
+    eprintln!(
+        "shmhca: QP {:#x}: work request {} completed with {:?}: {}",
+        w.qp_num.get(),
+        w.wr_id,
+        w.status,
+        why.as_deref().unwrap_or("no more is known")
+    );
+}
+
 #[inline]
 fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     let mut flags = 0;
@@ -446,6 +476,9 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
         if n == 1 {
             return match o.rust.poll_one() {
                 Some(w) => {
+                    if w.status != WcStatus::Success {
+                        explain(o, &w);
+                    }
                     // SAFETY: the program's array of `n` entries.
                     unsafe { wc.write(wc_to_c(&w)) };
                     1
@@ -461,6 +494,9 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
             let k = CHUNK.min(want - done);
             let got = o.rust.poll(&mut buf[..k]);
             for (i, w) in buf[..got].iter().enumerate() {
+                if w.status != WcStatus::Success {
+                    explain(o, w);
+                }
                 // SAFETY: `done + i < n`: inside the program's array.
                 unsafe { wc.add(done + i).write(wc_to_c(w)) };
             }

@@ -18,6 +18,9 @@ pub fn engine_mode() -> EngineMode {
 
 /// The engine thread's idle policy.
 pub fn idle_policy() -> IdlePolicy {
+    if std::env::var("SHMHCA_VERBS_IDLE").as_deref() == Ok("spin") {
+        return IdlePolicy::Spin;
+    }
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     match (env("SHMHCA_VERBS_SPINS"), env("SHMHCA_VERBS_MAX_SLEEP_US")) {
         (None, None) => IdlePolicy::default(),

@@ -168,7 +168,13 @@ unsafe fn create(
         ex: ExState::default(),
         srq: s.map_or(ptr::null_mut(), |s| s as *mut SrqObj),
     });
-    Box::into_raw(o).cast()
+    let qpn = o.rust.qpn().get();
+    let p = Box::into_raw(o);
+    c.qps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((qpn, p as usize));
+    p.cast()
 }
 
 /// `ibv_create_qp`: RC only; the capabilities granted are written back.
@@ -428,7 +434,14 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: a QpObj of ours, given up by the caller.
-        drop(unsafe { Box::from_raw(qp.cast::<QpObj>()) });
+        let o = unsafe { Box::from_raw(qp.cast::<QpObj>()) };
+        // SAFETY: a QP's context outlives it.
+        let c = unsafe { &*o.ctx };
+        c.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&(_, p)| p != qp as usize);
+        drop(o);
         0
     })
 }

@@ -381,3 +381,122 @@ fn a_completion_channel_reports_solicited_events() {
         }
     }
 }
+
+/// Connects `a` and `b` the verbs way: INIT, then RTR naming the peer's LID (or its GID
+/// with `by_gid`) and QPN, then RTS, all through `ibv_modify_qp`.
+fn connect_by_address(a: &Side, b: &Side, by_gid: bool) {
+    // SAFETY: our contexts and QPs.
+    unsafe {
+        for (s, peer) in [(a, b), (b, a)] {
+            let mut pa: ibv_port_attr = std::mem::zeroed();
+            let q = ibverbs::context::ctx_of(peer.ctx)
+                .unwrap()
+                .vctx
+                .query_port
+                .unwrap();
+            assert_eq!(
+                q(peer.ctx, 1, &mut pa, std::mem::size_of::<ibv_port_attr>()),
+                0
+            );
+            let mut gid: ibv_gid = std::mem::zeroed();
+            assert_eq!(ibv_query_gid(peer.ctx, 1, 0, &mut gid), 0);
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_INIT;
+            attr.port_num = 1;
+            attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+            let m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_RTR;
+            attr.path_mtu = IBV_MTU_4096;
+            attr.dest_qp_num = (*peer.qp).qp_num;
+            attr.max_dest_rd_atomic = 1;
+            attr.min_rnr_timer = 12;
+            attr.ah_attr.port_num = 1;
+            if by_gid {
+                attr.ah_attr.is_global = 1;
+                attr.ah_attr.grh.dgid = gid;
+                attr.ah_attr.grh.hop_limit = 1;
+            } else {
+                attr.ah_attr.dlid = pa.lid;
+            }
+            let m = IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_RTS;
+            attr.timeout = 14;
+            attr.retry_cnt = 7;
+            attr.rnr_retry = 7;
+            attr.max_rd_atomic = 1;
+            let m = IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+        }
+    }
+}
+
+fn ping_pong(by_gid: bool) {
+    let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+    let a = side(access, false);
+    let b = side(access, false);
+    // SAFETY: our contexts.
+    let (la, lb) = unsafe { (ctx_of(a.ctx).unwrap().lid, ctx_of(b.ctx).unwrap().lid) };
+    assert_ne!(la, lb, "each context has its own LID");
+    connect_by_address(&a, &b, by_gid);
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        for i in 0..20u64 {
+            for (from, to) in [(&a, &b), (&b, &a)] {
+                let mut rl = [sge(to, 0, 64)];
+                let mut r: ibv_recv_wr = std::mem::zeroed();
+                r.wr_id = i;
+                r.sg_list = rl.as_mut_ptr();
+                r.num_sge = 1;
+                let mut bad_r = ptr::null_mut();
+                assert_eq!(
+                    (ops(to.ctx).post_recv.unwrap())(to.qp, &mut r, &mut bad_r),
+                    0
+                );
+                let mut sl = [sge(from, 0, 8)];
+                let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+                let mut bad = ptr::null_mut();
+                assert_eq!(
+                    (ops(from.ctx).post_send.unwrap())(from.qp, &mut w, &mut bad),
+                    0
+                );
+                assert_eq!(poll(to).status, IBV_WC_SUCCESS);
+                assert_eq!(poll(from).status, IBV_WC_SUCCESS);
+            }
+        }
+    }
+    // SAFETY: our objects.
+    unsafe {
+        for s in [&a, &b] {
+            assert_eq!(ibv_destroy_qp(s.qp), 0);
+            assert_eq!(ibv_dereg_mr(s.mr), 0);
+            assert_eq!(ibv_destroy_cq(s.cq), 0);
+            assert_eq!(ibv_dealloc_pd(s.pd), 0);
+            assert_eq!(ibv_close_device(s.ctx), 0);
+        }
+    }
+}
+
+#[test]
+fn two_contexts_connect_by_lid() {
+    ping_pong(false);
+}
+
+#[test]
+fn two_contexts_connect_by_gid() {
+    ping_pong(true);
+}
