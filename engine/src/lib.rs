@@ -158,7 +158,7 @@ pub use verbs::{
     CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Loopback, LoopbackEnd, Mr,
     Mw, MwType, Pd, Progress, Qp, QpInfo, Sge, Srq,
 };
-pub use verbs::{Memfd, UserBuffer, UserMr};
+pub use verbs::{Memfd, RawBuffer, UserBuffer, UserMr};
 pub use wire::Qpn;
 
 /// The README's examples, compiled and run as doctests.

@@ -40,8 +40,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use crate::error::{Error, Result};
 use crate::mem::{Mem, OutOfRange};
 use crate::tables::mr::{MrTable, split_user_off};
-pub use crate::user_buffer::UserBuffer;
 use crate::user_buffer::sealed;
+pub use crate::user_buffer::{RawBuffer, UserBuffer};
 
 /// The memory a QP's local offsets name: its domain's arena, and the registered buffers of
 /// the region table. What the engine writes received data and Atomic results through.

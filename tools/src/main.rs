@@ -7,10 +7,13 @@
 //!   and latency/bandwidth against message size, several runs on one chart.
 //! * `shmhca stat [--json] [--watch SECS [--count N]]`: every running shmhca context of this user: its
 //!   process, mode, links and peers, QPs with state and PSNs, and counters.
+//! * `shmhca exec -- CMD ARGS...`: runs an unmodified verbs program (perftest,
+//!   `ibv_rc_pingpong`) over shmhca, with shmhca's `libibverbs.so.1` first on its path.
 #![forbid(unsafe_code)]
 
 mod devinfo;
 mod doctor;
+mod exec;
 mod stat;
 
 use clap::{Parser, Subcommand};
@@ -76,11 +79,30 @@ enum Command {
         #[arg(short = 'c', long = "count", value_name = "N", requires = "watch")]
         count: Option<u64>,
     },
+    /// Run an unmodified verbs program (perftest, ibv_rc_pingpong, ibv_devinfo) over
+    /// shmhca: shmhca's libibverbs.so.1 (found next to this binary, or in
+    /// $SHMHCA_VERBS_LIB_DIR) goes first on its library path. Example:
+    /// `shmhca exec -- ib_send_lat -F`.
+    Exec {
+        /// The command and its arguments.
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Exec { command } => {
+            let why = exec::run(&command);
+            eprintln!("shmhca exec: error: {why}");
+            return std::process::ExitCode::from(127);
+        }
         Command::Plot {
             files,
             output,

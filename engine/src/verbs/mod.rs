@@ -99,7 +99,7 @@ use crate::trace::tap::{Tap, Trace};
 
 pub use crate::device::{EngineMode, IdlePolicy};
 pub use crate::engine::progress::Progress;
-pub use crate::user_mem::{Memfd, UserBuffer};
+pub use crate::user_mem::{Memfd, RawBuffer, UserBuffer};
 pub use channel::CompChannel;
 pub use cq::Cq;
 pub use loopback::{Loopback, LoopbackEnd};

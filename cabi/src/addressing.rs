@@ -1,0 +1,32 @@
+//! From an RTR address vector (the peer's LID, or its GID when `is_global`) and QPN to the
+//! Rust QP's destination: shmhca's fabric ([`shmhca::fabric`]) finds the peer engine
+//! through the per-user rendezvous directory every context joins at `ibv_open_device`.
+
+use std::ffi::c_int;
+
+use shmhca::{QpAttr, Qpn};
+
+use crate::context::CtxObj;
+use crate::ffi::*;
+
+/// `attr` with the destination `ah` and `dest_qpn` name.
+pub fn with_destination(
+    _c: &CtxObj,
+    attr: QpAttr,
+    ah: &ibv_ah_attr,
+    dest_qpn: u32,
+) -> Result<QpAttr, c_int> {
+    if dest_qpn > 0xff_ffff || ah.port_num > 1 {
+        return Err(libc::EINVAL);
+    }
+    let qpn = Qpn::new(dest_qpn);
+    if ah.is_global != 0 {
+        // SAFETY: both union members are 16 plain bytes.
+        let gid = unsafe { ah.grh.dgid.raw };
+        Ok(attr.dest_gid(gid, qpn))
+    } else if ah.dlid != 0 {
+        Ok(attr.dest_lid(ah.dlid, qpn))
+    } else {
+        Err(libc::EINVAL)
+    }
+}

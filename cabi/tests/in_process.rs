@@ -1,0 +1,502 @@
+//! The C ABI's data path in one process: two contexts opened with `ibv_open_device`, objects
+//! made with the exported functions, and every post and poll through `ibv_context.ops` and
+//! `ibv_qp_ex` — as verbs.h's static inlines call them. The two QPs are connected with the
+//! Rust API (a link between the two engines of this process); connecting by LID/GID is the
+//! cross-process tests' part (verbs_tools).
+
+// A test of an FFI: each block drives the C ABI as a C program would, with the pointers it
+// made; one SAFETY comment per block says so.
+#![allow(clippy::multiple_unsafe_ops_per_block)]
+
+use std::ffi::c_int;
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use ibverbs::context::*;
+use ibverbs::ffi::*;
+use ibverbs::objects::*;
+use ibverbs::qp::*;
+
+struct Side {
+    ch: *mut ibv_comp_channel,
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+    buf: Vec<u8>,
+    mr: *mut ibv_mr,
+}
+
+fn ops(c: *mut ibv_context) -> ibv_context_ops {
+    // SAFETY: a context of ours.
+    unsafe { (*c).ops }
+}
+
+fn side(access: c_int, with_channel: bool) -> Side {
+    // SAFETY: the exported functions with the arguments verbs.h documents.
+    unsafe {
+        let mut n = 0;
+        let list = ibv_get_device_list(&mut n);
+        assert_eq!(n, 1);
+        let ctx = ibv_open_device(*list);
+        ibv_free_device_list(list);
+        assert!(!ctx.is_null());
+        let pd = ibv_alloc_pd(ctx);
+        let ch = if with_channel {
+            ibv_create_comp_channel(ctx)
+        } else {
+            ptr::null_mut()
+        };
+        let cq = ibv_create_cq(ctx, 64, 0x5eed as *mut std::ffi::c_void, ch, 0);
+        let mut buf = vec![0u8; 8192];
+        let mr = ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), access);
+        assert!(!mr.is_null());
+        let mut attr: ibv_qp_init_attr_ex = std::mem::zeroed();
+        attr.send_cq = cq;
+        attr.recv_cq = cq;
+        attr.cap = ibv_qp_cap {
+            max_send_wr: 32,
+            max_recv_wr: 32,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        };
+        attr.qp_type = IBV_QPT_RC;
+        attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        attr.pd = pd;
+        attr.send_ops_flags = u64::from(
+            IBV_QP_EX_WITH_SEND
+                | IBV_QP_EX_WITH_RDMA_WRITE
+                | IBV_QP_EX_WITH_RDMA_READ
+                | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+        );
+        let create = ibverbs::context::ctx_of(ctx)
+            .unwrap()
+            .vctx
+            .create_qp_ex
+            .unwrap();
+        let qp = create(ctx, &mut attr);
+        assert!(!qp.is_null());
+        Side {
+            ch,
+            ctx,
+            pd,
+            cq,
+            qp,
+            buf,
+            mr,
+        }
+    }
+}
+
+fn connect(a: &Side, b: &Side) {
+    // SAFETY: our contexts and QPs.
+    unsafe {
+        let ca = ctx_of(a.ctx).unwrap();
+        let cb = ctx_of(b.ctx).unwrap();
+        let (la, lb) = ca.ctx.link_with(&cb.ctx).unwrap();
+        for (s, link, peer) in [(a, la, b.qp), (b, lb, a.qp)] {
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_INIT;
+            attr.port_num = 1;
+            attr.qp_access_flags =
+                IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+            let m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+            let q = &mut *s.qp.cast::<QpObj>();
+            let dest = shmhca::Destination {
+                link,
+                qpn: shmhca::Qpn::new((*peer).qp_num),
+            };
+            q.rust
+                .modify(
+                    &shmhca::QpAttr::new(shmhca::QpState::Rtr)
+                        .path_mtu(shmhca::Mtu::Mtu4096)
+                        .dest(dest)
+                        .rq_psn(0)
+                        .max_dest_rd_atomic(4)
+                        .min_rnr_timer(1),
+                )
+                .unwrap();
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_RTS;
+            attr.timeout = 14;
+            attr.retry_cnt = 7;
+            attr.rnr_retry = 7;
+            attr.max_rd_atomic = 4;
+            let m = IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+            assert_eq!((*s.qp).state, IBV_QPS_RTS);
+        }
+    }
+}
+
+fn poll(s: &Side) -> ibv_wc {
+    let t = Instant::now();
+    let poll = ops(s.ctx).poll_cq.unwrap();
+    loop {
+        // SAFETY: plain data.
+        let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+        // SAFETY: our CQ, one entry.
+        let n = unsafe { poll(s.cq, 1, &mut wc) };
+        assert!(n >= 0);
+        if n == 1 {
+            return wc;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no completion");
+        std::thread::yield_now();
+    }
+}
+
+fn sge(s: &Side, off: usize, len: u32) -> ibv_sge {
+    ibv_sge {
+        addr: s.buf.as_ptr() as u64 + off as u64,
+        length: len,
+        // SAFETY: our region.
+        lkey: unsafe { (*s.mr).lkey },
+    }
+}
+
+fn send_wr(list: &mut [ibv_sge], opcode: ibv_wr_opcode, flags: u32) -> ibv_send_wr {
+    // SAFETY: plain data.
+    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+    w.wr_id = 7;
+    w.sg_list = list.as_mut_ptr();
+    w.num_sge = list.len() as c_int;
+    w.opcode = opcode;
+    w.send_flags = flags;
+    w
+}
+
+#[test]
+fn sends_writes_reads_and_atomics_through_the_c_abi() {
+    let access = (IBV_ACCESS_LOCAL_WRITE
+        | IBV_ACCESS_REMOTE_WRITE
+        | IBV_ACCESS_REMOTE_READ
+        | IBV_ACCESS_REMOTE_ATOMIC) as c_int;
+    let mut a = side(access, false);
+    let b = side(access, false);
+    connect(&a, &b);
+    let post_send = ops(a.ctx).post_send.unwrap();
+    let post_recv = ops(b.ctx).post_recv.unwrap();
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        // Send with immediate, two elements, through ops.post_send.
+        a.buf[..5].copy_from_slice(b"hello");
+        a.buf[100..106].copy_from_slice(b", RDMA");
+        let mut rl = [sge(&b, 0, 64)];
+        let mut r: ibv_recv_wr = std::mem::zeroed();
+        r.wr_id = 9;
+        r.sg_list = rl.as_mut_ptr();
+        r.num_sge = 1;
+        let mut bad_r = ptr::null_mut();
+        assert_eq!(post_recv(b.qp, &mut r, &mut bad_r), 0);
+        let mut sl = [sge(&a, 0, 5), sge(&a, 100, 6)];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND_WITH_IMM, IBV_SEND_SIGNALED);
+        w.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
+        let mut bad = ptr::null_mut();
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), 0);
+        let wa = poll(&a);
+        assert_eq!(
+            (wa.status, wa.opcode, wa.wr_id),
+            (IBV_WC_SUCCESS, IBV_WC_SEND, 7)
+        );
+        let wb = poll(&b);
+        assert_eq!(
+            (wb.status, wb.opcode, wb.wr_id, wb.byte_len),
+            (IBV_WC_SUCCESS, IBV_WC_RECV, 9, 11)
+        );
+        assert_eq!(wb.qp_num, (*b.qp).qp_num);
+        assert!(wb.wc_flags & IBV_WC_WITH_IMM != 0);
+        assert_eq!(u32::from_be(wb.__bindgen_anon_1.imm_data), 0x1234_5678);
+        assert_eq!(&b.buf[..11], b"hello, RDMA");
+
+        // A bad L_Key fails the post with EINVAL and names the request.
+        let mut sl = [ibv_sge {
+            lkey: 0xdead_0001,
+            ..sge(&a, 0, 4)
+        }];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        let mut bad = ptr::null_mut();
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut w as *mut ibv_send_wr);
+        // An address outside the region, too.
+        let mut sl = [ibv_sge {
+            addr: a.buf.as_ptr() as u64 + 8190,
+            ..sge(&a, 0, 4)
+        }];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), libc::EINVAL);
+        // An opcode verbs does not have.
+        let mut w = send_wr(&mut [], 99, IBV_SEND_SIGNALED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), libc::EINVAL);
+
+        // The extended API: RDMA Write, then Read back, then Fetch and Add, then CAS.
+        let qx = ibv_qp_to_qp_ex(a.qp);
+        assert!(!qx.is_null());
+        let x = &mut *qx;
+        let rkey = (*b.mr).rkey;
+        let raddr = b.buf.as_ptr() as u64;
+        a.buf[200..208].copy_from_slice(&41u64.to_le_bytes());
+        (x.wr_start.unwrap())(qx);
+        x.wr_id = 1;
+        x.wr_flags = IBV_SEND_SIGNALED;
+        (x.wr_rdma_write.unwrap())(qx, rkey, raddr + 1024);
+        (x.wr_set_sge.unwrap())(qx, (*a.mr).lkey, a.buf.as_ptr() as u64 + 200, 8);
+        x.wr_id = 2;
+        (x.wr_rdma_read.unwrap())(qx, rkey, raddr + 1024);
+        (x.wr_set_sge.unwrap())(qx, (*a.mr).lkey, a.buf.as_ptr() as u64 + 300, 8);
+        x.wr_id = 3;
+        (x.wr_atomic_fetch_add.unwrap())(qx, rkey, raddr + 1024, 1);
+        (x.wr_set_sge.unwrap())(qx, (*a.mr).lkey, a.buf.as_ptr() as u64 + 400, 8);
+        x.wr_id = 4;
+        (x.wr_atomic_cmp_swp.unwrap())(qx, rkey, raddr + 1024, 42, 100);
+        (x.wr_set_sge.unwrap())(qx, (*a.mr).lkey, a.buf.as_ptr() as u64 + 500, 8);
+        assert_eq!((x.wr_complete.unwrap())(qx), 0);
+        for id in 1..=4 {
+            let wc = poll(&a);
+            assert_eq!((wc.status, wc.wr_id), (IBV_WC_SUCCESS, id), "request {id}");
+        }
+        let word =
+            |s: &Side, off: usize| u64::from_le_bytes(s.buf[off..off + 8].try_into().unwrap());
+        assert_eq!(word(&a, 300), 41, "read back what was written");
+        assert_eq!(word(&a, 400), 41, "fetch and add's original");
+        assert_eq!(word(&a, 500), 42, "compare and swap's original");
+        assert_eq!(word(&b, 1024), 100);
+
+        // Inline data through the extended API (no L_Key needed).
+        let mut rl = [sge(&b, 2048, 64)];
+        r.sg_list = rl.as_mut_ptr();
+        assert_eq!(post_recv(b.qp, &mut r, &mut bad_r), 0);
+        (x.wr_start.unwrap())(qx);
+        x.wr_id = 5;
+        (x.wr_send.unwrap())(qx);
+        let mut msg = *b"inline!";
+        (x.wr_set_inline_data.unwrap())(qx, msg.as_mut_ptr().cast(), msg.len());
+        assert_eq!((x.wr_complete.unwrap())(qx), 0);
+        assert_eq!(poll(&a).wr_id, 5);
+        assert_eq!(poll(&b).byte_len, 7);
+        assert_eq!(&b.buf[2048..2055], b"inline!");
+
+        // Teardown in verbs order.
+        for s in [&a, &b] {
+            assert_eq!(ibv_destroy_qp(s.qp), 0);
+            assert_eq!(ibv_dereg_mr(s.mr), 0);
+            assert_eq!(ibv_destroy_cq(s.cq), 0);
+            assert_eq!(ibv_dealloc_pd(s.pd), 0);
+        }
+        for s in [&a, &b] {
+            assert_eq!(ibv_close_device(s.ctx), 0);
+        }
+    }
+}
+
+#[test]
+fn null_and_foreign_pointers_are_refused() {
+    // SAFETY: null pointers, which every entry point checks.
+    unsafe {
+        assert!(ibv_alloc_pd(ptr::null_mut()).is_null());
+        assert!(ibv_reg_mr(ptr::null_mut(), ptr::null_mut(), 0, 0).is_null());
+        assert_eq!(ibv_dealloc_pd(ptr::null_mut()), libc::EINVAL);
+        assert_eq!(ibv_destroy_qp(ptr::null_mut()), libc::EINVAL);
+        assert!(ibv_open_device(ptr::null_mut()).is_null());
+        assert_eq!(
+            ibv_query_device(ptr::null_mut(), ptr::null_mut()),
+            libc::EINVAL
+        );
+    }
+}
+
+#[test]
+fn a_completion_channel_reports_solicited_events() {
+    let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+    let a = side(access, false);
+    let b = side(access, true);
+    connect(&a, &b);
+    let post_send = ops(a.ctx).post_send.unwrap();
+    let post_recv = ops(b.ctx).post_recv.unwrap();
+    let notify = ops(b.ctx).req_notify_cq.unwrap();
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        let mut rl = [sge(&b, 0, 64)];
+        let mut r: ibv_recv_wr = std::mem::zeroed();
+        r.sg_list = rl.as_mut_ptr();
+        r.num_sge = 1;
+        let mut bad_r = ptr::null_mut();
+        for _ in 0..2 {
+            assert_eq!(post_recv(b.qp, &mut r, &mut bad_r), 0);
+        }
+        // Armed for solicited events only: an unsolicited Send raises none, a solicited one does.
+        assert_eq!(notify(b.cq, 1), 0);
+        let mut sl = [sge(&a, 0, 8)];
+        let mut bad = ptr::null_mut();
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), 0);
+        poll(&a);
+        poll(&b);
+        let mut pfd = libc::pollfd {
+            fd: (*b.ch).fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(
+            libc::poll(&mut pfd, 1, 200),
+            0,
+            "an unsolicited Send raised an event"
+        );
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), 0);
+        poll(&a);
+        assert_eq!(
+            libc::poll(&mut pfd, 1, 60_000),
+            1,
+            "no event for the solicited Send"
+        );
+        let mut cq = ptr::null_mut();
+        let mut cq_ctx = ptr::null_mut();
+        assert_eq!(ibv_get_cq_event(b.ch, &mut cq, &mut cq_ctx), 0);
+        assert_eq!((cq, cq_ctx as usize), (b.cq, 0x5eed));
+        ibv_ack_cq_events(cq, 1);
+        assert_eq!(poll(&b).status, IBV_WC_SUCCESS);
+        assert_eq!(
+            ibv_destroy_comp_channel(b.ch),
+            libc::EBUSY,
+            "its CQ still uses it"
+        );
+        for s in [&a, &b] {
+            assert_eq!(ibv_destroy_qp(s.qp), 0);
+            assert_eq!(ibv_dereg_mr(s.mr), 0);
+            assert_eq!(ibv_destroy_cq(s.cq), 0);
+            assert_eq!(ibv_dealloc_pd(s.pd), 0);
+        }
+        assert_eq!(ibv_destroy_comp_channel(b.ch), 0);
+        for s in [&a, &b] {
+            assert_eq!(ibv_close_device(s.ctx), 0);
+        }
+    }
+}
+
+/// Connects `a` and `b` the verbs way: INIT, then RTR naming the peer's LID (or its GID
+/// with `by_gid`) and QPN, then RTS, all through `ibv_modify_qp`.
+fn connect_by_address(a: &Side, b: &Side, by_gid: bool) {
+    // SAFETY: our contexts and QPs.
+    unsafe {
+        for (s, peer) in [(a, b), (b, a)] {
+            let mut pa: ibv_port_attr = std::mem::zeroed();
+            let q = ibverbs::context::ctx_of(peer.ctx)
+                .unwrap()
+                .vctx
+                .query_port
+                .unwrap();
+            assert_eq!(
+                q(peer.ctx, 1, &mut pa, std::mem::size_of::<ibv_port_attr>()),
+                0
+            );
+            let mut gid: ibv_gid = std::mem::zeroed();
+            assert_eq!(ibv_query_gid(peer.ctx, 1, 0, &mut gid), 0);
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_INIT;
+            attr.port_num = 1;
+            attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+            let m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_RTR;
+            attr.path_mtu = IBV_MTU_4096;
+            attr.dest_qp_num = (*peer.qp).qp_num;
+            attr.max_dest_rd_atomic = 1;
+            attr.min_rnr_timer = 12;
+            attr.ah_attr.port_num = 1;
+            if by_gid {
+                attr.ah_attr.is_global = 1;
+                attr.ah_attr.grh.dgid = gid;
+                attr.ah_attr.grh.hop_limit = 1;
+            } else {
+                attr.ah_attr.dlid = pa.lid;
+            }
+            let m = IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_RTS;
+            attr.timeout = 14;
+            attr.retry_cnt = 7;
+            attr.rnr_retry = 7;
+            attr.max_rd_atomic = 1;
+            let m = IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC;
+            assert_eq!(ibv_modify_qp(s.qp, &mut attr, m as c_int), 0);
+        }
+    }
+}
+
+fn ping_pong(by_gid: bool) {
+    let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+    let a = side(access, false);
+    let b = side(access, false);
+    // SAFETY: our contexts.
+    let (la, lb) = unsafe { (ctx_of(a.ctx).unwrap().lid, ctx_of(b.ctx).unwrap().lid) };
+    assert_ne!(la, lb, "each context has its own LID");
+    connect_by_address(&a, &b, by_gid);
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        for i in 0..20u64 {
+            for (from, to) in [(&a, &b), (&b, &a)] {
+                let mut rl = [sge(to, 0, 64)];
+                let mut r: ibv_recv_wr = std::mem::zeroed();
+                r.wr_id = i;
+                r.sg_list = rl.as_mut_ptr();
+                r.num_sge = 1;
+                let mut bad_r = ptr::null_mut();
+                assert_eq!(
+                    (ops(to.ctx).post_recv.unwrap())(to.qp, &mut r, &mut bad_r),
+                    0
+                );
+                let mut sl = [sge(from, 0, 8)];
+                let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+                let mut bad = ptr::null_mut();
+                assert_eq!(
+                    (ops(from.ctx).post_send.unwrap())(from.qp, &mut w, &mut bad),
+                    0
+                );
+                assert_eq!(poll(to).status, IBV_WC_SUCCESS);
+                assert_eq!(poll(from).status, IBV_WC_SUCCESS);
+            }
+        }
+    }
+    // SAFETY: our objects.
+    unsafe {
+        for s in [&a, &b] {
+            assert_eq!(ibv_destroy_qp(s.qp), 0);
+            assert_eq!(ibv_dereg_mr(s.mr), 0);
+            assert_eq!(ibv_destroy_cq(s.cq), 0);
+            assert_eq!(ibv_dealloc_pd(s.pd), 0);
+            assert_eq!(ibv_close_device(s.ctx), 0);
+        }
+    }
+}
+
+#[test]
+fn two_contexts_connect_by_lid() {
+    ping_pong(false);
+}
+
+#[test]
+fn two_contexts_connect_by_gid() {
+    ping_pong(true);
+}
