@@ -626,8 +626,12 @@ fn listen_loop(me: P<Id>, l: UnixListener, bound: SocketAddr) {
         let f = match wire::recv(&s) {
             Got::Frame(f) if f.kind == Kind::Req => f,
             Got::Closed => continue,
-            _ => {
-                say_once("rdma_cm: a malformed connection request was dropped".into());
+            Got::Bad(why) => {
+                say_once(format!("rdma_cm: a malformed connection request was dropped ({why})"));
+                continue;
+            }
+            Got::Frame(f) => {
+                say_once(format!("rdma_cm: a {:?} instead of a connection request was dropped", f.kind));
                 continue;
             }
         };
@@ -866,7 +870,7 @@ fn client_loop(me: P<Id>, s: Arc<UnixStream>, p: rdma_conn_param, psn: u32) {
             i.lock().conn = Conn::Down;
             push(i, ptr::null_mut(), RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNRESET, None);
         }
-        Got::Frame(_) | Got::Bad => {
+        Got::Frame(_) | Got::Bad(_) => {
             say_once("rdma_connect: a malformed answer from the listener: connection dropped".into());
             i.lock().conn = Conn::Down;
             push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::EPROTO, None);
@@ -908,7 +912,7 @@ fn up_loop(i: &Id, s: &UnixStream) {
                 disconnected(i);
                 return;
             }
-            Got::Frame(_) | Got::Bad => {
+            Got::Frame(_) | Got::Bad(_) => {
                 say_once("rdma_cm: a malformed message from the peer: connection dropped".into());
                 disconnected(i);
                 return;
@@ -935,7 +939,7 @@ fn server_loop(me: P<Id>, s: Arc<UnixStream>) {
             i.lock().conn = Conn::Down;
             push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNRESET, None);
         }
-        Got::Frame(_) | Got::Bad => {
+        Got::Frame(_) | Got::Bad(_) => {
             say_once("rdma_accept: a malformed message from the client: connection dropped".into());
             i.lock().conn = Conn::Down;
             push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::EPROTO, None);

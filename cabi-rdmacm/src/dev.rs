@@ -68,7 +68,7 @@ fn open() -> Result<Dev, i32> {
     let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
     // SAFETY: an open context and out structs of the right types.
     let rc = unsafe {
-        ibv_query_port(ctx, 1, &mut port) | ibv_query_device(ctx, &mut attr) | {
+        query_port(ctx, &mut port) | ibv_query_device(ctx, &mut attr) | {
             ibv_query_gid(ctx, 1, 0, &mut gid)
         }
     };
@@ -85,6 +85,40 @@ fn open() -> Result<Dev, i32> {
         max_init_rd: attr.max_qp_init_rd_atom.clamp(1, 255) as u8,
         default_pd: Mutex::new(0),
     })
+}
+
+/// The extended context of `ctx` if it has the operation at `op_off` (verbs.h's
+/// `verbs_get_ctx_op`).
+///
+/// # Safety
+/// `ctx` is an open context of libibverbs.
+unsafe fn vctx(ctx: *mut ibv_context, op_off: usize) -> Option<*mut verbs_context> {
+    // SAFETY: verbs.h's `verbs_get_ctx`: the extended context ends with the `ibv_context`
+    // when `abi_compat` says so; `sz` says how much of it (from the end) exists.
+    unsafe {
+        if (*ctx).abi_compat != usize::MAX as *mut libc::c_void {
+            return None;
+        }
+        let off = std::mem::offset_of!(verbs_context, context);
+        let v = ctx.cast::<u8>().sub(off).cast::<verbs_context>();
+        ((*v).sz >= size_of::<verbs_context>() - op_off).then_some(v)
+    }
+}
+
+/// `ibv_query_port` as verbs.h's inline does it: the context's `query_port` with the full
+/// struct's size (the exported compatibility entry point fills only the old prefix).
+///
+/// # Safety
+/// `ctx` is an open context of libibverbs.
+unsafe fn query_port(ctx: *mut ibv_context, port: &mut ibv_port_attr) -> libc::c_int {
+    // SAFETY: the caller's context.
+    let v = unsafe { vctx(ctx, std::mem::offset_of!(verbs_context, query_port)) };
+    // SAFETY: the context's own operation, called as verbs.h does.
+    match v.and_then(|v| unsafe { (*v).query_port }) {
+        Some(f) => unsafe { f(ctx, 1, port, size_of::<ibv_port_attr>()) },
+        // SAFETY: the compatibility entry point, given the full (larger) struct.
+        None => unsafe { ibv_query_port(ctx, 1, port) },
+    }
 }
 
 impl Dev {
@@ -223,21 +257,11 @@ pub(crate) fn to_err(qp: *mut ibv_qp) {
 /// Creates an RC QP the `ibv_create_qp_ex` way (the context's `create_qp_ex` operation,
 /// as verbs.h's inline does), for `rdma_create_qp_ex`.
 pub(crate) fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
-    // SAFETY: an open context of libibverbs; verbs.h's `verbs_get_ctx`: the extended
-    // context ends with the `ibv_context` when `abi_compat` says so.
-    unsafe {
-        if (*ctx).abi_compat != usize::MAX as *mut libc::c_void {
-            return ptr::null_mut();
-        }
-        let off = std::mem::offset_of!(verbs_context, context);
-        let v = ctx.cast::<u8>().sub(off).cast::<verbs_context>();
-        let need = size_of::<verbs_context>() - std::mem::offset_of!(verbs_context, create_qp_ex);
-        if (*v).sz < need {
-            return ptr::null_mut();
-        }
-        match (*v).create_qp_ex {
-            Some(f) => f(ctx, attr),
-            None => ptr::null_mut(),
-        }
+    // SAFETY: an open context of libibverbs.
+    let v = unsafe { vctx(ctx, std::mem::offset_of!(verbs_context, create_qp_ex)) };
+    // SAFETY: the context's own operation, called as verbs.h's ibv_create_qp_ex does.
+    match v.and_then(|v| unsafe { (*v).create_qp_ex }) {
+        Some(f) => unsafe { f(ctx, attr) },
+        None => ptr::null_mut(),
     }
 }

@@ -134,27 +134,30 @@ impl Frame {
         Ok(b)
     }
 
-    /// Parses and validates a frame; `None` for anything malformed.
-    pub(crate) fn decode(b: &[u8; FRAME_LEN]) -> Option<Frame> {
+    /// Parses and validates a frame; what is wrong with a malformed one.
+    pub(crate) fn decode(b: &[u8; FRAME_LEN]) -> Result<Frame, &'static str> {
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         if u32_at(0) != MAGIC || u16_at(4) != VERSION {
-            return None;
+            return Err("not a shmhca CM message of this version");
         }
-        let kind = Kind::from_u8(b[6])?;
+        let kind = Kind::from_u8(b[6]).ok_or("an unknown message kind")?;
         let len = usize::from(b[7]);
         if len > kind.max_private() {
-            return None;
+            return Err("more private data than the message carries");
         }
         let lid = u16_at(8);
         let qpn = u32_at(12);
         let psn = u32_at(16);
-        if qpn > 0xFF_FFFF || psn > 0xFF_FFFF || b[55..66].iter().any(|&x| x != 0) {
-            return None;
+        if qpn > 0xFF_FFFF || psn > 0xFF_FFFF {
+            return Err("a QPN or PSN wider than 24 bits");
+        }
+        if b[55..66].iter().any(|&x| x != 0) {
+            return Err("non-zero padding");
         }
         if matches!(kind, Kind::Req | Kind::Rep) && (lid == 0 || lid > shmhca::fabric::MAX_LID)
         {
-            return None;
+            return Err("a LID that is not unicast");
         }
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[20..36]);
@@ -162,15 +165,15 @@ impl Frame {
         ip.copy_from_slice(&b[36..52]);
         let ip = Ipv6Addr::from(ip);
         let ip = match b[54] {
-            1 => IpAddr::V4(ip.to_ipv4_mapped()?),
+            1 => IpAddr::V4(ip.to_ipv4_mapped().ok_or("a bad IPv4 address")?),
             0 => IpAddr::V6(ip),
-            _ => return None,
+            _ => return Err("a bad address family"),
         };
         let p = 48 + 18;
         if b[p + len..].iter().any(|&x| x != 0) {
-            return None;
+            return Err("bytes after the private data");
         }
-        Some(Frame {
+        Ok(Frame {
             kind,
             lid,
             gid,
@@ -197,15 +200,15 @@ pub(crate) enum Got {
     Frame(Frame),
     /// The peer closed the connection (or it failed).
     Closed,
-    /// Something malformed: the connection is to be dropped.
-    Bad,
+    /// Something malformed (what): the connection is to be dropped.
+    Bad(&'static str),
 }
 
 /// Reads one frame from `s` (blocking, or until its read timeout).
 pub(crate) fn recv(mut s: &UnixStream) -> Got {
     let mut b = [0u8; FRAME_LEN];
     match s.read_exact(&mut b) {
-        Ok(()) => Frame::decode(&b).map_or(Got::Bad, Got::Frame),
+        Ok(()) => Frame::decode(&b).map_or_else(Got::Bad, Got::Frame),
         Err(_) => Got::Closed,
     }
 }
@@ -324,7 +327,7 @@ mod tests {
             if i == 8 {
                 bad[9] = 0;
             }
-            assert!(Frame::decode(&bad).is_none(), "byte {i} = {v} accepted");
+            assert!(Frame::decode(&bad).is_err(), "byte {i} = {v} accepted");
         }
         f.private = vec![0; 57];
         assert_eq!(f.encode().unwrap_err(), libc::EINVAL);
