@@ -464,20 +464,19 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         }
-        // SAFETY: F_GETFL on the channel's fd.
-        let nonblock = unsafe { libc::fcntl(chan.ch.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-        let got = {
-            let mut r = chan.rust.lock().unwrap_or_else(|e| e.into_inner());
-            if nonblock {
-                r.try_get_event()
-            } else {
-                r.get_event(None)
-            }
-        };
+        // The channel's fd is shmhca's eventfd, non-blocking from birth, so the program's
+        // O_NONBLOCK cannot be told from it: this always waits for an event. Programs
+        // that use a non-blocking channel poll the fd first and call this once it is
+        // readable, when it returns at once.
+        let got = chan
+            .rust
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_event(None);
         let number = match got {
             Ok(Some(n)) => n,
             Ok(None) => {
-                set_errno(libc::EAGAIN);
+                set_errno(libc::EIO);
                 return -1;
             }
             Err(e) => {
@@ -493,6 +492,11 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             .find(|&&(n, _)| n == number)
             .map(|&(_, p)| p);
         let Some(o) = found else {
+            if std::env::var_os("SHMHCA_VERBS_DEBUG").is_some() {
+                eprintln!(
+                    "shmhca: ibv_get_cq_event: an event for CQ {number}, which is not one of this channel's"
+                );
+            }
             set_errno(libc::EIO);
             return -1;
         };

@@ -105,7 +105,12 @@ fn perftest(prog: &str, args: &[&str]) {
 }
 
 fn lat(prog: &str, extra: &[&str]) {
-    let n = iters(100_000, 1000);
+    // All sizes (-a): 23 sizes, so fewer iterations each.
+    let n = if extra.contains(&"-a") {
+        iters(1000, 50)
+    } else {
+        iters(100_000, 1000)
+    };
     let mut args = vec!["-F", "-n", &n];
     args.extend_from_slice(extra);
     perftest(prog, &args);
@@ -157,7 +162,11 @@ fn ib_atomic_lat_compare_and_swap() {
 }
 
 fn bw(prog: &str, extra: &[&str]) {
-    let n = iters(5000, 500);
+    let n = if extra.contains(&"-a") {
+        iters(1000, 50)
+    } else {
+        iters(5000, 500)
+    };
     let mut args = vec!["-F", "-n", &n];
     args.extend_from_slice(extra);
     perftest(prog, &args);
