@@ -1,9 +1,11 @@
 //! Event channels, ids and their events: the connection manager itself.
 //!
 //! An [`Id`] is a `#[repr(C)]` Rust struct whose first field is the `rdma_cm_id` programs
-//! see; an [`Channel`] likewise starts with its `rdma_event_channel`, whose `fd` is the read
-//! end of a pipe with one byte per queued event (programs may poll it; `rdma_get_cm_event`
-//! blocks on it unless the program made it non-blocking). Events are boxed with their
+//! see; a [`Channel`] likewise starts with its `rdma_event_channel`, whose `fd` is a
+//! semaphore eventfd counting the queued events (programs may poll it; `rdma_get_cm_event`
+//! blocks on it unless the program made it non-blocking). As with rdma-core's, a thread
+//! still blocked in `rdma_get_cm_event` when the channel is destroyed stays blocked (it is
+//! not woken with an error the program would report). Events are boxed with their
 //! private data, which stays valid until `rdma_ack_cm_event`.
 //!
 //! A listening id has a thread accepting connections on its rendezvous socket; a
@@ -39,8 +41,7 @@ const TICK_MS: i32 = 200;
 #[repr(C)]
 pub(crate) struct Channel {
     c: rdma_event_channel,
-    rfd: OwnedFd,
-    wfd: OwnedFd,
+    fd: OwnedFd,
     queue: Mutex<VecDeque<usize>>,
 }
 
@@ -173,8 +174,9 @@ fn push(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push_back(raw);
-    // SAFETY: writing one byte to our pipe.
-    let _ = unsafe { libc::write(ch.wfd.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+    let one = 1u64;
+    // SAFETY: adding 1 to our eventfd's counter (8 bytes).
+    let _ = unsafe { libc::write(ch.fd.as_raw_fd(), ptr::from_ref(&one).cast(), 8) };
 }
 
 fn set_src(id: *mut Id, a: SocketAddr) {
@@ -253,17 +255,16 @@ fn ephemeral() -> u16 {
 #[unsafe(export_name = "__shmhca_rdma_create_event_channel")]
 pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     guard("rdma_create_event_channel", ptr::null_mut(), || {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 writes two fds.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        // SAFETY: plain eventfd(2) call.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if raw < 0 {
             return ptr::null_mut();
         }
-        // SAFETY: the fds pipe2 just made, owned from here.
-        let (rfd, wfd) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: the fd eventfd just made, owned from here.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         Box::into_raw(Box::new(Channel {
-            c: rdma_event_channel { fd: fds[0] },
-            rfd,
-            wfd,
+            c: rdma_event_channel { fd: raw },
+            fd,
             queue: Mutex::new(VecDeque::new()),
         }))
         .cast()
@@ -300,10 +301,10 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         // SAFETY: a channel of ours.
         let ch = unsafe { &*channel.cast::<Channel>() };
         loop {
-            let mut b = 0u8;
-            // SAFETY: reading one byte into `b`.
-            let n = unsafe { libc::read(ch.rfd.as_raw_fd(), ptr::from_mut(&mut b).cast(), 1) };
-            if n != 1 {
+            let mut b = 0u64;
+            // SAFETY: reading the eventfd's 8 bytes into `b` (a semaphore: takes 1).
+            let n = unsafe { libc::read(ch.fd.as_raw_fd(), ptr::from_mut(&mut b).cast(), 8) };
+            if n != 8 {
                 return -1; // errno from read (EAGAIN, EINTR)
             }
             let e = ch
