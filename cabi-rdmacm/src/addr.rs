@@ -92,7 +92,13 @@ fn host_addrs() -> Vec<IpAddr> {
     while !p.is_null() {
         // SAFETY: a node of getifaddrs' list.
         let ifa = unsafe { &*p };
-        if !ifa.ifa_addr.is_null() {
+        // SAFETY: a non-null address of getifaddrs: at least its family is readable.
+        let inet = !ifa.ifa_addr.is_null()
+            && matches!(
+                i32::from(unsafe { (*ifa.ifa_addr).sa_family }),
+                libc::AF_INET | libc::AF_INET6
+            );
+        if inet {
             // SAFETY: getifaddrs' addresses are sockaddrs of their family's size.
             if let Ok(a) = unsafe { from_c(ifa.ifa_addr.cast()) } {
                 out.push(a.ip());

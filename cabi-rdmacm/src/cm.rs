@@ -380,7 +380,10 @@ pub unsafe extern "C" fn rdma_create_id(
             return err(libc::ENOSYS);
         }
         if channel.is_null() {
-            say_once("rdma_create_id: synchronous ids (no event channel) are not supported by shmhca".into());
+            say_once(
+                "rdma_create_id: synchronous ids (no event channel) are not supported by shmhca"
+                    .into(),
+            );
             return err(libc::ENOSYS);
         }
         // SAFETY: the caller's out pointer.
@@ -628,11 +631,16 @@ fn listen_loop(me: P<Id>, l: UnixListener, bound: SocketAddr) {
             Got::Frame(f) if f.kind == Kind::Req => f,
             Got::Closed => continue,
             Got::Bad(why) => {
-                say_once(format!("rdma_cm: a malformed connection request was dropped ({why})"));
+                say_once(format!(
+                    "rdma_cm: a malformed connection request was dropped ({why})"
+                ));
                 continue;
             }
             Got::Frame(f) => {
-                say_once(format!("rdma_cm: a {:?} instead of a connection request was dropped", f.kind));
+                say_once(format!(
+                    "rdma_cm: a {:?} instead of a connection request was dropped",
+                    f.kind
+                ));
                 continue;
             }
         };
@@ -787,7 +795,13 @@ pub unsafe extern "C" fn rdma_connect(
                 ) =>
             {
                 i.lock().conn = Conn::Down;
-                push(i, ptr::null_mut(), RDMA_CM_EVENT_REJECTED, REJ_INVALID_SERVICE, None);
+                push(
+                    i,
+                    ptr::null_mut(),
+                    RDMA_CM_EVENT_REJECTED,
+                    REJ_INVALID_SERVICE,
+                    None,
+                );
                 return 0;
             }
             Err(e) => return err(e.raw_os_error().unwrap_or(libc::EIO)),
@@ -847,7 +861,13 @@ fn client_loop(me: P<Id>, s: Arc<UnixStream>, p: rdma_conn_param, psn: u32) {
             if connect_qp(i, &f, &p, psn).is_err() {
                 i.lock().conn = Conn::Down;
                 let _ = wire::send(&s, &Frame::bare(Kind::Rej));
-                push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::EINVAL, None);
+                push(
+                    i,
+                    ptr::null_mut(),
+                    RDMA_CM_EVENT_CONNECT_ERROR,
+                    -libc::EINVAL,
+                    None,
+                );
                 return;
             }
             {
@@ -855,7 +875,13 @@ fn client_loop(me: P<Id>, s: Arc<UnixStream>, p: rdma_conn_param, psn: u32) {
                 if wire::send(&s, &Frame::bare(Kind::Rtu)).is_err() {
                     st.conn = Conn::Down;
                     drop(st);
-                    push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNRESET, None);
+                    push(
+                        i,
+                        ptr::null_mut(),
+                        RDMA_CM_EVENT_CONNECT_ERROR,
+                        -libc::ECONNRESET,
+                        None,
+                    );
                     return;
                 }
                 st.conn = Conn::Up;
@@ -865,16 +891,36 @@ fn client_loop(me: P<Id>, s: Arc<UnixStream>, p: rdma_conn_param, psn: u32) {
         }
         Got::Frame(f) if f.kind == Kind::Rej => {
             i.lock().conn = Conn::Down;
-            push(i, ptr::null_mut(), RDMA_CM_EVENT_REJECTED, REJ_CONSUMER, Some(&f));
+            push(
+                i,
+                ptr::null_mut(),
+                RDMA_CM_EVENT_REJECTED,
+                REJ_CONSUMER,
+                Some(&f),
+            );
         }
         Got::Closed => {
             i.lock().conn = Conn::Down;
-            push(i, ptr::null_mut(), RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNRESET, None);
+            push(
+                i,
+                ptr::null_mut(),
+                RDMA_CM_EVENT_UNREACHABLE,
+                -libc::ECONNRESET,
+                None,
+            );
         }
         Got::Frame(_) | Got::Bad(_) => {
-            say_once("rdma_connect: a malformed answer from the listener: connection dropped".into());
+            say_once(
+                "rdma_connect: a malformed answer from the listener: connection dropped".into(),
+            );
             i.lock().conn = Conn::Down;
-            push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::EPROTO, None);
+            push(
+                i,
+                ptr::null_mut(),
+                RDMA_CM_EVENT_CONNECT_ERROR,
+                -libc::EPROTO,
+                None,
+            );
         }
     }
 }
@@ -934,16 +980,34 @@ fn server_loop(me: P<Id>, s: Arc<UnixStream>) {
         }
         Got::Frame(f) if f.kind == Kind::Rej => {
             i.lock().conn = Conn::Down;
-            push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNREFUSED, None);
+            push(
+                i,
+                ptr::null_mut(),
+                RDMA_CM_EVENT_CONNECT_ERROR,
+                -libc::ECONNREFUSED,
+                None,
+            );
         }
         Got::Closed => {
             i.lock().conn = Conn::Down;
-            push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNRESET, None);
+            push(
+                i,
+                ptr::null_mut(),
+                RDMA_CM_EVENT_CONNECT_ERROR,
+                -libc::ECONNRESET,
+                None,
+            );
         }
         Got::Frame(_) | Got::Bad(_) => {
             say_once("rdma_accept: a malformed message from the client: connection dropped".into());
             i.lock().conn = Conn::Down;
-            push(i, ptr::null_mut(), RDMA_CM_EVENT_CONNECT_ERROR, -libc::EPROTO, None);
+            push(
+                i,
+                ptr::null_mut(),
+                RDMA_CM_EVENT_CONNECT_ERROR,
+                -libc::EPROTO,
+                None,
+            );
         }
     }
 }
@@ -1017,7 +1081,8 @@ pub unsafe extern "C" fn rdma_reject(
         let mut f = Frame::bare(Kind::Rej);
         if n > 0 && !private_data.is_null() {
             // SAFETY: the caller's private data of the length it gives.
-            f.private = unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), n) }.to_vec();
+            f.private =
+                unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), n) }.to_vec();
         }
         let mut st = i.lock();
         if st.conn != Conn::Requested {
@@ -1069,7 +1134,12 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> libc::c_int {
 
 // ---------------------------------------------------------------- QPs
 
-fn qp_checks(i: &Id, attr_qp_type: ibv_qp_type, send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq) -> Result<(), i32> {
+fn qp_checks(
+    i: &Id,
+    attr_qp_type: ibv_qp_type,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+) -> Result<(), i32> {
     if i.c.verbs.is_null() {
         return Err(libc::EINVAL);
     }

@@ -71,7 +71,10 @@ unsupported! {
 #[unsafe(export_name = "__shmhca_rdma_get_devices")]
 pub extern "C" fn rdma_get_devices(_num: *mut libc::c_int) -> *mut *mut libc::c_void {
     guard("rdma_get_devices", std::ptr::null_mut(), || {
-        say_once("rdma_get_devices is not supported by shmhca's rdma_cm (use ibv_get_device_list)".into());
+        say_once(
+            "rdma_get_devices is not supported by shmhca's rdma_cm (use ibv_get_device_list)"
+                .into(),
+        );
         err(libc::ENOSYS);
         std::ptr::null_mut()
     })
@@ -79,7 +82,11 @@ pub extern "C" fn rdma_get_devices(_num: *mut libc::c_int) -> *mut *mut libc::c_
 
 /// `rpoll`: `poll` (the descriptors are ordinary ones: shmhca has no rsockets).
 #[unsafe(export_name = "__shmhca_rpoll")]
-pub unsafe extern "C" fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: libc::c_int) -> libc::c_int {
+pub unsafe extern "C" fn rpoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout: libc::c_int,
+) -> libc::c_int {
     // SAFETY: the caller's poll array of `nfds` entries, as for poll(2).
     guard("rpoll", -1, || unsafe { libc::poll(fds, nfds, timeout) })
 }

@@ -24,7 +24,9 @@ pub(crate) fn set_errno(e: i32) {
 
 /// The C `errno`.
 pub(crate) fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// Sets `errno` to `e` and returns -1 (librdmacm's failure convention).

@@ -155,8 +155,7 @@ impl Frame {
         if b[55..66].iter().any(|&x| x != 0) {
             return Err("non-zero padding");
         }
-        if matches!(kind, Kind::Req | Kind::Rep) && (lid == 0 || lid > shmhca::fabric::MAX_LID)
-        {
+        if matches!(kind, Kind::Req | Kind::Rep) && (lid == 0 || lid > shmhca::fabric::MAX_LID) {
             return Err("a LID that is not unicast");
         }
         let mut gid = [0u8; 16];
@@ -318,10 +317,22 @@ mod tests {
         f.private = vec![1, 2, 3];
         let b = f.encode().unwrap();
         let g = Frame::decode(&b).unwrap();
-        assert_eq!((g.kind, g.lid, g.qpn, g.psn), (Kind::Req, 7, 0x12_3456, 0xAB_CDEF));
+        assert_eq!(
+            (g.kind, g.lid, g.qpn, g.psn),
+            (Kind::Req, 7, 0x12_3456, 0xAB_CDEF)
+        );
         assert_eq!(g.addr, f.addr);
         assert_eq!(g.private, vec![1, 2, 3]);
-        for (i, v) in [(0, 0u8), (6, 9), (7, 57), (8, 0), (9, 0xC0), (15, 1), (60, 1), (200, 1)] {
+        for (i, v) in [
+            (0, 0u8),
+            (6, 9),
+            (7, 57),
+            (8, 0),
+            (9, 0xC0),
+            (15, 1),
+            (60, 1),
+            (200, 1),
+        ] {
             let mut bad = b;
             bad[i] = v;
             if i == 8 {
