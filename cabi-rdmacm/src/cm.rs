@@ -1,7 +1,7 @@
 //! Event channels, ids and their events: the connection manager itself.
 //!
-//! An [`Id`] is a `#[repr(C)]` Rust struct whose first field is the `rdma_cm_id` programs
-//! see; a [`Channel`] likewise starts with its `rdma_event_channel`, whose `fd` is a
+//! An `Id` is a `#[repr(C)]` Rust struct whose first field is the `rdma_cm_id` programs
+//! see; a `Channel` likewise starts with its `rdma_event_channel`, whose `fd` is a
 //! semaphore eventfd counting the queued events (programs may poll it; `rdma_get_cm_event`
 //! blocks on it unless the program made it non-blocking). As with rdma-core's, a thread
 //! still blocked in `rdma_get_cm_event` when the channel is destroyed stays blocked (it is

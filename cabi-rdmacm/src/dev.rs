@@ -113,8 +113,9 @@ unsafe fn vctx(ctx: *mut ibv_context, op_off: usize) -> Option<*mut verbs_contex
 unsafe fn query_port(ctx: *mut ibv_context, port: &mut ibv_port_attr) -> libc::c_int {
     // SAFETY: the caller's context.
     let v = unsafe { vctx(ctx, std::mem::offset_of!(verbs_context, query_port)) };
-    // SAFETY: the context's own operation, called as verbs.h does.
+    // SAFETY: `v` is the context's extended part, which has this field.
     match v.and_then(|v| unsafe { (*v).query_port }) {
+        // SAFETY: the context's own operation, called as verbs.h does.
         Some(f) => unsafe { f(ctx, 1, port, size_of::<ibv_port_attr>()) },
         // SAFETY: the compatibility entry point, given the full (larger) struct.
         None => unsafe { ibv_query_port(ctx, 1, port) },
@@ -259,8 +260,9 @@ pub(crate) fn to_err(qp: *mut ibv_qp) {
 pub(crate) fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
     // SAFETY: an open context of libibverbs.
     let v = unsafe { vctx(ctx, std::mem::offset_of!(verbs_context, create_qp_ex)) };
-    // SAFETY: the context's own operation, called as verbs.h's ibv_create_qp_ex does.
+    // SAFETY: `v` is the context's extended part, which has this field.
     match v.and_then(|v| unsafe { (*v).create_qp_ex }) {
+        // SAFETY: the context's own operation, called as verbs.h's ibv_create_qp_ex does.
         Some(f) => unsafe { f(ctx, attr) },
         None => ptr::null_mut(),
     }

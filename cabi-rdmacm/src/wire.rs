@@ -3,7 +3,7 @@
 //! (the engine's rule, [`shmhca::fabric::default_dir`], mode 0700 and this user's, checked).
 //! The peer's user is checked with `SO_PEERCRED`.
 //!
-//! Every message is one fixed-size [`Frame`], strictly validated (a hostile process of the
+//! Every message is one fixed-size `Frame`, strictly validated (a hostile process of the
 //! same user may write anything): magic, version, kind, lengths, 24-bit QPN and PSN, a
 //! unicast LID. The exchange is InfiniBand CM's: REQ (client: its LID/GID, QPN, PSN,
 //! responder resources, initiator depth, private data, source address), REP or REJ

@@ -1,6 +1,7 @@
 //! A non-local address is refused with EADDRNOTAVAIL by `rdma_resolve_addr` and
 //! `rdma_bind_addr`, called through the C ABI of the built `librdmacm.so.1` (loaded with
 //! `dlopen`; neither call reaches the verbs library).
+#![allow(clippy::multiple_unsafe_ops_per_block)] // FFI calls, each block SAFETY-commented
 
 use std::ffi::{CString, c_int, c_void};
 use std::path::{Path, PathBuf};
