@@ -125,6 +125,12 @@ impl Id {
 /// # Safety
 /// `id` is null or an id of ours not destroyed.
 unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Option<&'a Id> {
+    if !id.cast::<Id>().is_aligned() {
+        say_once(format!(
+            "rdma_cm: {id:p} is not an rdma_cm_id (misaligned): EINVAL"
+        ));
+        return None;
+    }
     // SAFETY: the caller's promise; `c` is the first field.
     unsafe { id.cast::<Id>().as_ref() }
 }
