@@ -261,6 +261,11 @@ fn ephemeral() -> u16 {
 #[unsafe(export_name = "__shmhca_rdma_create_event_channel")]
 pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     guard("rdma_create_event_channel", ptr::null_mut(), || {
+        // The device is opened here, as rdma-core's librdmacm initialises itself at the
+        // first channel: a server's later rdma_listen is then quick (perftest -R connects
+        // right after its own handshake; opening shmhca's device takes a while in a debug
+        // build). A failure is reported again where the device is needed.
+        let _ = dev::dev();
         // SAFETY: plain eventfd(2) call.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
         if raw < 0 {
