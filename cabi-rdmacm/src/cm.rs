@@ -797,53 +797,74 @@ pub unsafe extern "C" fn rdma_connect(
             Err(e) => return err(e),
         };
         let path = wire::sock_path(&dir, peer.port());
-        let s = match UnixStream::connect(&path) {
-            Ok(s) => s,
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOENT) | Some(libc::ECONNREFUSED)
-                ) =>
-            {
-                i.lock().conn = Conn::Down;
-                push(
-                    i,
-                    ptr::null_mut(),
-                    RDMA_CM_EVENT_REJECTED,
-                    REJ_INVALID_SERVICE,
-                    None,
-                );
-                return 0;
-            }
-            Err(e) => return err(e.raw_os_error().unwrap_or(libc::EIO)),
-        };
-        if !wire::same_user(&s) {
-            say_once(format!(
-                "rdma_connect: {} belongs to another user's process: refused",
-                path.display()
-            ));
-            return err(libc::EACCES);
-        }
-        if let Err(e) = wire::send(&s, &f) {
-            return err(e);
-        }
-        let s = Arc::new(s);
-        let mut st = i.lock();
-        st.stream = Some(s.clone());
-        st.conn = Conn::Connecting;
-        drop(st);
+        i.lock().conn = Conn::Connecting;
         let me = P(id.cast::<Id>());
         let mut p = p;
         p.private_data = ptr::null();
         let p = Params(p);
         if let Err(e) = i.spawn("shmhca-cm-conn", move || {
             let p = p;
-            client_loop(me, s, p.0, psn)
+            connect_loop(me, path, f, p.0, psn)
         }) {
+            i.lock().conn = Conn::Idle;
             return err(e);
         }
         0
     })
+}
+
+/// How long a REQ waits for a listener on its port before REJECTED (reason 8): IB CM
+/// answers a REQ to an unknown service at once, but programs such as perftest `-R`
+/// connect right after a handshake that precedes the server's `rdma_listen`, relying on
+/// the network's delay (their retry path after a reject reads freed memory).
+const LISTEN_WAIT: Duration = Duration::from_secs(2);
+
+/// The client's side: connect to the listener's socket (waiting for it up to
+/// [`LISTEN_WAIT`]), REQ, then the answer ([`client_loop`]).
+fn connect_loop(me: P<Id>, path: PathBuf, f: Frame, p: rdma_conn_param, psn: u32) {
+    // SAFETY: the id outlives this thread (rdma_destroy_id joins it).
+    let i = unsafe { &*me.0 };
+    let t0 = std::time::Instant::now();
+    let s = loop {
+        match UnixStream::connect(&path) {
+            Ok(s) => break Some(s),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ECONNREFUSED)
+                ) && t0.elapsed() < LISTEN_WAIT
+                    && !i.stop.load(Ordering::Acquire) =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => break None,
+        }
+    };
+    if i.stop.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(s) = s else {
+        i.lock().conn = Conn::Down;
+        push(i, ptr::null_mut(), RDMA_CM_EVENT_REJECTED, REJ_INVALID_SERVICE, None);
+        return;
+    };
+    if !wire::same_user(&s) {
+        say_once(format!(
+            "rdma_connect: {} belongs to another user's process: refused",
+            path.display()
+        ));
+        i.lock().conn = Conn::Down;
+        push(i, ptr::null_mut(), RDMA_CM_EVENT_REJECTED, REJ_INVALID_SERVICE, None);
+        return;
+    }
+    if wire::send(&s, &f).is_err() {
+        i.lock().conn = Conn::Down;
+        push(i, ptr::null_mut(), RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNRESET, None);
+        return;
+    }
+    let s = Arc::new(s);
+    i.lock().stream = Some(s.clone());
+    client_loop(me, s, p, psn);
 }
 
 /// Connection parameters without their private data, for the connecting thread.
