@@ -845,7 +845,13 @@ fn connect_loop(me: P<Id>, path: PathBuf, f: Frame, p: rdma_conn_param, psn: u32
     }
     let Some(s) = s else {
         i.lock().conn = Conn::Down;
-        push(i, ptr::null_mut(), RDMA_CM_EVENT_REJECTED, REJ_INVALID_SERVICE, None);
+        push(
+            i,
+            ptr::null_mut(),
+            RDMA_CM_EVENT_REJECTED,
+            REJ_INVALID_SERVICE,
+            None,
+        );
         return;
     };
     if !wire::same_user(&s) {
@@ -854,12 +860,24 @@ fn connect_loop(me: P<Id>, path: PathBuf, f: Frame, p: rdma_conn_param, psn: u32
             path.display()
         ));
         i.lock().conn = Conn::Down;
-        push(i, ptr::null_mut(), RDMA_CM_EVENT_REJECTED, REJ_INVALID_SERVICE, None);
+        push(
+            i,
+            ptr::null_mut(),
+            RDMA_CM_EVENT_REJECTED,
+            REJ_INVALID_SERVICE,
+            None,
+        );
         return;
     }
     if wire::send(&s, &f).is_err() {
         i.lock().conn = Conn::Down;
-        push(i, ptr::null_mut(), RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNRESET, None);
+        push(
+            i,
+            ptr::null_mut(),
+            RDMA_CM_EVENT_UNREACHABLE,
+            -libc::ECONNRESET,
+            None,
+        );
         return;
     }
     let s = Arc::new(s);

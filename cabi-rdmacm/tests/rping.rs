@@ -268,3 +268,56 @@ fn rping_to_another_machine_is_refused() {
     );
     assert!(c.stderr.contains("Cannot assign requested address"), "{c}");
 }
+
+/// Runs perftest's `prog -R args…` server and `localhost` client in one fabric directory.
+fn perftest_pair(prog: &str, args: &[&str]) -> Option<(Outcome, Outcome)> {
+    let prog = tool(prog)?;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fabric = FabricDir::new("perftest");
+    let p = port();
+    let mut s_args = vec!["-R", "-p", p.as_str()];
+    s_args.extend_from_slice(args);
+    let server = start(&fabric, &prog, &s_args);
+    // perftest -R exchanges its parameters over a first rdma_cm connection.
+    let server = wait_listening(&fabric, &p, server);
+    let mut c_args = s_args.clone();
+    c_args.push("localhost");
+    let c = start(&fabric, &prog, &c_args).wait(DEADLINE);
+    let s = server.wait(if c.code == Some(0) {
+        DEADLINE
+    } else {
+        Duration::from_secs(10)
+    });
+    Some((s, c))
+}
+
+#[test]
+fn ib_send_lat_over_rdma_cm() {
+    let Some((s, c)) = perftest_pair("ib_send_lat", &["-n", "20"]) else {
+        return;
+    };
+    assert_eq!(c.code, Some(0), "client:\n{c}\nserver:\n{s}");
+    assert_eq!(s.code, Some(0), "server:\n{s}\nclient:\n{c}");
+    assert!(c.stdout.contains("Data ex. method : rdma_cm"), "{c}");
+    assert!(
+        c.stdout
+            .lines()
+            .any(|l| l.split_whitespace().take(2).eq(["2", "20"])),
+        "no result line for 2 bytes × 20 iterations:\n{c}"
+    );
+}
+
+#[test]
+fn ib_write_bw_over_rdma_cm() {
+    let Some((s, c)) = perftest_pair("ib_write_bw", &["-n", "50"]) else {
+        return;
+    };
+    assert_eq!(c.code, Some(0), "client:\n{c}\nserver:\n{s}");
+    assert_eq!(s.code, Some(0), "server:\n{s}\nclient:\n{c}");
+    assert!(
+        c.stdout
+            .lines()
+            .any(|l| l.split_whitespace().take(2).eq(["65536", "50"])),
+        "no result line for 65536 bytes × 50 iterations:\n{c}"
+    );
+}
