@@ -361,15 +361,13 @@ pub unsafe extern "C" fn ibv_query_port(
     port_num: u8,
     attr: *mut _compat_ibv_port_attr,
 ) -> c_int {
-    // SAFETY: forwarded as is; the compat struct is a prefix of ibv_port_attr.
-    unsafe {
-        query_port_ex(
-            context,
-            port_num,
-            attr.cast(),
-            std::mem::size_of::<_compat_ibv_port_attr>(),
-        )
-    }
+    // rdma-core's `_compat_ibv_port_attr` is `ibv_port_attr` as it was before
+    // `port_cap_flags2` was added (verbs.h declares it opaque, so bindgen gives it size 0):
+    // the fields up to and including `flags`. Writing only those fits a caller of any age.
+    const COMPAT_LEN: usize = std::mem::offset_of!(ibv_port_attr, port_cap_flags2);
+    // SAFETY: forwarded as is; the compat struct is a prefix of ibv_port_attr, COMPAT_LEN
+    // bytes long.
+    unsafe { query_port_ex(context, port_num, attr.cast(), COMPAT_LEN) }
 }
 
 /// `verbs_context.query_port`: port 1, ACTIVE, InfiniBand, MTU 4096.

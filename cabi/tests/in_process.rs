@@ -500,3 +500,31 @@ fn two_contexts_connect_by_lid() {
 fn two_contexts_connect_by_gid() {
     ping_pong(true);
 }
+
+/// The exported `ibv_query_port` (rdma-core's IBVERBS_1.1 entry, what a program reaches when
+/// it calls the symbol rather than verbs.h's inline) fills the old layout of the port
+/// attributes: up to `flags`, with the port's LID and state, and nothing past it. (It once
+/// copied `size_of::<_compat_ibv_port_attr>()` bytes: 0, bindgen's size of the opaque
+/// type, so callers got their struct back untouched.)
+#[test]
+fn the_exported_query_port_fills_the_compat_layout() {
+    // SAFETY: the exported functions with the arguments verbs.h documents.
+    unsafe {
+        let mut n = 0;
+        let list = ibv_get_device_list(&mut n);
+        let ctx = ibv_open_device(*list);
+        ibv_free_device_list(list);
+        assert!(!ctx.is_null());
+        let mut attr: ibv_port_attr = std::mem::zeroed();
+        attr.port_cap_flags2 = 0xBEEF;
+        let rc = ibv_query_port(ctx, 1, (&raw mut attr).cast());
+        assert_eq!(rc, 0);
+        assert_eq!(attr.state, IBV_PORT_ACTIVE);
+        assert_ne!(attr.lid, 0, "the port's LID");
+        assert_eq!(
+            attr.port_cap_flags2, 0xBEEF,
+            "nothing past the old layout is written"
+        );
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
