@@ -158,16 +158,26 @@ fn find_private(bytes: &[u8]) -> Option<u32> {
     digits.parse().ok()
 }
 
-/// `target/<profile>/libibverbs.so.1 -> libibverbs.so` (the cdylib is written after this
-/// script runs; the link resolves once it is). Made only where nothing else is in the way:
-/// an existing file that is not such a link is left alone.
+/// `target/<profile>/libibverbs.so.1 -> deps/libibverbs.so` (the cdylib is written after
+/// this script runs; the link resolves once it is). It points into `deps/` because
+/// `cargo test` writes the cdylib only there (`cargo build` also copies it up a level).
+/// Made only where nothing else is in the way: an existing file that is not such a link is
+/// left alone; a link of ours to the old target (`libibverbs.so`) is replaced.
 fn link_so1(out: &Path) {
     let Some(dir) = out.ancestors().nth(3) else {
         return;
     };
     let link = dir.join("libibverbs.so.1");
+    const TARGET: &str = "deps/libibverbs.so";
     match std::fs::read_link(&link) {
-        Ok(t) if t == Path::new("libibverbs.so") => {}
+        Ok(t) if t == Path::new(TARGET) => {}
+        Ok(t) if t == Path::new("libibverbs.so") => {
+            // Ours, from before: point it at deps/.
+            let _ = std::fs::remove_file(&link);
+            if let Err(e) = std::os::unix::fs::symlink(TARGET, &link) {
+                println!("cargo:warning=cannot link {}: {e}", link.display());
+            }
+        }
         Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
             println!(
                 "cargo:warning={} exists and is not ours: left alone",
@@ -175,7 +185,7 @@ fn link_so1(out: &Path) {
             );
         }
         _ => {
-            if let Err(e) = std::os::unix::fs::symlink("libibverbs.so", &link) {
+            if let Err(e) = std::os::unix::fs::symlink(TARGET, &link) {
                 println!("cargo:warning=cannot link {}: {e}", link.display());
             }
         }

@@ -24,20 +24,32 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The installed program `name`, or `None` (after one line saying so) to skip the test:
+/// when it is not installed, or shmhca's libraries are not built next to this test
+/// (`librdmacm.so.1` is a cdylib only: `cargo test` does not build it, `cargo build` does).
 fn tool(name: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
             .map(|d| d.join(name))
             .find(|f| f.is_file())
     });
-    if found.is_none() {
-        let msg = format!("{name} is not installed (apt-get install rdmacm-utils perftest)");
-        if std::env::var_os("SHMHCA_REQUIRE_VERBS_TOOLS").is_some_and(|v| v == "1") {
-            panic!("{msg}, and SHMHCA_REQUIRE_VERBS_TOOLS=1 requires it");
-        }
-        eprintln!("skipped: {msg}");
+    let dir = target_dir();
+    let missing = ["libibverbs.so.1", "librdmacm.so.1"]
+        .into_iter()
+        .find(|lib| !dir.join(lib).exists());
+    let msg = match (&found, missing) {
+        (None, _) => format!("{name} is not installed (apt-get install rdmacm-utils perftest)"),
+        (Some(_), Some(lib)) => format!(
+            "{lib} is not built in {} (cargo build -p shmhca-verbs -p shmhca-rdmacm -p shmhca-tools)",
+            dir.display()
+        ),
+        (Some(_), None) => return found,
+    };
+    if std::env::var_os("SHMHCA_REQUIRE_VERBS_TOOLS").is_some_and(|v| v == "1") {
+        panic!("{msg}, and SHMHCA_REQUIRE_VERBS_TOOLS=1 requires it");
     }
-    found
+    eprintln!("skipped: {msg}");
+    None
 }
 
 /// A temporary fabric directory (0700), removed when dropped.

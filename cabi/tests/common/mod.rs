@@ -27,23 +27,31 @@ pub(crate) fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The installed program `name`, or `None` (after one line saying so) to skip the test.
+/// The installed program `name`, or `None` (after one line saying so) to skip the test:
+/// when the program is not installed, or shmhca's `libibverbs.so.1` is not built next to
+/// this test (`cargo test` builds it; a test binary run from elsewhere may not find it).
 pub(crate) fn tool(name: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
             .map(|d| d.join(name))
             .find(|f| f.is_file())
     });
-    if found.is_none() {
-        let msg = format!(
-            "{name} is not installed (apt-get install perftest ibverbs-utils rdmacm-utils)"
-        );
-        if std::env::var_os("SHMHCA_REQUIRE_VERBS_TOOLS").is_some_and(|v| v == "1") {
-            panic!("{msg}, and SHMHCA_REQUIRE_VERBS_TOOLS=1 requires it");
-        }
-        eprintln!("skipped: {msg}");
+    let lib = target_dir().join("libibverbs.so.1");
+    let msg = if found.is_none() {
+        format!("{name} is not installed (apt-get install perftest ibverbs-utils rdmacm-utils)")
+    } else if !lib.exists() {
+        format!(
+            "{} is not built (cargo build -p shmhca-verbs -p shmhca-tools)",
+            lib.display()
+        )
+    } else {
+        return found;
+    };
+    if std::env::var_os("SHMHCA_REQUIRE_VERBS_TOOLS").is_some_and(|v| v == "1") {
+        panic!("{msg}, and SHMHCA_REQUIRE_VERBS_TOOLS=1 requires it");
     }
-    found
+    eprintln!("skipped: {msg}");
+    None
 }
 
 /// A child process killed (and reaped) when dropped, so a failing test leaves none behind.
