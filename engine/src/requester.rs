@@ -1015,14 +1015,8 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
         } else {
             crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
         }
-        let win = &mut qp.req.window;
-        // The oldest unacknowledged request's WQE, or with none, the one waiting for room.
-        let failed = win.find(win.acked().add(1)).or_else(|| {
-            let seq = win.tx().seq;
-            (seq < win.fetched()).then_some(seq)
-        });
-        if let Some(seq) = failed {
-            win.complete(seq, WcStatus::RetryExcErr);
+        if let Some(seq) = oldest_unfinished(&qp.req.window) {
+            qp.req.window.complete(seq, WcStatus::RetryExcErr);
         }
         qp.enter_error(env);
         return;
@@ -1033,6 +1027,41 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
     if let Some(t) = req.ttr {
         env.arm(&mut req.timer, t);
     }
+}
+
+/// The oldest unacknowledged request's WQE, or with none, the oldest waiting to be sent.
+fn oldest_unfinished(win: &crate::send_window::SendWindow) -> Option<u64> {
+    win.find(win.acked().add(1)).or_else(|| {
+        let seq = win.tx().seq;
+        (seq < win.fetched()).then_some(seq)
+    })
+}
+
+/// The QP's link went down and the QP stays as it is (a fabric link: see
+/// `OnPeerLoss::FailNextRequest`), `why` being the link's reason. Its oldest unfinished request,
+/// if it has one, completes with RetryExcErr — no answer can come, so that is how its
+/// retries would end, only sooner — and the QP enters the Error state; without one the QP
+/// keeps its state and its receives, and responses queued for the peer are dropped.
+/// Error path only.
+#[cold]
+pub(crate) fn on_peer_lost(qp: &mut QpCtx, env: &mut Env<'_>, why: Option<&str>) {
+    qp.resp.drop_output();
+    let Some(seq) = oldest_unfinished(&qp.req.window) else {
+        qp.req.stop_timers();
+        return;
+    };
+    let text = format!(
+        "transport retry count exhausted at once: the link to the peer is down ({}), so no \
+         request can be answered; the peer acknowledged up to PSN {}",
+        why.unwrap_or("its ring broke"),
+        qp.req.window.acked().get()
+    );
+    *qp.shared
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(text);
+    qp.req.window.complete(seq, WcStatus::RetryExcErr);
+    qp.enter_error(env);
 }
 
 /// Records in words why the QP fails ([`crate::Qp::last_error`]) when its Retry Count ran

@@ -240,6 +240,16 @@ impl Responder {
         !self.out.is_empty()
     }
 
+    /// Drops the responses queued and the Ack owed: the peer is gone
+    /// (`requester::on_peer_lost`).
+    pub(crate) fn drop_output(&mut self) {
+        self.out.clear();
+        self.rd_atomic_queued = 0;
+        self.dup_queued = 0;
+        self.closing = false;
+        self.owed = None;
+    }
+
     /// The positive Ack owed, if any.
     pub(crate) fn owed_ack(&self) -> Option<OwedAck> {
         self.owed

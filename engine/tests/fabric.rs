@@ -1,7 +1,7 @@
 //! The fabric (`shmhca::fabric`): contexts take LIDs in a rendezvous directory, swap LID and
 //! QPN out of band, and go to RTR by LID or GID — in one process and between two; a peer
 //! that comes after the RTR, one that never comes, stale lock files, a refused directory,
-//! and a SIGKILLed peer.
+//! and a peer that leaves or is SIGKILLed (its QPs' next request fails; idle ones stay).
 mod cm_support;
 
 use std::os::unix::fs::PermissionsExt;
@@ -205,7 +205,7 @@ fn two_contexts_go_to_rts_by_lid_and_by_gid_and_every_operation_works() {
 }
 
 #[test]
-fn poll_mode_engines_work_and_a_dropped_peer_context_errors_the_qp() {
+fn poll_mode_engines_work_and_a_dropped_peer_leaves_an_idle_qp_as_it_is() {
     let dir = Dir::new("poll");
     let poll = || {
         Context::builder()
@@ -226,14 +226,59 @@ fn poll_mode_engines_work_and_a_dropped_peer_context_errors_the_qp() {
     exercise(&mut b, &mut a);
     a.qp.post_recv(&RecvWr::new(77, &[a.buf.sge(0, 64).unwrap()]))
         .unwrap();
-    // b goes away (its QP, its regions, its context): a's QP is flushed.
+    // b goes away (its QP, its regions, its context). As in InfiniBand, nothing tells a's
+    // QP: it stays in RTS with its receive posted (a ping-pong whose peer exits after the
+    // last message must not see its spare receives flushed).
     drop(b);
-    let w = wait(&mut a.cq, 1)[0];
-    assert_eq!((w.wr_id, w.status), (77, WcStatus::WrFlushErr));
+    eventually("the link is down", || {
+        !a.ctx.fabric_links().iter().any(|l| l.up)
+    });
+    assert_eq!(a.qp.state(), QpState::Rts, "{:?}", a.qp.last_error());
+    assert!(
+        a.cq.poll(&mut [WorkCompletion::default(); 4]) == 0,
+        "no completion for an idle QP whose peer left"
+    );
+    // A request then fails as its retries would (at once: no answer can come), and the
+    // QP's receive is flushed behind it.
+    a.qp.post_send(&SendWr::new(5, SendOp::Send, &[])).unwrap();
+    let wcs = wait(&mut a.cq, 2);
+    let send = wcs.iter().find(|w| w.wr_id == 5).unwrap();
+    let recv = wcs.iter().find(|w| w.wr_id == 77).unwrap();
+    assert_eq!(send.status, WcStatus::RetryExcErr);
+    assert_eq!(recv.status, WcStatus::WrFlushErr);
     assert_eq!(a.qp.state(), QpState::Error);
+    let why = a.qp.last_error().unwrap_or_default();
+    assert!(why.contains("peer"), "{why}");
     eventually("b's LID files are removed", || {
         !exists(&fabric::dir::lock_path(&dir.0, ab.lid))
     });
+}
+
+#[test]
+fn a_request_outstanding_when_the_peer_leaves_fails_with_retry_exceeded_at_once() {
+    let dir = Dir::new("leave");
+    let mut a = side(context(1 << 20));
+    let b = side(context(1 << 20));
+    let aa = a.ctx.join_fabric_in(&dir.0).unwrap();
+    let ab = b.ctx.join_fabric_in(&dir.0).unwrap();
+    let mut bq = b.qp;
+    // The longest Local Ack Timeout (about 2.4 hours per try) and RNR retries without
+    // end: only the link going down can end the request within the test.
+    connect(&mut a.qp, rtr().dest_lid(ab.lid, bq.qpn()), 31, 7).unwrap();
+    connect(&mut bq, rtr().dest_lid(aa.lid, a.qp.qpn()), 31, 7).unwrap();
+    a.qp.post_recv(&RecvWr::new(1, &[a.buf.sge(0, 64).unwrap()]))
+        .unwrap();
+    // b posts no receive: the Send waits (for an RNR retry, or for room) until b leaves.
+    a.qp.post_send(&SendWr::new(2, SendOp::Send, &[a.buf.sge(0, 8).unwrap()]))
+        .unwrap();
+    drop((bq, b.buf, b.cq, b.pd, b.ctx));
+    let mut wcs = wait(&mut a.cq, 2);
+    wcs.sort_by_key(|w| w.wr_id);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::WrFlushErr));
+    assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::RetryExcErr));
+    assert_eq!(a.qp.state(), QpState::Error);
+    let why = a.qp.last_error().unwrap_or_default();
+    assert!(why.contains("the link to the peer is down"), "{why}");
 }
 
 #[test]
@@ -373,7 +418,7 @@ fn an_rtr_before_the_peer_exists_is_served_when_it_appears() {
         assert!(!fabric::dir::lid_held(&dir.0, later));
         let nb = b.qp.qpn();
         connect(&mut a.qp, rtr().dest_lid(later, nb), 14, 7).unwrap();
-        assert_eq!(a.qp.state(), QpState::Rts);
+        assert_eq!(a.qp.state(), QpState::Rts, "{:?}", a.qp.last_error());
         let links = a.ctx.fabric_links();
         assert!(
             links.len() == 1 && !links[0].attached && links[0].up,
@@ -601,10 +646,10 @@ fn two_processes_swap_lids_and_run_every_operation() {
     peer.expect_success();
 }
 
-const TWO_KILL: &str = "a_sigkilled_peer_moves_the_qp_to_error";
+const TWO_KILL: &str = "a_sigkilled_peer_fails_the_next_request";
 
 #[test]
-fn a_sigkilled_peer_moves_the_qp_to_error() {
+fn a_sigkilled_peer_fails_the_next_request() {
     if let Some((_, arg)) = role() {
         let dir = PathBuf::from(arg);
         let mut c = side(context(1 << 20));
@@ -655,18 +700,23 @@ fn a_sigkilled_peer_moves_the_qp_to_error() {
     assert!(s.ctx.fabric_links()[0].up, "up");
     let killed = Instant::now();
     peer.kill();
-    let mut wcs = wait(&mut s.cq, 3);
+    eventually("the link is down", || {
+        !s.ctx.fabric_links().iter().any(|l| l.up)
+    });
     let took = killed.elapsed();
-    eprintln!("3 receives flushed {took:?} after SIGKILL");
+    eprintln!("the link went down {took:?} after SIGKILL");
+    // The QP is as it was (InfiniBand's behaviour: nothing tells an RC QP its peer is
+    // gone); its next request fails as its retries would, and the receives are flushed.
+    assert_eq!(s.qp.state(), QpState::Rts);
+    assert_eq!(s.cq.poll(&mut [WorkCompletion::default(); 4]), 0);
+    s.qp.post_send(&SendWr::new(9, SendOp::Send, &[])).unwrap();
+    let mut wcs = wait(&mut s.cq, 4);
     wcs.sort_by_key(|w| w.wr_id);
-    for w in &wcs {
+    assert_eq!((wcs[3].wr_id, wcs[3].status), (9, WcStatus::RetryExcErr));
+    for w in &wcs[..3] {
         assert_eq!(w.status, WcStatus::WrFlushErr, "{w:?}");
     }
     assert_eq!(s.qp.state(), QpState::Error);
-    assert!(
-        !s.ctx.fabric_links().iter().any(|l| l.up),
-        "the link is down"
-    );
     // Generous for a busy machine; the watcher sees the hang-up within milliseconds.
     assert!(took < Duration::from_secs(20), "{took:?}");
 }

@@ -23,7 +23,7 @@ use super::random_u64;
 use super::segments::{LinkSegment, attach_peer_arena, new_link, share_arena, share_engine_page};
 use crate::device::Device;
 use crate::error::Error;
-use crate::link::{self, LinkId, Side};
+use crate::link::{self, LinkId, OnPeerLoss, Side};
 use crate::qp::{Destination, QpAttr, QpState};
 use crate::verbs::{Cq, Pd, Qp, Srq};
 use crate::wire::Qpn;
@@ -285,6 +285,7 @@ pub(super) fn client_handshake(
                     Side::Creator,
                     page,
                     hello.trace_id,
+                    OnPeerLoss::ErrorQps,
                 )
                 .map_err(|e| {
                     Fail::reject(
@@ -573,6 +574,7 @@ impl ServerHandshake {
                     Side::Opener,
                     page,
                     req.trace_id,
+                    OnPeerLoss::ErrorQps,
                 )
                 .map_err(|e| {
                     Fail::reject(

@@ -11,7 +11,7 @@ use shmhca_rings::segment::{Access, Segment};
 use crate::arena::{ARENA_KIND, ENGINE_PAGE_KIND, ENGINE_PAGE_LEN};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::link::{self, Link, LinkId, Side};
+use crate::link::{self, Link, LinkId, OnPeerLoss, Side};
 use crate::mem::Mem;
 use crate::verbs::Pd;
 use crate::wire::Qpn;
@@ -37,6 +37,7 @@ pub(crate) fn new_link(
     side: Side,
     peer_page: OwnedFd,
     peer_trace_id: u32,
+    on_peer_loss: OnPeerLoss,
 ) -> Result<LinkId> {
     let segment = match segment {
         LinkSegment::Made(s) => s,
@@ -49,12 +50,13 @@ pub(crate) fn new_link(
         ENGINE_PAGE_LEN,
     )?;
     let ends = link::attach(&segment, side)?;
-    let l = Link::new(
+    let mut l = Link::new(
         segment,
         ends,
         Mem::from_segment(Arc::new(page)),
         (shared.id, peer_trace_id),
     );
+    l.on_peer_loss = on_peer_loss;
     let id = shared.engine.with(|e| e.add_link(l))?;
     // A sleeping engine thread waits on the kick words of the links it knew of: it must
     // gather them again, this one included.

@@ -30,7 +30,7 @@ use crate::arena::PdArenas;
 use crate::completer;
 use crate::context::{Env, QpCtx, Resources, Stats, flush_receives};
 use crate::error::{Error, Result};
-use crate::link::{Link, LinkId, TxBatch};
+use crate::link::{Link, LinkId, OnPeerLoss, TxBatch};
 use crate::mem::Mem;
 use crate::qp::{QpAttr, QpState, plan_modify};
 use crate::requester;
@@ -1029,7 +1029,11 @@ impl Iteration<'_> {
                             link.down = link.tx.broken().map(|e| e.to_string());
                         }
                         if qp.state != QpState::Error && qp.state != QpState::Reset {
-                            qp.enter_error(env);
+                            if link.on_peer_loss == OnPeerLoss::FailNextRequest {
+                                requester::on_peer_lost(qp, env, link.down.as_deref());
+                            } else {
+                                qp.enter_error(env);
+                            }
                         }
                     }
                     None => {}

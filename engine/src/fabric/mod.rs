@@ -35,9 +35,15 @@
 //! The Unix socket over which a link was set up stays open for the link's life. When the
 //! peer process dies (or drops its context), the kernel closes it; this side's fabric thread
 //! sees the hang-up within milliseconds, processes what the peer had already put on the
-//! link, and tears the link down: every QP whose destination is on it goes to the Error
-//! state, its work requests completing with
-//! [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr).
+//! link, and tears the link down. The QPs whose destination is on it learn it as an RC QP
+//! does in InfiniBand, where nothing tells a QP its peer vanished: one with nothing to send
+//! stays as it is, its receives posted (a ping-pong whose peer exits after the last
+//! message does not see its spare receives flushed); its next request, or one outstanding
+//! when the link went down, completes at once with
+//! [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr) — what its retries would end in
+//! — and the QP goes to the Error state, the rest of its work requests completing with
+//! [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr). (The connection manager's links
+//! differ: a connection ends with its peer, and its QP goes to the Error state at once.)
 //!
 //! # What a peer can get
 //!

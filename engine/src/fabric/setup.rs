@@ -39,7 +39,7 @@ use crate::cm::msg::ArenaLayout;
 use crate::cm::segments::{LinkSegment, attach_peer_arena, new_link, share_engine_page};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::link::{self, Link, LinkId, Side};
+use crate::link::{self, Link, LinkId, OnPeerLoss, Side};
 use crate::mem::Mem;
 use crate::qp::Destination;
 use crate::wire::Qpn;
@@ -187,12 +187,13 @@ fn take_peer_arena(
 fn pending_link(shared: &Arc<Device>) -> Result<(LinkId, Arc<Segment>)> {
     let seg = link::create_link_segment(shared.link_slots, shared.huge_pages)?;
     let ends = link::attach(&seg, Side::Creator)?;
-    let l = Link::new(
+    let mut l = Link::new(
         seg.clone(),
         ends,
         Mem::private(ENGINE_PAGE_LEN),
         (shared.id, 0),
     );
+    l.on_peer_loss = OnPeerLoss::FailNextRequest;
     let id = shared.engine.with(|e| e.add_link(l))?;
     shared.kick();
     Ok((id, seg))
@@ -218,7 +219,8 @@ fn engine_up(shared: &Device, id: LinkId) -> bool {
         .with(|e| e.link_mut(id).is_some_and(|l| l.down.is_none()))
 }
 
-/// Tears link `id` down (its QPs go to the Error state) and marks its entry down.
+/// Tears link `id` down (its QPs learn it as `OnPeerLoss::FailNextRequest` says) and marks
+/// its entry down.
 pub(crate) fn tear_down(shared: &Device, t: &mut super::Table, id: LinkId, why: &str) {
     if let Some(p) = t.peers.iter_mut().find(|p| p.id == id) {
         p.up = false;
@@ -539,6 +541,7 @@ fn attempt(
                                 Side::Creator,
                                 peer_page,
                                 trace_id,
+                                OnPeerLoss::FailNextRequest,
                             )?;
                             fabric.lock().peers.push(PeerLink {
                                 lid,
@@ -615,6 +618,7 @@ fn attempt(
                 Side::Opener,
                 peer_page,
                 trace_id,
+                OnPeerLoss::FailNextRequest,
             )
             .map_err(|e| {
                 err(
@@ -888,6 +892,7 @@ pub(crate) fn serve(
                 Side::Opener,
                 peer_page,
                 trace_id,
+                OnPeerLoss::FailNextRequest,
             )
             .map_err(|e| {
                 err(
@@ -943,6 +948,7 @@ pub(crate) fn serve(
                 Side::Creator,
                 peer_page,
                 trace_id,
+                OnPeerLoss::FailNextRequest,
             )?;
             fabric.lock().peers.push(PeerLink {
                 lid: client,

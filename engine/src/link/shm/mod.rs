@@ -462,6 +462,20 @@ pub(crate) fn attach(segment: &Arc<Segment>, side: Side) -> Result<LinkEnds> {
 /// in this process, its protection domain and engine numbers).
 pub(crate) type ArenaKey = (u64, u64);
 
+/// What the QPs facing a link do when it goes down (its peer hung up or broke a ring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnPeerLoss {
+    /// Every one enters the Error state: the connection manager's links, where a
+    /// connection ends with its peer.
+    ErrorQps,
+    /// Each stays as it is, as an RC QP does in InfiniBand when its peer vanishes (no
+    /// packet tells it), until it has a request to send: that fails with RetryExcErr, what
+    /// its retries would end in, and the QP enters the Error state
+    /// (`requester::on_peer_lost`). The fabric's links, which verbs programs use: a
+    /// ping-pong whose peer exits after the last message keeps its spare receives.
+    FailNextRequest,
+}
+
 /// One link as the engine holds it.
 pub(crate) struct Link {
     /// Keeps the link segment mapped.
@@ -480,6 +494,8 @@ pub(crate) struct Link {
     peer_qps: Vec<(Qpn, usize)>,
     /// Set when the link is torn down (peer broke a ring, or hung up).
     pub(crate) down: Option<String>,
+    /// What the QPs facing the link do when it goes down.
+    pub(crate) on_peer_loss: OnPeerLoss,
     /// The last receive burst was full: more packets may be waiting in the ring, among
     /// them responses that would stop a transport timer (see `requester::on_tick`).
     pub(crate) rx_backlog: bool,
@@ -617,6 +633,7 @@ impl Link {
             peer_arenas: Vec::new(),
             peer_qps: Vec::new(),
             down: None,
+            on_peer_loss: OnPeerLoss::ErrorQps,
             rx_backlog: false,
             endpoints,
             rx_tap: true,
