@@ -277,3 +277,111 @@ fn misuse_is_refused_with_a_clear_error() {
         Err(Error::ForeignObject { .. })
     ));
 }
+
+/// A program that waits on one completion channel for both its send and its receive queue
+/// (perftest 4.5's `ib_send_lat -e`) gets the events in the order an HCA raises them: the
+/// completion of its message before that of the peer's reply, although the reply carries
+/// the Ack that completes the message (a riding Ack). It takes one completion per event,
+/// and expects the event it waits for; served in the other order it waits for ever.
+#[test]
+fn a_shared_channel_gets_the_send_event_before_the_reply_that_acknowledged_it() {
+    const N: u64 = 100;
+    let p = Params::default();
+    let build = |x: ContextBuilder| {
+        x.arena_size(p.arena)
+            .huge_pages(shmhca_rings::HugePages::Never)
+            .build()
+            .unwrap()
+    };
+    let (ca, cb) = (build(poll_backoff()), build(poll_backoff()));
+    let (la, lb) = ca.link_with(&cb).unwrap();
+    // A: the receive queue takes the channel's first slot, the send queue the second (an
+    // order that a channel reporting by slot would get wrong).
+    let mut ch = ca.create_comp_channel().unwrap();
+    let pda = ca.alloc_pd().unwrap();
+    let mut rcq = ca.create_cq_with_channel(64, &ch).unwrap();
+    let mut scq = ca.create_cq_with_channel(64, &ch).unwrap();
+    let mut qa = ca.create_qp(&pda, &scq, &rcq, p.caps).unwrap();
+    let mut b = end(cb, lb, &p);
+    let (na, nb) = (qa.qpn(), b.qp.qpn());
+    connect(&mut qa, la, nb, p.psn_a, p.psn_b, &p);
+    connect(&mut b.qp, lb, na, p.psn_b, p.psn_a, &p);
+    let ma = pda.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..N {
+        qa.post_recv(&RecvWr::new(i, &[ma.sge(0, 8).unwrap()]))
+            .unwrap();
+    }
+    scq.req_notify(false).unwrap();
+    rcq.req_notify(false).unwrap();
+    // B pings, and pings again as soon as A's pong is in (its Ack of the pong riding in
+    // the next ping).
+    let peer = std::thread::spawn(move || {
+        let mb = b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        for i in 0..N {
+            b.qp.post_recv(&RecvWr::new(i, &[mb.sge(0, 8).unwrap()]))
+                .unwrap();
+        }
+        let start = Instant::now();
+        for i in 0..N {
+            let sge = [mb.sge(8, 8).unwrap()];
+            b.qp.post_send(&SendWr::new(i, SendOp::Send, &sge).flags(SendFlags::SIGNALED))
+                .unwrap();
+            let mut got = 0;
+            while got < 2 {
+                if let Some(w) = b.cq.poll_one() {
+                    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                    got += 1;
+                }
+                assert!(start.elapsed() < LONG, "B stalled at ping {i}");
+            }
+        }
+        b
+    });
+    let mut wrong = vec![];
+    // Out of order, an event may never come: the test then goes on without it.
+    let mut next_event = |want: &Cq, what: &str, i: u64| {
+        let got = ch.get_event(Some(Duration::from_secs(2))).unwrap();
+        if got != Some(want.number()) {
+            wrong.push(format!("{what} {i}: {got:?}"));
+        }
+        got
+    };
+    for i in 0..N {
+        let q = next_event(&rcq, "receive", i);
+        // As perftest does: re-arm the queue the event was for, then poll once.
+        let which = if q == Some(scq.number()) {
+            &mut scq
+        } else {
+            &mut rcq
+        };
+        which.req_notify(false).unwrap();
+        if rcq.poll_one().is_none() {
+            // Served out of order: take it anyway, to go on.
+            let start = Instant::now();
+            while rcq.poll_one().is_none() {
+                assert!(start.elapsed() < LONG, "no receive {i}");
+            }
+        }
+        let sge = [ma.sge(16, 8).unwrap()];
+        qa.post_send(&SendWr::new(i, SendOp::Send, &sge).flags(SendFlags::SIGNALED))
+            .unwrap();
+        let q = next_event(&scq, "send", i);
+        let which = if q == Some(rcq.number()) {
+            &mut rcq
+        } else {
+            &mut scq
+        };
+        which.req_notify(false).unwrap();
+        let start = Instant::now();
+        while scq.poll_one().is_none() {
+            assert!(start.elapsed() < LONG, "no send completion {i}");
+        }
+    }
+    let _b = peer.join().unwrap();
+    assert!(
+        wrong.is_empty(),
+        "{} of {N} events came for the other queue, first at: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}

@@ -918,6 +918,20 @@ impl Iteration<'_> {
                 // A riding Ack kept from an earlier packet comes before this one.
                 on_kept_riding_ack(qp, env);
                 if pkt.info.request {
+                    let rides = slots[0].reserved & crate::wire::slot::ACK_FLAG != 0;
+                    // A program waiting for its send queue's completion event gets it
+                    // before the event of the request that carried the Ack, as from an
+                    // HCA, whose Ack leaves before the peer's reply: the Ack is handled
+                    // first (one that waits on one channel for both queues, as perftest's
+                    // `-e`, takes one completion per event and expects the send's).
+                    let ack_first = rides && env.cqs.armed(qp.send_cq);
+                    if ack_first {
+                        completer::on_riding_ack(
+                            qp,
+                            env,
+                            crate::wire::slot::riding_ack_of(&slots[0]),
+                        );
+                    }
                     // A Read's or an Atomic's answer may go on the link at once, unless the fault
                     // stage or the trace must see it among what step 3 sends.
                     let tx =
@@ -929,11 +943,11 @@ impl Iteration<'_> {
                         // The held list leaves this iteration: this Ack is held its own.
                         qp.resp.listed_late = newly && *self.owed_held && qp.resp.replies;
                     }
-                    // A positive Ack riding in the request's line (parse checked the word) is
-                    // handled at the start of the next iteration: after the request, as if it had
-                    // followed in its own line, and after the application has had the request's
-                    // completion.
-                    if slots[0].reserved & crate::wire::slot::ACK_FLAG != 0 {
+                    // Otherwise a positive Ack riding in the request's line (parse checked the
+                    // word) is handled at the start of the next iteration: after the request, as
+                    // if it had followed in its own line, and after the application has had the
+                    // request's completion.
+                    if rides && !ack_first {
                         keep_riding_ack(qp, self.riding, index, &slots[0]);
                     }
                 } else {

@@ -3,7 +3,7 @@
 //! the engine. The verbs layer's `Cq` and `CompChannel` hold the other ends.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shmhca_rings::doorbell::Doorbell;
@@ -33,6 +33,13 @@ pub(crate) struct Signal {
     pub(crate) fired: Doorbell,
     /// The CQ number attached at each slot (0: none).
     pub(crate) cqns: Box<[AtomicU32]>,
+    /// When each slot last fired, on the channel's own count ([`Signal::raise`]): the
+    /// channel hands out the events it collects in the order they were raised, as an
+    /// event queue would, not by slot.
+    pub(crate) stamps: Box<[AtomicU64]>,
+    /// The count the next event takes (only the engine token's holder raises events, so
+    /// a plain load and store, no read-modify-write).
+    pub(crate) next_stamp: AtomicU64,
     /// Free slots (control path only).
     pub(crate) free: Mutex<Vec<u32>>,
     /// The application took the fd ([`AsFd`], [`AsRawFd`]): it may wait on it without
@@ -44,6 +51,10 @@ impl Signal {
     /// Raises the event of the queue at `slot`: marks it, then makes the fd readable.
     #[cold]
     fn raise(&self, slot: u32) {
+        let stamp = self.next_stamp.load(Ordering::Relaxed);
+        self.next_stamp.store(stamp + 1, Ordering::Relaxed);
+        // SYNC: ordered before the fired bit by its Release (the collector's Acquire).
+        self.stamps[slot as usize].store(stamp, Ordering::Relaxed);
         self.fired.ring(slot);
         // An eventfd write fails only when the counter would overflow (it holds far more
         // than the events a reader can leave pending); the fd is readable then anyway.
@@ -214,6 +225,12 @@ impl CqTable {
             }
             None => true,
         }
+    }
+
+    /// Whether `cq` is armed for a notification.
+    #[inline]
+    pub(crate) fn armed(&mut self, cq: CqId) -> bool {
+        self.armed > 0 && self.get(cq).is_some_and(|s| s.notify.armed())
     }
 
     /// The notification state of `cq`.

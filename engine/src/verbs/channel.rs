@@ -25,11 +25,18 @@
 //! whose sender set the solicited-event bit ([`SendFlags::SOLICITED`](crate::SendFlags)),
 //! or for a completion in error (errors always notify).
 //!
+//! Events come in the order they were raised, whatever queues they are for, and in the
+//! order an HCA raises them: a message's send completion before the receive completion
+//! of the peer's reply, although the Ack that completes the message rides in the reply
+//! (when the send queue is armed the engine handles that Ack first). A program that
+//! waits on one channel for both its queues and takes one completion per event (perftest
+//! 4.5's `ib_send_lat -e`) relies on it.
+//!
 //! # Cost
 //!
 //! Nothing while no queue is armed: the engine's completion push checks a flag in its own
 //! private memory. An armed queue costs, once per event, one atomic bit set and one
-//! `write(2)` to the eventfd.
+//! `write(2)` to the eventfd; a riding Ack in a request, one load while a queue is armed.
 //!
 //! # Who runs the engine while the application sleeps
 //!
@@ -69,7 +76,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -103,6 +110,8 @@ pub struct CompChannel {
     shared: Arc<Device>,
     /// Events taken from the fired set, not yet returned.
     pending: VecDeque<u32>,
+    /// The events of one collection, with their stamps, to sort (kept to reuse its room).
+    taken: Vec<(u64, u32)>,
 }
 
 impl CompChannel {
@@ -113,6 +122,8 @@ impl CompChannel {
             fd,
             fired: Doorbell::new(MAX_QUEUES),
             cqns: (0..MAX_QUEUES).map(|_| AtomicU32::new(0)).collect(),
+            stamps: (0..MAX_QUEUES).map(|_| AtomicU64::new(0)).collect(),
+            next_stamp: AtomicU64::new(0),
             free: Mutex::new((0..MAX_CQS_PER_CHANNEL).rev().collect()),
             fd_taken: AtomicBool::new(false),
         };
@@ -120,6 +131,7 @@ impl CompChannel {
             signal: Arc::new(signal),
             shared: shared.clone(),
             pending: VecDeque::new(),
+            taken: Vec::new(),
         })
     }
 
@@ -210,16 +222,27 @@ impl CompChannel {
             Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
             Err(e) => return Err(Error::io("reading the completion channel", e.into())),
         }
-        let Signal { fired, cqns, .. } = &*self.signal;
-        let pending = &mut self.pending;
+        let Signal {
+            fired,
+            cqns,
+            stamps,
+            ..
+        } = &*self.signal;
+        let taken = &mut self.taken;
+        taken.clear();
         fired.take(|slot| {
             // SYNC: the slot's CQ number was stored before the queue could be armed (both
-            // under the engine token), and the fired bit's Acquire orders this load after.
+            // under the engine token), and the fired bit's Acquire orders these loads
+            // after it and the stamp written before it.
             let cq = cqns[slot as usize].load(Ordering::Relaxed);
             if cq != 0 {
-                pending.push_back(cq);
+                taken.push((stamps[slot as usize].load(Ordering::Relaxed), cq));
             }
         });
+        // In the order raised: a program waiting for the send queue's event must not get
+        // the receive queue's, raised after it, first.
+        taken.sort_unstable();
+        self.pending.extend(taken.iter().map(|&(_, cq)| cq));
         Ok(())
     }
 
