@@ -143,6 +143,10 @@ pub(crate) struct Device {
     pub(crate) mode: EngineMode,
     pub(crate) link_slots: usize,
     pub(crate) huge_pages: HugePages,
+    /// How long after a fabric peer is lost its QPs that have nothing outstanding stay as
+    /// they are before they go to the Error state (`None`: never, as in InfiniBand):
+    /// [`ContextBuilder::peer_loss_grace`](crate::ContextBuilder::peer_loss_grace).
+    pub(crate) peer_loss_grace: Option<std::time::Duration>,
     /// Whether the engine thread may sleep (poll mode with a backoff policy).
     pub(crate) may_sleep: bool,
     /// Inline mode without `may_sleep`: set (for good) when the application takes a

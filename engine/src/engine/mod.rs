@@ -1360,6 +1360,40 @@ impl Engine {
     }
 }
 
+// The fabric's peer-loss grace (crate::fabric).
+impl Engine {
+    /// Moves every QP facing link `id` that is not in the Error or Reset state yet to the
+    /// Error state, recording why (`Qp::last_error`): the link went down (`why`) and the
+    /// grace the fabric gives such QPs is over.
+    pub(crate) fn fail_link_qps(&mut self, id: LinkId, why: &str) {
+        let facing: Vec<(u32, Qpn)> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.cfg.dest.is_some_and(|d| d.link == id))
+            .filter(|(_, q)| !matches!(q.state, QpState::Error | QpState::Reset))
+            .map(|(i, q)| (i, q.qpn))
+            .collect();
+        for (index, qpn) in facing {
+            let text = format!(
+                "the peer is gone ({why}); its QP {:#x} could answer nothing more, so this \
+                 QP went to the Error state",
+                self.qps
+                    .at(index)
+                    .and_then(|q| q.cfg.dest)
+                    .map_or(0, |d| d.qpn.get())
+            );
+            if self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok() {
+                if let Some(q) = self.qp_by_qpn(qpn) {
+                    *q.shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(text);
+                }
+            }
+        }
+    }
+}
+
 /// The watched send queues (poll mode's doorbell-free posts), driven by hand: an inline
 /// context with `watch_sq` switched on, posting while this thread holds the engine token
 /// so that posts take the ring path (`Device::notify`), as they do in poll mode.

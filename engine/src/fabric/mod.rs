@@ -35,15 +35,20 @@
 //! The Unix socket over which a link was set up stays open for the link's life. When the
 //! peer process dies (or drops its context), the kernel closes it; this side's fabric thread
 //! sees the hang-up within milliseconds, processes what the peer had already put on the
-//! link, and tears the link down. The QPs whose destination is on it learn it as an RC QP
-//! does in InfiniBand, where nothing tells a QP its peer vanished: one with nothing to send
-//! stays as it is, its receives posted (a ping-pong whose peer exits after the last
-//! message does not see its spare receives flushed); its next request, or one outstanding
-//! when the link went down, completes at once with
-//! [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr) — what its retries would end in
-//! — and the QP goes to the Error state, the rest of its work requests completing with
-//! [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr). (The connection manager's links
-//! differ: a connection ends with its peer, and its QP goes to the Error state at once.)
+//! link, and tears the link down. The QPs whose destination is on it learn it as follows:
+//! a request outstanding when the link went down, or posted after, completes at once with
+//! [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr) (what its retries would end in)
+//! and its QP goes to the Error state; a QP with nothing outstanding stays as it is for the
+//! context's peer-loss grace ([`DEFAULT_PEER_LOSS_GRACE`], set with
+//! [`ContextBuilder::peer_loss_grace`](crate::ContextBuilder::peer_loss_grace)), then goes
+//! to the Error state, its receives completing with
+//! [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr) and
+//! [`Qp::last_error`](crate::Qp::last_error) saying the peer is gone. The grace keeps a
+//! ping-pong whose peer exits right after the last message from seeing its spare receives
+//! flushed in the same poll as its last completion; with no grace (`None`) the QP is left as
+//! InfiniBand leaves it, where nothing tells an RC QP its peer vanished. (The connection
+//! manager's links differ: a connection ends with its peer, and its QP goes to the Error
+//! state at once.)
 //!
 //! # What a peer can get
 //!
@@ -141,6 +146,11 @@ pub struct FabricLink {
 /// Bytes of a peer's arena this side maps at most (as the connection manager's default).
 const MAX_PEER_ARENA: u64 = crate::cm::DEFAULT_MAX_PEER_ARENA;
 
+/// How long the QPs facing a lost peer stay as they are, if they have nothing
+/// outstanding, before they go to the Error state (the default of
+/// [`ContextBuilder::peer_loss_grace`](crate::ContextBuilder::peer_loss_grace)).
+pub const DEFAULT_PEER_LOSS_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// One link of the fabric to a peer LID.
 #[derive(Debug)]
 pub(crate) struct PeerLink {
@@ -156,6 +166,10 @@ pub(crate) struct PeerLink {
     pub(crate) socket: Option<Arc<UnixStream>>,
     /// Cleared when torn down: never used again, removed once no QP points at it.
     pub(crate) up: bool,
+    /// When it was torn down, and why, until the QPs still facing it are moved to the
+    /// Error state ([`Device::peer_loss_grace`](crate::device::Device) after it; then
+    /// `None` again).
+    pub(crate) down_at: Option<(std::time::Instant, String)>,
 }
 
 #[derive(Default)]

@@ -224,6 +224,7 @@ fn engine_up(shared: &Device, id: LinkId) -> bool {
 pub(crate) fn tear_down(shared: &Device, t: &mut super::Table, id: LinkId, why: &str) {
     if let Some(p) = t.peers.iter_mut().find(|p| p.id == id) {
         p.up = false;
+        p.down_at = Some((std::time::Instant::now(), why.to_string()));
         p.segment = None;
         p.socket = None;
     }
@@ -322,6 +323,7 @@ fn loopback(shared: &Arc<Device>, fabric: &Fabric, qpn: Qpn) -> Result<Destinati
                 segment: None,
                 socket: None,
                 up: true,
+                down_at: None,
             });
             id
         }
@@ -419,6 +421,7 @@ fn attempt(
                         segment: Some(seg),
                         socket: None,
                         up: true,
+                        down_at: None,
                     });
                     id
                 }
@@ -551,6 +554,7 @@ fn attempt(
                                 segment: None,
                                 socket: None,
                                 up: true,
+                                down_at: None,
                             });
                             id
                         }
@@ -634,6 +638,7 @@ fn attempt(
                 segment: None,
                 socket: None,
                 up: true,
+                down_at: None,
             });
             send(&stream, lid, &Msg::Done, &[page.as_fd()])?;
             keep = true;
@@ -908,6 +913,7 @@ pub(crate) fn serve(
                 segment: None,
                 socket: None,
                 up: true,
+                down_at: None,
             });
             send(
                 &stream,
@@ -958,6 +964,7 @@ pub(crate) fn serve(
                 segment: None,
                 socket: None,
                 up: true,
+                down_at: None,
             });
             keep = true;
             id

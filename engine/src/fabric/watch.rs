@@ -91,6 +91,7 @@ fn run(f: &Arc<Fabric>, shared: &Weak<Device>) {
                 tear_down(&sh, &mut t, id, &why);
             }
         }
+        fail_after_grace(f, &sh);
         if Instant::now() >= next_sweep {
             sweep(f, &sh);
             next_sweep = Instant::now() + SWEEP_EVERY;
@@ -146,6 +147,37 @@ fn accept_all(f: &Arc<Fabric>, shared: &Arc<Device>) {
             f.handlers.fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// Moves to the Error state the QPs still facing links torn down longer than the
+/// context's peer-loss grace ago (those with a request outstanding failed at once,
+/// `requester::on_peer_lost`): their receives complete with `WrFlushErr`, and
+/// `Qp::last_error` says the peer is gone. Each link once; nothing without a grace.
+fn fail_after_grace(f: &Fabric, shared: &Device) {
+    let Some(grace) = shared.peer_loss_grace else {
+        return;
+    };
+    let due: Vec<(LinkId, String)> = {
+        let mut t = f.lock();
+        t.peers
+            .iter_mut()
+            .filter(|p| {
+                p.down_at
+                    .as_ref()
+                    .is_some_and(|(at, _)| at.elapsed() >= grace)
+            })
+            .filter_map(|p| p.down_at.take().map(|(_, why)| (p.id, why)))
+            .collect()
+    };
+    if due.is_empty() {
+        return;
+    }
+    for (id, why) in due {
+        shared.engine.with(|e| e.fail_link_qps(id, &why));
+    }
+    // A sleeping engine thread finishes what the Error state left (completions waiting
+    // for room in a full CQ).
+    shared.kick();
 }
 
 /// Removes torn-down links no QP faces any more.

@@ -82,6 +82,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use shmhca_rings::segment::{HugePages, PageSize};
 
@@ -140,6 +141,7 @@ pub struct ContextBuilder {
     fault_rule: RuleSlot,
     progress: Progress,
     clock: crate::timer::EngineClock,
+    peer_loss_grace: Option<Duration>,
 }
 
 /// A fault rule waiting in a builder (taken by the first `build`).
@@ -170,6 +172,7 @@ impl Default for ContextBuilder {
             fault_rule: RuleSlot::default(),
             progress: Progress::from_env(),
             clock: Default::default(),
+            peer_loss_grace: Some(crate::fabric::DEFAULT_PEER_LOSS_GRACE),
         }
     }
 }
@@ -222,6 +225,21 @@ impl ContextBuilder {
     /// same, with a one-line warning on stderr (once per process) saying what to do.
     pub fn idle(mut self, idle: IdlePolicy) -> ContextBuilder {
         self.idle = Some(idle);
+        self
+    }
+
+    /// How long the QPs facing a lost fabric peer (its process ended, or dropped its
+    /// context) stay as they are when they have nothing outstanding, before they go to the
+    /// Error state (their receives then complete with `WrFlushErr`); default
+    /// [`DEFAULT_PEER_LOSS_GRACE`](crate::fabric::DEFAULT_PEER_LOSS_GRACE). `None`: never, InfiniBand's behaviour, where nothing
+    /// tells an RC QP its peer vanished. Whatever the grace, a request outstanding when the
+    /// peer went, or posted after, fails at once with `RetryExcErr` (what its retries
+    /// would end in). The grace lets a program whose peer exits right after the last
+    /// message of a ping-pong finish its loop without seeing its spare receives flushed.
+    /// See [`crate::fabric`]; links made by the connection manager end with their
+    /// connection instead.
+    pub fn peer_loss_grace(mut self, grace: Option<Duration>) -> ContextBuilder {
+        self.peer_loss_grace = grace;
         self
     }
 
@@ -349,6 +367,7 @@ impl ContextBuilder {
             mode: self.mode,
             link_slots: self.link_slots,
             huge_pages: self.huge_pages,
+            peer_loss_grace: self.peer_loss_grace,
             may_sleep,
             fd_sleep: Arc::default(),
             cm: std::sync::OnceLock::new(),

@@ -472,7 +472,9 @@ pub(crate) enum OnPeerLoss {
     /// packet tells it), until it has a request to send: that fails with RetryExcErr, what
     /// its retries would end in, and the QP enters the Error state
     /// (`requester::on_peer_lost`). The fabric's links, which verbs programs use: a
-    /// ping-pong whose peer exits after the last message keeps its spare receives.
+    /// ping-pong whose peer exits after the last message keeps its spare receives. (The
+    /// fabric moves the idle ones to the Error state after its peer-loss grace:
+    /// `Engine::fail_link_qps`.)
     FailNextRequest,
 }
 
