@@ -18,6 +18,9 @@ use shmhca::{EngineMode, IdlePolicy};
 /// The mode: poll (an engine thread, pinned to `SHMHCA_VERBS_CPU` if set), or inline with
 /// `SHMHCA_VERBS_MODE=inline`.
 pub fn engine_mode() -> EngineMode {
+    if std::env::var("SHMHCA_VERBS_MODE").as_deref() == Ok("inline") {
+        return EngineMode::Inline;
+    }
     let cpu = std::env::var("SHMHCA_VERBS_CPU")
         .ok()
         .and_then(|v| v.parse().ok());

@@ -180,6 +180,15 @@ pub(crate) struct Device {
     /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
     /// `engine::progress`), so that arming a queue can cut the sleep short.
     pub(crate) helper_word: Arc<AtomicU32>,
+    /// Poll mode: polls of the application that found its CQ empty (a plain store, no
+    /// read-modify-write: several threads may lose each other's counts, and only "it
+    /// moved" matters). The engine thread steps back while they keep coming
+    /// (`engine::progress::step_back`).
+    pub(crate) empty_polls: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
+    /// Poll mode: set while the engine thread has stepped back for a busy-polling
+    /// application; the application's polls and posts then run the engine, as in inline
+    /// mode. Also the futex word the stepped-back thread sleeps on (1 while stepped back).
+    pub(crate) app_drives: crossbeam_utils::CachePadded<AtomicU32>,
 }
 
 impl Device {
@@ -251,6 +260,25 @@ impl Device {
         }
     }
 
+    /// An application poll of a completion queue, before it looks at the queue: runs the
+    /// engine in inline mode, and in poll mode while the engine thread has stepped back
+    /// for the application (`engine::progress::step_back`). `empty`: the last poll of this
+    /// queue found nothing (a busy poller's signature).
+    #[inline]
+    pub(crate) fn on_app_poll(&self, empty: bool) {
+        if self.mode == EngineMode::Inline {
+            self.progress();
+            return;
+        }
+        if empty {
+            let n = &self.empty_polls;
+            n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        }
+        if self.app_drives.load(Ordering::Relaxed) != 0 {
+            self.progress();
+        }
+    }
+
     /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the
     /// engine now (inline mode) or wakes its thread if it may be asleep (poll mode).
     #[inline]
@@ -263,6 +291,12 @@ impl Device {
             if self.engine.try_with(|e| e.send_now(index)).is_none() && self.helper_may_sleep() {
                 self.wake_local();
             }
+        } else if self.app_drives.load(Ordering::Relaxed) != 0 {
+            // The engine thread stepped back for a busy-polling application: send now, as
+            // inline mode does (its next poll would, else). A post that misses the flag
+            // going up is sent by that next poll, or by the thread within its step.
+            self.doorbell.ring_unless_watched(index);
+            let _ = self.engine.try_with(|e| e.send_now(index));
         } else if self.doorbell.ring_unless_watched(index) && self.may_sleep {
             // Not rung when the engine thread watches the send queue: it looks at the
             // queue itself, and is awake (it stops watching before it sleeps).
@@ -355,6 +389,7 @@ pub(crate) fn engine_thread(shared: Arc<Device>, cpu: Option<usize>, idle: IdleP
     let mut idle_iters = 0u32;
     let mut n: u32 = 0;
     let mut wait_set = wake::WaitSet::default();
+    let mut seen_polls = shared.empty_polls.load(Ordering::Relaxed);
     loop {
         n = n.wrapping_add(1);
         // The thread holds one reference; when it is the last, every handle is gone.
@@ -373,6 +408,13 @@ pub(crate) fn engine_thread(shared: Arc<Device>, cpu: Option<usize>, idle: IdleP
             IdlePolicy::Spin => std::hint::spin_loop(),
             IdlePolicy::Backoff { spins, max_sleep } => {
                 idle_iters = idle_iters.saturating_add(1);
+                // The application busy-polls its completion queues: let it drive.
+                if idle_iters % 256 == 0 && shared.app_polls_busily(&mut seen_polls) {
+                    shared.step_back(&mut seen_polls);
+                    idle_iters = 0;
+                    n |= 1023; // look at the reference count after every step back
+                    continue;
+                }
                 if idle_iters < spins {
                     std::hint::spin_loop();
                     continue;

@@ -581,6 +581,12 @@ impl Engine {
     /// process-wide barrier (`membarrier`), then looks at the queues once more — a post
     /// that still saw its bit set published its WQE before the barrier, so this last look
     /// finds it (the asymmetric Dekker of `shmhca_rings::doorbell`).
+    /// Stops watching every send queue (posts ring again): before the engine thread steps
+    /// back for a busy-polling application (`Device::step_back`).
+    pub(crate) fn stop_watching(&mut self, doorbell: &doorbell::Doorbell) {
+        self.unwatch_all(doorbell);
+    }
+
     fn unwatch_all(&mut self, doorbell: &doorbell::Doorbell) {
         if self.watched_count == 0 {
             return;

@@ -203,6 +203,70 @@ fn helper(weak: Weak<Device>) {
     }
 }
 
+/// Empty polls between two looks of the engine thread that tell a busy-polling
+/// application (one poll per completion, as a program waiting for events makes, stays far
+/// below).
+pub(crate) const BUSY_POLLS: u64 = 64;
+/// How long the stepped-back engine thread sleeps between two looks at the application's
+/// polls: when they stop, the thread takes over again within this.
+pub(crate) const STEP: Duration = Duration::from_millis(1);
+
+impl Device {
+    /// Whether the application polled its completion queues busily (at least
+    /// [`BUSY_POLLS`] empty polls) since the last call, which updates `seen`.
+    pub(crate) fn app_polls_busily(&self, seen: &mut u64) -> bool {
+        let n = self.empty_polls.load(Ordering::Relaxed);
+        let busy = n.wrapping_sub(*seen) >= BUSY_POLLS;
+        *seen = n;
+        busy
+    }
+
+    /// Poll mode, called by the engine thread when it has nothing to do and the
+    /// application busy-polls a completion queue: steps back, so that the application's
+    /// own polls and posts run the engine (as in inline mode) instead of four threads — two
+    /// applications and two engine threads — taking turns on too few cores, each packet
+    /// waiting for a thread to be scheduled. The thread sleeps on [`Device::app_drives`]
+    /// (peers do not count it as a sleeper: their packets wake nobody), looks every
+    /// [`STEP`], and takes over again once the polls stop (the application computes, waits
+    /// in a blocking call, or polls its memory as `ib_write_lat` does), or at once when a
+    /// wait for a completion event calls [`Device::resume_engine`].
+    pub(crate) fn step_back(&self, seen: &mut u64) {
+        // Posts must ring while the thread is away: it stops watching send queues.
+        if self
+            .engine
+            .try_with(|e| e.stop_watching(&self.doorbell))
+            .is_none()
+        {
+            return;
+        }
+        let word = &self.app_drives;
+        word.store(1, Ordering::Relaxed);
+        // A post that came before the application saw the flag: sent now.
+        self.progress();
+        loop {
+            let ts = futex::Timespec {
+                tv_sec: 0,
+                tv_nsec: STEP.as_nanos() as _,
+            };
+            // Woken, timed out or interrupted: all mean "look again".
+            let _ = futex::wait(word, futex::Flags::PRIVATE, 1, Some(&ts));
+            if word.load(Ordering::Relaxed) == 0 || !self.app_polls_busily(seen) {
+                break;
+            }
+        }
+        word.store(0, Ordering::Relaxed);
+    }
+
+    /// Poll mode: brings a stepped-back engine thread back at once (an application about
+    /// to wait for a completion event, which its own polls would no longer drive).
+    pub(crate) fn resume_engine(&self) {
+        if self.app_drives.load(Ordering::Relaxed) != 0 {
+            self.app_drives.store(0, Ordering::Relaxed);
+            let _ = futex::wake(&self.app_drives, futex::Flags::PRIVATE, 1);
+        }
+    }
+}
+
 impl Device {
     /// After arming a completion queue whose channel's fd the application holds (it may
     /// wait on it without calling shmhca): wakes the progress helper if it sleeps its tick,
@@ -263,3 +327,70 @@ impl Drop for Blocked<'_> {
 #[cfg(all(test, not(shmhca_loom)))]
 #[path = "fd_wake_tests.rs"]
 mod fd_wake_tests;
+
+/// The poll-mode engine thread steps back for an application that busy-polls its CQ, whose
+/// polls and posts then run the engine, and takes over again when the polls stop or the
+/// application waits.
+#[cfg(all(test, not(shmhca_loom)))]
+mod step_back_tests {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus};
+    use crate::{AccessFlags, Context, EngineMode, IdlePolicy};
+    use shmhca_rings::segment::HugePages;
+
+    const LONG: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn a_busy_poller_drives_the_engine_and_the_thread_comes_back_when_it_stops() {
+        let ctx = Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(EngineMode::Poll { cpu: None })
+            .idle(IdlePolicy::Backoff {
+                spins: 256,
+                max_sleep: Duration::from_millis(10),
+            })
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(64).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
+        // Busy polling an empty CQ: the thread steps back.
+        let start = Instant::now();
+        while !drives() {
+            assert!(cq.poll_one().is_none());
+            assert!(start.elapsed() < LONG, "the engine thread never stepped back");
+        }
+        // Stepped back, a post and the application's polls carry a message through (the
+        // thread sleeps its step meanwhile: whoever moves it, it arrives).
+        b.post_recv(&RecvWr::new(1, &[mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        a.post_send(&SendWr::new(2, SendOp::Send, &[mr.sge(8, 8).unwrap()]))
+            .unwrap();
+        let mut got = vec![];
+        let start = Instant::now();
+        while got.len() < 2 {
+            got.extend(cq.poll_one());
+            assert!(start.elapsed() < LONG, "only {got:?}");
+        }
+        assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+        // The polls stop: the thread takes over within a few steps.
+        let start = Instant::now();
+        while drives() {
+            std::thread::sleep(Duration::from_millis(1));
+            assert!(start.elapsed() < LONG, "the engine thread never came back");
+        }
+        // Back to busy polling, then a wait: the thread is called back at once.
+        let start = Instant::now();
+        while !drives() {
+            assert!(cq.poll_one().is_none());
+            assert!(start.elapsed() < LONG, "the engine thread never stepped back");
+        }
+        assert!(!cq.wait(Duration::from_millis(1)).unwrap());
+        assert!(!drives(), "a wait brings the engine thread back");
+    }
+}

@@ -194,6 +194,9 @@ impl CompChannel {
                 },
                 None => None,
             };
+            // About to sleep: an engine thread that stepped back for this thread's polls
+            // takes over again.
+            self.shared.resume_engine();
             if self.shared.mode == EngineMode::Inline {
                 let signal = self.signal.clone();
                 let _blocked = self.shared.block();

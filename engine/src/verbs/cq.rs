@@ -48,6 +48,9 @@ pub struct Cq {
     channel: Option<(Arc<Signal>, u32)>,
     /// A channel of its own, made by the first [`Cq::wait`] in poll mode.
     own_channel: Option<CompChannel>,
+    /// The last poll found the queue empty (the engine thread steps back for an
+    /// application that keeps doing that: `Device::on_app_poll`).
+    last_empty: bool,
 }
 
 impl Cq {
@@ -74,6 +77,7 @@ impl Cq {
             consumer,
             channel: None,
             own_channel: None,
+            last_empty: false,
         })
     }
 
@@ -174,6 +178,9 @@ impl Cq {
                     .idle_wait(Some(left), || consumer.available().is_ok_and(|n| n > 0));
                 continue;
             }
+            // About to sleep: an engine thread that stepped back for this thread's polls
+            // takes over again.
+            self.shared.resume_engine();
             if self.own_channel.is_none() {
                 let ch = CompChannel::create(&self.shared)?;
                 self.attach(&ch)?;
@@ -193,15 +200,19 @@ impl Cq {
     /// Moves up to `out.len()` completions into `out`; returns how many. In inline mode it
     /// first runs the engine once.
     pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
-        self.shared.progress_inline();
+        self.shared.on_app_poll(self.last_empty);
         // A heap ring of this process cannot be broken by a peer.
-        self.consumer.pop_burst(out).unwrap_or(0)
+        let n = self.consumer.pop_burst(out).unwrap_or(0);
+        self.last_empty = n == 0;
+        n
     }
 
     /// One completion, if there is one (runs the engine once in inline mode).
     pub fn poll_one(&mut self) -> Option<WorkCompletion> {
-        self.shared.progress_inline();
-        self.consumer.pop().ok().flatten()
+        self.shared.on_app_poll(self.last_empty);
+        let wc = self.consumer.pop().ok().flatten();
+        self.last_empty = wc.is_none();
+        wc
     }
 
     /// Polls until `out` is full or `timeout` passes; returns how many completions arrived.

@@ -376,6 +376,8 @@ impl ContextBuilder {
             blocked: AtomicU32::new(0),
             notify_armed,
             helper_word: Arc::default(),
+            empty_polls: Default::default(),
+            app_drives: Default::default(),
             kick: Default::default(),
             fabric: std::sync::OnceLock::new(),
             fabric_resolve: std::sync::OnceLock::new(),
