@@ -119,6 +119,9 @@ pub(crate) struct Resources {
     pub(crate) stats: Stats,
     /// The clock the protocol timers run on (the system's, or a test's).
     pub(crate) clock: EngineClock,
+    /// The context's asynchronous events (the device holds the same queue): raised on
+    /// cold paths only.
+    pub(crate) async_events: Arc<crate::async_events::AsyncQueue>,
 }
 
 impl Resources {

@@ -180,6 +180,9 @@ pub(crate) struct Device {
     /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
     /// `engine::progress`), so that arming a queue can cut the sleep short.
     pub(crate) helper_word: Arc<AtomicU32>,
+    /// The context's asynchronous events (the engine raises into the same queue, through
+    /// `Resources::async_events`).
+    pub(crate) async_events: Arc<crate::async_events::AsyncQueue>,
 }
 
 impl Device {

@@ -26,6 +26,8 @@ pub(crate) mod idle;
 pub(crate) mod progress;
 pub(crate) mod wake;
 
+use std::sync::Arc;
+
 use crate::arena::PdArenas;
 use crate::completer;
 use crate::context::{Env, QpCtx, Resources, Stats, flush_receives};
@@ -129,7 +131,8 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new() -> Engine {
+    /// An engine that raises its asynchronous events into `async_events`.
+    pub(crate) fn new(async_events: Arc<crate::async_events::AsyncQueue>) -> Engine {
         Engine {
             res: Resources {
                 pds: PdArenas::default(),
@@ -139,6 +142,7 @@ impl Engine {
                 cqs: CqTable::default(),
                 stats: Stats::default(),
                 clock: Default::default(),
+                async_events,
             },
             // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
             qps: SlotTable::new(MAX_QPS as u32, 24 - QP_INDEX_BITS),
