@@ -327,8 +327,10 @@ impl Engine {
                 qp.resp.start(cfg.rq_psn);
                 responder::advertise(qp, None);
                 qp.set_state(QpState::Rtr);
+                qp.comm_est_pending = true;
             }
             QpState::Rts if from == QpState::Rtr => {
+                qp.comm_est_pending = false;
                 qp.req
                     .start(&cfg, crate::timer::Clock::resolution(&self.res.clock));
                 qp.set_state(QpState::Rts);
@@ -1364,6 +1366,40 @@ impl Engine {
     }
 }
 
+// Asynchronous events (crate::async_events).
+impl Engine {
+    /// A fatal error outside any work request struck the QP numbered `qpn` (its peer
+    /// died): raises [`AsyncEvent::QpFatal`](crate::AsyncEvent) (`IBV_EVENT_QP_FATAL`),
+    /// moves the QP to the Error state (its work requests complete with flush errors; a QP
+    /// on an SRQ also raises its last-WQE event) and records `why` as its
+    /// [`Qp::last_error`](crate::Qp::last_error). Returns false, with nothing done, if
+    /// there is no such QP or it is in the Error state already.
+    #[cold]
+    pub(crate) fn qp_fatal(&mut self, qpn: Qpn, why: &str) -> bool {
+        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+        if self
+            .qp_by_qpn(qpn)
+            .is_none_or(|q| q.state == QpState::Error)
+        {
+            return false;
+        }
+        // First, as an HCA reports the fatal error before the last WQE of an SRQ's QP.
+        self.res
+            .async_events
+            .raise(crate::AsyncEvent::QpFatal { qpn });
+        if self.modify_qp(index, &QpAttr::new(QpState::Error)).is_err() {
+            return false;
+        }
+        if let Some(q) = self.qp_by_qpn(qpn) {
+            *q.shared
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
+        }
+        true
+    }
+}
+
 // The fabric's peer-loss grace (crate::fabric).
 impl Engine {
     /// Moves every QP facing link `id` that is not in the Error or Reset state yet to the
@@ -1395,6 +1431,52 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// `Engine::qp_fatal`, called by hand as the fabric's peer-death path will.
+#[cfg(all(test, not(shmhca_loom)))]
+mod qp_fatal_tests {
+    use crate::verbs::wr::{RecvWr, WcStatus, WorkCompletion};
+    use crate::{AccessFlags, AsyncEvent, Context, EngineMode, QpState};
+    use shmhca_rings::segment::HugePages;
+
+    #[test]
+    fn qp_fatal_moves_the_qp_to_error_records_why_and_raises_the_event_once() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        a.post_recv(&RecvWr::new(7, &[mr.sge(0, 64).unwrap()]))
+            .unwrap();
+        let qpn = a.qpn();
+        assert!(
+            ctx.shared
+                .engine
+                .with(|e| e.qp_fatal(qpn, "the peer process died"))
+        );
+        assert_eq!(a.state(), QpState::Error);
+        assert_eq!(a.last_error().as_deref(), Some("the peer process died"));
+        assert_eq!(ctx.try_get_async_event(), Some(AsyncEvent::QpFatal { qpn }));
+        assert_eq!(ctx.try_get_async_event(), None, "B's QP is untouched");
+        assert_eq!(b.state(), QpState::Rts);
+        // Its receive is flushed.
+        let mut wc = [WorkCompletion::default(); 2];
+        assert_eq!(cq.poll(&mut wc), 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::WrFlushErr));
+        // Already in Error, or no such QP: nothing more.
+        assert!(!ctx.shared.engine.with(|e| e.qp_fatal(qpn, "again")));
+        let gone = crate::wire::Qpn::new(qpn.get() ^ 0x80_0000);
+        assert!(!ctx.shared.engine.with(|e| e.qp_fatal(gone, "no QP")));
+        assert_eq!(ctx.try_get_async_event(), None);
+        assert_eq!(a.last_error().as_deref(), Some("the peer process died"));
     }
 }
 
