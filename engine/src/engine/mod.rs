@@ -1375,6 +1375,10 @@ impl Engine {
     /// [`Qp::last_error`](crate::Qp::last_error). Returns false, with nothing done, if
     /// there is no such QP or it is in the Error state already.
     #[cold]
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the fabric's peer-death path will call it")
+    )]
     pub(crate) fn qp_fatal(&mut self, qpn: Qpn, why: &str) -> bool {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         if self
