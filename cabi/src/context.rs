@@ -111,18 +111,12 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
     // rdma-core's async_fd blocks until the program sets O_NONBLOCK, which
     // `ibv_get_async_event` checks. (The flag is the open file's, shared with the engine's
     // fd: the engine reads it only while an event is queued, so never blocks.)
+    let fd = async_fd.as_raw_fd();
     // SAFETY: fcntl(2) on an fd we own.
-    let flags = unsafe { libc::fcntl(async_fd.as_raw_fd(), libc::F_GETFL) };
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     // SAFETY: as above.
-    if flags < 0
-        || unsafe {
-            libc::fcntl(
-                async_fd.as_raw_fd(),
-                libc::F_SETFL,
-                flags & !libc::O_NONBLOCK,
-            )
-        } < 0
-    {
+    let set = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    if flags < 0 || set < 0 {
         return Err(std::io::Error::last_os_error()
             .raw_os_error()
             .unwrap_or(libc::EIO));
