@@ -1,8 +1,8 @@
 //! The device (`shmhca0`), contexts, and the queries (`ibv_query_device`, `_port`, `_gid`,
 //! `_pkey`).
 
-use std::ffi::{c_char, c_int, c_void};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ffi::{c_char, c_int};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr;
 use std::sync::OnceLock;
 
@@ -64,11 +64,14 @@ pub struct CtxObj {
     pub ctx: shmhca::Context,
     /// L_Key -> region, for the hot path.
     pub mrs: MrKeys,
-    /// The async event fd (`ibv_context.async_fd`): an eventfd, readable when an async
-    /// event is queued.
+    /// The async event fd (`ibv_context.async_fd`): a duplicate of the engine's async
+    /// eventfd (`Context::async_event_fd`), readable exactly while async events are
+    /// queued; made blocking, as rdma-core's is, until the program sets `O_NONBLOCK`.
     async_fd: OwnedFd,
     /// The QPs of this context by QPN (for messages and async events; not the hot path).
     pub qps: std::sync::Mutex<Vec<(u32, usize)>>,
+    /// The SRQs of this context by number (`Srq::number`; for async events).
+    pub srqs: std::sync::Mutex<Vec<(u32, usize)>>,
     /// The port's LID.
     pub lid: u16,
     /// The port's GID.
@@ -101,15 +104,23 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
         .huge_pages(crate::progress::huge_pages())
         .build()
         .map_err(|e| crate::util::fail("ibv_open_device", &e))?;
-    // SAFETY: plain eventfd(2) call.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if fd < 0 {
+    let async_fd: OwnedFd = ctx
+        .async_event_fd()
+        .try_clone_to_owned()
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    // rdma-core's async_fd blocks until the program sets O_NONBLOCK, which
+    // `ibv_get_async_event` checks. (The flag is the open file's, shared with the engine's
+    // fd: the engine reads it only while an event is queued, so never blocks.)
+    let fd = async_fd.as_raw_fd();
+    // SAFETY: fcntl(2) on an fd we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    let set = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    if flags < 0 || set < 0 {
         return Err(std::io::Error::last_os_error()
             .raw_os_error()
             .unwrap_or(libc::EIO));
     }
-    // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
-    let async_fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let addr = ctx
         .join_fabric()
         .map_err(|e| crate::util::fail("ibv_open_device (joining the fabric)", &e))?;
@@ -122,6 +133,7 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
         ctx,
         mrs: MrKeys::new(),
         qps: std::sync::Mutex::new(Vec::new()),
+        srqs: std::sync::Mutex::new(Vec::new()),
         async_fd,
         lid,
         gid,
@@ -524,12 +536,15 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
     0
 }
 
-/// `ibv_get_async_event`: blocks until an async event is queued. shmhca reports its
-/// failures in work completions, so none is queued today; the fd never becomes readable.
+/// `ibv_get_async_event`: the next async event of the context (QP fatal, communication
+/// established, SRQ limit reached, last WQE reached), its element the QP or SRQ object.
+/// Blocks until one is queued, unless the program set `O_NONBLOCK` on `async_fd`: then -1
+/// with errno `EAGAIN` when none is, as rdma-core's `read()` gives. An event of an object
+/// destroyed since is skipped.
 #[unsafe(export_name = "__shmhca_ibv_get_async_event")]
 pub unsafe extern "C" fn ibv_get_async_event(
     context: *mut ibv_context,
-    _event: *mut ibv_async_event,
+    event: *mut ibv_async_event,
 ) -> c_int {
     guard("ibv_get_async_event", -1, || {
         // SAFETY: a context of ours (or null).
@@ -537,20 +552,127 @@ pub unsafe extern "C" fn ibv_get_async_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        let mut v = 0u64;
-        // SAFETY: reading 8 bytes into `v` from our eventfd.
-        let n = unsafe { libc::read(c.async_fd.as_raw_fd(), (&raw mut v).cast::<c_void>(), 8) };
-        if n < 0 {
-            return -1; // errno set by read (EAGAIN when the program made it non-blocking)
+        if event.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
         }
-        set_errno(libc::EIO);
-        -1
+        // SAFETY: fcntl(2) on the context's own fd.
+        let flags = unsafe { libc::fcntl(c.async_fd.as_raw_fd(), libc::F_GETFL) };
+        let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+        loop {
+            let ev = if nonblock {
+                c.ctx.try_get_async_event()
+            } else {
+                match c.ctx.get_async_event(None) {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        set_errno(crate::util::fail("ibv_get_async_event", &e));
+                        return -1;
+                    }
+                }
+            };
+            let Some(ev) = ev else {
+                if nonblock {
+                    set_errno(libc::EAGAIN);
+                    return -1;
+                }
+                continue;
+            };
+            let Some(filled) = c_event(c, ev) else {
+                continue; // its object is gone
+            };
+            // SAFETY: the caller's event structure (checked non-null).
+            unsafe { event.write(filled) };
+            return 0;
+        }
     })
 }
 
-/// `ibv_ack_async_event`.
+/// The C form of `ev`, or `None` if its QP or SRQ was destroyed (or the event has no C
+/// form).
+fn c_event(c: &CtxObj, ev: shmhca::AsyncEvent) -> Option<ibv_async_event> {
+    use shmhca::AsyncEvent as E;
+    let find = |list: &std::sync::Mutex<Vec<(u32, usize)>>, n: u32| {
+        list.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|&&(k, _)| k == n)
+            .map(|&(_, p)| p)
+    };
+    let (event_type, element) = match ev {
+        E::QpFatal { qpn } => (IBV_EVENT_QP_FATAL, qpn),
+        E::CommEstablished { qpn } => (IBV_EVENT_COMM_EST, qpn),
+        E::QpLastWqeReached { qpn } => (IBV_EVENT_QP_LAST_WQE_REACHED, qpn),
+        E::SrqLimitReached { srq } => {
+            let p = find(&c.srqs, srq)?;
+            return Some(ibv_async_event {
+                element: ibv_async_event__bindgen_ty_1 {
+                    // An SrqObj starts with its ibv_srq.
+                    srq: p as *mut ibv_srq,
+                },
+                event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
+            });
+        }
+        _ => return None,
+    };
+    let p = find(&c.qps, element.get())?;
+    Some(ibv_async_event {
+        element: ibv_async_event__bindgen_ty_1 {
+            // A QpObj starts with its ibv_qp.
+            qp: p as *mut ibv_qp,
+        },
+        event_type,
+    })
+}
+
+/// `ibv_ack_async_event`: counts the event in its QP's or SRQ's `events_completed` and
+/// signals its `cond`, under its `mutex`, as rdma-core does.
 #[unsafe(export_name = "__shmhca_ibv_ack_async_event")]
-pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    guard("ibv_ack_async_event", (), || {
+        // SAFETY: the caller's event (or null), filled by ibv_get_async_event.
+        let Some(e) = (unsafe { event.as_ref() }) else {
+            return;
+        };
+        // SAFETY: the union's member for the event's type, written by ibv_get_async_event:
+        // a pointer to a live object of ours (the program acks before destroying it).
+        let (mutex, cond, count) = unsafe {
+            match e.event_type {
+                IBV_EVENT_QP_FATAL | IBV_EVENT_COMM_EST | IBV_EVENT_QP_LAST_WQE_REACHED => {
+                    let qp = e.element.qp;
+                    if qp.is_null() {
+                        return;
+                    }
+                    (
+                        &raw mut (*qp).mutex,
+                        &raw mut (*qp).cond,
+                        &raw mut (*qp).events_completed,
+                    )
+                }
+                IBV_EVENT_SRQ_LIMIT_REACHED => {
+                    let srq = e.element.srq;
+                    if srq.is_null() {
+                        return;
+                    }
+                    (
+                        &raw mut (*srq).mutex,
+                        &raw mut (*srq).cond,
+                        &raw mut (*srq).events_completed,
+                    )
+                }
+                _ => return,
+            }
+        };
+        // SAFETY: the object's pthread mutex and condition (zeroed at creation: their
+        // static initializers on glibc); the count is written under the mutex.
+        unsafe {
+            libc::pthread_mutex_lock(mutex.cast::<libc::pthread_mutex_t>());
+            *count = (*count).wrapping_add(1);
+            libc::pthread_cond_signal(cond.cast::<libc::pthread_cond_t>());
+            libc::pthread_mutex_unlock(mutex.cast::<libc::pthread_mutex_t>());
+        }
+    })
+}
 
 /// The errno of an error, for callers that return it.
 pub fn errno(e: &shmhca::Error) -> c_int {

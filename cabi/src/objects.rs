@@ -559,13 +559,21 @@ pub unsafe extern "C" fn ibv_create_srq(
                 srq.srq_context = a.srq_context;
                 srq.pd = pd;
                 let limit = a.attr.srq_limit;
-                boxed(SrqObj {
+                let number = rust.number();
+                let o = boxed(SrqObj {
                     srq,
                     rust,
                     limit,
                     max_sge,
-                })
-                .cast()
+                });
+                // SAFETY: the PD's context is ours.
+                if let Some(c) = unsafe { crate::context::ctx_of(p.pd.context) } {
+                    c.srqs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((number, o as usize));
+                }
+                o.cast()
             }
             Err(e) => {
                 set_errno(fail("ibv_create_srq", &e));
@@ -637,8 +645,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             limit,
             max_sge,
         } = o;
+        let context = c.context;
         match rust.destroy() {
             Ok(()) => {
+                // SAFETY: the SRQ's context is ours and outlives it.
+                if let Some(ctx) = unsafe { crate::context::ctx_of(context) } {
+                    ctx.srqs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .retain(|&(_, q)| q != p as usize);
+                }
                 // SAFETY: the allocation Box::into_raw made; its value was moved out above.
                 drop(unsafe { Box::from_raw(p.cast::<std::mem::MaybeUninit<SrqObj>>()) });
                 0

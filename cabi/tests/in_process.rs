@@ -528,3 +528,199 @@ fn the_exported_query_port_fills_the_compat_layout() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+/// A QP of `s`'s context taking its receives from `srq`, on `s`'s CQ.
+fn qp_on_srq(s: &Side, srq: *mut ibv_srq) -> *mut ibv_qp {
+    // SAFETY: the exported functions with the arguments verbs.h documents.
+    unsafe {
+        let mut attr: ibv_qp_init_attr_ex = std::mem::zeroed();
+        attr.send_cq = s.cq;
+        attr.recv_cq = s.cq;
+        attr.srq = srq;
+        attr.cap = ibv_qp_cap {
+            max_send_wr: 8,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        attr.qp_type = IBV_QPT_RC;
+        attr.comp_mask = IBV_QP_INIT_ATTR_PD;
+        attr.pd = s.pd;
+        let create = ctx_of(s.ctx).unwrap().vctx.create_qp_ex.unwrap();
+        let qp = create(s.ctx, &mut attr);
+        assert!(!qp.is_null());
+        qp
+    }
+}
+
+/// Takes `qp` to INIT then RTR towards `peer` over `link`, and to RTS with `rts`.
+fn bring_up(qp: *mut ibv_qp, link: shmhca::LinkId, peer: *mut ibv_qp, credits: bool, rts: bool) {
+    // SAFETY: our QPs.
+    unsafe {
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        attr.qp_state = IBV_QPS_INIT;
+        attr.port_num = 1;
+        let m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+        assert_eq!(ibv_modify_qp(qp, &mut attr, m as c_int), 0);
+        let q = &mut *qp.cast::<QpObj>();
+        let dest = shmhca::Destination {
+            link,
+            qpn: shmhca::Qpn::new((*peer).qp_num),
+        };
+        q.rust
+            .modify(
+                &shmhca::QpAttr::new(shmhca::QpState::Rtr)
+                    .path_mtu(shmhca::Mtu::Mtu4096)
+                    .dest(dest)
+                    .rq_psn(0)
+                    .max_dest_rd_atomic(1)
+                    .min_rnr_timer(1)
+                    .remote_credits(credits),
+            )
+            .unwrap();
+        if rts {
+            let mut attr: ibv_qp_attr = std::mem::zeroed();
+            attr.qp_state = IBV_QPS_RTS;
+            attr.timeout = 14;
+            attr.retry_cnt = 7;
+            attr.rnr_retry = 7;
+            attr.max_rd_atomic = 1;
+            let m = IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC;
+            assert_eq!(ibv_modify_qp(qp, &mut attr, m as c_int), 0);
+        }
+    }
+}
+
+/// The next async event of `ctx` on its (non-blocking) async_fd, waiting up to 20 s.
+fn next_async_event(ctx: *mut ibv_context) -> ibv_async_event {
+    let t = Instant::now();
+    loop {
+        // SAFETY: plain data; our context.
+        unsafe {
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            if ibv_get_async_event(ctx, &mut ev) == 0 {
+                return ev;
+            }
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EAGAIN)
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no async event");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn async_events_come_through_the_c_abi_with_their_objects() {
+    let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+    let a = side(access, false);
+    let b = side(access, false);
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        let fd = (*b.ctx).async_fd;
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "blocking, as rdma-core's");
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        assert_eq!(ibv_get_async_event(b.ctx, &mut ev), -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EAGAIN),
+            "non-blocking and empty: EAGAIN"
+        );
+        let mut init: ibv_srq_init_attr = std::mem::zeroed();
+        init.attr.max_wr = 16;
+        init.attr.max_sge = 1;
+        let srq = ibv_create_srq(b.pd, &mut init);
+        assert!(!srq.is_null());
+        let qb = qp_on_srq(&b, srq);
+        let (la, lb) = ctx_of(a.ctx)
+            .unwrap()
+            .ctx
+            .link_with(&ctx_of(b.ctx).unwrap().ctx)
+            .unwrap();
+        bring_up(a.qp, la, qb, false, true);
+        // B stays at RTR: its first request raises COMM_EST.
+        bring_up(qb, lb, a.qp, true, false);
+        for i in 0..4u64 {
+            let mut rl = [sge(&b, i as usize * 64, 64)];
+            let mut r: ibv_recv_wr = std::mem::zeroed();
+            r.wr_id = i;
+            r.sg_list = rl.as_mut_ptr();
+            r.num_sge = 1;
+            let mut bad = ptr::null_mut();
+            assert_eq!(
+                (ops(b.ctx).post_srq_recv.unwrap())(srq, &mut r, &mut bad),
+                0
+            );
+        }
+        let mut sa: ibv_srq_attr = std::mem::zeroed();
+        sa.srq_limit = 3;
+        assert_eq!(ibv_modify_srq(srq, &mut sa, IBV_SRQ_LIMIT as c_int), 0);
+        for _ in 0..2 {
+            let mut sl = [sge(&a, 0, 8)];
+            let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+            let mut bad = ptr::null_mut();
+            assert_eq!((ops(a.ctx).post_send.unwrap())(a.qp, &mut w, &mut bad), 0);
+            assert_eq!(poll(&b).status, IBV_WC_SUCCESS);
+            assert_eq!(poll(&a).status, IBV_WC_SUCCESS);
+        }
+        let mut ev = next_async_event(b.ctx);
+        assert_eq!(ev.event_type, IBV_EVENT_COMM_EST);
+        assert_eq!(ev.element.qp, qb);
+        ibv_ack_async_event(&mut ev);
+        assert_eq!((*qb).events_completed, 1);
+        // 2 left < 3.
+        let mut ev = next_async_event(b.ctx);
+        assert_eq!(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
+        assert_eq!(ev.element.srq, srq);
+        ibv_ack_async_event(&mut ev);
+        assert_eq!((*srq).events_completed, 1);
+        assert_eq!(ibv_get_async_event(b.ctx, &mut ev), -1);
+        // Blocking again: the QP on the SRQ entering Error raises LAST_WQE_REACHED.
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags), 0);
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        attr.qp_state = IBV_QPS_ERR;
+        assert_eq!(ibv_modify_qp(qb, &mut attr, IBV_QP_STATE as c_int), 0);
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        assert_eq!(ibv_get_async_event(b.ctx, &mut ev), 0);
+        assert_eq!(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+        assert_eq!(ev.element.qp, qb);
+        ibv_ack_async_event(&mut ev);
+        assert_eq!((*qb).events_completed, 2);
+        // An event of a QP destroyed before it was taken is skipped.
+        let mut reset: ibv_qp_attr = std::mem::zeroed();
+        reset.qp_state = IBV_QPS_RESET;
+        assert_eq!(ibv_modify_qp(qb, &mut reset, IBV_QP_STATE as c_int), 0);
+        assert_eq!(ibv_modify_qp(qb, &mut attr, IBV_QP_STATE as c_int), 0);
+        assert!(
+            libc::poll(
+                &mut libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0
+                },
+                1,
+                0
+            ) == 1
+        );
+        assert_eq!(ibv_destroy_qp(qb), 0);
+        assert_eq!(ibv_destroy_srq(srq), 0);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+        assert_eq!(ibv_get_async_event(b.ctx, &mut ev), -1);
+        for s in [&a, &b] {
+            assert_eq!(ibv_destroy_qp(s.qp), 0);
+            assert_eq!(ibv_dereg_mr(s.mr), 0);
+            assert_eq!(ibv_destroy_cq(s.cq), 0);
+            assert_eq!(ibv_dealloc_pd(s.pd), 0);
+            assert_eq!(ibv_close_device(s.ctx), 0);
+        }
+    }
+}

@@ -119,6 +119,9 @@ pub(crate) struct Resources {
     pub(crate) stats: Stats,
     /// The clock the protocol timers run on (the system's, or a test's).
     pub(crate) clock: EngineClock,
+    /// The context's asynchronous events (the device holds the same queue): raised on
+    /// cold paths only.
+    pub(crate) async_events: Arc<crate::async_events::AsyncQueue>,
 }
 
 impl Resources {
@@ -227,7 +230,10 @@ impl Env<'_> {
     pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
         match qp.srq {
             None => qp.rq.take(),
-            Some(SrqBinding { srq, scratch }) => self.res.srqs.take(srq, &qp.tables, scratch),
+            Some(SrqBinding { srq, scratch }) => {
+                let res = &mut *self.res;
+                res.srqs.take(srq, &qp.tables, scratch, &res.async_events)
+            }
         }
     }
 
@@ -439,6 +445,9 @@ pub(crate) struct QpCtx {
     /// In the Error state: the last flush of the receive WQEs stopped at a full receive CQ
     /// (the engine keeps the QP active to finish it).
     pub(crate) rq_flush_pending: bool,
+    /// Set on entry into RTR; the first request received while still in RTR clears it and
+    /// raises [`AsyncEvent::CommEstablished`](crate::AsyncEvent) (once per entry).
+    pub(crate) comm_est_pending: bool,
     /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
     /// empty).
     pub(crate) srq: Option<SrqBinding>,
@@ -465,10 +474,34 @@ impl QpCtx {
     pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
         if self.state != QpState::Error {
             self.set_state(QpState::Error);
+            if self.srq.is_some() {
+                self.last_wqe_reached(env);
+            }
         }
         self.req.stop_timers();
         completer::retire(self, env);
         flush_receives(self, env);
+    }
+
+    /// A QP on an SRQ entered the Error state: it takes no more receives from the SRQ
+    /// (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    #[cold]
+    #[inline(never)]
+    fn last_wqe_reached(&self, env: &Env<'_>) {
+        env.async_events
+            .raise(crate::AsyncEvent::QpLastWqeReached { qpn: self.qpn });
+    }
+
+    /// The first request since the QP entered RTR arrived while it is still in RTR
+    /// (`IBV_EVENT_COMM_EST`); the caller checked `comm_est_pending`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn comm_established(&mut self, env: &Env<'_>) {
+        self.comm_est_pending = false;
+        if self.state == QpState::Rtr {
+            env.async_events
+                .raise(crate::AsyncEvent::CommEstablished { qpn: self.qpn });
+        }
     }
 
     /// A receive completion of this QP.

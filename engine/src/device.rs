@@ -189,6 +189,9 @@ pub(crate) struct Device {
     /// application; the application's polls and posts then run the engine, as in inline
     /// mode. Also the futex word the stepped-back thread sleeps on (1 while stepped back).
     pub(crate) app_drives: crossbeam_utils::CachePadded<AtomicU32>,
+    /// The context's asynchronous events (the engine raises into the same queue, through
+    /// `Resources::async_events`).
+    pub(crate) async_events: Arc<crate::async_events::AsyncQueue>,
 }
 
 impl Device {

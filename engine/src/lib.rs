@@ -102,6 +102,7 @@
 #![cfg_attr(shmhca_loom, allow(dead_code))]
 
 pub(crate) mod arena;
+pub mod async_events;
 pub mod cm;
 pub mod completer;
 pub use shmhca_proto::completion;
@@ -155,8 +156,8 @@ pub use verbs::wr::{
     Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use verbs::{
-    CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Loopback, LoopbackEnd, Mr,
-    Mw, MwType, Pd, Progress, Qp, QpInfo, Sge, Srq,
+    AsyncEvent, CompChannel, Context, ContextBuilder, Cq, EngineMode, IdlePolicy, Loopback,
+    LoopbackEnd, Mr, Mw, MwType, Pd, Progress, Qp, QpInfo, Sge, Srq,
 };
 pub use verbs::{Memfd, RawBuffer, UserBuffer, UserMr};
 pub use wire::Qpn;

@@ -415,6 +415,9 @@ pub(crate) fn on_request<L: LinkTx + ?Sized>(
     tx: Option<&mut L>,
     pkt: &RxPacket<'_>,
 ) {
+    if qp.comm_est_pending {
+        qp.comm_established(env);
+    }
     if receive_fast(qp, env, pkt) {
         return;
     }

@@ -716,6 +716,11 @@ fn a_sigkilled_peer_moves_the_qp_to_error_after_the_grace() {
     assert_eq!(s.qp.state(), QpState::Error);
     let why = s.qp.last_error().unwrap_or_default();
     assert!(why.contains("the peer is gone"), "{why}");
+    // And the context hears it as a fatal error of that QP (IBV_EVENT_QP_FATAL).
+    assert_eq!(
+        s.ctx.get_async_event(Some(Duration::from_secs(5))).unwrap(),
+        Some(AsyncEvent::QpFatal { qpn: s.qp.qpn() })
+    );
     assert!(
         !s.ctx.fabric_links().iter().any(|l| l.up),
         "the link is down"

@@ -26,6 +26,8 @@ pub(crate) mod idle;
 pub(crate) mod progress;
 pub(crate) mod wake;
 
+use std::sync::Arc;
+
 use crate::arena::PdArenas;
 use crate::completer;
 use crate::context::{Env, QpCtx, Resources, Stats, flush_receives};
@@ -129,7 +131,8 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new() -> Engine {
+    /// An engine that raises its asynchronous events into `async_events`.
+    pub(crate) fn new(async_events: Arc<crate::async_events::AsyncQueue>) -> Engine {
         Engine {
             res: Resources {
                 pds: PdArenas::default(),
@@ -139,6 +142,7 @@ impl Engine {
                 cqs: CqTable::default(),
                 stats: Stats::default(),
                 clock: Default::default(),
+                async_events,
             },
             // Generations 1..=4095, so no QPN is 0 or 1 (the special QPs of the IBA).
             qps: SlotTable::new(MAX_QPS as u32, 24 - QP_INDEX_BITS),
@@ -323,8 +327,10 @@ impl Engine {
                 qp.resp.start(cfg.rq_psn);
                 responder::advertise(qp, None);
                 qp.set_state(QpState::Rtr);
+                qp.comm_est_pending = true;
             }
             QpState::Rts if from == QpState::Rtr => {
+                qp.comm_est_pending = false;
                 qp.req
                     .start(&cfg, crate::timer::Clock::resolution(&self.res.clock));
                 qp.set_state(QpState::Rts);
@@ -1366,37 +1372,110 @@ impl Engine {
     }
 }
 
+// Asynchronous events (crate::async_events).
+impl Engine {
+    /// A fatal error outside any work request struck the QP numbered `qpn` (its peer
+    /// died): raises [`AsyncEvent::QpFatal`](crate::AsyncEvent) (`IBV_EVENT_QP_FATAL`),
+    /// moves the QP to the Error state (its work requests complete with flush errors; a QP
+    /// on an SRQ also raises its last-WQE event) and records `why` as its
+    /// [`Qp::last_error`](crate::Qp::last_error). Returns false, with nothing done, if
+    /// there is no such QP or it is in the Error state already.
+    #[cold]
+    pub(crate) fn qp_fatal(&mut self, qpn: Qpn, why: &str) -> bool {
+        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+        if self
+            .qp_by_qpn(qpn)
+            .is_none_or(|q| q.state == QpState::Error)
+        {
+            return false;
+        }
+        // First, as an HCA reports the fatal error before the last WQE of an SRQ's QP.
+        self.res
+            .async_events
+            .raise(crate::AsyncEvent::QpFatal { qpn });
+        if self.modify_qp(index, &QpAttr::new(QpState::Error)).is_err() {
+            return false;
+        }
+        if let Some(q) = self.qp_by_qpn(qpn) {
+            *q.shared
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
+        }
+        true
+    }
+}
+
 // The fabric's peer-loss grace (crate::fabric).
 impl Engine {
     /// Moves every QP facing link `id` that is not in the Error or Reset state yet to the
-    /// Error state, recording why (`Qp::last_error`): the link went down (`why`) and the
-    /// grace the fabric gives such QPs is over.
+    /// Error state with a fatal-error event ([`Engine::qp_fatal`]), recording why
+    /// (`Qp::last_error`): the link went down (`why`) and the grace the fabric gives such
+    /// QPs is over.
     pub(crate) fn fail_link_qps(&mut self, id: LinkId, why: &str) {
-        let facing: Vec<(u32, Qpn)> = self
+        let facing: Vec<(Qpn, Qpn)> = self
             .qps
             .iter()
-            .filter(|(_, q)| q.cfg.dest.is_some_and(|d| d.link == id))
             .filter(|(_, q)| !matches!(q.state, QpState::Error | QpState::Reset))
-            .map(|(i, q)| (i, q.qpn))
+            .filter_map(|(_, q)| {
+                let d = q.cfg.dest.filter(|d| d.link == id)?;
+                Some((q.qpn, d.qpn))
+            })
             .collect();
-        for (index, qpn) in facing {
+        for (qpn, peer) in facing {
             let text = format!(
-                "the peer is gone ({why}); its QP {:#x} could answer nothing more, so this \
-                 QP went to the Error state",
-                self.qps
-                    .at(index)
-                    .and_then(|q| q.cfg.dest)
-                    .map_or(0, |d| d.qpn.get())
+                "the peer is gone ({why}); its QP {:#x} can answer nothing more, so this QP \
+                 went to the Error state (IBV_EVENT_QP_FATAL)",
+                peer.get()
             );
-            if self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok() {
-                if let Some(q) = self.qp_by_qpn(qpn) {
-                    *q.shared
-                        .last_error
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = Some(text);
-                }
-            }
+            self.qp_fatal(qpn, &text);
         }
+    }
+}
+
+/// `Engine::qp_fatal`, called by hand as the fabric's peer-death path will.
+#[cfg(all(test, not(shmhca_loom)))]
+mod qp_fatal_tests {
+    use crate::verbs::wr::{RecvWr, WcStatus, WorkCompletion};
+    use crate::{AccessFlags, AsyncEvent, Context, EngineMode, QpState};
+    use shmhca_rings::segment::HugePages;
+
+    #[test]
+    fn qp_fatal_moves_the_qp_to_error_records_why_and_raises_the_event_once() {
+        let ctx = Context::builder()
+            .mode(EngineMode::Inline)
+            .progress(crate::Progress::Manual)
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        a.post_recv(&RecvWr::new(7, &[mr.sge(0, 64).unwrap()]))
+            .unwrap();
+        let qpn = a.qpn();
+        assert!(
+            ctx.shared
+                .engine
+                .with(|e| e.qp_fatal(qpn, "the peer process died"))
+        );
+        assert_eq!(a.state(), QpState::Error);
+        assert_eq!(a.last_error().as_deref(), Some("the peer process died"));
+        assert_eq!(ctx.try_get_async_event(), Some(AsyncEvent::QpFatal { qpn }));
+        assert_eq!(ctx.try_get_async_event(), None, "B's QP is untouched");
+        assert_eq!(b.state(), QpState::Rts);
+        // Its receive is flushed.
+        let mut wc = [WorkCompletion::default(); 2];
+        assert_eq!(cq.poll(&mut wc), 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::WrFlushErr));
+        // Already in Error, or no such QP: nothing more.
+        assert!(!ctx.shared.engine.with(|e| e.qp_fatal(qpn, "again")));
+        let gone = crate::wire::Qpn::new(qpn.get() ^ 0x80_0000);
+        assert!(!ctx.shared.engine.with(|e| e.qp_fatal(gone, "no QP")));
+        assert_eq!(ctx.try_get_async_event(), None);
+        assert_eq!(a.last_error().as_deref(), Some("the peer process died"));
     }
 }
 

@@ -363,7 +363,10 @@ mod step_back_tests {
         let start = Instant::now();
         while !drives() {
             assert!(cq.poll_one().is_none());
-            assert!(start.elapsed() < LONG, "the engine thread never stepped back");
+            assert!(
+                start.elapsed() < LONG,
+                "the engine thread never stepped back"
+            );
         }
         // Stepped back, a post and the application's polls carry a message through (the
         // thread sleeps its step meanwhile: whoever moves it, it arrives).
@@ -388,7 +391,10 @@ mod step_back_tests {
         let start = Instant::now();
         while !drives() {
             assert!(cq.poll_one().is_none());
-            assert!(start.elapsed() < LONG, "the engine thread never stepped back");
+            assert!(
+                start.elapsed() < LONG,
+                "the engine thread never stepped back"
+            );
         }
         assert!(!cq.wait(Duration::from_millis(1)).unwrap());
         assert!(!drives(), "a wait brings the engine thread back");

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use shmhca_rings::ring::{Consumer, HeapStorage};
 
 use crate::arena::PdArenas;
+use crate::async_events::{AsyncEvent, AsyncQueue};
 use crate::mem::Mem;
 use crate::slots::SlotTable;
 use crate::tables::mr::MrTable;
@@ -97,12 +98,14 @@ impl SrqTable {
     /// Takes the next receive WQE of SRQ `index` for a QP whose private scratch row (of the
     /// SRQ's `max_sge` entries) is at `scratch` of `qp_tables`. `None` if the SRQ is empty.
     ///
-    /// Fires the limit event if, after this, fewer WQEs than the armed limit remain.
+    /// Fires the limit event if, after this, fewer WQEs than the armed limit remain: the
+    /// polled flag (`Srq::limit_reached`) and an asynchronous event in `events`.
     pub(crate) fn take(
         &mut self,
         srq: shmhca_proto::ids::SrqId,
         qp_tables: &Mem,
         scratch: u64,
+        events: &AsyncQueue,
     ) -> Option<RqWqe> {
         let s = self.entries.at_mut(srq.get())?;
         let mut wqe = s.rq.pop().ok().flatten()?;
@@ -137,6 +140,7 @@ impl SrqTable {
             s.shared.limit.store(0, Ordering::Relaxed);
             // SYNC: Release pairs with the Acquire swap in `Srq::limit_reached`.
             s.shared.limit_fired.store(true, Ordering::Release);
+            events.raise(AsyncEvent::SrqLimitReached { srq: srq.get() });
         }
         Some(wqe)
     }

@@ -75,7 +75,7 @@
 //! on the core), not the channel.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -281,8 +281,8 @@ pub(crate) fn detach(signal: &Signal, slot: u32) {
 }
 
 /// Whether `fd` is readable now.
-fn readable(fd: &OwnedFd) -> bool {
-    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+pub(crate) fn readable(fd: impl AsFd) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     let zero = rustix::event::Timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -291,15 +291,15 @@ fn readable(fd: &OwnedFd) -> bool {
 }
 
 /// Sleeps until `fd` is readable or `left` passes.
-fn wait_readable(fd: &OwnedFd, left: Option<Duration>) -> Result<()> {
-    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+pub(crate) fn wait_readable(fd: impl AsFd, left: Option<Duration>) -> Result<()> {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     let ts = left.map(|l| rustix::event::Timespec {
         tv_sec: l.as_secs() as _,
         tv_nsec: l.subsec_nanos() as _,
     });
     match rustix::event::poll(&mut fds, ts.as_ref()) {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(Error::io("waiting on the completion channel", e.into())),
+        Err(e) => Err(Error::io("waiting on an eventfd", e.into())),
     }
 }
 

@@ -98,6 +98,7 @@ use crate::mem::Mem;
 use crate::trace::PacketEvent;
 use crate::trace::tap::{Tap, Trace};
 
+pub use crate::async_events::AsyncEvent;
 pub use crate::device::{EngineMode, IdlePolicy};
 pub use crate::engine::progress::Progress;
 pub use crate::user_mem::{Memfd, RawBuffer, UserBuffer};
@@ -324,7 +325,8 @@ impl ContextBuilder {
         let engine_page = crate::arena::create_engine_page(may_sleep)?;
         let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();
-        let mut engine = Engine::new();
+        let async_events = Arc::new(crate::async_events::AsyncQueue::new()?);
+        let mut engine = Engine::new(async_events.clone());
         engine.res.clock = self.clock.clone();
         // A poll-mode engine thread watches busy send queues, so that posting to them rings
         // no doorbell (see `Engine::watch_sq`); it needs `membarrier` to stop watching.
@@ -381,6 +383,7 @@ impl ContextBuilder {
             kick: Default::default(),
             fabric: std::sync::OnceLock::new(),
             fabric_resolve: std::sync::OnceLock::new(),
+            async_events,
         });
         // Under loom there is no helper or engine thread: a model drives the engine with
         // `Context::progress` from a thread of its own.
@@ -645,6 +648,78 @@ impl Context {
     /// [`Error::InvalidArgument`] for a depth of 0 or above 2^20.
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
         Cq::create(&self.shared, depth)
+    }
+
+    /// Waits for the next asynchronous event of this context (`ibv_get_async_event`), up
+    /// to `timeout` (`None`: for ever); `None` when the time ran out. See
+    /// [`crate::async_events`] for the events and the ibverbs mapping.
+    ///
+    /// In poll mode it sleeps in `poll(2)` on [`Context::async_event_fd`]. In inline mode
+    /// the calling thread runs the engine, and between runs sleeps on its kick words (with
+    /// [`IdlePolicy::Backoff`]) or yields (with `Spin`), as
+    /// [`CompChannel::get_event`] does.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use shmhca::{AsyncEvent, Context};
+    ///
+    /// let ctx = Context::builder().arena_size(1 << 20).build()?;
+    /// // Nothing happened: the wait times out.
+    /// assert_eq!(ctx.get_async_event(Some(Duration::from_millis(1)))?, None);
+    /// while let Some(ev) = ctx.try_get_async_event() {
+    ///     if let AsyncEvent::QpLastWqeReached { qpn } = ev {
+    ///         eprintln!("QP {:#x} takes nothing more from its SRQ", qpn.get());
+    ///     }
+    /// }
+    /// # Ok::<(), shmhca::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Polling the eventfd failed (not expected).
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(ev) = self.try_get_async_event() {
+                return Ok(Some(ev));
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => return Ok(None),
+                },
+                None => None,
+            };
+            let queue = &self.shared.async_events;
+            if self.shared.mode == EngineMode::Inline {
+                let _blocked = self.shared.block();
+                self.shared
+                    .idle_wait(left, || channel::readable(queue.fd()));
+            } else {
+                channel::wait_readable(queue.fd(), left)?;
+            }
+        }
+    }
+
+    /// The next asynchronous event without waiting, or `None` (`ibv_get_async_event` on a
+    /// non-blocking `async_fd`). In inline mode it first runs the engine once.
+    pub fn try_get_async_event(&self) -> Option<AsyncEvent> {
+        self.shared.progress_inline();
+        self.shared.async_events.take()
+    }
+
+    /// An fd (an eventfd) that is readable exactly while asynchronous events are queued:
+    /// wait on it with `poll`/`epoll` or an async runtime, then take the events with
+    /// [`Context::try_get_async_event`]. Do not read it yourself. In inline mode someone
+    /// must run the engine meanwhile (the progress helper, [`Progress::Auto`], does).
+    pub fn async_event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.shared.async_events.fd()
+    }
+
+    /// Asynchronous events lost because the queue held
+    /// [`MAX_ASYNC_EVENTS`](crate::async_events::MAX_ASYNC_EVENTS) already (the
+    /// application did not take them).
+    pub fn async_events_dropped(&self) -> u64 {
+        self.shared.async_events.dropped()
     }
 
     /// A completion channel: an fd that becomes readable when a completion queue attached

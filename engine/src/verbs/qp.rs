@@ -222,6 +222,7 @@ impl Qp {
                 resp: Responder::new(),
                 rq_retired: 0,
                 rq_flush_pending: false,
+                comm_est_pending: false,
                 riding_ack: None,
                 srq: srq_index.map(|srq| crate::context::SrqBinding {
                     srq: shmhca_proto::ids::SrqId::new(srq),

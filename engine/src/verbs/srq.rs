@@ -141,6 +141,12 @@ impl Pd {
 }
 
 impl Srq {
+    /// Its number in its context: what [`AsyncEvent::SrqLimitReached`](crate::AsyncEvent)
+    /// names it by. A destroyed SRQ's number may be given to a new one.
+    pub fn number(&self) -> u32 {
+        self.index
+    }
+
     /// Its depth: how many receives it holds at most.
     pub fn depth(&self) -> u32 {
         self.depth
