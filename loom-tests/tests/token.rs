@@ -80,6 +80,39 @@ fn biased_owner_and_control() {
     }
 }
 
+/// The bias moves from one thread to another while the first is still on its way through
+/// its fast path: the main thread is the owner and starts an entry; the other revokes it,
+/// takes the token twice on the slow path (which makes it the owner: the revocation doubled
+/// the streak needed) and enters on its own fast path. The first thread's stale entry must
+/// neither overlap the new owner's nor clear its "inside" flag (after which anyone's slow
+/// path would take the token from under it).
+fn ownership_moves() {
+    {
+        let token = Arc::new(LoomToken::default());
+        assert!(token.try_add(1));
+        assert!(token.is_owner());
+        let t = token.clone();
+        let other = thread::spawn(move || {
+            for _ in 0..3 {
+                t.add(100);
+            }
+        });
+        let mut added = 1;
+        for _ in 0..2 {
+            if token.try_add(1) {
+                added += 1;
+            }
+        }
+        other.join().unwrap();
+        assert_eq!(token.get(), added + 300, "an entry ran twice or not at all");
+    }
+}
+
+#[test]
+fn a_bias_that_moves_to_another_thread_never_overlaps() {
+    check(ownership_moves);
+}
+
 #[test]
 fn owner_and_revoker_never_overlap() {
     check(owner_and_revoker);

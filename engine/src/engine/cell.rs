@@ -31,6 +31,15 @@
 //!   retries): the owner is inside and will leave. Every slow-path holder reads `busy`
 //!   (Acquire) before it touches the value, so a revoked owner still inside is waited out
 //!   by whoever comes next, and the owner's last release is ordered before them.
+//! * **One flag per owner.** Each thread that may own the token has its own `busy` flag (an
+//!   owner slot, given to one thread for the cell's life; a thread whose slot is taken
+//!   never becomes the owner). A shared flag would let an owner whose bias was revoked and
+//!   handed to another thread, while it was still on its way through its fast path, clear
+//!   the new owner's flag as it backs off — and the next slow path would then enter beside
+//!   the new owner (`loom-tests/tests/token.rs`, `ownership_moves`, found it once the
+//!   engine thread stepped back for busy-polling applications and the bias began to move).
+//!   A slow-path holder reads the flag of the owner revoked last until it has seen it
+//!   clear.
 //! * **Who is the owner.** A thread that took the token on the slow path
 //!   [`BIAS_AFTER`]-times in a row with nobody else trying meanwhile becomes the owner; it
 //!   installs itself as it releases the slow path (`bias = me` before `lock = false`), and
@@ -72,8 +81,16 @@ pub(crate) const BIAS_PAID_OFF: u64 = 1 << 12;
 pub(crate) struct EngineCell<T> {
     /// The slow path's token (compare-and-swap).
     lock: AtomicBool,
-    /// Set by the owner while it is inside on the fast path (plain stores only).
-    busy: AtomicBool,
+    /// Per owner slot ([`owner_slot`]): set by the owner of that slot while it is inside on
+    /// the fast path (plain stores, by that thread only: a slot is given to one thread for
+    /// the cell's life, so an owner whose bias moved to another thread, still on its way
+    /// through a stale fast path, can only ever set and clear its own flag, never the new
+    /// owner's).
+    busy: [AtomicBool; OWNER_SLOTS],
+    /// The owner whose bias was revoked last and not yet seen outside (0: none): every
+    /// slow-path holder reads its flag before it touches the value (written and read under
+    /// `lock` only).
+    revoked_owner: AtomicU64,
     /// The owner's thread number ([`thread_number`]); 0: no owner.
     bias: AtomicU64,
     /// A hint for the policy: someone failed to take the token (plain stores only).
@@ -97,6 +114,17 @@ struct Policy {
     initial: u32,
     /// Fast-path entries of the current (or last) bias.
     served: u64,
+    /// The thread each owner slot belongs to (0: none yet), for the cell's life.
+    slot_thread: [u64; OWNER_SLOTS],
+}
+
+/// Threads that can ever hold a cell's bias (others always take the slow path).
+const OWNER_SLOTS: usize = 8;
+
+/// The owner slot of thread `me` (a thread number).
+#[inline(always)]
+fn owner_slot(me: u64) -> usize {
+    (me as usize) % OWNER_SLOTS
 }
 
 // SAFETY: the value and the policy are only reached through `try_with`/`with`, which hand
@@ -165,7 +193,8 @@ impl<T> EngineCell<T> {
     fn biased_after(value: T, bias_after: u32) -> EngineCell<T> {
         EngineCell {
             lock: AtomicBool::new(false),
-            busy: AtomicBool::new(false),
+            busy: std::array::from_fn(|_| AtomicBool::new(false)),
+            revoked_owner: AtomicU64::new(0),
             bias: AtomicU64::new(0),
             contended: AtomicBool::new(false),
             revoked: AtomicBool::new(false),
@@ -176,6 +205,7 @@ impl<T> EngineCell<T> {
                 threshold: bias_after,
                 initial: bias_after,
                 served: 0,
+                slot_thread: [0; OWNER_SLOTS],
             }),
             value: UnsafeCell::new(value),
         }
@@ -218,14 +248,15 @@ impl<T> EngineCell<T> {
         if self.bias.load(Ordering::Relaxed) != me {
             return Fast::NotOwner;
         }
-        // Only the owner stores `busy = true`: set means it is inside already.
-        if self.busy.load(Ordering::Relaxed) {
+        // Only this thread stores into its slot's flag: set means it is inside already.
+        let busy = &self.busy[owner_slot(me)];
+        if busy.load(Ordering::Relaxed) {
             return Fast::Inside;
         }
-        self.busy.store(true, Ordering::Relaxed);
+        busy.store(true, Ordering::Relaxed);
         light_barrier();
         if self.bias.load(Ordering::Relaxed) == me {
-            let token = FastToken(&self.busy);
+            let token = FastToken(busy);
             // SYNC: `busy` set, then `bias` read as ours after the light barrier: every
             // revoker's `membarrier` comes after that load (and then sees `busy`), or
             // before it (and then we would have read 0) — the asymmetric Dekker of the
@@ -236,7 +267,7 @@ impl<T> EngineCell<T> {
             policy.served += 1;
             return Fast::Entered(token);
         }
-        self.busy.store(false, Ordering::Release);
+        busy.store(false, Ordering::Release);
         Fast::NotOwner
     }
 
@@ -255,22 +286,30 @@ impl<T> EngineCell<T> {
             self.contended.store(true, Ordering::Relaxed);
             return None;
         }
-        if self.bias.load(Ordering::Relaxed) != 0 {
+        let owner = self.bias.load(Ordering::Relaxed);
+        if owner != 0 {
             self.bias.store(0, Ordering::Relaxed);
             self.revoked.store(true, Ordering::Relaxed);
+            self.revoked_owner.store(owner, Ordering::Relaxed);
             heavy_barrier();
         }
-        // SYNC: Acquire pairs with the Release store in `FastToken::drop`: the owner's
-        // last run happens-before ours. Read after the barrier (if any bias was revoked
-        // now) or after an earlier holder's barrier (ordered before us by `lock`).
-        if self
-            .busy
-            .load(weaken(Ordering::Acquire, "EngineCell busy acquire"))
-        {
-            self.contended.store(true, Ordering::Relaxed);
-            // SYNC: Release as in `SlowToken::drop` (nothing was touched).
-            self.lock.store(false, Ordering::Release);
-            return None;
+        // The owner revoked now, or earlier and not yet seen outside, may be inside.
+        let revoked = self.revoked_owner.load(Ordering::Relaxed);
+        if revoked != 0 {
+            // SYNC: Acquire pairs with the Release store in `FastToken::drop`: the owner's
+            // last run happens-before ours. Read after the barrier (if the bias was revoked
+            // now) or after the revoker's barrier (ordered before us by `lock`).
+            if self.busy[owner_slot(revoked)]
+                .load(weaken(Ordering::Acquire, "EngineCell busy acquire"))
+            {
+                self.contended.store(true, Ordering::Relaxed);
+                // SYNC: Release as in `SlowToken::drop` (nothing was touched).
+                self.lock.store(false, Ordering::Release);
+                return None;
+            }
+            // Seen outside: it can no longer enter (its bias is gone; a stale fast path
+            // only sets and clears its own flag), so later holders need not look.
+            self.revoked_owner.store(0, Ordering::Relaxed);
         }
         // SAFETY: this thread holds the token (lock taken, no owner inside, none can enter
         // with `bias` 0), and the policy is touched only by the token's holder.
@@ -294,7 +333,9 @@ impl<T> EngineCell<T> {
             policy.last = me;
             policy.streak = 1;
         }
-        if policy.streak >= policy.threshold && barrier_available() {
+        let slot = &mut policy.slot_thread[owner_slot(me)];
+        if policy.streak >= policy.threshold && barrier_available() && (*slot == 0 || *slot == me) {
+            *slot = me;
             policy.streak = 0;
             policy.served = 0;
             return Some(me);
@@ -529,7 +570,10 @@ mod tests {
         assert!(cell.is_owner());
         // The owner's entries go the fast path and leave `lock` alone.
         cell.try_with(|_| ()).unwrap();
-        assert!(!cell.lock.load(Ordering::Relaxed) && !cell.busy.load(Ordering::Relaxed));
+        assert!(
+            !cell.lock.load(Ordering::Relaxed)
+                && cell.busy.iter().all(|b| !b.load(Ordering::Relaxed))
+        );
         // No nesting on the fast path either; the nested try is refused by the fast path
         // itself, without a revocation of the owner's own bias.
         cell.try_with(|_| assert!(cell.try_with(|_| ()).is_none()))
