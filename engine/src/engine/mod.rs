@@ -1433,22 +1433,15 @@ impl Engine {
     }
 }
 
-/// `Engine::qp_fatal`, called by hand as the fabric's peer-death path will.
+/// `Engine::qp_fatal` called by hand (the fabric calls it when a lost peer's grace ends).
 #[cfg(all(test, not(shmhca_loom)))]
 mod qp_fatal_tests {
     use crate::verbs::wr::{RecvWr, WcStatus, WorkCompletion};
-    use crate::{AccessFlags, AsyncEvent, Context, EngineMode, QpState};
-    use shmhca_rings::segment::HugePages;
+    use crate::{AccessFlags, AsyncEvent, QpState};
 
     #[test]
     fn qp_fatal_moves_the_qp_to_error_records_why_and_raises_the_event_once() {
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .arena_size(1 << 20)
-            .huge_pages(HugePages::Never)
-            .build()
-            .unwrap();
+        let ctx = crate::raw_peer::inline_context();
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(16).unwrap();
         let (mut a, b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
