@@ -39,20 +39,32 @@ fn sge<'a>(c: &'a CtxObj, s: &ibv_sge) -> Result<Sge<'a>, c_int> {
     mr.rust.sge(off, s.length).map_err(|_| libc::EINVAL)
 }
 
-/// Fills `out` with the elements of `list`; returns how many.
+/// Runs `f` on the shmhca elements of the C list `list`, each checked (L_Key, range):
+/// `EINVAL` for a bad one or for more than [`MAX_SGE`]. The lists of zero and one element,
+/// nearly every post, build no array.
 #[inline]
-fn sges<'a>(
+fn with_sges<'a, R>(
     c: &'a CtxObj,
     list: &[ibv_sge],
-    out: &mut [Option<Sge<'a>>; MAX_SGE],
-) -> Result<usize, c_int> {
-    if list.len() > MAX_SGE {
-        return Err(libc::EINVAL);
+    f: impl FnOnce(&[Sge<'a>]) -> R,
+) -> Result<R, c_int> {
+    match list {
+        [] => Ok(f(&[])),
+        [one] => {
+            let s = sge(c, one)?;
+            Ok(f(std::slice::from_ref(&s)))
+        }
+        [first, rest @ ..] => {
+            if list.len() > MAX_SGE {
+                return Err(libc::EINVAL);
+            }
+            let mut flat = [sge(c, first)?; MAX_SGE];
+            for (f, s) in flat[1..].iter_mut().zip(rest) {
+                *f = sge(c, s)?;
+            }
+            Ok(f(&flat[..list.len()]))
+        }
     }
-    for (o, s) in out.iter_mut().zip(list) {
-        *o = Some(sge(c, s)?);
-    }
-    Ok(list.len())
 }
 
 /// Posts one send request on `q`.
@@ -115,23 +127,10 @@ pub(crate) fn post_one(
         let Gather::Sgl(list) = data else {
             return Err(libc::EINVAL);
         };
-        let mut arr: [Option<Sge<'_>>; MAX_SGE] = [None; MAX_SGE];
-        let n = sges(c, list, &mut arr)?;
-        let mut flat: [Sge<'_>; MAX_SGE];
-        let slice: &[Sge<'_>] = match arr[0] {
-            None => &[],
-            Some(first) => {
-                flat = [first; MAX_SGE];
-                for (f, a) in flat.iter_mut().zip(&arr[..n]) {
-                    if let Some(s) = a {
-                        *f = *s;
-                    }
-                }
-                &flat[..n]
-            }
-        };
-        q.rust
-            .post_send(&SendWr::new(wr_id, op, slice).flags(flags))
+        with_sges(c, list, |slice| {
+            q.rust
+                .post_send(&SendWr::new(wr_id, op, slice).flags(flags))
+        })?
     };
     r.map_err(|e| fail("ibv_post_send", &e))
 }
@@ -276,20 +275,6 @@ pub unsafe extern "C" fn post_send(
     })
 }
 
-fn recv_list<'a>(
-    c: &'a CtxObj,
-    r: &ibv_recv_wr,
-    arr: &mut [Option<Sge<'a>>; MAX_SGE],
-) -> Result<usize, c_int> {
-    let list: &[ibv_sge] = if r.num_sge <= 0 || r.sg_list.is_null() {
-        &[]
-    } else {
-        // SAFETY: the program's `num_sge` elements.
-        unsafe { std::slice::from_raw_parts(r.sg_list, r.num_sge as usize) }
-    };
-    sges(c, list, arr)
-}
-
 /// Runs `post` over the receive list `wr`, setting `bad` at the first failure.
 #[inline]
 fn each_recv(
@@ -302,23 +287,16 @@ fn each_recv(
     while !w.is_null() {
         // SAFETY: the program's request list.
         let r = unsafe { &*w };
-        let mut arr: [Option<Sge<'_>>; MAX_SGE] = [None; MAX_SGE];
-        let done = recv_list(c, r, &mut arr).and_then(|n| {
-            let mut flat: [Sge<'_>; MAX_SGE];
-            let slice: &[Sge<'_>] = match arr[0] {
-                None => &[],
-                Some(first) => {
-                    flat = [first; MAX_SGE];
-                    for (f, a) in flat.iter_mut().zip(&arr[..n]) {
-                        if let Some(s) = a {
-                            *f = *s;
-                        }
-                    }
-                    &flat[..n]
-                }
-            };
+        let list: &[ibv_sge] = if r.num_sge <= 0 || r.sg_list.is_null() {
+            &[]
+        } else {
+            // SAFETY: the program's `num_sge` elements.
+            unsafe { std::slice::from_raw_parts(r.sg_list, r.num_sge as usize) }
+        };
+        let done = with_sges(c, list, |slice| {
             post(&RecvWr::new(r.wr_id, slice)).map_err(|e| fail("ibv_post_recv", &e))
-        });
+        })
+        .and_then(|r| r);
         if let Err(e) = done {
             if !bad.is_null() {
                 // SAFETY: the program's out pointer.

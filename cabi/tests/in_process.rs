@@ -236,6 +236,19 @@ fn sends_writes_reads_and_atomics_through_the_c_abi() {
         // An opcode verbs does not have.
         let mut w = send_wr(&mut [], 99, IBV_SEND_SIGNALED);
         assert_eq!(post_send(a.qp, &mut w, &mut bad), libc::EINVAL);
+        // A bad L_Key in a list's second element, and a list longer than a QP takes.
+        let mut sl = [
+            sge(&a, 0, 4),
+            ibv_sge {
+                lkey: 0xdead_0001,
+                ..sge(&a, 8, 4)
+            },
+        ];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), libc::EINVAL);
+        let mut sl = vec![sge(&a, 0, 1); 1024];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), libc::EINVAL);
 
         // The extended API: RDMA Write, then Read back, then Fetch and Add, then CAS.
         let qx = ibv_qp_to_qp_ex(a.qp);
