@@ -69,9 +69,9 @@ pub struct CtxObj {
     /// queued; made blocking, as rdma-core's is, until the program sets `O_NONBLOCK`.
     async_fd: OwnedFd,
     /// The QPs of this context by QPN (for messages and async events; not the hot path).
-    pub qps: std::sync::Mutex<Vec<(u32, usize)>>,
+    pub qps: std::sync::Mutex<Vec<(u32, usize, u32)>>,
     /// The SRQs of this context by number (`Srq::number`; for async events).
-    pub srqs: std::sync::Mutex<Vec<(u32, usize)>>,
+    pub srqs: std::sync::Mutex<Vec<(u32, usize, u32)>>,
     /// The port's LID.
     pub lid: u16,
     /// The port's GID.
@@ -592,12 +592,17 @@ pub unsafe extern "C" fn ibv_get_async_event(
 /// form).
 fn c_event(c: &CtxObj, ev: shmhca::AsyncEvent) -> Option<ibv_async_event> {
     use shmhca::AsyncEvent as E;
-    let find = |list: &std::sync::Mutex<Vec<(u32, usize)>>, n: u32| {
+    // Counted as reported under the list's lock: a destroy, which unlinks the object
+    // under the same lock, then waits until the program has acknowledged as many.
+    let find = |list: &std::sync::Mutex<Vec<(u32, usize, u32)>>, n: u32| {
         list.lock()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|&&(k, _)| k == n)
-            .map(|&(_, p)| p)
+            .iter_mut()
+            .find(|e| e.0 == n)
+            .map(|e| {
+                e.2 += 1;
+                e.1
+            })
     };
     let (event_type, element) = match ev {
         E::QpFatal { qpn } => (IBV_EVENT_QP_FATAL, qpn),
@@ -672,6 +677,32 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
             libc::pthread_mutex_unlock(mutex.cast::<libc::pthread_mutex_t>());
         }
     })
+}
+
+/// Waits until the program has acknowledged `reported` async events of an object being
+/// destroyed (`completed`, its `events_completed`, counted by [`ibv_ack_async_event`] under
+/// the object's `mutex`), as rdma-core's destroy calls do: the program may still hold the
+/// object's pointer from an event it has not acknowledged.
+///
+/// # Safety
+/// The pointers are the object's pthread mutex, condition and count, alive during the call.
+pub(crate) unsafe fn wait_for_acks(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    completed: *const u32,
+    reported: u32,
+) {
+    if reported == 0 {
+        return;
+    }
+    // SAFETY: the caller's live object; the count is read under its mutex.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        while completed.read() < reported {
+            libc::pthread_cond_wait(cond, mutex);
+        }
+        libc::pthread_mutex_unlock(mutex);
+    }
 }
 
 /// The errno of an error, for callers that return it.

@@ -571,7 +571,7 @@ pub unsafe extern "C" fn ibv_create_srq(
                     c.srqs
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .push((number, o as usize));
+                        .push((number, o as usize, 0));
                 }
                 o.cast()
             }
@@ -649,11 +649,20 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         match rust.destroy() {
             Ok(()) => {
                 // SAFETY: the SRQ's context is ours and outlives it.
-                if let Some(ctx) = unsafe { crate::context::ctx_of(context) } {
-                    ctx.srqs
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .retain(|&(_, q)| q != p as usize);
+                let reported = unsafe { crate::context::ctx_of(context) }.map_or(0, |ctx| {
+                    let mut srqs = ctx.srqs.lock().unwrap_or_else(|e| e.into_inner());
+                    let i = srqs.iter().position(|e| e.1 == p as usize);
+                    i.map_or(0, |i| srqs.swap_remove(i).2)
+                });
+                // SAFETY: the SRQ's C part is still in place (only its Rust queue was moved
+                // out): its mutex, condition and count are live until freed below.
+                unsafe {
+                    crate::context::wait_for_acks(
+                        (&raw mut (*srq).mutex).cast(),
+                        (&raw mut (*srq).cond).cast(),
+                        &raw const (*srq).events_completed,
+                        reported,
+                    );
                 }
                 // SAFETY: the allocation Box::into_raw made; its value was moved out above.
                 drop(unsafe { Box::from_raw(p.cast::<std::mem::MaybeUninit<SrqObj>>()) });

@@ -393,7 +393,7 @@ fn explain(cq: &CqObj, w: &WorkCompletion) {
     let why = qps
         .iter()
         .find(|q| q.0 == w.qp_num.get())
-        .and_then(|&(_, p)| {
+        .and_then(|&(_, p, _)| {
             // SAFETY: a live QP of this context (removed from the list before it is freed).
             let q = unsafe { &*(p as *const QpObj) };
             q.rust

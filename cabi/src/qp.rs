@@ -173,7 +173,7 @@ unsafe fn create(
     c.qps
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .push((qpn, p as usize));
+        .push((qpn, p as usize, 0));
     p.cast()
 }
 
@@ -433,15 +433,24 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if qp.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: a QpObj of ours, given up by the caller.
-        let o = unsafe { Box::from_raw(qp.cast::<QpObj>()) };
-        // SAFETY: a QP's context outlives it.
-        let c = unsafe { &*o.ctx };
-        c.qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|&(_, p)| p != qp as usize);
-        drop(o);
+        // SAFETY: a QpObj of ours, given up by the caller; a QP's context outlives it.
+        let c = unsafe { &*(*qp.cast::<QpObj>()).ctx };
+        let reported = {
+            let mut qps = c.qps.lock().unwrap_or_else(|e| e.into_inner());
+            let i = qps.iter().position(|e| e.1 == qp as usize);
+            i.map_or(0, |i| qps.swap_remove(i).2)
+        };
+        // SAFETY: the QP's own mutex, condition and count (the object is freed only below).
+        unsafe {
+            crate::context::wait_for_acks(
+                (&raw mut (*qp).mutex).cast(),
+                (&raw mut (*qp).cond).cast(),
+                &raw const (*qp).events_completed,
+                reported,
+            );
+        }
+        // SAFETY: a QpObj of ours, given up by the caller, unlinked and acknowledged.
+        drop(unsafe { Box::from_raw(qp.cast::<QpObj>()) });
         0
     })
 }

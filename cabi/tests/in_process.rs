@@ -708,11 +708,19 @@ fn async_events_come_through_the_c_abi_with_their_objects() {
         assert_eq!(ev.element.qp, qb);
         ibv_ack_async_event(&mut ev);
         assert_eq!((*qb).events_completed, 2);
-        // An event of a QP destroyed before it was taken is skipped.
+        // Two more entries into Error, two more events: the first taken and not yet
+        // acknowledged, the second left queued. The destroy waits for the acknowledgement
+        // (the program may still use the event's pointer), as rdma-core's does; the event
+        // left queued is skipped once the QP is gone.
         let mut reset: ibv_qp_attr = std::mem::zeroed();
         reset.qp_state = IBV_QPS_RESET;
-        assert_eq!(ibv_modify_qp(qb, &mut reset, IBV_QP_STATE as c_int), 0);
-        assert_eq!(ibv_modify_qp(qb, &mut attr, IBV_QP_STATE as c_int), 0);
+        for _ in 0..2 {
+            assert_eq!(ibv_modify_qp(qb, &mut reset, IBV_QP_STATE as c_int), 0);
+            assert_eq!(ibv_modify_qp(qb, &mut attr, IBV_QP_STATE as c_int), 0);
+        }
+        let mut taken: ibv_async_event = std::mem::zeroed();
+        assert_eq!(ibv_get_async_event(b.ctx, &mut taken), 0);
+        assert_eq!(taken.element.qp, qb);
         assert!(
             libc::poll(
                 &mut libc::pollfd {
@@ -724,7 +732,15 @@ fn async_events_come_through_the_c_abi_with_their_objects() {
                 0
             ) == 1
         );
-        assert_eq!(ibv_destroy_qp(qb), 0);
+        let q = qb as usize;
+        let destroy = std::thread::spawn(move || ibv_destroy_qp(q as *mut ibv_qp));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !destroy.is_finished(),
+            "the destroy waits for the acknowledgement"
+        );
+        ibv_ack_async_event(&mut taken);
+        assert_eq!(destroy.join().unwrap(), 0);
         assert_eq!(ibv_destroy_srq(srq), 0);
         assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
         assert_eq!(ibv_get_async_event(b.ctx, &mut ev), -1);

@@ -138,10 +138,38 @@ impl AsyncQueue {
     pub(crate) fn take(&self) -> Option<AsyncEvent> {
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         let ev = q.pop_front()?;
-        let mut buf = [0u8; 8];
-        // A semaphore eventfd: one read takes one count, the one written for this event.
-        let _ = rustix::io::read(&self.fd, &mut buf);
+        self.take_count();
         Some(ev)
+    }
+
+    /// Drops the queued events of SRQ `srq` (destroyed: its number may name another one
+    /// soon, which must not get them).
+    pub(crate) fn forget_srq(&self, srq: u32) {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let before = q.len();
+        q.retain(|e| !matches!(e, AsyncEvent::SrqLimitReached { srq: s } if *s == srq));
+        for _ in q.len()..before {
+            self.take_count();
+        }
+    }
+
+    /// Takes one count of the fd (a semaphore eventfd: one read, one count), only if it is
+    /// readable: its flags are shared with the C ABI's `async_fd`, which is blocking, and a
+    /// C program may read that fd itself — this must never block while holding the queue
+    /// (the engine raises under its token). Called with the queue locked.
+    fn take_count(&self) {
+        let mut p = [rustix::event::PollFd::new(
+            &self.fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let now = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if rustix::event::poll(&mut p, Some(&now)).is_ok_and(|n| n > 0) {
+            let mut buf = [0u8; 8];
+            let _ = rustix::io::read(&self.fd, &mut buf);
+        }
     }
 
     /// Events dropped so far because the queue was full.

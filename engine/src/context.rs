@@ -472,22 +472,25 @@ impl QpCtx {
     /// stop: nothing is retried in the Error state, and an armed timer would keep the QP
     /// in the engine's timed set (the engine never idle) — forever if its link is down.
     pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
-        if self.state != QpState::Error {
+        let entering = self.state != QpState::Error;
+        if entering {
             self.set_state(QpState::Error);
-            if self.srq.is_some() {
-                self.last_wqe_reached(env);
-            }
         }
         self.req.stop_timers();
         completer::retire(self, env);
         flush_receives(self, env);
+        // After the flushes it announces (a program that drains the CQ on this event and
+        // then destroys the QP must find the flush completions there).
+        if entering && self.srq.is_some() {
+            self.last_wqe_reached(env);
+        }
     }
 
     /// A QP on an SRQ entered the Error state: it takes no more receives from the SRQ
     /// (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     #[cold]
     #[inline(never)]
-    fn last_wqe_reached(&self, env: &Env<'_>) {
+    pub(crate) fn last_wqe_reached(&self, env: &Env<'_>) {
         env.async_events
             .raise(crate::AsyncEvent::QpLastWqeReached { qpn: self.qpn });
     }

@@ -299,7 +299,11 @@ impl Device {
             // inline mode does (its next poll would, else). A post that misses the flag
             // going up is sent by that next poll, or by the thread within its step.
             self.doorbell.ring_unless_watched(index);
-            let _ = self.engine.try_with(|e| e.send_now(index));
+            // The token is busy (the thread coming back, a control operation): make sure a
+            // thread about to sleep takes the doorbell.
+            if self.engine.try_with(|e| e.send_now(index)).is_none() && self.may_sleep {
+                self.wake_local();
+            }
         } else if self.doorbell.ring_unless_watched(index) && self.may_sleep {
             // Not rung when the engine thread watches the send queue: it looks at the
             // queue itself, and is awake (it stops watching before it sleeps).

@@ -148,6 +148,18 @@ fn the_srq_limit_raises_one_event_naming_the_srq() {
     // Disarmed by firing.
     send_a_to_b(&mut f.pair, &src, 3);
     assert_eq!(f.pair.b.ctx.try_get_async_event(), None);
+    // An event of an SRQ destroyed before it is read is dropped with it: its number may
+    // soon name another SRQ, which must not get it.
+    f.srq.arm_limit(8);
+    send_a_to_b(&mut f.pair, &src, 4);
+    assert!(readable(f.pair.b.ctx.async_event_fd()));
+    let SrqPair { pair, srq } = f;
+    drop(srq);
+    assert_eq!(pair.b.ctx.try_get_async_event(), None);
+    assert!(
+        !readable(pair.b.ctx.async_event_fd()),
+        "its count went with it"
+    );
 }
 
 #[test]

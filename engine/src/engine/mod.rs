@@ -1389,18 +1389,28 @@ impl Engine {
         {
             return false;
         }
-        // First, as an HCA reports the fatal error before the last WQE of an SRQ's QP.
+        // The event announces a QP already in the Error state, with its reason: both are
+        // published first. Then the rest of the move (timers, flushes), and only then an
+        // SRQ's QP's last-WQE event, which an HCA reports after the fatal one.
+        let Some(q) = self.qps.at_mut(index) else {
+            return false;
+        };
+        *q.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
+        q.set_state(QpState::Error);
+        let on_srq = q.srq.is_some();
         self.res
             .async_events
             .raise(crate::AsyncEvent::QpFatal { qpn });
         if self.modify_qp(index, &QpAttr::new(QpState::Error)).is_err() {
             return false;
         }
-        if let Some(q) = self.qp_by_qpn(qpn) {
-            *q.shared
-                .last_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
+        if on_srq {
+            if let Some(q) = self.qps.at_mut(index) {
+                q.last_wqe_reached(&mut self.res.env());
+            }
         }
         true
     }

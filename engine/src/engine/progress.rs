@@ -231,14 +231,15 @@ impl Device {
     /// in a blocking call, or polls its memory as `ib_write_lat` does), or at once when a
     /// wait for a completion event calls [`Device::resume_engine`].
     pub(crate) fn step_back(&self, seen: &mut u64) {
-        // Posts must ring while the thread is away: it stops watching send queues.
-        if self
-            .engine
-            .try_with(|e| e.stop_watching(&self.doorbell))
-            .is_none()
-        {
+        // Posts must ring while the thread is away: it stops watching send queues, and the
+        // application's own iterations watch none (unwatching costs a `membarrier`, which
+        // has no place in an application's poll).
+        let Some(watching) = self.engine.try_with(|e| {
+            e.stop_watching(&self.doorbell);
+            std::mem::replace(&mut e.watch_sq, false)
+        }) else {
             return;
-        }
+        };
         let word = &self.app_drives;
         word.store(1, Ordering::Relaxed);
         // A post that came before the application saw the flag: sent now.
@@ -255,6 +256,10 @@ impl Device {
             }
         }
         word.store(0, Ordering::Relaxed);
+        // Polls made before the thread came back (the application's last ones before a
+        // wait, say) must not send it away again.
+        *seen = self.empty_polls.load(Ordering::Relaxed);
+        self.engine.with(|e| e.watch_sq = watching);
     }
 
     /// Poll mode: brings a stepped-back engine thread back at once (an application about

@@ -180,8 +180,30 @@ fn fail_after_grace(f: &Fabric, shared: &Device) {
     shared.kick();
 }
 
-/// Removes torn-down links no QP faces any more.
+/// Removes torn-down links no QP faces any more; first tears down (here too) the links
+/// the engine took down by itself (a ring the peer broke), so that their idle QPs get the
+/// same grace as those of a peer that hung up.
 fn sweep(f: &Fabric, shared: &Device) {
+    let up: Vec<LinkId> = f
+        .lock()
+        .peers
+        .iter()
+        .filter(|p| p.up)
+        .map(|p| p.id)
+        .collect();
+    if !up.is_empty() {
+        let broken: Vec<(LinkId, String)> = shared.engine.with(|e| {
+            up.iter()
+                .filter_map(|&id| Some((id, e.link_mut(id)?.down.clone()?)))
+                .collect()
+        });
+        for (id, why) in broken {
+            let mut t = f.lock();
+            if t.peers.iter().any(|p| p.id == id && p.up) {
+                tear_down(shared, &mut t, id, &why);
+            }
+        }
+    }
     let mut t = f.lock();
     let down: Vec<LinkId> = t.peers.iter().filter(|p| !p.up).map(|p| p.id).collect();
     if down.is_empty() {

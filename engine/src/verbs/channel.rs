@@ -25,8 +25,9 @@
 //! whose sender set the solicited-event bit ([`SendFlags::SOLICITED`](crate::SendFlags)),
 //! or for a completion in error (errors always notify).
 //!
-//! Events come in the order they were raised, whatever queues they are for, and in the
-//! order an HCA raises them: a message's send completion before the receive completion
+//! Events come in the order they were raised, whatever queues they are for (among those a
+//! wait collects at once; a queue re-armed and fired again before the collection counts
+//! at its last event), and in the order an HCA raises them: a message's send completion before the receive completion
 //! of the peer's reply, although the Ack that completes the message rides in the reply
 //! (when the send queue is armed the engine handles that Ack first). A program that
 //! waits on one channel for both its queues and takes one completion per event (perftest

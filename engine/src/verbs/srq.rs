@@ -301,6 +301,8 @@ impl Drop for Srq {
             let crate::context::Resources { srqs, mrs, pds, .. } = &mut e.res;
             srqs.orphan(index, mrs, pds);
         });
+        // Its number may soon name another SRQ, which must not get its events.
+        self.shared.async_events.forget_srq(self.number());
     }
 }
 
