@@ -63,7 +63,11 @@ fn send_write_and_read_take_the_programs_pages_with_no_shadow() {
     // SAFETY: the test owns the mapping, keeps it mapped past the region, and touches it
     // only through `poke`/`peek` on this thread.
     let mr = unsafe { p.a.pd.reg_mr_in_place(base, LEN as u64, access) }.unwrap();
-    assert_eq!(mr.addr(), base as u64, "the region keeps the program's address");
+    assert_eq!(
+        mr.addr(),
+        base as u64,
+        "the region keeps the program's address"
+    );
     assert_eq!(mr.len(), LEN as u64);
     // The bytes moved with the pages, and the pages are now the arena's.
     assert_eq!(peek(base, 0, LEN), before);
@@ -77,14 +81,21 @@ fn send_write_and_read_take_the_programs_pages_with_no_shadow() {
                 AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
             )
             .unwrap();
-    let back = p.b.pd.alloc_mr(LEN as u64, AccessFlags::LOCAL_WRITE).unwrap();
+    let back =
+        p.b.pd
+            .alloc_mr(LEN as u64, AccessFlags::LOCAL_WRITE)
+            .unwrap();
 
     // Send from the program's buffer.
     p.b.qp
         .post_recv(&RecvWr::new(1, &[dst.as_sge().unwrap()]))
         .unwrap();
     p.a.qp
-        .post_send(&SendWr::new(1, SendOp::Send, &[mr.sge(0, LEN as u32).unwrap()]))
+        .post_send(&SendWr::new(
+            1,
+            SendOp::Send,
+            &[mr.sge(0, LEN as u32).unwrap()],
+        ))
         .unwrap();
     assert_eq!(wait_a(&mut p, 1)[0].status, WcStatus::Success);
     let wc = wait_b(&mut p, 1);
@@ -143,9 +154,15 @@ fn send_write_and_read_take_the_programs_pages_with_no_shadow() {
     let last = peek(base, 0, LEN);
     let free = p.a.pd.arena_free();
     mr.deregister().unwrap();
-    assert!(p.a.pd.arena_free() > free, "the block went back to the arena");
+    assert!(
+        p.a.pd.arena_free() > free,
+        "the block went back to the arena"
+    );
     let map = mapping_of(base as usize);
-    assert!(!map.contains("shmhca-arena"), "still the arena's pages: {map}");
+    assert!(
+        !map.contains("shmhca-arena"),
+        "still the arena's pages: {map}"
+    );
     assert_eq!(peek(base, 0, LEN), last, "the bytes stayed");
     poke(base, 5, b"still mine");
     assert_eq!(&buf[5..15], b"still mine");
@@ -160,8 +177,11 @@ fn dropping_restores_private_memory_and_the_arena_forgets_the_bytes() {
     poke(base, 0, &data);
     let free = p.a.pd.arena_free();
     // SAFETY: as in the test above.
-    let mr = unsafe { p.a.pd.reg_mr_in_place(base, LEN as u64, AccessFlags::LOCAL_WRITE) }
-        .unwrap();
+    let mr = unsafe {
+        p.a.pd
+            .reg_mr_in_place(base, LEN as u64, AccessFlags::LOCAL_WRITE)
+    }
+    .unwrap();
     assert_eq!(p.a.pd.arena_free(), free - LEN as u64);
     poke(base, 100, b"after");
     let mut seen = [0u8; 5];
@@ -175,7 +195,10 @@ fn dropping_restores_private_memory_and_the_arena_forgets_the_bytes() {
     // Private again: a write does not reach the arena (a new region there is zeroed and
     // the old bytes are not in it).
     buf[0] = 0xEE;
-    let again = p.a.pd.alloc_mr(LEN as u64, AccessFlags::LOCAL_WRITE).unwrap();
+    let again =
+        p.a.pd
+            .alloc_mr(LEN as u64, AccessFlags::LOCAL_WRITE)
+            .unwrap();
     let mut got = vec![1u8; LEN];
     again.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 0));
@@ -228,8 +251,11 @@ fn an_arena_without_room_is_refused_and_the_buffer_stays_private() {
     let base = buf.as_mut_ptr();
     buf[7] = 7;
     // SAFETY: the test's mapping of `len` bytes.
-    let err =
-        unsafe { p.a.pd.reg_mr_in_place(base, len as u64, AccessFlags::LOCAL_WRITE) }.unwrap_err();
+    let err = unsafe {
+        p.a.pd
+            .reg_mr_in_place(base, len as u64, AccessFlags::LOCAL_WRITE)
+    }
+    .unwrap_err();
     assert!(matches!(err, Error::ArenaExhausted { .. }), "{err:?}");
     assert_eq!(buf[7], 7);
     assert!(!mapping_of(base as usize).contains("shmhca-arena"));
