@@ -260,3 +260,26 @@ fn an_arena_without_room_is_refused_and_the_buffer_stays_private() {
     assert_eq!(buf[7], 7);
     assert!(!mapping_of(base as usize).contains("shmhca-arena"));
 }
+
+#[test]
+fn a_huge_page_arena_is_refused_by_name() {
+    let ctx = Context::builder()
+        .arena_size(4 << 20)
+        .huge_pages(shmhca_rings::HugePages::Require)
+        .mode(EngineMode::Inline)
+        .progress(Progress::Manual)
+        .build();
+    let Ok(ctx) = ctx else {
+        eprintln!("skipped: no huge pages on this machine");
+        return;
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let mut buf = MmapMut::map_anon(LEN).unwrap();
+    buf[1] = 1;
+    // SAFETY: the test's mapping, refused before anything is touched.
+    let err = unsafe { pd.reg_mr_in_place(buf.as_mut_ptr(), LEN as u64, AccessFlags::LOCAL_WRITE) }
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    assert!(err.to_string().contains("Huge2M pages"), "{err}");
+    assert_eq!(buf[1], 1);
+}

@@ -352,7 +352,11 @@ impl Pd {
     /// ```
     /// use shmhca::{AccessFlags, Context, EngineMode};
     ///
-    /// let ctx = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+    /// let ctx = Context::builder()
+    ///     .mode(EngineMode::Inline)
+    ///     .arena_size(1 << 20)
+    ///     .huge_pages(shmhca_rings::HugePages::Never) // a huge-page arena is refused
+    ///     .build()?;
     /// let pd = ctx.alloc_pd()?;
     /// let mut buf = memmap2::MmapMut::map_anon(8192).expect("mmap");
     /// buf[0] = 42;
