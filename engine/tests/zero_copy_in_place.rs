@@ -283,3 +283,46 @@ fn a_huge_page_arena_is_refused_by_name() {
     assert!(err.to_string().contains("Huge2M pages"), "{err}");
     assert_eq!(buf[1], 1);
 }
+
+#[test]
+fn pages_already_moved_are_refused_until_their_region_is_gone() {
+    let p = pair(&params());
+    let mut buf = MmapMut::map_anon(LEN).unwrap();
+    let base = buf.as_mut_ptr();
+    poke(base, 0, &pattern(LEN, 5));
+    // SAFETY: the test's mapping, as above.
+    let first = unsafe {
+        p.a.pd
+            .reg_mr_in_place(base, 2 * PAGE as u64, AccessFlags::LOCAL_WRITE)
+    }
+    .unwrap();
+    for (off, len) in [(0, PAGE), (PAGE, 2 * PAGE), (0, LEN)] {
+        // SAFETY: as above; refused before anything is touched.
+        let err = unsafe {
+            p.b.pd
+                .reg_mr_in_place(base.wrapping_add(off), len as u64, AccessFlags::LOCAL_WRITE)
+        }
+        .unwrap_err();
+        assert!(err.to_string().contains("overlap"), "{err}");
+    }
+    // The pages next to it are free to move.
+    // SAFETY: as above.
+    let second = unsafe {
+        p.a.pd.reg_mr_in_place(
+            base.wrapping_add(2 * PAGE),
+            2 * PAGE as u64,
+            AccessFlags::LOCAL_WRITE,
+        )
+    }
+    .unwrap();
+    drop(first);
+    drop(second);
+    // SAFETY: as above.
+    let again = unsafe {
+        p.a.pd
+            .reg_mr_in_place(base, LEN as u64, AccessFlags::LOCAL_WRITE)
+    }
+    .unwrap();
+    drop(again);
+    assert_eq!(&buf[..], &pattern(LEN, 5)[..]);
+}

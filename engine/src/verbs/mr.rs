@@ -409,6 +409,31 @@ impl Pd {
             ));
         }
         check_access(access)?;
+        if !super::remap::claim(addr as usize, len as usize) {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "bytes {addr:p}+{len} overlap pages another region already moved onto an \
+                     arena (register them once, or use reg_mr)"
+                ),
+            ));
+        }
+        // SAFETY: forwarded: the caller's contract.
+        let r = unsafe { self.move_in_place(addr, len, access) };
+        if r.is_err() {
+            super::remap::unclaim(addr as usize);
+        }
+        r
+    }
+
+    /// [`Pd::reg_mr_in_place`] once the range is checked and claimed.
+    ///
+    /// # Safety
+    /// As [`Pd::reg_mr_in_place`].
+    #[allow(unsafe_code)]
+    unsafe fn move_in_place(&self, addr: *mut u8, len: u64, access: AccessFlags) -> Result<Mr> {
+        const PAGE: u64 = 4096;
+        let what = "reg_mr_in_place";
         let shared_mr = Arc::new(MrShared::default());
         let pdn = self.pdn;
         let base = self.mem.base_addr();
@@ -868,6 +893,9 @@ impl Drop for Mr {
             let back =
                 unsafe { super::remap::move_back(block, m.addr as *mut u8, self.len as usize) };
             keep_block = back.is_err();
+            if !keep_block {
+                super::remap::unclaim(m.addr);
+            }
         }
         self.shared.engine.with(|e| {
             let crate::context::Resources { mrs, pds, mws, .. } = &mut e.res;

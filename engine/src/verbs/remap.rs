@@ -10,7 +10,39 @@
 
 #![allow(unsafe_code)]
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
 use rustix::mm::{MapFlags, MremapFlags, ProtFlags};
+
+/// The ranges of this process moved onto an arena (start → length), by every context: a
+/// second region over pages already moved would move them again, onto its own block, and
+/// leave the first region's block no longer the program's bytes.
+static MOVED: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+
+/// Claims `addr..addr + len` for a region moved onto an arena; `false` (nothing claimed) if
+/// it overlaps a range already claimed.
+pub(crate) fn claim(addr: usize, len: usize) -> bool {
+    let mut moved = MOVED.lock().unwrap_or_else(|e| e.into_inner());
+    let end = addr.saturating_add(len);
+    let before = moved
+        .range(..end)
+        .next_back()
+        .is_some_and(|(&a, &l)| a.saturating_add(l) > addr);
+    if before {
+        return false;
+    }
+    moved.insert(addr, len);
+    true
+}
+
+/// Gives up the claim on the range starting at `addr` (its region is gone, or never was).
+pub(crate) fn unclaim(addr: usize) {
+    MOVED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&addr);
+}
 
 /// Copies the program's `len` bytes at `addr` into the arena block at `block`, then makes
 /// `addr..addr + len` a mapping of the block's pages. If the remapping fails, `addr` is
