@@ -39,14 +39,14 @@ fn params() -> Params {
 fn poke(base: *mut u8, off: usize, data: &[u8]) {
     assert!(off + data.len() <= LEN);
     // SAFETY: inside the test's mapping of LEN bytes, which it owns.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(off), data.len()) };
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.wrapping_add(off), data.len()) };
 }
 
 fn peek(base: *const u8, off: usize, len: usize) -> Vec<u8> {
     assert!(off + len <= LEN);
     let mut v = vec![0u8; len];
     // SAFETY: as in `poke`.
-    unsafe { std::ptr::copy_nonoverlapping(base.add(off), v.as_mut_ptr(), len) };
+    unsafe { std::ptr::copy_nonoverlapping(base.wrapping_add(off), v.as_mut_ptr(), len) };
     v
 }
 

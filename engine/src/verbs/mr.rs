@@ -111,7 +111,6 @@ impl Pd {
             inflight: shared_mr,
             user: None,
             in_place: false,
-            moved: None,
         })
     }
 
@@ -219,12 +218,11 @@ impl Pd {
                 access,
                 pdn,
                 inflight: shared_mr,
-                user: Some(Box::new(UserView {
+                user: Some(Box::new(Outside::Buffer(UserView {
                     mem: view,
                     exclusive,
-                })),
+                }))),
                 in_place: false,
-                moved: None,
             },
             owner,
         })
@@ -312,7 +310,6 @@ impl Pd {
             inflight: shared_mr,
             user: None,
             in_place: true,
-            moved: None,
         })
     }
 
@@ -521,11 +518,8 @@ impl Pd {
             access,
             pdn,
             inflight: shared_mr,
-            user: None,
+            user: Some(Box::new(Outside::Moved(addr as usize))),
             in_place: false,
-            moved: Some(Moved {
-                addr: addr as usize,
-            }),
         })
     }
 
@@ -593,18 +587,20 @@ pub struct Mr {
     access: AccessFlags,
     pub(crate) pdn: u32,
     pub(crate) inflight: Arc<MrShared>,
-    /// A registered application buffer ([`Pd::reg_mr`]); `off` is then its shadow's.
-    user: Option<Box<UserView>>,
+    /// The application's memory behind the region, if it is not only an arena block.
+    user: Option<Box<Outside>>,
     /// Registered in place over the application's memfd ([`Pd::reg_mr_at`]).
     in_place: bool,
-    /// The application's pages moved onto the arena block ([`Pd::reg_mr_in_place`]).
-    moved: Option<Moved>,
 }
 
-/// Where the application's pages of a region from [`Pd::reg_mr_in_place`] are.
-struct Moved {
-    /// The application's address of byte 0 (a mapping of the arena block until drop).
-    addr: usize,
+/// The application's memory behind a region (boxed: regions of `alloc_mr` carry none).
+enum Outside {
+    /// A registered application buffer ([`Pd::reg_mr`]); the region's `off` is its
+    /// shadow's.
+    Buffer(UserView),
+    /// The address of the application's pages moved onto the region's arena block
+    /// ([`Pd::reg_mr_in_place`]): a mapping of the block until the region is dropped.
+    Moved(usize),
 }
 
 /// The application's view of a registered buffer.
@@ -615,9 +611,26 @@ struct UserView {
 }
 
 impl Mr {
+    /// The registered application buffer ([`Pd::reg_mr`]), if it is one.
+    #[inline]
+    fn buffer(&self) -> Option<&UserView> {
+        match self.user.as_deref() {
+            Some(Outside::Buffer(u)) => Some(u),
+            _ => None,
+        }
+    }
+
+    /// The application's address of pages moved onto the arena ([`Pd::reg_mr_in_place`]).
+    fn moved(&self) -> Option<usize> {
+        match self.user.as_deref() {
+            Some(Outside::Moved(addr)) => Some(*addr),
+            _ => None,
+        }
+    }
+
     /// The memory and offset of the region's byte 0: its buffer, or its arena block.
     fn bytes(&self) -> (&Mem, u64) {
-        match &self.user {
+        match self.buffer() {
             Some(u) => (&u.mem, 0),
             None => (&self.mem, self.off),
         }
@@ -625,7 +638,7 @@ impl Mr {
 
     /// The local offset the engine writes byte `offset` of the region at.
     pub(crate) fn dst_off(&self, offset: u64) -> u64 {
-        match self.user {
+        match self.buffer() {
             Some(_) => crate::tables::mr::user_off(self.index, offset),
             None => self.off + offset,
         }
@@ -635,7 +648,7 @@ impl Mr {
     /// are copied into the shadow now for a registered buffer.
     #[inline]
     pub(crate) fn src_off(&self, offset: u64, len: u64) -> Result<u64> {
-        if let Some(u) = &self.user {
+        if let Some(u) = self.buffer() {
             self.fill_shadow(u, offset, len)?;
         }
         Ok(self.off + offset)
@@ -662,8 +675,8 @@ impl Mr {
     /// The region's start address in this process, which peers use as the base of their
     /// remote addresses.
     pub fn addr(&self) -> u64 {
-        if let Some(m) = &self.moved {
-            return m.addr as u64;
+        if let Some(m) = self.moved() {
+            return m as u64;
         }
         let (mem, off) = self.bytes();
         mem.base_addr() + off
@@ -807,7 +820,7 @@ impl Mr {
         if self.access.remote_writable() || via_window {
             return Err(Error::MrRemoteWritable { key: self.key });
         }
-        if self.moved.is_some() {
+        if self.moved().is_some() {
             return Err(Error::invalid(
                 "as_mut_slice",
                 "this region is the application's own memory moved onto the arena \
@@ -822,7 +835,7 @@ impl Mr {
                  regions may overlap): use your mapping, or read_at/write_at",
             ));
         }
-        if let Some(u) = &self.user {
+        if let Some(u) = self.buffer() {
             let remote_read = self.access.contains(AccessFlags::REMOTE_READ)
                 || self.access.contains(AccessFlags::MW_BIND);
             if !u.exclusive || remote_read {
@@ -885,16 +898,15 @@ impl Drop for Mr {
         // with the block's bytes; should the kernel refuse, the block stays allocated
         // (the application's range still maps it) and only the key dies.
         let mut keep_block = false;
-        if let Some(m) = &self.moved {
+        if let Some(m) = self.moved() {
             let block = (self.mem.base_addr() + self.off) as *const u8;
-            // SAFETY: the block is this region's, still allocated (freed below); `m.addr`
+            // SAFETY: the block is this region's, still allocated (freed below); `m`
             // is the application's range that `reg_mr_in_place`'s caller vouched for
             // until the region is gone, which is now.
-            let back =
-                unsafe { super::remap::move_back(block, m.addr as *mut u8, self.len as usize) };
+            let back = unsafe { super::remap::move_back(block, m as *mut u8, self.len as usize) };
             keep_block = back.is_err();
             if !keep_block {
-                super::remap::unclaim(m.addr);
+                super::remap::unclaim(m);
             }
         }
         self.shared.engine.with(|e| {
