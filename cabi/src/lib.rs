@@ -20,7 +20,7 @@
 //! |---|---|---|
 //! | `ibv_context` (inside `verbs_context`) | [`context::CtxObj`] | [`shmhca::Context`] (poll mode, see [`progress`]), the L_Key table ([`mrkeys`]), LID/GID |
 //! | `ibv_pd` | [`objects::PdObj`] | [`shmhca::Pd`] |
-//! | `ibv_mr` | [`objects::MrObj`] | [`shmhca::UserMr`] over the program's memory ([`shmhca::RawBuffer`]) |
+//! | `ibv_mr` | [`objects::MrObj`] | [`objects::MrRegion`]: a [`shmhca::UserMr`] over the program's memory ([`shmhca::RawBuffer`]), or with `SHMHCA_VERBS_ZERO_COPY=1` its whole pages moved onto the arena ([`shmhca::Pd::reg_mr_in_place`]) |
 //! | `ibv_cq` | [`objects::CqObj`] | [`shmhca::Cq`] |
 //! | `ibv_comp_channel` | [`objects::ChanObj`] | [`shmhca::CompChannel`] and its CQs by number |
 //! | `ibv_srq` | [`objects::SrqObj`] | [`shmhca::Srq`] |

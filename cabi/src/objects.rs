@@ -8,7 +8,7 @@ use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use shmhca::{AccessFlags, CompChannel, Cq, Mw, MwType, Pd, RawBuffer, Srq, UserMr};
+use shmhca::{AccessFlags, CompChannel, Cq, Mr, Mw, MwType, Pd, RawBuffer, Srq, UserMr};
 
 use crate::context::{CtxObj, ctx_of};
 use crate::ffi::*;
@@ -86,7 +86,66 @@ pub struct MrObj {
     /// What C sees.
     pub mr: ibv_mr,
     /// The Rust region.
-    pub rust: UserMr<RawBuffer>,
+    pub rust: MrRegion,
+}
+
+/// How the program's memory behind an `ibv_mr` is registered.
+pub enum MrRegion {
+    /// As a registered buffer ([`shmhca::Pd::reg_mr`]): written in place, and what peers
+    /// read (Send and RDMA Write sources, RDMA Read responses) copied to a shadow in the
+    /// arena first.
+    Shadowed(UserMr<RawBuffer>),
+    /// Its whole pages moved onto the protection domain's arena in place
+    /// ([`shmhca::Pd::reg_mr_in_place`], with `SHMHCA_VERBS_ZERO_COPY=1`): no copy at all.
+    Moved(Mr),
+}
+
+impl std::ops::Deref for MrRegion {
+    type Target = Mr;
+    #[inline]
+    fn deref(&self) -> &Mr {
+        match self {
+            MrRegion::Shadowed(u) => u,
+            MrRegion::Moved(m) => m,
+        }
+    }
+}
+
+/// With `SHMHCA_VERBS_ZERO_COPY=1`, moves the program's page-aligned whole pages onto the
+/// domain's arena; `None` (the reason on stderr with `SHMHCA_VERBS_DEBUG`) when it does not
+/// apply or the engine refuses, for the caller to register a shadowed buffer instead.
+///
+/// # Safety
+/// `addr..addr + len` is the program's memory, mapped read/write, which verbs' contract
+/// keeps mapped until `ibv_dereg_mr` and which the program does not use during
+/// `ibv_reg_mr`.
+unsafe fn reg_moved(pd: &Pd, addr: *mut c_void, len: usize, access: AccessFlags) -> Option<Mr> {
+    const PAGE: usize = 4096;
+    if !crate::progress::zero_copy() || addr as usize % PAGE != 0 || len % PAGE != 0 {
+        return None;
+    }
+    let debug = std::env::var_os("SHMHCA_VERBS_DEBUG").is_some();
+    // SAFETY: the caller's contract, which is `reg_mr_in_place`'s.
+    match unsafe { pd.reg_mr_in_place(addr.cast(), len as u64, access) } {
+        Ok(mr) => {
+            if debug {
+                eprintln!(
+                    "shmhca: ibv_reg_mr: {len} bytes at {addr:p} moved onto the arena in place \
+                     (zero copy)"
+                );
+            }
+            Some(mr)
+        }
+        Err(e) => {
+            if debug {
+                eprintln!(
+                    "shmhca: ibv_reg_mr: {len} bytes at {addr:p} registered with a shadow, not \
+                     in place: {e}"
+                );
+            }
+            None
+        }
+    }
 }
 
 /// The access flags verbs defines that shmhca has; `None` (and one stderr line) for those it
@@ -160,9 +219,17 @@ unsafe fn reg(
             }
         };
         // SAFETY: verbs' contract: the program keeps the memory mapped while it is
-        // registered (until ibv_dereg_mr, which hands it back through into_inner).
-        let buf = unsafe { RawBuffer::new(addr.cast(), len) };
-        match p.rust.reg_mr(buf, access) {
+        // registered, and does not use it while registering it.
+        let rust = match unsafe { reg_moved(&p.rust, addr, len, access) } {
+            Some(mr) => Ok(MrRegion::Moved(mr)),
+            None => {
+                // SAFETY: verbs' contract: the program keeps the memory mapped while it is
+                // registered (until ibv_dereg_mr, which hands it back through into_inner).
+                let buf = unsafe { RawBuffer::new(addr.cast(), len) };
+                p.rust.reg_mr(buf, access).map(MrRegion::Shadowed)
+            }
+        };
+        match rust {
             Ok(rust) => {
                 let (lkey, rkey) = (rust.lkey(), rust.rkey());
                 let m = boxed(MrObj {
@@ -245,22 +312,28 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             c.mrs.remove(key);
         }
         let MrObj { mr: cmr, rust } = m;
-        match rust.into_inner() {
-            Ok(_buf) => {
+        // A moved region gives the program private pages back (with their bytes) as it
+        // goes; a shadowed one hands back the buffer, which is the program's.
+        let done = match rust {
+            MrRegion::Shadowed(u) => u.into_inner().map(drop).map_err(|r| {
+                let e = fail("ibv_dereg_mr", r.error());
+                (e, MrRegion::Shadowed(r.into_value()))
+            }),
+            MrRegion::Moved(m) => m.deregister().map_err(|r| {
+                let e = fail("ibv_dereg_mr", r.error());
+                (e, MrRegion::Moved(r.into_value()))
+            }),
+        };
+        match done {
+            Ok(()) => {
                 // SAFETY: the allocation Box::into_raw made; its value was moved out above.
                 drop(unsafe { Box::from_raw(p.cast::<std::mem::MaybeUninit<MrObj>>()) });
                 0 // the memory is the program's: nothing else to free
             }
-            Err(refused) => {
+            Err((e, rust)) => {
                 // Still in use (EBUSY): the region stays registered, at the same address.
-                let e = fail("ibv_dereg_mr", refused.error());
                 // SAFETY: the place the object was read from, still allocated.
-                unsafe {
-                    p.write(MrObj {
-                        mr: cmr,
-                        rust: refused.into_value(),
-                    })
-                };
+                unsafe { p.write(MrObj { mr: cmr, rust }) };
                 if let Some(c) = c {
                     c.mrs.insert(key, p);
                 }

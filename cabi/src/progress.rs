@@ -5,6 +5,8 @@
 //! the environment says otherwise: `SHMHCA_VERBS_MODE=inline` (the program's verb calls
 //! run the engine, with shmhca's progress helper), `SHMHCA_VERBS_IDLE=spin`,
 //! `SHMHCA_VERBS_SPINS`, `SHMHCA_VERBS_MAX_SLEEP_US`, `SHMHCA_VERBS_CPU` (pin the engine).
+//! The same place reads the other process-wide settings: `SHMHCA_VERBS_HUGE_PAGES` and
+//! `SHMHCA_VERBS_ZERO_COPY` ([`zero_copy`]).
 //!
 //! A program that busy-polls its completion queue drives the engine itself: the engine
 //! thread steps back while the polls keep coming (`shmhca`'s poll mode does that for any
@@ -52,4 +54,15 @@ pub fn huge_pages() -> shmhca_rings::segment::HugePages {
         Ok("1") => shmhca_rings::segment::HugePages::Auto,
         _ => shmhca_rings::segment::HugePages::Never,
     }
+}
+
+/// Whether `ibv_reg_mr` moves page-aligned buffers of whole pages onto the protection
+/// domain's arena in place, for zero copy (`SHMHCA_VERBS_ZERO_COPY=1`; read once per
+/// process). See [`shmhca::Pd::reg_mr_in_place`]: such a buffer becomes readable by the
+/// processes of connected peers, like any arena region. Any other buffer, or one the
+/// engine refuses to move, is registered as today (a shadow in the arena for what peers
+/// read).
+pub fn zero_copy() -> bool {
+    static ZERO_COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ZERO_COPY.get_or_init(|| std::env::var("SHMHCA_VERBS_ZERO_COPY").as_deref() == Ok("1"))
 }

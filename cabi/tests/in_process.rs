@@ -753,3 +753,146 @@ fn async_events_come_through_the_c_abi_with_their_objects() {
         }
     }
 }
+
+/// The line of `/proc/self/maps` of the mapping holding `addr`.
+fn mapping_of(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find(|l| {
+            let range = l.split_whitespace().next().unwrap();
+            let (lo, hi) = range.split_once('-').unwrap();
+            let lo = usize::from_str_radix(lo, 16).unwrap();
+            let hi = usize::from_str_radix(hi, 16).unwrap();
+            (lo..hi).contains(&addr)
+        })
+        .unwrap_or_else(|| panic!("no mapping holds {addr:#x}"))
+        .to_owned()
+}
+
+/// The child's half of [`zero_copy_registration_moves_whole_pages_onto_the_arena`]: does
+/// nothing unless started by it (the library reads `SHMHCA_VERBS_ZERO_COPY` once per
+/// process, so the opt-in is tested in a process of its own).
+#[test]
+fn zero_copy_child() {
+    if std::env::var_os("SHMHCA_TEST_ZERO_COPY_CHILD").is_none() {
+        return;
+    }
+    const LEN: usize = 4 * 4096;
+    let access =
+        (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) as c_int;
+    let a = side(access, false);
+    let mut b = side(access, false);
+    connect(&a, &b);
+    // SAFETY: our objects; `buf` is a private anonymous mapping of LEN bytes this test owns
+    // and touches only through raw pointers; requests' lists live across the calls.
+    unsafe {
+        let buf = libc::mmap(
+            ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+        .cast::<u8>();
+        assert_ne!(buf, libc::MAP_FAILED.cast());
+        for i in 0..LEN {
+            *buf.add(i) = (i % 251) as u8;
+        }
+        let mr = ibv_reg_mr(a.pd, buf.cast(), LEN, access);
+        assert!(!mr.is_null());
+        assert_eq!((*mr).addr, buf.cast());
+        let map = mapping_of(buf as usize);
+        assert!(
+            map.contains("shmhca-arena"),
+            "not moved onto the arena: {map}"
+        );
+        for i in 0..LEN {
+            assert_eq!(*buf.add(i), (i % 251) as u8, "byte {i} after registration");
+        }
+        // A buffer that is not whole pages falls back to a registered buffer with a shadow.
+        let odd = ibv_reg_mr(a.pd, buf.add(64).cast(), 100, access);
+        assert!(!odd.is_null());
+
+        // Send from the moved pages, and RDMA Read of bytes the program wrote since.
+        let post_send_a = ops(a.ctx).post_send.unwrap();
+        let post_send_b = ops(b.ctx).post_send.unwrap();
+        let post_recv = ops(b.ctx).post_recv.unwrap();
+        let mut rl = [sge(&b, 0, 4096)];
+        let mut r: ibv_recv_wr = std::mem::zeroed();
+        r.wr_id = 1;
+        r.sg_list = rl.as_mut_ptr();
+        r.num_sge = 1;
+        let mut bad_r = ptr::null_mut();
+        assert_eq!(post_recv(b.qp, &mut r, &mut bad_r), 0);
+        let mut sl = [ibv_sge {
+            addr: buf as u64 + 4096,
+            length: 4096,
+            lkey: (*mr).lkey,
+        }];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        let mut bad = ptr::null_mut();
+        assert_eq!(post_send_a(a.qp, &mut w, &mut bad), 0);
+        assert_eq!(poll(&a).status, IBV_WC_SUCCESS);
+        assert_eq!(poll(&b).status, IBV_WC_SUCCESS);
+        for i in 0..4096 {
+            assert_eq!(b.buf[i], ((4096 + i) % 251) as u8, "sent byte {i}");
+        }
+        std::ptr::copy_nonoverlapping(b"fresh bytes".as_ptr(), buf.add(8192), 11);
+        let mut sl = [sge(&b, 100, 11)];
+        let mut w = send_wr(&mut sl, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED);
+        w.wr.rdma.remote_addr = buf as u64 + 8192;
+        w.wr.rdma.rkey = (*mr).rkey;
+        assert_eq!(post_send_b(b.qp, &mut w, &mut bad), 0);
+        assert_eq!(poll(&b).status, IBV_WC_SUCCESS);
+        assert_eq!(&b.buf[100..111], b"fresh bytes");
+        b.buf[200..205].copy_from_slice(b"write");
+        let mut sl = [sge(&b, 200, 5)];
+        let mut w = send_wr(&mut sl, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED);
+        w.wr.rdma.remote_addr = buf as u64 + 12288;
+        w.wr.rdma.rkey = (*mr).rkey;
+        assert_eq!(post_send_b(b.qp, &mut w, &mut bad), 0);
+        assert_eq!(poll(&b).status, IBV_WC_SUCCESS);
+        assert_eq!(std::slice::from_raw_parts(buf.add(12288), 5), b"write");
+
+        // Deregistering gives private memory back, with its bytes.
+        assert_eq!(ibv_dereg_mr(odd), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        let map = mapping_of(buf as usize);
+        assert!(!map.contains("shmhca-arena"), "still the arena's: {map}");
+        assert_eq!(
+            std::slice::from_raw_parts(buf.add(8192), 11),
+            b"fresh bytes"
+        );
+        assert_eq!(std::slice::from_raw_parts(buf.add(12288), 5), b"write");
+        *buf = 0xAB;
+        assert_eq!(*buf, 0xAB);
+        assert_eq!(libc::munmap(buf.cast(), LEN), 0);
+    }
+    println!("zero copy child done");
+}
+
+/// `SHMHCA_VERBS_ZERO_COPY=1`: `ibv_reg_mr` of page-aligned whole pages moves them onto
+/// the protection domain's arena in place (Send, RDMA Read and Write work on them; the
+/// program's later writes are what the peer reads), other buffers fall back silently, and
+/// `ibv_dereg_mr` gives private memory back with the bytes. Run in a child process.
+#[test]
+fn zero_copy_registration_moves_whole_pages_onto_the_arena() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "zero_copy_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SHMHCA_TEST_ZERO_COPY_CHILD", "1")
+        .env("SHMHCA_VERBS_ZERO_COPY", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("zero copy child done"),
+        "child failed:\n{stdout}\n{stderr}"
+    );
+}

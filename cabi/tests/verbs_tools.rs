@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{DEADLINE, SERIAL, pair, start, tool};
+use common::{DEADLINE, SERIAL, pair, pair_env, start, tool};
 
 fn lock() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -238,4 +238,24 @@ fn ibv_ud_pingpong_is_refused() {
             .contains("shmhca: UD queue pairs is not supported"),
         "{out}"
     );
+}
+
+/// `SHMHCA_VERBS_ZERO_COPY=1`: perftest's page-aligned whole-page buffers are moved onto
+/// the arena in place (each side's debug line says so) and `ib_write_bw -s 65536` runs.
+#[test]
+fn ib_write_bw_zero_copy() {
+    let Some(p) = tool("ib_write_bw") else { return };
+    let _g = lock();
+    let n = iters(5000, 500);
+    let args = ["-F", "-s", "65536", "-n", &n];
+    let env = [("SHMHCA_VERBS_ZERO_COPY", "1"), ("SHMHCA_VERBS_DEBUG", "1")];
+    let (s, c) = pair_env(&p, &args, &args, &env);
+    assert!(s.ok() && c.ok(), "server: {s}\nclient: {c}");
+    assert!(c.stdout.contains("#bytes"), "no table: {c}");
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(
+            o.stderr.contains("moved onto the arena in place"),
+            "the {who}'s buffer was not registered in place: {o}"
+        );
+    }
 }

@@ -21,6 +21,12 @@
 //!   responder, one response packet at a time. Small messages that go inline in the packet
 //!   are copied once either way.
 //!
+//! Page-aligned memory of whole pages can skip the shadow:
+//! [`Pd::reg_mr_in_place`](crate::Pd::reg_mr_in_place) moves the pages themselves onto an
+//! arena block (copied once, then the range is remapped onto the block, at the same
+//! address), so the region is arena memory like one from `alloc_mr`, readable by connected
+//! peers, until it is dropped and the application gets private pages back.
+//!
 //! Cross-memory attach (`process_vm_readv`, the peer's engine reading my process memory
 //! directly) was rejected: it needs the peer to be allowed to ptrace me, which lets it read
 //! (and write) all of my memory, breaking the security model's "a peer reads only the arenas

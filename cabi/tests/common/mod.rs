@@ -100,6 +100,11 @@ impl std::fmt::Display for Outcome {
 
 /// Starts `prog args…` over shmhca.
 pub(crate) fn start(prog: &Path, args: &[&str]) -> Proc {
+    start_env(prog, args, &[])
+}
+
+/// Starts `prog args…` over shmhca with the variables `env` added to its environment.
+pub(crate) fn start_env(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
     let dir = target_dir();
     let shmhca = dir.join("shmhca");
     let mut cmd = if shmhca.is_file() {
@@ -116,6 +121,7 @@ pub(crate) fn start(prog: &Path, args: &[&str]) -> Proc {
         "no libibverbs.so.1 in {} (the build script links it)",
         dir.display()
     );
+    cmd.envs(env.iter().copied());
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -201,10 +207,20 @@ pub(crate) fn listening(port: u16) -> bool {
 /// (`prog client_args… -p PORT localhost`); returns both outcomes. Both are killed if either
 /// fails to finish in time.
 pub(crate) fn pair(prog: &Path, server_args: &[&str], client_args: &[&str]) -> (Outcome, Outcome) {
+    pair_env(prog, server_args, client_args, &[])
+}
+
+/// [`pair`] with the variables `env` added to both programs' environment.
+pub(crate) fn pair_env(
+    prog: &Path,
+    server_args: &[&str],
+    client_args: &[&str],
+    env: &[(&str, &str)],
+) -> (Outcome, Outcome) {
     let port = free_port().to_string();
     let mut s_args: Vec<&str> = server_args.to_vec();
     s_args.extend(["-p", &port]);
-    let server = start(prog, &s_args);
+    let server = start_env(prog, &s_args, env);
     let t0 = Instant::now();
     while !listening(port.parse().unwrap()) {
         if t0.elapsed() > Duration::from_secs(60) {
@@ -215,7 +231,7 @@ pub(crate) fn pair(prog: &Path, server_args: &[&str], client_args: &[&str]) -> (
     }
     let mut c_args: Vec<&str> = client_args.to_vec();
     c_args.extend(["-p", &port, "localhost"]);
-    let client = start(prog, &c_args);
+    let client = start_env(prog, &c_args, env);
     let c = client.wait(DEADLINE);
     let s = server.wait(if c.ok() {
         DEADLINE

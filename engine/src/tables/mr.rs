@@ -293,10 +293,19 @@ impl MrTable {
     /// Frees a dead entry's block in its arena, and the arena's hold on it.
     fn free_entry(&mut self, index: u32, pds: &mut PdArenas) {
         if let Some(e) = self.entries.remove_at(index) {
-            if let Some(arena) = pds.get_mut(e.pd) {
+            if let Some(arena) = pds.get_mut(e.pd).filter(|_| e.block.len != 0) {
                 arena.free(e.block);
             }
             pds.unhold(e.pd);
+        }
+    }
+
+    /// Makes entry `index` leave its block allocated when it is freed (a region moved onto
+    /// the arena whose pages could not be given back to the application: they still map
+    /// the block, which must never be handed out again).
+    pub(crate) fn keep_block(&mut self, index: u32) {
+        if let Some(e) = self.entries.at_mut(index) {
+            e.block.len = 0;
         }
     }
 

@@ -75,6 +75,7 @@ pub(crate) mod loopback;
 pub(crate) mod mr;
 pub(crate) mod mw;
 pub(crate) mod qp;
+mod remap;
 pub(crate) mod srq;
 pub mod wr;
 

@@ -218,10 +218,10 @@ impl Pd {
                 access,
                 pdn,
                 inflight: shared_mr,
-                user: Some(Box::new(UserView {
+                user: Some(Box::new(Outside::Buffer(UserView {
                     mem: view,
                     exclusive,
-                })),
+                }))),
                 in_place: false,
             },
             owner,
@@ -313,6 +313,216 @@ impl Pd {
         })
     }
 
+    /// Registers the application's own memory `addr..addr + len` with zero copy, by
+    /// moving its pages onto the domain's arena *in place*: the bytes are copied once into
+    /// a page-aligned arena block, and the range at `addr` then becomes a second mapping of
+    /// that block, so the application keeps using the same addresses and the same bytes,
+    /// which are now arena memory. The region then works exactly like one from
+    /// [`Pd::alloc_mr`] (Sends, RDMA Writes and a peer's RDMA Reads take the bytes with no
+    /// shadow copy) and its address ([`Mr::addr`]) is `addr`.
+    ///
+    /// What this exposes: like every arena region, the bytes become readable (never
+    /// writable) by the processes of peers connected to a QP of this domain, whatever the
+    /// region's access rights.
+    ///
+    /// Dropping or deregistering the region gives the application private memory back at
+    /// `addr` (fresh anonymous pages, read/write) holding the region's current bytes, and
+    /// frees the block. A remote write that lands after that is lost, as with any
+    /// deregistered region.
+    ///
+    /// # Safety
+    /// `addr..addr + len` is memory the caller owns, mapped read/write, that nothing else
+    /// uses during this call (no other thread, no Rust reference, no I/O in progress), and
+    /// that the caller does not unmap, remap or free while the region lives. Its pages are
+    /// replaced twice (here and when the region is dropped): a mapping with special
+    /// properties there (a file mapping, locked or shared memory) loses them and ends up
+    /// private anonymous memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `addr` or `len` is not a multiple of the 4 KiB page
+    /// size (or `len` is 0 or above 2 GiB), the system or the domain's arena does not use
+    /// 4 KiB pages (a huge-page arena), remote write or atomic access lacks `LOCAL_WRITE`,
+    /// or the kernel refuses the remapping; [`Error::ArenaExhausted`] when the arena has
+    /// no room for `len` bytes; [`Error::LimitReached`] past 2^24 regions. On every error
+    /// the memory at `addr` holds its bytes as before (private memory).
+    ///
+    /// ```
+    /// use shmhca::{AccessFlags, Context, EngineMode};
+    ///
+    /// let ctx = Context::builder()
+    ///     .mode(EngineMode::Inline)
+    ///     .arena_size(1 << 20)
+    ///     .huge_pages(shmhca_rings::HugePages::Never) // a huge-page arena is refused
+    ///     .build()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mut buf = memmap2::MmapMut::map_anon(8192).expect("mmap");
+    /// buf[0] = 42;
+    /// // SAFETY: the mapping is ours, untouched during the call, and outlives the region.
+    /// let mr = unsafe { pd.reg_mr_in_place(buf.as_mut_ptr(), 8192, AccessFlags::LOCAL_WRITE)? };
+    /// assert_eq!(mr.addr(), buf.as_ptr() as u64);
+    /// assert_eq!(mr.load_u64(0)? & 0xff, 42);
+    /// drop(mr); // private memory again, with its bytes
+    /// assert_eq!(buf[0], 42);
+    /// # Ok::<(), shmhca::Error>(())
+    /// ```
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr_in_place(
+        &self,
+        addr: *mut u8,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        const PAGE: u64 = 4096;
+        let what = "reg_mr_in_place";
+        if len == 0 || len > MAX_MESSAGE {
+            return Err(Error::invalid(
+                what,
+                format!("length {len}; a region holds 1 byte to 2 GiB"),
+            ));
+        }
+        if addr as u64 % PAGE != 0 {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "address {addr:p} is not page-aligned: only whole 4 KiB pages can be moved \
+                     onto the arena (use reg_mr for other memory)"
+                ),
+            ));
+        }
+        if len % PAGE != 0 {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "length {len} is not a multiple of the 4 KiB page size: only whole pages \
+                     can be moved onto the arena (use reg_mr for other memory)"
+                ),
+            ));
+        }
+        let system_page = rustix::param::page_size() as u64;
+        if system_page != PAGE {
+            return Err(Error::invalid(
+                what,
+                format!("the system page size is {system_page} bytes, not 4 KiB"),
+            ));
+        }
+        check_access(access)?;
+        if !super::remap::claim(addr as usize, len as usize) {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "bytes {addr:p}+{len} overlap pages another region already moved onto an \
+                     arena (register them once, or use reg_mr)"
+                ),
+            ));
+        }
+        // SAFETY: forwarded: the caller's contract.
+        let r = unsafe { self.move_in_place(addr, len, access) };
+        if r.is_err() {
+            super::remap::unclaim(addr as usize);
+        }
+        r
+    }
+
+    /// [`Pd::reg_mr_in_place`] once the range is checked and claimed.
+    ///
+    /// # Safety
+    /// As [`Pd::reg_mr_in_place`].
+    #[allow(unsafe_code)]
+    unsafe fn move_in_place(&self, addr: *mut u8, len: u64, access: AccessFlags) -> Result<Mr> {
+        const PAGE: u64 = 4096;
+        let what = "reg_mr_in_place";
+        let shared_mr = Arc::new(MrShared::default());
+        let pdn = self.pdn;
+        let base = self.mem.base_addr();
+        // A page-aligned block, whose offset in the memfd is page-aligned too.
+        let block = self.shared.engine.with(|e| {
+            let arena = e.res.pds.get_mut(pdn).ok_or(Error::ForeignObject {
+                what: "the protection domain",
+            })?;
+            let seg = arena.segment();
+            if seg.page_size() != shmhca_rings::segment::PageSize::Base4K {
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "the protection domain's arena uses {:?} pages: its pages cannot \
+                         stand in for the program's 4 KiB pages (use reg_mr, or an arena \
+                         without huge pages)",
+                        seg.page_size()
+                    ),
+                ));
+            }
+            let data_off = if seg.has_header() {
+                shmhca_rings::segment::HEADER_LEN as u64
+            } else {
+                0
+            };
+            let block = arena.alloc(len, PAGE)?;
+            let file_off = data_off + block.off;
+            if file_off % PAGE != 0 || (base + block.off) % PAGE != 0 {
+                arena.free(block);
+                return Err(Error::invalid(
+                    what,
+                    format!("the arena block at memfd offset {file_off} is not page-aligned"),
+                ));
+            }
+            Ok(block)
+        })?;
+        let block_ptr = (base + block.off) as *mut u8;
+        let free = |b: crate::arena::Block| {
+            self.shared.engine.with(|e| {
+                if let Some(arena) = e.res.pds.get_mut(pdn) {
+                    arena.free(b);
+                }
+            });
+        };
+        // SAFETY: the block is ours (just allocated, not registered: nothing reads or
+        // writes it) and lies in the arena's writable shared mapping, which `self` keeps
+        // alive; `addr..addr + len` is the caller's, as its contract says; both are
+        // page-aligned (checked above) and `len` is a multiple of the page size.
+        let moved = unsafe { super::remap::move_onto_arena(block_ptr, addr, len as usize) };
+        if let Err(err) = moved {
+            free(block);
+            return Err(Error::invalid(
+                what,
+                format!("the kernel refused to remap the pages at {addr:p}: {err}"),
+            ));
+        }
+        let sm = shared_mr.clone();
+        let va = addr as u64;
+        let done = self.shared.engine.with(|e| {
+            let crate::context::Resources { mrs, pds, .. } = &mut e.res;
+            let ik = mrs.insert(pdn, access, block, len, va, sm);
+            if ik.is_some() {
+                pds.hold(pdn);
+            }
+            ik
+        });
+        let Some((index, key)) = done else {
+            // SAFETY: as above; the block holds the bytes and nothing else knows it.
+            let back = unsafe { super::remap::move_back(block_ptr, addr, len as usize) };
+            if back.is_ok() {
+                free(block);
+            }
+            return Err(Error::LimitReached {
+                what: "memory regions in one context",
+                limit: crate::tables::mr::MAX_MRS,
+            });
+        };
+        Ok(Mr {
+            shared: self.shared.clone(),
+            mem: self.mem.clone(),
+            index,
+            key,
+            off: block.off,
+            len,
+            access,
+            pdn,
+            inflight: shared_mr,
+            user: Some(Box::new(Outside::Moved(addr as usize))),
+            in_place: false,
+        })
+    }
+
     pub(crate) fn same_context(&self, shared: &Arc<Device>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
@@ -377,10 +587,20 @@ pub struct Mr {
     access: AccessFlags,
     pub(crate) pdn: u32,
     pub(crate) inflight: Arc<MrShared>,
-    /// A registered application buffer ([`Pd::reg_mr`]); `off` is then its shadow's.
-    user: Option<Box<UserView>>,
+    /// The application's memory behind the region, if it is not only an arena block.
+    user: Option<Box<Outside>>,
     /// Registered in place over the application's memfd ([`Pd::reg_mr_at`]).
     in_place: bool,
+}
+
+/// The application's memory behind a region (boxed: regions of `alloc_mr` carry none).
+enum Outside {
+    /// A registered application buffer ([`Pd::reg_mr`]); the region's `off` is its
+    /// shadow's.
+    Buffer(UserView),
+    /// The address of the application's pages moved onto the region's arena block
+    /// ([`Pd::reg_mr_in_place`]): a mapping of the block until the region is dropped.
+    Moved(usize),
 }
 
 /// The application's view of a registered buffer.
@@ -391,9 +611,26 @@ struct UserView {
 }
 
 impl Mr {
+    /// The registered application buffer ([`Pd::reg_mr`]), if it is one.
+    #[inline]
+    fn buffer(&self) -> Option<&UserView> {
+        match self.user.as_deref() {
+            Some(Outside::Buffer(u)) => Some(u),
+            _ => None,
+        }
+    }
+
+    /// The application's address of pages moved onto the arena ([`Pd::reg_mr_in_place`]).
+    fn moved(&self) -> Option<usize> {
+        match self.user.as_deref() {
+            Some(Outside::Moved(addr)) => Some(*addr),
+            _ => None,
+        }
+    }
+
     /// The memory and offset of the region's byte 0: its buffer, or its arena block.
     fn bytes(&self) -> (&Mem, u64) {
-        match &self.user {
+        match self.buffer() {
             Some(u) => (&u.mem, 0),
             None => (&self.mem, self.off),
         }
@@ -401,7 +638,7 @@ impl Mr {
 
     /// The local offset the engine writes byte `offset` of the region at.
     pub(crate) fn dst_off(&self, offset: u64) -> u64 {
-        match self.user {
+        match self.buffer() {
             Some(_) => crate::tables::mr::user_off(self.index, offset),
             None => self.off + offset,
         }
@@ -411,7 +648,7 @@ impl Mr {
     /// are copied into the shadow now for a registered buffer.
     #[inline]
     pub(crate) fn src_off(&self, offset: u64, len: u64) -> Result<u64> {
-        if let Some(u) = &self.user {
+        if let Some(u) = self.buffer() {
             self.fill_shadow(u, offset, len)?;
         }
         Ok(self.off + offset)
@@ -438,6 +675,9 @@ impl Mr {
     /// The region's start address in this process, which peers use as the base of their
     /// remote addresses.
     pub fn addr(&self) -> u64 {
+        if let Some(m) = self.moved() {
+            return m as u64;
+        }
         let (mem, off) = self.bytes();
         mem.base_addr() + off
     }
@@ -580,6 +820,14 @@ impl Mr {
         if self.access.remote_writable() || via_window {
             return Err(Error::MrRemoteWritable { key: self.key });
         }
+        if self.moved().is_some() {
+            return Err(Error::invalid(
+                "as_mut_slice",
+                "this region is the application's own memory moved onto the arena \
+                 (reg_mr_in_place), which its own pointers write: use them, or \
+                 read_at/write_at",
+            ));
+        }
         if self.in_place {
             return Err(Error::invalid(
                 "as_mut_slice",
@@ -587,7 +835,7 @@ impl Mr {
                  regions may overlap): use your mapping, or read_at/write_at",
             ));
         }
-        if let Some(u) = &self.user {
+        if let Some(u) = self.buffer() {
             let remote_read = self.access.contains(AccessFlags::REMOTE_READ)
                 || self.access.contains(AccessFlags::MW_BIND);
             if !u.exclusive || remote_read {
@@ -643,11 +891,30 @@ impl Mr {
 }
 
 impl Drop for Mr {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         let (index, key) = (self.index, self.key);
+        // Pages moved onto the arena go back to the application first, as private memory
+        // with the block's bytes; should the kernel refuse, the block stays allocated
+        // (the application's range still maps it) and only the key dies.
+        let mut keep_block = false;
+        if let Some(m) = self.moved() {
+            let block = (self.mem.base_addr() + self.off) as *const u8;
+            // SAFETY: the block is this region's, still allocated (freed below); `m`
+            // is the application's range that `reg_mr_in_place`'s caller vouched for
+            // until the region is gone, which is now.
+            let back = unsafe { super::remap::move_back(block, m as *mut u8, self.len as usize) };
+            keep_block = back.is_err();
+            if !keep_block {
+                super::remap::unclaim(m);
+            }
+        }
         self.shared.engine.with(|e| {
             let crate::context::Resources { mrs, pds, mws, .. } = &mut e.res;
             mws.unbind_region(key);
+            if keep_block {
+                mrs.keep_block(index);
+            }
             mrs.remove(index, pds);
         });
     }
