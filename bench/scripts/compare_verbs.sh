@@ -6,7 +6,8 @@
 # (min-max) of the per-round ratio, against issue 26's targets:
 #   * ib_send_lat -F -s 8 t_typical within 1.1x of shmhca-perf send_lat -s 8;
 #   * ib_send_bw -F -s 8 message rate at least 0.9x of shmhca-perf send_bw -s 8;
-#   * ib_write_bw -F -s 65536 average bandwidth at least 0.9x of shmhca-perf write_bw -s 65536.
+#   * ib_write_bw -F -s 65536 average bandwidth at least 0.9x of shmhca-perf write_bw -s 65536,
+#     with the default registration (a shadow copy per send) and with SHMHCA_VERBS_ZERO_COPY=1.
 #
 #   bench/scripts/compare_verbs.sh            # 3 rounds, release build
 #   ROUNDS=5 ITERS=50000 bench/scripts/compare_verbs.sh
@@ -42,7 +43,7 @@ perf() {
 # column N of a result line (t_typical is 5 for latency; BW average 4, MsgRate 5 for bandwidth)
 col() { awk -v n="$1" '{print $n}'; }
 
-declare -a lat_v lat_p bw_v bw_p big_v big_p
+declare -a lat_v lat_p bw_v bw_p big_v big_p zc_v zc_p
 for r in $(seq 1 "$ROUNDS"); do
     lat_v+=("$(verbs ib_send_lat -s 8 -n "$ITERS" | col 5)")
     lat_p+=("$(perf send_lat -s 8 -n "$ITERS" | col 5)")
@@ -50,7 +51,9 @@ for r in $(seq 1 "$ROUNDS"); do
     bw_p+=("$(perf send_bw -s 8 -n "$((ITERS * 10))" | col 5)")
     big_v+=("$(verbs ib_write_bw -s 65536 -n 5000 | col 4)")
     big_p+=("$(perf write_bw -s 65536 -n 5000 | col 4)")
-    echo "round $r: send_lat ${lat_v[-1]} vs ${lat_p[-1]} us, send_bw ${bw_v[-1]} vs ${bw_p[-1]} Mpps, write_bw 64K ${big_v[-1]} vs ${big_p[-1]} MiB/s"
+    zc_v+=("$(SHMHCA_VERBS_ZERO_COPY=1 verbs ib_write_bw -s 65536 -n 5000 | col 4)")
+    zc_p+=("$(perf write_bw -s 65536 -n 5000 | col 4)")
+    echo "round $r: send_lat ${lat_v[-1]} vs ${lat_p[-1]} us, send_bw ${bw_v[-1]} vs ${bw_p[-1]} Mpps, write_bw 64K ${big_v[-1]} vs ${big_p[-1]} MiB/s, zero copy ${zc_v[-1]} vs ${zc_p[-1]} MiB/s"
 done
 
 # median (min-max) of the given numbers
@@ -67,3 +70,4 @@ echo "--- $ROUNDS rounds, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 report "ib_send_lat -s 8 t_typical" us 1.1 le lat_v lat_p
 report "ib_send_bw -s 8 message rate" Mpps 0.9 ge bw_v bw_p
 report "ib_write_bw -s 65536 BW average" MiB/s 0.9 ge big_v big_p
+report "ib_write_bw -s 65536 BW average, SHMHCA_VERBS_ZERO_COPY=1" MiB/s 0.9 ge zc_v zc_p

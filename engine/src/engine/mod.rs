@@ -1409,7 +1409,7 @@ impl Engine {
         }
         if on_srq {
             if let Some(q) = self.qps.at_mut(index) {
-                q.last_wqe_reached(&mut self.res.env());
+                q.last_wqe_reached(&self.res.env());
             }
         }
         true
