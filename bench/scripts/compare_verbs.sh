@@ -19,7 +19,9 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:-20000}
 command -v ib_send_lat >/dev/null || { echo "compare_verbs.sh: perftest is not installed (apt-get install -y perftest)" >&2; exit 1; }
-cargo build --release -q -p shmhca-verbs -p shmhca-tools -p shmhca-bench --bin shmhca-perf
+# (Two builds: `--bin` would limit the first to that binary, leaving libibverbs.so.1 stale.)
+cargo build --release -q -p shmhca-verbs -p shmhca-tools
+cargo build --release -q -p shmhca-bench --bin shmhca-perf
 SHMHCA=target/release/shmhca
 PERF=target/release/shmhca-perf
 out=$(mktemp -d)
@@ -47,12 +49,12 @@ declare -a lat_v lat_p bw_v bw_p big_v big_p zc_v zc_p
 for r in $(seq 1 "$ROUNDS"); do
     lat_v+=("$(verbs ib_send_lat -s 8 -n "$ITERS" | col 5)")
     lat_p+=("$(perf send_lat -s 8 -n "$ITERS" | col 5)")
-    bw_v+=("$(verbs ib_send_bw -s 8 -n "$((ITERS * 10))" | col 5)")
-    bw_p+=("$(perf send_bw -s 8 -n "$((ITERS * 10))" | col 5)")
-    big_v+=("$(verbs ib_write_bw -s 65536 -n 5000 | col 4)")
-    big_p+=("$(perf write_bw -s 65536 -n 5000 | col 4)")
-    zc_v+=("$(SHMHCA_VERBS_ZERO_COPY=1 verbs ib_write_bw -s 65536 -n 5000 | col 4)")
-    zc_p+=("$(perf write_bw -s 65536 -n 5000 | col 4)")
+    bw_v+=("$(verbs ib_send_bw -s 8 -n "$((ITERS * 100))" | col 5)")
+    bw_p+=("$(perf send_bw -s 8 -n "$((ITERS * 100))" | col 5)")
+    big_v+=("$(verbs ib_write_bw -s 65536 -n "$((ITERS * 2))" | col 4)")
+    big_p+=("$(perf write_bw -s 65536 -n "$((ITERS * 2))" | col 4)")
+    zc_v+=("$(SHMHCA_VERBS_ZERO_COPY=1 verbs ib_write_bw -s 65536 -n "$((ITERS * 2))" | col 4)")
+    zc_p+=("$(perf write_bw -s 65536 -n "$((ITERS * 2))" | col 4)")
     echo "round $r: send_lat ${lat_v[-1]} vs ${lat_p[-1]} us, send_bw ${bw_v[-1]} vs ${bw_p[-1]} Mpps, write_bw 64K ${big_v[-1]} vs ${big_p[-1]} MiB/s, zero copy ${zc_v[-1]} vs ${zc_p[-1]} MiB/s"
 done
 
