@@ -621,6 +621,7 @@ impl Mr {
     }
 
     /// The application's address of pages moved onto the arena ([`Pd::reg_mr_in_place`]).
+    #[inline]
     fn moved(&self) -> Option<usize> {
         match self.user.as_deref() {
             Some(Outside::Moved(addr)) => Some(*addr),
@@ -629,6 +630,7 @@ impl Mr {
     }
 
     /// The memory and offset of the region's byte 0: its buffer, or its arena block.
+    #[inline]
     fn bytes(&self) -> (&Mem, u64) {
         match self.buffer() {
             Some(u) => (&u.mem, 0),
@@ -637,6 +639,7 @@ impl Mr {
     }
 
     /// The local offset the engine writes byte `offset` of the region at.
+    #[inline]
     pub(crate) fn dst_off(&self, offset: u64) -> u64 {
         match self.buffer() {
             Some(_) => crate::tables::mr::user_off(self.index, offset),
@@ -674,12 +677,13 @@ impl Mr {
 
     /// The region's start address in this process, which peers use as the base of their
     /// remote addresses.
+    #[inline]
     pub fn addr(&self) -> u64 {
-        if let Some(m) = self.moved() {
-            return m as u64;
+        match self.user.as_deref() {
+            None => self.mem.base_addr() + self.off,
+            Some(Outside::Buffer(u)) => u.mem.base_addr(),
+            Some(Outside::Moved(m)) => *m as u64,
         }
-        let (mem, off) = self.bytes();
-        mem.base_addr() + off
     }
 
     /// Length in bytes.
