@@ -679,6 +679,14 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     })
 }
 
+/// Takes the object at `p` out of a context's list (QPs or SRQs); the async events
+/// reported for it (0 if it was not listed).
+pub(crate) fn unlink(list: &std::sync::Mutex<Vec<(u32, usize, u32)>>, p: usize) -> u32 {
+    let mut l = list.lock().unwrap_or_else(|e| e.into_inner());
+    let i = l.iter().position(|e| e.1 == p);
+    i.map_or(0, |i| l.swap_remove(i).2)
+}
+
 /// Waits until the program has acknowledged `reported` async events of an object being
 /// destroyed (`completed`, its `events_completed`, counted by [`ibv_ack_async_event`] under
 /// the object's `mutex`), as rdma-core's destroy calls do: the program may still hold the

@@ -722,11 +722,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         match rust.destroy() {
             Ok(()) => {
                 // SAFETY: the SRQ's context is ours and outlives it.
-                let reported = unsafe { crate::context::ctx_of(context) }.map_or(0, |ctx| {
-                    let mut srqs = ctx.srqs.lock().unwrap_or_else(|e| e.into_inner());
-                    let i = srqs.iter().position(|e| e.1 == p as usize);
-                    i.map_or(0, |i| srqs.swap_remove(i).2)
-                });
+                let reported = unsafe { crate::context::ctx_of(context) }
+                    .map_or(0, |ctx| crate::context::unlink(&ctx.srqs, p as usize));
                 // SAFETY: the SRQ's C part is still in place (only its Rust queue was moved
                 // out): its mutex, condition and count are live until freed below.
                 unsafe {

@@ -435,11 +435,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: a QpObj of ours, given up by the caller; a QP's context outlives it.
         let c = unsafe { &*(*qp.cast::<QpObj>()).ctx };
-        let reported = {
-            let mut qps = c.qps.lock().unwrap_or_else(|e| e.into_inner());
-            let i = qps.iter().position(|e| e.1 == qp as usize);
-            i.map_or(0, |i| qps.swap_remove(i).2)
-        };
+        let reported = crate::context::unlink(&c.qps, qp as usize);
         // SAFETY: the QP's own mutex, condition and count (the object is freed only below).
         unsafe {
             crate::context::wait_for_acks(

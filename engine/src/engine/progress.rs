@@ -364,15 +364,18 @@ mod step_back_tests {
         let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
         let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
+        let busy_poll_until_it_steps_back = |cq: &mut crate::Cq| {
+            let start = Instant::now();
+            while !drives() {
+                assert!(cq.poll_one().is_none());
+                assert!(
+                    start.elapsed() < LONG,
+                    "the engine thread never stepped back"
+                );
+            }
+        };
         // Busy polling an empty CQ: the thread steps back.
-        let start = Instant::now();
-        while !drives() {
-            assert!(cq.poll_one().is_none());
-            assert!(
-                start.elapsed() < LONG,
-                "the engine thread never stepped back"
-            );
-        }
+        busy_poll_until_it_steps_back(&mut cq);
         // Stepped back, a post and the application's polls carry a message through (the
         // thread sleeps its step meanwhile: whoever moves it, it arrives).
         b.post_recv(&RecvWr::new(1, &[mr.sge(0, 8).unwrap()]))
@@ -393,14 +396,7 @@ mod step_back_tests {
             assert!(start.elapsed() < LONG, "the engine thread never came back");
         }
         // Back to busy polling, then a wait: the thread is called back at once.
-        let start = Instant::now();
-        while !drives() {
-            assert!(cq.poll_one().is_none());
-            assert!(
-                start.elapsed() < LONG,
-                "the engine thread never stepped back"
-            );
-        }
+        busy_poll_until_it_steps_back(&mut cq);
         assert!(!cq.wait(Duration::from_millis(1)).unwrap());
         assert!(!drives(), "a wait brings the engine thread back");
     }
