@@ -212,6 +212,50 @@ fn attached(shared: &Arc<Device>, id: LinkId, page: OwnedFd, trace_id: u32) -> R
     Ok(())
 }
 
+/// The engine of the peer at LID `lid` agreed on a link with this one: which, under
+/// what token.
+struct Agreed {
+    lid: u16,
+    token: u64,
+    identity: u64,
+}
+
+/// Maps the agreed link (the segment made here, this side its creator, or received from
+/// the peer), adds it to the engine as a fabric link (its QPs outlive a lost peer for the
+/// grace: [`OnPeerLoss::FailNextRequest`]) and lists it in the fabric's table as up.
+fn up_link(
+    shared: &Arc<Device>,
+    fabric: &Fabric,
+    peer: Agreed,
+    segment: LinkSegment,
+    peer_page: OwnedFd,
+    trace_id: u32,
+) -> Result<LinkId> {
+    let side = match segment {
+        LinkSegment::Made(_) => Side::Creator,
+        LinkSegment::Received(_) => Side::Opener,
+    };
+    let id = new_link(
+        shared,
+        segment,
+        side,
+        peer_page,
+        trace_id,
+        OnPeerLoss::FailNextRequest,
+    )?;
+    fabric.lock().peers.push(PeerLink {
+        lid: peer.lid,
+        id,
+        token: peer.token,
+        identity: Some(peer.identity),
+        segment: None,
+        socket: None,
+        up: true,
+        down_at: None,
+    });
+    Ok(id)
+}
+
 /// Whether the engine still has link `id` up.
 fn engine_up(shared: &Device, id: LinkId) -> bool {
     shared
@@ -537,27 +581,18 @@ fn attempt(
                     // Taken: the link is up.
                     keep = true;
                     match (made.take(), known) {
-                        (Some((seg, _)), _) => {
-                            let id = new_link(
-                                shared,
-                                LinkSegment::Made(seg),
-                                Side::Creator,
-                                peer_page,
-                                trace_id,
-                                OnPeerLoss::FailNextRequest,
-                            )?;
-                            fabric.lock().peers.push(PeerLink {
+                        (Some((seg, _)), _) => up_link(
+                            shared,
+                            fabric,
+                            Agreed {
                                 lid,
-                                id,
                                 token,
-                                identity: Some(identity),
-                                segment: None,
-                                socket: None,
-                                up: true,
-                                down_at: None,
-                            });
-                            id
-                        }
+                                identity,
+                            },
+                            LinkSegment::Made(seg),
+                            peer_page,
+                            trace_id,
+                        )?,
                         (None, Known::Pending { id, .. }) => {
                             attached(shared, id, peer_page, trace_id)?;
                             id
@@ -616,13 +651,17 @@ fn attempt(
                     "the peer engine made its own link to this one before either existed; QPs that were facing it must be created again",
                 );
             }
-            let id = new_link(
+            let id = up_link(
                 shared,
+                fabric,
+                Agreed {
+                    lid,
+                    token: t,
+                    identity,
+                },
                 LinkSegment::Received(seg),
-                Side::Opener,
                 peer_page,
                 trace_id,
-                OnPeerLoss::FailNextRequest,
             )
             .map_err(|e| {
                 err(
@@ -630,16 +669,6 @@ fn attempt(
                     format_args!("the peer's link segment is unusable: {e}"),
                 )
             })?;
-            fabric.lock().peers.push(PeerLink {
-                lid,
-                id,
-                token: t,
-                identity: Some(identity),
-                segment: None,
-                socket: None,
-                up: true,
-                down_at: None,
-            });
             send(&stream, lid, &Msg::Done, &[page.as_fd()])?;
             keep = true;
             id
@@ -891,13 +920,17 @@ pub(crate) fn serve(
                     ));
                 }
             };
-            let id = new_link(
+            let id = up_link(
                 shared,
+                fabric,
+                Agreed {
+                    lid: client,
+                    token,
+                    identity,
+                },
                 LinkSegment::Received(seg),
-                Side::Opener,
                 peer_page,
                 trace_id,
-                OnPeerLoss::FailNextRequest,
             )
             .map_err(|e| {
                 err(
@@ -905,16 +938,6 @@ pub(crate) fn serve(
                     format_args!("the client's link segment is unusable: {e}"),
                 )
             })?;
-            fabric.lock().peers.push(PeerLink {
-                lid: client,
-                id,
-                token,
-                identity: Some(identity),
-                segment: None,
-                socket: None,
-                up: true,
-                down_at: None,
-            });
             send(
                 &stream,
                 client,
@@ -948,24 +971,18 @@ pub(crate) fn serve(
                     ));
                 }
             };
-            let id = new_link(
+            let id = up_link(
                 shared,
+                fabric,
+                Agreed {
+                    lid: client,
+                    token,
+                    identity,
+                },
                 LinkSegment::Made(seg),
-                Side::Creator,
                 peer_page,
                 trace_id,
-                OnPeerLoss::FailNextRequest,
             )?;
-            fabric.lock().peers.push(PeerLink {
-                lid: client,
-                id,
-                token,
-                identity: Some(identity),
-                segment: None,
-                socket: None,
-                up: true,
-                down_at: None,
-            });
             keep = true;
             id
         }
