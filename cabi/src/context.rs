@@ -539,8 +539,9 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 /// `ibv_get_async_event`: the next async event of the context (QP fatal, communication
 /// established, SRQ limit reached, last WQE reached), its element the QP or SRQ object.
 /// Blocks until one is queued, unless the program set `O_NONBLOCK` on `async_fd`: then -1
-/// with errno `EAGAIN` when none is, as rdma-core's `read()` gives. An event of an object
-/// destroyed since is skipped.
+/// with errno `EAGAIN` when none is, as rdma-core's `read()` gives; a signal that
+/// interrupts the wait (poll mode) gives -1 with `EINTR`. An event of an object destroyed
+/// since is skipped.
 #[unsafe(export_name = "__shmhca_ibv_get_async_event")]
 pub unsafe extern "C" fn ibv_get_async_event(
     context: *mut ibv_context,
@@ -562,6 +563,28 @@ pub unsafe extern "C" fn ibv_get_async_event(
         loop {
             let ev = if nonblock {
                 c.ctx.try_get_async_event()
+            } else if c.ctx.mode() != shmhca::EngineMode::Inline {
+                // The engine thread raises the events: wait on the fd itself, as rdma-core's
+                // read() does, so that a signal ends the wait with EINTR.
+                match c.ctx.try_get_async_event() {
+                    Some(ev) => Some(ev),
+                    None => {
+                        let mut p = libc::pollfd {
+                            fd: c.async_fd.as_raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        };
+                        // SAFETY: one pollfd of ours, for the call.
+                        if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                            let e = std::io::Error::last_os_error().raw_os_error();
+                            if e == Some(libc::EINTR) {
+                                set_errno(libc::EINTR);
+                                return -1;
+                            }
+                        }
+                        continue;
+                    }
+                }
             } else {
                 match c.ctx.get_async_event(None) {
                     Ok(ev) => ev,

@@ -896,3 +896,45 @@ fn zero_copy_registration_moves_whole_pages_onto_the_arena() {
         "child failed:\n{stdout}\n{stderr}"
     );
 }
+
+extern "C" fn on_sigusr1(_: c_int) {}
+
+/// A signal interrupts a blocking `ibv_get_async_event`: -1 with `EINTR`, as rdma-core's
+/// `read()` of the async fd gives (a thread woken to stop must not wait for ever).
+#[test]
+fn a_signal_ends_a_blocking_async_event_wait_with_eintr() {
+    // SAFETY: the exported functions with the arguments verbs.h documents; a handler that
+    // does nothing, installed without SA_RESTART; the waiting thread's id from pthread_self.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigusr1 as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, ptr::null_mut()), 0);
+        let mut n = 0;
+        let list = ibv_get_device_list(&mut n);
+        let ctx = ibv_open_device(*list);
+        ibv_free_device_list(list);
+        assert!(!ctx.is_null());
+        let c = ctx as usize;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            tx.send(libc::pthread_self() as usize).unwrap();
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            let rc = ibv_get_async_event(c as *mut ibv_context, &mut ev);
+            (rc, std::io::Error::last_os_error().raw_os_error())
+        });
+        let tid = rx.recv().unwrap() as libc::pthread_t;
+        // Keep signalling until the wait ends (the first signal may come before it starts).
+        let start = Instant::now();
+        while !waiter.is_finished() {
+            libc::pthread_kill(tid, libc::SIGUSR1);
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the wait never ended"
+            );
+        }
+        assert_eq!(waiter.join().unwrap(), (-1, Some(libc::EINTR)));
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
