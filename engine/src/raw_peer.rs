@@ -195,12 +195,22 @@ pub(crate) fn connect_rts(
 /// A context in inline mode with manual progress (no helper thread touches its engine
 /// between a test's steps) and no huge pages.
 pub(crate) fn inline_context() -> Context {
+    inline_context_builder().build().unwrap()
+}
+
+/// [`inline_context`] with a 1 MiB arena per protection domain.
+pub(crate) fn small_inline_context() -> Context {
+    inline_context_builder()
+        .arena_size(1 << 20)
+        .build()
+        .unwrap()
+}
+
+fn inline_context_builder() -> crate::ContextBuilder {
     Context::builder()
         .mode(crate::EngineMode::Inline)
         .progress(crate::Progress::Manual)
         .huge_pages(HugePages::Never)
-        .build()
-        .unwrap()
 }
 
 /// Takes `qp` through Init and RTR to RTS towards peer QP `peer` on `link` (MTU 256, every

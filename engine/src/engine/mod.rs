@@ -1488,8 +1488,7 @@ mod qp_fatal_tests {
 #[cfg(all(test, not(shmhca_loom)))]
 mod watch_tests {
     use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
-    use crate::{AccessFlags, Context, Cq, EngineMode, Qp};
-    use shmhca_rings::segment::HugePages;
+    use crate::{AccessFlags, Context, Cq, Qp};
 
     fn connect(ctx: &Context, pd: &crate::Pd, cq: &Cq) -> (Qp, Qp) {
         crate::raw_peer::loopback_pair(ctx, pd, cq)
@@ -1526,13 +1525,7 @@ mod watch_tests {
         if !super::cell::barrier_available() {
             return;
         }
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .arena_size(1 << 20)
-            .huge_pages(HugePages::Never)
-            .build()
-            .unwrap();
+        let ctx = crate::raw_peer::small_inline_context();
         ctx.shared.engine.with(|e| e.watch_sq = true);
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(16).unwrap();

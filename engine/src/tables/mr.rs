@@ -502,13 +502,7 @@ mod in_flight_tests {
 
     #[test]
     fn counts_posted_under_and_outside_the_token_sum_and_retire_to_zero() {
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .arena_size(1 << 20)
-            .huge_pages(HugePages::Never)
-            .build()
-            .unwrap();
+        let ctx = crate::raw_peer::small_inline_context();
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(16).unwrap();
         let (mut a, mut b) = pair(&ctx, &pd, &cq);
@@ -554,13 +548,7 @@ mod in_flight_tests {
 
     #[test]
     fn a_region_dropped_with_mixed_elements_in_flight_is_freed_by_its_last_retire() {
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .arena_size(1 << 20)
-            .huge_pages(HugePages::Never)
-            .build()
-            .unwrap();
+        let ctx = crate::raw_peer::small_inline_context();
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(16).unwrap();
         let (mut a, mut b) = pair(&ctx, &pd, &cq);
@@ -591,13 +579,7 @@ mod in_flight_tests {
 
     #[test]
     fn receives_posted_in_the_error_state_are_flushed_under_and_outside_the_token() {
-        let ctx = Context::builder()
-            .mode(EngineMode::Inline)
-            .progress(crate::Progress::Manual)
-            .arena_size(1 << 20)
-            .huge_pages(HugePages::Never)
-            .build()
-            .unwrap();
+        let ctx = crate::raw_peer::small_inline_context();
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(16).unwrap();
         let (_a, mut b) = pair(&ctx, &pd, &cq);
