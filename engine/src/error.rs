@@ -178,6 +178,12 @@ pub enum Error {
     },
 }
 
+impl From<shmhca_proto::qp::InvalidMtu> for Error {
+    fn from(e: shmhca_proto::qp::InvalidMtu) -> Error {
+        Error::invalid("path MTU", e.to_string())
+    }
+}
+
 impl Error {
     /// Builds an [`Error::InvalidArgument`].
     pub(crate) fn invalid(name: &'static str, reason: impl Into<String>) -> Error {

@@ -1073,7 +1073,7 @@ fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
         _ => 0,
     };
     let (link, peer) = match qp.cfg.dest {
-        Some(d) => (d.link.0, d.qpn.get()),
+        Some(d) => (d.link.index(), d.qpn.get()),
         None => (0, 0),
     };
     let acked = qp.req.window.acked().get();

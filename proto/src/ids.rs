@@ -44,3 +44,23 @@ id!(
     /// A shared receive queue's number in its engine.
     SrqId
 );
+
+/// The link a QP talks over, as its engine numbers them (an index in the engine's link
+/// table). Only the engine that made it gives it meaning: the engine checks every link id a
+/// caller passes in, so a made-up or stale one is refused, never followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkId(u32);
+
+impl LinkId {
+    /// The link at index `index` of its engine's table.
+    #[inline]
+    pub const fn new(index: u32) -> LinkId {
+        LinkId(index)
+    }
+
+    /// The link's index in its engine.
+    #[inline]
+    pub const fn index(self) -> u32 {
+        self.0
+    }
+}

@@ -10,6 +10,10 @@
 //! assert_eq!(AccessFlags::from_bits(0x80), None, "unknown bits are refused");
 //! ```
 
+use crate::ids::LinkId;
+use crate::psn::Psn;
+use crate::wire::Qpn;
+
 /// The states of a QP (IBA 10.3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -117,5 +121,121 @@ impl core::ops::BitOr for AccessFlags {
 impl core::ops::BitOrAssign for AccessFlags {
     fn bitor_assign(&mut self, rhs: AccessFlags) {
         self.0 |= rhs.0;
+    }
+}
+
+/// Path MTU: the largest payload of one packet (spec/04 "Maximum Data Payload Size").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256,
+    /// 512 bytes.
+    Mtu512,
+    /// 1024 bytes.
+    Mtu1024,
+    /// 2048 bytes.
+    Mtu2048,
+    /// 4096 bytes.
+    Mtu4096,
+}
+
+impl Mtu {
+    /// The payload size in bytes.
+    pub fn bytes(self) -> u32 {
+        match self {
+            Mtu::Mtu256 => 256,
+            Mtu::Mtu512 => 512,
+            Mtu::Mtu1024 => 1024,
+            Mtu::Mtu2048 => 2048,
+            Mtu::Mtu4096 => 4096,
+        }
+    }
+
+    /// The MTU of exactly `bytes` bytes.
+    ///
+    /// # Errors
+    /// [`InvalidMtu`] unless `bytes` is 256, 512, 1024, 2048 or 4096 (the engine's
+    /// `shmhca::Error` converts from it, so `?` works in either).
+    pub fn from_bytes(bytes: u32) -> Result<Mtu, InvalidMtu> {
+        Ok(match bytes {
+            256 => Mtu::Mtu256,
+            512 => Mtu::Mtu512,
+            1024 => Mtu::Mtu1024,
+            2048 => Mtu::Mtu2048,
+            4096 => Mtu::Mtu4096,
+            _ => return Err(InvalidMtu(bytes)),
+        })
+    }
+}
+
+/// A path MTU that is not one of the five InfiniBand defines; holds the bytes asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidMtu(pub u32);
+
+impl core::fmt::Display for InvalidMtu {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{} bytes; the PMTU is one of 256, 512, 1024, 2048, 4096",
+            self.0
+        )
+    }
+}
+
+/// Where a QP's packets go: the link to the peer engine and the peer's QP number
+/// (the address vector and destination QPN of `ibv_qp_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Destination {
+    /// The link to the engine hosting the remote QP.
+    pub link: LinkId,
+    /// The remote QP's number.
+    pub qpn: Qpn,
+}
+
+/// The programmed part of a QP context (spec/04, Figure 3-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Remote access enables.
+    pub access: AccessFlags,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// Where packets go.
+    pub dest: Option<Destination>,
+    /// The RQ Logic's initial ePSN.
+    pub rq_psn: Psn,
+    /// Responder resources.
+    pub max_dest_rd_atomic: u8,
+    /// RNR Nak timer code sent by the RQ Logic.
+    pub min_rnr_timer: u8,
+    /// Whether the remote reports credits.
+    pub remote_credits: bool,
+    /// SQ start PSN.
+    pub sq_psn: Psn,
+    /// Local Ack Timeout.
+    pub timeout: u8,
+    /// Retry Count.
+    pub retry_cnt: u8,
+    /// RNR Retry Count.
+    pub rnr_retry: u8,
+    /// Initiator depth.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for QpConfig {
+    fn default() -> QpConfig {
+        QpConfig {
+            access: AccessFlags::NONE,
+            path_mtu: Mtu::Mtu1024,
+            dest: None,
+            rq_psn: Psn::new(0),
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 0,
+            remote_credits: true,
+            sq_psn: Psn::new(0),
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            max_rd_atomic: 0,
+        }
     }
 }

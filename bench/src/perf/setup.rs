@@ -367,7 +367,7 @@ pub fn in_process_pair(
         .ctx
         .link_with(&rb.ctx)
         .map_err(PerfError::engine("linking the two contexts"))?;
-    let mtu = Mtu::from_bytes(opts.mtu).map_err(PerfError::engine("the PMTU"))?;
+    let mtu = Mtu::from_bytes(opts.mtu).map_err(|e| PerfError::engine("the PMTU")(e.into()))?;
     let caps = data_caps(opts);
     let (cqa, mra) = ra.control_parts()?;
     let (cqb, mrb) = rb.control_parts()?;
@@ -422,7 +422,7 @@ pub fn in_process_pair(
 /// The connection parameters of the control QP (`private`: this side's [`RunParams`]) or of
 /// a data QP (`private` empty).
 fn cm_params(opts: &Options, caps: QpCaps, private: Vec<u8>) -> Result<ConnectParams, PerfError> {
-    let mtu = Mtu::from_bytes(opts.mtu).map_err(PerfError::engine("the PMTU"))?;
+    let mtu = Mtu::from_bytes(opts.mtu).map_err(|e| PerfError::engine("the PMTU")(e.into()))?;
     let p = ConnectParams::default()
         .caps(caps)
         .mtu(mtu)

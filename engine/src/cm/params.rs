@@ -395,7 +395,7 @@ pub(crate) fn negotiate(
         text: format!("the {who} is invalid: {e}"),
     };
     peer.check().map_err(invalid)?;
-    let peer_mtu = Mtu::from_bytes(u32::from(peer.pmtu)).map_err(invalid)?;
+    let peer_mtu = Mtu::from_bytes(u32::from(peer.pmtu)).map_err(|e| invalid(e.into()))?;
     if from == OfferFrom::Server {
         let incompatible = |text: String| Refusal {
             reason: RejectReason::Incompatible,

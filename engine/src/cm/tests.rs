@@ -112,7 +112,7 @@ fn a_client_that_stops_after_req_leaves_the_server_clean() {
         server
             .shared
             .engine
-            .with(|e| e.link_mut(LinkId(0)).is_none()),
+            .with(|e| e.link_mut(LinkId::new(0)).is_none()),
         "the link made from the REQ is removed from the engine"
     );
     assert_eq!(server.arena_free(), free, "the QP's staging is freed");

@@ -183,7 +183,7 @@ impl Engine {
 
     /// The links and their numbers (for the stats area).
     pub(crate) fn links(&self) -> impl Iterator<Item = (LinkId, &Link)> {
-        self.links.iter().map(|(i, l)| (LinkId(i), l))
+        self.links.iter().map(|(i, l)| (LinkId::new(i), l))
     }
 
     /// Adds a QP built by `make` from its index and QPN.
@@ -256,7 +256,7 @@ impl Engine {
         };
         let Some(d) = qp.cfg.dest else { return };
         let Some(link) = links
-            .at_mut(d.link.0)
+            .at_mut(d.link.index())
             .filter(|l| l.down.is_none() && l.tx.broken().is_none())
         else {
             return;
@@ -285,12 +285,12 @@ impl Engine {
         let mut peer_mem = None;
         if let Some(d) = attr.dest {
             let link = links
-                .at(d.link.0)
+                .at(d.link.index())
                 .filter(|l| l.down.is_none())
                 .ok_or_else(|| {
                     Error::invalid(
                         "dest",
-                        format!("link {} is not a live link of this context", d.link.0),
+                        format!("link {} is not a live link of this context", d.link.index()),
                     )
                 })?;
             peer_mem = Some(link.peer_qp_arena(d.qpn).map(Mem::share).ok_or_else(|| {
@@ -300,7 +300,7 @@ impl Engine {
                         "QP {:#x} is not known on link {}: connect through the connection \
                          manager, or create it in a context linked with Context::link_with",
                         d.qpn.get(),
-                        d.link.0
+                        d.link.index()
                     ),
                 )
             })?);
@@ -357,12 +357,12 @@ impl Engine {
                 what: "links (peer engines) of one context",
                 limit: MAX_LINKS,
             })?;
-        Ok(LinkId(i))
+        Ok(LinkId::new(i))
     }
 
     /// The link `id`.
     pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
-        self.links.at_mut(id.0)
+        self.links.at_mut(id.index())
     }
 
     /// Tears a link down: the QPs using it go to the Error state on the next iteration.
@@ -375,7 +375,7 @@ impl Engine {
 
     /// Removes a link no QP uses any more.
     pub(crate) fn remove_link(&mut self, id: LinkId) {
-        self.links.remove_at(id.0);
+        self.links.remove_at(id.index());
     }
 
     /// One iteration of the poll loop (the steps of the module's doc, each a method of
@@ -694,7 +694,7 @@ impl Engine {
         let wqe = wqe.map(|(w, _)| w);
         let link = qp.cfg.dest.and_then(|d| {
             links
-                .at_mut(d.link.0)
+                .at_mut(d.link.index())
                 .filter(|l| l.down.is_none())
                 .map(|l| (d, l))
         });
@@ -718,7 +718,7 @@ impl Engine {
             // rode in the request if it could, else follows it; either way it has left.
             responder::send_owed_ack(qp, &mut env, tx);
             if was_owed && qp.resp.owed_ack().is_none() {
-                owed.forget_head(d.link.0, index);
+                owed.forget_head(d.link.index(), index);
                 // The next Ack owed is held back from the iteration that finds it.
                 if owed.is_empty() {
                     *owed_held = false;
@@ -888,7 +888,7 @@ impl Iteration<'_> {
                     Ok(None) => break,
                     Err(e) => {
                         link.down = Some(e.to_string());
-                        wake_link_qps(self.qps, self.active, LinkId(l));
+                        wake_link_qps(self.qps, self.active, LinkId::new(l));
                         break;
                     }
                 };
@@ -900,13 +900,19 @@ impl Iteration<'_> {
                 // trace and the ICRC check have seen it.
                 let qpn = RxPacket::dest_qp(&slots[0]);
                 let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-                let qp = self
-                    .qps
-                    .at_mut(index)
-                    .filter(|qp| qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId(l)));
+                let qp = self.qps.at_mut(index).filter(|qp| {
+                    qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
+                });
                 if let Some(t) = self.trace.as_deref_mut() {
                     let sender = qp.as_ref().map_or(self.nomem, |q| &q.peer_mem);
-                    t.packet(LinkId(l), link.endpoints, false, link.rx_tap, slots, sender);
+                    t.packet(
+                        LinkId::new(l),
+                        link.endpoints,
+                        false,
+                        link.rx_tap,
+                        slots,
+                        sender,
+                    );
                 }
                 // A packet stamped with an ICRC (its sender injects faults) is checked first and
                 // dropped silently if it fails, as an HCA drops a corrupted packet.
@@ -1029,7 +1035,7 @@ impl Iteration<'_> {
                 if self.rung.contains(i) {
                     requester::fetch(qp);
                 }
-                let link = qp.cfg.dest.and_then(|d| self.links.at_mut(d.link.0));
+                let link = qp.cfg.dest.and_then(|d| self.links.at_mut(d.link.index()));
                 match link {
                     Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
                         if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
@@ -1124,7 +1130,7 @@ impl Iteration<'_> {
             if link.down.is_none() {
                 if let Some(e) = link.tx.broken() {
                     link.down = Some(e.to_string());
-                    wake_link_qps(self.qps, self.active, LinkId(l));
+                    wake_link_qps(self.qps, self.active, LinkId::new(l));
                 }
             }
         }
@@ -1147,9 +1153,9 @@ fn release_held(
             continue;
         }
         let endpoints = link.endpoints;
-        f.release(LinkId(l), &mut link.tx, |slots, mem| {
+        f.release(LinkId::new(l), &mut link.tx, |slots, mem| {
             if let Some(t) = trace.as_deref_mut() {
-                t.packet(LinkId(l), endpoints, true, true, slots, mem);
+                t.packet(LinkId::new(l), endpoints, true, true, slots, mem);
             }
         });
     }
@@ -1187,8 +1193,8 @@ fn flush_owed_acks(
                 let Some(d) = qp.cfg.dest.filter(|_| qp.resp.owed_ack().is_some()) else {
                     continue;
                 };
-                if d.link.0 != l {
-                    owed.push(d.link.0, i);
+                if d.link.index() != l {
+                    owed.push(d.link.index(), i);
                     continue;
                 }
                 // A link that went down: its QPs learn it in step 3 and go to Error.

@@ -906,7 +906,7 @@ pub(crate) fn serve(
             drop(t);
             return Err(err(
                 client,
-                format_args!("link {} is in no usable state", id.0),
+                format_args!("link {} is in no usable state", id.index()),
             ));
         }
         (None, LinkAsk::Offer(token) | LinkAsk::OfferPending(token)) => {
