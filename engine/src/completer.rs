@@ -160,7 +160,7 @@ fn check_state(qp: &QpCtx, pkt: &RxPacket<'_>) -> Result<(), Outcome> {
 /// after its first packet holds PSNs up to nPSN that were never sent).
 fn check_psn(qp: &QpCtx, pkt: &RxPacket<'_>) -> Result<Psn, Outcome> {
     let psn = pkt.psn();
-    let window = &qp.req.window;
+    let window = qp.req.window();
     if psn.diff(window.acked()) <= 0 {
         return Err(match pkt.aeth() {
             Some(AethRepr {
@@ -181,7 +181,7 @@ fn check_psn(qp: &QpCtx, pkt: &RxPacket<'_>) -> Result<Psn, Outcome> {
 /// Returns the WQE the response is for.
 fn check_implicit_ack(qp: &mut QpCtx, psn: Psn) -> Result<u64, Outcome> {
     ack_before(qp, psn).map_err(Outcome::ImpliedNak)?;
-    qp.req.window.find(psn).ok_or(Outcome::Dropped)
+    qp.req.window().find(psn).ok_or(Outcome::Dropped)
 }
 
 /// Step 3 for an Acknowledge of WQE `w`: its syndrome decides.
@@ -302,7 +302,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
             msn,
         } => {
             if psn == qp.req.wqe(seq).last_psn() {
-                qp.req.window.complete(seq, WcStatus::Success);
+                qp.req.complete(seq, WcStatus::Success);
             }
             progress(qp, psn);
             qp.req.update_credits(credits, msn);
@@ -312,7 +312,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
             progress(qp, psn.sub(1));
             if !qp.req.rnr_wait(psn, timer.duration(), &qp.cfg) {
                 record_exhausted(qp, Exhausted::Rnr);
-                qp.req.window.complete(seq, WcStatus::RnrRetryExcErr);
+                qp.req.complete(seq, WcStatus::RnrRetryExcErr);
                 qp.enter_error(env);
                 return;
             }
@@ -325,7 +325,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
         Outcome::FatalNak { seq, psn, status } => {
             env.stats.naks_received += 1;
             progress(qp, psn.sub(1));
-            qp.req.window.complete(seq, status);
+            qp.req.complete(seq, status);
             qp.enter_error(env);
         }
         Outcome::ReadResponse {
@@ -358,9 +358,9 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
                 ) => return bad_response(qp, env, seq),
             }
-            qp.req.window.response_seen(seq);
+            qp.req.response_seen(seq);
             if last {
-                qp.req.window.complete(seq, WcStatus::Success);
+                qp.req.complete(seq, WcStatus::Success);
             }
             progress(qp, psn);
         }
@@ -374,7 +374,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
             {
                 qp.req.update_credits(credits, msn.get());
             }
-            qp.req.window.complete(seq, WcStatus::Success);
+            qp.req.complete(seq, WcStatus::Success);
             progress(qp, psn);
         }
     }
@@ -415,7 +415,7 @@ fn fast_paths_on() -> bool {
 /// [`ack_fast`] of a positive Ack of `psn` with `credits` and `msn`, on a QP in RTS.
 #[inline]
 fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode, msn: u32) -> bool {
-    let win = &qp.req.window;
+    let win = qp.req.window();
     // 1. PSN window. At or before the last acknowledged PSN: a duplicate or unsolicited
     // Ack (a credit update), of which only the credits count — what the slow path does
     // with it in RTS.
@@ -451,7 +451,7 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
     }
     // 3 and 4: done, acknowledged, credits, retired.
     for seq in first..end {
-        qp.req.window.complete(seq, WcStatus::Success);
+        qp.req.complete(seq, WcStatus::Success);
     }
     progress(qp, psn);
     qp.req.update_credits(credits, msn);
@@ -532,7 +532,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         return false;
     };
     let psn = pkt.psn();
-    let win = &qp.req.window;
+    let win = qp.req.window();
     // 1. PSN window: after the last acknowledged PSN, before the first not sent.
     if psn.diff(win.acked()) <= 0 || psn.diff(win.sent_to()) >= 0 {
         return false;
@@ -575,7 +575,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
                 return true;
             }
         }
-        qp.req.window.response_seen(seq);
+        qp.req.response_seen(seq);
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::ReadResponse);
     } else {
@@ -591,7 +591,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::AtomicAck);
     }
-    qp.req.window.complete(seq, WcStatus::Success);
+    qp.req.complete(seq, WcStatus::Success);
     progress(qp, psn);
     retire(qp, env);
     true
@@ -601,21 +601,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 /// first PSN whose response is missing if a Read or Atomic ends before it. The caller
 /// records the acknowledgement itself ([`progress`]).
 fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
-    let win = &mut qp.req.window;
-    for seq in win.retired()..win.started() {
-        let w = win.wqe(seq);
-        if w.done.is_some() {
-            continue;
-        }
-        if !w.last_psn().before(psn) {
-            break;
-        }
-        if w.wqe.op.is_rd_atomic() {
-            return Err(w.missing_response());
-        }
-        win.complete(seq, WcStatus::Success);
-    }
-    Ok(())
+    qp.req.ack_before(psn)
 }
 
 /// Records acknowledgement up to `psn` and restarts the transport timer.
@@ -648,9 +634,8 @@ fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
         return;
     }
     record_exhausted(qp, Exhausted::Resent);
-    let win = &mut qp.req.window;
-    if let Some(seq) = win.find(psn) {
-        win.complete(seq, WcStatus::RetryExcErr);
+    if let Some(seq) = qp.req.window().find(psn) {
+        qp.req.complete(seq, WcStatus::RetryExcErr);
     }
     qp.enter_error(env);
 }
@@ -668,7 +653,7 @@ pub(crate) enum Exhausted {
 /// Records in words why the QP fails ([`crate::Qp::last_error`]): which counter ran out and
 /// the last PSN the peer acknowledged. Error path only.
 pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
-    let acked = qp.req.window.acked();
+    let acked = qp.req.window().acked();
     let (acked, next) = (acked.get(), acked.add(1).get());
     let (retry, rnr) = (qp.cfg.retry_cnt, qp.cfg.rnr_retry);
     let text = match which {
@@ -697,7 +682,7 @@ pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
 /// A malformed or unexpected response: the WQE fails with a bad-response error and the QP
 /// goes to the Error state.
 fn bad_response(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64) {
-    qp.req.window.complete(seq, WcStatus::BadRespErr);
+    qp.req.complete(seq, WcStatus::BadRespErr);
     qp.enter_error(env);
 }
 
@@ -729,7 +714,7 @@ fn wc_opcode(op: WqeOp) -> WcOpcode {
 /// not a call.
 #[inline]
 pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
-    if qp.state != QpState::Error && !qp.req.window.oldest_done() {
+    if qp.state != QpState::Error && !qp.req.window().oldest_done() {
         return; // the oldest WQE is not done: nothing can retire
     }
     retire_some(qp, env);
@@ -742,9 +727,9 @@ fn retire_some(qp: &mut QpCtx, env: &mut Env<'_>) {
         crate::requester::fetch(qp);
     }
     let error = qp.state == QpState::Error;
-    let mut published = qp.req.window.retired();
+    let mut published = qp.req.window().retired();
     loop {
-        let win = &qp.req.window;
+        let win = qp.req.window();
         let seq = win.retired();
         if seq == win.fetched() || (!error && seq == win.started()) {
             break;
@@ -765,7 +750,7 @@ fn retire_some(qp: &mut QpCtx, env: &mut Env<'_>) {
         qp.req.retire_oldest();
         if signaled {
             publish_retired(qp);
-            published = qp.req.window.retired();
+            published = qp.req.window().retired();
             let wc = WorkCompletion {
                 wr_id,
                 status,
@@ -786,7 +771,7 @@ fn retire_some(qp: &mut QpCtx, env: &mut Env<'_>) {
             crate::requester::fetch(qp);
         }
     }
-    if published != qp.req.window.retired() {
+    if published != qp.req.window().retired() {
         publish_retired(qp);
     }
 }
@@ -799,5 +784,5 @@ fn publish_retired(qp: &QpCtx) {
     // sees the slot free.
     // (Mutation point of the loom models: this store with Relaxed.)
     let order = crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
-    qp.shared.sq_retired.store(qp.req.window.retired(), order);
+    qp.shared.sq_retired.store(qp.req.window().retired(), order);
 }

@@ -10,7 +10,6 @@
 
 use crate::sync::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use shmhca_rings::ring::{Consumer, HeapStorage};
 
@@ -166,12 +165,6 @@ impl std::ops::DerefMut for Env<'_> {
 }
 
 impl Env<'_> {
-    /// Arms `d` to expire no sooner than `after` from now; the clock is not read here
-    /// (the timer starts at the engine's next timer check, see [`Deadline::arm_later`]).
-    pub(crate) fn arm(&mut self, d: &mut Deadline, after: Duration) {
-        d.arm_later(after);
-    }
-
     /// Starts `d` if it was armed to start later.
     pub(crate) fn start(&mut self, d: &mut Deadline) {
         if let Deadline::Starting(_) = d {
@@ -268,6 +261,39 @@ impl Env<'_> {
         for &mr in &mrs[..n] {
             self.res.mrs.release(mr, &mut self.res.pds);
         }
+    }
+}
+
+#[cfg(test)]
+impl Env<'_> {
+    /// Moves the engine's test clock to `t` (if it is behind) and forgets the time this
+    /// iteration read, so that the next question reads the clock again. Panics on an
+    /// engine on the system clock: a test that jumps in time builds its context with a
+    /// test clock.
+    pub(crate) fn jump_to(&mut self, t: Timestamp) {
+        match &self.res.clock {
+            EngineClock::Test(c) => c.advance_to(t),
+            EngineClock::System => panic!("Env::jump_to needs an engine on a TestClock"),
+        }
+        self.now = None;
+        self.coarse = None;
+    }
+}
+
+impl shmhca_proto::timer::Timers for Env<'_> {
+    #[inline]
+    fn now(&mut self) -> Timestamp {
+        Env::now(self)
+    }
+
+    #[inline]
+    fn start(&mut self, d: &mut Deadline) {
+        Env::start(self, d)
+    }
+
+    #[inline]
+    fn expired(&mut self, d: &Deadline) -> bool {
+        Env::expired(self, d)
     }
 }
 
@@ -457,6 +483,9 @@ pub(crate) struct QpCtx {
     /// receive completion reaches the application first, without the Ack's work ahead of
     /// it (the engine's `riding` set lists the QPs with one).
     pub(crate) riding_ack: Option<crate::wire::slot::KeptAck>,
+    /// Posts sent on the template path (tests check that it is taken).
+    #[cfg(test)]
+    pub(crate) fast_posts: u64,
 }
 
 impl QpCtx {
@@ -657,11 +686,11 @@ mod tests {
                 crate::requester::accept(q, wqe(WqeOp::Read, 1000));
                 let tx = &mut vec_link;
                 assert_eq!(crate::requester::transmit(q, env, tx, 16), 1);
-                assert!(q.req.window.has_work(), "the Read waits for room");
+                assert!(q.req.window().has_work(), "the Read waits for room");
                 tx.room = 2;
                 assert_eq!(crate::requester::transmit(q, env, tx, 16), 1);
                 // A Read of 1,000 bytes at PMTU 256 takes 4 response PSNs.
-                assert_eq!(q.req.window.npsn(), Psn::new(105));
+                assert_eq!(q.req.window().npsn(), Psn::new(105));
             })
             .unwrap()
         });

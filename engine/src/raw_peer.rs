@@ -198,6 +198,12 @@ pub(crate) fn inline_context() -> Context {
     inline_context_builder().build().unwrap()
 }
 
+/// [`inline_context`] whose protocol timers run on `clock` (a test moves it; see
+/// `Env::jump_to`).
+pub(crate) fn inline_context_on(clock: crate::timer::TestClock) -> Context {
+    inline_context_builder().test_clock(&clock).build().unwrap()
+}
+
 /// [`inline_context`] with a 1 MiB arena per protection domain.
 pub(crate) fn small_inline_context() -> Context {
     inline_context_builder()

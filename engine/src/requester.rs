@@ -16,14 +16,10 @@
 
 use crate::completion::WcStatus;
 use crate::context::{Env, LinkTx, QpCtx};
-use crate::credit::CreditState;
 use crate::dma::{self, Cursor, Sgl};
 use crate::mem::Mem;
-use crate::psn::{self, Psn};
-use crate::qp::{AccessFlags, QpConfig, QpState};
-use crate::send_window::SendWindow;
+use crate::qp::{AccessFlags, QpState};
 use crate::tables::mw::{BindRequest, MwType};
-use crate::timer::Deadline;
 use crate::wire::Qpn;
 use crate::wire::atomic_eth::AtomicEthRepr;
 use crate::wire::bth::{self, BthRepr};
@@ -33,292 +29,15 @@ use crate::wire::slot::MAX_CONTINUATION;
 use crate::wire::slot::{HeaderWriter, PacketSlot};
 use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
 
-/// The P_Key every packet carries (the default partition, full membership).
-pub(crate) const DEFAULT_PKEY: u16 = crate::wire::BthRepr::DEFAULT_PKEY;
+pub use shmhca_proto::requester::{
+    BthTemplate, DEFAULT_PKEY, LinkWait, Requester, Step, Timeout, next_psn,
+};
 
 pub(crate) use crate::send_window::SendWqe;
 
-/// SQ Logic and completer state of one QP.
-#[derive(Debug)]
-pub(crate) struct Requester {
-    /// The WQEs in flight and the transmit point.
-    pub(crate) window: SendWindow,
-    /// RDMA Reads and Atomics started and not retired.
-    pub(crate) rd_atomic: u32,
-    pub(crate) credits: CreditState,
-    /// Consuming messages fetched so far.
-    consumers: u64,
-    /// SSN of the last WQE fetched.
-    ssn: u32,
-    /// A consuming WQE started without credit: nothing after it starts until credit comes.
-    pub(crate) limited: Option<u64>,
-    retry_left: u8,
-    /// A response showed the responses from this PSN on lost and the requests were sent
-    /// again from it: later responses to the first requests are stale, not new losses, until
-    /// this PSN is acknowledged (they must not spend the Retry Count again).
-    retrying: Option<Psn>,
-    rnr_left: u8,
-    /// Transport timer: armed while requests are unacknowledged.
-    pub(crate) timer: Deadline,
-    /// Its period on this engine's clock (`None`: disabled), fixed at RTS.
-    ttr: Option<std::time::Duration>,
-    /// A response made progress since the timer was armed (it is re-armed lazily, so the
-    /// packet path never reads the clock).
-    progressed: bool,
-    /// RNR wait: no transmission until it expires.
-    pub(crate) rnr_timer: Deadline,
-    /// The transmit point's packet is ready but the link ring has no room for it (as the
-    /// last transmission attempt found): see [`LinkWait`].
-    pub(crate) link_wait: LinkWait,
-    /// The link's [`LinkTx::peer_mark`] when the transmit point last found no room.
-    link_mark: u64,
-    /// Credits announced while the QP was in RTR, applied on RTS.
-    early_credits: Option<(crate::wire::aeth::CreditCode, u32)>,
-    /// The BTH of its single-packet requests, made on RTR → RTS (`None` before).
-    template: Option<BthTemplate>,
-    /// Posts sent on the template path (tests check that it is taken).
-    #[cfg(test)]
-    pub(crate) fast_posts: u64,
-}
-
-impl Requester {
-    /// A requester for a send queue of `depth` WQEs.
-    pub(crate) fn new(depth: u32) -> Requester {
-        Requester {
-            window: SendWindow::new(depth),
-            rd_atomic: 0,
-            credits: CreditState::new(true),
-            consumers: 0,
-            ssn: 0,
-            limited: None,
-            retry_left: 0,
-            retrying: None,
-            rnr_left: 0,
-            timer: Deadline::default(),
-            ttr: None,
-            progressed: false,
-            rnr_timer: Deadline::default(),
-            link_wait: LinkWait::No,
-            link_mark: 0,
-            early_credits: None,
-            template: None,
-            #[cfg(test)]
-            fast_posts: 0,
-        }
-    }
-
-    /// Programs the SQ Logic on RTR → RTS: start PSN, retry counts, credit mode.
-    /// `resolution` is that of the engine's clock (the transport timer is raised to what
-    /// it can tell apart, see [`crate::timer::transport_timeout`]).
-    pub(crate) fn start(&mut self, cfg: &QpConfig, resolution: std::time::Duration) {
-        self.window.start_at(cfg.sq_psn);
-        self.retry_left = cfg.retry_cnt;
-        self.rnr_left = cfg.rnr_retry;
-        self.credits = CreditState::new(cfg.remote_credits);
-        self.ttr = crate::timer::transport_timeout(cfg.timeout, resolution);
-        // The destination and the path MTU are set on INIT → RTR and never change after.
-        self.template = cfg.dest.map(|d| BthTemplate::new(d.qpn));
-        if let Some((code, msn)) = self.early_credits.take() {
-            self.update_credits(code, msn);
-        }
-    }
-
-    /// Keeps the credits a positive Ack announced while the QP was in RTR (spec/02
-    /// "Providing Initial Credits"), for [`Requester::start`] to apply.
-    pub(crate) fn keep_early_credits(&mut self, credits: crate::wire::aeth::CreditCode, msn: u32) {
-        self.early_credits = Some((credits, msn));
-    }
-
-    /// The transport timer's period, fixed at RTS (`None`: disabled).
-    pub(crate) fn ttr(&self) -> Option<std::time::Duration> {
-        self.ttr
-    }
-
-    /// The peer acknowledged everything up to `psn` (a response made progress): the retry
-    /// counters are full again, and the transport timer stops when nothing is outstanding
-    /// or runs on (re-armed lazily: the packet path reads no clock). Returns whether `psn`
-    /// moved the acknowledged PSN.
-    pub(crate) fn acknowledged(&mut self, psn: Psn, cfg: &QpConfig) -> bool {
-        if !self.window.acknowledge(psn) {
-            return false;
-        }
-        self.retry_left = cfg.retry_cnt;
-        self.retrying = None;
-        self.rnr_left = cfg.rnr_retry;
-        if !self.window.outstanding() {
-            self.timer.disarm();
-        } else if self.timer.armed() {
-            self.progressed = true;
-        } else if let Some(t) = self.ttr {
-            self.timer.arm_later(t);
-        }
-        true
-    }
-
-    /// An RNR Nak for the request at `psn`: waits `wait` before sending from `psn` again
-    /// (the transport timer stops meanwhile), spending one RNR retry unless the count means
-    /// forever (`cfg.rnr_retry` 7). False, with nothing changed, when none is left.
-    pub(crate) fn rnr_wait(&mut self, psn: Psn, wait: std::time::Duration, cfg: &QpConfig) -> bool {
-        if self.rnr_left == 0 {
-            return false;
-        }
-        if cfg.rnr_retry != crate::timer::RNR_RETRY_FOREVER {
-            self.rnr_left -= 1;
-        }
-        self.window.rewind(psn);
-        self.timer.disarm();
-        self.rnr_timer.arm_later(wait);
-        true
-    }
-
-    /// Sends again from `psn` (a PSN Sequence Error Nak, lost responses), spending one of
-    /// the Retry Count. False, with nothing changed, when none is left.
-    pub(crate) fn resend_from(&mut self, psn: Psn) -> bool {
-        if self.retry_left == 0 {
-            return false;
-        }
-        self.retry_left -= 1;
-        self.window.rewind(psn);
-        true
-    }
-
-    /// Whether the requests from `missing` on were already sent again for the loss a
-    /// response shows: later responses to the first requests show the same loss.
-    pub(crate) fn already_resending_from(&self, missing: Psn) -> bool {
-        self.retrying == Some(missing)
-    }
-
-    /// Records that the requests from `missing` on were sent again for a loss.
-    pub(crate) fn resending_from(&mut self, missing: Psn) {
-        self.retrying = Some(missing);
-    }
-
-    /// What the retry counters stand at (tests compare two QPs' whole state): the PSN
-    /// being resent from after a loss, retries left, RNR retries left.
-    #[cfg(test)]
-    pub(crate) fn retry_state(&self) -> (Option<Psn>, u8, u8) {
-        (self.retrying, self.retry_left, self.rnr_left)
-    }
-
-    /// Stops both timers (the QP went to the Error state: nothing is retried).
-    pub(crate) fn stop_timers(&mut self) {
-        self.timer.disarm();
-        self.rnr_timer.disarm();
-    }
-
-    /// Starts the transport timer after a request packet went out, unless it runs already:
-    /// it detects the cessation of responses, not each packet's (spec/01).
-    #[inline(always)]
-    fn keep_timer_running(&mut self, env: &mut Env<'_>) {
-        if !self.timer.armed() {
-            if let Some(t) = self.ttr {
-                env.arm(&mut self.timer, t);
-            }
-        }
-    }
-
-    /// The transmit point found no room on the link: the transport timer runs for the
-    /// request waiting there as for one sent (spec/01: "Ttr begins after a request packet
-    /// is scheduled for transmission"), so a peer that stops reading its link ring cannot
-    /// hold a QP in RTS forever, not even one whose first packet never left. The wait's
-    /// start is reckoned at the timer's first expiry during it, one period back (the
-    /// packet path reads no clock).
-    ///
-    /// A link the peer still reads, only more slowly than its QPs write (other QPs fill
-    /// each burst first), is busy, not stopped: with nothing unacknowledged, the peer
-    /// freeing room since the last look (`mark`, the link's [`LinkTx::peer_mark`]) counts
-    /// as progress, as a response would, and the timer's period starts again at its expiry.
-    #[cold]
-    #[inline(never)]
-    fn wait_for_link(&mut self, env: &mut Env<'_>, mark: u64) {
-        if self.link_wait == LinkWait::No {
-            self.link_wait = LinkWait::Waiting;
-        } else if mark != self.link_mark && !self.window.outstanding() {
-            self.progressed = true;
-        }
-        self.link_mark = mark;
-        self.keep_timer_running(env);
-    }
-
-    /// WQE `seq` of the window.
-    #[inline]
-    pub(crate) fn wqe(&self, seq: u64) -> &SendWqe {
-        self.window.wqe(seq)
-    }
-
-    /// The consuming count of the message whose SSN is `msn`, if still known.
-    pub(crate) fn consumers_at(&self, msn: u32) -> Option<u64> {
-        let fetched = self.window.fetched();
-        if fetched == 0 {
-            return Some(0);
-        }
-        let back = u64::from(self.ssn.wrapping_sub(msn) & psn::Psn::MASK);
-        let known = fetched.min(self.window.capacity() as u64);
-        if back < known {
-            Some(self.wqe(fetched - 1 - back).consumers)
-        } else if back == fetched {
-            Some(0) // the MSN before the first message
-        } else {
-            None
-        }
-    }
-
-    /// Applies the credit count and MSN of a positive Ack (spec/02).
-    pub(crate) fn update_credits(&mut self, code: crate::wire::aeth::CreditCode, msn: u32) {
-        if let Some(base) = self.consumers_at(msn) {
-            self.credits.update(code, base);
-        }
-        if let Some(seq) = self.limited {
-            if self.credits.allows(self.wqe(seq).consumers) {
-                self.limited = None;
-            }
-        }
-    }
-
-    /// Whether the limited WQE `seq` (started without credit) may go on: credit arrived
-    /// for it, or the responder accepted its first packet (a positive Ack of that PSN
-    /// means a receive WQE was found for the message; spec/02 "SQ Logic's Behavior When No
-    /// Credits Are Available") — for a Write with Immediate, which needs the receive WQE at
-    /// its last packet, the whole message.
-    fn limited_resolved(&self, seq: u64) -> bool {
-        let w = self.wqe(seq);
-        let accepted = match w.wqe.op {
-            WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => w.first_psn,
-            _ => w.last_psn(),
-        };
-        self.credits.allows(w.consumers) || !accepted.after(self.window.acked())
-    }
-
-    /// Bytes of the window.
-    pub(crate) fn memory_bytes(&self) -> usize {
-        self.window.memory_bytes()
-    }
-
-    /// Retires the oldest WQE (done, or flushed) and does the SQ Logic's bookkeeping;
-    /// returns it.
-    pub(crate) fn retire_oldest(&mut self) -> SendWqe {
-        let seq = self.window.retired();
-        let was_started = seq < self.window.started();
-        let w = self.window.retire_oldest();
-        if was_started && w.wqe.op.is_rd_atomic() {
-            self.rd_atomic -= 1;
-        }
-        if self.limited == Some(seq) {
-            self.limited = None;
-        }
-        w
-    }
-
-    /// Drops everything (QP reset).
-    pub(crate) fn reset(&mut self) {
-        let depth = self.window.capacity() as u32;
-        *self = Requester::new(depth);
-    }
-}
-
 /// Takes newly posted WQEs from the SQ ring into the window.
 pub(crate) fn fetch(qp: &mut QpCtx) {
-    while qp.req.window.has_room() {
+    while qp.req.has_room() {
         let Some(w) = qp.sq.take() else { break };
         accept(qp, w);
     }
@@ -327,77 +46,7 @@ pub(crate) fn fetch(qp: &mut QpCtx) {
 /// Appends a WQE to the window (from the send ring, or posted directly in inline mode);
 /// the window has room (the application never has more than `max_send_wr` outstanding).
 pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
-    let req = &mut qp.req;
-    req.ssn = (req.ssn + 1) & Psn::MASK;
-    if w.op.consumes_rq_wqe() {
-        req.consumers += 1;
-    }
-    let pmtu = qp.cfg.path_mtu.bytes();
-    let span = match w.op {
-        WqeOp::BindMw | WqeOp::LocalInv => 0,
-        WqeOp::Read => psn::read_response_packets(w.len, pmtu),
-        WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
-        _ => psn::packets_for(u64::from(w.len), pmtu),
-    };
-    req.window.push(SendWqe {
-        wqe: w,
-        consumers: req.consumers,
-        first_psn: Psn::new(0),
-        span,
-        resp_seen: 0,
-        done: None,
-    });
-}
-
-/// Whether a QP's transmit point waits for room on its link, and since when.
-///
-/// A link ring is full when the peer's engine reads it more slowly than this side writes,
-/// or not at all: a peer that stopped consuming (its process alive, the link up) leaves it
-/// full for good. A request waiting for room counts against the transport timer as one
-/// sent does: each expiry while it waits spends one of the Retry Count (it is not sent
-/// again: it never left), and when none is left the WQE completes with RetryExcErr, the
-/// rest are flushed, and [`crate::Qp::last_error`] names the full link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum LinkWait {
-    /// The last transmission attempt did not stop for lack of room.
-    #[default]
-    No,
-    /// It did; the timer has not expired since.
-    Waiting,
-    /// It did, since about this time: one transport timer period before its first expiry
-    /// during the wait (the period the wait started, if it armed the timer; earlier by
-    /// less than a period if the timer ran already).
-    Since(crate::timer::Timestamp),
-}
-
-/// The BTH of a QP's single-packet requests with what stays fixed from RTS on filled in
-/// (P_Key, DestQP; M and TVer zero): the template path patches the opcode, SE, PadCnt,
-/// AckReq and PSN (issue 10, "short paths for the common case").
-#[derive(Debug, Clone, Copy)]
-struct BthTemplate([u8; bth::HEADER_LEN]);
-
-impl BthTemplate {
-    fn new(dest: Qpn) -> BthTemplate {
-        let mut b = [0u8; bth::HEADER_LEN];
-        BthRepr {
-            pkey: DEFAULT_PKEY,
-            ..BthRepr::new(Opcode::SendOnly, dest, Psn::new(0))
-        }
-        .emit(&mut bth::Packet::new_unchecked(&mut b[..]));
-        BthTemplate(b)
-    }
-
-    /// Writes the BTH of a request with AckReq set into `out`.
-    #[inline]
-    fn write(&self, out: &mut [u8], opcode: Opcode, solicited: bool, pad: u8, psn: Psn) {
-        out[..bth::HEADER_LEN].copy_from_slice(&self.0);
-        let mut p = bth::Packet::new_unchecked(out);
-        p.set_opcode(opcode);
-        p.set_solicited(solicited);
-        p.set_pad_count(pad);
-        p.set_ack_req(true);
-        p.set_psn(psn);
-    }
+    qp.req.accept(w, qp.cfg.path_mtu.bytes());
 }
 
 /// Takes a WQE posted directly (inline mode) and sends what the QP can send now, up to
@@ -450,23 +99,9 @@ fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, 
         DataLoc::Empty if len == 0 => 0,
         _ => return false,
     };
-    let req = &mut qp.req;
-    let Some(template) = req.template else {
+    let Some((template, consumers)) = qp.req.fast_gate(qp.state, w, qp.cfg.max_rd_atomic) else {
         return false;
     };
-    if qp.state != QpState::Rts
-        || req.window.has_work()
-        || req.limited.is_some()
-        || req.rnr_timer.armed()
-        || (w.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0)
-    {
-        return false;
-    }
-    let consumes = w.op.consumes_rq_wqe();
-    let consumers = req.consumers + u64::from(consumes);
-    if consumes && !req.credits.allows(consumers) {
-        return false;
-    }
     let Some((slot, _)) = tx.next_packet(0) else {
         return false;
     };
@@ -474,7 +109,7 @@ fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, 
         // Unreadable data: the long way completes the WQE with a local error.
         return false;
     }
-    let psn = req.window.npsn();
+    let psn = qp.req.window().npsn();
     let pad = ((4 - len % 4) % 4) as u8;
     let solicited = w.flags.has(WqeFlags::SOLICITED);
     template.write(&mut slot.data, opcode, solicited, pad, psn);
@@ -501,16 +136,12 @@ fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, 
     crate::responder::ride_owed_ack(qp, env, slot);
     tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE.
-    let req = &mut qp.req;
-    req.ssn = (req.ssn + 1) & Psn::MASK;
-    req.consumers = consumers;
-    req.window.push_sent(w, consumers);
+    qp.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += len as u64;
-    req.keep_timer_running(env);
     #[cfg(test)]
     {
-        req.fast_posts += 1;
+        qp.fast_posts += 1;
     }
     true
 }
@@ -551,23 +182,13 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     if matches!(w.data, DataLoc::Table { .. }) {
         return false;
     }
-    let req = &mut qp.req;
-    let Some(template) = req.template else {
+    let Some((template, consumers)) = qp.req.fast_gate(qp.state, w, qp.cfg.max_rd_atomic) else {
         return false;
     };
-    if qp.state != QpState::Rts
-        || req.window.has_work()
-        || req.limited.is_some()
-        || req.rnr_timer.armed()
-        || (w.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0)
-        || req.rd_atomic >= u32::from(qp.cfg.max_rd_atomic)
-    {
-        return false;
-    }
     let Some((slot, _)) = tx.next_packet(0) else {
         return false;
     };
-    let psn = req.window.npsn();
+    let psn = qp.req.window().npsn();
     template.write(&mut slot.data, opcode, false, 0, psn);
     if w.op == WqeOp::Read {
         RethRepr {
@@ -595,15 +216,11 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     crate::responder::ride_owed_ack(qp, env, slot);
     tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE (it consumes no receive WQE).
-    let req = &mut qp.req;
-    req.ssn = (req.ssn + 1) & Psn::MASK;
-    req.window.push_sent(w, req.consumers);
-    req.rd_atomic += 1;
+    qp.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
-    req.keep_timer_running(env);
     #[cfg(test)]
     {
-        req.fast_posts += 1;
+        qp.fast_posts += 1;
     }
     true
 }
@@ -619,7 +236,7 @@ pub(crate) fn transmit<L: LinkTx + ?Sized>(
     // The engine offers every active QP a turn each iteration, and most have nothing to
     // send: that answer costs two loads here instead of a call. (An RNR wait that has
     // ended is cleared by the full path even when nothing waits behind it.)
-    if !qp.req.window.has_work() && !qp.req.rnr_timer.armed() {
+    if !qp.req.wants_transmit() {
         return 0;
     }
     transmit_some(qp, env, tx, budget)
@@ -633,65 +250,35 @@ fn transmit_some<L: LinkTx + ?Sized>(
     tx: &mut L,
     budget: usize,
 ) -> usize {
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.req.rnr_waiting(env) {
         return 0;
-    }
-    let req = &mut qp.req;
-    if req.rnr_timer.armed() {
-        if !env.expired(&req.rnr_timer) {
-            return 0;
-        }
-        req.rnr_timer.disarm();
     }
     let pmtu = qp.cfg.path_mtu.bytes();
     let mut sent = 0;
     let mut local = 0;
     let mut local_error = false;
     let mut link_full = false;
-    while sent < budget && qp.req.window.has_work() {
-        let req = &mut qp.req;
-        let point = req.window.tx();
-        let seq = point.seq;
-        // A WQE not yet started: it gets its PSNs when its first packet goes.
-        let new_wqe = seq == req.window.started();
-        if let Some(l) = req.limited {
-            if req.limited_resolved(l) {
-                req.limited = None;
-            }
-        }
-        if new_wqe {
-            // Gates for a new WQE (spec/02 "Obey the Ordering Rules").
-            let w = req.wqe(seq);
-            if qp.state != QpState::Rts || req.limited.is_some() {
-                break;
-            }
-            if w.wqe.flags.has(WqeFlags::FENCE) && req.rd_atomic > 0 {
-                break;
-            }
-            if w.wqe.op.is_rd_atomic() && req.rd_atomic >= u32::from(qp.cfg.max_rd_atomic) {
-                break;
-            }
-        } else if req.limited == Some(seq)
-            && point.pkt >= 1
-            && matches!(
-                req.wqe(seq).wqe.op,
-                WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv
-            )
-        {
-            // A limited Send waits after its first packet until credit arrives.
-            break;
-        }
-        if req.wqe(seq).wqe.op.is_local() {
-            match run_local(qp, env, seq, new_wqe) {
-                Some(true) => local += 1,
-                Some(false) => {
-                    local_error = true;
-                    break;
+    while sent < budget {
+        let (seq, new_wqe, point) = match qp.req.next_step(qp.state, qp.cfg.max_rd_atomic) {
+            Step::Stop => break,
+            Step::Local { seq, new_wqe } => {
+                match run_local(qp, env, seq, new_wqe) {
+                    Some(true) => local += 1,
+                    Some(false) => {
+                        local_error = true;
+                        break;
+                    }
+                    None => {}
                 }
-                None => {}
+                continue;
             }
-            continue;
-        }
+            Step::Packet {
+                seq,
+                new_wqe,
+                point,
+            } => (seq, new_wqe, point),
+        };
+        let req = &mut qp.req;
         // A multi-element list may need continuation slots for its gather list.
         let extra = match req.wqe(seq).wqe.data {
             DataLoc::Table { .. } => MAX_CONTINUATION,
@@ -702,18 +289,11 @@ fn transmit_some<L: LinkTx + ?Sized>(
             break;
         }
         if new_wqe {
-            let w = req.window.start_next();
-            let (op, consumers) = (w.wqe.op, w.consumers);
-            if op.is_rd_atomic() {
-                req.rd_atomic += 1;
-            }
-            if op.consumes_rq_wqe() && !req.credits.allows(consumers) {
-                req.limited = Some(seq);
-            }
+            req.begin_wqe();
         }
         let w = *req.wqe(seq);
         let k = point.pkt;
-        if req.window.note_sent(&w, w.first_psn.add(k)) {
+        if req.note_sent(&w, w.first_psn.add(k)) {
             env.stats.retransmitted += 1;
         }
         let cursor = match point.cursor {
@@ -724,13 +304,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
             )
             .unwrap_or_default(),
         };
-        // A limited Send stops after its first packet and needs it acknowledged; a limited
-        // Write with Immediate sends every packet and needs only its last acknowledged
-        // (spec/02 "SQ Logic's Behavior When No Credits Are Available").
-        let limited_first =
-            req.limited == Some(seq) && k == 0 && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm);
-        // AckReq on the last packet of each message, and on the first of a limited Send.
-        let ack_req = limited_first || w.wqe.op.is_rd_atomic() || k + 1 >= w.span;
+        let ack_req = req.ack_req(seq, &w, k);
         let Some((slot, cont)) = tx.next_packet(extra) else {
             link_full = true;
             break;
@@ -749,7 +323,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
         let Some(payload) = built else {
             // The WQE's own list does not cover its message: a local error (it cannot
             // happen for a list `post_send` checked), never a panic.
-            req.window.complete(seq, WcStatus::LocQpOpErr);
+            qp.req.complete(seq, WcStatus::LocQpOpErr);
             local_error = true;
             break;
         };
@@ -758,25 +332,20 @@ fn transmit_some<L: LinkTx + ?Sized>(
         env.stats.packets_sent += 1;
         env.stats.inline_bytes_sent += payload.inline;
         sent += 1;
-        let req = &mut qp.req;
-        // Advance: a Read or Atomic request covers the rest of its WQE.
-        if w.wqe.op.is_rd_atomic() || k + 1 >= w.span {
-            req.window.next_wqe();
+        if Requester::ends_wqe(&w, k) {
+            qp.req.packet_sent(None);
         } else {
             let mut next = cursor;
             next.advance(Sgl::new(&w.wqe.data, &qp.tables), u64::from(payload.len));
-            req.window.next_packet(next);
+            qp.req.packet_sent(Some(next));
         }
     }
-    let req = &mut qp.req;
-    if sent > 0 {
-        req.keep_timer_running(env);
-    }
-    if link_full {
-        req.wait_for_link(env, tx.peer_mark());
-    } else if req.link_wait != LinkWait::No {
-        req.link_wait = LinkWait::No;
-    }
+    let mark = if link_full {
+        Some(tx.peer_mark())
+    } else {
+        None
+    };
+    qp.req.after_transmit(sent > 0, mark);
     if local_error {
         qp.enter_error(env);
     } else if local > 0 {
@@ -791,15 +360,9 @@ fn transmit_some<L: LinkTx + ?Sized>(
 #[cold]
 #[inline(never)]
 fn run_local(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64, new_wqe: bool) -> Option<bool> {
-    let req = &mut qp.req;
-    if !new_wqe {
-        req.window.next_wqe();
-        return None;
-    }
-    let w = req.window.start_next().wqe;
-    req.window.next_wqe();
+    let w = qp.req.run_local(new_wqe)?;
     let status = execute_local(&w, qp.pd.get(), qp.qpn, env);
-    qp.req.window.complete(seq, status);
+    qp.req.complete(seq, status);
     Some(status == WcStatus::Success)
 }
 
@@ -959,82 +522,29 @@ fn build_request(
     })
 }
 
-/// Runs the QP's timers: the end of an RNR wait, and the transport timer (spec/01
-/// "On Timeout, Request Packet Is Resent"), unless `responses_waiting` (the QP's link has
-/// unread packets).
-///
-/// The transport timer runs while requests are unacknowledged, and also while a request
-/// waits for room on the link ([`LinkWait`]): an expiry with nothing unacknowledged but a
-/// request waiting for room is a timeout as well. It spends one of the Retry Count and
-/// sends nothing again (nothing left); the waiting request goes when the link has room.
+/// Runs the QP's timers ([`Requester::handle_timeout`], the time from the engine's clock
+/// through the `Env`) and does what an expiry means: counts the timeout, and when the Retry
+/// Count is spent fails the oldest unfinished WQE with RetryExcErr, records why in
+/// [`crate::Qp::last_error`] and moves the QP to the Error state. `responses_waiting`: the
+/// QP's link has unread packets (its last burst was full), so the timer is looked at again
+/// once they are read.
 pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool) {
-    let req = &mut qp.req;
-    env.start(&mut req.timer);
-    env.start(&mut req.rnr_timer);
-    if env.expired(&req.rnr_timer) {
-        req.rnr_timer.disarm();
-    }
-    if responses_waiting {
-        // The link's receive ring still holds packets this engine has not read (its last
-        // burst was full), so the response that would stop the timer may be among them: a
-        // process that was not scheduled for longer than Ttr finds its peer's Acks waiting
-        // behind other traffic. The timer detects responses that stopped *arriving*, so it
-        // is looked at again once the ring is drained (a few iterations; a peer that keeps
-        // the ring full only delays the timeouts of its own link's QPs).
-        return;
-    }
-    if !env.expired(&req.timer) {
-        return;
-    }
-    req.timer.disarm();
-    let link_wait = req.link_wait != LinkWait::No;
-    if !(req.window.outstanding() || link_wait) || req.rnr_timer.armed() {
-        return;
-    }
-    if req.progressed {
-        // Responses arrived since the timer was armed: it only detects the *cessation* of
-        // responses (spec/01), so start a new period. A timeout is then detected between
-        // Ttr and 2 Ttr after the last response, within the spec's [Ttr, 4 Ttr].
-        req.progressed = false;
-        if let Some(t) = req.ttr {
-            env.arm(&mut req.timer, t);
+    match qp.req.handle_timeout(env, responses_waiting) {
+        Timeout::Nothing => {}
+        Timeout::Resend(_) => env.stats.timeouts += 1,
+        Timeout::Exhausted { seq, link_full } => {
+            env.stats.timeouts += 1;
+            if link_full {
+                record_link_full(qp, env);
+            } else {
+                crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
+            }
+            if let Some(seq) = seq {
+                qp.req.complete(seq, WcStatus::RetryExcErr);
+            }
+            qp.enter_error(env);
         }
-        return;
     }
-    env.stats.timeouts += 1;
-    if req.link_wait == LinkWait::Waiting {
-        // The first period of the wait has passed (looked at here, on the expiry only,
-        // so that the timer's checks pay nothing for it).
-        let ttr = req.ttr.map_or(0, |t| t.as_nanos() as u64);
-        let start = env.now().as_nanos().saturating_sub(ttr);
-        req.link_wait = LinkWait::Since(crate::timer::Timestamp::from_nanos(start));
-    }
-    if req.retry_left == 0 {
-        if link_wait {
-            record_link_full(qp, env);
-        } else {
-            crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
-        }
-        if let Some(seq) = oldest_unfinished(&qp.req.window) {
-            qp.req.window.complete(seq, WcStatus::RetryExcErr);
-        }
-        qp.enter_error(env);
-        return;
-    }
-    req.retry_left -= 1;
-    let from = req.window.acked().add(1);
-    req.window.rewind(from);
-    if let Some(t) = req.ttr {
-        env.arm(&mut req.timer, t);
-    }
-}
-
-/// The oldest unacknowledged request's WQE, or with none, the oldest waiting to be sent.
-fn oldest_unfinished(win: &crate::send_window::SendWindow) -> Option<u64> {
-    win.find(win.acked().add(1)).or_else(|| {
-        let seq = win.tx().seq;
-        (seq < win.fetched()).then_some(seq)
-    })
 }
 
 /// The QP's link went down and the QP stays as it is (a fabric link: see
@@ -1046,7 +556,7 @@ fn oldest_unfinished(win: &crate::send_window::SendWindow) -> Option<u64> {
 #[cold]
 pub(crate) fn on_peer_lost(qp: &mut QpCtx, env: &mut Env<'_>, why: Option<&str>) {
     qp.resp.drop_output();
-    let Some(seq) = oldest_unfinished(&qp.req.window) else {
+    let Some(seq) = qp.req.oldest_unfinished() else {
         qp.req.stop_timers();
         return;
     };
@@ -1054,13 +564,13 @@ pub(crate) fn on_peer_lost(qp: &mut QpCtx, env: &mut Env<'_>, why: Option<&str>)
         "transport retry count exhausted at once: the link to the peer is down ({}), so no \
          request can be answered; the peer acknowledged up to PSN {}",
         why.unwrap_or("its ring broke"),
-        qp.req.window.acked().get()
+        qp.req.window().acked().get()
     );
     *qp.shared
         .last_error
         .lock()
         .unwrap_or_else(|e| e.into_inner()) = Some(text);
-    qp.req.window.complete(seq, WcStatus::RetryExcErr);
+    qp.req.complete(seq, WcStatus::RetryExcErr);
     qp.enter_error(env);
 }
 
@@ -1068,7 +578,7 @@ pub(crate) fn on_peer_lost(qp: &mut QpCtx, env: &mut Env<'_>, why: Option<&str>)
 /// out while a request waited for room on the link. Error path only.
 #[cold]
 fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
-    let waited = match qp.req.link_wait {
+    let waited = match qp.req.link_wait() {
         LinkWait::Since(t) => env.now().saturating_duration_since(t).as_millis(),
         _ => 0,
     };
@@ -1076,7 +586,7 @@ fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
         Some(d) => (d.link.index(), d.qpn.get()),
         None => (0, 0),
     };
-    let acked = qp.req.window.acked().get();
+    let acked = qp.req.window().acked().get();
     let text = format!(
         "transport retry count exhausted (retry_cnt {retry}): no room on the link to peer \
          QP {peer:#x} (link {link}) for about {waited} ms: the peer stopped consuming (its engine \
@@ -1090,35 +600,16 @@ fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
         .unwrap_or_else(|e| e.into_inner()) = Some(text);
 }
 
-/// The nPSN after sending the request packet with PSN `cpsn` and opcode `opcode` (spec 01,
-/// "Some Definitions"): `cpsn + read_response_packets(read_len, pmtu)` for an RDMA Read
-/// request, `cpsn + 1` for any other packet. `read_len` (the RETH DMA length) and `pmtu`
-/// are only looked at for an RDMA Read request.
-///
-/// ```
-/// use shmhca::psn::Psn;
-/// use shmhca::requester::next_psn;
-/// use shmhca::wire::opcode::Opcode;
-/// // spec 01: a Read at PSN 267 that returns 6 responses moves nPSN to 273.
-/// assert_eq!(next_psn(Psn::new(267), Opcode::RdmaReadRequest, 6 * 1024, 1024), Psn::new(273));
-/// assert_eq!(next_psn(Psn::new(273), Opcode::SendOnly, 0, 1024), Psn::new(274));
-/// ```
-#[inline]
-pub fn next_psn(cpsn: Psn, opcode: Opcode, read_len: u32, pmtu: u32) -> Psn {
-    match opcode {
-        Opcode::RdmaReadRequest => cpsn.add(psn::read_response_packets(read_len, pmtu)),
-        _ => cpsn.add(1),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::context::VecLink;
+    use crate::psn::Psn;
     use crate::wire::aeth::CreditCode;
     use crate::wire::slot::RxPacket;
     use crate::wqe::{NO_MR, SgeEntry};
     use crate::{AccessFlags, Context, QpAttr, QpCaps};
+    use std::time::Duration;
 
     /// A context whose QPs (`qps` of them, all in RTS at `sq_psn`, sending to QP 9 over a
     /// link whose far end nobody reads) the tests drive stage by stage, and a region of
@@ -1133,7 +624,7 @@ mod tests {
     }
 
     fn rig(qps: usize, sq_psn: u32, credits: bool) -> Rig {
-        let ctx = crate::raw_peer::inline_context();
+        let ctx = crate::raw_peer::inline_context_on(crate::timer::TestClock::new());
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(256).unwrap();
         let (link, ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 9, 4096);
@@ -1214,11 +705,11 @@ mod tests {
 
     /// Acknowledges everything QP `q` sent and retires it.
     fn ack_all(q: &mut QpCtx) {
-        let last = q.req.window.npsn().sub(1);
-        q.req.window.acknowledge(last);
-        while q.req.window.retired() < q.req.window.started() {
-            let seq = q.req.window.retired();
-            q.req.window.complete(seq, WcStatus::Success);
+        let last = q.req.window().npsn().sub(1);
+        q.req.acknowledged(last, &q.cfg);
+        while q.req.window().retired() < q.req.window().started() {
+            let seq = q.req.window().retired();
+            q.req.complete(seq, WcStatus::Success);
             q.req.retire_oldest();
         }
     }
@@ -1235,24 +726,21 @@ mod tests {
     ) -> (Psn, u32) {
         let mut fast = link(4);
         let psn = r.stage(0, |q, env| {
-            let before = q.req.fast_posts;
-            let psn = q.req.window.npsn();
+            let before = q.fast_posts;
+            let psn = q.req.window().npsn();
             assert_eq!(post(q, env, &mut fast, &w, 16), 1);
-            assert_eq!(
-                q.req.fast_posts,
-                before + 1,
-                "{what} takes the template path"
-            );
-            assert_eq!(q.req.window.npsn(), psn.add(1), "{what}");
-            assert_eq!(q.req.window.sent_to(), psn.add(1), "{what}");
-            assert!(q.req.timer.armed(), "{what}: the transport timer runs");
+            assert_eq!(q.fast_posts, before + 1, "{what} takes the template path");
+            assert_eq!(q.req.window().npsn(), psn.add(1), "{what}");
+            assert_eq!(q.req.window().sent_to(), psn.add(1), "{what}");
+            assert!(q.req.timer().armed(), "{what}: the transport timer runs");
             posted(q);
             // Go-back-N: the same packet again, built the normal way.
-            q.req.window.rewind(psn);
+            assert!(q.req.resend_from(psn), "{what}: a retry left");
             assert_eq!(transmit(q, env, &mut fast, 16), 1);
             ack_all(q);
             assert_eq!(
-                q.req.rd_atomic, 0,
+                q.req.rd_atomic(),
+                0,
                 "{what}: acknowledged, out of the initiator depth"
             );
             psn
@@ -1297,8 +785,8 @@ mod tests {
             }
         }
         // The PSNs wrapped past 2^24 on the way.
-        r.stage(0, |q, _| assert!(q.req.window.npsn().get() < 0xFF_FFFD));
-        r.stage(0, |q, _| assert_eq!(q.req.fast_posts, case));
+        r.stage(0, |q, _| assert!(q.req.window().npsn().get() < 0xFF_FFFD));
+        r.stage(0, |q, _| assert_eq!(q.fast_posts, case));
     }
 
     /// A Read of at most a PMTU (one response), a Compare and Swap and a Fetch and Add, on
@@ -1327,11 +815,11 @@ mod tests {
                 let what = format!("{op:?}, {len} bytes, flags {flags}");
                 template_matches_normal(&r, w, &what, |q| {
                     // It takes its place in the initiator depth until it is acknowledged.
-                    assert_eq!(q.req.rd_atomic, 1, "{what}");
+                    assert_eq!(q.req.rd_atomic(), 1, "{what}");
                 });
             }
         }
-        r.stage(0, |q, _| assert_eq!(q.req.fast_posts, case));
+        r.stage(0, |q, _| assert_eq!(q.fast_posts, case));
     }
 
     /// A Read or Atomic the template path does not take goes the normal way: past the
@@ -1345,21 +833,21 @@ mod tests {
         let mut l = link(16);
         r.stage(0, |q, env| {
             assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
-            assert_eq!(q.req.fast_posts, 1);
+            assert_eq!(q.fast_posts, 1);
             // The initiator depth is 1: the Atomic waits for the Read.
             assert_eq!(post(q, env, &mut l, &fadd, 16), 0);
             // Queued work: a Read behind it waits its turn too.
             assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 0);
-            assert_eq!(q.req.fast_posts, 1);
+            assert_eq!(q.fast_posts, 1);
             ack_all(q);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
-            assert_eq!(q.req.rd_atomic, 0);
+            assert_eq!(q.req.rd_atomic(), 0);
             // A Read of two responses: the normal path.
             assert_eq!(post(q, env, &mut l, &read(257, 0), 16), 1);
-            assert_eq!(q.req.fast_posts, 1);
+            assert_eq!(q.fast_posts, 1);
             ack_all(q);
         });
         // A fenced Read behind a Read, with room for two in flight.
@@ -1367,13 +855,13 @@ mod tests {
             q.cfg.max_rd_atomic = 2;
             assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
             assert_eq!(post(q, env, &mut l, &read(8, WqeFlags::FENCE), 16), 0);
-            assert_eq!(q.req.fast_posts, 2);
+            assert_eq!(q.fast_posts, 2);
             ack_all(q);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             // Without a fence, a second Read goes beside the first.
             assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
-            assert_eq!(q.req.fast_posts, 3);
-            assert_eq!(q.req.rd_atomic, 2);
+            assert_eq!(q.fast_posts, 3);
+            assert_eq!(q.req.rd_atomic(), 2);
             ack_all(q);
         });
         use Opcode::*;
@@ -1407,10 +895,10 @@ mod tests {
             q.cfg.max_rd_atomic = 4;
             // No credit yet: the first Send goes alone and waits; the Read waits behind it.
             assert_eq!(post(q, env, &mut l, &send, 16), 1);
-            assert_eq!(q.req.limited, Some(0));
+            assert_eq!(q.req.limited(), Some(0));
             assert_eq!(post(q, env, &mut l, &read, 16), 0);
-            assert_eq!(q.req.fast_posts, 0);
-            q.req.window.acknowledge(Psn::new(10));
+            assert_eq!(q.fast_posts, 0);
+            q.req.acknowledged(Psn::new(10), &q.cfg);
             q.req.update_credits(CreditCode::encode(8), 1);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
@@ -1421,13 +909,16 @@ mod tests {
             assert_eq!(post(q, env, &mut full, &send, 16), 0);
             full.room = 4;
             assert_eq!(post(q, env, &mut full, &fadd, 16), 2);
-            assert_eq!(q.req.fast_posts, 0);
+            assert_eq!(q.fast_posts, 0);
             ack_all(q);
             // An RNR wait with nothing queued: the Read waits for its end.
-            env.arm(&mut q.req.rnr_timer, std::time::Duration::from_secs(3600));
+            let npsn = q.req.window().npsn();
+            assert!(q.req.rnr_wait(npsn, Duration::from_secs(3600), &q.cfg));
             assert_eq!(post(q, env, &mut l, &read, 16), 0);
-            assert_eq!(q.req.fast_posts, 0);
-            q.req.rnr_timer.disarm();
+            assert_eq!(q.fast_posts, 0);
+            // The wait ends (an hour on the test clock).
+            q.req.start_timers(env);
+            env.jump_to(q.req.rnr_timer().at().expect("the RNR wait runs"));
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
         });
@@ -1454,23 +945,23 @@ mod tests {
         r.stage(0, |q, env| {
             // No credit yet: the first Send goes alone, with AckReq, and waits.
             assert_eq!(post(q, env, &mut l, &send(8), 16), 1);
-            assert_eq!(q.req.limited, Some(0));
+            assert_eq!(q.req.limited(), Some(0));
             // A Write does not consume credit but must not pass the waiting Send.
             assert_eq!(post(q, env, &mut l, &write, 16), 0);
-            assert_eq!(q.req.fast_posts, 0);
+            assert_eq!(q.fast_posts, 0);
             // Credit comes with the Ack of the first Send; the Write is queued, so the
             // next Send goes behind it.
-            q.req.window.acknowledge(Psn::new(10));
+            q.req.acknowledged(Psn::new(10), &q.cfg);
             q.req.update_credits(CreditCode::encode(8), 1);
             assert_eq!(post(q, env, &mut l, &send(8), 16), 2);
-            assert_eq!(q.req.fast_posts, 0);
+            assert_eq!(q.fast_posts, 0);
             // Idle, with credit: the template path.
             assert_eq!(post(q, env, &mut l, &send(8), 16), 1);
-            assert_eq!(q.req.fast_posts, 1);
+            assert_eq!(q.fast_posts, 1);
             // A Send larger than a slot holds inline, or than one packet: the normal path.
             assert_eq!(post(q, env, &mut l, &send(101), 16), 1);
             assert_eq!(post(q, env, &mut l, &send(300), 16), 2);
-            assert_eq!(q.req.fast_posts, 1);
+            assert_eq!(q.fast_posts, 1);
         });
         use Opcode::*;
         assert_eq!(
@@ -1495,10 +986,12 @@ mod tests {
             assert_eq!(sent(&full), [(SendOnly, 17, true)]);
             ack_all(q);
             // An RNR wait: nothing goes until it ends.
-            env.arm(&mut q.req.rnr_timer, std::time::Duration::from_secs(3600));
+            let npsn = q.req.window().npsn();
+            assert!(q.req.rnr_wait(npsn, Duration::from_secs(3600), &q.cfg));
             let mut l = link(4);
             assert_eq!(post(q, env, &mut l, &send(8), 16), 0);
-            q.req.rnr_timer.disarm();
+            q.req.start_timers(env);
+            env.jump_to(q.req.rnr_timer().at().expect("the RNR wait runs"));
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             // A fenced Send waits for the Read before it.
@@ -1507,11 +1000,11 @@ mod tests {
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(mr, 0, &[3; 8]), 8);
             assert_eq!(post(q, env, &mut l, &fenced, 16), 0);
             ack_all(q);
-            assert_eq!(q.req.rd_atomic, 0);
+            assert_eq!(q.req.rd_atomic(), 0);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             // The Send and the Read before the fence.
-            assert_eq!(q.req.fast_posts, 2);
+            assert_eq!(q.fast_posts, 2);
             let psns: Vec<_> = sent(&l).iter().map(|p| (p.0, p.1)).collect();
             assert_eq!(
                 psns,
@@ -1528,7 +1021,7 @@ mod tests {
         r.qps[0].modify(&QpAttr::new(QpState::Rts)).unwrap();
         r.stage(0, |q, env| {
             assert_eq!(transmit(q, env, &mut l, 16), 1);
-            assert_eq!(q.req.fast_posts, 2);
+            assert_eq!(q.fast_posts, 2);
         });
         assert_eq!(sent(&l), [(Opcode::SendOnly, 21, true)]);
     }
@@ -1566,10 +1059,10 @@ mod tests {
             assert_eq!(post(q, env, &mut l, &fenced, 16), 1);
             let read = wqe(WqeOp::Read, 0, data(&r.mr, 64, &[0; 8]), 8);
             assert_eq!(post(q, env, &mut l, &read, 16), 1);
-            assert_eq!(q.req.rd_atomic, 1);
+            assert_eq!(q.req.rd_atomic(), 1);
             let plain = wqe(WqeOp::Send, 0, data(&r.mr, 0, &[2; 8]), 8);
             assert_eq!(post(q, env, &mut l, &plain, 16), 1);
-            assert_eq!(q.req.fast_posts, 3, "the Read too");
+            assert_eq!(q.fast_posts, 3, "the Read too");
         });
         use Opcode::*;
         assert_eq!(

@@ -47,6 +47,7 @@ pub mod ids;
 pub mod mem;
 pub mod psn;
 pub mod qp;
+pub mod requester;
 pub mod send_window;
 pub mod stats;
 pub mod timer;

@@ -84,7 +84,7 @@ impl SendWqe {
 }
 
 /// Where the next packet comes from.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxPoint {
     /// The WQE.
     pub seq: u64,

@@ -81,6 +81,47 @@ pub trait Clock {
     fn coarse_lag(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// This clock as [`Timers`], read at each question.
+    fn timers(&self) -> ClockTimers<'_, Self> {
+        ClockTimers(self)
+    }
+}
+
+/// The time as the protocol's timers see it while a driver runs them: what
+/// [`Requester::handle_timeout`](crate::requester::Requester::handle_timeout) and the
+/// transmit path's RNR check are passed. A driver implements it over its [`Clock`] and may
+/// cache a reading for the length of one iteration (the engine reads the clock once, and
+/// only when a deadline is near: see [`Deadline::expired_by`]); [`ClockTimers`] reads the
+/// clock each time.
+pub trait Timers {
+    /// The time now.
+    fn now(&mut self) -> Timestamp;
+
+    /// Starts `d` if it was armed to start later ([`Deadline::arm_later`]).
+    fn start(&mut self, d: &mut Deadline);
+
+    /// Whether `d` is started and has passed.
+    fn expired(&mut self, d: &Deadline) -> bool;
+}
+
+/// [`Timers`] over a [`Clock`], read afresh at each question (tests; a driver that reads
+/// its clock once per iteration implements [`Timers`] itself).
+#[derive(Debug)]
+pub struct ClockTimers<'c, C: ?Sized>(pub &'c C);
+
+impl<C: Clock + ?Sized> Timers for ClockTimers<'_, C> {
+    fn now(&mut self) -> Timestamp {
+        self.0.now()
+    }
+
+    fn start(&mut self, d: &mut Deadline) {
+        d.start(self.0.now(), self.0.resolution());
+    }
+
+    fn expired(&mut self, d: &Deadline) -> bool {
+        d.expired(self.0.now())
+    }
 }
 
 /// A clock that moves only when told: for tests of timers, which jump to the next deadline

@@ -514,8 +514,8 @@ impl Engine {
                 qpn: q.qpn.get(),
                 state: q.state,
                 dest: q.cfg.dest.map(|d| (d.link.index(), d.qpn.get())),
-                npsn: q.req.window.npsn().get(),
-                acked: q.req.window.acked().get(),
+                npsn: q.req.window().npsn().get(),
+                acked: q.req.window().acked().get(),
                 epsn: q.resp.epsn.get(),
             });
             area.publish(&self.res.stats, links, qps);
@@ -780,8 +780,8 @@ impl Engine {
                     let Some(qp) = self.qps.at_mut(i) else {
                         continue;
                     };
-                    for d in [&mut qp.req.timer, &mut qp.req.rnr_timer] {
-                        env.start(d);
+                    qp.req.start_timers(&mut env);
+                    for d in [qp.req.timer(), qp.req.rnr_timer()] {
                         if let Some(t) = d.at() {
                             earliest = Some(earliest.map_or(t, |e| e.min(t)));
                         }
@@ -1038,7 +1038,7 @@ impl Iteration<'_> {
                 let link = qp.cfg.dest.and_then(|d| self.links.at_mut(d.link.index()));
                 match link {
                     Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
-                        if check_timers && (qp.req.timer.armed() || qp.req.rnr_timer.armed()) {
+                        if check_timers && (qp.req.timer().armed() || qp.req.rnr_timer().armed()) {
                             requester::on_tick(qp, env, link.rx_backlog);
                         }
                         let before = link.tx.len();
@@ -1325,16 +1325,16 @@ fn trace_sent(
 /// wait goes when the wait ends, which the timer check sees.
 fn needs_attention(qp: &QpCtx) -> bool {
     let req = &qp.req;
-    (req.window.has_work() && !req.rnr_timer.armed())
+    (req.window().has_work() && !req.rnr_timer().armed())
         || qp.resp.has_output()
-        || req.window.oldest_done()
-        || (qp.state == QpState::Error && req.window.fetched() > req.window.retired())
+        || req.window().oldest_done()
+        || (qp.state == QpState::Error && req.window().fetched() > req.window().retired())
         || qp.rq_flush_pending
 }
 
 /// Whether a QP has a timer armed: the transport timer, or an RNR wait.
 fn waits_for_timer(qp: &QpCtx) -> bool {
-    qp.req.timer.armed() || qp.req.rnr_timer.armed()
+    qp.req.timer().armed() || qp.req.rnr_timer().armed()
 }
 
 /// Drops every queued work request of a QP without completions (destroy, or Reset),
@@ -1342,10 +1342,10 @@ fn waits_for_timer(qp: &QpCtx) -> bool {
 fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
     requester::fetch(qp);
     loop {
-        let win = &qp.req.window;
+        let win = qp.req.window();
         if win.retired() == win.fetched() {
             requester::fetch(qp);
-            let win = &qp.req.window;
+            let win = qp.req.window();
             if win.retired() == win.fetched() {
                 break;
             }
@@ -1354,7 +1354,7 @@ fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
         env.release(&w.wqe.data, &qp.tables);
     }
     qp.shared.sq_retired.store(
-        qp.req.window.retired(),
+        qp.req.window().retired(),
         std::sync::atomic::Ordering::Release,
     );
     if let Some(wqe) = qp.resp.take_current_wqe() {

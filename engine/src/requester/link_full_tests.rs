@@ -41,7 +41,17 @@ struct Rig {
 }
 
 fn rig() -> Rig {
-    let ctx = inline_context();
+    rig_on(inline_context())
+}
+
+/// A rig whose engine's timers run on a test clock (see [`expire`]).
+fn timed_rig() -> Rig {
+    rig_on(crate::raw_peer::inline_context_on(
+        crate::timer::TestClock::new(),
+    ))
+}
+
+fn rig_on(ctx: Context) -> Rig {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).unwrap();
     let (link, peer, arena) = raw_peer_link(&ctx, RING, PEER, 4096);
@@ -244,10 +254,12 @@ impl Rig {
     }
 }
 
-/// Makes the QP's transport timer expire at its next look.
-fn expire(q: &mut crate::context::QpCtx) {
-    assert!(q.req.timer.armed(), "the transport timer runs");
-    q.req.timer = crate::timer::Deadline::At(crate::timer::Timestamp::from_nanos(0));
+/// Moves the engine's test clock to the QP's transport timer's deadline, so that it expires
+/// at its next look.
+fn expire(q: &mut crate::context::QpCtx, env: &mut crate::context::Env<'_>) {
+    q.req.start_timers(env);
+    let at = q.req.timer().at().expect("the transport timer runs");
+    env.jump_to(at);
 }
 
 /// The retry semantics of a wait for room, one expiry at a time: each spends one of the
@@ -257,32 +269,32 @@ fn expire(q: &mut crate::context::QpCtx) {
 fn each_expiry_while_waiting_for_room_spends_one_retry_and_sends_nothing() {
     use super::{LinkWait, accept, on_tick, transmit};
     use crate::context::VecLink;
-    let mut r = rig();
+    let mut r = timed_rig();
     let qp = r.qp(0);
     let mut full = VecLink::default(); // room for no packet
     r.stage(&qp, |q, env| {
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut full, 16), 0);
-        assert_eq!(q.req.link_wait, LinkWait::Waiting);
-        assert!(!q.req.window.outstanding(), "nothing left");
+        assert_eq!(q.req.link_wait(), LinkWait::Waiting);
+        assert!(!q.req.window().outstanding(), "nothing left");
         on_tick(q, env, false);
-        assert_eq!(q.req.link_wait, LinkWait::Waiting, "not expired yet");
+        assert_eq!(q.req.link_wait(), LinkWait::Waiting, "not expired yet");
         for retries_left in (0..RETRY_CNT).rev() {
             let timeouts = env.stats.timeouts;
-            expire(q);
+            expire(q, env);
             on_tick(q, env, false);
             assert_eq!(env.stats.timeouts, timeouts + 1);
-            assert_eq!(q.req.retry_left, retries_left);
+            assert_eq!(q.req.retry_state().1, retries_left);
             assert_eq!(q.state, QpState::Rts);
-            assert!(q.req.timer.armed(), "a new period");
+            assert!(q.req.timer().armed(), "a new period");
             assert_eq!(transmit(q, env, &mut full, 16), 0);
             assert!(full.sent.is_empty());
-            assert!(matches!(q.req.link_wait, LinkWait::Since(_)));
+            assert!(matches!(q.req.link_wait(), LinkWait::Since(_)));
         }
-        expire(q);
+        expire(q, env);
         on_tick(q, env, false);
         assert_eq!(q.state, QpState::Error);
-        assert!(!q.req.timer.armed());
+        assert!(!q.req.timer().armed());
     });
     let wcs = r.completions();
     assert_eq!(statuses(&wcs, qp.qpn()), [(7, WcStatus::RetryExcErr)]);
@@ -302,34 +314,45 @@ fn each_expiry_while_waiting_for_room_spends_one_retry_and_sends_nothing() {
 fn a_wait_ends_when_the_request_goes_or_something_else_holds_it() {
     use super::{LinkWait, accept, on_tick, transmit};
     use crate::context::VecLink;
-    let r = rig();
+    let r = timed_rig();
     let qp = r.qp(0);
     r.stage(&qp, |q, env| {
         let mut full = VecLink::default();
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut full, 16), 0);
-        assert_eq!(q.req.link_wait, LinkWait::Waiting);
+        assert_eq!(q.req.link_wait(), LinkWait::Waiting);
         let mut room = VecLink::default();
         room.room = 4;
         assert_eq!(transmit(q, env, &mut room, 16), 1);
-        assert_eq!(q.req.link_wait, LinkWait::No, "the request went");
-        assert!(q.req.window.acknowledge(q.req.window.npsn().sub(1)));
-        let (timeouts, retries) = (env.stats.timeouts, q.req.retry_left);
-        expire(q);
+        assert_eq!(q.req.link_wait(), LinkWait::No, "the request went");
+        assert!(q.req.acknowledged(q.req.window().npsn().sub(1), &q.cfg));
+        let (timeouts, retries) = (env.stats.timeouts, q.req.retry_state().1);
+        assert!(
+            !q.req.timer().armed(),
+            "nothing outstanding: the timer stopped"
+        );
+        let later = env.now().after(Duration::from_secs(3600));
+        env.jump_to(later);
         on_tick(q, env, false);
-        assert_eq!((env.stats.timeouts, q.req.retry_left), (timeouts, retries));
+        assert_eq!(
+            (env.stats.timeouts, q.req.retry_state().1),
+            (timeouts, retries)
+        );
 
         // A second Send waits for room, then the QP is drained: the Send is held by the
         // state, not by the link, even where the link has room.
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut full, 16), 0);
-        assert_eq!(q.req.link_wait, LinkWait::Waiting);
+        assert_eq!(q.req.link_wait(), LinkWait::Waiting);
         q.state = QpState::Sqd;
         assert_eq!(transmit(q, env, &mut room, 16), 0);
-        assert_eq!(q.req.link_wait, LinkWait::No, "held by the state");
-        expire(q);
+        assert_eq!(q.req.link_wait(), LinkWait::No, "held by the state");
+        expire(q, env);
         on_tick(q, env, false);
-        assert_eq!((env.stats.timeouts, q.req.retry_left), (timeouts, retries));
+        assert_eq!(
+            (env.stats.timeouts, q.req.retry_state().1),
+            (timeouts, retries)
+        );
         assert_eq!(q.state, QpState::Sqd);
     });
 }
@@ -341,33 +364,33 @@ fn a_wait_ends_when_the_request_goes_or_something_else_holds_it() {
 fn a_link_the_peer_still_reads_is_busy_not_stopped() {
     use super::{accept, on_tick, transmit};
     use crate::context::VecLink;
-    let r = rig();
+    let r = timed_rig();
     let qp = r.qp(0);
     r.stage(&qp, |q, env| {
         let mut busy = VecLink::default(); // never room for this QP
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut busy, 16), 0);
         on_tick(q, env, false);
-        let (timeouts, retries) = (env.stats.timeouts, q.req.retry_left);
+        let (timeouts, retries) = (env.stats.timeouts, q.req.retry_state().1);
         for round in 0..3 {
             // The peer read some lines, and others' packets took the room.
             busy.mark += 5;
             assert_eq!(transmit(q, env, &mut busy, 16), 0);
-            expire(q);
+            expire(q, env);
             on_tick(q, env, false);
             assert_eq!(
-                (env.stats.timeouts, q.req.retry_left, q.state),
+                (env.stats.timeouts, q.req.retry_state().1, q.state),
                 (timeouts, retries, QpState::Rts),
                 "round {round}: a new period, no retry spent"
             );
-            assert!(q.req.timer.armed());
+            assert!(q.req.timer().armed());
         }
         // The peer stops: no room freed between two looks.
         assert_eq!(transmit(q, env, &mut busy, 16), 0);
-        expire(q);
+        expire(q, env);
         on_tick(q, env, false);
         assert_eq!(env.stats.timeouts, timeouts + 1);
-        assert_eq!(q.req.retry_left, retries - 1);
+        assert_eq!(q.req.retry_state().1, retries - 1);
     });
 }
 

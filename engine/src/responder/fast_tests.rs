@@ -97,11 +97,11 @@ pub(super) fn run_in(
             // No burst is being received: the early answers' resources are free, as the
             // pipeline's would be once it sent their responses.
             q.resp.settle_all();
-            let (w, req) = (&q.req.window, &q.req);
+            let (w, req) = (q.req.window(), &q.req);
             let counters = (w.retired(), w.started(), w.fetched(), w.npsn(), w.acked());
             let (retrying, retry_left, rnr_left) = req.retry_state();
-            let rest = (req.rd_atomic, &req.credits, req.limited, retrying);
-            let retries = (retry_left, rnr_left, req.timer.armed());
+            let rest = (req.rd_atomic(), req.credits(), req.limited(), retrying);
+            let retries = (retry_left, rnr_left, req.timer().armed());
             let req = format!("{counters:?} {rest:?} {retries:?}");
             (format!("{:?}", q.resp), req)
         })

@@ -224,6 +224,8 @@ impl Qp {
                 rq_flush_pending: false,
                 comm_est_pending: false,
                 riding_ack: None,
+                #[cfg(test)]
+                fast_posts: 0,
                 srq: srq_index.map(|srq| crate::context::SrqBinding {
                     srq: shmhca_proto::ids::SrqId::new(srq),
                     scratch: gather_bytes,
@@ -376,7 +378,7 @@ impl Qp {
                 (
                     q.state,
                     q.cfg,
-                    q.req.window.npsn().get(),
+                    q.req.window().npsn().get(),
                     q.resp.epsn.get(),
                     q.req.ttr(),
                 )

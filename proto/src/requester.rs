@@ -1,0 +1,1150 @@
+//! The SQ Logic's state machine (spec/01): the send window, the gates before a new WQE
+//! starts, end-to-end credits, the retry counters and the two timers.
+//!
+//! A [`Requester`] decides; whoever drives it does the I/O. The engine's packet builder asks
+//! it what to send next ([`Requester::next_step`]), tells it what went out
+//! ([`Requester::begin_wqe`], [`Requester::packet_sent`]); the completer tells it what the
+//! responses said ([`Requester::acknowledged`], [`Requester::rnr_wait`],
+//! [`Requester::resend_from`], [`Requester::complete`]); and the timers run through
+//! [`Requester::handle_timeout`], with the time passed in through a [`Timers`], so that a
+//! test plays an hour of retries on a [`ManualClock`](crate::timer::ManualClock) in no time.
+//! Its fields are private: the window, the counters and the timers change only through the
+//! operations below.
+//!
+//! WQEs are processed strictly in posted order. Before a new WQE starts, three gates apply:
+//! the fence (a fenced WQE waits for every earlier RDMA Read and Atomic to complete), the
+//! initiator depth (Reads and Atomics in flight) and end-to-end credits (spec/02 "SQ Logic's
+//! Behavior When No Credits Are Available": a limited Send sends only its first packet, with
+//! AckReq, and waits).
+//!
+//! ```
+//! use core::time::Duration;
+//! use shmhca_proto::completion::WcStatus;
+//! use shmhca_proto::psn::Psn;
+//! use shmhca_proto::qp::{QpConfig, QpState};
+//! use shmhca_proto::requester::{Requester, Step, Timeout};
+//! use shmhca_proto::timer::{Clock, ManualClock, Timestamp, Timers};
+//! use shmhca_proto::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
+//!
+//! // Retry Count 1, Local Ack Timeout 14 (~67 ms).
+//! let cfg = QpConfig { sq_psn: Psn::new(100), retry_cnt: 1, timeout: 14, ..QpConfig::default() };
+//! let clock = ManualClock::new(Timestamp::from_nanos(0));
+//! let mut req = Requester::new(4);
+//! req.start(&cfg, clock.resolution());
+//! let send = SqWqe { wr_id: 1, op: WqeOp::Send, flags: WqeFlags(WqeFlags::SIGNALED), imm: 0,
+//!     len: 8, remote_addr: 0, rkey: 0, compare_add: 0, swap: 0, data: DataLoc::Empty };
+//! req.accept(send, cfg.path_mtu.bytes());
+//! // The packet builder asks what goes next and sends it.
+//! let Step::Packet { seq, new_wqe: true, .. } = req.next_step(QpState::Rts, cfg.max_rd_atomic)
+//! else { unreachable!() };
+//! req.begin_wqe();
+//! let w = *req.wqe(seq);
+//! req.note_sent(&w, w.first_psn);
+//! req.packet_sent(None);
+//! req.after_transmit(true, None);
+//! // No Ack ever comes: each expiry resends from the oldest unacknowledged PSN, until the
+//! // Retry Count is spent.
+//! let mut timers = clock.timers();
+//! req.start_timers(&mut timers);
+//! let mut outcomes = Vec::new();
+//! for _ in 0..4 {
+//!     clock.advance(Duration::from_secs(1));
+//!     let out = req.handle_timeout(&mut clock.timers(), false);
+//!     outcomes.push(out);
+//!     if matches!(out, Timeout::Exhausted { .. }) { break; }
+//!     req.start_timers(&mut clock.timers());
+//! }
+//! assert_eq!(outcomes, [Timeout::Resend(Psn::new(100)),
+//!                       Timeout::Exhausted { seq: Some(0), link_full: false }]);
+//! # let _ = WcStatus::RetryExcErr;
+//! ```
+
+use core::time::Duration;
+
+use crate::completion::WcStatus;
+use crate::credit::CreditState;
+use crate::psn::{self, Psn};
+use crate::qp::{QpConfig, QpState};
+use crate::send_window::{SendWindow, SendWqe, TxPoint};
+use crate::timer::{Deadline, RNR_RETRY_FOREVER, Timers, Timestamp};
+use crate::wire::Qpn;
+use crate::wire::aeth::CreditCode;
+use crate::wire::bth::{self, BthRepr};
+use crate::wire::opcode::Opcode;
+use crate::wqe::{Cursor, SqWqe, WqeFlags, WqeOp};
+
+/// The P_Key every packet carries (the default partition, full membership).
+pub const DEFAULT_PKEY: u16 = BthRepr::DEFAULT_PKEY;
+
+/// SQ Logic and completer state of one QP.
+#[derive(Debug)]
+pub struct Requester {
+    /// The WQEs in flight and the transmit point.
+    window: SendWindow,
+    /// RDMA Reads and Atomics started and not retired.
+    rd_atomic: u32,
+    credits: CreditState,
+    /// Consuming messages fetched so far.
+    consumers: u64,
+    /// SSN of the last WQE fetched.
+    ssn: u32,
+    /// A consuming WQE started without credit: nothing after it starts until credit comes.
+    limited: Option<u64>,
+    retry_left: u8,
+    /// A response showed the responses from this PSN on lost and the requests were sent
+    /// again from it: later responses to the first requests are stale, not new losses, until
+    /// this PSN is acknowledged (they must not spend the Retry Count again).
+    retrying: Option<Psn>,
+    rnr_left: u8,
+    /// Transport timer: armed while requests are unacknowledged.
+    timer: Deadline,
+    /// Its period on the driver's clock (`None`: disabled), fixed at RTS.
+    ttr: Option<Duration>,
+    /// A response made progress since the timer was armed (it is re-armed lazily, so the
+    /// packet path never reads the clock).
+    progressed: bool,
+    /// RNR wait: no transmission until it expires.
+    rnr_timer: Deadline,
+    /// The transmit point's packet is ready but the link has no room for it (as the last
+    /// transmission attempt found): see [`LinkWait`].
+    link_wait: LinkWait,
+    /// The link's peer mark (see [`Requester::after_transmit`]) when the transmit point last
+    /// found no room.
+    link_mark: u64,
+    /// Credits announced while the QP was in RTR, applied on RTS.
+    early_credits: Option<(CreditCode, u32)>,
+    /// The BTH of its single-packet requests, made on RTR → RTS (`None` before).
+    template: Option<BthTemplate>,
+}
+
+/// What the transmit point holds, as [`Requester::next_step`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing may go now: no work, a gate is closed (state, fence, initiator depth,
+    /// credits), or a limited Send waits for credit after its first packet.
+    Stop,
+    /// A memory window operation at WQE `seq`: executed by the driver if `new_wqe` (then
+    /// [`Requester::run_local`]), passed over if a go-back-N rewind came back to it.
+    Local {
+        /// Its sequence number in the window.
+        seq: u64,
+        /// Whether it was not started before.
+        new_wqe: bool,
+    },
+    /// Packet `point.pkt` of WQE `seq` goes next. If `new_wqe`, the driver calls
+    /// [`Requester::begin_wqe`] once it knows the link has room for it.
+    Packet {
+        /// Its WQE's sequence number in the window.
+        seq: u64,
+        /// Whether this is the WQE's first packet, not sent before.
+        new_wqe: bool,
+        /// The transmit point (WQE, packet, payload cursor).
+        point: TxPoint,
+    },
+}
+
+/// What an expiry of a QP's timers means ([`Requester::handle_timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// Nothing to do (no timer passed, or it passed with nothing waiting, or responses
+    /// arrived meanwhile and a new period started).
+    Nothing,
+    /// The transport timer expired: the requests from this PSN on go again (one of the
+    /// Retry Count spent; the transmit point moved back).
+    Resend(Psn),
+    /// The transport timer expired with no retry left: WQE `seq` (the oldest unfinished, if
+    /// any) completes with `RetryExcErr` and the QP goes to the Error state. `link_full`:
+    /// the request waited for room on the link the whole time, it never left.
+    Exhausted {
+        /// The WQE that fails.
+        seq: Option<u64>,
+        /// Whether it was waiting for room on the link.
+        link_full: bool,
+    },
+}
+
+impl Requester {
+    /// A requester for a send queue of `depth` WQEs.
+    pub fn new(depth: u32) -> Requester {
+        Requester {
+            window: SendWindow::new(depth),
+            rd_atomic: 0,
+            credits: CreditState::new(true),
+            consumers: 0,
+            ssn: 0,
+            limited: None,
+            retry_left: 0,
+            retrying: None,
+            rnr_left: 0,
+            timer: Deadline::default(),
+            ttr: None,
+            progressed: false,
+            rnr_timer: Deadline::default(),
+            link_wait: LinkWait::No,
+            link_mark: 0,
+            early_credits: None,
+            template: None,
+        }
+    }
+
+    /// Programs the SQ Logic on RTR → RTS: start PSN, retry counts, credit mode.
+    /// `resolution` is that of the driver's clock (the transport timer is raised to what
+    /// it can tell apart, see [`crate::timer::transport_timeout`]).
+    pub fn start(&mut self, cfg: &QpConfig, resolution: Duration) {
+        self.window.start_at(cfg.sq_psn);
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+        self.credits = CreditState::new(cfg.remote_credits);
+        self.ttr = crate::timer::transport_timeout(cfg.timeout, resolution);
+        // The destination and the path MTU are set on INIT → RTR and never change after.
+        self.template = cfg.dest.map(|d| BthTemplate::new(d.qpn));
+        if let Some((code, msn)) = self.early_credits.take() {
+            self.update_credits(code, msn);
+        }
+    }
+
+    /// Drops everything (QP reset).
+    pub fn reset(&mut self) {
+        let depth = self.window.capacity() as u32;
+        *self = Requester::new(depth);
+    }
+
+    /// The send window (read only: it changes through the operations of the requester).
+    #[inline(always)]
+    pub fn window(&self) -> &SendWindow {
+        &self.window
+    }
+
+    /// WQE `seq` of the window.
+    #[inline]
+    pub fn wqe(&self, seq: u64) -> &SendWqe {
+        self.window.wqe(seq)
+    }
+
+    /// RDMA Reads and Atomics started and not retired.
+    #[inline]
+    pub fn rd_atomic(&self) -> u32 {
+        self.rd_atomic
+    }
+
+    /// The WQE started without credit that holds the WQEs behind it, if one does.
+    #[inline]
+    pub fn limited(&self) -> Option<u64> {
+        self.limited
+    }
+
+    /// The end-to-end credit state.
+    #[inline]
+    pub fn credits(&self) -> &CreditState {
+        &self.credits
+    }
+
+    /// The transport timer's period, fixed at RTS (`None`: disabled).
+    pub fn ttr(&self) -> Option<Duration> {
+        self.ttr
+    }
+
+    /// The transport timer.
+    #[inline]
+    pub fn timer(&self) -> &Deadline {
+        &self.timer
+    }
+
+    /// The RNR wait.
+    #[inline]
+    pub fn rnr_timer(&self) -> &Deadline {
+        &self.rnr_timer
+    }
+
+    /// Whether the transmit point waits for room on the link.
+    #[inline]
+    pub fn link_wait(&self) -> LinkWait {
+        self.link_wait
+    }
+
+    /// What the retry counters stand at: the PSN being resent from after a loss, retries
+    /// left, RNR retries left.
+    pub fn retry_state(&self) -> (Option<Psn>, u8, u8) {
+        (self.retrying, self.retry_left, self.rnr_left)
+    }
+
+    /// Bytes of the window.
+    pub fn memory_bytes(&self) -> usize {
+        self.window.memory_bytes()
+    }
+
+    /// Whether the QP has something to send or an RNR wait to look at: the answer that
+    /// costs two loads for the many QPs with nothing to do.
+    #[inline(always)]
+    pub fn wants_transmit(&self) -> bool {
+        self.window.has_work() || self.rnr_timer.armed()
+    }
+
+    /// Keeps the credits a positive Ack announced while the QP was in RTR (spec/02
+    /// "Providing Initial Credits"), for [`Requester::start`] to apply.
+    pub fn keep_early_credits(&mut self, credits: CreditCode, msn: u32) {
+        self.early_credits = Some((credits, msn));
+    }
+
+    /// The peer acknowledged everything up to `psn` (a response made progress): the retry
+    /// counters are full again, and the transport timer stops when nothing is outstanding
+    /// or runs on (re-armed lazily: the packet path reads no clock). Returns whether `psn`
+    /// moved the acknowledged PSN.
+    pub fn acknowledged(&mut self, psn: Psn, cfg: &QpConfig) -> bool {
+        if !self.window.acknowledge(psn) {
+            return false;
+        }
+        self.retry_left = cfg.retry_cnt;
+        self.retrying = None;
+        self.rnr_left = cfg.rnr_retry;
+        if !self.window.outstanding() {
+            self.timer.disarm();
+        } else if self.timer.armed() {
+            self.progressed = true;
+        } else if let Some(t) = self.ttr {
+            self.timer.arm_later(t);
+        }
+        true
+    }
+
+    /// An RNR Nak for the request at `psn`: waits `wait` before sending from `psn` again
+    /// (the transport timer stops meanwhile), spending one RNR retry unless the count means
+    /// forever (`cfg.rnr_retry` 7). False, with nothing changed, when none is left.
+    pub fn rnr_wait(&mut self, psn: Psn, wait: Duration, cfg: &QpConfig) -> bool {
+        if self.rnr_left == 0 {
+            return false;
+        }
+        if cfg.rnr_retry != RNR_RETRY_FOREVER {
+            self.rnr_left -= 1;
+        }
+        self.window.rewind(psn);
+        self.timer.disarm();
+        self.rnr_timer.arm_later(wait);
+        true
+    }
+
+    /// Sends again from `psn` (a PSN Sequence Error Nak, lost responses), spending one of
+    /// the Retry Count. False, with nothing changed, when none is left.
+    pub fn resend_from(&mut self, psn: Psn) -> bool {
+        if self.retry_left == 0 {
+            return false;
+        }
+        self.retry_left -= 1;
+        self.window.rewind(psn);
+        true
+    }
+
+    /// Whether the requests from `missing` on were already sent again for the loss a
+    /// response shows: later responses to the first requests show the same loss.
+    pub fn already_resending_from(&self, missing: Psn) -> bool {
+        self.retrying == Some(missing)
+    }
+
+    /// Records that the requests from `missing` on were sent again for a loss.
+    pub fn resending_from(&mut self, missing: Psn) {
+        self.retrying = Some(missing);
+    }
+
+    /// Stops both timers (the QP went to the Error state: nothing is retried).
+    pub fn stop_timers(&mut self) {
+        self.timer.disarm();
+        self.rnr_timer.disarm();
+    }
+
+    /// WQE `seq` is done with `status` (the completer's verdict, or a local error): it
+    /// retires, in order, with that status.
+    #[inline]
+    pub fn complete(&mut self, seq: u64, status: WcStatus) {
+        self.window.complete(seq, status);
+    }
+
+    /// A response for PSN `psn` implicitly acknowledges the requests before it (spec/01):
+    /// completes (successfully) every Send and Write that ends before `psn`, in order, and
+    /// stops with the first PSN whose response is missing if a Read or Atomic ends before
+    /// it (`Err`: an implied Nak). The acknowledged PSN is the caller's to move
+    /// ([`Requester::acknowledged`]).
+    pub fn ack_before(&mut self, psn: Psn) -> Result<(), Psn> {
+        let win = &mut self.window;
+        for seq in win.retired()..win.started() {
+            let w = win.wqe(seq);
+            if w.done.is_some() {
+                continue;
+            }
+            if !w.last_psn().before(psn) {
+                break;
+            }
+            if w.wqe.op.is_rd_atomic() {
+                return Err(w.missing_response());
+            }
+            win.complete(seq, WcStatus::Success);
+        }
+        Ok(())
+    }
+
+    /// One more RDMA Read response of WQE `seq` arrived; returns how many it has now.
+    #[inline]
+    pub fn response_seen(&mut self, seq: u64) -> u32 {
+        self.window.response_seen(seq)
+    }
+
+    /// The consuming count of the message whose SSN is `msn`, if still known.
+    pub fn consumers_at(&self, msn: u32) -> Option<u64> {
+        let fetched = self.window.fetched();
+        if fetched == 0 {
+            return Some(0);
+        }
+        let back = u64::from(self.ssn.wrapping_sub(msn) & Psn::MASK);
+        let known = fetched.min(self.window.capacity() as u64);
+        if back < known {
+            Some(self.wqe(fetched - 1 - back).consumers)
+        } else if back == fetched {
+            Some(0) // the MSN before the first message
+        } else {
+            None
+        }
+    }
+
+    /// Applies the credit count and MSN of a positive Ack (spec/02).
+    pub fn update_credits(&mut self, code: CreditCode, msn: u32) {
+        if let Some(base) = self.consumers_at(msn) {
+            self.credits.update(code, base);
+        }
+        if let Some(seq) = self.limited {
+            if self.credits.allows(self.wqe(seq).consumers) {
+                self.limited = None;
+            }
+        }
+    }
+
+    /// Whether the limited WQE `seq` (started without credit) may go on: credit arrived
+    /// for it, or the responder accepted its first packet (a positive Ack of that PSN
+    /// means a receive WQE was found for the message; spec/02 "SQ Logic's Behavior When No
+    /// Credits Are Available") — for a Write with Immediate, which needs the receive WQE at
+    /// its last packet, the whole message.
+    fn limited_resolved(&self, seq: u64) -> bool {
+        let w = self.wqe(seq);
+        let accepted = match w.wqe.op {
+            WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => w.first_psn,
+            _ => w.last_psn(),
+        };
+        self.credits.allows(w.consumers) || !accepted.after(self.window.acked())
+    }
+
+    /// Retires the oldest WQE (done, or flushed) and does the SQ Logic's bookkeeping;
+    /// returns it.
+    pub fn retire_oldest(&mut self) -> SendWqe {
+        let seq = self.window.retired();
+        let was_started = seq < self.window.started();
+        let w = self.window.retire_oldest();
+        if was_started && w.wqe.op.is_rd_atomic() {
+            self.rd_atomic -= 1;
+        }
+        if self.limited == Some(seq) {
+            self.limited = None;
+        }
+        w
+    }
+
+    /// Whether the window has room for one more WQE from the send queue.
+    #[inline]
+    pub fn has_room(&self) -> bool {
+        self.window.has_room()
+    }
+
+    /// Appends a WQE taken from the send queue to the window (there is room: an
+    /// application never has more than its queue's depth outstanding); `pmtu` is the
+    /// QP's path MTU in bytes.
+    pub fn accept(&mut self, w: SqWqe, pmtu: u32) {
+        self.ssn = (self.ssn + 1) & Psn::MASK;
+        if w.op.consumes_rq_wqe() {
+            self.consumers += 1;
+        }
+        let span = match w.op {
+            WqeOp::BindMw | WqeOp::LocalInv => 0,
+            WqeOp::Read => psn::read_response_packets(w.len, pmtu),
+            WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
+            _ => psn::packets_for(u64::from(w.len), pmtu),
+        };
+        self.window.push(SendWqe {
+            wqe: w,
+            consumers: self.consumers,
+            first_psn: Psn::new(0),
+            span,
+            resp_seen: 0,
+            done: None,
+        });
+    }
+
+    /// The template path's gates for `w`, a single-packet request posted on a QP in
+    /// `state` whose initiator depth is `max_rd_atomic`: RTS, idle (nothing queued or being
+    /// resent, no RNR wait, no WQE waiting for credit), its fence, its credit, and for a
+    /// Read or Atomic the initiator depth. Returns the header template and the consuming
+    /// count `w` will have, or `None` if it must go the long way ([`Requester::accept`]).
+    /// Changes nothing: the driver builds the packet, then calls
+    /// [`Requester::fast_posted`].
+    #[inline(always)]
+    pub fn fast_gate(
+        &self,
+        state: QpState,
+        w: &SqWqe,
+        max_rd_atomic: u8,
+    ) -> Option<(BthTemplate, u64)> {
+        let template = self.template?;
+        if state != QpState::Rts
+            || self.window.has_work()
+            || self.limited.is_some()
+            || self.rnr_timer.armed()
+            || (w.flags.has(WqeFlags::FENCE) && self.rd_atomic > 0)
+        {
+            return None;
+        }
+        if w.op.is_rd_atomic() {
+            return (self.rd_atomic < u32::from(max_rd_atomic))
+                .then_some((template, self.consumers));
+        }
+        let consumes = w.op.consumes_rq_wqe();
+        let consumers = self.consumers + u64::from(consumes);
+        if consumes && !self.credits.allows(consumers) {
+            return None;
+        }
+        Some((template, consumers))
+    }
+
+    /// The packet [`Requester::fast_gate`] let through went out: the window records what
+    /// go-back-N needs to send it again (the WQE, its PSN), and the transport timer runs.
+    #[inline(always)]
+    pub fn fast_posted(&mut self, w: &SqWqe, consumers: u64) {
+        self.ssn = (self.ssn + 1) & Psn::MASK;
+        self.consumers = consumers;
+        self.window.push_sent(w, consumers);
+        if w.op.is_rd_atomic() {
+            self.rd_atomic += 1;
+        }
+        self.keep_timer_running();
+    }
+
+    /// What goes next from the transmit point of a QP in `state` whose initiator depth is
+    /// `max_rd_atomic`: the gates of spec/02 "Obey the Ordering Rules" for a WQE not yet
+    /// started, the wait of a limited Send after its first packet.
+    #[inline]
+    pub fn next_step(&mut self, state: QpState, max_rd_atomic: u8) -> Step {
+        if !self.window.has_work() {
+            return Step::Stop;
+        }
+        let point = self.window.tx();
+        let seq = point.seq;
+        // A WQE not yet started: it gets its PSNs when its first packet goes.
+        let new_wqe = seq == self.window.started();
+        if let Some(l) = self.limited {
+            if self.limited_resolved(l) {
+                self.limited = None;
+            }
+        }
+        let w = self.wqe(seq);
+        if new_wqe {
+            if state != QpState::Rts || self.limited.is_some() {
+                return Step::Stop;
+            }
+            if w.wqe.flags.has(WqeFlags::FENCE) && self.rd_atomic > 0 {
+                return Step::Stop;
+            }
+            if w.wqe.op.is_rd_atomic() && self.rd_atomic >= u32::from(max_rd_atomic) {
+                return Step::Stop;
+            }
+        } else if self.limited == Some(seq)
+            && point.pkt >= 1
+            && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv)
+        {
+            // A limited Send waits after its first packet until credit arrives.
+            return Step::Stop;
+        }
+        if w.wqe.op.is_local() {
+            return Step::Local { seq, new_wqe };
+        }
+        Step::Packet {
+            seq,
+            new_wqe,
+            point,
+        }
+    }
+
+    /// Starts the WQE at the transmit point (its first packet is about to go): it gets its
+    /// PSNs, counts against the initiator depth if it is a Read or Atomic, and becomes the
+    /// limited WQE if it needs credit that has not come.
+    pub fn begin_wqe(&mut self) {
+        let w = self.window.start_next();
+        let (op, consumers, seq) = (w.wqe.op, w.consumers, self.window.started() - 1);
+        if op.is_rd_atomic() {
+            self.rd_atomic += 1;
+        }
+        if op.consumes_rq_wqe() && !self.credits.allows(consumers) {
+            self.limited = Some(seq);
+        }
+    }
+
+    /// Whether packet `k` of `w` (WQE `seq`) needs AckReq: the last packet of each message, every
+    /// Read or Atomic request, and the first packet of a limited Send (spec/02: it waits for
+    /// that packet's Ack).
+    #[inline]
+    pub fn ack_req(&self, seq: u64, w: &SendWqe, k: u32) -> bool {
+        let limited_first =
+            self.limited == Some(seq) && k == 0 && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm);
+        limited_first || w.wqe.op.is_rd_atomic() || k + 1 >= w.span
+    }
+
+    /// Packet `psn` of `w` is about to go: whether it is a retransmission (sent before).
+    #[inline]
+    pub fn note_sent(&mut self, w: &SendWqe, psn: Psn) -> bool {
+        self.window.note_sent(w, psn)
+    }
+
+    /// A request packet went out: the transmit point moves to the next packet of its WQE,
+    /// whose payload starts at `next`, or with `None` to the next WQE (after its last
+    /// packet, or a Read or Atomic request, which covers its whole WQE: see
+    /// [`Requester::ends_wqe`]).
+    #[inline]
+    pub fn packet_sent(&mut self, next: Option<Cursor>) {
+        match next {
+            Some(c) => self.window.next_packet(c),
+            None => self.window.next_wqe(),
+        }
+    }
+
+    /// Whether packet `k` of `w` is its last (or the request of a Read or Atomic): the
+    /// transmit point then moves to the next WQE.
+    #[inline]
+    pub fn ends_wqe(w: &SendWqe, k: u32) -> bool {
+        w.wqe.op.is_rd_atomic() || k + 1 >= w.span
+    }
+
+    /// Passes over the memory window operation at the transmit point ([`Step::Local`]):
+    /// a new one is started and returned for the driver to execute (then
+    /// [`Requester::complete`] with its status); one a go-back-N rewind came back to is
+    /// only passed over (it is not executed twice).
+    pub fn run_local(&mut self, new_wqe: bool) -> Option<SqWqe> {
+        if !new_wqe {
+            self.window.next_wqe();
+            return None;
+        }
+        let w = self.window.start_next().wqe;
+        self.window.next_wqe();
+        Some(w)
+    }
+
+    /// A transmission attempt ended: `sent` whether any request packet went (the
+    /// transport timer runs from then on, unless it runs already), `full` the link's peer
+    /// mark if it stopped for lack of room on the link (see [`LinkWait`]).
+    #[inline]
+    pub fn after_transmit(&mut self, sent: bool, full: Option<u64>) {
+        if sent {
+            self.keep_timer_running();
+        }
+        match full {
+            Some(mark) => self.wait_for_link(mark),
+            None => {
+                if self.link_wait != LinkWait::No {
+                    self.link_wait = LinkWait::No;
+                }
+            }
+        }
+    }
+
+    /// Starts the transport timer after a request packet went out, unless it runs already:
+    /// it detects the cessation of responses, not each packet's (spec/01). It starts at
+    /// the driver's next look at the clock ([`Requester::start_timers`]).
+    #[inline(always)]
+    fn keep_timer_running(&mut self) {
+        if !self.timer.armed() {
+            if let Some(t) = self.ttr {
+                self.timer.arm_later(t);
+            }
+        }
+    }
+
+    /// The transmit point found no room on the link: the transport timer runs for the
+    /// request waiting there as for one sent (spec/01: "Ttr begins after a request packet
+    /// is scheduled for transmission"), so a peer that stops reading its link cannot hold
+    /// a QP in RTS forever, not even one whose first packet never left. The wait's start is
+    /// reckoned at the timer's first expiry during it, one period back (the packet path
+    /// reads no clock).
+    ///
+    /// A link the peer still reads, only more slowly than its QPs write (other QPs fill
+    /// each burst first), is busy, not stopped: with nothing unacknowledged, the peer
+    /// freeing room since the last look (`mark`, a count of what the peer read that only
+    /// grows) counts as progress, as a response would, and the timer's period starts again
+    /// at its expiry.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_link(&mut self, mark: u64) {
+        if self.link_wait == LinkWait::No {
+            self.link_wait = LinkWait::Waiting;
+        } else if mark != self.link_mark && !self.window.outstanding() {
+            self.progressed = true;
+        }
+        self.link_mark = mark;
+        self.keep_timer_running();
+    }
+
+    /// Starts the timers armed to start later (on the packet path, which reads no clock).
+    pub fn start_timers<T: Timers + ?Sized>(&mut self, t: &mut T) {
+        t.start(&mut self.timer);
+        t.start(&mut self.rnr_timer);
+    }
+
+    /// Whether an RNR wait stands in the way of transmitting now; one that has passed is
+    /// cleared.
+    #[inline]
+    pub fn rnr_waiting<T: Timers + ?Sized>(&mut self, t: &mut T) -> bool {
+        if self.rnr_timer.armed() {
+            if !t.expired(&self.rnr_timer) {
+                return true;
+            }
+            self.rnr_timer.disarm();
+        }
+        false
+    }
+
+    /// Runs the QP's timers at the time `t` gives (started first: see
+    /// [`Requester::start_timers`]): the end of an RNR wait, and the transport timer (spec/01
+    /// "On Timeout, Request Packet Is Resent"), unless `responses_waiting` (the driver has
+    /// received packets for the QP it has not handled yet: the response that would stop
+    /// the timer may be among them).
+    ///
+    /// The transport timer runs while requests are unacknowledged, and also while a request
+    /// waits for room on the link ([`LinkWait`]): an expiry with nothing unacknowledged but a
+    /// request waiting for room is a timeout as well. It spends one of the Retry Count and
+    /// sends nothing again (nothing left); the waiting request goes when the link has room.
+    /// The driver counts a [`Timeout::Resend`] or [`Timeout::Exhausted`] as a timeout.
+    pub fn handle_timeout<T: Timers + ?Sized>(
+        &mut self,
+        t: &mut T,
+        responses_waiting: bool,
+    ) -> Timeout {
+        self.start_timers(t);
+        if t.expired(&self.rnr_timer) {
+            self.rnr_timer.disarm();
+        }
+        if responses_waiting || !t.expired(&self.timer) {
+            // (Responses waiting: the timer detects responses that stopped *arriving*, so
+            // it is looked at again once they are handled.)
+            return Timeout::Nothing;
+        }
+        self.timer.disarm();
+        let link_wait = self.link_wait != LinkWait::No;
+        if !(self.window.outstanding() || link_wait) || self.rnr_timer.armed() {
+            return Timeout::Nothing;
+        }
+        if self.progressed {
+            // Responses arrived since the timer was armed: it only detects the *cessation*
+            // of responses (spec/01), so start a new period. A timeout is then detected
+            // between Ttr and 2 Ttr after the last response, within the spec's
+            // [Ttr, 4 Ttr].
+            self.progressed = false;
+            if let Some(p) = self.ttr {
+                self.timer.arm_later(p);
+            }
+            return Timeout::Nothing;
+        }
+        if self.link_wait == LinkWait::Waiting {
+            // The first period of the wait has passed (looked at here, on the expiry only,
+            // so that the timer's checks pay nothing for it).
+            let ttr = self.ttr.map_or(0, |p| p.as_nanos() as u64);
+            let start = t.now().as_nanos().saturating_sub(ttr);
+            self.link_wait = LinkWait::Since(Timestamp::from_nanos(start));
+        }
+        if self.retry_left == 0 {
+            return Timeout::Exhausted {
+                seq: self.oldest_unfinished(),
+                link_full: link_wait,
+            };
+        }
+        self.retry_left -= 1;
+        let from = self.window.acked().add(1);
+        self.window.rewind(from);
+        if let Some(p) = self.ttr {
+            self.timer.arm_later(p);
+        }
+        Timeout::Resend(from)
+    }
+
+    /// The oldest unacknowledged request's WQE, or with none, the oldest waiting to be
+    /// sent.
+    pub fn oldest_unfinished(&self) -> Option<u64> {
+        let win = &self.window;
+        win.find(win.acked().add(1)).or_else(|| {
+            let seq = win.tx().seq;
+            (seq < win.fetched()).then_some(seq)
+        })
+    }
+
+    /// The header template of the QP's single-packet requests (`None` before RTS).
+    #[inline]
+    pub fn template(&self) -> Option<BthTemplate> {
+        self.template
+    }
+}
+
+/// Whether a QP's transmit point waits for room on its link, and since when.
+///
+/// A link is full when the peer reads it more slowly than this side writes, or not at all:
+/// a peer that stopped consuming (its process alive, the link up) leaves it full for good.
+/// A request waiting for room counts against the transport timer as one sent does: each
+/// expiry while it waits spends one of the Retry Count (it is not sent again: it never
+/// left), and when none is left the WQE completes with RetryExcErr and the rest are
+/// flushed ([`Timeout::Exhausted`] with `link_full`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LinkWait {
+    /// The last transmission attempt did not stop for lack of room.
+    #[default]
+    No,
+    /// It did; the timer has not expired since.
+    Waiting,
+    /// It did, since about this time: one transport timer period before its first expiry
+    /// during the wait (the period the wait started, if it armed the timer; earlier by
+    /// less than a period if the timer ran already).
+    Since(Timestamp),
+}
+
+/// The BTH of a QP's single-packet requests with what stays fixed from RTS on filled in
+/// (P_Key, DestQP; M and TVer zero): the template path patches the opcode, SE, PadCnt,
+/// AckReq and PSN.
+#[derive(Debug, Clone, Copy)]
+pub struct BthTemplate([u8; bth::HEADER_LEN]);
+
+impl BthTemplate {
+    /// The template of requests to QP `dest`.
+    pub fn new(dest: Qpn) -> BthTemplate {
+        let mut b = [0u8; bth::HEADER_LEN];
+        BthRepr {
+            pkey: DEFAULT_PKEY,
+            ..BthRepr::new(Opcode::SendOnly, dest, Psn::new(0))
+        }
+        .emit(&mut bth::Packet::new_unchecked(&mut b[..]));
+        BthTemplate(b)
+    }
+
+    /// Writes the BTH of a request with AckReq set into `out` (at least
+    /// [`bth::HEADER_LEN`] bytes).
+    #[inline]
+    pub fn write(&self, out: &mut [u8], opcode: Opcode, solicited: bool, pad: u8, psn: Psn) {
+        out[..bth::HEADER_LEN].copy_from_slice(&self.0);
+        let mut p = bth::Packet::new_unchecked(out);
+        p.set_opcode(opcode);
+        p.set_solicited(solicited);
+        p.set_pad_count(pad);
+        p.set_ack_req(true);
+        p.set_psn(psn);
+    }
+}
+
+/// The nPSN after sending the request packet with PSN `cpsn` and opcode `opcode` (spec 01,
+/// "Some Definitions"): `cpsn + read_response_packets(read_len, pmtu)` for an RDMA Read
+/// request, `cpsn + 1` for any other packet. `read_len` (the RETH DMA length) and `pmtu`
+/// are only looked at for an RDMA Read request.
+///
+/// ```
+/// use shmhca_proto::psn::Psn;
+/// use shmhca_proto::requester::next_psn;
+/// use shmhca_proto::wire::opcode::Opcode;
+/// // spec 01: a Read at PSN 267 that returns 6 responses moves nPSN to 273.
+/// assert_eq!(next_psn(Psn::new(267), Opcode::RdmaReadRequest, 6 * 1024, 1024), Psn::new(273));
+/// assert_eq!(next_psn(Psn::new(273), Opcode::SendOnly, 0, 1024), Psn::new(274));
+/// ```
+#[inline]
+pub fn next_psn(cpsn: Psn, opcode: Opcode, read_len: u32, pmtu: u32) -> Psn {
+    match opcode {
+        Opcode::RdmaReadRequest => cpsn.add(psn::read_response_packets(read_len, pmtu)),
+        _ => cpsn.add(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timer::{Clock, ManualClock};
+    use crate::wqe::DataLoc;
+
+    /// Local Ack Timeout 14: 4.096 µs × 2^14, about 67 ms.
+    const TIMEOUT: u8 = 14;
+
+    fn cfg(retry_cnt: u8, rnr_retry: u8) -> QpConfig {
+        QpConfig {
+            sq_psn: Psn::new(100),
+            retry_cnt,
+            rnr_retry,
+            timeout: TIMEOUT,
+            max_rd_atomic: 1,
+            remote_credits: false,
+            ..QpConfig::default()
+        }
+    }
+
+    fn wqe(op: WqeOp, len: u32) -> SqWqe {
+        SqWqe {
+            wr_id: 7,
+            op,
+            flags: WqeFlags(WqeFlags::SIGNALED),
+            imm: 0,
+            len,
+            remote_addr: 0x1000,
+            rkey: 0x42,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Empty,
+        }
+    }
+
+    /// A requester in RTS on `clock` with one `op` WQE of `len` bytes sent whole (as the
+    /// engine's transmit path drives it); returns it and the WQE's first PSN.
+    fn sent_one(c: &QpConfig, clock: &ManualClock, op: WqeOp, len: u32) -> Requester {
+        let mut req = Requester::new(8);
+        req.start(c, clock.resolution());
+        req.accept(wqe(op, len), c.path_mtu.bytes());
+        send_all(&mut req, c);
+        req.start_timers(&mut clock.timers());
+        req
+    }
+
+    /// Sends every packet the transmit point may send now; returns their PSNs.
+    fn send_all(req: &mut Requester, c: &QpConfig) -> Vec<u32> {
+        let mut psns = Vec::new();
+        for _ in 0..64 {
+            let Step::Packet {
+                seq,
+                new_wqe,
+                point,
+            } = req.next_step(QpState::Rts, c.max_rd_atomic)
+            else {
+                break;
+            };
+            if new_wqe {
+                req.begin_wqe();
+            }
+            let w = *req.wqe(seq);
+            let psn = w.first_psn.add(point.pkt);
+            req.note_sent(&w, psn);
+            psns.push(psn.get());
+            let next = (!Requester::ends_wqe(&w, point.pkt)).then(Cursor::default);
+            req.packet_sent(next);
+        }
+        req.after_transmit(!psns.is_empty(), None);
+        psns
+    }
+
+    /// Runs the timers at each deadline in turn (the clock jumps there), up to `n` times;
+    /// returns what each expiry meant.
+    fn expiries(req: &mut Requester, clock: &ManualClock, n: usize) -> Vec<Timeout> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            req.start_timers(&mut clock.timers());
+            let Some(at) = req.timer().at() else { break };
+            clock.advance_to(at);
+            let t = req.handle_timeout(&mut clock.timers(), false);
+            out.push(t);
+            if matches!(t, Timeout::Exhausted { .. }) {
+                break;
+            }
+        }
+        out
+    }
+
+    /// spec/01 "On Timeout, Request Packet Is Resent": each expiry with no response
+    /// resends from the oldest unacknowledged PSN and spends one of the Retry Count; the
+    /// expiry with none left fails the oldest WQE. Seven retries (the most the field holds)
+    /// of a 67 ms timer take no wall time on the manual clock.
+    #[test]
+    fn the_retry_count_runs_out_after_retry_cnt_resends() {
+        let clock = ManualClock::new(Timestamp::from_nanos(5));
+        let c = cfg(7, 0);
+        let mut req = sent_one(&c, &clock, WqeOp::Send, 3000);
+        let start = clock.now();
+        let out = expiries(&mut req, &clock, 20);
+        let mut want = vec![Timeout::Resend(Psn::new(100)); 7];
+        want.push(Timeout::Exhausted {
+            seq: Some(0),
+            link_full: false,
+        });
+        assert_eq!(out, want);
+        assert_eq!(req.retry_state(), (None, 0, 0));
+        // Eight periods of at least Ttr each went by on the manual clock.
+        let ttr = req.ttr().unwrap();
+        let waited = clock.now().saturating_duration_since(start);
+        assert!(waited >= ttr * 8 && waited < ttr * 9, "{waited:?} for Ttr {ttr:?}");
+        // After each resend the transmit point is back at the first PSN: the whole message
+        // (3 packets at PMTU 1024) goes again.
+        let mut again = sent_one(&c, &clock, WqeOp::Send, 3000);
+        assert_eq!(expiries(&mut again, &clock, 1), [Timeout::Resend(Psn::new(100))]);
+        assert_eq!(send_all(&mut again, &c), [100, 101, 102]);
+    }
+
+    /// Retry Count 0: the first expiry fails the WQE.
+    #[test]
+    fn retry_cnt_zero_fails_at_the_first_expiry() {
+        let clock = ManualClock::new(Timestamp::from_nanos(0));
+        let mut req = sent_one(&cfg(0, 0), &clock, WqeOp::Write, 8);
+        assert_eq!(
+            expiries(&mut req, &clock, 3),
+            [Timeout::Exhausted {
+                seq: Some(0),
+                link_full: false
+            }]
+        );
+    }
+
+    /// A response that makes progress fills the Retry Count again, and an expiry after it
+    /// starts a new period instead of resending: the timer detects the cessation of
+    /// responses (spec/01), so a timeout comes between Ttr and 2 Ttr after the last one.
+    #[test]
+    fn progress_refills_the_count_and_restarts_the_period() {
+        let clock = ManualClock::new(Timestamp::from_nanos(0));
+        let c = cfg(2, 0);
+        let mut req = Requester::new(8);
+        req.start(&c, clock.resolution());
+        for _ in 0..2 {
+            req.accept(wqe(WqeOp::Send, 8), c.path_mtu.bytes());
+        }
+        assert_eq!(send_all(&mut req, &c), [100, 101]);
+        req.start_timers(&mut clock.timers());
+        assert_eq!(expiries(&mut req, &clock, 1), [Timeout::Resend(Psn::new(100))]);
+        assert_eq!(req.retry_state().1, 1);
+        assert_eq!(send_all(&mut req, &c), [100, 101]);
+        // The first Send is acknowledged: the count is full again, the timer runs on.
+        assert!(req.acknowledged(Psn::new(100), &c));
+        assert_eq!(req.retry_state(), (None, 2, 0));
+        assert!(req.timer().armed());
+        assert_eq!(expiries(&mut req, &clock, 1), [Timeout::Nothing], "a new period");
+        assert_eq!(req.retry_state().1, 2);
+        // No response for a whole period: a timeout, from the PSN after the acknowledged.
+        assert_eq!(expiries(&mut req, &clock, 1), [Timeout::Resend(Psn::new(101))]);
+        // Everything acknowledged: the timer stops.
+        assert!(req.acknowledged(Psn::new(101), &c));
+        assert!(!req.timer().armed());
+        assert_eq!(expiries(&mut req, &clock, 1), []);
+    }
+
+    /// Responses waiting to be handled hold the timeout back: the one that would stop the
+    /// timer may be among them.
+    #[test]
+    fn responses_waiting_hold_the_timeout_back() {
+        let clock = ManualClock::new(Timestamp::from_nanos(0));
+        let c = cfg(1, 0);
+        let mut req = sent_one(&c, &clock, WqeOp::Send, 8);
+        clock.advance_to(req.timer().at().unwrap());
+        assert_eq!(
+            req.handle_timeout(&mut clock.timers(), true),
+            Timeout::Nothing
+        );
+        assert!(req.timer().armed(), "looked at again later");
+        assert_eq!(
+            req.handle_timeout(&mut clock.timers(), false),
+            Timeout::Resend(Psn::new(100))
+        );
+    }
+
+    /// spec/01 RNR: each RNR Nak waits the time it names, then the request goes again,
+    /// spending one of the RNR Retry Count; with none left the Nak fails the WQE (the
+    /// caller's, on `false`). The transport timer stops during the wait.
+    #[test]
+    fn rnr_naks_spend_the_rnr_retry_count() {
+        let clock = ManualClock::new(Timestamp::from_nanos(0));
+        let c = cfg(3, 2);
+        let mut req = sent_one(&c, &clock, WqeOp::Send, 8);
+        let wait = crate::wire::aeth::RnrTimer::new(14).duration(); // 1.28 ms
+        for left in [1, 0] {
+            assert!(req.rnr_wait(Psn::new(100), wait, &c));
+            assert_eq!(req.retry_state().2, left);
+            assert!(!req.timer().armed(), "no transport timer during the wait");
+            req.start_timers(&mut clock.timers());
+            assert!(req.rnr_waiting(&mut clock.timers()), "nothing goes yet");
+            let at = req.rnr_timer().at().unwrap();
+            assert!(at >= clock.now().after(wait), "no sooner than the Nak asks");
+            clock.advance_to(at);
+            assert!(!req.rnr_waiting(&mut clock.timers()), "the wait is over");
+            assert_eq!(send_all(&mut req, &c), [100], "sent again");
+        }
+        assert!(!req.rnr_wait(Psn::new(100), wait, &c), "no RNR retry left");
+        // RNR Retry Count 7 means forever (spec/01).
+        let c7 = cfg(3, RNR_RETRY_FOREVER);
+        let mut forever = sent_one(&c7, &clock, WqeOp::Send, 8);
+        for _ in 0..100 {
+            assert!(forever.rnr_wait(Psn::new(100), wait, &c7));
+        }
+        assert_eq!(forever.retry_state().2, RNR_RETRY_FOREVER);
+    }
+
+    /// A request waiting for room on a full link counts against the transport timer: each
+    /// expiry spends a retry and sends nothing again; none left fails it with `link_full`.
+    /// A peer that frees room between two looks is slow, not stopped: no retry is spent.
+    #[test]
+    fn a_request_waiting_for_room_times_out_like_one_sent() {
+        let clock = ManualClock::new(Timestamp::from_nanos(0));
+        let c = cfg(1, 0);
+        let mut req = Requester::new(8);
+        req.start(&c, clock.resolution());
+        req.accept(wqe(WqeOp::Send, 8), c.path_mtu.bytes());
+        assert!(matches!(
+            req.next_step(QpState::Rts, 1),
+            Step::Packet { new_wqe: true, .. }
+        ));
+        // No room on the link (the peer read 10 lines so far).
+        req.after_transmit(false, Some(10));
+        assert_eq!(req.link_wait(), LinkWait::Waiting);
+        assert!(!req.window().outstanding());
+        // The peer frees room, but others take it: a new period.
+        req.after_transmit(false, Some(15));
+        assert_eq!(expiries(&mut req, &clock, 1), [Timeout::Nothing]);
+        assert_eq!(req.retry_state().1, 1);
+        // It frees nothing any more: timeouts, nothing resent, then the failure.
+        req.after_transmit(false, Some(15));
+        let out = expiries(&mut req, &clock, 5);
+        assert_eq!(out[0], Timeout::Resend(Psn::new(100)));
+        assert!(matches!(req.link_wait(), LinkWait::Since(_)));
+        assert_eq!(
+            out[1..],
+            [Timeout::Exhausted {
+                seq: Some(0),
+                link_full: true
+            }]
+        );
+    }
+
+    /// The gates before a new WQE: the fence waits for Reads in flight, the initiator depth
+    /// bounds them, and a Send without credit goes alone and holds the rest.
+    #[test]
+    fn the_gates_of_a_new_wqe() {
+        let clock = ManualClock::new(Timestamp::from_nanos(0));
+        let c = cfg(1, 0);
+        let mut req = sent_one(&c, &clock, WqeOp::Read, 8);
+        assert_eq!(req.rd_atomic(), 1);
+        // A second Read waits for the initiator depth (1).
+        req.accept(wqe(WqeOp::Read, 8), c.path_mtu.bytes());
+        assert_eq!(req.next_step(QpState::Rts, 1), Step::Stop);
+        assert!(matches!(req.next_step(QpState::Rts, 2), Step::Packet { .. }));
+        // Not in RTS (SQ drained): nothing new starts.
+        assert_eq!(req.next_step(QpState::Sqd, 2), Step::Stop);
+
+        // A fenced Send waits for the Read before it.
+        let mut fenced = sent_one(&c, &clock, WqeOp::Read, 8);
+        let mut w = wqe(WqeOp::Send, 8);
+        w.flags = WqeFlags(WqeFlags::SIGNALED | WqeFlags::FENCE);
+        fenced.accept(w, 1024);
+        assert_eq!(fenced.next_step(QpState::Rts, 4), Step::Stop);
+        assert!(fenced.fast_gate(QpState::Rts, &w, 4).is_none());
+
+        // Credits: a Send the responder has not allowed goes alone, its successor waits.
+        let credited = QpConfig {
+            remote_credits: true,
+            ..c
+        };
+        let mut limited = Requester::new(8);
+        limited.start(&credited, clock.resolution());
+        limited.update_credits(CreditCode::new(0), 0); // no receive WQE at the responder
+        limited.accept(wqe(WqeOp::Send, 8), 1024);
+        limited.accept(wqe(WqeOp::Send, 8), 1024);
+        assert_eq!(send_all(&mut limited, &credited), [100]);
+        assert_eq!(limited.limited(), Some(0));
+        // Its Ack (a receive WQE was found for it) lets the next one go.
+        assert!(limited.acknowledged(Psn::new(100), &credited));
+        assert_eq!(send_all(&mut limited, &credited), [101]);
+    }
+}
