@@ -1,31 +1,24 @@
 //! The completer: the SQ Logic's handling of responses (spec/01 "SQ Logic Validation of
 //! Each Response", the rxe completer's checks).
 //!
-//! Each response is checked in turn:
+//! The checks are the protocol core's ([`shmhca_proto::completer`]: state, PSN, implicit
+//! acknowledgement, opcode and sequence, ending in an [`Outcome`]); this module runs them
+//! on each response the engine receives and does what the outcome says (`act`, the one
+//! table): Read response data and the Atomic's original value are written into the WQE's
+//! scatter list, Naks map to completion statuses and the Error state, and the WQEs done
+//! are retired in order (`retire`), signaled ones with a send completion.
 //!
-//! 1. **PSN.** At or before the last acknowledged PSN it is a duplicate (or an unsolicited
-//!    Ack, spec/02): only its credits are kept. At or after the first PSN not sent yet
-//!    (nPSN, or before it the rest of a Send waiting for credit) it answers nothing sent:
-//!    dropped.
-//! 2. **Implicit acknowledgement.** A response for PSN p acknowledges every request before
-//!    p, so Sends and RDMA Writes that end before p complete. An RDMA Read or Atomic that
-//!    ends before p cannot be acknowledged that way — its data is missing — so the
-//!    response is taken as an implied Nak and the read is requested again.
-//! 3. **Opcode and sequence.** Acks, RNR Naks and Naks; RDMA Read responses must arrive
-//!    First, Middle…, Last (or Only) with the expected PSN and exactly the expected
-//!    payload; an Atomic Acknowledge must answer an Atomic.
-//! 4. **Execute.** Read response data and the Atomic's original value are written into the
-//!    WQE's scatter list; Naks map to completion statuses; the WQEs done are retired in
-//!    order (`retire`), signaled ones with a send completion.
+//! Two short paths come first and decide only what they can decide alone, with the same
+//! effects: a positive Ack that completes the oldest Sends and Writes (`ack_fast`), and the
+//! single response of a Read or Atomic (`answer_fast`); anything else goes the full way.
 
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::context::{Env, QpCtx};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::Psn;
 use crate::qp::QpState;
-use crate::send_window::SendWqe;
 use crate::user_mem::Local;
-use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
+use crate::wire::aeth::{AethRepr, CreditCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
 use crate::wire::slot::{KeptAck, Payload, RxPacket};
 use crate::wqe::{WqeFlags, WqeOp};
@@ -58,216 +51,26 @@ pub(crate) fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: KeptAck) {
     on_response_full(qp, env, &RxPacket::riding(&line));
 }
 
-/// What a response turned out to be, once checked: the completer's checks
-/// ([`check_response`]) end in one of these, and [`act`] is the one table from outcome to
-/// action (the rxe completer's `comp_state`s, as values). Checks have one effect of their
-/// own: a response implicitly acknowledges the Sends and Writes before its PSN
-/// ([`check_implicit_ack`]), before its own outcome is known.
-#[derive(Debug, Clone, Copy)]
-enum Outcome {
-    /// In RTR: the peer's initial credits (spec/02 "Providing Initial Credits"), kept for
-    /// RTS.
-    EarlyCredits(CreditCode, u32),
-    /// Nothing to do but count it dropped: the QP takes no responses in its state, the
-    /// response answers nothing in flight, or it is a duplicate (no credits in it).
-    Dropped,
-    /// A duplicate or unsolicited Ack: only its credits are kept (spec/02).
-    Credits(CreditCode, u32),
-    /// The responses from this PSN on were lost (an RDMA Read or Atomic before the
-    /// response, or a plain Ack inside one's PSNs): an implied Nak.
-    ImpliedNak(Psn),
-    /// A positive Ack of WQE `seq` at PSN `psn`.
-    Ack {
-        seq: u64,
-        psn: Psn,
-        credits: CreditCode,
-        msn: u32,
-    },
-    /// An RNR Nak for WQE `seq` at PSN `psn`.
-    RnrNak { seq: u64, psn: Psn, timer: RnrTimer },
-    /// A PSN Sequence Error Nak: everything before `psn` arrived, resend from it.
-    SequenceError { psn: Psn },
-    /// A Nak that fails WQE `seq` with `status` and the QP.
-    FatalNak {
-        seq: u64,
-        psn: Psn,
-        status: WcStatus,
-    },
-    /// The next RDMA Read response of WQE `seq`, `offset` bytes into its data; `last` if
-    /// it ends the Read.
-    ReadResponse {
-        seq: u64,
-        psn: Psn,
-        offset: u32,
-        last: bool,
-    },
-    /// The Atomic Acknowledge of WQE `seq`, with the target's original value.
-    AtomicAck { seq: u64, psn: Psn, orig: u64 },
-    /// Malformed, or not what WQE `seq` expects: it fails with a bad-response error and
-    /// the QP goes to the Error state.
-    Bad(u64),
-    /// Bad, but found while the QP's work goes on: the WQEs done are still retired after.
-    BadThenRetire(u64),
-    /// A request opcode (the engine dispatches by opcode: it never gets here), dropped;
-    /// the WQEs done are retired.
-    NotAResponse,
-}
+pub use shmhca_proto::completer::{Outcome, Response, check_response};
 
-/// [`on_response`] past the Ack fast path: the checks, then the action.
+/// [`on_response`] past the Ack fast path: the checks (the protocol core's), then the
+/// action.
 fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
-    let outcome = check_response(qp, pkt).unwrap_or_else(|early| early);
+    let outcome = check_response(qp.state, &mut qp.req, &qp.cfg, &response_of(pkt));
     act(qp, env, pkt, outcome);
 }
 
-/// Steps 1 to 3 of the module documentation, in order; the first that decides returns
-/// its outcome (as `Err`, so that `?` ends the pipeline).
-fn check_response(qp: &mut QpCtx, pkt: &RxPacket<'_>) -> Result<Outcome, Outcome> {
-    check_state(qp, pkt)?;
-    let psn = check_psn(qp, pkt)?;
-    let seq = check_implicit_ack(qp, psn)?;
-    let w = *qp.req.wqe(seq);
-    Ok(match pkt.info.class {
-        OpClass::Acknowledge => check_ack(&w, seq, psn, pkt.aeth()),
-        OpClass::RdmaReadResponse => check_read_response(qp, &w, seq, psn, pkt),
-        OpClass::AtomicAcknowledge => check_atomic_ack(&w, seq, psn, pkt),
-        _ => Outcome::NotAResponse,
-    })
-}
-
-/// Whether the QP's state takes responses: RTS, SQD and SQE do; in RTR only an Ack's
-/// initial credits are kept.
-fn check_state(qp: &QpCtx, pkt: &RxPacket<'_>) -> Result<(), Outcome> {
-    if qp.state == QpState::Rtr {
-        if let (
-            OpClass::Acknowledge,
-            Some(AethRepr {
-                syndrome: Syndrome::Ack { credits },
-                msn,
-            }),
-        ) = (pkt.info.class, pkt.aeth())
-        {
-            return Err(Outcome::EarlyCredits(credits, msn.get()));
-        }
+/// What the completer's checks read of a response packet.
+fn response_of(pkt: &RxPacket<'_>) -> Response {
+    Response {
+        class: pkt.info.class,
+        position: pkt.info.position,
+        psn: pkt.psn(),
+        aeth: pkt.aeth(),
+        atomic_orig: pkt.atomic_orig(),
+        payload_len: pkt.payload.len(),
+        has_payload: pkt.payload != Payload::None,
     }
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
-        return Err(Outcome::Dropped);
-    }
-    Ok(())
-}
-
-/// Step 1: the PSN answers something in flight — after the last acknowledged PSN and
-/// before the first one not sent (behind nPSN is not enough: a Send waiting for credit
-/// after its first packet holds PSNs up to nPSN that were never sent).
-fn check_psn(qp: &QpCtx, pkt: &RxPacket<'_>) -> Result<Psn, Outcome> {
-    let psn = pkt.psn();
-    let window = qp.req.window();
-    if psn.diff(window.acked()) <= 0 {
-        return Err(match pkt.aeth() {
-            Some(AethRepr {
-                syndrome: Syndrome::Ack { credits },
-                msn,
-            }) if pkt.info.class == OpClass::Acknowledge => Outcome::Credits(credits, msn.get()),
-            _ => Outcome::Dropped,
-        });
-    }
-    if psn.diff(window.sent_to()) >= 0 {
-        return Err(Outcome::Dropped);
-    }
-    Ok(psn)
-}
-
-/// Step 2: the response acknowledges every request before `psn` (the Sends and Writes that
-/// end before it complete here); an RDMA Read or Atomic before it lost its response.
-/// Returns the WQE the response is for.
-fn check_implicit_ack(qp: &mut QpCtx, psn: Psn) -> Result<u64, Outcome> {
-    ack_before(qp, psn).map_err(Outcome::ImpliedNak)?;
-    qp.req.window().find(psn).ok_or(Outcome::Dropped)
-}
-
-/// Step 3 for an Acknowledge of WQE `w`: its syndrome decides.
-fn check_ack(w: &SendWqe, seq: u64, psn: Psn, aeth: Option<AethRepr>) -> Outcome {
-    let Some(aeth) = aeth else {
-        return Outcome::Bad(seq);
-    };
-    match aeth.syndrome {
-        // A plain Ack inside a Read's or Atomic's PSNs: its responses were lost (spec/04
-        // "Ack Timeout and Missing Packet(s) Retry Counter").
-        Syndrome::Ack { .. } if w.wqe.op.is_rd_atomic() => {
-            Outcome::ImpliedNak(w.missing_response())
-        }
-        Syndrome::Ack { credits } => Outcome::Ack {
-            seq,
-            psn,
-            credits,
-            msn: aeth.msn.get(),
-        },
-        Syndrome::RnrNak { timer } => Outcome::RnrNak { seq, psn, timer },
-        Syndrome::Nak(NakCode::PsnSequenceError) => Outcome::SequenceError { psn },
-        Syndrome::Nak(code) => Outcome::FatalNak {
-            seq,
-            psn,
-            status: match code {
-                NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-                _ => WcStatus::BadRespErr,
-            },
-        },
-        Syndrome::Reserved(_) => Outcome::BadThenRetire(seq),
-    }
-}
-
-/// Step 3 for an RDMA Read response: for a Read, the next response expected (a later one
-/// is an implied Nak, an earlier one a duplicate), at the right position (a Read requested
-/// again from response `resp_seen` on is answered as a new Read: First or Only there),
-/// with exactly the bytes expected and, if any, a positive AETH.
-fn check_read_response(qp: &QpCtx, w: &SendWqe, seq: u64, psn: Psn, pkt: &RxPacket<'_>) -> Outcome {
-    if w.wqe.op != WqeOp::Read {
-        return Outcome::Bad(seq);
-    }
-    let expected = w.missing_response();
-    if psn != expected {
-        return if psn.after(expected) {
-            Outcome::ImpliedNak(expected)
-        } else {
-            Outcome::Dropped // a duplicate response
-        };
-    }
-    let pmtu = qp.cfg.path_mtu.bytes();
-    let last = w.resp_seen + 1 == w.span;
-    let position_ok = match pkt.info.position {
-        Position::Only => last,
-        Position::First => !last,
-        Position::Middle => w.resp_seen > 0 && !last,
-        Position::Last => w.resp_seen > 0 && last,
-    };
-    let offset = w.resp_seen * pmtu;
-    let want = (w.wqe.len - offset).min(pmtu);
-    let aeth_ok = pkt
-        .aeth()
-        .is_none_or(|a| matches!(a.syndrome, Syndrome::Ack { .. }));
-    if !position_ok || pkt.payload.len() != want || !aeth_ok {
-        return Outcome::Bad(seq);
-    }
-    Outcome::ReadResponse {
-        seq,
-        psn,
-        offset,
-        last,
-    }
-}
-
-/// Step 3 for an Atomic Acknowledge: it answers an Atomic, at its PSN, with a positive
-/// AETH, the original value and no payload.
-fn check_atomic_ack(w: &SendWqe, seq: u64, psn: Psn, pkt: &RxPacket<'_>) -> Outcome {
-    let ok_aeth = matches!(pkt.aeth().map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
-    let Some(orig) = pkt.atomic_orig() else {
-        return Outcome::Bad(seq);
-    };
-    if !w.wqe.op.is_atomic() || psn != w.first_psn || !ok_aeth || pkt.payload != Payload::None {
-        return Outcome::Bad(seq);
-    }
-    Outcome::AtomicAck { seq, psn, orig }
 }
 
 /// Step 4: what each outcome does (the one table).
@@ -597,13 +400,6 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     true
 }
 
-/// Completes (successfully) every Send/Write that ends before `psn`; stops with the
-/// first PSN whose response is missing if a Read or Atomic ends before it. The caller
-/// records the acknowledgement itself ([`progress`]).
-fn ack_before(qp: &mut QpCtx, psn: Psn) -> Result<(), Psn> {
-    qp.req.ack_before(psn)
-}
-
 /// Records acknowledgement up to `psn` and restarts the transport timer.
 #[inline]
 fn progress(qp: &mut QpCtx, psn: Psn) {
@@ -616,7 +412,7 @@ fn progress(qp: &mut QpCtx, psn: Psn) {
 /// same loss and are dropped until `missing` is acknowledged.
 ///
 /// Everything before `missing` is acknowledged: the WQEs that end before it were completed
-/// by [`ack_before`], and the acknowledged PSN must cover them, or a later retry would start
+/// by [`Requester::ack_before`](shmhca_proto::requester::Requester::ack_before), and the acknowledged PSN must cover them, or a later retry would start
 /// from a PSN no WQE holds any more and send nothing.
 fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
     progress(qp, missing.sub(1));

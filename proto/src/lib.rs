@@ -41,6 +41,7 @@
 // The send window's ring of WQEs is allocated once, when a QP is created.
 extern crate alloc;
 
+pub mod completer;
 pub mod completion;
 pub mod credit;
 pub mod ids;

@@ -969,11 +969,17 @@ mod tests {
         // Eight periods of at least Ttr each went by on the manual clock.
         let ttr = req.ttr().unwrap();
         let waited = clock.now().saturating_duration_since(start);
-        assert!(waited >= ttr * 8 && waited < ttr * 9, "{waited:?} for Ttr {ttr:?}");
+        assert!(
+            waited >= ttr * 8 && waited < ttr * 9,
+            "{waited:?} for Ttr {ttr:?}"
+        );
         // After each resend the transmit point is back at the first PSN: the whole message
         // (3 packets at PMTU 1024) goes again.
         let mut again = sent_one(&c, &clock, WqeOp::Send, 3000);
-        assert_eq!(expiries(&mut again, &clock, 1), [Timeout::Resend(Psn::new(100))]);
+        assert_eq!(
+            expiries(&mut again, &clock, 1),
+            [Timeout::Resend(Psn::new(100))]
+        );
         assert_eq!(send_all(&mut again, &c), [100, 101, 102]);
     }
 
@@ -1005,17 +1011,27 @@ mod tests {
         }
         assert_eq!(send_all(&mut req, &c), [100, 101]);
         req.start_timers(&mut clock.timers());
-        assert_eq!(expiries(&mut req, &clock, 1), [Timeout::Resend(Psn::new(100))]);
+        assert_eq!(
+            expiries(&mut req, &clock, 1),
+            [Timeout::Resend(Psn::new(100))]
+        );
         assert_eq!(req.retry_state().1, 1);
         assert_eq!(send_all(&mut req, &c), [100, 101]);
         // The first Send is acknowledged: the count is full again, the timer runs on.
         assert!(req.acknowledged(Psn::new(100), &c));
         assert_eq!(req.retry_state(), (None, 2, 0));
         assert!(req.timer().armed());
-        assert_eq!(expiries(&mut req, &clock, 1), [Timeout::Nothing], "a new period");
+        assert_eq!(
+            expiries(&mut req, &clock, 1),
+            [Timeout::Nothing],
+            "a new period"
+        );
         assert_eq!(req.retry_state().1, 2);
         // No response for a whole period: a timeout, from the PSN after the acknowledged.
-        assert_eq!(expiries(&mut req, &clock, 1), [Timeout::Resend(Psn::new(101))]);
+        assert_eq!(
+            expiries(&mut req, &clock, 1),
+            [Timeout::Resend(Psn::new(101))]
+        );
         // Everything acknowledged: the timer stops.
         assert!(req.acknowledged(Psn::new(101), &c));
         assert!(!req.timer().armed());
@@ -1119,7 +1135,10 @@ mod tests {
         // A second Read waits for the initiator depth (1).
         req.accept(wqe(WqeOp::Read, 8), c.path_mtu.bytes());
         assert_eq!(req.next_step(QpState::Rts, 1), Step::Stop);
-        assert!(matches!(req.next_step(QpState::Rts, 2), Step::Packet { .. }));
+        assert!(matches!(
+            req.next_step(QpState::Rts, 2),
+            Step::Packet { .. }
+        ));
         // Not in RTS (SQ drained): nothing new starts.
         assert_eq!(req.next_step(QpState::Sqd, 2), Step::Stop);
 
