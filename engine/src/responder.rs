@@ -3,9 +3,11 @@
 //! The receive path is a pipeline of named checks in the order of the rxe responder
 //! (`CHK_PSN → CHK_OP_SEQ → CHK_OP_VALID → CHK_RESOURCE → CHK_LENGTH → CHK_RKEY →
 //! EXECUTE`). Each check is a function that returns `Result<_, RespError>`; the first that
-//! fails refuses the packet, and one table (`verdict`, in `responder/error.rs`) says
-//! what each refusal sends back (the AETH syndrome), how a receive WQE in use
-//! completes, and whether the QP is lost:
+//! fails refuses the packet, and one table (`verdict`) says what each refusal sends back
+//! (the AETH syndrome), how a receive WQE in use completes, and whether the QP is lost.
+//! The table and the checks that need only the headers and the QP's context (state, PSN,
+//! opcode sequence, enables, packet length) are the protocol core's
+//! ([`shmhca_proto::responder`]); the resources, keys and memory are the engine's:
 //!
 //! 1. **PSN** against ePSN ([`crate::psn::classify`]): the expected PSN is executed; a
 //!    duplicate is answered again without being executed again (an Ack for Sends and
@@ -38,7 +40,6 @@
 //! a new Atomic that finds the queue empty is answered at once, in the receive step, by
 //! a fast path: see `answer_fast`.)
 
-mod error;
 #[cfg(test)]
 mod fast_tests;
 #[cfg(test)]
@@ -53,8 +54,8 @@ mod ride_tests;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use error::{RespError, verdict};
 pub(crate) use owed::{OwedAck, OwedAcks};
+pub(crate) use shmhca_proto::responder::{Fresh, RespError, verdict};
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -62,7 +63,7 @@ use std::sync::atomic::Ordering;
 use crate::completion::{WcOpcode, WcStatus};
 use crate::context::{Env, LinkTx, QpCtx};
 use crate::dma::{self, CopyError, Cursor, Sgl};
-use crate::psn::{self, Psn, PsnRegion};
+use crate::psn::{self, Psn};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::user_mem::Local;
 use crate::wire::Msn;
@@ -74,7 +75,7 @@ use crate::wire::slot::{
     riding_word, set_riding_ack,
 };
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
-use error::Reply;
+use shmhca_proto::responder::{Reply, check_packet_length};
 
 /// An RDMA Read being answered.
 #[derive(Debug, Clone, Copy)]
@@ -903,68 +904,37 @@ fn refuse(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, e: RespError) {
     }
 }
 
-/// Whether a request that passed the PSN check is new or a duplicate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fresh {
-    /// PSN = ePSN: executed.
-    New,
-    /// Before ePSN: answered again, not executed again.
-    Duplicate,
-}
-
 /// The QP receives only from RTR on, and not in the Error state.
+#[inline]
 fn check_state(qp: &QpCtx) -> Result<(), RespError> {
-    if qp.state.receives() {
-        Ok(())
-    } else {
-        Err(RespError::NotReceiving)
-    }
+    shmhca_proto::responder::check_state(qp.state)
 }
 
-/// Check 1, PSN against ePSN ([`crate::psn::classify`]).
+/// Check 1, PSN against ePSN: a new request ends the wait of an outstanding Nak.
+#[inline]
 fn check_psn(resp: &mut Responder, psn: Psn) -> Result<Fresh, RespError> {
-    match psn::classify(psn, resp.epsn) {
-        PsnRegion::Valid => {
-            resp.nak_outstanding = false;
-            Ok(Fresh::New)
-        }
-        PsnRegion::Duplicate => Ok(Fresh::Duplicate),
-        PsnRegion::Invalid if resp.nak_outstanding => Err(RespError::PsnAheadNakOutstanding),
-        PsnRegion::Invalid => Err(RespError::PsnAhead),
+    let fresh = shmhca_proto::responder::check_psn(psn, resp.epsn, resp.nak_outstanding)?;
+    if fresh == Fresh::New {
+        resp.nak_outstanding = false;
     }
+    Ok(fresh)
 }
 
-/// Check 2, Opcode sequence: Middle and Last continue a message of their kind; First and Only
-/// start one.
+/// Check 2, Opcode sequence, against the message in progress.
+#[inline]
 fn check_opcode_sequence(resp: &Responder, info: &OpcodeInfo) -> Result<(), RespError> {
-    let continuing = matches!(info.position, Position::Middle | Position::Last);
-    let ok = match (&resp.cur, info.class) {
-        (Inbound::Send { .. }, OpClass::Send) | (Inbound::Write { .. }, OpClass::RdmaWrite) => {
-            continuing
-        }
-        (Inbound::Idle, _) => !continuing,
-        _ => false,
+    let in_message = match resp.cur {
+        Inbound::Idle => None,
+        Inbound::Send { .. } => Some(OpClass::Send),
+        Inbound::Write { .. } => Some(OpClass::RdmaWrite),
     };
-    if ok {
-        Ok(())
-    } else {
-        Err(RespError::OpcodeOutOfSequence)
-    }
+    shmhca_proto::responder::check_opcode_sequence(in_message, info)
 }
 
-/// Check 3, Operation enabled: RDMA Write, Read and Atomic need the QP's remote access enables.
+/// Check 3, Operation enabled, against the QP's remote access enables.
+#[inline]
 fn check_operation_enabled(qp: &QpCtx, info: &OpcodeInfo) -> Result<(), RespError> {
-    let need = match info.class {
-        OpClass::RdmaWrite => Some(AccessFlags::REMOTE_WRITE),
-        OpClass::RdmaReadRequest => Some(AccessFlags::REMOTE_READ),
-        OpClass::CompareSwap | OpClass::FetchAdd => Some(AccessFlags::REMOTE_ATOMIC),
-        _ => None,
-    };
-    if need.is_some_and(|n| !qp.cfg.access.contains(n)) {
-        Err(RespError::OperationNotEnabled)
-    } else {
-        Ok(())
-    }
+    shmhca_proto::responder::check_operation_enabled(qp.cfg.access, info.class)
 }
 
 /// Check 4, Resources of a message that completes a receive WQE: room in the receive CQ (on its
@@ -1006,20 +976,6 @@ fn check_rd_atomic_resources(qp: &QpCtx) -> Result<(), RespError> {
         Err(RespError::TooManyReadAtomic)
     } else {
         Ok(())
-    }
-}
-
-/// Check 5, Length: whether a packet at `position` may carry `len` payload bytes with this PMTU.
-fn check_packet_length(position: Position, len: u32, pmtu: u32) -> Result<(), RespError> {
-    let ok = match position {
-        Position::First | Position::Middle => len == pmtu,
-        Position::Last => (1..=pmtu).contains(&len),
-        Position::Only => len <= pmtu,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(RespError::BadLength)
     }
 }
 

@@ -428,7 +428,11 @@ mod tests {
             check(&mut req, ack(11)),
             Outcome::Ack { seq: 1, .. }
         ));
-        assert_eq!(req.wqe(0).done, Some(WcStatus::Success), "implicitly acknowledged");
+        assert_eq!(
+            req.wqe(0).done,
+            Some(WcStatus::Success),
+            "implicitly acknowledged"
+        );
         assert!(req.acknowledged(Psn::new(11), &cfg()));
         assert!(matches!(check(&mut req, ack(11)), Outcome::Credits(..)));
         // A duplicate that is not an Ack has nothing to give.
@@ -459,7 +463,12 @@ mod tests {
         ];
         for (code, status) in cases {
             let mut req = sent(&[(WqeOp::Write, 8)]);
-            let nak = resp(OpClass::Acknowledge, Position::Only, 10, Some(Syndrome::Nak(code)));
+            let nak = resp(
+                OpClass::Acknowledge,
+                Position::Only,
+                10,
+                Some(Syndrome::Nak(code)),
+            );
             assert_eq!(
                 check(&mut req, nak),
                 Outcome::FatalNak {
@@ -478,7 +487,12 @@ mod tests {
         );
         let r = resp(OpClass::Acknowledge, Position::Only, 10, None);
         assert_eq!(check(&mut req, r), Outcome::Bad(0));
-        let r = resp(OpClass::Acknowledge, Position::Only, 10, Some(Syndrome::Reserved(0x7f)));
+        let r = resp(
+            OpClass::Acknowledge,
+            Position::Only,
+            10,
+            Some(Syndrome::Reserved(0x7f)),
+        );
         assert_eq!(check(&mut req, r), Outcome::BadThenRetire(0));
         let r = resp(OpClass::Send, Position::Only, 10, None);
         assert_eq!(check(&mut req, r), Outcome::NotAResponse);
@@ -499,8 +513,14 @@ mod tests {
             check(&mut req, read(11, Position::Middle, 256)),
             Outcome::ImpliedNak(Psn::new(10))
         );
-        assert_eq!(check(&mut req, read(10, Position::Only, 256)), Outcome::Bad(0));
-        assert_eq!(check(&mut req, read(10, Position::First, 255)), Outcome::Bad(0));
+        assert_eq!(
+            check(&mut req, read(10, Position::Only, 256)),
+            Outcome::Bad(0)
+        );
+        assert_eq!(
+            check(&mut req, read(10, Position::First, 255)),
+            Outcome::Bad(0)
+        );
         assert_eq!(
             check(&mut req, read(10, Position::First, 256)),
             Outcome::ReadResponse {
@@ -524,7 +544,10 @@ mod tests {
         );
         // A response to a Send's PSN is bad.
         let mut send = sent(&[(WqeOp::Send, 8)]);
-        assert_eq!(check(&mut send, read(10, Position::Only, 8)), Outcome::Bad(0));
+        assert_eq!(
+            check(&mut send, read(10, Position::Only, 8)),
+            Outcome::Bad(0)
+        );
     }
 
     /// An Atomic Acknowledge answers an Atomic at its PSN with a positive AETH, its original

@@ -49,6 +49,7 @@ pub mod mem;
 pub mod psn;
 pub mod qp;
 pub mod requester;
+pub mod responder;
 pub mod send_window;
 pub mod stats;
 pub mod timer;

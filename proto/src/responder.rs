@@ -1,17 +1,44 @@
-//! Why the RQ Logic refuses a request, and what each refusal means: one table.
+//! The RQ Logic's checks of a request (spec/01, spec/02) and what each refusal means: one
+//! table.
 //!
-//! Every check of the receive pipeline (see [`super`]) fails with a [`RespError`] that
-//! names the check and the fault. [`verdict`] is the only place that says, for each, what
+//! Every check of the receive pipeline fails with a [`RespError`] that names the check and
+//! the fault. The checks that need nothing but the packet's headers and the QP's context
+//! are here ([`check_state`], [`check_psn`], [`check_opcode_sequence`],
+//! [`check_operation_enabled`], [`check_packet_length`]); the driver runs them in the order
+//! of the rxe responder (`CHK_PSN → CHK_OP_SEQ → CHK_OP_VALID → CHK_RESOURCE → CHK_LENGTH →
+//! CHK_RKEY → EXECUTE`) with its own checks of resources, keys and memory between them. [`verdict`] is the only place that says, for each, what
 //! the requester is told (the AETH syndrome of spec/01 Table 17-3 and the Nak codes of
 //! Table 17-4), how a receive WQE in use completes, and whether the QP goes to the Error
 //! state — the rxe responder's `resp_states` error arms, as Rust types.
+//!
+//! ```
+//! use shmhca_proto::psn::Psn;
+//! use shmhca_proto::responder::{Fresh, Reply, RespError, check_psn, verdict};
+//! use shmhca_proto::wire::aeth::NakCode;
+//!
+//! // ePSN 10: PSN 10 is new, 9 a duplicate, 12 means 10 and 11 were lost...
+//! assert_eq!(check_psn(Psn::new(10), Psn::new(10), false), Ok(Fresh::New));
+//! assert_eq!(check_psn(Psn::new(9), Psn::new(10), false), Ok(Fresh::Duplicate));
+//! let lost = check_psn(Psn::new(12), Psn::new(10), false).unwrap_err();
+//! // ... which one PSN Sequence Error Nak tells the requester; the QP lives on.
+//! let v = verdict(lost);
+//! assert_eq!(v.reply, Reply::Nak(NakCode::PsnSequenceError));
+//! assert!(!v.fatal);
+//! // Once that Nak is out, later packets ahead of ePSN are dropped silently.
+//! let again = check_psn(Psn::new(13), Psn::new(10), true).unwrap_err();
+//! assert_eq!(again, RespError::PsnAheadNakOutstanding);
+//! assert_eq!(verdict(again).reply, Reply::Nothing);
+//! ```
 
 use crate::completion::WcStatus;
+use crate::psn::{self, Psn, PsnRegion};
+use crate::qp::{AccessFlags, QpState};
 use crate::wire::aeth::NakCode;
+use crate::wire::opcode::{OpClass, OpcodeInfo, Position};
 
 /// The check of the receive pipeline that failed, in the order the checks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Check {
+pub enum Check {
     /// The QP is not in a state that receives (before RTR, Error, Reset).
     State,
     /// The PSN against ePSN.
@@ -32,7 +59,7 @@ pub(crate) enum Check {
 
 /// A request the RQ Logic refuses: the check that failed and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RespError {
+pub enum RespError {
     /// The QP does not receive in its current state: the packet is dropped.
     NotReceiving,
     /// The PSN is ahead of ePSN: packets were lost (spec/04, "a PSN Sequence Error Nak is
@@ -81,7 +108,7 @@ pub(crate) enum RespError {
 
 /// What the requester is told about a refused request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reply {
+pub enum Reply {
     /// Nothing: the packet is dropped.
     Nothing,
     /// A Nak with this code (spec/01 Table 17-4).
@@ -92,26 +119,25 @@ pub(crate) enum Reply {
 
 /// What a [`RespError`] means: one row of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Verdict {
+pub struct Verdict {
     /// The check that failed.
-    pub(crate) check: Check,
+    pub check: Check,
     /// The AETH syndrome sent back.
-    pub(crate) reply: Reply,
+    pub reply: Reply,
     /// The status a receive WQE in use (a Send's, or one taken for an RDMA Write with
     /// Immediate) completes with; `None` for refusals that leave it in place to be used by
     /// the retried packet.
-    pub(crate) recv_status: Option<WcStatus>,
+    pub recv_status: Option<WcStatus>,
     /// Whether the QP goes to the Error state (its Nak is the last packet it sends).
-    pub(crate) fatal: bool,
+    pub fatal: bool,
     /// Whether the packet is counted as dropped (not answered as a request at all, or
     /// answered only with a sequence Nak).
-    pub(crate) dropped: bool,
+    pub dropped: bool,
 }
 
 impl RespError {
-    /// Every error, for tests that walk the table.
-    #[cfg(test)]
-    pub(crate) const ALL: [RespError; 17] = [
+    /// Every error, in the order of the checks that raise them (tests walk the table).
+    pub const ALL: [RespError; 17] = [
         RespError::NotReceiving,
         RespError::PsnAhead,
         RespError::PsnAheadNakOutstanding,
@@ -141,7 +167,7 @@ impl RespError {
 /// Remote Operational Error, the QP goes to the Error state (the requester's completes the
 /// request in error and goes there too), and a receive WQE in use completes with a local
 /// error so local software learns of it as well.
-pub(crate) const fn verdict(e: RespError) -> Verdict {
+pub const fn verdict(e: RespError) -> Verdict {
     use Check as C;
     use NakCode::{InvalidRequest, PsnSequenceError, RemoteAccessError, RemoteOperationalError};
     use WcStatus::{LocLenErr, LocProtErr, LocQpOpErr};
@@ -185,9 +211,99 @@ pub(crate) const fn verdict(e: RespError) -> Verdict {
     }
 }
 
+/// Whether a request that passed the PSN check is new or a duplicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fresh {
+    /// PSN = ePSN: executed.
+    New,
+    /// Before ePSN: answered again, not executed again.
+    Duplicate,
+}
+
+/// The QP receives only from RTR on, and not in the Error state.
+#[inline]
+pub fn check_state(state: QpState) -> Result<(), RespError> {
+    if state.receives() {
+        Ok(())
+    } else {
+        Err(RespError::NotReceiving)
+    }
+}
+
+/// Check 1, PSN against ePSN ([`psn::classify`]); `nak_outstanding`: a sequence error or
+/// RNR Nak for ePSN is outstanding (later packets ahead of it are then dropped silently).
+/// A new request ([`Fresh::New`]) ends the Nak's wait: the caller clears its flag.
+#[inline]
+pub fn check_psn(psn: Psn, epsn: Psn, nak_outstanding: bool) -> Result<Fresh, RespError> {
+    match psn::classify(psn, epsn) {
+        PsnRegion::Valid => Ok(Fresh::New),
+        PsnRegion::Duplicate => Ok(Fresh::Duplicate),
+        PsnRegion::Invalid if nak_outstanding => Err(RespError::PsnAheadNakOutstanding),
+        PsnRegion::Invalid => Err(RespError::PsnAhead),
+    }
+}
+
+/// Check 2, Opcode sequence: Middle and Last continue a message of their kind; First and
+/// Only start one. `in_message`: the class of the message in progress (a Send or an RDMA
+/// Write), `None` between messages.
+#[inline]
+pub fn check_opcode_sequence(
+    in_message: Option<OpClass>,
+    info: &OpcodeInfo,
+) -> Result<(), RespError> {
+    let continuing = matches!(info.position, Position::Middle | Position::Last);
+    let ok = match (in_message, info.class) {
+        (Some(OpClass::Send), OpClass::Send) | (Some(OpClass::RdmaWrite), OpClass::RdmaWrite) => {
+            continuing
+        }
+        (None, _) => !continuing,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(RespError::OpcodeOutOfSequence)
+    }
+}
+
+/// Check 3, Operation enabled: RDMA Write, Read and Atomic need the QP's remote access
+/// enables (`access`).
+#[inline]
+pub fn check_operation_enabled(access: AccessFlags, class: OpClass) -> Result<(), RespError> {
+    let need = match class {
+        OpClass::RdmaWrite => Some(AccessFlags::REMOTE_WRITE),
+        OpClass::RdmaReadRequest => Some(AccessFlags::REMOTE_READ),
+        OpClass::CompareSwap | OpClass::FetchAdd => Some(AccessFlags::REMOTE_ATOMIC),
+        _ => None,
+    };
+    if need.is_some_and(|n| !access.contains(n)) {
+        Err(RespError::OperationNotEnabled)
+    } else {
+        Ok(())
+    }
+}
+
+/// Check 5, Length: whether a packet at `position` may carry `len` payload bytes with this
+/// PMTU (First and Middle exactly a PMTU, Last one byte to a PMTU, Only at most a PMTU).
+#[inline]
+pub fn check_packet_length(position: Position, len: u32, pmtu: u32) -> Result<(), RespError> {
+    let ok = match position {
+        Position::First | Position::Middle => len == pmtu,
+        Position::Last => (1..=pmtu).contains(&len),
+        Position::Only => len <= pmtu,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(RespError::BadLength)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::wire::opcode::Opcode;
 
     fn row(e: RespError) -> (Reply, Option<WcStatus>, bool) {
         let v = verdict(e);
@@ -331,5 +447,93 @@ mod tests {
                 Check::Execute,
             ]
         );
+    }
+
+    /// spec/02 "Obey the Ordering Rules": a message's packets arrive First, Middle…, Last
+    /// (or Only), and none of another kind in between.
+    #[test]
+    fn opcode_sequence() {
+        let info = |op: Opcode| op.info().expect("an RC opcode");
+        let send = Some(OpClass::Send);
+        assert!(check_opcode_sequence(None, info(Opcode::SendFirst)).is_ok());
+        assert!(check_opcode_sequence(None, info(Opcode::SendMiddle)).is_err());
+        assert!(check_opcode_sequence(send, info(Opcode::SendMiddle)).is_ok());
+        assert!(check_opcode_sequence(send, info(Opcode::SendLast)).is_ok());
+        assert!(check_opcode_sequence(send, info(Opcode::SendOnly)).is_err());
+        assert!(check_opcode_sequence(send, info(Opcode::RdmaWriteLast)).is_err());
+        assert!(check_opcode_sequence(send, info(Opcode::RdmaReadRequest)).is_err());
+        let write = Some(OpClass::RdmaWrite);
+        assert!(check_opcode_sequence(write, info(Opcode::RdmaWriteMiddle)).is_ok());
+        assert!(check_opcode_sequence(write, info(Opcode::SendLast)).is_err());
+        assert!(check_opcode_sequence(None, info(Opcode::FetchAdd)).is_ok());
+    }
+
+    /// spec/01: RDMA Write, Read and Atomic need their remote access enable; a Send needs
+    /// none.
+    #[test]
+    fn operations_need_their_enables() {
+        let none = AccessFlags::NONE;
+        assert!(check_operation_enabled(none, OpClass::Send).is_ok());
+        for (class, flag) in [
+            (OpClass::RdmaWrite, AccessFlags::REMOTE_WRITE),
+            (OpClass::RdmaReadRequest, AccessFlags::REMOTE_READ),
+            (OpClass::CompareSwap, AccessFlags::REMOTE_ATOMIC),
+            (OpClass::FetchAdd, AccessFlags::REMOTE_ATOMIC),
+        ] {
+            assert_eq!(
+                check_operation_enabled(none, class),
+                Err(RespError::OperationNotEnabled)
+            );
+            assert!(
+                check_operation_enabled(
+                    AccessFlags::from_bits(AccessFlags::ALL.bits() & !flag.bits()).unwrap(),
+                    class
+                )
+                .is_err()
+            );
+            assert!(check_operation_enabled(flag, class).is_ok());
+        }
+    }
+
+    /// spec/04 "Maximum Data Payload Size": First and Middle carry exactly a PMTU, Last one
+    /// byte up to a PMTU, Only up to a PMTU (zero included).
+    #[test]
+    fn packet_lengths() {
+        use Position::*;
+        for (position, len, ok) in [
+            (First, 256, true),
+            (First, 255, false),
+            (Middle, 256, true),
+            (Middle, 257, false),
+            (Last, 1, true),
+            (Last, 256, true),
+            (Last, 0, false),
+            (Last, 257, false),
+            (Only, 0, true),
+            (Only, 256, true),
+            (Only, 257, false),
+        ] {
+            assert_eq!(
+                check_packet_length(position, len, 256).is_ok(),
+                ok,
+                "{position:?} {len}"
+            );
+        }
+    }
+
+    /// Only RTR, RTS, SQD and SQE receive.
+    #[test]
+    fn states_that_receive() {
+        for (state, ok) in [
+            (QpState::Reset, false),
+            (QpState::Init, false),
+            (QpState::Rtr, true),
+            (QpState::Rts, true),
+            (QpState::Sqd, true),
+            (QpState::Sqe, true),
+            (QpState::Error, false),
+        ] {
+            assert_eq!(check_state(state).is_ok(), ok, "{state:?}");
+        }
     }
 }
