@@ -1,8 +1,10 @@
 //! What Cargo cannot say yet: the protocol stages still in this crate (SQ Logic, RQ Logic,
 //! completer) import neither the rings nor the verbs layer.
 //!
-//! The wire codec, PSNs, completions, credits, timers, WQEs, the send window and the QP
-//! state vocabulary are the crate `shmhca-proto`, which is `no_std` with no dependencies:
+//! The wire codec, PSNs, completions, credits, timers, WQEs, the send window, the QP
+//! context and state vocabulary, the SQ Logic's state machine (`proto::requester`), the
+//! completer's checks (`proto::completer`) and the RQ Logic's checks and refusal table
+//! (`proto::responder`) are the crate `shmhca-proto`, which is `no_std` with no dependencies:
 //! there the compiler keeps them free of rings, clocks, threads and the engine, and no text
 //! test is needed.
 
@@ -26,7 +28,6 @@ fn the_protocol_core_uses_neither_rings_nor_verbs() {
     let core = [
         "src/requester.rs",
         "src/responder.rs",
-        "src/responder/error.rs",
         "src/responder/owed.rs",
         "src/completer.rs",
     ];
