@@ -130,7 +130,6 @@ pub mod qp;
 mod raw_peer;
 pub mod requester;
 pub mod responder;
-pub(crate) use shmhca_proto::send_window;
 pub(crate) mod slots;
 pub mod stats_area;
 pub(crate) mod sync;

@@ -1,18 +1,22 @@
-//! SQ Logic (the requester): turns send WQEs into request packets (spec/01).
+//! SQ Logic (the requester) as this engine drives it (spec/01).
 //!
-//! WQEs are processed strictly in posted order. Each message is segmented by the PMTU into
-//! First/Middle/Last (or Only) packets carrying consecutive PSNs; an RDMA Write's RETH rides
-//! on its first packet, immediate data on its last; an RDMA Read is one request that
-//! advances nPSN by its number of response packets; an Atomic is one request. A WQE stays in
-//! the SQ Logic's window — owned, its buffers pinned — until the completer has seen its last
-//! response, so every request can be sent again (go-back-N) after a Nak, an RNR Nak or a
-//! transport timeout: `rewind` moves the transmit point back to any unacknowledged PSN and
-//! the packets are rebuilt from the WQEs, with the same PSNs.
+//! The SQ Logic itself is the protocol core's ([`shmhca_proto::requester`]): the send
+//! window, the gates before a new WQE (fence, initiator depth, end-to-end credits), the
+//! retry counters and timers, and the transmit path that segments each message into
+//! request packets and goes back N after a loss. This module is what it needs of the
+//! engine:
 //!
-//! Before a new WQE starts, three gates apply: the fence (a fenced WQE waits for every
-//! earlier RDMA Read and Atomic to complete), the initiator depth (Reads and Atomics in
-//! flight) and end-to-end credits (spec/02 "SQ Logic's Behavior When No Credits Are
-//! Available": a limited Send sends only its first packet, with AckReq, and waits).
+//! - the WQEs the application posts, taken from the send ring (`fetch`) or posted
+//!   directly in inline mode (`post`);
+//! - the template path (`post_fast`): a single-packet request on an idle QP,
+//!   its header written from the QP's template straight into the link's next slot — the
+//!   link's fast path, checked against the general one by the engine's `fast_tests`;
+//! - the transmit driver (`Driver`): the link a QP sends on (a request becomes a
+//!   `PacketSlot`, its payload by reference into the arena or copied inline, an owed Ack
+//!   riding in it), cursor arithmetic over the QP's private scatter/gather tables, and
+//!   memory window operations;
+//! - what a timer expiry means for the application (`on_tick`: completions, the Error
+//!   state, [`crate::Qp::last_error`]) and the loss of a fabric peer (`on_peer_lost`).
 
 use crate::completion::WcStatus;
 use crate::context::{Env, LinkTx, QpCtx};
@@ -22,8 +26,8 @@ use crate::qp::{AccessFlags, QpState};
 use crate::tables::mw::{BindRequest, MwType};
 use crate::wire::Qpn;
 use crate::wire::atomic_eth::AtomicEthRepr;
-use crate::wire::bth::{self, BthRepr};
-use crate::wire::opcode::{OpClass, Opcode, Position};
+use crate::wire::bth;
+use crate::wire::opcode::Opcode;
 use crate::wire::reth::RethRepr;
 use crate::wire::slot::MAX_CONTINUATION;
 use crate::wire::slot::{HeaderWriter, PacketSlot};
@@ -32,8 +36,7 @@ use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
 pub use shmhca_proto::requester::{
     BthTemplate, DEFAULT_PKEY, LinkWait, Requester, Step, Timeout, next_psn,
 };
-
-pub(crate) use crate::send_window::SendWqe;
+use shmhca_proto::requester::{RequestPacket, SendError, SqDriver};
 
 /// Takes newly posted WQEs from the SQ ring into the window.
 pub(crate) fn fetch(qp: &mut QpCtx) {
@@ -242,7 +245,9 @@ pub(crate) fn transmit<L: LinkTx + ?Sized>(
     transmit_some(qp, env, tx, budget)
 }
 
-/// [`transmit`] when there is something to send (or an RNR wait to look at).
+/// [`transmit`] when there is something to send (or an RNR wait to look at): the protocol
+/// core's transmit path ([`shmhca_proto::requester::transmit`]) driven over this engine's
+/// link, memory and memory window table ([`Driver`]), then what it asks of the engine.
 #[inline(never)]
 fn transmit_some<L: LinkTx + ?Sized>(
     qp: &mut QpCtx,
@@ -253,117 +258,81 @@ fn transmit_some<L: LinkTx + ?Sized>(
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.req.rnr_waiting(env) {
         return 0;
     }
-    let pmtu = qp.cfg.path_mtu.bytes();
-    let mut sent = 0;
-    let mut local = 0;
-    let mut local_error = false;
-    let mut link_full = false;
-    while sent < budget {
-        let (seq, new_wqe, point) = match qp.req.next_step(qp.state, qp.cfg.max_rd_atomic) {
-            Step::Stop => break,
-            Step::Local { seq, new_wqe } => {
-                match run_local(qp, env, seq, new_wqe) {
-                    Some(true) => local += 1,
-                    Some(false) => {
-                        local_error = true;
-                        break;
-                    }
-                    None => {}
-                }
-                continue;
-            }
-            Step::Packet {
-                seq,
-                new_wqe,
-                point,
-            } => (seq, new_wqe, point),
-        };
-        let req = &mut qp.req;
-        // A multi-element list may need continuation slots for its gather list.
-        let extra = match req.wqe(seq).wqe.data {
-            DataLoc::Table { .. } => MAX_CONTINUATION,
-            _ => 0,
-        };
-        if !tx.has_room_for(extra) {
-            link_full = true;
-            break;
-        }
-        if new_wqe {
-            req.begin_wqe();
-        }
-        let w = *req.wqe(seq);
-        let k = point.pkt;
-        if req.note_sent(&w, w.first_psn.add(k)) {
-            env.stats.retransmitted += 1;
-        }
-        let cursor = match point.cursor {
-            Some(c) => c,
-            None => Cursor::at(
-                Sgl::new(&w.wqe.data, &qp.tables),
-                u64::from(k) * u64::from(pmtu),
-            )
-            .unwrap_or_default(),
-        };
-        let ack_req = req.ack_req(seq, &w, k);
-        let Some((slot, cont)) = tx.next_packet(extra) else {
-            link_full = true;
-            break;
-        };
-        let built = build_request(
-            slot,
-            cont,
-            &w,
-            k,
-            pmtu,
-            qp.cfg.dest.map(|d| d.qpn),
-            ack_req,
-            (&qp.mem, &qp.tables),
-            cursor,
-        );
-        let Some(payload) = built else {
-            // The WQE's own list does not cover its message: a local error (it cannot
-            // happen for a list `post_send` checked), never a panic.
-            qp.req.complete(seq, WcStatus::LocQpOpErr);
-            local_error = true;
-            break;
-        };
-        crate::responder::ride_owed_ack(qp, env, slot);
-        tx.commit();
-        env.stats.packets_sent += 1;
-        env.stats.inline_bytes_sent += payload.inline;
-        sent += 1;
-        if Requester::ends_wqe(&w, k) {
-            qp.req.packet_sent(None);
-        } else {
-            let mut next = cursor;
-            next.advance(Sgl::new(&w.wqe.data, &qp.tables), u64::from(payload.len));
-            qp.req.packet_sent(Some(next));
-        }
-    }
-    let mark = if link_full {
-        Some(tx.peer_mark())
-    } else {
-        None
-    };
-    qp.req.after_transmit(sent > 0, mark);
-    if local_error {
+    let (state, cfg) = (qp.state, qp.cfg);
+    let t = shmhca_proto::requester::transmit(&mut Driver { qp, env, tx }, state, &cfg, budget);
+    env.stats.packets_sent += t.sent as u64;
+    env.stats.retransmitted += t.retransmitted;
+    env.stats.inline_bytes_sent += t.inline_bytes;
+    if t.local_error {
         qp.enter_error(env);
-    } else if local > 0 {
+    } else if t.local > 0 {
         crate::completer::retire(qp, env);
     }
-    sent + local
+    t.sent + t.local
 }
 
-/// Passes over memory window operation `seq` at the transmit point, executing it if it is
-/// new (a go-back-N rewind passes over it again without executing it twice): it takes no
-/// PSN and completes in order. `Some(success)` if executed.
-#[cold]
-#[inline(never)]
-fn run_local(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64, new_wqe: bool) -> Option<bool> {
-    let w = qp.req.run_local(new_wqe)?;
-    let status = execute_local(&w, qp.pd.get(), qp.qpn, env);
-    qp.req.complete(seq, status);
-    Some(status == WcStatus::Success)
+/// The engine's side of the SQ Logic's transmit path: a QP, this engine's resources and the
+/// link the QP sends on.
+struct Driver<'q, 'e, 'r, L: ?Sized> {
+    qp: &'q mut QpCtx,
+    env: &'e mut Env<'r>,
+    tx: &'q mut L,
+}
+
+impl<L: LinkTx + ?Sized> SqDriver for Driver<'_, '_, '_, L> {
+    #[inline(always)]
+    fn req(&mut self) -> &mut Requester {
+        &mut self.qp.req
+    }
+
+    /// A multi-element list may need continuation slots for its gather list.
+    #[inline]
+    fn has_room(&mut self, data: &DataLoc) -> bool {
+        self.tx.has_room_for(continuation_room(data))
+    }
+
+    #[inline]
+    fn send(&mut self, p: &RequestPacket<'_>) -> Result<u64, SendError> {
+        let Some((slot, cont)) = self.tx.next_packet(continuation_room(p.data)) else {
+            return Err(SendError::NoRoom);
+        };
+        let qp = &mut *self.qp;
+        let inline =
+            write_request(slot, cont, p, (&qp.mem, &qp.tables)).ok_or(SendError::BadData)?;
+        crate::responder::ride_owed_ack(qp, self.env, slot);
+        self.tx.commit();
+        Ok(inline)
+    }
+
+    fn peer_mark(&mut self) -> u64 {
+        self.tx.peer_mark()
+    }
+
+    #[inline]
+    fn cursor_at(&self, data: &DataLoc, off: u64) -> Option<Cursor> {
+        Cursor::at(Sgl::new(data, &self.qp.tables), off)
+    }
+
+    #[inline]
+    fn advance(&self, data: &DataLoc, mut cursor: Cursor, n: u64) -> Cursor {
+        cursor.advance(Sgl::new(data, &self.qp.tables), n);
+        cursor
+    }
+
+    #[cold]
+    fn execute_local(&mut self, w: &SqWqe) -> WcStatus {
+        execute_local(w, self.qp.pd.get(), self.qp.qpn, self.env)
+    }
+}
+
+/// Continuation slots a packet whose payload comes from `data` may need: a multi-element
+/// list's gather list takes up to [`MAX_CONTINUATION`].
+#[inline(always)]
+fn continuation_room(data: &DataLoc) -> usize {
+    match data {
+        DataLoc::Table { .. } => MAX_CONTINUATION,
+        _ => 0,
+    }
 }
 
 /// Executes a memory window operation posted on QP `qpn` of protection domain `pd`.
@@ -399,127 +368,38 @@ fn execute_local(w: &SqWqe, pd: u32, qpn: Qpn, env: &mut Env<'_>) -> WcStatus {
     }
 }
 
-/// What a built packet carried.
-struct Built {
-    /// Payload bytes.
-    len: u32,
-    /// Of which copied into the slot.
-    inline: u64,
-}
-
-/// Builds request packet `k` of WQE `w` into `slot` (and a gather list into `gather` for a
-/// payload spanning several elements), with the QP's arena and private tables in `mem`.
-/// `None` if the WQE's list does not cover the packet.
-#[allow(clippy::too_many_arguments)]
-fn build_request(
+/// Writes request packet `p` into `slot` (and a gather list into `cont` for a payload
+/// spanning several elements), the payload described from the QP's arena and private
+/// tables (`mem`): copied into the slot when it fits, else by reference. Returns the bytes
+/// copied; `None` if the WQE's list does not cover the payload.
+fn write_request(
     slot: &mut PacketSlot,
     cont: &mut [PacketSlot],
-    w: &SendWqe,
-    k: u32,
-    pmtu: u32,
-    dest: Option<Qpn>,
-    ack_req: bool,
+    p: &RequestPacket<'_>,
     (mem, tables): (&Mem, &Mem),
-    cursor: Cursor,
-) -> Option<Built> {
-    let op = w.wqe.op;
-    let psn = w.first_psn.add(k);
-    let mut bth = BthRepr {
-        opcode: Opcode::RdmaReadRequest,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: DEFAULT_PKEY,
-        dest_qp: dest.unwrap_or(Qpn::new(0)),
-        ack_req: true,
-        psn,
-    };
-    let mut payload_len = 0u32;
-    let slot = match op {
-        WqeOp::Read => {
-            let off = u64::from(k) * u64::from(pmtu);
-            HeaderWriter::new(slot, &bth)
-                .reth(&RethRepr {
-                    va: w.wqe.remote_addr.wrapping_add(off),
-                    rkey: w.wqe.rkey,
-                    dma_len: w.wqe.len.saturating_sub(off as u32),
-                })
-                .finish()
-        }
-        WqeOp::CompareSwap | WqeOp::FetchAdd => {
-            let cas = op == WqeOp::CompareSwap;
-            bth.opcode = if cas {
-                Opcode::CompareSwap
-            } else {
-                Opcode::FetchAdd
-            };
-            HeaderWriter::new(slot, &bth)
-                .atomic_eth(&AtomicEthRepr {
-                    va: w.wqe.remote_addr,
-                    rkey: w.wqe.rkey,
-                    swap_add: if cas { w.wqe.swap } else { w.wqe.compare_add },
-                    compare: if cas { w.wqe.compare_add } else { 0 },
-                })
-                .finish()
-        }
-        // Executed by `transmit` without packets.
-        WqeOp::BindMw | WqeOp::LocalInv => return None,
-        WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm => {
-            let n = w.span;
-            let position = match (n, k) {
-                (1, _) => Position::Only,
-                (_, 0) => Position::First,
-                (n, k) if k == n - 1 => Position::Last,
-                _ => Position::Middle,
-            };
-            let last = matches!(position, Position::Last | Position::Only);
-            payload_len = if k + 1 < n {
-                pmtu
-            } else {
-                w.wqe.len - pmtu * (n - 1)
-            };
-            let imm = last && matches!(op, WqeOp::SendImm | WqeOp::WriteImm);
-            let inv = last && op == WqeOp::SendInv;
-            let class = if matches!(op, WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv) {
-                OpClass::Send
-            } else {
-                OpClass::RdmaWrite
-            };
-            bth.opcode = Opcode::find(class, position, imm, inv)
-                .expect("every Send/Write position has an opcode");
-            bth.ack_req = ack_req;
-            bth.solicited = last && w.wqe.flags.has(WqeFlags::SOLICITED);
-            bth.pad_count = ((4 - payload_len % 4) % 4) as u8;
-            let mut h = HeaderWriter::new(slot, &bth);
-            if class == OpClass::RdmaWrite && matches!(position, Position::First | Position::Only) {
-                h = h.reth(&RethRepr {
-                    va: w.wqe.remote_addr,
-                    rkey: w.wqe.rkey,
-                    dma_len: w.wqe.len,
-                });
-            }
-            if imm {
-                h = h.immdt(w.wqe.imm);
-            }
-            if inv {
-                h = h.ieth(w.wqe.rkey);
-            }
-            h.finish()
-        }
-    };
-    let inline = dma::describe(
+) -> Option<u64> {
+    let mut h = HeaderWriter::new(slot, &p.bth);
+    if let Some(r) = &p.reth {
+        h = h.reth(r);
+    }
+    if let Some(a) = &p.atomic_eth {
+        h = h.atomic_eth(a);
+    }
+    if let Some(imm) = p.imm {
+        h = h.immdt(imm);
+    }
+    if let Some(rkey) = p.ieth {
+        h = h.ieth(rkey);
+    }
+    let slot = h.finish();
+    dma::describe(
         slot,
         cont,
         mem,
-        Sgl::new(&w.wqe.data, tables),
-        cursor,
-        payload_len,
-    )?;
-    Some(Built {
-        len: payload_len,
-        inline,
-    })
+        Sgl::new(p.data, tables),
+        p.cursor,
+        p.payload_len,
+    )
 }
 
 /// Runs the QP's timers ([`Requester::handle_timeout`], the time from the engine's clock

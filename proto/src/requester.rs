@@ -73,6 +73,10 @@ use crate::wire::bth::{self, BthRepr};
 use crate::wire::opcode::Opcode;
 use crate::wqe::{Cursor, SqWqe, WqeFlags, WqeOp};
 
+mod transmit;
+
+pub use transmit::{RequestPacket, SendError, SqDriver, Transmitted, request_packet, transmit};
+
 /// The P_Key every packet carries (the default partition, full membership).
 pub const DEFAULT_PKEY: u16 = BthRepr::DEFAULT_PKEY;
 
