@@ -287,3 +287,330 @@ pub fn request_packet<'w>(
     }
     p
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::LinkId;
+    use crate::mem::Memory;
+    use crate::psn::Psn;
+    use crate::qp::{Destination, Mtu};
+    use crate::requester::LinkWait;
+    use crate::wqe::{NO_MR, SGE_ENTRY_LEN, SgeEntry, Sgl};
+    use alloc::vec::Vec;
+    use core::time::Duration;
+
+    /// A packet as the test driver received it: headers, and the payload's bytes read from
+    /// the memory through the cursor.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Sent {
+        opcode: Opcode,
+        psn: u32,
+        ack_req: bool,
+        solicited: bool,
+        pad: u8,
+        reth: Option<RethRepr>,
+        atomic: Option<AtomicEthRepr>,
+        imm: Option<u32>,
+        ieth: Option<u32>,
+        payload: Vec<u8>,
+    }
+
+    /// A driver whose link is a vector with room for `room` packets, whose memory is a byte
+    /// vector (the arena, and scatter/gather tables at [`TABLES`]).
+    struct VecDriver {
+        req: Requester,
+        mem: Vec<u8>,
+        room: usize,
+        mark: u64,
+        sent: Vec<Sent>,
+        locals: Vec<SqWqe>,
+        local_status: WcStatus,
+    }
+
+    /// Where the test memory keeps scatter/gather tables.
+    const TABLES: u64 = 4096;
+
+    impl SqDriver for VecDriver {
+        fn req(&mut self) -> &mut Requester {
+            &mut self.req
+        }
+        fn has_room(&mut self, _: &DataLoc) -> bool {
+            self.sent.len() < self.room
+        }
+        fn send(&mut self, p: &RequestPacket<'_>) -> Result<u64, SendError> {
+            if self.sent.len() >= self.room {
+                return Err(SendError::NoRoom);
+            }
+            let sgl = Sgl::new(p.data, &self.mem[..]);
+            let mut payload = Vec::new();
+            let mut c = p.cursor;
+            while payload.len() < p.payload_len as usize {
+                let want = p.payload_len as u64 - payload.len() as u64;
+                let (off, n) = c.piece(sgl, want).ok_or(SendError::BadData)?;
+                let mut buf = alloc::vec![0; n as usize];
+                self.mem[..]
+                    .read(off, &mut buf)
+                    .map_err(|_| SendError::BadData)?;
+                payload.extend_from_slice(&buf);
+                c.advance(sgl, n);
+            }
+            self.sent.push(Sent {
+                opcode: p.bth.opcode,
+                psn: p.bth.psn.get(),
+                ack_req: p.bth.ack_req,
+                solicited: p.bth.solicited,
+                pad: p.bth.pad_count,
+                reth: p.reth,
+                atomic: p.atomic_eth,
+                imm: p.imm,
+                ieth: p.ieth,
+                payload,
+            });
+            Ok(0)
+        }
+        fn peer_mark(&mut self) -> u64 {
+            self.mark
+        }
+        fn cursor_at(&self, data: &DataLoc, off: u64) -> Option<Cursor> {
+            Cursor::at(Sgl::new(data, &self.mem[..]), off)
+        }
+        fn advance(&self, data: &DataLoc, mut c: Cursor, n: u64) -> Cursor {
+            c.advance(Sgl::new(data, &self.mem[..]), n);
+            c
+        }
+        fn execute_local(&mut self, w: &SqWqe) -> WcStatus {
+            self.locals.push(*w);
+            self.local_status
+        }
+    }
+
+    fn cfg() -> QpConfig {
+        QpConfig {
+            sq_psn: Psn::new(0xFF_FFFE),
+            path_mtu: Mtu::Mtu256,
+            dest: Some(Destination {
+                link: LinkId::new(0),
+                qpn: Qpn::new(0x42),
+            }),
+            max_rd_atomic: 2,
+            remote_credits: false,
+            retry_cnt: 3,
+            timeout: 14,
+            ..QpConfig::default()
+        }
+    }
+
+    fn driver(room: usize) -> VecDriver {
+        let mut req = Requester::new(16);
+        req.start(&cfg(), Duration::from_nanos(1));
+        let mut mem = alloc::vec![0u8; 8192];
+        for (i, b) in mem.iter_mut().enumerate().take(TABLES as usize) {
+            *b = i as u8;
+        }
+        VecDriver {
+            req,
+            mem,
+            room,
+            mark: 0,
+            sent: Vec::new(),
+            locals: Vec::new(),
+            local_status: WcStatus::Success,
+        }
+    }
+
+    fn wqe(op: WqeOp, len: u32, data: DataLoc) -> SqWqe {
+        SqWqe {
+            wr_id: 1,
+            op,
+            flags: WqeFlags(WqeFlags::SIGNALED | WqeFlags::SOLICITED),
+            imm: 0xABCD,
+            len,
+            remote_addr: 0x1_0000,
+            rkey: 0x77,
+            compare_add: 5,
+            swap: 9,
+            data,
+        }
+    }
+
+    fn single(off: u64, len: u32) -> DataLoc {
+        DataLoc::Single(SgeEntry {
+            off,
+            len,
+            mr: NO_MR,
+        })
+    }
+
+    fn post(d: &mut VecDriver, w: SqWqe) {
+        d.req.accept(w, cfg().path_mtu.bytes());
+    }
+
+    fn run(d: &mut VecDriver, budget: usize) -> Transmitted {
+        transmit(d, QpState::Rts, &cfg(), budget)
+    }
+
+    /// spec/01: a message is segmented by the PMTU into First, Middle…, Last packets with
+    /// consecutive PSNs (wrapping at 2^24), AckReq and SE on the last; an RDMA Write's RETH
+    /// on its first packet, immediate data on its last; every byte in order.
+    #[test]
+    fn messages_are_segmented_by_the_pmtu() {
+        let mut d = driver(16);
+        post(&mut d, wqe(WqeOp::SendImm, 600, single(100, 600)));
+        post(&mut d, wqe(WqeOp::Write, 300, single(1000, 300)));
+        let t = run(&mut d, 16);
+        assert_eq!(t.sent, 5);
+        assert!(!t.local_error);
+        let ops: Vec<_> = d
+            .sent
+            .iter()
+            .map(|s| (s.opcode, s.psn, s.ack_req))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                (Opcode::SendFirst, 0xFF_FFFE, false),
+                (Opcode::SendMiddle, 0xFF_FFFF, false),
+                (Opcode::SendLastWithImmediate, 0, true),
+                (Opcode::RdmaWriteFirst, 1, false),
+                (Opcode::RdmaWriteLast, 2, true),
+            ]
+        );
+        assert_eq!(
+            d.sent.iter().map(|s| s.solicited).collect::<Vec<_>>(),
+            [false, false, true, false, true]
+        );
+        assert_eq!(d.sent[2].imm, Some(0xABCD));
+        assert_eq!((d.sent[2].payload.len(), d.sent[2].pad), (88, 0));
+        assert_eq!((d.sent[4].payload.len(), d.sent[4].pad), (44, 0));
+        let send: Vec<u8> = d.sent[..3].iter().flat_map(|s| s.payload.clone()).collect();
+        assert_eq!(send, d.mem[100..700]);
+        assert_eq!(
+            d.sent[3].reth,
+            Some(RethRepr {
+                va: 0x1_0000,
+                rkey: 0x77,
+                dma_len: 300
+            })
+        );
+        assert_eq!(d.sent[4].reth, None);
+        assert_eq!(d.req.window().npsn(), Psn::new(3));
+        assert!(d.req.timer().armed(), "the transport timer runs");
+    }
+
+    /// A payload over a multi-element list crosses its elements; odd lengths are padded.
+    #[test]
+    fn a_gather_list_is_read_across_its_elements() {
+        let mut d = driver(16);
+        let es = [(200u64, 100u32), (2000, 57), (3000, 200)];
+        for (i, &(off, len)) in es.iter().enumerate() {
+            let row = SgeEntry { off, len, mr: 1 }.to_bytes();
+            let at = (TABLES + i as u64 * SGE_ENTRY_LEN) as usize;
+            d.mem[at..at + row.len()].copy_from_slice(&row);
+        }
+        let data = DataLoc::Table {
+            table: TABLES,
+            n: 3,
+        };
+        post(&mut d, wqe(WqeOp::Send, 357, data));
+        assert_eq!(run(&mut d, 16).sent, 2);
+        let got: Vec<u8> = d.sent.iter().flat_map(|s| s.payload.clone()).collect();
+        let want: Vec<u8> = [&d.mem[200..300], &d.mem[2000..2057], &d.mem[3000..3200]].concat();
+        assert_eq!(got, want);
+        assert_eq!((d.sent[1].payload.len(), d.sent[1].pad), (101, 3));
+    }
+
+    /// A Read is one request whose PSNs cover its responses; an Atomic one request with its
+    /// AtomicETH; both carry AckReq. After a go-back-N rewind into the Read, the request
+    /// asks for the rest only (spec/01: "the RDMA Read request is re-issued for the
+    /// remaining data").
+    #[test]
+    fn reads_and_atomics_and_a_rewind_into_a_read() {
+        let mut d = driver(16);
+        post(&mut d, wqe(WqeOp::Read, 700, single(0, 700)));
+        post(&mut d, wqe(WqeOp::CompareSwap, 8, single(800, 8)));
+        assert_eq!(run(&mut d, 16).sent, 2);
+        assert_eq!(d.sent[0].opcode, Opcode::RdmaReadRequest);
+        assert_eq!(d.sent[1].opcode, Opcode::CompareSwap);
+        assert!(d.sent.iter().all(|s| s.ack_req && s.payload.is_empty()));
+        assert_eq!(d.sent[1].psn, 1, "the Read took 3 PSNs");
+        assert_eq!(
+            d.sent[1].atomic,
+            Some(AtomicEthRepr {
+                va: 0x1_0000,
+                rkey: 0x77,
+                swap_add: 9,
+                compare: 5
+            })
+        );
+        // The first response arrived; the rest were lost: resend from the second.
+        assert!(d.req.resend_from(Psn::new(0xFF_FFFF)));
+        let t = run(&mut d, 16);
+        assert_eq!((t.sent, t.retransmitted), (2, 2));
+        assert_eq!(d.sent[2].psn, 0xFF_FFFF);
+        assert_eq!(
+            d.sent[2].reth,
+            Some(RethRepr {
+                va: 0x1_0000 + 256,
+                rkey: 0x77,
+                dma_len: 700 - 256
+            })
+        );
+        assert_eq!(d.sent[3], d.sent[1], "the Atomic again, the same bytes");
+    }
+
+    /// A full link stops the transmit point where it is and reports the peer's mark; the
+    /// budget bounds one call; what is left goes on the next.
+    #[test]
+    fn a_full_link_and_the_budget_stop_transmission() {
+        let mut d = driver(1);
+        d.mark = 7;
+        post(&mut d, wqe(WqeOp::Send, 600, single(0, 600)));
+        assert_eq!(run(&mut d, 16).sent, 1);
+        assert_eq!(d.req.link_wait(), LinkWait::Waiting);
+        d.room = 16;
+        assert_eq!(run(&mut d, 1).sent, 1, "the budget");
+        assert_eq!(d.req.link_wait(), LinkWait::No);
+        assert_eq!(run(&mut d, 16).sent, 1);
+        assert_eq!(
+            d.sent.iter().map(|s| s.opcode).collect::<Vec<_>>(),
+            [Opcode::SendFirst, Opcode::SendMiddle, Opcode::SendLast]
+        );
+        assert_eq!(run(&mut d, 16), Transmitted::default(), "nothing left");
+    }
+
+    /// Memory window operations take no PSN and run in posted order as the transmit point
+    /// passes them — once: a rewind back over one does not run it again. One that fails
+    /// completes in error and stops transmission (the driver fails the QP).
+    #[test]
+    fn memory_window_operations_run_once_in_order() {
+        let mut d = driver(16);
+        post(&mut d, wqe(WqeOp::Send, 8, single(0, 8)));
+        post(&mut d, wqe(WqeOp::BindMw, 0, DataLoc::Empty));
+        post(&mut d, wqe(WqeOp::Send, 8, single(0, 8)));
+        let t = run(&mut d, 16);
+        assert_eq!((t.sent, t.local, t.local_error), (2, 1, false));
+        assert_eq!(d.locals.len(), 1);
+        assert_eq!(d.sent[1].psn, 0xFF_FFFF, "the bind took no PSN");
+        assert!(d.req.resend_from(Psn::new(0xFF_FFFE)));
+        let t = run(&mut d, 16);
+        assert_eq!((t.sent, t.local, t.retransmitted), (2, 0, 2));
+        assert_eq!(d.locals.len(), 1, "not run twice");
+        d.local_status = WcStatus::MwBindErr;
+        post(&mut d, wqe(WqeOp::LocalInv, 0, DataLoc::Empty));
+        post(&mut d, wqe(WqeOp::Send, 8, single(0, 8)));
+        let t = run(&mut d, 16);
+        assert_eq!((t.sent, t.local, t.local_error), (0, 0, true));
+        assert_eq!(d.req.wqe(3).done, Some(WcStatus::MwBindErr));
+    }
+
+    /// Data that does not cover its message fails the WQE locally, never a panic.
+    #[test]
+    fn data_that_does_not_cover_the_message_is_a_local_error() {
+        let mut d = driver(16);
+        post(&mut d, wqe(WqeOp::Send, 100, single(8190, 100)));
+        let t = run(&mut d, 16);
+        assert_eq!((t.sent, t.local_error), (0, true));
+        assert_eq!(d.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
+    }
+}
