@@ -17,8 +17,8 @@ pub const MAX_INLINE_DATA: u32 = 4096;
 /// The largest message (spec/05: zero to 2 GiB).
 pub const MAX_MESSAGE: u64 = 1 << 31;
 /// The most RDMA Read / Atomic requests one QP may have outstanding in either direction
-/// (initiator depth and responder resources).
-pub const MAX_RD_ATOMIC: u8 = 16;
+/// (initiator depth and responder resources): the protocol core's.
+pub const MAX_RD_ATOMIC: u8 = shmhca_proto::qp::MAX_RD_ATOMIC;
 /// The most completion queues one context holds (a power of two: CQ numbers carry a
 /// generation above the index).
 pub const MAX_CQS: u32 = 1 << 16;

@@ -124,6 +124,10 @@ impl core::ops::BitOrAssign for AccessFlags {
     }
 }
 
+/// The most RDMA Read / Atomic requests one QP may have outstanding in either direction
+/// (initiator depth and responder resources).
+pub const MAX_RD_ATOMIC: u8 = 16;
+
 /// Path MTU: the largest payload of one packet (spec/04 "Maximum Data Payload Size").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mtu {

@@ -1,5 +1,6 @@
-//! The RQ Logic's checks of a request (spec/01, spec/02) and what each refusal means: one
-//! table.
+//! The RQ Logic's state ([`Responder`]: ePSN, MSN, the message in progress, the responses
+//! waiting to leave, the Atomics executed, the Ack owed), its checks of a request (spec/01,
+//! spec/02) and what each refusal means: one table.
 //!
 //! Every check of the receive pipeline fails with a [`RespError`] that names the check and
 //! the fault. The checks that need nothing but the packet's headers and the QP's context
@@ -32,9 +33,395 @@
 
 use crate::completion::WcStatus;
 use crate::psn::{self, Psn, PsnRegion};
-use crate::qp::{AccessFlags, QpState};
+use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
+use crate::wire::Msn;
 use crate::wire::aeth::NakCode;
+use crate::wire::aeth::Syndrome;
 use crate::wire::opcode::{OpClass, OpcodeInfo, Position};
+use crate::wqe::{Cursor, RqWqe};
+use alloc::collections::VecDeque;
+use core::mem::size_of;
+
+/// The positive Ack a QP owes its requester: the last PSN accepted and the MSN then. A
+/// request accepted later overwrites it, so one Ack covers every request before it (Ack
+/// coalescing); the driver sends it at the end of its iteration, or lets it ride in a
+/// request of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwedAck {
+    /// The last PSN accepted: the Ack's PSN.
+    pub psn: Psn,
+    /// The MSN after it.
+    pub msn: u32,
+}
+
+/// An RDMA Read being answered.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadJob {
+    /// PSN of the first response (the request's PSN).
+    pub psn: Psn,
+    /// The virtual address read (the request's RETH).
+    pub va: u64,
+    /// The R_Key it was read through.
+    pub rkey: u32,
+    /// Bytes to read.
+    pub len: u32,
+    /// Response packets in all.
+    pub npkts: u32,
+    /// The next response packet to send.
+    pub next: u32,
+    /// The MSN its responses carry.
+    pub msn: u32,
+    /// It answers a duplicate request (it holds no responder resource).
+    pub dup: bool,
+}
+
+/// A response waiting to leave.
+#[derive(Debug, Clone, Copy)]
+pub enum Out {
+    /// A positive Ack.
+    Ack {
+        /// The PSN acknowledged.
+        psn: Psn,
+        /// The MSN.
+        msn: u32,
+    },
+    /// A Nak (sequence error) or RNR Nak.
+    Nak {
+        /// The PSN.
+        psn: Psn,
+        /// Its AETH syndrome.
+        syndrome: Syndrome,
+    },
+    /// The Nak of a fatal error (the QP went to Error): sent after everything queued
+    /// before it, and nothing after it.
+    Fatal {
+        /// The PSN refused.
+        psn: Psn,
+        /// The Nak code.
+        code: NakCode,
+    },
+    /// The responses of an RDMA Read.
+    Read(ReadJob),
+    /// An Atomic Acknowledge.
+    Atomic {
+        /// The request's PSN.
+        psn: Psn,
+        /// The original value of the target.
+        orig: u64,
+        /// The MSN.
+        msn: u32,
+        /// It answers a duplicate request (it holds no responder resource).
+        dup: bool,
+    },
+}
+
+/// The message being received.
+#[derive(Debug, Clone, Copy)]
+pub enum Inbound {
+    /// Between messages.
+    Idle,
+    /// A multi-packet Send.
+    Send {
+        /// The receive WQE it fills.
+        wqe: RqWqe,
+        /// Where its next bytes go.
+        cursor: Cursor,
+        /// Bytes received so far.
+        got: u64,
+    },
+    /// A multi-packet RDMA Write.
+    Write {
+        /// Where its first packet wrote (the RETH's address).
+        va: u64,
+        /// The R_Key it writes through.
+        rkey: u32,
+        /// Bytes written so far.
+        done: u64,
+        /// Bytes in all (the RETH's DMA length).
+        total: u64,
+    },
+}
+
+/// RQ Logic state of one QP.
+#[derive(Debug)]
+pub struct Responder {
+    /// ePSN.
+    pub epsn: Psn,
+    /// MSN: the number of the last message completed (24-bit).
+    pub msn: u32,
+    /// The message being received.
+    pub cur: Inbound,
+    /// Responses waiting to leave, in PSN order (bounded: see [`Responder::push_out`]).
+    pub out: VecDeque<Out>,
+    /// Atomics executed: PSN and original value, to answer a duplicate without executing it
+    /// twice. The newest at the back.
+    pub atomics: VecDeque<(Psn, u64, u32)>,
+    /// A Nak (sequence error or RNR) is outstanding for ePSN: later out-of-order packets are
+    /// dropped silently until ePSN arrives.
+    pub nak_outstanding: bool,
+    /// The credit count last reported, if any.
+    pub advertised: Option<u32>,
+    /// New Reads and Atomics queued, for the responder-resources limit (the answers sent
+    /// early still held, [`Responder::early`], included).
+    pub rd_atomic_queued: u32,
+    /// New Reads and Atomics a receive fast path (the engine's `read_fast`, `atomic_fast`) answered
+    /// at once, in the receive step, whose responder resources are still counted: the
+    /// pipeline queues their responses and frees the resources when step 3 sends them, so
+    /// a request later in the same burst (a requester past its initiator depth) finds them
+    /// taken. They are freed ([`Responder::settle`]) once that burst is over: when the
+    /// responses are drained (step 3, `drain_queued`), or when a request of a later burst
+    /// looks at the resources.
+    pub early: u32,
+    /// The burst the early answers were sent in: the engine's count of packets received
+    /// before it (`Stats::packets_received`, raised at the end of each link's burst, so the
+    /// same all through one burst of this QP's link and higher in any later one).
+    pub early_burst: u64,
+    /// Answers to duplicate Reads and Atomics queued (at most [`MAX_RD_ATOMIC`]): they
+    /// re-send what a new request's resource produced, and must not take the resources the
+    /// requester may use for new requests.
+    pub dup_queued: u32,
+    /// An [`Out::Fatal`] is queued: in the Error state the responses ahead of it still
+    /// leave (they answer requests accepted before the error).
+    pub closing: bool,
+    /// The status the receive WQE of the current Send completes with when flushed: the
+    /// local error of a fatal error whose completion found the receive CQ full.
+    pub cur_status: WcStatus,
+    /// The receive WQE a Write with Immediate took in the resources check, until it
+    /// executes (or is refused: then it completes in error).
+    pub held: Option<RqWqe>,
+    /// The positive Ack owed for the requests accepted (the engine's `responder::owed`). Only while
+    /// nothing is queued in `out`: a response queued after it carries it or follows it.
+    pub owed: Option<OwedAck>,
+    /// Whether the SQ Logic has built a request since the last owed Ack that was held
+    /// back and left alone: this QP answers what it receives, so an owed Ack is worth
+    /// holding back an iteration for a request to ride in (the engine's step 4). A QP that
+    /// only receives (a stream's receiver) never holds its Acks back.
+    pub replies: bool,
+    /// Listed on its link's owed list in an iteration that sends the held list (its Ack
+    /// came an iteration after the others): that flush keeps it listed, so that its Ack
+    /// too is held back one iteration, not sent at once with theirs.
+    pub listed_late: bool,
+}
+
+/// Room for the response queue: every Read/Atomic resource and as many answers to
+/// duplicates, plus Acks and a Nak between them. Its bound is enforced, so it never
+/// reallocates.
+pub const OUT_CAP: usize = 4 * MAX_RD_ATOMIC as usize + 4;
+
+impl Responder {
+    /// An RQ Logic with nothing received.
+    pub fn new() -> Responder {
+        Responder {
+            epsn: Psn::new(0),
+            msn: 0,
+            cur: Inbound::Idle,
+            out: VecDeque::with_capacity(OUT_CAP),
+            atomics: VecDeque::with_capacity(MAX_RD_ATOMIC as usize),
+            nak_outstanding: false,
+            advertised: None,
+            rd_atomic_queued: 0,
+            early: 0,
+            early_burst: 0,
+            dup_queued: 0,
+            closing: false,
+            cur_status: WcStatus::WrFlushErr,
+            held: None,
+            owed: None,
+            replies: false,
+            listed_late: false,
+        }
+    }
+
+    /// Bytes of the response queues.
+    pub fn memory_bytes(&self) -> usize {
+        self.out.capacity() * size_of::<Out>()
+            + self.atomics.capacity() * size_of::<(Psn, u64, u32)>()
+    }
+
+    /// Programs the RQ Logic on Init → RTR.
+    pub fn start(&mut self, epsn: Psn) {
+        *self = Responder::new();
+        self.epsn = epsn;
+    }
+
+    /// Whether responses wait to be sent (not counting an owed Ack: the engine's
+    /// `OwedAcks` lists those).
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Drops the responses queued and the Ack owed: the peer is gone
+    /// (the engine's `requester::on_peer_lost`).
+    pub fn drop_output(&mut self) {
+        self.out.clear();
+        self.rd_atomic_queued = 0;
+        self.dup_queued = 0;
+        self.closing = false;
+        self.owed = None;
+    }
+
+    /// The positive Ack owed, if any.
+    pub fn owed_ack(&self) -> Option<OwedAck> {
+        self.owed
+    }
+
+    /// The receive WQE in use: a half-received Send's, or the one a Write with Immediate
+    /// took (for completing in error, or flushing).
+    pub fn take_current_wqe(&mut self) -> Option<RqWqe> {
+        if let Some(wqe) = self.held.take() {
+            return Some(wqe);
+        }
+        match core::mem::replace(&mut self.cur, Inbound::Idle) {
+            Inbound::Send { wqe, .. } => Some(wqe),
+            other => {
+                self.cur = other;
+                None
+            }
+        }
+    }
+
+    /// The status to flush the receive WQE of [`Responder::take_current_wqe`] with.
+    pub fn current_flush_status(&self) -> WcStatus {
+        self.cur_status
+    }
+
+    /// Undoes [`Responder::take_current_wqe`] (the CQ was full).
+    pub fn put_back_current_wqe(&mut self, wqe: RqWqe) {
+        self.cur = Inbound::Send {
+            wqe,
+            cursor: Cursor::default(),
+            got: 0,
+        };
+    }
+
+    /// Records the positive Ack owed for `psn` (MSN `msn`), replacing the one owed: it
+    /// acknowledges every request before it too. Behind a queued response it is queued
+    /// instead, so that it does not overtake it.
+    pub fn owe(&mut self, psn: Psn, msn: u32) {
+        if self.out.is_empty() {
+            self.owed = Some(OwedAck { psn, msn });
+        } else {
+            self.queue(Out::Ack { psn, msn });
+        }
+    }
+
+    /// Queues a Nak or RNR Nak for `psn`; later out-of-sequence packets are dropped until
+    /// ePSN arrives.
+    pub fn queue_nak(&mut self, psn: Psn, syndrome: Syndrome) {
+        self.queue(Out::Nak { psn, syndrome });
+        self.nak_outstanding = true;
+    }
+
+    /// Queues response `o`. A new RDMA Read's or Atomic's response acknowledges every
+    /// request before it (spec/01: it "implicitly Acks all unAck'd requests issued
+    /// before"), with an AETH that reports credits: the owed Ack is dropped. Anything else
+    /// — a Nak, which reports no credits, or the answer to a duplicate, whose PSN is older
+    /// — leaves after the owed Ack, which is queued first.
+    pub fn queue(&mut self, o: Out) {
+        match o {
+            Out::Read(ReadJob { dup: false, .. }) | Out::Atomic { dup: false, .. } => {
+                self.owed = None;
+            }
+            _ => {
+                if let Some(a) = self.owed.take() {
+                    self.push_out(Out::Ack {
+                        psn: a.psn,
+                        msn: a.msn,
+                    });
+                }
+            }
+        }
+        self.push_out(o);
+    }
+
+    /// Appends `o` to the response queue: an Ack behind an Ack replaces it; Acks and
+    /// Naks are dropped past the room kept for what cannot be dropped.
+    pub fn push_out(&mut self, o: Out) {
+        if let (Out::Ack { psn, msn }, Some(Out::Ack { psn: p, msn: m })) = (o, self.out.back_mut())
+        {
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        // Acks and Naks (other than the fatal one) are bounded by nothing the requester
+        // promised: a requester that does not read its ring while it repeats a request
+        // that is RNR Nak'd again each time (or alternates it with accepted ones) would
+        // queue them without end. Past the room kept for a Read or Atomic response per
+        // responder resource, per answer to a duplicate Read or Atomic, and a fatal Nak they
+        // are dropped, as a lossy link would; the requester's retransmission recovers
+        // (spec/02). (Both counts are raised before their entry is queued, so the room
+        // kept always covers every entry that cannot be dropped.)
+        let droppable = matches!(o, Out::Ack { .. } | Out::Nak { .. });
+        let reserved = usize::from(MAX_RD_ATOMIC).saturating_sub(self.rd_atomic_queued as usize)
+            + usize::from(MAX_RD_ATOMIC).saturating_sub(self.dup_queued as usize)
+            + 1;
+        if droppable && self.out.len() + reserved >= OUT_CAP {
+            return;
+        }
+        debug_assert!(self.out.len() < OUT_CAP, "response queue bound");
+        if self.out.len() < OUT_CAP {
+            self.out.push_back(o);
+        }
+    }
+
+    /// Queues the Nak of a fatal error, the last response of this QP.
+    pub fn queue_fatal(&mut self, psn: Psn, code: NakCode) {
+        self.queue(Out::Fatal { psn, code });
+        self.closing = true;
+    }
+
+    /// Records a new Read's or Atomic's answer sent by a receive fast path in the burst
+    /// `burst` ([`Responder::early`]): what [`Responder::queue`] records for its response —
+    /// the resource taken, the owed Ack dropped (the answer acknowledges every request
+    /// before it).
+    pub fn answered(&mut self, burst: u64) {
+        debug_assert!(self.early == 0 || self.early_burst == burst);
+        self.rd_atomic_queued += 1;
+        self.early += 1;
+        self.early_burst = burst;
+        self.owed = None;
+    }
+
+    /// Frees the resources of the early answers if they were sent in a burst before
+    /// `burst` (the one being received): the pipeline would have sent their responses at
+    /// the end of that one.
+    #[inline]
+    pub fn settle(&mut self, burst: u64) {
+        if self.early > 0 && self.early_burst != burst {
+            self.settle_all();
+        }
+    }
+
+    /// Frees the resources of the early answers (no burst is being received: the
+    /// pipeline's responses would have been sent by now).
+    #[inline]
+    pub fn settle_all(&mut self) {
+        self.rd_atomic_queued -= self.early;
+        self.early = 0;
+        self.early_burst = 0;
+    }
+
+    /// A Read's or Atomic's answer left: its resource (or its duplicate's slot) is free.
+    pub fn release_rd_atomic(&mut self, dup: bool) {
+        if dup {
+            self.dup_queued -= 1;
+        } else {
+            self.rd_atomic_queued -= 1;
+        }
+    }
+
+    /// The MSN after one more message completed (24 bits, wrapping).
+    pub fn next_msn(&mut self) -> u32 {
+        self.msn = (self.msn + 1) & Msn::MASK;
+        self.msn
+    }
+}
+
+impl Default for Responder {
+    fn default() -> Responder {
+        Responder::new()
+    }
+}
 
 /// The check of the receive pipeline that failed, in the order the checks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! of the QPs that owe one.
 //!
 //! A request accepted by the RQ Logic does not send its Ack there and then: the QP records
-//! the Ack it owes ([`OwedAck`], the last PSN accepted and the MSN then; a later request
+//! the Ack it owes ([`OwedAck`](shmhca_proto::responder::OwedAck), the last PSN accepted and the MSN then; a later request
 //! overwrites it, so one Ack covers every request before it — Ack coalescing, which spec/01
 //! lists among the optimizations its error-free walk-through leaves out) and the engine
 //! lists the QP on its link ([`OwedAcks`]). At the end of the iteration the engine sends
@@ -15,16 +15,6 @@
 //! Naks carry no credit count, so the owed Ack leaves right before them.
 
 use crate::engine::doorbell::ActiveSet;
-use crate::psn::Psn;
-
-/// The positive Ack a QP owes its requester.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct OwedAck {
-    /// The last PSN accepted: the Ack's PSN.
-    pub(crate) psn: Psn,
-    /// The MSN after it.
-    pub(crate) msn: u32,
-}
 
 /// No QP: the end of a list (and an empty list's head).
 const NONE: u32 = u32::MAX;
