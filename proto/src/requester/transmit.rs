@@ -367,7 +367,12 @@ mod tests {
                 ieth: p.ieth,
                 payload,
             });
-            Ok(0)
+            // This link copies payloads of up to 16 bytes into its packets.
+            Ok(if p.payload_len <= 16 {
+                u64::from(p.payload_len)
+            } else {
+                0
+            })
         }
         fn peer_mark(&mut self) -> u64 {
             self.mark
@@ -590,6 +595,8 @@ mod tests {
         post(&mut d, wqe(WqeOp::Send, 8, single(0, 8)));
         let t = run(&mut d, 16);
         assert_eq!((t.sent, t.local, t.local_error), (2, 1, false));
+        assert_eq!(t.inline_bytes, 16, "two 8-byte payloads copied");
+        assert_eq!(d.sent[0].opcode, Opcode::SendOnly);
         assert_eq!(d.locals.len(), 1);
         assert_eq!(d.sent[1].psn, 0xFF_FFFF, "the bind took no PSN");
         assert!(d.req.resend_from(Psn::new(0xFF_FFFE)));
@@ -602,6 +609,32 @@ mod tests {
         let t = run(&mut d, 16);
         assert_eq!((t.sent, t.local, t.local_error), (0, 0, true));
         assert_eq!(d.req.wqe(3).done, Some(WcStatus::MwBindErr));
+    }
+
+    /// A bind alone sends nothing: the transport timer, which detects responses that
+    /// stop coming, does not start.
+    #[test]
+    fn a_transmission_that_sends_nothing_starts_no_timer() {
+        let mut d = driver(16);
+        post(&mut d, wqe(WqeOp::BindMw, 0, DataLoc::Empty));
+        let t = run(&mut d, 16);
+        assert_eq!((t.sent, t.local), (0, 1));
+        assert!(!d.req.timer().armed());
+    }
+
+    /// A Nak in the middle of a message: the packets from the one it names are built again
+    /// from their place in the data (spec/01 go-back-N), the same bytes.
+    #[test]
+    fn a_rewind_into_a_message_resends_from_that_packet() {
+        let mut d = driver(16);
+        post(&mut d, wqe(WqeOp::Send, 700, single(100, 700)));
+        assert_eq!(run(&mut d, 16).sent, 3);
+        assert!(d.req.resend_from(Psn::new(0xFF_FFFF)));
+        let t = run(&mut d, 16);
+        assert_eq!((t.sent, t.retransmitted), (2, 2));
+        assert_eq!(d.sent[3], d.sent[1]);
+        assert_eq!(d.sent[4], d.sent[2]);
+        assert_eq!(d.sent[3].payload, d.mem[356..612]);
     }
 
     /// Data that does not cover its message fails the WQE locally, never a panic.
