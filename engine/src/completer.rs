@@ -13,7 +13,7 @@
 //! single response of a Read or Atomic (`answer_fast`); anything else goes the full way.
 
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
-use crate::context::{Env, QpCtx};
+use crate::context::{Env, QpSlot};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::Psn;
 use crate::qp::QpState;
@@ -24,7 +24,7 @@ use crate::wire::slot::{KeptAck, Payload, RxPacket};
 use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
-pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+pub(crate) fn on_response(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     if ack_fast(qp, env, pkt) || answer_fast(qp, env, pkt) {
         return;
     }
@@ -36,11 +36,11 @@ pub(crate) fn on_response(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>)
 /// The Ack fast path reads its word directly: the carrier's parse checked that it is a
 /// positive Ack, and nothing else of the line it stands for is needed there. Anything the
 /// fast path does not take goes the full way on that line, rebuilt.
-pub(crate) fn on_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>, kept: KeptAck) {
+pub(crate) fn on_riding_ack(qp: &mut QpSlot, env: &mut Env<'_>, kept: KeptAck) {
     let word = kept.word;
     // The word: BTH bytes 8..12 (AckReq and reserved, then the PSN) and the AETH.
     let syndrome = (word >> 24) as u8;
-    if syndrome >> 5 == 0 && fast_paths_on() && qp.state == QpState::Rts {
+    if syndrome >> 5 == 0 && fast_paths_on() && qp.proto.state == QpState::Rts {
         let psn = Psn::new((word >> 32) as u32);
         let msn = (word as u32) & crate::wire::Msn::MASK;
         if ack_fast_at(qp, env, psn, CreditCode::new(syndrome), msn) {
@@ -55,8 +55,13 @@ pub use shmhca_proto::completer::{Outcome, Response, check_response};
 
 /// [`on_response`] past the Ack fast path: the checks (the protocol core's), then the
 /// action.
-fn on_response_full(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
-    let outcome = check_response(qp.state, &mut qp.req, &qp.cfg, &response_of(pkt));
+fn on_response_full(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    let outcome = check_response(
+        qp.proto.state,
+        &mut qp.proto.req,
+        &qp.proto.cfg,
+        &response_of(pkt),
+    );
     act(qp, env, pkt, outcome);
 }
 
@@ -74,10 +79,10 @@ fn response_of(pkt: &RxPacket<'_>) -> Response {
 }
 
 /// Step 4: what each outcome does (the one table).
-fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) {
+fn act(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) {
     match outcome {
         Outcome::EarlyCredits(credits, msn) => {
-            qp.req.keep_early_credits(credits, msn);
+            qp.proto.req.keep_early_credits(credits, msn);
             return;
         }
         Outcome::Dropped => {
@@ -85,7 +90,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
             return;
         }
         Outcome::Credits(credits, msn) => {
-            qp.req.update_credits(credits, msn);
+            qp.proto.req.update_credits(credits, msn);
             return;
         }
         Outcome::ImpliedNak(missing) => {
@@ -104,18 +109,18 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
             credits,
             msn,
         } => {
-            if psn == qp.req.wqe(seq).last_psn() {
-                qp.req.complete(seq, WcStatus::Success);
+            if psn == qp.proto.req.wqe(seq).last_psn() {
+                qp.proto.req.complete(seq, WcStatus::Success);
             }
             progress(qp, psn);
-            qp.req.update_credits(credits, msn);
+            qp.proto.req.update_credits(credits, msn);
         }
         Outcome::RnrNak { seq, psn, timer } => {
             env.stats.rnr_naks_received += 1;
             progress(qp, psn.sub(1));
-            if !qp.req.rnr_wait(psn, timer.duration(), &qp.cfg) {
+            if !qp.proto.req.rnr_wait(psn, timer.duration(), &qp.proto.cfg) {
                 record_exhausted(qp, Exhausted::Rnr);
-                qp.req.complete(seq, WcStatus::RnrRetryExcErr);
+                qp.proto.req.complete(seq, WcStatus::RnrRetryExcErr);
                 qp.enter_error(env);
                 return;
             }
@@ -128,7 +133,7 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
         Outcome::FatalNak { seq, psn, status } => {
             env.stats.naks_received += 1;
             progress(qp, psn.sub(1));
-            qp.req.complete(seq, status);
+            qp.proto.req.complete(seq, status);
             qp.enter_error(env);
         }
         Outcome::ReadResponse {
@@ -142,9 +147,9 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
                 msn,
             }) = pkt.aeth()
             {
-                qp.req.update_credits(credits, msn.get());
+                qp.proto.req.update_credits(credits, msn.get());
             }
-            let data = qp.req.wqe(seq).wqe.data;
+            let data = qp.proto.req.wqe(seq).wqe.data;
             let sgl = Sgl::new(&data, &qp.tables);
             let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
                 return bad_response(qp, env, seq);
@@ -161,23 +166,23 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
                     CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
                 ) => return bad_response(qp, env, seq),
             }
-            qp.req.response_seen(seq);
+            qp.proto.req.response_seen(seq);
             if last {
-                qp.req.complete(seq, WcStatus::Success);
+                qp.proto.req.complete(seq, WcStatus::Success);
             }
             progress(qp, psn);
         }
         Outcome::AtomicAck { seq, psn, orig } => {
-            let data = qp.req.wqe(seq).wqe.data;
+            let data = qp.proto.req.wqe(seq).wqe.data;
             write_orig(qp, env, &data, orig);
             if let Some(AethRepr {
                 syndrome: Syndrome::Ack { credits },
                 msn,
             }) = pkt.aeth()
             {
-                qp.req.update_credits(credits, msn.get());
+                qp.proto.req.update_credits(credits, msn.get());
             }
-            qp.req.complete(seq, WcStatus::Success);
+            qp.proto.req.complete(seq, WcStatus::Success);
             progress(qp, psn);
         }
     }
@@ -194,8 +199,9 @@ fn act(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) 
 /// false with nothing changed: an Ack inside a multi-packet message, before a Read's
 /// responses, a Nak, an RNR Nak, a response with data.
 #[inline]
-fn ack_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
-    if !fast_paths_on() || pkt.info.class != OpClass::Acknowledge || qp.state != QpState::Rts {
+fn ack_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    if !fast_paths_on() || pkt.info.class != OpClass::Acknowledge || qp.proto.state != QpState::Rts
+    {
         return false;
     }
     let Some((credits, msn)) = pkt.positive_ack() else {
@@ -217,13 +223,13 @@ fn fast_paths_on() -> bool {
 
 /// [`ack_fast`] of a positive Ack of `psn` with `credits` and `msn`, on a QP in RTS.
 #[inline]
-fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode, msn: u32) -> bool {
-    let win = qp.req.window();
+fn ack_fast_at(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn, credits: CreditCode, msn: u32) -> bool {
+    let win = qp.proto.req.window();
     // 1. PSN window. At or before the last acknowledged PSN: a duplicate or unsolicited
     // Ack (a credit update), of which only the credits count — what the slow path does
     // with it in RTS.
     if psn.diff(win.acked()) <= 0 {
-        qp.req.update_credits(credits, msn);
+        qp.proto.req.update_credits(credits, msn);
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::Credits);
         return true;
@@ -254,10 +260,10 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
     }
     // 3 and 4: done, acknowledged, credits, retired.
     for seq in first..end {
-        qp.req.complete(seq, WcStatus::Success);
+        qp.proto.req.complete(seq, WcStatus::Success);
     }
     progress(qp, psn);
-    qp.req.update_credits(credits, msn);
+    qp.proto.req.update_credits(credits, msn);
     retire(qp, env);
     #[cfg(test)]
     crate::probe::count(crate::probe::Path::Ack);
@@ -268,7 +274,7 @@ fn ack_fast_at(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, credits: CreditCode,
 /// scatter list `data`, as far as the list reaches (at most 8 bytes). It lands in host
 /// byte order, as a 64-bit load of the remote word would have returned it.
 #[inline]
-fn write_orig(qp: &QpCtx, env: &mut Env<'_>, data: &crate::wqe::DataLoc, orig: u64) {
+fn write_orig(qp: &QpSlot, env: &mut Env<'_>, data: &crate::wqe::DataLoc, orig: u64) {
     let bytes = orig.to_ne_bytes();
     let mem = Local::new(&qp.mem, &env.res.mrs);
     if let crate::wqe::DataLoc::Single(e) = *data {
@@ -313,7 +319,7 @@ fn write_orig(qp: &QpCtx, env: &mut Env<'_>, data: &crate::wqe::DataLoc, orig: u
 /// into the scatter list that fails is the slow path's bad response, after the credits, as
 /// there.
 #[inline]
-fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+fn answer_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     #[cfg(test)]
     if !crate::probe::enabled() {
         return false;
@@ -324,7 +330,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         OpClass::AtomicAcknowledge => false,
         _ => return false,
     };
-    if qp.state != QpState::Rts {
+    if qp.proto.state != QpState::Rts {
         return false;
     }
     let Some(AethRepr {
@@ -335,7 +341,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         return false;
     };
     let psn = pkt.psn();
-    let win = qp.req.window();
+    let win = qp.proto.req.window();
     // 1. PSN window: after the last acknowledged PSN, before the first not sent.
     if psn.diff(win.acked()) <= 0 || psn.diff(win.sent_to()) >= 0 {
         return false;
@@ -361,7 +367,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         let Some(mut cursor) = Cursor::at(sgl, 0) else {
             return false;
         };
-        qp.req.update_credits(credits, msn.get());
+        qp.proto.req.update_credits(credits, msn.get());
         // 4. Execute.
         match dma::copy_payload(
             pkt,
@@ -378,7 +384,7 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
                 return true;
             }
         }
-        qp.req.response_seen(seq);
+        qp.proto.req.response_seen(seq);
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::ReadResponse);
     } else {
@@ -390,11 +396,11 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         }
         // 4. Execute.
         write_orig(qp, env, &data, orig);
-        qp.req.update_credits(credits, msn.get());
+        qp.proto.req.update_credits(credits, msn.get());
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::AtomicAck);
     }
-    qp.req.complete(seq, WcStatus::Success);
+    qp.proto.req.complete(seq, WcStatus::Success);
     progress(qp, psn);
     retire(qp, env);
     true
@@ -402,8 +408,8 @@ fn answer_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 
 /// Records acknowledgement up to `psn` and restarts the transport timer.
 #[inline]
-fn progress(qp: &mut QpCtx, psn: Psn) {
-    qp.req.acknowledged(psn, &qp.cfg);
+fn progress(qp: &mut QpSlot, psn: Psn) {
+    qp.proto.req.acknowledged(psn, &qp.proto.cfg);
 }
 
 /// A response showed that responses from `missing` on were lost: request them again, as a
@@ -414,24 +420,24 @@ fn progress(qp: &mut QpCtx, psn: Psn) {
 /// Everything before `missing` is acknowledged: the WQEs that end before it were completed
 /// by [`Requester::ack_before`](shmhca_proto::requester::Requester::ack_before), and the acknowledged PSN must cover them, or a later retry would start
 /// from a PSN no WQE holds any more and send nothing.
-fn implied_nak(qp: &mut QpCtx, env: &mut Env<'_>, missing: Psn) {
+fn implied_nak(qp: &mut QpSlot, env: &mut Env<'_>, missing: Psn) {
     progress(qp, missing.sub(1));
-    if qp.req.already_resending_from(missing) {
+    if qp.proto.req.already_resending_from(missing) {
         env.stats.dropped += 1;
         return;
     }
     retry_from(qp, env, missing);
-    qp.req.resending_from(missing);
+    qp.proto.req.resending_from(missing);
 }
 
 /// Sends again from `psn`, or fails the QP when the Retry Count is spent.
-fn retry_from(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn) {
-    if qp.req.resend_from(psn) {
+fn retry_from(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn) {
+    if qp.proto.req.resend_from(psn) {
         return;
     }
     record_exhausted(qp, Exhausted::Resent);
-    if let Some(seq) = qp.req.window().find(psn) {
-        qp.req.complete(seq, WcStatus::RetryExcErr);
+    if let Some(seq) = qp.proto.req.window().find(psn) {
+        qp.proto.req.complete(seq, WcStatus::RetryExcErr);
     }
     qp.enter_error(env);
 }
@@ -448,10 +454,10 @@ pub(crate) enum Exhausted {
 
 /// Records in words why the QP fails ([`crate::Qp::last_error`]): which counter ran out and
 /// the last PSN the peer acknowledged. Error path only.
-pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
-    let acked = qp.req.window().acked();
+pub(crate) fn record_exhausted(qp: &QpSlot, which: Exhausted) {
+    let acked = qp.proto.req.window().acked();
     let (acked, next) = (acked.get(), acked.add(1).get());
-    let (retry, rnr) = (qp.cfg.retry_cnt, qp.cfg.rnr_retry);
+    let (retry, rnr) = (qp.proto.cfg.retry_cnt, qp.proto.cfg.rnr_retry);
     let text = match which {
         Exhausted::Timer => format!(
             "transport retry count exhausted (retry_cnt {retry}): the transport timer \
@@ -477,8 +483,8 @@ pub(crate) fn record_exhausted(qp: &QpCtx, which: Exhausted) {
 
 /// A malformed or unexpected response: the WQE fails with a bad-response error and the QP
 /// goes to the Error state.
-fn bad_response(qp: &mut QpCtx, env: &mut Env<'_>, seq: u64) {
-    qp.req.complete(seq, WcStatus::BadRespErr);
+fn bad_response(qp: &mut QpSlot, env: &mut Env<'_>, seq: u64) {
+    qp.proto.req.complete(seq, WcStatus::BadRespErr);
     qp.enter_error(env);
 }
 
@@ -509,8 +515,8 @@ fn wc_opcode(op: WqeOp) -> WcOpcode {
 /// is not in the Error state) nothing can retire, an answer that costs a few loads here,
 /// not a call.
 #[inline]
-pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
-    if qp.state != QpState::Error && !qp.req.window().oldest_done() {
+pub(crate) fn retire(qp: &mut QpSlot, env: &mut Env<'_>) {
+    if qp.proto.state != QpState::Error && !qp.proto.req.window().oldest_done() {
         return; // the oldest WQE is not done: nothing can retire
     }
     retire_some(qp, env);
@@ -518,14 +524,14 @@ pub(crate) fn retire(qp: &mut QpCtx, env: &mut Env<'_>) {
 
 /// [`retire`] when the oldest WQE is done, or in the Error state.
 #[inline(never)]
-fn retire_some(qp: &mut QpCtx, env: &mut Env<'_>) {
-    if qp.state == QpState::Error {
+fn retire_some(qp: &mut QpSlot, env: &mut Env<'_>) {
+    if qp.proto.state == QpState::Error {
         crate::requester::fetch(qp);
     }
-    let error = qp.state == QpState::Error;
-    let mut published = qp.req.window().retired();
+    let error = qp.proto.state == QpState::Error;
+    let mut published = qp.proto.req.window().retired();
     loop {
-        let win = qp.req.window();
+        let win = qp.proto.req.window();
         let seq = win.retired();
         if seq == win.fetched() || (!error && seq == win.started()) {
             break;
@@ -538,47 +544,49 @@ fn retire_some(qp: &mut QpCtx, env: &mut Env<'_>) {
             None => break,
         };
         let signaled = slot.wqe.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
-        if signaled && !env.cqs.has_room(qp.send_cq) {
+        if signaled && !env.cqs.has_room(qp.proto.send_cq) {
             break;
         }
         let (wr_id, op, len) = (slot.wqe.wr_id, slot.wqe.op, slot.wqe.len);
         env.release(&slot.wqe.data, &qp.tables);
-        qp.req.retire_oldest();
+        qp.proto.req.retire_oldest();
         if signaled {
             publish_retired(qp);
-            published = qp.req.window().retired();
+            published = qp.proto.req.window().retired();
             let wc = WorkCompletion {
                 wr_id,
                 status,
                 opcode: wc_opcode(op),
                 byte_len: if op == WqeOp::Read { len } else { 0 },
                 imm_data: None,
-                qp_num: qp.qpn,
+                qp_num: qp.proto.qpn,
                 solicited: false,
                 invalidated_rkey: None,
             };
             if status == WcStatus::WrFlushErr {
                 env.stats.flushed += 1;
             }
-            let pushed = env.cqs.push(qp.send_cq, wc);
+            let pushed = env.cqs.push(qp.proto.send_cq, wc);
             debug_assert!(pushed, "room was checked");
         }
         if error {
             crate::requester::fetch(qp);
         }
     }
-    if published != qp.req.window().retired() {
+    if published != qp.proto.req.window().retired() {
         publish_retired(qp);
     }
 }
 
 /// Publishes the send WQEs retired to the application.
-fn publish_retired(qp: &QpCtx) {
+fn publish_retired(qp: &QpSlot) {
     // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done with
     // the retired WQEs' slots and buffers before the application reuses them. It precedes
     // the completion's push (itself a Release), so an application that saw the completion
     // sees the slot free.
     // (Mutation point of the loom models: this store with Relaxed.)
     let order = crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
-    qp.shared.sq_retired.store(qp.req.window().retired(), order);
+    qp.shared
+        .sq_retired
+        .store(qp.proto.req.window().retired(), order);
 }

@@ -1,7 +1,7 @@
 //! The QP context as the engine holds it, and what the protocol stages work with.
 //!
 //! The SQ Logic ([`crate::requester`]), the completer ([`crate::completer`]) and the RQ Logic
-//! ([`crate::responder`]) are functions over a [`QpCtx`] plus an [`Env`] (this engine's
+//! ([`crate::responder`]) are functions over a [`QpSlot`] plus an [`Env`] (this engine's
 //! memory, tables, completion queues, the time) and the [`LinkTx`] of the link the QP
 //! talks over. They never read a clock of their own or touch a thread: the time comes from the
 //! engine's [`Clock`] through the `Env` (a [`TestClock`](crate::timer::TestClock) in tests),
@@ -19,9 +19,7 @@ use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::link::TxBatch;
 use crate::mem::Mem;
 use crate::qp::AccessFlags;
-use crate::qp::{MAX_SGE, QpConfig, QpState};
-use crate::requester::Requester;
-use crate::responder::Responder;
+use crate::qp::{MAX_SGE, QpState};
 use crate::tables::cq::CqTable;
 use crate::tables::mr::{AccessDenied, MrTable};
 use crate::tables::mw::MwTable;
@@ -30,7 +28,7 @@ use crate::timer::{Clock, Deadline, EngineClock, Timestamp};
 use crate::wire::Qpn;
 use crate::wire::slot::PacketSlot;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SqWqe};
-use shmhca_proto::ids::{CqId, PdId};
+use shmhca_proto::ids::PdId;
 
 /// What a QP's application handle and the engine share.
 #[derive(Debug)]
@@ -72,7 +70,7 @@ impl QpShared {
 
     /// The QP's state as last published by the engine.
     pub(crate) fn state(&self) -> QpState {
-        // SYNC: Acquire pairs with the Release store in `QpCtx::set_state`.
+        // SYNC: Acquire pairs with the Release store in `QpSlot::set_state`.
         QpState::from_u8(self.state.load(Ordering::Acquire))
     }
 }
@@ -220,7 +218,7 @@ impl Env<'_> {
     /// Takes the next receive WQE for QP `qp`: from its shared receive queue if it has one,
     /// else from its own receive queue.
     #[inline]
-    pub(crate) fn take_recv(&mut self, qp: &mut QpCtx) -> Option<RqWqe> {
+    pub(crate) fn take_recv(&mut self, qp: &mut QpSlot) -> Option<RqWqe> {
         match qp.srq {
             None => qp.rq.take(),
             Some(SrqBinding { srq, scratch }) => {
@@ -439,11 +437,13 @@ pub(crate) struct SrqBinding {
     pub(crate) scratch: u64,
 }
 
-/// A QP as the engine holds it: the QP context of spec/04 plus its queues.
-pub(crate) struct QpCtx {
-    pub(crate) qpn: Qpn,
-    /// Protection domain.
-    pub(crate) pd: PdId,
+/// A QP as the engine holds it, its slot: the protocol half ([`shmhca_proto::qp::Qp`]:
+/// number, domain, state, context, CQs, SQ and RQ Logic) beside what the engine owns for
+/// it — its memory (arena, the peer's arena, private tables), the queues the application
+/// posts to, what it shares with the application, and the link-side state of riding Acks.
+pub(crate) struct QpSlot {
+    /// The protocol half.
+    pub(crate) proto: shmhca_proto::qp::Qp,
     /// The protection domain's arena: this QP's gather sources, scatter targets, RDMA
     /// targets and inline staging.
     pub(crate) mem: Mem,
@@ -453,27 +453,16 @@ pub(crate) struct QpCtx {
     /// Private memory holding the rows of multi-element scatter/gather lists (written by
     /// `post_send`/`post_recv`, read by the engine; no peer can map it).
     pub(crate) tables: Mem,
-    pub(crate) state: QpState,
-    pub(crate) cfg: QpConfig,
-    pub(crate) send_cq: CqId,
-    pub(crate) recv_cq: CqId,
     /// Send WQEs posted by the application.
     pub(crate) sq: Posted<SqWqe>,
     /// Receive WQEs posted by the application.
     pub(crate) rq: Posted<RqWqe>,
     pub(crate) shared: Arc<QpShared>,
-    /// SQ Logic and completer state.
-    pub(crate) req: Requester,
-    /// RQ Logic state.
-    pub(crate) resp: Responder,
     /// Receive WQEs taken from the RQ ring and retired (for `QpShared::rq_retired`).
     pub(crate) rq_retired: u64,
     /// In the Error state: the last flush of the receive WQEs stopped at a full receive CQ
     /// (the engine keeps the QP active to finish it).
     pub(crate) rq_flush_pending: bool,
-    /// Set on entry into RTR; the first request received while still in RTR clears it and
-    /// raises [`AsyncEvent::CommEstablished`](crate::AsyncEvent) (once per entry).
-    pub(crate) comm_est_pending: bool,
     /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
     /// empty).
     pub(crate) srq: Option<SrqBinding>,
@@ -488,10 +477,10 @@ pub(crate) struct QpCtx {
     pub(crate) fast_posts: u64,
 }
 
-impl QpCtx {
+impl QpSlot {
     /// Changes the state and publishes it to the application.
     pub(crate) fn set_state(&mut self, state: QpState) {
-        self.state = state;
+        self.proto.state = state;
         // SYNC: Release pairs with the Acquire load in `QpShared::state`.
         self.shared.state.store(state as u8, Ordering::Release);
     }
@@ -501,11 +490,11 @@ impl QpCtx {
     /// stop: nothing is retried in the Error state, and an armed timer would keep the QP
     /// in the engine's timed set (the engine never idle) — forever if its link is down.
     pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
-        let entering = self.state != QpState::Error;
+        let entering = self.proto.state != QpState::Error;
         if entering {
             self.set_state(QpState::Error);
         }
-        self.req.stop_timers();
+        self.proto.req.stop_timers();
         completer::retire(self, env);
         flush_receives(self, env);
         // After the flushes it announces (a program that drains the CQ on this event and
@@ -520,8 +509,9 @@ impl QpCtx {
     #[cold]
     #[inline(never)]
     pub(crate) fn last_wqe_reached(&self, env: &Env<'_>) {
-        env.async_events
-            .raise(crate::AsyncEvent::QpLastWqeReached { qpn: self.qpn });
+        env.async_events.raise(crate::AsyncEvent::QpLastWqeReached {
+            qpn: self.proto.qpn,
+        });
     }
 
     /// The first request since the QP entered RTR arrived while it is still in RTR
@@ -529,10 +519,11 @@ impl QpCtx {
     #[cold]
     #[inline(never)]
     pub(crate) fn comm_established(&mut self, env: &Env<'_>) {
-        self.comm_est_pending = false;
-        if self.state == QpState::Rtr {
-            env.async_events
-                .raise(crate::AsyncEvent::CommEstablished { qpn: self.qpn });
+        self.proto.comm_est_pending = false;
+        if self.proto.state == QpState::Rtr {
+            env.async_events.raise(crate::AsyncEvent::CommEstablished {
+                qpn: self.proto.qpn,
+            });
         }
     }
 
@@ -552,7 +543,7 @@ impl QpCtx {
             opcode,
             byte_len,
             imm_data,
-            qp_num: self.qpn,
+            qp_num: self.proto.qpn,
             solicited,
             invalidated_rkey: None,
         }
@@ -568,14 +559,14 @@ impl QpCtx {
         wqe: &RqWqe,
         wc: WorkCompletion,
     ) -> bool {
-        if !env.cqs.has_room(self.recv_cq) {
+        if !env.cqs.has_room(self.proto.recv_cq) {
             return false;
         }
         self.retire_recv(env, wqe);
         if wc.status == WcStatus::WrFlushErr {
             env.stats.flushed += 1;
         }
-        let pushed = env.cqs.push(self.recv_cq, wc);
+        let pushed = env.cqs.push(self.proto.recv_cq, wc);
         debug_assert!(pushed, "room was checked");
         true
     }
@@ -598,29 +589,29 @@ impl QpCtx {
 
 /// Completes every receive WQE of a QP in the Error state with a flush error, as far as the
 /// receive CQ has room.
-pub(crate) fn flush_receives(qp: &mut QpCtx, env: &mut Env<'_>) {
-    if qp.state != QpState::Error {
+pub(crate) fn flush_receives(qp: &mut QpSlot, env: &mut Env<'_>) {
+    if qp.proto.state != QpState::Error {
         return;
     }
     // Until every receive WQE is flushed, the CQ was full.
     qp.rq_flush_pending = true;
     // A message half received when the error struck.
-    if let Some(wqe) = qp.resp.take_current_wqe() {
+    if let Some(wqe) = qp.proto.resp.take_current_wqe() {
         let wc = qp.recv_completion(
             wqe.wr_id,
-            qp.resp.current_flush_status(),
+            qp.proto.resp.current_flush_status(),
             WcOpcode::Recv,
             0,
             None,
             false,
         );
         if !qp.complete_recv(env, &wqe, wc) {
-            qp.resp.put_back_current_wqe(wqe);
+            qp.proto.resp.put_back_current_wqe(wqe);
             return;
         }
     }
     loop {
-        if !env.cqs.has_room(qp.recv_cq) {
+        if !env.cqs.has_room(qp.proto.recv_cq) {
             return;
         }
         let Some(wqe) = qp.rq.take() else { break };
@@ -686,11 +677,11 @@ mod tests {
                 crate::requester::accept(q, wqe(WqeOp::Read, 1000));
                 let tx = &mut vec_link;
                 assert_eq!(crate::requester::transmit(q, env, tx, 16), 1);
-                assert!(q.req.window().has_work(), "the Read waits for room");
+                assert!(q.proto.req.window().has_work(), "the Read waits for room");
                 tx.room = 2;
                 assert_eq!(crate::requester::transmit(q, env, tx, 16), 1);
                 // A Read of 1,000 bytes at PMTU 256 takes 4 response PSNs.
-                assert_eq!(q.req.window().npsn(), Psn::new(105));
+                assert_eq!(q.proto.req.window().npsn(), Psn::new(105));
             })
             .unwrap()
         });

@@ -368,7 +368,7 @@ impl Device {
         };
         let found = peer.engine.with(|e| {
             e.qp_by_qpn(d.qpn).map(|q| {
-                let key = (u64::from(q.pd.get()), u64::from(peer.id));
+                let key = (u64::from(q.proto.pd.get()), u64::from(peer.id));
                 (key, q.mem.read_only())
             })
         });

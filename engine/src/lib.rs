@@ -22,7 +22,7 @@
 //!                     │ the engine token (EngineCell) guards everything below
 //!                     ▼
 //!                  engine (poll loop) ── owns ──▶ tables/ (MR, MW, SRQ, CQ + notify)
-//!                     │                           QP contexts (context::QpCtx)
+//!                     │                           QP contexts (context::QpSlot)
 //!                     │                           links (link::shm: rings, slot format)
 //!                     │                           the clock (system, or a TestClock)
 //!                     │ lends an Env (tables, stats, clock) + a LinkTx to

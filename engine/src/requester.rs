@@ -19,7 +19,7 @@
 //!   state, [`crate::Qp::last_error`]) and the loss of a fabric peer (`on_peer_lost`).
 
 use crate::completion::WcStatus;
-use crate::context::{Env, LinkTx, QpCtx};
+use crate::context::{Env, LinkTx, QpSlot};
 use crate::dma::{self, Cursor, Sgl};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, QpState};
@@ -39,8 +39,8 @@ pub use shmhca_proto::requester::{
 use shmhca_proto::requester::{RequestPacket, SendError, SqDriver};
 
 /// Takes newly posted WQEs from the SQ ring into the window.
-pub(crate) fn fetch(qp: &mut QpCtx) {
-    while qp.req.has_room() {
+pub(crate) fn fetch(qp: &mut QpSlot) {
+    while qp.proto.req.has_room() {
         let Some(w) = qp.sq.take() else { break };
         accept(qp, w);
     }
@@ -48,8 +48,8 @@ pub(crate) fn fetch(qp: &mut QpCtx) {
 
 /// Appends a WQE to the window (from the send ring, or posted directly in inline mode);
 /// the window has room (the application never has more than `max_send_wr` outstanding).
-pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
-    qp.req.accept(w, qp.cfg.path_mtu.bytes());
+pub(crate) fn accept(qp: &mut QpSlot, w: SqWqe) {
+    qp.proto.req.accept(w, qp.proto.cfg.path_mtu.bytes());
 }
 
 /// Takes a WQE posted directly (inline mode) and sends what the QP can send now, up to
@@ -57,7 +57,7 @@ pub(crate) fn accept(qp: &mut QpCtx, w: SqWqe) {
 /// or Write whose payload fits the slot, posted on an idle QP, takes the template path
 /// ([`post_fast`]); anything else is queued and sent by [`transmit`].
 pub(crate) fn post<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     w: &SqWqe,
@@ -78,7 +78,7 @@ pub(crate) fn post<L: LinkTx + ?Sized>(
 /// credit let it start, and the link has room. Returns false, having changed nothing,
 /// otherwise: [`transmit`] then applies the same rules the long way, and builds the same
 /// bytes when it resends the packet.
-fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, w: &SqWqe) -> bool {
+fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut L, w: &SqWqe) -> bool {
     const BTH: usize = bth::HEADER_LEN;
     const RETH: usize = crate::wire::reth::HEADER_LEN;
     const IMM: usize = crate::wire::immdt::HEADER_LEN;
@@ -102,7 +102,11 @@ fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, 
         DataLoc::Empty if len == 0 => 0,
         _ => return false,
     };
-    let Some((template, consumers)) = qp.req.fast_gate(qp.state, w, qp.cfg.max_rd_atomic) else {
+    let Some((template, consumers)) =
+        qp.proto
+            .req
+            .fast_gate(qp.proto.state, w, qp.proto.cfg.max_rd_atomic)
+    else {
         return false;
     };
     let Some((slot, _)) = tx.next_packet(0) else {
@@ -112,7 +116,7 @@ fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, 
         // Unreadable data: the long way completes the WQE with a local error.
         return false;
     }
-    let psn = qp.req.window().npsn();
+    let psn = qp.proto.req.window().npsn();
     let pad = ((4 - len % 4) % 4) as u8;
     let solicited = w.flags.has(WqeFlags::SOLICITED);
     template.write(&mut slot.data, opcode, solicited, pad, psn);
@@ -139,7 +143,7 @@ fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, 
     crate::responder::ride_owed_ack(qp, env, slot);
     tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE.
-    qp.req.fast_posted(w, consumers);
+    qp.proto.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += len as u64;
     #[cfg(test)]
@@ -163,7 +167,7 @@ fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L, 
 /// go-back-N rebuilds the same bytes from the WQE.
 #[inline]
 fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     w: &SqWqe,
@@ -179,19 +183,23 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
         _ => return false,
     };
     // One response: the window records a span of one PSN (`SendWindow::push_sent`).
-    if w.op == WqeOp::Read && w.len > qp.cfg.path_mtu.bytes() {
+    if w.op == WqeOp::Read && w.len > qp.proto.cfg.path_mtu.bytes() {
         return false;
     }
     if matches!(w.data, DataLoc::Table { .. }) {
         return false;
     }
-    let Some((template, consumers)) = qp.req.fast_gate(qp.state, w, qp.cfg.max_rd_atomic) else {
+    let Some((template, consumers)) =
+        qp.proto
+            .req
+            .fast_gate(qp.proto.state, w, qp.proto.cfg.max_rd_atomic)
+    else {
         return false;
     };
     let Some((slot, _)) = tx.next_packet(0) else {
         return false;
     };
-    let psn = qp.req.window().npsn();
+    let psn = qp.proto.req.window().npsn();
     template.write(&mut slot.data, opcode, false, 0, psn);
     if w.op == WqeOp::Read {
         RethRepr {
@@ -219,7 +227,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     crate::responder::ride_owed_ack(qp, env, slot);
     tx.commit();
     // The bookkeeping of `accept` and `transmit` for this WQE (it consumes no receive WQE).
-    qp.req.fast_posted(w, consumers);
+    qp.proto.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
     #[cfg(test)]
     {
@@ -231,7 +239,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
 /// Sends up to `budget` request packets of a QP; returns how many were queued.
 #[inline]
 pub(crate) fn transmit<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     budget: usize,
@@ -239,7 +247,7 @@ pub(crate) fn transmit<L: LinkTx + ?Sized>(
     // The engine offers every active QP a turn each iteration, and most have nothing to
     // send: that answer costs two loads here instead of a call. (An RNR wait that has
     // ended is cleared by the full path even when nothing waits behind it.)
-    if !qp.req.wants_transmit() {
+    if !qp.proto.req.wants_transmit() {
         return 0;
     }
     transmit_some(qp, env, tx, budget)
@@ -250,15 +258,15 @@ pub(crate) fn transmit<L: LinkTx + ?Sized>(
 /// link, memory and memory window table ([`Driver`]), then what it asks of the engine.
 #[inline(never)]
 fn transmit_some<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     budget: usize,
 ) -> usize {
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.req.rnr_waiting(env) {
+    if !matches!(qp.proto.state, QpState::Rts | QpState::Sqd) || qp.proto.req.rnr_waiting(env) {
         return 0;
     }
-    let (state, cfg) = (qp.state, qp.cfg);
+    let (state, cfg) = (qp.proto.state, qp.proto.cfg);
     let t = shmhca_proto::requester::transmit(&mut Driver { qp, env, tx }, state, &cfg, budget);
     env.stats.packets_sent += t.sent as u64;
     env.stats.retransmitted += t.retransmitted;
@@ -274,7 +282,7 @@ fn transmit_some<L: LinkTx + ?Sized>(
 /// The engine's side of the SQ Logic's transmit path: a QP, this engine's resources and the
 /// link the QP sends on.
 struct Driver<'q, 'e, 'r, L: ?Sized> {
-    qp: &'q mut QpCtx,
+    qp: &'q mut QpSlot,
     env: &'e mut Env<'r>,
     tx: &'q mut L,
 }
@@ -282,7 +290,7 @@ struct Driver<'q, 'e, 'r, L: ?Sized> {
 impl<L: LinkTx + ?Sized> SqDriver for Driver<'_, '_, '_, L> {
     #[inline(always)]
     fn req(&mut self) -> &mut Requester {
-        &mut self.qp.req
+        &mut self.qp.proto.req
     }
 
     /// A multi-element list may need continuation slots for its gather list.
@@ -321,7 +329,7 @@ impl<L: LinkTx + ?Sized> SqDriver for Driver<'_, '_, '_, L> {
 
     #[cold]
     fn execute_local(&mut self, w: &SqWqe) -> WcStatus {
-        execute_local(w, self.qp.pd.get(), self.qp.qpn, self.env)
+        execute_local(w, self.qp.proto.pd.get(), self.qp.proto.qpn, self.env)
     }
 }
 
@@ -408,8 +416,8 @@ fn write_request(
 /// [`crate::Qp::last_error`] and moves the QP to the Error state. `responses_waiting`: the
 /// QP's link has unread packets (its last burst was full), so the timer is looked at again
 /// once they are read.
-pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool) {
-    match qp.req.handle_timeout(env, responses_waiting) {
+pub(crate) fn on_tick(qp: &mut QpSlot, env: &mut Env<'_>, responses_waiting: bool) {
+    match qp.proto.req.handle_timeout(env, responses_waiting) {
         Timeout::Nothing => {}
         Timeout::Resend(_) => env.stats.timeouts += 1,
         Timeout::Exhausted { seq, link_full } => {
@@ -420,7 +428,7 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
                 crate::completer::record_exhausted(qp, crate::completer::Exhausted::Timer);
             }
             if let Some(seq) = seq {
-                qp.req.complete(seq, WcStatus::RetryExcErr);
+                qp.proto.req.complete(seq, WcStatus::RetryExcErr);
             }
             qp.enter_error(env);
         }
@@ -434,45 +442,45 @@ pub(crate) fn on_tick(qp: &mut QpCtx, env: &mut Env<'_>, responses_waiting: bool
 /// keeps its state and its receives, and responses queued for the peer are dropped.
 /// Error path only.
 #[cold]
-pub(crate) fn on_peer_lost(qp: &mut QpCtx, env: &mut Env<'_>, why: Option<&str>) {
-    qp.resp.drop_output();
-    let Some(seq) = qp.req.oldest_unfinished() else {
-        qp.req.stop_timers();
+pub(crate) fn on_peer_lost(qp: &mut QpSlot, env: &mut Env<'_>, why: Option<&str>) {
+    qp.proto.resp.drop_output();
+    let Some(seq) = qp.proto.req.oldest_unfinished() else {
+        qp.proto.req.stop_timers();
         return;
     };
     let text = format!(
         "transport retry count exhausted at once: the link to the peer is down ({}), so no \
          request can be answered; the peer acknowledged up to PSN {}",
         why.unwrap_or("its ring broke"),
-        qp.req.window().acked().get()
+        qp.proto.req.window().acked().get()
     );
     *qp.shared
         .last_error
         .lock()
         .unwrap_or_else(|e| e.into_inner()) = Some(text);
-    qp.req.complete(seq, WcStatus::RetryExcErr);
+    qp.proto.req.complete(seq, WcStatus::RetryExcErr);
     qp.enter_error(env);
 }
 
 /// Records in words why the QP fails ([`crate::Qp::last_error`]) when its Retry Count ran
 /// out while a request waited for room on the link. Error path only.
 #[cold]
-fn record_link_full(qp: &QpCtx, env: &mut Env<'_>) {
-    let waited = match qp.req.link_wait() {
+fn record_link_full(qp: &QpSlot, env: &mut Env<'_>) {
+    let waited = match qp.proto.req.link_wait() {
         LinkWait::Since(t) => env.now().saturating_duration_since(t).as_millis(),
         _ => 0,
     };
-    let (link, peer) = match qp.cfg.dest {
+    let (link, peer) = match qp.proto.cfg.dest {
         Some(d) => (d.link.index(), d.qpn.get()),
         None => (0, 0),
     };
-    let acked = qp.req.window().acked().get();
+    let acked = qp.proto.req.window().acked().get();
     let text = format!(
         "transport retry count exhausted (retry_cnt {retry}): no room on the link to peer \
          QP {peer:#x} (link {link}) for about {waited} ms: the peer stopped consuming (its engine \
          reads none of the packets this side sends, though the link is up); the peer \
          acknowledged up to PSN {acked}",
-        retry = qp.cfg.retry_cnt,
+        retry = qp.proto.cfg.retry_cnt,
     );
     *qp.shared
         .last_error
@@ -528,7 +536,7 @@ mod tests {
 
     impl Rig {
         /// Runs `f` on QP `i`'s engine side.
-        fn stage<R>(&self, i: usize, f: impl FnOnce(&mut QpCtx, &mut Env<'_>) -> R) -> R {
+        fn stage<R>(&self, i: usize, f: impl FnOnce(&mut QpSlot, &mut Env<'_>) -> R) -> R {
             let qpn = self.qps[i].qpn();
             self.ctx
                 .shared
@@ -584,13 +592,13 @@ mod tests {
     }
 
     /// Acknowledges everything QP `q` sent and retires it.
-    fn ack_all(q: &mut QpCtx) {
-        let last = q.req.window().npsn().sub(1);
-        q.req.acknowledged(last, &q.cfg);
-        while q.req.window().retired() < q.req.window().started() {
-            let seq = q.req.window().retired();
-            q.req.complete(seq, WcStatus::Success);
-            q.req.retire_oldest();
+    fn ack_all(q: &mut QpSlot) {
+        let last = q.proto.req.window().npsn().sub(1);
+        q.proto.req.acknowledged(last, &q.proto.cfg);
+        while q.proto.req.window().retired() < q.proto.req.window().started() {
+            let seq = q.proto.req.window().retired();
+            q.proto.req.complete(seq, WcStatus::Success);
+            q.proto.req.retire_oldest();
         }
     }
 
@@ -602,24 +610,27 @@ mod tests {
         r: &Rig,
         w: SqWqe,
         what: &str,
-        posted: impl FnOnce(&mut QpCtx),
+        posted: impl FnOnce(&mut QpSlot),
     ) -> (Psn, u32) {
         let mut fast = link(4);
         let psn = r.stage(0, |q, env| {
             let before = q.fast_posts;
-            let psn = q.req.window().npsn();
+            let psn = q.proto.req.window().npsn();
             assert_eq!(post(q, env, &mut fast, &w, 16), 1);
             assert_eq!(q.fast_posts, before + 1, "{what} takes the template path");
-            assert_eq!(q.req.window().npsn(), psn.add(1), "{what}");
-            assert_eq!(q.req.window().sent_to(), psn.add(1), "{what}");
-            assert!(q.req.timer().armed(), "{what}: the transport timer runs");
+            assert_eq!(q.proto.req.window().npsn(), psn.add(1), "{what}");
+            assert_eq!(q.proto.req.window().sent_to(), psn.add(1), "{what}");
+            assert!(
+                q.proto.req.timer().armed(),
+                "{what}: the transport timer runs"
+            );
             posted(q);
             // Go-back-N: the same packet again, built the normal way.
-            assert!(q.req.resend_from(psn), "{what}: a retry left");
+            assert!(q.proto.req.resend_from(psn), "{what}: a retry left");
             assert_eq!(transmit(q, env, &mut fast, 16), 1);
             ack_all(q);
             assert_eq!(
-                q.req.rd_atomic(),
+                q.proto.req.rd_atomic(),
                 0,
                 "{what}: acknowledged, out of the initiator depth"
             );
@@ -665,7 +676,9 @@ mod tests {
             }
         }
         // The PSNs wrapped past 2^24 on the way.
-        r.stage(0, |q, _| assert!(q.req.window().npsn().get() < 0xFF_FFFD));
+        r.stage(0, |q, _| {
+            assert!(q.proto.req.window().npsn().get() < 0xFF_FFFD)
+        });
         r.stage(0, |q, _| assert_eq!(q.fast_posts, case));
     }
 
@@ -695,7 +708,7 @@ mod tests {
                 let what = format!("{op:?}, {len} bytes, flags {flags}");
                 template_matches_normal(&r, w, &what, |q| {
                     // It takes its place in the initiator depth until it is acknowledged.
-                    assert_eq!(q.req.rd_atomic(), 1, "{what}");
+                    assert_eq!(q.proto.req.rd_atomic(), 1, "{what}");
                 });
             }
         }
@@ -724,7 +737,7 @@ mod tests {
             ack_all(q);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
-            assert_eq!(q.req.rd_atomic(), 0);
+            assert_eq!(q.proto.req.rd_atomic(), 0);
             // A Read of two responses: the normal path.
             assert_eq!(post(q, env, &mut l, &read(257, 0), 16), 1);
             assert_eq!(q.fast_posts, 1);
@@ -732,7 +745,7 @@ mod tests {
         });
         // A fenced Read behind a Read, with room for two in flight.
         r.stage(0, |q, env| {
-            q.cfg.max_rd_atomic = 2;
+            q.proto.cfg.max_rd_atomic = 2;
             assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
             assert_eq!(post(q, env, &mut l, &read(8, WqeFlags::FENCE), 16), 0);
             assert_eq!(q.fast_posts, 2);
@@ -741,7 +754,7 @@ mod tests {
             // Without a fence, a second Read goes beside the first.
             assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
             assert_eq!(q.fast_posts, 3);
-            assert_eq!(q.req.rd_atomic(), 2);
+            assert_eq!(q.proto.req.rd_atomic(), 2);
             ack_all(q);
         });
         use Opcode::*;
@@ -772,14 +785,14 @@ mod tests {
         let fadd = wqe(WqeOp::FetchAdd, 0, data(mr, 2048, &[0; 8]), 8);
         let mut l = link(64);
         r.stage(0, |q, env| {
-            q.cfg.max_rd_atomic = 4;
+            q.proto.cfg.max_rd_atomic = 4;
             // No credit yet: the first Send goes alone and waits; the Read waits behind it.
             assert_eq!(post(q, env, &mut l, &send, 16), 1);
-            assert_eq!(q.req.limited(), Some(0));
+            assert_eq!(q.proto.req.limited(), Some(0));
             assert_eq!(post(q, env, &mut l, &read, 16), 0);
             assert_eq!(q.fast_posts, 0);
-            q.req.acknowledged(Psn::new(10), &q.cfg);
-            q.req.update_credits(CreditCode::encode(8), 1);
+            q.proto.req.acknowledged(Psn::new(10), &q.proto.cfg);
+            q.proto.req.update_credits(CreditCode::encode(8), 1);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
         });
@@ -792,13 +805,17 @@ mod tests {
             assert_eq!(q.fast_posts, 0);
             ack_all(q);
             // An RNR wait with nothing queued: the Read waits for its end.
-            let npsn = q.req.window().npsn();
-            assert!(q.req.rnr_wait(npsn, Duration::from_secs(3600), &q.cfg));
+            let npsn = q.proto.req.window().npsn();
+            assert!(
+                q.proto
+                    .req
+                    .rnr_wait(npsn, Duration::from_secs(3600), &q.proto.cfg)
+            );
             assert_eq!(post(q, env, &mut l, &read, 16), 0);
             assert_eq!(q.fast_posts, 0);
             // The wait ends (an hour on the test clock).
-            q.req.start_timers(env);
-            env.jump_to(q.req.rnr_timer().at().expect("the RNR wait runs"));
+            q.proto.req.start_timers(env);
+            env.jump_to(q.proto.req.rnr_timer().at().expect("the RNR wait runs"));
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
         });
@@ -825,14 +842,14 @@ mod tests {
         r.stage(0, |q, env| {
             // No credit yet: the first Send goes alone, with AckReq, and waits.
             assert_eq!(post(q, env, &mut l, &send(8), 16), 1);
-            assert_eq!(q.req.limited(), Some(0));
+            assert_eq!(q.proto.req.limited(), Some(0));
             // A Write does not consume credit but must not pass the waiting Send.
             assert_eq!(post(q, env, &mut l, &write, 16), 0);
             assert_eq!(q.fast_posts, 0);
             // Credit comes with the Ack of the first Send; the Write is queued, so the
             // next Send goes behind it.
-            q.req.acknowledged(Psn::new(10), &q.cfg);
-            q.req.update_credits(CreditCode::encode(8), 1);
+            q.proto.req.acknowledged(Psn::new(10), &q.proto.cfg);
+            q.proto.req.update_credits(CreditCode::encode(8), 1);
             assert_eq!(post(q, env, &mut l, &send(8), 16), 2);
             assert_eq!(q.fast_posts, 0);
             // Idle, with credit: the template path.
@@ -866,12 +883,16 @@ mod tests {
             assert_eq!(sent(&full), [(SendOnly, 17, true)]);
             ack_all(q);
             // An RNR wait: nothing goes until it ends.
-            let npsn = q.req.window().npsn();
-            assert!(q.req.rnr_wait(npsn, Duration::from_secs(3600), &q.cfg));
+            let npsn = q.proto.req.window().npsn();
+            assert!(
+                q.proto
+                    .req
+                    .rnr_wait(npsn, Duration::from_secs(3600), &q.proto.cfg)
+            );
             let mut l = link(4);
             assert_eq!(post(q, env, &mut l, &send(8), 16), 0);
-            q.req.start_timers(env);
-            env.jump_to(q.req.rnr_timer().at().expect("the RNR wait runs"));
+            q.proto.req.start_timers(env);
+            env.jump_to(q.proto.req.rnr_timer().at().expect("the RNR wait runs"));
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             // A fenced Send waits for the Read before it.
@@ -880,7 +901,7 @@ mod tests {
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(mr, 0, &[3; 8]), 8);
             assert_eq!(post(q, env, &mut l, &fenced, 16), 0);
             ack_all(q);
-            assert_eq!(q.req.rd_atomic(), 0);
+            assert_eq!(q.proto.req.rd_atomic(), 0);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             // The Send and the Read before the fence.
@@ -921,8 +942,8 @@ mod tests {
             r.stage(0, |q, env| {
                 let w = wqe(WqeOp::Send, 0, data, 8);
                 assert_eq!(post(q, env, &mut l, &w, 16), 0);
-                assert_eq!(q.state, QpState::Error);
-                assert_eq!(q.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
+                assert_eq!(q.proto.state, QpState::Error);
+                assert_eq!(q.proto.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
             });
             assert!(l.sent.is_empty(), "{data:?}");
         }
@@ -939,7 +960,7 @@ mod tests {
             assert_eq!(post(q, env, &mut l, &fenced, 16), 1);
             let read = wqe(WqeOp::Read, 0, data(&r.mr, 64, &[0; 8]), 8);
             assert_eq!(post(q, env, &mut l, &read, 16), 1);
-            assert_eq!(q.req.rd_atomic(), 1);
+            assert_eq!(q.proto.req.rd_atomic(), 1);
             let plain = wqe(WqeOp::Send, 0, data(&r.mr, 0, &[2; 8]), 8);
             assert_eq!(post(q, env, &mut l, &plain, 16), 1);
             assert_eq!(q.fast_posts, 3, "the Read too");

@@ -62,7 +62,7 @@ pub(crate) use shmhca_proto::responder::{
 use std::sync::atomic::Ordering;
 
 use crate::completion::{WcOpcode, WcStatus};
-use crate::context::{Env, LinkTx, QpCtx};
+use crate::context::{Env, LinkTx, QpSlot};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::{self, Psn};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
@@ -84,12 +84,12 @@ use shmhca_proto::responder::{Reply, check_packet_length};
 /// Read of one response or a new Atomic is answered at once ([`read_fast`],
 /// [`atomic_fast`]).
 pub(crate) fn on_request<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: Option<&mut L>,
     pkt: &RxPacket<'_>,
 ) {
-    if qp.comm_est_pending {
+    if qp.proto.comm_est_pending {
         qp.comm_established(env);
     }
     if receive_fast(qp, env, pkt) {
@@ -118,16 +118,16 @@ pub(crate) fn on_request<L: LinkTx + ?Sized>(
 /// receive WQE nothing but the copy can fail, and a failed copy is refused as the pipeline
 /// refuses it, with the WQE where the pipeline would have put it.
 #[inline]
-fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+fn receive_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     #[cfg(test)]
     if !crate::probe::enabled() {
         return false;
     }
     let info = pkt.info;
-    let resp = &qp.resp;
+    let resp = &qp.proto.resp;
     if info.position != Position::Only
         || pkt.psn() != resp.epsn
-        || !matches!(qp.state, QpState::Rts | QpState::Rtr)
+        || !matches!(qp.proto.state, QpState::Rts | QpState::Rtr)
         || !matches!(resp.cur, Inbound::Idle)
         || resp.held.is_some()
         || resp.nak_outstanding
@@ -172,7 +172,7 @@ fn receive_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
 /// discarded as a queued one is (`rd_hostile_tests` pins both down).
 #[inline]
 fn answer_fast<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     pkt: &RxPacket<'_>,
@@ -182,12 +182,12 @@ fn answer_fast<L: LinkTx + ?Sized>(
         return false;
     }
     let info = pkt.info;
-    let resp = &qp.resp;
+    let resp = &qp.proto.resp;
     if !matches!(
         info.class,
         OpClass::RdmaReadRequest | OpClass::CompareSwap | OpClass::FetchAdd
     ) || pkt.psn() != resp.epsn
-        || !matches!(qp.state, QpState::Rts | QpState::Rtr)
+        || !matches!(qp.proto.state, QpState::Rts | QpState::Rtr)
         || !matches!(resp.cur, Inbound::Idle)
         || resp.held.is_some()
         || resp.nak_outstanding
@@ -196,12 +196,12 @@ fn answer_fast<L: LinkTx + ?Sized>(
     {
         return false;
     }
-    let Some(dest) = qp.cfg.dest else {
+    let Some(dest) = qp.proto.cfg.dest else {
         return false;
     };
     // 4. Resources (the pipeline checks them before the headers).
-    qp.resp.settle(env.stats.packets_received);
-    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+    qp.proto.resp.settle(env.stats.packets_received);
+    if qp.proto.resp.rd_atomic_queued >= u32::from(qp.proto.cfg.max_dest_rd_atomic.max(1)) {
         return false;
     }
     if info.class == OpClass::RdmaReadRequest {
@@ -215,14 +215,14 @@ fn answer_fast<L: LinkTx + ?Sized>(
 /// with nothing changed, if the pipeline must take it.
 #[inline]
 fn read_fast<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     dest: crate::wire::Qpn,
     pkt: &RxPacket<'_>,
 ) -> bool {
     // 3. Operation enabled.
-    if !qp.cfg.access.contains(AccessFlags::REMOTE_READ) {
+    if !qp.proto.cfg.access.contains(AccessFlags::REMOTE_READ) {
         return false;
     }
     let Some(reth) = pkt.reth() else {
@@ -230,7 +230,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     };
     // One response (a Read of at most a PMTU, or of nothing).
     let len = reth.dma_len;
-    if len > qp.cfg.path_mtu.bytes() {
+    if len > qp.proto.cfg.path_mtu.bytes() {
         return false;
     }
     // A window's key may stop working before step 3, where the pipeline checks it again
@@ -241,7 +241,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     // 6. R_Key, once: the response is built now, from the range it checked.
     let Ok(off) = env.check_remote(
         reth.rkey,
-        (qp.pd, qp.qpn),
+        (qp.proto.pd, qp.proto.qpn),
         AccessFlags::REMOTE_READ,
         reth.va,
         u64::from(len),
@@ -254,7 +254,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     };
     // 7. Execute: the response, as `read_response` builds it.
     let psn = pkt.psn();
-    let msn = (qp.resp.msn + 1) & Msn::MASK;
+    let msn = (qp.proto.resp.msn + 1) & Msn::MASK;
     let credits = credit_code(qp);
     let Some(slot) = tx.next_slot() else {
         return false;
@@ -289,7 +289,7 @@ fn read_fast<L: LinkTx + ?Sized>(
     env.stats.inline_bytes_sent += inline;
     // The pipeline's bookkeeping: the message counted, the resource held until step 3,
     // the owed Ack dropped (the response acknowledges every request before it), ePSN on.
-    let resp = &mut qp.resp;
+    let resp = &mut qp.proto.resp;
     resp.msn = msn;
     resp.answered(env.stats.packets_received);
     resp.epsn = psn.add(1);
@@ -303,14 +303,14 @@ fn read_fast<L: LinkTx + ?Sized>(
 /// can fail, and that is refused as the pipeline refuses it.
 #[inline]
 fn atomic_fast<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     dest: crate::wire::Qpn,
     pkt: &RxPacket<'_>,
 ) -> bool {
     // 3. Operation enabled.
-    if !qp.cfg.access.contains(AccessFlags::REMOTE_ATOMIC) {
+    if !qp.proto.cfg.access.contains(AccessFlags::REMOTE_ATOMIC) {
         return false;
     }
     // 5. Its header, and a naturally aligned 64-bit word.
@@ -321,8 +321,13 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         return false;
     }
     // 6. R_Key.
-    let Ok(off) = env.check_remote(a.rkey, (qp.pd, qp.qpn), AccessFlags::REMOTE_ATOMIC, a.va, 8)
-    else {
+    let Ok(off) = env.check_remote(
+        a.rkey,
+        (qp.proto.pd, qp.proto.qpn),
+        AccessFlags::REMOTE_ATOMIC,
+        a.va,
+        8,
+    ) else {
         return false;
     };
     let psn = pkt.psn();
@@ -343,7 +348,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         crate::probe::count(crate::probe::Path::Atomic);
         return true;
     };
-    let msn = qp.resp.next_msn();
+    let msn = qp.proto.resp.next_msn();
     let code = credit_code(qp);
     write_ack_headers(
         slot,
@@ -360,7 +365,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
     advertise(qp, code.credits());
     // The pipeline's bookkeeping: the result kept for a duplicate, the resource held until
     // step 3, the owed Ack dropped, ePSN on.
-    let resp = &mut qp.resp;
+    let resp = &mut qp.proto.resp;
     if resp.atomics.len() == MAX_RD_ATOMIC as usize {
         resp.atomics.pop_front();
     }
@@ -375,15 +380,15 @@ fn atomic_fast<L: LinkTx + ?Sized>(
 /// A Send Only (not with Invalidate) on the fast path; false, with nothing changed, if
 /// the pipeline must take it.
 #[inline]
-fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+fn send_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let psn = pkt.psn();
     // 5. Length (before the resources here: it changes nothing, and a failure goes to the
     // pipeline, which checks the resources first).
-    if pkt.payload.len() > qp.cfg.path_mtu.bytes() {
+    if pkt.payload.len() > qp.proto.cfg.path_mtu.bytes() {
         return false;
     }
     // 4. Resources: room in the receive CQ, then the receive WQE.
-    if !env.cqs.has_room(qp.recv_cq) {
+    if !env.cqs.has_room(qp.proto.recv_cq) {
         return false;
     }
     let Some(wqe) = qp.rq.take() else {
@@ -401,7 +406,7 @@ fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool
         Ok(n) => n,
         Err(e) => {
             // The pipeline's state at this point: the WQE is the message in progress.
-            qp.resp.cur = Inbound::Send {
+            qp.proto.resp.cur = Inbound::Send {
                 wqe,
                 cursor: Cursor::default(),
                 got: 0,
@@ -422,7 +427,7 @@ fn send_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool
 /// The execute step of an RDMA Write packet (fast path and pipeline alike): copies its
 /// payload to `len` bytes at arena offset `off`, already checked against the R_Key.
 fn write_payload(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     pkt: &RxPacket<'_>,
     off: u64,
@@ -442,10 +447,10 @@ fn write_payload(
 /// An RDMA Write Only (with or without immediate data) on the fast path; false, with
 /// nothing changed, if the pipeline must take it.
 #[inline]
-fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let psn = pkt.psn();
     // 3. Operation enabled.
-    if !qp.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
+    if !qp.proto.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
         return false;
     }
     // 5. Length: at most a PMTU, exactly the RETH's.
@@ -453,14 +458,14 @@ fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
         return false;
     };
     let len = pkt.payload.len();
-    if len > qp.cfg.path_mtu.bytes() || len != reth.dma_len {
+    if len > qp.proto.cfg.path_mtu.bytes() || len != reth.dma_len {
         return false;
     }
     // 6. R_Key: the message's range is the packet's (the pipeline checks it twice, for the
     // message and for the packet, with the same arguments).
     let Ok(off) = env.check_remote(
         reth.rkey,
-        (qp.pd, qp.qpn),
+        (qp.proto.pd, qp.proto.qpn),
         AccessFlags::REMOTE_WRITE,
         reth.va,
         u64::from(len),
@@ -470,7 +475,7 @@ fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
     // 4. Resources: a Write with Immediate completes a receive WQE.
     let imm = pkt.imm();
     let wqe = if imm.is_some() {
-        if !env.cqs.has_room(qp.recv_cq) {
+        if !env.cqs.has_room(qp.proto.recv_cq) {
             return false;
         }
         let Some(wqe) = qp.rq.take() else {
@@ -483,16 +488,16 @@ fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
     // 7. Execute.
     if write_payload(qp, env, pkt, off, len).is_err() {
         // The pipeline's state at this point: the receive WQE held.
-        qp.resp.held = wqe;
+        qp.proto.resp.held = wqe;
         refuse(qp, env, psn, RespError::CopyFailed);
         return true;
     }
     match wqe {
         Some(w) => deliver_fast(qp, env, &w, WcOpcode::RecvRdmaWithImm, len, pkt),
         None => {
-            let msn = qp.resp.next_msn();
-            qp.resp.epsn = psn.add(1);
-            qp.resp.owe(psn, msn);
+            let msn = qp.proto.resp.next_msn();
+            qp.proto.resp.epsn = psn.add(1);
+            qp.proto.resp.owe(psn, msn);
         }
     }
     true
@@ -503,7 +508,7 @@ fn write_only_fast(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
 /// completion pushed, the MSN counted, ePSN advanced, the Ack owed.
 #[inline(always)]
 fn deliver_fast(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     wqe: &RqWqe,
     opcode: WcOpcode,
@@ -520,23 +525,23 @@ fn deliver_fast(
         pkt.solicited(),
     );
     qp.retire_recv(env, wqe);
-    let pushed = env.cqs.push(qp.recv_cq, wc);
+    let pushed = env.cqs.push(qp.proto.recv_cq, wc);
     debug_assert!(pushed, "room was checked");
-    let msn = qp.resp.next_msn();
-    qp.resp.epsn = psn.add(1);
-    qp.resp.owe(psn, msn);
+    let msn = qp.proto.resp.next_msn();
+    qp.proto.resp.epsn = psn.add(1);
+    qp.proto.resp.owe(psn, msn);
 }
 
 /// The receive pipeline: each check in the spec's order; the first that fails refuses
 /// the packet.
-fn receive(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
-    qp.resp.settle(env.stats.packets_received);
+fn receive(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
+    qp.proto.resp.settle(env.stats.packets_received);
     let info = pkt.info;
     check_state(qp)?;
-    if check_psn(&mut qp.resp, pkt.psn())? == Fresh::Duplicate {
+    if check_psn(&mut qp.proto.resp, pkt.psn())? == Fresh::Duplicate {
         return duplicate(qp, env, pkt, info);
     }
-    check_opcode_sequence(&qp.resp, info)?;
+    check_opcode_sequence(&qp.proto.resp, info)?;
     check_operation_enabled(qp, info)?;
     match info.class {
         OpClass::Send => send(qp, env, pkt, info),
@@ -549,7 +554,7 @@ fn receive(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), 
 
 /// Answers a refused request as [`verdict`] says: a Nak (the last packet of the QP if the
 /// error is fatal, a receive WQE in use completing in error), an RNR Nak, or nothing.
-fn refuse(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, e: RespError) {
+fn refuse(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn, e: RespError) {
     let v = verdict(e);
     if v.dropped {
         env.stats.dropped += 1;
@@ -567,20 +572,20 @@ fn refuse(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, e: RespError) {
         }
         // A sequence error names the PSN expected: the requester resends from there.
         Reply::Nak(code) => {
-            let epsn = qp.resp.epsn;
-            qp.resp.queue_nak(epsn, Syndrome::Nak(code));
+            let epsn = qp.proto.resp.epsn;
+            qp.proto.resp.queue_nak(epsn, Syndrome::Nak(code));
         }
         Reply::RnrNak => {
-            let timer = RnrTimer::new(qp.cfg.min_rnr_timer);
-            qp.resp.queue_nak(psn, Syndrome::RnrNak { timer });
+            let timer = RnrTimer::new(qp.proto.cfg.min_rnr_timer);
+            qp.proto.resp.queue_nak(psn, Syndrome::RnrNak { timer });
         }
     }
 }
 
 /// The QP receives only from RTR on, and not in the Error state.
 #[inline]
-fn check_state(qp: &QpCtx) -> Result<(), RespError> {
-    shmhca_proto::responder::check_state(qp.state)
+fn check_state(qp: &QpSlot) -> Result<(), RespError> {
+    shmhca_proto::responder::check_state(qp.proto.state)
 }
 
 /// Check 1, PSN against ePSN: a new request ends the wait of an outstanding Nak.
@@ -606,8 +611,8 @@ fn check_opcode_sequence(resp: &Responder, info: &OpcodeInfo) -> Result<(), Resp
 
 /// Check 3, Operation enabled, against the QP's remote access enables.
 #[inline]
-fn check_operation_enabled(qp: &QpCtx, info: &OpcodeInfo) -> Result<(), RespError> {
-    shmhca_proto::responder::check_operation_enabled(qp.cfg.access, info.class)
+fn check_operation_enabled(qp: &QpSlot, info: &OpcodeInfo) -> Result<(), RespError> {
+    shmhca_proto::responder::check_operation_enabled(qp.proto.cfg.access, info.class)
 }
 
 /// Check 4, Resources of a message that completes a receive WQE: room in the receive CQ (on its
@@ -615,28 +620,28 @@ fn check_operation_enabled(qp: &QpCtx, info: &OpcodeInfo) -> Result<(), RespErro
 /// the message in progress); a Write with Immediate on its last (held until it executes).
 /// Either way nothing is done before it is there, so an RNR Nak leaves nothing half done.
 fn check_receive_resources(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     last: bool,
     class: OpClass,
 ) -> Result<(), RespError> {
-    if last && !env.cqs.has_room(qp.recv_cq) {
+    if last && !env.cqs.has_room(qp.proto.recv_cq) {
         return Err(RespError::ReceiveCqFull);
     }
     let needed = match class {
-        OpClass::Send => matches!(qp.resp.cur, Inbound::Idle),
-        _ => qp.resp.held.is_none(),
+        OpClass::Send => matches!(qp.proto.resp.cur, Inbound::Idle),
+        _ => qp.proto.resp.held.is_none(),
     };
     if needed {
         let wqe = env.take_recv(qp).ok_or(RespError::NoReceiveWqe)?;
         if class == OpClass::Send {
-            qp.resp.cur = Inbound::Send {
+            qp.proto.resp.cur = Inbound::Send {
                 wqe,
                 cursor: Cursor::default(),
                 got: 0,
             };
         } else {
-            qp.resp.held = Some(wqe);
+            qp.proto.resp.held = Some(wqe);
         }
     }
     Ok(())
@@ -644,8 +649,8 @@ fn check_receive_resources(
 
 /// Check 4, Resources of an RDMA Read or Atomic: a responder resource (the requester was told
 /// how many it may use).
-fn check_rd_atomic_resources(qp: &QpCtx) -> Result<(), RespError> {
-    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+fn check_rd_atomic_resources(qp: &QpSlot) -> Result<(), RespError> {
+    if qp.proto.resp.rd_atomic_queued >= u32::from(qp.proto.cfg.max_dest_rd_atomic.max(1)) {
         Err(RespError::TooManyReadAtomic)
     } else {
         Ok(())
@@ -655,14 +660,14 @@ fn check_rd_atomic_resources(qp: &QpCtx) -> Result<(), RespError> {
 /// Check 6, R_Key: `len` bytes at `va` through `rkey`, with access `need`, in this QP's domain;
 /// the offset in the arena.
 fn check_rkey(
-    qp: &QpCtx,
+    qp: &QpSlot,
     env: &Env<'_>,
     rkey: u32,
     need: AccessFlags,
     va: u64,
     len: u64,
 ) -> Result<u64, RespError> {
-    env.check_remote(rkey, (qp.pd, qp.qpn), need, va, len)
+    env.check_remote(rkey, (qp.proto.pd, qp.proto.qpn), need, va, len)
         .map_err(|why| {
             record_rkey_refusal(qp, rkey, need, va, len, why);
             RespError::RKeyViolation
@@ -675,7 +680,7 @@ fn check_rkey(
 #[cold]
 #[inline(never)]
 fn record_rkey_refusal(
-    qp: &QpCtx,
+    qp: &QpSlot,
     rkey: u32,
     need: AccessFlags,
     va: u64,
@@ -712,30 +717,30 @@ fn record_rkey_refusal(
 /// completes with `local` (spec/02: the error reaches local software too). If the receive
 /// CQ is full, the WQE stays current and completes with `local` when the Error state
 /// flushes it.
-fn fatal(qp: &mut QpCtx, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
-    qp.resp.queue_fatal(psn, code);
-    if let Some(wqe) = qp.resp.take_current_wqe() {
+fn fatal(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
+    qp.proto.resp.queue_fatal(psn, code);
+    if let Some(wqe) = qp.proto.resp.take_current_wqe() {
         let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
         if !qp.complete_recv(env, &wqe, wc) {
-            qp.resp.put_back_current_wqe(wqe);
-            qp.resp.cur_status = local;
+            qp.proto.resp.put_back_current_wqe(wqe);
+            qp.proto.resp.cur_status = local;
         }
     } else {
-        qp.resp.cur = Inbound::Idle;
+        qp.proto.resp.cur = Inbound::Idle;
     }
     qp.enter_error(env);
 }
 
 /// Accepts `psn`: advances ePSN and records the Ack owed for it (one Ack covers every
 /// request accepted before it leaves).
-fn ack(qp: &mut QpCtx, psn: Psn) {
-    let msn = qp.resp.msn;
-    qp.resp.epsn = psn.add(1);
-    qp.resp.owe(psn, msn);
+fn ack(qp: &mut QpSlot, psn: Psn) {
+    let msn = qp.proto.resp.msn;
+    qp.proto.resp.epsn = psn.add(1);
+    qp.proto.resp.owe(psn, msn);
 }
 
 fn send(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
@@ -743,7 +748,11 @@ fn send(
     let psn = pkt.psn();
     let last = matches!(info.position, Position::Last | Position::Only);
     check_receive_resources(qp, env, last, OpClass::Send)?;
-    check_packet_length(info.position, pkt.payload.len(), qp.cfg.path_mtu.bytes())?;
+    check_packet_length(
+        info.position,
+        pkt.payload.len(),
+        qp.proto.cfg.path_mtu.bytes(),
+    )?;
     let ieth = match (last && info.invalidate, pkt.ieth()) {
         (false, _) => None,
         (true, Some(key)) => Some(key),
@@ -753,7 +762,7 @@ fn send(
     // working before the message completes.
     if let Some(key) = ieth {
         env.mws
-            .invalidate(key, qp.pd.get(), Some(qp.qpn))
+            .invalidate(key, qp.proto.pd.get(), Some(qp.proto.qpn))
             .map_err(|_| RespError::InvalidateRefused)?;
     }
     // 7. Execute.
@@ -761,7 +770,7 @@ fn send(
         wqe,
         mut cursor,
         mut got,
-    } = qp.resp.cur
+    } = qp.proto.resp.cur
     else {
         // The resources check made it current.
         return Err(RespError::OpcodeOutOfSequence);
@@ -781,11 +790,11 @@ fn send(
         Err(_) => return Err(RespError::CopyFailed),
     }
     if last {
-        qp.resp.cur = Inbound::Idle;
+        qp.proto.resp.cur = Inbound::Idle;
         complete_recv(qp, env, &wqe, (WcOpcode::Recv, ieth), got as u32, pkt);
-        qp.resp.next_msn();
+        qp.proto.resp.next_msn();
     } else {
-        qp.resp.cur = Inbound::Send { wqe, cursor, got };
+        qp.proto.resp.cur = Inbound::Send { wqe, cursor, got };
     }
     ack(qp, psn);
     Ok(())
@@ -795,7 +804,7 @@ fn send(
 /// `pkt` (its immediate data and Solicited Event bit) and, for a Send with Invalidate, the
 /// key it invalidated. The caller checked the CQ has room before touching anything.
 fn complete_recv(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     wqe: &RqWqe,
     (opcode, invalidated): (WcOpcode, Option<u32>),
@@ -816,14 +825,14 @@ fn complete_recv(
 }
 
 fn write(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
     let psn = pkt.psn();
     let len = u64::from(pkt.payload.len());
-    let pmtu = qp.cfg.path_mtu.bytes();
+    let pmtu = qp.proto.cfg.path_mtu.bytes();
     let last = matches!(info.position, Position::Last | Position::Only);
     // 4. A Write with Immediate consumes a receive WQE on its last packet.
     if pkt.imm().is_some() {
@@ -832,7 +841,7 @@ fn write(
     // 5. Length. The Write in progress: a new one named by the RETH, or the one continued.
     // It is recorded only once the packet is accepted, so that an RNR Nak leaves the
     // responder idle and the retried packet is taken for what it is.
-    let (va, rkey, done, total) = match (pkt.reth(), qp.resp.cur) {
+    let (va, rkey, done, total) = match (pkt.reth(), qp.proto.resp.cur) {
         (Some(reth), _) => (reth.va, reth.rkey, 0, u64::from(reth.dma_len)),
         (
             None,
@@ -866,8 +875,8 @@ fn write(
     // 7. Execute.
     write_payload(qp, env, pkt, off, len as u32)?;
     if last {
-        qp.resp.cur = Inbound::Idle;
-        if let Some(w) = qp.resp.held.take() {
+        qp.proto.resp.cur = Inbound::Idle;
+        if let Some(w) = qp.proto.resp.held.take() {
             complete_recv(
                 qp,
                 env,
@@ -877,9 +886,9 @@ fn write(
                 pkt,
             );
         }
-        qp.resp.next_msn();
+        qp.proto.resp.next_msn();
     } else {
-        qp.resp.cur = Inbound::Write {
+        qp.proto.resp.cur = Inbound::Write {
             va,
             rkey,
             done: done + len,
@@ -890,7 +899,7 @@ fn write(
     Ok(())
 }
 
-fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
+fn read(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
     let psn = pkt.psn();
     check_rd_atomic_resources(qp)?;
     let reth = pkt.reth().ok_or(RespError::MissingHeader)?;
@@ -902,10 +911,10 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), Res
         reth.va,
         u64::from(reth.dma_len),
     )?;
-    let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
-    let msn = qp.resp.next_msn();
-    qp.resp.rd_atomic_queued += 1;
-    qp.resp.queue(Out::Read(ReadJob {
+    let npkts = psn::read_response_packets(reth.dma_len, qp.proto.cfg.path_mtu.bytes());
+    let msn = qp.proto.resp.next_msn();
+    qp.proto.resp.rd_atomic_queued += 1;
+    qp.proto.resp.queue(Out::Read(ReadJob {
         psn,
         va: reth.va,
         rkey: reth.rkey,
@@ -915,12 +924,12 @@ fn read(qp: &mut QpCtx, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), Res
         msn,
         dup: false,
     }));
-    qp.resp.epsn = psn.add(npkts);
+    qp.proto.resp.epsn = psn.add(npkts);
     Ok(())
 }
 
 fn atomic(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
@@ -940,8 +949,8 @@ fn atomic(
         mem.fetch_add_u64(off, a.swap_add)
     };
     let orig = orig.map_err(|_| RespError::AtomicFailed)?;
-    let msn = qp.resp.next_msn();
-    let resp = &mut qp.resp;
+    let msn = qp.proto.resp.next_msn();
+    let resp = &mut qp.proto.resp;
     if resp.atomics.len() == MAX_RD_ATOMIC as usize {
         resp.atomics.pop_front();
     }
@@ -959,14 +968,14 @@ fn atomic(
 
 /// Answers a duplicate request without executing it again.
 fn duplicate(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     pkt: &RxPacket<'_>,
     info: &OpcodeInfo,
 ) -> Result<(), RespError> {
     match info.class {
         OpClass::Send | OpClass::RdmaWrite => {
-            let resp = &mut qp.resp;
+            let resp = &mut qp.proto.resp;
             let (psn, msn) = (resp.epsn.sub(1), resp.msn);
             resp.owe(psn, msn);
         }
@@ -985,8 +994,8 @@ fn duplicate(
                 reth.va,
                 u64::from(reth.dma_len),
             )?;
-            let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
-            let resp = &mut qp.resp;
+            let npkts = psn::read_response_packets(reth.dma_len, qp.proto.cfg.path_mtu.bytes());
+            let resp = &mut qp.proto.resp;
             if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
                 resp.dup_queued += 1;
                 let msn = resp.msn;
@@ -1004,7 +1013,7 @@ fn duplicate(
         }
         OpClass::CompareSwap | OpClass::FetchAdd => {
             let psn = pkt.psn();
-            let resp = &mut qp.resp;
+            let resp = &mut qp.proto.resp;
             if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
                 if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
                     resp.dup_queued += 1;
@@ -1037,8 +1046,8 @@ fn duplicate(
 /// Called for every active QP every iteration, and nearly always with nothing to do: that
 /// answer costs a few loads here ([`credit_update_due`]), not a call.
 #[inline]
-pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L) {
-    if qp.resp.has_output() && !drain_queued(qp, env, tx) {
+pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut L) {
+    if qp.proto.resp.has_output() && !drain_queued(qp, env, tx) {
         return; // the link is full (the credit update waits behind), or a fatal Nak left
     }
     if credit_update_due(qp) {
@@ -1049,27 +1058,34 @@ pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &
 /// Sends the queued responses as far as the link has room ([`drain`]); whether the credit
 /// update may follow (all sent, and the last was not a fatal Nak).
 #[inline(never)]
-fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L) -> bool {
+fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut L) -> bool {
     // The early answers were ahead of everything queued, and sent.
-    qp.resp.settle_all();
-    let Some(dest) = qp.cfg.dest else {
+    qp.proto.resp.settle_all();
+    let Some(dest) = qp.proto.cfg.dest else {
         return false;
     };
-    let pmtu = qp.cfg.path_mtu.bytes();
-    let discard = qp.state == QpState::Error && !qp.resp.closing;
-    while let Some(front) = qp.resp.out.front_mut() {
+    let pmtu = qp.proto.cfg.path_mtu.bytes();
+    let discard = qp.proto.state == QpState::Error && !qp.proto.resp.closing;
+    while let Some(front) = qp.proto.resp.out.front_mut() {
         match *front {
             Out::Nak { psn, syndrome } => {
-                if !emit_nak(tx, env, dest.qpn, psn, syndrome, qp.resp.msn) {
+                if !emit_nak(tx, env, dest.qpn, psn, syndrome, qp.proto.resp.msn) {
                     return false;
                 }
             }
             Out::Fatal { psn, code } => {
-                if !emit_nak(tx, env, dest.qpn, psn, Syndrome::Nak(code), qp.resp.msn) {
+                if !emit_nak(
+                    tx,
+                    env,
+                    dest.qpn,
+                    psn,
+                    Syndrome::Nak(code),
+                    qp.proto.resp.msn,
+                ) {
                     return false;
                 }
                 // The last response: whatever is queued behind it answers nothing.
-                let resp = &mut qp.resp;
+                let resp = &mut qp.proto.resp;
                 resp.out.clear();
                 resp.rd_atomic_queued = 0;
                 resp.dup_queued = 0;
@@ -1114,13 +1130,13 @@ fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut 
                     return false;
                 }
                 advertise(qp, code.credits());
-                qp.resp.release_rd_atomic(dup);
+                qp.proto.resp.release_rd_atomic(dup);
             }
             Out::Read(ref mut job) => {
                 let mut j = *job;
                 while j.next < j.npkts {
                     if !tx.has_room() {
-                        if let Some(Out::Read(job)) = qp.resp.out.front_mut() {
+                        if let Some(Out::Read(job)) = qp.proto.resp.out.front_mut() {
                             *job = j;
                         }
                         return false;
@@ -1128,7 +1144,7 @@ fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut 
                     if let Err(psn) = read_response(qp, env, tx, dest.qpn, &j, pmtu) {
                         // The region went away mid-read: the Nak goes next, and last.
                         // (The Nak gives back every responder resource.)
-                        let resp = &mut qp.resp;
+                        let resp = &mut qp.proto.resp;
                         resp.out.pop_front();
                         resp.out.push_front(Out::Fatal {
                             psn,
@@ -1143,10 +1159,10 @@ fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut 
                 if j.next < j.npkts {
                     continue;
                 }
-                qp.resp.release_rd_atomic(j.dup);
+                qp.proto.resp.release_rd_atomic(j.dup);
             }
         }
-        qp.resp.out.pop_front();
+        qp.proto.resp.out.pop_front();
     }
     true
 }
@@ -1157,23 +1173,25 @@ fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut 
 /// QP reports credits (not in the Error state; a QP on a shared receive queue reports the
 /// invalid code, spec/02 Table 17-8: there is nothing to update).
 #[inline]
-fn credit_update_due(qp: &QpCtx) -> bool {
-    qp.resp.advertised.is_none_or(|a| a < CREDIT_WATCH)
-        && qp.resp.owed.is_none()
-        && qp.state != QpState::Error
+fn credit_update_due(qp: &QpSlot) -> bool {
+    qp.proto.resp.advertised.is_none_or(|a| a < CREDIT_WATCH)
+        && qp.proto.resp.owed.is_none()
+        && qp.proto.state != QpState::Error
         && qp.srq.is_none()
 }
 
 /// Unsolicited credit update ([`drain`], when [`credit_update_due`]): when credits grew
 /// from (nearly) nothing, tell the requester rather than leave it probing.
 #[inline(never)]
-fn send_credit_update<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx: &mut L) {
-    let Some(dest) = qp.cfg.dest else { return };
+fn send_credit_update<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut L) {
+    let Some(dest) = qp.proto.cfg.dest else {
+        return;
+    };
     let available = qp.rq.waiting();
-    let stale = qp.resp.advertised.is_none_or(|a| a < available);
-    if stale && qp.state.receives() {
+    let stale = qp.proto.resp.advertised.is_none_or(|a| a < available);
+    if stale && qp.proto.state.receives() {
         let code = CreditCode::encode(available);
-        let psn = qp.resp.epsn.sub(1);
+        let psn = qp.proto.resp.epsn.sub(1);
         if emit_aeth(
             tx,
             env,
@@ -1181,7 +1199,7 @@ fn send_credit_update<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx:
             Opcode::Acknowledge,
             psn,
             Syndrome::Ack { credits: code },
-            qp.resp.msn,
+            qp.proto.resp.msn,
             None,
         ) {
             advertise(qp, code.credits());
@@ -1196,13 +1214,20 @@ fn send_credit_update<L: LinkTx + ?Sized>(qp: &mut QpCtx, env: &mut Env<'_>, tx:
 /// Called once per iteration for every QP that owes one (the engine's `flush_owed_acks`),
 /// so the Ack leaves after the receive completions of the requests it acknowledges.
 pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
 ) -> bool {
-    let Some(a) = qp.resp.owed else { return true };
-    let Some(dest) = qp.cfg.dest.filter(|_| qp.state != QpState::Error) else {
-        qp.resp.owed = None;
+    let Some(a) = qp.proto.resp.owed else {
+        return true;
+    };
+    let Some(dest) = qp
+        .proto
+        .cfg
+        .dest
+        .filter(|_| qp.proto.state != QpState::Error)
+    else {
+        qp.proto.resp.owed = None;
         return true;
     };
     let code = credit_code(qp);
@@ -1218,7 +1243,7 @@ pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
     ) {
         return false;
     }
-    qp.resp.owed = None;
+    qp.proto.resp.owed = None;
     advertise(qp, code.credits());
     env.stats.acks_sent += 1;
     true
@@ -1233,18 +1258,18 @@ pub(crate) fn send_owed_ack<L: LinkTx + ?Sized>(
 /// Every request built passes here: it marks the QP as one that replies
 /// ([`Responder::replies`]).
 #[inline(always)]
-pub(crate) fn ride_owed_ack(qp: &mut QpCtx, env: &mut Env<'_>, slot: &mut PacketSlot) {
-    qp.resp.replies = true;
-    if qp.resp.owed.is_some() && can_carry_ack(slot) {
+pub(crate) fn ride_owed_ack(qp: &mut QpSlot, env: &mut Env<'_>, slot: &mut PacketSlot) {
+    qp.proto.resp.replies = true;
+    if qp.proto.resp.owed.is_some() && can_carry_ack(slot) {
         ride(qp, env, slot);
     }
 }
 
 /// [`ride_owed_ack`] once an Ack is owed and the slot has room.
 #[inline(never)]
-fn ride(qp: &mut QpCtx, env: &mut Env<'_>, slot: &mut PacketSlot) {
-    let Some(a) = qp.resp.owed else { return };
-    if qp.state == QpState::Error {
+fn ride(qp: &mut QpSlot, env: &mut Env<'_>, slot: &mut PacketSlot) {
+    let Some(a) = qp.proto.resp.owed else { return };
+    if qp.proto.state == QpState::Error {
         return; // `send_owed_ack` drops it
     }
     let code = credit_code(qp);
@@ -1254,7 +1279,7 @@ fn ride(qp: &mut QpCtx, env: &mut Env<'_>, slot: &mut PacketSlot) {
         Msn::new(a.msn).get(),
     );
     if set_riding_ack(slot, word) {
-        qp.resp.owed = None;
+        qp.proto.resp.owed = None;
         advertise(qp, code.credits());
         env.stats.acks_sent += 1;
         env.stats.acks_riding += 1;
@@ -1281,8 +1306,8 @@ pub(crate) const CREDIT_WATCH: u32 = 1;
 /// `post_recv` whether new receives must ring the doorbell ([`QpShared::rq_watch`]).
 ///
 /// [`QpShared::rq_watch`]: crate::context::QpShared::rq_watch
-pub(crate) fn advertise(qp: &mut QpCtx, credits: Option<u32>) {
-    qp.resp.advertised = credits;
+pub(crate) fn advertise(qp: &mut QpSlot, credits: Option<u32>) {
+    qp.proto.resp.advertised = credits;
     let watch = credits.is_none_or(|c| c < CREDIT_WATCH);
     // Stored only on a change, so that the line the application reads stays in its cache.
     // SYNC: Relaxed: a stale value costs at most one credit update, never progress (a
@@ -1296,7 +1321,7 @@ pub(crate) fn advertise(qp: &mut QpCtx, credits: Option<u32>) {
 /// shared receive queue has no receive WQEs of its own to count — the SRQ's are shared
 /// with other QPs — so it reports the invalid code 11111 ("not providing credit
 /// information", spec/02): its requester sends as without credits.
-fn credit_code(qp: &mut QpCtx) -> CreditCode {
+fn credit_code(qp: &mut QpSlot) -> CreditCode {
     if qp.srq.is_some() {
         return CreditCode::NONE;
     }
@@ -1419,7 +1444,7 @@ fn bth(opcode: Opcode, dest: crate::wire::Qpn, psn: Psn) -> BthRepr {
 /// Emits response packet `job.next` of an RDMA Read (the link has room). Fails with the
 /// PSN to Nak (Remote Access Error) if the region can no longer be read.
 fn read_response<L: LinkTx + ?Sized>(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     dest: crate::wire::Qpn,
@@ -1433,7 +1458,7 @@ fn read_response<L: LinkTx + ?Sized>(
     let off = env
         .check_remote(
             job.rkey,
-            (qp.pd, qp.qpn),
+            (qp.proto.pd, qp.proto.qpn),
             AccessFlags::REMOTE_READ,
             job.va.wrapping_add(u64::from(offset)),
             u64::from(plen),

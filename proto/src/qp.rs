@@ -10,7 +10,7 @@
 //! assert_eq!(AccessFlags::from_bits(0x80), None, "unknown bits are refused");
 //! ```
 
-use crate::ids::LinkId;
+use crate::ids::{CqId, LinkId, PdId};
 use crate::psn::Psn;
 use crate::wire::Qpn;
 
@@ -240,6 +240,63 @@ impl Default for QpConfig {
             retry_cnt: 0,
             rnr_retry: 0,
             max_rd_atomic: 0,
+        }
+    }
+}
+
+/// A QP's protocol half: the QP context of spec/04 as the transport needs it — its number,
+/// protection domain, state and programmed context, its completion queues, the SQ Logic
+/// ([`Requester`](crate::requester::Requester)) and the RQ Logic
+/// ([`Responder`](crate::responder::Responder)). Whoever drives the QP owns the rest (its
+/// memory, the queues the application posts to, what it shares with the application) and
+/// holds this beside it; the engine calls the two together its QP slot.
+///
+/// ```
+/// use shmhca_proto::ids::{CqId, PdId};
+/// use shmhca_proto::qp::{Qp, QpState};
+/// use shmhca_proto::wire::Qpn;
+///
+/// let qp = Qp::new(Qpn::new(0x11), PdId::new(1), (CqId::new(2), CqId::new(3)), 64);
+/// assert_eq!(qp.state, QpState::Reset);
+/// assert!(!qp.req.window().has_work());
+/// ```
+#[derive(Debug)]
+pub struct Qp {
+    /// The QP's number.
+    pub qpn: Qpn,
+    /// Its protection domain.
+    pub pd: PdId,
+    /// Its state (the driver publishes it to the application as it changes).
+    pub state: QpState,
+    /// Its programmed context.
+    pub cfg: QpConfig,
+    /// The completion queue of its send work.
+    pub send_cq: CqId,
+    /// The completion queue of its receive work.
+    pub recv_cq: CqId,
+    /// SQ Logic and completer state.
+    pub req: crate::requester::Requester,
+    /// RQ Logic state.
+    pub resp: crate::responder::Responder,
+    /// Set on entry into RTR; the first request received while still in RTR clears it
+    /// (the driver raises its Communication Established event, once per entry).
+    pub comm_est_pending: bool,
+}
+
+impl Qp {
+    /// QP `qpn` of protection domain `pd`, completing into `(send_cq, recv_cq)`, with a
+    /// send queue of `sq_depth` WQEs; in the Reset state.
+    pub fn new(qpn: Qpn, pd: PdId, (send_cq, recv_cq): (CqId, CqId), sq_depth: u32) -> Qp {
+        Qp {
+            qpn,
+            pd,
+            state: QpState::Reset,
+            cfg: QpConfig::default(),
+            send_cq,
+            recv_cq,
+            req: crate::requester::Requester::new(sq_depth),
+            resp: crate::responder::Responder::new(),
+            comm_est_pending: false,
         }
     }
 }

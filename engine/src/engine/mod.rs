@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use crate::arena::PdArenas;
 use crate::completer;
-use crate::context::{Env, QpCtx, Resources, Stats, flush_receives};
+use crate::context::{Env, QpSlot, Resources, Stats, flush_receives};
 use crate::error::{Error, Result};
 use crate::link::{Link, LinkId, OnPeerLoss, TxBatch};
 use crate::mem::Mem;
@@ -70,7 +70,7 @@ const _: () = assert!(MAX_QPS <= 1 << QP_INDEX_BITS);
 pub(crate) struct Engine {
     /// The arena, memory regions, completion queues and counters.
     pub(crate) res: Resources,
-    qps: SlotTable<QpCtx>,
+    qps: SlotTable<QpSlot>,
     links: SlotTable<Link>,
     active: ActiveSet,
     /// QPs whose doorbell rang this iteration (new send WQEs to fetch).
@@ -109,7 +109,7 @@ pub(crate) struct Engine {
     /// (`Responder::replies`): the list is sent at the end of the iteration, not held.
     owed_now: bool,
     /// QPs that keep a riding Ack to handle at the start of the next iteration
-    /// (`QpCtx::riding_ack`).
+    /// (`QpSlot::riding_ack`).
     riding: ActiveSet,
     /// Whether owed Acks are held back one iteration (so that one can ride in a request
     /// the application posts in reply) rather than sent at the end of their own: only
@@ -171,13 +171,13 @@ impl Engine {
     }
 
     /// The QPs (for the stats area).
-    pub(crate) fn qps(&self) -> impl Iterator<Item = &QpCtx> {
+    pub(crate) fn qps(&self) -> impl Iterator<Item = &QpSlot> {
         self.qps.iter().map(|(_, q)| q)
     }
 
     /// The QPs, to change (the fabric gives a peer arena that came late to the QPs facing
     /// it).
-    pub(crate) fn qps_mut(&mut self) -> impl Iterator<Item = &mut QpCtx> {
+    pub(crate) fn qps_mut(&mut self) -> impl Iterator<Item = &mut QpSlot> {
         self.qps.iter_mut().map(|(_, q)| q)
     }
 
@@ -187,7 +187,7 @@ impl Engine {
     }
 
     /// Adds a QP built by `make` from its index and QPN.
-    pub(crate) fn add_qp(&mut self, make: impl FnOnce(Qpn) -> QpCtx) -> Result<(u32, Qpn)> {
+    pub(crate) fn add_qp(&mut self, make: impl FnOnce(Qpn) -> QpSlot) -> Result<(u32, Qpn)> {
         let qpn = |index, generation| Qpn::new(generation << QP_INDEX_BITS | index);
         let (index, generation) =
             self.qps
@@ -209,7 +209,7 @@ impl Engine {
         self.active.remove(index);
         self.timed.remove(index);
         self.riding.remove(index);
-        self.res.mws.unbind_qp(qp.qpn);
+        self.res.mws.unbind_qp(qp.proto.qpn);
         discard_queues(&mut qp, &mut self.res.env());
     }
 
@@ -219,21 +219,21 @@ impl Engine {
     pub(crate) fn with_stage<R>(
         &mut self,
         qpn: Qpn,
-        f: impl FnOnce(&mut QpCtx, &mut crate::context::Env<'_>) -> R,
+        f: impl FnOnce(&mut QpSlot, &mut crate::context::Env<'_>) -> R,
     ) -> Option<R> {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-        let qp = self.qps.at_mut(index).filter(|q| q.qpn == qpn)?;
+        let qp = self.qps.at_mut(index).filter(|q| q.proto.qpn == qpn)?;
         Some(f(qp, &mut self.res.env()))
     }
 
     /// The QP numbered `qpn`.
-    pub(crate) fn qp_by_qpn(&self, qpn: Qpn) -> Option<&QpCtx> {
+    pub(crate) fn qp_by_qpn(&self, qpn: Qpn) -> Option<&QpSlot> {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-        self.qps.at(index).filter(|q| q.qpn == qpn)
+        self.qps.at(index).filter(|q| q.proto.qpn == qpn)
     }
 
     /// The QP at `index`.
-    pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpCtx> {
+    pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpSlot> {
         self.qps.at_mut(index)
     }
 
@@ -251,10 +251,13 @@ impl Engine {
             faults,
             ..
         } = self;
-        let Some(qp) = qps.at_mut(index).filter(|q| q.resp.owed_ack().is_some()) else {
+        let Some(qp) = qps
+            .at_mut(index)
+            .filter(|q| q.proto.resp.owed_ack().is_some())
+        else {
             return;
         };
-        let Some(d) = qp.cfg.dest else { return };
+        let Some(d) = qp.proto.cfg.dest else { return };
         let Some(link) = links
             .at_mut(d.link.index())
             .filter(|l| l.down.is_none() && l.tx.broken().is_none())
@@ -281,7 +284,7 @@ impl Engine {
             .qps
             .at_mut(index)
             .ok_or(Error::ForeignObject { what: "QP" })?;
-        let (to, cfg) = plan_modify(qp.state, &qp.cfg, attr)?;
+        let (to, cfg) = plan_modify(qp.proto.state, &qp.proto.cfg, attr)?;
         let mut peer_mem = None;
         if let Some(d) = attr.dest {
             let link = links
@@ -305,8 +308,8 @@ impl Engine {
                 )
             })?);
         }
-        let from = qp.state;
-        qp.cfg = cfg;
+        let from = qp.proto.state;
+        qp.proto.cfg = cfg;
         if let Some(m) = peer_mem {
             qp.peer_mem = m;
         }
@@ -314,24 +317,25 @@ impl Engine {
         match to {
             QpState::Reset => {
                 discard_queues(qp, &mut env);
-                qp.req.reset();
+                qp.proto.req.reset();
                 *qp.shared
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = None;
-                qp.resp.start(cfg.rq_psn);
+                qp.proto.resp.start(cfg.rq_psn);
                 responder::advertise(qp, None);
                 qp.set_state(QpState::Reset);
             }
             QpState::Rtr if from == QpState::Init => {
-                qp.resp.start(cfg.rq_psn);
+                qp.proto.resp.start(cfg.rq_psn);
                 responder::advertise(qp, None);
                 qp.set_state(QpState::Rtr);
-                qp.comm_est_pending = true;
+                qp.proto.comm_est_pending = true;
             }
             QpState::Rts if from == QpState::Rtr => {
-                qp.comm_est_pending = false;
-                qp.req
+                qp.proto.comm_est_pending = false;
+                qp.proto
+                    .req
                     .start(&cfg, crate::timer::Clock::resolution(&self.res.clock));
                 qp.set_state(QpState::Rts);
             }
@@ -507,16 +511,16 @@ impl Engine {
                 peer_pid: link.peer_pid().unwrap_or(0),
                 qps: self
                     .qps()
-                    .filter(|q| q.cfg.dest.is_some_and(|d| d.link == id))
+                    .filter(|q| q.proto.cfg.dest.is_some_and(|d| d.link == id))
                     .count() as u32,
             });
             let qps = self.qps().map(|q| QpRow {
-                qpn: q.qpn.get(),
-                state: q.state,
-                dest: q.cfg.dest.map(|d| (d.link.index(), d.qpn.get())),
-                npsn: q.req.window().npsn().get(),
-                acked: q.req.window().acked().get(),
-                epsn: q.resp.epsn.get(),
+                qpn: q.proto.qpn.get(),
+                state: q.proto.state,
+                dest: q.proto.cfg.dest.map(|d| (d.link.index(), d.qpn.get())),
+                npsn: q.proto.req.window().npsn().get(),
+                acked: q.proto.req.window().acked().get(),
+                epsn: q.proto.resp.epsn.get(),
             });
             area.publish(&self.res.stats, links, qps);
             self.stats_area = Some(area);
@@ -692,7 +696,7 @@ impl Engine {
             requester::fetch(qp);
         }
         let wqe = wqe.map(|(w, _)| w);
-        let link = qp.cfg.dest.and_then(|d| {
+        let link = qp.proto.cfg.dest.and_then(|d| {
             links
                 .at_mut(d.link.index())
                 .filter(|l| l.down.is_none())
@@ -706,7 +710,7 @@ impl Engine {
         };
         let mut env = res.env();
         let before = link.tx.queued().len();
-        let was_owed = qp.resp.owed_ack().is_some();
+        let was_owed = qp.proto.resp.owed_ack().is_some();
         let tx = &mut link.tx;
         let sent = match wqe {
             Some(w) => requester::post(qp, &mut env, tx, w, TX_BUDGET),
@@ -717,7 +721,7 @@ impl Engine {
             // An Ack still owed (held back, or the last iteration found the link full)
             // rode in the request if it could, else follows it; either way it has left.
             responder::send_owed_ack(qp, &mut env, tx);
-            if was_owed && qp.resp.owed_ack().is_none() {
+            if was_owed && qp.proto.resp.owed_ack().is_none() {
                 owed.forget_head(d.link.index(), index);
                 // The next Ack owed is held back from the iteration that finds it.
                 if owed.is_empty() {
@@ -780,8 +784,8 @@ impl Engine {
                     let Some(qp) = self.qps.at_mut(i) else {
                         continue;
                     };
-                    qp.req.start_timers(&mut env);
-                    for d in [qp.req.timer(), qp.req.rnr_timer()] {
+                    qp.proto.req.start_timers(&mut env);
+                    for d in [qp.proto.req.timer(), qp.proto.req.rnr_timer()] {
                         if let Some(t) = d.at() {
                             earliest = Some(earliest.map_or(t, |e| e.min(t)));
                         }
@@ -809,7 +813,7 @@ impl Engine {
 /// becomes a load, and the hot path costs ~25 instructions more per message
 /// (`bench/scripts/instructions.sh`).
 struct Iteration<'e> {
-    qps: &'e mut SlotTable<QpCtx>,
+    qps: &'e mut SlotTable<QpSlot>,
     links: &'e mut SlotTable<Link>,
     active: &'e mut ActiveSet,
     rung: &'e mut ActiveSet,
@@ -901,7 +905,7 @@ impl Iteration<'_> {
                 let qpn = RxPacket::dest_qp(&slots[0]);
                 let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
                 let qp = self.qps.at_mut(index).filter(|qp| {
-                    qp.qpn == qpn && qp.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
+                    qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
                 });
                 if let Some(t) = self.trace.as_deref_mut() {
                     let sender = qp.as_ref().map_or(self.nomem, |q| &q.peer_mem);
@@ -942,7 +946,7 @@ impl Iteration<'_> {
                     // HCA, whose Ack leaves before the peer's reply: the Ack is handled
                     // first (one that waits on one channel for both queues, as perftest's
                     // `-e`, takes one completion per event and expects the send's).
-                    let ack_first = rides && env.cqs.armed(qp.send_cq);
+                    let ack_first = rides && env.cqs.armed(qp.proto.send_cq);
                     if ack_first {
                         completer::on_riding_ack(
                             qp,
@@ -955,11 +959,12 @@ impl Iteration<'_> {
                     let tx =
                         (self.faults.is_none() && self.trace.is_none()).then_some(&mut link.tx);
                     responder::on_request(qp, env, tx, &pkt);
-                    if qp.resp.owed_ack().is_some() {
+                    if qp.proto.resp.owed_ack().is_some() {
                         let newly = self.owed.push(l, index);
-                        *self.owed_now |= !qp.resp.replies;
+                        *self.owed_now |= !qp.proto.resp.replies;
                         // The held list leaves this iteration: this Ack is held its own.
-                        qp.resp.listed_late = newly && *self.owed_held && qp.resp.replies;
+                        qp.proto.resp.listed_late =
+                            newly && *self.owed_held && qp.proto.resp.replies;
                     }
                     // Otherwise a positive Ack riding in the request's line (parse checked the
                     // word) is handled at the start of the next iteration: after the request, as
@@ -1035,10 +1040,16 @@ impl Iteration<'_> {
                 if self.rung.contains(i) {
                     requester::fetch(qp);
                 }
-                let link = qp.cfg.dest.and_then(|d| self.links.at_mut(d.link.index()));
+                let link = qp
+                    .proto
+                    .cfg
+                    .dest
+                    .and_then(|d| self.links.at_mut(d.link.index()));
                 match link {
                     Some(link) if link.down.is_none() && link.tx.broken().is_none() => {
-                        if check_timers && (qp.req.timer().armed() || qp.req.rnr_timer().armed()) {
+                        if check_timers
+                            && (qp.proto.req.timer().armed() || qp.proto.req.rnr_timer().armed())
+                        {
                             requester::on_tick(qp, env, link.rx_backlog);
                         }
                         let before = link.tx.len();
@@ -1046,11 +1057,11 @@ impl Iteration<'_> {
                         work += requester::transmit(qp, env, tx, TX_BUDGET);
                         responder::drain(qp, env, tx);
                         if let Some(f) = self.faults.as_deref_mut() {
-                            if let Some(d) = qp.cfg.dest {
+                            if let Some(d) = qp.proto.cfg.dest {
                                 f.on_sent(d.link, &mut link.tx, before, &qp.mem);
                             }
                         }
-                        if let (Some(t), Some(d)) = (self.trace.as_deref_mut(), qp.cfg.dest) {
+                        if let (Some(t), Some(d)) = (self.trace.as_deref_mut(), qp.proto.cfg.dest) {
                             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
                         }
                     }
@@ -1060,7 +1071,7 @@ impl Iteration<'_> {
                         if link.down.is_none() {
                             link.down = link.tx.broken().map(|e| e.to_string());
                         }
-                        if qp.state != QpState::Error && qp.state != QpState::Reset {
+                        if qp.proto.state != QpState::Error && qp.proto.state != QpState::Reset {
                             if link.on_peer_loss == OnPeerLoss::FailNextRequest {
                                 requester::on_peer_lost(qp, env, link.down.as_deref());
                             } else {
@@ -1070,7 +1081,7 @@ impl Iteration<'_> {
                     }
                     None => {}
                 }
-                if qp.state == QpState::Error {
+                if qp.proto.state == QpState::Error {
                     flush_receives(qp, env);
                 }
                 completer::retire(qp, env);
@@ -1168,7 +1179,7 @@ fn release_held(
 /// owed Acks leave, apart from [`Engine::send_now`]'s path and [`Engine::send_owed_now`].
 fn flush_owed_acks(
     owed: &mut responder::OwedAcks,
-    qps: &mut SlotTable<QpCtx>,
+    qps: &mut SlotTable<QpSlot>,
     links: &mut SlotTable<Link>,
     env: &mut Env<'_>,
     faults: &mut Option<Box<crate::fault::Faults>>,
@@ -1190,7 +1201,12 @@ fn flush_owed_acks(
             while let Some(i) = owed.pop(&mut list) {
                 // Entries are hints: the QP may have sent its Ack, gone, or moved.
                 let Some(qp) = qps.at_mut(i) else { continue };
-                let Some(d) = qp.cfg.dest.filter(|_| qp.resp.owed_ack().is_some()) else {
+                let Some(d) = qp
+                    .proto
+                    .cfg
+                    .dest
+                    .filter(|_| qp.proto.resp.owed_ack().is_some())
+                else {
                     continue;
                 };
                 if d.link.index() != l {
@@ -1203,13 +1219,13 @@ fn flush_owed_acks(
                 };
                 if held {
                     // Listed in this iteration: held back until the next.
-                    if std::mem::take(&mut qp.resp.listed_late) {
+                    if std::mem::take(&mut qp.proto.resp.listed_late) {
                         owed.push(l, i);
                         continue;
                     }
                     // Held back an iteration, no request came to carry it: the QP stops
                     // holding its Acks back until it sends a request again.
-                    qp.resp.replies = false;
+                    qp.proto.resp.replies = false;
                 }
                 if !send_owed(qp, d.link, link, env, faults, trace) {
                     owed.push(l, i);
@@ -1222,7 +1238,7 @@ fn flush_owed_acks(
 /// Queues the Ack `qp` owes on `link` (its link, `id`), through the fault stage and the
 /// trace; false if the link has no room (it stays owed).
 fn send_owed(
-    qp: &mut QpCtx,
+    qp: &mut QpSlot,
     id: LinkId,
     link: &mut Link,
     env: &mut Env<'_>,
@@ -1246,7 +1262,7 @@ fn send_owed(
 /// next iteration ([`handle_riding_acks`]). One is kept per QP: the receive step handles a
 /// kept one before any later packet of its QP, so none is kept here.
 #[inline(never)]
-fn keep_riding_ack(qp: &mut QpCtx, riding: &mut ActiveSet, index: u32, carrier: &PacketSlot) {
+fn keep_riding_ack(qp: &mut QpSlot, riding: &mut ActiveSet, index: u32, carrier: &PacketSlot) {
     debug_assert!(qp.riding_ack.is_none());
     qp.riding_ack = Some(crate::wire::slot::riding_ack_of(carrier));
     riding.insert(index);
@@ -1257,7 +1273,7 @@ fn keep_riding_ack(qp: &mut QpCtx, riding: &mut ActiveSet, index: u32, carrier: 
 #[inline(never)]
 fn handle_riding_acks(
     riding: &mut ActiveSet,
-    qps: &mut SlotTable<QpCtx>,
+    qps: &mut SlotTable<QpSlot>,
     active: &mut ActiveSet,
     env: &mut Env<'_>,
 ) {
@@ -1283,7 +1299,7 @@ fn handle_riding_acks(
 /// Handles the riding Ack `qp` kept from its carrier (see [`keep_riding_ack`]), if any;
 /// whether there was one.
 #[inline(always)]
-fn on_kept_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>) -> bool {
+fn on_kept_riding_ack(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
     let Some(kept) = qp.riding_ack.take() else {
         return false;
     };
@@ -1292,9 +1308,9 @@ fn on_kept_riding_ack(qp: &mut QpCtx, env: &mut Env<'_>) -> bool {
 }
 
 /// Puts every QP of link `id` in the active set (the link went down: they must see it).
-fn wake_link_qps(qps: &SlotTable<QpCtx>, active: &mut ActiveSet, id: LinkId) {
+fn wake_link_qps(qps: &SlotTable<QpSlot>, active: &mut ActiveSet, id: LinkId) {
     for (i, q) in qps.iter() {
-        if q.cfg.dest.is_some_and(|d| d.link == id) {
+        if q.proto.cfg.dest.is_some_and(|d| d.link == id) {
             active.insert(i);
         }
     }
@@ -1323,41 +1339,41 @@ fn trace_sent(
 /// timer ([`waits_for_timer`]), goes to the timed set: until the timer check nothing but a
 /// received packet (which makes it active again) gives it work — a WQE held by an RNR
 /// wait goes when the wait ends, which the timer check sees.
-fn needs_attention(qp: &QpCtx) -> bool {
-    let req = &qp.req;
+fn needs_attention(qp: &QpSlot) -> bool {
+    let req = &qp.proto.req;
     (req.window().has_work() && !req.rnr_timer().armed())
-        || qp.resp.has_output()
+        || qp.proto.resp.has_output()
         || req.window().oldest_done()
-        || (qp.state == QpState::Error && req.window().fetched() > req.window().retired())
+        || (qp.proto.state == QpState::Error && req.window().fetched() > req.window().retired())
         || qp.rq_flush_pending
 }
 
 /// Whether a QP has a timer armed: the transport timer, or an RNR wait.
-fn waits_for_timer(qp: &QpCtx) -> bool {
-    qp.req.timer().armed() || qp.req.rnr_timer().armed()
+fn waits_for_timer(qp: &QpSlot) -> bool {
+    qp.proto.req.timer().armed() || qp.proto.req.rnr_timer().armed()
 }
 
 /// Drops every queued work request of a QP without completions (destroy, or Reset),
 /// releasing the memory regions they held, and tells the application its queues are empty.
-fn discard_queues(qp: &mut QpCtx, env: &mut Env<'_>) {
+fn discard_queues(qp: &mut QpSlot, env: &mut Env<'_>) {
     requester::fetch(qp);
     loop {
-        let win = qp.req.window();
+        let win = qp.proto.req.window();
         if win.retired() == win.fetched() {
             requester::fetch(qp);
-            let win = qp.req.window();
+            let win = qp.proto.req.window();
             if win.retired() == win.fetched() {
                 break;
             }
         }
-        let w = qp.req.retire_oldest();
+        let w = qp.proto.req.retire_oldest();
         env.release(&w.wqe.data, &qp.tables);
     }
     qp.shared.sq_retired.store(
-        qp.req.window().retired(),
+        qp.proto.req.window().retired(),
         std::sync::atomic::Ordering::Release,
     );
-    if let Some(wqe) = qp.resp.take_current_wqe() {
+    if let Some(wqe) = qp.proto.resp.take_current_wqe() {
         qp.retire_recv(env, &wqe);
     }
     while let Some(wqe) = qp.rq.take() {
@@ -1391,7 +1407,7 @@ impl Engine {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         if self
             .qp_by_qpn(qpn)
-            .is_none_or(|q| q.state == QpState::Error)
+            .is_none_or(|q| q.proto.state == QpState::Error)
         {
             return false;
         }
@@ -1432,10 +1448,10 @@ impl Engine {
         let facing: Vec<(Qpn, Qpn)> = self
             .qps
             .iter()
-            .filter(|(_, q)| !matches!(q.state, QpState::Error | QpState::Reset))
+            .filter(|(_, q)| !matches!(q.proto.state, QpState::Error | QpState::Reset))
             .filter_map(|(_, q)| {
-                let d = q.cfg.dest.filter(|d| d.link == id)?;
-                Some((q.qpn, d.qpn))
+                let d = q.proto.cfg.dest.filter(|d| d.link == id)?;
+                Some((q.proto.qpn, d.qpn))
             })
             .collect();
         for (qpn, peer) in facing {

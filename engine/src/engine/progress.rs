@@ -93,15 +93,15 @@ impl Engine {
     pub(crate) fn progress_tick(&self) -> Duration {
         let mut tick = None::<Duration>;
         for q in self.qps() {
-            if !matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            if !matches!(q.proto.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                 continue;
             }
-            let t = if q.cfg.timeout == 0 {
+            let t = if q.proto.cfg.timeout == 0 {
                 MAX_TICK
             } else {
                 // Ttr = 4.096 µs × 2^timeout (spec/01), computed here so that this does not
                 // depend on how the timer module rounds it to its clock.
-                Duration::from_nanos(4096u64 << q.cfg.timeout.min(31)) / 4
+                Duration::from_nanos(4096u64 << q.proto.cfg.timeout.min(31)) / 4
             };
             tick = Some(tick.map_or(t, |m| m.min(t)));
         }

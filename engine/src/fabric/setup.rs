@@ -175,7 +175,7 @@ fn take_peer_arena(
             return;
         };
         let d = Some(Destination { link: id, qpn });
-        for q in e.qps_mut().filter(|q| q.cfg.dest == d) {
+        for q in e.qps_mut().filter(|q| q.proto.cfg.dest == d) {
             q.peer_mem = mem.share();
         }
     });
@@ -1043,7 +1043,9 @@ fn serve_attach(shared: &Arc<Device>, stream: &UnixStream, client: u16, id: Link
             format_args!("the client QP's arena is unusable: {e}"),
         )
     })?;
-    let pd = shared.engine.with(|e| e.qp_by_qpn(want).map(|q| q.pd));
+    let pd = shared
+        .engine
+        .with(|e| e.qp_by_qpn(want).map(|q| q.proto.pd));
     match pd.map(|pdn| share_pd_arena(shared, pdn.get())) {
         Some(Ok((arena, memfd))) => send(
             stream,

@@ -212,7 +212,10 @@ fn sweep(f: &Fabric, shared: &Device) {
     let unused: Vec<LinkId> = shared.engine.with(|e| {
         let unused: Vec<LinkId> = down
             .into_iter()
-            .filter(|id| !e.qps().any(|q| q.cfg.dest.is_some_and(|d| d.link == *id)))
+            .filter(|id| {
+                !e.qps()
+                    .any(|q| q.proto.cfg.dest.is_some_and(|d| d.link == *id))
+            })
             .collect();
         for id in &unused {
             e.remove_link(*id);

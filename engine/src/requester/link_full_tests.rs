@@ -243,7 +243,7 @@ impl Rig {
     fn stage<R>(
         &self,
         qp: &Qp,
-        f: impl FnOnce(&mut crate::context::QpCtx, &mut crate::context::Env<'_>) -> R,
+        f: impl FnOnce(&mut crate::context::QpSlot, &mut crate::context::Env<'_>) -> R,
     ) -> R {
         let qpn = qp.qpn();
         self.ctx
@@ -256,9 +256,9 @@ impl Rig {
 
 /// Moves the engine's test clock to the QP's transport timer's deadline, so that it expires
 /// at its next look.
-fn expire(q: &mut crate::context::QpCtx, env: &mut crate::context::Env<'_>) {
-    q.req.start_timers(env);
-    let at = q.req.timer().at().expect("the transport timer runs");
+fn expire(q: &mut crate::context::QpSlot, env: &mut crate::context::Env<'_>) {
+    q.proto.req.start_timers(env);
+    let at = q.proto.req.timer().at().expect("the transport timer runs");
     env.jump_to(at);
 }
 
@@ -275,26 +275,30 @@ fn each_expiry_while_waiting_for_room_spends_one_retry_and_sends_nothing() {
     r.stage(&qp, |q, env| {
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut full, 16), 0);
-        assert_eq!(q.req.link_wait(), LinkWait::Waiting);
-        assert!(!q.req.window().outstanding(), "nothing left");
+        assert_eq!(q.proto.req.link_wait(), LinkWait::Waiting);
+        assert!(!q.proto.req.window().outstanding(), "nothing left");
         on_tick(q, env, false);
-        assert_eq!(q.req.link_wait(), LinkWait::Waiting, "not expired yet");
+        assert_eq!(
+            q.proto.req.link_wait(),
+            LinkWait::Waiting,
+            "not expired yet"
+        );
         for retries_left in (0..RETRY_CNT).rev() {
             let timeouts = env.stats.timeouts;
             expire(q, env);
             on_tick(q, env, false);
             assert_eq!(env.stats.timeouts, timeouts + 1);
-            assert_eq!(q.req.retry_state().1, retries_left);
-            assert_eq!(q.state, QpState::Rts);
-            assert!(q.req.timer().armed(), "a new period");
+            assert_eq!(q.proto.req.retry_state().1, retries_left);
+            assert_eq!(q.proto.state, QpState::Rts);
+            assert!(q.proto.req.timer().armed(), "a new period");
             assert_eq!(transmit(q, env, &mut full, 16), 0);
             assert!(full.sent.is_empty());
-            assert!(matches!(q.req.link_wait(), LinkWait::Since(_)));
+            assert!(matches!(q.proto.req.link_wait(), LinkWait::Since(_)));
         }
         expire(q, env);
         on_tick(q, env, false);
-        assert_eq!(q.state, QpState::Error);
-        assert!(!q.req.timer().armed());
+        assert_eq!(q.proto.state, QpState::Error);
+        assert!(!q.proto.req.timer().armed());
     });
     let wcs = r.completions();
     assert_eq!(statuses(&wcs, qp.qpn()), [(7, WcStatus::RetryExcErr)]);
@@ -320,22 +324,26 @@ fn a_wait_ends_when_the_request_goes_or_something_else_holds_it() {
         let mut full = VecLink::default();
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut full, 16), 0);
-        assert_eq!(q.req.link_wait(), LinkWait::Waiting);
+        assert_eq!(q.proto.req.link_wait(), LinkWait::Waiting);
         let mut room = VecLink::default();
         room.room = 4;
         assert_eq!(transmit(q, env, &mut room, 16), 1);
-        assert_eq!(q.req.link_wait(), LinkWait::No, "the request went");
-        assert!(q.req.acknowledged(q.req.window().npsn().sub(1), &q.cfg));
-        let (timeouts, retries) = (env.stats.timeouts, q.req.retry_state().1);
+        assert_eq!(q.proto.req.link_wait(), LinkWait::No, "the request went");
         assert!(
-            !q.req.timer().armed(),
+            q.proto
+                .req
+                .acknowledged(q.proto.req.window().npsn().sub(1), &q.proto.cfg)
+        );
+        let (timeouts, retries) = (env.stats.timeouts, q.proto.req.retry_state().1);
+        assert!(
+            !q.proto.req.timer().armed(),
             "nothing outstanding: the timer stopped"
         );
         let later = env.now().after(Duration::from_secs(3600));
         env.jump_to(later);
         on_tick(q, env, false);
         assert_eq!(
-            (env.stats.timeouts, q.req.retry_state().1),
+            (env.stats.timeouts, q.proto.req.retry_state().1),
             (timeouts, retries)
         );
 
@@ -343,17 +351,17 @@ fn a_wait_ends_when_the_request_goes_or_something_else_holds_it() {
         // state, not by the link, even where the link has room.
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut full, 16), 0);
-        assert_eq!(q.req.link_wait(), LinkWait::Waiting);
-        q.state = QpState::Sqd;
+        assert_eq!(q.proto.req.link_wait(), LinkWait::Waiting);
+        q.proto.state = QpState::Sqd;
         assert_eq!(transmit(q, env, &mut room, 16), 0);
-        assert_eq!(q.req.link_wait(), LinkWait::No, "held by the state");
+        assert_eq!(q.proto.req.link_wait(), LinkWait::No, "held by the state");
         expire(q, env);
         on_tick(q, env, false);
         assert_eq!(
-            (env.stats.timeouts, q.req.retry_state().1),
+            (env.stats.timeouts, q.proto.req.retry_state().1),
             (timeouts, retries)
         );
-        assert_eq!(q.state, QpState::Sqd);
+        assert_eq!(q.proto.state, QpState::Sqd);
     });
 }
 
@@ -371,7 +379,7 @@ fn a_link_the_peer_still_reads_is_busy_not_stopped() {
         accept(q, empty_send());
         assert_eq!(transmit(q, env, &mut busy, 16), 0);
         on_tick(q, env, false);
-        let (timeouts, retries) = (env.stats.timeouts, q.req.retry_state().1);
+        let (timeouts, retries) = (env.stats.timeouts, q.proto.req.retry_state().1);
         for round in 0..3 {
             // The peer read some lines, and others' packets took the room.
             busy.mark += 5;
@@ -379,18 +387,22 @@ fn a_link_the_peer_still_reads_is_busy_not_stopped() {
             expire(q, env);
             on_tick(q, env, false);
             assert_eq!(
-                (env.stats.timeouts, q.req.retry_state().1, q.state),
+                (
+                    env.stats.timeouts,
+                    q.proto.req.retry_state().1,
+                    q.proto.state
+                ),
                 (timeouts, retries, QpState::Rts),
                 "round {round}: a new period, no retry spent"
             );
-            assert!(q.req.timer().armed());
+            assert!(q.proto.req.timer().armed());
         }
         // The peer stops: no room freed between two looks.
         assert_eq!(transmit(q, env, &mut busy, 16), 0);
         expire(q, env);
         on_tick(q, env, false);
         assert_eq!(env.stats.timeouts, timeouts + 1);
-        assert_eq!(q.req.retry_state().1, retries - 1);
+        assert_eq!(q.proto.req.retry_state().1, retries - 1);
     });
 }
 

@@ -96,14 +96,14 @@ pub(super) fn run_in(
         e.with_stage(qpn, |q, _| {
             // No burst is being received: the early answers' resources are free, as the
             // pipeline's would be once it sent their responses.
-            q.resp.settle_all();
-            let (w, req) = (q.req.window(), &q.req);
+            q.proto.resp.settle_all();
+            let (w, req) = (q.proto.req.window(), &q.proto.req);
             let counters = (w.retired(), w.started(), w.fetched(), w.npsn(), w.acked());
             let (retrying, retry_left, rnr_left) = req.retry_state();
             let rest = (req.rd_atomic(), req.credits(), req.limited(), retrying);
             let retries = (retry_left, rnr_left, req.timer().armed());
             let req = format!("{counters:?} {rest:?} {retries:?}");
-            (format!("{:?}", q.resp), req)
+            (format!("{:?}", q.proto.resp), req)
         })
         .unwrap()
     });
@@ -1806,7 +1806,7 @@ mod random_requests {
             .ctx
             .shared
             .engine
-            .with(|e| e.with_stage(qpn, |q, _| q.resp.epsn))
+            .with(|e| e.with_stage(qpn, |q, _| q.proto.resp.epsn))
             .unwrap();
         epsn.get().wrapping_sub(RQ_PSN) & 0xFF_FFFF
     }

@@ -7,13 +7,11 @@ use std::sync::Arc;
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
 use crate::arena::Block;
-use crate::context::{QpCtx, QpShared};
+use crate::context::{QpSlot, QpShared};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
-use crate::requester::Requester;
-use crate::responder::Responder;
 use crate::tables::mw::MwType;
 use crate::verbs::EngineMode;
 use crate::verbs::cq::Cq;
@@ -102,7 +100,7 @@ pub struct Qp {
     mem: Mem,
     /// Private memory for the rows of multi-element lists: gather rows of sends
     /// (`max_send_wr` rows of `max_send_sge` entries) from offset 0, then scatter rows of
-    /// receives from `scatter_at`. Shared with the engine's `QpCtx`, never with a peer.
+    /// receives from `scatter_at`. Shared with the engine's `QpSlot`, never with a peer.
     tables: Mem,
     scatter_at: u64,
     /// Inline staging in the arena (`max_send_wr` rows of `inline_row` bytes).
@@ -205,24 +203,21 @@ impl Qp {
                 0 => None,
                 n => Some(arena.alloc(n, 64)?),
             };
-            let added = e.add_qp(|qpn| QpCtx {
-                qpn,
-                pd: shmhca_proto::ids::PdId::new(pdn),
+            let added = e.add_qp(|qpn| QpSlot {
+                proto: shmhca_proto::qp::Qp::new(
+                    qpn,
+                    shmhca_proto::ids::PdId::new(pdn),
+                    (scq, rcq),
+                    caps.max_send_wr,
+                ),
                 mem: ctx_mem,
                 peer_mem: Mem::private(0),
                 tables: ctx_tables,
-                state: QpState::Reset,
-                cfg: QpConfig::default(),
-                send_cq: scq,
-                recv_cq: rcq,
                 sq: crate::context::Posted::new(sq_c),
                 rq: crate::context::Posted::new(rq_c),
                 shared: qs,
-                req: Requester::new(caps.max_send_wr),
-                resp: Responder::new(),
                 rq_retired: 0,
                 rq_flush_pending: false,
-                comm_est_pending: false,
                 riding_ack: None,
                 #[cfg(test)]
                 fast_posts: 0,
@@ -309,13 +304,13 @@ impl Qp {
             .engine
             .with(|e| {
                 e.qp_mut(index)
-                    .map(|q| q.req.memory_bytes() + q.resp.memory_bytes())
+                    .map(|q| q.proto.req.memory_bytes() + q.proto.resp.memory_bytes())
             })
             .unwrap_or(0);
         let rings =
             self.sq.capacity() * size_of::<SqWqe>() + self.rq.capacity() * size_of::<RqWqe>();
         let staging = self.inline.map_or(0, |b| b.len) as usize;
-        size_of::<Qp>() + size_of::<QpCtx>() + rings + engine_side + staging + self.tables.len()
+        size_of::<Qp>() + size_of::<QpSlot>() + rings + engine_side + staging + self.tables.len()
     }
 
     /// Changes the QP's state and attributes (`ibv_modify_qp`).
@@ -365,7 +360,7 @@ impl Qp {
         let index = self.index;
         self.shared
             .engine
-            .with(|e| e.qp_mut(index).map(|q| q.cfg))
+            .with(|e| e.qp_mut(index).map(|q| q.proto.cfg))
             .unwrap_or_default()
     }
 
@@ -376,11 +371,11 @@ impl Qp {
         let live = self.shared.engine.with(|e| {
             e.qp_mut(index).map(|q| {
                 (
-                    q.state,
-                    q.cfg,
-                    q.req.window().npsn().get(),
-                    q.resp.epsn.get(),
-                    q.req.ttr(),
+                    q.proto.state,
+                    q.proto.cfg,
+                    q.proto.req.window().npsn().get(),
+                    q.proto.resp.epsn.get(),
+                    q.proto.req.ttr(),
                 )
             })
         });
@@ -411,7 +406,7 @@ impl Qp {
     }
 
     fn refresh_rq(&mut self) {
-        // SYNC: Acquire pairs with the Release store of `rq_retired` in `QpCtx::retire_recv`.
+        // SYNC: Acquire pairs with the Release store of `rq_retired` in `QpSlot::retire_recv`.
         self.rq_retired = self.qshared.rq_retired.load(Ordering::Acquire);
     }
 
