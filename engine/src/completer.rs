@@ -223,7 +223,13 @@ fn fast_paths_on() -> bool {
 
 /// [`ack_fast`] of a positive Ack of `psn` with `credits` and `msn`, on a QP in RTS.
 #[inline]
-fn ack_fast_at(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn, credits: CreditCode, msn: u32) -> bool {
+fn ack_fast_at(
+    qp: &mut QpSlot,
+    env: &mut Env<'_>,
+    psn: Psn,
+    credits: CreditCode,
+    msn: u32,
+) -> bool {
     let win = qp.proto.req.window();
     // 1. PSN window. At or before the last acknowledged PSN: a duplicate or unsolicited
     // Ack (a credit update), of which only the credits count — what the slow path does

@@ -7,10 +7,12 @@
 //! arena, completion queues ([`Cq`]) and reliable-connected queue pairs ([`Qp`]) with Send,
 //! Send with Immediate, RDMA Write (with Immediate), RDMA Read and the two Atomics.
 //!
-//! The protocol follows the IBA RC chapters: [`qp`] (the QP state machine), [`requester`]
-//! (SQ Logic), [`responder`] (RQ Logic), [`completer`], [`credit`] (end-to-end credits),
-//! [`timer`], over the header formats of [`wire`] and the PSN arithmetic of [`psn`]. The
-//! protocol stages are sans-IO: the engine passes packets, work requests and the time in.
+//! The protocol follows the IBA RC chapters. Its core is the crate `shmhca-proto`, sans
+//! I/O: the QP state machine and context ([`qp`]), the SQ Logic ([`requester`]: the send
+//! window, gates, retries, timers and the transmit path), the completer's checks and the
+//! RQ Logic's state, checks and refusal table, end-to-end credits ([`credit`]) and the
+//! timers ([`timer`]), over the header formats of [`wire`] and the PSN arithmetic of
+//! [`psn`]. This crate drives it: it passes packets, work requests, memory and the time in.
 //!
 //! # Who owns what
 //!
@@ -22,24 +24,30 @@
 //!                     │ the engine token (EngineCell) guards everything below
 //!                     ▼
 //!                  engine (poll loop) ── owns ──▶ tables/ (MR, MW, SRQ, CQ + notify)
-//!                     │                           QP contexts (context::QpSlot)
+//!                     │                           QP slots (context::QpSlot: the core's
+//!                     │                             Qp + memory, posted queues, app mirror)
 //!                     │                           links (link::shm: rings, slot format)
 //!                     │                           the clock (system, or a TestClock)
-//!                     │ lends an Env (tables, stats, clock) + a LinkTx to
+//!                     │ lends an Env (tables, stats, clock: proto's Timers) and a link
 //!                     ▼
-//!                  protocol stages: requester · responder · completer · dma
-//!                     │ built on
+//!                  drivers of the core: requester (template path, transmit Driver,
+//!                  timer outcomes) · responder (receive pipeline: resources, keys,
+//!                  memory, responses) · completer (the outcome table) · dma (copies)
+//!                     │ call, through SqDriver / Timers / Memory
 //!                     ▼
-//!                  shmhca-proto (no_std, no dependencies): wire · psn · completion ·
-//!                  credit · timer + Clock · qp · wqe + Memory · send_window · stats
+//!                  shmhca-proto (no_std, no dependencies, no unsafe): qp::Qp (state,
+//!                  context, CQ ids, Requester, Responder) · requester (window, gates,
+//!                  retries, timers, transmit) · completer (checks → Outcome) ·
+//!                  responder (state, checks, refusal table) · wire · psn · credit ·
+//!                  timer (Clock, Timers, ManualClock) · wqe + Memory · send_window · stats
 //! ```
 //!
 //! Arrows point down only: nothing below imports what is above it (`verbs` and `cm` are
 //! above `device`; the device holds the CM's state without knowing its type). The core
 //! crate is where the compiler keeps the protocol free of clocks, threads, rings and
-//! `unsafe`; the stages still in this crate (requester, responder, completer) talk to links
-//! only through `context::LinkTx` and read the time only through the `Env`, and are the
-//! next to move there.
+//! `unsafe`; what stays in this crate of the stages is what touches memory, links and the
+//! engine's tables — it talks to links only through `context::LinkTx` and reads the time
+//! only through the `Env`.
 //!
 //! # Quick start
 //!

@@ -78,7 +78,12 @@ pub(crate) fn post<L: LinkTx + ?Sized>(
 /// credit let it start, and the link has room. Returns false, having changed nothing,
 /// otherwise: [`transmit`] then applies the same rules the long way, and builds the same
 /// bytes when it resends the packet.
-fn post_fast<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut L, w: &SqWqe) -> bool {
+fn post_fast<L: LinkTx + ?Sized>(
+    qp: &mut QpSlot,
+    env: &mut Env<'_>,
+    tx: &mut L,
+    w: &SqWqe,
+) -> bool {
     const BTH: usize = bth::HEADER_LEN;
     const RETH: usize = crate::wire::reth::HEADER_LEN;
     const IMM: usize = crate::wire::immdt::HEADER_LEN;

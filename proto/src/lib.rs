@@ -4,19 +4,27 @@
 //! This crate holds what every link and every driver of the transport share, and nothing
 //! that touches the machine: the packet headers ([`wire`]), PSN arithmetic ([`psn`]),
 //! completion statuses ([`completion`]), end-to-end credits ([`credit`]), the transport and
-//! RNR timers with the [`Clock`](timer::Clock) that passes the time in ([`timer`]), and the
-//! QP state and attribute vocabulary ([`qp`]).
+//! RNR timers with the [`Clock`](timer::Clock) and [`Timers`](timer::Timers) that pass the
+//! time in ([`timer`]), the QP vocabulary and its protocol half ([`qp`]: state, context,
+//! [`Qp`](qp::Qp)), and the transport's logic: the SQ Logic ([`requester`]: send window,
+//! gates, retry counters, timers, and the transmit path behind
+//! [`SqDriver`](requester::SqDriver)), the completer's checks ([`completer`]) and the RQ
+//! Logic's state, checks and refusal table ([`responder`]).
 //!
 //! It is `no_std` with no dependencies: it cannot read a clock, start a thread, take a lock,
 //! map memory or touch a ring — the compiler and Cargo keep it so, not a convention. The
 //! engine (crate `shmhca`) owns all of that and drives this core; a test drives it with a
-//! [`ManualClock`](timer::ManualClock) and plain buffers.
+//! [`ManualClock`](timer::ManualClock), plain buffers and a vector for a link.
 //!
 //! ```text
 //!  shmhca (engine)   Context, Qp, Cq, Mr … │ cm │ poll loop │ links (shm rings) │ memory
-//!        │ uses                                                            ▲
-//!        ▼                                                                 │ packets
-//!  shmhca-proto      wire · psn · completion · credit · timer · qp ─────────┘ as bytes
+//!        │ drives: SqDriver (a link, memory, MW table) · Timers (its clock)
+//!        │         Response / headers it parsed · Memory (bytes at offsets)
+//!        ▼
+//!  shmhca-proto      qp::Qp = state · QpConfig · CQ ids · Requester · Responder
+//!                    requester (window, gates, retries, timers, transmit → RequestPacket)
+//!                    completer (check_response → Outcome) · responder (checks, verdict)
+//!                    wire · psn · completion · credit · timer · wqe · send_window · stats
 //! ```
 //!
 //! The engine re-exports every module here under the same name (`shmhca::wire`,

@@ -299,4 +299,49 @@ impl Qp {
             comm_est_pending: false,
         }
     }
+
+    /// When the QP next needs the driver's attention by the clock: the earliest of its
+    /// started timers (the transport timer, the RNR wait), `None` if neither runs. Timers
+    /// armed on the packet path start at the driver's next look at the clock
+    /// ([`Requester::start_timers`](crate::requester::Requester::start_timers)): start them
+    /// first for an answer that counts them.
+    pub fn poll_at(&self) -> Option<crate::timer::Timestamp> {
+        match (self.req.timer().at(), self.req.rnr_timer().at()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timer::{Clock, ManualClock, Timestamp};
+    use core::time::Duration;
+
+    /// `poll_at` is the earliest started timer: none at first; the transport timer once a
+    /// request went; an RNR wait (which stops the transport timer) alone.
+    #[test]
+    fn poll_at_is_the_earliest_started_timer() {
+        let clock = ManualClock::new(Timestamp::from_nanos(1_000));
+        let mut qp = Qp::new(Qpn::new(1), PdId::new(0), (CqId::new(0), CqId::new(0)), 4);
+        qp.cfg.timeout = 14;
+        qp.cfg.rnr_retry = 3;
+        qp.req.start(&qp.cfg, clock.resolution());
+        assert_eq!(qp.poll_at(), None);
+        qp.req.after_transmit(false, Some(0)); // waits for room: the timer runs
+        qp.req.start_timers(&mut clock.timers());
+        let ttr = qp.req.ttr().unwrap();
+        assert_eq!(
+            qp.poll_at(),
+            Some(clock.now().after(ttr + clock.resolution()))
+        );
+        let wait = Duration::from_micros(10);
+        assert!(qp.req.rnr_wait(crate::psn::Psn::new(0), wait, &qp.cfg));
+        qp.req.start_timers(&mut clock.timers());
+        assert_eq!(
+            qp.poll_at(),
+            Some(clock.now().after(wait + clock.resolution()))
+        );
+    }
 }

@@ -785,10 +785,8 @@ impl Engine {
                         continue;
                     };
                     qp.proto.req.start_timers(&mut env);
-                    for d in [qp.proto.req.timer(), qp.proto.req.rnr_timer()] {
-                        if let Some(t) = d.at() {
-                            earliest = Some(earliest.map_or(t, |e| e.min(t)));
-                        }
+                    if let Some(t) = qp.proto.poll_at() {
+                        earliest = Some(earliest.map_or(t, |e| e.min(t)));
                     }
                 }
             }

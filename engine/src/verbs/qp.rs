@@ -7,7 +7,7 @@ use std::sync::Arc;
 use shmhca_rings::ring::{HeapStorage, Producer, heap_ring};
 
 use crate::arena::Block;
-use crate::context::{QpSlot, QpShared};
+use crate::context::{QpShared, QpSlot};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::mem::Mem;
