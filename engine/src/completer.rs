@@ -12,7 +12,7 @@
 //! effects: a positive Ack that completes the oldest Sends and Writes (`ack_fast`), and the
 //! single response of a Read or Atomic (`answer_fast`); anything else goes the full way.
 
-use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+use crate::completion::{WcStatus, WorkCompletion};
 use crate::context::{Env, QpSlot};
 use crate::dma::{self, CopyError, Cursor, Sgl};
 use crate::psn::Psn;
@@ -21,7 +21,7 @@ use crate::user_mem::Local;
 use crate::wire::aeth::{AethRepr, CreditCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
 use crate::wire::slot::{KeptAck, Payload, RxPacket};
-use crate::wqe::{WqeFlags, WqeOp};
+use crate::wqe::WqeOp;
 
 /// Handles one response packet addressed to this QP's SQ Logic.
 pub(crate) fn on_response(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
@@ -51,7 +51,10 @@ pub(crate) fn on_riding_ack(qp: &mut QpSlot, env: &mut Env<'_>, kept: KeptAck) {
     on_response_full(qp, env, &RxPacket::riding(&line));
 }
 
+use crate::wqe::DataLoc;
 pub use shmhca_proto::completer::{Outcome, Response, check_response};
+use shmhca_proto::completer::{SendCompletions, can_retire};
+use shmhca_proto::requester::{AckFast, Requester};
 
 /// [`on_response`] past the Ack fast path: the checks (the protocol core's), then the
 /// action.
@@ -221,7 +224,9 @@ fn fast_paths_on() -> bool {
     true
 }
 
-/// [`ack_fast`] of a positive Ack of `psn` with `credits` and `msn`, on a QP in RTS.
+/// [`ack_fast`] of a positive Ack of `psn` with `credits` and `msn`, on a QP in RTS: the
+/// core decides ([`Requester::ack_fast`](shmhca_proto::requester::Requester::ack_fast));
+/// the WQEs it completed are retired here.
 #[inline]
 fn ack_fast_at(
     qp: &mut QpSlot,
@@ -230,50 +235,20 @@ fn ack_fast_at(
     credits: CreditCode,
     msn: u32,
 ) -> bool {
-    let win = qp.proto.req.window();
-    // 1. PSN window. At or before the last acknowledged PSN: a duplicate or unsolicited
-    // Ack (a credit update), of which only the credits count — what the slow path does
-    // with it in RTS.
-    if psn.diff(win.acked()) <= 0 {
-        qp.proto.req.update_credits(credits, msn);
-        #[cfg(test)]
-        crate::probe::count(crate::probe::Path::Credits);
-        return true;
-    }
-    // After it, it must be before the first PSN not sent.
-    if psn.diff(win.sent_to()) >= 0 {
-        return false;
-    }
-    // 2. The WQEs it acknowledges, oldest first.
-    let (first, started) = (win.retired(), win.started());
-    let mut end = first;
-    loop {
-        if end == started {
-            return false;
+    match qp.proto.req.ack_fast(psn, credits, msn, &qp.proto.cfg) {
+        None => false,
+        Some(AckFast::Credits) => {
+            #[cfg(test)]
+            crate::probe::count(crate::probe::Path::Credits);
+            true
         }
-        let w = win.wqe(end);
-        if w.done.is_some() || w.span == 0 || w.wqe.op.is_rd_atomic() {
-            return false;
-        }
-        end += 1;
-        let last = w.last_psn();
-        if last == psn {
-            break;
-        }
-        if !last.before(psn) {
-            return false; // inside a multi-packet message
+        Some(AckFast::Acked) => {
+            retire(qp, env);
+            #[cfg(test)]
+            crate::probe::count(crate::probe::Path::Ack);
+            true
         }
     }
-    // 3 and 4: done, acknowledged, credits, retired.
-    for seq in first..end {
-        qp.proto.req.complete(seq, WcStatus::Success);
-    }
-    progress(qp, psn);
-    qp.proto.req.update_credits(credits, msn);
-    retire(qp, env);
-    #[cfg(test)]
-    crate::probe::count(crate::probe::Path::Ack);
-    true
 }
 
 /// Writes the original value `orig` an Atomic Acknowledge returned into an Atomic's
@@ -494,26 +469,13 @@ fn bad_response(qp: &mut QpSlot, env: &mut Env<'_>, seq: u64) {
     qp.enter_error(env);
 }
 
-/// The completion opcode of a send WQE.
-fn wc_opcode(op: WqeOp) -> WcOpcode {
-    match op {
-        WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => WcOpcode::Send,
-        WqeOp::BindMw => WcOpcode::BindMw,
-        WqeOp::LocalInv => WcOpcode::LocalInv,
-        WqeOp::Write | WqeOp::WriteImm => WcOpcode::RdmaWrite,
-        WqeOp::Read => WcOpcode::RdmaRead,
-        WqeOp::CompareSwap => WcOpcode::CompSwap,
-        WqeOp::FetchAdd => WcOpcode::FetchAdd,
-    }
-}
-
 /// Retires finished WQEs in order: signaled ones (and every error) with a send
-/// completion. In the Error state every remaining WQE is retired with a flush error. Stops
-/// when the send CQ is full (the WQEs stay and are retired later).
-///
-/// Release, then complete: a WQE's regions and its queue slot are given back (and the slot
-/// published in [`QpShared::sq_retired`]) before its completion is pushed, so that an
-/// application reacting to the completion can post again and deregister the regions.
+/// completion; in the Error state every remaining WQE with a flush error. Stops when the
+/// send CQ is full (the WQEs stay and are retired later). The order is the core's
+/// ([`shmhca_proto::completer::retire`]): release, publish, then complete — a WQE's
+/// regions and its queue slot are given back (the slot published in
+/// [`QpShared::sq_retired`]) before its completion is pushed, so that an application
+/// reacting to the completion can post again and deregister the regions.
 ///
 /// [`QpShared::sq_retired`]: crate::context::QpShared::sq_retired
 ///
@@ -522,7 +484,7 @@ fn wc_opcode(op: WqeOp) -> WcOpcode {
 /// not a call.
 #[inline]
 pub(crate) fn retire(qp: &mut QpSlot, env: &mut Env<'_>) {
-    if qp.proto.state != QpState::Error && !qp.proto.req.window().oldest_done() {
+    if !can_retire(&qp.proto.req, qp.proto.state) {
         return; // the oldest WQE is not done: nothing can retire
     }
     retire_some(qp, env);
@@ -531,68 +493,63 @@ pub(crate) fn retire(qp: &mut QpSlot, env: &mut Env<'_>) {
 /// [`retire`] when the oldest WQE is done, or in the Error state.
 #[inline(never)]
 fn retire_some(qp: &mut QpSlot, env: &mut Env<'_>) {
-    if qp.proto.state == QpState::Error {
-        crate::requester::fetch(qp);
-    }
-    let error = qp.proto.state == QpState::Error;
-    let mut published = qp.proto.req.window().retired();
-    loop {
-        let win = qp.proto.req.window();
-        let seq = win.retired();
-        if seq == win.fetched() || (!error && seq == win.started()) {
-            break;
-        }
-        // Only what the completion and the release need (not a copy of the whole slot).
-        let slot = win.wqe(seq);
-        let status = match slot.done {
-            Some(s) => s,
-            None if error => WcStatus::WrFlushErr,
-            None => break,
-        };
-        let signaled = slot.wqe.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
-        if signaled && !env.cqs.has_room(qp.proto.send_cq) {
-            break;
-        }
-        let (wr_id, op, len) = (slot.wqe.wr_id, slot.wqe.op, slot.wqe.len);
-        env.release(&slot.wqe.data, &qp.tables);
-        qp.proto.req.retire_oldest();
-        if signaled {
-            publish_retired(qp);
-            published = qp.proto.req.window().retired();
-            let wc = WorkCompletion {
-                wr_id,
-                status,
-                opcode: wc_opcode(op),
-                byte_len: if op == WqeOp::Read { len } else { 0 },
-                imm_data: None,
-                qp_num: qp.proto.qpn,
-                solicited: false,
-                invalidated_rkey: None,
-            };
-            if status == WcStatus::WrFlushErr {
-                env.stats.flushed += 1;
-            }
-            let pushed = env.cqs.push(qp.proto.send_cq, wc);
-            debug_assert!(pushed, "room was checked");
-        }
-        if error {
-            crate::requester::fetch(qp);
-        }
-    }
-    if published != qp.proto.req.window().retired() {
-        publish_retired(qp);
-    }
+    let (state, qpn) = (qp.proto.state, qp.proto.qpn);
+    let mut c = Completions {
+        send_cq: qp.proto.send_cq,
+        pmtu: qp.proto.cfg.path_mtu.bytes(),
+        sq: &mut qp.sq,
+        tables: &qp.tables,
+        shared: &qp.shared,
+        env,
+    };
+    let flushed = shmhca_proto::completer::retire(&mut qp.proto.req, state, qpn, &mut c);
+    env.stats.flushed += flushed;
 }
 
-/// Publishes the send WQEs retired to the application.
-fn publish_retired(qp: &QpSlot) {
-    // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done with
-    // the retired WQEs' slots and buffers before the application reuses them. It precedes
-    // the completion's push (itself a Release), so an application that saw the completion
-    // sees the slot free.
-    // (Mutation point of the loom models: this store with Relaxed.)
-    let order = crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
-    qp.shared
-        .sq_retired
-        .store(qp.proto.req.window().retired(), order);
+/// The engine's side of retiring a QP's send WQEs: its send CQ, its posted send queue, the
+/// regions its WQEs held, and the word the application reads its free slots from.
+struct Completions<'a, 'e, 'r> {
+    send_cq: shmhca_proto::ids::CqId,
+    pmtu: u32,
+    sq: &'a mut crate::context::Posted<crate::wqe::SqWqe>,
+    tables: &'a crate::mem::Mem,
+    shared: &'a crate::context::QpShared,
+    env: &'e mut Env<'r>,
+}
+
+impl SendCompletions for Completions<'_, '_, '_> {
+    #[inline]
+    fn has_room(&mut self) -> bool {
+        self.env.cqs.has_room(self.send_cq)
+    }
+
+    #[inline]
+    fn release(&mut self, data: &DataLoc) {
+        self.env.release(data, self.tables);
+    }
+
+    #[inline]
+    fn publish(&mut self, retired: u64) {
+        // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done
+        // with the retired WQEs' slots and buffers before the application reuses them. It
+        // precedes the completion's push (itself a Release), so an application that saw
+        // the completion sees the slot free.
+        // (Mutation point of the loom models: this store with Relaxed.)
+        let order =
+            crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
+        self.shared.sq_retired.store(retired, order);
+    }
+
+    #[inline]
+    fn push(&mut self, wc: WorkCompletion) {
+        let pushed = self.env.cqs.push(self.send_cq, wc);
+        debug_assert!(pushed, "room was checked");
+    }
+
+    fn fetch(&mut self, req: &mut Requester) {
+        while req.has_room() {
+            let Some(w) = self.sq.take() else { break };
+            req.accept(w, self.pmtu);
+        }
+    }
 }

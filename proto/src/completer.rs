@@ -55,6 +55,10 @@
 //! # let _ = NakCode::InvalidRequest;
 //! ```
 
+mod retire;
+
+pub use retire::{SendCompletions, can_retire, retire, wc_opcode};
+
 use crate::completion::WcStatus;
 use crate::psn::Psn;
 use crate::qp::{QpConfig, QpState};

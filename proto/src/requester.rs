@@ -147,6 +147,15 @@ pub enum Step {
     },
 }
 
+/// What the Ack fast path ([`Requester::ack_fast`]) did with a positive Ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckFast {
+    /// A duplicate or unsolicited Ack: its credits were applied, nothing else.
+    Credits,
+    /// It completed the oldest WQEs and moved the acknowledged PSN: the driver retires them.
+    Acked,
+}
+
 /// What an expiry of a QP's timers means ([`Requester::handle_timeout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Timeout {
@@ -383,6 +392,61 @@ impl Requester {
             win.complete(seq, WcStatus::Success);
         }
         Ok(())
+    }
+
+    /// The Ack fast path: a positive Ack of `psn` (credits `credits`, MSN `msn`) on a QP
+    /// in RTS, decided without the completer's full checks where they cannot change the
+    /// outcome. At or before the acknowledged PSN (a duplicate, or the responder's
+    /// unsolicited credit update) only its credits count: [`AckFast::Credits`]. An Ack that
+    /// acknowledges exactly the oldest WQEs of the window — Sends and RDMA Writes not done
+    /// yet, the last of them ending at `psn`, no Read or Atomic among them — completes them,
+    /// moves the acknowledged PSN (retry counts full again, the timer as
+    /// [`Requester::acknowledged`] says) and applies the credits: [`AckFast::Acked`] (the
+    /// driver then retires them). Anything else changes nothing and returns `None`: the
+    /// completer's checks decide it ([`check_response`](crate::completer::check_response)).
+    #[inline]
+    pub fn ack_fast(
+        &mut self,
+        psn: Psn,
+        credits: CreditCode,
+        msn: u32,
+        cfg: &QpConfig,
+    ) -> Option<AckFast> {
+        let win = &self.window;
+        if psn.diff(win.acked()) <= 0 {
+            self.update_credits(credits, msn);
+            return Some(AckFast::Credits);
+        }
+        // After it, it must be before the first PSN not sent.
+        if psn.diff(win.sent_to()) >= 0 {
+            return None;
+        }
+        // The WQEs it acknowledges, oldest first.
+        let (first, started) = (win.retired(), win.started());
+        let mut end = first;
+        loop {
+            if end == started {
+                return None;
+            }
+            let w = win.wqe(end);
+            if w.done.is_some() || w.span == 0 || w.wqe.op.is_rd_atomic() {
+                return None;
+            }
+            end += 1;
+            let last = w.last_psn();
+            if last == psn {
+                break;
+            }
+            if !last.before(psn) {
+                return None; // inside a multi-packet message
+            }
+        }
+        for seq in first..end {
+            self.window.complete(seq, WcStatus::Success);
+        }
+        self.acknowledged(psn, cfg);
+        self.update_credits(credits, msn);
+        Some(AckFast::Acked)
     }
 
     /// One more RDMA Read response of WQE `seq` arrived; returns how many it has now.

@@ -1,0 +1,316 @@
+//! Retiring send WQEs (spec/01: "completes in order"): the oldest finished WQEs leave the
+//! window in posted order, signaled ones (and every error) with a send completion; in the
+//! Error state every remaining WQE is retired with a flush error.
+//!
+//! The order of the driver's steps is part of the contract (the engine's loom model checks
+//! it): a WQE's memory is released and its queue slot published ([`SendCompletions::publish`])
+//! *before* its completion is pushed, so that an application reacting to the completion
+//! finds the slot free and its regions idle.
+
+use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+use crate::qp::QpState;
+use crate::requester::Requester;
+use crate::wire::Qpn;
+use crate::wqe::{DataLoc, WqeFlags, WqeOp};
+
+/// What retiring send WQEs needs of the driver: the send CQ, the memory the WQEs held, the
+/// queue the application posts to, and a way to tell the application its slots are free.
+pub trait SendCompletions {
+    /// Whether the send CQ has room for one more completion.
+    fn has_room(&mut self) -> bool;
+
+    /// A retired WQE's scatter/gather list `data`: its memory is idle again.
+    fn release(&mut self, data: &DataLoc);
+
+    /// The WQEs before sequence number `retired` are retired: the application may reuse
+    /// their queue slots.
+    fn publish(&mut self, retired: u64);
+
+    /// Pushes a send completion (room was checked).
+    fn push(&mut self, wc: WorkCompletion);
+
+    /// In the Error state: takes the WQEs the application posted meanwhile into `req`'s
+    /// window, so that they are flushed too.
+    fn fetch(&mut self, req: &mut Requester);
+}
+
+/// Whether [`retire`] has anything to do: the oldest WQE is done, or the QP is in the Error
+/// state. Asked for every active QP every iteration, so it costs a few loads, not a call.
+#[inline(always)]
+pub fn can_retire(req: &Requester, state: QpState) -> bool {
+    state == QpState::Error || req.window().oldest_done()
+}
+
+/// Retires the finished WQEs of QP `qpn` (in `state`) in order through `c`; stops when the
+/// send CQ is full (the rest stay and are retired later). Returns how many were retired
+/// with a flush error.
+pub fn retire<C: SendCompletions>(req: &mut Requester, state: QpState, qpn: Qpn, c: &mut C) -> u64 {
+    let error = state == QpState::Error;
+    if error {
+        c.fetch(req);
+    }
+    let mut flushed = 0;
+    let mut published = req.window().retired();
+    loop {
+        let win = req.window();
+        let seq = win.retired();
+        if seq == win.fetched() || (!error && seq == win.started()) {
+            break;
+        }
+        // Only what the completion and the release need (not a copy of the whole slot).
+        let slot = win.wqe(seq);
+        let status = match slot.done {
+            Some(s) => s,
+            None if error => WcStatus::WrFlushErr,
+            None => break,
+        };
+        let signaled = slot.wqe.flags.has(WqeFlags::SIGNALED) || status != WcStatus::Success;
+        if signaled && !c.has_room() {
+            break;
+        }
+        let (wr_id, op, len, data) = (slot.wqe.wr_id, slot.wqe.op, slot.wqe.len, slot.wqe.data);
+        c.release(&data);
+        req.retire_oldest();
+        if signaled {
+            published = req.window().retired();
+            c.publish(published);
+            if status == WcStatus::WrFlushErr {
+                flushed += 1;
+            }
+            c.push(WorkCompletion {
+                wr_id,
+                status,
+                opcode: wc_opcode(op),
+                byte_len: if op == WqeOp::Read { len } else { 0 },
+                imm_data: None,
+                qp_num: qpn,
+                solicited: false,
+                invalidated_rkey: None,
+            });
+        }
+        if error {
+            c.fetch(req);
+        }
+    }
+    if published != req.window().retired() {
+        c.publish(req.window().retired());
+    }
+    flushed
+}
+
+/// The completion opcode of a send WQE.
+pub fn wc_opcode(op: WqeOp) -> WcOpcode {
+    match op {
+        WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => WcOpcode::Send,
+        WqeOp::BindMw => WcOpcode::BindMw,
+        WqeOp::LocalInv => WcOpcode::LocalInv,
+        WqeOp::Write | WqeOp::WriteImm => WcOpcode::RdmaWrite,
+        WqeOp::Read => WcOpcode::RdmaRead,
+        WqeOp::CompareSwap => WcOpcode::CompSwap,
+        WqeOp::FetchAdd => WcOpcode::FetchAdd,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::psn::Psn;
+    use crate::qp::QpConfig;
+    use crate::requester::{AckFast, Step};
+    use crate::wire::aeth::CreditCode;
+    use crate::wqe::{Cursor, SqWqe};
+    use alloc::vec::Vec;
+    use core::time::Duration;
+
+    /// What the driver was asked, in order.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Call {
+        Release(u64),
+        Publish(u64),
+        Push(u64, WcStatus),
+    }
+
+    struct Recorder {
+        calls: Vec<Call>,
+        room: usize,
+        posted: Vec<SqWqe>,
+    }
+
+    impl SendCompletions for Recorder {
+        fn has_room(&mut self) -> bool {
+            self.room > 0
+        }
+        fn release(&mut self, data: &DataLoc) {
+            let DataLoc::Single(e) = *data else {
+                panic!("single")
+            };
+            self.calls.push(Call::Release(e.off));
+        }
+        fn publish(&mut self, retired: u64) {
+            self.calls.push(Call::Publish(retired));
+        }
+        fn push(&mut self, wc: WorkCompletion) {
+            self.room -= 1;
+            self.calls.push(Call::Push(wc.wr_id, wc.status));
+        }
+        fn fetch(&mut self, req: &mut Requester) {
+            while req.has_room() && !self.posted.is_empty() {
+                req.accept(self.posted.remove(0), 1024);
+            }
+        }
+    }
+
+    fn wqe(wr_id: u64, signaled: bool) -> SqWqe {
+        SqWqe {
+            wr_id,
+            op: WqeOp::Send,
+            flags: WqeFlags(if signaled { WqeFlags::SIGNALED } else { 0 }),
+            imm: 0,
+            len: 8,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Single(crate::wqe::SgeEntry {
+                off: wr_id * 100,
+                len: 8,
+                mr: 0,
+            }),
+        }
+    }
+
+    /// A requester that sent Sends `ids` (signaled unless listed in `quiet`), PSN 0 on.
+    fn sent(ids: &[u64], quiet: &[u64]) -> (Requester, QpConfig) {
+        let cfg = QpConfig {
+            remote_credits: false,
+            retry_cnt: 1,
+            ..QpConfig::default()
+        };
+        let mut req = Requester::new(8);
+        req.start(&cfg, Duration::from_nanos(1));
+        for &id in ids {
+            req.accept(wqe(id, !quiet.contains(&id)), 1024);
+        }
+        while let Step::Packet { seq, new_wqe, .. } = req.next_step(QpState::Rts, 0) {
+            if new_wqe {
+                req.begin_wqe();
+            }
+            let w = *req.wqe(seq);
+            req.note_sent(&w, w.first_psn);
+            req.packet_sent(None::<Cursor>);
+        }
+        (req, cfg)
+    }
+
+    fn recorder(room: usize) -> Recorder {
+        Recorder {
+            calls: Vec::new(),
+            room,
+            posted: Vec::new(),
+        }
+    }
+
+    /// spec/01: WQEs complete in order; an unsignaled success retires without a
+    /// completion; each WQE's memory is released and its slot published before its
+    /// completion is pushed.
+    #[test]
+    fn retired_in_order_released_and_published_before_completed() {
+        let (mut req, cfg) = sent(&[1, 2, 3], &[2]);
+        assert!(!can_retire(&req, QpState::Rts));
+        assert_eq!(
+            req.ack_fast(Psn::new(2), CreditCode::new(31), 3, &cfg),
+            Some(AckFast::Acked)
+        );
+        assert!(can_retire(&req, QpState::Rts));
+        let mut c = recorder(8);
+        assert_eq!(retire(&mut req, QpState::Rts, Qpn::new(5), &mut c), 0);
+        use Call::*;
+        assert_eq!(
+            c.calls,
+            [
+                Release(100),
+                Publish(1),
+                Push(1, WcStatus::Success),
+                Release(200),
+                Release(300),
+                Publish(3),
+                Push(3, WcStatus::Success),
+            ]
+        );
+        assert_eq!(req.window().retired(), 3);
+    }
+
+    /// A full send CQ stops retiring at the first WQE that needs a completion; the rest
+    /// stay, and an unsignaled one retired before it is still published.
+    #[test]
+    fn a_full_cq_stops_retiring() {
+        let (mut req, cfg) = sent(&[1, 2], &[1]);
+        req.ack_fast(Psn::new(1), CreditCode::new(31), 2, &cfg);
+        let mut c = recorder(0);
+        retire(&mut req, QpState::Rts, Qpn::new(5), &mut c);
+        assert_eq!(c.calls, [Call::Release(100), Call::Publish(1)]);
+        assert_eq!(req.window().retired(), 1);
+    }
+
+    /// In the Error state every WQE left — sent, not acknowledged, or posted meanwhile —
+    /// retires with a flush error, signaled or not.
+    #[test]
+    fn the_error_state_flushes_everything() {
+        let (mut req, _) = sent(&[1, 2], &[2]);
+        let mut c = recorder(8);
+        c.posted.push(wqe(3, false));
+        assert!(can_retire(&req, QpState::Error));
+        assert_eq!(retire(&mut req, QpState::Error, Qpn::new(5), &mut c), 3);
+        let pushes: Vec<_> = c
+            .calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Push(id, s) => Some((*id, *s)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            pushes,
+            [
+                (1, WcStatus::WrFlushErr),
+                (2, WcStatus::WrFlushErr),
+                (3, WcStatus::WrFlushErr)
+            ]
+        );
+        assert_eq!(req.window().retired(), 3);
+    }
+
+    /// The Ack fast path takes only an Ack that ends exactly at the oldest WQEs' last
+    /// PSN; a duplicate brings only credits; one beyond what was sent, or inside a message,
+    /// is left to the full checks.
+    #[test]
+    fn the_ack_fast_path_takes_only_what_it_can_decide() {
+        let (mut req, cfg) = sent(&[1, 2], &[]);
+        let code = CreditCode::new(31);
+        assert_eq!(req.ack_fast(Psn::new(2), code, 2, &cfg), None, "never sent");
+        assert_eq!(
+            req.ack_fast(Psn::new(0), code, 1, &cfg),
+            Some(AckFast::Acked)
+        );
+        assert_eq!(req.window().acked(), Psn::new(0));
+        assert_eq!(req.wqe(0).done, Some(WcStatus::Success));
+        assert_eq!(req.wqe(1).done, None);
+        assert_eq!(
+            req.ack_fast(Psn::new(0), code, 1, &cfg),
+            Some(AckFast::Credits),
+            "a duplicate"
+        );
+        // A Read in the window: its data is missing, the full checks decide.
+        let mut read = Requester::new(4);
+        read.start(&cfg, Duration::from_nanos(1));
+        let mut w = wqe(9, true);
+        w.op = WqeOp::Read;
+        read.accept(w, 1024);
+        read.next_step(QpState::Rts, 1);
+        read.begin_wqe();
+        let r = *read.wqe(0);
+        read.note_sent(&r, r.first_psn);
+        read.packet_sent(None::<Cursor>);
+        assert_eq!(read.ack_fast(Psn::new(0), code, 1, &cfg), None);
+    }
+}
