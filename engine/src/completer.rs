@@ -52,20 +52,17 @@ pub(crate) fn on_riding_ack(qp: &mut QpSlot, env: &mut Env<'_>, kept: KeptAck) {
 }
 
 use crate::wqe::DataLoc;
-pub use shmhca_proto::completer::{Outcome, Response, check_response};
+use shmhca_proto::completer::{CompleterDriver, Counted, NotCopied, act};
+pub use shmhca_proto::completer::{Exhausted, Outcome, Response, check_response};
 use shmhca_proto::completer::{SendCompletions, can_retire};
 use shmhca_proto::requester::{AckFast, Requester};
 
 /// [`on_response`] past the Ack fast path: the checks (the protocol core's), then the
 /// action.
 fn on_response_full(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
-    let outcome = check_response(
-        qp.proto.state,
-        &mut qp.proto.req,
-        &qp.proto.cfg,
-        &response_of(pkt),
-    );
-    act(qp, env, pkt, outcome);
+    let r = response_of(pkt);
+    let outcome = check_response(qp.proto.state, &mut qp.proto.req, &qp.proto.cfg, &r);
+    act(&mut Completer { qp, env, pkt }, &r, outcome);
 }
 
 /// What the completer's checks read of a response packet.
@@ -81,115 +78,64 @@ fn response_of(pkt: &RxPacket<'_>) -> Response {
     }
 }
 
-/// Step 4: what each outcome does (the one table).
-fn act(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>, outcome: Outcome) {
-    match outcome {
-        Outcome::EarlyCredits(credits, msn) => {
-            qp.proto.req.keep_early_credits(credits, msn);
-            return;
-        }
-        Outcome::Dropped => {
-            env.stats.dropped += 1;
-            return;
-        }
-        Outcome::Credits(credits, msn) => {
-            qp.proto.req.update_credits(credits, msn);
-            return;
-        }
-        Outcome::ImpliedNak(missing) => {
-            implied_nak(qp, env, missing);
-            return;
-        }
-        Outcome::Bad(seq) => {
-            bad_response(qp, env, seq);
-            return;
-        }
-        Outcome::BadThenRetire(seq) => bad_response(qp, env, seq),
-        Outcome::NotAResponse => env.stats.dropped += 1,
-        Outcome::Ack {
-            seq,
-            psn,
-            credits,
-            msn,
-        } => {
-            if psn == qp.proto.req.wqe(seq).last_psn() {
-                qp.proto.req.complete(seq, WcStatus::Success);
+/// The engine's side of the completer's actions ([`act`]): the QP slot (its memory and
+/// what it shares with the application), this engine's resources, and the response being
+/// handled (whose payload a Read's data comes from).
+struct Completer<'q, 'e, 'r, 'p> {
+    qp: &'q mut QpSlot,
+    env: &'e mut Env<'r>,
+    pkt: &'p RxPacket<'p>,
+}
+
+impl CompleterDriver for Completer<'_, '_, '_, '_> {
+    #[inline(always)]
+    fn qp(&mut self) -> &mut shmhca_proto::qp::Qp {
+        &mut self.qp.proto
+    }
+
+    fn copy_read_response(&mut self, seq: u64, offset: u32) -> Result<u64, NotCopied> {
+        let qp = &mut *self.qp;
+        let data = qp.proto.req.wqe(seq).wqe.data;
+        let sgl = Sgl::new(&data, &qp.tables);
+        let mut cursor = Cursor::at(sgl, u64::from(offset)).ok_or(NotCopied)?;
+        let local = Local::new(&qp.mem, &self.env.res.mrs);
+        match dma::copy_payload(self.pkt, &qp.peer_mem, &local, sgl, &mut cursor) {
+            Ok(n) => {
+                self.env.stats.payload_bytes_copied += n;
+                Ok(n)
             }
-            progress(qp, psn);
-            qp.proto.req.update_credits(credits, msn);
-        }
-        Outcome::RnrNak { seq, psn, timer } => {
-            env.stats.rnr_naks_received += 1;
-            progress(qp, psn.sub(1));
-            if !qp.proto.req.rnr_wait(psn, timer.duration(), &qp.proto.cfg) {
-                record_exhausted(qp, Exhausted::Rnr);
-                qp.proto.req.complete(seq, WcStatus::RnrRetryExcErr);
-                qp.enter_error(env);
-                return;
+            Err(CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination) => {
+                Err(NotCopied)
             }
-        }
-        Outcome::SequenceError { psn } => {
-            env.stats.naks_received += 1;
-            progress(qp, psn.sub(1));
-            retry_from(qp, env, psn);
-        }
-        Outcome::FatalNak { seq, psn, status } => {
-            env.stats.naks_received += 1;
-            progress(qp, psn.sub(1));
-            qp.proto.req.complete(seq, status);
-            qp.enter_error(env);
-        }
-        Outcome::ReadResponse {
-            seq,
-            psn,
-            offset,
-            last,
-        } => {
-            if let Some(AethRepr {
-                syndrome: Syndrome::Ack { credits },
-                msn,
-            }) = pkt.aeth()
-            {
-                qp.proto.req.update_credits(credits, msn.get());
-            }
-            let data = qp.proto.req.wqe(seq).wqe.data;
-            let sgl = Sgl::new(&data, &qp.tables);
-            let Some(mut cursor) = Cursor::at(sgl, u64::from(offset)) else {
-                return bad_response(qp, env, seq);
-            };
-            match dma::copy_payload(
-                pkt,
-                &qp.peer_mem,
-                &Local::new(&qp.mem, &env.res.mrs),
-                sgl,
-                &mut cursor,
-            ) {
-                Ok(n) => env.stats.payload_bytes_copied += n,
-                Err(
-                    CopyError::BadSource | CopyError::DestinationFull | CopyError::BadDestination,
-                ) => return bad_response(qp, env, seq),
-            }
-            qp.proto.req.response_seen(seq);
-            if last {
-                qp.proto.req.complete(seq, WcStatus::Success);
-            }
-            progress(qp, psn);
-        }
-        Outcome::AtomicAck { seq, psn, orig } => {
-            let data = qp.proto.req.wqe(seq).wqe.data;
-            write_orig(qp, env, &data, orig);
-            if let Some(AethRepr {
-                syndrome: Syndrome::Ack { credits },
-                msn,
-            }) = pkt.aeth()
-            {
-                qp.proto.req.update_credits(credits, msn.get());
-            }
-            qp.proto.req.complete(seq, WcStatus::Success);
-            progress(qp, psn);
         }
     }
-    retire(qp, env);
+
+    fn write_orig(&mut self, seq: u64, orig: u64) {
+        let data = self.qp.proto.req.wqe(seq).wqe.data;
+        write_orig(self.qp, self.env, &data, orig);
+    }
+
+    #[inline]
+    fn retire(&mut self) {
+        retire(self.qp, self.env);
+    }
+
+    fn enter_error(&mut self) {
+        self.qp.enter_error(self.env);
+    }
+
+    fn exhausted(&mut self, which: Exhausted) {
+        record_exhausted(self.qp, which);
+    }
+
+    fn count(&mut self, c: Counted) {
+        let s = &mut self.env.stats;
+        match c {
+            Counted::Dropped => s.dropped += 1,
+            Counted::Nak => s.naks_received += 1,
+            Counted::RnrNak => s.rnr_naks_received += 1,
+        }
+    }
 }
 
 /// The Ack fast path (issue 10): a positive Ack, on an RTS QP, that acknowledges the
@@ -359,7 +305,7 @@ fn answer_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         ) {
             Ok(n) => env.stats.payload_bytes_copied += n,
             Err(_) => {
-                bad_response(qp, env, seq);
+                shmhca_proto::completer::bad_response(&mut Completer { qp, env, pkt }, seq);
                 #[cfg(test)]
                 crate::probe::count(crate::probe::Path::ReadResponse);
                 return true;
@@ -382,55 +328,9 @@ fn answer_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         crate::probe::count(crate::probe::Path::AtomicAck);
     }
     qp.proto.req.complete(seq, WcStatus::Success);
-    progress(qp, psn);
+    qp.proto.req.acknowledged(psn, &qp.proto.cfg);
     retire(qp, env);
     true
-}
-
-/// Records acknowledgement up to `psn` and restarts the transport timer.
-#[inline]
-fn progress(qp: &mut QpSlot, psn: Psn) {
-    qp.proto.req.acknowledged(psn, &qp.proto.cfg);
-}
-
-/// A response showed that responses from `missing` on were lost: request them again, as a
-/// sequence-error Nak would (it spends the Retry Count) — once: the responses to the first
-/// requests that follow (a long Read's remaining responses, the Acks behind them) show the
-/// same loss and are dropped until `missing` is acknowledged.
-///
-/// Everything before `missing` is acknowledged: the WQEs that end before it were completed
-/// by [`Requester::ack_before`](shmhca_proto::requester::Requester::ack_before), and the acknowledged PSN must cover them, or a later retry would start
-/// from a PSN no WQE holds any more and send nothing.
-fn implied_nak(qp: &mut QpSlot, env: &mut Env<'_>, missing: Psn) {
-    progress(qp, missing.sub(1));
-    if qp.proto.req.already_resending_from(missing) {
-        env.stats.dropped += 1;
-        return;
-    }
-    retry_from(qp, env, missing);
-    qp.proto.req.resending_from(missing);
-}
-
-/// Sends again from `psn`, or fails the QP when the Retry Count is spent.
-fn retry_from(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn) {
-    if qp.proto.req.resend_from(psn) {
-        return;
-    }
-    record_exhausted(qp, Exhausted::Resent);
-    if let Some(seq) = qp.proto.req.window().find(psn) {
-        qp.proto.req.complete(seq, WcStatus::RetryExcErr);
-    }
-    qp.enter_error(env);
-}
-
-/// The retry counter that ran out.
-pub(crate) enum Exhausted {
-    /// The Retry Count, spent by transport timeouts (and any resends before them).
-    Timer,
-    /// The Retry Count, spent by resends after PSN Sequence Error Naks or lost responses.
-    Resent,
-    /// The RNR Retry Count.
-    Rnr,
 }
 
 /// Records in words why the QP fails ([`crate::Qp::last_error`]): which counter ran out and
@@ -460,13 +360,6 @@ pub(crate) fn record_exhausted(qp: &QpSlot, which: Exhausted) {
         .last_error
         .lock()
         .unwrap_or_else(|e| e.into_inner()) = Some(text);
-}
-
-/// A malformed or unexpected response: the WQE fails with a bad-response error and the QP
-/// goes to the Error state.
-fn bad_response(qp: &mut QpSlot, env: &mut Env<'_>, seq: u64) {
-    qp.proto.req.complete(seq, WcStatus::BadRespErr);
-    qp.enter_error(env);
 }
 
 /// Retires finished WQEs in order: signaled ones (and every error) with a send

@@ -55,8 +55,10 @@
 //! # let _ = NakCode::InvalidRequest;
 //! ```
 
+mod act;
 mod retire;
 
+pub use act::{CompleterDriver, Counted, Exhausted, NotCopied, act, bad_response};
 pub use retire::{SendCompletions, can_retire, retire, wc_opcode};
 
 use crate::completion::WcStatus;
