@@ -587,8 +587,9 @@ impl Requester {
     /// that packet's Ack).
     #[inline]
     pub fn ack_req(&self, seq: u64, w: &SendWqe, k: u32) -> bool {
-        let limited_first =
-            self.limited == Some(seq) && k == 0 && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm);
+        let limited_first = self.limited == Some(seq)
+            && k == 0
+            && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv);
         limited_first || w.wqe.op.is_rd_atomic() || k + 1 >= w.span
     }
 

@@ -1185,3 +1185,27 @@ fn a_template_post_is_recorded_like_a_normal_one() {
     );
     assert_eq!(send_all(&mut req, &c), [100, 101]);
 }
+
+/// spec/02 "SQ Logic's Behavior When No Credits Are Available": a Send with Invalidate is
+/// a Send: without credit it sends its first packet, which must carry AckReq ("to ensure
+/// that the responder generates a response"), and waits for that Ack.
+#[test]
+fn a_limited_send_with_invalidate_asks_for_the_ack_it_waits_for() {
+    let clock = ManualClock::new(Timestamp::from_nanos(0));
+    let c = QpConfig {
+        remote_credits: true,
+        ..cfg(1, 0)
+    };
+    let mut req = rts(&c, &clock, 4);
+    req.accept(wqe(WqeOp::SendInv, 3000), 1024);
+    let Step::Packet { seq, .. } = req.next_step(QpState::Rts, 1) else {
+        panic!("the first packet goes")
+    };
+    req.begin_wqe();
+    assert_eq!(req.limited(), Some(seq));
+    let w = *req.wqe(seq);
+    assert!(req.ack_req(seq, &w, 0), "the packet it waits an Ack for");
+    assert_eq!(send_all(&mut req, &c), [100], "then it waits");
+    assert!(req.acknowledged(Psn::new(100), &c));
+    assert_eq!(send_all(&mut req, &c), [101, 102]);
+}
