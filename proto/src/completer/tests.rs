@@ -237,3 +237,184 @@ fn atomic_acknowledges() {
     let mut write = sent(&[(WqeOp::Write, 8)]);
     assert_eq!(check(&mut write, atomic(Some(5), false)), Outcome::Bad(0));
 }
+
+fn read(psn: u32, position: Position, len: u32) -> Response {
+    Response {
+        payload_len: len,
+        has_payload: true,
+        ..resp(OpClass::RdmaReadResponse, position, psn, None)
+    }
+}
+
+fn read_ok(psn: u32, offset: u32, last: bool) -> Outcome {
+    Outcome::ReadResponse {
+        seq: 0,
+        psn: Psn::new(psn),
+        offset,
+        last,
+    }
+}
+
+/// spec/02 "Credits Provided in Unsolicited Ack Packet": an unsolicited or duplicate Ack
+/// is always an Acknowledge opcode; a duplicate RDMA Read response or Atomic Acknowledge
+/// (even with a positive AETH) is only a duplicate: dropped, its credits not taken.
+#[test]
+fn only_a_duplicate_acknowledge_brings_credits() {
+    let mut req = sent(&[(WqeOp::Read, 8), (WqeOp::FetchAdd, 8)]);
+    let only = Response {
+        aeth: Some(AethRepr {
+            syndrome: ACK,
+            msn: Msn::new(0),
+        }),
+        ..read(10, Position::Only, 8)
+    };
+    assert_eq!(check(&mut req, only), read_ok(10, 0, true));
+    req.response_seen(0);
+    req.complete(0, WcStatus::Success);
+    let atomic = Response {
+        atomic_orig: Some(3),
+        ..resp(OpClass::AtomicAcknowledge, Position::Only, 11, Some(ACK))
+    };
+    assert!(matches!(check(&mut req, atomic), Outcome::AtomicAck { .. }));
+    assert!(req.acknowledged(Psn::new(11), &cfg()));
+    assert_eq!(check(&mut req, only), Outcome::Dropped);
+    assert_eq!(check(&mut req, atomic), Outcome::Dropped);
+    assert_eq!(
+        check(&mut req, ack(11)),
+        Outcome::Credits(CreditCode::new(31), 0)
+    );
+}
+
+/// spec/01 RDMA Read responses: a Read answered in several responses takes them First,
+/// Middle…, Last in PSN order; a Middle is neither the first nor the last, a Last is the
+/// last and not the first, each carries exactly its share of the data.
+#[test]
+fn read_response_positions() {
+    // 700 bytes at PMTU 256: responses at 10, 11, 12 of 256, 256, 188 bytes.
+    let mut req = sent(&[(WqeOp::Read, 700)]);
+    assert_eq!(
+        check(&mut req, read(10, Position::Middle, 256)),
+        Outcome::Bad(0),
+        "a Middle first"
+    );
+    assert_eq!(
+        check(&mut req, read(10, Position::Last, 256)),
+        Outcome::Bad(0),
+        "a Last first"
+    );
+    assert_eq!(
+        check(&mut req, read(10, Position::First, 256)),
+        read_ok(10, 0, false)
+    );
+    req.response_seen(0);
+    assert_eq!(
+        check(&mut req, read(11, Position::Last, 256)),
+        Outcome::Bad(0),
+        "a Last before the last"
+    );
+    assert_eq!(
+        check(&mut req, read(11, Position::Only, 256)),
+        Outcome::Bad(0)
+    );
+    assert_eq!(
+        check(&mut req, read(11, Position::Middle, 255)),
+        Outcome::Bad(0),
+        "short"
+    );
+    assert_eq!(
+        check(&mut req, read(11, Position::Middle, 256)),
+        read_ok(11, 256, false)
+    );
+    req.response_seen(0);
+    assert_eq!(
+        check(&mut req, read(12, Position::Middle, 188)),
+        Outcome::Bad(0),
+        "a Middle last"
+    );
+    assert_eq!(
+        check(&mut req, read(12, Position::Last, 256)),
+        Outcome::Bad(0),
+        "long"
+    );
+    assert_eq!(
+        check(&mut req, read(12, Position::Last, 188)),
+        read_ok(12, 512, true)
+    );
+
+    // A Read answered in one response takes an Only, nothing else.
+    for position in [Position::First, Position::Middle, Position::Last] {
+        let mut one = sent(&[(WqeOp::Read, 100)]);
+        assert_eq!(
+            check(&mut one, read(10, position, 100)),
+            Outcome::Bad(0),
+            "{position:?}"
+        );
+    }
+    let mut one = sent(&[(WqeOp::Read, 100)]);
+    assert_eq!(
+        check(&mut one, read(10, Position::Only, 100)),
+        read_ok(10, 0, true)
+    );
+}
+
+/// A Read requested again from response `resp_seen` on is answered as a new Read: First
+/// (or Only) there, then Middle and Last.
+#[test]
+fn a_read_requested_again_restarts_at_first() {
+    let mut req = sent(&[(WqeOp::Read, 700)]);
+    assert_eq!(
+        check(&mut req, read(10, Position::First, 256)),
+        read_ok(10, 0, false)
+    );
+    req.response_seen(0);
+    assert_eq!(
+        check(&mut req, read(11, Position::First, 256)),
+        read_ok(11, 256, false)
+    );
+    req.response_seen(0);
+    assert_eq!(
+        check(&mut req, read(12, Position::Only, 188)),
+        read_ok(12, 512, true)
+    );
+}
+
+/// Step 4: a Read response before the one expected is a duplicate (dropped), one after it
+/// shows the responses between lost (an implied Nak from the one expected).
+#[test]
+fn a_read_response_out_of_sequence() {
+    let mut req = sent(&[(WqeOp::Read, 700)]);
+    assert_eq!(
+        check(&mut req, read(10, Position::First, 256)),
+        read_ok(10, 0, false)
+    );
+    req.response_seen(0);
+    assert_eq!(
+        check(&mut req, read(10, Position::First, 256)),
+        Outcome::Dropped,
+        "a duplicate"
+    );
+    assert_eq!(
+        check(&mut req, read(12, Position::Last, 188)),
+        Outcome::ImpliedNak(Psn::new(11))
+    );
+}
+
+/// An Atomic Acknowledge needs a positive AETH: one without an AETH, or with a Nak or RNR
+/// Nak syndrome, is bad even at the Atomic's PSN with its original value.
+#[test]
+fn an_atomic_acknowledge_needs_a_positive_aeth() {
+    for syndrome in [
+        None,
+        Some(Syndrome::Nak(NakCode::InvalidRequest)),
+        Some(Syndrome::RnrNak {
+            timer: RnrTimer::new(1),
+        }),
+    ] {
+        let mut req = sent(&[(WqeOp::CompareSwap, 8)]);
+        let r = Response {
+            atomic_orig: Some(9),
+            ..resp(OpClass::AtomicAcknowledge, Position::Only, 10, syndrome)
+        };
+        assert_eq!(check(&mut req, r), Outcome::Bad(0), "{syndrome:?}");
+    }
+}
