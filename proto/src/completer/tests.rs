@@ -38,12 +38,16 @@ fn sent(ops: &[(WqeOp, u32)]) -> Requester {
             256,
         );
     }
-    while let Step::Packet {
-        seq,
-        new_wqe,
-        point,
-    } = req.next_step(QpState::Rts, 4)
-    {
+    // Bounded: a transmit point that does not move fails the test instead of hanging it.
+    for _ in 0..64 {
+        let Step::Packet {
+            seq,
+            new_wqe,
+            point,
+        } = req.next_step(QpState::Rts, 4)
+        else {
+            return req;
+        };
         if new_wqe {
             req.begin_wqe();
         }
@@ -51,7 +55,7 @@ fn sent(ops: &[(WqeOp, u32)]) -> Requester {
         req.note_sent(&w, w.first_psn.add(point.pkt));
         req.packet_sent((!Requester::ends_wqe(&w, point.pkt)).then(Cursor::default));
     }
-    req
+    panic!("the transmit point does not reach the end of {ops:?}")
 }
 
 fn resp(class: OpClass, position: Position, psn: u32, syndrome: Option<Syndrome>) -> Response {
