@@ -72,7 +72,7 @@ struct State {
     bound: Option<SocketAddr>,
     peer: Option<SocketAddr>,
     route_resolved: bool,
-    listener: Option<PathBuf>,
+    listener: Option<(PathBuf, wire::SockIdent)>,
     stream: Option<Arc<UnixStream>>,
     /// The REQ (server side) being answered.
     req: Option<Frame>,
@@ -430,8 +430,8 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> libc::c_int {
                 }
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
-            if let Some(p) = st.listener.take() {
-                let _ = std::fs::remove_file(p);
+            if let Some((p, own)) = st.listener.take() {
+                wire::remove_own(&p, own);
             }
         }
         // SAFETY: the id, made by new_id, freed once; its threads are joined.
@@ -578,21 +578,12 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: libc::c_int)
             if !fixed {
                 a.set_port(ephemeral());
             }
-            let path = wire::sock_path(&dir, a.port());
-            match UnixListener::bind(&path) {
-                Ok(l) => {
-                    listener = Some((l, path));
+            match wire::bind_port(&dir, a.port()) {
+                Ok(bound) => {
+                    listener = Some(bound);
                     break;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
-                    if wire::is_stale(&path) {
-                        // A socket of a process that died: ours to replace.
-                        let _ = std::fs::remove_file(&path);
-                        if let Ok(l) = UnixListener::bind(&path) {
-                            listener = Some((l, path));
-                            break;
-                        }
-                    }
                     if fixed {
                         return err(libc::EADDRINUSE);
                     }
@@ -600,20 +591,20 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: libc::c_int)
                 Err(e) => return err(e.raw_os_error().unwrap_or(libc::EIO)),
             }
         }
-        let Some((l, path)) = listener else {
+        let Some((l, path, own)) = listener else {
             return err(libc::EADDRINUSE);
         };
         if l.set_nonblocking(true).is_err() {
-            let _ = std::fs::remove_file(&path);
+            wire::remove_own(&path, own);
             return err(libc::EIO);
         }
         st.bound = Some(a);
-        st.listener = Some(path.clone());
+        st.listener = Some((path.clone(), own));
         set_src(id.cast(), a);
         drop(st);
         let me = P(id.cast::<Id>());
         if let Err(e) = i.spawn("shmhca-cm-listen", move || listen_loop(me, l, a)) {
-            let _ = std::fs::remove_file(&path);
+            wire::remove_own(&path, own);
             i.lock().listener = None;
             return err(e);
         }

@@ -303,6 +303,97 @@ pub(crate) fn is_stale(path: &std::path::Path) -> bool {
         && matches!(UnixStream::connect(path), Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED))
 }
 
+/// Which file a listener's socket is (device and inode), so that it removes its own
+/// socket and never one another process made at the same path since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SockIdent(u64, u64);
+
+impl SockIdent {
+    fn of(path: &std::path::Path) -> Option<SockIdent> {
+        let m = std::fs::symlink_metadata(path).ok()?;
+        m.file_type()
+            .is_socket()
+            .then(|| SockIdent(m.dev(), m.ino()))
+    }
+}
+
+/// Holds the fabric directory's rendezvous lock (`flock` on `rdmacm.lock` in it) while
+/// alive: the processes of this user that bind a rendezvous socket (and replace a stale
+/// one) or remove their own take it, so that two of them never both find one socket stale
+/// and each remove what the other bound (check-then-remove is one step under it), and none
+/// takes a socket bound but not yet listening for a dead one.
+struct DirLock {
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    fn take(dir: &std::path::Path) -> io::Result<DirLock> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(dir.join("rdmacm.lock"))?;
+        loop {
+            // SAFETY: `f` is an open file this function owns; flock only locks it.
+            let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+            if r == 0 {
+                return Ok(DirLock { _file: f });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Binds the rendezvous socket of port `port` in `dir`. A socket left there by a process
+/// that died is replaced; a live one is `EADDRINUSE`. Returns the listener, its path and
+/// which file it is (for [`remove_own`]).
+pub(crate) fn bind_port(
+    dir: &std::path::Path,
+    port: u16,
+) -> io::Result<(std::os::unix::net::UnixListener, PathBuf, SockIdent)> {
+    use std::os::unix::net::UnixListener;
+    let path = sock_path(dir, port);
+    let bound = |l: UnixListener, path: PathBuf| {
+        let id = SockIdent::of(&path).ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
+        Ok((l, path, id))
+    };
+    // Under the lock from the bind on: a socket is bound to its path a moment before it
+    // listens, and a connection attempt in between is refused as if it were stale.
+    let _lock = DirLock::take(dir)?;
+    match UnixListener::bind(&path) {
+        Ok(l) => return bound(l, path),
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}
+        Err(e) => return Err(e),
+    }
+    if !is_stale(&path) {
+        return Err(io::Error::from_raw_os_error(libc::EADDRINUSE));
+    }
+    // A socket of a process that died: ours to replace (under the lock, so that nobody
+    // else found it stale too and removes what this binds).
+    std::fs::remove_file(&path)?;
+    let l = UnixListener::bind(&path)?;
+    bound(l, path)
+}
+
+/// Removes the socket at `path` if it is still the one `id` names (a listener closing);
+/// one another process bound there since is left alone.
+pub(crate) fn remove_own(path: &std::path::Path, id: SockIdent) {
+    let Some(dir) = path.parent() else { return };
+    let Ok(_lock) = DirLock::take(dir) else {
+        return;
+    };
+    if SockIdent::of(path) == Some(id) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,5 +433,71 @@ mod tests {
         }
         f.private = vec![0; 57];
         assert_eq!(f.encode().unwrap_err(), libc::EINVAL);
+    }
+
+    /// A socket file left by a process that died, and many listeners at once: exactly one
+    /// replaces it (check-then-remove under the directory lock), the others are told the
+    /// port is in use, and the socket at the path is the winner's.
+    #[test]
+    fn one_of_many_replaces_a_stale_socket() {
+        let dir = std::env::temp_dir().join(format!("shmhca-rdmacm-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        for round in 0..20u16 {
+            let port = 5000 + round;
+            drop(std::os::unix::net::UnixListener::bind(sock_path(&dir, port)).unwrap());
+            assert!(is_stale(&sock_path(&dir, port)));
+            let go = std::sync::Arc::new(std::sync::Barrier::new(6));
+            let threads: Vec<_> = (0..6)
+                .map(|_| {
+                    let (dir, go) = (dir.clone(), go.clone());
+                    std::thread::spawn(move || {
+                        go.wait();
+                        bind_port(&dir, port)
+                    })
+                })
+                .collect();
+            let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            let won: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+            assert_eq!(won.len(), 1, "round {round}: one listener");
+            for r in &results {
+                if let Err(e) = r {
+                    assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE), "{e}");
+                }
+            }
+            let (_, path, id) = won[0];
+            assert_eq!(
+                SockIdent::of(path),
+                Some(*id),
+                "the path is the winner's socket"
+            );
+            assert!(!is_stale(path));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A listener closing removes its own socket, never one bound at its path since.
+    #[test]
+    fn a_listener_removes_only_its_own_socket() {
+        let dir = std::env::temp_dir().join(format!("shmhca-rdmacm-own-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let (l, path, id) = bind_port(&dir, 7000).unwrap();
+        remove_own(&path, id);
+        assert!(
+            std::fs::symlink_metadata(&path).is_err(),
+            "its own: removed"
+        );
+        drop(l);
+        let (_l, path, id) = bind_port(&dir, 7001).unwrap();
+        // Someone else's socket now stands at the path.
+        std::fs::remove_file(&path).unwrap();
+        let _other = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        remove_own(&path, id);
+        assert!(
+            std::fs::symlink_metadata(&path).is_ok(),
+            "another's socket is left alone"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
