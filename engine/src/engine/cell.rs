@@ -127,6 +127,40 @@ fn owner_slot(me: u64) -> usize {
     (me as usize) % OWNER_SLOTS
 }
 
+/// An owner slot as a type that holds only `0..OWNER_SLOTS`: the owner's fast path takes
+/// its own from its thread-local ([`this_thread`], computed once per thread) and indexes
+/// `busy` with it in one load (word-sized: no widening), no bounds check, no remainder.
+#[derive(Clone, Copy)]
+#[repr(usize)]
+enum Slot {
+    S0,
+    S1,
+    S2,
+    S3,
+    S4,
+    S5,
+    S6,
+    S7,
+}
+
+const _: () = assert!(OWNER_SLOTS == 8, "Slot has one variant per owner slot");
+
+impl Slot {
+    /// [`owner_slot`] of thread `me`.
+    fn of(me: u64) -> Slot {
+        match owner_slot(me) {
+            0 => Slot::S0,
+            1 => Slot::S1,
+            2 => Slot::S2,
+            3 => Slot::S3,
+            4 => Slot::S4,
+            5 => Slot::S5,
+            6 => Slot::S6,
+            _ => Slot::S7,
+        }
+    }
+}
+
 // SAFETY: the value and the policy are only reached through `try_with`/`with`, which hand
 // them to one thread at a time (the token), and `T: Send` lets that thread be any thread.
 unsafe impl<T: Send> Sync for EngineCell<T> {}
@@ -244,12 +278,12 @@ impl<T> EngineCell<T> {
     /// The owner's fast path (see [`Fast`]).
     #[inline(always)]
     fn enter_fast(&self) -> Fast<'_> {
-        let me = thread_number();
+        let (me, slot) = this_thread();
         if self.bias.load(Ordering::Relaxed) != me {
             return Fast::NotOwner;
         }
         // Only this thread stores into its slot's flag: set means it is inside already.
-        let busy = &self.busy[owner_slot(me)];
+        let busy = &self.busy[slot as usize];
         if busy.load(Ordering::Relaxed) {
             return Fast::Inside;
         }
@@ -384,22 +418,31 @@ impl<T> EngineCell<T> {
 /// This thread's number: unique in the process, never 0, never reused.
 #[inline]
 fn thread_number() -> u64 {
+    this_thread().0
+}
+
+/// This thread's number ([`thread_number`]) and its owner slot ([`owner_slot`] of it),
+/// both kept in a thread-local from the thread's first call on.
+#[inline]
+fn this_thread() -> (u64, Slot) {
     #[cfg(not(shmhca_loom))]
     std::thread_local! {
-        static NUMBER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        static NUMBER: std::cell::Cell<(u64, Slot)> =
+            const { std::cell::Cell::new((0, Slot::S0)) };
     }
     #[cfg(shmhca_loom)]
     loom::thread_local! {
-        static NUMBER: std::cell::Cell<u64> = std::cell::Cell::new(0);
+        static NUMBER: std::cell::Cell<(u64, Slot)> = std::cell::Cell::new((0, Slot::S0));
     }
     NUMBER.with(|n| {
         let v = n.get();
-        if v != 0 {
+        if v.0 != 0 {
             return v;
         }
         // Once per thread. (A std atomic also under loom: the numbers need no model.)
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let me = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let v = (me, Slot::of(me));
         n.set(v);
         v
     })

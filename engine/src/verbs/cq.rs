@@ -200,8 +200,13 @@ impl Cq {
     /// Moves up to `out.len()` completions into `out`; returns how many. In inline mode it
     /// first runs the engine once.
     pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
+        // Inline mode keeps no `last_empty` (only a poll-mode engine thread steps back).
+        if self.shared.mode == EngineMode::Inline {
+            self.shared.progress();
+            // A heap ring of this process cannot be broken by a peer.
+            return self.consumer.pop_burst(out).unwrap_or(0);
+        }
         self.shared.on_app_poll(self.last_empty);
-        // A heap ring of this process cannot be broken by a peer.
         let n = self.consumer.pop_burst(out).unwrap_or(0);
         self.last_empty = n == 0;
         n
@@ -209,6 +214,10 @@ impl Cq {
 
     /// One completion, if there is one (runs the engine once in inline mode).
     pub fn poll_one(&mut self) -> Option<WorkCompletion> {
+        if self.shared.mode == EngineMode::Inline {
+            self.shared.progress();
+            return self.consumer.pop().ok().flatten();
+        }
         self.shared.on_app_poll(self.last_empty);
         let wc = self.consumer.pop().ok().flatten();
         self.last_empty = wc.is_none();

@@ -641,6 +641,18 @@ impl Mr {
     /// The local offset the engine writes byte `offset` of the region at.
     #[inline]
     pub(crate) fn dst_off(&self, offset: u64) -> u64 {
+        // An arena region (`alloc_mr`) has no outside memory: tested on the box pointer
+        // alone, which the post path loads anyway (no look at its kind).
+        if self.user.is_none() {
+            return self.off + offset;
+        }
+        self.dst_off_outside(offset)
+    }
+
+    /// [`Mr::dst_off`] of a region with outside memory: a registered buffer's user offset,
+    /// or (pages moved onto the arena) its arena block's.
+    #[inline(never)]
+    fn dst_off_outside(&self, offset: u64) -> u64 {
         match self.buffer() {
             Some(_) => crate::tables::mr::user_off(self.index, offset),
             None => self.off + offset,
@@ -651,17 +663,22 @@ impl Mr {
     /// are copied into the shadow now for a registered buffer.
     #[inline]
     pub(crate) fn src_off(&self, offset: u64, len: u64) -> Result<u64> {
-        if let Some(u) = self.buffer() {
-            self.fill_shadow(u, offset, len)?;
+        // As in `dst_off`: only a region with outside memory looks at its kind.
+        if self.user.is_some() {
+            self.fill_shadow(offset, len)?;
         }
         Ok(self.off + offset)
     }
 
-    /// Copies `len` bytes at `offset` of a registered buffer into its shadow.
+    /// Copies `len` bytes at `offset` of a registered buffer into its shadow (nothing for
+    /// pages moved onto the arena: they are the block).
     #[inline(never)]
-    fn fill_shadow(&self, u: &UserView, offset: u64, len: u64) -> Result<()> {
-        Mem::copy(&u.mem, offset, &self.mem, self.off + offset, len)
-            .map_err(|_| self.oob(offset, len))
+    fn fill_shadow(&self, offset: u64, len: u64) -> Result<()> {
+        match self.buffer() {
+            Some(u) => Mem::copy(&u.mem, offset, &self.mem, self.off + offset, len)
+                .map_err(|_| self.oob(offset, len)),
+            None => Ok(()),
+        }
     }
 
     /// The L_Key, named by local scatter/gather elements.
