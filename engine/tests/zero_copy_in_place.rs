@@ -326,3 +326,74 @@ fn pages_already_moved_are_refused_until_their_region_is_gone() {
     drop(again);
     assert_eq!(&buf[..], &pattern(LEN, 5)[..]);
 }
+
+unsafe extern "C" {
+    fn fork() -> i32;
+    fn _exit(code: i32) -> !;
+}
+
+/// A child made by `fork` gets its own copy of in-place registered memory, as of every
+/// other page: its writes do not reach the parent's buffer (the region's pages, which a
+/// peer reads), and the parent's later writes do not reach it. Without the fork handler
+/// the moved range is a shared mapping in both.
+#[test]
+fn a_forked_child_writes_its_own_copy_of_in_place_memory() {
+    let ctx = Context::builder()
+        .mode(EngineMode::Inline)
+        .arena_size(1 << 20)
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .build()
+        .unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut buf = MmapMut::map_anon(LEN).unwrap();
+    let base = buf.as_mut_ptr();
+    poke(base, 0, &[42; 8]);
+    // SAFETY: the test owns the mapping, keeps it mapped past the region, and touches it
+    // only through `poke`/`peek` and the child's plain writes.
+    let mr = unsafe { pd.reg_mr_in_place(base, LEN as u64, AccessFlags::LOCAL_WRITE) }.unwrap();
+    // SAFETY: the child runs only async-signal-safe code (plain memory accesses and
+    // `_exit`) before it exits: no allocation, no lock, no unwinding.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // The child: write its copy, give the parent time to write its own, then check
+        // that the parent's write did not arrive.
+        // SAFETY: `base` is mapped in the child too (private now), LEN bytes.
+        unsafe { std::ptr::write_volatile(base, 0xEE) };
+        for _ in 0..200 {
+            // SAFETY: as above.
+            if unsafe { std::ptr::read_volatile(base.wrapping_add(1)) } != 42 {
+                // SAFETY: exits the child without running the test harness's code.
+                unsafe { _exit(1) };
+            }
+            // (nanosleep: async-signal-safe.)
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: as above.
+        unsafe { _exit(0) };
+    }
+    // The parent: its own write, which the child must not see (it gives up after a while
+    // and exits 0; 1 if the write reached it).
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    poke(base, 1, &[7]);
+    let status = rustix::process::waitpid(
+        Some(rustix::process::Pid::from_raw(pid).unwrap()),
+        rustix::process::WaitOptions::empty(),
+    )
+    .unwrap()
+    .unwrap()
+    .1;
+    assert_eq!(
+        status.exit_status(),
+        Some(0),
+        "the parent's write reached the child"
+    );
+    assert_eq!(
+        peek(base, 0, 1),
+        [42],
+        "the child's write reached the parent"
+    );
+    assert_eq!(mr.load_u64(0).unwrap() & 0xff, 42);
+    drop(mr);
+    assert_eq!(peek(base, 0, 2), [42, 7]);
+}

@@ -11,7 +11,8 @@
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Once, TryLockError};
 
 use rustix::mm::{MapFlags, MremapFlags, ProtFlags};
 
@@ -23,6 +24,8 @@ static MOVED: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 /// Claims `addr..addr + len` for a region moved onto an arena; `false` (nothing claimed) if
 /// it overlaps a range already claimed.
 pub(crate) fn claim(addr: usize, len: usize) -> bool {
+    protect_children();
+    let _g = ForkGuard::take();
     let mut moved = MOVED.lock().unwrap_or_else(|e| e.into_inner());
     let end = addr.saturating_add(len);
     let before = moved
@@ -38,10 +41,146 @@ pub(crate) fn claim(addr: usize, len: usize) -> bool {
 
 /// Gives up the claim on the range starting at `addr` (its region is gone, or never was).
 pub(crate) fn unclaim(addr: usize) {
+    let _g = ForkGuard::take();
     MOVED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&addr);
+}
+
+// Fork. A moved range is a shared mapping of the arena, which a child made by `fork`
+// inherits as shared: its writes to the program's buffer would land in the parent's (and a
+// peer's RDMA Read would see them), where a program expects the child's memory to be its
+// own copy, as it is for every other page. So the child, before it returns from `fork`,
+// replaces each moved range with a private copy of its bytes (`pthread_atfork`'s child
+// handler); the parent keeps its shared pages. (A child that execs loses them all anyway.)
+
+/// Held by whoever changes `MOVED`, and across `fork` by the thread forking (taken in the
+/// prepare handler): so `MOVED`'s lock is free in the child, whose only thread reads it.
+static FORK_GUARD: AtomicBool = AtomicBool::new(false);
+
+/// [`FORK_GUARD`], held.
+struct ForkGuard;
+
+impl ForkGuard {
+    fn take() -> ForkGuard {
+        lock_fork_guard();
+        ForkGuard
+    }
+}
+
+impl Drop for ForkGuard {
+    fn drop(&mut self) {
+        unlock_fork_guard();
+    }
+}
+
+fn lock_fork_guard() {
+    // SYNC: Acquire pairs with the Release in `unlock_fork_guard`: what the last holder
+    // did to `MOVED` is seen by the next. Contended only while a region is registered or
+    // dropped at the moment another thread forks: cold.
+    while FORK_GUARD
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+}
+
+fn unlock_fork_guard() {
+    // SYNC: Release pairs with the Acquire in `lock_fork_guard`.
+    FORK_GUARD.store(false, Ordering::Release);
+}
+
+unsafe extern "C" {
+    /// glibc's `pthread_atfork` (POSIX).
+    fn pthread_atfork(
+        prepare: Option<unsafe extern "C" fn()>,
+        parent: Option<unsafe extern "C" fn()>,
+        child: Option<unsafe extern "C" fn()>,
+    ) -> std::ffi::c_int;
+}
+
+/// Installs the fork handlers, once per process (before the first range is moved).
+fn protect_children() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        // SAFETY: the three handlers are `extern "C"` functions that live as long as the
+        // process, never unwind and (in the child) call only async-signal-safe operations:
+        // an atomic store, mmap, mremap and a copy.
+        let r = unsafe {
+            pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(after_fork_in_child),
+            )
+        };
+        if r != 0 {
+            eprintln!(
+                "shmhca: pthread_atfork failed ({r}): a child made by fork() will share the \
+                 pages of in-place registered memory with its parent"
+            );
+        }
+    });
+}
+
+unsafe extern "C" fn before_fork() {
+    lock_fork_guard();
+}
+
+unsafe extern "C" fn after_fork_in_parent() {
+    unlock_fork_guard();
+}
+
+unsafe extern "C" fn after_fork_in_child() {
+    // The child's only thread: `MOVED`'s lock is free (every holder also held the guard,
+    // which the forking thread held), and locking it allocates nothing.
+    let moved = match MOVED.try_lock() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            unlock_fork_guard();
+            return;
+        }
+    };
+    for (&addr, &len) in moved.iter() {
+        // SAFETY: `addr..addr + len` is a moved range (claimed, and mapped, by its region),
+        // page-aligned; nothing else runs in the child during the handler.
+        if unsafe { privatize(addr as *mut u8, len) }.is_err() {
+            // Nothing to report it to without allocating: the range stays shared.
+        }
+    }
+    drop(moved);
+    unlock_fork_guard();
+}
+
+/// Replaces the mapping at `addr..addr + len` with private anonymous memory holding its
+/// bytes.
+///
+/// # Safety
+/// `addr..addr + len` is a mapping, page-aligned, that nothing else uses during the call
+/// and no Rust reference points into.
+unsafe fn privatize(addr: *mut u8, len: usize) -> rustix::io::Result<()> {
+    // SAFETY: a fresh private mapping the kernel places where it likes.
+    let tmp = unsafe {
+        rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::PRIVATE,
+        )
+    }?;
+    // SAFETY: both ranges are `len` bytes, distinct mappings; `addr` is readable.
+    unsafe { std::ptr::copy_nonoverlapping(addr, tmp.cast::<u8>(), len) };
+    // SAFETY: moves the private copy over `addr` (MREMAP_FIXED replaces what was there).
+    match unsafe { rustix::mm::mremap_fixed(tmp, len, len, MremapFlags::MAYMOVE, addr.cast()) } {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // SAFETY: `tmp` is ours and unused.
+            let _ = unsafe { rustix::mm::munmap(tmp, len) };
+            Err(e)
+        }
+    }
 }
 
 /// Copies the program's `len` bytes at `addr` into the arena block at `block`, then makes
