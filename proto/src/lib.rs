@@ -8,7 +8,8 @@
 //! time in ([`timer`]), the QP vocabulary and its protocol half ([`qp`]: state, context,
 //! [`Qp`](qp::Qp)), and the transport's logic: the SQ Logic ([`requester`]: send window,
 //! gates, retry counters, timers, and the transmit path behind
-//! [`SqDriver`](requester::SqDriver)), the completer's checks ([`completer`]) and the RQ
+//! [`SqDriver`](requester::SqDriver)), the completer ([`completer`]: its checks, what each
+//! outcome does, retiring send WQEs) and the RQ
 //! Logic's state, checks and refusal table ([`responder`]).
 //!
 //! It is `no_std` with no dependencies: it cannot read a clock, start a thread, take a lock,
