@@ -54,29 +54,29 @@ mod ride_tests;
 #[cfg(test)]
 mod tests;
 
+use crate::completion::WorkCompletion;
 pub(crate) use owed::OwedAcks;
-pub(crate) use shmhca_proto::responder::{
-    Fresh, Inbound, Out, ReadJob, RespError, Responder, verdict,
-};
+pub(crate) use shmhca_proto::responder::{Inbound, Out, ReadJob, RespError, verdict};
+use shmhca_proto::responder::{RecvCopyError, Request, ResponderDriver};
 
 use std::sync::atomic::Ordering;
 
 use crate::completion::{WcOpcode, WcStatus};
 use crate::context::{Env, LinkTx, QpSlot};
 use crate::dma::{self, CopyError, Cursor, Sgl};
-use crate::psn::{self, Psn};
+use crate::psn::Psn;
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};
 use crate::user_mem::Local;
 use crate::wire::Msn;
-use crate::wire::aeth::{AethRepr, CreditCode, NakCode, RnrTimer, Syndrome};
+use crate::wire::aeth::{AethRepr, CreditCode, NakCode, Syndrome};
 use crate::wire::bth::BthRepr;
-use crate::wire::opcode::{OpClass, Opcode, OpcodeInfo, Position};
+use crate::wire::opcode::{OpClass, Opcode, Position};
 use crate::wire::slot::{
     HeaderWriter, KIND_DIRECT, KIND_INLINE, KIND_NONE, PacketSlot, RxPacket, can_carry_ack,
     riding_word, set_riding_ack,
 };
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SgeEntry};
-use shmhca_proto::responder::{Reply, check_packet_length};
+use shmhca_proto::responder::Reply;
 
 /// Handles one request packet addressed to this QP's RQ Logic: runs it through the checks
 /// and, if one refuses it, answers as the table ([`verdict`]) says. With `tx` (the QP's
@@ -100,8 +100,114 @@ pub(crate) fn on_request<L: LinkTx + ?Sized>(
             return;
         }
     }
-    if let Err(e) = receive(qp, env, pkt) {
-        refuse(qp, env, pkt.psn(), e);
+    let r = request_of(pkt);
+    shmhca_proto::responder::handle_request(&mut Receiver { qp, env, pkt }, &r);
+}
+
+/// Refuses the request `pkt` (at `psn`) a short path found wrong, as the full pipeline
+/// would ([`shmhca_proto::responder::refuse`]).
+#[cold]
+fn refuse(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>, psn: Psn, e: RespError) {
+    shmhca_proto::responder::refuse(&mut Receiver { qp, env, pkt }, psn, e);
+}
+
+/// What the RQ Logic reads of a request packet.
+fn request_of(pkt: &RxPacket<'_>) -> Request {
+    Request {
+        info: pkt.info,
+        psn: pkt.psn(),
+        payload_len: pkt.payload.len(),
+        reth: pkt.reth(),
+        atomic_eth: pkt.atomic_eth(),
+        imm: pkt.imm(),
+        ieth: pkt.ieth(),
+        solicited: pkt.solicited(),
+    }
+}
+
+/// The engine's side of the RQ Logic's receive pipeline: the QP slot (its memory, queues
+/// and what it shares with the application), this engine's resources, and the request
+/// being handled (whose payload is copied from the peer's memory).
+struct Receiver<'q, 'e, 'r, 'p> {
+    qp: &'q mut QpSlot,
+    env: &'e mut Env<'r>,
+    pkt: &'p RxPacket<'p>,
+}
+
+impl ResponderDriver for Receiver<'_, '_, '_, '_> {
+    #[inline(always)]
+    fn qp(&mut self) -> &mut shmhca_proto::qp::Qp {
+        &mut self.qp.proto
+    }
+
+    fn burst(&mut self) -> u64 {
+        self.env.stats.packets_received
+    }
+
+    fn recv_cq_has_room(&mut self) -> bool {
+        self.env.cqs.has_room(self.qp.proto.recv_cq)
+    }
+
+    fn take_recv(&mut self) -> Option<RqWqe> {
+        self.env.take_recv(self.qp)
+    }
+
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        let qp = &self.qp.proto;
+        self.env
+            .mws
+            .invalidate(rkey, qp.pd.get(), Some(qp.qpn))
+            .is_ok()
+    }
+
+    fn copy_to_recv(&mut self, wqe: &RqWqe, cursor: &mut Cursor) -> Result<u64, RecvCopyError> {
+        let qp = &*self.qp;
+        let local = Local::new(&qp.mem, &self.env.res.mrs);
+        let sgl = Sgl::new(&wqe.data, &qp.tables);
+        match dma::copy_payload(self.pkt, &qp.peer_mem, &local, sgl, cursor) {
+            Ok(n) => {
+                self.env.stats.payload_bytes_copied += n;
+                Ok(n)
+            }
+            Err(CopyError::DestinationFull) => Err(RecvCopyError::TooShort),
+            Err(_) => Err(RecvCopyError::Failed),
+        }
+    }
+
+    fn check_rkey(
+        &mut self,
+        rkey: u32,
+        need: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Result<u64, RespError> {
+        check_rkey(self.qp, self.env, rkey, need, va, len)
+    }
+
+    fn write_payload(&mut self, off: u64, len: u32) -> Result<(), RespError> {
+        write_payload(self.qp, self.env, self.pkt, off, len)
+    }
+
+    fn atomic(&mut self, off: u64, cas: bool, compare: u64, swap_add: u64) -> Option<u64> {
+        let mem = Local::new(&self.qp.mem, &self.env.res.mrs);
+        let orig = if cas {
+            mem.compare_swap_u64(off, compare, swap_add)
+        } else {
+            mem.fetch_add_u64(off, swap_add)
+        };
+        orig.ok()
+    }
+
+    fn complete_recv(&mut self, wqe: &RqWqe, wc: WorkCompletion) -> bool {
+        self.qp.complete_recv(self.env, wqe, wc)
+    }
+
+    fn enter_error(&mut self) {
+        self.qp.enter_error(self.env);
+    }
+
+    fn dropped(&mut self) {
+        self.env.stats.dropped += 1;
     }
 }
 
@@ -343,7 +449,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
     };
     let Ok(orig) = orig else {
         // The slot is not committed; the pipeline's state at this point is this one.
-        refuse(qp, env, psn, RespError::AtomicFailed);
+        refuse(qp, env, pkt, psn, RespError::AtomicFailed);
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::Atomic);
         return true;
@@ -415,7 +521,7 @@ fn send_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
                 CopyError::DestinationFull => RespError::ReceiveTooShort,
                 _ => RespError::CopyFailed,
             };
-            refuse(qp, env, psn, e);
+            refuse(qp, env, pkt, psn, e);
             return true;
         }
     };
@@ -489,7 +595,7 @@ fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bo
     if write_payload(qp, env, pkt, off, len).is_err() {
         // The pipeline's state at this point: the receive WQE held.
         qp.proto.resp.held = wqe;
-        refuse(qp, env, psn, RespError::CopyFailed);
+        refuse(qp, env, pkt, psn, RespError::CopyFailed);
         return true;
     }
     match wqe {
@@ -530,131 +636,6 @@ fn deliver_fast(
     let msn = qp.proto.resp.next_msn();
     qp.proto.resp.epsn = psn.add(1);
     qp.proto.resp.owe(psn, msn);
-}
-
-/// The receive pipeline: each check in the spec's order; the first that fails refuses
-/// the packet.
-fn receive(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
-    qp.proto.resp.settle(env.stats.packets_received);
-    let info = pkt.info;
-    check_state(qp)?;
-    if check_psn(&mut qp.proto.resp, pkt.psn())? == Fresh::Duplicate {
-        return duplicate(qp, env, pkt, info);
-    }
-    check_opcode_sequence(&qp.proto.resp, info)?;
-    check_operation_enabled(qp, info)?;
-    match info.class {
-        OpClass::Send => send(qp, env, pkt, info),
-        OpClass::RdmaWrite => write(qp, env, pkt, info),
-        OpClass::RdmaReadRequest => read(qp, env, pkt),
-        OpClass::CompareSwap | OpClass::FetchAdd => atomic(qp, env, pkt, info),
-        _ => Err(RespError::NotReceiving),
-    }
-}
-
-/// Answers a refused request as [`verdict`] says: a Nak (the last packet of the QP if the
-/// error is fatal, a receive WQE in use completing in error), an RNR Nak, or nothing.
-fn refuse(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn, e: RespError) {
-    let v = verdict(e);
-    if v.dropped {
-        env.stats.dropped += 1;
-    }
-    match v.reply {
-        Reply::Nothing => {}
-        Reply::Nak(code) if v.fatal => {
-            fatal(
-                qp,
-                env,
-                psn,
-                code,
-                v.recv_status.unwrap_or(WcStatus::LocQpOpErr),
-            );
-        }
-        // A sequence error names the PSN expected: the requester resends from there.
-        Reply::Nak(code) => {
-            let epsn = qp.proto.resp.epsn;
-            qp.proto.resp.queue_nak(epsn, Syndrome::Nak(code));
-        }
-        Reply::RnrNak => {
-            let timer = RnrTimer::new(qp.proto.cfg.min_rnr_timer);
-            qp.proto.resp.queue_nak(psn, Syndrome::RnrNak { timer });
-        }
-    }
-}
-
-/// The QP receives only from RTR on, and not in the Error state.
-#[inline]
-fn check_state(qp: &QpSlot) -> Result<(), RespError> {
-    shmhca_proto::responder::check_state(qp.proto.state)
-}
-
-/// Check 1, PSN against ePSN: a new request ends the wait of an outstanding Nak.
-#[inline]
-fn check_psn(resp: &mut Responder, psn: Psn) -> Result<Fresh, RespError> {
-    let fresh = shmhca_proto::responder::check_psn(psn, resp.epsn, resp.nak_outstanding)?;
-    if fresh == Fresh::New {
-        resp.nak_outstanding = false;
-    }
-    Ok(fresh)
-}
-
-/// Check 2, Opcode sequence, against the message in progress.
-#[inline]
-fn check_opcode_sequence(resp: &Responder, info: &OpcodeInfo) -> Result<(), RespError> {
-    let in_message = match resp.cur {
-        Inbound::Idle => None,
-        Inbound::Send { .. } => Some(OpClass::Send),
-        Inbound::Write { .. } => Some(OpClass::RdmaWrite),
-    };
-    shmhca_proto::responder::check_opcode_sequence(in_message, info)
-}
-
-/// Check 3, Operation enabled, against the QP's remote access enables.
-#[inline]
-fn check_operation_enabled(qp: &QpSlot, info: &OpcodeInfo) -> Result<(), RespError> {
-    shmhca_proto::responder::check_operation_enabled(qp.proto.cfg.access, info.class)
-}
-
-/// Check 4, Resources of a message that completes a receive WQE: room in the receive CQ (on its
-/// last packet) and the receive WQE. A Send takes its WQE on its first packet (it becomes
-/// the message in progress); a Write with Immediate on its last (held until it executes).
-/// Either way nothing is done before it is there, so an RNR Nak leaves nothing half done.
-fn check_receive_resources(
-    qp: &mut QpSlot,
-    env: &mut Env<'_>,
-    last: bool,
-    class: OpClass,
-) -> Result<(), RespError> {
-    if last && !env.cqs.has_room(qp.proto.recv_cq) {
-        return Err(RespError::ReceiveCqFull);
-    }
-    let needed = match class {
-        OpClass::Send => matches!(qp.proto.resp.cur, Inbound::Idle),
-        _ => qp.proto.resp.held.is_none(),
-    };
-    if needed {
-        let wqe = env.take_recv(qp).ok_or(RespError::NoReceiveWqe)?;
-        if class == OpClass::Send {
-            qp.proto.resp.cur = Inbound::Send {
-                wqe,
-                cursor: Cursor::default(),
-                got: 0,
-            };
-        } else {
-            qp.proto.resp.held = Some(wqe);
-        }
-    }
-    Ok(())
-}
-
-/// Check 4, Resources of an RDMA Read or Atomic: a responder resource (the requester was told
-/// how many it may use).
-fn check_rd_atomic_resources(qp: &QpSlot) -> Result<(), RespError> {
-    if qp.proto.resp.rd_atomic_queued >= u32::from(qp.proto.cfg.max_dest_rd_atomic.max(1)) {
-        Err(RespError::TooManyReadAtomic)
-    } else {
-        Ok(())
-    }
 }
 
 /// Check 6, R_Key: `len` bytes at `va` through `rkey`, with access `need`, in this QP's domain;
@@ -711,324 +692,6 @@ fn record_rkey_refusal(
         .last_error
         .lock()
         .unwrap_or_else(|e| e.into_inner()) = Some(text);
-}
-
-/// Naks `psn` with `code` and moves the QP to the Error state; a receive WQE in use
-/// completes with `local` (spec/02: the error reaches local software too). If the receive
-/// CQ is full, the WQE stays current and completes with `local` when the Error state
-/// flushes it.
-fn fatal(qp: &mut QpSlot, env: &mut Env<'_>, psn: Psn, code: NakCode, local: WcStatus) {
-    qp.proto.resp.queue_fatal(psn, code);
-    if let Some(wqe) = qp.proto.resp.take_current_wqe() {
-        let wc = qp.recv_completion(wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
-        if !qp.complete_recv(env, &wqe, wc) {
-            qp.proto.resp.put_back_current_wqe(wqe);
-            qp.proto.resp.cur_status = local;
-        }
-    } else {
-        qp.proto.resp.cur = Inbound::Idle;
-    }
-    qp.enter_error(env);
-}
-
-/// Accepts `psn`: advances ePSN and records the Ack owed for it (one Ack covers every
-/// request accepted before it leaves).
-fn ack(qp: &mut QpSlot, psn: Psn) {
-    let msn = qp.proto.resp.msn;
-    qp.proto.resp.epsn = psn.add(1);
-    qp.proto.resp.owe(psn, msn);
-}
-
-fn send(
-    qp: &mut QpSlot,
-    env: &mut Env<'_>,
-    pkt: &RxPacket<'_>,
-    info: &OpcodeInfo,
-) -> Result<(), RespError> {
-    let psn = pkt.psn();
-    let last = matches!(info.position, Position::Last | Position::Only);
-    check_receive_resources(qp, env, last, OpClass::Send)?;
-    check_packet_length(
-        info.position,
-        pkt.payload.len(),
-        qp.proto.cfg.path_mtu.bytes(),
-    )?;
-    let ieth = match (last && info.invalidate, pkt.ieth()) {
-        (false, _) => None,
-        (true, Some(key)) => Some(key),
-        (true, None) => return Err(RespError::MissingHeader),
-    };
-    // 6. Send with Invalidate: the type 2 window bound to this QP with the IETH's key stops
-    // working before the message completes.
-    if let Some(key) = ieth {
-        env.mws
-            .invalidate(key, qp.proto.pd.get(), Some(qp.proto.qpn))
-            .map_err(|_| RespError::InvalidateRefused)?;
-    }
-    // 7. Execute.
-    let Inbound::Send {
-        wqe,
-        mut cursor,
-        mut got,
-    } = qp.proto.resp.cur
-    else {
-        // The resources check made it current.
-        return Err(RespError::OpcodeOutOfSequence);
-    };
-    match dma::copy_payload(
-        pkt,
-        &qp.peer_mem,
-        &Local::new(&qp.mem, &env.res.mrs),
-        Sgl::new(&wqe.data, &qp.tables),
-        &mut cursor,
-    ) {
-        Ok(n) => {
-            env.stats.payload_bytes_copied += n;
-            got += n;
-        }
-        Err(CopyError::DestinationFull) => return Err(RespError::ReceiveTooShort),
-        Err(_) => return Err(RespError::CopyFailed),
-    }
-    if last {
-        qp.proto.resp.cur = Inbound::Idle;
-        complete_recv(qp, env, &wqe, (WcOpcode::Recv, ieth), got as u32, pkt);
-        qp.proto.resp.next_msn();
-    } else {
-        qp.proto.resp.cur = Inbound::Send { wqe, cursor, got };
-    }
-    ack(qp, psn);
-    Ok(())
-}
-
-/// Retires receive WQE `wqe` and completes it successfully with the message that ended in
-/// `pkt` (its immediate data and Solicited Event bit) and, for a Send with Invalidate, the
-/// key it invalidated. The caller checked the CQ has room before touching anything.
-fn complete_recv(
-    qp: &mut QpSlot,
-    env: &mut Env<'_>,
-    wqe: &RqWqe,
-    (opcode, invalidated): (WcOpcode, Option<u32>),
-    byte_len: u32,
-    pkt: &RxPacket<'_>,
-) {
-    let mut wc = qp.recv_completion(
-        wqe.wr_id,
-        WcStatus::Success,
-        opcode,
-        byte_len,
-        pkt.imm(),
-        pkt.solicited(),
-    );
-    wc.invalidated_rkey = invalidated;
-    let completed = qp.complete_recv(env, wqe, wc);
-    debug_assert!(completed, "room was checked");
-}
-
-fn write(
-    qp: &mut QpSlot,
-    env: &mut Env<'_>,
-    pkt: &RxPacket<'_>,
-    info: &OpcodeInfo,
-) -> Result<(), RespError> {
-    let psn = pkt.psn();
-    let len = u64::from(pkt.payload.len());
-    let pmtu = qp.proto.cfg.path_mtu.bytes();
-    let last = matches!(info.position, Position::Last | Position::Only);
-    // 4. A Write with Immediate consumes a receive WQE on its last packet.
-    if pkt.imm().is_some() {
-        check_receive_resources(qp, env, last, OpClass::RdmaWrite)?;
-    }
-    // 5. Length. The Write in progress: a new one named by the RETH, or the one continued.
-    // It is recorded only once the packet is accepted, so that an RNR Nak leaves the
-    // responder idle and the retried packet is taken for what it is.
-    let (va, rkey, done, total) = match (pkt.reth(), qp.proto.resp.cur) {
-        (Some(reth), _) => (reth.va, reth.rkey, 0, u64::from(reth.dma_len)),
-        (
-            None,
-            Inbound::Write {
-                va,
-                rkey,
-                done,
-                total,
-            },
-        ) => (va, rkey, done, total),
-        (None, _) => return Err(RespError::MissingHeader),
-    };
-    check_packet_length(info.position, len as u32, pmtu)?;
-    let left = total - done;
-    if !(if last { len == left } else { len < left }) {
-        return Err(RespError::BadLength);
-    }
-    // 6. R_Key. The whole message's range is checked on its first packet (the RETH names
-    // it), and each packet's piece again, in case the region went away in between.
-    if matches!(info.position, Position::First | Position::Only) {
-        check_rkey(qp, env, rkey, AccessFlags::REMOTE_WRITE, va, total)?;
-    }
-    let off = check_rkey(
-        qp,
-        env,
-        rkey,
-        AccessFlags::REMOTE_WRITE,
-        va.wrapping_add(done),
-        len,
-    )?;
-    // 7. Execute.
-    write_payload(qp, env, pkt, off, len as u32)?;
-    if last {
-        qp.proto.resp.cur = Inbound::Idle;
-        if let Some(w) = qp.proto.resp.held.take() {
-            complete_recv(
-                qp,
-                env,
-                &w,
-                (WcOpcode::RecvRdmaWithImm, None),
-                total as u32,
-                pkt,
-            );
-        }
-        qp.proto.resp.next_msn();
-    } else {
-        qp.proto.resp.cur = Inbound::Write {
-            va,
-            rkey,
-            done: done + len,
-            total,
-        };
-    }
-    ack(qp, psn);
-    Ok(())
-}
-
-fn read(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), RespError> {
-    let psn = pkt.psn();
-    check_rd_atomic_resources(qp)?;
-    let reth = pkt.reth().ok_or(RespError::MissingHeader)?;
-    check_rkey(
-        qp,
-        env,
-        reth.rkey,
-        AccessFlags::REMOTE_READ,
-        reth.va,
-        u64::from(reth.dma_len),
-    )?;
-    let npkts = psn::read_response_packets(reth.dma_len, qp.proto.cfg.path_mtu.bytes());
-    let msn = qp.proto.resp.next_msn();
-    qp.proto.resp.rd_atomic_queued += 1;
-    qp.proto.resp.queue(Out::Read(ReadJob {
-        psn,
-        va: reth.va,
-        rkey: reth.rkey,
-        len: reth.dma_len,
-        npkts,
-        next: 0,
-        msn,
-        dup: false,
-    }));
-    qp.proto.resp.epsn = psn.add(npkts);
-    Ok(())
-}
-
-fn atomic(
-    qp: &mut QpSlot,
-    env: &mut Env<'_>,
-    pkt: &RxPacket<'_>,
-    info: &OpcodeInfo,
-) -> Result<(), RespError> {
-    let psn = pkt.psn();
-    check_rd_atomic_resources(qp)?;
-    let a = pkt.atomic_eth().ok_or(RespError::MissingHeader)?;
-    if a.va % 8 != 0 {
-        // Atomics work on naturally aligned 64-bit words.
-        return Err(RespError::MisalignedAtomic);
-    }
-    let off = check_rkey(qp, env, a.rkey, AccessFlags::REMOTE_ATOMIC, a.va, 8)?;
-    let mem = Local::new(&qp.mem, &env.res.mrs);
-    let orig = if info.class == OpClass::CompareSwap {
-        mem.compare_swap_u64(off, a.compare, a.swap_add)
-    } else {
-        mem.fetch_add_u64(off, a.swap_add)
-    };
-    let orig = orig.map_err(|_| RespError::AtomicFailed)?;
-    let msn = qp.proto.resp.next_msn();
-    let resp = &mut qp.proto.resp;
-    if resp.atomics.len() == MAX_RD_ATOMIC as usize {
-        resp.atomics.pop_front();
-    }
-    resp.atomics.push_back((psn, orig, msn));
-    resp.rd_atomic_queued += 1;
-    resp.queue(Out::Atomic {
-        psn,
-        orig,
-        msn,
-        dup: false,
-    });
-    resp.epsn = psn.add(1);
-    Ok(())
-}
-
-/// Answers a duplicate request without executing it again.
-fn duplicate(
-    qp: &mut QpSlot,
-    env: &mut Env<'_>,
-    pkt: &RxPacket<'_>,
-    info: &OpcodeInfo,
-) -> Result<(), RespError> {
-    match info.class {
-        OpClass::Send | OpClass::RdmaWrite => {
-            let resp = &mut qp.proto.resp;
-            let (psn, msn) = (resp.epsn.sub(1), resp.msn);
-            resp.owe(psn, msn);
-        }
-        OpClass::RdmaReadRequest => {
-            // The requester asks again from some response on: serve that range again.
-            let Some(reth) = pkt.reth() else {
-                return Ok(());
-            };
-            // Checked again like a new Read, and refused like one: the region may have gone
-            // since the original.
-            check_rkey(
-                qp,
-                env,
-                reth.rkey,
-                AccessFlags::REMOTE_READ,
-                reth.va,
-                u64::from(reth.dma_len),
-            )?;
-            let npkts = psn::read_response_packets(reth.dma_len, qp.proto.cfg.path_mtu.bytes());
-            let resp = &mut qp.proto.resp;
-            if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
-                resp.dup_queued += 1;
-                let msn = resp.msn;
-                resp.queue(Out::Read(ReadJob {
-                    psn: pkt.psn(),
-                    va: reth.va,
-                    rkey: reth.rkey,
-                    len: reth.dma_len,
-                    npkts,
-                    next: 0,
-                    msn,
-                    dup: true,
-                }));
-            }
-        }
-        OpClass::CompareSwap | OpClass::FetchAdd => {
-            let psn = pkt.psn();
-            let resp = &mut qp.proto.resp;
-            if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
-                if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
-                    resp.dup_queued += 1;
-                    resp.queue(Out::Atomic {
-                        psn: p,
-                        orig,
-                        msn,
-                        dup: true,
-                    });
-                }
-            }
-        }
-        _ => {}
-    }
-    Ok(())
 }
 
 /// Sends queued responses as far as the link has room, then, if credits went up while the

@@ -31,6 +31,13 @@
 //! assert_eq!(verdict(again).reply, Reply::Nothing);
 //! ```
 
+mod pipeline;
+
+pub use pipeline::{
+    RecvCopyError, Request, ResponderDriver, check_rd_atomic_resources, handle_request,
+    recv_completion, refuse,
+};
+
 use crate::completion::WcStatus;
 use crate::psn::{self, Psn, PsnRegion};
 use crate::qp::{AccessFlags, MAX_RD_ATOMIC, QpState};

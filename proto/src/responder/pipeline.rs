@@ -1,0 +1,503 @@
+//! The RQ Logic's receive pipeline (spec/01, spec/02): a request runs through the checks in
+//! the rxe responder's order (`CHK_PSN → CHK_OP_SEQ → CHK_OP_VALID → CHK_RESOURCE →
+//! CHK_LENGTH → CHK_RKEY → EXECUTE`), is executed, and is acknowledged; the first check
+//! that fails refuses it, and [`verdict`](super::verdict) says what the refusal sends back,
+//! how a receive WQE in use completes, and whether the QP is lost ([`refuse`]).
+//!
+//! What touches memory and the driver's tables — receive WQEs and the receive CQ, R_Key
+//! and memory window checks, payload copies, the Atomic on the target word, the Error
+//! state — goes through a [`ResponderDriver`]. Responses (Acks, Naks, Read responses,
+//! Atomic Acknowledges) are queued in the [`Responder`](super::Responder) and the driver
+//! sends them.
+
+use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+use crate::psn::{self, Psn};
+use crate::qp::{AccessFlags, MAX_RD_ATOMIC, Qp};
+use crate::wire::aeth::{NakCode, RnrTimer, Syndrome};
+use crate::wire::opcode::{OpClass, OpcodeInfo, Position};
+use crate::wire::{AtomicEthRepr, RethRepr};
+use crate::wqe::{Cursor, RqWqe};
+
+use super::{
+    Fresh, Inbound, Out, ReadJob, Reply, RespError, check_opcode_sequence, check_operation_enabled,
+    check_packet_length, check_psn, check_state, verdict,
+};
+
+/// What the RQ Logic reads of a request packet: its headers, parsed and bounds-checked by
+/// the link that received it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    /// Its opcode's row of the opcode table.
+    pub info: &'static OpcodeInfo,
+    /// Its PSN.
+    pub psn: Psn,
+    /// Bytes of payload.
+    pub payload_len: u32,
+    /// Its RETH, if it has one.
+    pub reth: Option<RethRepr>,
+    /// Its AtomicETH, if it has one.
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// Its immediate data, if it has some.
+    pub imm: Option<u32>,
+    /// The R_Key its IETH names, if it has one.
+    pub ieth: Option<u32>,
+    /// Its Solicited Event bit.
+    pub solicited: bool,
+}
+
+/// Why a Send's payload did not land in its receive WQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvCopyError {
+    /// The receive WQE's scatter list is shorter than the message.
+    TooShort,
+    /// The payload's bytes are out of the sender's bounds, or the list's memory is gone.
+    Failed,
+}
+
+/// What the receive pipeline needs of whoever drives the QP.
+pub trait ResponderDriver {
+    /// The QP's protocol half.
+    fn qp(&mut self) -> &mut Qp;
+
+    /// The driver's count of packets received before the current burst (the same all
+    /// through one burst of the QP's link, higher in any later one): early answers'
+    /// resources are settled against it ([`Responder::settle`](super::Responder::settle)).
+    fn burst(&mut self) -> u64;
+
+    /// Whether the receive CQ has room for one more completion.
+    fn recv_cq_has_room(&mut self) -> bool;
+
+    /// Takes the next receive WQE (from the QP's receive queue or its shared one).
+    fn take_recv(&mut self) -> Option<RqWqe>;
+
+    /// Invalidates the type 2 memory window `rkey` bound to this QP (a Send with
+    /// Invalidate); false if this QP may not.
+    fn invalidate(&mut self, rkey: u32) -> bool;
+
+    /// Copies the request's payload into `wqe`'s scatter list from `cursor` on (moving
+    /// it); the bytes copied.
+    fn copy_to_recv(&mut self, wqe: &RqWqe, cursor: &mut Cursor) -> Result<u64, RecvCopyError>;
+
+    /// Checks a remote access of `len` bytes at `va` through `rkey` with rights `need` in
+    /// this QP's domain; the offset in its memory, or [`RespError::RKeyViolation`] (the
+    /// driver may record why).
+    fn check_rkey(
+        &mut self,
+        rkey: u32,
+        need: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Result<u64, RespError>;
+
+    /// Writes the request's payload (`len` bytes) at `off` of the QP's memory, its last
+    /// bytes last.
+    fn write_payload(&mut self, off: u64, len: u32) -> Result<(), RespError>;
+
+    /// Runs an Atomic on the 8-byte word at `off`: compare-and-swap (`cas`) of `compare`
+    /// with `swap_add`, or fetch-and-add of `swap_add`; the original value, `None` if the
+    /// word cannot be operated on (its memory is gone).
+    fn atomic(&mut self, off: u64, cas: bool, compare: u64, swap_add: u64) -> Option<u64>;
+
+    /// Retires `wqe` and pushes `wc` to the receive CQ (in that order); false, with
+    /// nothing done, if the CQ is full.
+    fn complete_recv(&mut self, wqe: &RqWqe, wc: WorkCompletion) -> bool;
+
+    /// Moves the QP to the Error state.
+    fn enter_error(&mut self);
+
+    /// Counts a packet dropped.
+    fn dropped(&mut self);
+}
+
+/// Handles request `r` the full way: the checks, then the execution; a refusal is
+/// answered as the table says ([`refuse`]).
+pub fn handle_request<D: ResponderDriver>(d: &mut D, r: &Request) {
+    if let Err(e) = receive(d, r) {
+        refuse(d, r.psn, e);
+    }
+}
+
+fn receive<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
+    let burst = d.burst();
+    let qp = d.qp();
+    qp.resp.settle(burst);
+    check_state(qp.state)?;
+    let fresh = check_psn(r.psn, qp.resp.epsn, qp.resp.nak_outstanding)?;
+    if fresh == Fresh::Duplicate {
+        return duplicate(d, r);
+    }
+    qp.resp.nak_outstanding = false;
+    let in_message = match qp.resp.cur {
+        Inbound::Idle => None,
+        Inbound::Send { .. } => Some(OpClass::Send),
+        Inbound::Write { .. } => Some(OpClass::RdmaWrite),
+    };
+    check_opcode_sequence(in_message, r.info)?;
+    check_operation_enabled(qp.cfg.access, r.info.class)?;
+    match r.info.class {
+        OpClass::Send => send(d, r),
+        OpClass::RdmaWrite => write(d, r),
+        OpClass::RdmaReadRequest => read(d, r),
+        OpClass::CompareSwap | OpClass::FetchAdd => atomic(d, r),
+        _ => Err(RespError::NotReceiving),
+    }
+}
+
+/// Answers a refused request as [`verdict`] says: a Nak (the last packet of the QP if the
+/// error is fatal, a receive WQE in use completing in error), an RNR Nak, or nothing.
+pub fn refuse<D: ResponderDriver>(d: &mut D, psn: Psn, e: RespError) {
+    let v = verdict(e);
+    if v.dropped {
+        d.dropped();
+    }
+    match v.reply {
+        Reply::Nothing => {}
+        Reply::Nak(code) if v.fatal => {
+            fatal(d, psn, code, v.recv_status.unwrap_or(WcStatus::LocQpOpErr));
+        }
+        // A sequence error names the PSN expected: the requester resends from there.
+        Reply::Nak(code) => {
+            let resp = &mut d.qp().resp;
+            let epsn = resp.epsn;
+            resp.queue_nak(epsn, Syndrome::Nak(code));
+        }
+        Reply::RnrNak => {
+            let qp = d.qp();
+            let timer = RnrTimer::new(qp.cfg.min_rnr_timer);
+            qp.resp.queue_nak(psn, Syndrome::RnrNak { timer });
+        }
+    }
+}
+
+/// A fatal refusal: its Nak is the QP's last packet, a receive WQE in use completes with
+/// `local` (or, the CQ being full, is flushed with it later), and the QP goes to the Error
+/// state.
+fn fatal<D: ResponderDriver>(d: &mut D, psn: Psn, code: NakCode, local: WcStatus) {
+    let qp = d.qp();
+    qp.resp.queue_fatal(psn, code);
+    if let Some(wqe) = qp.resp.take_current_wqe() {
+        let wc = recv_completion(qp, wqe.wr_id, local, WcOpcode::Recv, 0, None, false);
+        if !d.complete_recv(&wqe, wc) {
+            let resp = &mut d.qp().resp;
+            resp.put_back_current_wqe(wqe);
+            resp.cur_status = local;
+        }
+    } else {
+        qp.resp.cur = Inbound::Idle;
+    }
+    d.enter_error();
+}
+
+/// A receive completion of `qp`.
+pub fn recv_completion(
+    qp: &Qp,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm_data: Option<u32>,
+    solicited: bool,
+) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        imm_data,
+        qp_num: qp.qpn,
+        solicited,
+        invalidated_rkey: None,
+    }
+}
+
+/// The request at `psn` is accepted: ePSN moves past it and its Ack is owed.
+fn ack(qp: &mut Qp, psn: Psn) {
+    let msn = qp.resp.msn;
+    qp.resp.epsn = psn.add(1);
+    qp.resp.owe(psn, msn);
+}
+
+/// Check 4, Resources of a message that completes a receive WQE: room in the receive CQ
+/// (on its last packet) and the receive WQE. A Send takes its WQE on its first packet (it
+/// becomes the message in progress); a Write with Immediate on its last (held until it
+/// executes). Either way nothing is done before it is there, so an RNR Nak leaves nothing
+/// half done.
+fn check_receive_resources<D: ResponderDriver>(
+    d: &mut D,
+    last: bool,
+    class: OpClass,
+) -> Result<(), RespError> {
+    if last && !d.recv_cq_has_room() {
+        return Err(RespError::ReceiveCqFull);
+    }
+    let resp = &d.qp().resp;
+    let needed = match class {
+        OpClass::Send => matches!(resp.cur, Inbound::Idle),
+        _ => resp.held.is_none(),
+    };
+    if needed {
+        let wqe = d.take_recv().ok_or(RespError::NoReceiveWqe)?;
+        let resp = &mut d.qp().resp;
+        if class == OpClass::Send {
+            resp.cur = Inbound::Send {
+                wqe,
+                cursor: Cursor::default(),
+                got: 0,
+            };
+        } else {
+            resp.held = Some(wqe);
+        }
+    }
+    Ok(())
+}
+
+/// Check 4, Resources of an RDMA Read or Atomic: a responder resource (the requester was
+/// told how many it may use).
+pub fn check_rd_atomic_resources(qp: &Qp) -> Result<(), RespError> {
+    if qp.resp.rd_atomic_queued >= u32::from(qp.cfg.max_dest_rd_atomic.max(1)) {
+        Err(RespError::TooManyReadAtomic)
+    } else {
+        Ok(())
+    }
+}
+
+fn send<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
+    let info = r.info;
+    let last = matches!(info.position, Position::Last | Position::Only);
+    check_receive_resources(d, last, OpClass::Send)?;
+    check_packet_length(info.position, r.payload_len, d.qp().cfg.path_mtu.bytes())?;
+    let ieth = match (last && info.invalidate, r.ieth) {
+        (false, _) => None,
+        (true, Some(key)) => Some(key),
+        (true, None) => return Err(RespError::MissingHeader),
+    };
+    // 6. Send with Invalidate: the type 2 window bound to this QP with the IETH's key stops
+    // working before the message completes.
+    if let Some(key) = ieth {
+        if !d.invalidate(key) {
+            return Err(RespError::InvalidateRefused);
+        }
+    }
+    // 7. Execute.
+    let Inbound::Send {
+        wqe,
+        mut cursor,
+        mut got,
+    } = d.qp().resp.cur
+    else {
+        // The resources check made it current.
+        return Err(RespError::OpcodeOutOfSequence);
+    };
+    match d.copy_to_recv(&wqe, &mut cursor) {
+        Ok(n) => got += n,
+        Err(RecvCopyError::TooShort) => return Err(RespError::ReceiveTooShort),
+        Err(RecvCopyError::Failed) => return Err(RespError::CopyFailed),
+    }
+    if last {
+        d.qp().resp.cur = Inbound::Idle;
+        complete_recv(d, &wqe, (WcOpcode::Recv, ieth), got as u32, r);
+        d.qp().resp.next_msn();
+    } else {
+        d.qp().resp.cur = Inbound::Send { wqe, cursor, got };
+    }
+    ack(d.qp(), r.psn);
+    Ok(())
+}
+
+/// Retires receive WQE `wqe` and completes it successfully with the message that ended in
+/// `r` (its immediate data and Solicited Event bit) and, for a Send with Invalidate, the
+/// key it invalidated. The caller checked the CQ has room before touching anything.
+fn complete_recv<D: ResponderDriver>(
+    d: &mut D,
+    wqe: &RqWqe,
+    (opcode, invalidated): (WcOpcode, Option<u32>),
+    byte_len: u32,
+    r: &Request,
+) {
+    let qp = d.qp();
+    let mut wc = recv_completion(
+        qp,
+        wqe.wr_id,
+        WcStatus::Success,
+        opcode,
+        byte_len,
+        r.imm,
+        r.solicited,
+    );
+    wc.invalidated_rkey = invalidated;
+    let completed = d.complete_recv(wqe, wc);
+    debug_assert!(completed, "room was checked");
+}
+
+fn write<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
+    let info = r.info;
+    let len = u64::from(r.payload_len);
+    let pmtu = d.qp().cfg.path_mtu.bytes();
+    let last = matches!(info.position, Position::Last | Position::Only);
+    // 4. A Write with Immediate consumes a receive WQE on its last packet.
+    if r.imm.is_some() {
+        check_receive_resources(d, last, OpClass::RdmaWrite)?;
+    }
+    // 5. Length. The Write in progress: a new one named by the RETH, or the one continued.
+    // It is recorded only once the packet is accepted, so that an RNR Nak leaves the
+    // responder idle and the retried packet is taken for what it is.
+    let (va, rkey, done, total) = match (r.reth, d.qp().resp.cur) {
+        (Some(reth), _) => (reth.va, reth.rkey, 0, u64::from(reth.dma_len)),
+        (
+            None,
+            Inbound::Write {
+                va,
+                rkey,
+                done,
+                total,
+            },
+        ) => (va, rkey, done, total),
+        (None, _) => return Err(RespError::MissingHeader),
+    };
+    check_packet_length(info.position, len as u32, pmtu)?;
+    let left = total - done;
+    if !(if last { len == left } else { len < left }) {
+        return Err(RespError::BadLength);
+    }
+    // 6. R_Key. The whole message's range is checked on its first packet (the RETH names
+    // it), and each packet's piece again, in case the region went away in between.
+    if matches!(info.position, Position::First | Position::Only) {
+        d.check_rkey(rkey, AccessFlags::REMOTE_WRITE, va, total)?;
+    }
+    let off = d.check_rkey(rkey, AccessFlags::REMOTE_WRITE, va.wrapping_add(done), len)?;
+    // 7. Execute.
+    d.write_payload(off, len as u32)?;
+    if last {
+        d.qp().resp.cur = Inbound::Idle;
+        if let Some(w) = d.qp().resp.held.take() {
+            complete_recv(d, &w, (WcOpcode::RecvRdmaWithImm, None), total as u32, r);
+        }
+        d.qp().resp.next_msn();
+    } else {
+        d.qp().resp.cur = Inbound::Write {
+            va,
+            rkey,
+            done: done + len,
+            total,
+        };
+    }
+    ack(d.qp(), r.psn);
+    Ok(())
+}
+
+fn read<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
+    let psn = r.psn;
+    check_rd_atomic_resources(d.qp())?;
+    let reth = r.reth.ok_or(RespError::MissingHeader)?;
+    d.check_rkey(
+        reth.rkey,
+        AccessFlags::REMOTE_READ,
+        reth.va,
+        u64::from(reth.dma_len),
+    )?;
+    let qp = d.qp();
+    let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
+    let msn = qp.resp.next_msn();
+    qp.resp.rd_atomic_queued += 1;
+    qp.resp.queue(Out::Read(ReadJob {
+        psn,
+        va: reth.va,
+        rkey: reth.rkey,
+        len: reth.dma_len,
+        npkts,
+        next: 0,
+        msn,
+        dup: false,
+    }));
+    qp.resp.epsn = psn.add(npkts);
+    Ok(())
+}
+
+fn atomic<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
+    let psn = r.psn;
+    check_rd_atomic_resources(d.qp())?;
+    let a = r.atomic_eth.ok_or(RespError::MissingHeader)?;
+    if a.va % 8 != 0 {
+        // Atomics work on naturally aligned 64-bit words.
+        return Err(RespError::MisalignedAtomic);
+    }
+    let off = d.check_rkey(a.rkey, AccessFlags::REMOTE_ATOMIC, a.va, 8)?;
+    let cas = r.info.class == OpClass::CompareSwap;
+    let orig = d
+        .atomic(off, cas, a.compare, a.swap_add)
+        .ok_or(RespError::AtomicFailed)?;
+    let resp = &mut d.qp().resp;
+    let msn = resp.next_msn();
+    if resp.atomics.len() == MAX_RD_ATOMIC as usize {
+        resp.atomics.pop_front();
+    }
+    resp.atomics.push_back((psn, orig, msn));
+    resp.rd_atomic_queued += 1;
+    resp.queue(Out::Atomic {
+        psn,
+        orig,
+        msn,
+        dup: false,
+    });
+    resp.epsn = psn.add(1);
+    Ok(())
+}
+
+/// Answers a duplicate request without executing it again.
+fn duplicate<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
+    match r.info.class {
+        OpClass::Send | OpClass::RdmaWrite => {
+            let resp = &mut d.qp().resp;
+            let (psn, msn) = (resp.epsn.sub(1), resp.msn);
+            resp.owe(psn, msn);
+        }
+        OpClass::RdmaReadRequest => {
+            // The requester asks again from some response on: serve that range again.
+            let Some(reth) = r.reth else {
+                return Ok(());
+            };
+            // Checked again like a new Read, and refused like one: the region may have gone
+            // since the original.
+            d.check_rkey(
+                reth.rkey,
+                AccessFlags::REMOTE_READ,
+                reth.va,
+                u64::from(reth.dma_len),
+            )?;
+            let qp = d.qp();
+            let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
+            let resp = &mut qp.resp;
+            if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
+                resp.dup_queued += 1;
+                let msn = resp.msn;
+                resp.queue(Out::Read(ReadJob {
+                    psn: r.psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    len: reth.dma_len,
+                    npkts,
+                    next: 0,
+                    msn,
+                    dup: true,
+                }));
+            }
+        }
+        OpClass::CompareSwap | OpClass::FetchAdd => {
+            let psn = r.psn;
+            let resp = &mut d.qp().resp;
+            if let Some(&(p, orig, msn)) = resp.atomics.iter().find(|(p, ..)| *p == psn) {
+                if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
+                    resp.dup_queued += 1;
+                    resp.queue(Out::Atomic {
+                        psn: p,
+                        orig,
+                        msn,
+                        dup: true,
+                    });
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
