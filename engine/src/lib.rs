@@ -31,14 +31,16 @@
 //!                     │ lends an Env (tables, stats, clock: proto's Timers) and a link
 //!                     ▼
 //!                  drivers of the core: requester (template path, transmit Driver,
-//!                  timer outcomes) · responder (receive pipeline: resources, keys,
-//!                  memory, responses) · completer (the outcome table) · dma (copies)
-//!                     │ call, through SqDriver / Timers / Memory
+//!                  timer outcomes) · responder (Receiver: receive WQEs, keys, memory;
+//!                  short paths, responses sent) · completer (Completer, SendCompletions)
+//!                  · dma (copies)
+//!                     │ call, through SqDriver / ResponderDriver / CompleterDriver /
+//!                     │ SendCompletions / Timers / Memory
 //!                     ▼
 //!                  shmhca-proto (no_std, no dependencies, no unsafe): qp::Qp (state,
 //!                  context, CQ ids, Requester, Responder) · requester (window, gates,
-//!                  retries, timers, transmit) · completer (checks → Outcome) ·
-//!                  responder (state, checks, refusal table) · wire · psn · credit ·
+//!                  retries, timers, transmit) · completer (checks → Outcome → act,
+//!                  retire) · responder (state, receive pipeline, refusal table) · wire · psn · credit ·
 //!                  timer (Clock, Timers, ManualClock) · wqe + Memory · send_window · stats
 //! ```
 //!

@@ -3,8 +3,8 @@
 //!
 //! The wire codec, PSNs, completions, credits, timers, WQEs, the send window, the QP
 //! context and state vocabulary, the SQ Logic's state machine (`proto::requester`), the
-//! completer's checks (`proto::completer`) and the RQ Logic's checks and refusal table
-//! (`proto::responder`) are the crate `shmhca-proto`, which is `no_std` with no dependencies:
+//! completer (`proto::completer`: checks, actions, retiring) and the RQ Logic (`proto::responder`:
+//! state, receive pipeline, refusal table) are the crate `shmhca-proto`, which is `no_std` with no dependencies:
 //! there the compiler keeps them free of rings, clocks, threads and the engine, and no text
 //! test is needed.
 

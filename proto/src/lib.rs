@@ -10,7 +10,8 @@
 //! gates, retry counters, timers, and the transmit path behind
 //! [`SqDriver`](requester::SqDriver)), the completer ([`completer`]: its checks, what each
 //! outcome does, retiring send WQEs) and the RQ
-//! Logic's state, checks and refusal table ([`responder`]).
+//! Logic's state, its receive pipeline behind
+//! [`ResponderDriver`](responder::ResponderDriver) and its refusal table ([`responder`]).
 //!
 //! It is `no_std` with no dependencies: it cannot read a clock, start a thread, take a lock,
 //! map memory or touch a ring — the compiler and Cargo keep it so, not a convention. The
@@ -20,11 +21,13 @@
 //! ```text
 //!  shmhca (engine)   Context, Qp, Cq, Mr … │ cm │ poll loop │ links (shm rings) │ memory
 //!        │ drives: SqDriver (a link, memory, MW table) · Timers (its clock)
-//!        │         Response / headers it parsed · Memory (bytes at offsets)
+//!        │         CompleterDriver · SendCompletions · ResponderDriver (memory,
+//!        │         keys, CQs, the Error state) · Response / Request (headers it parsed)
 //!        ▼
 //!  shmhca-proto      qp::Qp = state · QpConfig · CQ ids · Requester · Responder
 //!                    requester (window, gates, retries, timers, transmit → RequestPacket)
-//!                    completer (check_response → Outcome) · responder (checks, verdict)
+//!                    completer (check_response → Outcome → act, retire)
+//!                    responder (state, handle_request: checks, execute, verdict)
 //!                    wire · psn · completion · credit · timer · wqe · send_window · stats
 //! ```
 //!

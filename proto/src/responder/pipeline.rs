@@ -501,3 +501,338 @@ fn duplicate<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{CqId, PdId};
+    use crate::qp::{Mtu, QpState};
+    use crate::wire::Qpn;
+    use crate::wire::opcode::Opcode;
+    use crate::wqe::DataLoc;
+    use alloc::vec::Vec;
+
+    /// A driver that records what it was asked; its receive queue, CQ room, key check and
+    /// copies are set by the test.
+    struct Rec {
+        qp: Qp,
+        recvs: Vec<RqWqe>,
+        cq_room: usize,
+        key_ok: bool,
+        copy: Result<u64, RecvCopyError>,
+        completions: Vec<WorkCompletion>,
+        errors: usize,
+        dropped: usize,
+        atomics: Vec<(u64, bool, u64, u64)>,
+        word: u64,
+    }
+
+    impl ResponderDriver for Rec {
+        fn qp(&mut self) -> &mut Qp {
+            &mut self.qp
+        }
+        fn burst(&mut self) -> u64 {
+            1
+        }
+        fn recv_cq_has_room(&mut self) -> bool {
+            self.cq_room > 0
+        }
+        fn take_recv(&mut self) -> Option<RqWqe> {
+            (!self.recvs.is_empty()).then(|| self.recvs.remove(0))
+        }
+        fn invalidate(&mut self, rkey: u32) -> bool {
+            rkey == 0x77
+        }
+        fn copy_to_recv(&mut self, _: &RqWqe, c: &mut Cursor) -> Result<u64, RecvCopyError> {
+            if let Ok(n) = self.copy {
+                c.skip += n;
+            }
+            self.copy
+        }
+        fn check_rkey(
+            &mut self,
+            _: u32,
+            _: AccessFlags,
+            va: u64,
+            _: u64,
+        ) -> Result<u64, RespError> {
+            if self.key_ok {
+                Ok(va)
+            } else {
+                Err(RespError::RKeyViolation)
+            }
+        }
+        fn write_payload(&mut self, _: u64, _: u32) -> Result<(), RespError> {
+            Ok(())
+        }
+        fn atomic(&mut self, off: u64, cas: bool, compare: u64, add: u64) -> Option<u64> {
+            self.atomics.push((off, cas, compare, add));
+            let orig = self.word;
+            self.word = if cas {
+                if orig == compare { add } else { orig }
+            } else {
+                orig + add
+            };
+            Some(orig)
+        }
+        fn complete_recv(&mut self, _: &RqWqe, wc: WorkCompletion) -> bool {
+            if self.cq_room == 0 {
+                return false;
+            }
+            self.cq_room -= 1;
+            self.completions.push(wc);
+            true
+        }
+        fn enter_error(&mut self) {
+            self.qp.state = QpState::Error;
+            self.errors += 1;
+        }
+        fn dropped(&mut self) {
+            self.dropped += 1;
+        }
+    }
+
+    fn rec() -> Rec {
+        let mut qp = Qp::new(Qpn::new(7), PdId::new(0), (CqId::new(0), CqId::new(0)), 4);
+        qp.state = QpState::Rtr;
+        qp.cfg.path_mtu = Mtu::Mtu256;
+        qp.cfg.access = AccessFlags::ALL;
+        qp.cfg.max_dest_rd_atomic = 2;
+        qp.cfg.min_rnr_timer = 12;
+        qp.resp.start(Psn::new(100));
+        Rec {
+            qp,
+            recvs: Vec::new(),
+            cq_room: 8,
+            key_ok: true,
+            copy: Ok(256),
+            completions: Vec::new(),
+            errors: 0,
+            dropped: 0,
+            atomics: Vec::new(),
+            word: 5,
+        }
+    }
+
+    fn recv(wr_id: u64) -> RqWqe {
+        RqWqe {
+            wr_id,
+            data: DataLoc::Empty,
+        }
+    }
+
+    fn req(op: Opcode, psn: u32, len: u32) -> Request {
+        Request {
+            info: op.info().expect("an RC opcode"),
+            psn: Psn::new(psn),
+            payload_len: len,
+            reth: None,
+            atomic_eth: None,
+            imm: None,
+            ieth: None,
+            solicited: false,
+        }
+    }
+
+    fn queued(d: &Rec) -> Vec<Out> {
+        d.qp.resp.out.iter().copied().collect()
+    }
+
+    /// spec/02: a Send with no receive WQE gets an RNR Nak with the QP's minimum RNR
+    /// timer and nothing is consumed; posted, the retried Send fills it, completes it,
+    /// and owes an Ack.
+    #[test]
+    fn a_send_without_a_receive_is_rnr_nakked_then_delivered() {
+        let mut d = rec();
+        handle_request(&mut d, &req(Opcode::SendOnly, 100, 8));
+        assert!(matches!(
+            queued(&d)[..],
+            [Out::Nak { psn, syndrome: Syndrome::RnrNak { timer } }]
+                if psn == Psn::new(100) && timer == RnrTimer::new(12)
+        ));
+        assert_eq!(d.qp.resp.epsn, Psn::new(100), "nothing consumed");
+        d.recvs.push(recv(9));
+        d.copy = Ok(8);
+        handle_request(&mut d, &req(Opcode::SendOnly, 100, 8));
+        assert_eq!(d.completions.len(), 1);
+        assert_eq!(
+            (
+                d.completions[0].wr_id,
+                d.completions[0].byte_len,
+                d.completions[0].status
+            ),
+            (9, 8, WcStatus::Success)
+        );
+        assert_eq!(d.qp.resp.epsn, Psn::new(101));
+        // Its Ack queues behind the RNR Nak (it never overtakes a queued response).
+        assert!(matches!(
+            queued(&d)[..],
+            [Out::Nak { .. }, Out::Ack { psn, .. }] if psn == Psn::new(100)
+        ));
+        assert_eq!(d.qp.resp.owed_ack(), None);
+    }
+
+    /// A multi-packet Send: First and Middle fill one receive WQE, the Last completes it
+    /// with the whole length; a Middle out of sequence is an Invalid Request and fatal, its
+    /// receive WQE completing in error.
+    #[test]
+    fn a_multi_packet_send_and_an_opcode_out_of_sequence() {
+        let mut d = rec();
+        d.recvs.push(recv(1));
+        handle_request(&mut d, &req(Opcode::SendFirst, 100, 256));
+        handle_request(&mut d, &req(Opcode::SendMiddle, 101, 256));
+        d.copy = Ok(10);
+        handle_request(&mut d, &req(Opcode::SendLast, 102, 10));
+        assert_eq!(d.completions[0].byte_len, 522);
+        assert_eq!(d.qp.resp.epsn, Psn::new(103));
+        // A Write Middle with no Write in progress.
+        handle_request(&mut d, &req(Opcode::RdmaWriteMiddle, 103, 256));
+        assert_eq!(d.errors, 1);
+        assert!(matches!(
+            queued(&d)[..],
+            [
+                ..,
+                Out::Fatal {
+                    code: NakCode::InvalidRequest,
+                    ..
+                }
+            ]
+        ));
+        // A Send in progress when a fatal error strikes completes in error.
+        let mut e = rec();
+        e.recvs.push(recv(2));
+        handle_request(&mut e, &req(Opcode::SendFirst, 100, 256));
+        handle_request(&mut e, &req(Opcode::SendFirst, 101, 256));
+        assert_eq!(
+            e.completions.last().map(|c| c.status),
+            Some(WcStatus::LocQpOpErr)
+        );
+    }
+
+    /// spec/04: a PSN ahead of ePSN gets one sequence-error Nak naming ePSN, and later ones
+    /// are dropped silently until ePSN arrives; a duplicate Send is acknowledged again.
+    #[test]
+    fn sequence_errors_and_duplicates() {
+        let mut d = rec();
+        d.recvs.push(recv(1));
+        handle_request(&mut d, &req(Opcode::SendOnly, 102, 8));
+        handle_request(&mut d, &req(Opcode::SendOnly, 103, 8));
+        assert!(matches!(
+            queued(&d)[..],
+            [Out::Nak { psn, syndrome: Syndrome::Nak(NakCode::PsnSequenceError) }]
+                if psn == Psn::new(100)
+        ));
+        assert_eq!(d.dropped, 2, "both counted dropped, one Nak");
+        handle_request(&mut d, &req(Opcode::SendOnly, 100, 8));
+        assert_eq!(d.completions.len(), 1);
+        assert!(!d.qp.resp.nak_outstanding);
+        handle_request(&mut d, &req(Opcode::SendOnly, 99, 8));
+        assert_eq!(d.completions.len(), 1, "a duplicate is not executed again");
+    }
+
+    /// An R_Key violation is a Remote Access Error Nak and fatal; a Write whose packets do
+    /// not add up to its RETH length is an Invalid Request.
+    #[test]
+    fn writes_checked_by_key_and_length() {
+        let reth = RethRepr {
+            va: 0x1000,
+            rkey: 0x42,
+            dma_len: 300,
+        };
+        let mut d = rec();
+        d.key_ok = false;
+        let w = Request {
+            reth: Some(reth),
+            ..req(Opcode::RdmaWriteFirst, 100, 256)
+        };
+        handle_request(&mut d, &w);
+        assert!(matches!(
+            queued(&d)[..],
+            [Out::Fatal {
+                code: NakCode::RemoteAccessError,
+                ..
+            }]
+        ));
+        let mut e = rec();
+        handle_request(&mut e, &w);
+        assert_eq!(e.qp.resp.epsn, Psn::new(101));
+        handle_request(&mut e, &req(Opcode::RdmaWriteLast, 101, 100));
+        assert!(matches!(
+            queued(&e)[..],
+            [
+                ..,
+                Out::Fatal {
+                    code: NakCode::InvalidRequest,
+                    ..
+                }
+            ]
+        ));
+    }
+
+    /// An Atomic executes once: its duplicate is answered with the saved original value; a
+    /// misaligned one is an Invalid Request; past the responder resources, too.
+    #[test]
+    fn atomics_run_once_and_within_the_resources() {
+        let eth = |va| AtomicEthRepr {
+            va,
+            rkey: 1,
+            swap_add: 3,
+            compare: 0,
+        };
+        let fadd = |psn, va| Request {
+            atomic_eth: Some(eth(va)),
+            ..req(Opcode::FetchAdd, psn, 0)
+        };
+        let mut d = rec();
+        handle_request(&mut d, &fadd(100, 0x10));
+        handle_request(&mut d, &fadd(100, 0x10));
+        assert_eq!(d.atomics.len(), 1, "the duplicate did not run again");
+        assert_eq!(d.word, 8);
+        let origs: Vec<u64> = queued(&d)
+            .iter()
+            .filter_map(|o| match o {
+                Out::Atomic { orig, .. } => Some(*orig),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(origs, [5, 5]);
+        handle_request(&mut d, &fadd(101, 0x10));
+        handle_request(&mut d, &fadd(102, 0x10));
+        assert!(
+            matches!(
+                queued(&d)[..],
+                [
+                    ..,
+                    Out::Fatal {
+                        code: NakCode::InvalidRequest,
+                        ..
+                    }
+                ]
+            ),
+            "past max_dest_rd_atomic (2)"
+        );
+        let mut m = rec();
+        handle_request(&mut m, &fadd(100, 0x11));
+        assert!(matches!(queued(&m)[..], [Out::Fatal { .. }]), "misaligned");
+    }
+
+    /// A Send with Invalidate invalidates the key it names before it completes, and
+    /// reports it; one it may not invalidate is refused.
+    #[test]
+    fn send_with_invalidate() {
+        let mut d = rec();
+        d.recvs.push(recv(1));
+        d.copy = Ok(8);
+        let inv = |key| Request {
+            ieth: Some(key),
+            ..req(Opcode::SendOnlyWithInvalidate, 100, 8)
+        };
+        handle_request(&mut d, &inv(0x77));
+        assert_eq!(d.completions[0].invalidated_rkey, Some(0x77));
+        let mut e = rec();
+        e.recvs.push(recv(1));
+        handle_request(&mut e, &inv(0x78));
+        assert_eq!(e.errors, 1);
+        assert_eq!(e.completions[0].status, WcStatus::LocProtErr);
+    }
+}
