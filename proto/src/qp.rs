@@ -344,4 +344,105 @@ mod tests {
             Some(clock.now().after(wait + clock.resolution()))
         );
     }
+
+    /// `from_u8` decodes every state's own value back to it, and anything unknown reads
+    /// as `Error` (its doc comment).
+    #[test]
+    fn from_u8_round_trips_every_state_and_reads_unknown_as_error() {
+        use QpState::*;
+        for s in [Reset, Init, Rtr, Rts, Sqd, Sqe, Error] {
+            assert_eq!(QpState::from_u8(s as u8), s);
+        }
+        for v in [7, 8, 0x80, 255] {
+            assert_eq!(QpState::from_u8(v), Error, "{v}");
+        }
+    }
+
+    /// Receives may be posted in every state but Reset (in Error they are flushed).
+    #[test]
+    fn receives_can_be_posted_in_every_state_but_reset() {
+        use QpState::*;
+        assert!(!Reset.can_post_recv());
+        for s in [Init, Rtr, Rts, Sqd, Sqe, Error] {
+            assert!(s.can_post_recv(), "{s:?}");
+        }
+    }
+
+    /// The raw bits are the flags' values; `|` and `|=` set the union (idempotently);
+    /// `from_bits` takes back exactly the known bits.
+    #[test]
+    fn access_flags_bits_and_union() {
+        assert_eq!(AccessFlags::NONE.bits(), 0);
+        assert_eq!(AccessFlags::LOCAL_WRITE.bits(), 1);
+        assert_eq!(
+            (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).bits(),
+            6
+        );
+        assert_eq!(
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_READ,
+            AccessFlags::REMOTE_READ
+        );
+        assert_eq!(
+            AccessFlags::ALL | AccessFlags::LOCAL_WRITE,
+            AccessFlags::ALL
+        );
+        let mut f = AccessFlags::NONE;
+        f |= AccessFlags::REMOTE_ATOMIC;
+        f |= AccessFlags::LOCAL_WRITE;
+        f |= AccessFlags::LOCAL_WRITE;
+        assert_eq!(f.bits(), 9);
+        assert!(f.contains(AccessFlags::REMOTE_ATOMIC) && f.contains(AccessFlags::LOCAL_WRITE));
+        for bits in 0..=0x1f {
+            assert_eq!(
+                AccessFlags::from_bits(bits).map(AccessFlags::bits),
+                Some(bits)
+            );
+        }
+        for bits in [0x20, 0x40, 0x80, 0xff] {
+            assert_eq!(AccessFlags::from_bits(bits), None);
+        }
+    }
+
+    /// A peer can change memory through Remote Write or Remote Atomic rights, not through
+    /// local or read rights alone.
+    #[test]
+    fn remote_writable_only_with_remote_write_or_atomic() {
+        let f = |bits| AccessFlags::from_bits(bits).unwrap();
+        for (flags, writable) in [
+            (AccessFlags::NONE, false),
+            (AccessFlags::LOCAL_WRITE, false),
+            (AccessFlags::REMOTE_READ, false),
+            (AccessFlags::MW_BIND, false),
+            (f(1 | 4 | 16), false),
+            (AccessFlags::REMOTE_WRITE, true),
+            (AccessFlags::REMOTE_ATOMIC, true),
+            (AccessFlags::ALL, true),
+        ] {
+            assert_eq!(flags.remote_writable(), writable, "{flags:?}");
+        }
+    }
+
+    /// `Mtu::from_bytes` accepts exactly the five InfiniBand sizes, each the MTU of that
+    /// many bytes; anything else is an `InvalidMtu` holding what was asked, and says so.
+    #[test]
+    fn mtu_from_bytes_accepts_exactly_the_five_sizes() {
+        let all = [
+            Mtu::Mtu256,
+            Mtu::Mtu512,
+            Mtu::Mtu1024,
+            Mtu::Mtu2048,
+            Mtu::Mtu4096,
+        ];
+        for (m, bytes) in all.into_iter().zip([256, 512, 1024, 2048, 4096]) {
+            assert_eq!(m.bytes(), bytes);
+            assert_eq!(Mtu::from_bytes(bytes), Ok(m));
+        }
+        for bytes in [0, 1, 128, 255, 257, 1000, 1500, 4095, 8192, u32::MAX] {
+            assert_eq!(Mtu::from_bytes(bytes), Err(InvalidMtu(bytes)));
+        }
+        assert_eq!(
+            alloc::format!("{}", Mtu::from_bytes(300).unwrap_err()),
+            "300 bytes; the PMTU is one of 256, 512, 1024, 2048, 4096"
+        );
+    }
 }
