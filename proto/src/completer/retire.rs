@@ -134,6 +134,7 @@ mod tests {
         calls: Vec<Call>,
         room: usize,
         posted: Vec<SqWqe>,
+        wcs: Vec<WorkCompletion>,
     }
 
     impl SendCompletions for Recorder {
@@ -152,6 +153,7 @@ mod tests {
         fn push(&mut self, wc: WorkCompletion) {
             self.room -= 1;
             self.calls.push(Call::Push(wc.wr_id, wc.status));
+            self.wcs.push(wc);
         }
         fn fetch(&mut self, req: &mut Requester) {
             while req.has_room() && !self.posted.is_empty() {
@@ -207,6 +209,7 @@ mod tests {
             calls: Vec::new(),
             room,
             posted: Vec::new(),
+            wcs: Vec::new(),
         }
     }
 
@@ -312,5 +315,71 @@ mod tests {
         read.note_sent(&r, r.first_psn);
         read.packet_sent(None::<Cursor>);
         assert_eq!(read.ack_fast(Psn::new(0), code, 1, &cfg), None);
+    }
+
+    /// Outside the Error state retiring stops at the first WQE not done: the oldest, done,
+    /// retires; the one behind it, sent but not acknowledged, stays (it is not flushed).
+    #[test]
+    fn retiring_stops_at_the_first_wqe_not_done() {
+        let (mut req, cfg) = sent(&[1, 2], &[]);
+        assert_eq!(
+            req.ack_fast(Psn::new(0), CreditCode::new(31), 1, &cfg),
+            Some(AckFast::Acked)
+        );
+        let mut c = recorder(8);
+        assert_eq!(retire(&mut req, QpState::Rts, Qpn::new(5), &mut c), 0);
+        use Call::*;
+        assert_eq!(
+            c.calls,
+            [Release(100), Publish(1), Push(1, WcStatus::Success)]
+        );
+        assert_eq!(req.window().retired(), 1);
+        assert_eq!(req.wqe(1).done, None);
+        // Nothing more to do until it is acknowledged.
+        let mut c = recorder(8);
+        assert!(!can_retire(&req, QpState::Rts));
+        assert_eq!(retire(&mut req, QpState::Rts, Qpn::new(5), &mut c), 0);
+        assert_eq!(c.calls, []);
+    }
+
+    /// A completed RDMA Read's completion carries its length and the RDMA Read opcode; a
+    /// Send's, the Send opcode; both name the QP.
+    #[test]
+    fn a_read_completion_carries_its_length() {
+        let cfg = QpConfig {
+            remote_credits: false,
+            ..QpConfig::default()
+        };
+        let mut req = Requester::new(8);
+        req.start(&cfg, Duration::from_nanos(1));
+        let mut r = wqe(1, true);
+        r.op = WqeOp::Read;
+        r.len = 300;
+        req.accept(r, 1024);
+        req.accept(wqe(2, true), 1024);
+        while let Step::Packet { seq, new_wqe, .. } = req.next_step(QpState::Rts, 1) {
+            if new_wqe {
+                req.begin_wqe();
+            }
+            let w = *req.wqe(seq);
+            req.note_sent(&w, w.first_psn);
+            req.packet_sent(None::<Cursor>);
+        }
+        req.complete(0, WcStatus::Success);
+        req.complete(1, WcStatus::Success);
+        let mut c = recorder(8);
+        retire(&mut req, QpState::Rts, Qpn::new(5), &mut c);
+        let got: Vec<_> = c
+            .wcs
+            .iter()
+            .map(|wc| (wc.wr_id, wc.opcode, wc.byte_len, wc.qp_num))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, WcOpcode::RdmaRead, 300, Qpn::new(5)),
+                (2, WcOpcode::Send, 0, Qpn::new(5))
+            ]
+        );
     }
 }
