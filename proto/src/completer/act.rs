@@ -450,4 +450,66 @@ mod tests {
         handle(&mut d, resp(OpClass::Acknowledge, 0, nak));
         assert_eq!(d.did, [Did::Count(Counted::Dropped)], "the QP is in Error");
     }
+
+    /// An Ack of a WQE's last PSN completes it; an Ack of a PSN inside a multi-packet
+    /// message only acknowledges up to it (spec/01: the message completes when its last
+    /// packet is acknowledged).
+    #[test]
+    fn an_ack_inside_a_message_does_not_complete_it() {
+        let mut d = rec(&[(WqeOp::Send, 600)], 3, 0);
+        let ok = Some(Syndrome::Ack {
+            credits: CreditCode::new(31),
+        });
+        handle(&mut d, resp(OpClass::Acknowledge, 1, ok));
+        assert_eq!(d.qp.req.window().acked(), Psn::new(1));
+        assert_eq!(d.qp.req.wqe(0).done, None, "packet 2 is not acknowledged");
+        handle(&mut d, resp(OpClass::Acknowledge, 2, ok));
+        assert_eq!(d.qp.req.window().acked(), Psn::new(2));
+        assert_eq!(d.qp.req.wqe(0).done, Some(WcStatus::Success));
+        assert_eq!(d.did, [Did::Retire, Did::Retire]);
+    }
+
+    /// spec/02: the AETH of a Read response (its Only or Last) reports credits like an
+    /// Ack's; they are applied, and a Send that waits for credit may go on.
+    #[test]
+    fn a_read_responses_credits_are_applied() {
+        let mut d = rec(&[], 3, 0);
+        d.qp.cfg.remote_credits = true;
+        d.qp.req.start(&d.qp.cfg, Duration::from_nanos(1));
+        let read = SqWqe {
+            wr_id: 1,
+            op: WqeOp::Read,
+            flags: WqeFlags(WqeFlags::SIGNALED),
+            imm: 0,
+            len: 8,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Empty,
+        };
+        d.qp.req.accept(read, 256);
+        d.qp.req.next_step(QpState::Rts, 4);
+        d.qp.req.begin_wqe();
+        let w = *d.qp.req.wqe(0);
+        d.qp.req.note_sent(&w, w.first_psn);
+        d.qp.req.packet_sent(None);
+        assert!(!d.qp.req.credits().allows(1), "no credit known yet");
+        let r = Response {
+            payload_len: 8,
+            has_payload: true,
+            aeth: Some(AethRepr {
+                syndrome: Syndrome::Ack {
+                    credits: CreditCode::encode(2),
+                },
+                msn: Msn::new(1),
+            }),
+            ..resp(OpClass::RdmaReadResponse, 0, None)
+        };
+        handle(&mut d, r);
+        assert_eq!(d.did, [Did::Copied(0, 0), Did::Retire]);
+        assert_eq!(d.qp.req.wqe(0).done, Some(WcStatus::Success));
+        assert!(d.qp.req.credits().allows(2), "two receive WQEs reported");
+        assert!(!d.qp.req.credits().allows(3));
+    }
 }
