@@ -507,6 +507,7 @@ mod tests {
     use super::*;
     use crate::ids::{CqId, PdId};
     use crate::qp::{Mtu, QpState};
+    use crate::responder::OwedAck;
     use crate::wire::Qpn;
     use crate::wire::opcode::Opcode;
     use crate::wqe::DataLoc;
@@ -834,5 +835,248 @@ mod tests {
         handle_request(&mut e, &inv(0x78));
         assert_eq!(e.errors, 1);
         assert_eq!(e.completions[0].status, WcStatus::LocProtErr);
+    }
+
+    fn read_req(psn: u32, va: u64, dma_len: u32) -> Request {
+        Request {
+            reth: Some(RethRepr {
+                va,
+                rkey: 0x42,
+                dma_len,
+            }),
+            ..req(Opcode::RdmaReadRequest, psn, 0)
+        }
+    }
+
+    /// The Read jobs queued: (PSN, va, length, responses, MSN, duplicate).
+    fn read_jobs(d: &Rec) -> Vec<(Psn, u64, u32, u32, u32, bool)> {
+        queued(d)
+            .iter()
+            .filter_map(|o| match o {
+                Out::Read(j) => Some((j.psn, j.va, j.len, j.npkts, j.msn, j.dup)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn fatal_queued(d: &Rec) -> bool {
+        queued(d).iter().any(|o| matches!(o, Out::Fatal { .. }))
+    }
+
+    /// spec/01: a new RDMA Read is queued as a Read job (a new message: the MSN moves),
+    /// holds a responder resource until its responses leave, and moves ePSN past all its
+    /// response PSNs.
+    #[test]
+    fn a_new_read_counts_a_resource_and_moves_epsn_by_its_responses() {
+        let mut d = rec();
+        handle_request(&mut d, &read_req(100, 0x1000, 600));
+        assert_eq!(read_jobs(&d), [(Psn::new(100), 0x1000, 600, 3, 1, false)]);
+        assert_eq!(d.qp.resp.rd_atomic_queued, 1);
+        assert_eq!(d.qp.resp.epsn, Psn::new(103), "three responses at PMTU 256");
+        assert_eq!((d.errors, d.dropped), (0, 0));
+        // The next request is expected after the Read's response PSNs.
+        d.recvs.push(recv(1));
+        d.copy = Ok(8);
+        handle_request(&mut d, &req(Opcode::SendOnly, 103, 8));
+        assert_eq!(d.completions.len(), 1);
+        assert_eq!(d.qp.resp.epsn, Psn::new(104));
+    }
+
+    /// spec/01 (duplicates): a duplicate RDMA Read is served again, without a new
+    /// resource, in one of MAX_RD_ATOMIC duplicate slots; with none free it is dropped
+    /// silently (no Nak, the QP stays); a slot freed serves the next one.
+    #[test]
+    fn a_duplicate_read_is_re_served_within_the_duplicate_slots_then_dropped() {
+        let mut d = rec();
+        handle_request(&mut d, &read_req(100, 0x1000, 600));
+        for _ in 0..=MAX_RD_ATOMIC {
+            handle_request(&mut d, &read_req(101, 0x1100, 344));
+        }
+        let jobs = read_jobs(&d);
+        assert_eq!(jobs.len(), 1 + usize::from(MAX_RD_ATOMIC));
+        assert!(
+            jobs[1..]
+                .iter()
+                .all(|&j| j == (Psn::new(101), 0x1100, 344, 2, 1, true))
+        );
+        assert_eq!(d.qp.resp.dup_queued, u32::from(MAX_RD_ATOMIC));
+        assert_eq!(d.qp.resp.rd_atomic_queued, 1, "no new resource");
+        assert_eq!(d.qp.resp.epsn, Psn::new(103));
+        assert_eq!((d.errors, d.dropped), (0, 0));
+        assert!(!fatal_queued(&d));
+        d.qp.resp.release_rd_atomic(true);
+        handle_request(&mut d, &read_req(101, 0x1100, 344));
+        assert_eq!(read_jobs(&d).len(), 2 + usize::from(MAX_RD_ATOMIC));
+    }
+
+    /// A duplicate Atomic is answered with its saved value in one of MAX_RD_ATOMIC
+    /// duplicate slots, and dropped silently with none free.
+    #[test]
+    fn a_duplicate_atomic_is_answered_within_the_duplicate_slots_then_dropped() {
+        let mut d = rec();
+        let fadd = Request {
+            atomic_eth: Some(AtomicEthRepr {
+                va: 0x10,
+                rkey: 1,
+                swap_add: 3,
+                compare: 0,
+            }),
+            ..req(Opcode::FetchAdd, 100, 0)
+        };
+        handle_request(&mut d, &fadd);
+        for _ in 0..=MAX_RD_ATOMIC {
+            handle_request(&mut d, &fadd);
+        }
+        let dups = queued(&d)
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o,
+                    Out::Atomic {
+                        orig: 5,
+                        dup: true,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(dups, usize::from(MAX_RD_ATOMIC));
+        assert_eq!(d.qp.resp.dup_queued, u32::from(MAX_RD_ATOMIC));
+        assert_eq!(d.atomics.len(), 1, "executed once");
+        assert_eq!((d.errors, d.dropped), (0, 0));
+    }
+
+    /// The saved values of the Atomics executed are kept (up to MAX_RD_ATOMIC): a
+    /// duplicate of an older one is answered with its own original value.
+    #[test]
+    fn each_atomics_original_value_is_kept_for_its_duplicate() {
+        let mut d = rec();
+        let at = |op, psn| Request {
+            atomic_eth: Some(AtomicEthRepr {
+                va: 0x10,
+                rkey: 1,
+                swap_add: 3,
+                compare: 5,
+            }),
+            ..req(op, psn, 0)
+        };
+        handle_request(&mut d, &at(Opcode::CompareSwap, 100));
+        handle_request(&mut d, &at(Opcode::FetchAdd, 101));
+        assert_eq!(
+            d.atomics,
+            [(0x10, true, 5, 3), (0x10, false, 5, 3)],
+            "CompareSwap then FetchAdd, by opcode"
+        );
+        assert_eq!(d.word, 6);
+        d.qp.resp.out.clear();
+        handle_request(&mut d, &at(Opcode::CompareSwap, 100));
+        handle_request(&mut d, &at(Opcode::FetchAdd, 101));
+        let dups: Vec<(Psn, u64)> = queued(&d)
+            .iter()
+            .filter_map(|o| match *o {
+                Out::Atomic {
+                    psn,
+                    orig,
+                    dup: true,
+                    ..
+                } => Some((psn, orig)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dups, [(Psn::new(100), 5), (Psn::new(101), 3)]);
+        assert_eq!(d.atomics.len(), 2, "not executed again");
+    }
+
+    /// spec/01 (duplicates): a duplicate Send or RDMA Write is not executed again, but
+    /// the Ack is owed again, for ePSN - 1 (acknowledging everything before it too).
+    #[test]
+    fn a_duplicate_send_or_write_re_owes_the_ack_for_epsn_minus_1() {
+        let mut d = rec();
+        d.recvs.push(recv(1));
+        d.copy = Ok(8);
+        handle_request(&mut d, &req(Opcode::SendOnly, 100, 8));
+        let write = Request {
+            reth: Some(RethRepr {
+                va: 0x1000,
+                rkey: 0x42,
+                dma_len: 8,
+            }),
+            ..req(Opcode::RdmaWriteOnly, 101, 8)
+        };
+        handle_request(&mut d, &write);
+        let owed = Some(OwedAck {
+            psn: Psn::new(101),
+            msn: 2,
+        });
+        assert_eq!(d.qp.resp.owed_ack(), owed);
+        d.qp.resp.owed = None; // the Ack left
+        handle_request(&mut d, &req(Opcode::SendOnly, 100, 8));
+        assert_eq!(d.qp.resp.owed_ack(), owed, "a duplicate Send");
+        d.qp.resp.owed = None;
+        handle_request(&mut d, &write);
+        assert_eq!(d.qp.resp.owed_ack(), owed, "a duplicate Write");
+        assert_eq!(d.completions.len(), 1, "nothing executed again");
+        assert_eq!(d.qp.resp.epsn, Psn::new(102));
+    }
+
+    /// A Write's packets add up exactly to its RETH length: a Last with exactly what is
+    /// left completes it; a Middle carrying all that is left, or a Last with less, is an
+    /// Invalid Request (fatal).
+    #[test]
+    fn a_writes_packets_add_up_exactly_to_its_reth_length() {
+        let first = |dma_len| Request {
+            reth: Some(RethRepr {
+                va: 0x1000,
+                rkey: 0x42,
+                dma_len,
+            }),
+            ..req(Opcode::RdmaWriteFirst, 100, 256)
+        };
+        let mut d = rec();
+        handle_request(&mut d, &first(556));
+        handle_request(&mut d, &req(Opcode::RdmaWriteMiddle, 101, 256));
+        handle_request(&mut d, &req(Opcode::RdmaWriteLast, 102, 44));
+        assert!(!fatal_queued(&d));
+        assert_eq!(d.errors, 0);
+        assert_eq!(d.qp.resp.epsn, Psn::new(103));
+        assert!(matches!(d.qp.resp.cur, Inbound::Idle));
+        assert_eq!(d.qp.resp.msn, 1, "one message");
+
+        let mut m = rec();
+        handle_request(&mut m, &first(512));
+        handle_request(&mut m, &req(Opcode::RdmaWriteMiddle, 101, 256));
+        assert!(fatal_queued(&m), "a Middle cannot end the Write");
+        assert_eq!(m.errors, 1);
+
+        let mut l = rec();
+        handle_request(&mut l, &first(300));
+        handle_request(&mut l, &req(Opcode::RdmaWriteLast, 101, 40));
+        assert!(fatal_queued(&l), "a Last short of the length");
+        assert_eq!(l.errors, 1);
+    }
+
+    /// A fatal error with a Send in progress: its receive WQE completes with the local
+    /// error; with the receive CQ full it is put back and the status recorded, to be
+    /// flushed with it later.
+    #[test]
+    fn a_fatal_error_with_the_receive_cq_full_puts_the_wqe_back() {
+        let mut d = rec();
+        d.recvs.push(recv(2));
+        handle_request(&mut d, &req(Opcode::SendFirst, 100, 256));
+        handle_request(&mut d, &req(Opcode::SendFirst, 101, 256));
+        assert_eq!(d.completions.len(), 1);
+        assert_eq!(d.qp.resp.current_flush_status(), WcStatus::WrFlushErr);
+        assert!(d.qp.resp.take_current_wqe().is_none(), "completed");
+
+        let mut f = rec();
+        f.cq_room = 0;
+        f.recvs.push(recv(2));
+        handle_request(&mut f, &req(Opcode::SendFirst, 100, 256));
+        handle_request(&mut f, &req(Opcode::SendFirst, 101, 256));
+        assert!(f.completions.is_empty());
+        assert_eq!(f.errors, 1);
+        assert!(fatal_queued(&f));
+        assert_eq!(f.qp.resp.current_flush_status(), WcStatus::LocQpOpErr);
+        assert_eq!(f.qp.resp.take_current_wqe().map(|w| w.wr_id), Some(2));
     }
 }
