@@ -537,16 +537,15 @@ impl QpSlot {
         imm_data: Option<u32>,
         solicited: bool,
     ) -> WorkCompletion {
-        WorkCompletion {
+        shmhca_proto::responder::recv_completion(
+            &self.proto,
             wr_id,
             status,
             opcode,
             byte_len,
             imm_data,
-            qp_num: self.proto.qpn,
             solicited,
-            invalidated_rkey: None,
-        }
+        )
     }
 
     /// Completes receive WQE `wqe` with `wc`: retires it (its regions and its queue slot

@@ -389,14 +389,8 @@ fn read<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
     let psn = r.psn;
     check_rd_atomic_resources(d.qp())?;
     let reth = r.reth.ok_or(RespError::MissingHeader)?;
-    d.check_rkey(
-        reth.rkey,
-        AccessFlags::REMOTE_READ,
-        reth.va,
-        u64::from(reth.dma_len),
-    )?;
+    let npkts = check_read(d, &reth)?;
     let qp = d.qp();
-    let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
     let msn = qp.resp.next_msn();
     qp.resp.rd_atomic_queued += 1;
     qp.resp.queue(Out::Read(ReadJob {
@@ -411,6 +405,15 @@ fn read<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
     }));
     qp.resp.epsn = psn.add(npkts);
     Ok(())
+}
+
+/// Check 6 of an RDMA Read (new or repeated): its R_Key grants remote read over the whole
+/// range; the number of response packets it takes.
+fn check_read<D: ResponderDriver>(d: &mut D, reth: &RethRepr) -> Result<u32, RespError> {
+    let len = u64::from(reth.dma_len);
+    d.check_rkey(reth.rkey, AccessFlags::REMOTE_READ, reth.va, len)?;
+    let pmtu = d.qp().cfg.path_mtu.bytes();
+    Ok(psn::read_response_packets(reth.dma_len, pmtu))
 }
 
 fn atomic<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
@@ -458,15 +461,8 @@ fn duplicate<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError
             };
             // Checked again like a new Read, and refused like one: the region may have gone
             // since the original.
-            d.check_rkey(
-                reth.rkey,
-                AccessFlags::REMOTE_READ,
-                reth.va,
-                u64::from(reth.dma_len),
-            )?;
-            let qp = d.qp();
-            let npkts = psn::read_response_packets(reth.dma_len, qp.cfg.path_mtu.bytes());
-            let resp = &mut qp.resp;
+            let npkts = check_read(d, &reth)?;
+            let resp = &mut d.qp().resp;
             if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
                 resp.dup_queued += 1;
                 let msn = resp.msn;
