@@ -29,6 +29,7 @@ use crate::wire::Qpn;
 use crate::wire::slot::PacketSlot;
 use crate::wqe::{DataLoc, NO_MR, RqWqe, SqWqe};
 use shmhca_proto::ids::PdId;
+use shmhca_proto::responder::recv_completion;
 
 /// What a QP's application handle and the engine share.
 #[derive(Debug)]
@@ -527,27 +528,6 @@ impl QpSlot {
         }
     }
 
-    /// A receive completion of this QP.
-    pub(crate) fn recv_completion(
-        &self,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        byte_len: u32,
-        imm_data: Option<u32>,
-        solicited: bool,
-    ) -> WorkCompletion {
-        shmhca_proto::responder::recv_completion(
-            &self.proto,
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm_data,
-            solicited,
-        )
-    }
-
     /// Completes receive WQE `wqe` with `wc`: retires it (its regions and its queue slot
     /// are free again), then pushes the completion — so that an application reacting to
     /// the completion finds the slot free and the regions idle. False, with nothing done,
@@ -596,7 +576,8 @@ pub(crate) fn flush_receives(qp: &mut QpSlot, env: &mut Env<'_>) {
     qp.rq_flush_pending = true;
     // A message half received when the error struck.
     if let Some(wqe) = qp.proto.resp.take_current_wqe() {
-        let wc = qp.recv_completion(
+        let wc = recv_completion(
+            &qp.proto,
             wqe.wr_id,
             qp.proto.resp.current_flush_status(),
             WcOpcode::Recv,
@@ -614,7 +595,8 @@ pub(crate) fn flush_receives(qp: &mut QpSlot, env: &mut Env<'_>) {
             return;
         }
         let Some(wqe) = qp.rq.take() else { break };
-        let wc = qp.recv_completion(
+        let wc = recv_completion(
+            &qp.proto,
             wqe.wr_id,
             WcStatus::WrFlushErr,
             WcOpcode::Recv,

@@ -622,7 +622,8 @@ fn deliver_fast(
     pkt: &RxPacket<'_>,
 ) {
     let psn = pkt.psn();
-    let wc = qp.recv_completion(
+    let wc = shmhca_proto::responder::recv_completion(
+        &qp.proto,
         wqe.wr_id,
         WcStatus::Success,
         opcode,

@@ -82,6 +82,23 @@ pub struct ReadJob {
     pub dup: bool,
 }
 
+impl ReadJob {
+    /// The responses to the RDMA Read at `psn` described by `reth`, `npkts` packets with
+    /// MSN `msn`; `dup` if it answers a duplicate request.
+    pub fn new(psn: Psn, reth: &crate::wire::RethRepr, npkts: u32, msn: u32, dup: bool) -> ReadJob {
+        ReadJob {
+            psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+            npkts,
+            next: 0,
+            msn,
+            dup,
+        }
+    }
+}
+
 /// A response waiting to leave.
 #[derive(Debug, Clone, Copy)]
 pub enum Out {

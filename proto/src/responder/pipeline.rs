@@ -393,16 +393,8 @@ fn read<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
     let qp = d.qp();
     let msn = qp.resp.next_msn();
     qp.resp.rd_atomic_queued += 1;
-    qp.resp.queue(Out::Read(ReadJob {
-        psn,
-        va: reth.va,
-        rkey: reth.rkey,
-        len: reth.dma_len,
-        npkts,
-        next: 0,
-        msn,
-        dup: false,
-    }));
+    qp.resp
+        .queue(Out::Read(ReadJob::new(psn, &reth, npkts, msn, false)));
     qp.resp.epsn = psn.add(npkts);
     Ok(())
 }
@@ -466,16 +458,7 @@ fn duplicate<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError
             if resp.dup_queued < u32::from(MAX_RD_ATOMIC) {
                 resp.dup_queued += 1;
                 let msn = resp.msn;
-                resp.queue(Out::Read(ReadJob {
-                    psn: r.psn,
-                    va: reth.va,
-                    rkey: reth.rkey,
-                    len: reth.dma_len,
-                    npkts,
-                    next: 0,
-                    msn,
-                    dup: true,
-                }));
+                resp.queue(Out::Read(ReadJob::new(r.psn, &reth, npkts, msn, true)));
             }
         }
         OpClass::CompareSwap | OpClass::FetchAdd => {
