@@ -9,12 +9,16 @@
 # (`SendWr::inline`, as perftest posts small messages by default). A third figure is the
 # message-rate path: engine/examples/inline_stream, a stream of 8-byte inline Sends the way
 # `shmhca-perf send_bw` runs them (a window of 128 outstanding, a completion every 100th,
-# each receive reposted), per message, sender and receiver together. The last two are the
+# each receive reposted), per message, sender and receiver together. The next two are the
 # round trips of `shmhca-perf read_lat` and `atomic_lat`: engine/examples/inline_read, an
 # 8-byte RDMA Read (or Fetch and Add) posted, then its completion polled, the responder's
-# engine driven between polls; per round trip, requester and responder together.
+# engine driven between polls; per round trip, requester and responder together. The last
+# figure is the gather-list Send's again, through the verbs ABI: cabi/examples/verbs_pingpong,
+# two contexts of the C library (inline mode) with programs' buffers registered by
+# `ibv_reg_mr`, every post and poll through `ibv_context.ops` as perftest's `ib_send_lat`
+# makes them; its difference from the first figure is what the C layer costs.
 #
-#   bench/scripts/instructions.sh               # prints the four figures
+#   bench/scripts/instructions.sh               # prints the figures
 #   MAX_INSTR=6000 MAX_LOCKED=4.5 bench/scripts/instructions.sh   # and fails above ceilings
 #   bench/scripts/instructions.sh --self-test   # checks that the locked count works
 #
@@ -24,6 +28,7 @@
 #   MAX_INSTR_STREAM, MAX_LOCKED_STREAM   the stream of inline Sends
 #   MAX_INSTR_READ, MAX_LOCKED_READ       the RDMA Read round trip
 #   MAX_INSTR_ATOMIC, MAX_LOCKED_ATOMIC   the Fetch and Add round trip
+#   MAX_INSTR_VERBS, MAX_LOCKED_VERBS     the gather-list Send through the verbs ABI
 #
 # Locked instructions: callgrind runs with --dump-instr=yes, which gives the execution
 # count of every instruction address, per object (the executable and each shared library),
@@ -63,9 +68,11 @@ for tool in valgrind objdump; do
 done
 cargo build --release -q -p shmhca --example inline_pingpong --example inline_stream \
     --example inline_read
+cargo build --release -q -p shmhca-verbs --example verbs_pingpong
 PINGPONG=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
 STREAM=${CARGO_TARGET_DIR:-target}/release/examples/inline_stream
 READ=${CARGO_TARGET_DIR:-target}/release/examples/inline_read
+VERBS=${CARGO_TARGET_DIR:-target}/release/examples/verbs_pingpong
 BIN=$PINGPONG
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -212,6 +219,14 @@ measure_stream() {
     BIN=$PINGPONG
 }
 
+# Runs the verbs-ABI ping-pong for both iteration counts (tag "verbs").
+measure_verbs() {
+    BIN=$VERBS
+    run verbs.1 "$N1"
+    run verbs.2 "$N2"
+    BIN=$PINGPONG
+}
+
 # Runs the Read and the Atomic round trips for both iteration counts (tags "read", "atomic").
 measure_read() {
     BIN=$READ
@@ -265,22 +280,26 @@ measure sge
 measure inline --inline
 measure_stream
 measure_read
+measure_verbs
 locked_list
 per_message sge "$((2 * (N2 - N1)))"
 per_message inline "$((2 * (N2 - N1)))"
 per_message stream "$((S2 - S1))"
 per_message read "$((N2 - N1))"
 per_message atomic "$((N2 - N1))"
+per_message verbs "$((2 * (N2 - N1)))"
 read -r INSTR LOCKED <"$OUT/result.sge"
 read -r INSTR_INLINE LOCKED_INLINE <"$OUT/result.inline"
 read -r INSTR_STREAM LOCKED_STREAM <"$OUT/result.stream"
 read -r INSTR_READ LOCKED_READ <"$OUT/result.read"
 read -r INSTR_ATOMIC LOCKED_ATOMIC <"$OUT/result.atomic"
+read -r INSTR_VERBS LOCKED_VERBS <"$OUT/result.verbs"
 show_detail sge "one-way gather-list Send"
 show_detail inline "one-way inline Send"
 show_detail stream "stream of inline Sends"
 show_detail read "RDMA Read round trip"
 show_detail atomic "Fetch and Add round trip"
+show_detail verbs "one-way Send through the verbs ABI"
 echo "instructions per one-way 8-byte Send (both sides, Ack included): $INSTR"
 echo "locked instructions per one-way 8-byte Send (both sides, Ack included): $LOCKED"
 echo "instructions per one-way 8-byte inline Send (both sides, Ack included): $INSTR_INLINE"
@@ -291,6 +310,8 @@ echo "instructions per 8-byte RDMA Read round trip (both sides): $INSTR_READ"
 echo "locked instructions per 8-byte RDMA Read round trip (both sides): $LOCKED_READ"
 echo "instructions per Fetch and Add round trip (both sides): $INSTR_ATOMIC"
 echo "locked instructions per Fetch and Add round trip (both sides): $LOCKED_ATOMIC"
+echo "instructions per one-way 8-byte Send through the verbs ABI (both sides, Ack included): $INSTR_VERBS"
+echo "locked instructions per one-way 8-byte Send through the verbs ABI (both sides, Ack included): $LOCKED_VERBS"
 FAILED=0
 check "instructions per one-way 8-byte Send" "$INSTR" "${MAX_INSTR:-}" MAX_INSTR
 check "locked instructions per one-way 8-byte Send" "$LOCKED" "${MAX_LOCKED:-}" MAX_LOCKED
@@ -310,4 +331,8 @@ check "instructions per Fetch and Add round trip" "$INSTR_ATOMIC" \
     "${MAX_INSTR_ATOMIC:-}" MAX_INSTR_ATOMIC
 check "locked instructions per Fetch and Add round trip" "$LOCKED_ATOMIC" \
     "${MAX_LOCKED_ATOMIC:-}" MAX_LOCKED_ATOMIC
+check "instructions per one-way 8-byte Send through the verbs ABI" "$INSTR_VERBS" \
+    "${MAX_INSTR_VERBS:-}" MAX_INSTR_VERBS
+check "locked instructions per one-way 8-byte Send through the verbs ABI" "$LOCKED_VERBS" \
+    "${MAX_LOCKED_VERBS:-}" MAX_LOCKED_VERBS
 exit "$FAILED"

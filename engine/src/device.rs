@@ -282,6 +282,14 @@ impl Device {
         }
     }
 
+    /// Whether the application's own verb calls run the engine now: always in inline mode,
+    /// and in poll mode while the engine thread has stepped back for a busy-polling
+    /// application (a post then sends at once, as [`Device::notify`] would make it).
+    #[inline]
+    pub(crate) fn app_runs_engine(&self) -> bool {
+        self.mode == EngineMode::Inline || self.app_drives.load(Ordering::Relaxed) != 0
+    }
+
     /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the
     /// engine now (inline mode) or wakes its thread if it may be asleep (poll mode).
     #[inline]

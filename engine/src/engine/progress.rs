@@ -341,7 +341,7 @@ mod step_back_tests {
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
-    use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus};
+    use crate::verbs::wr::{RecvWr, SendFlags, SendOp, SendWr, WcStatus};
     use crate::{AccessFlags, Context, EngineMode, IdlePolicy};
     use shmhca_rings::segment::HugePages;
 
@@ -399,5 +399,92 @@ mod step_back_tests {
         busy_poll_until_it_steps_back(&mut cq);
         assert!(!cq.wait(Duration::from_millis(1)).unwrap());
         assert!(!drives(), "a wait brings the engine thread back");
+    }
+
+    /// While the engine thread has stepped back, the application's posts run the engine as
+    /// inline mode's do: a Send on an idle QP leaves by the template path before the post
+    /// returns (not through the send ring for a later poll), and a receive is counted in
+    /// flight under the token (no `fetch_add` on the region's shared counter).
+    #[test]
+    fn stepped_back_the_applications_posts_run_the_engine_directly() {
+        let ctx = Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(EngineMode::Poll { cpu: None })
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(256).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
+        let fast_posts = |index: u32| {
+            ctx.shared
+                .engine
+                .with(|e| e.qps.at_mut(index).map(|q| q.fast_posts))
+                .unwrap()
+        };
+        let outside = || mr.inflight.posted.load(Ordering::Relaxed);
+        // Receives to spare, and one message first: its Ack tells the requester of them (a
+        // QP limited by credit takes the long way).
+        for i in 0..8 {
+            b.post_recv(&RecvWr::new(100 + i, &[mr.sge(0, 8).unwrap()]))
+                .unwrap();
+        }
+        a.post_send(
+            &SendWr::new(100, SendOp::Send, &[mr.sge(8, 8).unwrap()]).flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+        let start = Instant::now();
+        let mut got = 0;
+        while got < 2 {
+            got += usize::from(cq.poll_one().is_some());
+            assert!(start.elapsed() < LONG, "the first message did not complete");
+        }
+        // The engine thread may come back between the check and the post (it looks every
+        // STEP): such a round proves nothing and is tried again.
+        let start = Instant::now();
+        let mut proved = 0;
+        for i in 0..1000u64 {
+            if proved == 3 {
+                break;
+            }
+            assert!(
+                start.elapsed() < LONG,
+                "the engine thread never stayed back"
+            );
+            while !drives() {
+                cq.poll_one();
+                assert!(
+                    start.elapsed() < LONG,
+                    "the engine thread never stepped back"
+                );
+            }
+            let (sends, recvs) = (fast_posts(a.index), outside());
+            b.post_recv(&RecvWr::new(i, &[mr.sge(0, 8).unwrap()]))
+                .unwrap();
+            a.post_send(&SendWr::new(i, SendOp::Send, &[mr.sge(8, 8).unwrap()]))
+                .unwrap();
+            let (sent_fast, recv_outside) = (fast_posts(a.index) == sends + 1, outside() != recvs);
+            let stayed_back = drives();
+            // Both complete, whoever moved them.
+            let mut got = 0;
+            while got < 2 {
+                got += usize::from(cq.poll_one().is_some());
+                assert!(start.elapsed() < LONG, "message {i} did not complete");
+            }
+            if stayed_back {
+                assert!(sent_fast, "round {i}: the Send was not sent by its post");
+                assert!(
+                    !recv_outside,
+                    "round {i}: the receive was counted outside the token"
+                );
+                proved += 1;
+            }
+        }
+        assert_eq!(
+            proved, 3,
+            "three rounds with the thread stepped back throughout"
+        );
     }
 }

@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
 use crate::tables::mw::MwType;
-use crate::verbs::EngineMode;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::mw::Mw;
@@ -484,11 +483,12 @@ impl Qp {
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
         self.count_posted();
-        // Inline mode: hand the WQE straight to the SQ Logic and send it now, when the
+        // Inline mode, or poll mode while the engine thread has stepped back for the
+        // application: hand the WQE straight to the SQ Logic and send it now, when the
         // engine is free, counting its elements under the token (no locked instruction);
-        // otherwise (poll mode, or the engine busy on another thread) it goes through the
-        // send ring like any other, counted before it is pushed.
-        if self.shared.mode == EngineMode::Inline {
+        // otherwise (the engine thread running, or the engine busy on another thread) it
+        // goes through the send ring like any other, counted before it is pushed.
+        if self.shared.app_runs_engine() {
             let (index, pushed) = (self.index, self.sq_pushed);
             let direct = self.shared.engine.try_with(|e| {
                 count_held(sgl);
@@ -524,7 +524,7 @@ impl Qp {
     ) -> std::result::Result<(), (usize, Error)> {
         // Inline mode: each request goes the direct way of `post_send` (the template path
         // when it can), which sends it at once while the engine is free.
-        if self.shared.mode == EngineMode::Inline {
+        if self.shared.app_runs_engine() {
             for (done, wr) in wrs.iter().enumerate() {
                 self.post_send(wr).map_err(|e| (done, e))?;
             }
@@ -959,12 +959,13 @@ impl Qp {
         // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
         // the flag only decides whether to tell the engine.
         let watch = state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed);
-        // Inline mode: count the elements, queue the WQE and (if watched) put the QP in the
+        // Inline mode, or poll mode while the engine thread has stepped back for the
+        // application: count the elements, queue the WQE and (if watched) put the QP in the
         // engine's active set, all under the engine token — the owner's fast path, no locked
-        // instruction and no doorbell. Else (poll mode, or the engine busy on another
-        // thread) count with a `fetch_add`, queue, and ring.
+        // instruction and no doorbell. Else (the engine thread running, or the engine busy
+        // on another thread) count with a `fetch_add`, queue, and ring.
         let (rq, index) = (&mut self.rq, self.index);
-        let held = self.shared.mode == EngineMode::Inline
+        let held = self.shared.app_runs_engine()
             && self
                 .shared
                 .engine
@@ -1121,7 +1122,7 @@ impl std::fmt::Debug for Qp {
 mod tests {
     use super::*;
     use crate::wire::slot::{KIND_INLINE, RxPacket};
-    use crate::{Context, SendOp};
+    use crate::{Context, EngineMode, SendOp};
 
     /// The checks at post time, on one-element lists (the fast path that checks and
     /// locates the element in one pass) and on two-element lists (the general path) alike:
