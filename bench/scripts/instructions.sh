@@ -16,7 +16,9 @@
 # figure is the gather-list Send's again, through the verbs ABI: cabi/examples/verbs_pingpong,
 # two contexts of the C library (inline mode) with programs' buffers registered by
 # `ibv_reg_mr`, every post and poll through `ibv_context.ops` as perftest's `ib_send_lat`
-# makes them; its difference from the first figure is what the C layer costs.
+# makes them; its difference from the first figure is what the C layer costs. And the
+# stream's, through the verbs ABI: cabi/examples/verbs_stream, as perftest's `ib_send_bw`
+# posts and polls.
 #
 #   bench/scripts/instructions.sh               # prints the figures
 #   MAX_INSTR=6000 MAX_LOCKED=4.5 bench/scripts/instructions.sh   # and fails above ceilings
@@ -29,6 +31,7 @@
 #   MAX_INSTR_READ, MAX_LOCKED_READ       the RDMA Read round trip
 #   MAX_INSTR_ATOMIC, MAX_LOCKED_ATOMIC   the Fetch and Add round trip
 #   MAX_INSTR_VERBS, MAX_LOCKED_VERBS     the gather-list Send through the verbs ABI
+#   MAX_INSTR_VERBS_STREAM, MAX_LOCKED_VERBS_STREAM   the stream through the verbs ABI
 #
 # Locked instructions: callgrind runs with --dump-instr=yes, which gives the execution
 # count of every instruction address, per object (the executable and each shared library),
@@ -68,11 +71,12 @@ for tool in valgrind objdump; do
 done
 cargo build --release -q -p shmhca --example inline_pingpong --example inline_stream \
     --example inline_read
-cargo build --release -q -p shmhca-verbs --example verbs_pingpong
+cargo build --release -q -p shmhca-verbs --example verbs_pingpong --example verbs_stream
 PINGPONG=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
 STREAM=${CARGO_TARGET_DIR:-target}/release/examples/inline_stream
 READ=${CARGO_TARGET_DIR:-target}/release/examples/inline_read
 VERBS=${CARGO_TARGET_DIR:-target}/release/examples/verbs_pingpong
+VERBS_STREAM=${CARGO_TARGET_DIR:-target}/release/examples/verbs_stream
 BIN=$PINGPONG
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -219,11 +223,14 @@ measure_stream() {
     BIN=$PINGPONG
 }
 
-# Runs the verbs-ABI ping-pong for both iteration counts (tag "verbs").
+# Runs the verbs-ABI ping-pong and stream for both counts (tags "verbs", "verbs_stream").
 measure_verbs() {
     BIN=$VERBS
     run verbs.1 "$N1"
     run verbs.2 "$N2"
+    BIN=$VERBS_STREAM
+    run verbs_stream.1 "$S1"
+    run verbs_stream.2 "$S2"
     BIN=$PINGPONG
 }
 
@@ -288,18 +295,21 @@ per_message stream "$((S2 - S1))"
 per_message read "$((N2 - N1))"
 per_message atomic "$((N2 - N1))"
 per_message verbs "$((2 * (N2 - N1)))"
+per_message verbs_stream "$((S2 - S1))"
 read -r INSTR LOCKED <"$OUT/result.sge"
 read -r INSTR_INLINE LOCKED_INLINE <"$OUT/result.inline"
 read -r INSTR_STREAM LOCKED_STREAM <"$OUT/result.stream"
 read -r INSTR_READ LOCKED_READ <"$OUT/result.read"
 read -r INSTR_ATOMIC LOCKED_ATOMIC <"$OUT/result.atomic"
 read -r INSTR_VERBS LOCKED_VERBS <"$OUT/result.verbs"
+read -r INSTR_VERBS_STREAM LOCKED_VERBS_STREAM <"$OUT/result.verbs_stream"
 show_detail sge "one-way gather-list Send"
 show_detail inline "one-way inline Send"
 show_detail stream "stream of inline Sends"
 show_detail read "RDMA Read round trip"
 show_detail atomic "Fetch and Add round trip"
 show_detail verbs "one-way Send through the verbs ABI"
+show_detail verbs_stream "stream of Sends through the verbs ABI"
 echo "instructions per one-way 8-byte Send (both sides, Ack included): $INSTR"
 echo "locked instructions per one-way 8-byte Send (both sides, Ack included): $LOCKED"
 echo "instructions per one-way 8-byte inline Send (both sides, Ack included): $INSTR_INLINE"
@@ -312,6 +322,8 @@ echo "instructions per Fetch and Add round trip (both sides): $INSTR_ATOMIC"
 echo "locked instructions per Fetch and Add round trip (both sides): $LOCKED_ATOMIC"
 echo "instructions per one-way 8-byte Send through the verbs ABI (both sides, Ack included): $INSTR_VERBS"
 echo "locked instructions per one-way 8-byte Send through the verbs ABI (both sides, Ack included): $LOCKED_VERBS"
+echo "instructions per 8-byte Send in a stream through the verbs ABI (both sides, Acks included): $INSTR_VERBS_STREAM"
+echo "locked instructions per 8-byte Send in a stream through the verbs ABI (both sides, Acks included): $LOCKED_VERBS_STREAM"
 FAILED=0
 check "instructions per one-way 8-byte Send" "$INSTR" "${MAX_INSTR:-}" MAX_INSTR
 check "locked instructions per one-way 8-byte Send" "$LOCKED" "${MAX_LOCKED:-}" MAX_LOCKED
@@ -335,4 +347,8 @@ check "instructions per one-way 8-byte Send through the verbs ABI" "$INSTR_VERBS
     "${MAX_INSTR_VERBS:-}" MAX_INSTR_VERBS
 check "locked instructions per one-way 8-byte Send through the verbs ABI" "$LOCKED_VERBS" \
     "${MAX_LOCKED_VERBS:-}" MAX_LOCKED_VERBS
+check "instructions per 8-byte Send in a stream through the verbs ABI" "$INSTR_VERBS_STREAM" \
+    "${MAX_INSTR_VERBS_STREAM:-}" MAX_INSTR_VERBS_STREAM
+check "locked instructions per 8-byte Send in a stream through the verbs ABI" \
+    "$LOCKED_VERBS_STREAM" "${MAX_LOCKED_VERBS_STREAM:-}" MAX_LOCKED_VERBS_STREAM
 exit "$FAILED"

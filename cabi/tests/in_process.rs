@@ -310,6 +310,96 @@ fn sends_writes_reads_and_atomics_through_the_c_abi() {
     }
 }
 
+/// `ibv_poll_cq` with room for several completions (perftest's bandwidth tests poll 16 at a
+/// time) writes each into the program's array in order, never more than asked for, and
+/// failed ones with their status.
+#[test]
+fn a_poll_of_several_fills_the_array_in_order() {
+    let access = IBV_ACCESS_LOCAL_WRITE as c_int;
+    let a = side(access, false);
+    let b = side(access, false);
+    connect(&a, &b);
+    let post_send = ops(a.ctx).post_send.unwrap();
+    let post_recv = ops(b.ctx).post_recv.unwrap();
+    let poll = ops(b.ctx).poll_cq.unwrap();
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        for i in 0..5u64 {
+            let mut rl = [sge(&b, 64 * i as usize, 64)];
+            let mut r: ibv_recv_wr = std::mem::zeroed();
+            r.wr_id = 100 + i;
+            r.sg_list = rl.as_mut_ptr();
+            r.num_sge = 1;
+            let mut bad = ptr::null_mut();
+            assert_eq!(post_recv(b.qp, &mut r, &mut bad), 0);
+        }
+        for i in 0..5u32 {
+            let mut sl = [sge(&a, 0, 8 + i)];
+            let mut w = send_wr(&mut sl, IBV_WR_SEND, 0);
+            let mut bad = ptr::null_mut();
+            assert_eq!(post_send(a.qp, &mut w, &mut bad), 0);
+        }
+        let mut wc: [ibv_wc; 16] = std::mem::zeroed();
+        // A sentinel past what may be written.
+        wc[3].wr_id = 0xdead;
+        let mut got: Vec<ibv_wc> = vec![];
+        let t = Instant::now();
+        while got.len() < 5 {
+            let n = poll(b.cq, 3, wc.as_mut_ptr());
+            assert!((0..=3).contains(&n), "at most the 3 asked for: {n}");
+            assert_eq!(wc[3].wr_id, 0xdead, "nothing written past the 3 entries");
+            got.extend_from_slice(&wc[..n as usize]);
+            // (The sender's engine runs too: its Acks.)
+            let mut w0: ibv_wc = std::mem::zeroed();
+            ops(a.ctx).poll_cq.unwrap()(a.cq, 1, &mut w0);
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "only {} arrived",
+                got.len()
+            );
+        }
+        assert_eq!(got.len(), 5);
+        for (i, w) in got.iter().enumerate() {
+            assert_eq!(
+                (w.status, w.opcode, w.wr_id, w.byte_len, w.qp_num),
+                (
+                    IBV_WC_SUCCESS,
+                    IBV_WC_RECV,
+                    100 + i as u64,
+                    8 + i as u32,
+                    (*b.qp).qp_num
+                )
+            );
+        }
+        assert_eq!(poll(b.cq, 16, wc.as_mut_ptr()), 0, "nothing more");
+        // Moved to the Error state, the QP flushes its posted receives: several at once,
+        // each with its status.
+        for i in 0..3u64 {
+            let mut rl = [sge(&b, 0, 64)];
+            let mut r: ibv_recv_wr = std::mem::zeroed();
+            r.wr_id = 200 + i;
+            r.sg_list = rl.as_mut_ptr();
+            r.num_sge = 1;
+            let mut bad = ptr::null_mut();
+            assert_eq!(post_recv(b.qp, &mut r, &mut bad), 0);
+        }
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        attr.qp_state = IBV_QPS_ERR;
+        assert_eq!(ibv_modify_qp(b.qp, &mut attr, IBV_QP_STATE as c_int), 0);
+        let mut flushed = vec![];
+        let t = Instant::now();
+        while flushed.len() < 3 {
+            let n = poll(b.cq, 16, wc.as_mut_ptr());
+            flushed.extend(wc[..n as usize].iter().map(|w| (w.wr_id, w.status)));
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "flushed only {flushed:?}"
+            );
+        }
+        assert_eq!(flushed, [200, 201, 202].map(|id| (id, IBV_WC_WR_FLUSH_ERR)));
+    }
+}
+
 #[test]
 fn null_and_foreign_pointers_are_refused() {
     // SAFETY: null pointers, which every entry point checks.

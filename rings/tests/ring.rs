@@ -139,6 +139,21 @@ fn bursts<S: Storage<u64>>(mut p: Producer<u64, S>, mut c: Consumer<u64, S>) {
     assert_eq!(c.pop_burst(&mut out).unwrap(), 0);
     assert_eq!(c.pop_burst(&mut []).unwrap(), 0);
     assert_eq!(p.push_burst(&[]).unwrap(), 0);
+    // pop_each: at most `max`, oldest first, across the ring's end, each slot freed.
+    assert_eq!(p.push_burst(&values[..8]).unwrap(), 8);
+    let mut seen = vec![];
+    assert_eq!(c.pop_each(0, |v| seen.push(v)).unwrap(), 0);
+    assert_eq!(c.pop_each(3, |v| seen.push(v)).unwrap(), 3);
+    assert_eq!(seen, [0, 1, 2]);
+    assert_eq!(
+        p.free_slots().unwrap(),
+        3,
+        "the values handed over are freed"
+    );
+    assert_eq!(p.push_burst(&values[8..11]).unwrap(), 3, "wraps around");
+    assert_eq!(c.pop_each(100, |v| seen.push(v)).unwrap(), 8);
+    assert_eq!(seen, (0..11).collect::<Vec<u64>>());
+    assert_eq!(c.pop_each(100, |v| seen.push(v)).unwrap(), 0, "empty");
 }
 
 fn chunks<S: Storage<u64>>(mut p: Producer<u64, S>, mut c: Consumer<u64, S>) {
@@ -264,15 +279,27 @@ fn wrap_around_many_times<S: Storage<u64>>(mut p: Producer<u64, S>, mut c: Consu
         };
         next_in += pushed as u64;
         let take = (round % 5) as usize + 1;
-        let n = if round % 2 == 0 {
-            c.pop_burst(&mut out[..take]).unwrap()
-        } else {
-            let avail = c.available().unwrap().min(take);
-            let r = c.read_chunk(avail).unwrap();
-            for (i, v) in r.iter().enumerate() {
-                out[i] = v;
+        let n = match round % 3 {
+            0 => c.pop_burst(&mut out[..take]).unwrap(),
+            1 => {
+                let avail = c.available().unwrap().min(take);
+                let r = c.read_chunk(avail).unwrap();
+                for (i, v) in r.iter().enumerate() {
+                    out[i] = v;
+                }
+                r.commit_all()
             }
-            r.commit_all()
+            _ => {
+                let mut k = 0;
+                let n = c
+                    .pop_each(take, |v| {
+                        out[k] = v;
+                        k += 1;
+                    })
+                    .unwrap();
+                assert_eq!(n, k, "pop_each counts what it handed over");
+                n
+            }
         };
         for &v in &out[..n] {
             assert_eq!(v, next_out, "value out of order or lost");

@@ -212,6 +212,34 @@ impl Cq {
         n
     }
 
+    /// Hands up to `max` completions, oldest first, to `f`; returns how many. As
+    /// [`Cq::poll`] (in inline mode it first runs the engine once), for a caller that puts
+    /// each completion somewhere of its own — a C `ibv_poll_cq` writes each into the
+    /// program's array — with no array of [`WorkCompletion`]s to fill first.
+    ///
+    /// ```
+    /// # use shmhca::*;
+    /// # fn main() -> Result<()> {
+    /// let ctx = Context::builder().mode(EngineMode::Inline).arena_size(1 << 20).build()?;
+    /// let mut cq = ctx.create_cq(16)?;
+    /// let mut ids = Vec::new();
+    /// assert_eq!(cq.poll_each(4, |wc| ids.push(wc.wr_id)), 0, "nothing completed yet");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[inline]
+    pub fn poll_each(&mut self, max: usize, f: impl FnMut(WorkCompletion)) -> usize {
+        if self.shared.mode == EngineMode::Inline {
+            self.shared.progress();
+            // A heap ring of this process cannot be broken by a peer.
+            return self.consumer.pop_each(max, f).unwrap_or(0);
+        }
+        self.shared.on_app_poll(self.last_empty);
+        let n = self.consumer.pop_each(max, f).unwrap_or(0);
+        self.last_empty = n == 0;
+        n
+    }
+
     /// One completion, if there is one (runs the engine once in inline mode).
     pub fn poll_one(&mut self) -> Option<WorkCompletion> {
         if self.shared.mode == EngineMode::Inline {

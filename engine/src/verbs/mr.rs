@@ -733,6 +733,7 @@ impl Mr {
         self.inflight.in_flight()
     }
 
+    #[inline]
     fn check(&self, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
@@ -749,6 +750,7 @@ impl Mr {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] if the range is not inside the region.
+    #[inline]
     pub fn sge(&self, offset: u64, len: u32) -> Result<Sge<'_>> {
         self.check(offset, u64::from(len))?;
         Ok(Sge {

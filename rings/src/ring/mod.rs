@@ -1238,6 +1238,40 @@ impl<T: Copy, S: Storage<T>> Consumer<T, S> {
         Ok(n)
     }
 
+    /// Hands up to `max` values, oldest first, to `f` (each a private copy, read in place:
+    /// no buffer of the caller's to fill first) and releases their slots with one index
+    /// store. Returns how many (0 when the ring is empty).
+    ///
+    /// # Errors
+    ///
+    /// [`LinkBroken`] if the ring is broken.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let (mut tx, mut rx) = shmhca_rings::ring::heap_ring::<u32>(8).unwrap();
+    /// for v in 1..=3 {
+    ///     tx.push(v).unwrap();
+    /// }
+    /// let mut seen = Vec::new();
+    /// assert_eq!(rx.pop_each(2, |v| seen.push(v)).unwrap(), 2);
+    /// assert_eq!(seen, [1, 2]);
+    /// assert_eq!(rx.pop().unwrap(), Some(3));
+    /// ```
+    #[inline(always)]
+    pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> Result<usize, LinkBroken> {
+        let n = max.min(self.available_for(max)?);
+        if n > 0 {
+            for i in 0..n as u64 {
+                // SAFETY: n slots are published from `head`; we are the only consumer, and
+                // release none of them before the last is read.
+                f(unsafe { self.storage.read_slot(self.head.wrapping_add(i)) });
+            }
+            self.publish_head(self.head.wrapping_add(n as u64));
+        }
+        Ok(n)
+    }
+
     /// Borrows exactly `n` available slots to read and then release with one index store.
     ///
     /// # Errors
