@@ -282,12 +282,19 @@ impl Device {
         }
     }
 
-    /// Whether the application's own verb calls run the engine now: always in inline mode,
-    /// and in poll mode while the engine thread has stepped back for a busy-polling
-    /// application (a post then sends at once, as [`Device::notify`] would make it).
-    #[inline]
-    pub(crate) fn app_runs_engine(&self) -> bool {
-        self.mode == EngineMode::Inline || self.app_drives.load(Ordering::Relaxed) != 0
+    /// Runs `f` on the engine now, from a post, if the application's own calls run the
+    /// engine and it is free: in inline mode on any thread; in poll mode while the engine
+    /// thread has stepped back for a busy-polling application, on the thread that owns
+    /// the token (the one whose polls drive it) — another thread's post never revokes
+    /// that bias (a `membarrier` per post) and goes the ring's way instead. `None` when
+    /// the caller must queue its work for the engine.
+    #[inline(always)]
+    pub(crate) fn run_for_post<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> Option<R> {
+        let inline = self.mode == EngineMode::Inline;
+        if !inline && self.app_drives.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.engine.try_with_if(inline, f)
     }
 
     /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the

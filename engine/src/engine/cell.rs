@@ -249,11 +249,21 @@ impl<T> EngineCell<T> {
     /// calling thread holds it already: no nesting).
     #[inline]
     pub(crate) fn try_with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.try_with_if(true, f)
+    }
+
+    /// [`EngineCell::try_with`] if `slow`; else runs `f` only if the calling thread owns
+    /// the token (the owner's fast path), `None` otherwise — never taking the lock, so
+    /// never revoking another thread's bias (a `membarrier`): for callers with another way
+    /// to hand over their work.
+    #[inline]
+    pub(crate) fn try_with_if<R>(&self, slow: bool, f: impl FnOnce(&mut T) -> R) -> Option<R> {
         // One call of `f` on either path (the token, fast or slow, is held until `_token`
         // drops at the end), so that `f` is inlined here.
         let _token = match self.enter_fast() {
             Fast::Entered(token) => Token::Fast { _guard: token },
             Fast::Inside => return None,
+            Fast::NotOwner if !slow => return None,
             Fast::NotOwner => {
                 let install = self.enter_slow(thread_number())?;
                 Token::Slow {

@@ -453,12 +453,10 @@ mod step_back_tests {
                 start.elapsed() < LONG,
                 "the engine thread never stayed back"
             );
-            while !drives() {
+            // Busy polls: the thread steps back, and this thread comes to own the token.
+            while !(drives() && ctx.shared.engine.is_owner()) {
                 cq.poll_one();
-                assert!(
-                    start.elapsed() < LONG,
-                    "the engine thread never stepped back"
-                );
+                assert!(start.elapsed() < LONG, "this thread never came to drive");
             }
             let (sends, recvs) = (fast_posts(a.index), outside());
             b.post_recv(&RecvWr::new(i, &[mr.sge(0, 8).unwrap()]))
@@ -478,6 +476,68 @@ mod step_back_tests {
                 assert!(
                     !recv_outside,
                     "round {i}: the receive was counted outside the token"
+                );
+                proved += 1;
+            }
+        }
+        assert_eq!(
+            proved, 3,
+            "three rounds with the thread stepped back throughout"
+        );
+    }
+
+    /// While one thread's polls drive the engine, another thread's receives are queued for
+    /// it (the receive ring, counted with a `fetch_add`) instead of taking the token from
+    /// it: no `membarrier` per post, and the driver stays the owner of the token's fast
+    /// path. (Another thread's Send still runs the engine at once, as it always did: it
+    /// takes the token when it must, so that the Send does not wait for the driver.)
+    #[test]
+    fn another_threads_receives_leave_the_driving_thread_its_token() {
+        let ctx = Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(EngineMode::Poll { cpu: None })
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(256).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
+        let start = Instant::now();
+        let mut proved = 0;
+        for i in 0..1000u64 {
+            if proved == 3 {
+                break;
+            }
+            assert!(
+                start.elapsed() < LONG,
+                "the engine thread never stayed back"
+            );
+            // Busy polls: the thread steps back, and this thread comes to own the token.
+            while !(drives() && ctx.shared.engine.is_owner()) {
+                cq.poll_one();
+                assert!(start.elapsed() < LONG, "this thread never came to drive");
+            }
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    b.post_recv(&RecvWr::new(i, &[mr.sge(0, 8).unwrap()]))
+                        .unwrap();
+                });
+            });
+            let kept = ctx.shared.engine.is_owner();
+            a.post_send(&SendWr::new(i, SendOp::Send, &[mr.sge(8, 8).unwrap()]))
+                .unwrap();
+            let stayed_back = drives();
+            let mut got = 0;
+            while got < 2 {
+                got += usize::from(cq.poll_one().is_some());
+                assert!(start.elapsed() < LONG, "message {i} did not complete");
+            }
+            if stayed_back {
+                assert!(
+                    kept,
+                    "round {i}: another thread's receive took the token's bias"
                 );
                 proved += 1;
             }

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::mem::Mem;
 use crate::qp::{AccessFlags, MAX_MESSAGE, QpAttr, QpCaps, QpConfig, QpState};
 use crate::tables::mw::MwType;
+use crate::verbs::EngineMode;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::{Pd, Sge};
 use crate::verbs::mw::Mw;
@@ -484,21 +485,20 @@ impl Qp {
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
         self.count_posted();
-        // Inline mode, or poll mode while the engine thread has stepped back for the
-        // application: hand the WQE straight to the SQ Logic and send it now, when the
-        // engine is free, counting its elements under the token (no locked instruction);
-        // otherwise (the engine thread running, or the engine busy on another thread) it
-        // goes through the send ring like any other, counted before it is pushed.
-        if self.shared.app_runs_engine() {
-            let (index, pushed) = (self.index, self.sq_pushed);
-            let direct = self.shared.engine.try_with(|e| {
-                count_held(sgl);
-                e.post_direct(index, wqe, pushed)
-            });
-            if let Some(taken) = direct {
-                debug_assert!(taken, "a live QP takes its WQEs");
-                return;
-            }
+        // When this call may run the engine (`Device::run_for_post`: inline mode, or poll
+        // mode with the engine thread stepped back for this thread's polls): hand the WQE
+        // straight to the SQ Logic and send it now, counting its elements under the token
+        // (no locked instruction). Otherwise (the engine thread running, or the engine
+        // busy elsewhere) it goes through the send ring like any other, counted before it
+        // is pushed.
+        let (index, pushed) = (self.index, self.sq_pushed);
+        let direct = self.shared.run_for_post(|e| {
+            count_held(sgl);
+            e.post_direct(index, wqe, pushed)
+        });
+        if let Some(taken) = direct {
+            debug_assert!(taken, "a live QP takes its WQEs");
+            return;
         }
         for s in sgl {
             s.mr.inflight.post_outside(1);
@@ -525,7 +525,7 @@ impl Qp {
     ) -> std::result::Result<(), (usize, Error)> {
         // Inline mode: each request goes the direct way of `post_send` (the template path
         // when it can), which sends it at once while the engine is free.
-        if self.shared.app_runs_engine() {
+        if self.shared.mode == EngineMode::Inline {
             for (done, wr) in wrs.iter().enumerate() {
                 self.post_send(wr).map_err(|e| (done, e))?;
             }
@@ -960,30 +960,28 @@ impl Qp {
         // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
         // the flag only decides whether to tell the engine.
         let watch = state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed);
-        // Inline mode, or poll mode while the engine thread has stepped back for the
-        // application: count the elements, queue the WQE and (if watched) put the QP in the
-        // engine's active set, all under the engine token — the owner's fast path, no locked
-        // instruction and no doorbell. Else (the engine thread running, or the engine busy
-        // on another thread) count with a `fetch_add`, queue, and ring.
+        // When this call may run the engine (`Device::run_for_post`): count the elements,
+        // queue the WQE and (if watched) put the QP in the engine's active set, all under
+        // the engine token — no locked instruction and no doorbell. Else (the engine
+        // thread running, or the engine busy elsewhere) count with a `fetch_add`, queue,
+        // and ring.
         let (rq, index) = (&mut self.rq, self.index);
-        let held = self.shared.app_runs_engine()
-            && self
-                .shared
-                .engine
-                .try_with(|e| {
-                    count_held(wr.sgl);
-                    if rq.push(wqe).is_err() {
-                        unreachable!(
-                            "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
-                        );
-                    }
-                    if watch {
-                        e.wake_qp(index);
-                    }
-                })
-                .is_some();
+        let held = self
+            .shared
+            .run_for_post(|e| {
+                count_held(wr.sgl);
+                if rq.push(wqe).is_err() {
+                    unreachable!(
+                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                    );
+                }
+                if watch {
+                    e.wake_qp(index);
+                }
+            })
+            .is_some();
         if !held {
-            // (The token is held elsewhere, or poll mode: the WQE was not queued above.)
+            // (The engine runs elsewhere: the WQE was not queued above.)
             for s in wr.sgl {
                 s.mr.inflight.post_outside(1);
             }
@@ -1123,7 +1121,7 @@ impl std::fmt::Debug for Qp {
 mod tests {
     use super::*;
     use crate::wire::slot::{KIND_INLINE, RxPacket};
-    use crate::{Context, EngineMode, SendOp};
+    use crate::{Context, SendOp};
 
     /// The checks at post time, on one-element lists (the fast path that checks and
     /// locates the element in one pass) and on two-element lists (the general path) alike:
