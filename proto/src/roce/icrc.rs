@@ -34,10 +34,12 @@
 //! from an unconnected UDP socket, so usually the answer) and, if that does not match,
 //! asks [`solve_ipv4_id`] for the one ID that would.
 //!
-//! With `s` the number of pseudo-packet bytes after the ID field (`22 +` the transport
-//! length, ICRC excluded), the raw CRC register gains `m(x)·x^(8s+32) mod P` from an ID
-//! whose two wire bytes form the 16-bit polynomial `m` (see [`super::crc32`] for the
-//! representation). Solving `L(id) = t`, with `t` the XOR of the received and ID-0 ICRCs,
+//! Over GF(2), the raw CRC register (no inversions) after a message `M` of `n` bits is
+//! `(r·x^n + M(x)·x^32) mod P` for a start value `r`, with `P` the CRC-32 polynomial and the
+//! message's first bit its highest coefficient. With `s` the number of pseudo-packet bytes
+//! after the ID field (`22 +` the transport length, ICRC excluded), the register therefore
+//! gains `m(x)·x^(8s+32) mod P` from an ID whose two wire bytes form the 16-bit polynomial
+//! `m`. Solving `L(id) = t`, with `t` the XOR of the received and ID-0 ICRCs,
 //! is therefore one multiplication: `m = t·x^(-(8s+32)) mod P`, and a solution exists iff
 //! that product has degree below 16. **The 16 columns of `L` are independent for every
 //! packet length**: `x` is invertible modulo `P` (whose constant term is 1), and
