@@ -295,12 +295,15 @@ impl Icrc {
     }
 
     fn from_masked_ip(masked_ip: &[u8], udp: &[u8; UDP_HEADER_LEN]) -> Icrc {
-        let mut udp = *udp;
-        udp[6] = 0xFF; // checksum
-        udp[7] = 0xFF;
-        let register = crc32::update(AFTER_LRH, masked_ip);
+        // IP and UDP headers in one buffer: one pass of the table loop.
+        let mut headers = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN];
+        let ip_len = masked_ip.len().min(IPV6_HEADER_LEN);
+        headers[..ip_len].copy_from_slice(&masked_ip[..ip_len]);
+        headers[ip_len..ip_len + UDP_HEADER_LEN].copy_from_slice(udp);
+        headers[ip_len + 6] = 0xFF; // UDP checksum
+        headers[ip_len + 7] = 0xFF;
         Icrc {
-            register: crc32::update(register, &udp),
+            register: crc32::update(AFTER_LRH, &headers[..ip_len + UDP_HEADER_LEN]),
             offset: 0,
         }
     }
@@ -309,18 +312,56 @@ impl Icrc {
     /// in order and in pieces of any size (the BTH too may be split). The BTH's resv8a
     /// byte is counted as ones wherever it falls.
     pub fn update(&mut self, bytes: &[u8]) {
+        self.update_with(bytes, |crc, bytes| !crc32::update(!crc, bytes));
+    }
+
+    /// [`update`](Icrc::update), with the bulk of the bytes fed through `crc32`: a CRC-32
+    /// function in the zlib convention (given the CRC-32 of the bytes so far and more
+    /// bytes, it returns the CRC-32 of them all; zlib's `crc32`,
+    /// `crc32fast::Hasher::new_with_initial(crc)` then `update` and `finalize`). This crate
+    /// computes CRC-32 in portable code, 16 bytes per step (about 2.4 GB/s); a caller with
+    /// a carry-less-multiply implementation (about 40 GB/s) passes it here for payloads.
+    ///
+    /// ```
+    /// use core::net::{Ipv4Addr, SocketAddrV4};
+    /// use shmhca_proto::roce::{Icrc, icrc_v4};
+    ///
+    /// /// A bitwise CRC-32 in the zlib convention, standing in for a fast one.
+    /// fn crc32(crc: u32, bytes: &[u8]) -> u32 {
+    ///     let mut r = !crc;
+    ///     for &b in bytes {
+    ///         r ^= u32::from(b);
+    ///         for _ in 0..8 {
+    ///             r = if r & 1 != 0 { (r >> 1) ^ 0xEDB8_8320 } else { r >> 1 };
+    ///         }
+    ///     }
+    ///     !r
+    /// }
+    ///
+    /// let src = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 0xC123);
+    /// let dst = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 4791);
+    /// let transport = [0x2Au8; 1024 + 12];
+    /// let mut icrc = Icrc::ipv4(src, dst, 0, transport.len())?;
+    /// icrc.update_with(&transport, crc32);
+    /// assert_eq!(icrc.finish(), icrc_v4(src, dst, 0, &transport)?);
+    /// # Ok::<(), shmhca_proto::roce::IcrcError>(())
+    /// ```
+    pub fn update_with(&mut self, bytes: &[u8], mut crc32: impl FnMut(u32, &[u8]) -> u32) {
+        // `register` is the raw CRC register: the pseudo-packet's CRC-32 so far, inverted.
         let resv8a = bth::RESV8A_OFFSET;
+        let mut register = self.register;
         match resv8a.checked_sub(self.offset) {
             Some(at) if at < bytes.len() => {
                 let (head, rest) = bytes.split_at(at);
-                self.register = crc32::update(self.register, head);
-                self.register = crc32::update(self.register, &[0xFF]);
+                register = crc32::update(register, head);
+                register = crc32::update(register, &[0xFF]);
                 if let Some((_, tail)) = rest.split_first() {
-                    self.register = crc32::update(self.register, tail);
+                    register = !crc32(!register, tail);
                 }
             }
-            _ => self.register = crc32::update(self.register, bytes),
+            _ => register = !crc32(!register, bytes),
         }
+        self.register = register;
         self.offset = self.offset.saturating_add(bytes.len());
     }
 
@@ -1221,5 +1262,46 @@ mod tests {
         for (e, text) in cases {
             assert!(e.to_string().contains(text), "{e}");
         }
+    }
+
+    #[test]
+    fn a_bulk_crc_function_gives_the_same_icrc_however_the_packet_is_cut() {
+        /// CRC-32 in the zlib convention, bit by bit, counting the bytes it was given.
+        fn zlib_style(crc: u32, bytes: &[u8], fed: &mut usize) -> u32 {
+            *fed += bytes.len();
+            let mut r = !crc;
+            for &b in bytes {
+                r ^= u32::from(b);
+                for _ in 0..8 {
+                    r = if r & 1 != 0 {
+                        (r >> 1) ^ 0xEDB8_8320
+                    } else {
+                        r >> 1
+                    };
+                }
+            }
+            !r
+        }
+        let (src, dst) = scapy_addrs();
+        let p = split_v6(&SCAPY_IPV6_SEND);
+        for cut in 0..=p.transport.len() {
+            let mut fed = 0;
+            let mut c = Icrc::ipv6(src, dst, p.transport.len()).unwrap();
+            c.update_with(&p.transport[..cut], |crc, b| zlib_style(crc, b, &mut fed));
+            c.update_with(&p.transport[cut..], |crc, b| zlib_style(crc, b, &mut fed));
+            assert_eq!(c.finish(), p.icrc, "cut at {cut}");
+            // All but resv8a and the part of its piece before it go to the bulk function.
+            let before = if cut <= 4 { 4 - cut } else { 4 };
+            assert_eq!(fed, p.transport.len() - before - 1, "cut at {cut}");
+        }
+        // Mixed with the built-in one.
+        let (src, dst) = cnp_addrs();
+        let p = split_v4(&CONNECTX4_CNP);
+        let mut c = Icrc::ipv4(src, dst, 0x718C, p.transport.len()).unwrap();
+        c.update(&p.transport[..3]);
+        c.update_with(&p.transport[3..9], |crc, b| zlib_style(crc, b, &mut 0));
+        c.update(&p.transport[9..20]);
+        c.update_with(&p.transport[20..], |crc, b| zlib_style(crc, b, &mut 0));
+        assert_eq!(c.finish(), p.icrc);
     }
 }
