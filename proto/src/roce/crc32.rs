@@ -27,7 +27,7 @@ pub(crate) const ONE: u32 = 0x8000_0000;
 
 /// `x^(-1) mod P`: `x · (x^31 + (P - x^32 - 1)/x) = P - 1 ≡ 1`, i.e. the polynomial's low
 /// terms shifted down by one degree, plus `x^31`.
-pub(crate) const X_INV: u32 = (POLY << 1) | 1;
+pub(crate) const X_INV: u32 = (POLY << 1) + 1;
 
 /// Slice-by-16 tables: `TABLES[0]` is the byte-at-a-time table, `TABLES[k][b]` the register
 /// contribution of byte `b` followed by `k` zero bytes.
@@ -136,16 +136,12 @@ const X_INV_POW2: [u32; 32] = {
 };
 
 /// `x^(-k) mod P`, by its binary expansion: at most 32 multiplications.
-pub(crate) const fn x_pow_neg(k: u32) -> u32 {
-    let mut r = ONE;
-    let mut i = 0;
-    while i < 32 {
-        if k & (1 << i) != 0 {
-            r = mul_mod_p(r, X_INV_POW2[i]);
-        }
-        i += 1;
-    }
-    r
+pub(crate) fn x_pow_neg(k: u32) -> u32 {
+    X_INV_POW2
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| k & (1 << i) != 0)
+        .fold(ONE, |r, (_, &p)| mul_mod_p(r, p))
 }
 
 #[cfg(test)]

@@ -37,10 +37,10 @@
 //! Over GF(2), the raw CRC register (no inversions) after a message `M` of `n` bits is
 //! `(r·x^n + M(x)·x^32) mod P` for a start value `r`, with `P` the CRC-32 polynomial and the
 //! message's first bit its highest coefficient. With `s` the number of pseudo-packet bytes
-//! after the ID field (`22 +` the transport length, ICRC excluded), the register therefore
-//! gains `m(x)·x^(8s+32) mod P` from an ID whose two wire bytes form the 16-bit polynomial
-//! `m`. Solving `L(id) = t`, with `t` the XOR of the received and ID-0 ICRCs,
-//! is therefore one multiplication: `m = t·x^(-(8s+32)) mod P`, and a solution exists iff
+//! after the ID field (`22 +` the transport length, ICRC excluded), the register gains
+//! `m(x)·x^(8s+32) mod P` from an ID whose two wire bytes form the 16-bit polynomial `m`.
+//! Solving `L(id) = t`, with `t` the XOR of the received and ID-0 ICRCs, is therefore one
+//! multiplication: `m = t·x^(-(8s+32)) mod P`, and a solution exists iff
 //! that product has degree below 16. **The 16 columns of `L` are independent for every
 //! packet length**: `x` is invertible modulo `P` (whose constant term is 1), and
 //! `m·x^32 ≡ 0 (mod P)` would need `P` to divide `m`, impossible for a nonzero `m` of
@@ -274,36 +274,41 @@ impl Icrc {
     /// the wire; the variant fields are masked here, whatever they hold. For framing built
     /// by the caller, such as a packet capture's.
     pub fn from_ipv4_headers(ip: &[u8; IPV4_HEADER_LEN], udp: &[u8; UDP_HEADER_LEN]) -> Icrc {
-        let mut ip = *ip;
-        ip[1] = 0xFF; // TOS: DSCP and ECN
-        ip[8] = 0xFF; // TTL
-        ip[10] = 0xFF; // header checksum
-        ip[11] = 0xFF;
-        Icrc::from_masked_ip(&ip, udp)
+        let mut h = [0u8; IPV4_HEADER_LEN + UDP_HEADER_LEN];
+        let (ip_part, udp_part) = h.split_at_mut(IPV4_HEADER_LEN);
+        ip_part.copy_from_slice(ip);
+        udp_part.copy_from_slice(udp);
+        h[1] = 0xFF; // TOS: DSCP and ECN
+        h[8] = 0xFF; // TTL
+        h[10] = 0xFF; // header checksum
+        h[11] = 0xFF;
+        Icrc::from_ip_and_udp(&mut h)
     }
 
     /// Starts the ICRC from an IPv6 header and a UDP header as they are (or will be) on
     /// the wire; the variant fields are masked here, whatever they hold.
     pub fn from_ipv6_headers(ip: &[u8; IPV6_HEADER_LEN], udp: &[u8; UDP_HEADER_LEN]) -> Icrc {
-        let mut ip = *ip;
-        ip[0] |= 0x0F; // traffic class (high nibble), after the version
-        ip[1] = 0xFF; // traffic class (low nibble), flow label
-        ip[2] = 0xFF;
-        ip[3] = 0xFF;
-        ip[7] = 0xFF; // hop limit
-        Icrc::from_masked_ip(&ip, udp)
+        let mut h = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN];
+        let (ip_part, udp_part) = h.split_at_mut(IPV6_HEADER_LEN);
+        ip_part.copy_from_slice(ip);
+        udp_part.copy_from_slice(udp);
+        h[0] |= 0x0F; // traffic class (high nibble), after the version
+        h[1] = 0xFF; // traffic class (low nibble), flow label
+        h[2] = 0xFF;
+        h[3] = 0xFF;
+        h[7] = 0xFF; // hop limit
+        Icrc::from_ip_and_udp(&mut h)
     }
 
-    fn from_masked_ip(masked_ip: &[u8], udp: &[u8; UDP_HEADER_LEN]) -> Icrc {
-        // IP and UDP headers in one buffer: one pass of the table loop.
-        let mut headers = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN];
-        let ip_len = masked_ip.len().min(IPV6_HEADER_LEN);
-        headers[..ip_len].copy_from_slice(&masked_ip[..ip_len]);
-        headers[ip_len..ip_len + UDP_HEADER_LEN].copy_from_slice(udp);
-        headers[ip_len + 6] = 0xFF; // UDP checksum
-        headers[ip_len + 7] = 0xFF;
+    /// Starts from an IP header with its variant fields masked and a UDP header, in one
+    /// buffer (one pass of the table loop); masks the UDP checksum, its last two bytes.
+    fn from_ip_and_udp(headers: &mut [u8]) -> Icrc {
+        if let [.., checksum_high, checksum_low] = headers {
+            *checksum_high = 0xFF;
+            *checksum_low = 0xFF;
+        }
         Icrc {
-            register: crc32::update(AFTER_LRH, &headers[..ip_len + UDP_HEADER_LEN]),
+            register: crc32::update(AFTER_LRH, headers),
             offset: 0,
         }
     }

@@ -24,10 +24,10 @@ pub const FLOW_LABEL_MASK: u32 = 0xF_FFFF;
 /// vector gives none: the 48-bit product of the QPNs, folded to 20 bits. Symmetric:
 /// `flow_label_of_qpns(a, b) == flow_label_of_qpns(b, a)`.
 pub const fn flow_label_of_qpns(local: Qpn, remote: Qpn) -> u32 {
-    let mut v = local.get() as u64 * remote.get() as u64;
-    v ^= v >> 20;
-    v ^= v >> 40;
-    (v as u32) & FLOW_LABEL_MASK
+    let v = local.get() as u64 * remote.get() as u64;
+    // Linux folds twice, `v ^= v >> 20; v ^= v >> 40`; the second fold adds `v >> 40` and
+    // `v >> 60`, which is 0 for a product of two 24-bit numbers.
+    ((v ^ (v >> 20) ^ (v >> 40)) as u32) & FLOW_LABEL_MASK
 }
 
 /// The UDP source port of flow label `flow_label` (its low 20 bits): the low 14 bits XOR
@@ -35,7 +35,7 @@ pub const fn flow_label_of_qpns(local: Qpn, remote: Qpn) -> u32 {
 pub const fn source_port_of_flow_label(flow_label: u32) -> u16 {
     let low = flow_label & 0x3FFF;
     let high = (flow_label & 0xF_C000) >> 14;
-    SOURCE_PORT_MIN | (low ^ high) as u16
+    SOURCE_PORT_MIN + (low ^ high) as u16
 }
 
 /// The UDP source port a QP sends from: from the address vector's `flow_label` if it is
