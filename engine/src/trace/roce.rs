@@ -166,7 +166,7 @@ pub fn frame_headers(
 /// Computes the RoCEv2 ICRC of a packet from its IPv4 header (20 bytes, no options), its
 /// UDP header and its transport packet given in pieces (BTH, extended headers, payload,
 /// pad, in order; the BTH may itself be split across pieces): [`Icrc`] over the headers as
-/// they are, fed the pieces through [`crc32`].
+/// they are, fed the pieces through this module's `crc32` (SIMD where the CPU has it).
 ///
 /// Write the result with `to_le_bytes()` after the transport packet.
 pub fn icrc(
