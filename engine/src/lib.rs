@@ -140,6 +140,7 @@ pub mod qp;
 mod raw_peer;
 pub mod requester;
 pub mod responder;
+pub use shmhca_proto::roce;
 pub(crate) mod slots;
 pub mod stats_area;
 pub(crate) mod sync;

@@ -5,8 +5,10 @@
 //!
 //! Wireshark 4.0 shows the Invariant CRC but does not verify it, so the CRC tshark reports
 //! is compared with one computed here by a separate bitwise CRC-32 in the formulation of the
-//! Linux soft-RoCE driver (the encoder's own CRC is also checked against a hardware capture
-//! in `trace::roce`'s unit tests). tshark is run with IPv4 header checksum validation on.
+//! Linux soft-RoCE driver (the encoder's own CRC, the RoCEv2 codec's in `shmhca::roce`, is
+//! also checked against a hardware capture and scapy in its unit tests). tshark is run with
+//! IPv4 header checksum validation on. The codec's datagrams for the UDP link, over IPv4
+//! and IPv6, are framed here by hand and checked the same way.
 //!
 //! Wireshark's RPC-over-RDMA heuristic guesses at every Send payload and reports the
 //! made-up bytes below as a malformed RPC-over-RDMA message; that dissector is about the
@@ -185,9 +187,9 @@ fn pcap_frames(bytes: &[u8]) -> Vec<&[u8]> {
     frames
 }
 
-/// The ICRC of a RoCEv2/IPv4 frame, computed bit by bit the way the Linux soft-RoCE driver
-/// does: raw CRC register seeded with 0xDEBB20E3 (eight 0xFF bytes already absorbed), the
-/// masked IPv4 and UDP headers and BTH, the rest, and a final inversion.
+/// The ICRC of a RoCEv2 frame (IPv4 or IPv6), computed bit by bit the way the Linux
+/// soft-RoCE driver does: raw CRC register seeded with 0xDEBB20E3 (eight 0xFF bytes already
+/// absorbed), the masked IP and UDP headers and BTH, the rest, and a final inversion.
 fn reference_icrc(frame: &[u8]) -> u32 {
     fn crc32_le_raw(mut crc: u32, data: &[u8]) -> u32 {
         for &b in data {
@@ -203,12 +205,21 @@ fn reference_icrc(frame: &[u8]) -> u32 {
         crc
     }
     let mut pseudo = frame[14..frame.len() - 4].to_vec();
-    for i in [1, 8, 10, 11] {
-        pseudo[i] = 0xFF; // IPv4 TOS, TTL, header checksum
-    }
-    pseudo[20 + 6] = 0xFF; // UDP checksum
-    pseudo[20 + 7] = 0xFF;
-    pseudo[28 + 4] = 0xFF; // BTH resv8a
+    let ip_len = if pseudo[0] >> 4 == 6 {
+        pseudo[0] |= 0x0F; // IPv6 traffic class, flow label, hop limit
+        for i in [1, 2, 3, 7] {
+            pseudo[i] = 0xFF;
+        }
+        40
+    } else {
+        for i in [1, 8, 10, 11] {
+            pseudo[i] = 0xFF; // IPv4 TOS, TTL, header checksum
+        }
+        20
+    };
+    pseudo[ip_len + 6] = 0xFF; // UDP checksum
+    pseudo[ip_len + 7] = 0xFF;
+    pseudo[ip_len + 8 + 4] = 0xFF; // BTH resv8a
     !crc32_le_raw(0xDEBB_20E3, &pseudo)
 }
 
@@ -468,4 +479,201 @@ fn tshark_expert_check_catches_broken_packets() {
     );
     assert_eq!(out, "1\n2\n", "both broken frames must be flagged");
     std::fs::remove_file(&path).unwrap();
+}
+
+/// The RoCEv2 codec (`shmhca::roce`) frames datagrams for the UDP link over IPv4 and IPv6:
+/// frames built around its datagrams decode as InfiniBand with nothing flagged, and carry
+/// the ICRC the independent reference computes, whatever the variant fields hold.
+#[test]
+fn tshark_decodes_datagrams_the_roce_codec_seals_over_ipv4_and_ipv6() {
+    use shmhca::roce;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+
+    if !tshark_available() {
+        return;
+    }
+    let (qp_a, qp_b) = (Qpn::new(0x11), Qpn::new(DEST_QP));
+    let sport = roce::source_port(0, qp_a, qp_b);
+    let mut frames: Vec<(Vec<u8>, Opcode, u32)> = Vec::new();
+    for (i, &(op, payload_len)) in [
+        (Opcode::SendOnly, 20usize),
+        (Opcode::RdmaWriteOnly, 64),
+        (Opcode::SendOnly, 1024),
+        (Opcode::Acknowledge, 0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let psn = 0xFF_FFFE + i as u32;
+        let mut repr = PacketRepr::new(BthRepr::new(op, qp_b, Psn::new(psn)));
+        let info = op.info().unwrap();
+        if info.headers.contains(Headers::RETH) {
+            repr.reth = Some(RethRepr {
+                va: 0x7F00_0000_1000,
+                rkey: 0x1234,
+                dma_len: payload_len as u32,
+            });
+        }
+        if info.headers.contains(Headers::AETH) {
+            repr.aeth = Some(AethRepr {
+                syndrome: Syndrome::Ack {
+                    credits: CreditCode::new(3),
+                },
+                msn: Msn::new(9),
+            });
+        }
+        let mut datagram = vec![0u8; MAX_HEADER_LEN + payload_len + roce::ICRC_LEN];
+        let n = repr.emit(&mut datagram).unwrap();
+        for (k, b) in datagram[n..n + payload_len].iter_mut().enumerate() {
+            *b = (k * 7 + i) as u8;
+        }
+        let transport_len = n + payload_len;
+        let udp_len = (8 + transport_len + roce::ICRC_LEN) as u16;
+        for v6 in [false, true] {
+            let mut frame = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
+            let mut d = datagram.clone();
+            if v6 {
+                let src: Ipv6Addr = "fd00:5348:4d::1".parse().unwrap();
+                let dst: Ipv6Addr = "fd00:5348:4d::2".parse().unwrap();
+                let len = roce::append_icrc_v6(
+                    SocketAddrV6::new(src, sport, 0, 0),
+                    SocketAddrV6::new(dst, roce::UDP_PORT, 0, 0),
+                    &mut d,
+                    transport_len,
+                )
+                .unwrap();
+                d.truncate(len);
+                frame.extend([0x86, 0xDD]);
+                // Traffic class 0xB8 (EF), flow label 0x12345, hop limit 64: all masked.
+                frame.extend([0x6B, 0x81, 0x23, 0x45]);
+                frame.extend(udp_len.to_be_bytes());
+                frame.extend([17, 64]);
+                frame.extend(src.octets());
+                frame.extend(dst.octets());
+            } else {
+                let (src, dst) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+                let ip_id = 0x1234 * i as u16;
+                let len = roce::append_icrc_v4(
+                    SocketAddrV4::new(src, sport),
+                    SocketAddrV4::new(dst, roce::UDP_PORT),
+                    ip_id,
+                    &mut d,
+                    transport_len,
+                )
+                .unwrap();
+                d.truncate(len);
+                frame.extend([0x08, 0x00]);
+                let mut ip = vec![0x45, 0x02]; // ECT(0): masked
+                ip.extend((20 + udp_len).to_be_bytes());
+                ip.extend(ip_id.to_be_bytes());
+                ip.extend([0x40, 0, 63, 17, 0, 0]);
+                ip.extend(src.octets());
+                ip.extend(dst.octets());
+                let sum = shmhca::trace::roce::ipv4_checksum(&ip);
+                ip[10..12].copy_from_slice(&sum.to_be_bytes());
+                frame.extend(ip);
+            }
+            let mut udp = sport.to_be_bytes().to_vec();
+            udp.extend(roce::UDP_PORT.to_be_bytes());
+            udp.extend(udp_len.to_be_bytes());
+            udp.extend([0, 0]);
+            udp.extend(&d);
+            if v6 {
+                // IPv6 forbids a zero UDP checksum (RFC 8200); the ICRC masks it anyway.
+                let sum = udp6_checksum(&frame[22..38], &frame[38..54], &udp);
+                udp[6..8].copy_from_slice(&sum.to_be_bytes());
+            }
+            frame.extend(udp);
+            frames.push((frame, op, psn & 0xFF_FFFF));
+        }
+    }
+
+    let path = capture_path("codec");
+    let mut file = Vec::new();
+    file.extend(0xA1B2_C3D4u32.to_le_bytes());
+    file.extend(2u16.to_le_bytes());
+    file.extend(4u16.to_le_bytes());
+    file.extend([0; 8]);
+    file.extend(65_535u32.to_le_bytes());
+    file.extend(1u32.to_le_bytes()); // Ethernet
+    for (i, (frame, _, _)) in frames.iter().enumerate() {
+        file.extend((1_700_000_000 + i as u32).to_le_bytes());
+        file.extend(0u32.to_le_bytes());
+        file.extend((frame.len() as u32).to_le_bytes());
+        file.extend((frame.len() as u32).to_le_bytes());
+        file.extend(frame);
+    }
+    std::fs::write(&path, &file).unwrap();
+
+    let out = tshark(
+        &path,
+        &["-o", "udp.check_checksum:TRUE", "-Y", EXPERT_FILTER],
+    );
+    assert_eq!(out, "", "tshark flagged packets:\n{out}");
+    let out = tshark(
+        &path,
+        &[
+            "-T",
+            "fields",
+            "-E",
+            "separator=|",
+            "-e",
+            "frame.protocols",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.bth.psn",
+            "-e",
+            "infiniband.bth.destqp",
+            "-e",
+            "udp.srcport",
+            "-e",
+            "infiniband.invariant.crc",
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), frames.len(), "{out}");
+    for (i, ((frame, op, psn), line)) in frames.iter().zip(&lines).enumerate() {
+        let f: Vec<&str> = line.split('|').collect();
+        let what = format!("frame {}: {line}", i + 1);
+        let ip = if i % 2 == 0 { ":ip:" } else { ":ipv6:" };
+        assert!(f[0].contains(&format!("{ip}udp:infiniband")), "{what}");
+        assert_eq!(f[1], op.code().to_string(), "{what}");
+        assert_eq!(f[2], psn.to_string(), "{what}");
+        assert_eq!(f[3], format!("{:#08x}", DEST_QP), "{what}");
+        assert_eq!(f[4], sport.to_string(), "{what}");
+        let trailer: [u8; 4] = frame[frame.len() - 4..].try_into().unwrap();
+        assert_eq!(trailer, reference_icrc(frame).to_le_bytes(), "{what}");
+        assert_eq!(
+            f[5],
+            format!("{:#010x}", u32::from_be_bytes(trailer)),
+            "{what}"
+        );
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// The UDP checksum over IPv6 (RFC 8200 section 8.1): the one's complement sum of the
+/// pseudo-header (addresses, upper-layer length, next header) and the UDP datagram.
+fn udp6_checksum(src: &[u8], dst: &[u8], udp: &[u8]) -> u16 {
+    let mut bytes = Vec::new();
+    bytes.extend(src);
+    bytes.extend(dst);
+    bytes.extend((udp.len() as u32).to_be_bytes());
+    bytes.extend([0, 0, 0, 17]);
+    bytes.extend(udp);
+    if bytes.len() % 2 == 1 {
+        bytes.push(0);
+    }
+    let mut sum: u32 = bytes
+        .chunks_exact(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    match !(sum as u16) {
+        0 => 0xFFFF, // 0 means "no checksum"; its one's complement twin is sent instead
+        c => c,
+    }
 }

@@ -62,6 +62,7 @@ pub mod psn;
 pub mod qp;
 pub mod requester;
 pub mod responder;
+pub mod roce;
 pub mod send_window;
 pub mod stats;
 pub mod timer;

@@ -1,0 +1,255 @@
+//! CRC-32 (the Ethernet and zlib CRC, the one the ICRC uses) and arithmetic modulo its
+//! polynomial.
+//!
+//! # Representation
+//!
+//! The CRC is the reflected one: a 32-bit word stands for the polynomial whose `x^i`
+//! coefficient is bit `31 - i` (so `0x8000_0000` is 1 and `0x0000_0001` is `x^31`), and
+//! [`POLY`] is `x^32 + x^26 + x^23 + … + x + 1` without its `x^32` term. In that
+//! representation a right shift multiplies by `x`.
+//!
+//! The raw register (no initial or final inversion) after a message `M` of `n` bits, fed
+//! from a register value `r`, is `(r·x^n + M(x)·x^32) mod P`, where the message's first bit
+//! (bit 0 of its first byte) is its highest-degree coefficient. Two facts the ICRC code
+//! relies on follow:
+//!
+//! * the register is linear in the message bits (for a fixed length and start value), so
+//!   changing a field changes the CRC by a term that does not depend on the other bytes;
+//! * feeding `k` zero bytes multiplies the register by `x^(8k)`, and every power of `x` is
+//!   invertible modulo `P` (its constant term is 1), so that term can be moved back to the
+//!   field's position by multiplying with `x^(-8k)` ([`x_pow_neg`]).
+
+/// The CRC-32 polynomial, reflected, without its `x^32` term.
+pub(crate) const POLY: u32 = 0xEDB8_8320;
+
+/// The polynomial 1.
+pub(crate) const ONE: u32 = 0x8000_0000;
+
+/// `x^(-1) mod P`: `x · (x^31 + (P - x^32 - 1)/x) = P - 1 ≡ 1`, i.e. the polynomial's low
+/// terms shifted down by one degree, plus `x^31`.
+pub(crate) const X_INV: u32 = (POLY << 1) + 1;
+
+/// Slice-by-16 tables: `TABLES[0]` is the byte-at-a-time table, `TABLES[k][b]` the register
+/// contribution of byte `b` followed by `k` zero bytes.
+static TABLES: [[u32; 256]; 16] = make_tables();
+
+const fn make_tables() -> [[u32; 256]; 16] {
+    let mut t = [[0u32; 256]; 16];
+    let mut b = 0;
+    while b < 256 {
+        let mut c = b as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            c = times_x(c);
+            bit += 1;
+        }
+        t[0][b] = c;
+        b += 1;
+    }
+    let mut k = 1;
+    while k < 16 {
+        let mut b = 0;
+        while b < 256 {
+            let prev = t[k - 1][b];
+            t[k][b] = (prev >> 8) ^ t[0][(prev & 0xFF) as usize];
+            b += 1;
+        }
+        k += 1;
+    }
+    t
+}
+
+/// `a · x mod P`.
+const fn times_x(a: u32) -> u32 {
+    if a & 1 != 0 { (a >> 1) ^ POLY } else { a >> 1 }
+}
+
+/// Feeds `bytes` through the raw CRC register `crc` (no inversion), 16 bytes at a time.
+pub(crate) fn update(mut crc: u32, bytes: &[u8]) -> u32 {
+    let t = &TABLES;
+    let (blocks, rest) = bytes.as_chunks::<16>();
+    for c in blocks {
+        let a = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        crc = t[15][(a & 0xFF) as usize]
+            ^ t[14][((a >> 8) & 0xFF) as usize]
+            ^ t[13][((a >> 16) & 0xFF) as usize]
+            ^ t[12][(a >> 24) as usize]
+            ^ t[11][c[4] as usize]
+            ^ t[10][c[5] as usize]
+            ^ t[9][c[6] as usize]
+            ^ t[8][c[7] as usize]
+            ^ t[7][c[8] as usize]
+            ^ t[6][c[9] as usize]
+            ^ t[5][c[10] as usize]
+            ^ t[4][c[11] as usize]
+            ^ t[3][c[12] as usize]
+            ^ t[2][c[13] as usize]
+            ^ t[1][c[14] as usize]
+            ^ t[0][c[15] as usize];
+    }
+    for &b in rest {
+        crc = (crc >> 8) ^ t[0][((crc ^ u32::from(b)) & 0xFF) as usize];
+    }
+    crc
+}
+
+/// Feeds `bytes` through the raw register one bit at a time: for constants only.
+pub(crate) const fn update_bitwise(mut crc: u32, bytes: &[u8]) -> u32 {
+    let mut i = 0;
+    while i < bytes.len() {
+        crc ^= bytes[i] as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = times_x(crc);
+            bit += 1;
+        }
+        i += 1;
+    }
+    crc
+}
+
+/// `a · b mod P`.
+pub(crate) const fn mul_mod_p(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    let mut i = 0;
+    while i < 32 {
+        // Bit 31 - i of `a` is its x^i coefficient; `b` holds b·x^i.
+        if a & (ONE >> i) != 0 {
+            product ^= b;
+        }
+        b = times_x(b);
+        i += 1;
+    }
+    product
+}
+
+/// `X_INV_POW2[i] = x^(-2^i) mod P`.
+const X_INV_POW2: [u32; 32] = {
+    let mut t = [0u32; 32];
+    t[0] = X_INV;
+    let mut i = 1;
+    while i < 32 {
+        t[i] = mul_mod_p(t[i - 1], t[i - 1]);
+        i += 1;
+    }
+    t
+};
+
+/// `x^(-k) mod P`, by its binary expansion: at most 32 multiplications.
+pub(crate) fn x_pow_neg(k: u32) -> u32 {
+    X_INV_POW2
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| k & (1 << i) != 0)
+        .fold(ONE, |r, (_, &p)| mul_mod_p(r, p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The textbook bit-at-a-time reflected CRC-32 register.
+    fn bitwise(mut crc: u32, data: &[u8]) -> u32 {
+        for &b in data {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        crc
+    }
+
+    fn bytes(n: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                s as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn check_value() {
+        // The catalogued check value of CRC-32/ISO-HDLC: "123456789" → 0xCBF43926.
+        assert_eq!(!update(!0, b"123456789"), 0xCBF4_3926);
+        assert_eq!(!update_bitwise(!0, b"123456789"), 0xCBF4_3926);
+        assert_eq!(!update(!0, b""), 0);
+    }
+
+    #[test]
+    fn slice_by_16_agrees_with_the_bitwise_crc_at_every_length_and_start() {
+        let data = bytes(300, 7);
+        for len in 0..data.len() {
+            for start in [0, !0, 0xDEBB_20E3, 0x1234_5678] {
+                assert_eq!(
+                    update(start, &data[..len]),
+                    bitwise(start, &data[..len]),
+                    "len {len} start {start:#x}"
+                );
+            }
+        }
+        // Every byte value in every slice lane.
+        let all: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+        for shift in 0..16 {
+            assert_eq!(update(0, &all[shift..]), bitwise(0, &all[shift..]));
+        }
+    }
+
+    #[test]
+    fn x_inverse_is_the_inverse_of_x() {
+        assert_eq!(mul_mod_p(X_INV, ONE >> 1), ONE);
+        assert_eq!(times_x(X_INV), ONE);
+        assert_eq!(mul_mod_p(ONE, 0x1234_5678), 0x1234_5678);
+        assert_eq!(mul_mod_p(0x1234_5678, ONE), 0x1234_5678);
+    }
+
+    #[test]
+    fn multiplication_is_what_zero_bytes_do_to_the_register() {
+        // Feeding k zero bytes multiplies the register by x^(8k) ...
+        let r = 0x0BAD_F00D;
+        let mut x8k = ONE;
+        for k in 0..40usize {
+            assert_eq!(update(r, &vec![0; k]), mul_mod_p(r, x8k), "k {k}");
+            assert_eq!(mul_mod_p(x8k, r), mul_mod_p(r, x8k));
+            // ... and x^(-8k) undoes it.
+            assert_eq!(
+                mul_mod_p(update(r, &vec![0; k]), x_pow_neg(8 * k as u32)),
+                r
+            );
+            x8k = mul_mod_p(x8k, ONE >> 8);
+        }
+    }
+
+    #[test]
+    fn negative_powers_compose() {
+        for k in [
+            0u32,
+            1,
+            2,
+            3,
+            31,
+            32,
+            33,
+            255,
+            1000,
+            0x7_FFFF,
+            0x8000_0000,
+            u32::MAX - 1,
+        ] {
+            // x^(-k) · x^(-1) = x^(-(k+1)).
+            assert_eq!(mul_mod_p(x_pow_neg(k), X_INV), x_pow_neg(k + 1), "k {k}");
+        }
+        let mut xk = ONE;
+        for k in 0..100 {
+            assert_eq!(mul_mod_p(xk, x_pow_neg(k)), ONE, "k {k}");
+            xk = times_x(xk);
+        }
+    }
+}
