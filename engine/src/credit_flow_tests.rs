@@ -439,10 +439,38 @@ fn credits_in_an_unsolicited_ack_let_a_limited_send_go_on() {
     assert_eq!(flow(&r.run()), [(SF, 0, true)]);
     r.ack(-1, 0, 0);
     assert_eq!(flow(&r.run()), [], "0 credits grant nothing");
-    r.ack_code(-1, CreditCode::NONE, 0);
-    assert_eq!(flow(&r.run()), [], "no credit count grants nothing");
     r.ack(-1, 1, 0);
     assert_eq!(flow(&r.run()), [(SM, 1, false), (SL, 2, true)]);
+}
+
+/// The invalid credit code (11111b: a responder on a shared receive queue, or a peer that
+/// counts no credits, as RoCE NICs and soft-RoCE send) lets a limited Send go on and lifts
+/// the limit for good: later Sends go whole, none limited.
+#[test]
+fn the_invalid_credit_code_lifts_the_limit() {
+    let mut r = rig(Opts::default());
+    r.post(K::Send, 600);
+    assert_eq!(flow(&r.run()), [(SF, 0, true)]);
+    r.ack_code(-1, CreditCode::NONE, 0);
+    assert_eq!(flow(&r.run()), [(SM, 1, false), (SL, 2, true)]);
+    for _ in 0..3 {
+        r.post(K::Send, 600);
+    }
+    assert_eq!(
+        flow(&r.run()),
+        [
+            (SF, 3, false),
+            (SM, 4, false),
+            (SL, 5, true),
+            (SF, 6, false),
+            (SM, 7, false),
+            (SL, 8, true),
+            (SF, 9, false),
+            (SM, 10, false),
+            (SL, 11, true),
+        ],
+        "three Sends, none limited, though no count ever came"
+    );
 }
 
 /// Figure 17-18: the LSN is the MSN plus the credit count. Each 2-packet Send within it

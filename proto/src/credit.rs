@@ -18,8 +18,8 @@ use crate::wire::aeth::CreditCode;
 /// started when `c - consumers_at(MSN) <= credits`.
 #[derive(Debug, Clone)]
 pub struct CreditState {
-    /// Whether the remote reports credits at all (CM-negotiated). If not, every message is
-    /// unlimited.
+    /// Whether the remote reports credits at all (CM-negotiated, and turned off by an Ack
+    /// whose credit field is invalid). If not, every message is unlimited.
     enabled: bool,
     /// The highest consuming count the remote has allowed, once known.
     limit: Option<u64>,
@@ -36,12 +36,22 @@ impl CreditState {
 
     /// Applies an Ack's credit code. `consumers_at_msn` is the consuming count of the message
     /// the Ack's MSN names (the caller knows it from its WQE history).
+    ///
+    /// The invalid code (11111b, Table 17-8) is what a responder sends that counts no
+    /// credits: a QP on a shared receive queue (spec/02), or a peer without end-to-end flow
+    /// control (RoCE NICs and Linux's soft-RoCE on such QPs). Nothing limits this
+    /// requester from then on, as if the connection had been set up without credits:
+    /// waiting for a count that never comes would leave it probing one message at a time.
     pub fn update(&mut self, code: CreditCode, consumers_at_msn: u64) {
-        if let Some(credits) = code.credits() {
-            let limit = consumers_at_msn + u64::from(credits);
-            // Credits never shrink below what was already granted: an older Ack can arrive
-            // after a newer one only as a duplicate, and a grant cannot be revoked (spec/02).
-            self.limit = Some(self.limit.map_or(limit, |l| l.max(limit)));
+        match code.credits() {
+            Some(credits) => {
+                let limit = consumers_at_msn + u64::from(credits);
+                // Credits never shrink below what was already granted: an older Ack can
+                // arrive after a newer one only as a duplicate, and a grant cannot be
+                // revoked (spec/02).
+                self.limit = Some(self.limit.map_or(limit, |l| l.max(limit)));
+            }
+            None => self.enabled = false,
         }
     }
 
@@ -101,9 +111,26 @@ mod tests {
         c.update(code(8), 10);
         c.update(code(0), 10);
         assert!(c.allows(18));
-        c.update(CreditCode::NONE, 50);
         assert!(!c.allows(19));
         assert!(CreditState::new(false).allows(u64::MAX));
+    }
+
+    #[test]
+    fn the_invalid_code_means_the_responder_counts_no_credits() {
+        // Before any count, and after one: the invalid code lifts every limit for good.
+        for first in [None, Some(code(2))] {
+            let mut c = CreditState::new(true);
+            if let Some(k) = first {
+                c.update(k, 0);
+            }
+            assert!(!c.allows(3));
+            c.update(CreditCode::NONE, 0);
+            assert!(c.allows(3) && c.allows(u64::MAX), "{first:?}");
+            assert!(!c.enabled(), "the remote reports no credits");
+            // A count after it does not bring a limit back.
+            c.update(code(0), 5);
+            assert!(c.allows(u64::MAX));
+        }
     }
 
     #[test]
