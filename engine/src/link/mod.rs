@@ -6,6 +6,7 @@
 //! datagrams) is a sibling module here, not a change to the protocol core.
 
 pub mod shm;
+pub(crate) mod udp;
 
 pub use crate::ids::LinkId;
 pub(crate) use shm::*;
