@@ -252,10 +252,12 @@ pub(crate) fn decode(
     if icrc(src, dst, &[&bytes[..body]]) != carried {
         return Err(DecodeError::Icrc);
     }
-    let mut slot = PacketSlot::default();
-    slot.hdr_len = hdr_len as u8;
+    let mut slot = PacketSlot {
+        hdr_len: hdr_len as u8,
+        payload_len: len as u32,
+        ..PacketSlot::default()
+    };
     slot.data[..hdr_len].copy_from_slice(&bytes[..hdr_len]);
-    slot.payload_len = len as u32;
     if len == 0 {
         slot.kind = KIND_NONE;
     } else if hdr_len + len <= SLOT_DATA {
@@ -346,8 +348,10 @@ mod tests {
         let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
         arena.write(100, &data).unwrap();
         for (len, pad) in [(0usize, 0u8), (5, 3), (28, 0), (29, 3), (3000, 0)] {
-            let mut slot = PacketSlot::default();
-            slot.hdr_len = 12;
+            let mut slot = PacketSlot {
+                hdr_len: 12,
+                ..PacketSlot::default()
+            };
             slot.data[..12].copy_from_slice(&send_headers(pad));
             slot.payload_len = len as u32;
             if len == 0 {

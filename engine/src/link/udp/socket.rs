@@ -153,6 +153,7 @@ fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32) -> io::Result<()> {
 }
 
 /// Reads an integer socket option.
+#[cfg(test)]
 fn get_int(fd: &OwnedFd, level: i32, name: i32) -> io::Result<i32> {
     let mut value = 0i32;
     let mut len = size_of::<i32>() as libc::socklen_t;
@@ -297,6 +298,7 @@ impl UdpSocket {
     }
 
     /// Whether Don't Fragment is set (the path-MTU-discovery mode is "do").
+    #[cfg(test)]
     pub(crate) fn dont_fragment(&self) -> bool {
         match self.local {
             SocketAddr::V4(_) => get_int(&self.fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER)
@@ -304,12 +306,6 @@ impl UdpSocket {
             SocketAddr::V6(_) => get_int(&self.fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER)
                 .is_ok_and(|v| v == libc::IPV6_PMTUDISC_DO),
         }
-    }
-
-    /// The descriptor (to sleep on with `poll`).
-    pub(crate) fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.fd.as_fd()
     }
 
     /// Waits up to `timeout_ms` for a datagram to read; whether one is there.
@@ -399,15 +395,6 @@ impl TxBurst {
         self.len += 1;
     }
 
-    /// The staged datagram `i` (tests, and the fault hook).
-    pub(crate) fn datagram_mut(&mut self, i: usize) -> Option<&mut [u8]> {
-        if i >= self.len {
-            return None;
-        }
-        let at = i * DGRAM_BYTES;
-        Some(&mut self.bufs[at..at + self.lens[i]])
-    }
-
     /// Sends the staged datagrams with `sendmmsg`, as many as the socket takes now; those
     /// it cannot take now (`EAGAIN`) stay staged, in order. A datagram the kernel refuses
     /// for good is dropped and counted.
@@ -416,7 +403,7 @@ impl TxBurst {
         let mut at = 0;
         while at < self.len {
             let n = self.len - at;
-            // SAFETY (each of the three): plain old data, all zeroes valid.
+            // SAFETY: plain old data, all zeroes valid (also of the two arrays below).
             let mut hdrs: [libc::mmsghdr; BURST] = unsafe { std::mem::zeroed() };
             // SAFETY: as above.
             let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
@@ -526,7 +513,7 @@ impl RxRing {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY (each of the three): plain old data, all zeroes valid.
+        // SAFETY: plain old data, all zeroes valid (also of the two arrays below).
         let mut hdrs: [libc::mmsghdr; BURST] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
