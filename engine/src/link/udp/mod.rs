@@ -21,16 +21,20 @@
 //!   the engine copies a payload once, from the datagram's bytes into the application's
 //!   buffer.
 //!
+//! The pump is two threads sharing the socket: the send half sleeps like an engine when
+//! there is nothing to send (the engine wakes it through the link's kick word, as it wakes
+//! a peer engine that may sleep), the receive half sleeps in `poll(2)` on the socket. An
+//! idle port costs no CPU and adds no wake-up delay.
+//!
 //! Why this shape rather than an enum of link kinds or a trait in the engine: the engine's
 //! hot path (receive loop, `serve_active`, publish) is monomorphic over the shared-memory
 //! `Link`; an enum would put a match on every `link.tx`/`link.rx` use, a trait a dynamic
 //! or generic dispatch, and either moves the shared-memory path's instruction counts. Here
 //! the engine is not changed at all: the shared-memory path is byte-for-byte the same
 //! code. The ring hop costs one 64-byte line copy each way per packet, small beside a
-//! system call per burst and the datagram copy. The pump runs on a thread of its own per
-//! port ([`UdpPort`]), polling while there is traffic and sleeping on the socket (1 ms at
-//! a time) when idle; the [`pump::Pump`] itself is a plain struct with a `step`, so an
-//! engine iteration could drive it instead of a thread (see "What is not done").
+//! system call per burst and the datagram copy. The two halves ([`pump::TxPump`],
+//! [`pump::RxPump`]) are plain structs with a `step`, so an engine iteration could drive
+//! them instead of threads (see "What is not done").
 //!
 //! Buffers: a receive buffer is reused only once the engine has consumed every frame
 //! that refers to it (the pump reads the consumer's position off the ring before it
@@ -54,8 +58,10 @@
 //! * No GID table, no MTU from the interface, no TTL/traffic class from the QP, no CNP
 //!   handling (opcode 0x81 is dropped as malformed and counted), no MigReq/credit-code
 //!   quirks of real peers: issue 28's later items.
-//! * The pump is a thread; driving it from the engine iteration (one branch per iteration
-//!   where UDP links exist) and sleeping the engine thread on the socket are the next step.
+//! * The pump runs on two threads of its own; driving it from the engine iteration (one
+//!   branch per iteration where UDP links exist, and the engine thread sleeping on the
+//!   socket too) would save the ring hop and the thread hand-offs, at the price of that
+//!   branch on the shared-memory path.
 
 pub(crate) mod datagram;
 pub(crate) mod pump;
@@ -173,12 +179,15 @@ pub struct UdpPort {
     local: SocketAddr,
     /// The receive buffers' memory: every QP on this port's links reads payloads from it.
     rx_mem: Mem,
-    to_pump: mpsc::Sender<pump::Command>,
+    to_tx: mpsc::Sender<pump::TxCommand>,
+    to_rx: mpsc::Sender<pump::RxEnd>,
+    /// Wakes the send half (after a command).
+    waker: pump::TxWaker,
     stop: Arc<AtomicBool>,
     counters: Arc<SharedCounters>,
     /// The links made so far, by peer address.
     links: std::sync::Mutex<Vec<(IpAddr, LinkId)>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for UdpPort {
@@ -209,29 +218,41 @@ impl UdpPort {
     /// [`UdpPort::bind`] on any port (tests bind port 0 on loopback addresses; peers are
     /// then found at their own bound port, see [`UdpPort::destination_at`]).
     pub(crate) fn bind_addr(ctx: &Context, addr: SocketAddr) -> Result<UdpPort> {
-        let sock = socket::UdpSocket::bind(addr)?;
+        let sock = Arc::new(socket::UdpSocket::bind(addr)?);
         let local = sock.local_addr();
         let rx = socket::RxRing::new(RX_BUFFERS);
         let rx_mem = rx.mem().read_only();
-        let (to_pump, commands) = mpsc::channel();
+        let (to_tx, tx_commands) = mpsc::channel();
+        let (to_rx, rx_commands) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(SharedCounters::default());
-        let mut p = pump::Pump::new(sock, rx, commands, counters.clone());
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("shmhca-udp-{}", local.ip()))
-            .spawn(move || p.run(&stop2))
-            .map_err(|e| Error::io("starting the UDP pump thread", e))?;
-        Ok(UdpPort {
+        let waker = pump::TxWaker::new();
+        let mut port = UdpPort {
             shared: ctx.shared.clone(),
             local,
             rx_mem,
-            to_pump,
-            stop,
-            counters,
+            to_tx,
+            to_rx,
+            waker: waker.clone(),
+            stop: stop.clone(),
+            counters: counters.clone(),
             links: std::sync::Mutex::new(Vec::new()),
-            thread: Some(thread),
-        })
+            threads: Vec::new(),
+        };
+        let mut tx = pump::TxPump::new(sock.clone(), tx_commands, counters.clone(), waker);
+        let mut rx = pump::RxPump::new(sock, rx, rx_commands, counters);
+        let spawn = |half: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(format!("shmhca-udp-{half}"))
+                .spawn(f)
+                .map_err(|e| Error::io("starting a UDP pump thread", e))
+        };
+        let stop_tx = stop.clone();
+        port.threads
+            .push(spawn("tx", Box::new(move || tx.run(&stop_tx)))?);
+        port.threads
+            .push(spawn("rx", Box::new(move || rx.run(&stop)))?);
+        Ok(port)
     }
 
     /// The bound address.
@@ -274,7 +295,7 @@ impl UdpPort {
                 l.add_peer_qp(qpn, RX_ARENA_KEY, self.rx_mem.share());
             }
         });
-        self.command(pump::Command::AddQp {
+        self.command(pump::TxCommand::AddQp {
             peer: peer.ip(),
             remote: qpn,
             arena,
@@ -298,11 +319,19 @@ impl UdpPort {
         let pump_end = link::attach(&theirs, Side::Opener)?;
         // The pump never sleeps on the link's kick word (it sleeps on its socket and looks
         // at the rings as it wakes), so its "engine page" says it never sleeps.
-        let mut l = Link::new(seg, engine_end, Mem::private(4096), (shared.id, 0));
+        // The send half sleeps like an engine when idle: its page says so, and the engine
+        // wakes it after publishing on the link.
+        let mut l = Link::new(seg, engine_end, self.waker.page.share(), (shared.id, 0));
         l.on_peer_loss = link::OnPeerLoss::FailNextRequest;
         let id = shared.engine.with(|e| e.add_link(l))?;
-        let end = pump::PeerEnd::new(peer, theirs, pump_end, shared.engine_page_mem.share());
-        if let Err(e) = self.command(pump::Command::AddPeer(Box::new(end))) {
+        let (tx_end, rx_end) =
+            pump::link_ends(peer, theirs, pump_end, shared.engine_page_mem.share());
+        let sent = self
+            .to_rx
+            .send(rx_end)
+            .map_err(|_| Error::Connect("the UDP pump has stopped".to_string()))
+            .and_then(|()| self.command(pump::TxCommand::AddLink(Box::new(tx_end))));
+        if let Err(e) = sent {
             shared.engine.with(|e| e.remove_link(id));
             return Err(e);
         }
@@ -312,23 +341,27 @@ impl UdpPort {
         Ok(id)
     }
 
-    fn command(&self, c: pump::Command) -> Result<()> {
-        self.to_pump
+    fn command(&self, c: pump::TxCommand) -> Result<()> {
+        self.to_tx
             .send(c)
-            .map_err(|_| Error::Connect("the UDP pump thread has stopped".to_string()))
+            .map_err(|_| Error::Connect("the UDP pump has stopped".to_string()))?;
+        self.waker.wake();
+        Ok(())
     }
 
     /// Installs a hook the pump runs on every datagram it sends (tests: drop, corrupt).
     #[cfg(test)]
     pub(crate) fn set_hook(&self, hook: DatagramHook) {
-        let _ = self.to_pump.send(pump::Command::Hook(hook));
+        let _ = self.command(pump::TxCommand::Hook(hook));
     }
 }
 
 impl Drop for UdpPort {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        self.waker.wake();
+        // The send half wakes now; the receive half within its socket sleep (50 ms).
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
         let links = self.links.lock().unwrap_or_else(|e| e.into_inner());

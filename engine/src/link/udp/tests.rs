@@ -583,3 +583,159 @@ fn connect_real(me: &mut End, peer: &End, peer_ip: IpAddr) {
         )
         .unwrap();
 }
+
+/// A context with an engine thread that sleeps when idle (the default policy, with a
+/// short spin so that it does sleep during the test).
+fn poll_context() -> Context {
+    Context::builder()
+        .mode(crate::EngineMode::Poll { cpu: None })
+        .idle(crate::IdlePolicy::Backoff {
+            spins: 1000,
+            max_sleep: Duration::from_millis(100),
+        })
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .arena_size(4 << 20)
+        .build()
+        .unwrap()
+}
+
+/// The next completion of `cq` (its engine runs on its own thread), within 10 s.
+fn next_wc(cq: &mut Cq) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wc = [WorkCompletion::default()];
+    while cq.poll(&mut wc) == 0 {
+        assert!(Instant::now() < deadline, "no completion within 10 s");
+        std::thread::yield_now();
+    }
+    wc[0]
+}
+
+/// Engine threads that sleep when idle, two QP pairs over one UDP link (each QP in a
+/// protection domain of its own): ping-pongs on both pairs — a reply's Ack rides in the
+/// next request, and goes as a datagram of its own — then a pause long enough for every
+/// engine thread and pump to fall asleep, then more: the pumps wake the engines and the
+/// engines wake the pumps.
+#[test]
+fn sleeping_engines_ping_pong_on_two_qps_over_one_link() {
+    let (ca, cb) = (poll_context(), poll_context());
+    let (ip_a, ip_b) = ("127.0.0.9", "127.0.0.10");
+    let pa = UdpPort::bind_addr(&ca, SocketAddr::new(ip_a.parse().unwrap(), 0)).unwrap();
+    let pb = UdpPort::bind_addr(&cb, SocketAddr::new(ip_b.parse().unwrap(), 0)).unwrap();
+    struct Q {
+        _pd: Pd,
+        cq: Cq,
+        qp: Qp,
+        mr: Mr,
+    }
+    let make = |ctx: &Context| {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let mr = pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+        Q {
+            _pd: pd,
+            cq,
+            qp,
+            mr,
+        }
+    };
+    let mut pairs: Vec<(Q, Q)> = (0..2).map(|_| (make(&ca), make(&cb))).collect();
+    for (a, b) in &mut pairs {
+        let da = pa
+            .destination_at(&a.qp, pb.local_addr(), b.qp.qpn())
+            .unwrap();
+        let db = pb
+            .destination_at(&b.qp, pa.local_addr(), a.qp.qpn())
+            .unwrap();
+        assert_eq!(
+            da.link,
+            pa.destination_at(&a.qp, pb.local_addr(), b.qp.qpn())
+                .unwrap()
+                .link
+        );
+        for (q, d) in [(&mut a.qp, da), (&mut b.qp, db)] {
+            q.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+                .unwrap();
+            q.modify(
+                &QpAttr::new(QpState::Rtr)
+                    .path_mtu(Mtu::Mtu1024)
+                    .dest(d)
+                    .rq_psn(0)
+                    .max_dest_rd_atomic(1)
+                    .min_rnr_timer(1),
+            )
+            .unwrap();
+            q.modify(
+                &QpAttr::new(QpState::Rts)
+                    .sq_psn(0)
+                    .timeout(14)
+                    .retry_cnt(7)
+                    .rnr_retry(7)
+                    .max_rd_atomic(1),
+            )
+            .unwrap();
+        }
+    }
+    let mut round = 0u64;
+    let mut ping_pong = |pairs: &mut Vec<(Q, Q)>, rounds: u64| {
+        for _ in 0..rounds {
+            round += 1;
+            for (k, (a, b)) in pairs.iter_mut().enumerate() {
+                let len = 1 + (round as usize * 37 + k * 1000) % 3000;
+                let msg = pattern(round * 2 + k as u64, len);
+                b.qp.post_recv(&RecvWr::new(round, &[b.mr.sge(4096, 4096).unwrap()]))
+                    .unwrap();
+                a.qp.post_recv(&RecvWr::new(round, &[a.mr.sge(4096, 4096).unwrap()]))
+                    .unwrap();
+                a.mr.write_at(0, &msg).unwrap();
+                a.qp.post_send(&SendWr::new(
+                    round,
+                    SendOp::Send,
+                    &[a.mr.sge(0, len as u32).unwrap()],
+                ))
+                .unwrap();
+                // b answers as soon as it has the request, with the bytes it got.
+                let mut got = [next_wc(&mut b.cq), WorkCompletion::default()];
+                if got[0].opcode != crate::completion::WcOpcode::Recv {
+                    got[1] = got[0];
+                    got[0] = next_wc(&mut b.cq);
+                }
+                ok(got[0], round);
+                assert_eq!(read(&b.mr, 4096, len), msg, "request of round {round}");
+                let reply = b.mr.sge(4096, len as u32).unwrap();
+                b.qp.post_send(&SendWr::new(round, SendOp::Send, &[reply]))
+                    .unwrap();
+                // a: its Send's completion and the reply; b: its reply's completion.
+                let (mut sends, mut recvs) = (0, 0);
+                while sends + recvs < 2 {
+                    let wc = next_wc(&mut a.cq);
+                    ok(wc, round);
+                    if wc.opcode == crate::completion::WcOpcode::Recv {
+                        recvs += 1;
+                    } else {
+                        sends += 1;
+                    }
+                }
+                assert_eq!(read(&a.mr, 4096, len), msg, "reply of round {round}");
+                let need = if got[1].wr_id == round { 0 } else { 1 };
+                for _ in 0..need {
+                    ok(next_wc(&mut b.cq), round);
+                }
+            }
+        }
+    };
+    ping_pong(&mut pairs, 100);
+    // Every engine thread and both pumps' send halves fall asleep (100 ms at most each).
+    std::thread::sleep(Duration::from_millis(400));
+    let slept = (ca.stats().sleeps, cb.stats().sleeps);
+    let t = Instant::now();
+    ping_pong(&mut pairs, 1);
+    let woke_in = t.elapsed();
+    ping_pong(&mut pairs, 50);
+    assert!(slept.0 > 0 && slept.1 > 0, "the engines slept: {slept:?}");
+    eprintln!("sleeping_engines_ping_pong: first round after sleeping took {woke_in:?}");
+    assert!(woke_in < Duration::from_secs(2), "{woke_in:?}");
+    let (ka, kb) = (pa.counters(), pb.counters());
+    assert_eq!(ka.encode_dropped + kb.encode_dropped, 0, "{ka:?} {kb:?}");
+    assert_eq!(ka.icrc_dropped + kb.icrc_dropped, 0, "{ka:?} {kb:?}");
+}
