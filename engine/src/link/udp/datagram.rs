@@ -438,4 +438,43 @@ mod tests {
             let _ = decode(&b, s, d, 0);
         }
     }
+
+    /// A positive Ack riding in a request's line goes as a datagram of its own after the
+    /// request, as an Acknowledge to the carrier's destination QP with the riding PSN and
+    /// MSN; a line without one yields none.
+    #[test]
+    fn a_riding_ack_becomes_an_acknowledge_datagram() {
+        use crate::wire::opcode::Opcode;
+        use crate::wire::slot::{riding_word, set_riding_ack};
+        let (s, d) = (v4("127.0.0.1:4791"), v4("127.0.0.2:4791"));
+        let mut carrier = PacketSlot {
+            hdr_len: 12,
+            kind: KIND_INLINE,
+            payload_len: 8,
+            ..PacketSlot::default()
+        };
+        carrier.data[..12].copy_from_slice(&send_headers(0));
+        carrier.data[12..20].copy_from_slice(b"8 bytes!");
+        let mut buf = vec![0u8; 4160];
+        assert!(riding_ack_datagram(&carrier, s, d, &mut buf).is_none());
+        assert!(set_riding_ack(&mut carrier, riding_word(77, 0x1F, 9)));
+        // The carrier goes as it is, without the Ack.
+        let n = encode(&[carrier], None, s, d, &mut buf).unwrap();
+        assert_eq!(n, 12 + 8 + 4);
+        let req = decode(&buf[..n], s, d, 0).unwrap();
+        assert_eq!(
+            RxPacket::parse(&req, &[]).unwrap().bth().opcode,
+            Opcode::SendOnly
+        );
+        let n = riding_ack_datagram(&carrier, s, d, &mut buf)
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 12 + 4 + 4, "BTH, AETH, ICRC");
+        let ack = decode(&buf[..n], s, d, 0).unwrap();
+        let pkt = RxPacket::parse(&ack, &[]).unwrap();
+        assert_eq!(pkt.bth().opcode, Opcode::Acknowledge);
+        assert_eq!(pkt.bth().dest_qp.get(), 0x12);
+        assert_eq!(pkt.psn().get(), 77);
+        assert_eq!(pkt.aeth().unwrap().msn.get(), 9);
+    }
 }

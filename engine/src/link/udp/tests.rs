@@ -611,8 +611,7 @@ fn next_wc(cq: &mut Cq) -> WorkCompletion {
 }
 
 /// Engine threads that sleep when idle, two QP pairs over one UDP link (each QP in a
-/// protection domain of its own): ping-pongs on both pairs — a reply's Ack rides in the
-/// next request, and goes as a datagram of its own — then a pause long enough for every
+/// protection domain of its own): ping-pongs on both pairs, then a pause long enough for every
 /// engine thread and pump to fall asleep, then more: the pumps wake the engines and the
 /// engines wake the pumps.
 #[test]
@@ -733,6 +732,7 @@ fn sleeping_engines_ping_pong_on_two_qps_over_one_link() {
     let woke_in = t.elapsed();
     ping_pong(&mut pairs, 50);
     assert!(slept.0 > 0 && slept.1 > 0, "the engines slept: {slept:?}");
+
     eprintln!("sleeping_engines_ping_pong: first round after sleeping took {woke_in:?}");
     assert!(woke_in < Duration::from_secs(2), "{woke_in:?}");
     let (ka, kb) = (pa.counters(), pb.counters());
