@@ -4,7 +4,7 @@
 //! # Shape: a shared-memory link whose far end is a datagram pump
 //!
 //! From the engine's side a UDP link is a link like any other: a pair of line rings with a
-//! [`Link`](super::Link) at the engine's end. The protocol stages send through the same
+//! `Link` at the engine's end. The protocol stages send through the same
 //! `LinkTx` (the link's `TxBatch`), the receive step takes frames from the ring and runs
 //! them through the same checks and stages. What is different is the far end: not a peer
 //! engine but this module's **pump**, which owns the UDP socket of one local address and
@@ -12,10 +12,10 @@
 //! * takes each frame the engine published, writes it as a datagram — transport headers,
 //!   the payload *read from the sending QP's arena* (inline, one range, or a gather list;
 //!   no reference crosses a machine), pad, ICRC — and sends bursts with `sendmmsg`
-//!   ([`datagram::encode`]; a riding Ack goes as a datagram of its own);
-//! * receives bursts with `recvmmsg` into a ring of buffers ([`socket::RxRing`]), checks
+//!   (`datagram::encode`; a riding Ack goes as a datagram of its own);
+//! * receives bursts with `recvmmsg` into a ring of buffers (`socket::RxRing`), checks
 //!   every datagram (length against the opcode's headers, pad, payload size, ICRC: a bad
-//!   one is dropped and counted, never Nak'd — [`datagram::decode`]) and publishes it to
+//!   one is dropped and counted, never Nak'd — `datagram::decode`) and publishes it to
 //!   the engine as a one-line frame whose payload is inline, or a reference into the
 //!   receive buffer: that buffer memory is the "peer arena" of every QP on the link, so
 //!   the engine copies a payload once, from the datagram's bytes into the application's
@@ -32,8 +32,8 @@
 //! or generic dispatch, and either moves the shared-memory path's instruction counts. Here
 //! the engine is not changed at all: the shared-memory path is byte-for-byte the same
 //! code. The ring hop costs one 64-byte line copy each way per packet, small beside a
-//! system call per burst and the datagram copy. The two halves ([`pump::TxPump`],
-//! [`pump::RxPump`]) are plain structs with a `step`, so an engine iteration could drive
+//! system call per burst and the datagram copy. The two halves (`pump::TxPump`,
+//! `pump::RxPump`) are plain structs with a `step`, so an engine iteration could drive
 //! them instead of threads (see "What is not done").
 //!
 //! Buffers: a receive buffer is reused only once the engine has consumed every frame
@@ -46,7 +46,7 @@
 //! address on it, made by the first [`UdpPort::destination`] to that peer. Received
 //! datagrams find their link by source IP address (RoCEv2 peers send from any source
 //! port); within the link, the engine finds the QP by the BTH's destination QP as on any
-//! link. A [`Destination`](crate::Destination) is the link and the peer's QPN, given to
+//! link. A [`Destination`] is the link and the peer's QPN, given to
 //! `QpAttr::dest` at RTR as with shared-memory links.
 //!
 //! # What is not done (yet)
