@@ -12,6 +12,15 @@ use crate::{
     AccessFlags, Context, Cq, Mr, Mtu, Pd, Qp, QpAttr, QpCaps, QpState, RecvWr, SendOp, SendWr,
 };
 
+/// The tests of this file run one at a time: each moves packets through threads that need
+/// a core, and the transport timers run on the wall clock, so several at once on a small
+/// machine (the namespace test runs tshark) could starve one into retry exhaustion.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// One side: a context (inline, manual progress), its port, and a QP with its memory.
 struct End {
     ctx: Context,
@@ -227,6 +236,7 @@ const SIZES: [usize; 10] = [0, 1, 8, 28, 29, 1023, 1024, 1025, 4096, 100_003];
 
 #[test]
 fn every_operation_across_sizes_over_ipv4_loopback() {
+    let _serial = serial();
     let (mut x, mut y) = pair("127.0.0.1", "127.0.0.2", Mtu::Mtu1024, 14);
     every_operation(&mut x, &mut y, &SIZES);
     every_operation(&mut y, &mut x, &[4096, 5000]);
@@ -242,6 +252,7 @@ fn every_operation_across_sizes_over_ipv4_loopback() {
 
 #[test]
 fn every_operation_across_sizes_over_ipv6_loopback_at_mtu_4096() {
+    let _serial = serial();
     let (mut x, mut y) = pair("::1", "::1", Mtu::Mtu4096, 14);
     every_operation(&mut x, &mut y, &[0, 5, 4095, 4096, 4097, 65_536]);
 }
@@ -250,7 +261,8 @@ fn every_operation_across_sizes_over_ipv6_loopback_at_mtu_4096() {
 /// receiver counts the ICRC failures, go-back-N recovers everything, every byte checks.
 #[test]
 fn lost_and_corrupted_datagrams_are_counted_and_recovered() {
-    let (mut x, mut y) = pair("127.0.0.3", "127.0.0.4", Mtu::Mtu1024, 10);
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.3", "127.0.0.4", Mtu::Mtu1024, 12);
     let mut n = 0u64;
     x.port.set_hook(Box::new(move |d: &mut [u8]| {
         n += 1;
@@ -270,6 +282,7 @@ fn lost_and_corrupted_datagrams_are_counted_and_recovered() {
 /// the QPs go on working.
 #[test]
 fn garbage_datagrams_are_counted_and_change_nothing() {
+    let _serial = serial();
     let (mut x, mut y) = pair("127.0.0.5", "127.0.0.6", Mtu::Mtu1024, 14);
     let to = x.port.local_addr();
     let from_peer = std::net::UdpSocket::bind("127.0.0.6:0").unwrap();
@@ -304,6 +317,7 @@ fn garbage_datagrams_are_counted_and_change_nothing() {
 
 #[test]
 fn a_taken_port_is_a_clear_error() {
+    let _serial = serial();
     let ctx = crate::raw_peer::inline_context();
     let a = UdpPort::bind_addr(&ctx, "127.0.0.8:0".parse().unwrap()).unwrap();
     let err = UdpPort::bind_addr(&ctx, a.local_addr())
@@ -391,6 +405,7 @@ fn pcap_ipv4_packets(file: &[u8]) -> Vec<Vec<u8>> {
 /// checked by a CRC of the test's own.
 #[test]
 fn two_namespaces_over_a_veth_pair() {
+    let _serial = serial();
     use super::socket::netns::{Netns, available, ip};
     if !available("two_namespaces_over_a_veth_pair") {
         return;
@@ -616,6 +631,7 @@ fn next_wc(cq: &mut Cq) -> WorkCompletion {
 /// engines wake the pumps.
 #[test]
 fn sleeping_engines_ping_pong_on_two_qps_over_one_link() {
+    let _serial = serial();
     let (ca, cb) = (poll_context(), poll_context());
     let (ip_a, ip_b) = ("127.0.0.9", "127.0.0.10");
     let pa = UdpPort::bind_addr(&ca, SocketAddr::new(ip_a.parse().unwrap(), 0)).unwrap();
