@@ -161,6 +161,7 @@ pub use error::{Error, Refused, Result};
 pub use fabric::{FabricAddr, FabricDest, FabricLink, FabricPeer};
 pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
+pub use link::udp::{UdpCounters, UdpPort};
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{
     Data, MwBind, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,

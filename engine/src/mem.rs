@@ -235,6 +235,19 @@ impl Mem {
         unsafe { self.base.as_ptr().add(off) }
     }
 
+    /// The address of the writable range `off..off+len`, for the UDP socket layer, which
+    /// has the kernel write received datagrams there (`recvmmsg`): the range is checked
+    /// here, the pointer stays valid while this view (or any view sharing its owner) lives.
+    /// Writing through it is the caller's `unsafe`, under the same racy-bytes rules as
+    /// [`Mem::write`].
+    pub(crate) fn writable_range(&self, off: u64, len: u64) -> Result<*mut u8, OutOfRange> {
+        if !self.writable {
+            return Err(OutOfRange);
+        }
+        let off = self.check(off, len)?;
+        Ok(self.ptr_at(off))
+    }
+
     /// Copies `dst.len()` bytes starting at `off` out of the view.
     #[inline]
     pub(crate) fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), OutOfRange> {

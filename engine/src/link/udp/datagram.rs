@@ -1,0 +1,480 @@
+//! Packets into RoCEv2 datagrams and back: a packet as the engine stages it (a
+//! [`PacketSlot`] and its continuation lines, its payload inline, or in the sending QP's
+//! arena) becomes the UDP payload of a RoCEv2 packet — transport headers, payload, pad,
+//! ICRC — and a received datagram becomes a one-line packet whose payload is the
+//! datagram's own bytes (inline if it fits the line, else a reference into the receive
+//! buffer, which is the link's "peer arena").
+//!
+//! Nothing received is trusted: [`decode`] checks the length against the opcode's headers,
+//! the pad count and the largest payload, and the ICRC, before it builds a line; the engine
+//! then parses the line as it parses every packet (`RxPacket::parse`).
+//!
+//! # The ICRC
+//!
+//! CRC-32 (Ethernet polynomial, reflected, all-ones initial value and final XOR) over 8
+//! bytes of `0xFF` (the LRH RoCEv2 lacks), the IP header with its variant fields masked to
+//! ones (IPv4: TOS, TTL, header checksum; IPv6: traffic class, flow label, hop limit), the
+//! UDP header with its checksum masked, the BTH with its resv8a byte masked, and the rest
+//! of the transport packet; appended least-significant byte first. The IP header is
+//! rebuilt from what a UDP socket knows: the two addresses, the lengths, and — for IPv4 —
+//! an IP ID of 0 and DF, what Linux sends for a DF datagram from an unconnected socket
+//! (see [`super::socket`]). (The codec in `proto/` will take this over; the IPv4 variant
+//! is the capture's, [`crate::trace::roce::icrc`].)
+#![forbid(unsafe_code)]
+
+use std::net::{IpAddr, SocketAddr};
+
+use crate::mem::Mem;
+use crate::wire::bth;
+use crate::wire::slot::{
+    ACK_FLAG, KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, PacketSlot, SLOT_DATA,
+    gather_entry, riding_ack,
+};
+use shmhca_proto::wire::opcode::info_of_code;
+
+/// Bytes of the ICRC trailer.
+pub(crate) const ICRC_LEN: usize = 4;
+/// The largest payload of one packet (the largest path MTU).
+pub(crate) const MAX_PAYLOAD: usize = 4096;
+/// The fewest bytes of a RoCEv2 UDP payload: a BTH and the ICRC.
+pub(crate) const MIN_DATAGRAM: usize = bth::HEADER_LEN + ICRC_LEN;
+
+const IPV4_HEADER_LEN: usize = 20;
+const IPV6_HEADER_LEN: usize = 40;
+const UDP_HEADER_LEN: usize = 8;
+const IP_PROTO_UDP: u8 = 17;
+
+/// The ICRC of a RoCEv2 packet from `src` to `dst` whose UDP payload (ICRC excluded) is
+/// `transport`, given in pieces (headers, payload, pad). For IPv4 the IP ID is 0 and DF
+/// is set (see the module docs). Both addresses must be of one family; a mixed pair (which
+/// no socket sends) is computed as IPv6 with the IPv4 address mapped.
+pub(crate) fn icrc(src: SocketAddr, dst: SocketAddr, transport: &[&[u8]]) -> u32 {
+    let transport_len: usize = transport.iter().map(|p| p.len()).sum();
+    let udp_len = (UDP_HEADER_LEN + transport_len + ICRC_LEN) as u16;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xFF; 8]);
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = [0u8; IPV4_HEADER_LEN];
+            ip[0] = 0x45;
+            ip[1] = 0xFF; // TOS, masked
+            ip[2..4].copy_from_slice(&(IPV4_HEADER_LEN as u16 + udp_len).to_be_bytes());
+            // ID 0, flags DF, fragment offset 0.
+            ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
+            ip[8] = 0xFF; // TTL, masked
+            ip[9] = IP_PROTO_UDP;
+            ip[10] = 0xFF; // checksum, masked
+            ip[11] = 0xFF;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            h.update(&ip);
+        }
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+                IpAddr::V6(a) => a,
+            };
+            let mut ip = [0u8; IPV6_HEADER_LEN];
+            // Version 6; traffic class and flow label masked.
+            ip[0..4].copy_from_slice(&[0x6F, 0xFF, 0xFF, 0xFF]);
+            ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            ip[6] = IP_PROTO_UDP;
+            ip[7] = 0xFF; // hop limit, masked
+            ip[8..24].copy_from_slice(&v6(s).octets());
+            ip[24..40].copy_from_slice(&v6(d).octets());
+            h.update(&ip);
+        }
+    }
+    let mut udp = [0u8; UDP_HEADER_LEN];
+    udp[0..2].copy_from_slice(&src.port().to_be_bytes());
+    udp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    udp[6] = 0xFF; // checksum, masked
+    udp[7] = 0xFF;
+    h.update(&udp);
+    // The BTH's resv8a (byte 4) is masked; it may straddle pieces.
+    let mut at = 0usize;
+    for piece in transport {
+        let range = at..at + piece.len();
+        if range.contains(&4) {
+            let k = 4 - at;
+            h.update(&piece[..k]);
+            h.update(&[0xFF]);
+            h.update(&piece[k + 1..]);
+        } else {
+            h.update(piece);
+        }
+        at = range.end;
+    }
+    h.finalize()
+}
+
+/// Why a staged packet could not be written as a datagram (the engine wrote it, so this
+/// is a bug or a packet the fault stage mangled; it is dropped and counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EncodeError {
+    /// The slot's header length, kind or payload length is out of range.
+    Malformed,
+    /// The payload lies outside the sending QP's arena (or no arena is known).
+    Unreadable,
+    /// The buffer is too small.
+    NoRoom,
+}
+
+/// Writes the packet `slots` (a slot and its continuation lines) into `out` as a RoCEv2
+/// UDP payload from `src` to `dst`: headers, payload (read from `arena` if it is sent by
+/// reference), pad, ICRC. Returns the datagram's length. A riding Ack is not written
+/// here: see [`riding_ack_datagram`].
+pub(crate) fn encode(
+    slots: &[PacketSlot],
+    arena: Option<&Mem>,
+    src: SocketAddr,
+    dst: SocketAddr,
+    out: &mut [u8],
+) -> Result<usize, EncodeError> {
+    let (slot, cont) = slots.split_first().ok_or(EncodeError::Malformed)?;
+    let hdr_len = usize::from(slot.hdr_len);
+    if !(bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
+        return Err(EncodeError::Malformed);
+    }
+    let len = slot.payload_len as usize;
+    if len > MAX_PAYLOAD {
+        return Err(EncodeError::Malformed);
+    }
+    let pad = usize::from((slot.data[1] >> 4) & 3);
+    let total = hdr_len + len + pad + ICRC_LEN;
+    if out.len() < total {
+        return Err(EncodeError::NoRoom);
+    }
+    out[..hdr_len].copy_from_slice(&slot.data[..hdr_len]);
+    let payload = &mut out[hdr_len..hdr_len + len];
+    match slot.kind {
+        KIND_NONE if len == 0 => {}
+        KIND_INLINE => {
+            let src = slot
+                .data
+                .get(hdr_len..hdr_len + len)
+                .ok_or(EncodeError::Malformed)?;
+            payload.copy_from_slice(src);
+        }
+        KIND_DIRECT => arena
+            .ok_or(EncodeError::Unreadable)?
+            .read(slot.payload_off, payload)
+            .map_err(|_| EncodeError::Unreadable)?,
+        KIND_GATHER => {
+            let mem = arena.ok_or(EncodeError::Unreadable)?;
+            let skip = slot
+                .data
+                .get(hdr_len..hdr_len + 4)
+                .ok_or(EncodeError::Malformed)?;
+            let mut skip = u64::from(u32::from_le_bytes([skip[0], skip[1], skip[2], skip[3]]));
+            let mut got = 0usize;
+            for i in 0..usize::from(slot.sge_count) {
+                if got >= len {
+                    break;
+                }
+                let (off, elen) = gather_entry(cont, i).ok_or(EncodeError::Malformed)?;
+                let take = (u64::from(elen).saturating_sub(skip) as usize).min(len - got);
+                let at = off.checked_add(skip).ok_or(EncodeError::Unreadable)?;
+                mem.read(at, &mut payload[got..got + take])
+                    .map_err(|_| EncodeError::Unreadable)?;
+                got += take;
+                skip = skip.saturating_sub(u64::from(elen));
+            }
+            if got != len {
+                return Err(EncodeError::Malformed);
+            }
+        }
+        _ => return Err(EncodeError::Malformed),
+    }
+    let body = hdr_len + len;
+    out[body..body + pad].fill(0);
+    let crc = icrc(src, dst, &[&out[..body + pad]]);
+    out[body + pad..total].copy_from_slice(&crc.to_le_bytes());
+    Ok(total)
+}
+
+/// The positive Ack riding in `slot` (`ACK_FLAG`), written into `out` as a datagram of its
+/// own (on the wire an Ack always travels alone); `None` if `slot` carries none.
+pub(crate) fn riding_ack_datagram(
+    slot: &PacketSlot,
+    src: SocketAddr,
+    dst: SocketAddr,
+    out: &mut [u8],
+) -> Option<Result<usize, EncodeError>> {
+    if slot.reserved & ACK_FLAG == 0 {
+        return None;
+    }
+    let ack = riding_ack(slot)?;
+    Some(encode(std::slice::from_ref(&ack), None, src, dst, out))
+}
+
+/// Why a received datagram was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DecodeError {
+    /// Shorter than its headers, pad and ICRC; longer than a packet can be; an opcode
+    /// this HCA does not implement; a payload that does not fit a buffer; or truncated.
+    Malformed,
+    /// The ICRC does not match.
+    Icrc,
+}
+
+/// Checks the datagram `bytes` (a RoCEv2 UDP payload from `src` to `dst`) and builds the
+/// packet line the engine receives: its headers, and its payload inline if it fits the
+/// line, else a reference to `payload_base + (offset of the payload in bytes)` — where
+/// the datagram lies in the memory the engine reads peer payloads from.
+pub(crate) fn decode(
+    bytes: &[u8],
+    src: SocketAddr,
+    dst: SocketAddr,
+    payload_base: u64,
+) -> Result<PacketSlot, DecodeError> {
+    if bytes.len() < MIN_DATAGRAM {
+        return Err(DecodeError::Malformed);
+    }
+    let info = info_of_code(bytes[0]).ok_or(DecodeError::Malformed)?;
+    let hdr_len = info.header_len();
+    let pad = usize::from((bytes[1] >> 4) & 3);
+    let body = bytes.len() - ICRC_LEN;
+    if hdr_len > SLOT_DATA || hdr_len + pad > body {
+        return Err(DecodeError::Malformed);
+    }
+    let len = body - hdr_len - pad;
+    if len > MAX_PAYLOAD {
+        return Err(DecodeError::Malformed);
+    }
+    let carried = u32::from_le_bytes([
+        bytes[body],
+        bytes[body + 1],
+        bytes[body + 2],
+        bytes[body + 3],
+    ]);
+    if icrc(src, dst, &[&bytes[..body]]) != carried {
+        return Err(DecodeError::Icrc);
+    }
+    let mut slot = PacketSlot {
+        hdr_len: hdr_len as u8,
+        payload_len: len as u32,
+        ..PacketSlot::default()
+    };
+    slot.data[..hdr_len].copy_from_slice(&bytes[..hdr_len]);
+    if len == 0 {
+        slot.kind = KIND_NONE;
+    } else if hdr_len + len <= SLOT_DATA {
+        slot.kind = KIND_INLINE;
+        slot.data[hdr_len..hdr_len + len].copy_from_slice(&bytes[hdr_len..hdr_len + len]);
+    } else {
+        slot.kind = KIND_DIRECT;
+        slot.payload_off = payload_base + hdr_len as u64;
+    }
+    Ok(slot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::slot::RxPacket;
+
+    fn err(r: Result<PacketSlot, DecodeError>) -> Option<DecodeError> {
+        r.err()
+    }
+
+    fn v4(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// A Send-only header stack to QP 0x12 at PSN 5 with pad count `pad`.
+    fn send_headers(pad: u8) -> [u8; 12] {
+        let mut h = [0u8; 12];
+        h[0] = 0x04; // RC Send Only
+        h[1] = pad << 4;
+        h[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+        h[5..8].copy_from_slice(&[0, 0, 0x12]);
+        h[11] = 5;
+        h
+    }
+
+    /// The ICRC agrees with the capture's (IPv4, checked there against hardware and rxe)
+    /// for the same IP header.
+    #[test]
+    fn the_ipv4_icrc_is_the_captures() {
+        let src = v4("10.0.0.1:49153");
+        let dst = v4("10.0.0.2:4791");
+        let mut t = send_headers(0).to_vec();
+        t.extend_from_slice(b"payload!");
+        let framing = crate::trace::roce::frame_headers(
+            crate::trace::roce::Endpoint::engine(1),
+            crate::trace::roce::Endpoint::engine(2),
+            0,
+            0x12 | 0x1000, // a QPN whose source port is 0xC000 | 0x1001 = 49153
+            t.len(),
+        )
+        .unwrap();
+        // The capture derives its source port from the QP: use the same one.
+        let sport = u16::from_be_bytes([framing[34], framing[35]]);
+        assert_eq!(sport, 0xD012);
+        let ours = icrc(v4(&format!("10.0.0.1:{sport}")), dst, &[&t]);
+        let theirs = crate::trace::roce::icrc(
+            framing[14..34].try_into().unwrap(),
+            framing[34..42].try_into().unwrap(),
+            &[&t],
+        );
+        assert_eq!(ours, theirs);
+        // And the port is part of it.
+        assert_ne!(icrc(src, dst, &[&t]), theirs);
+    }
+
+    #[test]
+    fn a_split_bth_is_masked_the_same() {
+        let (s, d) = (v4("198.18.0.1:4791"), "[fd00::2]:4791".parse().unwrap());
+        let mut t = send_headers(1).to_vec();
+        t.extend_from_slice(&[1, 2, 3, 0]);
+        let whole = icrc(s, d, &[&t]);
+        for cut in 0..t.len() {
+            assert_eq!(icrc(s, d, &[&t[..cut], &t[cut..]]), whole, "cut {cut}");
+        }
+        // resv8a (byte 4) does not count, byte 3 does.
+        let mut u = t.clone();
+        u[4] ^= 0xC0;
+        assert_eq!(icrc(s, d, &[&u]), whole);
+        u[3] ^= 1;
+        assert_ne!(icrc(s, d, &[&u]), whole);
+    }
+
+    #[test]
+    fn packets_round_trip_inline_and_by_reference_and_every_flipped_byte_is_caught() {
+        let (s, d) = (v4("127.0.0.1:4791"), v4("127.0.0.2:4791"));
+        let arena = Mem::private(8192);
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        arena.write(100, &data).unwrap();
+        for (len, pad) in [(0usize, 0u8), (5, 3), (28, 0), (29, 3), (3000, 0)] {
+            let mut slot = PacketSlot {
+                hdr_len: 12,
+                ..PacketSlot::default()
+            };
+            slot.data[..12].copy_from_slice(&send_headers(pad));
+            slot.payload_len = len as u32;
+            if len == 0 {
+                slot.kind = KIND_NONE;
+            } else if len <= 28 {
+                slot.kind = KIND_INLINE;
+                slot.data[12..12 + len].copy_from_slice(&data[..len]);
+            } else {
+                slot.kind = KIND_DIRECT;
+                slot.payload_off = 100;
+            }
+            let mut buf = vec![0u8; 4160];
+            let n = encode(&[slot], Some(&arena), s, d, &mut buf).unwrap();
+            assert_eq!(n, 12 + len + usize::from(pad) + 4);
+            let got = decode(&buf[..n], s, d, 1 << 20).unwrap();
+            let pkt = RxPacket::parse(&got, &[]).unwrap();
+            assert_eq!(pkt.bth().dest_qp.get(), 0x12);
+            assert_eq!(got.payload_len as usize, len);
+            match got.kind {
+                KIND_INLINE => assert_eq!(&got.data[12..12 + len], &data[..len]),
+                KIND_DIRECT => assert_eq!(got.payload_off, (1 << 20) + 12),
+                k => assert_eq!((k, len), (KIND_NONE, 0)),
+            }
+            // Every single-bit flip is an ICRC failure or malformed, never a packet.
+            for byte in 0..n {
+                if byte == 4 {
+                    continue; // resv8a: masked
+                }
+                let mut bad = buf[..n].to_vec();
+                bad[byte] ^= 0x10;
+                assert!(decode(&bad, s, d, 0).is_err(), "len {len} byte {byte}");
+            }
+            // The wrong source (address or port) fails too.
+            assert_eq!(
+                err(decode(&buf[..n], v4("127.0.0.3:4791"), d, 0)),
+                Some(DecodeError::Icrc)
+            );
+        }
+    }
+
+    #[test]
+    fn short_long_and_unknown_datagrams_are_malformed_never_a_panic() {
+        let (s, d) = (v4("127.0.0.1:4791"), v4("127.0.0.2:4791"));
+        for n in 0..MIN_DATAGRAM {
+            assert_eq!(
+                err(decode(&vec![0u8; n], s, d, 0)),
+                Some(DecodeError::Malformed)
+            );
+        }
+        // An RDMA Write First (BTH + RETH = 28) in 20 bytes; pad larger than the rest.
+        let mut w = vec![0u8; 20];
+        w[0] = 0x06;
+        assert_eq!(err(decode(&w, s, d, 0)), Some(DecodeError::Malformed));
+        let mut p = send_headers(3).to_vec();
+        p.extend_from_slice(&[0, 0, 0, 0]);
+        p.truncate(16);
+        p[1] = 3 << 4;
+        assert!(decode(&p, s, d, 0).is_err());
+        // CNP (0x81) and other unknown opcodes.
+        for op in [0x81u8, 0x15, 0xFF] {
+            let mut b = vec![0u8; 64];
+            b[0] = op;
+            assert_eq!(
+                err(decode(&b, s, d, 0)),
+                Some(DecodeError::Malformed),
+                "{op:#x}"
+            );
+        }
+        // A payload over 4096 bytes.
+        let mut big = send_headers(0).to_vec();
+        big.resize(12 + 4097 + 4, 0);
+        assert_eq!(err(decode(&big, s, d, 0)), Some(DecodeError::Malformed));
+        // Arbitrary bytes of every length up to a buffer: no panic.
+        let mut x = 0x9E37_79B9u32;
+        for n in 0..600 {
+            let b: Vec<u8> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect();
+            let _ = decode(&b, s, d, 0);
+        }
+    }
+
+    /// A positive Ack riding in a request's line goes as a datagram of its own after the
+    /// request, as an Acknowledge to the carrier's destination QP with the riding PSN and
+    /// MSN; a line without one yields none.
+    #[test]
+    fn a_riding_ack_becomes_an_acknowledge_datagram() {
+        use crate::wire::opcode::Opcode;
+        use crate::wire::slot::{riding_word, set_riding_ack};
+        let (s, d) = (v4("127.0.0.1:4791"), v4("127.0.0.2:4791"));
+        let mut carrier = PacketSlot {
+            hdr_len: 12,
+            kind: KIND_INLINE,
+            payload_len: 8,
+            ..PacketSlot::default()
+        };
+        carrier.data[..12].copy_from_slice(&send_headers(0));
+        carrier.data[12..20].copy_from_slice(b"8 bytes!");
+        let mut buf = vec![0u8; 4160];
+        assert!(riding_ack_datagram(&carrier, s, d, &mut buf).is_none());
+        assert!(set_riding_ack(&mut carrier, riding_word(77, 0x1F, 9)));
+        // The carrier goes as it is, without the Ack.
+        let n = encode(&[carrier], None, s, d, &mut buf).unwrap();
+        assert_eq!(n, 12 + 8 + 4);
+        let req = decode(&buf[..n], s, d, 0).unwrap();
+        assert_eq!(
+            RxPacket::parse(&req, &[]).unwrap().bth().opcode,
+            Opcode::SendOnly
+        );
+        let n = riding_ack_datagram(&carrier, s, d, &mut buf)
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 12 + 4 + 4, "BTH, AETH, ICRC");
+        let ack = decode(&buf[..n], s, d, 0).unwrap();
+        let pkt = RxPacket::parse(&ack, &[]).unwrap();
+        assert_eq!(pkt.bth().opcode, Opcode::Acknowledge);
+        assert_eq!(pkt.bth().dest_qp.get(), 0x12);
+        assert_eq!(pkt.psn().get(), 77);
+        assert_eq!(pkt.aeth().unwrap().msn.get(), 9);
+    }
+}

@@ -1,0 +1,953 @@
+//! The socket layer of the UDP link: one unconnected UDP socket bound to (address, 4791),
+//! sending bursts with `sendmmsg` and receiving bursts with `recvmmsg` into a ring of
+//! pre-allocated datagram buffers. The one module of the UDP link with `unsafe` (the two
+//! system calls and the option calls around them); everything above it is safe code.
+//!
+//! # The socket
+//!
+//! * **Unconnected**: one socket per local address serves every peer of that address;
+//!   each datagram names its destination (`msg_name`), each received one its source.
+//! * **Don't Fragment**: `IP_MTU_DISCOVER = IP_PMTUDISC_DO` (IPv4) or
+//!   `IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO` (IPv6). A RoCEv2 packet is never fragmented:
+//!   a datagram larger than the path MTU fails with `EMSGSIZE` and is dropped (counted),
+//!   which the transport recovers from like any loss.
+//! * **Non-blocking** (`SOCK_NONBLOCK`): the engine polls, as it polls its rings.
+//! * **IPv6 only** on an IPv6 address (`IPV6_V6ONLY`), so `::` never takes 4791 on IPv4
+//!   addresses too.
+//!
+//! # The IP ID of what it sends, verified on the wire
+//!
+//! The RoCEv2 ICRC covers the IPv4 Identification field, so the sender must know it and the
+//! receiver must know it without seeing the IP header (a UDP socket does not show it).
+//! Linux (`ip_select_ident_segs`) sends **ID 0 for a DF datagram from an unconnected
+//! socket** (a connected one would count per socket). Verified on kernel 6.18 by capturing
+//! with an `AF_PACKET` socket on the receiving end of a veth pair between two network
+//! namespaces (198.18.0.1 → 198.18.0.2, port 4791) and on loopback: every datagram had
+//! ID 0 and flags 0x4000 (DF). The test `the_kernel_sends_ip_id_zero_for_df_datagrams`
+//! checks it again on loopback in a namespace of its own (root only). So the UDP link
+//! computes and checks every ICRC with IP ID 0; a peer that sends another ID (a NIC, or
+//! a kernel that changed this) fails the check and is counted as an ICRC drop.
+//!
+//! # Buffers and allocation
+//!
+//! Nothing is allocated per packet. A [`TxBurst`] holds [`BURST`] datagram buffers of
+//! [`DGRAM_BYTES`] each, filled in place and sent by one `sendmmsg`; the `mmsghdr`, `iovec`
+//! and address arrays are built on the stack for the call. An [`RxRing`] is one [`Mem`]
+//! of `count` buffers of [`DGRAM_BYTES`], which `recvmmsg` writes into directly: the
+//! engine then reads a payload straight out of that memory (it is the "peer arena" of the
+//! link's QPs), so a received payload is copied once, into the application's buffer.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::error::{Error, Result};
+use crate::mem::Mem;
+
+/// The UDP port IANA assigned to RoCEv2.
+pub const ROCEV2_PORT: u16 = 4791;
+
+/// Datagrams one `sendmmsg` or `recvmmsg` call moves at most.
+pub(crate) const BURST: usize = 32;
+
+/// Bytes of one datagram buffer: room for the largest RoCEv2 transport packet shmhca sends
+/// or accepts — headers (at most 40 bytes), a 4096-byte payload (the largest path MTU),
+/// pad (up to 3) and ICRC (4) — rounded up to whole cache lines. A longer datagram is
+/// truncated by the kernel and dropped by the receiver.
+pub(crate) const DGRAM_BYTES: usize = 4160;
+const _: () = assert!(DGRAM_BYTES >= 40 + 4096 + 3 + 4 && DGRAM_BYTES.is_multiple_of(64));
+
+/// Bytes of socket buffer asked for each way: a few hundred full-size datagrams, so that
+/// a burst or two in flight is not lost to a full receive queue.
+const SOCKET_BUFFER: i32 = 4 << 20;
+
+/// A bound, unconnected, non-blocking UDP socket with Don't Fragment set.
+#[derive(Debug)]
+pub(crate) struct UdpSocket {
+    fd: OwnedFd,
+    local: SocketAddr,
+}
+
+/// A socket address as the kernel takes it.
+fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: `sockaddr_storage` is plain old data; all zeroes is a valid (unspecified)
+    // address.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in`.
+            unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in>(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in6`.
+            unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in6>(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// The socket address the kernel wrote, if it is one of the two families.
+fn from_raw(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match i32::from(ss.ss_family) {
+        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a `sockaddr_in` (and `len` that it
+            // was written whole); the storage is aligned for it.
+            let sin = unsafe { &*(std::ptr::from_ref(ss).cast::<libc::sockaddr_in>()) };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for `sockaddr_in6`.
+            let sin6 = unsafe { &*(std::ptr::from_ref(ss).cast::<libc::sockaddr_in6>()) };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Sets an integer socket option.
+fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: `value` is a live i32 and its size is passed; the fd is open.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&raw const value).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reads an integer socket option.
+#[cfg(test)]
+fn get_int(fd: &OwnedFd, level: i32, name: i32) -> io::Result<i32> {
+    let mut value = 0i32;
+    let mut len = size_of::<i32>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live and `len` is its size; the fd is open.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&raw mut value).cast(),
+            &raw mut len,
+        )
+    };
+    if r == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Who is likely to hold UDP 4791 on this host, in words, for the error of a bind that
+/// found it taken: Linux soft-RoCE (the `rdma_rxe` module, or an rxe device that `rdma
+/// link` lists), else nothing more than the generic explanation.
+pub(crate) fn port_holder_hint() -> String {
+    let rxe_module = std::path::Path::new("/sys/module/rdma_rxe").exists();
+    let rxe_link = || {
+        std::process::Command::new("rdma")
+            .arg("link")
+            .stderr(std::process::Stdio::null())
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("rxe"))
+    };
+    if rxe_module || rxe_link() {
+        "rdma_rxe owns UDP 4791 on this host (Linux soft-RoCE: remove its devices with \
+         `rdma link delete rxe…` or unload the module, or bind another address)"
+            .to_string()
+    } else {
+        "another process (or a kernel RoCE driver) has UDP port 4791 bound on this address: \
+         only one RoCEv2 endpoint per address (see `ss -ulpn 'sport = :4791'`)"
+            .to_string()
+    }
+}
+
+impl UdpSocket {
+    /// Binds an unconnected, non-blocking UDP socket with Don't Fragment set to `addr`
+    /// (normally port [`ROCEV2_PORT`]; tests may bind port 0).
+    ///
+    /// # Errors
+    /// [`Error::Io`]: the socket cannot be made or configured, or the address is taken —
+    /// then the message names the likely holder ([`port_holder_hint`]).
+    pub(crate) fn bind(addr: SocketAddr) -> Result<UdpSocket> {
+        let family = match addr {
+            SocketAddr::V4(_) => libc::AF_INET,
+            SocketAddr::V6(_) => libc::AF_INET6,
+        };
+        // SAFETY: a plain system call; the result is checked.
+        let raw = unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if raw < 0 {
+            return Err(Error::io(
+                format!("creating a UDP socket for {addr}"),
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: `raw` is a new descriptor this function owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let opt = |what: &str, r: io::Result<()>| {
+            r.map_err(|e| Error::io(format!("setting {what} on the UDP socket for {addr}"), e))
+        };
+        match addr {
+            SocketAddr::V4(_) => opt(
+                "IP_MTU_DISCOVER (Don't Fragment)",
+                set_int(
+                    &fd,
+                    libc::IPPROTO_IP,
+                    libc::IP_MTU_DISCOVER,
+                    libc::IP_PMTUDISC_DO,
+                ),
+            )?,
+            SocketAddr::V6(_) => {
+                opt(
+                    "IPV6_V6ONLY",
+                    set_int(&fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1),
+                )?;
+                opt(
+                    "IPV6_MTU_DISCOVER (Don't Fragment)",
+                    set_int(
+                        &fd,
+                        libc::IPPROTO_IPV6,
+                        libc::IPV6_MTU_DISCOVER,
+                        libc::IPV6_PMTUDISC_DO,
+                    ),
+                )?
+            }
+        }
+        // Room for bursts in flight: ask for SOCKET_BUFFER bytes each way (root may go past
+        // the `rmem_max`/`wmem_max` caps; others get what the caps allow). Best effort.
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if set_int(&fd, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
+                let _ = set_int(&fd, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
+            }
+        }
+        let (ss, len) = to_raw(&addr);
+        // SAFETY: `ss` holds an address of `len` bytes; the fd is open.
+        let r = unsafe { libc::bind(fd.as_raw_fd(), (&raw const ss).cast(), len) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            let context = if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                format!("binding UDP {addr}: {}", port_holder_hint())
+            } else {
+                format!("binding UDP {addr}")
+            };
+            return Err(Error::io(context, e));
+        }
+        let mut ss_out: libc::sockaddr_storage =
+            // SAFETY: plain old data, all zeroes valid.
+            unsafe { std::mem::zeroed() };
+        let mut len_out = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: `ss_out` has room for `len_out` bytes; the fd is open.
+        let r = unsafe {
+            libc::getsockname(fd.as_raw_fd(), (&raw mut ss_out).cast(), &raw mut len_out)
+        };
+        let local = if r == 0 {
+            from_raw(&ss_out, len_out).unwrap_or(addr)
+        } else {
+            addr
+        };
+        Ok(UdpSocket { fd, local })
+    }
+
+    /// The address the socket is bound to (with the port the kernel chose for port 0).
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether Don't Fragment is set (the path-MTU-discovery mode is "do").
+    #[cfg(test)]
+    pub(crate) fn dont_fragment(&self) -> bool {
+        match self.local {
+            SocketAddr::V4(_) => get_int(&self.fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER)
+                .is_ok_and(|v| v == libc::IP_PMTUDISC_DO),
+            SocketAddr::V6(_) => get_int(&self.fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER)
+                .is_ok_and(|v| v == libc::IPV6_PMTUDISC_DO),
+        }
+    }
+
+    /// Waits up to `timeout_ms` for a datagram to read; whether one is there.
+    pub(crate) fn wait_readable(&self, timeout_ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd; a plain system call.
+        let r = unsafe { libc::poll(&raw mut p, 1, timeout_ms) };
+        r > 0 && p.revents & libc::POLLIN != 0
+    }
+}
+
+/// What one [`TxBurst::send`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SendReport {
+    /// Datagrams the kernel took.
+    pub(crate) sent: usize,
+    /// Datagrams dropped because the kernel refused them for good (`EMSGSIZE`: larger than
+    /// the path MTU with DF set; `EHOSTUNREACH`, `ENETUNREACH`, `EINVAL`…): lost, as on a
+    /// wire; the transport retransmits.
+    pub(crate) dropped: usize,
+}
+
+/// Datagrams staged for one `sendmmsg`: up to [`BURST`] buffers of [`DGRAM_BYTES`], each
+/// with its length and destination.
+pub(crate) struct TxBurst {
+    bufs: Box<[u8]>,
+    lens: [usize; BURST],
+    dests: [SocketAddr; BURST],
+    len: usize,
+}
+
+impl Default for TxBurst {
+    fn default() -> TxBurst {
+        TxBurst::new()
+    }
+}
+
+impl TxBurst {
+    /// An empty burst (allocates its buffers once).
+    pub(crate) fn new() -> TxBurst {
+        TxBurst {
+            bufs: vec![0u8; BURST * DGRAM_BYTES].into_boxed_slice(),
+            lens: [0; BURST],
+            dests: [SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); BURST],
+            len: 0,
+        }
+    }
+
+    /// How many datagrams are staged.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether none is staged.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the burst is full.
+    pub(crate) fn is_full(&self) -> bool {
+        self.len == BURST
+    }
+
+    /// The next datagram's buffer ([`DGRAM_BYTES`] long), or `None` if the burst is full.
+    /// [`TxBurst::commit`] stages what was written.
+    pub(crate) fn next_buf(&mut self) -> Option<&mut [u8]> {
+        if self.is_full() {
+            return None;
+        }
+        let at = self.len * DGRAM_BYTES;
+        Some(&mut self.bufs[at..at + DGRAM_BYTES])
+    }
+
+    /// Stages the first `len` bytes of the buffer [`TxBurst::next_buf`] returned, for
+    /// `dest`. Ignored if the burst is full or `len` exceeds a buffer.
+    pub(crate) fn commit(&mut self, len: usize, dest: SocketAddr) {
+        if self.is_full() || len > DGRAM_BYTES {
+            debug_assert!(false, "commit without room");
+            return;
+        }
+        self.lens[self.len] = len;
+        self.dests[self.len] = dest;
+        self.len += 1;
+    }
+
+    /// Sends the staged datagrams with `sendmmsg`, as many as the socket takes now; those
+    /// it cannot take now (`EAGAIN`) stay staged, in order. A datagram the kernel refuses
+    /// for good is dropped and counted.
+    pub(crate) fn send(&mut self, sock: &UdpSocket) -> SendReport {
+        let mut report = SendReport::default();
+        let mut at = 0;
+        while at < self.len {
+            let n = self.len - at;
+            // SAFETY: plain old data, all zeroes valid (also of the two arrays below).
+            let mut hdrs: [libc::mmsghdr; BURST] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut names: [libc::sockaddr_storage; BURST] = unsafe { std::mem::zeroed() };
+            for k in 0..n {
+                let i = at + k;
+                let (ss, slen) = to_raw(&self.dests[i]);
+                names[k] = ss;
+                iovs[k] = libc::iovec {
+                    iov_base: self.bufs[i * DGRAM_BYTES..].as_mut_ptr().cast(),
+                    iov_len: self.lens[i],
+                };
+                hdrs[k].msg_hdr.msg_name = (&raw mut names[k]).cast();
+                hdrs[k].msg_hdr.msg_namelen = slen;
+                hdrs[k].msg_hdr.msg_iov = &raw mut iovs[k];
+                hdrs[k].msg_hdr.msg_iovlen = 1;
+            }
+            // SAFETY: `hdrs[..n]` each point at a live address and one iovec over a live
+            // buffer of this burst of the length given; the arrays outlive the call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    sock.fd.as_raw_fd(),
+                    hdrs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                at += r as usize;
+                report.sent += r as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => break,
+                Some(libc::EINTR) => continue,
+                _ => {
+                    // The first datagram failed for good: drop it, go on with the rest.
+                    at += 1;
+                    report.dropped += 1;
+                }
+            }
+        }
+        // Keep what did not go, in order.
+        if at < self.len {
+            self.bufs
+                .copy_within(at * DGRAM_BYTES..self.len * DGRAM_BYTES, 0);
+            self.lens.copy_within(at..self.len, 0);
+            self.dests.copy_within(at..self.len, 0);
+        }
+        self.len -= at;
+        report
+    }
+}
+
+/// A ring of receive buffers in one [`Mem`]: `count` buffers of [`DGRAM_BYTES`], filled
+/// in order by [`RxRing::recv`]. The caller decides when a buffer may be filled again (it
+/// passes how many are free); buffer `i` is at offset `i * DGRAM_BYTES` of
+/// [`RxRing::mem`].
+pub(crate) struct RxRing {
+    mem: Mem,
+    count: usize,
+    /// The next buffer to fill (a count that only grows; the index is `next % count`).
+    next: u64,
+    /// Per buffer: the datagram's length (0: truncated, or not a datagram) and source.
+    lens: Box<[u32]>,
+    srcs: Box<[Option<SocketAddr>]>,
+}
+
+impl RxRing {
+    /// A ring of `count` buffers (at least [`BURST`]).
+    pub(crate) fn new(count: usize) -> RxRing {
+        let count = count.max(BURST);
+        RxRing {
+            mem: Mem::private(count * DGRAM_BYTES),
+            count,
+            next: 0,
+            lens: vec![0; count].into_boxed_slice(),
+            srcs: vec![None; count].into_boxed_slice(),
+        }
+    }
+
+    /// The buffers' memory (shared with the engine, which reads payloads from it).
+    pub(crate) fn mem(&self) -> &Mem {
+        &self.mem
+    }
+
+    /// How many buffers the ring has.
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The number of the next buffer to fill (a count that only grows).
+    pub(crate) fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// Receives up to `max` (and at most [`BURST`]) datagrams into the next buffers with
+    /// one `recvmmsg`; returns how many (0 when none is waiting). Datagram number `n`
+    /// (counted as [`RxRing::next`] counts) is then at [`RxRing::datagram`]`(n)`.
+    ///
+    /// # Errors
+    /// The socket failed otherwise than with nothing to read.
+    pub(crate) fn recv(&mut self, sock: &UdpSocket, max: usize) -> io::Result<usize> {
+        let n = max.min(BURST).min(self.count);
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: plain old data, all zeroes valid (also of the two arrays below).
+        let mut hdrs: [libc::mmsghdr; BURST] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut names: [libc::sockaddr_storage; BURST] = unsafe { std::mem::zeroed() };
+        for k in 0..n {
+            let i = ((self.next + k as u64) % self.count as u64) as usize;
+            let Ok(base) = self
+                .mem
+                .writable_range((i * DGRAM_BYTES) as u64, DGRAM_BYTES as u64)
+            else {
+                return Ok(0); // cannot be: the memory holds `count` buffers
+            };
+            iovs[k] = libc::iovec {
+                iov_base: base.cast(),
+                iov_len: DGRAM_BYTES,
+            };
+            hdrs[k].msg_hdr.msg_name = (&raw mut names[k]).cast();
+            hdrs[k].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            hdrs[k].msg_hdr.msg_iov = &raw mut iovs[k];
+            hdrs[k].msg_hdr.msg_iovlen = 1;
+        }
+        let r = loop {
+            // SAFETY: `hdrs[..n]` each point at a live address buffer and one iovec over a
+            // checked, writable range of the ring's memory (alive while `self.mem` is),
+            // which the kernel fills with plain bytes; the arrays outlive the call.
+            let r = unsafe {
+                libc::recvmmsg(
+                    sock.fd.as_raw_fd(),
+                    hdrs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if r >= 0 {
+                break r as usize;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(0),
+                _ => return Err(e),
+            }
+        };
+        for (k, h) in hdrs.iter().enumerate().take(r) {
+            let i = ((self.next + k as u64) % self.count as u64) as usize;
+            let truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            self.lens[i] = if truncated {
+                0
+            } else {
+                h.msg_len.min(DGRAM_BYTES as u32)
+            };
+            self.srcs[i] = from_raw(&names[k], h.msg_hdr.msg_namelen);
+        }
+        self.next += r as u64;
+        Ok(r)
+    }
+
+    /// Where datagram number `n` is: its offset in [`RxRing::mem`], its length (0 if it
+    /// was truncated) and its source.
+    pub(crate) fn datagram(&self, n: u64) -> (u64, usize, Option<SocketAddr>) {
+        let i = (n % self.count as u64) as usize;
+        (
+            (i * DGRAM_BYTES) as u64,
+            self.lens[i] as usize,
+            self.srcs[i],
+        )
+    }
+}
+
+/// Test helpers that need a network namespace (root): a named namespace made and removed
+/// by the test, a thread run inside one, and an `AF_PACKET` capture that reads IPv4
+/// headers off an interface. Kept in this module because they need `unsafe` (`setns`, a
+/// packet socket).
+#[cfg(test)]
+pub(crate) mod netns {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Whether network namespaces can be made here (root, and `ip` present); prints one
+    /// line naming the test when not.
+    pub(crate) fn available(test: &str) -> bool {
+        // SAFETY: a plain system call.
+        let root = unsafe { libc::geteuid() } == 0;
+        let ip = std::process::Command::new("ip").arg("-V").output().is_ok();
+        if !(root && ip) {
+            eprintln!("{test}: skipped (needs root and the `ip` command for network namespaces)");
+        }
+        root && ip
+    }
+
+    /// Runs `ip ARGS`; an error with its output if it fails.
+    pub(crate) fn ip(args: &[&str]) -> std::result::Result<(), String> {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .map_err(|e| format!("ip {args:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// A named network namespace, deleted on drop (with the interfaces in it).
+    pub(crate) struct Netns(pub(crate) String);
+
+    impl Netns {
+        /// Makes namespace `name` (deleting a stale one of that name first) with its
+        /// loopback up.
+        pub(crate) fn new(name: &str) -> std::result::Result<Netns, String> {
+            let _ = ip(&["netns", "del", name]);
+            ip(&["netns", "add", name])?;
+            let ns = Netns(name.to_string());
+            ip(&["-n", name, "link", "set", "lo", "up"])?;
+            Ok(ns)
+        }
+
+        /// Runs `f` on a thread that has entered this namespace; its result.
+        pub(crate) fn run<T: Send>(
+            &self,
+            f: impl FnOnce() -> T + Send,
+        ) -> std::result::Result<T, String> {
+            let path = format!("/run/netns/{}", self.0);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    enter(&path)?;
+                    Ok(f())
+                })
+                .join()
+                .map_err(|_| "the thread in the namespace panicked".to_string())?
+            })
+        }
+    }
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = ip(&["netns", "del", &self.0]);
+        }
+    }
+
+    /// Moves the calling thread into the network namespace at `path`.
+    fn enter(path: &str) -> std::result::Result<(), String> {
+        let f = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+        // SAFETY: a plain system call on a live descriptor; it changes only this thread's
+        // network namespace.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(format!("setns {path}: {}", io::Error::last_os_error()))
+        }
+    }
+
+    /// Runs `f` in a fresh namespace called `name` (made and removed here).
+    pub(crate) fn in_fresh_netns<T: Send>(
+        name: &str,
+        f: impl FnOnce() -> T + Send,
+    ) -> std::result::Result<T, String> {
+        let ns = Netns::new(&format!("{name}-{}", std::process::id()))?;
+        ns.run(f)
+    }
+
+    /// An `AF_PACKET` socket reading the IPv4 packets of one interface (network layer up).
+    pub(crate) struct PacketCapture(OwnedFd);
+
+    impl PacketCapture {
+        /// Opens a capture of the IPv4 packets on interface `ifname` (of the calling
+        /// thread's namespace).
+        pub(crate) fn open(ifname: &str) -> io::Result<PacketCapture> {
+            let name = std::ffi::CString::new(ifname).map_err(io::Error::other)?;
+            // SAFETY: a NUL-terminated name; a plain system call.
+            let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+            if index == 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let proto = (libc::ETH_P_IP as u16).to_be();
+            // SAFETY: a plain system call; the result is checked.
+            let raw = unsafe {
+                libc::socket(
+                    libc::AF_PACKET,
+                    libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    i32::from(proto),
+                )
+            };
+            if raw < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a new descriptor owned here.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            // SAFETY: plain old data, all zeroes valid.
+            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            sll.sll_family = libc::AF_PACKET as u16;
+            sll.sll_protocol = proto;
+            sll.sll_ifindex = index as i32;
+            // SAFETY: a live `sockaddr_ll` of the size given.
+            let r = unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&raw const sll).cast(),
+                    size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(PacketCapture(fd))
+        }
+
+        /// The (IP ID, flags and fragment offset) of the first `want` IPv4 UDP packets to
+        /// destination port `port` captured, within `within`.
+        pub(crate) fn ipv4_udp_headers(
+            &self,
+            port: u16,
+            want: usize,
+            within: Duration,
+        ) -> Vec<(u16, u16)> {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 2048];
+            let end = Instant::now() + within;
+            while out.len() < want && Instant::now() < end {
+                // SAFETY: a live buffer of the length given.
+                let r = unsafe {
+                    libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
+                };
+                if r < 0 {
+                    let mut p = libc::pollfd {
+                        fd: self.0.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one live pollfd.
+                    unsafe { libc::poll(&raw mut p, 1, 10) };
+                    continue;
+                }
+                let p = &buf[..r as usize];
+                if p.len() >= 28 && p[0] >> 4 == 4 && p[9] == 17 {
+                    let ihl = usize::from(p[0] & 15) * 4;
+                    if p.len() >= ihl + 8 && u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]) == port {
+                        out.push((
+                            u16::from_be_bytes([p[4], p[5]]),
+                            u16::from_be_bytes([p[6], p[7]]),
+                        ));
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound(ip: &str) -> UdpSocket {
+        UdpSocket::bind(SocketAddr::new(ip.parse().unwrap(), 0)).unwrap()
+    }
+
+    /// Sends `count` datagrams of `size` bytes (byte `j` of datagram `i` is `i + j`) from
+    /// `a` to `b` in bursts, receives them into a ring of `ring` buffers, checks each.
+    fn round_trip(a: &UdpSocket, b: &UdpSocket, count: usize, size: usize, ring: usize) {
+        let mut tx = TxBurst::new();
+        let mut rx = RxRing::new(ring);
+        let mut sent = 0;
+        let mut got = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while got < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{got}/{count} received"
+            );
+            // At most one half-burst ahead of the receiver: without root, the socket
+            // buffer stays at the system's cap, and a full one drops (as a wire would).
+            while sent < count && sent < got + BURST / 2 && !tx.is_full() {
+                let buf = tx.next_buf().unwrap();
+                for (j, byte) in buf[..size].iter_mut().enumerate() {
+                    *byte = (sent + j) as u8;
+                }
+                tx.commit(size, b.local_addr());
+                sent += 1;
+            }
+            let r = tx.send(a);
+            assert_eq!(r.dropped, 0);
+            // Receive what is free in the ring (everything, as it is read at once).
+            let first = rx.next();
+            let n = rx.recv(b, rx.count()).unwrap();
+            for d in first..first + n as u64 {
+                let (off, len, src) = rx.datagram(d);
+                assert_eq!(len, size);
+                assert_eq!(src, Some(a.local_addr()));
+                let mut bytes = vec![0u8; len];
+                rx.mem().read(off, &mut bytes).unwrap();
+                for (j, byte) in bytes.iter().enumerate() {
+                    assert_eq!(*byte, (got + j) as u8, "datagram {got} byte {j}");
+                }
+                got += 1;
+            }
+            if n == 0 {
+                b.wait_readable(10);
+            }
+        }
+    }
+
+    #[test]
+    fn a_socket_is_nonblocking_with_dont_fragment_set_ipv4_and_ipv6() {
+        for ip in ["127.0.0.1", "::1"] {
+            let s = bound(ip);
+            assert!(s.dont_fragment(), "{ip}");
+            assert_ne!(s.local_addr().port(), 0);
+            // Nothing to read: returns at once.
+            let mut rx = RxRing::new(BURST);
+            assert_eq!(rx.recv(&s, BURST).unwrap(), 0);
+            assert_eq!(s.local_addr().is_ipv4(), ip.contains('.'));
+        }
+    }
+
+    #[test]
+    fn bursts_cross_loopback_whole_and_in_order_ipv4_and_ipv6() {
+        for (x, y) in [("127.0.0.1", "127.0.0.2"), ("::1", "::1")] {
+            let (a, b) = (bound(x), bound(y));
+            // Across the ring's wrap several times, sizes from empty to a full buffer.
+            for size in [0, 1, 13, 1500, DGRAM_BYTES] {
+                round_trip(&a, &b, 200, size, BURST * 2);
+            }
+        }
+    }
+
+    #[test]
+    fn a_datagram_longer_than_a_buffer_is_reported_truncated() {
+        let (a, b) = (bound("127.0.0.1"), bound("127.0.0.1"));
+        let big = vec![7u8; DGRAM_BYTES + 100];
+        // A plain std socket sends the oversized datagram (loopback's MTU is 64 KiB).
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.send_to(&big, b.local_addr()).unwrap();
+        let mut tx = TxBurst::new();
+        tx.next_buf().unwrap()[..4].copy_from_slice(b"good");
+        tx.commit(4, b.local_addr());
+        assert_eq!(tx.send(&a).sent, 1);
+        let mut rx = RxRing::new(BURST);
+        let mut lens = Vec::new();
+        for _ in 0..100 {
+            let first = rx.next();
+            let n = rx.recv(&b, BURST).unwrap();
+            lens.extend((first..first + n as u64).map(|d| rx.datagram(d).1));
+            if lens.len() == 2 {
+                break;
+            }
+            b.wait_readable(10);
+        }
+        assert_eq!(lens, [0, 4], "the oversized one reads as length 0");
+    }
+
+    /// With DF set, a datagram over the interface MTU is refused (`EMSGSIZE`), counted as
+    /// dropped, and the datagrams behind it still go: loopback's MTU lowered to 1280 in a
+    /// namespace of the test's own (root only).
+    #[test]
+    fn a_datagram_over_the_path_mtu_is_dropped_not_fragmented() {
+        if !super::netns::available("a_datagram_over_the_path_mtu_is_dropped_not_fragmented") {
+            return;
+        }
+        let ns = super::netns::Netns::new(&format!("shmhca-mtu-{}", std::process::id())).unwrap();
+        super::netns::ip(&["-n", &ns.0, "link", "set", "lo", "mtu", "1280"]).unwrap();
+        let (report, lens) = ns
+            .run(|| {
+                let (a, b) = (bound("127.0.0.1"), bound("127.0.0.1"));
+                let mut tx = TxBurst::new();
+                for len in [100, 4000, 200] {
+                    tx.next_buf().unwrap();
+                    tx.commit(len, b.local_addr());
+                }
+                let report = tx.send(&a);
+                let mut rx = RxRing::new(BURST);
+                let mut lens = Vec::new();
+                for _ in 0..100 {
+                    let first = rx.next();
+                    let n = rx.recv(&b, BURST).unwrap();
+                    lens.extend((first..first + n as u64).map(|d| rx.datagram(d).1));
+                    if lens.len() >= 2 {
+                        break;
+                    }
+                    b.wait_readable(10);
+                }
+                (report, lens)
+            })
+            .unwrap();
+        assert_eq!(
+            report,
+            SendReport {
+                sent: 2,
+                dropped: 1
+            }
+        );
+        assert_eq!(lens, [100, 200]);
+    }
+
+    #[test]
+    fn binding_a_taken_address_names_the_holder() {
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let err = UdpSocket::bind(a.local_addr()).unwrap_err().to_string();
+        assert!(
+            err.contains("rdma_rxe owns UDP 4791") || err.contains("another process"),
+            "{err}"
+        );
+        assert!(err.contains(&a.local_addr().to_string()), "{err}");
+    }
+
+    /// The IP ID Linux puts on a DF datagram from an unconnected socket, read off the wire
+    /// with an `AF_PACKET` socket, in a network namespace of the test's own (root only).
+    #[test]
+    fn the_kernel_sends_ip_id_zero_for_df_datagrams() {
+        if !super::netns::available("the_kernel_sends_ip_id_zero_for_df_datagrams") {
+            return;
+        }
+        let ids = super::netns::in_fresh_netns("shmhca-ipid", || {
+            let a = UdpSocket::bind("127.0.0.1:4791".parse().unwrap()).unwrap();
+            let b = UdpSocket::bind("127.0.0.2:4791".parse().unwrap()).unwrap();
+            let cap = super::netns::PacketCapture::open("lo").unwrap();
+            let mut tx = TxBurst::new();
+            for i in 0..8u8 {
+                tx.next_buf().unwrap()[0] = i;
+                tx.commit(16, b.local_addr());
+            }
+            assert_eq!(tx.send(&a).sent, 8);
+            cap.ipv4_udp_headers(4791, 8, std::time::Duration::from_secs(5))
+        })
+        .unwrap();
+        assert_eq!(ids.len(), 8, "captured {ids:?}");
+        for (id, flags) in ids {
+            assert_eq!((id, flags & 0x4000), (0, 0x4000), "IP ID and DF");
+        }
+    }
+}

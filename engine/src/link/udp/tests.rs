@@ -1,0 +1,757 @@
+//! Two engines of this process over the UDP link: every operation across sizes on
+//! loopback (IPv4 and IPv6), loss and corruption recovered, garbage counted; and two
+//! network namespaces joined by a veth pair (root only), with a capture decoded as
+//! InfiniBand and its ICRCs checked by a CRC of the test's own.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::UdpPort;
+use crate::completion::{WcStatus, WorkCompletion};
+use crate::{
+    AccessFlags, Context, Cq, Mr, Mtu, Pd, Qp, QpAttr, QpCaps, QpState, RecvWr, SendOp, SendWr,
+};
+
+/// The tests of this file run one at a time: each moves packets through threads that need
+/// a core, and the transport timers run on the wall clock, so several at once on a small
+/// machine (the namespace test runs tshark) could starve one into retry exhaustion.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One side: a context (inline, manual progress), its port, and a QP with its memory.
+struct End {
+    ctx: Context,
+    port: UdpPort,
+    _pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    /// Source and landing memory (1 MiB).
+    mr: Mr,
+}
+
+const MR_LEN: u64 = 1 << 20;
+
+fn end(addr: SocketAddr) -> End {
+    let ctx = crate::raw_peer::inline_context();
+    let port = UdpPort::bind_addr(&ctx, addr).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    let mr = pd
+        .alloc_mr(MR_LEN, AccessFlags::ALL | AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    End {
+        ctx,
+        port,
+        _pd: pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+/// Two ends bound at `a` and `b` (port 0: the kernel picks), their QPs in RTS towards each
+/// other at path MTU `mtu`, with transport timer exponent `timeout`.
+fn pair(a: &str, b: &str, mtu: Mtu, timeout: u8) -> (End, End) {
+    let mut x = end(SocketAddr::new(a.parse().unwrap(), 0));
+    let mut y = end(SocketAddr::new(b.parse().unwrap(), 0));
+    connect(&mut x, &y, mtu, timeout);
+    connect(&mut y, &x, mtu, timeout);
+    (x, y)
+}
+
+fn connect(me: &mut End, peer: &End, mtu: Mtu, timeout: u8) {
+    let dest = me
+        .port
+        .destination_at(&me.qp, peer.port.local_addr(), peer.qp.qpn())
+        .unwrap();
+    me.qp
+        .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    me.qp
+        .modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(mtu)
+                .dest(dest)
+                .rq_psn(0)
+                .max_dest_rd_atomic(4)
+                .min_rnr_timer(1),
+        )
+        .unwrap();
+    me.qp
+        .modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(0)
+                .timeout(timeout)
+                .retry_cnt(7)
+                .rnr_retry(7)
+                .max_rd_atomic(4),
+        )
+        .unwrap();
+}
+
+/// Runs both engines until `cq` yields a completion (10 s at most).
+fn wait_cq(cq: &mut Cq, ctxs: [&Context; 2], ports: [&UdpPort; 2]) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wc = [WorkCompletion::default()];
+    loop {
+        ctxs[0].progress();
+        ctxs[1].progress();
+        if cq.poll(&mut wc) == 1 {
+            return wc[0];
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no completion within 10 s; counters {:?} / {:?}, stats {:?} / {:?}",
+            ports[0].counters(),
+            ports[1].counters(),
+            ctxs[0].stats(),
+            ctxs[1].stats()
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// The next completion of `$on` (`$x` or `$y`), running both ends.
+macro_rules! wait {
+    ($on:ident, $x:ident, $y:ident) => {
+        wait_cq(&mut $on.cq, [&$x.ctx, &$y.ctx], [&$x.port, &$y.port])
+    };
+}
+
+/// A pattern for message `tag` of `len` bytes.
+fn pattern(tag: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(tag * 7) as u8)
+        .collect()
+}
+
+fn read(mr: &Mr, off: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    mr.read_at(off, &mut v).unwrap();
+    v
+}
+
+fn ok(wc: WorkCompletion, wr_id: u64) {
+    assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success), "{wc:?}");
+}
+
+/// Send, RDMA Write, RDMA Read and both Atomics from `x` to `y`, every size in `sizes`
+/// (single- and multi-packet at the pair's MTU), every byte checked.
+fn every_operation(x: &mut End, y: &mut End, sizes: &[usize]) {
+    let mut id = 0u64;
+    for &len in sizes {
+        id += 1;
+        let l32 = len as u32;
+        // Send: y's receive buffer at 512 KiB.
+        let data = pattern(id, len);
+        x.mr.write_at(0, &data).unwrap();
+        y.qp.post_recv(&RecvWr::new(
+            id,
+            &[y.mr.sge(512 << 10, l32.max(1)).unwrap()],
+        ))
+        .unwrap();
+        let sgl = [x.mr.sge(0, l32).unwrap()];
+        x.qp.post_send(&SendWr::new(id, SendOp::Send, &sgl[..usize::from(len > 0)]))
+            .unwrap();
+        ok(wait!(x, x, y), id);
+        let wc = wait!(y, x, y);
+        ok(wc, id);
+        assert_eq!(wc.byte_len as usize, len);
+        assert_eq!(read(&y.mr, 512 << 10, len), data, "Send of {len} bytes");
+
+        // RDMA Write to y at 256 KiB.
+        id += 1;
+        let data = pattern(id, len);
+        x.mr.write_at(0, &data).unwrap();
+        let op = SendOp::RdmaWrite(y.mr.remote(256 << 10));
+        x.qp.post_send(&SendWr::new(id, op, &sgl[..usize::from(len > 0)]))
+            .unwrap();
+        ok(wait!(x, x, y), id);
+        assert_eq!(read(&y.mr, 256 << 10, len), data, "Write of {len} bytes");
+
+        // RDMA Read of y's bytes at 128 KiB into x at 768 KiB.
+        id += 1;
+        let data = pattern(id, len);
+        y.mr.write_at(128 << 10, &data).unwrap();
+        let dst = [x.mr.sge(768 << 10, l32).unwrap()];
+        let op = SendOp::RdmaRead(y.mr.remote(128 << 10));
+        x.qp.post_send(&SendWr::new(id, op, &dst[..usize::from(len > 0)]))
+            .unwrap();
+        ok(wait!(x, x, y), id);
+        assert_eq!(read(&x.mr, 768 << 10, len), data, "Read of {len} bytes");
+    }
+    // Atomics on y's word at 64: Fetch and Add, then Compare and Swap (hit and miss).
+    y.mr.write_at(64, &40u64.to_le_bytes()).unwrap();
+    let word = y.mr.remote(64);
+    let orig = [x.mr.sge(8, 8).unwrap()];
+    let ops = [
+        (
+            SendOp::FetchAdd {
+                remote: word,
+                add: 2,
+            },
+            40u64,
+            42u64,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote: word,
+                compare: 42,
+                swap: 7,
+            },
+            42,
+            7,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote: word,
+                compare: 1,
+                swap: 9,
+            },
+            7,
+            7,
+        ),
+    ];
+    for (op, was, now) in ops {
+        id += 1;
+        x.qp.post_send(&SendWr::new(id, op, &orig)).unwrap();
+        ok(wait!(x, x, y), id);
+        assert_eq!(
+            u64::from_le_bytes(read(&x.mr, 8, 8).try_into().unwrap()),
+            was
+        );
+        assert_eq!(
+            u64::from_le_bytes(read(&y.mr, 64, 8).try_into().unwrap()),
+            now
+        );
+    }
+}
+
+/// Sizes around the inline limit, the MTU (1024) and several packets.
+const SIZES: [usize; 10] = [0, 1, 8, 28, 29, 1023, 1024, 1025, 4096, 100_003];
+
+#[test]
+fn every_operation_across_sizes_over_ipv4_loopback() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.1", "127.0.0.2", Mtu::Mtu1024, 14);
+    every_operation(&mut x, &mut y, &SIZES);
+    every_operation(&mut y, &mut x, &[4096, 5000]);
+    let (cx, cy) = (x.port.counters(), y.port.counters());
+    assert!(
+        cx.datagrams_sent > 100 && cy.datagrams_received > 100,
+        "{cx:?} {cy:?}"
+    );
+    assert_eq!((cx.icrc_dropped, cy.icrc_dropped), (0, 0));
+    assert_eq!((cx.malformed_dropped, cy.malformed_dropped), (0, 0));
+    assert_eq!((cx.encode_dropped, cy.encode_dropped), (0, 0));
+}
+
+#[test]
+fn every_operation_across_sizes_over_ipv6_loopback_at_mtu_4096() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("::1", "::1", Mtu::Mtu4096, 14);
+    every_operation(&mut x, &mut y, &[0, 5, 4095, 4096, 4097, 65_536]);
+}
+
+/// The sender's port drops every 50th datagram and flips a byte of every 71st: the
+/// receiver counts the ICRC failures, go-back-N recovers everything, every byte checks.
+#[test]
+fn lost_and_corrupted_datagrams_are_counted_and_recovered() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.3", "127.0.0.4", Mtu::Mtu1024, 12);
+    let mut n = 0u64;
+    x.port.set_hook(Box::new(move |d: &mut [u8]| {
+        n += 1;
+        if n % 71 == 0 {
+            let at = d.len() / 2;
+            d[at] ^= 0x40;
+        }
+        n % 50 != 0
+    }));
+    every_operation(&mut x, &mut y, &[1, 1025, 30_000, 4096]);
+    let cy = y.port.counters();
+    assert!(cy.icrc_dropped > 0, "{cy:?}");
+    assert!(x.ctx.stats().retransmitted > 0, "{:?}", x.ctx.stats());
+}
+
+/// Garbage from the peer's address and from an unknown address is counted and dropped;
+/// the QPs go on working.
+#[test]
+fn garbage_datagrams_are_counted_and_change_nothing() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.5", "127.0.0.6", Mtu::Mtu1024, 14);
+    let to = x.port.local_addr();
+    let from_peer = std::net::UdpSocket::bind("127.0.0.6:0").unwrap();
+    let stranger = std::net::UdpSocket::bind("127.0.0.7:0").unwrap();
+    let mut seed = 1u32;
+    for len in 0..200usize {
+        let mut b: Vec<u8> = (0..len)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 24) as u8
+            })
+            .collect();
+        if len > 12 {
+            b[0] = 0x04; // a Send Only, to get past the opcode check
+        }
+        from_peer.send_to(&b, to).unwrap();
+    }
+    stranger.send_to(&[0x04; 64], to).unwrap();
+    // Operations still work, in both directions.
+    every_operation(&mut y, &mut x, &[8, 2000]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let c = x.port.counters();
+        let bad = c.icrc_dropped + c.malformed_dropped;
+        if bad == 200 && c.unknown_source_dropped == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{c:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_taken_port_is_a_clear_error() {
+    let _serial = serial();
+    let ctx = crate::raw_peer::inline_context();
+    let a = UdpPort::bind_addr(&ctx, "127.0.0.8:0".parse().unwrap()).unwrap();
+    let err = UdpPort::bind_addr(&ctx, a.local_addr())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("4791") && err.contains(&a.local_addr().to_string()),
+        "{err}"
+    );
+}
+
+/// The reference CRC-32 (bit by bit, reflected polynomial 0xEDB88320), independent of
+/// the crate's ICRC code.
+fn reference_crc(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// The ICRC of an IPv4 RoCEv2 packet (`ip` starts at the IP header), from the spec's
+/// masking rules, computed by [`reference_crc`]; and the one it carries.
+fn icrc_of_captured(ip: &[u8]) -> Option<(u32, u32)> {
+    let ihl = usize::from(ip.first()? & 15) * 4;
+    let total = usize::from(u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]));
+    let ip = ip.get(..total)?;
+    let mut pseudo = vec![0xFFu8; 8];
+    let mut h = ip[..ihl].to_vec();
+    h[1] = 0xFF;
+    h[8] = 0xFF;
+    h[10] = 0xFF;
+    h[11] = 0xFF;
+    pseudo.extend_from_slice(&h);
+    let mut udp = ip.get(ihl..ihl + 8)?.to_vec();
+    udp[6] = 0xFF;
+    udp[7] = 0xFF;
+    pseudo.extend_from_slice(&udp);
+    let mut t = ip.get(ihl + 8..total - 4)?.to_vec();
+    *t.get_mut(4)? = 0xFF;
+    pseudo.extend_from_slice(&t);
+    let carried = u32::from_le_bytes(ip[total - 4..].try_into().ok()?);
+    Some((reference_crc(&pseudo), carried))
+}
+
+/// The IPv4 packets of a pcap file (Ethernet link type), as bytes from the IP header.
+fn pcap_ipv4_packets(file: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    if file.len() < 24 {
+        return out;
+    }
+    let le = file[..4] == [0xD4, 0xC3, 0xB2, 0xA1] || file[..4] == [0x4D, 0x3C, 0xB2, 0xA1];
+    let u32_at = |b: &[u8]| {
+        let a = [b[0], b[1], b[2], b[3]];
+        if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
+    };
+    let mut at = 24;
+    while at + 16 <= file.len() {
+        let caplen = u32_at(&file[at + 8..]) as usize;
+        let Some(frame) = file.get(at + 16..at + 16 + caplen) else {
+            break;
+        };
+        if frame.len() > 14 && frame[12..14] == [0x08, 0x00] {
+            out.push(frame[14..].to_vec());
+        }
+        at += 16 + caplen;
+    }
+    out
+}
+
+/// Two network namespaces joined by a veth pair (198.18.0.1 and 198.18.0.2, port 4791),
+/// made and removed by the test: every operation across sizes, with loss; then, if
+/// dumpcap and tshark are here, a capture of the veth decoded as InfiniBand, every ICRC
+/// checked by a CRC of the test's own.
+#[test]
+fn two_namespaces_over_a_veth_pair() {
+    let _serial = serial();
+    use super::socket::netns::{Netns, available, ip};
+    if !available("two_namespaces_over_a_veth_pair") {
+        return;
+    }
+    let tag = std::process::id() % 100_000;
+    let ns_a = Netns::new(&format!("shmhca-a-{tag}")).unwrap();
+    let ns_b = Netns::new(&format!("shmhca-b-{tag}")).unwrap();
+    let (va, vb) = (format!("shva{tag}"), format!("shvb{tag}"));
+    ip(&[
+        "link", "add", &va, "netns", &ns_a.0, "type", "veth", "peer", "name", &vb, "netns", &ns_b.0,
+    ])
+    .unwrap();
+    ip(&["-n", &ns_a.0, "addr", "add", "198.18.0.1/30", "dev", &va]).unwrap();
+    ip(&["-n", &ns_b.0, "addr", "add", "198.18.0.2/30", "dev", &vb]).unwrap();
+    ip(&["-n", &ns_a.0, "link", "set", &va, "up"]).unwrap();
+    ip(&["-n", &ns_b.0, "link", "set", &vb, "up"]).unwrap();
+    let (a_ip, b_ip): (IpAddr, IpAddr) =
+        ("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap());
+
+    // A capture of the veth in namespace A, if dumpcap and tshark are here.
+    let tools = ["dumpcap", "tshark"].iter().all(|t| {
+        std::process::Command::new(t)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !tools {
+        eprintln!(
+            "two_namespaces_over_a_veth_pair: capture check skipped (dumpcap/tshark not installed)"
+        );
+    }
+    let pcap = std::env::temp_dir().join(format!("shmhca-udp-veth-{tag}.pcap"));
+    /// Removes the capture file however the test ends.
+    struct RemoveFile(std::path::PathBuf);
+    impl Drop for RemoveFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = RemoveFile(pcap.clone());
+    /// Stops (kills) the capture however the test ends.
+    struct Capture(std::process::Child);
+    impl Drop for Capture {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let capture = tools.then(|| {
+        let c = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns_a.0,
+                "dumpcap",
+                "-q",
+                "-P",
+                "-i",
+                &va,
+                "-f",
+                "udp port 4791",
+                "-w",
+            ])
+            .arg(&pcap)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // dumpcap needs a moment to start capturing (bounded: 100 × 20 ms).
+        for _ in 0..100 {
+            if pcap.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        Capture(c)
+    });
+
+    let mut x = end_in(&ns_a, a_ip);
+    let mut y = end_in(&ns_b, b_ip);
+    connect_real(&mut x, &y, b_ip);
+    connect_real(&mut y, &x, a_ip);
+    every_operation(&mut x, &mut y, &[0, 1, 29, 1024, 1025, 20_000]);
+    // Loss on the wire: every 9th datagram from A dropped.
+    let mut n = 0u64;
+    x.port.set_hook(Box::new(move |_| {
+        n += 1;
+        n % 9 != 0
+    }));
+    every_operation(&mut x, &mut y, &[3000, 9000]);
+    assert!(x.ctx.stats().retransmitted > 0);
+
+    if let Some(mut c) = capture {
+        std::thread::sleep(Duration::from_millis(300));
+        // dumpcap finishes its file on SIGINT (sent by `kill` to its pid only).
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &c.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(c);
+        let out = std::process::Command::new("tshark")
+            .arg("-r")
+            .arg(&pcap)
+            .args(["--disable-heuristic", "rpcrdma_infiniband"])
+            .args([
+                "-T",
+                "fields",
+                "-e",
+                "infiniband.bth.opcode",
+                "-e",
+                "_ws.malformed",
+                "-e",
+                "_ws.expert",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() > 50, "captured {} packets", lines.len());
+        for l in &lines {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert!(
+                !f[0].is_empty(),
+                "a packet tshark did not decode as InfiniBand: {l:?}"
+            );
+            assert!(f.get(1).is_none_or(|m| m.is_empty()), "malformed: {l:?}");
+        }
+        let bytes = std::fs::read(&pcap).unwrap();
+        let packets = pcap_ipv4_packets(&bytes);
+        assert_eq!(packets.len(), lines.len());
+        for p in &packets {
+            let (want, carried) = icrc_of_captured(p).expect("a whole RoCEv2 packet");
+            assert_eq!(want, carried, "ICRC of a captured packet");
+            assert_eq!(u16::from_be_bytes([p[4], p[5]]), 0, "IP ID");
+        }
+    }
+    drop((x, y));
+    ip(&["-n", &ns_a.0, "link", "del", &va]).unwrap();
+}
+
+/// An end whose socket lives in namespace `ns` (a socket keeps the namespace it was made
+/// in; the engine and the pump thread need nothing of it).
+fn end_in(ns: &super::socket::netns::Netns, ip: IpAddr) -> End {
+    let ctx = crate::raw_peer::inline_context();
+    let port = ns.run(|| UdpPort::bind(&ctx, ip)).unwrap().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    let mr = pd
+        .alloc_mr(MR_LEN, AccessFlags::ALL | AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    End {
+        ctx,
+        port,
+        _pd: pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+/// [`connect`] through the public [`UdpPort::destination`] (peer at port 4791).
+fn connect_real(me: &mut End, peer: &End, peer_ip: IpAddr) {
+    let dest = me.port.destination(&me.qp, peer_ip, peer.qp.qpn()).unwrap();
+    me.qp
+        .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    me.qp
+        .modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(Mtu::Mtu1024)
+                .dest(dest)
+                .rq_psn(0)
+                .max_dest_rd_atomic(4)
+                .min_rnr_timer(1),
+        )
+        .unwrap();
+    me.qp
+        .modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(0)
+                .timeout(10)
+                .retry_cnt(7)
+                .rnr_retry(7)
+                .max_rd_atomic(4),
+        )
+        .unwrap();
+}
+
+/// A context with an engine thread that sleeps when idle (the default policy, with a
+/// short spin so that it does sleep during the test).
+fn poll_context() -> Context {
+    Context::builder()
+        .mode(crate::EngineMode::Poll { cpu: None })
+        .idle(crate::IdlePolicy::Backoff {
+            spins: 1000,
+            max_sleep: Duration::from_millis(100),
+        })
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .arena_size(4 << 20)
+        .build()
+        .unwrap()
+}
+
+/// The next completion of `cq` (its engine runs on its own thread), within 10 s.
+fn next_wc(cq: &mut Cq) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wc = [WorkCompletion::default()];
+    while cq.poll(&mut wc) == 0 {
+        assert!(Instant::now() < deadline, "no completion within 10 s");
+        std::thread::yield_now();
+    }
+    wc[0]
+}
+
+/// Engine threads that sleep when idle, two QP pairs over one UDP link (each QP in a
+/// protection domain of its own): ping-pongs on both pairs, then a pause long enough for every
+/// engine thread and pump to fall asleep, then more: the pumps wake the engines and the
+/// engines wake the pumps.
+#[test]
+fn sleeping_engines_ping_pong_on_two_qps_over_one_link() {
+    let _serial = serial();
+    let (ca, cb) = (poll_context(), poll_context());
+    let (ip_a, ip_b) = ("127.0.0.9", "127.0.0.10");
+    let pa = UdpPort::bind_addr(&ca, SocketAddr::new(ip_a.parse().unwrap(), 0)).unwrap();
+    let pb = UdpPort::bind_addr(&cb, SocketAddr::new(ip_b.parse().unwrap(), 0)).unwrap();
+    struct Q {
+        _pd: Pd,
+        cq: Cq,
+        qp: Qp,
+        mr: Mr,
+    }
+    let make = |ctx: &Context| {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let mr = pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+        Q {
+            _pd: pd,
+            cq,
+            qp,
+            mr,
+        }
+    };
+    let mut pairs: Vec<(Q, Q)> = (0..2).map(|_| (make(&ca), make(&cb))).collect();
+    for (a, b) in &mut pairs {
+        let da = pa
+            .destination_at(&a.qp, pb.local_addr(), b.qp.qpn())
+            .unwrap();
+        let db = pb
+            .destination_at(&b.qp, pa.local_addr(), a.qp.qpn())
+            .unwrap();
+        assert_eq!(
+            da.link,
+            pa.destination_at(&a.qp, pb.local_addr(), b.qp.qpn())
+                .unwrap()
+                .link
+        );
+        for (q, d) in [(&mut a.qp, da), (&mut b.qp, db)] {
+            q.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+                .unwrap();
+            q.modify(
+                &QpAttr::new(QpState::Rtr)
+                    .path_mtu(Mtu::Mtu1024)
+                    .dest(d)
+                    .rq_psn(0)
+                    .max_dest_rd_atomic(1)
+                    .min_rnr_timer(1),
+            )
+            .unwrap();
+            q.modify(
+                &QpAttr::new(QpState::Rts)
+                    .sq_psn(0)
+                    .timeout(14)
+                    .retry_cnt(7)
+                    .rnr_retry(7)
+                    .max_rd_atomic(1),
+            )
+            .unwrap();
+        }
+    }
+    let mut round = 0u64;
+    let mut ping_pong = |pairs: &mut Vec<(Q, Q)>, rounds: u64| {
+        for _ in 0..rounds {
+            round += 1;
+            for (k, (a, b)) in pairs.iter_mut().enumerate() {
+                let len = 1 + (round as usize * 37 + k * 1000) % 3000;
+                let msg = pattern(round * 2 + k as u64, len);
+                b.qp.post_recv(&RecvWr::new(round, &[b.mr.sge(4096, 4096).unwrap()]))
+                    .unwrap();
+                a.qp.post_recv(&RecvWr::new(round, &[a.mr.sge(4096, 4096).unwrap()]))
+                    .unwrap();
+                a.mr.write_at(0, &msg).unwrap();
+                a.qp.post_send(&SendWr::new(
+                    round,
+                    SendOp::Send,
+                    &[a.mr.sge(0, len as u32).unwrap()],
+                ))
+                .unwrap();
+                // b answers as soon as it has the request, with the bytes it got.
+                let mut got = [next_wc(&mut b.cq), WorkCompletion::default()];
+                if got[0].opcode != crate::completion::WcOpcode::Recv {
+                    got[1] = got[0];
+                    got[0] = next_wc(&mut b.cq);
+                }
+                ok(got[0], round);
+                assert_eq!(read(&b.mr, 4096, len), msg, "request of round {round}");
+                let reply = b.mr.sge(4096, len as u32).unwrap();
+                b.qp.post_send(&SendWr::new(round, SendOp::Send, &[reply]))
+                    .unwrap();
+                // a: its Send's completion and the reply; b: its reply's completion.
+                let (mut sends, mut recvs) = (0, 0);
+                while sends + recvs < 2 {
+                    let wc = next_wc(&mut a.cq);
+                    ok(wc, round);
+                    if wc.opcode == crate::completion::WcOpcode::Recv {
+                        recvs += 1;
+                    } else {
+                        sends += 1;
+                    }
+                }
+                assert_eq!(read(&a.mr, 4096, len), msg, "reply of round {round}");
+                let need = if got[1].wr_id == round { 0 } else { 1 };
+                for _ in 0..need {
+                    ok(next_wc(&mut b.cq), round);
+                }
+            }
+        }
+    };
+    ping_pong(&mut pairs, 100);
+    // Every engine thread and both pumps' send halves fall asleep (100 ms at most each).
+    std::thread::sleep(Duration::from_millis(400));
+    let slept = (ca.stats().sleeps, cb.stats().sleeps);
+    let t = Instant::now();
+    ping_pong(&mut pairs, 1);
+    let woke_in = t.elapsed();
+    ping_pong(&mut pairs, 50);
+    assert!(slept.0 > 0 && slept.1 > 0, "the engines slept: {slept:?}");
+
+    eprintln!("sleeping_engines_ping_pong: first round after sleeping took {woke_in:?}");
+    assert!(woke_in < Duration::from_secs(2), "{woke_in:?}");
+    let (ka, kb) = (pa.counters(), pb.counters());
+    assert_eq!(ka.encode_dropped + kb.encode_dropped, 0, "{ka:?} {kb:?}");
+    assert_eq!(ka.icrc_dropped + kb.icrc_dropped, 0, "{ka:?} {kb:?}");
+}
