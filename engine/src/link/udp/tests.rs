@@ -262,7 +262,7 @@ fn every_operation_across_sizes_over_ipv6_loopback_at_mtu_4096() {
 #[test]
 fn lost_and_corrupted_datagrams_are_counted_and_recovered() {
     let _serial = serial();
-    let (mut x, mut y) = pair("127.0.0.3", "127.0.0.4", Mtu::Mtu1024, 12);
+    let (mut x, mut y) = pair("127.0.0.3", "127.0.0.4", Mtu::Mtu1024, 14);
     let mut n = 0u64;
     x.port.set_hook(Box::new(move |d: &mut [u8]| {
         n += 1;
@@ -591,7 +591,7 @@ fn connect_real(me: &mut End, peer: &End, peer_ip: IpAddr) {
         .modify(
             &QpAttr::new(QpState::Rts)
                 .sq_psn(0)
-                .timeout(10)
+                .timeout(14)
                 .retry_cnt(7)
                 .rnr_retry(7)
                 .max_rd_atomic(4),
