@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# RoCEv2 over a veth pair against the bare line, in paired rounds (issue 28's target:
+# shmhca's 8-byte round trip within 1.3x of a plain UDP ping-pong between the same two
+# namespaces). Each round runs engine/examples/udp_bare_pingpong (plain datagrams, blocking
+# receive), then engine/examples/udp_pingpong (an RC Send each way over shmhca's UdpPort),
+# server in one namespace and client in the other, and prints both round trips and their
+# ratio; at the end, the median (min-max) of the ratio.
+#
+#   bench/scripts/compare_udp.sh                  # as root: 3 rounds, 8-byte messages
+#   ROUNDS=5 SIZE=4096 ITERS=20000 bench/scripts/compare_udp.sh
+#
+# Makes its own namespaces (shmhca-cmp-a/-b) and veth pair with addresses in the
+# benchmarking range 198.18.0.0/15 only, and removes them on exit. Needs root and `ip`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${ROUNDS:-3}
+SIZE=${SIZE:-8}
+ITERS=${ITERS:-10000}
+[ "$(id -u)" = 0 ] || { echo "compare_udp.sh: needs root (network namespaces)" >&2; exit 1; }
+command -v ip >/dev/null || { echo "compare_udp.sh: needs ip (apt-get install -y iproute2)" >&2; exit 1; }
+cargo build --release -q -p shmhca --example udp_pingpong --example udp_bare_pingpong
+EX=${CARGO_TARGET_DIR:-target}/release/examples
+A=shmhca-cmp-a B=shmhca-cmp-b
+IPA=198.18.0.1 IPB=198.18.0.2
+out=$(mktemp -d)
+cleanup() {
+    ip netns del "$A" 2>/dev/null || true
+    ip netns del "$B" 2>/dev/null || true
+    rm -rf "$out"
+}
+trap cleanup EXIT
+for ns in "$A" "$B"; do
+    if ip netns list | grep -qw "$ns"; then
+        echo "compare_udp.sh: namespace $ns exists already (another run?); not touching it" >&2
+        trap - EXIT
+        rm -rf "$out"
+        exit 1
+    fi
+done
+ip netns add "$A"
+ip netns add "$B"
+ip link add shmhca-cmp0 netns "$A" type veth peer name shmhca-cmp1 netns "$B"
+ip -n "$A" addr add "$IPA/30" dev shmhca-cmp0
+ip -n "$B" addr add "$IPB/30" dev shmhca-cmp1
+for ns in "$A" "$B"; do
+    ip -n "$ns" link set lo up
+done
+ip -n "$A" link set shmhca-cmp0 up
+ip -n "$B" link set shmhca-cmp1 up
+
+# One ping-pong: $1 = example; prints the client's microseconds per round trip.
+pingpong() {
+    local ex=$1
+    ip netns exec "$A" "$EX/$ex" "$IPA" --size "$SIZE" --iters "$ITERS" >"$out/server" 2>&1 &
+    local server=$!
+    sleep 0.5
+    timeout 300 ip netns exec "$B" "$EX/$ex" "$IPB" "$IPA" --size "$SIZE" --iters "$ITERS" \
+        >"$out/client" 2>&1 || { echo "compare_udp.sh: $ex failed:" >&2; cat "$out/client" "$out/server" >&2; exit 1; }
+    wait "$server" || true
+    grep -o '[0-9.]* µs each' "$out/client" | cut -d' ' -f1
+}
+
+ratios=()
+for r in $(seq 1 "$ROUNDS"); do
+    bare=$(pingpong udp_bare_pingpong)
+    roce=$(pingpong udp_pingpong)
+    ratio=$(awk -v a="$roce" -v b="$bare" 'BEGIN {printf "%.2f", a / b}')
+    ratios+=("$ratio")
+    echo "round $r: $SIZE-byte round trip: bare UDP $bare µs, shmhca RoCEv2 $roce µs, ratio $ratio"
+done
+printf '%s\n' "${ratios[@]}" | sort -g | awk -v n="$ROUNDS" '{a[NR]=$1} END {printf "ratio median %s (%s-%s) over %d rounds (target le 1.3: %s)\n", a[int((NR+1)/2)], a[1], a[NR], n, (a[int((NR+1)/2)] <= 1.3 ? "met" : "NOT met")}'

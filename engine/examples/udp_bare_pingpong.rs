@@ -1,0 +1,127 @@
+//! The bare line for `udp_pingpong`: the same ping-pong with plain UDP datagrams between
+//! the same two addresses, no RC transport. The server echoes each datagram; the client
+//! sends one, waits (blocking) for its echo, checks it, and reports the mean round trip.
+//! `bench/scripts/compare_udp.sh` runs both in paired rounds (issue 28's target: shmhca's
+//! round trip within 1.3x of this one).
+//!
+//! ```text
+//! server$ cargo run --release -p shmhca --example udp_bare_pingpong -- 198.18.0.1
+//! client$ cargo run --release -p shmhca --example udp_bare_pingpong -- 198.18.0.2 198.18.0.1
+//! ```
+//!
+//! The first argument is this host's address, the second, on the client, the server's.
+//! Options after them: `--size BYTES` (default 64, at most 65,000), `--iters N` (default
+//! 10,000), `--port P` (default 18516: not RoCEv2's 4791, which shmhca's port may hold).
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+fn die(msg: &str) -> ! {
+    eprintln!("udp_bare_pingpong: {msg}");
+    std::process::exit(1)
+}
+
+/// The command line.
+struct Args {
+    local: IpAddr,
+    server: Option<IpAddr>,
+    size: usize,
+    iters: u32,
+    port: u16,
+}
+
+fn parse() -> Args {
+    let mut args = Args {
+        local: IpAddr::from([0, 0, 0, 0]),
+        server: None,
+        size: 64,
+        iters: 10_000,
+        port: 18516,
+    };
+    let mut addrs = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> u64 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| die(&format!("{name} needs a number")))
+        };
+        match a.as_str() {
+            "--size" => args.size = value("--size") as usize,
+            "--iters" => args.iters = u32::try_from(value("--iters")).unwrap_or(u32::MAX),
+            "--port" => {
+                args.port =
+                    u16::try_from(value("--port")).unwrap_or_else(|_| die("--port: 1 to 65535"))
+            }
+            _ => addrs.push(
+                a.parse::<IpAddr>()
+                    .unwrap_or_else(|_| die(&format!("{a}: not an IP address or an option"))),
+            ),
+        }
+    }
+    match addrs[..] {
+        [local] => args.local = local,
+        [local, server] => (args.local, args.server) = (local, Some(server)),
+        _ => die("give this host's address, and on the client the server's"),
+    }
+    if !(1..=65_000).contains(&args.size) || args.iters == 0 {
+        die("--size is 1 to 65000 bytes, --iters at least 1");
+    }
+    args
+}
+
+fn main() {
+    let a = parse();
+    let sock = UdpSocket::bind(SocketAddr::new(a.local, a.port))
+        .unwrap_or_else(|e| die(&format!("binding {}:{}: {e}", a.local, a.port)));
+    let mut buf = vec![0u8; 65_536];
+    let Some(server) = a.server else {
+        // The server: echo every datagram to where it came from (bounded: it stops after
+        // 10 s without one, or after the client's `iters` + warm-up).
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap_or_else(|e| die(&format!("{e}")));
+        println!("echoing on {}:{}", a.local, a.port);
+        for _ in 0..u64::from(a.iters) + 1_000 {
+            let Ok((n, from)) = sock.recv_from(&mut buf) else {
+                return;
+            };
+            if sock.send_to(&buf[..n], from).is_err() {
+                die("sending an echo failed");
+            }
+        }
+        return;
+    };
+    let to = SocketAddr::new(server, a.port);
+    sock.set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap_or_else(|e| die(&format!("{e}")));
+    let mut msg = vec![0u8; a.size];
+    let mut round = |i: u32| {
+        let k = a.size.min(4);
+        msg[..k].copy_from_slice(&i.to_le_bytes()[..k]);
+        if sock.send_to(&msg, to).is_err() {
+            die("sending failed");
+        }
+        match sock.recv_from(&mut buf) {
+            Ok((n, _)) if n == a.size && buf[..n] == msg[..] => {}
+            Ok((n, _)) => die(&format!("round {i}: an echo of {n} bytes that differs")),
+            Err(e) => die(&format!(
+                "round {i}: no echo within 2 s ({e}); is the server up?"
+            )),
+        }
+    };
+    // Warm-up, then the measured rounds.
+    for i in 0..100 {
+        round(i);
+    }
+    let start = Instant::now();
+    for i in 0..a.iters {
+        round(i);
+    }
+    let took = start.elapsed();
+    println!(
+        "{} round trips of {} bytes: {:.2} µs each",
+        a.iters,
+        a.size,
+        took.as_secs_f64() * 1e6 / f64::from(a.iters)
+    );
+}
