@@ -2,11 +2,11 @@
 //! them: the sender keeps a window of `WINDOW` Sends outstanding, posting one at a time
 //! (a one-entry gather list over a buffer registered with `ibv_reg_mr`), a completion asked
 //! for every 100th (perftest's default `cq_mod`); both sides poll up to 16 completions at
-//! a time (perftest's `CTX_POLL_BATCH`), the receiver until its CQ is empty, reposting each
-//! receive as it completes. Two contexts of this process, both engines inline and driven from this one
-//! thread: under callgrind it counts the instructions per message of the C layer and the
-//! message-rate path together, beside the Rust API's `inline_stream` (see
-//! `bench/scripts/instructions.sh`). Arguments: messages (default 1,000,000) and message
+//! a time (perftest's `CTX_POLL_BATCH`), the receiver until its CQ is empty, reposting
+//! each receive as it completes. Two contexts of this process, both engines inline and
+//! driven from this one thread: under callgrind it counts the instructions per message of
+//! the C layer and the message-rate path together, beside the Rust API's `inline_stream`
+//! (see `bench/scripts/instructions.sh`). Arguments: messages (default 1,000,000) and message
 //! size in bytes (default 8, at most 2,048).
 //!
 //! ```sh

@@ -188,7 +188,10 @@ fn op_of(w: &ibv_send_wr) -> Result<SendOp, c_int> {
     // SAFETY: as above.
     let atomic = unsafe { w.wr.atomic };
     // SAFETY: as above (imm_data and invalidate_rkey share 4 bytes).
-    let imm = unsafe { w.__bindgen_anon_1.imm_data };
+    let raw = unsafe { w.__bindgen_anon_1.imm_data };
+    // Immediate data is `__be32`: the program's bytes are the wire's, and the Rust API's
+    // immediate is the value they encode. An R_Key (`invalidate_rkey`) is host order.
+    let imm = u32::from_be(raw);
     let remote = RemoteAddr {
         addr: rdma.remote_addr,
         rkey: rdma.rkey,
@@ -200,7 +203,7 @@ fn op_of(w: &ibv_send_wr) -> Result<SendOp, c_int> {
     Ok(match w.opcode {
         IBV_WR_SEND => SendOp::Send,
         IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(imm),
-        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv(imm),
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv(raw),
         IBV_WR_RDMA_WRITE => SendOp::RdmaWrite(remote),
         IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(remote, imm),
         IBV_WR_RDMA_READ => SendOp::RdmaRead(remote),
@@ -213,7 +216,7 @@ fn op_of(w: &ibv_send_wr) -> Result<SendOp, c_int> {
             remote: aremote,
             add: atomic.compare_add,
         },
-        IBV_WR_LOCAL_INV => SendOp::LocalInv(imm),
+        IBV_WR_LOCAL_INV => SendOp::LocalInv(raw),
         IBV_WR_BIND_MW => {
             // SAFETY: the bind member, selected by the opcode.
             let b = unsafe { w.__bindgen_anon_2.bind_mw };
@@ -416,7 +419,8 @@ fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     let mut imm = 0;
     if let Some(i) = w.imm_data {
         flags |= IBV_WC_WITH_IMM;
-        imm = i;
+        // `__be32`, as the program reads it (an invalidated R_Key below is host order).
+        imm = i.to_be();
     }
     if let Some(k) = w.invalidated_rkey {
         flags |= IBV_WC_WITH_INV;

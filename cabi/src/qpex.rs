@@ -94,7 +94,8 @@ unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
 }
 unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: __be32) {
     guard("ibv_wr_send_imm", (), || {
-        begin(qp, SendOp::SendWithImm(imm))
+        // `__be32`: the Rust API's immediate is the value the bytes encode.
+        begin(qp, SendOp::SendWithImm(u32::from_be(imm)))
     })
 }
 unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
@@ -109,7 +110,10 @@ unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
 }
 unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: __be32) {
     guard("ibv_wr_rdma_write_imm", (), || {
-        begin(qp, SendOp::RdmaWriteWithImm(RemoteAddr { addr, rkey }, imm))
+        begin(
+            qp,
+            SendOp::RdmaWriteWithImm(RemoteAddr { addr, rkey }, u32::from_be(imm)),
+        )
     })
 }
 unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {

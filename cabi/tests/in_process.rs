@@ -400,6 +400,71 @@ fn a_poll_of_several_fills_the_array_in_order() {
     }
 }
 
+/// Immediate data is `__be32` in verbs: the 4 bytes the program stores (`htonl(x)`) are the
+/// bytes on the wire, as a NIC sends them, and come back unchanged in the receiver's
+/// `ibv_wc` — through `ibv_post_send` and through `ibv_wr_send_imm`. (The Rust API's
+/// immediate is the host-order value, the same wire bytes.) An invalidated R_Key is host
+/// order, as verbs has it.
+#[test]
+fn immediate_data_travels_in_network_order() {
+    let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+    let a = side(access, false);
+    let b = side(access, false);
+    connect(&a, &b);
+    let pcap = std::env::temp_dir().join(format!("shmhca-imm-{}.pcap", std::process::id()));
+    // SAFETY: our context.
+    unsafe { ctx_of(a.ctx).unwrap() }
+        .ctx
+        .trace_to(&pcap)
+        .unwrap();
+    let post_send = ops(a.ctx).post_send.unwrap();
+    let post_recv = ops(b.ctx).post_recv.unwrap();
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        for i in 0..2u64 {
+            let mut rl = [sge(&b, 0, 64)];
+            let mut r: ibv_recv_wr = std::mem::zeroed();
+            r.wr_id = i;
+            r.sg_list = rl.as_mut_ptr();
+            r.num_sge = 1;
+            let mut bad = ptr::null_mut();
+            assert_eq!(post_recv(b.qp, &mut r, &mut bad), 0);
+        }
+        // ibv_post_send, then the qp_ex path.
+        let mut sl = [sge(&a, 0, 4)];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND_WITH_IMM, IBV_SEND_SIGNALED);
+        w.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
+        let mut bad = ptr::null_mut();
+        assert_eq!(post_send(a.qp, &mut w, &mut bad), 0);
+        let qx = ibv_qp_to_qp_ex(a.qp);
+        let x = &mut *qx;
+        (x.wr_start.unwrap())(qx);
+        x.wr_id = 8;
+        x.wr_flags = IBV_SEND_SIGNALED;
+        (x.wr_send_imm.unwrap())(qx, 0x9abc_def0u32.to_be());
+        (x.wr_set_sge.unwrap())(qx, (*a.mr).lkey, a.buf.as_ptr() as u64, 4);
+        assert_eq!((x.wr_complete.unwrap())(qx), 0);
+        for want in [0x1234_5678u32, 0x9abc_def0] {
+            let wb = poll(&b);
+            assert_eq!((wb.status, wb.opcode), (IBV_WC_SUCCESS, IBV_WC_RECV));
+            assert!(wb.wc_flags & IBV_WC_WITH_IMM != 0);
+            assert_eq!(u32::from_be(wb.__bindgen_anon_1.imm_data), want);
+        }
+        poll(&a);
+        poll(&a);
+    }
+    // SAFETY: our context.
+    unsafe { ctx_of(a.ctx).unwrap() }.ctx.stop_trace();
+    let bytes = std::fs::read(&pcap).unwrap();
+    let _ = std::fs::remove_file(&pcap);
+    let has = |v: [u8; 4]| bytes.windows(4).any(|w| w == v);
+    assert!(
+        has([0x12, 0x34, 0x56, 0x78]) && has([0x9a, 0xbc, 0xde, 0xf0]),
+        "the immediates' bytes on the wire are the program's"
+    );
+    assert!(!has([0x78, 0x56, 0x34, 0x12]) && !has([0xf0, 0xde, 0xbc, 0x9a]));
+}
+
 #[test]
 fn null_and_foreign_pointers_are_refused() {
     // SAFETY: null pointers, which every entry point checks.

@@ -284,17 +284,20 @@ impl Device {
 
     /// Runs `f` on the engine now, from a post, if the application's own calls run the
     /// engine and it is free: in inline mode on any thread; in poll mode while the engine
-    /// thread has stepped back for a busy-polling application, on the thread that owns
-    /// the token (the one whose polls drive it) — another thread's post never revokes
-    /// that bias (a `membarrier` per post) and goes the ring's way instead. `None` when
-    /// the caller must queue its work for the engine.
+    /// thread has stepped back for a busy-polling application, on the thread that owns the
+    /// token (the one whose polls drive it), so that another thread's post does not revoke
+    /// that bias (a `membarrier`) — it queues its work instead (a Send's doorbell then
+    /// still runs the engine through [`Device::notify`], as it always did). Where there is
+    /// no `membarrier` the token has no owner, and any thread takes it (a compare and swap,
+    /// nothing to revoke). `None` when the caller must queue its work for the engine.
     #[inline(always)]
     pub(crate) fn run_for_post<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> Option<R> {
         let inline = self.mode == EngineMode::Inline;
         if !inline && self.app_drives.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        self.engine.try_with_if(inline, f)
+        self.engine
+            .try_with_if(inline || !crate::engine::cell::barrier_available(), f)
     }
 
     /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the

@@ -7,7 +7,7 @@
 //! engine:
 //!
 //! - the WQEs the application posts, taken from the send ring (`fetch`) or posted
-//!   directly in inline mode (`post`);
+//!   directly by a post that may run the engine (`post`);
 //! - the template path (`post_fast`): a single-packet request on an idle QP,
 //!   its header written from the QP's template straight into the link's next slot — the
 //!   link's fast path, checked against the general one by the engine's `fast_tests`;
@@ -46,13 +46,13 @@ pub(crate) fn fetch(qp: &mut QpSlot) {
     }
 }
 
-/// Appends a WQE to the window (from the send ring, or posted directly in inline mode);
+/// Appends a WQE to the window (from the send ring, or posted directly);
 /// the window has room (the application never has more than `max_send_wr` outstanding).
 pub(crate) fn accept(qp: &mut QpSlot, w: SqWqe) {
     qp.proto.req.accept(w, qp.proto.cfg.path_mtu.bytes());
 }
 
-/// Takes a WQE posted directly (inline mode) and sends what the QP can send now, up to
+/// Takes a WQE posted directly (`Device::run_for_post`) and sends what the QP can send now, up to
 /// `budget` packets; returns how many were queued (as [`transmit`]). A single-packet Send
 /// or Write whose payload fits the slot, posted on an idle QP, takes the template path
 /// ([`post_fast`]); anything else is queued and sent by [`transmit`].

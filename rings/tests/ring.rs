@@ -154,6 +154,24 @@ fn bursts<S: Storage<u64>>(mut p: Producer<u64, S>, mut c: Consumer<u64, S>) {
     assert_eq!(c.pop_each(100, |v| seen.push(v)).unwrap(), 8);
     assert_eq!(seen, (0..11).collect::<Vec<u64>>());
     assert_eq!(c.pop_each(100, |v| seen.push(v)).unwrap(), 0, "empty");
+    // A panic in the callback: the values it returned from are gone, the one it panicked
+    // on comes again.
+    assert_eq!(p.push_burst(&values[11..15]).unwrap(), 4);
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.pop_each(4, |v| {
+            assert_ne!(v, 13, "a callback that fails on 13");
+            seen.push(v);
+        })
+    }));
+    assert!(got.is_err());
+    assert_eq!(&seen[11..], &[11, 12]);
+    assert_eq!(
+        p.free_slots().unwrap(),
+        6,
+        "11 and 12 released, 13 and 14 not"
+    );
+    assert_eq!(c.pop_each(4, |v| seen.push(v)).unwrap(), 2);
+    assert_eq!(&seen[11..], &[11, 12, 13, 14]);
 }
 
 fn chunks<S: Storage<u64>>(mut p: Producer<u64, S>, mut c: Consumer<u64, S>) {

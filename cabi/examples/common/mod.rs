@@ -44,7 +44,9 @@ pub(crate) struct Side {
 
 /// Exits with `msg` and status 1 (an example, not a library: nothing to recover).
 pub(crate) fn die(msg: &str) -> ! {
-    eprintln!("verbs_pingpong: {msg}");
+    let name = std::env::args().next().unwrap_or_default();
+    let name = name.rsplit('/').next().unwrap_or("verbs example");
+    eprintln!("{name}: {msg}");
     std::process::exit(1);
 }
 

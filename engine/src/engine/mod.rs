@@ -657,14 +657,15 @@ impl Engine {
             })
     }
 
-    /// Sends what was just posted on QP `index` right away (inline mode): fetches its new
+    /// Sends what was just posted on QP `index` right away (a post that may run the
+    /// engine, see `Device::notify`): fetches its new
     /// WQEs, runs its SQ Logic (and sends any response waiting) and publishes its link —
     /// without the rest of a poll iteration, which the next [`Engine::poll`] does.
     pub(crate) fn send_now(&mut self, index: u32) {
         self.send_with(index, None);
     }
 
-    /// Takes a WQE posted directly (inline mode: no trip through the send ring) and sends
+    /// Takes a WQE posted directly (`Device::run_for_post`: no trip through the send ring) and sends
     /// it now, after any WQEs still in the ring so that the posted order holds (a
     /// single-packet post on an idle QP straight into the link's slot: see
     /// [`requester::post`]). Returns false if the QP is gone.

@@ -38,12 +38,14 @@ pub(crate) fn split_user_off(off: u64) -> Option<(u32, u64)> {
 /// Two words, so that neither a post under the engine token nor a retire needs a locked
 /// instruction: the region's count is `held + posted` (wrapping).
 ///
-/// * `posted` counts the elements posted *outside* the token (poll mode, or an inline
-///   engine busy on another thread): any thread may post, so it is a `fetch_add`, made
+/// * `posted` counts the elements posted *outside* the token (an engine thread running, or
+///   the engine busy on another thread): any thread may post, so it is a `fetch_add`, made
 ///   before the WQE is published.
 /// * `held` is written only by the token's holder, with a plain load and store: `+1` per
-///   element posted under the token (inline mode: `Qp::post_send` hands its WQE straight to
-///   the engine, `post_recv` counts under the owner's fast path), `−1` per element retired
+///   element posted under the token (`Device::run_for_post`: inline mode, or poll mode
+///   with the engine thread stepped back for the posting thread's polls — `Qp::post_send`
+///   hands its WQE straight to the engine, `post_recv` counts under the token), `−1` per
+///   element retired
 ///   (every retire is the engine's). It wraps below zero when elements posted outside are
 ///   retired, which the sum undoes.
 ///

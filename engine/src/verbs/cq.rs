@@ -293,3 +293,94 @@ impl std::fmt::Debug for Cq {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+    use crate::{AccessFlags, Context, EngineMode};
+    use shmhca_rings::segment::HugePages;
+
+    fn context(mode: EngineMode) -> Context {
+        Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(mode)
+            .build()
+            .unwrap()
+    }
+
+    /// `poll_each` hands completions over oldest first, never more than asked for, and
+    /// counts what it handed over; it runs the engine itself in inline mode.
+    #[test]
+    fn poll_each_hands_over_completions_in_order_up_to_max() {
+        let ctx = context(EngineMode::Inline);
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(64).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        for i in 0..5u64 {
+            b.post_recv(&RecvWr::new(100 + i, &[mr.sge(64 * i, 64).unwrap()]))
+                .unwrap();
+        }
+        for i in 0..5u32 {
+            a.post_send(&SendWr::new(
+                u64::from(i),
+                SendOp::Send,
+                &[mr.sge(1024, 8 + i).unwrap()],
+            ))
+            .unwrap();
+        }
+        let mut got = Vec::new();
+        let start = Instant::now();
+        while got.len() < 10 {
+            let mut k = 0;
+            let n = cq.poll_each(3, |wc| {
+                got.push(wc);
+                k += 1;
+            });
+            assert!(n <= 3, "at most the 3 asked for: {n}");
+            assert_eq!(n, k, "the count is what was handed over");
+            assert!(start.elapsed() < Duration::from_secs(20), "{got:?}");
+        }
+        assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+        let recvs: Vec<_> = got
+            .iter()
+            .filter(|w| w.opcode == WcOpcode::Recv)
+            .map(|w| (w.wr_id, w.byte_len))
+            .collect();
+        assert_eq!(
+            recvs,
+            (0..5).map(|i| (100 + i, 8 + i as u32)).collect::<Vec<_>>()
+        );
+        let sends: Vec<_> = got
+            .iter()
+            .filter(|w| w.opcode == WcOpcode::Send)
+            .map(|w| w.wr_id)
+            .collect();
+        assert_eq!(sends, [0, 1, 2, 3, 4]);
+        assert_eq!(cq.poll_each(8, |_| panic!("nothing is left")), 0);
+    }
+
+    /// Busy `poll_each` calls on an empty CQ count as a busy poller's, as `poll`'s do: the
+    /// poll-mode engine thread steps back for them.
+    #[test]
+    fn empty_poll_each_calls_make_the_engine_thread_step_back() {
+        let ctx = context(EngineMode::Poll { cpu: None });
+        let mut cq = ctx.create_cq(16).unwrap();
+        let start = Instant::now();
+        while ctx
+            .shared
+            .app_drives
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+        {
+            assert_eq!(cq.poll_each(16, |_| panic!("no completion")), 0);
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the engine thread never stepped back"
+            );
+        }
+    }
+}

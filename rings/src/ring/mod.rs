@@ -1240,7 +1240,9 @@ impl<T: Copy, S: Storage<T>> Consumer<T, S> {
 
     /// Hands up to `max` values, oldest first, to `f` (each a private copy, read in place:
     /// no buffer of the caller's to fill first) and releases their slots with one index
-    /// store. Returns how many (0 when the ring is empty).
+    /// store. Returns how many (0 when the ring is empty). If `f` panics, the values it
+    /// returned from are released as it unwinds, and the one it panicked on is handed out
+    /// again by the next pop.
     ///
     /// # Errors
     ///
@@ -1260,14 +1262,31 @@ impl<T: Copy, S: Storage<T>> Consumer<T, S> {
     /// ```
     #[inline(always)]
     pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> Result<usize, LinkBroken> {
-        let n = max.min(self.available_for(max)?);
-        if n > 0 {
-            for i in 0..n as u64 {
-                // SAFETY: n slots are published from `head`; we are the only consumer, and
-                // release none of them before the last is read.
-                f(unsafe { self.storage.read_slot(self.head.wrapping_add(i)) });
+        /// Releases the values handed over so far when dropped: at the end, or as `f`
+        /// unwinds.
+        struct Release<'c, T: Copy, S: Storage<T>> {
+            consumer: &'c mut Consumer<T, S>,
+            done: u64,
+        }
+        impl<T: Copy, S: Storage<T>> Drop for Release<'_, T, S> {
+            fn drop(&mut self) {
+                if self.done > 0 {
+                    let head = self.consumer.head.wrapping_add(self.done);
+                    self.consumer.publish_head(head);
+                }
             }
-            self.publish_head(self.head.wrapping_add(n as u64));
+        }
+        let n = max.min(self.available_for(max)?);
+        let mut release = Release {
+            consumer: self,
+            done: 0,
+        };
+        while release.done < n as u64 {
+            let at = release.consumer.head.wrapping_add(release.done);
+            // SAFETY: n slots are published from `head`; we are the only consumer, and
+            // release none of them before it has been read and handed over.
+            f(unsafe { release.consumer.storage.read_slot(at) });
+            release.done += 1;
         }
         Ok(n)
     }
