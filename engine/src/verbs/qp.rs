@@ -422,7 +422,6 @@ impl Qp {
     /// result buffer without `LOCAL_WRITE`, a message above 2 GiB, Reads/Atomics with an
     /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
     /// protection domain. Nothing is posted on error.
-    #[inline]
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
         // The WQE is handed on where `prepare_send` built it (not moved out of the Result
         // first: a copy of every field on each post).
