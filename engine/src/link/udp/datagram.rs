@@ -18,11 +18,12 @@
 //! of the transport packet; appended least-significant byte first. The IP header is
 //! rebuilt from what a UDP socket knows: the two addresses, the lengths, and — for IPv4 —
 //! an IP ID of 0 and DF, what Linux sends for a DF datagram from an unconnected socket
-//! (see [`super::socket`]). (The codec in `proto/` will take this over; the IPv4 variant
-//! is the capture's, [`crate::trace::roce::icrc`].)
+//! (see [`super::socket`]); a received IPv4 packet with another ID is accepted if one ID
+//! makes its ICRC right ([`shmhca_proto::roce::solve_ipv4_id`]). The CRC is the protocol
+//! crate's codec, [`shmhca_proto::roce::Icrc`], the capture's too.
 #![forbid(unsafe_code)]
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{SocketAddr, SocketAddrV6};
 
 use crate::mem::Mem;
 use crate::wire::bth;
@@ -33,80 +34,48 @@ use crate::wire::slot::{
 use shmhca_proto::wire::opcode::info_of_code;
 
 /// Bytes of the ICRC trailer.
-pub(crate) const ICRC_LEN: usize = 4;
+pub(crate) const ICRC_LEN: usize = shmhca_proto::roce::ICRC_LEN;
 /// The largest payload of one packet (the largest path MTU).
 pub(crate) const MAX_PAYLOAD: usize = 4096;
 /// The fewest bytes of a RoCEv2 UDP payload: a BTH and the ICRC.
 pub(crate) const MIN_DATAGRAM: usize = bth::HEADER_LEN + ICRC_LEN;
 
-const IPV4_HEADER_LEN: usize = 20;
-const IPV6_HEADER_LEN: usize = 40;
-const UDP_HEADER_LEN: usize = 8;
-const IP_PROTO_UDP: u8 = 17;
-
 /// The ICRC of a RoCEv2 packet from `src` to `dst` whose UDP payload (ICRC excluded) is
-/// `transport`, given in pieces (headers, payload, pad). For IPv4 the IP ID is 0 and DF
-/// is set (see the module docs). Both addresses must be of one family; a mixed pair (which
-/// no socket sends) is computed as IPv6 with the IPv4 address mapped.
-pub(crate) fn icrc(src: SocketAddr, dst: SocketAddr, transport: &[&[u8]]) -> u32 {
+/// `transport`, given in pieces (headers, payload, pad): the protocol crate's codec
+/// ([`shmhca_proto::roce::Icrc`]) over the pseudo-header, its bulk through the engine's
+/// fast CRC-32. For IPv4 the IP ID is `ip_id` and DF is set (see the module docs). Both
+/// addresses must be of one family; a mixed pair (which no socket sends) is computed as
+/// IPv6 with the IPv4 address mapped. `None` for a transport packet shorter than a BTH or
+/// longer than an IP datagram holds.
+pub(crate) fn icrc_with_id(
+    src: SocketAddr,
+    dst: SocketAddr,
+    ip_id: u16,
+    transport: &[&[u8]],
+) -> Option<u32> {
+    use shmhca_proto::roce::Icrc;
     let transport_len: usize = transport.iter().map(|p| p.len()).sum();
-    let udp_len = (UDP_HEADER_LEN + transport_len + ICRC_LEN) as u16;
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xFF; 8]);
-    match (src.ip(), dst.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let mut ip = [0u8; IPV4_HEADER_LEN];
-            ip[0] = 0x45;
-            ip[1] = 0xFF; // TOS, masked
-            ip[2..4].copy_from_slice(&(IPV4_HEADER_LEN as u16 + udp_len).to_be_bytes());
-            // ID 0, flags DF, fragment offset 0.
-            ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
-            ip[8] = 0xFF; // TTL, masked
-            ip[9] = IP_PROTO_UDP;
-            ip[10] = 0xFF; // checksum, masked
-            ip[11] = 0xFF;
-            ip[12..16].copy_from_slice(&s.octets());
-            ip[16..20].copy_from_slice(&d.octets());
-            h.update(&ip);
-        }
+    let mut h = match (src, dst) {
+        (SocketAddr::V4(s), SocketAddr::V4(d)) => Icrc::ipv4(s, d, ip_id, transport_len),
         (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
+            let v6 = |a: SocketAddr| match a {
+                SocketAddr::V4(a) => SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0),
+                SocketAddr::V6(a) => a,
             };
-            let mut ip = [0u8; IPV6_HEADER_LEN];
-            // Version 6; traffic class and flow label masked.
-            ip[0..4].copy_from_slice(&[0x6F, 0xFF, 0xFF, 0xFF]);
-            ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
-            ip[6] = IP_PROTO_UDP;
-            ip[7] = 0xFF; // hop limit, masked
-            ip[8..24].copy_from_slice(&v6(s).octets());
-            ip[24..40].copy_from_slice(&v6(d).octets());
-            h.update(&ip);
+            Icrc::ipv6(v6(s), v6(d), transport_len)
         }
     }
-    let mut udp = [0u8; UDP_HEADER_LEN];
-    udp[0..2].copy_from_slice(&src.port().to_be_bytes());
-    udp[2..4].copy_from_slice(&dst.port().to_be_bytes());
-    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-    udp[6] = 0xFF; // checksum, masked
-    udp[7] = 0xFF;
-    h.update(&udp);
-    // The BTH's resv8a (byte 4) is masked; it may straddle pieces.
-    let mut at = 0usize;
+    .ok()?;
     for piece in transport {
-        let range = at..at + piece.len();
-        if range.contains(&4) {
-            let k = 4 - at;
-            h.update(&piece[..k]);
-            h.update(&[0xFF]);
-            h.update(&piece[k + 1..]);
-        } else {
-            h.update(piece);
-        }
-        at = range.end;
+        h.update_with(piece, crate::trace::roce::crc32);
     }
-    h.finalize()
+    Some(h.finish())
+}
+
+/// [`icrc_with_id`] with IP ID 0, what this link sends (Linux's ID for a DF datagram from
+/// an unconnected socket).
+pub(crate) fn icrc(src: SocketAddr, dst: SocketAddr, transport: &[&[u8]]) -> Option<u32> {
+    icrc_with_id(src, dst, 0, transport)
 }
 
 /// Why a staged packet could not be written as a datagram (the engine wrote it, so this
@@ -189,7 +158,7 @@ pub(crate) fn encode(
     }
     let body = hdr_len + len;
     out[body..body + pad].fill(0);
-    let crc = icrc(src, dst, &[&out[..body + pad]]);
+    let crc = icrc(src, dst, &[&out[..body + pad]]).ok_or(EncodeError::Malformed)?;
     out[body + pad..total].copy_from_slice(&crc.to_le_bytes());
     Ok(total)
 }
@@ -249,7 +218,14 @@ pub(crate) fn decode(
         bytes[body + 2],
         bytes[body + 3],
     ]);
-    if icrc(src, dst, &[&bytes[..body]]) != carried {
+    let with_id_zero = icrc(src, dst, &[&bytes[..body]]).ok_or(DecodeError::Malformed)?;
+    // IP ID 0 is what Linux (and this link) sends with DF; a peer that sends another ID
+    // covers it with its ICRC, which a UDP socket cannot see: solve for the one ID that
+    // makes the ICRC right (the CRC is affine in the ID's 16 bits), if there is one.
+    if with_id_zero != carried
+        && !(src.is_ipv4()
+            && shmhca_proto::roce::solve_ipv4_id(with_id_zero, carried, body).is_some())
+    {
         return Err(DecodeError::Icrc);
     }
     let mut slot = PacketSlot {
@@ -313,7 +289,7 @@ mod tests {
         // The capture derives its source port from the QP: use the same one.
         let sport = u16::from_be_bytes([framing[34], framing[35]]);
         assert_eq!(sport, 0xD012);
-        let ours = icrc(v4(&format!("10.0.0.1:{sport}")), dst, &[&t]);
+        let ours = icrc(v4(&format!("10.0.0.1:{sport}")), dst, &[&t]).unwrap();
         let theirs = crate::trace::roce::icrc(
             framing[14..34].try_into().unwrap(),
             framing[34..42].try_into().unwrap(),
@@ -321,7 +297,7 @@ mod tests {
         );
         assert_eq!(ours, theirs);
         // And the port is part of it.
-        assert_ne!(icrc(src, dst, &[&t]), theirs);
+        assert_ne!(icrc(src, dst, &[&t]).unwrap(), theirs);
     }
 
     #[test]
@@ -329,16 +305,59 @@ mod tests {
         let (s, d) = (v4("198.18.0.1:4791"), "[fd00::2]:4791".parse().unwrap());
         let mut t = send_headers(1).to_vec();
         t.extend_from_slice(&[1, 2, 3, 0]);
-        let whole = icrc(s, d, &[&t]);
+        let whole = icrc(s, d, &[&t]).unwrap();
         for cut in 0..t.len() {
-            assert_eq!(icrc(s, d, &[&t[..cut], &t[cut..]]), whole, "cut {cut}");
+            assert_eq!(
+                icrc(s, d, &[&t[..cut], &t[cut..]]).unwrap(),
+                whole,
+                "cut {cut}"
+            );
         }
         // resv8a (byte 4) does not count, byte 3 does.
         let mut u = t.clone();
         u[4] ^= 0xC0;
-        assert_eq!(icrc(s, d, &[&u]), whole);
+        assert_eq!(icrc(s, d, &[&u]).unwrap(), whole);
         u[3] ^= 1;
-        assert_ne!(icrc(s, d, &[&u]), whole);
+        assert_ne!(icrc(s, d, &[&u]).unwrap(), whole);
+    }
+
+    /// A peer that sends an IPv4 ID other than 0 covers it with its ICRC, which the socket
+    /// cannot see: the datagram is accepted (the one ID that fits is solved for), every
+    /// single-bit error in it is still caught, and an IPv6 packet has no ID to solve for.
+    #[test]
+    fn a_nonzero_ipv4_id_is_solved_for_and_errors_are_still_caught() {
+        let (s, d) = (v4("198.18.0.1:49200"), v4("198.18.0.2:4791"));
+        let mut t = send_headers(2).to_vec();
+        t.extend_from_slice(b"hello!\0\0");
+        for id in [1u16, 0x1234, 0xFFFF] {
+            let crc = icrc_with_id(s, d, id, &[&t]).unwrap();
+            assert_ne!(Some(crc), icrc(s, d, &[&t]), "the ID is covered");
+            let mut dgram = t.clone();
+            dgram.extend_from_slice(&crc.to_le_bytes());
+            let got = decode(&dgram, s, d, 0).unwrap();
+            assert_eq!(&got.data[12..18], b"hello!");
+            for byte in 0..dgram.len() {
+                if byte == 4 {
+                    continue; // resv8a: masked
+                }
+                for bit in 0..8 {
+                    let mut bad = dgram.clone();
+                    bad[byte] ^= 1 << bit;
+                    assert!(
+                        decode(&bad, s, d, 0).is_err(),
+                        "id {id} byte {byte} bit {bit}"
+                    );
+                }
+            }
+        }
+        let (s6, d6) = (
+            "[fd00::1]:49200".parse().unwrap(),
+            "[fd00::2]:4791".parse().unwrap(),
+        );
+        let crc = icrc_with_id(s, d, 0x1234, &[&t]).unwrap();
+        let mut dgram = t.clone();
+        dgram.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(err(decode(&dgram, s6, d6, 0)), Some(DecodeError::Icrc));
     }
 
     #[test]
