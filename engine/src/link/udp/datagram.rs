@@ -186,6 +186,41 @@ pub(crate) enum DecodeError {
     Malformed,
     /// The ICRC does not match.
     Icrc,
+    /// A Congestion Notification Packet (opcode 0x81, RoCEv2 annex A17.9): a peer's notice
+    /// that this side's packets met congestion (ECN-marked on the way). Checked and counted;
+    /// shmhca does not yet slow down for it (no reaction point), and it is never a protocol
+    /// error.
+    Cnp,
+}
+
+/// The CNP opcode (RoCEv2 annex: CNX transport, its one opcode).
+pub(crate) const OPCODE_CNP: u8 = 0x81;
+/// A CNP's transport packet: the BTH and 16 reserved bytes (then the ICRC).
+const CNP_LEN: usize = bth::HEADER_LEN + 16;
+
+/// What a datagram with the CNP opcode is: [`DecodeError::Cnp`] if it has a CNP's length and
+/// a good ICRC, else malformed or a bad ICRC like any other.
+fn check_cnp(bytes: &[u8], src: SocketAddr, dst: SocketAddr) -> DecodeError {
+    if bytes.len() != CNP_LEN + ICRC_LEN {
+        return DecodeError::Malformed;
+    }
+    let carried = u32::from_le_bytes([
+        bytes[CNP_LEN],
+        bytes[CNP_LEN + 1],
+        bytes[CNP_LEN + 2],
+        bytes[CNP_LEN + 3],
+    ]);
+    match icrc(src, dst, &[&bytes[..CNP_LEN]]) {
+        Some(c)
+            if c == carried
+                || (src.is_ipv4()
+                    && shmhca_proto::roce::solve_ipv4_id(c, carried, CNP_LEN).is_some()) =>
+        {
+            DecodeError::Cnp
+        }
+        Some(_) => DecodeError::Icrc,
+        None => DecodeError::Malformed,
+    }
 }
 
 /// Checks the datagram `bytes` (a RoCEv2 UDP payload from `src` to `dst`) and builds the
@@ -200,6 +235,9 @@ pub(crate) fn decode(
 ) -> Result<PacketSlot, DecodeError> {
     if bytes.len() < MIN_DATAGRAM {
         return Err(DecodeError::Malformed);
+    }
+    if bytes[0] == OPCODE_CNP {
+        return Err(check_cnp(bytes, src, dst));
     }
     let info = info_of_code(bytes[0]).ok_or(DecodeError::Malformed)?;
     let hdr_len = info.header_len();
@@ -429,8 +467,24 @@ mod tests {
         p.truncate(16);
         p[1] = 3 << 4;
         assert!(decode(&p, s, d, 0).is_err());
-        // CNP (0x81) and other unknown opcodes.
-        for op in [0x81u8, 0x15, 0xFF] {
+        // A CNP: counted as one when it is one (length, ICRC), else malformed or a bad
+        // ICRC like anything else.
+        let mut cnp = vec![0u8; CNP_LEN];
+        cnp[0] = OPCODE_CNP;
+        cnp[5..8].copy_from_slice(&[0, 0, 0x12]);
+        let crc = icrc(s, d, &[&cnp]).unwrap();
+        cnp.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(err(decode(&cnp, s, d, 0)), Some(DecodeError::Cnp));
+        let mut bad = cnp.clone();
+        bad[20] ^= 1;
+        assert_eq!(err(decode(&bad, s, d, 0)), Some(DecodeError::Icrc));
+        assert_eq!(
+            err(decode(&cnp[..CNP_LEN], s, d, 0)),
+            Some(DecodeError::Malformed),
+            "too short for a CNP"
+        );
+        // Unknown opcodes.
+        for op in [0x15u8, 0xFF] {
             let mut b = vec![0u8; 64];
             b[0] = op;
             assert_eq!(

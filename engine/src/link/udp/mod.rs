@@ -53,11 +53,10 @@
 //!
 //! * One source port (4791) for every QP: per-QP source ports for ECMP need a socket per
 //!   port or a raw socket.
-//! * IPv4 peers must send IP ID 0 (Linux's choice for DF datagrams from unconnected
-//!   sockets); solving the ICRC for the ID is the codec's (branch roce-codec).
-//! * No GID table, no MTU from the interface, no TTL/traffic class from the QP, no CNP
-//!   handling (opcode 0x81 is dropped as malformed and counted), no MigReq/credit-code
-//!   quirks of real peers: issue 28's later items.
+//! * No GID table, no MTU from the interface, no TTL/traffic class from the QP, no reaction
+//!   to CNPs (opcode 0x81: checked and counted in `cnps_received`): issue 28's later items.
+//!   (Peers' IPv4 IDs other than 0 are solved for; an invalid credit code lifts the credit
+//!   limit; MigReq is ignored, as the receive path never looks at it.)
 //! * The pump runs on two threads of its own, and they need a core when packets move: an
 //!   application that spins on its CQ without yielding, on a machine with as many
 //!   spinning threads as cores, holds off the pump for a scheduler time slice (measured:
@@ -97,9 +96,11 @@ pub struct UdpCounters {
     /// Received datagrams dropped because their ICRC did not check.
     pub icrc_dropped: u64,
     /// Received datagrams dropped as malformed: too short for their headers, pad or ICRC,
-    /// an opcode this HCA does not implement (CNPs included), a payload over 4096 bytes, or
-    /// truncated.
+    /// an opcode this HCA does not implement, a payload over 4096 bytes, or truncated.
     pub malformed_dropped: u64,
+    /// Congestion Notification Packets received (opcode 0x81, checked): a peer saw this
+    /// side's packets marked for congestion. Counted, not yet acted on.
+    pub cnps_received: u64,
     /// Received datagrams dropped because no link of this port has their source address.
     pub unknown_source_dropped: u64,
     /// Datagrams the kernel refused for good (e.g. `EMSGSIZE`: over the path MTU).
@@ -116,6 +117,7 @@ pub(crate) struct SharedCounters {
     pub(crate) datagrams_received: AtomicU64,
     pub(crate) icrc_dropped: AtomicU64,
     pub(crate) malformed_dropped: AtomicU64,
+    pub(crate) cnps_received: AtomicU64,
     pub(crate) unknown_source_dropped: AtomicU64,
     pub(crate) send_dropped: AtomicU64,
     pub(crate) encode_dropped: AtomicU64,
@@ -129,6 +131,7 @@ impl SharedCounters {
             datagrams_received: r(&self.datagrams_received),
             icrc_dropped: r(&self.icrc_dropped),
             malformed_dropped: r(&self.malformed_dropped),
+            cnps_received: r(&self.cnps_received),
             unknown_source_dropped: r(&self.unknown_source_dropped),
             send_dropped: r(&self.send_dropped),
             encode_dropped: r(&self.encode_dropped),

@@ -488,6 +488,10 @@ impl RxPump {
                     bump(&self.counters.malformed_dropped, 1);
                     continue;
                 }
+                Err(DecodeError::Cnp) => {
+                    bump(&self.counters.cnps_received, 1);
+                    continue;
+                }
             };
             match l.to_engine.reserve(1) {
                 Ok(Some(mut f)) => {

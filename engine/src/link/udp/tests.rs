@@ -278,8 +278,8 @@ fn lost_and_corrupted_datagrams_are_counted_and_recovered() {
     assert!(x.ctx.stats().retransmitted > 0, "{:?}", x.ctx.stats());
 }
 
-/// Garbage from the peer's address and from an unknown address is counted and dropped;
-/// the QPs go on working.
+/// Garbage from the peer's address and from an unknown address is counted and dropped, and
+/// so are a peer's CNPs (as CNPs); the QPs go on working.
 #[test]
 fn garbage_datagrams_are_counted_and_change_nothing() {
     let _serial = serial();
@@ -301,13 +301,22 @@ fn garbage_datagrams_are_counted_and_change_nothing() {
         from_peer.send_to(&b, to).unwrap();
     }
     stranger.send_to(&[0x04; 64], to).unwrap();
+    // Three Congestion Notification Packets from the peer: counted, nothing else.
+    let mut cnp = vec![0u8; 28];
+    cnp[0] = super::datagram::OPCODE_CNP;
+    cnp[7] = 0x12;
+    let crc = super::datagram::icrc(from_peer.local_addr().unwrap(), to, &[&cnp]).unwrap();
+    cnp.extend_from_slice(&crc.to_le_bytes());
+    for _ in 0..3 {
+        from_peer.send_to(&cnp, to).unwrap();
+    }
     // Operations still work, in both directions.
     every_operation(&mut y, &mut x, &[8, 2000]);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let c = x.port.counters();
         let bad = c.icrc_dropped + c.malformed_dropped;
-        if bad == 200 && c.unknown_source_dropped == 1 {
+        if bad == 200 && c.unknown_source_dropped == 1 && c.cnps_received == 3 {
             break;
         }
         assert!(Instant::now() < deadline, "{c:?}");
