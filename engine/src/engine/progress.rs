@@ -401,6 +401,26 @@ mod step_back_tests {
         assert!(!drives(), "a wait brings the engine thread back");
     }
 
+    /// A poll-mode context with the default idle policy.
+    fn poll_context() -> Context {
+        Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(EngineMode::Poll { cpu: None })
+            .build()
+            .unwrap()
+    }
+
+    /// Busy-polls `cq` until the engine thread has stepped back and this thread has come to
+    /// own the engine token (within `LONG` of `start`).
+    fn drive(ctx: &Context, cq: &mut crate::Cq, start: Instant) {
+        while !(ctx.shared.app_drives.load(Ordering::Relaxed) != 0 && ctx.shared.engine.is_owner())
+        {
+            cq.poll_one();
+            assert!(start.elapsed() < LONG, "this thread never came to drive");
+        }
+    }
+
     /// While the engine thread has stepped back, the application's posts run the engine as
     /// inline mode's do: a Send on an idle QP leaves by the template path before the post
     /// returns (not through the send ring for a later poll), and a receive is counted in
@@ -411,12 +431,7 @@ mod step_back_tests {
         if !crate::engine::cell::barrier_available() {
             return;
         }
-        let ctx = Context::builder()
-            .arena_size(1 << 20)
-            .huge_pages(HugePages::Never)
-            .mode(EngineMode::Poll { cpu: None })
-            .build()
-            .unwrap();
+        let ctx = poll_context();
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(256).unwrap();
         let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
@@ -457,11 +472,7 @@ mod step_back_tests {
                 start.elapsed() < LONG,
                 "the engine thread never stayed back"
             );
-            // Busy polls: the thread steps back, and this thread comes to own the token.
-            while !(drives() && ctx.shared.engine.is_owner()) {
-                cq.poll_one();
-                assert!(start.elapsed() < LONG, "this thread never came to drive");
-            }
+            drive(&ctx, &mut cq, start);
             let (sends, recvs) = (fast_posts(a.index), outside());
             b.post_recv(&RecvWr::new(i, &[mr.sge(0, 8).unwrap()]))
                 .unwrap();
@@ -501,12 +512,7 @@ mod step_back_tests {
         if !crate::engine::cell::barrier_available() {
             return;
         }
-        let ctx = Context::builder()
-            .arena_size(1 << 20)
-            .huge_pages(HugePages::Never)
-            .mode(EngineMode::Poll { cpu: None })
-            .build()
-            .unwrap();
+        let ctx = poll_context();
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(256).unwrap();
         let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
@@ -522,11 +528,7 @@ mod step_back_tests {
                 start.elapsed() < LONG,
                 "the engine thread never stayed back"
             );
-            // Busy polls: the thread steps back, and this thread comes to own the token.
-            while !(drives() && ctx.shared.engine.is_owner()) {
-                cq.poll_one();
-                assert!(start.elapsed() < LONG, "this thread never came to drive");
-            }
+            drive(&ctx, &mut cq, start);
             std::thread::scope(|s| {
                 s.spawn(|| {
                     b.post_recv(&RecvWr::new(i, &[mr.sge(0, 8).unwrap()]))
