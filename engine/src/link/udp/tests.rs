@@ -37,6 +37,11 @@ const MR_LEN: u64 = 1 << 20;
 fn end(addr: SocketAddr) -> End {
     let ctx = crate::raw_peer::inline_context();
     let port = UdpPort::bind_addr(&ctx, addr).unwrap();
+    end_on(ctx, port)
+}
+
+/// An end over `port` of `ctx`: a QP and a region of every access.
+fn end_on(ctx: Context, port: UdpPort) -> End {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).unwrap();
     let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
@@ -68,6 +73,12 @@ fn connect(me: &mut End, peer: &End, mtu: Mtu, timeout: u8) {
         .port
         .destination_at(&me.qp, peer.port.local_addr(), peer.qp.qpn())
         .unwrap();
+    bring_up(me, dest, mtu, timeout);
+}
+
+/// Takes `me`'s QP to RTS towards `dest` at path MTU `mtu`, transport timer exponent
+/// `timeout`, seven retries of each kind.
+fn bring_up(me: &mut End, dest: crate::Destination, mtu: Mtu, timeout: u8) {
     me.qp
         .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
         .unwrap();
@@ -564,48 +575,13 @@ fn two_namespaces_over_a_veth_pair() {
 fn end_in(ns: &super::socket::netns::Netns, ip: IpAddr) -> End {
     let ctx = crate::raw_peer::inline_context();
     let port = ns.run(|| UdpPort::bind(&ctx, ip)).unwrap().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).unwrap();
-    let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
-    let mr = pd
-        .alloc_mr(MR_LEN, AccessFlags::ALL | AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    End {
-        ctx,
-        port,
-        _pd: pd,
-        cq,
-        qp,
-        mr,
-    }
+    end_on(ctx, port)
 }
 
 /// [`connect`] through the public [`UdpPort::destination`] (peer at port 4791).
 fn connect_real(me: &mut End, peer: &End, peer_ip: IpAddr) {
     let dest = me.port.destination(&me.qp, peer_ip, peer.qp.qpn()).unwrap();
-    me.qp
-        .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-        .unwrap();
-    me.qp
-        .modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu1024)
-                .dest(dest)
-                .rq_psn(0)
-                .max_dest_rd_atomic(4)
-                .min_rnr_timer(1),
-        )
-        .unwrap();
-    me.qp
-        .modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(4),
-        )
-        .unwrap();
+    bring_up(me, dest, Mtu::Mtu1024, 14);
 }
 
 /// A context with an engine thread that sleeps when idle (the default policy, with a
