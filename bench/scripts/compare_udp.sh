@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # RoCEv2 over a veth pair against the bare line, in paired rounds (issue 28's target:
 # shmhca's 8-byte round trip within 1.3x of a plain UDP ping-pong between the same two
-# namespaces). Each round runs engine/examples/udp_bare_pingpong (plain datagrams, blocking
-# receive), then engine/examples/udp_pingpong (an RC Send each way over shmhca's UdpPort),
+# namespaces). Each round runs engine/examples/udp_bare_pingpong (plain datagrams; busy-polling
+# a non-blocking socket, as shmhca's inline engine polls its own: BARE=blocking for a blocking
+# receive instead), then engine/examples/udp_pingpong (an RC Send each way over shmhca's UdpPort),
 # server in one namespace and client in the other, and prints both round trips and their
 # ratio; at the end, the median (min-max) of the ratio.
 #
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
 SIZE=${SIZE:-8}
 ITERS=${ITERS:-10000}
+BARE=${BARE:-spin}
 [ "$(id -u)" = 0 ] || { echo "compare_udp.sh: needs root (network namespaces)" >&2; exit 1; }
 command -v ip >/dev/null || { echo "compare_udp.sh: needs ip (apt-get install -y iproute2)" >&2; exit 1; }
 cargo build --release -q -p shmhca --example udp_pingpong --example udp_bare_pingpong
@@ -48,13 +50,15 @@ done
 ip -n "$A" link set shmhca-cmp0 up
 ip -n "$B" link set shmhca-cmp1 up
 
-# One ping-pong: $1 = example; prints the client's microseconds per round trip.
+# One ping-pong: $1 = example, then its extra options; prints the client's microseconds per
+# round trip.
 pingpong() {
     local ex=$1
-    ip netns exec "$A" "$EX/$ex" "$IPA" --size "$SIZE" --iters "$ITERS" >"$out/server" 2>&1 &
+    shift
+    ip netns exec "$A" "$EX/$ex" "$IPA" --size "$SIZE" --iters "$ITERS" "$@" >"$out/server" 2>&1 &
     local server=$!
     sleep 0.5
-    timeout 300 ip netns exec "$B" "$EX/$ex" "$IPB" "$IPA" --size "$SIZE" --iters "$ITERS" \
+    timeout 300 ip netns exec "$B" "$EX/$ex" "$IPB" "$IPA" --size "$SIZE" --iters "$ITERS" "$@" \
         >"$out/client" 2>&1 || { echo "compare_udp.sh: $ex failed:" >&2; cat "$out/client" "$out/server" >&2; exit 1; }
     wait "$server" || true
     grep -o '[0-9.]* µs each' "$out/client" | cut -d' ' -f1
@@ -62,7 +66,11 @@ pingpong() {
 
 ratios=()
 for r in $(seq 1 "$ROUNDS"); do
-    bare=$(pingpong udp_bare_pingpong)
+    if [ "$BARE" = spin ]; then
+        bare=$(pingpong udp_bare_pingpong --spin)
+    else
+        bare=$(pingpong udp_bare_pingpong)
+    fi
     roce=$(pingpong udp_pingpong)
     ratio=$(awk -v a="$roce" -v b="$bare" 'BEGIN {printf "%.2f", a / b}')
     ratios+=("$ratio")

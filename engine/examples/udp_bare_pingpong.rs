@@ -1,6 +1,8 @@
 //! The bare line for `udp_pingpong`: the same ping-pong with plain UDP datagrams between
 //! the same two addresses, no RC transport. The server echoes each datagram; the client
-//! sends one, waits (blocking) for its echo, checks it, and reports the mean round trip.
+//! sends one, waits for its echo, checks it, and reports the mean round trip. Both wait in
+//! a blocking receive, or with `--spin` busy-poll a non-blocking socket (as shmhca's
+//! engine polls its socket: the fair line for a spinning `udp_pingpong`).
 //! `bench/scripts/compare_udp.sh` runs both in paired rounds (issue 28's target: shmhca's
 //! round trip within 1.3x of this one).
 //!
@@ -11,7 +13,8 @@
 //!
 //! The first argument is this host's address, the second, on the client, the server's.
 //! Options after them: `--size BYTES` (default 64, at most 65,000), `--iters N` (default
-//! 10,000), `--port P` (default 18516: not RoCEv2's 4791, which shmhca's port may hold).
+//! 10,000), `--port P` (default 18516: not RoCEv2's 4791, which shmhca's port may hold),
+//! `--spin`.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -28,6 +31,7 @@ struct Args {
     size: usize,
     iters: u32,
     port: u16,
+    spin: bool,
 }
 
 fn parse() -> Args {
@@ -37,6 +41,7 @@ fn parse() -> Args {
         size: 64,
         iters: 10_000,
         port: 18516,
+        spin: false,
     };
     let mut addrs = Vec::new();
     let mut it = std::env::args().skip(1);
@@ -47,6 +52,7 @@ fn parse() -> Args {
                 .unwrap_or_else(|| die(&format!("{name} needs a number")))
         };
         match a.as_str() {
+            "--spin" => args.spin = true,
             "--size" => args.size = value("--size") as usize,
             "--iters" => args.iters = u32::try_from(value("--iters")).unwrap_or(u32::MAX),
             "--port" => {
@@ -70,10 +76,40 @@ fn parse() -> Args {
     args
 }
 
+/// Receives one datagram within `within`: a blocking receive with that timeout, or with
+/// `spin` a busy poll of the non-blocking socket.
+fn recv(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+    spin: bool,
+    within: Duration,
+) -> std::io::Result<(usize, SocketAddr)> {
+    if !spin {
+        return sock.recv_from(buf);
+    }
+    let deadline = Instant::now() + within;
+    let mut tries = 0u32;
+    loop {
+        match sock.recv_from(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tries = tries.wrapping_add(1);
+                if tries % 1024 == 0 && Instant::now() > deadline {
+                    return Err(e);
+                }
+            }
+            r => return r,
+        }
+    }
+}
+
 fn main() {
     let a = parse();
     let sock = UdpSocket::bind(SocketAddr::new(a.local, a.port))
         .unwrap_or_else(|e| die(&format!("binding {}:{}: {e}", a.local, a.port)));
+    if a.spin {
+        sock.set_nonblocking(true)
+            .unwrap_or_else(|e| die(&format!("{e}")));
+    }
     let mut buf = vec![0u8; 65_536];
     let Some(server) = a.server else {
         // The server: echo every datagram to where it came from (bounded: it stops after
@@ -82,7 +118,7 @@ fn main() {
             .unwrap_or_else(|e| die(&format!("{e}")));
         println!("echoing on {}:{}", a.local, a.port);
         for _ in 0..u64::from(a.iters) + 1_000 {
-            let Ok((n, from)) = sock.recv_from(&mut buf) else {
+            let Ok((n, from)) = recv(&sock, &mut buf, a.spin, Duration::from_secs(10)) else {
                 return;
             };
             if sock.send_to(&buf[..n], from).is_err() {
@@ -101,7 +137,7 @@ fn main() {
         if sock.send_to(&msg, to).is_err() {
             die("sending failed");
         }
-        match sock.recv_from(&mut buf) {
+        match recv(&sock, &mut buf, a.spin, Duration::from_secs(2)) {
             Ok((n, _)) if n == a.size && buf[..n] == msg[..] => {}
             Ok((n, _)) => die(&format!("round {i}: an echo of {n} bytes that differs")),
             Err(e) => die(&format!(

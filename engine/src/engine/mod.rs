@@ -128,6 +128,10 @@ pub(crate) struct Engine {
     watched: ActiveSet,
     watched_count: u32,
     watch_idle: u32,
+    /// The pumps of this context's UDP ports (`link::udp`), which the engine drives: each
+    /// iteration receives their datagrams first and sends what it published last. Empty
+    /// without a port (one branch per iteration and per direct post).
+    pub(crate) udp: crate::link::udp::pump::Pumps,
 }
 
 impl Engine {
@@ -167,6 +171,7 @@ impl Engine {
             watched: ActiveSet::new(),
             watched_count: 0,
             watch_idle: WATCH_IDLE,
+            udp: Default::default(),
         }
     }
 
@@ -384,7 +389,29 @@ impl Engine {
 
     /// One iteration of the poll loop (the steps of the module's doc, each a method of
     /// [`Iteration`]); returns the packets received and sent.
+    #[inline]
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        if self.udp.is_empty() {
+            self.poll_links(doorbell)
+        } else {
+            self.poll_udp(doorbell)
+        }
+    }
+
+    /// [`Engine::poll`] with UDP ports: their datagrams are received into their links'
+    /// rings first, and what the iteration published on their links is sent last.
+    #[inline(never)]
+    fn poll_udp(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        let received = self.udp.receive();
+        let work = self.poll_links(doorbell);
+        work + received + self.udp.send()
+    }
+
+    /// [`Engine::poll`] over the links' rings. (Never inlined: inlined into both callers,
+    /// its body changed how the compiler inlined the receive path into it, which cost the
+    /// shared-memory path about 50 instructions a message.)
+    #[inline(never)]
+    fn poll_links(&mut self, doorbell: &doorbell::Doorbell) -> usize {
         self.count_down_to_stats();
         if self.watched_count > 0 {
             self.scan_watched(doorbell);
@@ -625,6 +652,7 @@ impl Engine {
                 link.wait_on_peer(set);
             }
         }
+        self.udp.wait_on(set);
     }
 
     /// Before the engine thread sleeps: stops watching send queues (their posts must ring
@@ -687,6 +715,7 @@ impl Engine {
             faults,
             owed,
             owed_held,
+            udp,
             ..
         } = self;
         let Some(qp) = qps.at_mut(index) else {
@@ -737,6 +766,9 @@ impl Engine {
             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
         }
         link.publish();
+        if !udp.is_empty() {
+            udp.send();
+        }
         true
     }
 
@@ -747,6 +779,7 @@ impl Engine {
             && self.owed.is_empty()
             && self.riding.is_empty()
             && !self.faults.as_ref().is_some_and(|f| f.holding())
+            && self.udp.idle()
     }
 
     /// What the fault stage did, and the packets dropped for a bad ICRC.

@@ -21,20 +21,23 @@
 //!   the engine copies a payload once, from the datagram's bytes into the application's
 //!   buffer.
 //!
-//! The pump is two threads sharing the socket: the send half sleeps like an engine when
-//! there is nothing to send (the engine wakes it through the link's kick word, as it wakes
-//! a peer engine that may sleep), the receive half sleeps in `poll(2)` on the socket. An
-//! idle port costs no CPU and adds no wake-up delay.
+//! The pump is no thread: the engine that owns the port drives it
+//! ([`pump::Pumps`], a field of the engine). Every engine iteration first receives what
+//! waits on the socket into the links' rings (one non-blocking `recvmmsg`), runs as over
+//! any link, and last sends what it published (`sendmmsg`); a post that runs the engine
+//! directly (inline mode, or a poll-mode engine stepped back for a busy-polling
+//! application) sends its datagram before it returns. So a packet crosses no thread, as in
+//! a poll-mode NIC driver, and the application's thread is the engine on a machine with
+//! few cores. When the engine sleeps, the port's **watcher** thread waits in `poll(2)` on
+//! the socket and wakes it (`pump::watch`): an idle port costs no CPU.
 //!
 //! Why this shape rather than an enum of link kinds or a trait in the engine: the engine's
 //! hot path (receive loop, `serve_active`, publish) is monomorphic over the shared-memory
 //! `Link`; an enum would put a match on every `link.tx`/`link.rx` use, a trait a dynamic
-//! or generic dispatch, and either moves the shared-memory path's instruction counts. Here
-//! the engine is not changed at all: the shared-memory path is byte-for-byte the same
-//! code. The ring hop costs one 64-byte line copy each way per packet, small beside a
-//! system call per burst and the datagram copy. The two halves (`pump::TxPump`,
-//! `pump::RxPump`) are plain structs with a `step`, so an engine iteration could drive
-//! them instead of threads (see "What is not done").
+//! or generic dispatch. Here the engine's packet code is the same for both kinds of link,
+//! and a context without a UDP port pays one branch per iteration and per direct post.
+//! The ring hop costs one 64-byte line copy each way per packet, small beside a system
+//! call per burst and the datagram copy.
 //!
 //! Buffers: a receive buffer is reused only once the engine has consumed every frame
 //! that refers to it (the pump reads the consumer's position off the ring before it
@@ -57,14 +60,8 @@
 //!   to CNPs (opcode 0x81: checked and counted in `cnps_received`): issue 28's later items.
 //!   (Peers' IPv4 IDs other than 0 are solved for; an invalid credit code lifts the credit
 //!   limit; MigReq is ignored, as the receive path never looks at it.)
-//! * The pump runs on two threads of its own, and they need a core when packets move: an
-//!   application that spins on its CQ without yielding, on a machine with as many
-//!   spinning threads as cores, holds off the pump for a scheduler time slice (measured:
-//!   8 ms per round trip between two processes on 2 cores, 83 µs once the application
-//!   yields between empty polls — see the `udp_pingpong` example). Driving the pump from
-//!   the engine iteration (one branch per iteration where UDP links exist, and the engine
-//!   thread sleeping on the socket too) would remove that, the ring hop and the thread
-//!   hand-offs, at the price of that branch on the shared-memory path.
+//! * Every request's Ack is a datagram of its own (RoCEv2 has no Ack riding in a
+//!   request), so an RC round trip is four datagrams where a bare UDP ping-pong is two.
 
 pub(crate) mod datagram;
 pub(crate) mod pump;
@@ -75,8 +72,7 @@ mod tests;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{Error, Result};
 use crate::link::{self, Link, Side};
@@ -108,35 +104,6 @@ pub struct UdpCounters {
     /// Packets the engine sent that could not be written as a datagram (a destination QP
     /// never registered, a payload outside the sending QP's memory).
     pub encode_dropped: u64,
-}
-
-/// The counters as the pump thread updates them.
-#[derive(Debug, Default)]
-pub(crate) struct SharedCounters {
-    pub(crate) datagrams_sent: AtomicU64,
-    pub(crate) datagrams_received: AtomicU64,
-    pub(crate) icrc_dropped: AtomicU64,
-    pub(crate) malformed_dropped: AtomicU64,
-    pub(crate) cnps_received: AtomicU64,
-    pub(crate) unknown_source_dropped: AtomicU64,
-    pub(crate) send_dropped: AtomicU64,
-    pub(crate) encode_dropped: AtomicU64,
-}
-
-impl SharedCounters {
-    fn snapshot(&self) -> UdpCounters {
-        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        UdpCounters {
-            datagrams_sent: r(&self.datagrams_sent),
-            datagrams_received: r(&self.datagrams_received),
-            icrc_dropped: r(&self.icrc_dropped),
-            malformed_dropped: r(&self.malformed_dropped),
-            cnps_received: r(&self.cnps_received),
-            unknown_source_dropped: r(&self.unknown_source_dropped),
-            send_dropped: r(&self.send_dropped),
-            encode_dropped: r(&self.encode_dropped),
-        }
-    }
 }
 
 /// A test hook on every datagram the pump sends: it may change the bytes; returning false
@@ -186,15 +153,15 @@ pub struct UdpPort {
     local: SocketAddr,
     /// The receive buffers' memory: every QP on this port's links reads payloads from it.
     rx_mem: Mem,
-    to_tx: mpsc::Sender<pump::TxCommand>,
-    to_rx: mpsc::Sender<pump::RxEnd>,
-    /// Wakes the send half (after a command).
-    waker: pump::TxWaker,
+    /// The port's pump among the engine's (`Engine::udp`).
+    pump: u32,
+    /// The page the engine and the watcher thread share (`pump::watch_page`).
+    watch: Mem,
+    /// Tells the watcher thread to end.
     stop: Arc<AtomicBool>,
-    counters: Arc<SharedCounters>,
     /// The links made so far, by peer address.
     links: std::sync::Mutex<Vec<(IpAddr, LinkId)>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    watcher: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for UdpPort {
@@ -225,41 +192,40 @@ impl UdpPort {
     /// [`UdpPort::bind`] on any port (tests bind port 0 on loopback addresses; peers are
     /// then found at their own bound port, see [`UdpPort::destination_at`]).
     pub(crate) fn bind_addr(ctx: &Context, addr: SocketAddr) -> Result<UdpPort> {
+        let shared = &ctx.shared;
         let sock = Arc::new(socket::UdpSocket::bind(addr)?);
         let local = sock.local_addr();
         let rx = socket::RxRing::new(RX_BUFFERS);
         let rx_mem = rx.mem().read_only();
-        let (to_tx, tx_commands) = mpsc::channel();
-        let (to_rx, rx_commands) = mpsc::channel();
+        let watch = pump::watch_page();
         let stop = Arc::new(AtomicBool::new(false));
-        let counters = Arc::new(SharedCounters::default());
-        let waker = pump::TxWaker::new();
-        let mut port = UdpPort {
-            shared: ctx.shared.clone(),
+        let watcher = {
+            let (sock, page, engine_page, stop) = (
+                sock.clone(),
+                watch.share(),
+                shared.engine_page_mem.share(),
+                stop.clone(),
+            );
+            std::thread::Builder::new()
+                .name("shmhca-udp-watch".to_string())
+                .spawn(move || pump::watch(&sock, &page, &engine_page, &stop))
+                .map_err(|e| Error::io("starting the UDP port's watcher thread", e))?
+        };
+        let pump = pump::Pump::new(sock, rx, watch.share());
+        let pump = shared.engine.with(|e| e.udp.add(pump));
+        // A sleeping engine thread waits on the words it knew of when it went to sleep:
+        // wake it, so that it watches this port's socket too.
+        shared.kick();
+        Ok(UdpPort {
+            shared: shared.clone(),
             local,
             rx_mem,
-            to_tx,
-            to_rx,
-            waker: waker.clone(),
-            stop: stop.clone(),
-            counters: counters.clone(),
+            pump,
+            watch,
+            stop,
             links: std::sync::Mutex::new(Vec::new()),
-            threads: Vec::new(),
-        };
-        let mut tx = pump::TxPump::new(sock.clone(), tx_commands, counters.clone(), waker);
-        let mut rx = pump::RxPump::new(sock, rx, rx_commands, counters);
-        let spawn = |half: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(format!("shmhca-udp-{half}"))
-                .spawn(f)
-                .map_err(|e| Error::io("starting a UDP pump thread", e))
-        };
-        let stop_tx = stop.clone();
-        port.threads
-            .push(spawn("tx", Box::new(move || tx.run(&stop_tx)))?);
-        port.threads
-            .push(spawn("rx", Box::new(move || rx.run(&stop)))?);
-        Ok(port)
+            watcher: Some(watcher),
+        })
     }
 
     /// The bound address.
@@ -269,7 +235,10 @@ impl UdpPort {
 
     /// What the port counted so far.
     pub fn counters(&self) -> UdpCounters {
-        self.counters.snapshot()
+        self.shared
+            .engine
+            .with(|e| e.udp.get_mut(self.pump).map(|p| p.counters))
+            .unwrap_or_default()
     }
 
     /// The destination for `qp` (a QP of this port's context) towards QP `qpn` of the
@@ -291,23 +260,22 @@ impl UdpPort {
         peer: SocketAddr,
         qpn: Qpn,
     ) -> Result<Destination> {
-        let arena = self
-            .shared
-            .engine
-            .with(|e| e.qp_by_qpn(qp.qpn()).map(|q| q.mem.read_only()))
-            .ok_or(Error::ForeignObject { what: "QP" })?;
         let link = self.link_to(peer)?;
+        let pump = self.pump;
+        let rx_mem = &self.rx_mem;
         self.shared.engine.with(|e| {
+            let arena = e
+                .qp_by_qpn(qp.qpn())
+                .map(|q| q.mem.read_only())
+                .ok_or(Error::ForeignObject { what: "QP" })?;
             if let Some(l) = e.link_mut(link) {
-                l.add_peer_qp(qpn, RX_ARENA_KEY, self.rx_mem.share());
+                l.add_peer_qp(qpn, RX_ARENA_KEY, rx_mem.share());
             }
-        });
-        self.command(pump::TxCommand::AddQp {
-            peer: peer.ip(),
-            remote: qpn,
-            arena,
-        })?;
-        Ok(Destination { link, qpn })
+            if let Some(p) = e.udp.get_mut(pump) {
+                p.add_qp(peer.ip(), qpn, arena);
+            }
+            Ok(Destination { link, qpn })
+        })
     }
 
     /// The link to `peer`, made (with its end at the pump) if there is none yet.
@@ -324,57 +292,59 @@ impl UdpPort {
         )?;
         let engine_end = link::attach(&seg, Side::Creator)?;
         let pump_end = link::attach(&theirs, Side::Opener)?;
-        // The pump never sleeps on the link's kick word (it sleeps on its socket and looks
-        // at the rings as it wakes), so its "engine page" says it never sleeps.
-        // The send half sleeps like an engine when idle: its page says so, and the engine
-        // wakes it after publishing on the link.
-        let mut l = Link::new(seg, engine_end, self.waker.page.share(), (shared.id, 0));
+        // The engine drives the pump itself: the link's far end never sleeps, so the
+        // engine wakes nobody after publishing on it (its "engine page" says so: zeroes).
+        let mut l = Link::new(seg, engine_end, Mem::private(4096), (shared.id, 0));
         l.on_peer_loss = link::OnPeerLoss::FailNextRequest;
-        let id = shared.engine.with(|e| e.add_link(l))?;
-        let (tx_end, rx_end) =
-            pump::link_ends(peer, theirs, pump_end, shared.engine_page_mem.share());
-        let sent = self
-            .to_rx
-            .send(rx_end)
-            .map_err(|_| Error::Connect("the UDP pump has stopped".to_string()))
-            .and_then(|()| self.command(pump::TxCommand::AddLink(Box::new(tx_end))));
-        if let Err(e) = sent {
-            shared.engine.with(|e| e.remove_link(id));
-            return Err(e);
-        }
+        let (tx_end, rx_end) = pump::link_ends(peer, theirs, pump_end);
+        let pump = self.pump;
+        let id = shared.engine.with(|e| {
+            if e.udp.get_mut(pump).is_none() {
+                return Err(Error::Connect(
+                    "the UDP port's pump is gone from the engine".to_string(),
+                ));
+            }
+            let id = e.add_link(l)?;
+            if let Some(p) = e.udp.get_mut(pump) {
+                p.add_link(tx_end, rx_end);
+            }
+            Ok(id)
+        })?;
         links.push((peer.ip(), id));
         // A sleeping engine thread waits on the kick words of the links it knew of.
         shared.kick();
         Ok(id)
     }
 
-    fn command(&self, c: pump::TxCommand) -> Result<()> {
-        self.to_tx
-            .send(c)
-            .map_err(|_| Error::Connect("the UDP pump has stopped".to_string()))?;
-        self.waker.wake();
-        Ok(())
-    }
-
     /// Installs a hook the pump runs on every datagram it sends (tests: drop, corrupt).
     #[cfg(test)]
     pub(crate) fn set_hook(&self, hook: DatagramHook) {
-        let _ = self.command(pump::TxCommand::Hook(hook));
+        let pump = self.pump;
+        self.shared.engine.with(|e| {
+            if let Some(p) = e.udp.get_mut(pump) {
+                p.set_hook(hook);
+            }
+        });
     }
 }
 
 impl Drop for UdpPort {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        self.waker.wake();
-        // The send half wakes now; the receive half within its socket sleep (50 ms).
-        for t in self.threads.drain(..) {
+        pump::nudge_watcher(&self.watch);
+        // The watcher looks at the flag now, or within its socket wait (50 ms).
+        if let Some(t) = self.watcher.take() {
             let _ = t.join();
         }
         let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        for (ip, id) in links.iter() {
-            let why = format!("the UDP port {} to {ip} was closed", self.local);
-            self.shared.engine.with(|e| e.link_down(*id, why));
-        }
+        let pump = self.pump;
+        self.shared.engine.with(|e| {
+            // The socket closes with the pump.
+            drop(e.udp.remove(pump));
+            for (ip, id) in links.iter() {
+                let why = format!("the UDP port {} to {ip} was closed", self.local);
+                e.link_down(*id, why);
+            }
+        });
     }
 }

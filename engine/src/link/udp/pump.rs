@@ -1,28 +1,35 @@
-//! The pump: the far end of a port's UDP links, in two halves on two threads that share
-//! the socket.
+//! The pump: the far end of a port's UDP links, driven by the engine that owns the port.
 //!
-//! * [`TxPump`] takes the frames the engine published on each link, writes them as
-//!   datagrams and sends them in bursts (`sendmmsg`). When there are none it sleeps as an
-//!   engine does ([`crate::engine::wake::sleep`]) on the kick words the engine bumps after
-//!   publishing: its "engine page" says it may sleep, so the engine wakes it, and an idle
-//!   port costs no CPU and adds no delay.
-//! * [`RxPump`] receives bursts (`recvmmsg`) into the receive-buffer ring, checks every
-//!   datagram and publishes the good ones to their link's engine (waking it if it sleeps).
-//!   When there are none it sleeps in `poll(2)` on the socket.
+//! * [`Pump::receive`] (at the start of every engine iteration) receives a burst
+//!   (`recvmmsg`, non-blocking) into the receive-buffer ring, checks every datagram and
+//!   publishes the good ones to their link's ring, where the same iteration takes them.
+//! * [`Pump::send`] (after the iteration, or a direct post, published) takes the frames the
+//!   engine published on each link, writes them as datagrams and sends them in bursts
+//!   (`sendmmsg`).
+//! * While the engine sleeps, a **watcher** thread ([`watch`]) waits in `poll(2)` on the
+//!   socket and wakes the engine when a datagram arrives: the engine's sleep waits on
+//!   futex words (its peers' kick words), which a socket cannot bump. The engine asks for
+//!   a watch each time it goes to sleep ([`Pump::wait_on`]); the watcher bumps the kick word
+//!   the sleep waits on. Because `poll(2)` is level-triggered, a datagram that arrived
+//!   between the engine's last receive and its sleep is seen at once: no wake-up is lost.
+//!   While the engine is awake the watcher waits on a futex word and costs nothing.
+//!
+//! So a packet crosses no thread on its way in or out: the engine that runs the protocol
+//! makes the system calls, as a poll-mode NIC driver does.
 //!
 //! Safe code over [`super::socket`] and [`super::datagram`]; nothing is allocated per packet
 //! (the buffers, the burst and the per-link bookkeeping are made with the port or link).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use rustix::thread::futex;
 use shmhca_rings::lines::{Line, LinesConsumer, LinesProducer, MAX_FRAME_LINES, ShmLines};
 use shmhca_rings::segment::Segment;
 
-use super::SharedCounters;
+use super::UdpCounters;
 use super::datagram::{self, DecodeError};
 use super::socket::{BURST, DGRAM_BYTES, RxRing, TxBurst, UdpSocket};
 use crate::engine::wake;
@@ -31,90 +38,59 @@ use crate::mem::Mem;
 use crate::wire::Qpn;
 use crate::wire::slot::{PacketSlot, RxPacket};
 
-/// How long the receive half sleeps on the socket at most before it looks at its commands
-/// and the stop flag again.
-const RX_SLEEP_MS: i32 = 50;
-/// How long the send half sleeps at most (it is woken by the engine and by the port).
-const TX_SLEEP: Duration = Duration::from_millis(100);
-/// Empty rounds the send half spins (yielding) before it sleeps.
-const TX_SPIN: u32 = 64;
+/// How long the watcher waits on the socket at a time before it looks at whether the
+/// engine still sleeps (and at its stop flag).
+const WATCH_POLL_MS: i32 = 50;
+/// How long the watcher waits for a request at a time before it looks at its stop flag.
+const WATCH_IDLE: Duration = Duration::from_millis(100);
+/// In the watch page: the word the watcher bumps when the socket is readable while the
+/// engine sleeps (the engine's sleep waits on it).
+const WATCH_KICK: u64 = 0;
+/// In the watch page: the word the engine bumps when it goes to sleep (a watch request).
+const WATCH_REQUEST: u64 = 64;
 
-/// What the port's handle tells the send half.
-pub(crate) enum TxCommand {
-    /// A new link, to a peer address.
-    AddLink(Box<TxEnd>),
-    /// A QP on the link to `peer` talks to remote QP `remote`; its payloads are read from
-    /// `arena`.
-    AddQp {
-        peer: IpAddr,
-        remote: Qpn,
-        arena: Mem,
-    },
-    /// A hook on every datagram sent (tests).
-    #[cfg(test)]
-    Hook(super::DatagramHook),
-}
-
-/// The send half's end of one link: the ring from the engine, the word the engine bumps
-/// after publishing on it, and the arenas of the local QPs that talk over it (by the
-/// remote QPN their packets carry).
+/// The send side's end of one link: the ring from the engine, and the arenas of the local
+/// QPs that talk over it (by the remote QPN their packets carry).
 pub(crate) struct TxEnd {
     addr: SocketAddr,
     from_engine: LinesConsumer<ShmLines>,
-    /// The link segment (keeps it mapped; holds the engine's kick word for this end).
-    segment: Mem,
-    /// Where the engine's kick word for this end is in the segment.
-    wait_off: u64,
+    /// The link segment (keeps it mapped).
+    _segment: Mem,
     qps: Vec<(Qpn, Mem)>,
 }
 
-/// The receive half's end of one link: the ring to the engine and what waking the engine
-/// takes.
+/// The receive side's end of one link: the ring to the engine.
 pub(crate) struct RxEnd {
     addr: SocketAddr,
     to_engine: LinesProducer<ShmLines>,
-    /// The link segment (keeps it mapped; holds the kick word this end bumps).
-    segment: Mem,
-    kick_off: u64,
-    /// The engine's page (its sleeper count).
-    engine_page: Mem,
+    /// The link segment (keeps it mapped).
+    _segment: Mem,
     /// Per frame published to the engine (by number, modulo the ring's capacity): the
     /// number of the datagram it came from, so that the pump knows which receive buffers
     /// the engine may still read.
     frame_dgram: Box<[u64]>,
     /// Frames published to the engine.
     pushed: u64,
-    /// Frames were published since the engine was last woken.
-    unwoken: bool,
 }
 
 /// The pump's two ends of a link to `addr`: `ends`, attached to `segment` on the opener's
-/// side; `engine_page` is the engine's page (to wake it).
-pub(crate) fn link_ends(
-    addr: SocketAddr,
-    segment: Arc<Segment>,
-    ends: LinkEnds,
-    engine_page: Mem,
-) -> (TxEnd, RxEnd) {
+/// side.
+pub(crate) fn link_ends(addr: SocketAddr, segment: Arc<Segment>, ends: LinkEnds) -> (TxEnd, RxEnd) {
     let segment = Mem::from_segment(segment);
     let cap = ends.tx.capacity();
     (
         TxEnd {
             addr,
             from_engine: ends.rx,
-            segment: segment.share(),
-            wait_off: ends.kick[1],
+            _segment: segment.share(),
             qps: Vec::new(),
         },
         RxEnd {
             addr,
             to_engine: ends.tx,
-            segment,
-            kick_off: ends.kick[0],
-            engine_page,
+            _segment: segment,
             frame_dgram: vec![0; cap].into_boxed_slice(),
             pushed: 0,
-            unwoken: false,
         },
     )
 }
@@ -146,179 +122,34 @@ impl RxEnd {
         let cap = self.frame_dgram.len() as u64;
         Some(self.frame_dgram[(consumed % cap) as usize])
     }
-
-    /// Wakes the engine if a thread of it sleeps (after frames were published).
-    fn wake_engine(&mut self) {
-        if !std::mem::take(&mut self.unwoken) {
-            return;
-        }
-        if let (Ok(sleepers), Ok(kick)) = (
-            self.engine_page.atomic_u32(crate::arena::WAKE_WORD),
-            self.segment.atomic_u32(self.kick_off),
-        ) {
-            wake::wake(sleepers, kick, false);
-        }
-    }
 }
 
-fn bump(c: &AtomicU64, n: u64) {
-    if n != 0 {
-        c.fetch_add(n, Ordering::Relaxed);
-    }
+fn bump(c: &mut u64, n: u64) {
+    *c = c.wrapping_add(n);
 }
 
-/// How the port's handle wakes the send half: the send half's page (its sleeper count, and
-/// `MAY_SLEEP = 1` for the engine to read) and its local kick word.
-#[derive(Clone)]
-pub(crate) struct TxWaker {
-    /// The page the engine's links see as their peer's engine page.
-    pub(crate) page: Arc<Mem>,
-    pub(crate) local: Arc<AtomicU32>,
-}
-
-impl TxWaker {
-    pub(crate) fn new() -> TxWaker {
-        let page = Mem::private(4096);
-        if let Ok(w) = page.atomic_u32(crate::arena::MAY_SLEEP) {
-            w.store(1, Ordering::Relaxed);
-        }
-        TxWaker {
-            page: Arc::new(page),
-            local: Arc::new(AtomicU32::new(0)),
-        }
-    }
-
-    /// Wakes the send half if it sleeps (after a command was sent, or to stop it).
-    pub(crate) fn wake(&self) {
-        if let Ok(sleepers) = self.page.atomic_u32(crate::arena::WAKE_WORD) {
-            wake::wake(sleepers, &self.local, true);
-        }
-    }
-}
-
-/// The send half of a port's pump.
-pub(crate) struct TxPump {
-    sock: Arc<UdpSocket>,
+/// The send side of a port's pump.
+struct TxPump {
     tx: TxBurst,
     links: Vec<TxEnd>,
-    /// The kick words the engine bumps, one per link (what a sleep waits on).
-    waits: Vec<(Mem, u64)>,
-    commands: mpsc::Receiver<TxCommand>,
-    counters: Arc<SharedCounters>,
-    waker: TxWaker,
     #[cfg(test)]
     hook: Option<super::DatagramHook>,
 }
 
 impl TxPump {
-    pub(crate) fn new(
-        sock: Arc<UdpSocket>,
-        commands: mpsc::Receiver<TxCommand>,
-        counters: Arc<SharedCounters>,
-        waker: TxWaker,
-    ) -> TxPump {
-        TxPump {
-            sock,
-            tx: TxBurst::new(),
-            links: Vec::new(),
-            waits: Vec::new(),
-            commands,
-            counters,
-            waker,
-            #[cfg(test)]
-            hook: None,
-        }
-    }
-
-    /// Runs until `stop` is set: steps while the engine publishes, sleeps when it does not.
-    pub(crate) fn run(&mut self, stop: &AtomicBool) {
-        // Made here: it holds the kernel's view of the words (raw pointers), and stays on
-        // this thread.
-        let mut set = wake::WaitSet::default();
-        let mut idle = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            self.take_commands();
-            if self.step() > 0 || !self.tx.is_empty() {
-                idle = 0;
-                if !self.tx.is_empty() {
-                    // The socket's buffer is full: let the kernel drain it.
-                    std::thread::yield_now();
-                }
-                continue;
-            }
-            idle += 1;
-            if idle < TX_SPIN {
-                std::thread::yield_now();
-                continue;
-            }
-            let TxPump {
-                links,
-                waits,
-                waker,
-                ..
-            } = self;
-            let Ok(sleepers) = waker.page.atomic_u32(crate::arena::WAKE_WORD) else {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            };
-            wake::sleep(
-                sleepers,
-                &waker.local,
-                &mut set,
-                TX_SLEEP,
-                |set| {
-                    for (mem, off) in waits.iter() {
-                        set.add_shared(mem, *off);
-                    }
-                    true
-                },
-                || {
-                    stop.load(Ordering::Relaxed)
-                        || links
-                            .iter_mut()
-                            .any(|l| l.from_engine.has_frame().unwrap_or(false))
-                },
-            );
-        }
-    }
-
-    /// Applies the commands waiting.
-    fn take_commands(&mut self) {
-        while let Ok(c) = self.commands.try_recv() {
-            match c {
-                TxCommand::AddLink(l) => {
-                    self.waits.push((l.segment.share(), l.wait_off));
-                    self.links.push(*l);
-                }
-                TxCommand::AddQp {
-                    peer,
-                    remote,
-                    arena,
-                } => {
-                    if let Some(l) = self.links.iter_mut().find(|l| l.addr.ip() == peer) {
-                        l.qps.retain(|(q, _)| *q != remote);
-                        l.qps.push((remote, arena));
-                    }
-                }
-                #[cfg(test)]
-                TxCommand::Hook(h) => self.hook = Some(h),
-            }
-        }
-    }
-
     /// Takes the frames the engine published on every link, writes them as datagrams and
     /// sends them in bursts; returns the frames taken. A burst the socket cannot take now
     /// stays staged, and the frames behind it stay in their rings (the engine sees a full
     /// link).
-    pub(crate) fn step(&mut self) -> usize {
+    fn step(&mut self, sock: &UdpSocket, counters: &mut UdpCounters) -> usize {
         let mut lines = [Line::ZERO; MAX_FRAME_LINES];
         let mut moved = 0;
-        let local = self.sock.local_addr();
+        let local = sock.local_addr();
         'links: for i in 0..self.links.len() {
             loop {
                 // Room for a packet and the Ack that may ride in it.
                 if self.tx.len() + 2 > BURST {
-                    self.flush();
+                    self.flush(sock, counters);
                     if self.tx.len() + 2 > BURST {
                         break 'links;
                     }
@@ -330,17 +161,13 @@ impl TxPump {
                 moved += 1;
                 let slots: &[PacketSlot] = bytemuck::cast_slice(&lines[..n]);
                 let remote = RxPacket::dest_qp(&slots[0]);
-                if self.links[i].arena(remote).is_none() {
-                    // Registered after this step began: look again.
-                    self.take_commands();
-                }
                 let to = self.links[i].addr;
                 let Some(buf) = self.tx.next_buf() else {
                     break 'links;
                 };
                 match datagram::encode(slots, self.links[i].arena(remote), local, to, buf) {
                     Ok(len) => self.stage(len, to),
-                    Err(_) => bump(&self.counters.encode_dropped, 1),
+                    Err(_) => bump(&mut counters.encode_dropped, 1),
                 }
                 let Some(buf) = self.tx.next_buf() else {
                     break 'links;
@@ -348,13 +175,13 @@ impl TxPump {
                 if let Some(r) = datagram::riding_ack_datagram(&slots[0], local, to, buf) {
                     match r {
                         Ok(len) => self.stage(len, to),
-                        Err(_) => bump(&self.counters.encode_dropped, 1),
+                        Err(_) => bump(&mut counters.encode_dropped, 1),
                     }
                 }
             }
             self.links[i].from_engine.flush();
         }
-        self.flush();
+        self.flush(sock, counters);
         moved
     }
 
@@ -370,13 +197,13 @@ impl TxPump {
     }
 
     /// Sends what is staged.
-    fn flush(&mut self) {
+    fn flush(&mut self, sock: &UdpSocket, counters: &mut UdpCounters) {
         if self.tx.is_empty() {
             return;
         }
-        let r = self.tx.send(&self.sock);
-        bump(&self.counters.datagrams_sent, r.sent as u64);
-        bump(&self.counters.send_dropped, r.dropped as u64);
+        let r = self.tx.send(sock);
+        bump(&mut counters.datagrams_sent, r.sent as u64);
+        bump(&mut counters.send_dropped, r.dropped as u64);
     }
 }
 
@@ -391,55 +218,19 @@ pub(crate) enum RxRound {
     NoRoom,
 }
 
-/// The receive half of a port's pump.
-pub(crate) struct RxPump {
-    sock: Arc<UdpSocket>,
+/// The receive side of a port's pump.
+struct RxPump {
     rx: RxRing,
     links: Vec<RxEnd>,
-    commands: mpsc::Receiver<RxEnd>,
-    counters: Arc<SharedCounters>,
     /// A private copy of the datagram being checked.
     scratch: Box<[u8]>,
 }
 
 impl RxPump {
-    pub(crate) fn new(
-        sock: Arc<UdpSocket>,
-        rx: RxRing,
-        commands: mpsc::Receiver<RxEnd>,
-        counters: Arc<SharedCounters>,
-    ) -> RxPump {
-        RxPump {
-            sock,
-            rx,
-            links: Vec::new(),
-            commands,
-            counters,
-            scratch: vec![0u8; DGRAM_BYTES].into_boxed_slice(),
-        }
-    }
-
-    /// Runs until `stop` is set: receives while datagrams come, sleeps on the socket when
-    /// none do, and waits (briefly) for the engine when it has no room.
-    pub(crate) fn run(&mut self, stop: &AtomicBool) {
-        while !stop.load(Ordering::Relaxed) {
-            while let Ok(l) = self.commands.try_recv() {
-                self.links.push(l);
-            }
-            match self.step() {
-                RxRound::Received(_) => {}
-                RxRound::Empty => {
-                    self.sock.wait_readable(RX_SLEEP_MS);
-                }
-                RxRound::NoRoom => std::thread::sleep(Duration::from_micros(20)),
-            }
-        }
-    }
-
     /// Receives a burst of datagrams — no more than every link's ring has room for, and
     /// only into buffers no unconsumed frame refers to — checks each, and publishes the
-    /// good ones to their links' engine.
-    pub(crate) fn step(&mut self) -> RxRound {
+    /// good ones to their links' rings.
+    fn step(&mut self, sock: &UdpSocket, counters: &mut UdpCounters) -> RxRound {
         let mut room = BURST;
         let mut oldest = self.rx.next();
         for l in &mut self.links {
@@ -458,38 +249,38 @@ impl RxPump {
             return RxRound::NoRoom;
         }
         let first = self.rx.next();
-        let n = match self.rx.recv(&self.sock, room) {
+        let n = match self.rx.recv(sock, room) {
             Ok(0) | Err(_) => return RxRound::Empty,
             Ok(n) => n,
         };
-        bump(&self.counters.datagrams_received, n as u64);
-        let local = self.sock.local_addr();
+        bump(&mut counters.datagrams_received, n as u64);
+        let local = sock.local_addr();
         for d in first..first + n as u64 {
             let (off, len, src) = self.rx.datagram(d);
             let Some(src) = src else {
-                bump(&self.counters.malformed_dropped, 1);
+                bump(&mut counters.malformed_dropped, 1);
                 continue;
             };
             let Some(l) = self.links.iter_mut().find(|l| l.addr.ip() == src.ip()) else {
-                bump(&self.counters.unknown_source_dropped, 1);
+                bump(&mut counters.unknown_source_dropped, 1);
                 continue;
             };
             if len == 0 || self.rx.mem().read(off, &mut self.scratch[..len]).is_err() {
-                bump(&self.counters.malformed_dropped, 1);
+                bump(&mut counters.malformed_dropped, 1);
                 continue;
             }
             let slot = match datagram::decode(&self.scratch[..len], src, local, off) {
                 Ok(s) => s,
                 Err(DecodeError::Icrc) => {
-                    bump(&self.counters.icrc_dropped, 1);
+                    bump(&mut counters.icrc_dropped, 1);
                     continue;
                 }
                 Err(DecodeError::Malformed) => {
-                    bump(&self.counters.malformed_dropped, 1);
+                    bump(&mut counters.malformed_dropped, 1);
                     continue;
                 }
                 Err(DecodeError::Cnp) => {
-                    bump(&self.counters.cnps_received, 1);
+                    bump(&mut counters.cnps_received, 1);
                     continue;
                 }
             };
@@ -500,16 +291,217 @@ impl RxPump {
                     let cap = l.frame_dgram.len() as u64;
                     l.frame_dgram[(l.pushed % cap) as usize] = d;
                     l.pushed += 1;
-                    l.unwoken = true;
                 }
                 // Room was checked (or the engine broke the ring): the packet is lost, as
                 // on a wire.
-                _ => bump(&self.counters.malformed_dropped, 1),
+                _ => bump(&mut counters.malformed_dropped, 1),
             }
         }
-        for l in &mut self.links {
-            l.wake_engine();
-        }
         RxRound::Received(n)
+    }
+}
+
+/// One port's pump, owned and driven by its context's engine: the socket, both sides, the
+/// watch page shared with the port's watcher thread, and the counters.
+pub(crate) struct Pump {
+    /// The port's number among the engine's pumps.
+    pub(crate) id: u32,
+    sock: Arc<UdpSocket>,
+    tx: TxPump,
+    rx: RxPump,
+    /// The watch page: [`WATCH_KICK`] and [`WATCH_REQUEST`] (private memory of this
+    /// process, shared with the watcher thread).
+    watch: Mem,
+    /// What the pump counted.
+    pub(crate) counters: UdpCounters,
+}
+
+impl Pump {
+    /// A pump for `sock`, receiving into `rx`; `watch` is the page it shares with the
+    /// port's watcher thread ([`watch_page`]).
+    pub(crate) fn new(sock: Arc<UdpSocket>, rx: RxRing, watch: Mem) -> Pump {
+        Pump {
+            id: 0,
+            sock,
+            tx: TxPump {
+                tx: TxBurst::new(),
+                links: Vec::new(),
+                #[cfg(test)]
+                hook: None,
+            },
+            rx: RxPump {
+                rx,
+                links: Vec::new(),
+                scratch: vec![0u8; DGRAM_BYTES].into_boxed_slice(),
+            },
+            watch,
+            counters: UdpCounters::default(),
+        }
+    }
+
+    /// Adds a link's two ends.
+    pub(crate) fn add_link(&mut self, tx: TxEnd, rx: RxEnd) {
+        self.tx.links.push(tx);
+        self.rx.links.push(rx);
+    }
+
+    /// The QPs of the link to `peer` that talk to remote QP `remote` read their payloads
+    /// from `arena`.
+    pub(crate) fn add_qp(&mut self, peer: IpAddr, remote: Qpn, arena: Mem) {
+        if let Some(l) = self.tx.links.iter_mut().find(|l| l.addr.ip() == peer) {
+            l.qps.retain(|(q, _)| *q != remote);
+            l.qps.push((remote, arena));
+        }
+    }
+
+    /// Installs a hook on every datagram sent (tests: drop, corrupt).
+    #[cfg(test)]
+    pub(crate) fn set_hook(&mut self, hook: super::DatagramHook) {
+        self.tx.hook = Some(hook);
+    }
+
+    /// Receives what waits on the socket into the links' rings; returns the datagrams
+    /// received.
+    pub(crate) fn receive(&mut self) -> usize {
+        match self.rx.step(&self.sock, &mut self.counters) {
+            RxRound::Received(n) => n,
+            RxRound::Empty | RxRound::NoRoom => 0,
+        }
+    }
+
+    /// Sends what the engine published; returns the frames taken.
+    pub(crate) fn send(&mut self) -> usize {
+        self.tx.step(&self.sock, &mut self.counters)
+    }
+
+    /// Whether nothing is staged to send (the socket took everything).
+    pub(crate) fn idle(&self) -> bool {
+        self.tx.tx.is_empty()
+    }
+
+    /// Before the engine sleeps (in its sleep's gather step, after it announced itself as a
+    /// sleeper): adds the watch's kick word to the set — read now, before the request — and
+    /// asks the watcher to watch the socket.
+    pub(crate) fn wait_on(&self, set: &mut wake::WaitSet) {
+        set.add_shared(&self.watch, WATCH_KICK);
+        if let Ok(request) = self.watch.atomic_u32(WATCH_REQUEST) {
+            // SYNC: Release pairs with the watcher's Acquire load (nothing else rides on it:
+            // the socket itself is the work).
+            request.fetch_add(1, Ordering::Release);
+            let _ = futex::wake(request, futex::Flags::empty(), 1);
+        }
+    }
+}
+
+/// The pumps an engine drives: empty unless the context has a [`super::UdpPort`] (then
+/// one branch per iteration).
+#[derive(Default)]
+pub(crate) struct Pumps {
+    pumps: Vec<Pump>,
+    next_id: u32,
+}
+
+impl Pumps {
+    /// Whether there is none.
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pumps.is_empty()
+    }
+
+    /// Adds `pump`; returns its number.
+    pub(crate) fn add(&mut self, mut pump: Pump) -> u32 {
+        self.next_id = self.next_id.wrapping_add(1);
+        pump.id = self.next_id;
+        self.pumps.push(pump);
+        self.next_id
+    }
+
+    /// Pump number `id`.
+    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Pump> {
+        self.pumps.iter_mut().find(|p| p.id == id)
+    }
+
+    /// Removes pump number `id` (its socket closes when the watcher's handle goes too).
+    pub(crate) fn remove(&mut self, id: u32) -> Option<Pump> {
+        let i = self.pumps.iter().position(|p| p.id == id)?;
+        Some(self.pumps.swap_remove(i))
+    }
+
+    /// Every pump's [`Pump::receive`]; the datagrams received.
+    pub(crate) fn receive(&mut self) -> usize {
+        self.pumps.iter_mut().map(Pump::receive).sum()
+    }
+
+    /// Every pump's [`Pump::send`]; the frames taken.
+    pub(crate) fn send(&mut self) -> usize {
+        self.pumps.iter_mut().map(Pump::send).sum()
+    }
+
+    /// Whether every pump has sent everything.
+    pub(crate) fn idle(&self) -> bool {
+        self.pumps.iter().all(Pump::idle)
+    }
+
+    /// Every pump's [`Pump::wait_on`].
+    pub(crate) fn wait_on(&self, set: &mut wake::WaitSet) {
+        for p in &self.pumps {
+            p.wait_on(set);
+        }
+    }
+}
+
+/// A new watch page (zeroed words).
+pub(crate) fn watch_page() -> Mem {
+    Mem::private(4096)
+}
+
+/// Asks the watcher sharing `page` to look at its stop flag now.
+pub(crate) fn nudge_watcher(page: &Mem) {
+    if let Ok(request) = page.atomic_u32(WATCH_REQUEST) {
+        request.fetch_add(1, Ordering::Release);
+        let _ = futex::wake(request, futex::Flags::empty(), 1);
+    }
+}
+
+/// The watcher thread of a port: until `stop`, waits for the engine's requests (one each
+/// time it goes to sleep) on `page`, and for each watches `sock` while the engine sleeps
+/// (`engine_page` holds its sleeper count), waking it when a datagram is there.
+pub(crate) fn watch(sock: &UdpSocket, page: &Mem, engine_page: &Mem, stop: &AtomicBool) {
+    let (Ok(request), Ok(kick), Ok(sleepers)) = (
+        page.atomic_u32(WATCH_REQUEST),
+        page.atomic_u32(WATCH_KICK),
+        engine_page.atomic_u32(crate::arena::WAKE_WORD),
+    ) else {
+        return;
+    };
+    let mut seen = request.load(Ordering::Acquire);
+    while !stop.load(Ordering::Relaxed) {
+        let now = request.load(Ordering::Acquire);
+        if now == seen {
+            let ts = futex::Timespec {
+                tv_sec: 0,
+                tv_nsec: WATCH_IDLE.as_nanos() as _,
+            };
+            // Woken, timed out, interrupted or changed: look again.
+            let _ = futex::wait(request, futex::Flags::empty(), seen, Some(&ts));
+            continue;
+        }
+        seen = now;
+        watch_once(sock, kick, sleepers, stop);
+    }
+}
+
+/// One watch: until the engine wakes (or `stop`), waits for the socket to be readable, and
+/// then wakes the engine through `kick`. A request that comes meanwhile is served again
+/// by the caller, so the engine is never left asleep unwatched.
+fn watch_once(sock: &UdpSocket, kick: &AtomicU32, sleepers: &AtomicU32, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        if sock.wait_readable(WATCH_POLL_MS) {
+            wake::wake(sleepers, kick, false);
+            return;
+        }
+        if sleepers.load(Ordering::Relaxed) == 0 {
+            return;
+        }
     }
 }

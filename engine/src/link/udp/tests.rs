@@ -104,6 +104,39 @@ fn bring_up(me: &mut End, dest: crate::Destination, mtu: Mtu, timeout: u8) {
         .unwrap();
 }
 
+/// The engine makes the system calls itself: an inline context's post leaves as a datagram
+/// before `post_send` returns, and the peer's poll of its CQ receives it (no thread of the
+/// port's runs in between).
+#[test]
+fn an_inline_post_is_a_datagram_before_it_returns_and_a_poll_receives_it() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.11", "127.0.0.12", Mtu::Mtu1024, 14);
+    y.qp.post_recv(&RecvWr::new(7, &[y.mr.sge(0, 64).unwrap()]))
+        .unwrap();
+    x.mr.write_at(0, b"straight out").unwrap();
+    let sent = x.port.counters().datagrams_sent;
+    x.qp.post_send(&SendWr::new(1, SendOp::Send, &[x.mr.sge(0, 12).unwrap()]))
+        .unwrap();
+    // (The first transmit also advertises x's credits: an Ack datagram of its own.)
+    assert!(
+        x.port.counters().datagrams_sent > sent,
+        "the post sent its datagram"
+    );
+    // Loopback delivers within the sender's system call; allow the kernel a few polls.
+    let mut wc = [WorkCompletion::default()];
+    let mut polls = 0;
+    while y.cq.poll(&mut wc) == 0 {
+        polls += 1;
+        assert!(polls < 100_000, "no receive after {polls} polls");
+        if polls % 1000 == 0 {
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, 7));
+    assert_eq!(read(&y.mr, 0, 12), b"straight out");
+    assert!(y.port.counters().datagrams_received >= 1);
+}
+
 /// Runs both engines until `cq` yields a completion (10 s at most).
 fn wait_cq(cq: &mut Cq, ctxs: [&Context; 2], ports: [&UdpPort; 2]) -> WorkCompletion {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -584,14 +617,14 @@ fn connect_real(me: &mut End, peer: &End, peer_ip: IpAddr) {
     bring_up(me, dest, Mtu::Mtu1024, 14);
 }
 
-/// A context with an engine thread that sleeps when idle (the default policy, with a
-/// short spin so that it does sleep during the test).
+/// A poll-mode context whose engine thread sleeps when idle, up to 30 s at a time: only a
+/// wake-up (a peer's datagram seen by the port's watcher) ends such a sleep early.
 fn poll_context() -> Context {
     Context::builder()
         .mode(crate::EngineMode::Poll { cpu: None })
         .idle(crate::IdlePolicy::Backoff {
             spins: 1000,
-            max_sleep: Duration::from_millis(100),
+            max_sleep: Duration::from_secs(30),
         })
         .huge_pages(shmhca_rings::HugePages::Never)
         .arena_size(4 << 20)
@@ -725,7 +758,8 @@ fn sleeping_engines_ping_pong_on_two_qps_over_one_link() {
         }
     };
     ping_pong(&mut pairs, 100);
-    // Every engine thread and both pumps' send halves fall asleep (100 ms at most each).
+    // Both engine threads fall asleep (for up to 30 s): each port's watcher must wake its
+    // engine when the peer's datagram arrives.
     std::thread::sleep(Duration::from_millis(400));
     let slept = (ca.stats().sleeps, cb.stats().sleeps);
     let t = Instant::now();
