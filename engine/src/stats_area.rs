@@ -53,7 +53,7 @@ pub const MEMFD_NAME: &str = "shmhca-stats";
 /// The segment kind of a stats area ("STAT").
 pub const STATS_KIND: u32 = 0x5441_5453;
 /// The data layout version.
-pub const LAYOUT: u32 = 3;
+pub const LAYOUT: u32 = 4;
 /// Engine iterations between two publications.
 pub const PUBLISH_EVERY: u32 = 1 << 12;
 /// The most links listed.
@@ -83,10 +83,18 @@ pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "naks_received",
     "flushed",
     "acks_riding",
+    "datagrams_sent",
+    "datagrams_received",
+    "icrc_dropped",
+    "malformed_dropped",
+    "cnps_received",
+    "unknown_source_dropped",
+    "send_dropped",
+    "encode_dropped",
 ];
 
 /// How many counters the area holds.
-pub const COUNTERS: usize = 19;
+pub const COUNTERS: usize = 27;
 
 const OFF_LAYOUT: usize = 4;
 const OFF_COUNTERS: usize = 40;
@@ -246,6 +254,14 @@ fn counters(st: &Stats) -> [u64; COUNTERS] {
         st.naks_received,
         st.flushed,
         st.acks_riding,
+        st.datagrams_sent,
+        st.datagrams_received,
+        st.icrc_dropped,
+        st.malformed_dropped,
+        st.cnps_received,
+        st.unknown_source_dropped,
+        st.send_dropped,
+        st.encode_dropped,
     ]
 }
 

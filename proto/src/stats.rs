@@ -62,6 +62,25 @@ pub struct Stats {
     /// Of `acks_sent`, Acks that rode in the line of a request to the same QP instead of
     /// taking a line of their own (not counted in `packets_sent`).
     pub acks_riding: u64,
+    /// RoCEv2 datagrams handed to the kernel by the context's UDP ports (0 without one;
+    /// the per-port figures: shmhca's `UdpPort::counters`).
+    pub datagrams_sent: u64,
+    /// RoCEv2 datagrams received by the UDP ports (good or bad).
+    pub datagrams_received: u64,
+    /// Received datagrams dropped because their ICRC did not check.
+    pub icrc_dropped: u64,
+    /// Received datagrams dropped as malformed (too short for their headers, pad or ICRC,
+    /// an opcode not implemented, a payload over 4096 bytes, truncated).
+    pub malformed_dropped: u64,
+    /// Congestion Notification Packets received (counted, not yet acted on).
+    pub cnps_received: u64,
+    /// Received datagrams dropped because no link of their port has their source address.
+    pub unknown_source_dropped: u64,
+    /// Datagrams the kernel refused for good (e.g. over the path MTU).
+    pub send_dropped: u64,
+    /// Packets that could not be written as a datagram (a payload outside the sending
+    /// QP's memory, a destination QP never registered with the port).
+    pub encode_dropped: u64,
 }
 
 impl Stats {

@@ -509,6 +509,13 @@ impl Engine {
         (it, res.env())
     }
 
+    /// The engine's counters, with its UDP ports' added.
+    pub(crate) fn stats(&self) -> Stats {
+        let mut s = self.res.stats;
+        self.udp.add_counters(&mut s);
+        s
+    }
+
     /// The engine thread went to sleep once more: counts it, and publishes the stats area
     /// (an engine asleep runs no iteration that would, and `shmhca stat` should see what
     /// it did up to its sleep).
@@ -549,7 +556,7 @@ impl Engine {
                 acked: q.proto.req.window().acked().get(),
                 epsn: q.proto.resp.epsn.get(),
             });
-            area.publish(&self.res.stats, links, qps);
+            area.publish(&self.stats(), links, qps);
             self.stats_area = Some(area);
         }
     }

@@ -845,7 +845,7 @@ impl Context {
 
     /// A snapshot of the engine's counters.
     pub fn stats(&self) -> Stats {
-        self.shared.engine.with(|e| e.res.stats)
+        self.shared.engine.with(|e| e.stats())
     }
 
     /// What the fault stage did ([`ContextBuilder::faults`]) and how many received packets

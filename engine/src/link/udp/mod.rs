@@ -339,8 +339,10 @@ impl Drop for UdpPort {
         let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         let pump = self.pump;
         self.shared.engine.with(|e| {
-            // The socket closes with the pump.
-            drop(e.udp.remove(pump));
+            // The socket closes with the pump; its counters stay in the engine's.
+            if let Some(p) = e.udp.remove(pump) {
+                pump::add_counters(&mut e.res.stats, &p.counters);
+            }
             for (ip, id) in links.iter() {
                 let why = format!("the UDP port {} to {ip} was closed", self.local);
                 e.link_down(*id, why);

@@ -442,6 +442,27 @@ impl Pumps {
         self.pumps.iter().all(Pump::idle)
     }
 
+    /// Adds every pump's counters to `s`.
+    pub(crate) fn add_counters(&self, s: &mut shmhca_proto::stats::Stats) {
+        for p in &self.pumps {
+            add_counters(s, &p.counters);
+        }
+    }
+}
+
+/// Adds a port's counters to an engine's.
+pub(crate) fn add_counters(s: &mut shmhca_proto::stats::Stats, c: &UdpCounters) {
+    s.datagrams_sent += c.datagrams_sent;
+    s.datagrams_received += c.datagrams_received;
+    s.icrc_dropped += c.icrc_dropped;
+    s.malformed_dropped += c.malformed_dropped;
+    s.cnps_received += c.cnps_received;
+    s.unknown_source_dropped += c.unknown_source_dropped;
+    s.send_dropped += c.send_dropped;
+    s.encode_dropped += c.encode_dropped;
+}
+
+impl Pumps {
     /// Every pump's [`Pump::wait_on`].
     pub(crate) fn wait_on(&self, set: &mut wake::WaitSet) {
         for p in &self.pumps {

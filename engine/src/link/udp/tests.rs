@@ -364,8 +364,43 @@ fn garbage_datagrams_are_counted_and_change_nothing() {
             break;
         }
         assert!(Instant::now() < deadline, "{c:?}");
+        x.ctx.progress();
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// A port's counters are part of its context's `Stats` (what `shmhca stat` shows), and
+/// stay there when the port closes.
+#[test]
+fn a_ports_counters_are_in_the_contexts_stats_and_stay_after_it_closes() {
+    let _serial = serial();
+    let ctx = crate::raw_peer::inline_context();
+    let port = UdpPort::bind_addr(&ctx, "127.0.0.13:0".parse().unwrap()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4).unwrap();
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    let stranger = std::net::UdpSocket::bind("127.0.0.14:0").unwrap();
+    port.destination_at(&qp, stranger.local_addr().unwrap(), crate::Qpn::new(0x11))
+        .unwrap();
+    // Three datagrams from the link's peer address: too short to be RoCEv2.
+    for _ in 0..3 {
+        stranger.send_to(b"short", port.local_addr()).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while port.counters().malformed_dropped < 3 {
+        assert!(Instant::now() < deadline, "{:?}", port.counters());
+        ctx.progress();
+    }
+    let c = port.counters();
+    let s = ctx.stats();
+    assert_eq!(
+        (s.datagrams_received, s.malformed_dropped, s.icrc_dropped),
+        (c.datagrams_received, c.malformed_dropped, c.icrc_dropped)
+    );
+    assert_eq!(s.malformed_dropped, 3);
+    drop(port);
+    let after = ctx.stats();
+    assert_eq!((after.datagrams_received, after.malformed_dropped), (3, 3));
 }
 
 #[test]
