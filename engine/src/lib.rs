@@ -161,6 +161,7 @@ pub use error::{Error, Refused, Result};
 pub use fabric::{FabricAddr, FabricDest, FabricLink, FabricPeer};
 pub use limits::{AtomicCap, DeviceAttr};
 pub use link::LinkId;
+pub use link::udp::gid::{GidEntry, gid_table};
 pub use link::udp::{UdpCounters, UdpPort};
 pub use qp::{AccessFlags, Destination, Mtu, QpAttr, QpCaps, QpConfig, QpState};
 pub use verbs::wr::{

@@ -1,6 +1,8 @@
 //! `shmhca devinfo`: the device's limits and what its memory gets on this machine (page
 //! size, huge pages, the arena), like `ibv_devinfo -v` for a hardware HCA. The arena is
-//! found by opening a real context, not guessed.
+//! found by opening a real context, not guessed. The RoCEv2 GID table lists every address
+//! of this host as `UdpPort` would use it (`shmhca::gid_table`), with its interface's state
+//! and MTU and the active MTU that follows.
 
 use std::fmt::Write as _;
 
@@ -26,6 +28,21 @@ pub(crate) fn json() -> Value {
         }),
         Err(e) => json!({ "ok": false, "error": e.to_string() }),
     };
+    let roce = match shmhca::gid_table() {
+        Ok(t) => json!({
+            "ok": true,
+            "gids": t.iter().map(|e| json!({
+                "index": e.index,
+                "gid": e.gid.to_string(),
+                "type": "RoCE v2",
+                "interface": e.interface,
+                "state": if e.up { "ACTIVE" } else { "DOWN" },
+                "interface_mtu": e.interface_mtu,
+                "active_mtu": e.active_mtu.map(|m| m.bytes()),
+            })).collect::<Vec<_>>(),
+        }),
+        Err(e) => json!({ "ok": false, "error": e.to_string() }),
+    };
     json!({
         "device": "shmhca",
         "transport": "RC (InfiniBand Reliable Connected, between processes over shared memory)",
@@ -48,6 +65,7 @@ pub(crate) fn json() -> Value {
             "size_kib": pool.size_kib,
         },
         "arena": arena,
+        "roce": roce,
     })
 }
 
@@ -93,6 +111,36 @@ pub(crate) fn text(v: &Value) -> String {
             s,
             "\tarena:\t\t\tcannot be created: {}",
             a["error"].as_str().unwrap_or("")
+        );
+    }
+    let r = &v["roce"];
+    if r["ok"] == true {
+        let _ = writeln!(
+            s,
+            "\tRoCEv2 GID table (UdpPort; UDP port 4791; one entry per address of this host):"
+        );
+        for g in r["gids"].as_array().into_iter().flatten() {
+            let mtu = |k: &str| {
+                g[k].as_u64()
+                    .map_or("unknown".to_string(), |m| m.to_string())
+            };
+            let _ = writeln!(
+                s,
+                "\t\tGID[{:>3}]:\t{}, {} ({}, {}, interface MTU {}, active_mtu {})",
+                g["index"].as_u64().unwrap_or(0),
+                g["gid"].as_str().unwrap_or(""),
+                g["type"].as_str().unwrap_or(""),
+                g["interface"].as_str().unwrap_or(""),
+                g["state"].as_str().unwrap_or(""),
+                mtu("interface_mtu"),
+                mtu("active_mtu"),
+            );
+        }
+    } else {
+        let _ = writeln!(
+            s,
+            "\tRoCEv2 GID table:\tcannot be read: {}",
+            r["error"].as_str().unwrap_or("")
         );
     }
     s

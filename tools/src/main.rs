@@ -2,7 +2,8 @@
 //!
 //! * `shmhca doctor [--json]`: what this machine offers shmhca (huge pages, memfd and
 //!   MFD_HUGETLB, transparent huge pages, CPUs and pinning) and the advice that follows.
-//! * `shmhca devinfo [--json]`: the device's limits, page size, huge pages and the arena.
+//! * `shmhca devinfo [--json]`: the device's limits, page size, huge pages, the arena, and the
+//!   RoCEv2 GID table (one entry per address of this host, with its interface's state and MTU).
 //! * `shmhca plot FILE.hgrm|FILE.json [...] -o OUT.svg`: latency percentile distributions
 //!   and latency/bandwidth against message size, several runs on one chart.
 //! * `shmhca stat [--json] [--watch SECS [--count N]]`: every running shmhca context of this user: its

@@ -290,6 +290,9 @@ impl Engine {
             .at_mut(index)
             .ok_or(Error::ForeignObject { what: "QP" })?;
         let (to, cfg) = plan_modify(qp.proto.state, &qp.proto.cfg, attr)?;
+        if attr.path_mtu.is_some() || attr.dest.is_some() {
+            check_path_mtu(links, &cfg)?;
+        }
         let mut peer_mem = None;
         if let Some(d) = attr.dest {
             let link = links
@@ -1184,6 +1187,28 @@ impl Iteration<'_> {
                 }
             }
         }
+    }
+}
+
+/// A QP's path MTU fits its link's (a UDP link's port's active MTU).
+fn check_path_mtu(links: &SlotTable<Link>, cfg: &crate::qp::QpConfig) -> Result<()> {
+    let max = cfg
+        .dest
+        .and_then(|d| links.at(d.link.index()))
+        .and_then(|l| l.max_mtu);
+    match max {
+        Some(max) if cfg.path_mtu.bytes() > max.bytes() => Err(Error::invalid(
+            "path_mtu",
+            format!(
+                "{} bytes is over the active MTU of the UDP port this QP's destination is \
+                 on ({} bytes: what fits its interface's MTU as RoCEv2 datagrams); set \
+                 path_mtu to {} or less, or raise the interface's MTU",
+                cfg.path_mtu.bytes(),
+                max.bytes(),
+                max.bytes()
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 

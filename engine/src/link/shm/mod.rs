@@ -505,6 +505,9 @@ pub(crate) struct Link {
     pub(crate) endpoints: (u32, u32),
     /// Whether received packets are traced (not when the sender traces to the same file).
     pub(crate) rx_tap: bool,
+    /// The largest path MTU a QP over this link may have: a UDP link's port's active MTU
+    /// (what fits the interface's MTU); `None` on shared memory.
+    pub(crate) max_mtu: Option<crate::qp::Mtu>,
     /// Whether the peer engine may sleep (then it must be woken after sending to it). Read
     /// at setup; while false, looked up again at each stats publication of this engine
     /// (one iteration in `PUBLISH_EVERY`: nothing on the packet path), since an inline
@@ -639,6 +642,7 @@ impl Link {
             rx_backlog: false,
             endpoints,
             rx_tap: true,
+            max_mtu: None,
             peer_may_sleep,
         }
     }

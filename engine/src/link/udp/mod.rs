@@ -22,7 +22,7 @@
 //!   buffer.
 //!
 //! The pump is no thread: the engine that owns the port drives it
-//! ([`pump::Pumps`], a field of the engine). Every engine iteration first receives what
+//! (`pump::Pumps`, a field of the engine). Every engine iteration first receives what
 //! waits on the socket into the links' rings (one non-blocking `recvmmsg`), runs as over
 //! any link, and last sends what it published (`sendmmsg`); a post that runs the engine
 //! directly (inline mode, or a poll-mode engine stepped back for a busy-polling
@@ -64,6 +64,7 @@
 //!   request), so an RC round trip is four datagrams where a bare UDP ping-pong is two.
 
 pub(crate) mod datagram;
+pub(crate) mod gid;
 pub(crate) mod pump;
 pub(crate) mod socket;
 
@@ -155,6 +156,9 @@ pub struct UdpPort {
     rx_mem: Mem,
     /// The port's pump among the engine's (`Engine::udp`).
     pump: u32,
+    /// What fits the bound address's interface MTU (`None`: unknown, e.g. a wildcard
+    /// address).
+    active_mtu: Option<crate::qp::Mtu>,
     /// The page the engine and the watcher thread share (`pump::watch_page`).
     watch: Mem,
     /// Tells the watcher thread to end.
@@ -194,6 +198,7 @@ impl UdpPort {
     pub(crate) fn bind_addr(ctx: &Context, addr: SocketAddr) -> Result<UdpPort> {
         let shared = &ctx.shared;
         let sock = Arc::new(socket::UdpSocket::bind(addr)?);
+        let active_mtu = gid::active_mtu_of(addr.ip());
         let local = sock.local_addr();
         let rx = socket::RxRing::new(RX_BUFFERS);
         let rx_mem = rx.mem().read_only();
@@ -221,6 +226,7 @@ impl UdpPort {
             local,
             rx_mem,
             pump,
+            active_mtu,
             watch,
             stop,
             links: std::sync::Mutex::new(Vec::new()),
@@ -231,6 +237,34 @@ impl UdpPort {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// The largest path MTU of a QP over this port: what fits the MTU of the interface of
+    /// the bound address as RoCEv2 datagrams (1500 gives 1024, 9000 gives 4096; loopback
+    /// 4096); `None` when it is not known (a wildcard address). A QP whose `path_mtu` is
+    /// larger fails its RTR transition with a message saying so.
+    pub fn active_mtu(&self) -> Option<crate::qp::Mtu> {
+        self.active_mtu
+    }
+
+    /// The GID of the bound address (`::ffff:a.b.c.d` for IPv4): what a peer names this
+    /// port by, as in [`gid_table`](crate::gid_table).
+    pub fn gid(&self) -> shmhca_proto::roce::Gid {
+        shmhca_proto::roce::Gid::from(self.local.ip())
+    }
+
+    /// [`UdpPort::destination`] towards the RoCEv2 endpoint named by `gid` (an IPv6
+    /// address, or `::ffff:a.b.c.d`), as `ah_attr.grh.dgid` names it in verbs.
+    ///
+    /// # Errors
+    /// As [`UdpPort::destination`].
+    pub fn destination_gid(
+        &self,
+        qp: &Qp,
+        gid: shmhca_proto::roce::Gid,
+        qpn: Qpn,
+    ) -> Result<Destination> {
+        self.destination(qp, gid.ip(), qpn)
     }
 
     /// What the port counted so far.
@@ -296,6 +330,7 @@ impl UdpPort {
         // engine wakes nobody after publishing on it (its "engine page" says so: zeroes).
         let mut l = Link::new(seg, engine_end, Mem::private(4096), (shared.id, 0));
         l.on_peer_loss = link::OnPeerLoss::FailNextRequest;
+        l.max_mtu = self.active_mtu;
         let (tx_end, rx_end) = pump::link_ends(peer, theirs, pump_end);
         let pump = self.pump;
         let id = shared.engine.with(|e| {

@@ -133,6 +133,99 @@ fn from_raw(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketA
     }
 }
 
+/// One address of a network interface of this host (what `getifaddrs(3)` lists).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HostAddr {
+    /// The interface's name.
+    pub(crate) interface: String,
+    /// The address.
+    pub(crate) ip: std::net::IpAddr,
+    /// The interface is up and running (`IFF_UP | IFF_RUNNING`).
+    pub(crate) up: bool,
+}
+
+/// This host's interface addresses, IPv4 and IPv6, as the network namespace of the
+/// calling thread sees them now, in the order the kernel lists them.
+///
+/// # Errors
+/// `getifaddrs` failed.
+pub(crate) fn host_addrs() -> Result<Vec<HostAddr>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `list` is a live out-pointer; on success the kernel's list is freed below.
+    if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
+        return Err(Error::io(
+            "listing this host's addresses (getifaddrs)",
+            io::Error::last_os_error(),
+        ));
+    }
+    let mut out = Vec::new();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null `ifa_addr` points at a sockaddr whose family says its type.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let ip = match family {
+            libc::AF_INET => {
+                // SAFETY: the family is AF_INET, so the address is a whole `sockaddr_in`.
+                let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                std::net::IpAddr::V4(Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: as above, for AF_INET6 and `sockaddr_in6`.
+                let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                std::net::IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        // SAFETY: a non-null `ifa_name` is a NUL-terminated string of the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        let flags = ifa.ifa_flags;
+        let up_running = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
+        out.push(HostAddr {
+            interface: name.to_string_lossy().into_owned(),
+            ip,
+            up: flags & up_running == up_running,
+        });
+    }
+    // SAFETY: the list came from getifaddrs and is freed once; nothing refers to it now.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(out)
+}
+
+/// The MTU of interface `name` (`SIOCGIFMTU`), in the network namespace of the calling
+/// thread; `None` if there is no such interface (or the name is too long for one).
+pub(crate) fn interface_mtu(name: &str) -> Option<u32> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return None;
+    }
+    // SAFETY: a plain system call; the fd it returns is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain old data, all zeroes valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: `req` is a live, NUL-terminated `ifreq` the kernel fills in (its MTU field).
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU, &raw mut req) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU succeeded: the union holds the MTU.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).ok()
+}
+
 /// Sets an integer socket option.
 fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: `value` is a live i32 and its size is passed; the fd is open.
