@@ -119,6 +119,10 @@ pub struct Requester {
     early_credits: Option<(CreditCode, u32)>,
     /// The BTH of its single-packet requests, made on RTR → RTS (`None` before).
     template: Option<BthTemplate>,
+    /// The most request packets sent and not acknowledged before the transmit point
+    /// waits for an Ack (`None`: as many as the window holds). Set for links where a loss
+    /// is likely and each packet costs a datagram ([`Requester::set_max_in_flight`]).
+    max_in_flight: Option<u32>,
 }
 
 /// What the transmit point holds, as [`Requester::next_step`] finds it.
@@ -197,6 +201,7 @@ impl Requester {
             link_mark: 0,
             early_credits: None,
             template: None,
+            max_in_flight: None,
         }
     }
 
@@ -596,7 +601,7 @@ impl Requester {
     /// started, the wait of a limited Send after its first packet.
     #[inline]
     pub fn next_step(&mut self, state: QpState, max_rd_atomic: u8) -> Step {
-        if !self.window.has_work() {
+        if !self.window.has_work() || self.at_cap() {
             return Step::Stop;
         }
         let point = self.window.tx();
@@ -636,6 +641,48 @@ impl Requester {
         }
     }
 
+    /// Caps the request packets in flight (sent, not yet acknowledged) at `cap` (at least
+    /// 2; `None`: no cap): the transmit path waits for an Ack at the cap, so that a loss
+    /// costs a go-back-N resend of at most `cap` packets rather than of the whole window,
+    /// and one packet in every `cap / 2` asks for an Ack (AckReq), so that the responder
+    /// answers before the cap is reached. Single-packet Sends and Writes posted on an idle
+    /// QP (the template path) are bounded by the send queue's depth instead.
+    ///
+    /// ```
+    /// use shmhca_proto::requester::Requester;
+    ///
+    /// let mut req = Requester::new(64);
+    /// req.set_max_in_flight(Some(1));
+    /// assert_eq!(req.max_in_flight(), Some(2), "at least 2");
+    /// ```
+    pub fn set_max_in_flight(&mut self, cap: Option<u32>) {
+        self.max_in_flight = cap.map(|c| c.clamp(2, Psn::MASK / 2));
+    }
+
+    /// The cap of [`Requester::set_max_in_flight`].
+    pub fn max_in_flight(&self) -> Option<u32> {
+        self.max_in_flight
+    }
+
+    /// The PSN of the packet at the transmit point.
+    fn tx_psn(&self) -> Psn {
+        let p = self.window.tx();
+        if p.seq == self.window.started() {
+            self.window.npsn()
+        } else {
+            self.window.wqe(p.seq).first_psn.add(p.pkt)
+        }
+    }
+
+    /// Whether the packets in flight reached the cap (see [`Requester::set_max_in_flight`]).
+    #[inline]
+    fn at_cap(&self) -> bool {
+        self.max_in_flight.is_some_and(|cap| {
+            let out = self.tx_psn().diff(self.window.acked().add(1));
+            out >= 0 && out as u32 >= cap
+        })
+    }
+
     /// Starts the WQE at the transmit point (its first packet is about to go): it gets its
     /// PSNs, counts against the initiator depth if it is a Read or Atomic, and becomes the
     /// limited WQE if it needs credit that has not come.
@@ -658,7 +705,12 @@ impl Requester {
         let limited_first = self.limited == Some(seq)
             && k == 0
             && matches!(w.wqe.op, WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv);
-        limited_first || w.wqe.op.is_rd_atomic() || k + 1 >= w.span
+        limited_first
+            || w.wqe.op.is_rd_atomic()
+            || k + 1 >= w.span
+            || self
+                .max_in_flight
+                .is_some_and(|cap| (w.first_psn.add(k).get() + 1) % (cap / 2) == 0)
     }
 
     /// Packet `psn` of `w` is about to go: whether it is a retransmission (sent before).

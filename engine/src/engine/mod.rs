@@ -345,6 +345,12 @@ impl Engine {
                 qp.proto
                     .req
                     .start(&cfg, crate::timer::Clock::resolution(&self.res.clock));
+                // A UDP link caps the packets in flight (a loss resends at most that many).
+                let cap = cfg
+                    .dest
+                    .and_then(|d| links.at(d.link.index()))
+                    .and_then(|l| l.max_in_flight);
+                qp.proto.req.set_max_in_flight(cap);
                 qp.set_state(QpState::Rts);
             }
             QpState::Error => qp.enter_error(&mut env),

@@ -508,6 +508,9 @@ pub(crate) struct Link {
     /// The largest path MTU a QP over this link may have: a UDP link's port's active MTU
     /// (what fits the interface's MTU); `None` on shared memory.
     pub(crate) max_mtu: Option<crate::qp::Mtu>,
+    /// The most request packets a QP over this link keeps unacknowledged (a UDP link's
+    /// cap: see `Requester::set_max_in_flight`); `None` on shared memory.
+    pub(crate) max_in_flight: Option<u32>,
     /// Whether the peer engine may sleep (then it must be woken after sending to it). Read
     /// at setup; while false, looked up again at each stats publication of this engine
     /// (one iteration in `PUBLISH_EVERY`: nothing on the packet path), since an inline
@@ -643,6 +646,7 @@ impl Link {
             endpoints,
             rx_tap: true,
             max_mtu: None,
+            max_in_flight: None,
             peer_may_sleep,
         }
     }

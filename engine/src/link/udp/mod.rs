@@ -159,6 +159,9 @@ pub struct UdpPort {
     /// What fits the bound address's interface MTU (`None`: unknown, e.g. a wildcard
     /// address).
     active_mtu: Option<crate::qp::Mtu>,
+    /// The cap on request packets in flight of the QPs over this port's links
+    /// ([`MAX_IN_FLIGHT`]; tests lower it).
+    max_in_flight: u32,
     /// The page the engine and the watcher thread share (`pump::watch_page`).
     watch: Mem,
     /// Tells the watcher thread to end.
@@ -181,6 +184,12 @@ const RX_ARENA_KEY: (u64, u64) = (u64::MAX - 1, 4791);
 
 /// Receive buffers of a port (4,160 bytes each: about 4 MiB).
 const RX_BUFFERS: usize = 1024;
+
+/// The most request packets a QP over a UDP link keeps unacknowledged: a loss costs a
+/// go-back-N resend of at most this many datagrams (256 KiB at path MTU 1024), and the
+/// sender never has more in flight than the port's receive buffers (and the kernel's
+/// socket buffer) could take at once.
+pub(crate) const MAX_IN_FLIGHT: u32 = 256;
 
 impl UdpPort {
     /// Binds `addr`, port 4791, for `ctx`, and starts the port's pump thread.
@@ -227,6 +236,7 @@ impl UdpPort {
             rx_mem,
             pump,
             active_mtu,
+            max_in_flight: MAX_IN_FLIGHT,
             watch,
             stop,
             links: std::sync::Mutex::new(Vec::new()),
@@ -331,6 +341,7 @@ impl UdpPort {
         let mut l = Link::new(seg, engine_end, Mem::private(4096), (shared.id, 0));
         l.on_peer_loss = link::OnPeerLoss::FailNextRequest;
         l.max_mtu = self.active_mtu;
+        l.max_in_flight = Some(self.max_in_flight);
         let (tx_end, rx_end) = pump::link_ends(peer, theirs, pump_end);
         let pump = self.pump;
         let id = shared.engine.with(|e| {
@@ -349,6 +360,12 @@ impl UdpPort {
         // A sleeping engine thread waits on the kick words of the links it knew of.
         shared.kick();
         Ok(id)
+    }
+
+    /// Sets the cap on packets in flight of QPs over links made from now on (tests).
+    #[cfg(test)]
+    pub(crate) fn set_max_in_flight(&mut self, cap: u32) {
+        self.max_in_flight = cap;
     }
 
     /// Installs a hook the pump runs on every datagram it sends (tests: drop, corrupt).

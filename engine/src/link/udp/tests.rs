@@ -322,6 +322,80 @@ fn lost_and_corrupted_datagrams_are_counted_and_recovered() {
     assert!(x.ctx.stats().retransmitted > 0, "{:?}", x.ctx.stats());
 }
 
+/// A QP over a UDP link keeps at most the port's cap of request packets unacknowledged,
+/// and asks for an Ack often enough that it never waits for one it did not ask for: with
+/// a cap of 8, a 100 KB message (98 packets) goes 8 at a time, also through losses.
+#[test]
+fn the_packets_in_flight_stay_under_the_cap_through_losses() {
+    use std::sync::{Arc, Mutex};
+    let _serial = serial();
+    let mut x = end("127.0.0.15:0".parse().unwrap());
+    let mut y = end("127.0.0.16:0".parse().unwrap());
+    x.port.set_max_in_flight(8);
+    connect(&mut x, &y, Mtu::Mtu1024, 14);
+    connect(&mut y, &x, Mtu::Mtu1024, 14);
+    /// The highest request PSN x sent, the highest PSN y acknowledged, the largest gap
+    /// seen between them when x sent, x's requests and those that asked for an Ack.
+    #[derive(Default)]
+    struct Seen {
+        acked: Option<u32>,
+        max_gap: u32,
+        requests: u32,
+        ack_reqs: u32,
+    }
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let psn = |d: &[u8]| u32::from_be_bytes([0, d[9], d[10], d[11]]);
+    let (sx, sy) = (seen.clone(), seen.clone());
+    let mut n = 0u32;
+    x.port.set_hook(Box::new(move |d: &mut [u8]| {
+        n += 1;
+        let mut s = sx.lock().unwrap();
+        // Requests (not Acks, opcode 0x11): how far past the last Ack y sent.
+        if d.len() >= 12 && d[0] != 0x11 {
+            s.requests += 1;
+            s.ack_reqs += u32::from(d[8] >> 7);
+            if let Some(a) = s.acked {
+                let gap = psn(d).wrapping_sub(a) & 0xff_ffff;
+                if gap < 1 << 23 {
+                    s.max_gap = s.max_gap.max(gap);
+                }
+            }
+        }
+        // Every 23rd datagram is lost.
+        n % 23 != 0
+    }));
+    y.port.set_hook(Box::new(move |d: &mut [u8]| {
+        // Acks, RDMA Read responses (0x0d-0x10), Atomic Acks (0x12): each acknowledges
+        // up to its PSN.
+        if d.len() >= 12 && (0x0d..=0x12).contains(&d[0]) {
+            let mut s = sy.lock().unwrap();
+            let p = psn(d);
+            let newer = s
+                .acked
+                .is_none_or(|a| (p.wrapping_sub(a) & 0xff_ffff) < 1 << 23);
+            if newer {
+                s.acked = Some(p);
+            }
+        }
+        true
+    }));
+    every_operation(&mut x, &mut y, &[100_000]);
+    let s = seen.lock().unwrap();
+    assert!(s.requests > 98, "{} requests", s.requests);
+    assert!(
+        s.max_gap <= 8,
+        "a request went {} PSNs past the last Ack",
+        s.max_gap
+    );
+    assert!(
+        s.ack_reqs >= s.requests / 8,
+        "{} of {} requests asked for an Ack",
+        s.ack_reqs,
+        s.requests
+    );
+    assert!(x.ctx.stats().retransmitted > 0, "{:?}", x.ctx.stats());
+}
+
 /// Garbage from the peer's address and from an unknown address is counted and dropped, and
 /// so are a peer's CNPs (as CNPs); the QPs go on working.
 #[test]
