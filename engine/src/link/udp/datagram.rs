@@ -223,15 +223,69 @@ fn check_cnp(bytes: &[u8], src: SocketAddr, dst: SocketAddr) -> DecodeError {
     }
 }
 
+/// The IPv4 identifications a link's peer sends, learned per destination QP, so that
+/// solving for the ID (which a UDP socket cannot see) does not weaken the ICRC: any
+/// corruption is explained by *some* ID with probability 2^-16, but rarely by one close
+/// after the ID the same peer QP sent last. A sender counts its IDs up (per packet or per
+/// QP), or sends 0 (Linux with DF: never solved for).
+#[derive(Debug, Default)]
+pub(crate) struct IpIds {
+    /// (destination QPN, last ID accepted), most recent last; at most [`IpIds::TRACKED`].
+    last: Vec<(u32, u16)>,
+}
+
+impl IpIds {
+    /// Destination QPs whose peer's IDs are remembered (the oldest is forgotten first).
+    const TRACKED: usize = 64;
+    /// How far after the last ID a new one may be (packets to other QPs of the peer, or
+    /// lost ones, in between).
+    const AHEAD: u16 = 4096;
+    /// How far before the last ID one may be (reordering).
+    const BEHIND: u16 = 64;
+
+    /// Whether a packet to QP `qpn` whose ICRC holds with IPv4 ID `id` is believable —
+    /// the first such packet to that QP, or an ID within [`IpIds::AHEAD`] after (or
+    /// [`IpIds::BEHIND`] before) the last one accepted — and if so, remembers it.
+    pub(crate) fn accept(&mut self, qpn: u32, id: u16) -> bool {
+        let at = self.last.iter().position(|(q, _)| *q == qpn);
+        if let Some(i) = at {
+            let last = self.last[i].1;
+            let near =
+                id.wrapping_sub(last) <= Self::AHEAD || last.wrapping_sub(id) <= Self::BEHIND;
+            if !near {
+                return false;
+            }
+            self.last.remove(i);
+        } else if self.last.len() == Self::TRACKED {
+            self.last.remove(0);
+        }
+        self.last.push((qpn, id));
+        true
+    }
+}
+
 /// Checks the datagram `bytes` (a RoCEv2 UDP payload from `src` to `dst`) and builds the
 /// packet line the engine receives: its headers, and its payload inline if it fits the
 /// line, else a reference to `payload_base + (offset of the payload in bytes)` — where
 /// the datagram lies in the memory the engine reads peer payloads from.
+#[cfg(test)]
 pub(crate) fn decode(
     bytes: &[u8],
     src: SocketAddr,
     dst: SocketAddr,
     payload_base: u64,
+) -> Result<PacketSlot, DecodeError> {
+    decode_from(bytes, src, dst, payload_base, None)
+}
+
+/// [`decode`], where an ICRC that holds only with a nonzero IPv4 ID must also pass `ids`
+/// (the link's [`IpIds`]; `None`: any ID the ICRC can be solved for is taken).
+pub(crate) fn decode_from(
+    bytes: &[u8],
+    src: SocketAddr,
+    dst: SocketAddr,
+    payload_base: u64,
+    ids: Option<&mut IpIds>,
 ) -> Result<PacketSlot, DecodeError> {
     if bytes.len() < MIN_DATAGRAM {
         return Err(DecodeError::Malformed);
@@ -243,7 +297,8 @@ pub(crate) fn decode(
     let hdr_len = info.header_len();
     let pad = usize::from((bytes[1] >> 4) & 3);
     let body = bytes.len() - ICRC_LEN;
-    if hdr_len > SLOT_DATA || hdr_len + pad > body {
+    // Headers, payload and pad make whole 4-byte words in every IBA packet.
+    if hdr_len > SLOT_DATA || hdr_len + pad > body || body % 4 != 0 {
         return Err(DecodeError::Malformed);
     }
     let len = body - hdr_len - pad;
@@ -260,11 +315,21 @@ pub(crate) fn decode(
     // IP ID 0 is what Linux (and this link) sends with DF; a peer that sends another ID
     // covers it with its ICRC, which a UDP socket cannot see: solve for the one ID that
     // makes the ICRC right (the CRC is affine in the ID's 16 bits), if there is one.
-    if with_id_zero != carried
-        && !(src.is_ipv4()
-            && shmhca_proto::roce::solve_ipv4_id(with_id_zero, carried, body).is_some())
-    {
-        return Err(DecodeError::Icrc);
+    if with_id_zero != carried {
+        let id = if src.is_ipv4() {
+            shmhca_proto::roce::solve_ipv4_id(with_id_zero, carried, body)
+        } else {
+            None
+        };
+        let dest_qp = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
+        let believable = match (id, ids) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(id), Some(ids)) => ids.accept(dest_qp, id),
+        };
+        if !believable {
+            return Err(DecodeError::Icrc);
+        }
     }
     let mut slot = PacketSlot {
         hdr_len: hdr_len as u8,
@@ -362,6 +427,42 @@ mod tests {
     /// A peer that sends an IPv4 ID other than 0 covers it with its ICRC, which the socket
     /// cannot see: the datagram is accepted (the one ID that fits is solved for), every
     /// single-bit error in it is still caught, and an IPv6 packet has no ID to solve for.
+    /// A link takes a peer QP's nonzero IDs when they follow on from the last one (a
+    /// counting sender), not a corrupt packet that happens to solve for a far one.
+    #[test]
+    fn solved_ids_must_follow_on_per_destination_qp() {
+        let (s, d) = (v4("198.18.0.1:49200"), v4("198.18.0.2:4791"));
+        let mut t = send_headers(2).to_vec();
+        t.extend_from_slice(b"hello!\0\0");
+        let with = |id: u16, qp: u8| {
+            let mut p = t.clone();
+            p[7] = qp;
+            let crc = icrc_with_id(s, d, id, &[&p]).unwrap();
+            p.extend_from_slice(&crc.to_le_bytes());
+            p
+        };
+        let mut ids = IpIds::default();
+        let mut ok = |p: &[u8], ids: &mut IpIds| decode_from(p, s, d, 0, Some(ids)).is_ok();
+        assert!(ok(&with(0x1234, 0x12), &mut ids), "the first learns");
+        assert!(ok(&with(0x1235, 0x12), &mut ids));
+        assert!(ok(&with(0x1300, 0x12), &mut ids), "within AHEAD");
+        assert!(ok(&with(0x12f0, 0x12), &mut ids), "within BEHIND");
+        assert!(!ok(&with(0x9000, 0x12), &mut ids), "far off");
+        assert!(
+            ok(&with(0x9000, 0x13), &mut ids),
+            "another QP learns its own"
+        );
+        assert!(ok(&with(0, 0x12), &mut ids), "ID 0 is never solved for");
+        // The permissive form takes any solvable ID.
+        assert!(decode(&with(0x9000, 0x12), s, d, 0).is_ok());
+        // At most TRACKED QPs are remembered: the oldest is forgotten and learns again.
+        for q in 0..=IpIds::TRACKED as u32 {
+            assert!(ids.accept(1000 + q, 7));
+        }
+        assert!(ids.last.len() <= IpIds::TRACKED);
+        assert!(ids.accept(1000, 0x8000), "forgotten, so learned again");
+    }
+
     #[test]
     fn a_nonzero_ipv4_id_is_solved_for_and_errors_are_still_caught() {
         let (s, d) = (v4("198.18.0.1:49200"), v4("198.18.0.2:4791"));
@@ -467,6 +568,19 @@ mod tests {
         p.truncate(16);
         p[1] = 3 << 4;
         assert!(decode(&p, s, d, 0).is_err());
+        // A Send Only of 5 payload bytes without pad (12 + 5 = 17: not whole words), its
+        // ICRC right: malformed; with its 3 bytes of pad, accepted.
+        let mut odd = send_headers(0).to_vec();
+        odd.extend_from_slice(&[1, 2, 3, 4, 5]);
+        let crc = icrc(s, d, &[&odd]).unwrap();
+        let mut whole = odd.clone();
+        odd.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(err(decode(&odd, s, d, 0)), Some(DecodeError::Malformed));
+        whole[1] |= 3 << 4;
+        whole.extend_from_slice(&[0, 0, 0]);
+        let crc = icrc(s, d, &[&whole]).unwrap();
+        whole.extend_from_slice(&crc.to_le_bytes());
+        assert!(decode(&whole, s, d, 0).is_ok());
         // A CNP: counted as one when it is one (length, ICRC), else malformed or a bad
         // ICRC like anything else.
         let mut cnp = vec![0u8; CNP_LEN];

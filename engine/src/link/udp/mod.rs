@@ -41,7 +41,13 @@
 //!
 //! Buffers: a receive buffer is reused only once the engine has consumed every frame
 //! that refers to it (the pump reads the consumer's position off the ring before it
-//! receives into a buffer again), so a payload reference never sees a newer datagram.
+//! receives into a buffer again), so a payload reference never sees a newer datagram. The
+//! pump receives only between engine iterations, on the engine's own thread, and an
+//! iteration copies the payload of every frame it takes before it ends: a frame the ring
+//! counts as consumed has had its payload copied. (With a pump thread of its own, the
+//! ring's consumer position, published as frames are taken and before their payloads are
+//! copied, let a stranger's datagrams overwrite a checked payload: found by a hostile
+//! review; gone with the thread.)
 //!
 //! # Addressing
 //!
@@ -192,9 +198,12 @@ const RX_BUFFERS: usize = 1024;
 pub(crate) const MAX_IN_FLIGHT: u32 = 256;
 
 impl UdpPort {
-    /// Binds `addr`, port 4791, for `ctx`, and starts the port's pump thread.
+    /// Binds `addr`, port 4791, for `ctx`: the engine drives the port from then on, and a
+    /// watcher thread wakes it from sleep when a datagram arrives.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for an address that is not one unicast address (the
+    /// unspecified address, multicast, broadcast).
     /// [`Error::Io`] if the socket cannot be bound — when 4791 is taken on that address,
     /// the message names the likely holder ("rdma_rxe owns UDP 4791 on this host" where
     /// Linux soft-RoCE is loaded).
@@ -205,6 +214,18 @@ impl UdpPort {
     /// [`UdpPort::bind`] on any port (tests bind port 0 on loopback addresses; peers are
     /// then found at their own bound port, see [`UdpPort::destination_at`]).
     pub(crate) fn bind_addr(ctx: &Context, addr: SocketAddr) -> Result<UdpPort> {
+        let ip = addr.ip();
+        let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+        if ip.is_unspecified() || ip.is_multicast() || broadcast {
+            return Err(Error::invalid(
+                "UdpPort::bind",
+                format!(
+                    "{ip} is not one address of this host: a RoCEv2 port binds one unicast \
+                     address (its GID; see shmhca::gid_table), since every packet's ICRC \
+                     covers the source and destination addresses"
+                ),
+            ));
+        }
         let shared = &ctx.shared;
         let sock = Arc::new(socket::UdpSocket::bind(addr)?);
         let active_mtu = gid::active_mtu_of(addr.ip());
@@ -312,11 +333,26 @@ impl UdpPort {
                 .qp_by_qpn(qp.qpn())
                 .map(|q| q.mem.read_only())
                 .ok_or(Error::ForeignObject { what: "QP" })?;
+            let live: Vec<Qpn> = e.qps().map(|q| q.proto.qpn).collect();
+            if let Some(p) = e.udp.get_mut(pump) {
+                p.add_qp(peer.ip(), qpn, qp.qpn(), arena, |q| live.contains(&q))
+                    .map_err(|holder| {
+                        Error::invalid(
+                            "UdpPort::destination",
+                            format!(
+                                "remote QP {:#x} at {} is the destination of this \
+                                 context's QP {:#x} already: an RC QP talks to one QP, \
+                                 so destroy that one first (or connect to another \
+                                 remote QP)",
+                                qpn.get(),
+                                peer.ip(),
+                                holder.get()
+                            ),
+                        )
+                    })?;
+            }
             if let Some(l) = e.link_mut(link) {
                 l.add_peer_qp(qpn, RX_ARENA_KEY, rx_mem.share());
-            }
-            if let Some(p) = e.udp.get_mut(pump) {
-                p.add_qp(peer.ip(), qpn, arena);
             }
             Ok(Destination { link, qpn })
         })

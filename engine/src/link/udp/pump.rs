@@ -56,7 +56,9 @@ pub(crate) struct TxEnd {
     from_engine: LinesConsumer<ShmLines>,
     /// The link segment (keeps it mapped).
     _segment: Mem,
-    qps: Vec<(Qpn, Mem)>,
+    /// Per remote QP this link's packets go to: the local QP that talks to it, and the
+    /// memory its payloads are read from.
+    qps: Vec<(Qpn, Qpn, Mem)>,
 }
 
 /// The receive side's end of one link: the ring to the engine.
@@ -71,6 +73,8 @@ pub(crate) struct RxEnd {
     frame_dgram: Box<[u64]>,
     /// Frames published to the engine.
     pushed: u64,
+    /// The IPv4 IDs the peer's QPs send (see `datagram::IpIds`).
+    ids: datagram::IpIds,
 }
 
 /// The pump's two ends of a link to `addr`: `ends`, attached to `segment` on the opener's
@@ -91,13 +95,17 @@ pub(crate) fn link_ends(addr: SocketAddr, segment: Arc<Segment>, ends: LinkEnds)
             _segment: segment,
             frame_dgram: vec![0; cap].into_boxed_slice(),
             pushed: 0,
+            ids: datagram::IpIds::default(),
         },
     )
 }
 
 impl TxEnd {
     fn arena(&self, remote: Qpn) -> Option<&Mem> {
-        self.qps.iter().find(|(q, _)| *q == remote).map(|(_, m)| m)
+        self.qps
+            .iter()
+            .find(|(q, _, _)| *q == remote)
+            .map(|(_, _, m)| m)
     }
 }
 
@@ -269,7 +277,13 @@ impl RxPump {
                 bump(&mut counters.malformed_dropped, 1);
                 continue;
             }
-            let slot = match datagram::decode(&self.scratch[..len], src, local, off) {
+            let slot = match datagram::decode_from(
+                &self.scratch[..len],
+                src,
+                local,
+                off,
+                Some(&mut l.ids),
+            ) {
                 Ok(s) => s,
                 Err(DecodeError::Icrc) => {
                     bump(&mut counters.icrc_dropped, 1);
@@ -345,13 +359,31 @@ impl Pump {
         self.rx.links.push(rx);
     }
 
-    /// The QPs of the link to `peer` that talk to remote QP `remote` read their payloads
-    /// from `arena`.
-    pub(crate) fn add_qp(&mut self, peer: IpAddr, remote: Qpn, arena: Mem) {
-        if let Some(l) = self.tx.links.iter_mut().find(|l| l.addr.ip() == peer) {
-            l.qps.retain(|(q, _)| *q != remote);
-            l.qps.push((remote, arena));
+    /// Local QP `local`, which reads its payloads from `arena`, talks to remote QP
+    /// `remote` over the link to `peer`. Entries of local QPs that are gone (`alive` says
+    /// which are not) are dropped first.
+    ///
+    /// # Errors
+    /// Another live local QP talks to `remote` already (its QPN): the packets to a remote
+    /// QP are read from one QP's memory, so two cannot share it.
+    pub(crate) fn add_qp(
+        &mut self,
+        peer: IpAddr,
+        remote: Qpn,
+        local: Qpn,
+        arena: Mem,
+        alive: impl Fn(Qpn) -> bool,
+    ) -> Result<(), Qpn> {
+        let Some(l) = self.tx.links.iter_mut().find(|l| l.addr.ip() == peer) else {
+            return Ok(());
+        };
+        l.qps.retain(|(_, q, _)| alive(*q));
+        if let Some((_, holder, _)) = l.qps.iter().find(|(r, q, _)| *r == remote && *q != local) {
+            return Err(*holder);
         }
+        l.qps.retain(|(r, _, _)| *r != remote);
+        l.qps.push((remote, local, arena));
+        Ok(())
     }
 
     /// Installs a hook on every datagram sent (tests: drop, corrupt).

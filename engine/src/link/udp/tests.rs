@@ -477,6 +477,53 @@ fn a_ports_counters_are_in_the_contexts_stats_and_stay_after_it_closes() {
     assert_eq!((after.datagrams_received, after.malformed_dropped), (3, 3));
 }
 
+/// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
+/// QP from one QP's memory (another protection domain's bytes must never go out as this
+/// QP's payload). Once the first QP is destroyed, the remote QP is free again.
+#[test]
+fn two_local_qps_cannot_share_one_remote_qp() {
+    let ctx = crate::raw_peer::inline_context();
+    let port = UdpPort::bind_addr(&ctx, "127.0.0.17:0".parse().unwrap()).unwrap();
+    let (pd1, pd2) = (ctx.alloc_pd().unwrap(), ctx.alloc_pd().unwrap());
+    let cq = ctx.create_cq(8).unwrap();
+    let q1 = ctx.create_qp(&pd1, &cq, &cq, QpCaps::default()).unwrap();
+    let q2 = ctx.create_qp(&pd2, &cq, &cq, QpCaps::default()).unwrap();
+    let peer: SocketAddr = "127.0.0.18:4791".parse().unwrap();
+    let remote = crate::Qpn::new(0x42);
+    port.destination_at(&q1, peer, remote).unwrap();
+    // The same QP again is fine (an RTR retried).
+    port.destination_at(&q1, peer, remote).unwrap();
+    let err = port
+        .destination_at(&q2, peer, remote)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("0x42") && err.contains(&format!("{:#x}", q1.qpn().get())),
+        "{err}"
+    );
+    // Another remote QP is fine.
+    port.destination_at(&q2, peer, crate::Qpn::new(0x43))
+        .unwrap();
+    drop(q1);
+    port.destination_at(&q2, peer, remote).unwrap();
+}
+
+/// A port binds one unicast address: the ICRC covers the addresses, so a wildcard bind
+/// would fail every packet's check without a word.
+#[test]
+fn a_wildcard_multicast_or_broadcast_address_is_refused() {
+    let ctx = crate::raw_peer::inline_context();
+    for a in ["0.0.0.0", "::", "224.0.0.1", "ff02::1", "255.255.255.255"] {
+        let err = UdpPort::bind_addr(&ctx, SocketAddr::new(a.parse().unwrap(), 0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(a) && err.contains("unicast address"),
+            "{a}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_taken_port_is_a_clear_error() {
     let _serial = serial();
