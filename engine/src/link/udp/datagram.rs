@@ -442,7 +442,7 @@ mod tests {
             p
         };
         let mut ids = IpIds::default();
-        let mut ok = |p: &[u8], ids: &mut IpIds| decode_from(p, s, d, 0, Some(ids)).is_ok();
+        let ok = |p: &[u8], ids: &mut IpIds| decode_from(p, s, d, 0, Some(ids)).is_ok();
         assert!(ok(&with(0x1234, 0x12), &mut ids), "the first learns");
         assert!(ok(&with(0x1235, 0x12), &mut ids));
         assert!(ok(&with(0x1300, 0x12), &mut ids), "within AHEAD");
