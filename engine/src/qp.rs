@@ -145,6 +145,13 @@ pub struct QpAttr {
     /// Initiator depth: RDMA Read/Atomic requests this QP has outstanding at once; must not
     /// exceed the remote's responder resources (required for RTR → RTS, 0..=16).
     pub max_rd_atomic: Option<u8>,
+    /// The IP TTL (IPv4) or hop limit (IPv6) of the QP's packets over a UDP link
+    /// (`ibv_ah_attr.grh.hop_limit`; optional in Init → RTR; 0: the host's default, 64).
+    /// Shared-memory links have no IP header: there it is kept and changes nothing.
+    pub hop_limit: Option<u8>,
+    /// The IP TOS (IPv4) or traffic class (IPv6) of the QP's packets over a UDP link: DSCP
+    /// and ECN bits (`ibv_ah_attr.grh.traffic_class`; optional in Init → RTR).
+    pub traffic_class: Option<u8>,
 }
 
 macro_rules! setters {
@@ -171,6 +178,8 @@ impl QpAttr {
             retry_cnt: None,
             rnr_retry: None,
             max_rd_atomic: None,
+            hop_limit: None,
+            traffic_class: None,
         }
     }
 
@@ -199,6 +208,10 @@ impl QpAttr {
         rnr_retry: u8,
         /// Sets the initiator depth.
         max_rd_atomic: u8,
+        /// Sets the IP TTL or hop limit over a UDP link.
+        hop_limit: u8,
+        /// Sets the IP TOS or traffic class over a UDP link.
+        traffic_class: u8,
     }
 
     /// Sets the remote QP by the LID of its port and its QPN (`ibv_ah_attr.dlid` and
@@ -237,6 +250,8 @@ impl QpAttr {
             ("retry_cnt", self.retry_cnt.is_some()),
             ("rnr_retry", self.rnr_retry.is_some()),
             ("max_rd_atomic", self.max_rd_atomic.is_some()),
+            ("hop_limit", self.hop_limit.is_some()),
+            ("traffic_class", self.traffic_class.is_some()),
         ]
         .into_iter()
         .filter_map(|(n, set)| set.then_some(n))
@@ -259,7 +274,7 @@ fn rules(from: QpState, to: QpState) -> Option<(&'static [&'static str], &'stati
                 "max_dest_rd_atomic",
                 "min_rnr_timer",
             ],
-            &["access", "remote_credits"],
+            &["access", "remote_credits", "hop_limit", "traffic_class"],
         ),
         (Rtr, Rts) => (
             &[
@@ -385,6 +400,12 @@ pub fn plan_modify(from: QpState, cur: &QpConfig, attr: &QpAttr) -> Result<(QpSt
     }
     if let Some(v) = attr.remote_credits {
         next.remote_credits = v;
+    }
+    if let Some(v) = attr.hop_limit {
+        next.hop_limit = v;
+    }
+    if let Some(v) = attr.traffic_class {
+        next.traffic_class = v;
     }
     Ok((to, next))
 }

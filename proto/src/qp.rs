@@ -223,6 +223,12 @@ pub struct QpConfig {
     pub rnr_retry: u8,
     /// Initiator depth.
     pub max_rd_atomic: u8,
+    /// The IP TTL (IPv4) or hop limit (IPv6) of its packets over RoCEv2
+    /// (`ibv_ah_attr.grh.hop_limit`); 0: the host's default.
+    pub hop_limit: u8,
+    /// The IP TOS (IPv4) or traffic class (IPv6) of its packets over RoCEv2 (DSCP and ECN
+    /// bits, `ibv_ah_attr.grh.traffic_class`).
+    pub traffic_class: u8,
 }
 
 impl Default for QpConfig {
@@ -240,6 +246,8 @@ impl Default for QpConfig {
             retry_cnt: 0,
             rnr_retry: 0,
             max_rd_atomic: 0,
+            hop_limit: 0,
+            traffic_class: 0,
         }
     }
 }

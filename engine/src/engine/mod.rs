@@ -359,6 +359,12 @@ impl Engine {
         qp.shared
             .max_rd_atomic
             .store(cfg.max_rd_atomic, std::sync::atomic::Ordering::Relaxed);
+        if !self.udp.is_empty()
+            && (attr.hop_limit.is_some() || attr.traffic_class.is_some() || attr.dest.is_some())
+        {
+            let qpn = qp.proto.qpn;
+            self.udp.set_ip_opts(qpn, cfg.hop_limit, cfg.traffic_class);
+        }
         self.active.insert(index);
         Ok(())
     }

@@ -31,7 +31,7 @@ use shmhca_rings::segment::Segment;
 
 use super::UdpCounters;
 use super::datagram::{self, DecodeError};
-use super::socket::{BURST, DGRAM_BYTES, RxRing, TxBurst, UdpSocket};
+use super::socket::{BURST, DGRAM_BYTES, IpOpts, RxRing, TxBurst, UdpSocket};
 use crate::engine::wake;
 use crate::link::LinkEnds;
 use crate::mem::Mem;
@@ -56,9 +56,17 @@ pub(crate) struct TxEnd {
     from_engine: LinesConsumer<ShmLines>,
     /// The link segment (keeps it mapped).
     _segment: Mem,
-    /// Per remote QP this link's packets go to: the local QP that talks to it, and the
-    /// memory its payloads are read from.
-    qps: Vec<(Qpn, Qpn, Mem)>,
+    /// Per remote QP this link's packets go to: the local QP that talks to it.
+    qps: Vec<Route>,
+}
+
+/// How the packets to one remote QP are sent: from which local QP, reading payloads from
+/// which memory, with which IP header fields.
+struct Route {
+    remote: Qpn,
+    local: Qpn,
+    arena: Mem,
+    opts: IpOpts,
 }
 
 /// The receive side's end of one link: the ring to the engine.
@@ -101,11 +109,8 @@ pub(crate) fn link_ends(addr: SocketAddr, segment: Arc<Segment>, ends: LinkEnds)
 }
 
 impl TxEnd {
-    fn arena(&self, remote: Qpn) -> Option<&Mem> {
-        self.qps
-            .iter()
-            .find(|(q, _, _)| *q == remote)
-            .map(|(_, _, m)| m)
+    fn route(&self, remote: Qpn) -> Option<&Route> {
+        self.qps.iter().find(|r| r.remote == remote)
     }
 }
 
@@ -170,11 +175,13 @@ impl TxPump {
                 let slots: &[PacketSlot] = bytemuck::cast_slice(&lines[..n]);
                 let remote = RxPacket::dest_qp(&slots[0]);
                 let to = self.links[i].addr;
+                let route = self.links[i].route(remote);
+                let opts = route.map_or_else(IpOpts::default, |r| r.opts);
                 let Some(buf) = self.tx.next_buf() else {
                     break 'links;
                 };
-                match datagram::encode(slots, self.links[i].arena(remote), local, to, buf) {
-                    Ok(len) => self.stage(len, to),
+                match datagram::encode(slots, route.map(|r| &r.arena), local, to, buf) {
+                    Ok(len) => self.stage(len, to, opts),
                     Err(_) => bump(&mut counters.encode_dropped, 1),
                 }
                 let Some(buf) = self.tx.next_buf() else {
@@ -182,7 +189,7 @@ impl TxPump {
                 };
                 if let Some(r) = datagram::riding_ack_datagram(&slots[0], local, to, buf) {
                     match r {
-                        Ok(len) => self.stage(len, to),
+                        Ok(len) => self.stage(len, to, opts),
                         Err(_) => bump(&mut counters.encode_dropped, 1),
                     }
                 }
@@ -193,15 +200,16 @@ impl TxPump {
         moved
     }
 
-    /// Stages the datagram of `len` bytes just written (through the test hook).
-    fn stage(&mut self, len: usize, to: SocketAddr) {
+    /// Stages the datagram of `len` bytes just written (through the test hook), to be sent
+    /// with `opts`.
+    fn stage(&mut self, len: usize, to: SocketAddr, opts: IpOpts) {
         #[cfg(test)]
         if let (Some(h), Some(buf)) = (self.hook.as_mut(), self.tx.next_buf()) {
             if !h(&mut buf[..len]) {
                 return;
             }
         }
-        self.tx.commit(len, to);
+        self.tx.commit_with(len, to, opts);
     }
 
     /// Sends what is staged.
@@ -377,13 +385,38 @@ impl Pump {
         let Some(l) = self.tx.links.iter_mut().find(|l| l.addr.ip() == peer) else {
             return Ok(());
         };
-        l.qps.retain(|(_, q, _)| alive(*q));
-        if let Some((_, holder, _)) = l.qps.iter().find(|(r, q, _)| *r == remote && *q != local) {
-            return Err(*holder);
+        l.qps.retain(|r| alive(r.local));
+        if let Some(r) = l
+            .qps
+            .iter()
+            .find(|r| r.remote == remote && r.local != local)
+        {
+            return Err(r.local);
         }
-        l.qps.retain(|(r, _, _)| *r != remote);
-        l.qps.push((remote, local, arena));
+        l.qps.retain(|r| r.remote != remote);
+        l.qps.push(Route {
+            remote,
+            local,
+            arena,
+            opts: IpOpts::default(),
+        });
         Ok(())
+    }
+
+    /// The IP header fields of local QP `local`'s packets (its `hop_limit` and
+    /// `traffic_class`); whether it has a route on this pump.
+    pub(crate) fn set_ip_opts(&mut self, local: Qpn, hop_limit: u8, traffic_class: u8) -> bool {
+        let mut found = false;
+        for r in self.tx.links.iter_mut().flat_map(|l| l.qps.iter_mut()) {
+            if r.local == local {
+                r.opts = IpOpts {
+                    hop_limit,
+                    traffic_class,
+                };
+                found = true;
+            }
+        }
+        found
     }
 
     /// Installs a hook on every datagram sent (tests: drop, corrupt).
@@ -495,6 +528,15 @@ pub(crate) fn add_counters(s: &mut shmhca_proto::stats::Stats, c: &UdpCounters) 
 }
 
 impl Pumps {
+    /// Every pump's [`Pump::set_ip_opts`].
+    pub(crate) fn set_ip_opts(&mut self, local: Qpn, hop_limit: u8, traffic_class: u8) {
+        for p in &mut self.pumps {
+            if p.set_ip_opts(local, hop_limit, traffic_class) {
+                return;
+            }
+        }
+    }
+
     /// Every pump's [`Pump::wait_on`].
     pub(crate) fn wait_on(&self, set: &mut wake::WaitSet) {
         for p in &self.pumps {

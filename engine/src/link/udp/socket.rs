@@ -431,8 +431,24 @@ pub(crate) struct TxBurst {
     bufs: Box<[u8]>,
     lens: [usize; BURST],
     dests: [SocketAddr; BURST],
+    opts: [IpOpts; BURST],
     len: usize,
 }
+
+/// The IP header fields a datagram is sent with: its TTL (IPv4) or hop limit (IPv6), and
+/// its TOS (IPv4) or traffic class (IPv6) — the QP's `hop_limit` and `traffic_class`, as
+/// `ibv_ah_attr.grh` gives them. 0 leaves the socket's default (TTL 64, TOS 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct IpOpts {
+    /// TTL or hop limit (0: the default).
+    pub(crate) hop_limit: u8,
+    /// TOS or traffic class (0: the default, 0).
+    pub(crate) traffic_class: u8,
+}
+
+/// Control-message room for one datagram: two `int` options (`CMSG_SPACE(4)` = 16 bytes
+/// each on Linux), in 8-byte words for the alignment of `cmsghdr`.
+const CTRL_WORDS: usize = 8;
 
 impl Default for TxBurst {
     fn default() -> TxBurst {
@@ -447,6 +463,7 @@ impl TxBurst {
             bufs: vec![0u8; BURST * DGRAM_BYTES].into_boxed_slice(),
             lens: [0; BURST],
             dests: [SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); BURST],
+            opts: [IpOpts::default(); BURST],
             len: 0,
         }
     }
@@ -478,13 +495,20 @@ impl TxBurst {
 
     /// Stages the first `len` bytes of the buffer [`TxBurst::next_buf`] returned, for
     /// `dest`. Ignored if the burst is full or `len` exceeds a buffer.
+    #[cfg(test)]
     pub(crate) fn commit(&mut self, len: usize, dest: SocketAddr) {
+        self.commit_with(len, dest, IpOpts::default());
+    }
+
+    /// [`TxBurst::commit`], sent with the IP header fields `opts`.
+    pub(crate) fn commit_with(&mut self, len: usize, dest: SocketAddr, opts: IpOpts) {
         if self.is_full() || len > DGRAM_BYTES {
             debug_assert!(false, "commit without room");
             return;
         }
         self.lens[self.len] = len;
         self.dests[self.len] = dest;
+        self.opts[self.len] = opts;
         self.len += 1;
     }
 
@@ -502,6 +526,7 @@ impl TxBurst {
             let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
             // SAFETY: as above.
             let mut names: [libc::sockaddr_storage; BURST] = unsafe { std::mem::zeroed() };
+            let mut ctrl = [[0u64; CTRL_WORDS]; BURST];
             for k in 0..n {
                 let i = at + k;
                 let (ss, slen) = to_raw(&self.dests[i]);
@@ -514,6 +539,10 @@ impl TxBurst {
                 hdrs[k].msg_hdr.msg_namelen = slen;
                 hdrs[k].msg_hdr.msg_iov = &raw mut iovs[k];
                 hdrs[k].msg_hdr.msg_iovlen = 1;
+                let o = self.opts[i];
+                if o != IpOpts::default() {
+                    write_ip_opts(&mut hdrs[k].msg_hdr, &mut ctrl[k], self.dests[i], o);
+                }
             }
             // SAFETY: `hdrs[..n]` each point at a live address and one iovec over a live
             // buffer of this burst of the length given; the arrays outlive the call.
@@ -547,9 +576,60 @@ impl TxBurst {
                 .copy_within(at * DGRAM_BYTES..self.len * DGRAM_BYTES, 0);
             self.lens.copy_within(at..self.len, 0);
             self.dests.copy_within(at..self.len, 0);
+            self.opts.copy_within(at..self.len, 0);
         }
         self.len -= at;
         report
+    }
+}
+
+/// Points `msg`'s control data at `ctrl` and writes there the control messages that set
+/// `opts` for a datagram to `dest`: `IP_TTL`/`IP_TOS` for IPv4, `IPV6_HOPLIMIT`/
+/// `IPV6_TCLASS` for IPv6, each an `int`, only those that are not 0.
+fn write_ip_opts(
+    msg: &mut libc::msghdr,
+    ctrl: &mut [u64; CTRL_WORDS],
+    dest: SocketAddr,
+    o: IpOpts,
+) {
+    let (level, ttl, tos) = match dest {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, libc::IPV6_TCLASS),
+    };
+    let opts = [(ttl, o.hop_limit), (tos, o.traffic_class)];
+    msg.msg_control = ctrl.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; CTRL_WORDS]>() as _;
+    // SAFETY: pure arithmetic on a constant (the macro is `unsafe` only by declaration).
+    let len = unsafe { libc::CMSG_LEN(size_of::<i32>() as u32) };
+    // SAFETY: as above.
+    let space = unsafe { libc::CMSG_SPACE(size_of::<i32>() as u32) };
+    let mut used = 0usize;
+    // SAFETY: `msg_control` points at `ctrl`, 8-byte aligned and `msg_controllen` long.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(msg) };
+    for (name, v) in opts {
+        if v == 0 {
+            continue;
+        }
+        if c.is_null() || used + space as usize > size_of::<[u64; CTRL_WORDS]>() {
+            break;
+        }
+        // SAFETY: a non-null header from CMSG_FIRSTHDR/CMSG_NXTHDR lies inside `ctrl` with
+        // room for CMSG_SPACE(4) bytes (checked just above); nothing else refers to it.
+        let h = unsafe { &mut *c };
+        h.cmsg_level = level;
+        h.cmsg_type = name;
+        h.cmsg_len = len as _;
+        // SAFETY: the data of that header, inside `ctrl`, as long as an `int` (`cmsg_len`).
+        let data = unsafe { libc::CMSG_DATA(c) };
+        // SAFETY: `data` is valid for 4 bytes (above); unaligned write.
+        unsafe { std::ptr::write_unaligned(data.cast::<i32>(), i32::from(v)) };
+        used += space as usize;
+        // SAFETY: `c` is a header of `msg`'s control data with its length set.
+        c = unsafe { libc::CMSG_NXTHDR(msg, c) };
+    }
+    msg.msg_controllen = used as _;
+    if used == 0 {
+        msg.msg_control = std::ptr::null_mut();
     }
 }
 
@@ -820,14 +900,14 @@ pub(crate) mod netns {
             Ok(PacketCapture(fd))
         }
 
-        /// The (IP ID, flags and fragment offset) of the first `want` IPv4 UDP packets to
-        /// destination port `port` captured, within `within`.
-        pub(crate) fn ipv4_udp_headers(
+        /// The first `want` IPv4 UDP packets to destination port `port` captured (from
+        /// their IP header on), within `within`.
+        pub(crate) fn ipv4_udp_packets(
             &self,
             port: u16,
             want: usize,
             within: Duration,
-        ) -> Vec<(u16, u16)> {
+        ) -> Vec<Vec<u8>> {
             let mut out = Vec::new();
             let mut buf = [0u8; 2048];
             let end = Instant::now() + within;
@@ -850,14 +930,30 @@ pub(crate) mod netns {
                 if p.len() >= 28 && p[0] >> 4 == 4 && p[9] == 17 {
                     let ihl = usize::from(p[0] & 15) * 4;
                     if p.len() >= ihl + 8 && u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]) == port {
-                        out.push((
-                            u16::from_be_bytes([p[4], p[5]]),
-                            u16::from_be_bytes([p[6], p[7]]),
-                        ));
+                        out.push(p.to_vec());
                     }
                 }
             }
             out
+        }
+
+        /// The (IP ID, flags and fragment offset) of the first `want` IPv4 UDP packets to
+        /// destination port `port` captured, within `within`.
+        pub(crate) fn ipv4_udp_headers(
+            &self,
+            port: u16,
+            want: usize,
+            within: Duration,
+        ) -> Vec<(u16, u16)> {
+            self.ipv4_udp_packets(port, want, within)
+                .iter()
+                .map(|p| {
+                    (
+                        u16::from_be_bytes([p[4], p[5]]),
+                        u16::from_be_bytes([p[6], p[7]]),
+                    )
+                })
+                .collect()
         }
     }
 }
@@ -1042,5 +1138,48 @@ mod tests {
         for (id, flags) in ids {
             assert_eq!((id, flags & 0x4000), (0, 0x4000), "IP ID and DF");
         }
+    }
+
+    /// A datagram's TTL and TOS are what its QP says (`IpOpts`), per datagram, and the
+    /// socket's defaults (64, 0) where it says nothing.
+    #[test]
+    fn each_datagram_goes_with_its_ttl_and_tos() {
+        if !super::netns::available("each_datagram_goes_with_its_ttl_and_tos") {
+            return;
+        }
+        let got = super::netns::in_fresh_netns("shmhca-ttl", || {
+            let a = UdpSocket::bind("127.0.0.1:4791".parse().unwrap()).unwrap();
+            let b = UdpSocket::bind("127.0.0.2:4791".parse().unwrap()).unwrap();
+            let cap = super::netns::PacketCapture::open("lo").unwrap();
+            let mut tx = TxBurst::new();
+            let opts = [
+                IpOpts::default(),
+                IpOpts {
+                    hop_limit: 7,
+                    traffic_class: 0x68,
+                },
+                IpOpts {
+                    hop_limit: 200,
+                    traffic_class: 0,
+                },
+                IpOpts {
+                    hop_limit: 0,
+                    traffic_class: 0xb8,
+                },
+            ];
+            for (i, o) in opts.iter().enumerate() {
+                tx.next_buf().unwrap()[0] = i as u8;
+                tx.commit_with(16, b.local_addr(), *o);
+            }
+            assert_eq!(tx.send(&a).sent, 4);
+            cap.ipv4_udp_packets(4791, 4, std::time::Duration::from_secs(5))
+        })
+        .unwrap();
+        let seen: Vec<(u8, u8)> = got.iter().map(|p| (p[8], p[1])).collect();
+        assert_eq!(
+            seen,
+            [(64, 0), (7, 0x68), (200, 0), (64, 0xb8)],
+            "(TTL, TOS)"
+        );
     }
 }

@@ -477,6 +477,71 @@ fn a_ports_counters_are_in_the_contexts_stats_and_stay_after_it_closes() {
     assert_eq!((after.datagrams_received, after.malformed_dropped), (3, 3));
 }
 
+/// A QP's `hop_limit` and `traffic_class` are the TTL and TOS of its datagrams (its
+/// requests and its Acks); a QP that sets none sends the defaults (64, 0). In a namespace
+/// of the test's own, captured on its loopback (root only).
+#[test]
+fn a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos() {
+    use super::socket::netns::{Netns, PacketCapture, available};
+    let _serial = serial();
+    if !available("a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos") {
+        return;
+    }
+    let ns = Netns::new(&format!("shmhca-grh-{}", std::process::id() % 100_000)).unwrap();
+    let cap = ns.run(|| PacketCapture::open("lo")).unwrap().unwrap();
+    let (xa, ya): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    let mut x = end_in(&ns, xa);
+    let mut y = end_in(&ns, ya);
+    let dest = x.port.destination(&x.qp, ya, y.qp.qpn()).unwrap();
+    x.qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    x.qp.modify(
+        &QpAttr::new(QpState::Rtr)
+            .path_mtu(Mtu::Mtu1024)
+            .dest(dest)
+            .rq_psn(0)
+            .max_dest_rd_atomic(4)
+            .min_rnr_timer(1)
+            .hop_limit(9)
+            .traffic_class(0x20),
+    )
+    .unwrap();
+    x.qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(0)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(4),
+    )
+    .unwrap();
+    assert_eq!(
+        (x.qp.config().hop_limit, x.qp.config().traffic_class),
+        (9, 0x20)
+    );
+    connect_real(&mut y, &x, xa);
+    every_operation(&mut x, &mut y, &[8]);
+    let packets = cap.ipv4_udp_packets(4791, 8, Duration::from_secs(5));
+    let from_x = packets
+        .iter()
+        .filter(|p| p[12..16] == [127, 0, 0, 1])
+        .count();
+    assert!(
+        from_x > 0 && from_x < packets.len(),
+        "captured {} datagrams, {from_x} from x",
+        packets.len()
+    );
+    for p in &packets {
+        let from_x = p[12..16] == [127, 0, 0, 1];
+        let want = if from_x { (9, 0x20) } else { (64, 0) };
+        assert_eq!(
+            (p[8], p[1]),
+            want,
+            "(TTL, TOS) of a datagram from x: {from_x}"
+        );
+    }
+}
+
 /// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
 /// QP from one QP's memory (another protection domain's bytes must never go out as this
 /// QP's payload). Once the first QP is destroyed, the remote QP is free again.
