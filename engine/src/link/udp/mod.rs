@@ -113,10 +113,33 @@ pub struct UdpCounters {
     pub encode_dropped: u64,
 }
 
-/// A test hook on every datagram the pump sends: it may change the bytes; returning false
-/// drops the datagram.
+/// A test hook on every datagram the pump sends: it may change the bytes, and says what
+/// becomes of the datagram — the project's fault stage for the UDP link (this kernel has
+/// no `netem`).
 #[cfg(test)]
-pub(crate) type DatagramHook = Box<dyn FnMut(&mut [u8]) -> bool + Send>;
+pub(crate) type DatagramHook = Box<dyn FnMut(&mut [u8]) -> Fate + Send>;
+
+/// What a [`DatagramHook`] does with a datagram.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Sent.
+    Send,
+    /// Lost.
+    Drop,
+    /// Sent twice (a duplicate right behind it).
+    Twice,
+    /// Sent after the next datagram (or at the pump's next round): reordered.
+    Later,
+}
+
+#[cfg(test)]
+impl Fate {
+    /// `Send` if `keep`, else `Drop`.
+    pub(crate) fn send_if(keep: bool) -> Fate {
+        if keep { Fate::Send } else { Fate::Drop }
+    }
+}
 
 /// A RoCEv2 endpoint of one context on one local address: the UDP socket bound to
 /// (address, 4791), its pump thread, and one link per peer address.

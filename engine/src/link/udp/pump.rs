@@ -147,6 +147,9 @@ struct TxPump {
     links: Vec<TxEnd>,
     #[cfg(test)]
     hook: Option<super::DatagramHook>,
+    /// A datagram the hook holds back (`Fate::Later`): its bytes, destination and options.
+    #[cfg(test)]
+    held: Option<(Vec<u8>, SocketAddr, IpOpts)>,
 }
 
 impl TxPump {
@@ -155,6 +158,8 @@ impl TxPump {
     /// stays staged, and the frames behind it stay in their rings (the engine sees a full
     /// link).
     fn step(&mut self, sock: &UdpSocket, counters: &mut UdpCounters) -> usize {
+        #[cfg(test)]
+        self.release_held();
         let mut lines = [Line::ZERO; MAX_FRAME_LINES];
         let mut moved = 0;
         let local = sock.local_addr();
@@ -205,11 +210,44 @@ impl TxPump {
     fn stage(&mut self, len: usize, to: SocketAddr, opts: IpOpts) {
         #[cfg(test)]
         if let (Some(h), Some(buf)) = (self.hook.as_mut(), self.tx.next_buf()) {
-            if !h(&mut buf[..len]) {
-                return;
+            match h(&mut buf[..len]) {
+                super::Fate::Send => {}
+                super::Fate::Drop => return,
+                super::Fate::Twice => {
+                    let copy = buf[..len].to_vec();
+                    self.tx.commit_with(len, to, opts);
+                    self.stage_copy(&copy, to, opts);
+                    return;
+                }
+                super::Fate::Later => {
+                    let copy = buf[..len].to_vec();
+                    self.release_held();
+                    self.held = Some((copy, to, opts));
+                    return;
+                }
             }
+            self.tx.commit_with(len, to, opts);
+            self.release_held();
+            return;
         }
         self.tx.commit_with(len, to, opts);
+    }
+
+    /// Stages a copy of a datagram (tests: a duplicate, a held one), if there is room.
+    #[cfg(test)]
+    fn stage_copy(&mut self, bytes: &[u8], to: SocketAddr, opts: IpOpts) {
+        if let Some(buf) = self.tx.next_buf() {
+            buf[..bytes.len()].copy_from_slice(bytes);
+            self.tx.commit_with(bytes.len(), to, opts);
+        }
+    }
+
+    /// Stages the datagram held back, if any (tests).
+    #[cfg(test)]
+    fn release_held(&mut self) {
+        if let Some((bytes, to, opts)) = self.held.take() {
+            self.stage_copy(&bytes, to, opts);
+        }
     }
 
     /// Sends what is staged.
@@ -350,6 +388,8 @@ impl Pump {
                 links: Vec::new(),
                 #[cfg(test)]
                 hook: None,
+                #[cfg(test)]
+                held: None,
             },
             rx: RxPump {
                 rx,
