@@ -58,14 +58,26 @@
 //! link. A [`Destination`] is the link and the peer's QPN, given to
 //! `QpAttr::dest` at RTR as with shared-memory links.
 //!
+//! # Addressing and the IP header
+//!
+//! * [`gid_table`](crate::gid_table) lists this host's addresses as RoCEv2 GIDs;
+//!   [`UdpPort::destination_gid`] names a peer by GID.
+//! * A port's [`UdpPort::active_mtu`] (from its interface's MTU) caps its QPs' path MTU.
+//! * A QP's `hop_limit` and `traffic_class` ([`QpAttr`](crate::QpAttr)) are the TTL and
+//!   TOS of its datagrams, per datagram (`sendmmsg` control messages).
+//! * Each QP sends from its own UDP source port (from both QPNs, as Linux RoCE drivers
+//!   derive it, so ECMP keeps a connection on one path and spreads connections): a socket
+//!   per source port, made in the port's network namespace; where that port cannot be
+//!   bound (taken, or the caller's thread is in another namespace), the port's own.
+//! * The request packets a QP keeps unacknowledged are capped (`MAX_IN_FLIGHT`): a loss
+//!   costs a go-back-N resend of at most that many datagrams.
+//!
 //! # What is not done (yet)
 //!
-//! * One source port (4791) for every QP: per-QP source ports for ECMP need a socket per
-//!   port or a raw socket.
-//! * No GID table, no MTU from the interface, no TTL/traffic class from the QP, no reaction
-//!   to CNPs (opcode 0x81: checked and counted in `cnps_received`): issue 28's later items.
-//!   (Peers' IPv4 IDs other than 0 are solved for; an invalid credit code lifts the credit
-//!   limit; MigReq is ignored, as the receive path never looks at it.)
+//! * No reaction to CNPs (opcode 0x81: checked and counted in `cnps_received`), and no
+//!   CNPs sent for ECN-marked packets. (Peers' IPv4 IDs other than 0 are solved for, and
+//!   must follow on per peer QP; an invalid credit code lifts the credit limit; MigReq is
+//!   ignored, as the receive path never looks at it.)
 //! * Every request's Ack is a datagram of its own (RoCEv2 has no Ack riding in a
 //!   request), so an RC round trip is four datagrams where a bare UDP ping-pong is two.
 

@@ -38,6 +38,18 @@ use crate::mem::Mem;
 use crate::wire::Qpn;
 use crate::wire::slot::{PacketSlot, RxPacket};
 
+/// The network namespace of the calling thread (the inode of its `ns/net`), if it can
+/// be read.
+pub(crate) fn thread_netns() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The most source-port sockets a port opens (one per distinct QP source port; beyond,
+/// QPs send from the port's own socket).
+const MAX_SENDERS: usize = 1024;
 /// How long the watcher waits on the socket at a time before it looks at whether the
 /// engine still sleeps (and at its stop flag).
 const WATCH_POLL_MS: i32 = 50;
@@ -67,6 +79,10 @@ struct Route {
     local: Qpn,
     arena: Mem,
     opts: IpOpts,
+    /// The socket its datagrams leave by (0: the port's; `k`: `TxPump::senders[k - 1]`),
+    /// and the source address that gives them.
+    via: u16,
+    src: SocketAddr,
 }
 
 /// The receive side's end of one link: the ring to the engine.
@@ -145,11 +161,15 @@ fn bump(c: &mut u64, n: u64) {
 struct TxPump {
     tx: TxBurst,
     links: Vec<TxEnd>,
+    /// Sockets bound to QPs' own source ports (ECMP entropy, as Linux RoCE drivers derive
+    /// it), by port; kept until the pump goes, so a staged datagram's socket is never
+    /// closed under it.
+    senders: Vec<(u16, UdpSocket)>,
     #[cfg(test)]
     hook: Option<super::DatagramHook>,
     /// A datagram the hook holds back (`Fate::Later`): its bytes, destination and options.
     #[cfg(test)]
-    held: Option<(Vec<u8>, SocketAddr, IpOpts)>,
+    held: Option<(Vec<u8>, SocketAddr, IpOpts, u16)>,
 }
 
 impl TxPump {
@@ -181,20 +201,21 @@ impl TxPump {
                 let remote = RxPacket::dest_qp(&slots[0]);
                 let to = self.links[i].addr;
                 let route = self.links[i].route(remote);
-                let opts = route.map_or_else(IpOpts::default, |r| r.opts);
+                let (opts, via, src) =
+                    route.map_or((IpOpts::default(), 0, local), |r| (r.opts, r.via, r.src));
                 let Some(buf) = self.tx.next_buf() else {
                     break 'links;
                 };
-                match datagram::encode(slots, route.map(|r| &r.arena), local, to, buf) {
-                    Ok(len) => self.stage(len, to, opts),
+                match datagram::encode(slots, route.map(|r| &r.arena), src, to, buf) {
+                    Ok(len) => self.stage(len, to, opts, via),
                     Err(_) => bump(&mut counters.encode_dropped, 1),
                 }
                 let Some(buf) = self.tx.next_buf() else {
                     break 'links;
                 };
-                if let Some(r) = datagram::riding_ack_datagram(&slots[0], local, to, buf) {
+                if let Some(r) = datagram::riding_ack_datagram(&slots[0], src, to, buf) {
                     match r {
-                        Ok(len) => self.stage(len, to, opts),
+                        Ok(len) => self.stage(len, to, opts, via),
                         Err(_) => bump(&mut counters.encode_dropped, 1),
                     }
                 }
@@ -207,7 +228,7 @@ impl TxPump {
 
     /// Stages the datagram of `len` bytes just written (through the test hook), to be sent
     /// with `opts`.
-    fn stage(&mut self, len: usize, to: SocketAddr, opts: IpOpts) {
+    fn stage(&mut self, len: usize, to: SocketAddr, opts: IpOpts, via: u16) {
         #[cfg(test)]
         if let (Some(h), Some(buf)) = (self.hook.as_mut(), self.tx.next_buf()) {
             match h(&mut buf[..len]) {
@@ -215,38 +236,38 @@ impl TxPump {
                 super::Fate::Drop => return,
                 super::Fate::Twice => {
                     let copy = buf[..len].to_vec();
-                    self.tx.commit_with(len, to, opts);
-                    self.stage_copy(&copy, to, opts);
+                    self.tx.commit_with(len, to, opts, via);
+                    self.stage_copy(&copy, to, opts, via);
                     return;
                 }
                 super::Fate::Later => {
                     let copy = buf[..len].to_vec();
                     self.release_held();
-                    self.held = Some((copy, to, opts));
+                    self.held = Some((copy, to, opts, via));
                     return;
                 }
             }
-            self.tx.commit_with(len, to, opts);
+            self.tx.commit_with(len, to, opts, via);
             self.release_held();
             return;
         }
-        self.tx.commit_with(len, to, opts);
+        self.tx.commit_with(len, to, opts, via);
     }
 
     /// Stages a copy of a datagram (tests: a duplicate, a held one), if there is room.
     #[cfg(test)]
-    fn stage_copy(&mut self, bytes: &[u8], to: SocketAddr, opts: IpOpts) {
+    fn stage_copy(&mut self, bytes: &[u8], to: SocketAddr, opts: IpOpts, via: u16) {
         if let Some(buf) = self.tx.next_buf() {
             buf[..bytes.len()].copy_from_slice(bytes);
-            self.tx.commit_with(bytes.len(), to, opts);
+            self.tx.commit_with(bytes.len(), to, opts, via);
         }
     }
 
     /// Stages the datagram held back, if any (tests).
     #[cfg(test)]
     fn release_held(&mut self) {
-        if let Some((bytes, to, opts)) = self.held.take() {
-            self.stage_copy(&bytes, to, opts);
+        if let Some((bytes, to, opts, via)) = self.held.take() {
+            self.stage_copy(&bytes, to, opts, via);
         }
     }
 
@@ -255,7 +276,12 @@ impl TxPump {
         if self.tx.is_empty() {
             return;
         }
-        let r = self.tx.send(sock);
+        let senders = &self.senders;
+        let r = self.tx.send_via(|via| {
+            senders
+                .get(usize::from(via).wrapping_sub(1))
+                .map_or(sock, |(_, s)| s)
+        });
         bump(&mut counters.datagrams_sent, r.sent as u64);
         bump(&mut counters.send_dropped, r.dropped as u64);
     }
@@ -374,6 +400,8 @@ pub(crate) struct Pump {
     watch: Mem,
     /// What the pump counted.
     pub(crate) counters: UdpCounters,
+    /// The network namespace the port's socket was made in ([`thread_netns`]).
+    netns: Option<u64>,
 }
 
 impl Pump {
@@ -386,6 +414,7 @@ impl Pump {
             tx: TxPump {
                 tx: TxBurst::new(),
                 links: Vec::new(),
+                senders: Vec::new(),
                 #[cfg(test)]
                 hook: None,
                 #[cfg(test)]
@@ -398,6 +427,8 @@ impl Pump {
             },
             watch,
             counters: UdpCounters::default(),
+            // `new` runs where the socket was just bound.
+            netns: thread_netns(),
         }
     }
 
@@ -434,11 +465,35 @@ impl Pump {
             return Err(r.local);
         }
         l.qps.retain(|r| r.remote != remote);
+        // Its own source port, as Linux derives it from the QPNs; the port's own socket if
+        // that port cannot be bound (taken, e.g. by the peer's end on this same address).
+        let main = self.sock.local_addr();
+        let want = SocketAddr::new(main.ip(), shmhca_proto::roce::source_port(0, local, remote));
+        let senders = &mut self.tx.senders;
+        // A socket belongs to the network namespace of the thread that makes it: only in
+        // the port's own (a caller may have moved its thread since it bound the port).
+        let same_netns = self.netns.is_some() && self.netns == thread_netns();
+        let via = match senders.iter().position(|(p, _)| *p == want.port()) {
+            Some(k) => Some(k),
+            None if senders.len() < MAX_SENDERS && same_netns => {
+                UdpSocket::bind_sender(want).ok().map(|s| {
+                    senders.push((want.port(), s));
+                    senders.len() - 1
+                })
+            }
+            None => None,
+        };
+        let (via, src) = match via {
+            Some(k) => (k as u16 + 1, want),
+            None => (0, main),
+        };
         l.qps.push(Route {
             remote,
             local,
             arena,
             opts: IpOpts::default(),
+            via,
+            src,
         });
         Ok(())
     }

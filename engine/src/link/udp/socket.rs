@@ -401,6 +401,19 @@ impl UdpSocket {
         }
     }
 
+    /// Binds a socket that only sends, from `addr` (a QP's own source port): as
+    /// [`UdpSocket::bind`], with the smallest receive buffer (nothing is read from it;
+    /// RoCEv2 peers send to port 4791).
+    ///
+    /// # Errors
+    /// As [`UdpSocket::bind`] (e.g. the port is taken on that address).
+    pub(crate) fn bind_sender(addr: SocketAddr) -> Result<UdpSocket> {
+        let s = UdpSocket::bind(addr)?;
+        // A failure only leaves the default buffer: nothing to report.
+        let _ = set_int(&s.fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 1);
+        Ok(s)
+    }
+
     /// Waits up to `timeout_ms` for a datagram to read; whether one is there.
     pub(crate) fn wait_readable(&self, timeout_ms: i32) -> bool {
         let mut p = libc::pollfd {
@@ -432,6 +445,8 @@ pub(crate) struct TxBurst {
     lens: [usize; BURST],
     dests: [SocketAddr; BURST],
     opts: [IpOpts; BURST],
+    /// Which socket sends each datagram (0: the port's; `k`: the `k`th source-port socket).
+    via: [u16; BURST],
     len: usize,
 }
 
@@ -464,6 +479,7 @@ impl TxBurst {
             lens: [0; BURST],
             dests: [SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); BURST],
             opts: [IpOpts::default(); BURST],
+            via: [0; BURST],
             len: 0,
         }
     }
@@ -497,11 +513,12 @@ impl TxBurst {
     /// `dest`. Ignored if the burst is full or `len` exceeds a buffer.
     #[cfg(test)]
     pub(crate) fn commit(&mut self, len: usize, dest: SocketAddr) {
-        self.commit_with(len, dest, IpOpts::default());
+        self.commit_with(len, dest, IpOpts::default(), 0);
     }
 
-    /// [`TxBurst::commit`], sent with the IP header fields `opts`.
-    pub(crate) fn commit_with(&mut self, len: usize, dest: SocketAddr, opts: IpOpts) {
+    /// [`TxBurst::commit`], sent with the IP header fields `opts` through socket `via` (see
+    /// [`TxBurst::send_via`]).
+    pub(crate) fn commit_with(&mut self, len: usize, dest: SocketAddr, opts: IpOpts, via: u16) {
         if self.is_full() || len > DGRAM_BYTES {
             debug_assert!(false, "commit without room");
             return;
@@ -509,17 +526,30 @@ impl TxBurst {
         self.lens[self.len] = len;
         self.dests[self.len] = dest;
         self.opts[self.len] = opts;
+        self.via[self.len] = via;
         self.len += 1;
     }
 
     /// Sends the staged datagrams with `sendmmsg`, as many as the socket takes now; those
     /// it cannot take now (`EAGAIN`) stay staged, in order. A datagram the kernel refuses
     /// for good is dropped and counted.
+    #[cfg(test)]
     pub(crate) fn send(&mut self, sock: &UdpSocket) -> SendReport {
+        self.send_via(|_| sock)
+    }
+
+    /// [`TxBurst::send`] where each datagram leaves by the socket `sock(via)` of its
+    /// `commit_with` (one `sendmmsg` per run of datagrams with the same socket).
+    pub(crate) fn send_via<'s>(&mut self, sock: impl Fn(u16) -> &'s UdpSocket) -> SendReport {
         let mut report = SendReport::default();
         let mut at = 0;
         while at < self.len {
-            let n = self.len - at;
+            let via = self.via[at];
+            let sock = sock(via);
+            let n = self.via[at..self.len]
+                .iter()
+                .take_while(|v| **v == via)
+                .count();
             // SAFETY: plain old data, all zeroes valid (also of the two arrays below).
             let mut hdrs: [libc::mmsghdr; BURST] = unsafe { std::mem::zeroed() };
             // SAFETY: as above.
@@ -577,6 +607,7 @@ impl TxBurst {
             self.lens.copy_within(at..self.len, 0);
             self.dests.copy_within(at..self.len, 0);
             self.opts.copy_within(at..self.len, 0);
+            self.via.copy_within(at..self.len, 0);
         }
         self.len -= at;
         report
@@ -1169,7 +1200,7 @@ mod tests {
             ];
             for (i, o) in opts.iter().enumerate() {
                 tx.next_buf().unwrap()[0] = i as u8;
-                tx.commit_with(16, b.local_addr(), *o);
+                tx.commit_with(16, b.local_addr(), *o, 0);
             }
             assert_eq!(tx.send(&a).sent, 4);
             cap.ipv4_udp_packets(4791, 4, std::time::Duration::from_secs(5))

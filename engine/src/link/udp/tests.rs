@@ -514,13 +514,15 @@ fn a_ports_counters_are_in_the_contexts_stats_and_stay_after_it_closes() {
 }
 
 /// A QP's `hop_limit` and `traffic_class` are the TTL and TOS of its datagrams (its
-/// requests and its Acks); a QP that sets none sends the defaults (64, 0). In a namespace
+/// requests and its Acks); a QP that sets none sends the defaults (64, 0). Each end of a
+/// connection sends from the same source port, derived from both QPNs as Linux does (ECMP
+/// keeps a connection on one path). In a namespace
 /// of the test's own, captured on its loopback (root only).
 #[test]
-fn a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos() {
+fn a_qps_hop_limit_traffic_class_and_source_port_are_its_datagrams() {
     use super::socket::netns::{Netns, PacketCapture, available};
     let _serial = serial();
-    if !available("a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos") {
+    if !available("a_qps_hop_limit_traffic_class_and_source_port_are_its_datagrams") {
         return;
     }
     let ns = Netns::new(&format!("shmhca-grh-{}", std::process::id() % 100_000)).unwrap();
@@ -528,7 +530,9 @@ fn a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos() {
     let (xa, ya): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
     let mut x = end_in(&ns, xa);
     let mut y = end_in(&ns, ya);
-    let dest = x.port.destination(&x.qp, ya, y.qp.qpn()).unwrap();
+    // (Called in the namespace: a QP's source-port socket is made in the caller's.)
+    let (xp, xq, yq) = (&x.port, &x.qp, y.qp.qpn());
+    let dest = ns.run(|| xp.destination(xq, ya, yq)).unwrap().unwrap();
     x.qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
         .unwrap();
     x.qp.modify(
@@ -555,7 +559,9 @@ fn a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos() {
         (x.qp.config().hop_limit, x.qp.config().traffic_class),
         (9, 0x20)
     );
-    connect_real(&mut y, &x, xa);
+    let (yp, yqp, xq) = (&y.port, &y.qp, x.qp.qpn());
+    let dest = ns.run(|| yp.destination(yqp, xa, xq)).unwrap().unwrap();
+    bring_up(&mut y, dest, Mtu::Mtu1024, 14);
     every_operation(&mut x, &mut y, &[8]);
     let packets = cap.ipv4_udp_packets(4791, 8, Duration::from_secs(5));
     let from_x = packets
@@ -567,6 +573,9 @@ fn a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos() {
         "captured {} datagrams, {from_x} from x",
         packets.len()
     );
+    // Both ends send from the connection's own source port (Linux's, from the QPNs).
+    let sport = shmhca_proto::roce::source_port(0, x.qp.qpn(), y.qp.qpn());
+    assert!(sport >= 0xc000);
     for p in &packets {
         let from_x = p[12..16] == [127, 0, 0, 1];
         let want = if from_x { (9, 0x20) } else { (64, 0) };
@@ -574,6 +583,12 @@ fn a_qps_hop_limit_and_traffic_class_are_its_datagrams_ttl_and_tos() {
             (p[8], p[1]),
             want,
             "(TTL, TOS) of a datagram from x: {from_x}"
+        );
+        let ihl = usize::from(p[0] & 15) * 4;
+        assert_eq!(
+            u16::from_be_bytes([p[ihl], p[ihl + 1]]),
+            sport,
+            "the source port of a datagram from x: {from_x}"
         );
     }
 }
