@@ -12,7 +12,8 @@
 //!   whichever address the program picks. A QP may still ask for a larger path MTU if its
 //!   source address's interface takes it; the engine refuses one larger than that
 //!   interface's ([`shmhca::UdpPort::active_mtu`]).
-//! * `ibv_modify_qp` to RTR needs `ah_attr.is_global`: `grh.sgid_index` picks the local
+//! * `ibv_modify_qp` to RTR needs `ah_attr.is_global` (without: EINVAL and a `shmhca:`
+//!   line saying so): `grh.sgid_index` picks the local
 //!   address, for which the context binds one [`shmhca::UdpPort`] (kept until it closes),
 //!   `grh.dgid` is the peer's address (IPv4-mapped or IPv6), `dest_qp_num` its QPN.
 //!   `grh.hop_limit`, `traffic_class` and `flow_label` are accepted and ignored (the
@@ -110,10 +111,14 @@ impl RocePort {
         dest_qpn: u32,
     ) -> Result<Destination, c_int> {
         if ah.is_global == 0 {
-            return Err(refuse(
-                "RoCE needs a GRH: ah_attr.is_global = 1 with the peer's GID in grh.dgid \
-                 (ibv_rc_pingpong -g N, perftest -x N)",
-            ));
+            // Said always: the program's own message ("Failed to modify QP to RTR") does
+            // not tell the user which option is missing.
+            eprintln!(
+                "shmhca: ibv_modify_qp: RoCE needs a GRH: ah_attr.is_global = 1 with the peer's \
+                 GID in grh.dgid (give the GID index: ibv_rc_pingpong -g N, perftest -x N; \
+                 `ibv_devinfo -v` lists the GIDs)"
+            );
+            return Err(libc::EINVAL);
         }
         let g = &ah.grh;
         let Some(local) = self.table.get(usize::from(g.sgid_index)) else {
