@@ -13,11 +13,14 @@
 //!   source address's interface takes it; the engine refuses one larger than that
 //!   interface's ([`shmhca::UdpPort::active_mtu`]).
 //! * `ibv_modify_qp` to RTR needs `ah_attr.is_global` (without: EINVAL and a `shmhca:`
-//!   line saying so): `grh.sgid_index` picks the local
-//!   address, for which the context binds one [`shmhca::UdpPort`] (kept until it closes),
-//!   `grh.dgid` is the peer's address (IPv4-mapped or IPv6), `dest_qp_num` its QPN.
-//!   `grh.hop_limit`, `traffic_class` and `flow_label` are accepted and ignored (the
-//!   engine sends with the socket's defaults).
+//!   line saying so): `grh.sgid_index` picks the local address, for which the context
+//!   binds one [`shmhca::UdpPort`] (kept until it closes; UDP 4791 taken there: the
+//!   bind's errno and a `shmhca:` line naming the likely holder), `grh.dgid` is the
+//!   peer's address (IPv4-mapped or IPv6), `dest_qp_num` its QPN. `grh.hop_limit`,
+//!   `traffic_class` and `flow_label` are accepted and ignored (the engine sends with the
+//!   socket's defaults: the UDP link sets no TTL or traffic class per QP yet).
+//! * An IPv6 link-local GID (`fe80::…`) cannot be a source: the bind carries no scope
+//!   (interface) id.
 
 use std::ffi::c_int;
 use std::net::IpAddr;
