@@ -1,17 +1,20 @@
 //! From an RTR address vector (the peer's LID, or its GID when `is_global`) and QPN to the
-//! Rust QP's destination: shmhca's fabric ([`shmhca::fabric`]) finds the peer engine
-//! through the per-user rendezvous directory every context joins at `ibv_open_device`.
+//! Rust QP's destination. On the InfiniBand port (the default), shmhca's fabric
+//! ([`shmhca::fabric`]) finds the peer engine through the per-user rendezvous directory
+//! every context joins at `ibv_open_device`; on the RoCEv2 port (`SHMHCA_VERBS_LINK=roce`)
+//! the GRH names the local and the peer's IP address ([`crate::roce`]).
 
 use std::ffi::c_int;
 
-use shmhca::{QpAttr, Qpn};
+use shmhca::{Qp, QpAttr, Qpn};
 
 use crate::context::CtxObj;
 use crate::ffi::*;
 
-/// `attr` with the destination `ah` and `dest_qpn` name.
+/// `attr` with the destination `ah` and `dest_qpn` name, for `qp`.
 pub fn with_destination(
-    _c: &CtxObj,
+    c: &CtxObj,
+    qp: &Qp,
     attr: QpAttr,
     ah: &ibv_ah_attr,
     dest_qpn: u32,
@@ -20,6 +23,9 @@ pub fn with_destination(
         return Err(libc::EINVAL);
     }
     let qpn = Qpn::new(dest_qpn);
+    if let Some(roce) = &c.roce {
+        return Ok(attr.dest(roce.destination(&c.ctx, qp, ah, dest_qpn)?));
+    }
     if ah.is_global != 0 {
         // SAFETY: both union members are 16 plain bytes.
         let gid = unsafe { ah.grh.dgid.raw };

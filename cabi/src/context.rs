@@ -74,8 +74,11 @@ pub struct CtxObj {
     pub srqs: std::sync::Mutex<Vec<(u32, usize, u32)>>,
     /// The port's LID.
     pub lid: u16,
-    /// The port's GID.
+    /// The port's GID (InfiniBand port).
     pub gid: [u8; 16],
+    /// The RoCEv2 port, when `SHMHCA_VERBS_LINK=roce` made port 1 an Ethernet one
+    /// ([`crate::roce`]); `None`: the InfiniBand port.
+    pub roce: Option<crate::roce::RocePort>,
 }
 
 /// The `CtxObj` of an `ibv_context *` this library handed out, or `None` for null.
@@ -125,6 +128,14 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
         .join_fabric()
         .map_err(|e| crate::util::fail("ibv_open_device (joining the fabric)", &e))?;
     let (lid, gid) = (addr.lid, addr.gid);
+    let roce = if crate::roce::enabled() {
+        Some(
+            crate::roce::RocePort::new()
+                .map_err(|e| crate::util::fail("ibv_open_device (reading the GID table)", &e))?,
+        )
+    } else {
+        None
+    };
     // SAFETY: verbs_context is plain data (integers, pointers, optional function
     // pointers, a pthread mutex whose all-zero value is PTHREAD_MUTEX_INITIALIZER on glibc).
     let vctx: verbs_context = unsafe { std::mem::zeroed() };
@@ -137,6 +148,7 @@ fn build_context() -> Result<Box<CtxObj>, i32> {
         async_fd,
         lid,
         gid,
+        roce,
     });
     let v = &mut obj.vctx;
     v.sz = std::mem::size_of::<verbs_context>();
@@ -362,6 +374,15 @@ fn port_attr(c: &CtxObj) -> ibv_port_attr {
     p.active_speed = 32; // EDR
     p.phys_state = 5; // LinkUp
     p.link_layer = IBV_LINK_LAYER_INFINIBAND as u8;
+    if let Some(roce) = &c.roce {
+        // An Ethernet port: no LID, no subnet manager; its GIDs are the host's addresses.
+        p.link_layer = IBV_LINK_LAYER_ETHERNET as u8;
+        p.lid = 0;
+        p.sm_lid = 0;
+        p.active_mtu = crate::qp::mtu_to_c(roce.active_mtu());
+        p.gid_tbl_len = c_int::try_from(roce.table.len()).unwrap_or(c_int::MAX);
+        p.port_cap_flags = IBV_PORT_IP_BASED_GIDS;
+    }
     p
 }
 
@@ -382,7 +403,8 @@ pub unsafe extern "C" fn ibv_query_port(
     unsafe { query_port_ex(context, port_num, attr.cast(), COMPAT_LEN) }
 }
 
-/// `verbs_context.query_port`: port 1, ACTIVE, InfiniBand, MTU 4096.
+/// `verbs_context.query_port`: port 1, ACTIVE; InfiniBand, MTU 4096, or with
+/// `SHMHCA_VERBS_LINK=roce` Ethernet, the host's GIDs (see [`crate::roce`]).
 pub unsafe extern "C" fn query_port_ex(
     context: *mut ibv_context,
     port_num: u8,
@@ -405,7 +427,7 @@ pub unsafe extern "C" fn query_port_ex(
     })
 }
 
-/// `ibv_query_gid`: index 0 only.
+/// `ibv_query_gid`: index 0 only (InfiniBand), or the host's GID table (RoCEv2).
 #[unsafe(export_name = "__shmhca_ibv_query_gid")]
 pub unsafe extern "C" fn ibv_query_gid(
     context: *mut ibv_context,
@@ -419,12 +441,26 @@ pub unsafe extern "C" fn ibv_query_gid(
             set_errno(libc::EINVAL);
             return -1;
         };
-        if gid.is_null() || port_num != 1 || index != 0 {
+        if gid.is_null() || port_num != 1 {
             set_errno(libc::EINVAL);
             return -1;
         }
+        let raw = match &c.roce {
+            Some(roce) => match usize::try_from(index).ok().and_then(|i| roce.table.get(i)) {
+                Some(e) => e.gid.octets(),
+                None => {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+            },
+            None if index == 0 => c.gid,
+            None => {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+        };
         // SAFETY: the caller's gid.
-        unsafe { (*gid).raw = c.gid };
+        unsafe { (*gid).raw = raw };
         0
     })
 }
@@ -447,23 +483,33 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         if entry.is_null() || port_num != 1 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return libc::EINVAL;
         }
-        if gid_index != 0 {
-            return libc::ENODATA;
-        }
-        // SAFETY: plain data.
-        let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
-        e.gid.raw = c.gid;
-        e.gid_index = 0;
-        e.port_num = 1;
-        e.gid_type = IBV_GID_TYPE_IB;
-        e.ndev_ifindex = 0;
+        let e = match &c.roce {
+            Some(roce) => match roce.entry(gid_index) {
+                Some(e) => e,
+                None => return libc::EINVAL,
+            },
+            None => {
+                if gid_index != 0 {
+                    return libc::ENODATA;
+                }
+                // SAFETY: plain data.
+                let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
+                e.gid.raw = c.gid;
+                e.gid_index = 0;
+                e.port_num = 1;
+                e.gid_type = IBV_GID_TYPE_IB;
+                e.ndev_ifindex = 0;
+                e
+            }
+        };
         // SAFETY: the caller's entry.
         unsafe { entry.write(e) };
         0
     })
 }
 
-/// `_ibv_query_gid_table`: the one GID.
+/// `_ibv_query_gid_table`: the one GID (InfiniBand), or the host's GID table (RoCEv2),
+/// `entry_size` bytes apart; the number of entries written, or minus an errno.
 #[unsafe(export_name = "__shmhca__ibv_query_gid_table")]
 pub unsafe extern "C" fn _ibv_query_gid_table(
     context: *mut ibv_context,
@@ -472,17 +518,35 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
-    if max_entries == 0 {
-        return -(libc::EINVAL as isize);
-    }
-    // SAFETY: forwarded.
-    match unsafe { _ibv_query_gid_ex(context, 1, 0, entries, flags, entry_size) } {
-        0 => 1,
-        e => -(e as isize),
-    }
+    guard("ibv_query_gid_table", -(libc::EIO as isize), || {
+        // SAFETY: a context of ours (or null).
+        let Some(c) = (unsafe { ctx_of(context) }) else {
+            return -(libc::EINVAL as isize);
+        };
+        if max_entries == 0 || entries.is_null() {
+            return -(libc::EINVAL as isize);
+        }
+        let len = c.roce.as_ref().map_or(1, |r| r.table.len());
+        if len > max_entries {
+            return -(libc::EINVAL as isize);
+        }
+        for i in 0..len {
+            // SAFETY: the caller's array holds `max_entries` entries of `entry_size` bytes
+            // (checked by `_ibv_query_gid_ex` to be at least an `ibv_gid_entry`).
+            let at = unsafe { entries.cast::<u8>().add(i * entry_size) }.cast::<ibv_gid_entry>();
+            // SAFETY: forwarded; `at` is one of the caller's entries.
+            let r = unsafe { _ibv_query_gid_ex(context, 1, i as u32, at, flags, entry_size) };
+            if r != 0 {
+                return -(r as isize);
+            }
+        }
+        len as isize
+    })
 }
 
-/// `ibv_query_gid_type` (private ABI; ibv_devinfo uses it): InfiniBand's GID type.
+/// `ibv_query_gid_type` (private ABI; ibv_devinfo uses it): InfiniBand's GID type
+/// (`IBV_GID_TYPE_SYSFS_IB_ROCE_V1`, 0), or on the RoCEv2 port RoCE v2's
+/// (`IBV_GID_TYPE_SYSFS_ROCE_V2`, 1).
 #[unsafe(export_name = "__shmhca_ibv_query_gid_type")]
 pub unsafe extern "C" fn ibv_query_gid_type(
     context: *mut ibv_context,
@@ -490,14 +554,22 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     index: u32,
     ty: *mut c_int,
 ) -> c_int {
-    // SAFETY: a context of ours (or null).
-    if unsafe { ctx_of(context) }.is_none() || ty.is_null() || port_num != 1 || index != 0 {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: the caller's int (IBV_GID_TYPE_SYSFS_IB_ROCE_V1 = 0).
-    unsafe { ty.write(0) };
-    0
+    guard("ibv_query_gid_type", -1, || {
+        // SAFETY: a context of ours (or null).
+        let Some(c) = (unsafe { ctx_of(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let len = c.roce.as_ref().map_or(1, |r| r.table.len());
+        if ty.is_null() || port_num != 1 || index as usize >= len {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let sysfs_type = c_int::from(c.roce.is_some());
+        // SAFETY: the caller's int.
+        unsafe { ty.write(sysfs_type) };
+        0
+    })
 }
 
 /// `ibv_query_pkey`: the default P_Key at index 0.

@@ -18,7 +18,7 @@
 //!
 //! | C | Rust object | holds |
 //! |---|---|---|
-//! | `ibv_context` (inside `verbs_context`) | [`context::CtxObj`] | [`shmhca::Context`] (poll mode, see [`progress`]), the L_Key table ([`mrkeys`]), LID/GID |
+//! | `ibv_context` (inside `verbs_context`) | [`context::CtxObj`] | [`shmhca::Context`] (poll mode, see [`progress`]), the L_Key table ([`mrkeys`]), LID/GID, the RoCEv2 port ([`roce`]) |
 //! | `ibv_pd` | [`objects::PdObj`] | [`shmhca::Pd`] |
 //! | `ibv_mr` | [`objects::MrObj`] | [`objects::MrRegion`]: a [`shmhca::UserMr`] over the program's memory ([`shmhca::RawBuffer`]), or with `SHMHCA_VERBS_ZERO_COPY=1` its whole pages moved onto the arena ([`shmhca::Pd::reg_mr_in_place`]) |
 //! | `ibv_cq` | [`objects::CqObj`] | [`shmhca::Cq`] |
@@ -61,4 +61,5 @@ pub mod private;
 pub mod progress;
 pub mod qp;
 pub mod qpex;
+pub mod roce;
 pub mod util;

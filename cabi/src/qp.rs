@@ -63,7 +63,7 @@ fn mtu_from_c(m: ibv_mtu) -> Option<Mtu> {
     Mtu::from_bytes(256 << (m - IBV_MTU_256)).ok()
 }
 
-fn mtu_to_c(m: Mtu) -> ibv_mtu {
+pub(crate) fn mtu_to_c(m: Mtu) -> ibv_mtu {
     IBV_MTU_256 + (m.bytes() / 256).trailing_zeros()
 }
 
@@ -281,7 +281,8 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 }
 
 /// `ibv_modify_qp`. RTR's address vector (`ah_attr`: the peer's LID, or its GID with
-/// `is_global`) and `dest_qp_num` name the peer QP; see [`crate::addressing`].
+/// `is_global`; on the RoCEv2 port, its GRH) and `dest_qp_num` name the peer QP; see
+/// [`crate::addressing`].
 #[unsafe(export_name = "__shmhca_ibv_modify_qp")]
 pub unsafe extern "C" fn ibv_modify_qp(
     qp: *mut ibv_qp,
@@ -334,7 +335,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
             }
             // SAFETY: q.ctx is the QP's live context.
             let c = unsafe { &*q.ctx };
-            match crate::addressing::with_destination(c, r, &a.ah_attr, a.dest_qp_num) {
+            match crate::addressing::with_destination(c, &q.rust, r, &a.ah_attr, a.dest_qp_num) {
                 Ok(with) => r = with,
                 Err(e) => return e,
             }
@@ -435,6 +436,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: a QpObj of ours, given up by the caller; a QP's context outlives it.
         let c = unsafe { &*(*qp.cast::<QpObj>()).ctx };
+        if c.roce.is_some() {
+            crate::roce::settle(&c.ctx);
+        }
         let reported = crate::context::unlink(&c.qps, qp as usize);
         // SAFETY: the QP's own mutex, condition and count (the object is freed only below).
         unsafe {

@@ -1,7 +1,8 @@
 //! `shmhca exec -- CMD ARGS…`: runs an unmodified verbs program over shmhca, with shmhca's
 //! `libibverbs.so.1` (the `shmhca-verbs` crate) first on its library path. Builds nothing:
 //! the library is looked for in `$SHMHCA_VERBS_LIB_DIR`, then next to this binary (where
-//! `cargo build` puts both, e.g. `target/debug`).
+//! `cargo build` puts both, e.g. `target/debug`). `shmhca exec --roce -- …` makes port 1
+//! a RoCEv2 port (`SHMHCA_VERBS_LINK=roce`, read by the library).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
@@ -35,9 +36,10 @@ pub(crate) fn lib_dir() -> Result<PathBuf, String> {
     ))
 }
 
-/// Replaces this process with `cmd`, shmhca's library first on its path; returns only on
-/// failure, with the reason.
-pub(crate) fn run(cmd: &[OsString]) -> String {
+/// Replaces this process with `cmd`, shmhca's library first on its path (and with `roce`,
+/// `SHMHCA_VERBS_LINK=roce`: port 1 is a RoCEv2 port); returns only on failure, with the
+/// reason.
+pub(crate) fn run(cmd: &[OsString], roce: bool) -> String {
     let Some((prog, args)) = cmd.split_first() else {
         return "give the command to run: shmhca exec -- CMD ARGS...".into();
     };
@@ -51,13 +53,16 @@ pub(crate) fn run(cmd: &[OsString]) -> String {
         path.push(old);
     }
     eprintln!(
-        "shmhca: running {} over shmhca0 (libibverbs from {})",
+        "shmhca: running {} over shmhca0{} (libibverbs from {})",
         prog.to_string_lossy(),
+        if roce { ", port 1 RoCEv2" } else { "" },
         dir.display()
     );
-    let err = std::process::Command::new(prog)
-        .args(args)
-        .env("LD_LIBRARY_PATH", path)
-        .exec();
+    let mut c = std::process::Command::new(prog);
+    c.args(args).env("LD_LIBRARY_PATH", path);
+    if roce {
+        c.env("SHMHCA_VERBS_LINK", "roce");
+    }
+    let err = c.exec();
     format!("cannot run {}: {err}", prog.to_string_lossy())
 }

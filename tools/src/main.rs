@@ -83,8 +83,14 @@ enum Command {
     /// Run an unmodified verbs program (perftest, ibv_rc_pingpong, ibv_devinfo) over
     /// shmhca: shmhca's libibverbs.so.1 (found next to this binary, or in
     /// $SHMHCA_VERBS_LIB_DIR) goes first on its library path. Example:
-    /// `shmhca exec -- ib_send_lat -F`.
+    /// `shmhca exec -- ib_send_lat -F`. With --roce, port 1 is a RoCEv2 (Ethernet) port
+    /// whose GIDs are this host's IP addresses: `shmhca exec --roce -- ibv_rc_pingpong -g 1`.
     Exec {
+        /// Make port 1 of shmhca0 a RoCEv2 port: link layer Ethernet, the host's addresses
+        /// as GIDs, QPs connected over UDP 4791 to the GID their GRH names (sets
+        /// SHMHCA_VERBS_LINK=roce).
+        #[arg(long)]
+        roce: bool,
         /// The command and its arguments.
         #[arg(
             required = true,
@@ -99,8 +105,8 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Exec { command } => {
-            let why = exec::run(&command);
+        Command::Exec { roce, command } => {
+            let why = exec::run(&command, roce);
             eprintln!("shmhca exec: error: {why}");
             return std::process::ExitCode::from(127);
         }

@@ -105,17 +105,41 @@ pub(crate) fn start(prog: &Path, args: &[&str]) -> Proc {
 
 /// Starts `prog args…` over shmhca with the variables `env` added to its environment.
 pub(crate) fn start_env(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
+    start_how(prog, args, env, &How::default())
+}
+
+/// How a program is started, besides through `shmhca exec`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct How {
+    /// `shmhca exec --roce`: port 1 is a RoCEv2 port.
+    pub(crate) roce: bool,
+    /// A command that runs the rest in another namespace and execs it (so the program
+    /// keeps its process id), e.g. `ip netns exec NAME`; empty: none.
+    pub(crate) wrap: Vec<String>,
+}
+
+/// [`start_env`], started as `how` says.
+pub(crate) fn start_how(prog: &Path, args: &[&str], env: &[(&str, &str)], how: &How) -> Proc {
     let dir = target_dir();
     let shmhca = dir.join("shmhca");
-    let mut cmd = if shmhca.is_file() {
-        let mut c = Command::new(&shmhca);
-        c.arg("exec").arg("--").arg(prog).args(args);
-        c
-    } else {
-        let mut c = Command::new(prog);
-        c.args(args).env("LD_LIBRARY_PATH", &dir);
-        c
-    };
+    let mut argv: Vec<std::ffi::OsString> = how.wrap.iter().map(Into::into).collect();
+    if shmhca.is_file() {
+        argv.extend([shmhca.into_os_string(), "exec".into()]);
+        if how.roce {
+            argv.push("--roce".into());
+        }
+        argv.push("--".into());
+    }
+    argv.push(prog.into());
+    argv.extend(args.iter().map(Into::into));
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    if !dir.join("shmhca").is_file() {
+        cmd.env("LD_LIBRARY_PATH", &dir);
+        if how.roce {
+            cmd.env("SHMHCA_VERBS_LINK", "roce");
+        }
+    }
     assert!(
         dir.join("libibverbs.so.1").exists(),
         "no libibverbs.so.1 in {} (the build script links it)",
@@ -125,7 +149,11 @@ pub(crate) fn start_env(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Pro
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let what = format!("{} {}", prog.display(), args.join(" "));
+    let what = argv
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
     let child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
@@ -192,8 +220,15 @@ pub(crate) fn free_port() -> u16 {
 /// Whether some socket listens on TCP `port` (read from /proc/net/tcp{,6}, so that no probe
 /// connection is made: the servers accept only one).
 pub(crate) fn listening(port: u16) -> bool {
+    listening_in("self", port)
+}
+
+/// [`listening`] in the network namespace of process `pid` (`self`: this one's), read from
+/// /proc/PID/net/tcp{,6}.
+pub(crate) fn listening_in(pid: &str, port: u16) -> bool {
     let want = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+    ["tcp", "tcp6"].iter().any(|t| {
+        let f = format!("/proc/{pid}/net/{t}");
         std::fs::read_to_string(f).is_ok_and(|t| {
             t.lines().skip(1).any(|l| {
                 let cols: Vec<&str> = l.split_whitespace().collect();
@@ -217,12 +252,32 @@ pub(crate) fn pair_env(
     client_args: &[&str],
     env: &[(&str, &str)],
 ) -> (Outcome, Outcome) {
+    let how = How::default();
+    pair_how(
+        prog,
+        (server_args, &how),
+        (client_args, &how),
+        env,
+        "localhost",
+    )
+}
+
+/// [`pair_env`] with each side started as its `How` says, the client given `server` as the
+/// server's host name.
+pub(crate) fn pair_how(
+    prog: &Path,
+    (server_args, server_how): (&[&str], &How),
+    (client_args, client_how): (&[&str], &How),
+    env: &[(&str, &str)],
+    server_host: &str,
+) -> (Outcome, Outcome) {
     let port = free_port().to_string();
     let mut s_args: Vec<&str> = server_args.to_vec();
     s_args.extend(["-p", &port]);
-    let server = start_env(prog, &s_args, env);
+    let server = start_how(prog, &s_args, env, server_how);
+    let pid = server.pid().to_string();
     let t0 = Instant::now();
-    while !listening(port.parse().unwrap()) {
+    while !listening_in(&pid, port.parse().unwrap()) {
         if t0.elapsed() > Duration::from_secs(60) {
             let out = server.wait(Duration::from_secs(1));
             panic!("the server never listened on port {port}: {out}");
@@ -230,8 +285,8 @@ pub(crate) fn pair_env(
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut c_args: Vec<&str> = client_args.to_vec();
-    c_args.extend(["-p", &port, "localhost"]);
-    let client = start_env(prog, &c_args, env);
+    c_args.extend(["-p", &port, server_host]);
+    let client = start_how(prog, &c_args, env, client_how);
     let c = client.wait(DEADLINE);
     let s = server.wait(if c.ok() {
         DEADLINE
