@@ -24,7 +24,12 @@ pub fn with_destination(
     }
     let qpn = Qpn::new(dest_qpn);
     if let Some(roce) = &c.roce {
-        return Ok(attr.dest(roce.destination(&c.ctx, qp, ah, dest_qpn)?));
+        // The GRH's hop limit and traffic class are the TTL and TOS of the QP's datagrams.
+        let dest = roce.destination(&c.ctx, qp, ah, dest_qpn)?;
+        return Ok(attr
+            .dest(dest)
+            .hop_limit(ah.grh.hop_limit)
+            .traffic_class(ah.grh.traffic_class));
     }
     if ah.is_global != 0 {
         // SAFETY: both union members are 16 plain bytes.

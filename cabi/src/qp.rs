@@ -436,9 +436,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: a QpObj of ours, given up by the caller; a QP's context outlives it.
         let c = unsafe { &*(*qp.cast::<QpObj>()).ctx };
-        if c.roce.is_some() {
-            crate::roce::settle(&c.ctx);
-        }
         let reported = crate::context::unlink(&c.qps, qp as usize);
         // SAFETY: the QP's own mutex, condition and count (the object is freed only below).
         unsafe {

@@ -16,9 +16,10 @@
 //!   line saying so): `grh.sgid_index` picks the local address, for which the context
 //!   binds one [`shmhca::UdpPort`] (kept until it closes; UDP 4791 taken there: the
 //!   bind's errno and a `shmhca:` line naming the likely holder), `grh.dgid` is the
-//!   peer's address (IPv4-mapped or IPv6), `dest_qp_num` its QPN. `grh.hop_limit`,
-//!   `traffic_class` and `flow_label` are accepted and ignored (the engine sends with the
-//!   socket's defaults: the UDP link sets no TTL or traffic class per QP yet).
+//!   peer's address (IPv4-mapped or IPv6), `dest_qp_num` its QPN. `grh.hop_limit` and
+//!   `grh.traffic_class` are the TTL (hop limit) and TOS (traffic class) of the QP's
+//!   datagrams (0: the host's default); `flow_label` is accepted and ignored (each QP's
+//!   UDP source port comes from both QPNs, as Linux derives it without a flow label).
 //! * An IPv6 link-local GID (`fe80::…`) cannot be a source: the bind carries no scope
 //!   (interface) id.
 
@@ -165,22 +166,6 @@ impl RocePort {
             .1
             .destination_gid(qp, dgid, Qpn::new(dest_qpn))
             .map_err(|e| crate::util::fail("ibv_modify_qp", &e))
-    }
-}
-
-/// Lets the engine send the Acks its QPs owe before a QP of a RoCEv2 context is destroyed.
-///
-/// The engine holds a ping-pong QP's Ack back one iteration (to ride in the answer), and
-/// the program may see the receive completion before that iteration: a program that then
-/// destroys the QP and exits (ibv_rc_pingpong's last receive) took the Ack with it, and the
-/// peer, whose last send was never acknowledged, failed with "transport retry counter
-/// exceeded". Over the shared-memory fabric nothing is lost that way; over UDP it is. Three
-/// engine iterations (run here, or by the engine thread meanwhile) send what is owed;
-/// this costs well under a millisecond, once per destroyed QP.
-pub fn settle(ctx: &shmhca::Context) {
-    for _ in 0..3 {
-        ctx.progress();
-        std::thread::sleep(std::time::Duration::from_micros(200));
     }
 }
 

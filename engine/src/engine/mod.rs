@@ -254,6 +254,7 @@ impl Engine {
             links,
             trace,
             faults,
+            udp,
             ..
         } = self;
         let Some(qp) = qps
@@ -272,6 +273,11 @@ impl Engine {
         // No room: it stays owed (and listed) for the next iteration.
         send_owed(qp, d.link, link, &mut res.env(), faults, trace);
         link.publish();
+        // Over UDP the datagram leaves now: the application may destroy the QP and exit
+        // before another iteration.
+        if !udp.is_empty() {
+            udp.send();
+        }
     }
 
     /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes. An Ack the

@@ -462,7 +462,11 @@ impl Drop for UdpPort {
         let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         let pump = self.pump;
         self.shared.engine.with(|e| {
-            // The socket closes with the pump; its counters stay in the engine's.
+            // What the engine published on the port's links leaves first; the socket closes
+            // with the pump; its counters stay in the engine's.
+            if let Some(p) = e.udp.get_mut(pump) {
+                p.send();
+            }
             if let Some(p) = e.udp.remove(pump) {
                 pump::add_counters(&mut e.res.stats, &p.counters);
             }

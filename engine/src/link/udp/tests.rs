@@ -593,6 +593,41 @@ fn a_qps_hop_limit_traffic_class_and_source_port_are_its_datagrams() {
     }
 }
 
+/// A receiver that destroys its QP right after its last receive completed, before its
+/// engine runs again (ibv_rc_pingpong's last message, then exit), still acknowledges that
+/// message: the Ack it held back (to ride in a reply) leaves as a datagram at the destroy.
+#[test]
+fn an_ack_held_back_leaves_when_the_qp_is_destroyed() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.21", "127.0.0.22", Mtu::Mtu1024, 10);
+    // Acks held back one iteration, as a poll-mode engine (or one with a progress helper)
+    // holds them.
+    y.ctx.shared.engine.with(|e| e.hold_acks = true);
+    // y sends first (a QP that replies has its Acks held back to ride in a reply).
+    x.qp.post_recv(&RecvWr::new(3, &[x.mr.sge(0, 64).unwrap()]))
+        .unwrap();
+    y.qp.post_send(&SendWr::new(4, SendOp::Send, &[y.mr.sge(0, 8).unwrap()]))
+        .unwrap();
+    assert_eq!(wait!(x, x, y).status, WcStatus::Success);
+    assert_eq!(wait!(y, x, y).status, WcStatus::Success);
+    y.qp.post_recv(&RecvWr::new(1, &[y.mr.sge(0, 64).unwrap()]))
+        .unwrap();
+    x.qp.post_send(&SendWr::new(2, SendOp::Send, &[x.mr.sge(0, 8).unwrap()]))
+        .unwrap();
+    // y's polls run its engine once each: the one that finds the Send holds its Ack back.
+    let mut wc = [WorkCompletion::default()];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while y.cq.poll(&mut wc) == 0 {
+        assert!(Instant::now() < deadline, "no receive");
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success));
+    let End { qp, ctx, port, .. } = y;
+    drop(qp);
+    let sent = wait_cq(&mut x.cq, [&x.ctx, &x.ctx], [&x.port, &x.port]);
+    assert_eq!((sent.wr_id, sent.status), (2, WcStatus::Success));
+    drop((port, ctx));
+}
+
 /// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
 /// QP from one QP's memory (another protection domain's bytes must never go out as this
 /// QP's payload). Once the first QP is destroyed, the remote QP is free again.
