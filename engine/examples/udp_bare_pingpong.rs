@@ -14,7 +14,9 @@
 //! The first argument is this host's address, the second, on the client, the server's.
 //! Options after them: `--size BYTES` (default 64, at most 65,000), `--iters N` (default
 //! 10,000), `--port P` (default 18516: not RoCEv2's 4791, which shmhca's port may hold),
-//! `--spin`.
+//! `--spin`, `--stream` (the client sends `--iters` datagrams of `--size` bytes as fast as
+//! the socket takes them and the server counts the bytes that arrive: the bare line for a
+//! bandwidth test; the server prints the goodput).
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -32,6 +34,7 @@ struct Args {
     iters: u32,
     port: u16,
     spin: bool,
+    stream: bool,
 }
 
 fn parse() -> Args {
@@ -42,6 +45,7 @@ fn parse() -> Args {
         iters: 10_000,
         port: 18516,
         spin: false,
+        stream: false,
     };
     let mut addrs = Vec::new();
     let mut it = std::env::args().skip(1);
@@ -53,6 +57,7 @@ fn parse() -> Args {
         };
         match a.as_str() {
             "--spin" => args.spin = true,
+            "--stream" => args.stream = true,
             "--size" => args.size = value("--size") as usize,
             "--iters" => args.iters = u32::try_from(value("--iters")).unwrap_or(u32::MAX),
             "--port" => {
@@ -111,6 +116,10 @@ fn main() {
             .unwrap_or_else(|e| die(&format!("{e}")));
     }
     let mut buf = vec![0u8; 65_536];
+    if a.stream {
+        stream(&a, &sock, &mut buf);
+        return;
+    }
     let Some(server) = a.server else {
         // The server: echo every datagram to where it came from (bounded: it stops after
         // 10 s without one, or after the client's `iters` + warm-up).
@@ -160,4 +169,49 @@ fn main() {
         a.size,
         took.as_secs_f64() * 1e6 / f64::from(a.iters)
     );
+}
+
+/// `--stream`: the client sends `iters` datagrams of `size` bytes (then ten empty ones,
+/// the end mark); the server counts what arrives from the first datagram to the end mark
+/// (or 2 s of silence) and prints the goodput.
+fn stream(a: &Args, sock: &UdpSocket, buf: &mut [u8]) {
+    let Some(server) = a.server else {
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap_or_else(|e| die(&format!("{e}")));
+        println!("counting on {}:{}", a.local, a.port);
+        let (mut bytes, mut n) = (0u64, 0u64);
+        let mut start = None;
+        loop {
+            match sock.recv_from(buf) {
+                Ok((0, _)) if start.is_some() => break,
+                Ok((0, _)) => {}
+                Ok((len, _)) => {
+                    start.get_or_insert_with(Instant::now);
+                    bytes += len as u64;
+                    n += 1;
+                    sock.set_read_timeout(Some(Duration::from_secs(2)))
+                        .unwrap_or_else(|e| die(&format!("{e}")));
+                }
+                Err(_) => break,
+            }
+        }
+        let secs = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        println!(
+            "{n} datagrams, {bytes} bytes in {secs:.3} s: {:.2} MB/s",
+            bytes as f64 / secs.max(1e-9) / 1e6
+        );
+        return;
+    };
+    let to = SocketAddr::new(server, a.port);
+    let msg = vec![7u8; a.size];
+    for _ in 0..a.iters {
+        // A full socket buffer: wait for room rather than drop (a blocking socket).
+        if sock.send_to(&msg, to).is_err() {
+            die("sending failed");
+        }
+    }
+    for _ in 0..10 {
+        let _ = sock.send_to(&[], to);
+    }
+    println!("sent {} datagrams of {} bytes", a.iters, a.size);
 }

@@ -122,6 +122,7 @@ fn request_of(pkt: &RxPacket<'_>) -> Request {
         imm: pkt.imm(),
         ieth: pkt.ieth(),
         solicited: pkt.solicited(),
+        ack_req: pkt.ack_req(),
     }
 }
 

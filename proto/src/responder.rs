@@ -225,6 +225,12 @@ pub struct Responder {
     /// came an iteration after the others): that flush keeps it listed, so that its Ack
     /// too is held back one iteration, not sent at once with theirs.
     pub listed_late: bool,
+    /// Acknowledge only the packets that ask (AckReq) and the last packet of each message,
+    /// not every First or Middle packet accepted: for links where each Ack is a datagram
+    /// of its own (RoCEv2). The requester asks often enough (its last packet of every
+    /// message, and within any cap of packets in flight) that it never waits for an Ack
+    /// it did not ask for; the Ack of a later packet acknowledges the earlier ones.
+    pub acks_when_asked: bool,
 }
 
 /// Room for the response queue: every Read/Atomic resource and as many answers to
@@ -253,6 +259,7 @@ impl Responder {
             owed: None,
             replies: false,
             listed_late: false,
+            acks_when_asked: false,
         }
     }
 

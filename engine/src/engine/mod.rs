@@ -342,6 +342,11 @@ impl Engine {
             }
             QpState::Rtr if from == QpState::Init => {
                 qp.proto.resp.start(cfg.rq_psn);
+                // Over a UDP link each Ack is a datagram: only what asks is acknowledged.
+                qp.proto.resp.acks_when_asked = cfg
+                    .dest
+                    .and_then(|d| links.at(d.link.index()))
+                    .is_some_and(|l| l.max_in_flight.is_some());
                 responder::advertise(qp, None);
                 qp.set_state(QpState::Rtr);
                 qp.proto.comm_est_pending = true;

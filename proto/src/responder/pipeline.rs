@@ -43,6 +43,8 @@ pub struct Request {
     pub ieth: Option<u32>,
     /// Its Solicited Event bit.
     pub solicited: bool,
+    /// Its AckReq bit: the requester asks for an Ack of this packet.
+    pub ack_req: bool,
 }
 
 /// Why a Send's payload did not land in its receive WQE.
@@ -217,6 +219,18 @@ fn ack(qp: &mut Qp, psn: Psn) {
     qp.resp.owe(psn, msn);
 }
 
+/// Request `r`, a packet of a Send or RDMA Write (`last`: of its message), is accepted:
+/// its Ack is owed, unless the QP acknowledges only what asks
+/// ([`Responder::acks_when_asked`](crate::responder::Responder::acks_when_asked)) and this
+/// First or Middle packet does not ask — then only ePSN moves past it.
+fn accept(qp: &mut Qp, r: &Request, last: bool) {
+    if qp.resp.acks_when_asked && !last && !r.ack_req {
+        qp.resp.epsn = r.psn.add(1);
+    } else {
+        ack(qp, r.psn);
+    }
+}
+
 /// Check 4, Resources of a message that completes a receive WQE: room in the receive CQ
 /// (on its last packet) and the receive WQE. A Send takes its WQE on its first packet (it
 /// becomes the message in progress); a Write with Immediate on its last (held until it
@@ -300,7 +314,7 @@ fn send<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
     } else {
         d.qp().resp.cur = Inbound::Send { wqe, cursor, got };
     }
-    ack(d.qp(), r.psn);
+    accept(d.qp(), r, last);
     Ok(())
 }
 
@@ -381,7 +395,7 @@ fn write<D: ResponderDriver>(d: &mut D, r: &Request) -> Result<(), RespError> {
             total,
         };
     }
-    ack(d.qp(), r.psn);
+    accept(d.qp(), r, last);
     Ok(())
 }
 
@@ -611,6 +625,7 @@ mod tests {
             imm: None,
             ieth: None,
             solicited: false,
+            ack_req: true,
         }
     }
 

@@ -564,7 +564,7 @@ impl<'a> RxPacket<'a> {
     }
 
     /// The BTH's AckReq bit.
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn ack_req(&self) -> bool {
         self.bth_view().ack_req()
     }

@@ -230,7 +230,7 @@ const RX_BUFFERS: usize = 1024;
 /// go-back-N resend of at most this many datagrams (256 KiB at path MTU 1024), and the
 /// sender never has more in flight than the port's receive buffers (and the kernel's
 /// socket buffer) could take at once.
-pub(crate) const MAX_IN_FLIGHT: u32 = 256;
+pub(crate) const MAX_IN_FLIGHT: u32 = 64;
 
 impl UdpPort {
     /// Binds `addr`, port 4791, for `ctx`: the engine drives the port from then on, and a
