@@ -667,6 +667,46 @@ mod tests {
         assert_eq!(d.qp.resp.owed_ack(), None);
     }
 
+    /// With `acks_when_asked` (a link where each Ack is a datagram), the First and Middle
+    /// packets of a Send or Write that do not ask for an Ack owe none; one that asks, and
+    /// every message's last packet, do. Without it (the default) every packet accepted
+    /// owes one.
+    #[test]
+    fn acks_when_asked_owes_only_what_asks_and_last_packets() {
+        let quiet = |op, psn, len| Request {
+            ack_req: false,
+            ..req(op, psn, len)
+        };
+        let owed = |d: &Rec| d.qp.resp.owed_ack().map(|a| a.psn.get());
+        for when_asked in [false, true] {
+            let mut d = rec();
+            d.qp.resp.acks_when_asked = when_asked;
+            d.recvs.push(recv(1));
+            handle_request(&mut d, &quiet(Opcode::SendFirst, 100, 256));
+            assert_eq!(d.qp.resp.epsn, Psn::new(101), "accepted either way");
+            assert_eq!(owed(&d), (!when_asked).then_some(100), "{when_asked}");
+            handle_request(&mut d, &req(Opcode::SendMiddle, 101, 256));
+            assert_eq!(owed(&d), Some(101), "it asks: {when_asked}");
+            handle_request(&mut d, &quiet(Opcode::SendMiddle, 102, 256));
+            assert_eq!(owed(&d), Some(if when_asked { 101 } else { 102 }));
+            d.copy = Ok(10);
+            handle_request(&mut d, &quiet(Opcode::SendLast, 103, 10));
+            assert_eq!(owed(&d), Some(103), "a last packet: {when_asked}");
+            let w = |op, psn, len| Request {
+                reth: Some(RethRepr {
+                    va: 0,
+                    rkey: 1,
+                    dma_len: 512,
+                }),
+                ..quiet(op, psn, len)
+            };
+            handle_request(&mut d, &w(Opcode::RdmaWriteFirst, 104, 256));
+            assert_eq!(owed(&d), Some(if when_asked { 103 } else { 104 }));
+            handle_request(&mut d, &quiet(Opcode::RdmaWriteLast, 105, 256));
+            assert_eq!(owed(&d), Some(105));
+        }
+    }
+
     /// A multi-packet Send: First and Middle fill one receive WQE, the Last completes it
     /// with the whole length; a Middle out of sequence is an Invalid Request and fatal, its
     /// receive WQE completing in error.
