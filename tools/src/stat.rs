@@ -365,6 +365,14 @@ pub(crate) fn text(found: &[Found]) -> String {
         if let Some(hint) = rnr_hint(c[11], c[8]) {
             let _ = writeln!(s, "  {hint}");
         }
+        // RoCEv2 (UDP ports): only for an engine that has had one.
+        if c[19] + c[20] > 0 {
+            let _ = writeln!(
+                s,
+                "  roce datagrams sent {:>10}  received {:>10}  cnps {:>6}  dropped: icrc {}, malformed {}, strangers {}, refused {}, unencodable {}",
+                c[19], c[20], c[23], c[21], c[22], c[24], c[25], c[26]
+            );
+        }
         for l in &n.links {
             let _ = writeln!(
                 s,

@@ -51,6 +51,12 @@ fn engine_child() {
         )
         .unwrap();
     }
+    // A RoCEv2 port on context a, and three datagrams from a stranger: its counters show.
+    let _port = UdpPort::bind(&a, "127.0.63.1".parse().unwrap()).unwrap();
+    let stranger = std::net::UdpSocket::bind("127.0.63.2:0").unwrap();
+    for _ in 0..3 {
+        stranger.send_to(b"not roce", "127.0.63.1:4791").unwrap();
+    }
     let src = pd_a.alloc_mr(4096, AccessFlags::NONE).unwrap();
     let dst = pd_b.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mut wc = [WorkCompletion::default(); 8];
@@ -134,6 +140,19 @@ fn stat_shows_a_running_process_and_nothing_after_sigkill() {
         assert_eq!(c["links"][0]["peer_pid"], pid, "{c:#}");
         assert_eq!(c["qps"][0]["state"], "Rts", "{c:#}");
     }
+    // The UDP port's datagrams: in the JSON and the text.
+    let strangers: u64 = mine
+        .iter()
+        .map(|c| c["counters"]["unknown_source_dropped"].as_u64().unwrap())
+        .sum();
+    assert_eq!(strangers, 3, "{mine:#?}");
+    let text = Command::new(EXE).arg("stat").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("roce datagrams sent") && l.contains("strangers 3")),
+        "{text}"
+    );
     // The counters move while it runs.
     std::thread::sleep(Duration::from_millis(300));
     let later: u64 = stat_json()
