@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{DEADLINE, How, Outcome, SERIAL, pair_how, start_how, tool};
+use common::{DEADLINE, How, Outcome, SERIAL, pair_how, pair_progs, start_how, target_dir, tool};
 
 fn lock() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -242,6 +242,63 @@ fn roce_ibv_rc_pingpong_across_a_veth_pair() {
     assert!(s.ok() && c.ok(), "server: {s}\nclient: {c}");
     assert!(s.stdout.contains("bytes in") && c.stdout.contains("bytes in"));
     assert!(c.stdout.contains("GID ::ffff:198.18.0.1"), "{c}");
+}
+
+/// `shmhca rc-pingpong` (the Rust API over a UdpPort, speaking ibv_rc_pingpong's TCP
+/// exchange) pairs with unmodified `ibv_rc_pingpong --chk` across a veth pair, as server
+/// and as client: one engine's RoCEv2 against another program's, through the exchange a
+/// RoCE NIC's peer would use.
+#[test]
+fn roce_shmhca_rc_pingpong_pairs_with_ibv_rc_pingpong_both_ways() {
+    let test = "roce_shmhca_rc_pingpong_pairs_with_ibv_rc_pingpong_both_ways";
+    let Some(p) = namespace_test(test, "ibv_rc_pingpong") else {
+        return;
+    };
+    let shmhca = target_dir().join("shmhca");
+    assert!(
+        shmhca.is_file(),
+        "{} (cargo build -p shmhca-tools)",
+        shmhca.display()
+    );
+    let _g = lock();
+    let veth = Veth::new();
+    let (ha, hb) = (veth.a.how(), veth.b.how());
+    let ia = gid_index(&ha, "::ffff:198.18.0.1");
+    let ib = gid_index(&hb, "::ffff:198.18.0.2");
+    let rust = |i: &str| -> Vec<String> {
+        ["rc-pingpong", "-g", i, "--chk", "-n", "300", "-s", "4096"]
+            .map(String::from)
+            .to_vec()
+    };
+    let verbs = |i: &str| -> Vec<String> {
+        ["-g", i, "--chk", "-n", "300", "-s", "4096"]
+            .map(String::from)
+            .to_vec()
+    };
+    for rust_serves in [true, false] {
+        let (sa, ca) = if rust_serves {
+            (rust(&ia), verbs(&ib))
+        } else {
+            (verbs(&ia), rust(&ib))
+        };
+        let (sp, cp) = if rust_serves {
+            (&shmhca, &p)
+        } else {
+            (&p, &shmhca)
+        };
+        let (sa, ca): (Vec<&str>, Vec<&str>) = (
+            sa.iter().map(String::as_str).collect(),
+            ca.iter().map(String::as_str).collect(),
+        );
+        let (s, c) = pair_progs((sp, &sa, &ha), (cp, &ca, &hb), &[], "198.18.0.1");
+        assert!(
+            s.ok() && c.ok(),
+            "shmhca rc-pingpong serving: {rust_serves}\nserver: {s}\nclient: {c}"
+        );
+        for o in [&s, &c] {
+            assert!(o.stdout.contains("300 iters in"), "{o}");
+        }
+    }
 }
 
 /// A path MTU over the interface's (4096 on a veth of MTU 1500) fails RTR with EINVAL and,

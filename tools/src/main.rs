@@ -4,6 +4,8 @@
 //!   MFD_HUGETLB, transparent huge pages, CPUs and pinning) and the advice that follows.
 //! * `shmhca devinfo [--json]`: the device's limits, page size, huge pages, the arena, and the
 //!   RoCEv2 GID table (one entry per address of this host, with its interface's state and MTU).
+//! * `shmhca rc-pingpong [-g N] [HOST]`: rdma-core's ibv_rc_pingpong over RoCEv2, speaking
+//!   its TCP exchange, so it pairs with `ibv_rc_pingpong -g N` on any RoCE device.
 //! * `shmhca plot FILE.hgrm|FILE.json [...] -o OUT.svg`: latency percentile distributions
 //!   and latency/bandwidth against message size, several runs on one chart.
 //! * `shmhca stat [--json] [--watch SECS [--count N]]`: every running shmhca context of this user: its
@@ -15,6 +17,7 @@
 mod devinfo;
 mod doctor;
 mod exec;
+mod rc_pingpong;
 mod stat;
 
 use clap::{Parser, Subcommand};
@@ -80,6 +83,34 @@ enum Command {
         #[arg(short = 'c', long = "count", value_name = "N", requires = "watch")]
         count: Option<u64>,
     },
+    /// rdma-core's ibv_rc_pingpong over shmhca's RoCEv2 port, speaking its TCP exchange
+    /// (LID:QPN:PSN:GID on port 18515): pairs with `ibv_rc_pingpong -g N` on any RoCE
+    /// device. Server: `shmhca rc-pingpong -g N`; client: `shmhca rc-pingpong -g N HOST`.
+    RcPingpong {
+        /// The server (none: be the server and wait for a client).
+        host: Option<String>,
+        /// TCP port of the exchange.
+        #[arg(short = 'p', long, default_value_t = 18515)]
+        port: u16,
+        /// Message size in bytes.
+        #[arg(short = 's', long, default_value_t = 4096)]
+        size: usize,
+        /// Messages each way.
+        #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+        iters: u32,
+        /// Receives kept posted.
+        #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+        rx_depth: u32,
+        /// Path MTU (default: the active MTU of the GID's interface).
+        #[arg(short = 'm', long)]
+        mtu: Option<u32>,
+        /// The local GID: its index in the table `shmhca devinfo` prints.
+        #[arg(short = 'g', long = "gid-idx")]
+        gid_index: u32,
+        /// Check the data received (as ibv_rc_pingpong --chk).
+        #[arg(short = 'c', long = "chk")]
+        check: bool,
+    },
     /// Run an unmodified verbs program (perftest, ibv_rc_pingpong, ibv_devinfo) over
     /// shmhca: shmhca's libibverbs.so.1 (found next to this binary, or in
     /// $SHMHCA_VERBS_LIB_DIR) goes first on its library path. Example:
@@ -119,6 +150,34 @@ fn main() -> std::process::ExitCode {
             if let Err(e) = plot(&files, &output, title.as_deref(), force) {
                 eprintln!("shmhca plot: error: {e}");
                 return std::process::ExitCode::from(1);
+            }
+        }
+        Command::RcPingpong {
+            host,
+            port,
+            size,
+            iters,
+            rx_depth,
+            mtu,
+            gid_index,
+            check,
+        } => {
+            let o = rc_pingpong::Opts {
+                host,
+                port,
+                size,
+                iters,
+                rx_depth,
+                mtu,
+                gid_index,
+                check,
+            };
+            match rc_pingpong::run(&o) {
+                Ok(report) => println!("{report}"),
+                Err(e) => {
+                    eprintln!("shmhca rc-pingpong: error: {e}");
+                    return std::process::ExitCode::from(1);
+                }
             }
         }
         Command::Devinfo { json } => {

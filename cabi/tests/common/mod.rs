@@ -271,6 +271,24 @@ pub(crate) fn pair_how(
     env: &[(&str, &str)],
     server_host: &str,
 ) -> (Outcome, Outcome) {
+    pair_progs(
+        (prog, server_args, server_how),
+        (prog, client_args, client_how),
+        env,
+        server_host,
+    )
+}
+
+/// [`pair_how`] with a program of its own on each side (two implementations of one
+/// exchange, e.g. `ibv_rc_pingpong` and `shmhca rc-pingpong`).
+#[allow(dead_code)] // (each test binary uses a part of this module)
+pub(crate) fn pair_progs(
+    (server_prog, server_args, server_how): (&Path, &[&str], &How),
+    (client_prog, client_args, client_how): (&Path, &[&str], &How),
+    env: &[(&str, &str)],
+    server_host: &str,
+) -> (Outcome, Outcome) {
+    let prog = server_prog;
     let port = free_port().to_string();
     let mut s_args: Vec<&str> = server_args.to_vec();
     s_args.extend(["-p", &port]);
@@ -286,7 +304,7 @@ pub(crate) fn pair_how(
     }
     let mut c_args: Vec<&str> = client_args.to_vec();
     c_args.extend(["-p", &port, server_host]);
-    let client = start_how(prog, &c_args, env, client_how);
+    let client = start_how(client_prog, &c_args, env, client_how);
     let c = client.wait(DEADLINE);
     let s = server.wait(if c.ok() {
         DEADLINE
