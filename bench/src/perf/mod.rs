@@ -30,6 +30,7 @@ pub mod params;
 pub mod placement;
 pub mod process;
 pub mod report;
+pub mod roce;
 pub mod run;
 pub mod sequence;
 pub mod setup;

@@ -326,9 +326,19 @@ pub struct Cli {
     /// (ignored: the parameters travel as connection private data) rdma_cm exchange.
     #[arg(short = 'z', long = "comm_rdma_cm", help_heading = IGNORED)]
     pub comm_rdma_cm: bool,
-    /// (ignored: the sides meet at a socket path, --server/--client) TCP port.
-    #[arg(short = 'p', long = "port", value_name = "PORT", help_heading = IGNORED)]
+    /// With --roce: the TCP port of the exchange (default 18515, as perftest's). Without:
+    /// ignored (the sides meet at a socket path, --server/--client).
+    #[arg(short = 'p', long = "port", value_name = "PORT")]
     pub port: Option<String>,
+    /// Run between two hosts over RoCEv2 (UDP 4791): `shmhca-perf TEST --roce` on the
+    /// server, `shmhca-perf TEST --roce HOST` on the client, as perftest is split. The sides
+    /// exchange their parameters and QPs over TCP (`-p`), and each binds its UDP port on
+    /// the address the TCP connection uses (or `--bind`).
+    #[arg(long = "roce")]
+    pub roce: bool,
+    /// With --roce: this side's address for RoCEv2 (default: the TCP connection's).
+    #[arg(long = "bind", value_name = "ADDR", requires = "roce")]
+    pub bind: Option<std::net::IpAddr>,
     /// (ignored: no fabric) service level.
     #[arg(short = 'S', long = "sl", value_name = "SL", help_heading = IGNORED)]
     pub sl: Option<String>,
@@ -533,6 +543,22 @@ pub enum Role {
     Server(PathBuf),
     /// The client side, connecting to a path.
     Client(PathBuf),
+    /// The server side over RoCEv2: waits for a client on TCP `port`.
+    RoceServer {
+        /// The TCP port of the exchange.
+        port: u16,
+        /// This side's RoCEv2 address (`None`: the TCP connection's).
+        bind: Option<std::net::IpAddr>,
+    },
+    /// The client side over RoCEv2: connects to `host` on TCP `port`.
+    RoceClient {
+        /// The server.
+        host: String,
+        /// The TCP port of the exchange.
+        port: u16,
+        /// This side's RoCEv2 address (`None`: the TCP connection's).
+        bind: Option<std::net::IpAddr>,
+    },
 }
 
 /// Validated options.
@@ -711,7 +737,7 @@ impl Options {
         let qp_timeout = qp_timeout(&cli)?;
         let retry_count = retry_count(&cli)?;
         let out_json = output_files(&cli, test, &sizes)?;
-        if let Some(h) = cli.host.as_deref() {
+        if let Some(h) = cli.host.as_deref().filter(|_| !cli.roce) {
             check_host(h)?;
         }
         let pin_cores = parse_core_list(cli.pin_cores.as_deref())?;
@@ -1184,6 +1210,32 @@ fn check_connection_flags(cli: &Cli, test: TestKind) -> Result<(), PerfError> {
 /// Which side this process runs: `--server`, `--client`, `--in-process` (at most one), or
 /// none (it starts its peer); `--spawned` (internal) only with `--server`.
 fn role(cli: &Cli) -> Result<Role, PerfError> {
+    if cli.roce {
+        if cli.server.is_some() || cli.client.is_some() || cli.in_process || cli.spawned {
+            return Err(usage(
+                "--roce runs between hosts: give HOST on the client and nothing on the server, not --server, --client or --in-process",
+            ));
+        }
+        let port = match cli.port.as_deref() {
+            None => 18515,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| usage(format!("-p {p}: give a TCP port, 1 to 65535")))?,
+        };
+        return Ok(match &cli.host {
+            Some(host) => Role::RoceClient {
+                host: host.clone(),
+                port,
+                bind: cli.bind,
+            },
+            None => Role::RoceServer {
+                port,
+                bind: cli.bind,
+            },
+        });
+    }
     let role = match (&cli.server, &cli.client, cli.in_process) {
         (Some(p), None, false) => Role::Server(p.clone()),
         (None, Some(p), false) => Role::Client(p.clone()),
@@ -1510,7 +1562,7 @@ fn ignored_flags(cli: &Cli) -> Vec<String> {
         ("-d", &cli.ib_dev),
         ("-i", &cli.ib_port),
         ("-x", &cli.gid_index),
-        ("-p", &cli.port),
+        ("-p", if cli.roce { &None } else { &cli.port }),
         ("-S", &cli.sl),
         ("-T", &cli.tos),
         ("-L", &cli.hop_limit),

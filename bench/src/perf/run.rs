@@ -195,5 +195,23 @@ pub fn run(opts: &Options) -> Result<(), PerfError> {
             out.finish(opts, &side)
         }
         Role::SelfSpawn => self_spawn(opts, core(0), engine_core(0)),
+        Role::RoceServer { .. } => {
+            let res = Resources::new(opts, engine_core(0))?;
+            pin(opts.cpus.first().copied());
+            let mut side = crate::perf::roce::side(opts, res)?;
+            if opts.output.is_none() {
+                print!("{}", header_text(opts, &side));
+                let _ = std::io::stdout().flush();
+            }
+            run_sizes(opts, &mut side, false, None)
+        }
+        Role::RoceClient { .. } => {
+            let res = Resources::new(opts, engine_core(0))?;
+            pin(opts.cpus.first().copied());
+            let mut side = crate::perf::roce::side(opts, res)?;
+            let mut out = Output::new(opts);
+            run_sizes(opts, &mut side, true, Some(&mut out))?;
+            out.finish(opts, &side)
+        }
     }
 }

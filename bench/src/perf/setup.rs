@@ -268,6 +268,8 @@ pub struct Side {
     pub exchange: &'static str,
     /// RSS (KiB) once everything was set up.
     pub rss_after_kib: u64,
+    /// The RoCEv2 port the QPs run over (`--roce`), kept as long as they are.
+    pub udp: Option<shmhca::UdpPort>,
 }
 
 impl std::fmt::Debug for Side {
@@ -306,7 +308,7 @@ impl Side {
 }
 
 /// A start PSN that differs between runs.
-fn start_psn(salt: u32) -> u32 {
+pub(crate) fn start_psn(salt: u32) -> u32 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -336,7 +338,7 @@ fn connect_by_hand(
     .map_err(PerfError::engine(what()))
 }
 
-fn to_rts(qp: &mut Qp, sq_psn: u32, opts: &Options, outs: u8) -> Result<(), PerfError> {
+pub(crate) fn to_rts(qp: &mut Qp, sq_psn: u32, opts: &Options, outs: u8) -> Result<(), PerfError> {
     qp.modify(
         &QpAttr::new(QpState::Rts)
             .sq_psn(sq_psn)
@@ -412,6 +414,7 @@ pub fn in_process_pair(
         peer,
         exchange: "in-process link",
         rss_after_kib: crate::perf::stats::rss_kib(),
+        udp: None,
     };
     Ok((
         side(ra, ctla, qa.collect(), pb),
@@ -516,6 +519,7 @@ pub fn cm_server(
         peer,
         exchange: "shmhca::cm",
         rss_after_kib: crate::perf::stats::rss_kib(),
+        udp: None,
     })
 }
 
@@ -566,6 +570,7 @@ pub fn cm_client(
         peer,
         exchange: "shmhca::cm",
         rss_after_kib: crate::perf::stats::rss_kib(),
+        udp: None,
     })
 }
 

@@ -1,0 +1,244 @@
+//! `shmhca-perf TEST --roce` (server) and `shmhca-perf TEST --roce HOST` (client): the eight
+//! tests with `--check` over RoCEv2 — between two loopback addresses (no root needed), and,
+//! as root, between two network namespaces joined by a veth pair that the test makes
+//! (198.18.0.1/30 and 198.18.0.2/30; it skips with one line otherwise) — and the errors a
+//! user meets: no server, different parameters.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Each run keeps two processes busy: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
+
+const TESTS: [&[&str]; 8] = [
+    &["send_lat", "-s", "3000"],
+    &["write_lat", "-s", "3000"],
+    &["read_lat", "-s", "3000"],
+    &["atomic_lat"],
+    &["send_bw", "-s", "3000"],
+    &["write_bw", "-s", "3000"],
+    &["read_bw", "-s", "3000"],
+    &["atomic_bw"],
+];
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A TCP port nobody listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Waits for `child` at most `limit`, killing it after; its output.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `wrap` (e.g. `ip netns exec NS`) then shmhca-perf with `args`.
+fn start(wrap: &[&str], args: &[&str]) -> Child {
+    let mut argv: Vec<&str> = wrap.to_vec();
+    argv.push(EXE);
+    argv.extend_from_slice(args);
+    Command::new(argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// One test: the server (`server_wrap`, bound at `server_ip`) and the client
+/// (`client_wrap`, bound at `client_ip`, connecting to `server_ip`); both outputs.
+fn run(
+    test: &[&str],
+    (server_wrap, server_ip): (&[&str], &str),
+    (client_wrap, client_ip): (&[&str], &str),
+) -> (Output, Output) {
+    let port = free_port().to_string();
+    let mut common: Vec<&str> = test.to_vec();
+    common.extend(["--roce", "--check", "-n", "200", "-p", &port]);
+    let mut s_args = common.clone();
+    s_args.extend(["--bind", server_ip]);
+    let server = start(server_wrap, &s_args);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c_args = common.clone();
+    c_args.extend(["--bind", client_ip, server_ip]);
+    let client = finish(start(client_wrap, &c_args), Duration::from_secs(120));
+    let server = finish(
+        server,
+        Duration::from_secs(if client.status.success() { 60 } else { 5 }),
+    );
+    (server, client)
+}
+
+#[test]
+fn the_eight_tests_check_every_byte_over_rocev2_on_loopback() {
+    let _s = serial();
+    for t in TESTS {
+        let (s, c) = run(t, (&[], "127.0.62.1"), (&[], "127.0.62.2"));
+        assert!(
+            s.status.success() && c.status.success(),
+            "{t:?}\nserver: {}\nclient: {}",
+            text(&s),
+            text(&c)
+        );
+        let out = String::from_utf8_lossy(&c.stdout);
+        assert!(
+            out.contains("RoCEv2 (UDP 4791; TCP exchange)"),
+            "{t:?}: {out}"
+        );
+        assert!(out.contains("#bytes"), "{t:?}: {out}");
+    }
+}
+
+/// A client with no server, and a client whose parameters differ from the server's:
+/// each fails with a line that says what is wrong, in bounded time.
+#[test]
+fn no_server_and_different_parameters_are_clear_errors() {
+    let _s = serial();
+    let port = free_port().to_string();
+    let t = Instant::now();
+    let c = finish(
+        start(
+            &[],
+            &[
+                "send_lat",
+                "--roce",
+                "-p",
+                &port,
+                "--connect-timeout",
+                "2",
+                "--bind",
+                "127.0.62.2",
+                "127.0.62.1",
+            ],
+        ),
+        Duration::from_secs(30),
+    );
+    assert!(!c.status.success(), "{}", text(&c));
+    assert!(t.elapsed() < Duration::from_secs(25));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(err.contains("no shmhca-perf server answered"), "{err}");
+
+    let port = free_port().to_string();
+    let server = start(
+        &[],
+        &[
+            "send_lat",
+            "--roce",
+            "-s",
+            "8",
+            "-p",
+            &port,
+            "--bind",
+            "127.0.62.1",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let c = finish(
+        start(
+            &[],
+            &[
+                "send_lat",
+                "--roce",
+                "-s",
+                "16",
+                "-p",
+                &port,
+                "--bind",
+                "127.0.62.2",
+                "127.0.62.1",
+            ],
+        ),
+        Duration::from_secs(30),
+    );
+    let s = finish(server, Duration::from_secs(10));
+    for o in [&s, &c] {
+        assert!(!o.status.success(), "{}", text(o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("-s is"), "{err}");
+    }
+}
+
+/// As root: two namespaces joined by a veth pair, made and removed here.
+#[test]
+fn the_eight_tests_check_every_byte_over_rocev2_across_a_veth_pair() {
+    let test = "the_eight_tests_check_every_byte_over_rocev2_across_a_veth_pair";
+    // SAFETY-free check of root: the effective uid from /proc.
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(2))
+            == Some("0")
+    });
+    let ip_ok = Command::new("ip").arg("-V").output().is_ok();
+    if !(root && ip_ok) {
+        eprintln!("{test}: skipped (needs root and the ip command for network namespaces)");
+        return;
+    }
+    let _s = serial();
+    let tag = std::process::id() % 100_000;
+    let (a, b) = (format!("shpr-a-{tag}"), format!("shpr-b-{tag}"));
+    /// Deletes the namespaces (and the veth with them) however the test ends.
+    struct Netns(Vec<String>);
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            for n in &self.0 {
+                let _ = Command::new("ip").args(["netns", "del", n]).output();
+            }
+        }
+    }
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ip(&["netns", "add", &a]);
+    let _ns = Netns(vec![a.clone(), b.clone()]);
+    ip(&["netns", "add", &b]);
+    let (va, vb) = (format!("shpra{tag}"), format!("shprb{tag}"));
+    ip(&[
+        "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b,
+    ]);
+    ip(&["-n", &a, "addr", "add", "198.18.0.1/30", "dev", &va]);
+    ip(&["-n", &b, "addr", "add", "198.18.0.2/30", "dev", &vb]);
+    for (n, v) in [(&a, &va), (&b, &vb)] {
+        ip(&["-n", n, "link", "set", "lo", "up"]);
+        ip(&["-n", n, "link", "set", v, "up"]);
+    }
+    let (wa, wb) = (["ip", "netns", "exec", &a], ["ip", "netns", "exec", &b]);
+    for t in TESTS {
+        let (s, c) = run(t, (&wa, "198.18.0.1"), (&wb, "198.18.0.2"));
+        assert!(
+            s.status.success() && c.status.success(),
+            "{t:?}\nserver: {}\nclient: {}",
+            text(&s),
+            text(&c)
+        );
+    }
+}
