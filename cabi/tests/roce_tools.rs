@@ -76,7 +76,7 @@ fn roce_without_a_grh_is_refused_with_a_message() {
 }
 
 /// Whether network namespaces can be made here (root, and `ip` present); prints one line
-/// naming the test when not.
+/// naming the test when not, or fails it when `SHMHCA_REQUIRE_NETNS=1` (set by `.ci/run`).
 fn netns_available(test: &str) -> bool {
     // SAFETY: a plain system call.
     let root = unsafe { libc::geteuid() } == 0;
@@ -84,6 +84,11 @@ fn netns_available(test: &str) -> bool {
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
+    if std::env::var_os("SHMHCA_REQUIRE_NETNS").is_some_and(|v| v == "1") && !(root && ip) {
+        panic!(
+            "{test}: needs root and the `ip` command for network namespaces, and SHMHCA_REQUIRE_NETNS=1 requires them"
+        );
+    }
     if !(root && ip) {
         eprintln!("{test}: skipped (needs root and the ip command for network namespaces)");
     }

@@ -799,11 +799,17 @@ pub(crate) mod netns {
     use std::time::{Duration, Instant};
 
     /// Whether network namespaces can be made here (root, and `ip` present); prints one
-    /// line naming the test when not.
+    /// line naming the test when not, or fails it when `SHMHCA_REQUIRE_NETNS=1` (set by
+    /// `.ci/run`).
     pub(crate) fn available(test: &str) -> bool {
         // SAFETY: a plain system call.
         let root = unsafe { libc::geteuid() } == 0;
         let ip = std::process::Command::new("ip").arg("-V").output().is_ok();
+        if std::env::var_os("SHMHCA_REQUIRE_NETNS").is_some_and(|v| v == "1") && !(root && ip) {
+            panic!(
+                "{test}: needs root and the `ip` command for network namespaces, and SHMHCA_REQUIRE_NETNS=1 requires them"
+            );
+        }
         if !(root && ip) {
             eprintln!("{test}: skipped (needs root and the `ip` command for network namespaces)");
         }
