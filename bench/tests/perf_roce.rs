@@ -69,6 +69,22 @@ fn start(wrap: &[&str], args: &[&str]) -> Child {
         .unwrap()
 }
 
+/// Loss, duplication and reordering at both ends (shmhca-perf's fault stage, before the
+/// datagrams; the UDP link's own tests corrupt datagrams on the wire), with a 268 ms
+/// transport timer.
+const FAULTS: &[&str] = &[
+    "--drop",
+    "0.02",
+    "--dup",
+    "0.02",
+    "--reorder",
+    "0.02",
+    "--seed",
+    "9",
+    "-u",
+    "16",
+];
+
 /// One test: the server (`server_wrap`, bound at `server_ip`) and the client
 /// (`client_wrap`, bound at `client_ip`, connecting to `server_ip`); both outputs.
 fn run(
@@ -76,9 +92,25 @@ fn run(
     (server_wrap, server_ip): (&[&str], &str),
     (client_wrap, client_ip): (&[&str], &str),
 ) -> (Output, Output) {
+    run_with(
+        test,
+        &[],
+        (server_wrap, server_ip),
+        (client_wrap, client_ip),
+    )
+}
+
+/// [`run`] with `extra` flags on both sides.
+fn run_with(
+    test: &[&str],
+    extra: &[&str],
+    (server_wrap, server_ip): (&[&str], &str),
+    (client_wrap, client_ip): (&[&str], &str),
+) -> (Output, Output) {
     let port = free_port().to_string();
     let mut common: Vec<&str> = test.to_vec();
     common.extend(["--roce", "--check", "-n", "200", "-p", &port]);
+    common.extend_from_slice(extra);
     let mut s_args = common.clone();
     s_args.extend(["--bind", server_ip]);
     let server = start(server_wrap, &s_args);
@@ -110,6 +142,22 @@ fn the_eight_tests_check_every_byte_over_rocev2_on_loopback() {
             "{t:?}: {out}"
         );
         assert!(out.contains("#bytes"), "{t:?}: {out}");
+    }
+}
+
+/// The same with datagrams lost, duplicated and reordered: go-back-N over RoCEv2, every
+/// byte still checked.
+#[test]
+fn the_eight_tests_check_every_byte_over_rocev2_through_loss_duplication_and_reordering() {
+    let _s = serial();
+    for t in TESTS {
+        let (s, c) = run_with(t, FAULTS, (&[], "127.0.62.1"), (&[], "127.0.62.2"));
+        assert!(
+            s.status.success() && c.status.success(),
+            "{t:?}\nserver: {}\nclient: {}",
+            text(&s),
+            text(&c)
+        );
     }
 }
 
