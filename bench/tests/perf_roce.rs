@@ -145,10 +145,10 @@ fn the_eight_tests_check_every_byte_over_rocev2_on_loopback() {
     }
 }
 
-/// The same with datagrams lost, duplicated and reordered: go-back-N over RoCEv2, every
-/// byte still checked.
+/// The same with packets lost, duplicated, reordered and corrupted: go-back-N over
+/// RoCEv2, every byte still checked.
 #[test]
-fn the_eight_tests_check_every_byte_over_rocev2_through_loss_duplication_and_reordering() {
+fn the_eight_tests_check_every_byte_over_rocev2_through_faults() {
     let _s = serial();
     for t in TESTS {
         let (s, c) = run_with(t, FAULTS, (&[], "127.0.62.1"), (&[], "127.0.62.2"));

@@ -163,6 +163,11 @@ pub(crate) fn encode(
     Ok(total)
 }
 
+/// Whether `slot` carries a riding Ack.
+pub(crate) fn carries_ack(slot: &PacketSlot) -> bool {
+    slot.reserved & ACK_FLAG != 0
+}
+
 /// The positive Ack riding in `slot` (`ACK_FLAG`), written into `out` as a datagram of its
 /// own (on the wire an Ack always travels alone); `None` if `slot` carries none.
 pub(crate) fn riding_ack_datagram(
@@ -171,7 +176,7 @@ pub(crate) fn riding_ack_datagram(
     dst: SocketAddr,
     out: &mut [u8],
 ) -> Option<Result<usize, EncodeError>> {
-    if slot.reserved & ACK_FLAG == 0 {
+    if !carries_ack(slot) {
         return None;
     }
     let ack = riding_ack(slot)?;

@@ -207,7 +207,22 @@ impl TxPump {
                     break 'links;
                 };
                 match datagram::encode(slots, route.map(|r| &r.arena), src, to, buf) {
-                    Ok(len) => self.stage(len, to, opts, via),
+                    Ok(len) => {
+                        // A packet the fault stage corrupted (it stamped the ICRC of the
+                        // packet before) keeps a bad ICRC: the receiver drops it, as it
+                        // would a datagram corrupted on the wire. (Not a carrier of a
+                        // riding Ack: its stamped ICRC covers the Ack's word too, which
+                        // leaves in a datagram of its own here.)
+                        if let Some(r) = route.filter(|_| !datagram::carries_ack(&slots[0])) {
+                            let e = crate::fault::icrc_error(slots, &r.arena);
+                            if e != 0 && len >= 4 {
+                                for (b, x) in buf[len - 4..len].iter_mut().zip(e.to_le_bytes()) {
+                                    *b ^= x;
+                                }
+                            }
+                        }
+                        self.stage(len, to, opts, via)
+                    }
                     Err(_) => bump(&mut counters.encode_dropped, 1),
                 }
                 let Some(buf) = self.tx.next_buf() else {

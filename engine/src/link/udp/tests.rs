@@ -593,6 +593,46 @@ fn a_qps_hop_limit_traffic_class_and_source_port_are_its_datagrams() {
     }
 }
 
+/// A packet the fault stage corrupted leaves as a datagram with the ICRC of the intact
+/// packet, so the receiver drops it and the sender resends it: no corrupted byte is ever
+/// delivered. (Inline 8-byte Sends: a flipped payload bit would otherwise arrive with a
+/// fresh, valid ICRC.)
+#[test]
+fn a_packet_the_fault_stage_corrupts_is_dropped_by_its_icrc_not_delivered() {
+    let _serial = serial();
+    let ctx = Context::builder()
+        .mode(crate::EngineMode::Inline)
+        .progress(crate::Progress::Manual)
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .faults(crate::fault::FaultConfig {
+            corrupt: 0.3,
+            seed: 5,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let port = UdpPort::bind_addr(&ctx, "127.0.0.23:0".parse().unwrap()).unwrap();
+    let mut x = end_on(ctx, port);
+    let mut y = end("127.0.0.24:0".parse().unwrap());
+    connect(&mut x, &y, Mtu::Mtu1024, 10);
+    connect(&mut y, &x, Mtu::Mtu1024, 10);
+    for i in 0..200u64 {
+        let msg = (i * 0x0101_0101_0101_0101).to_le_bytes();
+        x.mr.write_at(0, &msg).unwrap();
+        y.qp.post_recv(&RecvWr::new(i, &[y.mr.sge(4096, 8).unwrap()]))
+            .unwrap();
+        x.qp.post_send(&SendWr::new(i, SendOp::Send, &[x.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        let got = wait!(y, x, y);
+        assert_eq!((got.wr_id, got.status), (i, WcStatus::Success));
+        assert_eq!(read(&y.mr, 4096, 8), msg, "message {i}");
+        assert_eq!(wait!(x, x, y).status, WcStatus::Success);
+    }
+    let (f, c) = (x.ctx.fault_stats(), y.port.counters());
+    assert!(f.corrupted > 10, "{f:?}");
+    assert!(c.icrc_dropped > 0, "{c:?}");
+}
+
 /// A receiver that destroys its QP right after its last receive completed, before its
 /// engine runs again (ibv_rc_pingpong's last message, then exit), still acknowledges that
 /// message: the Ack it held back (to ride in a reply) leaves as a datagram at the destroy.
