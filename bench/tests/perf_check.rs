@@ -7,18 +7,9 @@ use std::sync::Mutex;
 /// Each run keeps two processes busy: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
+mod common;
 
-const TESTS: [&[&str]; 8] = [
-    &["send_lat", "-s", "3000"],
-    &["write_lat", "-s", "3000"],
-    &["read_lat", "-s", "3000"],
-    &["atomic_lat"],
-    &["send_bw", "-s", "3000"],
-    &["write_bw", "-s", "3000"],
-    &["read_bw", "-s", "3000"],
-    &["atomic_bw"],
-];
+use common::{EXE, TESTS};
 
 /// 2% of each fault: a few dozen of each in a short run. `-u 16`: a 268 ms transport
 /// timer — short enough for a short run, long enough that on a loaded machine an inline

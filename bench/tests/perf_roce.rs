@@ -11,18 +11,9 @@ use std::time::{Duration, Instant};
 /// Each run keeps two processes busy: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
+mod common;
 
-const TESTS: [&[&str]; 8] = [
-    &["send_lat", "-s", "3000"],
-    &["write_lat", "-s", "3000"],
-    &["read_lat", "-s", "3000"],
-    &["atomic_lat"],
-    &["send_bw", "-s", "3000"],
-    &["write_bw", "-s", "3000"],
-    &["read_bw", "-s", "3000"],
-    &["atomic_bw"],
-];
+use common::{EXE, TESTS};
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())

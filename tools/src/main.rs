@@ -86,31 +86,7 @@ enum Command {
     /// rdma-core's ibv_rc_pingpong over shmhca's RoCEv2 port, speaking its TCP exchange
     /// (LID:QPN:PSN:GID on port 18515): pairs with `ibv_rc_pingpong -g N` on any RoCE
     /// device. Server: `shmhca rc-pingpong -g N`; client: `shmhca rc-pingpong -g N HOST`.
-    RcPingpong {
-        /// The server (none: be the server and wait for a client).
-        host: Option<String>,
-        /// TCP port of the exchange.
-        #[arg(short = 'p', long, default_value_t = 18515)]
-        port: u16,
-        /// Message size in bytes.
-        #[arg(short = 's', long, default_value_t = 4096)]
-        size: usize,
-        /// Messages each way.
-        #[arg(short = 'n', long = "iters", default_value_t = 1000)]
-        iters: u32,
-        /// Receives kept posted.
-        #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
-        rx_depth: u32,
-        /// Path MTU (default: the active MTU of the GID's interface).
-        #[arg(short = 'm', long)]
-        mtu: Option<u32>,
-        /// The local GID: its index in the table `shmhca devinfo` prints.
-        #[arg(short = 'g', long = "gid-idx")]
-        gid_index: u32,
-        /// Check the data received (as ibv_rc_pingpong --chk).
-        #[arg(short = 'c', long = "chk")]
-        check: bool,
-    },
+    RcPingpong(rc_pingpong::Opts),
     /// Run an unmodified verbs program (perftest, ibv_rc_pingpong, ibv_devinfo) over
     /// shmhca: shmhca's libibverbs.so.1 (found next to this binary, or in
     /// $SHMHCA_VERBS_LIB_DIR) goes first on its library path. Example:
@@ -152,34 +128,13 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(1);
             }
         }
-        Command::RcPingpong {
-            host,
-            port,
-            size,
-            iters,
-            rx_depth,
-            mtu,
-            gid_index,
-            check,
-        } => {
-            let o = rc_pingpong::Opts {
-                host,
-                port,
-                size,
-                iters,
-                rx_depth,
-                mtu,
-                gid_index,
-                check,
-            };
-            match rc_pingpong::run(&o) {
-                Ok(report) => println!("{report}"),
-                Err(e) => {
-                    eprintln!("shmhca rc-pingpong: error: {e}");
-                    return std::process::ExitCode::from(1);
-                }
+        Command::RcPingpong(o) => match rc_pingpong::run(&o) {
+            Ok(report) => println!("{report}"),
+            Err(e) => {
+                eprintln!("shmhca rc-pingpong: error: {e}");
+                return std::process::ExitCode::from(1);
             }
-        }
+        },
         Command::Devinfo { json } => {
             let v = devinfo::json();
             if json {

@@ -24,24 +24,31 @@ use shmhca::{
 const MSG_LEN: usize = 52;
 const PAGE: usize = 4096;
 
-/// The options (those of `ibv_rc_pingpong` that apply).
-#[derive(Debug, Clone)]
+/// The options (those of `ibv_rc_pingpong` that apply, with its letters).
+#[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Opts {
-    /// The server to connect to (none: be the server).
+    /// The server (none: be the server and wait for a client).
     pub(crate) host: Option<String>,
     /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
     pub(crate) port: u16,
-    /// Message size.
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 4096)]
     pub(crate) size: usize,
     /// Messages each way.
+    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
     pub(crate) iters: u32,
     /// Receives kept posted.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
     pub(crate) rx_depth: u32,
-    /// Path MTU (default: the port's active MTU).
+    /// Path MTU (default: the active MTU of the GID's interface).
+    #[arg(short = 'm', long)]
     pub(crate) mtu: Option<u32>,
-    /// The local GID's index in `shmhca::gid_table()`.
+    /// The local GID: its index in the table `shmhca devinfo` prints.
+    #[arg(short = 'g', long = "gid-idx")]
     pub(crate) gid_index: u32,
-    /// Check the received data.
+    /// Check the data received (as ibv_rc_pingpong --chk).
+    #[arg(short = 'c', long = "chk")]
     pub(crate) check: bool,
 }
 

@@ -9,6 +9,18 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// The `shmhca-perf` binary cargo built for these tests.
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
 
+/// The eight tests, each with a size that takes several packets (the atomics' is fixed).
+pub(crate) const TESTS: [&[&str]; 8] = [
+    &["send_lat", "-s", "3000"],
+    &["write_lat", "-s", "3000"],
+    &["read_lat", "-s", "3000"],
+    &["atomic_lat"],
+    &["send_bw", "-s", "3000"],
+    &["write_bw", "-s", "3000"],
+    &["read_bw", "-s", "3000"],
+    &["atomic_bw"],
+];
+
 /// A private directory for one test (its runs' working directory and `TMPDIR`), removed
 /// with everything in it when the test ends.
 pub(crate) struct Scratch(pub(crate) PathBuf);
