@@ -523,7 +523,13 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         let Some(c) = (unsafe { ctx_of(context) }) else {
             return -(libc::EINVAL as isize);
         };
-        if max_entries == 0 || entries.is_null() {
+        if max_entries == 0
+            || entries.is_null()
+            || entry_size < std::mem::size_of::<ibv_gid_entry>()
+            || max_entries
+                .checked_mul(entry_size)
+                .is_none_or(|n| n > isize::MAX as usize)
+        {
             return -(libc::EINVAL as isize);
         }
         let len = c.roce.as_ref().map_or(1, |r| r.table.len());
@@ -532,7 +538,8 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         }
         for i in 0..len {
             // SAFETY: the caller's array holds `max_entries` entries of `entry_size` bytes
-            // (checked by `_ibv_query_gid_ex` to be at least an `ibv_gid_entry`).
+            // (at least an `ibv_gid_entry` each, and their total fits an isize: checked
+            // above), and `i < len <= max_entries`.
             let at = unsafe { entries.cast::<u8>().add(i * entry_size) }.cast::<ibv_gid_entry>();
             // SAFETY: forwarded; `at` is one of the caller's entries.
             let r = unsafe { _ibv_query_gid_ex(context, 1, i as u32, at, flags, entry_size) };
