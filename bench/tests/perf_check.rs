@@ -9,28 +9,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 mod common;
 
-use common::{EXE, TESTS};
-
-/// 2% of each fault: a few dozen of each in a short run. `-u 16`: a 268 ms transport
-/// timer — short enough for a short run, long enough that on a loaded machine an inline
-/// engine's process left unscheduled for a while does not exhaust the Retry Count (a live
-/// process then acknowledges nothing: issue 9's automatic progress is the real fix).
-const FAULTS: &[&str] = &[
-    "--drop",
-    "0.02",
-    "--dup",
-    "0.02",
-    "--reorder",
-    "0.02",
-    "--corrupt",
-    "0.01",
-    "--delay",
-    "0.01",
-    "--seed",
-    "9",
-    "-u",
-    "16",
-];
+use common::{EXE, FAULTS, TESTS, text};
 
 fn run(args: &[&str]) -> Output {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -44,14 +23,6 @@ fn run(args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("running shmhca-perf")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

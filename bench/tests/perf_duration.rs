@@ -12,9 +12,11 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-static SERIAL: Mutex<()> = Mutex::new(());
+mod common;
 
-const EXE: &str = env!("CARGO_BIN_EXE_shmhca-perf");
+use common::{EXE, text};
+
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Runs shmhca-perf with `args` in a private temp dir; kills it (and fails) after 120 s.
 fn run(name: &str, args: &[&str]) -> Output {
@@ -47,15 +49,6 @@ fn run(name: &str, args: &[&str]) -> Output {
     let out = child.wait_with_output().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     out
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Asserts the run failed for lack of a measurement, with the message that says why and

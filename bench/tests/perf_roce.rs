@@ -13,7 +13,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 mod common;
 
-use common::{EXE, TESTS};
+use common::{EXE, FAULTS, TESTS, text};
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -38,15 +38,6 @@ fn finish(mut child: Child, limit: Duration) -> Output {
     child.wait_with_output().unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// `wrap` (e.g. `ip netns exec NS`) then shmhca-perf with `args`.
 fn start(wrap: &[&str], args: &[&str]) -> Child {
     let mut argv: Vec<&str> = wrap.to_vec();
@@ -59,22 +50,6 @@ fn start(wrap: &[&str], args: &[&str]) -> Child {
         .spawn()
         .unwrap()
 }
-
-/// Loss, duplication and reordering at both ends (shmhca-perf's fault stage, before the
-/// datagrams; the UDP link's own tests corrupt datagrams on the wire), with a 268 ms
-/// transport timer.
-const FAULTS: &[&str] = &[
-    "--drop",
-    "0.02",
-    "--dup",
-    "0.02",
-    "--reorder",
-    "0.02",
-    "--seed",
-    "9",
-    "-u",
-    "16",
-];
 
 /// One test: the server (`server_wrap`, bound at `server_ip`) and the client
 /// (`client_wrap`, bound at `client_ip`, connecting to `server_ip`); both outputs.
@@ -136,8 +111,10 @@ fn the_eight_tests_check_every_byte_over_rocev2_on_loopback() {
     }
 }
 
-/// The same with packets lost, duplicated, reordered and corrupted: go-back-N over
-/// RoCEv2, every byte still checked.
+/// The same with packets lost, duplicated, reordered, delayed and corrupted at both ends
+/// (shmhca-perf's fault stage, before the datagrams: a corrupted packet leaves with the
+/// ICRC of the intact one, and the receiver drops it): go-back-N over RoCEv2, every byte
+/// still checked.
 #[test]
 fn the_eight_tests_check_every_byte_over_rocev2_through_faults() {
     let _s = serial();

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::process::Output;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The `shmhca-perf` binary cargo built for these tests.
@@ -20,6 +21,36 @@ pub(crate) const TESTS: [&[&str]; 8] = [
     &["read_bw", "-s", "3000"],
     &["atomic_bw"],
 ];
+
+/// 2% of each fault: a few dozen of each in a short run. `-u 16`: a 268 ms transport
+/// timer — short enough for a short run, long enough that on a loaded machine an inline
+/// engine's process left unscheduled for a while does not exhaust the Retry Count (a live
+/// process then acknowledges nothing: issue 9's automatic progress is the real fix).
+pub(crate) const FAULTS: &[&str] = &[
+    "--drop",
+    "0.02",
+    "--dup",
+    "0.02",
+    "--reorder",
+    "0.02",
+    "--corrupt",
+    "0.01",
+    "--delay",
+    "0.01",
+    "--seed",
+    "9",
+    "-u",
+    "16",
+];
+
+/// A finished run's status and output, for an assertion's message.
+pub(crate) fn text(o: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
 
 /// A private directory for one test (its runs' working directory and `TMPDIR`), removed
 /// with everything in it when the test ends.
