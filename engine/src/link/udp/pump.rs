@@ -200,9 +200,24 @@ impl TxPump {
                 let slots: &[PacketSlot] = bytemuck::cast_slice(&lines[..n]);
                 let remote = RxPacket::dest_qp(&slots[0]);
                 let to = self.links[i].addr;
-                let route = self.links[i].route(remote);
+                let mut route = self.links[i].route(remote);
                 let (opts, via, src) =
                     route.map_or((IpOpts::default(), 0, local), |r| (r.opts, r.via, r.src));
+                // A riding Ack leaves first, as a datagram of its own: a requester that
+                // waits for it (a one-deep send queue) is free again when the request
+                // behind it arrives, and answers it with its own held Ack riding.
+                if datagram::carries_ack(&slots[0]) {
+                    let Some(buf) = self.tx.next_buf() else {
+                        break 'links;
+                    };
+                    if let Some(r) = datagram::riding_ack_datagram(&slots[0], src, to, buf) {
+                        match r {
+                            Ok(len) => self.stage(len, to, opts, via),
+                            Err(_) => bump(&mut counters.encode_dropped, 1),
+                        }
+                    }
+                    route = self.links[i].route(remote);
+                }
                 let Some(buf) = self.tx.next_buf() else {
                     break 'links;
                 };
@@ -224,15 +239,6 @@ impl TxPump {
                         self.stage(len, to, opts, via)
                     }
                     Err(_) => bump(&mut counters.encode_dropped, 1),
-                }
-                let Some(buf) = self.tx.next_buf() else {
-                    break 'links;
-                };
-                if let Some(r) = datagram::riding_ack_datagram(&slots[0], src, to, buf) {
-                    match r {
-                        Ok(len) => self.stage(len, to, opts, via),
-                        Err(_) => bump(&mut counters.encode_dropped, 1),
-                    }
                 }
             }
             self.links[i].from_engine.flush();

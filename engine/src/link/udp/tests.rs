@@ -668,6 +668,68 @@ fn an_ack_held_back_leaves_when_the_qp_is_destroyed() {
     drop((port, ctx));
 }
 
+/// An Ack that rode in a reply's line leaves as its own datagram *ahead of* the reply: the
+/// requester that waits for it (its send queue full, as ibv_rc_pingpong's and perftest's
+/// one-deep ones are) has its send completed by the time the reply arrives, so its next
+/// request carries its own held Ack instead of an iteration spent waiting flushing it
+/// alone. Both go in one `sendmmsg`.
+#[test]
+fn a_riding_ack_leaves_ahead_of_the_reply_that_carried_it() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.25", "127.0.0.26", Mtu::Mtu1024, 10);
+    y.ctx.shared.engine.with(|e| e.hold_acks = true);
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = sent.clone();
+    y.port.set_hook(Box::new(move |d: &mut [u8]| {
+        log.lock().unwrap().push(d[0]);
+        super::Fate::Send
+    }));
+    for i in 0..3u64 {
+        y.qp.post_recv(&RecvWr::new(i, &[y.mr.sge(0, 64).unwrap()]))
+            .unwrap();
+        x.qp.post_recv(&RecvWr::new(i, &[x.mr.sge(0, 64).unwrap()]))
+            .unwrap();
+    }
+    // Round one settles the credits (y's first Acks carry its new credit count at once).
+    for round in 0..3u64 {
+        x.qp.post_send(&SendWr::new(
+            round,
+            SendOp::Send,
+            &[x.mr.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
+        let mut wc = [WorkCompletion::default()];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // y's polls run its engine once each: the one that finds the Send holds the Ack.
+        while y.cq.poll(&mut wc) == 0 {
+            x.ctx.progress();
+            assert!(Instant::now() < deadline, "no receive");
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (round, WcStatus::Success));
+        sent.lock().unwrap().clear();
+        y.qp.post_send(&SendWr::new(
+            round,
+            SendOp::Send,
+            &[y.mr.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
+        let order = sent.lock().unwrap().clone();
+        if round > 0 {
+            assert_eq!(
+                order,
+                [
+                    crate::wire::opcode::Opcode::Acknowledge.code(),
+                    crate::wire::opcode::Opcode::SendOnly.code()
+                ],
+                "round {round}: the held Ack, then the reply, in the reply's post"
+            );
+        }
+        assert_eq!(wait!(x, x, y).status, WcStatus::Success);
+        assert_eq!(wait!(x, x, y).status, WcStatus::Success);
+        assert_eq!(wait!(y, x, y).status, WcStatus::Success);
+    }
+}
+
 /// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
 /// QP from one QP's memory (another protection domain's bytes must never go out as this
 /// QP's payload). Once the first QP is destroyed, the remote QP is free again.
