@@ -259,5 +259,15 @@ fn the_eight_tests_check_every_byte_over_rocev2_across_a_veth_pair() {
             text(&s),
             text(&c)
         );
+        // The header says what the run went over: Ethernet, and the path MTU the QPs use
+        // (the veth's 1500 bytes give 1024), not the shared-memory defaults.
+        for out in [&s, &c] {
+            let out = text(out);
+            assert!(
+                out.contains(" Link type       : Ethernet (RoCEv2, UDP 4791 on 198.18.0."),
+                "{t:?}: {out}"
+            );
+            assert!(out.contains(" Mtu             : 1024[B]"), "{t:?}: {out}");
+        }
     }
 }

@@ -20,7 +20,17 @@ fn header_info(opts: &Options, side: &Side) -> HeaderInfo {
             ModeArg::Inline => "inline".into(),
             ModeArg::Poll => "poll".into(),
         },
-        huge_pages: side.res.ctx.page_size() == shmhca_rings::PageSize::Huge2M,
+        link: match &side.udp {
+            Some(port) => format!("Ethernet (RoCEv2, UDP 4791 on {})", port.local_addr().ip()),
+            None if side.res.ctx.page_size() == shmhca_rings::PageSize::Huge2M => {
+                "shm (huge pages)".into()
+            }
+            None => "shm (4 KiB pages)".into(),
+        },
+        mtu: match &side.udp {
+            Some(port) => crate::perf::roce::path_mtu(opts.mtu, port),
+            None => opts.mtu,
+        },
         exchange: side.exchange,
         local,
         remote,
@@ -232,7 +242,9 @@ impl Output {
                 "params": report::params_json(opts),
                 "engine": {
                     "mode": info.mode,
-                    "huge_pages": info.huge_pages,
+                    "huge_pages": side.res.ctx.page_size() == shmhca_rings::PageSize::Huge2M,
+                    "link": info.link,
+                    "path_mtu": info.mtu,
                     "exchange": info.exchange,
                     "arena_bytes": crate::perf::opts::arena_bytes(opts.max_size(), opts.qps, opts.tx_depth, opts.inline),
                     "qps": side.qps.iter().map(|q| {

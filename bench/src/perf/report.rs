@@ -59,8 +59,11 @@ impl AddrLine {
 pub struct HeaderInfo {
     /// `inline` or `poll`.
     pub mode: String,
-    /// Whether the arena got huge pages.
-    pub huge_pages: bool,
+    /// What the QPs run over: `shm (huge pages)`, `shm (4 KiB pages)`, or
+    /// `Ethernet (RoCEv2, UDP 4791 on ADDRESS)`.
+    pub link: String,
+    /// The QPs' path MTU in bytes (`-m`, or less where the interface's MTU caps it).
+    pub mtu: u32,
     /// How the sides connected.
     pub exchange: &'static str,
     /// This side's QPs.
@@ -109,12 +112,8 @@ pub fn header(opts: &Options, info: &HeaderInfo) -> String {
     if t == TestKind::SendBw {
         let _ = writeln!(s, " RX depth        : {}", opts.rx_depth);
     }
-    let _ = writeln!(s, " Mtu             : {}[B]", opts.mtu);
-    let _ = writeln!(
-        s,
-        " Link type       : shm ({} pages)",
-        if info.huge_pages { "huge" } else { "4 KiB" }
-    );
+    let _ = writeln!(s, " Mtu             : {}[B]", info.mtu);
+    let _ = writeln!(s, " Link type       : {}", info.link);
     match t.verb() {
         Verb::Read | Verb::Atomic => {
             let _ = writeln!(s, " Outstand reads  : {}", opts.outs);

@@ -72,12 +72,8 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
     let tcp_peer = canonical(stream.peer_addr().map(|a| a.ip()));
     let port = UdpPort::bind(&res.ctx, local)
         .map_err(PerfError::engine(format!("binding RoCEv2 on {local}")))?;
-    let mtu = Mtu::from_bytes(opts.mtu).map_err(|e| PerfError::engine("the PMTU")(e.into()))?;
-    // The path MTU fits the interface (1500 gives 1024): what perftest takes from the port.
-    let mtu = match port.active_mtu() {
-        Some(a) if a.bytes() < mtu.bytes() => a,
-        _ => mtu,
-    };
+    let mtu = Mtu::from_bytes(path_mtu(opts.mtu, &port))
+        .map_err(|e| PerfError::engine("the PMTU")(e.into()))?;
     let (ccq, cmr) = res.control_parts()?;
     let mut qps = Vec::with_capacity(opts.qps as usize + 1);
     for i in 0..=opts.qps {
@@ -129,6 +125,15 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
         rss_after_kib: crate::perf::stats::rss_kib(),
         udp: Some(port),
     })
+}
+
+/// The path MTU in bytes of QPs over `port` asked for `-m requested`: the interface's
+/// active MTU where that is smaller (1500 gives 1024), as perftest takes it from the port.
+pub(crate) fn path_mtu(requested: u32, port: &UdpPort) -> u32 {
+    match port.active_mtu() {
+        Some(a) if a.bytes() < requested => a.bytes(),
+        _ => requested,
+    }
 }
 
 /// An address as IPv4 when it is an IPv4-mapped IPv6 one (a dual-stack listener's view).
