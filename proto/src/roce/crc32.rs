@@ -144,6 +144,27 @@ pub(crate) fn x_pow_neg(k: u32) -> u32 {
         .fold(ONE, |r, (_, &p)| mul_mod_p(r, p))
 }
 
+/// `X_POW2[i] = x^(2^i) mod P`.
+const X_POW2: [u32; 32] = {
+    let mut t = [0u32; 32];
+    t[0] = ONE >> 1;
+    let mut i = 1;
+    while i < 32 {
+        t[i] = mul_mod_p(t[i - 1], t[i - 1]);
+        i += 1;
+    }
+    t
+};
+
+/// `x^k mod P`, by its binary expansion: at most 32 multiplications.
+pub(crate) fn x_pow(k: u32) -> u32 {
+    X_POW2
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| k & (1 << i) != 0)
+        .fold(ONE, |r, (_, &p)| mul_mod_p(r, p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

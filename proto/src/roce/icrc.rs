@@ -601,10 +601,63 @@ pub fn solve_ipv4_id(icrc_with_id_zero: u32, received: u32, transport_len: usize
     Some(u16::from_be_bytes([(m >> 16) as u8, (m >> 24) as u8]))
 }
 
+/// What the IPv4 identification `id` adds to the ICRC of a transport packet of
+/// `transport_len` bytes: the ICRC with ID `id` is the one with ID 0 XOR this (the CRC is
+/// affine in the ID; see the module documentation). For a sender that knows the ID the
+/// kernel gives each datagram, e.g. the segments of one UDP GSO send, which get the IDs 0,
+/// 1, 2, … in order (Linux, DF set, unconnected socket). 0 for ID 0, or for a
+/// `transport_len` beyond [`MAX_TRANSPORT_LEN_V4`].
+///
+/// ```
+/// use core::net::{Ipv4Addr, SocketAddrV4};
+/// use shmhca_proto::roce::{icrc_v4, ipv4_id_delta, UDP_PORT};
+///
+/// let src = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 0xC123);
+/// let dst = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), UDP_PORT);
+/// let transport = [0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0, 0, 0, 1, 1, 2, 3, 4];
+/// let zero = icrc_v4(src, dst, 0, &transport)?;
+/// assert_eq!(icrc_v4(src, dst, 3, &transport)?, zero ^ ipv4_id_delta(3, transport.len()));
+/// # Ok::<(), shmhca_proto::roce::IcrcError>(())
+/// ```
+pub fn ipv4_id_delta(id: u16, transport_len: usize) -> u32 {
+    if id == 0 || transport_len > MAX_TRANSPORT_LEN_V4 {
+        return 0;
+    }
+    // The inverse of `solve_ipv4_id`: the ID's wire bits as the polynomial it solves for,
+    // times x to the bits after the ID field (and the 32 of the register).
+    let [hi, lo] = id.to_be_bytes();
+    let m = (u32::from(hi) << 16) | (u32::from(lo) << 24);
+    let shift = 8 * (AFTER_IPV4_ID + transport_len) as u32 + 32;
+    crc32::mul_mod_p(m, crc32::x_pow(shift))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use core::net::{Ipv4Addr, Ipv6Addr};
+
+    /// The ICRC with any ID is the ICRC with ID 0 XOR `ipv4_id_delta`, across IDs and
+    /// lengths up to the largest transport packet; and `solve_ipv4_id` gives the ID back.
+    #[test]
+    fn the_id_delta_turns_the_id_zero_icrc_into_the_icrc_with_that_id() {
+        let src = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 0xC123);
+        let dst = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 4791);
+        let data: Vec<u8> = (0..MAX_TRANSPORT_LEN_V4)
+            .map(|i| (i * 7 + 3) as u8)
+            .collect();
+        for len in [12, 16, 20, 24, 1036, 4140, MAX_TRANSPORT_LEN_V4] {
+            let t = &data[..len];
+            let zero = icrc_v4(src, dst, 0, t).unwrap();
+            for id in [0u16, 1, 2, 3, 63, 64, 0x1234, 0x8000, 0xFFFF] {
+                let with = icrc_v4(src, dst, id, t).unwrap();
+                assert_eq!(with, zero ^ ipv4_id_delta(id, len), "id {id} len {len}");
+                if id != 0 {
+                    assert_eq!(solve_ipv4_id(zero, with, len), Some(id));
+                }
+            }
+        }
+        assert_eq!(ipv4_id_delta(5, MAX_TRANSPORT_LEN_V4 + 1), 0);
+    }
 
     /// A RoCEv2 CNP (opcode 0x81) captured on a Mellanox ConnectX-4 Lx, as published with
     /// scapy's RoCE tests: IPv4 10.0.17.1 → 10.0.18.1 (TOS 0xC2, ID 0x718C, DF, TTL 64),

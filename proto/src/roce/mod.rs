@@ -54,7 +54,7 @@ pub use gid::Gid;
 pub use icrc::{
     ICRC_LEN, IPV4_FLAGS_DF, IPV4_HEADER_LEN, IPV6_HEADER_LEN, Icrc, IcrcError,
     MAX_TRANSPORT_LEN_V4, MAX_TRANSPORT_LEN_V6, UDP_HEADER_LEN, append_icrc_v4, append_icrc_v6,
-    check_v4, check_v4_unknown_id, check_v6, icrc_v4, icrc_v6, solve_ipv4_id,
+    check_v4, check_v4_unknown_id, check_v6, icrc_v4, icrc_v6, ipv4_id_delta, solve_ipv4_id,
 };
 pub use mtu::{IpVersion, active_mtu, overhead};
 pub use udp::{

@@ -449,6 +449,26 @@ impl UdpPort {
             }
         });
     }
+
+    /// Turns the pump's UDP GSO sends on or off (tests).
+    #[cfg(test)]
+    pub(crate) fn set_gso(&self, on: bool) {
+        let pump = self.pump;
+        self.shared.engine.with(|e| {
+            if let Some(p) = e.udp.get_mut(pump) {
+                p.set_gso(on);
+            }
+        });
+    }
+
+    /// The pump's GSO sends of several datagrams so far (tests).
+    #[cfg(test)]
+    pub(crate) fn gso_sends(&self) -> u64 {
+        let pump = self.pump;
+        self.shared
+            .engine
+            .with(|e| e.udp.get_mut(pump).map_or(0, |p| p.gso_sends()))
+    }
 }
 
 impl Drop for UdpPort {

@@ -170,6 +170,9 @@ struct TxPump {
     /// A datagram the hook holds back (`Fate::Later`): its bytes, destination and options.
     #[cfg(test)]
     held: Option<(Vec<u8>, SocketAddr, IpOpts, u16)>,
+    /// GSO sends of two datagrams or more that went (tests).
+    #[cfg(test)]
+    gso_sends: u64,
 }
 
 impl TxPump {
@@ -203,19 +206,16 @@ impl TxPump {
                 let mut route = self.links[i].route(remote);
                 let (opts, via, src) =
                     route.map_or((IpOpts::default(), 0, local), |r| (r.opts, r.via, r.src));
-                // A riding Ack leaves first, as a datagram of its own: a requester that
-                // waits for it (a one-deep send queue) is free again when the request
-                // behind it arrives, and answers it with its own held Ack riding.
-                if datagram::carries_ack(&slots[0]) {
-                    let Some(buf) = self.tx.next_buf() else {
-                        break 'links;
-                    };
-                    if let Some(r) = datagram::riding_ack_datagram(&slots[0], src, to, buf) {
-                        match r {
-                            Ok(len) => self.stage(len, to, opts, via),
-                            Err(_) => bump(&mut counters.encode_dropped, 1),
-                        }
-                    }
+                // A riding Ack leaves as a datagram of its own, in the same send as its
+                // carrier. With GSO the two go as one send (the longer first, as GSO
+                // wants: the request, unless it is shorter than an Ack) and arrive
+                // together. Without it the Ack goes first, so that a requester waiting
+                // for it (a one-deep send queue) is free again when the request behind
+                // it arrives, and answers with its own held Ack riding.
+                let ack = datagram::carries_ack(&slots[0]);
+                let ack_first = ack && !self.tx.gso();
+                if ack_first {
+                    self.stage_riding_ack(&slots[0], src, to, opts, via, counters);
                     route = self.links[i].route(remote);
                 }
                 let Some(buf) = self.tx.next_buf() else {
@@ -240,11 +240,35 @@ impl TxPump {
                     }
                     Err(_) => bump(&mut counters.encode_dropped, 1),
                 }
+                if ack && !ack_first {
+                    self.stage_riding_ack(&slots[0], src, to, opts, via, counters);
+                }
             }
             self.links[i].from_engine.flush();
         }
         self.flush(sock, counters);
         moved
+    }
+
+    /// Stages the positive Ack riding in `carrier`, as an Acknowledge datagram of its own
+    /// from `src` to `to` (the burst has room: the caller checked for two).
+    fn stage_riding_ack(
+        &mut self,
+        carrier: &PacketSlot,
+        src: SocketAddr,
+        to: SocketAddr,
+        opts: IpOpts,
+        via: u16,
+        counters: &mut UdpCounters,
+    ) {
+        let Some(buf) = self.tx.next_buf() else {
+            return;
+        };
+        match datagram::riding_ack_datagram(carrier, src, to, buf) {
+            Some(Ok(len)) => self.stage(len, to, opts, via),
+            Some(Err(_)) => bump(&mut counters.encode_dropped, 1),
+            None => {}
+        }
     }
 
     /// Stages the datagram of `len` bytes just written (through the test hook), to be sent
@@ -304,6 +328,10 @@ impl TxPump {
                 .map_or(sock, |(_, s)| s)
         });
         bump(&mut counters.datagrams_sent, r.sent as u64);
+        #[cfg(test)]
+        {
+            self.gso_sends += r.gso_sends as u64;
+        }
         bump(&mut counters.send_dropped, r.dropped as u64);
     }
 }
@@ -440,6 +468,8 @@ impl Pump {
                 hook: None,
                 #[cfg(test)]
                 held: None,
+                #[cfg(test)]
+                gso_sends: 0,
             },
             rx: RxPump {
                 rx,
@@ -539,6 +569,18 @@ impl Pump {
     #[cfg(test)]
     pub(crate) fn set_hook(&mut self, hook: super::DatagramHook) {
         self.tx.hook = Some(hook);
+    }
+
+    /// Turns UDP GSO on or off (tests: both ways of sending).
+    #[cfg(test)]
+    pub(crate) fn set_gso(&mut self, on: bool) {
+        self.tx.tx.set_gso(on);
+    }
+
+    /// GSO sends of several datagrams so far (tests).
+    #[cfg(test)]
+    pub(crate) fn gso_sends(&self) -> u64 {
+        self.tx.gso_sends
     }
 
     /// Receives what waits on the socket into the links' rings; returns the datagrams
