@@ -345,8 +345,8 @@ pub(crate) enum RxRound {
 }
 
 /// The CE-marked packets of one receive round: (the index of the link they came on, the
-/// local QP they were for), at most [`BURST`] (a round receives no more). On the stack:
-/// nothing is allocated.
+/// local QP they were for), at most [`BURST`] (a round receives no more). Made with the
+/// pump and emptied each round: nothing is allocated or cleared per packet.
 struct Marked {
     at: [(usize, Qpn); BURST],
     len: usize,
@@ -365,10 +365,6 @@ impl Marked {
             *e = (link, qpn);
             self.len += 1;
         }
-    }
-
-    fn as_slice(&self) -> &[(usize, Qpn)] {
-        &self.at[..self.len]
     }
 }
 
@@ -485,6 +481,8 @@ pub(crate) struct Pump {
     watch: Mem,
     /// What the pump counted.
     pub(crate) counters: UdpCounters,
+    /// The CE-marked packets of the current receive round.
+    marked: Marked,
     /// The network namespace the port's socket was made in ([`thread_netns`]).
     netns: Option<u64>,
 }
@@ -512,6 +510,7 @@ impl Pump {
             },
             watch,
             counters: UdpCounters::default(),
+            marked: Marked::new(),
             // `new` runs where the socket was just bound.
             netns: thread_netns(),
         }
@@ -611,23 +610,27 @@ impl Pump {
     /// (`clock` is read once, and only if a packet was marked); returns the datagrams
     /// received.
     pub(crate) fn receive(&mut self, clock: &impl Clock) -> usize {
-        let mut marked = Marked::new();
-        let n = match self.rx.step(&self.sock, &mut self.counters, &mut marked) {
+        self.marked.len = 0;
+        let n = match self
+            .rx
+            .step(&self.sock, &mut self.counters, &mut self.marked)
+        {
             RxRound::Received(n) => n,
             RxRound::Empty | RxRound::NoRoom => 0,
         };
-        if marked.len > 0 {
-            self.notify(marked.as_slice(), clock.now().as_nanos());
+        if self.marked.len > 0 {
+            self.notify(clock.now().as_nanos());
         }
         n
     }
 
-    /// The notification point: for each (link, local QP) in `marked`, a CNP to the remote
+    /// The notification point: for each (link, local QP) this round marked, a CNP to the remote
     /// QP that local QP talks to, unless it sent one less than [`CNP_INTERVAL`] before
     /// `now` (ns). A QP with no route on that link (not one of this port's, or gone) gets
     /// none. The CNPs are staged; [`Pump::send`] sends them (or here, if the burst fills).
-    fn notify(&mut self, marked: &[(usize, Qpn)], now: u64) {
-        for &(li, qpn) in marked {
+    fn notify(&mut self, now: u64) {
+        for i in 0..self.marked.len.min(BURST) {
+            let (li, qpn) = self.marked.at[i];
             let Some(link) = self.tx.links.get_mut(li) else {
                 continue;
             };

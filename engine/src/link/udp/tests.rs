@@ -1193,7 +1193,7 @@ fn settle_cnps(x: &End, y: &End) -> u64 {
 }
 
 /// A QP whose traffic class marks its datagrams Congestion Experienced (ECN bits 0b11, alone
-/// or under a DSCP) sends 300 Sends as fast as they go: its peer, the notification point,
+/// or under a DSCP; over IPv4 and IPv6) sends 300 Sends as fast as they go: its peer, the notification point,
 /// counts every one as marked and answers with CNPs — at least one, and at most one per
 /// `CNP_INTERVAL` of the time the test took (+1) — which this side counts as received, as
 /// many as were sent; the peer's own (unmarked) packets bring no CNP back. The counts are
@@ -1201,15 +1201,13 @@ fn settle_cnps(x: &End, y: &End) -> u64 {
 #[test]
 fn ce_marked_packets_bring_cnps_back_at_most_one_per_interval() {
     let _serial = serial();
-    for (k, tc) in [0x03u8, 0xbb].into_iter().enumerate() {
-        let mut x = end(SocketAddr::new(
-            format!("127.0.0.{}", 31 + 2 * k).parse().unwrap(),
-            0,
-        ));
-        let mut y = end(SocketAddr::new(
-            format!("127.0.0.{}", 32 + 2 * k).parse().unwrap(),
-            0,
-        ));
+    for (a, b, tc) in [
+        ("127.0.0.31", "127.0.0.32", 0x03u8),
+        ("127.0.0.33", "127.0.0.34", 0xbb),
+        ("::1", "::1", 0x03),
+    ] {
+        let mut x = end(SocketAddr::new(a.parse().unwrap(), 0));
+        let mut y = end(SocketAddr::new(b.parse().unwrap(), 0));
         connect_tc(&mut x, &y, tc, 0);
         connect(&mut y, &x, Mtu::Mtu1024, 14);
         let start = Instant::now();
