@@ -624,8 +624,8 @@ impl Pump {
         n
     }
 
-    /// The notification point: for each (link, local QP) this round marked, a CNP to the remote
-    /// QP that local QP talks to, unless it sent one less than [`CNP_INTERVAL`] before
+    /// The notification point: for each (link, local QP) this round marked, a CNP to the
+    /// remote QP that local QP talks to, unless it sent one less than [`CNP_INTERVAL`] before
     /// `now` (ns). A QP with no route on that link (not one of this port's, or gone) gets
     /// none. The CNPs are staged; [`Pump::send`] sends them (or here, if the burst fills).
     fn notify(&mut self, now: u64) {

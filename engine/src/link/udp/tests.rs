@@ -1192,12 +1192,12 @@ fn settle_cnps(x: &End, y: &End) -> u64 {
     }
 }
 
-/// A QP whose traffic class marks its datagrams Congestion Experienced (ECN bits 0b11, alone
-/// or under a DSCP; over IPv4 and IPv6) sends 300 Sends as fast as they go: its peer, the notification point,
-/// counts every one as marked and answers with CNPs — at least one, and at most one per
-/// `CNP_INTERVAL` of the time the test took (+1) — which this side counts as received, as
-/// many as were sent; the peer's own (unmarked) packets bring no CNP back. The counts are
-/// the contexts' `Stats` too.
+/// A QP whose traffic class marks its datagrams Congestion Experienced (ECN bits 0b11,
+/// alone or under a DSCP; over IPv4 and IPv6) sends 300 Sends as fast as they go: its
+/// peer, the notification point, counts every one as marked and answers with CNPs — at
+/// least one, and at most one per `CNP_INTERVAL` of the time the test took (+1) — which
+/// this side counts as received, as many as were sent; the peer's own (unmarked) packets
+/// bring no CNP back. The counts are the contexts' `Stats` too.
 #[test]
 fn ce_marked_packets_bring_cnps_back_at_most_one_per_interval() {
     let _serial = serial();
