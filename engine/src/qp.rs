@@ -150,7 +150,9 @@ pub struct QpAttr {
     /// Shared-memory links have no IP header: there it is kept and changes nothing.
     pub hop_limit: Option<u8>,
     /// The IP TOS (IPv4) or traffic class (IPv6) of the QP's packets over a UDP link: DSCP
-    /// and ECN bits (`ibv_ah_attr.grh.traffic_class`; optional in Init → RTR).
+    /// and ECN bits (`ibv_ah_attr.grh.traffic_class`; optional in Init → RTR). The CNPs the
+    /// QP sends (for CE-marked packets it receives) go with it too. shmhca sets no ECN bits
+    /// of its own (0: not ECN-capable; it does not slow down for CNPs): ECT(0) is `| 0b10`.
     pub traffic_class: Option<u8>,
 }
 

@@ -24,14 +24,14 @@
 //!
 //! ```text
 //!    0  u32 generation (seqlock: odd while the engine writes)
-//!    4  u32 layout version (1)
+//!    4  u32 layout version (LAYOUT)
 //!    8  u32 pid              12  u32 engine id (per-process counter)
 //!   16  u32 mode (0 inline, 1 poll)
 //!   20  u32 QPs listed       24  u32 QPs in all      28  u32 links listed
 //!   32  u64 publishes
-//!   40  u64 x 18 counters, in the order of [`COUNTER_NAMES`]
-//!  256  links: MAX_LINKS x 16 bytes: id, up (0/1), peer pid (0 unknown), QPs on it
-//!  768  QPs: MAX_QPS x 32 bytes: qpn, state, link (u32::MAX: none), dest qpn,
+//!   40  u64 x COUNTERS counters, in the order of [`COUNTER_NAMES`] (room up to 512)
+//!  512  links: MAX_LINKS x 16 bytes: id, up (0/1), peer pid (0 unknown), QPs on it
+//! 1024  QPs: MAX_QPS x 32 bytes: qpn, state, link (u32::MAX: none), dest qpn,
 //!       next PSN to send, last acknowledged PSN, expected PSN, reserved
 //! ```
 //!
@@ -52,8 +52,9 @@ use crate::qp::QpState;
 pub const MEMFD_NAME: &str = "shmhca-stats";
 /// The segment kind of a stats area ("STAT").
 pub const STATS_KIND: u32 = 0x5441_5453;
-/// The data layout version.
-pub const LAYOUT: u32 = 4;
+/// The data layout version (5: the counters of a RoCEv2 notification point, and the
+/// links moved to byte 512 to make room for them and for more).
+pub const LAYOUT: u32 = 5;
 /// Engine iterations between two publications.
 pub const PUBLISH_EVERY: u32 = 1 << 12;
 /// The most links listed.
@@ -91,14 +92,16 @@ pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "unknown_source_dropped",
     "send_dropped",
     "encode_dropped",
+    "ce_marked_received",
+    "cnps_sent",
 ];
 
 /// How many counters the area holds.
-pub const COUNTERS: usize = 27;
+pub const COUNTERS: usize = 29;
 
 const OFF_LAYOUT: usize = 4;
 const OFF_COUNTERS: usize = 40;
-const OFF_LINKS: usize = 256;
+const OFF_LINKS: usize = 512;
 const _: () = assert!(OFF_COUNTERS + 8 * COUNTERS <= OFF_LINKS);
 const LINK_LEN: usize = 16;
 const OFF_QPS: usize = OFF_LINKS + MAX_LINKS * LINK_LEN;
@@ -262,6 +265,8 @@ fn counters(st: &Stats) -> [u64; COUNTERS] {
         st.unknown_source_dropped,
         st.send_dropped,
         st.encode_dropped,
+        st.ce_marked_received,
+        st.cnps_sent,
     ]
 }
 
@@ -561,6 +566,48 @@ mod tests {
                 Err(ReadError::Layout(m)) => assert!(m.contains(what), "{m}"),
                 other => panic!("{what}: {other:?}"),
             }
+        }
+    }
+
+    /// Each counter is published at the place its name has in [`COUNTER_NAMES`] (the
+    /// last ones, the notification point's, included), and the area keeps its size.
+    #[test]
+    fn the_counters_are_in_the_order_of_their_names() {
+        let s = Stats {
+            packets_sent: 1,
+            acks_riding: 19,
+            cnps_received: 24,
+            encode_dropped: 27,
+            ce_marked_received: 28,
+            cnps_sent: 29,
+            ..Stats::default()
+        };
+        let c = counters(&s);
+        let at = |name: &str| COUNTER_NAMES.iter().position(|n| *n == name).unwrap();
+        for (name, v) in [
+            ("packets_sent", 1),
+            ("acks_riding", 19),
+            ("cnps_received", 24),
+            ("encode_dropped", 27),
+            ("ce_marked_received", 28),
+            ("cnps_sent", 29),
+        ] {
+            assert_eq!(c[at(name)], v, "{name}");
+        }
+        assert_eq!(c.iter().filter(|v| **v != 0).count(), 6);
+        assert_eq!((LAYOUT, OFF_LINKS, DATA_LEN), (5, 512, 8192));
+        // Published and read back through the image.
+        let mut img = vec![0u8; USED];
+        put_u32(&mut img, OFF_LAYOUT, LAYOUT);
+        for (i, v) in c.iter().enumerate() {
+            put_u64(&mut img, OFF_COUNTERS + 8 * i, *v);
+        }
+        assert_eq!(parse(&img).unwrap().counters, c);
+        // An area of the layout before is refused, naming both versions.
+        put_u32(&mut img, OFF_LAYOUT, 4);
+        match parse(&img) {
+            Err(ReadError::Layout(m)) => assert!(m.contains("layout version 4"), "{m}"),
+            other => panic!("{other:?}"),
         }
     }
 

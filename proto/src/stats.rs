@@ -72,8 +72,14 @@ pub struct Stats {
     /// Received datagrams dropped as malformed (too short for their headers, pad or ICRC,
     /// an opcode not implemented, a payload over 4096 bytes, truncated).
     pub malformed_dropped: u64,
-    /// Congestion Notification Packets received (counted, not yet acted on).
+    /// Congestion Notification Packets received (counted, not acted on).
     pub cnps_received: u64,
+    /// Valid RoCEv2 transport packets received marked Congestion Experienced (IP ECN bits
+    /// `0b11`).
+    pub ce_marked_received: u64,
+    /// Congestion Notification Packets sent to the senders of CE-marked packets (at most
+    /// one per QP per interval).
+    pub cnps_sent: u64,
     /// Received datagrams dropped because no link of their port has their source address.
     pub unknown_source_dropped: u64,
     /// Datagrams the kernel refused for good (e.g. over the path MTU).

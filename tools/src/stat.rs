@@ -369,8 +369,8 @@ pub(crate) fn text(found: &[Found]) -> String {
         if c[19] + c[20] > 0 {
             let _ = writeln!(
                 s,
-                "  roce datagrams sent {:>10}  received {:>10}  cnps {:>6}  dropped: icrc {}, malformed {}, strangers {}, refused {}, unencodable {}",
-                c[19], c[20], c[23], c[21], c[22], c[24], c[25], c[26]
+                "  roce datagrams sent {:>10}  received {:>10}  ce-marked {:>6}  cnps sent {:>6}  received {:>6}  dropped: icrc {}, malformed {}, strangers {}, refused {}, unencodable {}",
+                c[19], c[20], c[27], c[28], c[23], c[21], c[22], c[24], c[25], c[26]
             );
         }
         for l in &n.links {
@@ -463,5 +463,79 @@ mod rnr_hint_tests {
         );
         let both = rnr_hint(3, 7).unwrap();
         assert!(both.contains("7 RNR Naks received (3 sent)"), "{both}");
+    }
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::{Found, text};
+    use shmhca::stats_area::{COUNTER_NAMES, COUNTERS, Snapshot};
+
+    /// A context whose counter `name` is `value` for each of `set` (others 0).
+    fn found(set: &[(&str, u64)]) -> Found {
+        let mut counters = [0u64; COUNTERS];
+        for (name, v) in set {
+            let i = COUNTER_NAMES.iter().position(|n| n == name).unwrap();
+            counters[i] = *v;
+        }
+        Found {
+            pid: 42,
+            comm: "test".to_string(),
+            fd: 3,
+            fds: 1,
+            also_held_by: Vec::new(),
+            snap: Snapshot {
+                pid: 42,
+                engine_id: 1,
+                poll_mode: false,
+                publishes: 1,
+                counters,
+                links: Vec::new(),
+                qps: Vec::new(),
+                total_qps: 0,
+            },
+        }
+    }
+
+    /// The roce line reads each figure from the counter of its name: the datagrams, the
+    /// CE-marked packets, the CNPs sent and received, the drops.
+    #[test]
+    fn the_roce_line_shows_each_counter_under_its_name() {
+        let f = found(&[
+            ("datagrams_sent", 101),
+            ("datagrams_received", 102),
+            ("ce_marked_received", 103),
+            ("cnps_sent", 104),
+            ("cnps_received", 105),
+            ("icrc_dropped", 106),
+            ("malformed_dropped", 107),
+            ("unknown_source_dropped", 108),
+            ("send_dropped", 109),
+            ("encode_dropped", 110),
+        ]);
+        let t = text(&[f]);
+        let line = t.lines().find(|l| l.contains("roce")).expect(&t);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |w: &str| {
+            let i = words.iter().position(|x| *x == w).expect(w);
+            words[i + 1].trim_end_matches(',')
+        };
+        assert_eq!(after("sent"), "101", "{line}");
+        assert_eq!(after("ce-marked"), "103", "{line}");
+        let cnps = line.split("cnps").nth(1).expect(line);
+        let cw: Vec<&str> = cnps.split_whitespace().collect();
+        assert_eq!(&cw[..4], ["sent", "104", "received", "105"], "{line}");
+        for (what, v) in [
+            ("icrc", "106"),
+            ("malformed", "107"),
+            ("strangers", "108"),
+            ("refused", "109"),
+            ("unencodable", "110"),
+        ] {
+            assert_eq!(after(what), v, "{line}");
+        }
+        assert!(line.contains("received        102"), "{line}");
+        // No UDP port: no roce line.
+        assert!(!text(&[found(&[])]).contains("roce"));
     }
 }

@@ -428,7 +428,7 @@ impl Engine {
     /// rings first, and what the iteration published on their links is sent last.
     #[inline(never)]
     fn poll_udp(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        let received = self.udp.receive();
+        let received = self.udp.receive(&self.res.clock);
         let work = self.poll_links(doorbell);
         work + received + self.udp.send()
     }

@@ -64,7 +64,10 @@
 //!   [`UdpPort::destination_gid`] names a peer by GID.
 //! * A port's [`UdpPort::active_mtu`] (from its interface's MTU) caps its QPs' path MTU.
 //! * A QP's `hop_limit` and `traffic_class` ([`QpAttr`](crate::QpAttr)) are the TTL and
-//!   TOS of its datagrams, per datagram (`sendmmsg` control messages).
+//!   TOS of its datagrams, per datagram (`sendmmsg` control messages), and of the CNPs it
+//!   sends. Its ECN bits are what `traffic_class` says (default 0: not ECN-capable, so
+//!   routers drop rather than mark); the TOS of each received datagram is read
+//!   (`IP_RECVTOS` / `IPV6_RECVTCLASS`) for its ECN bits.
 //! * Each QP sends from its own UDP source port (from both QPNs, as Linux RoCE drivers
 //!   derive it, so ECMP keeps a connection on one path and spreads connections): a socket
 //!   per source port, made in the port's network namespace; where that port cannot be
@@ -74,8 +77,10 @@
 //!
 //! # What is not done (yet)
 //!
-//! * No reaction to CNPs (opcode 0x81: checked and counted in `cnps_received`), and no
-//!   CNPs sent for ECN-marked packets. (Peers' IPv4 IDs other than 0 are solved for, and
+//! * No reaction to CNPs (opcode 0x81: checked and counted in `cnps_received`): shmhca is
+//!   a RoCEv2 congestion *notification point* (a QP that receives packets marked
+//!   Congestion Experienced answers their sender with CNPs, at most one per 50 µs: see
+//!   `pump`), not a *reaction point*. (Peers' IPv4 IDs other than 0 are solved for, and
 //!   must follow on per peer QP; an invalid credit code lifts the credit limit; MigReq is
 //!   ignored, as the receive path never looks at it.)
 //! * Every request's Ack is a datagram of its own (RoCEv2 has no Ack riding in a
@@ -114,8 +119,14 @@ pub struct UdpCounters {
     /// an opcode this HCA does not implement, a payload over 4096 bytes, or truncated.
     pub malformed_dropped: u64,
     /// Congestion Notification Packets received (opcode 0x81, checked): a peer saw this
-    /// side's packets marked for congestion. Counted, not yet acted on.
+    /// side's packets marked for congestion. Counted, not acted on (no reaction point).
     pub cnps_received: u64,
+    /// Valid transport packets (ICRC checked) received marked Congestion Experienced (IP
+    /// ECN bits `0b11`): a router between the peer and this side was congested.
+    pub ce_marked_received: u64,
+    /// Congestion Notification Packets sent (this side as the notification point): one to
+    /// the sender of CE-marked packets, at most one per local QP per 50 µs.
+    pub cnps_sent: u64,
     /// Received datagrams dropped because no link of this port has their source address.
     pub unknown_source_dropped: u64,
     /// Datagrams the kernel refused for good (e.g. `EMSGSIZE`: over the path MTU).

@@ -17,6 +17,19 @@
 //! So a packet crosses no thread on its way in or out: the engine that runs the protocol
 //! makes the system calls, as a poll-mode NIC driver does.
 //!
+//! # Congestion notification (the RoCEv2 notification point)
+//!
+//! Every datagram is received with its IP TOS / traffic class ([`RxRing::tos`]). A valid
+//! transport packet (its ICRC checked) for a local QP that arrives marked Congestion
+//! Experienced (ECN bits `0b11`: a router on the way was congested) is counted
+//! (`ce_marked_received`), and the receiving QP answers its sender with a Congestion
+//! Notification Packet (`datagram::encode_cnp`): to the remote QP it talks to, from its
+//! own source port, with its own TTL and traffic class — at most one per QP per
+//! [`CNP_INTERVAL`] (`cnps_sent`). The time is the engine's clock, read once per receive
+//! round that found a marked packet. shmhca is no *reaction point*: a CNP received is
+//! counted (`cnps_received`) and nothing slows down, and it sets no ECN-capable codepoint
+//! on what it sends (a QP's `traffic_class` may, and then its peer's routers may mark it).
+//!
 //! Safe code over [`super::socket`] and [`super::datagram`]; nothing is allocated per packet
 //! (the buffers, the burst and the per-link bookkeeping are made with the port or link).
 
@@ -31,10 +44,11 @@ use shmhca_rings::segment::Segment;
 
 use super::UdpCounters;
 use super::datagram::{self, DecodeError};
-use super::socket::{BURST, DGRAM_BYTES, IpOpts, RxRing, TxBurst, UdpSocket};
+use super::socket::{self, BURST, DGRAM_BYTES, IpOpts, RxRing, TxBurst, UdpSocket};
 use crate::engine::wake;
 use crate::link::LinkEnds;
 use crate::mem::Mem;
+use crate::timer::Clock;
 use crate::wire::Qpn;
 use crate::wire::slot::{PacketSlot, RxPacket};
 
@@ -61,6 +75,21 @@ const WATCH_KICK: u64 = 0;
 /// In the watch page: the word the engine bumps when it goes to sleep (a watch request).
 const WATCH_REQUEST: u64 = 64;
 
+/// The least time between two CNPs one local QP sends (as a notification point): a QP
+/// that keeps receiving CE-marked packets sends one CNP, then none until this much later.
+///
+/// 50 µs is the notification point's interval of DCQCN (Zhu et al., "Congestion Control
+/// for Large-Scale RDMA Deployments", SIGCOMM 2015: "at most one CNP every 50 µs per
+/// flow"), which the reaction points of RoCE NICs are tuned to: their rate-increase timer
+/// runs at a similar period (55 µs), so CNPs closer together tell them nothing more.
+/// mlx5's `min_time_between_cnps` defaults to 4 µs, for a NIC that makes CNPs in hardware;
+/// here each CNP is a datagram the engine writes and a share of a `sendmmsg`, so the
+/// larger interval keeps a congested flow from costing a software link up to 250,000
+/// extra datagrams a second per QP, while a congested sender still hears at the rate a
+/// DCQCN reaction point needs.
+pub(crate) const CNP_INTERVAL: Duration = Duration::from_micros(50);
+const CNP_INTERVAL_NS: u64 = CNP_INTERVAL.as_nanos() as u64;
+
 /// The send side's end of one link: the ring from the engine, and the arenas of the local
 /// QPs that talk over it (by the remote QPN their packets carry).
 pub(crate) struct TxEnd {
@@ -83,6 +112,8 @@ struct Route {
     /// and the source address that gives them.
     via: u16,
     src: SocketAddr,
+    /// When the local QP last sent a CNP (engine clock, ns; `None`: never).
+    last_cnp: Option<u64>,
 }
 
 /// The receive side's end of one link: the ring to the engine.
@@ -347,6 +378,30 @@ pub(crate) enum RxRound {
     NoRoom,
 }
 
+/// The CE-marked packets of one receive round: (the index of the link they came on, the
+/// local QP they were for), at most [`BURST`] (a round receives no more). Made with the
+/// pump and emptied each round: nothing is allocated or cleared per packet.
+struct Marked {
+    at: [(usize, Qpn); BURST],
+    len: usize,
+}
+
+impl Marked {
+    fn new() -> Marked {
+        Marked {
+            at: [(0, Qpn::new(0)); BURST],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, link: usize, qpn: Qpn) {
+        if let Some(e) = self.at.get_mut(self.len) {
+            *e = (link, qpn);
+            self.len += 1;
+        }
+    }
+}
+
 /// The receive side of a port's pump.
 struct RxPump {
     rx: RxRing,
@@ -358,8 +413,14 @@ struct RxPump {
 impl RxPump {
     /// Receives a burst of datagrams — no more than every link's ring has room for, and
     /// only into buffers no unconsumed frame refers to — checks each, and publishes the
-    /// good ones to their links' rings.
-    fn step(&mut self, sock: &UdpSocket, counters: &mut UdpCounters) -> RxRound {
+    /// good ones to their links' rings; lists in `marked` the good ones that arrived
+    /// marked Congestion Experienced.
+    fn step(
+        &mut self,
+        sock: &UdpSocket,
+        counters: &mut UdpCounters,
+        marked: &mut Marked,
+    ) -> RxRound {
         let mut room = BURST;
         let mut oldest = self.rx.next();
         for l in &mut self.links {
@@ -390,10 +451,11 @@ impl RxPump {
                 bump(&mut counters.malformed_dropped, 1);
                 continue;
             };
-            let Some(l) = self.links.iter_mut().find(|l| l.addr.ip() == src.ip()) else {
+            let Some(li) = self.links.iter().position(|l| l.addr.ip() == src.ip()) else {
                 bump(&mut counters.unknown_source_dropped, 1);
                 continue;
             };
+            let l = &mut self.links[li];
             if len == 0 || self.rx.mem().read(off, &mut self.scratch[..len]).is_err() {
                 bump(&mut counters.malformed_dropped, 1);
                 continue;
@@ -419,6 +481,10 @@ impl RxPump {
                     continue;
                 }
             };
+            if socket::is_ce(self.rx.tos(d)) {
+                bump(&mut counters.ce_marked_received, 1);
+                marked.push(li, RxPacket::dest_qp(&slot));
+            }
             match l.to_engine.reserve(1) {
                 Ok(Some(mut f)) => {
                     let _ = f.write_line(0, bytemuck::cast_ref(&slot));
@@ -449,6 +515,8 @@ pub(crate) struct Pump {
     watch: Mem,
     /// What the pump counted.
     pub(crate) counters: UdpCounters,
+    /// The CE-marked packets of the current receive round.
+    marked: Marked,
     /// The network namespace the port's socket was made in ([`thread_netns`]).
     netns: Option<u64>,
 }
@@ -478,6 +546,7 @@ impl Pump {
             },
             watch,
             counters: UdpCounters::default(),
+            marked: Marked::new(),
             // `new` runs where the socket was just bound.
             netns: thread_netns(),
         }
@@ -545,6 +614,7 @@ impl Pump {
             opts: IpOpts::default(),
             via,
             src,
+            last_cnp: None,
         });
         Ok(())
     }
@@ -583,12 +653,60 @@ impl Pump {
         self.tx.gso_sends
     }
 
-    /// Receives what waits on the socket into the links' rings; returns the datagrams
+    /// Receives what waits on the socket into the links' rings, and stages a CNP for each
+    /// local QP that received a CE-marked packet and has sent none for [`CNP_INTERVAL`]
+    /// (`clock` is read once, and only if a packet was marked); returns the datagrams
     /// received.
-    pub(crate) fn receive(&mut self) -> usize {
-        match self.rx.step(&self.sock, &mut self.counters) {
+    pub(crate) fn receive(&mut self, clock: &impl Clock) -> usize {
+        self.marked.len = 0;
+        let n = match self
+            .rx
+            .step(&self.sock, &mut self.counters, &mut self.marked)
+        {
             RxRound::Received(n) => n,
             RxRound::Empty | RxRound::NoRoom => 0,
+        };
+        if self.marked.len > 0 {
+            self.notify(clock.now().as_nanos());
+        }
+        n
+    }
+
+    /// The notification point: for each (link, local QP) this round marked, a CNP to the
+    /// remote QP that local QP talks to, unless it sent one less than [`CNP_INTERVAL`] before
+    /// `now` (ns). A QP with no route on that link (not one of this port's, or gone) gets
+    /// none. The CNPs are staged; [`Pump::send`] sends them (or here, if the burst fills).
+    fn notify(&mut self, now: u64) {
+        for i in 0..self.marked.len.min(BURST) {
+            let (li, qpn) = self.marked.at[i];
+            let Some(link) = self.tx.links.get_mut(li) else {
+                continue;
+            };
+            let to = link.addr;
+            let Some(r) = link.qps.iter_mut().find(|r| r.local == qpn) else {
+                continue;
+            };
+            if r.last_cnp
+                .is_some_and(|t| now.saturating_sub(t) < CNP_INTERVAL_NS)
+            {
+                continue;
+            }
+            r.last_cnp = Some(now);
+            let (remote, src, opts, via) = (r.remote, r.src, r.opts, r.via);
+            if self.tx.tx.is_full() {
+                self.tx.flush(&self.sock, &mut self.counters);
+            }
+            // (A burst the socket takes nothing of now: no CNP, as if it were lost.)
+            let Some(buf) = self.tx.tx.next_buf() else {
+                continue;
+            };
+            match datagram::encode_cnp(remote, src, to, buf) {
+                Ok(len) => {
+                    bump(&mut self.counters.cnps_sent, 1);
+                    self.tx.stage(len, to, opts, via);
+                }
+                Err(_) => bump(&mut self.counters.encode_dropped, 1),
+            }
         }
     }
 
@@ -650,9 +768,10 @@ impl Pumps {
         Some(self.pumps.swap_remove(i))
     }
 
-    /// Every pump's [`Pump::receive`]; the datagrams received.
-    pub(crate) fn receive(&mut self) -> usize {
-        self.pumps.iter_mut().map(Pump::receive).sum()
+    /// Every pump's [`Pump::receive`] (CNPs timed by `clock`, the engine's); the
+    /// datagrams received.
+    pub(crate) fn receive(&mut self, clock: &impl Clock) -> usize {
+        self.pumps.iter_mut().map(|p| p.receive(clock)).sum()
     }
 
     /// Every pump's [`Pump::send`]; the frames taken.
@@ -680,6 +799,8 @@ pub(crate) fn add_counters(s: &mut shmhca_proto::stats::Stats, c: &UdpCounters) 
     s.icrc_dropped += c.icrc_dropped;
     s.malformed_dropped += c.malformed_dropped;
     s.cnps_received += c.cnps_received;
+    s.ce_marked_received += c.ce_marked_received;
+    s.cnps_sent += c.cnps_sent;
     s.unknown_source_dropped += c.unknown_source_dropped;
     s.send_dropped += c.send_dropped;
     s.encode_dropped += c.encode_dropped;

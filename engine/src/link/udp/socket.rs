@@ -14,6 +14,11 @@
 //! * **Non-blocking** (`SOCK_NONBLOCK`): the engine polls, as it polls its rings.
 //! * **IPv6 only** on an IPv6 address (`IPV6_V6ONLY`), so `::` never takes 4791 on IPv4
 //!   addresses too.
+//! * **The ECN bits of what it receives**: `IP_RECVTOS` (IPv4) or `IPV6_RECVTCLASS` (IPv6),
+//!   so each received datagram comes with its IP TOS or traffic class as a control message
+//!   ([`RxRing::tos`]): the link is a RoCEv2 congestion *notification point* (see
+//!   `super::pump`). A missing, truncated or odd control message reads as TOS 0 (not
+//!   marked): [`received_tos`] validates every length against the buffer the kernel wrote.
 //!
 //! # The IP ID of what it sends, verified on the wire
 //!
@@ -33,7 +38,8 @@
 //! Nothing is allocated per packet. A [`TxBurst`] holds [`BURST`] datagram buffers of
 //! [`DGRAM_BYTES`] each, filled in place and sent by one `sendmmsg`; the `mmsghdr`, `iovec`
 //! and address arrays are built on the stack for the call. An [`RxRing`] is one [`Mem`]
-//! of `count` buffers of [`DGRAM_BYTES`], which `recvmmsg` writes into directly: the
+//! of `count` buffers of [`DGRAM_BYTES`] (and [`BURST`] control-message buffers, made with
+//! it), which `recvmmsg` writes into directly: the
 //! engine then reads a payload straight out of that memory (it is the "peer arena" of the
 //! link's QPs), so a received payload is copied once, into the application's buffer.
 #![allow(unsafe_code)]
@@ -347,6 +353,17 @@ impl UdpSocket {
                 )?
             }
         }
+        // Every datagram read comes with its TOS / traffic class (its ECN bits).
+        match addr {
+            SocketAddr::V4(_) => opt(
+                "IP_RECVTOS",
+                set_int(&fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1),
+            )?,
+            SocketAddr::V6(_) => opt(
+                "IPV6_RECVTCLASS",
+                set_int(&fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1),
+            )?,
+        }
         // Room for bursts in flight: ask for SOCKET_BUFFER bytes each way (root may go past
         // the `rmem_max`/`wmem_max` caps; others get what the caps allow). Best effort.
         for (force, plain) in [
@@ -388,6 +405,20 @@ impl UdpSocket {
     /// The address the socket is bound to (with the port the kernel chose for port 0).
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Whether the TOS (IPv4) or traffic class (IPv6) of received datagrams is asked for
+    /// (`IP_RECVTOS` / `IPV6_RECVTCLASS`).
+    #[cfg(test)]
+    pub(crate) fn receives_tos(&self) -> bool {
+        match self.local {
+            SocketAddr::V4(_) => {
+                get_int(&self.fd, libc::IPPROTO_IP, libc::IP_RECVTOS).is_ok_and(|v| v == 1)
+            }
+            SocketAddr::V6(_) => {
+                get_int(&self.fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS).is_ok_and(|v| v == 1)
+            }
+        }
     }
 
     /// Whether Don't Fragment is set (the path-MTU-discovery mode is "do").
@@ -476,9 +507,11 @@ pub(crate) struct IpOpts {
     pub(crate) traffic_class: u8,
 }
 
-/// Control-message room for one message: two `int` options and a `u16` one (`CMSG_SPACE`
-/// of either is 16 bytes on Linux), in 8-byte words for the alignment of `cmsghdr`.
-const CTRL_WORDS: usize = 8;
+/// Control-message room for one message: two `int` options and a `u16` one, each taking
+/// `CMSG_SPACE(4)` = the header and 8 bytes of aligned data (24 bytes on 64-bit Linux), in
+/// 8-byte words for the alignment of `cmsghdr`. (A message with all three that had no room
+/// for the last would leave without `UDP_SEGMENT`: its datagrams fused into one.)
+const CTRL_WORDS: usize = 3 * (size_of::<libc::cmsghdr>() + 8).div_ceil(8);
 
 impl Default for TxBurst {
     fn default() -> TxBurst {
@@ -815,6 +848,72 @@ fn write_ip_opts(
     }
 }
 
+/// Control-message room for one received datagram, in 8-byte words (for the alignment of
+/// `cmsghdr`): the one message asked for (`IP_TOS`, 1 byte, or `IPV6_TCLASS`, an `int`:
+/// `CMSG_SPACE` of 16 bytes either way) with room to spare. A longer control message
+/// list is cut by the kernel (`MSG_CTRUNC`), and what is cut is not read.
+const RX_CTRL_WORDS: usize = 8;
+
+/// The ECN field of an IP TOS or traffic class byte (its two low bits; RFC 3168).
+pub(crate) const ECN_MASK: u8 = 0b11;
+/// The ECN codepoint "Congestion Experienced": a router on the way marked the datagram.
+pub(crate) const ECN_CE: u8 = 0b11;
+
+/// Whether a datagram with TOS / traffic class `tos` was marked Congestion Experienced.
+pub(crate) fn is_ce(tos: u8) -> bool {
+    tos & ECN_MASK == ECN_CE
+}
+
+/// The TOS (IPv4, `IP_TOS`) or traffic class (IPv6, `IPV6_TCLASS`) in the control data
+/// `ctrl` the kernel wrote for a received datagram (exactly the `msg_controllen` bytes it
+/// reported), if there is such a message, whole and of a valid length: `IP_TOS` carries
+/// one byte (Linux) or an `int` (other systems), `IPV6_TCLASS` an `int`; an `int` outside
+/// 0..=255 is refused. Every header is checked against the buffer before it is read, so
+/// any bytes give an answer, never an out-of-bounds read: a missing or odd message is
+/// `None` (then the datagram counts as not marked).
+pub(crate) fn received_tos(ctrl: &[u8]) -> Option<u8> {
+    const HDR: usize = size_of::<libc::cmsghdr>();
+    // CMSG_ALIGN: the kernel aligns each message (and its data) to a `size_t`.
+    let align = |n: usize| n.checked_next_multiple_of(size_of::<usize>());
+    let data_at = align(HDR)?;
+    let int_byte = |d: &[u8]| -> Option<u8> {
+        let v = i32::from_ne_bytes(d.try_into().ok()?);
+        u8::try_from(v).ok()
+    };
+    let mut at = 0usize;
+    while let Some(h) = ctrl.get(at..at.checked_add(HDR)?) {
+        // SAFETY: `h` is `HDR` initialized bytes, the size of a `cmsghdr`, whose fields
+        // are all integers (any bits are a valid value); the read is unaligned.
+        let hdr: libc::cmsghdr = unsafe { std::ptr::read_unaligned(h.as_ptr().cast()) };
+        #[allow(clippy::unnecessary_cast)] // `size_t` on glibc, `socklen_t` on musl
+        let len = hdr.cmsg_len as usize;
+        // The message's length covers its header and lies inside what the kernel wrote.
+        if len < data_at || len > ctrl.len() - at {
+            return None;
+        }
+        let data = &ctrl[at + data_at..at + len];
+        match (hdr.cmsg_level, hdr.cmsg_type) {
+            (libc::IPPROTO_IP, libc::IP_TOS) => {
+                return match data.len() {
+                    1 => Some(data[0]),
+                    4 => int_byte(data),
+                    _ => None,
+                };
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                return if data.len() == 4 {
+                    int_byte(data)
+                } else {
+                    None
+                };
+            }
+            _ => {}
+        }
+        at = at.checked_add(align(len)?)?;
+    }
+    None
+}
+
 /// A ring of receive buffers in one [`Mem`]: `count` buffers of [`DGRAM_BYTES`], filled
 /// in order by [`RxRing::recv`]. The caller decides when a buffer may be filled again (it
 /// passes how many are free); buffer `i` is at offset `i * DGRAM_BYTES` of
@@ -827,6 +926,10 @@ pub(crate) struct RxRing {
     /// Per buffer: the datagram's length (0: truncated, or not a datagram) and source.
     lens: Box<[u32]>,
     srcs: Box<[Option<SocketAddr>]>,
+    /// Per buffer: the datagram's IP TOS / traffic class (0 if the kernel gave none).
+    tos: Box<[u8]>,
+    /// One control-message buffer per datagram of a `recvmmsg` (made with the ring).
+    ctrl: Box<[[u64; RX_CTRL_WORDS]]>,
 }
 
 impl RxRing {
@@ -839,6 +942,8 @@ impl RxRing {
             next: 0,
             lens: vec![0; count].into_boxed_slice(),
             srcs: vec![None; count].into_boxed_slice(),
+            tos: vec![0; count].into_boxed_slice(),
+            ctrl: vec![[0u64; RX_CTRL_WORDS]; BURST].into_boxed_slice(),
         }
     }
 
@@ -874,7 +979,7 @@ impl RxRing {
         let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let mut names: [libc::sockaddr_storage; BURST] = unsafe { std::mem::zeroed() };
-        for k in 0..n {
+        for (k, ctrl) in self.ctrl.iter_mut().enumerate().take(n) {
             let i = ((self.next + k as u64) % self.count as u64) as usize;
             let Ok(base) = self
                 .mem
@@ -890,11 +995,14 @@ impl RxRing {
             hdrs[k].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             hdrs[k].msg_hdr.msg_iov = &raw mut iovs[k];
             hdrs[k].msg_hdr.msg_iovlen = 1;
+            hdrs[k].msg_hdr.msg_control = ctrl.as_mut_ptr().cast();
+            hdrs[k].msg_hdr.msg_controllen = size_of::<[u64; RX_CTRL_WORDS]>() as _;
         }
         let r = loop {
-            // SAFETY: `hdrs[..n]` each point at a live address buffer and one iovec over a
+            // SAFETY: `hdrs[..n]` each point at a live address buffer, one iovec over a
             // checked, writable range of the ring's memory (alive while `self.mem` is),
-            // which the kernel fills with plain bytes; the arrays outlive the call.
+            // which the kernel fills with plain bytes, and a control buffer of the ring's
+            // (8-byte aligned, of the length given); the arrays outlive the call.
             let r = unsafe {
                 libc::recvmmsg(
                     sock.fd.as_raw_fd(),
@@ -923,9 +1031,20 @@ impl RxRing {
                 h.msg_len.min(DGRAM_BYTES as u32)
             };
             self.srcs[i] = from_raw(&names[k], h.msg_hdr.msg_namelen);
+            // What the kernel says it wrote, never more than the buffer.
+            let ctrl: &[u8] = bytemuck::cast_slice(&self.ctrl[k][..]);
+            #[allow(clippy::unnecessary_cast)] // `size_t` on glibc, `socklen_t` on musl
+            let clen = (h.msg_hdr.msg_controllen as usize).min(ctrl.len());
+            self.tos[i] = received_tos(&ctrl[..clen]).unwrap_or(0);
         }
         self.next += r as u64;
         Ok(r)
+    }
+
+    /// The IP TOS (IPv4) or traffic class (IPv6) datagram number `n` arrived with (0 if
+    /// the kernel gave none, or an odd one); its two low bits are the ECN field.
+    pub(crate) fn tos(&self, n: u64) -> u8 {
+        self.tos[(n % self.count as u64) as usize]
     }
 
     /// Where datagram number `n` is: its offset in [`RxRing::mem`], its length (0 if it
@@ -1381,9 +1500,14 @@ mod tests {
             let (src, dst) = (a.local_addr(), b.local_addr());
             let mut tx = TxBurst::new();
             let sizes = [40, 40, 40, 40, 24];
+            // With a TTL and a TOS too: three control messages.
+            let opts = IpOpts {
+                hop_limit: 17,
+                traffic_class: 0x68,
+            };
             for (i, &p) in sizes.iter().enumerate() {
                 let len = roce_datagram(tx.next_buf().unwrap(), i as u8, p, src, dst);
-                tx.commit(len, dst);
+                tx.commit_with(len, dst, opts, 0);
             }
             assert_eq!(tx.gso_run(0, sizes.len()), sizes.len(), "one run");
             assert_eq!(tx.send(&a).sent, sizes.len());
@@ -1466,6 +1590,134 @@ mod tests {
         let mut t = stage(&[(100, d1, 0); 3]);
         t.gso = false;
         assert_eq!(runs(&t), [1, 1, 1], "GSO off");
+    }
+
+    /// One control message as the kernel lays it out: header, data, padding to the next
+    /// `size_t`, with `cmsg_len` given (`None`: header and data).
+    fn cmsg(level: i32, kind: i32, data: &[u8], cmsg_len: Option<usize>) -> Vec<u8> {
+        const HDR: usize = size_of::<libc::cmsghdr>();
+        // SAFETY: plain old data, all zeroes valid.
+        let mut h: libc::cmsghdr = unsafe { std::mem::zeroed() };
+        h.cmsg_len = cmsg_len.unwrap_or(HDR + data.len()) as _;
+        h.cmsg_level = level;
+        h.cmsg_type = kind;
+        let mut v = vec![0u8; HDR];
+        // SAFETY: `v` holds `HDR` bytes, the size of `h`; unaligned write.
+        unsafe { std::ptr::write_unaligned(v.as_mut_ptr().cast(), h) };
+        v.extend_from_slice(data);
+        v.resize(v.len().next_multiple_of(size_of::<usize>()), 0);
+        v
+    }
+
+    /// The TOS / traffic class control message is found and checked: IPv4's one byte
+    /// (Linux) or `int`, IPv6's `int`, after other messages; a missing, short, overlong,
+    /// truncated or out-of-range one, and arbitrary bytes, read as `None`, never a panic.
+    #[test]
+    fn the_tos_and_traffic_class_control_messages_are_parsed_and_checked() {
+        let (ip, v6) = (libc::IPPROTO_IP, libc::IPPROTO_IPV6);
+        let int = |v: i32| v.to_ne_bytes();
+        let tos = cmsg(ip, libc::IP_TOS, &[0x03], None);
+        assert_eq!(received_tos(&tos), Some(0x03));
+        assert_eq!(
+            received_tos(&cmsg(ip, libc::IP_TOS, &int(0xb9), None)),
+            Some(0xb9)
+        );
+        assert_eq!(
+            received_tos(&cmsg(v6, libc::IPV6_TCLASS, &int(0x02), None)),
+            Some(0x02)
+        );
+        assert_eq!(
+            received_tos(&cmsg(v6, libc::IPV6_TCLASS, &int(0xff), None)),
+            Some(0xff)
+        );
+        // After a message of another kind (a TTL here).
+        let two = [cmsg(ip, libc::IP_TTL, &int(64), None), tos.clone()].concat();
+        assert_eq!(received_tos(&two), Some(0x03));
+        // None at all, another kind only, a same-numbered option of the other level.
+        assert_eq!(received_tos(&[]), None);
+        assert_eq!(received_tos(&cmsg(ip, libc::IP_TTL, &int(64), None)), None);
+        assert_eq!(received_tos(&cmsg(v6, libc::IP_TOS, &[3], None)), None);
+        // Odd lengths and values.
+        for bad in [
+            cmsg(ip, libc::IP_TOS, &[], None),
+            cmsg(ip, libc::IP_TOS, &[3, 0], None),
+            cmsg(ip, libc::IP_TOS, &int(256), None),
+            cmsg(ip, libc::IP_TOS, &int(-1), None),
+            cmsg(v6, libc::IPV6_TCLASS, &[3], None),
+            cmsg(v6, libc::IPV6_TCLASS, &[3, 0, 0, 0, 0, 0, 0, 0], None),
+            cmsg(v6, libc::IPV6_TCLASS, &int(-1), None),
+            // A length shorter than the header, or past the buffer.
+            cmsg(ip, libc::IP_TOS, &[3], Some(4)),
+            cmsg(ip, libc::IP_TOS, &[3], Some(4096)),
+            cmsg(ip, libc::IP_TOS, &[3], Some(usize::MAX)),
+        ] {
+            assert_eq!(received_tos(&bad), None, "{bad:?}");
+        }
+        // Cut anywhere (MSG_CTRUNC): whole or nothing.
+        for cut in 0..two.len() {
+            let got = received_tos(&two[..cut]);
+            assert!(got.is_none() || cut >= two.len() - 7, "cut {cut}: {got:?}");
+        }
+        // A first message whose length would step past the end: the walk stops there.
+        let mut skip = cmsg(ip, libc::IP_TTL, &int(64), Some(usize::MAX - 3));
+        skip.extend_from_slice(&tos);
+        assert_eq!(received_tos(&skip), None);
+        // Arbitrary bytes: an answer, never a panic.
+        let mut x = 0x2545_F491u32;
+        for n in 0..400 {
+            let b: Vec<u8> = (0..n % 80)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect();
+            let _ = received_tos(&b);
+        }
+    }
+
+    /// The ring reports each datagram's TOS / traffic class as it crossed loopback: what
+    /// the sender set per datagram (ECN bits included, CE too), 0 where it set none.
+    #[test]
+    fn a_received_datagram_comes_with_its_tos_ipv4_and_ipv6() {
+        for (x, y) in [("127.0.0.1", "127.0.0.2"), ("::1", "::1")] {
+            let (a, b) = (bound(x), bound(y));
+            assert!(a.receives_tos() && b.receives_tos(), "{x}");
+            let classes = [0u8, 0x03, 0x02, 0x01, 0xb8, 0xbb, 0x68];
+            let mut tx = TxBurst::new();
+            for (i, tc) in classes.iter().enumerate() {
+                tx.next_buf().unwrap()[0] = i as u8;
+                let o = IpOpts {
+                    hop_limit: 0,
+                    traffic_class: *tc,
+                };
+                tx.commit_with(8, b.local_addr(), o, 0);
+            }
+            assert_eq!(tx.send(&a).sent, classes.len(), "{x}");
+            let mut rx = RxRing::new(BURST);
+            let mut got = Vec::new();
+            for _ in 0..100 {
+                let first = rx.next();
+                let n = rx.recv(&b, BURST).unwrap();
+                for d in first..first + n as u64 {
+                    let mut byte = [0u8];
+                    rx.mem().read(rx.datagram(d).0, &mut byte).unwrap();
+                    got.push((byte[0], rx.tos(d)));
+                }
+                if got.len() == classes.len() {
+                    break;
+                }
+                b.wait_readable(10);
+            }
+            let want: Vec<(u8, u8)> = classes
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (i as u8, *c))
+                .collect();
+            assert_eq!(got, want, "{x}: (datagram, TOS)");
+            assert!(is_ce(got[1].1) && !is_ce(got[2].1) && !is_ce(got[0].1));
+        }
     }
 
     /// A datagram's TTL and TOS are what its QP says (`IpOpts`), per datagram, and the

@@ -1205,3 +1205,281 @@ fn sleeping_engines_ping_pong_on_two_qps_over_one_link() {
     assert_eq!(ka.encode_dropped + kb.encode_dropped, 0, "{ka:?} {kb:?}");
     assert_eq!(ka.icrc_dropped + kb.icrc_dropped, 0, "{ka:?} {kb:?}");
 }
+
+/// Takes `me`'s QP to RTS towards `peer`'s QP, its datagrams sent with IP traffic class
+/// `tc` (its ECN bits included) and TTL `ttl` (0: the default).
+fn connect_tc(me: &mut End, peer: &End, tc: u8, ttl: u8) {
+    let dest = me
+        .port
+        .destination_at(&me.qp, peer.port.local_addr(), peer.qp.qpn())
+        .unwrap();
+    me.qp
+        .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    me.qp
+        .modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(Mtu::Mtu1024)
+                .dest(dest)
+                .rq_psn(0)
+                .max_dest_rd_atomic(4)
+                .min_rnr_timer(1)
+                .hop_limit(ttl)
+                .traffic_class(tc),
+        )
+        .unwrap();
+    me.qp
+        .modify(
+            &QpAttr::new(QpState::Rts)
+                .sq_psn(0)
+                .timeout(14)
+                .retry_cnt(7)
+                .rnr_retry(7)
+                .max_rd_atomic(4),
+        )
+        .unwrap();
+}
+
+/// `count` 64-byte Sends from `x` to `y`, posted in batches of 16 (as fast as both
+/// engines take them), each completed on both sides.
+fn sends(x: &mut End, y: &mut End, count: u64) {
+    let mut id = 0;
+    while id < count {
+        let batch = (count - id).min(16);
+        for i in id..id + batch {
+            y.qp.post_recv(&RecvWr::new(i, &[y.mr.sge(4096, 64).unwrap()]))
+                .unwrap();
+            x.qp.post_send(&SendWr::new(i, SendOp::Send, &[x.mr.sge(0, 64).unwrap()]))
+                .unwrap();
+        }
+        for i in id..id + batch {
+            ok(wait!(y, x, y), i);
+            ok(wait!(x, x, y), i);
+        }
+        id += batch;
+    }
+}
+
+/// Runs both ends until `x` has received every CNP `y` sent (5 s at most: loopback loses
+/// none); the CNPs sent.
+fn settle_cnps(x: &End, y: &End) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        x.ctx.progress();
+        y.ctx.progress();
+        let (sent, got) = (y.port.counters().cnps_sent, x.port.counters().cnps_received);
+        if sent == got {
+            return sent;
+        }
+        assert!(Instant::now() < deadline, "{got} of {sent} CNPs arrived");
+        std::thread::yield_now();
+    }
+}
+
+/// A QP whose traffic class marks its datagrams Congestion Experienced (ECN bits 0b11,
+/// alone or under a DSCP; over IPv4 and IPv6) sends 300 Sends as fast as they go: its
+/// peer, the notification point, counts every one as marked and answers with CNPs — at
+/// least one, and at most one per `CNP_INTERVAL` of the time the test took (+1) — which
+/// this side counts as received, as many as were sent; the peer's own (unmarked) packets
+/// bring no CNP back. The counts are the contexts' `Stats` too.
+#[test]
+fn ce_marked_packets_bring_cnps_back_at_most_one_per_interval() {
+    let _serial = serial();
+    for (a, b, tc) in [
+        ("127.0.0.31", "127.0.0.32", 0x03u8),
+        ("127.0.0.33", "127.0.0.34", 0xbb),
+        ("::1", "::1", 0x03),
+    ] {
+        let mut x = end(SocketAddr::new(a.parse().unwrap(), 0));
+        let mut y = end(SocketAddr::new(b.parse().unwrap(), 0));
+        connect_tc(&mut x, &y, tc, 0);
+        connect(&mut y, &x, Mtu::Mtu1024, 14);
+        let start = Instant::now();
+        sends(&mut x, &mut y, 300);
+        let cnps = settle_cnps(&x, &y);
+        let elapsed = start.elapsed();
+        let (cx, cy) = (x.port.counters(), y.port.counters());
+        assert!(cy.ce_marked_received >= 300, "{tc:#x}: {cy:?}");
+        let bound = elapsed.as_nanos() / super::pump::CNP_INTERVAL.as_nanos() + 1;
+        assert!(
+            cnps >= 1 && u128::from(cnps) <= bound,
+            "{tc:#x}: {cnps} CNPs in {elapsed:?} (at most {bound}); {cy:?}"
+        );
+        assert_eq!(cx.cnps_received, cnps, "{tc:#x}");
+        // Nothing the other way: y's packets were not marked.
+        assert_eq!(
+            (cx.ce_marked_received, cx.cnps_sent, cy.cnps_received),
+            (0, 0, 0),
+            "{tc:#x}: {cx:?} / {cy:?}"
+        );
+        // Nor did a CNP break anything: no drops, nothing malformed.
+        assert_eq!((cx.malformed_dropped, cx.icrc_dropped), (0, 0), "{cx:?}");
+        let (sx, sy) = (x.ctx.stats(), y.ctx.stats());
+        assert_eq!((sx.cnps_received, sy.cnps_sent), (cnps, cnps));
+        assert_eq!(sy.ce_marked_received, cy.ce_marked_received);
+    }
+}
+
+/// Not-ECT (0b00), ECT(1) (0b01) and ECT(0) (0b10) datagrams, with and without a DSCP,
+/// are not marked: no CNP comes back for 100 Sends.
+#[test]
+fn packets_not_marked_ce_bring_no_cnp() {
+    let _serial = serial();
+    for (k, tc) in [0x00u8, 0x01, 0x02, 0xb8, 0xba].into_iter().enumerate() {
+        let mut x = end(SocketAddr::new(
+            format!("127.0.0.{}", 41 + 2 * k).parse().unwrap(),
+            0,
+        ));
+        let mut y = end(SocketAddr::new(
+            format!("127.0.0.{}", 42 + 2 * k).parse().unwrap(),
+            0,
+        ));
+        connect_tc(&mut x, &y, tc, 0);
+        connect(&mut y, &x, Mtu::Mtu1024, 14);
+        sends(&mut x, &mut y, 100);
+        settle_cnps(&x, &y);
+        let (cx, cy) = (x.port.counters(), y.port.counters());
+        assert!(cy.datagrams_received >= 100, "{tc:#x}: {cy:?}");
+        assert_eq!(
+            (cy.ce_marked_received, cy.cnps_sent, cx.cnps_received),
+            (0, 0, 0),
+            "{tc:#x}: {cy:?}"
+        );
+    }
+}
+
+/// The interval runs on the engine's clock: with the notification point's engine on a
+/// test clock that stands still, any number of marked packets bring exactly one CNP; a
+/// nanosecond short of `CNP_INTERVAL` later still none more; at the interval, one more.
+/// Each CNP is the annex's, to the QP that sent the marked packets (seen by a hook on
+/// the notification point's datagrams): opcode 0x81, P_Key 0xFFFF, BECN, that QP's
+/// number, PSN 0, 16 zero bytes.
+#[test]
+fn the_cnp_interval_runs_on_the_engine_clock_and_cnps_go_to_the_marked_sender() {
+    let _serial = serial();
+    let clock = crate::timer::TestClock::new();
+    let ctx = crate::raw_peer::inline_context_on(clock.clone());
+    let port = UdpPort::bind_addr(&ctx, "127.0.0.52:0".parse().unwrap()).unwrap();
+    let mut y = end_on(ctx, port);
+    let mut x = end("127.0.0.51:0".parse().unwrap());
+    connect_tc(&mut x, &y, 0x03, 0);
+    connect(&mut y, &x, Mtu::Mtu1024, 14);
+    let cnps = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let seen = cnps.clone();
+    y.port.set_hook(Box::new(move |d| {
+        if d.first() == Some(&super::datagram::OPCODE_CNP) {
+            seen.lock().unwrap().push(d.to_vec());
+        }
+        super::Fate::Send
+    }));
+    let interval = super::pump::CNP_INTERVAL;
+    let mut marked = 0;
+    for (advance, more, want) in [
+        (Duration::ZERO, 50, 1),
+        (interval - Duration::from_nanos(1), 20, 1),
+        (Duration::from_nanos(1), 1, 2),
+        (Duration::ZERO, 20, 2),
+        (interval * 3, 5, 3),
+    ] {
+        clock.advance(advance);
+        sends(&mut x, &mut y, more);
+        marked += more;
+        assert_eq!(settle_cnps(&x, &y), want, "after {advance:?}");
+        assert!(y.port.counters().ce_marked_received >= marked);
+    }
+    let cnps = cnps.lock().unwrap();
+    assert_eq!(cnps.len(), 3);
+    let qpn = x.qp.qpn().get().to_be_bytes();
+    for c in cnps.iter() {
+        assert_eq!(c.len(), 12 + 16 + 4);
+        assert_eq!(c[..5], [0x81, 0, 0xff, 0xff, 0x40]);
+        assert_eq!(c[5..8], qpn[1..], "to the QP that sent the marked packets");
+        assert_eq!(c[8..28], [0; 20], "PSN 0, 16 reserved bytes");
+    }
+}
+
+/// The CNPs leave with the notification point's QP's TTL and traffic class, from its
+/// source port, and arrive at the marked sender's port; captured on the loopback of a
+/// namespace of the test's own (root only).
+#[test]
+fn a_cnp_goes_with_its_qps_ttl_traffic_class_and_source_port() {
+    use super::socket::netns::{Netns, PacketCapture, available};
+    let _serial = serial();
+    if !available("a_cnp_goes_with_its_qps_ttl_traffic_class_and_source_port") {
+        return;
+    }
+    let ns = Netns::new(&format!("shmhca-cnp-{}", std::process::id() % 100_000)).unwrap();
+    // Captured one datagram at a time (a GSO send cut at the device, as on a wire).
+    super::socket::netns::ip(&["-n", &ns.0, "link", "set", "lo", "gso_max_segs", "1"]).unwrap();
+    let cap = ns.run(|| PacketCapture::open("lo")).unwrap().unwrap();
+    let (xa, ya): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    let mut x = end_in(&ns, xa);
+    let mut y = end_in(&ns, ya);
+    let (xp, xq, yq) = (&x.port, &x.qp, y.qp.qpn());
+    let dest = ns.run(|| xp.destination(xq, ya, yq)).unwrap().unwrap();
+    x.qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    x.qp.modify(
+        &QpAttr::new(QpState::Rtr)
+            .path_mtu(Mtu::Mtu1024)
+            .dest(dest)
+            .rq_psn(0)
+            .max_dest_rd_atomic(4)
+            .min_rnr_timer(1)
+            .traffic_class(0x03),
+    )
+    .unwrap();
+    x.qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(0)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(4),
+    )
+    .unwrap();
+    let (yp, yqp, xq) = (&y.port, &y.qp, x.qp.qpn());
+    let dest = ns.run(|| yp.destination(yqp, xa, xq)).unwrap().unwrap();
+    y.qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    y.qp.modify(
+        &QpAttr::new(QpState::Rtr)
+            .path_mtu(Mtu::Mtu1024)
+            .dest(dest)
+            .rq_psn(0)
+            .max_dest_rd_atomic(4)
+            .min_rnr_timer(1)
+            .hop_limit(17)
+            .traffic_class(0x68),
+    )
+    .unwrap();
+    y.qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(0)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(4),
+    )
+    .unwrap();
+    sends(&mut x, &mut y, 20);
+    let n = settle_cnps(&x, &y);
+    assert!(n >= 1);
+    let packets = cap.ipv4_udp_packets(4791, 64, Duration::from_secs(2));
+    let sport = shmhca_proto::roce::source_port(0, x.qp.qpn(), y.qp.qpn());
+    let cnps: Vec<&Vec<u8>> = packets
+        .iter()
+        .filter(|p| {
+            let ihl = usize::from(p[0] & 15) * 4;
+            p.get(ihl + 8) == Some(&0x81)
+        })
+        .collect();
+    assert!(!cnps.is_empty(), "no CNP among {} datagrams", packets.len());
+    for p in cnps {
+        let ihl = usize::from(p[0] & 15) * 4;
+        assert_eq!(p[12..20], [127, 0, 0, 2, 127, 0, 0, 1], "from y to x");
+        assert_eq!((p[8], p[1]), (17, 0x68), "(TTL, TOS) of y's QP");
+        assert_eq!(u16::from_be_bytes([p[ihl], p[ihl + 1]]), sport);
+        assert_eq!(p.len(), ihl + 8 + 12 + 16 + 4);
+    }
+}
