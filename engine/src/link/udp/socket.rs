@@ -930,6 +930,28 @@ pub(crate) struct RxRing {
     tos: Box<[u8]>,
     /// One control-message buffer per datagram of a `recvmmsg` (made with the ring).
     ctrl: Box<[[u64; RX_CTRL_WORDS]]>,
+    /// The `recvmmsg` arrays, made with the ring: each call sets the fields it needs of
+    /// the entries it passes, so an empty poll clears no 6.5 KB of them.
+    msgs: Box<RecvArrays>,
+}
+
+/// The message headers, iovecs and address buffers of one `recvmmsg` of [`BURST`].
+struct RecvArrays {
+    hdrs: [libc::mmsghdr; BURST],
+    iovs: [libc::iovec; BURST],
+    names: [libc::sockaddr_storage; BURST],
+}
+
+// SAFETY: the raw pointers in `hdrs` and `iovs` are set by `RxRing::recv` before each call
+// and only the kernel follows them, within that call; between calls they are stale values
+// no one reads. Moving the arrays to another thread with the ring is sound.
+unsafe impl Send for RecvArrays {}
+
+impl RecvArrays {
+    fn new() -> Box<RecvArrays> {
+        // SAFETY: plain old data (integers and raw pointers), all zeroes valid.
+        Box::new(unsafe { std::mem::zeroed() })
+    }
 }
 
 impl RxRing {
@@ -944,6 +966,7 @@ impl RxRing {
             srcs: vec![None; count].into_boxed_slice(),
             tos: vec![0; count].into_boxed_slice(),
             ctrl: vec![[0u64; RX_CTRL_WORDS]; BURST].into_boxed_slice(),
+            msgs: RecvArrays::new(),
         }
     }
 
@@ -973,30 +996,31 @@ impl RxRing {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: plain old data, all zeroes valid (also of the two arrays below).
-        let mut hdrs: [libc::mmsghdr; BURST] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut names: [libc::sockaddr_storage; BURST] = unsafe { std::mem::zeroed() };
+        // The ring's buffers, checked once: buffer `i` is `DGRAM_BYTES` at `i * DGRAM_BYTES`.
+        let Ok(ring) = self
+            .mem
+            .writable_range(0, (self.count * DGRAM_BYTES) as u64)
+        else {
+            return Ok(0); // cannot be: the memory holds `count` buffers
+        };
+        let first = (self.next % self.count as u64) as usize;
+        let RecvArrays { hdrs, iovs, names } = &mut *self.msgs;
         for (k, ctrl) in self.ctrl.iter_mut().enumerate().take(n) {
-            let i = ((self.next + k as u64) % self.count as u64) as usize;
-            let Ok(base) = self
-                .mem
-                .writable_range((i * DGRAM_BYTES) as u64, DGRAM_BYTES as u64)
-            else {
-                return Ok(0); // cannot be: the memory holds `count` buffers
-            };
+            let i = (first + k) % self.count;
             iovs[k] = libc::iovec {
-                iov_base: base.cast(),
+                // In the range checked above (`i < count`).
+                iov_base: ring.wrapping_add(i * DGRAM_BYTES).cast(),
                 iov_len: DGRAM_BYTES,
             };
-            hdrs[k].msg_hdr.msg_name = (&raw mut names[k]).cast();
-            hdrs[k].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            hdrs[k].msg_hdr.msg_iov = &raw mut iovs[k];
-            hdrs[k].msg_hdr.msg_iovlen = 1;
-            hdrs[k].msg_hdr.msg_control = ctrl.as_mut_ptr().cast();
-            hdrs[k].msg_hdr.msg_controllen = size_of::<[u64; RX_CTRL_WORDS]>() as _;
+            // Every field the kernel reads or writes (`msg_len` and `msg_flags` it writes).
+            let h = &mut hdrs[k].msg_hdr;
+            h.msg_name = (&raw mut names[k]).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &raw mut iovs[k];
+            h.msg_iovlen = 1;
+            h.msg_control = ctrl.as_mut_ptr().cast();
+            h.msg_controllen = size_of::<[u64; RX_CTRL_WORDS]>() as _;
+            h.msg_flags = 0;
         }
         let r = loop {
             // SAFETY: `hdrs[..n]` each point at a live address buffer, one iovec over a
@@ -1023,7 +1047,7 @@ impl RxRing {
             }
         };
         for (k, h) in hdrs.iter().enumerate().take(r) {
-            let i = ((self.next + k as u64) % self.count as u64) as usize;
+            let i = (first + k) % self.count;
             let truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             self.lens[i] = if truncated {
                 0
