@@ -367,6 +367,13 @@ impl TxPump {
     }
 }
 
+/// Whether a port sends runs of datagrams as UDP GSO sends: yes, unless
+/// `SHMHCA_UDP_GSO` is `0` (for a NIC whose UDP segmentation offload would not number the
+/// segments' IPv4 IDs 0, 1, 2, … as Linux does, which their ICRCs assume).
+pub(crate) fn gso_wanted(var: Option<&std::ffi::OsStr>) -> bool {
+    var.is_none_or(|v| v != "0")
+}
+
 /// What one receive round found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RxRound {
@@ -529,7 +536,11 @@ impl Pump {
             id: 0,
             sock,
             tx: TxPump {
-                tx: TxBurst::new(),
+                tx: {
+                    let mut tx = TxBurst::new();
+                    tx.set_gso(gso_wanted(std::env::var_os("SHMHCA_UDP_GSO").as_deref()));
+                    tx
+                },
                 links: Vec::new(),
                 senders: Vec::new(),
                 #[cfg(test)]

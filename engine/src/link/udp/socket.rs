@@ -538,8 +538,7 @@ impl TxBurst {
         self.gso
     }
 
-    /// Turns GSO sends on or off (tests).
-    #[cfg(test)]
+    /// Turns GSO sends on or off.
     pub(crate) fn set_gso(&mut self, on: bool) {
         self.gso = on;
     }
@@ -611,7 +610,9 @@ impl TxBurst {
     /// ([`shmhca_proto::roce::ipv4_id_delta`]), and back if it does not go that way. A
     /// GSO send the kernel refuses (`EIO`: the device cannot checksum it; `EINVAL`: a
     /// segment over the path MTU) is sent again datagram by datagram; `EIO` and
-    /// `ENOPROTOOPT` turn GSO off for this burst for good.
+    /// `ENOPROTOOPT` turn GSO off for this burst for good. `SHMHCA_UDP_GSO=0` in the
+    /// environment turns it off from the start (for a NIC whose segmentation offload would
+    /// number the IDs otherwise).
     #[cfg(test)]
     pub(crate) fn send(&mut self, sock: &UdpSocket) -> SendReport {
         self.send_via(|_| sock)

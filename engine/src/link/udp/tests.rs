@@ -738,6 +738,16 @@ fn a_riding_ack_leaves_with_the_reply_that_carried_it() {
     }
 }
 
+/// `SHMHCA_UDP_GSO=0` turns GSO sends off; anything else (or nothing) leaves them on.
+#[test]
+fn shmhca_udp_gso_0_turns_gso_off() {
+    use super::pump::gso_wanted;
+    use std::ffi::OsStr;
+    assert!(gso_wanted(None));
+    assert!(!gso_wanted(Some(OsStr::new("0"))));
+    assert!(gso_wanted(Some(OsStr::new("1"))));
+}
+
 /// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
 /// QP from one QP's memory (another protection domain's bytes must never go out as this
 /// QP's payload). Once the first QP is destroyed, the remote QP is free again.
