@@ -3,7 +3,7 @@
 # shmhca's 8-byte round trip within 1.3x of a plain UDP ping-pong between the same two
 # namespaces). Each round runs engine/examples/udp_bare_pingpong (plain datagrams; busy-polling
 # a non-blocking socket, as shmhca's inline engine polls its own: BARE=blocking for a blocking
-# receive instead), then engine/examples/udp_pingpong (an RC Send each way over shmhca's UdpPort),
+# receive instead), then shmhca-perf send_lat --roce (an RC Send each way over shmhca's UdpPort),
 # server in one namespace and client in the other, and prints both round trips and their
 # ratio; at the end, the median (min-max) of the ratio. Each round also runs the bare
 # ping-pong with --acks: an Ack-sized datagram ahead of each message, the four datagrams an
@@ -23,7 +23,7 @@ ITERS=${ITERS:-10000}
 BARE=${BARE:-spin}
 [ "$(id -u)" = 0 ] || { echo "compare_udp.sh: needs root (network namespaces)" >&2; exit 1; }
 command -v ip >/dev/null || { echo "compare_udp.sh: needs ip (apt-get install -y iproute2)" >&2; exit 1; }
-cargo build --release -q -p shmhca --example udp_pingpong --example udp_bare_pingpong
+cargo build --release -q -p shmhca --example udp_bare_pingpong
 cargo build --release -q -p shmhca-bench --bin shmhca-perf
 PERF=${CARGO_TARGET_DIR:-target}/release/shmhca-perf
 EX=${CARGO_TARGET_DIR:-target}/release/examples
@@ -69,6 +69,19 @@ pingpong() {
     grep -o '[0-9.]* µs each' "$out/client" | cut -d' ' -f1
 }
 
+# shmhca-perf send_lat --roce -s SIZE (the figure issue 28's target names): prints the
+# mean round trip in microseconds (twice perftest's t_avg, which is half a round trip; the
+# bare ping-pongs report their mean too).
+perf_lat() {
+    ip netns exec "$A" "$PERF" send_lat --roce -s "$SIZE" -n "$ITERS" >"$out/server" 2>&1 &
+    local server=$!
+    sleep 0.5
+    timeout 300 ip netns exec "$B" "$PERF" send_lat --roce -s "$SIZE" -n "$ITERS" "$IPA" \
+        >"$out/client" 2>&1 || { echo "compare_udp.sh: shmhca-perf failed:" >&2; cat "$out/client" "$out/server" >&2; exit 1; }
+    wait "$server" || true
+    awk -v s="$SIZE" '$1 == s && NF >= 6 {printf "%.2f", 2 * $6}' "$out/client"
+}
+
 # Each round also runs the bare ping-pong with --acks (an Ack-sized datagram ahead of each
 # message: the four datagrams an RC round trip over RoCEv2 is, with nothing else), the line
 # for what the wire format itself costs.
@@ -79,12 +92,12 @@ spin=()
 for r in $(seq 1 "$ROUNDS"); do
     bare=$(pingpong udp_bare_pingpong "${spin[@]}")
     acks=$(pingpong udp_bare_pingpong "${spin[@]}" --acks)
-    roce=$(pingpong udp_pingpong)
+    roce=$(perf_lat)
     ratio=$(awk -v a="$roce" -v b="$bare" 'BEGIN {printf "%.2f", a / b}')
     aratio=$(awk -v a="$roce" -v b="$acks" 'BEGIN {printf "%.2f", a / b}')
     ratios+=("$ratio")
     aratios+=("$aratio")
-    echo "round $r: $SIZE-byte round trip: bare UDP $bare µs, bare with Acks $acks µs, shmhca RoCEv2 $roce µs; ratios $ratio and $aratio"
+    echo "round $r: $SIZE-byte round trip: bare UDP $bare µs, bare with Acks $acks µs, shmhca-perf send_lat --roce $roce µs; ratios $ratio and $aratio"
 done
 median() {
     sort -g | awk -v n="$ROUNDS" -v what="$1" -v cmp="$2" -v bound="$3" '{a[NR]=$1} END {m=a[int((NR+1)/2)]; met=(cmp == "le" ? m <= bound : m >= bound); printf "%s median %s (%s-%s) over %d rounds (target %s %s: %s)\n", what, m, a[1], a[NR], n, cmp, bound, (met ? "met" : "NOT met")}'

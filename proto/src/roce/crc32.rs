@@ -135,15 +135,6 @@ const X_INV_POW2: [u32; 32] = {
     t
 };
 
-/// `x^(-k) mod P`, by its binary expansion: at most 32 multiplications.
-pub(crate) fn x_pow_neg(k: u32) -> u32 {
-    X_INV_POW2
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| k & (1 << i) != 0)
-        .fold(ONE, |r, (_, &p)| mul_mod_p(r, p))
-}
-
 /// `X_POW2[i] = x^(2^i) mod P`.
 const X_POW2: [u32; 32] = {
     let mut t = [0u32; 32];
@@ -157,12 +148,29 @@ const X_POW2: [u32; 32] = {
 };
 
 /// `x^k mod P`, by its binary expansion: at most 32 multiplications.
-pub(crate) fn x_pow(k: u32) -> u32 {
-    X_POW2
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| k & (1 << i) != 0)
-        .fold(ONE, |r, (_, &p)| mul_mod_p(r, p))
+pub(crate) const fn x_pow(k: u32) -> u32 {
+    let mut r = ONE;
+    let mut i = 0;
+    while i < 32 {
+        if k & (1 << i) != 0 {
+            r = mul_mod_p(r, X_POW2[i]);
+        }
+        i += 1;
+    }
+    r
+}
+
+/// `x^(-k) mod P`, by its binary expansion: at most 32 multiplications.
+pub(crate) const fn x_pow_neg(k: u32) -> u32 {
+    let mut r = ONE;
+    let mut i = 0;
+    while i < 32 {
+        if k & (1 << i) != 0 {
+            r = mul_mod_p(r, X_INV_POW2[i]);
+        }
+        i += 1;
+    }
+    r
 }
 
 #[cfg(test)]

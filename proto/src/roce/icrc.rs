@@ -587,10 +587,7 @@ pub fn solve_ipv4_id(icrc_with_id_zero: u32, received: u32, transport_len: usize
     }
     // The final inversion cancels: the XOR of two ICRCs is the XOR of the raw registers.
     let delta = icrc_with_id_zero ^ received;
-    // Bits after the ID field, plus the x^32 every message bit is multiplied by. At most
-    // 8 · (22 + 65503) + 32: fits a u32.
-    let shift = 8 * (AFTER_IPV4_ID + transport_len) as u32 + 32;
-    let m = crc32::mul_mod_p(delta, crc32::x_pow_neg(shift));
+    let m = crc32::mul_mod_p(delta, id_factor(transport_len, false));
     // A solution has degree < 16: its coefficients of x^16 … x^31 (bits 15 … 0) are zero.
     if m & 0xFFFF != 0 {
         return None;
@@ -627,8 +624,45 @@ pub fn ipv4_id_delta(id: u16, transport_len: usize) -> u32 {
     // times x to the bits after the ID field (and the 32 of the register).
     let [hi, lo] = id.to_be_bytes();
     let m = (u32::from(hi) << 16) | (u32::from(lo) << 24);
+    crc32::mul_mod_p(m, id_factor(transport_len, true))
+}
+
+/// Whole-word transport lengths whose ID factors are tabled: every RoCEv2 packet of a 4096
+/// MTU (headers, payload and pad are whole words).
+const TABLED_WORDS: usize = 1041;
+
+/// `x^±(8·(22 + 4j) + 32) mod P` for `j < TABLED_WORDS`: the power of `x` an ID is
+/// multiplied by in the ICRC of a transport packet of `4j` bytes (bits after the ID field,
+/// plus the 32 of the register), and its inverse. Each entry is the one before times
+/// `x^±32`: one multiplication each, at compile time.
+const ID_FACTORS: [[u32; TABLED_WORDS]; 2] = {
+    let mut t = [[0u32; TABLED_WORDS]; 2];
+    let base = 8 * AFTER_IPV4_ID as u32 + 32;
+    t[0][0] = crc32::x_pow(base);
+    t[1][0] = crc32::x_pow_neg(base);
+    let (up, down) = (crc32::x_pow(32), crc32::x_pow_neg(32));
+    let mut j = 1;
+    while j < TABLED_WORDS {
+        t[0][j] = crc32::mul_mod_p(t[0][j - 1], up);
+        t[1][j] = crc32::mul_mod_p(t[1][j - 1], down);
+        j += 1;
+    }
+    t
+};
+
+/// `x^(8·(22 + transport_len) + 32) mod P`, or its inverse (`up` false): from the table
+/// for whole-word lengths up to 4160 bytes, else computed (at most 32 multiplications).
+fn id_factor(transport_len: usize, up: bool) -> u32 {
+    if transport_len.is_multiple_of(4) && transport_len / 4 < TABLED_WORDS {
+        return ID_FACTORS[usize::from(!up)][transport_len / 4];
+    }
+    // At most 8 · (22 + 65503) + 32: fits a u32.
     let shift = 8 * (AFTER_IPV4_ID + transport_len) as u32 + 32;
-    crc32::mul_mod_p(m, crc32::x_pow(shift))
+    if up {
+        crc32::x_pow(shift)
+    } else {
+        crc32::x_pow_neg(shift)
+    }
 }
 
 #[cfg(test)]
@@ -657,6 +691,21 @@ mod tests {
             }
         }
         assert_eq!(ipv4_id_delta(5, MAX_TRANSPORT_LEN_V4 + 1), 0);
+    }
+
+    /// The tabled ID factors are the powers computed one by one, at every tabled length,
+    /// and the untabled lengths (not whole words, or longer) are computed.
+    #[test]
+    fn the_id_factor_table_holds_the_powers_of_x() {
+        for len in (0..TABLED_WORDS * 4 + 9).chain([65_000, MAX_TRANSPORT_LEN_V4]) {
+            let shift = 8 * (AFTER_IPV4_ID + len) as u32 + 32;
+            assert_eq!(id_factor(len, true), crc32::x_pow(shift), "x^+ at {len}");
+            assert_eq!(
+                id_factor(len, false),
+                crc32::x_pow_neg(shift),
+                "x^- at {len}"
+            );
+        }
     }
 
     /// A RoCEv2 CNP (opcode 0x81) captured on a Mellanox ConnectX-4 Lx, as published with
