@@ -29,6 +29,7 @@ pub mod output;
 pub mod params;
 pub mod placement;
 pub mod process;
+pub mod pulse;
 pub mod report;
 pub mod roce;
 pub mod run;
