@@ -466,3 +466,19 @@ fn a_side_killed_during_the_run_ends_the_other_within_seconds() {
         }
     }
 }
+
+/// --help says what the exchange's TCP connection does during the run (the pulse) and
+/// what becomes of a connection that is not a client.
+#[test]
+fn help_says_what_the_pulse_is_and_that_strays_are_dropped() {
+    let o = Command::new(EXE).arg("--help").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let help = String::from_utf8_lossy(&o.stdout);
+    for says in [
+        "stays open during the run as the peer's pulse",
+        "the peer's process ended",
+        "drops a connection that sends no line of the exchange",
+    ] {
+        assert!(help.contains(says), "{says:?}:\n{help}");
+    }
+}
