@@ -410,10 +410,11 @@ fn a_client_of_a_silent_or_foreign_server_fails_in_bounded_time() {
 #[test]
 fn a_side_killed_during_the_run_ends_the_other_within_seconds() {
     let _s = serial();
-    for test in ["send_bw", "write_lat"] {
+    // (-e: the loops sleep on the completion channel rather than poll.)
+    for (test, events) in [("send_bw", false), ("write_lat", false), ("send_bw", true)] {
         for victim in ["server", "client"] {
             let port = free_port().to_string();
-            let common = [
+            let mut common = vec![
                 test,
                 "--roce",
                 "-D",
@@ -425,6 +426,10 @@ fn a_side_killed_during_the_run_ends_the_other_within_seconds() {
                 "-p",
                 &port,
             ];
+            if events {
+                common.push("-e");
+            }
+            let test = if events { "send_bw -e" } else { test };
             let mut s_args = common.to_vec();
             s_args.extend(["--bind", "127.0.62.1"]);
             let mut server = start(&[], &s_args);

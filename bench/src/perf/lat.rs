@@ -401,7 +401,8 @@ const EVENT_WAIT: Duration = Duration::from_millis(100);
 /// `-e`: nothing (the caller polls again).
 ///
 /// # Errors
-/// The engine refuses the arm or the wait.
+/// The engine refuses the arm or the wait; [`PerfError::PeerGone`] when a sleep brought
+/// nothing and `--roce`'s [pulse](crate::perf::pulse) says the peer's process ended.
 #[inline]
 pub(crate) fn sleep_for_completions(
     channel: &mut Option<CompChannel>,
@@ -419,7 +420,13 @@ pub(crate) fn sleep_for_completions(
     }
     ch.get_event(Some(EVENT_WAIT))
         .map_err(PerfError::engine("waiting on the completion channel"))?;
-    Ok(cq.poll(wcs))
+    let c = cq.poll(wcs);
+    if c == 0 {
+        // A sleep that brought nothing: the loop is idle, and its liveness check comes
+        // only every so many of these — a look at `--roce`'s pulse now.
+        crate::perf::pulse::check()?;
+    }
+    Ok(c)
 }
 
 /// Polls until a receive completes (sends' completions are retired on the way); with `-e`
