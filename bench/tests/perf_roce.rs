@@ -2,7 +2,9 @@
 //! tests with `--check` over RoCEv2 — between two loopback addresses (no root needed), and,
 //! as root, between two network namespaces joined by a veth pair that the test makes
 //! (198.18.0.1/30 and 198.18.0.2/30; it skips with one line otherwise) — and the errors a
-//! user meets: no server, different parameters.
+//! user meets: no server, different parameters, a silent or foreign server; stray TCP
+//! connections the server drops; and the pulse: either side killed mid-run ends the other
+//! within seconds.
 
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;

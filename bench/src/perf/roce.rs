@@ -176,7 +176,7 @@ fn accept_client(l: &TcpListener, stray_wait: Duration) -> Result<(Wire, String)
 struct Wire {
     /// Written to (and the pulse afterwards).
     w: TcpStream,
-    /// Read from (at most [`MAX_LINE`] bytes a line... and in all).
+    /// Read from (at most [`MAX_LINE`] bytes in all: the exchange's three lines).
     r: BufReader<Take<TcpStream>>,
     /// The peer, for errors ("the server at ADDR").
     who: String,
