@@ -2,8 +2,12 @@
 //! tests with `--check` over RoCEv2 — between two loopback addresses (no root needed), and,
 //! as root, between two network namespaces joined by a veth pair that the test makes
 //! (198.18.0.1/30 and 198.18.0.2/30; it skips with one line otherwise) — and the errors a
-//! user meets: no server, different parameters.
+//! user meets: no server, different parameters, a silent or foreign server; stray TCP
+//! connections the server drops; and the pulse: either side killed mid-run ends the other
+//! within seconds.
 
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -269,5 +273,229 @@ fn the_eight_tests_check_every_byte_over_rocev2_across_a_veth_pair() {
             );
             assert!(out.contains(" Mtu             : 1024[B]"), "{t:?}: {out}");
         }
+    }
+}
+
+/// Connects to `port` on `ip`, retrying while the server starts (at most `limit`).
+fn connect_when_listening(ip: &str, port: u16, limit: Duration) -> TcpStream {
+    let t = Instant::now();
+    loop {
+        match TcpStream::connect((ip, port)) {
+            Ok(s) => return s,
+            Err(e) if t.elapsed() > limit => panic!("nobody listens on {ip}:{port}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Reads `s` until the server drops it (EOF or reset), at most `limit`; what it sent.
+fn until_dropped(mut s: TcpStream, limit: Duration, what: &str) -> Vec<u8> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    match s.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the server kept {what} for {limit:?}: {e}"),
+    }
+    got
+}
+
+/// Connections that are not a client — one silent, one speaking another protocol (HTTP),
+/// one sending bytes with no line and closing — are dropped, each with one line, and the
+/// server then runs with the real client that comes after them.
+#[test]
+fn stray_tcp_connections_are_dropped_and_the_server_goes_on_waiting() {
+    let _s = serial();
+    let port = free_port();
+    let ps = port.to_string();
+    let server = start(
+        &[],
+        &[
+            "send_lat",
+            "--roce",
+            "--check",
+            "-n",
+            "200",
+            "-p",
+            &ps,
+            "--connect-timeout",
+            "2",
+            "--bind",
+            "127.0.62.1",
+        ],
+    );
+    let silent = connect_when_listening("127.0.62.1", port, Duration::from_secs(30));
+    let mut http = TcpStream::connect(("127.0.62.1", port)).unwrap();
+    http.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut garbage = TcpStream::connect(("127.0.62.1", port)).unwrap();
+    garbage.write_all(&[0, 0xff, 0x13, b'x', b'y']).unwrap();
+    garbage.shutdown(std::net::Shutdown::Write).unwrap();
+    for (s, what) in [
+        (silent, "a silent connection"),
+        (http, "an HTTP request"),
+        (garbage, "bytes with no line"),
+    ] {
+        let got = until_dropped(s, Duration::from_secs(30), what);
+        assert!(got.is_empty(), "{what} was answered: {got:?}");
+    }
+    let client = finish(
+        start(
+            &[],
+            &[
+                "send_lat",
+                "--roce",
+                "--check",
+                "-n",
+                "200",
+                "-p",
+                &ps,
+                "--bind",
+                "127.0.62.2",
+                "127.0.62.1",
+            ],
+        ),
+        Duration::from_secs(120),
+    );
+    let server = finish(
+        server,
+        Duration::from_secs(if client.status.success() { 60 } else { 5 }),
+    );
+    assert!(
+        server.status.success() && client.status.success(),
+        "server: {}\nclient: {}",
+        text(&server),
+        text(&client)
+    );
+    let err = String::from_utf8_lossy(&server.stderr);
+    let ignored = err.lines().filter(|l| l.contains("ignored")).count();
+    assert_eq!(ignored, 3, "{err}");
+}
+
+/// A client whose server accepts the TCP connection but says nothing (or speaks another
+/// protocol) fails within its --connect-timeout, saying so.
+#[test]
+fn a_client_of_a_silent_or_foreign_server_fails_in_bounded_time() {
+    let _s = serial();
+    for (answer, says) in [
+        (&b""[..], "sent nothing"),
+        (&b"SSH-2.0-OpenSSH_9.6\r\n"[..], "not shmhca-perf --roce"),
+    ] {
+        let l = std::net::TcpListener::bind("127.0.62.1:0").unwrap();
+        let port = l.local_addr().unwrap().port().to_string();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.write_all(answer).unwrap();
+            until_dropped(s, Duration::from_secs(60), "the client");
+        });
+        let t = Instant::now();
+        let c = finish(
+            start(
+                &[],
+                &[
+                    "send_lat",
+                    "--roce",
+                    "-p",
+                    &port,
+                    "--connect-timeout",
+                    "2",
+                    "--bind",
+                    "127.0.62.2",
+                    "127.0.62.1",
+                ],
+            ),
+            Duration::from_secs(60),
+        );
+        let took = t.elapsed();
+        fake.join().unwrap();
+        assert!(!c.status.success(), "{}", text(&c));
+        assert!(took < Duration::from_secs(20), "{took:?}: {}", text(&c));
+        let err = String::from_utf8_lossy(&c.stderr);
+        assert!(err.contains(says), "{says:?}: {err}");
+    }
+}
+
+/// One side killed (SIGKILL) during a run: the other learns it from the exchange's TCP
+/// connection closing and exits with an error naming the peer's end, within seconds. The
+/// old ways out are made long here: no --idle-timeout, and a 4.3 s transport timer
+/// (`-u 20`: 8 tries, over 30 s) — a receive-only side would wait forever.
+#[test]
+fn a_side_killed_during_the_run_ends_the_other_within_seconds() {
+    let _s = serial();
+    // (-e: the loops sleep on the completion channel rather than poll.)
+    for (test, events) in [("send_bw", false), ("write_lat", false), ("send_bw", true)] {
+        for victim in ["server", "client"] {
+            let port = free_port().to_string();
+            let mut common = vec![
+                test,
+                "--roce",
+                "-D",
+                "300",
+                "--idle-timeout",
+                "0",
+                "-u",
+                "20",
+                "-p",
+                &port,
+            ];
+            if events {
+                common.push("-e");
+            }
+            let test = if events { "send_bw -e" } else { test };
+            let mut s_args = common.to_vec();
+            s_args.extend(["--bind", "127.0.62.1"]);
+            let mut server = start(&[], &s_args);
+            std::thread::sleep(Duration::from_millis(300));
+            let mut c_args = common.to_vec();
+            c_args.extend(["--bind", "127.0.62.2", "127.0.62.1"]);
+            let mut client = start(&[], &c_args);
+            // Mid-run: the client has printed its table's head (the run started), and a
+            // second more.
+            let mut lines = std::io::BufReader::new(client.stdout.take().unwrap()).lines();
+            let started = lines.any(|l| l.is_ok_and(|l| l.contains("#bytes")));
+            std::thread::sleep(Duration::from_secs(1));
+            let (victim_child, other) = if victim == "server" {
+                (&mut server, client)
+            } else {
+                (&mut client, server)
+            };
+            if !started {
+                let _ = victim_child.kill();
+                let o = finish(other, Duration::from_secs(5));
+                panic!("{test}: the run did not start: {}", text(&o));
+            }
+            victim_child.kill().unwrap();
+            let _ = victim_child.wait();
+            let t = Instant::now();
+            let o = finish(other, Duration::from_secs(60));
+            let took = t.elapsed();
+            // (The other side's stdout may have been taken above.)
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{test}, {victim} killed: {err}");
+            assert!(
+                took < Duration::from_secs(20),
+                "{test}, {victim} killed: the other took {took:?}: {err}"
+            );
+            assert!(
+                err.contains(&format!("the {victim}'s process ended")),
+                "{test}, {victim} killed: {err}"
+            );
+        }
+    }
+}
+
+/// --help says what the exchange's TCP connection does during the run (the pulse) and
+/// what becomes of a connection that is not a client.
+#[test]
+fn help_says_what_the_pulse_is_and_that_strays_are_dropped() {
+    let o = Command::new(EXE).arg("--help").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let help = String::from_utf8_lossy(&o.stdout);
+    for says in [
+        "stays open during the run as the peer's pulse",
+        "the peer's process ended",
+        "drops a connection that sends no line of the exchange",
+    ] {
+        assert!(help.contains(says), "{says:?}:\n{help}");
     }
 }

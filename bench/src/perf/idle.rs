@@ -1,6 +1,7 @@
 //! `--idle-timeout`: a side that hears nothing from its peer for that long ends the run
 //! with [`PerfError::PeerIdle`] instead of waiting forever. A peer that died is noticed
-//! sooner (its QPs leave RTS); this catches one that is stopped (`SIGSTOP`, a debugger) or
+//! sooner (its QPs leave RTS; with `--roce`, its [pulse](crate::perf::pulse) stops at once);
+//! this catches one that is stopped (`SIGSTOP`, a debugger) or
 //! hung, whose QPs stay connected but which sends nothing — a receive-only side (the
 //! server of `send_bw`, `write_bw`, `read_bw`, `atomic_bw`) would otherwise wait forever.
 //!
@@ -77,15 +78,18 @@ impl IdleWatch {
     /// One more turn of the wait.
     ///
     /// # Errors
-    /// [`PerfError::PeerIdle`] once `ctx` has received no packet for the limit.
+    /// [`PerfError::PeerIdle`] once `ctx` has received no packet for the limit;
+    /// [`PerfError::PeerGone`] once `--roce`'s [pulse](crate::perf::pulse) says the peer's
+    /// process ended.
     pub fn check(&mut self, ctx: &Context) -> Result<(), PerfError> {
-        let Some(limit) = self.limit else {
-            return Ok(());
-        };
         self.calls = self.calls.wrapping_add(1);
         if self.calls % CHECK_EVERY != 0 {
             return Ok(());
         }
+        crate::perf::pulse::check()?;
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
         let packets = ctx.stats().packets_received;
         if packets != self.packets {
             self.packets = packets;

@@ -23,8 +23,9 @@ use crate::perf::stats::LatRecorder;
 /// Empty polls between two checks that the QP is still connected.
 const LIVENESS_EVERY: u32 = 1 << 16;
 
-/// Counts a loop's empty polls and, every [`LIVENESS_EVERY`] of them, checks that its QPs
-/// are still connected (a peer that died leaves them in the Error state) and that the loop
+/// Counts a loop's empty polls and, every [`LIVENESS_EVERY`] of them, checks that the
+/// peer's process is there (`--roce`'s [pulse](crate::perf::pulse)), that its QPs are still
+/// connected (a peer that died leaves them in the Error state) and that the loop
 /// has not been idle for longer than `--idle-timeout` (a stopped or hung peer).
 #[derive(Debug, Default)]
 pub(crate) struct Liveness {
@@ -37,7 +38,8 @@ impl Liveness {
     /// One more empty poll.
     ///
     /// # Errors
-    /// [`PerfError::PeerGone`] if a QP has left RTS, [`PerfError::PeerIdle`] once the
+    /// [`PerfError::PeerGone`] if the peer's process ended or a QP has left RTS,
+    /// [`PerfError::PeerIdle`] once the
     /// loop has been idle for longer than `--idle-timeout`.
     #[inline]
     pub(crate) fn idle<'q>(
@@ -46,6 +48,7 @@ impl Liveness {
     ) -> Result<(), PerfError> {
         self.polls = self.polls.wrapping_add(1);
         if self.polls % LIVENESS_EVERY == 0 {
+            crate::perf::pulse::check()?;
             for qp in qps {
                 check_alive(qp)?;
             }
@@ -398,7 +401,8 @@ const EVENT_WAIT: Duration = Duration::from_millis(100);
 /// `-e`: nothing (the caller polls again).
 ///
 /// # Errors
-/// The engine refuses the arm or the wait.
+/// The engine refuses the arm or the wait; [`PerfError::PeerGone`] when a sleep brought
+/// nothing and `--roce`'s [pulse](crate::perf::pulse) says the peer's process ended.
 #[inline]
 pub(crate) fn sleep_for_completions(
     channel: &mut Option<CompChannel>,
@@ -416,7 +420,13 @@ pub(crate) fn sleep_for_completions(
     }
     ch.get_event(Some(EVENT_WAIT))
         .map_err(PerfError::engine("waiting on the completion channel"))?;
-    Ok(cq.poll(wcs))
+    let c = cq.poll(wcs);
+    if c == 0 {
+        // A sleep that brought nothing: the loop is idle, and its liveness check comes
+        // only every so many of these — a look at `--roce`'s pulse now.
+        crate::perf::pulse::check()?;
+    }
+    Ok(c)
 }
 
 /// Polls until a receive completes (sends' completions are retired on the way); with `-e`

@@ -16,7 +16,10 @@
 //! per-size barriers, warm-up and measurement), [`output`] (what the client prints and
 //! writes), [`process`] (the self-spawned peer and clean-up on every path), [`placement`]
 //! (which core each thread gets, and the warning when spinning threads outnumber cores),
-//! [`run`] (the program and its roles).
+//! [`roce`] (`--roce`: the two sides on two hosts, set up over a TCP exchange), [`pulse`]
+//! (`--roce`'s TCP connection kept open as the peer's pulse: its early close says the
+//! peer's process ended, and ends this side's waits at once), [`run`] (the program and its
+//! roles).
 
 pub mod bw;
 pub mod check;
@@ -29,6 +32,7 @@ pub mod output;
 pub mod params;
 pub mod placement;
 pub mod process;
+pub mod pulse;
 pub mod report;
 pub mod roce;
 pub mod run;

@@ -333,7 +333,12 @@ pub struct Cli {
     /// Run between two hosts over RoCEv2 (UDP 4791): `shmhca-perf TEST --roce` on the
     /// server, `shmhca-perf TEST --roce HOST` on the client, as perftest is split. The sides
     /// exchange their parameters and QPs over TCP (`-p`), and each binds its UDP port on
-    /// the address the TCP connection uses (or `--bind`).
+    /// the address the TCP connection uses (or `--bind`). The TCP connection stays open
+    /// during the run as the peer's pulse: if it closes before the end, the peer's process
+    /// ended, and this side stops at once saying so (not after its transport retries or
+    /// --idle-timeout). The server drops a connection that sends no line of the exchange
+    /// within half --connect-timeout (a port scanner, another program), with one line, and
+    /// goes on waiting for its client.
     #[arg(long = "roce")]
     pub roce: bool,
     /// With --roce: this side's address for RoCEv2 (default: the TCP connection's).
@@ -489,7 +494,8 @@ pub struct Cli {
     /// Show progress on stderr once a measurement has run this many seconds (default 2).
     #[arg(long = "progress-after", value_name = "SECONDS")]
     pub progress_after: Option<u64>,
-    /// Seconds to wait for the peer to connect (default 10).
+    /// Seconds to wait for the peer to connect (default 10); with --roce, for each step of
+    /// the TCP exchange.
     #[arg(long = "connect-timeout", value_name = "SECONDS")]
     pub connect_timeout: Option<u64>,
     /// End with an error when the peer has sent nothing for this many seconds (it is

@@ -1,19 +1,32 @@
 //! `--roce`: the two sides on two hosts, over RoCEv2 (UDP 4791), split as perftest is:
 //! the server waits for a client on TCP (`-p`, 18515), the client connects to HOST.
 //!
-//! Over that TCP connection each side writes one line, `shmhca-perf roce 1 ADDR PARAMS
-//! QPS`: the address its RoCEv2 port is bound to, its run parameters (the same encoding the connection manager's private data carries,
-//! in hex: the server checks them against its own, the peer's buffer address and key
-//! among them), then the QPN and start PSN of its control QP and of each data QP. Each
-//! side binds a `UdpPort` on the address its end of the TCP connection uses (or
-//! `--bind`), takes its QPs to RTS towards the peer's, and writes `ready`; once it has
-//! read the peer's `ready`, the run starts, on the control QP as between processes.
-//! Everything read from the peer is checked (length, format, count, values) and every
-//! wait is bounded.
+//! Over that TCP connection each side writes one line, `shmhca-perf roce 2 ADDR PARAMS
+//! QPS`: the address its RoCEv2 port is bound to, its run parameters (the same encoding the
+//! connection manager's private data carries, in hex: the server checks them against its
+//! own, the peer's buffer address and key among them), then the QPN and start PSN of its
+//! control QP and of each data QP. The client writes first; the server answers once it has
+//! read a line of this exchange. Each side binds a `UdpPort` on the address its end of the
+//! TCP connection uses (or `--bind`), takes its QPs to RTS towards the peer's, and writes
+//! `ready`; once it has read the peer's `ready`, the run starts, on the control QP as
+//! between processes. Everything read from the peer is checked (length, format, count,
+//! values) and every wait is bounded (`--connect-timeout`).
+//!
+//! A connection to the server that is not a client — silent for half of
+//! `--connect-timeout` (at least 1 s), closed before a whole line, or a line of another
+//! program — is dropped with one line on stderr, unanswered, and the server goes on waiting
+//! for its client (as long as it takes, as perftest's server): a port scanner or a health
+//! check does not end the run.
+//!
+//! After `ready` the TCP connection stays open as the peer's pulse (see
+//! [`pulse`](crate::perf::pulse)): its closing before the run's end (EOF or reset, without
+//! the peer's `bye`) says the peer's process ended, and this side's waits and loops end at
+//! their next idle check, saying so, instead of at the transport retries' end or
+//! `--idle-timeout`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read, Take, Write};
 use std::net::{IpAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shmhca::{Mtu, Qp, QpAttr, QpState, Qpn, UdpPort};
 
@@ -23,8 +36,10 @@ use crate::perf::opts::{Options, Role};
 use crate::perf::params::RunParams;
 use crate::perf::setup::{self, DataQp, Resources, Side};
 
-/// The first words of the exchange line.
-const MAGIC: &str = "shmhca-perf roce 1";
+/// What every line of the exchange starts with, whatever its version.
+const FAMILY: &str = "shmhca-perf roce ";
+/// The first words of this version's exchange line (2: the pulse's `bye`).
+const MAGIC: &str = "shmhca-perf roce 2";
 /// The longest exchange line read (the parameters and 1 + 1024 QPs fit well within).
 const MAX_LINE: u64 = 64 << 10;
 
@@ -35,7 +50,7 @@ const MAX_LINE: u64 = 64 << 10;
 /// parameters, or a QP cannot be connected (the error says which and why).
 pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
     let limit = Duration::from_secs(opts.connect_timeout.max(1));
-    let (stream, bind) = match &opts.role {
+    let (mut wire, first, bind, peer_role) = match &opts.role {
         Role::RoceServer { port, bind } => {
             let l = TcpListener::bind((IpAddr::from([0u16; 8]), *port))
                 .or_else(|_| TcpListener::bind((IpAddr::from([0u8; 4]), *port)))
@@ -44,8 +59,8 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
                 "shmhca-perf: {} server waiting for a client on TCP port {port} (--roce)",
                 opts.test.name()
             );
-            let (s, _) = l.accept().map_err(PerfError::io("accepting the client"))?;
-            (s, *bind)
+            let (wire, line) = accept_client(&l, (limit / 2).max(Duration::from_secs(1)))?;
+            (wire, Some(line), *bind, "client")
         }
         Role::RoceClient { host, port, bind } => {
             let addrs: Vec<_> = (host.as_str(), *port)
@@ -61,15 +76,12 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
                         limit.as_secs()
                     ))
                 })?;
-            (s, *bind)
+            let who = format!("the server at {}", canonical_addr(s.peer_addr()));
+            (Wire::new(s, who)?, None, *bind, "server")
         }
         _ => return Err(PerfError::Usage("--roce: not a RoCE role".into())),
     };
-    stream
-        .set_read_timeout(Some(limit))
-        .map_err(PerfError::io("the TCP connection"))?;
-    let local = bind.unwrap_or_else(|| canonical(stream.local_addr().map(|a| a.ip())));
-    let tcp_peer = canonical(stream.peer_addr().map(|a| a.ip()));
+    let local = bind.unwrap_or_else(|| canonical(wire.w.local_addr().map(|a| a.ip())));
     let port = UdpPort::bind(&res.ctx, local)
         .map_err(PerfError::engine(format!("binding RoCEv2 on {local}")))?;
     let mtu = Mtu::from_bytes(path_mtu(opts.mtu, &port))
@@ -95,24 +107,28 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
         line.push_str(&format!(" {:x}:{p:x}", q.qpn().get()));
     }
     line.push('\n');
-    let mut w = stream
-        .try_clone()
-        .map_err(PerfError::io("the TCP connection"))?;
-    w.write_all(line.as_bytes())
-        .map_err(PerfError::io("sending this side's parameters"))?;
-    let mut r = BufReader::new(stream.take(MAX_LINE));
-    let who = format!("the peer at {tcp_peer}");
-    let theirs = read_line(&mut r, &who)?;
-    let (peer_ip, peer, remote) = parse(&theirs, qps.len(), &who)?;
+    // (The server answers whatever the client's parameters: a client with other ones then
+    // names the differences too.)
+    wire.send(line.as_bytes(), "this side's parameters")?;
+    let theirs = match first {
+        Some(l) => l,
+        None => wire.line(limit, "its parameters")?,
+    };
+    let (peer_ip, peer, remote) = parse(&theirs, qps.len(), &wire.who)?;
     mine.check_peer(&peer)?;
     for ((qp, psn), (rqpn, rpsn)) in qps.iter_mut().zip(&psns).zip(&remote) {
         connect(qp, &port, peer_ip, *rqpn, *rpsn, *psn, mtu, opts)?;
     }
-    w.write_all(b"ready\n")
-        .map_err(PerfError::io("sending ready"))?;
-    if read_line(&mut r, &who)? != "ready" {
-        return Err(PerfError::NotPerf(format!("{who} did not say ready")));
+    wire.send(b"ready\n", "ready")?;
+    if wire.line(limit, "its QPs to be ready")? != "ready" {
+        return Err(PerfError::NotPerf(format!(
+            "{} did not say ready",
+            wire.who
+        )));
     }
+    // From here the connection is the peer's pulse (what was read past `ready` with it).
+    let early = wire.r.buffer().to_vec();
+    let pulse = crate::perf::pulse::arm(wire.w, peer_role, &early)?;
     let mut qps = qps.into_iter().map(DataQp::Own);
     let mut ctl = Control::new(qps.next().expect("the control QP"), ccq, cmr);
     ctl.post_slots()?;
@@ -124,6 +140,7 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
         exchange: "RoCEv2 (UDP 4791; TCP exchange)",
         rss_after_kib: crate::perf::stats::rss_kib(),
         udp: Some(port),
+        pulse: Some(pulse),
     })
 }
 
@@ -136,27 +153,186 @@ pub(crate) fn path_mtu(requested: u32, port: &UdpPort) -> u32 {
     }
 }
 
+/// Accepts connections on `l` until one sends a line of this exchange within `stray_wait`
+/// (its first line, read); drops the others (see the module's doc) with one line each.
+///
+/// # Errors
+/// Accepting fails.
+fn accept_client(l: &TcpListener, stray_wait: Duration) -> Result<(Wire, String), PerfError> {
+    loop {
+        let (s, from) = l.accept().map_err(PerfError::io("accepting the client"))?;
+        let from = std::net::SocketAddr::new(from.ip().to_canonical(), from.port());
+        let mut wire = Wire::new(s, format!("the client at {from}"))?;
+        let why = match wire.read_line(Instant::now() + stray_wait) {
+            Ok(line) if line.starts_with(FAMILY) => return Ok((wire, line)),
+            Ok(line) => format!(
+                "it sent {:?}, not shmhca-perf --roce's exchange",
+                line.chars().take(40).collect::<String>()
+            ),
+            Err(e) => format!("it {e}"),
+        };
+        eprintln!(
+            "shmhca-perf: ignored a TCP connection from {from} ({why}); still waiting for a client"
+        );
+    }
+}
+
+/// One side's end of the exchange's TCP connection.
+struct Wire {
+    /// Written to (and the pulse afterwards).
+    w: TcpStream,
+    /// Read from (at most [`MAX_LINE`] bytes in all: the exchange's three lines).
+    r: BufReader<Take<TcpStream>>,
+    /// The peer, for errors ("the server at ADDR").
+    who: String,
+}
+
+/// Why no line came.
+#[derive(Debug)]
+enum LineError {
+    /// Nothing for this long.
+    Silent(Duration),
+    /// Part of a line, then nothing for this long.
+    Partial(usize, Duration),
+    /// The connection closed after this many bytes.
+    Closed(usize),
+    /// More than [`MAX_LINE`] bytes and no end of line.
+    TooLong,
+    /// The connection failed.
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for LineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LineError::Silent(t) => write!(f, "sent nothing for {:.1} s", t.as_secs_f64()),
+            LineError::Partial(n, t) => write!(
+                f,
+                "sent {n} bytes and no end of line for {:.1} s",
+                t.as_secs_f64()
+            ),
+            LineError::Closed(0) => write!(f, "closed the connection without a word"),
+            LineError::Closed(n) => {
+                write!(
+                    f,
+                    "closed the connection after {n} bytes, before the line's end"
+                )
+            }
+            LineError::TooLong => write!(f, "sent more than {MAX_LINE} bytes without a line's end"),
+            LineError::Io(e) => write!(f, "failed: {e}"),
+        }
+    }
+}
+
+impl Wire {
+    fn new(s: TcpStream, who: String) -> Result<Wire, PerfError> {
+        let what = || format!("the TCP connection with {who}");
+        let _ = s.set_nodelay(true);
+        s.set_write_timeout(Some(Duration::from_secs(10)))
+            .map_err(PerfError::io(what()))?;
+        let r = s.try_clone().map_err(PerfError::io(what()))?;
+        Ok(Wire {
+            w: s,
+            r: BufReader::new(r.take(MAX_LINE)),
+            who,
+        })
+    }
+
+    fn send(&mut self, b: &[u8], what: &str) -> Result<(), PerfError> {
+        self.w
+            .write_all(b)
+            .map_err(PerfError::io(format!("sending {what} to {}", self.who)))
+    }
+
+    /// The peer's next line, waiting at most `limit` for it, while this side waits for
+    /// `step` ("its parameters").
+    fn line(&mut self, limit: Duration, step: &str) -> Result<String, PerfError> {
+        self.read_line(Instant::now() + limit).map_err(|e| {
+            let hint = match e {
+                LineError::Silent(_) | LineError::Partial(..) => {
+                    "; is it shmhca-perf TEST --roce of this version? --connect-timeout SECS waits longer"
+                }
+                LineError::Closed(_) => " (its own error says why)",
+                _ => "",
+            };
+            PerfError::Peer(format!(
+                "{} {e} while this side waited for {step}{hint}",
+                self.who
+            ))
+        })
+    }
+
+    /// One line, without its newline, by `deadline` (however the peer trickles it).
+    fn read_line(&mut self, deadline: Instant) -> Result<String, LineError> {
+        let start = Instant::now();
+        let mut line = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let waited = start.elapsed();
+            if left.is_zero() {
+                return Err(if line.is_empty() {
+                    LineError::Silent(waited)
+                } else {
+                    LineError::Partial(line.len(), waited)
+                });
+            }
+            self.r
+                .get_ref()
+                .get_ref()
+                .set_read_timeout(Some(left))
+                .map_err(LineError::Io)?;
+            let buf = match self.r.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(LineError::Io(e)),
+            };
+            if buf.is_empty() {
+                return Err(if self.r.get_ref().limit() == 0 {
+                    LineError::TooLong
+                } else {
+                    LineError::Closed(line.len())
+                });
+            }
+            match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    line.extend_from_slice(&buf[..i]);
+                    self.r.consume(i + 1);
+                    let s = String::from_utf8_lossy(&line);
+                    return Ok(s.trim_end().to_string());
+                }
+                None => {
+                    let n = buf.len();
+                    line.extend_from_slice(buf);
+                    self.r.consume(n);
+                }
+            }
+        }
+    }
+}
+
 /// An address as IPv4 when it is an IPv4-mapped IPv6 one (a dual-stack listener's view).
 fn canonical(a: std::io::Result<IpAddr>) -> IpAddr {
     a.map_or(IpAddr::from([127, 0, 0, 1]), |ip| ip.to_canonical())
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// A socket address as [`canonical`] has it, for messages.
+fn canonical_addr(a: std::io::Result<std::net::SocketAddr>) -> String {
+    a.map_or_else(
+        |_| "its address".into(),
+        |a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()).to_string(),
+    )
 }
 
-/// One line from the peer, without its newline.
-fn read_line(r: &mut impl BufRead, who: &str) -> Result<String, PerfError> {
-    let mut s = String::new();
-    let n = r
-        .read_line(&mut s)
-        .map_err(|e| PerfError::Peer(format!("{who}: reading its line: {e}")))?;
-    if n == 0 || !s.ends_with('\n') {
-        return Err(PerfError::Peer(format!(
-            "{who} closed the connection (or sent more than {MAX_LINE} bytes) before its line ended"
-        )));
-    }
-    Ok(s.trim_end().to_string())
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// What a peer's line says: its RoCEv2 address, its parameters, and `(QPN, PSN)` of each
@@ -165,12 +341,22 @@ type PeerLine = (IpAddr, RunParams, Vec<(u32, u32)>);
 
 /// The peer's line, which must name `want` QPs.
 fn parse(line: &str, want: usize, who: &str) -> Result<PeerLine, PerfError> {
-    let rest = line.strip_prefix(MAGIC).ok_or_else(|| {
-        PerfError::NotPerf(format!(
-            "{who} is not shmhca-perf --roce (it sent {:?})",
-            line.chars().take(40).collect::<String>()
-        ))
-    })?;
+    let Some(rest) = line
+        .strip_prefix(MAGIC)
+        .filter(|r| r.is_empty() || r.starts_with(' '))
+    else {
+        return Err(PerfError::NotPerf(match line.strip_prefix(FAMILY) {
+            Some(v) => format!(
+                "{who} speaks shmhca-perf --roce exchange version {:?}, this build speaks {:?}: run the same version on both hosts",
+                v.split_whitespace().next().unwrap_or(""),
+                &MAGIC[FAMILY.len()..]
+            ),
+            None => format!(
+                "{who} is not shmhca-perf --roce (it sent {:?})",
+                line.chars().take(40).collect::<String>()
+            ),
+        }));
+    };
     let mut f = rest.split_whitespace();
     let bad = |what: &str| PerfError::NotPerf(format!("{who} sent a malformed line: {what}"));
     let ip: IpAddr = f
@@ -251,11 +437,12 @@ mod tests {
         let who = "the peer";
         for (line, says) in [
             ("hello", "not shmhca-perf --roce"),
-            ("shmhca-perf roce 1", "no RoCEv2 address"),
-            ("shmhca-perf roce 1 0.0.0.0 00", "no RoCEv2 address"),
-            ("shmhca-perf roce 1 10.0.0.1", "no parameters"),
-            ("shmhca-perf roce 1 10.0.0.1 zz", "not hex"),
-            ("shmhca-perf roce 1 10.0.0.1 abc", "not hex bytes"),
+            ("shmhca-perf roce 2", "no RoCEv2 address"),
+            ("shmhca-perf roce 1 10.0.0.1 00", "version \"1\""),
+            ("shmhca-perf roce 2 0.0.0.0 00", "no RoCEv2 address"),
+            ("shmhca-perf roce 2 10.0.0.1", "no parameters"),
+            ("shmhca-perf roce 2 10.0.0.1 zz", "not hex"),
+            ("shmhca-perf roce 2 10.0.0.1 abc", "not hex bytes"),
         ] {
             let e = parse(line, 1, who).unwrap_err().to_string();
             assert!(e.contains(says), "{line:?}: {e}");

@@ -18,6 +18,10 @@ use crate::perf::stats::{BwClock, BwStats, TimedClock};
 /// responder refused learns the reason from its completion and sends it at once.
 const PEER_REASON_WAIT: Duration = Duration::from_secs(2);
 
+/// The same wait when the peer's process is known to have ended (`--roce`'s pulse): its
+/// abort message, if any, is here already.
+const LOST_REASON_WAIT: Duration = Duration::from_millis(100);
+
 /// How long a failing side waits for the peer to acknowledge its abort message.
 const ABORT_SETTLE: Duration = Duration::from_millis(500);
 
@@ -47,13 +51,33 @@ fn after_failure(side: &mut Side, e: PerfError) -> PerfError {
         Some(l) => format!("{text}; on this side: {l}"),
         None => text,
     };
+    // With --roce, a peer whose process ended is known at once (its pulse stopped): its
+    // abort message, if it sent one, came before that, so a short look for it is enough;
+    // nobody is left to tell; and whatever failed here failed because of it.
+    let lost = crate::perf::pulse::lost();
+    let (e, reason_wait) = match (e, &lost) {
+        (e @ PerfError::PeerFailed(_), _) | (e, None) => (e, PEER_REASON_WAIT),
+        (PerfError::PeerGone(seen), Some(why)) if seen == *why => {
+            (PerfError::PeerGone(seen), LOST_REASON_WAIT)
+        }
+        (PerfError::PeerGone(seen), Some(why)) => (
+            PerfError::PeerGone(format!("{why}; here: {seen}")),
+            LOST_REASON_WAIT,
+        ),
+        (e, Some(why)) => (
+            PerfError::PeerGone(format!("{why}; here: {e}")),
+            LOST_REASON_WAIT,
+        ),
+    };
     match e {
         PerfError::PeerFailed(text) => PerfError::PeerFailed(with_local(text)),
-        PerfError::PeerGone(seen) => match side.ctl.peer_abort(PEER_REASON_WAIT) {
+        PerfError::PeerGone(seen) => match side.ctl.peer_abort(reason_wait) {
             Some(text) => PerfError::PeerFailed(with_local(text)),
             None => {
                 let e = PerfError::PeerGone(with_local(seen));
-                side.ctl.abort(&e.to_string(), ABORT_SETTLE);
+                if lost.is_none() {
+                    side.ctl.abort(&e.to_string(), ABORT_SETTLE);
+                }
                 e
             }
         },
@@ -224,15 +248,22 @@ fn sizes(
         }
     }
     // Goodbye: the server waits for it, so neither side closes its connections while the
-    // other still expects a message.
+    // other still expects a message. With --roce each side then says `bye` on its pulse
+    // (the client once its goodbye is acknowledged), so that closing it is no failure.
     let fin = 2 * opts.sizes.len() as u32;
     if client {
         side.ctl.send(fin, 0)?;
         side.ctl.settle(Duration::from_secs(2));
+        if let Some(p) = &side.pulse {
+            p.bye();
+        }
     } else {
         let mut watch = IdleWatch::new(&side.res.ctx, "waiting for the client's goodbye");
         let ctx = &side.res.ctx;
         side.ctl.wait(fin, || watch.check(ctx))?;
+        if let Some(p) = &side.pulse {
+            p.bye();
+        }
         side.ctl.settle(Duration::from_millis(100));
     }
     Ok(())

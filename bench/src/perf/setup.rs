@@ -270,6 +270,9 @@ pub struct Side {
     pub rss_after_kib: u64,
     /// The RoCEv2 port the QPs run over (`--roce`), kept as long as they are.
     pub udp: Option<shmhca::UdpPort>,
+    /// `--roce`: the exchange's TCP connection, watched as the peer's
+    /// [pulse](crate::perf::pulse) (closed last).
+    pub pulse: Option<crate::perf::pulse::Pulse>,
 }
 
 impl std::fmt::Debug for Side {
@@ -415,6 +418,7 @@ pub fn in_process_pair(
         exchange: "in-process link",
         rss_after_kib: crate::perf::stats::rss_kib(),
         udp: None,
+        pulse: None,
     };
     Ok((
         side(ra, ctla, qa.collect(), pb),
@@ -520,6 +524,7 @@ pub fn cm_server(
         exchange: "shmhca::cm",
         rss_after_kib: crate::perf::stats::rss_kib(),
         udp: None,
+        pulse: None,
     })
 }
 
@@ -571,6 +576,7 @@ pub fn cm_client(
         exchange: "shmhca::cm",
         rss_after_kib: crate::perf::stats::rss_kib(),
         udp: None,
+        pulse: None,
     })
 }
 
