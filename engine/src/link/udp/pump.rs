@@ -191,6 +191,9 @@ fn bump(c: &mut u64, n: u64) {
 /// The send side of a port's pump.
 struct TxPump {
     tx: TxBurst,
+    /// Where a frame the engine published is read to (made with the pump: a step clears
+    /// no kilobyte of lines).
+    lines: Option<Box<[Line; MAX_FRAME_LINES]>>,
     links: Vec<TxEnd>,
     /// Sockets bound to QPs' own source ports (ECMP entropy, as Linux RoCE drivers derive
     /// it), by port; kept until the pump goes, so a staged datagram's socket is never
@@ -214,7 +217,11 @@ impl TxPump {
     fn step(&mut self, sock: &UdpSocket, counters: &mut UdpCounters) -> usize {
         #[cfg(test)]
         self.release_held();
-        let mut lines = [Line::ZERO; MAX_FRAME_LINES];
+        // Lent out for the step (the lines' slots are read while the pump stages).
+        let mut lines = self
+            .lines
+            .take()
+            .unwrap_or_else(|| Box::new([Line::ZERO; MAX_FRAME_LINES]));
         let mut moved = 0;
         let local = sock.local_addr();
         'links: for i in 0..self.links.len() {
@@ -277,6 +284,7 @@ impl TxPump {
             }
             self.links[i].from_engine.flush();
         }
+        self.lines = Some(lines);
         self.flush(sock, counters);
         moved
     }
@@ -536,6 +544,7 @@ impl Pump {
             id: 0,
             sock,
             tx: TxPump {
+                lines: Some(Box::new([Line::ZERO; MAX_FRAME_LINES])),
                 tx: {
                     let mut tx = TxBurst::new();
                     tx.set_gso(gso_wanted(std::env::var_os("SHMHCA_UDP_GSO").as_deref()));

@@ -484,6 +484,8 @@ pub(crate) struct TxBurst {
     /// Whether runs of datagrams go as one UDP GSO send each ([`TxBurst::send_via`]);
     /// turned off for good when the kernel or the device refuses it.
     gso: bool,
+    /// The `sendmmsg` arrays, made with the burst: a send clears no 9 KB of them.
+    msgs: Box<MsgArrays<CTRL_WORDS>>,
 }
 
 /// Most datagrams one GSO send carries (the kernel takes up to 64 or 128, by version).
@@ -530,6 +532,7 @@ impl TxBurst {
             via: [0; BURST],
             len: 0,
             gso: true,
+            msgs: MsgArrays::new(),
         }
     }
 
@@ -647,13 +650,12 @@ impl TxBurst {
                 d += g;
             }
             self.toggle_segment_ids(at, &segs[..msgs]);
-            // SAFETY: plain old data, all zeroes valid (also of the two arrays below).
-            let mut hdrs: [libc::mmsghdr; BURST] = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            let mut iovs: [libc::iovec; BURST] = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            let mut names: [libc::sockaddr_storage; BURST] = unsafe { std::mem::zeroed() };
-            let mut ctrl = [[0u64; CTRL_WORDS]; BURST];
+            let MsgArrays {
+                hdrs,
+                iovs,
+                names,
+                ctrl,
+            } = &mut *self.msgs;
             let mut d = 0;
             for (m, &g) in segs[..msgs].iter().enumerate() {
                 let i = at + d;
@@ -672,9 +674,8 @@ impl TxBurst {
                 hdrs[m].msg_hdr.msg_iovlen = g as _;
                 let o = self.opts[i];
                 let seg = if g > 1 { self.lens[i] as u16 } else { 0 };
-                if o != IpOpts::default() || seg != 0 {
-                    write_ip_opts(&mut hdrs[m].msg_hdr, &mut ctrl[m], self.dests[i], o, seg);
-                }
+                // (Sets or clears the message's control data: the arrays are reused.)
+                write_ip_opts(&mut hdrs[m].msg_hdr, &mut ctrl[m], self.dests[i], o, seg);
                 d += g;
             }
             // SAFETY: `hdrs[..msgs]` each point at a live address and at their `iovlen`
@@ -929,27 +930,30 @@ pub(crate) struct RxRing {
     srcs: Box<[Option<SocketAddr>]>,
     /// Per buffer: the datagram's IP TOS / traffic class (0 if the kernel gave none).
     tos: Box<[u8]>,
-    /// One control-message buffer per datagram of a `recvmmsg` (made with the ring).
-    ctrl: Box<[[u64; RX_CTRL_WORDS]]>,
-    /// The `recvmmsg` arrays, made with the ring: each call sets the fields it needs of
-    /// the entries it passes, so an empty poll clears no 6.5 KB of them.
-    msgs: Box<RecvArrays>,
+    /// The `recvmmsg` arrays (a control buffer per datagram among them), made with the
+    /// ring: an empty poll clears no 8 KB of them.
+    msgs: Box<MsgArrays<RX_CTRL_WORDS>>,
 }
 
-/// The message headers, iovecs and address buffers of one `recvmmsg` of [`BURST`].
-struct RecvArrays {
+/// The message headers, iovecs, address buffers and control buffers (`W` words each) of
+/// one `sendmmsg` or `recvmmsg` of up to [`BURST`] messages, made once with their
+/// [`TxBurst`] or [`RxRing`]: each call sets the fields it needs of the entries it passes,
+/// so a call clears no kilobytes of arrays first.
+struct MsgArrays<const W: usize> {
     hdrs: [libc::mmsghdr; BURST],
     iovs: [libc::iovec; BURST],
     names: [libc::sockaddr_storage; BURST],
+    ctrl: [[u64; W]; BURST],
 }
 
-// SAFETY: the raw pointers in `hdrs` and `iovs` are set by `RxRing::recv` before each call
-// and only the kernel follows them, within that call; between calls they are stale values
-// no one reads. Moving the arrays to another thread with the ring is sound.
-unsafe impl Send for RecvArrays {}
+// SAFETY: the raw pointers in `hdrs` and `iovs` are set by `TxBurst::send_via` and
+// `RxRing::recv` before each call and only the kernel follows them, within that call;
+// between calls they are stale values no one reads. Moving the arrays to another thread
+// with their owner is sound.
+unsafe impl<const W: usize> Send for MsgArrays<W> {}
 
-impl RecvArrays {
-    fn new() -> Box<RecvArrays> {
+impl<const W: usize> MsgArrays<W> {
+    fn new() -> Box<MsgArrays<W>> {
         // SAFETY: plain old data (integers and raw pointers), all zeroes valid.
         Box::new(unsafe { std::mem::zeroed() })
     }
@@ -966,8 +970,7 @@ impl RxRing {
             lens: vec![0; count].into_boxed_slice(),
             srcs: vec![None; count].into_boxed_slice(),
             tos: vec![0; count].into_boxed_slice(),
-            ctrl: vec![[0u64; RX_CTRL_WORDS]; BURST].into_boxed_slice(),
-            msgs: RecvArrays::new(),
+            msgs: MsgArrays::new(),
         }
     }
 
@@ -1005,8 +1008,13 @@ impl RxRing {
             return Ok(0); // cannot be: the memory holds `count` buffers
         };
         let first = (self.next % self.count as u64) as usize;
-        let RecvArrays { hdrs, iovs, names } = &mut *self.msgs;
-        for (k, ctrl) in self.ctrl.iter_mut().enumerate().take(n) {
+        let MsgArrays {
+            hdrs,
+            iovs,
+            names,
+            ctrl,
+        } = &mut *self.msgs;
+        for (k, ctrl) in ctrl.iter_mut().enumerate().take(n) {
             let i = (first + k) % self.count;
             iovs[k] = libc::iovec {
                 // In the range checked above (`i < count`).
@@ -1057,7 +1065,7 @@ impl RxRing {
             };
             self.srcs[i] = from_raw(&names[k], h.msg_hdr.msg_namelen);
             // What the kernel says it wrote, never more than the buffer.
-            let ctrl: &[u8] = bytemuck::cast_slice(&self.ctrl[k][..]);
+            let ctrl: &[u8] = bytemuck::cast_slice(&ctrl[k][..]);
             #[allow(clippy::unnecessary_cast)] // `size_t` on glibc, `socklen_t` on musl
             let clen = (h.msg_hdr.msg_controllen as usize).min(ctrl.len());
             self.tos[i] = received_tos(&ctrl[..clen]).unwrap_or(0);
