@@ -87,7 +87,11 @@ impl Dest {
                 .ok_or_else(bad)
         };
         let (lid, qpn, psn) = (num(0xffff)? as u16, num(0xff_ffff)?, num(0xff_ffff)?);
-        let g = f.next().filter(|g| g.len() == 32).ok_or_else(bad)?;
+        // 32 hex digits (ASCII: slicing by byte offsets below stays on characters).
+        let g = f
+            .next()
+            .filter(|g| g.len() == 32 && g.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(bad)?;
         let mut gid = [0u8; 16];
         for (i, b) in gid.iter_mut().enumerate() {
             *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
@@ -341,5 +345,12 @@ mod tests {
             let e = Dest::from_wire(bad).unwrap_err();
             assert!(e.contains("LID:QPN:PSN:GID"), "{e}");
         }
+        // A GID field of 32 bytes that are not 32 ASCII characters (a 3-byte '€' first):
+        // refused, not a slice through a character (a panic).
+        let mut msg = b"0000:000011:000000:".to_vec();
+        msg.extend_from_slice("€".as_bytes());
+        msg.extend_from_slice(&[b'0'; 29]);
+        let e = Dest::from_wire(&msg).unwrap_err();
+        assert!(e.contains("LID:QPN:PSN:GID"), "{e}");
     }
 }
