@@ -502,8 +502,10 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
                 e
             }
         };
-        // SAFETY: the caller's entry.
-        unsafe { entry.write(e) };
+        // SAFETY: the caller's entry, `entry_size` (at least an entry) bytes; unaligned: a
+        // C caller's array of `entry_size` bytes apart (libibverbs copies each entry with
+        // memcpy) need not keep the 8-byte alignment of `union ibv_gid` past its first.
+        unsafe { entry.write_unaligned(e) };
         0
     })
 }

@@ -97,6 +97,20 @@ fn checks() {
         );
         assert_eq!(all[lo].gid.raw, table[lo].gid.octets());
         assert!(_ibv_query_gid_table(ctx, all.as_mut_ptr(), all.len() - 1, 0, size) < 0);
+        // Entries 4 bytes longer than the struct (a later libibverbs' larger entry): each
+        // written whole at its odd stride (4 mod 8 for every other one), none past it.
+        let odd = size + 4;
+        let mut buf = vec![0xA5u8; table.len() * odd + 8];
+        let at = buf.as_mut_ptr().add(8 - buf.as_ptr() as usize % 8); // 8-aligned start
+        assert_eq!(
+            _ibv_query_gid_table(ctx, at.cast(), table.len(), 0, odd),
+            table.len() as isize
+        );
+        for (i, t) in table.iter().enumerate() {
+            let e = at.add(i * odd).cast::<ibv_gid_entry>().read_unaligned();
+            assert_eq!(e.gid.raw, t.gid.octets(), "entry {i}");
+            assert_eq!(*at.add(i * odd + size), 0xA5, "entry {i}'s padding untouched");
+        }
 
         // A QP at INIT, and RTR attempts.
         let pd = ibv_alloc_pd(ctx);
