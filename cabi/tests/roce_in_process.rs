@@ -109,7 +109,11 @@ fn checks() {
         for (i, t) in table.iter().enumerate() {
             let e = at.add(i * odd).cast::<ibv_gid_entry>().read_unaligned();
             assert_eq!(e.gid.raw, t.gid.octets(), "entry {i}");
-            assert_eq!(*at.add(i * odd + size), 0xA5, "entry {i}'s padding untouched");
+            assert_eq!(
+                *at.add(i * odd + size),
+                0xA5,
+                "entry {i}'s padding untouched"
+            );
         }
 
         // A QP at INIT, and RTR attempts.

@@ -211,6 +211,10 @@ impl Engine {
         let Some(mut qp) = self.qps.remove_at(index) else {
             return;
         };
+        if !self.udp.is_empty() {
+            // Its routes and source-port socket on the context's UDP ports.
+            self.udp.forget_qp(qp.proto.qpn);
+        }
         self.active.remove(index);
         self.timed.remove(index);
         self.riding.remove(index);

@@ -461,6 +461,15 @@ impl UdpPort {
         });
     }
 
+    /// The pump's source-port sockets open (tests).
+    #[cfg(test)]
+    pub(crate) fn source_sockets(&self) -> usize {
+        let pump = self.pump;
+        self.shared
+            .engine
+            .with(|e| e.udp.get_mut(pump).map_or(0, |p| p.source_sockets()))
+    }
+
     /// Turns the pump's UDP GSO sends on or off (tests).
     #[cfg(test)]
     pub(crate) fn set_gso(&self, on: bool) {

@@ -196,9 +196,9 @@ struct TxPump {
     lines: Option<Box<[Line; MAX_FRAME_LINES]>>,
     links: Vec<TxEnd>,
     /// Sockets bound to QPs' own source ports (ECMP entropy, as Linux RoCE drivers derive
-    /// it), by port; kept until the pump goes, so a staged datagram's socket is never
-    /// closed under it.
-    senders: Vec<(u16, UdpSocket)>,
+    /// it), by port; a slot (`via - 1`) is emptied when no route and no staged datagram
+    /// uses its socket any more ([`Pump::forget_qp`]), and reused.
+    senders: Vec<Option<(u16, UdpSocket)>>,
     #[cfg(test)]
     hook: Option<super::DatagramHook>,
     /// A datagram the hook holds back (`Fate::Later`): its bytes, destination and options.
@@ -364,6 +364,7 @@ impl TxPump {
         let r = self.tx.send_via(|via| {
             senders
                 .get(usize::from(via).wrapping_sub(1))
+                .and_then(Option::as_ref)
                 .map_or(sock, |(_, s)| s)
         });
         bump(&mut counters.datagrams_sent, r.sent as u64);
@@ -613,12 +614,22 @@ impl Pump {
         // A socket belongs to the network namespace of the thread that makes it: only in
         // the port's own (a caller may have moved its thread since it bound the port).
         let same_netns = self.netns.is_some() && self.netns == thread_netns();
-        let via = match senders.iter().position(|(p, _)| *p == want.port()) {
+        let via = match senders
+            .iter()
+            .position(|e| e.as_ref().is_some_and(|(p, _)| *p == want.port()))
+        {
             Some(k) => Some(k),
-            None if senders.len() < MAX_SENDERS && same_netns => {
-                UdpSocket::bind_sender(want).ok().map(|s| {
-                    senders.push((want.port(), s));
-                    senders.len() - 1
+            None if same_netns => {
+                // A slot a closed socket left, else a new one (at most MAX_SENDERS).
+                let free = senders.iter().position(Option::is_none);
+                let k = free.or((senders.len() < MAX_SENDERS).then_some(senders.len()));
+                k.and_then(|k| {
+                    let s = UdpSocket::bind_sender(want).ok()?;
+                    if k == senders.len() {
+                        senders.push(None);
+                    }
+                    senders[k] = Some((want.port(), s));
+                    Some(k)
                 })
             }
             None => None,
@@ -637,6 +648,44 @@ impl Pump {
             last_cnp: None,
         });
         Ok(())
+    }
+
+    /// Local QP `local` is gone: what it staged leaves first, then its routes go, and with
+    /// them the source-port sockets no route (and no datagram still staged) uses — a
+    /// server that connects QP after QP keeps no socket per past connection.
+    pub(crate) fn forget_qp(&mut self, local: Qpn) {
+        if !self
+            .tx
+            .links
+            .iter()
+            .any(|l| l.qps.iter().any(|r| r.local == local))
+        {
+            return;
+        }
+        self.send();
+        for l in &mut self.tx.links {
+            l.qps.retain(|r| r.local != local);
+        }
+        let TxPump {
+            links, senders, tx, ..
+        } = &mut self.tx;
+        for (k, slot) in senders.iter_mut().enumerate() {
+            let via = k as u16 + 1;
+            let used = links
+                .iter()
+                .flat_map(|l| l.qps.iter())
+                .any(|r| r.via == via)
+                || tx.stages_via(via);
+            if slot.is_some() && !used {
+                *slot = None;
+            }
+        }
+    }
+
+    /// The source-port sockets open (tests).
+    #[cfg(test)]
+    pub(crate) fn source_sockets(&self) -> usize {
+        self.tx.senders.iter().flatten().count()
     }
 
     /// The IP header fields of local QP `local`'s packets (its `hop_limit` and
@@ -827,6 +876,13 @@ pub(crate) fn add_counters(s: &mut shmhca_proto::stats::Stats, c: &UdpCounters) 
 }
 
 impl Pumps {
+    /// Every pump's [`Pump::forget_qp`].
+    pub(crate) fn forget_qp(&mut self, local: Qpn) {
+        for p in &mut self.pumps {
+            p.forget_qp(local);
+        }
+    }
+
     /// Every pump's [`Pump::set_ip_opts`].
     pub(crate) fn set_ip_opts(&mut self, local: Qpn, hop_limit: u8, traffic_class: u8) {
         for p in &mut self.pumps {

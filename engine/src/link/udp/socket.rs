@@ -546,6 +546,11 @@ impl TxBurst {
         self.gso = on;
     }
 
+    /// Whether a datagram staged goes by socket `via`.
+    pub(crate) fn stages_via(&self, via: u16) -> bool {
+        self.via[..self.len].contains(&via)
+    }
+
     /// How many datagrams are staged.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -748,6 +748,43 @@ fn shmhca_udp_gso_0_turns_gso_off() {
     assert!(gso_wanted(Some(OsStr::new("1"))));
 }
 
+/// A destroyed QP's source-port socket is closed with its route (hostile review M2): a
+/// server that connects QP after QP, each client with a QPN of its own (so each pair a
+/// source port of its own), keeps no socket per past connection, and would otherwise run
+/// out of file descriptors.
+#[test]
+fn a_destroyed_qps_source_port_socket_is_closed() {
+    let _serial = serial();
+    let x = end("127.0.0.27:0".parse().unwrap());
+    let peer: SocketAddr = "127.0.0.28:4791".parse().unwrap();
+    let mut qps = Vec::new();
+    for i in 0..8u32 {
+        let qp = x
+            .ctx
+            .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
+            .unwrap();
+        x.port
+            .destination_at(&qp, peer, crate::Qpn::new(0x1000 + 7 * i))
+            .unwrap();
+        qps.push(qp);
+    }
+    assert_eq!(x.port.source_sockets(), 8, "one per live QP pair");
+    drop(qps);
+    assert_eq!(x.port.source_sockets(), 0, "none left by destroyed QPs");
+    for i in 0..64u32 {
+        let qp = x
+            .ctx
+            .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
+            .unwrap();
+        x.port
+            .destination_at(&qp, peer, crate::Qpn::new(0x2000 + 7 * i))
+            .unwrap();
+        assert_eq!(x.port.source_sockets(), 1, "cycle {i}");
+        drop(qp);
+    }
+    assert_eq!(x.port.source_sockets(), 0);
+}
+
 /// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
 /// QP from one QP's memory (another protection domain's bytes must never go out as this
 /// QP's payload). Once the first QP is destroyed, the remote QP is free again.
