@@ -260,7 +260,8 @@ fn check_cnp(bytes: &[u8], src: SocketAddr, dst: SocketAddr) -> DecodeError {
 /// solving for the ID (which a UDP socket cannot see) does not weaken the ICRC: any
 /// corruption is explained by *some* ID with probability 2^-16, but rarely by one close
 /// after the ID the same peer QP sent last. A sender counts its IDs up (per packet or per
-/// QP), or sends 0 (Linux with DF: never solved for).
+/// QP), or sends 0 (Linux with DF: never solved for), or numbers the segments of a GSO
+/// send 0, 1, 2, … (Linux, and shmhca: IDs below 64 are taken as they are).
 #[derive(Debug, Default)]
 pub(crate) struct IpIds {
     /// (destination QPN, last ID accepted), most recent last; at most [`IpIds::TRACKED`].
@@ -275,11 +276,19 @@ impl IpIds {
     const AHEAD: u16 = 4096;
     /// How far before the last ID one may be (reordering).
     const BEHIND: u16 = 64;
+    /// IDs below this are GSO segments' (their place in one send): taken as they are.
+    const GSO_SEGMENTS: u16 = 64;
 
     /// Whether a packet to QP `qpn` whose ICRC holds with IPv4 ID `id` is believable —
     /// the first such packet to that QP, or an ID within [`IpIds::AHEAD`] after (or
     /// [`IpIds::BEHIND`] before) the last one accepted — and if so, remembers it.
     pub(crate) fn accept(&mut self, qpn: u32, id: u16) -> bool {
+        // A segment of a GSO send (Linux numbers them 0, 1, 2, …; shmhca sends runs of at
+        // most 64): believable from any peer, and never moves the track, so datagrams
+        // forged to push the track away cannot make a GSO sender's segments unbelievable.
+        if id < Self::GSO_SEGMENTS {
+            return true;
+        }
         let at = self.last.iter().position(|(q, _)| *q == qpn);
         if let Some(i) = at {
             let last = self.last[i].1;
@@ -490,10 +499,33 @@ mod tests {
         assert!(decode(&with(0x9000, 0x12), s, d, 0).is_ok());
         // At most TRACKED QPs are remembered: the oldest is forgotten and learns again.
         for q in 0..=IpIds::TRACKED as u32 {
-            assert!(ids.accept(1000 + q, 7));
+            assert!(ids.accept(1000 + q, 0x107));
         }
         assert!(ids.last.len() <= IpIds::TRACKED);
         assert!(ids.accept(1000, 0x8000), "forgotten, so learned again");
+    }
+
+    /// GSO segments' IDs (below 64) are taken from any peer QP and move no track: forged
+    /// datagrams that push a QP's track far off (hostile review M1: eight of them, 4,096
+    /// apart, each within AHEAD of the last) do not make the segments of a GSO sender —
+    /// shmhca's, Linux's — unbelievable. (A peer that counts its IDs up, as a NIC does,
+    /// can still be pushed off: the track moves before the engine checks the PSN.)
+    #[test]
+    fn gso_segment_ids_are_taken_and_move_no_track() {
+        let mut ids = IpIds::default();
+        assert!(ids.accept(7, 0x1000));
+        for k in 1..=8u16 {
+            assert!(ids.accept(7, 0x1000 + 0x1000 * k), "forged step {k}");
+        }
+        for seg in 1..64u16 {
+            assert!(ids.accept(7, seg), "segment {seg}");
+        }
+        assert_eq!(ids.last, [(7, 0x9000)], "segments moved no track");
+        assert!(ids.accept(8, 3), "an untracked QP's segment");
+        assert!(
+            ids.last.iter().all(|(q, _)| *q != 8),
+            "and it is not tracked"
+        );
     }
 
     #[test]
