@@ -79,18 +79,28 @@ fn connect(me: &mut End, peer: &End, mtu: Mtu, timeout: u8) {
 /// Takes `me`'s QP to RTS towards `dest` at path MTU `mtu`, transport timer exponent
 /// `timeout`, seven retries of each kind.
 fn bring_up(me: &mut End, dest: crate::Destination, mtu: Mtu, timeout: u8) {
+    bring_up_with(me, dest, mtu, timeout, |a| a);
+}
+
+/// [`bring_up`], with `rtr` adding to the RTR attributes (a GRH's hop limit and traffic
+/// class).
+fn bring_up_with(
+    me: &mut End,
+    dest: crate::Destination,
+    mtu: Mtu,
+    timeout: u8,
+    rtr: impl FnOnce(QpAttr) -> QpAttr,
+) {
     me.qp
         .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
         .unwrap();
     me.qp
-        .modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(mtu)
-                .dest(dest)
-                .rq_psn(0)
-                .max_dest_rd_atomic(4)
-                .min_rnr_timer(1),
-        )
+        .modify(&rtr(QpAttr::new(QpState::Rtr)
+            .path_mtu(mtu)
+            .dest(dest)
+            .rq_psn(0)
+            .max_dest_rd_atomic(4)
+            .min_rnr_timer(1)))
         .unwrap();
     me.qp
         .modify(
@@ -533,28 +543,9 @@ fn a_qps_hop_limit_traffic_class_and_source_port_are_its_datagrams() {
     // (Called in the namespace: a QP's source-port socket is made in the caller's.)
     let (xp, xq, yq) = (&x.port, &x.qp, y.qp.qpn());
     let dest = ns.run(|| xp.destination(xq, ya, yq)).unwrap().unwrap();
-    x.qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-        .unwrap();
-    x.qp.modify(
-        &QpAttr::new(QpState::Rtr)
-            .path_mtu(Mtu::Mtu1024)
-            .dest(dest)
-            .rq_psn(0)
-            .max_dest_rd_atomic(4)
-            .min_rnr_timer(1)
-            .hop_limit(9)
-            .traffic_class(0x20),
-    )
-    .unwrap();
-    x.qp.modify(
-        &QpAttr::new(QpState::Rts)
-            .sq_psn(0)
-            .timeout(14)
-            .retry_cnt(7)
-            .rnr_retry(7)
-            .max_rd_atomic(4),
-    )
-    .unwrap();
+    bring_up_with(&mut x, dest, Mtu::Mtu1024, 14, |a| {
+        a.hop_limit(9).traffic_class(0x20)
+    });
     assert_eq!(
         (x.qp.config().hop_limit, x.qp.config().traffic_class),
         (9, 0x20)
@@ -1464,51 +1455,12 @@ fn a_cnp_goes_with_its_qps_ttl_traffic_class_and_source_port() {
     let mut y = end_in(&ns, ya);
     let (xp, xq, yq) = (&x.port, &x.qp, y.qp.qpn());
     let dest = ns.run(|| xp.destination(xq, ya, yq)).unwrap().unwrap();
-    x.qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-        .unwrap();
-    x.qp.modify(
-        &QpAttr::new(QpState::Rtr)
-            .path_mtu(Mtu::Mtu1024)
-            .dest(dest)
-            .rq_psn(0)
-            .max_dest_rd_atomic(4)
-            .min_rnr_timer(1)
-            .traffic_class(0x03),
-    )
-    .unwrap();
-    x.qp.modify(
-        &QpAttr::new(QpState::Rts)
-            .sq_psn(0)
-            .timeout(14)
-            .retry_cnt(7)
-            .rnr_retry(7)
-            .max_rd_atomic(4),
-    )
-    .unwrap();
+    bring_up_with(&mut x, dest, Mtu::Mtu1024, 14, |a| a.traffic_class(0x03));
     let (yp, yqp, xq) = (&y.port, &y.qp, x.qp.qpn());
     let dest = ns.run(|| yp.destination(yqp, xa, xq)).unwrap().unwrap();
-    y.qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-        .unwrap();
-    y.qp.modify(
-        &QpAttr::new(QpState::Rtr)
-            .path_mtu(Mtu::Mtu1024)
-            .dest(dest)
-            .rq_psn(0)
-            .max_dest_rd_atomic(4)
-            .min_rnr_timer(1)
-            .hop_limit(17)
-            .traffic_class(0x68),
-    )
-    .unwrap();
-    y.qp.modify(
-        &QpAttr::new(QpState::Rts)
-            .sq_psn(0)
-            .timeout(14)
-            .retry_cnt(7)
-            .rnr_retry(7)
-            .max_rd_atomic(4),
-    )
-    .unwrap();
+    bring_up_with(&mut y, dest, Mtu::Mtu1024, 14, |a| {
+        a.hop_limit(17).traffic_class(0x68)
+    });
     sends(&mut x, &mut y, 20);
     let n = settle_cnps(&x, &y);
     assert!(n >= 1);
