@@ -404,13 +404,33 @@ impl UdpPort {
         })
     }
 
-    /// The link to `peer`, made (with its end at the pump) if there is none yet.
+    /// The link to `peer`, made (with its end at the pump) if there is none yet. Making
+    /// one first removes the links no QP uses any more (no route at the pump, no QP whose
+    /// destination names it): a server whose clients name address after address keeps a
+    /// link only per address a live QP talks to.
     fn link_to(&self, peer: SocketAddr) -> Result<LinkId> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, id)) = links.iter().find(|(ip, _)| *ip == peer.ip()) {
             return Ok(*id);
         }
         let shared = &self.shared;
+        let pump = self.pump;
+        shared.engine.with(|e| {
+            links.retain(|&(ip, id)| {
+                let named = e
+                    .qps()
+                    .any(|q| q.proto.cfg.dest.is_some_and(|d| d.link == id));
+                let Some(p) = e.udp.get_mut(pump) else {
+                    return true;
+                };
+                if named || !p.link_unused(ip) {
+                    return true;
+                }
+                p.remove_link(ip);
+                e.remove_link(id);
+                false
+            });
+        });
         let seg = link::create_link_segment(shared.link_slots, HugePages::Never)?;
         let theirs = link::open_link_segment(
             seg.try_clone_fd()
@@ -468,6 +488,12 @@ impl UdpPort {
         self.shared
             .engine
             .with(|e| e.udp.get_mut(pump).map_or(0, |p| p.source_sockets()))
+    }
+
+    /// The links this port keeps (tests).
+    #[cfg(test)]
+    pub(crate) fn link_count(&self) -> usize {
+        self.links.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Turns the pump's UDP GSO sends on or off (tests).

@@ -579,6 +579,24 @@ impl Pump {
         self.rx.links.push(rx);
     }
 
+    /// Whether no QP talks over the link to `peer` (it has no route): the link may go.
+    pub(crate) fn link_unused(&self, peer: IpAddr) -> bool {
+        self.tx
+            .links
+            .iter()
+            .find(|l| l.addr.ip() == peer)
+            .is_none_or(|l| l.qps.is_empty())
+    }
+
+    /// Removes the two ends of the link to `peer`, once what the engine published on it
+    /// has been sent (the engine removes its end at the same time: frames still in the
+    /// ring towards it are dropped with it, and so are the receive buffers they held).
+    pub(crate) fn remove_link(&mut self, peer: IpAddr) {
+        self.send();
+        self.tx.links.retain(|l| l.addr.ip() != peer);
+        self.rx.links.retain(|l| l.addr.ip() != peer);
+    }
+
     /// Local QP `local`, which reads its payloads from `arena`, talks to remote QP
     /// `remote` over the link to `peer`. Entries of local QPs that are gone (`alive` says
     /// which are not) are dropped first.

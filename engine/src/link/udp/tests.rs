@@ -776,6 +776,40 @@ fn a_destroyed_qps_source_port_socket_is_closed() {
     assert_eq!(x.port.source_sockets(), 0);
 }
 
+/// A link no QP uses any more is removed when the port makes its next one (hostile review
+/// M3): a server whose clients name address after address (in rc-pingpong's GID, a
+/// verbs server's `grh.dgid`) keeps a link per address a live QP talks to, not one per
+/// address ever named. A link a live QP uses stays, and works.
+#[test]
+fn a_link_no_qp_uses_is_removed_when_the_next_is_made() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.29", "127.0.0.30", Mtu::Mtu1024, 10);
+    assert_eq!(x.port.link_count(), 1);
+    for i in 0..32u8 {
+        let qp = x
+            .ctx
+            .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
+            .unwrap();
+        let peer = SocketAddr::new(IpAddr::from([10, 99, 0, i + 1]), 4791);
+        x.port
+            .destination_at(&qp, peer, crate::Qpn::new(0x22))
+            .unwrap();
+        assert_eq!(
+            x.port.link_count(),
+            2,
+            "address {i}: y's link and this QP's"
+        );
+        drop(qp);
+    }
+    // y's link, used all along by x's QP, still carries a message.
+    y.qp.post_recv(&RecvWr::new(1, &[y.mr.sge(0, 64).unwrap()]))
+        .unwrap();
+    x.qp.post_send(&SendWr::new(2, SendOp::Send, &[x.mr.sge(0, 8).unwrap()]))
+        .unwrap();
+    assert_eq!(wait!(y, x, y).status, WcStatus::Success);
+    assert_eq!(wait!(x, x, y).status, WcStatus::Success);
+}
+
 /// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
 /// QP from one QP's memory (another protection domain's bytes must never go out as this
 /// QP's payload). Once the first QP is destroyed, the remote QP is free again.
