@@ -325,6 +325,19 @@ impl Engine {
                     ),
                 )
             })?);
+            // Over UDP the port reads a remote QP's packets from the memory of the QP its
+            // destination was made for: another QP must not use that destination.
+            if link.max_in_flight.is_some() && !self.udp.has_route(qp.proto.qpn, d.qpn) {
+                return Err(Error::invalid(
+                    "dest",
+                    format!(
+                        "this destination (remote QP {:#x}) was not made for QP {:#x}: \
+                         make one for it with UdpPort::destination",
+                        d.qpn.get(),
+                        qp.proto.qpn.get()
+                    ),
+                ));
+            }
         }
         let from = qp.proto.state;
         qp.proto.cfg = cfg;

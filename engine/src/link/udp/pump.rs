@@ -894,6 +894,17 @@ pub(crate) fn add_counters(s: &mut shmhca_proto::stats::Stats, c: &UdpCounters) 
 }
 
 impl Pumps {
+    /// Whether local QP `local` has a route to remote QP `remote` on some pump (its
+    /// destination was made for it).
+    pub(crate) fn has_route(&self, local: Qpn, remote: Qpn) -> bool {
+        self.pumps.iter().any(|p| {
+            p.tx.links
+                .iter()
+                .flat_map(|l| l.qps.iter())
+                .any(|r| r.local == local && r.remote == remote)
+        })
+    }
+
     /// Every pump's [`Pump::forget_qp`].
     pub(crate) fn forget_qp(&mut self, local: Qpn) {
         for p in &mut self.pumps {

@@ -810,6 +810,40 @@ fn a_link_no_qp_uses_is_removed_when_the_next_is_made() {
     assert_eq!(wait!(x, x, y).status, WcStatus::Success);
 }
 
+/// A destination made for one QP is refused at another's RTR (hostile review L7): the
+/// port reads the packets to a remote QP from the memory of the QP the destination was
+/// made for, so a copied `Destination` would have sent the first QP's bytes.
+#[test]
+fn a_destination_made_for_another_qp_is_refused() {
+    let _serial = serial();
+    let x = end("127.0.0.31:0".parse().unwrap());
+    let y = end("127.0.0.32:0".parse().unwrap());
+    let dest = x
+        .port
+        .destination_at(&x.qp, y.port.local_addr(), y.qp.qpn())
+        .unwrap();
+    let mut other = x
+        .ctx
+        .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
+        .unwrap();
+    other
+        .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+        .unwrap();
+    let e = other
+        .modify(
+            &QpAttr::new(QpState::Rtr)
+                .path_mtu(Mtu::Mtu1024)
+                .dest(dest)
+                .rq_psn(0)
+                .max_dest_rd_atomic(4)
+                .min_rnr_timer(1),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("was not made for QP"), "{e}");
+    assert_eq!(other.state(), QpState::Init, "nothing changed");
+}
+
 /// Two local QPs cannot name the same remote QP: the port reads the packets to a remote
 /// QP from one QP's memory (another protection domain's bytes must never go out as this
 /// QP's payload). Once the first QP is destroyed, the remote QP is free again.
