@@ -123,54 +123,43 @@ pub(crate) const fn mul_mod_p(a: u32, mut b: u32) -> u32 {
     product
 }
 
-/// `X_INV_POW2[i] = x^(-2^i) mod P`.
-const X_INV_POW2: [u32; 32] = {
+/// `t[i] = base^(2^i) mod P`: the squares a power is made of.
+const fn squares(base: u32) -> [u32; 32] {
     let mut t = [0u32; 32];
-    t[0] = X_INV;
+    t[0] = base;
     let mut i = 1;
     while i < 32 {
         t[i] = mul_mod_p(t[i - 1], t[i - 1]);
         i += 1;
     }
     t
-};
+}
 
-/// `X_POW2[i] = x^(2^i) mod P`.
-const X_POW2: [u32; 32] = {
-    let mut t = [0u32; 32];
-    t[0] = ONE >> 1;
-    let mut i = 1;
-    while i < 32 {
-        t[i] = mul_mod_p(t[i - 1], t[i - 1]);
-        i += 1;
-    }
-    t
-};
+/// `X_POW2[i] = x^(2^i) mod P`, `X_INV_POW2[i] = x^(-2^i) mod P`.
+const X_POW2: [u32; 32] = squares(ONE >> 1);
+const X_INV_POW2: [u32; 32] = squares(X_INV);
 
-/// `x^k mod P`, by its binary expansion: at most 32 multiplications.
-pub(crate) const fn x_pow(k: u32) -> u32 {
+/// The product of the `squares[i]` for the bits `i` set in `k`: at most 32 multiplications.
+const fn power(squares: &[u32; 32], k: u32) -> u32 {
     let mut r = ONE;
     let mut i = 0;
     while i < 32 {
         if k & (1 << i) != 0 {
-            r = mul_mod_p(r, X_POW2[i]);
+            r = mul_mod_p(r, squares[i]);
         }
         i += 1;
     }
     r
 }
 
-/// `x^(-k) mod P`, by its binary expansion: at most 32 multiplications.
+/// `x^k mod P`.
+pub(crate) const fn x_pow(k: u32) -> u32 {
+    power(&X_POW2, k)
+}
+
+/// `x^(-k) mod P`.
 pub(crate) const fn x_pow_neg(k: u32) -> u32 {
-    let mut r = ONE;
-    let mut i = 0;
-    while i < 32 {
-        if k & (1 << i) != 0 {
-            r = mul_mod_p(r, X_INV_POW2[i]);
-        }
-        i += 1;
-    }
-    r
+    power(&X_INV_POW2, k)
 }
 
 #[cfg(test)]

@@ -470,24 +470,23 @@ impl UdpPort {
         self.max_in_flight = cap;
     }
 
+    /// Runs `f` on this port's pump (tests); `None` if it is gone.
+    #[cfg(test)]
+    fn with_pump<R>(&self, f: impl FnOnce(&mut pump::Pump) -> R) -> Option<R> {
+        let pump = self.pump;
+        self.shared.engine.with(|e| e.udp.get_mut(pump).map(f))
+    }
+
     /// Installs a hook the pump runs on every datagram it sends (tests: drop, corrupt).
     #[cfg(test)]
     pub(crate) fn set_hook(&self, hook: DatagramHook) {
-        let pump = self.pump;
-        self.shared.engine.with(|e| {
-            if let Some(p) = e.udp.get_mut(pump) {
-                p.set_hook(hook);
-            }
-        });
+        self.with_pump(|p| p.set_hook(hook));
     }
 
     /// The pump's source-port sockets open (tests).
     #[cfg(test)]
     pub(crate) fn source_sockets(&self) -> usize {
-        let pump = self.pump;
-        self.shared
-            .engine
-            .with(|e| e.udp.get_mut(pump).map_or(0, |p| p.source_sockets()))
+        self.with_pump(|p| p.source_sockets()).unwrap_or(0)
     }
 
     /// The links this port keeps (tests).
@@ -499,21 +498,13 @@ impl UdpPort {
     /// Turns the pump's UDP GSO sends on or off (tests).
     #[cfg(test)]
     pub(crate) fn set_gso(&self, on: bool) {
-        let pump = self.pump;
-        self.shared.engine.with(|e| {
-            if let Some(p) = e.udp.get_mut(pump) {
-                p.set_gso(on);
-            }
-        });
+        self.with_pump(|p| p.set_gso(on));
     }
 
     /// The pump's GSO sends of several datagrams so far (tests).
     #[cfg(test)]
     pub(crate) fn gso_sends(&self) -> u64 {
-        let pump = self.pump;
-        self.shared
-            .engine
-            .with(|e| e.udp.get_mut(pump).map_or(0, |p| p.gso_sends()))
+        self.with_pump(|p| p.gso_sends()).unwrap_or(0)
     }
 }
 

@@ -739,6 +739,19 @@ fn shmhca_udp_gso_0_turns_gso_off() {
     assert!(gso_wanted(Some(OsStr::new("1"))));
 }
 
+/// A new QP of `x`'s with a destination made for it towards remote QP `qpn` at `peer`
+/// (its route, and source-port socket, at the port), left in Reset.
+fn qp_towards(x: &End, peer: SocketAddr, qpn: u32) -> Qp {
+    let qp = x
+        .ctx
+        .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
+        .unwrap();
+    x.port
+        .destination_at(&qp, peer, crate::Qpn::new(qpn))
+        .unwrap();
+    qp
+}
+
 /// A destroyed QP's source-port socket is closed with its route (hostile review M2): a
 /// server that connects QP after QP, each client with a QPN of its own (so each pair a
 /// source port of its own), keeps no socket per past connection, and would otherwise run
@@ -750,26 +763,13 @@ fn a_destroyed_qps_source_port_socket_is_closed() {
     let peer: SocketAddr = "127.0.0.28:4791".parse().unwrap();
     let mut qps = Vec::new();
     for i in 0..8u32 {
-        let qp = x
-            .ctx
-            .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
-            .unwrap();
-        x.port
-            .destination_at(&qp, peer, crate::Qpn::new(0x1000 + 7 * i))
-            .unwrap();
-        qps.push(qp);
+        qps.push(qp_towards(&x, peer, 0x1000 + 7 * i));
     }
     assert_eq!(x.port.source_sockets(), 8, "one per live QP pair");
     drop(qps);
     assert_eq!(x.port.source_sockets(), 0, "none left by destroyed QPs");
     for i in 0..64u32 {
-        let qp = x
-            .ctx
-            .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
-            .unwrap();
-        x.port
-            .destination_at(&qp, peer, crate::Qpn::new(0x2000 + 7 * i))
-            .unwrap();
+        let qp = qp_towards(&x, peer, 0x2000 + 7 * i);
         assert_eq!(x.port.source_sockets(), 1, "cycle {i}");
         drop(qp);
     }
@@ -786,14 +786,8 @@ fn a_link_no_qp_uses_is_removed_when_the_next_is_made() {
     let (mut x, mut y) = pair("127.0.0.29", "127.0.0.30", Mtu::Mtu1024, 10);
     assert_eq!(x.port.link_count(), 1);
     for i in 0..32u8 {
-        let qp = x
-            .ctx
-            .create_qp(&x._pd, &x.cq, &x.cq, QpCaps::default())
-            .unwrap();
         let peer = SocketAddr::new(IpAddr::from([10, 99, 0, i + 1]), 4791);
-        x.port
-            .destination_at(&qp, peer, crate::Qpn::new(0x22))
-            .unwrap();
+        let qp = qp_towards(&x, peer, 0x22);
         assert_eq!(
             x.port.link_count(),
             2,
