@@ -619,6 +619,12 @@ impl Engine {
         self.active.contains(index)
     }
 
+    /// Whether some QP keeps a riding Ack for the next iteration's step 1b (tests).
+    #[cfg(test)]
+    pub(crate) fn keeps_riding_acks(&self) -> bool {
+        !self.riding.is_empty()
+    }
+
     /// Whether QP `index` is in the timed set (for tests).
     #[cfg(test)]
     pub(crate) fn is_timed(&self, index: u32) -> bool {
@@ -1053,7 +1059,7 @@ impl Iteration<'_> {
                     // if it had followed in its own line, and after the application has had the
                     // request's completion.
                     if rides && !ack_first {
-                        keep_riding_ack(qp, self.riding, index, &slots[0]);
+                        keep_riding_ack(qp, self.riding, self.active, index, &slots[0]);
                     }
                 } else {
                     completer::on_response(qp, env, &pkt);
@@ -1363,13 +1369,24 @@ fn send_owed(
 }
 
 /// Keeps the positive Ack riding in request `carrier` (just handled) of QP `index` for the
-/// next iteration ([`handle_riding_acks`]). One is kept per QP: the receive step handles a
-/// kept one before any later packet of its QP, so none is kept here.
+/// next iteration ([`handle_riding_acks`]) — or for this iteration's step 3, if the QP is
+/// in the active set already (a ping-pong's QP that posted since the last iteration): step
+/// 3 handles the kept Ack of every active QP first, so the next iteration would find
+/// nothing to do for it. One is kept per QP: the receive step handles a kept one before
+/// any later packet of its QP, so none is kept here.
 #[inline(never)]
-fn keep_riding_ack(qp: &mut QpSlot, riding: &mut ActiveSet, index: u32, carrier: &PacketSlot) {
+fn keep_riding_ack(
+    qp: &mut QpSlot,
+    riding: &mut ActiveSet,
+    active: &ActiveSet,
+    index: u32,
+    carrier: &PacketSlot,
+) {
     debug_assert!(qp.riding_ack.is_none());
     qp.riding_ack = Some(crate::wire::slot::riding_ack_of(carrier));
-    riding.insert(index);
+    if !active.contains(index) {
+        riding.insert(index);
+    }
 }
 
 /// Handles the riding Acks kept by the last iteration ([`keep_riding_ack`]), through the
