@@ -123,6 +123,65 @@ pub(crate) const fn mul_mod_p(a: u32, mut b: u32) -> u32 {
     product
 }
 
+/// `n · x^4 mod P` for a 4-bit `n` (the coefficients of `x^28 … x^31`): what a right shift
+/// by 4 leaves to reduce in [`mul`].
+const TIMES_X4: [u32; 16] = {
+    let mut t = [0u32; 16];
+    let mut n = 0;
+    while n < 16 {
+        let mut c = n as u32;
+        let mut i = 0;
+        while i < 4 {
+            c = times_x(c);
+            i += 1;
+        }
+        t[n] = c;
+        n += 1;
+    }
+    t
+};
+
+/// `a · b mod P`, as [`mul_mod_p`], four coefficients of `a` at a time: Horner's rule from
+/// `a`'s highest-degree nibble down (bits 0–3 hold `x^31 … x^28`), each step a multiplication
+/// of the product by `x^4` (a shift and one lookup) and the XOR of the nibble's multiple of
+/// `b` (from a table of the 16 made once per call). Leading zero nibbles are skipped, so a
+/// sparse `a` of low degree (an IPv4 ID's 16 bits) takes few steps. About a third of
+/// [`mul_mod_p`]'s instructions for a dense `a`, a sixth for an ID: for the ICRC's per-packet
+/// ID arithmetic; [`mul_mod_p`] stays for constants.
+pub(crate) fn mul(a: u32, b: u32) -> u32 {
+    if a == 0 {
+        return 0;
+    }
+    // Bit j of a nibble is the coefficient of x^(3 - j) within it.
+    let b1 = times_x(b);
+    let b2 = times_x(b1);
+    let b3 = times_x(b2);
+    let mut q = [0u32; 16];
+    for (n, slot) in q.iter_mut().enumerate() {
+        let mut v = 0;
+        if n & 1 != 0 {
+            v ^= b3;
+        }
+        if n & 2 != 0 {
+            v ^= b2;
+        }
+        if n & 4 != 0 {
+            v ^= b1;
+        }
+        if n & 8 != 0 {
+            v ^= b;
+        }
+        *slot = v;
+    }
+    // Nibble g holds the coefficients x^(31 - 4g) … x^(28 - 4g).
+    let mut product = 0u32;
+    for g in a.trailing_zeros() / 4..8 {
+        product = (product >> 4) ^ TIMES_X4[(product & 0xF) as usize];
+        product ^= q[((a >> (4 * g)) & 0xF) as usize];
+    }
+    product
+}
+
 /// `t[i] = base^(2^i) mod P`: the squares a power is made of.
 const fn squares(base: u32) -> [u32; 32] {
     let mut t = [0u32; 32];
@@ -242,6 +301,31 @@ mod tests {
                 r
             );
             x8k = mul_mod_p(x8k, ONE >> 8);
+        }
+    }
+
+    /// The nibble-at-a-time product is the bit-at-a-time one: for random operands, sparse
+    /// ones (an IPv4 ID's bits), single terms and 0.
+    #[test]
+    fn the_nibble_product_is_the_bitwise_product() {
+        let mut s = 0x9E37_79B9u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        let mut operands: Vec<u32> = (0..2000).map(|_| next()).collect();
+        operands.extend((0..32).map(|i| ONE >> i));
+        operands.extend((0..=u16::MAX).step_by(97).map(|id| {
+            let [hi, lo] = id.to_be_bytes();
+            (u32::from(hi) << 16) | (u32::from(lo) << 24)
+        }));
+        operands.extend([0, 1, u32::MAX, POLY, X_INV]);
+        for (i, &a) in operands.iter().enumerate() {
+            for &b in operands.iter().skip(i % 7).step_by(53) {
+                assert_eq!(mul(a, b), mul_mod_p(a, b), "{a:#x} · {b:#x}");
+            }
         }
     }
 
