@@ -64,7 +64,8 @@ const fn times_x(a: u32) -> u32 {
     if a & 1 != 0 { (a >> 1) ^ POLY } else { a >> 1 }
 }
 
-/// Feeds `bytes` through the raw CRC register `crc` (no inversion), 16 bytes at a time.
+/// Feeds `bytes` through the raw CRC register `crc` (no inversion), 16 bytes at a time
+/// (then 8, 4 and 1).
 pub(crate) fn update(mut crc: u32, bytes: &[u8]) -> u32 {
     let t = &TABLES;
     let (blocks, rest) = bytes.as_chunks::<16>();
@@ -86,6 +87,28 @@ pub(crate) fn update(mut crc: u32, bytes: &[u8]) -> u32 {
             ^ t[2][c[13] as usize]
             ^ t[1][c[14] as usize]
             ^ t[0][c[15] as usize];
+    }
+    // The rest (under 16 bytes: a packet's headers often end here) 8 and 4 bytes at a
+    // time, then byte by byte.
+    let (eights, rest) = rest.as_chunks::<8>();
+    for c in eights {
+        let a = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        crc = t[7][(a & 0xFF) as usize]
+            ^ t[6][((a >> 8) & 0xFF) as usize]
+            ^ t[5][((a >> 16) & 0xFF) as usize]
+            ^ t[4][(a >> 24) as usize]
+            ^ t[3][c[4] as usize]
+            ^ t[2][c[5] as usize]
+            ^ t[1][c[6] as usize]
+            ^ t[0][c[7] as usize];
+    }
+    let (fours, rest) = rest.as_chunks::<4>();
+    for c in fours {
+        let a = crc ^ u32::from_le_bytes(*c);
+        crc = t[3][(a & 0xFF) as usize]
+            ^ t[2][((a >> 8) & 0xFF) as usize]
+            ^ t[1][((a >> 16) & 0xFF) as usize]
+            ^ t[0][(a >> 24) as usize];
     }
     for &b in rest {
         crc = (crc >> 8) ^ t[0][((crc ^ u32::from(b)) & 0xFF) as usize];

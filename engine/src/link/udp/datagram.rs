@@ -67,7 +67,7 @@ pub(crate) fn icrc_with_id(
     }
     .ok()?;
     for piece in transport {
-        h.update_with(piece, crate::trace::roce::crc32);
+        crate::trace::roce::icrc_update(&mut h, piece);
     }
     Some(h.finish())
 }
