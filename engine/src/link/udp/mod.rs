@@ -88,9 +88,12 @@
 
 pub(crate) mod datagram;
 pub(crate) mod gid;
+pub(crate) mod ip_ids;
 pub(crate) mod pump;
 pub(crate) mod socket;
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;
 
