@@ -443,7 +443,9 @@ impl Engine {
 
     /// [`Engine::poll`] with UDP ports: their datagrams are received into their links'
     /// rings first, and what the iteration published on their links is sent last. The
-    /// pumps ask the QPs' state whether a packet's PSN
+    /// work is the frames published to the links each way and what the iteration did:
+    /// datagrams dropped (a stranger's, malformed, a bad ICRC) are none, so that a flood
+    /// of them lets the engine sleep. The pumps ask the QPs' state whether a packet's PSN
     /// is new (`link::udp::ip_ids`: only such packets teach a link its peer's IPv4 IDs).
     #[inline(never)]
     fn poll_udp(&mut self, doorbell: &doorbell::Doorbell) -> usize {
@@ -453,9 +455,9 @@ impl Engine {
                 .filter(|q| q.proto.qpn == qpn)
                 .is_some_and(|q| crate::link::udp::ip_ids::psn_is_new(&q.proto, request, psn))
         };
-        let received = self.udp.receive(&self.res.clock, &is_new);
+        let published = self.udp.receive(&self.res.clock, &is_new);
         let work = self.poll_links(doorbell);
-        work + received + self.udp.send()
+        work + published + self.udp.send()
     }
 
     /// [`Engine::poll`] over the links' rings. (Never inlined: inlined into both callers,

@@ -1,5 +1,5 @@
 //! What a stranger's datagrams can do to a `UdpPort`, from the hostile review of the UDP
-//! link (M1, L2, L4): a QP over a port, its peer a plain UDP socket that writes its
+//! link (M1, L2, L4, L6): a QP over a port, its peer a plain UDP socket that writes its
 //! datagrams by hand (each ICRC computed for the IPv4 ID the test says: the receiver cannot
 //! see the real one, so a socket plays a NIC that counts its IDs as well as Linux's ID 0),
 //! and a spoofer on the peer's address.
@@ -241,6 +241,39 @@ fn datagrams_to_other_qpns_do_not_make_a_qp_forget_its_peers_ids() {
     v.send(None, 0x1002, q, 1, b"nic11111");
     v.settle();
     assert_eq!(v.received(), [(1, *b"nic11111")]);
+}
+
+/// Hostile review L6: datagrams dropped (a stranger's, malformed, a bad ICRC) are no work
+/// for the engine, so a flood of them lets it sleep; a datagram delivered is.
+#[test]
+fn dropped_datagrams_are_no_work() {
+    let _s = super::tests::serial();
+    let mut v = Victim::new("127.0.217.1", "127.0.217.2");
+    let stranger = UdpSocket::bind("127.0.217.9:0").unwrap();
+    let q = v.qpn();
+    let to = v.port.local_addr();
+    v.settle(); // what bringing the QP up left to do
+    for i in 0..20u8 {
+        stranger.send_to(&[0x04; 40], to).unwrap();
+        v.peer.send_to(&[i; 7], to).unwrap();
+        let mut bad = send_only(v.peer.local_addr().unwrap(), to, 0, q, 0, b"bad!");
+        bad[14] ^= 0x5a;
+        v.peer.send_to(&bad, to).unwrap();
+        v.sent += 3;
+    }
+    assert_eq!(v.settle(), 0, "{:?}", v.port.counters());
+    let c = v.port.counters();
+    assert_eq!(
+        (
+            c.unknown_source_dropped,
+            c.malformed_dropped,
+            c.icrc_dropped
+        ),
+        (20, 20, 20)
+    );
+    v.send(None, 0, q, 0, b"good");
+    assert!(v.settle() > 0);
+    assert_eq!(v.received().len(), 1);
 }
 
 /// Hostile review L4 (RoCEv2's design, documented on `UdpPort`): only the source address

@@ -389,7 +389,7 @@ pub(crate) fn gso_wanted(var: Option<&std::ffi::OsStr>) -> bool {
 /// What one receive round found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RxRound {
-    /// Datagrams were received (this many).
+    /// Datagrams were received, and this many published to the links (the rest dropped).
     Received(usize),
     /// Nothing was waiting.
     Empty,
@@ -466,6 +466,7 @@ impl RxPump {
         };
         bump(&mut counters.datagrams_received, n as u64);
         let local = sock.local_addr();
+        let mut published = 0;
         for d in first..first + n as u64 {
             let (off, len, src) = self.rx.datagram(d);
             let Some(src) = src else {
@@ -514,13 +515,14 @@ impl RxPump {
                     let cap = l.frame_dgram.len() as u64;
                     l.frame_dgram[(l.pushed % cap) as usize] = d;
                     l.pushed += 1;
+                    published += 1;
                 }
                 // Room was checked (or the engine broke the ring): the packet is lost, as
                 // on a wire.
                 _ => bump(&mut counters.malformed_dropped, 1),
             }
         }
-        RxRound::Received(n)
+        RxRound::Received(published)
     }
 }
 
@@ -758,8 +760,8 @@ impl Pump {
 
     /// Receives what waits on the socket into the links' rings, and stages a CNP for each
     /// local QP that received a CE-marked packet and has sent none for [`CNP_INTERVAL`]
-    /// (`clock` is read once, and only if a packet was marked); returns the datagrams
-    /// received. `is_new`
+    /// (`clock` is read once, and only if a packet was marked); returns the frames
+    /// published to the links (datagrams dropped are no work for the engine). `is_new`
     /// says whether a local QP would take a packet's PSN as new
     /// ([`super::ip_ids::psn_is_new`] of the engine's QP): only such packets teach the
     /// links which IPv4 IDs their peers send.
@@ -879,7 +881,7 @@ impl Pumps {
     }
 
     /// Every pump's [`Pump::receive`] (CNPs timed by `clock`, the engine's; `is_new` the
-    /// engine's word on a packet's PSN); the datagrams received.
+    /// engine's word on a packet's PSN); the frames published to the links.
     pub(crate) fn receive(
         &mut self,
         clock: &impl Clock,
