@@ -525,8 +525,8 @@ fn proxy(listen: &str, to: std::net::SocketAddr, from: &str) -> u16 {
 }
 
 /// Hostile review L5: a side sends its datagrams only to the address at the other end of
-/// the exchange's TCP connection. A client behind a proxy (its line names 127.0.62.2, its
-/// connection reaches the server from 127.0.62.4) is refused by the server, in words that
+/// the exchange's TCP connection. A client behind a proxy (its line names 127.0.66.2, its
+/// connection reaches the server from 127.0.66.4) is refused by the server, in words that
 /// name both addresses and `--trust-peer-addr`, before any QP is connected; with the option on both
 /// sides the run goes through the proxy.
 #[test]
@@ -534,22 +534,22 @@ fn a_peer_that_names_another_address_than_its_tcp_ones_is_refused_unless_trusted
     let _s = serial();
     for trust in [false, true] {
         let port = free_port();
-        let server_at: std::net::SocketAddr = format!("127.0.62.1:{port}").parse().unwrap();
+        let server_at: std::net::SocketAddr = format!("127.0.66.1:{port}").parse().unwrap();
         let mut s_args = vec!["send_lat", "--roce", "-n", "50", "--connect-timeout", "5"];
         let port_s = port.to_string();
-        s_args.extend(["-p", &port_s, "--bind", "127.0.62.1"]);
+        s_args.extend(["-p", &port_s, "--bind", "127.0.66.1"]);
         if trust {
             s_args.push("--trust-peer-addr");
         }
         let server = start(&[], &s_args);
         std::thread::sleep(Duration::from_millis(300));
-        let via = proxy("127.0.62.3:0", server_at, "127.0.62.4").to_string();
+        let via = proxy("127.0.66.3:0", server_at, "127.0.66.4").to_string();
         let mut c_args = vec!["send_lat", "--roce", "-n", "50", "--connect-timeout", "5"];
-        c_args.extend(["-p", &via, "--bind", "127.0.62.2"]);
+        c_args.extend(["-p", &via, "--bind", "127.0.66.2"]);
         if trust {
             c_args.push("--trust-peer-addr");
         }
-        c_args.push("127.0.62.3");
+        c_args.push("127.0.66.3");
         let client = finish(start(&[], &c_args), Duration::from_secs(60));
         let server = finish(server, Duration::from_secs(30));
         if trust {
@@ -563,7 +563,7 @@ fn a_peer_that_names_another_address_than_its_tcp_ones_is_refused_unless_trusted
         }
         assert!(!server.status.success(), "server: {}", text(&server));
         let err = String::from_utf8_lossy(&server.stderr);
-        for says in ["127.0.62.2", "127.0.62.4", "--trust-peer-addr"] {
+        for says in ["127.0.66.2", "127.0.66.4", "--trust-peer-addr"] {
             assert!(err.contains(says), "{says:?}: {err}");
         }
     }
