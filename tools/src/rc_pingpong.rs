@@ -312,19 +312,25 @@ fn exchange(
                 .map_err(io(&what))?
                 .collect();
             // From this side's GID's address where the family allows (the server sends to
-            // the address the connection comes from), else from the kernel's choice.
+            // the address the connection comes from), else — or if that address cannot be
+            // bound, e.g. a link-local GID, which needs its interface — from the kernel's
+            // choice.
             let connect_limit = Duration::from_secs(20);
             let mut last = None;
             let mut s = None;
-            for a in &addrs {
+            'addrs: for a in &addrs {
                 let same_family = a.ip().to_canonical().is_ipv4() == local.is_ipv4();
-                let from = same_family.then_some(local);
-                match roce::connect_from(from, *a, connect_limit) {
-                    Ok(c) => {
-                        s = Some(c);
+                for from in [same_family.then_some(local), None] {
+                    match roce::connect_from(from, *a, connect_limit) {
+                        Ok(c) => {
+                            s = Some(c);
+                            break 'addrs;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                    if from.is_none() {
                         break;
                     }
-                    Err(e) => last = Some(e),
                 }
             }
             let mut s = s.ok_or_else(|| {
