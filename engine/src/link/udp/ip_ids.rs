@@ -44,8 +44,10 @@
 //! outstanding window's width in 2^24 for a response — exactly what it needs to have a
 //! forged request or Ack *accepted by the engine*, the barrier RoCEv2 has anyway. A jump
 //! of the track (a counting peer idle for long, whose ID moved on by more than [`AHEAD`];
-//! a peer known as zero that turns out to count) needs two such packets in a row, their
-//! IDs following on: no spoofer's single lucky guess, and no single corrupt datagram.
+//! a peer known as zero that turns out to count) needs two such packets, the second's ID
+//! following on from the first's, and the second a later packet (a later PSN) or the same
+//! one sent again (the same bytes): no spoofer's single lucky guess, no single corrupt
+//! datagram, and no pair of corrupt copies of one packet.
 //!
 //! # The first packet of a counting peer
 //!
