@@ -442,12 +442,22 @@ impl Engine {
     }
 
     /// [`Engine::poll`] with UDP ports: their datagrams are received into their links'
-    /// rings first, and what the iteration published on their links is sent last.
+    /// rings first, and what the iteration published on their links is sent last. The
+    /// work is the frames published to the links each way and what the iteration did:
+    /// datagrams dropped (a stranger's, malformed, a bad ICRC) are none, so that a flood
+    /// of them lets the engine sleep. The pumps ask the QPs' state whether a packet's PSN
+    /// is new (`link::udp::ip_ids`: only such packets teach a link its peer's IPv4 IDs).
     #[inline(never)]
     fn poll_udp(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        let received = self.udp.receive(&self.res.clock);
+        let qps = &self.qps;
+        let is_new = |qpn: Qpn, request: bool, psn: crate::psn::Psn| {
+            qps.at(qpn.get() & ((1 << QP_INDEX_BITS) - 1))
+                .filter(|q| q.proto.qpn == qpn)
+                .is_some_and(|q| crate::link::udp::ip_ids::psn_is_new(&q.proto, request, psn))
+        };
+        let published = self.udp.receive(&self.res.clock, &is_new);
         let work = self.poll_links(doorbell);
-        work + received + self.udp.send()
+        work + published + self.udp.send()
     }
 
     /// [`Engine::poll`] over the links' rings. (Never inlined: inlined into both callers,
