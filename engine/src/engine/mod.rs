@@ -432,8 +432,20 @@ impl Engine {
 
     /// One iteration of the poll loop (the steps of the module's doc, each a method of
     /// [`Iteration`]); returns the packets received and sent.
-    #[inline]
+    ///
+    /// An iteration that would find nothing to do returns at once ([`Engine::idle_now`]):
+    /// an empty poll costs a handful of loads and no call.
+    #[inline(always)]
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        if self.idle_now(doorbell) {
+            return 0;
+        }
+        self.poll_busy(doorbell)
+    }
+
+    /// [`Engine::poll`] once [`Engine::idle_now`] said there may be work.
+    #[inline(always)]
+    pub(crate) fn poll_busy(&mut self, doorbell: &doorbell::Doorbell) -> usize {
         if self.udp.is_empty() {
             self.poll_links(doorbell)
         } else {
@@ -471,6 +483,38 @@ impl Engine {
         it.send_owed_acks(&mut env); // 4
         it.publish(); // 5
         work
+    }
+
+    /// The empty poll's shortcut: true (and the stats countdown counted) when the full
+    /// iteration would only count down — no QP active, waiting for a timer, owing an Ack or
+    /// keeping a riding Ack; no fault stage, watched send queue or UDP port; no doorbell
+    /// rung; every live link with nothing received, no backlog and nothing queued; and no
+    /// stats publication due. Each of these is read from the state itself (the sets' summary
+    /// words, the doorbell's summary word, each link's next stamp), not from a copy kept
+    /// beside it, so nothing that changes the state can leave the shortcut stale: exactly the
+    /// case where [`Engine::poll_links`] would return 0 from [`Engine::nothing_due`] after
+    /// counting down, with the same effect (a link's ring publishes its head when found
+    /// empty, in either). Anything else takes the full iteration.
+    #[inline(always)]
+    pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
+        // One test of the words of the engine's own state, or-ed together.
+        let pending = self.active.summary()
+            | self.timed.summary()
+            | self.riding.summary()
+            | self.owed.link_summary()
+            | u64::from(self.watched_count)
+            | u64::from(self.faults.is_some())
+            | self.udp.len() as u64;
+        let idle = self.stats_countdown > 1
+            && pending == 0
+            && !doorbell.rung()
+            && self
+                .links
+                .all(|l| l.down.is_some() || (!l.rx_backlog && l.tx.is_empty() && l.rx.idle()));
+        if idle {
+            self.stats_countdown -= 1;
+        }
+        idle
     }
 
     /// Counts down to the next publication of the stats area, and publishes it when due:
@@ -1611,6 +1655,9 @@ mod qp_fatal_tests {
 /// The watched send queues (poll mode's doorbell-free posts), driven by hand: an inline
 /// context with `watch_sq` switched on, posting while this thread holds the engine token
 /// so that posts take the ring path (`Device::notify`), as they do in poll mode.
+#[cfg(all(test, not(shmhca_loom)))]
+mod idle_tests;
+
 #[cfg(all(test, not(shmhca_loom)))]
 mod watch_tests {
     use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
