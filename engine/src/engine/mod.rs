@@ -88,6 +88,13 @@ pub(crate) struct Engine {
     pub(crate) trace: Option<Box<Trace>>,
     /// Iterations until the next timer check.
     timer_countdown: u32,
+    /// The empty poll's summary word ([`Engine::idle_now`]): true only while no QP is in
+    /// any set (active, rung, timed, riding), no Ack is owed, no send queue is watched and
+    /// every link has no backlog and nothing queued — as `idle_now` found it, with nothing
+    /// changed since: the full iteration and every method that could change any of it
+    /// clears it first ([`Engine::unsettle`]). Debug builds check it against the state at
+    /// every use.
+    settled: bool,
     /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
     nomem: Mem,
     /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
@@ -157,6 +164,7 @@ impl Engine {
             rx: Box::new([Line::ZERO; MAX_FRAME_LINES]),
             trace: None,
             timer_countdown: TIMER_EVERY,
+            settled: false,
             nomem: Mem::private(0),
             stats_area: None,
             stats_countdown: 1,
@@ -183,6 +191,7 @@ impl Engine {
     /// The QPs, to change (the fabric gives a peer arena that came late to the QPs facing
     /// it).
     pub(crate) fn qps_mut(&mut self) -> impl Iterator<Item = &mut QpSlot> {
+        self.unsettle();
         self.qps.iter_mut().map(|(_, q)| q)
     }
 
@@ -193,6 +202,7 @@ impl Engine {
 
     /// Adds a QP built by `make` from its index and QPN.
     pub(crate) fn add_qp(&mut self, make: impl FnOnce(Qpn) -> QpSlot) -> Result<(u32, Qpn)> {
+        self.unsettle();
         let qpn = |index, generation| Qpn::new(generation << QP_INDEX_BITS | index);
         let (index, generation) =
             self.qps
@@ -207,6 +217,7 @@ impl Engine {
     /// Removes a QP: its unfinished work requests are dropped and their memory regions
     /// released. An Ack it still owes (held back for a request to ride in) leaves first.
     pub(crate) fn remove_qp(&mut self, index: u32) {
+        self.unsettle();
         self.send_owed_now(index);
         let Some(mut qp) = self.qps.remove_at(index) else {
             return;
@@ -230,6 +241,7 @@ impl Engine {
         qpn: Qpn,
         f: impl FnOnce(&mut QpSlot, &mut crate::context::Env<'_>) -> R,
     ) -> Option<R> {
+        self.unsettle();
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         let qp = self.qps.at_mut(index).filter(|q| q.proto.qpn == qpn)?;
         Some(f(qp, &mut self.res.env()))
@@ -243,6 +255,7 @@ impl Engine {
 
     /// The QP at `index`.
     pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpSlot> {
+        self.unsettle();
         self.qps.at_mut(index)
     }
 
@@ -252,6 +265,7 @@ impl Engine {
     /// application does with the QP next (a receiver that destroys its QP after the last
     /// message must not leave the sender retrying into `RetryExcErr`).
     fn send_owed_now(&mut self, index: u32) {
+        self.unsettle();
         let Engine {
             res,
             qps,
@@ -288,6 +302,7 @@ impl Engine {
     /// QP owes leaves first (see [`Engine::send_owed_now`]), and a riding Ack it received
     /// and kept for the next iteration is handled first.
     pub(crate) fn modify_qp(&mut self, index: u32, attr: &QpAttr) -> Result<()> {
+        self.unsettle();
         self.send_owed_now(index);
         // A riding Ack kept for the next iteration arrived before this call: handled in
         // the state it arrived in.
@@ -402,6 +417,7 @@ impl Engine {
     /// # Errors
     /// [`Error::LimitReached`] when the context has [`MAX_LINKS`] links.
     pub(crate) fn add_link(&mut self, link: Link) -> Result<LinkId> {
+        self.unsettle();
         let (i, _) = self
             .links
             .insert_with(|_, _| link)
@@ -414,11 +430,13 @@ impl Engine {
 
     /// The link `id`.
     pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
+        self.unsettle();
         self.links.at_mut(id.index())
     }
 
     /// Tears a link down: the QPs using it go to the Error state on the next iteration.
     pub(crate) fn link_down(&mut self, id: LinkId, why: String) {
+        self.unsettle();
         if let Some(l) = self.link_mut(id) {
             l.down.get_or_insert(why);
         }
@@ -427,6 +445,7 @@ impl Engine {
 
     /// Removes a link no QP uses any more.
     pub(crate) fn remove_link(&mut self, id: LinkId) {
+        self.unsettle();
         self.links.remove_at(id.index());
     }
 
@@ -446,6 +465,7 @@ impl Engine {
     /// [`Engine::poll`] once [`Engine::idle_now`] said there may be work.
     #[inline(always)]
     pub(crate) fn poll_busy(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        self.unsettle();
         if self.udp.is_empty() {
             self.poll_links(doorbell)
         } else {
@@ -489,32 +509,57 @@ impl Engine {
     /// iteration would only count down — no QP active, waiting for a timer, owing an Ack or
     /// keeping a riding Ack; no fault stage, watched send queue or UDP port; no doorbell
     /// rung; every live link with nothing received, no backlog and nothing queued; and no
-    /// stats publication due. Each of these is read from the state itself (the sets' summary
-    /// words, the doorbell's summary word, each link's next stamp), not from a copy kept
-    /// beside it, so nothing that changes the state can leave the shortcut stale: exactly the
-    /// case where [`Engine::poll_links`] would return 0 from [`Engine::nothing_due`] after
-    /// counting down, with the same effect (a link's ring publishes its head when found
-    /// empty, in either). Anything else takes the full iteration.
+    /// stats publication due: exactly the case where [`Engine::poll_links`] would return 0
+    /// from [`Engine::nothing_due`] after counting down, with the same effect (a link's
+    /// ring publishes its head when found empty, in either). Anything else takes the full
+    /// iteration.
+    ///
+    /// What only this engine changes is read from its summary word ([`Engine::settled`]),
+    /// set by the full iteration that found nothing to do ([`Engine::nothing_due`]); what
+    /// others change is read where
+    /// they change it: the doorbell's summary word (this process's posts), each live link's
+    /// next stamp (the peer's frames), the fault stage and the UDP ports (set from outside
+    /// the engine's methods). Timers need no look: a QP whose timer is armed is in the
+    /// active or the timed set, and the word is clear while either holds one.
     #[inline(always)]
     pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
-        // One test of the words of the engine's own state, or-ed together.
-        let pending = self.active.summary()
+        if self.stats_countdown <= 1
+            || doorbell.rung()
+            || self.faults.is_some()
+            || !self.udp.is_empty()
+            || !self.settled
+        {
+            return false;
+        }
+        debug_assert!(self.nothing_private(), "the summary word hid work");
+        if !self.links.all(|l| l.down.is_some() || l.rx.idle()) {
+            return false;
+        }
+        self.stats_countdown -= 1;
+        true
+    }
+
+    /// Whether no QP is in any set, no Ack is owed, no send queue watched, and every live
+    /// link has no backlog and nothing queued (what [`Engine::settled`] stands for; debug
+    /// builds check the word against it).
+    fn nothing_private(&self) -> bool {
+        let sets = self.active.summary()
+            | self.rung.summary()
             | self.timed.summary()
             | self.riding.summary()
-            | self.owed.link_summary()
-            | u64::from(self.watched_count)
-            | u64::from(self.faults.is_some())
-            | self.udp.len() as u64;
-        let idle = self.stats_countdown > 1
-            && pending == 0
-            && !doorbell.rung()
+            | self.owed.link_summary();
+        sets == 0
+            && self.watched_count == 0
             && self
                 .links
-                .all(|l| l.down.is_some() || (!l.rx_backlog && l.tx.is_empty() && l.rx.idle()));
-        if idle {
-            self.stats_countdown -= 1;
-        }
-        idle
+                .all(|l| l.down.is_some() || (!l.rx_backlog && l.tx.is_empty()))
+    }
+
+    /// Clears the summary word ([`Engine::settled`]): first thing in every method that may
+    /// change what it stands for.
+    #[inline(always)]
+    fn unsettle(&mut self) {
+        self.settled = false;
     }
 
     /// Counts down to the next publication of the stats area, and publishes it when due:
@@ -536,6 +581,8 @@ impl Engine {
             return false;
         }
         if self.timed.is_empty() {
+            // The next empty polls can take the shortcut ([`Engine::idle_now`]).
+            self.settled = self.watched_count == 0 && self.rung.is_empty();
             return true;
         }
         if self.timer_countdown > 1 {
@@ -652,6 +699,7 @@ impl Engine {
     /// doorbell does, for work queued under the engine token (a receive posted in inline
     /// mode), without the doorbell's locked instructions.
     pub(crate) fn wake_qp(&mut self, index: u32) {
+        self.unsettle();
         if self.qps.at(index).is_some() {
             self.active.insert(index);
         }
@@ -719,6 +767,7 @@ impl Engine {
     }
 
     fn unwatch_all(&mut self, doorbell: &doorbell::Doorbell) {
+        self.unsettle();
         if self.watched_count == 0 {
             return;
         }
@@ -800,6 +849,7 @@ impl Engine {
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
     /// any response waiting) and publishes its link; false if the QP is gone.
     fn send_with(&mut self, index: u32, wqe: Option<(&SqWqe, u64)>) -> bool {
+        self.unsettle();
         let Engine {
             res,
             qps,
@@ -1536,6 +1586,7 @@ impl Engine {
     /// work requests complete with flush errors. Returns false if there is no such QP (it
     /// was destroyed; its number is not reused for a while, thanks to the generation tag).
     pub(crate) fn peer_gone(&mut self, qpn: Qpn) -> bool {
+        self.unsettle();
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         let exists = self.qp_by_qpn(qpn).is_some();
         exists && self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok()
@@ -1552,6 +1603,7 @@ impl Engine {
     /// there is no such QP or it is in the Error state already.
     #[cold]
     pub(crate) fn qp_fatal(&mut self, qpn: Qpn, why: &str) -> bool {
+        self.unsettle();
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         if self
             .qp_by_qpn(qpn)
@@ -1593,6 +1645,7 @@ impl Engine {
     /// (`Qp::last_error`): the link went down (`why`) and the grace the fabric gives such
     /// QPs is over.
     pub(crate) fn fail_link_qps(&mut self, id: LinkId, why: &str) {
+        self.unsettle();
         let facing: Vec<(Qpn, Qpn)> = self
             .qps
             .iter()

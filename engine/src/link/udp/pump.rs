@@ -836,12 +836,6 @@ impl Pumps {
         self.pumps.is_empty()
     }
 
-    /// How many there are.
-    #[inline(always)]
-    pub(crate) fn len(&self) -> usize {
-        self.pumps.len()
-    }
-
     /// Adds `pump`; returns its number.
     pub(crate) fn add(&mut self, mut pump: Pump) -> u32 {
         self.next_id = self.next_id.wrapping_add(1);
