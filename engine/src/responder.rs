@@ -837,19 +837,18 @@ fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut
 /// the credits when it leaves, at the end of the iteration), the QP reports credits (not in
 /// the Error state; a QP on a shared receive queue reports the invalid code, spec/02 Table
 /// 17-8: there is nothing to update), and the report would tell the requester something:
-/// the first report, or more receive WQEs waiting than it was told of. The last is one
-/// look at the receive queue, here rather than behind a call: a QP with no receives posted
-/// (a sender's) meets the rest on every post.
+/// the first report, or a receive WQE waiting where the requester was told of none
+/// ([`CREDIT_WATCH`] is 1). The last is one load of the receive queue's index, here rather
+/// than behind a call: a QP with no receives posted (a sender's) meets the rest on every
+/// post.
 #[inline]
-fn credit_update_due(qp: &mut QpSlot) -> bool {
+fn credit_update_due(qp: &QpSlot) -> bool {
+    const _: () = assert!(CREDIT_WATCH == 1, "the look below is for none against some");
     qp.proto.resp.advertised.is_none_or(|a| a < CREDIT_WATCH)
         && qp.proto.resp.owed.is_none()
         && qp.proto.state != QpState::Error
         && qp.srq.is_none()
-        && match qp.proto.resp.advertised {
-            None => true,
-            Some(a) => qp.rq.waiting() > a,
-        }
+        && (qp.proto.resp.advertised.is_none() || !qp.rq.looks_empty())
 }
 
 #[cfg(test)]

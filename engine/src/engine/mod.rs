@@ -523,11 +523,12 @@ impl Engine {
     /// active or the timed set, and the word is clear while either holds one.
     #[inline(always)]
     pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
-        if self.stats_countdown <= 1
+        // The word first: a busy engine (clear) goes on to the full iteration at once.
+        if !self.settled
+            || self.stats_countdown <= 1
             || doorbell.rung()
             || self.faults.is_some()
             || !self.udp.is_empty()
-            || !self.settled
         {
             return false;
         }

@@ -202,9 +202,9 @@ impl Cq {
     pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
         // Inline mode keeps no `last_empty` (only a poll-mode engine thread steps back).
         if self.shared.mode == EngineMode::Inline {
-            self.shared.progress();
-            // The empty poll's case: one load (a pop would check and cache more).
-            if self.consumer.looks_empty() {
+            // The empty poll's case: the engine found nothing, and the queue is empty (one
+            // load; a pop would check and cache more).
+            if self.shared.progress() == 0 && self.consumer.looks_empty() {
                 return 0;
             }
             return self.pop_into(out);
