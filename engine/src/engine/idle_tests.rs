@@ -204,3 +204,24 @@ fn a_link_gone_down_while_the_engine_is_idle_fails_its_qps_at_the_next_poll() {
     r.ctx.progress();
     assert_eq!(r.qp.state(), QpState::Error);
 }
+
+#[test]
+fn a_receive_posted_while_the_engine_is_idle_is_announced_at_the_next_poll() {
+    let mut r = rig();
+    r.settle();
+    // Its first report (no receive WQE) has left: the requester knows of none.
+    let acks = r.sent();
+    assert_eq!(acks, [(Opcode::Acknowledge, 0xFF_FFFF)]);
+    // Posted under the engine token (inline mode): the QP joins the active set, and the
+    // engine no longer looks idle.
+    r.qp.post_recv(&RecvWr::new(2, &[r.mr.sge(8, 8).unwrap()]))
+        .unwrap();
+    assert!(!r.idle_now(), "a receive is to be announced");
+    r.ctx.progress();
+    assert_eq!(
+        r.sent(),
+        [(Opcode::Acknowledge, 0xFF_FFFF)],
+        "the unsolicited credit update (spec/02)"
+    );
+    r.settle();
+}

@@ -245,7 +245,10 @@ impl Cq {
     #[inline]
     pub fn poll_each(&mut self, max: usize, f: impl FnMut(WorkCompletion)) -> usize {
         if self.shared.mode == EngineMode::Inline {
-            self.shared.progress();
+            // The empty poll's case, as in `poll`.
+            if self.shared.progress() == 0 && self.consumer.looks_empty() {
+                return 0;
+            }
             // A heap ring of this process cannot be broken by a peer.
             return self.consumer.pop_each(max, f).unwrap_or(0);
         }
