@@ -1,6 +1,10 @@
 //! The engine: this process's HCA. One poll loop, DPDK-style.
 //!
-//! Each [`Engine::poll`] iteration:
+//! Each [`Engine::poll`] iteration first asks whether there is anything to do at all
+//! ([`Engine::idle_now`]): the engine's summary word ([`Engine::settled`]: no QP in any
+//! set, no Ack owed, nothing queued — set by the last iteration that found nothing, cleared
+//! by anything that changes it), the doorbell's summary word and one load per link. An empty
+//! poll ends there, inline in the caller, with no call. Otherwise:
 //!
 //! 1. takes the doorbells rung by `post_send`/`post_recv` into the active set, and the
 //!    watched send queues that hold new WQEs (poll mode: see [`Engine::watch_sq`]); an
