@@ -93,11 +93,11 @@ pub(crate) struct Engine {
     /// Iterations until the next timer check.
     timer_countdown: u32,
     /// The empty poll's summary word ([`Engine::idle_now`]): true only while no QP is in
-    /// any set (active, rung, timed, riding), no Ack is owed, no send queue is watched and
-    /// every link has no backlog and nothing queued — as `idle_now` found it, with nothing
-    /// changed since: the full iteration and every method that could change any of it
-    /// clears it first ([`Engine::unsettle`]). Debug builds check it against the state at
-    /// every use.
+    /// any set (active, rung, timed, riding), no Ack is owed, no send queue is watched, no
+    /// fault stage or UDP port runs, and every link has no backlog and nothing queued — as
+    /// the last full iteration found it ([`Engine::nothing_due`]), with nothing changed
+    /// since: the full iteration and every method that could change any of it clears it
+    /// first ([`Engine::unsettle`]). Debug builds check it against the state at every use.
     settled: bool,
     /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
     nomem: Mem,
@@ -447,6 +447,13 @@ impl Engine {
         wake_link_qps(&self.qps, &mut self.active, id);
     }
 
+    /// Adds the pump of a UDP port (`link::udp`); returns its number. (Through here, not
+    /// `udp.add`: the empty poll's summary word then stops standing for "no port".)
+    pub(crate) fn add_pump(&mut self, pump: crate::link::udp::pump::Pump) -> u32 {
+        self.unsettle();
+        self.udp.add(pump)
+    }
+
     /// Removes a link no QP uses any more.
     pub(crate) fn remove_link(&mut self, id: LinkId) {
         self.unsettle();
@@ -519,21 +526,16 @@ impl Engine {
     /// iteration.
     ///
     /// What only this engine changes is read from its summary word ([`Engine::settled`]),
-    /// set by the full iteration that found nothing to do ([`Engine::nothing_due`]); what
-    /// others change is read where
-    /// they change it: the doorbell's summary word (this process's posts), each live link's
-    /// next stamp (the peer's frames), the fault stage and the UDP ports (set from outside
-    /// the engine's methods). Timers need no look: a QP whose timer is armed is in the
-    /// active or the timed set, and the word is clear while either holds one.
+    /// set by the full iteration that found nothing to do ([`Engine::nothing_due`]; never
+    /// with a fault stage, set when the context is built, or a UDP port, added through
+    /// [`Engine::add_pump`]); what others change is read where they change it: the
+    /// doorbell's summary word (this process's posts) and each live link's next stamp (the
+    /// peer's frames). Timers need no look: a QP whose timer is armed is in the active or
+    /// the timed set, and the word is clear while either holds one.
     #[inline(always)]
     pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
         // The word first: a busy engine (clear) goes on to the full iteration at once.
-        if !self.settled
-            || self.stats_countdown <= 1
-            || doorbell.rung()
-            || self.faults.is_some()
-            || !self.udp.is_empty()
-        {
+        if !self.settled || self.stats_countdown <= 1 || doorbell.rung() {
             return false;
         }
         debug_assert!(self.nothing_private(), "the summary word hid work");
@@ -555,6 +557,8 @@ impl Engine {
             | self.owed.link_summary();
         sets == 0
             && self.watched_count == 0
+            && self.faults.is_none()
+            && self.udp.is_empty()
             && self
                 .links
                 .all(|l| l.down.is_some() || (!l.rx_backlog && l.tx.is_empty()))
@@ -587,7 +591,7 @@ impl Engine {
         }
         if self.timed.is_empty() {
             // The next empty polls can take the shortcut ([`Engine::idle_now`]).
-            self.settled = self.watched_count == 0 && self.rung.is_empty();
+            self.settled = self.watched_count == 0 && self.rung.is_empty() && self.udp.is_empty();
             return true;
         }
         if self.timer_countdown > 1 {
