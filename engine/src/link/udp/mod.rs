@@ -316,7 +316,7 @@ impl UdpPort {
                 .map_err(|e| Error::io("starting the UDP port's watcher thread", e))?
         };
         let pump = pump::Pump::new(sock, rx, watch.share());
-        let pump = shared.engine.with(|e| e.udp.add(pump));
+        let pump = shared.engine.with(|e| e.add_pump(pump));
         // A sleeping engine thread waits on the words it knew of when it went to sleep:
         // wake it, so that it watches this port's socket too.
         shared.kick();
