@@ -50,8 +50,21 @@ def command(line):
     return answer[2:].strip()
 
 
+# The requests of shmhca's QPs this peer has answered, as (the QPN they were sent to, PSN).
+# Its transport timer (about 17 ms) may resend one before the answer reaches it when this
+# script runs slowly (a busy machine): a copy that comes after the answer is passed over,
+# as a RoCE NIC answers a duplicate and goes on.
+answered = set()
+
+# The QPN shmhca's requests carry (this peer's QP), by the shmhca QP that sends them.
+PEER_OF = {SHM_QPN: PEER_QPN, SHM_QPN_B: PEER_QPN_B, SHM_QPN_C: PEER_QPN_C}
+
+
 def send(opcode, psn, body=b"", dqpn=None, ackreq=1):
     """Sends one RC packet to shmhca: BTH (scapy appends the ICRC) + headers + payload."""
+    dest = SHM_QPN if dqpn is None else dqpn
+    if opcode in (ACK, READ_RESP_ONLY, ATOMIC_ACK) and dest in PEER_OF:
+        answered.add((PEER_OF[dest], psn))
     pad = (4 - len(body) % 4) % 4
     pkt = (IP(src=PEER_IP, dst=SHM_IP, flags="DF", id=0)
            / UDP(sport=SPORT, dport=PORT)
@@ -70,13 +83,16 @@ def receive(expect_psn=None, requests_only=False):
     """The next packet from shmhca, its ICRC checked by scapy: (opcode, psn, dqpn,
     ackreq, the bytes after the BTH without pad and ICRC). Passes over the positive Acks
     a responder may send unasked (credit updates: an Ack of an older PSN, or any Ack
-    while a request is awaited), as a RoCE NIC takes them in its stride."""
+    while a request is awaited), as a RoCE NIC takes them in its stride, and resends of
+    requests this peer has answered (`answered`)."""
     while True:
         got = receive_one()
-        op, psn, _, _, body = got
+        op, psn, dqpn, _, body = got
         positive_ack = op == ACK and body and body[0] & 0xE0 == 0
         if positive_ack and (requests_only or (expect_psn is not None and before(psn, expect_psn))):
             continue
+        if op not in (ACK, READ_RESP_ONLY, ATOMIC_ACK) and (dqpn, psn) in answered:
+            continue  # a resend of a request answered already
         return got
 
 
