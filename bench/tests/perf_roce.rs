@@ -19,8 +19,17 @@ mod common;
 
 use common::{EXE, FAULTS, TESTS, text};
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// One at a time in this binary, and one test binding UDP 4791 outside a namespace of its
+/// own on the machine (`shmhca::testing::udp_4791_lock`: another checkout's tests may run
+/// at the same time).
+fn serial() -> (
+    std::sync::MutexGuard<'static, ()>,
+    shmhca::testing::PortLock,
+) {
+    (
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner()),
+        shmhca::testing::udp_4791_lock(),
+    )
 }
 
 /// A TCP port nobody listens on now.

@@ -19,6 +19,8 @@ const NAME: &str = "roce_port_queries_and_rtr_checks";
 #[test]
 fn roce_port_queries_and_rtr_checks() {
     if std::env::var("SHMHCA_VERBS_LINK").as_deref() != Ok("roce") {
+        // The child binds UDP 4791 on this host's addresses.
+        let _port = shmhca::testing::udp_4791_lock();
         let exe = std::env::current_exe().expect("this test binary");
         let out = std::process::Command::new(exe)
             .args([NAME, "--exact", "--nocapture", "--test-threads=1"])

@@ -114,3 +114,36 @@ pub fn receive_slot(bytes: &[u8], peer_arena: &[u8], split: &[u16]) -> Option<u6
 /// The engine token over a loom-checked counter, for `loom-tests/tests/token.rs`.
 #[cfg(shmhca_loom)]
 pub use crate::engine::cell::LoomToken;
+
+/// Held while a test binds UDP port 4791 (RoCEv2's) on this host's own addresses outside a
+/// network namespace of its own: one such test at a time on the machine, across test
+/// binaries and across concurrent `cargo test` runs of different checkouts, which would
+/// otherwise fail on each other's port ("address in use"). A test that makes its own
+/// namespaces needs none. Released when dropped (or when the process dies: the kernel
+/// drops an `flock`).
+#[derive(Debug)]
+pub struct PortLock {
+    _file: Option<std::fs::File>,
+}
+
+/// Waits for [`PortLock`]: an exclusive `flock(2)` on `shmhca-tests-udp-4791.lock` in the
+/// temporary directory, created if missing (never truncated or removed). If the file
+/// cannot be opened (another user's, say), the test goes on without it.
+pub fn udp_4791_lock() -> PortLock {
+    let path = std::env::temp_dir().join("shmhca-tests-udp-4791.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .ok();
+    if let Some(f) = &file {
+        // Blocking: a concurrent run's test holds it for seconds at most.
+        while let Err(e) = rustix::fs::flock(f, rustix::fs::FlockOperation::LockExclusive) {
+            if e != rustix::io::Errno::INTR {
+                break;
+            }
+        }
+    }
+    PortLock { _file: file }
+}

@@ -189,6 +189,7 @@ fn a_scapy_roce_peer_plays_roce_sims_cases() {
     if !scapy_available() {
         return;
     }
+    let _port_lock = shmhca::testing::udp_4791_lock();
     let ctx = Context::builder().mode(EngineMode::Inline).build().unwrap();
     let port = UdpPort::bind(&ctx, SHM_IP.parse().unwrap()).unwrap();
     let pd = ctx.alloc_pd().unwrap();

@@ -26,6 +26,7 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// server's output (it is killed if it runs past 20 s).
 fn serve_one(extra: &[&str], msg: &[u8], tcp_port: u16) -> (Output, Duration) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _port = shmhca::testing::udp_4791_lock();
     let port = tcp_port.to_string();
     let lo = loopback_index();
     let mut args = vec!["rc-pingpong", "-g", &lo, "-p", &port];

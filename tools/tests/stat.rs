@@ -95,6 +95,8 @@ fn stat_json() -> Vec<Value> {
 
 #[test]
 fn stat_shows_a_running_process_and_nothing_after_sigkill() {
+    // The child binds UDP 4791 on 127.0.63.1.
+    let _port = shmhca::testing::udp_4791_lock();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",

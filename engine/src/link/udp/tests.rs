@@ -14,11 +14,17 @@ use crate::{
 
 /// The tests of this file run one at a time: each moves packets through threads that need
 /// a core, and the transport timers run on the wall clock, so several at once on a small
-/// machine (the namespace test runs tshark) could starve one into retry exhaustion.
+/// machine (the namespace test runs tshark) could starve one into retry exhaustion. With the
+/// machine's UDP 4791 lock ([`crate::testing::udp_4791_lock`]): they bind port 4791 on
+/// loopback addresses, which another test binary or another checkout's tests running at
+/// the same time may want.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-pub(super) fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+pub(super) fn serial() -> (std::sync::MutexGuard<'static, ()>, crate::testing::PortLock) {
+    (
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner()),
+        crate::testing::udp_4791_lock(),
+    )
 }
 
 /// One side: a context (inline, manual progress), its port, and a QP with its memory.
