@@ -84,3 +84,92 @@ fn a_quiet_qp_is_not_cut_off_by_another_qps_stream_from_the_same_host() {
          peer's other traffic to this host"
     );
 }
+
+/// Hostile review 2, a check of something found sound (`RxRing::recv` keeps the
+/// `recvmmsg` entries of an empty poll for the next): after a thousand empty polls asking
+/// for varying counts, datagrams of several lengths (one truncated), sources and TOS /
+/// traffic classes (ECN CE among them) are each reported with their own length, source and
+/// TOS, and again after more empty polls — over IPv4 and IPv6 loopback.
+#[test]
+fn datagrams_after_many_empty_polls_keep_their_lengths_sources_and_tos() {
+    use super::socket::{BURST, DGRAM_BYTES, IpOpts, RxRing, TxBurst, UdpSocket};
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+
+    fn drain(rx: &mut RxRing, b: &UdpSocket, want: usize) -> Vec<(usize, SocketAddr, u8)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        while got.len() < want {
+            assert!(Instant::now() < deadline, "received {got:?}");
+            let first = rx.next();
+            // One at a time: entries prepared for more are reused for fewer.
+            let n = rx.recv(b, 1 + got.len() % 3).unwrap();
+            for d in first..first + n as u64 {
+                let (_, len, from) = rx.datagram(d);
+                got.push((len, from.unwrap(), rx.tos(d)));
+            }
+            if n == 0 {
+                b.wait_readable(10);
+            }
+        }
+        got
+    }
+
+    for (x, y) in [("127.0.0.1", "127.0.0.2"), ("::1", "::1")] {
+        let sa = |ip: &str| -> SocketAddr {
+            if ip.contains(':') {
+                format!("[{ip}]:0").parse().unwrap()
+            } else {
+                format!("{ip}:0").parse().unwrap()
+            }
+        };
+        let b = UdpSocket::bind(sa(x)).unwrap();
+        let a = UdpSocket::bind(sa(x)).unwrap();
+        let c = UdpSocket::bind(sa(y)).unwrap();
+        let mut rx = RxRing::new(BURST);
+        for k in 0..1000 {
+            assert_eq!(rx.recv(&b, 1 + k % BURST).unwrap(), 0);
+        }
+        let mut tx = TxBurst::new();
+        for (len, tc) in [(100usize, 0x02u8), (333, 0x03), (40, 0x00)] {
+            tx.next_buf().unwrap();
+            let opts = IpOpts {
+                hop_limit: 0,
+                traffic_class: tc,
+            };
+            tx.commit_with(len, b.local_addr(), opts, 0);
+        }
+        assert_eq!(tx.send(&a).sent, 3);
+        let from_a = a.local_addr();
+        assert_eq!(
+            drain(&mut rx, &b, 3),
+            [(100, from_a, 0x02), (333, from_a, 0x03), (40, from_a, 0x00)],
+            "{x}"
+        );
+        for k in 0..1000 {
+            assert_eq!(rx.recv(&b, BURST - k % BURST).unwrap(), 0);
+        }
+        // An oversized datagram (truncated: length 0) from a std socket, then one from
+        // another address.
+        let s = std::net::UdpSocket::bind(sa(x)).unwrap();
+        s.send_to(&vec![1u8; DGRAM_BYTES + 10], b.local_addr())
+            .unwrap();
+        let mut tx = TxBurst::new();
+        tx.next_buf().unwrap();
+        tx.commit_with(
+            64,
+            b.local_addr(),
+            IpOpts {
+                hop_limit: 0,
+                traffic_class: 0x01,
+            },
+            0,
+        );
+        assert_eq!(tx.send(&c).sent, 1);
+        assert_eq!(
+            drain(&mut rx, &b, 2),
+            [(0, s.local_addr().unwrap(), 0), (64, c.local_addr(), 0x01)],
+            "{x}"
+        );
+    }
+}
