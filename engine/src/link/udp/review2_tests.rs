@@ -173,3 +173,46 @@ fn datagrams_after_many_empty_polls_keep_their_lengths_sources_and_tos() {
         );
     }
 }
+
+/// Hostile review 2 (L-1): the `ip_ids` docs (and the README) say a jump of a track takes
+/// "no spoofer's single lucky guess". But a blind spoofer that sends each guess twice — the
+/// same bytes, IDs X and X + 1 — has the second copy confirm the first whenever the guess
+/// hits a new PSN: one lucky guess moves the track. (No more than the documented barrier:
+/// that guess already has its forged request taken by the engine; and the genuine peer's
+/// track comes back after two of its packets.)
+///
+/// Fails on the code under review: the second copy is believed and the track moves.
+#[test]
+fn a_spoofers_single_lucky_guess_sent_twice_does_not_move_a_track() {
+    let q = Qpn::new(0x12);
+    let mut ids = IpIds::default();
+    ids.watch(q);
+    let epsn = 40u32;
+    let new = |_: Qpn, _: bool, p: Psn| p.get() == epsn;
+    let genuine = Seen {
+        qpn: q,
+        id: 0x1000,
+        request: true,
+        psn: Psn::new(epsn),
+        digest: 1,
+    };
+    assert!(ids.believe(genuine, new), "the peer's first packet teaches its ID");
+    // The genuine request at 40 was taken: the engine expects 41 now.
+    let epsn = 41u32;
+    let new = |_: Qpn, _: bool, p: Psn| p.get() == epsn;
+    // The spoofer's guess (PSN 41, lucky), twice, IDs far off and following on.
+    let forged = |id: u16| Seen {
+        qpn: q,
+        id,
+        request: true,
+        psn: Psn::new(41),
+        digest: 0xbad,
+    };
+    let first = ids.believe(forged(0x9000), new);
+    let second = ids.believe(forged(0x9001), new);
+    assert!(!first, "a far ID alone is refused");
+    assert!(
+        !second,
+        "one lucky PSN guess, sent twice, moved the peer's ID track to the spoofer's"
+    );
+}
