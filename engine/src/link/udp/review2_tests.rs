@@ -59,11 +59,10 @@ fn a_quiet_qp_is_not_cut_off_by_another_qps_stream_from_the_same_host() {
     }
     // Between two packets of B: the stream to A, its packets each new and taken.
     let gap = u32::from(AHEAD) + 1000;
-    let mut stream = |ids: &mut IpIds, peer: &mut Peer, epsn_a: &mut u32| {
+    let stream = |ids: &mut IpIds, peer: &mut Peer, epsn_a: &mut u32| {
         for _ in 0..gap {
             let want = *epsn_a;
-            assert!(ids.believe(request(peer, a, want), |q, _, p| q == a
-                && p.get() == want));
+            assert!(ids.believe(request(peer, a, want), |q, _, p| q == a && p.get() == want));
             *epsn_a += 1;
         }
     };
@@ -72,7 +71,9 @@ fn a_quiet_qp_is_not_cut_off_by_another_qps_stream_from_the_same_host() {
     for attempt in 0..8 {
         stream(&mut ids, &mut peer, &mut epsn_a);
         let want = epsn_b;
-        if ids.believe(request(&mut peer, b, want), |q, _, p| q == b && p.get() == want) {
+        if ids.believe(request(&mut peer, b, want), |q, _, p| {
+            q == b && p.get() == want
+        }) {
             taken_on = Some(attempt);
             break;
         }
@@ -196,7 +197,10 @@ fn a_spoofers_single_lucky_guess_sent_twice_does_not_move_a_track() {
         psn: Psn::new(epsn),
         digest: 1,
     };
-    assert!(ids.believe(genuine, new), "the peer's first packet teaches its ID");
+    assert!(
+        ids.believe(genuine, new),
+        "the peer's first packet teaches its ID"
+    );
     // The genuine request at 40 was taken: the engine expects 41 now.
     let epsn = 41u32;
     let new = |_: Qpn, _: bool, p: Psn| p.get() == epsn;
