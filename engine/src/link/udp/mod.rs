@@ -97,6 +97,8 @@ pub(crate) mod socket;
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]
+mod review2_tests;
+#[cfg(test)]
 mod tests;
 
 use std::net::{IpAddr, SocketAddr};
