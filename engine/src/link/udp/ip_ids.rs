@@ -106,6 +106,15 @@ fn after(from: u16, id: u16) -> bool {
     id.wrapping_sub(from).wrapping_sub(1) < AHEAD
 }
 
+/// Whether a second copy of a packet, its ICRC solved with `id`, confirms the first's
+/// `from`: its ID comes after (a counter moved on a little), or differs beyond a GSO
+/// segment's place (a counter moved on far). Two copies sent with ID 0 or GSO segments'
+/// IDs, corrupt the same way or not, solve to IDs that differ only in their low 6 bits
+/// (the CRC is affine in the ID), and never one after the other beyond that: no.
+fn confirms(from: u16, id: u16) -> bool {
+    after(from, id) || (id ^ from) >= GSO_SEGMENTS
+}
+
 /// What [`IpIds::believe`] looks at in a received packet.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Seen {
@@ -129,6 +138,10 @@ pub(crate) struct IpIds {
     /// Tracks still [`Kind::Unknown`] (while none is, an ID 0 or a GSO segment's needs no
     /// look at the tracks).
     unknown: usize,
+    /// The solved ID of the last packet taken with a new PSN, to any local QP of the link:
+    /// a peer host that numbers all its datagrams to this host from one counter (Linux
+    /// soft-RoCE) is followed through all its QPs' packets.
+    link: Option<u16>,
 }
 
 impl IpIds {
@@ -191,18 +204,29 @@ impl IpIds {
         if new && request {
             t.next_request = Some(psn.add(1));
         }
+        let link_near = self.link.is_some_and(|l| near(l, id));
         let (believed, kind) = match t.kind {
             Kind::Unknown if small && new => (true, Kind::Zero),
             k if small => (true, k),
             Kind::Counting(last) if near(last, id) => {
                 (true, if new { Kind::Counting(id) } else { t.kind })
             }
+            // Follows on from the link's last: a QP of a peer host with one counter.
+            k @ (Kind::Counting(_) | Kind::Unknown) if link_near => {
+                (true, if new { Kind::Counting(id) } else { k })
+            }
             Kind::Unknown if new && !self.zero_peer() => (true, Kind::Counting(id)),
             k if new => match t.jump {
-                Some((from, at, was))
-                    if after(from, id) && (psn.after(at) || (psn == at && digest == was)) =>
-                {
+                Some((from, at, _)) if psn.after(at) && after(from, id) => {
                     (true, Kind::Counting(id))
+                }
+                Some((from, at, was)) if psn == at && digest == was => {
+                    if confirms(from, id) {
+                        (true, Kind::Counting(id))
+                    } else {
+                        // The same copy again, or one before it: wait for another.
+                        (false, k)
+                    }
                 }
                 _ => {
                     t.jump = Some((id, psn, digest));
@@ -211,6 +235,9 @@ impl IpIds {
             },
             k => (false, k),
         };
+        if believed && new && !small {
+            self.link = Some(id);
+        }
         if kind != t.kind {
             if t.kind == Kind::Unknown {
                 self.unknown -= 1;

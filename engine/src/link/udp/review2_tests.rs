@@ -175,48 +175,61 @@ fn datagrams_after_many_empty_polls_keep_their_lengths_sources_and_tos() {
     }
 }
 
-/// Hostile review 2 (L-1): the `ip_ids` docs (and the README) say a jump of a track takes
-/// "no spoofer's single lucky guess". But a blind spoofer that sends each guess twice — the
-/// same bytes, IDs X and X + 1 — has the second copy confirm the first whenever the guess
-/// hits a new PSN: one lucky guess moves the track. (No more than the documented barrier:
-/// that guess already has its forged request taken by the engine; and the genuine peer's
-/// track comes back after two of its packets.)
-///
-/// Fails on the code under review: the second copy is believed and the track moves.
+/// Hostile review 2 (L-1), corrected to what holds: a blind spoofer that sends each PSN
+/// guess twice — the same bytes, IDs X and X + 1 — moves a track when, and only when, the
+/// guess is a PSN the QP takes as new: the same guess that has its forged request taken by
+/// the engine (RoCEv2's barrier), at twice the datagrams. A guess that misses moves
+/// nothing, however often it is sent, and so does a guess sent twice with the same ID.
+/// (The `ip_ids` docs and the README used to say a single lucky guess could not.)
 #[test]
-fn a_spoofers_single_lucky_guess_sent_twice_does_not_move_a_track() {
+fn a_spoofers_guess_sent_twice_moves_a_track_only_with_a_psn_the_qp_takes() {
     let q = Qpn::new(0x12);
     let mut ids = IpIds::default();
     ids.watch(q);
     let epsn = 40u32;
     let new = |_: Qpn, _: bool, p: Psn| p.get() == epsn;
-    let genuine = Seen {
+    let genuine = |id: u16, psn: u32| Seen {
         qpn: q,
-        id: 0x1000,
+        id,
         request: true,
-        psn: Psn::new(epsn),
-        digest: 1,
+        psn: Psn::new(psn),
+        digest: psn,
     };
     assert!(
-        ids.believe(genuine, new),
+        ids.believe(genuine(0x1000, 40), new),
         "the peer's first packet teaches its ID"
     );
     // The genuine request at 40 was taken: the engine expects 41 now.
     let epsn = 41u32;
     let new = |_: Qpn, _: bool, p: Psn| p.get() == epsn;
-    // The spoofer's guess (PSN 41, lucky), twice, IDs far off and following on.
-    let forged = |id: u16| Seen {
+    let forged = |id: u16, psn: u32| Seen {
         qpn: q,
         id,
         request: true,
-        psn: Psn::new(41),
+        psn: Psn::new(psn),
         digest: 0xbad,
     };
-    let first = ids.believe(forged(0x9000), new);
-    let second = ids.believe(forged(0x9001), new);
-    assert!(!first, "a far ID alone is refused");
+    // Misses (PSNs the QP would not take), each twice, and a hit twice with one ID: the
+    // far IDs are refused and nothing moves; the genuine peer's next packet is taken.
+    for psn in [0u32, 39, 42, 0x7f_ffff] {
+        assert!(!ids.believe(forged(0x9000, psn), new), "{psn}");
+        assert!(!ids.believe(forged(0x9001, psn), new), "{psn}");
+    }
+    assert!(!ids.believe(forged(0x9000, 41), new));
+    assert!(!ids.believe(forged(0x9000, 41), new), "the same ID twice");
     assert!(
-        !second,
-        "one lucky PSN guess, sent twice, moved the peer's ID track to the spoofer's"
+        ids.believe(genuine(0x1001, 41), new),
+        "the genuine peer follows on"
+    );
+    // The genuine request at 41 was taken; the spoofer's lucky guess of 42, twice.
+    let epsn = 42u32;
+    let new = |_: Qpn, _: bool, p: Psn| p.get() == epsn;
+    assert!(
+        !ids.believe(forged(0x9000, 42), new),
+        "a far ID alone is refused"
+    );
+    assert!(
+        ids.believe(forged(0x9001, 42), new),
+        "the lucky guess again moves the track (and its request is the engine's to take)"
     );
 }
