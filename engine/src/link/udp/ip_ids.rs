@@ -442,6 +442,98 @@ mod tests {
         assert!(ids.believe(seen(r, 0x7002, true, p(1)), any_new));
     }
 
+    /// Hostile review 2 (M-1): a counting peer's packet dropped for a far ID is taken when
+    /// it comes again (its retry: the same PSN and body) with any later ID, however far on
+    /// the peer's counter moved in between; a copy with the same ID, or one just before,
+    /// waits for another.
+    #[test]
+    fn the_same_packet_again_confirms_a_jump_whatever_its_id() {
+        for gap in [1u16, 63, 64, 5000, 0x8000, 0xffc0] {
+            let mut ids = IpIds::default();
+            ids.watch(Q);
+            assert!(ids.believe(seen(Q, 0x100, true, p(0)), any_new));
+            let far = 0x100u16.wrapping_add(AHEAD + 1000);
+            assert!(!ids.believe(seen(Q, far, true, p(1)), any_new), "{gap}");
+            assert!(!ids.believe(seen(Q, far, true, p(1)), any_new), "same ID");
+            assert!(
+                !ids.believe(seen(Q, far - 1, true, p(1)), any_new),
+                "just before"
+            );
+            let retry = far.wrapping_add(gap);
+            assert!(ids.believe(seen(Q, retry, true, p(1)), any_new), "{gap}");
+            assert_eq!(ids.tracks[0].kind, Kind::Counting(retry));
+        }
+    }
+
+    /// A peer QP known to send ID 0 (a Linux or shmhca peer, every copy of a packet sent
+    /// with ID 0): copies of a packet corrupt the same way solve to the same ID, and
+    /// copies corrupt in other ways have other digests: neither ever confirms a jump, so
+    /// its ICRC stays a 32-bit check. Copies of one body whose IDs differ beyond a GSO
+    /// segment's place (a peer that counts after all) do.
+    #[test]
+    fn copies_of_a_zero_peers_corrupt_packet_confirm_nothing() {
+        let mut ids = IpIds::default();
+        ids.watch(Q);
+        assert!(ids.believe(seen(Q, 0, true, p(0)), any_new));
+        assert_eq!(ids.tracks[0].kind, Kind::Zero);
+        let same = seen(Q, 0x5a3f, true, p(1));
+        for _ in 0..100 {
+            assert!(!ids.believe(same, any_new));
+        }
+        for k in (0..1000u16).filter(|k| (0x5a3f ^ (k << 6)) >= GSO_SEGMENTS) {
+            let other = Seen {
+                digest: u32::from(k) << 8,
+                ..seen(Q, 0x5a3f ^ (k << 6), true, p(1))
+            };
+            assert!(!ids.believe(other, any_new), "{k}");
+        }
+        assert_eq!(ids.tracks[0].kind, Kind::Zero);
+        let body = |id| Seen {
+            digest: 7,
+            ..seen(Q, id, true, p(1))
+        };
+        assert!(!ids.believe(body(0x5a3f), any_new));
+        assert!(ids.believe(body(0x5a3f ^ 0x1c0), any_new));
+        assert_eq!(ids.tracks[0].kind, Kind::Counting(0x5a3f ^ 0x1c0));
+    }
+
+    /// Hostile review 2 (M-1): a peer host that numbers all its datagrams to this host
+    /// from one counter (soft-RoCE) is followed through the link: a quiet QP's packet is
+    /// taken if it follows on from the last packet with a new PSN to any QP of the link.
+    /// Packets with PSNs no QP would take move nothing, and a QP whose peer sends ID 0
+    /// gets nothing solved for from the link's IDs.
+    #[test]
+    fn a_quiet_qp_follows_the_links_last_id() {
+        let (a, b, z) = (Qpn::new(0x11), Qpn::new(0x12), Qpn::new(0x13));
+        let mut ids = IpIds::default();
+        for q in [a, b, z] {
+            ids.watch(q);
+        }
+        let mut id = 0x1000u16;
+        // A is learned from its first packet, Z's peer sends ID 0; B follows A.
+        assert!(ids.believe(seen(a, id, true, p(0)), any_new));
+        assert!(ids.believe(seen(z, 0, true, p(0)), any_new));
+        for n in 1..=3 * u32::from(AHEAD) {
+            id = id.wrapping_add(1);
+            assert!(ids.believe(seen(a, id, true, p(n)), any_new));
+        }
+        assert!(
+            ids.believe(seen(b, id + 7, true, p(0)), any_new),
+            "B follows on"
+        );
+        assert_eq!(ids.tracks[1].kind, Kind::Counting(id + 7));
+        // Forged datagrams with PSNs no QP would take, far IDs: the link stays.
+        for k in 1..=14u16 {
+            let far = id.wrapping_add(k * (AHEAD + GSO_SEGMENTS));
+            assert!(!ids.believe(seen(a, far, true, p(9)), never_new));
+        }
+        assert_eq!(ids.link, Some(id + 7));
+        // Z (ID 0) gets nothing solved for, though its ID follows the link's.
+        assert!(!ids.believe(seen(z, id + 8, true, p(1)), never_new));
+        assert!(!ids.believe(seen(z, id + 8, true, p(1)), |q, _, _| q != z));
+        assert_eq!(ids.tracks[2].kind, Kind::Zero);
+    }
+
     /// A route made again (a QP reset and connected anew) starts afresh; a route forgotten
     /// leaves no track.
     #[test]
