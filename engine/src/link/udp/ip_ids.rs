@@ -1,4 +1,4 @@
-//! The IPv4 identifications a link's peer sends, learned per local QP, so that solving for
+//! The IPv4 identifications a link's peer sends, learned per local QP and per link, so that solving for
 //! the ID a datagram's ICRC covers (a UDP socket cannot see it) neither weakens the ICRC
 //! nor hands a spoofer a way to cut a peer off.
 //!
@@ -18,15 +18,17 @@
 //! Per local QP that talks over the link (a route: [`IpIds::watch`], made by
 //! `UdpPort::destination`, never by a datagram — nothing a stranger sends takes a slot or
 //! pushes one out), what its peer QP's IDs are: not known yet, *zero* (0, and a GSO run's
-//! 1 … 63), or *counting* (the last one).
+//! 1 … 63), or *counting* (the last one). And per link (per peer address), the last ID
+//! of a packet taken with a new PSN to any of its QPs.
 //!
 //! * ID 0 holds the ICRC with all 32 bits: always taken. So is an ID below
 //!   [`GSO_SEGMENTS`] (a GSO segment's place in its send; 63 values: a corrupt datagram
 //!   passes one time in 2^26).
-//! * A higher ID is solved for only for a peer QP known to count, and taken when it
-//!   follows on from the last ([`AHEAD`] after, [`BEHIND`] before): a corrupt datagram
-//!   passes one time in about 2^20. For a peer QP known to send 0 nothing is solved for:
-//!   its ICRC is checked with ID 0, all 32 bits (besides the GSO segments').
+//! * A higher ID is solved for only for a peer QP known to count (or not known yet), and
+//!   taken when it follows on ([`AHEAD`] after, [`BEHIND`] before) from that QP's last or
+//!   from the link's last: a corrupt datagram passes one time in about 2^19. For a peer QP
+//!   known to send 0 nothing is solved for: its ICRC is checked with ID 0, all 32 bits
+//!   (besides the GSO segments'), whatever the link's other QPs send.
 //! * **What is known moves only with a packet whose PSN the QP would take as new**: a
 //!   request at its responder's ePSN (or right after the last such request, for a burst the
 //!   engine has not seen yet), a response inside the PSNs its requester has outstanding.
@@ -34,28 +36,57 @@
 //!   the pump checks the datagram: a function call, no lock, nothing allocated). A datagram
 //!   with another PSN is passed to the engine if its ID follows on (the engine drops it or
 //!   answers a duplicate, as over any link) but moves nothing.
+//! * **A jump** (a packet with a new PSN whose ID follows on from neither: a peer idle for
+//!   long, a peer known as zero that counts after all) is refused and remembered (its ID,
+//!   PSN and digest: its ICRC with ID 0). The track jumps with the next packet with a new
+//!   PSN that is either a later packet (a later PSN) whose ID comes 1 to [`AHEAD`] after,
+//!   or the same packet again (the same PSN and digest: the peer's retransmission) whose
+//!   ID comes after or differs beyond a GSO segment's place (its bits above the low 6),
+//!   however far.
 //!
-//! # Why a blind spoofer cannot use it
+//! # A peer host with one counter (Linux soft-RoCE)
+//!
+//! Linux soft-RoCE takes its IDs from `__ip_select_ident`: one counter per (source,
+//! destination, protocol), which every QP of that host moves, and so does every non-DF UDP
+//! datagram any user of that host sends to this host. Between two packets of a quiet QP
+//! the counter may move on by any amount. The link's last ID follows the counter through
+//! the packets of all the host's QPs to this port, so a quiet QP's packet is taken at once
+//! when the host's other RoCE traffic comes here; when the counter moved on with traffic
+//! this port does not see, the packet is dropped and the peer's retransmission of it (the
+//! same PSN and bytes, the counter moved on by at least one) confirms the jump and is
+//! taken, whatever its ID: one retry timeout, never a failed QP. A NIC that counts per QP
+//! is followed by its QP's track; one that counts per host, by the link's last.
+//!
+//! # Why a blind spoofer gains nothing from it
 //!
 //! A spoofer who does not see the traffic knows the peer's address and the QPN, not the
-//! PSNs. Its datagrams that follow on from the last ID reach the engine (which takes none
-//! without the right PSN), and move no track; those that do not follow on are dropped. To
-//! move a track it needs a PSN the QP would take as new: a 2^-24 guess for a request, the
-//! outstanding window's width in 2^24 for a response — exactly what it needs to have a
-//! forged request or Ack *accepted by the engine*, the barrier RoCEv2 has anyway. A jump
-//! of the track (a counting peer idle for long, whose ID moved on by more than [`AHEAD`];
-//! a peer known as zero that turns out to count) needs two such packets, the second's ID
-//! following on from the first's, and the second a later packet (a later PSN) or the same
-//! one sent again (the same bytes): no spoofer's single lucky guess, no single corrupt
-//! datagram, and no pair of corrupt copies of one packet.
+//! PSNs. Its datagrams that follow on from a last ID reach the engine (which takes none
+//! without the right PSN), and move nothing; those that do not follow on are dropped.
+//! To move a track, or the link's last, it needs a PSN the QP would take as new: a 2^-24
+//! guess for a request, the outstanding window's width in 2^24 for a response — exactly
+//! what it needs to have a forged request or Ack *accepted by the engine*, the barrier
+//! RoCEv2 has anyway. A guess that misses moves nothing, however often it is sent. A lucky
+//! guess moves what a genuine packet would: the track at once if its ID follows on, else
+//! a jump the spoofer confirms by sending the same bytes again with another ID — one lucky
+//! guess, sent twice, moves the track (nothing blind to PSNs can tell that from a
+//! genuine retransmission), and its forged packet is the engine's to take. Moving IDs
+//! away never makes a genuine packet dropped for good: it follows on from its QP's track
+//! or the link's last, or its retransmission confirms a jump. A jump is never confirmed
+//! by a single corrupt datagram, by corrupt copies of one packet (their digests differ),
+//! or by copies of an ID-0 peer's packet sent with ID 0 and corrupt the same way (they
+//! solve to the same ID). Copies sent at different places of GSO sends and corrupt the
+//! same way solve to IDs that differ in their low 6 bits only: they confirm a jump only
+//! when the later copy's comes after the earlier's, as two later packets of such a peer
+//! can (the corruption must also be one of the 2^-16 that solve at all).
 //!
 //! # The first packet of a counting peer
 //!
 //! A NIC's first packet to a QP carries an ID nobody knows. It is taken, and its ID
-//! learned, if its PSN is new to the QP (a corrupt first datagram passes one time in
-//! 2^16, once per connection), unless the link's peer is known to send ID 0 (some QP of it
-//! does, none counts): then it waits for a second packet that follows on (a retry), as a
-//! jump does, and a corrupt datagram from a Linux peer never passes for a NIC's first.
+//! learned, if it follows on from the link's last or its PSN is new to the QP (a corrupt
+//! first datagram passes one time in 2^16, once per connection), unless the link's peer
+//! is known to send ID 0 (some QP of it does, none counts): then it waits for a second
+//! packet that confirms it, as a jump does, and a corrupt datagram from a Linux peer never
+//! passes for a NIC's first.
 #![forbid(unsafe_code)]
 
 use crate::psn::Psn;
@@ -88,8 +119,9 @@ struct Track {
     qpn: Qpn,
     kind: Kind,
     /// A packet with a new PSN whose ID did not follow on: its ID, PSN and digest. The
-    /// track jumps with the next packet with a new PSN whose ID follows on from it, if that
-    /// is a later packet (its PSN after) or the same one sent again (its digest the same).
+    /// track jumps with the next packet with a new PSN that is a later packet (its PSN
+    /// after) whose ID comes after, or the same one sent again (its PSN and digest the
+    /// same) whose ID [`confirms`] it; a copy that does not leaves it as it is.
     jump: Option<(u16, Psn, u32)>,
     /// The PSN after the last request with a new PSN (the next of a burst the engine has
     /// not taken yet is new too).
