@@ -236,7 +236,6 @@ impl IpIds {
         if new && request {
             t.next_request = Some(psn.add(1));
         }
-        let link_near = self.link.is_some_and(|l| near(l, id));
         let (believed, kind) = match t.kind {
             Kind::Unknown if small && new => (true, Kind::Zero),
             k if small => (true, k),
@@ -244,7 +243,7 @@ impl IpIds {
                 (true, if new { Kind::Counting(id) } else { t.kind })
             }
             // Follows on from the link's last: a QP of a peer host with one counter.
-            k @ (Kind::Counting(_) | Kind::Unknown) if link_near => {
+            k @ (Kind::Counting(_) | Kind::Unknown) if self.link.is_some_and(|l| near(l, id)) => {
                 (true, if new { Kind::Counting(id) } else { k })
             }
             Kind::Unknown if new && !self.zero_peer() => (true, Kind::Counting(id)),
