@@ -289,3 +289,43 @@ fn any_port_on_the_peers_address_reaches_the_qp() {
     v.settle();
     assert_eq!(v.received(), [(0, *b"forged!!")]);
 }
+
+/// Hostile review 2 (M-1), end to end: a peer that counts its IPv4 IDs with one counter
+/// for all its traffic to this host — Linux soft-RoCE (`__ip_select_ident`: one counter
+/// per source, destination and protocol), which every other QP of that host moves on, and
+/// so does every non-DF UDP datagram any user of that host sends to any port here — is cut
+/// off once that counter moves on by more than `AHEAD` between two packets of this QP:
+/// its message and every retry of it (the same PSN, the same bytes) are dropped for their
+/// ICRC, and the peer runs out of retries. Nothing was forged or corrupt. Here the other
+/// traffic never reaches the port (UDP to another port of this host): only the IDs of this
+/// QP's own packets show it.
+///
+/// Fails on the code under review: the Send is dropped on all 8 tries.
+#[test]
+fn review2_a_counting_peers_message_is_delivered_after_its_other_traffic() {
+    let _s = super::tests::serial();
+    let mut v = Victim::new("127.0.219.1", "127.0.219.2");
+    let q = v.qpn();
+    let mut id = 0x1000u16;
+    v.send(None, id, q, 0, b"real");
+    v.settle();
+    assert_eq!(v.received().len(), 1, "the peer's first Send");
+    let mut delivered = None;
+    for attempt in 0..8 {
+        // The peer's other datagrams to this host since its last packet to the QP.
+        id = id.wrapping_add(super::ip_ids::AHEAD + 1000);
+        v.send(None, id, q, 1, b"next");
+        v.settle();
+        if !v.received().is_empty() {
+            delivered = Some(attempt);
+            break;
+        }
+    }
+    assert!(
+        delivered.is_some(),
+        "a genuine Send (and its 7 retries) from a peer whose ID counter moved on by {} \
+         between tries never delivered: {:?}",
+        super::ip_ids::AHEAD + 1000,
+        v.port.counters()
+    );
+}

@@ -1,4 +1,4 @@
-//! The IPv4 identifications a link's peer sends, learned per local QP, so that solving for
+//! The IPv4 identifications a link's peer sends, learned per local QP and per link, so that solving for
 //! the ID a datagram's ICRC covers (a UDP socket cannot see it) neither weakens the ICRC
 //! nor hands a spoofer a way to cut a peer off.
 //!
@@ -18,15 +18,17 @@
 //! Per local QP that talks over the link (a route: [`IpIds::watch`], made by
 //! `UdpPort::destination`, never by a datagram — nothing a stranger sends takes a slot or
 //! pushes one out), what its peer QP's IDs are: not known yet, *zero* (0, and a GSO run's
-//! 1 … 63), or *counting* (the last one).
+//! 1 … 63), or *counting* (the last one). And per link (per peer address), the last ID
+//! of a packet taken with a new PSN to any of its QPs.
 //!
 //! * ID 0 holds the ICRC with all 32 bits: always taken. So is an ID below
 //!   [`GSO_SEGMENTS`] (a GSO segment's place in its send; 63 values: a corrupt datagram
 //!   passes one time in 2^26).
-//! * A higher ID is solved for only for a peer QP known to count, and taken when it
-//!   follows on from the last ([`AHEAD`] after, [`BEHIND`] before): a corrupt datagram
-//!   passes one time in about 2^20. For a peer QP known to send 0 nothing is solved for:
-//!   its ICRC is checked with ID 0, all 32 bits (besides the GSO segments').
+//! * A higher ID is solved for only for a peer QP known to count (or not known yet), and
+//!   taken when it follows on ([`AHEAD`] after, [`BEHIND`] before) from that QP's last or
+//!   from the link's last: a corrupt datagram passes one time in about 2^19. For a peer QP
+//!   known to send 0 nothing is solved for: its ICRC is checked with ID 0, all 32 bits
+//!   (besides the GSO segments'), whatever the link's other QPs send.
 //! * **What is known moves only with a packet whose PSN the QP would take as new**: a
 //!   request at its responder's ePSN (or right after the last such request, for a burst the
 //!   engine has not seen yet), a response inside the PSNs its requester has outstanding.
@@ -34,28 +36,57 @@
 //!   the pump checks the datagram: a function call, no lock, nothing allocated). A datagram
 //!   with another PSN is passed to the engine if its ID follows on (the engine drops it or
 //!   answers a duplicate, as over any link) but moves nothing.
+//! * **A jump** (a packet with a new PSN whose ID follows on from neither: a peer idle for
+//!   long, a peer known as zero that counts after all) is refused and remembered (its ID,
+//!   PSN and digest: its ICRC with ID 0). The track jumps with the next packet with a new
+//!   PSN that is either a later packet (a later PSN) whose ID comes 1 to [`AHEAD`] after,
+//!   or the same packet again (the same PSN and digest: the peer's retransmission) whose
+//!   ID comes after or differs beyond a GSO segment's place (its bits above the low 6),
+//!   however far.
 //!
-//! # Why a blind spoofer cannot use it
+//! # A peer host with one counter (Linux soft-RoCE)
+//!
+//! Linux soft-RoCE takes its IDs from `__ip_select_ident`: one counter per (source,
+//! destination, protocol), which every QP of that host moves, and so does every non-DF UDP
+//! datagram any user of that host sends to this host. Between two packets of a quiet QP
+//! the counter may move on by any amount. The link's last ID follows the counter through
+//! the packets of all the host's QPs to this port, so a quiet QP's packet is taken at once
+//! when the host's other RoCE traffic comes here; when the counter moved on with traffic
+//! this port does not see, the packet is dropped and the peer's retransmission of it (the
+//! same PSN and bytes, the counter moved on by at least one) confirms the jump and is
+//! taken, whatever its ID: one retry timeout, never a failed QP. A NIC that counts per QP
+//! is followed by its QP's track; one that counts per host, by the link's last.
+//!
+//! # Why a blind spoofer gains nothing from it
 //!
 //! A spoofer who does not see the traffic knows the peer's address and the QPN, not the
-//! PSNs. Its datagrams that follow on from the last ID reach the engine (which takes none
-//! without the right PSN), and move no track; those that do not follow on are dropped. To
-//! move a track it needs a PSN the QP would take as new: a 2^-24 guess for a request, the
-//! outstanding window's width in 2^24 for a response — exactly what it needs to have a
-//! forged request or Ack *accepted by the engine*, the barrier RoCEv2 has anyway. A jump
-//! of the track (a counting peer idle for long, whose ID moved on by more than [`AHEAD`];
-//! a peer known as zero that turns out to count) needs two such packets, the second's ID
-//! following on from the first's, and the second a later packet (a later PSN) or the same
-//! one sent again (the same bytes): no spoofer's single lucky guess, no single corrupt
-//! datagram, and no pair of corrupt copies of one packet.
+//! PSNs. Its datagrams that follow on from a last ID reach the engine (which takes none
+//! without the right PSN), and move nothing; those that do not follow on are dropped.
+//! To move a track, or the link's last, it needs a PSN the QP would take as new: a 2^-24
+//! guess for a request, the outstanding window's width in 2^24 for a response — exactly
+//! what it needs to have a forged request or Ack *accepted by the engine*, the barrier
+//! RoCEv2 has anyway. A guess that misses moves nothing, however often it is sent. A lucky
+//! guess moves what a genuine packet would: the track at once if its ID follows on, else
+//! a jump the spoofer confirms by sending the same bytes again with another ID — one lucky
+//! guess, sent twice, moves the track (nothing blind to PSNs can tell that from a
+//! genuine retransmission), and its forged packet is the engine's to take. Moving IDs
+//! away never makes a genuine packet dropped for good: it follows on from its QP's track
+//! or the link's last, or its retransmission confirms a jump. A jump is never confirmed
+//! by a single corrupt datagram, by corrupt copies of one packet (their digests differ),
+//! or by copies of an ID-0 peer's packet sent with ID 0 and corrupt the same way (they
+//! solve to the same ID). Copies sent at different places of GSO sends and corrupt the
+//! same way solve to IDs that differ in their low 6 bits only: they confirm a jump only
+//! when the later copy's comes after the earlier's, as two later packets of such a peer
+//! can (the corruption must also be one of the 2^-16 that solve at all).
 //!
 //! # The first packet of a counting peer
 //!
 //! A NIC's first packet to a QP carries an ID nobody knows. It is taken, and its ID
-//! learned, if its PSN is new to the QP (a corrupt first datagram passes one time in
-//! 2^16, once per connection), unless the link's peer is known to send ID 0 (some QP of it
-//! does, none counts): then it waits for a second packet that follows on (a retry), as a
-//! jump does, and a corrupt datagram from a Linux peer never passes for a NIC's first.
+//! learned, if it follows on from the link's last or its PSN is new to the QP (a corrupt
+//! first datagram passes one time in 2^16, once per connection), unless the link's peer
+//! is known to send ID 0 (some QP of it does, none counts): then it waits for a second
+//! packet that confirms it, as a jump does, and a corrupt datagram from a Linux peer never
+//! passes for a NIC's first.
 #![forbid(unsafe_code)]
 
 use crate::psn::Psn;
@@ -88,8 +119,9 @@ struct Track {
     qpn: Qpn,
     kind: Kind,
     /// A packet with a new PSN whose ID did not follow on: its ID, PSN and digest. The
-    /// track jumps with the next packet with a new PSN whose ID follows on from it, if that
-    /// is a later packet (its PSN after) or the same one sent again (its digest the same).
+    /// track jumps with the next packet with a new PSN that is a later packet (its PSN
+    /// after) whose ID comes after, or the same one sent again (its PSN and digest the
+    /// same) whose ID [`confirms`] it; a copy that does not leaves it as it is.
     jump: Option<(u16, Psn, u32)>,
     /// The PSN after the last request with a new PSN (the next of a burst the engine has
     /// not taken yet is new too).
@@ -104,6 +136,15 @@ fn near(last: u16, id: u16) -> bool {
 /// Whether `id` comes after `from` by 1 to [`AHEAD`].
 fn after(from: u16, id: u16) -> bool {
     id.wrapping_sub(from).wrapping_sub(1) < AHEAD
+}
+
+/// Whether a second copy of a packet, its ICRC solved with `id`, confirms the first's
+/// `from`: its ID comes after (a counter moved on a little), or differs beyond a GSO
+/// segment's place (a counter moved on far). Two copies sent with ID 0 or GSO segments'
+/// IDs, corrupt the same way or not, solve to IDs that differ only in their low 6 bits
+/// (the CRC is affine in the ID), and never one after the other beyond that: no.
+fn confirms(from: u16, id: u16) -> bool {
+    after(from, id) || (id ^ from) >= GSO_SEGMENTS
 }
 
 /// What [`IpIds::believe`] looks at in a received packet.
@@ -129,6 +170,10 @@ pub(crate) struct IpIds {
     /// Tracks still [`Kind::Unknown`] (while none is, an ID 0 or a GSO segment's needs no
     /// look at the tracks).
     unknown: usize,
+    /// The solved ID of the last packet taken with a new PSN, to any local QP of the link:
+    /// a peer host that numbers all its datagrams to this host from one counter (Linux
+    /// soft-RoCE) is followed through all its QPs' packets.
+    link: Option<u16>,
 }
 
 impl IpIds {
@@ -197,12 +242,22 @@ impl IpIds {
             Kind::Counting(last) if near(last, id) => {
                 (true, if new { Kind::Counting(id) } else { t.kind })
             }
+            // Follows on from the link's last: a QP of a peer host with one counter.
+            k @ (Kind::Counting(_) | Kind::Unknown) if self.link.is_some_and(|l| near(l, id)) => {
+                (true, if new { Kind::Counting(id) } else { k })
+            }
             Kind::Unknown if new && !self.zero_peer() => (true, Kind::Counting(id)),
             k if new => match t.jump {
-                Some((from, at, was))
-                    if after(from, id) && (psn.after(at) || (psn == at && digest == was)) =>
-                {
+                Some((from, at, _)) if psn.after(at) && after(from, id) => {
                     (true, Kind::Counting(id))
+                }
+                Some((from, at, was)) if psn == at && digest == was => {
+                    if confirms(from, id) {
+                        (true, Kind::Counting(id))
+                    } else {
+                        // The same copy again, or one before it: wait for another.
+                        (false, k)
+                    }
                 }
                 _ => {
                     t.jump = Some((id, psn, digest));
@@ -211,6 +266,9 @@ impl IpIds {
             },
             k => (false, k),
         };
+        if believed && new && !small {
+            self.link = Some(id);
+        }
         if kind != t.kind {
             if t.kind == Kind::Unknown {
                 self.unknown -= 1;
@@ -413,6 +471,98 @@ mod tests {
             "not new: no jump"
         );
         assert!(ids.believe(seen(r, 0x7002, true, p(1)), any_new));
+    }
+
+    /// Hostile review 2 (M-1): a counting peer's packet dropped for a far ID is taken when
+    /// it comes again (its retry: the same PSN and body) with any later ID, however far on
+    /// the peer's counter moved in between; a copy with the same ID, or one just before,
+    /// waits for another.
+    #[test]
+    fn the_same_packet_again_confirms_a_jump_whatever_its_id() {
+        for gap in [1u16, 63, 64, 5000, 0x8000, 0xffc0] {
+            let mut ids = IpIds::default();
+            ids.watch(Q);
+            assert!(ids.believe(seen(Q, 0x100, true, p(0)), any_new));
+            let far = 0x100u16.wrapping_add(AHEAD + 1000);
+            assert!(!ids.believe(seen(Q, far, true, p(1)), any_new), "{gap}");
+            assert!(!ids.believe(seen(Q, far, true, p(1)), any_new), "same ID");
+            assert!(
+                !ids.believe(seen(Q, far - 1, true, p(1)), any_new),
+                "just before"
+            );
+            let retry = far.wrapping_add(gap);
+            assert!(ids.believe(seen(Q, retry, true, p(1)), any_new), "{gap}");
+            assert_eq!(ids.tracks[0].kind, Kind::Counting(retry));
+        }
+    }
+
+    /// A peer QP known to send ID 0 (a Linux or shmhca peer, every copy of a packet sent
+    /// with ID 0): copies of a packet corrupt the same way solve to the same ID, and
+    /// copies corrupt in other ways have other digests: neither ever confirms a jump, so
+    /// its ICRC stays a 32-bit check. Copies of one body whose IDs differ beyond a GSO
+    /// segment's place (a peer that counts after all) do.
+    #[test]
+    fn copies_of_a_zero_peers_corrupt_packet_confirm_nothing() {
+        let mut ids = IpIds::default();
+        ids.watch(Q);
+        assert!(ids.believe(seen(Q, 0, true, p(0)), any_new));
+        assert_eq!(ids.tracks[0].kind, Kind::Zero);
+        let same = seen(Q, 0x5a3f, true, p(1));
+        for _ in 0..100 {
+            assert!(!ids.believe(same, any_new));
+        }
+        for k in (0..1000u16).filter(|k| (0x5a3f ^ (k << 6)) >= GSO_SEGMENTS) {
+            let other = Seen {
+                digest: u32::from(k) << 8,
+                ..seen(Q, 0x5a3f ^ (k << 6), true, p(1))
+            };
+            assert!(!ids.believe(other, any_new), "{k}");
+        }
+        assert_eq!(ids.tracks[0].kind, Kind::Zero);
+        let body = |id| Seen {
+            digest: 7,
+            ..seen(Q, id, true, p(1))
+        };
+        assert!(!ids.believe(body(0x5a3f), any_new));
+        assert!(ids.believe(body(0x5a3f ^ 0x1c0), any_new));
+        assert_eq!(ids.tracks[0].kind, Kind::Counting(0x5a3f ^ 0x1c0));
+    }
+
+    /// Hostile review 2 (M-1): a peer host that numbers all its datagrams to this host
+    /// from one counter (soft-RoCE) is followed through the link: a quiet QP's packet is
+    /// taken if it follows on from the last packet with a new PSN to any QP of the link.
+    /// Packets with PSNs no QP would take move nothing, and a QP whose peer sends ID 0
+    /// gets nothing solved for from the link's IDs.
+    #[test]
+    fn a_quiet_qp_follows_the_links_last_id() {
+        let (a, b, z) = (Qpn::new(0x11), Qpn::new(0x12), Qpn::new(0x13));
+        let mut ids = IpIds::default();
+        for q in [a, b, z] {
+            ids.watch(q);
+        }
+        let mut id = 0x1000u16;
+        // A is learned from its first packet, Z's peer sends ID 0; B follows A.
+        assert!(ids.believe(seen(a, id, true, p(0)), any_new));
+        assert!(ids.believe(seen(z, 0, true, p(0)), any_new));
+        for n in 1..=3 * u32::from(AHEAD) {
+            id = id.wrapping_add(1);
+            assert!(ids.believe(seen(a, id, true, p(n)), any_new));
+        }
+        assert!(
+            ids.believe(seen(b, id + 7, true, p(0)), any_new),
+            "B follows on"
+        );
+        assert_eq!(ids.tracks[1].kind, Kind::Counting(id + 7));
+        // Forged datagrams with PSNs no QP would take, far IDs: the link stays.
+        for k in 1..=14u16 {
+            let far = id.wrapping_add(k * (AHEAD + GSO_SEGMENTS));
+            assert!(!ids.believe(seen(a, far, true, p(9)), never_new));
+        }
+        assert_eq!(ids.link, Some(id + 7));
+        // Z (ID 0) gets nothing solved for, though its ID follows the link's.
+        assert!(!ids.believe(seen(z, id + 8, true, p(1)), never_new));
+        assert!(!ids.believe(seen(z, id + 8, true, p(1)), |q, _, _| q != z));
+        assert_eq!(ids.tracks[2].kind, Kind::Zero);
     }
 
     /// A route made again (a QP reset and connected anew) starts afresh; a route forgotten

@@ -82,8 +82,9 @@
 //!   a RoCEv2 congestion *notification point* (a QP that receives packets marked
 //!   Congestion Experienced answers their sender with CNPs, at most one per 50 µs: see
 //!   `pump`), not a *reaction point*. (Peers' IPv4 IDs other than 0 are solved for, and
-//!   must follow on per peer QP, learned only from packets with a PSN the QP takes as new:
-//!   `ip_ids`; an invalid credit code lifts the credit limit; MigReq is ignored, as the
+//!   must follow on per peer QP or per link, learned only from packets with a PSN the QP
+//!   takes as new, or be a retransmission of a packet refused for its ID: `ip_ids`; an
+//!   invalid credit code lifts the credit limit; MigReq is ignored, as the
 //!   receive path never looks at it.)
 //! * Every request's Ack is a datagram of its own (RoCEv2 has no Ack riding in a
 //!   request), so an RC round trip is four datagrams where a bare UDP ping-pong is two.
@@ -96,6 +97,8 @@ pub(crate) mod socket;
 
 #[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod review2_tests;
 #[cfg(test)]
 mod tests;
 
@@ -215,7 +218,7 @@ impl Fate {
 /// QP is what stands on any RoCE fabric: the PSN the QP expects (24 bits; a request
 /// elsewhere is dropped or Nak'd), and an R_Key for RDMA. (What the port learns of the
 /// peer's IPv4 IDs moves only with packets whose PSN the QP takes as new: a spoofer that
-/// does not know it cannot make the peer's own datagrams fail their ICRC.)
+/// does not know it cannot make the peer's own datagrams fail their ICRC for good.)
 ///
 /// So for a peer on this host — a loopback address, or this host's own address when two
 /// processes of one machine talk over RoCEv2 — **any local process of any user** can bind

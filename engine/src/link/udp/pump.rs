@@ -130,8 +130,8 @@ pub(crate) struct RxEnd {
     frame_dgram: Box<[u64]>,
     /// Frames published to the engine.
     pushed: u64,
-    /// The IPv4 IDs the peer's QPs send, per local QP with a route on the link (see
-    /// `super::ip_ids`).
+    /// The IPv4 IDs the peer's QPs send, per local QP with a route on the link and the
+    /// link's last (see `super::ip_ids`).
     ids: IpIds,
 }
 
