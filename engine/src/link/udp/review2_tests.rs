@@ -41,7 +41,7 @@ fn request(peer: &mut Peer, qpn: Qpn, psn: u32) -> Seen {
 /// last): the peer exhausts its retry count (7) and B's connection dies, though no
 /// packet was forged or corrupt.
 ///
-/// Fails on the code under review: B's message is refused on all 8 tries.
+/// Before the fix of the review (branch review2) B's message was refused on all 8 tries.
 #[test]
 fn a_quiet_qp_is_not_cut_off_by_another_qps_stream_from_the_same_host() {
     let (a, b) = (Qpn::new(0x11), Qpn::new(0x12));
