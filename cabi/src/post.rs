@@ -252,6 +252,16 @@ pub unsafe extern "C" fn post_send(
         let Some(q) = (unsafe { obj::<_, QpObj>(qp) }) else {
             return libc::EINVAL;
         };
+        // SAFETY: the program's request list (its first request, or null).
+        if let Some(first) = unsafe { wr.as_ref() } {
+            if let Some(done) = send_one_sge(q, first) {
+                if done != 0 && !bad.is_null() {
+                    // SAFETY: the program's out pointer.
+                    unsafe { bad.write(wr) };
+                }
+                return done;
+            }
+        }
         let mut w = wr;
         while !w.is_null() {
             // SAFETY: the program's request list.
@@ -275,6 +285,43 @@ pub unsafe extern "C" fn post_send(
             w = r.next;
         }
         0
+    })
+}
+
+/// The request nearly every program posts, alone: a Send of one element of registered
+/// memory, with at most the signaled and solicited flags (perftest's `ib_send_lat` and
+/// `ib_send_bw`). Posted through a copy of [`Qp::post_send`](shmhca::Qp::post_send) made
+/// for it (the operation and the kind of data constants, so the checks of the others fold
+/// away); the element is checked as [`post_one`] checks it. `None`: anything else, for the
+/// general path.
+#[inline(always)]
+fn send_one_sge(q: &mut QpObj, r: &ibv_send_wr) -> Option<c_int> {
+    if !r.next.is_null()
+        || r.opcode != IBV_WR_SEND
+        || r.num_sge != 1
+        || r.sg_list.is_null()
+        || r.send_flags & !(IBV_SEND_SIGNALED | IBV_SEND_SOLICITED) != 0
+    {
+        return None;
+    }
+    // SAFETY: a QP's context outlives it.
+    let c: &CtxObj = unsafe { &*q.ctx };
+    // SAFETY: the program's one element (`num_sge` is 1).
+    let s = match sge(c, unsafe { &*r.sg_list }) {
+        Ok(s) => s,
+        Err(e) => return Some(e),
+    };
+    let mut flags = SendFlags::NONE;
+    if r.send_flags & IBV_SEND_SIGNALED != 0 || q.sig_all {
+        flags = flags | SendFlags::SIGNALED;
+    }
+    if r.send_flags & IBV_SEND_SOLICITED != 0 {
+        flags = flags | SendFlags::SOLICITED;
+    }
+    let wr = SendWr::new(r.wr_id, SendOp::Send, std::slice::from_ref(&s)).flags(flags);
+    Some(match q.rust.post_send_inlined(&wr) {
+        Ok(()) => 0,
+        Err(e) => fail("ibv_post_send", &e),
     })
 }
 
@@ -328,6 +375,31 @@ pub unsafe extern "C" fn post_recv(
         }
         // SAFETY: a QP's context outlives it.
         let c: &CtxObj = unsafe { &*q.ctx };
+        // SAFETY: the program's request list (its first request, or null).
+        if let Some(first) = unsafe { wr.as_ref() } {
+            if first.next.is_null() && first.num_sge == 1 && !first.sg_list.is_null() {
+                // The receive nearly every program posts, alone with one element: checked
+                // as `each_recv` checks it, posted through a copy of `Qp::post_recv` made
+                // for it.
+                // SAFETY: the program's one element (`num_sge` is 1).
+                let done = sge(c, unsafe { &*first.sg_list }).and_then(|s| {
+                    let r = RecvWr::new(first.wr_id, std::slice::from_ref(&s));
+                    q.rust
+                        .post_recv_inlined(&r)
+                        .map_err(|e| fail("ibv_post_recv", &e))
+                });
+                return match done {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        if !bad.is_null() {
+                            // SAFETY: the program's out pointer.
+                            unsafe { bad.write(wr) };
+                        }
+                        e
+                    }
+                };
+            }
+        }
         each_recv(c, wr, bad, |r| q.rust.post_recv(r))
     })
 }

@@ -423,9 +423,18 @@ impl Qp {
     /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        // The WQE is handed on where `prepare_send` built it (not moved out of the Result
-        // first: a copy of every field on each post).
-        let prepared = self.prepare_send(wr);
+        self.post_send_inlined(wr)
+    }
+
+    /// [`Qp::post_send`], compiled into its caller: a caller that builds most of the
+    /// request from constants (the verbs C ABI's path for a Send of one element) gets the
+    /// checks of the other operations and data kinds folded away.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn post_send_inlined(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        // The WQE is handed on where `prepare` built it (not moved out of the Result first:
+        // a copy of every field on each post).
+        let prepared = self.prepare(wr);
         let wqe = match &prepared {
             Ok(wqe) => wqe,
             Err(_) => return prepared.map(drop),
@@ -482,6 +491,7 @@ impl Qp {
     }
 
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
+    #[inline(always)]
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
         self.count_posted();
         // When this call may run the engine (`Device::run_for_post`: inline mode, or poll
@@ -579,6 +589,12 @@ impl Qp {
     /// written. Nothing is queued yet, and nothing counted in flight: the caller counts
     /// [`counted_sgl`] as it queues the WQE (under the engine token, or outside it).
     fn prepare_send(&mut self, wr: &SendWr<'_>) -> Result<SqWqe> {
+        self.prepare(wr)
+    }
+
+    /// [`Qp::prepare_send`]'s body, compiled into each caller.
+    #[inline(always)]
+    fn prepare(&mut self, wr: &SendWr<'_>) -> Result<SqWqe> {
         let state = self.qshared.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(Error::InvalidState {
@@ -905,6 +921,14 @@ impl Qp {
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
     /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        self.post_recv_inlined(wr)
+    }
+
+    /// [`Qp::post_recv`], compiled into its caller (the verbs C ABI's path for a receive of
+    /// one element).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn post_recv_inlined(&mut self, wr: &RecvWr<'_>) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid(
                 "post_recv",
