@@ -12,6 +12,7 @@ use shmhca::{
 
 use crate::context::{CtxObj, ctx_of};
 use crate::ffi::*;
+use crate::mrkeys::KeyCache;
 use crate::objects::{CqObj, MrObj, MwObj, SrqObj, access_of, obj};
 use crate::qp::QpObj;
 use crate::util::{fail, guard};
@@ -34,9 +35,20 @@ pub(crate) enum Gather<'a> {
 /// address range lies inside the region.
 #[inline(always)]
 fn sge<'a>(c: &'a CtxObj, s: &ibv_sge) -> Result<Sge<'a>, c_int> {
-    let mr: &MrObj = c.mrs.get(s.lkey).ok_or(libc::EINVAL)?;
+    region_sge(c.mrs.get(s.lkey).ok_or(libc::EINVAL)?, s)
+}
+
+/// [`sge`] with the L_Key looked up through a queue's `cache`.
+#[inline(always)]
+fn sge_cached<'a>(c: &'a CtxObj, cache: &mut KeyCache, s: &ibv_sge) -> Result<Sge<'a>, c_int> {
+    region_sge(c.mrs.get_cached(cache, s.lkey).ok_or(libc::EINVAL)?, s)
+}
+
+/// The Rust element of verbs SGE `s` in `mr`, the region its L_Key names.
+#[inline(always)]
+fn region_sge<'a>(mr: &'a MrObj, s: &ibv_sge) -> Result<Sge<'a>, c_int> {
     let off = s.addr.checked_sub(mr.mr.addr as u64).ok_or(libc::EINVAL)?;
-    mr.rust.sge(off, s.length).map_err(|_| libc::EINVAL)
+    mr.region().sge(off, s.length).map_err(|_| libc::EINVAL)
 }
 
 /// Runs `f` on the shmhca elements of the C list `list`, each checked (L_Key, range):
@@ -307,7 +319,7 @@ fn send_one_sge(q: &mut QpObj, r: &ibv_send_wr) -> Option<c_int> {
     // SAFETY: a QP's context outlives it.
     let c: &CtxObj = unsafe { &*q.ctx };
     // SAFETY: the program's one element (`num_sge` is 1).
-    let s = match sge(c, unsafe { &*r.sg_list }) {
+    let s = match sge_cached(c, &mut q.send_key, unsafe { &*r.sg_list }) {
         Ok(s) => s,
         Err(e) => return Some(e),
     };
@@ -382,7 +394,7 @@ pub unsafe extern "C" fn post_recv(
                 // as `each_recv` checks it, posted through a copy of `Qp::post_recv` made
                 // for it.
                 // SAFETY: the program's one element (`num_sge` is 1).
-                let done = sge(c, unsafe { &*first.sg_list }).and_then(|s| {
+                let done = sge_cached(c, &mut q.recv_key, unsafe { &*first.sg_list }).and_then(|s| {
                     let r = RecvWr::new(first.wr_id, std::slice::from_ref(&s));
                     q.rust
                         .post_recv_inlined(&r)
