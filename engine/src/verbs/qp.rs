@@ -423,7 +423,15 @@ impl Qp {
     /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        self.post_send_inlined(wr)
+        // The WQE is handed on where `prepare_send` built it (not moved out of the Result
+        // first: a copy of every field on each post).
+        let prepared = self.prepare_send(wr);
+        let wqe = match &prepared {
+            Ok(wqe) => wqe,
+            Err(_) => return prepared.map(drop),
+        };
+        self.post_wqe(wqe, counted_sgl(wr));
+        Ok(())
     }
 
     /// [`Qp::post_send`], compiled into its caller: a caller that builds most of the
@@ -432,8 +440,7 @@ impl Qp {
     #[doc(hidden)]
     #[inline(always)]
     pub fn post_send_inlined(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        // The WQE is handed on where `prepare` built it (not moved out of the Result first:
-        // a copy of every field on each post).
+        // As in `post_send`.
         let prepared = self.prepare(wr);
         let wqe = match &prepared {
             Ok(wqe) => wqe,
@@ -491,7 +498,6 @@ impl Qp {
     }
 
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
-    #[inline(always)]
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
         self.count_posted();
         // When this call may run the engine (`Device::run_for_post`: inline mode, or poll
