@@ -111,11 +111,7 @@ impl MrKeys {
     #[inline(never)]
     fn refill(&self, cache: &mut KeyCache, key: u32, removed: u64) -> Option<&MrObj> {
         let mr = self.get(key)?;
-        *cache = KeyCache {
-            key,
-            removed,
-            mr,
-        };
+        *cache = KeyCache { key, removed, mr };
         Some(mr)
     }
 

@@ -357,7 +357,13 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             Err((e, rust)) => {
                 // Still in use (EBUSY): the region stays registered, at the same address.
                 // SAFETY: the place the object was read from, still allocated.
-                unsafe { p.write(MrObj { mr: cmr, rust, region }) };
+                unsafe {
+                    p.write(MrObj {
+                        mr: cmr,
+                        rust,
+                        region,
+                    })
+                };
                 if let Some(c) = c {
                     c.mrs.insert(key, p);
                 }

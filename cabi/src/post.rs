@@ -394,12 +394,13 @@ pub unsafe extern "C" fn post_recv(
                 // as `each_recv` checks it, posted through a copy of `Qp::post_recv` made
                 // for it.
                 // SAFETY: the program's one element (`num_sge` is 1).
-                let done = sge_cached(c, &mut q.recv_key, unsafe { &*first.sg_list }).and_then(|s| {
-                    let r = RecvWr::new(first.wr_id, std::slice::from_ref(&s));
-                    q.rust
-                        .post_recv_inlined(&r)
-                        .map_err(|e| fail("ibv_post_recv", &e))
-                });
+                let done =
+                    sge_cached(c, &mut q.recv_key, unsafe { &*first.sg_list }).and_then(|s| {
+                        let r = RecvWr::new(first.wr_id, std::slice::from_ref(&s));
+                        q.rust
+                            .post_recv_inlined(&r)
+                            .map_err(|e| fail("ibv_post_recv", &e))
+                    });
                 return match done {
                     Ok(()) => 0,
                     Err(e) => {
