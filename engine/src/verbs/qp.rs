@@ -927,14 +927,31 @@ impl Qp {
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
     /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
-        self.post_recv_inlined(wr)
+        self.post_recv_with(wr, |q, s| q.locate_one(s, true, "scatter list"))
     }
 
     /// [`Qp::post_recv`], compiled into its caller (the verbs C ABI's path for a receive of
-    /// one element).
+    /// one element), with a registered buffer's offset found in line too.
     #[doc(hidden)]
     #[inline(always)]
     pub fn post_recv_inlined(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        self.post_recv_with(wr, |q, s| {
+            q.check_sge(s, true, "scatter list")?;
+            Ok(SgeEntry {
+                off: s.mr.dst_off_inlined(s.offset),
+                len: s.len,
+                mr: s.mr.index,
+            })
+        })
+    }
+
+    /// [`Qp::post_recv`]'s body, with `locate_one` locating a list of one element.
+    #[inline(always)]
+    fn post_recv_with(
+        &mut self,
+        wr: &RecvWr<'_>,
+        locate_one: impl FnOnce(&Self, &Sge<'_>) -> Result<SgeEntry>,
+    ) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid(
                 "post_recv",
@@ -965,7 +982,7 @@ impl Qp {
         };
         let data = match wr.sgl {
             [] => DataLoc::Empty,
-            [s] => DataLoc::Single(self.locate_one(s, true, "scatter list")?),
+            [s] => DataLoc::Single(locate_one(self, s)?),
             many => {
                 self.check_sgl(many, self.caps.max_recv_sge, true, "scatter list")?;
                 let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
