@@ -18,7 +18,9 @@
 # `ibv_reg_mr`, every post and poll through `ibv_context.ops` as perftest's `ib_send_lat`
 # makes them; its difference from the first figure is what the C layer costs. And the
 # stream's, through the verbs ABI: cabi/examples/verbs_stream, as perftest's `ib_send_bw`
-# posts and polls.
+# posts and polls. And an empty poll: engine/examples/empty_poll, a connected pair of inline
+# engines whose QPs have carried a Send, then `Cq::poll` on side a's empty completion queue
+# (each poll runs a's engine once, as in inline mode), per poll.
 #
 #   bench/scripts/instructions.sh               # prints the figures
 #   MAX_INSTR=6000 MAX_LOCKED=4.5 bench/scripts/instructions.sh   # and fails above ceilings
@@ -32,6 +34,7 @@
 #   MAX_INSTR_ATOMIC, MAX_LOCKED_ATOMIC   the Fetch and Add round trip
 #   MAX_INSTR_VERBS, MAX_LOCKED_VERBS     the gather-list Send through the verbs ABI
 #   MAX_INSTR_VERBS_STREAM, MAX_LOCKED_VERBS_STREAM   the stream through the verbs ABI
+#   MAX_INSTR_EMPTY_POLL, MAX_LOCKED_EMPTY_POLL       an empty poll
 #
 # Locked instructions: callgrind runs with --dump-instr=yes, which gives the execution
 # count of every instruction address, per object (the executable and each shared library),
@@ -70,13 +73,14 @@ for tool in valgrind objdump; do
     fi
 done
 cargo build --release -q -p shmhca --example inline_pingpong --example inline_stream \
-    --example inline_read
+    --example inline_read --example empty_poll
 cargo build --release -q -p shmhca-verbs --example verbs_pingpong --example verbs_stream
 PINGPONG=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
 STREAM=${CARGO_TARGET_DIR:-target}/release/examples/inline_stream
 READ=${CARGO_TARGET_DIR:-target}/release/examples/inline_read
 VERBS=${CARGO_TARGET_DIR:-target}/release/examples/verbs_pingpong
 VERBS_STREAM=${CARGO_TARGET_DIR:-target}/release/examples/verbs_stream
+EMPTY=${CARGO_TARGET_DIR:-target}/release/examples/empty_poll
 BIN=$PINGPONG
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -87,8 +91,12 @@ N2=${N2:-12000}
 # Messages of the two stream runs.
 S1=${S1:-20000}
 S2=${S2:-120000}
-if [ "$N2" -le "$N1" ] || [ "$S2" -le "$S1" ]; then
-    echo "instructions.sh: N2 ($N2) must be larger than N1 ($N1), S2 ($S2) than S1 ($S1)" >&2
+# Polls of the two empty-poll runs.
+E1=${E1:-100000}
+E2=${E2:-600000}
+if [ "$N2" -le "$N1" ] || [ "$S2" -le "$S1" ] || [ "$E2" -le "$E1" ]; then
+    echo "instructions.sh: N2 ($N2) must be larger than N1 ($N1), S2 ($S2) than S1 ($S1)," \
+        "E2 ($E2) than E1 ($E1)" >&2
     exit 2
 fi
 
@@ -234,6 +242,15 @@ measure_verbs() {
     BIN=$PINGPONG
 }
 
+# Runs the empty polls for both poll counts (tag "empty"; the example ignores the size
+# argument that run passes).
+measure_empty() {
+    BIN=$EMPTY
+    run empty.1 "$E1"
+    run empty.2 "$E2"
+    BIN=$PINGPONG
+}
+
 # Runs the Read and the Atomic round trips for both iteration counts (tags "read", "atomic").
 measure_read() {
     BIN=$READ
@@ -288,6 +305,7 @@ measure inline --inline
 measure_stream
 measure_read
 measure_verbs
+measure_empty
 locked_list
 per_message sge "$((2 * (N2 - N1)))"
 per_message inline "$((2 * (N2 - N1)))"
@@ -296,6 +314,7 @@ per_message read "$((N2 - N1))"
 per_message atomic "$((N2 - N1))"
 per_message verbs "$((2 * (N2 - N1)))"
 per_message verbs_stream "$((S2 - S1))"
+per_message empty "$((E2 - E1))"
 read -r INSTR LOCKED <"$OUT/result.sge"
 read -r INSTR_INLINE LOCKED_INLINE <"$OUT/result.inline"
 read -r INSTR_STREAM LOCKED_STREAM <"$OUT/result.stream"
@@ -303,6 +322,7 @@ read -r INSTR_READ LOCKED_READ <"$OUT/result.read"
 read -r INSTR_ATOMIC LOCKED_ATOMIC <"$OUT/result.atomic"
 read -r INSTR_VERBS LOCKED_VERBS <"$OUT/result.verbs"
 read -r INSTR_VERBS_STREAM LOCKED_VERBS_STREAM <"$OUT/result.verbs_stream"
+read -r INSTR_EMPTY LOCKED_EMPTY <"$OUT/result.empty"
 show_detail sge "one-way gather-list Send"
 show_detail inline "one-way inline Send"
 show_detail stream "stream of inline Sends"
@@ -310,6 +330,7 @@ show_detail read "RDMA Read round trip"
 show_detail atomic "Fetch and Add round trip"
 show_detail verbs "one-way Send through the verbs ABI"
 show_detail verbs_stream "stream of Sends through the verbs ABI"
+show_detail empty "empty poll"
 echo "instructions per one-way 8-byte Send (both sides, Ack included): $INSTR"
 echo "locked instructions per one-way 8-byte Send (both sides, Ack included): $LOCKED"
 echo "instructions per one-way 8-byte inline Send (both sides, Ack included): $INSTR_INLINE"
@@ -324,6 +345,8 @@ echo "instructions per one-way 8-byte Send through the verbs ABI (both sides, Ac
 echo "locked instructions per one-way 8-byte Send through the verbs ABI (both sides, Ack included): $LOCKED_VERBS"
 echo "instructions per 8-byte Send in a stream through the verbs ABI (both sides, Acks included): $INSTR_VERBS_STREAM"
 echo "locked instructions per 8-byte Send in a stream through the verbs ABI (both sides, Acks included): $LOCKED_VERBS_STREAM"
+echo "instructions per empty poll (Cq::poll finding nothing, the engine run once): $INSTR_EMPTY"
+echo "locked instructions per empty poll: $LOCKED_EMPTY"
 FAILED=0
 check "instructions per one-way 8-byte Send" "$INSTR" "${MAX_INSTR:-}" MAX_INSTR
 check "locked instructions per one-way 8-byte Send" "$LOCKED" "${MAX_LOCKED:-}" MAX_LOCKED
@@ -351,4 +374,7 @@ check "instructions per 8-byte Send in a stream through the verbs ABI" "$INSTR_V
     "${MAX_INSTR_VERBS_STREAM:-}" MAX_INSTR_VERBS_STREAM
 check "locked instructions per 8-byte Send in a stream through the verbs ABI" \
     "$LOCKED_VERBS_STREAM" "${MAX_LOCKED_VERBS_STREAM:-}" MAX_LOCKED_VERBS_STREAM
+check "instructions per empty poll" "$INSTR_EMPTY" "${MAX_INSTR_EMPTY_POLL:-}" MAX_INSTR_EMPTY_POLL
+check "locked instructions per empty poll" "$LOCKED_EMPTY" "${MAX_LOCKED_EMPTY_POLL:-}" \
+    MAX_LOCKED_EMPTY_POLL
 exit "$FAILED"

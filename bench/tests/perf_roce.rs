@@ -499,3 +499,72 @@ fn help_says_what_the_pulse_is_and_that_strays_are_dropped() {
         assert!(help.contains(says), "{says:?}:\n{help}");
     }
 }
+
+/// A TCP proxy on `listen` towards `to`, its outgoing connection made from `from`: one
+/// connection, bytes copied both ways until either end closes.
+fn proxy(listen: &str, to: std::net::SocketAddr, from: &str) -> u16 {
+    let l = std::net::TcpListener::bind(listen).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let from: std::net::IpAddr = from.parse().unwrap();
+    std::thread::spawn(move || {
+        let Ok((a, _)) = l.accept() else { return };
+        let Ok(b) = shmhca_bench::perf::roce::connect_from(Some(from), to, Duration::from_secs(10))
+        else {
+            return;
+        };
+        let copy = |mut r: TcpStream, mut w: TcpStream| {
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut r, &mut w);
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            })
+        };
+        let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+        let _ = (copy(a, b2), copy(b, a2));
+    });
+    port
+}
+
+/// Hostile review L5: a side sends its datagrams only to the address at the other end of
+/// the exchange's TCP connection. A client behind a proxy (its line names 127.0.66.2, its
+/// connection reaches the server from 127.0.66.4) is refused by the server, in words that
+/// name both addresses and `--trust-peer-addr`, before any QP is connected; with the option on both
+/// sides the run goes through the proxy.
+#[test]
+fn a_peer_that_names_another_address_than_its_tcp_ones_is_refused_unless_trusted() {
+    let _s = serial();
+    for trust in [false, true] {
+        let port = free_port();
+        let server_at: std::net::SocketAddr = format!("127.0.66.1:{port}").parse().unwrap();
+        let mut s_args = vec!["send_lat", "--roce", "-n", "50", "--connect-timeout", "5"];
+        let port_s = port.to_string();
+        s_args.extend(["-p", &port_s, "--bind", "127.0.66.1"]);
+        if trust {
+            s_args.push("--trust-peer-addr");
+        }
+        let server = start(&[], &s_args);
+        std::thread::sleep(Duration::from_millis(300));
+        let via = proxy("127.0.66.3:0", server_at, "127.0.66.4").to_string();
+        let mut c_args = vec!["send_lat", "--roce", "-n", "50", "--connect-timeout", "5"];
+        c_args.extend(["-p", &via, "--bind", "127.0.66.2"]);
+        if trust {
+            c_args.push("--trust-peer-addr");
+        }
+        c_args.push("127.0.66.3");
+        let client = finish(start(&[], &c_args), Duration::from_secs(60));
+        let server = finish(server, Duration::from_secs(30));
+        if trust {
+            assert!(
+                server.status.success() && client.status.success(),
+                "server: {}\nclient: {}",
+                text(&server),
+                text(&client)
+            );
+            continue;
+        }
+        assert!(!server.status.success(), "server: {}", text(&server));
+        let err = String::from_utf8_lossy(&server.stderr);
+        for says in ["127.0.66.2", "127.0.66.4", "--trust-peer-addr"] {
+            assert!(err.contains(says), "{says:?}: {err}");
+        }
+    }
+}

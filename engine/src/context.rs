@@ -421,6 +421,12 @@ impl<T: Copy> Posted<T> {
         self.1
     }
 
+    /// Whether none is waiting: one load when none is known (nothing cached changes).
+    #[inline(always)]
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.0.looks_empty()
+    }
+
     /// How many are waiting.
     #[inline]
     pub(crate) fn waiting(&mut self) -> u32 {

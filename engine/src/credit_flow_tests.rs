@@ -950,3 +950,30 @@ fn new_receives_are_announced_only_to_a_requester_that_knows_of_none() {
     assert!(r.doorbell_rung());
     assert_eq!(r.answers(), [(Opcode::Acknowledge, 9, Some(1), 10)]);
 }
+
+/// A QP with no receives posted (a sender's) tells its requester once that it has none
+/// (the initial unsolicited Ack, as before) and then looks for a credit update only when a
+/// receive comes: its posts do not call the update for nothing (they did, each one). The
+/// requester still learns of the first receive posted.
+#[test]
+fn a_qp_with_no_receives_posted_looks_for_no_credit_update_per_post() {
+    let mut r = rig(Opts {
+        remote_credits: false,
+        ..Opts::default()
+    });
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, -1, Some(0), 0)]);
+    let before = crate::responder::credit_update_calls();
+    for _ in 0..10 {
+        r.post(K::Send, 8);
+        r.run();
+    }
+    assert_eq!(
+        crate::responder::credit_update_calls(),
+        before,
+        "no receive was posted: nothing to report"
+    );
+    assert_eq!(r.answers(), []);
+    r.post_recv(1);
+    r.run();
+    assert_eq!(r.answers(), [(Opcode::Acknowledge, -1, Some(1), 0)]);
+}

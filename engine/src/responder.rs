@@ -832,23 +832,44 @@ fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut
     true
 }
 
-/// Whether [`drain`] must look at the receive queue for an unsolicited credit update: the
-/// requester was told of fewer than [`CREDIT_WATCH`] receive WQEs (none, or no report yet), no Ack
-/// is owed (it reports the credits when it leaves, at the end of the iteration), and the
-/// QP reports credits (not in the Error state; a QP on a shared receive queue reports the
-/// invalid code, spec/02 Table 17-8: there is nothing to update).
+/// Whether [`drain`] sends an unsolicited credit update: the requester was told of fewer
+/// than [`CREDIT_WATCH`] receive WQEs (none, or no report yet), no Ack is owed (it reports
+/// the credits when it leaves, at the end of the iteration), the QP reports credits (not in
+/// the Error state; a QP on a shared receive queue reports the invalid code, spec/02 Table
+/// 17-8: there is nothing to update), and the report would tell the requester something:
+/// the first report, or a receive WQE waiting where the requester was told of none
+/// ([`CREDIT_WATCH`] is 1). The last is one load of the receive queue's index, here rather
+/// than behind a call: a QP with no receives posted (a sender's) meets the rest on every
+/// post.
 #[inline]
 fn credit_update_due(qp: &QpSlot) -> bool {
+    const _: () = assert!(CREDIT_WATCH == 1, "the look below is for none against some");
     qp.proto.resp.advertised.is_none_or(|a| a < CREDIT_WATCH)
         && qp.proto.resp.owed.is_none()
         && qp.proto.state != QpState::Error
         && qp.srq.is_none()
+        && (qp.proto.resp.advertised.is_none() || !qp.rq.looks_empty())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Calls of [`send_credit_update`] on this thread (tests: an update looked for with
+    /// nothing to report is work for nothing).
+    static CREDIT_UPDATE_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times this thread's engine runs called [`send_credit_update`] (tests).
+#[cfg(test)]
+pub(crate) fn credit_update_calls() -> u64 {
+    CREDIT_UPDATE_CALLS.with(std::cell::Cell::get)
 }
 
 /// Unsolicited credit update ([`drain`], when [`credit_update_due`]): when credits grew
 /// from (nearly) nothing, tell the requester rather than leave it probing.
 #[inline(never)]
 fn send_credit_update<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut L) {
+    #[cfg(test)]
+    CREDIT_UPDATE_CALLS.with(|c| c.set(c.get() + 1));
     let Some(dest) = qp.proto.cfg.dest else {
         return;
     };

@@ -9,9 +9,17 @@
 //! `-r` receives posted, the client sends first, and each side sends its next message once
 //! its last send and receive completed, `-n` times; `--chk` checks the first byte of every
 //! page of each message received, as `ibv_rc_pingpong --chk` fills them (zero).
+//!
+//! The datagrams go to the address at the other end of the TCP connection: a peer whose
+//! GID names another address is refused, saying so, unless `--trust-peer-gid` (else any
+//! client could point this side's datagrams at a third host); an unspecified, multicast or
+//! broadcast address never is taken. The client connects from its own GID's address, so
+//! that a server that checks (this one) sees the address it will send to.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, ToSocketAddrs};
+
+use shmhca_bench::perf::roce;
 use std::time::{Duration, Instant};
 
 use shmhca::roce::Gid;
@@ -50,6 +58,11 @@ pub(crate) struct Opts {
     /// Check the data received (as ibv_rc_pingpong --chk).
     #[arg(short = 'c', long = "chk")]
     pub(crate) check: bool,
+    /// Send to the GID the peer's message names even when its TCP connection is with
+    /// another address (a host whose RoCE and TCP addresses differ, a proxy). Without it
+    /// such a peer is refused: datagrams go only to the TCP peer's address.
+    #[arg(long = "trust-peer-gid")]
+    pub(crate) trust_peer_gid: bool,
 }
 
 /// One side's address, as the exchange carries it.
@@ -152,15 +165,22 @@ pub(crate) fn run(o: &Opts) -> Result<String, String> {
         psn,
         gid: local.gid.octets(),
     };
-    exchange(o, me, |peer| {
+    exchange(o, me, ip, |peer, tcp_peer| {
         if peer.gid[8..] == [0; 8] {
             return Err(
                 "the peer sent no GID (a LID only): RoCE needs one; run ibv_rc_pingpong with -g N"
                     .to_string(),
             );
         }
+        let to = roce::peer_rocev2_addr(
+            Gid::from_octets(peer.gid).ip(),
+            tcp_peer,
+            o.trust_peer_gid,
+            "the peer",
+            "--trust-peer-gid",
+        )?;
         let dest = port
-            .destination_gid(&qp, Gid::from_octets(peer.gid), Qpn::new(peer.qpn))
+            .destination(&qp, to, Qpn::new(peer.qpn))
             .map_err(|e| e.to_string())?;
         qp.modify(
             &QpAttr::new(QpState::Rtr)
@@ -269,12 +289,15 @@ pub(crate) fn run(o: &Opts) -> Result<String, String> {
     ))
 }
 
-/// The TCP exchange: as the client (`o.host`), or as the server; `connect` takes the
-/// peer's address to RTS (the server does so before it answers, as ibv_rc_pingpong does).
+/// The TCP exchange: as the client (`o.host`, connecting from `local`, this side's GID's
+/// address), or as the server; `connect` takes the peer's address and the address at the
+/// other end of the TCP connection to RTS (the server does so before it answers, as
+/// ibv_rc_pingpong does).
 fn exchange(
     o: &Opts,
     me: Dest,
-    mut connect: impl FnMut(&Dest) -> Result<(), String>,
+    local: IpAddr,
+    mut connect: impl FnMut(&Dest, IpAddr) -> Result<(), String>,
 ) -> Result<Dest, String> {
     let limit = Some(Duration::from_secs(60));
     let io = |what: &str| {
@@ -283,8 +306,38 @@ fn exchange(
     };
     match &o.host {
         Some(h) => {
-            let mut s = TcpStream::connect((h.as_str(), o.port))
-                .map_err(io(&format!("connecting to {h}:{}", o.port)))?;
+            let what = format!("connecting to {h}:{}", o.port);
+            let addrs: Vec<_> = (h.as_str(), o.port)
+                .to_socket_addrs()
+                .map_err(io(&what))?
+                .collect();
+            // From this side's GID's address where the family allows (the server sends to
+            // the address the connection comes from), else — or if that address cannot be
+            // bound, e.g. a link-local GID, which needs its interface — from the kernel's
+            // choice.
+            let connect_limit = Duration::from_secs(20);
+            let mut last = None;
+            let mut s = None;
+            'addrs: for a in &addrs {
+                let same_family = a.ip().to_canonical().is_ipv4() == local.is_ipv4();
+                for from in [same_family.then_some(local), None] {
+                    match roce::connect_from(from, *a, connect_limit) {
+                        Ok(c) => {
+                            s = Some(c);
+                            break 'addrs;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                    if from.is_none() {
+                        break;
+                    }
+                }
+            }
+            let mut s = s.ok_or_else(|| {
+                let e = last.unwrap_or_else(|| std::io::ErrorKind::NotFound.into());
+                format!("{what} from {local}: {e}")
+            })?;
+            let tcp_peer = s.peer_addr().map_err(io("the TCP stream"))?.ip();
             s.set_read_timeout(limit).map_err(io("the TCP stream"))?;
             s.write_all(&me.to_wire())
                 .map_err(io("sending the address"))?;
@@ -293,20 +346,20 @@ fn exchange(
                 .map_err(io("reading the server's address"))?;
             s.write_all(b"done\0").map_err(io("sending done"))?;
             let peer = Dest::from_wire(&msg)?;
-            connect(&peer)?;
+            connect(&peer, tcp_peer)?;
             Ok(peer)
         }
         None => {
             let l = TcpListener::bind((IpAddr::from([0u8; 16]), o.port))
                 .or_else(|_| TcpListener::bind((IpAddr::from([0u8; 4]), o.port)))
                 .map_err(io(&format!("listening on TCP {}", o.port)))?;
-            let (mut s, _) = l.accept().map_err(io("accepting the client"))?;
+            let (mut s, from) = l.accept().map_err(io("accepting the client"))?;
             s.set_read_timeout(limit).map_err(io("the TCP stream"))?;
             let mut msg = [0u8; MSG_LEN];
             s.read_exact(&mut msg)
                 .map_err(io("reading the client's address"))?;
             let peer = Dest::from_wire(&msg)?;
-            connect(&peer)?;
+            connect(&peer, from.ip())?;
             s.write_all(&me.to_wire())
                 .map_err(io("sending the address"))?;
             // The client's "done" (or its close).

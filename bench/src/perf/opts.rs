@@ -341,9 +341,17 @@ pub struct Cli {
     /// goes on waiting for its client.
     #[arg(long = "roce")]
     pub roce: bool,
-    /// With --roce: this side's address for RoCEv2 (default: the TCP connection's).
+    /// With --roce: this side's address for RoCEv2 (default: the TCP connection's). The
+    /// client connects from it too, so that the server sees the address it will send to.
     #[arg(long = "bind", value_name = "ADDR", requires = "roce")]
     pub bind: Option<std::net::IpAddr>,
+    /// With --roce: send to the RoCEv2 address the peer's exchange line names even when its
+    /// TCP connection comes from (or, for the server, goes to) another address — a host
+    /// whose RoCE and TCP addresses differ, a proxy. Without it such a peer is refused:
+    /// this side sends datagrams only to the address at the other end of the TCP
+    /// connection, so that a client cannot point them at a third host.
+    #[arg(long = "trust-peer-addr", requires = "roce")]
+    pub trust_peer_addr: bool,
     /// (ignored: no fabric) service level.
     #[arg(short = 'S', long = "sl", value_name = "SL", help_heading = IGNORED)]
     pub sl: Option<String>,
@@ -555,6 +563,9 @@ pub enum Role {
         port: u16,
         /// This side's RoCEv2 address (`None`: the TCP connection's).
         bind: Option<std::net::IpAddr>,
+        /// Send to the address the peer's line names even if it is not the TCP peer's
+        /// (`--trust-peer-addr`).
+        trust_peer_addr: bool,
     },
     /// The client side over RoCEv2: connects to `host` on TCP `port`.
     RoceClient {
@@ -562,8 +573,12 @@ pub enum Role {
         host: String,
         /// The TCP port of the exchange.
         port: u16,
-        /// This side's RoCEv2 address (`None`: the TCP connection's).
+        /// This side's RoCEv2 address (`None`: the TCP connection's); the TCP connection
+        /// is made from it too.
         bind: Option<std::net::IpAddr>,
+        /// Send to the address the peer's line names even if it is not the TCP peer's
+        /// (`--trust-peer-addr`).
+        trust_peer_addr: bool,
     },
 }
 
@@ -1235,10 +1250,12 @@ fn role(cli: &Cli) -> Result<Role, PerfError> {
                 host: host.clone(),
                 port,
                 bind: cli.bind,
+                trust_peer_addr: cli.trust_peer_addr,
             },
             None => Role::RoceServer {
                 port,
                 bind: cli.bind,
+                trust_peer_addr: cli.trust_peer_addr,
             },
         });
     }

@@ -7,10 +7,17 @@
 //! own, the peer's buffer address and key among them), then the QPN and start PSN of its
 //! control QP and of each data QP. The client writes first; the server answers once it has
 //! read a line of this exchange. Each side binds a `UdpPort` on the address its end of the
-//! TCP connection uses (or `--bind`), takes its QPs to RTS towards the peer's, and writes
+//! TCP connection uses (or `--bind`, which the client then connects from too), takes its
+//! QPs to RTS towards the peer's, and writes
 //! `ready`; once it has read the peer's `ready`, the run starts, on the control QP as
 //! between processes. Everything read from the peer is checked (length, format, count,
 //! values) and every wait is bounded (`--connect-timeout`).
+//!
+//! Datagrams go only to the address at the other end of the TCP connection: a peer whose
+//! line names another RoCEv2 address is refused, saying so, unless `--trust-peer-addr`
+//! (a client could otherwise point a server's datagrams, its retries and Acks, at any
+//! host's UDP 4791); an unspecified, multicast or broadcast address never is taken
+//! ([`peer_rocev2_addr`]).
 //!
 //! A connection to the server that is not a client — silent for half of
 //! `--connect-timeout` (at least 1 s), closed before a whole line, or a line of another
@@ -50,8 +57,12 @@ const MAX_LINE: u64 = 64 << 10;
 /// parameters, or a QP cannot be connected (the error says which and why).
 pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
     let limit = Duration::from_secs(opts.connect_timeout.max(1));
-    let (mut wire, first, bind, peer_role) = match &opts.role {
-        Role::RoceServer { port, bind } => {
+    let (mut wire, first, bind, trust, peer_role) = match &opts.role {
+        Role::RoceServer {
+            port,
+            bind,
+            trust_peer_addr,
+        } => {
             let l = TcpListener::bind((IpAddr::from([0u16; 8]), *port))
                 .or_else(|_| TcpListener::bind((IpAddr::from([0u8; 4]), *port)))
                 .map_err(PerfError::io(format!("listening on TCP port {port}")))?;
@@ -60,24 +71,32 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
                 opts.test.name()
             );
             let (wire, line) = accept_client(&l, (limit / 2).max(Duration::from_secs(1)))?;
-            (wire, Some(line), *bind, "client")
+            (wire, Some(line), *bind, *trust_peer_addr, "client")
         }
-        Role::RoceClient { host, port, bind } => {
+        Role::RoceClient {
+            host,
+            port,
+            bind,
+            trust_peer_addr,
+        } => {
             let addrs: Vec<_> = (host.as_str(), *port)
                 .to_socket_addrs()
                 .map_err(PerfError::io(format!("resolving {host}")))?
                 .collect();
+            // From the RoCEv2 address (`--bind`): the server sends to the address the
+            // connection comes from.
             let s = addrs
                 .iter()
-                .find_map(|a| TcpStream::connect_timeout(a, limit).ok())
+                .find_map(|a| connect_from(*bind, *a, limit).ok())
                 .ok_or_else(|| {
+                    let from = bind.map_or(String::new(), |b| format!(" from {b}"));
                     PerfError::Peer(format!(
-                        "no shmhca-perf server answered on {host}:{port} within {} s (is it running with --roce and the same -p?)",
+                        "no shmhca-perf server answered on {host}:{port}{from} within {} s (is it running with --roce and the same -p?)",
                         limit.as_secs()
                     ))
                 })?;
             let who = format!("the server at {}", canonical_addr(s.peer_addr()));
-            (Wire::new(s, who)?, None, *bind, "server")
+            (Wire::new(s, who)?, None, *bind, *trust_peer_addr, "server")
         }
         _ => return Err(PerfError::Usage("--roce: not a RoCE role".into())),
     };
@@ -114,7 +133,10 @@ pub fn side(opts: &Options, res: Resources) -> Result<Side, PerfError> {
         Some(l) => l,
         None => wire.line(limit, "its parameters")?,
     };
-    let (peer_ip, peer, remote) = parse(&theirs, qps.len(), &wire.who)?;
+    let (named, peer, remote) = parse(&theirs, qps.len(), &wire.who)?;
+    let tcp_peer = canonical(wire.w.peer_addr().map(|a| a.ip()));
+    let peer_ip = peer_rocev2_addr(named, tcp_peer, trust, &wire.who, "--trust-peer-addr")
+        .map_err(PerfError::Peer)?;
     mine.check_peer(&peer)?;
     for ((qp, psn), (rqpn, rpsn)) in qps.iter_mut().zip(&psns).zip(&remote) {
         connect(qp, &port, peer_ip, *rqpn, *rpsn, *psn, mtu, opts)?;
@@ -151,6 +173,106 @@ pub(crate) fn path_mtu(requested: u32, port: &UdpPort) -> u32 {
         Some(a) if a.bytes() < requested => a.bytes(),
         _ => requested,
     }
+}
+
+/// Where this side sends its datagrams, given the RoCEv2 address the peer's exchange
+/// message `named` and the address at the other end of its TCP connection, `tcp_peer`:
+/// `tcp_peer` — the peer's message must name it, unless `trust_named` (the user's
+/// `option`, e.g. `--trust-peer-addr`) says to send to `named` — and never an
+/// unspecified, multicast or broadcast address. `who` names the peer in the errors.
+///
+/// A program that sent to whatever address the peer names would let any TCP client point
+/// its datagrams (requests, retries, Acks) at a third host's UDP 4791.
+///
+/// # Errors
+/// What is wrong, and what to do: the two addresses differ, or the address is not one
+/// unicast address.
+pub fn peer_rocev2_addr(
+    named: IpAddr,
+    tcp_peer: IpAddr,
+    trust_named: bool,
+    who: &str,
+    option: &str,
+) -> Result<IpAddr, String> {
+    let (named, tcp_peer) = (named.to_canonical(), tcp_peer.to_canonical());
+    let ip = if trust_named || named == tcp_peer {
+        named
+    } else {
+        return Err(format!(
+            "{who} names {named} as its RoCEv2 address, but its TCP connection is with \
+             {tcp_peer}: this side sends datagrams only to the address at the other end of \
+             the TCP connection (else a peer could point them at any host); run the peer \
+             with its RoCEv2 address on the address it talks TCP from, or give {option} to \
+             send to {named}"
+        ));
+    };
+    let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    if ip.is_unspecified() || ip.is_multicast() || broadcast {
+        return Err(format!(
+            "{who} names {ip} as its RoCEv2 address: not one unicast address (unspecified, \
+             multicast or broadcast), refused"
+        ));
+    }
+    Ok(ip)
+}
+
+/// A TCP connection to `to` within `limit`, from address `local` (any port) if given — so
+/// that the peer sees the connection come from the address this side's RoCEv2 port is
+/// bound to.
+///
+/// # Errors
+/// `local` is of another family than `to`, cannot be bound, or the connection fails or
+/// takes longer than `limit`.
+pub fn connect_from(
+    local: Option<IpAddr>,
+    to: std::net::SocketAddr,
+    limit: Duration,
+) -> std::io::Result<TcpStream> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let Some(local) = local else {
+        return TcpStream::connect_timeout(&to, limit);
+    };
+    let to = std::net::SocketAddr::new(to.ip().to_canonical(), to.port());
+    let family = match (local.to_canonical(), to.ip()) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => AddressFamily::INET,
+        (IpAddr::V6(_), IpAddr::V6(_)) => AddressFamily::INET6,
+        _ => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{local} and {to} are of two address families"),
+            ));
+        }
+    };
+    let fd = rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::bind(&fd, &std::net::SocketAddr::new(local.to_canonical(), 0))?;
+    match rustix::net::connect(&fd, &to) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::INPROGRESS) => {
+            let ts = Timespec::try_from(limit).unwrap_or(Timespec {
+                tv_sec: 10,
+                tv_nsec: 0,
+            });
+            let mut p = [PollFd::new(&fd, PollFlags::OUT)];
+            loop {
+                match rustix::event::poll(&mut p, Some(&ts)) {
+                    Ok(0) => return Err(std::io::ErrorKind::TimedOut.into()),
+                    Ok(_) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            rustix::net::sockopt::socket_error(&fd)??;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    rustix::io::ioctl_fionbio(&fd, false)?;
+    Ok(TcpStream::from(fd))
 }
 
 /// Accepts connections on `l` until one sends a line of this exchange within `stray_wait`
@@ -447,5 +569,48 @@ mod tests {
             let e = parse(line, 1, who).unwrap_err().to_string();
             assert!(e.contains(says), "{line:?}: {e}");
         }
+    }
+
+    /// Hostile review L5: the datagrams go to the TCP peer's address; a peer's line that
+    /// names another is refused (naming the option) unless the option says to trust it;
+    /// an unspecified, multicast or broadcast address never is taken.
+    #[test]
+    fn datagrams_go_to_the_tcp_peers_address_unless_told_otherwise() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let check = |named: &str, tcp: &str, trust: bool| {
+            peer_rocev2_addr(ip(named), ip(tcp), trust, "the client", "--trust-peer-addr")
+        };
+        assert_eq!(check("10.0.0.2", "10.0.0.2", false), Ok(ip("10.0.0.2")));
+        assert_eq!(
+            check("10.0.0.2", "::ffff:10.0.0.2", false),
+            Ok(ip("10.0.0.2")),
+            "a dual-stack listener's view of an IPv4 peer"
+        );
+        let e = check("192.0.2.7", "10.0.0.2", false).unwrap_err();
+        assert!(
+            e.contains("192.0.2.7") && e.contains("10.0.0.2") && e.contains("--trust-peer-addr"),
+            "{e}"
+        );
+        assert_eq!(check("192.0.2.7", "10.0.0.2", true), Ok(ip("192.0.2.7")));
+        for bad in ["255.255.255.255", "224.0.0.1", "0.0.0.0", "ff02::1", "::"] {
+            let e = check(bad, "10.0.0.2", true).unwrap_err();
+            assert!(e.contains("not one unicast address"), "{bad}: {e}");
+        }
+    }
+
+    /// A connection made from a given address comes from it (what the server checks).
+    #[test]
+    fn connect_from_binds_the_local_address() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = l.local_addr().unwrap();
+        let s = connect_from(Some(ip4(127, 0, 63, 9)), to, Duration::from_secs(5)).unwrap();
+        assert_eq!(s.local_addr().unwrap().ip(), ip4(127, 0, 63, 9));
+        let (_, from) = l.accept().unwrap();
+        assert_eq!(from.ip(), ip4(127, 0, 63, 9));
+        assert!(connect_from(Some("::1".parse().unwrap()), to, Duration::from_secs(5)).is_err());
+    }
+
+    fn ip4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+        IpAddr::from([a, b, c, d])
     }
 }

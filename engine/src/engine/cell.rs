@@ -252,6 +252,62 @@ impl<T> EngineCell<T> {
         self.try_with_if(true, f)
     }
 
+    /// [`EngineCell::try_with`] of `quick` then, if it returned `None`, `full` (under the
+    /// same token), for a call whose common case is quick: on the owner's fast path, when
+    /// `quick` answers, nothing else runs and nothing is called — the rest (the slow path,
+    /// `full`) is out of line, so the quick case saves and restores no registers for it.
+    #[inline(always)]
+    pub(crate) fn try_with_quick<R>(
+        &self,
+        quick: impl FnOnce(&mut T) -> Option<R>,
+        full: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
+        let token = match self.enter_fast() {
+            Fast::Entered(token) => token,
+            Fast::Inside => return None,
+            Fast::NotOwner => return self.try_with_quick_slow(quick, full),
+        };
+        // SYNC: the fast token (see `enter_fast`) gives this thread exclusive use of the
+        // value until `token` drops.
+        // SAFETY: this thread holds the fast token: it set `busy` and then read `bias` as
+        // its own after the light barrier (see `try_with_if`), so no other `&mut T` exists,
+        // and none will until `token` drops.
+        let value = unsafe { &mut *self.value.get() };
+        match quick(value) {
+            Some(r) => {
+                drop(token);
+                Some(r)
+            }
+            None => Self::finish_quick(token, value, full),
+        }
+    }
+
+    /// The rest of [`EngineCell::try_with_quick`] on the fast path: `full`, then the token
+    /// released.
+    #[inline(never)]
+    fn finish_quick<R>(
+        token: FastToken<'_>,
+        value: &mut T,
+        full: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
+        let r = full(value);
+        drop(token);
+        Some(r)
+    }
+
+    /// [`EngineCell::try_with_quick`] when the calling thread is not the owner.
+    #[inline(never)]
+    fn try_with_quick_slow<R>(
+        &self,
+        quick: impl FnOnce(&mut T) -> Option<R>,
+        full: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
+        self.try_with(|v| match quick(v) {
+            Some(r) => r,
+            None => full(v),
+        })
+    }
+
     /// [`EngineCell::try_with`] if `slow`; else runs `f` only if the calling thread owns
     /// the token (the owner's fast path), `None` otherwise — never taking the lock, so
     /// never revoking another thread's bias (a `membarrier`): for callers with another way

@@ -1,6 +1,10 @@
 //! The engine: this process's HCA. One poll loop, DPDK-style.
 //!
-//! Each [`Engine::poll`] iteration:
+//! Each [`Engine::poll`] iteration first asks whether there is anything to do at all
+//! ([`Engine::idle_now`]): the engine's summary word ([`Engine::settled`]: no QP in any
+//! set, no Ack owed, nothing queued — set by the last iteration that found nothing, cleared
+//! by anything that changes it), the doorbell's summary word and one load per link. An empty
+//! poll ends there, inline in the caller, with no call. Otherwise:
 //!
 //! 1. takes the doorbells rung by `post_send`/`post_recv` into the active set, and the
 //!    watched send queues that hold new WQEs (poll mode: see [`Engine::watch_sq`]); an
@@ -88,6 +92,13 @@ pub(crate) struct Engine {
     pub(crate) trace: Option<Box<Trace>>,
     /// Iterations until the next timer check.
     timer_countdown: u32,
+    /// The empty poll's summary word ([`Engine::idle_now`]): true only while no QP is in
+    /// any set (active, rung, timed, riding), no Ack is owed, no send queue is watched, no
+    /// fault stage or UDP port runs, and every link has no backlog and nothing queued — as
+    /// the last full iteration found it ([`Engine::nothing_due`]), with nothing changed
+    /// since: the full iteration and every method that could change any of it clears it
+    /// first ([`Engine::unsettle`]). Debug builds check it against the state at every use.
+    settled: bool,
     /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
     nomem: Mem,
     /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
@@ -157,6 +168,7 @@ impl Engine {
             rx: Box::new([Line::ZERO; MAX_FRAME_LINES]),
             trace: None,
             timer_countdown: TIMER_EVERY,
+            settled: false,
             nomem: Mem::private(0),
             stats_area: None,
             stats_countdown: 1,
@@ -183,6 +195,7 @@ impl Engine {
     /// The QPs, to change (the fabric gives a peer arena that came late to the QPs facing
     /// it).
     pub(crate) fn qps_mut(&mut self) -> impl Iterator<Item = &mut QpSlot> {
+        self.unsettle();
         self.qps.iter_mut().map(|(_, q)| q)
     }
 
@@ -193,6 +206,7 @@ impl Engine {
 
     /// Adds a QP built by `make` from its index and QPN.
     pub(crate) fn add_qp(&mut self, make: impl FnOnce(Qpn) -> QpSlot) -> Result<(u32, Qpn)> {
+        self.unsettle();
         let qpn = |index, generation| Qpn::new(generation << QP_INDEX_BITS | index);
         let (index, generation) =
             self.qps
@@ -207,6 +221,7 @@ impl Engine {
     /// Removes a QP: its unfinished work requests are dropped and their memory regions
     /// released. An Ack it still owes (held back for a request to ride in) leaves first.
     pub(crate) fn remove_qp(&mut self, index: u32) {
+        self.unsettle();
         self.send_owed_now(index);
         let Some(mut qp) = self.qps.remove_at(index) else {
             return;
@@ -230,6 +245,7 @@ impl Engine {
         qpn: Qpn,
         f: impl FnOnce(&mut QpSlot, &mut crate::context::Env<'_>) -> R,
     ) -> Option<R> {
+        self.unsettle();
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         let qp = self.qps.at_mut(index).filter(|q| q.proto.qpn == qpn)?;
         Some(f(qp, &mut self.res.env()))
@@ -243,6 +259,7 @@ impl Engine {
 
     /// The QP at `index`.
     pub(crate) fn qp_mut(&mut self, index: u32) -> Option<&mut QpSlot> {
+        self.unsettle();
         self.qps.at_mut(index)
     }
 
@@ -252,6 +269,7 @@ impl Engine {
     /// application does with the QP next (a receiver that destroys its QP after the last
     /// message must not leave the sender retrying into `RetryExcErr`).
     fn send_owed_now(&mut self, index: u32) {
+        self.unsettle();
         let Engine {
             res,
             qps,
@@ -288,6 +306,7 @@ impl Engine {
     /// QP owes leaves first (see [`Engine::send_owed_now`]), and a riding Ack it received
     /// and kept for the next iteration is handled first.
     pub(crate) fn modify_qp(&mut self, index: u32, attr: &QpAttr) -> Result<()> {
+        self.unsettle();
         self.send_owed_now(index);
         // A riding Ack kept for the next iteration arrived before this call: handled in
         // the state it arrived in.
@@ -402,6 +421,7 @@ impl Engine {
     /// # Errors
     /// [`Error::LimitReached`] when the context has [`MAX_LINKS`] links.
     pub(crate) fn add_link(&mut self, link: Link) -> Result<LinkId> {
+        self.unsettle();
         let (i, _) = self
             .links
             .insert_with(|_, _| link)
@@ -414,26 +434,49 @@ impl Engine {
 
     /// The link `id`.
     pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
+        self.unsettle();
         self.links.at_mut(id.index())
     }
 
     /// Tears a link down: the QPs using it go to the Error state on the next iteration.
     pub(crate) fn link_down(&mut self, id: LinkId, why: String) {
+        self.unsettle();
         if let Some(l) = self.link_mut(id) {
             l.down.get_or_insert(why);
         }
         wake_link_qps(&self.qps, &mut self.active, id);
     }
 
+    /// Adds the pump of a UDP port (`link::udp`); returns its number. (Through here, not
+    /// `udp.add`: the empty poll's summary word then stops standing for "no port".)
+    pub(crate) fn add_pump(&mut self, pump: crate::link::udp::pump::Pump) -> u32 {
+        self.unsettle();
+        self.udp.add(pump)
+    }
+
     /// Removes a link no QP uses any more.
     pub(crate) fn remove_link(&mut self, id: LinkId) {
+        self.unsettle();
         self.links.remove_at(id.index());
     }
 
     /// One iteration of the poll loop (the steps of the module's doc, each a method of
     /// [`Iteration`]); returns the packets received and sent.
-    #[inline]
+    ///
+    /// An iteration that would find nothing to do returns at once ([`Engine::idle_now`]):
+    /// an empty poll costs a handful of loads and no call.
+    #[inline(always)]
     pub(crate) fn poll(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        if self.idle_now(doorbell) {
+            return 0;
+        }
+        self.poll_busy(doorbell)
+    }
+
+    /// [`Engine::poll`] once [`Engine::idle_now`] said there may be work.
+    #[inline(always)]
+    pub(crate) fn poll_busy(&mut self, doorbell: &doorbell::Doorbell) -> usize {
+        self.unsettle();
         if self.udp.is_empty() {
             self.poll_links(doorbell)
         } else {
@@ -442,12 +485,22 @@ impl Engine {
     }
 
     /// [`Engine::poll`] with UDP ports: their datagrams are received into their links'
-    /// rings first, and what the iteration published on their links is sent last.
+    /// rings first, and what the iteration published on their links is sent last. The
+    /// work is the frames published to the links each way and what the iteration did:
+    /// datagrams dropped (a stranger's, malformed, a bad ICRC) are none, so that a flood
+    /// of them lets the engine sleep. The pumps ask the QPs' state whether a packet's PSN
+    /// is new (`link::udp::ip_ids`: only such packets teach a link its peer's IPv4 IDs).
     #[inline(never)]
     fn poll_udp(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        let received = self.udp.receive(&self.res.clock);
+        let qps = &self.qps;
+        let is_new = |qpn: Qpn, request: bool, psn: crate::psn::Psn| {
+            qps.at(qpn.get() & ((1 << QP_INDEX_BITS) - 1))
+                .filter(|q| q.proto.qpn == qpn)
+                .is_some_and(|q| crate::link::udp::ip_ids::psn_is_new(&q.proto, request, psn))
+        };
+        let published = self.udp.receive(&self.res.clock, &is_new);
         let work = self.poll_links(doorbell);
-        work + received + self.udp.send()
+        work + published + self.udp.send()
     }
 
     /// [`Engine::poll`] over the links' rings. (Never inlined: inlined into both callers,
@@ -473,6 +526,61 @@ impl Engine {
         work
     }
 
+    /// The empty poll's shortcut: true (and the stats countdown counted) when the full
+    /// iteration would only count down — no QP active, waiting for a timer, owing an Ack or
+    /// keeping a riding Ack; no fault stage, watched send queue or UDP port; no doorbell
+    /// rung; every live link with nothing received, no backlog and nothing queued; and no
+    /// stats publication due: exactly the case where [`Engine::poll_links`] would return 0
+    /// from [`Engine::nothing_due`] after counting down, with the same effect (a link's
+    /// ring publishes its head when found empty, in either). Anything else takes the full
+    /// iteration.
+    ///
+    /// What only this engine changes is read from its summary word ([`Engine::settled`]),
+    /// set by the full iteration that found nothing to do ([`Engine::nothing_due`]; never
+    /// with a fault stage, set when the context is built, or a UDP port, added through
+    /// [`Engine::add_pump`]); what others change is read where they change it: the
+    /// doorbell's summary word (this process's posts) and each live link's next stamp (the
+    /// peer's frames). Timers need no look: a QP whose timer is armed is in the active or
+    /// the timed set, and the word is clear while either holds one.
+    #[inline(always)]
+    pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
+        // The word first: a busy engine (clear) goes on to the full iteration at once.
+        if !self.settled || self.stats_countdown <= 1 || doorbell.rung() {
+            return false;
+        }
+        debug_assert!(self.nothing_private(), "the summary word hid work");
+        if !self.links.all(|l| l.down.is_some() || l.rx.idle()) {
+            return false;
+        }
+        self.stats_countdown -= 1;
+        true
+    }
+
+    /// Whether no QP is in any set, no Ack is owed, no send queue watched, and every live
+    /// link has no backlog and nothing queued (what [`Engine::settled`] stands for; debug
+    /// builds check the word against it).
+    fn nothing_private(&self) -> bool {
+        let sets = self.active.summary()
+            | self.rung.summary()
+            | self.timed.summary()
+            | self.riding.summary()
+            | self.owed.link_summary();
+        sets == 0
+            && self.watched_count == 0
+            && self.faults.is_none()
+            && self.udp.is_empty()
+            && self
+                .links
+                .all(|l| l.down.is_some() || (!l.rx_backlog && l.tx.is_empty()))
+    }
+
+    /// Clears the summary word ([`Engine::settled`]): first thing in every method that may
+    /// change what it stands for.
+    #[inline(always)]
+    fn unsettle(&mut self) {
+        self.settled = false;
+    }
+
     /// Counts down to the next publication of the stats area, and publishes it when due:
     /// one branch per iteration when none is due, with or without a stats area.
     #[inline(always)]
@@ -492,6 +600,8 @@ impl Engine {
             return false;
         }
         if self.timed.is_empty() {
+            // The next empty polls can take the shortcut ([`Engine::idle_now`]).
+            self.settled = self.watched_count == 0 && self.rung.is_empty() && self.udp.is_empty();
             return true;
         }
         if self.timer_countdown > 1 {
@@ -608,6 +718,7 @@ impl Engine {
     /// doorbell does, for work queued under the engine token (a receive posted in inline
     /// mode), without the doorbell's locked instructions.
     pub(crate) fn wake_qp(&mut self, index: u32) {
+        self.unsettle();
         if self.qps.at(index).is_some() {
             self.active.insert(index);
         }
@@ -617,6 +728,12 @@ impl Engine {
     #[cfg(test)]
     pub(crate) fn is_active(&self, index: u32) -> bool {
         self.active.contains(index)
+    }
+
+    /// Whether some QP keeps a riding Ack for the next iteration's step 1b (tests).
+    #[cfg(test)]
+    pub(crate) fn keeps_riding_acks(&self) -> bool {
+        !self.riding.is_empty()
     }
 
     /// Whether QP `index` is in the timed set (for tests).
@@ -675,6 +792,7 @@ impl Engine {
     }
 
     fn unwatch_all(&mut self, doorbell: &doorbell::Doorbell) {
+        self.unsettle();
         if self.watched_count == 0 {
             return;
         }
@@ -756,6 +874,7 @@ impl Engine {
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
     /// any response waiting) and publishes its link; false if the QP is gone.
     fn send_with(&mut self, index: u32, wqe: Option<(&SqWqe, u64)>) -> bool {
+        self.unsettle();
         let Engine {
             res,
             qps,
@@ -1053,7 +1172,7 @@ impl Iteration<'_> {
                     // if it had followed in its own line, and after the application has had the
                     // request's completion.
                     if rides && !ack_first {
-                        keep_riding_ack(qp, self.riding, index, &slots[0]);
+                        keep_riding_ack(qp, self.riding, self.active, index, &slots[0]);
                     }
                 } else {
                     completer::on_response(qp, env, &pkt);
@@ -1363,13 +1482,24 @@ fn send_owed(
 }
 
 /// Keeps the positive Ack riding in request `carrier` (just handled) of QP `index` for the
-/// next iteration ([`handle_riding_acks`]). One is kept per QP: the receive step handles a
-/// kept one before any later packet of its QP, so none is kept here.
+/// next iteration ([`handle_riding_acks`]) — or for this iteration's step 3, if the QP is
+/// in the active set already (a ping-pong's QP that posted since the last iteration): step
+/// 3 handles the kept Ack of every active QP first, so the next iteration would find
+/// nothing to do for it. One is kept per QP: the receive step handles a kept one before
+/// any later packet of its QP, so none is kept here.
 #[inline(never)]
-fn keep_riding_ack(qp: &mut QpSlot, riding: &mut ActiveSet, index: u32, carrier: &PacketSlot) {
+fn keep_riding_ack(
+    qp: &mut QpSlot,
+    riding: &mut ActiveSet,
+    active: &ActiveSet,
+    index: u32,
+    carrier: &PacketSlot,
+) {
     debug_assert!(qp.riding_ack.is_none());
     qp.riding_ack = Some(crate::wire::slot::riding_ack_of(carrier));
-    riding.insert(index);
+    if !active.contains(index) {
+        riding.insert(index);
+    }
 }
 
 /// Handles the riding Acks kept by the last iteration ([`keep_riding_ack`]), through the
@@ -1492,6 +1622,7 @@ impl Engine {
     /// work requests complete with flush errors. Returns false if there is no such QP (it
     /// was destroyed; its number is not reused for a while, thanks to the generation tag).
     pub(crate) fn peer_gone(&mut self, qpn: Qpn) -> bool {
+        self.unsettle();
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         let exists = self.qp_by_qpn(qpn).is_some();
         exists && self.modify_qp(index, &QpAttr::new(QpState::Error)).is_ok()
@@ -1508,6 +1639,7 @@ impl Engine {
     /// there is no such QP or it is in the Error state already.
     #[cold]
     pub(crate) fn qp_fatal(&mut self, qpn: Qpn, why: &str) -> bool {
+        self.unsettle();
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         if self
             .qp_by_qpn(qpn)
@@ -1549,6 +1681,7 @@ impl Engine {
     /// (`Qp::last_error`): the link went down (`why`) and the grace the fabric gives such
     /// QPs is over.
     pub(crate) fn fail_link_qps(&mut self, id: LinkId, why: &str) {
+        self.unsettle();
         let facing: Vec<(Qpn, Qpn)> = self
             .qps
             .iter()
@@ -1611,6 +1744,9 @@ mod qp_fatal_tests {
 /// The watched send queues (poll mode's doorbell-free posts), driven by hand: an inline
 /// context with `watch_sq` switched on, posting while this thread holds the engine token
 /// so that posts take the ring path (`Device::notify`), as they do in poll mode.
+#[cfg(all(test, not(shmhca_loom)))]
+mod idle_tests;
+
 #[cfg(all(test, not(shmhca_loom)))]
 mod watch_tests {
     use crate::verbs::wr::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};

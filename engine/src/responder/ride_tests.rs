@@ -650,6 +650,37 @@ fn a_riding_ack_is_handled_by_the_next_iteration_or_before_a_modify() {
     }
 }
 
+/// A riding Ack whose QP is in the active set when its carrier arrives (it posted since
+/// the last iteration, as a ping-pong's QP has: its answer went out by the direct path) is
+/// handled by that iteration's step 3, which looks at every active QP's kept Ack first:
+/// the Send completes in the carrier's iteration, and nothing is kept for the next one to
+/// look for.
+#[test]
+fn a_riding_ack_of_an_active_qp_is_handled_in_its_carriers_iteration() {
+    let mut rig = rig();
+    rig.send(1, 8);
+    assert_eq!(rig.sent().len(), 1, "the Send left by the direct path");
+    let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
+    rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
+    let got: Vec<_> = rig
+        .completions()
+        .iter()
+        .map(|c| (c.opcode, c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (WcOpcode::Recv, 100, crate::WcStatus::Success),
+            (WcOpcode::Send, 1, crate::WcStatus::Success)
+        ],
+        "the carrier's completion, then the Send's"
+    );
+    assert!(
+        !rig.ctx.shared.engine.with(|e| e.keeps_riding_acks()),
+        "nothing kept for the next iteration"
+    );
+}
+
 /// What a riding Ack says besides its PSN counts as the same Ack alone would: its credits
 /// (read with its MSN) release the Sends that wait for credit, and a QP no longer in RTS
 /// handles it the full way (in Error it completes nothing: the Sends are flushed).

@@ -202,14 +202,29 @@ impl Cq {
     pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
         // Inline mode keeps no `last_empty` (only a poll-mode engine thread steps back).
         if self.shared.mode == EngineMode::Inline {
-            self.shared.progress();
-            // A heap ring of this process cannot be broken by a peer.
-            return self.consumer.pop_burst(out).unwrap_or(0);
+            // The empty poll's case: the engine found nothing, and the queue is empty (one
+            // load; a pop would check and cache more).
+            if self.shared.progress() == 0 && self.consumer.looks_empty() {
+                return 0;
+            }
+            return self.pop_into(out);
         }
         self.shared.on_app_poll(self.last_empty);
-        let n = self.consumer.pop_burst(out).unwrap_or(0);
+        if self.consumer.looks_empty() {
+            self.last_empty = true;
+            return 0;
+        }
+        let n = self.pop_into(out);
         self.last_empty = n == 0;
         n
+    }
+
+    /// The pop of [`Cq::poll`], out of line: the poll that finds nothing then saves and
+    /// restores fewer registers than a copy loop needs.
+    #[inline(never)]
+    fn pop_into(&mut self, out: &mut [WorkCompletion]) -> usize {
+        // A heap ring of this process cannot be broken by a peer.
+        self.consumer.pop_burst(out).unwrap_or(0)
     }
 
     /// Hands up to `max` completions, oldest first, to `f`; returns how many. As
@@ -230,7 +245,10 @@ impl Cq {
     #[inline]
     pub fn poll_each(&mut self, max: usize, f: impl FnMut(WorkCompletion)) -> usize {
         if self.shared.mode == EngineMode::Inline {
-            self.shared.progress();
+            // The empty poll's case, as in `poll`.
+            if self.shared.progress() == 0 && self.consumer.looks_empty() {
+                return 0;
+            }
             // A heap ring of this process cannot be broken by a peer.
             return self.consumer.pop_each(max, f).unwrap_or(0);
         }

@@ -64,7 +64,8 @@ const fn times_x(a: u32) -> u32 {
     if a & 1 != 0 { (a >> 1) ^ POLY } else { a >> 1 }
 }
 
-/// Feeds `bytes` through the raw CRC register `crc` (no inversion), 16 bytes at a time.
+/// Feeds `bytes` through the raw CRC register `crc` (no inversion), 16 bytes at a time
+/// (then 8, 4 and 1).
 pub(crate) fn update(mut crc: u32, bytes: &[u8]) -> u32 {
     let t = &TABLES;
     let (blocks, rest) = bytes.as_chunks::<16>();
@@ -86,6 +87,28 @@ pub(crate) fn update(mut crc: u32, bytes: &[u8]) -> u32 {
             ^ t[2][c[13] as usize]
             ^ t[1][c[14] as usize]
             ^ t[0][c[15] as usize];
+    }
+    // The rest (under 16 bytes: a packet's headers often end here) 8 and 4 bytes at a
+    // time, then byte by byte.
+    let (eights, rest) = rest.as_chunks::<8>();
+    for c in eights {
+        let a = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        crc = t[7][(a & 0xFF) as usize]
+            ^ t[6][((a >> 8) & 0xFF) as usize]
+            ^ t[5][((a >> 16) & 0xFF) as usize]
+            ^ t[4][(a >> 24) as usize]
+            ^ t[3][c[4] as usize]
+            ^ t[2][c[5] as usize]
+            ^ t[1][c[6] as usize]
+            ^ t[0][c[7] as usize];
+    }
+    let (fours, rest) = rest.as_chunks::<4>();
+    for c in fours {
+        let a = crc ^ u32::from_le_bytes(*c);
+        crc = t[3][(a & 0xFF) as usize]
+            ^ t[2][((a >> 8) & 0xFF) as usize]
+            ^ t[1][((a >> 16) & 0xFF) as usize]
+            ^ t[0][(a >> 24) as usize];
     }
     for &b in rest {
         crc = (crc >> 8) ^ t[0][((crc ^ u32::from(b)) & 0xFF) as usize];
@@ -119,6 +142,65 @@ pub(crate) const fn mul_mod_p(a: u32, mut b: u32) -> u32 {
         }
         b = times_x(b);
         i += 1;
+    }
+    product
+}
+
+/// `n · x^4 mod P` for a 4-bit `n` (the coefficients of `x^28 … x^31`): what a right shift
+/// by 4 leaves to reduce in [`mul`].
+const TIMES_X4: [u32; 16] = {
+    let mut t = [0u32; 16];
+    let mut n = 0;
+    while n < 16 {
+        let mut c = n as u32;
+        let mut i = 0;
+        while i < 4 {
+            c = times_x(c);
+            i += 1;
+        }
+        t[n] = c;
+        n += 1;
+    }
+    t
+};
+
+/// `a · b mod P`, as [`mul_mod_p`], four coefficients of `a` at a time: Horner's rule from
+/// `a`'s highest-degree nibble down (bits 0–3 hold `x^31 … x^28`), each step a multiplication
+/// of the product by `x^4` (a shift and one lookup) and the XOR of the nibble's multiple of
+/// `b` (from a table of the 16 made once per call). Leading zero nibbles are skipped, so a
+/// sparse `a` of low degree (an IPv4 ID's 16 bits) takes few steps. About a third of
+/// [`mul_mod_p`]'s instructions for a dense `a`, a sixth for an ID: for the ICRC's per-packet
+/// ID arithmetic; [`mul_mod_p`] stays for constants.
+pub(crate) fn mul(a: u32, b: u32) -> u32 {
+    if a == 0 {
+        return 0;
+    }
+    // Bit j of a nibble is the coefficient of x^(3 - j) within it.
+    let b1 = times_x(b);
+    let b2 = times_x(b1);
+    let b3 = times_x(b2);
+    let mut q = [0u32; 16];
+    for (n, slot) in q.iter_mut().enumerate() {
+        let mut v = 0;
+        if n & 1 != 0 {
+            v ^= b3;
+        }
+        if n & 2 != 0 {
+            v ^= b2;
+        }
+        if n & 4 != 0 {
+            v ^= b1;
+        }
+        if n & 8 != 0 {
+            v ^= b;
+        }
+        *slot = v;
+    }
+    // Nibble g holds the coefficients x^(31 - 4g) … x^(28 - 4g).
+    let mut product = 0u32;
+    for g in a.trailing_zeros() / 4..8 {
+        product = (product >> 4) ^ TIMES_X4[(product & 0xF) as usize];
+        product ^= q[((a >> (4 * g)) & 0xF) as usize];
     }
     product
 }
@@ -242,6 +324,31 @@ mod tests {
                 r
             );
             x8k = mul_mod_p(x8k, ONE >> 8);
+        }
+    }
+
+    /// The nibble-at-a-time product is the bit-at-a-time one: for random operands, sparse
+    /// ones (an IPv4 ID's bits), single terms and 0.
+    #[test]
+    fn the_nibble_product_is_the_bitwise_product() {
+        let mut s = 0x9E37_79B9u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        let mut operands: Vec<u32> = (0..2000).map(|_| next()).collect();
+        operands.extend((0..32).map(|i| ONE >> i));
+        operands.extend((0..=u16::MAX).step_by(97).map(|id| {
+            let [hi, lo] = id.to_be_bytes();
+            (u32::from(hi) << 16) | (u32::from(lo) << 24)
+        }));
+        operands.extend([0, 1, u32::MAX, POLY, X_INV]);
+        for (i, &a) in operands.iter().enumerate() {
+            for &b in operands.iter().skip(i % 7).step_by(53) {
+                assert_eq!(mul(a, b), mul_mod_p(a, b), "{a:#x} · {b:#x}");
+            }
         }
     }
 

@@ -587,7 +587,7 @@ pub fn solve_ipv4_id(icrc_with_id_zero: u32, received: u32, transport_len: usize
     }
     // The final inversion cancels: the XOR of two ICRCs is the XOR of the raw registers.
     let delta = icrc_with_id_zero ^ received;
-    let m = crc32::mul_mod_p(delta, id_factor(transport_len, false));
+    let m = crc32::mul(delta, id_factor(transport_len, false));
     // A solution has degree < 16: its coefficients of x^16 … x^31 (bits 15 … 0) are zero.
     if m & 0xFFFF != 0 {
         return None;
@@ -624,7 +624,7 @@ pub fn ipv4_id_delta(id: u16, transport_len: usize) -> u32 {
     // times x to the bits after the ID field (and the 32 of the register).
     let [hi, lo] = id.to_be_bytes();
     let m = (u32::from(hi) << 16) | (u32::from(lo) << 24);
-    crc32::mul_mod_p(m, id_factor(transport_len, true))
+    crc32::mul(m, id_factor(transport_len, true))
 }
 
 /// Whole-word transport lengths whose ID factors are tabled: every RoCEv2 packet of a 4096

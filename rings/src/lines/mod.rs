@@ -854,6 +854,20 @@ impl<S: LineStorage> LinesConsumer<S> {
         }
     }
 
+    /// Whether the ring is empty and its head published: one line load, nothing changed.
+    /// False when a frame (or a padding frame) waits, when the producer wrote something
+    /// impossible or the ring is broken (the stamp matches neither the next lap's nor the
+    /// last one's), or when head is still to be published: [`has_frame`](Self::has_frame)
+    /// or [`recv`](Self::recv) then does what is due. For a poll loop's empty case.
+    #[inline(always)]
+    pub fn idle(&self) -> bool {
+        // SYNC: none needed: a stamp seen stale means only "look again later"; one seen
+        // new sends the caller to `recv`, whose Acquire load pairs with the producer's
+        // Release store of the stamp.
+        let word = self.storage.load_word(self.head_pos, Ordering::Relaxed);
+        u64::from(word_stamp(word)) == self.head_stale && self.head == self.published
+    }
+
     /// True if a frame is waiting (skips a padding frame; publishes head when empty, as
     /// [`recv`](Self::recv) does). One line load when the ring is empty.
     ///

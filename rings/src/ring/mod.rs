@@ -1205,6 +1205,23 @@ impl<T: Copy, S: Storage<T>> Consumer<T, S> {
         self.available_for(self.capacity)
     }
 
+    /// Whether the ring is empty now: one load of the producer's index when no value is
+    /// known to wait, nothing changed (not even the cached index). A broken ring may read
+    /// as empty or not; the pops report it. For a poll's empty case, before a pop.
+    ///
+    /// ```
+    /// let (mut tx, mut rx) = shmhca_rings::ring::heap_ring::<u32>(8).unwrap();
+    /// assert!(rx.looks_empty());
+    /// tx.push(7).unwrap();
+    /// assert!(!rx.looks_empty());
+    /// ```
+    #[inline(always)]
+    pub fn looks_empty(&self) -> bool {
+        // SYNC: none needed: an index seen stale means only "look again later"; a pop that
+        // follows reloads it with Acquire (refresh_tail) before it reads a slot.
+        self.cached_tail == self.head && self.storage.load_tail(Ordering::Relaxed) == self.head
+    }
+
     /// Pops one value (a private copy), or `None` if the ring is empty.
     ///
     /// # Errors

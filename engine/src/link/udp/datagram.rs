@@ -19,18 +19,21 @@
 //! rebuilt from what a UDP socket knows: the two addresses, the lengths, and — for IPv4 —
 //! an IP ID of 0 and DF, what Linux sends for a DF datagram from an unconnected socket
 //! (see [`super::socket`]); a received IPv4 packet with another ID is accepted if one ID
-//! makes its ICRC right ([`shmhca_proto::roce::solve_ipv4_id`]). The CRC is the protocol
+//! makes its ICRC right ([`shmhca_proto::roce::solve_ipv4_id`]) and that ID is believable
+//! for its peer QP ([`super::ip_ids`]: what that QP's peer is known to send). The CRC is the protocol
 //! crate's codec, [`shmhca_proto::roce::Icrc`], the capture's too.
 #![forbid(unsafe_code)]
 
 use std::net::{SocketAddr, SocketAddrV6};
 
+use super::ip_ids::{IpIds, Seen};
 use crate::mem::Mem;
-use crate::wire::bth;
+use crate::psn::Psn;
 use crate::wire::slot::{
     ACK_FLAG, KIND_DIRECT, KIND_GATHER, KIND_INLINE, KIND_NONE, PacketSlot, SLOT_DATA,
     gather_entry, riding_ack,
 };
+use crate::wire::{Qpn, bth};
 use shmhca_proto::wire::opcode::info_of_code;
 
 /// Bytes of the ICRC trailer.
@@ -67,7 +70,7 @@ pub(crate) fn icrc_with_id(
     }
     .ok()?;
     for piece in transport {
-        h.update_with(piece, crate::trace::roce::crc32);
+        crate::trace::roce::icrc_update(&mut h, piece);
     }
     Some(h.finish())
 }
@@ -256,56 +259,6 @@ fn check_cnp(bytes: &[u8], src: SocketAddr, dst: SocketAddr) -> DecodeError {
     }
 }
 
-/// The IPv4 identifications a link's peer sends, learned per destination QP, so that
-/// solving for the ID (which a UDP socket cannot see) does not weaken the ICRC: any
-/// corruption is explained by *some* ID with probability 2^-16, but rarely by one close
-/// after the ID the same peer QP sent last. A sender counts its IDs up (per packet or per
-/// QP), or sends 0 (Linux with DF: never solved for), or numbers the segments of a GSO
-/// send 0, 1, 2, … (Linux, and shmhca: IDs below 64 are taken as they are).
-#[derive(Debug, Default)]
-pub(crate) struct IpIds {
-    /// (destination QPN, last ID accepted), most recent last; at most [`IpIds::TRACKED`].
-    last: Vec<(u32, u16)>,
-}
-
-impl IpIds {
-    /// Destination QPs whose peer's IDs are remembered (the oldest is forgotten first).
-    const TRACKED: usize = 64;
-    /// How far after the last ID a new one may be (packets to other QPs of the peer, or
-    /// lost ones, in between).
-    const AHEAD: u16 = 4096;
-    /// How far before the last ID one may be (reordering).
-    const BEHIND: u16 = 64;
-    /// IDs below this are GSO segments' (their place in one send): taken as they are.
-    const GSO_SEGMENTS: u16 = 64;
-
-    /// Whether a packet to QP `qpn` whose ICRC holds with IPv4 ID `id` is believable —
-    /// the first such packet to that QP, or an ID within [`IpIds::AHEAD`] after (or
-    /// [`IpIds::BEHIND`] before) the last one accepted — and if so, remembers it.
-    pub(crate) fn accept(&mut self, qpn: u32, id: u16) -> bool {
-        // A segment of a GSO send (Linux numbers them 0, 1, 2, …; shmhca sends runs of at
-        // most 64): believable from any peer, and never moves the track, so datagrams
-        // forged to push the track away cannot make a GSO sender's segments unbelievable.
-        if id < Self::GSO_SEGMENTS {
-            return true;
-        }
-        let at = self.last.iter().position(|(q, _)| *q == qpn);
-        if let Some(i) = at {
-            let last = self.last[i].1;
-            let near =
-                id.wrapping_sub(last) <= Self::AHEAD || last.wrapping_sub(id) <= Self::BEHIND;
-            if !near {
-                return false;
-            }
-            self.last.remove(i);
-        } else if self.last.len() == Self::TRACKED {
-            self.last.remove(0);
-        }
-        self.last.push((qpn, id));
-        true
-    }
-}
-
 /// Checks the datagram `bytes` (a RoCEv2 UDP payload from `src` to `dst`) and builds the
 /// packet line the engine receives: its headers, and its payload inline if it fits the
 /// line, else a reference to `payload_base + (offset of the payload in bytes)` — where
@@ -317,17 +270,19 @@ pub(crate) fn decode(
     dst: SocketAddr,
     payload_base: u64,
 ) -> Result<PacketSlot, DecodeError> {
-    decode_from(bytes, src, dst, payload_base, None)
+    decode_from(bytes, src, dst, payload_base, None, |_, _, _| true)
 }
 
-/// [`decode`], where an ICRC that holds only with a nonzero IPv4 ID must also pass `ids`
-/// (the link's [`IpIds`]; `None`: any ID the ICRC can be solved for is taken).
+/// [`decode`], where the IPv4 ID the ICRC holds with must be believable to `ids` (the
+/// link's [`IpIds`], which `is_new` — whether the destination QP would take the packet's
+/// PSN as new — teaches; `None`: any ID the ICRC can be solved for is taken).
 pub(crate) fn decode_from(
     bytes: &[u8],
     src: SocketAddr,
     dst: SocketAddr,
     payload_base: u64,
     ids: Option<&mut IpIds>,
+    is_new: impl Fn(Qpn, bool, Psn) -> bool,
 ) -> Result<PacketSlot, DecodeError> {
     if bytes.len() < MIN_DATAGRAM {
         return Err(DecodeError::Malformed);
@@ -356,22 +311,31 @@ pub(crate) fn decode_from(
     let with_id_zero = icrc(src, dst, &[&bytes[..body]]).ok_or(DecodeError::Malformed)?;
     // IP ID 0 is what Linux (and this link) sends with DF; a peer that sends another ID
     // covers it with its ICRC, which a UDP socket cannot see: solve for the one ID that
-    // makes the ICRC right (the CRC is affine in the ID's 16 bits), if there is one.
-    if with_id_zero != carried {
-        let id = if src.is_ipv4() {
-            shmhca_proto::roce::solve_ipv4_id(with_id_zero, carried, body)
-        } else {
-            None
-        };
-        let dest_qp = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
-        let believable = match (id, ids) {
-            (None, _) => false,
-            (Some(_), None) => true,
-            (Some(id), Some(ids)) => ids.accept(dest_qp, id),
-        };
-        if !believable {
-            return Err(DecodeError::Icrc);
+    // makes the ICRC right (the CRC is affine in the ID's 16 bits), if there is one, and
+    // ask `ids` whether that ID is believable (see `super::ip_ids`).
+    let id = if with_id_zero == carried {
+        Some(0)
+    } else if src.is_ipv4() {
+        shmhca_proto::roce::solve_ipv4_id(with_id_zero, carried, body)
+    } else {
+        None
+    };
+    let believable = match (id, ids) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(id), Some(ids)) => {
+            let seen = Seen {
+                qpn: Qpn::new(u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]])),
+                id,
+                request: info.request,
+                psn: Psn::new(u32::from_be_bytes([0, bytes[9], bytes[10], bytes[11]])),
+                digest: with_id_zero,
+            };
+            ids.believe(seen, is_new)
         }
+    };
+    if !believable {
+        return Err(DecodeError::Icrc);
     }
     let mut slot = PacketSlot {
         hdr_len: hdr_len as u8,
@@ -466,66 +430,140 @@ mod tests {
         assert_ne!(icrc(s, d, &[&u]).unwrap(), whole);
     }
 
-    /// A peer that sends an IPv4 ID other than 0 covers it with its ICRC, which the socket
-    /// cannot see: the datagram is accepted (the one ID that fits is solved for), every
-    /// single-bit error in it is still caught, and an IPv6 packet has no ID to solve for.
-    /// A link takes a peer QP's nonzero IDs when they follow on from the last one (a
-    /// counting sender), not a corrupt packet that happens to solve for a far one.
+    /// A Send Only to `qpn` at `psn` with `payload`, its ICRC for IPv4 ID `id`.
+    fn send_only(
+        s: SocketAddr,
+        d: SocketAddr,
+        id: u16,
+        qpn: u32,
+        psn: u32,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut p = send_headers(0).to_vec();
+        p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        p[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+        p.extend_from_slice(payload);
+        let crc = icrc_with_id(s, d, id, &[&p]).unwrap();
+        p.extend_from_slice(&crc.to_le_bytes());
+        p
+    }
+
+    /// Hostile review M1 (its test, with the engine's word on each PSN): a peer that counts
+    /// its IDs up is not cut off by forged datagrams that know its address and the QPN but
+    /// not the PSN — eight of them whose IDs step by AHEAD move nothing.
+    #[test]
+    fn review_forged_datagrams_cannot_poison_a_peers_ip_id_track() {
+        let (peer, me) = (v4("198.18.0.1:49200"), v4("198.18.0.2:4791"));
+        let qpn = 0x12;
+        let mut ids = IpIds::default();
+        ids.watch(Qpn::new(qpn));
+        let epsn = std::cell::Cell::new(0u32);
+        let ok = |b: &[u8], ids: &mut IpIds| {
+            let e = epsn.get();
+            let r = decode_from(b, peer, me, 0, Some(ids), |_, _, p: Psn| p.get() == e);
+            if r.is_ok() && u32::from(b[11]) == e {
+                epsn.set(e + 1); // the engine takes it
+            }
+            r
+        };
+        let mut genuine_id = 0x1000u16;
+        for psn in 0..4 {
+            genuine_id = genuine_id.wrapping_add(1);
+            assert!(
+                ok(
+                    &send_only(peer, me, genuine_id, qpn, psn, b"real"),
+                    &mut ids
+                )
+                .is_ok()
+            );
+        }
+        let mut forged_id = genuine_id;
+        for _ in 0..8 {
+            forged_id = forged_id.wrapping_add(4096);
+            let _ = ok(
+                &send_only(peer, me, forged_id, qpn, 0x00dead, b"junk"),
+                &mut ids,
+            );
+        }
+        genuine_id = genuine_id.wrapping_add(1);
+        let r = ok(&send_only(peer, me, genuine_id, qpn, 4, b"real"), &mut ids);
+        assert!(
+            r.is_ok(),
+            "a genuine datagram (ID {genuine_id:#x}) refused as {:?}",
+            r.err()
+        );
+    }
+
+    /// Hostile review L2 (its test): a peer QP that sends ID 0 has its ICRC checked with all
+    /// 32 bits — no ID is solved for it beyond a GSO segment's — even when every corrupt
+    /// datagram carries a PSN the QP would take as new (corruption leaves the PSN whole).
+    #[test]
+    fn review_a_linux_peers_corruption_is_caught_with_the_full_32_bit_icrc() {
+        let (peer, me) = (v4("198.18.0.1:4791"), v4("198.18.0.2:4791"));
+        let mut ids = IpIds::default();
+        ids.watch(Qpn::new(0x12));
+        let new = |_: Qpn, _: bool, _: Psn| true;
+        let good = send_only(peer, me, 0, 0x12, 7, b"payload!");
+        assert!(decode_from(&good, peer, me, 0, Some(&mut ids), new).is_ok());
+        let (mut solvable, mut accepted) = (0, 0);
+        for x in 1..=300_000u32 {
+            let mut bad = good.clone();
+            bad[12..16]
+                .iter_mut()
+                .zip(x.to_le_bytes())
+                .for_each(|(b, v)| *b ^= v);
+            let body = bad.len() - ICRC_LEN;
+            let carried = u32::from_le_bytes(bad[body..].try_into().unwrap());
+            let zero = icrc(peer, me, &[&bad[..body]]).unwrap();
+            solvable +=
+                usize::from(shmhca_proto::roce::solve_ipv4_id(zero, carried, body).is_some());
+            if decode_from(&bad, peer, me, 0, Some(&mut ids), new).is_ok() {
+                accepted += 1;
+            }
+        }
+        assert!(
+            solvable > 0,
+            "the test corrupts some datagrams that solve for an ID"
+        );
+        assert_eq!(
+            accepted, 0,
+            "corrupted datagrams from an ID-0 peer accepted"
+        );
+    }
+
+    /// What a link believes of solved IDs, through `decode_from`: a counting peer QP's
+    /// first packet with a new PSN teaches its ID, the next ones follow on, a far one is
+    /// refused; a QP no route made is told nothing (its ID 0 passes, a solved one does not).
     #[test]
     fn solved_ids_must_follow_on_per_destination_qp() {
         let (s, d) = (v4("198.18.0.1:49200"), v4("198.18.0.2:4791"));
-        let mut t = send_headers(2).to_vec();
-        t.extend_from_slice(b"hello!\0\0");
-        let with = |id: u16, qp: u8| {
-            let mut p = t.clone();
-            p[7] = qp;
-            let crc = icrc_with_id(s, d, id, &[&p]).unwrap();
-            p.extend_from_slice(&crc.to_le_bytes());
-            p
+        let mut ids = IpIds::default();
+        ids.watch(Qpn::new(0x12));
+        let new = |_: Qpn, _: bool, _: Psn| true;
+        let ok = |id: u16, qp: u32, ids: &mut IpIds| {
+            decode_from(
+                &send_only(s, d, id, qp, 1, b"hello!\0\0"),
+                s,
+                d,
+                0,
+                Some(ids),
+                new,
+            )
+            .is_ok()
         };
-        let mut ids = IpIds::default();
-        let ok = |p: &[u8], ids: &mut IpIds| decode_from(p, s, d, 0, Some(ids)).is_ok();
-        assert!(ok(&with(0x1234, 0x12), &mut ids), "the first learns");
-        assert!(ok(&with(0x1235, 0x12), &mut ids));
-        assert!(ok(&with(0x1300, 0x12), &mut ids), "within AHEAD");
-        assert!(ok(&with(0x12f0, 0x12), &mut ids), "within BEHIND");
-        assert!(!ok(&with(0x9000, 0x12), &mut ids), "far off");
+        assert!(ok(0x1234, 0x12, &mut ids), "the first learns");
+        assert!(ok(0x1235, 0x12, &mut ids));
+        assert!(ok(0x1300, 0x12, &mut ids), "within AHEAD");
+        assert!(ok(0x12f0, 0x12, &mut ids), "within BEHIND");
+        assert!(!ok(0x9000, 0x12, &mut ids), "far off");
+        assert!(ok(0, 0x12, &mut ids), "ID 0: the ICRC holds as it is");
         assert!(
-            ok(&with(0x9000, 0x13), &mut ids),
-            "another QP learns its own"
+            !ok(0x9000, 0x13, &mut ids),
+            "no route: nothing to follow on from"
         );
-        assert!(ok(&with(0, 0x12), &mut ids), "ID 0 is never solved for");
+        assert!(ok(0, 0x13, &mut ids));
         // The permissive form takes any solvable ID.
-        assert!(decode(&with(0x9000, 0x12), s, d, 0).is_ok());
-        // At most TRACKED QPs are remembered: the oldest is forgotten and learns again.
-        for q in 0..=IpIds::TRACKED as u32 {
-            assert!(ids.accept(1000 + q, 0x107));
-        }
-        assert!(ids.last.len() <= IpIds::TRACKED);
-        assert!(ids.accept(1000, 0x8000), "forgotten, so learned again");
-    }
-
-    /// GSO segments' IDs (below 64) are taken from any peer QP and move no track: forged
-    /// datagrams that push a QP's track far off (hostile review M1: eight of them, 4,096
-    /// apart, each within AHEAD of the last) do not make the segments of a GSO sender —
-    /// shmhca's, Linux's — unbelievable. (A peer that counts its IDs up, as a NIC does,
-    /// can still be pushed off: the track moves before the engine checks the PSN.)
-    #[test]
-    fn gso_segment_ids_are_taken_and_move_no_track() {
-        let mut ids = IpIds::default();
-        assert!(ids.accept(7, 0x1000));
-        for k in 1..=8u16 {
-            assert!(ids.accept(7, 0x1000 + 0x1000 * k), "forged step {k}");
-        }
-        for seg in 1..64u16 {
-            assert!(ids.accept(7, seg), "segment {seg}");
-        }
-        assert_eq!(ids.last, [(7, 0x9000)], "segments moved no track");
-        assert!(ids.accept(8, 3), "an untracked QP's segment");
-        assert!(
-            ids.last.iter().all(|(q, _)| *q != 8),
-            "and it is not tracked"
-        );
+        assert!(decode(&send_only(s, d, 0x9000, 0x12, 1, b"hello!\0\0"), s, d, 0).is_ok());
     }
 
     #[test]

@@ -55,7 +55,8 @@
 //! address on it, made by the first [`UdpPort::destination`] to that peer. Received
 //! datagrams find their link by source IP address (RoCEv2 peers send from any source
 //! port); within the link, the engine finds the QP by the BTH's destination QP as on any
-//! link. A [`Destination`] is the link and the peer's QPN, given to
+//! link. Nothing else binds a datagram to a QP (see "Who can reach a QP" on
+//! [`UdpPort`]). A [`Destination`] is the link and the peer's QPN, given to
 //! `QpAttr::dest` at RTR as with shared-memory links.
 //!
 //! # Addressing and the IP header
@@ -81,16 +82,20 @@
 //!   a RoCEv2 congestion *notification point* (a QP that receives packets marked
 //!   Congestion Experienced answers their sender with CNPs, at most one per 50 µs: see
 //!   `pump`), not a *reaction point*. (Peers' IPv4 IDs other than 0 are solved for, and
-//!   must follow on per peer QP; an invalid credit code lifts the credit limit; MigReq is
-//!   ignored, as the receive path never looks at it.)
+//!   must follow on per peer QP, learned only from packets with a PSN the QP takes as new:
+//!   `ip_ids`; an invalid credit code lifts the credit limit; MigReq is ignored, as the
+//!   receive path never looks at it.)
 //! * Every request's Ack is a datagram of its own (RoCEv2 has no Ack riding in a
 //!   request), so an RC round trip is four datagrams where a bare UDP ping-pong is two.
 
 pub(crate) mod datagram;
 pub(crate) mod gid;
+pub(crate) mod ip_ids;
 pub(crate) mod pump;
 pub(crate) mod socket;
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;
 
@@ -200,6 +205,24 @@ impl Fate {
 ///
 /// Dropping the port stops its pump and takes its links down (their QPs fail their next
 /// request, as when a peer vanishes).
+///
+/// # Who can reach a QP
+///
+/// As in RoCEv2, only a datagram's **source IP address** binds it to a QP: a datagram
+/// from the address a QP's destination names, from *any* source port, whose BTH names the
+/// QP, is that QP's packet. The ICRC is a checksum anyone can compute, not an
+/// authenticator. What stands between a sender that can use the peer's address and the
+/// QP is what stands on any RoCE fabric: the PSN the QP expects (24 bits; a request
+/// elsewhere is dropped or Nak'd), and an R_Key for RDMA. (What the port learns of the
+/// peer's IPv4 IDs moves only with packets whose PSN the QP takes as new: a spoofer that
+/// does not know it cannot make the peer's own datagrams fail their ICRC.)
+///
+/// So for a peer on this host — a loopback address, or this host's own address when two
+/// processes of one machine talk over RoCEv2 — **any local process of any user** can bind
+/// the peer's address on another port and send into the QP; for a peer on a host several
+/// users share, any of them can. Use RoCEv2 between hosts (and users) you trust, as a RoCE
+/// fabric is, and shmhca's shared-memory links between processes of one machine (the
+/// fabric checks a peer's user).
 pub struct UdpPort {
     /// The context's device (a handle, as a `Pd` holds one).
     shared: Arc<crate::device::Device>,
@@ -293,7 +316,7 @@ impl UdpPort {
                 .map_err(|e| Error::io("starting the UDP port's watcher thread", e))?
         };
         let pump = pump::Pump::new(sock, rx, watch.share());
-        let pump = shared.engine.with(|e| e.udp.add(pump));
+        let pump = shared.engine.with(|e| e.add_pump(pump));
         // A sleeping engine thread waits on the words it knew of when it went to sleep:
         // wake it, so that it watches this port's socket too.
         shared.kick();

@@ -44,10 +44,12 @@ use shmhca_rings::segment::Segment;
 
 use super::UdpCounters;
 use super::datagram::{self, DecodeError};
+use super::ip_ids::IpIds;
 use super::socket::{self, BURST, DGRAM_BYTES, IpOpts, RxRing, TxBurst, UdpSocket};
 use crate::engine::wake;
 use crate::link::LinkEnds;
 use crate::mem::Mem;
+use crate::psn::Psn;
 use crate::timer::Clock;
 use crate::wire::Qpn;
 use crate::wire::slot::{PacketSlot, RxPacket};
@@ -128,8 +130,9 @@ pub(crate) struct RxEnd {
     frame_dgram: Box<[u64]>,
     /// Frames published to the engine.
     pushed: u64,
-    /// The IPv4 IDs the peer's QPs send (see `datagram::IpIds`).
-    ids: datagram::IpIds,
+    /// The IPv4 IDs the peer's QPs send, per local QP with a route on the link (see
+    /// `super::ip_ids`).
+    ids: IpIds,
 }
 
 /// The pump's two ends of a link to `addr`: `ends`, attached to `segment` on the opener's
@@ -150,7 +153,7 @@ pub(crate) fn link_ends(addr: SocketAddr, segment: Arc<Segment>, ends: LinkEnds)
             _segment: segment,
             frame_dgram: vec![0; cap].into_boxed_slice(),
             pushed: 0,
-            ids: datagram::IpIds::default(),
+            ids: IpIds::default(),
         },
     )
 }
@@ -386,7 +389,7 @@ pub(crate) fn gso_wanted(var: Option<&std::ffi::OsStr>) -> bool {
 /// What one receive round found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RxRound {
-    /// Datagrams were received (this many).
+    /// Datagrams were received, and this many published to the links (the rest dropped).
     Received(usize),
     /// Nothing was waiting.
     Empty,
@@ -428,7 +431,8 @@ struct RxPump {
 
 impl RxPump {
     /// Receives a burst of datagrams — no more than every link's ring has room for, and
-    /// only into buffers no unconsumed frame refers to — checks each, and publishes the
+    /// only into buffers no unconsumed frame refers to — checks each (the IPv4 ID its ICRC
+    /// holds with against its link's [`IpIds`], which `is_new` teaches), and publishes the
     /// good ones to their links' rings; lists in `marked` the good ones that arrived
     /// marked Congestion Experienced.
     fn step(
@@ -436,6 +440,7 @@ impl RxPump {
         sock: &UdpSocket,
         counters: &mut UdpCounters,
         marked: &mut Marked,
+        is_new: &impl Fn(Qpn, bool, Psn) -> bool,
     ) -> RxRound {
         let mut room = BURST;
         let mut oldest = self.rx.next();
@@ -461,6 +466,7 @@ impl RxPump {
         };
         bump(&mut counters.datagrams_received, n as u64);
         let local = sock.local_addr();
+        let mut published = 0;
         for d in first..first + n as u64 {
             let (off, len, src) = self.rx.datagram(d);
             let Some(src) = src else {
@@ -482,6 +488,7 @@ impl RxPump {
                 local,
                 off,
                 Some(&mut l.ids),
+                is_new,
             ) {
                 Ok(s) => s,
                 Err(DecodeError::Icrc) => {
@@ -508,13 +515,14 @@ impl RxPump {
                     let cap = l.frame_dgram.len() as u64;
                     l.frame_dgram[(l.pushed % cap) as usize] = d;
                     l.pushed += 1;
+                    published += 1;
                 }
                 // Room was checked (or the engine broke the ring): the packet is lost, as
                 // on a wire.
                 _ => bump(&mut counters.malformed_dropped, 1),
             }
         }
-        RxRound::Received(n)
+        RxRound::Received(published)
     }
 }
 
@@ -665,6 +673,13 @@ impl Pump {
             src,
             last_cnp: None,
         });
+        // The receive side tracks the IPv4 IDs of the peer QPs of the routes' local QPs
+        // (and of no other QP: a datagram takes no slot), the new one afresh.
+        let routes = &l.qps;
+        if let Some(rx) = self.rx.links.iter_mut().find(|r| r.addr.ip() == peer) {
+            rx.ids.retain(|q| routes.iter().any(|r| r.local == q));
+            rx.ids.watch(local);
+        }
         Ok(())
     }
 
@@ -683,6 +698,9 @@ impl Pump {
         self.send();
         for l in &mut self.tx.links {
             l.qps.retain(|r| r.local != local);
+        }
+        for l in &mut self.rx.links {
+            l.ids.forget(local);
         }
         let TxPump {
             links, senders, tx, ..
@@ -742,13 +760,20 @@ impl Pump {
 
     /// Receives what waits on the socket into the links' rings, and stages a CNP for each
     /// local QP that received a CE-marked packet and has sent none for [`CNP_INTERVAL`]
-    /// (`clock` is read once, and only if a packet was marked); returns the datagrams
-    /// received.
-    pub(crate) fn receive(&mut self, clock: &impl Clock) -> usize {
+    /// (`clock` is read once, and only if a packet was marked); returns the frames
+    /// published to the links (datagrams dropped are no work for the engine). `is_new`
+    /// says whether a local QP would take a packet's PSN as new
+    /// ([`super::ip_ids::psn_is_new`] of the engine's QP): only such packets teach the
+    /// links which IPv4 IDs their peers send.
+    pub(crate) fn receive(
+        &mut self,
+        clock: &impl Clock,
+        is_new: &impl Fn(Qpn, bool, Psn) -> bool,
+    ) -> usize {
         self.marked.len = 0;
         let n = match self
             .rx
-            .step(&self.sock, &mut self.counters, &mut self.marked)
+            .step(&self.sock, &mut self.counters, &mut self.marked, is_new)
         {
             RxRound::Received(n) => n,
             RxRound::Empty | RxRound::NoRoom => 0,
@@ -855,10 +880,17 @@ impl Pumps {
         Some(self.pumps.swap_remove(i))
     }
 
-    /// Every pump's [`Pump::receive`] (CNPs timed by `clock`, the engine's); the
-    /// datagrams received.
-    pub(crate) fn receive(&mut self, clock: &impl Clock) -> usize {
-        self.pumps.iter_mut().map(|p| p.receive(clock)).sum()
+    /// Every pump's [`Pump::receive`] (CNPs timed by `clock`, the engine's; `is_new` the
+    /// engine's word on a packet's PSN); the frames published to the links.
+    pub(crate) fn receive(
+        &mut self,
+        clock: &impl Clock,
+        is_new: &impl Fn(Qpn, bool, Psn) -> bool,
+    ) -> usize {
+        self.pumps
+            .iter_mut()
+            .map(|p| p.receive(clock, is_new))
+            .sum()
     }
 
     /// Every pump's [`Pump::send`]; the frames taken.

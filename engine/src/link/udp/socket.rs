@@ -938,6 +938,10 @@ pub(crate) struct RxRing {
     /// The `recvmmsg` arrays (a control buffer per datagram among them), made with the
     /// ring: an empty poll clears no 8 KB of them.
     msgs: Box<MsgArrays<RX_CTRL_WORDS>>,
+    /// `(next, n)` when the first `n` entries of `msgs` are set up for filling the buffers
+    /// from `next` on and no call has changed them since: a `recvmmsg` that found nothing
+    /// writes none of them back, so the next empty poll sets up nothing.
+    prepared: Option<(u64, usize)>,
 }
 
 /// The message headers, iovecs, address buffers and control buffers (`W` words each) of
@@ -951,10 +955,11 @@ struct MsgArrays<const W: usize> {
     ctrl: [[u64; W]; BURST],
 }
 
-// SAFETY: the raw pointers in `hdrs` and `iovs` are set by `TxBurst::send_via` and
-// `RxRing::recv` before each call and only the kernel follows them, within that call;
-// between calls they are stale values no one reads. Moving the arrays to another thread
-// with their owner is sound.
+// SAFETY: the raw pointers in `hdrs` and `iovs` point into the arrays' own box or into
+// their owner's buffers (set by `TxBurst::send_via` before each call, by `RxRing::new` and
+// `RxRing::recv`), and only the kernel follows them, within a call made by their owner;
+// between calls no one reads them. Moving the arrays to another thread with their owner
+// is sound.
 unsafe impl<const W: usize> Send for MsgArrays<W> {}
 
 impl<const W: usize> MsgArrays<W> {
@@ -968,6 +973,24 @@ impl RxRing {
     /// A ring of `count` buffers (at least [`BURST`]).
     pub(crate) fn new(count: usize) -> RxRing {
         let count = count.max(BURST);
+        let mut msgs = MsgArrays::<RX_CTRL_WORDS>::new();
+        // What does not change between calls: each entry's address buffer, its one iovec
+        // of a buffer's length, its control buffer. (The arrays are boxed: these pointers
+        // stay valid wherever the ring moves.)
+        let MsgArrays {
+            hdrs,
+            iovs,
+            names,
+            ctrl,
+        } = &mut *msgs;
+        for (k, ctrl) in ctrl.iter_mut().enumerate() {
+            iovs[k].iov_len = DGRAM_BYTES;
+            let h = &mut hdrs[k].msg_hdr;
+            h.msg_name = (&raw mut names[k]).cast();
+            h.msg_iov = &raw mut iovs[k];
+            h.msg_iovlen = 1;
+            h.msg_control = ctrl.as_mut_ptr().cast();
+        }
         RxRing {
             mem: Mem::private(count * DGRAM_BYTES),
             count,
@@ -975,7 +998,8 @@ impl RxRing {
             lens: vec![0; count].into_boxed_slice(),
             srcs: vec![None; count].into_boxed_slice(),
             tos: vec![0; count].into_boxed_slice(),
-            msgs: MsgArrays::new(),
+            msgs,
+            prepared: None,
         }
     }
 
@@ -1019,28 +1043,31 @@ impl RxRing {
             names,
             ctrl,
         } = &mut *self.msgs;
-        for (k, ctrl) in ctrl.iter_mut().enumerate().take(n) {
+        let ready = self
+            .prepared
+            .is_some_and(|(next, m)| next == self.next && m >= n);
+        let todo = if ready { 0 } else { n };
+        for (k, h) in hdrs.iter_mut().enumerate().take(todo) {
             let i = (first + k) % self.count;
-            iovs[k] = libc::iovec {
-                // In the range checked above (`i < count`).
-                iov_base: ring.wrapping_add(i * DGRAM_BYTES).cast(),
-                iov_len: DGRAM_BYTES,
-            };
-            // Every field the kernel reads or writes (`msg_len` and `msg_flags` it writes).
-            let h = &mut hdrs[k].msg_hdr;
-            h.msg_name = (&raw mut names[k]).cast();
+            // In the range checked above (`i < count`).
+            iovs[k].iov_base = ring.wrapping_add(i * DGRAM_BYTES).cast();
+            // The fields the kernel writes back (the pointers were set by `new`; `msg_len`
+            // it only writes).
+            let h = &mut h.msg_hdr;
             h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &raw mut iovs[k];
-            h.msg_iovlen = 1;
-            h.msg_control = ctrl.as_mut_ptr().cast();
             h.msg_controllen = size_of::<[u64; RX_CTRL_WORDS]>() as _;
             h.msg_flags = 0;
+        }
+        if !ready {
+            self.prepared = Some((self.next, n));
         }
         let r = loop {
             // SAFETY: `hdrs[..n]` each point at a live address buffer, one iovec over a
             // checked, writable range of the ring's memory (alive while `self.mem` is),
             // which the kernel fills with plain bytes, and a control buffer of the ring's
-            // (8-byte aligned, of the length given); the arrays outlive the call.
+            // (8-byte aligned, of the length given): `new` pointed them into the boxed
+            // arrays, which have not moved, and the loop above or an earlier call that
+            // changed nothing (`prepared`) set the rest; the arrays outlive the call.
             let r = unsafe {
                 libc::recvmmsg(
                     sock.fd.as_raw_fd(),
@@ -1051,13 +1078,19 @@ impl RxRing {
                 )
             };
             if r >= 0 {
+                // The kernel wrote back the entries it filled (lengths, flags): set up
+                // again next time.
+                self.prepared = None;
                 break r as usize;
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 Some(libc::EAGAIN) => return Ok(0),
-                _ => return Err(e),
+                _ => {
+                    self.prepared = None;
+                    return Err(e);
+                }
             }
         };
         for (k, h) in hdrs.iter().enumerate().take(r) {
