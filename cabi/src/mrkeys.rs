@@ -1,9 +1,10 @@
 //! L_Key → memory region, for the hot path: two levels of atomic pointers indexed by the
 //! key's region index (a key is `index << 8 | tag`), read with plain loads (no lock, no
-//! locked instruction); registrations take a mutex.
+//! locked instruction); registrations take a mutex. Each queue keeps the last key it
+//! looked up in a [`KeyCache`], valid until any region of the context is removed.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use crate::objects::MrObj;
 
@@ -16,6 +17,28 @@ type Leaf = [AtomicPtr<MrObj>; LEAF];
 pub struct MrKeys {
     root: Box<[AtomicPtr<Leaf>]>,
     write: Mutex<()>,
+    /// Regions removed so far: a [`KeyCache`] filled at another count is stale.
+    removed: AtomicU64,
+}
+
+/// The last L_Key a queue looked up and its region, as of a count of removals: the post
+/// path's lookup when a program posts from one region (nearly always), one compare instead
+/// of the table's two levels. Used by one thread at a time (its queue's).
+pub struct KeyCache {
+    key: u32,
+    removed: u64,
+    mr: *const MrObj,
+}
+
+impl Default for KeyCache {
+    fn default() -> Self {
+        // A count no table reaches: the first lookup fills the cache.
+        KeyCache {
+            key: 0,
+            removed: u64::MAX,
+            mr: std::ptr::null(),
+        }
+    }
 }
 
 impl Default for MrKeys {
@@ -32,6 +55,7 @@ impl MrKeys {
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             write: Mutex::new(()),
+            removed: AtomicU64::new(0),
         }
     }
 
@@ -68,6 +92,29 @@ impl MrKeys {
         (mr.mr.lkey == key).then_some(mr)
     }
 
+    /// [`MrKeys::get`] through `cache`, which it refills on a miss.
+    #[inline(always)]
+    pub fn get_cached(&self, cache: &mut KeyCache, key: u32) -> Option<&MrObj> {
+        // SYNC: Relaxed: a removal that happened before this post (the program's own
+        // ordering between its threads, or this thread) is seen, by coherence; one racing
+        // with it is the program's race, as in `get`. The region's fields were published to
+        // this thread by the Acquire load that filled the cache.
+        let removed = self.removed.load(Ordering::Relaxed);
+        if cache.key == key && cache.removed == removed {
+            // SAFETY: filled by `get` with this key, and no region was removed since: the
+            // region is still registered, hence allocated.
+            return Some(unsafe { &*cache.mr });
+        }
+        self.refill(cache, key, removed)
+    }
+
+    #[inline(never)]
+    fn refill(&self, cache: &mut KeyCache, key: u32, removed: u64) -> Option<&MrObj> {
+        let mr = self.get(key)?;
+        *cache = KeyCache { key, removed, mr };
+        Some(mr)
+    }
+
     /// Enters a region under its key.
     pub fn insert(&self, key: u32, mr: *mut MrObj) {
         let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
@@ -83,6 +130,9 @@ impl MrKeys {
         if let Some(s) = self.slot(key, false) {
             s.store(std::ptr::null_mut(), Ordering::Release);
         }
+        // Before the region can be freed (the caller frees it after this returns): every
+        // cache filled before now misses from here on.
+        self.removed.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -87,6 +87,22 @@ pub struct MrObj {
     pub mr: ibv_mr,
     /// The Rust region.
     pub rust: MrRegion,
+    /// `&*rust`, resolved once at registration for the post path (which would otherwise
+    /// look at the kind of region on every element): it points into this object, which
+    /// stays at its address while registered.
+    region: *const Mr,
+}
+
+impl MrObj {
+    /// The Rust region, as [`MrObj::rust`] derefs to it.
+    #[inline(always)]
+    pub fn region(&self) -> &Mr {
+        debug_assert!(std::ptr::eq(self.region, &*self.rust));
+        // SAFETY: `region` was set to `&*self.rust` once the object was at its final
+        // address (`reg`), and `rust` is not replaced while the object lives (`ibv_dereg_mr`
+        // that fails writes the same value back at the same address).
+        unsafe { &*self.region }
+    }
 }
 
 /// How the program's memory behind an `ibv_mr` is registered.
@@ -243,7 +259,11 @@ unsafe fn reg(
                         rkey,
                     },
                     rust,
+                    region: ptr::null(),
                 });
+                // SAFETY: `m` was just allocated and is not shared yet; `rust` is at its
+                // final address.
+                unsafe { (*m).region = &*(*m).rust };
                 c.mrs.insert(lkey, m);
                 m.cast()
             }
@@ -311,7 +331,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if let Some(c) = c {
             c.mrs.remove(key);
         }
-        let MrObj { mr: cmr, rust } = m;
+        let MrObj {
+            mr: cmr,
+            rust,
+            region,
+        } = m;
         // A moved region gives the program private pages back (with their bytes) as it
         // goes; a shadowed one hands back the buffer, which is the program's.
         let done = match rust {
@@ -333,7 +357,13 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             Err((e, rust)) => {
                 // Still in use (EBUSY): the region stays registered, at the same address.
                 // SAFETY: the place the object was read from, still allocated.
-                unsafe { p.write(MrObj { mr: cmr, rust }) };
+                unsafe {
+                    p.write(MrObj {
+                        mr: cmr,
+                        rust,
+                        region,
+                    })
+                };
                 if let Some(c) = c {
                     c.mrs.insert(key, p);
                 }

@@ -12,6 +12,7 @@ use shmhca::{
 
 use crate::context::{CtxObj, ctx_of};
 use crate::ffi::*;
+use crate::mrkeys::KeyCache;
 use crate::objects::{CqObj, MrObj, MwObj, SrqObj, access_of, obj};
 use crate::qp::QpObj;
 use crate::util::{fail, guard};
@@ -34,9 +35,20 @@ pub(crate) enum Gather<'a> {
 /// address range lies inside the region.
 #[inline(always)]
 fn sge<'a>(c: &'a CtxObj, s: &ibv_sge) -> Result<Sge<'a>, c_int> {
-    let mr: &MrObj = c.mrs.get(s.lkey).ok_or(libc::EINVAL)?;
+    region_sge(c.mrs.get(s.lkey).ok_or(libc::EINVAL)?, s)
+}
+
+/// [`sge`] with the L_Key looked up through a queue's `cache`.
+#[inline(always)]
+fn sge_cached<'a>(c: &'a CtxObj, cache: &mut KeyCache, s: &ibv_sge) -> Result<Sge<'a>, c_int> {
+    region_sge(c.mrs.get_cached(cache, s.lkey).ok_or(libc::EINVAL)?, s)
+}
+
+/// The Rust element of verbs SGE `s` in `mr`, the region its L_Key names.
+#[inline(always)]
+fn region_sge<'a>(mr: &'a MrObj, s: &ibv_sge) -> Result<Sge<'a>, c_int> {
     let off = s.addr.checked_sub(mr.mr.addr as u64).ok_or(libc::EINVAL)?;
-    mr.rust.sge(off, s.length).map_err(|_| libc::EINVAL)
+    mr.region().sge(off, s.length).map_err(|_| libc::EINVAL)
 }
 
 /// Runs `f` on the shmhca elements of the C list `list`, each checked (L_Key, range):
@@ -252,6 +264,16 @@ pub unsafe extern "C" fn post_send(
         let Some(q) = (unsafe { obj::<_, QpObj>(qp) }) else {
             return libc::EINVAL;
         };
+        // SAFETY: the program's request list (its first request, or null).
+        if let Some(first) = unsafe { wr.as_ref() } {
+            if let Some(done) = send_one_sge(q, first) {
+                if done != 0 && !bad.is_null() {
+                    // SAFETY: the program's out pointer.
+                    unsafe { bad.write(wr) };
+                }
+                return done;
+            }
+        }
         let mut w = wr;
         while !w.is_null() {
             // SAFETY: the program's request list.
@@ -275,6 +297,43 @@ pub unsafe extern "C" fn post_send(
             w = r.next;
         }
         0
+    })
+}
+
+/// The request nearly every program posts, alone: a Send of one element of registered
+/// memory, with at most the signaled and solicited flags (perftest's `ib_send_lat` and
+/// `ib_send_bw`). Posted through a copy of [`Qp::post_send`](shmhca::Qp::post_send) made
+/// for it (the operation and the kind of data constants, so the checks of the others fold
+/// away); the element is checked as [`post_one`] checks it. `None`: anything else, for the
+/// general path.
+#[inline(always)]
+fn send_one_sge(q: &mut QpObj, r: &ibv_send_wr) -> Option<c_int> {
+    if !r.next.is_null()
+        || r.opcode != IBV_WR_SEND
+        || r.num_sge != 1
+        || r.sg_list.is_null()
+        || r.send_flags & !(IBV_SEND_SIGNALED | IBV_SEND_SOLICITED) != 0
+    {
+        return None;
+    }
+    // SAFETY: a QP's context outlives it.
+    let c: &CtxObj = unsafe { &*q.ctx };
+    // SAFETY: the program's one element (`num_sge` is 1).
+    let s = match sge_cached(c, &mut q.send_key, unsafe { &*r.sg_list }) {
+        Ok(s) => s,
+        Err(e) => return Some(e),
+    };
+    let mut flags = SendFlags::NONE;
+    if r.send_flags & IBV_SEND_SIGNALED != 0 || q.sig_all {
+        flags = flags | SendFlags::SIGNALED;
+    }
+    if r.send_flags & IBV_SEND_SOLICITED != 0 {
+        flags = flags | SendFlags::SOLICITED;
+    }
+    let wr = SendWr::new(r.wr_id, SendOp::Send, std::slice::from_ref(&s)).flags(flags);
+    Some(match q.rust.post_send_inlined(&wr) {
+        Ok(()) => 0,
+        Err(e) => fail("ibv_post_send", &e),
     })
 }
 
@@ -328,6 +387,32 @@ pub unsafe extern "C" fn post_recv(
         }
         // SAFETY: a QP's context outlives it.
         let c: &CtxObj = unsafe { &*q.ctx };
+        // SAFETY: the program's request list (its first request, or null).
+        if let Some(first) = unsafe { wr.as_ref() } {
+            if first.next.is_null() && first.num_sge == 1 && !first.sg_list.is_null() {
+                // The receive nearly every program posts, alone with one element: checked
+                // as `each_recv` checks it, posted through a copy of `Qp::post_recv` made
+                // for it.
+                // SAFETY: the program's one element (`num_sge` is 1).
+                let done =
+                    sge_cached(c, &mut q.recv_key, unsafe { &*first.sg_list }).and_then(|s| {
+                        let r = RecvWr::new(first.wr_id, std::slice::from_ref(&s));
+                        q.rust
+                            .post_recv_inlined(&r)
+                            .map_err(|e| fail("ibv_post_recv", &e))
+                    });
+                return match done {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        if !bad.is_null() {
+                            // SAFETY: the program's out pointer.
+                            unsafe { bad.write(wr) };
+                        }
+                        e
+                    }
+                };
+            }
+        }
         each_recv(c, wr, bad, |r| q.rust.post_recv(r))
     })
 }

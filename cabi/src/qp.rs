@@ -8,6 +8,7 @@ use shmhca::{Mtu, Qp, QpAttr, QpCaps, QpState};
 
 use crate::context::CtxObj;
 use crate::ffi::*;
+use crate::mrkeys::KeyCache;
 use crate::objects::{CqObj, PdObj, SrqObj, access_of, ctx, obj};
 use crate::qpex::ExState;
 use crate::util::{fail, guard, set_errno, unsupported};
@@ -29,6 +30,10 @@ pub struct QpObj {
     pub ex: ExState,
     /// Its receives come from this SRQ (null: its own receive queue).
     pub srq: *mut SrqObj,
+    /// The region of the last L_Key its sends named.
+    pub(crate) send_key: KeyCache,
+    /// The region of the last L_Key its receives named.
+    pub(crate) recv_key: KeyCache,
 }
 
 pub(crate) fn state_to_c(s: QpState) -> ibv_qp_state {
@@ -167,6 +172,8 @@ unsafe fn create(
         has_ex,
         ex: ExState::default(),
         srq: s.map_or(ptr::null_mut(), |s| s as *mut SrqObj),
+        send_key: KeyCache::default(),
+        recv_key: KeyCache::default(),
     });
     let qpn = o.rust.qpn().get();
     let p = Box::into_raw(o);

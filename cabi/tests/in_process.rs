@@ -313,6 +313,106 @@ fn sends_writes_reads_and_atomics_through_the_c_abi() {
 /// `ibv_poll_cq` with room for several completions (perftest's bandwidth tests poll 16 at a
 /// time) writes each into the program's array in order, never more than asked for, and
 /// failed ones with their status.
+/// A Send or a receive of one element, alone, takes a path of its own with the region of
+/// the last L_Key its queue named kept (`KeyCache`): a key whose region was deregistered
+/// since must fail the post (not reach the freed region), and a region of another
+/// protection domain or a range past the region's end too.
+#[test]
+fn one_element_posts_refuse_a_deregistered_region_s_key() {
+    let access = IBV_ACCESS_LOCAL_WRITE as c_int;
+    let a = side(access, false);
+    let mut b = side(access, false);
+    connect(&a, &b);
+    let (send_a, recv_a) = (ops(a.ctx).post_send.unwrap(), ops(a.ctx).post_recv.unwrap());
+    let (send_b, recv_b) = (ops(b.ctx).post_send.unwrap(), ops(b.ctx).post_recv.unwrap());
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        let mut other = vec![0u8; 4096];
+        let mr2 = ibv_reg_mr(a.pd, other.as_mut_ptr().cast(), other.len(), access);
+        assert!(!mr2.is_null());
+        let base = other.as_ptr() as u64;
+        let in_mr2 = |off: u64, len: u32| ibv_sge {
+            addr: base + off,
+            length: len,
+            lkey: (*mr2).lkey,
+        };
+        // A receive into mr2 and a Send from it: each queue's cache now names mr2.
+        let mut rl = [in_mr2(0, 64)];
+        let mut r: ibv_recv_wr = std::mem::zeroed();
+        r.wr_id = 1;
+        r.sg_list = rl.as_mut_ptr();
+        r.num_sge = 1;
+        let mut bad_r = ptr::null_mut();
+        assert_eq!(recv_a(a.qp, &mut r, &mut bad_r), 0);
+        let mut bl = [sge(&b, 0, 64)];
+        let mut rb: ibv_recv_wr = std::mem::zeroed();
+        rb.wr_id = 2;
+        rb.sg_list = bl.as_mut_ptr();
+        rb.num_sge = 1;
+        assert_eq!(recv_b(b.qp, &mut rb, &mut bad_r), 0);
+        other[..4].copy_from_slice(b"mr2!");
+        let mut sl = [in_mr2(0, 4)];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        let mut bad = ptr::null_mut();
+        assert_eq!(send_a(a.qp, &mut w, &mut bad), 0);
+        let mut bsl = [sge(&b, 100, 3)];
+        let mut wb = send_wr(&mut bsl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        b.buf[100..103].copy_from_slice(b"b2a");
+        assert_eq!(send_b(b.qp, &mut wb, &mut bad), 0);
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let w = poll(&a);
+            assert_eq!(w.status, IBV_WC_SUCCESS);
+            got.push(w.opcode);
+        }
+        got.sort();
+        assert_eq!(got, [IBV_WC_SEND, IBV_WC_RECV]);
+        for _ in 0..2 {
+            assert_eq!(poll(&b).status, IBV_WC_SUCCESS);
+        }
+        assert_eq!(&b.buf[..4], b"mr2!");
+        assert_eq!(&other[..3], b"b2a");
+
+        // A range past the region's end, through the same cached key.
+        let mut sl = [in_mr2(4090, 8)];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, 0);
+        assert_eq!(send_a(a.qp, &mut w, &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut w as *mut ibv_send_wr);
+
+        // mr2 deregistered: its key fails both posts with EINVAL, naming the request.
+        let stale = (*mr2).lkey;
+        assert_eq!(ibv_dereg_mr(mr2), 0);
+        let gone = |len: u32| ibv_sge {
+            addr: base,
+            length: len,
+            lkey: stale,
+        };
+        let mut sl = [gone(4)];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        bad = ptr::null_mut();
+        assert_eq!(send_a(a.qp, &mut w, &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut w as *mut ibv_send_wr);
+        let mut rl = [gone(64)];
+        r.sg_list = rl.as_mut_ptr();
+        bad_r = ptr::null_mut();
+        assert_eq!(recv_a(a.qp, &mut r, &mut bad_r), libc::EINVAL);
+        assert_eq!(bad_r, &mut r as *mut ibv_recv_wr);
+
+        // A region of another protection domain of the same context.
+        let pd2 = ibv_alloc_pd(a.ctx);
+        let mr3 = ibv_reg_mr(pd2, other.as_mut_ptr().cast(), other.len(), access);
+        assert!(!mr3.is_null());
+        let mut sl = [ibv_sge {
+            lkey: (*mr3).lkey,
+            ..gone(4)
+        }];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        assert_eq!(send_a(a.qp, &mut w, &mut bad), libc::EINVAL);
+        assert_eq!(ibv_dereg_mr(mr3), 0);
+        assert_eq!(ibv_dealloc_pd(pd2), 0);
+    }
+}
+
 #[test]
 fn a_poll_of_several_fills_the_array_in_order() {
     let access = IBV_ACCESS_LOCAL_WRITE as c_int;

@@ -36,6 +36,13 @@ pub(crate) struct Side {
     /// The message size.
     pub(crate) size: u32,
     pub(crate) mr: *mut ibv_mr,
+    /// The send request and its element, built once (as perftest's `ctx_set_send_wqes`
+    /// does; its loops change only the request's id and signaled flag).
+    pub(crate) send_wr: Box<ibv_send_wr>,
+    pub(crate) send_sge: Box<ibv_sge>,
+    /// The receive request and its element, built once (perftest's `ctx_set_recv_wqes`).
+    pub(crate) recv_wr: Box<ibv_recv_wr>,
+    pub(crate) recv_sge: Box<ibv_sge>,
     /// Sends posted.
     pub(crate) sent: u64,
     /// Signaled Sends whose completion was not yet polled.
@@ -86,6 +93,23 @@ pub(crate) fn side(size: u32) -> Side {
         if qp.is_null() {
             die("ibv_create_qp failed");
         }
+        let mut send_sge = Box::new(ibv_sge {
+            addr: buf.as_ptr() as u64,
+            length: size,
+            lkey: (*mr).lkey,
+        });
+        let mut send_wr: Box<ibv_send_wr> = Box::new(std::mem::zeroed());
+        send_wr.sg_list = &mut *send_sge;
+        send_wr.num_sge = 1;
+        send_wr.opcode = IBV_WR_SEND;
+        let mut recv_sge = Box::new(ibv_sge {
+            addr: buf.as_ptr() as u64 + RECV_AT,
+            length: size,
+            lkey: (*mr).lkey,
+        });
+        let mut recv_wr: Box<ibv_recv_wr> = Box::new(std::mem::zeroed());
+        recv_wr.sg_list = &mut *recv_sge;
+        recv_wr.num_sge = 1;
         Side {
             ctx,
             ops: (*ctx).ops,
@@ -95,6 +119,10 @@ pub(crate) fn side(size: u32) -> Side {
             buf,
             size,
             mr,
+            send_wr,
+            send_sge,
+            recv_wr,
+            recv_sge,
             sent: 0,
             unpolled: 0,
         }
@@ -149,51 +177,34 @@ pub(crate) fn connect(s: &Side, peer: &Side) {
     }
 }
 
-/// Posts one receive of the message size at `RECV_AT` in `s`'s buffer.
+/// Posts one receive of the message size at `RECV_AT` in `s`'s buffer: the request built
+/// once, with id `id` (perftest reposts the same request).
 pub(crate) fn post_recv(s: &mut Side, id: u64) {
-    let mut sge = ibv_sge {
-        addr: s.buf.as_ptr() as u64 + RECV_AT,
-        length: s.size,
-        // SAFETY: our region.
-        lkey: unsafe { (*s.mr).lkey },
-    };
-    // SAFETY: plain data.
-    let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
-    wr.wr_id = id;
-    wr.sg_list = &mut sge;
-    wr.num_sge = 1;
+    s.recv_wr.wr_id = id;
     let mut bad = ptr::null_mut();
     let post = s.ops.post_recv.unwrap_or_else(|| die("no post_recv op"));
-    // SAFETY: our QP, a request whose list lives across the call.
-    if unsafe { post(s.qp, &mut wr, &mut bad) } != 0 {
+    // SAFETY: our QP, a request whose list lives as long as `s`.
+    if unsafe { post(s.qp, &mut *s.recv_wr, &mut bad) } != 0 {
         die("ibv_post_recv failed");
     }
 }
 
 /// Posts one Send of the message size from offset 0 of `s`'s buffer, signaled every
-/// `CQ_MOD`th.
+/// `CQ_MOD`th: the request built once, its id and signaled flag set per post (as perftest's
+/// loops do).
 pub(crate) fn post_send(s: &mut Side) {
     s.sent += 1;
-    let mut sge = ibv_sge {
-        addr: s.buf.as_ptr() as u64,
-        length: s.size,
-        // SAFETY: our region.
-        lkey: unsafe { (*s.mr).lkey },
-    };
-    // SAFETY: plain data.
-    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-    wr.wr_id = s.sent;
-    wr.sg_list = &mut sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
+    s.send_wr.wr_id = s.sent;
     if s.sent % CQ_MOD == 0 {
-        wr.send_flags = IBV_SEND_SIGNALED;
+        s.send_wr.send_flags = IBV_SEND_SIGNALED;
         s.unpolled += 1;
+    } else {
+        s.send_wr.send_flags = 0;
     }
     let mut bad = ptr::null_mut();
     let post = s.ops.post_send.unwrap_or_else(|| die("no post_send op"));
-    // SAFETY: our QP, a request whose list lives across the call.
-    if unsafe { post(s.qp, &mut wr, &mut bad) } != 0 {
+    // SAFETY: our QP, a request whose list lives as long as `s`.
+    if unsafe { post(s.qp, &mut *s.send_wr, &mut bad) } != 0 {
         die("ibv_post_send failed");
     }
 }

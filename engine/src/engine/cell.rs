@@ -312,7 +312,7 @@ impl<T> EngineCell<T> {
     /// the token (the owner's fast path), `None` otherwise — never taking the lock, so
     /// never revoking another thread's bias (a `membarrier`): for callers with another way
     /// to hand over their work.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_with_if<R>(&self, slow: bool, f: impl FnOnce(&mut T) -> R) -> Option<R> {
         // One call of `f` on either path (the token, fast or slow, is held until `_token`
         // drops at the end), so that `f` is inlined here.

@@ -61,10 +61,25 @@ pub(crate) const SHORT_SLEEP: Duration = Duration::from_millis(1);
 /// (`private`: the word is in this process's private memory, the engine's local word).
 #[inline]
 pub(crate) fn wake(sleepers: &AtomicU32, kick: &AtomicU32, private: bool) {
+    wake_with(sleepers, || Some(kick), private);
+}
+
+/// [`wake`] with the kick word found by `kick` only when some thread sleeps (a word in
+/// shared memory costs a bounds check to find; nobody sleeps nearly always). `None`: no
+/// word to bump (never for a validated link), the wake-up is skipped.
+#[inline]
+pub(crate) fn wake_with<'a>(
+    sleepers: &AtomicU32,
+    kick: impl FnOnce() -> Option<&'a AtomicU32>,
+    private: bool,
+) {
     // SYNC: SeqCst fence pairs with the one in `sleep` (Dekker): the work published before
     // this fence, or the sleeper's count, is seen by the other side.
     fence(Ordering::SeqCst);
     if sleepers.load(Ordering::Relaxed) != 0 {
+        let Some(kick) = kick() else {
+            return;
+        };
         // SYNC: Release: a sleeper that reads the bumped word (Acquire) sees the work.
         kick.fetch_add(1, Ordering::Release);
         let flags = if private {

@@ -649,10 +649,25 @@ impl Mr {
         self.dst_off_outside(offset)
     }
 
+    /// [`Mr::dst_off`] with a region with outside memory handled here, not out of line (the
+    /// verbs C ABI's receive path, whose regions are nearly all registered buffers).
+    #[inline(always)]
+    pub(crate) fn dst_off_inlined(&self, offset: u64) -> u64 {
+        if self.user.is_none() {
+            return self.off + offset;
+        }
+        self.dst_off_outside_inlined(offset)
+    }
+
     /// [`Mr::dst_off`] of a region with outside memory: a registered buffer's user offset,
     /// or (pages moved onto the arena) its arena block's.
     #[inline(never)]
     fn dst_off_outside(&self, offset: u64) -> u64 {
+        self.dst_off_outside_inlined(offset)
+    }
+
+    #[inline(always)]
+    fn dst_off_outside_inlined(&self, offset: u64) -> u64 {
         match self.buffer() {
             Some(_) => crate::tables::mr::user_off(self.index, offset),
             None => self.off + offset,

@@ -434,6 +434,22 @@ impl Qp {
         Ok(())
     }
 
+    /// [`Qp::post_send`], compiled into its caller: a caller that builds most of the
+    /// request from constants (the verbs C ABI's path for a Send of one element) gets the
+    /// checks of the other operations and data kinds folded away.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn post_send_inlined(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        // As in `post_send`.
+        let prepared = self.prepare(wr);
+        let wqe = match &prepared {
+            Ok(wqe) => wqe,
+            Err(_) => return prepared.map(drop),
+        };
+        self.post_wqe(wqe, counted_sgl(wr));
+        Ok(())
+    }
+
     /// Binds type 1 memory window `mw` (the Bind Memory Window verb, `ibv_bind_mw`) over
     /// `bind` and returns its new R_Key (also [`Mw::rkey`] from now on): the previous key
     /// stops working when the bind executes. The bind is posted on this QP's send queue and
@@ -579,6 +595,12 @@ impl Qp {
     /// written. Nothing is queued yet, and nothing counted in flight: the caller counts
     /// [`counted_sgl`] as it queues the WQE (under the engine token, or outside it).
     fn prepare_send(&mut self, wr: &SendWr<'_>) -> Result<SqWqe> {
+        self.prepare(wr)
+    }
+
+    /// [`Qp::prepare_send`]'s body, compiled into each caller.
+    #[inline(always)]
+    fn prepare(&mut self, wr: &SendWr<'_>) -> Result<SqWqe> {
         let state = self.qshared.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(Error::InvalidState {
@@ -905,6 +927,31 @@ impl Qp {
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
     /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        self.post_recv_with(wr, |q, s| q.locate_one(s, true, "scatter list"))
+    }
+
+    /// [`Qp::post_recv`], compiled into its caller (the verbs C ABI's path for a receive of
+    /// one element), with a registered buffer's offset found in line too.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn post_recv_inlined(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        self.post_recv_with(wr, |q, s| {
+            q.check_sge(s, true, "scatter list")?;
+            Ok(SgeEntry {
+                off: s.mr.dst_off_inlined(s.offset),
+                len: s.len,
+                mr: s.mr.index,
+            })
+        })
+    }
+
+    /// [`Qp::post_recv`]'s body, with `locate_one` locating a list of one element.
+    #[inline(always)]
+    fn post_recv_with(
+        &mut self,
+        wr: &RecvWr<'_>,
+        locate_one: impl FnOnce(&Self, &Sge<'_>) -> Result<SgeEntry>,
+    ) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid(
                 "post_recv",
@@ -935,7 +982,7 @@ impl Qp {
         };
         let data = match wr.sgl {
             [] => DataLoc::Empty,
-            [s] => DataLoc::Single(self.locate_one(s, true, "scatter list")?),
+            [s] => DataLoc::Single(locate_one(self, s)?),
             many => {
                 self.check_sgl(many, self.caps.max_recv_sge, true, "scatter list")?;
                 let row = self.rq_posted % u64::from(self.caps.max_recv_wr);

@@ -563,11 +563,12 @@ impl Link {
     /// Wakes the peer engine if some thread of it sleeps: its sleeper count is in its
     /// engine page, the word to bump is this side's kick word of the link.
     fn wake_peer(&self) {
-        if let (Ok(sleepers), Ok(kick)) = (
-            self.peer_page.atomic_u32(crate::arena::WAKE_WORD),
-            self.kick.atomic_u32(self.kick_off[0]),
-        ) {
-            crate::engine::wake::wake(sleepers, kick, false);
+        if let Ok(sleepers) = self.peer_page.atomic_u32(crate::arena::WAKE_WORD) {
+            crate::engine::wake::wake_with(
+                sleepers,
+                || self.kick.atomic_u32(self.kick_off[0]).ok(),
+                false,
+            );
         }
     }
 
