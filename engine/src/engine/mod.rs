@@ -66,8 +66,6 @@ const WATCH_IDLE: u32 = 4096;
 const MAX_WATCHED: u32 = 64;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
-/// No QP ([`Engine::just_posted`]): an index no QP has (indexes are below [`MAX_QPS`]).
-const NO_QP: u32 = u32::MAX;
 /// The most links (peer engines, or `Context::link_with` pairs) one context can have.
 pub(crate) const MAX_LINKS: u32 = crate::limits::MAX_LINKS;
 const _: () = assert!(MAX_QPS <= 1 << QP_INDEX_BITS);
@@ -87,13 +85,6 @@ pub(crate) struct Engine {
     /// timers were disarmed since (an Ack came: that made them active); they leave it at
     /// that check.
     timed: ActiveSet,
-    /// The QP a direct post ([`Engine::send_with`]) left out of the active set since the
-    /// last iteration began, or [`NO_QP`]: a post sent whole leaves its QP only waiting for
-    /// its timer (timed, not active), but a riding Ack its next iteration receives is
-    /// handled in that iteration's step 3, as for an active QP ([`keep_riding_ack`]). A
-    /// second QP posted before the next iteration goes to the active set, as every post's
-    /// QP did before.
-    just_posted: u32,
     /// Where a received frame is copied out of its ring (private memory): a packet's slot,
     /// then its continuation lines.
     rx: Box<[Line; MAX_FRAME_LINES]>,
@@ -174,7 +165,6 @@ impl Engine {
             active: ActiveSet::new(),
             rung: ActiveSet::new(),
             timed: ActiveSet::new(),
-            just_posted: NO_QP,
             rx: Box::new([Line::ZERO; MAX_FRAME_LINES]),
             trace: None,
             timer_countdown: TIMER_EVERY,
@@ -518,7 +508,6 @@ impl Engine {
     /// shared-memory path about 50 instructions a message.)
     #[inline(never)]
     fn poll_links(&mut self, doorbell: &doorbell::Doorbell) -> usize {
-        let just_posted = std::mem::replace(&mut self.just_posted, NO_QP);
         self.count_down_to_stats();
         if self.watched_count > 0 {
             self.scan_watched(doorbell);
@@ -529,7 +518,7 @@ impl Engine {
         let (mut it, mut env) = self.iteration();
         it.take_doorbells(doorbell); // 1
         it.take_riding_acks(&mut env); // 1b
-        let mut work = it.receive(&mut env, just_posted); // 2
+        let mut work = it.receive(&mut env); // 2
         let check_timers = it.timer_turn();
         work += it.serve_active(&mut env, check_timers); // 3
         it.send_owed_acks(&mut env); // 4
@@ -879,7 +868,36 @@ impl Engine {
     /// `ring_pushed`: how many WQEs the poster has pushed on the QP's send ring so far
     /// (when the engine has taken as many, the ring is not looked at).
     pub(crate) fn post_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
+        if wqe.op.is_rd_atomic() {
+            return self.post_rd_atomic_direct(index, wqe, ring_pushed);
+        }
         self.send_with(index, Some((wqe, ring_pushed)))
+    }
+
+    /// [`Engine::post_direct`] of a Read or an Atomic. The post gives its QP a turn in step 3
+    /// of the next iteration, as every post does — unless the request went whole (the
+    /// template path's, most often) and the QP has no work left, what the end of that turn
+    /// would decide: then it only waits for its answer, in the timed set, and the next
+    /// iteration need not visit it. A QP the active set held already stays there. (Sends
+    /// and Writes keep the turn: a riding Ack for a QP that just posted one is handled in
+    /// its carrier's iteration, step 3, see `keep_riding_ack`, as a ping-pong's is; and
+    /// without the turn their ping-pong and stream cost more, 114 and 44 instructions a
+    /// message, `bench/scripts/instructions.sh`.)
+    #[inline(never)]
+    fn post_rd_atomic_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
+        let was_active = self.active.contains(index);
+        if !self.send_with(index, Some((wqe, ring_pushed))) {
+            return false;
+        }
+        if let Some(qp) = self.qps.at(index) {
+            if !was_active && !needs_attention(qp) && qp.proto.state == QpState::Rts {
+                self.active.remove(index);
+                if waits_for_timer(qp) {
+                    self.timed.insert(index);
+                }
+            }
+        }
+        true
     }
 
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
@@ -891,8 +909,6 @@ impl Engine {
             qps,
             links,
             active,
-            timed,
-            just_posted,
             trace,
             faults,
             owed,
@@ -903,6 +919,7 @@ impl Engine {
         let Some(qp) = qps.at_mut(index) else {
             return false;
         };
+        active.insert(index);
         if wqe.is_none_or(|(_, pushed)| qp.sq.taken() != pushed) {
             requester::fetch(qp);
         }
@@ -914,7 +931,6 @@ impl Engine {
                 .map(|l| (d, l))
         });
         let Some((d, link)) = link else {
-            active.insert(index);
             if let Some(w) = wqe {
                 requester::accept(qp, *w);
             }
@@ -950,21 +966,6 @@ impl Engine {
         link.publish();
         if !udp.is_empty() {
             udp.send();
-        }
-        // The QP's turn in step 3 of the next iteration only if it has work left (what the
-        // end of that turn would decide): a post sent whole (the template path's, most
-        // often) leaves it only waiting for its timer, and the next iteration need not
-        // visit it — but handles a riding Ack for it at once, as for an active QP.
-        if needs_attention(qp)
-            || qp.proto.state != QpState::Rts
-            || (*just_posted != NO_QP && *just_posted != index)
-        {
-            active.insert(index);
-        } else {
-            *just_posted = index;
-            if waits_for_timer(qp) {
-                timed.insert(index);
-            }
         }
         true
     }
@@ -1108,7 +1109,7 @@ impl Iteration<'_> {
     /// One loop nest, not a helper per burst and per frame: split further (inlined), the
     /// receive step cost ~5 instructions more per message (`bench/scripts/instructions.sh`).
     #[inline(always)]
-    fn receive(&mut self, env: &mut Env<'_>, just_posted: u32) -> usize {
+    fn receive(&mut self, env: &mut Env<'_>) -> usize {
         let mut work = 0;
         for (l, link) in self.links.iter_mut() {
             if link.down.is_some() {
@@ -1200,14 +1201,7 @@ impl Iteration<'_> {
                     // if it had followed in its own line, and after the application has had the
                     // request's completion.
                     if rides && !ack_first {
-                        keep_riding_ack(
-                            qp,
-                            self.riding,
-                            self.active,
-                            index,
-                            index == just_posted,
-                            &slots[0],
-                        );
+                        keep_riding_ack(qp, self.riding, self.active, index, &slots[0]);
                     }
                 } else {
                     completer::on_response(qp, env, &pkt);
@@ -1518,26 +1512,21 @@ fn send_owed(
 
 /// Keeps the positive Ack riding in request `carrier` (just handled) of QP `index` for the
 /// next iteration ([`handle_riding_acks`]) — or for this iteration's step 3, if the QP is
-/// in the active set already or `just_posted` (a ping-pong's QP that posted since the last
-/// iteration; a post sent whole leaves it out of the active set, see
-/// [`Engine::send_with`], and it joins it here): step 3 handles the kept Ack of every
-/// active QP first, so the next iteration would find nothing to do for it. One is kept per
-/// QP: the receive step handles a kept one before any later packet of its QP, so none is
-/// kept here.
+/// in the active set already (a ping-pong's QP that posted since the last iteration): step
+/// 3 handles the kept Ack of every active QP first, so the next iteration would find
+/// nothing to do for it. One is kept per QP: the receive step handles a kept one before
+/// any later packet of its QP, so none is kept here.
 #[inline(never)]
 fn keep_riding_ack(
     qp: &mut QpSlot,
     riding: &mut ActiveSet,
-    active: &mut ActiveSet,
+    active: &ActiveSet,
     index: u32,
-    just_posted: bool,
     carrier: &PacketSlot,
 ) {
     debug_assert!(qp.riding_ack.is_none());
     qp.riding_ack = Some(crate::wire::slot::riding_ack_of(carrier));
-    if just_posted {
-        active.insert(index);
-    } else if !active.contains(index) {
+    if !active.contains(index) {
         riding.insert(index);
     }
 }
@@ -2021,28 +2010,49 @@ mod timed_tests {
         r.ack_and_complete();
     }
 
-    /// A post sent whole by the direct path (inline mode: the template path) leaves its QP
-    /// waiting for its answer only: in the timed set, out of the active set, so that the
-    /// next iteration has nothing to visit (before: active until that iteration's step 3).
-    /// Its timer still fires, and the answer still completes it.
+    /// A Read or an Atomic sent whole by the direct path (inline mode: the template path)
+    /// leaves its QP waiting for its answer only: in the timed set, out of the active set,
+    /// so that the next iteration has nothing to visit (before: active until that
+    /// iteration's step 3). Its timer still fires and resends it. A Send keeps its turn.
     #[test]
-    fn a_post_sent_whole_leaves_its_qp_timed_not_active() {
+    fn a_read_or_atomic_sent_whole_leaves_its_qp_timed_not_active() {
         let mut r = rig();
         r.ctx.progress(); // the connection's turn: the QP leaves the active set
         assert_eq!(r.sets(), (false, false));
         r.qp.post_send(&SendWr::new(1, SendOp::Send, &[r.mr.sge(0, 8).unwrap()]))
             .unwrap();
         assert_eq!(r.requests(), [0], "the post sent the Send itself");
-        assert_eq!(r.sets(), (false, true), "waiting for its Ack only");
-        assert_eq!(r.until_sent("retransmission"), [0]);
-        assert_eq!(r.ctx.stats().timeouts, 1);
+        assert_eq!(r.sets(), (true, false), "a Send keeps its turn");
         r.ack_and_complete();
-        // A Read of one response, the same way.
         let read = SendOp::RdmaRead(r.mr.remote(0));
         r.qp.post_send(&SendWr::new(2, read, &[r.mr.sge(0, 8).unwrap()]))
             .unwrap();
         assert_eq!(r.requests(), [1], "the post sent the Read itself");
         assert_eq!(r.sets(), (false, true), "waiting for its response only");
+        assert!(!r.ctx.shared.engine.with(|e| e.idle()), "a timer is armed");
+        assert_eq!(r.until_sent("the Read again"), [1]);
+        assert_eq!(r.ctx.stats().timeouts, 1);
+    }
+
+    /// A QP the active set held before the post of an Atomic (or a Read) stays there: the
+    /// next iteration gives it its turn, and then it waits for its answer only.
+    #[test]
+    fn an_atomic_posted_on_an_active_qp_leaves_it_active() {
+        let mut r = rig();
+        let op = SendOp::FetchAdd {
+            remote: r.mr.remote(0),
+            add: 1,
+        };
+        r.qp.post_send(&SendWr::new(1, op, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(r.requests(), [0], "the post sent the Atomic itself");
+        assert_eq!(
+            r.sets(),
+            (true, false),
+            "active since the connection: it stays"
+        );
+        r.ctx.progress();
+        assert_eq!(r.sets(), (false, true), "then waiting for its answer only");
     }
 
     #[test]
