@@ -11,7 +11,8 @@
 //!    iteration with nothing rung, nothing active and nothing received returns here, after
 //!    the doorbell's summary word and one load per link (QPs that only wait for an Ack or
 //!    the end of an RNR wait are not active: they are in the timed set, which rejoins the
-//!    active set one iteration in [`TIMER_EVERY`]);
+//!    active set one iteration in [`TIMER_EVERY`]; a Read or an Atomic posted directly and
+//!    sent whole puts its QP there at once, [`Engine::post_direct`]);
 //! 2. receives a burst (up to [`RX_BURST`]) from each link and runs the RQ Logic or the
 //!    completer on each packet, by opcode;
 //! 3. for each active QP only: fetches new send WQEs, runs its timers, sends its queued
