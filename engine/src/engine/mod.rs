@@ -11,7 +11,8 @@
 //!    iteration with nothing rung, nothing active and nothing received returns here, after
 //!    the doorbell's summary word and one load per link (QPs that only wait for an Ack or
 //!    the end of an RNR wait are not active: they are in the timed set, which rejoins the
-//!    active set one iteration in [`TIMER_EVERY`]);
+//!    active set one iteration in [`TIMER_EVERY`]; a Read or an Atomic posted directly and
+//!    sent whole puts its QP there at once, [`Engine::post_direct`]);
 //! 2. receives a burst (up to [`RX_BURST`]) from each link and runs the RQ Logic or the
 //!    completer on each packet, by opcode;
 //! 3. for each active QP only: fetches new send WQEs, runs its timers, sends its queued
@@ -868,7 +869,36 @@ impl Engine {
     /// `ring_pushed`: how many WQEs the poster has pushed on the QP's send ring so far
     /// (when the engine has taken as many, the ring is not looked at).
     pub(crate) fn post_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
+        if wqe.op.is_rd_atomic() {
+            return self.post_rd_atomic_direct(index, wqe, ring_pushed);
+        }
         self.send_with(index, Some((wqe, ring_pushed)))
+    }
+
+    /// [`Engine::post_direct`] of a Read or an Atomic. The post gives its QP a turn in step 3
+    /// of the next iteration, as every post does — unless the request went whole (the
+    /// template path's, most often) and the QP has no work left, what the end of that turn
+    /// would decide: then it only waits for its answer, in the timed set, and the next
+    /// iteration need not visit it. A QP the active set held already stays there. (Sends
+    /// and Writes keep the turn: a riding Ack for a QP that just posted one is handled in
+    /// its carrier's iteration, step 3, see `keep_riding_ack`, as a ping-pong's is; and
+    /// without the turn their ping-pong and stream cost more, 114 and 44 instructions a
+    /// message, `bench/scripts/instructions.sh`.)
+    #[inline(never)]
+    fn post_rd_atomic_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
+        let was_active = self.active.contains(index);
+        if !self.send_with(index, Some((wqe, ring_pushed))) {
+            return false;
+        }
+        if let Some(qp) = self.qps.at(index) {
+            if !was_active && !needs_attention(qp) && qp.proto.state == QpState::Rts {
+                self.active.remove(index);
+                if waits_for_timer(qp) {
+                    self.timed.insert(index);
+                }
+            }
+        }
+        true
     }
 
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
@@ -1979,6 +2009,51 @@ mod timed_tests {
         r.ctx.progress();
         assert_eq!(r.sets(), (false, true), "waiting for its Ack again");
         r.ack_and_complete();
+    }
+
+    /// A Read or an Atomic sent whole by the direct path (inline mode: the template path)
+    /// leaves its QP waiting for its answer only: in the timed set, out of the active set,
+    /// so that the next iteration has nothing to visit (before: active until that
+    /// iteration's step 3). Its timer still fires and resends it. A Send keeps its turn.
+    #[test]
+    fn a_read_or_atomic_sent_whole_leaves_its_qp_timed_not_active() {
+        let mut r = rig();
+        r.ctx.progress(); // the connection's turn: the QP leaves the active set
+        assert_eq!(r.sets(), (false, false));
+        r.qp.post_send(&SendWr::new(1, SendOp::Send, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(r.requests(), [0], "the post sent the Send itself");
+        assert_eq!(r.sets(), (true, false), "a Send keeps its turn");
+        r.ack_and_complete();
+        let read = SendOp::RdmaRead(r.mr.remote(0));
+        r.qp.post_send(&SendWr::new(2, read, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(r.requests(), [1], "the post sent the Read itself");
+        assert_eq!(r.sets(), (false, true), "waiting for its response only");
+        assert!(!r.ctx.shared.engine.with(|e| e.idle()), "a timer is armed");
+        assert_eq!(r.until_sent("the Read again"), [1]);
+        assert_eq!(r.ctx.stats().timeouts, 1);
+    }
+
+    /// A QP the active set held before the post of an Atomic (or a Read) stays there: the
+    /// next iteration gives it its turn, and then it waits for its answer only.
+    #[test]
+    fn an_atomic_posted_on_an_active_qp_leaves_it_active() {
+        let mut r = rig();
+        let op = SendOp::FetchAdd {
+            remote: r.mr.remote(0),
+            add: 1,
+        };
+        r.qp.post_send(&SendWr::new(1, op, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(r.requests(), [0], "the post sent the Atomic itself");
+        assert_eq!(
+            r.sets(),
+            (true, false),
+            "active since the connection: it stays"
+        );
+        r.ctx.progress();
+        assert_eq!(r.sets(), (false, true), "then waiting for its answer only");
     }
 
     #[test]
