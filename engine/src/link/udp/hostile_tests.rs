@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::UdpPort;
 use super::datagram::icrc_with_id;
 use crate::completion::{WcStatus, WorkCompletion};
-use crate::{AccessFlags, Context, Cq, Mr, Mtu, Pd, Qp, QpAttr, QpCaps, QpState, Qpn, RecvWr};
+use crate::{AccessFlags, Context, Cq, Mr, Mtu, Pd, Qp, QpCaps, Qpn, RecvWr};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -70,26 +70,7 @@ impl Victim {
         let dest = port
             .destination_at(&qp, peer.local_addr().unwrap(), Qpn::new(PEER_QPN))
             .unwrap();
-        qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-            .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu1024)
-                .dest(dest)
-                .rq_psn(0)
-                .max_dest_rd_atomic(1)
-                .min_rnr_timer(1),
-        )
-        .unwrap();
-        qp.modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(1),
-        )
-        .unwrap();
+        super::tests::bring_up_qp(&mut qp, dest, Mtu::Mtu1024, 14, |a| a);
         for k in 0..RECVS {
             qp.post_recv(&RecvWr::new(k, &[mr.sge(64 * k, 64).unwrap()]))
                 .unwrap();

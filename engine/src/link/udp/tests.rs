@@ -97,27 +97,36 @@ fn bring_up_with(
     timeout: u8,
     rtr: impl FnOnce(QpAttr) -> QpAttr,
 ) {
-    me.qp
-        .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
+    bring_up_qp(&mut me.qp, dest, mtu, timeout, rtr);
+}
+
+/// [`bring_up_with`] for a QP of its own (the hostile tests' victim, whose peer is a plain
+/// socket).
+pub(super) fn bring_up_qp(
+    qp: &mut Qp,
+    dest: crate::Destination,
+    mtu: Mtu,
+    timeout: u8,
+    rtr: impl FnOnce(QpAttr) -> QpAttr,
+) {
+    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
         .unwrap();
-    me.qp
-        .modify(&rtr(QpAttr::new(QpState::Rtr)
-            .path_mtu(mtu)
-            .dest(dest)
-            .rq_psn(0)
-            .max_dest_rd_atomic(4)
-            .min_rnr_timer(1)))
+    qp.modify(&rtr(QpAttr::new(QpState::Rtr)
+        .path_mtu(mtu)
+        .dest(dest)
+        .rq_psn(0)
+        .max_dest_rd_atomic(4)
+        .min_rnr_timer(1)))
         .unwrap();
-    me.qp
-        .modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(timeout)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(4),
-        )
-        .unwrap();
+    qp.modify(
+        &QpAttr::new(QpState::Rts)
+            .sq_psn(0)
+            .timeout(timeout)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(4),
+    )
+    .unwrap();
 }
 
 /// The engine makes the system calls itself: an inline context's post leaves as a datagram
@@ -1319,31 +1328,9 @@ fn connect_tc(me: &mut End, peer: &End, tc: u8, ttl: u8) {
         .port
         .destination_at(&me.qp, peer.port.local_addr(), peer.qp.qpn())
         .unwrap();
-    me.qp
-        .modify(&QpAttr::new(QpState::Init).access(AccessFlags::ALL))
-        .unwrap();
-    me.qp
-        .modify(
-            &QpAttr::new(QpState::Rtr)
-                .path_mtu(Mtu::Mtu1024)
-                .dest(dest)
-                .rq_psn(0)
-                .max_dest_rd_atomic(4)
-                .min_rnr_timer(1)
-                .hop_limit(ttl)
-                .traffic_class(tc),
-        )
-        .unwrap();
-    me.qp
-        .modify(
-            &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
-                .timeout(14)
-                .retry_cnt(7)
-                .rnr_retry(7)
-                .max_rd_atomic(4),
-        )
-        .unwrap();
+    bring_up_with(me, dest, Mtu::Mtu1024, 14, |a| {
+        a.hop_limit(ttl).traffic_class(tc)
+    });
 }
 
 /// `count` 64-byte Sends from `x` to `y`, posted in batches of 16 (as fast as both
