@@ -128,22 +128,66 @@ pub struct PortLock {
 
 /// Waits for [`PortLock`]: an exclusive `flock(2)` on `shmhca-tests-udp-4791.lock` in the
 /// temporary directory, created if missing (never truncated or removed). If the file
-/// cannot be opened (another user's, say), the test goes on without it.
+/// cannot be opened (another user's, say), or another process holds the lock for more
+/// than [`PORT_LOCK_WAIT`] (a hung run), the test goes on without it, saying so in one
+/// line.
 pub fn udp_4791_lock() -> PortLock {
     let path = std::env::temp_dir().join("shmhca-tests-udp-4791.lock");
-    let file = std::fs::OpenOptions::new()
+    lock_file(&path, PORT_LOCK_WAIT)
+}
+
+/// [`udp_4791_lock`] on the file at `path`, waiting at most `wait`.
+fn lock_file(path: &std::path::Path, wait: std::time::Duration) -> PortLock {
+    let Ok(file) = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .ok();
-    if let Some(f) = &file {
-        // Blocking: a concurrent run's test holds it for seconds at most.
-        while let Err(e) = rustix::fs::flock(f, rustix::fs::FlockOperation::LockExclusive) {
-            if e != rustix::io::Errno::INTR {
-                break;
+        .open(path)
+    else {
+        return PortLock { _file: None };
+    };
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return PortLock { _file: Some(file) },
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR)
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                eprintln!(
+                    "shmhca tests: going on without {} ({e}): another run may hold UDP 4791",
+                    path.display()
+                );
+                return PortLock { _file: None };
             }
         }
     }
-    PortLock { _file: file }
+}
+
+/// How long [`udp_4791_lock`] waits for another process's test to release the lock.
+pub const PORT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The lock excludes another holder (another open of the file: another process, or this
+    /// one), a waiter gives up after its wait with no lock, and a drop releases it.
+    #[test]
+    fn the_port_lock_excludes_times_out_and_is_released() {
+        let path =
+            std::env::temp_dir().join(format!("shmhca-port-lock-test-{}", std::process::id()));
+        let first = lock_file(&path, Duration::from_secs(5));
+        assert!(first._file.is_some());
+        let t = Instant::now();
+        let second = lock_file(&path, Duration::from_millis(100));
+        assert!(second._file.is_none(), "held twice");
+        assert!(t.elapsed() >= Duration::from_millis(100), "it waited");
+        drop(first);
+        assert!(lock_file(&path, Duration::from_secs(5))._file.is_some());
+        let _ = std::fs::remove_file(&path); // this test's own file
+    }
 }
