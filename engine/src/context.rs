@@ -473,15 +473,12 @@ pub(crate) struct QpSlot {
     /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
     /// empty).
     pub(crate) srq: Option<SrqBinding>,
-    /// A positive Ack that rode in a request from the peer, not handled yet: the carrier's
-    /// first 8 BTH bytes and the riding word (see `wire::slot`'s "A riding Ack"). The
-    /// engine handles it at the start of its next iteration, so that the request's
-    /// receive completion reaches the application first, without the Ack's work ahead of
-    /// it (the engine's `riding` set lists the QPs with one).
-    pub(crate) riding_ack: Option<crate::wire::slot::KeptAck>,
     /// Posts sent on the template path (tests check that it is taken).
     #[cfg(test)]
     pub(crate) fast_posts: u64,
+    /// Turns this QP took in step 3 (tests check that an iteration had none to give).
+    #[cfg(test)]
+    pub(crate) visits: u64,
 }
 
 impl QpSlot {

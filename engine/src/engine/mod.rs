@@ -78,7 +78,10 @@ pub(crate) struct Engine {
     qps: SlotTable<QpSlot>,
     links: SlotTable<Link>,
     active: ActiveSet,
-    /// QPs whose doorbell rang this iteration (new send WQEs to fetch).
+    /// QPs step 3 must visit whatever the receive step finds: their doorbell rang (new send
+    /// WQEs to fetch), or something of their own put them in the active set since the last
+    /// step 3 — a modify, a receive posted where the engine must look at it, their link
+    /// going down — rather than a post (see [`Iteration::receive`]). Cleared by step 3.
     rung: ActiveSet,
     /// QPs out of the active set that only wait for a timer — an Ack awaited under the
     /// transport timer, or the end of an RNR wait: put back in the active set by the
@@ -94,7 +97,7 @@ pub(crate) struct Engine {
     /// Iterations until the next timer check.
     timer_countdown: u32,
     /// The empty poll's summary word ([`Engine::idle_now`]): true only while no QP is in
-    /// any set (active, rung, timed, riding), no Ack is owed, no send queue is watched, no
+    /// any set (active, rung, timed), no Ack is owed, no send queue is watched, no
     /// fault stage or UDP port runs, and every link has no backlog and nothing queued — as
     /// the last full iteration found it ([`Engine::nothing_due`]), with nothing changed
     /// since: the full iteration and every method that could change any of it clears it
@@ -120,9 +123,6 @@ pub(crate) struct Engine {
     /// Whether this iteration listed an owed Ack of a QP that does not reply
     /// (`Responder::replies`): the list is sent at the end of the iteration, not held.
     owed_now: bool,
-    /// QPs that keep a riding Ack to handle at the start of the next iteration
-    /// (`QpSlot::riding_ack`).
-    riding: ActiveSet,
     /// Whether owed Acks are held back one iteration (so that one can ride in a request
     /// the application posts in reply) rather than sent at the end of their own: only
     /// where the next iteration is sure to come — a poll-mode engine thread, or an inline
@@ -178,7 +178,6 @@ impl Engine {
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
             owed_held: false,
             owed_now: false,
-            riding: ActiveSet::new(),
             hold_acks: false,
             watch_sq: false,
             watched: ActiveSet::new(),
@@ -233,7 +232,7 @@ impl Engine {
         }
         self.active.remove(index);
         self.timed.remove(index);
-        self.riding.remove(index);
+        self.rung.remove(index);
         self.res.mws.unbind_qp(qp.proto.qpn);
         discard_queues(&mut qp, &mut self.res.env());
     }
@@ -304,16 +303,10 @@ impl Engine {
     }
 
     /// Applies a modify-QP call (see [`plan_modify`]); on error nothing changes. An Ack the
-    /// QP owes leaves first (see [`Engine::send_owed_now`]), and a riding Ack it received
-    /// and kept for the next iteration is handled first.
+    /// QP owes leaves first (see [`Engine::send_owed_now`]).
     pub(crate) fn modify_qp(&mut self, index: u32, attr: &QpAttr) -> Result<()> {
         self.unsettle();
         self.send_owed_now(index);
-        // A riding Ack kept for the next iteration arrived before this call: handled in
-        // the state it arrived in.
-        if let Some(qp) = self.qps.at_mut(index) {
-            on_kept_riding_ack(qp, &mut self.res.env());
-        }
         let links = &self.links;
         let qp = self
             .qps
@@ -414,6 +407,7 @@ impl Engine {
             self.udp.set_ip_opts(qpn, cfg.hop_limit, cfg.traffic_class);
         }
         self.active.insert(index);
+        self.rung.insert(index);
         Ok(())
     }
 
@@ -445,7 +439,7 @@ impl Engine {
         if let Some(l) = self.link_mut(id) {
             l.down.get_or_insert(why);
         }
-        wake_link_qps(&self.qps, &mut self.active, id);
+        wake_link_qps(&self.qps, &mut self.active, &mut self.rung, id);
     }
 
     /// Adds the pump of a UDP port (`link::udp`); returns its number. (Through here, not
@@ -518,7 +512,6 @@ impl Engine {
         }
         let (mut it, mut env) = self.iteration();
         it.take_doorbells(doorbell); // 1
-        it.take_riding_acks(&mut env); // 1b
         let mut work = it.receive(&mut env); // 2
         let check_timers = it.timer_turn();
         work += it.serve_active(&mut env, check_timers); // 3
@@ -528,8 +521,8 @@ impl Engine {
     }
 
     /// The empty poll's shortcut: true (and the stats countdown counted) when the full
-    /// iteration would only count down — no QP active, waiting for a timer, owing an Ack or
-    /// keeping a riding Ack; no fault stage, watched send queue or UDP port; no doorbell
+    /// iteration would only count down — no QP active, waiting for a timer or owing an Ack;
+    /// no fault stage, watched send queue or UDP port; no doorbell
     /// rung; every live link with nothing received, no backlog and nothing queued; and no
     /// stats publication due: exactly the case where [`Engine::poll_links`] would return 0
     /// from [`Engine::nothing_due`] after counting down, with the same effect (a link's
@@ -564,7 +557,6 @@ impl Engine {
         let sets = self.active.summary()
             | self.rung.summary()
             | self.timed.summary()
-            | self.riding.summary()
             | self.owed.link_summary();
         sets == 0
             && self.watched_count == 0
@@ -633,7 +625,6 @@ impl Engine {
             hold_acks,
             owed_held,
             owed_now,
-            riding,
             watch_sq,
             watched,
             watched_count,
@@ -645,7 +636,6 @@ impl Engine {
             active,
             rung,
             timed,
-            riding,
             rx,
             trace,
             faults,
@@ -722,6 +712,7 @@ impl Engine {
         self.unsettle();
         if self.qps.at(index).is_some() {
             self.active.insert(index);
+            self.rung.insert(index);
         }
     }
 
@@ -729,12 +720,6 @@ impl Engine {
     #[cfg(test)]
     pub(crate) fn is_active(&self, index: u32) -> bool {
         self.active.contains(index)
-    }
-
-    /// Whether some QP keeps a riding Ack for the next iteration's step 1b (tests).
-    #[cfg(test)]
-    pub(crate) fn keeps_riding_acks(&self) -> bool {
-        !self.riding.is_empty()
     }
 
     /// Whether QP `index` is in the timed set (for tests).
@@ -845,7 +830,6 @@ impl Engine {
     fn quiet(&mut self, doorbell: &doorbell::Doorbell) -> bool {
         self.active.is_empty()
             && self.owed.is_empty()
-            && self.riding.is_empty()
             && self.faults.is_none()
             && !doorbell.rung()
             && self.links.iter_mut().all(|(_, l)| {
@@ -880,10 +864,10 @@ impl Engine {
     /// template path's, most often) and the QP has no work left, what the end of that turn
     /// would decide: then it only waits for its answer, in the timed set, and the next
     /// iteration need not visit it. A QP the active set held already stays there. (Sends
-    /// and Writes keep the turn: a riding Ack for a QP that just posted one is handled in
-    /// its carrier's iteration, step 3, see `keep_riding_ack`, as a ping-pong's is; and
-    /// without the turn their ping-pong and stream cost more, 114 and 44 instructions a
-    /// message, `bench/scripts/instructions.sh`.)
+    /// and Writes keep the turn: the receive step takes the QP out of the active set again
+    /// when the riding Ack of its answer leaves it nothing to do, see
+    /// [`Iteration::receive`]; and with the timed set instead their ping-pong and stream
+    /// cost more, 21 and 76 instructions a message, `bench/scripts/instructions.sh`.)
     #[inline(never)]
     fn post_rd_atomic_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         let was_active = self.active.contains(index);
@@ -976,7 +960,6 @@ impl Engine {
         self.active.is_empty()
             && self.timed.is_empty()
             && self.owed.is_empty()
-            && self.riding.is_empty()
             && !self.faults.as_ref().is_some_and(|f| f.holding())
             && self.udp.idle()
     }
@@ -1049,7 +1032,6 @@ struct Iteration<'e> {
     active: &'e mut ActiveSet,
     rung: &'e mut ActiveSet,
     timed: &'e mut ActiveSet,
-    riding: &'e mut ActiveSet,
     rx: &'e mut Box<[Line; MAX_FRAME_LINES]>,
     trace: &'e mut Option<Box<Trace>>,
     faults: &'e mut Option<Box<crate::fault::Faults>>,
@@ -1090,20 +1072,13 @@ impl Iteration<'_> {
         });
     }
 
-    /// Step 1b: the riding Acks the last iteration received, after their carriers'
-    /// completions went out ([`handle_riding_acks`]).
-    #[inline(always)]
-    fn take_riding_acks(&mut self, env: &mut Env<'_>) {
-        if !self.riding.is_empty() {
-            handle_riding_acks(self.riding, self.qps, self.active, env);
-        }
-    }
-
     /// Step 2: up to [`RX_BURST`] frames from each live link, one at a time, each copied
     /// out of the ring once into private lines (a packet's slot, then its continuation
     /// lines), traced, checked (ICRC, destination QP, parse), then run through the RQ
-    /// Logic (a request) or the completer (a response); a QP joins the active set if that
-    /// gave it work, or the timed set if it now only waits for a timer. A ring the peer
+    /// Logic (a request, then the positive Ack riding in it) or the completer (a response);
+    /// a QP joins the active set if that gave it work, or the timed set if it now only
+    /// waits for a timer, and leaves the active set if only a post put it there and it has
+    /// no work left (step 3 would only take it out). A ring the peer
     /// broke takes the link down (its QPs learn it in step 3). Notes whether a burst left
     /// frames behind (`rx_backlog`). The frames received.
     ///
@@ -1123,7 +1098,7 @@ impl Iteration<'_> {
                     Ok(None) => break,
                     Err(e) => {
                         link.down = Some(e.to_string());
-                        wake_link_qps(self.qps, self.active, LinkId::new(l));
+                        wake_link_qps(self.qps, self.active, self.rung, LinkId::new(l));
                         break;
                     }
                 };
@@ -1168,8 +1143,6 @@ impl Iteration<'_> {
                     env.stats.dropped += 1;
                     continue;
                 };
-                // A riding Ack kept from an earlier packet comes before this one.
-                on_kept_riding_ack(qp, env);
                 if pkt.info.request {
                     let rides = slots[0].reserved & crate::wire::slot::ACK_FLAG != 0;
                     // A program waiting for its send queue's completion event gets it
@@ -1198,22 +1171,32 @@ impl Iteration<'_> {
                             newly && *self.owed_held && qp.proto.resp.replies;
                     }
                     // Otherwise a positive Ack riding in the request's line (parse checked the
-                    // word) is handled at the start of the next iteration: after the request, as
-                    // if it had followed in its own line, and after the application has had the
-                    // request's completion.
+                    // word) is handled right after the request, as if it had followed in its
+                    // own line: after the request's completion.
                     if rides && !ack_first {
-                        keep_riding_ack(qp, self.riding, self.active, index, &slots[0]);
+                        completer::on_riding_ack(
+                            qp,
+                            env,
+                            crate::wire::slot::riding_ack_of(&slots[0]),
+                        );
                     }
                 } else {
                     completer::on_response(qp, env, &pkt);
                 }
                 // Step 3 looks at the QP only if the packet gave it work there; one that now only
-                // waits for a timer goes (or stays) in the timed set. (A QP rung this iteration is
-                // active already; an owed Ack is on the owed list.)
+                // waits for a timer goes (or stays) in the timed set. One a post left active
+                // (not in the rung set) leaves it when the packet left it nothing to do: a
+                // ping-pong's answer whose riding Ack completed the post. (A QP rung this
+                // iteration is active already; an owed Ack is on the owed list.)
                 if needs_attention(qp) {
                     self.active.insert(index);
-                } else if waits_for_timer(qp) {
-                    self.timed.insert(index);
+                } else {
+                    if self.active.contains(index) && !self.rung.contains(index) {
+                        self.active.remove(index);
+                    }
+                    if waits_for_timer(qp) {
+                        self.timed.insert(index);
+                    }
                 }
             }
             link.rx_backlog = n == RX_BURST;
@@ -1240,7 +1223,7 @@ impl Iteration<'_> {
     }
 
     /// Step 3: each active QP (walking a copy of each word of the set, so that members
-    /// can leave meanwhile): its kept riding Ack, its new send WQEs (if rung), its timers
+    /// can leave meanwhile): its new send WQEs (if rung), its timers
     /// (if this iteration checks them), the requests its SQ Logic sends and its queued
     /// responses (Naks, RDMA Read responses, Atomic Acknowledges), shown to the fault
     /// stage and the trace — or, if its link is down or its send ring broken, the Error
@@ -1265,9 +1248,10 @@ impl Iteration<'_> {
                     self.active.remove(i);
                     continue;
                 };
-                // A riding Ack kept from this iteration's packets is handled before the
-                // QP's timers are looked at or it learns of a link gone down.
-                on_kept_riding_ack(qp, env);
+                #[cfg(test)]
+                {
+                    qp.visits += 1;
+                }
                 if self.rung.contains(i) {
                     requester::fetch(qp);
                 }
@@ -1372,7 +1356,7 @@ impl Iteration<'_> {
             if link.down.is_none() {
                 if let Some(e) = link.tx.broken() {
                     link.down = Some(e.to_string());
-                    wake_link_qps(self.qps, self.active, LinkId::new(l));
+                    wake_link_qps(self.qps, self.active, self.rung, LinkId::new(l));
                 }
             }
         }
@@ -1511,71 +1495,18 @@ fn send_owed(
     true
 }
 
-/// Keeps the positive Ack riding in request `carrier` (just handled) of QP `index` for the
-/// next iteration ([`handle_riding_acks`]) — or for this iteration's step 3, if the QP is
-/// in the active set already (a ping-pong's QP that posted since the last iteration): step
-/// 3 handles the kept Ack of every active QP first, so the next iteration would find
-/// nothing to do for it. One is kept per QP: the receive step handles a kept one before
-/// any later packet of its QP, so none is kept here.
-#[inline(never)]
-fn keep_riding_ack(
-    qp: &mut QpSlot,
-    riding: &mut ActiveSet,
-    active: &ActiveSet,
-    index: u32,
-    carrier: &PacketSlot,
-) {
-    debug_assert!(qp.riding_ack.is_none());
-    qp.riding_ack = Some(crate::wire::slot::riding_ack_of(carrier));
-    if !active.contains(index) {
-        riding.insert(index);
-    }
-}
-
-/// Handles the riding Acks kept by the last iteration ([`keep_riding_ack`]), through the
-/// completer as standalone Acks; a QP given work goes to the active set.
-#[inline(never)]
-fn handle_riding_acks(
-    riding: &mut ActiveSet,
-    qps: &mut SlotTable<QpSlot>,
+/// Puts every QP of link `id` in the active set and the rung set (the link went down: step
+/// 3 must show them).
+fn wake_link_qps(
+    qps: &SlotTable<QpSlot>,
     active: &mut ActiveSet,
-    env: &mut Env<'_>,
+    rung: &mut ActiveSet,
+    id: LinkId,
 ) {
-    let mut summary = riding.summary();
-    while summary != 0 {
-        let w = summary.trailing_zeros();
-        summary &= summary - 1;
-        let mut bits = riding.word(w);
-        while bits != 0 {
-            let i = w * 64 + bits.trailing_zeros();
-            bits &= bits - 1;
-            riding.remove(i);
-            // The QP may be gone (its slot reused: then it kept none).
-            let Some(qp) = qps.at_mut(i) else { continue };
-            if !on_kept_riding_ack(qp, env) {
-                continue;
-            }
-            active.insert(i);
-        }
-    }
-}
-
-/// Handles the riding Ack `qp` kept from its carrier (see [`keep_riding_ack`]), if any;
-/// whether there was one.
-#[inline(always)]
-fn on_kept_riding_ack(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
-    let Some(kept) = qp.riding_ack.take() else {
-        return false;
-    };
-    completer::on_riding_ack(qp, env, kept);
-    true
-}
-
-/// Puts every QP of link `id` in the active set (the link went down: they must see it).
-fn wake_link_qps(qps: &SlotTable<QpSlot>, active: &mut ActiveSet, id: LinkId) {
     for (i, q) in qps.iter() {
         if q.proto.cfg.dest.is_some_and(|d| d.link == id) {
             active.insert(i);
+            rung.insert(i);
         }
     }
 }

@@ -621,45 +621,22 @@ fn a_held_ack_leaves_before_its_qp_is_destroyed_or_modified() {
     }
 }
 
-/// A riding Ack is kept for the next iteration: the iteration that receives its carrier
-/// gives the application the carrier's completion without the Ack's work ahead of it, and
-/// the next one handles the Ack. A QP modified in between (here to Error) has the Ack
-/// handled first, in the state it arrived in: the Send it acknowledges succeeds instead of
-/// being flushed.
+/// A riding Ack is handled in the receive step of its carrier, right after the carrier's
+/// own completion (as if the Ack had followed the request in a line of its own), whether
+/// or not the QP is in the active set: here the engine ran an iteration after the Send
+/// left, so the QP only waits for its Ack (before, the Ack was kept for the next
+/// iteration, and this iteration gave the carrier's completion alone).
 #[test]
-fn a_riding_ack_is_handled_by_the_next_iteration_or_before_a_modify() {
-    for modify in [false, true] {
-        let mut rig = rig();
-        rig.send(1, 8);
-        rig.ctx.progress();
-        assert_eq!(rig.sent().len(), 1);
-        let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
-        rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
-        let first: Vec<_> = rig.completions().iter().map(|c| c.opcode).collect();
-        assert_eq!(first, [WcOpcode::Recv], "the carrier's completion alone");
-        if modify {
-            rig.qp.modify(&crate::QpAttr::new(QpState::Error)).unwrap();
-        }
-        let next: Vec<_> = rig
-            .completions()
-            .iter()
-            .map(|c| (c.opcode, c.wr_id, c.status))
-            .filter(|c| c.0 == WcOpcode::Send)
-            .collect();
-        assert_eq!(next, [(WcOpcode::Send, 1, crate::WcStatus::Success)]);
-    }
-}
-
-/// A riding Ack whose QP is in the active set when its carrier arrives (it posted since
-/// the last iteration, as a ping-pong's QP has: its answer went out by the direct path) is
-/// handled by that iteration's step 3, which looks at every active QP's kept Ack first:
-/// the Send completes in the carrier's iteration, and nothing is kept for the next one to
-/// look for.
-#[test]
-fn a_riding_ack_of_an_active_qp_is_handled_in_its_carriers_iteration() {
+fn a_riding_ack_is_handled_right_after_its_carriers_completion() {
     let mut rig = rig();
     rig.send(1, 8);
-    assert_eq!(rig.sent().len(), 1, "the Send left by the direct path");
+    rig.ctx.progress();
+    assert_eq!(rig.sent().len(), 1);
+    let index = rig.qp.index;
+    assert!(
+        !rig.ctx.shared.engine.with(|e| e.is_active(index)),
+        "the QP waits for its Ack"
+    );
     let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
     rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
     let got: Vec<_> = rig
@@ -673,11 +650,53 @@ fn a_riding_ack_of_an_active_qp_is_handled_in_its_carriers_iteration() {
             (WcOpcode::Recv, 100, crate::WcStatus::Success),
             (WcOpcode::Send, 1, crate::WcStatus::Success)
         ],
+        "the carrier's completion, then the Send's, from one iteration"
+    );
+}
+
+/// A QP whose answer arrives while a post holds it in the active set (it posted since the
+/// last iteration, as a ping-pong's QP has: its answer went out by the direct path) has
+/// the riding Ack handled in the carrier's receive step and leaves the active set there:
+/// the Send completes in the carrier's iteration, and step 3 has nothing to visit (before,
+/// it visited the QP only to take it out).
+#[test]
+fn a_posting_qp_whose_riding_ack_completes_it_leaves_the_active_set_in_the_receive_step() {
+    let mut rig = rig();
+    rig.send(1, 8);
+    assert_eq!(rig.sent().len(), 1, "the Send left by the direct path");
+    let index = rig.qp.index;
+    assert!(rig.ctx.shared.engine.with(|e| e.is_active(index)));
+    let visits = |rig: &Rig| {
+        rig.ctx
+            .shared
+            .engine
+            .with(|e| e.qp_mut(index).map(|q| q.visits))
+            .unwrap()
+    };
+    let before = visits(&rig);
+    let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
+    rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
+    // One iteration (the poll's).
+    let got: Vec<_> = rig
+        .completions()
+        .iter()
+        .map(|c| (c.opcode, c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (WcOpcode::Recv, 100, crate::WcStatus::Success),
+            (WcOpcode::Send, 1, crate::WcStatus::Success)
+        ],
         "the carrier's completion, then the Send's"
     );
+    assert_eq!(visits(&rig), before, "step 3 had no turn to give the QP");
     assert!(
-        !rig.ctx.shared.engine.with(|e| e.keeps_riding_acks()),
-        "nothing kept for the next iteration"
+        !rig.ctx
+            .shared
+            .engine
+            .with(|e| e.is_active(index) || e.is_timed(index)),
+        "nothing left for step 3 or the timer"
     );
 }
 

@@ -218,9 +218,10 @@ impl Qp {
                 shared: qs,
                 rq_retired: 0,
                 rq_flush_pending: false,
-                riding_ack: None,
                 #[cfg(test)]
                 fast_posts: 0,
+                #[cfg(test)]
+                visits: 0,
                 srq: srq_index.map(|srq| crate::context::SrqBinding {
                     srq: shmhca_proto::ids::SrqId::new(srq),
                     scratch: gather_bytes,
