@@ -1325,11 +1325,11 @@ fn a_riding_ack_to_a_qp_in_rtr_gives_its_initial_credits() {
 /// it, its slot taken at once by a new QP to the same peer that sends from the same PSN:
 /// the old QP's Ack does not acknowledge the new QP's Send.
 ///
-/// Guards the bookkeeping of a kept riding Ack (the engine keeps one for its next
-/// iteration, in the QP, with the QP's slot index in its `riding` set): the Ack must go
-/// with its QP. Were it found by slot index alone, it would complete the successor's Send
-/// with no Ack from the peer. (Not tried by breaking the code: today the kept Ack lives in
-/// the QP's context, which goes with the QP.)
+/// Guarded the bookkeeping of a kept riding Ack (until 2026-11-29 the engine kept one for
+/// its next iteration, in the QP, with the QP's slot index in a set): the Ack must go with
+/// its QP. Were it found by slot index alone, it would complete the successor's Send with
+/// no Ack from the peer. Today the riding Ack is handled in its carrier's receive step and
+/// nothing is kept; the test stays as the guard of any keeping to come.
 #[test]
 fn a_riding_ack_of_a_destroyed_qp_does_not_reach_its_successor() {
     let mut rig = Rig::new(inline_context(), Setup::default());
