@@ -928,3 +928,56 @@ fn a_qp_whose_riding_ack_completes_it_learns_of_a_send_ring_broken_meanwhile() {
     assert!(down, "the link is down");
     assert_eq!(state, QpState::Error, "A learned that its link went down");
 }
+
+/// Review 3 (the gap behind the test above, older than issue 27): a QP that is in no set
+/// (idle, receives posted) is not told that its link went down when the engine finds the
+/// send ring broken in another QP's step-3 visit: that visit sets `link.down` without
+/// waking the link's QPs, and step 5 wakes them only for a link not down yet.
+#[test]
+fn an_idle_qp_learns_of_a_send_ring_broken_by_another_qps_post() {
+    let mut rig = rig();
+    let a = rig.qp.index;
+    let link = rig
+        .ctx
+        .shared
+        .engine
+        .with(|e| e.qp_mut(a).unwrap().proto.cfg.dest.unwrap().link);
+    let caps = crate::QpCaps {
+        max_send_wr: 128,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let mut b = rig
+        .ctx
+        .create_qp(&rig._pd, &rig.cq, &rig.cq, caps)
+        .unwrap();
+    connect_to_raw_peer(&mut b, link, PEER, SQ_PSN, false);
+    rig.ctx.progress();
+    rig.ctx.progress();
+    rig.sent();
+    let _ = rig.completions();
+    assert!(rig.ctx.shared.engine.with(|e| !e.is_active(a) && !e.is_timed(a)));
+    let ring = shmhca_rings::lines::shm_lines_bytes(RING).unwrap();
+    let off = 4096 + ring.div_ceil(4096) * 4096 + 128;
+    rig.ends
+        .segment
+        .write(off as u64, &(u64::MAX / 2).to_le_bytes())
+        .unwrap();
+    let sge = [rig.mr.sge(4096, 8).unwrap()];
+    for i in 0..100 {
+        b.post_send(&SendWr::new(1000 + i, SendOp::Send, &sge)).unwrap();
+    }
+    for _ in 0..(4 * crate::engine::TIMER_EVERY) {
+        rig.ctx.progress();
+    }
+    let (down, state) = rig.ctx.shared.engine.with(|e| {
+        (
+            e.link_mut(link).unwrap().down.is_some(),
+            e.qp_mut(a).unwrap().proto.state,
+        )
+    });
+    assert!(down, "the link is down");
+    assert_eq!(state, QpState::Error, "the idle QP learned that its link went down");
+}
