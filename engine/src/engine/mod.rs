@@ -1281,14 +1281,15 @@ impl Iteration<'_> {
                         }
                     }
                     Some(link) => {
-                        // The link is down, or the peer broke its send ring: the link goes
-                        // down (if only its ring broke) and the QP to the Error state.
-                        if link.down.is_none() {
-                            link.down = link.tx.broken().map(|e| e.to_string());
-                        }
+                        // The link is down, or the peer broke its send ring: the QP goes to
+                        // the Error state. (A ring only broken takes the link down in step 5,
+                        // which wakes every QP of the link: one the receive step took out of
+                        // the active set, or an idle one, must learn it too.)
                         if qp.proto.state != QpState::Error && qp.proto.state != QpState::Reset {
                             if link.on_peer_loss == OnPeerLoss::FailNextRequest {
-                                requester::on_peer_lost(qp, env, link.down.as_deref());
+                                let broken = link.tx.broken().map(|e| e.to_string());
+                                let why = link.down.as_deref().or(broken.as_deref());
+                                requester::on_peer_lost(qp, env, why);
                             } else {
                                 qp.enter_error(env);
                             }

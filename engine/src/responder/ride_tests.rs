@@ -880,10 +880,7 @@ fn a_qp_whose_riding_ack_completes_it_learns_of_a_send_ring_broken_meanwhile() {
         max_recv_sge: 1,
         max_inline_data: 64,
     };
-    let mut b = rig
-        .ctx
-        .create_qp(&rig._pd, &rig.cq, &rig.cq, caps)
-        .unwrap();
+    let mut b = rig.ctx.create_qp(&rig._pd, &rig.cq, &rig.cq, caps).unwrap();
     connect_to_raw_peer(&mut b, link, PEER, SQ_PSN, false);
     rig.ctx.progress();
     rig.ctx.progress();
@@ -904,7 +901,8 @@ fn a_qp_whose_riding_ack_completes_it_learns_of_a_send_ring_broken_meanwhile() {
     // B's posts find the ring broken once they need room (its Sends wait: B stays active).
     let sge = [rig.mr.sge(4096, 8).unwrap()];
     for i in 0..100 {
-        b.post_send(&SendWr::new(1000 + i, SendOp::Send, &sge)).unwrap();
+        b.post_send(&SendWr::new(1000 + i, SendOp::Send, &sge))
+            .unwrap();
     }
     assert!(
         rig.ctx
@@ -949,16 +947,18 @@ fn an_idle_qp_learns_of_a_send_ring_broken_by_another_qps_post() {
         max_recv_sge: 1,
         max_inline_data: 64,
     };
-    let mut b = rig
-        .ctx
-        .create_qp(&rig._pd, &rig.cq, &rig.cq, caps)
-        .unwrap();
+    let mut b = rig.ctx.create_qp(&rig._pd, &rig.cq, &rig.cq, caps).unwrap();
     connect_to_raw_peer(&mut b, link, PEER, SQ_PSN, false);
     rig.ctx.progress();
     rig.ctx.progress();
     rig.sent();
     let _ = rig.completions();
-    assert!(rig.ctx.shared.engine.with(|e| !e.is_active(a) && !e.is_timed(a)));
+    assert!(
+        rig.ctx
+            .shared
+            .engine
+            .with(|e| !e.is_active(a) && !e.is_timed(a))
+    );
     let ring = shmhca_rings::lines::shm_lines_bytes(RING).unwrap();
     let off = 4096 + ring.div_ceil(4096) * 4096 + 128;
     rig.ends
@@ -967,7 +967,8 @@ fn an_idle_qp_learns_of_a_send_ring_broken_by_another_qps_post() {
         .unwrap();
     let sge = [rig.mr.sge(4096, 8).unwrap()];
     for i in 0..100 {
-        b.post_send(&SendWr::new(1000 + i, SendOp::Send, &sge)).unwrap();
+        b.post_send(&SendWr::new(1000 + i, SendOp::Send, &sge))
+            .unwrap();
     }
     for _ in 0..(4 * crate::engine::TIMER_EVERY) {
         rig.ctx.progress();
@@ -979,5 +980,9 @@ fn an_idle_qp_learns_of_a_send_ring_broken_by_another_qps_post() {
         )
     });
     assert!(down, "the link is down");
-    assert_eq!(state, QpState::Error, "the idle QP learned that its link went down");
+    assert_eq!(
+        state,
+        QpState::Error,
+        "the idle QP learned that its link went down"
+    );
 }
