@@ -941,8 +941,13 @@ impl Engine {
         let before = link.tx.queued().len();
         let was_owed = qp.proto.resp.owed_ack().is_some();
         let tx = &mut link.tx;
+        // The template path writes its packet straight into the link's ring unless the
+        // fault stage or the capture tap must see it staged first.
+        let direct = faults.is_none() && trace.is_none();
+        #[cfg(test)]
+        let direct = direct && crate::probe::enabled();
         let sent = match wqe {
-            Some(w) => requester::post(qp, &mut env, tx, w, TX_BUDGET),
+            Some(w) => requester::post(qp, &mut env, tx, w, TX_BUDGET, direct),
             None => requester::transmit(qp, &mut env, tx, TX_BUDGET),
         };
         if sent > 0 {
@@ -964,7 +969,7 @@ impl Engine {
         if let Some(t) = trace.as_deref_mut() {
             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
         }
-        link.publish();
+        link.publish_post();
         if !udp.is_empty() {
             udp.send();
         }

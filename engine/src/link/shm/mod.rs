@@ -54,19 +54,25 @@ pub(crate) struct TxBatch {
     /// Ring lines known to be free (beyond `len`), refreshed only when they run out.
     free: usize,
     broken: Option<LinkBroken>,
+    /// A packet went straight into the ring since the last publication
+    /// ([`TxBatch::send_line`]): the peer may need waking though nothing is queued.
+    sent_direct: bool,
 }
 
 /// Packets one link sends per engine iteration (one publish).
 pub(crate) const TX_BURST: usize = 64;
+/// Lines a batch holds: a whole packet behind any of the [`TX_BURST`] first lines.
+const BATCH_LINES: usize = TX_BURST + MAX_CONTINUATION;
 
 impl TxBatch {
     fn new(producer: LinesProducer<ShmLines>) -> TxBatch {
         TxBatch {
             producer,
-            buf: vec![PacketSlot::zeroed(); TX_BURST + MAX_CONTINUATION].into_boxed_slice(),
+            buf: vec![PacketSlot::zeroed(); BATCH_LINES].into_boxed_slice(),
             len: 0,
             free: 0,
             broken: None,
+            sent_direct: false,
         }
     }
 
@@ -155,6 +161,44 @@ impl TxBatch {
         let n = self.packet_lines(self.len);
         debug_assert!(self.len + n <= self.free.min(self.buf.len()));
         self.len += n;
+    }
+
+    /// Sends the one-line packet built in the slot [`TxBatch::next_packet`]`(0)` returned:
+    /// straight into the ring's next line, stamped at once (the stamp is the doorbell), when
+    /// `direct` and nothing is queued before it — no staged copy, no later flush; else
+    /// queues it as [`TxBatch::commit`] does. (Nothing queued: the slot is the batch's
+    /// first, private memory the packet was built in, and is copied into the ring while it
+    /// is in this core's cache. A ring that turns out broken keeps the packet queued, as a
+    /// flush would have left it.) The caller publishes with [`Link::publish_post`], which
+    /// wakes the peer for it.
+    ///
+    /// `direct` is false when something must see the packet in the batch before it goes:
+    /// the fault stage or the capture tap.
+    #[inline]
+    pub(crate) fn send_line(&mut self, direct: bool) {
+        if direct && self.len == 0 {
+            debug_assert_eq!(frame_lines(&self.buf[0]), 1, "a one-line packet");
+            // One line always fits before the ring's end (no padding), and the line is
+            // free: `has_room_for` counted it when it handed out the slot.
+            match self.producer.push_line(bytemuck::cast_ref(&self.buf[0])) {
+                Ok(true) => {
+                    self.free = self.free.saturating_sub(1);
+                    self.sent_direct = true;
+                    #[cfg(test)]
+                    crate::probe::count(crate::probe::Path::DirectPost);
+                    return;
+                }
+                Ok(false) => debug_assert!(false, "a line counted free is not free"),
+                Err(e) => self.broken = Some(e),
+            }
+        }
+        self.commit();
+    }
+
+    /// Whether a packet went straight into the ring since the last call ([`TxBatch::send_line`]).
+    #[inline(always)]
+    fn take_sent_direct(&mut self) -> bool {
+        std::mem::take(&mut self.sent_direct)
     }
 
     /// Forgets the packets queued from position `len` on (the fault stage re-queues them).
@@ -533,6 +577,25 @@ impl Link {
         self.publish_queued();
     }
 
+    /// [`Link::publish`] after a post, which may have sent its packet straight into the
+    /// ring ([`TxBatch::send_line`]): publishes what is queued behind it, then wakes the
+    /// peer engine if it may be asleep and anything went — one look for sleepers, after
+    /// every line of the post is in the ring, as [`Link::publish`] does.
+    #[inline]
+    pub(crate) fn publish_post(&mut self) {
+        let direct = self.tx.take_sent_direct();
+        if !direct {
+            self.publish();
+            return;
+        }
+        if !self.tx.is_empty() {
+            self.tx.flush();
+        }
+        if self.peer_may_sleep {
+            self.wake_peer();
+        }
+    }
+
     /// [`Link::publish`] when packets are queued.
     #[inline(never)]
     fn publish_queued(&mut self) {
@@ -558,6 +621,15 @@ impl Link {
     #[cfg(test)]
     pub(crate) fn wakes_peer(&self) -> bool {
         self.peer_may_sleep
+    }
+
+    /// How many times this side has bumped its kick word (tests: each wake-up of a
+    /// sleeping peer bumps it once).
+    #[cfg(test)]
+    pub(crate) fn kicks(&self) -> u32 {
+        self.kick
+            .atomic_u32(self.kick_off[0])
+            .map_or(0, |w| w.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Wakes the peer engine if some thread of it sleeps: its sleeper count is in its
@@ -848,6 +920,72 @@ mod tests {
             bytemuck::cast_ref::<Line, PacketSlot>(&out[0]).payload_len,
             99
         );
+    }
+
+    /// A one-line packet sent with `send_line(true)` on an empty batch is in the ring at
+    /// once, stamped (the peer reads it before any flush), nothing is queued, and the
+    /// publication learns, once, that it went; behind a queued packet, or with `direct`
+    /// false, it is queued, and goes in order. Lines sent directly count against the
+    /// ring's room as queued ones do.
+    #[test]
+    fn a_line_sent_directly_is_in_the_ring_at_once_and_never_passes_a_queued_one() {
+        let (a, b) = pair(8);
+        let mut tx = TxBatch::new(a.tx);
+        let mut rx = b.rx;
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        let len = |l: &Line| bytemuck::cast_ref::<Line, PacketSlot>(l).payload_len;
+        tx.next_slot().expect("room").payload_len = 1;
+        tx.send_line(true);
+        assert!(tx.is_empty());
+        assert!(tx.take_sent_direct());
+        assert!(!tx.take_sent_direct(), "told once");
+        assert_eq!(
+            rx.recv(&mut out).unwrap(),
+            Some(1),
+            "in the ring before a flush"
+        );
+        assert_eq!(len(&out[0]), 1);
+        // Not direct: queued, as `commit` queues it.
+        tx.next_slot().unwrap().payload_len = 2;
+        tx.send_line(false);
+        assert_eq!(tx.len(), 1);
+        // Direct, behind a queued packet: queued behind it.
+        tx.next_slot().unwrap().payload_len = 3;
+        tx.send_line(true);
+        assert_eq!(tx.len(), 2);
+        assert!(!tx.take_sent_direct());
+        assert_eq!(
+            rx.recv(&mut out).unwrap(),
+            None,
+            "nothing passed the queued one"
+        );
+        assert_eq!(tx.flush(), 2);
+        for want in [2, 3] {
+            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
+            assert_eq!(len(&out[0]), want);
+        }
+        assert_eq!(
+            rx.recv(&mut out).unwrap(),
+            None,
+            "publishes the consumer's index"
+        );
+        // As many direct lines as the ring has, then no room (the caller goes the long
+        // way), across the ring's end (a one-line frame needs no padding).
+        let mut n = 0;
+        while let Some(s) = tx.next_slot() {
+            s.payload_len = 10 + n;
+            tx.send_line(true);
+            n += 1;
+            assert!(n <= 8, "room must run out");
+        }
+        assert_eq!(n, 8);
+        assert!(tx.is_empty());
+        for want in 10..18 {
+            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
+            assert_eq!(len(&out[0]), want);
+        }
+        assert_eq!(rx.recv(&mut out).unwrap(), None);
+        assert!(tx.next_slot().is_some(), "room again once the peer read");
     }
 
     /// A gather packet goes as one frame of its slot and continuation lines; when the
