@@ -357,6 +357,11 @@ impl LinkTx for TxBatch {
         TxBatch::commit(self)
     }
 
+    #[inline(always)]
+    fn next_slot(&mut self) -> Option<&mut PacketSlot> {
+        TxBatch::next_line(self)
+    }
+
     #[inline]
     fn send_line(&mut self, direct: bool) {
         TxBatch::send_line(self, direct)

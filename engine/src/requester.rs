@@ -118,7 +118,7 @@ fn post_fast<L: LinkTx + ?Sized>(
     else {
         return false;
     };
-    let Some((slot, _)) = tx.next_packet(0) else {
+    let Some(slot) = tx.next_slot() else {
         return false;
     };
     if len > 0 && qp.mem.read(src, &mut slot.data[hdr..hdr + len]).is_err() {
@@ -206,7 +206,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     else {
         return false;
     };
-    let Some((slot, _)) = tx.next_packet(0) else {
+    let Some(slot) = tx.next_slot() else {
         return false;
     };
     let psn = qp.proto.req.window().npsn();

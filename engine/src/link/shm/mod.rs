@@ -112,6 +112,17 @@ impl TxBatch {
     /// filling it.
     #[cfg(test)]
     pub(crate) fn next_slot(&mut self) -> Option<&mut PacketSlot> {
+        self.next_line()
+    }
+
+    /// [`TxBatch::next_packet`]`(0)`, the slot of a one-line packet, compiled into its
+    /// caller when the room is known (the template path's every post): the rest out of
+    /// line.
+    #[inline(always)]
+    pub(crate) fn next_line(&mut self) -> Option<&mut PacketSlot> {
+        if self.len < TX_BURST && self.len < self.free && self.broken.is_none() {
+            return Some(self.clear_slot());
+        }
         self.next_slot_for(0)
     }
 
@@ -131,6 +142,12 @@ impl TxBatch {
         if !self.has_room_for(extra) {
             return None;
         }
+        Some(self.clear_slot())
+    }
+
+    /// The slot at `len`, its metadata cleared.
+    #[inline(always)]
+    fn clear_slot(&mut self) -> &mut PacketSlot {
         let slot = &mut self.buf[self.len];
         // Only the metadata needs clearing: the data area is written up to hdr_len plus the
         // payload, and the receiver reads nothing beyond. (Bytes 0..5 are the ring's; bytes
@@ -142,7 +159,7 @@ impl TxBatch {
         slot.reserved = 0;
         slot.payload_len = 0;
         slot.payload_off = 0;
-        Some(slot)
+        slot
     }
 
     /// Lines of the packet staged at `at` (its slot and continuation lines). The buffer
@@ -248,24 +265,15 @@ impl TxBatch {
         if self.len == 1 {
             // One one-line packet (a gather packet takes two lines or more): most bursts.
             // A one-line frame never needs padding before it.
-            return match self.producer.reserve(1) {
-                Ok(Some(mut frame)) => {
-                    let written = frame.write_line(0, bytemuck::cast_ref(&self.buf[0]));
-                    debug_assert!(written.is_ok());
-                    frame.commit();
+            return match self.producer.push_line(bytemuck::cast_ref(&self.buf[0])) {
+                Ok(true) => {
                     self.free = self.free.saturating_sub(1);
                     self.len = 0;
                     1
                 }
-                Ok(None) => 0,
-                Err(ReserveError::Broken(e)) => {
+                Ok(false) => 0,
+                Err(e) => {
                     self.broken = Some(e);
-                    0
-                }
-                Err(ReserveError::FrameSize { .. }) => {
-                    // Every ring holds a line: cannot be (see below).
-                    debug_assert!(false, "a one-line frame does not fit the ring");
-                    self.len = 0;
                     0
                 }
             };
