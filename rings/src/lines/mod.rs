@@ -599,20 +599,41 @@ impl<S: LineStorage> LinesProducer<S> {
     /// [`LinkBroken`] if the ring is broken (nothing is written).
     #[inline(always)]
     pub fn push_line(&mut self, line: &Line) -> Result<bool, LinkBroken> {
+        if self.broken.is_some() || self.cached_free() == 0 {
+            // Out of line, so that the common case needs no stack frame.
+            return self.push_line_slow(line);
+        }
+        self.write_one(line);
+        Ok(true)
+    }
+
+    /// [`push_line`](Self::push_line) when the ring is broken or looks full.
+    #[cold]
+    #[inline(never)]
+    fn push_line_slow(&mut self, line: &Line) -> Result<bool, LinkBroken> {
         if let Some(broken) = self.broken {
             return Err(broken);
         }
         if !self.room_for(1)? {
             return Ok(false);
         }
+        self.write_one(line);
+        Ok(true)
+    }
+
+    /// Writes `line` as a one-line frame at tail and publishes it; the line is free.
+    #[inline(always)]
+    fn write_one(&mut self, line: &Line) {
+        debug_assert!(self.cached_free() >= 1);
         let pos = self.pos(self.tail);
         let stamp = stamp_of(self.tail, self.shift);
         // (Mutation point of the loom models: the stamp published before the data.)
         if sync::mutated("Lines::stamp_before_data") {
             self.store_first(pos, word(stamp, 1, [0; 3]));
         }
-        // SAFETY: the line at `pos` is free (room_for: the consumer released it) and the
-        // consumer cannot read it before its stamp is stored, below.
+        // SAFETY: the line at `pos` is free (the callers' room check, against a head loaded
+        // with Acquire: the consumer released it) and the consumer cannot read it before
+        // its stamp is stored, below.
         unsafe { self.storage.write_body(pos, line) };
         // The first word: the stamp, a count of 1 and the line's user bytes 5..8 (its
         // bytes 0..5, the ring's, replaced), as `word` builds it.
@@ -620,7 +641,6 @@ impl<S: LineStorage> LinesProducer<S> {
         self.store_first(pos, head | word(stamp, 1, [0; 3]));
         self.storage.prefetch_for_write(pos + 1 + PREFETCH_AHEAD);
         self.tail = self.tail.wrapping_add(1);
-        Ok(true)
     }
 }
 

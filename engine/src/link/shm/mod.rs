@@ -199,7 +199,9 @@ impl TxBatch {
             // free: `has_room_for` counted it when it handed out the slot.
             match self.producer.push_line(bytemuck::cast_ref(&self.buf[0])) {
                 Ok(true) => {
-                    self.free = self.free.saturating_sub(1);
+                    // (The slot was handed out with a free line counted: `next_line`.)
+                    debug_assert!(self.free >= 1);
+                    self.free -= 1;
                     self.sent_direct = true;
                     #[cfg(test)]
                     crate::probe::count(crate::probe::Path::DirectPost);
