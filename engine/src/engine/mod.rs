@@ -954,7 +954,10 @@ impl Engine {
             responder::drain(qp, &mut env, tx);
             // An Ack still owed (held back, or the last iteration found the link full)
             // rode in the request if it could, else follows it; either way it has left.
-            responder::send_owed_ack(qp, &mut env, tx);
+            // (Mostly it rode, or none was owed: one look, not a call.)
+            if qp.proto.resp.owed_ack().is_some() {
+                responder::send_owed_ack(qp, &mut env, tx);
+            }
             if was_owed && qp.proto.resp.owed_ack().is_none() {
                 owed.forget_head(d.link.index(), index);
                 // The next Ack owed is held back from the iteration that finds it.

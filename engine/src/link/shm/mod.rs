@@ -260,6 +260,7 @@ impl TxBatch {
     /// they are; returns how many lines went. Packets the ring has no room for now (a burst
     /// that reached the ring's end gave lines to padding) stay queued, in order, for the
     /// next call.
+    #[inline]
     pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {
             return 0;
@@ -280,6 +281,13 @@ impl TxBatch {
                 }
             };
         }
+        self.flush_frames()
+    }
+
+    /// [`TxBatch::flush`] of more than one line: frame by frame (out of line, so that the
+    /// one-line case needs none of its registers).
+    #[inline(never)]
+    fn flush_frames(&mut self) -> usize {
         let tail = self.producer.tail();
         let mut at = 0;
         while at < self.len {
