@@ -38,6 +38,8 @@ const _: () = assert!(SLOT_BYTES == shmhca_rings::lines::LINE_BYTES);
 const _: () = assert!(align_of::<PacketSlot>() == align_of::<Line>());
 const _: () = assert!(std::mem::offset_of!(PacketSlot, hdr_len) == shmhca_rings::lines::USER_START);
 const _: () = assert!(MAX_PACKET_LINES <= shmhca_rings::lines::MAX_FRAME_LINES);
+// A batch's free-line count (a u32) holds any ring's line count.
+const _: () = assert!(MAX_LINK_SLOTS <= u32::MAX as usize);
 
 pub use crate::ids::LinkId;
 
@@ -51,8 +53,10 @@ pub(crate) struct TxBatch {
     buf: Box<[PacketSlot]>,
     /// Lines staged (packets and their continuation lines): each is a line of the ring.
     len: usize,
-    /// Ring lines known to be free (beyond `len`), refreshed only when they run out.
-    free: usize,
+    /// Ring lines known to be free (beyond `len`), refreshed only when they run out. (A
+    /// u32, a ring having at most `MAX_LINK_SLOTS` lines: with `sent_direct` it takes the
+    /// word a usize took, and the link keeps its 512 bytes, a shift to index.)
+    free: u32,
     broken: Option<LinkBroken>,
     /// A packet went straight into the ring since the last publication
     /// ([`TxBatch::send_line`]): the peer may need waking though nothing is queued.
@@ -86,14 +90,14 @@ impl TxBatch {
             return false;
         }
         let need = self.len + 1 + extra.min(MAX_CONTINUATION);
-        if need <= self.free {
+        if need <= self.free as usize {
             return true;
         }
         match self.producer.free_lines() {
-            Ok(f) => self.free = f,
+            Ok(f) => self.free = u32::try_from(f).unwrap_or(u32::MAX),
             Err(e) => self.broken = Some(e),
         }
-        self.broken.is_none() && need <= self.free
+        self.broken.is_none() && need <= self.free as usize
     }
 
     /// How far the peer has read the ring: the index of the first line it has not freed
@@ -120,7 +124,7 @@ impl TxBatch {
     /// line.
     #[inline(always)]
     pub(crate) fn next_line(&mut self) -> Option<&mut PacketSlot> {
-        if self.len < TX_BURST && self.len < self.free && self.broken.is_none() {
+        if self.len < TX_BURST && self.len < self.free as usize && self.broken.is_none() {
             return Some(self.clear_slot());
         }
         self.next_slot_for(0)
@@ -176,7 +180,7 @@ impl TxBatch {
     pub(crate) fn commit(&mut self) {
         debug_assert!(self.len < TX_BURST);
         let n = self.packet_lines(self.len);
-        debug_assert!(self.len + n <= self.free.min(self.buf.len()));
+        debug_assert!(self.len + n <= (self.free as usize).min(self.buf.len()));
         self.len += n;
     }
 
@@ -319,7 +323,9 @@ impl TxBatch {
             at += n;
         }
         let used = self.producer.tail().wrapping_sub(tail) as usize;
-        self.free = self.free.saturating_sub(used);
+        self.free = self
+            .free
+            .saturating_sub(u32::try_from(used).unwrap_or(u32::MAX));
         if at < self.len {
             self.buf.copy_within(at..self.len, 0);
         }
