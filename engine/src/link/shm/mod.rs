@@ -200,10 +200,9 @@ impl TxBatch {
         if direct && self.len == 0 {
             debug_assert_eq!(frame_lines(&self.buf[0]), 1, "a one-line packet");
             // One line always fits before the ring's end (no padding), and the line is
-            // free: `has_room_for` counted it when it handed out the slot.
+            // free: `next_line` (or `has_room_for`) counted it when it handed out the slot.
             match self.producer.push_line(bytemuck::cast_ref(&self.buf[0])) {
                 Ok(true) => {
-                    // (The slot was handed out with a free line counted: `next_line`.)
                     debug_assert!(self.free >= 1);
                     self.free -= 1;
                     self.sent_direct = true;
