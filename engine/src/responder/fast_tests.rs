@@ -23,6 +23,9 @@ pub(super) type Sent = (Opcode, u32, Option<AethRepr>);
 /// count, kind, payload length, payload offset (by reference) and inline payload bytes.
 pub(super) type Body = (Option<u64>, u8, u8, u32, u64, Vec<u8>);
 
+/// A packet's flags and the Ack riding in it, if any (its riding word).
+pub(super) type Riding = (u8, Option<u64>);
+
 /// What a scenario left behind.
 #[derive(Debug, PartialEq)]
 pub(super) struct Outcome {
@@ -31,8 +34,8 @@ pub(super) struct Outcome {
     /// bytes (payload bytes inline, or the arena range it names, and the pad count) and an
     /// Atomic Acknowledge's original value.
     pub(super) bodies: Vec<Body>,
-    /// Each packet's flags and the Ack riding in it, if any (its riding word).
-    pub(super) riding: Vec<(u8, Option<u64>)>,
+    /// Each packet's flags and the Ack riding in it.
+    pub(super) riding: Vec<Riding>,
     pub(super) completions: Vec<WorkCompletion>,
     pub(super) stats: Stats,
     pub(super) state: QpState,
@@ -141,7 +144,7 @@ pub(super) fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -
 /// Every packet the engine sent since the last look (single-slot packets: Acks, Naks,
 /// Read responses, requests without gather lists), what each carried, and the Ack riding
 /// in it.
-fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>, Vec<(u8, Option<u64>)>) {
+fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>, Vec<Riding>) {
     let (mut out, mut bodies, mut riding) = (vec![], vec![], vec![]);
     let mut buf = [PacketSlot::default(); 64];
     loop {
