@@ -315,6 +315,14 @@ pub(crate) trait LinkTx {
     fn next_packet(&mut self, extra: usize) -> Option<(&mut PacketSlot, &mut [PacketSlot])>;
     /// Queues the packet last returned by [`LinkTx::next_packet`].
     fn commit(&mut self);
+    /// Sends the one-line packet last returned by [`LinkTx::next_packet`]`(0)`: straight
+    /// into the link, if `direct` and the link can (see `TxBatch::send_line`), else as
+    /// [`LinkTx::commit`] queues it.
+    #[inline]
+    fn send_line(&mut self, direct: bool) {
+        let _ = direct;
+        self.commit();
+    }
     /// How far the peer has read the link (a count that only grows), looked up afresh:
     /// two equal answers mean the peer freed no room in between. For a QP that waits for
     /// room only (a slow path: it reads the peer's index).
@@ -347,6 +355,16 @@ impl LinkTx for TxBatch {
     #[inline]
     fn commit(&mut self) {
         TxBatch::commit(self)
+    }
+
+    #[inline(always)]
+    fn next_slot(&mut self) -> Option<&mut PacketSlot> {
+        TxBatch::next_line(self)
+    }
+
+    #[inline]
+    fn send_line(&mut self, direct: bool) {
+        TxBatch::send_line(self, direct)
     }
 
     fn peer_mark(&mut self) -> u64 {

@@ -22,10 +22,13 @@ pub(crate) enum Path {
     Read = 5,
     /// The receive fast path of an Atomic (`responder::atomic_fast`).
     Atomic = 6,
+    /// A post's packet written straight into the link's ring, not staged
+    /// (`TxBatch::send_line`).
+    DirectPost = 7,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 7;
+pub(crate) const PATHS: usize = 8;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

@@ -55,15 +55,17 @@ pub(crate) fn accept(qp: &mut QpSlot, w: SqWqe) {
 /// Takes a WQE posted directly (`Device::run_for_post`) and sends what the QP can send now, up to
 /// `budget` packets; returns how many were queued (as [`transmit`]). A single-packet Send
 /// or Write whose payload fits the slot, posted on an idle QP, takes the template path
-/// ([`post_fast`]); anything else is queued and sent by [`transmit`].
+/// ([`post_fast`]); anything else is queued and sent by [`transmit`]. `direct`: the
+/// template path may write its packet straight into the link (`LinkTx::send_line`).
 pub(crate) fn post<L: LinkTx + ?Sized>(
     qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     w: &SqWqe,
     budget: usize,
+    direct: bool,
 ) -> usize {
-    if post_fast(qp, env, tx, w) {
+    if post_fast(qp, env, tx, w, direct) {
         return 1;
     }
     accept(qp, *w);
@@ -77,12 +79,14 @@ pub(crate) fn post<L: LinkTx + ?Sized>(
 /// without immediate data) of one packet whose payload fits the slot, its fence and its
 /// credit let it start, and the link has room. Returns false, having changed nothing,
 /// otherwise: [`transmit`] then applies the same rules the long way, and builds the same
-/// bytes when it resends the packet.
+/// bytes when it resends the packet. The packet is sent with `LinkTx::send_line`: straight
+/// into the link's ring when `direct` and nothing is queued before it.
 fn post_fast<L: LinkTx + ?Sized>(
     qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,
     w: &SqWqe,
+    direct: bool,
 ) -> bool {
     const BTH: usize = bth::HEADER_LEN;
     const RETH: usize = crate::wire::reth::HEADER_LEN;
@@ -94,7 +98,7 @@ fn post_fast<L: LinkTx + ?Sized>(
         WqeOp::Write => (Opcode::RdmaWriteOnly, RETH, 0),
         WqeOp::WriteImm => (Opcode::RdmaWriteOnlyWithImmediate, RETH, IMM),
         WqeOp::Read | WqeOp::CompareSwap | WqeOp::FetchAdd => {
-            return post_rd_atomic_fast(qp, env, tx, w);
+            return post_rd_atomic_fast(qp, env, tx, w, direct);
         }
         _ => return false,
     };
@@ -114,7 +118,7 @@ fn post_fast<L: LinkTx + ?Sized>(
     else {
         return false;
     };
-    let Some((slot, _)) = tx.next_packet(0) else {
+    let Some(slot) = tx.next_slot() else {
         return false;
     };
     if len > 0 && qp.mem.read(src, &mut slot.data[hdr..hdr + len]).is_err() {
@@ -146,7 +150,7 @@ fn post_fast<L: LinkTx + ?Sized>(
         slot.kind = crate::wire::slot::KIND_INLINE;
     }
     crate::responder::ride_owed_ack(qp, env, slot);
-    tx.commit();
+    tx.send_line(direct);
     // The bookkeeping of `accept` and `transmit` for this WQE.
     qp.proto.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
@@ -176,6 +180,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     env: &mut Env<'_>,
     tx: &mut L,
     w: &SqWqe,
+    direct: bool,
 ) -> bool {
     const BTH: usize = bth::HEADER_LEN;
     let (opcode, hdr) = match w.op {
@@ -201,7 +206,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     else {
         return false;
     };
-    let Some((slot, _)) = tx.next_packet(0) else {
+    let Some(slot) = tx.next_slot() else {
         return false;
     };
     let psn = qp.proto.req.window().npsn();
@@ -230,7 +235,7 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     slot.hdr_len = hdr as u8;
     slot.payload_len = 0;
     crate::responder::ride_owed_ack(qp, env, slot);
-    tx.commit();
+    tx.send_line(direct);
     // The bookkeeping of `accept` and `transmit` for this WQE (it consumes no receive WQE).
     qp.proto.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
@@ -621,7 +626,7 @@ mod tests {
         let psn = r.stage(0, |q, env| {
             let before = q.fast_posts;
             let psn = q.proto.req.window().npsn();
-            assert_eq!(post(q, env, &mut fast, &w, 16), 1);
+            assert_eq!(post(q, env, &mut fast, &w, 16, true), 1);
             assert_eq!(q.fast_posts, before + 1, "{what} takes the template path");
             assert_eq!(q.proto.req.window().npsn(), psn.add(1), "{what}");
             assert_eq!(q.proto.req.window().sent_to(), psn.add(1), "{what}");
@@ -730,12 +735,12 @@ mod tests {
         let fadd = wqe(WqeOp::FetchAdd, 0, data(&r.mr, 64, &[0; 8]), 8);
         let mut l = link(16);
         r.stage(0, |q, env| {
-            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16, true), 1);
             assert_eq!(q.fast_posts, 1);
             // The initiator depth is 1: the Atomic waits for the Read.
-            assert_eq!(post(q, env, &mut l, &fadd, 16), 0);
+            assert_eq!(post(q, env, &mut l, &fadd, 16, true), 0);
             // Queued work: a Read behind it waits its turn too.
-            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 0);
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16, true), 0);
             assert_eq!(q.fast_posts, 1);
             ack_all(q);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
@@ -744,20 +749,20 @@ mod tests {
             ack_all(q);
             assert_eq!(q.proto.req.rd_atomic(), 0);
             // A Read of two responses: the normal path.
-            assert_eq!(post(q, env, &mut l, &read(257, 0), 16), 1);
+            assert_eq!(post(q, env, &mut l, &read(257, 0), 16, true), 1);
             assert_eq!(q.fast_posts, 1);
             ack_all(q);
         });
         // A fenced Read behind a Read, with room for two in flight.
         r.stage(0, |q, env| {
             q.proto.cfg.max_rd_atomic = 2;
-            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
-            assert_eq!(post(q, env, &mut l, &read(8, WqeFlags::FENCE), 16), 0);
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16, true), 1);
+            assert_eq!(post(q, env, &mut l, &read(8, WqeFlags::FENCE), 16, true), 0);
             assert_eq!(q.fast_posts, 2);
             ack_all(q);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             // Without a fence, a second Read goes beside the first.
-            assert_eq!(post(q, env, &mut l, &read(8, 0), 16), 1);
+            assert_eq!(post(q, env, &mut l, &read(8, 0), 16, true), 1);
             assert_eq!(q.fast_posts, 3);
             assert_eq!(q.proto.req.rd_atomic(), 2);
             ack_all(q);
@@ -792,9 +797,9 @@ mod tests {
         r.stage(0, |q, env| {
             q.proto.cfg.max_rd_atomic = 4;
             // No credit yet: the first Send goes alone and waits; the Read waits behind it.
-            assert_eq!(post(q, env, &mut l, &send, 16), 1);
+            assert_eq!(post(q, env, &mut l, &send, 16, true), 1);
             assert_eq!(q.proto.req.limited(), Some(0));
-            assert_eq!(post(q, env, &mut l, &read, 16), 0);
+            assert_eq!(post(q, env, &mut l, &read, 16, true), 0);
             assert_eq!(q.fast_posts, 0);
             q.proto.req.acknowledged(Psn::new(10), &q.proto.cfg);
             q.proto.req.update_credits(CreditCode::encode(8), 1);
@@ -804,9 +809,9 @@ mod tests {
         // A full link holds a Send back: the Atomic behind it waits too.
         let mut full = link(0);
         r.stage(0, |q, env| {
-            assert_eq!(post(q, env, &mut full, &send, 16), 0);
+            assert_eq!(post(q, env, &mut full, &send, 16, true), 0);
             full.room = 4;
-            assert_eq!(post(q, env, &mut full, &fadd, 16), 2);
+            assert_eq!(post(q, env, &mut full, &fadd, 16, true), 2);
             assert_eq!(q.fast_posts, 0);
             ack_all(q);
             // An RNR wait with nothing queued: the Read waits for its end.
@@ -816,7 +821,7 @@ mod tests {
                     .req
                     .rnr_wait(npsn, Duration::from_secs(3600), &q.proto.cfg)
             );
-            assert_eq!(post(q, env, &mut l, &read, 16), 0);
+            assert_eq!(post(q, env, &mut l, &read, 16, true), 0);
             assert_eq!(q.fast_posts, 0);
             // The wait ends (an hour on the test clock).
             q.proto.req.start_timers(env);
@@ -846,23 +851,23 @@ mod tests {
         let mut l = link(64);
         r.stage(0, |q, env| {
             // No credit yet: the first Send goes alone, with AckReq, and waits.
-            assert_eq!(post(q, env, &mut l, &send(8), 16), 1);
+            assert_eq!(post(q, env, &mut l, &send(8), 16, true), 1);
             assert_eq!(q.proto.req.limited(), Some(0));
             // A Write does not consume credit but must not pass the waiting Send.
-            assert_eq!(post(q, env, &mut l, &write, 16), 0);
+            assert_eq!(post(q, env, &mut l, &write, 16, true), 0);
             assert_eq!(q.fast_posts, 0);
             // Credit comes with the Ack of the first Send; the Write is queued, so the
             // next Send goes behind it.
             q.proto.req.acknowledged(Psn::new(10), &q.proto.cfg);
             q.proto.req.update_credits(CreditCode::encode(8), 1);
-            assert_eq!(post(q, env, &mut l, &send(8), 16), 2);
+            assert_eq!(post(q, env, &mut l, &send(8), 16, true), 2);
             assert_eq!(q.fast_posts, 0);
             // Idle, with credit: the template path.
-            assert_eq!(post(q, env, &mut l, &send(8), 16), 1);
+            assert_eq!(post(q, env, &mut l, &send(8), 16, true), 1);
             assert_eq!(q.fast_posts, 1);
             // A Send larger than a slot holds inline, or than one packet: the normal path.
-            assert_eq!(post(q, env, &mut l, &send(101), 16), 1);
-            assert_eq!(post(q, env, &mut l, &send(300), 16), 2);
+            assert_eq!(post(q, env, &mut l, &send(101), 16, true), 1);
+            assert_eq!(post(q, env, &mut l, &send(300), 16, true), 2);
             assert_eq!(q.fast_posts, 1);
         });
         use Opcode::*;
@@ -882,7 +887,7 @@ mod tests {
         let mut full = link(0);
         r.stage(0, |q, env| {
             ack_all(q);
-            assert_eq!(post(q, env, &mut full, &send(8), 16), 0);
+            assert_eq!(post(q, env, &mut full, &send(8), 16, true), 0);
             full.room = 1;
             assert_eq!(transmit(q, env, &mut full, 16), 1);
             assert_eq!(sent(&full), [(SendOnly, 17, true)]);
@@ -895,16 +900,16 @@ mod tests {
                     .rnr_wait(npsn, Duration::from_secs(3600), &q.proto.cfg)
             );
             let mut l = link(4);
-            assert_eq!(post(q, env, &mut l, &send(8), 16), 0);
+            assert_eq!(post(q, env, &mut l, &send(8), 16, true), 0);
             q.proto.req.start_timers(env);
             env.jump_to(q.proto.req.rnr_timer().at().expect("the RNR wait runs"));
             assert_eq!(transmit(q, env, &mut l, 16), 1);
             ack_all(q);
             // A fenced Send waits for the Read before it.
             let read = wqe(WqeOp::Read, 0, data(mr, 1024, &[0; 8]), 8);
-            assert_eq!(post(q, env, &mut l, &read, 16), 1);
+            assert_eq!(post(q, env, &mut l, &read, 16, true), 1);
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(mr, 0, &[3; 8]), 8);
-            assert_eq!(post(q, env, &mut l, &fenced, 16), 0);
+            assert_eq!(post(q, env, &mut l, &fenced, 16, true), 0);
             ack_all(q);
             assert_eq!(q.proto.req.rd_atomic(), 0);
             assert_eq!(transmit(q, env, &mut l, 16), 1);
@@ -922,7 +927,7 @@ mod tests {
         let mut l = link(4);
         let w = send(8);
         r.stage(0, |q, env| {
-            assert_eq!(post(q, env, &mut l, &w, 16), 0);
+            assert_eq!(post(q, env, &mut l, &w, 16, true), 0);
         });
         r.qps[0].modify(&QpAttr::new(QpState::Rts)).unwrap();
         r.stage(0, |q, env| {
@@ -946,7 +951,7 @@ mod tests {
             let mut l = link(4);
             r.stage(0, |q, env| {
                 let w = wqe(WqeOp::Send, 0, data, 8);
-                assert_eq!(post(q, env, &mut l, &w, 16), 0);
+                assert_eq!(post(q, env, &mut l, &w, 16, true), 0);
                 assert_eq!(q.proto.state, QpState::Error);
                 assert_eq!(q.proto.req.wqe(0).done, Some(WcStatus::LocQpOpErr));
             });
@@ -962,12 +967,12 @@ mod tests {
         let mut l = link(8);
         r.stage(0, |q, env| {
             let fenced = wqe(WqeOp::Send, WqeFlags::FENCE, data(&r.mr, 0, &[1; 8]), 8);
-            assert_eq!(post(q, env, &mut l, &fenced, 16), 1);
+            assert_eq!(post(q, env, &mut l, &fenced, 16, true), 1);
             let read = wqe(WqeOp::Read, 0, data(&r.mr, 64, &[0; 8]), 8);
-            assert_eq!(post(q, env, &mut l, &read, 16), 1);
+            assert_eq!(post(q, env, &mut l, &read, 16, true), 1);
             assert_eq!(q.proto.req.rd_atomic(), 1);
             let plain = wqe(WqeOp::Send, 0, data(&r.mr, 0, &[2; 8]), 8);
-            assert_eq!(post(q, env, &mut l, &plain, 16), 1);
+            assert_eq!(post(q, env, &mut l, &plain, 16, true), 1);
             assert_eq!(q.fast_posts, 3, "the Read too");
         });
         use Opcode::*;

@@ -925,15 +925,23 @@ impl Engine {
         let before = link.tx.queued().len();
         let was_owed = qp.proto.resp.owed_ack().is_some();
         let tx = &mut link.tx;
+        // The template path writes its packet straight into the link's ring unless the
+        // fault stage or the capture tap must see it staged first.
+        let direct = faults.is_none() && trace.is_none();
+        #[cfg(test)]
+        let direct = direct && crate::probe::enabled();
         let sent = match wqe {
-            Some(w) => requester::post(qp, &mut env, tx, w, TX_BUDGET),
+            Some(w) => requester::post(qp, &mut env, tx, w, TX_BUDGET, direct),
             None => requester::transmit(qp, &mut env, tx, TX_BUDGET),
         };
         if sent > 0 {
             responder::drain(qp, &mut env, tx);
             // An Ack still owed (held back, or the last iteration found the link full)
             // rode in the request if it could, else follows it; either way it has left.
-            responder::send_owed_ack(qp, &mut env, tx);
+            // (Mostly it rode, or none was owed: one look, not a call.)
+            if qp.proto.resp.owed_ack().is_some() {
+                responder::send_owed_ack(qp, &mut env, tx);
+            }
             if was_owed && qp.proto.resp.owed_ack().is_none() {
                 owed.forget_head(d.link.index(), index);
                 // The next Ack owed is held back from the iteration that finds it.
@@ -948,7 +956,7 @@ impl Engine {
         if let Some(t) = trace.as_deref_mut() {
             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
         }
-        link.publish();
+        link.publish_post();
         if !udp.is_empty() {
             udp.send();
         }

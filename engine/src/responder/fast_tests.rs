@@ -23,6 +23,9 @@ pub(super) type Sent = (Opcode, u32, Option<AethRepr>);
 /// count, kind, payload length, payload offset (by reference) and inline payload bytes.
 pub(super) type Body = (Option<u64>, u8, u8, u32, u64, Vec<u8>);
 
+/// A packet's flags and the Ack riding in it, if any (its riding word).
+pub(super) type Riding = (u8, Option<u64>);
+
 /// What a scenario left behind.
 #[derive(Debug, PartialEq)]
 pub(super) struct Outcome {
@@ -31,6 +34,8 @@ pub(super) struct Outcome {
     /// bytes (payload bytes inline, or the arena range it names, and the pad count) and an
     /// Atomic Acknowledge's original value.
     pub(super) bodies: Vec<Body>,
+    /// Each packet's flags and the Ack riding in it.
+    pub(super) riding: Vec<Riding>,
     pub(super) completions: Vec<WorkCompletion>,
     pub(super) stats: Stats,
     pub(super) state: QpState,
@@ -82,7 +87,7 @@ pub(super) fn run_in(
     let after = crate::probe::all_taken();
     let taken: Taken = std::array::from_fn(|i| after[i] - before[i]);
     crate::probe::set_enabled(true);
-    let (sent, bodies) = sent_with_bodies(&mut r);
+    let (sent, bodies, riding) = sent_with_bodies(&mut r);
     let mut completions = vec![];
     loop {
         let got = r.completions();
@@ -112,6 +117,7 @@ pub(super) fn run_in(
     let outcome = Outcome {
         sent,
         bodies,
+        riding,
         completions,
         stats: r.ctx.stats(),
         state: r.qp.state(),
@@ -136,16 +142,19 @@ pub(super) fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -
 }
 
 /// Every packet the engine sent since the last look (single-slot packets: Acks, Naks,
-/// Read responses, requests without gather lists), and what each carried.
-fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>) {
-    let (mut out, mut bodies) = (vec![], vec![]);
+/// Read responses, requests without gather lists), what each carried, and the Ack riding
+/// in it.
+fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>, Vec<Riding>) {
+    let (mut out, mut bodies, mut riding) = (vec![], vec![], vec![]);
     let mut buf = [PacketSlot::default(); 64];
     loop {
         let n = r.rx.pop_burst(&mut buf).unwrap();
         if n == 0 {
-            return (out, bodies);
+            return (out, bodies, riding);
         }
         for s in &buf[..n] {
+            let ack = (s.reserved & crate::wire::slot::ACK_FLAG != 0).then_some(s.payload_off);
+            riding.push((s.reserved, ack));
             let hdr = usize::from(s.hdr_len);
             let (repr, _) = PacketRepr::parse(&s.data[..hdr]).unwrap();
             out.push((repr.bth.opcode, repr.bth.psn.get(), repr.aeth));
@@ -1565,7 +1574,7 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
     assert_eq!(none, [0; crate::probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
-    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);
@@ -1885,4 +1894,120 @@ mod random_requests {
             same_both_ways(access, &scenario);
         }
     }
+}
+
+/// Posts `ops` (as [`post`] does, without its credits and its engine turns).
+fn post_only(r: &mut Rig, first: u64, ops: &[Op]) {
+    for (i, &op) in ops.iter().enumerate() {
+        let (i, at) = (first + i as u64, 1024 * i as u64);
+        let remote = r.mr.remote(4096 + at);
+        let (op, len) = match op {
+            Op::Send(len) => (SendOp::Send, len),
+            Op::Write(len) => (SendOp::RdmaWrite(remote), len),
+            Op::Read(len) => (SendOp::RdmaRead(remote), len),
+            Op::FetchAdd => (SendOp::FetchAdd { remote, add: 3 }, 8),
+            Op::CompareSwap => (
+                SendOp::CompareSwap {
+                    remote,
+                    compare: 0,
+                    swap: 5,
+                },
+                8,
+            ),
+        };
+        let sge = [r.mr.sge(at, len).unwrap()];
+        r.qp.post_send(&SendWr::new(i, op, &sge)).unwrap();
+    }
+}
+
+/// Issue 27's direct post: a post the template path takes, with nothing queued on the
+/// link before it, writes its line straight into the link's ring and stamps it — and
+/// leaves what the staged way leaves (the fast paths off: the line staged in the link's
+/// batch and copied into the ring when the post publishes): the same packets with the same
+/// Acks riding in them, completions, statistics, state and memory. Sends, Writes, a Read
+/// and Atomics; an owed Ack riding in the first; posts the template path does not take (a
+/// payload larger than a line holds, an Atomic waiting for the initiator depth) staged in
+/// between.
+#[test]
+fn a_direct_post_leaves_what_the_staged_post_leaves() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        // Owed Acks held back an iteration, as with the progress helper (the QP has sent
+        // a request, so it replies).
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        r.post_recv(4);
+        post(r, 8, &[Op::Send(8)]);
+        r.request(Opcode::SendOnly, 0, |_| {}, b"ping");
+        r.step();
+        post_only(
+            r,
+            1,
+            &[Op::Send(8), Op::Write(12), Op::Send(100), Op::Send(0)],
+        );
+        respond(r, 4, credits(8), 5);
+        r.step();
+        post_only(r, 5, &[Op::Read(8), Op::FetchAdd, Op::Send(4)]);
+        r.step();
+        read_response(r, 5, 6, &[7; 8]);
+        r.step();
+        atomic_ack(r, 6, 7, 42);
+        r.step();
+        post_only(r, 8, &[Op::CompareSwap]);
+        r.step();
+    });
+    // The first Send, the Sends of 8 and 0 bytes, the Write, the Read, the Compare and
+    // Swap; not the Send of 100 bytes, nor the Fetch and Add (behind the Read), nor the
+    // Send behind it.
+    let direct = taken[Path::DirectPost as usize];
+    assert_eq!(direct, 6, "{out:#?}");
+    assert_eq!(out.stats.acks_riding, 1, "{out:#?}");
+    assert!(out.riding.iter().any(|r| r.1.is_some()));
+}
+
+/// Where the capture tap (a packet observer) or the fault stage must see a post's packet
+/// in the link's batch, the post stages it there, as before issue 27's direct post: the
+/// observer sees it sent, and the fault stage duplicates it.
+#[test]
+fn with_a_tap_or_a_fault_stage_a_post_is_staged_where_they_see_it() {
+    use crate::trace::Direction;
+    use std::sync::{Arc, Mutex};
+    let direct = || crate::probe::taken(Path::DirectPost);
+    // The packet observer.
+    let mut r = super::tests::rig(AccessFlags::ALL);
+    let seen: Arc<Mutex<Vec<(Direction, Opcode)>>> = Arc::default();
+    let s2 = seen.clone();
+    r.ctx
+        .observe_packets(move |e| s2.lock().unwrap().push((e.direction, e.headers.bth.opcode)));
+    let before = direct();
+    post(&mut r, 8, &[Op::Send(8), Op::Write(8)]);
+    assert_eq!(direct(), before, "no direct post under the tap");
+    let sent: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.0 == Direction::Sent)
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(sent, [Opcode::SendOnly, Opcode::RdmaWriteOnly]);
+    assert_eq!(r.answers().len(), 2);
+    // Without it, the same posts go direct.
+    r.ctx.stop_observing();
+    post_only(&mut r, 2, &[Op::Send(8)]);
+    assert_eq!(direct(), before + 1);
+    assert_eq!(r.answers().len(), 1);
+
+    // The fault stage, duplicating every packet.
+    let mut r = super::tests::rig(AccessFlags::ALL);
+    r.ctx.shared.engine.with(|e| {
+        let cfg = crate::fault::FaultConfig {
+            duplicate: 1.0,
+            ..Default::default()
+        };
+        e.faults = Some(Box::new(crate::fault::Faults::new(cfg, None)));
+    });
+    let before = direct();
+    post(&mut r, 8, &[Op::Send(8)]);
+    assert_eq!(direct(), before, "no direct post under the fault stage");
+    let answers = r.answers();
+    let sends = answers.iter().filter(|a| a.0 == Opcode::SendOnly).count();
+    assert_eq!(sends, 2, "sent twice: {answers:?}");
 }

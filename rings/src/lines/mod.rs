@@ -586,6 +586,64 @@ impl<S: LineStorage> LinesProducer<S> {
     }
 }
 
+impl<S: LineStorage> LinesProducer<S> {
+    /// Publishes `line` as a one-line frame at once: what [`reserve`](Self::reserve)`(1)`,
+    /// [`Frame::write_line`]`(0, line)` and [`Frame::commit`] do, in one step and without
+    /// a [`Frame`] (a one-line frame never needs padding: it always fits before the ring's
+    /// end). For a sender that built its packet in private memory and wants it out now;
+    /// the stamp it stores last is the doorbell. Returns false, writing nothing, if there
+    /// is no room now.
+    ///
+    /// # Errors
+    ///
+    /// [`LinkBroken`] if the ring is broken (nothing is written).
+    #[inline(always)]
+    pub fn push_line(&mut self, line: &Line) -> Result<bool, LinkBroken> {
+        if self.broken.is_some() || self.cached_free() == 0 {
+            // Out of line, so that the common case needs no stack frame.
+            return self.push_line_slow(line);
+        }
+        self.write_one(line);
+        Ok(true)
+    }
+
+    /// [`push_line`](Self::push_line) when the ring is broken or looks full.
+    #[cold]
+    #[inline(never)]
+    fn push_line_slow(&mut self, line: &Line) -> Result<bool, LinkBroken> {
+        if let Some(broken) = self.broken {
+            return Err(broken);
+        }
+        if !self.room_for(1)? {
+            return Ok(false);
+        }
+        self.write_one(line);
+        Ok(true)
+    }
+
+    /// Writes `line` as a one-line frame at tail and publishes it; the line is free.
+    #[inline(always)]
+    fn write_one(&mut self, line: &Line) {
+        debug_assert!(self.cached_free() >= 1);
+        let pos = self.pos(self.tail);
+        let stamp = stamp_of(self.tail, self.shift);
+        // (Mutation point of the loom models: the stamp published before the data.)
+        if sync::mutated("Lines::stamp_before_data") {
+            self.store_first(pos, word(stamp, 1, [0; 3]));
+        }
+        // SAFETY: the line at `pos` is free (the callers' room check, against a head loaded
+        // with Acquire: the consumer released it) and the consumer cannot read it before
+        // its stamp is stored, below.
+        unsafe { self.storage.write_body(pos, line) };
+        // The first word: the stamp, a count of 1 and the line's user bytes 5..8 (its
+        // bytes 0..5, the ring's, replaced), as `word` builds it.
+        let head = u64::from_le_bytes([0, 0, 0, 0, 0, line.0[5], line.0[6], line.0[7]]);
+        self.store_first(pos, head | word(stamp, 1, [0; 3]));
+        self.storage.prefetch_for_write(pos + 1 + PREFETCH_AHEAD);
+        self.tail = self.tail.wrapping_add(1);
+    }
+}
+
 impl<S: LineStorage> Drop for LinesProducer<S> {
     fn drop(&mut self) {
         // A shared ring keeps our index for the next producer (no-op on the heap).
@@ -966,5 +1024,56 @@ mod tests {
             expect,
             "a frame dropped uncommitted"
         );
+    }
+
+    /// `push_line` leaves the ring as `reserve(1)`, `write_line` and `commit` leave it —
+    /// every byte of every line, lap after lap, between frames of several lines that pad
+    /// the end of a lap — prefetches as a commit does, and says no when the ring is full.
+    #[test]
+    fn push_line_writes_what_a_one_line_frame_writes() {
+        let (mut a, mut ca) = heap_lines(8).unwrap();
+        let (mut b, mut cb) = heap_lines(8).unwrap();
+        let mut out_a = [Line::ZERO; MAX_FRAME_LINES];
+        let mut out_b = [Line::ZERO; MAX_FRAME_LINES];
+        let mut line = Line::ZERO;
+        for i in 0..40u8 {
+            line.0
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = i ^ j as u8);
+            if i % 5 == 4 {
+                // A frame of three lines on both: pads the end of a lap now and then.
+                for p in [&mut a, &mut b] {
+                    let mut f = p.reserve(3).unwrap().unwrap();
+                    f.write_lines(&[line, line, line]).unwrap();
+                    f.commit();
+                }
+            } else {
+                assert_eq!(a.push_line(&line), Ok(true));
+                let mut f = b.reserve(1).unwrap().unwrap();
+                f.write_line(0, &line).unwrap();
+                f.commit();
+            }
+            for pos in 0..8 {
+                let (x, y) = (a.storage.line(pos), b.storage.line(pos));
+                assert_eq!(x, y, "line {pos} after frame {i}");
+            }
+            assert_eq!(a.tail(), b.tail());
+            let got = (ca.recv(&mut out_a).unwrap(), cb.recv(&mut out_b).unwrap());
+            assert_eq!(got.0, got.1);
+            assert_eq!(out_a, out_b);
+        }
+        assert_eq!(a.storage.prefetched(), b.storage.prefetched());
+        // Full: no room, nothing written.
+        let mut pushed = 0;
+        while a.push_line(&line).unwrap() {
+            pushed += 1;
+            assert!(pushed <= 8, "room must run out");
+        }
+        assert_eq!(pushed, 8);
+        let tail = a.tail();
+        assert_eq!(a.push_line(&line), Ok(false));
+        assert_eq!(a.tail(), tail);
+        assert_eq!(ca.recv(&mut out_a).unwrap(), Some(1));
     }
 }

@@ -188,6 +188,15 @@ impl HeapLines {
             .unwrap_or_default()
     }
 
+    /// A copy of the line at `pos`, every byte (unit tests only, with no end writing).
+    #[cfg(all(test, not(shmhca_loom)))]
+    pub(super) fn line(&self, pos: usize) -> Line {
+        let mut out = [Line::ZERO];
+        // SAFETY: a unit test's ring, one thread: nothing writes the line meanwhile.
+        unsafe { sealed::RawLines::read_lines(self, pos, &mut out) };
+        out[0]
+    }
+
     /// Two handles on a new ring of `capacity` lines (already validated: a power of two),
     /// every line zero (stamp 0: not yet written).
     pub(super) fn new_pair(capacity: usize) -> (Self, Self) {

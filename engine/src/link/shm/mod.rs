@@ -38,6 +38,8 @@ const _: () = assert!(SLOT_BYTES == shmhca_rings::lines::LINE_BYTES);
 const _: () = assert!(align_of::<PacketSlot>() == align_of::<Line>());
 const _: () = assert!(std::mem::offset_of!(PacketSlot, hdr_len) == shmhca_rings::lines::USER_START);
 const _: () = assert!(MAX_PACKET_LINES <= shmhca_rings::lines::MAX_FRAME_LINES);
+// A batch's free-line count (a u32) holds any ring's line count.
+const _: () = assert!(MAX_LINK_SLOTS <= u32::MAX as usize);
 
 pub use crate::ids::LinkId;
 
@@ -51,22 +53,30 @@ pub(crate) struct TxBatch {
     buf: Box<[PacketSlot]>,
     /// Lines staged (packets and their continuation lines): each is a line of the ring.
     len: usize,
-    /// Ring lines known to be free (beyond `len`), refreshed only when they run out.
-    free: usize,
+    /// Ring lines known to be free (beyond `len`), refreshed only when they run out. (A
+    /// u32, a ring having at most `MAX_LINK_SLOTS` lines: with `sent_direct` it takes the
+    /// word a usize took, and the link keeps its 512 bytes, a shift to index.)
+    free: u32,
     broken: Option<LinkBroken>,
+    /// A packet went straight into the ring since the last publication
+    /// ([`TxBatch::send_line`]): the peer may need waking though nothing is queued.
+    sent_direct: bool,
 }
 
 /// Packets one link sends per engine iteration (one publish).
 pub(crate) const TX_BURST: usize = 64;
+/// Lines a batch holds: a whole packet behind any of the [`TX_BURST`] first lines.
+const BATCH_LINES: usize = TX_BURST + MAX_CONTINUATION;
 
 impl TxBatch {
     fn new(producer: LinesProducer<ShmLines>) -> TxBatch {
         TxBatch {
             producer,
-            buf: vec![PacketSlot::zeroed(); TX_BURST + MAX_CONTINUATION].into_boxed_slice(),
+            buf: vec![PacketSlot::zeroed(); BATCH_LINES].into_boxed_slice(),
             len: 0,
             free: 0,
             broken: None,
+            sent_direct: false,
         }
     }
 
@@ -80,14 +90,14 @@ impl TxBatch {
             return false;
         }
         let need = self.len + 1 + extra.min(MAX_CONTINUATION);
-        if need <= self.free {
+        if need <= self.free as usize {
             return true;
         }
         match self.producer.free_lines() {
-            Ok(f) => self.free = f,
+            Ok(f) => self.free = u32::try_from(f).unwrap_or(u32::MAX),
             Err(e) => self.broken = Some(e),
         }
-        self.broken.is_none() && need <= self.free
+        self.broken.is_none() && need <= self.free as usize
     }
 
     /// How far the peer has read the ring: the index of the first line it has not freed
@@ -106,6 +116,17 @@ impl TxBatch {
     /// filling it.
     #[cfg(test)]
     pub(crate) fn next_slot(&mut self) -> Option<&mut PacketSlot> {
+        self.next_line()
+    }
+
+    /// [`TxBatch::next_packet`]`(0)`, the slot of a one-line packet, compiled into its
+    /// caller when the room is known (the template path's every post): the rest out of
+    /// line.
+    #[inline(always)]
+    pub(crate) fn next_line(&mut self) -> Option<&mut PacketSlot> {
+        if self.len < TX_BURST && self.len < self.free as usize && self.broken.is_none() {
+            return Some(self.clear_slot());
+        }
         self.next_slot_for(0)
     }
 
@@ -125,6 +146,12 @@ impl TxBatch {
         if !self.has_room_for(extra) {
             return None;
         }
+        Some(self.clear_slot())
+    }
+
+    /// The slot at `len`, its metadata cleared.
+    #[inline(always)]
+    fn clear_slot(&mut self) -> &mut PacketSlot {
         let slot = &mut self.buf[self.len];
         // Only the metadata needs clearing: the data area is written up to hdr_len plus the
         // payload, and the receiver reads nothing beyond. (Bytes 0..5 are the ring's; bytes
@@ -136,7 +163,7 @@ impl TxBatch {
         slot.reserved = 0;
         slot.payload_len = 0;
         slot.payload_off = 0;
-        Some(slot)
+        slot
     }
 
     /// Lines of the packet staged at `at` (its slot and continuation lines). The buffer
@@ -153,8 +180,47 @@ impl TxBatch {
     pub(crate) fn commit(&mut self) {
         debug_assert!(self.len < TX_BURST);
         let n = self.packet_lines(self.len);
-        debug_assert!(self.len + n <= self.free.min(self.buf.len()));
+        debug_assert!(self.len + n <= (self.free as usize).min(self.buf.len()));
         self.len += n;
+    }
+
+    /// Sends the one-line packet built in the slot [`TxBatch::next_packet`]`(0)` returned:
+    /// straight into the ring's next line, stamped at once (the stamp is the doorbell), when
+    /// `direct` and nothing is queued before it — no staged copy, no later flush; else
+    /// queues it as [`TxBatch::commit`] does. (Nothing queued: the slot is the batch's
+    /// first, private memory the packet was built in, and is copied into the ring while it
+    /// is in this core's cache. A ring that turns out broken keeps the packet queued, as a
+    /// flush would have left it.) The caller publishes with [`Link::publish_post`], which
+    /// wakes the peer for it.
+    ///
+    /// `direct` is false when something must see the packet in the batch before it goes:
+    /// the fault stage or the capture tap.
+    #[inline]
+    pub(crate) fn send_line(&mut self, direct: bool) {
+        if direct && self.len == 0 {
+            debug_assert_eq!(frame_lines(&self.buf[0]), 1, "a one-line packet");
+            // One line always fits before the ring's end (no padding), and the line is
+            // free: `next_line` (or `has_room_for`) counted it when it handed out the slot.
+            match self.producer.push_line(bytemuck::cast_ref(&self.buf[0])) {
+                Ok(true) => {
+                    debug_assert!(self.free >= 1);
+                    self.free -= 1;
+                    self.sent_direct = true;
+                    #[cfg(test)]
+                    crate::probe::count(crate::probe::Path::DirectPost);
+                    return;
+                }
+                Ok(false) => debug_assert!(false, "a line counted free is not free"),
+                Err(e) => self.broken = Some(e),
+            }
+        }
+        self.commit();
+    }
+
+    /// Whether a packet went straight into the ring since the last call ([`TxBatch::send_line`]).
+    #[inline(always)]
+    fn take_sent_direct(&mut self) -> bool {
+        std::mem::take(&mut self.sent_direct)
     }
 
     /// Forgets the packets queued from position `len` on (the fault stage re-queues them).
@@ -197,6 +263,7 @@ impl TxBatch {
     /// they are; returns how many lines went. Packets the ring has no room for now (a burst
     /// that reached the ring's end gave lines to padding) stay queued, in order, for the
     /// next call.
+    #[inline]
     pub(crate) fn flush(&mut self) -> usize {
         if self.len == 0 || self.broken.is_some() {
             return 0;
@@ -204,28 +271,26 @@ impl TxBatch {
         if self.len == 1 {
             // One one-line packet (a gather packet takes two lines or more): most bursts.
             // A one-line frame never needs padding before it.
-            return match self.producer.reserve(1) {
-                Ok(Some(mut frame)) => {
-                    let written = frame.write_line(0, bytemuck::cast_ref(&self.buf[0]));
-                    debug_assert!(written.is_ok());
-                    frame.commit();
+            return match self.producer.push_line(bytemuck::cast_ref(&self.buf[0])) {
+                Ok(true) => {
                     self.free = self.free.saturating_sub(1);
                     self.len = 0;
                     1
                 }
-                Ok(None) => 0,
-                Err(ReserveError::Broken(e)) => {
+                Ok(false) => 0,
+                Err(e) => {
                     self.broken = Some(e);
-                    0
-                }
-                Err(ReserveError::FrameSize { .. }) => {
-                    // Every ring holds a line: cannot be (see below).
-                    debug_assert!(false, "a one-line frame does not fit the ring");
-                    self.len = 0;
                     0
                 }
             };
         }
+        self.flush_frames()
+    }
+
+    /// [`TxBatch::flush`] of more than one line: frame by frame (out of line, so that the
+    /// one-line case needs none of its registers).
+    #[inline(never)]
+    fn flush_frames(&mut self) -> usize {
         let tail = self.producer.tail();
         let mut at = 0;
         while at < self.len {
@@ -257,7 +322,9 @@ impl TxBatch {
             at += n;
         }
         let used = self.producer.tail().wrapping_sub(tail) as usize;
-        self.free = self.free.saturating_sub(used);
+        self.free = self
+            .free
+            .saturating_sub(u32::try_from(used).unwrap_or(u32::MAX));
         if at < self.len {
             self.buf.copy_within(at..self.len, 0);
         }
@@ -533,6 +600,25 @@ impl Link {
         self.publish_queued();
     }
 
+    /// [`Link::publish`] after a post, which may have sent its packet straight into the
+    /// ring ([`TxBatch::send_line`]): publishes what is queued behind it, then wakes the
+    /// peer engine if it may be asleep and anything went — one look for sleepers, after
+    /// every line of the post is in the ring, as [`Link::publish`] does.
+    #[inline]
+    pub(crate) fn publish_post(&mut self) {
+        let direct = self.tx.take_sent_direct();
+        if !direct {
+            self.publish();
+            return;
+        }
+        if !self.tx.is_empty() {
+            self.tx.flush();
+        }
+        if self.peer_may_sleep {
+            self.wake_peer();
+        }
+    }
+
     /// [`Link::publish`] when packets are queued.
     #[inline(never)]
     fn publish_queued(&mut self) {
@@ -558,6 +644,15 @@ impl Link {
     #[cfg(test)]
     pub(crate) fn wakes_peer(&self) -> bool {
         self.peer_may_sleep
+    }
+
+    /// How many times this side has bumped its kick word (tests: each wake-up of a
+    /// sleeping peer bumps it once).
+    #[cfg(test)]
+    pub(crate) fn kicks(&self) -> u32 {
+        self.kick
+            .atomic_u32(self.kick_off[0])
+            .map_or(0, |w| w.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Wakes the peer engine if some thread of it sleeps: its sleeper count is in its
@@ -848,6 +943,72 @@ mod tests {
             bytemuck::cast_ref::<Line, PacketSlot>(&out[0]).payload_len,
             99
         );
+    }
+
+    /// A one-line packet sent with `send_line(true)` on an empty batch is in the ring at
+    /// once, stamped (the peer reads it before any flush), nothing is queued, and the
+    /// publication learns, once, that it went; behind a queued packet, or with `direct`
+    /// false, it is queued, and goes in order. Lines sent directly count against the
+    /// ring's room as queued ones do.
+    #[test]
+    fn a_line_sent_directly_is_in_the_ring_at_once_and_never_passes_a_queued_one() {
+        let (a, b) = pair(8);
+        let mut tx = TxBatch::new(a.tx);
+        let mut rx = b.rx;
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        let len = |l: &Line| bytemuck::cast_ref::<Line, PacketSlot>(l).payload_len;
+        tx.next_slot().expect("room").payload_len = 1;
+        tx.send_line(true);
+        assert!(tx.is_empty());
+        assert!(tx.take_sent_direct());
+        assert!(!tx.take_sent_direct(), "told once");
+        assert_eq!(
+            rx.recv(&mut out).unwrap(),
+            Some(1),
+            "in the ring before a flush"
+        );
+        assert_eq!(len(&out[0]), 1);
+        // Not direct: queued, as `commit` queues it.
+        tx.next_slot().unwrap().payload_len = 2;
+        tx.send_line(false);
+        assert_eq!(tx.len(), 1);
+        // Direct, behind a queued packet: queued behind it.
+        tx.next_slot().unwrap().payload_len = 3;
+        tx.send_line(true);
+        assert_eq!(tx.len(), 2);
+        assert!(!tx.take_sent_direct());
+        assert_eq!(
+            rx.recv(&mut out).unwrap(),
+            None,
+            "nothing passed the queued one"
+        );
+        assert_eq!(tx.flush(), 2);
+        for want in [2, 3] {
+            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
+            assert_eq!(len(&out[0]), want);
+        }
+        assert_eq!(
+            rx.recv(&mut out).unwrap(),
+            None,
+            "publishes the consumer's index"
+        );
+        // As many direct lines as the ring has, then no room (the caller goes the long
+        // way), across the ring's end (a one-line frame needs no padding).
+        let mut n = 0;
+        while let Some(s) = tx.next_slot() {
+            s.payload_len = 10 + n;
+            tx.send_line(true);
+            n += 1;
+            assert!(n <= 8, "room must run out");
+        }
+        assert_eq!(n, 8);
+        assert!(tx.is_empty());
+        for want in 10..18 {
+            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
+            assert_eq!(len(&out[0]), want);
+        }
+        assert_eq!(rx.recv(&mut out).unwrap(), None);
+        assert!(tx.next_slot().is_some(), "room again once the peer read");
     }
 
     /// A gather packet goes as one frame of its slot and continuation lines; when the
