@@ -22,10 +22,12 @@ pub(crate) enum Path {
     Read = 5,
     /// The receive fast path of an Atomic (`responder::atomic_fast`).
     Atomic = 6,
+    /// The completer's retire fast path (`completer::retire_ok_fast`): counted per run.
+    Retire = 7,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 7;
+pub(crate) const PATHS: usize = 8;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };
