@@ -647,3 +647,221 @@ impl<T> Drop for ShmStorage<T> {
         flag.store(0, Ordering::Release);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Stamped heap ring
+// ---------------------------------------------------------------------------------------
+
+/// One slot of a stamped ring: the value and, beside it, the stamp of the index it holds.
+struct StampedSlot<T> {
+    /// `index + 1` of the value written last (0: never written).
+    stamp: sync::AtomicU64,
+    value: UnsafeCell<MaybeUninit<T>>,
+}
+
+struct StampedRing<T> {
+    slots: Box<[StampedSlot<T>]>,
+    /// The consumer's index, as last published.
+    head: CachePadded<sync::AtomicU64>,
+}
+
+// SAFETY: a slot's value is only touched under the stamped SPSC protocol: written by the
+// one producer while the consumer cannot take it (before the Release store of its stamp)
+// and read by the one consumer while the producer cannot reuse it (before the Release
+// store of head), so shared access from two threads never races; T: Send lets values move.
+unsafe impl<T: Send> Sync for StampedRing<T> {}
+
+/// A ring of `capacity` slots (a power of two, checked by the caller) in one process whose
+/// consumer knows a slot is full from the slot's own stamp, not from a producer index
+/// (mlx5's CQE owner bit, with a lap stamp): see [`stamped_ring`](super::stamped_ring).
+pub(super) fn stamped_pair<T: Copy>(capacity: usize) -> (StampedProducer<T>, StampedConsumer<T>) {
+    let ring = Arc::new(StampedRing {
+        slots: (0..capacity)
+            .map(|_| StampedSlot {
+                stamp: sync::AtomicU64::new(0),
+                value: UnsafeCell::new(MaybeUninit::uninit()),
+            })
+            .collect(),
+        head: CachePadded::new(sync::AtomicU64::new(0)),
+    });
+    let mask = capacity as u64 - 1;
+    (
+        StampedProducer {
+            ring: Arc::clone(&ring),
+            tail: 0,
+            cached_head: 0,
+            mask,
+        },
+        StampedConsumer {
+            ring,
+            head: 0,
+            mask,
+        },
+    )
+}
+
+/// The writing end of a stamped ring (see [`stamped_ring`](super::stamped_ring)).
+pub struct StampedProducer<T> {
+    ring: Arc<StampedRing<T>>,
+    /// The next index to write (private: the consumer goes by the stamps).
+    tail: u64,
+    /// The consumer's index as last loaded.
+    cached_head: u64,
+    mask: u64,
+}
+
+impl<T> std::fmt::Debug for StampedProducer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedProducer")
+            .field("tail", &self.tail)
+            .field("cached_head", &self.cached_head)
+            .field("capacity", &(self.mask + 1))
+            .finish()
+    }
+}
+
+impl<T: Copy> StampedProducer<T> {
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        (self.mask + 1) as usize
+    }
+
+    /// Whether one more value fits. Reloads the consumer's index only when the cached one
+    /// says the ring is full.
+    #[inline(always)]
+    pub fn has_room(&mut self) -> bool {
+        self.tail.wrapping_sub(self.cached_head) <= self.mask || self.refresh_head()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refresh_head(&mut self) -> bool {
+        // SYNC POINT: Acquire pairs with the Release store in `StampedConsumer::publish`:
+        // the consumer's copies out of the slots it released happen before we rewrite them.
+        let order = sync::mutation::weaken(Ordering::Acquire, "StampedRing head load");
+        let head = self.ring.head.load(order);
+        // Only the consumer of this process moves it: forward, never past tail.
+        debug_assert!(
+            head.wrapping_sub(self.cached_head) <= self.tail.wrapping_sub(self.cached_head),
+            "the consumer's index moves forward and never passes the producer's"
+        );
+        self.cached_head = head;
+        self.tail.wrapping_sub(head) <= self.mask
+    }
+
+    /// Free slots now (reloads the consumer's index).
+    pub fn free_slots(&mut self) -> usize {
+        self.refresh_head();
+        (self.mask + 1 - self.tail.wrapping_sub(self.cached_head)) as usize
+    }
+
+    /// Writes `value` into the next slot and stamps it.
+    ///
+    /// # Errors
+    ///
+    /// The value back if the ring is full.
+    #[inline(always)]
+    pub fn push(&mut self, value: T) -> Result<(), T> {
+        if !self.has_room() {
+            return Err(value);
+        }
+        let tail = self.tail;
+        let slot = &self.ring.slots[(tail & self.mask) as usize];
+        // SAFETY: the slot is free (the consumer released it: `has_room`, Acquire on head,
+        // or never used), and this end is the only producer (`&mut self`).
+        slot.value
+            .with_mut(|p| unsafe { p.write(MaybeUninit::new(value)) });
+        // SYNC POINT: Release pairs with the Acquire load in `StampedConsumer::take`: the
+        // value written above is visible to a consumer that sees this stamp.
+        let order = sync::mutation::weaken(Ordering::Release, "StampedRing stamp store");
+        slot.stamp.store(tail.wrapping_add(1), order);
+        self.tail = tail.wrapping_add(1);
+        Ok(())
+    }
+}
+
+/// The reading end of a stamped ring (see [`stamped_ring`](super::stamped_ring)).
+pub struct StampedConsumer<T> {
+    ring: Arc<StampedRing<T>>,
+    /// The next index to read.
+    head: u64,
+    mask: u64,
+}
+
+impl<T> std::fmt::Debug for StampedConsumer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedConsumer")
+            .field("head", &self.head)
+            .field("capacity", &(self.mask + 1))
+            .finish()
+    }
+}
+
+impl<T: Copy> StampedConsumer<T> {
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        (self.mask + 1) as usize
+    }
+
+    /// The slot of index `head`, if it holds that index's value.
+    #[inline(always)]
+    fn take(&self, head: u64) -> Option<&StampedSlot<T>> {
+        let slot = &self.ring.slots[(head & self.mask) as usize];
+        // SYNC POINT: Acquire pairs with the Release store of the stamp in
+        // `StampedProducer::push`: the value is the one written with this stamp.
+        let order = sync::mutation::weaken(Ordering::Acquire, "StampedRing stamp load");
+        (slot.stamp.load(order) == head.wrapping_add(1)).then_some(slot)
+    }
+
+    /// Whether the ring looks empty: one load, the stamp of the next slot.
+    #[inline(always)]
+    pub fn looks_empty(&self) -> bool {
+        self.take(self.head).is_none()
+    }
+
+    /// Hands up to `max` values, oldest first, to `f`; returns how many. Publishes the
+    /// consumer's index once, after the last.
+    #[inline(always)]
+    pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(slot) = self.take(self.head) else {
+                break;
+            };
+            // SAFETY: the slot's stamp says it holds the value of index `head`, written
+            // before the stamp's Release store our Acquire load saw; the producer does not
+            // rewrite it before we publish a head past it (below, after the copy).
+            let value = slot.value.with(|p| unsafe { p.cast::<T>().read() });
+            self.head = self.head.wrapping_add(1);
+            n += 1;
+            f(value);
+        }
+        if n > 0 {
+            // SYNC POINT: Release pairs with the Acquire load in
+            // `StampedProducer::refresh_head`: our copies happen before the rewrites.
+            let order = sync::mutation::weaken(Ordering::Release, "StampedRing head store");
+            self.ring.head.store(self.head, order);
+        }
+        n
+    }
+
+    /// Moves up to `out.len()` values into `out`; returns how many.
+    #[inline(always)]
+    pub fn pop_burst(&mut self, out: &mut [T]) -> usize {
+        let max = out.len();
+        let mut slots = out.iter_mut();
+        self.pop_each(max, |v| {
+            if let Some(o) = slots.next() {
+                *o = v;
+            }
+        })
+    }
+
+    /// One value, if there is one.
+    #[inline]
+    pub fn pop(&mut self) -> Option<T> {
+        let mut got = None;
+        self.pop_each(1, |v| got = Some(v));
+        got
+    }
+}
