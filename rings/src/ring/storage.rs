@@ -653,6 +653,10 @@ impl<T> Drop for ShmStorage<T> {
 // ---------------------------------------------------------------------------------------
 
 /// One slot of a stamped ring: the value and, beside it, the stamp of the index it holds.
+/// A cache line of its own (for a value of up to 56 bytes: a completion is 40), as an
+/// mlx5 CQE: the consumer reading one slot and the producer writing the next never share
+/// a line, and a slot's address is its index shifted.
+#[repr(C, align(64))]
 struct StampedSlot<T> {
     /// `index + 1` of the value written last (0: never written).
     stamp: sync::AtomicU64,
@@ -685,24 +689,56 @@ pub(super) fn stamped_pair<T: Copy>(capacity: usize) -> (StampedProducer<T>, Sta
         head: CachePadded::new(sync::AtomicU64::new(0)),
     });
     let mask = capacity as u64 - 1;
+    let base = NonNull::from(&ring.slots[0]);
     (
         StampedProducer {
             ring: Arc::clone(&ring),
+            base,
             tail: 0,
             cached_head: 0,
             mask,
         },
         StampedConsumer {
             ring,
-            head: 0,
+            base,
+            next: base,
+            want: 1,
             mask,
         },
     )
 }
 
+/// The slot of `index` in the slots at `base` (`mask + 1` of them).
+///
+/// # Safety
+///
+/// `base` points to the first of the `mask + 1` slots of a ring that outlives the
+/// returned reference.
+#[inline(always)]
+unsafe fn stamped_slot<'a, T>(
+    base: NonNull<StampedSlot<T>>,
+    mask: u64,
+    index: u64,
+) -> &'a StampedSlot<T> {
+    // SAFETY: `index & mask` < `mask + 1`, the number of slots from `base` (the caller's
+    // promise), so the pointer is in bounds of the slot array and the slot lives as long
+    // as the ring does.
+    unsafe { &*base.as_ptr().add((index & mask) as usize) }
+}
+
+// SAFETY: an end holds its ring (an `Arc` of a `Sync` ring) and a pointer into it, which
+// stays valid wherever the end goes; the SPSC protocol needs only that each end is used by
+// one thread at a time (`&mut self` for every operation that moves it).
+unsafe impl<T: Send> Send for StampedProducer<T> {}
+// SAFETY: as for the producer.
+unsafe impl<T: Send> Send for StampedConsumer<T> {}
+
 /// The writing end of a stamped ring (see [`stamped_ring`](super::stamped_ring)).
 pub struct StampedProducer<T> {
+    /// Keeps the slots alive (`base` points into them).
     ring: Arc<StampedRing<T>>,
+    /// The first slot (read through [`stamped_slot`]: no bounds check, no second load).
+    base: NonNull<StampedSlot<T>>,
     /// The next index to write (private: the consumer goes by the stamps).
     tail: u64,
     /// The consumer's index as last loaded.
@@ -766,7 +802,8 @@ impl<T: Copy> StampedProducer<T> {
             return Err(value);
         }
         let tail = self.tail;
-        let slot = &self.ring.slots[(tail & self.mask) as usize];
+        // SAFETY: `base` points to the `mask + 1` slots of `self.ring`, which we hold.
+        let slot = unsafe { stamped_slot(self.base, self.mask, tail) };
         // SAFETY: the slot is free (the consumer released it: `has_room`, Acquire on head,
         // or never used), and this end is the only producer (`&mut self`).
         slot.value
@@ -782,16 +819,22 @@ impl<T: Copy> StampedProducer<T> {
 
 /// The reading end of a stamped ring (see [`stamped_ring`](super::stamped_ring)).
 pub struct StampedConsumer<T> {
+    /// Keeps the slots alive (`base` points into them).
     ring: Arc<StampedRing<T>>,
-    /// The next index to read.
-    head: u64,
+    /// The first slot (read through [`stamped_slot`]: no bounds check, no second load).
+    base: NonNull<StampedSlot<T>>,
+    /// The slot of the next index to read, `want - 1` (an empty look is two loads and a
+    /// compare: this pointer, the stamp it points to, against `want`).
+    next: NonNull<StampedSlot<T>>,
+    /// The stamp the next value carries: the next index to read, plus 1.
+    want: u64,
     mask: u64,
 }
 
 impl<T> std::fmt::Debug for StampedConsumer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StampedConsumer")
-            .field("head", &self.head)
+            .field("head", &self.want.wrapping_sub(1))
             .field("capacity", &(self.mask + 1))
             .finish()
     }
@@ -803,20 +846,21 @@ impl<T: Copy> StampedConsumer<T> {
         (self.mask + 1) as usize
     }
 
-    /// The slot of index `head`, if it holds that index's value.
+    /// The slot of the next index, if it holds that index's value.
     #[inline(always)]
-    fn take(&self, head: u64) -> Option<&StampedSlot<T>> {
-        let slot = &self.ring.slots[(head & self.mask) as usize];
+    fn take(&self) -> Option<&StampedSlot<T>> {
+        // SAFETY: `next` points to slot `(want - 1) & mask` of `self.ring`, which we hold.
+        let slot = unsafe { self.next.as_ref() };
         // SYNC POINT: Acquire pairs with the Release store of the stamp in
         // `StampedProducer::push`: the value is the one written with this stamp.
         let order = sync::mutation::weaken(Ordering::Acquire, "StampedRing stamp load");
-        (slot.stamp.load(order) == head.wrapping_add(1)).then_some(slot)
+        (slot.stamp.load(order) == self.want).then_some(slot)
     }
 
     /// Whether the ring looks empty: one load, the stamp of the next slot.
     #[inline(always)]
     pub fn looks_empty(&self) -> bool {
-        self.take(self.head).is_none()
+        self.take().is_none()
     }
 
     /// Hands up to `max` values, oldest first, to `f`; returns how many. Publishes the
@@ -825,14 +869,17 @@ impl<T: Copy> StampedConsumer<T> {
     pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
         let mut n = 0;
         while n < max {
-            let Some(slot) = self.take(self.head) else {
+            let Some(slot) = self.take() else {
                 break;
             };
-            // SAFETY: the slot's stamp says it holds the value of index `head`, written
+            // SAFETY: the slot's stamp says it holds the value of index `want - 1`, written
             // before the stamp's Release store our Acquire load saw; the producer does not
-            // rewrite it before we publish a head past it (below, after the copy).
+            // rewrite it before we publish an index past it (below, after the copy).
             let value = slot.value.with(|p| unsafe { p.cast::<T>().read() });
-            self.head = self.head.wrapping_add(1);
+            // SAFETY: `base` points to the `mask + 1` slots of `self.ring`, which we hold;
+            // the slot of index `want` is the next one to read.
+            self.next = NonNull::from(unsafe { stamped_slot(self.base, self.mask, self.want) });
+            self.want = self.want.wrapping_add(1);
             n += 1;
             f(value);
         }
@@ -840,7 +887,7 @@ impl<T: Copy> StampedConsumer<T> {
             // SYNC POINT: Release pairs with the Acquire load in
             // `StampedProducer::refresh_head`: our copies happen before the rewrites.
             let order = sync::mutation::weaken(Ordering::Release, "StampedRing head store");
-            self.ring.head.store(self.head, order);
+            self.ring.head.store(self.want.wrapping_sub(1), order);
         }
         n
     }
