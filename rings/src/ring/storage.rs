@@ -721,9 +721,12 @@ unsafe fn stamped_slot<'a, T>(
     index: u64,
 ) -> &'a StampedSlot<T> {
     // SAFETY: `index & mask` < `mask + 1`, the number of slots from `base` (the caller's
-    // promise), so the pointer is in bounds of the slot array and the slot lives as long
-    // as the ring does.
-    unsafe { &*base.as_ptr().add((index & mask) as usize) }
+    // promise): the offset stays in bounds of the slot array.
+    let slot = unsafe { base.add((index & mask) as usize) };
+    // SAFETY: an in-bounds, initialised slot of a ring that outlives the reference (the
+    // caller's promise); slots are only ever shared (`&`), their contents are atomics and
+    // cells.
+    unsafe { slot.as_ref() }
 }
 
 // SAFETY: an end holds its ring (an `Arc` of a `Sync` ring) and a pointer into it, which
