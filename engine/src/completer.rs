@@ -21,7 +21,7 @@ use crate::user_mem::Local;
 use crate::wire::aeth::{AethRepr, CreditCode, Syndrome};
 use crate::wire::opcode::{OpClass, Position};
 use crate::wire::slot::{KeptAck, Payload, RxPacket};
-use crate::wqe::WqeOp;
+use crate::wqe::{WqeFlags, WqeOp};
 
 /// Handles one response packet addressed to this QP's SQ Logic.
 pub(crate) fn on_response(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
@@ -383,9 +383,114 @@ pub(crate) fn retire(qp: &mut QpSlot, env: &mut Env<'_>) {
     retire_some(qp, env);
 }
 
-/// [`retire`] when the oldest WQE is done, or in the Error state.
+/// [`retire`] when the oldest WQE is done, or in the Error state: the common case in a
+/// straight line ([`retire_ok_fast`]), anything else the core's way.
 #[inline(never)]
 fn retire_some(qp: &mut QpSlot, env: &mut Env<'_>) {
+    if fast_paths_on() && retire_ok_fast(qp, env) {
+        return;
+    }
+    retire_full(qp, env);
+}
+
+/// The retire fast path (issue 27): outside the Error state, the oldest WQEs done with
+/// success and holding one range or none (no gather table to read) retire in a tight loop,
+/// with the core's order and rules ([`shmhca_proto::completer::retire`]): a signaled one
+/// only if the send CQ has room (else it and the rest stay), its memory released and the
+/// retired count published before its completion is pushed; unsignaled ones without a
+/// completion, published with the next signaled one or at the end. The send CQ is looked
+/// up once per completion ([`CqTable::push_with`](crate::tables::cq::CqTable::push_with)).
+///
+/// Returns true if it did all that retiring does now (it stopped at a WQE not done, at the
+/// end of the started WQEs, or at a full send CQ); false at a WQE it leaves to the full
+/// path (done with an error, a list of several elements) or in the Error state, with what
+/// it retired before published, so that the full path goes on from there.
+#[inline(always)]
+fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
+    if qp.proto.state == QpState::Error {
+        return false;
+    }
+    let (qpn, send_cq) = (qp.proto.qpn, qp.proto.send_cq);
+    let res = &mut *env.res;
+    let req = &mut qp.proto.req;
+    let shared = &*qp.shared;
+    let mut published = req.window().retired();
+    let all = loop {
+        let win = req.window();
+        let seq = win.retired();
+        if seq == win.started() {
+            break true;
+        }
+        let w = win.wqe(seq);
+        match w.done {
+            Some(WcStatus::Success) => {}
+            None => break true,
+            Some(_) => break false,
+        }
+        let (wr_id, op, len, flags) = (w.wqe.wr_id, w.wqe.op, w.wqe.len, w.wqe.flags);
+        let mr = match w.wqe.data {
+            DataLoc::Empty => crate::wqe::NO_MR,
+            DataLoc::Single(e) => e.mr,
+            DataLoc::Table { .. } => break false,
+        };
+        if !flags.has(WqeFlags::SIGNALED) {
+            if mr != crate::wqe::NO_MR {
+                res.mrs.release(mr, &mut res.pds);
+            }
+            req.drop_oldest();
+            continue;
+        }
+        let pushed = res.cqs.push_with(
+            send_cq,
+            #[inline(always)]
+            || {
+                if mr != crate::wqe::NO_MR {
+                    res.mrs.release(mr, &mut res.pds);
+                }
+                req.drop_oldest();
+                published = req.window().retired();
+                publish_retired(shared, published);
+                WorkCompletion {
+                    wr_id,
+                    status: WcStatus::Success,
+                    opcode: shmhca_proto::completer::wc_opcode(op),
+                    byte_len: if op == WqeOp::Read { len } else { 0 },
+                    imm_data: None,
+                    qp_num: qpn,
+                    solicited: false,
+                    invalidated_rkey: None,
+                }
+            },
+        );
+        if !pushed {
+            break true; // the send CQ is full: the rest wait for the application's poll
+        }
+    };
+    let retired = req.window().retired();
+    if published != retired {
+        publish_retired(shared, retired);
+    }
+    #[cfg(test)]
+    crate::probe::count(crate::probe::Path::Retire);
+    all
+}
+
+/// Tells the application that the send WQEs before `retired` are retired
+/// ([`QpShared::sq_retired`](crate::context::QpShared::sq_retired)).
+#[inline(always)]
+fn publish_retired(shared: &crate::context::QpShared, retired: u64) {
+    // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done
+    // with the retired WQEs' slots and buffers before the application reuses them. It
+    // precedes the completion's push (itself a Release), so an application that saw the
+    // completion sees the slot free.
+    // (Mutation point of the loom models: this store with Relaxed.)
+    let order = crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
+    shared.sq_retired.store(retired, order);
+}
+
+/// [`retire_some`] the core's way ([`shmhca_proto::completer::retire`]).
+#[inline(never)]
+fn retire_full(qp: &mut QpSlot, env: &mut Env<'_>) {
     let (state, qpn) = (qp.proto.state, qp.proto.qpn);
     let mut c = Completions {
         send_cq: qp.proto.send_cq,
@@ -423,14 +528,7 @@ impl SendCompletions for Completions<'_, '_, '_> {
 
     #[inline]
     fn publish(&mut self, retired: u64) {
-        // SYNC: Release pairs with the Acquire load in `Qp::post_send`: the engine is done
-        // with the retired WQEs' slots and buffers before the application reuses them. It
-        // precedes the completion's push (itself a Release), so an application that saw
-        // the completion sees the slot free.
-        // (Mutation point of the loom models: this store with Relaxed.)
-        let order =
-            crate::sync::weaken(crate::sync::Ordering::Release, "completer sq_retired store");
-        self.shared.sq_retired.store(retired, order);
+        publish_retired(self.shared, retired);
     }
 
     #[inline]

@@ -25,10 +25,12 @@ pub(crate) enum Path {
     /// A post's packet written straight into the link's ring, not staged
     /// (`TxBatch::send_line`).
     DirectPost = 7,
+    /// The completer's retire fast path (`completer::retire_ok_fast`): counted per run.
+    Retire = 8,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 8;
+pub(crate) const PATHS: usize = 9;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

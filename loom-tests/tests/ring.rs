@@ -1,5 +1,6 @@
 //! The ring under loom (or, without `--cfg shmhca_loom`, as a std-thread stress test), on
-//! both storages: the heap (`HeapStorage`, the engine's SQ, RQ and CQ) and shared memory
+//! both storages: the heap (`HeapStorage`, the engine's SQ and RQ; its CQs are stamped rings, see
+//! `tests/stamped.rs`) and shared memory
 //! (`ShmStorage`, the engine's links: a real memfd segment, with loom atomics and slot
 //! cells placed in it under loom; the index code is the real one).
 //!

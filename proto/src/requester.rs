@@ -506,16 +506,24 @@ impl Requester {
     /// Retires the oldest WQE (done, or flushed) and does the SQ Logic's bookkeeping;
     /// returns it.
     pub fn retire_oldest(&mut self) -> SendWqe {
+        let w = *self.window.wqe(self.window.retired());
+        self.drop_oldest();
+        w
+    }
+
+    /// [`Requester::retire_oldest`] without the WQE handed back (for a caller that read
+    /// what it needs of it in place, as the engine's retire fast path does).
+    #[inline]
+    pub fn drop_oldest(&mut self) {
         let seq = self.window.retired();
         let was_started = seq < self.window.started();
-        let w = self.window.retire_oldest();
-        if was_started && w.wqe.op.is_rd_atomic() {
+        if was_started && self.window.wqe(seq).wqe.op.is_rd_atomic() {
             self.rd_atomic -= 1;
         }
+        self.window.drop_oldest();
         if self.limited == Some(seq) {
             self.limited = None;
         }
-        w
     }
 
     /// Whether the window has room for one more WQE from the send queue.

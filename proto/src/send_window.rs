@@ -362,6 +362,14 @@ impl SendWindow {
     /// Retires the oldest WQE (done, or flushed); returns it.
     pub fn retire_oldest(&mut self) -> SendWqe {
         let w = *self.wqe(self.retired);
+        self.drop_oldest();
+        w
+    }
+
+    /// [`SendWindow::retire_oldest`] without the WQE handed back (for a caller that read
+    /// what it needs of it in place).
+    #[inline]
+    pub fn drop_oldest(&mut self) {
         self.retired += 1;
         if self.tx.seq < self.retired {
             self.tx = TxPoint {
@@ -371,7 +379,6 @@ impl SendWindow {
             };
         }
         self.started = self.started.max(self.retired);
-        w
     }
 }
 

@@ -1092,6 +1092,68 @@ fn acks_of_the_oldest_sends_take_the_ack_fast_path() {
     assert_eq!(out.sent.len(), 3, "the three requests");
 }
 
+/// Retiring (issue 27): WQEs done with success retire on the completer's retire fast path,
+/// several at once in its loop, as the core's retire retires them: a signaled one with its
+/// completion, an unsignaled one without (its slot published with the next signaled one,
+/// or at the end), a Read's with its length. A WQE done with an error (a Nak) leaves it to
+/// the core's retire, which flushes the rest.
+#[test]
+fn done_wqes_retire_on_the_retire_fast_path_as_in_the_core() {
+    fn post_quiet(r: &mut Rig, wr_id: u64, at: u64, signaled: bool) {
+        let sge = [r.mr.sge(at, 4).unwrap()];
+        let flags = if signaled {
+            crate::SendFlags::SIGNALED
+        } else {
+            crate::SendFlags::NONE
+        };
+        let wr = SendWr::new(wr_id, SendOp::Send, &sge).flags(flags);
+        r.qp.post_send(&wr).unwrap();
+    }
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(r, 8, &[Op::Send(4)]);
+        post_quiet(r, 1, 1024, false);
+        post_quiet(r, 2, 2048, false);
+        post_quiet(r, 3, 3072, true);
+        post_quiet(r, 4, 4096, false);
+        r.step();
+        // The first three: a signaled one and two unsignaled ones behind it.
+        respond(r, 2, credits(6), 3);
+        r.step();
+        // The fourth (signaled), then the fifth alone (unsignaled: no completion).
+        respond(r, 3, credits(6), 4);
+        r.step();
+        respond(r, 4, credits(6), 5);
+        r.step();
+    });
+    assert_eq!(taken[Path::Retire as usize], 3, "one run per Ack");
+    let ids: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [0, 3]);
+    assert!(out.req.starts_with("(5, 5, 5,"), "all retired: {}", out.req);
+    // A Read's completion carries its length; a Nak'd Write fails, and the Send behind it
+    // is flushed (the core's retire, after the fast path retired the Read).
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(r, 8, &[Op::Read(8), Op::Write(8), Op::Send(4)]);
+        read_response(r, 0, 1, b"readdata");
+        r.step();
+        respond(r, 1, Syndrome::Nak(NakCode::RemoteAccessError), 1);
+        r.step();
+    });
+    assert!(taken[Path::Retire as usize] >= 1);
+    let got: Vec<_> = out
+        .completions
+        .iter()
+        .map(|c| (c.wr_id, c.status, c.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, crate::WcStatus::Success, 8),
+            (1, crate::WcStatus::RemAccessErr, 0),
+            (2, crate::WcStatus::WrFlushErr, 0)
+        ]
+    );
+}
+
 /// Duplicate and unsolicited positive Acks (credit updates: the responder sends one when
 /// its receive queue grows back from nearly empty) take the completer's credit fast path,
 /// which leaves what the slow path leaves: the credits, and nothing else. Among them one
@@ -1574,7 +1636,7 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
     assert_eq!(none, [0; crate::probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
-    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shmhca_rings::doorbell::Doorbell;
-use shmhca_rings::ring::{HeapStorage, Producer};
+use shmhca_rings::ring::StampedProducer;
 
 use crate::completion::{WcStatus, WorkCompletion};
 use crate::slots::SlotTable;
@@ -115,8 +115,9 @@ impl Notify {
     }
 }
 
-/// The engine's end of a completion queue.
-pub(crate) type CqProducer = Producer<WorkCompletion, HeapStorage<WorkCompletion>>;
+/// The engine's end of a completion queue: a stamped ring (issue 27, item 8), whose
+/// reader, the application, knows a completion is there from its slot's stamp.
+pub(crate) type CqProducer = StampedProducer<WorkCompletion>;
 
 /// The completion queues of an engine, as producers.
 ///
@@ -132,29 +133,10 @@ pub(crate) struct CqTable {
 
 /// One completion queue: its ring and its notification state (private to the engine).
 struct CqSlot {
+    /// The ring's writer. It keeps the application's index as last loaded, so that a check
+    /// for room reloads that index once per queue-full of completions, not on every one.
     producer: CqProducer,
-    /// Slots known free: at most the ring's free slots (only this end fills them; the
-    /// application's polls only add more). Counted down by each push and refreshed from
-    /// the ring only when it reaches 0, so that a check for room reloads the consumer's
-    /// index once per `room` completions, not on every one.
-    room: usize,
     notify: Notify,
-}
-
-impl CqSlot {
-    /// Whether the queue can take one more completion.
-    #[inline]
-    fn has_room(&mut self) -> bool {
-        if self.room == 0 {
-            // A heap ring of this process cannot be broken by a peer.
-            self.room = self.producer.free_slots().unwrap_or(0);
-        }
-        debug_assert!(
-            self.room <= self.producer.free_slots().unwrap_or(0),
-            "the cached room never exceeds the ring's free slots"
-        );
-        self.room > 0
-    }
 }
 
 /// Bits of a CQ number that index the table; the rest is the generation.
@@ -177,7 +159,6 @@ impl CqTable {
     /// [`MAX_CQS`].
     pub(crate) fn insert(&mut self, producer: CqProducer) -> Option<CqId> {
         let (index, generation) = self.cqs.insert_with(|_, _| CqSlot {
-            room: 0,
             producer,
             notify: Default::default(),
         })?;
@@ -203,7 +184,7 @@ impl CqTable {
     /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
     /// completions have nowhere to go).
     pub(crate) fn has_room(&mut self, cq: CqId) -> bool {
-        self.get(cq).is_none_or(CqSlot::has_room)
+        self.get(cq).is_none_or(|s| s.producer.has_room())
     }
 
     /// Pushes a completion; false if the queue is full (nothing is lost: the caller keeps
@@ -213,11 +194,9 @@ impl CqTable {
     pub(crate) fn push(&mut self, cq: CqId, wc: WorkCompletion) -> bool {
         match self.get(cq) {
             Some(s) => {
-                // (No check of the cached room here: the callers asked `has_room` first,
-                // and the ring's push checks its own free slots.)
+                // (The callers asked `has_room` first; the ring's push checks it again,
+                // from its cached copy of the application's index.)
                 let pushed = s.producer.push(wc).is_ok();
-                debug_assert!(pushed || !s.has_room(), "a full queue refused it");
-                s.room = s.room.saturating_sub(usize::from(pushed));
                 if pushed && s.notify.on_push(&wc) {
                     self.set_armed(self.armed - 1);
                 }
@@ -225,6 +204,30 @@ impl CqTable {
             }
             None => true,
         }
+    }
+
+    /// Pushes the completion `make` returns if `cq` has room for one more, looking the
+    /// queue up once: `make` runs only then, and does what must come before the push (a
+    /// send WQE's release and the publication of its slot). False, with `make` not run,
+    /// if the queue is full (the caller keeps the work request and tries again later). A
+    /// destroyed queue takes everything (`make` runs; its completion goes nowhere). Raises
+    /// the queue's event if it is armed for this completion.
+    #[inline(always)]
+    pub(crate) fn push_with(&mut self, cq: CqId, make: impl FnOnce() -> WorkCompletion) -> bool {
+        let mut slot = self.get(cq);
+        if slot.as_mut().is_some_and(|s| !s.producer.has_room()) {
+            return false;
+        }
+        // (One call of `make`, so that it is compiled in line.)
+        let wc = make();
+        if let Some(s) = slot {
+            let pushed = s.producer.push(wc).is_ok();
+            debug_assert!(pushed, "room was checked");
+            if s.notify.on_push(&wc) {
+                self.set_armed(self.armed - 1);
+            }
+        }
+        true
     }
 
     /// Whether `cq` is armed for a notification.
@@ -304,7 +307,8 @@ mod tests {
     /// refused while a slot is free.
     #[test]
     fn the_cq_table_room_follows_the_applications_polls() {
-        let (producer, mut consumer) = shmhca_rings::ring::heap_ring::<WorkCompletion>(4).unwrap();
+        let (producer, mut consumer) =
+            shmhca_rings::ring::stamped_ring::<WorkCompletion>(4).unwrap();
         let mut cqs = CqTable::default();
         let cq = cqs.insert(producer).unwrap();
         let wc = |wr_id| WorkCompletion {
@@ -327,13 +331,13 @@ mod tests {
             assert!(!cqs.push(cq, wc(99)), "a full queue refuses the completion");
             // The application takes `round % 4 + 1` of them: that much room again.
             for _ in 0..round % 4 + 1 {
-                assert_eq!(consumer.pop().unwrap().unwrap().wr_id, polled);
+                assert_eq!(consumer.pop().unwrap().wr_id, polled);
                 polled += 1;
             }
             assert!(cqs.has_room(cq), "round {round}: a poll makes room");
         }
         // Nothing was lost or duplicated: the rest come out in order.
-        while let Some(w) = consumer.pop().unwrap() {
+        while let Some(w) = consumer.pop() {
             assert_eq!(w.wr_id, polled);
             polled += 1;
         }
@@ -341,5 +345,35 @@ mod tests {
         // A destroyed queue takes everything.
         cqs.remove(cq);
         assert!(cqs.has_room(cq) && cqs.push(cq, wc(0)));
+    }
+
+    /// `push_with` (the retire fast path's push): what comes before a completion (`make`)
+    /// runs only when the queue has room for it; a full queue refuses with `make` not run,
+    /// until the application polls; a destroyed queue runs `make` and takes the completion.
+    #[test]
+    fn push_with_makes_the_completion_only_when_there_is_room() {
+        let (producer, mut consumer) =
+            shmhca_rings::ring::stamped_ring::<WorkCompletion>(2).unwrap();
+        let mut cqs = CqTable::default();
+        let cq = cqs.insert(producer).unwrap();
+        let mut made = 0;
+        let mut make = |wr_id| {
+            made += 1;
+            WorkCompletion {
+                wr_id,
+                ..WorkCompletion::default()
+            }
+        };
+        assert!(cqs.push_with(cq, || make(1)));
+        assert!(cqs.push_with(cq, || make(2)));
+        assert!(!cqs.push_with(cq, || make(3)), "full");
+        assert!(!cqs.has_room(cq));
+        assert_eq!(consumer.pop().unwrap().wr_id, 1);
+        assert!(cqs.push_with(cq, || make(4)), "a poll made room");
+        let ids: Vec<_> = std::iter::from_fn(|| consumer.pop().map(|w| w.wr_id)).collect();
+        assert_eq!(ids, [2, 4]);
+        cqs.remove(cq);
+        assert!(cqs.push_with(cq, || make(5)), "a destroyed queue takes it");
+        assert_eq!(made, 4, "the refused one was never made");
     }
 }

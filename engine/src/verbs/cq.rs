@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shmhca_rings::ring::{Consumer, HeapStorage, heap_ring};
+use shmhca_rings::ring::{StampedConsumer, stamped_ring};
 
 use crate::completion::WorkCompletion;
 use crate::device::Device;
@@ -43,7 +43,9 @@ pub(crate) const MAX_CQ_DEPTH: u32 = crate::limits::MAX_CQ_DEPTH;
 pub struct Cq {
     shared: Arc<Device>,
     pub(crate) cqn: shmhca_proto::ids::CqId,
-    consumer: Consumer<WorkCompletion, HeapStorage<WorkCompletion>>,
+    /// The application's end of the queue's stamped ring: a completion is there when its
+    /// slot's stamp says so (one load), no producer index to read first.
+    consumer: StampedConsumer<WorkCompletion>,
     /// The channel this queue reports to and its slot there.
     channel: Option<(Arc<Signal>, u32)>,
     /// A channel of its own, made by the first [`Cq::wait`] in poll mode.
@@ -61,7 +63,7 @@ impl Cq {
                 format!("{depth}; a CQ holds 1 to {MAX_CQ_DEPTH} completions"),
             ));
         }
-        let (producer, consumer) = heap_ring(depth.next_power_of_two() as usize)
+        let (producer, consumer) = stamped_ring(depth.next_power_of_two() as usize)
             .map_err(|e| Error::invalid("completion queue depth", e.to_string()))?;
         let cqn =
             shared
@@ -164,7 +166,7 @@ impl Cq {
         }
         loop {
             self.shared.progress_inline();
-            if self.consumer.available().is_ok_and(|n| n > 0) {
+            if !self.consumer.looks_empty() {
                 return Ok(true);
             }
             let left = match deadline.checked_duration_since(Instant::now()) {
@@ -175,7 +177,7 @@ impl Cq {
                 let _blocked = self.shared.block();
                 let consumer = &mut self.consumer;
                 self.shared
-                    .idle_wait(Some(left), || consumer.available().is_ok_and(|n| n > 0));
+                    .idle_wait(Some(left), || !consumer.looks_empty());
                 continue;
             }
             // About to sleep: an engine thread that stepped back for this thread's polls
@@ -188,7 +190,7 @@ impl Cq {
             }
             self.arm(Arm::Next);
             // Completions that arrived before the arm raised no event.
-            if self.consumer.available().is_ok_and(|n| n > 0) {
+            if !self.consumer.looks_empty() {
                 return Ok(true);
             }
             if let Some(ch) = self.own_channel.as_mut() {
@@ -219,12 +221,12 @@ impl Cq {
         n
     }
 
-    /// The pop of [`Cq::poll`], out of line: the poll that finds nothing then saves and
-    /// restores fewer registers than a copy loop needs.
-    #[inline(never)]
+    /// The pop of [`Cq::poll`], in line again since the stamped ring's pop needs no stack
+    /// frame (out of line it was, for the poll that finds nothing: the old ring's copy loop
+    /// saved and restored registers; now the empty poll costs the same either way).
+    #[inline(always)]
     fn pop_into(&mut self, out: &mut [WorkCompletion]) -> usize {
-        // A heap ring of this process cannot be broken by a peer.
-        self.consumer.pop_burst(out).unwrap_or(0)
+        self.consumer.pop_burst(out)
     }
 
     /// Hands up to `max` completions, oldest first, to `f`; returns how many. As
@@ -249,11 +251,10 @@ impl Cq {
             if self.shared.progress() == 0 && self.consumer.looks_empty() {
                 return 0;
             }
-            // A heap ring of this process cannot be broken by a peer.
-            return self.consumer.pop_each(max, f).unwrap_or(0);
+            return self.consumer.pop_each(max, f);
         }
         self.shared.on_app_poll(self.last_empty);
-        let n = self.consumer.pop_each(max, f).unwrap_or(0);
+        let n = self.consumer.pop_each(max, f);
         self.last_empty = n == 0;
         n
     }
@@ -262,10 +263,10 @@ impl Cq {
     pub fn poll_one(&mut self) -> Option<WorkCompletion> {
         if self.shared.mode == EngineMode::Inline {
             self.shared.progress();
-            return self.consumer.pop().ok().flatten();
+            return self.consumer.pop();
         }
         self.shared.on_app_poll(self.last_empty);
-        let wc = self.consumer.pop().ok().flatten();
+        let wc = self.consumer.pop();
         self.last_empty = wc.is_none();
         wc
     }

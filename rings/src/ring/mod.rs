@@ -52,7 +52,7 @@ use bytemuck::Pod;
 use crate::segment::{Access, Segment};
 use crate::sync::Ordering;
 use storage::{End, RawStorage, RingMeta};
-pub use storage::{HeapStorage, ShmStorage, Storage};
+pub use storage::{HeapStorage, ShmStorage, StampedConsumer, StampedProducer, Storage};
 
 /// The largest capacity a ring accepts (2³¹ slots).
 pub const MAX_CAPACITY: usize = 1 << 31;
@@ -567,6 +567,48 @@ pub fn heap_ring<T: Copy + Send>(
     }
     let (ps, cs) = HeapStorage::new_pair(capacity);
     Ok((Producer::new(ps, 0, 0), Consumer::new(cs, 0, 0)))
+}
+
+/// A stamped ring of `capacity` slots on the heap, for use inside one process (a
+/// completion queue: the engine's thread writes, the application's reads).
+///
+/// Each slot carries, beside its value, the stamp of the index it holds (`index + 1`): the
+/// consumer knows the next value is there from that slot alone — one load of the line it
+/// reads anyway, no producer index to load first (mlx5's CQE owner bit, with a lap stamp)
+/// — and the producer stores no index after it. The consumer publishes its index once per
+/// [`StampedConsumer::pop_each`]; the producer reloads it only when its cached copy says
+/// the ring is full. Slot `i`'s stamp is `i + 1` (written this lap), `i + 1 - capacity`
+/// (the previous lap: not written yet) or 0 (never written): one comparison tells.
+///
+/// # Errors
+///
+/// [`CapacityError`] if `capacity` is 0, not a power of two or above [`MAX_CAPACITY`].
+///
+/// ```
+/// let (mut tx, mut rx) = shmhca_rings::ring::stamped_ring::<u32>(2).unwrap();
+/// assert!(rx.looks_empty());
+/// tx.push(1).unwrap();
+/// tx.push(2).unwrap();
+/// assert_eq!(tx.push(3), Err(3), "full");
+/// assert_eq!(rx.pop(), Some(1));
+/// tx.push(3).unwrap();
+/// let mut out = [0; 4];
+/// assert_eq!(rx.pop_burst(&mut out), 2);
+/// assert_eq!(&out[..2], &[2, 3]);
+/// assert_eq!(rx.pop(), None);
+/// ```
+pub fn stamped_ring<T: Copy + Send>(
+    capacity: usize,
+) -> Result<(StampedProducer<T>, StampedConsumer<T>), CapacityError> {
+    check_capacity(capacity)?;
+    if size_of::<T>()
+        .checked_add(8)
+        .and_then(|n| n.checked_mul(capacity))
+        .is_none_or(|n| isize::try_from(n).is_err())
+    {
+        return Err(CapacityError::TooLarge { capacity });
+    }
+    Ok(storage::stamped_pair(capacity))
 }
 
 /// Bytes a shared ring of `capacity` slots of `T` occupies (header and slots).

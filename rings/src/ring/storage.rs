@@ -647,3 +647,271 @@ impl<T> Drop for ShmStorage<T> {
         flag.store(0, Ordering::Release);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Stamped heap ring
+// ---------------------------------------------------------------------------------------
+
+/// One slot of a stamped ring: the value and, beside it, the stamp of the index it holds.
+/// A cache line of its own (for a value of up to 56 bytes: a completion is 40), as an
+/// mlx5 CQE: the consumer reading one slot and the producer writing the next never share
+/// a line, and a slot's address is its index shifted.
+#[repr(C, align(64))]
+struct StampedSlot<T> {
+    /// `index + 1` of the value written last (0: never written).
+    stamp: sync::AtomicU64,
+    value: UnsafeCell<MaybeUninit<T>>,
+}
+
+struct StampedRing<T> {
+    slots: Box<[StampedSlot<T>]>,
+    /// The consumer's index, as last published.
+    head: CachePadded<sync::AtomicU64>,
+}
+
+// SAFETY: a slot's value is only touched under the stamped SPSC protocol: written by the
+// one producer while the consumer cannot take it (before the Release store of its stamp)
+// and read by the one consumer while the producer cannot reuse it (before the Release
+// store of head), so shared access from two threads never races; T: Send lets values move.
+unsafe impl<T: Send> Sync for StampedRing<T> {}
+
+/// A ring of `capacity` slots (a power of two, checked by the caller) in one process whose
+/// consumer knows a slot is full from the slot's own stamp, not from a producer index
+/// (mlx5's CQE owner bit, with a lap stamp): see [`stamped_ring`](super::stamped_ring).
+pub(super) fn stamped_pair<T: Copy>(capacity: usize) -> (StampedProducer<T>, StampedConsumer<T>) {
+    let ring = Arc::new(StampedRing {
+        slots: (0..capacity)
+            .map(|_| StampedSlot {
+                stamp: sync::AtomicU64::new(0),
+                value: UnsafeCell::new(MaybeUninit::uninit()),
+            })
+            .collect(),
+        head: CachePadded::new(sync::AtomicU64::new(0)),
+    });
+    let mask = capacity as u64 - 1;
+    let base = NonNull::from(&ring.slots[0]);
+    (
+        StampedProducer {
+            ring: Arc::clone(&ring),
+            base,
+            tail: 0,
+            cached_head: 0,
+            mask,
+        },
+        StampedConsumer {
+            ring,
+            base,
+            next: base,
+            want: 1,
+            mask,
+        },
+    )
+}
+
+/// The slot of `index` in the slots at `base` (`mask + 1` of them).
+///
+/// # Safety
+///
+/// `base` points to the first of the `mask + 1` slots of a ring that outlives the
+/// returned reference.
+#[inline(always)]
+unsafe fn stamped_slot<'a, T>(
+    base: NonNull<StampedSlot<T>>,
+    mask: u64,
+    index: u64,
+) -> &'a StampedSlot<T> {
+    // SAFETY: `index & mask` < `mask + 1`, the number of slots from `base` (the caller's
+    // promise): the offset stays in bounds of the slot array.
+    let slot = unsafe { base.add((index & mask) as usize) };
+    // SAFETY: an in-bounds, initialised slot of a ring that outlives the reference (the
+    // caller's promise); slots are only ever shared (`&`), their contents are atomics and
+    // cells.
+    unsafe { slot.as_ref() }
+}
+
+// SAFETY: an end holds its ring (an `Arc` of a `Sync` ring) and a pointer into it, which
+// stays valid wherever the end goes; the SPSC protocol needs only that each end is used by
+// one thread at a time (`&mut self` for every operation that moves it).
+unsafe impl<T: Send> Send for StampedProducer<T> {}
+// SAFETY: as for the producer.
+unsafe impl<T: Send> Send for StampedConsumer<T> {}
+
+/// The writing end of a stamped ring (see [`stamped_ring`](super::stamped_ring)).
+pub struct StampedProducer<T> {
+    /// Keeps the slots alive (`base` points into them).
+    ring: Arc<StampedRing<T>>,
+    /// The first slot (read through [`stamped_slot`]: no bounds check, no second load).
+    base: NonNull<StampedSlot<T>>,
+    /// The next index to write (private: the consumer goes by the stamps).
+    tail: u64,
+    /// The consumer's index as last loaded.
+    cached_head: u64,
+    mask: u64,
+}
+
+impl<T> std::fmt::Debug for StampedProducer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedProducer")
+            .field("tail", &self.tail)
+            .field("cached_head", &self.cached_head)
+            .field("capacity", &(self.mask + 1))
+            .finish()
+    }
+}
+
+impl<T: Copy> StampedProducer<T> {
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        (self.mask + 1) as usize
+    }
+
+    /// Whether one more value fits. Reloads the consumer's index only when the cached one
+    /// says the ring is full.
+    #[inline(always)]
+    pub fn has_room(&mut self) -> bool {
+        self.tail.wrapping_sub(self.cached_head) <= self.mask || self.refresh_head()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refresh_head(&mut self) -> bool {
+        // SYNC POINT: Acquire pairs with the Release store in `StampedConsumer::publish`:
+        // the consumer's copies out of the slots it released happen before we rewrite them.
+        let order = sync::mutation::weaken(Ordering::Acquire, "StampedRing head load");
+        let head = self.ring.head.load(order);
+        // Only the consumer of this process moves it: forward, never past tail.
+        debug_assert!(
+            head.wrapping_sub(self.cached_head) <= self.tail.wrapping_sub(self.cached_head),
+            "the consumer's index moves forward and never passes the producer's"
+        );
+        self.cached_head = head;
+        self.tail.wrapping_sub(head) <= self.mask
+    }
+
+    /// Free slots now (reloads the consumer's index).
+    pub fn free_slots(&mut self) -> usize {
+        self.refresh_head();
+        (self.mask + 1 - self.tail.wrapping_sub(self.cached_head)) as usize
+    }
+
+    /// Writes `value` into the next slot and stamps it.
+    ///
+    /// # Errors
+    ///
+    /// The value back if the ring is full.
+    #[inline(always)]
+    pub fn push(&mut self, value: T) -> Result<(), T> {
+        if !self.has_room() {
+            return Err(value);
+        }
+        let tail = self.tail;
+        // SAFETY: `base` points to the `mask + 1` slots of `self.ring`, which we hold.
+        let slot = unsafe { stamped_slot(self.base, self.mask, tail) };
+        // SAFETY: the slot is free (the consumer released it: `has_room`, Acquire on head,
+        // or never used), and this end is the only producer (`&mut self`).
+        slot.value
+            .with_mut(|p| unsafe { p.write(MaybeUninit::new(value)) });
+        // SYNC POINT: Release pairs with the Acquire load in `StampedConsumer::take`: the
+        // value written above is visible to a consumer that sees this stamp.
+        let order = sync::mutation::weaken(Ordering::Release, "StampedRing stamp store");
+        slot.stamp.store(tail.wrapping_add(1), order);
+        self.tail = tail.wrapping_add(1);
+        Ok(())
+    }
+}
+
+/// The reading end of a stamped ring (see [`stamped_ring`](super::stamped_ring)).
+pub struct StampedConsumer<T> {
+    /// Keeps the slots alive (`base` points into them).
+    ring: Arc<StampedRing<T>>,
+    /// The first slot (read through [`stamped_slot`]: no bounds check, no second load).
+    base: NonNull<StampedSlot<T>>,
+    /// The slot of the next index to read, `want - 1` (an empty look is two loads and a
+    /// compare: this pointer, the stamp it points to, against `want`).
+    next: NonNull<StampedSlot<T>>,
+    /// The stamp the next value carries: the next index to read, plus 1.
+    want: u64,
+    mask: u64,
+}
+
+impl<T> std::fmt::Debug for StampedConsumer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedConsumer")
+            .field("head", &self.want.wrapping_sub(1))
+            .field("capacity", &(self.mask + 1))
+            .finish()
+    }
+}
+
+impl<T: Copy> StampedConsumer<T> {
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        (self.mask + 1) as usize
+    }
+
+    /// The slot of the next index, if it holds that index's value.
+    #[inline(always)]
+    fn take(&self) -> Option<&StampedSlot<T>> {
+        // SAFETY: `next` points to slot `(want - 1) & mask` of `self.ring`, which we hold.
+        let slot = unsafe { self.next.as_ref() };
+        // SYNC POINT: Acquire pairs with the Release store of the stamp in
+        // `StampedProducer::push`: the value is the one written with this stamp.
+        let order = sync::mutation::weaken(Ordering::Acquire, "StampedRing stamp load");
+        (slot.stamp.load(order) == self.want).then_some(slot)
+    }
+
+    /// Whether the ring looks empty: one load, the stamp of the next slot.
+    #[inline(always)]
+    pub fn looks_empty(&self) -> bool {
+        self.take().is_none()
+    }
+
+    /// Hands up to `max` values, oldest first, to `f`; returns how many. Publishes the
+    /// consumer's index once, after the last.
+    #[inline(always)]
+    pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(slot) = self.take() else {
+                break;
+            };
+            // SAFETY: the slot's stamp says it holds the value of index `want - 1`, written
+            // before the stamp's Release store our Acquire load saw; the producer does not
+            // rewrite it before we publish an index past it (below, after the copy).
+            let value = slot.value.with(|p| unsafe { p.cast::<T>().read() });
+            // SAFETY: `base` points to the `mask + 1` slots of `self.ring`, which we hold;
+            // the slot of index `want` is the next one to read.
+            self.next = NonNull::from(unsafe { stamped_slot(self.base, self.mask, self.want) });
+            self.want = self.want.wrapping_add(1);
+            n += 1;
+            f(value);
+        }
+        if n > 0 {
+            // SYNC POINT: Release pairs with the Acquire load in
+            // `StampedProducer::refresh_head`: our copies happen before the rewrites.
+            let order = sync::mutation::weaken(Ordering::Release, "StampedRing head store");
+            self.ring.head.store(self.want.wrapping_sub(1), order);
+        }
+        n
+    }
+
+    /// Moves up to `out.len()` values into `out`; returns how many.
+    #[inline(always)]
+    pub fn pop_burst(&mut self, out: &mut [T]) -> usize {
+        let max = out.len();
+        let mut slots = out.iter_mut();
+        self.pop_each(max, |v| {
+            if let Some(o) = slots.next() {
+                *o = v;
+            }
+        })
+    }
+
+    /// One value, if there is one.
+    #[inline]
+    pub fn pop(&mut self) -> Option<T> {
+        let mut got = None;
+        self.pop_each(1, |v| got = Some(v));
+        got
+    }
+}
