@@ -1288,21 +1288,22 @@ impl Iteration<'_> {
                             trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
                         }
                     }
-                    Some(link) => {
-                        // The link is down, or the peer broke its send ring: the QP goes to
-                        // the Error state. (A ring only broken takes the link down in step 5,
-                        // which wakes every QP of the link: one the receive step took out of
-                        // the active set, or an idle one, must learn it too.)
-                        if qp.proto.state != QpState::Error && qp.proto.state != QpState::Reset {
-                            if link.on_peer_loss == OnPeerLoss::FailNextRequest {
-                                let broken = link.tx.broken().map(|e| e.to_string());
-                                let why = link.down.as_deref().or(broken.as_deref());
-                                requester::on_peer_lost(qp, env, why);
-                            } else {
-                                qp.enter_error(env);
-                            }
+                    // The link is down, or the peer broke its send ring: the QP goes to the
+                    // Error state. (A ring only broken takes the link down in step 5, which
+                    // wakes every QP of the link: one the receive step took out of the
+                    // active set, or an idle one, must learn it too.)
+                    Some(link)
+                        if qp.proto.state != QpState::Error && qp.proto.state != QpState::Reset =>
+                    {
+                        if link.on_peer_loss == OnPeerLoss::FailNextRequest {
+                            let broken = link.tx.broken().map(|e| e.to_string());
+                            let why = link.down.as_deref().or(broken.as_deref());
+                            requester::on_peer_lost(qp, env, why);
+                        } else {
+                            qp.enter_error(env);
                         }
                     }
+                    Some(_) => {}
                     None => {}
                 }
                 if qp.proto.state == QpState::Error {
