@@ -330,12 +330,15 @@ impl<T> EngineCell<T> {
     fn enter_fast(&self) -> Fast<'_> {
         let me = thread_id();
         let bias = self.bias.load(Ordering::Relaxed);
-        // (0, no owner, never matches: a name is never 0.)
-        if bias & !SLOT_MASK != me {
+        // The bias is this thread's name with a slot in the low bits exactly when the two
+        // differ in those bits only, which then give the slot. (0, no owner, never
+        // matches: a name is never below the slot bits.)
+        let slot = bias ^ me;
+        if slot > SLOT_MASK {
             return Fast::NotOwner;
         }
         // Only this thread stores into its slot's flag: set means it is inside already.
-        let busy = &self.busy[slot_of(bias)];
+        let busy = &self.busy[slot as usize];
         if busy.load(Ordering::Relaxed) {
             return Fast::Inside;
         }
@@ -477,7 +480,7 @@ impl<T> EngineCell<T> {
 
 /// This thread's name: unique among the process's live threads, never 0, its
 /// [`SLOT_MASK`] bits clear. Its thread pointer where one instruction reads it (see the
-/// module docs), else [`thread_number`] shifted past the slot bits.
+/// module docs), else its number from a thread-local shifted past the slot bits.
 #[inline(always)]
 fn thread_id() -> u64 {
     #[cfg(all(
@@ -488,13 +491,20 @@ fn thread_id() -> u64 {
     ))]
     {
         let tp = thread_pointer();
-        // (Always so: the TCB is aligned to more than 8 bytes. The test keeps a pointer
-        // that was not from being mistaken for a bias with a slot.)
-        if tp != 0 && tp & SLOT_MASK == 0 {
-            return tp;
-        }
+        // The TCB is aligned to more than 8 bytes (glibc: 64; the TLS block's alignment),
+        // so its slot bits are clear (`names_are_distinct_among_live_threads_and_stable`).
+        debug_assert!(tp != 0 && tp & SLOT_MASK == 0, "thread pointer {tp:#x}");
+        tp
     }
-    thread_number() << OWNER_SLOTS.trailing_zeros()
+    #[cfg(not(all(
+        not(shmhca_loom),
+        not(miri),
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )))]
+    {
+        thread_number() << OWNER_SLOTS.trailing_zeros()
+    }
 }
 
 /// The thread pointer: the address of the thread's TCB, which the TLS ABI keeps in `fs:0`
@@ -532,6 +542,12 @@ fn thread_pointer() -> u64 {
 
 /// This thread's number: unique in the process, never 0, never reused, kept in a
 /// thread-local from the thread's first call on.
+#[cfg(not(all(
+    not(shmhca_loom),
+    not(miri),
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
 #[inline]
 fn thread_number() -> u64 {
     #[cfg(not(shmhca_loom))]
