@@ -39,7 +39,9 @@ verbs() {
     grep -A1 '#bytes' "$out/c" | tail -1
 }
 perf() {
-    timeout 120 "$PERF" "$@" 2>&1 | grep -A1 '#bytes' | tail -1
+    # (Its progress lines, on stderr for runs of more than a few seconds, would come after
+    # the header and be read as the result: "77%" as 77 Mpps.)
+    timeout 120 "$PERF" "$@" 2>&1 | grep -v '^shmhca-perf: ' | grep -A1 '#bytes' | tail -1
 }
 
 # column N of a result line (t_typical is 5 for latency; BW average 4, MsgRate 5 for bandwidth)

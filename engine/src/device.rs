@@ -180,10 +180,10 @@ pub(crate) struct Device {
     /// The progress helper's own futex word: 1 while it sleeps a tick on it (see
     /// `engine::progress`), so that arming a queue can cut the sleep short.
     pub(crate) helper_word: Arc<AtomicU32>,
-    /// Poll mode: polls of the application that found its CQ empty (a plain store, no
-    /// read-modify-write: several threads may lose each other's counts, and only "it
-    /// moved" matters). The engine thread steps back while they keep coming
-    /// (`engine::progress::step_back`).
+    /// Poll mode: polls of the application that found its CQ empty, and while the engine
+    /// thread is stepped back all its polls (a plain store, no read-modify-write: several
+    /// threads may lose each other's counts, and only "it moved" matters). The engine
+    /// thread steps back while they keep coming (`engine::progress::step_back`).
     pub(crate) empty_polls: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
     /// Poll mode: set while the engine thread has stepped back for a busy-polling
     /// application; the application's polls and posts then run the engine, as in inline
@@ -279,11 +279,14 @@ impl Device {
             self.progress();
             return;
         }
-        if empty {
+        let drives = self.app_drives.load(Ordering::Relaxed) != 0;
+        // Stepped back, the thread stays back while any poll comes (a receiver's polls
+        // that keep finding completions too): `Device::step_back`.
+        if empty || drives {
             let n = &self.empty_polls;
             n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
-        if self.app_drives.load(Ordering::Relaxed) != 0 {
+        if drives {
             self.progress();
         }
     }

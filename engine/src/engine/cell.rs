@@ -32,7 +32,8 @@
 //!   (Acquire) before it touches the value, so a revoked owner still inside is waited out
 //!   by whoever comes next, and the owner's last release is ordered before them.
 //! * **One flag per owner.** Each thread that may own the token has its own `busy` flag (an
-//!   owner slot, given to one thread for the cell's life; a thread whose slot is taken
+//!   owner slot, given to one thread for the cell's life at its first install, and named
+//!   in the low bits of `bias` beside the thread; a thread that finds every slot taken
 //!   never becomes the owner). A shared flag would let an owner whose bias was revoked and
 //!   handed to another thread, while it was still on its way through its fast path, clear
 //!   the new owner's flag as it backs off — and the next slow path would then enter beside
@@ -51,6 +52,15 @@
 //! * **Without membarrier** (a kernel that refuses `MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED`,
 //!   registered once per process at the first bias; or Miri) no bias is ever installed:
 //!   every entry is the compare-and-swap, as before.
+//!
+//! * **Who is who.** A thread is named by its thread pointer (the address of its TCB, which
+//!   the x86-64 and AArch64 TLS ABIs keep in `fs:0` and `TPIDR_EL0`): unique among live
+//!   threads, read in one instruction. A thread-local would cost the library build (a
+//!   `cdylib`, whose TLS is reached through `__tls_get_addr`) a call per entry: 4.5 % of
+//!   a perftest receiver's samples, every poll and every post. A thread that ended may
+//!   leave its pointer to a new thread, which then inherits its owner slot and its bias:
+//!   the same name, and the ended thread is not inside. Elsewhere (other architectures,
+//!   Miri, loom) a number from a thread-local names it.
 //!
 //! The hand-off costs: the owner's fast path, a load of `bias`, a load and two plain stores
 //! of `busy`; a revocation, one `membarrier` system call (an inter-processor interrupt to
@@ -81,7 +91,7 @@ pub(crate) const BIAS_PAID_OFF: u64 = 1 << 12;
 pub(crate) struct EngineCell<T> {
     /// The slow path's token (compare-and-swap).
     lock: AtomicBool,
-    /// Per owner slot ([`owner_slot`]): set by the owner of that slot while it is inside on
+    /// Per owner slot (the low bits of `bias`): set by the owner of that slot while it is inside on
     /// the fast path (plain stores, by that thread only: a slot is given to one thread for
     /// the cell's life, so an owner whose bias moved to another thread, still on its way
     /// through a stale fast path, can only ever set and clear its own flag, never the new
@@ -91,7 +101,8 @@ pub(crate) struct EngineCell<T> {
     /// slow-path holder reads its flag before it touches the value (written and read under
     /// `lock` only).
     revoked_owner: AtomicU64,
-    /// The owner's thread number ([`thread_number`]); 0: no owner.
+    /// The owner's name ([`thread_id`]) with its owner slot in the low bits
+    /// ([`SLOT_MASK`]); 0: no owner.
     bias: AtomicU64,
     /// A hint for the policy: someone failed to take the token (plain stores only).
     contended: AtomicBool,
@@ -114,51 +125,24 @@ struct Policy {
     initial: u32,
     /// Fast-path entries of the current (or last) bias.
     served: u64,
-    /// The thread each owner slot belongs to (0: none yet), for the cell's life.
+    /// The thread ([`thread_id`]) each owner slot belongs to (0: none yet), for the cell's
+    /// life.
     slot_thread: [u64; OWNER_SLOTS],
 }
 
 /// Threads that can ever hold a cell's bias (others always take the slow path).
 const OWNER_SLOTS: usize = 8;
 
-/// The owner slot of thread `me` (a thread number).
+/// The bits of `bias` (and of `revoked_owner`) that hold the owner's slot; a thread's name
+/// ([`thread_id`]) has them clear.
+const SLOT_MASK: u64 = OWNER_SLOTS as u64 - 1;
+
+const _: () = assert!(OWNER_SLOTS.is_power_of_two() && OWNER_SLOTS <= 8);
+
+/// The owner slot named in `bias` (an owner's bias word, not 0).
 #[inline(always)]
-fn owner_slot(me: u64) -> usize {
-    (me as usize) % OWNER_SLOTS
-}
-
-/// An owner slot as a type that holds only `0..OWNER_SLOTS`: the owner's fast path takes
-/// its own from its thread-local ([`this_thread`], computed once per thread) and indexes
-/// `busy` with it in one load (word-sized: no widening), no bounds check, no remainder.
-#[derive(Clone, Copy)]
-#[repr(usize)]
-enum Slot {
-    S0,
-    S1,
-    S2,
-    S3,
-    S4,
-    S5,
-    S6,
-    S7,
-}
-
-const _: () = assert!(OWNER_SLOTS == 8, "Slot has one variant per owner slot");
-
-impl Slot {
-    /// [`owner_slot`] of thread `me`.
-    fn of(me: u64) -> Slot {
-        match owner_slot(me) {
-            0 => Slot::S0,
-            1 => Slot::S1,
-            2 => Slot::S2,
-            3 => Slot::S3,
-            4 => Slot::S4,
-            5 => Slot::S5,
-            6 => Slot::S6,
-            _ => Slot::S7,
-        }
-    }
+fn slot_of(bias: u64) -> usize {
+    (bias & SLOT_MASK) as usize
 }
 
 // SAFETY: the value and the policy are only reached through `try_with`/`with`, which hand
@@ -321,7 +305,7 @@ impl<T> EngineCell<T> {
             Fast::Inside => return None,
             Fast::NotOwner if !slow => return None,
             Fast::NotOwner => {
-                let install = self.enter_slow(thread_number())?;
+                let install = self.enter_slow(thread_id())?;
                 Token::Slow {
                     _guard: SlowToken {
                         lock: &self.lock,
@@ -344,8 +328,13 @@ impl<T> EngineCell<T> {
     /// The owner's fast path (see [`Fast`]).
     #[inline(always)]
     fn enter_fast(&self) -> Fast<'_> {
-        let (me, slot) = this_thread();
-        if self.bias.load(Ordering::Relaxed) != me {
+        let me = thread_id();
+        let bias = self.bias.load(Ordering::Relaxed);
+        // The bias is this thread's name with a slot in the low bits exactly when the two
+        // differ in those bits only, which then give the slot. (0, no owner, never
+        // matches: a name is never below the slot bits.)
+        let slot = bias ^ me;
+        if slot > SLOT_MASK {
             return Fast::NotOwner;
         }
         // Only this thread stores into its slot's flag: set means it is inside already.
@@ -355,7 +344,7 @@ impl<T> EngineCell<T> {
         }
         busy.store(true, Ordering::Relaxed);
         light_barrier();
-        if self.bias.load(Ordering::Relaxed) == me {
+        if self.bias.load(Ordering::Relaxed) == bias {
             let token = FastToken(busy);
             // SYNC: `busy` set, then `bias` read as ours after the light barrier: every
             // revoker's `membarrier` comes after that load (and then sees `busy`), or
@@ -372,8 +361,8 @@ impl<T> EngineCell<T> {
     }
 
     /// The slow path: takes the lock, revokes the bias, waits out nobody. `Some(install)`
-    /// when this thread now holds the token (`install`: its own number if it becomes the
-    /// owner as it leaves, else 0); `None` if the token is held.
+    /// when this thread now holds the token (`install`: its bias word, its name and slot,
+    /// if it becomes the owner as it leaves, else 0); `None` if the token is held.
     #[cold]
     #[inline(never)]
     fn enter_slow(&self, me: u64) -> Option<u64> {
@@ -399,7 +388,7 @@ impl<T> EngineCell<T> {
             // SYNC: Acquire pairs with the Release store in `FastToken::drop`: the owner's
             // last run happens-before ours. Read after the barrier (if the bias was revoked
             // now) or after the revoker's barrier (ordered before us by `lock`).
-            if self.busy[owner_slot(revoked)]
+            if self.busy[slot_of(revoked)]
                 .load(weaken(Ordering::Acquire, "EngineCell busy acquire"))
             {
                 self.contended.store(true, Ordering::Relaxed);
@@ -433,12 +422,19 @@ impl<T> EngineCell<T> {
             policy.last = me;
             policy.streak = 1;
         }
-        let slot = &mut policy.slot_thread[owner_slot(me)];
-        if policy.streak >= policy.threshold && barrier_available() && (*slot == 0 || *slot == me) {
-            *slot = me;
-            policy.streak = 0;
-            policy.served = 0;
-            return Some(me);
+        if policy.streak >= policy.threshold && barrier_available() {
+            // Its own slot, or the first free one.
+            let slots = &mut policy.slot_thread;
+            let slot = slots
+                .iter()
+                .position(|&t| t == me)
+                .or_else(|| slots.iter().position(|&t| t == 0));
+            if let Some(i) = slot {
+                slots[i] = me;
+                policy.streak = 0;
+                policy.served = 0;
+                return Some(me | i as u64);
+            }
         }
         Some(0)
     }
@@ -477,40 +473,101 @@ impl<T> EngineCell<T> {
     /// Whether the calling thread is the owner (enters on the fast path).
     #[cfg(any(test, shmhca_loom))]
     pub(crate) fn is_owner(&self) -> bool {
-        self.bias.load(Ordering::Relaxed) == thread_number()
+        let bias = self.bias.load(Ordering::Relaxed);
+        bias != 0 && bias & !SLOT_MASK == thread_id()
     }
 }
 
-/// This thread's number: unique in the process, never 0, never reused.
-#[inline]
-fn thread_number() -> u64 {
-    this_thread().0
+/// This thread's name: unique among the process's live threads, never 0, its
+/// [`SLOT_MASK`] bits clear. Its thread pointer where one instruction reads it (see the
+/// module docs), else its number from a thread-local shifted past the slot bits.
+#[inline(always)]
+fn thread_id() -> u64 {
+    #[cfg(all(
+        not(shmhca_loom),
+        not(miri),
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
+    {
+        let tp = thread_pointer();
+        // The TCB is aligned to more than 8 bytes (glibc: 64; the TLS block's alignment),
+        // so its slot bits are clear (`names_are_distinct_among_live_threads_and_stable`).
+        debug_assert!(tp != 0 && tp & SLOT_MASK == 0, "thread pointer {tp:#x}");
+        tp
+    }
+    #[cfg(not(all(
+        not(shmhca_loom),
+        not(miri),
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )))]
+    {
+        thread_number() << OWNER_SLOTS.trailing_zeros()
+    }
 }
 
-/// This thread's number ([`thread_number`]) and its owner slot ([`owner_slot`] of it),
-/// both kept in a thread-local from the thread's first call on.
+/// The thread pointer: the address of the thread's TCB, which the TLS ABI keeps in `fs:0`
+/// (x86-64: the TCB's first word points to itself) or `TPIDR_EL0` (AArch64).
+#[cfg(all(
+    not(shmhca_loom),
+    not(miri),
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+#[inline(always)]
+fn thread_pointer() -> u64 {
+    let tp: u64;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads the word at `fs:0`, which the x86-64 TLS ABI keeps mapped and holding
+    // the thread pointer for every thread's life; no other effect.
+    unsafe {
+        std::arch::asm!(
+            "mov {}, qword ptr fs:[0]",
+            out(reg) tp,
+            options(nostack, readonly, preserves_flags, pure)
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: reads a system register every thread may read; no other effect.
+    unsafe {
+        std::arch::asm!(
+            "mrs {}, tpidr_el0",
+            out(reg) tp,
+            options(nostack, nomem, preserves_flags, pure)
+        );
+    }
+    tp
+}
+
+/// This thread's number: unique in the process, never 0, never reused, kept in a
+/// thread-local from the thread's first call on.
+#[cfg(not(all(
+    not(shmhca_loom),
+    not(miri),
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
 #[inline]
-fn this_thread() -> (u64, Slot) {
+fn thread_number() -> u64 {
     #[cfg(not(shmhca_loom))]
     std::thread_local! {
-        static NUMBER: std::cell::Cell<(u64, Slot)> =
-            const { std::cell::Cell::new((0, Slot::S0)) };
+        static NUMBER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     }
     #[cfg(shmhca_loom)]
     loom::thread_local! {
-        static NUMBER: std::cell::Cell<(u64, Slot)> = std::cell::Cell::new((0, Slot::S0));
+        static NUMBER: std::cell::Cell<u64> = std::cell::Cell::new(0);
     }
     NUMBER.with(|n| {
         let v = n.get();
-        if v.0 != 0 {
+        if v != 0 {
             return v;
         }
         // Once per thread. (A std atomic also under loom: the numbers need no model.)
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let me = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let v = (me, Slot::of(me));
-        n.set(v);
-        v
+        n.set(me);
+        me
     })
 }
 
@@ -776,6 +833,72 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         let polled = poller.join().unwrap();
         assert_eq!(cell.with(|v| *v), polled + 600);
+    }
+
+    #[test]
+    fn names_are_distinct_among_live_threads_and_stable() {
+        let me = thread_id();
+        assert_ne!(me, 0);
+        assert_eq!(me & SLOT_MASK, 0, "a name leaves the slot bits clear");
+        assert_eq!(thread_id(), me, "the same on every call");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let done_rx = Arc::new(std::sync::Mutex::new(done_rx));
+        // Alive at once: no two share a name.
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (tx, done) = (tx.clone(), done_rx.clone());
+                std::thread::spawn(move || {
+                    tx.send(thread_id()).unwrap();
+                    let _ = done.lock().unwrap().recv();
+                })
+            })
+            .collect();
+        let mut names: Vec<u64> = (0..4).map(|_| rx.recv().unwrap()).collect();
+        names.push(me);
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 5, "{names:x?}");
+        assert!(names.iter().all(|n| n & SLOT_MASK == 0));
+        drop(done_tx);
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
+    /// Every thread that becomes an owner gets a slot of its own while there are free ones
+    /// (slots are not tied to a remainder of the thread's name, which two threads can share).
+    #[test]
+    fn owner_slots_go_to_the_threads_that_become_owners() {
+        if !barrier_available() {
+            return;
+        }
+        let cell = Arc::new(EngineCell::new(0u64));
+        // All alive until the end (a thread that ended may pass its name, and with it its
+        // slot, to the next one), each becoming the owner in turn.
+        let all_done = Arc::new(std::sync::Barrier::new(OWNER_SLOTS + 1));
+        let mut threads = Vec::new();
+        let mut slots = Vec::new();
+        for _ in 0..OWNER_SLOTS {
+            let (c, done) = (cell.clone(), all_done.clone());
+            let (tx, rx) = std::sync::mpsc::channel();
+            threads.push(std::thread::spawn(move || {
+                become_owner(&c);
+                tx.send(c.bias.load(Ordering::Relaxed)).unwrap();
+                done.wait();
+            }));
+            slots.push(slot_of(rx.recv().unwrap()));
+        }
+        all_done.wait();
+        for t in threads {
+            t.join().unwrap();
+        }
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), OWNER_SLOTS, "one slot each: {slots:?}");
+        // The count comes out exact: no two holders ever overlapped.
+        let entries = cell.with(|v| *v);
+        assert!(entries >= u64::from(BIAS_AFTER) * OWNER_SLOTS as u64);
     }
 
     #[test]

@@ -205,11 +205,17 @@ fn helper(weak: Weak<Device>) {
 
 /// Empty polls between two looks of the engine thread that tell a busy-polling
 /// application (one poll per completion, as a program waiting for events makes, stays far
-/// below).
+/// below). Once the thread has stepped back, any poll counts, and one per [`STEP`] keeps it
+/// back (see [`Device::step_back`]).
 pub(crate) const BUSY_POLLS: u64 = 64;
 /// How long the stepped-back engine thread sleeps between two looks at the application's
 /// polls: when they stop, the thread takes over again within this.
 pub(crate) const STEP: Duration = Duration::from_millis(1);
+/// Steps without a single poll after which the stepped-back thread takes over: a program
+/// the scheduler preempted (on a loaded machine, for a few milliseconds at a time) comes
+/// back to poll; one that stopped polling has its engine run again within this many
+/// [`STEP`]s — far within a peer's transport timer (perftest's, 67 ms).
+pub(crate) const QUIET_STEPS: u32 = 3;
 
 impl Device {
     /// Whether the application polled its completion queues busily (at least
@@ -221,6 +227,15 @@ impl Device {
         busy
     }
 
+    /// Whether the application polled at all since the last call, which updates `seen`
+    /// (while the thread is stepped back, when every poll is counted).
+    pub(crate) fn app_polls_at_all(&self, seen: &mut u64) -> bool {
+        let n = self.empty_polls.load(Ordering::Relaxed);
+        let polled = n != *seen;
+        *seen = n;
+        polled
+    }
+
     /// Poll mode, called by the engine thread when it has nothing to do and the
     /// application busy-polls a completion queue: steps back, so that the application's
     /// own polls and posts run the engine (as in inline mode) instead of four threads — two
@@ -230,6 +245,16 @@ impl Device {
     /// [`STEP`], and takes over again once the polls stop (the application computes, waits
     /// in a blocking call, or polls its memory as `ib_write_lat` does), or at once when a
     /// wait for a completion event calls [`Device::resume_engine`].
+    ///
+    /// Stepping back takes [`BUSY_POLLS`] empty polls in a look; staying back, any poll at
+    /// all in the last [`QUIET_STEPS`] looks (`Device::on_app_poll` counts every poll while
+    /// the thread is back). A receiver
+    /// whose polls keep finding completions (`ib_send_bw`'s server) makes few empty ones,
+    /// and a program the scheduler preempted for a while makes few polls: with the step's
+    /// own test the thread took over from both, hundreds of times a second — each time a
+    /// `membarrier` to take the token's bias from the application and one to give it back,
+    /// a second spinning thread, and a receive queue drained while the application was away
+    /// (RNR Naks, each stalling the sender a `min_rnr_timer`).
     pub(crate) fn step_back(&self, seen: &mut u64) {
         // Posts must ring while the thread is away: it stops watching send queues, and the
         // application's own iterations watch none (unwatching costs a `membarrier`, which
@@ -244,6 +269,7 @@ impl Device {
         word.store(1, Ordering::Relaxed);
         // A post that came before the application saw the flag: sent now.
         self.progress();
+        let mut quiet = 0;
         loop {
             let ts = futex::Timespec {
                 tv_sec: 0,
@@ -251,7 +277,15 @@ impl Device {
             };
             // Woken, timed out or interrupted: all mean "look again".
             let _ = futex::wait(word, futex::Flags::PRIVATE, 1, Some(&ts));
-            if word.load(Ordering::Relaxed) == 0 || !self.app_polls_busily(seen) {
+            if word.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            quiet = if self.app_polls_at_all(seen) {
+                0
+            } else {
+                quiet + 1
+            };
+            if quiet == QUIET_STEPS {
                 break;
             }
         }
@@ -491,6 +525,63 @@ mod step_back_tests {
                 assert!(
                     !recv_outside,
                     "round {i}: the receive was counted outside the token"
+                );
+                proved += 1;
+            }
+        }
+        assert_eq!(
+            proved, 3,
+            "three rounds with the thread stepped back throughout"
+        );
+    }
+
+    /// Stepped back, the thread counts every poll of the application, not only those after
+    /// an empty one: a receiver whose polls keep finding completions keeps it back (it took
+    /// over from such a receiver hundreds of times a second, each time with a `membarrier`
+    /// each way, and drained its receive queue while the receiver was away).
+    #[test]
+    fn stepped_back_a_poll_after_a_completion_keeps_the_thread_back() {
+        if !crate::engine::cell::barrier_available() {
+            return;
+        }
+        let ctx = poll_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(256).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
+        let polls = || ctx.shared.empty_polls.load(Ordering::Relaxed);
+        let start = Instant::now();
+        let mut proved = 0;
+        for i in 0..1000u64 {
+            if proved == 3 {
+                break;
+            }
+            assert!(
+                start.elapsed() < LONG,
+                "the engine thread never stayed back"
+            );
+            drive(&ctx, &mut cq, start);
+            b.post_recv(&RecvWr::new(i, &[mr.sge(0, 8).unwrap()]))
+                .unwrap();
+            a.post_send(&SendWr::new(i, SendOp::Send, &[mr.sge(8, 8).unwrap()]))
+                .unwrap();
+            let mut got = 0;
+            while got < 2 {
+                got += usize::from(cq.poll_one().is_some());
+                assert!(start.elapsed() < LONG, "message {i} did not complete");
+            }
+            // The last poll found a completion: the next one is not a busy poller's empty
+            // poll after an empty one, and it counts all the same.
+            let before = polls();
+            let back = drives();
+            assert!(cq.poll_one().is_none());
+            let counted = polls() != before;
+            // (A round where the thread came back meanwhile proves nothing.)
+            if back && drives() {
+                assert!(
+                    counted,
+                    "round {i}: a poll after a completion was not counted"
                 );
                 proved += 1;
             }
