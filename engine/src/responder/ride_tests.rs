@@ -857,16 +857,9 @@ fn riding_acks_of_qps_in_different_words_of_the_set_are_each_handled() {
     );
 }
 
-/// Review 3 (issue 27): a QP that posted (active, not rung) and whose riding Ack then
-/// completes it leaves the active set in the receive step. If the peer broke the link's
-/// send ring meanwhile (seen by another QP's post: `link.down` not set yet), step 3's visit
-/// of that other QP takes the link down without waking the link's QPs, and step 5 sees the
-/// link down already: the QP that left the active set in the receive step is never told.
-/// Before the change it had its turn in step 3 and went to the Error state there (its
-/// receives flushed). Whatever the order, every QP of a link that goes down must learn it.
-#[test]
-fn a_qp_whose_riding_ack_completes_it_learns_of_a_send_ring_broken_meanwhile() {
-    let mut rig = rig();
+/// A second QP B on the rig's link (the rig's QP is A): A's index, the link, and B, with
+/// the set-up's traffic out of the way.
+fn second_qp_on_the_link(rig: &mut Rig) -> (u32, crate::link::LinkId, crate::Qp) {
     let a = rig.qp.index;
     let link = rig
         .ctx
@@ -886,24 +879,56 @@ fn a_qp_whose_riding_ack_completes_it_learns_of_a_send_ring_broken_meanwhile() {
     rig.ctx.progress();
     rig.sent();
     let _ = rig.completions();
-    // A's Send leaves by the direct path: A is active (a post), not rung.
-    rig.send(1, 8);
-    assert_eq!(rig.sent().len(), 1);
-    assert!(rig.ctx.shared.engine.with(|e| e.is_active(a)));
-    // The peer writes an impossible consumer index in the ring the engine sends on (the
-    // opener's send ring is the second; its head at byte 128 of the ring).
+    (a, link, b)
+}
+
+/// The peer writes an impossible consumer index in the ring the engine sends on (the
+/// opener's send ring is the second; its head at byte 128 of the ring), and B's posts find
+/// it broken once they need room (its Sends wait: B stays active).
+fn break_send_ring_under_posts(rig: &mut Rig, b: &mut crate::Qp) {
     let ring = shmhca_rings::lines::shm_lines_bytes(RING).unwrap();
     let off = 4096 + ring.div_ceil(4096) * 4096 + 128;
     rig.ends
         .segment
         .write(off as u64, &(u64::MAX / 2).to_le_bytes())
         .unwrap();
-    // B's posts find the ring broken once they need room (its Sends wait: B stays active).
     let sge = [rig.mr.sge(4096, 8).unwrap()];
     for i in 0..100 {
         b.post_send(&SendWr::new(1000 + i, SendOp::Send, &sge))
             .unwrap();
     }
+}
+
+/// Runs a few timer periods of iterations; whether `link` is down and QP `a`'s state.
+fn after_a_while(rig: &Rig, link: crate::link::LinkId, a: u32) -> (bool, QpState) {
+    for _ in 0..(4 * crate::engine::TIMER_EVERY) {
+        rig.ctx.progress();
+    }
+    rig.ctx.shared.engine.with(|e| {
+        (
+            e.link_mut(link).unwrap().down.is_some(),
+            e.qp_mut(a).unwrap().proto.state,
+        )
+    })
+}
+
+/// Review 3 (issue 27): a QP that posted (active, not rung) and whose riding Ack then
+/// completes it leaves the active set in the receive step. If the peer broke the link's
+/// send ring meanwhile (seen by another QP's post: `link.down` not set yet), step 3's visit
+/// of that other QP took the link down without waking the link's QPs, and step 5 saw the
+/// link down already: the QP that left the active set in the receive step was never told.
+/// Before the receive step took it out it had its turn in step 3 and went to the Error
+/// state there (its receives flushed). Whatever the order, every QP of a link that goes
+/// down must learn it.
+#[test]
+fn a_qp_whose_riding_ack_completes_it_learns_of_a_send_ring_broken_meanwhile() {
+    let mut rig = rig();
+    let (a, link, mut b) = second_qp_on_the_link(&mut rig);
+    // A's Send leaves by the direct path: A is active (a post), not rung.
+    rig.send(1, 8);
+    assert_eq!(rig.sent().len(), 1);
+    assert!(rig.ctx.shared.engine.with(|e| e.is_active(a)));
+    break_send_ring_under_posts(&mut rig, &mut b);
     assert!(
         rig.ctx
             .shared
@@ -914,71 +939,27 @@ fn a_qp_whose_riding_ack_completes_it_learns_of_a_send_ring_broken_meanwhile() {
     // A's answer, whose riding Ack completes A's Send.
     let s = request(&rig, Opcode::SendOnly, 0, b"carrier!");
     rig.push(with_riding(s, riding_word(SQ_PSN, ack4(), 1)));
-    for _ in 0..(4 * crate::engine::TIMER_EVERY) {
-        rig.ctx.progress();
-    }
-    let (down, state) = rig.ctx.shared.engine.with(|e| {
-        (
-            e.link_mut(link).unwrap().down.is_some(),
-            e.qp_mut(a).unwrap().proto.state,
-        )
-    });
+    let (down, state) = after_a_while(&rig, link, a);
     assert!(down, "the link is down");
     assert_eq!(state, QpState::Error, "A learned that its link went down");
 }
 
 /// Review 3 (the gap behind the test above, older than issue 27): a QP that is in no set
-/// (idle, receives posted) is not told that its link went down when the engine finds the
-/// send ring broken in another QP's step-3 visit: that visit sets `link.down` without
-/// waking the link's QPs, and step 5 wakes them only for a link not down yet.
+/// (idle, receives posted) was not told that its link went down when the engine found the
+/// send ring broken in another QP's step-3 visit: that visit set `link.down` without
+/// waking the link's QPs, and step 5 woke them only for a link not down yet.
 #[test]
 fn an_idle_qp_learns_of_a_send_ring_broken_by_another_qps_post() {
     let mut rig = rig();
-    let a = rig.qp.index;
-    let link = rig
-        .ctx
-        .shared
-        .engine
-        .with(|e| e.qp_mut(a).unwrap().proto.cfg.dest.unwrap().link);
-    let caps = crate::QpCaps {
-        max_send_wr: 128,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    };
-    let mut b = rig.ctx.create_qp(&rig._pd, &rig.cq, &rig.cq, caps).unwrap();
-    connect_to_raw_peer(&mut b, link, PEER, SQ_PSN, false);
-    rig.ctx.progress();
-    rig.ctx.progress();
-    rig.sent();
-    let _ = rig.completions();
+    let (a, link, mut b) = second_qp_on_the_link(&mut rig);
     assert!(
         rig.ctx
             .shared
             .engine
             .with(|e| !e.is_active(a) && !e.is_timed(a))
     );
-    let ring = shmhca_rings::lines::shm_lines_bytes(RING).unwrap();
-    let off = 4096 + ring.div_ceil(4096) * 4096 + 128;
-    rig.ends
-        .segment
-        .write(off as u64, &(u64::MAX / 2).to_le_bytes())
-        .unwrap();
-    let sge = [rig.mr.sge(4096, 8).unwrap()];
-    for i in 0..100 {
-        b.post_send(&SendWr::new(1000 + i, SendOp::Send, &sge))
-            .unwrap();
-    }
-    for _ in 0..(4 * crate::engine::TIMER_EVERY) {
-        rig.ctx.progress();
-    }
-    let (down, state) = rig.ctx.shared.engine.with(|e| {
-        (
-            e.link_mut(link).unwrap().down.is_some(),
-            e.qp_mut(a).unwrap().proto.state,
-        )
-    });
+    break_send_ring_under_posts(&mut rig, &mut b);
+    let (down, state) = after_a_while(&rig, link, a);
     assert!(down, "the link is down");
     assert_eq!(
         state,
