@@ -61,7 +61,31 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn a_peer_send_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was_taken() {
-    let (a, b) = (context(), context());
+    peer_send_wakes_the_sleeping_helper(context(), 64, false);
+}
+
+/// As above, with the peer's Send written straight into the link's ring by its post
+/// (issue 27's direct post: 8 bytes, on an idle QP; the peer's engine run only by this
+/// thread, so that the post surely runs it): the post wakes this engine all the same.
+#[test]
+fn a_peer_direct_post_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was_taken() {
+    let b = Context::builder()
+        .mode(EngineMode::Inline)
+        .progress(Progress::Manual)
+        .huge_pages(HugePages::Never)
+        .arena_size(1 << 20)
+        .build()
+        .unwrap();
+    peer_send_wakes_the_sleeping_helper(b, 8, true);
+}
+
+/// A context whose application took its completion channel's fd (as `AsyncFd::new` does)
+/// and armed its receive CQ, its progress helper asleep on the kick words; peer `b` posts
+/// a Send of `len` bytes (`direct`: one that must go straight into the link's ring, and
+/// bump the kick word the helper sleeps on): the fd becomes readable and the completion
+/// is there, without the application driving its engine.
+fn peer_send_wakes_the_sleeping_helper(b: Context, len: u32, direct: bool) {
+    let a = context();
     let (link_a, link_b) = a.link_with(&b).unwrap();
     let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let mut channel = a.create_comp_channel().unwrap();
@@ -98,8 +122,30 @@ fn a_peer_send_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was
         .engine
         .with(|e| e.link_mut(link_b).map(|l| l.wakes_peer()));
     assert_eq!(wakes, Some(true), "the peer engine does not wake this one");
-    qb.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 64).unwrap()]))
+    let taken_direct = || crate::probe::taken(crate::probe::Path::DirectPost);
+    let kicks = || {
+        b.shared
+            .engine
+            .with(|e| e.link_mut(link_b).map(|l| l.kicks()))
+    };
+    if direct {
+        until("the progress helper stopped sleeping", || {
+            a.shared.sleepers().load(Ordering::Relaxed) > 0
+        });
+    }
+    let (before, kicked) = (taken_direct(), kicks());
+    qb.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, len).unwrap()]))
         .unwrap();
+    if direct {
+        assert_eq!(
+            taken_direct(),
+            before + 1,
+            "the Send went straight into the ring"
+        );
+        // The post bumped the kick word the sleeping helper waits on (it slept before the
+        // post, so the post's look for sleepers found it).
+        assert_ne!(kicks(), kicked, "the post did not wake the sleeping engine");
+    }
     // The fd becomes readable (bounded; the application does not drive the engine).
     until("the channel's fd never became readable", || {
         let mut p = [rustix::event::PollFd::new(
@@ -118,87 +164,8 @@ fn a_peer_send_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was
     );
     let mut wc = [WorkCompletion::default(); 2];
     assert_eq!(rcq.poll(&mut wc), 1);
-    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 64));
+    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, len));
     // B's Send completes (A's helper Acks it): nothing more to check there.
-    let _ = cq_b.poll(&mut wc);
-}
-
-/// As above, with the peer's Send written straight into the link's ring by its post
-/// (issue 27's direct post: 8 bytes, on an idle QP; the peer's engine run only by this
-/// thread, so that the post surely runs it): the post wakes this engine all the same.
-#[test]
-fn a_peer_direct_post_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was_taken() {
-    let a = context();
-    let b = Context::builder()
-        .mode(EngineMode::Inline)
-        .progress(Progress::Manual)
-        .huge_pages(HugePages::Never)
-        .arena_size(1 << 20)
-        .build()
-        .unwrap();
-    let (link_a, link_b) = a.link_with(&b).unwrap();
-    let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let mut channel = a.create_comp_channel().unwrap();
-    let mut rcq = a.create_cq_with_channel(16, &channel).unwrap();
-    let scq_a = a.create_cq(16).unwrap();
-    let mut cq_b = b.create_cq(16).unwrap();
-    let mut qa = a.create_qp(&pd_a, &scq_a, &rcq, QpCaps::default()).unwrap();
-    let mut qb = b.create_qp(&pd_b, &cq_b, &cq_b, QpCaps::default()).unwrap();
-    let (na, nb) = (qa.qpn(), qb.qpn());
-    connect(&mut qa, link_a, nb);
-    connect(&mut qb, link_b, na);
-    let dst = pd_a.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let src = pd_b.alloc_mr(4096, AccessFlags::NONE).unwrap();
-    qa.post_recv(&RecvWr::new(1, &[dst.sge(0, 64).unwrap()]))
-        .unwrap();
-    let fd = channel.as_fd().try_clone_to_owned().unwrap();
-    rcq.req_notify(false).unwrap();
-    until(
-        "the progress helper never slept on the kick words (sleeper count stayed 0)",
-        || a.shared.sleepers().load(Ordering::Relaxed) > 0,
-    );
-    for _ in 0..=crate::stats_area::PUBLISH_EVERY {
-        b.progress();
-    }
-    let wakes = b
-        .shared
-        .engine
-        .with(|e| e.link_mut(link_b).map(|l| l.wakes_peer()));
-    assert_eq!(wakes, Some(true), "the peer engine does not wake this one");
-    let direct = || crate::probe::taken(crate::probe::Path::DirectPost);
-    let kicks = || {
-        b.shared
-            .engine
-            .with(|e| e.link_mut(link_b).map(|l| l.kicks()))
-    };
-    let (before, kicked) = (direct(), kicks());
-    until("the progress helper stopped sleeping", || {
-        a.shared.sleepers().load(Ordering::Relaxed) > 0
-    });
-    qb.post_send(&SendWr::new(1, SendOp::Send, &[src.sge(0, 8).unwrap()]))
-        .unwrap();
-    assert_eq!(direct(), before + 1, "the Send went straight into the ring");
-    // The post bumped the kick word the sleeping helper waits on (it slept before the
-    // post, so the post's look for sleepers found it).
-    assert_ne!(kicks(), kicked, "the post did not wake the sleeping engine");
-    until("the channel's fd never became readable", || {
-        let mut p = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let ts = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 1_000_000,
-        };
-        rustix::event::poll(&mut p, Some(&ts)).unwrap_or(0) > 0
-    });
-    assert_eq!(
-        channel.get_event(Some(Duration::from_secs(10))).unwrap(),
-        Some(rcq.number())
-    );
-    let mut wc = [WorkCompletion::default(); 2];
-    assert_eq!(rcq.poll(&mut wc), 1);
-    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 8));
     let _ = cq_b.poll(&mut wc);
 }
 
