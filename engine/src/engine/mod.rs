@@ -14,12 +14,14 @@
 //!    active set one iteration in [`TIMER_EVERY`]; a Read or an Atomic posted directly and
 //!    sent whole puts its QP there at once, [`Engine::post_direct`]);
 //! 2. receives a burst (up to [`RX_BURST`]) from each link and runs the RQ Logic or the
-//!    completer on each packet, by opcode;
+//!    completer on each packet, by opcode (a positive Ack riding in a request right after
+//!    the request);
 //! 3. for each active QP only: fetches new send WQEs, runs its timers, sends its queued
 //!    responses (Naks, RDMA Read responses, Atomic Acknowledges) and runs the SQ Logic;
 //! 4. sends the positive Acks the QPs owe, one per QP for everything it accepted
 //!    ([`crate::responder::OwedAcks`]);
-//! 5. publishes each link's outgoing burst with one index store.
+//! 5. publishes each link's outgoing burst with one index store, and takes down a link whose
+//!    send ring the peer broke, waking all its QPs.
 //!
 //! Its cost grows with the QPs that have work, not with the QPs that exist: idle QPs are not
 //! in the active set and are never looked at. The same `poll` runs on a dedicated engine
