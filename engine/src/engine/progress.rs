@@ -435,6 +435,41 @@ mod step_back_tests {
         assert!(!drives(), "a wait brings the engine thread back");
     }
 
+    /// A poll-mode context with a loopback pair of QPs (`a` sends to `b`) on one CQ and a
+    /// 64-byte region, for the tests of the engine thread's step-back.
+    struct StepRig {
+        ctx: Context,
+        pd: crate::Pd,
+        cq: crate::Cq,
+        a: crate::Qp,
+        b: crate::Qp,
+        mr: crate::Mr,
+    }
+
+    impl StepRig {
+        /// `None` (saying so in one line) without `membarrier`: the engine token then has
+        /// no owner for a thread to become.
+        fn new() -> Option<StepRig> {
+            if !crate::engine::cell::barrier_available() {
+                eprintln!("skipped: membarrier(2) is not available on this kernel");
+                return None;
+            }
+            let ctx = poll_context();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(256).unwrap();
+            let (a, b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+            let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            Some(StepRig {
+                ctx,
+                pd,
+                cq,
+                a,
+                b,
+                mr,
+            })
+        }
+    }
+
     /// A poll-mode context with the default idle policy.
     fn poll_context() -> Context {
         Context::builder()
@@ -461,15 +496,17 @@ mod step_back_tests {
     /// flight under the token (no `fetch_add` on the region's shared counter).
     #[test]
     fn stepped_back_the_applications_posts_run_the_engine_directly() {
-        // Without `membarrier` the token has no owner for a thread to become.
-        if !crate::engine::cell::barrier_available() {
+        let Some(StepRig {
+            ctx,
+            pd: _pd,
+            mut cq,
+            mut a,
+            mut b,
+            mr,
+        }) = StepRig::new()
+        else {
             return;
-        }
-        let ctx = poll_context();
-        let pd = ctx.alloc_pd().unwrap();
-        let mut cq = ctx.create_cq(256).unwrap();
-        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
-        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        };
         let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
         let fast_posts = |index: u32| {
             ctx.shared
@@ -541,14 +578,17 @@ mod step_back_tests {
     /// each way, and drained its receive queue while the receiver was away).
     #[test]
     fn stepped_back_a_poll_after_a_completion_keeps_the_thread_back() {
-        if !crate::engine::cell::barrier_available() {
+        let Some(StepRig {
+            ctx,
+            pd: _pd,
+            mut cq,
+            mut a,
+            mut b,
+            mr,
+        }) = StepRig::new()
+        else {
             return;
-        }
-        let ctx = poll_context();
-        let pd = ctx.alloc_pd().unwrap();
-        let mut cq = ctx.create_cq(256).unwrap();
-        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
-        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        };
         let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
         let polls = || ctx.shared.empty_polls.load(Ordering::Relaxed);
         let start = Instant::now();
@@ -599,15 +639,17 @@ mod step_back_tests {
     /// takes the token when it must, so that the Send does not wait for the driver.)
     #[test]
     fn another_threads_receives_leave_the_driving_thread_its_token() {
-        // Without `membarrier` the token has no owner for a thread to become.
-        if !crate::engine::cell::barrier_available() {
+        let Some(StepRig {
+            ctx,
+            pd: _pd,
+            mut cq,
+            mut a,
+            mut b,
+            mr,
+        }) = StepRig::new()
+        else {
             return;
-        }
-        let ctx = poll_context();
-        let pd = ctx.alloc_pd().unwrap();
-        let mut cq = ctx.create_cq(256).unwrap();
-        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
-        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        };
         let drives = || ctx.shared.app_drives.load(Ordering::Relaxed) != 0;
         let start = Instant::now();
         let mut proved = 0;
