@@ -99,6 +99,16 @@ pub fn assert_loom_catches(what: &str, want: &str, model: impl Fn() + Send + Syn
     eprintln!("{what}: loom reported: {message}");
 }
 
+/// Runs `model` with the ordering at mutation point `point` weakened (see
+/// `shmhca_rings::sync::mutation`), asserts that loom fails it with a message containing
+/// `want`, and that the weakened line ran: the proof that a model can fail.
+#[cfg(shmhca_loom)]
+pub fn assert_mutation_caught(point: &'static str, want: &str, model: fn()) {
+    let ((), hits) =
+        shmhca_rings::sync::mutation::run(point, || assert_loom_catches(point, want, model));
+    assert!(hits > 0, "{point}: the weakened line never ran");
+}
+
 fn push_one<S: ModelStorage>(p: &mut Producer<u32, S>, mut value: u32) {
     loop {
         match p.push(value) {
