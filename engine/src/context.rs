@@ -362,7 +362,7 @@ impl LinkTx for TxBatch {
         TxBatch::next_line(self)
     }
 
-    #[inline]
+    #[inline(always)]
     fn send_line(&mut self, direct: bool) {
         TxBatch::send_line(self, direct)
     }

@@ -937,8 +937,12 @@ pub enum LinkWait {
 /// The BTH of a QP's single-packet requests with what stays fixed from RTS on filled in
 /// (P_Key, DestQP; M and TVer zero): the template path patches the opcode, SE, PadCnt,
 /// AckReq and PSN.
+///
+/// Kept as the little-endian word of the header's first 8 bytes with the opcode and flags
+/// byte zero, so that a write is two stores (that word with both patched in, then AckReq
+/// and the PSN) rather than a read-modify-write per field.
 #[derive(Debug, Clone, Copy)]
-pub struct BthTemplate([u8; bth::HEADER_LEN]);
+pub struct BthTemplate(u64);
 
 impl BthTemplate {
     /// The template of requests to QP `dest`.
@@ -949,20 +953,24 @@ impl BthTemplate {
             ..BthRepr::new(Opcode::SendOnly, dest, Psn::new(0))
         }
         .emit(&mut bth::Packet::new_unchecked(&mut b[..]));
-        BthTemplate(b)
+        b[0] = 0;
+        b[1] = 0;
+        BthTemplate(u64::from_le_bytes([
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+        ]))
     }
 
     /// Writes the BTH of a request with AckReq set into `out` (at least
-    /// [`bth::HEADER_LEN`] bytes).
+    /// [`bth::HEADER_LEN`] bytes). (The flags byte is SE, M, PadCnt and TVer from the high
+    /// bit down, M and TVer zero; AckReq is the high bit of byte 8, the PSN bytes 9..12.)
     #[inline]
     pub fn write(&self, out: &mut [u8], opcode: Opcode, solicited: bool, pad: u8, psn: Psn) {
-        out[..bth::HEADER_LEN].copy_from_slice(&self.0);
-        let mut p = bth::Packet::new_unchecked(out);
-        p.set_opcode(opcode);
-        p.set_solicited(solicited);
-        p.set_pad_count(pad);
-        p.set_ack_req(true);
-        p.set_psn(psn);
+        let flags = (u8::from(solicited) << 7) | ((pad & 3) << 4);
+        let head = self.0 | u64::from(opcode.code()) | (u64::from(flags) << 8);
+        let tail = (0x8000_0000 | psn.get()).to_be_bytes();
+        let out = &mut out[..bth::HEADER_LEN];
+        out[..8].copy_from_slice(&head.to_le_bytes());
+        out[8..].copy_from_slice(&tail);
     }
 }
 

@@ -195,7 +195,7 @@ impl TxBatch {
     ///
     /// `direct` is false when something must see the packet in the batch before it goes:
     /// the fault stage or the capture tap.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn send_line(&mut self, direct: bool) {
         if direct && self.len == 0 {
             debug_assert_eq!(frame_lines(&self.buf[0]), 1, "a one-line packet");
