@@ -91,16 +91,20 @@ fn post_fast<L: LinkTx + ?Sized>(
     const BTH: usize = bth::HEADER_LEN;
     const RETH: usize = crate::wire::reth::HEADER_LEN;
     const IMM: usize = crate::wire::immdt::HEADER_LEN;
-    // The Only opcode and its headers: RETH (a Write), ImmDt (with immediate data).
-    let (opcode, reth, imm) = match w.op {
-        WqeOp::Send => (Opcode::SendOnly, 0, 0),
-        WqeOp::SendImm => (Opcode::SendOnlyWithImmediate, 0, IMM),
-        WqeOp::Write => (Opcode::RdmaWriteOnly, RETH, 0),
-        WqeOp::WriteImm => (Opcode::RdmaWriteOnlyWithImmediate, RETH, IMM),
-        WqeOp::Read | WqeOp::CompareSwap | WqeOp::FetchAdd => {
-            return post_rd_atomic_fast(qp, env, tx, w, direct);
+    // The Only opcode and its headers: RETH (a Write), ImmDt (with immediate data). A Send,
+    // the most common post, is told by one compare before the others' jump table.
+    let (opcode, reth, imm) = if w.op == WqeOp::Send {
+        (Opcode::SendOnly, 0, 0)
+    } else {
+        match w.op {
+            WqeOp::SendImm => (Opcode::SendOnlyWithImmediate, 0, IMM),
+            WqeOp::Write => (Opcode::RdmaWriteOnly, RETH, 0),
+            WqeOp::WriteImm => (Opcode::RdmaWriteOnlyWithImmediate, RETH, IMM),
+            WqeOp::Read | WqeOp::CompareSwap | WqeOp::FetchAdd => {
+                return post_rd_atomic_fast(qp, env, tx, w, direct);
+            }
+            _ => return false,
         }
-        _ => return false,
     };
     let hdr = BTH + reth + imm;
     // A payload that fits the slot is below the smallest PMTU (256): one packet.

@@ -260,11 +260,15 @@ impl SendWindow {
         self.started = seq + 1;
         self.npsn = psn.add(1);
         self.sent_to = self.npsn;
-        self.tx = TxPoint {
-            seq: seq + 1,
-            pkt: 0,
-            cursor: Some(Cursor::default()),
-        };
+        // An idle window's transmit point is at the start of the WQE after its last (every
+        // move that leaves a WQE, `next_wqe`, a rewind past the last, `drop_oldest`, starts
+        // the next one at packet 0): only the WQE moves on.
+        debug_assert_eq!(
+            (self.tx.pkt, self.tx.cursor),
+            (0, Some(Cursor::default())),
+            "an idle window's transmit point is at a WQE's start"
+        );
+        self.tx.seq = seq + 1;
         psn
     }
 
