@@ -924,12 +924,14 @@ impl Engine {
             return true;
         };
         let mut env = res.env();
-        let before = link.tx.queued().len();
         let was_owed = qp.proto.resp.owed_ack().is_some();
-        let tx = &mut link.tx;
         // The template path writes its packet straight into the link's ring unless the
         // fault stage or the capture tap must see it staged first.
-        let direct = faults.is_none() && trace.is_none();
+        let staged = faults.is_some() || trace.is_some();
+        // (Where the fault stage and the tap start looking: only they need it.)
+        let before = if staged { link.tx.len() } else { 0 };
+        let tx = &mut link.tx;
+        let direct = !staged;
         #[cfg(test)]
         let direct = direct && crate::probe::enabled();
         let sent = match wqe {
@@ -952,11 +954,13 @@ impl Engine {
                 }
             }
         }
-        if let Some(f) = faults.as_deref_mut() {
-            f.on_sent(d.link, &mut link.tx, before, &qp.mem);
-        }
-        if let Some(t) = trace.as_deref_mut() {
-            trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+        if staged {
+            if let Some(f) = faults.as_deref_mut() {
+                f.on_sent(d.link, &mut link.tx, before, &qp.mem);
+            }
+            if let Some(t) = trace.as_deref_mut() {
+                trace_sent(t, d.link, link.endpoints, &link.tx, before, &qp.mem);
+            }
         }
         link.publish_post();
         if !udp.is_empty() {
