@@ -29,8 +29,8 @@ use crate::wire::atomic_eth::AtomicEthRepr;
 use crate::wire::bth;
 use crate::wire::opcode::Opcode;
 use crate::wire::reth::RethRepr;
-use crate::wire::slot::MAX_CONTINUATION;
 use crate::wire::slot::{HeaderWriter, PacketSlot};
+use crate::wire::slot::{MAX_CONTINUATION, SLOT_DATA};
 use crate::wqe::{DataLoc, SqWqe, WqeFlags, WqeOp};
 
 pub use shmhca_proto::requester::{
@@ -108,10 +108,11 @@ fn post_fast<L: LinkTx + ?Sized>(
     };
     let hdr = BTH + reth + imm;
     // A payload that fits the slot is below the smallest PMTU (256): one packet.
-    const _: () = assert!(crate::wire::slot::SLOT_DATA <= 256);
+    const _: () = assert!(SLOT_DATA <= 256);
     let len = w.len as usize;
     let src = match w.data {
-        DataLoc::Single(e) if len <= PacketSlot::inline_room(hdr) && len <= e.len as usize => e.off,
+        // (The room as the slice below is bounded, so that its check is this one.)
+        DataLoc::Single(e) if hdr + len <= SLOT_DATA && len <= e.len as usize => e.off,
         DataLoc::Empty if len == 0 => 0,
         _ => return false,
     };
