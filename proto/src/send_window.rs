@@ -472,6 +472,61 @@ mod tests {
         }
     }
 
+    /// `push_sent` moves only the transmit point's WQE: the point of an idle window is at
+    /// a WQE's start (packet 0, gather position at the list's start) however the window
+    /// became idle — the last packet of a multi-packet WQE resent after a rewind into it,
+    /// a rewind to nPSN, the transmit point dragged by retiring. Each window then takes a
+    /// WQE by `push_sent` and its twin by the normal path's four steps, and the two agree.
+    #[test]
+    fn push_sent_after_a_resend_a_rewind_or_a_retire_equals_the_normal_path() {
+        let mid = Cursor { idx: 1, skip: 5 };
+        // Sends a 3-packet WQE, then leaves the window idle in one of three ways.
+        let idle = |how: u8| {
+            let mut win = SendWindow::new(4);
+            win.start_at(Psn::new(100));
+            win.push(send(3));
+            win.start_next();
+            win.next_packet(mid);
+            win.next_packet(mid);
+            win.next_wqe();
+            match how {
+                // The rest of the WQE sent again from its second packet.
+                0 => {
+                    win.rewind(Psn::new(101));
+                    assert_eq!((win.tx().pkt, win.tx().cursor), (1, None));
+                    win.next_packet(mid);
+                    win.next_wqe();
+                }
+                // A rewind to nPSN: nothing to send again.
+                1 => win.rewind(Psn::new(103)),
+                // Acknowledged, completed and retired.
+                _ => {
+                    win.acknowledge(Psn::new(102));
+                    win.complete(0, WcStatus::Success);
+                    win.retire_oldest();
+                }
+            }
+            assert!(!win.has_work());
+            win
+        };
+        for how in 0..3 {
+            let (mut a, mut b) = (idle(how), idle(how));
+            let psn = a.push_sent(&send(1).wqe, 0);
+            b.push(send(1));
+            let w = *b.start_next();
+            assert!(!b.note_sent(&w, w.first_psn));
+            b.next_wqe();
+            assert_eq!(psn, w.first_psn, "case {how}");
+            assert_eq!(a.tx(), b.tx(), "case {how}");
+            assert_eq!(a.tx().cursor, Some(Cursor::default()), "case {how}");
+            assert_eq!(
+                (a.started, a.fetched, a.npsn, a.sent_to),
+                (b.started, b.fetched, b.npsn, b.sent_to),
+                "case {how}"
+            );
+        }
+    }
+
     #[test]
     fn a_packet_behind_the_highest_sent_is_a_retransmission() {
         let mut win = SendWindow::new(2);
