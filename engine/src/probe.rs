@@ -27,10 +27,13 @@ pub(crate) enum Path {
     DirectPost = 7,
     /// The completer's retire fast path (`completer::retire_ok_fast`): counted per run.
     Retire = 8,
+    /// An owed Ack's QP listed in the owed lists' first word, no list touched
+    /// (`OwedAcks::push`).
+    OwedFirst = 9,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 9;
+pub(crate) const PATHS: usize = 10;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };
