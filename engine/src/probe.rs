@@ -30,10 +30,12 @@ pub(crate) enum Path {
     /// An owed Ack's QP listed in the owed lists' first word, no list touched
     /// (`OwedAcks::push`).
     OwedFirst = 9,
+    /// An Ack's credit code kept from the last count (`responder::credit_code`).
+    CreditCache = 10,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 10;
+pub(crate) const PATHS: usize = 11;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

@@ -1618,7 +1618,7 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
     // The receive fast path thrice, the owed Ack's QP listed in the first word once.
-    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    assert_eq!(taken[..10], [3, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);
