@@ -20,8 +20,9 @@ use crate::engine::doorbell::ActiveSet;
 const NONE: u32 = u32::MAX;
 /// In `next`: the QP is on no list.
 const UNLISTED: u32 = u32::MAX - 1;
-/// In `first`: no entry waits to be listed.
-const NO_FIRST: u64 = u64::MAX;
+/// In `first`: no entry waits to be listed (an entry's link half is the link plus one:
+/// never zero, so that one OR with the links' summary tells whether any QP is listed).
+const NO_FIRST: u64 = 0;
 
 /// For each link, the QPs that may owe an Ack on it, as lists threaded through one array
 /// indexed by QP. An entry is a hint, checked when the list is flushed: the QP may have
@@ -35,8 +36,8 @@ const NO_FIRST: u64 = u64::MAX;
 /// for real ([`OwedAcks::settle`]) when a second entry comes and before the lists are
 /// walked, so that every list holds, in the same order, what it would hold without it.
 pub(crate) struct OwedAcks {
-    /// The entry waiting to be listed, the link in the high half and the QP in the low
-    /// one, or [`NO_FIRST`]; only while every list is empty.
+    /// The entry waiting to be listed ([`entry`]: the link plus one in the high half, the
+    /// QP in the low one), or [`NO_FIRST`]; only while every list is empty.
     first: u64,
     /// Links whose list is not empty.
     links: ActiveSet,
@@ -72,7 +73,7 @@ impl OwedAcks {
         if self.first == NO_FIRST && self.links.is_empty() && fast {
             #[cfg(test)]
             crate::probe::count(crate::probe::Path::OwedFirst);
-            self.first = (u64::from(link) << 32) | u64::from(qp);
+            self.first = entry(link, qp);
             return true;
         }
         if self.first as u32 == qp && self.first != NO_FIRST {
@@ -87,7 +88,7 @@ impl OwedAcks {
     #[inline]
     pub(crate) fn settle(&mut self) {
         if self.first != NO_FIRST {
-            let (link, qp) = ((self.first >> 32) as u32, self.first as u32);
+            let (link, qp) = (((self.first >> 32) - 1) as u32, self.first as u32);
             self.first = NO_FIRST;
             self.relist(link, qp);
         }
@@ -110,15 +111,15 @@ impl OwedAcks {
     /// Whether no QP is listed.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.first == NO_FIRST && self.links.is_empty()
+        (self.first | self.links.summary()) == 0
     }
 
-    /// The summary word of the links with a list (as [`ActiveSet::summary`]), with bit 0
-    /// set as well while an entry waits in `first`: zero exactly when no QP is listed, and
-    /// the summary itself once [`OwedAcks::settle`]d.
+    /// The summary word of the links with a list (as [`ActiveSet::summary`]), or'd with
+    /// the entry waiting in `first`: zero exactly when no QP is listed, and the summary
+    /// itself once [`OwedAcks::settle`]d.
     #[inline]
     pub(crate) fn link_summary(&self) -> u64 {
-        self.links.summary() | u64::from(self.first != NO_FIRST)
+        self.links.summary() | self.first
     }
 
     /// Word `w` of the set of links with a list (as [`ActiveSet::word`]).
@@ -134,7 +135,7 @@ impl OwedAcks {
     #[inline]
     pub(crate) fn forget_head(&mut self, link: u32, qp: u32) {
         // The entry in `first` is its link's only one: its head.
-        if self.first == (u64::from(link) << 32) | u64::from(qp) {
+        if self.first == entry(link, qp) {
             self.first = NO_FIRST;
             return;
         }
@@ -168,6 +169,12 @@ impl OwedAcks {
         taken.0 = std::mem::replace(&mut self.next[qp as usize], UNLISTED);
         Some(qp)
     }
+}
+
+/// The entry of QP `qp` on link `link` in [`OwedAcks`]' `first`.
+#[inline(always)]
+fn entry(link: u32, qp: u32) -> u64 {
+    ((u64::from(link) + 1) << 32) | u64::from(qp)
 }
 
 /// A list taken from [`OwedAcks`] (see [`OwedAcks::take`]).
@@ -253,5 +260,24 @@ mod tests {
         assert_eq!(drain(&mut o, 1), [5]);
         o.push(2, 5);
         assert_eq!(drain(&mut o, 2), [5]);
+    }
+
+    /// The first entry waits in one word — QP 0 on link 0 as well — where it counts as
+    /// listed, is forgotten, or goes on its list, in order, when a second entry comes.
+    #[test]
+    fn the_first_entry_waits_in_a_word_until_a_second_comes() {
+        let mut o = OwedAcks::new(8, 64);
+        assert!(o.push(0, 0));
+        assert!(!o.is_empty() && o.link_summary() != 0);
+        assert!(!o.push(3, 0), "listed already (on link 0)");
+        o.forget_head(3, 0); // not its link: stays
+        o.forget_head(0, 0);
+        assert!(o.is_empty() && o.link_summary() == 0);
+        assert!(o.push(0, 0));
+        assert!(o.push(0, 1));
+        assert!(!o.push(0, 0));
+        assert_eq!(o.link_summary(), 1, "settled: link 0's bit alone");
+        assert_eq!(drain(&mut o, 0), [1, 0]);
+        assert!(o.is_empty());
     }
 }
