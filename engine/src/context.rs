@@ -450,6 +450,13 @@ impl<T: Copy> Posted<T> {
     pub(crate) fn waiting(&mut self) -> u32 {
         self.0.available().map_or(0, |n| n as u32)
     }
+
+    /// Whether exactly `known` are waiting, `known` a count [`Posted::waiting`] returned:
+    /// one load, nothing checked (a count read wrong only compares unequal).
+    #[inline(always)]
+    pub(crate) fn still_waiting(&self, known: u32) -> bool {
+        self.0.peek_available() == Some(u64::from(known))
+    }
 }
 
 /// A QP's shared receive queue, as the QP holds it.
@@ -491,6 +498,9 @@ pub(crate) struct QpSlot {
     /// The shared receive queue this QP takes its receive WQEs from (its own `rq` stays
     /// empty).
     pub(crate) srq: Option<SrqBinding>,
+    /// The credit code of the receive WQEs last counted, and that count (the Acks'
+    /// `credit_code`: recomputed only when the count changed).
+    pub(crate) credits: crate::responder::CreditCache,
     /// Posts sent on the template path (tests check that it is taken).
     #[cfg(test)]
     pub(crate) fast_posts: u64,

@@ -27,10 +27,15 @@ pub(crate) enum Path {
     DirectPost = 7,
     /// The completer's retire fast path (`completer::retire_ok_fast`): counted per run.
     Retire = 8,
+    /// An owed Ack's QP listed in the owed lists' first word, no list touched
+    /// (`OwedAcks::push`).
+    OwedFirst = 9,
+    /// An Ack's credit code kept from the last count (`responder::credit_code`).
+    CreditCache = 10,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 9;
+pub(crate) const PATHS: usize = 11;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

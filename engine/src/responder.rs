@@ -57,7 +57,7 @@ mod tests;
 use crate::completion::WorkCompletion;
 pub(crate) use owed::OwedAcks;
 pub(crate) use shmhca_proto::responder::{Inbound, Out, ReadJob, RespError, verdict};
-use shmhca_proto::responder::{RecvCopyError, Request, ResponderDriver};
+use shmhca_proto::responder::{OwedAck, RecvCopyError, Request, ResponderDriver};
 
 use std::sync::atomic::Ordering;
 
@@ -951,14 +951,37 @@ pub(crate) fn ride_owed_ack(qp: &mut QpSlot, env: &mut Env<'_>, slot: &mut Packe
     }
 }
 
-/// [`ride_owed_ack`] once an Ack is owed and the slot has room.
+/// [`ride_owed_ack`] once an Ack is owed and the slot has room. With the credit code kept
+/// from the last count (the common case) it calls nothing, so it saves no registers.
 #[inline(never)]
 fn ride(qp: &mut QpSlot, env: &mut Env<'_>, slot: &mut PacketSlot) {
     let Some(a) = qp.proto.resp.owed else { return };
     if qp.proto.state == QpState::Error {
         return; // `send_owed_ack` drops it
     }
-    let code = credit_code(qp);
+    match kept_credit_code(qp) {
+        Some(code) => put_riding_ack(qp, env, slot, a, code),
+        None => ride_counting(qp, env, slot, a),
+    }
+}
+
+/// [`ride`] when the receive WQEs must be counted for the credit code.
+#[inline(never)]
+fn ride_counting(qp: &mut QpSlot, env: &mut Env<'_>, slot: &mut PacketSlot, a: OwedAck) {
+    let code = count_credits(qp);
+    put_riding_ack(qp, env, slot, a, code);
+}
+
+/// Puts owed Ack `a` with credit code `code` in `slot` if it has room, with the bookkeeping
+/// of [`send_owed_ack`].
+#[inline(always)]
+fn put_riding_ack(
+    qp: &mut QpSlot,
+    env: &mut Env<'_>,
+    slot: &mut PacketSlot,
+    a: OwedAck,
+    code: CreditCode,
+) {
     let word = riding_word(
         a.psn.get(),
         Syndrome::Ack { credits: code }.to_u8(),
@@ -1007,11 +1030,59 @@ pub(crate) fn advertise(qp: &mut QpSlot, credits: Option<u32>) {
 /// shared receive queue has no receive WQEs of its own to count — the SRQ's are shared
 /// with other QPs — so it reports the invalid code 11111 ("not providing credit
 /// information", spec/02): its requester sends as without credits.
+///
+/// Every Ack asks; most find the count they found last (a ping-pong's receiver re-posts
+/// what it took before it answers): the code kept with that count ([`CreditCache`])
+/// serves, one load of the RQ's index, none of its checks nor the encoding.
+#[inline]
 fn credit_code(qp: &mut QpSlot) -> CreditCode {
+    kept_credit_code(qp).unwrap_or_else(|| count_credits(qp))
+}
+
+/// [`credit_code`] without counting: `None` when the receive WQEs must be counted.
+#[inline(always)]
+fn kept_credit_code(qp: &QpSlot) -> Option<CreditCode> {
     if qp.srq.is_some() {
-        return CreditCode::NONE;
+        return Some(CreditCode::NONE);
     }
-    CreditCode::encode(qp.rq.waiting())
+    #[cfg(test)]
+    let fast = crate::probe::enabled();
+    #[cfg(not(test))]
+    let fast = true;
+    if fast && qp.rq.still_waiting(qp.credits.count) {
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::CreditCache);
+        return Some(qp.credits.code);
+    }
+    None
+}
+
+/// [`credit_code`] when the count changed: counts the receive WQEs and keeps the code.
+#[inline(never)]
+fn count_credits(qp: &mut QpSlot) -> CreditCode {
+    let count = qp.rq.waiting();
+    let code = CreditCode::encode(count);
+    qp.credits = CreditCache { count, code };
+    code
+}
+
+/// A QP's credit code and the count of receive WQEs it encodes ([`credit_code`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CreditCache {
+    /// The receive WQEs counted, or `u32::MAX` (more than any RQ holds) before the first
+    /// count.
+    count: u32,
+    /// The code of `count`.
+    code: CreditCode,
+}
+
+impl Default for CreditCache {
+    fn default() -> CreditCache {
+        CreditCache {
+            count: u32::MAX,
+            code: CreditCode::NONE,
+        }
+    }
 }
 
 /// Sends a Nak or RNR Nak (an Acknowledge with `syndrome`) and counts it; false if the link

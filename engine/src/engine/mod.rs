@@ -1439,6 +1439,7 @@ fn flush_owed_acks(
     trace: &mut Option<Box<Trace>>,
     held: bool,
 ) {
+    owed.settle();
     let mut summary = owed.link_summary();
     while summary != 0 {
         let w = summary.trailing_zeros();
@@ -1463,7 +1464,7 @@ fn flush_owed_acks(
                     continue;
                 };
                 if d.link.index() != l {
-                    owed.push(d.link.index(), i);
+                    owed.relist(d.link.index(), i);
                     continue;
                 }
                 // A link that went down: its QPs learn it in step 3 and go to Error.
@@ -1473,7 +1474,7 @@ fn flush_owed_acks(
                 if held {
                     // Listed in this iteration: held back until the next.
                     if std::mem::take(&mut qp.proto.resp.listed_late) {
-                        owed.push(l, i);
+                        owed.relist(l, i);
                         continue;
                     }
                     // Held back an iteration, no request came to carry it: the QP stops
@@ -1481,7 +1482,7 @@ fn flush_owed_acks(
                     qp.proto.resp.replies = false;
                 }
                 if !send_owed(qp, d.link, link, env, faults, trace) {
-                    owed.push(l, i);
+                    owed.relist(l, i);
                 }
             }
         }

@@ -1617,7 +1617,8 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
     assert_eq!(none, [0; crate::probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
-    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0, 0, 0]);
+    // The receive fast path thrice, the owed Ack's QP listed in the first word once.
+    assert_eq!(taken[..10], [3, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);
@@ -2053,4 +2054,57 @@ fn with_a_tap_or_a_fault_stage_a_post_is_staged_where_they_see_it() {
     let answers = r.answers();
     let sends = answers.iter().filter(|a| a.0 == Opcode::SendOnly).count();
     assert_eq!(sends, 2, "sent twice: {answers:?}");
+}
+
+/// Issue 27's owed Ack: the QP of an owed Ack listed in the owed lists' first word (no
+/// list touched) and the Ack's credit code kept with the count it encodes leave what the
+/// lists and a fresh count leave: an Ack held back rides in the answer with the credits of
+/// the ride (receives posted between the request and the answer counted), one not
+/// answered leaves alone an iteration later, and one owed when the QP moves to Error
+/// leaves before it.
+#[test]
+fn owed_acks_in_the_first_word_with_kept_credit_codes_leave_what_the_lists_leave() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        // Owed Acks held back an iteration, as with the progress helper; the QP has sent
+        // a request, so it replies.
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        r.post_recv(4);
+        post(r, 8, &[Op::Send(8)]);
+        // Pings answered at once, each receive re-posted before the answer: their Acks
+        // ride, the second with the credit code kept from the first's count (4).
+        for k in 0..2 {
+            r.request(Opcode::SendOnly, k, |_| {}, b"ping");
+            r.step();
+            r.post_recv(1);
+            post_only(r, 1 + u64::from(k), &[Op::Send(8)]);
+            r.step();
+        }
+        // Two receives posted between a ping and its answer: the riding Ack reports the
+        // count of the ride (5), not the one kept (4).
+        r.request(Opcode::SendOnly, 2, |_| {}, b"pin3");
+        r.step();
+        r.post_recv(2);
+        post_only(r, 3, &[Op::Send(8)]);
+        r.step();
+        // Not answered: held back an iteration, then alone (4 left).
+        r.request(Opcode::SendOnly, 3, |_| {}, b"pin4");
+        r.step();
+        r.step();
+        // Owed when the QP moves to Error: it leaves first (3 left).
+        r.request(Opcode::SendOnly, 4, |_| {}, b"pin5");
+        r.step();
+        r.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
+    });
+    assert!(taken[Path::OwedFirst as usize] >= 4, "{taken:?}");
+    assert!(taken[Path::CreditCache as usize] >= 1, "{taken:?}");
+    // The last two Acks (the rig's look at the link takes what the posts' engine turns
+    // sent before): alone an iteration later with the 4 receives left, and before the
+    // move to Error with 3.
+    let acks: Vec<_> = out
+        .sent
+        .iter()
+        .filter(|s| s.0 == Opcode::Acknowledge)
+        .copied()
+        .collect();
+    assert_eq!(acks, [ack(3, 4, 4), ack(4, 5, 3)], "{out:#?}");
 }

@@ -20,13 +20,25 @@ use crate::engine::doorbell::ActiveSet;
 const NONE: u32 = u32::MAX;
 /// In `next`: the QP is on no list.
 const UNLISTED: u32 = u32::MAX - 1;
+/// In `first`: no entry waits to be listed (an entry's link half is the link plus one:
+/// never zero, so that one OR with the links' summary tells whether any QP is listed).
+const NO_FIRST: u64 = 0;
 
 /// For each link, the QPs that may owe an Ack on it, as lists threaded through one array
 /// indexed by QP. An entry is a hint, checked when the list is flushed: the QP may have
 /// sent its Ack meanwhile (with a packet that left sooner), or been destroyed and its slot
 /// reused. Each QP is on at most one list, so a list never loops; nothing is allocated
 /// after construction.
+///
+/// The first entry pushed while every list is empty waits in one word (`first`) instead:
+/// a ping-pong's responder owes one Ack at a time, which rides in the answer, so its entry
+/// is written and forgotten there without a list or a link's bit touched. It is listed
+/// for real ([`OwedAcks::settle`]) when a second entry comes and before the lists are
+/// walked, so that every list holds, in the same order, what it would hold without it.
 pub(crate) struct OwedAcks {
+    /// The entry waiting to be listed ([`entry`]: the link plus one in the high half, the
+    /// QP in the low one), or [`NO_FIRST`]; only while every list is empty.
+    first: u64,
     /// Links whose list is not empty.
     links: ActiveSet,
     /// Per link: the first QP of its list, or [`NONE`].
@@ -43,6 +55,7 @@ impl OwedAcks {
         // QP indexes stay below UNLISTED, so an index is never taken for a marker.
         debug_assert!(qps < UNLISTED as usize && links <= 4096);
         OwedAcks {
+            first: NO_FIRST,
             links: ActiveSet::new(),
             head: vec![NONE; links].into_boxed_slice(),
             next: vec![UNLISTED; qps].into_boxed_slice(),
@@ -50,8 +63,42 @@ impl OwedAcks {
     }
 
     /// Lists QP `qp` on link `link`, unless it is on a list already; whether it was not.
+    /// With every list empty the entry waits in `first`.
     #[inline]
     pub(crate) fn push(&mut self, link: u32, qp: u32) -> bool {
+        #[cfg(test)]
+        let fast = crate::probe::enabled();
+        #[cfg(not(test))]
+        let fast = true;
+        if self.first == NO_FIRST && self.links.is_empty() && fast {
+            #[cfg(test)]
+            crate::probe::count(crate::probe::Path::OwedFirst);
+            self.first = entry(link, qp);
+            return true;
+        }
+        if self.first as u32 == qp && self.first != NO_FIRST {
+            return false;
+        }
+        self.settle();
+        self.relist(link, qp)
+    }
+
+    /// Lists the entry waiting in `first`, if any: after it, the lists hold what they
+    /// would hold had it been listed when it was pushed.
+    #[inline]
+    pub(crate) fn settle(&mut self) {
+        if self.first != NO_FIRST {
+            let (link, qp) = (((self.first >> 32) - 1) as u32, self.first as u32);
+            self.first = NO_FIRST;
+            self.relist(link, qp);
+        }
+    }
+
+    /// [`OwedAcks::push`] on the lists themselves, never into `first`: for a QP put back
+    /// while the lists are walked, which must be on its link's list for the walk to see
+    /// it (the link's bit may not have been visited yet).
+    #[inline]
+    pub(crate) fn relist(&mut self, link: u32, qp: u32) -> bool {
         if self.next[qp as usize] != UNLISTED {
             return false;
         }
@@ -64,13 +111,15 @@ impl OwedAcks {
     /// Whether no QP is listed.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.links.is_empty()
+        (self.first | self.links.summary()) == 0
     }
 
-    /// The summary word of the links with a list (as [`ActiveSet::summary`]).
+    /// The summary word of the links with a list (as [`ActiveSet::summary`]), or'd with
+    /// the entry waiting in `first`: zero exactly when no QP is listed, and the summary
+    /// itself once [`OwedAcks::settle`]d.
     #[inline]
     pub(crate) fn link_summary(&self) -> u64 {
-        self.links.summary()
+        self.links.summary() | self.first
     }
 
     /// Word `w` of the set of links with a list (as [`ActiveSet::word`]).
@@ -85,6 +134,11 @@ impl OwedAcks {
     /// a hint the flush finds empty.
     #[inline]
     pub(crate) fn forget_head(&mut self, link: u32, qp: u32) {
+        // The entry in `first` is its link's only one: its head.
+        if self.first == entry(link, qp) {
+            self.first = NO_FIRST;
+            return;
+        }
         if self.head[link as usize] != qp {
             return;
         }
@@ -95,9 +149,11 @@ impl OwedAcks {
     }
 
     /// Takes link `link`'s list: the QPs come out one by one from
-    /// [`OwedAcks::pop`], unlisted (push back those whose Ack could not leave).
+    /// [`OwedAcks::pop`], unlisted (push back those whose Ack could not leave). Only once
+    /// [`OwedAcks::settle`]d (the entry in `first` is on no list yet).
     #[inline]
     pub(crate) fn take(&mut self, link: u32) -> Taken {
+        debug_assert_eq!(self.first, NO_FIRST, "settled before the lists are walked");
         let first = std::mem::replace(&mut self.head[link as usize], NONE);
         self.links.remove(link);
         Taken(first)
@@ -115,6 +171,12 @@ impl OwedAcks {
     }
 }
 
+/// The entry of QP `qp` on link `link` in [`OwedAcks`]' `first`.
+#[inline(always)]
+fn entry(link: u32, qp: u32) -> u64 {
+    ((u64::from(link) + 1) << 32) | u64::from(qp)
+}
+
 /// A list taken from [`OwedAcks`] (see [`OwedAcks::take`]).
 pub(crate) struct Taken(u32);
 
@@ -123,6 +185,7 @@ mod tests {
     use super::*;
 
     fn drain(o: &mut OwedAcks, link: u32) -> Vec<u32> {
+        o.settle();
         let mut t = o.take(link);
         let mut out = vec![];
         while let Some(q) = o.pop(&mut t) {
@@ -175,11 +238,12 @@ mod tests {
         for q in [1, 2, 3] {
             o.push(0, q);
         }
+        o.settle();
         let mut t = o.take(0);
         let mut seen = vec![];
         while let Some(q) = o.pop(&mut t) {
             seen.push(q);
-            o.push(0, q);
+            o.relist(0, q);
         }
         assert_eq!(seen, [3, 2, 1]);
         assert_eq!(drain(&mut o, 0), [1, 2, 3]);
@@ -196,5 +260,24 @@ mod tests {
         assert_eq!(drain(&mut o, 1), [5]);
         o.push(2, 5);
         assert_eq!(drain(&mut o, 2), [5]);
+    }
+
+    /// The first entry waits in one word — QP 0 on link 0 as well — where it counts as
+    /// listed, is forgotten, or goes on its list, in order, when a second entry comes.
+    #[test]
+    fn the_first_entry_waits_in_a_word_until_a_second_comes() {
+        let mut o = OwedAcks::new(8, 64);
+        assert!(o.push(0, 0));
+        assert!(!o.is_empty() && o.link_summary() != 0);
+        assert!(!o.push(3, 0), "listed already (on link 0)");
+        o.forget_head(3, 0); // not its link: stays
+        o.forget_head(0, 0);
+        assert!(o.is_empty() && o.link_summary() == 0);
+        assert!(o.push(0, 0));
+        assert!(o.push(0, 1));
+        assert!(!o.push(0, 0));
+        assert_eq!(o.link_summary(), 1, "settled: link 0's bit alone");
+        assert_eq!(drain(&mut o, 0), [1, 0]);
+        assert!(o.is_empty());
     }
 }

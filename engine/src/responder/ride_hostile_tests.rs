@@ -966,6 +966,10 @@ fn a_held_ack_whose_link_goes_down_goes_with_it() {
 /// copy); dropped, likewise.
 #[test]
 fn a_held_ack_that_finds_no_room_at_a_modify_leaves_later() {
+    owed_both_ways(a_held_ack_that_finds_no_room_at_a_modify_leaves_later_once);
+}
+
+fn a_held_ack_that_finds_no_room_at_a_modify_leaves_later_once() {
     let mut rig = Rig::new(
         inline_context(),
         Setup {
@@ -999,6 +1003,18 @@ fn a_held_ack_that_finds_no_room_at_a_modify_leaves_later() {
     rig.settle();
     assert!(rig.sent().is_empty(), "only once");
     assert_eq!(rig.ctx.stats().acks_sent, before.acks_sent + 1);
+}
+
+/// Runs `test` with the fast paths off (every owed Ack's QP on a list, every credit code
+/// counted afresh), then on: its assertions hold both ways, and the second run lists an
+/// owed Ack's QP in the owed lists' first word (issue 27's owed Ack).
+pub(super) fn owed_both_ways(test: fn()) {
+    crate::probe::set_enabled(false);
+    test();
+    crate::probe::set_enabled(true);
+    let before = crate::probe::taken(crate::probe::Path::OwedFirst);
+    test();
+    assert!(crate::probe::taken(crate::probe::Path::OwedFirst) > before);
 }
 
 /// A rig holding owed Acks back, with a second QP on its link (to the peer's `PEER2`, 4
@@ -1049,6 +1065,10 @@ fn two_qps() -> (Rig, Qp) {
 /// and that QP stopped holding its Acks back.
 #[test]
 fn an_ack_owed_an_iteration_later_is_held_back_an_iteration_of_its_own() {
+    owed_both_ways(an_ack_owed_an_iteration_later_is_held_back_an_iteration_of_its_own_once);
+}
+
+fn an_ack_owed_an_iteration_later_is_held_back_an_iteration_of_its_own_once() {
     let (mut rig, mut qp2) = two_qps();
     let qpns = [rig.qp.qpn(), qp2.qpn()];
     let r = request_to(qpns[0], Opcode::SendOnly, 0, b"to-qp-0!", None);
@@ -1094,6 +1114,10 @@ fn an_ack_owed_an_iteration_later_is_held_back_an_iteration_of_its_own() {
 /// copy).
 #[test]
 fn every_owed_ack_of_a_link_leaves_once_whichever_rides() {
+    owed_both_ways(every_owed_ack_of_a_link_leaves_once_whichever_rides_once);
+}
+
+fn every_owed_ack_of_a_link_leaves_once_whichever_rides_once() {
     // (Which QP's request arrives first — the other heads the list —, which answer.)
     for (first, answer) in [
         (0, &[][..]),

@@ -272,6 +272,12 @@ fn an_owed_ack_that_cannot_ride_leaves_alone() {
 /// holding its Acks back until it sends a request again.
 #[test]
 fn a_held_ack_rides_in_the_answer_or_leaves_an_iteration_later() {
+    super::ride_hostile_tests::owed_both_ways(
+        a_held_ack_rides_in_the_answer_or_leaves_an_iteration_later_once,
+    );
+}
+
+fn a_held_ack_rides_in_the_answer_or_leaves_an_iteration_later_once() {
     let mut held = rig_with(inline_context(), true);
     let rig = &mut held;
     let before = rig.ctx.stats();
@@ -592,6 +598,12 @@ fn the_trace_shows_a_riding_ack_as_its_own_packet_after_its_carrier() {
 /// not leave the sender retrying into `RetryExcErr` (found by `completion_order`'s test).
 #[test]
 fn a_held_ack_leaves_before_its_qp_is_destroyed_or_modified() {
+    super::ride_hostile_tests::owed_both_ways(
+        a_held_ack_leaves_before_its_qp_is_destroyed_or_modified_once,
+    );
+}
+
+fn a_held_ack_leaves_before_its_qp_is_destroyed_or_modified_once() {
     for destroy in [true, false] {
         let mut rig = rig_with(inline_context(), true);
         // The QP replies to what it receives (it has sent a request).

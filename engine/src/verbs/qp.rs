@@ -222,6 +222,7 @@ impl Qp {
                 fast_posts: 0,
                 #[cfg(test)]
                 visits: 0,
+                credits: Default::default(),
                 srq: srq_index.map(|srq| crate::context::SrqBinding {
                     srq: shmhca_proto::ids::SrqId::new(srq),
                     scratch: gather_bytes,

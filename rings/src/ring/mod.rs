@@ -1247,6 +1247,31 @@ impl<T: Copy, S: Storage<T>> Consumer<T, S> {
         self.available_for(self.capacity)
     }
 
+    /// How many slots the producer's index says wait now, unchecked and not recorded: a
+    /// number only to compare with a count [`Consumer::available`] returned before (equal:
+    /// that count holds now), never to read slots by. `None` once the ring is broken. One
+    /// load of the index, for a caller that keeps something computed from the count.
+    ///
+    /// ```
+    /// let (mut tx, mut rx) = shmhca_rings::ring::heap_ring::<u32>(8).unwrap();
+    /// tx.push(7).unwrap();
+    /// assert_eq!(rx.peek_available(), Some(1));
+    /// assert_eq!(rx.available(), Ok(1));
+    /// ```
+    #[inline(always)]
+    pub fn peek_available(&self) -> Option<u64> {
+        if self.broken.is_some() {
+            return None;
+        }
+        // SYNC: none needed: the count is compared, never used to read a slot; a pop
+        // reloads the index with Acquire (refresh_tail) before it reads one.
+        Some(
+            self.storage
+                .load_tail(Ordering::Relaxed)
+                .wrapping_sub(self.head),
+        )
+    }
+
     /// Whether the ring is empty now: one load of the producer's index when no value is
     /// known to wait, nothing changed (not even the cached index). A broken ring may read
     /// as empty or not; the pops report it. For a poll's empty case, before a pop.
