@@ -27,10 +27,13 @@ pub(crate) enum Path {
     DirectPost = 7,
     /// The completer's retire fast path (`completer::retire_ok_fast`): counted per run.
     Retire = 8,
+    /// The parse of a one-line Send Only with its payload inline
+    /// (`RxPacket::parse_send_only`).
+    SendOnlyParse = 9,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 9;
+pub(crate) const PATHS: usize = 10;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

@@ -260,6 +260,11 @@ fn sends_and_writes_only_at_epsn_take_the_receive_fast_path() {
         r.step();
     });
     assert_eq!(taken[0], 4, "every packet took the fast path");
+    assert_eq!(
+        taken[Path::SendOnlyParse as usize],
+        1,
+        "the Send Only took the parse's shortcut"
+    );
     assert_eq!(out.sent, [ack(3, 4, 1)], "one Ack, after the completions");
     assert_eq!(out.completions.len(), 3);
     assert_eq!(out.completions[1].imm_data, Some(9));
@@ -1617,7 +1622,7 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
     assert_eq!(none, [0; crate::probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
-    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(taken, [3, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);
