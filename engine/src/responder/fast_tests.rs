@@ -504,6 +504,52 @@ fn a_send_too_long_for_its_wqe_fails_as_in_the_pipeline() {
     assert_ne!(out.completions[0].status, crate::WcStatus::Success);
 }
 
+/// The Send Only the parse knows (`RxPacket::parse_send_only`: one line, payload inline)
+/// into receive WQEs its straight copy does not take: one with no scatter list (too short:
+/// the pipeline's Invalid Request Nak, the WQE in error); and WQEs whose region — in the
+/// arena, or a registered buffer — was deregistered after `post_recv` (the region lives on
+/// while the WQE holds it: the Send completes into it, as in the pipeline).
+#[test]
+fn sends_into_no_buffer_or_a_deregistered_region_are_received_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.qp.post_recv(&RecvWr::new(5, &[])).unwrap();
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 1);
+    assert_eq!(taken[Path::SendOnlyParse as usize], 1);
+    assert_eq!(out.state, QpState::Error);
+    assert_eq!(
+        statuses(&out),
+        [(5, crate::WcStatus::LocLenErr)],
+        "the WQE completes as too short"
+    );
+
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let arena = r.pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
+        let user = r.pd.reg_mr(vec![0u8; 4096], AccessFlags::ALL).unwrap();
+        for (i, mr) in [&arena, &*user].into_iter().enumerate() {
+            let sge = [mr.sge(8, 16).unwrap()];
+            r.qp.post_recv(&RecvWr::new(i as u64, &sge)).unwrap();
+        }
+        drop(arena);
+        drop(user);
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.request(Opcode::SendOnly, 1, |_| {}, b"efghijklmnop");
+        r.step();
+    });
+    assert_eq!(taken[0], 2);
+    assert_eq!(taken[Path::SendOnlyParse as usize], 2);
+    assert_eq!(out.state, QpState::Rts);
+    assert_eq!(
+        statuses(&out),
+        [(0, crate::WcStatus::Success), (1, crate::WcStatus::Success)]
+    );
+    assert_eq!(out.stats.payload_bytes_copied, 16);
+}
+
 // --- The receive fast paths of RDMA Reads and Atomics ---
 
 /// An RDMA Read Request at PSN offset `k` of `len` bytes at offset `at` of the rig's

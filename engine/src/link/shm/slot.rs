@@ -450,7 +450,10 @@ impl<'a> RxPacket<'a> {
     /// payload's bounds, the riding word), give the packet `parse_any` gives; anything
     /// else, valid or not, is `None` and left to `parse_any`.
     #[inline(always)]
-    fn parse_send_only(slot: &'a PacketSlot, cont: &'a [PacketSlot]) -> Option<RxPacket<'a>> {
+    pub(crate) fn parse_send_only(
+        slot: &'a PacketSlot,
+        cont: &'a [PacketSlot],
+    ) -> Option<RxPacket<'a>> {
         const HDR: usize = bth::HEADER_LEN;
         #[cfg(test)]
         if !crate::probe::enabled() {
@@ -490,7 +493,7 @@ impl<'a> RxPacket<'a> {
 
     /// [`RxPacket::parse`] of any packet: the general checks.
     #[inline]
-    fn parse_any(
+    pub(crate) fn parse_any(
         slot: &'a PacketSlot,
         cont: &'a [PacketSlot],
     ) -> std::result::Result<RxPacket<'a>, SlotError> {
