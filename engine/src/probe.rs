@@ -32,10 +32,13 @@ pub(crate) enum Path {
     OwedFirst = 9,
     /// An Ack's credit code kept from the last count (`responder::credit_code`).
     CreditCache = 10,
+    /// The parse of a one-line Send Only with its payload inline
+    /// (`RxPacket::parse_send_only`).
+    SendOnlyParse = 11,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 11;
+pub(crate) const PATHS: usize = 12;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

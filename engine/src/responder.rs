@@ -82,17 +82,23 @@ use shmhca_proto::responder::Reply;
 /// and, if one refuses it, answers as the table ([`verdict`]) says. With `tx` (the QP's
 /// link, when nothing needs to look at the packets sent before they leave), a new RDMA
 /// Read of one response or a new Atomic is answered at once ([`read_fast`],
-/// [`atomic_fast`]).
+/// [`atomic_fast`]). `send_only`: `pkt` is what [`RxPacket::parse_send_only`] takes (a
+/// one-line Send Only with its payload inline), for [`send_only_inline_fast`].
 pub(crate) fn on_request<L: LinkTx + ?Sized>(
     qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: Option<&mut L>,
     pkt: &RxPacket<'_>,
+    send_only: bool,
 ) {
     if qp.proto.comm_est_pending {
         qp.comm_established(env);
     }
-    if receive_fast(qp, env, pkt) {
+    if send_only {
+        if send_only_inline_fast(qp, env, pkt) {
+            return;
+        }
+    } else if receive_fast(qp, env, pkt) {
         return;
     }
     if let Some(tx) = tx {
@@ -231,15 +237,7 @@ fn receive_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool 
         return false;
     }
     let info = pkt.info;
-    let resp = &qp.proto.resp;
-    if info.position != Position::Only
-        || pkt.psn() != resp.epsn
-        || !matches!(qp.proto.state, QpState::Rts | QpState::Rtr)
-        || !matches!(resp.cur, Inbound::Idle)
-        || resp.held.is_some()
-        || resp.nak_outstanding
-        || qp.srq.is_some()
-    {
+    if info.position != Position::Only || !at_epsn_idle(qp, pkt) {
         return false;
     }
     let taken = match info.class {
@@ -252,6 +250,73 @@ fn receive_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool 
         crate::probe::count(crate::probe::Path::Receive);
     }
     taken
+}
+
+/// The gate of the receive fast paths of Sends and Writes: `pkt` at ePSN, on an RTR or RTS
+/// QP with its own receive queue and nothing pending (no message in progress, no receive
+/// WQE held, no Nak outstanding).
+#[inline(always)]
+fn at_epsn_idle(qp: &QpSlot, pkt: &RxPacket<'_>) -> bool {
+    let resp = &qp.proto.resp;
+    pkt.psn() == resp.epsn
+        && matches!(qp.proto.state, QpState::Rts | QpState::Rtr)
+        && matches!(resp.cur, Inbound::Idle)
+        && resp.held.is_none()
+        && !resp.nak_outstanding
+        && qp.srq.is_none()
+}
+
+/// [`receive_fast`] of a packet [`RxPacket::parse_send_only`] took (issue 27): a one-line
+/// Send Only, its payload inline behind the BTH and at most `SLOT_DATA - 12` bytes — under
+/// any PMTU, so that the opcode, position and length checks are settled. The same gate and
+/// the same steps as [`send_only_fast`]; a payload that fits a receive WQE of one range is
+/// written straight from the slot (what [`dma::copy_payload`] does for it), any other goes
+/// through `copy_payload`.
+#[inline(always)]
+fn send_only_inline_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    #[cfg(test)]
+    if !crate::probe::enabled() {
+        return false;
+    }
+    debug_assert!(
+        pkt.info.opcode == Opcode::SendOnly
+            && matches!(pkt.payload, crate::wire::slot::Payload::Inline { start, len }
+                if start == crate::wire::bth::HEADER_LEN && len <= qp.proto.cfg.path_mtu.bytes() as usize)
+    );
+    if !at_epsn_idle(qp, pkt) {
+        return false;
+    }
+    // 4. Resources: room in the receive CQ, then the receive WQE.
+    if !env.cqs.has_room(qp.proto.recv_cq) {
+        return false;
+    }
+    let Some(wqe) = qp.rq.take() else {
+        return false;
+    };
+    // 7. Execute.
+    const AT: usize = crate::wire::bth::HEADER_LEN;
+    let slot = pkt.slot();
+    let len = slot.payload_len as usize;
+    let copied = match wqe.data {
+        DataLoc::Single(e) if len <= e.len as usize => match slot.data.get(AT..AT + len) {
+            Some(bytes) => Local::new(&qp.mem, &env.res.mrs)
+                .write(e.off, bytes)
+                .map(|()| len as u64)
+                .map_err(|_| CopyError::BadDestination),
+            None => Err(CopyError::BadSource),
+        },
+        _ => dma::copy_payload(
+            pkt,
+            &qp.peer_mem,
+            &Local::new(&qp.mem, &env.res.mrs),
+            Sgl::new(&wqe.data, &qp.tables),
+            &mut Cursor::default(),
+        ),
+    };
+    accept_send(qp, env, pkt, wqe, copied, None);
+    #[cfg(test)]
+    crate::probe::count(crate::probe::Path::Receive);
+    true
 }
 
 /// The receive fast paths of RDMA Reads and Atomics (issue 10): a new request at ePSN,
@@ -488,7 +553,6 @@ fn atomic_fast<L: LinkTx + ?Sized>(
 /// the pipeline must take it.
 #[inline]
 fn send_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
-    let psn = pkt.psn();
     // 5. Length (before the resources here: it changes nothing, and a failure goes to the
     // pipeline, which checks the resources first).
     if pkt.payload.len() > qp.proto.cfg.path_mtu.bytes() {
@@ -502,14 +566,31 @@ fn send_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
         return false;
     };
     // 7. Execute.
-    let mut cursor = Cursor::default();
-    let n = match dma::copy_payload(
+    let copied = dma::copy_payload(
         pkt,
         &qp.peer_mem,
         &Local::new(&qp.mem, &env.res.mrs),
         Sgl::new(&wqe.data, &qp.tables),
-        &mut cursor,
-    ) {
+        &mut Cursor::default(),
+    );
+    accept_send(qp, env, pkt, wqe, copied, pkt.imm());
+    true
+}
+
+/// The end of a Send Only on a fast path, its payload `copied` into receive WQE `wqe`:
+/// delivered ([`deliver_fast`]), or, if the copy failed, refused as the pipeline refuses
+/// it, with the WQE where the pipeline would have put it. `imm`: the packet's immediate
+/// data.
+#[inline(always)]
+fn accept_send(
+    qp: &mut QpSlot,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    wqe: RqWqe,
+    copied: Result<u64, CopyError>,
+    imm: Option<u32>,
+) {
+    let n = match copied {
         Ok(n) => n,
         Err(e) => {
             // The pipeline's state at this point: the WQE is the message in progress.
@@ -522,13 +603,12 @@ fn send_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> boo
                 CopyError::DestinationFull => RespError::ReceiveTooShort,
                 _ => RespError::CopyFailed,
             };
-            refuse(qp, env, pkt, psn, e);
-            return true;
+            refuse(qp, env, pkt, pkt.psn(), e);
+            return;
         }
     };
     env.stats.payload_bytes_copied += n;
-    deliver_fast(qp, env, &wqe, WcOpcode::Recv, n as u32, pkt);
-    true
+    deliver_fast(qp, env, &wqe, WcOpcode::Recv, n as u32, imm, pkt);
 }
 
 /// The execute step of an RDMA Write packet (fast path and pipeline alike): copies its
@@ -600,7 +680,7 @@ fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bo
         return true;
     }
     match wqe {
-        Some(w) => deliver_fast(qp, env, &w, WcOpcode::RecvRdmaWithImm, len, pkt),
+        Some(w) => deliver_fast(qp, env, &w, WcOpcode::RecvRdmaWithImm, len, imm, pkt),
         None => {
             let msn = qp.proto.resp.next_msn();
             qp.proto.resp.epsn = psn.add(1);
@@ -612,7 +692,8 @@ fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bo
 
 /// Completes receive WQE `wqe` (taken from the QP's own receive queue, the receive CQ has
 /// room) with the message of `pkt`, and accepts `pkt` as the pipeline does: retired, its
-/// completion pushed, the MSN counted, ePSN advanced, the Ack owed.
+/// completion (with immediate data `imm`) pushed, the MSN counted, ePSN advanced, the Ack
+/// owed.
 #[inline(always)]
 fn deliver_fast(
     qp: &mut QpSlot,
@@ -620,6 +701,7 @@ fn deliver_fast(
     wqe: &RqWqe,
     opcode: WcOpcode,
     byte_len: u32,
+    imm: Option<u32>,
     pkt: &RxPacket<'_>,
 ) {
     let psn = pkt.psn();
@@ -629,7 +711,7 @@ fn deliver_fast(
         WcStatus::Success,
         opcode,
         byte_len,
-        pkt.imm(),
+        imm,
         pkt.solicited(),
     );
     qp.retire_recv(env, wqe);

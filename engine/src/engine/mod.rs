@@ -1153,9 +1153,17 @@ impl Iteration<'_> {
                     env.stats.dropped += 1;
                     continue;
                 };
-                let Ok(pkt) = RxPacket::parse(&slots[0], &slots[1..]) else {
-                    env.stats.dropped += 1;
-                    continue;
+                // The common small Send is known from the parse: the RQ Logic then skips
+                // what the parse settled.
+                let (pkt, send_only) = match RxPacket::parse_send_only(&slots[0], &slots[1..]) {
+                    Some(pkt) => (pkt, true),
+                    None => match RxPacket::parse_any(&slots[0], &slots[1..]) {
+                        Ok(pkt) => (pkt, false),
+                        Err(_) => {
+                            env.stats.dropped += 1;
+                            continue;
+                        }
+                    },
                 };
                 if pkt.info.request {
                     let rides = slots[0].reserved & crate::wire::slot::ACK_FLAG != 0;
@@ -1176,7 +1184,7 @@ impl Iteration<'_> {
                     // stage or the trace must see it among what step 3 sends.
                     let tx =
                         (self.faults.is_none() && self.trace.is_none()).then_some(&mut link.tx);
-                    responder::on_request(qp, env, tx, &pkt);
+                    responder::on_request(qp, env, tx, &pkt, send_only);
                     if qp.proto.resp.owed_ack().is_some() {
                         let newly = self.owed.push(l, index);
                         *self.owed_now |= !qp.proto.resp.replies;

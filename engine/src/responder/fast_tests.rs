@@ -260,6 +260,11 @@ fn sends_and_writes_only_at_epsn_take_the_receive_fast_path() {
         r.step();
     });
     assert_eq!(taken[0], 4, "every packet took the fast path");
+    assert_eq!(
+        taken[Path::SendOnlyParse as usize],
+        1,
+        "the Send Only took the parse's shortcut"
+    );
     assert_eq!(out.sent, [ack(3, 4, 1)], "one Ack, after the completions");
     assert_eq!(out.completions.len(), 3);
     assert_eq!(out.completions[1].imm_data, Some(9));
@@ -497,6 +502,52 @@ fn a_send_too_long_for_its_wqe_fails_as_in_the_pipeline() {
     assert_eq!(out.state, QpState::Error);
     assert_eq!(out.completions[0].wr_id, 5);
     assert_ne!(out.completions[0].status, crate::WcStatus::Success);
+}
+
+/// The Send Only the parse knows (`RxPacket::parse_send_only`: one line, payload inline)
+/// into receive WQEs its straight copy does not take: one with no scatter list (too short:
+/// the pipeline's Invalid Request Nak, the WQE in error); and WQEs whose region — in the
+/// arena, or a registered buffer — was deregistered after `post_recv` (the region lives on
+/// while the WQE holds it: the Send completes into it, as in the pipeline).
+#[test]
+fn sends_into_no_buffer_or_a_deregistered_region_are_received_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.qp.post_recv(&RecvWr::new(5, &[])).unwrap();
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.step();
+    });
+    assert_eq!(taken[0], 1);
+    assert_eq!(taken[Path::SendOnlyParse as usize], 1);
+    assert_eq!(out.state, QpState::Error);
+    assert_eq!(
+        statuses(&out),
+        [(5, crate::WcStatus::LocLenErr)],
+        "the WQE completes as too short"
+    );
+
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let arena = r.pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
+        let user = r.pd.reg_mr(vec![0u8; 4096], AccessFlags::ALL).unwrap();
+        for (i, mr) in [&arena, &*user].into_iter().enumerate() {
+            let sge = [mr.sge(8, 16).unwrap()];
+            r.qp.post_recv(&RecvWr::new(i as u64, &sge)).unwrap();
+        }
+        drop(arena);
+        drop(user);
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+        r.request(Opcode::SendOnly, 1, |_| {}, b"efghijklmnop");
+        r.step();
+    });
+    assert_eq!(taken[0], 2);
+    assert_eq!(taken[Path::SendOnlyParse as usize], 2);
+    assert_eq!(out.state, QpState::Rts);
+    assert_eq!(
+        statuses(&out),
+        [(0, crate::WcStatus::Success), (1, crate::WcStatus::Success)]
+    );
+    assert_eq!(out.stats.payload_bytes_copied, 16);
 }
 
 // --- The receive fast paths of RDMA Reads and Atomics ---
@@ -1617,8 +1668,10 @@ fn a_qp_in_rtr_receives_on_the_fast_path_as_in_the_pipeline() {
     assert_eq!(none, [0; crate::probe::PATHS]);
     let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
     assert_eq!(fast, slow);
-    // The receive fast path thrice, the owed Ack's QP listed in the first word once.
+    // The receive fast path thrice, the owed Ack's QP listed in the first word once, the
+    // Send Only's parse once.
     assert_eq!(taken[..10], [3, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    assert_eq!(taken[Path::SendOnlyParse as usize], 1);
     assert_eq!(fast.state, QpState::Rtr);
     assert_eq!(fast.completions.len(), 3);
     assert_eq!(fast.sent, [ack(2, 3, 0)]);

@@ -437,6 +437,66 @@ impl<'a> RxPacket<'a> {
         slot: &'a PacketSlot,
         cont: &'a [PacketSlot],
     ) -> std::result::Result<RxPacket<'a>, SlotError> {
+        if let Some(pkt) = RxPacket::parse_send_only(slot, cont) {
+            return Ok(pkt);
+        }
+        RxPacket::parse_any(slot, cont)
+    }
+
+    /// [`RxPacket::parse`] of the most common small packet (issue 27): a Send Only of one
+    /// line, its payload inline, with or without a riding Ack. One pattern over the slot's
+    /// bytes 5..8 (header length, kind, flags) and the BTH's first two (opcode, transport
+    /// version), then the two checks of [`RxPacket::parse_any`] that can still fail (the
+    /// payload's bounds, the riding word), give the packet `parse_any` gives; anything
+    /// else, valid or not, is `None` and left to `parse_any`.
+    #[inline(always)]
+    pub(crate) fn parse_send_only(
+        slot: &'a PacketSlot,
+        cont: &'a [PacketSlot],
+    ) -> Option<RxPacket<'a>> {
+        const HDR: usize = bth::HEADER_LEN;
+        #[cfg(test)]
+        if !crate::probe::enabled() {
+            return None;
+        }
+        // Bytes 5..8 and data[0..2] in one compare each: hdr_len, kind, the flags but
+        // ACK_FLAG; the opcode, and the BTH flags byte's TVer nibble.
+        let flags = u32::from_le_bytes([slot.hdr_len, slot.kind, slot.reserved & !ACK_FLAG, 0]);
+        let bth = u16::from_le_bytes([slot.data[0], slot.data[1] & 0x0f]);
+        const CODE: u8 = opcode::Opcode::SendOnly.code();
+        if flags != u32::from_le_bytes([HDR as u8, KIND_INLINE, 0, 0])
+            || bth != u16::from_le_bytes([CODE, 0])
+            || !cont.is_empty()
+            || slot.payload_len as usize > SLOT_DATA - HDR
+        {
+            return None;
+        }
+        // `check_riding_ack`'s word check: AckReq and reserved bits and the syndrome's
+        // three top bits zero.
+        if slot.reserved & ACK_FLAG != 0 && slot.payload_off & 0xff00_0000_e000_0000 != 0 {
+            return None;
+        }
+        // (A constant row: the lookup folds away.)
+        let info = opcode::info_of_code(CODE)?;
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::SendOnlyParse);
+        Some(RxPacket {
+            slot,
+            cont,
+            info,
+            payload: Payload::Inline {
+                start: HDR,
+                len: slot.payload_len as usize,
+            },
+        })
+    }
+
+    /// [`RxPacket::parse`] of any packet: the general checks.
+    #[inline]
+    pub(crate) fn parse_any(
+        slot: &'a PacketSlot,
+        cont: &'a [PacketSlot],
+    ) -> std::result::Result<RxPacket<'a>, SlotError> {
         let hdr_len = slot.hdr_len as usize;
         if !(shmhca_proto::wire::bth::HEADER_LEN..=SLOT_DATA).contains(&hdr_len) {
             return Err(SlotError::HeaderLength(slot.hdr_len));
@@ -849,6 +909,66 @@ mod tests {
         s.kind = kind;
         s.payload_len = payload_len;
         s
+    }
+
+    /// The Send Only shortcut of the parse against the general parse: a one-line Send Only
+    /// with its payload inline and a riding Ack, each bit of its flag bytes, lengths,
+    /// riding word and first BTH bytes flipped in turn (and two of those bits at once),
+    /// with and without a continuation line. Where the shortcut takes a slot, the general
+    /// parse gives the same packet; a slot the general parse accepts as such a Send Only,
+    /// with no flag but ACK_FLAG, the shortcut takes (so the engine's common case is the
+    /// short one).
+    #[test]
+    fn the_send_only_shortcut_parses_as_the_general_parse() {
+        let mut base = slot_with(Opcode::SendOnly, KIND_INLINE, 5);
+        base.reserved = ACK_FLAG;
+        base.payload_off = (9 << 32) | (0x1f << 24) | 4; // PSN 9, credits 31, MSN 4
+        let seen = std::cell::Cell::new((0, 0));
+        let check = |s: &PacketSlot, cont: &[PacketSlot]| {
+            let any = RxPacket::parse_any(s, cont);
+            let short = RxPacket::parse_send_only(s, cont);
+            let common = any.as_ref().is_ok_and(|p| {
+                p.info.opcode == Opcode::SendOnly
+                    && matches!(p.payload, Payload::Inline { .. })
+                    && s.reserved & !ACK_FLAG == 0
+            });
+            match short {
+                Some(p) => assert_eq!(
+                    format!("{:?}", Ok::<_, SlotError>(p)),
+                    format!("{any:?}"),
+                    "the shortcut took {s:?} and must parse it as the general parse"
+                ),
+                None => assert!(!common, "a common Send Only missed the shortcut: {s:?}"),
+            }
+            let (taken, all) = seen.get();
+            seen.set((taken + usize::from(short.is_some()), all + 1));
+        };
+        // The bytes the shortcut reads or that the parse checks: 5..24 of the line and the
+        // BTH's first two.
+        let bits: Vec<usize> = (5 * 8..24 * 8).chain(24 * 8..26 * 8).collect();
+        let flip = |s: &mut PacketSlot, bit: usize| {
+            bytemuck::bytes_of_mut(s)[bit / 8] ^= 1 << (bit % 8);
+        };
+        for cont in [&[][..], &[PacketSlot::zeroed()][..]] {
+            check(&base, cont);
+            for &a in &bits {
+                let mut s = base;
+                flip(&mut s, a);
+                check(&s, cont);
+                for &b in &bits {
+                    if b > a {
+                        let mut t = s;
+                        flip(&mut t, b);
+                        check(&t, cont);
+                    }
+                }
+            }
+        }
+        let (taken, all) = seen.get();
+        assert!(
+            taken > 100 && taken < all / 2,
+            "{taken} of {all} slots taken"
+        );
     }
 
     #[test]
