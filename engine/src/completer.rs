@@ -189,7 +189,10 @@ fn ack_fast_at(
             true
         }
         Some(AckFast::Acked) => {
-            retire(qp, env);
+            // The oldest WQE is done now (the QP is in RTS): retire without asking, in line.
+            if !retire_ok_fast(qp, env) {
+                retire_full(qp, env);
+            }
             #[cfg(test)]
             crate::probe::count(crate::probe::Path::Ack);
             true

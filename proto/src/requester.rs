@@ -409,7 +409,7 @@ impl Requester {
     /// [`Requester::acknowledged`] says) and applies the credits: [`AckFast::Acked`] (the
     /// driver then retires them). Anything else changes nothing and returns `None`: the
     /// completer's checks decide it ([`check_response`](crate::completer::check_response)).
-    #[inline]
+    #[inline(always)]
     pub fn ack_fast(
         &mut self,
         psn: Psn,
@@ -478,6 +478,7 @@ impl Requester {
     }
 
     /// Applies the credit count and MSN of a positive Ack (spec/02).
+    #[inline]
     pub fn update_credits(&mut self, code: CreditCode, msn: u32) {
         if let Some(base) = self.consumers_at(msn) {
             self.credits.update(code, base);
