@@ -440,7 +440,7 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
             if mr != crate::wqe::NO_MR {
                 res.mrs.release(mr, &mut res.pds);
             }
-            req.drop_oldest();
+            req.drop_oldest_op(op);
             continue;
         }
         let pushed = res.cqs.push_with(
@@ -450,7 +450,7 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
                 if mr != crate::wqe::NO_MR {
                     res.mrs.release(mr, &mut res.pds);
                 }
-                req.drop_oldest();
+                req.drop_oldest_op(op);
                 published = req.window().retired();
                 publish_retired(shared, published);
                 WorkCompletion {
