@@ -153,6 +153,13 @@ fn ack_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     {
         return false;
     }
+    ack_fast_positive(qp, env, pkt)
+}
+
+/// [`ack_fast`] past the class and state checks (out of line: [`on_response`] takes every
+/// response through them).
+#[inline(never)]
+fn ack_fast_positive(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let Some((credits, msn)) = pkt.positive_ack() else {
         return false;
     };
