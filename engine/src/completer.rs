@@ -153,6 +153,13 @@ fn ack_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     {
         return false;
     }
+    ack_fast_positive(qp, env, pkt)
+}
+
+/// [`ack_fast`] past the class and state checks (out of line: [`on_response`] takes every
+/// response through them).
+#[inline(never)]
+fn ack_fast_positive(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let Some((credits, msn)) = pkt.positive_ack() else {
         return false;
     };
@@ -189,7 +196,10 @@ fn ack_fast_at(
             true
         }
         Some(AckFast::Acked) => {
-            retire(qp, env);
+            // The oldest WQE is done now (the QP is in RTS): retire without asking, in line.
+            if !retire_ok_fast(qp, env) {
+                retire_full(qp, env);
+            }
             #[cfg(test)]
             crate::probe::count(crate::probe::Path::Ack);
             true
@@ -437,7 +447,7 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
             if mr != crate::wqe::NO_MR {
                 res.mrs.release(mr, &mut res.pds);
             }
-            req.drop_oldest();
+            req.drop_oldest_op(op);
             continue;
         }
         let pushed = res.cqs.push_with(
@@ -447,7 +457,7 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
                 if mr != crate::wqe::NO_MR {
                     res.mrs.release(mr, &mut res.pds);
                 }
-                req.drop_oldest();
+                req.drop_oldest_op(op);
                 published = req.window().retired();
                 publish_retired(shared, published);
                 WorkCompletion {

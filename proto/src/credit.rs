@@ -42,6 +42,7 @@ impl CreditState {
     /// control (RoCE NICs and Linux's soft-RoCE on such QPs). Nothing limits this
     /// requester from then on, as if the connection had been set up without credits:
     /// waiting for a count that never comes would leave it probing one message at a time.
+    #[inline]
     pub fn update(&mut self, code: CreditCode, consumers_at_msn: u64) {
         match code.credits() {
             Some(credits) => {

@@ -312,6 +312,13 @@ impl Requester {
         if !self.window.acknowledge(psn) {
             return false;
         }
+        self.progressed_to(cfg);
+        true
+    }
+
+    /// What [`Requester::acknowledged`] does once the acknowledged PSN moved.
+    #[inline]
+    fn progressed_to(&mut self, cfg: &QpConfig) {
         self.retry_left = cfg.retry_cnt;
         self.retrying = None;
         self.rnr_left = cfg.rnr_retry;
@@ -322,7 +329,6 @@ impl Requester {
         } else if let Some(t) = self.ttr {
             self.timer.arm_later(t);
         }
-        true
     }
 
     /// An RNR Nak for the request at `psn`: waits `wait` before sending from `psn` again
@@ -409,7 +415,7 @@ impl Requester {
     /// [`Requester::acknowledged`] says) and applies the credits: [`AckFast::Acked`] (the
     /// driver then retires them). Anything else changes nothing and returns `None`: the
     /// completer's checks decide it ([`check_response`](crate::completer::check_response)).
-    #[inline]
+    #[inline(always)]
     pub fn ack_fast(
         &mut self,
         psn: Psn,
@@ -426,32 +432,49 @@ impl Requester {
         if psn.diff(win.sent_to()) >= 0 {
             return None;
         }
-        // The WQEs it acknowledges, oldest first.
+        // The WQEs it acknowledges, oldest first, each marked done as it is found (one
+        // pass): one that refuses the Ack unmarks them again (none was done before).
         let (first, started) = (win.retired(), win.started());
         let mut end = first;
-        loop {
-            if end == started {
-                return None;
+        let consumers = loop {
+            let w = self.window.wqe(end);
+            if end == started || w.done.is_some() || w.span == 0 || w.wqe.op.is_rd_atomic() {
+                return self.ack_fast_refused(first, end);
             }
-            let w = win.wqe(end);
-            if w.done.is_some() || w.span == 0 || w.wqe.op.is_rd_atomic() {
-                return None;
-            }
+            let (last, consumers) = (w.last_psn(), w.consumers);
+            self.window.complete(end, WcStatus::Success);
             end += 1;
-            let last = w.last_psn();
             if last == psn {
-                break;
+                break consumers;
             }
             if !last.before(psn) {
-                return None; // inside a multi-packet message
+                return self.ack_fast_refused(first, end); // inside a multi-packet message
             }
+        };
+        // acknowledged(), its check that `psn` moves the acknowledged PSN made above.
+        let moved = self.window.acknowledge(psn);
+        debug_assert!(moved);
+        self.progressed_to(cfg);
+        // The MSN names the last WQE acknowledged, as it does when the responder has
+        // executed all of them: its consuming count is at hand (consumers_at's answer).
+        let fetched = self.window.fetched();
+        if u64::from(self.ssn.wrapping_sub(msn) & Psn::MASK) == fetched - end {
+            self.credits.update(credits, consumers);
+            self.credits_changed();
+        } else {
+            self.update_credits(credits, msn);
         }
-        for seq in first..end {
-            self.window.complete(seq, WcStatus::Success);
-        }
-        self.acknowledged(psn, cfg);
-        self.update_credits(credits, msn);
         Some(AckFast::Acked)
+    }
+
+    /// [`Requester::ack_fast`] refusing an Ack after it marked WQEs `first..end` done: they
+    /// are not done again, and the Ack is the completer's checks' to decide.
+    #[cold]
+    fn ack_fast_refused(&mut self, first: u64, end: u64) -> Option<AckFast> {
+        for seq in first..end {
+            self.window.wqe_undone(seq);
+        }
+        None
     }
 
     /// One more RDMA Read response of WQE `seq` arrived; returns how many it has now.
@@ -478,10 +501,17 @@ impl Requester {
     }
 
     /// Applies the credit count and MSN of a positive Ack (spec/02).
+    #[inline]
     pub fn update_credits(&mut self, code: CreditCode, msn: u32) {
         if let Some(base) = self.consumers_at(msn) {
             self.credits.update(code, base);
         }
+        self.credits_changed();
+    }
+
+    /// Lets the limited WQE go on if the credits now allow it.
+    #[inline]
+    fn credits_changed(&mut self) {
         if let Some(seq) = self.limited {
             if self.credits.allows(self.wqe(seq).consumers) {
                 self.limited = None;
@@ -518,6 +548,21 @@ impl Requester {
         let seq = self.window.retired();
         let was_started = seq < self.window.started();
         if was_started && self.window.wqe(seq).wqe.op.is_rd_atomic() {
+            self.rd_atomic -= 1;
+        }
+        self.window.drop_oldest();
+        if self.limited == Some(seq) {
+            self.limited = None;
+        }
+    }
+
+    /// [`Requester::drop_oldest`] for a caller that read the oldest WQE's operation, `op`,
+    /// in place (the engine's retire fast path): not read again.
+    #[inline]
+    pub fn drop_oldest_op(&mut self, op: WqeOp) {
+        let seq = self.window.retired();
+        debug_assert!(seq == self.window.started() || self.window.wqe(seq).wqe.op == op);
+        if seq < self.window.started() && op.is_rd_atomic() {
             self.rd_atomic -= 1;
         }
         self.window.drop_oldest();

@@ -320,6 +320,12 @@ impl SendWindow {
         self.wqe_mut(seq).done = Some(status);
     }
 
+    /// Takes back [`SendWindow::complete`] of WQE `seq` (a fast path that marked it and
+    /// then found the Ack was not its to take).
+    pub fn wqe_undone(&mut self, seq: u64) {
+        self.wqe_mut(seq).done = None;
+    }
+
     /// Counts one more Read response of WQE `seq`; returns the new count.
     pub fn response_seen(&mut self, seq: u64) -> u32 {
         let w = self.wqe_mut(seq);

@@ -61,6 +61,27 @@ fn a_burst_takes_no_more_than_its_array_holds() {
     assert!(c.looks_empty());
 }
 
+/// A `pop_each` whose closure panics has taken the values it handed out, the one it
+/// panicked on included: their slots are released to the producer as it unwinds, and the
+/// next pop goes on after them.
+#[test]
+fn a_pop_whose_closure_panics_releases_what_it_handed_out() {
+    let (mut p, mut c) = stamped_ring::<u32>(2).unwrap();
+    p.push(1).unwrap();
+    p.push(2).unwrap();
+    assert_eq!(p.push(3), Err(3), "full");
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.pop_each(2, |v| {
+            assert_ne!(v, 1, "the closure panics on the first value")
+        })
+    }));
+    assert!(unwound.is_err());
+    p.push(3).unwrap();
+    let mut seen = Vec::new();
+    assert_eq!(c.pop_each(4, |v| seen.push(v)), 2);
+    assert_eq!(seen, [2, 3]);
+}
+
 #[test]
 fn capacities_are_checked() {
     assert_eq!(stamped_ring::<u8>(0).unwrap_err(), CapacityError::Zero);

@@ -2161,3 +2161,124 @@ fn owed_acks_in_the_first_word_with_kept_credit_codes_leave_what_the_lists_leave
         .collect();
     assert_eq!(acks, [ack(3, 4, 4), ack(4, 5, 3)], "{out:#?}");
 }
+
+/// Publishes a Send Only of nothing at PSN offset `k` carrying a riding Ack of our PSN
+/// `psn` with `syndrome` and MSN `msn` in its line (a receive must be posted for it).
+fn riding(r: &mut Rig, k: u32, psn: u32, syndrome: Syndrome, msn: u32) {
+    let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, r.qp.qpn(), Psn::new(rq(k))));
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    let word = crate::wire::slot::riding_word(psn, syndrome.to_u8(), msn);
+    assert!(crate::wire::slot::set_riding_ack(&mut s, word));
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+/// Posts an 8-byte Send `wr_id`, signaled or not, from offset `at` of the rig's region.
+fn post_signaled(r: &mut Rig, wr_id: u64, at: u64, signaled: bool) {
+    let sge = [r.mr.sge(at, 8).unwrap()];
+    let flags = if signaled {
+        crate::SendFlags::SIGNALED
+    } else {
+        crate::SendFlags::NONE
+    };
+    r.qp.post_send(&SendWr::new(wr_id, SendOp::Send, &sge).flags(flags))
+        .unwrap();
+}
+
+/// Acks riding in requests (issue 27), taken in their carrier's receive step: each case
+/// leaves what the slow path leaves (packets, completions, statistics, memory, state), and
+/// only the Acks that complete the oldest WQEs exactly take the Ack fast path — one
+/// completing several WQEs, unsignaled ones among them, and Acks whose credit count
+/// changes; not a duplicate (its credits only), an Ack of a PSN never sent, one inside a
+/// two-packet Send behind a one-packet Send (passed over first, then refused: the Send
+/// must not stay done), one at a Read's PSN (a Read outstanding), a riding Nak. After an
+/// RNR Nak an Ack of both Sends is the fast path's, as a standalone one is.
+#[test]
+fn riding_acks_take_the_ack_fast_path_only_where_the_slow_path_agrees() {
+    type Case = (&'static str, u64, &'static dyn Fn(&mut Rig));
+    let cases: [Case; 9] = [
+        ("several, unsignaled among them", 1, &|r| {
+            post(r, 8, &[Op::Send(4)]);
+            post_signaled(r, 1, 1024, false);
+            post_signaled(r, 2, 2048, false);
+            post_signaled(r, 3, 3072, true);
+            post_signaled(r, 4, 4096, false);
+            r.step();
+            riding(r, 0, 3, credits(6), 4);
+            r.step();
+        }),
+        ("a duplicate", 1, &|r| {
+            post(r, 8, &[Op::Send(4), Op::Send(4)]);
+            riding(r, 0, 0, credits(6), 1);
+            r.step();
+            riding(r, 1, 0, credits(2), 1);
+            r.step();
+        }),
+        ("a PSN never sent", 0, &|r| {
+            post(r, 8, &[Op::Send(4)]);
+            riding(r, 0, 1, credits(6), 2);
+            r.step();
+        }),
+        ("credit changes", 2, &|r| {
+            // One credit: the second Send waits for the first one's Ack to grant more.
+            post(r, 1, &[Op::Send(4), Op::Send(4), Op::Send(4)]);
+            riding(r, 0, 0, credits(1), 1);
+            r.step();
+            r.step();
+            riding(r, 1, 1, credits(4), 2);
+            r.step();
+            r.step();
+        }),
+        ("inside a two-packet Send", 0, &|r| {
+            post(r, 8, &[Op::Send(4), Op::Send(300)]);
+            riding(r, 0, 1, credits(6), 1);
+            r.step();
+        }),
+        ("a Read outstanding", 0, &|r| {
+            post(r, 8, &[Op::Send(4), Op::Read(4), Op::Send(4)]);
+            riding(r, 0, 1, credits(6), 2);
+            r.step();
+        }),
+        ("a Send before a Read", 1, &|r| {
+            post(r, 8, &[Op::Send(4), Op::Read(4)]);
+            riding(r, 0, 0, credits(6), 1);
+            r.step();
+        }),
+        ("a Nak", 0, &|r| {
+            post(r, 8, &[Op::Send(4)]);
+            riding(r, 0, 0, Syndrome::Nak(NakCode::RemoteAccessError), 1);
+            r.step();
+        }),
+        ("after an RNR Nak", 1, &|r| {
+            post(r, 8, &[Op::Send(4), Op::Send(4)]);
+            respond(
+                r,
+                0,
+                Syndrome::RnrNak {
+                    timer: RnrTimer::new(20),
+                },
+                0,
+            );
+            r.step();
+            riding(r, 0, 1, credits(7), 2);
+            r.step();
+        }),
+    ];
+    for (name, fast, case) in cases {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+            r.post_recv(4);
+            case(r);
+        });
+        assert_eq!(taken[Path::Ack as usize], fast, "{name}: {out:#?}");
+        if name == "several, unsignaled among them" {
+            let sends: Vec<_> = out
+                .completions
+                .iter()
+                .filter(|c| c.opcode == crate::WcOpcode::Send)
+                .map(|c| c.wr_id)
+                .collect();
+            assert_eq!(sends, [0, 3], "{name}");
+            assert!(out.req.starts_with("(4, 5, 5,"), "{name}: {}", out.req);
+        }
+    }
+}

@@ -99,16 +99,23 @@ pub fn retire<C: SendCompletions>(req: &mut Requester, state: QpState, qpn: Qpn,
 }
 
 /// The completion opcode of a send WQE.
+#[inline]
 pub fn wc_opcode(op: WqeOp) -> WcOpcode {
-    match op {
-        WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => WcOpcode::Send,
-        WqeOp::BindMw => WcOpcode::BindMw,
-        WqeOp::LocalInv => WcOpcode::LocalInv,
-        WqeOp::Write | WqeOp::WriteImm => WcOpcode::RdmaWrite,
-        WqeOp::Read => WcOpcode::RdmaRead,
-        WqeOp::CompareSwap => WcOpcode::CompSwap,
-        WqeOp::FetchAdd => WcOpcode::FetchAdd,
-    }
+    // A table in the order of `WqeOp`'s variants (a load; the `match` it stands for
+    // compiled to a jump, a branch per completion).
+    const BY_OP: [WcOpcode; 10] = [
+        WcOpcode::Send,      // Send
+        WcOpcode::Send,      // SendImm
+        WcOpcode::RdmaWrite, // Write
+        WcOpcode::RdmaWrite, // WriteImm
+        WcOpcode::RdmaRead,  // Read
+        WcOpcode::CompSwap,  // CompareSwap
+        WcOpcode::FetchAdd,  // FetchAdd
+        WcOpcode::Send,      // SendInv
+        WcOpcode::BindMw,    // BindMw
+        WcOpcode::LocalInv,  // LocalInv
+    ];
+    BY_OP[op as usize]
 }
 
 #[cfg(test)]
@@ -315,6 +322,113 @@ mod tests {
         read.note_sent(&r, r.first_psn);
         read.packet_sent(None::<Cursor>);
         assert_eq!(read.ack_fast(Psn::new(0), code, 1, &cfg), None);
+    }
+
+    /// Each send WQE's operation completes with its opcode.
+    #[test]
+    fn each_operation_completes_with_its_opcode() {
+        use WcOpcode as C;
+        for (op, wc) in [
+            (WqeOp::Send, C::Send),
+            (WqeOp::SendImm, C::Send),
+            (WqeOp::SendInv, C::Send),
+            (WqeOp::Write, C::RdmaWrite),
+            (WqeOp::WriteImm, C::RdmaWrite),
+            (WqeOp::Read, C::RdmaRead),
+            (WqeOp::CompareSwap, C::CompSwap),
+            (WqeOp::FetchAdd, C::FetchAdd),
+            (WqeOp::BindMw, C::BindMw),
+            (WqeOp::LocalInv, C::LocalInv),
+        ] {
+            assert_eq!(wc_opcode(op), wc, "{op:?}");
+        }
+    }
+
+    /// An Ack the fast path refuses at a WQE behind ones it passed — inside the second of
+    /// two Sends (two packets), or at a Read behind a Send — changes nothing: the WQEs it
+    /// passed (and marked done on the way) are not done, nothing is acknowledged.
+    #[test]
+    fn an_ack_refused_past_the_oldest_wqe_leaves_it_not_done() {
+        let code = CreditCode::new(31);
+        let (mut two, cfg) = sent(&[1], &[]);
+        let mut w = wqe(2, true);
+        w.len = 2048; // two packets of the PMTU of 1024
+        two.accept(w, 1024);
+        while let Step::Packet {
+            seq,
+            new_wqe,
+            point,
+        } = two.next_step(QpState::Rts, 0)
+        {
+            if new_wqe {
+                two.begin_wqe();
+            }
+            let w = *two.wqe(seq);
+            two.note_sent(&w, w.first_psn.add(point.pkt));
+            let last = Requester::ends_wqe(&w, point.pkt);
+            two.packet_sent((!last).then(Cursor::default));
+        }
+        assert_eq!(two.window().sent_to(), Psn::new(3));
+        let (mut read, _) = sent(&[1], &[]);
+        let mut w = wqe(2, true);
+        w.op = WqeOp::Read;
+        read.accept(w, 1024);
+        read.next_step(QpState::Rts, 1);
+        read.begin_wqe();
+        let r = *read.wqe(1);
+        read.note_sent(&r, r.first_psn);
+        read.packet_sent(None::<Cursor>);
+        for (req, psn) in [(&mut two, 1), (&mut read, 1)] {
+            let acked = req.window().acked();
+            assert_eq!(req.ack_fast(Psn::new(psn), code, 2, &cfg), None);
+            assert_eq!((req.wqe(0).done, req.wqe(1).done), (None, None));
+            assert_eq!(req.window().acked(), acked);
+        }
+        // The Ack of the whole: both done.
+        assert_eq!(
+            two.ack_fast(Psn::new(2), code, 2, &cfg),
+            Some(AckFast::Acked)
+        );
+        assert_eq!(two.wqe(0).done, Some(WcStatus::Success));
+        assert_eq!(two.wqe(1).done, Some(WcStatus::Success));
+    }
+
+    /// The credits of a fast Ack: counted from the consuming count of the message its MSN
+    /// names — the last WQE it acknowledges (the usual case), or an older one (an MSN that
+    /// lags) — as the full path counts them.
+    #[test]
+    fn the_credits_of_a_fast_ack_count_from_the_message_its_msn_names() {
+        for (msn, limit) in [(2, 6), (1, 5)] {
+            let (mut req, mut cfg) = sent(&[], &[]);
+            cfg.remote_credits = true;
+            let mut req2 = Requester::new(8);
+            core::mem::swap(&mut req, &mut req2);
+            req.start(&cfg, Duration::from_nanos(1));
+            // An unsolicited Ack before the first PSN: no credits yet.
+            req.update_credits(CreditCode::encode(0), 0);
+            for id in [1, 2, 3] {
+                req.accept(wqe(id, true), 1024);
+            }
+            // Sends start with one packet each without credits only as limited ones: give
+            // them room to start.
+            req.update_credits(CreditCode::encode(3), 0);
+            while let Step::Packet { seq, new_wqe, .. } = req.next_step(QpState::Rts, 0) {
+                if new_wqe {
+                    req.begin_wqe();
+                }
+                let w = *req.wqe(seq);
+                req.note_sent(&w, w.first_psn);
+                req.packet_sent(None::<Cursor>);
+            }
+            assert_eq!(req.window().sent_to(), Psn::new(3));
+            assert_eq!(
+                req.ack_fast(Psn::new(1), CreditCode::encode(4), msn, &cfg),
+                Some(AckFast::Acked),
+                "MSN {msn}"
+            );
+            assert!(req.credits().allows(limit), "MSN {msn}");
+            assert!(!req.credits().allows(limit + 1), "MSN {msn}");
+        }
     }
 
     /// Outside the Error state retiring stops at the first WQE not done: the oldest, done,

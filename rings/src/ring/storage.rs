@@ -867,32 +867,62 @@ impl<T: Copy> StampedConsumer<T> {
     }
 
     /// Hands up to `max` values, oldest first, to `f`; returns how many. Publishes the
-    /// consumer's index once, after the last.
+    /// consumer's index once, after the last (or as `f` unwinds: the values handed out,
+    /// the one it panicked on included, are released).
     #[inline(always)]
     pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
-        let mut n = 0;
-        while n < max {
-            let Some(slot) = self.take() else {
+        /// The consumer's position during a pop, in locals (registers: `f` writes memory
+        /// the compiler cannot tell from the consumer's), written back and published when
+        /// dropped: at the end, or as `f` unwinds.
+        struct Pos<'c, T> {
+            c: &'c mut StampedConsumer<T>,
+            next: NonNull<StampedSlot<T>>,
+            want: u64,
+            n: usize,
+        }
+        impl<T> Drop for Pos<'_, T> {
+            #[inline(always)]
+            fn drop(&mut self) {
+                self.c.next = self.next;
+                self.c.want = self.want;
+                if self.n > 0 {
+                    // SYNC POINT: Release pairs with the Acquire load in
+                    // `StampedProducer::refresh_head`: our copies happen before the
+                    // rewrites.
+                    let order = sync::mutation::weaken(Ordering::Release, "StampedRing head store");
+                    self.c.ring.head.store(self.want.wrapping_sub(1), order);
+                }
+            }
+        }
+        let (base, mask) = (self.base, self.mask);
+        let mut pos = Pos {
+            next: self.next,
+            want: self.want,
+            n: 0,
+            c: self,
+        };
+        while pos.n < max {
+            // SAFETY: `next` points to slot `(want - 1) & mask` of the ring, which we hold.
+            let slot = unsafe { pos.next.as_ref() };
+            // SYNC POINT: Acquire pairs with the Release store of the stamp in
+            // `StampedProducer::push`: the value is the one written with this stamp.
+            let order = sync::mutation::weaken(Ordering::Acquire, "StampedRing stamp load");
+            if slot.stamp.load(order) != pos.want {
                 break;
-            };
+            }
             // SAFETY: the slot's stamp says it holds the value of index `want - 1`, written
             // before the stamp's Release store our Acquire load saw; the producer does not
-            // rewrite it before we publish an index past it (below, after the copy).
+            // rewrite it before we publish an index past it (when `pos` drops, after the
+            // copy).
             let value = slot.value.with(|p| unsafe { p.cast::<T>().read() });
-            // SAFETY: `base` points to the `mask + 1` slots of `self.ring`, which we hold;
-            // the slot of index `want` is the next one to read.
-            self.next = NonNull::from(unsafe { stamped_slot(self.base, self.mask, self.want) });
-            self.want = self.want.wrapping_add(1);
-            n += 1;
+            // SAFETY: `base` points to the `mask + 1` slots of the ring, which we hold; the
+            // slot of index `want` is the next one to read.
+            pos.next = NonNull::from(unsafe { stamped_slot(base, mask, pos.want) });
+            pos.want = pos.want.wrapping_add(1);
+            pos.n += 1;
             f(value);
         }
-        if n > 0 {
-            // SYNC POINT: Release pairs with the Acquire load in
-            // `StampedProducer::refresh_head`: our copies happen before the rewrites.
-            let order = sync::mutation::weaken(Ordering::Release, "StampedRing head store");
-            self.ring.head.store(self.want.wrapping_sub(1), order);
-        }
-        n
+        pos.n
     }
 
     /// Moves up to `out.len()` values into `out`; returns how many.
