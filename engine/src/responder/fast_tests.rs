@@ -2282,3 +2282,129 @@ fn riding_acks_take_the_ack_fast_path_only_where_the_slow_path_agrees() {
         }
     }
 }
+
+/// Review 4: issue 27's ping-pong paths (the Send Only parse, the straight receive, the
+/// owed Ack's first word, the kept credit code, the template post with its riding Ack)
+/// against the slow paths, over random interleavings of pings (in sequence, duplicate or
+/// ahead), receives posted with no engine turn between, answers posted, Acks of the
+/// answers, extra iterations, with owed Acks held back or not, and a move to Error (or
+/// SQD) at the end.
+mod review4_random_pingpong {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A Send Only of `len` bytes at ePSN + `at`, with or without SE.
+        Ping { at: i32, len: u8, se: bool },
+        /// `n` receives posted, no engine turn.
+        Recv(u8),
+        /// A Send posted (the template path, with the owed Ack riding).
+        Answer,
+        /// The peer acknowledges every answer sent so far (credits `credits`).
+        AckAll { credits: u16 },
+        /// One more engine iteration.
+        Turn,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            5 => (prop_oneof![6 => Just(0i32), 1 => -1i32..3], 0u8..29, prop::bool::weighted(0.2))
+                .prop_map(|(at, len, se)| Step::Ping { at, len, se }),
+            2 => (0u8..3).prop_map(Step::Recv),
+            3 => Just(Step::Answer),
+            1 => (0u16..40).prop_map(|credits| Step::AckAll { credits }),
+            2 => Just(Step::Turn),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn review4_random_pingpongs_leave_what_the_slow_paths_leave(
+            hold in any::<bool>(),
+            recvs in 0u8..5,
+            steps in vec(step(), 1..16),
+            end in 0u8..3,
+        ) {
+            let scenario = |r: &mut Rig| {
+                r.ctx.shared.engine.with(|e| e.hold_acks = hold);
+                // Credits for the answers, then the receives, with no turn between.
+                respond(r, Psn::new(0).sub(1).get(), credits(1000), 0);
+                r.step();
+                let mut next_recv = 0u64;
+                let mut recv = |r: &mut Rig, n: u8| {
+                    for _ in 0..n {
+                        let at = (next_recv % 32) * 512;
+                        let sge = [r.mr.sge(at, 512).unwrap()];
+                        r.qp.post_recv(&RecvWr::new(next_recv, &sge)).unwrap();
+                        next_recv += 1;
+                    }
+                };
+                recv(r, recvs);
+                let mut answers = 0u32;
+                for s in &steps {
+                    match *s {
+                        Step::Ping { at, len, se } => {
+                            let k = epsn_offset(r).wrapping_add(at as u32);
+                            let payload: Vec<u8> = (0..len).collect();
+                            let psn = Psn::new(RQ_PSN).add(k);
+                            let mut bth = BthRepr::new(Opcode::SendOnly, r.qp.qpn(), psn);
+                            bth.solicited = se;
+                            let repr = PacketRepr::new(bth);
+                            let mut sl = PacketSlot::default();
+                            sl.hdr_len = repr.emit(&mut sl.data).unwrap() as u8;
+                            if len > 0 {
+                                sl.kind = crate::wire::slot::KIND_INLINE;
+                                sl.payload_len = u32::from(len);
+                                let h = usize::from(sl.hdr_len);
+                                sl.data[h..h + payload.len()].copy_from_slice(&payload);
+                            }
+                            assert_eq!(r.tx.push_burst(&[sl]).unwrap(), 1);
+                            r.step();
+                        }
+                        Step::Recv(n) => recv(r, n),
+                        Step::Answer if answers < 7 => {
+                            post_only(r, u64::from(answers), &[Op::Send(8)]);
+                            answers += 1;
+                        }
+                        Step::Answer => {}
+                        Step::AckAll { credits: c } => {
+                            if answers > 0 {
+                                respond(r, answers - 1, credits(u32::from(c)), answers);
+                                r.step();
+                            }
+                        }
+                        Step::Turn => r.step(),
+                    }
+                }
+                match end {
+                    0 => {}
+                    1 => r.qp.modify(&QpAttr::new(QpState::Error)).unwrap(),
+                    _ => {
+                        let _ = r.qp.modify(&QpAttr::new(QpState::Sqd));
+                    }
+                }
+            };
+            same_both_ways(AccessFlags::ALL, &scenario);
+        }
+    }
+
+    /// The responder's ePSN now, as an offset from [`RQ_PSN`].
+    fn epsn_offset(r: &Rig) -> u32 {
+        let qpn = r.qp.qpn();
+        let epsn = r
+            .ctx
+            .shared
+            .engine
+            .with(|e| e.with_stage(qpn, |q, _| q.proto.resp.epsn))
+            .unwrap();
+        epsn.get().wrapping_sub(RQ_PSN) & 0xFF_FFFF
+    }
+}

@@ -262,6 +262,63 @@ mod tests {
         assert_eq!(drain(&mut o, 2), [5]);
     }
 
+    /// Review 4: the first word against the lists alone, over random sequences of what the
+    /// engine does (push on a packet's link, forget_head after a ride, a flush walking
+    /// every link with relists to the same or another link): the same answers, the same
+    /// walk order, the same emptiness.
+    #[test]
+    fn review4_the_first_word_walks_as_the_lists_alone() {
+        fn run(seed: u64, fast: bool) -> Vec<u64> {
+            crate::probe::set_enabled(fast);
+            let mut x = seed | 1;
+            let mut rnd = move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let (links, qps) = (70u32, 8u32);
+            let mut o = OwedAcks::new(links as usize, qps as usize);
+            let mut out = vec![];
+            for _ in 0..400 {
+                let link = [0, 1, 2, 65, 69][rnd(5) as usize];
+                let qp = rnd(u64::from(qps)) as u32;
+                match rnd(10) {
+                    0..=4 => out.push(u64::from(o.push(link, qp))),
+                    5..=6 => o.forget_head(link, qp),
+                    _ => {
+                        o.settle();
+                        let mut summary = o.link_summary();
+                        while summary != 0 {
+                            let w = summary.trailing_zeros();
+                            summary &= summary - 1;
+                            let mut bits = o.link_word(w);
+                            while bits != 0 {
+                                let l = w * 64 + bits.trailing_zeros();
+                                bits &= bits - 1;
+                                let mut t = o.take(l);
+                                while let Some(q) = o.pop(&mut t) {
+                                    out.push(1000 + u64::from(l) * 100 + u64::from(q));
+                                    match rnd(4) {
+                                        0 => out.push(u64::from(o.relist(l, q))),
+                                        1 => out.push(u64::from(o.relist((l + 1) % links, q))),
+                                        _ => {}
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                out.push(u64::from(o.is_empty()));
+            }
+            crate::probe::set_enabled(true);
+            out
+        }
+        for seed in 1..300 {
+            assert_eq!(run(seed, false), run(seed, true), "seed {seed}");
+        }
+    }
+
     /// The first entry waits in one word — QP 0 on link 0 as well — where it counts as
     /// listed, is forgotten, or goes on its list, in order, when a second entry comes.
     #[test]

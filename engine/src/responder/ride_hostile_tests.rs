@@ -1623,3 +1623,87 @@ fn a_riding_ack_beats_the_timer_check_of_its_own_iteration() {
     );
     assert_eq!(outcomes[1], outcomes[0], "riding and standalone alike");
 }
+
+/// Review 4: an Ack held in the owed lists' first word for a QP that is destroyed (its Ack
+/// leaves first), whose index a new QP on another link then takes: the stale entry (on the
+/// first link) answers "listed" for the new QP, and the flush moves it to the new QP's
+/// link. The new QP's Ack leaves exactly once, and the old one's exactly once, whichever
+/// link is walked first.
+#[test]
+fn review4_a_stale_first_word_entry_whose_index_moves_to_another_link_acks_once() {
+    owed_both_ways(review4_stale_first_word_once);
+}
+
+fn review4_stale_first_word_once() {
+    let (mut rig, qp2) = two_qps();
+    let old = qp2.qpn().get();
+    // QP 2 owes an Ack, held back (QP 2 replies): the only entry, in the first word.
+    rig.push(&[request_to(
+        qp2.qpn(),
+        Opcode::SendOnly,
+        0,
+        b"to-qp-2!",
+        None,
+    )]);
+    rig.ctx.progress();
+    assert!(rig.sent().is_empty(), "held back");
+    drop(qp2);
+    let acks: Vec<_> = rig.sent().into_iter().filter(|s| s.is_ack()).collect();
+    assert_eq!(acks.len(), 1, "the destroyed QP's Ack left once: {acks:?}");
+    assert_eq!(acks[0].dest, PEER2);
+    // A new QP on a second link takes QP 2's index.
+    let (link2, mut ends2, _arena2) = raw_peer_link(&rig.ctx, RING, PEER, 4096);
+    let mut y = rig
+        .ctx
+        .create_qp(&rig.pd, &rig.cq, &rig.cq, caps())
+        .unwrap();
+    let mask = (1 << 12) - 1; // the engine's QP_INDEX_BITS
+    assert_eq!(y.qpn().get() & mask, old & mask, "the index is reused");
+    connect_to_raw_peer(&mut y, link2, PEER, SQ_PSN, false);
+    for i in 0..4 {
+        y.post_recv(&RecvWr::new(
+            300 + i,
+            &[rig.mr.sge(2048 + i * 64, 64).unwrap()],
+        ))
+        .unwrap();
+    }
+    rig.settle();
+    let drain = |ends: &mut RawEnds| {
+        let mut out = vec![PacketSlot::default(); 4 * RING];
+        let mut acks = vec![];
+        loop {
+            let n = ends.rx.pop_burst(&mut out).unwrap();
+            if n == 0 {
+                break;
+            }
+            for s in &out[..n] {
+                if s.data[0] == Opcode::Acknowledge.code() {
+                    let psn = u32::from_be_bytes([0, s.data[9], s.data[10], s.data[11]]);
+                    acks.push(psn);
+                }
+            }
+        }
+        acks
+    };
+    drain(&mut ends2);
+    // Three requests to the new QP, one an iteration: each owes an Ack (the QP sent no
+    // request: not held back).
+    let mut acks = vec![];
+    for psn in 0..3 {
+        assert!(
+            ends2
+                .tx
+                .push_frame(&[request_to(y.qpn(), Opcode::SendOnly, psn, b"to-y", None)])
+                .unwrap()
+        );
+        rig.ctx.progress();
+        acks.extend(drain(&mut ends2));
+    }
+    rig.settle();
+    acks.extend(drain(&mut ends2));
+    assert_eq!(acks, [0, 1, 2], "each request acknowledged once, in order");
+    assert!(
+        rig.sent().iter().all(|s| !s.is_ack()),
+        "nothing more on the first link"
+    );
+}

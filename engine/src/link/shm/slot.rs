@@ -971,6 +971,89 @@ mod tests {
         );
     }
 
+    /// Review 4: the Send Only shortcut against the general parse on random lines a
+    /// hostile peer could write: every byte random, each of the fields the shortcut looks
+    /// at drawn mostly from the values that pass it (so that both sides of each check are
+    /// met), with zero to two continuation lines. Whatever the shortcut takes, the general
+    /// parse takes as the same packet; every Send Only the general parse takes with its
+    /// payload inline, no continuation line and no flag but ACK_FLAG, the shortcut takes.
+    #[test]
+    fn review4_the_send_only_shortcut_agrees_with_the_general_parse_on_random_lines() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut taken = 0;
+        for _ in 0..400_000 {
+            let mut s = PacketSlot::zeroed();
+            for b in bytemuck::bytes_of_mut(&mut s).iter_mut() {
+                *b = rnd() as u8;
+            }
+            let r = rnd();
+            if r & 3 != 0 {
+                s.hdr_len = [12, 12, 12, 16, 0, 40, 41, 255][(r >> 2) as usize % 8];
+            }
+            if r & (3 << 5) != 0 {
+                s.kind = [
+                    KIND_INLINE,
+                    KIND_INLINE,
+                    KIND_NONE,
+                    KIND_DIRECT,
+                    KIND_GATHER,
+                    4,
+                ][(r >> 7) as usize % 6];
+            }
+            if r & (3 << 10) != 0 {
+                s.reserved =
+                    [0, ACK_FLAG, ACK_FLAG | ICRC_FLAG, 0x80, 0x04][(r >> 12) as usize % 5];
+            }
+            if r & (3 << 15) != 0 {
+                s.data[0] = [
+                    Opcode::SendOnly.code(),
+                    Opcode::SendOnly.code(),
+                    0x05,
+                    0x24,
+                    0xff,
+                ][(r >> 17) as usize % 5];
+            }
+            if r & (3 << 20) != 0 {
+                s.data[1] &= [0xf0, 0xff, 0x30, 0x01][(r >> 22) as usize % 4];
+            }
+            if r & (3 << 25) != 0 {
+                s.payload_len = [0, 1, 27, 28, 29, 40, u32::MAX, 1 << 31][(r >> 27) as usize % 8];
+            }
+            if r & (3 << 30) != 0 {
+                s.payload_off &= [0, 0x00ff_ffff_1fff_ffff, u64::MAX, 0x00ff_ffff_ffff_ffff]
+                    [(r >> 32) as usize % 4];
+            }
+            let cont = [PacketSlot::zeroed(); 2];
+            let cont = &cont[..[0, 0, 0, 1, 2][(r >> 40) as usize % 5]];
+            let any = RxPacket::parse_any(&s, cont);
+            let short = RxPacket::parse_send_only(&s, cont);
+            match short {
+                Some(p) => {
+                    taken += 1;
+                    assert_eq!(
+                        format!("{:?}", Ok::<_, SlotError>(p)),
+                        format!("{any:?}"),
+                        "{s:?}"
+                    );
+                }
+                None => assert!(
+                    !any.as_ref().is_ok_and(|p| p.info.opcode == Opcode::SendOnly
+                        && matches!(p.payload, Payload::Inline { .. })
+                        && cont.is_empty()
+                        && s.reserved & !ACK_FLAG == 0),
+                    "missed: {s:?}"
+                ),
+            }
+        }
+        assert!(taken > 100, "{taken}");
+    }
+
     #[test]
     fn inline_direct_and_gather_payloads_parse() {
         let s = slot_with(Opcode::SendOnly, KIND_INLINE, 8);
