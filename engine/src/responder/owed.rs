@@ -99,6 +99,9 @@ impl OwedAcks {
     /// it (the link's bit may not have been visited yet).
     #[inline]
     pub(crate) fn relist(&mut self, link: u32, qp: u32) -> bool {
+        // Only a walk relists, and a walk moves the first word's entry to its list first:
+        // an entry listed beside one still in the word would leave out of order.
+        debug_assert_eq!(self.first, NO_FIRST, "relist with an entry in the first word");
         if self.next[qp as usize] != UNLISTED {
             return false;
         }
