@@ -2455,3 +2455,56 @@ mod review5_random_rounds {
         }
     }
 }
+
+/// Review 5 (pre-existing, not from `ack-retire`): the responder's MSN counts messages; a
+/// memory window bind posted on the send queue is none (no PSN, never sent), but the
+/// requester numbers it in its SSN. With one credit, a Bind, then a Send and a Send of
+/// three packets (limited: its first packet probes): the Ack of the first Send (MSN 1: the
+/// responder completed its first message) granting one more receive lets the second Send
+/// go on, as it does without the Bind. With the Bind the MSN is
+/// taken to name the Bind, whose consuming count is one less: the credit is lost and the
+/// second Send waits, limited (stop-and-wait from then on while credits are tight).
+#[test]
+fn review5_a_memory_window_bind_takes_no_credit() {
+    let run = |bind: bool| {
+        let mut r = super::tests::rig(AccessFlags::ALL);
+        respond(&mut r, Psn::new(0).sub(1).get(), credits(1), 0);
+        r.step();
+        let _keep;
+        if bind {
+            let mr =
+                r.pd.alloc_mr(4096, AccessFlags::ALL | AccessFlags::MW_BIND)
+                    .unwrap();
+            let mw = r.pd.alloc_mw(crate::MwType::Two).unwrap();
+            let rkey = mw.rkey_with_tag(1);
+            let bind = mr.mw_bind(0, 64, AccessFlags::REMOTE_READ);
+            let wr = SendWr::new(9, SendOp::BindMw { rkey, bind }, &[]);
+            r.qp.post_send(&wr).unwrap();
+            r.step();
+            r.step();
+            _keep = (mr, mw);
+        }
+        post_only(&mut r, 1, &[Op::Send(8), Op::Send(600)]);
+        r.step();
+        let before: Vec<_> = sent_with_bodies(&mut r).0;
+        // The responder completed message 1 (the first Send, PSN 0) and grants one more.
+        respond(&mut r, 0, credits(1), 1);
+        r.step();
+        r.step();
+        let after: Vec<_> = sent_with_bodies(&mut r).0;
+        let sends = |v: &[Sent]| v.iter().filter(|s| s.2.is_none()).count();
+        (sends(&before), sends(&after))
+    };
+    // Without a Bind: the first Send and the first packet of the second (limited: it
+    // probes), then its two others on the Ack's credit.
+    assert_eq!(
+        run(false),
+        (2, 2),
+        "without a Bind: the second Send goes on the Ack"
+    );
+    assert_eq!(
+        run(true),
+        run(false),
+        "a Bind is no message: it takes no credit"
+    );
+}

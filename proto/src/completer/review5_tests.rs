@@ -227,7 +227,12 @@ fn ack(rng: &mut Rng, req: &Requester) -> (Psn, CreditCode, u32) {
 #[test]
 fn review5_ack_fast_does_what_the_checks_and_actions_do() {
     let (mut acked, mut credits, mut refused) = (0, 0, 0);
-    for seed in 0..60_000u64 {
+    // REVIEW5_SEED=k runs seeds from k * 60,000 (a longer search, outside CI).
+    let base: u64 = std::env::var("REVIEW5_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for seed in base * 60_000..(base + 1) * 60_000 {
         let (mut fast, cfg, (psn, code, msn)) = build(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let (mut slow_req, _, _) = build(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let before = format!("{fast:?}");
@@ -273,5 +278,51 @@ fn review5_ack_fast_does_what_the_checks_and_actions_do() {
     assert!(
         acked > 1000 && credits > 1000 && refused > 1000,
         "{acked} {credits} {refused}"
+    );
+}
+
+/// The MSN of an Ack is the SSN of the last message the responder completed (spec/02),
+/// and the responder counts messages: a memory window operation posted before a Send is
+/// no message (it has no PSN and never reaches the responder). The requester numbers it
+/// all the same (`accept` counts every WQE in its SSN), so an MSN names the WQE one
+/// earlier per local operation after it, and the credits count from that WQE's consuming
+/// count: fewer than the responder granted. Here a Bind, then two Sends; the responder
+/// completed the first Send (its MSN 1) and grants one more receive: the second Send may
+/// go. (Pre-existing: not from `ack-retire`; both paths share `consumers_at`.)
+#[test]
+fn review5_an_msn_counts_messages_not_memory_window_operations() {
+    let cfg = QpConfig {
+        remote_credits: true,
+        retry_cnt: 7,
+        ..QpConfig::default()
+    };
+    let mut req = Requester::new(8);
+    req.start(&cfg, Duration::from_nanos(1));
+    req.update_credits(CreditCode::encode(1), 0);
+    let mut rng = Rng(1);
+    let mut bind = sq_wqe(&mut rng, 0);
+    bind.op = WqeOp::BindMw;
+    bind.len = 0;
+    req.accept(bind, 1024);
+    for id in [1, 2] {
+        let mut send = sq_wqe(&mut rng, id);
+        send.op = WqeOp::Send;
+        send.len = 8;
+        req.accept(send, 1024);
+    }
+    transmit(&mut req, 1); // the Bind
+    let mut sink = Sink { room: 8 };
+    retire(&mut req, QpState::Rts, crate::wire::Qpn::new(1), &mut sink);
+    transmit(&mut req, 1); // the first Send (one credit)
+    let first = *req.wqe(1);
+    assert_eq!(first.consumers, 1);
+    // The responder completed message 1 (the first Send) and has one receive left.
+    assert_eq!(
+        req.ack_fast(first.first_psn, CreditCode::encode(1), 1, &cfg),
+        Some(AckFast::Acked)
+    );
+    assert!(
+        req.credits().allows(2),
+        "one credit after the first Send: the second Send (consuming count 2) may go"
     );
 }
