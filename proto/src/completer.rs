@@ -340,4 +340,6 @@ fn check_atomic_ack(w: &SendWqe, seq: u64, psn: Psn, r: &Response) -> Outcome {
 }
 
 #[cfg(test)]
+mod review5_tests;
+#[cfg(test)]
 mod tests;

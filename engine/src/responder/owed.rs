@@ -101,7 +101,10 @@ impl OwedAcks {
     pub(crate) fn relist(&mut self, link: u32, qp: u32) -> bool {
         // Only a walk relists, and a walk moves the first word's entry to its list first:
         // an entry listed beside one still in the word would leave out of order.
-        debug_assert_eq!(self.first, NO_FIRST, "relist with an entry in the first word");
+        debug_assert_eq!(
+            self.first, NO_FIRST,
+            "relist with an entry in the first word"
+        );
         if self.next[qp as usize] != UNLISTED {
             return false;
         }

@@ -39,6 +39,11 @@ pub(super) struct Rig {
 /// A response the engine sent: opcode, PSN offset from [`RQ_PSN`], AETH syndrome.
 pub(super) type Answer = (Opcode, u32, Option<Syndrome>);
 
+std::thread_local! {
+    /// The SQ PSN of the rigs this thread makes (review 5: PSNs that wrap).
+    pub(super) static SQ_PSN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 pub(super) fn rig(access: AccessFlags) -> Rig {
     rig_in(access, QpState::Rts)
 }
@@ -82,7 +87,7 @@ pub(super) fn rig_in(access: AccessFlags, state: QpState) -> Rig {
     if state == QpState::Rts {
         qp.modify(
             &QpAttr::new(QpState::Rts)
-                .sq_psn(0)
+                .sq_psn(SQ_PSN.with(std::cell::Cell::get))
                 .max_rd_atomic(1)
                 .timeout(0)
                 .retry_cnt(7)
