@@ -985,7 +985,12 @@ pub(crate) fn watch(sock: &UdpSocket, page: &Mem, engine_page: &Mem, stop: &Atom
     ) else {
         return;
     };
-    let mut seen = request.load(Ordering::Acquire);
+    // The page starts zeroed (`watch_page`): a request made before this thread first ran
+    // (the engine may go to sleep as soon as `bind` added the pump, long before a new
+    // thread gets a core on a loaded machine) differs from 0 and is served. Reading the
+    // word here instead took such a request for "nothing asked", and the engine slept on
+    // unwatched.
+    let mut seen = 0;
     while !stop.load(Ordering::Relaxed) {
         let now = request.load(Ordering::Acquire);
         if now == seen {
@@ -1014,5 +1019,56 @@ fn watch_once(sock: &UdpSocket, kick: &AtomicU32, sleepers: &AtomicU32, stop: &A
         if sleepers.load(Ordering::Relaxed) == 0 {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// The engine asks for a watch (it goes to sleep, `Pump::wait_on`) before the port's
+    /// watcher thread, which `UdpPort::bind` has just started, first ran — on a loaded
+    /// machine a new thread may wait that long for a core. The watcher must serve that
+    /// request: a datagram there must wake the engine. (It took the request word as it
+    /// found it for "nothing asked yet", and the engine slept its whole `max_sleep`, 30 s
+    /// in `sleeping_engines_ping_pong_on_two_qps_over_one_link`, while its peer's transport
+    /// timer ran out.)
+    #[test]
+    fn a_watch_requested_before_the_watcher_first_runs_is_served() {
+        let sock = Arc::new(UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+        let page = watch_page();
+        let engine_page = Mem::private(4096);
+        // The engine: one sleeper, its watch request, and a datagram arrives.
+        engine_page
+            .atomic_u32(crate::arena::WAKE_WORD)
+            .unwrap()
+            .store(1, Ordering::Relaxed);
+        page.atomic_u32(WATCH_REQUEST)
+            .unwrap()
+            .fetch_add(1, Ordering::Release);
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(b"datagram", sock.local_addr()).unwrap();
+        // Only now does the watcher start.
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (sock, page, engine_page, stop) = (
+                sock.clone(),
+                page.share(),
+                engine_page.share(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || watch(&sock, &page, &engine_page, &stop))
+        };
+        let kick = page.atomic_u32(WATCH_KICK).unwrap();
+        let start = Instant::now();
+        while kick.load(Ordering::Acquire) == 0 && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let kicked = kick.load(Ordering::Acquire);
+        stop.store(true, Ordering::Relaxed);
+        nudge_watcher(&page);
+        watcher.join().unwrap();
+        assert_eq!(kicked, 1, "the sleeping engine was never woken");
     }
 }
