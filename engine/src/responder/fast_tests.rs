@@ -848,6 +848,26 @@ pub(super) enum Op {
     CompareSwap,
 }
 
+impl Op {
+    /// The verbs operation of this request at `remote`, with its length.
+    fn at(self, remote: crate::RemoteAddr) -> (SendOp, u32) {
+        match self {
+            Op::Send(len) => (SendOp::Send, len),
+            Op::Write(len) => (SendOp::RdmaWrite(remote), len),
+            Op::Read(len) => (SendOp::RdmaRead(remote), len),
+            Op::FetchAdd => (SendOp::FetchAdd { remote, add: 3 }, 8),
+            Op::CompareSwap => (
+                SendOp::CompareSwap {
+                    remote,
+                    compare: 0,
+                    swap: 5,
+                },
+                8,
+            ),
+        }
+    }
+}
+
 /// Gives the requester `n` credits (an unsolicited Ack of the PSN before its first) and
 /// posts `ops`, which the engine sends.
 pub(super) fn post(r: &mut Rig, n: u32, ops: &[Op]) {
@@ -1998,20 +2018,7 @@ fn post_only(r: &mut Rig, first: u64, ops: &[Op]) {
     for (i, &op) in ops.iter().enumerate() {
         let (i, at) = (first + i as u64, 1024 * i as u64);
         let remote = r.mr.remote(4096 + at);
-        let (op, len) = match op {
-            Op::Send(len) => (SendOp::Send, len),
-            Op::Write(len) => (SendOp::RdmaWrite(remote), len),
-            Op::Read(len) => (SendOp::RdmaRead(remote), len),
-            Op::FetchAdd => (SendOp::FetchAdd { remote, add: 3 }, 8),
-            Op::CompareSwap => (
-                SendOp::CompareSwap {
-                    remote,
-                    compare: 0,
-                    swap: 5,
-                },
-                8,
-            ),
-        };
+        let (op, len) = op.at(remote);
         let sge = [r.mr.sge(at, len).unwrap()];
         r.qp.post_send(&SendWr::new(i, op, &sge)).unwrap();
     }
@@ -2482,20 +2489,7 @@ mod review5_random_rounds {
     fn post_one(r: &mut Rig, id: u64, op: Op, signaled: bool) {
         let at = (id % 24) * 1024;
         let remote = r.mr.remote(32768 + (id % 8) * 1024);
-        let (op, len) = match op {
-            Op::Send(len) => (SendOp::Send, len),
-            Op::Write(len) => (SendOp::RdmaWrite(remote), len),
-            Op::Read(len) => (SendOp::RdmaRead(remote), len),
-            Op::FetchAdd => (SendOp::FetchAdd { remote, add: 3 }, 8),
-            Op::CompareSwap => (
-                SendOp::CompareSwap {
-                    remote,
-                    compare: 0,
-                    swap: 5,
-                },
-                8,
-            ),
-        };
+        let (op, len) = op.at(remote);
         let sge = [r.mr.sge(at, len).unwrap()];
         let flags = if signaled {
             crate::SendFlags::SIGNALED
