@@ -169,6 +169,18 @@ mod tests {
         }
     }
 
+    /// Accepts a signaled Read as WQE `seq` of `req` (in RTS) and sends its request.
+    fn send_read(req: &mut Requester, wr_id: u64, seq: u64) {
+        let mut w = wqe(wr_id, true);
+        w.op = WqeOp::Read;
+        req.accept(w, 1024);
+        req.next_step(QpState::Rts, 1);
+        req.begin_wqe();
+        let r = *req.wqe(seq);
+        req.note_sent(&r, r.first_psn);
+        req.packet_sent(None::<Cursor>);
+    }
+
     fn wqe(wr_id: u64, signaled: bool) -> SqWqe {
         SqWqe {
             wr_id,
@@ -313,14 +325,7 @@ mod tests {
         // A Read in the window: its data is missing, the full checks decide.
         let mut read = Requester::new(4);
         read.start(&cfg, Duration::from_nanos(1));
-        let mut w = wqe(9, true);
-        w.op = WqeOp::Read;
-        read.accept(w, 1024);
-        read.next_step(QpState::Rts, 1);
-        read.begin_wqe();
-        let r = *read.wqe(0);
-        read.note_sent(&r, r.first_psn);
-        read.packet_sent(None::<Cursor>);
+        send_read(&mut read, 9, 0);
         assert_eq!(read.ack_fast(Psn::new(0), code, 1, &cfg), None);
     }
 
@@ -370,14 +375,7 @@ mod tests {
         }
         assert_eq!(two.window().sent_to(), Psn::new(3));
         let (mut read, _) = sent(&[1], &[]);
-        let mut w = wqe(2, true);
-        w.op = WqeOp::Read;
-        read.accept(w, 1024);
-        read.next_step(QpState::Rts, 1);
-        read.begin_wqe();
-        let r = *read.wqe(1);
-        read.note_sent(&r, r.first_psn);
-        read.packet_sent(None::<Cursor>);
+        send_read(&mut read, 2, 1);
         for (req, psn) in [(&mut two, 1), (&mut read, 1)] {
             let acked = req.window().acked();
             assert_eq!(req.ack_fast(Psn::new(psn), code, 2, &cfg), None);
