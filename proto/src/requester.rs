@@ -90,8 +90,15 @@ pub struct Requester {
     credits: CreditState,
     /// Consuming messages fetched so far.
     consumers: u64,
-    /// SSN of the last WQE fetched.
+    /// SSN of the last message fetched: a Bind or Local Invalidate is no message (the
+    /// responder's MSN never counts it) and takes none.
     ssn: u32,
+    /// Local operations (Bind, Local Invalidate) fetched so far.
+    locals: u64,
+    /// One past the window sequence of the last local operation fetched (0: none): the
+    /// WQEs from here on are all messages, so an MSN names one by its distance from the
+    /// newest.
+    after_local: u64,
     /// A consuming WQE started without credit: nothing after it starts until credit comes.
     limited: Option<u64>,
     retry_left: u8,
@@ -189,6 +196,8 @@ impl Requester {
             credits: CreditState::new(true),
             consumers: 0,
             ssn: 0,
+            locals: 0,
+            after_local: 0,
             limited: None,
             retry_left: 0,
             retrying: None,
@@ -458,7 +467,9 @@ impl Requester {
         // The MSN names the last WQE acknowledged, as it does when the responder has
         // executed all of them: its consuming count is at hand (consumers_at's answer).
         let fetched = self.window.fetched();
-        if u64::from(self.ssn.wrapping_sub(msn) & Psn::MASK) == fetched - end {
+        if u64::from(self.ssn.wrapping_sub(msn) & Psn::MASK) == fetched - end
+            && self.after_local <= end
+        {
             self.credits.update(credits, consumers);
             self.credits_changed();
         } else {
@@ -491,13 +502,26 @@ impl Requester {
         }
         let back = u64::from(self.ssn.wrapping_sub(msn) & Psn::MASK);
         let known = fetched.min(self.window.capacity() as u64);
-        if back < known {
-            Some(self.wqe(fetched - 1 - back).consumers)
-        } else if back == fetched {
-            Some(0) // the MSN before the first message
-        } else {
-            None
+        if back == fetched - self.locals {
+            return Some(0); // the MSN before the first message
         }
+        if back < known && self.after_local + back < fetched {
+            // No local operation among the newest `back + 1` WQEs.
+            return Some(self.wqe(fetched - 1 - back).consumers);
+        }
+        // Count messages back from the newest, past the local operations.
+        let mut left = back;
+        for seq in (fetched - known..fetched).rev() {
+            let w = self.wqe(seq);
+            if matches!(w.wqe.op, WqeOp::BindMw | WqeOp::LocalInv) {
+                continue;
+            }
+            if left == 0 {
+                return Some(w.consumers);
+            }
+            left -= 1;
+        }
+        None
     }
 
     /// Applies the credit count and MSN of a positive Ack (spec/02).
@@ -581,7 +605,12 @@ impl Requester {
     /// application never has more than its queue's depth outstanding); `pmtu` is the
     /// QP's path MTU in bytes.
     pub fn accept(&mut self, w: SqWqe, pmtu: u32) {
-        self.ssn = (self.ssn + 1) & Psn::MASK;
+        if matches!(w.op, WqeOp::BindMw | WqeOp::LocalInv) {
+            self.locals += 1;
+            self.after_local = self.window.fetched() + 1;
+        } else {
+            self.ssn = (self.ssn + 1) & Psn::MASK;
+        }
         if w.op.consumes_rq_wqe() {
             self.consumers += 1;
         }

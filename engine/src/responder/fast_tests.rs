@@ -2585,7 +2585,6 @@ mod review5_random_rounds {
 /// taken to name the Bind, whose consuming count is one less: the credit is lost and the
 /// second Send waits, limited (stop-and-wait from then on while credits are tight).
 #[test]
-#[ignore = "known bug, open (review 5, LOW): a Bind or Local Invalidate takes an SSN, which the responder's MSN never counts, so the credits of the next Acks are read from a WQE too early (docs/reviews/REVIEW5.md)"]
 fn review5_a_memory_window_bind_takes_no_credit() {
     let run = |bind: bool| {
         let mut r = super::tests::rig(AccessFlags::ALL);

@@ -290,7 +290,6 @@ fn review5_ack_fast_does_what_the_checks_and_actions_do() {
 /// completed the first Send (its MSN 1) and grants one more receive: the second Send may
 /// go. (Pre-existing: not from `ack-retire`; both paths share `consumers_at`.)
 #[test]
-#[ignore = "known bug, open (review 5, LOW): a Bind or Local Invalidate takes an SSN, which the responder's MSN never counts, so the credits of the next Acks are read from a WQE too early (docs/reviews/REVIEW5.md)"]
 fn review5_an_msn_counts_messages_not_memory_window_operations() {
     let cfg = QpConfig {
         remote_credits: true,
