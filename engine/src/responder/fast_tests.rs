@@ -1926,7 +1926,7 @@ mod random_requests {
     }
 
     /// The responder's ePSN now, as an offset from [`RQ_PSN`].
-    fn epsn_offset(r: &Rig) -> u32 {
+    pub(super) fn epsn_offset(r: &Rig) -> u32 {
         let qpn = r.qp.qpn();
         let epsn = r
             .ctx
@@ -2359,7 +2359,7 @@ mod review4_random_pingpong {
                 for s in &steps {
                     match *s {
                         Step::Ping { at, len, se } => {
-                            let k = epsn_offset(r).wrapping_add(at as u32);
+                            let k = super::random_requests::epsn_offset(r).wrapping_add(at as u32);
                             let payload: Vec<u8> = (0..len).collect();
                             let psn = Psn::new(RQ_PSN).add(k);
                             let mut bth = BthRepr::new(Opcode::SendOnly, r.qp.qpn(), psn);
@@ -2401,18 +2401,6 @@ mod review4_random_pingpong {
             };
             same_both_ways(AccessFlags::ALL, &scenario);
         }
-    }
-
-    /// The responder's ePSN now, as an offset from [`RQ_PSN`].
-    fn epsn_offset(r: &Rig) -> u32 {
-        let qpn = r.qp.qpn();
-        let epsn = r
-            .ctx
-            .shared
-            .engine
-            .with(|e| e.with_stage(qpn, |q, _| q.proto.resp.epsn))
-            .unwrap();
-        epsn.get().wrapping_sub(RQ_PSN) & 0xFF_FFFF
     }
 }
 

@@ -169,6 +169,18 @@ mod tests {
         }
     }
 
+    /// Sends every packet `req` (in RTS) may send now.
+    fn send_all(req: &mut Requester) {
+        while let Step::Packet { seq, new_wqe, .. } = req.next_step(QpState::Rts, 0) {
+            if new_wqe {
+                req.begin_wqe();
+            }
+            let w = *req.wqe(seq);
+            req.note_sent(&w, w.first_psn);
+            req.packet_sent(None::<Cursor>);
+        }
+    }
+
     /// Accepts a signaled Read as WQE `seq` of `req` (in RTS) and sends its request.
     fn send_read(req: &mut Requester, wr_id: u64, seq: u64) {
         let mut w = wqe(wr_id, true);
@@ -212,14 +224,7 @@ mod tests {
         for &id in ids {
             req.accept(wqe(id, !quiet.contains(&id)), 1024);
         }
-        while let Step::Packet { seq, new_wqe, .. } = req.next_step(QpState::Rts, 0) {
-            if new_wqe {
-                req.begin_wqe();
-            }
-            let w = *req.wqe(seq);
-            req.note_sent(&w, w.first_psn);
-            req.packet_sent(None::<Cursor>);
-        }
+        send_all(&mut req);
         (req, cfg)
     }
 
@@ -410,14 +415,7 @@ mod tests {
             // Sends start with one packet each without credits only as limited ones: give
             // them room to start.
             req.update_credits(CreditCode::encode(3), 0);
-            while let Step::Packet { seq, new_wqe, .. } = req.next_step(QpState::Rts, 0) {
-                if new_wqe {
-                    req.begin_wqe();
-                }
-                let w = *req.wqe(seq);
-                req.note_sent(&w, w.first_psn);
-                req.packet_sent(None::<Cursor>);
-            }
+            send_all(&mut req);
             assert_eq!(req.window().sent_to(), Psn::new(3));
             assert_eq!(
                 req.ack_fast(Psn::new(1), CreditCode::encode(4), msn, &cfg),
