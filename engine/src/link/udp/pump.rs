@@ -187,6 +187,15 @@ impl RxEnd {
     }
 }
 
+/// XORs `error` (an ICRC's error, 0 for none) into the ICRC ending `datagram`.
+fn spoil_icrc(datagram: &mut [u8], error: u32) {
+    if let Some(at) = datagram.len().checked_sub(4) {
+        for (b, x) in datagram[at..].iter_mut().zip(error.to_le_bytes()) {
+            *b ^= x;
+        }
+    }
+}
+
 fn bump(c: &mut u64, n: u64) {
     *c = c.wrapping_add(n);
 }
@@ -202,6 +211,8 @@ struct TxPump {
     /// it), by port; a slot (`via - 1`) is emptied when no route and no staged datagram
     /// uses its socket any more ([`Pump::forget_qp`]), and reused.
     senders: Vec<Option<(u16, UdpSocket)>>,
+    /// The arena of a packet with no route (its ICRC's check reads nothing from it).
+    nomem: Mem,
     #[cfg(test)]
     hook: Option<super::DatagramHook>,
     /// A datagram the hook holds back (`Fate::Later`): its bytes, destination and options.
@@ -255,8 +266,15 @@ impl TxPump {
                 // it arrives, and answers with its own held Ack riding.
                 let ack = datagram::carries_ack(&slots[0]);
                 let ack_first = ack && !self.tx.gso();
+                // A packet the fault stage corrupted (it stamped the ICRC of the packet
+                // before) leaves with a bad ICRC — the error between the stamped ICRC and the
+                // packet's now, never 0 for a flipped bit — and the receiver drops it, as it
+                // drops a datagram corrupted on the wire. A riding Ack is corrupted with its
+                // carrier (the stamped ICRC covers its word too), as over shared memory.
+                let error =
+                    crate::fault::icrc_error(slots, route.map_or(&self.nomem, |r| &r.arena));
                 if ack_first {
-                    self.stage_riding_ack(&slots[0], src, to, opts, via, counters);
+                    self.stage_riding_ack(&slots[0], src, to, opts, via, error, counters);
                     route = self.links[i].route(remote);
                 }
                 let Some(buf) = self.tx.next_buf() else {
@@ -264,25 +282,13 @@ impl TxPump {
                 };
                 match datagram::encode(slots, route.map(|r| &r.arena), src, to, buf) {
                     Ok(len) => {
-                        // A packet the fault stage corrupted (it stamped the ICRC of the
-                        // packet before) keeps a bad ICRC: the receiver drops it, as it
-                        // would a datagram corrupted on the wire. (Not a carrier of a
-                        // riding Ack: its stamped ICRC covers the Ack's word too, which
-                        // leaves in a datagram of its own here.)
-                        if let Some(r) = route.filter(|_| !datagram::carries_ack(&slots[0])) {
-                            let e = crate::fault::icrc_error(slots, &r.arena);
-                            if e != 0 && len >= 4 {
-                                for (b, x) in buf[len - 4..len].iter_mut().zip(e.to_le_bytes()) {
-                                    *b ^= x;
-                                }
-                            }
-                        }
+                        spoil_icrc(&mut buf[..len], error);
                         self.stage(len, to, opts, via)
                     }
                     Err(_) => bump(&mut counters.encode_dropped, 1),
                 }
                 if ack && !ack_first {
-                    self.stage_riding_ack(&slots[0], src, to, opts, via, counters);
+                    self.stage_riding_ack(&slots[0], src, to, opts, via, error, counters);
                 }
             }
             self.links[i].from_engine.flush();
@@ -293,7 +299,8 @@ impl TxPump {
     }
 
     /// Stages the positive Ack riding in `carrier`, as an Acknowledge datagram of its own
-    /// from `src` to `to` (the burst has room: the caller checked for two).
+    /// from `src` to `to` (the burst has room: the caller checked for two), its ICRC spoilt
+    /// by the carrier's `error`.
     fn stage_riding_ack(
         &mut self,
         carrier: &PacketSlot,
@@ -301,13 +308,17 @@ impl TxPump {
         to: SocketAddr,
         opts: IpOpts,
         via: u16,
+        error: u32,
         counters: &mut UdpCounters,
     ) {
         let Some(buf) = self.tx.next_buf() else {
             return;
         };
         match datagram::riding_ack_datagram(carrier, src, to, buf) {
-            Some(Ok(len)) => self.stage(len, to, opts, via),
+            Some(Ok(len)) => {
+                spoil_icrc(&mut buf[..len], error);
+                self.stage(len, to, opts, via)
+            }
             Some(Err(_)) => bump(&mut counters.encode_dropped, 1),
             None => {}
         }
@@ -554,6 +565,7 @@ impl Pump {
             sock,
             tx: TxPump {
                 lines: Some(Box::new([Line::ZERO; MAX_FRAME_LINES])),
+                nomem: Mem::private(0),
                 tx: {
                     let mut tx = TxBurst::new();
                     tx.set_gso(gso_wanted(std::env::var_os("SHMHCA_UDP_GSO").as_deref()));
