@@ -274,7 +274,9 @@ impl TxPump {
                 let error =
                     crate::fault::icrc_error(slots, route.map_or(&self.nomem, |r| &r.arena));
                 if ack_first {
-                    self.stage_riding_ack(&slots[0], src, to, opts, via, error, counters);
+                    if let Some(len) = self.write_riding_ack(&slots[0], src, to, error, counters) {
+                        self.stage(len, to, opts, via);
+                    }
                     route = self.links[i].route(remote);
                 }
                 let Some(buf) = self.tx.next_buf() else {
@@ -288,7 +290,9 @@ impl TxPump {
                     Err(_) => bump(&mut counters.encode_dropped, 1),
                 }
                 if ack && !ack_first {
-                    self.stage_riding_ack(&slots[0], src, to, opts, via, error, counters);
+                    if let Some(len) = self.write_riding_ack(&slots[0], src, to, error, counters) {
+                        self.stage(len, to, opts, via);
+                    }
                 }
             }
             self.links[i].from_engine.flush();
@@ -298,29 +302,27 @@ impl TxPump {
         moved
     }
 
-    /// Stages the positive Ack riding in `carrier`, as an Acknowledge datagram of its own
-    /// from `src` to `to` (the burst has room: the caller checked for two), its ICRC spoilt
-    /// by the carrier's `error`.
-    fn stage_riding_ack(
+    /// Writes the positive Ack riding in `carrier` as an Acknowledge datagram of its own
+    /// from `src` to `to`, its ICRC spoilt by the carrier's `error`, into the burst's next
+    /// buffer (the caller checked for room for two); its length, to be staged.
+    fn write_riding_ack(
         &mut self,
         carrier: &PacketSlot,
         src: SocketAddr,
         to: SocketAddr,
-        opts: IpOpts,
-        via: u16,
         error: u32,
         counters: &mut UdpCounters,
-    ) {
-        let Some(buf) = self.tx.next_buf() else {
-            return;
-        };
-        match datagram::riding_ack_datagram(carrier, src, to, buf) {
-            Some(Ok(len)) => {
+    ) -> Option<usize> {
+        let buf = self.tx.next_buf()?;
+        match datagram::riding_ack_datagram(carrier, src, to, buf)? {
+            Ok(len) => {
                 spoil_icrc(&mut buf[..len], error);
-                self.stage(len, to, opts, via)
+                Some(len)
             }
-            Some(Err(_)) => bump(&mut counters.encode_dropped, 1),
-            None => {}
+            Err(_) => {
+                bump(&mut counters.encode_dropped, 1);
+                None
+            }
         }
     }
 
