@@ -256,7 +256,7 @@ impl Device {
             return;
         }
         if let Ok(word) = self.engine_page_mem.atomic_u32(crate::arena::MAY_SLEEP) {
-            word.store(1, Ordering::Release);
+            word.store(wake::may_sleep_word(true), Ordering::Release);
         }
         self.nudge_helper();
     }
@@ -345,10 +345,17 @@ impl Device {
         }
     }
 
-    /// Wakes this engine's sleeping threads, if any, after work was published for them.
+    /// Wakes this engine's sleeping threads, if any, after work was published for them
+    /// (with the light fence when this process is registered: its sleepers run the global
+    /// barrier whenever it could register).
     #[inline]
     fn wake_local(&self) {
-        wake::wake(self.sleepers(), &self.kick, true);
+        wake::wake_with(
+            self.sleepers(),
+            || Some(&self.kick),
+            true,
+            wake::waker_registered(),
+        );
     }
 
     /// Sleeps this thread for at most `max` unless `has_work` (the last look, run after the
