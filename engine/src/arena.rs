@@ -40,12 +40,10 @@ pub(crate) const ENGINE_PAGE_LEN: usize = 4096;
 /// post, a peer's packets) reads it and, if it is not 0, bumps its kick word and wakes them
 /// (see [`crate::engine::wake`]).
 pub(crate) const WAKE_WORD: u64 = 0;
-/// A word saying whether this engine may sleep at all (bit 0) or always polls (0), and
-/// whether its sleepers run the global barrier that lets registered wakers skip their fence
-/// (bit 1; see [`crate::engine::wake`]); peers read it at link setup and, while it is 0,
-/// one engine iteration in `PUBLISH_EVERY`, and skip the wake-up check while it is 0. An
-/// inline engine sets it (never back) when its application takes a completion channel's
-/// fd (`Device::allow_fd_sleep`).
+/// A word saying whether this engine may sleep at all (1) or always polls (0); peers read
+/// it at link setup and, while it is 0, one engine iteration in `PUBLISH_EVERY`, and skip
+/// the wake-up check while it is 0. An inline engine turns it to 1 (never back) when its
+/// application takes a completion channel's fd (`Device::allow_fd_sleep`).
 pub(crate) const MAY_SLEEP: u64 = 64;
 
 /// The engine's process id (a little-endian u64), which `shmhca stat` shows for a link's
@@ -66,8 +64,7 @@ pub(crate) fn create_engine_page(may_sleep: bool) -> Result<Arc<Segment>> {
         .huge_pages(HugePages::Never)
         .sharing(Sharing::CreatorWrites)
         .create()?;
-    let word = crate::engine::wake::may_sleep_word(may_sleep);
-    seg.write_at(MAY_SLEEP as usize, &word.to_ne_bytes())
+    seg.write_at(MAY_SLEEP as usize, &u32::from(may_sleep).to_ne_bytes())
         .and_then(|()| {
             seg.write_at(
                 PID_WORD as usize,

@@ -256,7 +256,7 @@ impl Device {
             return;
         }
         if let Ok(word) = self.engine_page_mem.atomic_u32(crate::arena::MAY_SLEEP) {
-            word.store(wake::may_sleep_word(true), Ordering::Release);
+            word.store(1, Ordering::Release);
         }
         self.nudge_helper();
     }
@@ -345,17 +345,10 @@ impl Device {
         }
     }
 
-    /// Wakes this engine's sleeping threads, if any, after work was published for them
-    /// (with the light fence when this process is registered: its sleepers run the global
-    /// barrier whenever it could register).
+    /// Wakes this engine's sleeping threads, if any, after work was published for them.
     #[inline]
     fn wake_local(&self) {
-        wake::wake_with(
-            self.sleepers(),
-            || Some(&self.kick),
-            true,
-            wake::waker_registered(),
-        );
+        wake::wake(self.sleepers(), &self.kick, true);
     }
 
     /// Sleeps this thread for at most `max` unless `has_work` (the last look, run after the

@@ -169,16 +169,6 @@ fn lock_file(path: &std::path::Path, wait: std::time::Duration) -> PortLock {
 /// How long [`udp_4791_lock`] waits for another process's test to release the lock.
 pub const PORT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// Whether this process's wakers skip their SeqCst fence towards engines whose sleepers run
-/// `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` (registered when it made a context, and
-/// not in a child made by `fork()` since), and whether this kernel lets sleepers run it.
-pub fn waker_registration() -> (bool, bool) {
-    (
-        crate::engine::wake::waker_registered(),
-        crate::engine::wake::sleepers_barrier(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

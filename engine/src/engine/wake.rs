@@ -40,29 +40,8 @@
 //! published before the peer saw the 1 wake nobody; the helper finds them at its next
 //! tick. (An application that takes the fd before its connections are set up — an async
 //! server building its `AsyncFd` first — has every peer read the 1 at link setup.)
-//!
-//! # The waker's fence, paid by the sleeper
-//!
-//! The waker's SeqCst fence is a locked instruction on every publish towards an engine that
-//! may sleep (a poll-mode engine with the default idle policy, every engine of the verbs
-//! library), where sleeping is rare. So the fence is made asymmetric, as the engine token's
-//! is ([`super::cell`]): where the kernel has `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`,
-//! every process registers for it when it makes a context ([`register_waker`]), its
-//! engines announce in their engine page that their sleepers run it ([`SLEEPERS_BARRIER`]),
-//! and a sleeper runs it between counting itself and its last look: it executes a full
-//! barrier on every CPU running a thread of a registered process (a thread not running has
-//! passed through one already). A registered waker then needs only a compiler fence before
-//! it loads the sleeper count: its publish and its load are each ordered against the
-//! sleeper's count and last look by the barrier the sleeper put into its instruction stream,
-//! wherever that barrier fell (before the publish, between the two, or after the load). A
-//! waker that is not registered (the kernel refused, a child made by `fork()` before it made
-//! a context of its own) or an engine that does not announce it keeps the SeqCst fence. A
-//! sleeper whose `membarrier` failed sleeps at most [`SHORT_SLEEP`]: a waker that skipped
-//! its fence may have missed it. A hostile peer that announces the barrier and skips it
-//! loses only its own wake-ups.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, compiler_fence, fence};
+use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::Duration;
 
 use rustix::thread::futex;
@@ -77,126 +56,26 @@ pub(crate) const MAX_WAIT: usize = 128;
 /// not waited on is then seen within this time.
 pub(crate) const SHORT_SLEEP: Duration = Duration::from_millis(1);
 
-/// The bit of an engine page's `MAY_SLEEP` word saying that the engine may sleep.
-pub(crate) const MAY_SLEEP_BIT: u32 = 1;
-/// The bit of an engine page's `MAY_SLEEP` word saying that the engine's sleepers run
-/// `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` before their last look (see the module docs).
-pub(crate) const SLEEPERS_BARRIER: u32 = 2;
-
-/// The `MAY_SLEEP` word an engine of this process announces: 0 if it never sleeps.
-pub(crate) fn may_sleep_word(may_sleep: bool) -> u32 {
-    match (may_sleep, sleepers_barrier()) {
-        (false, _) => 0,
-        (true, false) => MAY_SLEEP_BIT,
-        (true, true) => MAY_SLEEP_BIT | SLEEPERS_BARRIER,
-    }
-}
-
-/// Whether this process's sleepers run the global barrier: the kernel has it and its
-/// registration (Linux 4.16). Asked once.
-pub(crate) fn sleepers_barrier() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        #[cfg(any(miri, shmhca_loom))]
-        return false;
-        #[cfg(not(any(miri, shmhca_loom)))]
-        {
-            use rustix::thread::{MembarrierCommand, membarrier_query};
-            let q = membarrier_query();
-            q.contains_command(MembarrierCommand::GlobalExpedited)
-                && q.contains_command(MembarrierCommand::RegisterGlobalExpedited)
-        }
-    })
-}
-
-/// Whether this process is registered for the sleepers' global barrier (its wakers may
-/// skip their fence towards an engine that announces [`SLEEPERS_BARRIER`]). Cleared in a
-/// child made by `fork()`, which registers again when it makes a context.
-static REGISTERED: AtomicBool = AtomicBool::new(false);
-
-/// Registers this process for `MEMBARRIER_CMD_GLOBAL_EXPEDITED` (when a context is made;
-/// a system call the first time, a load after).
-pub(crate) fn register_waker() {
-    if REGISTERED.load(Ordering::Relaxed) || !sleepers_barrier() {
-        return;
-    }
-    // A child made by `fork()` forgets the registration (the handler does one atomic
-    // store: async-signal-safe). Without the handler, no registration.
-    static CHILD_HANDLER: OnceLock<bool> = OnceLock::new();
-    let handled = *CHILD_HANDLER.get_or_init(|| {
-        crate::verbs::remap::at_fork_in_child(forget_registration)
-            .map_err(|r| {
-                eprintln!(
-                    "shmhca: pthread_atfork failed ({r}): wakers keep their fence (a child \
-                     made by fork() would not know whether it is registered for membarrier)"
-                )
-            })
-            .is_ok()
-    });
-    #[cfg(not(any(miri, shmhca_loom)))]
-    {
-        use rustix::thread::{MembarrierCommand, membarrier};
-        if handled && membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok() {
-            REGISTERED.store(true, Ordering::Relaxed);
-        }
-    }
-    #[cfg(any(miri, shmhca_loom))]
-    let _ = handled;
-}
-
-/// `pthread_atfork`'s child handler: the child's wakers keep their fence until it
-/// registers itself (the kernel may not count it as registered).
-extern "C" fn forget_registration() {
-    REGISTERED.store(false, Ordering::Relaxed);
-}
-
-/// Whether this process's wakers may skip their fence towards an engine whose sleepers run
-/// the global barrier.
-#[inline(always)]
-pub(crate) fn waker_registered() -> bool {
-    REGISTERED.load(Ordering::Relaxed)
-}
-
-/// The sleeper's global barrier; false if the kernel refused it.
-fn global_barrier() -> bool {
-    #[cfg(any(miri, shmhca_loom))]
-    return false;
-    #[cfg(not(any(miri, shmhca_loom)))]
-    {
-        use rustix::thread::{MembarrierCommand, membarrier};
-        membarrier(MembarrierCommand::GlobalExpedited).is_ok()
-    }
-}
-
 /// After publishing work for an engine that may sleep: wakes it if any of its threads
 /// sleeps. `sleepers` is the engine's sleeper count, `kick` the waker's kick word for it
 /// (`private`: the word is in this process's private memory, the engine's local word).
-/// With a full fence: see [`wake_with`] for the light one.
 #[inline]
 pub(crate) fn wake(sleepers: &AtomicU32, kick: &AtomicU32, private: bool) {
-    wake_with(sleepers, || Some(kick), private, false);
+    wake_with(sleepers, || Some(kick), private);
 }
 
 /// [`wake`] with the kick word found by `kick` only when some thread sleeps (a word in
 /// shared memory costs a bounds check to find; nobody sleeps nearly always). `None`: no
-/// word to bump (never for a validated link), the wake-up is skipped. `light`: the engine
-/// announces [`SLEEPERS_BARRIER`] and this process is registered ([`waker_registered`]):
-/// a compiler fence stands for the SeqCst one.
+/// word to bump (never for a validated link), the wake-up is skipped.
 #[inline]
 pub(crate) fn wake_with<'a>(
     sleepers: &AtomicU32,
     kick: impl FnOnce() -> Option<&'a AtomicU32>,
     private: bool,
-    light: bool,
 ) {
     // SYNC: SeqCst fence pairs with the one in `sleep` (Dekker): the work published before
-    // this fence, or the sleeper's count, is seen by the other side. The light form pairs
-    // with the sleeper's global barrier instead (see the module docs).
-    if light {
-        compiler_fence(Ordering::SeqCst);
-    } else {
-        fence(Ordering::SeqCst);
-    }
+    // this fence, or the sleeper's count, is seen by the other side.
+    fence(Ordering::SeqCst);
     if sleepers.load(Ordering::Relaxed) != 0 {
         let Some(kick) = kick() else {
             return;
@@ -318,15 +197,8 @@ pub(crate) fn sleep(
 ) -> bool {
     // Sleepers are counted (not flagged), so that one leaving does not hide another.
     sleepers.fetch_add(1, Ordering::Relaxed);
-    // SYNC: SeqCst fence pairs with the one in `wake`; the global barrier with a
-    // registered waker's compiler fence (module docs), which may have missed this sleeper
-    // if the barrier failed: then a short sleep.
+    // SYNC: SeqCst fence pairs with the one in `wake`.
     fence(Ordering::SeqCst);
-    let max = if sleepers_barrier() && !global_barrier() {
-        max.min(SHORT_SLEEP)
-    } else {
-        max
-    };
     set.start(local);
     let slept = if !gather(set) || has_work() {
         false
@@ -522,62 +394,6 @@ mod tests {
             set.wait(&e.local, Duration::from_secs(20)),
             Err(rustix::io::Errno::AGAIN)
         );
-    }
-
-    /// Registered wakers with the light fence against sleepers that run the global
-    /// barrier: a sleeper and a waker hand work back and forth 2,000 times, the waker
-    /// publishing while the sleeper is on its way to sleep; no round may wait out the
-    /// sleep's 20 s (a lost wake-up). Also: a process that can is registered once it asked.
-    #[test]
-    fn light_wakers_and_barrier_sleepers_lose_no_wake_up() {
-        register_waker();
-        assert_eq!(waker_registered(), sleepers_barrier());
-        if !sleepers_barrier() {
-            eprintln!("skipped: this kernel has no membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)");
-            return;
-        }
-        const ROUNDS: u64 = 2_000;
-        let e = Arc::new((engine(), std::sync::atomic::AtomicU64::new(0)));
-        let e2 = e.clone();
-        let sleeper = std::thread::spawn(move || {
-            let (eng, round) = &*e2;
-            let mut set = WaitSet::default();
-            let mut longest = Duration::ZERO;
-            for r in 1..=ROUNDS {
-                let start = Instant::now();
-                // Work is round `r` published; sleep until it is.
-                while round.load(Ordering::Acquire) < r {
-                    sleep(
-                        &eng.sleepers,
-                        &eng.local,
-                        &mut set,
-                        Duration::from_secs(20),
-                        |_| true,
-                        || round.load(Ordering::Acquire) >= r,
-                    );
-                }
-                longest = longest.max(start.elapsed());
-            }
-            longest
-        });
-        let (eng, round) = &*e;
-        for r in 1..=ROUNDS {
-            // Publish mostly while the sleeper is announcing itself or waiting.
-            if r % 2 == 0 {
-                std::thread::yield_now();
-            }
-            round.store(r, Ordering::Release);
-            wake_with(&eng.sleepers, || Some(&eng.local), true, waker_registered());
-            // The next round only once this one was taken (the sleeper is off to sleep).
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while eng.sleepers.load(Ordering::Relaxed) == 0 && r < ROUNDS {
-                if Instant::now() > deadline {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-        }
-        assert_woken(sleeper.join().unwrap(), "a light wake-up");
     }
 
     #[test]

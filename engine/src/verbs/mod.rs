@@ -75,7 +75,7 @@ pub(crate) mod loopback;
 pub(crate) mod mr;
 pub(crate) mod mw;
 pub(crate) mod qp;
-pub(crate) mod remap;
+mod remap;
 pub(crate) mod srq;
 pub mod wr;
 
@@ -322,9 +322,7 @@ impl ContextBuilder {
             EngineMode::Inline => IdlePolicy::Spin,
         });
         let may_sleep = matches!(idle, IdlePolicy::Backoff { .. });
-        // Announce to peers whether they must wake this engine (see `engine::wake`), and
-        // register this process's wakers for the barrier that spares them the fence.
-        crate::engine::wake::register_waker();
+        // Announce to peers whether they must wake this engine (see `engine::wake`).
         let engine_page = crate::arena::create_engine_page(may_sleep)?;
         let engine_page_mem = Mem::from_segment(engine_page.clone());
         let id = next_engine_id();

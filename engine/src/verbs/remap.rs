@@ -101,18 +101,6 @@ unsafe extern "C" {
     ) -> std::ffi::c_int;
 }
 
-/// Installs `child` as a child handler of `fork()` (`pthread_atfork`); glibc's error number
-/// if it refused. `child` runs in the child before `fork` returns there: it must do only
-/// async-signal-safe work (an `extern "C"` function aborts rather than unwind).
-pub(crate) fn at_fork_in_child(child: extern "C" fn()) -> Result<(), std::ffi::c_int> {
-    // SAFETY: `child` is a safe function that lives as long as the process; no prepare or
-    // parent handler.
-    match unsafe { pthread_atfork(None, None, Some(child)) } {
-        0 => Ok(()),
-        r => Err(r),
-    }
-}
-
 /// Installs the fork handlers, once per process (before the first range is moved).
 fn protect_children() {
     static INSTALLED: Once = Once::new();

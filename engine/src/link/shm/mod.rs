@@ -584,10 +584,6 @@ pub(crate) struct Link {
     /// peer announces it later, once, when its application takes a completion channel's fd
     /// after the link was set up (`Device::allow_fd_sleep`); true for good once seen.
     peer_may_sleep: bool,
-    /// Whether the peer's sleepers run the global barrier (its `MAY_SLEEP` word's
-    /// [`SLEEPERS_BARRIER`](crate::engine::wake::SLEEPERS_BARRIER)): then this side's
-    /// wake-up check takes the light fence if this process is registered.
-    peer_barriers: bool,
 }
 
 impl Link {
@@ -637,7 +633,10 @@ impl Link {
     #[cold]
     pub(crate) fn refresh_peer_may_sleep(&mut self) {
         if !self.peer_may_sleep {
-            (self.peer_may_sleep, self.peer_barriers) = peer_sleep(&self.peer_page);
+            self.peer_may_sleep = self
+                .peer_page
+                .atomic_u32(crate::arena::MAY_SLEEP)
+                .is_ok_and(|w| w.load(std::sync::atomic::Ordering::Relaxed) != 0);
         }
     }
 
@@ -645,12 +644,6 @@ impl Link {
     #[cfg(test)]
     pub(crate) fn wakes_peer(&self) -> bool {
         self.peer_may_sleep
-    }
-
-    /// Whether this side's wake-up check takes the light fence (tests).
-    #[cfg(test)]
-    pub(crate) fn wakes_peer_lightly(&self) -> bool {
-        self.peer_may_sleep && self.peer_barriers && crate::engine::wake::waker_registered()
     }
 
     /// How many times this side has bumped its kick word (tests: each wake-up of a
@@ -670,7 +663,6 @@ impl Link {
                 sleepers,
                 || self.kick.atomic_u32(self.kick_off[0]).ok(),
                 false,
-                self.peer_barriers && crate::engine::wake::waker_registered(),
             );
         }
     }
@@ -692,7 +684,6 @@ impl Link {
     pub(crate) fn set_peer_page(&mut self, page: Mem) {
         self.peer_page = page;
         self.peer_may_sleep = false;
-        self.peer_barriers = false;
         self.refresh_peer_may_sleep();
     }
 
@@ -733,7 +724,9 @@ impl Link {
         endpoints: (u32, u32),
     ) -> Link {
         // Read once: the peer decides at creation whether it may ever sleep.
-        let (peer_may_sleep, peer_barriers) = peer_sleep(&peer_page);
+        let peer_may_sleep = peer_page
+            .atomic_u32(crate::arena::MAY_SLEEP)
+            .is_ok_and(|w| w.load(std::sync::atomic::Ordering::Relaxed) != 0);
         Link {
             kick: Mem::from_segment(segment.clone()),
             kick_off: ends.kick,
@@ -751,19 +744,8 @@ impl Link {
             max_mtu: None,
             max_in_flight: None,
             peer_may_sleep,
-            peer_barriers,
         }
     }
-}
-
-/// What a peer's engine page says of its sleep: whether it may sleep, and whether its
-/// sleepers run the global barrier (a page the peer wrote: any value is only a claim, and
-/// a false one costs the peer its own wake-ups).
-fn peer_sleep(page: &Mem) -> (bool, bool) {
-    let w = page
-        .atomic_u32(crate::arena::MAY_SLEEP)
-        .map_or(0, |w| w.load(std::sync::atomic::Ordering::Relaxed));
-    (w != 0, w & crate::engine::wake::SLEEPERS_BARRIER != 0)
 }
 
 #[cfg(test)]
