@@ -926,6 +926,23 @@ impl<S: LineStorage> LinesConsumer<S> {
         u64::from(word_stamp(word)) == self.head_stale && self.head == self.published
     }
 
+    /// [`idle`](Self::idle) without its look at head's publication, for a caller that knows
+    /// head is published ([`head_published`](Self::head_published)): it found the ring
+    /// empty with [`has_frame`](Self::has_frame) or [`recv`](Self::recv), which publish head
+    /// then, and has received nothing since. Whether the line at head is still last lap's:
+    /// one line load, nothing changed.
+    #[inline(always)]
+    pub fn nothing_at_head(&self) -> bool {
+        // SYNC: none needed, as in `idle`.
+        let word = self.storage.load_word(self.head_pos, Ordering::Relaxed);
+        u64::from(word_stamp(word)) == self.head_stale
+    }
+
+    /// Whether head, where it is now, has been stored for the producer.
+    pub fn head_published(&self) -> bool {
+        self.head == self.published
+    }
+
     /// True if a frame is waiting (skips a padding frame; publishes head when empty, as
     /// [`recv`](Self::recv) does). One line load when the ring is empty.
     ///
