@@ -548,7 +548,11 @@ impl Engine {
     /// [`Engine::add_pump`]); what others change is read where they change it: the
     /// doorbell's summary word (this process's posts) and each live link's next stamp (the
     /// peer's frames). Timers need no look: a QP whose timer is armed is in the active or
-    /// the timed set, and the word is clear while either holds one.
+    /// the timed set, and the word is unsettled while either holds one. The peer's frames
+    /// cost one load per live link, not one word for all: the peer can write only its
+    /// ring (and shared words of ours that every peer can write, where a hostile one could
+    /// undo another's mark and hide its frames), and a mark of its own besides each
+    /// frame's stamp would cost every publication a second line between the cores.
     #[inline(always)]
     pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
         // The word first: a busy engine (unsettled: negative) or a publication due goes on
