@@ -555,6 +555,12 @@ impl Engine {
     /// frame's stamp would cost every publication a second line between the cores.
     #[inline(always)]
     pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
+        // With the fast paths off (`responder::fast_tests`), every poll is a full iteration:
+        // the reference the shortcut must agree with.
+        #[cfg(test)]
+        if !crate::probe::enabled() {
+            return false;
+        }
         // The word first: a busy engine (unsettled: negative) or a publication due goes on
         // to the full iteration at once.
         if (self.idle_word as i32) <= 1 || doorbell.rung() {
@@ -570,6 +576,8 @@ impl Engine {
             return false;
         }
         self.idle_word -= 1;
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::IdlePoll);
         true
     }
 
