@@ -35,10 +35,13 @@ pub(crate) enum Path {
     /// The parse of a one-line Send Only with its payload inline
     /// (`RxPacket::parse_send_only`).
     SendOnlyParse = 11,
+    /// The empty poll's shortcut (`Engine::idle_now`): a poll that found nothing to do
+    /// without the full iteration.
+    IdlePoll = 12,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 12;
+pub(crate) const PATHS: usize = 13;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

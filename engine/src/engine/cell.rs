@@ -262,21 +262,19 @@ impl<T> EngineCell<T> {
                 drop(token);
                 Some(r)
             }
-            None => Self::finish_quick(token, value, full),
+            None => Some(Self::finish_quick(token, value, full)),
         }
     }
 
     /// The rest of [`EngineCell::try_with_quick`] on the fast path: `full`, then the token
-    /// released.
+    /// released. Returns `full`'s value, not an `Option` (the caller wraps it): where the
+    /// quick case is compiled into a completion queue's poll, an `Option` returned from
+    /// here cost two moves per call.
     #[inline(never)]
-    fn finish_quick<R>(
-        token: FastToken<'_>,
-        value: &mut T,
-        full: impl FnOnce(&mut T) -> R,
-    ) -> Option<R> {
+    fn finish_quick<R>(token: FastToken<'_>, value: &mut T, full: impl FnOnce(&mut T) -> R) -> R {
         let r = full(value);
         drop(token);
-        Some(r)
+        r
     }
 
     /// [`EngineCell::try_with_quick`] when the calling thread is not the owner.

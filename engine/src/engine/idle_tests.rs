@@ -225,3 +225,60 @@ fn a_receive_posted_while_the_engine_is_idle_is_announced_at_the_next_poll() {
     );
     r.settle();
 }
+
+#[test]
+fn an_idle_engine_still_publishes_its_stats_every_publish_every_polls() {
+    // The shortcut counts its polls towards the stats publication (which also looks at the
+    // peers' may-sleep words): an idle engine publishes at the same pace as a busy one.
+    let r = rig();
+    r.settle();
+    let published = || r.ctx.shared.engine.with(|e| e.stats_publications);
+    let first = published();
+    let mut polls = 0;
+    while published() == first {
+        r.ctx.progress();
+        polls += 1;
+        assert!(
+            polls <= crate::stats_area::PUBLISH_EVERY,
+            "no publication in a whole period"
+        );
+    }
+    // From one publication to the next: exactly PUBLISH_EVERY polls, shortcuts included.
+    // The publication's iteration is a full one; the next poll finds the engine idle again,
+    // and from there the next publication comes after exactly PUBLISH_EVERY - 1 polls.
+    r.ctx.progress();
+    assert!(r.idle_now(), "idle again right after the publication");
+    let second = published();
+    for _ in 0..crate::stats_area::PUBLISH_EVERY - 3 {
+        r.ctx.progress();
+    }
+    assert_eq!(published(), second, "published early");
+    r.ctx.progress();
+    assert_eq!(published(), second + 1, "published late");
+}
+
+#[test]
+fn a_peer_gets_the_whole_ring_back_once_the_engine_is_idle() {
+    // The shortcut never publishes the ring's head: it relies on the full iteration that
+    // found the engine idle having published it (`Engine::quiet`). A peer that needs the
+    // whole ring must see all of it free once the engine looks idle, also when the engine
+    // received less than a quarter of the ring since it last published its head by itself.
+    let mut r = rig();
+    r.settle();
+    let ack = Syndrome::Ack {
+        credits: CreditCode::NONE,
+    };
+    let line = crate::raw_peer::ack_line_to(r.qp.qpn(), 0, ack, 0);
+    for round in 0..3 {
+        assert_eq!(r.peer.tx.push_burst(&[line; 5]).unwrap(), 5);
+        r.settle();
+        assert_eq!(
+            r.peer.tx.0.free_lines().unwrap(),
+            64,
+            "round {round}: every line given back"
+        );
+    }
+    // And a frame published now is still seen.
+    assert_eq!(r.peer.tx.push_burst(&[line]).unwrap(), 1);
+    assert!(!r.idle_now(), "a frame waits on the link");
+}

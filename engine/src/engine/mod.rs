@@ -1,10 +1,11 @@
 //! The engine: this process's HCA. One poll loop, DPDK-style.
 //!
 //! Each [`Engine::poll`] iteration first asks whether there is anything to do at all
-//! ([`Engine::idle_now`]): the engine's summary word ([`Engine::settled`]: no QP in any
-//! set, no Ack owed, nothing queued — set by the last iteration that found nothing, cleared
-//! by anything that changes it), the doorbell's summary word and one load per link. An empty
-//! poll ends there, inline in the caller, with no call. Otherwise:
+//! ([`Engine::idle_now`]): the engine's own word ([`Engine::idle_word`]: settled — no QP in
+//! any set, no Ack owed, nothing queued — as the last iteration that found nothing left
+//! it, unsettled by anything that changes that; and no stats publication due), the
+//! doorbell's summary word and one load per link. An empty poll ends there, compiled into
+//! the completion queue's poll, with no call. Otherwise:
 //!
 //! 1. takes the doorbells rung by `post_send`/`post_recv` into the active set, and the
 //!    watched send queues that hold new WQEs (poll mode: see [`Engine::watch_sq`]); an
@@ -69,6 +70,9 @@ const WATCH_IDLE: u32 = 4096;
 const MAX_WATCHED: u32 = 64;
 /// Bits of a QPN that index the QP table; the rest is a generation tag.
 const QP_INDEX_BITS: u32 = 12;
+/// The bit of [`Engine::idle_word`] set while the engine is not settled (the sign bit:
+/// the word read as an `i32` is then negative).
+const UNSETTLED: u32 = 1 << 31;
 /// The most links (peer engines, or `Context::link_with` pairs) one context can have.
 pub(crate) const MAX_LINKS: u32 = crate::limits::MAX_LINKS;
 const _: () = assert!(MAX_QPS <= 1 << QP_INDEX_BITS);
@@ -98,19 +102,22 @@ pub(crate) struct Engine {
     pub(crate) trace: Option<Box<Trace>>,
     /// Iterations until the next timer check.
     timer_countdown: u32,
-    /// The empty poll's summary word ([`Engine::idle_now`]): true only while no QP is in
-    /// any set (active, rung, timed), no Ack is owed, no send queue is watched, no
-    /// fault stage or UDP port runs, and every link has no backlog and nothing queued — as
-    /// the last full iteration found it ([`Engine::nothing_due`]), with nothing changed
-    /// since: the full iteration and every method that could change any of it clears it
-    /// first ([`Engine::unsettle`]). Debug builds check it against the state at every use.
-    settled: bool,
+    /// The empty poll's word ([`Engine::idle_now`]), two things in one so that the
+    /// shortcut's look at this engine's own state is one compare: the iterations until
+    /// the stats area is next published (bits 0..31; the first iteration publishes), and
+    /// [`UNSETTLED`] (bit 31), clear only while the engine is *settled*: no QP in any set
+    /// (active, rung, timed), no Ack owed, no send queue watched, no fault stage or UDP
+    /// port running, and every link with no backlog, nothing queued and its head published
+    /// — as the last full iteration found it ([`Engine::nothing_due`]), with nothing
+    /// changed since: the full iteration and every method that could change any of it set
+    /// the bit first ([`Engine::unsettle`]). Read as an `i32`, the word is above 1 exactly
+    /// when the engine is settled and no publication is due at the next iteration. Debug
+    /// builds check the bit against the state at every use.
+    idle_word: u32,
     /// An empty memory: what the trace reads payloads from when a packet's arena is unknown.
     nomem: Mem,
     /// Where `shmhca stat` reads this engine's counters and QPs (see `stats_area`).
     pub(crate) stats_area: Option<crate::stats_area::StatsArea>,
-    /// Iterations until the stats area is next published (the first iteration publishes).
-    stats_countdown: u32,
     /// The fault stage (`ContextBuilder::faults`); `None` when off (one branch per QP
     /// served and one per iteration).
     pub(crate) faults: Option<Box<crate::fault::Faults>>,
@@ -146,6 +153,9 @@ pub(crate) struct Engine {
     /// iteration receives their datagrams first and sends what it published last. Empty
     /// without a port (one branch per iteration and per direct post).
     pub(crate) udp: crate::link::udp::pump::Pumps,
+    /// Stats publications so far (tests: the idle engine's pace).
+    #[cfg(test)]
+    pub(crate) stats_publications: u64,
 }
 
 impl Engine {
@@ -171,10 +181,9 @@ impl Engine {
             rx: Box::new([Line::ZERO; MAX_FRAME_LINES]),
             trace: None,
             timer_countdown: TIMER_EVERY,
-            settled: false,
+            idle_word: UNSETTLED | 1,
             nomem: Mem::private(0),
             stats_area: None,
-            stats_countdown: 1,
             faults: None,
             icrc_dropped: 0,
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
@@ -186,6 +195,8 @@ impl Engine {
             watched_count: 0,
             watch_idle: WATCH_IDLE,
             udp: Default::default(),
+            #[cfg(test)]
+            stats_publications: 0,
         }
     }
 
@@ -531,30 +542,49 @@ impl Engine {
     /// ring publishes its head when found empty, in either). Anything else takes the full
     /// iteration.
     ///
-    /// What only this engine changes is read from its summary word ([`Engine::settled`]),
-    /// set by the full iteration that found nothing to do ([`Engine::nothing_due`]; never
+    /// What only this engine changes is read from its word ([`Engine::idle_word`]),
+    /// settled by the full iteration that found nothing to do ([`Engine::nothing_due`]; never
     /// with a fault stage, set when the context is built, or a UDP port, added through
     /// [`Engine::add_pump`]); what others change is read where they change it: the
     /// doorbell's summary word (this process's posts) and each live link's next stamp (the
     /// peer's frames). Timers need no look: a QP whose timer is armed is in the active or
-    /// the timed set, and the word is clear while either holds one.
+    /// the timed set, and the word is unsettled while either holds one. The peer's frames
+    /// cost one load per live link, not one word for all: the peer can write only its
+    /// ring (and shared words of ours that every peer can write, where a hostile one could
+    /// undo another's mark and hide its frames), and a mark of its own besides each
+    /// frame's stamp would cost every publication a second line between the cores.
     #[inline(always)]
     pub(crate) fn idle_now(&mut self, doorbell: &doorbell::Doorbell) -> bool {
-        // The word first: a busy engine (clear) goes on to the full iteration at once.
-        if !self.settled || self.stats_countdown <= 1 || doorbell.rung() {
+        // With the fast paths off (`responder::fast_tests`), every poll is a full iteration:
+        // the reference the shortcut must agree with.
+        #[cfg(test)]
+        if !crate::probe::enabled() {
             return false;
         }
-        debug_assert!(self.nothing_private(), "the summary word hid work");
-        if !self.links.all(|l| l.down.is_some() || l.rx.idle()) {
+        // The word first: a busy engine (unsettled: negative) or a publication due goes on
+        // to the full iteration at once.
+        if (self.idle_word as i32) <= 1 || doorbell.rung() {
             return false;
         }
-        self.stats_countdown -= 1;
+        debug_assert!(self.nothing_private(), "the engine's word hid work");
+        // Settled, each live link's head is published (`quiet` found its ring empty): only
+        // its next line's stamp is left to look at.
+        if !self
+            .links
+            .all(|l| l.down.is_some() || l.rx.nothing_at_head())
+        {
+            return false;
+        }
+        self.idle_word -= 1;
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::IdlePoll);
         true
     }
 
     /// Whether no QP is in any set, no Ack is owed, no send queue watched, and every live
-    /// link has no backlog and nothing queued (what [`Engine::settled`] stands for; debug
-    /// builds check the word against it).
+    /// link has no backlog, nothing queued and its head published (what a clear
+    /// [`UNSETTLED`] in [`Engine::idle_word`] stands for; debug builds check the word
+    /// against it).
     fn nothing_private(&self) -> bool {
         let sets = self.active.summary()
             | self.rung.summary()
@@ -564,24 +594,24 @@ impl Engine {
             && self.watched_count == 0
             && self.faults.is_none()
             && self.udp.is_empty()
-            && self
-                .links
-                .all(|l| l.down.is_some() || (!l.rx_backlog && l.tx.is_empty()))
+            && self.links.all(|l| {
+                l.down.is_some() || (!l.rx_backlog && l.tx.is_empty() && l.rx.head_published())
+            })
     }
 
-    /// Clears the summary word ([`Engine::settled`]): first thing in every method that may
-    /// change what it stands for.
+    /// Sets [`UNSETTLED`] in the engine's word ([`Engine::idle_word`]): first thing in
+    /// every method that may change what a settled engine stands for.
     #[inline(always)]
     fn unsettle(&mut self) {
-        self.settled = false;
+        self.idle_word |= UNSETTLED;
     }
 
     /// Counts down to the next publication of the stats area, and publishes it when due:
     /// one branch per iteration when none is due, with or without a stats area.
     #[inline(always)]
     fn count_down_to_stats(&mut self) {
-        self.stats_countdown -= 1;
-        if self.stats_countdown == 0 {
+        self.idle_word -= 1;
+        if self.idle_word & !UNSETTLED == 0 {
             self.publish_stats();
         }
     }
@@ -595,8 +625,11 @@ impl Engine {
             return false;
         }
         if self.timed.is_empty() {
-            // The next empty polls can take the shortcut ([`Engine::idle_now`]).
-            self.settled = self.watched_count == 0 && self.rung.is_empty() && self.udp.is_empty();
+            // The next empty polls can take the shortcut ([`Engine::idle_now`]). (The full
+            // iteration set UNSETTLED as it began.)
+            if self.watched_count == 0 && self.rung.is_empty() && self.udp.is_empty() {
+                self.idle_word &= !UNSETTLED;
+            }
             return true;
         }
         if self.timer_countdown > 1 {
@@ -677,7 +710,11 @@ impl Engine {
     #[cold]
     #[inline(never)]
     fn publish_stats(&mut self) {
-        self.stats_countdown = crate::stats_area::PUBLISH_EVERY;
+        #[cfg(test)]
+        {
+            self.stats_publications += 1;
+        }
+        self.idle_word = (self.idle_word & UNSETTLED) | crate::stats_area::PUBLISH_EVERY;
         // A peer that took a completion channel's fd since its link was set up now wants
         // to be woken (`Device::allow_fd_sleep`): looked at here, off the packet path.
         for (_, link) in self.links.iter_mut() {

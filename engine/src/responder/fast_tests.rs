@@ -2616,3 +2616,39 @@ fn review5_a_memory_window_bind_takes_no_credit() {
         "a Bind is no message: it takes no credit"
     );
 }
+
+/// The empty poll's shortcut (`Engine::idle_now`) against full iterations: idle polls
+/// between the requester's Sends and their Acks, between the peer's requests, over more
+/// than a stats period (the shortcut counts down to the publication as the full iteration
+/// does), with receives posted and the peer's frames arriving while the engine is idle,
+/// leave what full iterations leave.
+#[test]
+fn idle_polls_leave_what_full_iterations_leave() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let idle = |r: &mut Rig, n: u32| {
+            for _ in 0..n {
+                r.step();
+            }
+        };
+        idle(r, 50);
+        post(r, 8, &[Op::Send(4), Op::Write(4)]);
+        idle(r, 20);
+        respond(r, 1, credits(6), 2);
+        idle(r, crate::stats_area::PUBLISH_EVERY + 20);
+        for (k, at) in [(0, 512), (1, 1024)] {
+            r.qp.post_recv(&RecvWr::new(
+                70 + u64::from(k),
+                &[r.mr.sge(at, 64).unwrap()],
+            ))
+            .unwrap();
+            idle(r, 20);
+            request_direct(r, Opcode::SendOnly, k, 4);
+            idle(r, 20);
+        }
+    });
+    assert!(
+        taken[Path::IdlePoll as usize] > u64::from(crate::stats_area::PUBLISH_EVERY),
+        "the idle polls took the shortcut: {taken:?}"
+    );
+    assert_eq!(out.completions.len(), 4, "{:?}", out.completions);
+}

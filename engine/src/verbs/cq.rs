@@ -206,7 +206,7 @@ impl Cq {
         if self.shared.mode == EngineMode::Inline {
             // The empty poll's case: the engine found nothing, and the queue is empty (one
             // load; a pop would check and cache more).
-            if self.shared.progress() == 0 && self.consumer.looks_empty() {
+            if self.shared.progress_in_line() == 0 && self.consumer.looks_empty() {
                 return 0;
             }
             return self.pop_into(out);
@@ -248,7 +248,7 @@ impl Cq {
     pub fn poll_each(&mut self, max: usize, f: impl FnMut(WorkCompletion)) -> usize {
         if self.shared.mode == EngineMode::Inline {
             // The empty poll's case, as in `poll`.
-            if self.shared.progress() == 0 && self.consumer.looks_empty() {
+            if self.shared.progress_in_line() == 0 && self.consumer.looks_empty() {
                 return 0;
             }
             return self.consumer.pop_each(max, f);

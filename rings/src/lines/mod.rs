@@ -912,18 +912,26 @@ impl<S: LineStorage> LinesConsumer<S> {
         }
     }
 
-    /// Whether the ring is empty and its head published: one line load, nothing changed.
-    /// False when a frame (or a padding frame) waits, when the producer wrote something
-    /// impossible or the ring is broken (the stamp matches neither the next lap's nor the
-    /// last one's), or when head is still to be published: [`has_frame`](Self::has_frame)
-    /// or [`recv`](Self::recv) then does what is due. For a poll loop's empty case.
+    /// Whether the line at head is still last lap's (nothing new there): one line load,
+    /// nothing changed. False when a frame (or a padding frame) waits, or when the producer
+    /// wrote something impossible or the ring is broken (the stamp matches neither the next
+    /// lap's nor the last one's): [`has_frame`](Self::has_frame) or [`recv`](Self::recv)
+    /// then does what is due. For a poll loop's empty case — which also needs head
+    /// published ([`head_published`](Self::head_published)), as it is once `has_frame` or
+    /// `recv` found the ring empty and nothing was received since.
     #[inline(always)]
-    pub fn idle(&self) -> bool {
+    pub fn nothing_at_head(&self) -> bool {
         // SYNC: none needed: a stamp seen stale means only "look again later"; one seen
         // new sends the caller to `recv`, whose Acquire load pairs with the producer's
         // Release store of the stamp.
         let word = self.storage.load_word(self.head_pos, Ordering::Relaxed);
-        u64::from(word_stamp(word)) == self.head_stale && self.head == self.published
+        u64::from(word_stamp(word)) == self.head_stale
+    }
+
+    /// Whether head, where it is now, has been stored for the producer (a producer waiting
+    /// for room sees all the room the consumer made).
+    pub fn head_published(&self) -> bool {
+        self.head == self.published
     }
 
     /// True if a frame is waiting (skips a padding frame; publishes head when empty, as
@@ -1001,6 +1009,45 @@ impl<S: LineStorage> Drop for LinesConsumer<S> {
 #[cfg(all(test, not(shmhca_loom)))]
 mod tests {
     use super::*;
+
+    /// The empty look: nothing at head until a frame is committed, whatever head's
+    /// publication; head published by the receive that found the ring empty, not by one
+    /// that took a frame (short of a quarter of the ring); a padding frame and a broken
+    /// ring are not nothing.
+    #[test]
+    fn nothing_at_head_and_head_published_tell_the_empty_ring_apart() {
+        let (mut p, mut c) = heap_lines(64).unwrap();
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        assert!(c.nothing_at_head() && c.head_published());
+        // 30 rounds of 5 one-line frames: over two laps.
+        for round in 0..30 {
+            for _ in 0..5 {
+                p.reserve(1).unwrap().unwrap().commit();
+                assert!(!c.nothing_at_head(), "round {round}: a frame waits");
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                assert!(c.nothing_at_head(), "round {round}: taken");
+            }
+            // 5 lines taken since the last publication (every 16): not published.
+            assert!(!c.head_published(), "round {round}");
+            assert_eq!(c.recv(&mut out).unwrap(), None);
+            assert!(
+                c.nothing_at_head() && c.head_published(),
+                "round {round}: found empty"
+            );
+        }
+        // Head at 150 (position 22): a frame of 3 lines from position 62 pads the lap's
+        // last two lines first.
+        for _ in 0..40 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        p.reserve(3).unwrap().unwrap().commit();
+        assert!(!c.nothing_at_head(), "padding, then a frame");
+        assert_eq!(c.recv(&mut out).unwrap(), Some(3));
+        assert!(c.nothing_at_head());
+        c.fail(Violation::BadLineCount { index: 0, count: 0 });
+        assert!(!c.nothing_at_head(), "a broken ring is looked at by recv");
+    }
 
     /// Each commit asks for the line `PREFETCH_AHEAD` past its frame (wrapping around the
     /// ring), frames of one line and of several alike, and a frame that is not committed
