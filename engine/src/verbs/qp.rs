@@ -407,6 +407,18 @@ impl Qp {
         self.sq_retired = self.qshared.sq_retired.load(order);
     }
 
+    /// Whether a receive may be posted (fewer than `max_recv_wr` outstanding): the count
+    /// of retired receives read again only when the one known says the queue is full.
+    #[inline(always)]
+    fn rq_room(&mut self) -> bool {
+        let max = u64::from(self.caps.max_recv_wr);
+        if self.rq_posted - self.rq_retired < max {
+            return true;
+        }
+        self.refresh_rq();
+        self.rq_posted - self.rq_retired < max
+    }
+
     fn refresh_rq(&mut self) {
         // SYNC: Acquire pairs with the Release store of `rq_retired` in `QpSlot::retire_recv`.
         self.rq_retired = self.qshared.rq_retired.load(Ordering::Acquire);
@@ -947,12 +959,61 @@ impl Qp {
         })
     }
 
-    /// [`Qp::post_recv`]'s body, with `locate_one` locating a list of one element.
+    /// [`Qp::post_recv`]'s body, with `locate_one` locating a list of one element: the
+    /// common receive (one element, the QP's own receive queue, RTS, room known, nothing to
+    /// tell the engine) in line; any other, and every refusal, by
+    /// [`Qp::post_recv_general`], which checks everything again in its order (nothing
+    /// was changed here before it is called).
     #[inline(always)]
     fn post_recv_with(
         &mut self,
         wr: &RecvWr<'_>,
-        locate_one: impl FnOnce(&Self, &Sge<'_>) -> Result<SgeEntry>,
+        locate_one: impl Fn(&Self, &Sge<'_>) -> Result<SgeEntry>,
+    ) -> Result<()> {
+        if let [s] = wr.sgl {
+            // SYNC: Relaxed: as in `post_recv_general`.
+            if self.srq.is_none()
+                && self.rq_room()
+                && self.qshared.state() == QpState::Rts
+                && !self.qshared.rq_watch.load(Ordering::Relaxed)
+            {
+                if let Ok(e) = locate_one(self, s) {
+                    let wqe = RqWqe {
+                        wr_id: wr.wr_id,
+                        data: DataLoc::Single(e),
+                    };
+                    // Counted under the engine token (a plain store) when this call may
+                    // run the engine, else with a `fetch_add`; either way before the WQE
+                    // is published, so that the engine's retire finds it counted.
+                    let counted = self
+                        .shared
+                        .run_for_post(
+                            #[inline(always)]
+                            |_| s.mr.inflight.post_held(1),
+                        )
+                        .is_some();
+                    if !counted {
+                        s.mr.inflight.post_outside(1);
+                    }
+                    if self.rq.push(wqe).is_err() {
+                        unreachable!(
+                            "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                        );
+                    }
+                    self.rq_posted += 1;
+                    return Ok(());
+                }
+            }
+        }
+        self.post_recv_general(wr, &locate_one)
+    }
+
+    /// [`Qp::post_recv`] of any receive: every check in order, then the post.
+    #[inline(never)]
+    fn post_recv_general(
+        &mut self,
+        wr: &RecvWr<'_>,
+        locate_one: &dyn Fn(&Self, &Sge<'_>) -> Result<SgeEntry>,
     ) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid(
@@ -1370,5 +1431,81 @@ mod tests {
             .map(|n| (n, vec![(n / 4) as u8, (n % 4) as u8]))
             .collect();
         assert_eq!(payloads, want);
+    }
+
+    /// The common receive, posted in line (`post_recv_with`: one element, RTS, the requester
+    /// told of receive WQEs so that no doorbell is needed): its element counted in flight
+    /// under the engine token (the owner's path) or outside it (the token held elsewhere:
+    /// here by this very thread), the WQE received into — as the general path does.
+    #[test]
+    fn receives_posted_in_line_are_counted_and_received() {
+        use crate::{AccessFlags, RecvWr, WcStatus, WorkCompletion};
+        let ctx = crate::raw_peer::small_inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let dst = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut drain = |want: usize| {
+            let mut wc = [WorkCompletion::default(); 8];
+            let mut got = vec![];
+            for _ in 0..10_000 {
+                ctx.progress();
+                let n = cq.poll(&mut wc);
+                got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+                if got.len() >= want {
+                    return got;
+                }
+            }
+            panic!("{got:?}: fewer than {want} completions");
+        };
+        let send = |a: &mut Qp, i: u64| {
+            let sge = [src.sge(8 * i, 8).unwrap()];
+            a.post_send(&SendWr::new(i, SendOp::Send, &sge)).unwrap();
+        };
+        src.write_at(0, b"0123456789abcdefghijklmnopqrstuv")
+            .unwrap();
+        // A first message: b's Ack tells a of the receive WQE left, so that b's next
+        // receives need no doorbell (the requester knows of receive WQEs).
+        for i in 0..2 {
+            let sge = [dst.sge(8 * i, 8).unwrap()];
+            b.post_recv(&RecvWr::new(10 + i, &sge)).unwrap();
+        }
+        send(&mut a, 0);
+        assert_eq!(drain(2).len(), 2);
+        assert!(!b.qshared.rq_watch.load(Ordering::Relaxed));
+        let counts = || {
+            let f = &dst.inflight;
+            (
+                f.held.load(std::sync::atomic::Ordering::Relaxed),
+                f.posted.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        };
+        let (held, posted) = counts();
+        b.post_recv(&RecvWr::new(12, &[dst.sge(16, 8).unwrap()]))
+            .unwrap();
+        ctx.shared.engine.with(|_| {
+            b.post_recv(&RecvWr::new(13, &[dst.sge(24, 8).unwrap()]))
+                .unwrap();
+        });
+        assert_eq!(
+            counts(),
+            (held + 1, posted + 1),
+            "one under the token, one outside"
+        );
+        assert_eq!(dst.in_flight(), 3);
+        for i in 1..4 {
+            send(&mut a, i);
+        }
+        let mut got = drain(6);
+        got.sort_unstable_by_key(|c| c.0);
+        let want: Vec<_> = [1, 2, 3, 11, 12, 13]
+            .map(|id| (id, WcStatus::Success))
+            .into();
+        assert_eq!(got, want);
+        let mut bytes = [0u8; 32];
+        dst.read_at(0, &mut bytes).unwrap();
+        assert_eq!(&bytes, b"0123456789abcdefghijklmnopqrstuv");
+        assert_eq!(dst.in_flight(), 0);
     }
 }
