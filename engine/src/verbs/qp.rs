@@ -857,6 +857,14 @@ impl Qp {
         Ok(())
     }
 
+    /// Whether [`Qp::check_sge`] passes `s` (no error built).
+    #[inline(always)]
+    fn sge_ok(&self, s: &Sge<'_>, needs_write: bool) -> bool {
+        Arc::ptr_eq(&s.mr.shared, &self.shared)
+            && s.mr.pdn == self.pdn
+            && (!needs_write || s.mr.access().contains(AccessFlags::LOCAL_WRITE))
+    }
+
     /// A list of one element (`s`): checked as [`Qp::check_sgl`] does (a one-element list
     /// never exceeds the element limit, which is at least 1), then located as
     /// [`Qp::gather_loc`] does: where the engine writes into it (`dest`: a result or
@@ -941,7 +949,7 @@ impl Qp {
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
     /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
-        self.post_recv_with(wr, |q, s| q.locate_one(s, true, "scatter list"))
+        self.post_recv_with(wr, |mr, offset| mr.dst_off(offset))
     }
 
     /// [`Qp::post_recv`], compiled into its caller (the verbs C ABI's path for a receive of
@@ -949,26 +957,19 @@ impl Qp {
     #[doc(hidden)]
     #[inline(always)]
     pub fn post_recv_inlined(&mut self, wr: &RecvWr<'_>) -> Result<()> {
-        self.post_recv_with(wr, |q, s| {
-            q.check_sge(s, true, "scatter list")?;
-            Ok(SgeEntry {
-                off: s.mr.dst_off_inlined(s.offset),
-                len: s.len,
-                mr: s.mr.index,
-            })
-        })
+        self.post_recv_with(wr, |mr, offset| mr.dst_off_inlined(offset))
     }
 
-    /// [`Qp::post_recv`]'s body, with `locate_one` locating a list of one element: the
+    /// [`Qp::post_recv`]'s body, with `dst_off` locating an element's first byte: the
     /// common receive (one element, the QP's own receive queue, RTS, room known, nothing to
-    /// tell the engine) in line; any other, and every refusal, by
+    /// tell the engine, the element good) in line; any other, and every refusal, by
     /// [`Qp::post_recv_general`], which checks everything again in its order (nothing
     /// was changed here before it is called).
     #[inline(always)]
     fn post_recv_with(
         &mut self,
         wr: &RecvWr<'_>,
-        locate_one: impl Fn(&Self, &Sge<'_>) -> Result<SgeEntry>,
+        dst_off: impl FnOnce(&crate::verbs::mr::Mr, u64) -> u64,
     ) -> Result<()> {
         if let [s] = wr.sgl {
             // SYNC: Relaxed: as in `post_recv_general`.
@@ -976,45 +977,45 @@ impl Qp {
                 && self.rq_room()
                 && self.qshared.state() == QpState::Rts
                 && !self.qshared.rq_watch.load(Ordering::Relaxed)
+                && self.sge_ok(s, true)
             {
-                if let Ok(e) = locate_one(self, s) {
-                    let wqe = RqWqe {
-                        wr_id: wr.wr_id,
-                        data: DataLoc::Single(e),
-                    };
-                    // Counted under the engine token (a plain store) when this call may
-                    // run the engine, else with a `fetch_add`; either way before the WQE
-                    // is published, so that the engine's retire finds it counted.
-                    let counted = self
-                        .shared
-                        .run_for_post(
-                            #[inline(always)]
-                            |_| s.mr.inflight.post_held(1),
-                        )
-                        .is_some();
-                    if !counted {
-                        s.mr.inflight.post_outside(1);
-                    }
-                    if self.rq.push(wqe).is_err() {
-                        unreachable!(
-                            "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
-                        );
-                    }
-                    self.rq_posted += 1;
-                    return Ok(());
+                let e = SgeEntry {
+                    off: dst_off(s.mr, s.offset),
+                    len: s.len,
+                    mr: s.mr.index,
+                };
+                let wqe = RqWqe {
+                    wr_id: wr.wr_id,
+                    data: DataLoc::Single(e),
+                };
+                // Counted under the engine token (a plain store) when this call may
+                // run the engine, else with a `fetch_add`; either way before the WQE
+                // is published, so that the engine's retire finds it counted.
+                let counted = self
+                    .shared
+                    .run_for_post(
+                        #[inline(always)]
+                        |_| s.mr.inflight.post_held(1),
+                    )
+                    .is_some();
+                if !counted {
+                    s.mr.inflight.post_outside(1);
                 }
+                if self.rq.push(wqe).is_err() {
+                    unreachable!(
+                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                    );
+                }
+                self.rq_posted += 1;
+                return Ok(());
             }
         }
-        self.post_recv_general(wr, &locate_one)
+        self.post_recv_general(wr)
     }
 
     /// [`Qp::post_recv`] of any receive: every check in order, then the post.
     #[inline(never)]
-    fn post_recv_general(
-        &mut self,
-        wr: &RecvWr<'_>,
-        locate_one: &dyn Fn(&Self, &Sge<'_>) -> Result<SgeEntry>,
-    ) -> Result<()> {
+    fn post_recv_general(&mut self, wr: &RecvWr<'_>) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid(
                 "post_recv",
@@ -1045,7 +1046,7 @@ impl Qp {
         };
         let data = match wr.sgl {
             [] => DataLoc::Empty,
-            [s] => DataLoc::Single(locate_one(self, s)?),
+            [s] => DataLoc::Single(self.locate_one(s, true, "scatter list")?),
             many => {
                 self.check_sgl(many, self.caps.max_recv_sge, true, "scatter list")?;
                 let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
@@ -1482,6 +1483,30 @@ mod tests {
             )
         };
         let (held, posted) = counts();
+        // Elements the in-line path must refuse as the general path does: a region of
+        // another protection domain, of another context, or without LOCAL_WRITE.
+        let other_pd = ctx.alloc_pd().unwrap();
+        let in_other_pd = other_pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let other = crate::raw_peer::small_inline_context();
+        let opd = other.alloc_pd().unwrap();
+        let in_other_ctx = opd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let read_only = pd.alloc_mr(64, AccessFlags::NONE).unwrap();
+        for (mr, what) in [
+            (&in_other_pd, "another protection domain"),
+            (&in_other_ctx, "another context"),
+            (&read_only, "no LOCAL_WRITE"),
+        ] {
+            let sge = [mr.sge(0, 8).unwrap()];
+            let err = b.post_recv(&RecvWr::new(99, &sge)).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    crate::Error::InvalidArgument { .. } | crate::Error::ForeignObject { .. }
+                ),
+                "{what}: {err:?}"
+            );
+            assert_eq!(mr.in_flight(), 0, "{what}");
+        }
         b.post_recv(&RecvWr::new(12, &[dst.sge(16, 8).unwrap()]))
             .unwrap();
         ctx.shared.engine.with(|_| {
