@@ -550,6 +550,141 @@ fn sends_into_no_buffer_or_a_deregistered_region_are_received_as_in_the_pipeline
     assert_eq!(out.stats.payload_bytes_copied, 16);
 }
 
+/// [`same_both_ways`] of a scenario that also returns bytes of memory outside the rig's
+/// region (a registered buffer, another region): they must be the same both ways too.
+fn same_both_ways_with(
+    access: AccessFlags,
+    scenario: &dyn Fn(&mut Rig) -> Vec<u8>,
+) -> (Outcome, Taken, Vec<u8>) {
+    let seen = std::cell::RefCell::new(vec![]);
+    let (out, taken) = same_both_ways(access, &|r| {
+        let bytes = scenario(r);
+        seen.borrow_mut().push(bytes);
+    });
+    let mut seen = seen.into_inner();
+    assert_eq!(seen.len(), 2);
+    let fast = seen.pop().unwrap();
+    assert_eq!(
+        fast, seen[0],
+        "the fast paths must leave the memory the slow paths leave"
+    );
+    (out, taken, fast)
+}
+
+/// Sends into receive WQEs of one range in a registered buffer ([`crate::Pd::reg_mr`]) and in
+/// an arena region (item 7: resolved when posted) land where the pipeline puts them: at the
+/// element's offset in the buffer itself (not its shadow in the arena), nothing around them
+/// touched; the fitting ones on the fast path.
+#[test]
+fn sends_into_registered_buffers_land_as_in_the_pipeline() {
+    let (out, taken, bytes) = same_both_ways_with(AccessFlags::ALL, &|r| {
+        let user =
+            r.pd.reg_mr(vec![0u8; 256], AccessFlags::LOCAL_WRITE)
+                .unwrap();
+        let sges = [user.sge(8, 16).unwrap(), user.sge(100, 4).unwrap()];
+        for (i, sge) in sges.iter().enumerate() {
+            r.qp.post_recv(&RecvWr::new(i as u64, std::slice::from_ref(sge)))
+                .unwrap();
+        }
+        let arena = [r.mr.sge(40, 12).unwrap()];
+        r.qp.post_recv(&RecvWr::new(2, &arena)).unwrap();
+        r.step();
+        r.request(Opcode::SendOnly, 0, |_| {}, b"abcdefghijkl");
+        r.request(Opcode::SendOnly, 1, |_| {}, b"wxyz");
+        r.request(Opcode::SendOnly, 2, |_| {}, b"ABCDEFGHIJKL");
+        r.step();
+        let mut b = vec![0u8; 256];
+        user.read_at(0, &mut b).unwrap();
+        // The shadow (the arena block a peer reads) is not where a receive lands.
+        b.push(u8::from(user.in_flight() == 0));
+        b
+    });
+    assert_eq!(taken[0], 3);
+    assert_eq!(taken[Path::SendOnlyParse as usize], 3);
+    assert_eq!(
+        statuses(&out),
+        [
+            (0, crate::WcStatus::Success),
+            (1, crate::WcStatus::Success),
+            (2, crate::WcStatus::Success)
+        ]
+    );
+    let mut want = vec![0u8; 256];
+    want[8..20].copy_from_slice(b"abcdefghijkl");
+    want[100..104].copy_from_slice(b"wxyz");
+    want.push(1);
+    assert_eq!(bytes, want);
+    assert_eq!(&out.memory.0[40..52], b"ABCDEFGHIJKL");
+    assert_eq!(out.stats.payload_bytes_copied, 28);
+}
+
+/// A Send longer than a receive WQE whose region — a registered buffer, or an arena region —
+/// was deregistered after `post_recv`: the pipeline's Invalid Request Nak and length error,
+/// nothing copied, the QP in Error, both ways.
+#[test]
+fn a_send_too_long_for_a_deregistered_regions_wqe_fails_as_in_the_pipeline() {
+    for user in [true, false] {
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+            let buf =
+                r.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+                    .unwrap();
+            let arena = r.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            let mr: &crate::Mr = if user { &buf } else { &arena };
+            r.qp.post_recv(&RecvWr::new(9, &[mr.sge(8, 2).unwrap()]))
+                .unwrap();
+            drop(buf);
+            drop(arena);
+            r.step();
+            r.request(Opcode::SendOnly, 0, |_| {}, b"abcd");
+            r.step();
+        });
+        assert_eq!(taken[0], 1, "registered buffer: {user}");
+        assert_eq!(out.state, QpState::Error);
+        assert_eq!(statuses(&out), [(9, crate::WcStatus::LocLenErr)]);
+        assert_eq!(out.stats.payload_bytes_copied, 0);
+    }
+}
+
+/// A region deregistered after `post_recv` and a new one registered before the Send
+/// arrives: the Send lands in the old region (which the WQE keeps alive), never in the new
+/// one, as in the pipeline.
+#[test]
+fn a_region_registered_after_a_deregistration_is_not_written_by_the_old_wqe() {
+    for user in [true, false] {
+        let (out, taken, bytes) = same_both_ways_with(AccessFlags::ALL, &|r| {
+            let old: Box<dyn std::ops::Deref<Target = crate::Mr>> = if user {
+                Box::new(
+                    r.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+                        .unwrap(),
+                )
+            } else {
+                Box::new(Box::new(
+                    r.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+                ))
+            };
+            r.qp.post_recv(&RecvWr::new(3, &[old.sge(8, 16).unwrap()]))
+                .unwrap();
+            drop(old);
+            let new =
+                r.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+                    .unwrap();
+            let new_arena = r.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            r.step();
+            r.request(Opcode::SendOnly, 0, |_| {}, b"stale?");
+            r.step();
+            let mut b = vec![0u8; 128];
+            new.read_at(0, &mut b[..64]).unwrap();
+            new_arena.read_at(0, &mut b[64..]).unwrap();
+            b
+        });
+        assert_eq!(taken[0], 1, "registered buffer: {user}");
+        assert_eq!(out.state, QpState::Rts);
+        assert_eq!(statuses(&out), [(3, crate::WcStatus::Success)]);
+        assert_eq!(out.stats.payload_bytes_copied, 6);
+        assert_eq!(bytes, vec![0u8; 128], "the new regions are untouched");
+    }
+}
+
 // --- The receive fast paths of RDMA Reads and Atomics ---
 
 /// An RDMA Read Request at PSN offset `k` of `len` bytes at offset `at` of the rig's

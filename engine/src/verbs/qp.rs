@@ -407,6 +407,18 @@ impl Qp {
         self.sq_retired = self.qshared.sq_retired.load(order);
     }
 
+    /// Whether a receive may be posted (fewer than `max_recv_wr` outstanding): the count
+    /// of retired receives read again only when the one known says the queue is full.
+    #[inline(always)]
+    fn rq_room(&mut self) -> bool {
+        let max = u64::from(self.caps.max_recv_wr);
+        if self.rq_posted - self.rq_retired < max {
+            return true;
+        }
+        self.refresh_rq();
+        self.rq_posted - self.rq_retired < max
+    }
+
     fn refresh_rq(&mut self) {
         // SYNC: Acquire pairs with the Release store of `rq_retired` in `QpSlot::retire_recv`.
         self.rq_retired = self.qshared.rq_retired.load(Ordering::Acquire);
@@ -845,6 +857,14 @@ impl Qp {
         Ok(())
     }
 
+    /// Whether [`Qp::check_sge`] passes `s` (no error built).
+    #[inline(always)]
+    fn sge_ok(&self, s: &Sge<'_>, needs_write: bool) -> bool {
+        Arc::ptr_eq(&s.mr.shared, &self.shared)
+            && s.mr.pdn == self.pdn
+            && (!needs_write || s.mr.access().contains(AccessFlags::LOCAL_WRITE))
+    }
+
     /// A list of one element (`s`): checked as [`Qp::check_sgl`] does (a one-element list
     /// never exceeds the element limit, which is at least 1), then located as
     /// [`Qp::gather_loc`] does: where the engine writes into it (`dest`: a result or
@@ -929,7 +949,7 @@ impl Qp {
     /// are outstanding, [`Error::InvalidArgument`] for too many elements or a region
     /// without `LOCAL_WRITE`, [`Error::ForeignObject`].
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
-        self.post_recv_with(wr, |q, s| q.locate_one(s, true, "scatter list"))
+        self.post_recv_with(wr, |mr, offset| mr.dst_off(offset))
     }
 
     /// [`Qp::post_recv`], compiled into its caller (the verbs C ABI's path for a receive of
@@ -937,23 +957,65 @@ impl Qp {
     #[doc(hidden)]
     #[inline(always)]
     pub fn post_recv_inlined(&mut self, wr: &RecvWr<'_>) -> Result<()> {
-        self.post_recv_with(wr, |q, s| {
-            q.check_sge(s, true, "scatter list")?;
-            Ok(SgeEntry {
-                off: s.mr.dst_off_inlined(s.offset),
-                len: s.len,
-                mr: s.mr.index,
-            })
-        })
+        self.post_recv_with(wr, |mr, offset| mr.dst_off_inlined(offset))
     }
 
-    /// [`Qp::post_recv`]'s body, with `locate_one` locating a list of one element.
+    /// [`Qp::post_recv`]'s body, with `dst_off` locating an element's first byte: the
+    /// common receive (one element, the QP's own receive queue, RTS, room known, nothing to
+    /// tell the engine, the element good) in line; any other, and every refusal, by
+    /// [`Qp::post_recv_general`], which checks everything again in its order (nothing
+    /// was changed here before it is called).
     #[inline(always)]
     fn post_recv_with(
         &mut self,
         wr: &RecvWr<'_>,
-        locate_one: impl FnOnce(&Self, &Sge<'_>) -> Result<SgeEntry>,
+        dst_off: impl FnOnce(&crate::verbs::mr::Mr, u64) -> u64,
     ) -> Result<()> {
+        if let [s] = wr.sgl {
+            // SYNC: Relaxed: as in `post_recv_general`.
+            if self.srq.is_none()
+                && self.rq_room()
+                && self.qshared.state() == QpState::Rts
+                && !self.qshared.rq_watch.load(Ordering::Relaxed)
+                && self.sge_ok(s, true)
+            {
+                let e = SgeEntry {
+                    off: dst_off(s.mr, s.offset),
+                    len: s.len,
+                    mr: s.mr.index,
+                };
+                let wqe = RqWqe {
+                    wr_id: wr.wr_id,
+                    data: DataLoc::Single(e),
+                };
+                // Counted under the engine token (a plain store) when this call may
+                // run the engine, else with a `fetch_add`; either way before the WQE
+                // is published, so that the engine's retire finds it counted.
+                let counted = self
+                    .shared
+                    .run_for_post(
+                        #[inline(always)]
+                        |_| s.mr.inflight.post_held(1),
+                    )
+                    .is_some();
+                if !counted {
+                    s.mr.inflight.post_outside(1);
+                }
+                if self.rq.push(wqe).is_err() {
+                    unreachable!(
+                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
+                    );
+                }
+                self.rq_posted += 1;
+                return Ok(());
+            }
+        }
+        self.post_recv_general(wr)
+    }
+
+    /// [`Qp::post_recv`] of any receive: every check in order, then the post.
+    #[inline(never)]
+    fn post_recv_general(&mut self, wr: &RecvWr<'_>) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid(
                 "post_recv",
@@ -984,7 +1046,7 @@ impl Qp {
         };
         let data = match wr.sgl {
             [] => DataLoc::Empty,
-            [s] => DataLoc::Single(locate_one(self, s)?),
+            [s] => DataLoc::Single(self.locate_one(s, true, "scatter list")?),
             many => {
                 self.check_sgl(many, self.caps.max_recv_sge, true, "scatter list")?;
                 let row = self.rq_posted % u64::from(self.caps.max_recv_wr);
@@ -1370,5 +1432,105 @@ mod tests {
             .map(|n| (n, vec![(n / 4) as u8, (n % 4) as u8]))
             .collect();
         assert_eq!(payloads, want);
+    }
+
+    /// The common receive, posted in line (`post_recv_with`: one element, RTS, the requester
+    /// told of receive WQEs so that no doorbell is needed): its element counted in flight
+    /// under the engine token (the owner's path) or outside it (the token held elsewhere:
+    /// here by this very thread), the WQE received into — as the general path does.
+    #[test]
+    fn receives_posted_in_line_are_counted_and_received() {
+        use crate::{AccessFlags, RecvWr, WcStatus, WorkCompletion};
+        let ctx = crate::raw_peer::small_inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let dst = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut drain = |want: usize| {
+            let mut wc = [WorkCompletion::default(); 8];
+            let mut got = vec![];
+            for _ in 0..10_000 {
+                ctx.progress();
+                let n = cq.poll(&mut wc);
+                got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+                if got.len() >= want {
+                    return got;
+                }
+            }
+            panic!("{got:?}: fewer than {want} completions");
+        };
+        let send = |a: &mut Qp, i: u64| {
+            let sge = [src.sge(8 * i, 8).unwrap()];
+            a.post_send(&SendWr::new(i, SendOp::Send, &sge)).unwrap();
+        };
+        src.write_at(0, b"0123456789abcdefghijklmnopqrstuv")
+            .unwrap();
+        // A first message: b's Ack tells a of the receive WQE left, so that b's next
+        // receives need no doorbell (the requester knows of receive WQEs).
+        for i in 0..2 {
+            let sge = [dst.sge(8 * i, 8).unwrap()];
+            b.post_recv(&RecvWr::new(10 + i, &sge)).unwrap();
+        }
+        send(&mut a, 0);
+        assert_eq!(drain(2).len(), 2);
+        assert!(!b.qshared.rq_watch.load(Ordering::Relaxed));
+        let counts = || {
+            let f = &dst.inflight;
+            (
+                f.held.load(std::sync::atomic::Ordering::Relaxed),
+                f.posted.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        };
+        let (held, posted) = counts();
+        // Elements the in-line path must refuse as the general path does: a region of
+        // another protection domain, of another context, or without LOCAL_WRITE.
+        let other_pd = ctx.alloc_pd().unwrap();
+        let in_other_pd = other_pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let other = crate::raw_peer::small_inline_context();
+        let opd = other.alloc_pd().unwrap();
+        let in_other_ctx = opd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let read_only = pd.alloc_mr(64, AccessFlags::NONE).unwrap();
+        for (mr, what) in [
+            (&in_other_pd, "another protection domain"),
+            (&in_other_ctx, "another context"),
+            (&read_only, "no LOCAL_WRITE"),
+        ] {
+            let sge = [mr.sge(0, 8).unwrap()];
+            let err = b.post_recv(&RecvWr::new(99, &sge)).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    crate::Error::InvalidArgument { .. } | crate::Error::ForeignObject { .. }
+                ),
+                "{what}: {err:?}"
+            );
+            assert_eq!(mr.in_flight(), 0, "{what}");
+        }
+        b.post_recv(&RecvWr::new(12, &[dst.sge(16, 8).unwrap()]))
+            .unwrap();
+        ctx.shared.engine.with(|_| {
+            b.post_recv(&RecvWr::new(13, &[dst.sge(24, 8).unwrap()]))
+                .unwrap();
+        });
+        assert_eq!(
+            counts(),
+            (held + 1, posted + 1),
+            "one under the token, one outside"
+        );
+        assert_eq!(dst.in_flight(), 3);
+        for i in 1..4 {
+            send(&mut a, i);
+        }
+        let mut got = drain(6);
+        got.sort_unstable_by_key(|c| c.0);
+        let want: Vec<_> = [1, 2, 3, 11, 12, 13]
+            .map(|id| (id, WcStatus::Success))
+            .into();
+        assert_eq!(got, want);
+        let mut bytes = [0u8; 32];
+        dst.read_at(0, &mut bytes).unwrap();
+        assert_eq!(&bytes, b"0123456789abcdefghijklmnopqrstuv");
+        assert_eq!(dst.in_flight(), 0);
     }
 }
