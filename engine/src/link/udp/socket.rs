@@ -467,6 +467,36 @@ impl UdpSocket {
         set_int(&self.fd, libc::SOL_UDP, UDP_GRO, 1).is_ok()
     }
 
+    /// Sends `bytes` to `to` as one GSO send of `segment`-byte datagrams (the last maybe
+    /// shorter), from a buffer of any length (tests: a hostile peer's GSO sends).
+    #[cfg(test)]
+    pub(crate) fn send_segmented(
+        &self,
+        bytes: &[u8],
+        segment: u16,
+        to: SocketAddr,
+    ) -> io::Result<usize> {
+        set_int(&self.fd, libc::SOL_UDP, UDP_SEGMENT, i32::from(segment))?;
+        let (ss, len) = to_raw(&to);
+        // SAFETY: `bytes` and `ss` are live for the call, of the lengths given.
+        let r = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                0,
+                (&raw const ss).cast(),
+                len,
+            )
+        };
+        set_int(&self.fd, libc::SOL_UDP, UDP_SEGMENT, 0)?;
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+
     /// Waits up to `timeout_ms` for a datagram to read; whether one is there.
     pub(crate) fn wait_readable(&self, timeout_ms: i32) -> bool {
         let mut p = libc::pollfd {
