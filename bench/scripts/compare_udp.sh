@@ -12,8 +12,10 @@
 # Ack-sized datagram and the message leave as one UDP GSO send and arrive by one recvmmsg,
 # as shmhca sends an Ack and the reply it rides with — the line for what the wire format
 # forces of an implementation that sends as shmhca does; shmhca's ratio to it is printed
-# too. Each figure is the mean round trip; the medians follow in brackets (a shared host's
-# stalls move a mean far more than a median).
+# too. And with --gro: as --gso, the receiving socket taking the GSO send whole (UDP_GRO)
+# as shmhca's port does, the floor for any implementation of the wire format over these
+# sockets. Each figure is the mean round trip; the medians follow in brackets (a shared
+# host's stalls move a mean far more than a median), and the ratios of the medians too.
 #
 #   bench/scripts/compare_udp.sh                  # as root: 3 rounds, 8-byte messages
 #   ROUNDS=5 SIZE=4096 ITERS=20000 bench/scripts/compare_udp.sh
@@ -96,6 +98,8 @@ ratios=()
 aratios=()
 gratios=()
 mratios=()
+mbratios=()
+mrratios=()
 spin=()
 [ "$BARE" = spin ] && spin=(--spin)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
@@ -103,12 +107,15 @@ for r in $(seq 1 "$ROUNDS"); do
     read -r bare bare_m < <(pingpong udp_bare_pingpong "${spin[@]}")
     read -r acks acks_m < <(pingpong udp_bare_pingpong "${spin[@]}" --acks)
     read -r gso gso_m < <(pingpong udp_bare_pingpong "${spin[@]}" --gso)
+    read -r gro gro_m < <(pingpong udp_bare_pingpong "${spin[@]}" --gro)
     read -r roce roce_m < <(perf_lat)
     ratios+=("$(ratio "$roce" "$bare")")
     aratios+=("$(ratio "$roce" "$acks")")
     gratios+=("$(ratio "$roce" "$gso")")
+    mbratios+=("$(ratio "$roce_m" "$bare_m")")
     mratios+=("$(ratio "$roce_m" "$gso_m")")
-    echo "round $r: $SIZE-byte round trip, mean (median) µs: bare UDP $bare ($bare_m), bare with Acks $acks ($acks_m), bare GSO Ack+message $gso ($gso_m), shmhca-perf send_lat --roce $roce ($roce_m); ratios to them ${ratios[-1]}, ${aratios[-1]}, ${gratios[-1]} (medians' to GSO ${mratios[-1]})"
+    mrratios+=("$(ratio "$roce_m" "$gro_m")")
+    echo "round $r: $SIZE-byte round trip, mean (median) µs: bare UDP $bare ($bare_m), bare with Acks $acks ($acks_m), bare GSO Ack+message $gso ($gso_m), the same received whole $gro ($gro_m), shmhca-perf send_lat --roce $roce ($roce_m); ratios of the means to the first three ${ratios[-1]}, ${aratios[-1]}, ${gratios[-1]}; of the medians to bare, GSO and whole ${mbratios[-1]}, ${mratios[-1]}, ${mrratios[-1]}"
 done
 median() {
     sort -g | awk -v n="$ROUNDS" -v what="$1" -v cmp="$2" -v bound="$3" '{a[NR]=$1} END {m=a[int((NR+1)/2)]; met=(cmp == "le" ? m <= bound : m >= bound); printf "%s median %s (%s-%s) over %d rounds (target %s %s: %s)\n", what, m, a[1], a[NR], n, cmp, bound, (met ? "met" : "NOT met")}'
@@ -119,7 +126,9 @@ spread() {
 printf '%s\n' "${ratios[@]}" | median "ratio to the bare ping-pong" le 1.3
 printf '%s\n' "${aratios[@]}" | spread "ratio to the bare ping-pong with Acks"
 printf '%s\n' "${gratios[@]}" | spread "ratio to the bare GSO Ack+message ping-pong"
+printf '%s\n' "${mbratios[@]}" | spread "ratio of the medians to the bare ping-pong's"
 printf '%s\n' "${mratios[@]}" | spread "ratio of the medians to the bare GSO Ack+message ping-pong's"
+printf '%s\n' "${mrratios[@]}" | spread "ratio of the medians to the bare GSO Ack+message ping-pong's received whole (UDP_GRO)"
 [ "$STREAM" = 0 ] && exit 0
 
 # The stream: a bare UDP stream of 1 KiB datagrams (one send_to each) against shmhca-perf
