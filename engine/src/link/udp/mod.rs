@@ -547,6 +547,12 @@ impl UdpPort {
     pub(crate) fn merged_receives(&self) -> u64 {
         self.with_pump(|p| p.merged_receives()).unwrap_or(0)
     }
+
+    /// The pump's receives that got fewer messages than they asked for, so far (tests).
+    #[cfg(test)]
+    pub(crate) fn overasked_receives(&self) -> u64 {
+        self.with_pump(|p| p.overasked_receives()).unwrap_or(0)
+    }
 }
 
 impl Drop for UdpPort {
