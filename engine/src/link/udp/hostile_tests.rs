@@ -310,3 +310,60 @@ fn review2_a_counting_peers_message_is_delivered_after_its_other_traffic() {
         v.port.counters()
     );
 }
+
+/// A port's socket takes GSO sends whole (`UDP_GRO`) and its pump cuts them: a peer's GSO
+/// send of datagrams longer than any RoCEv2 packet, or of more tiny ones than make sense,
+/// is dropped datagram by datagram (counted, nothing delivered, no panic), and a GSO send
+/// of two good Sends (IPv4 IDs 0 and 1, as Linux numbers a GSO send's segments) delivers
+/// both, in order.
+#[test]
+fn a_peers_gso_sends_are_cut_checked_and_counted_datagram_by_datagram() {
+    use super::socket::{TxBurst, UdpSocket as Sock};
+    let _s = super::tests::serial();
+    let mut v = Victim::new("127.0.216.1", "127.0.216.2");
+    let q = v.qpn();
+    let gso = Sock::bind(sa("127.0.216.2:0")).unwrap();
+    let to = v.port.local_addr();
+    let mut tx = TxBurst::new();
+    let mut burst = |v: &mut Victim, dgrams: &[Vec<u8>]| {
+        for d in dgrams {
+            let buf = tx.next_buf().unwrap();
+            buf[..d.len()].copy_from_slice(d);
+            tx.commit(d.len(), to);
+        }
+        let r = tx.send(&gso);
+        assert_eq!((r.sent, r.gso_sends), (dgrams.len(), 1));
+        v.sent += dgrams.len() as u64;
+    };
+    // Two longer than a RoCEv2 packet (a receive buffer holds 64 KiB, the pump's check copy
+    // a packet's 4,160 bytes), and 100 bytes of junk whose ICRC fails.
+    assert_eq!(
+        gso.send_segmented(&[0x04; 10_100], 5000, to).unwrap(),
+        10_100
+    );
+    v.sent += 3;
+    v.settle();
+    assert!(v.received().is_empty());
+    let c = v.port.counters();
+    let drops = |c: super::UdpCounters| (c.datagrams_received, c.malformed_dropped, c.icrc_dropped);
+    assert_eq!(drops(c), (3, 2, 1), "{c:?}");
+    // Thirty-two datagrams of 8 bytes: too short for a transport packet.
+    burst(&mut v, &vec![vec![0x04; 8]; 32]);
+    v.settle();
+    assert!(v.received().is_empty());
+    let c = v.port.counters();
+    assert_eq!(drops(c), (35, 34, 1), "{c:?}");
+    // Two good Sends in one GSO send: the second's ICRC made for ID 1 by the burst.
+    let src = gso.local_addr();
+    burst(
+        &mut v,
+        &[
+            send_only(src, to, 0, q, 0, b"first..."),
+            send_only(src, to, 0, q, 1, b"second.."),
+        ],
+    );
+    v.settle();
+    assert_eq!(v.received(), [(0, *b"first..."), (1, *b"second..")]);
+    let c = v.port.counters();
+    assert_eq!(drops(c), (37, 34, 1), "{c:?}");
+}

@@ -262,6 +262,9 @@ const RX_ARENA_KEY: (u64, u64) = (u64::MAX - 1, 4791);
 
 /// Receive buffers of a port (4,160 bytes each: about 4 MiB).
 const RX_BUFFERS: usize = 1024;
+/// Receive buffers of a port whose socket takes GSO sends whole (`UDP_GRO`; 64 KiB each:
+/// 4 MiB, as [`RX_BUFFERS`]).
+const GRO_RX_BUFFERS: usize = 64;
 
 /// The most request packets a QP over a UDP link keeps unacknowledged: a loss costs a
 /// go-back-N resend of at most this many datagrams (256 KiB at path MTU 1024), and the
@@ -302,7 +305,13 @@ impl UdpPort {
         let sock = Arc::new(socket::UdpSocket::bind(addr)?);
         let active_mtu = gid::active_mtu_of(addr.ip());
         let local = sock.local_addr();
-        let rx = socket::RxRing::new(RX_BUFFERS);
+        let rx = if pump::gro_wanted(std::env::var_os("SHMHCA_UDP_GRO").as_deref())
+            && sock.enable_gro()
+        {
+            socket::RxRing::with_buffers(GRO_RX_BUFFERS, socket::GRO_BUFFER_BYTES)
+        } else {
+            socket::RxRing::new(RX_BUFFERS)
+        };
         let rx_mem = rx.mem().read_only();
         let watch = pump::watch_page();
         let stop = Arc::new(AtomicBool::new(false));
@@ -531,6 +540,18 @@ impl UdpPort {
     #[cfg(test)]
     pub(crate) fn gso_sends(&self) -> u64 {
         self.with_pump(|p| p.gso_sends()).unwrap_or(0)
+    }
+
+    /// The pump's messages received whole that carried several datagrams, so far (tests).
+    #[cfg(test)]
+    pub(crate) fn merged_receives(&self) -> u64 {
+        self.with_pump(|p| p.merged_receives()).unwrap_or(0)
+    }
+
+    /// The pump's receives that got fewer messages than they asked for, so far (tests).
+    #[cfg(test)]
+    pub(crate) fn overasked_receives(&self) -> u64 {
+        self.with_pump(|p| p.overasked_receives()).unwrap_or(0)
     }
 }
 

@@ -812,6 +812,134 @@ fn a_riding_ack_leaves_with_the_reply_that_carried_it() {
     }
 }
 
+/// The Ack and the reply it rides with, one GSO send, reach the requester's port as ONE
+/// message (`UDP_GRO`: the receiving socket does not cut it into two socket buffers, which
+/// cost about a datagram's whole trip), which its pump cuts: the Ack completes the Send,
+/// the reply the receive, every byte right. Without `UDP_GRO` the socket handed the two
+/// over as two datagrams and no message carried two.
+#[test]
+fn an_ack_and_its_reply_arrive_as_one_message_and_are_cut_by_the_pump() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.27", "127.0.0.28", Mtu::Mtu1024, 10);
+    y.ctx.shared.engine.with(|e| e.hold_acks = true);
+    for i in 0..4u64 {
+        y.qp.post_recv(&RecvWr::new(i, &[y.mr.sge(0, 64).unwrap()]))
+            .unwrap();
+        x.qp.post_recv(&RecvWr::new(i, &[x.mr.sge(4096, 64).unwrap()]))
+            .unwrap();
+    }
+    let mut merged = Vec::new();
+    let mut overasked: Vec<u64> = Vec::new();
+    for round in 0..4u64 {
+        let (to_y, to_x) = (pattern(round, 8), pattern(round + 100, 8));
+        x.mr.write_at(0, &to_y).unwrap();
+        x.qp.post_send(&SendWr::new(
+            10 + round,
+            SendOp::Send,
+            &[x.mr.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
+        let mut wc = [WorkCompletion::default()];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while y.cq.poll(&mut wc) == 0 {
+            x.ctx.progress();
+            assert!(Instant::now() < deadline, "no receive");
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (round, WcStatus::Success));
+        assert_eq!(read(&y.mr, 0, 8), to_y);
+        let before = x.port.merged_receives();
+        let over = x.port.overasked_receives();
+        y.mr.write_at(1024, &to_x).unwrap();
+        // The reply, with y's held Ack riding: one GSO send.
+        y.qp.post_send(&SendWr::new(
+            20 + round,
+            SendOp::Send,
+            &[y.mr.sge(1024, 8).unwrap()],
+        ))
+        .unwrap();
+        // x's Send and receive complete (in either order).
+        let mut ids = [wait!(x, x, y), wait!(x, x, y)].map(|wc| {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            wc.wr_id
+        });
+        ids.sort_unstable();
+        assert_eq!(ids, [round, 10 + round]);
+        assert_eq!(read(&x.mr, 4096, 8), to_x);
+        merged.push(x.port.merged_receives() - before);
+        overasked.push(x.port.overasked_receives() - over);
+        assert_eq!(wait!(y, x, y).status, WcStatus::Success);
+    }
+    // Round 0 settles the credits (y's first Ack may leave alone); from then on each
+    // reply and its Ack arrive as one message.
+    assert_eq!(
+        merged[1..],
+        [1, 1, 1],
+        "messages of two datagrams per round"
+    );
+    // x waited for each reply with empty polls, then received it with a `recvmmsg` that
+    // asked for one message: the kernel made no second try for a message that was not
+    // there. (Asking for the room, it did, every round; in round 0 y's Ack came alone,
+    // then the reply.)
+    assert_eq!(
+        overasked[1..],
+        [0, 0, 0],
+        "receives that asked for more than came"
+    );
+    let c = x.port.counters();
+    assert_eq!((c.icrc_dropped, c.malformed_dropped), (0, 0), "{c:?}");
+}
+
+/// A burst that waits on the socket when the receiver polls again (here 40 datagrams, GSO
+/// off, while y's engine did not run) is taken whole and in order: the receive after the
+/// empty polls asks for one message, and each receive that got all it asked for doubles
+/// the ask (1, 2, 4, 8, 16, then the rest), so a stream is back at full bursts within a
+/// few receives.
+#[test]
+fn a_burst_after_empty_polls_is_taken_whole_as_the_ask_doubles() {
+    let _serial = serial();
+    let (mut x, mut y) = pair("127.0.0.29", "127.0.0.30", Mtu::Mtu1024, 10);
+    x.port.set_gso(false);
+    const N: u64 = 40;
+    for i in 0..N {
+        y.qp.post_recv(&RecvWr::new(i, &[y.mr.sge(64 * i, 64).unwrap()]))
+            .unwrap();
+    }
+    // y's engine polls the empty socket first.
+    for _ in 0..3 {
+        y.ctx.progress();
+    }
+    let c0 = y.port.counters();
+    for i in 0..N {
+        x.mr.write_at(8 * i, &pattern(i, 8)).unwrap();
+        x.qp.post_send(&SendWr::new(
+            i,
+            SendOp::Send,
+            &[x.mr.sge(8 * i, 8).unwrap()],
+        ))
+        .unwrap();
+    }
+    x.ctx.progress();
+    for i in 0..N {
+        let wc = wait!(y, x, y);
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success), "in order");
+        assert_eq!(read(&y.mr, 64 * i, 8), pattern(i, 8));
+    }
+    let c = y.port.counters();
+    assert!(c.datagrams_received - c0.datagrams_received >= N, "{c:?}");
+    assert_eq!((c.malformed_dropped, c.icrc_dropped), (0, 0), "{c:?}");
+}
+
+/// `SHMHCA_UDP_GRO=0` leaves a port's socket cutting GSO sends; anything else (or
+/// nothing) has them arrive whole.
+#[test]
+fn shmhca_udp_gro_0_turns_gro_off() {
+    use super::pump::gro_wanted;
+    use std::ffi::OsStr;
+    assert!(gro_wanted(None));
+    assert!(!gro_wanted(Some(OsStr::new("0"))));
+    assert!(gro_wanted(Some(OsStr::new("1"))));
+}
+
 /// `SHMHCA_UDP_GSO=0` turns GSO sends off; anything else (or nothing) leaves them on.
 #[test]
 fn shmhca_udp_gso_0_turns_gso_off() {
