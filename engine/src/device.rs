@@ -204,9 +204,24 @@ impl Device {
     /// [`Device::progress`] compiled into its caller: a completion queue's poll, whose
     /// empty case then makes no call at all (through `progress`, the call, its return and
     /// the register saves on both sides were 7 of an empty poll's 87 instructions).
+    /// Whether anything may have changed: false only when the engine's quick look found
+    /// nothing to do (the empty poll's case), so that the caller need not look at its
+    /// queue again.
     #[inline(always)]
-    pub(crate) fn progress_in_line(&self) -> usize {
-        self.try_progress().unwrap_or(0)
+    pub(crate) fn progress_in_line(&self) -> bool {
+        self.engine
+            .try_with_quick(
+                |e| {
+                    self.mark_progress();
+                    e.idle_now(&self.doorbell).then_some(false)
+                },
+                |e| {
+                    e.poll_busy(&self.doorbell);
+                    true
+                },
+            )
+            // The token is busy: its holder may be producing completions.
+            .unwrap_or(true)
     }
 
     /// Runs one engine iteration if nobody else is; `None` if someone holds the engine.
@@ -217,17 +232,23 @@ impl Device {
         // the iteration is out of line.
         self.engine.try_with_quick(
             |e| {
-                // A plain store (only the token holder writes the mark): the progress
-                // helper sees the application is driving the engine.
-                let mark = &self.progress_mark;
-                mark.store(
-                    mark.load(Ordering::Relaxed).wrapping_add(1),
-                    Ordering::Relaxed,
-                );
+                self.mark_progress();
                 e.idle_now(&self.doorbell).then_some(0)
             },
             |e| e.poll_busy(&self.doorbell),
         )
+    }
+
+    /// Counts an engine run by the application (under the token): the progress helper sees
+    /// the application is driving the engine. A plain store: only the token holder writes
+    /// the mark.
+    #[inline(always)]
+    fn mark_progress(&self) {
+        let mark = &self.progress_mark;
+        mark.store(
+            mark.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether a completion queue is armed for a notification.
@@ -279,12 +300,15 @@ impl Device {
 
     /// An application poll of a completion queue, before it looks at the queue: runs the
     /// engine in inline mode, and in poll mode while the engine thread has stepped back
-    /// for the application (`engine::progress::step_back`). `empty`: the last poll of this
-    /// queue found nothing (a busy poller's signature).
+    /// for the application (`engine::progress::step_back`) — unless completions are
+    /// waiting in the queue (`ready`: see [`crate::Cq::poll`]). `empty`: the last poll of
+    /// this queue found nothing (a busy poller's signature).
     #[inline]
-    pub(crate) fn on_app_poll(&self, empty: bool) {
+    pub(crate) fn on_app_poll(&self, empty: bool, ready: bool) {
         if self.mode == EngineMode::Inline {
-            self.progress();
+            if !ready {
+                self.progress();
+            }
             return;
         }
         let drives = self.app_drives.load(Ordering::Relaxed) != 0;
@@ -294,7 +318,7 @@ impl Device {
             let n = &self.empty_polls;
             n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
-        if drives {
+        if drives && !ready {
             self.progress();
         }
     }

@@ -199,19 +199,28 @@ impl Cq {
         }
     }
 
-    /// Moves up to `out.len()` completions into `out`; returns how many. In inline mode it
-    /// first runs the engine once.
+    /// Moves up to `out.len()` completions into `out`; returns how many. In inline mode,
+    /// when the queue holds none, it first runs the engine once.
+    ///
+    /// A poll that finds completions waiting hands them out without running the engine, as
+    /// polling a NIC's completion queue gives the NIC no work: the application has work of
+    /// its own, and an Ack the engine holds back to ride in its next request is not sent
+    /// alone by an iteration that had nothing new for it (perftest's latency loops poll
+    /// the send queue's completion, then the receive queue's, then post).
     pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
+        let ready = !self.consumer.looks_empty();
         // Inline mode keeps no `last_empty` (only a poll-mode engine thread steps back).
         if self.shared.mode == EngineMode::Inline {
-            // The empty poll's case: the engine found nothing, and the queue is empty (one
-            // load; a pop would check and cache more).
-            if self.shared.progress_in_line() == 0 && self.consumer.looks_empty() {
+            // The empty poll's case: the queue is empty (one load; a pop would check and
+            // cache more) and the engine's quick look found nothing to do, so it still is;
+            // after a full iteration, or with the engine busy elsewhere, the queue is
+            // looked at again.
+            if !ready && (!self.shared.progress_in_line() || self.consumer.looks_empty()) {
                 return 0;
             }
             return self.pop_into(out);
         }
-        self.shared.on_app_poll(self.last_empty);
+        self.shared.on_app_poll(self.last_empty, ready);
         if self.consumer.looks_empty() {
             self.last_empty = true;
             return 0;
@@ -246,26 +255,31 @@ impl Cq {
     /// ```
     #[inline]
     pub fn poll_each(&mut self, max: usize, f: impl FnMut(WorkCompletion)) -> usize {
+        let ready = !self.consumer.looks_empty();
         if self.shared.mode == EngineMode::Inline {
-            // The empty poll's case, as in `poll`.
-            if self.shared.progress_in_line() == 0 && self.consumer.looks_empty() {
+            // Completions waiting, and the empty poll's case, as in `poll`.
+            if !ready && (!self.shared.progress_in_line() || self.consumer.looks_empty()) {
                 return 0;
             }
             return self.consumer.pop_each(max, f);
         }
-        self.shared.on_app_poll(self.last_empty);
+        self.shared.on_app_poll(self.last_empty, ready);
         let n = self.consumer.pop_each(max, f);
         self.last_empty = n == 0;
         n
     }
 
-    /// One completion, if there is one (runs the engine once in inline mode).
+    /// One completion, if there is one (in inline mode, when none is waiting, it runs the
+    /// engine once first; see [`Cq::poll`]).
     pub fn poll_one(&mut self) -> Option<WorkCompletion> {
         if self.shared.mode == EngineMode::Inline {
-            self.shared.progress();
+            if self.consumer.looks_empty() {
+                self.shared.progress();
+            }
             return self.consumer.pop();
         }
-        self.shared.on_app_poll(self.last_empty);
+        let ready = !self.consumer.looks_empty();
+        self.shared.on_app_poll(self.last_empty, ready);
         let wc = self.consumer.pop();
         self.last_empty = wc.is_none();
         wc
@@ -380,6 +394,132 @@ mod tests {
             .collect();
         assert_eq!(sends, [0, 1, 2, 3, 4]);
         assert_eq!(cq.poll_each(8, |_| panic!("nothing is left")), 0);
+    }
+
+    /// perftest's latency loop (`ib_send_lat`): separate send and receive CQs, each Send
+    /// signaled; the client posts, polls its send CQ until the Send completes, then its
+    /// receive CQ, then reposts the receive; the server receives, reposts, sends, then
+    /// polls its send CQ. Two inline contexts whose owed Acks are held back an iteration
+    /// (as with the progress helper), stepped in turn from one thread, one call each per
+    /// turn. Every Ack must ride in the next Send: the client's receive-CQ poll finds the
+    /// answer's completion waiting and runs no engine iteration that would send the held
+    /// Ack alone (before: one lone Ack per round trip, a line and a receive step more).
+    #[test]
+    fn a_poll_that_finds_a_completion_runs_no_iteration_that_sends_the_held_ack_alone() {
+        use crate::verbs::wr::WorkCompletion;
+        use crate::{Destination, Mtu, QpAttr, QpCaps, QpState};
+        let (a, b) = (context(EngineMode::Inline), context(EngineMode::Inline));
+        for c in [&a, &b] {
+            c.shared.engine.with(|e| e.hold_acks = true);
+        }
+        let (la, lb) = a.link_with(&b).unwrap();
+        let side = |c: &Context| {
+            let pd = c.alloc_pd().unwrap();
+            let (scq, rcq) = (c.create_cq(16).unwrap(), c.create_cq(16).unwrap());
+            let qp = c.create_qp(&pd, &scq, &rcq, QpCaps::default()).unwrap();
+            let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+            (pd, scq, rcq, qp, mr)
+        };
+        let (_pa, mut a_scq, mut a_rcq, mut qa, ma) = side(&a);
+        let (_pb, mut b_scq, mut b_rcq, mut qb, mb) = side(&b);
+        let (na, nb) = (qa.qpn(), qb.qpn());
+        for (qp, link, remote) in [(&mut qa, la, nb), (&mut qb, lb, na)] {
+            qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+                .unwrap();
+            qp.modify(
+                &QpAttr::new(QpState::Rtr)
+                    .path_mtu(Mtu::Mtu4096)
+                    .dest(Destination { link, qpn: remote })
+                    .rq_psn(0)
+                    .max_dest_rd_atomic(1)
+                    .min_rnr_timer(1),
+            )
+            .unwrap();
+            qp.modify(
+                &QpAttr::new(QpState::Rts)
+                    .sq_psn(0)
+                    .timeout(14)
+                    .retry_cnt(7)
+                    .rnr_retry(7)
+                    .max_rd_atomic(1),
+            )
+            .unwrap();
+        }
+        qa.post_recv(&RecvWr::new(0, &[ma.sge(64, 8).unwrap()]))
+            .unwrap();
+        qb.post_recv(&RecvWr::new(0, &[mb.sge(64, 8).unwrap()]))
+            .unwrap();
+        const ROUNDS: u64 = 200;
+        // Each side's place in its loop: 0 post the Send, 1 wait for the Send's completion,
+        // 2 wait for a receive, 3 repost the receive (the server: 2, 3, 0, 1).
+        let (mut at_a, mut at_b) = (0u8, 2u8);
+        let (mut done_a, mut done_b) = (0u64, 0u64);
+        let ok = |w: Option<WorkCompletion>| {
+            w.map(|w| assert_eq!(w.status, WcStatus::Success, "{w:?}"))
+                .is_some()
+        };
+        let start = Instant::now();
+        while done_a < ROUNDS || done_b < ROUNDS {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "stuck at {done_a}/{done_b}"
+            );
+            if done_a < ROUNDS {
+                at_a = match at_a {
+                    0 => {
+                        qa.post_send(
+                            &SendWr::new(done_a, SendOp::Send, &[ma.sge(0, 8).unwrap()])
+                                .flags(crate::SendFlags::SIGNALED),
+                        )
+                        .unwrap();
+                        1
+                    }
+                    1 => 1 + u8::from(ok(a_scq.poll_one())),
+                    2 => 2 + u8::from(ok(a_rcq.poll_one())),
+                    _ => {
+                        qa.post_recv(&RecvWr::new(0, &[ma.sge(64, 8).unwrap()]))
+                            .unwrap();
+                        done_a += 1;
+                        0
+                    }
+                };
+            }
+            if done_b < ROUNDS {
+                at_b = match at_b {
+                    2 => 2 + u8::from(ok(b_rcq.poll_one())),
+                    3 => {
+                        qb.post_recv(&RecvWr::new(0, &[mb.sge(64, 8).unwrap()]))
+                            .unwrap();
+                        0
+                    }
+                    0 => {
+                        qb.post_send(
+                            &SendWr::new(done_b, SendOp::Send, &[mb.sge(0, 8).unwrap()])
+                                .flags(crate::SendFlags::SIGNALED),
+                        )
+                        .unwrap();
+                        1
+                    }
+                    _ => {
+                        if ok(b_scq.poll_one()) {
+                            done_b += 1;
+                            2
+                        } else {
+                            1
+                        }
+                    }
+                };
+            }
+        }
+        // The last round's Acks may leave alone (no Send follows them): one per side.
+        for (who, c) in [("client", &a), ("server", &b)] {
+            let st = c.stats();
+            let alone = st.acks_sent - st.acks_riding;
+            assert!(
+                alone <= 2,
+                "the {who} sent {alone} Acks alone in {ROUNDS} round trips: {st:?}"
+            );
+        }
     }
 
     /// Busy `poll_each` calls on an empty CQ count as a busy poller's, as `poll`'s do: the
