@@ -401,13 +401,13 @@ mod tests {
     /// receive CQ, then reposts the receive; the server receives, reposts, sends, then
     /// polls its send CQ. Two inline contexts whose owed Acks are held back an iteration
     /// (as with the progress helper), stepped in turn from one thread, one call each per
-    /// turn. Every Ack must ride in the next Send: the client's receive-CQ poll finds the
-    /// answer's completion waiting and runs no engine iteration that would send the held
-    /// Ack alone (before: one lone Ack per round trip, a line and a receive step more).
+    /// turn. Every Ack must ride in the next Send: a poll that finds a completion waiting
+    /// runs no engine iteration that would send the held Ack alone (before: 400 lone Acks
+    /// in the 200 round trips, each a line and a receive step more).
     #[test]
     fn a_poll_that_finds_a_completion_runs_no_iteration_that_sends_the_held_ack_alone() {
+        use crate::QpCaps;
         use crate::verbs::wr::WorkCompletion;
-        use crate::{Destination, Mtu, QpAttr, QpCaps, QpState};
         let (a, b) = (context(EngineMode::Inline), context(EngineMode::Inline));
         for c in [&a, &b] {
             c.shared.engine.with(|e| e.hold_acks = true);
@@ -423,28 +423,8 @@ mod tests {
         let (_pa, mut a_scq, mut a_rcq, mut qa, ma) = side(&a);
         let (_pb, mut b_scq, mut b_rcq, mut qb, mb) = side(&b);
         let (na, nb) = (qa.qpn(), qb.qpn());
-        for (qp, link, remote) in [(&mut qa, la, nb), (&mut qb, lb, na)] {
-            qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
-                .unwrap();
-            qp.modify(
-                &QpAttr::new(QpState::Rtr)
-                    .path_mtu(Mtu::Mtu4096)
-                    .dest(Destination { link, qpn: remote })
-                    .rq_psn(0)
-                    .max_dest_rd_atomic(1)
-                    .min_rnr_timer(1),
-            )
-            .unwrap();
-            qp.modify(
-                &QpAttr::new(QpState::Rts)
-                    .sq_psn(0)
-                    .timeout(14)
-                    .retry_cnt(7)
-                    .rnr_retry(7)
-                    .max_rd_atomic(1),
-            )
-            .unwrap();
-        }
+        crate::raw_peer::connect_rts(&mut qa, la, nb, 14);
+        crate::raw_peer::connect_rts(&mut qb, lb, na, 14);
         qa.post_recv(&RecvWr::new(0, &[ma.sge(64, 8).unwrap()]))
             .unwrap();
         qb.post_recv(&RecvWr::new(0, &[mb.sge(64, 8).unwrap()]))
