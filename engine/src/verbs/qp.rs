@@ -975,7 +975,7 @@ impl Qp {
             // SYNC: Relaxed: as in `post_recv_general`.
             if self.srq.is_none()
                 && self.rq_room()
-                && self.qshared.state() == QpState::Rts
+                && matches!(self.qshared.state(), QpState::Rts | QpState::Rtr)
                 && !self.qshared.rq_watch.load(Ordering::Relaxed)
                 && self.sge_ok(s, true)
             {
@@ -1065,11 +1065,13 @@ impl Qp {
         // The doorbell is needed only when the engine has something to do about this
         // receive: report credits to a requester that knows of few (see
         // `QpShared::rq_watch`; a sleeping engine thread is woken for that), or flush it in
-        // the Error state (any state but RTS, to keep the rare ones simple). Otherwise
-        // nothing is urgent until a message arrives for it.
+        // the Error state (any state but RTR and RTS, to keep the rare ones simple: a
+        // receiver that never sends — perftest's bandwidth servers — stays in RTR).
+        // Otherwise nothing is urgent until a message arrives for it.
         // SYNC: Relaxed: the WQE itself is published by the receive ring's Release push;
         // the flag only decides whether to tell the engine.
-        let watch = state != QpState::Rts || self.qshared.rq_watch.load(Ordering::Relaxed);
+        let watch = !matches!(state, QpState::Rts | QpState::Rtr)
+            || self.qshared.rq_watch.load(Ordering::Relaxed);
         // When this call may run the engine (`Device::run_for_post`): count the elements,
         // queue the WQE and (if watched) put the QP in the engine's active set, all under
         // the engine token — no locked instruction and no doorbell. Else (the engine
@@ -1432,6 +1434,45 @@ mod tests {
             .map(|n| (n, vec![(n / 4) as u8, (n % 4) as u8]))
             .collect();
         assert_eq!(payloads, want);
+    }
+
+    /// A receive posted on a QP in RTR (perftest's bandwidth servers never leave it) gives
+    /// the engine nothing to do, as in RTS: the poll after it takes the empty poll's
+    /// shortcut. Before, every state but RTS rang the engine for each receive (the QP put
+    /// in its active set: a full iteration per receive).
+    #[test]
+    fn a_receive_posted_in_rtr_gives_the_engine_nothing_to_do() {
+        use crate::probe::{Path, taken};
+        use crate::{AccessFlags, QpCaps, RecvWr, WorkCompletion};
+        let ctx = crate::raw_peer::inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let (link, _ends, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, 0x2002, 4096);
+        crate::raw_peer::raw_peer_to_rtr(&mut qp, link, 0x2002, false);
+        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut wc = [WorkCompletion::default()];
+        let mut post = |i: u64| {
+            qp.post_recv(&RecvWr::new(i, &[mr.sge(64 * i, 64).unwrap()]))
+                .unwrap();
+        };
+        post(0);
+        // Whatever the first receive and the modify gave the engine, done.
+        for _ in 0..8 {
+            assert_eq!(cq.poll(&mut wc), 0);
+        }
+        let idle = taken(Path::IdlePoll);
+        assert_eq!(cq.poll(&mut wc), 0);
+        assert_eq!(taken(Path::IdlePoll), idle + 1, "the engine is idle");
+        for i in 1..4 {
+            post(i);
+            assert_eq!(cq.poll(&mut wc), 0);
+            assert_eq!(
+                taken(Path::IdlePoll),
+                idle + 1 + i,
+                "receive {i} posted in RTR woke the engine"
+            );
+        }
     }
 
     /// The common receive, posted in line (`post_recv_with`: one element, RTS, the requester
