@@ -942,14 +942,45 @@ pub(crate) fn is_ce(tos: u8) -> bool {
 /// any bytes give an answer, never an out-of-bounds read: a missing or odd message is
 /// `None` (then the datagram counts as not marked).
 pub(crate) fn received_tos(ctrl: &[u8]) -> Option<u8> {
-    const HDR: usize = size_of::<libc::cmsghdr>();
-    // CMSG_ALIGN: the kernel aligns each message (and its data) to a `size_t`.
-    let align = |n: usize| n.checked_next_multiple_of(size_of::<usize>());
-    let data_at = align(HDR)?;
     let int_byte = |d: &[u8]| -> Option<u8> {
         let v = i32::from_ne_bytes(d.try_into().ok()?);
         u8::try_from(v).ok()
     };
+    let (kind, data) = control_message(ctrl, |kind| {
+        matches!(
+            kind,
+            (libc::IPPROTO_IP, libc::IP_TOS) | (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+        )
+    })?;
+    match (kind, data.len()) {
+        ((libc::IPPROTO_IP, _), 1) => Some(data[0]),
+        (_, 4) => int_byte(data),
+        _ => None,
+    }
+}
+
+/// The segment size of a message the kernel merged (`UDP_GRO`'s control message, an
+/// `int`) in the control data `ctrl` it wrote for it (exactly the `msg_controllen` bytes
+/// it reported), if there is one, whole, of a valid length and from 1 to 65,535; checked
+/// as [`received_tos`] checks. `None`: the message is one datagram.
+pub(crate) fn received_segment(ctrl: &[u8]) -> Option<u16> {
+    let (_, data) = control_message(ctrl, |kind| kind == (libc::SOL_UDP, UDP_GRO))?;
+    let v = i32::from_ne_bytes(data.try_into().ok()?);
+    u16::try_from(v).ok().filter(|&v| v > 0)
+}
+
+/// The first control message in `ctrl` (exactly the `msg_controllen` bytes the kernel
+/// reported) whose level and type `wanted` accepts: those and its data. Every header is
+/// checked against the buffer before it is read, so any bytes give an answer, never an
+/// out-of-bounds read; a header whose length does not fit ends the walk with `None`.
+fn control_message(
+    ctrl: &[u8],
+    wanted: impl Fn((libc::c_int, libc::c_int)) -> bool,
+) -> Option<((libc::c_int, libc::c_int), &[u8])> {
+    const HDR: usize = size_of::<libc::cmsghdr>();
+    // CMSG_ALIGN: the kernel aligns each message (and its data) to a `size_t`.
+    let align = |n: usize| n.checked_next_multiple_of(size_of::<usize>());
+    let data_at = align(HDR)?;
     let mut at = 0usize;
     while let Some(h) = ctrl.get(at..at.checked_add(HDR)?) {
         // SAFETY: `h` is `HDR` initialized bytes, the size of a `cmsghdr`, whose fields
@@ -961,50 +992,9 @@ pub(crate) fn received_tos(ctrl: &[u8]) -> Option<u8> {
         if len < data_at || len > ctrl.len() - at {
             return None;
         }
-        let data = &ctrl[at + data_at..at + len];
-        match (hdr.cmsg_level, hdr.cmsg_type) {
-            (libc::IPPROTO_IP, libc::IP_TOS) => {
-                return match data.len() {
-                    1 => Some(data[0]),
-                    4 => int_byte(data),
-                    _ => None,
-                };
-            }
-            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                return if data.len() == 4 {
-                    int_byte(data)
-                } else {
-                    None
-                };
-            }
-            _ => {}
-        }
-        at = at.checked_add(align(len)?)?;
-    }
-    None
-}
-
-/// The segment size of a message the kernel merged (`UDP_GRO`'s control message, an
-/// `int`) in the control data `ctrl` it wrote for it (exactly the `msg_controllen` bytes
-/// it reported), if there is one, whole, of a valid length and from 1 to 65,535; checked
-/// as [`received_tos`] checks. `None`: the message is one datagram.
-pub(crate) fn received_segment(ctrl: &[u8]) -> Option<u16> {
-    const HDR: usize = size_of::<libc::cmsghdr>();
-    let align = |n: usize| n.checked_next_multiple_of(size_of::<usize>());
-    let data_at = align(HDR)?;
-    let mut at = 0usize;
-    while let Some(h) = ctrl.get(at..at.checked_add(HDR)?) {
-        // SAFETY: `h` is `HDR` initialized bytes, the size of a `cmsghdr`, whose fields
-        // are all integers (any bits are a valid value); the read is unaligned.
-        let hdr: libc::cmsghdr = unsafe { std::ptr::read_unaligned(h.as_ptr().cast()) };
-        #[allow(clippy::unnecessary_cast)] // `size_t` on glibc, `socklen_t` on musl
-        let len = hdr.cmsg_len as usize;
-        if len < data_at || len > ctrl.len() - at {
-            return None;
-        }
-        if (hdr.cmsg_level, hdr.cmsg_type) == (libc::SOL_UDP, UDP_GRO) {
-            let v = i32::from_ne_bytes(ctrl[at + data_at..at + len].try_into().ok()?);
-            return u16::try_from(v).ok().filter(|&v| v > 0);
+        let kind = (hdr.cmsg_level, hdr.cmsg_type);
+        if wanted(kind) {
+            return Some((kind, &ctrl[at + data_at..at + len]));
         }
         at = at.checked_add(align(len)?)?;
     }

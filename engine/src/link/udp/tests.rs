@@ -599,6 +599,28 @@ fn a_qps_hop_limit_traffic_class_and_source_port_are_its_datagrams() {
     }
 }
 
+/// Two connected ends on loopback addresses `x_ip` and `y_ip` (inline, manual progress),
+/// `x`'s fault stage corrupting 30% of the packets it sends (seeded with `seed`).
+fn corrupting_pair(x_ip: &str, y_ip: &str, seed: u64) -> (End, End) {
+    let ctx = Context::builder()
+        .mode(crate::EngineMode::Inline)
+        .progress(crate::Progress::Manual)
+        .huge_pages(shmhca_rings::HugePages::Never)
+        .faults(crate::fault::FaultConfig {
+            corrupt: 0.3,
+            seed,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let port = UdpPort::bind_addr(&ctx, format!("{x_ip}:0").parse().unwrap()).unwrap();
+    let mut x = end_on(ctx, port);
+    let mut y = end(format!("{y_ip}:0").parse().unwrap());
+    connect(&mut x, &y, Mtu::Mtu1024, 10);
+    connect(&mut y, &x, Mtu::Mtu1024, 10);
+    (x, y)
+}
+
 /// A packet the fault stage corrupted leaves as a datagram with the ICRC of the intact
 /// packet, so the receiver drops it and the sender resends it: no corrupted byte is ever
 /// delivered. (Inline 8-byte Sends: a flipped payload bit would otherwise arrive with a
@@ -606,22 +628,7 @@ fn a_qps_hop_limit_traffic_class_and_source_port_are_its_datagrams() {
 #[test]
 fn a_packet_the_fault_stage_corrupts_is_dropped_by_its_icrc_not_delivered() {
     let _serial = serial();
-    let ctx = Context::builder()
-        .mode(crate::EngineMode::Inline)
-        .progress(crate::Progress::Manual)
-        .huge_pages(shmhca_rings::HugePages::Never)
-        .faults(crate::fault::FaultConfig {
-            corrupt: 0.3,
-            seed: 5,
-            ..Default::default()
-        })
-        .build()
-        .unwrap();
-    let port = UdpPort::bind_addr(&ctx, "127.0.0.23:0".parse().unwrap()).unwrap();
-    let mut x = end_on(ctx, port);
-    let mut y = end("127.0.0.24:0".parse().unwrap());
-    connect(&mut x, &y, Mtu::Mtu1024, 10);
-    connect(&mut y, &x, Mtu::Mtu1024, 10);
+    let (mut x, mut y) = corrupting_pair("127.0.0.23", "127.0.0.24", 5);
     for i in 0..200u64 {
         let msg = (i * 0x0101_0101_0101_0101).to_le_bytes();
         x.mr.write_at(0, &msg).unwrap();
@@ -646,22 +653,7 @@ fn a_packet_the_fault_stage_corrupts_is_dropped_by_its_icrc_not_delivered() {
 #[test]
 fn a_corrupted_request_carrying_a_riding_ack_is_dropped_not_delivered() {
     let _serial = serial();
-    let ctx = Context::builder()
-        .mode(crate::EngineMode::Inline)
-        .progress(crate::Progress::Manual)
-        .huge_pages(shmhca_rings::HugePages::Never)
-        .faults(crate::fault::FaultConfig {
-            corrupt: 0.3,
-            seed: 11,
-            ..Default::default()
-        })
-        .build()
-        .unwrap();
-    let port = UdpPort::bind_addr(&ctx, "127.0.0.27:0".parse().unwrap()).unwrap();
-    let mut x = end_on(ctx, port);
-    let mut y = end("127.0.0.28:0".parse().unwrap());
-    connect(&mut x, &y, Mtu::Mtu1024, 10);
-    connect(&mut y, &x, Mtu::Mtu1024, 10);
+    let (mut x, mut y) = corrupting_pair("127.0.0.27", "127.0.0.28", 11);
     x.ctx.shared.engine.with(|e| e.hold_acks = true);
     // Receives are wr_id `i`, sends `SENT + i`: the next receive completion of `$on`,
     // every completion before it a successful send.
