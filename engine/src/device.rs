@@ -384,13 +384,13 @@ impl Device {
     }
 
     /// Sleeps this thread for at most `max` unless `has_work` (the last look, run after the
-    /// sleep was announced) finds work or the engine is busy elsewhere; a post, a control
+    /// sleep was announced, and again after [`wake::DRAIN_GRACE`]) finds work or the engine is busy elsewhere; a post, a control
     /// operation or a peer's packets on any link wake it. Returns whether it slept.
     pub(crate) fn sleep(
         &self,
         set: &mut wake::WaitSet,
         max: std::time::Duration,
-        has_work: impl FnOnce() -> bool,
+        has_work: impl FnMut() -> bool,
     ) -> bool {
         wake::sleep(
             self.sleepers(),

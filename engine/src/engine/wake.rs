@@ -13,13 +13,27 @@
 //!
 //! # The protocol
 //!
-//! A waker publishes its work (a ring index), then — a sequentially consistent fence — loads
-//! the sleeper count; if it is not 0, it bumps its kick word and `FUTEX_WAKE`s it. A sleeper
-//! adds itself to the count, runs the same fence, reads every kick word it will wait on,
-//! looks for work once more, and waits for any kick word to differ from what it read.
+//! A waker publishes its work (a ring index), then loads the sleeper count; if it is not 0,
+//! it bumps its kick word and `FUTEX_WAKE`s it. A sleeper adds itself to the count, runs a
+//! sequentially consistent fence, reads every kick word it will wait on, looks for work once
+//! more, and waits for any kick word to differ from what it read — first for at most
+//! [`DRAIN_GRACE`], then, if that wait timed out and one more look finds nothing, for the
+//! rest of its time.
 //!
-//! Either the waker saw no sleeper, and then (Dekker, the two fences) the sleeper's last look
-//! finds the work; or the waker bumps a kick word. The sleeper read that word before the
+//! The waker runs no fence (it would be a locked instruction per publish, on the hot path
+//! of every program whose peer may sleep): its load of the count may be satisfied before
+//! its publish leaves its processor's store buffer. So either the waker's load came after
+//! the sleeper's count was visible, and it bumps a kick word (below); or it came before,
+//! and then its publish, already executed, is visible to everyone a store buffer's drain
+//! later — well under a microsecond on any processor (the buffer drains continuously, in
+//! order, and an interrupt, a context switch or a VM exit drains it first) — so the
+//! sleeper's look after the grace wait finds the work. A waker that saw the count is
+//! Dekker's usual case; one that raced the sleeper costs it at most the grace wait, about
+//! what waking it would have cost, never its whole timeout. (Until 2026-11-29 the waker
+//! ran the fence and the sleeper looked once; `membarrier` on the sleeper's side was tried
+//! and dropped: see docs/design.md.)
+//!
+//! When the waker saw the count, it bumps a kick word. The sleeper read that word before the
 //! bump — then the kernel sees a different value and does not let it sleep, or the bump's
 //! wake finds it queued — or after it, and then it read the bump (Acquire on the waker's
 //! Release) and its last look finds the work. A wake-up that arrives between the last look
@@ -41,7 +55,7 @@
 //! tick. (An application that takes the fd before its connections are set up — an async
 //! server building its `AsyncFd` first — has every peer read the 1 at link setup.)
 
-use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::sync::atomic::{AtomicU32, Ordering, compiler_fence, fence};
 use std::time::Duration;
 
 use rustix::thread::futex;
@@ -50,6 +64,13 @@ use crate::mem::Mem;
 
 /// The most kick words one sleep waits on (the kernel's limit for `futex_waitv`).
 pub(crate) const MAX_WAIT: usize = 128;
+
+/// How long a sleeper waits before it looks for work once more: longer than any store
+/// buffer takes to drain, so that the publish of a waker that loaded the sleeper count just
+/// before the sleeper's increment was visible (and so woke nobody) is seen then. The wait
+/// ends later by the timer slack (50 µs by default); a sleep that lasts this long costs
+/// one more wake-up of the sleeping thread, nothing else.
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_micros(50);
 
 /// How long a sleep lasts at most when it cannot wait on every kick word (more than
 /// [`MAX_WAIT`] − 1 links, or a kernel without `futex_waitv`): a peer's packet on a link
@@ -73,9 +94,10 @@ pub(crate) fn wake_with<'a>(
     kick: impl FnOnce() -> Option<&'a AtomicU32>,
     private: bool,
 ) {
-    // SYNC: SeqCst fence pairs with the one in `sleep` (Dekker): the work published before
-    // this fence, or the sleeper's count, is seen by the other side.
-    fence(Ordering::SeqCst);
+    // SYNC: no fence (a locked instruction per publish): the load below may pass the
+    // publish before it in the store buffer; `sleep`'s second look after `DRAIN_GRACE`
+    // covers that case (module docs). The compiler must still keep the order.
+    compiler_fence(Ordering::SeqCst);
     if sleepers.load(Ordering::Relaxed) != 0 {
         let Some(kick) = kick() else {
             return;
@@ -186,26 +208,41 @@ impl WaitSet {
 /// Sleeps for at most `max` unless there is work. `sleepers` is the engine's sleeper count,
 /// `local` its local kick word; `gather` adds the peers' kick words to the set (false: the
 /// engine is busy elsewhere, do not sleep), and `has_work`, run after everything was read,
-/// is the last look for work. Returns whether it slept.
+/// is the last look for work (run once more after [`DRAIN_GRACE`] when the sleep goes on).
+/// Returns whether it slept.
 pub(crate) fn sleep(
     sleepers: &AtomicU32,
     local: &AtomicU32,
     set: &mut WaitSet,
     max: Duration,
     gather: impl FnOnce(&mut WaitSet) -> bool,
-    has_work: impl FnOnce() -> bool,
+    mut has_work: impl FnMut() -> bool,
 ) -> bool {
     // Sleepers are counted (not flagged), so that one leaving does not hide another.
     sleepers.fetch_add(1, Ordering::Relaxed);
-    // SYNC: SeqCst fence pairs with the one in `wake`.
+    // SYNC: SeqCst fence: this thread's count is visible before its look for work, so a
+    // waker whose load comes later sees it (the waker runs none: module docs).
     fence(Ordering::SeqCst);
     set.start(local);
     let slept = if !gather(set) || has_work() {
         false
     } else {
-        // Whatever the wait says (woken, timed out, interrupted, a word changed), the caller
-        // looks for work again.
-        let _ = set.wait(local, max);
+        // Woken, interrupted or a word changed: the caller looks for work again. Timed out
+        // after the grace wait: a waker that raced this thread's count has its publish
+        // visible by now, and this look finds it; else the rest of the sleep, still
+        // counted (every waker since sees the count) and on the values read before the
+        // first look (a bump since ends the wait at once).
+        let first = max.min(DRAIN_GRACE);
+        // (A kernel without `futex_waitv` says NOSYS after its own short wait: the same.)
+        let waited = set.wait(local, first);
+        if matches!(
+            waited,
+            Err(rustix::io::Errno::TIMEDOUT | rustix::io::Errno::NOSYS)
+        ) && max > first
+            && !has_work()
+        {
+            let _ = set.wait(local, max - first);
+        }
         true
     };
     // The mappings need not outlive the wait (a link removed meanwhile is unmapped now).
@@ -306,6 +343,65 @@ mod tests {
         assert!(slept);
         assert_woken(start.elapsed(), "the wake-up");
         assert_eq!(e.sleepers.load(Ordering::Relaxed), 0);
+    }
+
+    /// The race the waker's missing fence allows: its load of the count passed its publish
+    /// in the store buffer, so it saw no sleeper and woke nobody, and the sleeper's last
+    /// look missed the publish. Modelled by a publish landing just after the last look with
+    /// no wake: the sleeper must find it at its look after the grace wait, not at its
+    /// deadline, and look no more than that.
+    #[test]
+    fn a_publish_that_raced_the_count_is_found_after_the_grace_wait() {
+        let e = engine();
+        let mut set = WaitSet::default();
+        let start = Instant::now();
+        let mut looks = 0;
+        let slept = sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            Duration::from_secs(20),
+            |_| true,
+            || {
+                looks += 1;
+                if looks == 1 {
+                    e.work.store(true, Ordering::Release);
+                    return false;
+                }
+                e.work.load(Ordering::Acquire)
+            },
+        );
+        assert!(slept);
+        assert_woken(start.elapsed(), "the raced publish");
+        assert_eq!(
+            looks, 2,
+            "one look before the sleep, one after the grace wait"
+        );
+        assert_eq!(e.sleepers.load(Ordering::Relaxed), 0);
+    }
+
+    /// A sleep that a kick ends runs no second look: the caller looks again anyway.
+    #[test]
+    fn a_kicked_sleep_looks_once() {
+        let e = engine();
+        let mut set = WaitSet::default();
+        let mut looks = 0;
+        assert!(sleep(
+            &e.sleepers,
+            &e.local,
+            &mut set,
+            Duration::from_secs(20),
+            |_| true,
+            || {
+                looks += 1;
+                let e2 = e.clone();
+                std::thread::spawn(move || wake(&e2.sleepers, &e2.local, true))
+                    .join()
+                    .unwrap();
+                false
+            },
+        ));
+        assert_eq!(looks, 1);
     }
 
     /// The same race on a peer's kick word in shared memory (a link segment).
