@@ -137,6 +137,16 @@ fn drive(shared: &Device) -> Option<(usize, Duration)> {
     })
 }
 
+/// The helper's look for work before it sleeps on the kick words (and again after the
+/// grace wait): an application thread blocked in a wait, or the engine's work. A token
+/// held elsewhere counts as work, as in every other sleeper's look: the look could not
+/// see the rings, and its holder may be a post (`send_now`, which receives nothing) — a
+/// frame published before this thread was counted (or whose waker raced the count) would
+/// then wait for the next tick.
+fn helper_looks(shared: &Device) -> bool {
+    shared.blocked.load(Ordering::Relaxed) > 0 || drive(shared).is_none_or(|(work, _)| work > 0)
+}
+
 fn helper(weak: Weak<Device>) {
     let mut seen = u64::MAX;
     let mut tick = IDLE_TICK;
@@ -163,9 +173,7 @@ fn helper(weak: Weak<Device>) {
             // the engine to it (it may be asleep on the same word, and only it knows what
             // it waits for).
             let app_blocked = || shared.blocked.load(Ordering::Relaxed) > 0;
-            shared.sleep(&mut wait_set, tick, || {
-                app_blocked() || drive(&shared).is_some_and(|(work, _)| work > 0)
-            });
+            shared.sleep(&mut wait_set, tick, || helper_looks(&shared));
             if !app_blocked()
                 && let Some((_, t)) = drive(&shared)
             {
@@ -366,6 +374,67 @@ impl Drop for Blocked<'_> {
 #[cfg(all(test, not(shmhca_loom)))]
 #[path = "fd_wake_tests.rs"]
 mod fd_wake_tests;
+
+/// The progress helper's look before it sleeps on the kick words.
+#[cfg(all(test, not(shmhca_loom)))]
+mod helper_look_tests {
+    use std::sync::mpsc;
+
+    use crate::verbs::wr::{RecvWr, SendOp, SendWr};
+    use crate::{AccessFlags, Context, EngineMode, IdlePolicy, Progress};
+    use shmhca_rings::segment::HugePages;
+
+    /// A frame is in a ring (published before the helper was counted, or by a waker whose
+    /// load of the count raced it: nobody kicks) while an application thread holds the
+    /// engine token (a post: `send_now` receives nothing). The helper's look cannot see the
+    /// ring: it must not take that for "no work" and sleep its tick (up to `MAX_TICK`) with
+    /// the frame waiting. It said "no work" before: the token-busy case was `false`.
+    #[test]
+    fn a_token_held_elsewhere_keeps_the_helper_awake() {
+        let ctx = Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(EngineMode::Inline)
+            .idle(IdlePolicy::default())
+            .progress(Progress::Manual)
+            .build()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv(&RecvWr::new(1, &[mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        // An inline post sends at once: the Send is now in the loopback link's ring.
+        a.post_send(&SendWr::new(2, SendOp::Send, &[mr.sge(8, 8).unwrap()]))
+            .unwrap();
+        let shared = &ctx.shared;
+        let looked = std::thread::scope(|s| {
+            let (held_tx, held_rx) = mpsc::channel();
+            let (done_tx, done_rx) = mpsc::channel::<()>();
+            s.spawn(move || {
+                shared.engine.with(|_| {
+                    held_tx.send(()).unwrap();
+                    let _ = done_rx.recv();
+                });
+            });
+            held_rx.recv().unwrap();
+            let looked = super::helper_looks(shared);
+            done_tx.send(()).unwrap();
+            looked
+        });
+        // The frame was there to be found.
+        let found = super::drive(shared).map(|(work, _)| work);
+        assert!(
+            found.is_some_and(|w| w > 0),
+            "no frame was pending: {found:?}"
+        );
+        assert!(
+            looked,
+            "the helper took a busy token for no work and would sleep its tick"
+        );
+    }
+}
 
 /// The poll-mode engine thread steps back for an application that busy-polls its CQ, whose
 /// polls and posts then run the engine, and takes over again when the polls stop or the
