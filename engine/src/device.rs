@@ -448,6 +448,21 @@ impl Device {
     }
 }
 
+/// The engine thread's look for work after it announced its sleep (and again after the
+/// grace wait, `wake::DRAIN_GRACE`): `progress` (an iteration; `None`: the token is held
+/// elsewhere) did work, or could not look — the rings are then unseen, and the token's
+/// holder may be a control operation or a post, which receive nothing — or `prepare` (stop
+/// watching, then whether the engine is idle; `None`: the token is held elsewhere) says
+/// stay awake. A busy token at the first step alone used to count as no work: when it was
+/// free again for `prepare`, which looks at no ring, the thread slept its `max_sleep` with
+/// a frame waiting whose publisher had not seen it counted.
+fn stays_awake(
+    progress: impl FnOnce() -> Option<usize>,
+    prepare: impl FnOnce() -> Option<bool>,
+) -> bool {
+    progress().is_none_or(|n| n > 0) || !prepare().unwrap_or(false)
+}
+
 pub(crate) fn engine_thread(shared: Arc<Device>, cpu: Option<usize>, idle: IdlePolicy) {
     if let Some(cpu) = cpu {
         core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
@@ -498,11 +513,14 @@ pub(crate) fn engine_thread(shared: Arc<Device>, cpu: Option<usize>, idle: IdleP
                 // send queue it started to watch meanwhile (`prepare_sleep` stops watching,
                 // so that posts ring and wake it), and a token held elsewhere.
                 let slept = shared.sleep(&mut wait_set, max_sleep, || {
-                    shared.progress() > 0
-                        || !shared
-                            .engine
-                            .try_with(|e| e.prepare_sleep(&shared.doorbell))
-                            .unwrap_or(false)
+                    stays_awake(
+                        || shared.try_progress(),
+                        || {
+                            shared
+                                .engine
+                                .try_with(|e| e.prepare_sleep(&shared.doorbell))
+                        },
+                    )
                 });
                 if slept {
                     shared.engine.with(|e| e.note_sleep());
@@ -511,5 +529,24 @@ pub(crate) fn engine_thread(shared: Arc<Device>, cpu: Option<usize>, idle: IdleP
                 n |= 1023; // look at the reference count after every sleep
             }
         }
+    }
+}
+
+/// The engine thread's look before it sleeps.
+#[cfg(test)]
+mod stays_awake_tests {
+    /// The token is held elsewhere when the look's iteration tries it (a control operation,
+    /// a post) and free again a moment later for `prepare_sleep`, which finds the engine
+    /// idle (it looks at no ring). A frame may be waiting unseen (published before this
+    /// thread was counted, or by a waker whose load of the count raced it): the thread
+    /// must not sleep. It did: only the iteration's work counted.
+    #[test]
+    fn a_look_that_found_the_token_busy_keeps_the_thread_awake() {
+        assert!(super::stays_awake(|| None, || Some(true)));
+        // The other cases, as they were.
+        assert!(super::stays_awake(|| Some(1), || Some(true)));
+        assert!(super::stays_awake(|| Some(0), || None));
+        assert!(super::stays_awake(|| Some(0), || Some(false)));
+        assert!(!super::stays_awake(|| Some(0), || Some(true)));
     }
 }
