@@ -384,8 +384,9 @@ impl Device {
     }
 
     /// Sleeps this thread for at most `max` unless `has_work` (the last look, run after the
-    /// sleep was announced, and again after [`wake::DRAIN_GRACE`]) finds work or the engine is busy elsewhere; a post, a control
-    /// operation or a peer's packets on any link wake it. Returns whether it slept.
+    /// sleep was announced, and again in a long sleep: see [`wake::sleep`]) finds work or
+    /// the engine is busy elsewhere; a post, a control operation or a peer's packets on any
+    /// link wake it. Returns whether it slept.
     pub(crate) fn sleep(
         &self,
         set: &mut wake::WaitSet,
@@ -449,7 +450,7 @@ impl Device {
 }
 
 /// The engine thread's look for work after it announced its sleep (and again after the
-/// grace wait, `wake::DRAIN_GRACE`): `progress` (an iteration; `None`: the token is held
+/// spin and the grace wait of a long sleep, `wake::sleep`): `progress` (an iteration; `None`: the token is held
 /// elsewhere) did work, or could not look — the rings are then unseen, and the token's
 /// holder may be a control operation or a post, which receive nothing — or `prepare` (stop
 /// watching, then whether the engine is idle; `None`: the token is held elsewhere) says

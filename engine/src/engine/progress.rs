@@ -137,8 +137,8 @@ fn drive(shared: &Device) -> Option<(usize, Duration)> {
     })
 }
 
-/// The helper's look for work before it sleeps on the kick words (and again after the
-/// grace wait): an application thread blocked in a wait, or the engine's work. A token
+/// The helper's look for work before it sleeps on the kick words (and again in a long
+/// sleep, `wake::sleep`): an application thread blocked in a wait, or the engine's work. A token
 /// held elsewhere counts as work, as in every other sleeper's look: the look could not
 /// see the rings, and its holder may be a post (`send_now`, which receives nothing) — a
 /// frame published before this thread was counted (or whose waker raced the count) would

@@ -16,9 +16,9 @@
 //! A waker publishes its work (a ring index), then loads the sleeper count; if it is not 0,
 //! it bumps its kick word and `FUTEX_WAKE`s it. A sleeper adds itself to the count, runs a
 //! sequentially consistent fence, reads every kick word it will wait on, looks for work once
-//! more, and waits for any kick word to differ from what it read — first for at most
-//! [`DRAIN_GRACE`], then, if that wait timed out and one more look finds nothing, for the
-//! rest of its time.
+//! more, and waits for any kick word to differ from what it read. A sleep of
+//! [`SPIN_LOOK_FROM`] or more first spins [`DRAIN_SPIN`] and looks again, then waits at most
+//! [`DRAIN_GRACE`], looks again if that timed out, and waits the rest of its time.
 //!
 //! The waker runs no fence (it would be a locked instruction per publish, on the hot path
 //! of every program whose peer may sleep): its load of the count may be satisfied before
@@ -26,12 +26,16 @@
 //! the sleeper's count was visible, and it bumps a kick word (below); or it came before,
 //! and then its publish, already executed, is visible to everyone a store buffer's drain
 //! later — well under a microsecond on any processor (the buffer drains continuously, in
-//! order, and an interrupt, a context switch or a VM exit drains it first) — so the
-//! sleeper's look after the grace wait finds the work. A waker that saw the count is
-//! Dekker's usual case; one that raced the sleeper costs it at most the grace wait, about
-//! what waking it would have cost, never its whole timeout. (Until 2026-11-29 the waker
-//! ran the fence and the sleeper looked once; `membarrier` on the sleeper's side was tried
-//! and dropped: see docs/design.md.)
+//! order; a context switch or a VM exit orders it first) — so the sleeper's look after
+//! its spin finds the work. Should a drain ever take longer, the look after the grace wait
+//! bounds the delay to [`DRAIN_GRACE`]; a sleep shorter than [`SPIN_LOOK_FROM`] neither
+//! spins nor looks again (a raced publish waits at most that sleep, as for a tick). A
+//! waker that saw the count is Dekker's usual case. Why not a short first wait instead of
+//! the spin: on the KVM guest this was measured on, a futex wait whose deadline is 1 ms
+//! or less away is woken in 9–13 µs instead of 1.4 µs (hostile review, 2026-11-29): every
+//! wake-up in a sleep's first wait would have paid that. (Until 2026-11-29 the waker ran
+//! the fence and the sleeper looked once; `membarrier` on the sleeper's side was tried and
+//! dropped: see docs/design.md.)
 //!
 //! When the waker saw the count, it bumps a kick word. The sleeper read that word before the
 //! bump — then the kernel sees a different value and does not let it sleep, or the bump's
@@ -65,12 +69,20 @@ use crate::mem::Mem;
 /// The most kick words one sleep waits on (the kernel's limit for `futex_waitv`).
 pub(crate) const MAX_WAIT: usize = 128;
 
-/// How long a sleeper waits before it looks for work once more: longer than any store
-/// buffer takes to drain, so that the publish of a waker that loaded the sleeper count just
-/// before the sleeper's increment was visible (and so woke nobody) is seen then. The wait
-/// ends later by the timer slack (50 µs by default); a sleep that lasts this long costs
-/// one more wake-up of the sleeping thread, nothing else.
-pub(crate) const DRAIN_GRACE: Duration = Duration::from_micros(50);
+/// How long a sleeper spins before its second look: several times what a store buffer
+/// takes to drain, so that the publish of a waker that loaded the sleeper count just
+/// before the sleeper's increment was visible (and so woke nobody) is seen then. Paid once
+/// per sleep of [`SPIN_LOOK_FROM`] or more: at most 0.5% of a core.
+pub(crate) const DRAIN_SPIN: Duration = Duration::from_micros(5);
+
+/// Sleeps this long or longer spin and look again before they wait; shorter ones bound a
+/// raced publish's delay by their own length.
+pub(crate) const SPIN_LOOK_FROM: Duration = Duration::from_millis(1);
+
+/// The backstop: a long sleep's first wait lasts at most this, then it looks once more, so
+/// that no drain, however slow, delays a raced publish by a whole long sleep. (Not shorter:
+/// a wait with a deadline 1 ms away or less is woken several times slower on KVM guests.)
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_millis(10);
 
 /// How long a sleep lasts at most when it cannot wait on every kick word (more than
 /// [`MAX_WAIT`] − 1 links, or a kernel without `futex_waitv`): a peer's packet on a link
@@ -95,8 +107,8 @@ pub(crate) fn wake_with<'a>(
     private: bool,
 ) {
     // SYNC: no fence (a locked instruction per publish): the load below may pass the
-    // publish before it in the store buffer; `sleep`'s second look after `DRAIN_GRACE`
-    // covers that case (module docs). The compiler must still keep the order.
+    // publish before it in the store buffer; `sleep`'s look after its spin (and after
+    // `DRAIN_GRACE`) covers that case (module docs). The compiler must still keep the order.
     compiler_fence(Ordering::SeqCst);
     if sleepers.load(Ordering::Relaxed) != 0 {
         let Some(kick) = kick() else {
@@ -208,8 +220,8 @@ impl WaitSet {
 /// Sleeps for at most `max` unless there is work. `sleepers` is the engine's sleeper count,
 /// `local` its local kick word; `gather` adds the peers' kick words to the set (false: the
 /// engine is busy elsewhere, do not sleep), and `has_work`, run after everything was read,
-/// is the last look for work (run once more after [`DRAIN_GRACE`] when the sleep goes on).
-/// Returns whether it slept.
+/// is the last look for work (run again after [`DRAIN_SPIN`] and after [`DRAIN_GRACE`] in a
+/// sleep of [`SPIN_LOOK_FROM`] or more). Returns whether it waited.
 pub(crate) fn sleep(
     sleepers: &AtomicU32,
     local: &AtomicU32,
@@ -224,16 +236,16 @@ pub(crate) fn sleep(
     // waker whose load comes later sees it (the waker runs none: module docs).
     fence(Ordering::SeqCst);
     set.start(local);
-    let slept = if !gather(set) || has_work() {
+    let long = max >= SPIN_LOOK_FROM;
+    let slept = if !gather(set) || has_work() || (long && spin_then_look(&mut has_work)) {
         false
     } else {
-        // Woken, interrupted or a word changed: the caller looks for work again. Timed out
-        // after the grace wait: a waker that raced this thread's count has its publish
-        // visible by now, and this look finds it; else the rest of the sleep, still
+        // Woken, interrupted or a word changed: the caller looks for work again. A long
+        // sleep's first wait timed out: one more look (the backstop), then the rest, still
         // counted (every waker since sees the count) and on the values read before the
-        // first look (a bump since ends the wait at once).
+        // first look (a bump since ends the wait at once). (A kernel without `futex_waitv`
+        // says NOSYS after its own short wait: the same.)
         let first = max.min(DRAIN_GRACE);
-        // (A kernel without `futex_waitv` says NOSYS after its own short wait: the same.)
         let waited = set.wait(local, first);
         if matches!(
             waited,
@@ -249,6 +261,17 @@ pub(crate) fn sleep(
     set.keep.clear();
     sleepers.fetch_sub(1, Ordering::Relaxed);
     slept
+}
+
+/// Spins [`DRAIN_SPIN`], then looks for work: a publish whose waker's load of the sleeper
+/// count passed it in the store buffer is visible by then.
+#[cold]
+fn spin_then_look(has_work: &mut impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < DRAIN_SPIN {
+        std::hint::spin_loop();
+    }
+    has_work()
 }
 
 #[cfg(test)]
@@ -345,13 +368,10 @@ mod tests {
         assert_eq!(e.sleepers.load(Ordering::Relaxed), 0);
     }
 
-    /// The race the waker's missing fence allows: its load of the count passed its publish
-    /// in the store buffer, so it saw no sleeper and woke nobody, and the sleeper's last
-    /// look missed the publish. Modelled by a publish landing just after the last look with
-    /// no wake: the sleeper must find it at its look after the grace wait, not at its
-    /// deadline, and look no more than that.
-    #[test]
-    fn a_publish_that_raced_the_count_is_found_after_the_grace_wait() {
+    /// A sleep whose look `n` (1-based) publishes work with no wake-up, as a waker whose
+    /// load of the count passed its publish in the store buffer does: returns whether it
+    /// waited, how many looks it made and how long it took.
+    fn raced_at(n: u32, max: Duration) -> (bool, u32, Duration) {
         let e = engine();
         let mut set = WaitSet::default();
         let start = Instant::now();
@@ -360,29 +380,54 @@ mod tests {
             &e.sleepers,
             &e.local,
             &mut set,
-            Duration::from_secs(20),
+            max,
             |_| true,
             || {
                 looks += 1;
-                if looks == 1 {
+                if looks == n {
                     e.work.store(true, Ordering::Release);
                     return false;
                 }
                 e.work.load(Ordering::Acquire)
             },
         );
-        assert!(slept);
-        assert_woken(start.elapsed(), "the raced publish");
-        assert_eq!(
-            looks, 2,
-            "one look before the sleep, one after the grace wait"
-        );
         assert_eq!(e.sleepers.load(Ordering::Relaxed), 0);
+        (slept, looks, start.elapsed())
     }
 
-    /// A sleep that a kick ends runs no second look: the caller looks again anyway.
+    /// The race the waker's missing fence allows: its publish lands just after the
+    /// sleeper's last look, and it woke nobody. A long sleep's look after its spin finds
+    /// it before any wait.
     #[test]
-    fn a_kicked_sleep_looks_once() {
+    fn a_publish_that_raced_the_count_is_found_by_the_look_after_the_spin() {
+        let (slept, looks, took) = raced_at(1, Duration::from_secs(20));
+        assert!(!slept, "found before any wait");
+        assert_eq!(looks, 2, "the look before the spin, the one after it");
+        assert_woken(took, "the raced publish");
+    }
+
+    /// The backstop: a publish that even the look after the spin missed is found by the
+    /// look after the first wait (at most `DRAIN_GRACE`), not at the deadline.
+    #[test]
+    fn a_publish_the_spin_missed_is_found_after_the_grace_wait() {
+        let (slept, looks, took) = raced_at(2, Duration::from_secs(20));
+        assert!(slept);
+        assert_eq!(looks, 3, "before the spin, after it, after the grace wait");
+        assert_woken(took, "the publish the spin missed");
+    }
+
+    /// A short sleep neither spins nor looks again: it waits once, its whole length.
+    #[test]
+    fn a_short_sleep_looks_once() {
+        let (slept, looks, took) = raced_at(1, Duration::from_micros(500));
+        assert!(slept);
+        assert_eq!(looks, 1);
+        assert!(took >= Duration::from_micros(500));
+    }
+
+    /// A sleep that a kick ends runs no look after its wait: the caller looks again anyway.
+    #[test]
+    fn a_kicked_sleep_looks_no_more_after_its_wait() {
         let e = engine();
         let mut set = WaitSet::default();
         let mut looks = 0;
@@ -401,7 +446,7 @@ mod tests {
                 false
             },
         ));
-        assert_eq!(looks, 1);
+        assert_eq!(looks, 2, "the look before the spin, the one after it");
     }
 
     /// The same race on a peer's kick word in shared memory (a link segment).
@@ -452,7 +497,7 @@ mod tests {
             |_| true,
             || {
                 looks += 1;
-                if looks == 2 {
+                if looks == 3 {
                     // The whole wake inside the grace look, which misses its work.
                     let e2 = e.clone();
                     std::thread::spawn(move || {
@@ -467,15 +512,15 @@ mod tests {
         );
         assert!(slept);
         assert_woken(start.elapsed(), "the wake during the grace look");
-        assert_eq!(looks, 2);
+        assert_eq!(looks, 3);
     }
 
     /// The race itself, on real threads: a waker publishes and loads the count (no fence)
     /// just as the sleeper counts itself and looks. No sleep may last until its deadline:
-    /// a publish the first look missed, with no wake-up, is found by the grace look. The
+    /// a publish the first look missed, with no wake-up, is found by a later look. The
     /// race is rare (one round in 20,000 to 60,000 on the 2-core x86 VM of 2026-11-29, debug
-    /// build): without the grace look that round sleeps its 20 s and this fails, but only
-    /// when the race comes; the rounds the grace look saved are printed.
+    /// build): without the later looks that round sleeps its 20 s and this fails, but only
+    /// when the race comes; the rounds the later looks saved are printed.
     #[test]
     fn racing_wakers_are_never_lost() {
         use std::sync::atomic::AtomicU64;
@@ -520,12 +565,12 @@ mod tests {
                         found
                     },
                 );
-                by_grace += u64::from(found_at == 2);
+                by_grace += u64::from(found_at >= 2);
             }
             slowest = slowest.max(start.elapsed());
         }
         waker.join().unwrap();
-        eprintln!("{by_grace} of {ROUNDS} rounds found by the grace look; slowest {slowest:?}");
+        eprintln!("{by_grace} of {ROUNDS} rounds found by a later look; slowest {slowest:?}");
         assert_woken(slowest, "a racing wake-up");
     }
 
