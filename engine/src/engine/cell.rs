@@ -172,6 +172,9 @@ enum Token<'a> {
 struct FastToken<'a>(&'a AtomicBool);
 
 impl Drop for FastToken<'_> {
+    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
+    // that is also an rlib), and this is called per message there.
+    #[inline]
     fn drop(&mut self) {
         // SYNC: Release pairs with the Acquire load of `busy` of the next slow-path holder
         // (in `enter_slow`): everything the owner did to the value happens-before its use.
@@ -611,6 +614,9 @@ pub(crate) fn heavy_barrier() {
 
 /// Whether this process can use the owner fast path: registers it for
 /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` once (false under Miri, or if the kernel refuses).
+// In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
+// that is also an rlib), and this is called per message there.
+#[inline]
 pub(crate) fn barrier_available() -> bool {
     #[cfg(shmhca_loom)]
     return true;
