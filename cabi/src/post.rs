@@ -410,10 +410,7 @@ fn recv_one_sge(q: &mut QpObj, wr_id: u64, sge: &ibv_sge) -> Result<(), c_int> {
     // SAFETY: a QP's context outlives it.
     let c: &CtxObj = unsafe { &*q.ctx };
     let s = sge_cached(c, &mut q.recv_key, sge)?;
-    match q
-        .rust
-        .post_recv_inlined(&RecvWr::new(wr_id, std::slice::from_ref(&s)))
-    {
+    match q.rust.post_recv_one_inlined(wr_id, s) {
         Ok(()) => Ok(()),
         Err(e) => Err(fail("ibv_post_recv", &e)),
     }
