@@ -328,9 +328,6 @@ impl Responder {
     /// Records the positive Ack owed for `psn` (MSN `msn`), replacing the one owed: it
     /// acknowledges every request before it too. Behind a queued response it is queued
     /// instead, so that it does not overtake it.
-    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
-    // that is also an rlib), and this is called per message there.
-    #[inline]
     pub fn owe(&mut self, psn: Psn, msn: u32) {
         if self.out.is_empty() {
             self.owed = Some(OwedAck { psn, msn });

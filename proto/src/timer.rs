@@ -235,9 +235,6 @@ impl Deadline {
     }
 
     /// Whether it is armed (started or not).
-    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
-    // that is also an rlib), and this is called per message there.
-    #[inline]
     pub fn armed(&self) -> bool {
         *self != Deadline::Off
     }
