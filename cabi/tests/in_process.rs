@@ -378,6 +378,11 @@ fn one_element_posts_refuse_a_deregistered_region_s_key() {
         let mut w = send_wr(&mut sl, IBV_WR_SEND, 0);
         assert_eq!(send_a(a.qp, &mut w, &mut bad), libc::EINVAL);
         assert_eq!(bad, &mut w as *mut ibv_send_wr);
+        let mut rl = [in_mr2(4090, 8)];
+        r.sg_list = rl.as_mut_ptr();
+        bad_r = ptr::null_mut();
+        assert_eq!(recv_a(a.qp, &mut r, &mut bad_r), libc::EINVAL);
+        assert_eq!(bad_r, &mut r as *mut ibv_recv_wr);
 
         // mr2 deregistered: its key fails both posts with EINVAL, naming the request.
         let stale = (*mr2).lkey;
@@ -408,6 +413,14 @@ fn one_element_posts_refuse_a_deregistered_region_s_key() {
         }];
         let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
         assert_eq!(send_a(a.qp, &mut w, &mut bad), libc::EINVAL);
+        let mut rl = [ibv_sge {
+            lkey: (*mr3).lkey,
+            ..gone(64)
+        }];
+        r.sg_list = rl.as_mut_ptr();
+        bad_r = ptr::null_mut();
+        assert_eq!(recv_a(a.qp, &mut r, &mut bad_r), libc::EINVAL);
+        assert_eq!(bad_r, &mut r as *mut ibv_recv_wr);
         assert_eq!(ibv_dereg_mr(mr3), 0);
         assert_eq!(ibv_dealloc_pd(pd2), 0);
     }

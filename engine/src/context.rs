@@ -70,6 +70,9 @@ impl QpShared {
     }
 
     /// The QP's state as last published by the engine.
+    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
+    // that is also an rlib), and this is called per message there.
+    #[inline]
     pub(crate) fn state(&self) -> QpState {
         // SYNC: Acquire pairs with the Release store in `QpSlot::set_state`.
         QpState::from_u8(self.state.load(Ordering::Acquire))

@@ -337,8 +337,10 @@ impl Device {
         if !inline && self.app_drives.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        // Whether the slow path may be taken is asked only off the owner's fast path (a
+        // post from the owning thread, nearly every one, does not look at the barrier).
         self.engine
-            .try_with_if(inline || !crate::engine::cell::barrier_available(), f)
+            .try_with_if(|| inline || !crate::engine::cell::barrier_available(), f)
     }
 
     /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the

@@ -36,6 +36,9 @@ pub enum QpState {
 
 impl QpState {
     /// Decodes the value of a state mirror; anything unknown reads as `Error`.
+    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
+    // that is also an rlib), and this is called per message there.
+    #[inline]
     pub fn from_u8(v: u8) -> QpState {
         match v {
             0 => QpState::Reset,

@@ -172,6 +172,9 @@ enum Token<'a> {
 struct FastToken<'a>(&'a AtomicBool);
 
 impl Drop for FastToken<'_> {
+    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
+    // that is also an rlib), and this is called per message there.
+    #[inline]
     fn drop(&mut self) {
         // SYNC: Release pairs with the Acquire load of `busy` of the next slow-path holder
         // (in `enter_slow`): everything the owner did to the value happens-before its use.
@@ -233,7 +236,7 @@ impl<T> EngineCell<T> {
     /// calling thread holds it already: no nesting).
     #[inline]
     pub(crate) fn try_with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        self.try_with_if(true, f)
+        self.try_with_if(|| true, f)
     }
 
     /// [`EngineCell::try_with`] of `quick` then, if it returned `None`, `full` (under the
@@ -290,18 +293,23 @@ impl<T> EngineCell<T> {
         })
     }
 
-    /// [`EngineCell::try_with`] if `slow`; else runs `f` only if the calling thread owns
-    /// the token (the owner's fast path), `None` otherwise — never taking the lock, so
+    /// [`EngineCell::try_with`] if `slow()` (asked only when the calling thread is not the
+    /// owner); else runs `f` only if the calling thread owns the token (the owner's fast
+    /// path), `None` otherwise — never taking the lock, so
     /// never revoking another thread's bias (a `membarrier`): for callers with another way
     /// to hand over their work.
     #[inline(always)]
-    pub(crate) fn try_with_if<R>(&self, slow: bool, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+    pub(crate) fn try_with_if<R>(
+        &self,
+        slow: impl FnOnce() -> bool,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
         // One call of `f` on either path (the token, fast or slow, is held until `_token`
         // drops at the end), so that `f` is inlined here.
         let _token = match self.enter_fast() {
             Fast::Entered(token) => Token::Fast { _guard: token },
             Fast::Inside => return None,
-            Fast::NotOwner if !slow => return None,
+            Fast::NotOwner if !slow() => return None,
             Fast::NotOwner => {
                 let install = self.enter_slow(thread_id())?;
                 Token::Slow {
@@ -611,6 +619,9 @@ pub(crate) fn heavy_barrier() {
 
 /// Whether this process can use the owner fast path: registers it for
 /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` once (false under Miri, or if the kernel refuses).
+// In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
+// that is also an rlib), and this is called per message there.
+#[inline]
 pub(crate) fn barrier_available() -> bool {
     #[cfg(shmhca_loom)]
     return true;

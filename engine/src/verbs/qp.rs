@@ -952,19 +952,30 @@ impl Qp {
         self.post_recv_with(wr, |mr, offset| mr.dst_off(offset))
     }
 
-    /// [`Qp::post_recv`], compiled into its caller (the verbs C ABI's path for a receive of
-    /// one element), with a registered buffer's offset found in line too.
+    /// [`Qp::post_recv`] of a receive of one element, `s`, compiled into its caller (the
+    /// verbs C ABI's path for a receive of one element), with a registered buffer's offset
+    /// found in line too. The element comes by value and no [`RecvWr`] is built unless the
+    /// common case does not apply: a request in memory for the general path, made up front,
+    /// cost its caller six stores and three loads per receive.
     #[doc(hidden)]
     #[inline(always)]
-    pub fn post_recv_inlined(&mut self, wr: &RecvWr<'_>) -> Result<()> {
-        self.post_recv_with(wr, |mr, offset| mr.dst_off_inlined(offset))
+    pub fn post_recv_one_inlined(&mut self, wr_id: u64, s: Sge<'_>) -> Result<()> {
+        if self.post_recv_fast(wr_id, &s, |mr, offset| mr.dst_off_inlined(offset)) {
+            return Ok(());
+        }
+        self.post_recv_one_general(wr_id, s)
+    }
+
+    /// [`Qp::post_recv_one_inlined`] when the common case does not apply.
+    #[cold]
+    #[inline(never)]
+    fn post_recv_one_general(&mut self, wr_id: u64, s: Sge<'_>) -> Result<()> {
+        self.post_recv_general(&RecvWr::new(wr_id, std::slice::from_ref(&s)))
     }
 
     /// [`Qp::post_recv`]'s body, with `dst_off` locating an element's first byte: the
-    /// common receive (one element, the QP's own receive queue, RTS, room known, nothing to
-    /// tell the engine, the element good) in line; any other, and every refusal, by
-    /// [`Qp::post_recv_general`], which checks everything again in its order (nothing
-    /// was changed here before it is called).
+    /// common receive in line ([`Qp::post_recv_fast`]); any other, and every refusal, by
+    /// [`Qp::post_recv_general`].
     #[inline(always)]
     fn post_recv_with(
         &mut self,
@@ -972,45 +983,60 @@ impl Qp {
         dst_off: impl FnOnce(&crate::verbs::mr::Mr, u64) -> u64,
     ) -> Result<()> {
         if let [s] = wr.sgl {
-            // SYNC: Relaxed: as in `post_recv_general`.
-            if self.srq.is_none()
-                && self.rq_room()
-                && matches!(self.qshared.state(), QpState::Rts | QpState::Rtr)
-                && !self.qshared.rq_watch.load(Ordering::Relaxed)
-                && self.sge_ok(s, true)
-            {
-                let e = SgeEntry {
-                    off: dst_off(s.mr, s.offset),
-                    len: s.len,
-                    mr: s.mr.index,
-                };
-                let wqe = RqWqe {
-                    wr_id: wr.wr_id,
-                    data: DataLoc::Single(e),
-                };
-                // Counted under the engine token (a plain store) when this call may
-                // run the engine, else with a `fetch_add`; either way before the WQE
-                // is published, so that the engine's retire finds it counted.
-                let counted = self
-                    .shared
-                    .run_for_post(
-                        #[inline(always)]
-                        |_| s.mr.inflight.post_held(1),
-                    )
-                    .is_some();
-                if !counted {
-                    s.mr.inflight.post_outside(1);
-                }
-                if self.rq.push(wqe).is_err() {
-                    unreachable!(
-                        "the receive ring holds max_recv_wr WQEs and fewer are outstanding"
-                    );
-                }
-                self.rq_posted += 1;
+            if self.post_recv_fast(wr.wr_id, s, dst_off) {
                 return Ok(());
             }
         }
         self.post_recv_general(wr)
+    }
+
+    /// Posts the common receive — one element (`s`), the QP's own receive queue, RTS or
+    /// RTR, room known, nothing to tell the engine, the element good — and returns true;
+    /// false for any other, with nothing changed: [`Qp::post_recv_general`] then checks
+    /// everything again in its order.
+    #[inline(always)]
+    fn post_recv_fast(
+        &mut self,
+        wr_id: u64,
+        s: &Sge<'_>,
+        dst_off: impl FnOnce(&crate::verbs::mr::Mr, u64) -> u64,
+    ) -> bool {
+        // SYNC: Relaxed: as in `post_recv_general`.
+        if !(self.srq.is_none()
+            && self.rq_room()
+            && matches!(self.qshared.state(), QpState::Rts | QpState::Rtr)
+            && !self.qshared.rq_watch.load(Ordering::Relaxed)
+            && self.sge_ok(s, true))
+        {
+            return false;
+        }
+        let e = SgeEntry {
+            off: dst_off(s.mr, s.offset),
+            len: s.len,
+            mr: s.mr.index,
+        };
+        let wqe = RqWqe {
+            wr_id,
+            data: DataLoc::Single(e),
+        };
+        // Counted under the engine token (a plain store) when this call may run the
+        // engine, else with a `fetch_add`; either way before the WQE is published, so that
+        // the engine's retire finds it counted.
+        let counted = self
+            .shared
+            .run_for_post(
+                #[inline(always)]
+                |_| s.mr.inflight.post_held(1),
+            )
+            .is_some();
+        if !counted {
+            s.mr.inflight.post_outside(1);
+        }
+        if self.rq.push(wqe).is_err() {
+            unreachable!("the receive ring holds max_recv_wr WQEs and fewer are outstanding");
+        }
+        self.rq_posted += 1;
+        true
     }
 
     /// [`Qp::post_recv`] of any receive: every check in order, then the post.
