@@ -70,6 +70,7 @@ impl QpShared {
     }
 
     /// The QP's state as last published by the engine.
+    #[inline]
     pub(crate) fn state(&self) -> QpState {
         // SYNC: Acquire pairs with the Release store in `QpSlot::set_state`.
         QpState::from_u8(self.state.load(Ordering::Acquire))
