@@ -172,6 +172,7 @@ enum Token<'a> {
 struct FastToken<'a>(&'a AtomicBool);
 
 impl Drop for FastToken<'_> {
+    #[inline]
     fn drop(&mut self) {
         // SYNC: Release pairs with the Acquire load of `busy` of the next slow-path holder
         // (in `enter_slow`): everything the owner did to the value happens-before its use.
@@ -611,6 +612,7 @@ pub(crate) fn heavy_barrier() {
 
 /// Whether this process can use the owner fast path: registers it for
 /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` once (false under Miri, or if the kernel refuses).
+#[inline]
 pub(crate) fn barrier_available() -> bool {
     #[cfg(shmhca_loom)]
     return true;
