@@ -338,7 +338,7 @@ impl Device {
             return None;
         }
         self.engine
-            .try_with_if(inline || !crate::engine::cell::barrier_available(), f)
+            .try_with_if(|| inline || !crate::engine::cell::barrier_available(), f)
     }
 
     /// Tells the engine there is new work for QP `index`: rings its doorbell, then runs the

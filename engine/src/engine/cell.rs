@@ -234,7 +234,7 @@ impl<T> EngineCell<T> {
     /// calling thread holds it already: no nesting).
     #[inline]
     pub(crate) fn try_with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        self.try_with_if(true, f)
+        self.try_with_if(|| true, f)
     }
 
     /// [`EngineCell::try_with`] of `quick` then, if it returned `None`, `full` (under the
@@ -291,18 +291,23 @@ impl<T> EngineCell<T> {
         })
     }
 
-    /// [`EngineCell::try_with`] if `slow`; else runs `f` only if the calling thread owns
+    /// [`EngineCell::try_with`] if `slow()`; else runs `f` only if the calling thread owns
     /// the token (the owner's fast path), `None` otherwise — never taking the lock, so
     /// never revoking another thread's bias (a `membarrier`): for callers with another way
-    /// to hand over their work.
+    /// to hand over their work. `slow` is asked only when the caller is not the owner (the
+    /// owner's post pays nothing for it).
     #[inline(always)]
-    pub(crate) fn try_with_if<R>(&self, slow: bool, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+    pub(crate) fn try_with_if<R>(
+        &self,
+        slow: impl FnOnce() -> bool,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
         // One call of `f` on either path (the token, fast or slow, is held until `_token`
         // drops at the end), so that `f` is inlined here.
         let _token = match self.enter_fast() {
             Fast::Entered(token) => Token::Fast { _guard: token },
             Fast::Inside => return None,
-            Fast::NotOwner if !slow => return None,
+            Fast::NotOwner if !slow() => return None,
             Fast::NotOwner => {
                 let install = self.enter_slow(thread_id())?;
                 Token::Slow {
