@@ -302,9 +302,9 @@ pub unsafe extern "C" fn post_send(
 
 /// The request nearly every program posts, alone: a Send of one element of registered
 /// memory, with at most the signaled and solicited flags (perftest's `ib_send_lat` and
-/// `ib_send_bw`). Posted through a copy of [`Qp::post_send`](shmhca::Qp::post_send) made
-/// for it (the operation and the kind of data constants, so the checks of the others fold
-/// away); the element is checked as [`post_one`] checks it. `None`: anything else, for the
+/// `ib_send_bw`). Posted through [`Qp::post_send_single`](shmhca::Qp::post_send_single), the
+/// common case of [`Qp::post_send`](shmhca::Qp::post_send) compiled in here; the element
+/// is checked as [`post_one`] checks it. `None`: anything else, for the
 /// general path.
 #[inline(always)]
 fn send_one_sge(q: &mut QpObj, r: &ibv_send_wr) -> Option<c_int> {
@@ -330,8 +330,7 @@ fn send_one_sge(q: &mut QpObj, r: &ibv_send_wr) -> Option<c_int> {
     if r.send_flags & IBV_SEND_SOLICITED != 0 {
         flags = flags | SendFlags::SOLICITED;
     }
-    let wr = SendWr::new(r.wr_id, SendOp::Send, std::slice::from_ref(&s)).flags(flags);
-    Some(match q.rust.post_send_inlined(&wr) {
+    Some(match q.rust.post_send_single(r.wr_id, flags, &s) {
         Ok(()) => 0,
         Err(e) => fail("ibv_post_send", &e),
     })

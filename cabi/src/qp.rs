@@ -13,6 +13,10 @@ use crate::objects::{CqObj, PdObj, SrqObj, access_of, ctx, obj};
 use crate::qpex::ExState;
 use crate::util::{fail, guard, set_errno, unsupported};
 
+/// The inline data every QP can take at least: one 64-byte staging row per send request
+/// (see `create_qp`).
+const STAGING_ROW: u32 = 64;
+
 /// A queue pair. `qpx.qp_base` is the `ibv_qp` handed out; `&qpx` is its `ibv_qp_ex`.
 #[repr(C)]
 pub struct QpObj {
@@ -128,13 +132,26 @@ unsafe fn create(
         } else {
             cap.max_recv_sge.max(1)
         },
-        max_inline_data: cap.max_inline_data,
+        // At least one staging row: a Send of up to that many bytes of a registered buffer
+        // is copied there at post time rather than into the region's shadow, and holds no
+        // region (`Qp::post_send_single`; perftest asks for no inline data on a device it
+        // does not know). Without arena room for the rows, what the program asked for.
+        max_inline_data: cap.max_inline_data.max(STAGING_ROW),
     };
-    let made = match &s {
+    let create = |caps| match &s {
         Some(s) => c
             .ctx
             .create_qp_with_srq(&p.rust, &scq.rust, &rcq.rust, &s.rust, caps),
         None => c.ctx.create_qp(&p.rust, &scq.rust, &rcq.rust, caps),
+    };
+    let made = match create(caps) {
+        Err(shmhca::Error::ArenaExhausted { .. }) if caps.max_inline_data > cap.max_inline_data => {
+            create(QpCaps {
+                max_inline_data: cap.max_inline_data,
+                ..caps
+            })
+        }
+        made => made,
     };
     let rust = match made {
         Ok(q) => q,

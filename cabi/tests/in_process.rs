@@ -426,6 +426,59 @@ fn one_element_posts_refuse_a_deregistered_region_s_key() {
     }
 }
 
+/// A Send of a few bytes of a registered buffer, alone (perftest's `ib_send_bw` post), is
+/// copied into the QP's inline staging at post time, as `IBV_SEND_INLINE` data is — a QP
+/// created without inline data gets a staging row of 64 bytes all the same (and says so in
+/// `max_inline_data`). The request then holds no region: the program may rewrite the buffer
+/// and deregister the region before the Send completes (here it waits for a receive,
+/// refused with RNR Naks until one is posted), and the receiver gets the bytes posted.
+/// (Before, the bytes went into the region's shadow and the request held the region until
+/// it completed: `ibv_dereg_mr` failed with EBUSY.)
+#[test]
+fn a_small_send_is_staged_at_post_and_holds_no_region() {
+    let access = IBV_ACCESS_LOCAL_WRITE as c_int;
+    let mut a = side(access, false);
+    let b = side(access, false);
+    // SAFETY: our objects, and requests whose lists live across the calls.
+    unsafe {
+        // a's QP again, asking for no inline data (as perftest does for our device).
+        assert_eq!(ibv_destroy_qp(a.qp), 0);
+        let mut init: ibv_qp_init_attr = std::mem::zeroed();
+        init.send_cq = a.cq;
+        init.recv_cq = a.cq;
+        init.cap = ibv_qp_cap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        init.qp_type = IBV_QPT_RC;
+        a.qp = ibv_create_qp(a.pd, &mut init);
+        assert!(!a.qp.is_null());
+        assert_eq!(init.cap.max_inline_data, 64);
+        connect(&a, &b);
+        a.buf[..8].copy_from_slice(b"staged!!");
+        let mut sl = [sge(&a, 0, 8)];
+        let mut w = send_wr(&mut sl, IBV_WR_SEND, IBV_SEND_SIGNALED);
+        let mut bad = ptr::null_mut();
+        assert_eq!((ops(a.ctx).post_send.unwrap())(a.qp, &mut w, &mut bad), 0);
+        a.buf[..8].copy_from_slice(b"changed!");
+        assert_eq!(ibv_dereg_mr(a.mr), 0, "the Send holds no region");
+        let mut rl = [sge(&b, 0, 64)];
+        let mut r: ibv_recv_wr = std::mem::zeroed();
+        r.wr_id = 3;
+        r.sg_list = rl.as_mut_ptr();
+        r.num_sge = 1;
+        let mut bad_r = ptr::null_mut();
+        assert_eq!((ops(b.ctx).post_recv.unwrap())(b.qp, &mut r, &mut bad_r), 0);
+        let wb = poll(&b);
+        assert_eq!((wb.status, wb.wr_id, wb.byte_len), (IBV_WC_SUCCESS, 3, 8));
+        assert_eq!(&b.buf[..8], b"staged!!");
+        assert_eq!(poll(&a).status, IBV_WC_SUCCESS);
+    }
+}
+
 #[test]
 fn a_poll_of_several_fills_the_array_in_order() {
     let access = IBV_ACCESS_LOCAL_WRITE as c_int;

@@ -298,6 +298,18 @@ impl Mem {
         dst_off: u64,
         len: u64,
     ) -> Result<(), OutOfRange> {
+        Mem::copy_inlined(src, src_off, dst, dst_off, len)
+    }
+
+    /// [`Mem::copy`], compiled into its caller (a copy of a few bytes on a hot path).
+    #[inline(always)]
+    pub(crate) fn copy_inlined(
+        src: &Mem,
+        src_off: u64,
+        dst: &Mem,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<(), OutOfRange> {
         if !dst.writable {
             return Err(OutOfRange);
         }

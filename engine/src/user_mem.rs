@@ -17,7 +17,9 @@
 //!   *shadow*: a block of the same length in the domain's arena, allocated at registration.
 //!   Posting a Send or Write copies the posted range into the shadow (one copy, by the
 //!   posting thread, before the work request is queued), and the packets reference the
-//!   shadow as they would an arena region. A peer's RDMA Read is staged the same way by my
+//!   shadow as they would an arena region (a Send of a few bytes through the verbs C ABI's
+//!   path, [`Qp::post_send_single`](crate::Qp::post_send_single), is copied into the QP's
+//!   inline staging instead, and holds no region). A peer's RDMA Read is staged the same way by my
 //!   responder, one response packet at a time. Small messages that go inline in the packet
 //!   are copied once either way.
 //!

@@ -43,6 +43,7 @@ impl Timestamp {
     }
 
     /// `d` later (saturating).
+    #[inline]
     pub fn after(self, d: Duration) -> Timestamp {
         Timestamp(
             self.0
@@ -235,6 +236,7 @@ impl Deadline {
     }
 
     /// Whether it is armed (started or not).
+    #[inline]
     pub fn armed(&self) -> bool {
         *self != Deadline::Off
     }

@@ -293,11 +293,11 @@ impl<T> EngineCell<T> {
         })
     }
 
-    /// [`EngineCell::try_with`] if `slow()` (asked only when the calling thread is not the
-    /// owner); else runs `f` only if the calling thread owns the token (the owner's fast
-    /// path), `None` otherwise — never taking the lock, so
+    /// [`EngineCell::try_with`] if `slow()`; else runs `f` only if the calling thread owns
+    /// the token (the owner's fast path), `None` otherwise — never taking the lock, so
     /// never revoking another thread's bias (a `membarrier`): for callers with another way
-    /// to hand over their work.
+    /// to hand over their work. `slow` is asked only when the caller is not the owner (the
+    /// owner's post pays nothing for it).
     #[inline(always)]
     pub(crate) fn try_with_if<R>(
         &self,

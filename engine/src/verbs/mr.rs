@@ -620,6 +620,12 @@ impl Mr {
         }
     }
 
+    /// The bytes of a registered buffer ([`Pd::reg_mr`]): the application's private memory.
+    #[inline(always)]
+    pub(crate) fn private_bytes(&self) -> Option<&Mem> {
+        self.buffer().map(|u| &u.mem)
+    }
+
     /// The application's address of pages moved onto the arena ([`Pd::reg_mr_in_place`]).
     #[inline]
     fn moved(&self) -> Option<usize> {

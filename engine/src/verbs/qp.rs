@@ -400,6 +400,7 @@ impl Qp {
         (self.sq_posted - self.sq_retired) as u32
     }
 
+    #[inline]
     fn refresh_sq(&mut self) {
         // SYNC: Acquire pairs with the Release store of `sq_retired` in `completer::retire`.
         // (Mutation point of the loom models: this load with Relaxed.)
@@ -448,20 +449,87 @@ impl Qp {
         Ok(())
     }
 
-    /// [`Qp::post_send`], compiled into its caller: a caller that builds most of the
-    /// request from constants (the verbs C ABI's path for a Send of one element) gets the
-    /// checks of the other operations and data kinds folded away.
+    /// A Send of element `s` with `flags` (the verbs C ABI's most common post), compiled
+    /// into its caller: [`Qp::post_send`] of `SendWr::new(wr_id, SendOp::Send, &[*s])`,
+    /// except that an element of at most one inline staging row (the QP's
+    /// `max_inline_data`, rounded up to 64 bytes) in a registered buffer — private memory,
+    /// whose bytes would be copied into the region's shadow — is copied into the request's
+    /// staging row instead, as inline data is: the request then holds no region (not
+    /// counted in flight, nothing to release when it retires). Only the common case is
+    /// here; anything else (a check that fails, a full queue, `INLINE` in `flags`) goes to
+    /// [`Qp::post_send`], which does it or says why not.
     #[doc(hidden)]
     #[inline(always)]
-    pub fn post_send_inlined(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        // As in `post_send`.
-        let prepared = self.prepare(wr);
-        let wqe = match &prepared {
-            Ok(wqe) => wqe,
-            Err(_) => return prepared.map(drop),
+    pub fn post_send_single(&mut self, wr_id: u64, flags: SendFlags, s: &Sge<'_>) -> Result<()> {
+        let max = u64::from(self.caps.max_send_wr);
+        // (As in `prepare`: the retired count read again only when the queue looks full.)
+        let full = self.sq_posted - self.sq_retired >= max && {
+            self.refresh_sq();
+            self.sq_posted - self.sq_retired >= max
         };
-        self.post_wqe(wqe, counted_sgl(wr));
+        if full
+            || matches!(
+                self.qshared.state(),
+                QpState::Reset | QpState::Init | QpState::Rtr
+            )
+            || !self.sge_ok(s, false)
+            || flags.contains(SendFlags::INLINE)
+            || u64::from(s.len) > MAX_MESSAGE
+        {
+            return self.post_send_general(wr_id, flags, s);
+        }
+        let len = s.len;
+        let staged = match (s.mr.private_bytes(), self.inline) {
+            (Some(bytes), Some(block)) if u64::from(len).wrapping_sub(1) < self.inline_row => {
+                let off = block.off + self.sq_row * self.inline_row;
+                Mem::copy_inlined(bytes, s.offset, &self.mem, off, u64::from(len))
+                    .ok()
+                    .map(|()| off)
+            }
+            _ => None,
+        };
+        let (entry, held) = match staged {
+            Some(off) => (
+                SgeEntry {
+                    off,
+                    len,
+                    mr: NO_MR,
+                },
+                &[][..],
+            ),
+            None => match s.mr.src_off(s.offset, u64::from(len)) {
+                Ok(off) => (
+                    SgeEntry {
+                        off,
+                        len,
+                        mr: s.mr.index,
+                    },
+                    std::slice::from_ref(s),
+                ),
+                Err(_) => return self.post_send_general(wr_id, flags, s),
+            },
+        };
+        let wqe = SqWqe {
+            wr_id,
+            op: WqeOp::Send,
+            flags: WqeFlags(flags.wqe_bits()),
+            imm: 0,
+            len,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Single(entry),
+        };
+        self.post_wqe_inlined(&wqe, held);
         Ok(())
+    }
+
+    /// [`Qp::post_send_single`]'s way out: the request through [`Qp::post_send`].
+    #[cold]
+    #[inline(never)]
+    fn post_send_general(&mut self, wr_id: u64, flags: SendFlags, s: &Sge<'_>) -> Result<()> {
+        self.post_send(&SendWr::new(wr_id, SendOp::Send, std::slice::from_ref(s)).flags(flags))
     }
 
     /// Binds type 1 memory window `mw` (the Bind Memory Window verb, `ibv_bind_mw`) over
@@ -513,6 +581,12 @@ impl Qp {
 
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
+        self.post_wqe_inlined(wqe, sgl);
+    }
+
+    /// [`Qp::post_wqe`], compiled into its caller.
+    #[inline(always)]
+    fn post_wqe_inlined(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
         self.count_posted();
         // When this call may run the engine (`Device::run_for_post`: inline mode, or poll
         // mode with the engine thread stepped back for this thread's polls): hand the WQE
@@ -521,10 +595,13 @@ impl Qp {
         // busy elsewhere) it goes through the send ring like any other, counted before it
         // is pushed.
         let (index, pushed) = (self.index, self.sq_pushed);
-        let direct = self.shared.run_for_post(|e| {
-            count_held(sgl);
-            e.post_direct(index, wqe, pushed)
-        });
+        let direct = self.shared.run_for_post(
+            #[inline(always)]
+            |e| {
+                count_held(sgl);
+                e.post_direct(index, wqe, pushed)
+            },
+        );
         if let Some(taken) = direct {
             debug_assert!(taken, "a live QP takes its WQEs");
             return;
@@ -1404,6 +1481,76 @@ mod tests {
             let bytes = slot.data[h..h + slot.payload_len as usize].to_vec();
             payloads.push((rx.psn().get(), bytes));
         }
+    }
+
+    /// [`Qp::post_send_single`], the verbs C ABI's Send of one element: up to a staging
+    /// row's bytes (64 here) of a registered buffer are copied into the request's inline
+    /// staging at post time, so the request holds no region (none in flight) and sends the
+    /// bytes posted, whatever the buffer holds afterwards; a longer element of the buffer,
+    /// or an element of an arena region, is held in flight as [`Qp::post_send`] holds it.
+    /// What it refuses, it refuses with `post_send`'s error (a region of another domain, a
+    /// full send queue).
+    #[test]
+    fn a_single_send_stages_a_few_bytes_of_a_registered_buffer() {
+        use crate::{AccessFlags, Error};
+        let RawSetup {
+            mut qp,
+            mut ends,
+            _pd: pd,
+            _ctx: ctx,
+            ..
+        } = RawSetup::new();
+        let buf = pd.reg_mr(vec![0u8; 4096], AccessFlags::NONE).unwrap();
+        buf.write_at(
+            0,
+            b"staged, all 64 bytes of a row: ....................... the end",
+        )
+        .unwrap();
+        let flags = SendFlags::SIGNALED;
+        qp.post_send_single(1, flags, &buf.sge(0, 8).unwrap())
+            .unwrap();
+        qp.post_send_single(2, flags, &buf.sge(8, 24).unwrap())
+            .unwrap();
+        assert_eq!(buf.in_flight(), 0, "staged requests hold no region");
+        buf.write_at(0, &[0xee; 64]).unwrap();
+        let mut payloads = vec![];
+        receive_inline(&mut ends, &mut payloads);
+        let row = b"staged, all 64 bytes of a row: ....................... the end";
+        assert_eq!(payloads, [(0, row[..8].to_vec()), (1, row[8..32].to_vec())]);
+        // A whole row is staged too.
+        qp.post_send_single(2, flags, &buf.sge(0, 64).unwrap())
+            .unwrap();
+        assert_eq!(buf.in_flight(), 0);
+
+        // Longer than a row: through the shadow, held in flight until it retires.
+        qp.post_send_single(3, flags, &buf.sge(0, 65).unwrap())
+            .unwrap();
+        assert_eq!(buf.in_flight(), 1);
+        // An arena region has no shadow: held in flight, its bytes read in place.
+        let arena = pd.alloc_mr(64, AccessFlags::NONE).unwrap();
+        qp.post_send_single(4, flags, &arena.sge(0, 8).unwrap())
+            .unwrap();
+        assert_eq!(arena.in_flight(), 1);
+
+        // Refused as `post_send` refuses it, nothing posted.
+        let other_pd = ctx.alloc_pd().unwrap();
+        let foreign = other_pd.reg_mr(vec![0u8; 64], AccessFlags::NONE).unwrap();
+        let sge = foreign.sge(0, 8).unwrap();
+        let single = qp.post_send_single(5, flags, &sge).unwrap_err();
+        let general = qp
+            .post_send(&SendWr::new(5, SendOp::Send, &[sge]).flags(flags))
+            .unwrap_err();
+        assert_eq!(single.to_string(), general.to_string());
+        assert_eq!(foreign.in_flight(), 0);
+        let posted = qp.sq_outstanding();
+        assert_eq!(posted, 5);
+        for i in posted..qp.caps().max_send_wr {
+            qp.post_send_single(u64::from(i), flags, &buf.sge(0, 8).unwrap())
+                .unwrap();
+        }
+        let full = qp.post_send_single(0, flags, &buf.sge(0, 8).unwrap());
+        assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
+        assert_eq!(buf.in_flight(), 1, "only the longer element is held");
     }
 
     /// In inline mode a post list goes the direct way, request by request, when the

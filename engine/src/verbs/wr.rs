@@ -19,6 +19,7 @@ pub use crate::completion::WorkCompletion;
 pub use crate::completion::{WcOpcode, WcStatus};
 pub use crate::verbs::mr::RemoteAddr;
 use crate::verbs::mr::Sge;
+use crate::wqe::WqeFlags;
 
 /// The operation of a send work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +116,19 @@ impl SendFlags {
     pub fn contains(self, other: SendFlags) -> bool {
         self.0 & other.0 == other.0
     }
+
+    /// The WQE's flags of these: signaled, fenced, solicited (the same bits).
+    #[inline(always)]
+    pub(crate) fn wqe_bits(self) -> u8 {
+        self.0 & (WqeFlags::SIGNALED | WqeFlags::FENCE | WqeFlags::SOLICITED)
+    }
 }
+
+const _: () = assert!(
+    SendFlags::SIGNALED.0 == WqeFlags::SIGNALED
+        && SendFlags::FENCE.0 == WqeFlags::FENCE
+        && SendFlags::SOLICITED.0 == WqeFlags::SOLICITED
+);
 
 impl std::ops::BitOr for SendFlags {
     type Output = SendFlags;
