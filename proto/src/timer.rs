@@ -236,7 +236,6 @@ impl Deadline {
     }
 
     /// Whether it is armed (started or not).
-    #[inline]
     pub fn armed(&self) -> bool {
         *self != Deadline::Off
     }
