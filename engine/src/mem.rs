@@ -129,6 +129,40 @@ unsafe fn move_bytes(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
+/// [`Mem::refresh`] of anything but the smallest messages: `len` bytes from `src` to
+/// `dst`, copied at once below a [`REFRESH_CHUNK`], else a chunk at a time, each written
+/// only if `memcmp` finds it different.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for reads and writes of `len` bytes. (Overlapping
+/// ranges are no undefined behaviour, but come out wrong: chunks go front to back.)
+#[inline(never)]
+unsafe fn refresh_chunks(src: *const u8, dst: *mut u8, len: usize) {
+    if len < REFRESH_CHUNK {
+        // SAFETY: the caller's promise.
+        unsafe { std::ptr::copy(src, dst, len) };
+        return;
+    }
+    let mut at = 0;
+    while at < len {
+        let n = REFRESH_CHUNK.min(len - at);
+        // SAFETY: `at + n <= len`: inside the source range (the caller's promise).
+        let from = unsafe { src.add(at) };
+        // SAFETY: as above, the destination range.
+        let to = unsafe { dst.add(at) };
+        // SAFETY: `memcmp` only reads both ranges: racy plain bytes, this module's
+        // memory model. A chunk changing while it is compared (a writer breaking verbs'
+        // rule that posted bytes stay put until the completion) comes out as torn as a
+        // copy would have made it.
+        let same = unsafe { libc::memcmp(from.cast(), to.cast(), n) } == 0;
+        if !same {
+            // SAFETY: as above, `dst` writable.
+            unsafe { move_bytes(from, to, n) };
+        }
+        at += n;
+    }
+}
+
 impl Mem {
     /// A view of a segment's data area, writable if the segment is mapped read-write.
     pub(crate) fn from_segment(segment: Arc<Segment>) -> Mem {
@@ -320,13 +354,14 @@ impl Mem {
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`, as [`Mem::copy`],
-    /// but writes only the [`REFRESH_CHUNK`]s whose bytes differ: a registered buffer's
-    /// shadow on each post. A program that posts the same bytes again (perftest, any
-    /// program that resends a buffer it did not change) then only reads, and the shadow's
-    /// cache lines stay shared with the peer's core that reads them, instead of moving to
-    /// this core for the write and back for the peer's read, every line of every message.
-    /// Changed bytes cost the comparison up to the first difference of each chunk on top
-    /// of the copy. The ranges must not overlap (a shadow never overlaps its buffer).
+    /// but from [`REFRESH_CHUNK`] bytes up writes only the chunks whose bytes differ
+    /// ([`refresh_chunks`]): a registered buffer's shadow on each post. A program that
+    /// posts the same bytes again (perftest, any program that resends a buffer it did not
+    /// change) then only reads, and the shadow's cache lines stay shared with the peer's
+    /// core that reads them, instead of moving to this core for the write and back for the
+    /// peer's read, every line of every message. Changed bytes cost the comparison up to
+    /// the first difference of each chunk on top of the copy. The ranges must not overlap
+    /// (a shadow never overlaps its buffer).
     #[inline]
     pub(crate) fn refresh(
         src: &Mem,
@@ -345,22 +380,15 @@ impl Mem {
             src.lines.track(s, len as usize, false);
             dst.lines.track(d, len as usize, true);
         }
-        let len = len as usize;
-        let mut at = 0;
-        while at < len {
-            let n = REFRESH_CHUNK.min(len - at);
-            let (from, to) = (src.ptr_at(s + at), dst.ptr_at(d + at));
-            // SAFETY: both ranges are inside live mappings (checked above: `at + n <=
-            // len`), and `memcmp` only reads them: racy plain bytes, this module's memory
-            // model. A chunk changing while it is compared (a writer breaking verbs' rule
-            // that posted bytes stay put until the completion) comes out as torn as a copy
-            // would have made it.
-            let same = unsafe { libc::memcmp(from.cast(), to.cast(), n) } == 0;
-            if !same {
-                // SAFETY: as above, the destination writable (checked above).
-                unsafe { move_bytes(from, to, n) };
-            }
-            at += n;
+        let (from, to, len) = (src.ptr_at(s), dst.ptr_at(d), len as usize);
+        if (8..=16).contains(&len) {
+            // SAFETY: both ranges are inside live mappings (checked above), the
+            // destination writable. (A small message's path is the copy's, instruction
+            // for instruction.)
+            unsafe { move_bytes(from, to, len) };
+        } else {
+            // SAFETY: as above.
+            unsafe { refresh_chunks(from, to, len) };
         }
         Ok(())
     }

@@ -688,19 +688,14 @@ impl Mr {
     /// Copies `len` bytes at `offset` of a registered buffer into its shadow (nothing for
     /// pages moved onto the arena: they are the block). From a page up, only the pages
     /// whose bytes changed since the last post are written ([`Mem::refresh`]): the peer's
-    /// engine reads the shadow from its own cache when the program resends unchanged bytes.
+    /// engine reads a program's resent unchanged bytes from its own cache.
     #[inline(never)]
     fn fill_shadow(&self, offset: u64, len: u64) -> Result<()> {
-        let Some(u) = self.buffer() else {
-            return Ok(());
-        };
-        let at = self.off + offset;
-        let copied = if len >= crate::mem::REFRESH_CHUNK as u64 {
-            Mem::refresh(&u.mem, offset, &self.mem, at, len)
-        } else {
-            Mem::copy(&u.mem, offset, &self.mem, at, len)
-        };
-        copied.map_err(|_| self.oob(offset, len))
+        match self.buffer() {
+            Some(u) => Mem::refresh(&u.mem, offset, &self.mem, self.off + offset, len)
+                .map_err(|_| self.oob(offset, len)),
+            None => Ok(()),
+        }
     }
 
     /// The L_Key, named by local scatter/gather elements.
