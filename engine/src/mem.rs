@@ -94,6 +94,10 @@ unsafe impl Sync for HeapBytes {}
 // SAFETY: owning a boxed slice of integers; nothing is tied to a thread.
 unsafe impl Send for HeapBytes {}
 
+/// The granularity of [`Mem::refresh`]: a page, so that a chunk is one `memcmp` call and
+/// at most one `memmove` call over memory one TLB entry maps.
+pub(crate) const REFRESH_CHUNK: usize = 4096;
+
 /// `std::ptr::copy` (memmove semantics) with the lengths of small messages, 8 to 16 bytes,
 /// done inline: both overlapping 8-byte words are loaded before either is stored, so
 /// overlapping ranges come out as with `copy`. Anything else goes to `copy` (a call into
@@ -122,6 +126,40 @@ unsafe fn move_bytes(src: *const u8, dst: *mut u8, len: usize) {
     } else {
         // SAFETY: passed on from the caller.
         unsafe { std::ptr::copy(src, dst, len) };
+    }
+}
+
+/// [`Mem::refresh`] of anything but the smallest messages: `len` bytes from `src` to
+/// `dst`, copied at once below a [`REFRESH_CHUNK`], else a chunk at a time, each written
+/// only if `memcmp` finds it different.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for reads and writes of `len` bytes. (Overlapping
+/// ranges are no undefined behaviour, but come out wrong: chunks go front to back.)
+#[inline(never)]
+unsafe fn refresh_chunks(src: *const u8, dst: *mut u8, len: usize) {
+    if len < REFRESH_CHUNK {
+        // SAFETY: the caller's promise.
+        unsafe { std::ptr::copy(src, dst, len) };
+        return;
+    }
+    let mut at = 0;
+    while at < len {
+        let n = REFRESH_CHUNK.min(len - at);
+        // SAFETY: `at + n <= len`: inside the source range (the caller's promise).
+        let from = unsafe { src.add(at) };
+        // SAFETY: as above, the destination range.
+        let to = unsafe { dst.add(at) };
+        // SAFETY: `memcmp` only reads both ranges: racy plain bytes, this module's
+        // memory model. A chunk changing while it is compared (a writer breaking verbs'
+        // rule that posted bytes stay put until the completion) comes out as torn as a
+        // copy would have made it.
+        let same = unsafe { libc::memcmp(from.cast(), to.cast(), n) } == 0;
+        if !same {
+            // SAFETY: as above, `dst` writable.
+            unsafe { move_bytes(from, to, n) };
+        }
+        at += n;
     }
 }
 
@@ -327,6 +365,46 @@ impl Mem {
         Ok(())
     }
 
+    /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`, as [`Mem::copy`],
+    /// but from [`REFRESH_CHUNK`] bytes up writes only the chunks whose bytes differ
+    /// ([`refresh_chunks`]): a registered buffer's shadow on each post. A program that
+    /// posts the same bytes again (perftest, any program that resends a buffer it did not
+    /// change) then only reads, and the shadow's cache lines stay shared with the peer's
+    /// core that reads them, instead of moving to this core for the write and back for the
+    /// peer's read, every line of every message. Changed bytes cost the comparison up to
+    /// the first difference of each chunk on top of the copy. The ranges must not overlap
+    /// (a shadow never overlaps its buffer).
+    #[inline]
+    pub(crate) fn refresh(
+        src: &Mem,
+        src_off: u64,
+        dst: &Mem,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<(), OutOfRange> {
+        if !dst.writable {
+            return Err(OutOfRange);
+        }
+        let s = src.check(src_off, len)?;
+        let d = dst.check(dst_off, len)?;
+        #[cfg(shmhca_loom)]
+        {
+            src.lines.track(s, len as usize, false);
+            dst.lines.track(d, len as usize, true);
+        }
+        let (from, to, len) = (src.ptr_at(s), dst.ptr_at(d), len as usize);
+        if (8..=16).contains(&len) {
+            // SAFETY: both ranges are inside live mappings (checked above), the
+            // destination writable. (A small message's path is the copy's, instruction
+            // for instruction.)
+            unsafe { move_bytes(from, to, len) };
+        } else {
+            // SAFETY: as above.
+            unsafe { refresh_chunks(from, to, len) };
+        }
+        Ok(())
+    }
+
     #[inline]
     fn atomic_at(&self, off: u64) -> Result<&AtomicU64, OutOfRange> {
         if !self.writable || self.base_addr().wrapping_add(off) % 8 != 0 {
@@ -477,6 +555,49 @@ mod tests {
         b.read(0, &mut out).unwrap();
         assert_eq!(&out[6..16], b"hello, wor");
         assert_eq!(Mem::copy(&a, 30, &b, 0, 4), Err(OutOfRange));
+    }
+
+    /// `refresh` leaves the destination as `copy` would, whatever differs and wherever
+    /// the ranges start and end against the chunks; out-of-range or read-only
+    /// destinations fail as `copy` does.
+    #[test]
+    fn a_refresh_leaves_what_a_copy_leaves() {
+        let len = 3 * REFRESH_CHUNK + 100;
+        let src = Mem::private(len);
+        let pattern: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4096) as u8).collect();
+        src.write(0, &pattern).unwrap();
+        for (off, n) in [
+            (0, len),
+            (5, len - 5),
+            (REFRESH_CHUNK, 2 * REFRESH_CHUNK + 7),
+            (9, 40),
+        ] {
+            for changed in [
+                vec![],
+                vec![0],
+                vec![n - 1],
+                vec![1, REFRESH_CHUNK + 3, n / 2],
+            ] {
+                let dst = Mem::private(len);
+                Mem::copy(&src, 0, &dst, 0, len as u64).unwrap();
+                for &c in &changed {
+                    if c < n {
+                        dst.write((off + c) as u64, &[!pattern[off + c]]).unwrap();
+                    }
+                }
+                Mem::refresh(&src, off as u64, &dst, off as u64, n as u64).unwrap();
+                let mut got = vec![0u8; len];
+                dst.read(0, &mut got).unwrap();
+                assert_eq!(got, pattern, "range {off}+{n}, changed {changed:?}");
+            }
+        }
+        let dst = Mem::private(len);
+        assert_eq!(Mem::refresh(&src, 0, &dst, 1, len as u64), Err(OutOfRange));
+        assert_eq!(Mem::refresh(&src, 1, &dst, 0, len as u64), Err(OutOfRange));
+        assert_eq!(
+            Mem::refresh(&src, 0, &dst.read_only(), 0, 8),
+            Err(OutOfRange)
+        );
     }
 
     #[test]
