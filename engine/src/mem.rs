@@ -348,6 +348,25 @@ impl Mem {
         dst_off: u64,
         len: u64,
     ) -> Result<(), OutOfRange> {
+        let (from, to) = Mem::copy_ends(src, src_off, dst, dst_off, len)?;
+        // SAFETY: both ranges are inside live mappings (`copy_ends`), the destination is
+        // writable; `copy` has memmove semantics, so a loopback copy within one arena that
+        // overlaps is still defined.
+        unsafe { move_bytes(from, to, len as usize) };
+        Ok(())
+    }
+
+    /// The two ends of a copy of `len` bytes from `src` at `src_off` to `dst` at
+    /// `dst_off`: checked (the destination writable, both ranges inside their mappings),
+    /// as addresses.
+    #[inline(always)]
+    fn copy_ends(
+        src: &Mem,
+        src_off: u64,
+        dst: &Mem,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<(*mut u8, *mut u8), OutOfRange> {
         if !dst.writable {
             return Err(OutOfRange);
         }
@@ -358,11 +377,7 @@ impl Mem {
             src.lines.track(s, len as usize, false);
             dst.lines.track(d, len as usize, true);
         }
-        // SAFETY: both ranges are inside live mappings (checked above), the destination is
-        // writable; `copy` has memmove semantics, so a loopback copy within one arena that
-        // overlaps is still defined.
-        unsafe { move_bytes(src.ptr_at(s), dst.ptr_at(d), len as usize) };
-        Ok(())
+        Ok((src.ptr_at(s), dst.ptr_at(d)))
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`, as [`Mem::copy`],
@@ -382,19 +397,10 @@ impl Mem {
         dst_off: u64,
         len: u64,
     ) -> Result<(), OutOfRange> {
-        if !dst.writable {
-            return Err(OutOfRange);
-        }
-        let s = src.check(src_off, len)?;
-        let d = dst.check(dst_off, len)?;
-        #[cfg(shmhca_loom)]
-        {
-            src.lines.track(s, len as usize, false);
-            dst.lines.track(d, len as usize, true);
-        }
-        let (from, to, len) = (src.ptr_at(s), dst.ptr_at(d), len as usize);
+        let (from, to) = Mem::copy_ends(src, src_off, dst, dst_off, len)?;
+        let len = len as usize;
         if (8..=16).contains(&len) {
-            // SAFETY: both ranges are inside live mappings (checked above), the
+            // SAFETY: both ranges are inside live mappings (`copy_ends`), the
             // destination writable. (A small message's path is the copy's, instruction
             // for instruction.)
             unsafe { move_bytes(from, to, len) };

@@ -287,6 +287,17 @@ mod tests {
         work: AtomicBool,
     }
 
+    /// A waker on another thread: publishes work, then wakes the engine's sleepers.
+    fn publish_and_wake(e: &Arc<Engine>) {
+        let e2 = e.clone();
+        std::thread::spawn(move || {
+            e2.work.store(true, Ordering::Release);
+            wake(&e2.sleepers, &e2.local, true);
+        })
+        .join()
+        .unwrap();
+    }
+
     /// A page of shared memory, as a link segment is.
     fn shared_page() -> Mem {
         let seg = shmhca_rings::segment::Segment::builder(0x5445_5354, 4096)
@@ -353,13 +364,7 @@ mod tests {
             Duration::from_secs(20),
             |_| true,
             || {
-                let e2 = e.clone();
-                std::thread::spawn(move || {
-                    e2.work.store(true, Ordering::Release);
-                    wake(&e2.sleepers, &e2.local, true);
-                })
-                .join()
-                .unwrap();
+                publish_and_wake(&e);
                 false
             },
         );
@@ -499,13 +504,7 @@ mod tests {
                 looks += 1;
                 if looks == 3 {
                     // The whole wake inside the grace look, which misses its work.
-                    let e2 = e.clone();
-                    std::thread::spawn(move || {
-                        e2.work.store(true, Ordering::Release);
-                        wake(&e2.sleepers, &e2.local, true);
-                    })
-                    .join()
-                    .unwrap();
+                    publish_and_wake(&e);
                 }
                 false
             },
