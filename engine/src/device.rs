@@ -185,6 +185,9 @@ pub(crate) struct Device {
     /// threads may lose each other's counts, and only "it moved" matters). The engine
     /// thread steps back while they keep coming (`engine::progress::step_back`).
     pub(crate) empty_polls: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
+    /// How many times a stepped-back engine thread has woken to look at the application's
+    /// polls ([`Device::step_back`]; tests).
+    pub(crate) step_looks: std::sync::atomic::AtomicU64,
     /// Poll mode: set while the engine thread has stepped back for a busy-polling
     /// application; the application's polls and posts then run the engine, as in inline
     /// mode. Also the futex word the stepped-back thread sleeps on (1 while stepped back).

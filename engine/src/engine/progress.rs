@@ -216,13 +216,19 @@ fn helper(weak: Weak<Device>) {
 /// below). Once the thread has stepped back, any poll counts, and one per [`STEP`] keeps it
 /// back (see [`Device::step_back`]).
 pub(crate) const BUSY_POLLS: u64 = 64;
-/// How long the stepped-back engine thread sleeps between two looks at the application's
-/// polls: when they stop, the thread takes over again within this.
+/// How long the stepped-back engine thread first sleeps between two looks at the
+/// application's polls. Each look that found polls doubles it, up to [`MAX_STEP`].
 pub(crate) const STEP: Duration = Duration::from_millis(1);
+/// The longest step. Each wake-up of the stepped-back thread takes a core from a spinning
+/// application or engine for ~15 µs on a 2-core machine; at one per 1 ms step that was
+/// 7% of `ib_send_bw -s 8`'s message rate (paired rounds, 2026-11-29), at one per 8 ms it
+/// is under 1%.
+pub(crate) const MAX_STEP: Duration = Duration::from_millis(8);
 /// Steps without a single poll after which the stepped-back thread takes over: a program
 /// the scheduler preempted (on a loaded machine, for a few milliseconds at a time) comes
 /// back to poll; one that stopped polling has its engine run again within this many
-/// [`STEP`]s — far within a peer's transport timer (perftest's, 67 ms).
+/// [`STEP`]s of quiet, or one [`MAX_STEP`] — at most 16 ms after its last poll, far within
+/// a peer's transport timer (perftest's, 67 ms).
 pub(crate) const QUIET_STEPS: u32 = 3;
 
 impl Device {
@@ -249,8 +255,9 @@ impl Device {
     /// own polls and posts run the engine (as in inline mode) instead of four threads — two
     /// applications and two engine threads — taking turns on too few cores, each packet
     /// waiting for a thread to be scheduled. The thread sleeps on [`Device::app_drives`]
-    /// (peers do not count it as a sleeper: their packets wake nobody), looks every
-    /// [`STEP`], and takes over again once the polls stop (the application computes, waits
+    /// (peers do not count it as a sleeper: their packets wake nobody), looks after a
+    /// [`STEP`], then at intervals that double while the polls keep coming (up to
+    /// [`MAX_STEP`]), and takes over again once the polls stop (the application computes, waits
     /// in a blocking call, or polls its memory as `ib_write_lat` does), or at once when a
     /// wait for a completion event calls [`Device::resume_engine`].
     ///
@@ -277,24 +284,30 @@ impl Device {
         word.store(1, Ordering::Relaxed);
         // A post that came before the application saw the flag: sent now.
         self.progress();
-        let mut quiet = 0;
+        // A window of this long without a poll gives the engine back to the thread.
+        let quiet_enough = STEP * QUIET_STEPS;
+        let (mut step, mut quiet) = (STEP, Duration::ZERO);
         loop {
             let ts = futex::Timespec {
                 tv_sec: 0,
-                tv_nsec: STEP.as_nanos() as _,
+                tv_nsec: step.as_nanos() as _,
             };
             // Woken, timed out or interrupted: all mean "look again".
             let _ = futex::wait(word, futex::Flags::PRIVATE, 1, Some(&ts));
+            // (This thread alone writes it: no read-modify-write.)
+            let looks = self.step_looks.load(Ordering::Relaxed);
+            self.step_looks.store(looks + 1, Ordering::Relaxed);
             if word.load(Ordering::Relaxed) == 0 {
                 break;
             }
-            quiet = if self.app_polls_at_all(seen) {
-                0
+            if self.app_polls_at_all(seen) {
+                quiet = Duration::ZERO;
+                step = (step * 2).min(MAX_STEP);
             } else {
-                quiet + 1
-            };
-            if quiet == QUIET_STEPS {
-                break;
+                quiet += step;
+                if quiet >= quiet_enough {
+                    break;
+                }
             }
         }
         word.store(0, Ordering::Relaxed);
@@ -556,6 +569,50 @@ mod step_back_tests {
         {
             cq.poll_one();
             assert!(start.elapsed() < LONG, "this thread never came to drive");
+        }
+    }
+
+    /// While the application keeps polling, the stepped-back thread looks at its polls
+    /// less and less often: a step that doubles up to `MAX_STEP`, not one per `STEP`
+    /// (each look takes a core from a spinning thread on a small machine). Counted over
+    /// 200 ms of busy polling: at most one look per 8 ms plus the first few steps (1, 2 and
+    /// 4 ms) and slack for a late wake-up; the old steps made one per 1 ms (~200). A run
+    /// where the thread came back meanwhile (the host stalled this poller for 3 ms) proves
+    /// nothing and is tried again.
+    #[test]
+    fn stepped_back_the_thread_looks_less_often_while_polls_keep_coming() {
+        let Some(StepRig {
+            ctx,
+            pd: _pd,
+            mut cq,
+            ..
+        }) = StepRig::new()
+        else {
+            return;
+        };
+        let start = Instant::now();
+        let window = Duration::from_millis(200);
+        loop {
+            assert!(
+                start.elapsed() < LONG,
+                "the engine thread never stayed back"
+            );
+            drive(&ctx, &mut cq, start);
+            let looks = ctx.shared.step_looks.load(Ordering::Relaxed);
+            let begun = Instant::now();
+            while begun.elapsed() < window {
+                cq.poll_one();
+            }
+            let looked = ctx.shared.step_looks.load(Ordering::Relaxed) - looks;
+            if ctx.shared.app_drives.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let most = (window.as_millis() / super::MAX_STEP.as_millis()) as u64 + 3 + 5;
+            assert!(
+                looked <= most,
+                "{looked} looks in {window:?} of polls (at most {most})"
+            );
+            return;
         }
     }
 

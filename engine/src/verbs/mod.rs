@@ -380,6 +380,7 @@ impl ContextBuilder {
             notify_armed,
             helper_word: Arc::default(),
             empty_polls: Default::default(),
+            step_looks: Default::default(),
             app_drives: Default::default(),
             kick: Default::default(),
             fabric: std::sync::OnceLock::new(),
