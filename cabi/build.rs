@@ -11,8 +11,8 @@
 //! - `N`, the private ABI's number, matches the installed providers (`libmlx5.so.1`,
 //!   `libefa.so.1`, which perftest links and which import `IBVERBS_PRIVATE_<N>` symbols):
 //!   read from them, else `SHMHCA_IBVERBS_PRIVATE`, else 34 (Debian 12's rdma-core 44).
-//! - the SONAME `libibverbs.so.1`, and a link `libibverbs.so.1 -> libibverbs.so` next to the
-//!   cdylib in `target/<profile>/`, which `shmhca exec` puts first on the library path.
+//! - the version script's path for the cdylib's build script (`cabi/so/build.rs`, which
+//!   links `libibverbs.so.1` with it), as the `links` metadata `DEP_SHMHCA_VERBS_ABI_MAP`.
 //! - the C layout probe (`tests/c/layout.c`), compiled against the system's
 //!   `<infiniband/verbs.h>` when it is installed (cfg `shmhca_c_layout`).
 
@@ -96,6 +96,19 @@ fn main() {
         }
         writeln!(asm, "    \".symver {local}, {name}@@{node}\",").unwrap();
     }
+    // A symbol of this object for the cdylib (cabi/so) to refer to: a build without LTO
+    // links an rlib's objects only as they are needed, and nothing calls the trampolines.
+    for l in [
+        ".pushsection .text.shmhca_symver,\\\"ax\\\",@progbits",
+        ".globl __shmhca_verbs_abi_anchor",
+        ".hidden __shmhca_verbs_abi_anchor",
+        ".type __shmhca_verbs_abi_anchor,@function",
+        "__shmhca_verbs_abi_anchor:",
+        "ret",
+        ".popsection",
+    ] {
+        writeln!(asm, "    \"{l}\",").unwrap();
+    }
     // Public nodes inherit from the one before, as rdma-core's do; the private one stands alone.
     let mut script = String::new();
     let mut prev: Option<&str> = None;
@@ -120,12 +133,7 @@ fn main() {
     );
     std::fs::write(out.join("symver.rs"), rs).unwrap();
 
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
-    println!(
-        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
-        map.display()
-    );
-    link_so1(&out);
+    println!("cargo::metadata=map={}", map.display());
     c_layout_probe();
 }
 
@@ -156,40 +164,6 @@ fn find_private(bytes: &[u8]) -> Option<u32> {
         .map(|&b| b as char)
         .collect();
     digits.parse().ok()
-}
-
-/// `target/<profile>/libibverbs.so.1 -> deps/libibverbs.so` (the cdylib is written after
-/// this script runs; the link resolves once it is). It points into `deps/` because
-/// `cargo test` writes the cdylib only there (`cargo build` also copies it up a level).
-/// Made only where nothing else is in the way: an existing file that is not such a link is
-/// left alone; a link of ours to the old target (`libibverbs.so`) is replaced.
-fn link_so1(out: &Path) {
-    let Some(dir) = out.ancestors().nth(3) else {
-        return;
-    };
-    let link = dir.join("libibverbs.so.1");
-    const TARGET: &str = "deps/libibverbs.so";
-    match std::fs::read_link(&link) {
-        Ok(t) if t == Path::new(TARGET) => {}
-        Ok(t) if t == Path::new("libibverbs.so") => {
-            // Ours, from before: point it at deps/.
-            let _ = std::fs::remove_file(&link);
-            if let Err(e) = std::os::unix::fs::symlink(TARGET, &link) {
-                println!("cargo:warning=cannot link {}: {e}", link.display());
-            }
-        }
-        Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
-            println!(
-                "cargo:warning={} exists and is not ours: left alone",
-                link.display()
-            );
-        }
-        _ => {
-            if let Err(e) = std::os::unix::fs::symlink(TARGET, &link) {
-                println!("cargo:warning=cannot link {}: {e}", link.display());
-            }
-        }
-    }
 }
 
 /// Compiles the offsetof/sizeof probe against the system's verbs.h, if installed.

@@ -74,7 +74,7 @@ for tool in valgrind objdump; do
 done
 cargo build --release -q -p shmhca --example inline_pingpong --example inline_stream \
     --example inline_read --example empty_poll
-cargo build --release -q -p shmhca-verbs --example verbs_pingpong --example verbs_stream
+cargo build --release -q -p shmhca-verbs-core --example verbs_pingpong --example verbs_stream
 PINGPONG=${CARGO_TARGET_DIR:-target}/release/examples/inline_pingpong
 STREAM=${CARGO_TARGET_DIR:-target}/release/examples/inline_stream
 READ=${CARGO_TARGET_DIR:-target}/release/examples/inline_read

@@ -14,7 +14,7 @@
 //! 100,000) and message size in bytes (default 8, at most 2,048).
 //!
 //! ```sh
-//! cargo run --release -p shmhca-verbs --example verbs_pingpong -- 100000 8
+//! cargo run --release -p shmhca-verbs-core --example verbs_pingpong -- 100000 8
 //! ```
 
 // An FFI example: the C ABI driven as a C program would; one SAFETY comment per block.

@@ -10,7 +10,7 @@
 //! size in bytes (default 8, at most 2,048).
 //!
 //! ```sh
-//! cargo run --release -p shmhca-verbs --example verbs_stream -- 1000000 8
+//! cargo run --release -p shmhca-verbs-core --example verbs_stream -- 1000000 8
 //! ```
 
 // An FFI example: the C ABI driven as a C program would; one SAFETY comment per block.
@@ -19,7 +19,7 @@
 mod common;
 
 use common::*;
-use ibverbs::ffi::*;
+use shmhca_verbs_core::ffi::*;
 
 /// Sends outstanding at most (perftest's default `-t` for bandwidth tests).
 const WINDOW: u64 = 128;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates src/ffi/verbs.rs, the C types of <infiniband/verbs.h>, from Debian 12's
 # libibverbs-dev (rdma-core 44) with Debian's bindgen 0.60. Run once when the headers change;
-# the output is committed, its layout tests run in `cargo test -p shmhca-verbs`.
+# the output is committed, its layout tests run in `cargo test -p shmhca-verbs-core`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bindgen /usr/include/infiniband/verbs.h \

@@ -7,8 +7,8 @@
 #[cfg(shmhca_c_layout)]
 #[test]
 fn every_field_the_inlines_touch_matches_the_c_compiler() {
-    let c = ibverbs::layout::c_layout();
-    let rust = ibverbs::layout::rust_layout();
+    let c = shmhca_verbs_core::layout::c_layout();
+    let rust = shmhca_verbs_core::layout::rust_layout();
     assert!(c.len() > 150, "the C table has {} entries", c.len());
     let mut bad = Vec::new();
     for (name, value) in &c {

@@ -12,10 +12,10 @@ use std::ffi::c_int;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use ibverbs::context::*;
-use ibverbs::ffi::*;
-use ibverbs::objects::*;
-use ibverbs::qp::*;
+use shmhca_verbs_core::context::*;
+use shmhca_verbs_core::ffi::*;
+use shmhca_verbs_core::objects::*;
+use shmhca_verbs_core::qp::*;
 
 struct Side {
     ch: *mut ibv_comp_channel,
@@ -71,7 +71,7 @@ fn side(access: c_int, with_channel: bool) -> Side {
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
         );
-        let create = ibverbs::context::ctx_of(ctx)
+        let create = shmhca_verbs_core::context::ctx_of(ctx)
             .unwrap()
             .vctx
             .create_qp_ex
@@ -723,7 +723,7 @@ fn connect_by_address(a: &Side, b: &Side, by_gid: bool) {
     unsafe {
         for (s, peer) in [(a, b), (b, a)] {
             let mut pa: ibv_port_attr = std::mem::zeroed();
-            let q = ibverbs::context::ctx_of(peer.ctx)
+            let q = shmhca_verbs_core::context::ctx_of(peer.ctx)
                 .unwrap()
                 .vctx
                 .query_port

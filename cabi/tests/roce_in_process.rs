@@ -9,10 +9,10 @@
 use std::ffi::c_int;
 use std::ptr;
 
-use ibverbs::context::*;
-use ibverbs::ffi::*;
-use ibverbs::objects::*;
-use ibverbs::qp::*;
+use shmhca_verbs_core::context::*;
+use shmhca_verbs_core::ffi::*;
+use shmhca_verbs_core::objects::*;
+use shmhca_verbs_core::qp::*;
 
 const NAME: &str = "roce_port_queries_and_rtr_checks";
 

@@ -43,7 +43,7 @@ fn ours() -> Option<BTreeSet<(String, String)>> {
 #[test]
 fn every_listed_symbol_is_exported_with_its_version() {
     let Some(have) = ours() else { return };
-    let private = ibverbs::abi::PRIVATE_NODE;
+    let private = shmhca_verbs_core::abi::PRIVATE_NODE;
     let n = private.trim_start_matches("IBVERBS_PRIVATE_");
     let list =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/symbols.txt")).unwrap();

@@ -70,8 +70,8 @@ impl QpShared {
     }
 
     /// The QP's state as last published by the engine.
-    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
-    // that is also an rlib), and this is called per message there.
+    // In line across crates in a build without LTO (a program's own profile may run none):
+    // this is called per message.
     #[inline]
     pub(crate) fn state(&self) -> QpState {
         // SYNC: Acquire pairs with the Release store in `QpSlot::set_state`.

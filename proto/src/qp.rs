@@ -36,8 +36,8 @@ pub enum QpState {
 
 impl QpState {
     /// Decodes the value of a state mirror; anything unknown reads as `Error`.
-    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
-    // that is also an rlib), and this is called per message there.
+    // In line across crates in a build without LTO (a program's own profile may run none):
+    // this is called per message.
     #[inline]
     pub fn from_u8(v: u8) -> QpState {
         match v {

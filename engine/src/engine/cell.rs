@@ -172,8 +172,8 @@ enum Token<'a> {
 struct FastToken<'a>(&'a AtomicBool);
 
 impl Drop for FastToken<'_> {
-    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
-    // that is also an rlib), and this is called per message there.
+    // In line across crates in a build without LTO (a program's own profile may run none):
+    // this is called per message.
     #[inline]
     fn drop(&mut self) {
         // SYNC: Release pairs with the Acquire load of `busy` of the next slow-path holder
@@ -619,8 +619,8 @@ pub(crate) fn heavy_barrier() {
 
 /// Whether this process can use the owner fast path: registers it for
 /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` once (false under Miri, or if the kernel refuses).
-// In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
-// that is also an rlib), and this is called per message there.
+// In line across crates in a build without LTO (a program's own profile may run none):
+// this is called per message.
 #[inline]
 pub(crate) fn barrier_available() -> bool {
     #[cfg(shmhca_loom)]

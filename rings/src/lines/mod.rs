@@ -136,8 +136,9 @@ impl Line {
         self.0[4]
     }
 
-    // In line across crates: libibverbs.so is built without LTO (cargo runs none for a crate
-    // that is also an rlib), and this is called per message there.
+    // In line across crates in a build without LTO (a program's own profile may run none):
+
+    // this is called per message.
     #[inline]
     fn set_word(&mut self, word: u64) {
         self.0[..8].copy_from_slice(&word.to_le_bytes());
