@@ -23,6 +23,10 @@
 #     (UCX_TLS=sm);
 #   * shmhca-perf send_bw -s 8 message rate with perftest's default post list (1) and with
 #     -l 32; ucx_perftest am_bw -s 8 message rate;
+#   * the same through the verbs ABI: Debian's perftest over shmhca's libibverbs.so.1
+#     (`shmhca exec`), ib_send_lat -s 8 t_typical and ib_send_bw -s 8 message rate, against
+#     am_lat and am_bw as send_lat and send_bw are (skipped, with one line, when perftest is
+#     not installed);
 #   * shmhca-perf send_bw, write_bw, read_bw -s 65536 -l 32 (BW average); ucx_perftest
 #     tag_bw -s 65536 (UCX_TLS=sm); and atomic_bw -l 32 (no UCX counterpart).
 # The bandwidth tests run after a warm-up (--perform_warm_up).
@@ -34,7 +38,8 @@
 # many rounds it was met. Targets (issue 27; issue 10's were 1.0x for send_lat and write_lat
 # against am_lat, 2.0x for the round trips and p99): send_lat t_typical <= 0.85x UCX am_lat,
 # write_lat t_typical <= 1.2x UCX put_lat, read_lat and atomic_lat round trip <= 1.5x am_lat,
-# p99 <= 1.5x t_typical, send_bw -s 8 >= 2.0x am_bw -s 8 (post list 1 and 32), 64 KiB
+# p99 <= 1.5x t_typical, send_bw -s 8 >= 2.0x am_bw -s 8 (post list 1 and 32), the same two
+# (send_lat's and send_bw's) for ib_send_lat and ib_send_bw over shmhca, 64 KiB
 # bandwidth no lower than the ratios to tag_bw measured before issue 27's work
 # (BW64K_*_TARGET, defaults below).
 #
@@ -70,6 +75,15 @@ if ! command -v taskset >/dev/null; then
 fi
 cargo build --release -q -p shmhca-bench --bin shmhca-perf
 PERF=${CARGO_TARGET_DIR:-target}/release/shmhca-perf
+# perftest over shmhca (issue 27: "the same figures through the verbs ABI").
+VERBS=1
+if command -v ib_send_lat >/dev/null && command -v ib_send_bw >/dev/null; then
+    cargo build --release -q -p shmhca-verbs -p shmhca-tools
+    SHMHCA=${CARGO_TARGET_DIR:-target}/release/shmhca
+else
+    echo "compare_ucx.sh: perftest is not installed (apt-get install -y perftest): no ib_send_lat / ib_send_bw figures" >&2
+    VERBS=0
+fi
 PINGPONG=$(cargo bench -q -p shmhca-bench --bench pingpong --no-run --message-format=json |
     grep '"name":"pingpong"' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
 if [ ! -x "$PINGPONG" ]; then
@@ -171,6 +185,32 @@ ucx() {
     record "$name" "$value"
 }
 
+# perftest over shmhca: records $1 = field $2 of the client's result row ($5: t_typical of
+# a latency test, MsgRate of a bandwidth test); rest = program and arguments. The server
+# runs on core 1, the client on core 0, each with its engine thread — not under chrt: the
+# engine thread would inherit SCHED_FIFO on its program's core and never be scheduled while
+# the program polls (shmhca then runs the engine from the polls, correct but slower than
+# the engine thread stepping back for them, which is what a user gets without chrt).
+verbs() {
+    local name=$1 field=$2
+    shift 2
+    local port=$((20000 + RANDOM % 20000)) row=""
+    taskset -c 1 "$SHMHCA" exec -- "$@" -F -p "$port" >"$OUT/verbs_server" 2>&1 &
+    local server=$!
+    sleep 0.5
+    if taskset -c 0 timeout 120 "$SHMHCA" exec -- "$@" -F -p "$port" localhost \
+        >"$OUT/verbs_client" 2>&1; then
+        row=$(awk '/^ #bytes/ {getline; print}' "$OUT/verbs_client")
+    else
+        echo "round $ROUND: shmhca exec -- $* failed: $(last_error "$OUT/verbs_client")" >&2
+    fi
+    if ! timeout 20 tail --pid="$server" -f /dev/null; then
+        kill "$server" 2>/dev/null || true
+    fi
+    wait "$server" 2>/dev/null || true
+    record "$name" "$(echo "$row" | awk -v f="$field" 'NF >= f {print $f}')"
+}
+
 BW=(--perform_warm_up)
 for ROUND in $(seq "$ROUNDS"); do
     echo "round $ROUND of $ROUNDS" >&2
@@ -185,6 +225,10 @@ for ROUND in $(seq "$ROUNDS"); do
     perf_bw send_bw_8 5 send_bw -s 8 -n "$BW8_N" "${BW[@]}"
     perf_bw send_bw_8_l32 5 send_bw -s 8 -n "$BW8_N" -l 32 "${BW[@]}"
     ucx ucx_am_bw_8 8 0.000001 "" -x posix -d memory -t am_bw -s 8 -n "$BW8_N"
+    if [ "$VERBS" = 1 ]; then
+        verbs ib_send_lat 5 ib_send_lat -s 8 -n "$LAT_N"
+        verbs ib_send_bw_8 5 ib_send_bw -s 8 -n "$BW8_N"
+    fi
     perf_bw send_bw_64k 4 send_bw -s 65536 -n "$BW64K_N" -l 32 "${BW[@]}"
     perf_bw write_bw_64k 4 write_bw -s 65536 -n "$BW64K_N" -l 32 "${BW[@]}"
     perf_bw read_bw_64k 4 read_bw -s 65536 -n "$BW64K_N" -l 32 "${BW[@]}"
@@ -210,6 +254,8 @@ ucx_tag_lat|UCX tag_lat -s 8 p50 (one-way)|usec|1
 send_bw_8|send_bw -s 8 (post list 1) MsgRate|Mpps|0
 send_bw_8_l32|send_bw -s 8 -l 32 MsgRate|Mpps|0
 ucx_am_bw_8|UCX am_bw -s 8 message rate|Mpps|0
+ib_send_lat|ib_send_lat -s 8 over shmhca t_typical|usec|1
+ib_send_bw_8|ib_send_bw -s 8 over shmhca MsgRate|Mpps|0
 send_bw_64k|send_bw -s 65536 -l 32 BW average|MiB/s|0
 write_bw_64k|write_bw -s 65536 -l 32 BW average|MiB/s|0
 read_bw_64k|read_bw -s 65536 -l 32 BW average|MiB/s|0
@@ -227,6 +273,8 @@ read_lat_p99|read_lat|read_lat p99 / t_typical|<=|1.5
 atomic_lat_p99|atomic_lat|atomic_lat p99 / t_typical|<=|1.5
 send_bw_8|ucx_am_bw_8|send_bw -s 8 (-l 1) / UCX am_bw -s 8|>=|2.0
 send_bw_8_l32|ucx_am_bw_8|send_bw -s 8 -l 32 / UCX am_bw -s 8|>=|2.0
+ib_send_lat|ucx_am_lat|ib_send_lat t_typical / UCX am_lat|<=|0.85
+ib_send_bw_8|ucx_am_bw_8|ib_send_bw -s 8 / UCX am_bw -s 8|>=|2.0
 send_bw_64k|ucx_tag_bw_64k|send_bw 64 KiB / UCX tag_bw|>=|$BW64K_SEND_TARGET
 write_bw_64k|ucx_tag_bw_64k|write_bw 64 KiB / UCX tag_bw|>=|$BW64K_WRITE_TARGET
 read_bw_64k|ucx_tag_bw_64k|read_bw 64 KiB / UCX tag_bw|>=|$BW64K_READ_TARGET

@@ -305,9 +305,10 @@ impl Device {
     /// engine in inline mode, and in poll mode while the engine thread has stepped back
     /// for the application (`engine::progress::step_back`) — unless completions are
     /// waiting in the queue (`ready`: see [`crate::Cq::poll`]). `empty`: the last poll of
-    /// this queue found nothing (a busy poller's signature).
+    /// this queue found nothing (a busy poller's signature). `unserved`: how many polls of
+    /// this queue in a row found nothing ([`Device::serve_unserved`]).
     #[inline]
-    pub(crate) fn on_app_poll(&self, empty: bool, ready: bool) {
+    pub(crate) fn on_app_poll(&self, empty: bool, ready: bool, unserved: u32) {
         if self.mode == EngineMode::Inline {
             if !ready {
                 self.progress();
@@ -321,8 +322,45 @@ impl Device {
             let n = &self.empty_polls;
             n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
-        if drives && !ready {
-            self.progress();
+        if !ready {
+            if drives {
+                self.progress();
+            } else if unserved >= crate::engine::progress::UNSERVED_POLLS {
+                self.serve_unserved(unserved);
+            }
+        }
+    }
+
+    /// Poll mode: runs the engine for an application whose polls of one queue found nothing
+    /// [`UNSERVED_POLLS`](crate::engine::progress::UNSERVED_POLLS) times in a row (`run`)
+    /// without the engine thread stepping back for them — a thread that runs does so after
+    /// 64. It is not being scheduled: the program is pinned to one core under a real-time
+    /// policy its engine thread inherited, and a thread is never preempted by one of its own
+    /// priority. The polls run the engine from then on, while the thread stays away. They
+    /// take the token's bias from the thread that owns it (a `membarrier`) only once per
+    /// `UNSERVED_POLLS` polls, so that a thread merely slow to be scheduled and this one do
+    /// not take it back and forth per poll; the rest of the time the token only when it is
+    /// theirs or nobody's (then a compare and swap, until the polling thread owns it).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn serve_unserved(&self, run: u32) {
+        let take = run % crate::engine::progress::UNSERVED_POLLS == 0 || !self.engine.biased();
+        let _ = self
+            .engine
+            .try_with_if(|| take, |e| e.poll_busy(&self.doorbell));
+    }
+
+    /// What a queue's count of polls that found nothing becomes when a poll finds
+    /// completions: 0, unless [`Device::serve_unserved`] serves it — then a count that
+    /// keeps it served (without taking the token at once) while the engine thread has not
+    /// stepped back.
+    #[cold]
+    pub(crate) fn unserved_after_completions(&self, run: u32) -> u32 {
+        let unserved = crate::engine::progress::UNSERVED_POLLS;
+        if run > unserved && self.app_drives.load(Ordering::Relaxed) == 0 {
+            unserved + 1
+        } else {
+            0
         }
     }
 

@@ -232,6 +232,12 @@ impl<T> EngineCell<T> {
         }
     }
 
+    /// Whether some thread owns the token's bias: taking the token from another thread
+    /// then revokes it (a `membarrier`); with no owner, the slow path is a compare and swap.
+    pub(crate) fn biased(&self) -> bool {
+        self.bias.load(Ordering::Relaxed) != 0
+    }
+
     /// Runs `f` on the value if the token is free; `None` if someone else holds it (or the
     /// calling thread holds it already: no nesting).
     #[inline]
