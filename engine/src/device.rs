@@ -192,6 +192,14 @@ pub(crate) struct Device {
     /// application; the application's polls and posts then run the engine, as in inline
     /// mode. Also the futex word the stepped-back thread sleeps on (1 while stepped back).
     pub(crate) app_drives: crossbeam_utils::CachePadded<AtomicU32>,
+    /// Poll mode: the engine thread's count of its loop's turns (a plain store per turn, by
+    /// that thread only), which the polls look at once per window of their own
+    /// ([`Device::unserved_window`]): whether the thread runs at all.
+    pub(crate) engine_beat: crossbeam_utils::CachePadded<AtomicU32>,
+    /// Poll mode: application polls that took the engine thread for one not scheduled,
+    /// and so ran the engine or tried to ([`Device::serve_unserved`]; a plain store, as
+    /// `empty_polls`; tests).
+    pub(crate) unserved_runs: std::sync::atomic::AtomicU64,
     /// The context's asynchronous events (the engine raises into the same queue, through
     /// `Resources::async_events`).
     pub(crate) async_events: Arc<crate::async_events::AsyncQueue>,
@@ -333,34 +341,46 @@ impl Device {
 
     /// Poll mode: runs the engine for an application whose polls of one queue found nothing
     /// [`UNSERVED_POLLS`](crate::engine::progress::UNSERVED_POLLS) times in a row (`run`)
-    /// without the engine thread stepping back for them — a thread that runs does so after
-    /// 64. It is not being scheduled: the program is pinned to one core under a real-time
-    /// policy its engine thread inherited, and a thread is never preempted by one of its own
-    /// priority. The polls run the engine from then on, while the thread stays away. They
-    /// take the token's bias from the thread that owns it (a `membarrier`) only once per
+    /// while the engine thread neither stepped back for them (a thread that runs does so
+    /// after 64) nor went once round its loop ([`Device::unserved_window`]). It is not
+    /// being scheduled: the program is pinned to one core under a real-time policy its
+    /// engine thread inherited, and a thread is never preempted by one of its own priority.
+    /// The polls run the engine from then on, while the thread stays away. They take the
+    /// token's bias from the thread that owns it (a `membarrier`) only once per
     /// `UNSERVED_POLLS` polls, so that a thread merely slow to be scheduled and this one do
     /// not take it back and forth per poll; the rest of the time the token only when it is
     /// theirs or nobody's (then a compare and swap, until the polling thread owns it).
     #[cold]
     #[inline(never)]
     pub(crate) fn serve_unserved(&self, run: u32) {
+        let n = &self.unserved_runs;
+        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let take = run % crate::engine::progress::UNSERVED_POLLS == 0 || !self.engine.biased();
         let _ = self
             .engine
             .try_with_if(|| take, |e| e.poll_busy(&self.doorbell));
     }
 
-    /// What a queue's count of polls that found nothing becomes when a poll finds
-    /// completions: 0, unless [`Device::serve_unserved`] serves it — then a count that
-    /// keeps it served (without taking the token at once) while the engine thread has not
-    /// stepped back.
+    /// The end of a window of [`UNSERVED_POLLS`](crate::engine::progress::UNSERVED_POLLS)
+    /// polls of one queue (`run`, a multiple of it: polls that found nothing, then, once
+    /// served, all polls): what the count becomes. 0 — the window starts again, unserved —
+    /// if the engine thread went round its loop since the last window's end (`seen`, its
+    /// [`Device::engine_beat`] then, which this updates) or stepped back: it runs, and
+    /// whatever keeps it from stepping back (work on every iteration, `IdlePolicy::Spin`)
+    /// is no reason to take the engine from it — that would be a compare and swap on the
+    /// token per poll against a running thread, and a `membarrier` per window. Else `run`
+    /// (at least `UNSERVED_POLLS`, as the count wraps): the polls serve the next window.
+    /// So the backstop starts after one or two windows of a thread that does not run, and
+    /// stops within one once it runs again.
     #[cold]
-    pub(crate) fn unserved_after_completions(&self, run: u32) -> u32 {
-        let unserved = crate::engine::progress::UNSERVED_POLLS;
-        if run > unserved && self.app_drives.load(Ordering::Relaxed) == 0 {
-            unserved + 1
-        } else {
+    #[inline(never)]
+    pub(crate) fn unserved_window(&self, run: u32, seen: &mut u32) -> u32 {
+        let beat = self.engine_beat.load(Ordering::Relaxed);
+        let ran = std::mem::replace(seen, beat) != beat;
+        if ran || self.app_drives.load(Ordering::Relaxed) != 0 {
             0
+        } else {
+            run.max(crate::engine::progress::UNSERVED_POLLS)
         }
     }
 
@@ -517,6 +537,8 @@ pub(crate) fn engine_thread(shared: Arc<Device>, cpu: Option<usize>, idle: IdleP
     let mut seen_polls = shared.empty_polls.load(Ordering::Relaxed);
     loop {
         n = n.wrapping_add(1);
+        // (Read by the polls once per window of theirs: `Device::unserved_window`.)
+        shared.engine_beat.store(n, Ordering::Relaxed);
         // The thread holds one reference; when it is the last, every handle is gone.
         if n % 1024 == 0 && Arc::strong_count(&shared) == 1 {
             break;

@@ -216,10 +216,10 @@ fn helper(weak: Weak<Device>) {
 /// below). Once the thread has stepped back, any poll counts, and one per [`STEP`] keeps it
 /// back (see [`Device::step_back`]).
 pub(crate) const BUSY_POLLS: u64 = 64;
-/// Empty polls of one completion queue in a row, with the engine thread not stepped back
-/// ([`BUSY_POLLS`] of them make a thread that runs step back), after which the polling
-/// thread runs the engine itself, and goes on doing so while the thread stays away: the
-/// thread is not being scheduled — a program pinned to one core under `SCHED_FIFO`, whose
+/// Empty polls of one completion queue in a row, with the engine thread neither stepped
+/// back ([`BUSY_POLLS`] of them make a thread that runs step back) nor once round its loop
+/// (`Device::unserved_window`), after which the polling thread runs the engine itself, and
+/// goes on doing so while the thread stays away: the thread is not being scheduled — a program pinned to one core under `SCHED_FIFO`, whose
 /// engine thread inherits both and so never preempts it (`Device::serve_unserved`). A few
 /// milliseconds of polls.
 pub(crate) const UNSERVED_POLLS: u32 = 1 << 16;
@@ -821,6 +821,84 @@ mod step_back_tests {
         assert_eq!(
             proved, 3,
             "three rounds with the thread stepped back throughout"
+        );
+    }
+}
+
+/// The polls' backstop for an engine thread that is never scheduled
+/// (`Device::serve_unserved`), with a thread that is.
+#[cfg(all(test, not(shmhca_loom)))]
+mod unserved_tests {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use super::UNSERVED_POLLS;
+    use crate::{Context, EngineMode, IdlePolicy};
+    use shmhca_rings::segment::HugePages;
+
+    /// A poll-mode engine thread that runs all along but never steps back — it spins
+    /// (`IdlePolicy::Spin` never does), as it would with work on every iteration (another
+    /// thread's stream, a peer's RDMA writes) — while the application busy-polls a queue
+    /// that stays empty for many windows of `UNSERVED_POLLS` polls. The thread is served:
+    /// the polls must leave the engine to it. From the first window on, every poll took it
+    /// for a thread not scheduled, for the rest of the program (a poll that found
+    /// completions kept the count past the threshold): it ran the engine whenever the token
+    /// had no owner — a compare and swap on the token's line per poll against the spinning
+    /// thread — and revoked the thread's bias with a `membarrier` once per window: 458,752
+    /// of 524,288 polls (8 windows) served it, of which 125,000 to 165,000 ran the engine,
+    /// in runs of this test then. A loaded host that keeps the thread off its cores for a
+    /// whole window makes the polls serve the next (2 of 8 windows, in 3 runs of 10 beside
+    /// two busy processes on 2 cores).
+    #[test]
+    fn polls_leave_the_engine_to_a_thread_that_runs() {
+        polls_of(1);
+    }
+
+    /// The same with two application threads, each busy-polling a queue of its own: each
+    /// took the token on every poll, against the thread and against each other.
+    #[test]
+    fn polls_of_two_threads_leave_the_engine_to_a_thread_that_runs() {
+        polls_of(2);
+    }
+
+    /// `threads` threads each poll an empty queue of a spinning poll-mode engine (whose
+    /// thread never steps back) for 16 windows of `UNSERVED_POLLS` polls (or a minute):
+    /// fewer than half the windows' polls may serve the engine (those after a window in
+    /// which a loaded host kept the thread off its cores); all but the first did.
+    fn polls_of(threads: u32) {
+        let ctx = Context::builder()
+            .arena_size(1 << 20)
+            .huge_pages(HugePages::Never)
+            .mode(EngineMode::Poll { cpu: None })
+            .idle(IdlePolicy::Spin)
+            .build()
+            .unwrap();
+        let windows = 16u32;
+        let polls: u32 = std::thread::scope(|s| {
+            let pollers: Vec<_> = (0..threads)
+                .map(|_| {
+                    let mut cq = ctx.create_cq(16).unwrap();
+                    s.spawn(move || {
+                        let start = Instant::now();
+                        let mut polls = 0u32;
+                        while polls < windows * UNSERVED_POLLS
+                            && start.elapsed() < Duration::from_secs(60)
+                        {
+                            for _ in 0..1024 {
+                                assert!(cq.poll_one().is_none());
+                            }
+                            polls += 1024;
+                        }
+                        polls
+                    })
+                })
+                .collect();
+            pollers.into_iter().map(|p| p.join().unwrap()).sum()
+        });
+        let served = ctx.shared.unserved_runs.load(Ordering::Relaxed);
+        assert!(
+            served < u64::from(threads * windows / 2 * UNSERVED_POLLS),
+            "{served} of {polls} polls served the engine that its spinning thread runs"
         );
     }
 }

@@ -53,9 +53,13 @@ pub struct Cq {
     /// The last poll found the queue empty (the engine thread steps back for an
     /// application that keeps doing that: `Device::on_app_poll`).
     last_empty: bool,
-    /// Polls in a row that found nothing (a thread that cannot be scheduled to run the
-    /// engine for them is found out by it: `Device::serve_unserved`).
+    /// Polls in a row that found nothing, and once they are served all polls (a thread
+    /// that cannot be scheduled to run the engine for them is found out by it:
+    /// `Device::serve_unserved`).
     unserved: u32,
+    /// The engine thread's beat at the end of the last window of `unserved` polls
+    /// (`Device::unserved_window`).
+    beat: u32,
 }
 
 impl Cq {
@@ -84,6 +88,9 @@ impl Cq {
             own_channel: None,
             last_empty: false,
             unserved: 0,
+            beat: shared
+                .engine_beat
+                .load(std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -247,14 +254,18 @@ impl Cq {
     #[inline(always)]
     fn count_poll(&mut self, found: bool) {
         self.last_empty = !found;
-        if !found {
-            // (Wrapping back to the first count that may take the token.)
-            self.unserved = match self.unserved.checked_add(1) {
-                Some(n) => n,
-                None => crate::engine::progress::UNSERVED_POLLS,
+        let window = crate::engine::progress::UNSERVED_POLLS;
+        if !found || self.unserved >= window {
+            // Served, a poll that finds completions counts too: the window must end for
+            // the polls to see the thread come back (`Device::unserved_window`).
+            let n = self.unserved.wrapping_add(1);
+            self.unserved = if n % window != 0 {
+                n
+            } else {
+                self.shared.unserved_window(n, &mut self.beat)
             };
         } else if self.unserved != 0 {
-            self.unserved = self.shared.unserved_after_completions(self.unserved);
+            self.unserved = 0;
         }
     }
 

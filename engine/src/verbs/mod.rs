@@ -382,6 +382,8 @@ impl ContextBuilder {
             empty_polls: Default::default(),
             step_looks: Default::default(),
             app_drives: Default::default(),
+            engine_beat: Default::default(),
+            unserved_runs: Default::default(),
             kick: Default::default(),
             fabric: std::sync::OnceLock::new(),
             fabric_resolve: std::sync::OnceLock::new(),
