@@ -219,9 +219,9 @@ pub(crate) const BUSY_POLLS: u64 = 64;
 /// Empty polls of one completion queue in a row, with the engine thread neither stepped
 /// back ([`BUSY_POLLS`] of them make a thread that runs step back) nor once round its loop
 /// (`Device::unserved_window`), after which the polling thread runs the engine itself, and
-/// goes on doing so while the thread stays away: the thread is not being scheduled — a program pinned to one core under `SCHED_FIFO`, whose
-/// engine thread inherits both and so never preempts it (`Device::serve_unserved`). A few
-/// milliseconds of polls.
+/// goes on doing so while the thread stays away: the thread is not being scheduled — a
+/// program pinned to one core under `SCHED_FIFO`, whose engine thread inherits both and so
+/// never preempts it (`Device::serve_unserved`). A few milliseconds of polls.
 pub(crate) const UNSERVED_POLLS: u32 = 1 << 16;
 /// How long the stepped-back engine thread first sleeps between two looks at the
 /// application's polls. Each look that found polls doubles it, up to [`MAX_STEP`].
