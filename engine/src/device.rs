@@ -198,7 +198,8 @@ pub(crate) struct Device {
     pub(crate) engine_beat: crossbeam_utils::CachePadded<AtomicU32>,
     /// Poll mode: application polls that took the engine thread for one not scheduled,
     /// and so ran the engine or tried to ([`Device::serve_unserved`]; a plain store, as
-    /// `empty_polls`; tests).
+    /// `empty_polls`; tests only).
+    #[cfg(test)]
     pub(crate) unserved_runs: std::sync::atomic::AtomicU64,
     /// The context's asynchronous events (the engine raises into the same queue, through
     /// `Resources::async_events`).
@@ -353,8 +354,11 @@ impl Device {
     #[cold]
     #[inline(never)]
     pub(crate) fn serve_unserved(&self, run: u32) {
-        let n = &self.unserved_runs;
-        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        #[cfg(test)]
+        {
+            let n = &self.unserved_runs;
+            n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        }
         let take = run % crate::engine::progress::UNSERVED_POLLS == 0 || !self.engine.biased();
         let _ = self
             .engine

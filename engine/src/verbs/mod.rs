@@ -383,6 +383,7 @@ impl ContextBuilder {
             step_looks: Default::default(),
             app_drives: Default::default(),
             engine_beat: Default::default(),
+            #[cfg(test)]
             unserved_runs: Default::default(),
             kick: Default::default(),
             fabric: std::sync::OnceLock::new(),
