@@ -193,9 +193,16 @@ pub(crate) struct Device {
     /// mode. Also the futex word the stepped-back thread sleeps on (1 while stepped back).
     pub(crate) app_drives: crossbeam_utils::CachePadded<AtomicU32>,
     /// Poll mode: the engine thread's count of its loop's turns (a plain store per turn, by
-    /// that thread only), which the polls look at once per window of their own
+    /// that thread only), which the polls look at once per window of
+    /// [`UNSERVED_POLLS`](crate::engine::progress::UNSERVED_POLLS) empty polls
     /// ([`Device::unserved_window`]): whether the thread runs at all.
     pub(crate) engine_beat: crossbeam_utils::CachePadded<AtomicU32>,
+    /// Poll mode: the engine thread's beat when a window of polls last saw it move, and when
+    /// ([`Device::unserved_window`]; a window's end only, once per 65,536 polls).
+    pub(crate) unserved_seen: Mutex<(u32, std::time::Instant)>,
+    /// Poll mode: the application's polls run the engine for a thread that is not being
+    /// scheduled ([`Device::unserved_window`]).
+    pub(crate) serving: std::sync::atomic::AtomicBool,
     /// Poll mode: application polls that took the engine thread for one not scheduled,
     /// and so ran the engine or tried to ([`Device::serve_unserved`]; a plain store, as
     /// `empty_polls`; tests only).
@@ -314,10 +321,12 @@ impl Device {
     /// engine in inline mode, and in poll mode while the engine thread has stepped back
     /// for the application (`engine::progress::step_back`) — unless completions are
     /// waiting in the queue (`ready`: see [`crate::Cq::poll`]). `empty`: the last poll of
-    /// this queue found nothing (a busy poller's signature). `unserved`: how many polls of
-    /// this queue in a row found nothing ([`Device::serve_unserved`]).
+    /// this queue found nothing (a busy poller's signature). In poll mode with the thread
+    /// not stepped back, also the backstop for a thread that is never scheduled
+    /// ([`Device::unserved_window`]), looked at on this path only: a stepped-back thread's
+    /// polls pay nothing for it.
     #[inline]
-    pub(crate) fn on_app_poll(&self, empty: bool, ready: bool, unserved: u32) {
+    pub(crate) fn on_app_poll(&self, empty: bool, ready: bool) {
         if self.mode == EngineMode::Inline {
             if !ready {
                 self.progress();
@@ -329,62 +338,67 @@ impl Device {
         // that keep finding completions too): `Device::step_back`.
         if empty || drives {
             let n = &self.empty_polls;
-            n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+            let polls = n.load(Ordering::Relaxed).wrapping_add(1);
+            n.store(polls, Ordering::Relaxed);
+            if !drives && polls % u64::from(crate::engine::progress::UNSERVED_POLLS) == 0 {
+                self.unserved_window();
+            }
         }
         if !ready {
             if drives {
                 self.progress();
-            } else if unserved >= crate::engine::progress::UNSERVED_POLLS {
-                self.serve_unserved(unserved);
+            } else if self.serving.load(Ordering::Relaxed) {
+                self.serve_unserved(false);
             }
         }
     }
 
-    /// Poll mode: runs the engine for an application whose polls of one queue found nothing
-    /// [`UNSERVED_POLLS`](crate::engine::progress::UNSERVED_POLLS) times in a row (`run`)
-    /// while the engine thread neither stepped back for them (a thread that runs does so
-    /// after 64) nor went once round its loop ([`Device::unserved_window`]). It is not
-    /// being scheduled: the program is pinned to one core under a real-time policy its
-    /// engine thread inherited, and a thread is never preempted by one of its own priority.
-    /// The polls run the engine from then on, while the thread stays away. They take the
-    /// token's bias from the thread that owns it (a `membarrier`) only once per
-    /// `UNSERVED_POLLS` polls, so that a thread merely slow to be scheduled and this one do
-    /// not take it back and forth per poll; the rest of the time the token only when it is
-    /// theirs or nobody's (then a compare and swap, until the polling thread owns it).
+    /// Poll mode: runs the engine for the application's polls while
+    /// [`Device::unserved_window`] finds the engine thread not scheduled (`serving`): the
+    /// program is pinned to one core under a real-time policy its engine thread inherited,
+    /// and a thread is never preempted by one of its own priority. `take`: the token's bias
+    /// may be taken from the thread that owns it (a `membarrier`) — once per window, so that
+    /// a thread merely slow to be scheduled and the polls do not take it back and forth per
+    /// poll; the rest of the time the token only when it is the polling thread's or
+    /// nobody's (then a compare and swap, until the polling thread owns it).
     #[cold]
     #[inline(never)]
-    pub(crate) fn serve_unserved(&self, run: u32) {
+    pub(crate) fn serve_unserved(&self, take: bool) {
         #[cfg(test)]
         {
             let n = &self.unserved_runs;
             n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         }
-        let take = run % crate::engine::progress::UNSERVED_POLLS == 0 || !self.engine.biased();
+        let take = take || !self.engine.biased();
         let _ = self
             .engine
             .try_with_if(|| take, |e| e.poll_busy(&self.doorbell));
     }
 
     /// The end of a window of [`UNSERVED_POLLS`](crate::engine::progress::UNSERVED_POLLS)
-    /// polls of one queue (`run`, a multiple of it: polls that found nothing, then, once
-    /// served, all polls): what the count becomes. 0 — the window starts again, unserved —
-    /// if the engine thread went round its loop since the last window's end (`seen`, its
-    /// [`Device::engine_beat`] then, which this updates) or stepped back: it runs, and
-    /// whatever keeps it from stepping back (work on every iteration, `IdlePolicy::Spin`)
-    /// is no reason to take the engine from it — that would be a compare and swap on the
-    /// token per poll against a running thread, and a `membarrier` per window. Else `run`
-    /// (at least `UNSERVED_POLLS`, as the count wraps): the polls serve the next window.
-    /// So the backstop starts after one or two windows of a thread that does not run, and
-    /// stops within one once it runs again.
+    /// empty polls of this context's queues with the engine thread not stepped back: sets
+    /// `serving` if the thread has not gone round its loop ([`Device::engine_beat`]) for
+    /// [`UNSERVED_FOR`](crate::engine::progress::UNSERVED_FOR) — far longer than a thread
+    /// waits for a core on a busy machine or sleeps by its idle policy until a packet wakes
+    /// it — and clears it once the thread runs again (it runs: whatever keeps it from
+    /// stepping back, work on every iteration or `IdlePolicy::Spin`, is no reason to take
+    /// the engine from it). A second poller at a window's end at once skips it.
     #[cold]
     #[inline(never)]
-    pub(crate) fn unserved_window(&self, run: u32, seen: &mut u32) -> u32 {
+    fn unserved_window(&self) {
+        let Ok(mut seen) = self.unserved_seen.try_lock() else {
+            return;
+        };
         let beat = self.engine_beat.load(Ordering::Relaxed);
-        let ran = std::mem::replace(seen, beat) != beat;
-        if ran || self.app_drives.load(Ordering::Relaxed) != 0 {
-            0
-        } else {
-            run.max(crate::engine::progress::UNSERVED_POLLS)
+        let now = std::time::Instant::now();
+        let (last, since) = *seen;
+        if beat != last {
+            *seen = (beat, now);
+            self.serving.store(false, Ordering::Relaxed);
+        } else if now.duration_since(since) >= crate::engine::progress::UNSERVED_FOR {
+            self.serving.store(true, Ordering::Relaxed);
+            // Once per window, the token from whoever holds its bias.
+            self.serve_unserved(true);
         }
     }
 

@@ -216,13 +216,20 @@ fn helper(weak: Weak<Device>) {
 /// below). Once the thread has stepped back, any poll counts, and one per [`STEP`] keeps it
 /// back (see [`Device::step_back`]).
 pub(crate) const BUSY_POLLS: u64 = 64;
-/// Empty polls of one completion queue in a row, with the engine thread neither stepped
-/// back ([`BUSY_POLLS`] of them make a thread that runs step back) nor once round its loop
-/// (`Device::unserved_window`), after which the polling thread runs the engine itself, and
-/// goes on doing so while the thread stays away: the thread is not being scheduled — a
-/// program pinned to one core under `SCHED_FIFO`, whose engine thread inherits both and so
-/// never preempts it (`Device::serve_unserved`). A few milliseconds of polls.
+/// Empty polls of a context's completion queues, with the engine thread not stepped back
+/// ([`BUSY_POLLS`] of them make a thread that runs step back), between two looks at whether
+/// the thread runs at all (`Device::unserved_window`): one that did not go round its loop
+/// for [`UNSERVED_FOR`] is not being scheduled — a program pinned to one core under
+/// `SCHED_FIFO`, whose engine thread inherits both and so never preempts it — and the
+/// polls run the engine themselves (`Device::serve_unserved`) until it runs again.
 pub(crate) const UNSERVED_POLLS: u32 = 1 << 16;
+/// How long the engine thread must not have gone round its loop, seen at the end of a
+/// window of [`UNSERVED_POLLS`], before the polls serve it (`Device::unserved_window`):
+/// far longer than a thread waits for a core on a busy machine, or sleeps by its idle
+/// policy before a peer's packet wakes it — serving such a thread, the polls and it took
+/// the token from each other as it came back (`ib_send_lat -n 20000` 0.29 → 0.35 µs with a
+/// window's wait).
+pub(crate) const UNSERVED_FOR: Duration = Duration::from_millis(250);
 /// How long the stepped-back engine thread first sleeps between two looks at the
 /// application's polls. Each look that found polls doubles it, up to [`MAX_STEP`].
 pub(crate) const STEP: Duration = Duration::from_millis(1);

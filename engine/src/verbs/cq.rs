@@ -53,13 +53,6 @@ pub struct Cq {
     /// The last poll found the queue empty (the engine thread steps back for an
     /// application that keeps doing that: `Device::on_app_poll`).
     last_empty: bool,
-    /// Polls in a row that found nothing, and once they are served all polls (a thread
-    /// that cannot be scheduled to run the engine for them is found out by it:
-    /// `Device::serve_unserved`).
-    unserved: u32,
-    /// The engine thread's beat at the end of the last window of `unserved` polls
-    /// (`Device::unserved_window`).
-    beat: u32,
 }
 
 impl Cq {
@@ -87,10 +80,6 @@ impl Cq {
             channel: None,
             own_channel: None,
             last_empty: false,
-            unserved: 0,
-            beat: shared
-                .engine_beat
-                .load(std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -234,39 +223,19 @@ impl Cq {
         self.poll_thread_mode(out, ready)
     }
 
-    /// [`Cq::poll`] in poll mode. (Out of line: in line, its counting took registers from
-    /// inline mode's poll, 5 instructions a message.)
+    /// [`Cq::poll`] in poll mode. (Out of line: in line, the backstop's look in
+    /// `Device::on_app_poll` took registers from inline mode's poll, 5 to 9 instructions a
+    /// message.)
     #[inline(never)]
     fn poll_thread_mode(&mut self, out: &mut [WorkCompletion], ready: bool) -> usize {
-        self.shared
-            .on_app_poll(self.last_empty, ready, self.unserved);
+        self.shared.on_app_poll(self.last_empty, ready);
         if self.consumer.looks_empty() {
-            self.count_poll(false);
+            self.last_empty = true;
             return 0;
         }
         let n = self.pop_into(out);
-        self.count_poll(n != 0);
+        self.last_empty = n == 0;
         n
-    }
-
-    /// Poll mode: counts a poll that `found` completions or not, for the engine thread's
-    /// step back and for [`Device::serve_unserved`](crate::device::Device::serve_unserved).
-    #[inline(always)]
-    fn count_poll(&mut self, found: bool) {
-        self.last_empty = !found;
-        let window = crate::engine::progress::UNSERVED_POLLS;
-        if !found || self.unserved >= window {
-            // Served, a poll that finds completions counts too: the window must end for
-            // the polls to see the thread come back (`Device::unserved_window`).
-            let n = self.unserved.wrapping_add(1);
-            self.unserved = if n % window != 0 {
-                n
-            } else {
-                self.shared.unserved_window(n, &mut self.beat)
-            };
-        } else if self.unserved != 0 {
-            self.unserved = 0;
-        }
     }
 
     /// The pop of [`Cq::poll`], in line again since the stamped ring's pop needs no stack
@@ -302,10 +271,9 @@ impl Cq {
             }
             return self.consumer.pop_each(max, f);
         }
-        self.shared
-            .on_app_poll(self.last_empty, ready, self.unserved);
+        self.shared.on_app_poll(self.last_empty, ready);
         let n = self.consumer.pop_each(max, f);
-        self.count_poll(n != 0);
+        self.last_empty = n == 0;
         n
     }
 
@@ -319,10 +287,9 @@ impl Cq {
             return self.consumer.pop();
         }
         let ready = !self.consumer.looks_empty();
-        self.shared
-            .on_app_poll(self.last_empty, ready, self.unserved);
+        self.shared.on_app_poll(self.last_empty, ready);
         let wc = self.consumer.pop();
-        self.count_poll(wc.is_some());
+        self.last_empty = wc.is_none();
         wc
     }
 

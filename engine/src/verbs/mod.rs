@@ -383,6 +383,8 @@ impl ContextBuilder {
             step_looks: Default::default(),
             app_drives: Default::default(),
             engine_beat: Default::default(),
+            unserved_seen: Mutex::new((0, std::time::Instant::now())),
+            serving: Default::default(),
             #[cfg(test)]
             unserved_runs: Default::default(),
             kick: Default::default(),
