@@ -31,7 +31,9 @@ fn wait_cq(cq: &mut Cq, n: usize, what: &str, a: &Context, b: &Context) -> Vec<W
     out
 }
 
-fn ping_pong(idle: IdlePolicy, pause: Duration) -> (Stats, Stats) {
+/// Two poll-mode contexts with `idle`, linked, a connected QP each, and a 64-byte region
+/// each for the messages.
+fn connected(idle: IdlePolicy) -> (End, End, Mr, Mr) {
     let ca = poll_ctx(idle);
     let cb = poll_ctx(idle);
     let (la, lb) = ca.link_with(&cb).unwrap();
@@ -43,6 +45,11 @@ fn ping_pong(idle: IdlePolicy, pause: Duration) -> (Stats, Stats) {
     connect(&mut b.qp, lb, qa, 2, 1, &p);
     let sa = a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let sb = b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    (a, b, sa, sb)
+}
+
+fn ping_pong(idle: IdlePolicy, pause: Duration) -> (Stats, Stats) {
+    let (mut a, mut b, sa, sb) = connected(idle);
     for round in 0..20u64 {
         // Let the engines go idle (and, with a backoff policy, fall asleep).
         std::thread::sleep(pause);
@@ -165,22 +172,13 @@ fn a_poller_whose_engine_threads_never_get_the_core_is_served() {
 /// threads share the polling thread's core and priority; each wait bounded by its count of
 /// polls, not by time.
 fn starved_ping_pong() {
-    const MAX_POLLS: u64 = 1 << 23;
+    // (The polls serve the engine after 250 ms without its thread: `UNSERVED_FOR`.)
+    const MAX_POLLS: u64 = 1 << 26;
     let idle = IdlePolicy::Backoff {
         spins: 1000,
         max_sleep: Duration::from_millis(100),
     };
-    let ca = poll_ctx(idle);
-    let cb = poll_ctx(idle);
-    let (la, lb) = ca.link_with(&cb).unwrap();
-    let p = Params::default();
-    let mut a = end(ca, la, &p);
-    let mut b = end(cb, lb, &p);
-    let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
-    connect(&mut a.qp, la, qb, 1, 2, &p);
-    connect(&mut b.qp, lb, qa, 2, 1, &p);
-    let sa = a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let sb = b.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let (mut a, mut b, sa, sb) = connected(idle);
     for round in 0..20u64 {
         b.qp.post_recv(&RecvWr::new(round, &[sb.sge(0, 64).unwrap()]))
             .unwrap();
