@@ -296,6 +296,10 @@ impl Device {
         };
         let word = &self.app_drives;
         word.store(1, Ordering::Relaxed);
+        // This thread runs: the polls' backstop for one that does not is off
+        // (`Device::unserved_window` would turn it off only at its next window's end, after
+        // the thread takes over again).
+        self.serving.store(false, Ordering::Relaxed);
         // A post that came before the application saw the flag: sent now.
         self.progress();
         // A window of this long without a poll gives the engine back to the thread.
