@@ -857,9 +857,9 @@ mod unserved_tests {
     /// had no owner — a compare and swap on the token's line per poll against the spinning
     /// thread — and revoked the thread's bias with a `membarrier` once per window: 458,752
     /// of 524,288 polls (8 windows) served it, of which 125,000 to 165,000 ran the engine,
-    /// in runs of this test then. A loaded host that keeps the thread off its cores for a
-    /// whole window makes the polls serve the next (2 of 8 windows, in 3 runs of 10 beside
-    /// two busy processes on 2 cores).
+    /// in runs of this test then. Now only a thread that has not gone round its loop for
+    /// `UNSERVED_FOR` (250 ms) is served; the bound below leaves room for a loaded host
+    /// that keeps it off its cores that long.
     #[test]
     fn polls_leave_the_engine_to_a_thread_that_runs() {
         polls_of(1);
@@ -874,8 +874,8 @@ mod unserved_tests {
 
     /// `threads` threads each poll an empty queue of a spinning poll-mode engine (whose
     /// thread never steps back) for 16 windows of `UNSERVED_POLLS` polls (or a minute):
-    /// fewer than half the windows' polls may serve the engine (those after a window in
-    /// which a loaded host kept the thread off its cores); all but the first did.
+    /// fewer than half the windows' polls may serve the engine (those after a loaded host
+    /// kept the thread off its cores for `UNSERVED_FOR`); all but the first did.
     fn polls_of(threads: u32) {
         let ctx = Context::builder()
             .arena_size(1 << 20)
