@@ -872,8 +872,7 @@ impl Engine {
             && self.faults.is_none()
             && !doorbell.rung()
             && self.links.iter_mut().all(|(_, l)| {
-                l.down.is_some()
-                    || (!l.rx_backlog && l.tx.is_empty() && l.rx.has_frame() == Ok(false))
+                l.down.is_some() || (!l.rx_backlog && l.tx.is_empty() && l.rx.empty_at_head())
             })
     }
 

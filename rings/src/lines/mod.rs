@@ -932,6 +932,20 @@ impl<S: LineStorage> LinesConsumer<S> {
         u64::from(word_stamp(word)) == self.head_stale
     }
 
+    /// Whether nothing waits at head, with head published if so: what
+    /// [`has_frame`](Self::has_frame) answers for an empty ring, at the cost of one load
+    /// and no validation. False whenever the line at head is not last lap's — a frame, a
+    /// padding frame, a line the producer broke, a broken ring — all of which a poll loop
+    /// then hands to [`recv`](Self::recv), whose answer is the full one.
+    #[inline(always)]
+    pub fn empty_at_head(&mut self) -> bool {
+        if !self.nothing_at_head() {
+            return false;
+        }
+        self.flush();
+        true
+    }
+
     /// Whether head, where it is now, has been stored for the producer (a producer waiting
     /// for room sees all the room the consumer made).
     pub fn head_published(&self) -> bool {
@@ -1051,6 +1065,40 @@ mod tests {
         assert!(c.nothing_at_head());
         c.fail(Violation::BadLineCount { index: 0, count: 0 });
         assert!(!c.nothing_at_head(), "a broken ring is looked at by recv");
+    }
+
+    /// `empty_at_head` answers as `has_frame` does for an empty ring (true, head
+    /// published) and says no to everything else — a frame, padding before a frame, a
+    /// broken ring — leaving it to `recv`, lap after lap.
+    #[test]
+    fn empty_at_head_is_has_frames_empty_answer() {
+        let (mut p, mut c) = heap_lines(64).unwrap();
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        assert!(c.empty_at_head() && c.head_published());
+        for round in 0..30 {
+            for _ in 0..5 {
+                p.reserve(1).unwrap().unwrap().commit();
+                assert!(!c.empty_at_head(), "round {round}: a frame waits");
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+            }
+            assert!(!c.head_published(), "round {round}");
+            assert!(c.empty_at_head(), "round {round}: taken");
+            assert!(
+                c.head_published(),
+                "round {round}: published when found empty"
+            );
+            assert_eq!(c.has_frame(), Ok(false));
+        }
+        for _ in 0..40 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        p.reserve(3).unwrap().unwrap().commit();
+        assert!(!c.empty_at_head(), "padding, then a frame");
+        assert_eq!(c.recv(&mut out).unwrap(), Some(3));
+        assert!(c.empty_at_head());
+        c.fail(Violation::BadLineCount { index: 0, count: 0 });
+        assert!(!c.empty_at_head(), "a broken ring is looked at by recv");
     }
 
     /// Each commit asks for the line `PREFETCH_AHEAD` past its frame (wrapping around the
