@@ -304,7 +304,7 @@ fn answer_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         let Some(mut cursor) = Cursor::at(sgl, 0) else {
             return false;
         };
-        qp.proto.req.update_credits(credits, msn.get());
+        qp.proto.req.update_credits_of(credits, msn.get(), seq);
         // 4. Execute.
         match dma::copy_payload(
             pkt,
@@ -333,7 +333,7 @@ fn answer_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
         }
         // 4. Execute.
         write_orig(qp, env, &data, orig);
-        qp.proto.req.update_credits(credits, msn.get());
+        qp.proto.req.update_credits_of(credits, msn.get(), seq);
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::AtomicAck);
     }

@@ -464,18 +464,34 @@ impl Requester {
         let moved = self.window.acknowledge(psn);
         debug_assert!(moved);
         self.progressed_to(cfg);
-        // The MSN names the last WQE acknowledged, as it does when the responder has
-        // executed all of them: its consuming count is at hand (consumers_at's answer).
+        self.update_credits_named(credits, msn, end, consumers);
+        Some(AckFast::Acked)
+    }
+
+    /// [`Requester::update_credits`] of a response that acknowledged WQE `seq` last, not a
+    /// local operation (a Read's response, an Atomic's Acknowledge): when its MSN names
+    /// that WQE, as it does when the responder has executed it and everything before, the
+    /// WQE's consuming count is the base, without [`Requester::consumers_at`]'s search.
+    #[inline(always)]
+    pub fn update_credits_of(&mut self, code: CreditCode, msn: u32, seq: u64) {
+        let consumers = self.window.wqe(seq).consumers;
+        self.update_credits_named(code, msn, seq + 1, consumers);
+    }
+
+    /// The credits of an Ack whose last acknowledged WQE is `end - 1` (no local operation),
+    /// whose consuming count is `consumers`: consumers_at's answer when the MSN names that
+    /// WQE (no local operation after it either), else its search.
+    #[inline(always)]
+    fn update_credits_named(&mut self, code: CreditCode, msn: u32, end: u64, consumers: u64) {
         let fetched = self.window.fetched();
         if u64::from(self.ssn.wrapping_sub(msn) & Psn::MASK) == fetched - end
             && self.after_local <= end
         {
-            self.credits.update(credits, consumers);
+            self.credits.update(code, consumers);
             self.credits_changed();
         } else {
-            self.update_credits(credits, msn);
+            self.update_credits(code, msn);
         }
-        Some(AckFast::Acked)
     }
 
     /// [`Requester::ack_fast`] refusing an Ack after it marked WQEs `first..end` done: they

@@ -1209,3 +1209,69 @@ fn a_limited_send_with_invalidate_asks_for_the_ack_it_waits_for() {
     assert!(req.acknowledged(Psn::new(100), &c));
     assert_eq!(send_all(&mut req, &c), [101, 102]);
 }
+
+/// `update_credits_of` (a Read's response or an Atomic's Acknowledge, the consuming count
+/// of the WQE it acknowledged at hand) leaves the credits and the limited WQE exactly as
+/// `update_credits` (`consumers_at`'s search) does — for every MSN, whether it names that
+/// WQE, an older or a newer one, with consuming messages and local operations around it,
+/// and for a window too small to remember the oldest.
+#[test]
+fn update_credits_of_agrees_with_update_credits() {
+    let clock = ManualClock::new(Timestamp::from_nanos(0));
+    let c = QpConfig {
+        remote_credits: true,
+        max_rd_atomic: 8,
+        ..cfg(1, 0)
+    };
+    let ops = [
+        WqeOp::Send,
+        WqeOp::Read,
+        WqeOp::BindMw,
+        WqeOp::FetchAdd,
+        WqeOp::Send,
+        WqeOp::Read,
+        WqeOp::LocalInv,
+        WqeOp::Read,
+        WqeOp::WriteImm,
+        WqeOp::CompareSwap,
+    ];
+    let build = |depth: u32, n: usize| {
+        let mut req = rts(&c, &clock, depth);
+        for (i, &op) in ops[..n].iter().enumerate() {
+            let len = if op.is_rd_atomic() { 8 } else { 0 };
+            req.accept(
+                SqWqe {
+                    wr_id: i as u64,
+                    ..wqe(op, len)
+                },
+                1024,
+            );
+        }
+        drive(&mut req, &c);
+        req
+    };
+    let mut compared = 0;
+    for depth in [4, 16] {
+        for n in 1..=ops.len().min(depth as usize) {
+            for seq in (0..n).filter(|&s| ops[s].is_rd_atomic()) {
+                for msn in 0..=n as u32 + 1 {
+                    for code in [0, 3, 31] {
+                        let (mut a, mut b) = (build(depth, n), build(depth, n));
+                        a.update_credits_of(CreditCode::new(code), msn, seq as u64);
+                        b.update_credits(CreditCode::new(code), msn);
+                        let at =
+                            format!("depth {depth}, {n} WQEs, WQE {seq}, MSN {msn}, code {code}");
+                        assert_eq!(
+                            format!("{:?}", a.credits()),
+                            format!("{:?}", b.credits()),
+                            "{at}"
+                        );
+                        assert_eq!(a.limited(), b.limited(), "{at}");
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(compared > 200, "{compared} cases");
+}
