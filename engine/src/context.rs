@@ -202,6 +202,7 @@ impl Env<'_> {
     /// of protection domain `pd`: through a memory window if the key is a window's (its
     /// range, rights, domain and QP decide), else through the region's own key. Returns the
     /// arena offset of `va`.
+    #[inline(always)]
     pub(crate) fn check_remote(
         &self,
         rkey: u32,

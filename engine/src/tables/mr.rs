@@ -201,6 +201,7 @@ impl MrTable {
     ///
     /// A zero-length access is not checked against the key (as in the IBA, a zero-length RDMA
     /// operation does not validate its R_Key) and resolves to offset 0.
+    #[inline(always)]
     pub(crate) fn check_remote(
         &self,
         rkey: u32,
