@@ -456,7 +456,7 @@ fn read_fast<L: LinkTx + ?Sized>(
         slot.kind = KIND_DIRECT;
         slot.payload_off = off;
     }
-    tx.commit();
+    tx.send_line(true);
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;
     // The pipeline's bookkeeping: the message counted, the resource held until step 3,
@@ -532,7 +532,7 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         Some(orig),
     );
     slot.kind = KIND_NONE;
-    tx.commit();
+    tx.send_line(true);
     env.stats.packets_sent += 1;
     advertise(qp, code.credits());
     // The pipeline's bookkeeping: the result kept for a duplicate, the resource held until

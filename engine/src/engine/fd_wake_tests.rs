@@ -28,7 +28,11 @@ fn context() -> Context {
 }
 
 fn connect(qp: &mut Qp, link: LinkId, remote: Qpn) {
-    qp.modify(&QpAttr::new(QpState::Init).access(AccessFlags::NONE))
+    connect_with(qp, link, remote, AccessFlags::NONE);
+}
+
+fn connect_with(qp: &mut Qp, link: LinkId, remote: Qpn, access: AccessFlags) {
+    qp.modify(&QpAttr::new(QpState::Init).access(access))
         .unwrap();
     qp.modify(
         &QpAttr::new(QpState::Rtr)
@@ -191,4 +195,101 @@ fn a_link_set_up_after_the_fd_was_taken_wakes_the_engine_from_the_start() {
         (wakes(&c, c_to_b), wakes(&b, b_to_c)),
         (Some(false), Some(false))
     );
+}
+
+/// A Read answered on the peer's fast path, its response written straight into the link's
+/// ring by the peer's engine (not queued for the iteration's publication): the publication
+/// wakes this context's progress helper asleep on the kick words all the same, and the fd
+/// becomes readable with the Read's completion and bytes there.
+#[test]
+fn a_read_response_sent_straight_into_the_ring_wakes_the_sleeping_helper() {
+    let a = context();
+    let b = Context::builder()
+        .mode(EngineMode::Inline)
+        .progress(Progress::Manual)
+        .huge_pages(HugePages::Never)
+        .arena_size(1 << 20)
+        .build()
+        .unwrap();
+    let (link_a, link_b) = a.link_with(&b).unwrap();
+    let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut channel = a.create_comp_channel().unwrap();
+    let mut scq = a.create_cq_with_channel(16, &channel).unwrap();
+    let rcq_a = a.create_cq(16).unwrap();
+    let cq_b = b.create_cq(16).unwrap();
+    let mut qa = a.create_qp(&pd_a, &scq, &rcq_a, QpCaps::default()).unwrap();
+    let mut qb = b.create_qp(&pd_b, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    let (na, nb) = (qa.qpn(), qb.qpn());
+    connect(&mut qa, link_a, nb);
+    connect_with(&mut qb, link_b, na, AccessFlags::REMOTE_READ);
+    let dst = pd_a.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = pd_b.alloc_mr(4096, AccessFlags::REMOTE_READ).unwrap();
+    src.write_at(40, b"straight").unwrap();
+
+    let fd = channel.as_fd().try_clone_to_owned().unwrap();
+    scq.req_notify(false).unwrap();
+    until(
+        "the progress helper never slept on the kick words (sleeper count stayed 0)",
+        || a.shared.sleepers().load(Ordering::Relaxed) > 0,
+    );
+    for _ in 0..=crate::stats_area::PUBLISH_EVERY {
+        b.progress();
+    }
+    let wakes = b
+        .shared
+        .engine
+        .with(|e| e.link_mut(link_b).map(|l| l.wakes_peer()));
+    assert_eq!(wakes, Some(true), "the peer engine does not wake this one");
+    let taken_direct = || crate::probe::taken(crate::probe::Path::DirectPost);
+    let kicks = || {
+        b.shared
+            .engine
+            .with(|e| e.link_mut(link_b).map(|l| l.kicks()))
+    };
+    let into = [dst.sge(0, 8).unwrap()];
+    qa.post_send(&SendWr::new(1, SendOp::RdmaRead(src.remote(40)), &into))
+        .unwrap();
+    until("the helper stopped sleeping", || {
+        a.shared.sleepers().load(Ordering::Relaxed) > 0
+    });
+    // B's engine, run only here, answers the Read straight into the ring.
+    let (before, kicked) = (taken_direct(), kicks());
+    until("the peer never answered the Read", || {
+        b.progress();
+        taken_direct() > before
+    });
+    assert_eq!(
+        taken_direct(),
+        before + 1,
+        "one response, straight into the ring"
+    );
+    assert_ne!(
+        kicks(),
+        kicked,
+        "the publication did not wake the sleeping engine"
+    );
+    until("the channel's fd never became readable", || {
+        let mut p = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let ts = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        rustix::event::poll(&mut p, Some(&ts)).unwrap_or(0) > 0
+    });
+    assert_eq!(
+        channel.get_event(Some(Duration::from_secs(10))).unwrap(),
+        Some(scq.number())
+    );
+    let mut wc = [WorkCompletion::default(); 2];
+    assert_eq!(scq.poll(&mut wc), 1);
+    assert_eq!(
+        (wc[0].status, wc[0].opcode, wc[0].byte_len),
+        (WcStatus::Success, WcOpcode::RdmaRead, 8)
+    );
+    let mut got = [0u8; 8];
+    dst.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"straight");
 }

@@ -220,7 +220,12 @@ impl TxBatch {
     /// Whether a packet went straight into the ring since the last call ([`TxBatch::send_line`]).
     #[inline(always)]
     fn take_sent_direct(&mut self) -> bool {
-        std::mem::take(&mut self.sent_direct)
+        // (Cleared only when set: a look that finds it clear writes nothing.)
+        let direct = self.sent_direct;
+        if direct {
+            self.sent_direct = false;
+        }
+        direct
     }
 
     /// Forgets the packets queued from position `len` on (the fault stage re-queues them).
@@ -595,7 +600,12 @@ impl Link {
     #[inline]
     pub(crate) fn publish(&mut self) {
         if self.tx.is_empty() {
-            return; // nothing queued (flush would push nothing)
+            // Nothing queued (flush would push nothing); an answer may have gone straight
+            // into the ring ([`TxBatch::send_line`]), which the peer may need waking for.
+            if self.tx.take_sent_direct() && self.peer_may_sleep {
+                self.wake_peer();
+            }
+            return;
         }
         self.publish_queued();
     }
@@ -622,7 +632,8 @@ impl Link {
     /// [`Link::publish`] when packets are queued.
     #[inline(never)]
     fn publish_queued(&mut self) {
-        if self.tx.flush() > 0 && self.peer_may_sleep {
+        let direct = self.tx.take_sent_direct();
+        if (self.tx.flush() > 0 || direct) && self.peer_may_sleep {
             self.wake_peer();
         }
     }
