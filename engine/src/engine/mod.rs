@@ -891,6 +891,7 @@ impl Engine {
     /// [`requester::post`]). Returns false if the QP is gone.
     /// `ring_pushed`: how many WQEs the poster has pushed on the QP's send ring so far
     /// (when the engine has taken as many, the ring is not looked at).
+    #[inline(always)]
     pub(crate) fn post_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         if wqe.op.is_rd_atomic() {
             return self.post_rd_atomic_direct(index, wqe, ring_pushed);
