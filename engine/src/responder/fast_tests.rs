@@ -2246,7 +2246,10 @@ fn a_straight_post_leaves_what_the_general_post_leaves() {
         [mr.sge(at, len).unwrap()]
     }
     let errors = RefCell::new(vec![]);
+    // The region's elements in flight, looked at along the way.
+    let in_flight = RefCell::new(vec![]);
     let scenario = |r: &mut Rig| {
+        let look = |r: &Rig| in_flight.borrow_mut().push(r.mr.in_flight());
         let post = |qp: &mut crate::Qp, wr: &SendWr<'_>| {
             if let Err(e) = qp.post_send(wr) {
                 // (Without addresses, which differ between two rigs.)
@@ -2291,6 +2294,7 @@ fn a_straight_post_leaves_what_the_general_post_leaves() {
         post(&mut r.qp, &SendWr::inline(8, write, b"abc"));
         // Refused: the queue is full.
         post(&mut r.qp, &SendWr::new(9, SendOp::Send, &sge(mr, 0, 8)));
+        look(r);
         r.step();
         // Resent from the fifth: the inline bytes again, from their staging rows.
         let nak = Syndrome::Nak(NakCode::PsnSequenceError);
@@ -2298,6 +2302,7 @@ fn a_straight_post_leaves_what_the_general_post_leaves() {
         r.step();
         respond(r, 7, credits(16), 8);
         r.step();
+        look(r);
         let (mr, qp) = (&r.mr, &mut r.qp);
         let remote = |at: u64| mr.remote(4096 + at);
         // Refused: too many inline bytes, an element of another protection domain.
@@ -2332,6 +2337,8 @@ fn a_straight_post_leaves_what_the_general_post_leaves() {
             swap: 2,
         };
         post(qp, &SendWr::new(17, cas, &sge(mr, 2056, 8)));
+        // And inline bytes up to `max_inline_data`, behind them (never acknowledged).
+        post(qp, &SendWr::inline(24, SendOp::Send, &[7; 64]));
         // Refused: a misaligned Atomic, a short one, inline data for a Read, two elements.
         post(qp, &SendWr::new(18, add(513), &sge(mr, 2048, 8)));
         post(qp, &SendWr::new(19, add(512), &sge(mr, 2048, 4)));
@@ -2341,6 +2348,7 @@ fn a_straight_post_leaves_what_the_general_post_leaves() {
         // Refused: a result buffer without LOCAL_WRITE.
         let read_only = r.pd.alloc_mr(64, AccessFlags::REMOTE_READ).unwrap();
         post(qp, &SendWr::new(22, read, &sge(&read_only, 0, 8)));
+        look(r);
         r.step();
         // The Read's data and the Atomics' original values land in their buffers.
         read_response(r, 11, 12, b"readdata");
@@ -2355,18 +2363,25 @@ fn a_straight_post_leaves_what_the_general_post_leaves() {
         r.qp.modify(&QpAttr::new(QpState::Sqd).max_rd_atomic(0))
             .unwrap();
         post(&mut r.qp, &SendWr::new(23, read, &sge(&r.mr, 1024, 8)));
+        look(r);
     };
     let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
     let errors = errors.into_inner();
     let (slow, fast) = errors.split_at(errors.len() / 2);
     assert_eq!(fast, slow, "the same errors both ways");
+    let in_flight = in_flight.into_inner();
+    assert_eq!(
+        in_flight,
+        [5, 0, 5, 0, 5, 0, 5, 0],
+        "the same elements in flight both ways, all released"
+    );
     let refused: Vec<_> = fast.iter().map(|e| e.split(':').next().unwrap()).collect();
     assert_eq!(
         refused,
         ["9", "10", "11", "18", "19", "20", "21", "22", "23"],
         "{fast:#?}"
     );
-    assert_eq!(taken[Path::StraightPost as usize], 12, "{out:#?}");
+    assert_eq!(taken[Path::StraightPost as usize], 13, "{out:#?}");
     let done: Vec<_> = out
         .completions
         .iter()
