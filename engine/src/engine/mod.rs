@@ -890,10 +890,17 @@ impl Engine {
     /// single-packet post on an idle QP straight into the link's slot: see
     /// [`requester::post`]). Returns false if the QP is gone.
     /// `ring_pushed`: how many WQEs the poster has pushed on the QP's send ring so far
-    /// (when the engine has taken as many, the ring is not looked at).
+    /// (when the engine has taken as many, the ring is not looked at). `rd_atomic`: whether
+    /// `wqe` is a Read or an Atomic (the poster knows).
     #[inline(always)]
-    pub(crate) fn post_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
-        if wqe.op.is_rd_atomic() {
+    pub(crate) fn post_direct(
+        &mut self,
+        index: u32,
+        wqe: &SqWqe,
+        ring_pushed: u64,
+        rd_atomic: bool,
+    ) -> bool {
+        if rd_atomic {
             return self.post_rd_atomic_direct(index, wqe, ring_pushed);
         }
         self.send_with(index, Some((wqe, ring_pushed)))

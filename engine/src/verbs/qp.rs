@@ -577,7 +577,7 @@ impl Qp {
             swap,
             data,
         };
-        self.post_wqe_inlined(&wqe, held);
+        self.post_wqe_inlined(&wqe, held, Some(RD_ATOMIC));
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::StraightPost);
         true
@@ -655,7 +655,7 @@ impl Qp {
             swap: 0,
             data: DataLoc::Single(entry),
         };
-        self.post_wqe_inlined(&wqe, held);
+        self.post_wqe_inlined(&wqe, held, Some(false));
         Ok(())
     }
 
@@ -715,12 +715,13 @@ impl Qp {
 
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
-        self.post_wqe_inlined(wqe, sgl);
+        self.post_wqe_inlined(wqe, sgl, None);
     }
 
-    /// [`Qp::post_wqe`], compiled into its caller.
+    /// [`Qp::post_wqe`], compiled into its caller; `rd_atomic`: whether `wqe` is a Read or
+    /// an Atomic, when the caller knows (the engine then need not look).
     #[inline(always)]
-    fn post_wqe_inlined(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
+    fn post_wqe_inlined(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>], rd_atomic: Option<bool>) {
         self.count_posted();
         // When this call may run the engine (`Device::run_for_post`: inline mode, or poll
         // mode with the engine thread stepped back for this thread's polls): hand the WQE
@@ -733,7 +734,9 @@ impl Qp {
             #[inline(always)]
             |e| {
                 count_held(sgl);
-                e.post_direct(index, wqe, pushed)
+                let rd_atomic = rd_atomic.unwrap_or_else(|| wqe.op.is_rd_atomic());
+                debug_assert_eq!(rd_atomic, wqe.op.is_rd_atomic());
+                e.post_direct(index, wqe, pushed, rd_atomic)
             },
         );
         if let Some(taken) = direct {
