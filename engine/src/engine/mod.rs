@@ -881,6 +881,7 @@ impl Engine {
     /// engine, see `Device::notify`): fetches its new
     /// WQEs, runs its SQ Logic (and sends any response waiting) and publishes its link —
     /// without the rest of a poll iteration, which the next [`Engine::poll`] does.
+    #[inline(never)]
     pub(crate) fn send_now(&mut self, index: u32) {
         self.send_with(index, None);
     }
@@ -903,6 +904,13 @@ impl Engine {
         if rd_atomic {
             return self.post_rd_atomic_direct(index, wqe, ring_pushed);
         }
+        self.send_posted(index, wqe, ring_pushed)
+    }
+
+    /// [`Engine::send_with`] of a WQE posted directly: an instance of its own, which never
+    /// looks at whether there is one.
+    #[inline(never)]
+    fn send_posted(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         self.send_with(index, Some((wqe, ring_pushed)))
     }
 
@@ -918,7 +926,7 @@ impl Engine {
     #[inline(never)]
     fn post_rd_atomic_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         let was_active = self.active.contains(index);
-        if !self.send_with(index, Some((wqe, ring_pushed))) {
+        if !self.send_posted(index, wqe, ring_pushed) {
             return false;
         }
         if let Some(qp) = self.qps.at(index) {
@@ -934,6 +942,7 @@ impl Engine {
 
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
     /// any response waiting) and publishes its link; false if the QP is gone.
+    #[inline(always)]
     fn send_with(&mut self, index: u32, wqe: Option<(&SqWqe, u64)>) -> bool {
         self.unsettle();
         let Engine {
