@@ -165,9 +165,9 @@ fn post_fast<L: LinkTx + ?Sized, const SEND: bool>(
     if len > 0 {
         slot.kind = crate::wire::slot::KIND_INLINE;
     }
-    crate::responder::ride_owed_ack(qp, env, slot);
-    tx.send_line(direct);
-    // The bookkeeping of `accept` and `transmit` for this WQE.
+    // The bookkeeping of `accept` and `transmit` for this WQE, before the packet leaves —
+    // and before the riding Ack's call, so that the WQE and its counts are not kept
+    // across it (~5 instructions a message).
     qp.proto.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += len as u64;
@@ -175,6 +175,8 @@ fn post_fast<L: LinkTx + ?Sized, const SEND: bool>(
     {
         qp.fast_posts += 1;
     }
+    crate::responder::ride_owed_ack(qp, env, slot);
+    tx.send_line(direct);
     true
 }
 
@@ -250,15 +252,16 @@ fn post_rd_atomic_fast<L: LinkTx + ?Sized>(
     }
     slot.hdr_len = hdr as u8;
     slot.payload_len = 0;
-    crate::responder::ride_owed_ack(qp, env, slot);
-    tx.send_line(direct);
-    // The bookkeeping of `accept` and `transmit` for this WQE (it consumes no receive WQE).
+    // The bookkeeping of `accept` and `transmit` for this WQE (it consumes no receive WQE),
+    // as in `post_fast`: before the packet leaves and the riding Ack's call.
     qp.proto.req.fast_posted(w, consumers);
     env.stats.packets_sent += 1;
     #[cfg(test)]
     {
         qp.fast_posts += 1;
     }
+    crate::responder::ride_owed_ack(qp, env, slot);
+    tx.send_line(direct);
     true
 }
 
