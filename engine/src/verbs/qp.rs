@@ -438,7 +438,15 @@ impl Qp {
     /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        if self.post_send_straight::<false>(wr) {
+        // A Send, the most common post, on an instance of its own (its operation known).
+        let straight = match wr.op {
+            SendOp::Send => self.post_send_straight::<SEND>(wr),
+            SendOp::SendWithImm(_) | SendOp::RdmaWrite(_) | SendOp::RdmaWriteWithImm(..) => {
+                self.post_send_straight::<WRITE>(wr)
+            }
+            _ => false,
+        };
+        if straight {
             return Ok(());
         }
         self.post_send_other(wr)
@@ -448,7 +456,7 @@ impl Qp {
     /// straight path of Reads and Atomics, else the general one.
     #[inline(never)]
     fn post_send_other(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        if self.post_send_straight::<true>(wr) {
+        if self.post_send_straight::<RD_ATOMIC>(wr) {
             return Ok(());
         }
         // The WQE is handed on where `prepare_send` built it (not moved out of the Result
@@ -463,26 +471,30 @@ impl Qp {
     }
 
     /// [`Qp::post_send`]'s straight path, for the common request: a Send or RDMA Write
-    /// (with or without immediate data) of one registered element or of inline bytes, or
-    /// (`RD_ATOMIC`) an RDMA Read or Atomic into one element, on a QP past RTR with room in
-    /// its send queue. Builds the WQE [`Qp::prepare`] builds for it — without the checks that cannot fail
-    /// for these operations and this data (the data of a local operation, the element
+    /// (with or without immediate data) of one registered element or of inline bytes, or an
+    /// RDMA Read or Atomic into one element, on a QP past RTR with room in its send queue;
+    /// `KIND` says which of the three kinds it takes ([`SEND`]: `wr` is a Send, the caller
+    /// looked; [`WRITE`]: another Send or a Write; [`RD_ATOMIC`]), each an instance of its
+    /// own. Builds the WQE [`Qp::prepare`] builds for it — without the checks that cannot
+    /// fail for these operations and this data (the data of a local operation, the element
     /// count, inline data of a Read or Atomic) — and posts it. Returns false, having posted
     /// nothing, for anything else or for a check that fails: the general path then does it
     /// or says why not. (Its only effects before that answer: inline bytes staged in the
     /// request's own row, which the general path stages again, and a registered buffer's
     /// bytes copied into its shadow, as the general path copies them.)
     #[inline(always)]
-    fn post_send_straight<const RD_ATOMIC: bool>(&mut self, wr: &SendWr<'_>) -> bool {
+    fn post_send_straight<const KIND: u8>(&mut self, wr: &SendWr<'_>) -> bool {
         #[cfg(test)]
         if !crate::probe::enabled() {
             return false;
         }
         let none = RemoteAddr::default();
-        // (A Send, the most common post, is told by one compare before the others' match.)
         let (op, imm, remote, compare_add, swap) = match wr.op {
-            SendOp::Send if !RD_ATOMIC => (WqeOp::Send, 0, none, 0, 0),
-            _ if !RD_ATOMIC => match wr.op {
+            _ if KIND == SEND => {
+                debug_assert!(matches!(wr.op, SendOp::Send));
+                (WqeOp::Send, 0, none, 0, 0)
+            }
+            _ if KIND == WRITE => match wr.op {
                 SendOp::SendWithImm(i) => (WqeOp::SendImm, i, none, 0, 0),
                 SendOp::RdmaWrite(r) => (WqeOp::Write, 0, r, 0, 0),
                 SendOp::RdmaWriteWithImm(r, i) => (WqeOp::WriteImm, i, r, 0, 0),
@@ -511,7 +523,7 @@ impl Qp {
         {
             return false;
         }
-        let rd_atomic = RD_ATOMIC;
+        let rd_atomic = KIND == RD_ATOMIC;
         debug_assert_eq!(op.is_rd_atomic(), rd_atomic);
         let (data, len, held) = match wr.data {
             Data::Sgl([s]) if !wr.flags.contains(SendFlags::INLINE) => {
@@ -577,7 +589,7 @@ impl Qp {
             swap,
             data,
         };
-        self.post_wqe_inlined(&wqe, held, Some(RD_ATOMIC));
+        self.post_wqe_inlined(&wqe, held, Some(rd_atomic));
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::StraightPost);
         true
@@ -1353,6 +1365,12 @@ impl Qp {
         Ok(())
     }
 }
+
+/// [`Qp::post_send_straight`]'s kinds of request: a Send (the caller looked), another
+/// Send or an RDMA Write, an RDMA Read or an Atomic.
+const SEND: u8 = 0;
+const WRITE: u8 = 1;
+const RD_ATOMIC: u8 = 2;
 
 /// The elements of a send work request that point into registered memory and are counted
 /// in flight until it retires: its gather (or result) list, unless its data is copied at
