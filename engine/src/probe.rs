@@ -38,10 +38,13 @@ pub(crate) enum Path {
     /// The empty poll's shortcut (`Engine::idle_now`): a poll that found nothing to do
     /// without the full iteration.
     IdlePoll = 12,
+    /// A send work request built and posted by `Qp::post_send`'s straight path, not its
+    /// general one.
+    StraightPost = 13,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 13;
+pub(crate) const PATHS: usize = 14;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

@@ -880,6 +880,7 @@ impl Engine {
     /// engine, see `Device::notify`): fetches its new
     /// WQEs, runs its SQ Logic (and sends any response waiting) and publishes its link —
     /// without the rest of a poll iteration, which the next [`Engine::poll`] does.
+    #[inline(never)]
     pub(crate) fn send_now(&mut self, index: u32) {
         self.send_with(index, None);
     }
@@ -889,11 +890,26 @@ impl Engine {
     /// single-packet post on an idle QP straight into the link's slot: see
     /// [`requester::post`]). Returns false if the QP is gone.
     /// `ring_pushed`: how many WQEs the poster has pushed on the QP's send ring so far
-    /// (when the engine has taken as many, the ring is not looked at).
-    pub(crate) fn post_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
-        if wqe.op.is_rd_atomic() {
+    /// (when the engine has taken as many, the ring is not looked at). `rd_atomic`: whether
+    /// `wqe` is a Read or an Atomic (the poster knows).
+    #[inline(always)]
+    pub(crate) fn post_direct(
+        &mut self,
+        index: u32,
+        wqe: &SqWqe,
+        ring_pushed: u64,
+        rd_atomic: bool,
+    ) -> bool {
+        if rd_atomic {
             return self.post_rd_atomic_direct(index, wqe, ring_pushed);
         }
+        self.send_posted(index, wqe, ring_pushed)
+    }
+
+    /// [`Engine::send_with`] of a WQE posted directly: an instance of its own, which never
+    /// looks at whether there is one.
+    #[inline(never)]
+    fn send_posted(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         self.send_with(index, Some((wqe, ring_pushed)))
     }
 
@@ -909,7 +925,7 @@ impl Engine {
     #[inline(never)]
     fn post_rd_atomic_direct(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         let was_active = self.active.contains(index);
-        if !self.send_with(index, Some((wqe, ring_pushed))) {
+        if !self.send_posted(index, wqe, ring_pushed) {
             return false;
         }
         if let Some(qp) = self.qps.at(index) {
@@ -925,6 +941,7 @@ impl Engine {
 
     /// Fetches QP `index`'s new WQEs, takes `wqe` after them, runs its SQ Logic (and sends
     /// any response waiting) and publishes its link; false if the QP is gone.
+    #[inline(always)]
     fn send_with(&mut self, index: u32, wqe: Option<(&SqWqe, u64)>) -> bool {
         self.unsettle();
         let Engine {

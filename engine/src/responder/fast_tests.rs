@@ -36,6 +36,10 @@ pub(super) struct Outcome {
     pub(super) bodies: Vec<Body>,
     /// Each packet's flags and the Ack riding in it.
     pub(super) riding: Vec<Riding>,
+    /// Each request packet's header bytes, whole (what `sent` parses of them, and the
+    /// rest: a RETH's address, key and length, immediate data, an AtomicETH's operands),
+    /// the address relative to the rig's region.
+    pub(super) headers: Vec<Vec<u8>>,
     pub(super) completions: Vec<WorkCompletion>,
     pub(super) stats: Stats,
     pub(super) state: QpState,
@@ -87,7 +91,7 @@ pub(super) fn run_in(
     let after = crate::probe::all_taken();
     let taken: Taken = std::array::from_fn(|i| after[i] - before[i]);
     crate::probe::set_enabled(true);
-    let (sent, bodies, riding) = sent_with_bodies(&mut r);
+    let (sent, bodies, riding, headers) = sent_with_bodies(&mut r);
     let mut completions = vec![];
     loop {
         let got = r.completions();
@@ -118,6 +122,7 @@ pub(super) fn run_in(
         sent,
         bodies,
         riding,
+        headers,
         completions,
         stats: r.ctx.stats(),
         state: r.qp.state(),
@@ -142,21 +147,32 @@ pub(super) fn same_both_ways(access: AccessFlags, scenario: &dyn Fn(&mut Rig)) -
 }
 
 /// Every packet the engine sent since the last look (single-slot packets: Acks, Naks,
-/// Read responses, requests without gather lists), what each carried, and the Ack riding
-/// in it.
-fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>, Vec<Riding>) {
-    let (mut out, mut bodies, mut riding) = (vec![], vec![], vec![]);
+/// Read responses, requests without gather lists), what each carried, the Ack riding in
+/// it, and the header bytes of the requests.
+fn sent_with_bodies(r: &mut Rig) -> (Vec<Sent>, Vec<Body>, Vec<Riding>, Vec<Vec<u8>>) {
+    let (mut out, mut bodies, mut riding, mut headers) = (vec![], vec![], vec![], vec![]);
+    let base = r.mr.remote(0).addr;
     let mut buf = [PacketSlot::default(); 64];
     loop {
         let n = r.rx.pop_burst(&mut buf).unwrap();
         if n == 0 {
-            return (out, bodies, riding);
+            return (out, bodies, riding, headers);
         }
         for s in &buf[..n] {
             let ack = (s.reserved & crate::wire::slot::ACK_FLAG != 0).then_some(s.payload_off);
             riding.push((s.reserved, ack));
             let hdr = usize::from(s.hdr_len);
             let (repr, _) = PacketRepr::parse(&s.data[..hdr]).unwrap();
+            if repr.aeth.is_none() {
+                // A RETH's or AtomicETH's address (right after the BTH) relative to the
+                // rig's region, whose address differs between two rigs.
+                let mut h = s.data[..hdr].to_vec();
+                if repr.reth.is_some() || repr.atomic_eth.is_some() {
+                    let va = u64::from_be_bytes(h[12..20].try_into().unwrap());
+                    h[12..20].copy_from_slice(&va.wrapping_sub(base).to_be_bytes());
+                }
+                headers.push(h);
+            }
             out.push((repr.bth.opcode, repr.bth.psn.get(), repr.aeth));
             let inline = if s.kind == crate::wire::slot::KIND_INLINE {
                 s.data[hdr..hdr + s.payload_len as usize].to_vec()
@@ -2200,6 +2216,212 @@ fn a_direct_post_leaves_what_the_staged_post_leaves() {
     assert_eq!(direct, 6, "{out:#?}");
     assert_eq!(out.stats.acks_riding, 1, "{out:#?}");
     assert!(out.riding.iter().any(|r| r.1.is_some()));
+}
+
+/// Issue 27's straight post: `Qp::post_send` builds the WQE of a Send or Write of one
+/// element or of inline bytes, and of a Read or Atomic into one element, without the
+/// general path's checks — and leaves what the general path leaves (the fast paths off):
+/// the same packets, header bytes included (a RETH's address, key and length, immediate
+/// data, an AtomicETH's operands), completions, statistics, state and memory (a Read's
+/// data and an Atomic's original value land where the general path puts them), and the
+/// same errors for the requests it hands to the general path (a full queue, inline bytes
+/// beyond `max_inline_data`, an element of another protection domain, a misaligned or
+/// short Atomic, inline data for a Read, a list longer than `max_send_sge`, a result
+/// buffer without `LOCAL_WRITE`, a Read with an initiator depth of 0). Requests it
+/// does not take (a list with the `INLINE` flag, a Send with Invalidate) are posted by
+/// the general path in between.
+#[test]
+fn a_straight_post_leaves_what_the_general_post_leaves() {
+    use crate::SendFlags;
+    use std::cell::RefCell;
+    struct Inline;
+    impl Drop for Inline {
+        fn drop(&mut self) {
+            super::tests::MAX_INLINE.with(|c| c.set(0));
+        }
+    }
+    super::tests::MAX_INLINE.with(|c| c.set(64));
+    let _reset = Inline;
+    fn sge(mr: &crate::Mr, at: u64, len: u32) -> [crate::Sge<'_>; 1] {
+        [mr.sge(at, len).unwrap()]
+    }
+    let errors = RefCell::new(vec![]);
+    // The region's elements in flight, looked at along the way.
+    let in_flight = RefCell::new(vec![]);
+    let scenario = |r: &mut Rig| {
+        let look = |r: &Rig| in_flight.borrow_mut().push(r.mr.in_flight());
+        let post = |qp: &mut crate::Qp, wr: &SendWr<'_>| {
+            if let Err(e) = qp.post_send(wr) {
+                // (Without addresses, which differ between two rigs.)
+                let text = e
+                    .to_string()
+                    .split(' ')
+                    .filter(|w| w.len() < 10 || !w.starts_with("0x"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                errors.borrow_mut().push(format!("{}: {text}", wr.wr_id));
+            }
+        };
+        r.mr.write_at(0, b"0123456789abcdefghijklmnopqrstuv")
+            .unwrap();
+        respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+        r.step();
+        let (mr, sig) = (&r.mr, SendFlags::SIGNALED);
+        let remote = |at: u64| mr.remote(4096 + at);
+        // Eight requests, the send queue's depth, all straight.
+        let solicited = sig | SendFlags::SOLICITED;
+        post(
+            &mut r.qp,
+            &SendWr::new(1, SendOp::Send, &sge(mr, 0, 8)).flags(solicited),
+        );
+        let imm = SendOp::SendWithImm(0xABCD);
+        post(
+            &mut r.qp,
+            &SendWr::new(2, imm, &sge(mr, 8, 5)).flags(SendFlags::NONE),
+        );
+        let write = SendOp::RdmaWrite(remote(0));
+        post(&mut r.qp, &SendWr::new(3, write, &sge(mr, 16, 12)));
+        let write_imm = SendOp::RdmaWriteWithImm(remote(64), 7);
+        let fenced = sig | SendFlags::FENCE;
+        post(
+            &mut r.qp,
+            &SendWr::new(4, write_imm, &sge(mr, 0, 3)).flags(fenced),
+        );
+        post(&mut r.qp, &SendWr::inline(5, SendOp::Send, b"inline!!"));
+        post(&mut r.qp, &SendWr::inline(6, SendOp::Send, b""));
+        post(&mut r.qp, &SendWr::new(7, SendOp::Send, &sge(mr, 0, 0)));
+        let write = SendOp::RdmaWrite(remote(128));
+        post(&mut r.qp, &SendWr::inline(8, write, b"abc"));
+        // Refused: the queue is full.
+        post(&mut r.qp, &SendWr::new(9, SendOp::Send, &sge(mr, 0, 8)));
+        look(r);
+        r.step();
+        // Resent from the fifth: the inline bytes again, from their staging rows.
+        let nak = Syndrome::Nak(NakCode::PsnSequenceError);
+        respond(r, 4, nak, 4);
+        r.step();
+        respond(r, 7, credits(16), 8);
+        r.step();
+        look(r);
+        let (mr, qp) = (&r.mr, &mut r.qp);
+        let remote = |at: u64| mr.remote(4096 + at);
+        // Refused: too many inline bytes, an element of another protection domain.
+        post(qp, &SendWr::inline(10, SendOp::Send, &[1; 65]));
+        let pd = r.ctx.alloc_pd().unwrap();
+        let other = pd.alloc_mr(64, AccessFlags::ALL).unwrap();
+        post(qp, &SendWr::new(11, SendOp::Send, &sge(&other, 0, 8)));
+        // The general path's: a list inline, a Send with Invalidate.
+        let inline = sig | SendFlags::INLINE;
+        post(
+            qp,
+            &SendWr::new(12, SendOp::Send, &sge(mr, 32, 8)).flags(inline),
+        );
+        let inv = SendOp::SendWithInv(0x55);
+        post(qp, &SendWr::new(13, inv, &sge(mr, 0, 4)));
+        // Straight again: a Send, a Read, a Fetch and Add and a Compare and Swap.
+        let unsignaled = SendFlags::NONE;
+        post(
+            qp,
+            &SendWr::new(14, SendOp::Send, &sge(mr, 40, 8)).flags(unsignaled),
+        );
+        let read = SendOp::RdmaRead(remote(256));
+        post(qp, &SendWr::new(15, read, &sge(mr, 1024, 8)));
+        let add = |at| SendOp::FetchAdd {
+            remote: remote(at),
+            add: 3,
+        };
+        post(qp, &SendWr::new(16, add(512), &sge(mr, 2048, 8)));
+        let cas = SendOp::CompareSwap {
+            remote: remote(520),
+            compare: 1,
+            swap: 2,
+        };
+        post(qp, &SendWr::new(17, cas, &sge(mr, 2056, 8)));
+        // And inline bytes up to `max_inline_data`, behind them (never acknowledged).
+        post(qp, &SendWr::inline(24, SendOp::Send, &[7; 64]));
+        // Refused: a misaligned Atomic, a short one, inline data for a Read, two elements.
+        post(qp, &SendWr::new(18, add(513), &sge(mr, 2048, 8)));
+        post(qp, &SendWr::new(19, add(512), &sge(mr, 2048, 4)));
+        post(qp, &SendWr::inline(20, read, b"12345678"));
+        let two = [mr.sge(0, 4).unwrap(), mr.sge(8, 4).unwrap()];
+        post(qp, &SendWr::new(21, SendOp::Send, &two));
+        // Refused: a result buffer without LOCAL_WRITE.
+        let read_only = r.pd.alloc_mr(64, AccessFlags::REMOTE_READ).unwrap();
+        post(qp, &SendWr::new(22, read, &sge(&read_only, 0, 8)));
+        look(r);
+        r.step();
+        // The Read's data and the Atomics' original values land in their buffers.
+        read_response(r, 11, 12, b"readdata");
+        r.step();
+        atomic_ack(r, 12, 13, 42);
+        r.step();
+        atomic_ack(r, 13, 14, 9);
+        r.step();
+        // Refused: a Read with an initiator depth of 0 (set in SQD).
+        r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+        r.step();
+        r.qp.modify(&QpAttr::new(QpState::Sqd).max_rd_atomic(0))
+            .unwrap();
+        post(&mut r.qp, &SendWr::new(23, read, &sge(&r.mr, 1024, 8)));
+        look(r);
+    };
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+    let errors = errors.into_inner();
+    let (slow, fast) = errors.split_at(errors.len() / 2);
+    assert_eq!(fast, slow, "the same errors both ways");
+    let in_flight = in_flight.into_inner();
+    assert_eq!(
+        in_flight,
+        [5, 0, 5, 0, 5, 0, 5, 0],
+        "the same elements in flight both ways, all released"
+    );
+    let refused: Vec<_> = fast.iter().map(|e| e.split(':').next().unwrap()).collect();
+    assert_eq!(
+        refused,
+        ["9", "10", "11", "18", "19", "20", "21", "22", "23"],
+        "{fast:#?}"
+    );
+    assert_eq!(taken[Path::StraightPost as usize], 13, "{out:#?}");
+    let done: Vec<_> = out
+        .completions
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    use crate::WcStatus::Success;
+    let signaled = [1, 3, 4, 5, 6, 7, 8, 12, 13, 15, 16, 17];
+    assert_eq!(
+        done,
+        signaled.map(|id| (id, Success)),
+        "every signaled request completed"
+    );
+    assert_eq!(&out.memory.0[1024..1032], b"readdata");
+    assert_eq!(&out.memory.0[2048..2056], &42u64.to_ne_bytes());
+    assert_eq!(&out.memory.0[2056..2064], &9u64.to_ne_bytes());
+}
+
+/// A QP in RTR refuses sends on the straight path as on the general one.
+#[test]
+fn a_straight_post_is_refused_before_rts_as_the_general_post() {
+    let errors = std::cell::RefCell::new(vec![]);
+    let scenario = |r: &mut Rig| {
+        let sge = [r.mr.sge(0, 8).unwrap()];
+        for wr in [
+            SendWr::new(1, SendOp::Send, &sge),
+            SendWr::new(2, SendOp::RdmaRead(r.mr.remote(4096)), &sge),
+        ] {
+            let e = r.qp.post_send(&wr).expect_err("not in RTS");
+            errors.borrow_mut().push(e.to_string());
+        }
+    };
+    let outcomes: Vec<_> = [false, true]
+        .map(|fast| run_in(fast, AccessFlags::ALL, QpState::Rtr, &scenario))
+        .into();
+    assert_eq!(outcomes[0].0, outcomes[1].0);
+    assert_eq!(outcomes[1].1[Path::StraightPost as usize], 0);
+    let errors = errors.into_inner();
+    assert_eq!(errors.len(), 4);
+    assert_eq!(errors[..2], errors[2..]);
+    assert!(errors[0].contains("RTS"), "{errors:?}");
 }
 
 /// Where the capture tap (a packet observer) or the fault stage must see a post's packet

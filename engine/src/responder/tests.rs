@@ -42,6 +42,8 @@ pub(super) type Answer = (Opcode, u32, Option<Syndrome>);
 std::thread_local! {
     /// The SQ PSN of the rigs this thread makes (review 5: PSNs that wrap).
     pub(super) static SQ_PSN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The `max_inline_data` of the rigs this thread makes (0 unless a test sets it).
+    pub(super) static MAX_INLINE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 pub(super) fn rig(access: AccessFlags) -> Rig {
@@ -65,7 +67,7 @@ pub(super) fn rig_in(access: AccessFlags, state: QpState) -> Rig {
         max_recv_wr: 32,
         max_send_sge: 1,
         max_recv_sge: 1,
-        max_inline_data: 0,
+        max_inline_data: MAX_INLINE.with(std::cell::Cell::get),
     };
     let mut qp = ctx.create_qp(&pd, &cq, &cq, caps).unwrap();
     let (id, mine, peer_arena) = crate::raw_peer::raw_peer_link(&ctx, 128, PEER_QPN, 4096);

@@ -682,7 +682,7 @@ impl Mr {
 
     /// The arena offset a peer reads byte `offset` of the region at, `len` bytes of which
     /// are copied into the shadow now for a registered buffer.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn src_off(&self, offset: u64, len: u64) -> Result<u64> {
         // As in `dst_off`: only a region with outside memory looks at its kind.
         if self.user.is_some() {

@@ -438,6 +438,19 @@ impl Qp {
     /// initiator depth of 0), [`Error::ForeignObject`] for memory of another context or
     /// protection domain. Nothing is posted on error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        if self.post_send_straight::<false>(wr) {
+            return Ok(());
+        }
+        self.post_send_other(wr)
+    }
+
+    /// [`Qp::post_send`] of anything but a Send or Write its straight path takes: the
+    /// straight path of Reads and Atomics, else the general one.
+    #[inline(never)]
+    fn post_send_other(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        if self.post_send_straight::<true>(wr) {
+            return Ok(());
+        }
         // The WQE is handed on where `prepare_send` built it (not moved out of the Result
         // first: a copy of every field on each post).
         let prepared = self.prepare_send(wr);
@@ -447,6 +460,127 @@ impl Qp {
         };
         self.post_wqe(wqe, counted_sgl(wr));
         Ok(())
+    }
+
+    /// [`Qp::post_send`]'s straight path, for the common request: a Send or RDMA Write
+    /// (with or without immediate data) of one registered element or of inline bytes, or
+    /// (`RD_ATOMIC`) an RDMA Read or Atomic into one element, on a QP past RTR with room in
+    /// its send queue. Builds the WQE [`Qp::prepare`] builds for it — without the checks that cannot fail
+    /// for these operations and this data (the data of a local operation, the element
+    /// count, inline data of a Read or Atomic) — and posts it. Returns false, having posted
+    /// nothing, for anything else or for a check that fails: the general path then does it
+    /// or says why not. (Its only effects before that answer: inline bytes staged in the
+    /// request's own row, which the general path stages again, and a registered buffer's
+    /// bytes copied into its shadow, as the general path copies them.)
+    #[inline(always)]
+    fn post_send_straight<const RD_ATOMIC: bool>(&mut self, wr: &SendWr<'_>) -> bool {
+        #[cfg(test)]
+        if !crate::probe::enabled() {
+            return false;
+        }
+        let none = RemoteAddr::default();
+        // (A Send, the most common post, is told by one compare before the others' match.)
+        let (op, imm, remote, compare_add, swap) = match wr.op {
+            SendOp::Send if !RD_ATOMIC => (WqeOp::Send, 0, none, 0, 0),
+            _ if !RD_ATOMIC => match wr.op {
+                SendOp::SendWithImm(i) => (WqeOp::SendImm, i, none, 0, 0),
+                SendOp::RdmaWrite(r) => (WqeOp::Write, 0, r, 0, 0),
+                SendOp::RdmaWriteWithImm(r, i) => (WqeOp::WriteImm, i, r, 0, 0),
+                _ => return false,
+            },
+            SendOp::RdmaRead(r) => (WqeOp::Read, 0, r, 0, 0),
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => (WqeOp::CompareSwap, 0, remote, compare, swap),
+            SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, remote, add, 0),
+            _ => return false,
+        };
+        let max = u64::from(self.caps.max_send_wr);
+        // (As in `prepare`: the retired count read again only when the queue looks full.)
+        let full = self.sq_posted - self.sq_retired >= max && {
+            self.refresh_sq();
+            self.sq_posted - self.sq_retired >= max
+        };
+        if full
+            || matches!(
+                self.qshared.state(),
+                QpState::Reset | QpState::Init | QpState::Rtr
+            )
+        {
+            return false;
+        }
+        let rd_atomic = RD_ATOMIC;
+        debug_assert_eq!(op.is_rd_atomic(), rd_atomic);
+        let (data, len, held) = match wr.data {
+            Data::Sgl([s]) if !wr.flags.contains(SendFlags::INLINE) => {
+                if !self.sge_ok(s, rd_atomic) || u64::from(s.len) > MAX_MESSAGE {
+                    return false;
+                }
+                let off = if rd_atomic {
+                    // (A result buffer: the initiator depth and an Atomic's word checked.)
+                    let atomic = op.is_atomic();
+                    if self.qshared.max_rd_atomic.load(Ordering::Relaxed) == 0
+                        || (atomic && (remote.addr % 8 != 0 || s.len != 8))
+                    {
+                        return false;
+                    }
+                    s.mr.dst_off(s.offset)
+                } else {
+                    let Ok(off) = s.mr.src_off(s.offset, u64::from(s.len)) else {
+                        return false;
+                    };
+                    off
+                };
+                let entry = SgeEntry {
+                    off,
+                    len: s.len,
+                    mr: s.mr.index,
+                };
+                (DataLoc::Single(entry), s.len, std::slice::from_ref(s))
+            }
+            Data::Inline(bytes)
+                if !rd_atomic && bytes.len() <= self.caps.max_inline_data as usize =>
+            {
+                // (`max_inline_data` is below 2 GiB: the length fits a message.)
+                let len = bytes.len() as u32;
+                if len == 0 {
+                    (DataLoc::Empty, 0, &[][..])
+                } else {
+                    let Some(block) = self.inline else {
+                        return false;
+                    };
+                    let off = block.off + self.sq_row * self.inline_row;
+                    if self.mem.write(off, bytes).is_err() {
+                        return false;
+                    }
+                    let entry = SgeEntry {
+                        off,
+                        len,
+                        mr: NO_MR,
+                    };
+                    (DataLoc::Single(entry), len, &[][..])
+                }
+            }
+            _ => return false,
+        };
+        let wqe = SqWqe {
+            wr_id: wr.wr_id,
+            op,
+            flags: WqeFlags(wr.flags.wqe_bits()),
+            imm,
+            len,
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            compare_add,
+            swap,
+            data,
+        };
+        self.post_wqe_inlined(&wqe, held, Some(RD_ATOMIC));
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::StraightPost);
+        true
     }
 
     /// A Send of element `s` with `flags` (the verbs C ABI's most common post), compiled
@@ -521,7 +655,7 @@ impl Qp {
             swap: 0,
             data: DataLoc::Single(entry),
         };
-        self.post_wqe_inlined(&wqe, held);
+        self.post_wqe_inlined(&wqe, held, Some(false));
         Ok(())
     }
 
@@ -581,12 +715,13 @@ impl Qp {
 
     /// Queues a prepared WQE whose registered elements are `sgl` (counted in flight here).
     fn post_wqe(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
-        self.post_wqe_inlined(wqe, sgl);
+        self.post_wqe_inlined(wqe, sgl, None);
     }
 
-    /// [`Qp::post_wqe`], compiled into its caller.
+    /// [`Qp::post_wqe`], compiled into its caller; `rd_atomic`: whether `wqe` is a Read or
+    /// an Atomic, when the caller knows (the engine then need not look).
     #[inline(always)]
-    fn post_wqe_inlined(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>]) {
+    fn post_wqe_inlined(&mut self, wqe: &SqWqe, sgl: &[Sge<'_>], rd_atomic: Option<bool>) {
         self.count_posted();
         // When this call may run the engine (`Device::run_for_post`: inline mode, or poll
         // mode with the engine thread stepped back for this thread's polls): hand the WQE
@@ -599,7 +734,9 @@ impl Qp {
             #[inline(always)]
             |e| {
                 count_held(sgl);
-                e.post_direct(index, wqe, pushed)
+                let rd_atomic = rd_atomic.unwrap_or_else(|| wqe.op.is_rd_atomic());
+                debug_assert_eq!(rd_atomic, wqe.op.is_rd_atomic());
+                e.post_direct(index, wqe, pushed, rd_atomic)
             },
         );
         if let Some(taken) = direct {
