@@ -2424,6 +2424,52 @@ fn a_straight_post_is_refused_before_rts_as_the_general_post() {
     assert!(errors[0].contains("RTS"), "{errors:?}");
 }
 
+/// A fenced request on the straight post (review 9): `FENCE` reaches the WQE, so a Send of
+/// a Read's result buffer, fenced behind the Read, waits for the Read's response and
+/// carries the bytes it brought — as on the general path — not the buffer's bytes of
+/// when it was posted. (A straight post that dropped the flag passed every other test.)
+#[test]
+fn a_fenced_straight_post_waits_for_the_read_before_it() {
+    use crate::SendFlags;
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+        r.mr.write_at(1024, b"stale!!!").unwrap();
+        respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+        r.step();
+        let (mr, qp) = (&r.mr, &mut r.qp);
+        let into = [mr.sge(1024, 8).unwrap()];
+        let read = SendOp::RdmaRead(mr.remote(4096));
+        qp.post_send(&SendWr::new(1, read, &into)).unwrap();
+        let fenced = SendFlags::SIGNALED | SendFlags::FENCE;
+        qp.post_send(&SendWr::new(2, SendOp::Send, &into).flags(fenced))
+            .unwrap();
+        r.step();
+        read_response(r, 0, 1, b"readdata");
+        r.step();
+        respond(r, 1, credits(16), 2);
+        r.step();
+    });
+    assert_eq!(taken[Path::StraightPost as usize], 2, "{out:#?}");
+    let ops: Vec<_> = out.sent.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(
+        ops,
+        [(Opcode::RdmaReadRequest, 0), (Opcode::SendOnly, 1)],
+        "{out:#?}"
+    );
+    assert_eq!(
+        out.bodies[1].5, b"readdata",
+        "the Send carries the Read's bytes"
+    );
+    let done: Vec<_> = out
+        .completions
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        done,
+        [(1, crate::WcStatus::Success), (2, crate::WcStatus::Success)]
+    );
+}
+
 /// Where the capture tap (a packet observer) or the fault stage must see a post's packet
 /// in the link's batch, the post stages it there, as before issue 27's direct post: the
 /// observer sees it sent, and the fault stage duplicates it.
