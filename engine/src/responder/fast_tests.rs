@@ -2519,6 +2519,108 @@ fn with_a_tap_or_a_fault_stage_a_post_is_staged_where_they_see_it() {
     assert_eq!(sends, 2, "sent twice: {answers:?}");
 }
 
+/// The answers of the receive fast paths of Reads and Atomics, which go straight into the
+/// link's ring (review 9), are left to the pipeline where the capture tap or the fault
+/// stage must see what is sent: the observer sees the Read Response and the Atomic
+/// Acknowledge sent, and the fault stage duplicates them. Without a tap or fault stage the
+/// same requests take the fast paths, straight into the ring. (Answers sent straight under
+/// a tap passed every other test.)
+#[test]
+fn with_a_tap_or_a_fault_stage_reads_and_atomics_are_answered_where_they_see_it() {
+    use crate::trace::Direction;
+    use std::sync::{Arc, Mutex};
+    let taken = |p: Path| crate::probe::taken(p);
+    let requests = |r: &mut Rig, k: u32| {
+        r.mr.write_at(64, b"tapped!!").unwrap();
+        // (Each in its burst: the rig's QP has one responder resource.)
+        read_request(r, k, 64, 8);
+        r.step();
+        atomic_request(r, Opcode::FetchAdd, k + 1, 128, (1, 0));
+        r.step();
+    };
+    // The packet observer.
+    let mut r = super::tests::rig(AccessFlags::ALL);
+    let seen: Arc<Mutex<Vec<(Direction, Opcode)>>> = Arc::default();
+    let s2 = seen.clone();
+    r.ctx
+        .observe_packets(move |e| s2.lock().unwrap().push((e.direction, e.headers.bth.opcode)));
+    let before = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    requests(&mut r, 0);
+    let after = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    let sent: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.0 == Direction::Sent)
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(
+        sent,
+        [Opcode::RdmaReadResponseOnly, Opcode::AtomicAcknowledge],
+        "the observer sees both answers sent"
+    );
+    assert_eq!(after, before, "no fast answer under the tap");
+    let ops: Vec<_> = r.answers().iter().map(|a| (a.0, a.1)).collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::RdmaReadResponseOnly, 0),
+            (Opcode::AtomicAcknowledge, 1)
+        ]
+    );
+    // Without it, the next two go straight into the ring.
+    r.ctx.stop_observing();
+    requests(&mut r, 2);
+    let after = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    assert_eq!(after, (before.0 + 1, before.1 + 1, before.2 + 2));
+    assert_eq!(r.answers().len(), 2);
+
+    // The fault stage, duplicating every packet.
+    let mut r = super::tests::rig(AccessFlags::ALL);
+    r.ctx.shared.engine.with(|e| {
+        let cfg = crate::fault::FaultConfig {
+            duplicate: 1.0,
+            ..Default::default()
+        };
+        e.faults = Some(Box::new(crate::fault::Faults::new(cfg, None)));
+    });
+    let before = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    requests(&mut r, 0);
+    r.step();
+    let after = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    let answers = r.answers();
+    let count = |op| answers.iter().filter(|a| a.0 == op).count();
+    assert_eq!(
+        (
+            count(Opcode::RdmaReadResponseOnly),
+            count(Opcode::AtomicAcknowledge)
+        ),
+        (2, 2),
+        "each sent twice: {answers:?}"
+    );
+    assert_eq!(after, before, "no fast answer under the fault stage");
+}
+
 /// Issue 27's owed Ack: the QP of an owed Ack listed in the owed lists' first word (no
 /// list touched) and the Ack's credit code kept with the count it encodes leave what the
 /// lists and a fresh count leave: an Ack held back rides in the answer with the credits of
