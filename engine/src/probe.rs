@@ -22,8 +22,8 @@ pub(crate) enum Path {
     Read = 5,
     /// The receive fast path of an Atomic (`responder::atomic_fast`).
     Atomic = 6,
-    /// A packet written straight into the link's ring, not staged (`TxBatch::send_line`):
-    /// a post's request, or the answer of the receive fast path of a Read or an Atomic.
+    /// A post's packet written straight into the link's ring, not staged
+    /// (`TxBatch::send_line`).
     DirectPost = 7,
     /// The completer's retire fast path (`completer::retire_ok_fast`): counted per run.
     Retire = 8,

@@ -190,9 +190,8 @@ impl TxBatch {
     /// queues it as [`TxBatch::commit`] does. (Nothing queued: the slot is the batch's
     /// first, private memory the packet was built in, and is copied into the ring while it
     /// is in this core's cache. A ring that turns out broken keeps the packet queued, as a
-    /// flush would have left it.) The caller publishes with [`Link::publish_post`] (a
-    /// post) or [`Link::publish`] (an iteration: the receive fast paths' answers), which
-    /// wake the peer for it.
+    /// flush would have left it.) The caller publishes with [`Link::publish_post`], which
+    /// wakes the peer for it.
     ///
     /// `direct` is false when something must see the packet in the batch before it goes:
     /// the fault stage or the capture tap.
