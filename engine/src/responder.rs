@@ -456,7 +456,12 @@ fn read_fast<L: LinkTx + ?Sized>(
         slot.kind = KIND_DIRECT;
         slot.payload_off = off;
     }
-    tx.send_line(true);
+    // Queued in the link's batch, published with the iteration's burst: not straight into
+    // the ring. The resource stays held until the burst is over (`Responder::early`); an
+    // answer the requester could see in the middle of the burst would let it send a new
+    // request, within its initiator depth, that this burst then refuses for want of that
+    // resource (review 9).
+    tx.commit();
     env.stats.packets_sent += 1;
     env.stats.inline_bytes_sent += inline;
     // The pipeline's bookkeeping: the message counted, the resource held until step 3,
@@ -532,7 +537,8 @@ fn atomic_fast<L: LinkTx + ?Sized>(
         Some(orig),
     );
     slot.kind = KIND_NONE;
-    tx.send_line(true);
+    // Queued, not sent straight into the ring: as a Read's answer (`read_fast`).
+    tx.commit();
     env.stats.packets_sent += 1;
     advertise(qp, code.credits());
     // The pipeline's bookkeeping: the result kept for a duplicate, the resource held until

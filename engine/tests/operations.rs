@@ -511,3 +511,79 @@ fn each_atomic_acknowledge_gives_its_responder_resource_back() {
     assert_eq!(word.load_u64(0).unwrap(), 5);
     assert_eq!(p.b.qp.state(), QpState::Rts);
 }
+
+/// Reads and Fetch and Adds kept at the initiator depth, which equals the responder's
+/// resources, while each engine runs on its own thread (review 9): the requester sends a
+/// new request as soon as a response frees its depth, and the responder — whose answer
+/// left at once, straight into the link's ring, in the middle of its receive burst — must
+/// have given that response's resource back by the time the new request arrives. (With the
+/// resource held until the burst's end, a request the requester sent after it saw the
+/// response, in the same burst, found none: an Invalid Request Nak, RemInvReqErr, and the
+/// QP in Error — `shmhca-perf read_bw` and `atomic_bw` failed so.)
+#[test]
+fn requests_at_the_initiator_depth_never_exceed_the_responder_resources() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    const DEPTH: u8 = shmhca::qp::MAX_RD_ATOMIC;
+    const REQUESTS: u64 = 20_000;
+    let p = pair(&Params {
+        rd_atomic: DEPTH,
+        ..Params::default()
+    });
+    let Pair { mut a, b } = p;
+    let src = b.pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
+    src.write_at(0, b"responder").unwrap();
+    let remote = src.remote(0);
+    let word = src.remote(64);
+    // The responder's engine, on a thread of its own until the requester is done.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let responder = std::thread::spawn(move || {
+        while !stopped.load(Ordering::Relaxed) {
+            b.ctx.progress();
+        }
+        b
+    });
+    let dst = a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wc = [WorkCompletion::default(); 16];
+    let start = Instant::now();
+    while done < REQUESTS {
+        while posted < REQUESTS && posted - done < u64::from(DEPTH) {
+            let at = (posted % u64::from(DEPTH)) * 16;
+            let into = [dst.sge(at, 8).unwrap()];
+            let op = if posted % 2 == 0 {
+                SendOp::RdmaRead(remote)
+            } else {
+                SendOp::FetchAdd {
+                    remote: word,
+                    add: 1,
+                }
+            };
+            let flags = SendFlags::SIGNALED;
+            a.qp.post_send(&SendWr::new(posted, op, &into).flags(flags))
+                .unwrap();
+            posted += 1;
+        }
+        a.ctx.progress();
+        let n = a.cq.poll(&mut wc);
+        for c in &wc[..n] {
+            assert_eq!(
+                c.status,
+                WcStatus::Success,
+                "request {} of {REQUESTS}: {c:?}",
+                c.wr_id
+            );
+        }
+        done += n as u64;
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "only {done} of {REQUESTS} requests completed"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let b = responder.join().unwrap();
+    assert_eq!(src.load_u64(64).unwrap(), REQUESTS / 2, "each Atomic once");
+    assert_eq!((a.qp.state(), b.qp.state()), (QpState::Rts, QpState::Rts));
+}

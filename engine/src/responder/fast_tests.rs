@@ -2424,6 +2424,52 @@ fn a_straight_post_is_refused_before_rts_as_the_general_post() {
     assert!(errors[0].contains("RTS"), "{errors:?}");
 }
 
+/// A fenced request on the straight post (review 9): `FENCE` reaches the WQE, so a Send of
+/// a Read's result buffer, fenced behind the Read, waits for the Read's response and
+/// carries the bytes it brought — as on the general path — not the buffer's bytes of
+/// when it was posted. (A straight post that dropped the flag passed every other test.)
+#[test]
+fn a_fenced_straight_post_waits_for_the_read_before_it() {
+    use crate::SendFlags;
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r: &mut Rig| {
+        r.mr.write_at(1024, b"stale!!!").unwrap();
+        respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+        r.step();
+        let (mr, qp) = (&r.mr, &mut r.qp);
+        let into = [mr.sge(1024, 8).unwrap()];
+        let read = SendOp::RdmaRead(mr.remote(4096));
+        qp.post_send(&SendWr::new(1, read, &into)).unwrap();
+        let fenced = SendFlags::SIGNALED | SendFlags::FENCE;
+        qp.post_send(&SendWr::new(2, SendOp::Send, &into).flags(fenced))
+            .unwrap();
+        r.step();
+        read_response(r, 0, 1, b"readdata");
+        r.step();
+        respond(r, 1, credits(16), 2);
+        r.step();
+    });
+    assert_eq!(taken[Path::StraightPost as usize], 2, "{out:#?}");
+    let ops: Vec<_> = out.sent.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(
+        ops,
+        [(Opcode::RdmaReadRequest, 0), (Opcode::SendOnly, 1)],
+        "{out:#?}"
+    );
+    assert_eq!(
+        out.bodies[1].5, b"readdata",
+        "the Send carries the Read's bytes"
+    );
+    let done: Vec<_> = out
+        .completions
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        done,
+        [(1, crate::WcStatus::Success), (2, crate::WcStatus::Success)]
+    );
+}
+
 /// Where the capture tap (a packet observer) or the fault stage must see a post's packet
 /// in the link's batch, the post stages it there, as before issue 27's direct post: the
 /// observer sees it sent, and the fault stage duplicates it.
@@ -2471,6 +2517,108 @@ fn with_a_tap_or_a_fault_stage_a_post_is_staged_where_they_see_it() {
     let answers = r.answers();
     let sends = answers.iter().filter(|a| a.0 == Opcode::SendOnly).count();
     assert_eq!(sends, 2, "sent twice: {answers:?}");
+}
+
+/// The answers of the receive fast paths of Reads and Atomics, built in the link's batch
+/// in the receive step, are left to the pipeline where the capture tap or the fault stage
+/// must see what is sent (they look at what step 3 sends): the observer sees the Read
+/// Response and the Atomic Acknowledge sent, and the fault stage duplicates them. Without
+/// a tap or fault stage the same requests take the fast paths, staged (review 9: the
+/// fast paths' answers under a tap or a fault stage passed every other test).
+#[test]
+fn with_a_tap_or_a_fault_stage_reads_and_atomics_are_answered_where_they_see_it() {
+    use crate::trace::Direction;
+    use std::sync::{Arc, Mutex};
+    let taken = |p: Path| crate::probe::taken(p);
+    let requests = |r: &mut Rig, k: u32| {
+        r.mr.write_at(64, b"tapped!!").unwrap();
+        // (Each in its burst: the rig's QP has one responder resource.)
+        read_request(r, k, 64, 8);
+        r.step();
+        atomic_request(r, Opcode::FetchAdd, k + 1, 128, (1, 0));
+        r.step();
+    };
+    // The packet observer.
+    let mut r = super::tests::rig(AccessFlags::ALL);
+    let seen: Arc<Mutex<Vec<(Direction, Opcode)>>> = Arc::default();
+    let s2 = seen.clone();
+    r.ctx
+        .observe_packets(move |e| s2.lock().unwrap().push((e.direction, e.headers.bth.opcode)));
+    let before = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    requests(&mut r, 0);
+    let after = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    let sent: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.0 == Direction::Sent)
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(
+        sent,
+        [Opcode::RdmaReadResponseOnly, Opcode::AtomicAcknowledge],
+        "the observer sees both answers sent"
+    );
+    assert_eq!(after, before, "no fast answer under the tap");
+    let ops: Vec<_> = r.answers().iter().map(|a| (a.0, a.1)).collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::RdmaReadResponseOnly, 0),
+            (Opcode::AtomicAcknowledge, 1)
+        ]
+    );
+    // Without it, the next two take the fast paths (staged: not straight into the ring).
+    r.ctx.stop_observing();
+    requests(&mut r, 2);
+    let after = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    assert_eq!(after, (before.0 + 1, before.1 + 1, before.2));
+    assert_eq!(r.answers().len(), 2);
+
+    // The fault stage, duplicating every packet.
+    let mut r = super::tests::rig(AccessFlags::ALL);
+    r.ctx.shared.engine.with(|e| {
+        let cfg = crate::fault::FaultConfig {
+            duplicate: 1.0,
+            ..Default::default()
+        };
+        e.faults = Some(Box::new(crate::fault::Faults::new(cfg, None)));
+    });
+    let before = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    requests(&mut r, 0);
+    r.step();
+    let after = (
+        taken(Path::Read),
+        taken(Path::Atomic),
+        taken(Path::DirectPost),
+    );
+    let answers = r.answers();
+    let count = |op| answers.iter().filter(|a| a.0 == op).count();
+    assert_eq!(
+        (
+            count(Opcode::RdmaReadResponseOnly),
+            count(Opcode::AtomicAcknowledge)
+        ),
+        (2, 2),
+        "each sent twice: {answers:?}"
+    );
+    assert_eq!(after, before, "no fast answer under the fault stage");
 }
 
 /// Issue 27's owed Ack: the QP of an owed Ack listed in the owed lists' first word (no
