@@ -54,6 +54,19 @@ fn connect_with(qp: &mut Qp, link: LinkId, remote: Qpn, access: AccessFlags) {
     .unwrap();
 }
 
+/// Waits (bounded) until the channel's `fd` is readable; the application does not drive
+/// the engine meanwhile.
+fn until_readable(fd: &std::os::fd::OwnedFd) {
+    until("the channel's fd never became readable", || {
+        let mut p = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        let ts = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        rustix::event::poll(&mut p, Some(&ts)).unwrap_or(0) > 0
+    });
+}
+
 /// Waits (bounded) until `f` holds; panics with `what` if it never does.
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(60);
@@ -151,17 +164,7 @@ fn peer_send_wakes_the_sleeping_helper(b: Context, len: u32, direct: bool) {
         assert_ne!(kicks(), kicked, "the post did not wake the sleeping engine");
     }
     // The fd becomes readable (bounded; the application does not drive the engine).
-    until("the channel's fd never became readable", || {
-        let mut p = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let ts = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 1_000_000,
-        };
-        rustix::event::poll(&mut p, Some(&ts)).unwrap_or(0) > 0
-    });
+    until_readable(&fd);
     assert_eq!(
         channel.get_event(Some(Duration::from_secs(10))).unwrap(),
         Some(rcq.number())
@@ -266,17 +269,7 @@ fn a_read_answered_on_the_fast_path_wakes_the_sleeping_helper() {
         kicked,
         "the publication did not wake the sleeping engine"
     );
-    until("the channel's fd never became readable", || {
-        let mut p = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let ts = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 1_000_000,
-        };
-        rustix::event::poll(&mut p, Some(&ts)).unwrap_or(0) > 0
-    });
+    until_readable(&fd);
     assert_eq!(
         channel.get_event(Some(Duration::from_secs(10))).unwrap(),
         Some(scq.number())

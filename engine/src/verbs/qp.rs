@@ -470,6 +470,23 @@ impl Qp {
         Ok(())
     }
 
+    /// Whether a straight path may post now: room in the send queue (the retired count read
+    /// again only when the queue looks full, as in `prepare`) and the QP past RTR. False
+    /// sends the request to the general path, which says why not.
+    #[inline(always)]
+    fn straight_post_open(&mut self) -> bool {
+        let max = u64::from(self.caps.max_send_wr);
+        let full = self.sq_posted - self.sq_retired >= max && {
+            self.refresh_sq();
+            self.sq_posted - self.sq_retired >= max
+        };
+        !full
+            && !matches!(
+                self.qshared.state(),
+                QpState::Reset | QpState::Init | QpState::Rtr
+            )
+    }
+
     /// [`Qp::post_send`]'s straight path, for the common request: a Send or RDMA Write
     /// (with or without immediate data) of one registered element or of inline bytes, or an
     /// RDMA Read or Atomic into one element, on a QP past RTR with room in its send queue;
@@ -509,18 +526,7 @@ impl Qp {
             SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, remote, add, 0),
             _ => return false,
         };
-        let max = u64::from(self.caps.max_send_wr);
-        // (As in `prepare`: the retired count read again only when the queue looks full.)
-        let full = self.sq_posted - self.sq_retired >= max && {
-            self.refresh_sq();
-            self.sq_posted - self.sq_retired >= max
-        };
-        if full
-            || matches!(
-                self.qshared.state(),
-                QpState::Reset | QpState::Init | QpState::Rtr
-            )
-        {
+        if !self.straight_post_open() {
             return false;
         }
         let rd_atomic = KIND == RD_ATOMIC;
@@ -607,17 +613,7 @@ impl Qp {
     #[doc(hidden)]
     #[inline(always)]
     pub fn post_send_single(&mut self, wr_id: u64, flags: SendFlags, s: &Sge<'_>) -> Result<()> {
-        let max = u64::from(self.caps.max_send_wr);
-        // (As in `prepare`: the retired count read again only when the queue looks full.)
-        let full = self.sq_posted - self.sq_retired >= max && {
-            self.refresh_sq();
-            self.sq_posted - self.sq_retired >= max
-        };
-        if full
-            || matches!(
-                self.qshared.state(),
-                QpState::Reset | QpState::Init | QpState::Rtr
-            )
+        if !self.straight_post_open()
             || !self.sge_ok(s, false)
             || flags.contains(SendFlags::INLINE)
             || u64::from(s.len) > MAX_MESSAGE
