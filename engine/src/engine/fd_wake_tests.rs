@@ -67,6 +67,26 @@ fn until_readable(fd: &std::os::fd::OwnedFd) {
     });
 }
 
+/// Waits (bounded) until `a`'s progress helper sleeps on the kick words (its application
+/// took the fd and armed a queue), then runs peer `b` until its link `link_b` wakes `a`: a
+/// link set up before `a` took the fd learns that `a` may sleep at `b`'s next stats
+/// publication (one iteration in PUBLISH_EVERY), and from then on wakes `a` after
+/// publishing to it.
+fn helper_asleep_and_woken_by(a: &Context, b: &Context, link_b: LinkId) {
+    until(
+        "the progress helper never slept on the kick words (sleeper count stayed 0)",
+        || a.shared.sleepers().load(Ordering::Relaxed) > 0,
+    );
+    for _ in 0..=crate::stats_area::PUBLISH_EVERY {
+        b.progress();
+    }
+    let wakes = b
+        .shared
+        .engine
+        .with(|e| e.link_mut(link_b).map(|l| l.wakes_peer()));
+    assert_eq!(wakes, Some(true), "the peer engine does not wake this one");
+}
+
 /// Waits (bounded) until `f` holds; panics with `what` if it never does.
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(60);
@@ -123,22 +143,7 @@ fn peer_send_wakes_the_sleeping_helper(b: Context, len: u32, direct: bool) {
     let fd = channel.as_fd().try_clone_to_owned().unwrap();
     rcq.req_notify(false).unwrap();
     // Its progress helper now sleeps on the kick words, where peers can wake it.
-    until(
-        "the progress helper never slept on the kick words (sleeper count stayed 0)",
-        || a.shared.sleepers().load(Ordering::Relaxed) > 0,
-    );
-
-    // B's link was set up before A took the fd: B's engine learns that A may sleep at its
-    // next stats publication (one iteration in PUBLISH_EVERY), and from then on wakes A
-    // after publishing to it.
-    for _ in 0..=crate::stats_area::PUBLISH_EVERY {
-        b.progress();
-    }
-    let wakes = b
-        .shared
-        .engine
-        .with(|e| e.link_mut(link_b).map(|l| l.wakes_peer()));
-    assert_eq!(wakes, Some(true), "the peer engine does not wake this one");
+    helper_asleep_and_woken_by(&a, &b, link_b);
     let taken_direct = || crate::probe::taken(crate::probe::Path::DirectPost);
     let kicks = || {
         b.shared
@@ -231,18 +236,7 @@ fn a_read_answered_on_the_fast_path_wakes_the_sleeping_helper() {
 
     let fd = channel.as_fd().try_clone_to_owned().unwrap();
     scq.req_notify(false).unwrap();
-    until(
-        "the progress helper never slept on the kick words (sleeper count stayed 0)",
-        || a.shared.sleepers().load(Ordering::Relaxed) > 0,
-    );
-    for _ in 0..=crate::stats_area::PUBLISH_EVERY {
-        b.progress();
-    }
-    let wakes = b
-        .shared
-        .engine
-        .with(|e| e.link_mut(link_b).map(|l| l.wakes_peer()));
-    assert_eq!(wakes, Some(true), "the peer engine does not wake this one");
+    helper_asleep_and_woken_by(&a, &b, link_b);
     let taken_direct = || crate::probe::taken(crate::probe::Path::DirectPost);
     let taken_fast = || crate::probe::taken(crate::probe::Path::Read);
     let kicks = || {

@@ -2503,14 +2503,7 @@ fn with_a_tap_or_a_fault_stage_a_post_is_staged_where_they_see_it() {
     assert_eq!(r.answers().len(), 1);
 
     // The fault stage, duplicating every packet.
-    let mut r = super::tests::rig(AccessFlags::ALL);
-    r.ctx.shared.engine.with(|e| {
-        let cfg = crate::fault::FaultConfig {
-            duplicate: 1.0,
-            ..Default::default()
-        };
-        e.faults = Some(Box::new(crate::fault::Faults::new(cfg, None)));
-    });
+    let mut r = duplicating_rig();
     let before = direct();
     post(&mut r, 8, &[Op::Send(8)]);
     assert_eq!(direct(), before, "no direct post under the fault stage");
@@ -2588,14 +2581,7 @@ fn with_a_tap_or_a_fault_stage_reads_and_atomics_are_answered_where_they_see_it(
     assert_eq!(r.answers().len(), 2);
 
     // The fault stage, duplicating every packet.
-    let mut r = super::tests::rig(AccessFlags::ALL);
-    r.ctx.shared.engine.with(|e| {
-        let cfg = crate::fault::FaultConfig {
-            duplicate: 1.0,
-            ..Default::default()
-        };
-        e.faults = Some(Box::new(crate::fault::Faults::new(cfg, None)));
-    });
+    let mut r = duplicating_rig();
     let before = (
         taken(Path::Read),
         taken(Path::Atomic),
@@ -3156,4 +3142,17 @@ fn idle_polls_leave_what_full_iterations_leave() {
         "the idle polls took the shortcut: {taken:?}"
     );
     assert_eq!(out.completions.len(), 4, "{:?}", out.completions);
+}
+
+/// A rig whose engine has a fault stage that duplicates every packet it sends.
+fn duplicating_rig() -> super::tests::Rig {
+    let r = super::tests::rig(AccessFlags::ALL);
+    r.ctx.shared.engine.with(|e| {
+        let cfg = crate::fault::FaultConfig {
+            duplicate: 1.0,
+            ..Default::default()
+        };
+        e.faults = Some(Box::new(crate::fault::Faults::new(cfg, None)));
+    });
+    r
 }
