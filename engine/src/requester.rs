@@ -93,7 +93,8 @@ pub(crate) fn post<L: LinkTx + ?Sized>(
 /// Send, the most common post: compiled with its opcode and headers known (one instance
 /// for it, one for the rest, and the Send's costs fewer registers kept on the stack:
 /// ~35 instructions a message, `bench/scripts/instructions.sh`).
-fn post_fast<L: LinkTx + ?Sized, const SEND: bool>(
+#[inline(always)]
+pub(crate) fn post_fast<L: LinkTx + ?Sized, const SEND: bool>(
     qp: &mut QpSlot,
     env: &mut Env<'_>,
     tx: &mut L,

@@ -798,7 +798,7 @@ fn record_rkey_refusal(
 ///
 /// Called for every active QP every iteration, and nearly always with nothing to do: that
 /// answer costs a few loads here ([`credit_update_due`]), not a call.
-#[inline]
+#[inline(always)]
 pub(crate) fn drain<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut L) {
     if qp.proto.resp.has_output() && !drain_queued(qp, env, tx) {
         return; // the link is full (the credit update waits behind), or a fatal Nak left
@@ -929,7 +929,7 @@ fn drain_queued<L: LinkTx + ?Sized>(qp: &mut QpSlot, env: &mut Env<'_>, tx: &mut
 /// ([`CREDIT_WATCH`] is 1). The last is one load of the receive queue's index, here rather
 /// than behind a call: a QP with no receives posted (a sender's) meets the rest on every
 /// post.
-#[inline]
+#[inline(always)]
 fn credit_update_due(qp: &QpSlot) -> bool {
     const _: () = assert!(CREDIT_WATCH == 1, "the look below is for none against some");
     qp.proto.resp.advertised.is_none_or(|a| a < CREDIT_WATCH)

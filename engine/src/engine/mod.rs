@@ -52,7 +52,7 @@ use crate::timer::Timestamp;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use crate::wire::slot::{PacketSlot, RxPacket, continuation_slots};
-use crate::wqe::SqWqe;
+use crate::wqe::{DataLoc, SgeEntry, SqWqe, WqeFlags, WqeOp};
 use doorbell::{ActiveSet, MAX_QPS};
 use shmhca_rings::lines::{Line, MAX_FRAME_LINES};
 
@@ -911,6 +911,107 @@ impl Engine {
     #[inline(never)]
     fn send_posted(&mut self, index: u32, wqe: &SqWqe, ring_pushed: u64) -> bool {
         self.send_with(index, Some((wqe, ring_pushed)))
+    }
+
+    /// The straight post of Send `wr` of one element `entry` (of registered memory or of
+    /// the request's inline staging row), posted directly
+    /// (`Device::run_for_post`): only what a NIC does for it, with no WQE built before it
+    /// (the window's record is written from these values). Its gate — no fault stage,
+    /// capture tap or UDP port; the QP live, connected, every WQE its poster pushed on
+    /// the send ring taken; the link up; then the template path's own
+    /// ([`requester::post_fast`]: RTS, an idle window, no RNR wait, no credit limit, the
+    /// fence, the credit, a payload that fits the line, room on the link) — answers before
+    /// anything changes. Then the packet goes straight into the link's ring from the QP's
+    /// template with any owed Ack riding in it, the window records it, and the owed Ack's
+    /// bookkeeping follows, as [`Engine::send_with`] does. Returns false, having changed
+    /// nothing, when a gate is closed: the caller then posts the WQE the general way
+    /// ([`Engine::post_direct`]), which gives the same answer.
+    #[inline(never)]
+    pub(crate) fn post_send_straight(
+        &mut self,
+        index: u32,
+        ring_pushed: u64,
+        wr: &crate::verbs::wr::SendWr<'_>,
+        entry: SgeEntry,
+    ) -> bool {
+        #[cfg(test)]
+        if !crate::probe::enabled() {
+            return false;
+        }
+        let Engine {
+            res,
+            qps,
+            links,
+            active,
+            trace,
+            faults,
+            owed,
+            owed_held,
+            udp,
+            idle_word,
+            ..
+        } = self;
+        if faults.is_some() || trace.is_some() || !udp.is_empty() {
+            return false;
+        }
+        let Some(qp) = qps.at_mut(index) else {
+            return false;
+        };
+        let Some(d) = qp.proto.cfg.dest else {
+            return false;
+        };
+        let Some(link) = links.at_mut(d.link.index()) else {
+            return false;
+        };
+        if qp.sq.taken() != ring_pushed || link.down.is_some() {
+            return false;
+        }
+        // (Never in memory: the template path reads it, the window's record is written
+        // from it, field by field.)
+        let w = SqWqe {
+            wr_id: wr.wr_id,
+            op: WqeOp::Send,
+            flags: WqeFlags(wr.flags.wqe_bits()),
+            imm: 0,
+            len: entry.len,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Single(entry),
+        };
+        let was_owed = qp.proto.resp.owed_ack().is_some();
+        let mut env = res.env();
+        let tx = &mut link.tx;
+        if !requester::post_fast::<TxBatch, true>(qp, &mut env, tx, &w, true) {
+            return false;
+        }
+        *idle_word |= UNSETTLED;
+        active.insert(index);
+        responder::drain(qp, &mut env, tx);
+        // An owed Ack rode (the line the template path built has room for it, and the QP
+        // is in RTS): it has left.
+        debug_assert!(qp.proto.resp.owed_ack().is_none());
+        if was_owed {
+            owed.forget_head(d.link.index(), index);
+            if owed.is_empty() {
+                *owed_held = false;
+            }
+        }
+        link.publish_post();
+        true
+    }
+
+    /// What the engine keeps for QP `index` besides the QP's own state, for the tests
+    /// that compare a fast path with the general one: whether an Ack is owed (listed),
+    /// whether the owed Acks are held back, whether the QP is in the active set.
+    #[cfg(test)]
+    pub(crate) fn post_state(&self, index: u32) -> (bool, bool, bool) {
+        (
+            !self.owed.is_empty(),
+            self.owed_held,
+            self.active.contains(index),
+        )
     }
 
     /// [`Engine::post_direct`] of a Read or an Atomic. The post gives its QP a turn in step 3

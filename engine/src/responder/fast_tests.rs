@@ -3156,3 +3156,61 @@ fn duplicating_rig() -> super::tests::Rig {
     });
     r
 }
+
+/// The engine's straight Send (`Engine::post_send_straight`) leaves the engine's own
+/// bookkeeping as the general post does: after a Send in which the owed Ack of a ping
+/// rode (held back an iteration, as with the progress helper), no Ack is owed or held
+/// and the QP has its turn in the active set; a Send on a link taken down is not sent (it
+/// waits in the window, and the QP goes to the Error state at the next iteration) — the
+/// same packets, completions and state both ways.
+#[test]
+fn a_straight_send_leaves_the_engines_bookkeeping_as_the_general_send() {
+    let states = std::cell::RefCell::new(vec![]);
+    let look = |r: &Rig| {
+        let index = r.qp.index;
+        let state = r.ctx.shared.engine.with(|e| e.post_state(index));
+        states.borrow_mut().push(state);
+    };
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        r.post_recv(4);
+        post(r, 8, &[Op::Send(8)]);
+        look(r);
+        for k in 0..2 {
+            r.request(Opcode::SendOnly, k, |_| {}, b"ping");
+            r.step();
+            look(r);
+            post_only(r, 1 + u64::from(k), &[Op::Send(8)]);
+            look(r);
+            r.step();
+        }
+        // The link taken down: the next Send waits.
+        let link = r.qp.query().config.dest.unwrap().link;
+        r.ctx
+            .shared
+            .engine
+            .with(|e| e.link_down(link, "the test took it down".into()));
+        post_only(r, 3, &[Op::Send(8)]);
+        look(r);
+        r.step();
+    });
+    let states = states.into_inner();
+    let (slow, fast) = states.split_at(states.len() / 2);
+    assert_eq!(fast, slow, "the same bookkeeping both ways");
+    // (Owed, held, active.)
+    assert_eq!(
+        fast[1],
+        (true, true, false),
+        "the ping's Ack held back: {fast:?}"
+    );
+    assert_eq!(
+        fast[2],
+        (false, false, true),
+        "it rode in the Send: {fast:?}"
+    );
+    assert_eq!(out.stats.acks_riding, 2, "{out:#?}");
+    assert_eq!(taken[Path::StraightPost as usize], 4, "{out:#?}");
+    assert_eq!(out.state, QpState::Error, "{out:#?}");
+    let sends = out.sent.iter().filter(|s| s.0 == Opcode::SendOnly).count();
+    assert_eq!(sends, 3, "not the Send on the link taken down: {out:#?}");
+}

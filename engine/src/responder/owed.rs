@@ -138,7 +138,7 @@ impl OwedAcks {
     /// rode). The common case — a ping-pong's answer, posted right after the request came —
     /// so that the next iteration can be a quiet one; elsewhere in a list the entry stays,
     /// a hint the flush finds empty.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn forget_head(&mut self, link: u32, qp: u32) {
         // The entry in `first` is its link's only one: its head.
         if self.first == entry(link, qp) {

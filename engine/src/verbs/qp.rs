@@ -583,6 +583,17 @@ impl Qp {
             }
             _ => return false,
         };
+        // A Send of one element or of inline bytes: the engine's straight post, with no
+        // WQE built here unless it declines.
+        if KIND == SEND {
+            if let DataLoc::Single(entry) = data {
+                debug_assert_eq!(entry.len, len);
+                self.post_send_entry(wr, entry, held);
+                #[cfg(test)]
+                crate::probe::count(crate::probe::Path::StraightPost);
+                return true;
+            }
+        }
         let wqe = SqWqe {
             wr_id: wr.wr_id,
             op,
@@ -751,10 +762,53 @@ impl Qp {
             debug_assert!(taken, "a live QP takes its WQEs");
             return;
         }
+        self.post_through_ring(*wqe, sgl);
+    }
+
+    /// Send `wr` of one element `entry` (registered, `sgl` its one element, or the
+    /// request's inline staging row, `sgl` empty), as [`Qp::post_wqe_inlined`] posts its WQE —
+    /// except that the engine's straight post (`Engine::post_send_straight`) gets the
+    /// values, not a WQE: the WQE is built only where it declines, or where the engine
+    /// cannot be run now.
+    #[inline(always)]
+    fn post_send_entry(&mut self, wr: &SendWr<'_>, entry: SgeEntry, sgl: &[Sge<'_>]) {
+        self.count_posted();
+        let wqe = move || SqWqe {
+            wr_id: wr.wr_id,
+            op: WqeOp::Send,
+            flags: WqeFlags(wr.flags.wqe_bits()),
+            imm: 0,
+            len: entry.len,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Single(entry),
+        };
+        let (index, pushed) = (self.index, self.sq_pushed);
+        let direct = self.shared.run_for_post(
+            #[inline(always)]
+            |e| {
+                count_held(sgl);
+                e.post_send_straight(index, pushed, wr, entry)
+                    || e.post_direct(index, &wqe(), pushed, false)
+            },
+        );
+        if let Some(taken) = direct {
+            debug_assert!(taken, "a live QP takes its WQEs");
+            return;
+        }
+        self.post_through_ring(wqe(), sgl);
+    }
+
+    /// Pushes `wqe` (its registered elements `sgl`) on the send ring for the engine, and
+    /// rings: a post when the engine cannot be run now.
+    #[inline(always)]
+    fn post_through_ring(&mut self, wqe: SqWqe, sgl: &[Sge<'_>]) {
         for s in sgl {
             s.mr.inflight.post_outside(1);
         }
-        if self.sq.push(*wqe).is_err() {
+        if self.sq.push(wqe).is_err() {
             unreachable!("the send ring holds max_send_wr WQEs and fewer are outstanding");
         }
         self.sq_pushed += 1;
