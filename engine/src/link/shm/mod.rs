@@ -604,7 +604,7 @@ impl Link {
     /// ring ([`TxBatch::send_line`]): publishes what is queued behind it, then wakes the
     /// peer engine if it may be asleep and anything went — one look for sleepers, after
     /// every line of the post is in the ring, as [`Link::publish`] does.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn publish_post(&mut self) {
         let direct = self.tx.take_sent_direct();
         if !direct {
