@@ -3214,3 +3214,35 @@ fn a_straight_send_leaves_the_engines_bookkeeping_as_the_general_send() {
     let sends = out.sent.iter().filter(|s| s.0 == Opcode::SendOnly).count();
     assert_eq!(sends, 3, "not the Send on the link taken down: {out:#?}");
 }
+
+/// The verbs C ABI's Send of one element (`Qp::post_send_single`) goes through the
+/// engine's straight post as `post_send`'s Sends do, with its ID and flags: each Send
+/// leaves what the general post leaves, only the signaled ones complete (with their IDs),
+/// and the solicited one has the SE bit set.
+#[test]
+fn a_single_element_send_of_the_verbs_abi_leaves_what_the_general_post_leaves() {
+    use crate::SendFlags;
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+        r.step();
+        r.mr.write_at(0, b"0123456789abcdef").unwrap();
+        let sge = r.mr.sge(4, 8).unwrap();
+        let sig = SendFlags::SIGNALED;
+        for (id, flags) in [
+            (10, sig | SendFlags::SOLICITED),
+            (11, SendFlags::NONE),
+            (12, sig),
+        ] {
+            r.qp.post_send_single(id, flags, &sge).unwrap();
+        }
+        r.step();
+        respond(r, 2, credits(16), 3);
+        r.step();
+    });
+    assert_eq!(taken[Path::DirectPost as usize], 3, "{out:#?}");
+    let done: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
+    assert_eq!(done, [10, 12], "{out:#?}");
+    let se: Vec<_> = out.headers.iter().map(|h| h[1] & 0x80 != 0).collect();
+    assert_eq!(se, [true, false, false], "{out:#?}");
+    assert!(out.bodies.iter().all(|b| b.5 == b"456789ab"), "{out:#?}");
+}

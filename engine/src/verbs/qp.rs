@@ -662,19 +662,14 @@ impl Qp {
                 Err(_) => return self.post_send_general(wr_id, flags, s),
             },
         };
-        let wqe = SqWqe {
+        // (The request as `post_send` sees it: the straight post reads its ID and flags.)
+        let wr = SendWr {
             wr_id,
-            op: WqeOp::Send,
-            flags: WqeFlags(flags.wqe_bits()),
-            imm: 0,
-            len,
-            remote_addr: 0,
-            rkey: 0,
-            compare_add: 0,
-            swap: 0,
-            data: DataLoc::Single(entry),
+            op: SendOp::Send,
+            data: Data::Sgl(&[]),
+            flags,
         };
-        self.post_wqe_inlined(&wqe, held, Some(false));
+        self.post_send_entry(&wr, entry, held);
         Ok(())
     }
 
