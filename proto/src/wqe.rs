@@ -202,6 +202,25 @@ pub struct SqWqe {
     pub data: DataLoc,
 }
 
+impl SqWqe {
+    /// A Send of one element `entry`, the whole message.
+    #[inline(always)]
+    pub fn send_of(wr_id: u64, flags: WqeFlags, entry: SgeEntry) -> SqWqe {
+        SqWqe {
+            wr_id,
+            op: WqeOp::Send,
+            flags,
+            imm: 0,
+            len: entry.len,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            data: DataLoc::Single(entry),
+        }
+    }
+}
+
 /// A receive WQE.
 #[derive(Debug, Clone, Copy)]
 pub struct RqWqe {

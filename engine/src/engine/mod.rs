@@ -52,7 +52,7 @@ use crate::timer::Timestamp;
 use crate::trace::tap::Trace;
 use crate::wire::Qpn;
 use crate::wire::slot::{PacketSlot, RxPacket, continuation_slots};
-use crate::wqe::{DataLoc, SgeEntry, SqWqe, WqeFlags, WqeOp};
+use crate::wqe::{SgeEntry, SqWqe, WqeFlags};
 use doorbell::{ActiveSet, MAX_QPS};
 use shmhca_rings::lines::{Line, MAX_FRAME_LINES};
 
@@ -968,18 +968,7 @@ impl Engine {
         }
         // (Never in memory: the template path reads it, the window's record is written
         // from it, field by field.)
-        let w = SqWqe {
-            wr_id: wr.wr_id,
-            op: WqeOp::Send,
-            flags: WqeFlags(wr.flags.wqe_bits()),
-            imm: 0,
-            len: entry.len,
-            remote_addr: 0,
-            rkey: 0,
-            compare_add: 0,
-            swap: 0,
-            data: DataLoc::Single(entry),
-        };
+        let w = SqWqe::send_of(wr.wr_id, WqeFlags(wr.flags.wqe_bits()), entry);
         let was_owed = qp.proto.resp.owed_ack().is_some();
         let mut env = res.env();
         let tx = &mut link.tx;

@@ -768,18 +768,7 @@ impl Qp {
     #[inline(always)]
     fn post_send_entry(&mut self, wr: &SendWr<'_>, entry: SgeEntry, sgl: &[Sge<'_>]) {
         self.count_posted();
-        let wqe = move || SqWqe {
-            wr_id: wr.wr_id,
-            op: WqeOp::Send,
-            flags: WqeFlags(wr.flags.wqe_bits()),
-            imm: 0,
-            len: entry.len,
-            remote_addr: 0,
-            rkey: 0,
-            compare_add: 0,
-            swap: 0,
-            data: DataLoc::Single(entry),
-        };
+        let wqe = move || SqWqe::send_of(wr.wr_id, WqeFlags(wr.flags.wqe_bits()), entry);
         let (index, pushed) = (self.index, self.sq_pushed);
         let direct = self.shared.run_for_post(
             #[inline(always)]
