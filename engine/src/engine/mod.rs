@@ -979,9 +979,10 @@ impl Engine {
         active.insert(index);
         responder::drain(qp, &mut env, tx);
         // An owed Ack rode (the line the template path built has room for it, and the QP
-        // is in RTS): it has left.
+        // is in RTS): it has left. Were one still owed, it would stay on the owed list for
+        // step 4 (one look: nothing may forget an Ack that has not left).
         debug_assert!(qp.proto.resp.owed_ack().is_none());
-        if was_owed {
+        if was_owed && qp.proto.resp.owed_ack().is_none() {
             owed.forget_head(d.link.index(), index);
             if owed.is_empty() {
                 *owed_held = false;
