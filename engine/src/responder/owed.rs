@@ -64,7 +64,7 @@ impl OwedAcks {
 
     /// Lists QP `qp` on link `link`, unless it is on a list already; whether it was not.
     /// With every list empty the entry waits in `first`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&mut self, link: u32, qp: u32) -> bool {
         #[cfg(test)]
         let fast = crate::probe::enabled();

@@ -183,6 +183,7 @@ impl CqTable {
 
     /// Whether `cq` can take one more completion (a destroyed CQ takes everything: its
     /// completions have nowhere to go).
+    #[inline(always)]
     pub(crate) fn has_room(&mut self, cq: CqId) -> bool {
         self.get(cq).is_none_or(|s| s.producer.has_room())
     }
@@ -231,7 +232,7 @@ impl CqTable {
     }
 
     /// Whether `cq` is armed for a notification.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn armed(&mut self, cq: CqId) -> bool {
         self.armed > 0 && self.get(cq).is_some_and(|s| s.notify.armed())
     }

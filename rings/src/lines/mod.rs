@@ -946,6 +946,90 @@ impl<S: LineStorage> LinesConsumer<S> {
         true
     }
 
+    /// One look at head: `Some(None)` when the ring is empty there (head then published,
+    /// as [`empty_at_head`](Self::empty_at_head) leaves it), `Some(Some(word))` when a
+    /// frame or a padding frame starts there (its first word, stamp checked, nothing else),
+    /// `None` for anything else (a stamp out of range, a broken ring), which
+    /// [`recv`](Self::recv) then answers. One load; nothing changed but head's publication.
+    /// With [`lone_behind`](Self::lone_behind), for a receive step that takes the common
+    /// lone packet straight ([`copy_lone`](Self::copy_lone), then
+    /// [`release_lone`](Self::release_lone)).
+    #[inline(always)]
+    pub fn look(&mut self) -> Option<Option<u64>> {
+        // SYNC: Acquire pairs with the Release store of the first word in
+        // LinesProducer::store_first: the line is complete once we see its stamp.
+        let word = self.storage.load_word(
+            self.head_pos,
+            sync::weaken(Ordering::Acquire, "Lines::look"),
+        );
+        let stamp = u64::from(word_stamp(word));
+        if stamp == self.head_stamp {
+            return Some(Some(word));
+        }
+        if stamp == self.head_stale {
+            self.flush();
+            return Some(None);
+        }
+        None
+    }
+
+    /// Whether the frame whose first word [`look`](Self::look) returned is a lone line: one
+    /// line (not padding, not a longer frame) with nothing behind it yet (the next line
+    /// still last lap's). One more load.
+    #[inline(always)]
+    pub fn lone_behind(&self, first: u64) -> bool {
+        if word_count(first) != 1 {
+            return false;
+        }
+        // The line behind it: still last lap's (its lap's stamp minus 1), at the start of
+        // the next lap when this one is the lap's last. SYNC: none needed: a stale stamp
+        // only means the next frame, if any, comes after this receive.
+        let next = self.head_pos + 1;
+        let (pos, stale) = if next == self.capacity {
+            (0, self.head_stamp)
+        } else {
+            (next, self.head_stale)
+        };
+        let behind = self.storage.load_word(pos, Ordering::Relaxed);
+        u64::from(word_stamp(behind)) == stale
+    }
+
+    /// [`look`](Self::look) and [`lone_behind`](Self::lone_behind) together: the first
+    /// word of a lone line at head, or `None` (tests).
+    #[cfg(test)]
+    fn peek_lone(&mut self) -> Option<u64> {
+        self.look()?.filter(|&w| self.lone_behind(w))
+    }
+
+    /// Copies the line at head into `out` with `first`, the word [`look`](Self::look)
+    /// returned and [`lone_behind`](Self::lone_behind) found lone, as its first word (what
+    /// `recv` gives for a one-line frame), and leaves head where it is: the caller decides from the copy
+    /// whether it takes the line ([`release_lone`](Self::release_lone)) or leaves it to
+    /// [`recv`](Self::recv).
+    #[inline(always)]
+    pub fn copy_lone(&self, first: u64, out: &mut Line) {
+        debug_assert_eq!(u64::from(word_stamp(first)), self.head_stamp);
+        debug_assert_eq!(word_count(first), 1);
+        // SAFETY: head's line is published (look saw its stamp with Acquire) and not
+        // released (head has not moved since); one line at head_pos < capacity.
+        unsafe {
+            self.storage
+                .read_lines(self.head_pos, std::slice::from_mut(out))
+        };
+        // The copy's first word may differ if the peer rewrote it meanwhile: keep the one
+        // validated.
+        out.set_word(first);
+    }
+
+    /// Takes the lone line found at head (copied with
+    /// [`copy_lone`](Self::copy_lone)): head moves past it and is published, as `recv`
+    /// followed by the `recv` that finds the ring empty behind it leave it.
+    #[inline(always)]
+    pub fn release_lone(&mut self) {
+        self.set_head(self.head.wrapping_add(1));
+        self.publish();
+    }
+
     /// Whether head, where it is now, has been stored for the producer (a producer waiting
     /// for room sees all the room the consumer made).
     pub fn head_published(&self) -> bool {
@@ -1099,6 +1183,93 @@ mod tests {
         assert!(c.empty_at_head());
         c.fail(Violation::BadLineCount { index: 0, count: 0 });
         assert!(!c.empty_at_head(), "a broken ring is looked at by recv");
+    }
+
+    /// `look` and `lone_behind` find a one-line frame with nothing behind it, lap after lap and at a
+    /// lap's last line (the line behind it is the next lap's first); `copy_lone` gives
+    /// what `recv` gives of it and `release_lone` leaves head moved past it and published.
+    /// Anything else is not lone, and `recv` takes it as before: an empty ring, a frame
+    /// behind (in this lap or the next), a frame of several lines, padding, a broken ring.
+    #[test]
+    fn peek_lone_finds_a_lone_line_and_nothing_else() {
+        let (mut p, mut c) = heap_lines(8).unwrap();
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        let mut line = Line::ZERO;
+        let mut one = Line::ZERO;
+        assert_eq!(c.peek_lone(), None, "empty");
+        for i in 0..40u8 {
+            line.0[8] = i;
+            line.0[USER_START] = i ^ 0x55;
+            let mut f = p.reserve(1).unwrap().unwrap();
+            f.write_line(0, &line).unwrap();
+            f.commit();
+            if i % 4 == 1 {
+                // A second frame behind: not lone, wherever the first is.
+                p.reserve(1).unwrap().unwrap().commit();
+                assert_eq!(c.peek_lone(), None, "line {i}: a frame behind");
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                continue;
+            }
+            let pos = c.head_pos;
+            let word = c.peek_lone().unwrap_or_else(|| panic!("line {i} at {pos}"));
+            c.copy_lone(word, &mut one);
+            assert_eq!(one.0[8], i);
+            assert_eq!(one.0[USER_START], i ^ 0x55);
+            assert_eq!((one.stamp(), one.count()), (stamp_of(c.head, 3), 1));
+            let head = c.head;
+            c.release_lone();
+            assert_eq!(c.head, head + 1);
+            assert!(c.head_published() && c.nothing_at_head(), "line {i}");
+            assert_eq!(c.recv(&mut out).unwrap(), None);
+        }
+        // Head at a lap's last line, a frame behind it in the next lap.
+        while c.head_pos != 7 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        p.reserve(1).unwrap().unwrap().commit();
+        assert!(c.peek_lone().is_some(), "lone at the lap's end");
+        p.reserve(1).unwrap().unwrap().commit();
+        assert_eq!(c.peek_lone(), None, "a frame behind, in the next lap");
+        assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        assert!(c.peek_lone().is_some());
+        assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        // A frame of three lines; then padding before one (head at 6 of 8).
+        p.reserve(3).unwrap().unwrap().commit();
+        assert_eq!(c.peek_lone(), None, "three lines");
+        assert_eq!(c.recv(&mut out).unwrap(), Some(3));
+        while c.head_pos != 6 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        p.reserve(3).unwrap().unwrap().commit();
+        assert_eq!(c.peek_lone(), None, "padding");
+        assert_eq!(c.recv(&mut out).unwrap(), Some(3));
+        p.reserve(1).unwrap().unwrap().commit();
+        assert!(c.peek_lone().is_some());
+        c.fail(Violation::BadLineCount { index: 0, count: 0 });
+        assert_eq!(c.peek_lone(), None, "a broken ring");
+    }
+
+    /// What `copy_lone` gives has the first word `look` validated, whatever the
+    /// producer wrote there since: the checks that word passed hold for the copy.
+    #[test]
+    fn copy_lone_keeps_the_first_word_peek_lone_validated() {
+        let (mut p, mut c) = heap_lines(8).unwrap();
+        let mut line = Line::ZERO;
+        line.0[USER_START] = 7;
+        let mut f = p.reserve(1).unwrap().unwrap();
+        f.write_line(0, &line).unwrap();
+        f.commit();
+        let word = c.peek_lone().unwrap();
+        // The peer rewrites the line's first word after the look: another count, user
+        // bytes and stamp.
+        c.storage.store_word(0, u64::MAX, Ordering::Relaxed);
+        let mut out = Line::ZERO;
+        c.copy_lone(word, &mut out);
+        assert_eq!(out.0[..8], word.to_le_bytes());
+        assert_eq!((out.count(), out.0[USER_START]), (1, 7));
     }
 
     /// Each commit asks for the line `PREFETCH_AHEAD` past its frame (wrapping around the

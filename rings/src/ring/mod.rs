@@ -1296,7 +1296,7 @@ impl<T: Copy, S: Storage<T>> Consumer<T, S> {
     /// # Errors
     ///
     /// [`LinkBroken`] if the ring is broken.
-    #[inline]
+    #[inline(always)]
     pub fn pop(&mut self) -> Result<Option<T>, LinkBroken> {
         if self.available_for(1)? == 0 {
             return Ok(None);

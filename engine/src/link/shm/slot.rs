@@ -492,7 +492,7 @@ impl<'a> RxPacket<'a> {
     }
 
     /// [`RxPacket::parse`] of any packet: the general checks.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn parse_any(
         slot: &'a PacketSlot,
         cont: &'a [PacketSlot],
