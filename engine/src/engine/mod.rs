@@ -2149,6 +2149,41 @@ mod timed_tests {
         r.ack_and_complete();
     }
 
+    /// A lone Send Only line that acknowledges nothing, taken by the straight receive
+    /// step (issue 27) while the QP waits for its own Send's Ack, leaves the QP waiting
+    /// for its timer only — timed, not active —, and the timer fires.
+    #[test]
+    fn a_send_received_straight_while_waiting_for_an_ack_leaves_the_qp_timed() {
+        let mut r = rig();
+        let sge = [r.mr.sge(32, 32).unwrap()];
+        r.qp.post_recv(&crate::RecvWr::new(7, &sge)).unwrap();
+        r.ctx.progress(); // the connection's turn
+        r.qp.post_send(&SendWr::new(1, SendOp::Send, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(r.requests(), [0]);
+        assert_eq!(r.sets(), (true, false), "a Send keeps its turn");
+        let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, r.qp.qpn(), Psn::new(0)));
+        let mut s = PacketSlot::default();
+        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+        s.kind = crate::wire::slot::KIND_INLINE;
+        s.payload_len = 4;
+        s.data[12..16].copy_from_slice(b"ping");
+        assert_eq!(r.peer.tx.push_burst(&[s]).unwrap(), 1);
+        let before = crate::probe::taken(crate::probe::Path::StraightReceive);
+        r.ctx.progress();
+        assert_eq!(
+            crate::probe::taken(crate::probe::Path::StraightReceive),
+            before + 1,
+            "taken straight"
+        );
+        assert_eq!(r.sets(), (false, true), "waiting for its Ack only");
+        let mut wc = [WorkCompletion::default(); 2];
+        assert_eq!(r.cq.poll(&mut wc), 1);
+        assert_eq!((wc[0].wr_id, wc[0].byte_len), (7, 4));
+        assert_eq!(r.until_sent("retransmission"), [0]);
+        assert_eq!(r.ctx.stats().timeouts, 1);
+    }
+
     /// A Read or an Atomic sent whole by the direct path (inline mode: the template path)
     /// leaves its QP waiting for its answer only: in the timed set, out of the active set,
     /// so that the next iteration has nothing to visit (before: active until that
