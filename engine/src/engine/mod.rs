@@ -1322,8 +1322,9 @@ impl Iteration<'_> {
     /// with anything at head — a lone line ([`LinesConsumer::lone_behind`]), whose bytes
     /// 5..8 say a Send Only's slot (headers a BTH alone, payload inline, no flag but a
     /// riding Ack) —, every live link with no backlog, nothing queued and its send ring
-    /// whole. The line is copied once into private memory and checked there
-    /// ([`RxPacket::parse_send_only`], its QP's and link's match); then it is taken,
+    /// whole. The line is copied once into private memory (by the look that finds it)
+    /// and checked there
+    /// ([`RxPacket::send_only_checked`], its QP's and link's match); then it is taken,
     /// and runs through the RQ Logic as step 2 runs it. The packets received (1; 0 when
     /// every live link is empty, where step 2 would receive nothing); `None`, with
     /// nothing changed but the empty links' heads published (as any look at an empty
@@ -1356,28 +1357,27 @@ impl Iteration<'_> {
             if link.rx_backlog || !link.tx.is_empty() || link.tx.broken().is_some() {
                 return None;
             }
-            let Some(first) = link.rx.look()? else {
+            let Some(first) = link.rx.look(&mut self.rx[0])? else {
                 continue;
             };
             if found.is_some() || (first >> 40) & !ACK != WANT || !link.rx.lone_behind(first) {
                 *self.straight_skip = STRAIGHT_BACKOFF;
                 return None;
             }
-            found = Some((l, link, first));
+            found = Some((l, link));
         }
         // Nothing received anywhere: step 2 would find every ring empty and publish its
         // head, as the look did.
-        let Some((l, link, first)) = found else {
+        let Some((l, link)) = found else {
             return Some(0);
         };
-        link.rx.copy_lone(first, &mut self.rx[0]);
         let slot: &PacketSlot = bytemuck::cast_ref(&self.rx[0]);
         let qpn = RxPacket::dest_qp(slot);
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         let qp = self.qps.at_mut(index).filter(|qp| {
             qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
         })?;
-        let pkt = RxPacket::parse_send_only(slot, &[])?;
+        let pkt = RxPacket::send_only_checked(slot)?;
         link.rx.release_lone();
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::StraightReceive);
@@ -1739,7 +1739,8 @@ fn trace_sent(
 /// Whether a QP has work now and must stay in the active set. One without, that waits for a
 /// timer ([`waits_for_timer`]), goes to the timed set: until the timer check nothing but a
 /// received packet (which makes it active again) gives it work — a WQE held by an RNR
-/// wait goes when the wait ends, which the timer check sees.
+/// wait goes when the wait ends, which the timer check sees. (In line in every step that
+/// asks: out of line it cost a call per packet.)
 #[inline(always)]
 fn needs_attention(qp: &QpSlot) -> bool {
     let req = &qp.proto.req;

@@ -946,16 +946,17 @@ impl<S: LineStorage> LinesConsumer<S> {
         true
     }
 
-    /// One look at head: `Some(None)` when the ring is empty there (head then published,
-    /// as [`empty_at_head`](Self::empty_at_head) leaves it), `Some(Some(word))` when a
-    /// frame or a padding frame starts there (its first word, stamp checked, nothing else),
-    /// `None` for anything else (a stamp out of range, a broken ring), which
-    /// [`recv`](Self::recv) then answers. One load; nothing changed but head's publication.
-    /// With [`lone_behind`](Self::lone_behind), for a receive step that takes the common
-    /// lone packet straight ([`copy_lone`](Self::copy_lone), then
-    /// [`release_lone`](Self::release_lone)).
+    /// One look at head, for a receive step that takes the common lone packet straight
+    /// (with [`lone_behind`](Self::lone_behind) and [`release_lone`](Self::release_lone)):
+    /// `Some(None)` when the ring is empty there (head then published, as
+    /// [`empty_at_head`](Self::empty_at_head) leaves it); `Some(Some(word))` when a frame
+    /// or a padding frame starts there — its first word, stamp checked, nothing else —,
+    /// with its first line copied into `out` (the copy's first word that word, as `recv`
+    /// gives it); `None` for anything else (a stamp out of range, a broken ring), which
+    /// [`recv`](Self::recv) then answers. Head stays where it is: the caller decides from
+    /// the copy whether it takes the line or leaves the frame to `recv`.
     #[inline(always)]
-    pub fn look(&mut self) -> Option<Option<u64>> {
+    pub fn look(&mut self, out: &mut Line) -> Option<Option<u64>> {
         // SYNC: Acquire pairs with the Release store of the first word in
         // LinesProducer::store_first: the line is complete once we see its stamp.
         let word = self.storage.load_word(
@@ -964,6 +965,15 @@ impl<S: LineStorage> LinesConsumer<S> {
         );
         let stamp = u64::from(word_stamp(word));
         if stamp == self.head_stamp {
+            // SAFETY: head's line is published (its stamp seen with Acquire just now) and
+            // not released (head is where it was); one line at head_pos < capacity.
+            unsafe {
+                self.storage
+                    .read_lines(self.head_pos, std::slice::from_mut(out))
+            };
+            // The copy's first word may differ if the peer rewrote it meanwhile: keep the
+            // one checked.
+            out.set_word(word);
             return Some(Some(word));
         }
         if stamp == self.head_stale {
@@ -997,33 +1007,15 @@ impl<S: LineStorage> LinesConsumer<S> {
     /// [`look`](Self::look) and [`lone_behind`](Self::lone_behind) together: the first
     /// word of a lone line at head, or `None` (tests).
     #[cfg(test)]
-    fn peek_lone(&mut self) -> Option<u64> {
-        self.look()?.filter(|&w| self.lone_behind(w))
+    fn peek_lone(&mut self, out: &mut Line) -> Option<u64> {
+        self.look(out)?.filter(|&w| self.lone_behind(w))
     }
 
-    /// Copies the line at head into `out` with `first`, the word [`look`](Self::look)
-    /// returned and [`lone_behind`](Self::lone_behind) found lone, as its first word (what
-    /// `recv` gives for a one-line frame), and leaves head where it is: the caller decides from the copy
-    /// whether it takes the line ([`release_lone`](Self::release_lone)) or leaves it to
-    /// [`recv`](Self::recv).
-    #[inline(always)]
-    pub fn copy_lone(&self, first: u64, out: &mut Line) {
-        debug_assert_eq!(u64::from(word_stamp(first)), self.head_stamp);
-        debug_assert_eq!(word_count(first), 1);
-        // SAFETY: head's line is published (look saw its stamp with Acquire) and not
-        // released (head has not moved since); one line at head_pos < capacity.
-        unsafe {
-            self.storage
-                .read_lines(self.head_pos, std::slice::from_mut(out))
-        };
-        // The copy's first word may differ if the peer rewrote it meanwhile: keep the one
-        // validated.
-        out.set_word(first);
-    }
-
-    /// Takes the lone line found at head (copied with
-    /// [`copy_lone`](Self::copy_lone)): head moves past it and is published, as `recv`
-    /// followed by the `recv` that finds the ring empty behind it leave it.
+    /// Takes the lone line found at head ([`look`](Self::look) copied it,
+    /// [`lone_behind`](Self::lone_behind) found it lone): head moves past it and is
+    /// published, as `recv` followed by the `recv` that finds the ring empty behind it
+    /// leave it. (Only then: called elsewhere, head passes what the producer has not
+    /// written, and the producer finds the ring broken.)
     #[inline(always)]
     pub fn release_lone(&mut self) {
         self.set_head(self.head.wrapping_add(1));
@@ -1185,18 +1177,19 @@ mod tests {
         assert!(!c.empty_at_head(), "a broken ring is looked at by recv");
     }
 
-    /// `look` and `lone_behind` find a one-line frame with nothing behind it, lap after lap and at a
-    /// lap's last line (the line behind it is the next lap's first); `copy_lone` gives
-    /// what `recv` gives of it and `release_lone` leaves head moved past it and published.
-    /// Anything else is not lone, and `recv` takes it as before: an empty ring, a frame
-    /// behind (in this lap or the next), a frame of several lines, padding, a broken ring.
+    /// `look` and `lone_behind` find a one-line frame with nothing behind it, lap after
+    /// lap and at a lap's last line (the line behind it is the next lap's first); `look`
+    /// copies what `recv` gives of it and `release_lone` leaves head moved past it and
+    /// published. Anything else is not lone, and `recv` takes it as before: an empty ring,
+    /// a frame behind (in this lap or the next), a frame of several lines, padding, a
+    /// broken ring.
     #[test]
-    fn peek_lone_finds_a_lone_line_and_nothing_else() {
+    fn look_and_lone_behind_find_a_lone_line_and_nothing_else() {
         let (mut p, mut c) = heap_lines(8).unwrap();
         let mut out = [Line::ZERO; MAX_FRAME_LINES];
         let mut line = Line::ZERO;
         let mut one = Line::ZERO;
-        assert_eq!(c.peek_lone(), None, "empty");
+        assert_eq!(c.look(&mut one), Some(None), "empty");
         for i in 0..40u8 {
             line.0[8] = i;
             line.0[USER_START] = i ^ 0x55;
@@ -1206,14 +1199,17 @@ mod tests {
             if i % 4 == 1 {
                 // A second frame behind: not lone, wherever the first is.
                 p.reserve(1).unwrap().unwrap().commit();
-                assert_eq!(c.peek_lone(), None, "line {i}: a frame behind");
+                assert_eq!(c.peek_lone(&mut one), None, "line {i}: a frame behind");
                 assert_eq!(c.recv(&mut out).unwrap(), Some(1));
                 assert_eq!(c.recv(&mut out).unwrap(), Some(1));
                 continue;
             }
             let pos = c.head_pos;
-            let word = c.peek_lone().unwrap_or_else(|| panic!("line {i} at {pos}"));
-            c.copy_lone(word, &mut one);
+            one = Line::ZERO;
+            let word = c
+                .peek_lone(&mut one)
+                .unwrap_or_else(|| panic!("line {i} at {pos}"));
+            assert_eq!(one.0[..8], word.to_le_bytes());
             assert_eq!(one.0[8], i);
             assert_eq!(one.0[USER_START], i ^ 0x55);
             assert_eq!((one.stamp(), one.count()), (stamp_of(c.head, 3), 1));
@@ -1229,47 +1225,31 @@ mod tests {
             assert_eq!(c.recv(&mut out).unwrap(), Some(1));
         }
         p.reserve(1).unwrap().unwrap().commit();
-        assert!(c.peek_lone().is_some(), "lone at the lap's end");
+        assert!(c.peek_lone(&mut one).is_some(), "lone at the lap's end");
         p.reserve(1).unwrap().unwrap().commit();
-        assert_eq!(c.peek_lone(), None, "a frame behind, in the next lap");
+        assert_eq!(
+            c.peek_lone(&mut one),
+            None,
+            "a frame behind, in the next lap"
+        );
         assert_eq!(c.recv(&mut out).unwrap(), Some(1));
-        assert!(c.peek_lone().is_some());
+        assert!(c.peek_lone(&mut one).is_some());
         assert_eq!(c.recv(&mut out).unwrap(), Some(1));
         // A frame of three lines; then padding before one (head at 6 of 8).
         p.reserve(3).unwrap().unwrap().commit();
-        assert_eq!(c.peek_lone(), None, "three lines");
+        assert_eq!(c.peek_lone(&mut one), None, "three lines");
         assert_eq!(c.recv(&mut out).unwrap(), Some(3));
         while c.head_pos != 6 {
             p.reserve(1).unwrap().unwrap().commit();
             assert_eq!(c.recv(&mut out).unwrap(), Some(1));
         }
         p.reserve(3).unwrap().unwrap().commit();
-        assert_eq!(c.peek_lone(), None, "padding");
+        assert_eq!(c.peek_lone(&mut one), None, "padding");
         assert_eq!(c.recv(&mut out).unwrap(), Some(3));
         p.reserve(1).unwrap().unwrap().commit();
-        assert!(c.peek_lone().is_some());
+        assert!(c.peek_lone(&mut one).is_some());
         c.fail(Violation::BadLineCount { index: 0, count: 0 });
-        assert_eq!(c.peek_lone(), None, "a broken ring");
-    }
-
-    /// What `copy_lone` gives has the first word `look` validated, whatever the
-    /// producer wrote there since: the checks that word passed hold for the copy.
-    #[test]
-    fn copy_lone_keeps_the_first_word_peek_lone_validated() {
-        let (mut p, mut c) = heap_lines(8).unwrap();
-        let mut line = Line::ZERO;
-        line.0[USER_START] = 7;
-        let mut f = p.reserve(1).unwrap().unwrap();
-        f.write_line(0, &line).unwrap();
-        f.commit();
-        let word = c.peek_lone().unwrap();
-        // The peer rewrites the line's first word after the look: another count, user
-        // bytes and stamp.
-        c.storage.store_word(0, u64::MAX, Ordering::Relaxed);
-        let mut out = Line::ZERO;
-        c.copy_lone(word, &mut out);
-        assert_eq!(out.0[..8], word.to_le_bytes());
-        assert_eq!((out.count(), out.0[USER_START]), (1, 7));
+        assert_eq!(c.look(&mut one), None, "a broken ring");
     }
 
     /// Each commit asks for the line `PREFETCH_AHEAD` past its frame (wrapping around the
