@@ -1202,6 +1202,14 @@ mod tests {
                 assert_eq!(c.peek_lone(&mut one), None, "line {i}: a frame behind");
                 assert_eq!(c.recv(&mut out).unwrap(), Some(1));
                 assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                // One more taken by `recv` (short of the ring's quarter since the last
+                // publication: head is not published yet): a look that finds the ring
+                // empty publishes it, as `recv` and `empty_at_head` do.
+                p.reserve(1).unwrap().unwrap().commit();
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                assert!(!c.head_published(), "line {i}");
+                assert_eq!(c.look(&mut one), Some(None));
+                assert!(c.head_published(), "line {i}: published when found empty");
                 continue;
             }
             let pos = c.head_pos;
@@ -1246,6 +1254,22 @@ mod tests {
         p.reserve(3).unwrap().unwrap().commit();
         assert_eq!(c.peek_lone(&mut one), None, "padding");
         assert_eq!(c.recv(&mut out).unwrap(), Some(3));
+        // Padding over the lap's last line alone, the frame behind it reserved but not
+        // committed: the line behind the padding still has this lap's stamp (stale for
+        // the next lap), and the padding is not a lone line all the same.
+        while c.head_pos != 7 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        let f = p.reserve(2).unwrap().unwrap();
+        assert!(matches!(c.look(&mut one), Some(Some(w)) if word_count(w) == PADDING));
+        assert_eq!(
+            c.peek_lone(&mut one),
+            None,
+            "padding alone at the lap's end"
+        );
+        f.commit();
+        assert_eq!(c.recv(&mut out).unwrap(), Some(2));
         p.reserve(1).unwrap().unwrap().commit();
         assert!(c.peek_lone(&mut one).is_some());
         c.fail(Violation::BadLineCount { index: 0, count: 0 });
