@@ -2185,6 +2185,47 @@ mod timed_tests {
         assert_eq!(r.ctx.stats().timeouts, 1);
     }
 
+    /// Lone lines on two links at once: the straight receive step takes neither (step 2
+    /// takes both, link by link, in one iteration), so that their completions come in
+    /// the order step 2 gives them.
+    #[test]
+    fn lone_lines_on_two_links_at_once_take_the_full_receive_step() {
+        let ctx = crate::raw_peer::inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut ends = vec![];
+        for k in 0..2u64 {
+            let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+            let (link, peer, arena) = crate::raw_peer::raw_peer_link(&ctx, 64, PEER, 4096);
+            crate::raw_peer::connect_to_raw_peer_with_timeout(&mut qp, link, PEER, 0, false, 8);
+            let sge = [mr.sge(64 * k, 64).unwrap()];
+            qp.post_recv(&crate::RecvWr::new(k, &sge)).unwrap();
+            ends.push((qp, peer, arena));
+        }
+        ctx.progress(); // the connections' turn
+        for (qp, peer, _) in &mut ends {
+            let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, qp.qpn(), Psn::new(0)));
+            let mut s = PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            s.kind = crate::wire::slot::KIND_INLINE;
+            s.payload_len = 4;
+            s.data[12..16].copy_from_slice(b"ping");
+            assert_eq!(peer.tx.push_burst(&[s]).unwrap(), 1);
+        }
+        let before = crate::probe::taken(crate::probe::Path::StraightReceive);
+        ctx.progress();
+        assert_eq!(
+            crate::probe::taken(crate::probe::Path::StraightReceive),
+            before,
+            "not straight"
+        );
+        let mut wc = [WorkCompletion::default(); 4];
+        let n = cq.poll(&mut wc);
+        assert_eq!(n, 2, "both in one iteration");
+        assert_eq!([wc[0].wr_id, wc[1].wr_id], [0, 1], "link by link");
+    }
+
     /// A Read or an Atomic sent whole by the direct path (inline mode: the template path)
     /// leaves its QP waiting for its answer only: in the timed set, out of the active set,
     /// so that the next iteration has nothing to visit (before: active until that
