@@ -35,7 +35,9 @@ pub(crate) fn on_response(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>
 /// of its carrier), as [`on_response`] handles the standalone Acknowledge it stands for.
 /// The Ack fast path reads its word directly: the carrier's parse checked that it is a
 /// positive Ack, and nothing else of the line it stands for is needed there. Anything the
-/// fast path does not take goes the full way on that line, rebuilt.
+/// fast path does not take goes the full way on that line, rebuilt. (In line in both
+/// receive steps, the general and the straight: out of line it cost 34 instructions.)
+#[inline(always)]
 pub(crate) fn on_riding_ack(qp: &mut QpSlot, env: &mut Env<'_>, kept: KeptAck) {
     let word = kept.word;
     // The word: BTH bytes 8..12 (AckReq and reserved, then the PSN) and the AETH.

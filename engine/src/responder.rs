@@ -110,6 +110,28 @@ pub(crate) fn on_request<L: LinkTx + ?Sized>(
     shmhca_proto::responder::handle_request(&mut Receiver { qp, env, pkt }, &r);
 }
 
+/// [`on_request`] of a packet [`RxPacket::parse_send_only`] took, for the engine's
+/// straight receive step (issue 27): the same steps, less the answer a Read or an Atomic
+/// may send at once (a Send has none), so that it needs no link.
+#[inline(always)]
+pub(crate) fn on_send_only(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    if qp.proto.comm_est_pending {
+        qp.comm_established(env);
+    }
+    if send_only_inline_fast(qp, env, pkt) {
+        return;
+    }
+    on_send_only_full(qp, env, pkt);
+}
+
+/// [`on_send_only`] past its fast path: the pipeline.
+#[cold]
+#[inline(never)]
+fn on_send_only_full(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    let r = request_of(pkt);
+    shmhca_proto::responder::handle_request(&mut Receiver { qp, env, pkt }, &r);
+}
+
 /// Refuses the request `pkt` (at `psn`) a short path found wrong, as the full pipeline
 /// would ([`shmhca_proto::responder::refuse`]).
 #[cold]

@@ -63,6 +63,11 @@ const TX_BUDGET: usize = 32;
 /// Iterations between two timer checks (a check costs at most one clock read, and only
 /// while some QP has a timer armed; see [`crate::timer::Timestamp`]).
 pub(crate) const TIMER_EVERY: u32 = 8;
+
+/// Iterations whose step 2 does not look for a lone Send Only line after one found
+/// something else (`Iteration::straight`): its look at the links, repeated by the full
+/// step 2, cost a Read round trip ~90 instructions when made every iteration.
+const STRAIGHT_BACKOFF: u32 = 16;
 /// Iterations without a new WQE on any watched send queue after which the engine stops
 /// watching them (see [`Engine::watch_sq`]).
 const WATCH_IDLE: u32 = 4096;
@@ -132,6 +137,10 @@ pub(crate) struct Engine {
     /// Whether this iteration listed an owed Ack of a QP that does not reply
     /// (`Responder::replies`): the list is sent at the end of the iteration, not held.
     owed_now: bool,
+    /// Iterations left before step 2 looks for a lone Send Only line again
+    /// (`Iteration::straight`) after it found a packet of another kind: a stream of Reads
+    /// or a burst of packets does not pay the look every iteration.
+    pub(crate) straight_skip: u32,
     /// Whether owed Acks are held back one iteration (so that one can ride in a request
     /// the application posts in reply) rather than sent at the end of their own: only
     /// where the next iteration is sure to come — a poll-mode engine thread, or an inline
@@ -189,6 +198,7 @@ impl Engine {
             owed: responder::OwedAcks::new(MAX_LINKS as usize, MAX_QPS),
             owed_held: false,
             owed_now: false,
+            straight_skip: 0,
             hold_acks: false,
             watch_sq: false,
             watched: ActiveSet::new(),
@@ -524,8 +534,31 @@ impl Engine {
             return 0;
         }
         let (mut it, mut env) = self.iteration();
-        it.take_doorbells(doorbell); // 1
-        let mut work = it.receive(&mut env); // 2
+        let straight = if *it.straight_skip == 0 {
+            it.straight(&mut env, doorbell)
+        } else {
+            *it.straight_skip -= 1;
+            None
+        };
+        let mut work = if let Some(n) = straight {
+            // Steps 1 and 2 took one lone packet (issue 27, item 9): an iteration whose
+            // steps 3 to 5 would find nothing to do ends here, with what they would
+            // change — the timer countdown, the hold of the owed Acks — changed as they
+            // would (nothing is queued on any link: `straight`'s condition).
+            if it.active.is_empty()
+                && *it.timer_countdown > 1
+                && (it.owed.is_empty() || (*it.hold_acks && !*it.owed_held && !*it.owed_now))
+            {
+                *it.timer_countdown -= 1;
+                *it.owed_held = !it.owed.is_empty();
+                *it.owed_now = false;
+                return n;
+            }
+            n
+        } else {
+            it.take_doorbells(doorbell); // 1
+            it.receive(&mut env) // 2
+        };
         let check_timers = it.timer_turn();
         work += it.serve_active(&mut env, check_timers); // 3
         it.send_owed_acks(&mut env); // 4
@@ -660,6 +693,7 @@ impl Engine {
             hold_acks,
             owed_held,
             owed_now,
+            straight_skip,
             watch_sq,
             watched,
             watched_count,
@@ -680,6 +714,7 @@ impl Engine {
             owed,
             owed_held,
             owed_now,
+            straight_skip,
             hold_acks,
             watch_sq,
             watched,
@@ -1199,6 +1234,7 @@ struct Iteration<'e> {
     owed: &'e mut responder::OwedAcks,
     owed_held: &'e mut bool,
     owed_now: &'e mut bool,
+    straight_skip: &'e mut u32,
     hold_acks: &'e bool,
     watch_sq: &'e bool,
     watched: &'e mut ActiveSet,
@@ -1370,6 +1406,98 @@ impl Iteration<'_> {
             env.stats.packets_received += n as u64;
         }
         work
+    }
+
+    /// Steps 1 and 2 when they come to one lone packet (issue 27, items 6 and 9): no
+    /// doorbell rung and no QP rung, no fault stage or trace, and exactly one live link
+    /// with anything at head — a lone line ([`LinesConsumer::lone_behind`]), whose bytes
+    /// 5..8 say a Send Only's slot (headers a BTH alone, payload inline, no flag but a
+    /// riding Ack) —, every live link with no backlog, nothing queued and its send ring
+    /// whole. The line is copied once into private memory (by the look that finds it)
+    /// and checked there
+    /// ([`RxPacket::send_only_checked`], its QP's and link's match); then it is taken,
+    /// and runs through the RQ Logic as step 2 runs it. The packets received (1; 0 when
+    /// every live link is empty, where step 2 would receive nothing); `None`, with
+    /// nothing changed but the empty links' heads published (as any look at an empty
+    /// ring does), for anything else: steps 1 and 2 then run in full.
+    ///
+    /// What step 2 would have done besides is nothing: the other links are empty, and
+    /// this one is empty behind the packet (so its head is published, as step 2's second
+    /// look publishes it). The QP's sets end as step 2 leaves them.
+    #[inline(always)]
+    fn straight(&mut self, env: &mut Env<'_>, doorbell: &doorbell::Doorbell) -> Option<usize> {
+        #[cfg(test)]
+        if !crate::probe::enabled() {
+            return None;
+        }
+        if self.faults.is_some() || self.trace.is_some() || doorbell.rung() || !self.rung.is_empty()
+        {
+            return None;
+        }
+        // Bytes 5..8 of the line (in its first word's top three bytes): header length a
+        // BTH's, payload inline, no flag but ACK_FLAG — what `parse_send_only` wants of
+        // them, known before the copy.
+        const HDR: u64 = crate::wire::bth::HEADER_LEN as u64;
+        const WANT: u64 = HDR | (crate::wire::slot::KIND_INLINE as u64) << 8;
+        const ACK: u64 = (crate::wire::slot::ACK_FLAG as u64) << 16;
+        let mut found = None;
+        for (l, link) in self.links.iter_mut() {
+            if link.down.is_some() {
+                continue;
+            }
+            if link.rx_backlog || !link.tx.is_empty() || link.tx.broken().is_some() {
+                return None;
+            }
+            let Some(first) = link.rx.look(&mut self.rx[0])? else {
+                continue;
+            };
+            if found.is_some() || (first >> 40) & !ACK != WANT || !link.rx.lone_behind(first) {
+                *self.straight_skip = STRAIGHT_BACKOFF;
+                return None;
+            }
+            found = Some((l, link));
+        }
+        // Nothing received anywhere: step 2 would find every ring empty and publish its
+        // head, as the look did.
+        let Some((l, link)) = found else {
+            return Some(0);
+        };
+        let slot: &PacketSlot = bytemuck::cast_ref(&self.rx[0]);
+        let qpn = RxPacket::dest_qp(slot);
+        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+        let qp = self.qps.at_mut(index).filter(|qp| {
+            qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
+        })?;
+        let pkt = RxPacket::send_only_checked(slot)?;
+        link.rx.release_lone();
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::StraightReceive);
+        // From here as step 2 runs a request (see `receive`).
+        let rides = slot.reserved & crate::wire::slot::ACK_FLAG != 0;
+        let ack_first = rides && env.cqs.armed(qp.proto.send_cq);
+        if ack_first {
+            completer::on_riding_ack(qp, env, crate::wire::slot::riding_ack_of(slot));
+        }
+        responder::on_send_only(qp, env, &pkt);
+        if qp.proto.resp.owed_ack().is_some() {
+            let newly = self.owed.push(l, index);
+            *self.owed_now |= !qp.proto.resp.replies;
+            qp.proto.resp.listed_late = newly && *self.owed_held && qp.proto.resp.replies;
+        }
+        if rides && !ack_first {
+            completer::on_riding_ack(qp, env, crate::wire::slot::riding_ack_of(slot));
+        }
+        // (No QP is rung: a QP active now is one a post left so.)
+        if needs_attention(qp) {
+            self.active.insert(index);
+        } else {
+            self.active.remove(index);
+            if waits_for_timer(qp) {
+                self.timed.insert(index);
+            }
+        }
+        env.stats.packets_received += 1;
+        Some(1)
     }
 
     /// Whether this iteration checks timers: one in [`TIMER_EVERY`], busy or not (a stream
@@ -1702,7 +1830,9 @@ fn trace_sent(
 /// Whether a QP has work now and must stay in the active set. One without, that waits for a
 /// timer ([`waits_for_timer`]), goes to the timed set: until the timer check nothing but a
 /// received packet (which makes it active again) gives it work — a WQE held by an RNR
-/// wait goes when the wait ends, which the timer check sees.
+/// wait goes when the wait ends, which the timer check sees. (In line in every step that
+/// asks: out of line it cost a call per packet.)
+#[inline(always)]
 fn needs_attention(qp: &QpSlot) -> bool {
     let req = &qp.proto.req;
     (req.window().has_work() && !req.rnr_timer().armed())
@@ -2109,6 +2239,82 @@ mod timed_tests {
         r.ctx.progress();
         assert_eq!(r.sets(), (false, true), "waiting for its Ack again");
         r.ack_and_complete();
+    }
+
+    /// A lone Send Only line that acknowledges nothing, taken by the straight receive
+    /// step (issue 27) while the QP waits for its own Send's Ack, leaves the QP waiting
+    /// for its timer only — timed, not active —, and the timer fires.
+    #[test]
+    fn a_send_received_straight_while_waiting_for_an_ack_leaves_the_qp_timed() {
+        let mut r = rig();
+        let sge = [r.mr.sge(32, 32).unwrap()];
+        r.qp.post_recv(&crate::RecvWr::new(7, &sge)).unwrap();
+        r.ctx.progress(); // the connection's turn
+        r.qp.post_send(&SendWr::new(1, SendOp::Send, &[r.mr.sge(0, 8).unwrap()]))
+            .unwrap();
+        assert_eq!(r.requests(), [0]);
+        assert_eq!(r.sets(), (true, false), "a Send keeps its turn");
+        let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, r.qp.qpn(), Psn::new(0)));
+        let mut s = PacketSlot::default();
+        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+        s.kind = crate::wire::slot::KIND_INLINE;
+        s.payload_len = 4;
+        s.data[12..16].copy_from_slice(b"ping");
+        assert_eq!(r.peer.tx.push_burst(&[s]).unwrap(), 1);
+        let before = crate::probe::taken(crate::probe::Path::StraightReceive);
+        r.ctx.progress();
+        assert_eq!(
+            crate::probe::taken(crate::probe::Path::StraightReceive),
+            before + 1,
+            "taken straight"
+        );
+        assert_eq!(r.sets(), (false, true), "waiting for its Ack only");
+        let mut wc = [WorkCompletion::default(); 2];
+        assert_eq!(r.cq.poll(&mut wc), 1);
+        assert_eq!((wc[0].wr_id, wc[0].byte_len), (7, 4));
+        assert_eq!(r.until_sent("retransmission"), [0]);
+        assert_eq!(r.ctx.stats().timeouts, 1);
+    }
+
+    /// Lone lines on two links at once: the straight receive step takes neither (step 2
+    /// takes both, link by link, in one iteration), so that their completions come in
+    /// the order step 2 gives them.
+    #[test]
+    fn lone_lines_on_two_links_at_once_take_the_full_receive_step() {
+        let ctx = crate::raw_peer::inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut ends = vec![];
+        for k in 0..2u64 {
+            let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+            let (link, peer, arena) = crate::raw_peer::raw_peer_link(&ctx, 64, PEER, 4096);
+            crate::raw_peer::connect_to_raw_peer_with_timeout(&mut qp, link, PEER, 0, false, 8);
+            let sge = [mr.sge(64 * k, 64).unwrap()];
+            qp.post_recv(&crate::RecvWr::new(k, &sge)).unwrap();
+            ends.push((qp, peer, arena));
+        }
+        ctx.progress(); // the connections' turn
+        for (qp, peer, _) in &mut ends {
+            let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, qp.qpn(), Psn::new(0)));
+            let mut s = PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            s.kind = crate::wire::slot::KIND_INLINE;
+            s.payload_len = 4;
+            s.data[12..16].copy_from_slice(b"ping");
+            assert_eq!(peer.tx.push_burst(&[s]).unwrap(), 1);
+        }
+        let before = crate::probe::taken(crate::probe::Path::StraightReceive);
+        ctx.progress();
+        assert_eq!(
+            crate::probe::taken(crate::probe::Path::StraightReceive),
+            before,
+            "not straight"
+        );
+        let mut wc = [WorkCompletion::default(); 4];
+        let n = cq.poll(&mut wc);
+        assert_eq!(n, 2, "both in one iteration");
+        assert_eq!([wc[0].wr_id, wc[1].wr_id], [0, 1], "link by link");
     }
 
     /// A Read or an Atomic sent whole by the direct path (inline mode: the template path)

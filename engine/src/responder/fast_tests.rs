@@ -3246,3 +3246,156 @@ fn a_single_element_send_of_the_verbs_abi_leaves_what_the_general_post_leaves() 
     assert_eq!(se, [true, false, false], "{out:#?}");
     assert!(out.bodies.iter().all(|b| b.5 == b"456789ab"), "{out:#?}");
 }
+
+// --- The straight receive step (issue 27, items 6 and 9) ---
+
+/// A Send Only at PSN offset `k` with `payload` inline and, with `ack` (PSN, MSN), a
+/// positive Ack of ours riding in it (credits for 8), as a requester's straight post
+/// writes it.
+fn ping_slot(r: &Rig, k: u32, payload: &[u8], ack: Option<(u32, u32)>) -> PacketSlot {
+    let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, r.qp.qpn(), Psn::new(rq(k))));
+    let mut s = PacketSlot::default();
+    s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+    s.kind = crate::wire::slot::KIND_INLINE;
+    s.payload_len = payload.len() as u32;
+    let at = usize::from(s.hdr_len);
+    s.data[at..at + payload.len()].copy_from_slice(payload);
+    if let Some((psn, msn)) = ack {
+        let word = crate::wire::slot::riding_word(psn, credits(8).to_u8(), msn);
+        assert!(crate::wire::slot::set_riding_ack(&mut s, word));
+    }
+    s
+}
+
+/// Publishes [`ping_slot`]'s line.
+fn ping(r: &mut Rig, k: u32, payload: &[u8], ack: Option<(u32, u32)>) {
+    let s = ping_slot(r, k, payload, ack);
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+/// A ping-pong's receiving half on the straight receive step (issue 27): each ping a lone
+/// Send Only line carrying the Ack of our last Send, taken straight, its Ack held back
+/// and riding in the answer, the iteration ended without steps 3 to 5 — over more than
+/// a timer period (an iteration that checks timers runs them) — leaves what the full
+/// step leaves; so does a ping not answered, whose Ack leaves alone one iteration later.
+#[test]
+fn lone_send_onlys_take_the_straight_receive_step_as_the_full_one() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        r.post_recv(4);
+        post(r, 8, &[Op::Send(8)]);
+        // (The credits' Ack held the straight step back some full iterations.)
+        r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+        for k in 0..12u32 {
+            ping(r, k, b"ping", Some((k, k + 1)));
+            r.step();
+            let sge = [r.mr.sge(2048 + 64 * u64::from(k), 64).unwrap()];
+            r.qp.post_recv(&RecvWr::new(100 + u64::from(k), &sge))
+                .unwrap();
+            post_only(r, 1 + u64::from(k), &[Op::Send(8)]);
+            r.step();
+        }
+        // (The Sends so far, each with an Ack riding in it, out of the way.)
+        let sends = r.answers();
+        assert!(sends.iter().all(|a| a.0 == Opcode::SendOnly), "{sends:?}");
+        ping(r, 12, b"last", Some((12, 13)));
+        r.step();
+        assert!(r.answers().is_empty(), "held back an iteration");
+        r.step();
+        let acks = r.answers();
+        assert_eq!(acks.len(), 1, "then sent alone: {acks:?}");
+        assert_eq!(acks[0].0, Opcode::Acknowledge);
+    });
+    assert_eq!(taken[Path::StraightReceive as usize], 13, "{taken:?}");
+    assert_eq!(out.completions.len(), 13 + 13, "{:?}", out.completions);
+    assert_eq!(out.stats.acks_riding, 12, "{out:#?}");
+}
+
+/// Two lines in the ring at once: the first is not lone, and the full step takes both
+/// (and the look that found it holds the straight step back a few iterations).
+#[test]
+fn two_lines_at_once_take_the_full_receive_step() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.post_recv(4);
+        ping(r, 0, b"one", None);
+        ping(r, 1, b"two", None);
+        r.step();
+        ping(r, 2, b"three", None);
+        r.step();
+    });
+    assert_eq!(taken[Path::StraightReceive as usize], 0, "{taken:?}");
+    assert_eq!(taken[Path::Receive as usize], 3, "{taken:?}");
+    assert_eq!(out.completions.len(), 3);
+}
+
+/// Lone lines a hostile or broken peer writes, each alone on a fresh rig: the straight
+/// step takes only a Send Only whose every checked field is right — a wrong destination
+/// QP, a payload longer than the line holds, a payload by reference, another flag, a
+/// riding Nak, another transport version, another opcode of the same header length —
+/// go to the full step, which drops or refuses them; a PSN one ahead of or behind ePSN
+/// is taken straight and refused by the RQ Logic's pipeline. Each leaves what the full
+/// step leaves.
+#[test]
+fn hostile_lone_lines_are_received_as_the_full_step_receives_them() {
+    type Case = (&'static str, u64, &'static dyn Fn(&Rig, &mut PacketSlot));
+    let cases: [Case; 12] = [
+        ("another generation of the QP's index", 0, &|r, s| {
+            let q = r.qp.qpn().get() ^ (1 << 12);
+            s.data[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
+        }),
+        ("a QP number no QP has", 0, &|r, s| {
+            let q = r.qp.qpn().get() + 1;
+            s.data[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
+        }),
+        ("a PSN one ahead", 1, &|_, s| {
+            s.data[9..12].copy_from_slice(&rq(2).to_be_bytes()[1..]);
+        }),
+        ("a PSN one behind", 1, &|_, s| {
+            s.data[9..12].copy_from_slice(&rq(0).to_be_bytes()[1..]);
+        }),
+        (
+            "a payload one byte longer than the line holds",
+            0,
+            &|_, s| {
+                s.payload_len = 29;
+            },
+        ),
+        ("a payload of 4 GiB", 0, &|_, s| s.payload_len = u32::MAX),
+        ("a payload by reference", 0, &|_, s| {
+            s.kind = crate::wire::slot::KIND_DIRECT;
+        }),
+        ("an ICRC flag", 0, &|_, s| {
+            s.reserved |= crate::wire::slot::ICRC_FLAG;
+        }),
+        ("an unknown flag", 0, &|_, s| s.reserved |= 0x80),
+        ("a riding Nak", 0, &|_, s| {
+            let nak = Syndrome::Nak(NakCode::PsnSequenceError).to_u8();
+            let word = crate::wire::slot::riding_word(0, nak, 0);
+            assert!(crate::wire::slot::set_riding_ack(s, word));
+        }),
+        ("transport version 1", 0, &|_, s| s.data[1] |= 1),
+        ("a Send First", 0, &|_, s| {
+            s.data[0] = Opcode::SendFirst.code()
+        }),
+    ];
+    for (what, straight, change) in cases {
+        let scenario = |r: &mut Rig| {
+            r.post_recv(4);
+            if straight == 1 {
+                // The PSN cases: one accepted first, so that one behind is a duplicate.
+                ping(r, 0, b"good", None);
+                r.step();
+            }
+            let mut s = ping_slot(r, straight as u32, b"ping", None);
+            change(r, &mut s);
+            assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+            r.step();
+        };
+        let (_, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+        assert_eq!(
+            taken[Path::StraightReceive as usize],
+            straight * 2,
+            "{what}: {taken:?}"
+        );
+    }
+}

@@ -946,6 +946,82 @@ impl<S: LineStorage> LinesConsumer<S> {
         true
     }
 
+    /// One look at head, for a receive step that takes the common lone packet straight
+    /// (with [`lone_behind`](Self::lone_behind) and [`release_lone`](Self::release_lone)):
+    /// `Some(None)` when the ring is empty there (head then published, as
+    /// [`empty_at_head`](Self::empty_at_head) leaves it); `Some(Some(word))` when a frame
+    /// or a padding frame starts there — its first word, stamp checked, nothing else —,
+    /// with its first line copied into `out` (the copy's first word that word, as `recv`
+    /// gives it); `None` for anything else (a stamp out of range, a broken ring), which
+    /// [`recv`](Self::recv) then answers. Head stays where it is: the caller decides from
+    /// the copy whether it takes the line or leaves the frame to `recv`.
+    #[inline(always)]
+    pub fn look(&mut self, out: &mut Line) -> Option<Option<u64>> {
+        // SYNC: Acquire pairs with the Release store of the first word in
+        // LinesProducer::store_first: the line is complete once we see its stamp.
+        let word = self.storage.load_word(
+            self.head_pos,
+            sync::weaken(Ordering::Acquire, "Lines::look"),
+        );
+        let stamp = u64::from(word_stamp(word));
+        if stamp == self.head_stamp {
+            // SAFETY: head's line is published (its stamp seen with Acquire just now) and
+            // not released (head is where it was); one line at head_pos < capacity.
+            unsafe {
+                self.storage
+                    .read_lines(self.head_pos, std::slice::from_mut(out))
+            };
+            // The copy's first word may differ if the peer rewrote it meanwhile: keep the
+            // one checked.
+            out.set_word(word);
+            return Some(Some(word));
+        }
+        if stamp == self.head_stale {
+            self.flush();
+            return Some(None);
+        }
+        None
+    }
+
+    /// Whether the frame whose first word [`look`](Self::look) returned is a lone line: one
+    /// line (not padding, not a longer frame) with nothing behind it yet (the next line
+    /// still last lap's). One more load.
+    #[inline(always)]
+    pub fn lone_behind(&self, first: u64) -> bool {
+        if word_count(first) != 1 {
+            return false;
+        }
+        // The line behind it: still last lap's (its lap's stamp minus 1), at the start of
+        // the next lap when this one is the lap's last. SYNC: none needed: a stale stamp
+        // only means the next frame, if any, comes after this receive.
+        let next = self.head_pos + 1;
+        let (pos, stale) = if next == self.capacity {
+            (0, self.head_stamp)
+        } else {
+            (next, self.head_stale)
+        };
+        let behind = self.storage.load_word(pos, Ordering::Relaxed);
+        u64::from(word_stamp(behind)) == stale
+    }
+
+    /// [`look`](Self::look) and [`lone_behind`](Self::lone_behind) together: the first
+    /// word of a lone line at head, or `None` (tests).
+    #[cfg(test)]
+    fn peek_lone(&mut self, out: &mut Line) -> Option<u64> {
+        self.look(out)?.filter(|&w| self.lone_behind(w))
+    }
+
+    /// Takes the lone line found at head ([`look`](Self::look) copied it,
+    /// [`lone_behind`](Self::lone_behind) found it lone): head moves past it and is
+    /// published, as `recv` followed by the `recv` that finds the ring empty behind it
+    /// leave it. (Only then: called elsewhere, head passes what the producer has not
+    /// written, and the producer finds the ring broken.)
+    #[inline(always)]
+    pub fn release_lone(&mut self) {
+        self.set_head(self.head.wrapping_add(1));
+        self.publish();
+    }
+
     /// Whether head, where it is now, has been stored for the producer (a producer waiting
     /// for room sees all the room the consumer made).
     pub fn head_published(&self) -> bool {
@@ -1099,6 +1175,105 @@ mod tests {
         assert!(c.empty_at_head());
         c.fail(Violation::BadLineCount { index: 0, count: 0 });
         assert!(!c.empty_at_head(), "a broken ring is looked at by recv");
+    }
+
+    /// `look` and `lone_behind` find a one-line frame with nothing behind it, lap after
+    /// lap and at a lap's last line (the line behind it is the next lap's first); `look`
+    /// copies what `recv` gives of it and `release_lone` leaves head moved past it and
+    /// published. Anything else is not lone, and `recv` takes it as before: an empty ring,
+    /// a frame behind (in this lap or the next), a frame of several lines, padding, a
+    /// broken ring.
+    #[test]
+    fn look_and_lone_behind_find_a_lone_line_and_nothing_else() {
+        let (mut p, mut c) = heap_lines(8).unwrap();
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        let mut line = Line::ZERO;
+        let mut one = Line::ZERO;
+        assert_eq!(c.look(&mut one), Some(None), "empty");
+        for i in 0..40u8 {
+            line.0[8] = i;
+            line.0[USER_START] = i ^ 0x55;
+            let mut f = p.reserve(1).unwrap().unwrap();
+            f.write_line(0, &line).unwrap();
+            f.commit();
+            if i % 4 == 1 {
+                // A second frame behind: not lone, wherever the first is.
+                p.reserve(1).unwrap().unwrap().commit();
+                assert_eq!(c.peek_lone(&mut one), None, "line {i}: a frame behind");
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                // One more taken by `recv` (short of the ring's quarter since the last
+                // publication: head is not published yet): a look that finds the ring
+                // empty publishes it, as `recv` and `empty_at_head` do.
+                p.reserve(1).unwrap().unwrap().commit();
+                assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+                assert!(!c.head_published(), "line {i}");
+                assert_eq!(c.look(&mut one), Some(None));
+                assert!(c.head_published(), "line {i}: published when found empty");
+                continue;
+            }
+            let pos = c.head_pos;
+            one = Line::ZERO;
+            let word = c
+                .peek_lone(&mut one)
+                .unwrap_or_else(|| panic!("line {i} at {pos}"));
+            assert_eq!(one.0[..8], word.to_le_bytes());
+            assert_eq!(one.0[8], i);
+            assert_eq!(one.0[USER_START], i ^ 0x55);
+            assert_eq!((one.stamp(), one.count()), (stamp_of(c.head, 3), 1));
+            let head = c.head;
+            c.release_lone();
+            assert_eq!(c.head, head + 1);
+            assert!(c.head_published() && c.nothing_at_head(), "line {i}");
+            assert_eq!(c.recv(&mut out).unwrap(), None);
+        }
+        // Head at a lap's last line, a frame behind it in the next lap.
+        while c.head_pos != 7 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        p.reserve(1).unwrap().unwrap().commit();
+        assert!(c.peek_lone(&mut one).is_some(), "lone at the lap's end");
+        p.reserve(1).unwrap().unwrap().commit();
+        assert_eq!(
+            c.peek_lone(&mut one),
+            None,
+            "a frame behind, in the next lap"
+        );
+        assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        assert!(c.peek_lone(&mut one).is_some());
+        assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        // A frame of three lines; then padding before one (head at 6 of 8).
+        p.reserve(3).unwrap().unwrap().commit();
+        assert_eq!(c.peek_lone(&mut one), None, "three lines");
+        assert_eq!(c.recv(&mut out).unwrap(), Some(3));
+        while c.head_pos != 6 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        p.reserve(3).unwrap().unwrap().commit();
+        assert_eq!(c.peek_lone(&mut one), None, "padding");
+        assert_eq!(c.recv(&mut out).unwrap(), Some(3));
+        // Padding over the lap's last line alone, the frame behind it reserved but not
+        // committed: the line behind the padding still has this lap's stamp (stale for
+        // the next lap), and the padding is not a lone line all the same.
+        while c.head_pos != 7 {
+            p.reserve(1).unwrap().unwrap().commit();
+            assert_eq!(c.recv(&mut out).unwrap(), Some(1));
+        }
+        let f = p.reserve(2).unwrap().unwrap();
+        assert!(matches!(c.look(&mut one), Some(Some(w)) if word_count(w) == PADDING));
+        assert_eq!(
+            c.peek_lone(&mut one),
+            None,
+            "padding alone at the lap's end"
+        );
+        f.commit();
+        assert_eq!(c.recv(&mut out).unwrap(), Some(2));
+        p.reserve(1).unwrap().unwrap().commit();
+        assert!(c.peek_lone(&mut one).is_some());
+        c.fail(Violation::BadLineCount { index: 0, count: 0 });
+        assert_eq!(c.look(&mut one), None, "a broken ring");
     }
 
     /// Each commit asks for the line `PREFETCH_AHEAD` past its frame (wrapping around the

@@ -491,8 +491,41 @@ impl<'a> RxPacket<'a> {
         })
     }
 
+    /// [`RxPacket::parse_send_only`] of a one-line frame whose bytes 5..8 the caller
+    /// checked already (header length a BTH's, payload inline, no flag but [`ACK_FLAG`]:
+    /// the engine's straight receive step reads them in the word it validated the
+    /// line's stamp with): the checks left, in the same order, and the same packet.
+    #[inline(always)]
+    pub(crate) fn send_only_checked(slot: &'a PacketSlot) -> Option<RxPacket<'a>> {
+        const HDR: usize = bth::HEADER_LEN;
+        debug_assert_eq!(
+            [slot.hdr_len, slot.kind, slot.reserved & !ACK_FLAG],
+            [HDR as u8, KIND_INLINE, 0]
+        );
+        let bth = u16::from_le_bytes([slot.data[0], slot.data[1] & 0x0f]);
+        const CODE: u8 = opcode::Opcode::SendOnly.code();
+        if bth != u16::from_le_bytes([CODE, 0]) || slot.payload_len as usize > SLOT_DATA - HDR {
+            return None;
+        }
+        if slot.reserved & ACK_FLAG != 0 && slot.payload_off & 0xff00_0000_e000_0000 != 0 {
+            return None;
+        }
+        let info = opcode::info_of_code(CODE)?;
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::SendOnlyParse);
+        Some(RxPacket {
+            slot,
+            cont: &[],
+            info,
+            payload: Payload::Inline {
+                start: HDR,
+                len: slot.payload_len as usize,
+            },
+        })
+    }
+
     /// [`RxPacket::parse`] of any packet: the general checks.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn parse_any(
         slot: &'a PacketSlot,
         cont: &'a [PacketSlot],
