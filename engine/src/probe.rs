@@ -41,10 +41,13 @@ pub(crate) enum Path {
     /// A send work request built and posted by `Qp::post_send`'s straight path, not its
     /// general one.
     StraightPost = 13,
+    /// A Send taken by the engine's straight post (`Engine::post_send_straight`), not
+    /// handed on to `Engine::post_direct`.
+    StraightSend = 14,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 14;
+pub(crate) const PATHS: usize = 15;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

@@ -989,6 +989,8 @@ impl Engine {
             }
         }
         link.publish_post();
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::StraightSend);
         true
     }
 

@@ -3210,6 +3210,9 @@ fn a_straight_send_leaves_the_engines_bookkeeping_as_the_general_send() {
     );
     assert_eq!(out.stats.acks_riding, 2, "{out:#?}");
     assert_eq!(taken[Path::StraightPost as usize], 4, "{out:#?}");
+    // (Review 10: the engine's own straight post took the three on a live link, not
+    // `post_direct` after it declined.)
+    assert_eq!(taken[Path::StraightSend as usize], 3, "{taken:?}");
     assert_eq!(out.state, QpState::Error, "{out:#?}");
     let sends = out.sent.iter().filter(|s| s.0 == Opcode::SendOnly).count();
     assert_eq!(sends, 3, "not the Send on the link taken down: {out:#?}");
@@ -3240,6 +3243,7 @@ fn a_single_element_send_of_the_verbs_abi_leaves_what_the_general_post_leaves() 
         r.step();
     });
     assert_eq!(taken[Path::DirectPost as usize], 3, "{out:#?}");
+    assert_eq!(taken[Path::StraightSend as usize], 3, "{taken:?}");
     let done: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
     assert_eq!(done, [10, 12], "{out:#?}");
     let se: Vec<_> = out.headers.iter().map(|h| h[1] & 0x80 != 0).collect();
