@@ -44,10 +44,13 @@ pub(crate) enum Path {
     /// An iteration's receive step that took one lone Send Only line straight
     /// (`Iteration::straight` in the engine).
     StraightReceive = 14,
+    /// A Send taken by the engine's straight post (`Engine::post_send_straight`), not
+    /// handed on to `Engine::post_direct`.
+    StraightSend = 15,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 15;
+pub(crate) const PATHS: usize = 16;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

@@ -1024,6 +1024,8 @@ impl Engine {
             }
         }
         link.publish_post();
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::StraightSend);
         true
     }
 

@@ -3210,6 +3210,9 @@ fn a_straight_send_leaves_the_engines_bookkeeping_as_the_general_send() {
     );
     assert_eq!(out.stats.acks_riding, 2, "{out:#?}");
     assert_eq!(taken[Path::StraightPost as usize], 4, "{out:#?}");
+    // (Review 10: the engine's own straight post took the three on a live link, not
+    // `post_direct` after it declined.)
+    assert_eq!(taken[Path::StraightSend as usize], 3, "{taken:?}");
     assert_eq!(out.state, QpState::Error, "{out:#?}");
     let sends = out.sent.iter().filter(|s| s.0 == Opcode::SendOnly).count();
     assert_eq!(sends, 3, "not the Send on the link taken down: {out:#?}");
@@ -3240,6 +3243,7 @@ fn a_single_element_send_of_the_verbs_abi_leaves_what_the_general_post_leaves() 
         r.step();
     });
     assert_eq!(taken[Path::DirectPost as usize], 3, "{out:#?}");
+    assert_eq!(taken[Path::StraightSend as usize], 3, "{taken:?}");
     let done: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
     assert_eq!(done, [10, 12], "{out:#?}");
     let se: Vec<_> = out.headers.iter().map(|h| h[1] & 0x80 != 0).collect();
@@ -3397,5 +3401,203 @@ fn hostile_lone_lines_are_received_as_the_full_step_receives_them() {
             straight * 2,
             "{what}: {taken:?}"
         );
+    }
+}
+
+// --- Review 10 (issue 27's straight Send): random posts of Sends, both ways ---
+
+/// Random rounds against the engine's straight Send (`Engine::post_send_straight`) and
+/// the verbs ABI's Send of one element: Sends of one registered element, of inline bytes,
+/// of none, through `post_send_single`, or too large for a line; signaled or not,
+/// solicited, fenced; Reads before them (the fence); pings from the peer (owed Acks,
+/// held back or not), receives, Acks of everything sent with any credits; the QP
+/// drained to SQD and back to RTS, or moved to Error; the link taken down. Fast paths on
+/// and off must leave the same, and each post the same answer.
+mod rev10_random_straight_sends {
+    use super::*;
+    use crate::SendFlags;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use std::cell::RefCell;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A Send: `how` 0 one element, 1 inline bytes, 2 `post_send_single`, 3 an element
+        /// larger than a line; `flags` bit 0 signaled, 1 solicited, 2 fence.
+        Send { how: u8, len: u8, flags: u8 },
+        /// An RDMA Read of 8 bytes.
+        Read,
+        /// A Send Only from the peer at the expected PSN.
+        Ping,
+        /// `n` receives posted, no engine turn.
+        Recv(u8),
+        /// The peer acknowledges everything sent so far.
+        AckAll { credits: u16 },
+        /// Owed Acks held back (or not) from now on.
+        Hold(bool),
+        /// One more engine iteration.
+        Turn,
+        /// The QP drained (SQD), then back to RTS after `turns` iterations.
+        Drain { turns: u8 },
+        /// The QP moved to Error.
+        Error,
+        /// The link taken down.
+        LinkDown,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            8 => (0u8..4, 0u8..40, 0u8..8).prop_map(|(how, len, flags)| Step::Send { how, len, flags }),
+            1 => Just(Step::Read),
+            3 => Just(Step::Ping),
+            2 => (0u8..3).prop_map(Step::Recv),
+            3 => (0u16..40).prop_map(|credits| Step::AckAll { credits }),
+            1 => any::<bool>().prop_map(Step::Hold),
+            3 => Just(Step::Turn),
+            1 => (0u8..3).prop_map(|turns| Step::Drain { turns }),
+            1 => Just(Step::Error),
+            1 => Just(Step::LinkDown),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 384,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn rev10_random_straight_sends_leave_what_the_general_post_leaves(
+            hold in any::<bool>(),
+            recvs in 0u8..5,
+            steps in vec(step(), 1..24),
+        ) {
+            struct Inline;
+            impl Drop for Inline {
+                fn drop(&mut self) {
+                    super::super::tests::MAX_INLINE.with(|c| c.set(0));
+                }
+            }
+            super::super::tests::MAX_INLINE.with(|c| c.set(64));
+            let _reset = Inline;
+            let answers = RefCell::new(vec![]);
+            let scenario = |r: &mut Rig| {
+                r.ctx.shared.engine.with(|e| e.hold_acks = hold);
+                r.mr.write_at(0, &[0x5a; 512]).unwrap();
+                respond(r, Psn::new(0).sub(1).get(), credits(1000), 0);
+                r.step();
+                let mut next_recv = 0u64;
+                let mut recv = |r: &mut Rig, n: u8| {
+                    for _ in 0..n {
+                        let at = 8192 + (next_recv % 32) * 512;
+                        let sge = [r.mr.sge(at, 512).unwrap()];
+                        r.qp.post_recv(&RecvWr::new(next_recv, &sge)).unwrap();
+                        next_recv += 1;
+                    }
+                };
+                recv(r, recvs);
+                let mut id = 100u64;
+                for s in &steps {
+                    match *s {
+                        Step::Send { how, len, flags } => {
+                            id += 1;
+                            let mut f = SendFlags::NONE;
+                            if flags & 1 != 0 {
+                                f = f | SendFlags::SIGNALED;
+                            }
+                            if flags & 2 != 0 {
+                                f = f | SendFlags::SOLICITED;
+                            }
+                            if flags & 4 != 0 {
+                                f = f | SendFlags::FENCE;
+                            }
+                            let bytes = [b'a' + (id % 26) as u8; 64];
+                            let len = u32::from(len);
+                            let got = match how {
+                                0 => {
+                                    let sge = [r.mr.sge(u64::from(len), len).unwrap()];
+                                    r.qp.post_send(&SendWr::new(id, SendOp::Send, &sge).flags(f))
+                                }
+                                1 => r.qp.post_send(
+                                    &SendWr::inline(id, SendOp::Send, &bytes[..len as usize])
+                                        .flags(f),
+                                ),
+                                2 => {
+                                    let sge = r.mr.sge(u64::from(len), len).unwrap();
+                                    r.qp.post_send_single(id, f, &sge)
+                                }
+                                _ => {
+                                    let sge = [r.mr.sge(0, 200 + len).unwrap()];
+                                    r.qp.post_send(&SendWr::new(id, SendOp::Send, &sge).flags(f))
+                                }
+                            };
+                            answers.borrow_mut().push(format!("{id}: {:?}", got.err()));
+                        }
+                        Step::Read => {
+                            id += 1;
+                            let sge = [r.mr.sge(4096, 8).unwrap()];
+                            let remote = r.mr.remote(2048);
+                            let wr = SendWr::new(id, SendOp::RdmaRead(remote), &sge)
+                                .flags(SendFlags::SIGNALED);
+                            let got = r.qp.post_send(&wr);
+                            answers.borrow_mut().push(format!("{id}: {:?}", got.err()));
+                        }
+                        Step::Ping => {
+                            let k = super::random_requests::epsn_offset(r);
+                            r.request(Opcode::SendOnly, k, |_| {}, b"ping");
+                            r.step();
+                        }
+                        Step::Recv(n) => recv(r, n),
+                        Step::AckAll { credits: c } => {
+                            let qpn = r.qp.qpn();
+                            let (npsn, started) = r
+                                .ctx
+                                .shared
+                                .engine
+                                .with(|e| {
+                                    e.with_stage(qpn, |q, _| {
+                                        let w = q.proto.req.window();
+                                        (w.npsn(), w.started())
+                                    })
+                                })
+                                .unwrap();
+                            if started > 0 {
+                                respond(r, npsn.sub(1).get(), credits(u32::from(c)), started as u32);
+                                r.step();
+                            }
+                        }
+                        Step::Hold(h) => r.ctx.shared.engine.with(|e| e.hold_acks = h),
+                        Step::Turn => r.step(),
+                        Step::Drain { turns } => {
+                            let got = r.qp.modify(&QpAttr::new(QpState::Sqd));
+                            answers.borrow_mut().push(format!("sqd: {:?}", got.err()));
+                            for _ in 0..turns {
+                                r.step();
+                            }
+                            let got = r.qp.modify(&QpAttr::new(QpState::Rts));
+                            answers.borrow_mut().push(format!("rts: {:?}", got.err()));
+                        }
+                        Step::Error => {
+                            let _ = r.qp.modify(&QpAttr::new(QpState::Error));
+                        }
+                        Step::LinkDown => {
+                            let link = r.qp.query().config.dest.unwrap().link;
+                            r.ctx
+                                .shared
+                                .engine
+                                .with(|e| e.link_down(link, "the test took it down".into()));
+                        }
+                    }
+                    let index = r.qp.index;
+                    let state = r.ctx.shared.engine.with(|e| e.post_state(index));
+                    answers.borrow_mut().push(format!("{state:?}"));
+                }
+            };
+            same_both_ways(AccessFlags::ALL, &scenario);
+            let answers = answers.into_inner();
+            let (slow, fast) = answers.split_at(answers.len() / 2);
+            prop_assert_eq!(fast, slow);
+        }
     }
 }
