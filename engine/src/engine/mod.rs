@@ -1348,42 +1348,14 @@ impl Iteration<'_> {
                     },
                 };
                 if pkt.info.request {
-                    let rides = slots[0].reserved & crate::wire::slot::ACK_FLAG != 0;
-                    // A program waiting for its send queue's completion event gets it
-                    // before the event of the request that carried the Ack, as from an
-                    // HCA, whose Ack leaves before the peer's reply: the Ack is handled
-                    // first (one that waits on one channel for both queues, as perftest's
-                    // `-e`, takes one completion per event and expects the send's).
-                    let ack_first = rides && env.cqs.armed(qp.proto.send_cq);
-                    if ack_first {
-                        completer::on_riding_ack(
-                            qp,
-                            env,
-                            crate::wire::slot::riding_ack_of(&slots[0]),
-                        );
-                    }
                     // A Read's or an Atomic's answer may go on the link at once, unless the fault
                     // stage or the trace must see it among what step 3 sends.
                     let tx =
                         (self.faults.is_none() && self.trace.is_none()).then_some(&mut link.tx);
-                    responder::on_request(qp, env, tx, &pkt, send_only);
-                    if qp.proto.resp.owed_ack().is_some() {
-                        let newly = self.owed.push(l, index);
-                        *self.owed_now |= !qp.proto.resp.replies;
-                        // The held list leaves this iteration: this Ack is held its own.
-                        qp.proto.resp.listed_late =
-                            newly && *self.owed_held && qp.proto.resp.replies;
-                    }
-                    // Otherwise a positive Ack riding in the request's line (parse checked the
-                    // word) is handled right after the request, as if it had followed in its
-                    // own line: after the request's completion.
-                    if rides && !ack_first {
-                        completer::on_riding_ack(
-                            qp,
-                            env,
-                            crate::wire::slot::riding_ack_of(&slots[0]),
-                        );
-                    }
+                    let owed = (&mut *self.owed, &mut *self.owed_now, *self.owed_held);
+                    take_request(qp, env, owed, (l, index), &slots[0], |qp, env| {
+                        responder::on_request(qp, env, tx, &pkt, send_only)
+                    });
                 } else {
                     completer::on_response(qp, env, &pkt);
                 }
@@ -1475,20 +1447,10 @@ impl Iteration<'_> {
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::StraightReceive);
         // From here as step 2 runs a request (see `receive`).
-        let rides = slot.reserved & crate::wire::slot::ACK_FLAG != 0;
-        let ack_first = rides && env.cqs.armed(qp.proto.send_cq);
-        if ack_first {
-            completer::on_riding_ack(qp, env, crate::wire::slot::riding_ack_of(slot));
-        }
-        responder::on_send_only(qp, env, &pkt);
-        if qp.proto.resp.owed_ack().is_some() {
-            let newly = self.owed.push(l, index);
-            *self.owed_now |= !qp.proto.resp.replies;
-            qp.proto.resp.listed_late = newly && *self.owed_held && qp.proto.resp.replies;
-        }
-        if rides && !ack_first {
-            completer::on_riding_ack(qp, env, crate::wire::slot::riding_ack_of(slot));
-        }
+        let owed = (&mut *self.owed, &mut *self.owed_now, *self.owed_held);
+        take_request(qp, env, owed, (l, index), slot, |qp, env| {
+            responder::on_send_only(qp, env, &pkt)
+        });
         // (No QP is rung: a QP active now is one a post left so.)
         if needs_attention(qp) {
             self.active.insert(index);
@@ -1826,6 +1788,44 @@ fn trace_sent(
         let end = (i + 1 + continuation_slots(&queued[i])).min(queued.len());
         t.packet(id, endpoints, true, true, &queued[i..end], mem);
         i = end;
+    }
+}
+
+/// A request's steps in step 2 (the full receive step's and the straight one's), its QP
+/// found: `respond` (the RQ Logic) with the Ack riding in its line around it, and the Ack
+/// it owes then listed on `owed` (the list, whether one is listed of a QP that does not
+/// reply, whether the list is held back) under `at` (link, QP index).
+///
+/// A program waiting for its send queue's completion event gets it before the event of
+/// the request that carried the Ack, as from an HCA, whose Ack leaves before the peer's
+/// reply: with the send CQ armed the riding Ack is handled first (one that waits on one
+/// channel for both queues, as perftest's `-e`, takes one completion per event and
+/// expects the send's). Otherwise a positive Ack riding in the request's line (the parse
+/// checked the word) is handled right after the request, as if it had followed in its own
+/// line: after the request's completion.
+#[inline(always)]
+fn take_request(
+    qp: &mut QpSlot,
+    env: &mut Env<'_>,
+    (owed, owed_now, owed_held): (&mut responder::OwedAcks, &mut bool, bool),
+    (link, index): (u32, u32),
+    slot: &PacketSlot,
+    respond: impl FnOnce(&mut QpSlot, &mut Env<'_>),
+) {
+    let rides = slot.reserved & crate::wire::slot::ACK_FLAG != 0;
+    let ack_first = rides && env.cqs.armed(qp.proto.send_cq);
+    if ack_first {
+        completer::on_riding_ack(qp, env, crate::wire::slot::riding_ack_of(slot));
+    }
+    respond(qp, env);
+    if qp.proto.resp.owed_ack().is_some() {
+        let newly = owed.push(link, index);
+        *owed_now |= !qp.proto.resp.replies;
+        // The held list leaves this iteration: this Ack is held its own.
+        qp.proto.resp.listed_late = newly && owed_held && qp.proto.resp.replies;
+    }
+    if rides && !ack_first {
+        completer::on_riding_ack(qp, env, crate::wire::slot::riding_ack_of(slot));
     }
 }
 

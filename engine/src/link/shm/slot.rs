@@ -495,6 +495,9 @@ impl<'a> RxPacket<'a> {
     /// checked already (header length a BTH's, payload inline, no flag but [`ACK_FLAG`]:
     /// the engine's straight receive step reads them in the word it validated the
     /// line's stamp with): the checks left, in the same order, and the same packet.
+    /// (`parse_send_only` keeps its own copy of these checks: built on this function, with
+    /// the same checks in either order, it cost the Read and Atomic round trips 12 and 14
+    /// instructions more, `bench/scripts/instructions.sh`.)
     #[inline(always)]
     pub(crate) fn send_only_checked(slot: &'a PacketSlot) -> Option<RxPacket<'a>> {
         const HDR: usize = bth::HEADER_LEN;
