@@ -3507,3 +3507,30 @@ mod random_straight {
         }
     }
 }
+
+/// Review 11: lone lines that pass the straight step's first look (bytes 5..8: a BTH
+/// alone, the payload inline, no flag) but not its later checks — a Send Last, an RDMA
+/// Write Last, a Send Only to no QP of the link — hold the straight step back as every
+/// other line it does not take does (`STRAIGHT_BACKOFF`): otherwise each such line pays
+/// the look and then the full step's.
+#[test]
+fn lone_lines_refused_after_the_look_hold_the_straight_step_back() {
+    for what in ["a Send Last", "an RDMA Write Last", "a Send Only to no QP"] {
+        let mut r = super::tests::rig(AccessFlags::ALL);
+        r.post_recv(2);
+        r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+        let mut s = ping_slot(&r, 0, b"ping", None);
+        match what {
+            "a Send Last" => s.data[0] = Opcode::SendLast.code(),
+            "an RDMA Write Last" => s.data[0] = Opcode::RdmaWriteLast.code(),
+            _ => {
+                let q = r.qp.qpn().get() + 1;
+                s.data[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
+            }
+        }
+        assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+        r.step();
+        let skip = r.ctx.shared.engine.with(|e| e.straight_skip);
+        assert!(skip > 0, "{what}: the straight step looks again at once");
+    }
+}
