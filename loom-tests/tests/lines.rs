@@ -17,6 +17,7 @@
 //! * `Lines::store_head`: the consumer publishes head Relaxed;
 //! * `Lines::load_head`: the producer reloads head Relaxed;
 //! * `Lines::head_before_copy`: the consumer publishes head before copying the frame out;
+//! * `Lines::look`: the straight receive step's look loads the stamp Relaxed (review 11);
 //! * `Lines::no_head_when_empty`: the consumer never publishes head when it finds the ring
 //!   empty: a producer that needs more than three quarters of the ring starves (the
 //!   scenario's bounded wait reports it).
@@ -47,6 +48,12 @@ fn line_of(seq: usize, i: usize) -> Line {
 /// Sends `sizes` (frames of that many lines) through a heap line ring of `capacity` lines
 /// and receives them on the calling thread, checking every frame.
 fn frames(capacity: usize, sizes: &'static [usize]) {
+    frames_with(capacity, sizes, false);
+}
+
+/// [`frames`], the consumer taking lone lines as the engine's straight receive step does
+/// (`look`, `lone_behind`, `release_lone`) when `straight`.
+fn frames_with(capacity: usize, sizes: &'static [usize], straight: bool) {
     let (mut p, mut c): (LinesProducer<HeapLines>, LinesConsumer<HeapLines>) =
         shmhca_rings::lines::heap_lines(capacity).unwrap();
     let producer = thread::spawn(move || {
@@ -73,6 +80,15 @@ fn frames(capacity: usize, sizes: &'static [usize]) {
     for (seq, &len) in sizes.iter().enumerate() {
         let mut waited = 0;
         let n = loop {
+            // The engine's straight receive step (review 11): a lone line at head is
+            // taken from the look's copy and released; anything else goes to `recv`.
+            if straight
+                && let Some(Some(first)) = c.look(&mut out[0])
+                && c.lone_behind(first)
+            {
+                c.release_lone();
+                break 1;
+            }
             if let Some(n) = c.recv(&mut out).unwrap() {
                 break n;
             }
@@ -112,6 +128,14 @@ fn a_whole_ring_frame_needs_the_head_published_when_empty() {
     // Capacity 8 (head published every 2 lines or when empty): 7 lines, 1 line (read but
     // not yet published), then 8 lines, which need every line back.
     check(|| frames(8, &[7, 1, 8]));
+}
+
+/// Review 11: the straight receive step's look and release (one-line frames, through full
+/// and empty, the lap's last line; then frames of several lines among them).
+#[test]
+fn lone_lines_taken_straight_wrap_through_full_and_empty() {
+    check(|| frames_with(2, &[1, 1, 1, 1], true));
+    check(|| frames_with(4, &[1, 3, 1, 2, 1], true));
 }
 
 /// Proof that the model can fail: each mutation point switched on must make it fail.
@@ -164,6 +188,23 @@ mod mutations {
     fn head_published_before_the_copy_is_caught() {
         caught("Lines::head_before_copy", "Causality violation", || {
             frames(1, &[1, 1])
+        });
+    }
+
+    /// Review 11: the straight step's look loading the stamp Relaxed.
+    #[test]
+    fn stamp_looked_at_relaxed_is_caught() {
+        caught("Lines::look", "Causality violation", || {
+            frames_with(2, &[1], true)
+        });
+    }
+
+    /// Review 11: `release_lone` publishing head Relaxed (the lone line's copy may then
+    /// be overwritten before it is made).
+    #[test]
+    fn head_released_lone_relaxed_is_caught() {
+        caught("Lines::store_head", "Causality violation", || {
+            frames_with(1, &[1, 1], true)
         });
     }
 

@@ -1441,8 +1441,14 @@ impl Iteration<'_> {
         let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
         let qp = self.qps.at_mut(index).filter(|qp| {
             qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
-        })?;
-        let pkt = RxPacket::send_only_checked(slot)?;
+        });
+        // A line refused here (another opcode with a BTH alone — a Send Last, a Write
+        // Middle or Last —, or no QP of the link) holds the step back as any line it does
+        // not take: each would pay this look and then the full step's.
+        let (Some(qp), Some(pkt)) = (qp, RxPacket::send_only_checked(slot)) else {
+            *self.straight_skip = STRAIGHT_BACKOFF;
+            return None;
+        };
         link.rx.release_lone();
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::StraightReceive);

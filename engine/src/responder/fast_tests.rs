@@ -3601,3 +3601,138 @@ mod rev10_random_straight_sends {
         }
     }
 }
+
+/// Review 11: random lone lines, one an iteration, each looked at by the straight receive
+/// step (its back-off cleared) — Send Onlys at PSNs around ePSN with payloads of any
+/// length the line holds (and one more), with or without a positive Ack of ours riding
+/// in them (any PSN around the window, any MSN), between receives posted, Sends of ours
+/// posted, the queue polled or not, and iterations with
+/// nothing new — with owed Acks held back or not: the straight step leaves what the full
+/// step leaves.
+mod random_straight {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Ping {
+            at: i32,
+            len: usize,
+            ack: Option<(i32, u32)>,
+        },
+        Recv(u64),
+        Send,
+        Poll,
+        Idle,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let ping = (
+            prop_oneof![6 => Just(0i32), 1 => -2i32..3],
+            prop_oneof![4 => 0usize..29, 1 => Just(29usize)],
+            proptest::option::weighted(
+                0.6,
+                (-2i32..6, prop_oneof![3 => 0u32..8, 1 => any::<u32>()]),
+            ),
+        )
+            .prop_map(|(at, len, ack)| Step::Ping { at, len, ack });
+        prop_oneof![
+            6 => ping,
+            2 => (0u64..3).prop_map(Step::Recv),
+            2 => Just(Step::Send),
+            1 => Just(Step::Poll),
+            2 => Just(Step::Idle),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn random_lone_lines_leave_what_the_full_step_leaves(
+            hold in any::<bool>(),
+            steps in vec(step(), 1..24),
+        ) {
+            let scenario = |r: &mut Rig| {
+                r.ctx.shared.engine.with(|e| e.hold_acks = hold);
+                r.post_recv(2);
+                post(r, 8, &[Op::Send(8)]);
+                let mut wr = 1u64;
+                let mut rwr = 1000u64;
+                for s in &steps {
+                    match *s {
+                        Step::Ping { at, len, ack } => {
+                            let k = random_requests::epsn_offset(r)
+                                .wrapping_add(at.rem_euclid(1 << 24) as u32);
+                            let payload = vec![0x5A; len];
+                            let mut sl = ping_slot(r, 0, &payload[..len.min(28)], None);
+                            sl.data[9..12].copy_from_slice(&rq(k).to_be_bytes()[1..]);
+                            sl.payload_len = len as u32;
+                            if let Some((psn, msn)) = ack {
+                                let psn = Psn::new(0).add(psn.rem_euclid(1 << 24) as u32).get();
+                                let word = crate::wire::slot::riding_word(psn, credits(8).to_u8(), msn);
+                                assert!(crate::wire::slot::set_riding_ack(&mut sl, word));
+                            }
+                            assert_eq!(r.tx.push_burst(&[sl]).unwrap(), 1);
+                        }
+                        Step::Recv(n) => {
+                            for _ in 0..n {
+                                let sge = [r.mr.sge(4096 + 64 * (rwr % 32), 64).unwrap()];
+                                if r.qp.post_recv(&RecvWr::new(rwr, &sge)).is_err() {
+                                    break;
+                                }
+                                rwr += 1;
+                            }
+                        }
+                        Step::Send => {
+                            let sge = [r.mr.sge(0, 8).unwrap()];
+                            if r.qp.post_send(&SendWr::new(wr, SendOp::Send, &sge)).is_ok() {
+                                wr += 1;
+                            }
+                        }
+                        Step::Poll => {
+                            let mut wc = [WorkCompletion::default(); 4];
+                            r.cq.poll(&mut wc);
+                        }
+                        Step::Idle => {}
+                    }
+                    r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+                    r.step();
+                }
+            };
+            same_both_ways(AccessFlags::ALL, &scenario);
+        }
+    }
+}
+
+/// Review 11: lone lines that pass the straight step's first look (bytes 5..8: a BTH
+/// alone, the payload inline, no flag) but not its later checks — a Send Last, an RDMA
+/// Write Last, a Send Only to no QP of the link — hold the straight step back as every
+/// other line it does not take does (`STRAIGHT_BACKOFF`): otherwise each such line pays
+/// the look and then the full step's.
+#[test]
+fn lone_lines_refused_after_the_look_hold_the_straight_step_back() {
+    for what in ["a Send Last", "an RDMA Write Last", "a Send Only to no QP"] {
+        let mut r = super::tests::rig(AccessFlags::ALL);
+        r.post_recv(2);
+        r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+        let mut s = ping_slot(&r, 0, b"ping", None);
+        match what {
+            "a Send Last" => s.data[0] = Opcode::SendLast.code(),
+            "an RDMA Write Last" => s.data[0] = Opcode::RdmaWriteLast.code(),
+            _ => {
+                let q = r.qp.qpn().get() + 1;
+                s.data[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
+            }
+        }
+        assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+        r.step();
+        let skip = r.ctx.shared.engine.with(|e| e.straight_skip);
+        assert!(skip > 0, "{what}: the straight step looks again at once");
+    }
+}

@@ -1276,6 +1276,33 @@ mod tests {
         assert_eq!(c.look(&mut one), None, "a broken ring");
     }
 
+    /// Review 11: `release_lone` is safe and public; called where no lone line was found
+    /// (here: on an empty ring) it must not move head past a line the producer has not
+    /// written — or else the ring must be broken, as its doc says. Otherwise the next
+    /// frame the producer writes is skipped without a trace: the producer's cached head
+    /// gives it room without a look, and by the time it looks, head is behind tail again.
+    #[test]
+    fn release_lone_on_an_empty_ring_loses_no_frame_silently() {
+        let (mut p, mut c) = heap_lines(8).unwrap();
+        let mut out = [Line::ZERO; MAX_FRAME_LINES];
+        let mut one = Line::ZERO;
+        assert_eq!(c.look(&mut one), Some(None), "empty");
+        c.release_lone();
+        let mut line = Line::ZERO;
+        for i in 0..2u8 {
+            line.0[USER_START] = i;
+            let mut f = p.reserve(1).unwrap().unwrap();
+            f.write_line(0, &line).unwrap();
+            f.commit();
+        }
+        let got = c.recv(&mut out);
+        assert!(
+            got.is_err() || (got == Ok(Some(1)) && out[0].0[USER_START] == 0),
+            "frame 0 skipped without a broken ring: {got:?}, got frame {}",
+            out[0].0[USER_START]
+        );
+    }
+
     /// Each commit asks for the line `PREFETCH_AHEAD` past its frame (wrapping around the
     /// ring), frames of one line and of several alike, and a frame that is not committed
     /// asks for nothing.
