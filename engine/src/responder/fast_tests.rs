@@ -2832,20 +2832,7 @@ mod review4_random_pingpong {
             end in 0u8..3,
         ) {
             let scenario = |r: &mut Rig| {
-                r.ctx.shared.engine.with(|e| e.hold_acks = hold);
-                // Credits for the answers, then the receives, with no turn between.
-                respond(r, Psn::new(0).sub(1).get(), credits(1000), 0);
-                r.step();
-                let mut next_recv = 0u64;
-                let mut recv = |r: &mut Rig, n: u8| {
-                    for _ in 0..n {
-                        let at = (next_recv % 32) * 512;
-                        let sge = [r.mr.sge(at, 512).unwrap()];
-                        r.qp.post_recv(&RecvWr::new(next_recv, &sge)).unwrap();
-                        next_recv += 1;
-                    }
-                };
-                recv(r, recvs);
+                let mut receives = random_round_start(r, hold, 0, recvs);
                 let mut answers = 0u32;
                 for s in &steps {
                     match *s {
@@ -2867,7 +2854,7 @@ mod review4_random_pingpong {
                             assert_eq!(r.tx.push_burst(&[sl]).unwrap(), 1);
                             r.step();
                         }
-                        Step::Recv(n) => recv(r, n),
+                        Step::Recv(n) => receives.post(r, n),
                         Step::Answer if answers < 7 => {
                             post_only(r, u64::from(answers), &[Op::Send(8)]);
                             answers += 1;
@@ -2893,6 +2880,36 @@ mod review4_random_pingpong {
             same_both_ways(AccessFlags::ALL, &scenario);
         }
     }
+}
+
+/// The receive WQEs a random round posts: 512 bytes each, the `n`th at `base` + 512 × (`n`
+/// mod 32), `n` its ID.
+struct Receives {
+    base: u64,
+    next: u64,
+}
+
+impl Receives {
+    /// Posts `n` more.
+    fn post(&mut self, r: &mut Rig, n: u8) {
+        for _ in 0..n {
+            let at = self.base + (self.next % 32) * 512;
+            let sge = [r.mr.sge(at, 512).unwrap()];
+            r.qp.post_recv(&RecvWr::new(self.next, &sge)).unwrap();
+            self.next += 1;
+        }
+    }
+}
+
+/// The start of a random round: the owed Acks held back or not, credits for the answers
+/// (the peer's Ack of nothing), then `recvs` receives at `base`, with no turn between.
+fn random_round_start(r: &mut Rig, hold: bool, base: u64, recvs: u8) -> Receives {
+    r.ctx.shared.engine.with(|e| e.hold_acks = hold);
+    respond(r, Psn::new(0).sub(1).get(), credits(1000), 0);
+    r.step();
+    let mut receives = Receives { base, next: 0 };
+    receives.post(r, recvs);
+    receives
 }
 
 // --- Review 5 (branch ack-retire): random rounds of posts and Acks, both ways ---
@@ -3483,20 +3500,8 @@ mod rev10_random_straight_sends {
             let _reset = Inline;
             let answers = RefCell::new(vec![]);
             let scenario = |r: &mut Rig| {
-                r.ctx.shared.engine.with(|e| e.hold_acks = hold);
                 r.mr.write_at(0, &[0x5a; 512]).unwrap();
-                respond(r, Psn::new(0).sub(1).get(), credits(1000), 0);
-                r.step();
-                let mut next_recv = 0u64;
-                let mut recv = |r: &mut Rig, n: u8| {
-                    for _ in 0..n {
-                        let at = 8192 + (next_recv % 32) * 512;
-                        let sge = [r.mr.sge(at, 512).unwrap()];
-                        r.qp.post_recv(&RecvWr::new(next_recv, &sge)).unwrap();
-                        next_recv += 1;
-                    }
-                };
-                recv(r, recvs);
+                let mut receives = random_round_start(r, hold, 8192, recvs);
                 let mut id = 100u64;
                 for s in &steps {
                     match *s {
@@ -3548,7 +3553,7 @@ mod rev10_random_straight_sends {
                             r.request(Opcode::SendOnly, k, |_| {}, b"ping");
                             r.step();
                         }
-                        Step::Recv(n) => recv(r, n),
+                        Step::Recv(n) => receives.post(r, n),
                         Step::AckAll { credits: c } => {
                             let qpn = r.qp.qpn();
                             let (npsn, started) = r
