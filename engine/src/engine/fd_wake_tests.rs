@@ -16,6 +16,18 @@ use std::time::{Duration, Instant};
 use crate::*;
 use shmhca_rings::segment::HugePages;
 
+/// An inline context with no progress helper: its engine runs only when this thread
+/// drives it (the peer of the contexts whose helpers are tested here).
+fn manual_context() -> Context {
+    Context::builder()
+        .mode(EngineMode::Inline)
+        .progress(Progress::Manual)
+        .huge_pages(HugePages::Never)
+        .arena_size(1 << 20)
+        .build()
+        .unwrap()
+}
+
 fn context() -> Context {
     Context::builder()
         .mode(EngineMode::Inline)
@@ -106,13 +118,7 @@ fn a_peer_send_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was
 /// thread, so that the post surely runs it): the post wakes this engine all the same.
 #[test]
 fn a_peer_direct_post_wakes_the_helper_of_a_spinning_inline_engine_whose_channel_fd_was_taken() {
-    let b = Context::builder()
-        .mode(EngineMode::Inline)
-        .progress(Progress::Manual)
-        .huge_pages(HugePages::Never)
-        .arena_size(1 << 20)
-        .build()
-        .unwrap();
+    let b = manual_context();
     peer_send_wakes_the_sleeping_helper(b, 8, true);
 }
 
@@ -212,13 +218,7 @@ fn a_link_set_up_after_the_fd_was_taken_wakes_the_engine_from_the_start() {
 #[test]
 fn a_read_answered_on_the_fast_path_wakes_the_sleeping_helper() {
     let a = context();
-    let b = Context::builder()
-        .mode(EngineMode::Inline)
-        .progress(Progress::Manual)
-        .huge_pages(HugePages::Never)
-        .arena_size(1 << 20)
-        .build()
-        .unwrap();
+    let b = manual_context();
     let (link_a, link_b) = a.link_with(&b).unwrap();
     let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let mut channel = a.create_comp_channel().unwrap();

@@ -1319,17 +1319,17 @@ mod tests {
         let mut one = Line::ZERO;
         let mut out = [Line::ZERO; MAX_FRAME_LINES];
         assert!(refused(&|_, c| assert_eq!(
-            c.look(&mut [Line::ZERO][0]),
+            c.look(&mut Line::default()),
             Some(None)
         )));
         assert!(refused(&|p, c| {
             p.reserve(1).unwrap().unwrap().commit();
-            assert!(c.look(&mut [Line::ZERO][0]).unwrap().is_some());
+            assert!(c.look(&mut Line::default()).unwrap().is_some());
             assert_eq!(c.recv(&mut [Line::ZERO; MAX_FRAME_LINES]), Ok(Some(1)));
         }));
         assert!(refused(&|p, c| {
             p.reserve(2).unwrap().unwrap().commit();
-            assert!(c.look(&mut [Line::ZERO][0]).unwrap().is_some());
+            assert!(c.look(&mut Line::default()).unwrap().is_some());
         }));
         // And where a look found one: taken.
         let (mut p, mut c) = heap_lines(8).unwrap();
