@@ -2284,6 +2284,59 @@ mod timed_tests {
         assert_eq!(r.ctx.stats().timeouts, 1);
     }
 
+    /// A lone Send Only line behind a full burst (the previous iteration took
+    /// [`RX_BURST`] frames, so the link may hold more: `rx_backlog`): the straight step
+    /// leaves it to step 2, which takes it and finds the ring drained — an iteration
+    /// that took it straight would leave the backlog mark standing, and the engine would
+    /// not settle (mutation testing found no test of this condition).
+    #[test]
+    fn a_lone_line_behind_a_full_burst_takes_the_full_receive_step() {
+        let ctx = crate::raw_peer::inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut qp = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let (link, mut peer, _arena) = crate::raw_peer::raw_peer_link(&ctx, 64, PEER, 4096);
+        crate::raw_peer::connect_to_raw_peer_with_timeout(&mut qp, link, PEER, 0, false, 8);
+        let sge = [mr.sge(0, 64).unwrap()];
+        qp.post_recv(&crate::RecvWr::new(7, &sge)).unwrap();
+        ctx.progress(); // the connection's turn
+        let send_only = |psn: u32| {
+            let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, qp.qpn(), Psn::new(psn)));
+            let mut s = PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            s.kind = crate::wire::slot::KIND_INLINE;
+            s.payload_len = 4;
+            s.data[12..16].copy_from_slice(b"ping");
+            s
+        };
+        // A full burst of duplicates (the PSN before ePSN 0), then the new Send.
+        let burst = vec![send_only(0xff_ffff); super::RX_BURST];
+        assert_eq!(peer.tx.push_burst(&burst).unwrap(), super::RX_BURST);
+        ctx.progress();
+        let backlog = |ctx: &Context| {
+            ctx.shared
+                .engine
+                .with(|e| e.link_mut(link).unwrap().rx_backlog)
+        };
+        assert!(backlog(&ctx), "a full burst leaves the mark");
+        // (The burst's first look held the straight step back: let it look again.)
+        ctx.shared.engine.with(|e| e.straight_skip = 0);
+        assert_eq!(peer.tx.push_burst(&[send_only(0)]).unwrap(), 1);
+        let before = crate::probe::taken(crate::probe::Path::StraightReceive);
+        ctx.progress();
+        assert_eq!(
+            crate::probe::taken(crate::probe::Path::StraightReceive),
+            before,
+            "not straight"
+        );
+        assert!(!backlog(&ctx), "step 2 found the ring drained");
+        let mut wc = [WorkCompletion::default(); 2];
+        let mut cq = cq;
+        assert_eq!(cq.poll(&mut wc), 1);
+        assert_eq!((wc[0].wr_id, wc[0].byte_len), (7, 4));
+    }
+
     /// Lone lines on two links at once: the straight receive step takes neither (step 2
     /// takes both, link by link, in one iteration), so that their completions come in
     /// the order step 2 gives them.
