@@ -121,13 +121,33 @@ pub(crate) fn on_send_only(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_
     if send_only_inline_fast(qp, env, pkt) {
         return;
     }
-    on_send_only_full(qp, env, pkt);
+    on_only_full(qp, env, pkt);
 }
 
-/// [`on_send_only`] past its fast path: the pipeline.
+/// [`on_request`] of a packet [`RxPacket::write_only_checked`] took, for the engine's
+/// straight receive step: a one-line RDMA Write Only, its payload inline. The same steps,
+/// as [`on_send_only`]: the receive fast path's gate and its Write ([`write_only_fast`]:
+/// every check the pipeline makes — operation enabled, length at most a PMTU and the
+/// RETH's, R_Key, domain, rights and bounds), else the pipeline, which refuses what the
+/// fast path would not take, in the spec's order.
+#[inline(always)]
+pub(crate) fn on_write_only(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    if qp.proto.comm_est_pending {
+        qp.comm_established(env);
+    }
+    debug_assert_eq!(pkt.info.opcode, Opcode::RdmaWriteOnly);
+    if at_epsn_idle(qp, pkt) && write_only_fast(qp, env, pkt) {
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::Receive);
+        return;
+    }
+    on_only_full(qp, env, pkt);
+}
+
+/// [`on_send_only`] and [`on_write_only`] past their fast paths: the pipeline.
 #[cold]
 #[inline(never)]
-fn on_send_only_full(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+fn on_only_full(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let r = request_of(pkt);
     shmhca_proto::responder::handle_request(&mut Receiver { qp, env, pkt }, &r);
 }
