@@ -1435,8 +1435,10 @@ impl Iteration<'_> {
         const WRITE_HDR: u64 = HDR + crate::wire::reth::HEADER_LEN as u64;
         const WANT_WRITE: u64 = WANT - HDR + WRITE_HDR;
         const ACK: u64 = (crate::wire::slot::ACK_FLAG as u64) << 16;
+        // The two header lengths differ in one bit: either pattern is one compare.
+        const EITHER: u64 = WANT ^ WANT_WRITE;
+        const _: () = assert!(EITHER.count_ones() == 1 && WANT_WRITE & EITHER != 0);
         let mut found = None;
-        let mut write = false;
         for (l, link) in self.links.iter_mut() {
             if link.down.is_some() {
                 continue;
@@ -1447,24 +1449,18 @@ impl Iteration<'_> {
             let Some(first) = link.rx.look(&mut self.rx[0])? else {
                 continue;
             };
-            // (The Write's look only where the Send's fails: the Send's step pays nothing
-            // for it.)
-            let what = (first >> 40) & !ACK;
             if found.is_some()
-                || (what != WANT && {
-                    write = what == WANT_WRITE;
-                    !write
-                })
+                || ((first >> 40) & !ACK) | EITHER != WANT_WRITE
                 || !link.rx.lone_behind(first)
             {
                 *self.straight_skip = STRAIGHT_BACKOFF;
                 return None;
             }
-            found = Some((l, link));
+            found = Some((l, link, first));
         }
         // Nothing received anywhere: step 2 would find every ring empty and publish its
         // head, as the look did.
-        let Some((l, link)) = found else {
+        let Some((l, link, first)) = found else {
             return Some(0);
         };
         let owed = (&mut *self.owed, &mut *self.owed_now, *self.owed_held);
@@ -1472,7 +1468,7 @@ impl Iteration<'_> {
         let (qps, line, skip) = (&mut *self.qps, &self.rx[0], &mut *self.straight_skip);
         // (Each an instance in line: the Write's out of line cost the Send's step ~20
         // instructions a message and the Write ~60, `bench/scripts/instructions.sh`.)
-        if write {
+        if (first >> 40) & EITHER != 0 {
             return take_lone::<true>(env, qps, line, (l, link), skip, owed, sets);
         }
         take_lone::<false>(env, qps, line, (l, link), skip, owed, sets)
