@@ -136,7 +136,7 @@ pub(crate) fn on_write_only(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'
         qp.comm_established(env);
     }
     debug_assert_eq!(pkt.info.opcode, Opcode::RdmaWriteOnly);
-    if at_epsn_idle(qp, pkt) && write_only_fast(qp, env, pkt) {
+    if at_epsn_idle(qp, pkt) && write_only_in_line(qp, env, pkt) {
         #[cfg(test)]
         crate::probe::count(crate::probe::Path::Receive);
         return;
@@ -668,6 +668,18 @@ fn write_payload(
     off: u64,
     len: u32,
 ) -> Result<(), RespError> {
+    write_payload_in_line(qp, env, pkt, off, len)
+}
+
+/// [`write_payload`] compiled into its caller (the straight receive step's Write).
+#[inline(always)]
+fn write_payload_in_line(
+    qp: &mut QpSlot,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    off: u64,
+    len: u32,
+) -> Result<(), RespError> {
     // The payload is exactly `len` bytes (checked by the callers): its last bytes land
     // last (`dma::copy_write_payload`).
     if pkt.payload.len() != len {
@@ -683,6 +695,14 @@ fn write_payload(
 /// nothing changed, if the pipeline must take it.
 #[inline]
 fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    write_only_in_line(qp, env, pkt)
+}
+
+/// [`write_only_fast`] compiled into its caller: the straight receive step's Write (out
+/// of line, its call and its copy's cost the Write 19 instructions a message,
+/// `bench/scripts/instructions.sh`).
+#[inline(always)]
+fn write_only_in_line(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let psn = pkt.psn();
     // 3. Operation enabled.
     if !qp.proto.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
@@ -721,7 +741,7 @@ fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bo
         None
     };
     // 7. Execute.
-    if write_payload(qp, env, pkt, off, len).is_err() {
+    if write_payload_in_line(qp, env, pkt, off, len).is_err() {
         // The pipeline's state at this point: the receive WQE held.
         qp.proto.resp.held = wqe;
         refuse(qp, env, pkt, psn, RespError::CopyFailed);
