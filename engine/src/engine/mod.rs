@@ -1409,10 +1409,11 @@ impl Iteration<'_> {
     /// private memory (by the look that finds it) and checked there ([`take_lone`]:
     /// [`RxPacket::send_only_checked`] or [`RxPacket::write_only_checked`], its QP's and
     /// link's match); then it is taken, and runs through the RQ Logic as step 2 runs it
-    /// (the Write's checks those of the receive fast path, `responder::on_write_only`). The packets received (1; 0 when
-    /// every live link is empty, where step 2 would receive nothing); `None`, with
-    /// nothing changed but the empty links' heads published (as any look at an empty
-    /// ring does), for anything else: steps 1 and 2 then run in full.
+    /// (the Write's checks those of the receive fast path, `responder::on_write_only`).
+    /// The packets received (1; 0 when every live link is empty, where step 2 would
+    /// receive nothing); `None`, with nothing changed but the empty links' heads
+    /// published (as any look at an empty ring does), for anything else: steps 1 and 2
+    /// then run in full.
     ///
     /// What step 2 would have done besides is nothing: the other links are empty, and
     /// this one is empty behind the packet (so its head is published, as step 2's second

@@ -519,9 +519,10 @@ impl<'a> RxPacket<'a> {
     }
 
     /// The checks of [`RxPacket::send_only_checked`] and [`RxPacket::write_only_checked`]
-    /// for opcode `CODE`, whose headers (`HDR` bytes) the caller found in bytes 5..8 (with the payload
-    /// inline, no flag but [`ACK_FLAG`]): the opcode and the BTH's transport version, the
-    /// inline payload's bounds behind the headers, a riding word's bits.
+    /// for opcode `CODE`, whose headers (`HDR` bytes) the caller found in bytes 5..8
+    /// (with the payload inline, no flag but [`ACK_FLAG`]): the opcode and the BTH's
+    /// transport version, the inline payload's bounds behind the headers, a riding
+    /// word's bits.
     #[inline(always)]
     fn only_checked<const CODE: u8, const HDR: usize>(
         slot: &'a PacketSlot,
