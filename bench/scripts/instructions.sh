@@ -6,7 +6,10 @@
 # cancels out. Each round trip is two one-way Sends with their Acks, completions and
 # re-posted receives. Two variants: the Send's bytes in a one-entry gather list over a
 # registered region (the figure this script has always printed), and inline
-# (`SendWr::inline`, as perftest posts small messages by default). A third figure is the
+# (`SendWr::inline`, as perftest posts small messages by default). Then the one-way 8-byte
+# RDMA Write as `shmhca-perf write_lat` runs it (`inline_pingpong --write`: each Write
+# signaled and inline, each side watching its region for the peer's marker and polling its
+# CQ between looks; per one-way Write, both sides, Ack included). A further figure is the
 # message-rate path: engine/examples/inline_stream, a stream of 8-byte inline Sends the way
 # `shmhca-perf send_bw` runs them (a window of 128 outstanding, a completion every 100th,
 # each receive reposted), per message, sender and receiver together. The next two are the
@@ -29,6 +32,7 @@
 # Ceilings (each optional; .ci/run takes them from bench/scripts/ceilings.env):
 #   MAX_INSTR, MAX_LOCKED                 the gather-list Send
 #   MAX_INSTR_INLINE, MAX_LOCKED_INLINE   the inline Send
+#   MAX_INSTR_WRITE, MAX_LOCKED_WRITE     the inline RDMA Write (write_lat's)
 #   MAX_INSTR_STREAM, MAX_LOCKED_STREAM   the stream of inline Sends
 #   MAX_INSTR_READ, MAX_LOCKED_READ       the RDMA Read round trip
 #   MAX_INSTR_ATOMIC, MAX_LOCKED_ATOMIC   the Fetch and Add round trip
@@ -302,6 +306,7 @@ fi
 
 measure sge
 measure inline --inline
+measure write --write
 measure_stream
 measure_read
 measure_verbs
@@ -309,6 +314,7 @@ measure_empty
 locked_list
 per_message sge "$((2 * (N2 - N1)))"
 per_message inline "$((2 * (N2 - N1)))"
+per_message write "$((2 * (N2 - N1)))"
 per_message stream "$((S2 - S1))"
 per_message read "$((N2 - N1))"
 per_message atomic "$((N2 - N1))"
@@ -317,6 +323,7 @@ per_message verbs_stream "$((S2 - S1))"
 per_message empty "$((E2 - E1))"
 read -r INSTR LOCKED <"$OUT/result.sge"
 read -r INSTR_INLINE LOCKED_INLINE <"$OUT/result.inline"
+read -r INSTR_WRITE LOCKED_WRITE <"$OUT/result.write"
 read -r INSTR_STREAM LOCKED_STREAM <"$OUT/result.stream"
 read -r INSTR_READ LOCKED_READ <"$OUT/result.read"
 read -r INSTR_ATOMIC LOCKED_ATOMIC <"$OUT/result.atomic"
@@ -325,6 +332,7 @@ read -r INSTR_VERBS_STREAM LOCKED_VERBS_STREAM <"$OUT/result.verbs_stream"
 read -r INSTR_EMPTY LOCKED_EMPTY <"$OUT/result.empty"
 show_detail sge "one-way gather-list Send"
 show_detail inline "one-way inline Send"
+show_detail write "one-way inline RDMA Write"
 show_detail stream "stream of inline Sends"
 show_detail read "RDMA Read round trip"
 show_detail atomic "Fetch and Add round trip"
@@ -335,6 +343,8 @@ echo "instructions per one-way 8-byte Send (both sides, Ack included): $INSTR"
 echo "locked instructions per one-way 8-byte Send (both sides, Ack included): $LOCKED"
 echo "instructions per one-way 8-byte inline Send (both sides, Ack included): $INSTR_INLINE"
 echo "locked instructions per one-way 8-byte inline Send (both sides, Ack included): $LOCKED_INLINE"
+echo "instructions per one-way 8-byte inline RDMA Write (both sides, Ack included): $INSTR_WRITE"
+echo "locked instructions per one-way 8-byte inline RDMA Write (both sides, Ack included): $LOCKED_WRITE"
 echo "instructions per 8-byte inline Send in a stream (both sides, Acks included): $INSTR_STREAM"
 echo "locked instructions per 8-byte inline Send in a stream (both sides, Acks included): $LOCKED_STREAM"
 echo "instructions per 8-byte RDMA Read round trip (both sides): $INSTR_READ"
@@ -354,6 +364,10 @@ check "instructions per one-way 8-byte inline Send" "$INSTR_INLINE" \
     "${MAX_INSTR_INLINE:-}" MAX_INSTR_INLINE
 check "locked instructions per one-way 8-byte inline Send" "$LOCKED_INLINE" \
     "${MAX_LOCKED_INLINE:-}" MAX_LOCKED_INLINE
+check "instructions per one-way 8-byte inline RDMA Write" "$INSTR_WRITE" \
+    "${MAX_INSTR_WRITE:-}" MAX_INSTR_WRITE
+check "locked instructions per one-way 8-byte inline RDMA Write" "$LOCKED_WRITE" \
+    "${MAX_LOCKED_WRITE:-}" MAX_LOCKED_WRITE
 check "instructions per 8-byte inline Send in a stream" "$INSTR_STREAM" \
     "${MAX_INSTR_STREAM:-}" MAX_INSTR_STREAM
 check "locked instructions per 8-byte inline Send in a stream" "$LOCKED_STREAM" \

@@ -6,6 +6,10 @@
 //! * `--inline`: post each Send with its bytes inline (`SendWr::inline`), as perftest does
 //!   for small messages by default; without it each Send carries a one-entry gather list
 //!   over a registered region (the figure `instructions.sh` has always reported);
+//! * `--write`: an RDMA Write ping-pong as `shmhca-perf write_lat` runs it instead: each
+//!   side posts a signaled inline Write of the message (its last bytes a marker, the
+//!   iteration's number) into the peer's region and watches its own region for the peer's
+//!   marker, polling its CQ (which runs its engine) between looks; no receives posted;
 //! * `--locked-probe`: adds one `lock`-prefixed read-modify-write (`fetch_add`) and one
 //!   implicitly locked `xchg` (`swap`) per one-way message, outside the engine, so that
 //!   `instructions.sh --self-test` can check that it counts exactly 2 more locked
@@ -14,6 +18,7 @@
 //! ```sh
 //! cargo run --release -p shmhca --example inline_pingpong -- 100000 8
 //! cargo run --release -p shmhca --example inline_pingpong -- 100000 8 --inline
+//! cargo run --release -p shmhca --example inline_pingpong -- 100000 8 --write
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,11 +37,12 @@ fn locked_probe() {
     std::hint::black_box(PROBE.swap(std::hint::black_box(7), Ordering::Relaxed));
 }
 
-/// The command line: round trips, message size, `--inline`, `--locked-probe`.
+/// The command line: round trips, message size, `--inline`, `--write`, `--locked-probe`.
 struct Args {
     iters: u64,
     size: u32,
     inline: bool,
+    write: bool,
     probe: bool,
 }
 
@@ -45,16 +51,18 @@ fn parse_args() -> std::result::Result<Args, String> {
         iters: 100_000,
         size: 8,
         inline: false,
+        write: false,
         probe: false,
     };
     let mut positional = 0;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--inline" => args.inline = true,
+            "--write" => args.write = true,
             "--locked-probe" => args.probe = true,
             _ if arg.starts_with('-') => {
                 return Err(format!(
-                    "unknown option {arg}: the options are --inline and --locked-probe"
+                    "unknown option {arg}: the options are --inline, --write and --locked-probe"
                 ));
             }
             _ => {
@@ -79,9 +87,9 @@ fn parse_args() -> std::result::Result<Args, String> {
             }
         }
     }
-    if args.inline && args.size > QpCaps::default().max_inline_data {
+    if (args.inline || args.write) && args.size > QpCaps::default().max_inline_data {
         return Err(format!(
-            "--inline with {} bytes: inline sends carry at most {} bytes (QpCaps::default().max_inline_data)",
+            "--inline or --write with {} bytes: inline sends carry at most {} bytes (QpCaps::default().max_inline_data)",
             args.size,
             QpCaps::default().max_inline_data
         ));
@@ -94,6 +102,7 @@ fn main() -> shmhca::Result<()> {
         iters,
         size,
         inline,
+        write,
         probe,
     } = match parse_args() {
         Ok(args) => args,
@@ -102,6 +111,9 @@ fn main() -> shmhca::Result<()> {
             std::process::exit(2);
         }
     };
+    if write {
+        return write_pingpong(iters, size, probe);
+    }
     let common::Pair {
         mut qa,
         mut qb,
@@ -191,6 +203,80 @@ fn main() -> shmhca::Result<()> {
         assert!(
             start.elapsed() < std::time::Duration::from_secs(60),
             "sends completed: {sends:?} of {iters} each"
+        );
+    }
+    println!("{iters} round trips");
+    Ok(())
+}
+
+/// The `--write` ping-pong: `iters` round trips of two signaled inline RDMA Writes of
+/// `size` bytes, as `shmhca-perf write_lat` posts them (one Write outstanding, every one
+/// signaled: its TX depth and CQ moderation are 1), each side watching its region's last
+/// bytes for the peer's marker.
+fn write_pingpong(iters: u64, size: u32, probe: bool) -> shmhca::Result<()> {
+    let common::Pair {
+        mut qa,
+        mut qb,
+        mut ca,
+        mut cb,
+        pa,
+        pb,
+        a,
+        b,
+    } = common::connected_pair_with(64, QpCaps::default(), AccessFlags::REMOTE_WRITE)?;
+    let len = u64::from(size) * 2;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let (ma, mb) = (pa.alloc_mr(len, access)?, pb.alloc_mr(len, access)?);
+    // Each Write lands in the second half of the peer's region, the marker in its last k
+    // bytes (as write_lat: the iteration's number plus one, little-endian).
+    let (ra, rb) = (ma.remote(u64::from(size)), mb.remote(u64::from(size)));
+    let k = (size as usize).min(8);
+    let at = u64::from(size) * 2 - k as u64;
+    let mut payload = vec![0u8; size as usize];
+    let mut seen = [0u8; 8];
+    let mut wc = [WorkCompletion::default(); 4];
+    let mut writes = [0u64; 2];
+    // Polls `cq` (running its engine) and looks at `mr`'s marker, running the other engine
+    // between looks, until the marker reads `m`.
+    let mut wait_marker = |cq: &mut Cq, mr: &Mr, me: usize, other: &Context, m: &[u8]| {
+        loop {
+            let n = cq.poll(&mut wc);
+            for w in &wc[..n] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                writes[me] += 1;
+            }
+            mr.read_at(at, &mut seen[..k])
+                .expect("the marker is inside the region");
+            if seen[..k] == *m {
+                return;
+            }
+            other.progress();
+        }
+    };
+    for i in 0..iters {
+        let m = (i + 1).to_le_bytes();
+        payload[size as usize - k..].copy_from_slice(&m[..k]);
+        if probe {
+            locked_probe();
+        }
+        qa.post_send(&SendWr::inline(i, SendOp::RdmaWrite(rb), &payload))?;
+        wait_marker(&mut cb, &mb, 1, &a, &m[..k]); // the ping lands
+        qb.post_send(&SendWr::inline(i, SendOp::RdmaWrite(ra), &payload))?;
+        wait_marker(&mut ca, &ma, 0, &b, &m[..k]); // the pong lands
+    }
+    // Every Write completes (the last ones by Acks of their own).
+    let start = std::time::Instant::now();
+    while writes != [iters, iters] {
+        for (side, cq) in [&mut ca, &mut cb].into_iter().enumerate() {
+            let n = cq.poll(&mut wc);
+            for w in &wc[..n] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                writes[side] += 1;
+            }
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "writes completed: {writes:?} of {iters} each"
         );
     }
     println!("{iters} round trips");

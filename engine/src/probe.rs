@@ -47,10 +47,16 @@ pub(crate) enum Path {
     /// A Send taken by the engine's straight post (`Engine::post_send_straight`), not
     /// handed on to `Engine::post_direct`.
     StraightSend = 15,
+    /// An RDMA Write taken by the engine's straight post (`Engine::post_send_straight`),
+    /// not handed on to `Engine::post_direct`.
+    StraightWrite = 16,
+    /// An iteration's receive step that took one lone RDMA Write Only line straight
+    /// (`Iteration::straight` in the engine).
+    StraightWriteReceive = 17,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 16;
+pub(crate) const PATHS: usize = 18;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

@@ -121,13 +121,33 @@ pub(crate) fn on_send_only(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_
     if send_only_inline_fast(qp, env, pkt) {
         return;
     }
-    on_send_only_full(qp, env, pkt);
+    on_only_full(qp, env, pkt);
 }
 
-/// [`on_send_only`] past its fast path: the pipeline.
+/// [`on_request`] of a packet [`RxPacket::write_only_checked`] took, for the engine's
+/// straight receive step: a one-line RDMA Write Only, its payload inline. The same steps,
+/// as [`on_send_only`]: the receive fast path's gate and its Write ([`write_only_fast`]:
+/// every check the pipeline makes — operation enabled, length at most a PMTU and the
+/// RETH's, R_Key, domain, rights and bounds), else the pipeline, which refuses what the
+/// fast path would not take, in the spec's order.
+#[inline(always)]
+pub(crate) fn on_write_only(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+    if qp.proto.comm_est_pending {
+        qp.comm_established(env);
+    }
+    debug_assert_eq!(pkt.info.opcode, Opcode::RdmaWriteOnly);
+    if at_epsn_idle(qp, pkt) && write_only_in_line(qp, env, pkt) {
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::Receive);
+        return;
+    }
+    on_only_full(qp, env, pkt);
+}
+
+/// [`on_send_only`] and [`on_write_only`] past their fast paths: the pipeline.
 #[cold]
 #[inline(never)]
-fn on_send_only_full(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+fn on_only_full(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
     let r = request_of(pkt);
     shmhca_proto::responder::handle_request(&mut Receiver { qp, env, pkt }, &r);
 }
@@ -648,6 +668,18 @@ fn write_payload(
     off: u64,
     len: u32,
 ) -> Result<(), RespError> {
+    write_payload_in_line(qp, env, pkt, off, len)
+}
+
+/// [`write_payload`] compiled into its caller (the straight receive step's Write).
+#[inline(always)]
+fn write_payload_in_line(
+    qp: &mut QpSlot,
+    env: &mut Env<'_>,
+    pkt: &RxPacket<'_>,
+    off: u64,
+    len: u32,
+) -> Result<(), RespError> {
     // The payload is exactly `len` bytes (checked by the callers): its last bytes land
     // last (`dma::copy_write_payload`).
     if pkt.payload.len() != len {
@@ -663,6 +695,14 @@ fn write_payload(
 /// nothing changed, if the pipeline must take it.
 #[inline]
 fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
+    write_only_in_line(qp, env, pkt)
+}
+
+/// [`write_only_fast`] compiled into its caller: the straight receive step's Write (out
+/// of line, its call and its copy's cost the Write 19 instructions a message,
+/// `bench/scripts/instructions.sh`).
+#[inline(always)]
+fn write_only_in_line(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     let psn = pkt.psn();
     // 3. Operation enabled.
     if !qp.proto.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
@@ -701,7 +741,7 @@ fn write_only_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bo
         None
     };
     // 7. Execute.
-    if write_payload(qp, env, pkt, off, len).is_err() {
+    if write_payload_in_line(qp, env, pkt, off, len).is_err() {
         // The pipeline's state at this point: the receive WQE held.
         qp.proto.resp.held = wqe;
         refuse(qp, env, pkt, psn, RespError::CopyFailed);

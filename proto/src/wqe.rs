@@ -219,6 +219,24 @@ impl SqWqe {
             data: DataLoc::Single(entry),
         }
     }
+
+    /// An RDMA Write of one element `entry`, the whole message, to `remote_addr` under
+    /// `rkey`.
+    #[inline(always)]
+    pub fn write_of(
+        wr_id: u64,
+        flags: WqeFlags,
+        entry: SgeEntry,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> SqWqe {
+        SqWqe {
+            op: WqeOp::Write,
+            remote_addr,
+            rkey,
+            ..SqWqe::send_of(wr_id, flags, entry)
+        }
+    }
 }
 
 /// A receive WQE.

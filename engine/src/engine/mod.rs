@@ -948,8 +948,9 @@ impl Engine {
         self.send_with(index, Some((wqe, ring_pushed)))
     }
 
-    /// The straight post of Send `wr` of one element `entry` (of registered memory or of
-    /// the request's inline staging row), posted directly
+    /// The straight post of Send `wr` (`WRITE`: of RDMA Write `wr` to `remote`) of one
+    /// element `entry` (of registered memory or of the request's inline staging row),
+    /// posted directly
     /// (`Device::run_for_post`): only what a NIC does for it, with no WQE built before it
     /// (the window's record is written from these values). Its gate — no fault stage,
     /// capture tap or UDP port; the QP live, connected, every WQE its poster pushed on
@@ -961,13 +962,16 @@ impl Engine {
     /// bookkeeping follows, as [`Engine::send_with`] does. Returns false, having changed
     /// nothing, when a gate is closed: the caller then posts the WQE the general way
     /// ([`Engine::post_direct`]), which gives the same answer.
+    /// (A Write is an instance of its own, the template path's with its opcode and RETH
+    /// known.)
     #[inline(never)]
-    pub(crate) fn post_send_straight(
+    pub(crate) fn post_send_straight<const WRITE: bool>(
         &mut self,
         index: u32,
         ring_pushed: u64,
         wr: &crate::verbs::wr::SendWr<'_>,
         entry: SgeEntry,
+        remote: crate::verbs::mr::RemoteAddr,
     ) -> bool {
         #[cfg(test)]
         if !crate::probe::enabled() {
@@ -1003,11 +1007,21 @@ impl Engine {
         }
         // (Never in memory: the template path reads it, the window's record is written
         // from it, field by field.)
-        let w = SqWqe::send_of(wr.wr_id, WqeFlags(wr.flags.wqe_bits()), entry);
+        let flags = WqeFlags(wr.flags.wqe_bits());
+        let w = if WRITE {
+            SqWqe::write_of(wr.wr_id, flags, entry, remote.addr, remote.rkey)
+        } else {
+            SqWqe::send_of(wr.wr_id, flags, entry)
+        };
         let was_owed = qp.proto.resp.owed_ack().is_some();
         let mut env = res.env();
         let tx = &mut link.tx;
-        if !requester::post_fast::<TxBatch, true>(qp, &mut env, tx, &w, true) {
+        let posted = if WRITE {
+            requester::post_fast::<TxBatch, false>(qp, &mut env, tx, &w, true)
+        } else {
+            requester::post_fast::<TxBatch, true>(qp, &mut env, tx, &w, true)
+        };
+        if !posted {
             return false;
         }
         *idle_word |= UNSETTLED;
@@ -1025,7 +1039,11 @@ impl Engine {
         }
         link.publish_post();
         #[cfg(test)]
-        crate::probe::count(crate::probe::Path::StraightSend);
+        crate::probe::count(if WRITE {
+            crate::probe::Path::StraightWrite
+        } else {
+            crate::probe::Path::StraightSend
+        });
         true
     }
 
@@ -1386,14 +1404,16 @@ impl Iteration<'_> {
     /// doorbell rung and no QP rung, no fault stage or trace, and exactly one live link
     /// with anything at head — a lone line ([`LinesConsumer::lone_behind`]), whose bytes
     /// 5..8 say a Send Only's slot (headers a BTH alone, payload inline, no flag but a
-    /// riding Ack) —, every live link with no backlog, nothing queued and its send ring
-    /// whole. The line is copied once into private memory (by the look that finds it)
-    /// and checked there
-    /// ([`RxPacket::send_only_checked`], its QP's and link's match); then it is taken,
-    /// and runs through the RQ Logic as step 2 runs it. The packets received (1; 0 when
-    /// every live link is empty, where step 2 would receive nothing); `None`, with
-    /// nothing changed but the empty links' heads published (as any look at an empty
-    /// ring does), for anything else: steps 1 and 2 then run in full.
+    /// riding Ack) or an RDMA Write Only's (a BTH and a RETH) —, every live link with no
+    /// backlog, nothing queued and its send ring whole. The line is copied once into
+    /// private memory (by the look that finds it) and checked there ([`take_lone`]:
+    /// [`RxPacket::send_only_checked`] or [`RxPacket::write_only_checked`], its QP's and
+    /// link's match); then it is taken, and runs through the RQ Logic as step 2 runs it
+    /// (the Write's checks those of the receive fast path, `responder::on_write_only`).
+    /// The packets received (1; 0 when every live link is empty, where step 2 would
+    /// receive nothing); `None`, with nothing changed but the empty links' heads
+    /// published (as any look at an empty ring does), for anything else: steps 1 and 2
+    /// then run in full.
     ///
     /// What step 2 would have done besides is nothing: the other links are empty, and
     /// this one is empty behind the packet (so its head is published, as step 2's second
@@ -1410,10 +1430,15 @@ impl Iteration<'_> {
         }
         // Bytes 5..8 of the line (in its first word's top three bytes): header length a
         // BTH's, payload inline, no flag but ACK_FLAG — what `parse_send_only` wants of
-        // them, known before the copy.
+        // them, known before the copy; a Write Only's: a BTH and a RETH.
         const HDR: u64 = crate::wire::bth::HEADER_LEN as u64;
         const WANT: u64 = HDR | (crate::wire::slot::KIND_INLINE as u64) << 8;
+        const WRITE_HDR: u64 = HDR + crate::wire::reth::HEADER_LEN as u64;
+        const WANT_WRITE: u64 = WANT - HDR + WRITE_HDR;
         const ACK: u64 = (crate::wire::slot::ACK_FLAG as u64) << 16;
+        // The two header lengths differ in one bit: either pattern is one compare.
+        const EITHER: u64 = WANT ^ WANT_WRITE;
+        const _: () = assert!(EITHER.count_ones() == 1 && WANT_WRITE & EITHER != 0);
         let mut found = None;
         for (l, link) in self.links.iter_mut() {
             if link.down.is_some() {
@@ -1425,49 +1450,29 @@ impl Iteration<'_> {
             let Some(first) = link.rx.look(&mut self.rx[0])? else {
                 continue;
             };
-            if found.is_some() || (first >> 40) & !ACK != WANT || !link.rx.lone_behind(first) {
+            if found.is_some()
+                || ((first >> 40) & !ACK) | EITHER != WANT_WRITE
+                || !link.rx.lone_behind(first)
+            {
                 *self.straight_skip = STRAIGHT_BACKOFF;
                 return None;
             }
-            found = Some((l, link));
+            found = Some((l, link, first));
         }
         // Nothing received anywhere: step 2 would find every ring empty and publish its
         // head, as the look did.
-        let Some((l, link)) = found else {
+        let Some((l, link, first)) = found else {
             return Some(0);
         };
-        let slot: &PacketSlot = bytemuck::cast_ref(&self.rx[0]);
-        let qpn = RxPacket::dest_qp(slot);
-        let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-        let qp = self.qps.at_mut(index).filter(|qp| {
-            qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
-        });
-        // A line refused here (another opcode with a BTH alone — a Send Last, a Write
-        // Middle or Last —, or no QP of the link) holds the step back as any line it does
-        // not take: each would pay this look and then the full step's.
-        let (Some(qp), Some(pkt)) = (qp, RxPacket::send_only_checked(slot)) else {
-            *self.straight_skip = STRAIGHT_BACKOFF;
-            return None;
-        };
-        link.rx.release_lone();
-        #[cfg(test)]
-        crate::probe::count(crate::probe::Path::StraightReceive);
-        // From here as step 2 runs a request (see `receive`).
         let owed = (&mut *self.owed, &mut *self.owed_now, *self.owed_held);
-        take_request(qp, env, owed, (l, index), slot, |qp, env| {
-            responder::on_send_only(qp, env, &pkt)
-        });
-        // (No QP is rung: a QP active now is one a post left so.)
-        if needs_attention(qp) {
-            self.active.insert(index);
-        } else {
-            self.active.remove(index);
-            if waits_for_timer(qp) {
-                self.timed.insert(index);
-            }
+        let sets = (&mut *self.active, &mut *self.timed);
+        let (qps, line, skip) = (&mut *self.qps, &self.rx[0], &mut *self.straight_skip);
+        // (Each an instance in line: the Write's out of line cost the Send's step ~20
+        // instructions a message and the Write ~60, `bench/scripts/instructions.sh`.)
+        if (first >> 40) & EITHER != 0 {
+            return take_lone::<true>(env, qps, line, (l, link), skip, owed, sets);
         }
-        env.stats.packets_received += 1;
-        Some(1)
+        take_lone::<false>(env, qps, line, (l, link), skip, owed, sets)
     }
 
     /// Whether this iteration checks timers: one in [`TIMER_EVERY`], busy or not (a stream
@@ -1795,6 +1800,69 @@ fn trace_sent(
         t.packet(id, endpoints, true, true, &queued[i..end], mem);
         i = end;
     }
+}
+
+/// The end of [`Iteration::straight`]: the lone line copied into `line`, found on link
+/// `l` (`link`), a Send Only's (`WRITE`: an RDMA Write Only's) by its bytes 5..8. Its QP
+/// (of that link) found and the line checked ([`RxPacket::send_only_checked`],
+/// [`RxPacket::write_only_checked`]), the line is taken and runs through the RQ Logic as
+/// step 2 runs it ([`take_request`]), the QP left in the sets (`active`, `timed`) as step
+/// 2 leaves it; 1, the packets received. A line refused here sets the back-off
+/// (`straight_skip`) and gives `None`, nothing taken: the full step runs.
+#[inline(always)]
+fn take_lone<const WRITE: bool>(
+    env: &mut Env<'_>,
+    qps: &mut SlotTable<QpSlot>,
+    line: &Line,
+    (l, link): (u32, &mut Link),
+    straight_skip: &mut u32,
+    owed: (&mut responder::OwedAcks, &mut bool, bool),
+    (active, timed): (&mut ActiveSet, &mut ActiveSet),
+) -> Option<usize> {
+    let slot: &PacketSlot = bytemuck::cast_ref(line);
+    let qpn = RxPacket::dest_qp(slot);
+    let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+    let qp = qps.at_mut(index).filter(|qp| {
+        qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
+    });
+    // A line refused here (another opcode with the same headers — a Send Last, a Write
+    // Middle or Last, a Write First —, or no QP of the link) holds the step back as any
+    // line it does not take: each would pay this look and then the full step's.
+    let pkt = if WRITE {
+        RxPacket::write_only_checked(slot)
+    } else {
+        RxPacket::send_only_checked(slot)
+    };
+    let (Some(qp), Some(pkt)) = (qp, pkt) else {
+        *straight_skip = STRAIGHT_BACKOFF;
+        return None;
+    };
+    link.rx.release_lone();
+    #[cfg(test)]
+    crate::probe::count(if WRITE {
+        crate::probe::Path::StraightWriteReceive
+    } else {
+        crate::probe::Path::StraightReceive
+    });
+    // From here as step 2 runs a request (see `receive`).
+    take_request(qp, env, owed, (l, index), slot, |qp, env| {
+        if WRITE {
+            responder::on_write_only(qp, env, &pkt)
+        } else {
+            responder::on_send_only(qp, env, &pkt)
+        }
+    });
+    // (No QP is rung: a QP active now is one a post left so.)
+    if needs_attention(qp) {
+        active.insert(index);
+    } else {
+        active.remove(index);
+        if waits_for_timer(qp) {
+            timed.insert(index);
+        }
+    }
+    env.stats.packets_received += 1;
+    Some(1)
 }
 
 /// A request's steps in step 2 (the full receive step's and the straight one's), its QP

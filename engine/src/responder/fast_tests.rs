@@ -3275,6 +3275,13 @@ fn a_single_element_send_of_the_verbs_abi_leaves_what_the_general_post_leaves() 
 /// writes it.
 fn ping_slot(r: &Rig, k: u32, payload: &[u8], ack: Option<(u32, u32)>) -> PacketSlot {
     let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, r.qp.qpn(), Psn::new(rq(k))));
+    line_slot(repr, payload, ack)
+}
+
+/// The line of request `repr` with `payload` inline and, with `ack` (PSN, MSN), a
+/// positive Ack of ours riding in it (credits for 8), as a requester's straight post
+/// writes it.
+fn line_slot(repr: PacketRepr, payload: &[u8], ack: Option<(u32, u32)>) -> PacketSlot {
     let mut s = PacketSlot::default();
     s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
     s.kind = crate::wire::slot::KIND_INLINE;
@@ -3716,19 +3723,30 @@ mod random_straight {
 }
 
 /// Review 11: lone lines that pass the straight step's first look (bytes 5..8: a BTH
-/// alone, the payload inline, no flag) but not its later checks — a Send Last, an RDMA
-/// Write Last, a Send Only to no QP of the link — hold the straight step back as every
+/// alone, or a BTH and a RETH, the payload inline, no flag) but not its later checks — a
+/// Send Last, an RDMA Write Last, a Send Only to no QP of the link, an RDMA Write First —
+/// hold the straight step back as every
 /// other line it does not take does (`STRAIGHT_BACKOFF`): otherwise each such line pays
 /// the look and then the full step's.
 #[test]
 fn lone_lines_refused_after_the_look_hold_the_straight_step_back() {
-    for what in ["a Send Last", "an RDMA Write Last", "a Send Only to no QP"] {
+    let cases = [
+        "a Send Last",
+        "an RDMA Write Last",
+        "a Send Only to no QP",
+        "an RDMA Write First",
+    ];
+    for what in cases {
         let mut r = super::tests::rig(AccessFlags::ALL);
         r.post_recv(2);
         r.ctx.shared.engine.with(|e| e.straight_skip = 0);
         let mut s = ping_slot(&r, 0, b"ping", None);
+        if what == "an RDMA Write First" {
+            s = write_slot(&r, 0, r.reth(1024, 4), b"ping", None);
+        }
         match what {
             "a Send Last" => s.data[0] = Opcode::SendLast.code(),
+            "an RDMA Write First" => s.data[0] = Opcode::RdmaWriteFirst.code(),
             "an RDMA Write Last" => s.data[0] = Opcode::RdmaWriteLast.code(),
             _ => {
                 let q = r.qp.qpn().get() + 1;
@@ -3740,4 +3758,365 @@ fn lone_lines_refused_after_the_look_hold_the_straight_step_back() {
         let skip = r.ctx.shared.engine.with(|e| e.straight_skip);
         assert!(skip > 0, "{what}: the straight step looks again at once");
     }
+}
+
+// --- The straight RDMA Write (issue 27: write_lat's Write, both sides) ---
+
+/// An RDMA Write Only at PSN offset `k` through `reth` with `payload` inline (at most 12
+/// bytes: a line holds 40, 28 of them the headers) and, with `ack` (PSN, MSN), a
+/// positive Ack of ours riding in it, as a requester's straight post writes it.
+fn write_slot(
+    r: &Rig,
+    k: u32,
+    reth: crate::wire::RethRepr,
+    payload: &[u8],
+    ack: Option<(u32, u32)>,
+) -> PacketSlot {
+    let psn = Psn::new(rq(k));
+    let mut repr = PacketRepr::new(BthRepr::new(Opcode::RdmaWriteOnly, r.qp.qpn(), psn));
+    repr.reth = Some(reth);
+    line_slot(repr, payload, ack)
+}
+
+/// Publishes [`write_slot`]'s line.
+fn write_line(r: &mut Rig, k: u32, at: u64, payload: &[u8], ack: Option<(u32, u32)>) {
+    let reth = r.reth(at, payload.len() as u32);
+    let s = write_slot(r, k, reth, payload, ack);
+    assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+}
+
+/// The engine's straight post of an RDMA Write (`Engine::post_send_straight::<true>`):
+/// Writes of one registered element (8 and 0 bytes) and of inline bytes, one with the
+/// owed Ack of a ping riding in it (held back an iteration), leave what the general post
+/// leaves — the same packets, RETHs (address, key, length) and payloads, riding Acks,
+/// completions, statistics, state and the engine's bookkeeping (owed, held, active).
+/// What it does not take goes the general way in between: a Write too large for a line,
+/// a Write with Immediate, a Write of no inline bytes.
+#[test]
+fn a_straight_write_leaves_what_the_general_write_leaves() {
+    use std::cell::RefCell;
+    struct Inline;
+    impl Drop for Inline {
+        fn drop(&mut self) {
+            super::tests::MAX_INLINE.with(|c| c.set(0));
+        }
+    }
+    super::tests::MAX_INLINE.with(|c| c.set(64));
+    let _reset = Inline;
+    let states = RefCell::new(vec![]);
+    let look = |r: &Rig| {
+        let index = r.qp.index;
+        let state = r.ctx.shared.engine.with(|e| e.post_state(index));
+        states.borrow_mut().push(state);
+    };
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        r.post_recv(4);
+        r.mr.write_at(0, b"0123456789abcdef").unwrap();
+        post(r, 8, &[Op::Write(8)]);
+        look(r);
+        r.request(Opcode::SendOnly, 0, |_| {}, b"ping");
+        r.step();
+        look(r);
+        let remote = r.mr.remote(4096);
+        let wr = SendWr::inline(1, SendOp::RdmaWrite(remote), b"inline!!");
+        r.qp.post_send(&wr).unwrap();
+        look(r);
+        r.step();
+        post_only(r, 2, &[Op::Write(0), Op::Write(100)]);
+        let imm = SendOp::RdmaWriteWithImm(r.mr.remote(5000), 7);
+        r.qp.post_send(&SendWr::inline(4, imm, b"imm")).unwrap();
+        let none = SendWr::inline(5, SendOp::RdmaWrite(r.mr.remote(6000)), b"");
+        r.qp.post_send(&none).unwrap();
+        r.step();
+        respond(r, 5, credits(8), 6);
+        r.step();
+        look(r);
+    });
+    let states = states.into_inner();
+    let (slow, fast) = states.split_at(states.len() / 2);
+    assert_eq!(fast, slow, "the same bookkeeping both ways");
+    // (Owed, held, active.)
+    assert_eq!(fast[1], (true, true, false), "the ping's Ack held back");
+    assert_eq!(fast[2], (false, false, true), "it rode in the Write");
+    assert_eq!(out.stats.acks_riding, 1, "{out:#?}");
+    // The Writes of 8 bytes, inline bytes and 0 bytes of a region.
+    assert_eq!(taken[Path::StraightWrite as usize], 3, "{taken:?}");
+    assert_eq!(taken[Path::StraightSend as usize], 0, "{taken:?}");
+    let writes = out.sent.iter().filter(|s| s.0 == Opcode::RdmaWriteOnly);
+    assert_eq!(writes.count(), 5, "{out:#?}");
+    assert!(out.bodies.iter().any(|b| b.5 == b"inline!!"), "{out:#?}");
+    assert!(out.bodies.iter().any(|b| b.5 == b"01234567"), "{out:#?}");
+    assert_eq!(out.completions.len(), 1 + 6, "{:?}", out.completions);
+    assert_eq!(out.state, QpState::Rts);
+}
+
+/// A write_lat ping-pong's receiving half on the straight receive step: each ping a lone
+/// RDMA Write Only line carrying the Ack of our last Write, taken straight — the payload
+/// where its RETH says, the Ack held back and riding in our answer (itself a straight
+/// Write), the iteration ended without steps 3 to 5 — over more than a timer period,
+/// leaves what the full step leaves; so does a ping not answered, whose Ack leaves alone
+/// one iteration later.
+#[test]
+fn lone_write_onlys_take_the_straight_receive_step_as_the_full_one() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        post(r, 8, &[Op::Write(8)]);
+        // (The credits' Ack held the straight step back some full iterations.)
+        r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+        for k in 0..12u32 {
+            let bytes = (u64::from(k) + 1).to_le_bytes();
+            write_line(r, k, 2048 + 8 * u64::from(k), &bytes, Some((k, k + 1)));
+            r.step();
+            post_only(r, 1 + u64::from(k), &[Op::Write(8)]);
+            r.step();
+        }
+        let writes = r.answers();
+        assert!(
+            writes.iter().all(|a| a.0 == Opcode::RdmaWriteOnly),
+            "{writes:?}"
+        );
+        write_line(r, 12, 4000, b"last", Some((12, 13)));
+        r.step();
+        assert!(r.answers().is_empty(), "held back an iteration");
+        r.step();
+        let acks = r.answers();
+        assert_eq!(acks.len(), 1, "then sent alone: {acks:?}");
+        assert_eq!(acks[0].0, Opcode::Acknowledge);
+    });
+    assert_eq!(taken[Path::StraightWriteReceive as usize], 13, "{taken:?}");
+    assert_eq!(taken[Path::StraightReceive as usize], 0, "{taken:?}");
+    assert_eq!(taken[Path::StraightWrite as usize], 13, "{taken:?}");
+    assert_eq!(
+        out.completions.len(),
+        13,
+        "our Writes: {:?}",
+        out.completions
+    );
+    assert_eq!(out.stats.acks_riding, 12, "{out:#?}");
+    for k in 0..12u64 {
+        let at = 2048 + 8 * k as usize;
+        assert_eq!(out.memory.0[at..at + 8], (k + 1).to_le_bytes(), "ping {k}");
+    }
+    assert_eq!(&out.memory.0[4000..4004], b"last");
+}
+
+/// Lone Write Only lines a hostile or broken peer writes, each alone on a fresh rig: the
+/// straight step takes the line when its headers and payload are well formed, and the RQ
+/// Logic then refuses, as the full step's, what it must — an R_Key of no region, the
+/// R_Key of a region of another protection domain, a range past the region's end, a RETH
+/// length other than the payload's, a PSN one ahead of or behind ePSN, a QP without
+/// remote write (a Nak, the QP in the Error state, or a duplicate's Ack); lines it must
+/// not take go to the full step: a wrong destination QP, a payload longer than the line
+/// holds, a payload by reference, a riding Nak, another transport version, another
+/// opcode with the same headers (a Write First, a Read Request, a Write Only with
+/// Immediate's opcode without its ImmDt). Each leaves what the full step leaves, the
+/// region of the other domain untouched both ways.
+#[test]
+fn hostile_lone_write_lines_are_received_as_the_full_step_receives_them() {
+    use std::cell::RefCell;
+    /// (What, whether the straight step takes it, access of the QP, the change.)
+    type Case = (
+        &'static str,
+        u64,
+        AccessFlags,
+        &'static dyn Fn(&Rig, &crate::Mr, &mut PacketSlot),
+    );
+    const ALL: AccessFlags = AccessFlags::ALL;
+    let cases: [Case; 16] = [
+        ("an R_Key of no region", 1, ALL, &|_, _, s| {
+            let key = u32::from_be_bytes(s.data[20..24].try_into().unwrap()) ^ 0xFFFF_0000;
+            s.data[20..24].copy_from_slice(&key.to_be_bytes());
+        }),
+        (
+            "the R_Key of another domain's region",
+            1,
+            ALL,
+            &|_, other, s| {
+                let at = other.remote(0);
+                s.data[12..20].copy_from_slice(&at.addr.to_be_bytes());
+                s.data[20..24].copy_from_slice(&at.rkey.to_be_bytes());
+            },
+        ),
+        ("a range past the region's end", 1, ALL, &|r, _, s| {
+            let va = r.mr.remote(0).addr + r.mr.len() - 2;
+            s.data[12..20].copy_from_slice(&va.to_be_bytes());
+        }),
+        (
+            "a RETH length longer than the payload",
+            1,
+            ALL,
+            &|_, _, s| {
+                s.data[24..28].copy_from_slice(&8u32.to_be_bytes());
+            },
+        ),
+        (
+            "a RETH length shorter than the payload",
+            1,
+            ALL,
+            &|_, _, s| {
+                s.data[24..28].copy_from_slice(&2u32.to_be_bytes());
+            },
+        ),
+        ("a PSN one ahead", 2, ALL, &|_, _, s| {
+            s.data[9..12].copy_from_slice(&rq(2).to_be_bytes()[1..]);
+        }),
+        ("a PSN one behind", 2, ALL, &|_, _, s| {
+            s.data[9..12].copy_from_slice(&rq(0).to_be_bytes()[1..]);
+        }),
+        (
+            "a QP without remote write",
+            1,
+            AccessFlags::REMOTE_READ,
+            &|_, _, _| {},
+        ),
+        ("a QP number no QP has", 0, ALL, &|r, _, s| {
+            let q = r.qp.qpn().get() + 1;
+            s.data[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
+        }),
+        (
+            "a payload one byte longer than the line holds",
+            0,
+            ALL,
+            &|_, _, s| {
+                s.payload_len = 13;
+            },
+        ),
+        ("a payload by reference", 0, ALL, &|_, _, s| {
+            s.kind = crate::wire::slot::KIND_DIRECT;
+        }),
+        ("a riding Nak", 0, ALL, &|_, _, s| {
+            let nak = Syndrome::Nak(NakCode::PsnSequenceError).to_u8();
+            let word = crate::wire::slot::riding_word(0, nak, 0);
+            assert!(crate::wire::slot::set_riding_ack(s, word));
+        }),
+        ("transport version 1", 0, ALL, &|_, _, s| s.data[1] |= 1),
+        ("a Write First", 0, ALL, &|_, _, s| {
+            s.data[0] = Opcode::RdmaWriteFirst.code()
+        }),
+        ("a Read Request", 0, ALL, &|_, _, s| {
+            s.data[0] = Opcode::RdmaReadRequest.code()
+        }),
+        (
+            "a Write Only with Immediate's opcode",
+            0,
+            ALL,
+            &|_, _, s| s.data[0] = Opcode::RdmaWriteOnlyWithImmediate.code(),
+        ),
+    ];
+    for (what, straight, access, change) in cases {
+        let others = RefCell::new(vec![]);
+        let scenario = |r: &mut Rig| {
+            let pd = r.ctx.alloc_pd().unwrap();
+            let other = pd.alloc_mr(64, AccessFlags::ALL).unwrap();
+            let psn = u32::from(straight == 2);
+            if psn == 1 {
+                // The PSN cases: one accepted first, so that one behind is a duplicate.
+                write_line(r, 0, 1024, b"good", None);
+                r.step();
+            }
+            let mut s = write_slot(r, psn, r.reth(1024, 4), b"evil", None);
+            change(r, &other, &mut s);
+            assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+            r.step();
+            let mut bytes = vec![0; 64];
+            other.read_at(0, &mut bytes).unwrap();
+            others.borrow_mut().push(bytes);
+        };
+        let (out, taken) = same_both_ways(access, &scenario);
+        assert_eq!(
+            taken[Path::StraightWriteReceive as usize],
+            straight,
+            "{what}: {taken:?}"
+        );
+        assert!(
+            others.borrow().iter().all(|b| b.iter().all(|&x| x == 0)),
+            "{what}: the other domain's region written"
+        );
+        if straight == 1 {
+            // Each refused by the RQ Logic: a Nak, the QP in the Error state.
+            assert_eq!(out.state, QpState::Error, "{what}: {out:#?}");
+            assert!(
+                matches!(out.sent[0].2.map(|a| a.syndrome), Some(Syndrome::Nak(_))),
+                "{what}: {out:#?}"
+            );
+            assert_eq!(&out.memory.0[1024..1028], [0; 4], "{what}");
+        }
+    }
+}
+
+/// A Write whose Ack was lost, sent again with other bytes (a duplicate at the PSN before
+/// ePSN), then the next: taken by the straight step all three, the duplicate answered
+/// by the pipeline with the Ack again; the memory both ways the same.
+#[test]
+fn a_straight_write_sent_again_after_a_lost_ack_is_acked_as_in_the_pipeline() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+        write_line(r, 0, 1024, b"abcd", None);
+        r.step();
+        r.step();
+        let lost = r.answers();
+        assert_eq!(lost.len(), 1, "{lost:?}");
+        write_line(r, 0, 1024, b"WXYZ", None);
+        r.step();
+        write_line(r, 1, 1028, b"efgh", None);
+        r.step();
+    });
+    assert_eq!(taken[Path::StraightWriteReceive as usize], 3, "{taken:?}");
+    let acks: Vec<_> = out.sent.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(
+        acks,
+        [(Opcode::Acknowledge, rq(0)), (Opcode::Acknowledge, rq(1))],
+        "{out:#?}"
+    );
+    assert_eq!(out.state, QpState::Rts);
+}
+
+/// Sends and Writes interleaved both ways: lone Send Only and Write Only lines (with the
+/// Acks of ours riding), a zero-length Write and a Write with Immediate (the full step's),
+/// answered by Sends and Writes of ours (the straight posts) — what the full step and the
+/// general post leave.
+#[test]
+fn interleaved_straight_sends_and_writes_leave_what_the_general_paths_leave() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        r.post_recv(8);
+        post(r, 8, &[Op::Send(8)]);
+        r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+        for k in 0..6u32 {
+            let ack = Some((k, k + 1));
+            if k % 2 == 0 {
+                ping(r, k, b"ping", ack);
+            } else {
+                write_line(r, k, 4096 + 8 * u64::from(k), b"write", ack);
+            }
+            r.step();
+            let op = if k % 3 == 0 {
+                Op::Write(8)
+            } else {
+                Op::Send(8)
+            };
+            post_only(r, 1 + u64::from(k), &[op]);
+            r.step();
+        }
+        r.answers();
+        let reth = r.reth(5000, 0);
+        r.request(Opcode::RdmaWriteOnly, 6, |p| p.reth = Some(reth), b"");
+        r.step();
+        let reth = r.reth(5008, 3);
+        write_imm(r, 7, reth, 9, b"imm");
+        r.step();
+        r.step();
+    });
+    assert_eq!(taken[Path::StraightReceive as usize], 3, "{taken:?}");
+    assert_eq!(taken[Path::StraightWriteReceive as usize], 3, "{taken:?}");
+    assert_eq!(taken[Path::StraightWrite as usize], 2, "{taken:?}");
+    assert_eq!(taken[Path::StraightSend as usize], 1 + 4, "{taken:?}");
+    assert_eq!(out.stats.acks_riding, 6, "{out:#?}");
+    assert_eq!(&out.memory.0[5008..5011], b"imm");
+    let recv = out
+        .completions
+        .iter()
+        .filter(|c| c.opcode == crate::WcOpcode::Recv);
+    assert_eq!(recv.count(), 3, "{:?}", out.completions);
 }

@@ -583,12 +583,16 @@ impl Qp {
             }
             _ => return false,
         };
-        // A Send of one element or of inline bytes: the engine's straight post, with no
-        // WQE built here unless it declines.
-        if KIND == SEND {
+        // A Send or an RDMA Write of one element or of inline bytes: the engine's straight
+        // post, with no WQE built here unless it declines.
+        if KIND == SEND || (KIND == WRITE && op == WqeOp::Write) {
             if let DataLoc::Single(entry) = data {
                 debug_assert_eq!(entry.len, len);
-                self.post_send_entry(wr, entry, held);
+                if KIND == SEND {
+                    self.post_send_entry::<false>(wr, entry, held, none);
+                } else {
+                    self.post_send_entry::<true>(wr, entry, held, remote);
+                }
                 #[cfg(test)]
                 crate::probe::count(crate::probe::Path::StraightPost);
                 return true;
@@ -669,7 +673,7 @@ impl Qp {
             data: Data::Sgl(&[]),
             flags,
         };
-        self.post_send_entry(&wr, entry, held);
+        self.post_send_entry::<false>(&wr, entry, held, RemoteAddr::default());
         Ok(())
     }
 
@@ -760,21 +764,34 @@ impl Qp {
         self.post_through_ring(*wqe, sgl);
     }
 
-    /// Send `wr` of one element `entry` (registered, `sgl` its one element, or the
-    /// request's inline staging row, `sgl` empty), as [`Qp::post_wqe_inlined`] posts its WQE —
-    /// except that the engine's straight post (`Engine::post_send_straight`) gets the
-    /// values, not a WQE: the WQE is built only where it declines, or where the engine
-    /// cannot be run now.
+    /// Send `wr` (`WRITE`: RDMA Write `wr` to `remote`) of one element `entry`
+    /// (registered, `sgl` its one element, or the request's inline staging row, `sgl`
+    /// empty), as [`Qp::post_wqe_inlined`] posts its WQE — except that the engine's
+    /// straight post (`Engine::post_send_straight`) gets the values, not a WQE: the WQE is
+    /// built only where it declines, or where the engine cannot be run now.
     #[inline(always)]
-    fn post_send_entry(&mut self, wr: &SendWr<'_>, entry: SgeEntry, sgl: &[Sge<'_>]) {
+    fn post_send_entry<const WRITE: bool>(
+        &mut self,
+        wr: &SendWr<'_>,
+        entry: SgeEntry,
+        sgl: &[Sge<'_>],
+        remote: RemoteAddr,
+    ) {
         self.count_posted();
-        let wqe = move || SqWqe::send_of(wr.wr_id, WqeFlags(wr.flags.wqe_bits()), entry);
+        let wqe = move || {
+            let flags = WqeFlags(wr.flags.wqe_bits());
+            if WRITE {
+                SqWqe::write_of(wr.wr_id, flags, entry, remote.addr, remote.rkey)
+            } else {
+                SqWqe::send_of(wr.wr_id, flags, entry)
+            }
+        };
         let (index, pushed) = (self.index, self.sq_pushed);
         let direct = self.shared.run_for_post(
             #[inline(always)]
             |e| {
                 count_held(sgl);
-                e.post_send_straight(index, pushed, wr, entry)
+                e.post_send_straight::<WRITE>(index, pushed, wr, entry, remote)
                     || e.post_direct(index, &wqe(), pushed, false)
             },
         );

@@ -500,22 +500,47 @@ impl<'a> RxPacket<'a> {
     /// instructions more, `bench/scripts/instructions.sh`.)
     #[inline(always)]
     pub(crate) fn send_only_checked(slot: &'a PacketSlot) -> Option<RxPacket<'a>> {
-        const HDR: usize = bth::HEADER_LEN;
+        const CODE: u8 = opcode::Opcode::SendOnly.code();
+        let pkt = RxPacket::only_checked::<CODE, { bth::HEADER_LEN }>(slot)?;
+        #[cfg(test)]
+        crate::probe::count(crate::probe::Path::SendOnlyParse);
+        Some(pkt)
+    }
+
+    /// [`RxPacket::send_only_checked`] of an RDMA Write Only (no immediate data) of one
+    /// line, its payload inline behind the BTH and RETH, whose bytes 5..8 the caller
+    /// checked (header length a BTH's and a RETH's, payload inline, no flag but
+    /// [`ACK_FLAG`]): the same checks for that opcode and header length, and the packet
+    /// [`RxPacket::parse_any`] gives.
+    #[inline(always)]
+    pub(crate) fn write_only_checked(slot: &'a PacketSlot) -> Option<RxPacket<'a>> {
+        const CODE: u8 = opcode::Opcode::RdmaWriteOnly.code();
+        RxPacket::only_checked::<CODE, { bth::HEADER_LEN + reth::HEADER_LEN }>(slot)
+    }
+
+    /// The checks of [`RxPacket::send_only_checked`] and [`RxPacket::write_only_checked`]
+    /// for opcode `CODE`, whose headers (`HDR` bytes) the caller found in bytes 5..8
+    /// (with the payload inline, no flag but [`ACK_FLAG`]): the opcode and the BTH's
+    /// transport version, the inline payload's bounds behind the headers, a riding
+    /// word's bits.
+    #[inline(always)]
+    fn only_checked<const CODE: u8, const HDR: usize>(
+        slot: &'a PacketSlot,
+    ) -> Option<RxPacket<'a>> {
         debug_assert_eq!(
             [slot.hdr_len, slot.kind, slot.reserved & !ACK_FLAG],
             [HDR as u8, KIND_INLINE, 0]
         );
         let bth = u16::from_le_bytes([slot.data[0], slot.data[1] & 0x0f]);
-        const CODE: u8 = opcode::Opcode::SendOnly.code();
         if bth != u16::from_le_bytes([CODE, 0]) || slot.payload_len as usize > SLOT_DATA - HDR {
             return None;
         }
         if slot.reserved & ACK_FLAG != 0 && slot.payload_off & 0xff00_0000_e000_0000 != 0 {
             return None;
         }
+        // (A constant row: the lookup folds away.)
         let info = opcode::info_of_code(CODE)?;
-        #[cfg(test)]
-        crate::probe::count(crate::probe::Path::SendOnlyParse);
+        debug_assert_eq!(info.header_len(), HDR);
         Some(RxPacket {
             slot,
             cont: &[],
