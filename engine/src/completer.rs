@@ -197,9 +197,9 @@ fn ack_fast_at(
             crate::probe::count(crate::probe::Path::Credits);
             true
         }
-        Some(AckFast::Acked) => {
-            // The oldest WQE is done now (the QP is in RTS): retire without asking, in line.
-            if !retire_ok_fast(qp, env) {
+        Some(AckFast::Acked { end }) => {
+            // The oldest WQEs are done now (the QP is in RTS): retire without asking, in line.
+            if !retire_ok_fast::<true>(qp, env, end) {
                 retire_full(qp, env);
             }
             #[cfg(test)]
@@ -399,7 +399,7 @@ pub(crate) fn retire(qp: &mut QpSlot, env: &mut Env<'_>) {
 /// straight line ([`retire_ok_fast`]), anything else the core's way.
 #[inline(never)]
 fn retire_some(qp: &mut QpSlot, env: &mut Env<'_>) {
-    if fast_paths_on() && retire_ok_fast(qp, env) {
+    if fast_paths_on() && retire_ok_fast::<false>(qp, env, 0) {
         return;
     }
     retire_full(qp, env);
@@ -413,13 +413,21 @@ fn retire_some(qp: &mut QpSlot, env: &mut Env<'_>) {
 /// completion, published with the next signaled one or at the end. The send CQ is looked
 /// up once per completion ([`CqTable::push_with`](crate::tables::cq::CqTable::push_with)).
 ///
+/// `ACKED`: the Ack fast path has just completed the WQEs before `end`
+/// ([`AckFast::Acked`]), Sends and Writes done with success on a QP in RTS: the loop
+/// retires those without looking at their status, the state or a Read's count, and
+/// leaves any WQE done after them (none in practice) to the full path. Otherwise `end`
+/// is not read.
+///
 /// Returns true if it did all that retiring does now (it stopped at a WQE not done, at the
 /// end of the started WQEs, or at a full send CQ); false at a WQE it leaves to the full
 /// path (done with an error, a list of several elements) or in the Error state, with what
 /// it retired before published, so that the full path goes on from there.
 #[inline(always)]
-fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
-    if qp.proto.state == QpState::Error {
+fn retire_ok_fast<const ACKED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
+    if ACKED {
+        debug_assert!(qp.proto.state == QpState::Rts);
+    } else if qp.proto.state == QpState::Error {
         return false;
     }
     let (qpn, send_cq) = (qp.proto.qpn, qp.proto.send_cq);
@@ -430,14 +438,23 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
     let all = loop {
         let win = req.window();
         let seq = win.retired();
-        if seq == win.started() {
+        if ACKED {
+            if seq == end {
+                // Done after them: only where done WQEs were left unretired before.
+                break seq == win.started() || win.wqe(seq).done.is_none();
+            }
+        } else if seq == win.started() {
             break true;
         }
         let w = win.wqe(seq);
-        match w.done {
-            Some(WcStatus::Success) => {}
-            None => break true,
-            Some(_) => break false,
+        if ACKED {
+            debug_assert_eq!(w.done, Some(WcStatus::Success));
+        } else {
+            match w.done {
+                Some(WcStatus::Success) => {}
+                None => break true,
+                Some(_) => break false,
+            }
         }
         let (wr_id, op, len, flags) = (w.wqe.wr_id, w.wqe.op, w.wqe.len, w.wqe.flags);
         let mr = match w.wqe.data {
@@ -449,7 +466,7 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
             if mr != crate::wqe::NO_MR {
                 res.mrs.release(mr, &mut res.pds);
             }
-            req.drop_oldest_op(op);
+            drop_oldest::<ACKED>(req, op);
             continue;
         }
         let pushed = res.cqs.push_with(
@@ -459,14 +476,15 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
                 if mr != crate::wqe::NO_MR {
                     res.mrs.release(mr, &mut res.pds);
                 }
-                req.drop_oldest_op(op);
+                drop_oldest::<ACKED>(req, op);
                 published = req.window().retired();
                 publish_retired(shared, published);
                 WorkCompletion {
                     wr_id,
                     status: WcStatus::Success,
                     opcode: shmhca_proto::completer::wc_opcode(op),
-                    byte_len: if op == WqeOp::Read { len } else { 0 },
+                    // (No Read among the WQEs an Ack completed: no length to load.)
+                    byte_len: if !ACKED && op == WqeOp::Read { len } else { 0 },
                     imm_data: None,
                     qp_num: qpn,
                     solicited: false,
@@ -485,6 +503,17 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
     #[cfg(test)]
     crate::probe::count(crate::probe::Path::Retire);
     all
+}
+
+/// Drops the oldest WQE, of operation `op`, from the window ([`retire_ok_fast`]'s `ACKED`:
+/// one the Ack fast path completed, no Read or Atomic).
+#[inline(always)]
+fn drop_oldest<const ACKED: bool>(req: &mut Requester, op: WqeOp) {
+    if ACKED {
+        req.drop_oldest_acked();
+    } else {
+        req.drop_oldest_op(op);
+    }
 }
 
 /// Tells the application that the send WQEs before `retired` are retired

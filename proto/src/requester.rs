@@ -163,8 +163,12 @@ pub enum Step {
 pub enum AckFast {
     /// A duplicate or unsolicited Ack: its credits were applied, nothing else.
     Credits,
-    /// It completed the oldest WQEs and moved the acknowledged PSN: the driver retires them.
-    Acked,
+    /// It completed the oldest WQEs, those before `end` (a sequence number), Sends and RDMA
+    /// Writes only, and moved the acknowledged PSN: the driver retires them.
+    Acked {
+        /// The sequence number after the last WQE it completed.
+        end: u64,
+    },
 }
 
 /// What an expiry of a QP's timers means ([`Requester::handle_timeout`]).
@@ -465,7 +469,7 @@ impl Requester {
         debug_assert!(moved);
         self.progressed_to(cfg);
         self.update_credits_named(credits, msn, end, consumers);
-        Some(AckFast::Acked)
+        Some(AckFast::Acked { end })
     }
 
     /// [`Requester::update_credits`] of a response that acknowledged WQE `seq` last, not a
@@ -605,6 +609,19 @@ impl Requester {
         if seq < self.window.started() && op.is_rd_atomic() {
             self.rd_atomic -= 1;
         }
+        self.window.drop_oldest();
+        if self.limited == Some(seq) {
+            self.limited = None;
+        }
+    }
+
+    /// [`Requester::drop_oldest`] of a WQE the Ack fast path completed ([`AckFast::Acked`]:
+    /// a Send or an RDMA Write, started), for the engine's retire loop: no Read or Atomic
+    /// to count off, nothing read of the WQE.
+    #[inline]
+    pub fn drop_oldest_acked(&mut self) {
+        let seq = self.window.retired();
+        debug_assert!(seq < self.window.started() && !self.window.wqe(seq).wqe.op.is_rd_atomic());
         self.window.drop_oldest();
         if self.limited == Some(seq) {
             self.limited = None;

@@ -216,18 +216,18 @@ impl CqTable {
     /// the queue's event if it is armed for this completion.
     #[inline(always)]
     pub(crate) fn push_with(&mut self, cq: CqId, make: impl FnOnce() -> WorkCompletion) -> bool {
-        let mut slot = self.get(cq);
-        if slot.as_mut().is_some_and(|s| !s.producer.has_room()) {
+        let Some(CqSlot { producer, notify }) = self.get(cq) else {
+            make();
+            return true;
+        };
+        // The room checked once, the slot's address and index kept across `make`.
+        let Some(slot) = producer.reserve() else {
             return false;
-        }
-        // (One call of `make`, so that it is compiled in line.)
+        };
         let wc = make();
-        if let Some(s) = slot {
-            let pushed = s.producer.push(wc).is_ok();
-            debug_assert!(pushed, "room was checked");
-            if s.notify.on_push(&wc) {
-                self.set_armed(self.armed - 1);
-            }
+        slot.write(wc);
+        if notify.on_push(&wc) {
+            self.set_armed(self.armed - 1);
         }
         true
     }
