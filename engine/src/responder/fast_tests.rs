@@ -1915,6 +1915,41 @@ fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
     );
 }
 
+/// Acks the fast path takes into an armed send CQ and into a destroyed one (issue 27: the
+/// completion written into the slot its queue reserved): the armed queue raises its one
+/// event for the first completion and is disarmed, and a destroyed queue takes the
+/// completions (they go nowhere) while the WQEs retire all the same — both as the slow
+/// path leaves them.
+#[test]
+fn acks_into_an_armed_or_a_destroyed_send_cq_are_handled_as_in_the_slow_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let mut ch = r.ctx.create_comp_channel().unwrap();
+        r.cq.attach(&ch).unwrap();
+        r.cq.req_notify(false).unwrap();
+        post(r, 8, &[Op::Send(4), Op::Send(4), Op::Send(4)]);
+        respond(r, 0, credits(7), 1);
+        r.step();
+        let cqn = r.cq.number();
+        assert_eq!(
+            ch.try_get_event().unwrap(),
+            Some(cqn),
+            "the first completion"
+        );
+        respond(r, 1, credits(6), 2);
+        r.step();
+        assert_eq!(ch.try_get_event().unwrap(), None, "the arm is spent");
+        assert_eq!(r.completions().len(), 2);
+        // The queue destroyed: the third Send's completion goes nowhere.
+        let other = r.ctx.create_cq(4).unwrap();
+        drop(std::mem::replace(&mut r.cq, other));
+        respond(r, 2, credits(5), 3);
+        r.step();
+    });
+    assert_eq!(taken[Path::Ack as usize], 3);
+    assert!(out.completions.is_empty(), "{out:#?}");
+    assert!(out.req.starts_with("(3, 3, 3,"), "all retired: {}", out.req);
+}
+
 // --- Random Acks, fast paths on and off (hostile review of issue 10) ---
 
 /// A random stream of Acknowledges, RDMA Read Responses Only and Atomic Acknowledges —
