@@ -617,12 +617,13 @@ impl Requester {
 
     /// [`Requester::drop_oldest`] of a WQE the Ack fast path completed ([`AckFast::Acked`]:
     /// a Send or an RDMA Write, started), for the engine's retire loop: no Read or Atomic
-    /// to count off, nothing read of the WQE.
+    /// to count off, nothing read of the WQE, the started count left as it is. Only for
+    /// the WQEs before the `end` that [`AckFast::Acked`] named (debug builds check).
     #[inline]
     pub fn drop_oldest_acked(&mut self) {
         let seq = self.window.retired();
-        debug_assert!(seq < self.window.started() && !self.window.wqe(seq).wqe.op.is_rd_atomic());
-        self.window.drop_oldest();
+        debug_assert!(!self.window.wqe(seq).wqe.op.is_rd_atomic());
+        self.window.drop_oldest_started();
         if self.limited == Some(seq) {
             self.limited = None;
         }
