@@ -199,7 +199,7 @@ fn ack_fast_at(
         }
         Some(AckFast::Acked { end }) => {
             // The oldest WQEs are done now (the QP is in RTS): retire without asking, in line.
-            if !retire_ok_fast::<true>(qp, env, end) {
+            if !retire_acked(qp, env, end) {
                 retire_full(qp, env);
             }
             #[cfg(test)]
@@ -399,7 +399,7 @@ pub(crate) fn retire(qp: &mut QpSlot, env: &mut Env<'_>) {
 /// straight line ([`retire_ok_fast`]), anything else the core's way.
 #[inline(never)]
 fn retire_some(qp: &mut QpSlot, env: &mut Env<'_>) {
-    if fast_paths_on() && retire_ok_fast::<false>(qp, env, 0) {
+    if fast_paths_on() && retire_ok_fast(qp, env) {
         return;
     }
     retire_full(qp, env);
@@ -413,21 +413,13 @@ fn retire_some(qp: &mut QpSlot, env: &mut Env<'_>) {
 /// completion, published with the next signaled one or at the end. The send CQ is looked
 /// up once per completion ([`CqTable::push_with`](crate::tables::cq::CqTable::push_with)).
 ///
-/// `ACKED`: the Ack fast path has just completed the WQEs before `end`
-/// ([`AckFast::Acked`]), Sends and Writes done with success on a QP in RTS: the loop
-/// retires those without looking at their status, the state or a Read's count, and
-/// leaves any WQE done after them (none in practice) to the full path. Otherwise `end`
-/// is not read.
-///
 /// Returns true if it did all that retiring does now (it stopped at a WQE not done, at the
 /// end of the started WQEs, or at a full send CQ); false at a WQE it leaves to the full
 /// path (done with an error, a list of several elements) or in the Error state, with what
 /// it retired before published, so that the full path goes on from there.
 #[inline(always)]
-fn retire_ok_fast<const ACKED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
-    if ACKED {
-        debug_assert!(qp.proto.state == QpState::Rts);
-    } else if qp.proto.state == QpState::Error {
+fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
+    if qp.proto.state == QpState::Error {
         return false;
     }
     let (qpn, send_cq) = (qp.proto.qpn, qp.proto.send_cq);
@@ -438,23 +430,14 @@ fn retire_ok_fast<const ACKED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u6
     let all = loop {
         let win = req.window();
         let seq = win.retired();
-        if ACKED {
-            if seq == end {
-                // Done after them: only where done WQEs were left unretired before.
-                break seq == win.started() || win.wqe(seq).done.is_none();
-            }
-        } else if seq == win.started() {
+        if seq == win.started() {
             break true;
         }
         let w = win.wqe(seq);
-        if ACKED {
-            debug_assert_eq!(w.done, Some(WcStatus::Success));
-        } else {
-            match w.done {
-                Some(WcStatus::Success) => {}
-                None => break true,
-                Some(_) => break false,
-            }
+        match w.done {
+            Some(WcStatus::Success) => {}
+            None => break true,
+            Some(_) => break false,
         }
         let (wr_id, op, len, flags) = (w.wqe.wr_id, w.wqe.op, w.wqe.len, w.wqe.flags);
         let mr = match w.wqe.data {
@@ -466,7 +449,7 @@ fn retire_ok_fast<const ACKED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u6
             if mr != crate::wqe::NO_MR {
                 res.mrs.release(mr, &mut res.pds);
             }
-            drop_oldest::<ACKED>(req, op);
+            req.drop_oldest_op(op);
             continue;
         }
         let pushed = res.cqs.push_with(
@@ -476,15 +459,14 @@ fn retire_ok_fast<const ACKED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u6
                 if mr != crate::wqe::NO_MR {
                     res.mrs.release(mr, &mut res.pds);
                 }
-                drop_oldest::<ACKED>(req, op);
+                req.drop_oldest_op(op);
                 published = req.window().retired();
                 publish_retired(shared, published);
                 WorkCompletion {
                     wr_id,
                     status: WcStatus::Success,
                     opcode: shmhca_proto::completer::wc_opcode(op),
-                    // (No Read among the WQEs an Ack completed: no length to load.)
-                    byte_len: if !ACKED && op == WqeOp::Read { len } else { 0 },
+                    byte_len: if op == WqeOp::Read { len } else { 0 },
                     imm_data: None,
                     qp_num: qpn,
                     solicited: false,
@@ -505,14 +487,88 @@ fn retire_ok_fast<const ACKED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u6
     all
 }
 
-/// Drops the oldest WQE, of operation `op`, from the window ([`retire_ok_fast`]'s `ACKED`:
-/// one the Ack fast path completed, no Read or Atomic).
+/// [`retire_ok_fast`] after the Ack fast path completed the WQEs before `end`
+/// ([`AckFast::Acked`]): Sends and Writes done with success on a QP in RTS, retired without
+/// a look at their status, the state or a Read's count. The unsignaled ones are passed over
+/// (a region one holds released as it is) and leave the window together
+/// ([`Requester::drop_acked_to`]) with the next signaled one, before its completion, or at
+/// the end. Returns as [`retire_ok_fast`] does; a WQE done after them (none in practice)
+/// is left to the full path.
 #[inline(always)]
-fn drop_oldest<const ACKED: bool>(req: &mut Requester, op: WqeOp) {
-    if ACKED {
-        req.drop_oldest_acked();
-    } else {
-        req.drop_oldest_op(op);
+fn retire_acked(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
+    debug_assert!(qp.proto.state == QpState::Rts);
+    let (qpn, send_cq) = (qp.proto.qpn, qp.proto.send_cq);
+    let res = &mut *env.res;
+    let req = &mut qp.proto.req;
+    let shared = &*qp.shared;
+    let mut seq = req.window().retired();
+    let mut published = seq;
+    let all = loop {
+        if seq == end {
+            drop_passed(req, shared, published, seq);
+            // Done after them: only where done WQEs were left unretired before.
+            let win = req.window();
+            break seq == win.started() || win.wqe(seq).done.is_none();
+        }
+        let w = req.window().wqe(seq);
+        debug_assert_eq!(w.done, Some(WcStatus::Success));
+        let (wr_id, op, flags) = (w.wqe.wr_id, w.wqe.op, w.wqe.flags);
+        let mr = match w.wqe.data {
+            DataLoc::Empty => crate::wqe::NO_MR,
+            DataLoc::Single(e) => e.mr,
+            DataLoc::Table { .. } => {
+                drop_passed(req, shared, published, seq);
+                break false;
+            }
+        };
+        seq += 1;
+        if !flags.has(WqeFlags::SIGNALED) {
+            if mr != crate::wqe::NO_MR {
+                res.mrs.release(mr, &mut res.pds);
+            }
+            continue;
+        }
+        let pushed = res.cqs.push_with(
+            send_cq,
+            #[inline(always)]
+            || {
+                if mr != crate::wqe::NO_MR {
+                    res.mrs.release(mr, &mut res.pds);
+                }
+                req.drop_acked_to(seq);
+                published = seq;
+                publish_retired(shared, seq);
+                WorkCompletion {
+                    wr_id,
+                    status: WcStatus::Success,
+                    opcode: shmhca_proto::completer::wc_opcode(op),
+                    byte_len: 0, // no Read among them
+                    imm_data: None,
+                    qp_num: qpn,
+                    solicited: false,
+                    invalidated_rkey: None,
+                }
+            },
+        );
+        if !pushed {
+            // The send CQ is full: this one and the rest wait for the application's poll;
+            // the unsignaled ones before it retire.
+            drop_passed(req, shared, published, seq - 1);
+            break true;
+        }
+    };
+    #[cfg(test)]
+    crate::probe::count(crate::probe::Path::Retire);
+    all
+}
+
+/// [`retire_acked`]'s drop of the WQEs it passed over since it last published, up to
+/// `to`, and their publication.
+#[inline(always)]
+fn drop_passed(req: &mut Requester, shared: &crate::context::QpShared, published: u64, to: u64) {
+    if published != to {
+        req.drop_acked_to(to);
+        publish_retired(shared, to);
     }
 }
 

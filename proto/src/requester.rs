@@ -615,18 +615,21 @@ impl Requester {
         }
     }
 
-    /// [`Requester::drop_oldest`] of a WQE the Ack fast path completed ([`AckFast::Acked`]:
-    /// a Send or an RDMA Write, started), for the engine's retire loop: no Read or Atomic
-    /// to count off, nothing read of the WQE, the started count left as it is. Only for
-    /// the WQEs before the `end` that [`AckFast::Acked`] named (debug builds check).
+    /// [`Requester::drop_oldest`] of every WQE before `to`, all of them ones the Ack fast
+    /// path completed ([`AckFast::Acked`]: Sends and RDMA Writes, started), for the
+    /// engine's retire loop: no Read or Atomic to count off, nothing read of the WQEs, the
+    /// started count left as it is, the window moved once for all of them. Only up to the
+    /// `end` that [`AckFast::Acked`] named (debug builds check).
     #[inline]
-    pub fn drop_oldest_acked(&mut self) {
-        let seq = self.window.retired();
-        debug_assert!(!self.window.wqe(seq).wqe.op.is_rd_atomic());
-        self.window.drop_oldest_started();
-        if self.limited == Some(seq) {
+    pub fn drop_acked_to(&mut self, to: u64) {
+        debug_assert!(
+            (self.window.retired()..to).all(|s| !self.window.wqe(s).wqe.op.is_rd_atomic())
+        );
+        // (The limited WQE is one of the window's: at or after the oldest.)
+        if self.limited.is_some_and(|l| l < to) {
             self.limited = None;
         }
+        self.window.drop_started_to(to);
     }
 
     /// Whether the window has room for one more WQE from the send queue.

@@ -380,25 +380,27 @@ impl SendWindow {
     /// what it needs of it in place).
     #[inline]
     pub fn drop_oldest(&mut self) {
-        self.retired_one();
-        self.started = self.started.max(self.retired);
-    }
-
-    /// [`SendWindow::drop_oldest`] of a WQE known to be started (the caller's Ack
-    /// acknowledged it): the started count stays as it is.
-    #[inline]
-    pub fn drop_oldest_started(&mut self) {
-        debug_assert!(self.retired < self.started);
-        self.retired_one();
-    }
-
-    /// One more WQE retired; the transmit point moved past it if it was not.
-    #[inline]
-    fn retired_one(&mut self) {
         self.retired += 1;
         if self.tx.seq < self.retired {
             self.tx = TxPoint {
                 seq: self.retired,
+                pkt: 0,
+                cursor: Some(Cursor::default()),
+            };
+        }
+        self.started = self.started.max(self.retired);
+    }
+
+    /// [`SendWindow::drop_oldest`] of every WQE before `to`, all of them started (the
+    /// caller's Ack acknowledged them): the started count stays as it is, the transmit
+    /// point moves past them if it was not.
+    #[inline]
+    pub fn drop_started_to(&mut self, to: u64) {
+        debug_assert!(self.retired <= to && to <= self.started);
+        self.retired = to;
+        if self.tx.seq < to {
+            self.tx = TxPoint {
+                seq: to,
                 pkt: 0,
                 cursor: Some(Cursor::default()),
             };

@@ -1915,6 +1915,42 @@ fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
     );
 }
 
+/// One Ack of several Sends while the send CQ is full (issue 27: the Ack fast path's retire
+/// passes over the unsignaled ones and drops them together): the two unsignaled Sends
+/// before the signaled one retire (their regions released), the signaled one and the
+/// unsignaled one behind it wait for the application's poll, then retire with the next
+/// Ack's turn — as the slow path leaves them. Then an Ack of two more, the first unsignaled.
+#[test]
+fn a_coalesced_ack_while_the_send_cq_is_full_retires_as_in_the_slow_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        fill_receive_cq(r, 64);
+        // Credit for every Send (the peer's unsolicited update).
+        respond(r, Psn::new(0).sub(1).get(), credits(8), 0);
+        r.step();
+        post_signaled(r, 1, 1024, false);
+        post_signaled(r, 2, 2048, false);
+        post_signaled(r, 3, 3072, true);
+        post_signaled(r, 4, 4096, false);
+        r.step();
+        respond(r, 3, credits(7), 4);
+        r.step();
+        let mut n = 0;
+        while n < 64 {
+            n += r.completions().len();
+        }
+        r.step();
+        post_signaled(r, 5, 1024, false);
+        post_signaled(r, 6, 2048, true);
+        r.step();
+        respond(r, 5, credits(7), 6);
+        r.step();
+    });
+    assert_eq!(taken[Path::Ack as usize], 2, "{out:#?}");
+    let ids: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [3, 6]);
+    assert!(out.req.starts_with("(6, 6, 6,"), "all retired: {}", out.req);
+}
+
 /// Acks the fast path takes into an armed send CQ and into a destroyed one (issue 27: the
 /// completion written into the slot its queue reserved): the armed queue raises its one
 /// event for the first completion and is disarmed, and a destroyed queue takes the
