@@ -199,7 +199,7 @@ fn ack_fast_at(
         }
         Some(AckFast::Acked { end }) => {
             // The oldest WQEs are done now (the QP is in RTS): retire without asking, in line.
-            if !retire_acked(qp, env, end) {
+            if !retire_acked::<false>(qp, env, end) {
                 retire_full(qp, env);
             }
             #[cfg(test)]
@@ -341,7 +341,10 @@ fn answer_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     }
     qp.proto.req.complete(seq, WcStatus::Success);
     qp.proto.req.acknowledged(psn, &qp.proto.cfg);
-    retire(qp, env);
+    // The oldest WQE is done now (the QP is in RTS): retire without asking, in line.
+    if !retire_acked::<true>(qp, env, seq + 1) {
+        retire_full(qp, env);
+    }
     true
 }
 
@@ -494,8 +497,12 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
 /// ([`Requester::drop_acked_to`]) with the next signaled one, before its completion, or at
 /// the end. Returns as [`retire_ok_fast`] does; a WQE done after them (none in practice)
 /// is left to the full path.
+///
+/// `ANSWERED`: the WQE before `end` is instead the oldest one, a Read or an Atomic its one
+/// response has just completed ([`answer_fast`]): a Read's completion carries its length,
+/// and its initiator slot is given back ([`Requester::drop_answered`]).
 #[inline(always)]
-fn retire_acked(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
+fn retire_acked<const ANSWERED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
     debug_assert!(qp.proto.state == QpState::Rts);
     let (qpn, send_cq) = (qp.proto.qpn, qp.proto.send_cq);
     let res = &mut *env.res;
@@ -505,19 +512,19 @@ fn retire_acked(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
     let mut published = seq;
     let all = loop {
         if seq == end {
-            drop_passed(req, shared, published, seq);
+            drop_passed::<ANSWERED>(req, shared, published, seq);
             // Done after them: only where done WQEs were left unretired before.
             let win = req.window();
             break seq == win.started() || win.wqe(seq).done.is_none();
         }
         let w = req.window().wqe(seq);
         debug_assert_eq!(w.done, Some(WcStatus::Success));
-        let (wr_id, op, flags) = (w.wqe.wr_id, w.wqe.op, w.wqe.flags);
+        let (wr_id, op, flags, len) = (w.wqe.wr_id, w.wqe.op, w.wqe.flags, w.wqe.len);
         let mr = match w.wqe.data {
             DataLoc::Empty => crate::wqe::NO_MR,
             DataLoc::Single(e) => e.mr,
             DataLoc::Table { .. } => {
-                drop_passed(req, shared, published, seq);
+                drop_passed::<ANSWERED>(req, shared, published, seq);
                 break false;
             }
         };
@@ -535,14 +542,19 @@ fn retire_acked(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
                 if mr != crate::wqe::NO_MR {
                     res.mrs.release(mr, &mut res.pds);
                 }
-                req.drop_acked_to(seq);
+                drop_to::<ANSWERED>(req, seq);
                 published = seq;
                 publish_retired(shared, seq);
                 WorkCompletion {
                     wr_id,
                     status: WcStatus::Success,
                     opcode: shmhca_proto::completer::wc_opcode(op),
-                    byte_len: 0, // no Read among them
+                    // (No Read among the WQEs an Ack completed: no length to load.)
+                    byte_len: if ANSWERED && op == WqeOp::Read {
+                        len
+                    } else {
+                        0
+                    },
                     imm_data: None,
                     qp_num: qpn,
                     solicited: false,
@@ -553,7 +565,7 @@ fn retire_acked(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
         if !pushed {
             // The send CQ is full: this one and the rest wait for the application's poll;
             // the unsignaled ones before it retire.
-            drop_passed(req, shared, published, seq - 1);
+            drop_passed::<ANSWERED>(req, shared, published, seq - 1);
             break true;
         }
     };
@@ -565,10 +577,25 @@ fn retire_acked(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
 /// [`retire_acked`]'s drop of the WQEs it passed over since it last published, up to
 /// `to`, and their publication.
 #[inline(always)]
-fn drop_passed(req: &mut Requester, shared: &crate::context::QpShared, published: u64, to: u64) {
+fn drop_passed<const ANSWERED: bool>(
+    req: &mut Requester,
+    shared: &crate::context::QpShared,
+    published: u64,
+    to: u64,
+) {
     if published != to {
-        req.drop_acked_to(to);
+        drop_to::<ANSWERED>(req, to);
         publish_retired(shared, to);
+    }
+}
+
+/// [`retire_acked`]'s drop of the WQEs before `to` (`ANSWERED`: the one before it).
+#[inline(always)]
+fn drop_to<const ANSWERED: bool>(req: &mut Requester, to: u64) {
+    if ANSWERED {
+        req.drop_answered();
+    } else {
+        req.drop_acked_to(to);
     }
 }
 

@@ -632,6 +632,20 @@ impl Requester {
         self.window.drop_started_to(to);
     }
 
+    /// [`Requester::drop_oldest`] of the oldest WQE, a Read or an Atomic its one response
+    /// has just completed (the completer's answer fast path): its initiator slot given
+    /// back, the window moved past it once, nothing else read of it.
+    #[inline]
+    pub fn drop_answered(&mut self) {
+        let seq = self.window.retired();
+        debug_assert!(self.window.wqe(seq).wqe.op.is_rd_atomic());
+        self.rd_atomic -= 1;
+        self.window.drop_started_to(seq + 1);
+        if self.limited == Some(seq) {
+            self.limited = None;
+        }
+    }
+
     /// Whether the window has room for one more WQE from the send queue.
     #[inline]
     pub fn has_room(&self) -> bool {

@@ -1124,6 +1124,56 @@ fn read_responses_and_atomic_acks_of_the_oldest_wqe_take_the_fast_paths() {
     assert_eq!(out.memory.0[2048..2056], (u64::MAX - 1).to_ne_bytes());
 }
 
+/// The answered WQE retired in line (issue 27, `retire_acked` for a Read or an Atomic):
+/// an unsignaled Read and an unsignaled Fetch and Add leave no completion but give their
+/// initiator slot back (the next one goes); a Read answered while the send CQ is full
+/// stays done until the application polls, then completes with its length — as the slow
+/// path leaves them.
+#[test]
+fn answered_reads_and_atomics_retire_as_in_the_slow_path() {
+    fn post_quiet(r: &mut Rig, wr_id: u64, op: Op) {
+        let at = 1024 * wr_id;
+        let (op, len) = op.at(r.mr.remote(4096 + at));
+        let sge = [r.mr.sge(at, len).unwrap()];
+        let wr = SendWr::new(wr_id, op, &sge).flags(crate::SendFlags::NONE);
+        r.qp.post_send(&wr).unwrap();
+    }
+    // The send completions the scenario's polls took, for each run.
+    let seen = std::cell::RefCell::new(vec![]);
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        seen.borrow_mut().clear();
+        fill_receive_cq(r, 64);
+        respond(r, Psn::new(0).sub(1).get(), credits(8), 0);
+        r.step();
+        post_quiet(r, 0, Op::Read(8));
+        post_quiet(r, 1, Op::FetchAdd);
+        post_only(r, 2, &[Op::Read(8)]);
+        r.step();
+        read_response(r, 0, 1, b"quietrd!");
+        r.step();
+        atomic_ack(r, 1, 2, 7);
+        r.step();
+        read_response(r, 2, 3, b"fullcq!!");
+        r.step();
+        let mut n = 0;
+        while n < 64 {
+            for c in r.completions() {
+                match c.opcode {
+                    crate::WcOpcode::Recv => n += 1,
+                    _ => seen.borrow_mut().push((c.wr_id, c.byte_len)),
+                }
+            }
+        }
+        r.step();
+    });
+    assert_eq!(taken[Path::ReadResponse as usize], 2, "{out:#?}");
+    assert_eq!(taken[Path::AtomicAck as usize], 1);
+    let mut got = seen.take();
+    got.extend(out.completions.iter().map(|c| (c.wr_id, c.byte_len)));
+    assert_eq!(got, [(2, 8)]);
+    assert!(out.req.starts_with("(3, 3, 3,"), "all retired: {}", out.req);
+}
+
 /// Read responses and Atomic Acknowledges the fast paths do not take, each as the slow
 /// path takes it: the wrong length, a Nak's syndrome, a First where an Only belongs (a
 /// Read of two responses), an Atomic Acknowledge of a Read and a Read response of an
