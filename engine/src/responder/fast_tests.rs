@@ -49,6 +49,9 @@ pub(super) struct Outcome {
     /// WQEs themselves hold addresses that differ between two rigs).
     pub(super) req: String,
     pub(super) memory: Memory,
+    /// The rig's region's in-flight count ([`crate::Mr::in_flight`]): each WQE retired
+    /// must have given back what it held.
+    pub(super) in_flight: u32,
 }
 
 /// The rig's region, compared in full, printed in short.
@@ -129,6 +132,7 @@ pub(super) fn run_in(
         resp,
         req,
         memory: Memory(memory),
+        in_flight: r.mr.in_flight(),
     };
     (outcome, taken)
 }
@@ -1168,6 +1172,9 @@ fn answered_reads_and_atomics_retire_as_in_the_slow_path() {
     });
     assert_eq!(taken[Path::ReadResponse as usize], 2, "{out:#?}");
     assert_eq!(taken[Path::AtomicAck as usize], 1);
+    // Each answer retired in line, all of it (the full CQ's Read as far as it could go),
+    // then that Read by the retire fast path once the CQ had room.
+    assert_eq!(taken[Path::Retire as usize], 5);
     let mut got = seen.take();
     got.extend(out.completions.iter().map(|c| (c.wr_id, c.byte_len)));
     assert_eq!(got, [(2, 8)]);
