@@ -197,9 +197,9 @@ fn ack_fast_at(
             crate::probe::count(crate::probe::Path::Credits);
             true
         }
-        Some(AckFast::Acked) => {
-            // The oldest WQE is done now (the QP is in RTS): retire without asking, in line.
-            if !retire_ok_fast(qp, env) {
+        Some(AckFast::Acked { end }) => {
+            // The oldest WQEs are done now (the QP is in RTS): retire without asking, in line.
+            if !retire_acked::<false>(qp, env, end) {
                 retire_full(qp, env);
             }
             #[cfg(test)]
@@ -341,7 +341,10 @@ fn answer_fast(qp: &mut QpSlot, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> bool {
     }
     qp.proto.req.complete(seq, WcStatus::Success);
     qp.proto.req.acknowledged(psn, &qp.proto.cfg);
-    retire(qp, env);
+    // The oldest WQE is done now (the QP is in RTS): retire without asking, in line.
+    if !retire_acked::<true>(qp, env, seq + 1) {
+        retire_full(qp, env);
+    }
     true
 }
 
@@ -485,6 +488,119 @@ fn retire_ok_fast(qp: &mut QpSlot, env: &mut Env<'_>) -> bool {
     #[cfg(test)]
     crate::probe::count(crate::probe::Path::Retire);
     all
+}
+
+/// [`retire_ok_fast`] after the Ack fast path completed the WQEs before `end`
+/// ([`AckFast::Acked`]): Sends and Writes done with success on a QP in RTS, retired without
+/// a look at their status, the state or a Read's count. The unsignaled ones are passed over
+/// (a region one holds released as it is) and leave the window together
+/// ([`Requester::drop_acked_to`]) with the next signaled one, before its completion, or at
+/// the end. Returns as [`retire_ok_fast`] does; a WQE done after them (none in practice)
+/// is left to the full path.
+///
+/// `ANSWERED`: the WQE before `end` is instead the oldest one, a Read or an Atomic its one
+/// response has just completed ([`answer_fast`]): a Read's completion carries its length,
+/// and its initiator slot is given back ([`Requester::drop_answered`]).
+#[inline(always)]
+fn retire_acked<const ANSWERED: bool>(qp: &mut QpSlot, env: &mut Env<'_>, end: u64) -> bool {
+    debug_assert!(qp.proto.state == QpState::Rts);
+    let (qpn, send_cq) = (qp.proto.qpn, qp.proto.send_cq);
+    let res = &mut *env.res;
+    let req = &mut qp.proto.req;
+    let shared = &*qp.shared;
+    let mut seq = req.window().retired();
+    let mut published = seq;
+    let all = loop {
+        if seq == end {
+            drop_passed::<ANSWERED>(req, shared, published, seq);
+            // Done after them: only where done WQEs were left unretired before.
+            let win = req.window();
+            break seq == win.started() || win.wqe(seq).done.is_none();
+        }
+        let w = req.window().wqe(seq);
+        debug_assert_eq!(w.done, Some(WcStatus::Success));
+        let (wr_id, op, flags, len) = (w.wqe.wr_id, w.wqe.op, w.wqe.flags, w.wqe.len);
+        let mr = match w.wqe.data {
+            DataLoc::Empty => crate::wqe::NO_MR,
+            DataLoc::Single(e) => e.mr,
+            DataLoc::Table { .. } => {
+                drop_passed::<ANSWERED>(req, shared, published, seq);
+                break false;
+            }
+        };
+        seq += 1;
+        if !flags.has(WqeFlags::SIGNALED) {
+            if mr != crate::wqe::NO_MR {
+                res.mrs.release(mr, &mut res.pds);
+            }
+            continue;
+        }
+        let pushed = res.cqs.push_with(
+            send_cq,
+            #[inline(always)]
+            || {
+                if mr != crate::wqe::NO_MR {
+                    res.mrs.release(mr, &mut res.pds);
+                }
+                drop_to::<ANSWERED>(req, seq);
+                published = seq;
+                publish_retired(shared, seq);
+                WorkCompletion {
+                    wr_id,
+                    status: WcStatus::Success,
+                    opcode: shmhca_proto::completer::wc_opcode(op),
+                    // (No Read among the WQEs an Ack completed: no length to load.)
+                    byte_len: if ANSWERED && op == WqeOp::Read {
+                        len
+                    } else {
+                        0
+                    },
+                    imm_data: None,
+                    qp_num: qpn,
+                    solicited: false,
+                    invalidated_rkey: None,
+                }
+            },
+        );
+        if !pushed {
+            // The send CQ is full: this one and the rest wait for the application's poll;
+            // the unsignaled ones before it retire.
+            drop_passed::<ANSWERED>(req, shared, published, seq - 1);
+            break true;
+        }
+    };
+    // (Counted only when it did all of it: a run that leaves the rest to the full path
+    // would look like one that did not.)
+    #[cfg(test)]
+    if all {
+        crate::probe::count(crate::probe::Path::Retire);
+    }
+    all
+}
+
+/// [`retire_acked`]'s drop of the WQEs it passed over since it last published, up to
+/// `to`, and their publication.
+#[inline(always)]
+fn drop_passed<const ANSWERED: bool>(
+    req: &mut Requester,
+    shared: &crate::context::QpShared,
+    published: u64,
+    to: u64,
+) {
+    if published != to {
+        drop_to::<ANSWERED>(req, to);
+        publish_retired(shared, to);
+    }
+}
+
+/// [`retire_acked`]'s drop of the WQEs before `to` (`ANSWERED`: the one before it).
+#[inline(always)]
+fn drop_to<const ANSWERED: bool>(req: &mut Requester, to: u64) {
+    if ANSWERED {
+        req.drop_answered();
+    } else {
+        req.drop_acked_to(to);
+    }
 }
 
 /// Tells the application that the send WQEs before `retired` are retired

@@ -1166,6 +1166,11 @@ pub(crate) const CREDIT_WATCH: u32 = 1;
 ///
 /// [`QpShared::rq_watch`]: crate::context::QpShared::rq_watch
 pub(crate) fn advertise(qp: &mut QpSlot, credits: Option<u32>) {
+    // The same count again (a ping-pong's every Ack): the watch flag already says what it
+    // would say (only this function writes it, from this count).
+    if qp.proto.resp.advertised == credits {
+        return;
+    }
     qp.proto.resp.advertised = credits;
     let watch = credits.is_none_or(|c| c < CREDIT_WATCH);
     // Stored only on a change, so that the line the application reads stays in its cache.

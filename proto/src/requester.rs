@@ -163,8 +163,12 @@ pub enum Step {
 pub enum AckFast {
     /// A duplicate or unsolicited Ack: its credits were applied, nothing else.
     Credits,
-    /// It completed the oldest WQEs and moved the acknowledged PSN: the driver retires them.
-    Acked,
+    /// It completed the oldest WQEs, those before `end` (a sequence number), Sends and RDMA
+    /// Writes only, and moved the acknowledged PSN: the driver retires them.
+    Acked {
+        /// The sequence number after the last WQE it completed.
+        end: u64,
+    },
 }
 
 /// What an expiry of a QP's timers means ([`Requester::handle_timeout`]).
@@ -465,7 +469,7 @@ impl Requester {
         debug_assert!(moved);
         self.progressed_to(cfg);
         self.update_credits_named(credits, msn, end, consumers);
-        Some(AckFast::Acked)
+        Some(AckFast::Acked { end })
     }
 
     /// [`Requester::update_credits`] of a response that acknowledged WQE `seq` last, not a
@@ -606,6 +610,37 @@ impl Requester {
             self.rd_atomic -= 1;
         }
         self.window.drop_oldest();
+        if self.limited == Some(seq) {
+            self.limited = None;
+        }
+    }
+
+    /// [`Requester::drop_oldest`] of every WQE before `to`, all of them ones the Ack fast
+    /// path completed ([`AckFast::Acked`]: Sends and RDMA Writes, started), for the
+    /// engine's retire loop: no Read or Atomic to count off, nothing read of the WQEs, the
+    /// started count left as it is, the window moved once for all of them. Only up to the
+    /// `end` that [`AckFast::Acked`] named (debug builds check).
+    #[inline]
+    pub fn drop_acked_to(&mut self, to: u64) {
+        debug_assert!(
+            (self.window.retired()..to).all(|s| !self.window.wqe(s).wqe.op.is_rd_atomic())
+        );
+        // (The limited WQE is one of the window's: at or after the oldest.)
+        if self.limited.is_some_and(|l| l < to) {
+            self.limited = None;
+        }
+        self.window.drop_started_to(to);
+    }
+
+    /// [`Requester::drop_oldest`] of the oldest WQE, a Read or an Atomic its one response
+    /// has just completed (the completer's answer fast path): its initiator slot given
+    /// back, the window moved past it once, nothing else read of it.
+    #[inline]
+    pub fn drop_answered(&mut self) {
+        let seq = self.window.retired();
+        debug_assert!(self.window.wqe(seq).wqe.op.is_rd_atomic());
+        self.rd_atomic -= 1;
+        self.window.drop_started_to(seq + 1);
         if self.limited == Some(seq) {
             self.limited = None;
         }

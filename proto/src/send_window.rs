@@ -99,7 +99,6 @@ pub struct TxPoint {
 #[derive(Debug)]
 pub struct SendWindow {
     slots: Box<[SendWqe]>,
-    mask: u64,
     retired: u64,
     started: u64,
     fetched: u64,
@@ -115,7 +114,6 @@ impl SendWindow {
         let cap = (depth as usize).next_power_of_two();
         SendWindow {
             slots: vec![SendWqe::EMPTY; cap].into_boxed_slice(),
-            mask: cap as u64 - 1,
             retired: 0,
             started: 0,
             fetched: 0,
@@ -191,14 +189,16 @@ impl SendWindow {
     }
 
     /// WQE `seq` (any sequence number maps to a slot; callers stay within the window).
+    /// (The slot count a power of two, masked by itself less one: a loop over WQEs checks
+    /// the bounds once, where a separate mask was checked against them on every access.)
     #[inline]
     pub fn wqe(&self, seq: u64) -> &SendWqe {
-        &self.slots[(seq & self.mask) as usize]
+        &self.slots[seq as usize & (self.slots.len() - 1)]
     }
 
     #[inline]
     fn wqe_mut(&mut self, seq: u64) -> &mut SendWqe {
-        &mut self.slots[(seq & self.mask) as usize]
+        &mut self.slots[seq as usize & (self.slots.len() - 1)]
     }
 
     /// The in-flight WQE holding PSN `p`.
@@ -389,6 +389,22 @@ impl SendWindow {
             };
         }
         self.started = self.started.max(self.retired);
+    }
+
+    /// [`SendWindow::drop_oldest`] of every WQE before `to`, all of them started (the
+    /// caller's Ack acknowledged them): the started count stays as it is, the transmit
+    /// point moves past them if it was not.
+    #[inline]
+    pub fn drop_started_to(&mut self, to: u64) {
+        debug_assert!(self.retired <= to && to <= self.started);
+        self.retired = to;
+        if self.tx.seq < to {
+            self.tx = TxPoint {
+                seq: to,
+                pkt: 0,
+                cursor: Some(Cursor::default()),
+            };
+        }
     }
 }
 

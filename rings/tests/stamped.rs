@@ -82,6 +82,34 @@ fn a_pop_whose_closure_panics_releases_what_it_handed_out() {
     assert_eq!(seen, [2, 3]);
 }
 
+/// A reservation (`StampedProducer::reserve`) is the next slot: written, it is the next
+/// value out; dropped unwritten, the ring is as it was (nothing to take, the same room),
+/// and the next reservation is that slot again. A full ring gives none.
+#[test]
+fn a_reservation_dropped_unwritten_leaves_the_ring_as_it_was() {
+    let (mut p, mut c) = stamped_ring::<u64>(2).unwrap();
+    assert!(
+        p.reserve().is_some(),
+        "room: a reservation, dropped unwritten"
+    );
+    assert!(c.looks_empty());
+    assert_eq!(p.free_slots(), 2);
+    p.reserve().unwrap().write(1);
+    assert!(
+        p.reserve().is_some(),
+        "room: a reservation, dropped unwritten"
+    );
+    p.reserve().unwrap().write(2);
+    assert!(p.reserve().is_none(), "full");
+    assert_eq!(p.free_slots(), 0);
+    assert_eq!(c.pop(), Some(1));
+    p.reserve().unwrap().write(3);
+    let mut out = [0; 4];
+    assert_eq!(c.pop_burst(&mut out), 2);
+    assert_eq!(&out[..2], &[2, 3]);
+    assert!(c.looks_empty());
+}
+
 #[test]
 fn capacities_are_checked() {
     assert_eq!(stamped_ring::<u8>(0).unwrap_err(), CapacityError::Zero);

@@ -49,6 +49,9 @@ pub(super) struct Outcome {
     /// WQEs themselves hold addresses that differ between two rigs).
     pub(super) req: String,
     pub(super) memory: Memory,
+    /// The rig's region's in-flight count ([`crate::Mr::in_flight`]): each WQE retired
+    /// must have given back what it held.
+    pub(super) in_flight: u32,
 }
 
 /// The rig's region, compared in full, printed in short.
@@ -129,6 +132,7 @@ pub(super) fn run_in(
         resp,
         req,
         memory: Memory(memory),
+        in_flight: r.mr.in_flight(),
     };
     (outcome, taken)
 }
@@ -1124,6 +1128,59 @@ fn read_responses_and_atomic_acks_of_the_oldest_wqe_take_the_fast_paths() {
     assert_eq!(out.memory.0[2048..2056], (u64::MAX - 1).to_ne_bytes());
 }
 
+/// The answered WQE retired in line (issue 27, `retire_acked` for a Read or an Atomic):
+/// an unsignaled Read and an unsignaled Fetch and Add leave no completion but give their
+/// initiator slot back (the next one goes); a Read answered while the send CQ is full
+/// stays done until the application polls, then completes with its length — as the slow
+/// path leaves them.
+#[test]
+fn answered_reads_and_atomics_retire_as_in_the_slow_path() {
+    fn post_quiet(r: &mut Rig, wr_id: u64, op: Op) {
+        let at = 1024 * wr_id;
+        let (op, len) = op.at(r.mr.remote(4096 + at));
+        let sge = [r.mr.sge(at, len).unwrap()];
+        let wr = SendWr::new(wr_id, op, &sge).flags(crate::SendFlags::NONE);
+        r.qp.post_send(&wr).unwrap();
+    }
+    // The send completions the scenario's polls took, for each run.
+    let seen = std::cell::RefCell::new(vec![]);
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        seen.borrow_mut().clear();
+        fill_receive_cq(r, 64);
+        respond(r, Psn::new(0).sub(1).get(), credits(8), 0);
+        r.step();
+        post_quiet(r, 0, Op::Read(8));
+        post_quiet(r, 1, Op::FetchAdd);
+        post_only(r, 2, &[Op::Read(8)]);
+        r.step();
+        read_response(r, 0, 1, b"quietrd!");
+        r.step();
+        atomic_ack(r, 1, 2, 7);
+        r.step();
+        read_response(r, 2, 3, b"fullcq!!");
+        r.step();
+        let mut n = 0;
+        while n < 64 {
+            for c in r.completions() {
+                match c.opcode {
+                    crate::WcOpcode::Recv => n += 1,
+                    _ => seen.borrow_mut().push((c.wr_id, c.byte_len)),
+                }
+            }
+        }
+        r.step();
+    });
+    assert_eq!(taken[Path::ReadResponse as usize], 2, "{out:#?}");
+    assert_eq!(taken[Path::AtomicAck as usize], 1);
+    // Each answer retired in line, all of it (the full CQ's Read as far as it could go),
+    // then that Read by the retire fast path once the CQ had room.
+    assert_eq!(taken[Path::Retire as usize], 5);
+    let mut got = seen.take();
+    got.extend(out.completions.iter().map(|c| (c.wr_id, c.byte_len)));
+    assert_eq!(got, [(2, 8)]);
+    assert!(out.req.starts_with("(3, 3, 3,"), "all retired: {}", out.req);
+}
+
 /// Read responses and Atomic Acknowledges the fast paths do not take, each as the slow
 /// path takes it: the wrong length, a Nak's syndrome, a First where an Only belongs (a
 /// Read of two responses), an Atomic Acknowledge of a Read and a Read response of an
@@ -1913,6 +1970,77 @@ fn acks_while_the_send_cq_is_full_are_handled_as_in_the_slow_path() {
         3,
         "the three Sends, after the receives"
     );
+}
+
+/// One Ack of several Sends while the send CQ is full (issue 27: the Ack fast path's retire
+/// passes over the unsignaled ones and drops them together): the two unsignaled Sends
+/// before the signaled one retire (their regions released), the signaled one and the
+/// unsignaled one behind it wait for the application's poll, then retire with the next
+/// Ack's turn — as the slow path leaves them. Then an Ack of two more, the first unsignaled.
+#[test]
+fn a_coalesced_ack_while_the_send_cq_is_full_retires_as_in_the_slow_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        fill_receive_cq(r, 64);
+        // Credit for every Send (the peer's unsolicited update).
+        respond(r, Psn::new(0).sub(1).get(), credits(8), 0);
+        r.step();
+        post_signaled(r, 1, 1024, false);
+        post_signaled(r, 2, 2048, false);
+        post_signaled(r, 3, 3072, true);
+        post_signaled(r, 4, 4096, false);
+        r.step();
+        respond(r, 3, credits(7), 4);
+        r.step();
+        let mut n = 0;
+        while n < 64 {
+            n += r.completions().len();
+        }
+        r.step();
+        post_signaled(r, 5, 1024, false);
+        post_signaled(r, 6, 2048, true);
+        r.step();
+        respond(r, 5, credits(7), 6);
+        r.step();
+    });
+    assert_eq!(taken[Path::Ack as usize], 2, "{out:#?}");
+    let ids: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [3, 6]);
+    assert!(out.req.starts_with("(6, 6, 6,"), "all retired: {}", out.req);
+}
+
+/// Acks the fast path takes into an armed send CQ and into a destroyed one (issue 27: the
+/// completion written into the slot its queue reserved): the armed queue raises its one
+/// event for the first completion and is disarmed, and a destroyed queue takes the
+/// completions (they go nowhere) while the WQEs retire all the same — both as the slow
+/// path leaves them.
+#[test]
+fn acks_into_an_armed_or_a_destroyed_send_cq_are_handled_as_in_the_slow_path() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let mut ch = r.ctx.create_comp_channel().unwrap();
+        r.cq.attach(&ch).unwrap();
+        r.cq.req_notify(false).unwrap();
+        post(r, 8, &[Op::Send(4), Op::Send(4), Op::Send(4)]);
+        respond(r, 0, credits(7), 1);
+        r.step();
+        let cqn = r.cq.number();
+        assert_eq!(
+            ch.try_get_event().unwrap(),
+            Some(cqn),
+            "the first completion"
+        );
+        respond(r, 1, credits(6), 2);
+        r.step();
+        assert_eq!(ch.try_get_event().unwrap(), None, "the arm is spent");
+        assert_eq!(r.completions().len(), 2);
+        // The queue destroyed: the third Send's completion goes nowhere.
+        let other = r.ctx.create_cq(4).unwrap();
+        drop(std::mem::replace(&mut r.cq, other));
+        respond(r, 2, credits(5), 3);
+        r.step();
+    });
+    assert_eq!(taken[Path::Ack as usize], 3);
+    assert!(out.completions.is_empty(), "{out:#?}");
+    assert!(out.req.starts_with("(3, 3, 3,"), "all retired: {}", out.req);
 }
 
 // --- Random Acks, fast paths on and off (hostile review of issue 10) ---

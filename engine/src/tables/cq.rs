@@ -216,18 +216,18 @@ impl CqTable {
     /// the queue's event if it is armed for this completion.
     #[inline(always)]
     pub(crate) fn push_with(&mut self, cq: CqId, make: impl FnOnce() -> WorkCompletion) -> bool {
-        let mut slot = self.get(cq);
-        if slot.as_mut().is_some_and(|s| !s.producer.has_room()) {
+        let Some(CqSlot { producer, notify }) = self.get(cq) else {
+            make();
+            return true;
+        };
+        // The room checked once, the slot's address and index kept across `make`.
+        let Some(slot) = producer.reserve() else {
             return false;
-        }
-        // (One call of `make`, so that it is compiled in line.)
+        };
         let wc = make();
-        if let Some(s) = slot {
-            let pushed = s.producer.push(wc).is_ok();
-            debug_assert!(pushed, "room was checked");
-            if s.notify.on_push(&wc) {
-                self.set_armed(self.armed - 1);
-            }
+        slot.write(wc);
+        if notify.on_push(&wc) {
+            self.set_armed(self.armed - 1);
         }
         true
     }
@@ -352,6 +352,33 @@ mod tests {
     /// `push_with` (the retire fast path's push): what comes before a completion (`make`)
     /// runs only when the queue has room for it; a full queue refuses with `make` not run,
     /// until the application polls; a destroyed queue runs `make` and takes the completion.
+    /// A completion pushed through `push_with` into an armed queue raises the event the
+    /// arm asked for and spends it; the armed count follows.
+    #[test]
+    fn push_with_raises_the_armed_event_once() {
+        let (producer, mut consumer) =
+            shmhca_rings::ring::stamped_ring::<WorkCompletion>(4).unwrap();
+        let mut cqs = CqTable::default();
+        let cq = cqs.insert(producer).unwrap();
+        assert!(cqs.arm(cq, Arm::Next));
+        assert!(cqs.armed(cq) && cqs.armed == 1);
+        assert!(cqs.push_with(cq, || wc(false, WcStatus::Success)));
+        assert!(!cqs.armed(cq) && cqs.armed == 0, "spent by the push");
+        assert!(cqs.arm(cq, Arm::Solicited));
+        assert!(cqs.push_with(cq, || wc(false, WcStatus::Success)));
+        assert!(
+            cqs.armed(cq),
+            "an unsolicited success does not fire a solicited arm"
+        );
+        assert!(cqs.push_with(cq, || wc(false, WcStatus::RemAccessErr)));
+        assert!(!cqs.armed(cq) && cqs.armed == 0, "an error does");
+        let got: Vec<_> = std::iter::from_fn(|| consumer.pop().map(|w| w.status)).collect();
+        assert_eq!(
+            got,
+            [WcStatus::Success, WcStatus::Success, WcStatus::RemAccessErr]
+        );
+    }
+
     #[test]
     fn push_with_makes_the_completion_only_when_there_is_room() {
         let (producer, mut consumer) =

@@ -246,7 +246,7 @@ mod tests {
         assert!(!can_retire(&req, QpState::Rts));
         assert_eq!(
             req.ack_fast(Psn::new(2), CreditCode::new(31), 3, &cfg),
-            Some(AckFast::Acked)
+            Some(AckFast::Acked { end: 3 })
         );
         assert!(can_retire(&req, QpState::Rts));
         let mut c = recorder(8);
@@ -317,7 +317,7 @@ mod tests {
         assert_eq!(req.ack_fast(Psn::new(2), code, 2, &cfg), None, "never sent");
         assert_eq!(
             req.ack_fast(Psn::new(0), code, 1, &cfg),
-            Some(AckFast::Acked)
+            Some(AckFast::Acked { end: 1 })
         );
         assert_eq!(req.window().acked(), Psn::new(0));
         assert_eq!(req.wqe(0).done, Some(WcStatus::Success));
@@ -390,7 +390,7 @@ mod tests {
         // The Ack of the whole: both done.
         assert_eq!(
             two.ack_fast(Psn::new(2), code, 2, &cfg),
-            Some(AckFast::Acked)
+            Some(AckFast::Acked { end: 2 })
         );
         assert_eq!(two.wqe(0).done, Some(WcStatus::Success));
         assert_eq!(two.wqe(1).done, Some(WcStatus::Success));
@@ -419,7 +419,7 @@ mod tests {
             assert_eq!(req.window().sent_to(), Psn::new(3));
             assert_eq!(
                 req.ack_fast(Psn::new(1), CreditCode::encode(4), msn, &cfg),
-                Some(AckFast::Acked),
+                Some(AckFast::Acked { end: 2 }),
                 "MSN {msn}"
             );
             assert!(req.credits().allows(limit), "MSN {msn}");
@@ -434,7 +434,7 @@ mod tests {
         let (mut req, cfg) = sent(&[1, 2], &[]);
         assert_eq!(
             req.ack_fast(Psn::new(0), CreditCode::new(31), 1, &cfg),
-            Some(AckFast::Acked)
+            Some(AckFast::Acked { end: 1 })
         );
         let mut c = recorder(8);
         assert_eq!(retire(&mut req, QpState::Rts, Qpn::new(5), &mut c), 0);

@@ -260,7 +260,7 @@ fn review5_ack_fast_does_what_the_checks_and_actions_do() {
                 );
                 assert_eq!(format!("{fast:?}"), format!("{slow_req:?}"), "seed {seed}");
             }
-            Some(AckFast::Acked) => {
+            Some(AckFast::Acked { .. }) => {
                 acked += 1;
                 assert!(
                     matches!(outcome, Outcome::Ack { .. }),
@@ -319,7 +319,7 @@ fn review5_an_msn_counts_messages_not_memory_window_operations() {
     // The responder completed message 1 (the first Send) and has one receive left.
     assert_eq!(
         req.ack_fast(first.first_psn, CreditCode::encode(1), 1, &cfg),
-        Some(AckFast::Acked)
+        Some(AckFast::Acked { end: 2 })
     );
     assert!(
         req.credits().allows(2),

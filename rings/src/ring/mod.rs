@@ -52,7 +52,9 @@ use bytemuck::Pod;
 use crate::segment::{Access, Segment};
 use crate::sync::Ordering;
 use storage::{End, RawStorage, RingMeta};
-pub use storage::{HeapStorage, ShmStorage, StampedConsumer, StampedProducer, Storage};
+pub use storage::{
+    HeapStorage, ShmStorage, StampedConsumer, StampedProducer, StampedReservation, Storage,
+};
 
 /// The largest capacity a ring accepts (2³¹ slots).
 pub const MAX_CAPACITY: usize = 1 << 31;

@@ -801,22 +801,68 @@ impl<T: Copy> StampedProducer<T> {
     /// The value back if the ring is full.
     #[inline(always)]
     pub fn push(&mut self, value: T) -> Result<(), T> {
+        match self.reserve() {
+            Some(r) => {
+                r.write(value);
+                Ok(())
+            }
+            None => Err(value),
+        }
+    }
+
+    /// The next slot, if the ring has room for it: the room is checked once, here, and
+    /// the value written later ([`StampedReservation::write`]), after work the caller
+    /// does only when there is room (a completion made once its queue can take it), with
+    /// the slot's address and index kept across that work.
+    ///
+    /// ```
+    /// let (mut tx, mut rx) = shmhca_rings::ring::stamped_ring::<u32>(1).unwrap();
+    /// tx.reserve().unwrap().write(7);
+    /// assert!(tx.reserve().is_none(), "full");
+    /// assert_eq!(rx.pop(), Some(7));
+    /// ```
+    #[inline(always)]
+    pub fn reserve(&mut self) -> Option<StampedReservation<'_, T>> {
         if !self.has_room() {
-            return Err(value);
+            return None;
         }
         let tail = self.tail;
-        // SAFETY: `base` points to the `mask + 1` slots of `self.ring`, which we hold.
+        // SAFETY: `base` points to the `mask + 1` slots of `self.ring`, which we hold (and
+        // the reservation holds `self`, so the ring outlives it).
         let slot = unsafe { stamped_slot(self.base, self.mask, tail) };
-        // SAFETY: the slot is free (the consumer released it: `has_room`, Acquire on head,
-        // or never used), and this end is the only producer (`&mut self`).
+        Some(StampedReservation {
+            producer: self,
+            slot,
+            tail,
+        })
+    }
+}
+
+/// The next slot of a stamped ring, free to be written ([`StampedProducer::reserve`]):
+/// it holds its producer, so nothing else is written before it; dropped unwritten, it
+/// leaves the ring as it was.
+pub struct StampedReservation<'p, T> {
+    producer: &'p mut StampedProducer<T>,
+    slot: &'p StampedSlot<T>,
+    /// The index of the slot (the producer's next one).
+    tail: u64,
+}
+
+impl<T: Copy> StampedReservation<'_, T> {
+    /// Writes `value` into the slot and stamps it: the consumer may take it from now on.
+    #[inline(always)]
+    pub fn write(self, value: T) {
+        let (slot, tail) = (self.slot, self.tail);
+        // SAFETY: the slot is free (the consumer released it: `has_room` in `reserve`,
+        // Acquire on head, or never used), and this end is the only producer (the
+        // reservation holds it by `&mut` since that check).
         slot.value
             .with_mut(|p| unsafe { p.write(MaybeUninit::new(value)) });
         // SYNC POINT: Release pairs with the Acquire load in `StampedConsumer::take`: the
         // value written above is visible to a consumer that sees this stamp.
         let order = sync::mutation::weaken(Ordering::Release, "StampedRing stamp store");
         slot.stamp.store(tail.wrapping_add(1), order);
-        self.tail = tail.wrapping_add(1);
-        Ok(())
+        self.producer.tail = tail.wrapping_add(1);
     }
 }
 
