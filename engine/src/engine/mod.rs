@@ -1432,7 +1432,7 @@ impl Iteration<'_> {
         // BTH's, payload inline, no flag but ACK_FLAG — what `parse_send_only` wants of
         // them, known before the copy; a Write Only's: a BTH and a RETH.
         const HDR: u64 = crate::wire::bth::HEADER_LEN as u64;
-        const WANT: u64 = HDR | (crate::wire::slot::KIND_INLINE as u64) << 8;
+        const WANT: u64 = HDR + ((crate::wire::slot::KIND_INLINE as u64) << 8);
         const WRITE_HDR: u64 = HDR + crate::wire::reth::HEADER_LEN as u64;
         const WANT_WRITE: u64 = WANT - HDR + WRITE_HDR;
         const ACK: u64 = (crate::wire::slot::ACK_FLAG as u64) << 16;
