@@ -53,10 +53,13 @@ pub(crate) enum Path {
     /// An iteration's receive step that took one lone RDMA Write Only line straight
     /// (`Iteration::straight` in the engine).
     StraightWriteReceive = 17,
+    /// The straight receive step took a lone response line (an Acknowledge, a Read Response
+    /// Only, an Atomic Acknowledge).
+    StraightResponse = 18,
 }
 
 /// How many fast paths there are.
-pub(crate) const PATHS: usize = 18;
+pub(crate) const PATHS: usize = 19;
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };

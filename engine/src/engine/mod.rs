@@ -1410,7 +1410,10 @@ impl Iteration<'_> {
     /// [`RxPacket::send_only_checked`] or [`RxPacket::write_only_checked`], its QP's and
     /// link's match); then it is taken, and runs through the RQ Logic as step 2 runs it
     /// (the Write's checks those of the receive fast path, `responder::on_write_only`).
-    /// The packets received (1; 0 when every live link is empty, where step 2 would
+    /// Or its bytes 5..8 say a response's slot ([`response_word`]: an Acknowledge, a Read
+    /// Response Only with its data inline, an Atomic Acknowledge): it is parsed on the copy
+    /// by the full step's parse and handed to the completer as step 2 hands it
+    /// ([`take_lone_response`]). The packets received (1; 0 when every live link is empty, where step 2 would
     /// receive nothing); `None`, with nothing changed but the empty links' heads
     /// published (as any look at an empty ring does), for anything else: steps 1 and 2
     /// then run in full.
@@ -1439,6 +1442,8 @@ impl Iteration<'_> {
         // The two header lengths differ in one bit: either pattern is one compare.
         const EITHER: u64 = WANT ^ WANT_WRITE;
         const _: () = assert!(EITHER.count_ones() == 1 && WANT_WRITE & EITHER != 0);
+        // A request's pattern (the riding Ack's flag aside): a Send Only's or a Write Only's.
+        let request = |word: u64| (word & !ACK) | EITHER == WANT_WRITE;
         let mut found = None;
         for (l, link) in self.links.iter_mut() {
             if link.down.is_some() {
@@ -1451,7 +1456,7 @@ impl Iteration<'_> {
                 continue;
             };
             if found.is_some()
-                || ((first >> 40) & !ACK) | EITHER != WANT_WRITE
+                || (!request(first >> 40) && !response_word(first >> 40))
                 || !link.rx.lone_behind(first)
             {
                 *self.straight_skip = STRAIGHT_BACKOFF;
@@ -1464,9 +1469,12 @@ impl Iteration<'_> {
         let Some((l, link, first)) = found else {
             return Some(0);
         };
-        let owed = (&mut *self.owed, &mut *self.owed_now, *self.owed_held);
         let sets = (&mut *self.active, &mut *self.timed);
         let (qps, line, skip) = (&mut *self.qps, &self.rx[0], &mut *self.straight_skip);
+        if !request(first >> 40) {
+            return take_lone_response(env, qps, line, (l, link), skip, sets);
+        }
+        let owed = (&mut *self.owed, &mut *self.owed_now, *self.owed_held);
         // (Each an instance in line: the Write's out of line cost the Send's step ~20
         // instructions a message and the Write ~60, `bench/scripts/instructions.sh`.)
         if (first >> 40) & EITHER != 0 {
@@ -1863,6 +1871,82 @@ fn take_lone<const WRITE: bool>(
     }
     env.stats.packets_received += 1;
     Some(1)
+}
+
+/// Bytes 5..8 of a lone line the straight receive step takes as a response (in the
+/// first word's top three bytes, as [`Iteration::straight`] reads them): a BTH and an AETH
+/// with no payload (an Acknowledge, or a Read Response Only of no bytes) or with its
+/// payload inline (a Read Response Only), or a BTH, an AETH and an AtomicAckETH (an Atomic
+/// Acknowledge); no flag (a response carries no riding Ack, and a line stamped with an
+/// ICRC goes to the full step, which checks it).
+#[inline(always)]
+fn response_word(word: u64) -> bool {
+    let [none, inline, atomic] = RESPONSE_WORDS;
+    word == none || word == inline || word == atomic
+}
+
+/// The patterns [`response_word`] takes.
+const RESPONSE_WORDS: [u64; 3] = {
+    const RESP: u64 = (crate::wire::bth::HEADER_LEN + crate::wire::aeth::HEADER_LEN) as u64;
+    const INLINE: u64 = (crate::wire::slot::KIND_INLINE as u64) << 8;
+    [
+        RESP,
+        RESP + INLINE,
+        RESP + crate::wire::atomic_ack_eth::HEADER_LEN as u64,
+    ]
+};
+
+/// [`take_lone`] of a response ([`response_word`]): parsed on the line's private copy with
+/// every check of the full step's parse ([`RxPacket::parse_any`]), and, if it is a
+/// response for a QP of this link, taken and handed to the completer as step 2 hands it
+/// ([`completer::on_response`]), the QP left in the sets as step 2 leaves it; 1, the
+/// packets received. Anything else sets the back-off and gives `None`, nothing taken.
+#[inline(always)]
+fn take_lone_response(
+    env: &mut Env<'_>,
+    qps: &mut SlotTable<QpSlot>,
+    line: &Line,
+    (l, link): (u32, &mut Link),
+    straight_skip: &mut u32,
+    (active, timed): (&mut ActiveSet, &mut ActiveSet),
+) -> Option<usize> {
+    let slot: &PacketSlot = bytemuck::cast_ref(line);
+    let qpn = RxPacket::dest_qp(slot);
+    let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+    let qp = qps.at_mut(index).filter(|qp| {
+        qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
+    });
+    let pkt = response_of(slot);
+    let (Some(qp), Some(pkt)) = (qp, pkt) else {
+        *straight_skip = STRAIGHT_BACKOFF;
+        return None;
+    };
+    link.rx.release_lone();
+    #[cfg(test)]
+    crate::probe::count(crate::probe::Path::StraightResponse);
+    completer::on_response(qp, env, &pkt);
+    // As step 2 leaves the QP (no QP is rung: a QP active now is one a post left so).
+    if needs_attention(qp) {
+        active.insert(index);
+    } else {
+        active.remove(index);
+        if waits_for_timer(qp) {
+            timed.insert(index);
+        }
+    }
+    env.stats.packets_received += 1;
+    Some(1)
+}
+
+/// The response a lone line holds, parsed by [`RxPacket::parse_any`] (every check of the
+/// full step's parse); `None` for a request or a line that fails a check. (Out of line:
+/// the general parse in line made the straight step's every Send pay ~15 instructions,
+/// its registers' saves.)
+#[inline(never)]
+fn response_of(slot: &PacketSlot) -> Option<RxPacket<'_>> {
+    RxPacket::parse_any(slot, &[])
+        .ok()
+        .filter(|p| !p.info.request)
 }
 
 /// A request's steps in step 2 (the full receive step's and the straight one's), its QP

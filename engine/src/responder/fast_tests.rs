@@ -4248,3 +4248,125 @@ fn interleaved_straight_sends_and_writes_leave_what_the_general_paths_leave() {
         .filter(|c| c.opcode == crate::WcOpcode::Recv);
     assert_eq!(recv.count(), 3, "{:?}", out.completions);
 }
+
+/// The straight receive step's responses (issue 27): each lone response line — a Read
+/// Response Only with its data inline and of no bytes, the Atomic Acknowledges of a Fetch
+/// and Add and a Compare and Swap, a positive Ack, a Read's response by reference (the
+/// full step's), a Nak, a duplicate Ack — taken straight where its pattern says a
+/// response, with the full step's completions, memory, credits and state both ways.
+#[test]
+fn lone_responses_take_the_straight_receive_step_as_the_full_one() {
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        post(
+            r,
+            8,
+            &[
+                Op::Read(8),
+                Op::FetchAdd,
+                Op::CompareSwap,
+                Op::Read(0),
+                Op::Read(256),
+                Op::Send(4),
+                Op::Send(4),
+            ],
+        );
+        let each = |r: &mut Rig, respond_with: &dyn Fn(&mut Rig)| {
+            // (Each look of the lines before may have held the step back.)
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            respond_with(r);
+            r.step();
+        };
+        each(r, &|r| read_response(r, 0, 1, b"readdata"));
+        each(r, &|r| atomic_ack(r, 1, 2, 0x0102_0304_0506_0708));
+        each(r, &|r| atomic_ack(r, 2, 3, u64::MAX - 1));
+        each(r, &|r| read_response(r, 3, 4, b""));
+        // By reference (the data does not fit the line): the full step's.
+        each(r, &|r| read_response(r, 4, 5, &[0x5A; 256]));
+        each(r, &|r| respond(r, 5, credits(3), 6));
+        // A duplicate Ack, then an RNR Nak of the last Send.
+        each(r, &|r| respond(r, 5, credits(3), 6));
+        let rnr = Syndrome::RnrNak {
+            timer: crate::wire::aeth::RnrTimer::new(1),
+        };
+        each(r, &|r| respond(r, 6, rnr, 6));
+    });
+    // The Read by reference went to the full step; every other response straight, and
+    // the credits' Ack `post` begins with.
+    assert_eq!(taken[Path::StraightResponse as usize], 8, "{taken:?}");
+    assert_eq!(taken[Path::ReadResponse as usize], 3, "{taken:?}");
+    assert_eq!(taken[Path::AtomicAck as usize], 2, "{taken:?}");
+    assert_eq!(out.completions.len(), 6, "{:?}", out.completions);
+    assert_eq!(&out.memory.0[..8], b"readdata");
+    assert_eq!(
+        out.memory.0[1024..1032],
+        0x0102_0304_0506_0708u64.to_ne_bytes()
+    );
+    assert_eq!(out.stats.rnr_naks_received, 1, "{out:#?}");
+}
+
+/// Lone response lines a hostile or broken peer writes, each after a Read and a Fetch and
+/// Add are posted on a fresh rig: whatever the straight step takes or leaves, the outcome
+/// is the full step's — lines for another QP, with a request's opcode behind a response's
+/// header length, with the ICRC flag, a Read response longer or shorter than the Read, an
+/// Atomic Acknowledge's opcode with a Read response's headers, another transport version,
+/// a response of a PSN never sent, a Nak with an unknown code.
+#[test]
+fn hostile_lone_response_lines_are_received_as_the_full_step_receives_them() {
+    type Mutate = fn(&mut PacketSlot);
+    let cases: [(&str, bool, Mutate); 9] = [
+        ("good", true, |_| {}),
+        ("another QP", false, |s| s.data[5] ^= 1),
+        ("a Send Only's opcode", false, |s| {
+            s.data[0] = Opcode::SendOnly.code()
+        }),
+        ("the ICRC flag", false, |s| {
+            s.reserved |= crate::wire::slot::ICRC_FLAG
+        }),
+        ("7 bytes", true, |s| s.payload_len = 7),
+        ("9 bytes", true, |s| s.payload_len = 9),
+        ("an Atomic Acknowledge's opcode", false, |s| {
+            s.data[0] = Opcode::AtomicAcknowledge.code()
+        }),
+        ("transport version 1", false, |s| s.data[1] |= 0x01),
+        ("a PSN never sent", true, |s| {
+            s.data[11] = s.data[11].wrapping_add(9)
+        }),
+    ];
+    for (what, straight, mutate) in cases {
+        // How many the straight step took of the line (the fast run's count).
+        let took = std::cell::Cell::new(0);
+        let (out, _) = same_both_ways(AccessFlags::ALL, &|r| {
+            post(r, 8, &[Op::Read(8), Op::FetchAdd]);
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            let mut repr = PacketRepr::new(BthRepr::new(
+                Opcode::RdmaReadResponseOnly,
+                r.qp.qpn(),
+                Psn::new(0),
+            ));
+            repr.aeth = Some(AethRepr {
+                syndrome: credits(4),
+                msn: Msn::new(1),
+            });
+            let mut s = PacketSlot::default();
+            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+            s.kind = crate::wire::slot::KIND_INLINE;
+            s.payload_len = 8;
+            let at = usize::from(s.hdr_len);
+            s.data[at..at + 8].copy_from_slice(b"readdata");
+            mutate(&mut s);
+            assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+            let before = crate::probe::taken(Path::StraightResponse);
+            r.step();
+            took.set(crate::probe::taken(Path::StraightResponse) - before);
+            r.step();
+            atomic_ack(r, 1, 2, 7);
+            r.step();
+            r.step();
+        });
+        assert_eq!(took.get(), u64::from(straight), "{what}");
+        if what == "good" {
+            assert_eq!(out.completions.len(), 2, "{what}");
+            assert_eq!(&out.memory.0[..8], b"readdata", "{what}");
+        }
+    }
+}
