@@ -4451,3 +4451,109 @@ mod review13_full_cq_rounds {
         }
     }
 }
+
+/// Review 13: the Ack fast path's and the answer fast path's retire (`retire_acked`) meet
+/// a WQE with a gather list (two elements: `DataLoc::Table`, which it leaves to the full
+/// retire) behind unsignaled ones it already passed over (their regions released, not
+/// yet dropped from the window): the full retire must go on from there — each region
+/// released once, every WQE retired, the completions in order — as the slow path leaves
+/// it; with room in the CQ, with the CQ full mid-run, and a Read of two elements answered
+/// on the answer fast path. (No other test posts a gather list on this path: the rig's
+/// `max_send_sge` was 1.)
+#[test]
+fn review13_gather_lists_behind_passed_over_wqes_retire_as_in_the_slow_path() {
+    struct Sge1;
+    impl Drop for Sge1 {
+        fn drop(&mut self) {
+            super::tests::MAX_SEND_SGE.with(|c| c.set(1));
+        }
+    }
+    super::tests::MAX_SEND_SGE.with(|c| c.set(2));
+    let _reset = Sge1;
+    fn post2(r: &mut Rig, id: u64, op: SendOp, at: u64, two: bool, signaled: bool) {
+        let one = [r.mr.sge(at, 8).unwrap()];
+        let both = [r.mr.sge(at, 8).unwrap(), r.mr.sge(at + 512, 8).unwrap()];
+        let sge: &[crate::Sge<'_>] = if two { &both } else { &one };
+        let flags = if signaled {
+            crate::SendFlags::SIGNALED
+        } else {
+            crate::SendFlags::NONE
+        };
+        r.qp.post_send(&SendWr::new(id, op, sge).flags(flags))
+            .unwrap();
+    }
+    for full in [false, true] {
+        // Sends: one element unsignaled, two unsignaled, one signaled, one unsignaled; one
+        // Ack of all four.
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+            if full {
+                fill_receive_cq(r, 64);
+            }
+            respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+            r.step();
+            post2(r, 0, SendOp::Send, 0, false, false);
+            post2(r, 1, SendOp::Send, 1024, true, false);
+            post2(r, 2, SendOp::Send, 2048, false, true);
+            post2(r, 3, SendOp::Send, 3072, true, false);
+            post2(r, 4, SendOp::Send, 4096, false, true);
+            // Not acknowledged: its region stays held (a region released twice would show
+            // here).
+            post2(r, 5, SendOp::Send, 5120, false, true);
+            r.step();
+            respond(r, 4, credits(16), 5);
+            r.step();
+            if full {
+                let mut n = 0;
+                while n < 64 {
+                    n += r.completions().len();
+                }
+                r.step();
+            }
+        });
+        assert_eq!(taken[Path::Ack as usize], 1, "full {full}: {out:#?}");
+        let ids: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, [2, 4], "full {full}");
+        assert_eq!(out.in_flight, 1, "full {full}: the last Send's region only");
+        assert!(
+            out.req.starts_with("(5, 6, 6,"),
+            "five retired: {}",
+            out.req
+        );
+    }
+    // Reads of two elements answered on the answer fast path, signaled and not, behind an
+    // unsignaled Send of two; a Send not acknowledged behind them.
+    let remote_at = |r: &Rig, k: u64| r.mr.remote(16384 + 1024 * k);
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+        r.step();
+        post2(r, 0, SendOp::Send, 0, true, false);
+        r.step();
+        respond(r, 0, credits(16), 1);
+        r.step();
+        let remote = remote_at(r, 1);
+        post2(r, 1, SendOp::RdmaRead(remote), 1024, true, false);
+        r.step();
+        read_response(r, 1, 2, &[0xA5; 16]);
+        r.step();
+        let remote = remote_at(r, 2);
+        post2(r, 2, SendOp::RdmaRead(remote), 2048, true, true);
+        r.step();
+        read_response(r, 2, 3, &[0x5A; 16]);
+        r.step();
+        post2(r, 3, SendOp::Send, 3072, false, true);
+        r.step();
+    });
+    assert_eq!(taken[Path::ReadResponse as usize], 2, "{out:#?}");
+    let got: Vec<_> = out
+        .completions
+        .iter()
+        .map(|c| (c.wr_id, c.byte_len))
+        .collect();
+    assert_eq!(got, [(2, 16)]);
+    assert_eq!(out.in_flight, 1, "the last Send's region only");
+    assert!(
+        out.req.starts_with("(3, 4, 4,"),
+        "three retired: {}",
+        out.req
+    );
+}
