@@ -389,18 +389,21 @@ impl Engine {
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = None;
-                qp.proto.resp.start(cfg.rq_psn);
+                // Before `start` forgets the count told: `advertise` stores the flag only
+                // when the count it records changes.
                 responder::advertise(qp, None);
+                qp.proto.resp.start(cfg.rq_psn);
                 qp.set_state(QpState::Reset);
             }
             QpState::Rtr if from == QpState::Init => {
+                // (As at Reset: the flag first, then the count forgotten.)
+                responder::advertise(qp, None);
                 qp.proto.resp.start(cfg.rq_psn);
                 // Over a UDP link each Ack is a datagram: only what asks is acknowledged.
                 qp.proto.resp.acks_when_asked = cfg
                     .dest
                     .and_then(|d| links.at(d.link.index()))
                     .is_some_and(|l| l.max_in_flight.is_some());
-                responder::advertise(qp, None);
                 qp.set_state(QpState::Rtr);
                 qp.proto.comm_est_pending = true;
             }

@@ -4370,3 +4370,311 @@ fn hostile_lone_response_lines_are_received_as_the_full_step_receives_them() {
         }
     }
 }
+// --- Review 13 (branch ack28): the Ack -> retire -> completion path on a nearly full CQ ---
+
+/// Random rounds against `retire_acked` (the Ack fast path's and the answer fast path's
+/// retire, issue 27) where it is most fragile: the shared CQ filled to within a few slots
+/// first, so that a send completion finds it full mid-run (the WQEs before it retired,
+/// it and the rest left for later, order kept), the application polling a few at a time;
+/// Sends, Writes, one-response Reads and Atomics, signaled or not (regions released);
+/// Acks of any WQE's last PSN (coalesced) or beside it, standalone or riding, the oldest
+/// WQE's exact answer (Read response of its length, Atomic Acknowledge), a lying syndrome
+/// or MSN; the send CQ destroyed, the QP to SQD and back or to Error on the way. Fast
+/// paths on and off must leave the same (packets, completions polled, stats, memory,
+/// in-flight counts, state).
+mod review13_full_cq_rounds {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use std::cell::Cell;
+
+    #[derive(Debug, Clone)]
+    enum Act {
+        Post(Vec<(Op, bool)>),
+        /// An Ack of the last PSN of the `at`th started WQE from the oldest (or beside it).
+        Ack {
+            at: u8,
+            off: i8,
+            syndrome: u8,
+            msn: Result<i32, u32>,
+            riding: bool,
+        },
+        /// The oldest WQE's exact answer (a Read's response of its length, an Atomic's
+        /// Acknowledge, a Send's or Write's Ack).
+        Answer {
+            msn: i32,
+        },
+        Poll(usize),
+        Step,
+        DestroyCq,
+        Drain(bool),
+        Error,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..300).prop_map(Op::Send),
+            2 => (0u32..300).prop_map(Op::Write),
+            2 => (0u32..256).prop_map(Op::Read),
+            1 => Just(Op::FetchAdd),
+        ]
+    }
+
+    fn act() -> impl Strategy<Value = Act> {
+        let syndrome = prop_oneof![30 => Just(0u8), 10 => 0u8..32, 1 => any::<u8>()];
+        let msn = prop_oneof![6 => (-4i32..2).prop_map(Ok), 1 => any::<u32>().prop_map(Err)];
+        prop_oneof![
+            4 => vec((op(), prop::bool::weighted(0.4)), 1..6).prop_map(Act::Post),
+            6 => (0u8..8, prop_oneof![6 => Just(0i8), 1 => -2i8..3], syndrome, msn, any::<bool>())
+                .prop_map(|(at, off, syndrome, msn, riding)| Act::Ack { at, off, syndrome, msn, riding }),
+            3 => (-3i32..2).prop_map(|msn| Act::Answer { msn }),
+            2 => (0usize..6).prop_map(Act::Poll),
+            1 => Just(Act::Step),
+            1 => prop::bool::weighted(0.1).prop_map(|d| if d { Act::DestroyCq } else { Act::Step }),
+            1 => any::<bool>().prop_map(Act::Drain),
+            1 => prop::bool::weighted(0.05).prop_map(|e| if e { Act::Error } else { Act::Step }),
+        ]
+    }
+
+    /// What the peer needs of the window: the oldest WQE's first PSN, operation and
+    /// length (if one is started), the last PSN of the `at`th started one (else the first
+    /// PSN not acknowledged), and the WQEs fetched.
+    fn window(r: &Rig, at: u8) -> (Option<(Psn, crate::wqe::WqeOp, u32)>, Psn, u64) {
+        let qpn = r.qp.qpn();
+        r.ctx.shared.engine.with(|e| {
+            e.with_stage(qpn, |q, _| {
+                let w = q.proto.req.window();
+                let oldest = (w.retired() < w.started()).then(|| {
+                    let o = w.wqe(w.retired());
+                    (o.first_psn, o.wqe.op, o.wqe.len)
+                });
+                let seq = w.retired() + u64::from(at);
+                let psn = if seq < w.started() {
+                    w.wqe(seq).last_psn()
+                } else {
+                    w.acked().add(1)
+                };
+                (oldest, psn, w.fetched())
+            })
+            .unwrap()
+        })
+    }
+
+    fn post_one(r: &mut Rig, id: u64, op: Op, signaled: bool) {
+        let at = (id % 24) * 1024;
+        let remote = r.mr.remote(32768 + (id % 8) * 1024);
+        let (op, len) = op.at(remote);
+        let sge = [r.mr.sge(at, len).unwrap()];
+        let flags = if signaled {
+            crate::SendFlags::SIGNALED
+        } else {
+            crate::SendFlags::NONE
+        };
+        let _ = r.qp.post_send(&SendWr::new(id, op, &sge).flags(flags));
+    }
+
+    fn msn_of(fetched: u64, d: i32) -> u32 {
+        (fetched as i64 + i64::from(d)).rem_euclid(1 << 24) as u32
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 600,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn review13_retire_on_a_nearly_full_cq_leaves_what_the_slow_path_leaves(
+            fill in 52u32..=64,
+            n in prop_oneof![Just(31u32), 0u32..8],
+            acts in vec(act(), 1..40),
+        ) {
+            let polled = std::cell::RefCell::new(Vec::<Vec<crate::WorkCompletion>>::new());
+            let scenario = |r: &mut Rig| {
+                polled.borrow_mut().push(vec![]);
+                let (ids, carrier) = (Cell::new(0u64), Cell::new(fill));
+                fill_receive_cq(r, fill);
+                respond(r, Psn::new(0).sub(1).get(), credits(n), 0);
+                r.step();
+                for a in &acts {
+                    match a {
+                        Act::Post(ops) => {
+                            for &(op, signaled) in ops {
+                                post_one(r, ids.get(), op, signaled);
+                                ids.set(ids.get() + 1);
+                            }
+                            r.step();
+                        }
+                        &Act::Ack { at, off, syndrome, msn, riding: ride } => {
+                            let (_, last, fetched) = window(r, at);
+                            let psn = if off >= 0 { last.add(off as u32) } else { last.sub(off.unsigned_abs().into()) }.get();
+                            let msn = match msn {
+                                Ok(d) => msn_of(fetched, d),
+                                Err(any) => any & 0xFF_FFFF,
+                            };
+                            let syndrome = if syndrome >> 5 == 0b001 { 0b001_00000 } else { syndrome };
+                            if ride && syndrome >> 5 == 0 {
+                                // Riding in a request the responder has not seen (its PSN
+                                // the next it expects).
+                                riding(r, carrier.get(), psn, Syndrome::from_u8(syndrome), msn);
+                                carrier.set(carrier.get() + 1);
+                            } else {
+                                respond(r, psn, Syndrome::from_u8(syndrome), msn);
+                            }
+                            r.step();
+                        }
+                        &Act::Answer { msn } => {
+                            let (oldest, last, fetched) = window(r, 0);
+                            let Some((first, op, len)) = oldest else { continue };
+                            let a = (credits(4), msn_of(fetched, msn));
+                            match op {
+                                crate::wqe::WqeOp::Read => {
+                                    let data = vec![0x5A; len as usize];
+                                    respond_data(r, Opcode::RdmaReadResponseOnly, first.get(), a, None, &data);
+                                }
+                                o if o.is_atomic() => {
+                                    respond_data(r, Opcode::AtomicAcknowledge, first.get(), a, Some(0x1234), &[]);
+                                }
+                                _ => respond(r, last.get(), a.0, a.1),
+                            }
+                            r.step();
+                        }
+                        &Act::Poll(k) => {
+                            let mut wc = [crate::WorkCompletion::default(); 8];
+                            let got = r.cq.poll(&mut wc[..k]);
+                            polled.borrow_mut().last_mut().unwrap().extend_from_slice(&wc[..got]);
+                        }
+                        Act::Step => r.step(),
+                        Act::DestroyCq => {
+                            let other = r.ctx.create_cq(4).unwrap();
+                            drop(std::mem::replace(&mut r.cq, other));
+                            r.step();
+                        }
+                        &Act::Drain(sqd) => {
+                            let to = if sqd { QpState::Sqd } else { QpState::Rts };
+                            let _ = r.qp.modify(&QpAttr::new(to));
+                            r.step();
+                        }
+                        Act::Error => {
+                            let _ = r.qp.modify(&QpAttr::new(QpState::Error));
+                            r.step();
+                        }
+                    }
+                }
+            };
+            let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+            if std::env::var_os("REVIEW13_SHOW").is_some() {
+                eprintln!("ack {} answer {} {} retire {} wcs {} req {}", taken[Path::Ack as usize], taken[Path::ReadResponse as usize], taken[Path::AtomicAck as usize], taken[Path::Retire as usize], out.completions.len(), out.req);
+            }
+            let polled = polled.into_inner();
+            prop_assert_eq!(&polled[0], &polled[1], "the completions polled on the way");
+        }
+    }
+}
+
+/// Review 13: the Ack fast path's and the answer fast path's retire (`retire_acked`) meet
+/// a WQE with a gather list (two elements: `DataLoc::Table`, which it leaves to the full
+/// retire) behind unsignaled ones it already passed over (their regions released, not
+/// yet dropped from the window): the full retire must go on from there — each region
+/// released once, every WQE retired, the completions in order — as the slow path leaves
+/// it; with room in the CQ, with the CQ full mid-run, and a Read of two elements answered
+/// on the answer fast path. (No other test posts a gather list on this path: the rig's
+/// `max_send_sge` was 1.)
+#[test]
+fn review13_gather_lists_behind_passed_over_wqes_retire_as_in_the_slow_path() {
+    struct Sge1;
+    impl Drop for Sge1 {
+        fn drop(&mut self) {
+            super::tests::MAX_SEND_SGE.with(|c| c.set(1));
+        }
+    }
+    super::tests::MAX_SEND_SGE.with(|c| c.set(2));
+    let _reset = Sge1;
+    fn post2(r: &mut Rig, id: u64, op: SendOp, at: u64, two: bool, signaled: bool) {
+        let one = [r.mr.sge(at, 8).unwrap()];
+        let both = [r.mr.sge(at, 8).unwrap(), r.mr.sge(at + 512, 8).unwrap()];
+        let sge: &[crate::Sge<'_>] = if two { &both } else { &one };
+        let flags = if signaled {
+            crate::SendFlags::SIGNALED
+        } else {
+            crate::SendFlags::NONE
+        };
+        r.qp.post_send(&SendWr::new(id, op, sge).flags(flags))
+            .unwrap();
+    }
+    for full in [false, true] {
+        // Sends: one element unsignaled, two unsignaled, one signaled, one unsignaled; one
+        // Ack of all four.
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+            if full {
+                fill_receive_cq(r, 64);
+            }
+            respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+            r.step();
+            post2(r, 0, SendOp::Send, 0, false, false);
+            post2(r, 1, SendOp::Send, 1024, true, false);
+            post2(r, 2, SendOp::Send, 2048, false, true);
+            post2(r, 3, SendOp::Send, 3072, true, false);
+            post2(r, 4, SendOp::Send, 4096, false, true);
+            // Not acknowledged: its region stays held (a region released twice would show
+            // here).
+            post2(r, 5, SendOp::Send, 5120, false, true);
+            r.step();
+            respond(r, 4, credits(16), 5);
+            r.step();
+            if full {
+                let mut n = 0;
+                while n < 64 {
+                    n += r.completions().len();
+                }
+                r.step();
+            }
+        });
+        assert_eq!(taken[Path::Ack as usize], 1, "full {full}: {out:#?}");
+        let ids: Vec<_> = out.completions.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, [2, 4], "full {full}");
+        assert_eq!(out.in_flight, 1, "full {full}: the last Send's region only");
+        assert!(
+            out.req.starts_with("(5, 6, 6,"),
+            "five retired: {}",
+            out.req
+        );
+    }
+    // Reads of two elements answered on the answer fast path, signaled and not, behind an
+    // unsignaled Send of two; a Send not acknowledged behind them.
+    let remote_at = |r: &Rig, k: u64| r.mr.remote(16384 + 1024 * k);
+    let (out, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        respond(r, Psn::new(0).sub(1).get(), credits(16), 0);
+        r.step();
+        post2(r, 0, SendOp::Send, 0, true, false);
+        r.step();
+        respond(r, 0, credits(16), 1);
+        r.step();
+        let remote = remote_at(r, 1);
+        post2(r, 1, SendOp::RdmaRead(remote), 1024, true, false);
+        r.step();
+        read_response(r, 1, 2, &[0xA5; 16]);
+        r.step();
+        let remote = remote_at(r, 2);
+        post2(r, 2, SendOp::RdmaRead(remote), 2048, true, true);
+        r.step();
+        read_response(r, 2, 3, &[0x5A; 16]);
+        r.step();
+        post2(r, 3, SendOp::Send, 3072, false, true);
+        r.step();
+    });
+    assert_eq!(taken[Path::ReadResponse as usize], 2, "{out:#?}");
+    let got: Vec<_> = out
+        .completions
+        .iter()
+        .map(|c| (c.wr_id, c.byte_len))
+        .collect();
+    assert_eq!(got, [(2, 16)]);
+    assert_eq!(out.in_flight, 1, "the last Send's region only");
+    assert!(
+        out.req.starts_with("(3, 4, 4,"),
+        "three retired: {}",
+        out.req
+    );
+}

@@ -44,6 +44,8 @@ std::thread_local! {
     pub(super) static SQ_PSN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     /// The `max_inline_data` of the rigs this thread makes (0 unless a test sets it).
     pub(super) static MAX_INLINE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The rig's QP's `max_send_sge` (tests of gather lists set it, and back to 1).
+    pub(super) static MAX_SEND_SGE: std::cell::Cell<u32> = const { std::cell::Cell::new(1) };
 }
 
 pub(super) fn rig(access: AccessFlags) -> Rig {
@@ -65,7 +67,7 @@ pub(super) fn rig_in(access: AccessFlags, state: QpState) -> Rig {
     let caps = QpCaps {
         max_send_wr: 8,
         max_recv_wr: 32,
-        max_send_sge: 1,
+        max_send_sge: MAX_SEND_SGE.with(std::cell::Cell::get),
         max_recv_sge: 1,
         max_inline_data: MAX_INLINE.with(std::cell::Cell::get),
     };

@@ -1854,6 +1854,49 @@ mod tests {
         }
     }
 
+    /// Review 13: the flag `post_recv` reads (`QpShared::rq_watch`) says what the count the
+    /// requester was told says. A Reset forgets that count (`Responder::start`: none told
+    /// yet), so the flag must say "watch" again — `advertise`'s shortcut (the same count
+    /// again: return) met the forgotten count already `None` and left the flag at "the
+    /// requester knows of receives", which a later receive posted in RTR or RTS then
+    /// trusted (no doorbell) until some credit report happened to change it.
+    #[test]
+    fn review13_a_reset_qp_watches_its_receives_again() {
+        use crate::{AccessFlags, QpAttr, QpState, RecvWr, WorkCompletion};
+        let ctx = crate::raw_peer::small_inline_context();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let (mut a, mut b) = crate::raw_peer::loopback_pair(&ctx, &pd, &cq);
+        let src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let dst = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        for i in 0..2 {
+            b.post_recv(&RecvWr::new(10 + i, &[dst.sge(8 * i, 8).unwrap()]))
+                .unwrap();
+        }
+        a.post_send(&SendWr::new(0, SendOp::Send, &[src.sge(0, 8).unwrap()]))
+            .unwrap();
+        let mut wc = [WorkCompletion::default(); 8];
+        let mut got = 0;
+        for _ in 0..10_000 {
+            ctx.progress();
+            got += cq.poll(&mut wc);
+            if got >= 2 {
+                break;
+            }
+        }
+        assert_eq!(got, 2);
+        assert!(
+            !b.qshared.rq_watch.load(Ordering::Relaxed),
+            "the requester was told of a receive WQE"
+        );
+        b.modify(&QpAttr::new(QpState::Reset)).unwrap();
+        ctx.progress();
+        assert!(
+            b.qshared.rq_watch.load(Ordering::Relaxed),
+            "after a Reset nothing was told: the flag must watch again"
+        );
+    }
+
     /// The common receive, posted in line (`post_recv_with`: one element, RTS, the requester
     /// told of receive WQEs so that no doorbell is needed): its element counted in flight
     /// under the engine token (the owner's path) or outside it (the token held elsewhere:
