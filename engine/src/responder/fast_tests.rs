@@ -4123,7 +4123,7 @@ fn interleaved_straight_sends_and_writes_leave_what_the_general_paths_leave() {
 
 /// Review 12: random rounds of the straight RDMA Write both ways — Writes of ours
 /// (one element, inline bytes, an element too large for a line; signaled, solicited,
-/// fenced or not) and Sends; the peer's lone Write Only lines at PSNs around ePSN with
+/// fenced or not), Sends and Reads (answered or not); the peer's lone Write Only lines at PSNs around ePSN with
 /// payloads up to one byte more than a line holds, RETH lengths around the payload's,
 /// addresses in the region, at its end, wrapping around 2^64, in a region of another
 /// domain, in a region without remote write, in a region deregistered meanwhile, with a
@@ -4145,6 +4145,10 @@ mod rev12_random_straight_writes {
         Write { how: u8, len: u8, flags: u8 },
         /// A Send of ours of 8 bytes.
         Send,
+        /// An RDMA Read of ours of 8 bytes (what a fenced Write waits for).
+        Read,
+        /// The peer's Read Response Only of the first PSN not acknowledged.
+        ReadResp,
         /// A lone Write Only line of the peer's.
         Line {
             at: i32,
@@ -4199,6 +4203,8 @@ mod rev12_random_straight_writes {
         prop_oneof![
             6 => (0u8..3, 0u8..14, 0u8..8).prop_map(|(how, len, flags)| Step::Write { how, len, flags }),
             2 => Just(Step::Send),
+            1 => Just(Step::Read),
+            1 => Just(Step::ReadResp),
             8 => line,
             1 => Just(Step::Ping),
             1 => (0u8..3).prop_map(Step::Recv),
@@ -4300,6 +4306,21 @@ mod rev12_random_straight_writes {
                             let sge = [r.mr.sge(0, 8).unwrap()];
                             let got = r.qp.post_send(&SendWr::new(id, SendOp::Send, &sge));
                             answers.borrow_mut().push(format!("{id}: {:?}", got.err()));
+                        }
+                        Step::Read => {
+                            id += 1;
+                            let sge = [r.mr.sge(6144, 8).unwrap()];
+                            let remote = r.mr.remote(2048);
+                            let wr = SendWr::new(id, SendOp::RdmaRead(remote), &sge)
+                                .flags(SendFlags::SIGNALED);
+                            let got = r.qp.post_send(&wr);
+                            answers.borrow_mut().push(format!("{id}: {:?}", got.err()));
+                        }
+                        Step::ReadResp => {
+                            let (npsn, started, acked) = window(r);
+                            if started > 0 && acked.add(1) != npsn {
+                                read_response(r, acked.add(1).get(), started as u32, b"response");
+                            }
                         }
                         Step::Line { at, len, dlen, target, ack, byte } => {
                             let k = super::random_requests::epsn_offset(r)
