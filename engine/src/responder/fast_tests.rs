@@ -4421,4 +4421,60 @@ mod rev12_random_straight_writes {
             prop_assert_eq!(fast, slow);
         }
     }
+
+    /// Review 12: straight Writes (8 bytes of a region, inline bytes) whose packets were
+    /// lost, sent again by go-back-N after a PSN Sequence Error Nak (from the window's
+    /// records, which the straight post wrote from its values): the same packets — headers
+    /// (RETH address, key, length), payloads, PSNs — as the first time.
+    #[test]
+    fn review12_straight_writes_resent_by_go_back_n_carry_their_first_bytes() {
+        struct Inline;
+        impl Drop for Inline {
+            fn drop(&mut self) {
+                super::super::tests::MAX_INLINE.with(|c| c.set(0));
+            }
+        }
+        super::super::tests::MAX_INLINE.with(|c| c.set(64));
+        let _reset = Inline;
+        crate::probe::set_enabled(true);
+        let mut r = super::super::tests::rig(AccessFlags::ALL);
+        respond(&mut r, Psn::new(0).sub(1).get(), credits(8), 0);
+        r.step();
+        r.mr.write_at(0, b"01234567").unwrap();
+        let before = crate::probe::all_taken();
+        let sge = [r.mr.sge(0, 8).unwrap()];
+        let op = SendOp::RdmaWrite(r.mr.remote(4096));
+        let signaled = SendFlags::SIGNALED;
+        r.qp.post_send(&SendWr::new(1, op, &sge).flags(signaled))
+            .unwrap();
+        let op = SendOp::RdmaWrite(r.mr.remote(5000));
+        r.qp.post_send(&SendWr::inline(2, op, b"inline!!").flags(signaled))
+            .unwrap();
+        r.step();
+        let taken = crate::probe::all_taken()[Path::StraightWrite as usize];
+        assert_eq!(taken - before[Path::StraightWrite as usize], 2);
+        let first = sent_with_bodies(&mut r);
+        assert_eq!(first.0.len(), 2, "{first:?}");
+        let (npsn, _, acked) = window(&r);
+        assert_eq!(acked.add(3), npsn);
+        respond(
+            &mut r,
+            acked.add(1).get(),
+            Syndrome::Nak(NakCode::PsnSequenceError),
+            0,
+        );
+        r.step();
+        r.step();
+        let again = sent_with_bodies(&mut r);
+        assert_eq!(again, first, "go-back-N sends the same packets");
+        respond(&mut r, npsn.sub(1).get(), credits(8), 2);
+        r.step();
+        let mut wc = [WorkCompletion::default(); 4];
+        let n = r.cq.poll(&mut wc);
+        let got: Vec<_> = wc[..n].iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            got,
+            [(1, crate::WcStatus::Success), (2, crate::WcStatus::Success)]
+        );
+    }
 }
