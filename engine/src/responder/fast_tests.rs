@@ -4477,4 +4477,83 @@ mod rev12_random_straight_writes {
             [(1, crate::WcStatus::Success), (2, crate::WcStatus::Success)]
         );
     }
+
+    /// Review 12: lone Write Only lines to a QP in RTR (it has never sent; the first
+    /// request establishes communication): taken straight, what the full step leaves.
+    #[test]
+    fn review12_straight_writes_to_a_qp_in_rtr_leave_what_the_full_step_leaves() {
+        let scenario = |r: &mut Rig| {
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            write_line(r, 0, 1024, b"abcd", None);
+            r.step();
+            write_line(r, 1, 1028, b"efghijkl", None);
+            r.step();
+            // A duplicate, then one ahead: answered by the pipeline.
+            write_line(r, 1, 1028, b"XXXXXXXX", None);
+            r.step();
+            write_line(r, 5, 1040, b"ahead", None);
+            r.step();
+        };
+        let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(none, [0; crate::probe::PATHS]);
+        let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(fast, slow);
+        assert_eq!(taken[Path::StraightWriteReceive as usize], 4, "{taken:?}");
+        assert_eq!(fast.state, QpState::Rtr);
+        assert_eq!(&fast.memory.0[1024..1036], b"abcdefghijkl");
+    }
+
+    /// Review 12: lone Write Only lines through a type 1 memory window (bound with remote
+    /// write over part of a region of the QP's domain): one inside the window lands; one in
+    /// the region but past the window's end, and one through the window's old key after it
+    /// was bound again, are refused (a Nak, the QP in the Error state) — as the full step
+    /// does, and writing nothing.
+    #[test]
+    fn review12_straight_writes_through_a_memory_window_are_checked_as_in_the_full_step() {
+        use std::cell::RefCell;
+        for case in ["inside", "past the window", "old key"] {
+            let region = RefCell::new(vec![]);
+            let scenario = |r: &mut Rig| {
+                let access = AccessFlags::ALL | AccessFlags::MW_BIND;
+                let mr = r.pd.alloc_mr(1024, access).unwrap();
+                let mut mw = r.pd.alloc_mw(crate::MwType::One).unwrap();
+                let bind = mr.mw_bind(256, 64, AccessFlags::REMOTE_WRITE);
+                let key = r.qp.bind_mw(&mut mw, 7, bind, SendFlags::SIGNALED).unwrap();
+                r.step();
+                if case == "old key" {
+                    let bind = mr.mw_bind(256, 64, AccessFlags::REMOTE_WRITE);
+                    r.qp.bind_mw(&mut mw, 8, bind, SendFlags::SIGNALED).unwrap();
+                    r.step();
+                }
+                let at = if case == "past the window" { 316 } else { 300 };
+                let reth = crate::wire::RethRepr {
+                    va: mr.addr() + at,
+                    rkey: key,
+                    dma_len: 8,
+                };
+                r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+                let s = write_slot(r, 0, reth, b"windowed", None);
+                assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+                r.step();
+                let mut bytes = vec![0; 1024];
+                mr.read_at(0, &mut bytes).unwrap();
+                region.borrow_mut().push(bytes);
+            };
+            let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+            assert_eq!(
+                taken[Path::StraightWriteReceive as usize],
+                1,
+                "{case}: {taken:?}"
+            );
+            let region = region.into_inner();
+            assert_eq!(region[0], region[1], "{case}");
+            if case == "inside" {
+                assert_eq!(&region[1][300..308], b"windowed");
+                assert_eq!(out.state, QpState::Rts);
+            } else {
+                assert!(region[1].iter().all(|&b| b == 0), "{case}");
+                assert_eq!(out.state, QpState::Error, "{case}");
+            }
+        }
+    }
 }
