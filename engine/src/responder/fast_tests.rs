@@ -4556,4 +4556,36 @@ mod rev12_random_straight_writes {
             }
         }
     }
+
+    /// Review 12: lone Write Only lines to a QP drained (SQD: its responder still
+    /// receives), then to the QP back in RTS: the straight step takes them, the first to
+    /// the pipeline (the fast path's gate wants RTR or RTS), as the full step does.
+    #[test]
+    fn review12_straight_writes_to_a_drained_qp_leave_what_the_full_step_leaves() {
+        let scenario = |r: &mut Rig| {
+            post(r, 8, &[Op::Write(8)]);
+            respond(
+                r,
+                Psn::new(0).sub(1).get().wrapping_add(1) & 0xFF_FFFF,
+                credits(8),
+                1,
+            );
+            r.step();
+            r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+            r.step();
+            r.step();
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            write_line(r, 0, 1024, b"sqd!", None);
+            r.step();
+            r.qp.modify(&QpAttr::new(QpState::Rts)).unwrap();
+            r.step();
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            write_line(r, 1, 1028, b"rts!", None);
+            r.step();
+        };
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+        assert_eq!(taken[Path::StraightWriteReceive as usize], 2, "{taken:?}");
+        assert_eq!(&out.memory.0[1024..1032], b"sqd!rts!");
+        assert_eq!(out.state, QpState::Rts);
+    }
 }
