@@ -4479,9 +4479,13 @@ mod rev12_random_straight_writes {
     }
 
     /// Review 12: lone Write Only lines to a QP in RTR (it has never sent; the first
-    /// request establishes communication): taken straight, what the full step leaves.
+    /// request establishes communication): taken straight, what the full step leaves —
+    /// the Communication Established event included (no test looked at it: the straight
+    /// step's Write without `comm_established` passed every test).
     #[test]
     fn review12_straight_writes_to_a_qp_in_rtr_leave_what_the_full_step_leaves() {
+        use std::cell::RefCell;
+        let events = RefCell::new(vec![]);
         let scenario = |r: &mut Rig| {
             r.ctx.shared.engine.with(|e| e.straight_skip = 0);
             write_line(r, 0, 1024, b"abcd", None);
@@ -4493,11 +4497,22 @@ mod rev12_random_straight_writes {
             r.step();
             write_line(r, 5, 1040, b"ahead", None);
             r.step();
+            let mut got = vec![];
+            while let Some(e) = r.ctx.try_get_async_event() {
+                got.push(e);
+            }
+            events.borrow_mut().push(got);
         };
         let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
         assert_eq!(none, [0; crate::probe::PATHS]);
         let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
         assert_eq!(fast, slow);
+        let events = events.into_inner();
+        assert_eq!(events[1], events[0], "the same events both ways");
+        assert!(
+            matches!(events[1][..], [crate::AsyncEvent::CommEstablished { .. }]),
+            "{events:?}"
+        );
         assert_eq!(taken[Path::StraightWriteReceive as usize], 4, "{taken:?}");
         assert_eq!(fast.state, QpState::Rtr);
         assert_eq!(&fast.memory.0[1024..1036], b"abcdefghijkl");
