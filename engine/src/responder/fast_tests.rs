@@ -4603,4 +4603,35 @@ mod rev12_random_straight_writes {
         assert_eq!(&out.memory.0[1024..1032], b"sqd!rts!");
         assert_eq!(out.state, QpState::Rts);
     }
+
+    /// Review 12: the same for a lone Send Only line first (the straight Send,
+    /// `on_send_only`): the Communication Established event raised as the full step
+    /// raises it (its `comm_established` removed, every test passed too).
+    #[test]
+    fn review12_a_straight_send_to_a_qp_in_rtr_raises_communication_established() {
+        use std::cell::RefCell;
+        let events = RefCell::new(vec![]);
+        let scenario = |r: &mut Rig| {
+            r.post_recv(2);
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            ping(r, 0, b"ping", None);
+            r.step();
+            let mut got = vec![];
+            while let Some(e) = r.ctx.try_get_async_event() {
+                got.push(e);
+            }
+            events.borrow_mut().push(got);
+        };
+        let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(none, [0; crate::probe::PATHS]);
+        let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(fast, slow);
+        assert_eq!(taken[Path::StraightReceive as usize], 1, "{taken:?}");
+        let events = events.into_inner();
+        assert_eq!(events[1], events[0], "the same events both ways");
+        assert!(
+            matches!(events[1][..], [crate::AsyncEvent::CommEstablished { .. }]),
+            "{events:?}"
+        );
+    }
 }
