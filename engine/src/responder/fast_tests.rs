@@ -4678,3 +4678,518 @@ fn review13_gather_lists_behind_passed_over_wqes_retire_as_in_the_slow_path() {
         out.req
     );
 }
+
+/// Review 12: random rounds of the straight RDMA Write both ways — Writes of ours
+/// (one element, inline bytes, an element too large for a line; signaled, solicited,
+/// fenced or not), Sends and Reads (answered or not); the peer's lone Write Only lines at PSNs around ePSN with
+/// payloads up to one byte more than a line holds, RETH lengths around the payload's,
+/// addresses in the region, at its end, wrapping around 2^64, in a region of another
+/// domain, in a region without remote write, in a region deregistered meanwhile, with a
+/// riding Ack, a random opcode or BTH flags byte (TVer, pad count, SE, M); Acks and
+/// PSN Sequence Error Naks of ours (go-back-N resends the straight Writes), the owed Acks
+/// held back or not, SQD, Error and the link down: the straight paths leave what the
+/// general ones leave, the other regions' bytes included.
+mod rev12_random_straight_writes {
+    use super::*;
+    use crate::SendFlags;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use std::cell::RefCell;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A Write of ours: `how` 0 one element, 1 inline bytes, 2 an element of 200 bytes;
+        /// `flags` bit 0 signaled, 1 solicited, 2 fence.
+        Write { how: u8, len: u8, flags: u8 },
+        /// A Send of ours of 8 bytes.
+        Send,
+        /// An RDMA Read of ours of 8 bytes (what a fenced Write waits for).
+        Read,
+        /// The peer's Read Response Only of the first PSN not acknowledged.
+        ReadResp,
+        /// A lone Write Only line of the peer's.
+        Line {
+            at: i32,
+            len: u8,
+            dlen: i8,
+            target: u8,
+            ack: Option<(i32, u32)>,
+            byte: Option<(usize, u8)>,
+        },
+        /// A Send Only line of the peer's at ePSN.
+        Ping,
+        /// `n` receives posted.
+        Recv(u8),
+        /// The peer acknowledges everything sent so far.
+        AckAll { credits: u16 },
+        /// The peer's PSN Sequence Error Nak of the first PSN not acknowledged.
+        NakSeq,
+        /// Owed Acks held back (or not) from now on.
+        Hold(bool),
+        /// One more engine iteration.
+        Turn,
+        /// The region of the `Dereg` target deregistered.
+        Dereg,
+        /// The QP drained (SQD), then back to RTS.
+        Drain,
+        /// The QP moved to Error.
+        Error,
+        /// The link taken down.
+        LinkDown,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let line = (
+            prop_oneof![6 => Just(0i32), 1 => -2i32..3],
+            prop_oneof![6 => 0u8..13, 1 => Just(13u8)],
+            prop_oneof![6 => Just(0i8), 1 => -1i8..2],
+            0u8..8,
+            proptest::option::weighted(
+                0.5,
+                (-2i32..6, prop_oneof![3 => 0u32..8, 1 => any::<u32>()]),
+            ),
+            proptest::option::weighted(0.15, (0usize..2, any::<u8>())),
+        )
+            .prop_map(|(at, len, dlen, target, ack, byte)| Step::Line {
+                at,
+                len,
+                dlen,
+                target,
+                ack,
+                byte,
+            });
+        prop_oneof![
+            6 => (0u8..3, 0u8..14, 0u8..8).prop_map(|(how, len, flags)| Step::Write { how, len, flags }),
+            2 => Just(Step::Send),
+            1 => Just(Step::Read),
+            1 => Just(Step::ReadResp),
+            8 => line,
+            1 => Just(Step::Ping),
+            1 => (0u8..3).prop_map(Step::Recv),
+            3 => (0u16..40).prop_map(|credits| Step::AckAll { credits }),
+            2 => Just(Step::NakSeq),
+            1 => any::<bool>().prop_map(Step::Hold),
+            3 => Just(Step::Turn),
+            1 => Just(Step::Dereg),
+            1 => Just(Step::Drain),
+            1 => Just(Step::Error),
+            1 => Just(Step::LinkDown),
+        ]
+    }
+
+    /// The requester's window: (next PSN, WQEs started, the last PSN acknowledged).
+    fn window(r: &Rig) -> (Psn, u64, Psn) {
+        let qpn = r.qp.qpn();
+        r.ctx
+            .shared
+            .engine
+            .with(|e| {
+                e.with_stage(qpn, |q, _| {
+                    let w = q.proto.req.window();
+                    (w.npsn(), w.started(), w.acked())
+                })
+            })
+            .unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 384,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn rev12_random_straight_writes_leave_what_the_general_paths_leave(
+            hold in any::<bool>(),
+            recvs in 0u8..4,
+            steps in vec(step(), 1..24),
+        ) {
+            struct Inline;
+            impl Drop for Inline {
+                fn drop(&mut self) {
+                    super::super::tests::MAX_INLINE.with(|c| c.set(0));
+                }
+            }
+            super::super::tests::MAX_INLINE.with(|c| c.set(64));
+            let _reset = Inline;
+            let answers = RefCell::new(vec![]);
+            let scenario = |r: &mut Rig| {
+                r.mr.write_at(0, &[0x5a; 512]).unwrap();
+                let other_pd = r.ctx.alloc_pd().unwrap();
+                let other = other_pd.alloc_mr(256, AccessFlags::ALL).unwrap();
+                let read_only = r
+                    .pd
+                    .alloc_mr(256, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+                    .unwrap();
+                let gone = RefCell::new(Some(r.pd.alloc_mr(256, AccessFlags::ALL).unwrap()));
+                let gone_at = gone.borrow().as_ref().unwrap().remote(16);
+                let mut receives = random_round_start(r, hold, 8192, recvs);
+                let mut id = 100u64;
+                for s in &steps {
+                    match *s {
+                        Step::Write { how, len, flags } => {
+                            id += 1;
+                            let mut f = SendFlags::NONE;
+                            if flags & 1 != 0 {
+                                f = f | SendFlags::SIGNALED;
+                            }
+                            if flags & 2 != 0 {
+                                f = f | SendFlags::SOLICITED;
+                            }
+                            if flags & 4 != 0 {
+                                f = f | SendFlags::FENCE;
+                            }
+                            let bytes = [b'a' + (id % 26) as u8; 64];
+                            let len = u32::from(len);
+                            let remote = r.mr.remote(4096 + 8 * (id % 64));
+                            let op = SendOp::RdmaWrite(remote);
+                            let got = match how {
+                                0 => {
+                                    let sge = [r.mr.sge(u64::from(len) * 3, len).unwrap()];
+                                    r.qp.post_send(&SendWr::new(id, op, &sge).flags(f))
+                                }
+                                1 => r.qp.post_send(
+                                    &SendWr::inline(id, op, &bytes[..len as usize]).flags(f),
+                                ),
+                                _ => {
+                                    let sge = [r.mr.sge(0, 200).unwrap()];
+                                    r.qp.post_send(&SendWr::new(id, op, &sge).flags(f))
+                                }
+                            };
+                            answers.borrow_mut().push(format!("{id}: {:?}", got.err()));
+                        }
+                        Step::Send => {
+                            id += 1;
+                            let sge = [r.mr.sge(0, 8).unwrap()];
+                            let got = r.qp.post_send(&SendWr::new(id, SendOp::Send, &sge));
+                            answers.borrow_mut().push(format!("{id}: {:?}", got.err()));
+                        }
+                        Step::Read => {
+                            id += 1;
+                            let sge = [r.mr.sge(6144, 8).unwrap()];
+                            let remote = r.mr.remote(2048);
+                            let wr = SendWr::new(id, SendOp::RdmaRead(remote), &sge)
+                                .flags(SendFlags::SIGNALED);
+                            let got = r.qp.post_send(&wr);
+                            answers.borrow_mut().push(format!("{id}: {:?}", got.err()));
+                        }
+                        Step::ReadResp => {
+                            let (npsn, started, acked) = window(r);
+                            if started > 0 && acked.add(1) != npsn {
+                                read_response(r, acked.add(1).get(), started as u32, b"response");
+                            }
+                        }
+                        Step::Line { at, len, dlen, target, ack, byte } => {
+                            let k = super::random_requests::epsn_offset(r)
+                                .wrapping_add(at.rem_euclid(1 << 24) as u32);
+                            let payload = [0xC0 | len; 13];
+                            let dma_len = (i32::from(len) + i32::from(dlen)).max(0) as u32;
+                            let reth = match target {
+                                0..=2 => r.reth(2048 + 16 * u64::from(target), dma_len),
+                                3 => r.reth(r.mr.len() - 4, dma_len),
+                                4 => crate::wire::RethRepr {
+                                    va: u64::MAX - 3,
+                                    rkey: r.mr.remote(0).rkey,
+                                    dma_len,
+                                },
+                                5 => {
+                                    let at = other.remote(16);
+                                    crate::wire::RethRepr { va: at.addr, rkey: at.rkey, dma_len }
+                                }
+                                6 => {
+                                    let at = read_only.remote(16);
+                                    crate::wire::RethRepr { va: at.addr, rkey: at.rkey, dma_len }
+                                }
+                                _ => crate::wire::RethRepr {
+                                    va: gone_at.addr,
+                                    rkey: gone_at.rkey,
+                                    dma_len,
+                                },
+                            };
+                            let n = usize::from(len).min(12);
+                            let mut sl = write_slot(r, k, reth, &payload[..n], None);
+                            sl.payload_len = u32::from(len);
+                            if let Some((at, b)) = byte {
+                                sl.data[at] = b;
+                            }
+                            if let Some((psn, msn)) = ack {
+                                let psn = Psn::new(0).add(psn.rem_euclid(1 << 24) as u32).get();
+                                let word =
+                                    crate::wire::slot::riding_word(psn, credits(8).to_u8(), msn);
+                                assert!(crate::wire::slot::set_riding_ack(&mut sl, word));
+                            }
+                            assert_eq!(r.tx.push_burst(&[sl]).unwrap(), 1);
+                        }
+                        Step::Ping => {
+                            let k = super::random_requests::epsn_offset(r);
+                            let sl = ping_slot(r, k, b"ping", None);
+                            assert_eq!(r.tx.push_burst(&[sl]).unwrap(), 1);
+                        }
+                        Step::Recv(n) => receives.post(r, n),
+                        Step::AckAll { credits: c } => {
+                            let (npsn, started, _) = window(r);
+                            if started > 0 {
+                                respond(r, npsn.sub(1).get(), credits(u32::from(c)), started as u32);
+                            }
+                        }
+                        Step::NakSeq => {
+                            let (npsn, started, acked) = window(r);
+                            if started > 0 && acked.add(1) != npsn {
+                                let nak = Syndrome::Nak(NakCode::PsnSequenceError);
+                                respond(r, acked.add(1).get(), nak, 0);
+                            }
+                        }
+                        Step::Hold(h) => r.ctx.shared.engine.with(|e| e.hold_acks = h),
+                        Step::Turn => {}
+                        Step::Dereg => drop(gone.borrow_mut().take()),
+                        Step::Drain => {
+                            let got = r.qp.modify(&QpAttr::new(QpState::Sqd));
+                            answers.borrow_mut().push(format!("sqd: {:?}", got.err()));
+                            r.step();
+                            let got = r.qp.modify(&QpAttr::new(QpState::Rts));
+                            answers.borrow_mut().push(format!("rts: {:?}", got.err()));
+                        }
+                        Step::Error => {
+                            let _ = r.qp.modify(&QpAttr::new(QpState::Error));
+                        }
+                        Step::LinkDown => {
+                            let link = r.qp.query().config.dest.unwrap().link;
+                            r.ctx
+                                .shared
+                                .engine
+                                .with(|e| e.link_down(link, "the test took it down".into()));
+                        }
+                    }
+                    r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+                    r.step();
+                    let index = r.qp.index;
+                    let state = r.ctx.shared.engine.with(|e| e.post_state(index));
+                    answers.borrow_mut().push(format!("{state:?}"));
+                }
+                let mut bytes = vec![0; 256];
+                other.read_at(0, &mut bytes).unwrap();
+                answers.borrow_mut().push(format!("other: {bytes:?}"));
+                read_only.read_at(0, &mut bytes).unwrap();
+                answers.borrow_mut().push(format!("read only: {bytes:?}"));
+            };
+            same_both_ways(AccessFlags::ALL, &scenario);
+            let answers = answers.into_inner();
+            let (slow, fast) = answers.split_at(answers.len() / 2);
+            prop_assert_eq!(fast, slow);
+        }
+    }
+
+    /// Review 12: straight Writes (8 bytes of a region, inline bytes) whose packets were
+    /// lost, sent again by go-back-N after a PSN Sequence Error Nak (from the window's
+    /// records, which the straight post wrote from its values): the same packets — headers
+    /// (RETH address, key, length), payloads, PSNs — as the first time.
+    #[test]
+    fn review12_straight_writes_resent_by_go_back_n_carry_their_first_bytes() {
+        struct Inline;
+        impl Drop for Inline {
+            fn drop(&mut self) {
+                super::super::tests::MAX_INLINE.with(|c| c.set(0));
+            }
+        }
+        super::super::tests::MAX_INLINE.with(|c| c.set(64));
+        let _reset = Inline;
+        crate::probe::set_enabled(true);
+        let mut r = super::super::tests::rig(AccessFlags::ALL);
+        respond(&mut r, Psn::new(0).sub(1).get(), credits(8), 0);
+        r.step();
+        r.mr.write_at(0, b"01234567").unwrap();
+        let before = crate::probe::all_taken();
+        let sge = [r.mr.sge(0, 8).unwrap()];
+        let op = SendOp::RdmaWrite(r.mr.remote(4096));
+        let signaled = SendFlags::SIGNALED;
+        r.qp.post_send(&SendWr::new(1, op, &sge).flags(signaled))
+            .unwrap();
+        let op = SendOp::RdmaWrite(r.mr.remote(5000));
+        r.qp.post_send(&SendWr::inline(2, op, b"inline!!").flags(signaled))
+            .unwrap();
+        r.step();
+        let taken = crate::probe::all_taken()[Path::StraightWrite as usize];
+        assert_eq!(taken - before[Path::StraightWrite as usize], 2);
+        let first = sent_with_bodies(&mut r);
+        assert_eq!(first.0.len(), 2, "{first:?}");
+        let (npsn, _, acked) = window(&r);
+        assert_eq!(acked.add(3), npsn);
+        respond(
+            &mut r,
+            acked.add(1).get(),
+            Syndrome::Nak(NakCode::PsnSequenceError),
+            0,
+        );
+        r.step();
+        r.step();
+        let again = sent_with_bodies(&mut r);
+        assert_eq!(again, first, "go-back-N sends the same packets");
+        respond(&mut r, npsn.sub(1).get(), credits(8), 2);
+        r.step();
+        let mut wc = [WorkCompletion::default(); 4];
+        let n = r.cq.poll(&mut wc);
+        let got: Vec<_> = wc[..n].iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            got,
+            [(1, crate::WcStatus::Success), (2, crate::WcStatus::Success)]
+        );
+    }
+
+    /// Review 12: lone Write Only lines to a QP in RTR (it has never sent; the first
+    /// request establishes communication): taken straight, what the full step leaves —
+    /// the Communication Established event included (no test looked at it: the straight
+    /// step's Write without `comm_established` passed every test).
+    #[test]
+    fn review12_straight_writes_to_a_qp_in_rtr_leave_what_the_full_step_leaves() {
+        use std::cell::RefCell;
+        let events = RefCell::new(vec![]);
+        let scenario = |r: &mut Rig| {
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            write_line(r, 0, 1024, b"abcd", None);
+            r.step();
+            write_line(r, 1, 1028, b"efghijkl", None);
+            r.step();
+            // A duplicate, then one ahead: answered by the pipeline.
+            write_line(r, 1, 1028, b"XXXXXXXX", None);
+            r.step();
+            write_line(r, 5, 1040, b"ahead", None);
+            r.step();
+            let mut got = vec![];
+            while let Some(e) = r.ctx.try_get_async_event() {
+                got.push(e);
+            }
+            events.borrow_mut().push(got);
+        };
+        let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(none, [0; crate::probe::PATHS]);
+        let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(fast, slow);
+        let events = events.into_inner();
+        assert_eq!(events[1], events[0], "the same events both ways");
+        assert!(
+            matches!(events[1][..], [crate::AsyncEvent::CommEstablished { .. }]),
+            "{events:?}"
+        );
+        assert_eq!(taken[Path::StraightWriteReceive as usize], 4, "{taken:?}");
+        assert_eq!(fast.state, QpState::Rtr);
+        assert_eq!(&fast.memory.0[1024..1036], b"abcdefghijkl");
+    }
+
+    /// Review 12: lone Write Only lines through a type 1 memory window (bound with remote
+    /// write over part of a region of the QP's domain): one inside the window lands; one in
+    /// the region but past the window's end, and one through the window's old key after it
+    /// was bound again, are refused (a Nak, the QP in the Error state) — as the full step
+    /// does, and writing nothing.
+    #[test]
+    fn review12_straight_writes_through_a_memory_window_are_checked_as_in_the_full_step() {
+        use std::cell::RefCell;
+        for case in ["inside", "past the window", "old key"] {
+            let region = RefCell::new(vec![]);
+            let scenario = |r: &mut Rig| {
+                let access = AccessFlags::ALL | AccessFlags::MW_BIND;
+                let mr = r.pd.alloc_mr(1024, access).unwrap();
+                let mut mw = r.pd.alloc_mw(crate::MwType::One).unwrap();
+                let bind = mr.mw_bind(256, 64, AccessFlags::REMOTE_WRITE);
+                let key = r.qp.bind_mw(&mut mw, 7, bind, SendFlags::SIGNALED).unwrap();
+                r.step();
+                if case == "old key" {
+                    let bind = mr.mw_bind(256, 64, AccessFlags::REMOTE_WRITE);
+                    r.qp.bind_mw(&mut mw, 8, bind, SendFlags::SIGNALED).unwrap();
+                    r.step();
+                }
+                let at = if case == "past the window" { 316 } else { 300 };
+                let reth = crate::wire::RethRepr {
+                    va: mr.addr() + at,
+                    rkey: key,
+                    dma_len: 8,
+                };
+                r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+                let s = write_slot(r, 0, reth, b"windowed", None);
+                assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+                r.step();
+                let mut bytes = vec![0; 1024];
+                mr.read_at(0, &mut bytes).unwrap();
+                region.borrow_mut().push(bytes);
+            };
+            let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+            assert_eq!(
+                taken[Path::StraightWriteReceive as usize],
+                1,
+                "{case}: {taken:?}"
+            );
+            let region = region.into_inner();
+            assert_eq!(region[0], region[1], "{case}");
+            if case == "inside" {
+                assert_eq!(&region[1][300..308], b"windowed");
+                assert_eq!(out.state, QpState::Rts);
+            } else {
+                assert!(region[1].iter().all(|&b| b == 0), "{case}");
+                assert_eq!(out.state, QpState::Error, "{case}");
+            }
+        }
+    }
+
+    /// Review 12: lone Write Only lines to a QP drained (SQD: its responder still
+    /// receives), then to the QP back in RTS: the straight step takes them, the first to
+    /// the pipeline (the fast path's gate wants RTR or RTS), as the full step does.
+    #[test]
+    fn review12_straight_writes_to_a_drained_qp_leave_what_the_full_step_leaves() {
+        let scenario = |r: &mut Rig| {
+            post(r, 8, &[Op::Write(8)]);
+            respond(
+                r,
+                Psn::new(0).sub(1).get().wrapping_add(1) & 0xFF_FFFF,
+                credits(8),
+                1,
+            );
+            r.step();
+            r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+            r.step();
+            r.step();
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            write_line(r, 0, 1024, b"sqd!", None);
+            r.step();
+            r.qp.modify(&QpAttr::new(QpState::Rts)).unwrap();
+            r.step();
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            write_line(r, 1, 1028, b"rts!", None);
+            r.step();
+        };
+        let (out, taken) = same_both_ways(AccessFlags::ALL, &scenario);
+        assert_eq!(taken[Path::StraightWriteReceive as usize], 2, "{taken:?}");
+        assert_eq!(&out.memory.0[1024..1032], b"sqd!rts!");
+        assert_eq!(out.state, QpState::Rts);
+    }
+
+    /// Review 12: the same for a lone Send Only line first (the straight Send,
+    /// `on_send_only`): the Communication Established event raised as the full step
+    /// raises it (its `comm_established` removed, every test passed too).
+    #[test]
+    fn review12_a_straight_send_to_a_qp_in_rtr_raises_communication_established() {
+        use std::cell::RefCell;
+        let events = RefCell::new(vec![]);
+        let scenario = |r: &mut Rig| {
+            r.post_recv(2);
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            ping(r, 0, b"ping", None);
+            r.step();
+            let mut got = vec![];
+            while let Some(e) = r.ctx.try_get_async_event() {
+                got.push(e);
+            }
+            events.borrow_mut().push(got);
+        };
+        let (slow, none) = run_in(false, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(none, [0; crate::probe::PATHS]);
+        let (fast, taken) = run_in(true, AccessFlags::ALL, QpState::Rtr, &scenario);
+        assert_eq!(fast, slow);
+        assert_eq!(taken[Path::StraightReceive as usize], 1, "{taken:?}");
+        let events = events.into_inner();
+        assert_eq!(events[1], events[0], "the same events both ways");
+        assert!(
+            matches!(events[1][..], [crate::AsyncEvent::CommEstablished { .. }]),
+            "{events:?}"
+        );
+    }
+}
