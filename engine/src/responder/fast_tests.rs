@@ -52,6 +52,10 @@ pub(super) struct Outcome {
     /// The rig's region's in-flight count ([`crate::Mr::in_flight`]): each WQE retired
     /// must have given back what it held.
     pub(super) in_flight: u32,
+    /// The context's async events not taken by the scenario, as `Debug` prints them (a
+    /// straight step that skipped Communication Established passed every scenario before:
+    /// review 12).
+    pub(super) events: Vec<String>,
 }
 
 /// The rig's region, compared in full, printed in short.
@@ -121,6 +125,10 @@ pub(super) fn run_in(
     });
     let mut memory = vec![0; 8192];
     r.mr.read_at(0, &mut memory).unwrap();
+    let mut events = vec![];
+    while let Some(e) = r.ctx.try_get_async_event() {
+        events.push(format!("{e:?}"));
+    }
     let outcome = Outcome {
         sent,
         bodies,
@@ -133,6 +141,7 @@ pub(super) fn run_in(
         req,
         memory: Memory(memory),
         in_flight: r.mr.in_flight(),
+        events,
     };
     (outcome, taken)
 }
