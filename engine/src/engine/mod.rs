@@ -1831,11 +1831,7 @@ fn take_lone<const WRITE: bool>(
     (active, timed): (&mut ActiveSet, &mut ActiveSet),
 ) -> Option<usize> {
     let slot: &PacketSlot = bytemuck::cast_ref(line);
-    let qpn = RxPacket::dest_qp(slot);
-    let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-    let qp = qps.at_mut(index).filter(|qp| {
-        qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
-    });
+    let (index, qp) = lone_qp(qps, slot, l);
     // A line refused here (another opcode with the same headers — a Send Last, a Write
     // Middle or Last, a Write First —, or no QP of the link) holds the step back as any
     // line it does not take: each would pay this look and then the full step's.
@@ -1863,7 +1859,35 @@ fn take_lone<const WRITE: bool>(
             responder::on_send_only(qp, env, &pkt)
         }
     });
-    // (No QP is rung: a QP active now is one a post left so.)
+    took_lone(qp, index, env, (active, timed))
+}
+
+/// The QP a lone line of link `l` is for, and its index: one of this link's, or `None`
+/// (as step 2 finds it).
+#[inline(always)]
+fn lone_qp<'q>(
+    qps: &'q mut SlotTable<QpSlot>,
+    slot: &PacketSlot,
+    l: u32,
+) -> (u32, Option<&'q mut QpSlot>) {
+    let qpn = RxPacket::dest_qp(slot);
+    let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
+    let qp = qps.at_mut(index).filter(|qp| {
+        qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
+    });
+    (index, qp)
+}
+
+/// The end of the straight step's taking of a line for QP `index`: the QP left in the
+/// sets as step 2 leaves it (no QP is rung: a QP active now is one a post left so), the
+/// packet counted; 1, the packets received.
+#[inline(always)]
+fn took_lone(
+    qp: &QpSlot,
+    index: u32,
+    env: &mut Env<'_>,
+    (active, timed): (&mut ActiveSet, &mut ActiveSet),
+) -> Option<usize> {
     if needs_attention(qp) {
         active.insert(index);
     } else {
@@ -1914,11 +1938,7 @@ fn take_lone_response(
     (active, timed): (&mut ActiveSet, &mut ActiveSet),
 ) -> Option<usize> {
     let slot: &PacketSlot = bytemuck::cast_ref(line);
-    let qpn = RxPacket::dest_qp(slot);
-    let index = qpn.get() & ((1 << QP_INDEX_BITS) - 1);
-    let qp = qps.at_mut(index).filter(|qp| {
-        qp.proto.qpn == qpn && qp.proto.cfg.dest.map(|d| d.link) == Some(LinkId::new(l))
-    });
+    let (index, qp) = lone_qp(qps, slot, l);
     let pkt = response_of(slot);
     let (Some(qp), Some(pkt)) = (qp, pkt) else {
         *straight_skip = STRAIGHT_BACKOFF;
@@ -1928,17 +1948,7 @@ fn take_lone_response(
     #[cfg(test)]
     crate::probe::count(crate::probe::Path::StraightResponse);
     completer::on_response(qp, env, &pkt);
-    // As step 2 leaves the QP (no QP is rung: a QP active now is one a post left so).
-    if needs_attention(qp) {
-        active.insert(index);
-    } else {
-        active.remove(index);
-        if waits_for_timer(qp) {
-            timed.insert(index);
-        }
-    }
-    env.stats.packets_received += 1;
-    Some(1)
+    took_lone(qp, index, env, (active, timed))
 }
 
 /// The response a lone line holds, parsed by [`RxPacket::parse_any`] (every check of the
