@@ -5223,11 +5223,14 @@ fn snapshot(r: &mut Rig) -> String {
     format!("{answers:?} {wc:?} {sets:?} {qp:?} {stats:?}")
 }
 
+/// A scenario of [`stepwise_both_ways`]: the rig, and the function it steps with.
+type Stepwise<'a> = &'a dyn Fn(&mut Rig, &dyn Fn(&mut Rig));
+
 /// Runs `scenario` both ways ([`same_both_ways`]), and compares what every poll left
 /// ([`snapshot`]), not only the end: the straight step's early return must not leave for
 /// a later poll what the full iteration does in this one. The scenario steps with the
 /// function it is given (which clears the straight step's back-off first).
-fn stepwise_both_ways(scenario: &dyn Fn(&mut Rig, &dyn Fn(&mut Rig))) -> Taken {
+fn stepwise_both_ways(scenario: Stepwise<'_>) -> Taken {
     let logs = std::cell::RefCell::new(vec![]);
     let (_, taken) = same_both_ways(AccessFlags::ALL, &|r| {
         let log = std::cell::RefCell::new(vec![]);
@@ -5535,4 +5538,38 @@ fn rev14_a_held_ack_ping_pong_with_lone_acks_and_an_rnr_wait_is_alike_poll_by_po
             step(r);
         }
     });
+}
+
+/// Lone Sends with Immediate and with Invalidate, inline and of no bytes: their headers
+/// (a BTH and a 4-byte ImmDt or IETH) are as long as a BTH and an AETH, so bytes 5..8 say
+/// a response's slot ([`crate::engine`]'s `response_word`); the parse turns them away and
+/// the full step takes them — poll by poll as with the straight step off.
+#[test]
+fn rev14_lone_sends_with_a_response_header_length_are_received_alike() {
+    let taken = stepwise_both_ways(&|r, step| {
+        r.post_recv(4);
+        r.request(
+            Opcode::SendOnlyWithImmediate,
+            0,
+            |p| p.immdt = Some(ImmDtRepr { imm: 7 }),
+            b"abcd",
+        );
+        step(r);
+        r.request(
+            Opcode::SendOnlyWithImmediate,
+            1,
+            |p| p.immdt = Some(ImmDtRepr { imm: 8 }),
+            b"",
+        );
+        step(r);
+        r.request(
+            Opcode::SendOnlyWithInvalidate,
+            2,
+            |p| p.ieth = Some(IethRepr { rkey: 0x1234 }),
+            b"abcd",
+        );
+        step(r);
+        step(r);
+    });
+    assert_eq!(taken[Path::StraightResponse as usize], 0, "{taken:?}");
 }
