@@ -5202,3 +5202,383 @@ mod rev12_random_straight_writes {
         );
     }
 }
+
+// --- Review 14: the straight receive step's responses, step by step ---
+
+/// What one poll left, for [`stepwise_both_ways`]: the packets sent and the completions
+/// polled since the last look, the QP's place in the engine's sets and its owed Acks'
+/// hold, its timers, state and next PSN, and the statistics.
+fn snapshot(r: &mut Rig) -> String {
+    let answers = r.answers();
+    let wc = r.completions();
+    let qpn = r.qp.qpn();
+    let index = qpn.get() & 0xfff;
+    let stats = r.ctx.stats();
+    let (sets, qp) = r.ctx.shared.engine.with(|e| {
+        let sets = (e.post_state(index), e.is_timed(index));
+        let qp = e.with_stage(qpn, |q, _| {
+            let req = &q.proto.req;
+            let w = req.window();
+            (
+                req.timer().armed(),
+                req.rnr_timer().armed(),
+                q.proto.state,
+                (w.retired(), w.started(), w.fetched(), w.npsn(), w.acked()),
+                format!("{:?}", req.credits()),
+            )
+        });
+        (sets, qp)
+    });
+    format!("{answers:?} {wc:?} {sets:?} {qp:?} {stats:?}")
+}
+
+/// A scenario of [`stepwise_both_ways`]: the rig, and the function it steps with.
+type Stepwise<'a> = &'a dyn Fn(&mut Rig, &dyn Fn(&mut Rig));
+
+/// Runs `scenario` both ways ([`same_both_ways`]), and compares what every poll left
+/// ([`snapshot`]), not only the end: the straight step's early return must not leave for
+/// a later poll what the full iteration does in this one. The scenario steps with the
+/// function it is given (which clears the straight step's back-off first).
+fn stepwise_both_ways(scenario: Stepwise<'_>) -> Taken {
+    let logs = std::cell::RefCell::new(vec![]);
+    let (_, taken) = same_both_ways(AccessFlags::ALL, &|r| {
+        let log = std::cell::RefCell::new(vec![]);
+        let step = |r: &mut Rig| {
+            r.ctx.shared.engine.with(|e| e.straight_skip = 0);
+            r.step();
+            log.borrow_mut().push(snapshot(r));
+        };
+        scenario(r, &step);
+        logs.borrow_mut().push(log.into_inner());
+    });
+    let logs = logs.into_inner();
+    assert_eq!(logs.len(), 2);
+    for (i, (slow, fast)) in logs[0].iter().zip(&logs[1]).enumerate() {
+        if std::env::var_os("REV14_LOG").is_some() {
+            println!("poll {i}: {fast}");
+        }
+        assert_eq!(
+            fast, slow,
+            "poll {i}: the straight step must leave what the full one leaves"
+        );
+    }
+    taken
+}
+
+/// A PSN Sequence Error Nak in a lone line: go-back-N resends in the same poll both ways.
+#[test]
+fn rev14_a_psn_sequence_error_nak_resends_in_the_same_poll() {
+    let taken = stepwise_both_ways(&|r, step| {
+        post(r, 8, &[Op::Send(4), Op::Send(4), Op::Send(4)]);
+        step(r);
+        respond(r, 0, Syndrome::Nak(NakCode::PsnSequenceError), 1);
+        step(r);
+        step(r);
+        respond(r, 2, credits(8), 3);
+        step(r);
+        step(r);
+    });
+    assert!(taken[Path::StraightResponse as usize] >= 1, "{taken:?}");
+}
+
+/// A Remote Access Error Nak: the QP to Error, its WQEs flushed, in the same polls.
+#[test]
+fn rev14_a_remote_access_error_nak_flushes_in_the_same_poll() {
+    let taken = stepwise_both_ways(&|r, step| {
+        post(r, 8, &[Op::Write(4), Op::Send(4), Op::Read(8)]);
+        step(r);
+        respond(r, 0, Syndrome::Nak(NakCode::RemoteAccessError), 1);
+        step(r);
+        step(r);
+        // An Ack after the Error state: dropped or ignored alike.
+        respond(r, 2, credits(8), 3);
+        step(r);
+        step(r);
+    });
+    assert!(taken[Path::StraightResponse as usize] >= 1, "{taken:?}");
+}
+
+/// An Ack with credits: the Sends that waited for them go in the same poll.
+#[test]
+fn rev14_an_ack_with_credits_sends_what_waited_in_the_same_poll() {
+    let taken = stepwise_both_ways(&|r, step| {
+        post(r, 1, &[Op::Send(4), Op::Send(4), Op::Send(4), Op::Send(4)]);
+        step(r);
+        respond(r, 0, credits(4), 1);
+        step(r);
+        step(r);
+        respond(r, 3, credits(4), 4);
+        step(r);
+        step(r);
+    });
+    assert!(taken[Path::StraightResponse as usize] >= 1, "{taken:?}");
+}
+
+/// More Reads than the responder's Read credits: each Read's response lets the next go,
+/// in the same poll both ways; an RNR Nak arms the wait alike.
+#[test]
+fn rev14_read_responses_release_reads_waiting_for_read_credits_in_the_same_poll() {
+    let taken = stepwise_both_ways(&|r, step| {
+        // (The rig's max_rd_atomic is 1: one Read at a time.)
+        let reads = [Op::Read(8); 4];
+        post(r, 8, &reads);
+        step(r);
+        for k in 0..4 {
+            read_response(r, k, k + 1, b"readdata");
+            step(r);
+        }
+        step(r);
+        post_only(r, 4, &[Op::Send(4)]);
+        step(r);
+        let rnr = Syndrome::RnrNak {
+            timer: crate::wire::aeth::RnrTimer::new(1),
+        };
+        respond(r, 4, rnr, 4);
+        step(r);
+        step(r);
+    });
+    assert!(taken[Path::StraightResponse as usize] >= 4, "{taken:?}");
+}
+
+/// Hostile Read responses of one inline line with a multi-packet Read's opcodes (First
+/// and Last with an AETH, Middle without), for a Read of 8 bytes, then the Ack of a
+/// duplicate, then the right Read Response Only: alike poll by poll.
+#[test]
+fn rev14_read_response_first_middle_last_lone_lines_are_received_alike() {
+    stepwise_both_ways(&|r, step| {
+        post(r, 8, &[Op::Read(8), Op::FetchAdd]);
+        step(r);
+        for op in [Opcode::RdmaReadResponseFirst, Opcode::RdmaReadResponseLast] {
+            respond_data(r, op, 0, (credits(4), 1), None, b"readdata");
+            step(r);
+        }
+        let mut repr = PacketRepr::new(BthRepr::new(
+            Opcode::RdmaReadResponseMiddle,
+            r.qp.qpn(),
+            Psn::new(0),
+        ));
+        repr.aeth = None;
+        let mut s = PacketSlot::default();
+        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+        s.kind = crate::wire::slot::KIND_INLINE;
+        s.payload_len = 8;
+        assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+        step(r);
+        respond(r, Psn::new(0).sub(1).get(), credits(2), 0);
+        step(r);
+        read_response(r, 0, 1, b"readdata");
+        step(r);
+        atomic_ack(r, 1, 2, 9);
+        step(r);
+        step(r);
+    });
+}
+
+/// Acks for a QP in SQD and then in Error: alike poll by poll.
+#[test]
+fn rev14_acks_for_a_qp_in_sqd_and_error_are_received_alike() {
+    stepwise_both_ways(&|r, step| {
+        post(r, 8, &[Op::Send(4), Op::Send(4)]);
+        step(r);
+        r.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+        step(r);
+        respond(r, 0, credits(4), 1);
+        step(r);
+        step(r);
+        r.qp.modify(&QpAttr::new(QpState::Error)).unwrap();
+        step(r);
+        respond(r, 1, credits(4), 2);
+        step(r);
+        step(r);
+    });
+}
+
+/// Hostile lone response lines, each on a fresh rig after a Read, a Send and a Fetch and
+/// Add went out, then the good answers: poll by poll alike — inline lengths past the
+/// line's room, a payload length with no payload, the pad count, a Nak of every code, an
+/// RNR Nak of a Read, an Ack of a PSN before the window, an Ack of the whole window at
+/// once (implicit completion of the Read: a bad response), another QP's number on this
+/// link.
+#[test]
+fn rev14_hostile_lone_responses_leave_every_poll_as_the_full_step_leaves_it() {
+    type Make = fn(&mut Rig);
+    fn slot_of(r: &Rig, op: Opcode, psn: u32, syndrome: Syndrome, orig: Option<u64>) -> PacketSlot {
+        let mut repr = PacketRepr::new(BthRepr::new(op, r.qp.qpn(), Psn::new(psn)));
+        repr.aeth = Some(AethRepr {
+            syndrome,
+            msn: Msn::new(1),
+        });
+        repr.atomic_ack_eth = orig.map(|orig| crate::wire::AtomicAckEthRepr { orig });
+        let mut s = PacketSlot::default();
+        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+        s
+    }
+    fn push(r: &mut Rig, s: PacketSlot) {
+        assert_eq!(r.tx.push_burst(&[s]).unwrap(), 1);
+    }
+    let cases: [(&str, Make); 12] = [
+        ("inline past the room", |r| {
+            let mut s = slot_of(r, Opcode::RdmaReadResponseOnly, 0, credits(4), None);
+            s.kind = crate::wire::slot::KIND_INLINE;
+            s.payload_len = 25;
+            push(r, s);
+        }),
+        ("inline of u32::MAX bytes", |r| {
+            let mut s = slot_of(r, Opcode::RdmaReadResponseOnly, 0, credits(4), None);
+            s.kind = crate::wire::slot::KIND_INLINE;
+            s.payload_len = u32::MAX;
+            push(r, s);
+        }),
+        ("no payload but a length", |r| {
+            let mut s = slot_of(r, Opcode::RdmaReadResponseOnly, 0, credits(4), None);
+            s.payload_len = 8;
+            push(r, s);
+        }),
+        ("a pad count", |r| {
+            let mut s = slot_of(r, Opcode::RdmaReadResponseOnly, 0, credits(4), None);
+            s.kind = crate::wire::slot::KIND_INLINE;
+            s.payload_len = 8;
+            s.data[1] |= 0x30;
+            push(r, s);
+        }),
+        ("Invalid Request Nak", |r| {
+            let nak = Syndrome::Nak(NakCode::InvalidRequest);
+            push(r, slot_of(r, Opcode::Acknowledge, 1, nak, None));
+        }),
+        ("Remote Operational Error Nak", |r| {
+            let nak = Syndrome::Nak(NakCode::RemoteOperationalError);
+            push(r, slot_of(r, Opcode::Acknowledge, 1, nak, None));
+        }),
+        ("PSN Sequence Error Nak of the Read", |r| {
+            let nak = Syndrome::Nak(NakCode::PsnSequenceError);
+            push(r, slot_of(r, Opcode::Acknowledge, 0, nak, None));
+        }),
+        ("RNR Nak of the Read", |r| {
+            let rnr = Syndrome::RnrNak {
+                timer: RnrTimer::new(1),
+            };
+            push(r, slot_of(r, Opcode::Acknowledge, 0, rnr, None));
+        }),
+        ("an Ack before the window", |r| {
+            let psn = Psn::new(0).sub(5).get();
+            push(r, slot_of(r, Opcode::Acknowledge, psn, credits(4), None));
+        }),
+        ("an Ack of the whole window", |r| {
+            push(r, slot_of(r, Opcode::Acknowledge, 2, credits(4), None));
+        }),
+        ("an Atomic Acknowledge of the Read", |r| {
+            push(
+                r,
+                slot_of(r, Opcode::AtomicAcknowledge, 0, credits(4), Some(7)),
+            );
+        }),
+        ("another QP's number", |r| {
+            let mut s = slot_of(r, Opcode::Acknowledge, 1, credits(4), None);
+            s.data[5] ^= 0x10;
+            push(r, s);
+        }),
+    ];
+    for (what, make) in cases {
+        println!("{what}");
+        stepwise_both_ways(&|r, step| {
+            post(r, 8, &[Op::Read(8), Op::Send(4), Op::FetchAdd]);
+            step(r);
+            make(r);
+            step(r);
+            step(r);
+            read_response(r, 0, 1, b"readdata");
+            step(r);
+            respond(r, 1, credits(4), 2);
+            step(r);
+            atomic_ack(r, 2, 3, 9);
+            step(r);
+            step(r);
+        });
+    }
+}
+
+/// Lone Acks for a QP in Reset and then RTR again (no requests sent): alike poll by poll.
+#[test]
+fn rev14_an_ack_for_a_qp_in_reset_is_received_alike() {
+    stepwise_both_ways(&|r, step| {
+        post(r, 8, &[Op::Send(4), Op::Send(4)]);
+        step(r);
+        r.qp.modify(&QpAttr::new(QpState::Reset)).unwrap();
+        step(r);
+        respond(r, 0, credits(4), 1);
+        step(r);
+        step(r);
+        respond(r, 1, Syndrome::Nak(NakCode::PsnSequenceError), 1);
+        step(r);
+        step(r);
+    });
+}
+
+/// A ping-pong on one QP with the owed Acks held (`hold_acks`): the peer's Sends come in
+/// straight and owe Acks, this side's Sends are acknowledged by lone Acks in between, an
+/// RNR Nak's wait passes and the timer turn resends — poll by poll alike, the timer
+/// countdown and the hold of the owed Acks included.
+#[test]
+fn rev14_a_held_ack_ping_pong_with_lone_acks_and_an_rnr_wait_is_alike_poll_by_poll() {
+    stepwise_both_ways(&|r, step| {
+        r.ctx.shared.engine.with(|e| e.hold_acks = true);
+        r.post_recv(4);
+        post(r, 8, &[Op::Send(4)]);
+        step(r);
+        for k in 0..3u32 {
+            r.request(Opcode::SendOnly, k, |_| {}, b"ping");
+            step(r);
+            respond(r, k, credits(8), k + 1);
+            step(r);
+            post_only(r, u64::from(k) + 1, &[Op::Send(4)]);
+            step(r);
+        }
+        let rnr = Syndrome::RnrNak {
+            timer: RnrTimer::new(1),
+        };
+        respond(r, 3, rnr, 3);
+        step(r);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        for _ in 0..(2 * crate::engine::TIMER_EVERY) {
+            step(r);
+        }
+        respond(r, 3, credits(8), 4);
+        for _ in 0..(2 * crate::engine::TIMER_EVERY) {
+            step(r);
+        }
+    });
+}
+
+/// Lone Sends with Immediate and with Invalidate, inline and of no bytes: their headers
+/// (a BTH and a 4-byte ImmDt or IETH) are as long as a BTH and an AETH, so bytes 5..8 say
+/// a response's slot ([`crate::engine`]'s `response_word`); the parse turns them away and
+/// the full step takes them — poll by poll as with the straight step off.
+#[test]
+fn rev14_lone_sends_with_a_response_header_length_are_received_alike() {
+    let taken = stepwise_both_ways(&|r, step| {
+        r.post_recv(4);
+        r.request(
+            Opcode::SendOnlyWithImmediate,
+            0,
+            |p| p.immdt = Some(ImmDtRepr { imm: 7 }),
+            b"abcd",
+        );
+        step(r);
+        r.request(
+            Opcode::SendOnlyWithImmediate,
+            1,
+            |p| p.immdt = Some(ImmDtRepr { imm: 8 }),
+            b"",
+        );
+        step(r);
+        r.request(
+            Opcode::SendOnlyWithInvalidate,
+            2,
+            |p| p.ieth = Some(IethRepr { rkey: 0x1234 }),
+            b"abcd",
+        );
+        step(r);
+        step(r);
+    });
+    assert_eq!(taken[Path::StraightResponse as usize], 0, "{taken:?}");
+}
