@@ -1901,11 +1901,13 @@ fn took_lone(
 }
 
 /// Bytes 5..8 of a lone line the straight receive step takes as a response (in the
-/// first word's top three bytes, as [`Iteration::straight`] reads them): a BTH and an AETH
-/// with no payload (an Acknowledge, or a Read Response Only of no bytes) or with its
-/// payload inline (a Read Response Only), or a BTH, an AETH and an AtomicAckETH (an Atomic
-/// Acknowledge); no flag (a response carries no riding Ack, and a line stamped with an
-/// ICRC goes to the full step, which checks it).
+/// first word's top three bytes, as [`Iteration::straight`] reads them): headers the
+/// length of a BTH and an AETH with no payload (an Acknowledge, a Read Response Only of
+/// no bytes) or with its payload inline (a Read Response Only, First or Last), or of a
+/// BTH, an AETH and an AtomicAckETH (an Atomic Acknowledge); no flag (a response carries
+/// no riding Ack, and a line stamped with an ICRC goes to the full step, which checks
+/// it). A length, not an opcode: a Send with Immediate or Invalidate has a response's
+/// header length too, and the parse ([`response_of`]) turns it away.
 #[inline(always)]
 fn response_word(word: u64) -> bool {
     let [none, inline, atomic] = RESPONSE_WORDS;

@@ -56,6 +56,10 @@ pub(super) struct Outcome {
     /// straight step that skipped Communication Established passed every scenario before:
     /// review 12).
     pub(super) events: Vec<String>,
+    /// Whether the QP is in the engine's active set and in its timed set (a straight step
+    /// that left a QP waiting for its RNR timer out of the timed set passed every scenario
+    /// that compared the end state alone: review 14).
+    pub(super) sets: (bool, bool),
 }
 
 /// The rig's region, compared in full, printed in short.
@@ -117,7 +121,12 @@ pub(super) fn run_in(
             let counters = (w.retired(), w.started(), w.fetched(), w.npsn(), w.acked());
             let (retrying, retry_left, rnr_left) = req.retry_state();
             let rest = (req.rd_atomic(), req.credits(), req.limited(), retrying);
-            let retries = (retry_left, rnr_left, req.timer().armed());
+            let retries = (
+                retry_left,
+                rnr_left,
+                req.timer().armed(),
+                req.rnr_timer().armed(),
+            );
             let req = format!("{counters:?} {rest:?} {retries:?}");
             (format!("{:?}", q.proto.resp), req)
         })
@@ -125,6 +134,12 @@ pub(super) fn run_in(
     });
     let mut memory = vec![0; 8192];
     r.mr.read_at(0, &mut memory).unwrap();
+    let index = r.qp.index;
+    let sets = r
+        .ctx
+        .shared
+        .engine
+        .with(|e| (e.is_active(index), e.is_timed(index)));
     let mut events = vec![];
     while let Some(e) = r.ctx.try_get_async_event() {
         events.push(format!("{e:?}"));
@@ -142,6 +157,7 @@ pub(super) fn run_in(
         memory: Memory(memory),
         in_flight: r.mr.in_flight(),
         events,
+        sets,
     };
     (outcome, taken)
 }
