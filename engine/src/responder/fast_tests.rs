@@ -2387,14 +2387,7 @@ fn a_direct_post_leaves_what_the_staged_post_leaves() {
 fn a_straight_post_leaves_what_the_general_post_leaves() {
     use crate::SendFlags;
     use std::cell::RefCell;
-    struct Inline;
-    impl Drop for Inline {
-        fn drop(&mut self) {
-            super::tests::MAX_INLINE.with(|c| c.set(0));
-        }
-    }
-    super::tests::MAX_INLINE.with(|c| c.set(64));
-    let _reset = Inline;
+    let _inline = super::tests::InlineRigs::of(64);
     fn sge(mr: &crate::Mr, at: u64, len: u32) -> [crate::Sge<'_>; 1] {
         [mr.sge(at, len).unwrap()]
     }
@@ -3650,14 +3643,7 @@ mod rev10_random_straight_sends {
             recvs in 0u8..5,
             steps in vec(step(), 1..24),
         ) {
-            struct Inline;
-            impl Drop for Inline {
-                fn drop(&mut self) {
-                    super::super::tests::MAX_INLINE.with(|c| c.set(0));
-                }
-            }
-            super::super::tests::MAX_INLINE.with(|c| c.set(64));
-            let _reset = Inline;
+            let _inline = super::super::tests::InlineRigs::of(64);
             let answers = RefCell::new(vec![]);
             let scenario = |r: &mut Rig| {
                 r.mr.write_at(0, &[0x5a; 512]).unwrap();
@@ -3948,14 +3934,7 @@ fn write_line(r: &mut Rig, k: u32, at: u64, payload: &[u8], ack: Option<(u32, u3
 #[test]
 fn a_straight_write_leaves_what_the_general_write_leaves() {
     use std::cell::RefCell;
-    struct Inline;
-    impl Drop for Inline {
-        fn drop(&mut self) {
-            super::tests::MAX_INLINE.with(|c| c.set(0));
-        }
-    }
-    super::tests::MAX_INLINE.with(|c| c.set(64));
-    let _reset = Inline;
+    let _inline = super::tests::InlineRigs::of(64);
     let states = RefCell::new(vec![]);
     let look = |r: &Rig| {
         let index = r.qp.index;
@@ -4830,14 +4809,7 @@ mod rev12_random_straight_writes {
             recvs in 0u8..4,
             steps in vec(step(), 1..24),
         ) {
-            struct Inline;
-            impl Drop for Inline {
-                fn drop(&mut self) {
-                    super::super::tests::MAX_INLINE.with(|c| c.set(0));
-                }
-            }
-            super::super::tests::MAX_INLINE.with(|c| c.set(64));
-            let _reset = Inline;
+            let _inline = super::super::tests::InlineRigs::of(64);
             let answers = RefCell::new(vec![]);
             let scenario = |r: &mut Rig| {
                 r.mr.write_at(0, &[0x5a; 512]).unwrap();
@@ -5011,14 +4983,7 @@ mod rev12_random_straight_writes {
     /// (RETH address, key, length), payloads, PSNs — as the first time.
     #[test]
     fn review12_straight_writes_resent_by_go_back_n_carry_their_first_bytes() {
-        struct Inline;
-        impl Drop for Inline {
-            fn drop(&mut self) {
-                super::super::tests::MAX_INLINE.with(|c| c.set(0));
-            }
-        }
-        super::super::tests::MAX_INLINE.with(|c| c.set(64));
-        let _reset = Inline;
+        let _inline = super::super::tests::InlineRigs::of(64);
         crate::probe::set_enabled(true);
         let mut r = super::super::tests::rig(AccessFlags::ALL);
         respond(&mut r, Psn::new(0).sub(1).get(), credits(8), 0);

@@ -48,6 +48,24 @@ std::thread_local! {
     pub(super) static MAX_SEND_SGE: std::cell::Cell<u32> = const { std::cell::Cell::new(1) };
 }
 
+/// Rigs made while this lives take `max_inline_data` `n` ([`MAX_INLINE`]); back to 0 when
+/// it is dropped, a failing test's unwinding included.
+#[must_use]
+pub(super) struct InlineRigs;
+
+impl InlineRigs {
+    pub(super) fn of(n: u32) -> InlineRigs {
+        MAX_INLINE.with(|c| c.set(n));
+        InlineRigs
+    }
+}
+
+impl Drop for InlineRigs {
+    fn drop(&mut self) {
+        MAX_INLINE.with(|c| c.set(0));
+    }
+}
+
 pub(super) fn rig(access: AccessFlags) -> Rig {
     rig_in(access, QpState::Rts)
 }
