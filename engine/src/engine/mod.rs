@@ -1416,10 +1416,10 @@ impl Iteration<'_> {
     /// Or its bytes 5..8 say a response's slot ([`response_word`]: an Acknowledge, a Read
     /// Response Only with its data inline, an Atomic Acknowledge): it is parsed on the copy
     /// by the full step's parse and handed to the completer as step 2 hands it
-    /// ([`take_lone_response`]). The packets received (1; 0 when every live link is empty, where step 2 would
-    /// receive nothing); `None`, with nothing changed but the empty links' heads
-    /// published (as any look at an empty ring does), for anything else: steps 1 and 2
-    /// then run in full.
+    /// ([`take_lone_response`]). The packets received (1; 0 when every live link is
+    /// empty, where step 2 would receive nothing); `None`, with nothing changed but the
+    /// empty links' heads published (as any look at an empty ring does), for anything
+    /// else: steps 1 and 2 then run in full.
     ///
     /// What step 2 would have done besides is nothing: the other links are empty, and
     /// this one is empty behind the packet (so its head is published, as step 2's second
