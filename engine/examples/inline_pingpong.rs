@@ -190,23 +190,30 @@ fn main() -> shmhca::Result<()> {
         qa.post_recv(&RecvWr::new(i, &[ma.sge(u64::from(size), size)?]))?;
     }
     // Every Send completes (the last ones by Acks of their own).
+    complete_all([&mut ca, &mut cb], sends, iters, "sends");
+    println!("{iters} round trips");
+    Ok(())
+}
+
+/// Polls both sides' CQs until each has `iters` successful completions (`done` counted
+/// so far, `what` naming them); panics after a minute.
+fn complete_all(cqs: [&mut Cq; 2], mut done: [u64; 2], iters: u64, what: &str) {
     let start = std::time::Instant::now();
     let mut wc = [WorkCompletion::default(); 4];
-    while sends != [iters, iters] {
-        for (side, cq) in [&mut ca, &mut cb].into_iter().enumerate() {
+    let [ca, cb] = cqs;
+    while done != [iters, iters] {
+        for (side, cq) in [&mut *ca, &mut *cb].into_iter().enumerate() {
             let n = cq.poll(&mut wc);
             for w in &wc[..n] {
                 assert_eq!(w.status, WcStatus::Success, "{w:?}");
-                sends[side] += 1;
+                done[side] += 1;
             }
         }
         assert!(
             start.elapsed() < std::time::Duration::from_secs(60),
-            "sends completed: {sends:?} of {iters} each"
+            "{what} completed: {done:?} of {iters} each"
         );
     }
-    println!("{iters} round trips");
-    Ok(())
 }
 
 /// The `--write` ping-pong: `iters` round trips of two signaled inline RDMA Writes of
@@ -265,20 +272,7 @@ fn write_pingpong(iters: u64, size: u32, probe: bool) -> shmhca::Result<()> {
         wait_marker(&mut ca, &ma, 0, &b, &m[..k]); // the pong lands
     }
     // Every Write completes (the last ones by Acks of their own).
-    let start = std::time::Instant::now();
-    while writes != [iters, iters] {
-        for (side, cq) in [&mut ca, &mut cb].into_iter().enumerate() {
-            let n = cq.poll(&mut wc);
-            for w in &wc[..n] {
-                assert_eq!(w.status, WcStatus::Success, "{w:?}");
-                writes[side] += 1;
-            }
-        }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(60),
-            "writes completed: {writes:?} of {iters} each"
-        );
-    }
+    complete_all([&mut ca, &mut cb], writes, iters, "writes");
     println!("{iters} round trips");
     Ok(())
 }

@@ -2277,6 +2277,17 @@ mod timed_tests {
 
     const PEER: u32 = 9;
 
+    /// A peer's one-line Send Only to QP `qpn` at PSN `psn`, carrying "ping" inline.
+    fn ping_line(qpn: crate::Qpn, psn: u32) -> PacketSlot {
+        let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, qpn, Psn::new(psn)));
+        let mut s = PacketSlot::default();
+        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
+        s.kind = crate::wire::slot::KIND_INLINE;
+        s.payload_len = 4;
+        s.data[12..16].copy_from_slice(b"ping");
+        s
+    }
+
     struct Rig {
         ctx: Context,
         _pd: Pd,
@@ -2429,12 +2440,7 @@ mod timed_tests {
             .unwrap();
         assert_eq!(r.requests(), [0]);
         assert_eq!(r.sets(), (true, false), "a Send keeps its turn");
-        let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, r.qp.qpn(), Psn::new(0)));
-        let mut s = PacketSlot::default();
-        s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-        s.kind = crate::wire::slot::KIND_INLINE;
-        s.payload_len = 4;
-        s.data[12..16].copy_from_slice(b"ping");
+        let s = ping_line(r.qp.qpn(), 0);
         assert_eq!(r.peer.tx.push_burst(&[s]).unwrap(), 1);
         let before = crate::probe::taken(crate::probe::Path::StraightReceive);
         r.ctx.progress();
@@ -2468,15 +2474,7 @@ mod timed_tests {
         let sge = [mr.sge(0, 64).unwrap()];
         qp.post_recv(&crate::RecvWr::new(7, &sge)).unwrap();
         ctx.progress(); // the connection's turn
-        let send_only = |psn: u32| {
-            let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, qp.qpn(), Psn::new(psn)));
-            let mut s = PacketSlot::default();
-            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-            s.kind = crate::wire::slot::KIND_INLINE;
-            s.payload_len = 4;
-            s.data[12..16].copy_from_slice(b"ping");
-            s
-        };
+        let send_only = |psn: u32| ping_line(qp.qpn(), psn);
         // A full burst of duplicates (the PSN before ePSN 0), then the new Send.
         let burst = vec![send_only(0xff_ffff); super::RX_BURST];
         assert_eq!(peer.tx.push_burst(&burst).unwrap(), super::RX_BURST);
@@ -2524,13 +2522,7 @@ mod timed_tests {
         }
         ctx.progress(); // the connections' turn
         for (qp, peer, _) in &mut ends {
-            let repr = PacketRepr::new(BthRepr::new(Opcode::SendOnly, qp.qpn(), Psn::new(0)));
-            let mut s = PacketSlot::default();
-            s.hdr_len = repr.emit(&mut s.data).unwrap() as u8;
-            s.kind = crate::wire::slot::KIND_INLINE;
-            s.payload_len = 4;
-            s.data[12..16].copy_from_slice(b"ping");
-            assert_eq!(peer.tx.push_burst(&[s]).unwrap(), 1);
+            assert_eq!(peer.tx.push_burst(&[ping_line(qp.qpn(), 0)]).unwrap(), 1);
         }
         let before = crate::probe::taken(crate::probe::Path::StraightReceive);
         ctx.progress();
